@@ -1,0 +1,278 @@
+"""kernelbox kernel runner: executes cells statefully inside a kernel container.
+
+Standard library only, Python >= 3.8. The host starts it as ``python3 -c <this file>`` with the
+container's stdin/stdout/stderr attached (tty off, OpenStdin + StdinOnce), so any image that has
+python3 works and nothing has to be written into a read-only root filesystem.
+
+Channels (protocol version 1):
+
+* host -> runner: newline-delimited JSON on the container's stdin (moved to a private fd).
+* runner -> host: newline-delimited JSON on the container's stderr (moved to a private fd).
+* cell output: fds 1 and 2 both point at the container's stdout, so prints, ``os.write`` and
+  subprocess output arrive live, in write order, read by the engine rather than by a thread in
+  this interpreter (no GIL-held capture deadlock). After each cell the runner writes the cell's
+  end marker (chosen by the host) to fd 1, so the host knows it holds all the cell's output.
+
+Messages, host -> runner:  {"op": "exec", "cell": N, "code": str, "marker": str}
+                           {"op": "tool_result", "call": N, "ok": bool, "result": any, "error": str}
+                           {"op": "ping"}
+Messages, runner -> host:  {"op": "ready", "v": 1, "python": str, "pid": N}
+                           {"op": "done", "cell": N, "status": "ok"|"error"|"exit",
+                            "traceback": str|null, "execution_count": N, "exit_code": N}
+                           {"op": "tool_call", "cell": N|null, "call": N, "tool": str, "args": {}}
+                           {"op": "pong"}
+
+The runner exits at once when its stdin reaches EOF (the host went away), even mid-cell: a
+reader thread owns stdin and calls ``os._exit``.
+"""
+
+import io
+import json
+import os
+import queue
+import sys
+import threading
+import traceback
+import types
+
+PROTOCOL_VERSION = 1
+
+
+class _Channel:
+    """The private protocol descriptors and the frame writer shared by all threads."""
+
+    def __init__(self):
+        # Private copies first, then repoint 0/1/2, so nothing a cell does touches the channel.
+        self.inp = os.dup(0)
+        self.out = os.dup(2)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        os.dup2(1, 2)
+        self.lock = threading.Lock()
+
+    def send(self, msg):
+        data = (json.dumps(msg, separators=(",", ":")) + "\n").encode("utf-8", "surrogatepass")
+        with self.lock:
+            view = memoryview(data)
+            while view:
+                n = os.write(self.out, view)
+                view = view[n:]
+
+
+class _Runner:
+    def __init__(self, channel):
+        self.ch = channel
+        self.cells = queue.Queue()
+        self.current_cell = None
+        self.execution_count = 0
+        # Cells run in a fresh __main__ module, so pickling and introspection see cell code.
+        main_module = types.ModuleType("__main__")
+        main_module.__dict__["__builtins__"] = __builtins__
+        sys.modules["__main__"] = main_module
+        self.namespace = main_module.__dict__
+        self.calls = {}
+        self.calls_lock = threading.Lock()
+        self.next_call = 0
+
+    # -- reader thread -------------------------------------------------------------------
+
+    def read_forever(self):
+        """Owns the host->runner channel; the kernel ends when the host does."""
+        buf = b""
+        try:
+            while True:
+                chunk = os.read(self.ch.inp, 65536)
+                if not chunk:
+                    break
+                buf += chunk
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    if line.strip():
+                        self.handle(line)
+        except BaseException:  # pragma: no cover - any failure here means the host is gone
+            pass
+        os._exit(0)
+
+    def handle(self, line):
+        try:
+            msg = json.loads(line)
+            op = msg.get("op")
+        except Exception:
+            return
+        if op == "exec":
+            self.cells.put(msg)
+        elif op == "tool_result":
+            with self.calls_lock:
+                slot = self.calls.pop(msg.get("call"), None)
+            if slot is not None:
+                slot[1] = msg
+                slot[0].set()
+        elif op == "ping":
+            self.ch.send({"op": "pong"})
+
+    # -- tool calls ------------------------------------------------------------------------
+
+    def tool_call(self, name, args):
+        if not isinstance(name, str) or not name:
+            raise ToolError("tool name must be a non-empty string")
+        # A thread started by a cell carries that cell; the main thread runs the current one.
+        thread = threading.current_thread()
+        if thread is threading.main_thread():
+            cell = self.current_cell
+        else:
+            cell = getattr(thread, "_kernelbox_cell", None)
+        event = threading.Event()
+        slot = [event, None]
+        with self.calls_lock:
+            self.next_call += 1
+            call = self.next_call
+            self.calls[call] = slot
+        try:
+            json.dumps(args)
+        except (TypeError, ValueError) as exc:
+            with self.calls_lock:
+                self.calls.pop(call, None)
+            raise ToolError("tool arguments must be JSON-serialisable: %s" % exc)
+        self.ch.send({"op": "tool_call", "cell": cell, "call": call, "tool": name, "args": args})
+        event.wait()
+        reply = slot[1]
+        if reply.get("ok"):
+            return reply.get("result")
+        raise ToolError(reply.get("error") or "tool call failed")
+
+    # -- cells -----------------------------------------------------------------------------
+
+    def run_forever(self):
+        self.ch.send(
+            {"op": "ready", "v": PROTOCOL_VERSION, "python": sys.version.split()[0], "pid": os.getpid()}
+        )
+        while True:
+            msg = self.cells.get()
+            self.run_cell(msg)
+
+    def run_cell(self, msg):
+        cell = msg.get("cell")
+        marker = str(msg.get("marker", "")).encode("utf-8")
+        self.current_cell = cell
+        self.execution_count += 1
+        status, tb, exit_code = "ok", None, 0
+        try:
+            code = compile(msg.get("code", ""), "<cell-%s>" % cell, "exec")
+            exec(code, self.namespace)
+        except SystemExit as exc:
+            status = "exit"
+            exit_code = _exit_code(exc.code)
+        except BaseException:
+            status = "error"
+            exit_code = 1
+            etype, value, tb_obj = sys.exc_info()
+            # Drop this frame so the traceback starts in the cell.
+            if tb_obj is not None and tb_obj.tb_frame.f_code is _Runner.run_cell.__code__:
+                tb_obj = tb_obj.tb_next
+            tb = "".join(traceback.format_exception(etype, value, tb_obj))
+            del tb_obj
+        finally:
+            self.current_cell = None
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        if status == "error":
+            # The traceback is part of the cell's output too, in write order.
+            _write_all(1, tb.encode("utf-8", "replace"))
+        _write_all(1, marker)
+        self.ch.send(
+            {
+                "op": "done",
+                "cell": cell,
+                "status": status,
+                "traceback": tb,
+                "execution_count": self.execution_count,
+                "exit_code": exit_code,
+            }
+        )
+        if status == "exit":
+            os._exit(0)
+
+
+class ToolError(Exception):
+    """A tool call was refused or failed on the host; the message says why."""
+
+
+def _exit_code(code):
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    return 1
+
+
+def _write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        try:
+            n = os.write(fd, view)
+        except OSError:
+            return
+        view = view[n:]
+
+
+def _tag_threads(runner):
+    """Threads remember the cell that started them, for tool-call authority."""
+    original_init = threading.Thread.__init__
+
+    def __init__(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        current = threading.current_thread()
+        if current is threading.main_thread():
+            self._kernelbox_cell = runner.current_cell
+        else:
+            self._kernelbox_cell = getattr(current, "_kernelbox_cell", None)
+
+    threading.Thread.__init__ = __init__
+
+
+def _tools_module(runner):
+    mod = types.ModuleType("kernel_tools")
+    mod.__doc__ = "Call host tools from a cell: kernel_tools.NAME(**args) or kernel_tools.call(NAME, **args)."
+    mod.ToolError = ToolError
+
+    def call(name, **args):
+        """Call host tool NAME with keyword arguments; returns its parsed JSON result."""
+        return runner.tool_call(name, args)
+
+    def __getattr__(name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+
+        def tool(**args):
+            return runner.tool_call(name, args)
+
+        tool.__name__ = name
+        tool.__qualname__ = name
+        return tool
+
+    mod.call = call
+    mod.__getattr__ = __getattr__
+    return mod
+
+
+def main():
+    channel = _Channel()
+    # Line-buffered text streams keep print and os.write output in write order.
+    sys.stdin = open(os.devnull, "r")
+    sys.stdout = io.TextIOWrapper(os.fdopen(1, "wb", closefd=False), encoding="utf-8",
+                                  errors="backslashreplace", line_buffering=True)
+    sys.stderr = io.TextIOWrapper(os.fdopen(2, "wb", closefd=False), encoding="utf-8",
+                                  errors="backslashreplace", line_buffering=True)
+    runner = _Runner(channel)
+    sys.modules["kernel_tools"] = _tools_module(runner)
+    _tag_threads(runner)
+    threading.Thread(target=runner.read_forever, name="kernelbox-stdin", daemon=True).start()
+    runner.run_forever()
+
+
+if __name__ == "__main__":
+    main()

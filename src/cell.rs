@@ -1,0 +1,347 @@
+//! The cell contract: what every execute returns (DESIGN section 2), and output capping.
+
+use serde::{Deserialize, Serialize};
+
+/// How a cell ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CellStatus {
+    /// The cell ran to the end (or called `sys.exit()`).
+    Success,
+    /// The cell raised, or the kernel died under it.
+    Error,
+    /// The cell ran past its timeout; the kernel was killed.
+    Timeout,
+    /// The caller interrupted the cell; the kernel was killed.
+    Interrupted,
+}
+
+impl CellStatus {
+    /// The wire name, for metrics and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CellStatus::Success => "success",
+            CellStatus::Error => "error",
+            CellStatus::Timeout => "timeout",
+            CellStatus::Interrupted => "interrupted",
+        }
+    }
+}
+
+/// Why a kernel was lost without its owner asking.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum LossReason {
+    /// Reaped after `kernel_idle_timeout` without a cell.
+    IdleReaped,
+    /// Evicted as least recently used past `max_session_kernels`.
+    Evicted,
+    /// A cell ran past its timeout and the kernel was killed.
+    Timeout,
+    /// The kernel ran out of memory.
+    Oom,
+    /// The kernel died on its own (the runner crashed).
+    Crashed,
+    /// The container was killed or removed from outside kernelbox, or a cell was interrupted.
+    Killed,
+    /// The Docker engine restarted and took the kernel with it.
+    EngineRestarted,
+}
+
+impl LossReason {
+    /// Every reason, for pre-initialised metric labels.
+    pub const ALL: [LossReason; 7] = [
+        LossReason::IdleReaped,
+        LossReason::Evicted,
+        LossReason::Timeout,
+        LossReason::Oom,
+        LossReason::Crashed,
+        LossReason::Killed,
+        LossReason::EngineRestarted,
+    ];
+
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LossReason::IdleReaped => "idle_reaped",
+            LossReason::Evicted => "evicted",
+            LossReason::Timeout => "timeout",
+            LossReason::Oom => "oom",
+            LossReason::Crashed => "crashed",
+            LossReason::Killed => "killed",
+            LossReason::EngineRestarted => "engine_restarted",
+        }
+    }
+}
+
+/// Reported once, on the first call after an involuntary loss.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateLost {
+    /// Why the previous kernel is gone.
+    pub reason: LossReason,
+    /// When it was lost, RFC 3339.
+    pub at: String,
+}
+
+/// The kernel part of a result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct KernelInfo {
+    /// Container id (short).
+    pub id: String,
+    /// False when this call had to start the kernel.
+    pub reused: bool,
+    /// Cells this kernel executed, this one included.
+    pub execution_count: u64,
+    /// True when `reset=true` discarded a previous kernel.
+    pub state_reset: bool,
+    /// True when the cell called `sys.exit()`: the kernel is gone.
+    pub ended: bool,
+    /// Which kernel of this key this is (1, 2, ...).
+    pub generation: u64,
+    /// Present on the first call after an involuntary loss.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub state_lost: Option<StateLost>,
+}
+
+/// The result of one execute (DESIGN section 2).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CellResult {
+    /// How the cell ended.
+    pub status: CellStatus,
+    /// What the cell wrote (stdout and stderr interleaved in write order), then the traceback.
+    pub output: String,
+    /// Present when status is not success: the traceback or kernelbox's message.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub error: Option<String>,
+    /// 0 success, 1 the cell raised, -1 timeout, interrupt or kernel death.
+    pub exit_code: i32,
+    /// Tool calls this cell dispatched.
+    pub tool_calls_made: u32,
+    /// Wall time of the call, spawn included.
+    pub duration_seconds: f64,
+    /// The kernel that ran the cell.
+    pub kernel: KernelInfo,
+    /// True when `output` was cut.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub stdout_truncated: Option<bool>,
+    /// Bytes the cell wrote in all, when output was cut.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub stdout_bytes_total: Option<u64>,
+    /// Bytes left out of `output`, when it was cut.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub stdout_bytes_omitted: Option<u64>,
+    /// Human guidance, e.g. where the full output was spilled.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub warning: Option<String>,
+    /// A hint on what to do next.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub hint: Option<String>,
+}
+
+/// The message of a timed-out cell (exact text of DESIGN section 2).
+pub fn timeout_message(timeout: std::time::Duration) -> String {
+    let secs = timeout.as_secs_f64();
+    let shown = if secs.fract() == 0.0 {
+        format!("{}", secs as u64)
+    } else {
+        format!("{secs}")
+    };
+    format!(
+        "Cell timed out after {shown}s; the session kernel was killed and its state was lost. \
+         The next execute_code call starts a fresh kernel."
+    )
+}
+
+/// The message of an interrupted cell (exact text of DESIGN section 2).
+pub const INTERRUPTED_MESSAGE: &str =
+    "Interrupted; the session kernel was killed and its state was lost.";
+
+/// Collects a cell's output under the inline cap: the first 40% and the last 60% are kept,
+/// and everything up to the spill cap is kept for the spill file.
+#[derive(Debug)]
+pub struct OutputBuffer {
+    inline_cap: usize,
+    spill_cap: usize,
+    head: Vec<u8>,
+    tail: std::collections::VecDeque<u8>,
+    spill: Vec<u8>,
+    total: u64,
+}
+
+/// The capped output of a cell.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CappedOutput {
+    /// The inline text (with an omission marker when cut).
+    pub text: String,
+    /// Bytes written in all.
+    pub total: u64,
+    /// Bytes left out of `text`; 0 when nothing was cut.
+    pub omitted: u64,
+    /// Up to the spill cap of the full output, when it was cut.
+    pub spill: Option<Vec<u8>>,
+}
+
+impl OutputBuffer {
+    /// A buffer keeping `inline_cap` bytes inline and `spill_cap` bytes for the spill file.
+    pub fn new(inline_cap: usize, spill_cap: usize) -> Self {
+        OutputBuffer {
+            inline_cap,
+            spill_cap,
+            head: Vec::new(),
+            tail: std::collections::VecDeque::new(),
+            spill: Vec::new(),
+            total: 0,
+        }
+    }
+
+    fn head_cap(&self) -> usize {
+        self.inline_cap * 2 / 5
+    }
+
+    fn tail_cap(&self) -> usize {
+        self.inline_cap - self.head_cap()
+    }
+
+    /// Bytes written so far.
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+
+    /// Appends what the cell wrote.
+    pub fn push(&mut self, mut data: &[u8]) {
+        self.total += data.len() as u64;
+        if self.spill.len() < self.spill_cap {
+            let take = data.len().min(self.spill_cap - self.spill.len());
+            self.spill.extend_from_slice(&data[..take]);
+        }
+        let head_room = self.head_cap().saturating_sub(self.head.len());
+        if head_room > 0 {
+            let take = data.len().min(head_room);
+            self.head.extend_from_slice(&data[..take]);
+            data = &data[take..];
+        }
+        let tail_cap = self.tail_cap();
+        if data.len() >= tail_cap {
+            self.tail.clear();
+            self.tail.extend(&data[data.len() - tail_cap..]);
+        } else {
+            let overflow = (self.tail.len() + data.len()).saturating_sub(tail_cap);
+            self.tail.drain(..overflow);
+            self.tail.extend(data);
+        }
+    }
+
+    /// Appends text (a traceback) to the output.
+    pub fn push_str(&mut self, text: &str) {
+        self.push(text.as_bytes());
+    }
+
+    /// The capped output.
+    pub fn finish(self) -> CappedOutput {
+        let kept = (self.head.len() + self.tail.len()) as u64;
+        if self.total <= self.inline_cap as u64 {
+            let mut all = self.head;
+            all.extend(self.tail);
+            return CappedOutput {
+                text: String::from_utf8_lossy(&all).into_owned(),
+                total: self.total,
+                omitted: 0,
+                spill: None,
+            };
+        }
+        let omitted = self.total - kept;
+        let tail: Vec<u8> = self.tail.into_iter().collect();
+        let text = format!(
+            "{}\n\n... [{omitted} bytes of output omitted; {} bytes in all] ...\n\n{}",
+            String::from_utf8_lossy(&self.head),
+            self.total,
+            String::from_utf8_lossy(&tail)
+        );
+        CappedOutput {
+            text,
+            total: self.total,
+            omitted,
+            spill: Some(self.spill),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_output_is_kept_whole() {
+        let mut buf = OutputBuffer::new(100, 1000);
+        buf.push(b"hello ");
+        buf.push(b"world");
+        let out = buf.finish();
+        assert_eq!(out.text, "hello world");
+        assert_eq!(out.omitted, 0);
+        assert!(out.spill.is_none());
+    }
+
+    #[test]
+    fn long_output_keeps_head_and_tail_and_counts_the_gap() {
+        let mut buf = OutputBuffer::new(100, 150);
+        for i in 0..100u8 {
+            buf.push(&[b'a' + (i % 26); 3]);
+        }
+        let out = buf.finish();
+        assert_eq!(out.total, 300);
+        assert_eq!(out.omitted, 200);
+        assert!(out.text.starts_with("aaabbb"));
+        assert!(out.text.contains("[200 bytes of output omitted; 300 bytes in all]"));
+        assert_eq!(out.spill.as_ref().map(Vec::len), Some(150));
+        // The tail is the last 60 bytes.
+        assert!(out.text.ends_with("vvv"));
+    }
+
+    #[test]
+    fn one_huge_write_is_cut_too() {
+        let mut buf = OutputBuffer::new(1000, 2000);
+        buf.push(&vec![b'x'; 1_000_000]);
+        let out = buf.finish();
+        assert_eq!(out.omitted, 999_000);
+        assert!(out.text.len() < 1100);
+    }
+
+    #[test]
+    fn timeout_message_is_exact() {
+        assert_eq!(
+            timeout_message(std::time::Duration::from_secs(1)),
+            "Cell timed out after 1s; the session kernel was killed and its state was lost. \
+             The next execute_code call starts a fresh kernel."
+        );
+        assert!(timeout_message(std::time::Duration::from_millis(1500)).contains("after 1.5s"));
+    }
+
+    #[test]
+    fn results_serialise_with_the_contract_names() {
+        let result = CellResult {
+            status: CellStatus::Success,
+            output: "42\n".into(),
+            error: None,
+            exit_code: 0,
+            tool_calls_made: 0,
+            duration_seconds: 0.01,
+            kernel: KernelInfo {
+                state_lost: Some(StateLost {
+                    reason: LossReason::IdleReaped,
+                    at: "2026-01-01T00:00:00Z".into(),
+                }),
+                ..KernelInfo::default()
+            },
+            stdout_truncated: None,
+            stdout_bytes_total: None,
+            stdout_bytes_omitted: None,
+            warning: None,
+            hint: None,
+        };
+        let json = serde_json::to_value(&result).unwrap();
+        assert_eq!(json["status"], "success");
+        assert_eq!(json["kernel"]["state_lost"]["reason"], "idle_reaped");
+        assert!(json.get("error").is_none());
+        assert!(json.get("stdout_truncated").is_none());
+    }
+}

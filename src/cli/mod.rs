@@ -1,0 +1,310 @@
+//! Command-line verbs. Each verb resolves its configuration once, then calls the library.
+
+mod repl;
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+
+use kernelbox::config::{parse_bytes, parse_duration};
+use kernelbox::{BollardEngine, CellStatus, Config, Engine, ExecuteRequest, Orchestrator, WorkMode};
+
+/// Stateful Python kernels in hardened Docker containers, one per agent conversation.
+#[derive(Debug, Parser)]
+#[command(name = "kernelbox", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run one cell in a kernel for SESSION and print the result JSON.
+    ///
+    /// The kernel lives for this command only; use `repl` (or the server) to keep state
+    /// across cells.
+    Exec(ExecArgs),
+    /// Read cells from standard input and run them in one kernel, printing their output.
+    ///
+    /// A blank line ends a cell. Works interactively and piped:
+    /// `printf 'x = 41\n\nprint(x + 1)\n' | kernelbox repl --session demo`.
+    Repl(ReplArgs),
+    /// Build the kernel image (offline base bootstrap included when needed).
+    Image {
+        #[command(subcommand)]
+        command: ImageCommand,
+    },
+    /// Remove leftovers of dead kernelbox instances and stale staging volumes, by label.
+    Sweep(SweepArgs),
+    /// (internal) Clean up after an orchestrator when its lifeline on stdin closes.
+    #[command(hide = true)]
+    Watchdog {
+        /// Instance id whose containers and volumes to remove.
+        #[arg(long)]
+        instance: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ImageCommand {
+    /// Build the kernel image from images/Dockerfile, bootstrapping the base offline if needed.
+    Build {
+        /// Tag of the image to build.
+        #[arg(long, default_value = kernelbox::config::DEFAULT_IMAGE)]
+        tag: String,
+        /// Base image (an official python image where a registry is reachable).
+        #[arg(long, default_value = kernelbox::image::OFFLINE_BASE)]
+        base: String,
+        /// Directory holding the Dockerfile and bootstrap script.
+        #[arg(long, default_value = "images")]
+        dir: PathBuf,
+        /// Rebuild even when the image exists.
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+/// Options shared by every verb that runs kernels.
+#[derive(Debug, Args, Clone)]
+pub struct KernelOpts {
+    /// Image to run kernels from.
+    #[arg(long, env = "KERNELBOX_IMAGE", default_value = kernelbox::config::DEFAULT_IMAGE)]
+    image: String,
+    /// Cell timeout (e.g. 30s, 5m).
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    timeout: Duration,
+    /// Memory limit per kernel (e.g. 512m, 1g).
+    #[arg(long, default_value = "512m", value_parser = parse_bytes)]
+    memory: i64,
+    /// CPUs per kernel.
+    #[arg(long, default_value_t = 1.0)]
+    cpus: f64,
+    /// Process/thread limit per kernel.
+    #[arg(long, default_value_t = 256)]
+    pids: i64,
+    /// Bind-mount this directory as the working directory (project mode) instead of a
+    /// staging volume (strict mode).
+    #[arg(long)]
+    project: Option<PathBuf>,
+    /// Extra label KEY=VALUE on everything created (repeatable).
+    #[arg(long = "label", value_parser = parse_label)]
+    labels: Vec<(String, String)>,
+}
+
+fn parse_label(text: &str) -> Result<(String, String), String> {
+    text.split_once('=')
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("{text:?} is not KEY=VALUE"))
+}
+
+impl KernelOpts {
+    fn config(&self) -> anyhow::Result<Config> {
+        let mut config = Config {
+            image: self.image.clone(),
+            cell_timeout: self.timeout,
+            max_cell_timeout: self.timeout.max(Duration::from_secs(3600)),
+            extra_labels: self.labels.iter().cloned().collect::<BTreeMap<_, _>>(),
+            watchdog: std::env::current_exe().ok(),
+            ..Config::default()
+        };
+        config.sandbox.memory_bytes = self.memory;
+        config.sandbox.nano_cpus = (self.cpus * 1e9) as i64;
+        config.sandbox.pids_limit = self.pids;
+        if let Some(dir) = &self.project {
+            let dir = dir
+                .canonicalize()
+                .with_context(|| format!("--project {}", dir.display()))?;
+            config.mode = WorkMode::Project(dir);
+        }
+        Ok(config.validate()?)
+    }
+}
+
+#[derive(Debug, Args)]
+struct ExecArgs {
+    /// Session (conversation) the kernel belongs to.
+    #[arg(long, default_value = "default")]
+    session: String,
+    /// Delegated child id, when running as a sub-agent.
+    #[arg(long)]
+    child: Option<String>,
+    #[command(flatten)]
+    kernel: KernelOpts,
+    /// Python code to run; `-` reads it from standard input.
+    code: String,
+}
+
+#[derive(Debug, Args)]
+struct ReplArgs {
+    /// Session (conversation) the kernel belongs to.
+    #[arg(long, default_value = "default")]
+    session: String,
+    #[command(flatten)]
+    kernel: KernelOpts,
+}
+
+#[derive(Debug, Args)]
+struct SweepArgs {
+    /// Show what would be removed without removing it.
+    #[arg(long)]
+    dry_run: bool,
+    /// Staging volumes older than this are removed.
+    #[arg(long, default_value = "7d", value_parser = parse_duration)]
+    staging_max_age: Duration,
+    /// Output format.
+    #[arg(long, default_value = "table", value_parser = ["table", "json"])]
+    format: String,
+}
+
+/// A failure that maps to a documented exit code.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct Exit {
+    code: u8,
+    message: String,
+}
+
+/// The exit code for an error that reached the binary's edge.
+pub fn exit_code_for(e: &anyhow::Error) -> u8 {
+    if let Some(exit) = e.downcast_ref::<Exit>() {
+        return exit.code;
+    }
+    for cause in e.chain() {
+        if let Some(err) = cause.downcast_ref::<kernelbox::EngineError>() {
+            return match err {
+                kernelbox::EngineError::Unreachable { .. } => 3,
+                kernelbox::EngineError::ImageMissing { .. } => 4,
+                _ => 5,
+            };
+        }
+        if cause.downcast_ref::<kernelbox::config::ConfigError>().is_some() {
+            return 2;
+        }
+    }
+    5
+}
+
+async fn connect() -> anyhow::Result<Arc<dyn Engine>> {
+    let engine = BollardEngine::connect().await?;
+    engine.ping().await?;
+    Ok(Arc::new(engine))
+}
+
+async fn start(opts: &KernelOpts) -> anyhow::Result<Orchestrator> {
+    let config = opts.config()?;
+    let engine = connect().await?;
+    if !engine.image_exists(&config.image).await? {
+        return Err(kernelbox::EngineError::ImageMissing {
+            image: config.image.clone(),
+        }
+        .into());
+    }
+    Ok(Orchestrator::start(config, engine).await?)
+}
+
+/// Runs the chosen verb.
+pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Exec(args) => exec(args).await,
+        Command::Repl(args) => {
+            let orchestrator = start(&args.kernel).await?;
+            let result = repl::run(&orchestrator, &args.session).await;
+            orchestrator.shutdown().await;
+            result
+        }
+        Command::Image { command } => match command {
+            ImageCommand::Build {
+                tag,
+                base,
+                dir,
+                force,
+            } => {
+                tokio::task::spawn_blocking(move || {
+                    kernelbox::image::build(&dir, &tag, &base, force)
+                })
+                .await??;
+                Ok(ExitCode::SUCCESS)
+            }
+        },
+        Command::Sweep(args) => sweep(args).await,
+        Command::Watchdog { instance } => {
+            let engine = connect().await?;
+            kernelbox::watchdog::run(engine.as_ref(), &instance).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+async fn exec(args: ExecArgs) -> anyhow::Result<ExitCode> {
+    let code = if args.code == "-" {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+            .context("reading code from stdin")?;
+        text
+    } else {
+        args.code.clone()
+    };
+    let orchestrator = start(&args.kernel).await?;
+    let request = ExecuteRequest {
+        session: args.session.clone(),
+        child: args.child.clone(),
+        code,
+        ..ExecuteRequest::default()
+    };
+    // Ctrl-C interrupts the cell (and so kills the kernel) instead of orphaning it.
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let request = ExecuteRequest {
+        cancel: Some(cancel.clone()),
+        ..request
+    };
+    let ctrl_c = tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            cancel.cancel();
+        }
+    });
+    let result = orchestrator.execute(request).await;
+    ctrl_c.abort();
+    orchestrator.shutdown().await;
+    let result = result?;
+    let mut out = std::io::stdout().lock();
+    serde_json::to_writer_pretty(&mut out, &result)?;
+    writeln!(out)?;
+    Ok(if result.status == CellStatus::Success {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+async fn sweep(args: SweepArgs) -> anyhow::Result<ExitCode> {
+    let engine = connect().await?;
+    let me = kernelbox::instance::Instance::current();
+    let mut report = kernelbox::sweep::sweep_orphans(engine.as_ref(), &me, args.dry_run).await?;
+    let stale = kernelbox::sweep::sweep_stale_staging(
+        engine.as_ref(),
+        args.staging_max_age,
+        &[],
+        args.dry_run,
+    )
+    .await?;
+    report.volumes.extend(stale);
+    if args.format == "json" {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        let verb = if args.dry_run { "would remove" } else { "removed" };
+        println!("{verb} {} container(s), {} volume(s)", report.containers.len(), report.volumes.len());
+        for c in &report.containers {
+            println!("container  {}", &c[..c.len().min(12)]);
+        }
+        for v in &report.volumes {
+            println!("volume     {v}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

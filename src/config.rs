@@ -1,0 +1,265 @@
+//! Configuration: resolved and validated once, then passed around as a value.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The default kernel image, built by `kernelbox image build`.
+pub const DEFAULT_IMAGE: &str = "kernelbox/kernel:latest";
+
+/// Where a kernel works: its own staging volume, or a bind-mounted project directory.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum WorkMode {
+    /// The kernel's staging volume is its working directory (the default).
+    Strict,
+    /// The given host directory is bind-mounted as the working directory.
+    Project(PathBuf),
+}
+
+impl WorkMode {
+    /// A short name for labels and keys.
+    pub fn name(&self) -> &'static str {
+        match self {
+            WorkMode::Strict => "strict",
+            WorkMode::Project(_) => "project",
+        }
+    }
+}
+
+/// How each kernel container is confined. Every field has a hardened default.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sandbox {
+    /// Docker network mode; `none` means no interface but loopback.
+    pub network_mode: String,
+    /// Memory limit in bytes (swap is set to the same value, so there is no swap).
+    pub memory_bytes: i64,
+    /// CPU limit in billionths of a CPU.
+    pub nano_cpus: i64,
+    /// Maximum number of processes and threads.
+    pub pids_limit: i64,
+    /// Mount the image's root filesystem read-only.
+    pub readonly_rootfs: bool,
+    /// Size of the tmpfs mounted at /tmp, in bytes.
+    pub tmp_bytes: u64,
+    /// `uid:gid` the kernel runs as; never root by default.
+    pub user: String,
+}
+
+impl Default for Sandbox {
+    fn default() -> Self {
+        Sandbox {
+            network_mode: "none".into(),
+            memory_bytes: 512 * 1024 * 1024,
+            nano_cpus: 1_000_000_000,
+            pids_limit: 256,
+            readonly_rootfs: true,
+            tmp_bytes: 256 * 1024 * 1024,
+            user: "10000:10000".into(),
+        }
+    }
+}
+
+/// Everything an [`Orchestrator`](crate::Orchestrator) needs, validated by [`Config::validate`].
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Image kernels are created from; any image with python3 >= 3.8.
+    pub image: String,
+    /// Strict (staging volume) or project (bind mount) working directory.
+    pub mode: WorkMode,
+    /// Container confinement.
+    pub sandbox: Sandbox,
+    /// Default cell timeout when a request gives none.
+    pub cell_timeout: Duration,
+    /// Upper bound on the timeout a request may ask for.
+    pub max_cell_timeout: Duration,
+    /// How long a new kernel may take to say it is ready.
+    pub spawn_timeout: Duration,
+    /// Live kernels (unpinned) kept before the least recently used idle ones are evicted.
+    pub max_session_kernels: usize,
+    /// A kernel idle this long is reaped.
+    pub kernel_idle_timeout: Duration,
+    /// Staging volumes older than this and not in use are swept.
+    pub staging_max_age: Duration,
+    /// Tool calls one cell may make.
+    pub max_tool_calls: u32,
+    /// Output kept inline in a result, in bytes (40% head, 60% tail beyond it).
+    pub output_inline_bytes: usize,
+    /// Output spilled to the staging volume when the inline copy is cut, in bytes.
+    pub output_spill_bytes: usize,
+    /// Labels added to everything this instance creates (tests use them to find their own).
+    pub extra_labels: BTreeMap<String, String>,
+    /// Tenant recorded on kernels created by library callers that name none.
+    pub default_tenant: String,
+    /// The kernelbox binary run as this instance's watchdog; `None` disables the watchdog.
+    pub watchdog: Option<PathBuf>,
+    /// Sweep leftovers of dead instances when the orchestrator starts.
+    pub sweep_on_start: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            image: DEFAULT_IMAGE.into(),
+            mode: WorkMode::Strict,
+            sandbox: Sandbox::default(),
+            cell_timeout: Duration::from_secs(30),
+            max_cell_timeout: Duration::from_secs(3600),
+            spawn_timeout: Duration::from_secs(60),
+            max_session_kernels: 4,
+            kernel_idle_timeout: Duration::from_secs(30 * 60),
+            staging_max_age: Duration::from_secs(7 * 24 * 3600),
+            max_tool_calls: 50,
+            output_inline_bytes: 50_000,
+            output_spill_bytes: 5_000_000,
+            extra_labels: BTreeMap::new(),
+            default_tenant: "default".into(),
+            watchdog: None,
+            sweep_on_start: true,
+        }
+    }
+}
+
+/// A configuration value that cannot be used; the message names the field.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration: {field}: {reason}")]
+pub struct ConfigError {
+    /// The offending field.
+    pub field: &'static str,
+    /// Why it was refused.
+    pub reason: String,
+}
+
+fn bad(field: &'static str, reason: impl Into<String>) -> ConfigError {
+    ConfigError {
+        field,
+        reason: reason.into(),
+    }
+}
+
+impl Config {
+    /// Checks every field once, so the rest of the crate can trust the value.
+    pub fn validate(self) -> Result<Config, ConfigError> {
+        if self.image.trim().is_empty() {
+            return Err(bad("image", "must not be empty"));
+        }
+        if self.max_session_kernels == 0 {
+            return Err(bad("max_session_kernels", "must be at least 1"));
+        }
+        if self.cell_timeout.is_zero() {
+            return Err(bad("cell_timeout", "must be positive"));
+        }
+        if self.max_cell_timeout < self.cell_timeout {
+            return Err(bad("max_cell_timeout", "must be at least cell_timeout"));
+        }
+        if self.spawn_timeout.is_zero() {
+            return Err(bad("spawn_timeout", "must be positive"));
+        }
+        if self.kernel_idle_timeout.is_zero() {
+            return Err(bad("kernel_idle_timeout", "must be positive"));
+        }
+        if self.sandbox.memory_bytes < 16 * 1024 * 1024 {
+            return Err(bad("memory", "must be at least 16 MiB"));
+        }
+        if self.sandbox.pids_limit < 8 {
+            return Err(bad("pids_limit", "must be at least 8"));
+        }
+        if self.sandbox.nano_cpus <= 0 {
+            return Err(bad("cpus", "must be positive"));
+        }
+        if self.output_inline_bytes < 100 {
+            return Err(bad("output_inline_bytes", "must be at least 100"));
+        }
+        if self.output_spill_bytes < self.output_inline_bytes {
+            return Err(bad("output_spill_bytes", "must be at least output_inline_bytes"));
+        }
+        if let WorkMode::Project(dir) = &self.mode {
+            if !dir.is_absolute() {
+                return Err(bad("project_dir", "must be an absolute path"));
+            }
+            if !dir.is_dir() {
+                return Err(bad("project_dir", format!("{} is not a directory", dir.display())));
+            }
+        }
+        for key in self.extra_labels.keys() {
+            if key.starts_with(crate::labels::PREFIX) {
+                return Err(bad("labels", format!("{key} uses kernelbox's own prefix")));
+            }
+        }
+        Ok(self)
+    }
+
+    /// How often the background reaper runs: `min(5m, max(30s, idle/6))`.
+    pub fn reap_interval(&self) -> Duration {
+        (self.kernel_idle_timeout / 6).clamp(Duration::from_secs(30), Duration::from_secs(300))
+    }
+}
+
+/// Parses a human duration such as `30s`, `5m` or `7d` (humantime), or a bare number of seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    if let Ok(secs) = text.parse::<f64>() {
+        if secs.is_finite() && secs > 0.0 {
+            return Ok(Duration::from_secs_f64(secs));
+        }
+        return Err(format!("{text:?} is not a positive duration"));
+    }
+    humantime::parse_duration(text).map_err(|e| format!("{text:?}: {e}"))
+}
+
+/// Parses a size such as `512m`, `1g` or a bare byte count.
+pub fn parse_bytes(text: &str) -> Result<i64, String> {
+    let text = text.trim().to_ascii_lowercase();
+    let (num, mult) = match text.trim_end_matches(['b', 'i']).chars().last() {
+        Some('k') => (&text[..text.find('k').unwrap_or(0)], 1024i64),
+        Some('m') => (&text[..text.find('m').unwrap_or(0)], 1024 * 1024),
+        Some('g') => (&text[..text.find('g').unwrap_or(0)], 1024 * 1024 * 1024),
+        _ => (text.as_str(), 1),
+    };
+    let value: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size (use e.g. 512m, 1g)"))?;
+    if !(value.is_finite() && value > 0.0) {
+        return Err(format!("{text:?} is not a positive size"));
+    }
+    Ok((value * mult as f64) as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_validate_and_reap_interval_is_clamped() {
+        let config = Config::default().validate().expect("defaults are valid");
+        assert_eq!(config.reap_interval(), Duration::from_secs(300));
+        let short = Config {
+            kernel_idle_timeout: Duration::from_secs(1),
+            ..Config::default()
+        };
+        assert_eq!(short.reap_interval(), Duration::from_secs(30));
+    }
+
+    #[test]
+    fn bad_values_name_their_field() {
+        let err = Config {
+            max_session_kernels: 0,
+            ..Config::default()
+        }
+        .validate()
+        .unwrap_err();
+        assert_eq!(err.field, "max_session_kernels");
+    }
+
+    #[test]
+    fn durations_and_sizes_parse() {
+        assert_eq!(parse_duration("7d").unwrap(), Duration::from_secs(7 * 86400));
+        assert_eq!(parse_duration("1.5").unwrap(), Duration::from_millis(1500));
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("-1").is_err());
+        assert_eq!(parse_bytes("512m").unwrap(), 512 * 1024 * 1024);
+        assert_eq!(parse_bytes("1GiB").unwrap(), 1024 * 1024 * 1024);
+        assert_eq!(parse_bytes("4096").unwrap(), 4096);
+        assert!(parse_bytes("lots").is_err());
+    }
+}

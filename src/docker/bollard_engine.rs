@@ -1,0 +1,385 @@
+//! [`Engine`] on the real Docker daemon, through bollard.
+
+use std::collections::{BTreeMap, HashMap};
+
+use async_trait::async_trait;
+use bollard::container::LogOutput;
+use bollard::errors::Error as BollardError;
+use bollard::models::{
+    ContainerCreateBody, HostConfig, HostConfigLogConfig, Mount as BollardMount, MountType,
+    VolumeCreateRequest,
+};
+use bollard::query_parameters::{
+    AttachContainerOptionsBuilder, EventsOptionsBuilder, KillContainerOptionsBuilder,
+    ListContainersOptionsBuilder, ListVolumesOptionsBuilder, RemoveContainerOptionsBuilder,
+    UploadToContainerOptionsBuilder, WaitContainerOptionsBuilder,
+};
+use bollard::Docker;
+use bytes::Bytes;
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
+
+use super::{
+    Attached, Chunk, ContainerInfo, ContainerSpec, Engine, EngineError, EngineEvent, Mount,
+    VolumeInfo,
+};
+
+/// The real engine. Cheap to clone; make one per tokio runtime.
+#[derive(Clone, Debug)]
+pub struct BollardEngine {
+    docker: Docker,
+}
+
+impl BollardEngine {
+    /// Connects with Docker's defaults (`DOCKER_HOST`, else the local socket) and negotiates
+    /// the API version once.
+    pub async fn connect() -> Result<BollardEngine, EngineError> {
+        let docker = Docker::connect_with_defaults().map_err(|e| unreachable("connect", e))?;
+        let docker = docker
+            .negotiate_version()
+            .await
+            .map_err(|e| unreachable("connect", e))?;
+        Ok(BollardEngine { docker })
+    }
+
+    /// The underlying client, for operations outside the kernel path (image builds).
+    pub fn client(&self) -> &Docker {
+        &self.docker
+    }
+}
+
+fn unreachable(op: &'static str, e: BollardError) -> EngineError {
+    EngineError::Unreachable {
+        op,
+        message: e.to_string(),
+    }
+}
+
+/// Maps a bollard error to ours, telling "the engine said no" from "no engine".
+fn map_err(op: &'static str, target: &str, e: BollardError) -> EngineError {
+    match e {
+        BollardError::DockerResponseServerError {
+            status_code,
+            message,
+        } => EngineError::Api {
+            op,
+            target: target.to_string(),
+            status: status_code,
+            message,
+        },
+        BollardError::SocketNotFoundError(_)
+        | BollardError::HyperResponseError { .. }
+        | BollardError::HyperLegacyError { .. }
+        | BollardError::IOError { .. }
+        | BollardError::HttpClientError { .. } => unreachable(op, e),
+        other => EngineError::Other {
+            op,
+            target: target.to_string(),
+            message: other.to_string(),
+        },
+    }
+}
+
+fn status_of(e: &BollardError) -> Option<u16> {
+    match e {
+        BollardError::DockerResponseServerError { status_code, .. } => Some(*status_code),
+        _ => None,
+    }
+}
+
+fn label_filters(labels: &[String]) -> HashMap<String, Vec<String>> {
+    HashMap::from([("label".to_string(), labels.to_vec())])
+}
+
+fn to_btree(labels: Option<HashMap<String, String>>) -> BTreeMap<String, String> {
+    labels.unwrap_or_default().into_iter().collect()
+}
+
+#[async_trait]
+impl Engine for BollardEngine {
+    async fn ping(&self) -> Result<(), EngineError> {
+        self.docker
+            .ping()
+            .await
+            .map(|_| ())
+            .map_err(|e| unreachable("ping", e))
+    }
+
+    async fn image_exists(&self, image: &str) -> Result<bool, EngineError> {
+        match self.docker.inspect_image(image).await {
+            Ok(_) => Ok(true),
+            Err(e) if status_of(&e) == Some(404) => Ok(false),
+            Err(e) => Err(map_err("inspect image", image, e)),
+        }
+    }
+
+    async fn create_volume(
+        &self,
+        name: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> Result<(), EngineError> {
+        let request = VolumeCreateRequest {
+            name: Some(name.to_string()),
+            labels: Some(labels.clone().into_iter().collect()),
+            ..Default::default()
+        };
+        self.docker
+            .create_volume(request)
+            .await
+            .map(|_| ())
+            .map_err(|e| map_err("create volume", name, e))
+    }
+
+    async fn remove_volume(&self, name: &str) -> Result<(), EngineError> {
+        match self.docker.remove_volume(name, None::<bollard::query_parameters::RemoveVolumeOptions>).await {
+            Ok(()) => Ok(()),
+            Err(e) if status_of(&e) == Some(404) => Ok(()),
+            Err(e) if status_of(&e) == Some(409) => Err(EngineError::VolumeInUse {
+                name: name.to_string(),
+            }),
+            Err(e) => Err(map_err("remove volume", name, e)),
+        }
+    }
+
+    async fn list_volumes(
+        &self,
+        labels: &[String],
+        dangling: bool,
+    ) -> Result<Vec<VolumeInfo>, EngineError> {
+        let mut filters = label_filters(labels);
+        if dangling {
+            filters.insert("dangling".into(), vec!["true".into()]);
+        }
+        let options = ListVolumesOptionsBuilder::default()
+            .filters(&filters)
+            .build();
+        let response = self
+            .docker
+            .list_volumes(Some(options))
+            .await
+            .map_err(|e| map_err("list volumes", "", e))?;
+        Ok(response
+            .volumes
+            .unwrap_or_default()
+            .into_iter()
+            .map(|v| VolumeInfo {
+                name: v.name,
+                labels: v.labels.into_iter().collect(),
+            })
+            .collect())
+    }
+
+    async fn create_container(&self, spec: &ContainerSpec) -> Result<String, EngineError> {
+        let sandbox = &spec.sandbox;
+        let mounts = spec
+            .mounts
+            .iter()
+            .map(|m| match m {
+                Mount::Volume { name, target } => BollardMount {
+                    typ: Some(MountType::VOLUME),
+                    source: Some(name.clone()),
+                    target: Some(target.clone()),
+                    ..Default::default()
+                },
+                Mount::Bind { source, target } => BollardMount {
+                    typ: Some(MountType::BIND),
+                    source: Some(source.clone()),
+                    target: Some(target.clone()),
+                    ..Default::default()
+                },
+            })
+            .collect();
+        let host_config = HostConfig {
+            network_mode: Some(sandbox.network_mode.clone()),
+            cap_drop: Some(vec!["ALL".into()]),
+            security_opt: Some(vec!["no-new-privileges".into()]),
+            init: Some(true),
+            readonly_rootfs: Some(sandbox.readonly_rootfs),
+            tmpfs: Some(HashMap::from([(
+                "/tmp".to_string(),
+                format!("rw,nosuid,nodev,size={},mode=1777", sandbox.tmp_bytes),
+            )])),
+            memory: Some(sandbox.memory_bytes),
+            memory_swap: Some(sandbox.memory_bytes),
+            nano_cpus: Some(sandbox.nano_cpus),
+            pids_limit: Some(sandbox.pids_limit),
+            // The daemon removes the container when it exits, so a kernel whose host vanished
+            // disappears by itself once the runner sees stdin close.
+            auto_remove: Some(true),
+            // Cell output, code and tool results must not pile up in plaintext on the host.
+            log_config: Some(HostConfigLogConfig {
+                typ: Some("none".into()),
+                config: None,
+            }),
+            mounts: Some(mounts),
+            ..Default::default()
+        };
+        let body = ContainerCreateBody {
+            image: Some(spec.image.clone()),
+            cmd: Some(spec.cmd.clone()),
+            env: Some(spec.env.clone()),
+            user: Some(spec.user.clone()),
+            working_dir: Some(spec.working_dir.clone()),
+            labels: Some(spec.labels.clone().into_iter().collect()),
+            attach_stdin: Some(true),
+            attach_stdout: Some(true),
+            attach_stderr: Some(true),
+            open_stdin: Some(true),
+            stdin_once: Some(true),
+            tty: Some(false),
+            network_disabled: Some(sandbox.network_mode == "none"),
+            host_config: Some(host_config),
+            ..Default::default()
+        };
+        match self.docker.create_container(None, body).await {
+            Ok(response) => Ok(response.id),
+            Err(e) if status_of(&e) == Some(404) => Err(EngineError::ImageMissing {
+                image: spec.image.clone(),
+            }),
+            Err(e) => Err(map_err("create container", &spec.image, e)),
+        }
+    }
+
+    async fn attach(&self, id: &str) -> Result<Attached, EngineError> {
+        let options = AttachContainerOptionsBuilder::default()
+            .stdin(true)
+            .stdout(true)
+            .stderr(true)
+            .stream(true)
+            .logs(false)
+            .build();
+        let results = self
+            .docker
+            .attach_container(id, Some(options))
+            .await
+            .map_err(|e| map_err("attach", id, e))?;
+        let target = id.to_string();
+        let output = results
+            .output
+            .try_filter_map(|item| async move {
+                Ok(match item {
+                    LogOutput::StdOut { message } | LogOutput::Console { message } => {
+                        Some(Chunk::Stdout(message))
+                    }
+                    LogOutput::StdErr { message } => Some(Chunk::Stderr(message)),
+                    LogOutput::StdIn { .. } => None,
+                })
+            })
+            .map_err(move |e| map_err("attach stream", &target, e))
+            .boxed();
+        Ok(Attached {
+            output,
+            input: results.input,
+        })
+    }
+
+    async fn start(&self, id: &str) -> Result<(), EngineError> {
+        self.docker
+            .start_container(id, None)
+            .await
+            .map_err(|e| map_err("start", id, e))
+    }
+
+    async fn kill(&self, id: &str) -> Result<(), EngineError> {
+        let options = KillContainerOptionsBuilder::default()
+            .signal("SIGKILL")
+            .build();
+        match self.docker.kill_container(id, Some(options)).await {
+            Ok(()) => Ok(()),
+            Err(e) if matches!(status_of(&e), Some(404 | 409)) => Ok(()),
+            Err(e) => Err(map_err("kill", id, e)),
+        }
+    }
+
+    async fn remove_container(&self, id: &str) -> Result<(), EngineError> {
+        let options = RemoveContainerOptionsBuilder::default().force(true).build();
+        match self.docker.remove_container(id, Some(options)).await {
+            Ok(()) => Ok(()),
+            Err(e) if status_of(&e) == Some(404) => Ok(()),
+            Err(e) if status_of(&e) == Some(409) => {
+                // Auto-removal is already under way: wait until the container is gone, so the
+                // caller can remove its volume next.
+                let options = WaitContainerOptionsBuilder::default()
+                    .condition("removed")
+                    .build();
+                let mut wait = self.docker.wait_container(id, Some(options));
+                let deadline = tokio::time::sleep(std::time::Duration::from_secs(30));
+                tokio::pin!(deadline);
+                loop {
+                    tokio::select! {
+                        item = wait.next() => match item {
+                            None => return Ok(()),
+                            Some(Err(e)) if status_of(&e).is_some_and(|s| s != 404 && s != 409) => {
+                                return Err(map_err("remove container", id, e));
+                            }
+                            Some(_) => {}
+                        },
+                        _ = &mut deadline => {
+                            return Err(EngineError::Other {
+                                op: "remove container",
+                                target: id.to_string(),
+                                message: "removal did not finish within 30s".into(),
+                            });
+                        }
+                    }
+                }
+            }
+            Err(e) => Err(map_err("remove container", id, e)),
+        }
+    }
+
+    async fn list_containers(&self, labels: &[String]) -> Result<Vec<ContainerInfo>, EngineError> {
+        let options = ListContainersOptionsBuilder::default()
+            .all(true)
+            .filters(&label_filters(labels))
+            .build();
+        let list = self
+            .docker
+            .list_containers(Some(options))
+            .await
+            .map_err(|e| map_err("list containers", "", e))?;
+        Ok(list
+            .into_iter()
+            .map(|c| ContainerInfo {
+                id: c.id.unwrap_or_default(),
+                state: c
+                    .state
+                    .map(|s| s.to_string())
+                    .unwrap_or_default()
+                    .to_lowercase(),
+                labels: to_btree(c.labels),
+                created: c.created.unwrap_or_default(),
+            })
+            .collect())
+    }
+
+    async fn upload(&self, id: &str, dir: &str, tar: Bytes) -> Result<(), EngineError> {
+        let options = UploadToContainerOptionsBuilder::default().path(dir).build();
+        self.docker
+            .upload_to_container(id, Some(options), bollard::body_full(tar))
+            .await
+            .map_err(|e| map_err("upload", id, e))
+    }
+
+    fn events(&self, labels: &[String]) -> BoxStream<'static, Result<EngineEvent, EngineError>> {
+        let mut filters = label_filters(labels);
+        filters.insert("type".into(), vec!["container".into()]);
+        let options = EventsOptionsBuilder::default().filters(&filters).build();
+        self.docker
+            .events(Some(options))
+            .map_err(|e| map_err("events", "", e))
+            .try_filter_map(|event| async move {
+                let Some(actor) = event.actor else {
+                    return Ok(None);
+                };
+                let Some(id) = actor.id else { return Ok(None) };
+                let attributes = actor.attributes.unwrap_or_default();
+                Ok(Some(EngineEvent {
+                    id,
+                    action: event.action.unwrap_or_default(),
+                    exit_code: attributes.get("exitCode").and_then(|c| c.parse().ok()),
+                }))
+            })
+            .boxed()
+    }
+}

@@ -1,0 +1,200 @@
+//! Docker behind a narrow, intent-level trait.
+//!
+//! The registry and kernels speak only [`Engine`]; [`BollardEngine`] talks to the real daemon,
+//! and unit tests substitute a fake. Cleanup verbs are idempotent: an object that is already
+//! gone (404), already stopped (304/409) or already being removed is a success.
+
+mod bollard_engine;
+
+use std::collections::BTreeMap;
+use std::pin::Pin;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::stream::BoxStream;
+use tokio::io::AsyncWrite;
+
+pub use bollard_engine::BollardEngine;
+
+/// A Docker operation that failed; names the operation and the object.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The engine could not be reached at all (socket missing, daemon down).
+    #[error("docker engine unreachable during {op}: {message}")]
+    Unreachable {
+        /// The operation.
+        op: &'static str,
+        /// What the client said.
+        message: String,
+    },
+    /// The engine answered with an error status.
+    #[error("docker {op} {target} failed ({status}): {message}")]
+    Api {
+        /// The operation.
+        op: &'static str,
+        /// The container, volume or image concerned.
+        target: String,
+        /// HTTP status from the engine.
+        status: u16,
+        /// The engine's message.
+        message: String,
+    },
+    /// The image to create a kernel from does not exist locally (and none can be pulled).
+    #[error("image {image} not found; build it with `kernelbox image build`")]
+    ImageMissing {
+        /// The image reference.
+        image: String,
+    },
+    /// A volume could not be removed because a container still uses it.
+    #[error("volume {name} is in use")]
+    VolumeInUse {
+        /// The volume.
+        name: String,
+    },
+    /// Anything else the client reported (I/O on a stream, decoding).
+    #[error("docker {op} {target}: {message}")]
+    Other {
+        /// The operation.
+        op: &'static str,
+        /// The object concerned.
+        target: String,
+        /// Details.
+        message: String,
+    },
+}
+
+impl EngineError {
+    /// True when the engine itself is unreachable (as opposed to refusing one request).
+    pub fn is_unreachable(&self) -> bool {
+        matches!(self, EngineError::Unreachable { .. })
+    }
+}
+
+/// A mount into a kernel container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mount {
+    /// A named volume at `target`.
+    Volume {
+        /// Volume name.
+        name: String,
+        /// Path in the container.
+        target: String,
+    },
+    /// A host directory at `target`.
+    Bind {
+        /// Host path.
+        source: String,
+        /// Path in the container.
+        target: String,
+    },
+}
+
+/// Everything needed to create a hardened kernel container.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ContainerSpec {
+    /// Image reference.
+    pub image: String,
+    /// Command line (imported images have no `Cmd`, so it is always given).
+    pub cmd: Vec<String>,
+    /// Environment, `KEY=value`; nothing of the host's.
+    pub env: Vec<String>,
+    /// `uid:gid`.
+    pub user: String,
+    /// Working directory.
+    pub working_dir: String,
+    /// Labels.
+    pub labels: BTreeMap<String, String>,
+    /// Mounts.
+    pub mounts: Vec<Mount>,
+    /// Confinement.
+    pub sandbox: crate::config::Sandbox,
+}
+
+/// One chunk of container output, as the engine framed it (not a line).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Chunk {
+    /// From the container's stdout (cell output).
+    Stdout(Bytes),
+    /// From the container's stderr (protocol frames).
+    Stderr(Bytes),
+}
+
+/// The streams of an attached container.
+pub struct Attached {
+    /// Output chunks; ends when the container's streams close.
+    pub output: BoxStream<'static, Result<Chunk, EngineError>>,
+    /// The container's stdin; shutting it down gives the process EOF.
+    pub input: Pin<Box<dyn AsyncWrite + Send>>,
+}
+
+/// What `list` reports of a container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerInfo {
+    /// Full id.
+    pub id: String,
+    /// `created`, `running`, `exited`, ...
+    pub state: String,
+    /// Labels.
+    pub labels: BTreeMap<String, String>,
+    /// Creation time, Unix seconds.
+    pub created: i64,
+}
+
+/// What `list` reports of a volume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeInfo {
+    /// Volume name.
+    pub name: String,
+    /// Labels.
+    pub labels: BTreeMap<String, String>,
+}
+
+/// A container event from the engine's event stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineEvent {
+    /// Container id.
+    pub id: String,
+    /// `create`, `start`, `oom`, `kill`, `die`, `destroy`, ...
+    pub action: String,
+    /// Exit code, on `die`.
+    pub exit_code: Option<i64>,
+}
+
+/// The Docker operations kernelbox needs, at the level of intent.
+#[async_trait]
+pub trait Engine: Send + Sync + 'static {
+    /// Checks the engine answers.
+    async fn ping(&self) -> Result<(), EngineError>;
+    /// True when the image exists locally.
+    async fn image_exists(&self, image: &str) -> Result<bool, EngineError>;
+    /// Creates a labelled volume.
+    async fn create_volume(
+        &self,
+        name: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> Result<(), EngineError>;
+    /// Removes a volume; a missing one is a success.
+    async fn remove_volume(&self, name: &str) -> Result<(), EngineError>;
+    /// Volumes matching every `key=value` label filter; `dangling` keeps only unused ones.
+    async fn list_volumes(
+        &self,
+        labels: &[String],
+        dangling: bool,
+    ) -> Result<Vec<VolumeInfo>, EngineError>;
+    /// Creates a container; returns its id.
+    async fn create_container(&self, spec: &ContainerSpec) -> Result<String, EngineError>;
+    /// Attaches to stdin, stdout and stderr (before start, so nothing is missed).
+    async fn attach(&self, id: &str) -> Result<Attached, EngineError>;
+    /// Starts a created container.
+    async fn start(&self, id: &str) -> Result<(), EngineError>;
+    /// Sends SIGKILL; a stopped or missing container is a success.
+    async fn kill(&self, id: &str) -> Result<(), EngineError>;
+    /// Kills and removes a container and waits until it is gone; a missing one is a success.
+    async fn remove_container(&self, id: &str) -> Result<(), EngineError>;
+    /// Containers (any state) matching every `key=value` label filter.
+    async fn list_containers(&self, labels: &[String]) -> Result<Vec<ContainerInfo>, EngineError>;
+    /// Extracts a tar archive into `dir` of a container (a volume path, before or after start).
+    async fn upload(&self, id: &str, dir: &str, tar: Bytes) -> Result<(), EngineError>;
+    /// Container events matching every label filter; ends when the engine goes away.
+    fn events(&self, labels: &[String]) -> BoxStream<'static, Result<EngineEvent, EngineError>>;
+}

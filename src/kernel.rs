@@ -1,0 +1,758 @@
+//! One kernel: a hardened container running the runner, its I/O task, and cell execution.
+//!
+//! A kernel owns a reader task that turns the attach stream into events: stdout chunks (cell
+//! output) while a cell is active, and parsed protocol frames from stderr. Cells run one at a
+//! time: the cell lock is a fair (FIFO) mutex, so they run in arrival order.
+
+use std::collections::BTreeMap;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::Bytes;
+use futures::stream::FuturesUnordered;
+use futures::StreamExt;
+use rand::Rng;
+use serde_json::Value;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::authority::{CellAuthority, ToolCall, RETIRED_MESSAGE};
+use crate::cell::OutputBuffer;
+use crate::config::{Config, WorkMode};
+use crate::docker::{Chunk, ContainerSpec, Engine, EngineError, Mount};
+use crate::monitor::EventMonitor;
+use crate::owner::KernelKey;
+use crate::protocol::{
+    DoneStatus, HostFrame, KernelFrame, LineSplitter, MarkerScanner, PROTOCOL_VERSION,
+    RUNNER_SOURCE,
+};
+
+/// Where the working directory is inside every kernel.
+pub const WORK_DIR: &str = "/work";
+/// Where the staging volume is mounted in project mode (in strict mode it is the work dir).
+pub const STAGING_DIR_PROJECT: &str = "/kernelbox";
+
+/// The lifecycle of one kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KernelState {
+    /// Container being created and started; the runner has not said ready yet.
+    Starting,
+    /// Ready, no cell running.
+    Idle,
+    /// A cell is running.
+    Busy,
+    /// Gone (ended, killed or died); never comes back.
+    Dead(Death),
+}
+
+/// Why a kernel is gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Death {
+    /// kernelbox removed it (timeout, interrupt, eviction, reaping, clear, shutdown).
+    Disposed,
+    /// A cell called `sys.exit()`.
+    Exited,
+    /// The kernel ran out of memory.
+    Oom,
+    /// The container was killed or removed from outside kernelbox.
+    Killed,
+    /// The runner died on its own with this exit code.
+    Crashed(i64),
+}
+
+/// A kernel could not be started or used.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    /// A Docker operation failed while spawning.
+    #[error("starting a kernel failed: {0}")]
+    Spawn(#[from] EngineError),
+    /// The runner did not say ready in time.
+    #[error("the kernel did not become ready within {0:?}")]
+    SpawnTimeout(Duration),
+    /// The runner exited before saying ready (no python3 in the image?).
+    #[error("the kernel exited while starting ({0}); does the image have python3 >= 3.8?")]
+    SpawnDied(String),
+    /// The runner speaks another protocol version.
+    #[error("the kernel runner speaks protocol {0}, this kernelbox speaks {PROTOCOL_VERSION}")]
+    Protocol(u64),
+}
+
+/// What the reader task hands to the running cell.
+#[derive(Debug)]
+enum IoEvent {
+    Output(Bytes),
+    Frame(KernelFrame),
+    Closed,
+}
+
+/// A tool call that the current cell's authority must answer.
+type ToolWork = Pin<Box<dyn std::future::Future<Output = (u64, Result<Value, String>)> + Send>>;
+
+/// How a cell ended, before the orchestrator turns it into a [`CellResult`](crate::CellResult).
+#[derive(Debug)]
+pub enum CellEnd {
+    /// The runner reported the cell done.
+    Done {
+        /// ok, error or exit.
+        status: DoneStatus,
+        /// The traceback when it raised.
+        traceback: Option<String>,
+    },
+    /// The deadline passed; the caller must dispose of the kernel.
+    TimedOut,
+    /// The caller cancelled; the caller must dispose of the kernel.
+    Interrupted,
+    /// The kernel died under the cell.
+    Died(Death),
+}
+
+/// The outcome of one cell.
+#[derive(Debug)]
+pub struct CellRun {
+    /// How it ended.
+    pub end: CellEnd,
+    /// What it wrote.
+    pub output: OutputBuffer,
+    /// Cells executed by the kernel, this one included.
+    pub execution_count: u64,
+    /// The cell number.
+    pub cell: u64,
+}
+
+/// Receives output live while a cell runs (for streaming).
+pub type OutputSink = Arc<dyn Fn(&[u8]) + Send + Sync>;
+
+/// The I/O a running cell needs, behind the FIFO cell lock.
+struct CellIo {
+    rx: mpsc::Receiver<IoEvent>,
+}
+
+type Writer = Arc<tokio::sync::Mutex<Pin<Box<dyn AsyncWrite + Send>>>>;
+
+/// One live kernel container.
+pub struct Kernel {
+    /// Full container id.
+    pub id: String,
+    /// Name of its staging volume.
+    pub volume: String,
+    /// The key it serves.
+    pub key: KernelKey,
+    /// Which kernel of the key it is.
+    pub generation: u64,
+    /// When it was created.
+    pub created: SystemTime,
+    /// Where spills go inside the kernel.
+    pub spill_dir: String,
+    user: String,
+    engine: Arc<dyn Engine>,
+    state: Mutex<KernelState>,
+    io: tokio::sync::Mutex<CellIo>,
+    writer: Writer,
+    active_cell: Arc<AtomicU64>,
+    next_cell: AtomicU64,
+    execution_count: AtomicU64,
+    authority: Mutex<Option<Arc<CellAuthority>>>,
+    disposing: Arc<AtomicBool>,
+    cancel: CancellationToken,
+    death: Arc<Mutex<Option<Death>>>,
+}
+
+impl std::fmt::Debug for Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kernel")
+            .field("id", &self.short_id())
+            .field("generation", &self.generation)
+            .field("state", &self.state())
+            .finish()
+    }
+}
+
+/// Labels of a kernel's container and volume.
+pub fn kernel_labels(
+    base: &BTreeMap<String, String>,
+    key: &KernelKey,
+    generation: u64,
+    role: &str,
+) -> BTreeMap<String, String> {
+    use crate::labels as l;
+    let mut labels = base.clone();
+    labels.insert(l::ROLE.into(), role.into());
+    labels.insert(l::TENANT.into(), key.owner.tenant.clone());
+    labels.insert(l::OWNER.into(), key.owner.to_string());
+    labels.insert(l::SESSION.into(), key.owner.session.clone());
+    if let Some(child) = &key.owner.child {
+        labels.insert(l::CHILD.into(), child.clone());
+    }
+    labels.insert(l::KEY.into(), key.hash());
+    labels.insert(l::GENERATION.into(), generation.to_string());
+    labels.insert(l::CREATED_AT.into(), unix_now().to_string());
+    labels
+}
+
+/// Seconds since the Unix epoch.
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+impl Kernel {
+    /// Creates, attaches and starts a kernel container, and waits for the runner to be ready.
+    /// On any failure nothing is left behind.
+    pub async fn spawn(
+        engine: Arc<dyn Engine>,
+        config: &Config,
+        base_labels: &BTreeMap<String, String>,
+        key: KernelKey,
+        generation: u64,
+        monitor: EventMonitor,
+        tracker: &TaskTracker,
+    ) -> Result<Arc<Kernel>, KernelError> {
+        let suffix: u32 = rand::rng().random();
+        let volume = format!("kernelbox-{}-{generation}-{suffix:08x}", key.hash());
+        let mut labels = kernel_labels(base_labels, &key, generation, "staging");
+        engine.create_volume(&volume, &labels).await?;
+        labels.insert(crate::labels::ROLE.into(), "kernel".into());
+        labels.insert(crate::labels::VOLUME.into(), volume.clone());
+        labels.insert(
+            crate::labels::MEMORY.into(),
+            config.sandbox.memory_bytes.to_string(),
+        );
+        let (mounts, spill_dir) = match &key.mode {
+            WorkMode::Strict => (
+                vec![Mount::Volume {
+                    name: volume.clone(),
+                    target: WORK_DIR.into(),
+                }],
+                format!("{WORK_DIR}/.kernelbox"),
+            ),
+            WorkMode::Project(dir) => (
+                vec![
+                    Mount::Volume {
+                        name: volume.clone(),
+                        target: STAGING_DIR_PROJECT.into(),
+                    },
+                    Mount::Bind {
+                        source: dir.to_string_lossy().into_owned(),
+                        target: WORK_DIR.into(),
+                    },
+                ],
+                STAGING_DIR_PROJECT.to_string(),
+            ),
+        };
+        let spec = ContainerSpec {
+            image: key.image.clone(),
+            cmd: vec!["python3".into(), "-c".into(), RUNNER_SOURCE.into()],
+            env: vec![
+                "PYTHONUNBUFFERED=1".into(),
+                "PYTHONDONTWRITEBYTECODE=1".into(),
+                "HOME=/tmp".into(),
+                "LANG=C.UTF-8".into(),
+            ],
+            user: config.sandbox.user.clone(),
+            working_dir: WORK_DIR.into(),
+            labels,
+            mounts,
+            sandbox: config.sandbox.clone(),
+        };
+        let id = match engine.create_container(&spec).await {
+            Ok(id) => id,
+            Err(e) => {
+                let _ = engine.remove_volume(&volume).await;
+                return Err(e.into());
+            }
+        };
+        let started = Self::start(
+            engine.clone(),
+            config,
+            id.clone(),
+            volume.clone(),
+            key,
+            generation,
+            spill_dir,
+            monitor,
+            tracker,
+        )
+        .await;
+        match started {
+            Ok(kernel) => Ok(kernel),
+            Err(e) => {
+                if let Err(err) = engine.remove_container(&id).await {
+                    tracing::warn!(container = %id, error = %err, "cleanup after failed spawn");
+                }
+                let _ = engine.remove_volume(&volume).await;
+                Err(e)
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn start(
+        engine: Arc<dyn Engine>,
+        config: &Config,
+        id: String,
+        volume: String,
+        key: KernelKey,
+        generation: u64,
+        spill_dir: String,
+        monitor: EventMonitor,
+        tracker: &TaskTracker,
+    ) -> Result<Arc<Kernel>, KernelError> {
+        let attached = engine.attach(&id).await?;
+        let writer: Writer = Arc::new(tokio::sync::Mutex::new(attached.input));
+        let (tx, rx) = mpsc::channel(256);
+        let active_cell = Arc::new(AtomicU64::new(0));
+        let disposing = Arc::new(AtomicBool::new(false));
+        let death = Arc::new(Mutex::new(None));
+        let cancel = CancellationToken::new();
+        let kernel = Arc::new(Kernel {
+            id: id.clone(),
+            volume,
+            key,
+            generation,
+            created: SystemTime::now(),
+            spill_dir,
+            user: config.sandbox.user.clone(),
+            engine: engine.clone(),
+            state: Mutex::new(KernelState::Starting),
+            io: tokio::sync::Mutex::new(CellIo { rx }),
+            writer: writer.clone(),
+            active_cell: active_cell.clone(),
+            next_cell: AtomicU64::new(0),
+            execution_count: AtomicU64::new(0),
+            authority: Mutex::new(None),
+            disposing: disposing.clone(),
+            cancel: cancel.clone(),
+            death: death.clone(),
+        });
+        tracker.spawn(reader_task(ReaderTask {
+            id: id.clone(),
+            output: attached.output,
+            tx,
+            writer,
+            active_cell,
+            disposing,
+            death,
+            monitor,
+            cancel,
+        }));
+        engine.start(&id).await?;
+        let mut io = kernel.io.lock().await;
+        let ready = tokio::time::timeout(config.spawn_timeout, async {
+            loop {
+                match io.rx.recv().await {
+                    Some(IoEvent::Frame(KernelFrame::Ready { v, python })) => {
+                        return Ok((v, python));
+                    }
+                    Some(IoEvent::Closed) | None => {
+                        return Err(KernelError::SpawnDied(
+                            kernel
+                                .death()
+                                .map(|d| format!("{d:?}"))
+                                .unwrap_or_else(|| "no output".into()),
+                        ));
+                    }
+                    Some(_) => {}
+                }
+            }
+        })
+        .await
+        .map_err(|_| KernelError::SpawnTimeout(config.spawn_timeout))??;
+        drop(io);
+        if ready.0 != PROTOCOL_VERSION {
+            return Err(KernelError::Protocol(ready.0));
+        }
+        tracing::debug!(container = %kernel.short_id(), python = %ready.1, "kernel ready");
+        kernel.set_state(KernelState::Idle);
+        Ok(kernel)
+    }
+
+    /// The short (12 hex) container id.
+    pub fn short_id(&self) -> &str {
+        &self.id[..self.id.len().min(12)]
+    }
+
+    /// The current state.
+    pub fn state(&self) -> KernelState {
+        let death = *self.death.lock().unwrap_or_else(|p| p.into_inner());
+        match death {
+            Some(d) => KernelState::Dead(d),
+            None => *self.state.lock().unwrap_or_else(|p| p.into_inner()),
+        }
+    }
+
+    fn set_state(&self, state: KernelState) {
+        *self.state.lock().unwrap_or_else(|p| p.into_inner()) = state;
+    }
+
+    /// Why the kernel is gone, once it is.
+    pub fn death(&self) -> Option<Death> {
+        *self.death.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// True while the kernel can run cells.
+    pub fn is_alive(&self) -> bool {
+        !matches!(self.state(), KernelState::Dead(_))
+    }
+
+    /// Cells executed so far.
+    pub fn execution_count(&self) -> u64 {
+        self.execution_count.load(Ordering::Acquire)
+    }
+
+    /// The authority of the running cell, or of the last one (retired) when idle.
+    pub fn cell_authority(&self) -> Option<Arc<CellAuthority>> {
+        self.authority
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Runs one cell under `authority`, waiting behind earlier cells (FIFO). The caller
+    /// disposes of the kernel after a timeout or interrupt.
+    pub async fn run_cell(
+        &self,
+        code: &str,
+        timeout: Duration,
+        authority: Arc<CellAuthority>,
+        cancel: CancellationToken,
+        sink: Option<OutputSink>,
+        output_caps: (usize, usize),
+    ) -> CellRun {
+        let mut io = self.io.lock().await;
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut output = OutputBuffer::new(output_caps.0, output_caps.1);
+        let cell = self.next_cell.fetch_add(1, Ordering::AcqRel) + 1;
+        let finish = |end, output, count| CellRun {
+            end,
+            output,
+            execution_count: count,
+            cell,
+        };
+        // Whatever arrived between cells (late output of old threads) is not this cell's.
+        while let Ok(event) = io.rx.try_recv() {
+            if let IoEvent::Closed = event {
+                break;
+            }
+        }
+        if let Some(death) = self.death() {
+            return finish(CellEnd::Died(death), output, self.execution_count());
+        }
+        let nonce: u64 = rand::rng().random();
+        let marker = format!("\u{1}kernelbox-end:{cell}:{nonce:016x}\u{1}");
+        *self.authority.lock().unwrap_or_else(|p| p.into_inner()) = Some(authority.clone());
+        self.active_cell.store(cell, Ordering::Release);
+        self.set_state(KernelState::Busy);
+        let frame = HostFrame::Exec {
+            cell,
+            code,
+            marker: &marker,
+        }
+        .to_line();
+        let sent = write_frame(&self.writer, &frame).await;
+        let mut scanner = MarkerScanner::new(&marker);
+        let mut done: Option<(DoneStatus, Option<String>, u64)> = None;
+        let mut tools: FuturesUnordered<ToolWork> = FuturesUnordered::new();
+        let end = if sent.is_err() {
+            CellEnd::Died(self.await_death().await)
+        } else {
+            loop {
+                tokio::select! {
+                    biased;
+                    _ = cancel.cancelled() => break CellEnd::Interrupted,
+                    event = io.rx.recv() => match event {
+                        Some(IoEvent::Output(bytes)) => {
+                            scanner.feed(&bytes, |b| {
+                                output.push(b);
+                                if let Some(sink) = &sink {
+                                    sink(b);
+                                }
+                            });
+                        }
+                        Some(IoEvent::Frame(KernelFrame::Done { cell: c, status, traceback, execution_count })) if c == cell => {
+                            done = Some((status, traceback, execution_count));
+                        }
+                        Some(IoEvent::Frame(KernelFrame::ToolCall { cell: c, call, tool, args })) => {
+                            if c == Some(cell) {
+                                tools.push(self.dispatch(authority.clone(), cell, call, tool, args));
+                            } else {
+                                let _ = refuse(&self.writer, call, RETIRED_MESSAGE).await;
+                            }
+                        }
+                        Some(IoEvent::Frame(_)) => {}
+                        Some(IoEvent::Closed) | None => {
+                            break CellEnd::Died(self.await_death().await);
+                        }
+                    },
+                    Some((call, result)) = tools.next(), if !tools.is_empty() => {
+                        let frame = match result {
+                            Ok(value) => HostFrame::ToolResult { call, ok: true, result: Some(value), error: None },
+                            Err(message) => HostFrame::ToolResult { call, ok: false, result: None, error: Some(message) },
+                        };
+                        let _ = write_frame(&self.writer, &frame.to_line()).await;
+                    }
+                    _ = tokio::time::sleep_until(deadline) => break CellEnd::TimedOut,
+                }
+                if let (Some((status, _, _)), true) = (&done, scanner.found()) {
+                    let status = *status;
+                    let (_, traceback, count) = done.take().unwrap_or((status, None, 0));
+                    self.execution_count.store(count, Ordering::Release);
+                    break CellEnd::Done { status, traceback };
+                }
+            }
+        };
+        // Settle: the authority is retired before anything else can run.
+        authority.retire();
+        self.active_cell.store(0, Ordering::Release);
+        let count = match &end {
+            CellEnd::Done { .. } => self.execution_count(),
+            _ => {
+                // The runner counted the cell when it began; mirror that.
+                let c = self.execution_count.load(Ordering::Acquire) + 1;
+                self.execution_count.store(c, Ordering::Release);
+                c
+            }
+        };
+        if matches!(end, CellEnd::Done { status: DoneStatus::Exit, .. }) {
+            self.disposing.store(true, Ordering::Release);
+            let mut death = self.death.lock().unwrap_or_else(|p| p.into_inner());
+            death.get_or_insert(Death::Exited);
+        } else if self.is_alive() {
+            self.set_state(KernelState::Idle);
+        }
+        finish(end, output, count)
+    }
+
+    fn dispatch(
+        &self,
+        authority: Arc<CellAuthority>,
+        cell: u64,
+        call: u64,
+        tool: String,
+        args: Value,
+    ) -> ToolWork {
+        let owner = &self.key.owner;
+        let request = ToolCall {
+            tool,
+            args: if args.is_object() {
+                args
+            } else {
+                Value::Object(Default::default())
+            },
+            task_id: authority.task_id().map(str::to_string),
+            tenant: owner.tenant.clone(),
+            session: owner.session.clone(),
+            child: owner.child.clone(),
+            cell,
+        };
+        Box::pin(async move { (call, authority.dispatch(request).await) })
+    }
+
+    /// Waits for the reader to record why the kernel died.
+    async fn await_death(&self) -> Death {
+        // The reader sets the death before it closes the channel, so this is immediate.
+        self.death().unwrap_or(Death::Crashed(-1))
+    }
+
+    /// Removes the container and its staging volume. Idempotent.
+    pub async fn dispose(&self) -> Result<(), EngineError> {
+        self.disposing.store(true, Ordering::Release);
+        {
+            let mut death = self.death.lock().unwrap_or_else(|p| p.into_inner());
+            death.get_or_insert(Death::Disposed);
+        }
+        let removed = self.engine.remove_container(&self.id).await;
+        self.cancel.cancel();
+        removed?;
+        remove_volume_when_free(self.engine.as_ref(), &self.volume).await
+    }
+
+    /// Writes a file into the kernel's staging volume (used for output spills).
+    pub async fn write_staging_file(&self, name: &str, data: &[u8]) -> Result<String, EngineError> {
+        // Spills are owned by the kernel's user so cells can read and delete them.
+        let (uid, gid) = parse_user(&self.user);
+        let mut builder = tar::Builder::new(Vec::new());
+        let mut dir = tar::Header::new_gnu();
+        dir.set_entry_type(tar::EntryType::Directory);
+        dir.set_size(0);
+        dir.set_mode(0o755);
+        dir.set_uid(uid);
+        dir.set_gid(gid);
+        dir.set_mtime(unix_now());
+        dir.set_cksum();
+        let staging = self.spill_dir.clone();
+        let (upload_root, rel_dir) = match staging.strip_prefix(&format!("{WORK_DIR}/")) {
+            Some(rel) => (WORK_DIR.to_string(), format!("{rel}/")),
+            None => (staging.clone(), String::new()),
+        };
+        if !rel_dir.is_empty() {
+            builder
+                .append_data(&mut dir, &rel_dir, std::io::empty())
+                .map_err(|e| tar_err(&self.id, e))?;
+        }
+        let mut file = tar::Header::new_gnu();
+        file.set_size(data.len() as u64);
+        file.set_mode(0o644);
+        file.set_uid(uid);
+        file.set_gid(gid);
+        file.set_mtime(unix_now());
+        file.set_cksum();
+        builder
+            .append_data(&mut file, format!("{rel_dir}{name}"), data)
+            .map_err(|e| tar_err(&self.id, e))?;
+        let archive = builder.into_inner().map_err(|e| tar_err(&self.id, e))?;
+        self.engine
+            .upload(&self.id, &upload_root, Bytes::from(archive))
+            .await?;
+        Ok(format!("{staging}/{name}"))
+    }
+}
+
+impl Drop for Kernel {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
+fn parse_user(user: &str) -> (u64, u64) {
+    let mut parts = user.split(':');
+    let uid = parts.next().and_then(|u| u.parse().ok()).unwrap_or(0);
+    let gid = parts.next().and_then(|g| g.parse().ok()).unwrap_or(uid);
+    (uid, gid)
+}
+
+fn tar_err(id: &str, e: std::io::Error) -> EngineError {
+    EngineError::Other {
+        op: "build archive",
+        target: id.to_string(),
+        message: e.to_string(),
+    }
+}
+
+/// Removes a volume, waiting briefly while the engine finishes removing its container.
+pub async fn remove_volume_when_free(engine: &dyn Engine, name: &str) -> Result<(), EngineError> {
+    let mut delay = Duration::from_millis(20);
+    for _ in 0..8 {
+        match engine.remove_volume(name).await {
+            Err(EngineError::VolumeInUse { .. }) => {
+                // The container's removal is still being committed by the engine; there is no
+                // event for "volume released", so back off and retry a few times.
+                tokio::time::sleep(delay).await;
+                delay *= 2;
+            }
+            other => return other,
+        }
+    }
+    engine.remove_volume(name).await
+}
+
+async fn write_frame(writer: &Writer, frame: &[u8]) -> std::io::Result<()> {
+    let mut w = writer.lock().await;
+    w.write_all(frame).await?;
+    w.flush().await
+}
+
+async fn refuse(writer: &Writer, call: u64, message: &str) -> std::io::Result<()> {
+    let frame = HostFrame::ToolResult {
+        call,
+        ok: false,
+        result: None,
+        error: Some(message.to_string()),
+    };
+    write_frame(writer, &frame.to_line()).await
+}
+
+struct ReaderTask {
+    id: String,
+    output: futures::stream::BoxStream<'static, Result<Chunk, EngineError>>,
+    tx: mpsc::Sender<IoEvent>,
+    writer: Writer,
+    active_cell: Arc<AtomicU64>,
+    disposing: Arc<AtomicBool>,
+    death: Arc<Mutex<Option<Death>>>,
+    monitor: EventMonitor,
+    cancel: CancellationToken,
+}
+
+/// Reads the attach stream until it ends or the kernel is dropped.
+async fn reader_task(mut task: ReaderTask) {
+    let mut lines = LineSplitter::default();
+    let started = Instant::now();
+    loop {
+        let item = tokio::select! {
+            _ = task.cancel.cancelled() => break,
+            item = task.output.next() => item,
+        };
+        match item {
+            Some(Ok(Chunk::Stdout(bytes))) => {
+                // Output between cells belongs to nobody and is dropped here, not buffered.
+                if task.active_cell.load(Ordering::Acquire) != 0
+                    && task.tx.send(IoEvent::Output(bytes)).await.is_err()
+                {
+                    break;
+                }
+            }
+            Some(Ok(Chunk::Stderr(bytes))) => {
+                let mut frames = Vec::new();
+                lines.feed(&bytes, |line| match serde_json::from_slice::<KernelFrame>(line) {
+                    Ok(frame) => frames.push(frame),
+                    Err(e) => tracing::debug!(container = %short(&task.id), error = %e, "unparseable kernel frame dropped"),
+                });
+                for frame in frames {
+                    if let KernelFrame::ToolCall { cell, call, .. } = &frame {
+                        let active = task.active_cell.load(Ordering::Acquire);
+                        if active == 0 || *cell != Some(active) {
+                            // A settled cell's thread: refuse here, nobody else is listening.
+                            let _ = refuse(&task.writer, *call, RETIRED_MESSAGE).await;
+                            continue;
+                        }
+                    }
+                    if task.tx.send(IoEvent::Frame(frame)).await.is_err() {
+                        return;
+                    }
+                }
+            }
+            Some(Err(e)) => {
+                tracing::debug!(container = %short(&task.id), error = %e, "attach stream error");
+                break;
+            }
+            None => break,
+        }
+    }
+    if task.cancel.is_cancelled() {
+        return;
+    }
+    // The streams closed: the container is gone or going. Find out why before telling the cell.
+    let death = if task.disposing.load(Ordering::Acquire) {
+        Death::Disposed
+    } else {
+        let fate = task
+            .monitor
+            .wait_died(&task.id, Duration::from_secs(3))
+            .await;
+        if task.disposing.load(Ordering::Acquire) {
+            Death::Disposed
+        } else if fate.oom {
+            Death::Oom
+        } else if fate.killed || fate.died == Some(137) {
+            Death::Killed
+        } else {
+            Death::Crashed(fate.died.unwrap_or(-1))
+        }
+    };
+    tracing::debug!(container = %short(&task.id), ?death, lived = ?started.elapsed(), "kernel streams closed");
+    task.death
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get_or_insert(death);
+    let _ = task.tx.send(IoEvent::Closed).await;
+}
+
+fn short(id: &str) -> &str {
+    &id[..id.len().min(12)]
+}

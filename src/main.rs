@@ -1,0 +1,35 @@
+//! The `kernelbox` binary: a thin clap front over the library.
+//!
+//! Exit codes: 0 success; 1 the cell did not succeed (`exec`); 2 bad usage or configuration;
+//! 3 the Docker engine is unreachable; 4 the kernel image is missing; 5 any other failure.
+
+mod cli;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let args = cli::Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("KERNELBOX_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("kernelbox: cannot start the async runtime: {e}");
+            return ExitCode::from(5);
+        }
+    };
+    match runtime.block_on(cli::run(args)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("kernelbox: {e:#}");
+            ExitCode::from(cli::exit_code_for(&e))
+        }
+    }
+}

@@ -1,0 +1,139 @@
+//! Watches the engine's container events for this instance, so a kernel that dies on its own
+//! can be told apart: out of memory, killed from outside, or crashed.
+//!
+//! With auto-removal, `OOMKilled` is visible only as an `oom` event before `die`, so the fate of
+//! each container is recorded from the event stream and looked up when its attach stream ends.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::docker::Engine;
+
+/// How a container ended, as its events tell.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Fate {
+    /// An `oom` event was seen.
+    pub oom: bool,
+    /// A `kill` event was seen (someone sent it a signal through the engine).
+    pub killed: bool,
+    /// `die` was seen, with this exit code.
+    pub died: Option<i64>,
+}
+
+/// Fates are kept for this many containers at most.
+const MAX_TRACKED: usize = 4096;
+
+#[derive(Default)]
+struct Fates {
+    by_id: HashMap<String, Fate>,
+    order: VecDeque<String>,
+}
+
+/// The event watcher of one orchestrator instance.
+#[derive(Clone, Default)]
+pub struct EventMonitor {
+    fates: Arc<Mutex<Fates>>,
+    changed: Arc<Notify>,
+}
+
+impl EventMonitor {
+    /// Records one event.
+    pub fn record(&self, id: &str, action: &str, exit_code: Option<i64>) {
+        let mut fates = self.fates.lock().unwrap_or_else(|p| p.into_inner());
+        if !fates.by_id.contains_key(id) {
+            if fates.order.len() >= MAX_TRACKED {
+                if let Some(old) = fates.order.pop_front() {
+                    fates.by_id.remove(&old);
+                }
+            }
+            fates.order.push_back(id.to_string());
+        }
+        let fate = fates.by_id.entry(id.to_string()).or_default();
+        match action {
+            "oom" => fate.oom = true,
+            "kill" => fate.killed = true,
+            "die" => fate.died = Some(exit_code.unwrap_or(-1)),
+            _ => {}
+        }
+        drop(fates);
+        self.changed.notify_waiters();
+    }
+
+    /// What is known of a container now.
+    pub fn fate(&self, id: &str) -> Fate {
+        let fates = self.fates.lock().unwrap_or_else(|p| p.into_inner());
+        fates.by_id.get(id).copied().unwrap_or_default()
+    }
+
+    /// Waits (up to `limit`) for the container's `die` event, then reports its fate.
+    pub async fn wait_died(&self, id: &str, limit: Duration) -> Fate {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let notified = self.changed.notified();
+            let fate = self.fate(id);
+            if fate.died.is_some() {
+                return fate;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return self.fate(id);
+            }
+        }
+    }
+
+    /// Follows the engine's events for containers matching `labels` until cancelled; when the
+    /// stream ends (engine restart), resubscribes.
+    pub async fn run(self, engine: Arc<dyn Engine>, labels: Vec<String>, cancel: CancellationToken) {
+        let mut backoff = Duration::from_millis(100);
+        while !cancel.is_cancelled() {
+            let mut events = engine.events(&labels);
+            loop {
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    item = events.next() => match item {
+                        Some(Ok(event)) => {
+                            backoff = Duration::from_millis(100);
+                            self.record(&event.id, &event.action, event.exit_code);
+                        }
+                        Some(Err(e)) => {
+                            tracing::debug!(error = %e, "event stream error");
+                            break;
+                        }
+                        None => break,
+                    }
+                }
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn oom_then_die_is_reported_and_unknown_ids_time_out() {
+        let monitor = EventMonitor::default();
+        let waiter = {
+            let monitor = monitor.clone();
+            tokio::spawn(async move { monitor.wait_died("c1", Duration::from_secs(5)).await })
+        };
+        tokio::task::yield_now().await;
+        monitor.record("c1", "oom", None);
+        monitor.record("c1", "die", Some(137));
+        let fate = waiter.await.unwrap();
+        assert!(fate.oom);
+        assert_eq!(fate.died, Some(137));
+        let unknown = monitor.wait_died("nope", Duration::from_secs(1)).await;
+        assert_eq!(unknown, Fate::default());
+    }
+}

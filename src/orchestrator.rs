@@ -1,0 +1,698 @@
+//! The orchestrator: the library's front door. Resolves owners to kernels through the
+//! registry, runs cells, turns outcomes into [`CellResult`]s, and owns every background task
+//! (event monitor, reaper) and the watchdog.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::authority::{CellAuthority, ToolDispatcher};
+use crate::cell::{
+    timeout_message, CellResult, CellStatus, KernelInfo, LossReason, INTERRUPTED_MESSAGE,
+};
+use crate::config::Config;
+use crate::docker::{Engine, EngineError};
+use crate::instance::Instance;
+use crate::kernel::{CellEnd, Death, Kernel, KernelError, KernelState, OutputSink};
+use crate::labels;
+use crate::monitor::EventMonitor;
+use crate::owner::{KernelKey, NameError, Owner};
+use crate::protocol::DoneStatus;
+use crate::registry::{Registry, Slot};
+use crate::sweep::{self, SweepReport};
+use crate::watchdog::Watchdog;
+
+/// One execute call.
+#[derive(Clone, Default)]
+pub struct ExecuteRequest {
+    /// Tenant namespace (the configured default when `None`).
+    pub tenant: Option<String>,
+    /// The conversation.
+    pub session: String,
+    /// The turn; changes every turn and never keys a kernel.
+    pub task_id: Option<String>,
+    /// The delegated child making the call, if any.
+    pub child: Option<String>,
+    /// Python source of the cell.
+    pub code: String,
+    /// Discard the kernel and run in a fresh one.
+    pub reset: bool,
+    /// Cell timeout (the configured default when `None`).
+    pub timeout: Option<Duration>,
+    /// Tools the cell may call (part of the kernel key).
+    pub tools: BTreeSet<String>,
+    /// Where tool calls go.
+    pub dispatcher: Option<Arc<dyn ToolDispatcher>>,
+    /// Cancelling it interrupts the cell (the kernel is killed).
+    pub cancel: Option<CancellationToken>,
+    /// Receives output live.
+    pub sink: Option<OutputSink>,
+}
+
+impl std::fmt::Debug for ExecuteRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExecuteRequest")
+            .field("tenant", &self.tenant)
+            .field("session", &self.session)
+            .field("child", &self.child)
+            .field("reset", &self.reset)
+            .field("timeout", &self.timeout)
+            .field("tools", &self.tools)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ExecuteRequest {
+    /// A request to run `code` for `session`.
+    pub fn new(session: impl Into<String>, code: impl Into<String>) -> ExecuteRequest {
+        ExecuteRequest {
+            session: session.into(),
+            code: code.into(),
+            ..ExecuteRequest::default()
+        }
+    }
+}
+
+/// Why an execute could not produce a cell result at all.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecuteError {
+    /// The request is malformed (bad names, timeout out of range).
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    /// A name would break labels or keys.
+    #[error(transparent)]
+    Name(#[from] NameError),
+    /// The kernel could not be started.
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+    /// The engine failed.
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// The orchestrator is shutting down.
+    #[error("kernelbox is shutting down")]
+    ShuttingDown,
+}
+
+/// Why the orchestrator could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    /// The engine is unreachable or refused the startup sweep.
+    #[error("docker engine: {0}")]
+    Engine(#[from] EngineError),
+    /// The watchdog process could not be started.
+    #[error("starting the watchdog {path}: {source}")]
+    Watchdog {
+        /// The binary.
+        path: String,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+/// A live kernel, as `list_kernels` reports it.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct KernelSummary {
+    /// Short container id.
+    pub id: String,
+    /// Tenant.
+    pub tenant: String,
+    /// Owner string.
+    pub owner: String,
+    /// Session.
+    pub session: String,
+    /// Delegated child.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub child: Option<String>,
+    /// Generation within the key.
+    pub generation: u64,
+    /// `starting`, `idle` or `busy`.
+    pub state: String,
+    /// Cells executed.
+    pub execution_count: u64,
+    /// Seconds since last use.
+    pub idle_seconds: f64,
+    /// Calls attached.
+    pub attached: usize,
+}
+
+struct Inner {
+    config: Config,
+    engine: Arc<dyn Engine>,
+    instance: Instance,
+    labels: BTreeMap<String, String>,
+    registry: Registry,
+    monitor: EventMonitor,
+    tracker: TaskTracker,
+    cancel: CancellationToken,
+    running: Mutex<HashMap<Owner, Vec<CancellationToken>>>,
+    watchdog: Mutex<Option<Watchdog>>,
+}
+
+/// Runs stateful Python kernels in containers, one per key. Cheap to clone.
+#[derive(Clone)]
+pub struct Orchestrator {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Orchestrator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Orchestrator")
+            .field("instance", &self.inner.instance.id)
+            .field("kernels", &self.inner.registry.len())
+            .finish()
+    }
+}
+
+impl Orchestrator {
+    /// Validates the config, checks the engine, sweeps leftovers of dead instances, and starts
+    /// the event monitor, the reaper and the watchdog.
+    pub async fn start(config: Config, engine: Arc<dyn Engine>) -> Result<Orchestrator, StartError> {
+        let config = config.validate()?;
+        engine.ping().await?;
+        let instance = Instance::current();
+        let labels = instance.labels(&config.extra_labels);
+        if config.sweep_on_start {
+            let report = sweep::sweep_orphans(engine.as_ref(), &instance, false).await?;
+            if !report.containers.is_empty() || !report.volumes.is_empty() {
+                tracing::info!(
+                    containers = report.containers.len(),
+                    volumes = report.volumes.len(),
+                    "swept leftovers of dead instances"
+                );
+            }
+        }
+        let watchdog = match &config.watchdog {
+            Some(path) => Some(Watchdog::spawn(path, &instance.id).map_err(|source| {
+                StartError::Watchdog {
+                    path: path.display().to_string(),
+                    source,
+                }
+            })?),
+            None => None,
+        };
+        let inner = Arc::new(Inner {
+            registry: Registry::new(config.max_session_kernels, config.kernel_idle_timeout),
+            config,
+            engine,
+            labels,
+            monitor: EventMonitor::default(),
+            tracker: TaskTracker::new(),
+            cancel: CancellationToken::new(),
+            running: Mutex::new(HashMap::new()),
+            watchdog: Mutex::new(watchdog),
+            instance,
+        });
+        let orchestrator = Orchestrator { inner };
+        let i = &orchestrator.inner;
+        i.tracker.spawn(i.monitor.clone().run(
+            i.engine.clone(),
+            vec![
+                labels::managed(),
+                labels::filter(labels::INSTANCE, &i.instance.id),
+            ],
+            i.cancel.child_token(),
+        ));
+        let reaper = orchestrator.clone();
+        i.tracker.spawn(async move { reaper.reap_forever().await });
+        Ok(orchestrator)
+    }
+
+    /// The validated configuration.
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    /// This instance's id (its containers carry it as a label).
+    pub fn instance_id(&self) -> &str {
+        &self.inner.instance.id
+    }
+
+    /// The engine this orchestrator drives.
+    pub fn engine(&self) -> &Arc<dyn Engine> {
+        &self.inner.engine
+    }
+
+    fn owner_of(&self, tenant: Option<&str>, session: &str, child: Option<&str>) -> Result<Owner, NameError> {
+        Owner::new(
+            tenant.unwrap_or(&self.inner.config.default_tenant),
+            session,
+            child,
+        )
+    }
+
+    /// Runs one cell and returns its result. The cell keeps running to its end even if the
+    /// returned future is dropped (cancel `request.cancel` to interrupt it).
+    pub async fn execute(&self, request: ExecuteRequest) -> Result<CellResult, ExecuteError> {
+        if self.inner.cancel.is_cancelled() {
+            return Err(ExecuteError::ShuttingDown);
+        }
+        let this = self.clone();
+        let handle = self
+            .inner
+            .tracker
+            .spawn(async move { this.execute_owned(request).await });
+        match handle.await {
+            Ok(result) => result,
+            Err(e) => Err(ExecuteError::Invalid(format!("execute task failed: {e}"))),
+        }
+    }
+
+    async fn execute_owned(&self, request: ExecuteRequest) -> Result<CellResult, ExecuteError> {
+        let started = Instant::now();
+        let config = &self.inner.config;
+        let owner = self.owner_of(
+            request.tenant.as_deref(),
+            &request.session,
+            request.child.as_deref(),
+        )?;
+        let timeout = request.timeout.unwrap_or(config.cell_timeout);
+        if timeout.is_zero() || timeout > config.max_cell_timeout {
+            return Err(ExecuteError::Invalid(format!(
+                "timeout must be between 0 and {}s",
+                config.max_cell_timeout.as_secs()
+            )));
+        }
+        let key = KernelKey {
+            owner: owner.clone(),
+            mode: config.mode.clone(),
+            image: config.image.clone(),
+            tools: request.tools.clone(),
+        };
+        let lease = self.acquire(&key, request.reset).await?;
+        let kernel = lease.kernel.clone();
+        let authority = Arc::new(CellAuthority::new(
+            request.task_id.clone(),
+            request.dispatcher.clone(),
+            request.tools.clone(),
+            config.max_tool_calls,
+        ));
+        let cancel = request.cancel.clone().unwrap_or_default();
+        self.track_running(&owner, &cancel, true);
+        let run = kernel
+            .run_cell(
+                &request.code,
+                timeout,
+                authority.clone(),
+                cancel.clone(),
+                request.sink.clone(),
+                (config.output_inline_bytes, config.output_spill_bytes),
+            )
+            .await;
+        self.track_running(&owner, &cancel, false);
+
+        let mut info = KernelInfo {
+            id: kernel.short_id().to_string(),
+            reused: lease.reused,
+            execution_count: run.execution_count,
+            state_reset: lease.state_reset,
+            ended: false,
+            generation: lease.slot.generation,
+            state_lost: lease.state_lost.clone(),
+        };
+        let (status, exit_code, error, loss) = match &run.end {
+            CellEnd::Done { status: DoneStatus::Ok, .. } => (CellStatus::Success, 0, None, None),
+            CellEnd::Done {
+                status: DoneStatus::Error,
+                traceback,
+            } => (
+                CellStatus::Error,
+                1,
+                Some(traceback.clone().unwrap_or_default()),
+                None,
+            ),
+            CellEnd::Done {
+                status: DoneStatus::Exit,
+                ..
+            } => {
+                info.ended = true;
+                (CellStatus::Success, 0, None, None)
+            }
+            CellEnd::TimedOut => (
+                CellStatus::Timeout,
+                -1,
+                Some(timeout_message(timeout)),
+                Some(LossReason::Timeout),
+            ),
+            CellEnd::Interrupted => (
+                CellStatus::Interrupted,
+                -1,
+                Some(INTERRUPTED_MESSAGE.to_string()),
+                Some(LossReason::Killed),
+            ),
+            CellEnd::Died(death) => {
+                let (message, reason) = death_message(*death, config.sandbox.memory_bytes);
+                (CellStatus::Error, -1, Some(message), reason)
+            }
+        };
+        let kernel_gone = !matches!(run.end, CellEnd::Done { status: DoneStatus::Ok | DoneStatus::Error, .. })
+            || !kernel.is_alive();
+        let capped = run.output.finish();
+        let mut result = CellResult {
+            status,
+            output: capped.text,
+            error,
+            exit_code,
+            tool_calls_made: authority.calls_made(),
+            duration_seconds: 0.0,
+            kernel: info,
+            stdout_truncated: None,
+            stdout_bytes_total: None,
+            stdout_bytes_omitted: None,
+            warning: None,
+            hint: None,
+        };
+        if capped.omitted > 0 {
+            result.stdout_truncated = Some(true);
+            result.stdout_bytes_total = Some(capped.total);
+            result.stdout_bytes_omitted = Some(capped.omitted);
+            if let (Some(spill), false) = (capped.spill, kernel_gone) {
+                let name = format!("output-{}.txt", run.cell);
+                match kernel.write_staging_file(&name, &spill).await {
+                    Ok(path) => {
+                        result.warning = Some(format!(
+                            "Output was cut to {} bytes; the first {} bytes are in {path} inside the kernel.",
+                            config.output_inline_bytes,
+                            spill.len()
+                        ));
+                    }
+                    Err(e) => tracing::warn!(error = %e, "spilling output failed"),
+                }
+            }
+        }
+        if kernel_gone {
+            self.inner.registry.forget(&lease.slot, loss);
+            if let Err(e) = kernel.dispose().await {
+                tracing::warn!(container = %kernel.short_id(), error = %e, "disposing a finished kernel");
+            }
+            if status == CellStatus::Timeout || status == CellStatus::Interrupted {
+                result.hint = Some("Long work can be split across cells, or run with a larger timeout.".into());
+            }
+        }
+        self.release(&lease.slot).await;
+        result.duration_seconds = started.elapsed().as_secs_f64();
+        Ok(result)
+    }
+
+    fn track_running(&self, owner: &Owner, token: &CancellationToken, add: bool) {
+        let mut running = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
+        let tokens = running.entry(owner.clone()).or_default();
+        if add {
+            tokens.push(token.clone());
+        } else {
+            tokens.retain(|t| !std::ptr::eq(t, token) && !t.is_cancelled());
+            if tokens.is_empty() {
+                running.remove(owner);
+            }
+        }
+    }
+
+    /// Interrupts every running cell of a session (children included). Returns how many.
+    pub fn interrupt(&self, tenant: Option<&str>, session: &str) -> usize {
+        let tenant = tenant.unwrap_or(&self.inner.config.default_tenant);
+        let running = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
+        let mut count = 0;
+        for (owner, tokens) in running.iter() {
+            if owner.tenant == tenant && owner.session == session {
+                for t in tokens {
+                    t.cancel();
+                    count += 1;
+                }
+            }
+        }
+        count
+    }
+
+    async fn acquire(&self, key: &KernelKey, reset: bool) -> Result<Lease, ExecuteError> {
+        let inner = &self.inner;
+        let mut reset = reset;
+        let mut state_reset = false;
+        let mut carried_loss = None;
+        loop {
+            let attach = inner.registry.attach(key, reset);
+            let mut doomed = attach.victims;
+            if let Some(old) = attach.reset {
+                state_reset = true;
+                if old.attached() == 0 {
+                    doomed.push(old);
+                }
+            }
+            self.dispose_slots(doomed).await;
+            let slot = attach.slot;
+            let state_lost = attach.state_lost.or(carried_loss.take());
+            let mut reused = true;
+            let spawned = slot
+                .kernel
+                .get_or_try_init(|| {
+                    reused = false;
+                    Kernel::spawn(
+                        inner.engine.clone(),
+                        &inner.config,
+                        &inner.labels,
+                        key.clone(),
+                        slot.generation,
+                        inner.monitor.clone(),
+                        &inner.tracker,
+                    )
+                })
+                .await;
+            let kernel = match spawned {
+                Ok(kernel) => kernel.clone(),
+                Err(e) => {
+                    inner.registry.forget(&slot, None);
+                    inner.registry.release(&slot);
+                    return Err(e.into());
+                }
+            };
+            if kernel.is_alive() {
+                return Ok(Lease {
+                    slot,
+                    kernel,
+                    reused,
+                    state_reset,
+                    state_lost,
+                });
+            }
+            // It died between cells (killed from outside, OOM from a stray thread, engine
+            // restart): report the loss on this very call and start afresh.
+            let reason = death_message(kernel.death().unwrap_or(Death::Crashed(-1)), 0).1;
+            inner.registry.forget(&slot, None);
+            carried_loss = reason.map(|reason| crate::cell::StateLost {
+                reason,
+                at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+            });
+            if inner.registry.release(&slot) {
+                self.dispose_kernel(&kernel).await;
+            }
+            reset = false;
+        }
+    }
+
+    async fn release(&self, slot: &Arc<Slot>) {
+        if self.inner.registry.release(slot) {
+            if let Some(kernel) = slot.kernel.get() {
+                self.dispose_kernel(kernel).await;
+            }
+        }
+    }
+
+    async fn dispose_kernel(&self, kernel: &Kernel) {
+        if let Err(e) = kernel.dispose().await {
+            tracing::warn!(container = %kernel.short_id(), error = %e, "disposing a kernel");
+        }
+    }
+
+    async fn dispose_slots(&self, slots: Vec<Arc<Slot>>) {
+        let kernels: Vec<Arc<Kernel>> = slots.iter().filter_map(|s| s.kernel.get().cloned()).collect();
+        futures::future::join_all(kernels.iter().map(|k| self.dispose_kernel(k))).await;
+    }
+
+    /// Disposes of every kernel of a session, its delegated children's included.
+    pub async fn clear_session(&self, tenant: Option<&str>, session: &str) -> usize {
+        let tenant = tenant.unwrap_or(&self.inner.config.default_tenant).to_string();
+        let slots = self
+            .inner
+            .registry
+            .remove_where(|o| o.tenant == tenant && o.session == session);
+        let n = slots.len();
+        self.dispose_slots(slots).await;
+        n
+    }
+
+    /// Disposes of a finished delegated child's kernels and unpins it.
+    pub async fn release_child(&self, tenant: Option<&str>, session: &str, child: &str) -> usize {
+        let tenant = tenant.unwrap_or(&self.inner.config.default_tenant).to_string();
+        if let Ok(owner) = Owner::new(&tenant, session, Some(child)) {
+            self.inner.registry.release_child(&owner);
+        }
+        let slots = self.inner.registry.remove_where(|o| {
+            o.tenant == tenant && o.session == session && o.child.as_deref() == Some(child)
+        });
+        let n = slots.len();
+        self.dispose_slots(slots).await;
+        n
+    }
+
+    /// The live kernels, optionally of one tenant.
+    pub fn list_kernels(&self, tenant: Option<&str>) -> Vec<KernelSummary> {
+        let now = tokio::time::Instant::now();
+        let mut list: Vec<KernelSummary> = self
+            .inner
+            .registry
+            .slots()
+            .into_iter()
+            .filter(|s| tenant.is_none_or(|t| s.key.owner.tenant == t))
+            .map(|s| {
+                let kernel = s.kernel.get();
+                KernelSummary {
+                    id: kernel.map(|k| k.short_id().to_string()).unwrap_or_default(),
+                    tenant: s.key.owner.tenant.clone(),
+                    owner: s.key.owner.to_string(),
+                    session: s.key.owner.session.clone(),
+                    child: s.key.owner.child.clone(),
+                    generation: s.generation,
+                    state: match kernel.map(|k| k.state()) {
+                        None | Some(KernelState::Starting) => "starting",
+                        Some(KernelState::Idle) => "idle",
+                        Some(KernelState::Busy) => "busy",
+                        Some(KernelState::Dead(_)) => "dead",
+                    }
+                    .to_string(),
+                    execution_count: kernel.map(|k| k.execution_count()).unwrap_or(0),
+                    idle_seconds: now.saturating_duration_since(s.last_used()).as_secs_f64(),
+                    attached: s.attached(),
+                }
+            })
+            .collect();
+        list.sort_by(|a, b| (&a.tenant, &a.owner).cmp(&(&b.tenant, &b.owner)));
+        list
+    }
+
+    /// The kernel currently serving a key's owner (for tests and admin), if any.
+    pub fn kernel_for(&self, tenant: Option<&str>, session: &str, child: Option<&str>) -> Option<Arc<Kernel>> {
+        let owner = self.owner_of(tenant, session, child).ok()?;
+        self.inner
+            .registry
+            .slots()
+            .into_iter()
+            .find(|s| s.key.owner == owner)
+            .and_then(|s| s.kernel.get().cloned())
+    }
+
+    /// One reaper pass: retire idle kernels and sweep stale staging volumes. Returns how many
+    /// kernels were reaped.
+    pub async fn reap_once(&self) -> usize {
+        let slots = self.inner.registry.reap_idle();
+        let n = slots.len();
+        self.dispose_slots(slots).await;
+        let extra: Vec<String> = vec![labels::filter(labels::INSTANCE, &self.inner.instance.id)];
+        // Only this instance's volumes are judged by age here; `kernelbox sweep` covers all.
+        if let Err(e) = sweep::sweep_stale_staging(
+            self.inner.engine.as_ref(),
+            self.inner.config.staging_max_age,
+            &extra,
+            false,
+        )
+        .await
+        {
+            tracing::warn!(error = %e, "staging sweep failed");
+        }
+        n
+    }
+
+    /// Removes staging volumes older than `staging_max_age` (any instance's) no container uses.
+    pub async fn sweep_stale_staging(&self) -> Result<Vec<String>, EngineError> {
+        sweep::sweep_stale_staging(
+            self.inner.engine.as_ref(),
+            self.inner.config.staging_max_age,
+            &[],
+            false,
+        )
+        .await
+    }
+
+    /// Removes leftovers of dead instances.
+    pub async fn sweep_orphans(&self, dry_run: bool) -> Result<SweepReport, EngineError> {
+        sweep::sweep_orphans(self.inner.engine.as_ref(), &self.inner.instance, dry_run).await
+    }
+
+    async fn reap_forever(&self) {
+        let interval = self.inner.config.reap_interval();
+        loop {
+            tokio::select! {
+                _ = self.inner.cancel.cancelled() => return,
+                _ = tokio::time::sleep(interval) => {}
+            }
+            let n = self.reap_once().await;
+            if n > 0 {
+                tracing::info!(reaped = n, "idle kernels reaped");
+            }
+        }
+    }
+
+    /// Stops intake, kills every kernel, removes every container and volume of this instance,
+    /// and stops the background tasks. Idempotent.
+    pub async fn shutdown(&self) {
+        let inner = &self.inner;
+        inner.cancel.cancel();
+        let slots = inner.registry.drain();
+        self.dispose_slots(slots).await;
+        // Anything the registry no longer knows (a spawn racing the shutdown) goes by label.
+        if let Err(e) =
+            crate::watchdog::remove_instance(inner.engine.as_ref(), &inner.instance.id).await
+        {
+            tracing::warn!(error = %e, "final sweep of this instance failed");
+        }
+        inner.tracker.close();
+        let _ = tokio::time::timeout(Duration::from_secs(10), inner.tracker.wait()).await;
+        let watchdog = inner
+            .watchdog
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(w) = watchdog {
+            let _ = tokio::task::spawn_blocking(move || w.finish()).await;
+        }
+    }
+}
+
+struct Lease {
+    slot: Arc<Slot>,
+    kernel: Arc<Kernel>,
+    reused: bool,
+    state_reset: bool,
+    state_lost: Option<crate::cell::StateLost>,
+}
+
+/// The message and loss reason for a kernel that died under a cell.
+fn death_message(death: Death, memory: i64) -> (String, Option<LossReason>) {
+    const NEXT: &str = "its state was lost. The next execute_code call starts a fresh kernel.";
+    match death {
+        Death::Oom => (
+            format!(
+                "The kernel ran out of memory (limit {} MiB) and was killed; {NEXT}",
+                memory / (1024 * 1024)
+            ),
+            Some(LossReason::Oom),
+        ),
+        Death::Killed => (
+            format!("The kernel was killed from outside kernelbox; {NEXT}"),
+            Some(LossReason::Killed),
+        ),
+        Death::Crashed(code) => (
+            format!("The kernel died unexpectedly (exit code {code}); {NEXT}"),
+            Some(LossReason::Crashed),
+        ),
+        Death::Disposed => (
+            format!("The kernel was shut down by kernelbox; {NEXT}"),
+            None,
+        ),
+        Death::Exited => ("The kernel ended (sys.exit).".to_string(), None),
+    }
+}

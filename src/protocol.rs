@@ -1,0 +1,272 @@
+//! The runner protocol (version 1): newline-delimited JSON frames, and the byte plumbing that
+//! turns Docker frames (which are not lines) back into lines and finds a cell's end marker.
+//!
+//! Host -> runner frames travel on the container's stdin; runner -> host frames on its stderr;
+//! cell output (fds 1 and 2 inside the kernel) on its stdout, ended per cell by a marker the
+//! host chose. See `runner/kernel_runner.py` for the other side.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// The protocol version this host speaks; the runner announces its own in `ready`.
+pub const PROTOCOL_VERSION: u64 = 1;
+
+/// The runner's source, delivered as `python3 -c` so no file has to reach the container.
+pub const RUNNER_SOURCE: &str = include_str!("../runner/kernel_runner.py");
+
+/// Longest protocol line accepted from a kernel; longer lines are dropped.
+pub const MAX_FRAME_LINE: usize = 8 * 1024 * 1024;
+
+/// A frame the host sends to the runner.
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum HostFrame<'a> {
+    /// Run a cell.
+    Exec {
+        /// Cell number, unique within the kernel.
+        cell: u64,
+        /// Python source.
+        code: &'a str,
+        /// Bytes the runner writes to fd 1 when the cell is over.
+        marker: &'a str,
+    },
+    /// The answer to a tool call.
+    ToolResult {
+        /// The call being answered.
+        call: u64,
+        /// Whether the call succeeded.
+        ok: bool,
+        /// The tool's JSON result, when ok.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        result: Option<Value>,
+        /// Why it failed or was refused, when not ok.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+    },
+}
+
+impl HostFrame<'_> {
+    /// The frame as one line.
+    pub fn to_line(&self) -> Vec<u8> {
+        // Serialising these types cannot fail: every field is a string, number, bool or Value.
+        let mut line = serde_json::to_vec(self).unwrap_or_default();
+        line.push(b'\n');
+        line
+    }
+}
+
+/// How the runner says a cell ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DoneStatus {
+    /// Ran to the end.
+    Ok,
+    /// Raised; the traceback comes along.
+    Error,
+    /// Called `sys.exit()`; the kernel ends.
+    Exit,
+}
+
+/// A frame the runner sends to the host.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum KernelFrame {
+    /// The runner is up.
+    Ready {
+        /// Protocol version.
+        v: u64,
+        /// Python version.
+        #[serde(default)]
+        python: String,
+    },
+    /// A cell ended.
+    Done {
+        /// Which cell.
+        cell: u64,
+        /// How.
+        status: DoneStatus,
+        /// The traceback when it raised.
+        #[serde(default)]
+        traceback: Option<String>,
+        /// Cells the kernel has executed.
+        execution_count: u64,
+    },
+    /// Code in the kernel called a host tool.
+    ToolCall {
+        /// The cell the calling thread belongs to (none for threads of unknown origin).
+        cell: Option<u64>,
+        /// Call number, echoed in the answer.
+        call: u64,
+        /// Tool name.
+        tool: String,
+        /// Keyword arguments.
+        #[serde(default)]
+        args: Value,
+    },
+    /// Answer to a ping.
+    Pong,
+}
+
+/// Splits a byte stream into lines, whatever the chunking, dropping over-long lines.
+#[derive(Debug, Default)]
+pub struct LineSplitter {
+    buf: Vec<u8>,
+    discarding: bool,
+}
+
+impl LineSplitter {
+    /// Feeds bytes; calls `line` for every complete line (without the newline).
+    pub fn feed(&mut self, mut data: &[u8], mut line: impl FnMut(&[u8])) {
+        while let Some(pos) = data.iter().position(|&b| b == b'\n') {
+            if self.discarding {
+                self.discarding = false;
+            } else if self.buf.is_empty() {
+                line(&data[..pos]);
+            } else {
+                self.buf.extend_from_slice(&data[..pos]);
+                line(&self.buf);
+                self.buf.clear();
+            }
+            data = &data[pos + 1..];
+        }
+        if !self.discarding {
+            self.buf.extend_from_slice(data);
+            if self.buf.len() > MAX_FRAME_LINE {
+                self.buf = Vec::new();
+                self.discarding = true;
+            }
+        }
+    }
+}
+
+/// Finds a cell's end marker in its output stream, across chunk boundaries, and hands back
+/// the output that came before it.
+#[derive(Debug)]
+pub struct MarkerScanner {
+    marker: Vec<u8>,
+    pending: Vec<u8>,
+    found: bool,
+}
+
+impl MarkerScanner {
+    /// A scanner for `marker`.
+    pub fn new(marker: &str) -> Self {
+        MarkerScanner {
+            marker: marker.as_bytes().to_vec(),
+            pending: Vec::new(),
+            found: false,
+        }
+    }
+
+    /// True once the marker has been seen.
+    pub fn found(&self) -> bool {
+        self.found
+    }
+
+    /// Feeds a chunk; `output` receives the cell's bytes (never the marker, nothing after it).
+    pub fn feed(&mut self, chunk: &[u8], mut output: impl FnMut(&[u8])) {
+        if self.found {
+            return;
+        }
+        // Only the last marker.len()-1 bytes can start a marker split across chunks.
+        let joined: std::borrow::Cow<[u8]> = if self.pending.is_empty() {
+            chunk.into()
+        } else {
+            let mut v = std::mem::take(&mut self.pending);
+            v.extend_from_slice(chunk);
+            v.into()
+        };
+        if let Some(pos) = find(&joined, &self.marker) {
+            output(&joined[..pos]);
+            self.found = true;
+            return;
+        }
+        let keep = (self.marker.len() - 1).min(joined.len());
+        let split = joined.len() - keep;
+        // Hold back only a suffix that could be the start of the marker.
+        let hold = (split..joined.len())
+            .find(|&i| self.marker.starts_with(&joined[i..]))
+            .unwrap_or(joined.len());
+        output(&joined[..hold]);
+        self.pending = joined[hold..].to_vec();
+    }
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    if needle.is_empty() || haystack.len() < needle.len() {
+        return None;
+    }
+    let first = needle[0];
+    let mut start = 0;
+    while let Some(off) = haystack[start..=haystack.len() - needle.len()]
+        .iter()
+        .position(|&b| b == first)
+    {
+        let i = start + off;
+        if &haystack[i..i + needle.len()] == needle {
+            return Some(i);
+        }
+        start = i + 1;
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_survive_any_chunking() {
+        let text = b"{\"a\":1}\n{\"b\":2}\n{\"c\":3}\n";
+        for size in 1..text.len() {
+            let mut split = LineSplitter::default();
+            let mut lines = Vec::new();
+            for chunk in text.chunks(size) {
+                split.feed(chunk, |l| lines.push(l.to_vec()));
+            }
+            assert_eq!(lines.len(), 3, "chunk size {size}");
+            assert_eq!(lines[2], b"{\"c\":3}");
+        }
+    }
+
+    #[test]
+    fn over_long_lines_are_dropped_not_buffered() {
+        let mut split = LineSplitter::default();
+        let mut lines = Vec::new();
+        let big = vec![b'x'; MAX_FRAME_LINE + 10];
+        split.feed(&big, |l| lines.push(l.len()));
+        split.feed(b"tail\nok\n", |l| lines.push(l.len()));
+        assert_eq!(lines, vec![2]);
+    }
+
+    #[test]
+    fn marker_is_found_across_chunks_and_output_is_exact() {
+        let marker = "\u{0}kbx-end:1:abcdef\u{0}";
+        let stream = format!("hello\nwor\u{0}ld{marker}after");
+        for size in 1..stream.len() {
+            let mut scan = MarkerScanner::new(marker);
+            let mut out = Vec::new();
+            for chunk in stream.as_bytes().chunks(size) {
+                scan.feed(chunk, |b| out.extend_from_slice(b));
+            }
+            assert!(scan.found(), "chunk size {size}");
+            assert_eq!(out, b"hello\nwor\0ld", "chunk size {size}");
+        }
+    }
+
+    #[test]
+    fn frames_parse() {
+        let f: KernelFrame = serde_json::from_str(
+            r#"{"op":"done","cell":3,"status":"error","traceback":"T","execution_count":3,"exit_code":1}"#,
+        )
+        .unwrap();
+        assert!(matches!(f, KernelFrame::Done { cell: 3, status: DoneStatus::Error, .. }));
+        let line = HostFrame::Exec {
+            cell: 1,
+            code: "x=1",
+            marker: "m",
+        }
+        .to_line();
+        assert_eq!(line.last(), Some(&b'\n'));
+    }
+}

@@ -1,0 +1,399 @@
+//! The registry: which kernel serves which key, who is attached, what is idle, what was lost.
+//!
+//! Pure bookkeeping under one short-held lock; the orchestrator does the Docker work (spawning,
+//! disposing) outside it. A slot is registered before its kernel exists, so concurrent first
+//! calls for one key find the same slot and wait on the same spawn (single flight).
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::OnceCell;
+use tokio::time::{Duration, Instant};
+
+use crate::cell::{LossReason, StateLost};
+use crate::kernel::Kernel;
+use crate::owner::{KernelKey, Owner};
+
+/// Losses and generations are remembered for at most this many keys.
+const MAX_REMEMBERED_KEYS: usize = 65_536;
+
+/// One key's current kernel, spawned at most once.
+pub struct Slot {
+    /// The key.
+    pub key: KernelKey,
+    /// Which kernel of the key this is.
+    pub generation: u64,
+    /// The kernel, once spawned.
+    pub kernel: OnceCell<Arc<Kernel>>,
+    /// Calls holding the slot (spawning or running a cell).
+    attached: AtomicUsize,
+    /// When a call last released the slot.
+    last_used: Mutex<Instant>,
+}
+
+impl std::fmt::Debug for Slot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Slot")
+            .field("owner", &self.key.owner.to_string())
+            .field("generation", &self.generation)
+            .field("attached", &self.attached())
+            .finish()
+    }
+}
+
+impl Slot {
+    /// Calls currently attached.
+    pub fn attached(&self) -> usize {
+        self.attached.load(Ordering::Acquire)
+    }
+
+    /// When the slot was last released (or created).
+    pub fn last_used(&self) -> Instant {
+        *self.last_used.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn pinned(&self, released: &HashSet<Owner>) -> bool {
+        self.key.owner.is_child() && !released.contains(&self.key.owner)
+    }
+}
+
+/// What [`Registry::attach`] hands back.
+#[derive(Debug)]
+pub struct Attach {
+    /// The slot to use.
+    pub slot: Arc<Slot>,
+    /// Slots evicted or reaped to make room; dispose of their kernels.
+    pub victims: Vec<Arc<Slot>>,
+    /// The previous slot discarded by `reset=true`, if one existed.
+    pub reset: Option<Arc<Slot>>,
+    /// The loss to report on this call, if any.
+    pub state_lost: Option<StateLost>,
+}
+
+/// The bookkeeping behind the orchestrator.
+#[derive(Debug)]
+pub struct Registry {
+    max_kernels: usize,
+    idle_timeout: Duration,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    slots: HashMap<KernelKey, Arc<Slot>>,
+    generations: HashMap<KernelKey, u64>,
+    losses: HashMap<KernelKey, StateLost>,
+    remembered: VecDeque<KernelKey>,
+    released_children: HashSet<Owner>,
+}
+
+impl Inner {
+    fn remember(&mut self, key: &KernelKey) {
+        if !self.generations.contains_key(key) {
+            if self.remembered.len() >= MAX_REMEMBERED_KEYS {
+                if let Some(old) = self.remembered.pop_front() {
+                    if !self.slots.contains_key(&old) {
+                        self.generations.remove(&old);
+                        self.losses.remove(&old);
+                    }
+                }
+            }
+            self.remembered.push_back(key.clone());
+        }
+    }
+
+    fn record_loss(&mut self, key: &KernelKey, reason: LossReason) {
+        self.remember(key);
+        self.generations.entry(key.clone()).or_insert(0);
+        self.losses.insert(
+            key.clone(),
+            StateLost {
+                reason,
+                at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+            },
+        );
+    }
+
+    fn take_idle(&mut self, now: Instant, idle: Duration) -> Vec<Arc<Slot>> {
+        let stale: Vec<KernelKey> = self
+            .slots
+            .iter()
+            .filter(|(_, s)| {
+                s.attached() == 0
+                    && now.saturating_duration_since(s.last_used()) >= idle
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        stale
+            .into_iter()
+            .filter_map(|key| {
+                let slot = self.slots.remove(&key)?;
+                self.record_loss(&key, LossReason::IdleReaped);
+                Some(slot)
+            })
+            .collect()
+    }
+}
+
+impl Registry {
+    /// An empty registry with the LRU cap and idle timeout.
+    pub fn new(max_kernels: usize, idle_timeout: Duration) -> Registry {
+        Registry {
+            max_kernels,
+            idle_timeout,
+            inner: Mutex::new(Inner::default()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Attaches a call to the key's slot (creating it), reaps idle slots, applies `reset`,
+    /// and evicts least recently used unpinned idle slots past the cap.
+    pub fn attach(&self, key: &KernelKey, reset: bool) -> Attach {
+        let now = Instant::now();
+        let mut inner = self.lock();
+        let mut victims = inner.take_idle(now, self.idle_timeout);
+        let reset_slot = if reset {
+            inner.slots.remove(key)
+        } else {
+            None
+        };
+        if key.owner.is_child() {
+            inner.released_children.remove(&key.owner);
+        }
+        let slot = match inner.slots.get(key) {
+            Some(slot) => slot.clone(),
+            None => {
+                inner.remember(key);
+                let generation = {
+                    let g = inner.generations.entry(key.clone()).or_insert(0);
+                    *g += 1;
+                    *g
+                };
+                let slot = Arc::new(Slot {
+                    key: key.clone(),
+                    generation,
+                    kernel: OnceCell::new(),
+                    attached: AtomicUsize::new(0),
+                    last_used: Mutex::new(now),
+                });
+                inner.slots.insert(key.clone(), slot.clone());
+                slot
+            }
+        };
+        slot.attached.fetch_add(1, Ordering::AcqRel);
+        *slot.last_used.lock().unwrap_or_else(|p| p.into_inner()) = now;
+        let state_lost = inner.losses.remove(key);
+        // LRU cap over unpinned kernels; attached ones cannot go, pinned ones do not count.
+        loop {
+            let released = &inner.released_children;
+            let unpinned: Vec<&Arc<Slot>> = inner
+                .slots
+                .values()
+                .filter(|s| !s.pinned(released))
+                .collect();
+            if unpinned.len() <= self.max_kernels {
+                break;
+            }
+            let Some(victim) = unpinned
+                .into_iter()
+                .filter(|s| s.attached() == 0)
+                .min_by_key(|s| s.last_used())
+                .map(|s| s.key.clone())
+            else {
+                break;
+            };
+            if let Some(slot) = inner.slots.remove(&victim) {
+                inner.record_loss(&victim, LossReason::Evicted);
+                victims.push(slot);
+            }
+        }
+        Attach {
+            slot,
+            victims,
+            reset: reset_slot,
+            state_lost,
+        }
+    }
+
+    /// Releases a call's hold. Returns true when the slot is no longer registered and this
+    /// was the last call out: the caller must dispose of its kernel.
+    pub fn release(&self, slot: &Arc<Slot>) -> bool {
+        let inner = self.lock();
+        *slot.last_used.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+        let left = slot.attached.fetch_sub(1, Ordering::AcqRel) - 1;
+        let registered = inner
+            .slots
+            .get(&slot.key)
+            .is_some_and(|s| Arc::ptr_eq(s, slot));
+        left == 0 && !registered
+    }
+
+    /// Unregisters a slot (its kernel died or ended); records `loss` when it was involuntary.
+    /// Returns true when it was still registered.
+    pub fn forget(&self, slot: &Arc<Slot>, loss: Option<LossReason>) -> bool {
+        let mut inner = self.lock();
+        let registered = inner
+            .slots
+            .get(&slot.key)
+            .is_some_and(|s| Arc::ptr_eq(s, slot));
+        if registered {
+            inner.slots.remove(&slot.key);
+        }
+        if let Some(reason) = loss {
+            inner.record_loss(&slot.key, reason);
+        }
+        registered
+    }
+
+    /// Unregisters every slot whose owner matches; returns those with no call attached (to
+    /// dispose now). Attached ones are disposed by their last call out.
+    pub fn remove_where(&self, matches: impl Fn(&Owner) -> bool) -> Vec<Arc<Slot>> {
+        let mut inner = self.lock();
+        let keys: Vec<KernelKey> = inner
+            .slots
+            .keys()
+            .filter(|k| matches(&k.owner))
+            .cloned()
+            .collect();
+        keys.into_iter()
+            .filter_map(|k| inner.slots.remove(&k))
+            .filter(|s| s.attached() == 0)
+            .collect()
+    }
+
+    /// Marks a delegated child as finished: its kernels are no longer pinned.
+    pub fn release_child(&self, owner: &Owner) {
+        self.lock().released_children.insert(owner.clone());
+    }
+
+    /// One reaper pass over idle slots (no acquire needed).
+    pub fn reap_idle(&self) -> Vec<Arc<Slot>> {
+        self.lock().take_idle(Instant::now(), self.idle_timeout)
+    }
+
+    /// Every registered slot.
+    pub fn slots(&self) -> Vec<Arc<Slot>> {
+        self.lock().slots.values().cloned().collect()
+    }
+
+    /// Removes and returns every slot (shutdown).
+    pub fn drain(&self) -> Vec<Arc<Slot>> {
+        self.lock().slots.drain().map(|(_, s)| s).collect()
+    }
+
+    /// Registered slots.
+    pub fn len(&self) -> usize {
+        self.lock().slots.len()
+    }
+
+    /// True when no slot is registered.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::WorkMode;
+    use std::collections::BTreeSet;
+
+    fn key(session: &str, child: Option<&str>) -> KernelKey {
+        KernelKey {
+            owner: Owner::new("t", session, child).unwrap(),
+            mode: WorkMode::Strict,
+            image: "img".into(),
+            tools: BTreeSet::new(),
+        }
+    }
+
+    fn use_once(reg: &Registry, k: &KernelKey) -> Attach {
+        let a = reg.attach(k, false);
+        assert!(!reg.release(&a.slot));
+        a
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_slots_are_reaped_by_a_pass_or_any_acquire_but_not_when_attached() {
+        let reg = Registry::new(4, Duration::from_secs(1));
+        use_once(&reg, &key("idle", None));
+        let busy = reg.attach(&key("busy", None), false);
+        tokio::time::advance(Duration::from_millis(500)).await;
+        assert!(reg.reap_idle().is_empty(), "fresh kernels survive a pass");
+        tokio::time::advance(Duration::from_millis(600)).await;
+        let reaped: Vec<_> = reg.reap_idle().iter().map(|s| s.key.owner.session.clone()).collect();
+        assert_eq!(reaped, vec!["idle"]);
+        assert_eq!(reg.len(), 1, "the attached kernel is spared");
+        // Reaped by another owner's acquire too.
+        reg.release(&busy.slot);
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let other = reg.attach(&key("other", None), false);
+        assert_eq!(other.victims.len(), 1);
+        let back = reg.attach(&key("idle", None), false);
+        assert_eq!(back.state_lost.map(|l| l.reason), Some(LossReason::IdleReaped));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn lru_cap_evicts_least_recently_used_unattached() {
+        let reg = Registry::new(2, Duration::from_secs(3600));
+        let keys: Vec<_> = (0..4).map(|i| key(&format!("conv-{i}"), None)).collect();
+        let mut evicted = Vec::new();
+        for k in &keys {
+            tokio::time::advance(Duration::from_millis(10)).await;
+            evicted.extend(use_once(&reg, k).victims.into_iter().map(|s| s.key.owner.session.clone()));
+        }
+        assert_eq!(evicted, vec!["conv-0", "conv-1"]);
+        let live: BTreeSet<_> = reg.slots().iter().map(|s| s.key.owner.session.clone()).collect();
+        assert_eq!(live, BTreeSet::from(["conv-2".to_string(), "conv-3".to_string()]));
+        // The evicted key reports its loss once.
+        let again = reg.attach(&keys[0], false);
+        assert_eq!(again.state_lost.map(|l| l.reason), Some(LossReason::Evicted));
+        assert_eq!(again.slot.generation, 2);
+        reg.release(&again.slot);
+        assert!(reg.attach(&keys[0], false).state_lost.is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn attached_and_pinned_slots_survive_the_cap() {
+        let reg = Registry::new(1, Duration::from_secs(3600));
+        let busy = reg.attach(&key("busy", None), false);
+        tokio::time::advance(Duration::from_millis(10)).await;
+        let other = reg.attach(&key("other", None), false);
+        assert!(other.victims.is_empty(), "attached slots are never evicted");
+        for i in 0..5 {
+            let a = use_once(&reg, &key("conv", Some(&format!("child-{i}"))));
+            assert!(a.victims.is_empty(), "children are pinned");
+        }
+        assert_eq!(reg.len(), 7);
+        reg.release_child(&Owner::new("t", "conv", Some("child-0")).unwrap());
+        assert!(!reg.release(&other.slot));
+        let next = reg.attach(&key("next", None), false);
+        let gone: Vec<_> = next.victims.iter().map(|s| s.key.owner.to_string()).collect();
+        assert!(gone.contains(&"conv::child::child-0".to_string()), "{gone:?}");
+        assert!(reg.slots().iter().any(|s| s.key.owner.session == "busy"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn release_of_a_forgotten_slot_asks_for_disposal() {
+        let reg = Registry::new(4, Duration::from_secs(3600));
+        let a = reg.attach(&key("s", None), false);
+        let removed = reg.remove_where(|o| o.session == "s");
+        assert!(removed.is_empty(), "attached: the last call out disposes");
+        assert!(reg.release(&a.slot), "last call out of an unregistered slot disposes");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn reset_discards_the_slot_and_bumps_the_generation() {
+        let reg = Registry::new(4, Duration::from_secs(3600));
+        let k = key("s", None);
+        let first = use_once(&reg, &k);
+        let second = reg.attach(&k, true);
+        assert!(second.reset.is_some_and(|s| Arc::ptr_eq(&s, &first.slot)));
+        assert_eq!(second.slot.generation, 2);
+        assert!(second.state_lost.is_none(), "a reset is not an involuntary loss");
+    }
+}

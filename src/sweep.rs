@@ -1,0 +1,104 @@
+//! Sweeps by label: leftovers of dead instances, and staging volumes past their age.
+//!
+//! Only objects labelled `io.kernelbox.managed-by=kernelbox` are ever considered; those of a
+//! live instance (this one included) are left alone.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::docker::{Engine, EngineError};
+use crate::instance::{liveness, Instance, Liveness};
+use crate::kernel::unix_now;
+use crate::labels;
+
+/// Objects of an instance on another host are judged by age past this grace.
+pub const FOREIGN_GRACE: Duration = Duration::from_secs(600);
+
+/// What a sweep removed (or would remove, on a dry run).
+#[derive(Debug, Default, Clone, Serialize, PartialEq, Eq)]
+pub struct SweepReport {
+    /// Container ids.
+    pub containers: Vec<String>,
+    /// Volume names.
+    pub volumes: Vec<String>,
+}
+
+fn age_of(object_labels: &std::collections::BTreeMap<String, String>, created: i64) -> Duration {
+    let created = labels::int(object_labels, labels::CREATED_AT).unwrap_or(created);
+    Duration::from_secs(unix_now().saturating_sub(created.max(0) as u64))
+}
+
+/// Removes containers and unused volumes left by dead instances.
+pub async fn sweep_orphans(
+    engine: &dyn Engine,
+    me: &Instance,
+    dry_run: bool,
+) -> Result<SweepReport, EngineError> {
+    let mut report = SweepReport::default();
+    for c in engine.list_containers(&[labels::managed()]).await? {
+        let leftover = match liveness(me, &c.labels) {
+            Liveness::Alive => false,
+            Liveness::Dead => true,
+            // Another host's kernels run only while their runner has its host; a container
+            // that never started or already exited is a leftover once past the grace.
+            Liveness::Unknown => {
+                matches!(c.state.as_str(), "exited" | "dead")
+                    || (c.state == "created" && age_of(&c.labels, c.created) > FOREIGN_GRACE)
+            }
+        };
+        if leftover {
+            if !dry_run {
+                engine.remove_container(&c.id).await?;
+            }
+            report.containers.push(c.id);
+        }
+    }
+    for v in engine.list_volumes(&[labels::managed()], true).await? {
+        let leftover = match liveness(me, &v.labels) {
+            Liveness::Alive => false,
+            Liveness::Dead => true,
+            Liveness::Unknown => age_of(&v.labels, 0) > FOREIGN_GRACE,
+        };
+        if leftover {
+            if !dry_run {
+                match engine.remove_volume(&v.name).await {
+                    Ok(()) | Err(EngineError::VolumeInUse { .. }) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            report.volumes.push(v.name);
+        }
+    }
+    Ok(report)
+}
+
+/// Removes staging volumes older than `max_age` (by their creation label) that no container
+/// uses. Unlabelled volumes are never touched.
+pub async fn sweep_stale_staging(
+    engine: &dyn Engine,
+    max_age: Duration,
+    extra_filters: &[String],
+    dry_run: bool,
+) -> Result<Vec<String>, EngineError> {
+    let mut filters = vec![labels::managed(), labels::filter(labels::ROLE, "staging")];
+    filters.extend_from_slice(extra_filters);
+    let mut removed = Vec::new();
+    for v in engine.list_volumes(&filters, true).await? {
+        let Some(created) = labels::int(&v.labels, labels::CREATED_AT) else {
+            continue;
+        };
+        if age_of(&v.labels, created) <= max_age {
+            continue;
+        }
+        if !dry_run {
+            match engine.remove_volume(&v.name).await {
+                Ok(()) => {}
+                Err(EngineError::VolumeInUse { .. }) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        removed.push(v.name);
+    }
+    Ok(removed)
+}
