@@ -1,0 +1,148 @@
+//! Shared helpers for the integration tests: every test labels what it creates with a unique
+//! case label, asserts through the Docker API, and removes whatever is left by that label.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kernelbox::docker::{ContainerInfo, Engine, VolumeInfo};
+use kernelbox::{BollardEngine, CellResult, Config, ExecuteRequest, Orchestrator};
+
+/// The label key tests put on everything they create.
+pub const CASE: &str = "io.kernelbox-test.case";
+
+/// One test's world: a unique label, a real engine, an orchestrator.
+pub struct Case {
+    pub label: String,
+    pub engine: Arc<dyn Engine>,
+    pub kb: Orchestrator,
+}
+
+/// A unique case label value.
+pub fn unique(name: &str) -> String {
+    format!("{name}-{}", &uuid::Uuid::new_v4().simple().to_string()[..8])
+}
+
+/// Connects to the real engine; a missing engine fails the test (never skips).
+pub async fn engine() -> Arc<dyn Engine> {
+    let engine = BollardEngine::connect()
+        .await
+        .expect("the Docker engine must be running for integration tests");
+    engine.ping().await.expect("the Docker engine must answer");
+    Arc::new(engine)
+}
+
+/// The config tests start from: labelled, with the watchdog, a short default timeout.
+pub fn config(label: &str) -> Config {
+    Config {
+        extra_labels: BTreeMap::from([(CASE.to_string(), label.to_string())]),
+        watchdog: Some(env!("CARGO_BIN_EXE_kernelbox").into()),
+        cell_timeout: Duration::from_secs(60),
+        ..Config::default()
+    }
+}
+
+impl Case {
+    /// A case with the default test config.
+    pub async fn new(name: &str) -> Case {
+        Case::with(name, |_| {}).await
+    }
+
+    /// A case with a tweaked config.
+    pub async fn with(name: &str, tweak: impl FnOnce(&mut Config)) -> Case {
+        let label = unique(name);
+        let engine = engine().await;
+        let mut config = config(&label);
+        tweak(&mut config);
+        let kb = Orchestrator::start(config, engine.clone())
+            .await
+            .expect("orchestrator starts");
+        Case { label, engine, kb }
+    }
+
+    /// Runs `code` for `session`.
+    pub async fn run(&self, session: &str, code: &str) -> CellResult {
+        self.kb
+            .execute(ExecuteRequest::new(session, code))
+            .await
+            .expect("execute")
+    }
+
+    /// Runs a request.
+    pub async fn exec(&self, request: ExecuteRequest) -> CellResult {
+        self.kb.execute(request).await.expect("execute")
+    }
+
+    /// This case's containers, as Docker sees them.
+    pub async fn containers(&self) -> Vec<ContainerInfo> {
+        containers(&self.engine, &self.label).await
+    }
+
+    /// This case's volumes, as Docker sees them.
+    pub async fn volumes(&self) -> Vec<VolumeInfo> {
+        volumes(&self.engine, &self.label).await
+    }
+
+    /// Short ids of this case's containers.
+    pub async fn container_ids(&self) -> Vec<String> {
+        self.containers().await.into_iter().map(|c| c.id[..12].to_string()).collect()
+    }
+
+    /// Shuts the orchestrator down and asserts nothing of this case is left in Docker.
+    pub async fn finish(self) {
+        self.kb.shutdown().await;
+        assert_clean(&self.engine, &self.label).await;
+    }
+}
+
+pub async fn containers(engine: &Arc<dyn Engine>, label: &str) -> Vec<ContainerInfo> {
+    engine
+        .list_containers(&[format!("{CASE}={label}")])
+        .await
+        .expect("list containers")
+}
+
+pub async fn volumes(engine: &Arc<dyn Engine>, label: &str) -> Vec<VolumeInfo> {
+    engine
+        .list_volumes(&[format!("{CASE}={label}")], false)
+        .await
+        .expect("list volumes")
+}
+
+/// Asserts no container or volume with the case label exists, removing any that do so that
+/// a failure does not leak into other runs.
+pub async fn assert_clean(engine: &Arc<dyn Engine>, label: &str) {
+    let cs = containers(engine, label).await;
+    let vs = volumes(engine, label).await;
+    for c in &cs {
+        let _ = engine.remove_container(&c.id).await;
+    }
+    for v in &vs {
+        let _ = kernelbox::kernel::remove_volume_when_free(engine.as_ref(), &v.name).await;
+    }
+    assert!(cs.is_empty(), "containers left behind: {cs:?}");
+    assert!(vs.is_empty(), "volumes left behind: {vs:?}");
+}
+
+/// Waits (bounded) until Docker holds no container with the case label; returns how long.
+pub async fn wait_gone(engine: &Arc<dyn Engine>, label: &str, limit: Duration) -> Option<Duration> {
+    use futures::StreamExt;
+    let start = std::time::Instant::now();
+    let mut events = engine.events(&[format!("{CASE}={label}")]);
+    loop {
+        if containers(engine, label).await.is_empty() {
+            return Some(start.elapsed());
+        }
+        // Wake on the next event for this label (destroy), or re-check at the deadline.
+        let remaining = limit.checked_sub(start.elapsed())?;
+        let _ = tokio::time::timeout(remaining.min(Duration::from_millis(500)), events.next()).await;
+        if start.elapsed() > limit {
+            return if containers(engine, label).await.is_empty() {
+                Some(start.elapsed())
+            } else {
+                None
+            };
+        }
+    }
+}

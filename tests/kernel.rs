@@ -1,0 +1,259 @@
+//! One kernel end to end against the real engine: the seed suite's session-state and
+//! lifecycle tests, descriptor-level capture, output caps, and the sandbox seen from inside.
+
+mod common;
+
+use std::time::Duration;
+
+use common::Case;
+use kernelbox::{CellStatus, ExecuteRequest, LossReason};
+
+#[tokio::test]
+async fn state_persists_across_cells() {
+    let case = Case::new("state").await;
+    let first = case.run("s", "x = 41").await;
+    assert_eq!(first.status, CellStatus::Success, "{first:?}");
+    assert!(!first.kernel.reused);
+    let second = case.run("s", "print(x + 1)").await;
+    assert_eq!(second.status, CellStatus::Success, "{second:?}");
+    assert!(second.output.contains("42"));
+    assert!(second.kernel.reused);
+    assert_eq!(second.kernel.execution_count, 2);
+    assert_eq!(second.kernel.id, first.kernel.id);
+    assert_eq!(case.container_ids().await, vec![first.kernel.id.clone()]);
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn reset_discards_state() {
+    let case = Case::new("reset").await;
+    let first = case.run("s", "x = 41").await;
+    let second = case
+        .exec(ExecuteRequest {
+            reset: true,
+            ..ExecuteRequest::new("s", "print(x + 1)")
+        })
+        .await;
+    assert_eq!(second.status, CellStatus::Error, "{second:?}");
+    assert!(second.error.as_deref().unwrap_or("").contains("NameError"));
+    assert!(second.kernel.state_reset);
+    assert!(!second.kernel.reused);
+    assert_eq!(second.kernel.generation, 2);
+    // The discarded kernel's container is really gone.
+    let ids = case.container_ids().await;
+    assert!(!ids.contains(&first.kernel.id), "{ids:?}");
+    assert_eq!(ids.len(), 1);
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn exception_keeps_the_kernel_alive() {
+    let case = Case::new("exception").await;
+    case.run("s", "a = 7").await;
+    let boom = case.run("s", "1 / 0").await;
+    assert_eq!(boom.status, CellStatus::Error);
+    assert_eq!(boom.exit_code, 1);
+    assert!(boom.error.as_deref().unwrap_or("").contains("ZeroDivisionError"));
+    assert!(boom.output.contains("ZeroDivisionError"), "traceback is in the output too");
+    let after = case.run("s", "print(a)").await;
+    assert_eq!(after.status, CellStatus::Success, "{after:?}");
+    assert!(after.output.contains('7'));
+    assert!(after.kernel.reused);
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn imports_persist() {
+    let case = Case::new("imports").await;
+    case.run("s", "import json as _j").await;
+    let second = case.run("s", "print(_j.dumps({'k': 1}))").await;
+    assert!(second.output.contains(r#"{"k": 1}"#), "{second:?}");
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn timeout_kills_the_kernel_and_reports_state_loss() {
+    let case = Case::new("timeout").await;
+    let slow = case
+        .exec(ExecuteRequest {
+            timeout: Some(Duration::from_secs(1)),
+            ..ExecuteRequest::new("s", "import time\nprint('started', flush=True)\ntime.sleep(30)")
+        })
+        .await;
+    assert_eq!(slow.status, CellStatus::Timeout, "{slow:?}");
+    assert_eq!(slow.exit_code, -1);
+    assert_eq!(
+        slow.error.as_deref(),
+        Some("Cell timed out after 1s; the session kernel was killed and its state was lost. The next execute_code call starts a fresh kernel.")
+    );
+    assert!(slow.output.contains("started"), "output before the timeout is kept");
+    assert!(case.kb.list_kernels(None).is_empty(), "the registry no longer holds it");
+    assert!(case.containers().await.is_empty(), "the container is really gone");
+    assert!(case.volumes().await.is_empty(), "and its staging volume");
+    let fresh = case.run("s", "print('alive')").await;
+    assert_eq!(fresh.status, CellStatus::Success, "{fresh:?}");
+    assert!(!fresh.kernel.reused);
+    assert!(fresh.output.contains("alive"));
+    assert_eq!(
+        fresh.kernel.state_lost.as_ref().map(|l| l.reason),
+        Some(LossReason::Timeout)
+    );
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn sys_exit_ends_the_kernel() {
+    let case = Case::new("sysexit").await;
+    case.run("s", "print('before')").await;
+    let done = case.run("s", "import sys\nprint('bye')\nsys.exit(0)").await;
+    assert_eq!(done.status, CellStatus::Success, "{done:?}");
+    assert!(done.kernel.ended, "{done:?}");
+    assert!(done.output.contains("bye"));
+    assert!(case.kb.list_kernels(None).is_empty());
+    assert!(case.containers().await.is_empty());
+    let fresh = case.run("s", "print('respawned')").await;
+    assert!(!fresh.kernel.reused);
+    assert!(fresh.output.contains("respawned"));
+    assert!(fresh.kernel.state_lost.is_none(), "sys.exit is not an involuntary loss");
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn subprocess_fd_output_reaches_the_result() {
+    let case = Case::new("subprocess").await;
+    let result = case
+        .run(
+            "s",
+            "import subprocess, sys\nsubprocess.run([sys.executable, '-c', \"print('raw-passthrough')\"])\n",
+        )
+        .await;
+    assert_eq!(result.status, CellStatus::Success, "{result:?}");
+    assert!(result.output.contains("raw-passthrough"));
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn descriptor_writes_are_captured_and_stdin_reads_eof() {
+    let case = Case::new("fds").await;
+    let result = case
+        .run(
+            "s",
+            "import os, sys\nos.write(1, b'one\\n')\nos.write(2, b'two\\n')\nprint('three', file=sys.stderr)\n\
+             print(repr(sys.stdin.read()))\ntry:\n    input()\nexcept EOFError:\n    print('eof')\n\
+             print(repr(os.read(0, 10)))",
+        )
+        .await;
+    assert_eq!(result.status, CellStatus::Success, "{result:?}");
+    for want in ["one\n", "two\n", "three\n", "''\n", "eof\n", "b''\n"] {
+        assert!(result.output.contains(want), "{want:?} missing from {:?}", result.output);
+    }
+    // Interleaved in write order.
+    let one = result.output.find("one").unwrap_or(usize::MAX);
+    let two = result.output.find("two").unwrap_or(0);
+    assert!(one < two);
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn fifty_megabytes_of_output_are_cut_and_the_kernel_stays_usable() {
+    let case = Case::new("bigout").await;
+    let result = case
+        .run(
+            "s",
+            "import sys\nchunk = 'y' * 1023 + '\\n'\nfor _ in range(50 * 1024):\n    sys.stdout.write(chunk)\nprint('THE-END')",
+        )
+        .await;
+    assert_eq!(result.status, CellStatus::Success, "{result:?}");
+    assert_eq!(result.stdout_truncated, Some(true));
+    let total = 50 * 1024 * 1024 + "THE-END\n".len() as u64;
+    assert_eq!(result.stdout_bytes_total, Some(total));
+    let omitted = result.stdout_bytes_omitted.expect("omitted count");
+    assert_eq!(omitted, total - 50_000);
+    assert!(result.output.len() < 51_000, "{}", result.output.len());
+    assert!(result.output.contains(&format!("[{omitted} bytes of output omitted")));
+    assert!(result.output.trim_end().ends_with("THE-END"), "the tail is kept");
+    let warning = result.warning.clone().expect("spill warning");
+    let path = warning
+        .split_whitespace()
+        .find(|w| w.starts_with("/work/"))
+        .expect("spill path in warning");
+    let check = case
+        .run("s", &format!("import os\nprint(os.path.getsize({path:?}))"))
+        .await;
+    assert!(check.output.contains("5000000"), "{check:?}");
+    assert!(check.kernel.reused);
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn the_sandbox_holds_from_inside() {
+    let case = Case::new("sandbox").await;
+    let code = r#"
+import os, socket
+print('uid', os.getuid())
+try:
+    socket.create_connection(('1.1.1.1', 53), timeout=2)
+    print('net open')
+except OSError as e:
+    print('net closed', type(e).__name__)
+try:
+    open('/etc/kernelbox-probe', 'w')
+    print('root writable')
+except OSError as e:
+    print('root read-only', e.errno)
+status = open('/proc/self/status').read()
+print([l for l in status.splitlines() if l.startswith(('CapEff', 'NoNewPrivs'))])
+print(sorted(os.listdir('/sys/class/net')))
+open('/tmp/scratch', 'w').write('ok')
+open('/work/file', 'w').write('ok')
+print('writable dirs ok')
+print('DOCKER' in ''.join(os.environ), sorted(os.environ))
+"#;
+    let r = case.run("s", code).await;
+    assert_eq!(r.status, CellStatus::Success, "{r:?}");
+    let out = &r.output;
+    assert!(out.contains("uid 10000"), "{out}");
+    assert!(out.contains("net closed"), "{out}");
+    assert!(out.contains("root read-only 30"), "EROFS: {out}");
+    assert!(out.contains("'CapEff:\\t0000000000000000'"), "{out}");
+    assert!(out.contains("'NoNewPrivs:\\t1'"), "{out}");
+    assert!(out.contains("['lo']"), "{out}");
+    assert!(out.contains("writable dirs ok"), "{out}");
+    assert!(out.contains("False"), "no docker variables leak in: {out}");
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn out_of_memory_is_reported_and_the_next_call_gets_a_fresh_kernel() {
+    let case = Case::with("oom", |c| c.sandbox.memory_bytes = 64 * 1024 * 1024).await;
+    case.run("s", "x = 1").await;
+    let r = case
+        .run("s", "blocks = []\nwhile True:\n    blocks.append(bytearray(16 * 1024 * 1024))")
+        .await;
+    assert_eq!(r.exit_code, -1, "{r:?}");
+    let error = r.error.clone().unwrap_or_default();
+    // Python may see MemoryError first; otherwise the kernel is OOM-killed.
+    if r.status == CellStatus::Error && error.contains("MemoryError") {
+        panic!("expected the OOM killer, got a MemoryError: {r:?}");
+    }
+    assert!(error.contains("ran out of memory (limit 64 MiB)"), "{r:?}");
+    assert!(case.containers().await.is_empty());
+    let next = case.run("s", "print('x' in dir())").await;
+    assert!(!next.kernel.reused);
+    assert!(next.output.contains("False"));
+    assert_eq!(next.kernel.state_lost.as_ref().map(|l| l.reason), Some(LossReason::Oom));
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn a_missing_image_is_a_clear_error_and_leaves_nothing() {
+    let case = Case::with("noimage", |c| c.image = "kernelbox/does-not-exist:never".into()).await;
+    let err = case
+        .kb
+        .execute(ExecuteRequest::new("s", "print(1)"))
+        .await
+        .expect_err("no image");
+    assert!(err.to_string().contains("kernelbox image build"), "{err}");
+    assert!(case.kb.list_kernels(None).is_empty());
+    case.finish().await;
+}
