@@ -89,14 +89,18 @@ impl EventMonitor {
     /// stream ends (engine restart), resubscribes.
     pub async fn run(self, engine: Arc<dyn Engine>, labels: Vec<String>, cancel: CancellationToken) {
         let mut backoff = Duration::from_millis(100);
+        // Replay from a little before now, so events of containers created while the
+        // subscription was being set up are not missed; resubscriptions replay the gap.
+        let mut since = crate::kernel::unix_now() as i64 - 1;
         while !cancel.is_cancelled() {
-            let mut events = engine.events(&labels);
+            let mut events = engine.events(&labels, Some(since));
             loop {
                 tokio::select! {
                     _ = cancel.cancelled() => return,
                     item = events.next() => match item {
                         Some(Ok(event)) => {
                             backoff = Duration::from_millis(100);
+                            since = crate::kernel::unix_now() as i64 - 1;
                             self.record(&event.id, &event.action, event.exit_code);
                         }
                         Some(Err(e)) => {

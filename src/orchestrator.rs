@@ -495,11 +495,11 @@ impl Orchestrator {
     }
 
     async fn release(&self, slot: &Arc<Slot>) {
-        if self.inner.registry.release(slot) {
-            if let Some(kernel) = slot.kernel.get() {
-                self.dispose_kernel(kernel).await;
-            }
+        let (dispose, mut victims) = self.inner.registry.release_and_trim(slot);
+        if dispose {
+            victims.push(slot.clone());
         }
+        self.dispose_slots(victims).await;
     }
 
     async fn dispose_kernel(&self, kernel: &Kernel) {

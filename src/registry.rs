@@ -136,6 +136,37 @@ impl Inner {
     }
 }
 
+impl Inner {
+    /// Evicts least recently used, unpinned, unattached slots until the cap holds (or nothing
+    /// more can go). Attached slots cannot go; pinned ones do not count.
+    fn evict_over_cap(&mut self, max_kernels: usize) -> Vec<Arc<Slot>> {
+        let mut victims = Vec::new();
+        loop {
+            let released = &self.released_children;
+            let unpinned: Vec<&Arc<Slot>> = self
+                .slots
+                .values()
+                .filter(|s| !s.pinned(released))
+                .collect();
+            if unpinned.len() <= max_kernels {
+                return victims;
+            }
+            let Some(victim) = unpinned
+                .into_iter()
+                .filter(|s| s.attached() == 0)
+                .min_by_key(|s| s.last_used())
+                .map(|s| s.key.clone())
+            else {
+                return victims;
+            };
+            if let Some(slot) = self.slots.remove(&victim) {
+                self.record_loss(&victim, LossReason::Evicted);
+                victims.push(slot);
+            }
+        }
+    }
+}
+
 impl Registry {
     /// An empty registry with the LRU cap and idle timeout.
     pub fn new(max_kernels: usize, idle_timeout: Duration) -> Registry {
@@ -187,30 +218,7 @@ impl Registry {
         slot.attached.fetch_add(1, Ordering::AcqRel);
         *slot.last_used.lock().unwrap_or_else(|p| p.into_inner()) = now;
         let state_lost = inner.losses.remove(key);
-        // LRU cap over unpinned kernels; attached ones cannot go, pinned ones do not count.
-        loop {
-            let released = &inner.released_children;
-            let unpinned: Vec<&Arc<Slot>> = inner
-                .slots
-                .values()
-                .filter(|s| !s.pinned(released))
-                .collect();
-            if unpinned.len() <= self.max_kernels {
-                break;
-            }
-            let Some(victim) = unpinned
-                .into_iter()
-                .filter(|s| s.attached() == 0)
-                .min_by_key(|s| s.last_used())
-                .map(|s| s.key.clone())
-            else {
-                break;
-            };
-            if let Some(slot) = inner.slots.remove(&victim) {
-                inner.record_loss(&victim, LossReason::Evicted);
-                victims.push(slot);
-            }
-        }
+        victims.extend(inner.evict_over_cap(self.max_kernels));
         Attach {
             slot,
             victims,
@@ -222,14 +230,22 @@ impl Registry {
     /// Releases a call's hold. Returns true when the slot is no longer registered and this
     /// was the last call out: the caller must dispose of its kernel.
     pub fn release(&self, slot: &Arc<Slot>) -> bool {
-        let inner = self.lock();
+        self.release_and_trim(slot).0
+    }
+
+    /// Releases a call's hold and, now that one more slot may be idle, applies the LRU cap
+    /// again (a burst of first calls can exceed it while everything is attached). Returns
+    /// whether to dispose of this slot's kernel, and the evicted slots.
+    pub fn release_and_trim(&self, slot: &Arc<Slot>) -> (bool, Vec<Arc<Slot>>) {
+        let mut inner = self.lock();
         *slot.last_used.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
         let left = slot.attached.fetch_sub(1, Ordering::AcqRel) - 1;
         let registered = inner
             .slots
             .get(&slot.key)
             .is_some_and(|s| Arc::ptr_eq(s, slot));
-        left == 0 && !registered
+        let victims = inner.evict_over_cap(self.max_kernels);
+        (left == 0 && !registered, victims)
     }
 
     /// Unregisters a slot (its kernel died or ended); records `loss` when it was involuntary.

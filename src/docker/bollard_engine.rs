@@ -361,10 +361,18 @@ impl Engine for BollardEngine {
             .map_err(|e| map_err("upload", id, e))
     }
 
-    fn events(&self, labels: &[String]) -> BoxStream<'static, Result<EngineEvent, EngineError>> {
+    fn events(
+        &self,
+        labels: &[String],
+        since: Option<i64>,
+    ) -> BoxStream<'static, Result<EngineEvent, EngineError>> {
         let mut filters = label_filters(labels);
         filters.insert("type".into(), vec!["container".into()]);
-        let options = EventsOptionsBuilder::default().filters(&filters).build();
+        let mut options = EventsOptionsBuilder::default().filters(&filters);
+        if let Some(since) = since {
+            options = options.since(&since.to_string());
+        }
+        let options = options.build();
         self.docker
             .events(Some(options))
             .map_err(|e| map_err("events", "", e))

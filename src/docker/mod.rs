@@ -195,6 +195,11 @@ pub trait Engine: Send + Sync + 'static {
     async fn list_containers(&self, labels: &[String]) -> Result<Vec<ContainerInfo>, EngineError>;
     /// Extracts a tar archive into `dir` of a container (a volume path, before or after start).
     async fn upload(&self, id: &str, dir: &str, tar: Bytes) -> Result<(), EngineError>;
-    /// Container events matching every label filter; ends when the engine goes away.
-    fn events(&self, labels: &[String]) -> BoxStream<'static, Result<EngineEvent, EngineError>>;
+    /// Container events matching every label filter, replayed from `since` (Unix seconds)
+    /// when given; ends when the engine goes away.
+    fn events(
+        &self,
+        labels: &[String],
+        since: Option<i64>,
+    ) -> BoxStream<'static, Result<EngineEvent, EngineError>>;
 }

@@ -129,7 +129,7 @@ pub async fn assert_clean(engine: &Arc<dyn Engine>, label: &str) {
 pub async fn wait_gone(engine: &Arc<dyn Engine>, label: &str, limit: Duration) -> Option<Duration> {
     use futures::StreamExt;
     let start = std::time::Instant::now();
-    let mut events = engine.events(&[format!("{CASE}={label}")]);
+    let mut events = engine.events(&[format!("{CASE}={label}")], None);
     loop {
         if containers(engine, label).await.is_empty() {
             return Some(start.elapsed());

@@ -1,0 +1,100 @@
+//! API errors: `{"error": {"code", "message"}}` with the matching status.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use crate::orchestrator::ExecuteError;
+
+/// An error response.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// Stable machine-readable code.
+    pub code: &'static str,
+    /// Human-readable message.
+    pub message: String,
+    /// Seconds for a `Retry-After` header.
+    pub retry_after: Option<u32>,
+}
+
+impl ApiError {
+    /// An error with a status, code and message.
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+
+    /// 400 with `code`.
+    pub fn bad_request(code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, code, message)
+    }
+
+    /// 401.
+    pub fn unauthorized() -> ApiError {
+        ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "a valid `Authorization: Bearer TOKEN` header is required",
+        )
+    }
+
+    /// 404.
+    pub fn not_found(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+
+    /// 503 while the server drains for shutdown.
+    pub fn shutting_down() -> ApiError {
+        ApiError {
+            retry_after: Some(1),
+            ..ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "shutting_down",
+                "kernelbox is shutting down",
+            )
+        }
+    }
+
+    /// The JSON body.
+    pub fn body(&self) -> serde_json::Value {
+        json!({"error": {"code": self.code, "message": self.message}})
+    }
+}
+
+impl From<ExecuteError> for ApiError {
+    fn from(e: ExecuteError) -> ApiError {
+        match &e {
+            ExecuteError::Invalid(_) => ApiError::bad_request("invalid_request", e.to_string()),
+            ExecuteError::Name(_) => ApiError::bad_request("invalid_name", e.to_string()),
+            ExecuteError::Kernel(_) => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "kernel_unavailable",
+                format!("the kernel could not be started: {e}"),
+            ),
+            ExecuteError::Engine(_) => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "engine_unavailable",
+                format!("docker engine: {e}"),
+            ),
+            ExecuteError::ShuttingDown => ApiError::shutting_down(),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (self.status, axum::Json(self.body())).into_response();
+        if let Some(secs) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        response
+    }
+}

@@ -1,0 +1,356 @@
+//! Tenants: who may call the server, with which bearer token, how many kernels, which tools.
+//!
+//! The tenants file is JSON:
+//!
+//! ```json
+//! {"tenants": [{"name": "acme", "token_sha256": "<hex>", "max_kernels": 8,
+//!               "tools": {"url": "http://127.0.0.1:9000/tools", "allow": ["web_search"]}}]}
+//! ```
+//!
+//! Only the SHA-256 of each token is stored. Every error names the file and the field.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+
+use crate::owner::validate_name;
+
+/// Default time a tool endpoint has to answer one call.
+pub const DEFAULT_TOOL_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A tenants file (or value) that cannot be used; names the file and the field.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+#[error("tenants file {}: {field}: {reason}", file.display())]
+pub struct TenantsError {
+    /// The file read (or `<inline>`).
+    pub file: PathBuf,
+    /// Path of the offending field, e.g. `tenants[0].token_sha256`.
+    pub field: String,
+    /// Why it was refused.
+    pub reason: String,
+}
+
+/// Where a tenant's tool calls go and which tools its cells may call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolsConfig {
+    /// `http://host:port/path` the server POSTs each call to.
+    pub url: String,
+    /// Tool names the tenant's cells may call.
+    pub allow: BTreeSet<String>,
+    /// How long one call may take.
+    pub timeout: Duration,
+}
+
+/// One tenant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tenant {
+    /// Namespace of every owner the tenant creates.
+    pub name: String,
+    /// SHA-256 of the tenant's bearer token.
+    pub token_sha256: [u8; 32],
+    /// Live kernels the tenant may hold at once (`None`: only the global cap applies).
+    pub max_kernels: Option<usize>,
+    /// The tenant's tool endpoint, if it has one.
+    pub tools: Option<ToolsConfig>,
+}
+
+impl Tenant {
+    /// A tenant identified by a plain token (hashed here).
+    pub fn with_token(name: &str, token: &str) -> Tenant {
+        Tenant {
+            name: name.to_string(),
+            token_sha256: token_hash(token),
+            max_kernels: None,
+            tools: None,
+        }
+    }
+}
+
+/// The SHA-256 of a bearer token.
+pub fn token_hash(token: &str) -> [u8; 32] {
+    Sha256::digest(token.as_bytes()).into()
+}
+
+/// A fresh random bearer token (64 hex characters).
+pub fn generate_token() -> String {
+    let bytes: [u8; 32] = rand::random();
+    hex::encode(bytes)
+}
+
+/// The set of tenants, looked up by token hash.
+#[derive(Debug, Clone, Default)]
+pub struct Tenants {
+    by_hash: HashMap<[u8; 32], Arc<Tenant>>,
+    names: Vec<String>,
+}
+
+impl Tenants {
+    /// Builds the set, refusing duplicate names or tokens and bad names.
+    pub fn new(tenants: Vec<Tenant>) -> Result<Tenants, TenantsError> {
+        let err = |i: usize, field: &str, reason: String| TenantsError {
+            file: PathBuf::from("<inline>"),
+            field: format!("tenants[{i}].{field}"),
+            reason,
+        };
+        if tenants.is_empty() {
+            return Err(TenantsError {
+                file: PathBuf::from("<inline>"),
+                field: "tenants".into(),
+                reason: "must list at least one tenant".into(),
+            });
+        }
+        let mut set = Tenants::default();
+        for (i, tenant) in tenants.into_iter().enumerate() {
+            validate_name("tenant", &tenant.name).map_err(|e| err(i, "name", e.to_string()))?;
+            if set.names.contains(&tenant.name) {
+                return Err(err(i, "name", format!("duplicate tenant {:?}", tenant.name)));
+            }
+            if set.by_hash.contains_key(&tenant.token_sha256) {
+                return Err(err(i, "token_sha256", "another tenant has the same token".into()));
+            }
+            if tenant.max_kernels == Some(0) {
+                return Err(err(i, "max_kernels", "must be at least 1".into()));
+            }
+            set.names.push(tenant.name.clone());
+            set.by_hash.insert(tenant.token_sha256, Arc::new(tenant));
+        }
+        Ok(set)
+    }
+
+    /// Reads and validates a tenants file.
+    pub fn load(path: &Path) -> Result<Tenants, TenantsError> {
+        let text = std::fs::read_to_string(path).map_err(|e| TenantsError {
+            file: path.to_path_buf(),
+            field: "(file)".into(),
+            reason: format!("cannot read: {e}"),
+        })?;
+        Tenants::parse(&text, path)
+    }
+
+    /// Parses and validates tenants-file JSON; `file` only names the source in errors.
+    pub fn parse(text: &str, file: &Path) -> Result<Tenants, TenantsError> {
+        let bad = |field: String, reason: String| TenantsError {
+            file: file.to_path_buf(),
+            field,
+            reason,
+        };
+        let root: Value = serde_json::from_str(text)
+            .map_err(|e| bad("(file)".into(), format!("not valid JSON: {e}")))?;
+        let root = root
+            .as_object()
+            .ok_or_else(|| bad("(root)".into(), "must be a JSON object".into()))?;
+        only_keys(root, &["tenants"], "", &bad)?;
+        let list = root
+            .get("tenants")
+            .ok_or_else(|| bad("tenants".into(), "missing".into()))?
+            .as_array()
+            .ok_or_else(|| bad("tenants".into(), "must be an array".into()))?;
+        let mut tenants = Vec::new();
+        for (i, entry) in list.iter().enumerate() {
+            let at = format!("tenants[{i}]");
+            let obj = entry
+                .as_object()
+                .ok_or_else(|| bad(at.clone(), "must be an object".into()))?;
+            only_keys(obj, &["name", "token_sha256", "max_kernels", "tools"], &at, &bad)?;
+            let name = required_str(obj, "name", &at, &bad)?;
+            let hash_hex = required_str(obj, "token_sha256", &at, &bad)?;
+            let token_sha256: [u8; 32] = hex::decode(hash_hex.trim())
+                .ok()
+                .and_then(|b| b.try_into().ok())
+                .ok_or_else(|| {
+                    bad(
+                        format!("{at}.token_sha256"),
+                        "must be 64 hex characters (sha256 of the token, e.g. `printf %s TOKEN | sha256sum`)".into(),
+                    )
+                })?;
+            let max_kernels = match obj.get("max_kernels") {
+                None | Some(Value::Null) => None,
+                Some(v) => Some(
+                    v.as_u64()
+                        .filter(|n| *n >= 1 && *n <= 100_000)
+                        .ok_or_else(|| {
+                            bad(format!("{at}.max_kernels"), "must be an integer from 1 to 100000".into())
+                        })? as usize,
+                ),
+            };
+            let tools = match obj.get("tools") {
+                None | Some(Value::Null) => None,
+                Some(v) => Some(parse_tools(v, &format!("{at}.tools"), &bad)?),
+            };
+            tenants.push(Tenant {
+                name: name.to_string(),
+                token_sha256,
+                max_kernels,
+                tools,
+            });
+        }
+        Tenants::new(tenants).map_err(|e| TenantsError {
+            file: file.to_path_buf(),
+            ..e
+        })
+    }
+
+    /// The tenant whose token this is.
+    pub fn authenticate(&self, token: &str) -> Option<Arc<Tenant>> {
+        self.by_hash.get(&token_hash(token)).cloned()
+    }
+
+    /// Tenant names, in file order.
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+
+    /// Number of tenants.
+    pub fn len(&self) -> usize {
+        self.names.len()
+    }
+
+    /// True when there are none.
+    pub fn is_empty(&self) -> bool {
+        self.names.is_empty()
+    }
+}
+
+type Bad<'a> = &'a dyn Fn(String, String) -> TenantsError;
+
+fn only_keys(obj: &Map<String, Value>, keys: &[&str], at: &str, bad: Bad<'_>) -> Result<(), TenantsError> {
+    for key in obj.keys() {
+        if !keys.contains(&key.as_str()) {
+            let field = if at.is_empty() { key.clone() } else { format!("{at}.{key}") };
+            return Err(bad(field, format!("unknown field (expected one of: {})", keys.join(", "))));
+        }
+    }
+    Ok(())
+}
+
+fn required_str<'v>(
+    obj: &'v Map<String, Value>,
+    key: &str,
+    at: &str,
+    bad: Bad<'_>,
+) -> Result<&'v str, TenantsError> {
+    match obj.get(key) {
+        None => Err(bad(format!("{at}.{key}"), "missing".into())),
+        Some(Value::String(s)) => Ok(s),
+        Some(_) => Err(bad(format!("{at}.{key}"), "must be a string".into())),
+    }
+}
+
+fn parse_tools(v: &Value, at: &str, bad: Bad<'_>) -> Result<ToolsConfig, TenantsError> {
+    let obj = v
+        .as_object()
+        .ok_or_else(|| bad(at.to_string(), "must be an object".into()))?;
+    only_keys(obj, &["url", "allow", "timeout_seconds"], at, bad)?;
+    let url = required_str(obj, "url", at, bad)?;
+    check_tool_url(url).map_err(|reason| bad(format!("{at}.url"), reason))?;
+    let allow = obj
+        .get("allow")
+        .ok_or_else(|| bad(format!("{at}.allow"), "missing".into()))?
+        .as_array()
+        .ok_or_else(|| bad(format!("{at}.allow"), "must be an array of tool names".into()))?;
+    let mut names = BTreeSet::new();
+    for (j, name) in allow.iter().enumerate() {
+        let field = format!("{at}.allow[{j}]");
+        let name = name
+            .as_str()
+            .ok_or_else(|| bad(field.clone(), "must be a string".into()))?;
+        if !valid_tool_name(name) {
+            return Err(bad(
+                field,
+                format!("{name:?} is not a tool name (a Python identifier of at most 64 characters)"),
+            ));
+        }
+        names.insert(name.to_string());
+    }
+    let timeout = match obj.get("timeout_seconds") {
+        None | Some(Value::Null) => DEFAULT_TOOL_TIMEOUT,
+        Some(v) => v
+            .as_f64()
+            .filter(|s| s.is_finite() && *s > 0.0 && *s <= 3600.0)
+            .map(Duration::from_secs_f64)
+            .ok_or_else(|| bad(format!("{at}.timeout_seconds"), "must be a number of seconds in (0, 3600]".into()))?,
+    };
+    Ok(ToolsConfig {
+        url: url.to_string(),
+        allow: names,
+        timeout,
+    })
+}
+
+/// Tool names are what a cell writes after `kernel_tools.`: Python identifiers.
+pub fn valid_tool_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && name.len() <= 64
+}
+
+/// Tool endpoints are plain `http://` URLs (typically on loopback or a compose network).
+fn check_tool_url(url: &str) -> Result<(), String> {
+    let uri: hyper::Uri = url
+        .parse()
+        .map_err(|e| format!("{url:?} is not a URL: {e}"))?;
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some("https") => {
+            return Err("https tool endpoints are not supported; use http:// on a trusted network".into())
+        }
+        _ => return Err(format!("{url:?} must start with http://")),
+    }
+    if uri.host().is_none_or(str::is_empty) {
+        return Err(format!("{url:?} has no host"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Tenants, TenantsError> {
+        Tenants::parse(text, Path::new("t.json"))
+    }
+
+    #[test]
+    fn a_valid_file_authenticates_by_token_hash() {
+        let hash = hex::encode(token_hash("secret"));
+        let text = format!(
+            r#"{{"tenants": [{{"name": "acme", "token_sha256": "{hash}", "max_kernels": 8,
+               "tools": {{"url": "http://127.0.0.1:9000/tools", "allow": ["web_search"]}}}}]}}"#
+        );
+        let tenants = parse(&text).unwrap();
+        let acme = tenants.authenticate("secret").unwrap();
+        assert_eq!(acme.name, "acme");
+        assert_eq!(acme.max_kernels, Some(8));
+        assert!(acme.tools.as_ref().unwrap().allow.contains("web_search"));
+        assert!(tenants.authenticate("wrong").is_none());
+    }
+
+    #[test]
+    fn errors_name_the_file_and_field() {
+        let hash = hex::encode(token_hash("x"));
+        let cases = [
+            ("{", "(file)"),
+            ("{}", "tenants"),
+            (r#"{"tenants": []}"#, "tenants"),
+            (r#"{"tenants": [{"name": "a"}]}"#, "tenants[0].token_sha256"),
+            (r#"{"tenants": [{"name": "a", "token_sha256": "zz"}]}"#, "tenants[0].token_sha256"),
+            (&format!(r#"{{"tenants": [{{"name": "a b", "token_sha256": "{hash}"}}]}}"#), "tenants[0].name"),
+            (&format!(r#"{{"tenants": [{{"name": "a", "token_sha256": "{hash}", "max_kernels": 0}}]}}"#), "tenants[0].max_kernels"),
+            (&format!(r#"{{"tenants": [{{"name": "a", "token_sha256": "{hash}", "tools": {{"url": "ftp://x", "allow": []}}}}]}}"#), "tenants[0].tools.url"),
+            (&format!(r#"{{"tenants": [{{"name": "a", "token_sha256": "{hash}", "tools": {{"url": "http://x/t", "allow": ["rm -rf"]}}}}]}}"#), "tenants[0].tools.allow[0]"),
+            (&format!(r#"{{"tenants": [{{"name": "a", "token_sha256": "{hash}", "extra": 1}}]}}"#), "tenants[0].extra"),
+            (&format!(r#"{{"tenants": [{{"name": "a", "token_sha256": "{hash}"}}, {{"name": "b", "token_sha256": "{hash}"}}]}}"#), "tenants[1].token_sha256"),
+            (&format!(r#"{{"tenants": [{{"name": "a", "token_sha256": "{hash}"}}, {{"name": "a", "token_sha256": "{}"}}]}}"#, "0".repeat(64)), "tenants[1].name"),
+        ];
+        for (text, field) in cases {
+            let err = parse(text).unwrap_err();
+            assert_eq!(err.field, field, "{text}: {err}");
+            assert!(err.to_string().starts_with("tenants file t.json: "), "{err}");
+        }
+    }
+}
