@@ -1,0 +1,154 @@
+//! Tool calls from inside a kernel, under the authority of the cell that is running now
+//! (the seed's TestPerCellRpcAuthority, plus threads, allow-list and budget).
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+
+use common::Case;
+use kernelbox::{CellStatus, ExecuteRequest, FnDispatcher, ToolCall, ToolDispatcher};
+use serde_json::json;
+
+type Seen = Arc<Mutex<Vec<ToolCall>>>;
+
+fn recorder(name: &'static str) -> (Arc<dyn ToolDispatcher>, Seen) {
+    let seen: Seen = Arc::default();
+    let log = seen.clone();
+    let dispatcher = FnDispatcher(move |call: ToolCall| {
+        log.lock().unwrap().push(call.clone());
+        Ok(json!({"ok": true, "by": name, "args": call.args}))
+    });
+    (Arc::new(dispatcher), seen)
+}
+
+fn with_tools(code: &str, dispatcher: &Arc<dyn ToolDispatcher>, task: &str) -> ExecuteRequest {
+    ExecuteRequest {
+        task_id: Some(task.into()),
+        tools: BTreeSet::from(["web_search".to_string()]),
+        dispatcher: Some(dispatcher.clone()),
+        ..ExecuteRequest::new("kernel-test", code)
+    }
+}
+
+#[tokio::test]
+async fn a_later_cells_rpc_runs_under_that_cells_authority() {
+    let case = Case::new("rpc-later").await;
+    let (one, seen_one) = recorder("one");
+    let (two, seen_two) = recorder("two");
+    let cell = "import kernel_tools\nprint(kernel_tools.web_search(query='q'))\n";
+    let first = case.exec(with_tools(cell, &one, "turn-1")).await;
+    let second = case.exec(with_tools(cell, &two, "turn-2")).await;
+    assert_eq!(first.status, CellStatus::Success, "{first:?}");
+    assert_eq!(second.status, CellStatus::Success, "{second:?}");
+    assert!(first.output.contains("'by': 'one'"), "{first:?}");
+    assert!(second.output.contains("'by': 'two'"), "{second:?}");
+    let one = seen_one.lock().unwrap().clone();
+    let two = seen_two.lock().unwrap().clone();
+    assert_eq!(one.len(), 1);
+    assert_eq!(two.len(), 1);
+    assert_eq!(one[0].task_id.as_deref(), Some("turn-1"));
+    assert_eq!(one[0].args, json!({"query": "q"}));
+    assert_eq!(two[0].task_id.as_deref(), Some("turn-2"));
+    assert_eq!(first.tool_calls_made, 1);
+    assert!(second.kernel.reused);
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn cross_cell_alias_dispatches_under_the_current_cell() {
+    let case = Case::new("rpc-alias").await;
+    let (one, seen_one) = recorder("one");
+    let (two, seen_two) = recorder("two");
+    let first = case
+        .exec(with_tools("import kernel_tools\nalias = kernel_tools.web_search\ncall = kernel_tools.call\n", &one, "turn-1"))
+        .await;
+    let second = case
+        .exec(with_tools("print(alias(query='q'))\nprint(call('web_search', query='r'))\n", &two, "turn-2"))
+        .await;
+    assert_eq!(first.status, CellStatus::Success, "{first:?}");
+    assert_eq!(second.status, CellStatus::Success, "{second:?}");
+    assert!(seen_one.lock().unwrap().is_empty());
+    assert_eq!(seen_two.lock().unwrap().len(), 2);
+    assert_eq!(second.tool_calls_made, 2);
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn each_cell_installs_a_fresh_authority() {
+    let case = Case::new("rpc-fresh").await;
+    case.run("s", "x = 1").await;
+    let kernel = case.kb.kernel_for(None, "s", None).expect("kernel");
+    let first = kernel.cell_authority().expect("authority");
+    assert!(!first.is_active(), "retired once the cell settled");
+    case.run("s", "y = 2").await;
+    let second = kernel.cell_authority().expect("authority");
+    assert!(!Arc::ptr_eq(&first, &second));
+    assert!(!second.is_active());
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn a_thread_from_an_earlier_cell_is_refused_during_a_later_cell() {
+    let case = Case::new("rpc-thread").await;
+    let (one, seen_one) = recorder("one");
+    let (two, seen_two) = recorder("two");
+    let start_thread = "import threading, kernel_tools\n\
+go, done, got = threading.Event(), threading.Event(), []\n\
+def worker():\n    go.wait()\n    try:\n        got.append(kernel_tools.web_search(query='late'))\n    except kernel_tools.ToolError as e:\n        got.append('refused: ' + str(e))\n    done.set()\n\
+threading.Thread(target=worker, daemon=True).start()\n";
+    let first = case.exec(with_tools(start_thread, &one, "turn-1")).await;
+    assert_eq!(first.status, CellStatus::Success, "{first:?}");
+    let second = case
+        .exec(with_tools("go.set()\nassert done.wait(20)\nprint(got[0])\n", &two, "turn-2"))
+        .await;
+    assert_eq!(second.status, CellStatus::Success, "{second:?}");
+    assert!(second.output.contains("refused: No active execute_code cell"), "{second:?}");
+    assert!(seen_one.lock().unwrap().is_empty());
+    assert!(seen_two.lock().unwrap().is_empty(), "cell 2's dispatcher never sees the call");
+    assert_eq!(second.tool_calls_made, 0);
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn allow_list_and_budget_refusals_are_clear_and_not_counted() {
+    let case = Case::with("rpc-budget", |c| c.max_tool_calls = 3).await;
+    let (d, seen) = recorder("d");
+    let code = "import kernel_tools\n\
+try:\n    kernel_tools.delete_everything(path='/')\nexcept kernel_tools.ToolError as e:\n    print('A:', e)\n\
+for i in range(4):\n    try:\n        kernel_tools.web_search(query=str(i))\n        print('ok', i)\n    except kernel_tools.ToolError as e:\n        print('B:', e)\n";
+    let r = case.exec(with_tools(code, &d, "t")).await;
+    assert_eq!(r.status, CellStatus::Success, "{r:?}");
+    assert!(r.output.contains("A: Unknown tool \"delete_everything\""), "{}", r.output);
+    assert!(r.output.contains("Available tools: web_search"), "{}", r.output);
+    assert!(r.output.contains("ok 2") && !r.output.contains("ok 3"), "{}", r.output);
+    assert!(r.output.contains("B: Tool call budget exhausted"), "{}", r.output);
+    assert_eq!(r.tool_calls_made, 3);
+    assert_eq!(seen.lock().unwrap().len(), 3);
+    // Without a dispatcher, nothing is available.
+    let bare = case.run("other", "import kernel_tools\ntry:\n    kernel_tools.web_search(q=1)\nexcept kernel_tools.ToolError as e:\n    print(e)").await;
+    assert!(bare.output.contains("Available tools: none"), "{bare:?}");
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn a_dispatcher_that_never_answers_cannot_outlive_the_timeout() {
+    struct Never;
+    #[async_trait::async_trait]
+    impl ToolDispatcher for Never {
+        async fn dispatch(&self, _call: ToolCall) -> Result<serde_json::Value, String> {
+            std::future::pending().await
+        }
+    }
+    let case = Case::new("rpc-never").await;
+    let never: Arc<dyn ToolDispatcher> = Arc::new(Never);
+    let r = case
+        .exec(ExecuteRequest {
+            timeout: Some(std::time::Duration::from_secs(1)),
+            ..with_tools("import kernel_tools\nkernel_tools.web_search(query='q')", &never, "t")
+        })
+        .await;
+    assert_eq!(r.status, CellStatus::Timeout, "{r:?}");
+    assert!(case.containers().await.is_empty());
+    case.finish().await;
+}
