@@ -170,7 +170,9 @@ mod tests {
     }
 
     fn echo() -> Arc<dyn ToolDispatcher> {
-        Arc::new(FnDispatcher(|c: ToolCall| Ok(serde_json::json!({ "tool": c.tool }))))
+        Arc::new(FnDispatcher(|c: ToolCall| {
+            Ok(serde_json::json!({ "tool": c.tool }))
+        }))
     }
 
     #[tokio::test]

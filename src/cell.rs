@@ -291,7 +291,9 @@ mod tests {
         assert_eq!(out.total, 300);
         assert_eq!(out.omitted, 200);
         assert!(out.text.starts_with("aaabbb"));
-        assert!(out.text.contains("[200 bytes of output omitted; 300 bytes in all]"));
+        assert!(out
+            .text
+            .contains("[200 bytes of output omitted; 300 bytes in all]"));
         assert_eq!(out.spill.as_ref().map(Vec::len), Some(150));
         // The tail is the last 60 bytes.
         assert!(out.text.ends_with("vvv"));

@@ -170,14 +170,20 @@ impl Config {
             return Err(bad("output_inline_bytes", "must be at least 100"));
         }
         if self.output_spill_bytes < self.output_inline_bytes {
-            return Err(bad("output_spill_bytes", "must be at least output_inline_bytes"));
+            return Err(bad(
+                "output_spill_bytes",
+                "must be at least output_inline_bytes",
+            ));
         }
         if let WorkMode::Project(dir) = &self.mode {
             if !dir.is_absolute() {
                 return Err(bad("project_dir", "must be an absolute path"));
             }
             if !dir.is_dir() {
-                return Err(bad("project_dir", format!("{} is not a directory", dir.display())));
+                return Err(bad(
+                    "project_dir",
+                    format!("{} is not a directory", dir.display()),
+                ));
             }
         }
         for key in self.extra_labels.keys() {
@@ -253,7 +259,10 @@ mod tests {
 
     #[test]
     fn durations_and_sizes_parse() {
-        assert_eq!(parse_duration("7d").unwrap(), Duration::from_secs(7 * 86400));
+        assert_eq!(
+            parse_duration("7d").unwrap(),
+            Duration::from_secs(7 * 86400)
+        );
         assert_eq!(parse_duration("1.5").unwrap(), Duration::from_millis(1500));
         assert!(parse_duration("soon").is_err());
         assert!(parse_duration("-1").is_err());

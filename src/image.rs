@@ -62,7 +62,9 @@ pub fn build(dir: &Path, tag: &str, base: &str, force: bool) -> Result<(), Image
         eprintln!("kernelbox: [1/2] bootstrapping base image {base} offline");
         run(
             "bootstrap base image",
-            Command::new("bash").arg(dir.join("bootstrap-base.sh")).arg(base),
+            Command::new("bash")
+                .arg(dir.join("bootstrap-base.sh"))
+                .arg(base),
         )?;
     } else {
         eprintln!("kernelbox: [1/2] base image {base}");

@@ -104,18 +104,27 @@ mod tests {
             id: "other".into(),
             ..me.clone()
         };
-        assert_eq!(liveness(&me, &other.labels(&BTreeMap::new())), Liveness::Alive);
+        assert_eq!(
+            liveness(&me, &other.labels(&BTreeMap::new())),
+            Liveness::Alive
+        );
         let dead = Instance {
             id: "dead".into(),
             pid_start: me.pid_start + 1,
             ..me.clone()
         };
-        assert_eq!(liveness(&me, &dead.labels(&BTreeMap::new())), Liveness::Dead);
+        assert_eq!(
+            liveness(&me, &dead.labels(&BTreeMap::new())),
+            Liveness::Dead
+        );
         let remote = Instance {
             id: "remote".into(),
             host: "elsewhere".into(),
             ..me.clone()
         };
-        assert_eq!(liveness(&me, &remote.labels(&BTreeMap::new())), Liveness::Unknown);
+        assert_eq!(
+            liveness(&me, &remote.labels(&BTreeMap::new())),
+            Liveness::Unknown
+        );
     }
 }

@@ -518,7 +518,13 @@ impl Kernel {
                 c
             }
         };
-        if matches!(end, CellEnd::Done { status: DoneStatus::Exit, .. }) {
+        if matches!(
+            end,
+            CellEnd::Done {
+                status: DoneStatus::Exit,
+                ..
+            }
+        ) {
             self.disposing.store(true, Ordering::Release);
             let mut death = self.death.lock().unwrap_or_else(|p| p.into_inner());
             death.get_or_insert(Death::Exited);

@@ -87,7 +87,12 @@ impl EventMonitor {
 
     /// Follows the engine's events for containers matching `labels` until cancelled; when the
     /// stream ends (engine restart), resubscribes.
-    pub async fn run(self, engine: Arc<dyn Engine>, labels: Vec<String>, cancel: CancellationToken) {
+    pub async fn run(
+        self,
+        engine: Arc<dyn Engine>,
+        labels: Vec<String>,
+        cancel: CancellationToken,
+    ) {
         let mut backoff = Duration::from_millis(100);
         // Replay from a little before now, so events of containers created while the
         // subscription was being set up are not missed; resubscriptions replay the gap.

@@ -173,7 +173,10 @@ impl std::fmt::Debug for Orchestrator {
 impl Orchestrator {
     /// Validates the config, checks the engine, sweeps leftovers of dead instances, and starts
     /// the event monitor, the reaper and the watchdog.
-    pub async fn start(config: Config, engine: Arc<dyn Engine>) -> Result<Orchestrator, StartError> {
+    pub async fn start(
+        config: Config,
+        engine: Arc<dyn Engine>,
+    ) -> Result<Orchestrator, StartError> {
         let config = config.validate()?;
         engine.ping().await?;
         let instance = Instance::current();
@@ -239,7 +242,12 @@ impl Orchestrator {
         &self.inner.engine
     }
 
-    fn owner_of(&self, tenant: Option<&str>, session: &str, child: Option<&str>) -> Result<Owner, NameError> {
+    fn owner_of(
+        &self,
+        tenant: Option<&str>,
+        session: &str,
+        child: Option<&str>,
+    ) -> Result<Owner, NameError> {
         Owner::new(
             tenant.unwrap_or(&self.inner.config.default_tenant),
             session,
@@ -317,7 +325,10 @@ impl Orchestrator {
             state_lost: lease.state_lost.clone(),
         };
         let (status, exit_code, error, loss) = match &run.end {
-            CellEnd::Done { status: DoneStatus::Ok, .. } => (CellStatus::Success, 0, None, None),
+            CellEnd::Done {
+                status: DoneStatus::Ok,
+                ..
+            } => (CellStatus::Success, 0, None, None),
             CellEnd::Done {
                 status: DoneStatus::Error,
                 traceback,
@@ -351,8 +362,13 @@ impl Orchestrator {
                 (CellStatus::Error, -1, Some(message), reason)
             }
         };
-        let kernel_gone = !matches!(run.end, CellEnd::Done { status: DoneStatus::Ok | DoneStatus::Error, .. })
-            || !kernel.is_alive();
+        let kernel_gone = !matches!(
+            run.end,
+            CellEnd::Done {
+                status: DoneStatus::Ok | DoneStatus::Error,
+                ..
+            }
+        ) || !kernel.is_alive();
         let capped = run.output.finish();
         let mut result = CellResult {
             status,
@@ -392,7 +408,9 @@ impl Orchestrator {
                 tracing::warn!(container = %kernel.short_id(), error = %e, "disposing a finished kernel");
             }
             if status == CellStatus::Timeout || status == CellStatus::Interrupted {
-                result.hint = Some("Long work can be split across cells, or run with a larger timeout.".into());
+                result.hint = Some(
+                    "Long work can be split across cells, or run with a larger timeout.".into(),
+                );
             }
         }
         self.release(&lease.slot).await;
@@ -509,13 +527,18 @@ impl Orchestrator {
     }
 
     async fn dispose_slots(&self, slots: Vec<Arc<Slot>>) {
-        let kernels: Vec<Arc<Kernel>> = slots.iter().filter_map(|s| s.kernel.get().cloned()).collect();
+        let kernels: Vec<Arc<Kernel>> = slots
+            .iter()
+            .filter_map(|s| s.kernel.get().cloned())
+            .collect();
         futures::future::join_all(kernels.iter().map(|k| self.dispose_kernel(k))).await;
     }
 
     /// Disposes of every kernel of a session, its delegated children's included.
     pub async fn clear_session(&self, tenant: Option<&str>, session: &str) -> usize {
-        let tenant = tenant.unwrap_or(&self.inner.config.default_tenant).to_string();
+        let tenant = tenant
+            .unwrap_or(&self.inner.config.default_tenant)
+            .to_string();
         let slots = self
             .inner
             .registry
@@ -527,7 +550,9 @@ impl Orchestrator {
 
     /// Disposes of a finished delegated child's kernels and unpins it.
     pub async fn release_child(&self, tenant: Option<&str>, session: &str, child: &str) -> usize {
-        let tenant = tenant.unwrap_or(&self.inner.config.default_tenant).to_string();
+        let tenant = tenant
+            .unwrap_or(&self.inner.config.default_tenant)
+            .to_string();
         if let Ok(owner) = Owner::new(&tenant, session, Some(child)) {
             self.inner.registry.release_child(&owner);
         }
@@ -575,7 +600,12 @@ impl Orchestrator {
     }
 
     /// The kernel currently serving a key's owner (for tests and admin), if any.
-    pub fn kernel_for(&self, tenant: Option<&str>, session: &str, child: Option<&str>) -> Option<Arc<Kernel>> {
+    pub fn kernel_for(
+        &self,
+        tenant: Option<&str>,
+        session: &str,
+        child: Option<&str>,
+    ) -> Option<Arc<Kernel>> {
         let owner = self.owner_of(tenant, session, child).ok()?;
         self.inner
             .registry

@@ -260,7 +260,14 @@ mod tests {
             r#"{"op":"done","cell":3,"status":"error","traceback":"T","execution_count":3,"exit_code":1}"#,
         )
         .unwrap();
-        assert!(matches!(f, KernelFrame::Done { cell: 3, status: DoneStatus::Error, .. }));
+        assert!(matches!(
+            f,
+            KernelFrame::Done {
+                cell: 3,
+                status: DoneStatus::Error,
+                ..
+            }
+        ));
         let line = HostFrame::Exec {
             cell: 1,
             code: "x=1",

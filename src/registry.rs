@@ -120,8 +120,7 @@ impl Inner {
             .slots
             .iter()
             .filter(|(_, s)| {
-                s.attached() == 0
-                    && now.saturating_duration_since(s.last_used()) >= idle
+                s.attached() == 0 && now.saturating_duration_since(s.last_used()) >= idle
             })
             .map(|(k, _)| k.clone())
             .collect();
@@ -187,11 +186,7 @@ impl Registry {
         let now = Instant::now();
         let mut inner = self.lock();
         let mut victims = inner.take_idle(now, self.idle_timeout);
-        let reset_slot = if reset {
-            inner.slots.remove(key)
-        } else {
-            None
-        };
+        let reset_slot = if reset { inner.slots.remove(key) } else { None };
         if key.owner.is_child() {
             inner.released_children.remove(&key.owner);
         }
@@ -341,7 +336,11 @@ mod tests {
         tokio::time::advance(Duration::from_millis(500)).await;
         assert!(reg.reap_idle().is_empty(), "fresh kernels survive a pass");
         tokio::time::advance(Duration::from_millis(600)).await;
-        let reaped: Vec<_> = reg.reap_idle().iter().map(|s| s.key.owner.session.clone()).collect();
+        let reaped: Vec<_> = reg
+            .reap_idle()
+            .iter()
+            .map(|s| s.key.owner.session.clone())
+            .collect();
         assert_eq!(reaped, vec!["idle"]);
         assert_eq!(reg.len(), 1, "the attached kernel is spared");
         // Reaped by another owner's acquire too.
@@ -350,7 +349,10 @@ mod tests {
         let other = reg.attach(&key("other", None), false);
         assert_eq!(other.victims.len(), 1);
         let back = reg.attach(&key("idle", None), false);
-        assert_eq!(back.state_lost.map(|l| l.reason), Some(LossReason::IdleReaped));
+        assert_eq!(
+            back.state_lost.map(|l| l.reason),
+            Some(LossReason::IdleReaped)
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -360,14 +362,29 @@ mod tests {
         let mut evicted = Vec::new();
         for k in &keys {
             tokio::time::advance(Duration::from_millis(10)).await;
-            evicted.extend(use_once(&reg, k).victims.into_iter().map(|s| s.key.owner.session.clone()));
+            evicted.extend(
+                use_once(&reg, k)
+                    .victims
+                    .into_iter()
+                    .map(|s| s.key.owner.session.clone()),
+            );
         }
         assert_eq!(evicted, vec!["conv-0", "conv-1"]);
-        let live: BTreeSet<_> = reg.slots().iter().map(|s| s.key.owner.session.clone()).collect();
-        assert_eq!(live, BTreeSet::from(["conv-2".to_string(), "conv-3".to_string()]));
+        let live: BTreeSet<_> = reg
+            .slots()
+            .iter()
+            .map(|s| s.key.owner.session.clone())
+            .collect();
+        assert_eq!(
+            live,
+            BTreeSet::from(["conv-2".to_string(), "conv-3".to_string()])
+        );
         // The evicted key reports its loss once.
         let again = reg.attach(&keys[0], false);
-        assert_eq!(again.state_lost.map(|l| l.reason), Some(LossReason::Evicted));
+        assert_eq!(
+            again.state_lost.map(|l| l.reason),
+            Some(LossReason::Evicted)
+        );
         assert_eq!(again.slot.generation, 2);
         reg.release(&again.slot);
         assert!(reg.attach(&keys[0], false).state_lost.is_none());
@@ -388,8 +405,15 @@ mod tests {
         reg.release_child(&Owner::new("t", "conv", Some("child-0")).unwrap());
         assert!(!reg.release(&other.slot));
         let next = reg.attach(&key("next", None), false);
-        let gone: Vec<_> = next.victims.iter().map(|s| s.key.owner.to_string()).collect();
-        assert!(gone.contains(&"conv::child::child-0".to_string()), "{gone:?}");
+        let gone: Vec<_> = next
+            .victims
+            .iter()
+            .map(|s| s.key.owner.to_string())
+            .collect();
+        assert!(
+            gone.contains(&"conv::child::child-0".to_string()),
+            "{gone:?}"
+        );
         assert!(reg.slots().iter().any(|s| s.key.owner.session == "busy"));
     }
 
@@ -399,7 +423,10 @@ mod tests {
         let a = reg.attach(&key("s", None), false);
         let removed = reg.remove_where(|o| o.session == "s");
         assert!(removed.is_empty(), "attached: the last call out disposes");
-        assert!(reg.release(&a.slot), "last call out of an unregistered slot disposes");
+        assert!(
+            reg.release(&a.slot),
+            "last call out of an unregistered slot disposes"
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -410,6 +437,9 @@ mod tests {
         let second = reg.attach(&k, true);
         assert!(second.reset.is_some_and(|s| Arc::ptr_eq(&s, &first.slot)));
         assert_eq!(second.slot.generation, 2);
-        assert!(second.state_lost.is_none(), "a reset is not an involuntary loss");
+        assert!(
+            second.state_lost.is_none(),
+            "a reset is not an involuntary loss"
+        );
     }
 }

@@ -67,7 +67,10 @@ pub async fn run(engine: &dyn Engine, instance: &str) -> Result<usize, EngineErr
 
 /// Removes every container, then every volume, labelled with `instance`.
 pub async fn remove_instance(engine: &dyn Engine, instance: &str) -> Result<usize, EngineError> {
-    let filters = [labels::managed(), labels::filter(labels::INSTANCE, instance)];
+    let filters = [
+        labels::managed(),
+        labels::filter(labels::INSTANCE, instance),
+    ];
     let containers = engine.list_containers(&filters).await?;
     let removals = containers.iter().map(|c| engine.remove_container(&c.id));
     let mut count = 0;

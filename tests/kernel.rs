@@ -53,8 +53,15 @@ async fn exception_keeps_the_kernel_alive() {
     let boom = case.run("s", "1 / 0").await;
     assert_eq!(boom.status, CellStatus::Error);
     assert_eq!(boom.exit_code, 1);
-    assert!(boom.error.as_deref().unwrap_or("").contains("ZeroDivisionError"));
-    assert!(boom.output.contains("ZeroDivisionError"), "traceback is in the output too");
+    assert!(boom
+        .error
+        .as_deref()
+        .unwrap_or("")
+        .contains("ZeroDivisionError"));
+    assert!(
+        boom.output.contains("ZeroDivisionError"),
+        "traceback is in the output too"
+    );
     let after = case.run("s", "print(a)").await;
     assert_eq!(after.status, CellStatus::Success, "{after:?}");
     assert!(after.output.contains('7'));
@@ -77,7 +84,10 @@ async fn timeout_kills_the_kernel_and_reports_state_loss() {
     let slow = case
         .exec(ExecuteRequest {
             timeout: Some(Duration::from_secs(1)),
-            ..ExecuteRequest::new("s", "import time\nprint('started', flush=True)\ntime.sleep(30)")
+            ..ExecuteRequest::new(
+                "s",
+                "import time\nprint('started', flush=True)\ntime.sleep(30)",
+            )
         })
         .await;
     assert_eq!(slow.status, CellStatus::Timeout, "{slow:?}");
@@ -86,9 +96,18 @@ async fn timeout_kills_the_kernel_and_reports_state_loss() {
         slow.error.as_deref(),
         Some("Cell timed out after 1s; the session kernel was killed and its state was lost. The next execute_code call starts a fresh kernel.")
     );
-    assert!(slow.output.contains("started"), "output before the timeout is kept");
-    assert!(case.kb.list_kernels(None).is_empty(), "the registry no longer holds it");
-    assert!(case.containers().await.is_empty(), "the container is really gone");
+    assert!(
+        slow.output.contains("started"),
+        "output before the timeout is kept"
+    );
+    assert!(
+        case.kb.list_kernels(None).is_empty(),
+        "the registry no longer holds it"
+    );
+    assert!(
+        case.containers().await.is_empty(),
+        "the container is really gone"
+    );
     assert!(case.volumes().await.is_empty(), "and its staging volume");
     let fresh = case.run("s", "print('alive')").await;
     assert_eq!(fresh.status, CellStatus::Success, "{fresh:?}");
@@ -114,7 +133,10 @@ async fn sys_exit_ends_the_kernel() {
     let fresh = case.run("s", "print('respawned')").await;
     assert!(!fresh.kernel.reused);
     assert!(fresh.output.contains("respawned"));
-    assert!(fresh.kernel.state_lost.is_none(), "sys.exit is not an involuntary loss");
+    assert!(
+        fresh.kernel.state_lost.is_none(),
+        "sys.exit is not an involuntary loss"
+    );
     case.finish().await;
 }
 
@@ -145,7 +167,11 @@ async fn descriptor_writes_are_captured_and_stdin_reads_eof() {
         .await;
     assert_eq!(result.status, CellStatus::Success, "{result:?}");
     for want in ["one\n", "two\n", "three\n", "''\n", "eof\n", "b''\n"] {
-        assert!(result.output.contains(want), "{want:?} missing from {:?}", result.output);
+        assert!(
+            result.output.contains(want),
+            "{want:?} missing from {:?}",
+            result.output
+        );
     }
     // Interleaved in write order.
     let one = result.output.find("one").unwrap_or(usize::MAX);
@@ -170,8 +196,13 @@ async fn fifty_megabytes_of_output_are_cut_and_the_kernel_stays_usable() {
     let omitted = result.stdout_bytes_omitted.expect("omitted count");
     assert_eq!(omitted, total - 50_000);
     assert!(result.output.len() < 51_000, "{}", result.output.len());
-    assert!(result.output.contains(&format!("[{omitted} bytes of output omitted")));
-    assert!(result.output.trim_end().ends_with("THE-END"), "the tail is kept");
+    assert!(result
+        .output
+        .contains(&format!("[{omitted} bytes of output omitted")));
+    assert!(
+        result.output.trim_end().ends_with("THE-END"),
+        "the tail is kept"
+    );
     let warning = result.warning.clone().expect("spill warning");
     let path = warning
         .split_whitespace()
@@ -228,7 +259,10 @@ async fn out_of_memory_is_reported_and_the_next_call_gets_a_fresh_kernel() {
     let case = Case::with("oom", |c| c.sandbox.memory_bytes = 64 * 1024 * 1024).await;
     case.run("s", "x = 1").await;
     let r = case
-        .run("s", "blocks = []\nwhile True:\n    blocks.append(bytearray(16 * 1024 * 1024))")
+        .run(
+            "s",
+            "blocks = []\nwhile True:\n    blocks.append(bytearray(16 * 1024 * 1024))",
+        )
         .await;
     assert_eq!(r.exit_code, -1, "{r:?}");
     let error = r.error.clone().unwrap_or_default();
@@ -241,13 +275,19 @@ async fn out_of_memory_is_reported_and_the_next_call_gets_a_fresh_kernel() {
     let next = case.run("s", "print('x' in dir())").await;
     assert!(!next.kernel.reused);
     assert!(next.output.contains("False"));
-    assert_eq!(next.kernel.state_lost.as_ref().map(|l| l.reason), Some(LossReason::Oom));
+    assert_eq!(
+        next.kernel.state_lost.as_ref().map(|l| l.reason),
+        Some(LossReason::Oom)
+    );
     case.finish().await;
 }
 
 #[tokio::test]
 async fn a_missing_image_is_a_clear_error_and_leaves_nothing() {
-    let case = Case::with("noimage", |c| c.image = "kernelbox/does-not-exist:never".into()).await;
+    let case = Case::with("noimage", |c| {
+        c.image = "kernelbox/does-not-exist:never".into()
+    })
+    .await;
     let err = case
         .kb
         .execute(ExecuteRequest::new("s", "print(1)"))

@@ -50,13 +50,23 @@ async fn sessions_are_isolated_from_each_other() {
 #[tokio::test]
 async fn delegated_children_get_their_own_kernels() {
     let case = Case::new("children").await;
-    case.exec(turn("conv-a", "parent_secret = 'p'", "turn-1")).await;
-    let leak = case
-        .exec(child("conv-a", "child-1", "print(globals().get('parent_secret', 'ISOLATED'))"))
+    case.exec(turn("conv-a", "parent_secret = 'p'", "turn-1"))
         .await;
-    case.exec(child("conv-a", "child-1", "child_secret = 'c'")).await;
+    let leak = case
+        .exec(child(
+            "conv-a",
+            "child-1",
+            "print(globals().get('parent_secret', 'ISOLATED'))",
+        ))
+        .await;
+    case.exec(child("conv-a", "child-1", "child_secret = 'c'"))
+        .await;
     let back = case
-        .exec(turn("conv-a", "print(globals().get('child_secret', 'ISOLATED'))", "turn-2"))
+        .exec(turn(
+            "conv-a",
+            "print(globals().get('child_secret', 'ISOLATED'))",
+            "turn-2",
+        ))
         .await;
     assert!(leak.output.contains("ISOLATED"), "{leak:?}");
     assert!(back.output.contains("ISOLATED"), "{back:?}");
@@ -76,9 +86,14 @@ async fn delegated_children_get_their_own_kernels() {
 #[tokio::test]
 async fn two_delegated_children_are_isolated_from_each_other() {
     let case = Case::new("siblings").await;
-    case.exec(child("conv-a", "child-A", "sibling_secret = 'A'")).await;
+    case.exec(child("conv-a", "child-A", "sibling_secret = 'A'"))
+        .await;
     let peek = case
-        .exec(child("conv-a", "child-B", "print(globals().get('sibling_secret', 'ISOLATED'))"))
+        .exec(child(
+            "conv-a",
+            "child-B",
+            "print(globals().get('sibling_secret', 'ISOLATED'))",
+        ))
         .await;
     assert!(peek.output.contains("ISOLATED"), "{peek:?}");
     case.finish().await;
@@ -88,11 +103,15 @@ async fn two_delegated_children_are_isolated_from_each_other() {
 async fn live_children_keep_their_kernels_past_the_lru_cap() {
     let case = Case::with("pinned", |c| c.max_session_kernels = 2).await;
     for i in 0..5 {
-        let r = case.exec(child("conv", &format!("child-{i}"), &format!("v = {i}"))).await;
+        let r = case
+            .exec(child("conv", &format!("child-{i}"), &format!("v = {i}")))
+            .await;
         assert_eq!(r.status, CellStatus::Success, "{r:?}");
     }
     for i in 0..5 {
-        let r = case.exec(child("conv", &format!("child-{i}"), "print(v)")).await;
+        let r = case
+            .exec(child("conv", &format!("child-{i}"), "print(v)"))
+            .await;
         assert_eq!(r.status, CellStatus::Success, "{r:?}");
         assert!(r.kernel.reused, "{r:?}");
         assert!(r.output.contains(&i.to_string()));
@@ -108,9 +127,16 @@ async fn finished_children_release_their_kernels() {
     let live = case.exec(child("conv", "child-live", "v = 2")).await;
     assert_eq!(case.kb.release_child(None, "conv", "child-done").await, 1);
     let ids = case.container_ids().await;
-    assert!(!ids.contains(&done.kernel.id), "released child's container is gone: {ids:?}");
+    assert!(
+        !ids.contains(&done.kernel.id),
+        "released child's container is gone: {ids:?}"
+    );
     assert!(ids.contains(&live.kernel.id), "the sibling's is untouched");
-    assert_eq!(case.volumes().await.len(), 1, "the released child's volume is gone too");
+    assert_eq!(
+        case.volumes().await.len(),
+        1,
+        "the released child's volume is gone too"
+    );
     let still = case.exec(child("conv", "child-live", "print(v)")).await;
     assert!(still.output.contains('2'));
     case.finish().await;
@@ -129,11 +155,16 @@ async fn session_clear_disposes_the_owners_kernels() {
         .map(|c| c.labels["io.kernelbox.owner"].clone())
         .collect();
     assert_eq!(owners, vec!["conv-other".to_string()]);
-    let after = case.exec(turn("conv-a", "print('x' in dir())", "turn-2")).await;
+    let after = case
+        .exec(turn("conv-a", "print('x' in dir())", "turn-2"))
+        .await;
     assert_eq!(after.status, CellStatus::Success, "{after:?}");
     assert!(after.output.contains("False"));
     assert!(!after.kernel.reused);
-    assert!(after.kernel.state_lost.is_none(), "a clear is not an involuntary loss");
+    assert!(
+        after.kernel.state_lost.is_none(),
+        "a clear is not an involuntary loss"
+    );
     case.finish().await;
 }
 
@@ -145,30 +176,51 @@ async fn live_kernels_are_capped_lru_across_owners() {
         let r = case.exec(turn(&format!("conv-{i}"), "x = 1", "t")).await;
         ids.push(r.kernel.id.clone());
     }
-    let live: BTreeSet<String> = case.kb.list_kernels(None).into_iter().map(|k| k.owner).collect();
-    assert_eq!(live, BTreeSet::from(["conv-2".to_string(), "conv-3".to_string()]));
+    let live: BTreeSet<String> = case
+        .kb
+        .list_kernels(None)
+        .into_iter()
+        .map(|k| k.owner)
+        .collect();
+    assert_eq!(
+        live,
+        BTreeSet::from(["conv-2".to_string(), "conv-3".to_string()])
+    );
     // Evicted kernels are really removed, containers and volumes.
     let in_docker: BTreeSet<String> = case.container_ids().await.into_iter().collect();
     assert_eq!(in_docker, BTreeSet::from([ids[2].clone(), ids[3].clone()]));
     assert_eq!(case.volumes().await.len(), 2);
     let back = case.exec(turn("conv-0", "print('x' in dir())", "t")).await;
-    assert_eq!(back.kernel.state_lost.as_ref().map(|l| l.reason), Some(LossReason::Evicted));
+    assert_eq!(
+        back.kernel.state_lost.as_ref().map(|l| l.reason),
+        Some(LossReason::Evicted)
+    );
     assert_eq!(back.kernel.generation, 2);
     case.finish().await;
 }
 
 #[tokio::test]
 async fn idle_kernels_are_reaped_by_another_owners_call() {
-    let case = Case::with("idle", |c| c.kernel_idle_timeout = Duration::from_millis(300)).await;
+    let case = Case::with("idle", |c| {
+        c.kernel_idle_timeout = Duration::from_millis(300)
+    })
+    .await;
     let stale = case.exec(turn("conv-a", "x = 41", "turn-1")).await;
     // The subject of this test is elapsed time: let the idle timeout pass.
     tokio::time::sleep(Duration::from_millis(400)).await;
     case.exec(turn("conv-b", "y = 1", "turn-2")).await;
     let ids = case.container_ids().await;
     assert!(!ids.contains(&stale.kernel.id), "{ids:?}");
-    let owners: Vec<String> = case.kb.list_kernels(None).into_iter().map(|k| k.owner).collect();
+    let owners: Vec<String> = case
+        .kb
+        .list_kernels(None)
+        .into_iter()
+        .map(|k| k.owner)
+        .collect();
     assert_eq!(owners, vec!["conv-b".to_string()]);
-    let back = case.exec(turn("conv-a", "print('x' in dir())", "turn-3")).await;
+    let back = case
+        .exec(turn("conv-a", "print('x' in dir())", "turn-3"))
+        .await;
     assert_eq!(
         back.kernel.state_lost.as_ref().map(|l| l.reason),
         Some(LossReason::IdleReaped)
@@ -179,7 +231,10 @@ async fn idle_kernels_are_reaped_by_another_owners_call() {
 
 #[tokio::test]
 async fn reap_once_sweeps_idle_kernels_without_a_new_acquire() {
-    let case = Case::with("reaponce", |c| c.kernel_idle_timeout = Duration::from_millis(300)).await;
+    let case = Case::with("reaponce", |c| {
+        c.kernel_idle_timeout = Duration::from_millis(300)
+    })
+    .await;
     case.exec(turn("conv-a", "x = 41", "turn-1")).await;
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(case.kb.reap_once().await, 1);
@@ -191,7 +246,10 @@ async fn reap_once_sweeps_idle_kernels_without_a_new_acquire() {
 
 #[tokio::test]
 async fn reap_once_spares_attached_and_fresh_kernels() {
-    let case = Case::with("spare", |c| c.kernel_idle_timeout = Duration::from_millis(300)).await;
+    let case = Case::with("spare", |c| {
+        c.kernel_idle_timeout = Duration::from_millis(300)
+    })
+    .await;
     // A cell in flight: wait until it has started by reading its first output line.
     let (started_tx, mut started_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
     let sink: kernelbox::kernel::OutputSink = std::sync::Arc::new(move |_b: &[u8]| {
@@ -202,7 +260,10 @@ async fn reap_once_spares_attached_and_fresh_kernels() {
         tokio::spawn(async move {
             kb.execute(ExecuteRequest {
                 sink: Some(sink),
-                ..ExecuteRequest::new("busy", "import time\nprint('go', flush=True)\ntime.sleep(1.5)\nprint('done')")
+                ..ExecuteRequest::new(
+                    "busy",
+                    "import time\nprint('go', flush=True)\ntime.sleep(1.5)\nprint('done')",
+                )
             })
             .await
         })
@@ -210,7 +271,11 @@ async fn reap_once_spares_attached_and_fresh_kernels() {
     started_rx.recv().await.expect("the busy cell started");
     tokio::time::sleep(Duration::from_millis(400)).await;
     case.exec(turn("fresh", "x = 1", "t")).await;
-    assert_eq!(case.kb.reap_once().await, 0, "attached and fresh kernels survive");
+    assert_eq!(
+        case.kb.reap_once().await,
+        0,
+        "attached and fresh kernels survive"
+    );
     assert_eq!(case.containers().await.len(), 2);
     let busy = busy.await.expect("join").expect("execute");
     assert!(busy.output.contains("done"), "{busy:?}");
@@ -223,19 +288,30 @@ async fn parallel_cells_share_one_kernel_process() {
     let since = kernelbox::kernel::unix_now() as i64 - 1;
     let runs = (0..6).map(|_| case.run("conv-a", "import time; time.sleep(0.3)"));
     let results = futures::future::join_all(runs).await;
-    assert!(results.iter().all(|r| r.status == CellStatus::Success), "{results:?}");
+    assert!(
+        results.iter().all(|r| r.status == CellStatus::Success),
+        "{results:?}"
+    );
     let ids: BTreeSet<&str> = results.iter().map(|r| r.kernel.id.as_str()).collect();
     assert_eq!(ids.len(), 1);
     let mut counts: Vec<u64> = results.iter().map(|r| r.kernel.execution_count).collect();
     counts.sort();
     assert_eq!(counts, vec![1, 2, 3, 4, 5, 6], "cells ran one at a time");
     assert_eq!(case.kb.list_kernels(None).len(), 1);
-    assert_eq!(case.containers().await.len(), 1, "no unowned container runs beside it");
+    assert_eq!(
+        case.containers().await.len(),
+        1,
+        "no unowned container runs beside it"
+    );
     case.kb.shutdown().await;
     // Exactly one container was ever created for the key: replay its create events.
-    let mut events = case.engine.events(&[format!("{CASE}={}", case.label)], Some(since));
+    let mut events = case
+        .engine
+        .events(&[format!("{CASE}={}", case.label)], Some(since));
     let mut created = 0;
-    while let Ok(Some(Ok(event))) = tokio::time::timeout(Duration::from_secs(10), events.next()).await {
+    while let Ok(Some(Ok(event))) =
+        tokio::time::timeout(Duration::from_secs(10), events.next()).await
+    {
         match event.action.as_str() {
             "create" => created += 1,
             "destroy" => break,
@@ -251,14 +327,24 @@ async fn state_lost_is_reported_after_a_removal_from_outside() {
     let case = Case::new("outside").await;
     let first = case.run("s", "x = 1").await;
     let full = case.containers().await.remove(0).id;
-    case.engine.remove_container(&full).await.expect("docker rm -f");
+    case.engine
+        .remove_container(&full)
+        .await
+        .expect("docker rm -f");
     let next = case.run("s", "print('x' in dir())").await;
     assert_eq!(next.status, CellStatus::Success, "{next:?}");
     assert!(next.output.contains("False"));
     assert_ne!(next.kernel.id, first.kernel.id);
-    assert_eq!(next.kernel.state_lost.as_ref().map(|l| l.reason), Some(LossReason::Killed));
+    assert_eq!(
+        next.kernel.state_lost.as_ref().map(|l| l.reason),
+        Some(LossReason::Killed)
+    );
     assert_eq!(next.kernel.generation, 2);
-    assert_eq!(case.volumes().await.len(), 1, "the lost kernel's volume was removed");
+    assert_eq!(
+        case.volumes().await.len(),
+        1,
+        "the lost kernel's volume was removed"
+    );
     case.finish().await;
 }
 
@@ -268,12 +354,21 @@ async fn week_old_staging_volumes_go_and_fresh_ones_stay() {
     let now = kernelbox::kernel::unix_now();
     let base = BTreeMap::from([
         (CASE.to_string(), case.label.clone()),
-        ("io.kernelbox.managed-by".to_string(), "kernelbox".to_string()),
+        (
+            "io.kernelbox.managed-by".to_string(),
+            "kernelbox".to_string(),
+        ),
         ("io.kernelbox.role".to_string(), "staging".to_string()),
-        ("io.kernelbox.instance".to_string(), case.kb.instance_id().to_string()),
+        (
+            "io.kernelbox.instance".to_string(),
+            case.kb.instance_id().to_string(),
+        ),
     ]);
     let mut old = base.clone();
-    old.insert("io.kernelbox.created-at".into(), (now - 8 * 86400).to_string());
+    old.insert(
+        "io.kernelbox.created-at".into(),
+        (now - 8 * 86400).to_string(),
+    );
     let mut young = base.clone();
     young.insert("io.kernelbox.created-at".into(), now.to_string());
     let bystander = BTreeMap::from([(CASE.to_string(), case.label.clone())]);
@@ -283,12 +378,18 @@ async fn week_old_staging_volumes_go_and_fresh_ones_stay() {
         (format!("{}-bystander", case.label), bystander),
     ];
     for (name, labels) in &names {
-        case.engine.create_volume(name, labels).await.expect("create volume");
+        case.engine
+            .create_volume(name, labels)
+            .await
+            .expect("create volume");
     }
     let removed = case.kb.sweep_stale_staging().await.expect("sweep");
     assert_eq!(removed, vec![names[0].0.clone()]);
     let left: BTreeSet<String> = case.volumes().await.into_iter().map(|v| v.name).collect();
-    assert_eq!(left, BTreeSet::from([names[1].0.clone(), names[2].0.clone()]));
+    assert_eq!(
+        left,
+        BTreeSet::from([names[1].0.clone(), names[2].0.clone()])
+    );
     for (name, _) in &names[1..] {
         case.engine.remove_volume(name).await.expect("cleanup");
     }
@@ -303,7 +404,10 @@ async fn a_startup_sweep_removes_dead_instances_leftovers_only() {
     let live = kernelbox::Orchestrator::start(common::config(&label), engine.clone())
         .await
         .expect("start");
-    let r = live.execute(ExecuteRequest::new("s", "x = 1")).await.expect("execute");
+    let r = live
+        .execute(ExecuteRequest::new("s", "x = 1"))
+        .await
+        .expect("execute");
     // A dead instance's leftover: a created container and a volume labelled with a pid that
     // no longer runs.
     let me = kernelbox::instance::Instance::current();
@@ -314,9 +418,15 @@ async fn a_startup_sweep_removes_dead_instances_leftovers_only() {
     };
     let mut labels = dead.labels(&BTreeMap::from([(CASE.to_string(), label.clone())]));
     labels.insert("io.kernelbox.role".into(), "staging".into());
-    labels.insert("io.kernelbox.created-at".into(), kernelbox::kernel::unix_now().to_string());
+    labels.insert(
+        "io.kernelbox.created-at".into(),
+        kernelbox::kernel::unix_now().to_string(),
+    );
     let dead_volume = format!("{label}-dead");
-    engine.create_volume(&dead_volume, &labels).await.expect("volume");
+    engine
+        .create_volume(&dead_volume, &labels)
+        .await
+        .expect("volume");
     let spec = kernelbox::docker::ContainerSpec {
         image: kernelbox::config::DEFAULT_IMAGE.into(),
         cmd: vec!["python3".into(), "-c".into(), "pass".into()],
@@ -331,20 +441,46 @@ async fn a_startup_sweep_removes_dead_instances_leftovers_only() {
     // A bystander without kernelbox's labels.
     let mut bystander = spec.clone();
     bystander.labels = BTreeMap::from([(CASE.to_string(), label.clone())]);
-    let bystander_id = engine.create_container(&bystander).await.expect("bystander");
+    let bystander_id = engine
+        .create_container(&bystander)
+        .await
+        .expect("bystander");
 
     let second = kernelbox::Orchestrator::start(common::config(&label), engine.clone())
         .await
         .expect("second instance sweeps at start");
-    let ids: BTreeSet<String> = common::containers(&engine, &label).await.into_iter().map(|c| c.id).collect();
-    assert!(!ids.contains(&dead_container), "the dead instance's container was swept");
+    let ids: BTreeSet<String> = common::containers(&engine, &label)
+        .await
+        .into_iter()
+        .map(|c| c.id)
+        .collect();
+    assert!(
+        !ids.contains(&dead_container),
+        "the dead instance's container was swept"
+    );
     assert!(ids.contains(&bystander_id), "the bystander survives");
-    assert!(ids.iter().any(|id| id.starts_with(&r.kernel.id)), "the live instance's kernel survives");
-    let vols: Vec<String> = common::volumes(&engine, &label).await.into_iter().map(|v| v.name).collect();
+    assert!(
+        ids.iter().any(|id| id.starts_with(&r.kernel.id)),
+        "the live instance's kernel survives"
+    );
+    let vols: Vec<String> = common::volumes(&engine, &label)
+        .await
+        .into_iter()
+        .map(|v| v.name)
+        .collect();
     assert!(!vols.contains(&dead_volume));
-    let again = live.execute(ExecuteRequest::new("s", "print(x)")).await.expect("execute");
-    assert!(again.kernel.reused && again.output.contains('1'), "{again:?}");
-    engine.remove_container(&bystander_id).await.expect("cleanup");
+    let again = live
+        .execute(ExecuteRequest::new("s", "print(x)"))
+        .await
+        .expect("execute");
+    assert!(
+        again.kernel.reused && again.output.contains('1'),
+        "{again:?}"
+    );
+    engine
+        .remove_container(&bystander_id)
+        .await
+        .expect("cleanup");
     second.shutdown().await;
     live.shutdown().await;
     common::assert_clean(&engine, &label).await;
@@ -368,6 +504,10 @@ async fn stress_many_first_calls_over_few_owners_respect_the_cap() {
     }
     // With nothing attached any more, the cap holds in Docker too.
     assert!(case.kb.list_kernels(None).len() <= 4);
-    assert!(case.containers().await.len() <= 4, "{:?}", case.containers().await);
+    assert!(
+        case.containers().await.len() <= 4,
+        "{:?}",
+        case.containers().await
+    );
     case.finish().await;
 }

@@ -43,13 +43,17 @@ async fn wait_event(engine: &std::sync::Arc<dyn kernelbox::Engine>, label: &str,
 
 async fn assert_gone_within_10s(engine: &std::sync::Arc<dyn kernelbox::Engine>, label: &str) {
     let took = common::wait_gone(engine, label, Duration::from_secs(10)).await;
-    assert!(took.is_some(), "a container outlived its kernelbox by more than 10 s");
+    assert!(
+        took.is_some(),
+        "a container outlived its kernelbox by more than 10 s"
+    );
     // The watchdog removes the staging volume right after the container; wait for it the
     // same bounded way before the strict check.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while !common::volumes(engine, label).await.is_empty() && std::time::Instant::now() < deadline {
         tokio::task::yield_now().await;
-        let _ = tokio::time::timeout(Duration::from_millis(200), std::future::pending::<()>()).await;
+        let _ =
+            tokio::time::timeout(Duration::from_millis(200), std::future::pending::<()>()).await;
     }
     common::assert_clean(engine, label).await;
 }
@@ -60,7 +64,14 @@ async fn kernel_exits_when_its_backend_parent_dies_mid_cell() {
     let label = common::unique("death-midcell");
     let mut child = kernelbox(
         &label,
-        &["exec", "--session", "parent-death", "--timeout", "10m", "import time\nprint('running', flush=True)\ntime.sleep(300)"],
+        &[
+            "exec",
+            "--session",
+            "parent-death",
+            "--timeout",
+            "10m",
+            "import time\nprint('running', flush=True)\ntime.sleep(300)",
+        ],
     );
     wait_event(&engine, &label, "start").await;
     assert_eq!(common::containers(&engine, &label).await.len(), 1);
@@ -75,10 +86,16 @@ async fn kernel_exits_when_its_backend_parent_dies_while_idle() {
     let label = common::unique("death-idle");
     let mut child = kernelbox(&label, &["repl", "--session", "idle"]);
     let mut stdin = child.stdin.take().expect("stdin");
-    stdin.write_all(b"x = 1\nprint('ready')\n\n").await.expect("write cell");
+    stdin
+        .write_all(b"x = 1\nprint('ready')\n\n")
+        .await
+        .expect("write cell");
     let mut out = BufReader::new(child.stdout.take().expect("stdout")).lines();
     let line = tokio::time::timeout(Duration::from_secs(30), out.next_line()).await;
-    assert!(matches!(line, Ok(Ok(Some(ref l))) if l == "ready"), "{line:?}");
+    assert!(
+        matches!(line, Ok(Ok(Some(ref l))) if l == "ready"),
+        "{line:?}"
+    );
     // The kernel is idle now, waiting for the next cell.
     assert_eq!(common::containers(&engine, &label).await.len(), 1);
     child.kill().await.expect("SIGKILL");

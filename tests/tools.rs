@@ -61,10 +61,18 @@ async fn cross_cell_alias_dispatches_under_the_current_cell() {
     let (one, seen_one) = recorder("one");
     let (two, seen_two) = recorder("two");
     let first = case
-        .exec(with_tools("import kernel_tools\nalias = kernel_tools.web_search\ncall = kernel_tools.call\n", &one, "turn-1"))
+        .exec(with_tools(
+            "import kernel_tools\nalias = kernel_tools.web_search\ncall = kernel_tools.call\n",
+            &one,
+            "turn-1",
+        ))
         .await;
     let second = case
-        .exec(with_tools("print(alias(query='q'))\nprint(call('web_search', query='r'))\n", &two, "turn-2"))
+        .exec(with_tools(
+            "print(alias(query='q'))\nprint(call('web_search', query='r'))\n",
+            &two,
+            "turn-2",
+        ))
         .await;
     assert_eq!(first.status, CellStatus::Success, "{first:?}");
     assert_eq!(second.status, CellStatus::Success, "{second:?}");
@@ -100,12 +108,24 @@ threading.Thread(target=worker, daemon=True).start()\n";
     let first = case.exec(with_tools(start_thread, &one, "turn-1")).await;
     assert_eq!(first.status, CellStatus::Success, "{first:?}");
     let second = case
-        .exec(with_tools("go.set()\nassert done.wait(20)\nprint(got[0])\n", &two, "turn-2"))
+        .exec(with_tools(
+            "go.set()\nassert done.wait(20)\nprint(got[0])\n",
+            &two,
+            "turn-2",
+        ))
         .await;
     assert_eq!(second.status, CellStatus::Success, "{second:?}");
-    assert!(second.output.contains("refused: No active execute_code cell"), "{second:?}");
+    assert!(
+        second
+            .output
+            .contains("refused: No active execute_code cell"),
+        "{second:?}"
+    );
     assert!(seen_one.lock().unwrap().is_empty());
-    assert!(seen_two.lock().unwrap().is_empty(), "cell 2's dispatcher never sees the call");
+    assert!(
+        seen_two.lock().unwrap().is_empty(),
+        "cell 2's dispatcher never sees the call"
+    );
     assert_eq!(second.tool_calls_made, 0);
     case.finish().await;
 }
@@ -119,10 +139,26 @@ try:\n    kernel_tools.delete_everything(path='/')\nexcept kernel_tools.ToolErro
 for i in range(4):\n    try:\n        kernel_tools.web_search(query=str(i))\n        print('ok', i)\n    except kernel_tools.ToolError as e:\n        print('B:', e)\n";
     let r = case.exec(with_tools(code, &d, "t")).await;
     assert_eq!(r.status, CellStatus::Success, "{r:?}");
-    assert!(r.output.contains("A: Unknown tool \"delete_everything\""), "{}", r.output);
-    assert!(r.output.contains("Available tools: web_search"), "{}", r.output);
-    assert!(r.output.contains("ok 2") && !r.output.contains("ok 3"), "{}", r.output);
-    assert!(r.output.contains("B: Tool call budget exhausted"), "{}", r.output);
+    assert!(
+        r.output.contains("A: Unknown tool \"delete_everything\""),
+        "{}",
+        r.output
+    );
+    assert!(
+        r.output.contains("Available tools: web_search"),
+        "{}",
+        r.output
+    );
+    assert!(
+        r.output.contains("ok 2") && !r.output.contains("ok 3"),
+        "{}",
+        r.output
+    );
+    assert!(
+        r.output.contains("B: Tool call budget exhausted"),
+        "{}",
+        r.output
+    );
     assert_eq!(r.tool_calls_made, 3);
     assert_eq!(seen.lock().unwrap().len(), 3);
     // Without a dispatcher, nothing is available.
@@ -145,7 +181,11 @@ async fn a_dispatcher_that_never_answers_cannot_outlive_the_timeout() {
     let r = case
         .exec(ExecuteRequest {
             timeout: Some(std::time::Duration::from_secs(1)),
-            ..with_tools("import kernel_tools\nkernel_tools.web_search(query='q')", &never, "t")
+            ..with_tools(
+                "import kernel_tools\nkernel_tools.web_search(query='q')",
+                &never,
+                "t",
+            )
         })
         .await;
     assert_eq!(r.status, CellStatus::Timeout, "{r:?}");

@@ -28,7 +28,10 @@ pub async fn run(orchestrator: &Orchestrator, session: &str) -> anyhow::Result<E
         };
         let result = orchestrator.execute(request).await?;
         if let Some(lost) = &result.kernel.state_lost {
-            eprintln!("[kernelbox] the previous kernel was lost ({}); state starts fresh", lost.reason.as_str());
+            eprintln!(
+                "[kernelbox] the previous kernel was lost ({}); state starts fresh",
+                lost.reason.as_str()
+            );
         }
         match result.status {
             CellStatus::Success => {}
@@ -36,7 +39,10 @@ pub async fn run(orchestrator: &Orchestrator, session: &str) -> anyhow::Result<E
             CellStatus::Error if result.exit_code == 1 => failures += 1,
             _ => {
                 failures += 1;
-                eprintln!("[kernelbox] {}", result.error.as_deref().unwrap_or("cell failed"));
+                eprintln!(
+                    "[kernelbox] {}",
+                    result.error.as_deref().unwrap_or("cell failed")
+                );
             }
         }
         if let Some(warning) = &result.warning {

@@ -131,7 +131,11 @@ impl Engine for BollardEngine {
     }
 
     async fn remove_volume(&self, name: &str) -> Result<(), EngineError> {
-        match self.docker.remove_volume(name, None::<bollard::query_parameters::RemoveVolumeOptions>).await {
+        match self
+            .docker
+            .remove_volume(name, None::<bollard::query_parameters::RemoveVolumeOptions>)
+            .await
+        {
             Ok(()) => Ok(()),
             Err(e) if status_of(&e) == Some(404) => Ok(()),
             Err(e) if status_of(&e) == Some(409) => Err(EngineError::VolumeInUse {

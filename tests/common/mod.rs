@@ -86,7 +86,11 @@ impl Case {
 
     /// Short ids of this case's containers.
     pub async fn container_ids(&self) -> Vec<String> {
-        self.containers().await.into_iter().map(|c| c.id[..12].to_string()).collect()
+        self.containers()
+            .await
+            .into_iter()
+            .map(|c| c.id[..12].to_string())
+            .collect()
     }
 
     /// Shuts the orchestrator down and asserts nothing of this case is left in Docker.
@@ -136,7 +140,8 @@ pub async fn wait_gone(engine: &Arc<dyn Engine>, label: &str, limit: Duration) -
         }
         // Wake on the next event for this label (destroy), or re-check at the deadline.
         let remaining = limit.checked_sub(start.elapsed())?;
-        let _ = tokio::time::timeout(remaining.min(Duration::from_millis(500)), events.next()).await;
+        let _ =
+            tokio::time::timeout(remaining.min(Duration::from_millis(500)), events.next()).await;
         if start.elapsed() > limit {
             return if containers(engine, label).await.is_empty() {
                 Some(start.elapsed())
