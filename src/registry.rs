@@ -393,7 +393,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn attached_and_pinned_slots_survive_the_cap() {
         let reg = Registry::new(1, Duration::from_secs(3600));
-        let busy = reg.attach(&key("busy", None), false);
+        let _busy = reg.attach(&key("busy", None), false);
         tokio::time::advance(Duration::from_millis(10)).await;
         let other = reg.attach(&key("other", None), false);
         assert!(other.victims.is_empty(), "attached slots are never evicted");

@@ -1,6 +1,8 @@
 //! One kernel end to end against the real engine: the seed suite's session-state and
 //! lifecycle tests, descriptor-level capture, output caps, and the sandbox seen from inside.
 
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::time::Duration;

@@ -1,6 +1,8 @@
 //! The registry against the real engine: owners, single flight, LRU, pinning, idle reaping,
 //! state-loss reporting, sweeps. Every claim is checked through the Docker API as well.
 
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};

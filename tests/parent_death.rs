@@ -2,6 +2,8 @@
 //! process and SIGKILLed mid-cell, idle, and mid-spawn; its containers and volumes must be
 //! gone within 10 seconds (asserted through the Docker API).
 
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::process::Stdio;

@@ -1,6 +1,8 @@
 //! Tool calls from inside a kernel, under the authority of the cell that is running now
 //! (the seed's TestPerCellRpcAuthority, plus threads, allow-list and budget).
 
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::collections::BTreeSet;
