@@ -403,11 +403,13 @@ mod tests {
         }
         assert_eq!(reg.len(), 7);
         reg.release_child(&Owner::new("t", "conv", Some("child-0")).unwrap());
-        assert!(!reg.release(&other.slot));
+        // Releasing trims to the cap again; the next acquire would too.
+        let (dispose, trimmed) = reg.release_and_trim(&other.slot);
+        assert!(!dispose);
         let next = reg.attach(&key("next", None), false);
-        let gone: Vec<_> = next
-            .victims
+        let gone: Vec<_> = trimmed
             .iter()
+            .chain(next.victims.iter())
             .map(|s| s.key.owner.to_string())
             .collect();
         assert!(
