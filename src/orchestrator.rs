@@ -726,3 +726,182 @@ fn death_message(death: Death, memory: i64) -> (String, Option<LossReason>) {
         Death::Exited => ("The kernel ended (sys.exit).".to_string(), None),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The orchestrator's logic against the in-memory fake engine, in paused time: fast and
+    //! deterministic. The real engine is exercised by the integration tests in `tests/`.
+
+    use super::*;
+    use crate::docker::fake::FakeEngine;
+
+    async fn start(tweak: impl FnOnce(&mut Config)) -> (Orchestrator, FakeEngine) {
+        let fake = FakeEngine::default();
+        let mut config = Config::default();
+        tweak(&mut config);
+        let kb = Orchestrator::start(config, Arc::new(fake.clone()))
+            .await
+            .expect("start");
+        (kb, fake)
+    }
+
+    async fn run(kb: &Orchestrator, session: &str, code: &str) -> CellResult {
+        kb.execute(ExecuteRequest::new(session, code))
+            .await
+            .expect("execute")
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn concurrent_first_calls_spawn_exactly_one_container() {
+        let (kb, fake) = start(|_| {}).await;
+        let calls = (0..6).map(|_| run(&kb, "conv-a", "x = 1"));
+        let results = futures::future::join_all(calls).await;
+        assert_eq!(fake.created(), 1);
+        let mut counts: Vec<u64> = results.iter().map(|r| r.kernel.execution_count).collect();
+        counts.sort_unstable();
+        assert_eq!(counts, vec![1, 2, 3, 4, 5, 6]);
+        assert_eq!(results.iter().filter(|r| !r.kernel.reused).count(), 1);
+        kb.shutdown().await;
+        assert_eq!(fake.live_containers(), 0);
+        assert_eq!(fake.live_volumes(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn eviction_removes_containers_and_volumes_and_reports_the_loss() {
+        let (kb, fake) = start(|c| c.max_session_kernels = 2).await;
+        for i in 0..4 {
+            run(&kb, &format!("conv-{i}"), "x = 1").await;
+            tokio::time::advance(Duration::from_millis(5)).await;
+        }
+        assert_eq!(fake.created(), 4);
+        assert_eq!(fake.live_containers(), 2);
+        assert_eq!(fake.live_volumes(), 2);
+        let back = run(&kb, "conv-0", "x").await;
+        assert_eq!(
+            back.kernel.state_lost.map(|l| l.reason),
+            Some(LossReason::Evicted)
+        );
+        assert_eq!(back.kernel.generation, 2);
+        kb.shutdown().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_timeout_kills_in_virtual_time_and_the_next_call_is_fresh() {
+        let (kb, fake) = start(|_| {}).await;
+        let slow = kb
+            .execute(ExecuteRequest {
+                timeout: Some(Duration::from_secs(5)),
+                ..ExecuteRequest::new("s", "sleep")
+            })
+            .await
+            .expect("execute");
+        assert_eq!(slow.status, CellStatus::Timeout);
+        assert_eq!(
+            slow.error.as_deref(),
+            Some(timeout_message(Duration::from_secs(5)).as_str())
+        );
+        assert_eq!(fake.live_containers(), 0);
+        assert!(kb.list_kernels(None).is_empty());
+        let next = run(&kb, "s", "x = 1").await;
+        assert!(!next.kernel.reused);
+        assert_eq!(
+            next.kernel.state_lost.map(|l| l.reason),
+            Some(LossReason::Timeout)
+        );
+        kb.shutdown().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_kernels_go_on_a_reaper_pass_and_attached_ones_stay() {
+        // Idle 65 s: the background reaper ticks every 30 s, so at 66 s only an explicit pass
+        // can have retired the kernel.
+        let (kb, fake) = start(|c| c.kernel_idle_timeout = Duration::from_secs(65)).await;
+        run(&kb, "idle", "x = 1").await;
+        let busy = {
+            let kb = kb.clone();
+            tokio::spawn(async move {
+                kb.execute(ExecuteRequest {
+                    timeout: Some(Duration::from_secs(600)),
+                    ..ExecuteRequest::new("busy", "sleep")
+                })
+                .await
+            })
+        };
+        // Let the busy call attach before time moves on.
+        while kb.list_kernels(None).iter().all(|k| k.state != "busy") {
+            tokio::task::yield_now().await;
+        }
+        tokio::time::advance(Duration::from_secs(66)).await;
+        assert_eq!(kb.reap_once().await, 1);
+        assert_eq!(fake.live_containers(), 1, "the busy kernel is spared");
+        assert_eq!(kb.list_kernels(None)[0].session, "busy");
+        assert_eq!(kb.interrupt(None, "busy"), 1);
+        let interrupted = busy.await.expect("join").expect("execute");
+        assert_eq!(interrupted.status, CellStatus::Interrupted);
+        assert_eq!(fake.live_containers(), 0);
+        kb.shutdown().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn sys_exit_unregisters_and_a_missing_image_leaves_nothing() {
+        let (kb, fake) = start(|_| {}).await;
+        let done = run(&kb, "s", "exit").await;
+        assert!(done.kernel.ended);
+        assert!(kb.list_kernels(None).is_empty());
+        assert_eq!(fake.live_containers(), 0);
+        fake.images.lock().unwrap().push("other".into());
+        let err = kb.execute(ExecuteRequest::new("s", "x")).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ExecuteError::Kernel(KernelError::Spawn(EngineError::ImageMissing { .. }))
+            ),
+            "{err}"
+        );
+        assert_eq!(
+            fake.live_volumes(),
+            0,
+            "the volume of a failed spawn is removed"
+        );
+        assert!(kb.list_kernels(None).is_empty());
+        kb.shutdown().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_kernel_killed_from_outside_is_reported_on_the_next_call() {
+        let (kb, fake) = start(|_| {}).await;
+        let first = run(&kb, "s", "x = 1").await;
+        let id = kb.kernel_for(None, "s", None).expect("kernel").id.clone();
+        fake.kill_from_outside(&id);
+        // Wait until the kernel's reader has seen its streams close.
+        while kb.kernel_for(None, "s", None).is_some_and(|k| k.is_alive()) {
+            tokio::task::yield_now().await;
+            tokio::time::advance(Duration::from_millis(100)).await;
+        }
+        let next = run(&kb, "s", "x").await;
+        assert_ne!(next.kernel.id, first.kernel.id);
+        assert!(next.kernel.state_lost.is_some());
+        assert_eq!(fake.live_volumes(), 1);
+        kb.shutdown().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn bad_names_and_timeouts_are_refused_before_any_container() {
+        let (kb, fake) = start(|_| {}).await;
+        let err = kb
+            .execute(ExecuteRequest::new("a b", "x"))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ExecuteError::Name(_)), "{err}");
+        let err = kb
+            .execute(ExecuteRequest {
+                timeout: Some(Duration::from_secs(100_000)),
+                ..ExecuteRequest::new("s", "x")
+            })
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ExecuteError::Invalid(_)), "{err}");
+        assert_eq!(fake.created(), 0);
+        kb.shutdown().await;
+    }
+}

@@ -5,6 +5,8 @@
 //! gone (404), already stopped (304/409) or already being removed is a success.
 
 mod bollard_engine;
+#[cfg(test)]
+pub mod fake;
 
 use std::collections::BTreeMap;
 use std::pin::Pin;

@@ -1,0 +1,282 @@
+//! An in-memory [`Engine`] for fast, deterministic unit tests of the orchestrator's logic.
+//!
+//! Containers are tasks that speak the runner protocol: `ready` on start, and for each `exec`
+//! a line of output, the end marker and `done`. Cell code drives them: `sleep` never finishes,
+//! `exit` ends the kernel, `raise` reports an error, anything else succeeds.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::stream::BoxStream;
+use futures::StreamExt;
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    Attached, Chunk, ContainerInfo, ContainerSpec, Engine, EngineError, EngineEvent, VolumeInfo,
+};
+
+#[derive(Default)]
+struct State {
+    next: u64,
+    containers: HashMap<String, Container>,
+    volumes: BTreeMap<String, BTreeMap<String, String>>,
+    created: usize,
+    removed: usize,
+}
+
+struct Container {
+    labels: BTreeMap<String, String>,
+    running: bool,
+    io: Option<(mpsc::Sender<Chunk>, tokio::io::DuplexStream)>,
+    stop: CancellationToken,
+}
+
+/// The fake engine; cloning shares its state.
+#[derive(Clone, Default)]
+pub struct FakeEngine {
+    state: Arc<Mutex<State>>,
+    /// Images that exist (any image when empty).
+    pub images: Arc<Mutex<Vec<String>>>,
+}
+
+impl FakeEngine {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Containers ever created.
+    pub fn created(&self) -> usize {
+        self.lock().created
+    }
+
+    /// Containers that exist now.
+    pub fn live_containers(&self) -> usize {
+        self.lock().containers.len()
+    }
+
+    /// Volumes that exist now.
+    pub fn live_volumes(&self) -> usize {
+        self.lock().volumes.len()
+    }
+
+    /// Simulates `docker rm -f` from outside kernelbox.
+    pub fn kill_from_outside(&self, id: &str) {
+        if let Some(c) = self.lock().containers.remove(id) {
+            c.stop.cancel();
+        }
+    }
+}
+
+fn frame(value: Value) -> Chunk {
+    let mut line = value.to_string().into_bytes();
+    line.push(b'\n');
+    Chunk::Stderr(Bytes::from(line))
+}
+
+/// The fake runner: answers the protocol until stopped or its stdin closes.
+async fn fake_runner(
+    out: mpsc::Sender<Chunk>,
+    input: tokio::io::DuplexStream,
+    stop: CancellationToken,
+) {
+    let _ = out
+        .send(frame(json!({"op": "ready", "v": 1, "python": "fake"})))
+        .await;
+    let mut lines = BufReader::new(input).lines();
+    let mut count = 0u64;
+    loop {
+        let line = tokio::select! {
+            _ = stop.cancelled() => return,
+            line = lines.next_line() => match line {
+                Ok(Some(line)) => line,
+                _ => return,
+            },
+        };
+        let Ok(msg) = serde_json::from_str::<Value>(&line) else {
+            continue;
+        };
+        if msg["op"] != "exec" {
+            continue;
+        }
+        count += 1;
+        let code = msg["code"].as_str().unwrap_or_default().to_string();
+        let marker = msg["marker"].as_str().unwrap_or_default().to_string();
+        if code.starts_with("sleep") {
+            stop.cancelled().await;
+            return;
+        }
+        let output = format!("ran {code}\n{marker}");
+        let _ = out.send(Chunk::Stdout(Bytes::from(output))).await;
+        let status = match code.as_str() {
+            "exit" => "exit",
+            "raise" => "error",
+            _ => "ok",
+        };
+        let _ = out
+            .send(frame(json!({
+                "op": "done", "cell": msg["cell"], "status": status,
+                "traceback": if status == "error" { json!("Traceback: ValueError") } else { Value::Null },
+                "execution_count": count,
+            })))
+            .await;
+        if status == "exit" {
+            return;
+        }
+    }
+}
+
+#[async_trait]
+impl Engine for FakeEngine {
+    async fn ping(&self) -> Result<(), EngineError> {
+        Ok(())
+    }
+
+    async fn image_exists(&self, image: &str) -> Result<bool, EngineError> {
+        let images = self.images.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(images.is_empty() || images.iter().any(|i| i == image))
+    }
+
+    async fn create_volume(
+        &self,
+        name: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> Result<(), EngineError> {
+        self.lock().volumes.insert(name.to_string(), labels.clone());
+        Ok(())
+    }
+
+    async fn remove_volume(&self, name: &str) -> Result<(), EngineError> {
+        self.lock().volumes.remove(name);
+        Ok(())
+    }
+
+    async fn list_volumes(
+        &self,
+        _labels: &[String],
+        _dangling: bool,
+    ) -> Result<Vec<VolumeInfo>, EngineError> {
+        Ok(self
+            .lock()
+            .volumes
+            .iter()
+            .map(|(name, labels)| VolumeInfo {
+                name: name.clone(),
+                labels: labels.clone(),
+            })
+            .collect())
+    }
+
+    async fn create_container(&self, spec: &ContainerSpec) -> Result<String, EngineError> {
+        if !self.image_exists(&spec.image).await? {
+            return Err(EngineError::ImageMissing {
+                image: spec.image.clone(),
+            });
+        }
+        let mut state = self.lock();
+        state.next += 1;
+        state.created += 1;
+        let id = format!("{:012x}{}", state.next, "f".repeat(52));
+        state.containers.insert(
+            id.clone(),
+            Container {
+                labels: spec.labels.clone(),
+                running: false,
+                io: None,
+                stop: CancellationToken::new(),
+            },
+        );
+        Ok(id)
+    }
+
+    async fn attach(&self, id: &str) -> Result<Attached, EngineError> {
+        let mut state = self.lock();
+        let container = state
+            .containers
+            .get_mut(id)
+            .ok_or_else(|| EngineError::Api {
+                op: "attach",
+                target: id.to_string(),
+                status: 404,
+                message: "no such container".into(),
+            })?;
+        let (out_tx, out_rx) = mpsc::channel(64);
+        let (host, runner) = tokio::io::duplex(64 * 1024);
+        container.io = Some((out_tx, runner));
+        let output = tokio_stream_from(out_rx);
+        Ok(Attached {
+            output,
+            input: Box::pin(host),
+        })
+    }
+
+    async fn start(&self, id: &str) -> Result<(), EngineError> {
+        let mut state = self.lock();
+        let container = state
+            .containers
+            .get_mut(id)
+            .ok_or_else(|| EngineError::Api {
+                op: "start",
+                target: id.to_string(),
+                status: 404,
+                message: "no such container".into(),
+            })?;
+        container.running = true;
+        if let Some((out, input)) = container.io.take() {
+            tokio::spawn(fake_runner(out, input, container.stop.clone()));
+        }
+        Ok(())
+    }
+
+    async fn kill(&self, id: &str) -> Result<(), EngineError> {
+        if let Some(c) = self.lock().containers.get(id) {
+            c.stop.cancel();
+        }
+        Ok(())
+    }
+
+    async fn remove_container(&self, id: &str) -> Result<(), EngineError> {
+        let mut state = self.lock();
+        if let Some(c) = state.containers.remove(id) {
+            c.stop.cancel();
+            state.removed += 1;
+        }
+        Ok(())
+    }
+
+    async fn list_containers(&self, _labels: &[String]) -> Result<Vec<ContainerInfo>, EngineError> {
+        Ok(self
+            .lock()
+            .containers
+            .iter()
+            .map(|(id, c)| ContainerInfo {
+                id: id.clone(),
+                state: if c.running { "running" } else { "created" }.into(),
+                labels: c.labels.clone(),
+                created: 0,
+            })
+            .collect())
+    }
+
+    async fn upload(&self, _id: &str, _dir: &str, _tar: Bytes) -> Result<(), EngineError> {
+        Ok(())
+    }
+
+    fn events(
+        &self,
+        _labels: &[String],
+        _since: Option<i64>,
+    ) -> BoxStream<'static, Result<EngineEvent, EngineError>> {
+        futures::stream::pending().boxed()
+    }
+}
+
+fn tokio_stream_from(
+    mut rx: mpsc::Receiver<Chunk>,
+) -> BoxStream<'static, Result<Chunk, EngineError>> {
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx).map(|c| c.map(Ok))).boxed()
+}
