@@ -43,13 +43,29 @@ class _Channel:
 
     def __init__(self):
         # Private copies first, then repoint 0/1/2, so nothing a cell does touches the channel.
+        # os.dup makes non-inheritable descriptors: subprocesses never see the channel.
         self.inp = os.dup(0)
         self.out = os.dup(2)
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.close(null)
-        os.dup2(1, 2)
+        # A private handle on the output pipe: end markers still get through after a cell
+        # closed or redirected fds 1 and 2, and each cell starts with them restored.
+        self.cell_out = os.dup(1)
+        self.null = os.open(os.devnull, os.O_RDONLY)
         self.lock = threading.Lock()
+        self.restore_fds()
+
+    def restore_fds(self):
+        """Points fd 0 at /dev/null and fds 1 and 2 at the output pipe."""
+        os.dup2(self.null, 0)
+        os.dup2(self.cell_out, 1)
+        os.dup2(self.cell_out, 2)
+
+    def close_in_child(self):
+        """A process forked by a cell must not speak (or forge) the protocol."""
+        for fd in (self.inp, self.out):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
     def send(self, msg):
         data = (json.dumps(msg, separators=(",", ":")) + "\n").encode("utf-8", "surrogatepass")
@@ -74,6 +90,7 @@ class _Runner:
         self.calls = {}
         self.calls_lock = threading.Lock()
         self.next_call = 0
+        self.pid = os.getpid()
 
     # -- reader thread -------------------------------------------------------------------
 
@@ -114,6 +131,8 @@ class _Runner:
     # -- tool calls ------------------------------------------------------------------------
 
     def tool_call(self, name, args):
+        if os.getpid() != self.pid:
+            raise ToolError("tool calls are only available in the kernel process, not in a forked child")
         if not isinstance(name, str) or not name:
             raise ToolError("tool name must be a non-empty string")
         # A thread started by a cell carries that cell; the main thread runs the current one.
@@ -154,6 +173,8 @@ class _Runner:
     def run_cell(self, msg):
         cell = msg.get("cell")
         marker = str(msg.get("marker", "")).encode("utf-8")
+        self.ch.restore_fds()
+        _restore_std_streams()
         self.current_cell = cell
         self.execution_count += 1
         status, tb, exit_code = "ok", None, 0
@@ -174,6 +195,10 @@ class _Runner:
             del tb_obj
         finally:
             self.current_cell = None
+        if os.getpid() != self.pid:
+            # A process the cell forked fell out of the cell's code: it is not the kernel.
+            _flush_quietly()
+            os._exit(exit_code)
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
@@ -181,8 +206,8 @@ class _Runner:
                 pass
         if status == "error":
             # The traceback is part of the cell's output too, in write order.
-            _write_all(1, tb.encode("utf-8", "replace"))
-        _write_all(1, marker)
+            _write_all(self.ch.cell_out, tb.encode("utf-8", "replace"))
+        _write_all(self.ch.cell_out, marker)
         self.ch.send(
             {
                 "op": "done",
@@ -207,6 +232,28 @@ def _exit_code(code):
     if isinstance(code, int):
         return code
     return 1
+
+
+def _flush_quietly():
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+
+
+def _text_stream(fd):
+    # Line-buffered text streams keep print and os.write output in write order.
+    return io.TextIOWrapper(os.fdopen(fd, "wb", closefd=False), encoding="utf-8",
+                            errors="backslashreplace", line_buffering=True)
+
+
+def _restore_std_streams():
+    """Gives a cell working sys.stdout/sys.stderr if an earlier cell closed them."""
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        stream = getattr(sys, name, None)
+        if stream is None or getattr(stream, "closed", True):
+            setattr(sys, name, _text_stream(fd))
 
 
 def _write_all(fd, data):
@@ -261,13 +308,11 @@ def _tools_module(runner):
 
 def main():
     channel = _Channel()
-    # Line-buffered text streams keep print and os.write output in write order.
     sys.stdin = open(os.devnull, "r")
-    sys.stdout = io.TextIOWrapper(os.fdopen(1, "wb", closefd=False), encoding="utf-8",
-                                  errors="backslashreplace", line_buffering=True)
-    sys.stderr = io.TextIOWrapper(os.fdopen(2, "wb", closefd=False), encoding="utf-8",
-                                  errors="backslashreplace", line_buffering=True)
+    sys.stdout = _text_stream(1)
+    sys.stderr = _text_stream(2)
     runner = _Runner(channel)
+    os.register_at_fork(after_in_child=channel.close_in_child)
     sys.modules["kernel_tools"] = _tools_module(runner)
     _tag_threads(runner)
     threading.Thread(target=runner.read_forever, name="kernelbox-stdin", daemon=True).start()

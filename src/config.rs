@@ -43,6 +43,9 @@ pub struct Sandbox {
     pub tmp_bytes: u64,
     /// `uid:gid` the kernel runs as; never root by default.
     pub user: String,
+    /// Size of the staging volume when memory-backed (the default); `None` puts it on the
+    /// host's disk, unbounded, and needs an image whose `/work` the kernel user owns.
+    pub work_bytes: Option<u64>,
 }
 
 impl Default for Sandbox {
@@ -55,6 +58,7 @@ impl Default for Sandbox {
             readonly_rootfs: true,
             tmp_bytes: 256 * 1024 * 1024,
             user: "10000:10000".into(),
+            work_bytes: Some(256 * 1024 * 1024),
         }
     }
 }
@@ -165,6 +169,18 @@ impl Config {
         }
         if self.sandbox.nano_cpus <= 0 {
             return Err(bad("cpus", "must be positive"));
+        }
+        let mut ids = self.sandbox.user.split(':');
+        let uid = ids.next().and_then(|u| u.parse::<u32>().ok());
+        let gid_ok = ids.next().is_none_or(|g| g.parse::<u32>().is_ok());
+        if uid.is_none() || !gid_ok || ids.next().is_some() {
+            return Err(bad("user", "must be numeric UID or UID:GID"));
+        }
+        if uid == Some(0) {
+            return Err(bad("user", "kernels never run as root"));
+        }
+        if self.sandbox.work_bytes.is_some_and(|b| b < 1024 * 1024) {
+            return Err(bad("work_bytes", "must be at least 1 MiB"));
         }
         if self.output_inline_bytes < 100 {
             return Err(bad("output_inline_bytes", "must be at least 100"));

@@ -23,7 +23,7 @@ use tokio_util::task::TaskTracker;
 use crate::authority::{CellAuthority, ToolCall, RETIRED_MESSAGE};
 use crate::cell::OutputBuffer;
 use crate::config::{Config, WorkMode};
-use crate::docker::{Chunk, ContainerSpec, Engine, EngineError, Mount};
+use crate::docker::{Chunk, ContainerSpec, Engine, EngineError, Mount, TmpfsVolume};
 use crate::monitor::EventMonitor;
 use crate::owner::KernelKey;
 use crate::protocol::{
@@ -216,7 +216,15 @@ impl Kernel {
         let suffix: u32 = rand::rng().random();
         let volume = format!("kernelbox-{}-{generation}-{suffix:08x}", key.hash());
         let mut labels = kernel_labels(base_labels, &key, generation, "staging");
-        engine.create_volume(&volume, &labels).await?;
+        let tmpfs = config.sandbox.work_bytes.map(|size_bytes| {
+            let (uid, gid) = parse_user(&config.sandbox.user);
+            TmpfsVolume {
+                size_bytes,
+                uid,
+                gid,
+            }
+        });
+        engine.create_volume(&volume, &labels, tmpfs).await?;
         labels.insert(crate::labels::ROLE.into(), "kernel".into());
         labels.insert(crate::labels::VOLUME.into(), volume.clone());
         labels.insert(
@@ -745,7 +753,7 @@ async fn reader_task(mut task: ReaderTask) {
             Death::Disposed
         } else if fate.oom {
             Death::Oom
-        } else if fate.killed || fate.died == Some(137) {
+        } else if fate.killed {
             Death::Killed
         } else {
             Death::Crashed(fate.died.unwrap_or(-1))

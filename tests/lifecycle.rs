@@ -381,7 +381,7 @@ async fn week_old_staging_volumes_go_and_fresh_ones_stay() {
     ];
     for (name, labels) in &names {
         case.engine
-            .create_volume(name, labels)
+            .create_volume(name, labels, None)
             .await
             .expect("create volume");
     }
@@ -426,7 +426,7 @@ async fn a_startup_sweep_removes_dead_instances_leftovers_only() {
     );
     let dead_volume = format!("{label}-dead");
     engine
-        .create_volume(&dead_volume, &labels)
+        .create_volume(&dead_volume, &labels, None)
         .await
         .expect("volume");
     let spec = kernelbox::docker::ContainerSpec {

@@ -21,7 +21,7 @@ use futures::{StreamExt, TryStreamExt};
 
 use super::{
     Attached, Chunk, ContainerInfo, ContainerSpec, Engine, EngineError, EngineEvent, Mount,
-    VolumeInfo,
+    TmpfsVolume, VolumeInfo,
 };
 
 /// The real engine. Cheap to clone; make one per tokio runtime.
@@ -117,9 +117,25 @@ impl Engine for BollardEngine {
         &self,
         name: &str,
         labels: &BTreeMap<String, String>,
+        tmpfs: Option<TmpfsVolume>,
     ) -> Result<(), EngineError> {
+        let driver_opts = tmpfs.map(|t| {
+            HashMap::from([
+                ("type".to_string(), "tmpfs".to_string()),
+                ("device".to_string(), "tmpfs".to_string()),
+                (
+                    "o".to_string(),
+                    format!(
+                        "size={},uid={},gid={},mode=0700,nosuid,nodev",
+                        t.size_bytes, t.uid, t.gid
+                    ),
+                ),
+            ])
+        });
         let request = VolumeCreateRequest {
             name: Some(name.to_string()),
+            driver: Some("local".into()),
+            driver_opts,
             labels: Some(labels.clone().into_iter().collect()),
             ..Default::default()
         };

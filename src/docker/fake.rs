@@ -145,6 +145,7 @@ impl Engine for FakeEngine {
         &self,
         name: &str,
         labels: &BTreeMap<String, String>,
+        _tmpfs: Option<super::TmpfsVolume>,
     ) -> Result<(), EngineError> {
         self.lock().volumes.insert(name.to_string(), labels.clone());
         Ok(())

@@ -129,6 +129,18 @@ pub struct Attached {
     pub input: Pin<Box<dyn AsyncWrite + Send>>,
 }
 
+/// A memory-backed volume: bounded in size, charged to the kernel's memory, owned by the
+/// kernel's user whatever the image, and never written to the host's disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TmpfsVolume {
+    /// Size limit in bytes.
+    pub size_bytes: u64,
+    /// Owner uid of the volume's root.
+    pub uid: u64,
+    /// Owner gid of the volume's root.
+    pub gid: u64,
+}
+
 /// What `list` reports of a container.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ContainerInfo {
@@ -169,11 +181,12 @@ pub trait Engine: Send + Sync + 'static {
     async fn ping(&self) -> Result<(), EngineError>;
     /// True when the image exists locally.
     async fn image_exists(&self, image: &str) -> Result<bool, EngineError>;
-    /// Creates a labelled volume.
+    /// Creates a labelled volume (on disk, or in memory when `tmpfs` is given).
     async fn create_volume(
         &self,
         name: &str,
         labels: &BTreeMap<String, String>,
+        tmpfs: Option<TmpfsVolume>,
     ) -> Result<(), EngineError>;
     /// Removes a volume; a missing one is a success.
     async fn remove_volume(&self, name: &str) -> Result<(), EngineError>;
