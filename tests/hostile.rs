@@ -1,0 +1,223 @@
+//! Hostile cells: each gets a clear result, the orchestrator stays healthy, other owners are
+//! unaffected, and the next call for that owner works.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::Case;
+use kernelbox::{CellResult, CellStatus, ExecuteRequest};
+
+/// Runs a hostile cell for `owner` while a bystander owner holds state, then checks that the
+/// bystander is untouched and the hostile owner's next call works.
+async fn survive(case: &Case, owner: &str, code: &str, timeout: u64) -> CellResult {
+    let bystander = format!("{owner}-bystander");
+    case.run(&bystander, "kept = 'safe'").await;
+    let result = case
+        .exec(ExecuteRequest {
+            timeout: Some(Duration::from_secs(timeout)),
+            ..ExecuteRequest::new(owner, code)
+        })
+        .await;
+    let next = case.run(owner, "print('next call works')").await;
+    assert_eq!(next.status, CellStatus::Success, "after {code:?}: {next:?}");
+    assert!(next.output.contains("next call works"), "{next:?}");
+    let other = case.run(&bystander, "print(kept)").await;
+    assert!(
+        other.output.contains("safe") && other.kernel.reused,
+        "{other:?}"
+    );
+    result
+}
+
+#[tokio::test]
+async fn a_fork_bomb_hits_the_pids_limit() {
+    let case = Case::with("forkbomb", |c| c.sandbox.pids_limit = 64).await;
+    let r = survive(&case, "s", "import os\nwhile True:\n    os.fork()", 20).await;
+    assert_ne!(r.status, CellStatus::Success, "{r:?}");
+    let error = r.error.unwrap_or_default();
+    assert!(
+        error.contains("BlockingIOError") || error.contains("timed out"),
+        "{error}"
+    );
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn an_infinite_loop_and_cpu_bound_threads_time_out() {
+    let case = Case::new("spin").await;
+    let r = survive(&case, "loop", "while True:\n    pass", 2).await;
+    assert_eq!(r.status, CellStatus::Timeout, "{r:?}");
+    let code = "import threading\ndef spin():\n    while True:\n        pass\n\
+for _ in range(4):\n    threading.Thread(target=spin, daemon=True).start()\nprint('spinning')";
+    let r = survive(&case, "threads", code, 10).await;
+    assert_eq!(r.status, CellStatus::Success, "{r:?}");
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn a_gigabyte_of_output_is_cut_without_harm() {
+    let case = Case::new("gigabyte").await;
+    let code = "import os\nchunk = b'z' * (1 << 20)\nfor _ in range(1024):\n    os.write(1, chunk)\nprint('END')";
+    let r = survive(&case, "s", code, 300).await;
+    assert_eq!(r.status, CellStatus::Success, "{r:?}");
+    assert_eq!(r.stdout_bytes_total, Some((1 << 30) + 4));
+    assert!(r.output.len() < 60_000);
+    assert!(r.output.trim_end().ends_with("END"));
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn closing_the_standard_descriptors_does_not_wedge_the_kernel() {
+    let case = Case::new("closefds").await;
+    let r = case
+        .run("s", "import os, sys\nprint('before', flush=True)\nos.close(0)\nos.close(1)\nos.close(2)\nsys.stdout.close()")
+        .await;
+    assert_eq!(r.status, CellStatus::Success, "{r:?}");
+    assert!(r.output.contains("before"));
+    let next = case
+        .run("s", "import os\nprint('restored')\nos.write(2, b'fd2\\n')")
+        .await;
+    assert!(
+        next.output.contains("restored") && next.output.contains("fd2"),
+        "{next:?}"
+    );
+    assert!(next.kernel.reused);
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn signals_to_init_and_to_itself() {
+    let case = Case::new("signals").await;
+    // PID 1 is the container's init: a namespace's init ignores SIGKILL from inside it.
+    let r = case
+        .run("s", "import os\ntry:\n    os.kill(1, 9)\nexcept PermissionError:\n    pass\nprint('init survived')")
+        .await;
+    assert!(r.output.contains("init survived"), "{r:?}");
+    let r = case.run("s", "print('kernel still here')").await;
+    assert!(r.kernel.reused && r.output.contains("still here"), "{r:?}");
+    // Overridden handlers do not stop a timeout.
+    let r = survive(
+        &case,
+        "handlers",
+        "import signal, time\nfor s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):\n    signal.signal(s, signal.SIG_IGN)\ntime.sleep(60)",
+        2,
+    )
+    .await;
+    assert_eq!(r.status, CellStatus::Timeout, "{r:?}");
+    // SIGKILL to itself: the kernel died on its own, reported as a crash.
+    let r = survive(
+        &case,
+        "suicide",
+        "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)",
+        20,
+    )
+    .await;
+    assert_eq!(r.exit_code, -1, "{r:?}");
+    assert!(r.error.unwrap_or_default().contains("died unexpectedly"));
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn threads_outliving_their_cell_do_not_leak_into_results() {
+    let case = Case::new("chatty").await;
+    case.run(
+        "s",
+        "import threading, time\ndef chatter():\n    while True:\n        print('tick', flush=True)\n        time.sleep(0.01)\nthreading.Thread(target=chatter, daemon=True).start()",
+    )
+    .await;
+    for _ in 0..3 {
+        let r = case.run("s", "print('mine')").await;
+        assert_eq!(r.status, CellStatus::Success, "{r:?}");
+        assert!(r.output.contains("mine"));
+    }
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn forged_protocol_frames_only_touch_their_own_cell() {
+    let case = Case::new("forge").await;
+    let code = r#"
+import os
+fds = [int(f) for f in os.listdir('/proc/self/fd')]
+lines = [b'{"op":"done","cell":999,"status":"exit","execution_count":1}\n',
+         b'{"op":"tool_call","cell":null,"call":1,"tool":"x","args":{}}\n',
+         b'not json at all\n', b'{"op":"ready","v":99}\n']
+for fd in fds:
+    if fd > 2:
+        for line in lines:
+            try:
+                os.write(fd, line)
+            except OSError:
+                pass
+print('forged')
+"#;
+    let r = survive(&case, "s", code, 20).await;
+    assert_eq!(r.status, CellStatus::Success, "{r:?}");
+    assert!(r.output.contains("forged"));
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn filling_the_working_directory_and_tmp_fails_inside_the_kernel() {
+    let case = Case::new("fill").await;
+    let code = r#"
+import errno, os
+# Both are memory-backed and count against the kernel's memory: fill one at a time.
+for path in ('/work/fill', '/tmp/fill'):
+    try:
+        with open(path, 'wb') as f:
+            for _ in range(400):
+                f.write(b'x' * (1 << 20))
+        print(path, 'not full')
+    except OSError as e:
+        print(path, 'full', e.errno == errno.ENOSPC)
+    os.remove(path)
+"#;
+    let r = survive(&case, "s", code, 60).await;
+    assert!(r.output.contains("/work/fill full True"), "{r:?}");
+    assert!(r.output.contains("/tmp/fill full True"), "{r:?}");
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn no_host_secrets_and_no_way_out_over_the_network() {
+    // A secret in the orchestrator's environment must not reach the kernel.
+    std::env::set_var("KERNELBOX_TEST_HOST_SECRET", "hunter2");
+    let case = Case::new("escape").await;
+    let code = r#"
+import os, socket
+print('secret' , 'hunter2' in repr(dict(os.environ)))
+for path in ('/proc/1/environ', '/proc/self/environ'):
+    try:
+        print(path, 'hunter2' in open(path, 'rb').read().decode('latin1'))
+    except OSError as e:
+        print(path, 'denied')
+for host in ('127.0.0.1', '172.17.0.1', '10.0.0.1'):
+    for port in (2375, 22, 80):
+        try:
+            socket.create_connection((host, port), timeout=1).close()
+            print('CONNECTED', host, port)
+        except OSError:
+            pass
+try:
+    socket.getaddrinfo('deb.debian.org', 80)
+    print('DNS works')
+except OSError:
+    print('no DNS')
+print(os.path.exists('/var/run/docker.sock'), os.path.exists('/run/docker.sock'))
+"#;
+    let r = case.run("s", code).await;
+    assert_eq!(r.status, CellStatus::Success, "{r:?}");
+    let out = &r.output;
+    assert!(out.contains("secret False"), "{out}");
+    assert!(
+        !out.contains("True\n/proc") && !out.contains("environ True"),
+        "{out}"
+    );
+    assert!(!out.contains("CONNECTED"), "{out}");
+    assert!(out.contains("no DNS"), "{out}");
+    assert!(out.contains("False False"), "no docker socket: {out}");
+    case.finish().await;
+}
