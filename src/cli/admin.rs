@@ -1,0 +1,279 @@
+//! Admin verbs that work from Docker labels alone, with or without a running server:
+//! `ps`, `inspect`, `logs`, `kill`.
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use bollard::query_parameters::{EventsOptionsBuilder, StatsOptionsBuilder};
+use clap::Args;
+use futures::StreamExt;
+use serde::Serialize;
+
+use kernelbox::docker::{ContainerInfo, Engine};
+use kernelbox::{labels, BollardEngine};
+
+/// Output format of admin verbs.
+#[derive(Debug, Clone, Copy, clap::ValueEnum, PartialEq, Eq)]
+pub enum Format {
+    /// Aligned columns for people.
+    Table,
+    /// JSON for scripts.
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub struct PsArgs {
+    /// Only this tenant's kernels.
+    #[arg(long)]
+    tenant: Option<String>,
+    /// Skip the per-kernel memory reading (one stats call per kernel).
+    #[arg(long)]
+    no_memory: bool,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    format: Format,
+}
+
+#[derive(Debug, Args)]
+pub struct InspectArgs {
+    /// Container id (or unique prefix).
+    container: String,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Json)]
+    format: Format,
+}
+
+#[derive(Debug, Args)]
+pub struct LogsArgs {
+    /// Container id (or unique prefix).
+    container: String,
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("target").required(true).args(["container", "owner", "tenant", "all"])))]
+pub struct KillArgs {
+    /// Kill one kernel by container id (or unique prefix).
+    #[arg(long)]
+    container: Option<String>,
+    /// Kill every kernel of this owner (`session` or `session::child::id`).
+    #[arg(long)]
+    owner: Option<String>,
+    /// Kill every kernel of this tenant.
+    #[arg(long)]
+    tenant: Option<String>,
+    /// Kill every kernelbox kernel on this engine.
+    #[arg(long)]
+    all: bool,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    format: Format,
+}
+
+/// One kernel, as the admin verbs show it.
+#[derive(Debug, Serialize)]
+struct Row {
+    container: String,
+    tenant: String,
+    owner: String,
+    state: String,
+    generation: String,
+    age_seconds: u64,
+    memory_bytes: Option<u64>,
+    instance: String,
+    volume: String,
+}
+
+fn row(c: &ContainerInfo, memory: Option<u64>) -> Row {
+    let get = |k: &str| c.labels.get(k).cloned().unwrap_or_default();
+    let created = labels::int(&c.labels, labels::CREATED_AT).unwrap_or(c.created);
+    Row {
+        container: c.id.chars().take(12).collect(),
+        tenant: get(labels::TENANT),
+        owner: get(labels::OWNER),
+        state: c.state.clone(),
+        generation: get(labels::GENERATION),
+        age_seconds: kernelbox::kernel::unix_now().saturating_sub(created.max(0) as u64),
+        memory_bytes: memory,
+        instance: get(labels::INSTANCE).chars().take(12).collect(),
+        volume: get(labels::VOLUME),
+    }
+}
+
+async fn kernels(engine: &BollardEngine, extra: Vec<String>) -> anyhow::Result<Vec<ContainerInfo>> {
+    let mut filters = vec![labels::managed(), labels::filter(labels::ROLE, "kernel")];
+    filters.extend(extra);
+    Ok(engine.list_containers(&filters).await?)
+}
+
+async fn find(engine: &BollardEngine, prefix: &str) -> anyhow::Result<ContainerInfo> {
+    let matches: Vec<ContainerInfo> = kernels(engine, vec![])
+        .await?
+        .into_iter()
+        .filter(|c| c.id.starts_with(prefix))
+        .collect();
+    match matches.len() {
+        1 => Ok(matches.into_iter().next().context("one match")?),
+        0 => Err(anyhow::anyhow!("no kernelbox kernel with id {prefix}")),
+        n => Err(anyhow::anyhow!("{n} kernels match {prefix}; give more of the id")),
+    }
+}
+
+async fn memory_of(engine: &BollardEngine, id: &str) -> Option<u64> {
+    let options = StatsOptionsBuilder::default()
+        .stream(false)
+        .one_shot(true)
+        .build();
+    let stats = engine.client().stats(id, Some(options)).next().await?.ok()?;
+    stats.memory_stats?.usage
+}
+
+fn human_bytes(b: Option<u64>) -> String {
+    match b {
+        None => "-".into(),
+        Some(b) if b >= 1 << 30 => format!("{:.1}GiB", b as f64 / (1u64 << 30) as f64),
+        Some(b) => format!("{:.1}MiB", b as f64 / (1u64 << 20) as f64),
+    }
+}
+
+fn human_age(s: u64) -> String {
+    match s {
+        s if s < 120 => format!("{s}s"),
+        s if s < 7200 => format!("{}m", s / 60),
+        s => format!("{}h", s / 3600),
+    }
+}
+
+fn print_rows(rows: &[Row], format: Format) -> anyhow::Result<()> {
+    if format == Format::Json {
+        println!("{}", serde_json::to_string_pretty(rows)?);
+        return Ok(());
+    }
+    println!(
+        "{:<12}  {:<12}  {:<28}  {:<8}  {:>3}  {:>6}  {:>9}",
+        "CONTAINER", "TENANT", "OWNER", "STATE", "GEN", "AGE", "MEMORY"
+    );
+    for r in rows {
+        println!(
+            "{:<12}  {:<12}  {:<28}  {:<8}  {:>3}  {:>6}  {:>9}",
+            r.container,
+            r.tenant,
+            r.owner,
+            r.state,
+            r.generation,
+            human_age(r.age_seconds),
+            human_bytes(r.memory_bytes)
+        );
+    }
+    Ok(())
+}
+
+/// `kernelbox ps`
+pub async fn ps(engine: &BollardEngine, args: PsArgs) -> anyhow::Result<ExitCode> {
+    let extra = args
+        .tenant
+        .iter()
+        .map(|t| labels::filter(labels::TENANT, t))
+        .collect();
+    let mut rows = Vec::new();
+    for c in kernels(engine, extra).await? {
+        let memory = if args.no_memory || c.state != "running" {
+            None
+        } else {
+            memory_of(engine, &c.id).await
+        };
+        rows.push(row(&c, memory));
+    }
+    rows.sort_by(|a, b| (&a.tenant, &a.owner).cmp(&(&b.tenant, &b.owner)));
+    print_rows(&rows, args.format)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `kernelbox inspect`
+pub async fn inspect(engine: &BollardEngine, args: InspectArgs) -> anyhow::Result<ExitCode> {
+    let c = find(engine, &args.container).await?;
+    let memory = memory_of(engine, &c.id).await;
+    let r = row(&c, memory);
+    if args.format == Format::Table {
+        print_rows(&[r], Format::Table)?;
+    } else {
+        let labels: BTreeMap<&String, &String> = c
+            .labels
+            .iter()
+            .filter(|(k, _)| k.starts_with(labels::PREFIX) || !k.starts_with("io."))
+            .collect();
+        let out = serde_json::json!({ "kernel": r, "id": c.id, "labels": labels });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `kernelbox logs`: kernels run without a log driver (cell output never lands on the host's
+/// disk), so this shows the kernel's lifecycle as the engine recorded it.
+pub async fn logs(engine: &BollardEngine, args: LogsArgs) -> anyhow::Result<ExitCode> {
+    let c = find(engine, &args.container).await?;
+    let since = labels::int(&c.labels, labels::CREATED_AT).unwrap_or(c.created) - 1;
+    let until = kernelbox::kernel::unix_now() + 1;
+    let filters = std::collections::HashMap::from([
+        ("container".to_string(), vec![c.id.clone()]),
+        ("type".to_string(), vec!["container".to_string()]),
+    ]);
+    let options = EventsOptionsBuilder::default()
+        .since(&since.to_string())
+        .until(&until.to_string())
+        .filters(&filters)
+        .build();
+    let mut events = engine.client().events(Some(options));
+    println!("# lifecycle of {} (cell output is not logged by design)", &c.id[..12]);
+    while let Some(event) = events.next().await {
+        let event = event?;
+        let when = event
+            .time
+            .and_then(|t| u64::try_from(t).ok())
+            .map(|t| {
+                humantime::format_rfc3339_seconds(
+                    std::time::UNIX_EPOCH + std::time::Duration::from_secs(t),
+                )
+                .to_string()
+            })
+            .unwrap_or_default();
+        let attrs = event.actor.and_then(|a| a.attributes).unwrap_or_default();
+        let detail = ["exitCode", "signal"]
+            .iter()
+            .filter_map(|k| attrs.get(*k).map(|v| format!("{k}={v}")))
+            .collect::<Vec<_>>()
+            .join(" ");
+        println!("{when}  {:<8} {detail}", event.action.unwrap_or_default());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `kernelbox kill`
+pub async fn kill(engine: &BollardEngine, args: KillArgs) -> anyhow::Result<ExitCode> {
+    let targets: Vec<ContainerInfo> = if let Some(prefix) = &args.container {
+        vec![find(engine, prefix).await?]
+    } else if let Some(owner) = &args.owner {
+        kernels(engine, vec![labels::filter(labels::OWNER, owner)]).await?
+    } else if let Some(tenant) = &args.tenant {
+        kernels(engine, vec![labels::filter(labels::TENANT, tenant)]).await?
+    } else {
+        kernels(engine, vec![]).await?
+    };
+    let mut rows = Vec::new();
+    for c in &targets {
+        engine.remove_container(&c.id).await?;
+        if let Some(volume) = c.labels.get(labels::VOLUME) {
+            kernelbox::kernel::remove_volume_when_free(engine, volume).await?;
+        }
+        rows.push(row(c, None));
+    }
+    if args.format == Format::Json {
+        print_rows(&rows, Format::Json)?;
+    } else {
+        println!("killed {} kernel(s)", rows.len());
+        for r in &rows {
+            println!("{}  {}  {}", r.container, r.tenant, r.owner);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
