@@ -62,6 +62,8 @@ pub enum Death {
     Killed,
     /// The runner died on its own with this exit code.
     Crashed(i64),
+    /// The Docker engine restarted or went away and took the kernel with it.
+    EngineRestarted,
 }
 
 /// A kernel could not be started or used.
@@ -346,6 +348,7 @@ impl Kernel {
             active_cell,
             disposing,
             death,
+            epoch: monitor.epoch(),
             monitor,
             cancel,
         }));
@@ -690,6 +693,7 @@ struct ReaderTask {
     disposing: Arc<AtomicBool>,
     death: Arc<Mutex<Option<Death>>>,
     monitor: EventMonitor,
+    epoch: u64,
     cancel: CancellationToken,
 }
 
@@ -749,10 +753,19 @@ async fn reader_task(mut task: ReaderTask) {
             .monitor
             .wait_died(&task.id, Duration::from_secs(3))
             .await;
+        // No `die` event, or a polite stop (SIGTERM, as the daemon does when it shuts down):
+        // find out whether the engine itself went away.
+        let engine_gone = (fate.died.is_none() || fate.kill_signal == Some(15))
+            && task
+                .monitor
+                .wait_break(task.epoch, Duration::from_secs(2))
+                .await;
         if task.disposing.load(Ordering::Acquire) {
             Death::Disposed
         } else if fate.oom {
             Death::Oom
+        } else if engine_gone {
+            Death::EngineRestarted
         } else if fate.killed {
             Death::Killed
         } else {

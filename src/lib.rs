@@ -20,6 +20,7 @@
 //! | [`authority`] | per-cell tool-call authority and the [`ToolDispatcher`] trait |
 //! | [`monitor`] | engine events: tells OOM, outside kills and crashes apart |
 //! | [`orchestrator`] | the front door: [`Orchestrator::execute`] and lifecycle verbs |
+//! | [`server`] | the multi-tenant HTTP API behind `kernelbox serve` |
 //! | [`sweep`] | label sweeps: dead instances' leftovers, stale staging volumes |
 //! | [`instance`] | this instance's identity and other instances' liveness |
 //! | [`watchdog`] | the process that cleans up after an orchestrator that died |
@@ -42,6 +43,7 @@ pub mod orchestrator;
 pub mod owner;
 pub mod protocol;
 pub mod registry;
+pub mod server;
 pub mod sweep;
 pub mod watchdog;
 

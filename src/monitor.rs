@@ -21,6 +21,8 @@ pub struct Fate {
     pub oom: bool,
     /// A `kill` event was seen (someone sent it a signal through the engine).
     pub killed: bool,
+    /// The signal of the last `kill` event.
+    pub kill_signal: Option<i64>,
     /// `die` was seen, with this exit code.
     pub died: Option<i64>,
 }
@@ -39,11 +41,49 @@ struct Fates {
 pub struct EventMonitor {
     fates: Arc<Mutex<Fates>>,
     changed: Arc<Notify>,
+    /// Counts breaks of the event stream: the engine restarted or went away.
+    epoch: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl EventMonitor {
+    /// How many times the engine's event stream has broken so far.
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Marks a break of the event stream (engine restart) and wakes waiters.
+    pub fn record_break(&self) {
+        self.epoch.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        self.changed.notify_waiters();
+    }
+
+    /// Waits (up to `limit`) for the event stream to break after `epoch`; true if it did.
+    pub async fn wait_break(&self, epoch: u64, limit: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let notified = self.changed.notified();
+            if self.epoch() != epoch {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return self.epoch() != epoch;
+            }
+        }
+    }
+
     /// Records one event.
     pub fn record(&self, id: &str, action: &str, exit_code: Option<i64>) {
+        self.record_signal(id, action, exit_code, None);
+    }
+
+    /// Records one event with the signal of a `kill`.
+    pub fn record_signal(
+        &self,
+        id: &str,
+        action: &str,
+        exit_code: Option<i64>,
+        signal: Option<i64>,
+    ) {
         let mut fates = self.fates.lock().unwrap_or_else(|p| p.into_inner());
         if !fates.by_id.contains_key(id) {
             if fates.order.len() >= MAX_TRACKED {
@@ -56,7 +96,10 @@ impl EventMonitor {
         let fate = fates.by_id.entry(id.to_string()).or_default();
         match action {
             "oom" => fate.oom = true,
-            "kill" => fate.killed = true,
+            "kill" => {
+                fate.killed = true;
+                fate.kill_signal = signal;
+            }
             "die" => fate.died = Some(exit_code.unwrap_or(-1)),
             _ => {}
         }
@@ -106,13 +149,18 @@ impl EventMonitor {
                         Some(Ok(event)) => {
                             backoff = Duration::from_millis(100);
                             since = crate::kernel::unix_now() as i64 - 1;
-                            self.record(&event.id, &event.action, event.exit_code);
+                            self.record_signal(&event.id, &event.action, event.exit_code, event.signal);
                         }
                         Some(Err(e)) => {
-                            tracing::debug!(error = %e, "event stream error");
+                            tracing::warn!(error = %e, "docker event stream broke; resubscribing");
+                            self.record_break();
                             break;
                         }
-                        None => break,
+                        None => {
+                            tracing::warn!("docker event stream ended; resubscribing");
+                            self.record_break();
+                            break;
+                        }
                     }
                 }
             }

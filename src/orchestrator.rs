@@ -719,6 +719,10 @@ fn death_message(death: Death, memory: i64) -> (String, Option<LossReason>) {
             format!("The kernel died unexpectedly (exit code {code}); {NEXT}"),
             Some(LossReason::Crashed),
         ),
+        Death::EngineRestarted => (
+            format!("The Docker engine restarted or went away and took the kernel with it; {NEXT}"),
+            Some(LossReason::EngineRestarted),
+        ),
         Death::Disposed => (
             format!("The kernel was shut down by kernelbox; {NEXT}"),
             None,

@@ -1,6 +1,8 @@
 //! Command-line verbs. Each verb resolves its configuration once, then calls the library.
 
+mod admin;
 mod repl;
+mod serve;
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -13,7 +15,9 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 
 use kernelbox::config::{parse_bytes, parse_duration};
-use kernelbox::{BollardEngine, CellStatus, Config, Engine, ExecuteRequest, Orchestrator, WorkMode};
+use kernelbox::{
+    BollardEngine, CellStatus, Config, Engine, ExecuteRequest, Orchestrator, WorkMode,
+};
 
 /// Stateful Python kernels in hardened Docker containers, one per agent conversation.
 #[derive(Debug, Parser)]
@@ -42,6 +46,16 @@ enum Command {
     },
     /// Remove leftovers of dead kernelbox instances and stale staging volumes, by label.
     Sweep(SweepArgs),
+    /// List kernel containers on this engine (tenant, owner, state, age, memory), by label.
+    Ps(admin::PsArgs),
+    /// Show one kernel's labels and resource use.
+    Inspect(admin::InspectArgs),
+    /// Show a kernel's lifecycle events (cell output is never logged on the host).
+    Logs(admin::LogsArgs),
+    /// Kill kernels by container, owner, tenant, or all; their volumes go too.
+    Kill(admin::KillArgs),
+    /// Serve the multi-tenant HTTP API until SIGTERM, then remove every kernel.
+    Serve(serve::ServeArgs),
     /// (internal) Clean up after an orchestrator when its lifeline on stdin closes.
     #[command(hide = true)]
     Watchdog {
@@ -183,7 +197,10 @@ pub fn exit_code_for(e: &anyhow::Error) -> u8 {
                 _ => 5,
             };
         }
-        if cause.downcast_ref::<kernelbox::config::ConfigError>().is_some() {
+        if cause
+            .downcast_ref::<kernelbox::config::ConfigError>()
+            .is_some()
+        {
             return 2;
         }
     }
@@ -233,6 +250,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
         },
         Command::Sweep(args) => sweep(args).await,
+        Command::Ps(args) => admin::ps(&BollardEngine::connect().await?, args).await,
+        Command::Inspect(args) => admin::inspect(&BollardEngine::connect().await?, args).await,
+        Command::Logs(args) => admin::logs(&BollardEngine::connect().await?, args).await,
+        Command::Kill(args) => admin::kill(&BollardEngine::connect().await?, args).await,
+        Command::Serve(args) => serve::run(args).await,
         Command::Watchdog { instance } => {
             let engine = connect().await?;
             kernelbox::watchdog::run(engine.as_ref(), &instance).await?;
@@ -297,8 +319,16 @@ async fn sweep(args: SweepArgs) -> anyhow::Result<ExitCode> {
     if args.format == "json" {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        let verb = if args.dry_run { "would remove" } else { "removed" };
-        println!("{verb} {} container(s), {} volume(s)", report.containers.len(), report.volumes.len());
+        let verb = if args.dry_run {
+            "would remove"
+        } else {
+            "removed"
+        };
+        println!(
+            "{verb} {} container(s), {} volume(s)",
+            report.containers.len(),
+            report.volumes.len()
+        );
         for c in &report.containers {
             println!("container  {}", &c[..c.len().min(12)]);
         }

@@ -406,6 +406,7 @@ impl Engine for BollardEngine {
                     id,
                     action: event.action.unwrap_or_default(),
                     exit_code: attributes.get("exitCode").and_then(|c| c.parse().ok()),
+                    signal: attributes.get("signal").and_then(|c| c.parse().ok()),
                 }))
             })
             .boxed()

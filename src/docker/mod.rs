@@ -172,6 +172,8 @@ pub struct EngineEvent {
     pub action: String,
     /// Exit code, on `die`.
     pub exit_code: Option<i64>,
+    /// Signal number, on `kill`.
+    pub signal: Option<i64>,
 }
 
 /// The Docker operations kernelbox needs, at the level of intent.

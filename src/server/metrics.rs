@@ -15,7 +15,9 @@ const STATUSES: [CellStatus; 4] = [
 ];
 
 /// Upper bounds of the cell duration histogram, in seconds.
-const BUCKETS: [f64; 12] = [0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0];
+const BUCKETS: [f64; 12] = [
+    0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0,
+];
 
 /// Outcomes of a tool call dispatched to a tenant's endpoint.
 pub const TOOL_OUTCOMES: [&str; 2] = ["ok", "error"];
@@ -99,56 +101,115 @@ impl Metrics {
     }
 
     fn write(&self, out: &mut String, live: usize, draining: bool) -> std::fmt::Result {
-        writeln!(out, "# HELP kernelbox_kernels_live Kernels alive now (starting, idle or busy).")?;
+        writeln!(
+            out,
+            "# HELP kernelbox_kernels_live Kernels alive now (starting, idle or busy)."
+        )?;
         writeln!(out, "# TYPE kernelbox_kernels_live gauge")?;
         writeln!(out, "kernelbox_kernels_live {live}")?;
-        writeln!(out, "# HELP kernelbox_draining 1 while the server shuts down.")?;
+        writeln!(
+            out,
+            "# HELP kernelbox_draining 1 while the server shuts down."
+        )?;
         writeln!(out, "# TYPE kernelbox_draining gauge")?;
         writeln!(out, "kernelbox_draining {}", u8::from(draining))?;
 
-        writeln!(out, "# HELP kernelbox_cell_duration_seconds Wall time of executed cells, by status.")?;
+        writeln!(
+            out,
+            "# HELP kernelbox_cell_duration_seconds Wall time of executed cells, by status."
+        )?;
         writeln!(out, "# TYPE kernelbox_cell_duration_seconds histogram")?;
         let cells = self.cells.lock().unwrap_or_else(|p| p.into_inner());
         for (status, h) in STATUSES.iter().zip(cells.iter()) {
             let s = status.as_str();
             for (bound, n) in BUCKETS.iter().zip(h.buckets.iter()) {
-                writeln!(out, "kernelbox_cell_duration_seconds_bucket{{status=\"{s}\",le=\"{bound}\"}} {n}")?;
+                writeln!(
+                    out,
+                    "kernelbox_cell_duration_seconds_bucket{{status=\"{s}\",le=\"{bound}\"}} {n}"
+                )?;
             }
-            writeln!(out, "kernelbox_cell_duration_seconds_bucket{{status=\"{s}\",le=\"+Inf\"}} {}", h.count)?;
-            writeln!(out, "kernelbox_cell_duration_seconds_sum{{status=\"{s}\"}} {}", h.sum)?;
-            writeln!(out, "kernelbox_cell_duration_seconds_count{{status=\"{s}\"}} {}", h.count)?;
+            writeln!(
+                out,
+                "kernelbox_cell_duration_seconds_bucket{{status=\"{s}\",le=\"+Inf\"}} {}",
+                h.count
+            )?;
+            writeln!(
+                out,
+                "kernelbox_cell_duration_seconds_sum{{status=\"{s}\"}} {}",
+                h.sum
+            )?;
+            writeln!(
+                out,
+                "kernelbox_cell_duration_seconds_count{{status=\"{s}\"}} {}",
+                h.count
+            )?;
         }
-        writeln!(out, "# HELP kernelbox_cells_total Executed cells, by status.")?;
+        writeln!(
+            out,
+            "# HELP kernelbox_cells_total Executed cells, by status."
+        )?;
         writeln!(out, "# TYPE kernelbox_cells_total counter")?;
         for (status, h) in STATUSES.iter().zip(cells.iter()) {
-            writeln!(out, "kernelbox_cells_total{{status=\"{}\"}} {}", status.as_str(), h.count)?;
+            writeln!(
+                out,
+                "kernelbox_cells_total{{status=\"{}\"}} {}",
+                status.as_str(),
+                h.count
+            )?;
         }
         drop(cells);
 
-        writeln!(out, "# HELP kernelbox_kernel_starts_total Kernels started for a cell.")?;
+        writeln!(
+            out,
+            "# HELP kernelbox_kernel_starts_total Kernels started for a cell."
+        )?;
         writeln!(out, "# TYPE kernelbox_kernel_starts_total counter")?;
-        writeln!(out, "kernelbox_kernel_starts_total {}", self.kernel_starts.load(Ordering::Relaxed))?;
+        writeln!(
+            out,
+            "kernelbox_kernel_starts_total {}",
+            self.kernel_starts.load(Ordering::Relaxed)
+        )?;
 
         writeln!(out, "# HELP kernelbox_state_lost_total Involuntary kernel losses reported to callers, by reason.")?;
         writeln!(out, "# TYPE kernelbox_state_lost_total counter")?;
         for (reason, n) in LossReason::ALL.iter().zip(self.state_lost.iter()) {
-            writeln!(out, "kernelbox_state_lost_total{{reason=\"{}\"}} {}", reason.as_str(), n.load(Ordering::Relaxed))?;
+            writeln!(
+                out,
+                "kernelbox_state_lost_total{{reason=\"{}\"}} {}",
+                reason.as_str(),
+                n.load(Ordering::Relaxed)
+            )?;
         }
 
         writeln!(out, "# HELP kernelbox_tenant_evictions_total Idle kernels evicted to keep a tenant under max_kernels.")?;
         writeln!(out, "# TYPE kernelbox_tenant_evictions_total counter")?;
-        writeln!(out, "kernelbox_tenant_evictions_total {}", self.evictions.load(Ordering::Relaxed))?;
+        writeln!(
+            out,
+            "kernelbox_tenant_evictions_total {}",
+            self.evictions.load(Ordering::Relaxed)
+        )?;
 
-        writeln!(out, "# HELP kernelbox_tool_calls_total Tool calls sent to tenant endpoints, by outcome.")?;
+        writeln!(
+            out,
+            "# HELP kernelbox_tool_calls_total Tool calls sent to tenant endpoints, by outcome."
+        )?;
         writeln!(out, "# TYPE kernelbox_tool_calls_total counter")?;
         for (outcome, n) in TOOL_OUTCOMES.iter().zip(self.tool_calls.iter()) {
-            writeln!(out, "kernelbox_tool_calls_total{{outcome=\"{outcome}\"}} {}", n.load(Ordering::Relaxed))?;
+            writeln!(
+                out,
+                "kernelbox_tool_calls_total{{outcome=\"{outcome}\"}} {}",
+                n.load(Ordering::Relaxed)
+            )?;
         }
 
         writeln!(out, "# HELP kernelbox_requests_rejected_total Requests refused before reaching a kernel, by reason.")?;
         writeln!(out, "# TYPE kernelbox_requests_rejected_total counter")?;
         for (reason, n) in REJECTIONS.iter().zip(self.rejected.iter()) {
-            writeln!(out, "kernelbox_requests_rejected_total{{reason=\"{reason}\"}} {}", n.load(Ordering::Relaxed))?;
+            writeln!(
+                out,
+                "kernelbox_requests_rejected_total{{reason=\"{reason}\"}} {}",
+                n.load(Ordering::Relaxed)
+            )?;
         }
         Ok(())
     }
@@ -162,10 +223,16 @@ mod tests {
     fn every_label_value_is_present_before_any_event() {
         let text = Metrics::default().render(0, false);
         for s in ["success", "error", "timeout", "interrupted"] {
-            assert!(text.contains(&format!("kernelbox_cells_total{{status=\"{s}\"}} 0")), "{s}");
+            assert!(
+                text.contains(&format!("kernelbox_cells_total{{status=\"{s}\"}} 0")),
+                "{s}"
+            );
         }
         for r in LossReason::ALL {
-            assert!(text.contains(&format!("kernelbox_state_lost_total{{reason=\"{}\"}} 0", r.as_str())));
+            assert!(text.contains(&format!(
+                "kernelbox_state_lost_total{{reason=\"{}\"}} 0",
+                r.as_str()
+            )));
         }
         assert!(text.contains("kernelbox_tool_calls_total{outcome=\"error\"} 0"));
         assert!(text.contains("kernelbox_kernels_live 0"));

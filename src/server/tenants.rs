@@ -107,10 +107,18 @@ impl Tenants {
         for (i, tenant) in tenants.into_iter().enumerate() {
             validate_name("tenant", &tenant.name).map_err(|e| err(i, "name", e.to_string()))?;
             if set.names.contains(&tenant.name) {
-                return Err(err(i, "name", format!("duplicate tenant {:?}", tenant.name)));
+                return Err(err(
+                    i,
+                    "name",
+                    format!("duplicate tenant {:?}", tenant.name),
+                ));
             }
             if set.by_hash.contains_key(&tenant.token_sha256) {
-                return Err(err(i, "token_sha256", "another tenant has the same token".into()));
+                return Err(err(
+                    i,
+                    "token_sha256",
+                    "another tenant has the same token".into(),
+                ));
             }
             if tenant.max_kernels == Some(0) {
                 return Err(err(i, "max_kernels", "must be at least 1".into()));
@@ -155,7 +163,12 @@ impl Tenants {
             let obj = entry
                 .as_object()
                 .ok_or_else(|| bad(at.clone(), "must be an object".into()))?;
-            only_keys(obj, &["name", "token_sha256", "max_kernels", "tools"], &at, &bad)?;
+            only_keys(
+                obj,
+                &["name", "token_sha256", "max_kernels", "tools"],
+                &at,
+                &bad,
+            )?;
             let name = required_str(obj, "name", &at, &bad)?;
             let hash_hex = required_str(obj, "token_sha256", &at, &bad)?;
             let token_sha256: [u8; 32] = hex::decode(hash_hex.trim())
@@ -169,13 +182,14 @@ impl Tenants {
                 })?;
             let max_kernels = match obj.get("max_kernels") {
                 None | Some(Value::Null) => None,
-                Some(v) => Some(
-                    v.as_u64()
-                        .filter(|n| *n >= 1 && *n <= 100_000)
-                        .ok_or_else(|| {
-                            bad(format!("{at}.max_kernels"), "must be an integer from 1 to 100000".into())
-                        })? as usize,
-                ),
+                Some(v) => Some(v.as_u64().filter(|n| *n >= 1 && *n <= 100_000).ok_or_else(
+                    || {
+                        bad(
+                            format!("{at}.max_kernels"),
+                            "must be an integer from 1 to 100000".into(),
+                        )
+                    },
+                )? as usize),
             };
             let tools = match obj.get("tools") {
                 None | Some(Value::Null) => None,
@@ -217,11 +231,23 @@ impl Tenants {
 
 type Bad<'a> = &'a dyn Fn(String, String) -> TenantsError;
 
-fn only_keys(obj: &Map<String, Value>, keys: &[&str], at: &str, bad: Bad<'_>) -> Result<(), TenantsError> {
+fn only_keys(
+    obj: &Map<String, Value>,
+    keys: &[&str],
+    at: &str,
+    bad: Bad<'_>,
+) -> Result<(), TenantsError> {
     for key in obj.keys() {
         if !keys.contains(&key.as_str()) {
-            let field = if at.is_empty() { key.clone() } else { format!("{at}.{key}") };
-            return Err(bad(field, format!("unknown field (expected one of: {})", keys.join(", "))));
+            let field = if at.is_empty() {
+                key.clone()
+            } else {
+                format!("{at}.{key}")
+            };
+            return Err(bad(
+                field,
+                format!("unknown field (expected one of: {})", keys.join(", ")),
+            ));
         }
     }
     Ok(())
@@ -251,7 +277,12 @@ fn parse_tools(v: &Value, at: &str, bad: Bad<'_>) -> Result<ToolsConfig, Tenants
         .get("allow")
         .ok_or_else(|| bad(format!("{at}.allow"), "missing".into()))?
         .as_array()
-        .ok_or_else(|| bad(format!("{at}.allow"), "must be an array of tool names".into()))?;
+        .ok_or_else(|| {
+            bad(
+                format!("{at}.allow"),
+                "must be an array of tool names".into(),
+            )
+        })?;
     let mut names = BTreeSet::new();
     for (j, name) in allow.iter().enumerate() {
         let field = format!("{at}.allow[{j}]");
@@ -261,7 +292,9 @@ fn parse_tools(v: &Value, at: &str, bad: Bad<'_>) -> Result<ToolsConfig, Tenants
         if !valid_tool_name(name) {
             return Err(bad(
                 field,
-                format!("{name:?} is not a tool name (a Python identifier of at most 64 characters)"),
+                format!(
+                    "{name:?} is not a tool name (a Python identifier of at most 64 characters)"
+                ),
             ));
         }
         names.insert(name.to_string());
@@ -272,7 +305,12 @@ fn parse_tools(v: &Value, at: &str, bad: Bad<'_>) -> Result<ToolsConfig, Tenants
             .as_f64()
             .filter(|s| s.is_finite() && *s > 0.0 && *s <= 3600.0)
             .map(Duration::from_secs_f64)
-            .ok_or_else(|| bad(format!("{at}.timeout_seconds"), "must be a number of seconds in (0, 3600]".into()))?,
+            .ok_or_else(|| {
+                bad(
+                    format!("{at}.timeout_seconds"),
+                    "must be a number of seconds in (0, 3600]".into(),
+                )
+            })?,
     };
     Ok(ToolsConfig {
         url: url.to_string(),
@@ -297,7 +335,9 @@ fn check_tool_url(url: &str) -> Result<(), String> {
     match uri.scheme_str() {
         Some("http") => {}
         Some("https") => {
-            return Err("https tool endpoints are not supported; use http:// on a trusted network".into())
+            return Err(
+                "https tool endpoints are not supported; use http:// on a trusted network".into(),
+            )
         }
         _ => return Err(format!("{url:?} must start with http://")),
     }
@@ -338,19 +378,59 @@ mod tests {
             ("{}", "tenants"),
             (r#"{"tenants": []}"#, "tenants"),
             (r#"{"tenants": [{"name": "a"}]}"#, "tenants[0].token_sha256"),
-            (r#"{"tenants": [{"name": "a", "token_sha256": "zz"}]}"#, "tenants[0].token_sha256"),
-            (&format!(r#"{{"tenants": [{{"name": "a b", "token_sha256": "{hash}"}}]}}"#), "tenants[0].name"),
-            (&format!(r#"{{"tenants": [{{"name": "a", "token_sha256": "{hash}", "max_kernels": 0}}]}}"#), "tenants[0].max_kernels"),
-            (&format!(r#"{{"tenants": [{{"name": "a", "token_sha256": "{hash}", "tools": {{"url": "ftp://x", "allow": []}}}}]}}"#), "tenants[0].tools.url"),
-            (&format!(r#"{{"tenants": [{{"name": "a", "token_sha256": "{hash}", "tools": {{"url": "http://x/t", "allow": ["rm -rf"]}}}}]}}"#), "tenants[0].tools.allow[0]"),
-            (&format!(r#"{{"tenants": [{{"name": "a", "token_sha256": "{hash}", "extra": 1}}]}}"#), "tenants[0].extra"),
-            (&format!(r#"{{"tenants": [{{"name": "a", "token_sha256": "{hash}"}}, {{"name": "b", "token_sha256": "{hash}"}}]}}"#), "tenants[1].token_sha256"),
-            (&format!(r#"{{"tenants": [{{"name": "a", "token_sha256": "{hash}"}}, {{"name": "a", "token_sha256": "{}"}}]}}"#, "0".repeat(64)), "tenants[1].name"),
+            (
+                r#"{"tenants": [{"name": "a", "token_sha256": "zz"}]}"#,
+                "tenants[0].token_sha256",
+            ),
+            (
+                &format!(r#"{{"tenants": [{{"name": "a b", "token_sha256": "{hash}"}}]}}"#),
+                "tenants[0].name",
+            ),
+            (
+                &format!(
+                    r#"{{"tenants": [{{"name": "a", "token_sha256": "{hash}", "max_kernels": 0}}]}}"#
+                ),
+                "tenants[0].max_kernels",
+            ),
+            (
+                &format!(
+                    r#"{{"tenants": [{{"name": "a", "token_sha256": "{hash}", "tools": {{"url": "ftp://x", "allow": []}}}}]}}"#
+                ),
+                "tenants[0].tools.url",
+            ),
+            (
+                &format!(
+                    r#"{{"tenants": [{{"name": "a", "token_sha256": "{hash}", "tools": {{"url": "http://x/t", "allow": ["rm -rf"]}}}}]}}"#
+                ),
+                "tenants[0].tools.allow[0]",
+            ),
+            (
+                &format!(
+                    r#"{{"tenants": [{{"name": "a", "token_sha256": "{hash}", "extra": 1}}]}}"#
+                ),
+                "tenants[0].extra",
+            ),
+            (
+                &format!(
+                    r#"{{"tenants": [{{"name": "a", "token_sha256": "{hash}"}}, {{"name": "b", "token_sha256": "{hash}"}}]}}"#
+                ),
+                "tenants[1].token_sha256",
+            ),
+            (
+                &format!(
+                    r#"{{"tenants": [{{"name": "a", "token_sha256": "{hash}"}}, {{"name": "a", "token_sha256": "{}"}}]}}"#,
+                    "0".repeat(64)
+                ),
+                "tenants[1].name",
+            ),
         ];
         for (text, field) in cases {
             let err = parse(text).unwrap_err();
             assert_eq!(err.field, field, "{text}: {err}");
-            assert!(err.to_string().starts_with("tenants file t.json: "), "{err}");
+            assert!(
+                err.to_string().starts_with("tenants file t.json: "),
+                "{err}"
+            );
         }
     }
 }

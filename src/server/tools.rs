@@ -96,7 +96,11 @@ impl CellDispatcher {
                 let text = String::from_utf8_lossy(&bytes);
                 text.chars().take(500).collect::<String>()
             });
-        Err(format!("tool {:?} failed (HTTP {}): {message}", call.tool, status.as_u16()))
+        Err(format!(
+            "tool {:?} failed (HTTP {}): {message}",
+            call.tool,
+            status.as_u16()
+        ))
     }
 }
 

@@ -1,0 +1,121 @@
+//! `kernelbox serve`: the multi-tenant HTTP API.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Args;
+use tokio_util::sync::CancellationToken;
+
+use kernelbox::config::parse_duration;
+use kernelbox::server::{self, AppState, Tenant, Tenants};
+use kernelbox::Orchestrator;
+
+use super::{Exit, KernelOpts};
+
+#[derive(Debug, Args)]
+pub(crate) struct ServeArgs {
+    /// Address to listen on (HOST:PORT).
+    #[arg(long, env = "KERNELBOX_LISTEN", default_value = "127.0.0.1:8080")]
+    listen: String,
+    /// Tenants file (JSON). Without it, one tenant `default` whose token is KERNELBOX_TOKEN
+    /// (or a generated one, printed at start), on a loopback address.
+    #[arg(long, env = "KERNELBOX_TENANTS")]
+    tenants: Option<PathBuf>,
+    /// Live kernels kept across all tenants before idle ones are evicted (LRU).
+    #[arg(long, env = "KERNELBOX_MAX_KERNELS", default_value_t = 32)]
+    max_kernels: usize,
+    /// A kernel idle this long is reaped (e.g. 30m).
+    #[arg(long, env = "KERNELBOX_IDLE_TIMEOUT", default_value = "30m", value_parser = parse_duration)]
+    idle_timeout: Duration,
+    /// On SIGTERM, how long running cells may take to finish before they are stopped.
+    #[arg(long, env = "KERNELBOX_DRAIN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    drain_timeout: Duration,
+    #[command(flatten)]
+    kernel: KernelOpts,
+}
+
+fn usage(message: String) -> anyhow::Error {
+    Exit { code: 2, message }.into()
+}
+
+/// Runs the server until SIGTERM or SIGINT; exit 0 after a clean shutdown.
+pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    let from_env = std::env::var("KERNELBOX_TOKEN")
+        .ok()
+        .filter(|t| !t.trim().is_empty());
+    let (tenants, generated) = match &args.tenants {
+        Some(path) => (Tenants::load(path).map_err(|e| usage(e.to_string()))?, None),
+        None => {
+            let (token, generated) = match &from_env {
+                Some(t) => (t.trim().to_string(), None),
+                None => {
+                    let t = server::tenants::generate_token();
+                    (t.clone(), Some(t))
+                }
+            };
+            let tenants = Tenants::new(vec![Tenant::with_token("default", &token)])
+                .map_err(|e| usage(e.to_string()))?;
+            (tenants, generated)
+        }
+    };
+    let mut config = args.kernel.config()?;
+    config.max_session_kernels = args.max_kernels;
+    config.kernel_idle_timeout = args.idle_timeout;
+    config.watchdog = std::env::current_exe().ok();
+    let config = config.validate()?;
+
+    let listener = tokio::net::TcpListener::bind(&args.listen)
+        .await
+        .map_err(|e| usage(format!("--listen {}: {e}", args.listen)))?;
+    let addr = listener.local_addr()?;
+    if args.tenants.is_none() && from_env.is_none() && !addr.ip().is_loopback() {
+        return Err(usage(format!(
+            "--listen {addr} is not a loopback address: without --tenants, set KERNELBOX_TOKEN to serve beyond this host"
+        )));
+    }
+
+    let engine = super::connect().await?;
+    if !engine.image_exists(&config.image).await? {
+        return Err(kernelbox::EngineError::ImageMissing {
+            image: config.image.clone(),
+        }
+        .into());
+    }
+    let orchestrator = Orchestrator::start(config, engine).await?;
+    let state = AppState::new(orchestrator, tenants.clone());
+
+    let shutdown = CancellationToken::new();
+    let signals = tokio::spawn(wait_for_signal(shutdown.clone()));
+    eprintln!(
+        "kernelbox: serving {} tenant(s) on http://{addr} (instance {})",
+        tenants.len(),
+        state.orchestrator().instance_id()
+    );
+    if let Some(token) = generated {
+        eprintln!("kernelbox: tenant \"default\" token: {token}");
+    }
+    let served = server::serve(listener, state, shutdown, args.drain_timeout).await;
+    signals.abort();
+    served?;
+    eprintln!("kernelbox: stopped; every kernel of this instance was removed");
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn wait_for_signal(shutdown: CancellationToken) {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot listen for SIGTERM");
+            let _ = tokio::signal::ctrl_c().await;
+            shutdown.cancel();
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    eprintln!("kernelbox: shutting down (finishing running cells, then removing kernels)");
+    shutdown.cancel();
+}

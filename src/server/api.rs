@@ -1,0 +1,598 @@
+//! Routes and handlers.
+
+use std::collections::BTreeSet;
+use std::convert::Infallible;
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::PathRejection;
+use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, Request, State};
+use axum::http::request::Parts;
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use axum::{Json, Router};
+use futures::FutureExt;
+use http_body_util::BodyExt;
+use serde::Deserialize;
+use serde_json::json;
+
+use super::error::ApiError;
+use super::tenants::Tenant;
+use super::tools::CellDispatcher;
+use super::{AppState, MAX_BODY_BYTES};
+use crate::authority::ToolDispatcher;
+use crate::orchestrator::ExecuteRequest;
+use crate::owner::validate_name;
+
+/// Longest `task_id` accepted.
+const MAX_TASK_ID: usize = 256;
+
+pub(super) fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/v1/sessions/{session}/execute", post(execute))
+        .route("/v1/sessions/{session}/interrupt", post(interrupt))
+        .route("/v1/sessions/{session}", delete(clear))
+        .route(
+            "/v1/sessions/{session}/children/{child}",
+            delete(release_child),
+        )
+        .route("/v1/kernels", get(kernels))
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
+        .route("/openapi.json", get(openapi))
+        .fallback(unknown_route)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn(catch_panic))
+        .with_state(state)
+}
+
+/// No panic reaches a caller as a dropped connection: it becomes a 500 JSON error.
+async fn catch_panic(request: Request, next: Next) -> Response {
+    match AssertUnwindSafe(next.run(request)).catch_unwind().await {
+        Ok(response) => response,
+        Err(_) => {
+            tracing::error!("a request handler panicked");
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "internal error",
+            )
+            .into_response()
+        }
+    }
+}
+
+async fn unknown_route(method: Method, uri: Uri) -> ApiError {
+    ApiError::not_found(format!("no route for {method} {}", uri.path()))
+}
+
+async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!("{method} is not allowed on {}", uri.path()),
+    )
+}
+
+/// The authenticated caller's tenant.
+pub(super) struct Caller(Arc<Tenant>);
+
+impl FromRequestParts<AppState> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Caller, ApiError> {
+        let token = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| {
+                let (scheme, token) = v.trim().split_once(' ')?;
+                scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+            })
+            .filter(|t| !t.is_empty());
+        match token.and_then(|t| state.inner.tenants.authenticate(t)) {
+            Some(tenant) => Ok(Caller(tenant)),
+            None => {
+                state.inner.metrics.rejected("unauthorized");
+                Err(ApiError::unauthorized())
+            }
+        }
+    }
+}
+
+fn invalid(state: &AppState, error: ApiError) -> ApiError {
+    state.inner.metrics.rejected(match error.status {
+        StatusCode::PAYLOAD_TOO_LARGE => "too_large",
+        _ => "invalid",
+    });
+    error
+}
+
+fn path_error(e: PathRejection) -> ApiError {
+    ApiError::bad_request("invalid_path", e.body_text())
+}
+
+fn name(what: &'static str, value: &str) -> Result<(), ApiError> {
+    validate_name(what, value).map_err(|e| ApiError::bad_request("invalid_name", e.to_string()))
+}
+
+fn one_name(
+    state: &AppState,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<String, ApiError> {
+    let Path(session) = path.map_err(|e| invalid(state, path_error(e)))?;
+    name("session", &session).map_err(|e| invalid(state, e))?;
+    Ok(session)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExecuteBody {
+    code: String,
+    #[serde(default)]
+    reset: bool,
+    #[serde(default)]
+    timeout: Option<f64>,
+    #[serde(default)]
+    task_id: Option<String>,
+    #[serde(default)]
+    child: Option<String>,
+    #[serde(default)]
+    tools: Option<Vec<String>>,
+}
+
+/// Past the limit, the rest of a body is still read (and discarded) up to this size, so the
+/// client finishes sending and sees the 413 instead of a reset connection.
+const DRAIN_BYTES: usize = 64 * MAX_BODY_BYTES;
+
+/// Reads a request body of at most [`MAX_BODY_BYTES`] (413 beyond it).
+async fn read_body(headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            format!("request bodies are limited to {MAX_BODY_BYTES} bytes"),
+        )
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > DRAIN_BYTES as u64) {
+        return Err(too_large());
+    }
+    let mut body = body;
+    let mut buf = Vec::new();
+    let mut total = 0usize;
+    while let Some(frame) = body.frame().await {
+        let frame = frame
+            .map_err(|e| ApiError::bad_request("invalid_body", format!("reading the body: {e}")))?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        total += data.len();
+        if total <= MAX_BODY_BYTES {
+            buf.extend_from_slice(&data);
+        } else if total > DRAIN_BYTES {
+            break;
+        }
+    }
+    if total > MAX_BODY_BYTES {
+        return Err(too_large());
+    }
+    Ok(Bytes::from(buf))
+}
+
+/// Turns a request body into a checked execute request (everything but the sink).
+fn parse_execute(
+    state: &AppState,
+    tenant: &Tenant,
+    session: String,
+    bytes: Bytes,
+) -> Result<ExecuteRequest, ApiError> {
+    let body: ExecuteBody = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::bad_request("invalid_json", format!("request body: {e}")))?;
+    if let Some(child) = &body.child {
+        name("child", child)?;
+    }
+    let max = state.inner.orchestrator.config().max_cell_timeout;
+    let timeout = match body.timeout {
+        None => None,
+        Some(secs) if secs.is_finite() && secs > 0.0 && secs <= max.as_secs_f64() => {
+            Some(Duration::from_secs_f64(secs))
+        }
+        Some(secs) => {
+            return Err(ApiError::bad_request(
+                "invalid_timeout",
+                format!(
+                    "timeout {secs} is not a number of seconds in (0, {}]",
+                    max.as_secs()
+                ),
+            ))
+        }
+    };
+    if body.task_id.as_ref().is_some_and(|t| t.len() > MAX_TASK_ID) {
+        return Err(ApiError::bad_request(
+            "invalid_task_id",
+            format!("task_id is limited to {MAX_TASK_ID} bytes"),
+        ));
+    }
+    let allowed = tenant.tools.as_ref().map(|t| &t.allow);
+    let tools: BTreeSet<String> = match body.tools {
+        None => allowed.cloned().unwrap_or_default(),
+        Some(list) => {
+            for tool in &list {
+                if !allowed.is_some_and(|a| a.contains(tool)) {
+                    return Err(ApiError::bad_request(
+                        "tool_not_allowed",
+                        format!(
+                            "tool {tool:?} is not on tenant {:?}'s allow-list",
+                            tenant.name
+                        ),
+                    ));
+                }
+            }
+            list.into_iter().collect()
+        }
+    };
+    let dispatcher: Option<Arc<dyn ToolDispatcher>> = match &tenant.tools {
+        Some(config) if !tools.is_empty() => Some(Arc::new(CellDispatcher::new(
+            state.inner.client.clone(),
+            config.clone(),
+            state.inner.metrics.clone(),
+        ))),
+        _ => None,
+    };
+    Ok(ExecuteRequest {
+        tenant: Some(tenant.name.clone()),
+        session,
+        task_id: body.task_id,
+        child: body.child,
+        code: body.code,
+        reset: body.reset,
+        timeout,
+        tools,
+        dispatcher,
+        cancel: None,
+        sink: None,
+    })
+}
+
+/// Keeps the tenant under `max_kernels`: a call that needs a new kernel at the cap evicts the
+/// tenant's least recently used idle session (children are pinned), or gets 429 when none can
+/// go because all are busy.
+async fn admit(
+    state: &AppState,
+    tenant: &Tenant,
+    session: &str,
+    child: Option<&str>,
+) -> Result<(), ApiError> {
+    let Some(max) = tenant.max_kernels else {
+        return Ok(());
+    };
+    let orchestrator = &state.inner.orchestrator;
+    loop {
+        let kernels = orchestrator.list_kernels(Some(&tenant.name));
+        if kernels.len() < max
+            || kernels
+                .iter()
+                .any(|k| k.session == session && k.child.as_deref() == child)
+        {
+            return Ok(());
+        }
+        // A session can go when it has no child kernels and none of its kernels is in use.
+        let victim = kernels
+            .iter()
+            .filter(|k| k.child.is_none() && k.attached == 0 && k.session != session)
+            .filter(|k| {
+                kernels
+                    .iter()
+                    .filter(|o| o.session == k.session)
+                    .all(|o| o.child.is_none() && o.attached == 0)
+            })
+            .max_by(|a, b| a.idle_seconds.total_cmp(&b.idle_seconds));
+        let Some(victim) = victim else {
+            state.inner.metrics.rejected("capacity");
+            return Err(ApiError {
+                retry_after: Some(1),
+                ..ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "at_capacity",
+                    format!(
+                        "tenant {:?} has {} of {max} kernels and all are busy; retry later",
+                        tenant.name,
+                        kernels.len()
+                    ),
+                )
+            });
+        };
+        tracing::info!(tenant = %tenant.name, session = %victim.session, "evicting an idle session at the tenant cap");
+        if orchestrator
+            .clear_session(Some(&tenant.name), &victim.session)
+            .await
+            == 0
+        {
+            // It went away on its own meanwhile; look again.
+            continue;
+        }
+        state.inner.metrics.evicted();
+    }
+}
+
+fn wants_ndjson(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.to_ascii_lowercase().contains("application/x-ndjson"))
+}
+
+async fn execute(
+    State(state): State<AppState>,
+    Caller(tenant): Caller,
+    session: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let session = one_name(&state, session)?;
+    let bytes = read_body(&headers, body)
+        .await
+        .map_err(|e| invalid(&state, e))?;
+    let request = parse_execute(&state, &tenant, session, bytes).map_err(|e| invalid(&state, e))?;
+    if state.is_draining() {
+        return Err(ApiError::shutting_down());
+    }
+    admit(&state, &tenant, &request.session, request.child.as_deref()).await?;
+    if wants_ndjson(&headers) {
+        return Ok(stream_execute(state, request));
+    }
+    let result = state.inner.orchestrator.execute(request).await?;
+    state.inner.metrics.cell(&result);
+    Ok(Json(result).into_response())
+}
+
+/// One line of an NDJSON stream.
+fn line(value: serde_json::Value) -> Bytes {
+    let mut text = value.to_string();
+    text.push('\n');
+    Bytes::from(text)
+}
+
+/// Turns output bytes into whole UTF-8 text, carrying a split character to the next chunk
+/// and capping the bytes streamed.
+struct Utf8Stream {
+    carry: Vec<u8>,
+    sent: usize,
+    cap: usize,
+    dropped: usize,
+}
+
+impl Utf8Stream {
+    fn push(&mut self, chunk: &[u8]) -> String {
+        let room = self.cap.saturating_sub(self.sent);
+        let take = chunk.len().min(room);
+        self.dropped += chunk.len() - take;
+        self.sent += take;
+        self.carry.extend_from_slice(&chunk[..take]);
+        let mut text = String::new();
+        loop {
+            match std::str::from_utf8(&self.carry) {
+                Ok(s) => {
+                    text.push_str(s);
+                    self.carry.clear();
+                    return text;
+                }
+                Err(e) => {
+                    let valid = e.valid_up_to();
+                    text.push_str(&String::from_utf8_lossy(&self.carry[..valid]));
+                    match e.error_len() {
+                        // An incomplete character at the end: keep it for the next chunk.
+                        None => {
+                            self.carry.drain(..valid);
+                            return text;
+                        }
+                        Some(n) => {
+                            text.push('\u{FFFD}');
+                            self.carry.drain(..valid + n);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn finish(&mut self) -> String {
+        let text = String::from_utf8_lossy(&self.carry).into_owned();
+        self.carry.clear();
+        text
+    }
+}
+
+/// Streams `{"event":"output","data":...}` lines as the cell writes, then one `result` (or
+/// `error`) line. The cell runs to its end even if the client goes away.
+fn stream_execute(state: AppState, mut request: ExecuteRequest) -> Response {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<(Bytes, bool)>();
+    let cap = state.inner.orchestrator.config().output_spill_bytes;
+    let decoder = Arc::new(Mutex::new(Utf8Stream {
+        carry: Vec::new(),
+        sent: 0,
+        cap,
+        dropped: 0,
+    }));
+    {
+        let tx = tx.clone();
+        let decoder = decoder.clone();
+        request.sink = Some(Arc::new(move |chunk: &[u8]| {
+            let text = decoder
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(chunk);
+            if !text.is_empty() {
+                let _ = tx.send((line(json!({"event": "output", "data": text})), false));
+            }
+        }));
+    }
+    tokio::spawn(async move {
+        let outcome = state.inner.orchestrator.execute(request).await;
+        let (rest, dropped) = {
+            let mut d = decoder.lock().unwrap_or_else(|p| p.into_inner());
+            (d.finish(), d.dropped)
+        };
+        if !rest.is_empty() {
+            let _ = tx.send((line(json!({"event": "output", "data": rest})), false));
+        }
+        if dropped > 0 {
+            let _ = tx.send((
+                line(json!({"event": "output_truncated", "bytes": dropped})),
+                false,
+            ));
+        }
+        let last = match outcome {
+            Ok(result) => {
+                state.inner.metrics.cell(&result);
+                json!({"event": "result", "result": result})
+            }
+            Err(e) => json!({"event": "error", "error": ApiError::from(e).body()["error"]}),
+        };
+        let _ = tx.send((line(last), true));
+    });
+    let stream = futures::stream::unfold((rx, false), |(mut rx, done)| async move {
+        if done {
+            return None;
+        }
+        let (bytes, last) = rx.recv().await?;
+        Some((Ok::<_, Infallible>(bytes), (rx, last)))
+    });
+    let mut response = Response::new(Body::from_stream(stream));
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/x-ndjson"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    response
+}
+
+async fn interrupt(
+    State(state): State<AppState>,
+    Caller(tenant): Caller,
+    session: Result<Path<String>, PathRejection>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let session = one_name(&state, session)?;
+    let orchestrator = &state.inner.orchestrator;
+    // Cells in flight: kernels of the session with a call attached.
+    let running = orchestrator
+        .list_kernels(Some(&tenant.name))
+        .iter()
+        .filter(|k| k.session == session && k.attached > 0)
+        .count();
+    let cancelled = if running > 0 {
+        orchestrator.interrupt(Some(&tenant.name), &session)
+    } else {
+        0
+    };
+    match running.min(cancelled) {
+        0 => Err(ApiError::not_found(format!(
+            "session {session:?} has no running cell"
+        ))),
+        n => Ok(Json(json!({"interrupted": n}))),
+    }
+}
+
+async fn clear(
+    State(state): State<AppState>,
+    Caller(tenant): Caller,
+    session: Result<Path<String>, PathRejection>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let session = one_name(&state, session)?;
+    match state
+        .inner
+        .orchestrator
+        .clear_session(Some(&tenant.name), &session)
+        .await
+    {
+        0 => Err(ApiError::not_found(format!(
+            "session {session:?} has no kernel"
+        ))),
+        n => Ok(Json(json!({"cleared": n}))),
+    }
+}
+
+async fn release_child(
+    State(state): State<AppState>,
+    Caller(tenant): Caller,
+    path: Result<Path<(String, String)>, PathRejection>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let Path((session, child)) = path.map_err(|e| invalid(&state, path_error(e)))?;
+    name("session", &session).map_err(|e| invalid(&state, e))?;
+    name("child", &child).map_err(|e| invalid(&state, e))?;
+    match state
+        .inner
+        .orchestrator
+        .release_child(Some(&tenant.name), &session, &child)
+        .await
+    {
+        0 => Err(ApiError::not_found(format!(
+            "child {child:?} of session {session:?} has no kernel"
+        ))),
+        n => Ok(Json(json!({"released": n}))),
+    }
+}
+
+async fn kernels(State(state): State<AppState>, Caller(tenant): Caller) -> Json<serde_json::Value> {
+    let list = state.inner.orchestrator.list_kernels(Some(&tenant.name));
+    Json(json!({"kernels": list}))
+}
+
+async fn healthz(State(state): State<AppState>) -> Response {
+    if state.is_draining() {
+        return ApiError::shutting_down().into_response();
+    }
+    Json(json!({"status": "ok", "instance": state.inner.orchestrator.instance_id()}))
+        .into_response()
+}
+
+async fn metrics(State(state): State<AppState>) -> Response {
+    let live = state.inner.orchestrator.list_kernels(None).len();
+    let text = state.inner.metrics.render(live, state.is_draining());
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+async fn openapi() -> Json<serde_json::Value> {
+    Json(super::openapi::spec())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_characters_are_carried_and_output_is_capped() {
+        let mut s = Utf8Stream {
+            carry: Vec::new(),
+            sent: 0,
+            cap: 8,
+            dropped: 0,
+        };
+        let euro = "€".as_bytes();
+        assert_eq!(s.push(&euro[..1]), "");
+        assert_eq!(s.push(&euro[1..]), "€");
+        assert_eq!(s.push(b"a\xffb"), "a\u{FFFD}b");
+        assert_eq!(s.push(b"cdef"), "cd");
+        assert_eq!(s.dropped, 2);
+        assert_eq!(s.finish(), "");
+    }
+}

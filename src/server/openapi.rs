@@ -1,0 +1,268 @@
+//! The OpenAPI 3.1 description served at `/openapi.json`. Written by hand next to the types it
+//! describes; a test checks that every route of [`super::ROUTES`] appears in it.
+
+use serde_json::{json, Value};
+
+use crate::cell::LossReason;
+
+fn error_response(description: &str) -> Value {
+    json!({
+        "description": description,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+    })
+}
+
+fn session_param() -> Value {
+    json!({
+        "name": "session", "in": "path", "required": true,
+        "description": "Conversation id: 1-128 of A-Z a-z 0-9 . _ - @ : (no \"::\").",
+        "schema": {"type": "string", "pattern": "^[A-Za-z0-9._@:-]{1,128}$"}
+    })
+}
+
+/// The spec, as JSON.
+pub fn spec() -> Value {
+    let loss_reasons: Vec<&str> = LossReason::ALL.iter().map(|r| r.as_str()).collect();
+    let auth_errors = json!({
+        "401": error_response("Missing or unknown bearer token."),
+    });
+    let mut execute_responses = json!({
+        "200": {
+            "description": "The cell result; with `Accept: application/x-ndjson`, a stream of events, one JSON object a line: `output` events as the cell writes, then one `result` (or `error`) event.",
+            "content": {
+                "application/json": {"schema": {"$ref": "#/components/schemas/CellResult"}},
+                "application/x-ndjson": {"schema": {"$ref": "#/components/schemas/StreamEvent"}}
+            }
+        },
+        "400": error_response("Bad JSON, bad session/child name, timeout out of range, or a tool outside the tenant's allow-list."),
+        "413": error_response("Request body over 1 MiB."),
+        "429": {
+            "description": "The tenant is at max_kernels and every one of its kernels is busy. Retry after the `Retry-After` seconds.",
+            "headers": {"Retry-After": {"schema": {"type": "integer"}}},
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+        },
+        "503": error_response("The Docker engine failed, the kernel could not start, or the server is shutting down."),
+    });
+    merge(&mut execute_responses, &auth_errors);
+    let mut not_found = json!({
+        "404": error_response("The caller's tenant has nothing by that name."),
+        "400": error_response("Bad session or child name."),
+    });
+    merge(&mut not_found, &auth_errors);
+
+    json!({
+        "openapi": "3.1.0",
+        "info": {
+            "title": "kernelbox",
+            "version": env!("CARGO_PKG_VERSION"),
+            "description": "Stateful Python kernels in hardened Docker containers, one per conversation. Every call is namespaced by the caller's tenant."
+        },
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "schemas": {
+                "Error": {
+                    "type": "object", "required": ["error"],
+                    "properties": {"error": {
+                        "type": "object", "required": ["code", "message"],
+                        "properties": {"code": {"type": "string"}, "message": {"type": "string"}}
+                    }}
+                },
+                "ExecuteRequest": {
+                    "type": "object", "required": ["code"], "additionalProperties": false,
+                    "properties": {
+                        "code": {"type": "string", "description": "Python source of the cell."},
+                        "reset": {"type": "boolean", "default": false, "description": "Discard the kernel and run in a fresh one."},
+                        "timeout": {"type": "number", "exclusiveMinimum": 0, "description": "Cell timeout in seconds (server default when absent)."},
+                        "task_id": {"type": "string", "maxLength": 256, "description": "The turn; passed to tool calls, never keys a kernel."},
+                        "child": {"type": "string", "description": "Delegated child making the call."},
+                        "tools": {"type": "array", "items": {"type": "string"}, "description": "Tools the cell may call; a subset of the tenant's allow-list (all of it when absent)."}
+                    }
+                },
+                "StateLost": {
+                    "type": "object", "required": ["reason", "at"],
+                    "properties": {
+                        "reason": {"type": "string", "enum": loss_reasons},
+                        "at": {"type": "string", "format": "date-time"}
+                    }
+                },
+                "KernelInfo": {
+                    "type": "object",
+                    "required": ["id", "reused", "execution_count", "state_reset", "ended", "generation"],
+                    "properties": {
+                        "id": {"type": "string"},
+                        "reused": {"type": "boolean"},
+                        "execution_count": {"type": "integer"},
+                        "state_reset": {"type": "boolean"},
+                        "ended": {"type": "boolean"},
+                        "generation": {"type": "integer"},
+                        "state_lost": {"$ref": "#/components/schemas/StateLost"}
+                    }
+                },
+                "CellResult": {
+                    "type": "object",
+                    "required": ["status", "output", "exit_code", "tool_calls_made", "duration_seconds", "kernel"],
+                    "properties": {
+                        "status": {"type": "string", "enum": ["success", "error", "timeout", "interrupted"]},
+                        "output": {"type": "string"},
+                        "error": {"type": "string"},
+                        "exit_code": {"type": "integer"},
+                        "tool_calls_made": {"type": "integer"},
+                        "duration_seconds": {"type": "number"},
+                        "kernel": {"$ref": "#/components/schemas/KernelInfo"},
+                        "stdout_truncated": {"type": "boolean"},
+                        "stdout_bytes_total": {"type": "integer"},
+                        "stdout_bytes_omitted": {"type": "integer"},
+                        "warning": {"type": "string"},
+                        "hint": {"type": "string"}
+                    }
+                },
+                "StreamEvent": {
+                    "oneOf": [
+                        {"type": "object", "required": ["event", "data"], "properties": {
+                            "event": {"const": "output"}, "data": {"type": "string"}}},
+                        {"type": "object", "required": ["event", "bytes"], "properties": {
+                            "event": {"const": "output_truncated"}, "bytes": {"type": "integer"}}},
+                        {"type": "object", "required": ["event", "result"], "properties": {
+                            "event": {"const": "result"}, "result": {"$ref": "#/components/schemas/CellResult"}}},
+                        {"type": "object", "required": ["event", "error"], "properties": {
+                            "event": {"const": "error"}, "error": {"$ref": "#/components/schemas/Error/properties/error"}}}
+                    ]
+                },
+                "KernelSummary": {
+                    "type": "object",
+                    "required": ["id", "tenant", "owner", "session", "generation", "state", "execution_count", "idle_seconds", "attached"],
+                    "properties": {
+                        "id": {"type": "string"},
+                        "tenant": {"type": "string"},
+                        "owner": {"type": "string"},
+                        "session": {"type": "string"},
+                        "child": {"type": "string"},
+                        "generation": {"type": "integer"},
+                        "state": {"type": "string", "enum": ["starting", "idle", "busy", "dead"]},
+                        "execution_count": {"type": "integer"},
+                        "idle_seconds": {"type": "number"},
+                        "attached": {"type": "integer"}
+                    }
+                },
+                "Count": {
+                    "type": "object",
+                    "properties": {
+                        "interrupted": {"type": "integer"},
+                        "cleared": {"type": "integer"},
+                        "released": {"type": "integer"}
+                    }
+                }
+            }
+        },
+        "security": [{"bearer": []}],
+        "paths": {
+            "/v1/sessions/{session}/execute": {
+                "post": {
+                    "summary": "Run one cell in the session's kernel (started on first use).",
+                    "parameters": [session_param(), {
+                        "name": "Accept", "in": "header", "required": false,
+                        "description": "`application/x-ndjson` streams output events, then the result.",
+                        "schema": {"type": "string"}
+                    }],
+                    "requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ExecuteRequest"}}}},
+                    "responses": execute_responses
+                }
+            },
+            "/v1/sessions/{session}/interrupt": {
+                "post": {
+                    "summary": "Interrupt the session's running cells: they return status `interrupted` and their kernels are killed.",
+                    "parameters": [session_param()],
+                    "responses": with(&not_found, json!({"200": {"description": "How many cells were interrupted.", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Count"}}}}}))
+                }
+            },
+            "/v1/sessions/{session}": {
+                "delete": {
+                    "summary": "Clear a session: dispose of its kernels, its children's included.",
+                    "parameters": [session_param()],
+                    "responses": with(&not_found, json!({"200": {"description": "How many kernels were disposed of.", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Count"}}}}}))
+                }
+            },
+            "/v1/sessions/{session}/children/{child}": {
+                "delete": {
+                    "summary": "Release a finished delegated child: dispose of its kernels.",
+                    "parameters": [session_param(), {
+                        "name": "child", "in": "path", "required": true,
+                        "schema": {"type": "string", "pattern": "^[A-Za-z0-9._@:-]{1,128}$"}
+                    }],
+                    "responses": with(&not_found, json!({"200": {"description": "How many kernels were disposed of.", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Count"}}}}}))
+                }
+            },
+            "/v1/kernels": {
+                "get": {
+                    "summary": "The caller's tenant's live kernels.",
+                    "responses": with(&auth_errors, json!({"200": {"description": "Kernels.", "content": {"application/json": {"schema": {
+                        "type": "object", "required": ["kernels"],
+                        "properties": {"kernels": {"type": "array", "items": {"$ref": "#/components/schemas/KernelSummary"}}}
+                    }}}}}))
+                }
+            },
+            "/healthz": {
+                "get": {
+                    "summary": "Liveness; 503 while shutting down. No authentication.",
+                    "security": [],
+                    "responses": {
+                        "200": {"description": "Serving.", "content": {"application/json": {"schema": {"type": "object"}}}},
+                        "503": error_response("Shutting down.")
+                    }
+                }
+            },
+            "/metrics": {
+                "get": {
+                    "summary": "Prometheus metrics (text exposition format). No authentication.",
+                    "security": [],
+                    "responses": {"200": {"description": "Metrics.", "content": {"text/plain": {"schema": {"type": "string"}}}}}
+                }
+            },
+            "/openapi.json": {
+                "get": {
+                    "summary": "This document. No authentication.",
+                    "security": [],
+                    "responses": {"200": {"description": "OpenAPI 3.1.", "content": {"application/json": {"schema": {"type": "object"}}}}}
+                }
+            }
+        }
+    })
+}
+
+fn merge(into: &mut Value, from: &Value) {
+    if let (Some(into), Some(from)) = (into.as_object_mut(), from.as_object()) {
+        for (k, v) in from {
+            into.insert(k.clone(), v.clone());
+        }
+    }
+}
+
+fn with(base: &Value, extra: Value) -> Value {
+    let mut v = base.clone();
+    merge(&mut v, &extra);
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_route_is_described() {
+        let spec = super::spec();
+        for (method, path) in super::super::ROUTES {
+            let op = &spec["paths"][path][method.to_ascii_lowercase()];
+            assert!(op.is_object(), "{method} {path} missing from the spec");
+            assert!(
+                op["responses"]["200"].is_object(),
+                "{method} {path} has no 200"
+            );
+        }
+        let paths = spec["paths"].as_object().map(|p| p.len()).unwrap_or(0);
+        let distinct: std::collections::BTreeSet<_> =
+            super::super::ROUTES.iter().map(|r| r.1).collect();
+        assert_eq!(
+            paths,
+            distinct.len(),
+            "the spec describes a route the server lacks"
+        );
+    }
+}
