@@ -356,11 +356,10 @@ async fn execute(
     Ok(Json(result).into_response())
 }
 
-/// One line of an NDJSON stream.
-fn line(value: serde_json::Value) -> Bytes {
-    let mut text = value.to_string();
-    text.push('\n');
-    Bytes::from(text)
+/// One line of an NDJSON stream: `{"event": EVENT, KEY: VALUE}`, the event name first.
+fn line(event: &str, key: &str, value: &impl serde::Serialize) -> Bytes {
+    let value = serde_json::to_string(value).unwrap_or_else(|_| "null".into());
+    Bytes::from(format!("{{\"event\":\"{event}\",\"{key}\":{value}}}\n"))
 }
 
 /// Turns output bytes into whole UTF-8 text, carrying a split character to the next chunk
@@ -433,7 +432,7 @@ fn stream_execute(state: AppState, mut request: ExecuteRequest) -> Response {
                 .unwrap_or_else(|p| p.into_inner())
                 .push(chunk);
             if !text.is_empty() {
-                let _ = tx.send((line(json!({"event": "output", "data": text})), false));
+                let _ = tx.send((line("output", "data", &text), false));
             }
         }));
     }
@@ -444,22 +443,19 @@ fn stream_execute(state: AppState, mut request: ExecuteRequest) -> Response {
             (d.finish(), d.dropped)
         };
         if !rest.is_empty() {
-            let _ = tx.send((line(json!({"event": "output", "data": rest})), false));
+            let _ = tx.send((line("output", "data", &rest), false));
         }
         if dropped > 0 {
-            let _ = tx.send((
-                line(json!({"event": "output_truncated", "bytes": dropped})),
-                false,
-            ));
+            let _ = tx.send((line("output_truncated", "bytes", &dropped), false));
         }
         let last = match outcome {
             Ok(result) => {
                 state.inner.metrics.cell(&result);
-                json!({"event": "result", "result": result})
+                line("result", "result", &result)
             }
-            Err(e) => json!({"event": "error", "error": ApiError::from(e).body()["error"]}),
+            Err(e) => line("error", "error", &ApiError::from(e).body()["error"]),
         };
-        let _ = tx.send((line(last), true));
+        let _ = tx.send((last, true));
     });
     let stream = futures::stream::unfold((rx, false), |(mut rx, done)| async move {
         if done {
