@@ -151,7 +151,9 @@ struct Inner {
     monitor: EventMonitor,
     tracker: TaskTracker,
     cancel: CancellationToken,
-    running: Mutex<HashMap<Owner, Vec<CancellationToken>>>,
+    running: Mutex<HashMap<Owner, Vec<(u64, CancellationToken)>>>,
+    next_run: std::sync::atomic::AtomicU64,
+    starts: Mutex<StartStats>,
     watchdog: Mutex<Option<Watchdog>>,
 }
 
@@ -209,6 +211,8 @@ impl Orchestrator {
             tracker: TaskTracker::new(),
             cancel: CancellationToken::new(),
             running: Mutex::new(HashMap::new()),
+            next_run: std::sync::atomic::AtomicU64::new(0),
+            starts: Mutex::new(StartStats::default()),
             watchdog: Mutex::new(watchdog),
             instance,
         });
@@ -302,7 +306,7 @@ impl Orchestrator {
             config.max_tool_calls,
         ));
         let cancel = request.cancel.clone().unwrap_or_default();
-        self.track_running(&owner, &cancel, true);
+        let run_id = self.track_running(&owner, &cancel);
         let run = kernel
             .run_cell(
                 &request.code,
@@ -313,7 +317,7 @@ impl Orchestrator {
                 (config.output_inline_bytes, config.output_spill_bytes),
             )
             .await;
-        self.track_running(&owner, &cancel, false);
+        self.untrack_running(&owner, run_id);
 
         let mut info = KernelInfo {
             id: kernel.short_id().to_string(),
@@ -418,13 +422,24 @@ impl Orchestrator {
         Ok(result)
     }
 
-    fn track_running(&self, owner: &Owner, token: &CancellationToken, add: bool) {
+    /// Registers a running cell's interrupt token; returns its id for [`Self::untrack_running`].
+    fn track_running(&self, owner: &Owner, token: &CancellationToken) -> u64 {
+        let id = self
+            .inner
+            .next_run
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut running = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
-        let tokens = running.entry(owner.clone()).or_default();
-        if add {
-            tokens.push(token.clone());
-        } else {
-            tokens.retain(|t| !std::ptr::eq(t, token) && !t.is_cancelled());
+        running
+            .entry(owner.clone())
+            .or_default()
+            .push((id, token.clone()));
+        id
+    }
+
+    fn untrack_running(&self, owner: &Owner, id: u64) {
+        let mut running = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(tokens) = running.get_mut(owner) {
+            tokens.retain(|(i, _)| *i != id);
             if tokens.is_empty() {
                 running.remove(owner);
             }
@@ -438,7 +453,7 @@ impl Orchestrator {
         let mut count = 0;
         for (owner, tokens) in running.iter() {
             if owner.tenant == tenant && owner.session == session {
-                for t in tokens {
+                for (_, t) in tokens {
                     t.cancel();
                     count += 1;
                 }
@@ -451,7 +466,6 @@ impl Orchestrator {
         let inner = &self.inner;
         let mut reset = reset;
         let mut state_reset = false;
-        let mut carried_loss = None;
         loop {
             let attach = inner.registry.attach(key, reset);
             let mut doomed = attach.victims;
@@ -463,13 +477,14 @@ impl Orchestrator {
             }
             self.dispose_slots(doomed).await;
             let slot = attach.slot;
-            let state_lost = attach.state_lost.or(carried_loss.take());
+            let state_lost = attach.state_lost;
             let mut reused = true;
             let spawned = slot
                 .kernel
                 .get_or_try_init(|| {
                     reused = false;
-                    Kernel::spawn(
+                    let started = Instant::now();
+                    let spawn = Kernel::spawn(
                         inner.engine.clone(),
                         &inner.config,
                         &inner.labels,
@@ -477,7 +492,16 @@ impl Orchestrator {
                         slot.generation,
                         inner.monitor.clone(),
                         &inner.tracker,
-                    )
+                    );
+                    async move {
+                        let result = spawn.await;
+                        inner
+                            .starts
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .observe(result.is_ok(), started.elapsed().as_secs_f64());
+                        result
+                    }
                 })
                 .await;
             let kernel = match spawned {
@@ -500,11 +524,8 @@ impl Orchestrator {
             // It died between cells (killed from outside, OOM from a stray thread, engine
             // restart): report the loss on this very call and start afresh.
             let reason = death_message(kernel.death().unwrap_or(Death::Crashed(-1)), 0).1;
-            inner.registry.forget(&slot, None);
-            carried_loss = reason.map(|reason| crate::cell::StateLost {
-                reason,
-                at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
-            });
+            // Recorded in the registry, the loss comes back to this very call on the retry.
+            inner.registry.forget(&slot, reason);
             if inner.registry.release(&slot) {
                 self.dispose_kernel(&kernel).await;
             }
@@ -542,10 +563,40 @@ impl Orchestrator {
         let slots = self
             .inner
             .registry
-            .remove_where(|o| o.tenant == tenant && o.session == session);
+            .remove_where(|o| o.tenant == tenant && o.session == session, None);
         let n = slots.len();
         self.dispose_slots(slots).await;
         n
+    }
+
+    /// Evicts a session's kernels (its children's included) to make room, as the LRU cap
+    /// would: the loss is reported to the session's next call as `evicted`.
+    pub async fn evict_session(&self, tenant: Option<&str>, session: &str) -> usize {
+        let tenant = tenant
+            .unwrap_or(&self.inner.config.default_tenant)
+            .to_string();
+        let slots = self.inner.registry.remove_where(
+            |o| o.tenant == tenant && o.session == session,
+            Some(LossReason::Evicted),
+        );
+        let n = slots.len();
+        self.dispose_slots(slots).await;
+        n
+    }
+
+    /// Lifecycle counters for metrics: kernel starts (by outcome, with durations) and
+    /// involuntary losses as they happened, by reason.
+    pub fn stats(&self) -> Stats {
+        let starts = self
+            .inner
+            .starts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        Stats {
+            starts,
+            losses: self.inner.registry.loss_counts(),
+        }
     }
 
     /// Disposes of a finished delegated child's kernels and unpins it.
@@ -556,9 +607,10 @@ impl Orchestrator {
         if let Ok(owner) = Owner::new(&tenant, session, Some(child)) {
             self.inner.registry.release_child(&owner);
         }
-        let slots = self.inner.registry.remove_where(|o| {
-            o.tenant == tenant && o.session == session && o.child.as_deref() == Some(child)
-        });
+        let slots = self.inner.registry.remove_where(
+            |o| o.tenant == tenant && o.session == session && o.child.as_deref() == Some(child),
+            None,
+        );
         let n = slots.len();
         self.dispose_slots(slots).await;
         n
@@ -690,6 +742,42 @@ impl Orchestrator {
             let _ = tokio::task::spawn_blocking(move || w.finish()).await;
         }
     }
+}
+
+/// Upper bounds of the kernel start-time histogram, in seconds.
+pub const START_BUCKETS: [f64; 10] = [0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0];
+
+/// Kernel start times by outcome (index 0: started, 1: failed).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StartStats {
+    /// Per outcome: cumulative counts per bucket of [`START_BUCKETS`].
+    pub buckets: [[u64; START_BUCKETS.len()]; 2],
+    /// Per outcome: number of starts.
+    pub count: [u64; 2],
+    /// Per outcome: total seconds.
+    pub sum: [f64; 2],
+}
+
+impl StartStats {
+    fn observe(&mut self, ok: bool, seconds: f64) {
+        let i = usize::from(!ok);
+        for (b, bound) in START_BUCKETS.iter().enumerate() {
+            if seconds <= *bound {
+                self.buckets[i][b] += 1;
+            }
+        }
+        self.count[i] += 1;
+        self.sum[i] += seconds;
+    }
+}
+
+/// A snapshot of the orchestrator's lifecycle counters.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stats {
+    /// Kernel starts by outcome.
+    pub starts: StartStats,
+    /// Involuntary losses by reason, indexed as [`LossReason::ALL`].
+    pub losses: crate::registry::LossCounts,
 }
 
 struct Lease {

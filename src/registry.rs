@@ -79,6 +79,9 @@ pub struct Registry {
     inner: Mutex<Inner>,
 }
 
+/// Involuntary losses counted as they happen, by reason (indexed as [`LossReason::ALL`]).
+pub type LossCounts = [u64; LossReason::ALL.len()];
+
 #[derive(Debug, Default)]
 struct Inner {
     slots: HashMap<KernelKey, Arc<Slot>>,
@@ -86,6 +89,7 @@ struct Inner {
     losses: HashMap<KernelKey, StateLost>,
     remembered: VecDeque<KernelKey>,
     released_children: HashSet<Owner>,
+    loss_counts: LossCounts,
 }
 
 impl Inner {
@@ -104,6 +108,9 @@ impl Inner {
     }
 
     fn record_loss(&mut self, key: &KernelKey, reason: LossReason) {
+        if let Some(i) = LossReason::ALL.iter().position(|r| *r == reason) {
+            self.loss_counts[i] += 1;
+        }
         self.remember(key);
         self.generations.entry(key.clone()).or_insert(0);
         self.losses.insert(
@@ -260,9 +267,14 @@ impl Registry {
         registered
     }
 
-    /// Unregisters every slot whose owner matches; returns those with no call attached (to
-    /// dispose now). Attached ones are disposed by their last call out.
-    pub fn remove_where(&self, matches: impl Fn(&Owner) -> bool) -> Vec<Arc<Slot>> {
+    /// Unregisters every slot whose owner matches, recording `loss` for each when given;
+    /// returns those with no call attached (to dispose now). Attached ones are disposed by
+    /// their last call out.
+    pub fn remove_where(
+        &self,
+        matches: impl Fn(&Owner) -> bool,
+        loss: Option<LossReason>,
+    ) -> Vec<Arc<Slot>> {
         let mut inner = self.lock();
         let keys: Vec<KernelKey> = inner
             .slots
@@ -270,10 +282,23 @@ impl Registry {
             .filter(|k| matches(&k.owner))
             .cloned()
             .collect();
-        keys.into_iter()
-            .filter_map(|k| inner.slots.remove(&k))
-            .filter(|s| s.attached() == 0)
-            .collect()
+        let mut free = Vec::new();
+        for key in keys {
+            if let Some(slot) = inner.slots.remove(&key) {
+                if let Some(reason) = loss {
+                    inner.record_loss(&key, reason);
+                }
+                if slot.attached() == 0 {
+                    free.push(slot);
+                }
+            }
+        }
+        free
+    }
+
+    /// Losses so far, by reason.
+    pub fn loss_counts(&self) -> LossCounts {
+        self.lock().loss_counts
     }
 
     /// Marks a delegated child as finished: its kernels are no longer pinned.
@@ -423,7 +448,7 @@ mod tests {
     async fn release_of_a_forgotten_slot_asks_for_disposal() {
         let reg = Registry::new(4, Duration::from_secs(3600));
         let a = reg.attach(&key("s", None), false);
-        let removed = reg.remove_where(|o| o.session == "s");
+        let removed = reg.remove_where(|o| o.session == "s", None);
         assert!(removed.is_empty(), "attached: the last call out disposes");
         assert!(
             reg.release(&a.slot),

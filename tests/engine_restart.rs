@@ -27,7 +27,8 @@ fn dockerd_pid() -> Option<u32> {
 }
 
 /// Stops dockerd with SIGTERM, waits for it to exit, and starts it again with the same
-/// command line.
+/// command line. The new dockerd must outlive this test, so it is never waited for.
+#[allow(clippy::zombie_processes)]
 fn restart_dockerd() {
     let pid = dockerd_pid().expect("a dockerd process to restart");
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();

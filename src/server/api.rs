@@ -313,7 +313,7 @@ async fn admit(
         };
         tracing::info!(tenant = %tenant.name, session = %victim.session, "evicting an idle session at the tenant cap");
         if orchestrator
-            .clear_session(Some(&tenant.name), &victim.session)
+            .evict_session(Some(&tenant.name), &victim.session)
             .await
             == 0
         {
@@ -556,7 +556,11 @@ async fn healthz(State(state): State<AppState>) -> Response {
 
 async fn metrics(State(state): State<AppState>) -> Response {
     let live = state.inner.orchestrator.list_kernels(None).len();
-    let text = state.inner.metrics.render(live, state.is_draining());
+    let stats = state.inner.orchestrator.stats();
+    let text = state
+        .inner
+        .metrics
+        .render(live, state.is_draining(), &stats);
     (
         [(
             header::CONTENT_TYPE,

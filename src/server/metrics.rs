@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use crate::cell::{CellResult, CellStatus, LossReason};
+use crate::orchestrator::{Stats, START_BUCKETS};
 
 const STATUSES: [CellStatus; 4] = [
     CellStatus::Success,
@@ -94,9 +95,10 @@ impl Metrics {
     }
 
     /// The exposition text; `live` is the number of live kernels right now.
-    pub fn render(&self, live: usize, draining: bool) -> String {
+    pub fn render(&self, live: usize, draining: bool, stats: &Stats) -> String {
         let mut out = String::new();
         let _ = self.write(&mut out, live, draining);
+        let _ = write_lifecycle(&mut out, stats);
         out
     }
 
@@ -215,13 +217,64 @@ impl Metrics {
     }
 }
 
+/// The orchestrator's own counters: kernel start times by outcome, losses as they happen.
+fn write_lifecycle(out: &mut String, stats: &Stats) -> std::fmt::Result {
+    writeln!(
+        out,
+        "# HELP kernelbox_kernel_start_seconds Time to start a kernel (container up, runner ready), by outcome."
+    )?;
+    writeln!(out, "# TYPE kernelbox_kernel_start_seconds histogram")?;
+    for (i, outcome) in ["started", "failed"].iter().enumerate() {
+        for (bound, n) in START_BUCKETS.iter().zip(stats.starts.buckets[i].iter()) {
+            writeln!(
+                out,
+                "kernelbox_kernel_start_seconds_bucket{{outcome=\"{outcome}\",le=\"{bound}\"}} {n}"
+            )?;
+        }
+        writeln!(
+            out,
+            "kernelbox_kernel_start_seconds_bucket{{outcome=\"{outcome}\",le=\"+Inf\"}} {}",
+            stats.starts.count[i]
+        )?;
+        writeln!(
+            out,
+            "kernelbox_kernel_start_seconds_sum{{outcome=\"{outcome}\"}} {}",
+            stats.starts.sum[i]
+        )?;
+        writeln!(
+            out,
+            "kernelbox_kernel_start_seconds_count{{outcome=\"{outcome}\"}} {}",
+            stats.starts.count[i]
+        )?;
+    }
+    writeln!(
+        out,
+        "# HELP kernelbox_kernel_losses_total Kernels lost without their owner asking, as it happened, by reason (evictions and idle reaps included)."
+    )?;
+    writeln!(out, "# TYPE kernelbox_kernel_losses_total counter")?;
+    for (reason, n) in LossReason::ALL.iter().zip(stats.losses.iter()) {
+        writeln!(
+            out,
+            "kernelbox_kernel_losses_total{{reason=\"{}\"}} {n}",
+            reason.as_str()
+        )?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn every_label_value_is_present_before_any_event() {
-        let text = Metrics::default().render(0, false);
+        let stats = Stats {
+            starts: Default::default(),
+            losses: Default::default(),
+        };
+        let text = Metrics::default().render(0, false, &stats);
+        assert!(text.contains("kernelbox_kernel_start_seconds_count{outcome=\"failed\"} 0"));
+        assert!(text.contains("kernelbox_kernel_losses_total{reason=\"evicted\"} 0"));
         for s in ["success", "error", "timeout", "interrupted"] {
             assert!(
                 text.contains(&format!("kernelbox_cells_total{{status=\"{s}\"}} 0")),
