@@ -1,6 +1,7 @@
 //! Command-line verbs. Each verb resolves its configuration once, then calls the library.
 
 mod admin;
+mod remote;
 mod repl;
 mod serve;
 
@@ -148,6 +149,15 @@ struct ExecArgs {
     /// Delegated child id, when running as a sub-agent.
     #[arg(long)]
     child: Option<String>,
+    /// Discard the session's kernel first (with --url; a local exec always starts fresh).
+    #[arg(long)]
+    reset: bool,
+    /// Run on a kernelbox server at this URL instead of a local kernel.
+    #[arg(long, env = "KERNELBOX_URL")]
+    url: Option<String>,
+    /// Bearer token for --url.
+    #[arg(long, env = "KERNELBOX_TOKEN", hide_env_values = true)]
+    token: Option<String>,
     #[command(flatten)]
     kernel: KernelOpts,
     /// Python code to run; `-` reads it from standard input.
@@ -272,6 +282,18 @@ async fn exec(args: ExecArgs) -> anyhow::Result<ExitCode> {
     } else {
         args.code.clone()
     };
+    if let Some(url) = &args.url {
+        return remote::exec(remote::Remote {
+            url,
+            token: args.token.as_deref(),
+            session: &args.session,
+            child: args.child.as_deref(),
+            code: &code,
+            timeout_seconds: args.kernel.timeout.as_secs_f64(),
+            reset: args.reset,
+        })
+        .await;
+    }
     let orchestrator = start(&args.kernel).await?;
     let request = ExecuteRequest {
         session: args.session.clone(),
