@@ -117,3 +117,103 @@ async fn kernel_exits_when_its_backend_parent_dies_mid_spawn() {
     child.wait().await.expect("reaped");
     assert_gone_within_10s(&engine, &label).await;
 }
+
+/// A serve process SIGKILLed while 20 kernels across 10 owners are mid-cell.
+#[tokio::test]
+async fn a_server_killed_with_twenty_busy_kernels_leaves_nothing() {
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Full};
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+
+    let engine = common::engine().await;
+    let label = common::unique("death-serve");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let base = format!("http://127.0.0.1:{port}");
+    let mut server = Command::new(env!("CARGO_BIN_EXE_kernelbox"))
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--max-kernels",
+            "40",
+            "--timeout",
+            "10m",
+        ])
+        .arg("--label")
+        .arg(format!("{CASE}={label}"))
+        .env("KERNELBOX_TOKEN", "death-token")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn kernelbox serve");
+    // The server says where it serves once it is listening.
+    let mut err = BufReader::new(server.stderr.take().unwrap()).lines();
+    let ready = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Ok(Some(line)) = err.next_line().await {
+            if line.contains("serving") {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(ready, Ok(true), "the server did not start");
+
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let post = |session: String, child: Option<String>| {
+        let client = client.clone();
+        let uri = format!("{base}/v1/sessions/{session}/execute");
+        async move {
+            let mut body = serde_json::json!({"code": "import time\nprint('busy', flush=True)\ntime.sleep(300)"});
+            if let Some(child) = child {
+                body["child"] = serde_json::json!(child);
+            }
+            let request = hyper::Request::post(uri)
+                .header("authorization", "Bearer death-token")
+                .body(Full::new(Bytes::from(body.to_string())))
+                .unwrap();
+            // The connection dies with the server; the outcome does not matter here.
+            let _ = client.request(request).await;
+        }
+    };
+    let mut calls = tokio::task::JoinSet::new();
+    for owner in 0..10 {
+        calls.spawn(post(format!("owner-{owner}"), None));
+        calls.spawn(post(format!("owner-{owner}"), Some("helper".into())));
+    }
+    // Wait until the server reports all 20 kernels busy.
+    let busy = tokio::time::timeout(Duration::from_secs(120), async {
+        loop {
+            let request = hyper::Request::get(format!("{base}/v1/kernels"))
+                .header("authorization", "Bearer death-token")
+                .body(Full::new(Bytes::new()))
+                .unwrap();
+            if let Ok(response) = client.request(request).await {
+                let body = response.into_body().collect().await.unwrap().to_bytes();
+                let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+                let n = v["kernels"]
+                    .as_array()
+                    .map(|k| k.iter().filter(|k| k["state"] == "busy").count())
+                    .unwrap_or(0);
+                if n == 20 {
+                    return;
+                }
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    assert!(busy.is_ok(), "20 kernels never became busy");
+    assert_eq!(common::containers(&engine, &label).await.len(), 20);
+    server.kill().await.expect("SIGKILL");
+    server.wait().await.expect("reaped");
+    assert_gone_within_10s(&engine, &label).await;
+    calls.abort_all();
+}
