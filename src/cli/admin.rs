@@ -115,7 +115,9 @@ async fn find(engine: &BollardEngine, prefix: &str) -> anyhow::Result<ContainerI
     match matches.len() {
         1 => Ok(matches.into_iter().next().context("one match")?),
         0 => Err(anyhow::anyhow!("no kernelbox kernel with id {prefix}")),
-        n => Err(anyhow::anyhow!("{n} kernels match {prefix}; give more of the id")),
+        n => Err(anyhow::anyhow!(
+            "{n} kernels match {prefix}; give more of the id"
+        )),
     }
 }
 
@@ -124,7 +126,12 @@ async fn memory_of(engine: &BollardEngine, id: &str) -> Option<u64> {
         .stream(false)
         .one_shot(true)
         .build();
-    let stats = engine.client().stats(id, Some(options)).next().await?.ok()?;
+    let stats = engine
+        .client()
+        .stats(id, Some(options))
+        .next()
+        .await?
+        .ok()?;
     stats.memory_stats?.usage
 }
 
@@ -224,7 +231,10 @@ pub async fn logs(engine: &BollardEngine, args: LogsArgs) -> anyhow::Result<Exit
         .filters(&filters)
         .build();
     let mut events = engine.client().events(Some(options));
-    println!("# lifecycle of {} (cell output is not logged by design)", &c.id[..12]);
+    println!(
+        "# lifecycle of {} (cell output is not logged by design)",
+        &c.id[..12]
+    );
     while let Some(event) = events.next().await {
         let event = event?;
         let when = event
