@@ -4,38 +4,41 @@ Standard library only, Python >= 3.8. The host starts it as ``python3 -c <this f
 container's stdin/stdout/stderr attached (tty off, OpenStdin + StdinOnce), so any image that has
 python3 works and nothing has to be written into a read-only root filesystem.
 
-Channels (protocol version 1):
+Channels (protocol version 2):
 
 * host -> runner: newline-delimited JSON on the container's stdin (moved to a private fd).
 * runner -> host: newline-delimited JSON on the container's stderr (moved to a private fd).
 * cell output: fds 1 and 2 both point at the container's stdout, so prints, ``os.write`` and
   subprocess output arrive live, in write order, read by the engine rather than by a thread in
-  this interpreter (no GIL-held capture deadlock). After each cell the runner writes the cell's
-  end marker (chosen by the host) to fd 1, so the host knows it holds all the cell's output.
+  this interpreter (no GIL-held capture deadlock). When a cell ends the runner writes, in one
+  write on the output pipe, the cell's end marker (chosen by the host) followed by the cell's
+  ``done`` frame and a newline: the host then holds all the cell's output and its outcome.
 
 Messages, host -> runner:  {"op": "exec", "cell": N, "code": str, "marker": str}
                            {"op": "tool_result", "call": N, "ok": bool, "result": any, "error": str}
                            {"op": "ping"}
-Messages, runner -> host:  {"op": "ready", "v": 1, "python": str, "pid": N}
-                           {"op": "done", "cell": N, "status": "ok"|"error"|"exit",
-                            "traceback": str|null, "execution_count": N, "exit_code": N}
+Messages, runner -> host:  {"op": "ready", "v": 2, "python": str, "pid": N}       (stderr)
                            {"op": "tool_call", "cell": N|null, "call": N, "tool": str, "args": {}}
                            {"op": "pong"}
+                           MARKER {"op": "done", "cell": N, "status": "ok"|"error"|"exit",
+                            "traceback": str|null, "execution_count": N, "exit_code": N}  (stdout)
 
-The runner exits at once when its stdin reaches EOF (the host went away), even mid-cell: a
-reader thread owns stdin and calls ``os._exit``.
+Nobody owns stdin: whichever thread needs a message (the idle main thread waiting for a cell,
+or a thread waiting for its tool result) reads it and files what it reads for the others, so
+a cell starts and a tool result lands without a thread hand-off. A watcher thread polls stdin
+for hang-up only and exits the process the moment the host goes away, even mid-cell.
 """
 
+import collections
 import io
 import json
 import os
-import queue
+import select
 import sys
 import threading
-import traceback
 import types
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 
 class _Channel:
@@ -76,10 +79,86 @@ class _Channel:
                 view = view[n:]
 
 
+class _Inbox:
+    """Host -> runner messages, read by whichever waiting thread gets there first."""
+
+    def __init__(self, channel):
+        self.ch = channel
+        self.buf = b""
+        self.cond = threading.Condition()
+        self.reading = False
+        self.execs = collections.deque()
+        self.results = {}
+
+    def wait(self, take):
+        """Returns ``take()`` once it is not None, reading messages meanwhile if nobody is.
+
+        ``take`` runs under the inbox lock."""
+        with self.cond:
+            while True:
+                value = take()
+                if value is not None:
+                    return value
+                if not self.reading:
+                    self.reading = True
+                    break
+                self.cond.wait()
+        try:
+            while True:
+                msg = self._read()
+                with self.cond:
+                    self._file(msg)
+                    self.cond.notify_all()
+                    value = take()
+                    if value is not None:
+                        return value
+        finally:
+            with self.cond:
+                self.reading = False
+                # Another waiter takes over the reading.
+                self.cond.notify_all()
+
+    def _read(self):
+        # Only the reading thread touches the buffer.
+        while True:
+            if b"\n" in self.buf:
+                line, self.buf = self.buf.split(b"\n", 1)
+                try:
+                    return json.loads(line)
+                except ValueError:
+                    continue
+            chunk = os.read(self.ch.inp, 65536)
+            if not chunk:
+                os._exit(0)
+            self.buf += chunk
+
+    def _file(self, msg):
+        op = msg.get("op") if isinstance(msg, dict) else None
+        if op == "exec":
+            self.execs.append(msg)
+        elif op == "tool_result":
+            self.results[msg.get("call")] = msg
+        elif op == "ping":
+            self.ch.send({"op": "pong"})
+
+
+def _watch_hangup(fd):
+    """Ends the kernel the moment the host's end of stdin closes, whatever the cell does."""
+    poller = select.poll()
+    poller.register(fd, 0)  # POLLHUP and POLLERR are always reported; data is left alone.
+    while True:
+        try:
+            events = poller.poll()
+        except InterruptedError:
+            continue
+        if any(ev & (select.POLLHUP | select.POLLERR | select.POLLNVAL) for _, ev in events):
+            os._exit(0)
+
+
 class _Runner:
     def __init__(self, channel):
         self.ch = channel
-        self.cells = queue.Queue()
+        self.inbox = _Inbox(channel)
         self.current_cell = None
         self.execution_count = 0
         # Cells run in a fresh __main__ module, so pickling and introspection see cell code.
@@ -87,46 +166,9 @@ class _Runner:
         main_module.__dict__["__builtins__"] = __builtins__
         sys.modules["__main__"] = main_module
         self.namespace = main_module.__dict__
-        self.calls = {}
         self.calls_lock = threading.Lock()
         self.next_call = 0
         self.pid = os.getpid()
-
-    # -- reader thread -------------------------------------------------------------------
-
-    def read_forever(self):
-        """Owns the host->runner channel; the kernel ends when the host does."""
-        buf = b""
-        try:
-            while True:
-                chunk = os.read(self.ch.inp, 65536)
-                if not chunk:
-                    break
-                buf += chunk
-                while b"\n" in buf:
-                    line, buf = buf.split(b"\n", 1)
-                    if line.strip():
-                        self.handle(line)
-        except BaseException:  # pragma: no cover - any failure here means the host is gone
-            pass
-        os._exit(0)
-
-    def handle(self, line):
-        try:
-            msg = json.loads(line)
-            op = msg.get("op")
-        except Exception:
-            return
-        if op == "exec":
-            self.cells.put(msg)
-        elif op == "tool_result":
-            with self.calls_lock:
-                slot = self.calls.pop(msg.get("call"), None)
-            if slot is not None:
-                slot[1] = msg
-                slot[0].set()
-        elif op == "ping":
-            self.ch.send({"op": "pong"})
 
     # -- tool calls ------------------------------------------------------------------------
 
@@ -141,21 +183,16 @@ class _Runner:
             cell = self.current_cell
         else:
             cell = getattr(thread, "_kernelbox_cell", None)
-        event = threading.Event()
-        slot = [event, None]
-        with self.calls_lock:
-            self.next_call += 1
-            call = self.next_call
-            self.calls[call] = slot
         try:
             json.dumps(args)
         except (TypeError, ValueError) as exc:
-            with self.calls_lock:
-                self.calls.pop(call, None)
             raise ToolError("tool arguments must be JSON-serialisable: %s" % exc)
+        with self.calls_lock:
+            self.next_call += 1
+            call = self.next_call
         self.ch.send({"op": "tool_call", "cell": cell, "call": call, "tool": name, "args": args})
-        event.wait()
-        reply = slot[1]
+        results = self.inbox.results
+        reply = self.inbox.wait(lambda: results.pop(call, None))
         if reply.get("ok"):
             return reply.get("result")
         raise ToolError(reply.get("error") or "tool call failed")
@@ -166,8 +203,9 @@ class _Runner:
         self.ch.send(
             {"op": "ready", "v": PROTOCOL_VERSION, "python": sys.version.split()[0], "pid": os.getpid()}
         )
+        execs = self.inbox.execs
         while True:
-            msg = self.cells.get()
+            msg = self.inbox.wait(lambda: execs.popleft() if execs else None)
             self.run_cell(msg)
 
     def run_cell(self, msg):
@@ -191,6 +229,8 @@ class _Runner:
             # Drop this frame so the traceback starts in the cell.
             if tb_obj is not None and tb_obj.tb_frame.f_code is _Runner.run_cell.__code__:
                 tb_obj = tb_obj.tb_next
+            import traceback  # only when a cell raises: keeps idle kernels small
+
             tb = "".join(traceback.format_exception(etype, value, tb_obj))
             del tb_obj
         finally:
@@ -204,20 +244,19 @@ class _Runner:
                 stream.flush()
             except Exception:
                 pass
-        if status == "error":
-            # The traceback is part of the cell's output too, in write order.
-            _write_all(self.ch.cell_out, tb.encode("utf-8", "replace"))
-        _write_all(self.ch.cell_out, marker)
-        self.ch.send(
-            {
-                "op": "done",
-                "cell": cell,
-                "status": status,
-                "traceback": tb,
-                "execution_count": self.execution_count,
-                "exit_code": exit_code,
-            }
-        )
+        done = {
+            "op": "done",
+            "cell": cell,
+            "status": status,
+            "traceback": tb,
+            "execution_count": self.execution_count,
+            "exit_code": exit_code,
+        }
+        # The traceback is part of the cell's output too, in write order; then the end marker
+        # and the outcome, in one write.
+        end = (tb or "").encode("utf-8", "replace") + marker
+        end += json.dumps(done, separators=(",", ":")).encode("utf-8", "surrogatepass") + b"\n"
+        _write_all(self.ch.cell_out, end)
         if status == "exit":
             os._exit(0)
 
@@ -315,7 +354,7 @@ def main():
     os.register_at_fork(after_in_child=channel.close_in_child)
     sys.modules["kernel_tools"] = _tools_module(runner)
     _tag_threads(runner)
-    threading.Thread(target=runner.read_forever, name="kernelbox-stdin", daemon=True).start()
+    threading.Thread(target=_watch_hangup, args=(channel.inp,), name="kernelbox-hangup", daemon=True).start()
     runner.run_forever()
 
 

@@ -469,6 +469,7 @@ impl Kernel {
         let mut scanner = MarkerScanner::new(&marker);
         let mut done: Option<(DoneStatus, Option<String>, u64)> = None;
         let mut tools: FuturesUnordered<ToolWork> = FuturesUnordered::new();
+        let mut pending_calls: Vec<u64> = Vec::new();
         let end = if sent.is_err() {
             CellEnd::Died(self.await_death().await)
         } else {
@@ -484,12 +485,13 @@ impl Kernel {
                                     sink(b);
                                 }
                             });
-                        }
-                        Some(IoEvent::Frame(KernelFrame::Done { cell: c, status, traceback, execution_count })) if c == cell => {
-                            done = Some((status, traceback, execution_count));
+                            if let (None, Some(line)) = (&done, scanner.done_line()) {
+                                done = Some(parse_done(line, cell));
+                            }
                         }
                         Some(IoEvent::Frame(KernelFrame::ToolCall { cell: c, call, tool, args })) => {
                             if c == Some(cell) {
+                                pending_calls.push(call);
                                 tools.push(self.dispatch(authority.clone(), cell, call, tool, args));
                             } else {
                                 let _ = refuse(&self.writer, call, RETIRED_MESSAGE).await;
@@ -501,6 +503,7 @@ impl Kernel {
                         }
                     },
                     Some((call, result)) = tools.next(), if !tools.is_empty() => {
+                        pending_calls.retain(|c| *c != call);
                         let frame = match result {
                             Ok(value) => HostFrame::ToolResult { call, ok: true, result: Some(value), error: None },
                             Err(message) => HostFrame::ToolResult { call, ok: false, result: None, error: Some(message) },
@@ -517,9 +520,16 @@ impl Kernel {
                 }
             }
         };
-        // Settle: the authority is retired before anything else can run.
+        // Settle: the authority is retired before anything else can run, and threads of the
+        // cell still waiting on a call are told so instead of waiting forever.
         authority.retire();
         self.active_cell.store(0, Ordering::Release);
+        drop(tools);
+        if matches!(end, CellEnd::Done { .. }) {
+            for call in pending_calls {
+                let _ = refuse(&self.writer, call, RETIRED_MESSAGE).await;
+            }
+        }
         let count = match &end {
             CellEnd::Done { .. } => self.execution_count(),
             _ => {
@@ -633,6 +643,23 @@ impl Kernel {
 impl Drop for Kernel {
     fn drop(&mut self) {
         self.cancel.cancel();
+    }
+}
+
+/// Reads the `done` line that follows a cell's end marker.
+fn parse_done(line: &[u8], cell: u64) -> (DoneStatus, Option<String>, u64) {
+    match serde_json::from_slice::<KernelFrame>(line) {
+        Ok(KernelFrame::Done {
+            cell: c,
+            status,
+            traceback,
+            execution_count,
+        }) if c == cell => (status, traceback, execution_count),
+        _ => (
+            DoneStatus::Error,
+            Some("kernelbox: the kernel's end-of-cell frame was unreadable; the cell's outcome is unknown".into()),
+            0,
+        ),
     }
 }
 

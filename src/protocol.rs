@@ -1,15 +1,16 @@
 //! The runner protocol (version 1): newline-delimited JSON frames, and the byte plumbing that
 //! turns Docker frames (which are not lines) back into lines and finds a cell's end marker.
 //!
-//! Host -> runner frames travel on the container's stdin; runner -> host frames on its stderr;
-//! cell output (fds 1 and 2 inside the kernel) on its stdout, ended per cell by a marker the
-//! host chose. See `runner/kernel_runner.py` for the other side.
+//! Host -> runner frames travel on the container's stdin; runner -> host frames (`ready`,
+//! `tool_call`) on its stderr; cell output (fds 1 and 2 inside the kernel) on its stdout, ended
+//! per cell by a marker the host chose, followed by the cell's `done` frame on the same line:
+//! one write, one trip through the engine. See `runner/kernel_runner.py` for the other side.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// The protocol version this host speaks; the runner announces its own in `ready`.
-pub const PROTOCOL_VERSION: u64 = 1;
+pub const PROTOCOL_VERSION: u64 = 2;
 
 /// The runner's source, delivered as `python3 -c` so no file has to reach the container.
 pub const RUNNER_SOURCE: &str = include_str!("../runner/kernel_runner.py");
@@ -139,13 +140,15 @@ impl LineSplitter {
     }
 }
 
-/// Finds a cell's end marker in its output stream, across chunk boundaries, and hands back
-/// the output that came before it.
+/// Finds a cell's end marker in its output stream, across chunk boundaries, hands back the
+/// output that came before it, and collects the `done` line that follows it.
 #[derive(Debug)]
 pub struct MarkerScanner {
     marker: Vec<u8>,
     pending: Vec<u8>,
     found: bool,
+    done: Vec<u8>,
+    done_complete: bool,
 }
 
 impl MarkerScanner {
@@ -155,6 +158,8 @@ impl MarkerScanner {
             marker: marker.as_bytes().to_vec(),
             pending: Vec::new(),
             found: false,
+            done: Vec::new(),
+            done_complete: false,
         }
     }
 
@@ -163,9 +168,33 @@ impl MarkerScanner {
         self.found
     }
 
+    /// The line after the marker (the cell's `done` frame), once it is complete.
+    pub fn done_line(&self) -> Option<&[u8]> {
+        self.done_complete.then_some(self.done.as_slice())
+    }
+
+    fn feed_done(&mut self, bytes: &[u8]) {
+        if self.done_complete {
+            return;
+        }
+        match bytes.iter().position(|&b| b == b'\n') {
+            Some(pos) => {
+                self.done.extend_from_slice(&bytes[..pos]);
+                self.done_complete = true;
+            }
+            None if self.done.len() + bytes.len() > MAX_FRAME_LINE => {
+                // Not a frame the runner would write: give up on it, the cell still ended.
+                self.done.clear();
+                self.done_complete = true;
+            }
+            None => self.done.extend_from_slice(bytes),
+        }
+    }
+
     /// Feeds a chunk; `output` receives the cell's bytes (never the marker, nothing after it).
     pub fn feed(&mut self, chunk: &[u8], mut output: impl FnMut(&[u8])) {
         if self.found {
+            self.feed_done(chunk);
             return;
         }
         // Only the last marker.len()-1 bytes can start a marker split across chunks.
@@ -179,6 +208,8 @@ impl MarkerScanner {
         if let Some(pos) = find(&joined, &self.marker) {
             output(&joined[..pos]);
             self.found = true;
+            let rest = joined[pos + self.marker.len()..].to_vec();
+            self.feed_done(&rest);
             return;
         }
         let keep = (self.marker.len() - 1).min(joined.len());
@@ -242,7 +273,7 @@ mod tests {
     #[test]
     fn marker_is_found_across_chunks_and_output_is_exact() {
         let marker = "\u{0}kbx-end:1:abcdef\u{0}";
-        let stream = format!("hello\nwor\u{0}ld{marker}after");
+        let stream = format!("hello\nwor\u{0}ld{marker}{{\"op\":\"done\"}}\nafter");
         for size in 1..stream.len() {
             let mut scan = MarkerScanner::new(marker);
             let mut out = Vec::new();
@@ -251,6 +282,11 @@ mod tests {
             }
             assert!(scan.found(), "chunk size {size}");
             assert_eq!(out, b"hello\nwor\0ld", "chunk size {size}");
+            assert_eq!(
+                scan.done_line(),
+                Some(&b"{\"op\":\"done\"}"[..]),
+                "chunk size {size}"
+            );
         }
     }
 

@@ -194,3 +194,40 @@ async fn a_dispatcher_that_never_answers_cannot_outlive_the_timeout() {
     assert!(case.containers().await.is_empty());
     case.finish().await;
 }
+
+#[tokio::test]
+async fn a_thread_left_waiting_on_a_call_is_refused_when_its_cell_settles() {
+    struct Never;
+    #[async_trait::async_trait]
+    impl ToolDispatcher for Never {
+        async fn dispatch(&self, _call: ToolCall) -> Result<serde_json::Value, String> {
+            std::future::pending().await
+        }
+    }
+    let case = Case::new("rpc-orphan").await;
+    let never: Arc<dyn ToolDispatcher> = Arc::new(Never);
+    let first = case
+        .exec(with_tools(
+            "import threading, kernel_tools\ngot, calling = [], threading.Event()\n\
+def worker():\n    calling.set()\n    try:\n        kernel_tools.web_search(query='slow')\n    except kernel_tools.ToolError as e:\n        got.append(str(e))\n\
+t = threading.Thread(target=worker)\nt.start()\ncalling.wait()\n",
+            &never,
+            "turn-1",
+        ))
+        .await;
+    assert_eq!(first.status, CellStatus::Success, "{first:?}");
+    let second = case
+        .exec(with_tools(
+            "t.join(20)\nprint(t.is_alive(), got)",
+            &never,
+            "turn-2",
+        ))
+        .await;
+    assert!(
+        second
+            .output
+            .contains("False ['No active execute_code cell"),
+        "{second:?}"
+    );
+    case.finish().await;
+}

@@ -85,7 +85,9 @@ async fn fake_runner(
     stop: CancellationToken,
 ) {
     let _ = out
-        .send(frame(json!({"op": "ready", "v": 1, "python": "fake"})))
+        .send(frame(
+            json!({"op": "ready", "v": crate::protocol::PROTOCOL_VERSION, "python": "fake"}),
+        ))
         .await;
     let mut lines = BufReader::new(input).lines();
     let mut count = 0u64;
@@ -110,20 +112,19 @@ async fn fake_runner(
             stop.cancelled().await;
             return;
         }
-        let output = format!("ran {code}\n{marker}");
-        let _ = out.send(Chunk::Stdout(Bytes::from(output))).await;
         let status = match code.as_str() {
             "exit" => "exit",
             "raise" => "error",
             _ => "ok",
         };
-        let _ = out
-            .send(frame(json!({
-                "op": "done", "cell": msg["cell"], "status": status,
-                "traceback": if status == "error" { json!("Traceback: ValueError") } else { Value::Null },
-                "execution_count": count,
-            })))
-            .await;
+        let done = json!({
+            "op": "done", "cell": msg["cell"], "status": status,
+            "traceback": if status == "error" { json!("Traceback: ValueError") } else { Value::Null },
+            "execution_count": count,
+        });
+        // Output, then the end marker and the done frame in one write, as the runner does.
+        let output = format!("ran {code}\n{marker}{done}\n");
+        let _ = out.send(Chunk::Stdout(Bytes::from(output))).await;
         if status == "exit" {
             return;
         }
