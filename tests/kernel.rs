@@ -303,10 +303,17 @@ async fn a_missing_image_is_a_clear_error_and_leaves_nothing() {
 #[tokio::test]
 async fn any_image_with_python3_works_as_it_is() {
     // The offline base has python3 and nothing of kernelbox's: no /work, no kernel user.
-    let case = Case::with("anyimage", |c| c.image = kernelbox::image::OFFLINE_BASE.into()).await;
-    case.run("s", "x = 41\nopen('note.txt', 'w').write('kept')").await;
+    let case = Case::with("anyimage", |c| {
+        c.image = kernelbox::image::OFFLINE_BASE.into()
+    })
+    .await;
+    case.run("s", "x = 41\nopen('note.txt', 'w').write('kept')")
+        .await;
     let r = case
-        .run("s", "import os\nprint(x + 1, open('note.txt').read(), os.getcwd(), os.getuid())")
+        .run(
+            "s",
+            "import os\nprint(x + 1, open('note.txt').read(), os.getcwd(), os.getuid())",
+        )
         .await;
     assert_eq!(r.status, CellStatus::Success, "{r:?}");
     assert!(r.output.contains("42 kept /work 10000"), "{r:?}");
