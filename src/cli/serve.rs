@@ -75,7 +75,11 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         )));
     }
 
-    let engine = super::connect().await?;
+    let shutdown = CancellationToken::new();
+    let signals = tokio::spawn(wait_for_signal(shutdown.clone()));
+    let Some(engine) = connect_with_retry(&shutdown).await? else {
+        return Ok(ExitCode::SUCCESS);
+    };
     if !engine.image_exists(&config.image).await? {
         return Err(kernelbox::EngineError::ImageMissing {
             image: config.image.clone(),
@@ -85,8 +89,6 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let orchestrator = Orchestrator::start(config, engine).await?;
     let state = AppState::new(orchestrator, tenants.clone());
 
-    let shutdown = CancellationToken::new();
-    let signals = tokio::spawn(wait_for_signal(shutdown.clone()));
     eprintln!(
         "kernelbox: serving {} tenant(s) on http://{addr} (instance {})",
         tenants.len(),
@@ -100,6 +102,36 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     served?;
     eprintln!("kernelbox: stopped; every kernel of this instance was removed");
     Ok(ExitCode::SUCCESS)
+}
+
+/// Connects to the engine, retrying with backoff (up to 30 s apart) while it is unreachable,
+/// so a server started before its engine comes up by itself. `None` when told to stop first.
+async fn connect_with_retry(
+    shutdown: &CancellationToken,
+) -> anyhow::Result<Option<std::sync::Arc<dyn kernelbox::Engine>>> {
+    let mut backoff = Duration::from_millis(500);
+    loop {
+        match super::connect().await {
+            Ok(engine) => return Ok(Some(engine)),
+            Err(e)
+                if e.chain().any(|c| {
+                    c.downcast_ref::<kernelbox::EngineError>()
+                        .is_some_and(kernelbox::EngineError::is_unreachable)
+                }) =>
+            {
+                eprintln!(
+                    "kernelbox: {e:#}; retrying in {}",
+                    humantime::format_duration(backoff)
+                );
+            }
+            Err(e) => return Err(e),
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok(None),
+            _ = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(30));
+    }
 }
 
 async fn wait_for_signal(shutdown: CancellationToken) {
