@@ -12,7 +12,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::Case;
-use kernelbox::{CellStatus, ExecuteRequest, LossReason};
+use kernelbox::{CellStatus, LossReason};
 
 fn dockerd_pid() -> Option<u32> {
     let out = std::process::Command::new("pgrep")
@@ -63,24 +63,12 @@ async fn an_engine_restart_is_survived_and_reported() {
     let first = case.run("idle", "x = 1").await;
     assert_eq!(first.status, CellStatus::Success);
     // A cell in flight while the engine goes down.
-    let (started_tx, mut started_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
-    let sink: kernelbox::kernel::OutputSink = std::sync::Arc::new(move |_b: &[u8]| {
-        let _ = started_tx.send(());
-    });
-    let busy = {
-        let kb = case.kb.clone();
-        tokio::spawn(async move {
-            kb.execute(ExecuteRequest {
-                sink: Some(sink),
-                ..ExecuteRequest::new(
-                    "busy",
-                    "import time\nprint('go', flush=True)\ntime.sleep(120)",
-                )
-            })
-            .await
-        })
-    };
-    started_rx.recv().await.expect("busy cell started");
+    let busy = common::start_cell(
+        &case.kb,
+        "busy",
+        "import time\nprint('go', flush=True)\ntime.sleep(120)",
+    )
+    .await;
 
     tokio::task::spawn_blocking(restart_dockerd).await.unwrap();
 

@@ -252,25 +252,13 @@ async fn reap_once_spares_attached_and_fresh_kernels() {
         c.kernel_idle_timeout = Duration::from_millis(300)
     })
     .await;
-    // A cell in flight: wait until it has started by reading its first output line.
-    let (started_tx, mut started_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
-    let sink: kernelbox::kernel::OutputSink = std::sync::Arc::new(move |_b: &[u8]| {
-        let _ = started_tx.send(());
-    });
-    let busy = {
-        let kb = case.kb.clone();
-        tokio::spawn(async move {
-            kb.execute(ExecuteRequest {
-                sink: Some(sink),
-                ..ExecuteRequest::new(
-                    "busy",
-                    "import time\nprint('go', flush=True)\ntime.sleep(1.5)\nprint('done')",
-                )
-            })
-            .await
-        })
-    };
-    started_rx.recv().await.expect("the busy cell started");
+    // A cell in flight: it has written its first line when start_cell returns.
+    let busy = common::start_cell(
+        &case.kb,
+        "busy",
+        "import time\nprint('go', flush=True)\ntime.sleep(1.5)\nprint('done')",
+    )
+    .await;
     tokio::time::sleep(Duration::from_millis(400)).await;
     case.exec(turn("fresh", "x = 1", "t")).await;
     assert_eq!(

@@ -14,6 +14,16 @@ use serde_json::json;
 
 type Seen = Arc<Mutex<Vec<ToolCall>>>;
 
+/// A dispatcher that never answers.
+struct Never;
+
+#[async_trait::async_trait]
+impl ToolDispatcher for Never {
+    async fn dispatch(&self, _call: ToolCall) -> Result<serde_json::Value, String> {
+        std::future::pending().await
+    }
+}
+
 fn recorder(name: &'static str) -> (Arc<dyn ToolDispatcher>, Seen) {
     let seen: Seen = Arc::default();
     let log = seen.clone();
@@ -171,13 +181,6 @@ for i in range(4):\n    try:\n        kernel_tools.web_search(query=str(i))\n   
 
 #[tokio::test]
 async fn a_dispatcher_that_never_answers_cannot_outlive_the_timeout() {
-    struct Never;
-    #[async_trait::async_trait]
-    impl ToolDispatcher for Never {
-        async fn dispatch(&self, _call: ToolCall) -> Result<serde_json::Value, String> {
-            std::future::pending().await
-        }
-    }
     let case = Case::new("rpc-never").await;
     let never: Arc<dyn ToolDispatcher> = Arc::new(Never);
     let r = case
@@ -197,13 +200,6 @@ async fn a_dispatcher_that_never_answers_cannot_outlive_the_timeout() {
 
 #[tokio::test]
 async fn a_thread_left_waiting_on_a_call_is_refused_when_its_cell_settles() {
-    struct Never;
-    #[async_trait::async_trait]
-    impl ToolDispatcher for Never {
-        async fn dispatch(&self, _call: ToolCall) -> Result<serde_json::Value, String> {
-            std::future::pending().await
-        }
-    }
     let case = Case::new("rpc-orphan").await;
     let never: Arc<dyn ToolDispatcher> = Arc::new(Never);
     let first = case

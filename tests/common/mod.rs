@@ -114,6 +114,27 @@ pub async fn volumes(engine: &Arc<dyn Engine>, label: &str) -> Vec<VolumeInfo> {
         .expect("list volumes")
 }
 
+/// Runs `code` for `session` in the background and returns once the cell has written its
+/// first output, so the caller knows it is in flight.
+pub async fn start_cell(
+    kb: &Orchestrator,
+    session: &str,
+    code: &str,
+) -> tokio::task::JoinHandle<Result<CellResult, kernelbox::ExecuteError>> {
+    let (started_tx, mut started_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let sink: kernelbox::kernel::OutputSink = Arc::new(move |_b: &[u8]| {
+        let _ = started_tx.send(());
+    });
+    let request = ExecuteRequest {
+        sink: Some(sink),
+        ..ExecuteRequest::new(session, code)
+    };
+    let kb = kb.clone();
+    let handle = tokio::spawn(async move { kb.execute(request).await });
+    started_rx.recv().await.expect("the cell started writing");
+    handle
+}
+
 /// Asserts no container or volume with the case label exists, removing any that do so that
 /// a failure does not leak into other runs.
 pub async fn assert_clean(engine: &Arc<dyn Engine>, label: &str) {
