@@ -446,11 +446,7 @@ impl Kernel {
             cell,
         };
         // Whatever arrived between cells (late output of old threads) is not this cell's.
-        while let Ok(event) = io.rx.try_recv() {
-            if let IoEvent::Closed = event {
-                break;
-            }
-        }
+        self.drain_stale(&mut io).await;
         if let Some(death) = self.death() {
             return finish(CellEnd::Died(death), output, self.execution_count());
         }
@@ -529,6 +525,9 @@ impl Kernel {
             for call in pending_calls {
                 let _ = refuse(&self.writer, call, RETIRED_MESSAGE).await;
             }
+            // A call the reader forwarded just as the cell settled is refused now, not left
+            // waiting for the next cell.
+            self.drain_stale(&mut io).await;
         }
         let count = match &end {
             CellEnd::Done { .. } => self.execution_count(),
@@ -553,6 +552,20 @@ impl Kernel {
             self.set_state(KernelState::Idle);
         }
         finish(end, output, count)
+    }
+
+    /// Empties the event channel between cells: output is dropped, tool calls of settled
+    /// cells are refused so their threads do not wait forever.
+    async fn drain_stale(&self, io: &mut CellIo) {
+        while let Ok(event) = io.rx.try_recv() {
+            match event {
+                IoEvent::Frame(KernelFrame::ToolCall { call, .. }) => {
+                    let _ = refuse(&self.writer, call, RETIRED_MESSAGE).await;
+                }
+                IoEvent::Closed => break,
+                _ => {}
+            }
+        }
     }
 
     fn dispatch(
