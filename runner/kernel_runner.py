@@ -36,6 +36,7 @@ import os
 import select
 import sys
 import threading
+import time
 import types
 
 PROTOCOL_VERSION = 2
@@ -169,6 +170,7 @@ class _Runner:
         self.calls_lock = threading.Lock()
         self.next_call = 0
         self.pid = os.getpid()
+        self.status_fd = _open_status(os.environ.get("KERNELBOX_STATUS"))
 
     # -- tool calls ------------------------------------------------------------------------
 
@@ -215,6 +217,7 @@ class _Runner:
         _restore_std_streams()
         self.current_cell = cell
         self.execution_count += 1
+        self.write_status(busy=True)
         status, tb, exit_code = "ok", None, 0
         try:
             code = compile(msg.get("code", ""), "<cell-%s>" % cell, "exec")
@@ -259,10 +262,31 @@ class _Runner:
         _write_all(self.ch.cell_out, end)
         if status == "exit":
             os._exit(0)
+        self.write_status(busy=False)
+
+    def write_status(self, busy):
+        """Cells run, busy or idle, and since when, for `kernelbox ps` (one pwrite)."""
+        if self.status_fd is None:
+            return
+        line = "%d %d %d\n" % (self.execution_count, int(time.time()), int(busy))
+        try:
+            os.pwrite(self.status_fd, line.ljust(40).encode(), 0)
+        except OSError:
+            pass
 
 
 class ToolError(Exception):
     """A tool call was refused or failed on the host; the message says why."""
+
+
+def _open_status(path):
+    if not path:
+        return None
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    except OSError:
+        return None
 
 
 def _exit_code(code):

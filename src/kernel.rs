@@ -255,10 +255,13 @@ impl Kernel {
                 STAGING_DIR_PROJECT.to_string(),
             ),
         };
+        let status_path = format!("{spill_dir}/status");
+        labels.insert(crate::labels::STATUS.into(), status_path.clone());
         let spec = ContainerSpec {
             image: key.image.clone(),
             cmd: vec!["python3".into(), "-c".into(), RUNNER_SOURCE.into()],
             env: vec![
+                format!("KERNELBOX_STATUS={status_path}"),
                 "PYTHONUNBUFFERED=1".into(),
                 "PYTHONDONTWRITEBYTECODE=1".into(),
                 "HOME=/tmp".into(),

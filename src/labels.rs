@@ -37,6 +37,8 @@ pub const CREATED_AT: &str = "io.kernelbox.created-at";
 pub const ROLE: &str = "io.kernelbox.role";
 /// Name of the kernel's staging volume, on its container.
 pub const VOLUME: &str = "io.kernelbox.volume";
+/// Path, inside the kernel, of the runner's status file (cells run, last cell's end).
+pub const STATUS: &str = "io.kernelbox.status";
 /// Memory limit of the kernel, bytes.
 pub const MEMORY: &str = "io.kernelbox.memory";
 

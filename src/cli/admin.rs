@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use bollard::query_parameters::{EventsOptionsBuilder, StatsOptionsBuilder};
+use bollard::query_parameters::{
+    DownloadFromContainerOptionsBuilder, EventsOptionsBuilder, StatsOptionsBuilder,
+};
 use clap::Args;
 use futures::StreamExt;
 use serde::Serialize;
@@ -79,12 +81,18 @@ struct Row {
     state: String,
     generation: String,
     age_seconds: u64,
+    idle_seconds: Option<u64>,
+    busy: Option<bool>,
+    cells: Option<u64>,
     memory_bytes: Option<u64>,
     instance: String,
     volume: String,
 }
 
-fn row(c: &ContainerInfo, memory: Option<u64>) -> Row {
+/// What the runner's status file says: (cells run, Unix time of the last change, busy).
+type Status = Option<(u64, u64, bool)>;
+
+fn row(c: &ContainerInfo, memory: Option<u64>, status: Status) -> Row {
     let get = |k: &str| c.labels.get(k).cloned().unwrap_or_default();
     let created = labels::int(&c.labels, labels::CREATED_AT).unwrap_or(c.created);
     Row {
@@ -94,6 +102,14 @@ fn row(c: &ContainerInfo, memory: Option<u64>) -> Row {
         state: c.state.clone(),
         generation: get(labels::GENERATION),
         age_seconds: kernelbox::kernel::unix_now().saturating_sub(created.max(0) as u64),
+        // Busy kernels are not idle at all; a kernel without a status has run no cell yet.
+        idle_seconds: match status {
+            Some((_, _, true)) => None,
+            Some((_, last, false)) => Some(kernelbox::kernel::unix_now().saturating_sub(last)),
+            None => None,
+        },
+        busy: status.map(|(_, _, busy)| busy),
+        cells: status.map(|(cells, _, _)| cells),
         memory_bytes: memory,
         instance: get(labels::INSTANCE).chars().take(12).collect(),
         volume: get(labels::VOLUME),
@@ -135,6 +151,30 @@ async fn memory_of(engine: &BollardEngine, id: &str) -> Option<u64> {
     stats.memory_stats?.usage
 }
 
+/// Reads the runner's status file out of a running kernel (through the archive API).
+async fn status_of(engine: &BollardEngine, c: &ContainerInfo) -> Status {
+    let path = c.labels.get(labels::STATUS)?;
+    let options = DownloadFromContainerOptionsBuilder::default()
+        .path(path)
+        .build();
+    let mut stream = engine
+        .client()
+        .download_from_container(&c.id, Some(options));
+    let mut archive = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        archive.extend_from_slice(&chunk.ok()?);
+        if archive.len() > 64 * 1024 {
+            return None;
+        }
+    }
+    let mut tar = tar::Archive::new(archive.as_slice());
+    let mut entry = tar.entries().ok()?.next()?.ok()?;
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut entry, &mut text).ok()?;
+    let mut fields = text.split_whitespace().map(|f| f.parse::<u64>().ok());
+    Some((fields.next()??, fields.next()??, fields.next()?? == 1))
+}
+
 fn human_bytes(b: Option<u64>) -> String {
     match b {
         None => "-".into(),
@@ -157,18 +197,24 @@ fn print_rows(rows: &[Row], format: Format) -> anyhow::Result<()> {
         return Ok(());
     }
     println!(
-        "{:<12}  {:<12}  {:<28}  {:<8}  {:>3}  {:>6}  {:>9}",
-        "CONTAINER", "TENANT", "OWNER", "STATE", "GEN", "AGE", "MEMORY"
+        "{:<12}  {:<12}  {:<28}  {:<8}  {:>3}  {:>6}  {:>6}  {:>5}  {:>9}",
+        "CONTAINER", "TENANT", "OWNER", "STATE", "GEN", "AGE", "IDLE", "CELLS", "MEMORY"
     );
     for r in rows {
         println!(
-            "{:<12}  {:<12}  {:<28}  {:<8}  {:>3}  {:>6}  {:>9}",
+            "{:<12}  {:<12}  {:<28}  {:<8}  {:>3}  {:>6}  {:>6}  {:>5}  {:>9}",
             r.container,
             r.tenant,
             r.owner,
             r.state,
             r.generation,
             human_age(r.age_seconds),
+            match (r.busy, r.idle_seconds) {
+                (Some(true), _) => "busy".to_string(),
+                (_, Some(idle)) => human_age(idle),
+                _ => "-".into(),
+            },
+            r.cells.map(|c| c.to_string()).unwrap_or_else(|| "-".into()),
             human_bytes(r.memory_bytes)
         );
     }
@@ -184,12 +230,14 @@ pub async fn ps(engine: &BollardEngine, args: PsArgs) -> anyhow::Result<ExitCode
         .collect();
     let mut rows = Vec::new();
     for c in kernels(engine, extra).await? {
-        let memory = if args.no_memory || c.state != "running" {
-            None
+        let (memory, status) = if c.state != "running" {
+            (None, None)
+        } else if args.no_memory {
+            (None, status_of(engine, &c).await)
         } else {
-            memory_of(engine, &c.id).await
+            (memory_of(engine, &c.id).await, status_of(engine, &c).await)
         };
-        rows.push(row(&c, memory));
+        rows.push(row(&c, memory, status));
     }
     rows.sort_by(|a, b| (&a.tenant, &a.owner).cmp(&(&b.tenant, &b.owner)));
     print_rows(&rows, args.format)?;
@@ -200,7 +248,8 @@ pub async fn ps(engine: &BollardEngine, args: PsArgs) -> anyhow::Result<ExitCode
 pub async fn inspect(engine: &BollardEngine, args: InspectArgs) -> anyhow::Result<ExitCode> {
     let c = find(engine, &args.container).await?;
     let memory = memory_of(engine, &c.id).await;
-    let r = row(&c, memory);
+    let status = status_of(engine, &c).await;
+    let r = row(&c, memory, status);
     if args.format == Format::Table {
         print_rows(&[r], Format::Table)?;
     } else {
@@ -275,7 +324,7 @@ pub async fn kill(engine: &BollardEngine, args: KillArgs) -> anyhow::Result<Exit
         if let Some(volume) = c.labels.get(labels::VOLUME) {
             kernelbox::kernel::remove_volume_when_free(engine, volume).await?;
         }
-        rows.push(row(c, None));
+        rows.push(row(c, None, None));
     }
     if args.format == Format::Json {
         print_rows(&rows, Format::Json)?;
