@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 /// How a cell ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum CellStatus {
     /// The cell ran to the end (or called `sys.exit()`).
@@ -29,7 +29,19 @@ impl CellStatus {
 }
 
 /// Why a kernel was lost without its owner asking.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    PartialOrd,
+    Ord,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum LossReason {
     /// Reaped after `kernel_idle_timeout` without a cell.
@@ -75,7 +87,7 @@ impl LossReason {
 }
 
 /// Reported once, on the first call after an involuntary loss.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct StateLost {
     /// Why the previous kernel is gone.
     pub reason: LossReason,
@@ -84,7 +96,7 @@ pub struct StateLost {
 }
 
 /// The kernel part of a result.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default, schemars::JsonSchema)]
 pub struct KernelInfo {
     /// Container id (short).
     pub id: String,
@@ -104,7 +116,7 @@ pub struct KernelInfo {
 }
 
 /// The result of one execute (DESIGN section 2).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct CellResult {
     /// How the cell ended.
     pub status: CellStatus,

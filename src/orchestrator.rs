@@ -117,7 +117,7 @@ pub enum StartError {
 }
 
 /// A live kernel, as `list_kernels` reports it.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, schemars::JsonSchema)]
 pub struct KernelSummary {
     /// Short container id.
     pub id: String,

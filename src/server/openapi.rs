@@ -1,9 +1,23 @@
-//! The OpenAPI 3.1 description served at `/openapi.json`. Written by hand next to the types it
-//! describes; a test checks that every route of [`super::ROUTES`] appears in it.
+//! The OpenAPI 3.1 description served at `/openapi.json`. The result types (`CellResult`,
+//! `KernelInfo`, `StateLost`, `KernelSummary`, ...) are generated from the Rust types with
+//! schemars, so the spec cannot drift from what the server sends; routes, parameters and error
+//! shapes are written here, and a test checks every route of [`super::ROUTES`] appears.
 
 use serde_json::{json, Value};
 
-use crate::cell::LossReason;
+use crate::cell::CellResult;
+use crate::orchestrator::KernelSummary;
+
+/// JSON Schemas of the types the API returns, generated from the Rust types, keyed by name
+/// and referencing each other under `#/components/schemas/`.
+pub fn generated_schemas() -> serde_json::Map<String, Value> {
+    let mut settings = schemars::generate::SchemaSettings::draft2020_12();
+    settings.definitions_path = "/components/schemas".into();
+    let mut generator = settings.into_generator();
+    generator.subschema_for::<CellResult>();
+    generator.subschema_for::<KernelSummary>();
+    generator.take_definitions(true)
+}
 
 fn error_response(description: &str) -> Value {
     json!({
@@ -22,7 +36,6 @@ fn session_param() -> Value {
 
 /// The spec, as JSON.
 pub fn spec() -> Value {
-    let loss_reasons: Vec<&str> = LossReason::ALL.iter().map(|r| r.as_str()).collect();
     let auth_errors = json!({
         "401": error_response("Missing or unknown bearer token."),
     });
@@ -50,7 +63,7 @@ pub fn spec() -> Value {
     });
     merge(&mut not_found, &auth_errors);
 
-    json!({
+    let mut spec = json!({
         "openapi": "3.1.0",
         "info": {
             "title": "kernelbox",
@@ -78,44 +91,6 @@ pub fn spec() -> Value {
                         "tools": {"type": "array", "items": {"type": "string"}, "description": "Tools the cell may call; a subset of the tenant's allow-list (all of it when absent)."}
                     }
                 },
-                "StateLost": {
-                    "type": "object", "required": ["reason", "at"],
-                    "properties": {
-                        "reason": {"type": "string", "enum": loss_reasons},
-                        "at": {"type": "string", "format": "date-time"}
-                    }
-                },
-                "KernelInfo": {
-                    "type": "object",
-                    "required": ["id", "reused", "execution_count", "state_reset", "ended", "generation"],
-                    "properties": {
-                        "id": {"type": "string"},
-                        "reused": {"type": "boolean"},
-                        "execution_count": {"type": "integer"},
-                        "state_reset": {"type": "boolean"},
-                        "ended": {"type": "boolean"},
-                        "generation": {"type": "integer"},
-                        "state_lost": {"$ref": "#/components/schemas/StateLost"}
-                    }
-                },
-                "CellResult": {
-                    "type": "object",
-                    "required": ["status", "output", "exit_code", "tool_calls_made", "duration_seconds", "kernel"],
-                    "properties": {
-                        "status": {"type": "string", "enum": ["success", "error", "timeout", "interrupted"]},
-                        "output": {"type": "string"},
-                        "error": {"type": "string"},
-                        "exit_code": {"type": "integer"},
-                        "tool_calls_made": {"type": "integer"},
-                        "duration_seconds": {"type": "number"},
-                        "kernel": {"$ref": "#/components/schemas/KernelInfo"},
-                        "stdout_truncated": {"type": "boolean"},
-                        "stdout_bytes_total": {"type": "integer"},
-                        "stdout_bytes_omitted": {"type": "integer"},
-                        "warning": {"type": "string"},
-                        "hint": {"type": "string"}
-                    }
-                },
                 "StreamEvent": {
                     "oneOf": [
                         {"type": "object", "required": ["event", "data"], "properties": {
@@ -127,22 +102,6 @@ pub fn spec() -> Value {
                         {"type": "object", "required": ["event", "error"], "properties": {
                             "event": {"const": "error"}, "error": {"$ref": "#/components/schemas/Error/properties/error"}}}
                     ]
-                },
-                "KernelSummary": {
-                    "type": "object",
-                    "required": ["id", "tenant", "owner", "session", "generation", "state", "execution_count", "idle_seconds", "attached"],
-                    "properties": {
-                        "id": {"type": "string"},
-                        "tenant": {"type": "string"},
-                        "owner": {"type": "string"},
-                        "session": {"type": "string"},
-                        "child": {"type": "string"},
-                        "generation": {"type": "integer"},
-                        "state": {"type": "string", "enum": ["starting", "idle", "busy", "dead"]},
-                        "execution_count": {"type": "integer"},
-                        "idle_seconds": {"type": "number"},
-                        "attached": {"type": "integer"}
-                    }
                 },
                 "Count": {
                     "type": "object",
@@ -226,7 +185,11 @@ pub fn spec() -> Value {
                 }
             }
         }
-    })
+    });
+    if let Some(schemas) = spec["components"]["schemas"].as_object_mut() {
+        schemas.extend(generated_schemas());
+    }
+    spec
 }
 
 fn merge(into: &mut Value, from: &Value) {
@@ -257,6 +220,15 @@ mod tests {
             );
         }
         let paths = spec["paths"].as_object().map(|p| p.len()).unwrap_or(0);
+        // Every $ref points at a schema that exists.
+        let text = spec.to_string();
+        for piece in text.split("\"#/components/schemas/").skip(1) {
+            let name = piece.split(['"', '/']).next().unwrap_or_default();
+            assert!(
+                spec["components"]["schemas"][name].is_object(),
+                "dangling $ref to {name}"
+            );
+        }
         let distinct: std::collections::BTreeSet<_> =
             super::super::ROUTES.iter().map(|r| r.1).collect();
         assert_eq!(
