@@ -247,19 +247,12 @@ class _Runner:
                 stream.flush()
             except Exception:
                 pass
-        done = {
-            "op": "done",
-            "cell": cell,
-            "status": status,
-            "traceback": tb,
-            "execution_count": self.execution_count,
-            "exit_code": exit_code,
-        }
-        # The traceback is part of the cell's output too, in write order; then the end marker
-        # and the outcome, in one write.
-        end = (tb or "").encode("utf-8", "replace") + marker
-        end += json.dumps(done, separators=(",", ":")).encode("utf-8", "surrogatepass") + b"\n"
-        _write_all(self.ch.cell_out, end)
+        if tb:
+            # The traceback is part of the cell's output too, in write order.
+            _write_all(self.ch.cell_out, tb.encode("utf-8", "replace"))
+        # The end marker and the outcome in one write of at most PIPE_BUF bytes, which the
+        # kernel makes atomic: output of threads or subprocesses cannot land inside it.
+        _write_all(self.ch.cell_out, _end_line(marker, cell, status, tb, self.execution_count, exit_code))
         if status == "exit":
             os._exit(0)
         self.write_status(busy=False)
@@ -277,6 +270,20 @@ class _Runner:
 
 class ToolError(Exception):
     """A tool call was refused or failed on the host; the message says why."""
+
+
+def _end_line(marker, cell, status, tb, count, exit_code):
+    keep = 3000
+    while True:
+        short = tb
+        if tb and len(tb) > keep:
+            short = "...(cut; the whole traceback is in the output)\n" + tb[-keep:]
+        done = {"op": "done", "cell": cell, "status": status, "traceback": short,
+                "execution_count": count, "exit_code": exit_code}
+        line = marker + json.dumps(done, separators=(",", ":")).encode("ascii") + b"\n"
+        if len(line) <= 4000 or keep < 100:
+            return line
+        keep //= 2
 
 
 def _open_status(path):

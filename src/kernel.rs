@@ -12,7 +12,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use futures::stream::FuturesUnordered;
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use rand::Rng;
 use serde_json::Value;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
@@ -133,7 +133,9 @@ struct CellIo {
     rx: mpsc::Receiver<IoEvent>,
 }
 
-type Writer = Arc<tokio::sync::Mutex<Pin<Box<dyn AsyncWrite + Send>>>>;
+/// Frames for the kernel's stdin, written in order by the kernel's writer task, so no cell,
+/// reader or refusal ever waits on a runner that stopped reading.
+type Writer = mpsc::UnboundedSender<Vec<u8>>;
 
 /// One live kernel container.
 pub struct Kernel {
@@ -317,7 +319,7 @@ impl Kernel {
         tracker: &TaskTracker,
     ) -> Result<Arc<Kernel>, KernelError> {
         let attached = engine.attach(&id).await?;
-        let writer: Writer = Arc::new(tokio::sync::Mutex::new(attached.input));
+        let (writer, frames) = mpsc::unbounded_channel();
         let (tx, rx) = mpsc::channel(256);
         let active_cell = Arc::new(AtomicU64::new(0));
         let disposing = Arc::new(AtomicBool::new(false));
@@ -343,6 +345,7 @@ impl Kernel {
             cancel: cancel.clone(),
             death: death.clone(),
         });
+        tracker.spawn(writer_task(attached.input, frames, cancel.clone()));
         tracker.spawn(reader_task(ReaderTask {
             id: id.clone(),
             output: attached.output,
@@ -464,24 +467,30 @@ impl Kernel {
             marker: &marker,
         }
         .to_line();
-        let sent = write_frame(&self.writer, &frame).await;
+        send(&self.writer, frame);
         let mut scanner = MarkerScanner::new(&marker);
         let mut done: Option<(DoneStatus, Option<String>, u64)> = None;
         let mut tools: FuturesUnordered<ToolWork> = FuturesUnordered::new();
         let mut pending_calls: Vec<u64> = Vec::new();
-        let end = if sent.is_err() {
-            CellEnd::Died(self.await_death().await)
+        let end = if cancel.is_cancelled() {
+            CellEnd::Interrupted
         } else {
             loop {
+                // Checked first, every turn: a cell that floods output still times out.
+                if tokio::time::Instant::now() >= deadline {
+                    break CellEnd::TimedOut;
+                }
                 tokio::select! {
                     biased;
                     _ = cancel.cancelled() => break CellEnd::Interrupted,
+                    _ = tokio::time::sleep_until(deadline) => break CellEnd::TimedOut,
                     event = io.rx.recv() => match event {
                         Some(IoEvent::Output(bytes)) => {
                             scanner.feed(&bytes, |b| {
                                 output.push(b);
                                 if let Some(sink) = &sink {
-                                    sink(b);
+                                    // A caller's sink that panics loses its stream, not the cell.
+                                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sink(b)));
                                 }
                             });
                             if let (None, Some(line)) = (&done, scanner.done_line()) {
@@ -493,7 +502,7 @@ impl Kernel {
                                 pending_calls.push(call);
                                 tools.push(self.dispatch(authority.clone(), cell, call, tool, args));
                             } else {
-                                let _ = refuse(&self.writer, call, RETIRED_MESSAGE).await;
+                                refuse(&self.writer, call, RETIRED_MESSAGE);
                             }
                         }
                         Some(IoEvent::Frame(_)) => {}
@@ -507,9 +516,8 @@ impl Kernel {
                             Ok(value) => HostFrame::ToolResult { call, ok: true, result: Some(value), error: None },
                             Err(message) => HostFrame::ToolResult { call, ok: false, result: None, error: Some(message) },
                         };
-                        let _ = write_frame(&self.writer, &frame.to_line()).await;
+                        send(&self.writer, frame.to_line());
                     }
-                    _ = tokio::time::sleep_until(deadline) => break CellEnd::TimedOut,
                 }
                 if let (Some((status, _, _)), true) = (&done, scanner.found()) {
                     let status = *status;
@@ -526,7 +534,7 @@ impl Kernel {
         drop(tools);
         if matches!(end, CellEnd::Done { .. }) {
             for call in pending_calls {
-                let _ = refuse(&self.writer, call, RETIRED_MESSAGE).await;
+                refuse(&self.writer, call, RETIRED_MESSAGE);
             }
             // A call the reader forwarded just as the cell settled is refused now, not left
             // waiting for the next cell.
@@ -563,7 +571,7 @@ impl Kernel {
         while let Ok(event) = io.rx.try_recv() {
             match event {
                 IoEvent::Frame(KernelFrame::ToolCall { call, .. }) => {
-                    let _ = refuse(&self.writer, call, RETIRED_MESSAGE).await;
+                    refuse(&self.writer, call, RETIRED_MESSAGE);
                 }
                 IoEvent::Closed => break,
                 _ => {}
@@ -593,7 +601,14 @@ impl Kernel {
             child: owner.child.clone(),
             cell,
         };
-        Box::pin(async move { (call, authority.dispatch(request).await) })
+        Box::pin(async move {
+            // A dispatcher that panics fails this call, not the orchestrator.
+            let result = std::panic::AssertUnwindSafe(authority.dispatch(request))
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|_| Err("the tool dispatcher failed (panicked)".to_string()));
+            (call, result)
+        })
     }
 
     /// Waits for the reader to record why the kernel died.
@@ -711,20 +726,46 @@ pub async fn remove_volume_when_free(engine: &dyn Engine, name: &str) -> Result<
     engine.remove_volume(name).await
 }
 
-async fn write_frame(writer: &Writer, frame: &[u8]) -> std::io::Result<()> {
-    let mut w = writer.lock().await;
-    w.write_all(frame).await?;
-    w.flush().await
+/// Queues a frame for the kernel's stdin; a kernel that is gone just drops it.
+fn send(writer: &Writer, frame: Vec<u8>) {
+    let _ = writer.send(frame);
 }
 
-async fn refuse(writer: &Writer, call: u64, message: &str) -> std::io::Result<()> {
+fn refuse(writer: &Writer, call: u64, message: &str) {
     let frame = HostFrame::ToolResult {
         call,
         ok: false,
         result: None,
         error: Some(message.to_string()),
     };
-    write_frame(writer, &frame.to_line()).await
+    send(writer, frame.to_line());
+}
+
+/// Writes queued frames to the kernel's stdin, in order, until the kernel goes away.
+async fn writer_task(
+    mut input: Pin<Box<dyn AsyncWrite + Send>>,
+    mut frames: mpsc::UnboundedReceiver<Vec<u8>>,
+    cancel: CancellationToken,
+) {
+    loop {
+        let frame = tokio::select! {
+            _ = cancel.cancelled() => return,
+            frame = frames.recv() => match frame {
+                Some(frame) => frame,
+                None => return,
+            },
+        };
+        let written = tokio::select! {
+            _ = cancel.cancelled() => return,
+            written = async {
+                input.write_all(&frame).await?;
+                input.flush().await
+            } => written,
+        };
+        if written.is_err() {
+            return;
+        }
+    }
 }
 
 struct ReaderTask {
@@ -769,7 +810,7 @@ async fn reader_task(mut task: ReaderTask) {
                         let active = task.active_cell.load(Ordering::Acquire);
                         if active == 0 || *cell != Some(active) {
                             // A settled cell's thread: refuse here, nobody else is listening.
-                            let _ = refuse(&task.writer, *call, RETIRED_MESSAGE).await;
+                            refuse(&task.writer, *call, RETIRED_MESSAGE);
                             continue;
                         }
                     }

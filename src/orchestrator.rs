@@ -95,6 +95,9 @@ pub enum ExecuteError {
     /// The orchestrator is shutting down.
     #[error("kernelbox is shutting down")]
     ShuttingDown,
+    /// A bug in kernelbox: the task running the cell failed.
+    #[error("internal error: {0}")]
+    Internal(String),
 }
 
 /// Why the orchestrator could not start.
@@ -272,7 +275,9 @@ impl Orchestrator {
             .spawn(async move { this.execute_owned(request).await });
         match handle.await {
             Ok(result) => result,
-            Err(e) => Err(ExecuteError::Invalid(format!("execute task failed: {e}"))),
+            Err(e) => Err(ExecuteError::Internal(format!(
+                "the execute task failed: {e}"
+            ))),
         }
     }
 
@@ -297,7 +302,17 @@ impl Orchestrator {
             image: config.image.clone(),
             tools: request.tools.clone(),
         };
-        let lease = self.acquire(&key, request.reset).await?;
+        // Interruptible from the start: an interrupt during a cold start is not lost (the cell
+        // then never runs and the new kernel is killed, as for any interrupt).
+        let cancel = request.cancel.clone().unwrap_or_default();
+        let run_id = self.track_running(&owner, &cancel);
+        let lease = match self.acquire(&key, request.reset).await {
+            Ok(lease) => lease,
+            Err(e) => {
+                self.untrack_running(&owner, run_id);
+                return Err(e);
+            }
+        };
         let kernel = lease.kernel.clone();
         let authority = Arc::new(CellAuthority::new(
             request.task_id.clone(),
@@ -305,8 +320,6 @@ impl Orchestrator {
             request.tools.clone(),
             config.max_tool_calls,
         ));
-        let cancel = request.cancel.clone().unwrap_or_default();
-        let run_id = self.track_running(&owner, &cancel);
         let run = kernel
             .run_cell(
                 &request.code,
@@ -468,6 +481,12 @@ impl Orchestrator {
         let mut state_reset = false;
         loop {
             let attach = inner.registry.attach(key, reset);
+            if inner.registry.is_closed() {
+                // Shutdown drained the registry; nothing new may start.
+                inner.registry.forget(&attach.slot, None);
+                inner.registry.release(&attach.slot);
+                return Err(ExecuteError::ShuttingDown);
+            }
             let mut doomed = attach.victims;
             if let Some(old) = attach.reset {
                 state_reset = true;
@@ -512,6 +531,14 @@ impl Orchestrator {
                     return Err(e.into());
                 }
             };
+            if inner.registry.is_closed() {
+                // A spawn that finished after shutdown drained the registry: nobody else would
+                // remove this kernel.
+                inner.registry.forget(&slot, None);
+                inner.registry.release(&slot);
+                self.dispose_kernel(&kernel).await;
+                return Err(ExecuteError::ShuttingDown);
+            }
             if kernel.is_alive() {
                 return Ok(Lease {
                     slot,
@@ -560,11 +587,11 @@ impl Orchestrator {
         let tenant = tenant
             .unwrap_or(&self.inner.config.default_tenant)
             .to_string();
-        let slots = self
-            .inner
-            .registry
-            .remove_where(|o| o.tenant == tenant && o.session == session, None);
-        let n = slots.len();
+        let (n, slots) = self.inner.registry.remove_where(
+            |o| o.tenant == tenant && o.session == session,
+            None,
+            false,
+        );
         self.dispose_slots(slots).await;
         n
     }
@@ -575,11 +602,12 @@ impl Orchestrator {
         let tenant = tenant
             .unwrap_or(&self.inner.config.default_tenant)
             .to_string();
-        let slots = self.inner.registry.remove_where(
+        // Only idle kernels go: a call that attached meanwhile keeps its kernel.
+        let (n, slots) = self.inner.registry.remove_where(
             |o| o.tenant == tenant && o.session == session,
             Some(LossReason::Evicted),
+            true,
         );
-        let n = slots.len();
         self.dispose_slots(slots).await;
         n
     }
@@ -607,11 +635,11 @@ impl Orchestrator {
         if let Ok(owner) = Owner::new(&tenant, session, Some(child)) {
             self.inner.registry.release_child(&owner);
         }
-        let slots = self.inner.registry.remove_where(
+        let (n, slots) = self.inner.registry.remove_where(
             |o| o.tenant == tenant && o.session == session && o.child.as_deref() == Some(child),
             None,
+            false,
         );
-        let n = slots.len();
         self.dispose_slots(slots).await;
         n
     }
@@ -975,6 +1003,52 @@ mod tests {
         assert!(next.kernel.state_lost.is_some());
         assert_eq!(fake.live_volumes(), 1);
         kb.shutdown().await;
+    }
+
+    /// Real time: a flood never lets paused time advance, which is the point.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_cell_flooding_output_still_times_out() {
+        let (kb, fake) = start(|_| {}).await;
+        let r = kb
+            .execute(ExecuteRequest {
+                timeout: Some(Duration::from_millis(300)),
+                ..ExecuteRequest::new("s", "flood")
+            })
+            .await
+            .expect("execute");
+        assert_eq!(r.status, CellStatus::Timeout);
+        assert_eq!(r.stdout_truncated, Some(true));
+        assert_eq!(fake.live_containers(), 0);
+        kb.shutdown().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_kernel_that_stops_reading_cannot_block_a_timeout() {
+        let (kb, fake) = start(|_| {}).await;
+        run(&kb, "s", "deaf").await;
+        // Far more code than the kernel's stdin buffer holds, to a kernel that never reads.
+        let big = format!("x = 1\n#{}", "y".repeat(300_000));
+        let r = kb
+            .execute(ExecuteRequest {
+                timeout: Some(Duration::from_millis(300)),
+                ..ExecuteRequest::new("s", big)
+            })
+            .await
+            .expect("execute");
+        assert_eq!(r.status, CellStatus::Timeout);
+        assert_eq!(fake.live_containers(), 0);
+        kb.shutdown().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn shutdown_refuses_new_work_and_leaves_nothing() {
+        let (kb, fake) = start(|_| {}).await;
+        run(&kb, "s", "x = 1").await;
+        kb.shutdown().await;
+        let err = kb.execute(ExecuteRequest::new("t", "x")).await.unwrap_err();
+        assert!(matches!(err, ExecuteError::ShuttingDown), "{err}");
+        assert_eq!(fake.live_containers(), 0);
+        assert_eq!(fake.live_volumes(), 0);
     }
 
     #[tokio::test(start_paused = true)]

@@ -90,6 +90,7 @@ struct Inner {
     remembered: VecDeque<KernelKey>,
     released_children: HashSet<Owner>,
     loss_counts: LossCounts,
+    closed: bool,
 }
 
 impl Inner {
@@ -260,40 +261,47 @@ impl Registry {
             .is_some_and(|s| Arc::ptr_eq(s, slot));
         if registered {
             inner.slots.remove(&slot.key);
-        }
-        if let Some(reason) = loss {
-            inner.record_loss(&slot.key, reason);
+            // Only the call that unregisters the slot records its loss: one death, one loss.
+            if let Some(reason) = loss {
+                inner.record_loss(&slot.key, reason);
+            }
         }
         registered
     }
 
-    /// Unregisters every slot whose owner matches, recording `loss` for each when given;
-    /// returns those with no call attached (to dispose now). Attached ones are disposed by
-    /// their last call out.
+    /// Unregisters every slot whose owner matches (only idle ones when `only_idle`), recording
+    /// `loss` for each when given. Returns how many were unregistered, and those with no call
+    /// attached (to dispose now); attached ones are disposed by their last call out.
     pub fn remove_where(
         &self,
         matches: impl Fn(&Owner) -> bool,
         loss: Option<LossReason>,
-    ) -> Vec<Arc<Slot>> {
+        only_idle: bool,
+    ) -> (usize, Vec<Arc<Slot>>) {
         let mut inner = self.lock();
         let keys: Vec<KernelKey> = inner
             .slots
-            .keys()
-            .filter(|k| matches(&k.owner))
-            .cloned()
+            .iter()
+            .filter(|(k, s)| matches(&k.owner) && (!only_idle || s.attached() == 0))
+            .map(|(k, _)| k.clone())
             .collect();
         let mut free = Vec::new();
-        for key in keys {
-            if let Some(slot) = inner.slots.remove(&key) {
+        for key in &keys {
+            if let Some(slot) = inner.slots.remove(key) {
                 if let Some(reason) = loss {
-                    inner.record_loss(&key, reason);
+                    inner.record_loss(key, reason);
                 }
                 if slot.attached() == 0 {
                     free.push(slot);
                 }
             }
         }
-        free
+        (keys.len(), free)
+    }
+
+    /// True once [`Registry::drain`] ran: no new kernel may be registered.
+    pub fn is_closed(&self) -> bool {
+        self.lock().closed
     }
 
     /// Losses so far, by reason.
@@ -316,9 +324,11 @@ impl Registry {
         self.lock().slots.values().cloned().collect()
     }
 
-    /// Removes and returns every slot (shutdown).
+    /// Removes and returns every slot, and closes the registry (shutdown).
     pub fn drain(&self) -> Vec<Arc<Slot>> {
-        self.lock().slots.drain().map(|(_, s)| s).collect()
+        let mut inner = self.lock();
+        inner.closed = true;
+        inner.slots.drain().map(|(_, s)| s).collect()
     }
 
     /// Registered slots.
@@ -448,8 +458,9 @@ mod tests {
     async fn release_of_a_forgotten_slot_asks_for_disposal() {
         let reg = Registry::new(4, Duration::from_secs(3600));
         let a = reg.attach(&key("s", None), false);
-        let removed = reg.remove_where(|o| o.session == "s", None);
-        assert!(removed.is_empty(), "attached: the last call out disposes");
+        let (count, free) = reg.remove_where(|o| o.session == "s", None, false);
+        assert_eq!(count, 1);
+        assert!(free.is_empty(), "attached: the last call out disposes");
         assert!(
             reg.release(&a.slot),
             "last call out of an unregistered slot disposes"

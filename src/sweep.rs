@@ -48,8 +48,12 @@ pub async fn sweep_orphans(
             }
         };
         if leftover {
+            // One object the engine refuses to remove must not stop the sweep (or a start).
             if !dry_run {
-                engine.remove_container(&c.id).await?;
+                if let Err(e) = engine.remove_container(&c.id).await {
+                    tracing::warn!(container = %c.id, error = %e, "sweep: cannot remove a leftover");
+                    continue;
+                }
             }
             report.containers.push(c.id);
         }
@@ -63,8 +67,12 @@ pub async fn sweep_orphans(
         if leftover {
             if !dry_run {
                 match engine.remove_volume(&v.name).await {
-                    Ok(()) | Err(EngineError::VolumeInUse { .. }) => {}
-                    Err(e) => return Err(e),
+                    Ok(()) => {}
+                    Err(EngineError::VolumeInUse { .. }) => continue,
+                    Err(e) => {
+                        tracing::warn!(volume = %v.name, error = %e, "sweep: cannot remove a leftover");
+                        continue;
+                    }
                 }
             }
             report.volumes.push(v.name);
@@ -95,7 +103,10 @@ pub async fn sweep_stale_staging(
             match engine.remove_volume(&v.name).await {
                 Ok(()) => {}
                 Err(EngineError::VolumeInUse { .. }) => continue,
-                Err(e) => return Err(e),
+                Err(e) => {
+                    tracing::warn!(volume = %v.name, error = %e, "staging sweep: cannot remove");
+                    continue;
+                }
             }
         }
         removed.push(v.name);

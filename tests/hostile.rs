@@ -221,3 +221,18 @@ print(os.path.exists('/var/run/docker.sock'), os.path.exists('/run/docker.sock')
     assert!(out.contains("False False"), "no docker socket: {out}");
     case.finish().await;
 }
+
+#[tokio::test]
+async fn endless_output_still_times_out() {
+    let case = Case::new("flood").await;
+    let r = survive(
+        &case,
+        "s",
+        "import os\nchunk = b'x' * 65536\nwhile True:\n    os.write(1, chunk)",
+        3,
+    )
+    .await;
+    assert_eq!(r.status, CellStatus::Timeout, "{r:?}");
+    assert_eq!(r.stdout_truncated, Some(true));
+    case.finish().await;
+}

@@ -2,7 +2,8 @@
 //!
 //! Containers are tasks that speak the runner protocol: `ready` on start, and for each `exec`
 //! a line of output, the end marker and `done`. Cell code drives them: `sleep` never finishes,
-//! `exit` ends the kernel, `raise` reports an error, anything else succeeds.
+//! `exit` ends the kernel, `raise` reports an error, `flood` writes output forever, `deaf`
+//! succeeds and then never reads stdin again, anything else succeeds.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -112,6 +113,16 @@ async fn fake_runner(
             stop.cancelled().await;
             return;
         }
+        if code.starts_with("flood") {
+            // Output faster than anyone reads it, forever.
+            let chunk = Bytes::from(vec![b'x'; 4096]);
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    sent = out.send(Chunk::Stdout(chunk.clone())) => if sent.is_err() { return },
+                }
+            }
+        }
         let status = match code.as_str() {
             "exit" => "exit",
             "raise" => "error",
@@ -126,6 +137,11 @@ async fn fake_runner(
         let output = format!("ran {code}\n{marker}{done}\n");
         let _ = out.send(Chunk::Stdout(Bytes::from(output))).await;
         if status == "exit" {
+            return;
+        }
+        if code == "deaf" {
+            // Answered, but never reads its stdin again (a wedged interpreter).
+            stop.cancelled().await;
             return;
         }
     }

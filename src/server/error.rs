@@ -83,6 +83,9 @@ impl From<ExecuteError> for ApiError {
                 format!("docker engine: {e}"),
             ),
             ExecuteError::ShuttingDown => ApiError::shutting_down(),
+            ExecuteError::Internal(_) => {
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+            }
         }
     }
 }
