@@ -51,6 +51,8 @@ pub struct ExecuteRequest {
     pub cancel: Option<CancellationToken>,
     /// Receives output live.
     pub sink: Option<OutputSink>,
+    /// Most kernels the tenant may hold at once (none: only `max_session_kernels` applies).
+    pub tenant_max_kernels: Option<usize>,
 }
 
 impl std::fmt::Debug for ExecuteRequest {
@@ -95,6 +97,14 @@ pub enum ExecuteError {
     /// The orchestrator is shutting down.
     #[error("kernelbox is shutting down")]
     ShuttingDown,
+    /// The tenant is at its kernel cap and every one of its kernels is busy.
+    #[error("tenant {tenant:?} has {cap} kernels and all are busy; retry later")]
+    AtCapacity {
+        /// The tenant.
+        tenant: String,
+        /// Its cap.
+        cap: usize,
+    },
     /// A bug in kernelbox: the task running the cell failed.
     #[error("internal error: {0}")]
     Internal(String),
@@ -306,7 +316,10 @@ impl Orchestrator {
         // then never runs and the new kernel is killed, as for any interrupt).
         let cancel = request.cancel.clone().unwrap_or_default();
         let run_id = self.track_running(&owner, &cancel);
-        let lease = match self.acquire(&key, request.reset).await {
+        let lease = match self
+            .acquire(&key, request.reset, request.tenant_max_kernels)
+            .await
+        {
             Ok(lease) => lease,
             Err(e) => {
                 self.untrack_running(&owner, run_id);
@@ -475,12 +488,26 @@ impl Orchestrator {
         count
     }
 
-    async fn acquire(&self, key: &KernelKey, reset: bool) -> Result<Lease, ExecuteError> {
+    async fn acquire(
+        &self,
+        key: &KernelKey,
+        reset: bool,
+        tenant_cap: Option<usize>,
+    ) -> Result<Lease, ExecuteError> {
         let inner = &self.inner;
         let mut reset = reset;
         let mut state_reset = false;
         loop {
-            let attach = inner.registry.attach(key, reset);
+            let attach = match inner.registry.attach_capped(key, reset, tenant_cap) {
+                Ok(attach) => attach,
+                Err(full) => {
+                    self.dispose_slots(full.victims).await;
+                    return Err(ExecuteError::AtCapacity {
+                        tenant: full.tenant,
+                        cap: full.cap,
+                    });
+                }
+            };
             if inner.registry.is_closed() {
                 // Shutdown drained the registry; nothing new may start.
                 inner.registry.forget(&attach.slot, None);

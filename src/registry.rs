@@ -71,6 +71,22 @@ pub struct Attach {
     pub state_lost: Option<StateLost>,
 }
 
+/// A tenant is at its kernel cap and every one of its kernels is busy or pinned.
+#[derive(Debug)]
+pub struct AtCapacity {
+    /// The tenant.
+    pub tenant: String,
+    /// Its cap.
+    pub cap: usize,
+    /// Idle slots reaped on the way; dispose of their kernels.
+    pub victims: Vec<Arc<Slot>>,
+}
+
+fn unreachable_attach() -> Attach {
+    // attach_capped only refuses under a tenant cap.
+    panic!("attach without a tenant cap cannot be refused")
+}
+
 /// The bookkeeping behind the orchestrator.
 #[derive(Debug)]
 pub struct Registry {
@@ -191,9 +207,57 @@ impl Registry {
     /// Attaches a call to the key's slot (creating it), reaps idle slots, applies `reset`,
     /// and evicts least recently used unpinned idle slots past the cap.
     pub fn attach(&self, key: &KernelKey, reset: bool) -> Attach {
+        match self.attach_capped(key, reset, None) {
+            Ok(attach) => attach,
+            // Without a tenant cap nothing refuses; this arm is never taken.
+            Err(AtCapacity { .. }) => unreachable_attach(),
+        }
+    }
+
+    /// [`Registry::attach`] under a per-tenant cap, checked atomically with the registration:
+    /// a new kernel for a tenant at `tenant_cap` first evicts the tenant's least recently used
+    /// idle, unpinned kernel, and is refused when every one of them is busy or pinned.
+    pub fn attach_capped(
+        &self,
+        key: &KernelKey,
+        reset: bool,
+        tenant_cap: Option<usize>,
+    ) -> Result<Attach, AtCapacity> {
         let now = Instant::now();
         let mut inner = self.lock();
         let mut victims = inner.take_idle(now, self.idle_timeout);
+        if let (Some(cap), false) = (tenant_cap, inner.slots.contains_key(key)) {
+            let tenant = &key.owner.tenant;
+            while inner
+                .slots
+                .keys()
+                .filter(|k| &k.owner.tenant == tenant)
+                .count()
+                >= cap
+            {
+                let released = &inner.released_children;
+                let victim = inner
+                    .slots
+                    .values()
+                    .filter(|s| &s.key.owner.tenant == tenant)
+                    .filter(|s| s.attached() == 0 && !s.pinned(released))
+                    .min_by_key(|s| s.last_used())
+                    .map(|s| s.key.clone());
+                let Some(victim) = victim else {
+                    // Nothing was attached yet, so the reaped slots are returned with the error
+                    // for disposal by the caller.
+                    return Err(AtCapacity {
+                        tenant: tenant.clone(),
+                        cap,
+                        victims,
+                    });
+                };
+                if let Some(slot) = inner.slots.remove(&victim) {
+                    inner.record_loss(&victim, LossReason::Evicted);
+                    victims.push(slot);
+                }
+            }
+        }
         let reset_slot = if reset { inner.slots.remove(key) } else { None };
         if key.owner.is_child() {
             inner.released_children.remove(&key.owner);
@@ -222,12 +286,12 @@ impl Registry {
         *slot.last_used.lock().unwrap_or_else(|p| p.into_inner()) = now;
         let state_lost = inner.losses.remove(key);
         victims.extend(inner.evict_over_cap(self.max_kernels));
-        Attach {
+        Ok(Attach {
             slot,
             victims,
             reset: reset_slot,
             state_lost,
-        }
+        })
     }
 
     /// Releases a call's hold. Returns true when the slot is no longer registered and this
@@ -465,6 +529,36 @@ mod tests {
             reg.release(&a.slot),
             "last call out of an unregistered slot disposes"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_tenant_cap_evicts_its_own_idle_kernels_then_refuses() {
+        let reg = Registry::new(100, Duration::from_secs(3600));
+        let other = use_once(&reg, &key("other-tenant", None));
+        let mut k1 = key("a", None);
+        k1.owner.tenant = "t2".into();
+        let mut k2 = key("b", None);
+        k2.owner.tenant = "t2".into();
+        let mut k3 = key("c", None);
+        k3.owner.tenant = "t2".into();
+        let a = reg.attach_capped(&k1, false, Some(2)).unwrap();
+        reg.release(&a.slot);
+        tokio::time::advance(Duration::from_millis(5)).await;
+        let b = reg.attach_capped(&k2, false, Some(2)).unwrap();
+        // At the cap with `a` idle: `a` goes, not another tenant's kernel.
+        let c = reg.attach_capped(&k3, false, Some(2)).unwrap();
+        let gone: Vec<_> = c
+            .victims
+            .iter()
+            .map(|s| s.key.owner.session.clone())
+            .collect();
+        assert_eq!(gone, vec!["a"]);
+        assert!(reg.slots().iter().any(|s| Arc::ptr_eq(s, &other.slot)));
+        // Both remaining kernels busy: refused.
+        let refused = reg.attach_capped(&k1, false, Some(2)).unwrap_err();
+        assert_eq!(refused.cap, 2);
+        reg.release(&b.slot);
+        reg.release(&c.slot);
     }
 
     #[tokio::test(start_paused = true)]

@@ -260,6 +260,8 @@ fn parse_execute(
         dispatcher,
         cancel: None,
         sink: None,
+        // Enforced atomically with the kernel's registration; `admit` only makes room first.
+        tenant_max_kernels: tenant.max_kernels,
     })
 }
 

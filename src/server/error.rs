@@ -83,6 +83,10 @@ impl From<ExecuteError> for ApiError {
                 format!("docker engine: {e}"),
             ),
             ExecuteError::ShuttingDown => ApiError::shutting_down(),
+            ExecuteError::AtCapacity { .. } => ApiError {
+                retry_after: Some(1),
+                ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, "at_capacity", e.to_string())
+            },
             ExecuteError::Internal(_) => {
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
             }
