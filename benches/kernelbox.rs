@@ -19,16 +19,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use bollard::container::LogOutput;
-use bollard::models::{ContainerCreateBody, HostConfig, HostConfigLogConfig};
-use bollard::query_parameters::{
-    AttachContainerOptionsBuilder, EventsOptionsBuilder, RemoveContainerOptionsBuilder,
-};
+use bollard::query_parameters::EventsOptionsBuilder;
 use bollard::Docker;
 use futures::StreamExt;
+use kernelbox::docker::{Chunk, ContainerSpec};
 use kernelbox::{
     BollardEngine, CellResult, CellStatus, Config, Engine, ExecuteRequest, FnDispatcher,
-    Orchestrator, ToolCall, ToolDispatcher,
+    Orchestrator, Sandbox, ToolCall, ToolDispatcher,
 };
 use serde::Serialize;
 use serde_json::{json, Map, Value};
@@ -290,7 +287,7 @@ impl Bench {
     /// 1. Warm cell round trip, and the bare attach echo floor.
     async fn warm(&mut self) -> Result<()> {
         let n = self.sizes.warm;
-        let floor = attach_floor(&self.docker, &self.label, n).await?;
+        let floor = attach_floor(&self.engine, &self.label, n).await?;
         let session = "warm";
         for _ in 0..20 {
             let r = self.exec(ExecuteRequest::new(session, "x = 1")).await?;
@@ -938,59 +935,34 @@ async fn jupyter_venv() -> Result<PathBuf> {
     Ok(python)
 }
 
-/// The floor of a warm round trip: one line echoed by python3 through a docker attach.
-async fn attach_floor(docker: &Docker, label: &str, n: usize) -> Result<Stats> {
+/// The floor of a warm round trip: one line echoed by python3 through a docker attach, in a
+/// container created through the same [`Engine`] with the same sandbox as a kernel's (limits,
+/// read-only root, no network, no log driver), so only kernelbox's own work differs.
+async fn attach_floor(engine: &Arc<dyn Engine>, label: &str, n: usize) -> Result<Stats> {
     let script = "import sys\nfor l in sys.stdin: sys.stdout.write(l); sys.stdout.flush()";
-    let body = ContainerCreateBody {
-        image: Some(IMAGE.into()),
-        cmd: Some(vec![
-            "python3".into(),
-            "-u".into(),
-            "-c".into(),
-            script.into(),
-        ]),
-        labels: Some(HashMap::from([(CASE.to_string(), label.to_string())])),
-        attach_stdin: Some(true),
-        attach_stdout: Some(true),
-        attach_stderr: Some(true),
-        open_stdin: Some(true),
-        stdin_once: Some(true),
-        tty: Some(false),
-        network_disabled: Some(true),
-        host_config: Some(HostConfig {
-            network_mode: Some("none".into()),
-            auto_remove: Some(true),
-            // As for kernels: no log driver copying the stream.
-            log_config: Some(HostConfigLogConfig {
-                typ: Some("none".into()),
-                config: None,
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
+    let spec = ContainerSpec {
+        image: IMAGE.into(),
+        cmd: vec!["python3".into(), "-u".into(), "-c".into(), script.into()],
+        env: Vec::new(),
+        user: Sandbox::default().user,
+        working_dir: "/".into(),
+        labels: BTreeMap::from([(CASE.to_string(), label.to_string())]),
+        mounts: Vec::new(),
+        sandbox: Sandbox::default(),
     };
-    let id = docker
-        .create_container(None, body)
+    let id = engine
+        .create_container(&spec)
         .await
-        .context("creating the attach floor container")?
-        .id;
-    let result = echo_samples(docker, &id, n).await;
-    let options = RemoveContainerOptionsBuilder::default().force(true).build();
-    let _ = docker.remove_container(&id, Some(options)).await;
+        .context("creating the attach floor container")?;
+    let result = echo_samples(engine, &id, n).await;
+    let _ = engine.remove_container(&id).await;
     result
 }
 
-async fn echo_samples(docker: &Docker, id: &str, n: usize) -> Result<Stats> {
-    let options = AttachContainerOptionsBuilder::default()
-        .stdin(true)
-        .stdout(true)
-        .stderr(true)
-        .stream(true)
-        .logs(false)
-        .build();
-    let attached = docker.attach_container(id, Some(options)).await?;
+async fn echo_samples(engine: &Arc<dyn Engine>, id: &str, n: usize) -> Result<Stats> {
+    let attached = engine.attach(id).await?;
     let (mut output, mut input) = (attached.output, attached.input);
-    docker.start_container(id, None).await?;
+    engine.start(id).await?;
     let mut buf: Vec<u8> = Vec::new();
     let mut samples = Vec::with_capacity(n);
     for i in 0..n + 20 {
@@ -1004,13 +976,10 @@ async fn echo_samples(docker: &Docker, id: &str, n: usize) -> Result<Stats> {
                     return Ok(());
                 }
                 match output.next().await {
-                    Some(Ok(LogOutput::StdOut { message } | LogOutput::Console { message })) => {
-                        buf.extend_from_slice(&message)
-                    }
-                    Some(Ok(LogOutput::StdErr { message })) => {
+                    Some(Ok(Chunk::Stdout(message))) => buf.extend_from_slice(&message),
+                    Some(Ok(Chunk::Stderr(message))) => {
                         bail!("echo container: {}", String::from_utf8_lossy(&message))
                     }
-                    Some(Ok(LogOutput::StdIn { .. })) => {}
                     Some(Err(e)) => return Err(e.into()),
                     None => bail!("echo container's attach stream ended"),
                 }
