@@ -5,12 +5,25 @@
 
 mod cli;
 
+/// Lets a verb piped into `head` end quietly instead of panicking on a broken pipe, as
+/// command-line tools do. Not for `serve`, whose sockets must never kill the process.
+#[allow(unsafe_code)]
+fn restore_sigpipe() {
+    // SAFETY: called once at start, before any thread exists; SIG_DFL is a valid disposition.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 use std::process::ExitCode;
 
 use clap::Parser;
 
 fn main() -> ExitCode {
     let args = cli::Cli::parse();
+    if !args.is_server() {
+        restore_sigpipe();
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("KERNELBOX_LOG")

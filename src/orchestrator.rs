@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -606,7 +607,17 @@ impl Orchestrator {
             .iter()
             .filter_map(|s| s.kernel.get().cloned())
             .collect();
-        futures::future::join_all(kernels.iter().map(|k| self.dispose_kernel(k))).await;
+        // Bounded: a thousand concurrent force-removals overwhelm the engine (seen in the
+        // 1000-kernel density run), while a few dozen keep it busy.
+        let disposals = kernels.into_iter().map(|kernel| async move {
+            if let Err(e) = kernel.dispose().await {
+                tracing::warn!(container = %kernel.short_id(), error = %e, "disposing a kernel");
+            }
+        });
+        futures::stream::iter(disposals)
+            .buffer_unordered(crate::docker::REMOVAL_CONCURRENCY)
+            .collect::<Vec<()>>()
+            .await;
     }
 
     /// Disposes of every kernel of a session, its delegated children's included.

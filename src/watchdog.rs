@@ -14,6 +14,8 @@ use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
 
+use futures::StreamExt;
+
 use crate::docker::{Engine, EngineError};
 use crate::labels;
 
@@ -72,9 +74,15 @@ pub async fn remove_instance(engine: &dyn Engine, instance: &str) -> Result<usiz
         labels::filter(labels::INSTANCE, instance),
     ];
     let containers = engine.list_containers(&filters).await?;
-    let removals = containers.iter().map(|c| engine.remove_container(&c.id));
+    let removals = containers
+        .into_iter()
+        .map(|c| async move { engine.remove_container(&c.id).await });
     let mut count = 0;
-    for result in futures::future::join_all(removals).await {
+    let results: Vec<_> = futures::stream::iter(removals)
+        .buffer_unordered(crate::docker::REMOVAL_CONCURRENCY)
+        .collect()
+        .await;
+    for result in results {
         match result {
             Ok(()) => count += 1,
             Err(e) => tracing::warn!(error = %e, "watchdog: container removal failed"),
@@ -82,9 +90,13 @@ pub async fn remove_instance(engine: &dyn Engine, instance: &str) -> Result<usiz
     }
     let volumes = engine.list_volumes(&filters, false).await?;
     let removals = volumes
-        .iter()
-        .map(|v| crate::kernel::remove_volume_when_free(engine, &v.name));
-    for result in futures::future::join_all(removals).await {
+        .into_iter()
+        .map(|v| async move { crate::kernel::remove_volume_when_free(engine, &v.name).await });
+    let results: Vec<_> = futures::stream::iter(removals)
+        .buffer_unordered(crate::docker::REMOVAL_CONCURRENCY)
+        .collect()
+        .await;
+    for result in results {
         if let Err(e) = result {
             tracing::warn!(error = %e, "watchdog: volume removal failed");
         }

@@ -235,6 +235,13 @@ async fn start(opts: &KernelOpts) -> anyhow::Result<Orchestrator> {
     Ok(Orchestrator::start(config, engine).await?)
 }
 
+impl Cli {
+    /// True for the long-running verbs that must survive a peer closing a socket.
+    pub fn is_server(&self) -> bool {
+        matches!(self.command, Command::Serve(_) | Command::Watchdog { .. })
+    }
+}
+
 /// Runs the chosen verb.
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {

@@ -18,6 +18,10 @@ use tokio::io::AsyncWrite;
 
 pub use bollard_engine::BollardEngine;
 
+/// How many removals kernelbox runs against the engine at once when it disposes of many
+/// kernels (shutdown, watchdog, sweeps).
+pub const REMOVAL_CONCURRENCY: usize = 32;
+
 /// A Docker operation that failed; names the operation and the object.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
