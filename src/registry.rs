@@ -82,11 +82,6 @@ pub struct AtCapacity {
     pub victims: Vec<Arc<Slot>>,
 }
 
-fn unreachable_attach() -> Attach {
-    // attach_capped only refuses under a tenant cap.
-    panic!("attach without a tenant cap cannot be refused")
-}
-
 /// The bookkeeping behind the orchestrator.
 #[derive(Debug)]
 pub struct Registry {
@@ -207,11 +202,10 @@ impl Registry {
     /// Attaches a call to the key's slot (creating it), reaps idle slots, applies `reset`,
     /// and evicts least recently used unpinned idle slots past the cap.
     pub fn attach(&self, key: &KernelKey, reset: bool) -> Attach {
-        match self.attach_capped(key, reset, None) {
-            Ok(attach) => attach,
-            // Without a tenant cap nothing refuses; this arm is never taken.
-            Err(AtCapacity { .. }) => unreachable_attach(),
-        }
+        let now = Instant::now();
+        let mut inner = self.lock();
+        let victims = inner.take_idle(now, self.idle_timeout);
+        self.attach_locked(&mut inner, key, reset, victims, now)
     }
 
     /// [`Registry::attach`] under a per-tenant cap, checked atomically with the registration:
@@ -258,6 +252,18 @@ impl Registry {
                 }
             }
         }
+        Ok(self.attach_locked(&mut inner, key, reset, victims, now))
+    }
+
+    /// The common part of [`Registry::attach`] and [`Registry::attach_capped`], under the lock.
+    fn attach_locked(
+        &self,
+        inner: &mut Inner,
+        key: &KernelKey,
+        reset: bool,
+        mut victims: Vec<Arc<Slot>>,
+        now: Instant,
+    ) -> Attach {
         let reset_slot = if reset { inner.slots.remove(key) } else { None };
         if key.owner.is_child() {
             inner.released_children.remove(&key.owner);
@@ -286,12 +292,12 @@ impl Registry {
         *slot.last_used.lock().unwrap_or_else(|p| p.into_inner()) = now;
         let state_lost = inner.losses.remove(key);
         victims.extend(inner.evict_over_cap(self.max_kernels));
-        Ok(Attach {
+        Attach {
             slot,
             victims,
             reset: reset_slot,
             state_lost,
-        })
+        }
     }
 
     /// Releases a call's hold. Returns true when the slot is no longer registered and this
