@@ -507,7 +507,8 @@ impl Kernel {
                         }
                         Some(IoEvent::Frame(_)) => {}
                         Some(IoEvent::Closed) | None => {
-                            break CellEnd::Died(self.await_death().await);
+                            // The reader records the death before it closes the channel.
+                            break CellEnd::Died(self.death().unwrap_or(Death::Crashed(-1)));
                         }
                     },
                     Some((call, result)) = tools.next(), if !tools.is_empty() => {
@@ -612,11 +613,6 @@ impl Kernel {
     }
 
     /// Waits for the reader to record why the kernel died.
-    async fn await_death(&self) -> Death {
-        // The reader sets the death before it closes the channel, so this is immediate.
-        self.death().unwrap_or(Death::Crashed(-1))
-    }
-
     /// Removes the container and its staging volume. Idempotent.
     pub async fn dispose(&self) -> Result<(), EngineError> {
         self.disposing.store(true, Ordering::Release);
