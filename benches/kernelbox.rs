@@ -646,7 +646,11 @@ impl Bench {
             let (count0, pss0) = helpers0.get(kind).copied().unwrap_or_default();
             let extra = count1.saturating_sub(count0);
             let per = (*pss1 as f64 - pss0 as f64) / n as f64 / MIB;
-            helper_rows.push(format!("{kind} {per:.1} MiB (+{extra} processes)"));
+            helper_rows.push(if extra > 0 {
+                format!("{kind} {per:.2} MiB (+{extra} processes)")
+            } else {
+                format!("{kind} {per:.2} MiB")
+            });
             helper_json.insert(
                 kind.to_string(),
                 json!({"processes_added": extra, "pss_delta_bytes": *pss1 as i64 - pss0 as i64}),
@@ -692,7 +696,7 @@ impl Bench {
         }
         if !helper_rows.is_empty() {
             self.rows.push(Row::new(
-                "host helper processes per kernel (PSS delta / N)",
+                "host processes per kernel (PSS delta / N)",
                 helper_rows.join("; "),
             ));
         }
@@ -1146,7 +1150,8 @@ async fn host_used_bytes() -> Result<u64> {
     }
 }
 
-/// Per-container host helpers (containerd shims, fuse-overlayfs): (processes, summed PSS).
+/// Per-container host helpers (containerd shims, fuse-overlayfs) and the engine's daemons:
+/// (processes, summed PSS).
 fn helper_memory() -> BTreeMap<&'static str, (usize, u64)> {
     let mut out: BTreeMap<&'static str, (usize, u64)> = BTreeMap::new();
     let Ok(dir) = std::fs::read_dir("/proc") else {
@@ -1160,6 +1165,9 @@ fn helper_memory() -> BTreeMap<&'static str, (usize, u64)> {
         let kind = match comm.trim() {
             c if c.starts_with("containerd-shim") => "containerd-shim",
             "fuse-overlayfs" => "fuse-overlayfs",
+            // The daemons themselves: their growth is per-kernel bookkeeping.
+            "dockerd" => "dockerd",
+            "containerd" => "containerd",
             _ => continue,
         };
         let pss = std::fs::read_to_string(path.join("smaps_rollup"))

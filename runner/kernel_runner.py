@@ -29,17 +29,68 @@ a cell starts and a tool result lands without a thread hand-off. A watcher threa
 for hang-up only and exits the process the moment the host goes away, even mid-cell.
 """
 
-import collections
+# Imports are kept to modules the interpreter loads anyway plus C extensions: ``json`` pulls in
+# ``re`` and ``enum`` and ``threading`` pulls in ``functools`` and ``collections``, together
+# about 1.5 MiB of anonymous memory in every idle kernel (see _make_codec and _tag_threads).
+import _thread
 import io
-import json
 import os
 import select
 import sys
-import threading
 import time
-import types
 
 PROTOCOL_VERSION = 2
+
+
+def _make_codec():
+    """Returns (dumps, loads) for compact JSON, through the C accelerator ``_json`` when it
+    behaves as expected here, else through the ``json`` module."""
+    try:
+        import _json
+
+        def default(obj):
+            raise TypeError("Object of type %s is not JSON serializable" % type(obj).__name__)
+
+        def dumps(obj):
+            # A fresh encoder per call: its circular-reference markers start empty.
+            encoder = _json.make_encoder(
+                {}, default, _json.encode_basestring_ascii, None, ":", ",", False, False, False
+            )
+            return "".join(encoder(obj, 0))
+
+        class Context:
+            strict = True
+            object_hook = None
+            object_pairs_hook = None
+            parse_float = float
+            parse_int = int
+            parse_constant = {"-Infinity": float("-inf"), "Infinity": float("inf"), "NaN": float("nan")}.__getitem__
+            memo = None
+
+        scan = _json.make_scanner(Context())
+
+        def loads(text):
+            value, end = scan(text, 0)
+            if text[end:].strip():
+                raise ValueError("extra data after a JSON value")
+            return value
+
+        sample = {"op": "x", "n": [1, -2.5, None, True, False], "s": "\u00e9\"\n"}
+        if dumps(sample) != '{"op":"x","n":[1,-2.5,null,true,false],"s":"\\u00e9\\"\\n"}':
+            raise ValueError("unexpected encoding")
+        if loads(dumps(sample)) != sample:
+            raise ValueError("unexpected decoding")
+        return dumps, loads
+    except Exception:
+        import json
+
+        def dumps(obj):
+            return json.dumps(obj, separators=(",", ":"), allow_nan=False)
+
+        return dumps, json.loads
+
+
+_dumps, _loads = _make_codec()
 
 
 class _Channel:
@@ -54,7 +105,7 @@ class _Channel:
         # closed or redirected fds 1 and 2, and each cell starts with them restored.
         self.cell_out = os.dup(1)
         self.null = os.open(os.devnull, os.O_RDONLY)
-        self.lock = threading.Lock()
+        self.lock = _thread.allocate_lock()
         self.restore_fds()
 
     def restore_fds(self):
@@ -72,7 +123,8 @@ class _Channel:
                 pass
 
     def send(self, msg):
-        data = (json.dumps(msg, separators=(",", ":")) + "\n").encode("utf-8", "surrogatepass")
+        """Writes one frame; a message that is not JSON raises before anything is written."""
+        data = (_dumps(msg) + "\n").encode("utf-8", "surrogatepass")
         with self.lock:
             view = memoryview(data)
             while view:
@@ -86,16 +138,18 @@ class _Inbox:
     def __init__(self, channel):
         self.ch = channel
         self.buf = b""
-        self.cond = threading.Condition()
+        self.lock = _thread.allocate_lock()
+        # One held lock per thread asleep in _sleep; releasing it wakes that thread.
+        self.sleepers = []
         self.reading = False
-        self.execs = collections.deque()
+        self.execs = []
         self.results = {}
 
     def wait(self, take):
         """Returns ``take()`` once it is not None, reading messages meanwhile if nobody is.
 
         ``take`` runs under the inbox lock."""
-        with self.cond:
+        with self.lock:
             while True:
                 value = take()
                 if value is not None:
@@ -103,21 +157,39 @@ class _Inbox:
                 if not self.reading:
                     self.reading = True
                     break
-                self.cond.wait()
+                self._sleep()
         try:
             while True:
                 msg = self._read()
-                with self.cond:
+                with self.lock:
                     self._file(msg)
-                    self.cond.notify_all()
+                    self._wake_all()
                     value = take()
                     if value is not None:
                         return value
         finally:
-            with self.cond:
+            with self.lock:
                 self.reading = False
                 # Another waiter takes over the reading.
-                self.cond.notify_all()
+                self._wake_all()
+
+    def _sleep(self):
+        """Waits for _wake_all; called and returns with the inbox lock held."""
+        sleeper = _thread.allocate_lock()
+        sleeper.acquire()
+        self.sleepers.append(sleeper)
+        self.lock.release()
+        try:
+            sleeper.acquire()
+        finally:
+            self.lock.acquire()
+            if sleeper in self.sleepers:
+                self.sleepers.remove(sleeper)
+
+    def _wake_all(self):
+        sleepers, self.sleepers = self.sleepers, []
+        for sleeper in sleepers:
+            sleeper.release()
 
     def _read(self):
         # Only the reading thread touches the buffer.
@@ -125,9 +197,9 @@ class _Inbox:
             if b"\n" in self.buf:
                 line, self.buf = self.buf.split(b"\n", 1)
                 try:
-                    return json.loads(line)
-                except ValueError:
-                    continue
+                    return _loads(line.decode("utf-8"))
+                except Exception:
+                    continue  # not a frame: nothing the host sends, so nothing to act on
             chunk = os.read(self.ch.inp, 65536)
             if not chunk:
                 os._exit(0)
@@ -163,11 +235,15 @@ class _Runner:
         self.current_cell = None
         self.execution_count = 0
         # Cells run in a fresh __main__ module, so pickling and introspection see cell code.
-        main_module = types.ModuleType("__main__")
+        main_module = type(sys)("__main__")
         main_module.__dict__["__builtins__"] = __builtins__
         sys.modules["__main__"] = main_module
         self.namespace = main_module.__dict__
-        self.calls_lock = threading.Lock()
+        self.calls_lock = _thread.allocate_lock()
+        # Threads and the cell they belong to (see _tag_threads); the main thread runs the
+        # current cell.
+        self.main_thread = _thread.get_ident()
+        self.thread_cells = {}
         self.next_call = 0
         self.pid = os.getpid()
         self.status_fd = _open_status(os.environ.get("KERNELBOX_STATUS"))
@@ -179,25 +255,26 @@ class _Runner:
             raise ToolError("tool calls are only available in the kernel process, not in a forked child")
         if not isinstance(name, str) or not name:
             raise ToolError("tool name must be a non-empty string")
-        # A thread started by a cell carries that cell; the main thread runs the current one.
-        thread = threading.current_thread()
-        if thread is threading.main_thread():
-            cell = self.current_cell
-        else:
-            cell = getattr(thread, "_kernelbox_cell", None)
-        try:
-            json.dumps(args)
-        except (TypeError, ValueError) as exc:
-            raise ToolError("tool arguments must be JSON-serialisable: %s" % exc)
+        cell = self.cell_of_current_thread()
         with self.calls_lock:
             self.next_call += 1
             call = self.next_call
-        self.ch.send({"op": "tool_call", "cell": cell, "call": call, "tool": name, "args": args})
+        try:
+            self.ch.send({"op": "tool_call", "cell": cell, "call": call, "tool": name, "args": args})
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise ToolError("tool arguments must be JSON-serialisable: %s" % exc)
         results = self.inbox.results
         reply = self.inbox.wait(lambda: results.pop(call, None))
         if reply.get("ok"):
             return reply.get("result")
         raise ToolError(reply.get("error") or "tool call failed")
+
+    def cell_of_current_thread(self):
+        """The cell whose authority the calling thread carries (None: no cell)."""
+        ident = _thread.get_ident()
+        if ident == self.main_thread:
+            return self.current_cell
+        return self.thread_cells.get(ident)
 
     # -- cells -----------------------------------------------------------------------------
 
@@ -207,7 +284,7 @@ class _Runner:
         )
         execs = self.inbox.execs
         while True:
-            msg = self.inbox.wait(lambda: execs.popleft() if execs else None)
+            msg = self.inbox.wait(lambda: execs.pop(0) if execs else None)
             self.run_cell(msg)
 
     def run_cell(self, msg):
@@ -280,7 +357,7 @@ def _end_line(marker, cell, status, tb, count, exit_code):
             short = "...(cut; the whole traceback is in the output)\n" + tb[-keep:]
         done = {"op": "done", "cell": cell, "status": status, "traceback": short,
                 "execution_count": count, "exit_code": exit_code}
-        line = marker + json.dumps(done, separators=(",", ":")).encode("ascii") + b"\n"
+        line = marker + _dumps(done).encode("ascii") + b"\n"
         if len(line) <= 4000 or keep < 100:
             return line
         keep //= 2
@@ -337,22 +414,42 @@ def _write_all(fd, data):
 
 
 def _tag_threads(runner):
-    """Threads remember the cell that started them, for tool-call authority."""
-    original_init = threading.Thread.__init__
+    """Threads carry the cell that started them, for tool-call authority.
 
-    def __init__(self, *args, **kwargs):
-        original_init(self, *args, **kwargs)
-        current = threading.current_thread()
-        if current is threading.main_thread():
-            self._kernelbox_cell = runner.current_cell
-        else:
-            self._kernelbox_cell = getattr(current, "_kernelbox_cell", None)
+    Every thread starts through ``_thread`` (``threading`` binds its starters when it is first
+    imported, after this runs), so wrapping the starters tags threads of ``threading``,
+    ``concurrent.futures`` and raw ``_thread`` alike without importing ``threading`` here."""
 
-    threading.Thread.__init__ = __init__
+    def tagged(start):
+        def start_tagged(function, *args, **kwargs):
+            cell = runner.cell_of_current_thread()
+
+            def run(*a, **kw):
+                ident = _thread.get_ident()
+                runner.thread_cells[ident] = cell
+                try:
+                    return function(*a, **kw)
+                finally:
+                    runner.thread_cells.pop(ident, None)
+
+            return start(run, *args, **kwargs)
+
+        return start_tagged
+
+    # start_new_thread (and its old alias start_new) up to 3.12; start_joinable_thread 3.13+.
+    for name in ("start_new_thread", "start_new", "start_joinable_thread"):
+        start = getattr(_thread, name, None)
+        if start is not None:
+            setattr(_thread, name, tagged(start))
+    threading = sys.modules.get("threading")  # imported by a sitecustomize, say
+    if threading is not None:
+        for name in ("_start_new_thread", "_start_joinable_thread"):
+            if hasattr(threading, name):
+                setattr(threading, name, getattr(_thread, name.lstrip("_")))
 
 
 def _tools_module(runner):
-    mod = types.ModuleType("kernel_tools")
+    mod = type(sys)("kernel_tools")
     mod.__doc__ = "Call host tools from a cell: kernel_tools.NAME(**args) or kernel_tools.call(NAME, **args)."
     mod.ToolError = ToolError
 
@@ -384,8 +481,9 @@ def main():
     runner = _Runner(channel)
     os.register_at_fork(after_in_child=channel.close_in_child)
     sys.modules["kernel_tools"] = _tools_module(runner)
+    # The watcher starts before the starters are wrapped: it belongs to no cell.
+    _thread.start_new_thread(_watch_hangup, (channel.inp,))
     _tag_threads(runner)
-    threading.Thread(target=_watch_hangup, args=(channel.inp,), name="kernelbox-hangup", daemon=True).start()
     runner.run_forever()
 
 

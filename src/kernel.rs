@@ -27,8 +27,8 @@ use crate::docker::{Chunk, ContainerSpec, Engine, EngineError, Mount, TmpfsVolum
 use crate::monitor::EventMonitor;
 use crate::owner::KernelKey;
 use crate::protocol::{
-    DoneStatus, HostFrame, KernelFrame, LineSplitter, MarkerScanner, PROTOCOL_VERSION,
-    RUNNER_SOURCE,
+    runner_command, runner_env, DoneStatus, HostFrame, KernelFrame, LineSplitter, MarkerScanner,
+    PROTOCOL_VERSION,
 };
 
 /// Where the working directory is inside every kernel.
@@ -261,8 +261,9 @@ impl Kernel {
         labels.insert(crate::labels::STATUS.into(), status_path.clone());
         let spec = ContainerSpec {
             image: key.image.clone(),
-            cmd: vec!["python3".into(), "-c".into(), RUNNER_SOURCE.into()],
+            cmd: runner_command(),
             env: vec![
+                runner_env(),
                 format!("KERNELBOX_STATUS={status_path}"),
                 "PYTHONUNBUFFERED=1".into(),
                 "PYTHONDONTWRITEBYTECODE=1".into(),

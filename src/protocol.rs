@@ -1,4 +1,4 @@
-//! The runner protocol (version 1): newline-delimited JSON frames, and the byte plumbing that
+//! The runner protocol (version 2): newline-delimited JSON frames, and the byte plumbing that
 //! turns Docker frames (which are not lines) back into lines and finds a cell's end marker.
 //!
 //! Host -> runner frames travel on the container's stdin; runner -> host frames (`ready`,
@@ -12,8 +12,29 @@ use serde_json::Value;
 /// The protocol version this host speaks; the runner announces its own in `ready`.
 pub const PROTOCOL_VERSION: u64 = 2;
 
-/// The runner's source, delivered as `python3 -c` so no file has to reach the container.
+/// The runner's source; the kernel's environment carries it (see [`RUNNER_ENV`]), so no file
+/// has to reach the container.
 pub const RUNNER_SOURCE: &str = include_str!("../runner/kernel_runner.py");
+
+/// The `python3 -c` program that compiles and starts the runner in pieces: the parser's peak
+/// memory stays resident in every kernel, and a piece's peak is a fraction of the whole file's.
+pub const RUNNER_BOOTSTRAP: &str = include_str!("../runner/bootstrap.py");
+
+/// The environment variable that hands [`RUNNER_SOURCE`] to [`RUNNER_BOOTSTRAP`], which removes
+/// it before any cell runs.
+pub const RUNNER_ENV: &str = "KERNELBOX_RUNNER";
+
+/// The kernel container's command: `python3 -c BOOTSTRAP`.
+pub fn runner_command() -> Vec<String> {
+    ["python3", "-c", RUNNER_BOOTSTRAP]
+        .map(String::from)
+        .to_vec()
+}
+
+/// The kernel container's environment entry that carries the runner.
+pub fn runner_env() -> String {
+    format!("{RUNNER_ENV}={RUNNER_SOURCE}")
+}
 
 /// Longest protocol line accepted from a kernel; longer lines are dropped.
 pub const MAX_FRAME_LINE: usize = 8 * 1024 * 1024;

@@ -319,3 +319,42 @@ async fn any_image_with_python3_works_as_it_is() {
     assert!(r.output.contains("42 kept /work 10000"), "{r:?}");
     case.finish().await;
 }
+
+/// The runner is invisible to cells (no variable in the environment, `sys.argv` as under
+/// `python3 -c`, cell code runs in `__main__`) and stays small: an idle kernel has not loaded
+/// the modules the runner avoids for memory's sake, and a cell importing them still works.
+#[tokio::test]
+async fn the_runner_leaves_no_trace_in_a_cell() {
+    let case = Case::new("runner-trace").await;
+    let probe = case
+        .run(
+            "s",
+            "import sys\n\
+             print('loaded', [m for m in ('json', 're', 'enum', 'threading', 'collections') if m in sys.modules])\n\
+             import os, subprocess\n\
+             print('argv', sys.argv)\n\
+             print('env', [k for k in os.environ if k.startswith('KERNELBOX_R')])\n\
+             print('child', subprocess.run(['env'], capture_output=True, text=True).stdout.count('KERNELBOX_RUNNER'))\n\
+             print('main', __name__, sys.modules['__main__'].__dict__ is globals())",
+        )
+        .await;
+    assert_eq!(probe.status, CellStatus::Success, "{probe:?}");
+    let out = &probe.output;
+    assert!(out.contains("argv ['-c']"), "{out}");
+    assert!(out.contains("env []"), "{out}");
+    assert!(out.contains("child 0"), "{out}");
+    assert!(out.contains("loaded []"), "{out}");
+    assert!(out.contains("main __main__ True"), "{out}");
+    let used = case
+        .run(
+            "s",
+            "import json, threading, collections\n\
+             box = []\n\
+             t = threading.Thread(target=lambda: box.append(json.loads('[1, 2.5, null]')))\n\
+             t.start(); t.join()\n\
+             print(box, collections.Counter('aab')['a'])",
+        )
+        .await;
+    assert!(used.output.contains("[[1, 2.5, None]] 2"), "{used:?}");
+    case.finish().await;
+}
