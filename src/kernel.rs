@@ -15,7 +15,6 @@ use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
 use rand::Rng;
 use serde_json::Value;
-use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -30,6 +29,7 @@ use crate::protocol::{
     runner_command, runner_env, DoneStatus, HostFrame, KernelFrame, LineSplitter, MarkerScanner,
     PROTOCOL_VERSION,
 };
+use crate::stdin::Stdin;
 
 /// Where the working directory is inside every kernel.
 pub const WORK_DIR: &str = "/work";
@@ -133,9 +133,8 @@ struct CellIo {
     rx: mpsc::Receiver<IoEvent>,
 }
 
-/// Frames for the kernel's stdin, written in order by the kernel's writer task, so no cell,
-/// reader or refusal ever waits on a runner that stopped reading.
-type Writer = mpsc::UnboundedSender<Vec<u8>>;
+/// Frames for the kernel's stdin (see [`crate::stdin`]).
+type Writer = Stdin;
 
 /// One live kernel container.
 pub struct Kernel {
@@ -320,12 +319,12 @@ impl Kernel {
         tracker: &TaskTracker,
     ) -> Result<Arc<Kernel>, KernelError> {
         let attached = engine.attach(&id).await?;
-        let (writer, frames) = mpsc::unbounded_channel();
+        let cancel = CancellationToken::new();
+        let (writer, writer_task) = Stdin::new(attached.input, cancel.clone());
         let (tx, rx) = mpsc::channel(256);
         let active_cell = Arc::new(AtomicU64::new(0));
         let disposing = Arc::new(AtomicBool::new(false));
         let death = Arc::new(Mutex::new(None));
-        let cancel = CancellationToken::new();
         let kernel = Arc::new(Kernel {
             id: id.clone(),
             volume,
@@ -346,7 +345,7 @@ impl Kernel {
             cancel: cancel.clone(),
             death: death.clone(),
         });
-        tracker.spawn(writer_task(attached.input, frames, cancel.clone()));
+        tracker.spawn(writer_task);
         tracker.spawn(reader_task(ReaderTask {
             id: id.clone(),
             output: attached.output,
@@ -723,9 +722,9 @@ pub async fn remove_volume_when_free(engine: &dyn Engine, name: &str) -> Result<
     engine.remove_volume(name).await
 }
 
-/// Queues a frame for the kernel's stdin; a kernel that is gone just drops it.
+/// Sends a frame to the kernel's stdin; a kernel that is gone just drops it.
 fn send(writer: &Writer, frame: Vec<u8>) {
-    let _ = writer.send(frame);
+    writer.send(frame);
 }
 
 fn refuse(writer: &Writer, call: u64, message: &str) {
@@ -736,33 +735,6 @@ fn refuse(writer: &Writer, call: u64, message: &str) {
         error: Some(message.to_string()),
     };
     send(writer, frame.to_line());
-}
-
-/// Writes queued frames to the kernel's stdin, in order, until the kernel goes away.
-async fn writer_task(
-    mut input: Pin<Box<dyn AsyncWrite + Send>>,
-    mut frames: mpsc::UnboundedReceiver<Vec<u8>>,
-    cancel: CancellationToken,
-) {
-    loop {
-        let frame = tokio::select! {
-            _ = cancel.cancelled() => return,
-            frame = frames.recv() => match frame {
-                Some(frame) => frame,
-                None => return,
-            },
-        };
-        let written = tokio::select! {
-            _ = cancel.cancelled() => return,
-            written = async {
-                input.write_all(&frame).await?;
-                input.flush().await
-            } => written,
-        };
-        if written.is_err() {
-            return;
-        }
-    }
 }
 
 struct ReaderTask {

@@ -16,10 +16,12 @@
 //! | [`protocol`] | the runner protocol: frames, line splitting, end markers |
 //! | [`docker`] | the intent-level [`Engine`](docker::Engine) trait and its bollard implementation |
 //! | [`kernel`] | one kernel container: spawn, I/O task, cell execution, state enum |
+//! | [`stdin`] | a kernel's stdin: frames written inline when the pipe takes them, else by a task |
 //! | [`registry`] | which kernel serves which key; LRU, idle reaping, losses (pure bookkeeping) |
 //! | [`authority`] | per-cell tool-call authority and the [`ToolDispatcher`] trait |
 //! | [`monitor`] | engine events: tells OOM, outside kills and crashes apart |
 //! | [`orchestrator`] | the front door: [`Orchestrator::execute`] and lifecycle verbs |
+//! | [`adopt`] | work driven by its caller that a tracker adopts if the caller goes away |
 //! | [`server`] | the multi-tenant HTTP API behind `kernelbox serve` |
 //! | [`sweep`] | label sweeps: dead instances' leftovers, stale staging volumes |
 //! | [`instance`] | this instance's identity and other instances' liveness |
@@ -28,8 +30,10 @@
 //! | [`image`] | building the kernel image offline |
 //!
 //! The runner that executes cells inside each container is `runner/kernel_runner.py`
-//! (standard library only), delivered as `python3 -c`, so any image with python3 >= 3.8 works.
+//! (standard library only), started by `runner/bootstrap.py` as `python3 -c`, so any image
+//! with python3 >= 3.8 works.
 
+pub mod adopt;
 pub mod authority;
 pub mod cell;
 pub mod config;
@@ -44,6 +48,7 @@ pub mod owner;
 pub mod protocol;
 pub mod registry;
 pub mod server;
+pub mod stdin;
 pub mod sweep;
 pub mod watchdog;
 

@@ -11,6 +11,7 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::adopt::run_adopted;
 use crate::authority::{CellAuthority, ToolDispatcher};
 use crate::cell::{
     timeout_message, CellResult, CellStatus, KernelInfo, LossReason, INTERRUPTED_MESSAGE,
@@ -280,16 +281,16 @@ impl Orchestrator {
             return Err(ExecuteError::ShuttingDown);
         }
         let this = self.clone();
-        let handle = self
-            .inner
-            .tracker
-            .spawn(async move { this.execute_owned(request).await });
-        match handle.await {
-            Ok(result) => result,
-            Err(e) => Err(ExecuteError::Internal(format!(
-                "the execute task failed: {e}"
-            ))),
-        }
+        // The cell finishes even if the caller stops waiting (see `adopt`).
+        run_adopted(&self.inner.tracker, async move {
+            this.execute_owned(request).await
+        })
+        .await
+        .unwrap_or_else(|panic| {
+            Err(ExecuteError::Internal(format!(
+                "the execute task failed: {panic}"
+            )))
+        })
     }
 
     async fn execute_owned(&self, request: ExecuteRequest) -> Result<CellResult, ExecuteError> {
@@ -967,6 +968,35 @@ mod tests {
             Some(LossReason::Timeout)
         );
         kb.shutdown().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cell_whose_caller_goes_away_still_runs_to_its_end() {
+        let (kb, fake) = start(|_| {}).await;
+        run(&kb, "s", "x = 1").await;
+        let abandoned = kb.execute(ExecuteRequest {
+            timeout: Some(Duration::from_secs(5)),
+            ..ExecuteRequest::new("s", "sleep")
+        });
+        // The caller gives up after a second; the cell goes on.
+        assert!(tokio::time::timeout(Duration::from_secs(1), abandoned)
+            .await
+            .is_err());
+        assert_eq!(fake.live_containers(), 1);
+        assert_eq!(kb.list_kernels(None).len(), 1);
+        // It times out on its own and the kernel is killed: a call queued behind it learns
+        // that the kernel went away, and the call after that gets a fresh one.
+        let queued = run(&kb, "s", "x = 1").await;
+        assert_eq!(queued.status, CellStatus::Error, "{queued:?}");
+        assert_eq!(fake.live_containers(), 0);
+        let next = run(&kb, "s", "x = 1").await;
+        assert!(!next.kernel.reused);
+        assert_eq!(
+            next.kernel.state_lost.map(|l| l.reason),
+            Some(LossReason::Timeout)
+        );
+        kb.shutdown().await;
+        assert_eq!(fake.live_containers(), 0);
     }
 
     #[tokio::test(start_paused = true)]
