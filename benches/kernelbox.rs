@@ -37,6 +37,8 @@ const CASE: &str = "io.kernelbox-test.case";
 const MIB: f64 = 1024.0 * 1024.0;
 /// Kernels started at once in the density phase.
 const DENSITY_CONCURRENCY: usize = 8;
+/// Containers in the density floor (at most; fewer when fewer kernels are measured).
+const DENSITY_FLOOR_MAX: usize = 200;
 const USAGE: &str =
     "cargo bench --bench kernelbox -- [--quick] [--density N] [--json PATH] [--warm N] [--no-jupyter]";
 
@@ -320,7 +322,7 @@ impl Bench {
         );
         self.notes.push(format!(
             "warm cell: CellResult.duration_seconds (inside execute, from owner lookup to result) \
-             p50 {}; the rest of the wall time ({}) is the spawned execute task and its join",
+             p50 {}; the rest of the wall time ({}) is the call around it",
             fmt_ms(d.p50_ms),
             fmt_ms(w.p50_ms - d.p50_ms)
         ));
@@ -603,6 +605,8 @@ impl Bench {
         if leftover != 0 {
             bail!("{leftover} kernels still live before the density phase");
         }
+        let floor_n = n.min(DENSITY_FLOOR_MAX);
+        let floor = container_floor(&self.engine, &self.label, floor_n).await?;
         tokio::time::sleep(Duration::from_secs(3)).await;
         let used0 = host_used_bytes().await?;
         let helpers0 = helper_memory();
@@ -682,6 +686,13 @@ impl Bench {
                 format!("host memory per idle kernel (`free -b` used delta / {n})"),
                 format!("{per_kernel:.1} MiB"),
             )
+            .floor(
+                format!(
+                    "idle `sleep` container, same sandbox ({floor_n}): {:.1} MiB",
+                    floor.per_container_mib
+                ),
+                per_kernel / floor.per_container_mib,
+            )
             .target("≤ 10 MiB", per_kernel <= 10.0),
         );
         if cg_found > 0 {
@@ -742,6 +753,9 @@ impl Bench {
                 "host_used_before_bytes": used0,
                 "host_used_after_bytes": used1,
                 "host_mib_per_kernel": per_kernel,
+                "floor_containers": floor_n,
+                "floor_host_mib_per_container": floor.per_container_mib,
+                "floor_helpers": floor.helpers,
                 "cgroup_containers_found": cg_found,
                 "helper_processes": helper_json,
                 "cgroup_usage_bytes_total": cg_usage,
@@ -1121,6 +1135,74 @@ impl EventLog {
     fn stop(self) {
         self.task.abort();
     }
+}
+
+/// The engine's own cost of an idle container, for the density floor.
+struct ContainerFloor {
+    per_container_mib: f64,
+    helpers: Value,
+}
+
+/// Starts `n` containers that only sleep, with a kernel's sandbox (init, limits, read-only
+/// root, no network) through the same [`Engine`], and measures host memory as for kernels:
+/// what any container costs on this host before kernelbox runs Python in it.
+async fn container_floor(
+    engine: &Arc<dyn Engine>,
+    label: &str,
+    n: usize,
+) -> Result<ContainerFloor> {
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let used0 = host_used_bytes().await?;
+    let helpers0 = helper_memory();
+    let spec = ContainerSpec {
+        image: IMAGE.into(),
+        cmd: vec!["sleep".into(), "infinity".into()],
+        env: Vec::new(),
+        user: Sandbox::default().user,
+        working_dir: "/".into(),
+        labels: BTreeMap::from([(CASE.to_string(), label.to_string())]),
+        mounts: Vec::new(),
+        sandbox: Sandbox::default(),
+    };
+    let started: Vec<Result<String>> = futures::stream::iter(0..n)
+        .map(|_| async {
+            let id = engine.create_container(&spec).await?;
+            engine.start(&id).await?;
+            Ok(id)
+        })
+        .buffer_unordered(DENSITY_CONCURRENCY)
+        .collect()
+        .await;
+    let ids: Vec<String> = started
+        .iter()
+        .filter_map(|r| r.as_ref().ok().cloned())
+        .collect();
+    let measured = async {
+        if let Some(Err(e)) = started.into_iter().find(Result::is_err) {
+            return Err(e.context("starting the density floor containers"));
+        }
+        // Let them settle into idle before reading memory, as the kernels do.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let used1 = host_used_bytes().await?;
+        let helpers1 = helper_memory();
+        let mut helpers = Map::new();
+        for (kind, (_, pss1)) in &helpers1 {
+            let pss0 = helpers0.get(kind).map(|h| h.1).unwrap_or_default();
+            let per = (*pss1 as f64 - pss0 as f64) / n as f64 / MIB;
+            helpers.insert(kind.to_string(), json!(per));
+        }
+        Ok(ContainerFloor {
+            per_container_mib: (used1 as f64 - used0 as f64) / n as f64 / MIB,
+            helpers: Value::Object(helpers),
+        })
+    }
+    .await;
+    futures::stream::iter(ids)
+        .for_each_concurrent(32, |id| async move {
+            let _ = engine.remove_container(&id).await;
+        })
+        .await;
+    measured
 }
 
 /// `free -b` "used" (falls back to MemTotal − MemAvailable from /proc/meminfo).
