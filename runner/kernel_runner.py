@@ -1,8 +1,9 @@
 """kernelbox kernel runner: executes cells statefully inside a kernel container.
 
-Standard library only, Python >= 3.8. The host starts it as ``python3 -c <this file>`` with the
-container's stdin/stdout/stderr attached (tty off, OpenStdin + StdinOnce), so any image that has
-python3 works and nothing has to be written into a read-only root filesystem.
+Standard library only, Python >= 3.8. The host hands this file to ``bootstrap.py`` (run as
+``python3 -c``) in the environment, with the container's stdin/stdout/stderr attached (tty off,
+OpenStdin + StdinOnce), so any image that has python3 works and nothing has to be written into
+a read-only root filesystem. The bootstrap runs it as ``__main__`` in its own namespace.
 
 Channels (protocol version 2):
 
