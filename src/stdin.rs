@@ -74,7 +74,7 @@ impl Stdin {
                     match input.as_mut().poll_write(&mut cx, &frame[written..]) {
                         Poll::Ready(Ok(n)) if n > 0 => written += n,
                         Poll::Ready(_) => {
-                            state.closed = true;
+                            state.close();
                             return;
                         }
                         Poll::Pending => break,
@@ -84,7 +84,7 @@ impl Stdin {
                     match input.as_mut().poll_flush(&mut cx) {
                         Poll::Ready(Ok(())) => return,
                         Poll::Ready(Err(_)) => {
-                            state.closed = true;
+                            state.close();
                             return;
                         }
                         // An empty frame makes the writer task finish the flush.
@@ -142,14 +142,22 @@ async fn writer_task(shared: Arc<Shared>, cancel: CancellationToken) {
                 Some(Ok(())) => state.input = Some(input),
                 // Cancelled or failed: nothing more reaches this kernel.
                 _ => {
-                    state.closed = true;
-                    state.queue.clear();
+                    state.close();
                     return;
                 }
             }
         }
     }
-    shared.lock().closed = true;
+    shared.lock().close();
+}
+
+impl State {
+    /// Drops the stream (the runner sees EOF once nothing else holds it) and every frame.
+    fn close(&mut self) {
+        self.closed = true;
+        self.input = None;
+        self.queue.clear();
+    }
 }
 
 #[cfg(test)]
