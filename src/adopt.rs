@@ -18,7 +18,8 @@ use tokio_util::task::TaskTracker;
 type Work<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// Runs `work` to completion on the calling task; if the caller goes away first, the rest of
-/// it runs as a task of `tracker`. The work counts as one of the tracker's tasks throughout,
+/// it runs as a task of `tracker`, on the runtime current when this was called. Like any
+/// future, the work makes progress only while the caller polls it (or after it is dropped). The work counts as one of the tracker's tasks throughout,
 /// so `tracker.wait()` waits for it. A panic in `work` is returned as `Err(message)`.
 pub async fn run_adopted<T: Send + 'static>(
     tracker: &TaskTracker,
@@ -36,6 +37,8 @@ pub async fn run_adopted<T: Send + 'static>(
         }))),
         tracker: tracker.clone(),
         token: Some(tracker.token()),
+        // Taken now: the caller's future may be dropped on a thread with no runtime.
+        runtime: tokio::runtime::Handle::try_current().ok(),
     }
     .await
 }
@@ -45,6 +48,7 @@ struct Adopted<T: Send + 'static> {
     work: Option<Work<Result<T, String>>>,
     tracker: TaskTracker,
     token: Option<TaskTrackerToken>,
+    runtime: Option<tokio::runtime::Handle>,
 }
 
 impl<T: Send + 'static> Future for Adopted<T> {
@@ -67,9 +71,14 @@ impl<T: Send + 'static> Drop for Adopted<T> {
         let (Some(work), Some(token)) = (self.work.take(), self.token.take()) else {
             return;
         };
-        // Outside a runtime (it is being torn down) nothing can drive the work any more.
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            self.tracker.spawn_on(work, &handle);
+        // With no runtime at all (the caller polled it from elsewhere and the current thread
+        // has none either) nothing can drive the work any more.
+        let runtime = self
+            .runtime
+            .take()
+            .or_else(|| tokio::runtime::Handle::try_current().ok());
+        if let Some(runtime) = runtime {
+            self.tracker.spawn_on(work, &runtime);
         }
         // The task now counts for the work; the token goes only after it is spawned, so the
         // tracker never looks empty in between.

@@ -484,6 +484,16 @@ impl Kernel {
                     biased;
                     _ = cancel.cancelled() => break CellEnd::Interrupted,
                     _ = tokio::time::sleep_until(deadline) => break CellEnd::TimedOut,
+                    // Before the output: a cell that floods output still gets its tool results
+                    // (and a dispatcher running a child kernel's cell keeps being driven).
+                    Some((call, result)) = tools.next(), if !tools.is_empty() => {
+                        pending_calls.retain(|c| *c != call);
+                        let frame = match result {
+                            Ok(value) => HostFrame::ToolResult { call, ok: true, result: Some(value), error: None },
+                            Err(message) => HostFrame::ToolResult { call, ok: false, result: None, error: Some(message) },
+                        };
+                        send(&self.writer, frame.to_line());
+                    }
                     event = io.rx.recv() => match event {
                         Some(IoEvent::Output(bytes)) => {
                             scanner.feed(&bytes, |b| {
@@ -511,14 +521,6 @@ impl Kernel {
                             break CellEnd::Died(self.death().unwrap_or(Death::Crashed(-1)));
                         }
                     },
-                    Some((call, result)) = tools.next(), if !tools.is_empty() => {
-                        pending_calls.retain(|c| *c != call);
-                        let frame = match result {
-                            Ok(value) => HostFrame::ToolResult { call, ok: true, result: Some(value), error: None },
-                            Err(message) => HostFrame::ToolResult { call, ok: false, result: None, error: Some(message) },
-                        };
-                        send(&self.writer, frame.to_line());
-                    }
                 }
                 if let (Some((status, _, _)), true) = (&done, scanner.found()) {
                     let status = *status;

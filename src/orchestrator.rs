@@ -275,7 +275,9 @@ impl Orchestrator {
     }
 
     /// Runs one cell and returns its result. The cell keeps running to its end even if the
-    /// returned future is dropped (cancel `request.cancel` to interrupt it).
+    /// returned future is dropped (cancel `request.cancel` to interrupt it). The caller's task
+    /// drives the cell, so like any future it progresses only while polled: hold it in a
+    /// `select!` loop only if that loop keeps polling it.
     pub async fn execute(&self, request: ExecuteRequest) -> Result<CellResult, ExecuteError> {
         if self.inner.cancel.is_cancelled() {
             return Err(ExecuteError::ShuttingDown);
