@@ -19,8 +19,9 @@ type Work<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// Runs `work` to completion on the calling task; if the caller goes away first, the rest of
 /// it runs as a task of `tracker`, on the runtime current when this was called. Like any
-/// future, the work makes progress only while the caller polls it (or after it is dropped). The work counts as one of the tracker's tasks throughout,
-/// so `tracker.wait()` waits for it. A panic in `work` is returned as `Err(message)`.
+/// future, the work makes progress only while the caller polls it (or after it is dropped).
+/// The work counts as one of the tracker's tasks throughout, so `tracker.wait()` waits for
+/// it. A panic in `work` is returned as `Err(message)`.
 pub async fn run_adopted<T: Send + 'static>(
     tracker: &TaskTracker,
     work: impl Future<Output = T> + Send + 'static,

@@ -133,9 +133,6 @@ struct CellIo {
     rx: mpsc::Receiver<IoEvent>,
 }
 
-/// Frames for the kernel's stdin (see [`crate::stdin`]).
-type Writer = Stdin;
-
 /// One live kernel container.
 pub struct Kernel {
     /// Full container id.
@@ -154,7 +151,7 @@ pub struct Kernel {
     engine: Arc<dyn Engine>,
     state: Mutex<KernelState>,
     io: tokio::sync::Mutex<CellIo>,
-    writer: Writer,
+    writer: Stdin,
     active_cell: Arc<AtomicU64>,
     next_cell: AtomicU64,
     execution_count: AtomicU64,
@@ -467,7 +464,7 @@ impl Kernel {
             marker: &marker,
         }
         .to_line();
-        send(&self.writer, frame);
+        self.writer.send(frame);
         let mut scanner = MarkerScanner::new(&marker);
         let mut done: Option<(DoneStatus, Option<String>, u64)> = None;
         let mut tools: FuturesUnordered<ToolWork> = FuturesUnordered::new();
@@ -492,7 +489,7 @@ impl Kernel {
                             Ok(value) => HostFrame::ToolResult { call, ok: true, result: Some(value), error: None },
                             Err(message) => HostFrame::ToolResult { call, ok: false, result: None, error: Some(message) },
                         };
-                        send(&self.writer, frame.to_line());
+                        self.writer.send(frame.to_line());
                     }
                     event = io.rx.recv() => match event {
                         Some(IoEvent::Output(bytes)) => {
@@ -724,26 +721,21 @@ pub async fn remove_volume_when_free(engine: &dyn Engine, name: &str) -> Result<
     engine.remove_volume(name).await
 }
 
-/// Sends a frame to the kernel's stdin; a kernel that is gone just drops it.
-fn send(writer: &Writer, frame: Vec<u8>) {
-    writer.send(frame);
-}
-
-fn refuse(writer: &Writer, call: u64, message: &str) {
+fn refuse(writer: &Stdin, call: u64, message: &str) {
     let frame = HostFrame::ToolResult {
         call,
         ok: false,
         result: None,
         error: Some(message.to_string()),
     };
-    send(writer, frame.to_line());
+    writer.send(frame.to_line());
 }
 
 struct ReaderTask {
     id: String,
     output: futures::stream::BoxStream<'static, Result<Chunk, EngineError>>,
     tx: mpsc::Sender<IoEvent>,
-    writer: Writer,
+    writer: Stdin,
     active_cell: Arc<AtomicU64>,
     disposing: Arc<AtomicBool>,
     death: Arc<Mutex<Option<Death>>>,

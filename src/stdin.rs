@@ -120,12 +120,13 @@ async fn writer_task(shared: Arc<Shared>, cancel: CancellationToken) {
         loop {
             let (mut input, frame) = {
                 let mut state = shared.lock();
-                if state.queue.is_empty() {
+                let Some(frame) = state.queue.pop_front() else {
                     break;
-                }
-                // Only this task takes the stream, so it is always there to take.
-                let (Some(input), Some(frame)) = (state.input.take(), state.queue.pop_front())
-                else {
+                };
+                // Only this task takes the stream, so it is always there; if not, the frame
+                // waits for it rather than being lost.
+                let Some(input) = state.input.take() else {
+                    state.queue.push_front(frame);
                     break;
                 };
                 (input, frame)
