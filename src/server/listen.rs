@@ -55,8 +55,23 @@ impl Default for Limits {
     }
 }
 
+/// Answers a connection over the limit with a 503 and closes it, without waiting on it: a
+/// fresh socket's send buffer takes the small answer whole, and whatever the client already
+/// sent is read off first (up to 64 KiB) so that the close is a FIN after the answer rather
+/// than a reset that could discard it.
+pub(super) fn refuse(stream: TcpStream) {
+    let _ = stream.try_write(&over_limit_response());
+    let mut sink = [0u8; 4096];
+    for _ in 0..16 {
+        match stream.try_read(&mut sink) {
+            Ok(n) if n > 0 => continue,
+            _ => break,
+        }
+    }
+}
+
 /// The response an over-limit connection gets before it is closed.
-pub(super) fn over_limit_response() -> Vec<u8> {
+fn over_limit_response() -> Vec<u8> {
     let body = serde_json::json!({"error": {
         "code": "too_many_connections",
         "message": "kernelbox has as many connections open as it allows; retry later",
@@ -230,6 +245,8 @@ pub(super) async fn drive(conn: Conn) {
         stop,
         permit,
     } = conn;
+    // Declared first, so released last: after the socket is closed.
+    let _permit = permit;
     let _ = stream.set_nodelay(true);
     let state = Arc::new(ConnState::new(limits));
     let io = TokioIo::new(Tracked {
@@ -280,7 +297,6 @@ pub(super) async fn drive(conn: Conn) {
             }
         }
     }
-    drop(permit);
 }
 
 async fn sleep_until(deadline: Option<Instant>) {

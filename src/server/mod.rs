@@ -196,9 +196,7 @@ pub async fn serve_with(
         };
         let Ok(permit) = permits.clone().try_acquire_owned() else {
             state.inner.metrics.rejected("connections");
-            // A fresh socket's send buffer takes this small answer whole; no task is spent
-            // on a connection over the limit.
-            let _ = stream.try_write(&listen::over_limit_response());
+            listen::refuse(stream);
             continue;
         };
         tracker.spawn(listen::drive(listen::Conn {
