@@ -106,3 +106,33 @@ async fn bodies_must_be_objects_and_bad_timeouts_get_one_error() {
         .expect("server ran cleanly");
     common::assert_clean(&engine, &label).await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_library_refuses_a_timeout_out_of_range_with_the_same_error() {
+    let case = common::Case::new("edge-lib-timeout").await;
+    for timeout in [Duration::ZERO, Duration::from_secs(3601)] {
+        let err = case
+            .kb
+            .execute(kernelbox::ExecuteRequest {
+                timeout: Some(timeout),
+                ..kernelbox::ExecuteRequest::new("s", "print(1)")
+            })
+            .await
+            .expect_err("out of range");
+        let kernelbox::ExecuteError::InvalidTimeout(invalid) = &err else {
+            panic!("not the timeout error: {err}");
+        };
+        assert_eq!(invalid.max, Duration::from_secs(3600));
+        // The HTTP edge maps it to the code and message a bad HTTP `timeout` gets.
+        let api = server::ApiError::from(err);
+        assert_eq!(api.status, 400);
+        assert_eq!(api.code, "invalid_timeout");
+        let shown = format!("{:?}", timeout.as_secs_f64());
+        assert_eq!(
+            api.message,
+            format!("timeout {shown} is not a number of seconds in (0, 3600]")
+        );
+    }
+    assert!(case.containers().await.is_empty());
+    case.finish().await;
+}
