@@ -24,7 +24,7 @@ use axum::http::{Request, Response};
 use axum::Router;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::Watcher;
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -51,6 +51,21 @@ impl Default for Limits {
             header_timeout: Duration::from_secs(10),
             keepalive_timeout: Duration::from_secs(60),
             max_connections: 1024,
+        }
+    }
+}
+
+impl Limits {
+    /// What makes these limits unusable, if anything.
+    pub fn problem(&self) -> Option<&'static str> {
+        if self.header_timeout.is_zero() {
+            Some("header_timeout must be positive")
+        } else if self.keepalive_timeout.is_zero() {
+            Some("keepalive_timeout must be positive")
+        } else if self.max_connections == 0 {
+            Some("max_connections must be at least 1")
+        } else {
+            None
         }
     }
 }
@@ -272,7 +287,6 @@ pub(super) async fn drive(conn: Conn) {
         })
     };
     let connection = hyper::server::conn::http1::Builder::new()
-        .timer(TokioTimer::new())
         // Deadlines are kept by this driver (see the module documentation).
         .header_read_timeout(None)
         .serve_connection(io, service);

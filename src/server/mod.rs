@@ -162,10 +162,10 @@ pub async fn serve_with(
         limits,
         metrics,
     } = options;
-    if limits.max_connections == 0 {
+    if let Some(problem) = limits.problem() {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
-            "max_connections must be at least 1",
+            format!("serving HTTP: {problem}"),
         ));
     }
     let api = api::router(state.clone(), metrics.is_none());
