@@ -1,6 +1,6 @@
 //! Connection bounds of the HTTP server, on the wire against the real server and engine:
-//! a client sending its headers slowly, one sending nothing, one idling on keep-alive, and
-//! clients beyond `max_connections` cannot hold the server; a long cell, streamed or not, is
+//! a client sending its headers or its body slowly, one sending nothing, one idling on
+//! keep-alive, and clients beyond `max_connections` cannot hold the server; a long cell, streamed or not, is
 //! never cut by those timeouts; `/metrics` can live on a listener of its own (the real
 //! `kernelbox serve` binary).
 //!
@@ -78,10 +78,11 @@ impl Server {
     }
 }
 
-fn limits(header: u64, keepalive: u64, max_connections: usize) -> Limits {
+fn limits(header: u64, keepalive: u64, body: u64, max_connections: usize) -> Limits {
     Limits {
         header_timeout: Duration::from_secs(header),
         keepalive_timeout: Duration::from_secs(keepalive),
+        body_timeout: Duration::from_secs(body),
         max_connections,
     }
 }
@@ -114,7 +115,7 @@ async fn trickle_until_closed(stream: &mut tokio::net::TcpStream, head: &[u8]) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn clients_sending_headers_slowly_or_nothing_are_disconnected() {
-    let srv = Server::start("slow", limits(1, 300, 16)).await;
+    let srv = Server::start("slow", limits(1, 300, 300, 16)).await;
 
     // Headers one byte at a time, never finished.
     let mut slow = raw::connect(srv.addr).await;
@@ -145,9 +146,54 @@ async fn clients_sending_headers_slowly_or_nothing_are_disconnected() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn clients_sending_a_body_slowly_or_not_at_all_are_disconnected() {
+    let srv = Server::start("body", limits(300, 300, 1, 16)).await;
+    let head = |len: usize| {
+        format!(
+            "POST /v1/sessions/body/execute HTTP/1.1\r\nHost: kernelbox\r\n\
+             Authorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\n\
+             Content-Length: {len}\r\n\r\n"
+        )
+    };
+
+    // Part of the body, then nothing.
+    let mut stalled = raw::connect(srv.addr).await;
+    stalled
+        .write_all(format!("{}{{\"code\": \"pr", head(100)).as_bytes())
+        .await
+        .expect("send");
+    let seen = raw::until_closed(&mut stalled)
+        .await
+        .expect("a stalled body is cut off");
+    assert!(seen.is_empty(), "{:?}", String::from_utf8_lossy(&seen));
+
+    // A body trickled a byte at a time, never finished.
+    let mut slow = raw::connect(srv.addr).await;
+    slow.write_all(head(1_000_000).as_bytes())
+        .await
+        .expect("send");
+    trickle_until_closed(&mut slow, b"{\"code\": \"").await;
+
+    assert!(
+        common::containers(&srv.engine, &srv.label).await.is_empty(),
+        "no cell ran"
+    );
+    let reply = raw::post(
+        srv.addr,
+        "/v1/sessions/body/execute",
+        TOKEN,
+        b"{\"code\": \"print(2)\"}",
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(reply.json()["output"], "2\n");
+    srv.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn an_idle_keepalive_connection_is_closed_after_the_keepalive_timeout() {
     // Keep-alive shorter than the header timeout: only the idle rule can close it here.
-    let srv = Server::start("idle", limits(300, 1, 16)).await;
+    let srv = Server::start("idle", limits(300, 1, 300, 16)).await;
     let mut conn = raw::connect(srv.addr).await;
     for _ in 0..2 {
         conn.write_all(&raw::request("GET", "/healthz", None, b"", false))
@@ -167,7 +213,7 @@ async fn an_idle_keepalive_connection_is_closed_after_the_keepalive_timeout() {
 async fn an_idle_keepalive_connection_outlives_the_header_timeout() {
     // Header timeout 1 s, keep-alive 300 s: hyper's own header timeout would close the idle
     // connection with the header timeout; here only a half-sent head is bound by it.
-    let srv = Server::start("keep", limits(1, 300, 16)).await;
+    let srv = Server::start("keep", limits(1, 300, 300, 16)).await;
     let mut kept = raw::connect(srv.addr).await;
     kept.write_all(&raw::request("GET", "/healthz", None, b"", false))
         .await
@@ -188,7 +234,7 @@ async fn an_idle_keepalive_connection_outlives_the_header_timeout() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn past_max_connections_a_client_gets_503_and_is_closed_until_a_slot_frees() {
-    let srv = Server::start("limit", limits(300, 300, 2)).await;
+    let srv = Server::start("limit", limits(300, 300, 300, 2)).await;
     // Two clients that send nothing hold both slots (accepted in order, before the third).
     let holders = [raw::connect(srv.addr).await, raw::connect(srv.addr).await];
     let reply = raw::get(srv.addr, "/healthz").await;
@@ -228,7 +274,7 @@ async fn past_max_connections_a_client_gets_503_and_is_closed_until_a_slot_frees
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_cell_longer_than_every_timeout_completes_streamed_or_not() {
-    let srv = Server::start("long", limits(1, 1, 16)).await;
+    let srv = Server::start("long", limits(1, 1, 1, 16)).await;
     // Streamed: the response goes quiet for longer than both timeouts between lines.
     let code = "import time\nprint('a', flush=True)\ntime.sleep(2.5)\nprint('b', flush=True)\ntime.sleep(2.5)\nprint('c')";
     let body = serde_json::json!({ "code": code }).to_string();

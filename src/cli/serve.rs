@@ -38,6 +38,10 @@ pub(crate) struct ServeArgs {
     /// A connection with no request in flight is closed after this long idle.
     #[arg(long, env = "KERNELBOX_KEEPALIVE_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
     keepalive_timeout: Duration,
+    /// A request's body must arrive in full within this time of its headers; otherwise the
+    /// connection is closed.
+    #[arg(long, env = "KERNELBOX_BODY_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
+    body_timeout: Duration,
     /// Most connections open at once (API and metrics listeners together); one more gets a
     /// 503 `too_many_connections` and is closed.
     #[arg(long, env = "KERNELBOX_MAX_CONNECTIONS", default_value_t = 1024,
@@ -133,6 +137,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         limits: server::Limits {
             header_timeout: args.header_timeout,
             keepalive_timeout: args.keepalive_timeout,
+            body_timeout: args.body_timeout,
             max_connections: args.max_connections as usize,
         },
         metrics,

@@ -8,8 +8,9 @@
 //! - the first request's head must arrive in full within `header_timeout` of the accept;
 //! - once a response is sent, the connection may sit idle for `keepalive_timeout`; when the
 //!   next request's first byte arrives, its head must be complete within `header_timeout`;
-//! - while a request is in flight (its response, streamed or not, not yet fully sent) no
-//!   deadline applies, so long cells are never cut.
+//! - a request's body must arrive in full within `body_timeout` of its head;
+//! - once its body is in, while the request is in flight (its response, streamed or not, not
+//!   yet fully sent) no deadline applies, so long cells are never cut.
 //!
 //! At most `max_connections` connections are open at once across every listener; one more
 //! is accepted and answered at once with a 503 (`too_many_connections`) and closed.
@@ -41,6 +42,8 @@ pub struct Limits {
     pub header_timeout: Duration,
     /// A connection with no request in flight is closed after this long without one.
     pub keepalive_timeout: Duration,
+    /// A request's body must arrive in full within this time of its head.
+    pub body_timeout: Duration,
     /// Most connections open at once, across every listener (at least 1).
     pub max_connections: usize,
 }
@@ -50,6 +53,7 @@ impl Default for Limits {
         Limits {
             header_timeout: Duration::from_secs(10),
             keepalive_timeout: Duration::from_secs(60),
+            body_timeout: Duration::from_secs(60),
             max_connections: 1024,
         }
     }
@@ -62,6 +66,8 @@ impl Limits {
             Some("header_timeout must be positive")
         } else if self.keepalive_timeout.is_zero() {
             Some("keepalive_timeout must be positive")
+        } else if self.body_timeout.is_zero() {
+            Some("body_timeout must be positive")
         } else if self.max_connections == 0 {
             Some("max_connections must be at least 1")
         } else {
@@ -111,6 +117,8 @@ struct Clock {
     waiting_since: Instant,
     /// When the first byte of the next request arrived, on a connection past its first.
     head_started: Option<Instant>,
+    /// When the head of the request whose body is still arriving was read.
+    body_since: Option<Instant>,
 }
 
 /// A connection's clock, shared by its IO, its service and its driver.
@@ -129,6 +137,7 @@ impl ConnState {
                 served: false,
                 waiting_since: Instant::now(),
                 head_started: None,
+                body_since: None,
             }),
             changed: Notify::new(),
             limits,
@@ -143,7 +152,7 @@ impl ConnState {
     fn deadline(&self) -> Option<Instant> {
         let clock = self.clock();
         if clock.in_flight > 0 {
-            return None;
+            return clock.body_since.map(|at| at + self.limits.body_timeout);
         }
         Some(match (clock.served, clock.head_started) {
             (false, _) => clock.waiting_since + self.limits.header_timeout,
@@ -161,9 +170,57 @@ impl ConnState {
         }
     }
 
-    fn request_started(self: &Arc<Self>) -> InFlight {
-        self.clock().in_flight += 1;
-        InFlight(self.clone())
+    fn request_started(self: &Arc<Self>, body_pending: bool) -> (InFlight, Option<BodyPending>) {
+        let mut clock = self.clock();
+        clock.in_flight += 1;
+        let body = body_pending.then(|| {
+            clock.body_since = Some(Instant::now());
+            BodyPending(self.clone())
+        });
+        drop(clock);
+        // The deadline moved (to the body's, or none).
+        self.changed.notify_one();
+        (InFlight(self.clone()), body)
+    }
+}
+
+/// Held while a request's body is still arriving.
+struct BodyPending(Arc<ConnState>);
+
+impl Drop for BodyPending {
+    fn drop(&mut self) {
+        self.0.clock().body_since = None;
+        self.0.changed.notify_one();
+    }
+}
+
+/// A request body that notes when it has arrived in full (or is no longer wanted).
+struct WatchedBody {
+    inner: Incoming,
+    pending: Option<BodyPending>,
+}
+
+impl hyper::body::Body for WatchedBody {
+    type Data = bytes::Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if matches!(polled, Poll::Ready(None | Some(Err(_)))) || self.inner.is_end_stream() {
+            self.pending = None;
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
     }
 }
 
@@ -272,7 +329,9 @@ pub(super) async fn drive(conn: Conn) {
     let service = {
         let state = state.clone();
         hyper::service::service_fn(move |request: Request<Incoming>| {
-            let guard = state.request_started();
+            let body_pending = !hyper::body::Body::is_end_stream(request.body());
+            let (guard, pending) = state.request_started(body_pending);
+            let request = request.map(|inner| WatchedBody { inner, pending });
             let call = hyper::service::Service::call(&router, request);
             async move {
                 let response: Response<Body> = call.await?;
@@ -305,7 +364,7 @@ pub(super) async fn drive(conn: Conn) {
             _ = state.changed.notified() => {}
             _ = sleep_until(deadline) => {
                 if state.deadline().is_some_and(|d| d <= Instant::now()) {
-                    tracing::debug!("closing a connection past its header or keep-alive deadline");
+                    tracing::debug!("closing a connection past its header, body or keep-alive deadline");
                     break;
                 }
             }
