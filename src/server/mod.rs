@@ -115,7 +115,7 @@ pub fn router(state: AppState) -> Router {
 pub struct ServeOptions {
     /// On shutdown, how long in-flight requests may take to finish.
     pub drain: Duration,
-    /// Header, keep-alive and connection-count bounds, shared by every listener.
+    /// Header, body, keep-alive and connection-count bounds, shared by every listener.
     pub limits: Limits,
     /// When set, `/metrics` is served only on this listener (every other path there is 404)
     /// and answers 404 on the API listener.
