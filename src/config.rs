@@ -140,7 +140,42 @@ fn bad(field: &'static str, reason: impl Into<String>) -> ConfigError {
     }
 }
 
+/// A cell timeout outside `(0, max_cell_timeout]`, or not a number of seconds at all. The one
+/// rule for every timeout a caller gives, whether through HTTP, the CLI or the library.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("timeout {given} is not a number of seconds in (0, {}]", max.as_secs_f64())]
+pub struct InvalidTimeout {
+    /// What was given, as the caller wrote it (seconds, or the JSON value).
+    pub given: String,
+    /// The largest timeout allowed (`max_cell_timeout`).
+    pub max: Duration,
+}
+
 impl Config {
+    /// Checks a cell timeout against `(0, max_cell_timeout]`.
+    pub fn check_cell_timeout(&self, timeout: Duration) -> Result<Duration, InvalidTimeout> {
+        if timeout.is_zero() || timeout > self.max_cell_timeout {
+            return Err(self.invalid_timeout(format!("{:?}", timeout.as_secs_f64())));
+        }
+        Ok(timeout)
+    }
+
+    /// A cell timeout from a number of seconds, by the rule of [`Config::check_cell_timeout`];
+    /// NaN, infinities and values too large for a `Duration` are refused the same way.
+    pub fn cell_timeout_from_secs(&self, secs: f64) -> Result<Duration, InvalidTimeout> {
+        let invalid = || self.invalid_timeout(format!("{secs:?}"));
+        let timeout = Duration::try_from_secs_f64(secs).map_err(|_| invalid())?;
+        self.check_cell_timeout(timeout).map_err(|_| invalid())
+    }
+
+    /// The error for a timeout given as something other than seconds (`given` is shown as is).
+    pub fn invalid_timeout(&self, given: impl std::fmt::Display) -> InvalidTimeout {
+        InvalidTimeout {
+            given: given.to_string(),
+            max: self.max_cell_timeout,
+        }
+    }
+
     /// Checks every field once, so the rest of the crate can trust the value.
     pub fn validate(self) -> Result<Config, ConfigError> {
         if self.image.trim().is_empty() {
@@ -149,11 +184,8 @@ impl Config {
         if self.max_session_kernels == 0 {
             return Err(bad("max_session_kernels", "must be at least 1"));
         }
-        if self.cell_timeout.is_zero() {
-            return Err(bad("cell_timeout", "must be positive"));
-        }
-        if self.max_cell_timeout < self.cell_timeout {
-            return Err(bad("max_cell_timeout", "must be at least cell_timeout"));
+        if let Err(e) = self.check_cell_timeout(self.cell_timeout) {
+            return Err(bad("cell_timeout", e.to_string()));
         }
         if self.spawn_timeout.is_zero() {
             return Err(bad("spawn_timeout", "must be positive"));
@@ -271,6 +303,47 @@ mod tests {
         .validate()
         .unwrap_err();
         assert_eq!(err.field, "max_session_kernels");
+    }
+
+    #[test]
+    fn one_rule_for_every_cell_timeout() {
+        let config = Config::default();
+        assert_eq!(
+            config.cell_timeout_from_secs(1.5),
+            Ok(Duration::from_millis(1500))
+        );
+        assert_eq!(
+            config.cell_timeout_from_secs(3600.0),
+            Ok(Duration::from_secs(3600))
+        );
+        for secs in [0.0, -1.0, 1e-12, 3600.5, 1e300, f64::NAN, f64::INFINITY] {
+            let err = config.cell_timeout_from_secs(secs).unwrap_err();
+            assert_eq!(err.max, Duration::from_secs(3600));
+            assert_eq!(
+                err.to_string(),
+                format!("timeout {secs:?} is not a number of seconds in (0, 3600]")
+            );
+        }
+        let err = config
+            .check_cell_timeout(Duration::from_secs(3601))
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "timeout 3601.0 is not a number of seconds in (0, 3600]"
+        );
+        assert!(config.check_cell_timeout(Duration::ZERO).is_err());
+        let err = config.invalid_timeout("\"abc\"");
+        assert_eq!(
+            err.to_string(),
+            "timeout \"abc\" is not a number of seconds in (0, 3600]"
+        );
+        let err = Config {
+            cell_timeout: Duration::from_secs(7200),
+            ..Config::default()
+        }
+        .validate()
+        .unwrap_err();
+        assert_eq!(err.field, "cell_timeout");
     }
 
     #[test]

@@ -84,9 +84,12 @@ impl ExecuteRequest {
 /// Why an execute could not produce a cell result at all.
 #[derive(Debug, thiserror::Error)]
 pub enum ExecuteError {
-    /// The request is malformed (bad names, timeout out of range).
+    /// The request is malformed.
     #[error("invalid request: {0}")]
     Invalid(String),
+    /// The cell timeout is outside `(0, max_cell_timeout]`.
+    #[error(transparent)]
+    InvalidTimeout(#[from] crate::config::InvalidTimeout),
     /// A name would break labels or keys.
     #[error(transparent)]
     Name(#[from] NameError),
@@ -303,13 +306,7 @@ impl Orchestrator {
             &request.session,
             request.child.as_deref(),
         )?;
-        let timeout = request.timeout.unwrap_or(config.cell_timeout);
-        if timeout.is_zero() || timeout > config.max_cell_timeout {
-            return Err(ExecuteError::Invalid(format!(
-                "timeout must be between 0 and {}s",
-                config.max_cell_timeout.as_secs()
-            )));
-        }
+        let timeout = config.check_cell_timeout(request.timeout.unwrap_or(config.cell_timeout))?;
         let key = KernelKey {
             owner: owner.clone(),
             mode: config.mode.clone(),
@@ -1136,7 +1133,22 @@ mod tests {
             })
             .await
             .unwrap_err();
-        assert!(matches!(err, ExecuteError::Invalid(_)), "{err}");
+        let ExecuteError::InvalidTimeout(invalid) = &err else {
+            panic!("not the timeout error: {err}");
+        };
+        assert_eq!(
+            invalid,
+            &kb.config().invalid_timeout("100000.0"),
+            "the same error as the HTTP edge's"
+        );
+        let err = kb
+            .execute(ExecuteRequest {
+                timeout: Some(Duration::ZERO),
+                ..ExecuteRequest::new("s", "x")
+            })
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ExecuteError::InvalidTimeout(_)), "{err}");
         assert_eq!(fake.created(), 0);
         kb.shutdown().await;
     }

@@ -400,12 +400,11 @@ async fn execute_keeps_state_and_every_error_is_json_with_the_right_status() {
         json!({}),
         json!({"code": 1}),
         json!({"code": "1", "colour": "red"}),
-        json!({"code": "1", "timeout": "soon"}),
     ] {
         let r = api.execute("tok-a", "s", bad.clone()).await;
         assert_eq!(r.error(StatusCode::BAD_REQUEST), "invalid_json", "{bad}");
     }
-    for timeout in [json!(-1), json!(0), json!(1e9)] {
+    for timeout in [json!(-1), json!(0), json!(1e9), json!("soon")] {
         let r = api
             .execute("tok-a", "s", json!({"code": "1", "timeout": timeout}))
             .await;

@@ -31,6 +31,26 @@ pub(crate) struct ServeArgs {
     /// On SIGTERM, how long running cells may take to finish before they are stopped.
     #[arg(long, env = "KERNELBOX_DRAIN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     drain_timeout: Duration,
+    /// A request's headers must arrive in full within this time (from the connection's
+    /// accept, or from the first byte of a later request on it); otherwise it is closed.
+    #[arg(long, env = "KERNELBOX_HEADER_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    header_timeout: Duration,
+    /// A connection with no request in flight is closed after this long idle.
+    #[arg(long, env = "KERNELBOX_KEEPALIVE_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
+    keepalive_timeout: Duration,
+    /// A request's body must arrive in full within this time of its headers; otherwise the
+    /// connection is closed.
+    #[arg(long, env = "KERNELBOX_BODY_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
+    body_timeout: Duration,
+    /// Most connections open at once (API and metrics listeners together); one more gets a
+    /// 503 `too_many_connections` and is closed.
+    #[arg(long, env = "KERNELBOX_MAX_CONNECTIONS", default_value_t = 1024,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    max_connections: u32,
+    /// Serve `/metrics` only on this address (HOST:PORT); the API listener then answers 404
+    /// there. Without it, `/metrics` is on the API listener.
+    #[arg(long, env = "KERNELBOX_METRICS_LISTEN")]
+    metrics_listen: Option<String>,
     #[command(flatten)]
     kernel: KernelOpts,
 }
@@ -75,6 +95,15 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         )));
     }
 
+    let metrics = match &args.metrics_listen {
+        Some(listen) => Some(
+            tokio::net::TcpListener::bind(listen)
+                .await
+                .map_err(|e| usage(format!("--metrics-listen {listen}: {e}")))?,
+        ),
+        None => None,
+    };
+
     let shutdown = CancellationToken::new();
     let signals = tokio::spawn(wait_for_signal(shutdown.clone()));
     let Some(engine) = connect_with_retry(&shutdown).await? else {
@@ -94,10 +123,26 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         tenants.len(),
         state.orchestrator().instance_id()
     );
+    if let Some(metrics) = &metrics {
+        eprintln!(
+            "kernelbox: metrics on http://{}/metrics",
+            metrics.local_addr()?
+        );
+    }
     if let Some(token) = generated {
         eprintln!("kernelbox: tenant \"default\" token: {token}");
     }
-    let served = server::serve(listener, state, shutdown, args.drain_timeout).await;
+    let options = server::ServeOptions {
+        drain: args.drain_timeout,
+        limits: server::Limits {
+            header_timeout: args.header_timeout,
+            keepalive_timeout: args.keepalive_timeout,
+            body_timeout: args.body_timeout,
+            max_connections: args.max_connections as usize,
+        },
+        metrics,
+    };
+    let served = server::serve_with(listener, state, shutdown, options).await;
     signals.abort();
     served?;
     eprintln!("kernelbox: stopped; every kernel of this instance was removed");

@@ -4,7 +4,6 @@ use std::collections::BTreeSet;
 use std::convert::Infallible;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::PathRejection;
@@ -31,8 +30,10 @@ use crate::owner::validate_name;
 /// Longest `task_id` accepted.
 const MAX_TASK_ID: usize = 256;
 
-pub(super) fn router(state: AppState) -> Router {
-    Router::new()
+/// The API; `/metrics` is left out (404) when `with_metrics` is false because it is served
+/// on a listener of its own.
+pub(super) fn router(state: AppState, with_metrics: bool) -> Router {
+    let router = Router::new()
         .route("/v1/sessions/{session}/execute", post(execute))
         .route("/v1/sessions/{session}/interrupt", post(interrupt))
         .route("/v1/sessions/{session}", delete(clear))
@@ -42,8 +43,22 @@ pub(super) fn router(state: AppState) -> Router {
         )
         .route("/v1/kernels", get(kernels))
         .route("/healthz", get(healthz))
-        .route("/metrics", get(metrics))
-        .route("/openapi.json", get(openapi))
+        .route("/openapi.json", get(openapi));
+    let router = if with_metrics {
+        router.route("/metrics", get(metrics))
+    } else {
+        router
+    };
+    finish(router, state)
+}
+
+/// The separate metrics listener: `/metrics` only.
+pub(super) fn metrics_router(state: AppState) -> Router {
+    finish(Router::new().route("/metrics", get(metrics)), state)
+}
+
+fn finish(router: Router<AppState>, state: AppState) -> Router {
+    router
         .fallback(unknown_route)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -136,8 +151,9 @@ struct ExecuteBody {
     code: String,
     #[serde(default)]
     reset: bool,
+    /// Seconds; anything but a number (or null, for the default) is an invalid timeout.
     #[serde(default)]
-    timeout: Option<f64>,
+    timeout: Option<serde_json::Value>,
     #[serde(default)]
     task_id: Option<String>,
     #[serde(default)]
@@ -188,6 +204,28 @@ async fn read_body(headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
     Ok(Bytes::from(buf))
 }
 
+/// A request body, which must be a JSON object: serde would also read a struct from an array
+/// of its fields, so anything that does not start with `{` is refused up front.
+fn json_object<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let got = match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'{') => {
+            return serde_json::from_slice(bytes)
+                .map_err(|e| ApiError::bad_request("invalid_json", format!("request body: {e}")))
+        }
+        None => "an empty body",
+        Some(b'[') => "an array",
+        Some(b'"') => "a string",
+        Some(b'n') => "null",
+        Some(b't' | b'f') => "a boolean",
+        Some(b'-' | b'0'..=b'9') => "a number",
+        Some(_) => "something that is not JSON",
+    };
+    Err(ApiError::bad_request(
+        "invalid_json",
+        format!("the request body must be a JSON object, got {got}"),
+    ))
+}
+
 /// Turns a request body into a checked execute request (everything but the sink).
 fn parse_execute(
     state: &AppState,
@@ -195,26 +233,19 @@ fn parse_execute(
     session: String,
     bytes: Bytes,
 ) -> Result<ExecuteRequest, ApiError> {
-    let body: ExecuteBody = serde_json::from_slice(&bytes)
-        .map_err(|e| ApiError::bad_request("invalid_json", format!("request body: {e}")))?;
+    let body: ExecuteBody = json_object(&bytes)?;
     if let Some(child) = &body.child {
         name("child", child)?;
     }
-    let max = state.inner.orchestrator.config().max_cell_timeout;
+    let config = state.inner.orchestrator.config();
     let timeout = match body.timeout {
         None => None,
-        Some(secs) if secs.is_finite() && secs > 0.0 && secs <= max.as_secs_f64() => {
-            Some(Duration::from_secs_f64(secs))
-        }
-        Some(secs) => {
-            return Err(ApiError::bad_request(
-                "invalid_timeout",
-                format!(
-                    "timeout {secs} is not a number of seconds in (0, {}]",
-                    max.as_secs()
-                ),
-            ))
-        }
+        Some(serde_json::Value::Number(n)) => Some(
+            n.as_f64()
+                .ok_or_else(|| config.invalid_timeout(&n))
+                .and_then(|secs| config.cell_timeout_from_secs(secs))?,
+        ),
+        Some(other) => return Err(config.invalid_timeout(other).into()),
     };
     if body.task_id.as_ref().is_some_and(|t| t.len() > MAX_TASK_ID) {
         return Err(ApiError::bad_request(
@@ -580,6 +611,36 @@ async fn openapi() -> Json<serde_json::Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn request_bodies_must_be_json_objects() {
+        #[derive(Debug, Deserialize)]
+        struct Body {
+            #[allow(dead_code)]
+            code: String,
+        }
+        for (body, got) in [
+            (&b"[\"print(1)\"]"[..], "an array"),
+            (b" []", "an array"),
+            (b"\"x\"", "a string"),
+            (b"1", "a number"),
+            (b"-1", "a number"),
+            (b"null", "null"),
+            (b"true", "a boolean"),
+            (b"", "an empty body"),
+            (b"<x/>", "something that is not JSON"),
+        ] {
+            let err = json_object::<Body>(body).unwrap_err();
+            assert_eq!(err.code, "invalid_json");
+            assert_eq!(
+                err.message,
+                format!("the request body must be a JSON object, got {got}")
+            );
+        }
+        assert!(json_object::<Body>(b"\n {\"code\": \"1\"}").is_ok());
+        let err = json_object::<Body>(b"{\"code\": 1}").unwrap_err();
+        assert_eq!(err.code, "invalid_json");
+    }
 
     #[test]
     fn split_characters_are_carried_and_output_is_capped() {

@@ -4,6 +4,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
+use crate::config::InvalidTimeout;
 use crate::orchestrator::ExecuteError;
 
 /// An error response.
@@ -71,6 +72,7 @@ impl From<ExecuteError> for ApiError {
     fn from(e: ExecuteError) -> ApiError {
         match &e {
             ExecuteError::Invalid(_) => ApiError::bad_request("invalid_request", e.to_string()),
+            ExecuteError::InvalidTimeout(t) => t.clone().into(),
             ExecuteError::Name(_) => ApiError::bad_request("invalid_name", e.to_string()),
             ExecuteError::Kernel(_) => ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -91,6 +93,12 @@ impl From<ExecuteError> for ApiError {
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
             }
         }
+    }
+}
+
+impl From<InvalidTimeout> for ApiError {
+    fn from(e: InvalidTimeout) -> ApiError {
+        ApiError::bad_request("invalid_timeout", e.to_string())
     }
 }
 

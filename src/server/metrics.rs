@@ -24,7 +24,14 @@ const BUCKETS: [f64; 12] = [
 pub const TOOL_OUTCOMES: [&str; 2] = ["ok", "error"];
 
 /// Why a request was turned away before reaching a kernel.
-pub const REJECTIONS: [&str; 4] = ["unauthorized", "invalid", "too_large", "capacity"];
+/// `connections`: a connection over the server's connection limit.
+pub const REJECTIONS: [&str; 5] = [
+    "unauthorized",
+    "invalid",
+    "too_large",
+    "capacity",
+    "connections",
+];
 
 #[derive(Default)]
 struct Histogram {

@@ -1,4 +1,4 @@
-//! The multi-tenant HTTP API behind `kernelbox serve` (DESIGN section 7).
+//! The multi-tenant HTTP API behind `kernelbox serve`.
 //!
 //! | route | does |
 //! |---|---|
@@ -9,26 +9,32 @@
 //! | `GET /v1/kernels` | the caller's tenant's kernels |
 //! | `GET /healthz`, `GET /metrics`, `GET /openapi.json` | no authentication |
 //!
+//! `/metrics` can instead be served on a listener of its own ([`ServeOptions::metrics`]).
+//!
 //! Every authenticated call is namespaced by the caller's tenant (`Authorization: Bearer`),
 //! so tenants never see, reach or clear each other's kernels. Errors are
 //! `{"error": {"code", "message"}}`.
 
 mod api;
 mod error;
+mod listen;
 mod metrics;
 pub mod openapi;
 pub mod tenants;
 mod tools;
 
-use std::future::IntoFuture;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 pub use error::ApiError;
+pub use listen::Limits;
 pub use metrics::Metrics;
 pub use tenants::{Tenant, Tenants, TenantsError, ToolsConfig};
 pub use tools::CELL_TOKEN_HEADER;
@@ -98,48 +104,145 @@ impl AppState {
     }
 }
 
-/// The API as an axum router.
+/// The API as an axum router (with `/metrics`).
 pub fn router(state: AppState) -> Router {
-    api::router(state)
+    api::router(state, true)
+}
+
+/// How [`serve_with`] runs: the drain deadline, connection bounds, and an optional separate
+/// listener for `/metrics`.
+#[derive(Debug)]
+pub struct ServeOptions {
+    /// On shutdown, how long in-flight requests may take to finish.
+    pub drain: Duration,
+    /// Header, body, keep-alive and connection-count bounds, shared by every listener.
+    pub limits: Limits,
+    /// When set, `/metrics` is served only on this listener (every other path there is 404)
+    /// and answers 404 on the API listener.
+    pub metrics: Option<tokio::net::TcpListener>,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        ServeOptions {
+            drain: Duration::from_secs(30),
+            limits: Limits::default(),
+            metrics: None,
+        }
+    }
 }
 
 /// Serves the API on `listener` until `shutdown` is cancelled, then stops accepting, lets
 /// in-flight requests finish for up to `drain`, stops whatever still runs, and removes every
-/// container and volume of the orchestrator (`Orchestrator::shutdown`).
+/// container and volume of the orchestrator (`Orchestrator::shutdown`). Connection bounds are
+/// [`Limits::default`]; see [`serve_with`].
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: AppState,
     shutdown: CancellationToken,
     drain: Duration,
 ) -> std::io::Result<()> {
-    let app = router(state.clone());
-    let graceful = {
-        let shutdown = shutdown.clone();
-        let state = state.clone();
-        async move {
-            shutdown.cancelled().await;
-            state.inner.draining.store(true, Ordering::Release);
-        }
+    let options = ServeOptions {
+        drain,
+        ..ServeOptions::default()
     };
-    let server = axum::serve(listener, app)
-        .with_graceful_shutdown(graceful)
-        .into_future();
-    tokio::pin!(server);
-    let deadline = async {
-        shutdown.cancelled().await;
-        tokio::time::sleep(drain).await;
-    };
-    let result = tokio::select! {
-        result = &mut server => result,
-        _ = deadline => {
+    serve_with(listener, state, shutdown, options).await
+}
+
+/// [`serve`] with explicit options: connection bounds ([`Limits`]) and an optional separate
+/// metrics listener.
+pub async fn serve_with(
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    shutdown: CancellationToken,
+    options: ServeOptions,
+) -> std::io::Result<()> {
+    let ServeOptions {
+        drain,
+        limits,
+        metrics,
+    } = options;
+    if let Some(problem) = limits.problem() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("serving HTTP: {problem}"),
+        ));
+    }
+    let api = api::router(state.clone(), metrics.is_none());
+    let metrics_app = api::metrics_router(state.clone());
+    let permits = Arc::new(Semaphore::new(limits.max_connections));
+    let graceful = GracefulShutdown::new();
+    let tracker = TaskTracker::new();
+    let stop = CancellationToken::new();
+    loop {
+        let (accepted, app) = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            accepted = listener.accept() => (accepted, &api),
+            accepted = accept(metrics.as_ref()) => (accepted, &metrics_app),
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                if !is_connection_error(&e) {
+                    // Out of descriptors or similar: back off briefly instead of spinning.
+                    tracing::warn!(error = %e, "accepting a connection failed");
+                    tokio::select! {
+                        _ = shutdown.cancelled() => break,
+                        _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                    }
+                }
+                continue;
+            }
+        };
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            state.inner.metrics.rejected("connections");
+            listen::refuse(stream);
+            continue;
+        };
+        tracker.spawn(listen::drive(listen::Conn {
+            stream,
+            app: app.clone(),
+            limits,
+            watcher: graceful.watcher(),
+            stop: stop.clone(),
+            permit,
+        }));
+    }
+    state.inner.draining.store(true, Ordering::Release);
+    drop(listener);
+    drop(metrics);
+    let drained = graceful.shutdown();
+    tokio::pin!(drained);
+    tokio::select! {
+        _ = &mut drained => {}
+        _ = tokio::time::sleep(drain) => {
             tracing::warn!("drain deadline passed; stopping the cells still running");
             state.orchestrator().shutdown().await;
-            tokio::time::timeout(Duration::from_secs(10), &mut server)
-                .await
-                .unwrap_or(Ok(()))
+            let _ = tokio::time::timeout(Duration::from_secs(10), &mut drained).await;
         }
-    };
-    state.inner.draining.store(true, Ordering::Release);
+    }
+    stop.cancel();
+    tracker.close();
+    tracker.wait().await;
     state.orchestrator().shutdown().await;
-    result
+    Ok(())
+}
+
+async fn accept(
+    listener: Option<&tokio::net::TcpListener>,
+) -> std::io::Result<(tokio::net::TcpStream, std::net::SocketAddr)> {
+    match listener {
+        Some(l) => l.accept().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Errors that concern one connection only, not the listener.
+fn is_connection_error(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::ConnectionRefused
+            | std::io::ErrorKind::ConnectionAborted
+            | std::io::ErrorKind::ConnectionReset
+    )
 }

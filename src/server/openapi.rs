@@ -47,7 +47,7 @@ pub fn spec() -> Value {
                 "application/x-ndjson": {"schema": {"$ref": "#/components/schemas/StreamEvent"}}
             }
         },
-        "400": error_response("Bad JSON, bad session/child name, timeout out of range, or a tool outside the tenant's allow-list."),
+        "400": error_response("`invalid_json`: the body is not a JSON object of the documented fields; `invalid_timeout`: `timeout` is not a number of seconds in (0, max]; `invalid_name`: bad session/child name; `tool_not_allowed`: a tool outside the tenant's allow-list."),
         "413": error_response("Request body over 1 MiB."),
         "429": {
             "description": "The tenant is at max_kernels and every one of its kernels is busy. Retry after the `Retry-After` seconds.",
@@ -68,7 +68,7 @@ pub fn spec() -> Value {
         "info": {
             "title": "kernelbox",
             "version": env!("CARGO_PKG_VERSION"),
-            "description": "Stateful Python kernels in hardened Docker containers, one per conversation. Every call is namespaced by the caller's tenant."
+            "description": "Stateful Python kernels in hardened Docker containers, one per conversation. Every call is namespaced by the caller's tenant. Every request body is a JSON object. A connection beyond the server's connection limit is answered 503 `too_many_connections` and closed; one whose request head or body does not arrive in time, or that idles past the keep-alive timeout, is closed. `/metrics` may be served on a separate address (`--metrics-listen`)."
         },
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
@@ -85,7 +85,7 @@ pub fn spec() -> Value {
                     "properties": {
                         "code": {"type": "string", "description": "Python source of the cell."},
                         "reset": {"type": "boolean", "default": false, "description": "Discard the kernel and run in a fresh one."},
-                        "timeout": {"type": "number", "exclusiveMinimum": 0, "description": "Cell timeout in seconds (server default when absent)."},
+                        "timeout": {"type": ["number", "null"], "exclusiveMinimum": 0, "description": "Cell timeout in seconds, at most the server's max_cell_timeout (3600 by default); absent or null: the server default. Anything else is 400 `invalid_timeout`."},
                         "task_id": {"type": "string", "maxLength": 256, "description": "The turn; passed to tool calls, never keys a kernel."},
                         "child": {"type": "string", "description": "Delegated child making the call."},
                         "tools": {"type": "array", "items": {"type": "string"}, "description": "Tools the cell may call; a subset of the tenant's allow-list (all of it when absent)."}
@@ -173,8 +173,12 @@ pub fn spec() -> Value {
             "/metrics": {
                 "get": {
                     "summary": "Prometheus metrics (text exposition format). No authentication.",
+                    "description": "When the server runs with `--metrics-listen ADDR`, this path is served only on that separate address and answers 404 on the API's.",
                     "security": [],
-                    "responses": {"200": {"description": "Metrics.", "content": {"text/plain": {"schema": {"type": "string"}}}}}
+                    "responses": {
+                        "200": {"description": "Metrics.", "content": {"text/plain": {"schema": {"type": "string"}}}},
+                        "404": error_response("Metrics are served on a separate listen address (`--metrics-listen`).")
+                    }
                 }
             },
             "/openapi.json": {

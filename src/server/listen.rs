@@ -1,0 +1,380 @@
+//! Accepting and driving HTTP/1 connections with bounds a slow or idle client cannot escape.
+//!
+//! hyper's own `header_read_timeout` starts when the server begins waiting for a request
+//! head, and on a keep-alive connection that includes the idle wait before the next request,
+//! so it cannot give an idle connection longer than a half-sent head. Each connection here
+//! is therefore driven under its own clock instead:
+//!
+//! - the first request's head must arrive in full within `header_timeout` of the accept;
+//! - once a response is sent, the connection may sit idle for `keepalive_timeout`; when the
+//!   next request's first byte arrives, its head must be complete within `header_timeout`;
+//! - a request's body must arrive in full within `body_timeout` of its head;
+//! - once its body is in, while the request is in flight (its response, streamed or not, not
+//!   yet fully sent) no deadline applies, so long cells are never cut.
+//!
+//! At most `max_connections` connections are open at once across every listener; one more
+//! is accepted and answered at once with a 503 (`too_many_connections`) and closed.
+
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Request, Response};
+use axum::Router;
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use hyper_util::server::graceful::Watcher;
+use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::sync::{Notify, OwnedSemaphorePermit};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// Connection bounds of the HTTP server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// A request head (request line and headers) must arrive in full within this time: from
+    /// the accept for a connection's first request, from its first byte for later ones.
+    pub header_timeout: Duration,
+    /// A connection with no request in flight is closed after this long without one.
+    pub keepalive_timeout: Duration,
+    /// A request's body must arrive in full within this time of its head.
+    pub body_timeout: Duration,
+    /// Most connections open at once, across every listener (at least 1).
+    pub max_connections: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            header_timeout: Duration::from_secs(10),
+            keepalive_timeout: Duration::from_secs(60),
+            body_timeout: Duration::from_secs(60),
+            max_connections: 1024,
+        }
+    }
+}
+
+impl Limits {
+    /// What makes these limits unusable, if anything.
+    pub fn problem(&self) -> Option<&'static str> {
+        if self.header_timeout.is_zero() {
+            Some("header_timeout must be positive")
+        } else if self.keepalive_timeout.is_zero() {
+            Some("keepalive_timeout must be positive")
+        } else if self.body_timeout.is_zero() {
+            Some("body_timeout must be positive")
+        } else if self.max_connections == 0 {
+            Some("max_connections must be at least 1")
+        } else {
+            None
+        }
+    }
+}
+
+/// Answers a connection over the limit with a 503 and closes it, without waiting on it: a
+/// fresh socket's send buffer takes the small answer whole, and whatever the client already
+/// sent is read off first (up to 64 KiB) so that the close is a FIN after the answer rather
+/// than a reset that could discard it.
+pub(super) fn refuse(stream: TcpStream) {
+    let _ = stream.try_write(&over_limit_response());
+    let mut sink = [0u8; 4096];
+    for _ in 0..16 {
+        match stream.try_read(&mut sink) {
+            Ok(n) if n > 0 => continue,
+            _ => break,
+        }
+    }
+}
+
+/// The response an over-limit connection gets before it is closed.
+fn over_limit_response() -> Vec<u8> {
+    let body = serde_json::json!({"error": {
+        "code": "too_many_connections",
+        "message": "kernelbox has as many connections open as it allows; retry later",
+    }})
+    .to_string();
+    format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
+         retry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// Where a connection stands, for its deadline.
+#[derive(Debug)]
+struct Clock {
+    /// Requests whose responses are not yet fully sent.
+    in_flight: usize,
+    /// Whether a response has been sent (the connection is past its first request).
+    served: bool,
+    /// When the current wait for a request began (the accept, or the last response).
+    waiting_since: Instant,
+    /// When the first byte of the next request arrived, on a connection past its first.
+    head_started: Option<Instant>,
+    /// When the head of the request whose body is still arriving was read.
+    body_since: Option<Instant>,
+}
+
+/// A connection's clock, shared by its IO, its service and its driver.
+#[derive(Debug)]
+struct ConnState {
+    clock: Mutex<Clock>,
+    changed: Notify,
+    limits: Limits,
+}
+
+impl ConnState {
+    fn new(limits: Limits) -> ConnState {
+        ConnState {
+            clock: Mutex::new(Clock {
+                in_flight: 0,
+                served: false,
+                waiting_since: Instant::now(),
+                head_started: None,
+                body_since: None,
+            }),
+            changed: Notify::new(),
+            limits,
+        }
+    }
+
+    fn clock(&self) -> std::sync::MutexGuard<'_, Clock> {
+        self.clock.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// When the connection is to be closed unless a request starts; `None` while one runs.
+    fn deadline(&self) -> Option<Instant> {
+        let clock = self.clock();
+        if clock.in_flight > 0 {
+            return clock.body_since.map(|at| at + self.limits.body_timeout);
+        }
+        Some(match (clock.served, clock.head_started) {
+            (false, _) => clock.waiting_since + self.limits.header_timeout,
+            (true, Some(head)) => head + self.limits.header_timeout,
+            (true, None) => clock.waiting_since + self.limits.keepalive_timeout,
+        })
+    }
+
+    fn bytes_read(&self) {
+        let mut clock = self.clock();
+        if clock.in_flight == 0 && clock.served && clock.head_started.is_none() {
+            clock.head_started = Some(Instant::now());
+            drop(clock);
+            self.changed.notify_one();
+        }
+    }
+
+    fn request_started(self: &Arc<Self>, body_pending: bool) -> (InFlight, Option<BodyPending>) {
+        let mut clock = self.clock();
+        clock.in_flight += 1;
+        let body = body_pending.then(|| {
+            clock.body_since = Some(Instant::now());
+            BodyPending(self.clone())
+        });
+        drop(clock);
+        // The deadline moved (to the body's, or none).
+        self.changed.notify_one();
+        (InFlight(self.clone()), body)
+    }
+}
+
+/// Held while a request's body is still arriving.
+struct BodyPending(Arc<ConnState>);
+
+impl Drop for BodyPending {
+    fn drop(&mut self) {
+        self.0.clock().body_since = None;
+        self.0.changed.notify_one();
+    }
+}
+
+/// A request body that notes when it has arrived in full (or is no longer wanted).
+struct WatchedBody {
+    inner: Incoming,
+    pending: Option<BodyPending>,
+}
+
+impl hyper::body::Body for WatchedBody {
+    type Data = bytes::Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if matches!(polled, Poll::Ready(None | Some(Err(_)))) || self.inner.is_end_stream() {
+            self.pending = None;
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Held while a request is in flight: from the parsed head until its response body is sent
+/// or dropped.
+struct InFlight(Arc<ConnState>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        {
+            let mut clock = self.0.clock();
+            clock.in_flight = clock.in_flight.saturating_sub(1);
+            if clock.in_flight == 0 {
+                clock.served = true;
+                clock.waiting_since = Instant::now();
+                clock.head_started = None;
+            }
+        }
+        self.0.changed.notify_one();
+    }
+}
+
+/// The TCP stream, noting when bytes arrive.
+struct Tracked {
+    stream: TcpStream,
+    state: Arc<ConnState>,
+}
+
+impl AsyncRead for Tracked {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.stream).poll_read(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.state.bytes_read();
+        }
+        polled
+    }
+}
+
+impl AsyncWrite for Tracked {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+/// Everything one connection needs from the server.
+pub(super) struct Conn {
+    pub stream: TcpStream,
+    pub app: Router,
+    pub limits: Limits,
+    /// Signals the drain: hyper then closes the connection at once when no request is
+    /// under way, or after the one in flight.
+    pub watcher: Watcher,
+    /// Cancelled when the server stops for good: the connection closes whatever it does.
+    pub stop: CancellationToken,
+    pub permit: OwnedSemaphorePermit,
+}
+
+/// Serves one connection until the client closes it, a deadline passes, or the server stops.
+pub(super) async fn drive(conn: Conn) {
+    let Conn {
+        stream,
+        app,
+        limits,
+        watcher,
+        stop,
+        permit,
+    } = conn;
+    // Declared first, so released last: after the socket is closed.
+    let _permit = permit;
+    let _ = stream.set_nodelay(true);
+    let state = Arc::new(ConnState::new(limits));
+    let io = TokioIo::new(Tracked {
+        stream,
+        state: state.clone(),
+    });
+    let router = TowerToHyperService::new(app);
+    let service = {
+        let state = state.clone();
+        hyper::service::service_fn(move |request: Request<Incoming>| {
+            let body_pending = !hyper::body::Body::is_end_stream(request.body());
+            let (guard, pending) = state.request_started(body_pending);
+            let request = request.map(|inner| WatchedBody { inner, pending });
+            let call = hyper::service::Service::call(&router, request);
+            async move {
+                let response: Response<Body> = call.await?;
+                // The request stays in flight until its body is sent (or dropped).
+                Ok::<_, std::convert::Infallible>(response.map(|body| {
+                    Body::new(body.map_err(move |e| {
+                        let _in_flight = &guard;
+                        e
+                    }))
+                }))
+            }
+        })
+    };
+    let connection = hyper::server::conn::http1::Builder::new()
+        // Deadlines are kept by this driver (see the module documentation).
+        .header_read_timeout(None)
+        .serve_connection(io, service);
+    let connection = watcher.watch(connection);
+    tokio::pin!(connection);
+    loop {
+        let deadline = state.deadline();
+        tokio::select! {
+            result = &mut connection => {
+                if let Err(e) = result {
+                    tracing::debug!(error = %e, "connection ended with an error");
+                }
+                break;
+            }
+            _ = stop.cancelled() => break,
+            _ = state.changed.notified() => {}
+            _ = sleep_until(deadline) => {
+                if state.deadline().is_some_and(|d| d <= Instant::now()) {
+                    tracing::debug!("closing a connection past its header, body or keep-alive deadline");
+                    break;
+                }
+            }
+        }
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}

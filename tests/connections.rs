@@ -1,0 +1,441 @@
+//! Connection bounds of the HTTP server, on the wire against the real server and engine:
+//! a client sending its headers or its body slowly, one sending nothing, one idling on
+//! keep-alive, and clients beyond `max_connections` cannot hold the server; a long cell, streamed or not, is
+//! never cut by those timeouts; `/metrics` can live on a listener of its own (the real
+//! `kernelbox serve` binary).
+//!
+//! Each test labels what it creates with a unique `io.kernelbox-test.case` and ends by
+//! asserting through the Docker API that nothing with that label is left.
+
+mod common;
+#[path = "common/raw.rs"]
+mod raw;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use kernelbox::docker::Engine;
+use kernelbox::server::{self, AppState, Limits, ServeOptions, Tenant, Tenants};
+use kernelbox::Orchestrator;
+
+const TOKEN: &str = "tok-conn";
+
+/// A server running in this process on 127.0.0.1:0 with the given limits.
+struct Server {
+    addr: SocketAddr,
+    label: String,
+    engine: Arc<dyn Engine>,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl Server {
+    async fn start(name: &str, limits: Limits) -> Server {
+        let label = common::unique(&format!("conn-{name}"));
+        let engine = common::engine().await;
+        let orchestrator = Orchestrator::start(common::config(&label), engine.clone())
+            .await
+            .expect("orchestrator starts");
+        let tenants = Tenants::new(vec![Tenant::with_token("acme", TOKEN)]).expect("valid tenants");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(server::serve_with(
+            listener,
+            AppState::new(orchestrator, tenants),
+            shutdown.clone(),
+            ServeOptions {
+                drain: Duration::from_secs(10),
+                limits,
+                metrics: None,
+            },
+        ));
+        Server {
+            addr,
+            label,
+            engine,
+            shutdown,
+            task,
+        }
+    }
+
+    /// Stops the server (the SIGTERM path) and asserts nothing of this case is left.
+    async fn finish(self) {
+        self.shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(60), self.task)
+            .await
+            .expect("the server stops")
+            .expect("server task")
+            .expect("server ran cleanly");
+        common::assert_clean(&self.engine, &self.label).await;
+    }
+}
+
+fn limits(header: u64, keepalive: u64, body: u64, max_connections: usize) -> Limits {
+    Limits {
+        header_timeout: Duration::from_secs(header),
+        keepalive_timeout: Duration::from_secs(keepalive),
+        body_timeout: Duration::from_secs(body),
+        max_connections,
+    }
+}
+
+/// Sends `head` a byte at a time, 100 ms apart, then header bytes forever, until the server
+/// hangs up; panics if it answers anything or is still open at the deadline.
+async fn trickle_until_closed(stream: &mut tokio::net::TcpStream, head: &[u8]) {
+    let deadline = Instant::now() + raw::DEADLINE;
+    let mut buf = [0u8; 1024];
+    for i in 0.. {
+        assert!(
+            Instant::now() < deadline,
+            "a slow client still holds its connection at the deadline"
+        );
+        let byte = head.get(i).copied().unwrap_or(b'a');
+        if stream.write_all(&[byte]).await.is_err() {
+            return;
+        }
+        // The pause is the slowness under test; a close is noticed during it.
+        match tokio::time::timeout(Duration::from_millis(100), stream.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return,
+            Ok(Ok(n)) => panic!(
+                "the server answered a request it never got: {:?}",
+                String::from_utf8_lossy(&buf[..n])
+            ),
+            Err(_) => {}
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn clients_sending_headers_slowly_or_nothing_are_disconnected() {
+    let srv = Server::start("slow", limits(1, 300, 300, 16)).await;
+
+    // Headers one byte at a time, never finished.
+    let mut slow = raw::connect(srv.addr).await;
+    trickle_until_closed(
+        &mut slow,
+        b"GET /healthz HTTP/1.1\r\nHost: kernelbox\r\nX-Slow: ",
+    )
+    .await;
+
+    // Connects and sends nothing.
+    let mut silent = raw::connect(srv.addr).await;
+    let seen = raw::until_closed(&mut silent)
+        .await
+        .expect("a silent client is disconnected");
+    assert!(seen.is_empty(), "{:?}", String::from_utf8_lossy(&seen));
+
+    // On a kept-alive connection, the next request's head is bounded the same way.
+    let mut kept = raw::connect(srv.addr).await;
+    kept.write_all(&raw::request("GET", "/healthz", None, b"", false))
+        .await
+        .expect("send");
+    assert_eq!(raw::read_response(&mut kept).await.status, 200);
+    trickle_until_closed(&mut kept, b"GET /healthz HTTP/1.1\r\n").await;
+
+    // Well-behaved clients are still served.
+    assert_eq!(raw::get(srv.addr, "/healthz").await.status, 200);
+    srv.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn clients_sending_a_body_slowly_or_not_at_all_are_disconnected() {
+    let srv = Server::start("body", limits(300, 300, 1, 16)).await;
+    let head = |len: usize| {
+        format!(
+            "POST /v1/sessions/body/execute HTTP/1.1\r\nHost: kernelbox\r\n\
+             Authorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\n\
+             Content-Length: {len}\r\n\r\n"
+        )
+    };
+
+    // Part of the body, then nothing.
+    let mut stalled = raw::connect(srv.addr).await;
+    stalled
+        .write_all(format!("{}{{\"code\": \"pr", head(100)).as_bytes())
+        .await
+        .expect("send");
+    let seen = raw::until_closed(&mut stalled)
+        .await
+        .expect("a stalled body is cut off");
+    assert!(seen.is_empty(), "{:?}", String::from_utf8_lossy(&seen));
+
+    // A body trickled a byte at a time, never finished.
+    let mut slow = raw::connect(srv.addr).await;
+    slow.write_all(head(1_000_000).as_bytes())
+        .await
+        .expect("send");
+    trickle_until_closed(&mut slow, b"{\"code\": \"").await;
+
+    assert!(
+        common::containers(&srv.engine, &srv.label).await.is_empty(),
+        "no cell ran"
+    );
+    let reply = raw::post(
+        srv.addr,
+        "/v1/sessions/body/execute",
+        TOKEN,
+        b"{\"code\": \"print(2)\"}",
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(reply.json()["output"], "2\n");
+    srv.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_idle_keepalive_connection_is_closed_after_the_keepalive_timeout() {
+    // Keep-alive shorter than the header timeout: only the idle rule can close it here.
+    let srv = Server::start("idle", limits(300, 1, 300, 16)).await;
+    let mut conn = raw::connect(srv.addr).await;
+    for _ in 0..2 {
+        conn.write_all(&raw::request("GET", "/healthz", None, b"", false))
+            .await
+            .expect("send");
+        let reply = raw::read_response(&mut conn).await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+    }
+    let seen = raw::until_closed(&mut conn)
+        .await
+        .expect("an idle keep-alive connection is closed");
+    assert!(seen.is_empty(), "{:?}", String::from_utf8_lossy(&seen));
+    srv.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_idle_keepalive_connection_outlives_the_header_timeout() {
+    // Header timeout 1 s, keep-alive 300 s: hyper's own header timeout would close the idle
+    // connection with the header timeout; here only a half-sent head is bound by it.
+    let srv = Server::start("keep", limits(1, 300, 300, 16)).await;
+    let mut kept = raw::connect(srv.addr).await;
+    kept.write_all(&raw::request("GET", "/healthz", None, b"", false))
+        .await
+        .expect("send");
+    assert_eq!(raw::read_response(&mut kept).await.status, 200);
+    // A connection opened after that response, sending nothing, is closed by the header
+    // timeout: the kept-alive one has now been idle longer than the header timeout.
+    let mut silent = raw::connect(srv.addr).await;
+    raw::until_closed(&mut silent)
+        .await
+        .expect("a silent client is disconnected");
+    kept.write_all(&raw::request("GET", "/healthz", None, b"", false))
+        .await
+        .expect("send on the kept-alive connection");
+    assert_eq!(raw::read_response(&mut kept).await.status, 200);
+    srv.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn past_max_connections_a_client_gets_503_and_is_closed_until_a_slot_frees() {
+    let srv = Server::start("limit", limits(300, 300, 300, 2)).await;
+    // Two clients that send nothing hold both slots (accepted in order, before the third).
+    let holders = [raw::connect(srv.addr).await, raw::connect(srv.addr).await];
+    let reply = raw::get(srv.addr, "/healthz").await;
+    let (code, message) = reply.error(503);
+    assert_eq!(code, "too_many_connections", "{message}");
+    assert!(
+        reply.head.to_ascii_lowercase().contains("retry-after: 1"),
+        "{}",
+        reply.head
+    );
+
+    // Once they are gone (the server notices the close), a normal request succeeds.
+    drop(holders);
+    let deadline = Instant::now() + raw::DEADLINE;
+    loop {
+        let reply = raw::get(srv.addr, "/healthz").await;
+        if reply.status == 200 {
+            break;
+        }
+        assert_eq!(reply.error(503).0, "too_many_connections");
+        assert!(Instant::now() < deadline, "no slot freed by the deadline");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let metrics = raw::get(srv.addr, "/metrics").await;
+    assert_eq!(metrics.status, 200);
+    let rejected = metrics
+        .text()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("kernelbox_requests_rejected_total{reason=\"connections\"} ")
+                .map(|n| n.parse::<u64>().expect("a count"))
+        })
+        .expect("the connections rejection series");
+    assert!(rejected >= 1, "{rejected}");
+    srv.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cell_longer_than_every_timeout_completes_streamed_or_not() {
+    let srv = Server::start("long", limits(1, 1, 1, 16)).await;
+    // Streamed: the response goes quiet for longer than both timeouts between lines.
+    let code = "import time\nprint('a', flush=True)\ntime.sleep(2.5)\nprint('b', flush=True)\ntime.sleep(2.5)\nprint('c')";
+    let body = serde_json::json!({ "code": code }).to_string();
+    let mut request = raw::request(
+        "POST",
+        "/v1/sessions/long/execute",
+        Some(TOKEN),
+        body.as_bytes(),
+        true,
+    );
+    let at = request
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("head end");
+    request.splice(
+        at + 2..at + 2,
+        b"Accept: application/x-ndjson\r\n".iter().copied(),
+    );
+    let reply = raw::roundtrip(srv.addr, &request).await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let text = reply.text();
+    let last: serde_json::Value =
+        serde_json::from_str(text.lines().last().expect("a result line")).expect("JSON line");
+    assert_eq!(last["event"], "result", "{text}");
+    assert_eq!(last["result"]["status"], "success", "{text}");
+    assert_eq!(last["result"]["output"], "a\nb\nc\n", "{text}");
+
+    // Not streamed: nothing at all is sent until the cell ends.
+    let body = serde_json::json!({"code": "import time\ntime.sleep(3)\nprint('done')"});
+    let reply = raw::post(
+        srv.addr,
+        "/v1/sessions/long/execute",
+        TOKEN,
+        body.to_string().as_bytes(),
+    )
+    .await;
+    let result = reply.json();
+    assert_eq!(reply.status, 200, "{result}");
+    assert_eq!(result["status"], "success", "{result}");
+    assert_eq!(result["output"], "done\n", "{result}");
+    srv.finish().await;
+}
+
+/// Reads the binary's stderr until a line containing `marker` followed by `http://ADDR`.
+async fn address_after(
+    lines: &mut tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStderr>>,
+    marker: &str,
+) -> SocketAddr {
+    loop {
+        let line = tokio::time::timeout(Duration::from_secs(120), lines.next_line())
+            .await
+            .expect("the server prints its addresses")
+            .expect("stderr")
+            .expect("the server exited before serving");
+        if let Some(rest) = line.split(marker).nth(1) {
+            let addr = rest
+                .trim_start_matches("http://")
+                .split(['/', ' '])
+                .next()
+                .expect("address");
+            return addr.parse().expect("socket address");
+        }
+    }
+}
+
+/// A kept-alive connection that has been served (so it holds a connection slot), retrying
+/// while the slot of a connection that just closed is still being released.
+async fn hold(addr: SocketAddr) -> tokio::net::TcpStream {
+    let deadline = Instant::now() + raw::DEADLINE;
+    loop {
+        let mut conn = raw::connect(addr).await;
+        conn.write_all(&raw::request("GET", "/healthz", None, b"", false))
+            .await
+            .expect("send");
+        let reply = raw::read_response(&mut conn).await;
+        if reply.status == 200 {
+            return conn;
+        }
+        assert_eq!(reply.error(503).0, "too_many_connections");
+        assert!(Instant::now() < deadline, "no slot by the deadline");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn metrics_on_a_separate_listener_share_the_connection_limit_and_shutdown() {
+    let label = common::unique("conn-metrics");
+    let engine = common::engine().await;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_kernelbox"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--max-connections",
+            "2",
+            "--header-timeout",
+            "300s",
+            "--label",
+        ])
+        .arg(format!("{}={label}", common::CASE))
+        .env("KERNELBOX_TOKEN", TOKEN)
+        .env_remove("KERNELBOX_TENANTS")
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn kernelbox serve");
+    let stderr = child.stderr.take().expect("stderr");
+    let mut lines = tokio::io::BufReader::new(stderr).lines();
+    let api = address_after(&mut lines, "on http://").await;
+    let metrics = address_after(&mut lines, "metrics on ").await;
+    assert_ne!(api, metrics);
+
+    let reply = raw::get(api, "/metrics").await;
+    assert_eq!(reply.error(404).0, "not_found");
+    let reply = raw::get(metrics, "/metrics").await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert!(
+        reply.text().contains("kernelbox_kernels_live "),
+        "{}",
+        reply.text()
+    );
+    assert_eq!(
+        raw::get(metrics, "/healthz").await.error(404).0,
+        "not_found"
+    );
+    assert_eq!(
+        raw::get(metrics, "/v1/kernels").await.error(404).0,
+        "not_found"
+    );
+    assert_eq!(raw::get(api, "/healthz").await.status, 200);
+
+    // Two connections in all: two kept-alive API connections leave none for metrics.
+    let kept = [hold(api).await, hold(api).await];
+    let reply = raw::get(metrics, "/metrics").await;
+    assert_eq!(reply.error(503).0, "too_many_connections");
+    drop(kept);
+    let deadline = Instant::now() + raw::DEADLINE;
+    while raw::get(metrics, "/metrics").await.status != 200 {
+        assert!(Instant::now() < deadline, "no slot freed by the deadline");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let pid = child.id().expect("pid").to_string();
+    let kill = tokio::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .await
+        .expect("kill");
+    assert!(kill.success());
+    let status = tokio::time::timeout(Duration::from_secs(60), child.wait())
+        .await
+        .expect("the server exits after SIGTERM")
+        .expect("wait");
+    assert_eq!(status.code(), Some(0));
+    for addr in [api, metrics] {
+        assert!(
+            tokio::net::TcpStream::connect(addr).await.is_err(),
+            "{addr} is closed"
+        );
+    }
+    common::assert_clean(&engine, &label).await;
+}
