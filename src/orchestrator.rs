@@ -837,23 +837,25 @@ impl Orchestrator {
             .and_then(|s| s.kernel.get().cloned())
     }
 
-    /// One reaper pass: retire idle kernels and sweep stale staging volumes. Returns how many
-    /// kernels were reaped.
+    /// One reaper pass: retire idle kernels, and sweep staging volumes older than
+    /// `staging_max_age` that no container uses, of this instance or of instances known dead
+    /// (never a live neighbour's). Returns how many kernels were reaped.
     pub async fn reap_once(&self) -> usize {
         let slots = self.inner.registry.reap_idle();
         let n = slots.len();
         self.dispose_slots(slots).await;
-        let extra: Vec<String> = vec![labels::filter(labels::INSTANCE, &self.inner.instance.id)];
-        // Only this instance's volumes are judged by age here; `kernelbox sweep` covers all.
-        if let Err(e) = sweep::sweep_stale_staging(
+        match sweep::sweep_stale_staging_of_dead(
             self.inner.engine.as_ref(),
+            &self.inner.instance,
             self.inner.config.staging_max_age,
-            &extra,
-            false,
         )
         .await
         {
-            tracing::warn!(error = %e, "staging sweep failed");
+            Ok(removed) if !removed.is_empty() => {
+                tracing::info!(volumes = removed.len(), "stale staging volumes swept");
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "staging sweep failed"),
         }
         n
     }
@@ -1131,6 +1133,40 @@ mod tests {
         assert_eq!(kb.interrupt(None, "busy").await, 1);
         let interrupted = busy.await.expect("join").expect("execute");
         assert_eq!(interrupted.status, CellStatus::Interrupted);
+        assert_eq!(fake.live_containers(), 0);
+        kb.shutdown().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn interrupt_counts_only_the_cells_that_ended_interrupted() {
+        let (kb, fake) = start(|_| {}).await;
+        run(&kb, "s", "x = 1").await;
+        let spawn_cell = |code: &'static str| {
+            let kb = kb.clone();
+            tokio::spawn(async move {
+                kb.execute(ExecuteRequest {
+                    timeout: Some(Duration::from_secs(600)),
+                    ..ExecuteRequest::new("s", code)
+                })
+                .await
+            })
+        };
+        let running = spawn_cell("sleep");
+        while kb.list_kernels(None).iter().all(|k| k.state != "busy") {
+            tokio::task::yield_now().await;
+        }
+        // A second cell queued behind it: cancelled too, but it never runs; the kernel is
+        // gone by the time its turn comes, so it ends as an error, not as interrupted.
+        let queued = spawn_cell("x = 2");
+        while kb.list_kernels(None)[0].attached < 2 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(kb.interrupt(None, "s").await, 1);
+        let first = running.await.expect("join").expect("execute");
+        assert_eq!(first.status, CellStatus::Interrupted);
+        let second = queued.await.expect("join").expect("execute");
+        assert_eq!(second.status, CellStatus::Error, "{second:?}");
+        assert_eq!(kb.interrupt(None, "s").await, 0, "nothing runs now");
         assert_eq!(fake.live_containers(), 0);
         kb.shutdown().await;
     }

@@ -426,6 +426,30 @@ mod tests {
     }
 
     #[test]
+    fn reservations_must_fit_the_host_cap() {
+        let entry = |name: &str, reserved: usize| {
+            format!(
+                r#"{{"name": "{name}", "token_sha256": "{}", "reserved": {reserved}}}"#,
+                hex::encode(token_hash(name))
+            )
+        };
+        let text = format!(r#"{{"tenants": [{}, {}]}}"#, entry("a", 2), entry("b", 3));
+        let tenants = parse(&text).unwrap();
+        assert_eq!(
+            tenants.authenticate("b").unwrap().limits().reserved,
+            Some(3)
+        );
+        assert!(tenants.check_reserved(5).is_ok());
+        let err = tenants.check_reserved(4).unwrap_err();
+        assert_eq!(err.field, "tenants[*].reserved");
+        assert!(
+            err.to_string().starts_with("tenants file t.json: "),
+            "{err}"
+        );
+        assert!(err.to_string().contains("--max-kernels 4"), "{err}");
+    }
+
+    #[test]
     fn errors_name_the_file_and_field() {
         let hash = hex::encode(token_hash("x"));
         let cases = [
@@ -464,6 +488,18 @@ mod tests {
                     r#"{{"tenants": [{{"name": "a", "token_sha256": "{hash}", "extra": 1}}]}}"#
                 ),
                 "tenants[0].extra",
+            ),
+            (
+                &format!(
+                    r#"{{"tenants": [{{"name": "a", "token_sha256": "{hash}", "reserved": -1}}]}}"#
+                ),
+                "tenants[0].reserved",
+            ),
+            (
+                &format!(
+                    r#"{{"tenants": [{{"name": "a", "token_sha256": "{hash}", "max_kernels": 2, "reserved": 3}}]}}"#
+                ),
+                "tenants[0].reserved",
             ),
             (
                 &format!(
