@@ -596,16 +596,18 @@ async fn interrupt_counts_a_queued_cell_that_never_ran_as_not_interrupted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_interrupt_racing_a_short_cell_reports_what_the_cell_did() {
     use rand::Rng;
+    const CELL: &str = "sum(range(300000))";
     let case = Case::new("intrace").await;
     let mut counted = [0usize; 2];
-    for i in 0..40 {
+    for i in 0..60 {
+        // A warm kernel (the last interrupt killed it), and how long the cell takes on it:
+        // the interrupt lands at a random point up to twice that after the cell is sent.
+        let warm = case.run("s", CELL).await;
+        let spread = (2.0 * warm.duration_seconds * 1e6) as u64 + 1;
         let kb = case.kb.clone();
-        let cell = tokio::spawn(async move {
-            kb.execute(ExecuteRequest::new("s", "sum(range(20000))"))
-                .await
-        });
-        let delay = rand::rng().random_range(0..3000u64);
-        tokio::time::sleep(Duration::from_micros(delay)).await;
+        let cell = tokio::spawn(async move { kb.execute(ExecuteRequest::new("s", CELL)).await });
+        let jitter = rand::rng().random_range(0..spread);
+        tokio::time::sleep(Duration::from_micros(jitter)).await;
         let n = case.kb.interrupt(None, "s").await;
         let r = cell.await.unwrap().expect("execute");
         match r.status {
