@@ -536,11 +536,18 @@ async fn the_reaper_sweeps_dead_instances_old_staging_volumes_only() {
         labels.insert("io.kernelbox.created-at".into(), created.to_string());
         labels
     };
+    let mut own = staging(&live, now);
+    own.insert(
+        "io.kernelbox.instance".into(),
+        case.kb.instance_id().to_string(),
+    );
     let week_ago = now - 8 * 86400;
+    // (A young volume of a dead instance would be fair game for any orchestrator starting
+    // meanwhile on this engine; the age rule for those is covered by the sweep's unit test.)
     let names = [
         (format!("{}-dead-old", case.label), staging(&dead, week_ago)),
         (format!("{}-live-old", case.label), staging(&live, week_ago)),
-        (format!("{}-dead-young", case.label), staging(&dead, now)),
+        (format!("{}-own-young", case.label), own),
     ];
     for (name, labels) in &names {
         case.engine
