@@ -2,7 +2,7 @@
 //!
 //! Stateful Python kernels in hardened Docker containers, one per agent conversation, managed
 //! for a whole host: state survives between cells, nothing leaks between owners, idle kernels
-//! are reaped, the live count is capped (LRU), timeouts kill, tool calls from inside a kernel
+//! are reaped, the live count is capped (fairly between tenants), timeouts kill, tool calls from inside a kernel
 //! run under the authority of the cell that made them, and no container outlives its
 //! orchestrator.
 //!

@@ -60,11 +60,11 @@ pub struct ExecuteRequest {
     pub admission: Option<AdmissionNotice>,
 }
 
+type AdmissionSender = tokio::sync::oneshot::Sender<Result<(), ExecuteError>>;
+
 /// Where [`ExecuteRequest::admission`] is told; cloning shares the one notice.
 #[derive(Clone, Debug, Default)]
-pub struct AdmissionNotice(
-    Arc<Mutex<Option<tokio::sync::oneshot::Sender<Result<(), ExecuteError>>>>>,
-);
+pub struct AdmissionNotice(Arc<Mutex<Option<AdmissionSender>>>);
 
 impl AdmissionNotice {
     /// A notice and the receiver that learns the outcome (closed without one when the request
