@@ -237,16 +237,6 @@ impl Inner {
     ) -> Result<Vec<(KernelKey, Evict)>, (Cap, usize)> {
         let tenant = key.owner.tenant.as_str();
         let released = &self.released_children;
-        // Eviction candidates, least recently used first.
-        let mut idle: Vec<&Arc<Slot>> = self
-            .slots
-            .values()
-            .filter(|s| s.attached() == 0 && !s.pinned(released))
-            .collect();
-        idle.sort_by_key(|s| s.last_used());
-        let mut planned: Vec<(KernelKey, Evict)> = Vec::new();
-        let is_planned =
-            |planned: &[(KernelKey, Evict)], s: &Slot| planned.iter().any(|(k, _)| *k == s.key);
         let mut held_all = 0usize;
         // Unpinned kernels per tenant: what the host's cap and the shares count.
         let mut held: HashMap<&str, usize> = HashMap::new();
@@ -260,6 +250,21 @@ impl Inner {
                 total += 1;
             }
         }
+        let tenant_full = limits.max_kernels.is_some_and(|max| held_all >= max);
+        let host_full = !key.owner.is_child() && total >= host_max;
+        if !tenant_full && !host_full {
+            return Ok(Vec::new());
+        }
+        // Eviction candidates, least recently used first.
+        let mut idle: Vec<&Arc<Slot>> = self
+            .slots
+            .values()
+            .filter(|s| s.attached() == 0 && !s.pinned(released))
+            .collect();
+        idle.sort_by_cached_key(|s| s.last_used());
+        let mut planned: Vec<(KernelKey, Evict)> = Vec::new();
+        let is_planned =
+            |planned: &[(KernelKey, Evict)], s: &Slot| planned.iter().any(|(k, _)| *k == s.key);
         let take = |victim: &Arc<Slot>,
                     why: Evict,
                     planned: &mut Vec<(KernelKey, Evict)>,
@@ -369,12 +374,13 @@ impl Inner {
         host_max: usize,
     ) -> Result<Vec<Arc<Slot>>, (Cap, usize)> {
         let tenant = key.owner.tenant.clone();
-        self.limits.insert(tenant.clone(), limits);
+        // Remembered only for tenants holding kernels (the requester included).
         {
-            let slots = &self.slots;
-            self.limits
-                .retain(|t, _| *t == tenant || slots.keys().any(|k| &k.owner.tenant == t));
+            let holding: HashSet<&str> =
+                self.slots.keys().map(|k| k.owner.tenant.as_str()).collect();
+            self.limits.retain(|t, _| holding.contains(t.as_str()));
         }
+        self.limits.insert(tenant.clone(), limits);
         let plan = self.plan_admission(key, limits, host_max)?;
         let mut victims = Vec::with_capacity(plan.len());
         for (victim, why) in plan {
