@@ -78,7 +78,9 @@ pub struct Config {
     pub max_cell_timeout: Duration,
     /// How long a new kernel may take to say it is ready.
     pub spawn_timeout: Duration,
-    /// Live kernels (unpinned) kept before the least recently used idle ones are evicted.
+    /// The host's cap on live kernels, hard at admission: a new kernel past it evicts an idle
+    /// one (fairly between tenants, see [`crate::registry`]) or is refused. Live delegated
+    /// children are pinned and not counted.
     pub max_session_kernels: usize,
     /// A kernel idle this long is reaped.
     pub kernel_idle_timeout: Duration,

@@ -2,7 +2,7 @@
 //!
 //! Stateful Python kernels in hardened Docker containers, one per agent conversation, managed
 //! for a whole host: state survives between cells, nothing leaks between owners, idle kernels
-//! are reaped, the live count is capped (LRU), timeouts kill, tool calls from inside a kernel
+//! are reaped, the live count is capped (fairly between tenants), timeouts kill, tool calls from inside a kernel
 //! run under the authority of the cell that made them, and no container outlives its
 //! orchestrator.
 //!
@@ -17,7 +17,7 @@
 //! | [`docker`] | the intent-level [`Engine`](docker::Engine) trait and its bollard implementation |
 //! | [`kernel`] | one kernel container: spawn, I/O task, cell execution, state enum |
 //! | [`stdin`] | a kernel's stdin: frames written inline when the pipe takes them, else by a task |
-//! | [`registry`] | which kernel serves which key; LRU, idle reaping, losses (pure bookkeeping) |
+//! | [`registry`] | which kernel serves which key; caps and fair shares, idle reaping, losses (pure bookkeeping) |
 //! | [`authority`] | per-cell tool-call authority and the [`ToolDispatcher`] trait |
 //! | [`monitor`] | engine events: tells OOM, outside kills and crashes apart |
 //! | [`orchestrator`] | the front door: [`Orchestrator::execute`] and lifecycle verbs |
@@ -56,4 +56,7 @@ pub use authority::{CellAuthority, FnDispatcher, ToolCall, ToolDispatcher};
 pub use cell::{CellResult, CellStatus, KernelInfo, LossReason, StateLost};
 pub use config::{Config, Sandbox, WorkMode};
 pub use docker::{BollardEngine, Engine, EngineError};
-pub use orchestrator::{ExecuteError, ExecuteRequest, KernelSummary, Orchestrator, StartError};
+pub use orchestrator::{
+    AdmissionNotice, ExecuteError, ExecuteRequest, KernelSummary, Orchestrator, StartError,
+};
+pub use registry::{Cap, TenantLimits};

@@ -24,7 +24,7 @@ use crate::labels;
 use crate::monitor::EventMonitor;
 use crate::owner::{KernelKey, NameError, Owner};
 use crate::protocol::DoneStatus;
-use crate::registry::{Registry, Slot};
+use crate::registry::{Cap, EvictionCounts, Registry, Slot, TenantLimits};
 use crate::sweep::{self, SweepReport};
 use crate::watchdog::Watchdog;
 
@@ -53,8 +53,36 @@ pub struct ExecuteRequest {
     pub cancel: Option<CancellationToken>,
     /// Receives output live.
     pub sink: Option<OutputSink>,
-    /// Most kernels the tenant may hold at once (none: only `max_session_kernels` applies).
-    pub tenant_max_kernels: Option<usize>,
+    /// The tenant's own cap and reservation (see [`crate::registry`] for the fairness rule).
+    pub tenant_limits: TenantLimits,
+    /// Told, once, whether the request got a kernel slot or was refused at a cap, before any
+    /// kernel starts (the HTTP layer answers 429 instead of starting a stream).
+    pub admission: Option<AdmissionNotice>,
+}
+
+type AdmissionSender = tokio::sync::oneshot::Sender<Result<(), ExecuteError>>;
+
+/// Where [`ExecuteRequest::admission`] is told; cloning shares the one notice.
+#[derive(Clone, Debug, Default)]
+pub struct AdmissionNotice(Arc<Mutex<Option<AdmissionSender>>>);
+
+impl AdmissionNotice {
+    /// A notice and the receiver that learns the outcome (closed without one when the request
+    /// failed before admission, e.g. on a bad name).
+    pub fn new() -> (
+        AdmissionNotice,
+        tokio::sync::oneshot::Receiver<Result<(), ExecuteError>>,
+    ) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        (AdmissionNotice(Arc::new(Mutex::new(Some(tx)))), rx)
+    }
+
+    fn send(&self, outcome: Result<(), ExecuteError>) {
+        let tx = self.0.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(tx) = tx {
+            let _ = tx.send(outcome);
+        }
+    }
 }
 
 impl std::fmt::Debug for ExecuteRequest {
@@ -66,6 +94,7 @@ impl std::fmt::Debug for ExecuteRequest {
             .field("reset", &self.reset)
             .field("timeout", &self.timeout)
             .field("tools", &self.tools)
+            .field("tenant_limits", &self.tenant_limits)
             .finish_non_exhaustive()
     }
 }
@@ -102,17 +131,32 @@ pub enum ExecuteError {
     /// The orchestrator is shutting down.
     #[error("kernelbox is shutting down")]
     ShuttingDown,
-    /// The tenant is at its kernel cap and every one of its kernels is busy.
-    #[error("tenant {tenant:?} has {cap} kernels and all are busy; retry later")]
+    /// A new kernel would pass a cap, and no kernel may be evicted to make room.
+    #[error("{}", at_capacity_message(.tenant, .cap, *.held))]
     AtCapacity {
         /// The tenant.
         tenant: String,
-        /// Its cap.
-        cap: usize,
+        /// The cap that refused it.
+        cap: Cap,
+        /// Kernels the tenant held, as that cap counts them.
+        held: usize,
     },
     /// A bug in kernelbox: the task running the cell failed.
     #[error("internal error: {0}")]
     Internal(String),
+}
+
+fn at_capacity_message(tenant: &str, cap: &Cap, held: usize) -> String {
+    match cap {
+        Cap::Tenant { max } => format!(
+            "tenant {tenant:?} is at its max_kernels ({held} of {max}) and none of its kernels \
+             is idle and unpinned to make room; retry later"
+        ),
+        Cap::Host { max, share } => format!(
+            "the host is at its kernel cap ({max} kernels): tenant {tenant:?} holds {held} \
+             (its fair share is {share}) and no kernel it may evict is idle; retry later"
+        ),
+    }
 }
 
 /// Why the orchestrator could not start.
@@ -160,6 +204,17 @@ pub struct KernelSummary {
     pub attached: usize,
 }
 
+/// How long past `spawn_timeout` an interrupt waits for the cells it cancelled to settle.
+pub const INTERRUPT_SETTLE: Duration = Duration::from_secs(10);
+
+/// A cell in flight, as an interrupt finds it.
+struct Run {
+    id: u64,
+    token: CancellationToken,
+    /// `Some(true)` once it ended as interrupted, `Some(false)` once it ended otherwise.
+    outcome: tokio::sync::watch::Receiver<Option<bool>>,
+}
+
 struct Inner {
     config: Config,
     engine: Arc<dyn Engine>,
@@ -169,7 +224,7 @@ struct Inner {
     monitor: EventMonitor,
     tracker: TaskTracker,
     cancel: CancellationToken,
-    running: Mutex<HashMap<Owner, Vec<(u64, CancellationToken)>>>,
+    running: Mutex<HashMap<Owner, Vec<Run>>>,
     next_run: std::sync::atomic::AtomicU64,
     starts: Mutex<StartStats>,
     watchdog: Mutex<Option<Watchdog>>,
@@ -316,13 +371,19 @@ impl Orchestrator {
         // Interruptible from the start: an interrupt during a cold start is not lost (the cell
         // then never runs and the new kernel is killed, as for any interrupt).
         let cancel = request.cancel.clone().unwrap_or_default();
-        let run_id = self.track_running(&owner, &cancel);
+        let (run_id, outcome) = self.track_running(&owner, &cancel);
         let lease = match self
-            .acquire(&key, request.reset, request.tenant_max_kernels)
+            .acquire(
+                &key,
+                request.reset,
+                request.tenant_limits,
+                request.admission.as_ref(),
+            )
             .await
         {
             Ok(lease) => lease,
             Err(e) => {
+                // The outcome is dropped unsent: an interrupt waiting on it counts nothing.
                 self.untrack_running(&owner, run_id);
                 return Err(e);
             }
@@ -344,6 +405,9 @@ impl Orchestrator {
                 (config.output_inline_bytes, config.output_spill_bytes),
             )
             .await;
+        // Published before the run is untracked: an interrupt counts only cells that really
+        // ended as interrupted.
+        let _ = outcome.send(Some(matches!(run.end, CellEnd::Interrupted)));
         self.untrack_running(&owner, run_id);
 
         let mut info = KernelInfo {
@@ -449,71 +513,109 @@ impl Orchestrator {
         Ok(result)
     }
 
-    /// Registers a running cell's interrupt token; returns its id for [`Self::untrack_running`].
-    fn track_running(&self, owner: &Owner, token: &CancellationToken) -> u64 {
+    /// Registers a running cell's interrupt token; returns its id for [`Self::untrack_running`]
+    /// and where to publish whether the cell ended as interrupted.
+    fn track_running(
+        &self,
+        owner: &Owner,
+        token: &CancellationToken,
+    ) -> (u64, tokio::sync::watch::Sender<Option<bool>>) {
         let id = self
             .inner
             .next_run
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (tx, rx) = tokio::sync::watch::channel(None);
         let mut running = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
-        running
-            .entry(owner.clone())
-            .or_default()
-            .push((id, token.clone()));
-        id
+        running.entry(owner.clone()).or_default().push(Run {
+            id,
+            token: token.clone(),
+            outcome: rx,
+        });
+        (id, tx)
     }
 
     fn untrack_running(&self, owner: &Owner, id: u64) {
         let mut running = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(tokens) = running.get_mut(owner) {
-            tokens.retain(|(i, _)| *i != id);
-            if tokens.is_empty() {
+        if let Some(runs) = running.get_mut(owner) {
+            runs.retain(|r| r.id != id);
+            if runs.is_empty() {
                 running.remove(owner);
             }
         }
     }
 
-    /// Interrupts every running cell of a session (children included). Returns how many.
-    pub fn interrupt(&self, tenant: Option<&str>, session: &str) -> usize {
+    /// Interrupts every running cell of a session (children included) and returns how many
+    /// of them ended as `interrupted`. It waits for the cells it cancelled to settle, at most
+    /// `spawn_timeout` plus [`INTERRUPT_SETTLE`] (a cell still starting its kernel sees the
+    /// interrupt once the kernel is up); a cell that finished first (success or error), or
+    /// that has not settled by then, is not counted.
+    pub async fn interrupt(&self, tenant: Option<&str>, session: &str) -> usize {
         let tenant = tenant.unwrap_or(&self.inner.config.default_tenant);
-        let running = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
-        let mut count = 0;
-        for (owner, tokens) in running.iter() {
-            if owner.tenant == tenant && owner.session == session {
-                for (_, t) in tokens {
-                    t.cancel();
-                    count += 1;
-                }
+        let outcomes: Vec<tokio::sync::watch::Receiver<Option<bool>>> = {
+            let running = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
+            running
+                .iter()
+                .filter(|(owner, _)| owner.tenant == tenant && owner.session == session)
+                .flat_map(|(_, runs)| runs.iter())
+                .map(|run| {
+                    run.token.cancel();
+                    run.outcome.clone()
+                })
+                .collect()
+        };
+        let limit = self.inner.config.spawn_timeout + INTERRUPT_SETTLE;
+        let settled = outcomes.into_iter().map(|mut outcome| async move {
+            match tokio::time::timeout(limit, outcome.wait_for(Option::is_some)).await {
+                Ok(Ok(ended)) => *ended == Some(true),
+                // Failed before it ran (the outcome was dropped unsent), or still unsettled.
+                _ => false,
             }
-        }
-        count
+        });
+        futures::future::join_all(settled)
+            .await
+            .into_iter()
+            .filter(|interrupted| *interrupted)
+            .count()
     }
 
     async fn acquire(
         &self,
         key: &KernelKey,
         reset: bool,
-        tenant_cap: Option<usize>,
+        limits: TenantLimits,
+        admission: Option<&AdmissionNotice>,
     ) -> Result<Lease, ExecuteError> {
         let inner = &self.inner;
         let mut reset = reset;
         let mut state_reset = false;
         loop {
-            let attach = match inner.registry.attach_capped(key, reset, tenant_cap) {
+            let attach = match inner.registry.attach(key, reset, limits) {
                 Ok(attach) => attach,
                 Err(full) => {
-                    self.dispose_slots(full.victims).await;
-                    return Err(ExecuteError::AtCapacity {
-                        tenant: full.tenant,
+                    let refusal = || ExecuteError::AtCapacity {
+                        tenant: full.tenant.clone(),
                         cap: full.cap,
-                    });
+                        held: full.held,
+                    };
+                    if let Some(notice) = admission {
+                        notice.send(Err(refusal()));
+                    }
+                    let error = refusal();
+                    self.dispose_slots(full.victims).await;
+                    return Err(error);
                 }
             };
             if inner.registry.is_closed() {
                 // Shutdown drained the registry; nothing new may start.
                 inner.registry.forget(&attach.slot, None);
                 inner.registry.release(&attach.slot);
+                if let Some(notice) = admission {
+                    notice.send(Err(ExecuteError::ShuttingDown));
+                }
                 return Err(ExecuteError::ShuttingDown);
+            }
+            if let Some(notice) = admission {
+                notice.send(Ok(()));
             }
             let mut doomed = attach.victims;
             if let Some(old) = attach.reset {
@@ -589,11 +691,9 @@ impl Orchestrator {
     }
 
     async fn release(&self, slot: &Arc<Slot>) {
-        let (dispose, mut victims) = self.inner.registry.release_and_trim(slot);
-        if dispose {
-            victims.push(slot.clone());
+        if self.inner.registry.release(slot) {
+            self.dispose_slots(vec![slot.clone()]).await;
         }
-        self.dispose_slots(victims).await;
     }
 
     async fn dispose_kernel(&self, kernel: &Kernel) {
@@ -662,6 +762,7 @@ impl Orchestrator {
         Stats {
             starts,
             losses: self.inner.registry.loss_counts(),
+            evictions: self.inner.registry.eviction_counts(),
         }
     }
 
@@ -733,23 +834,25 @@ impl Orchestrator {
             .and_then(|s| s.kernel.get().cloned())
     }
 
-    /// One reaper pass: retire idle kernels and sweep stale staging volumes. Returns how many
-    /// kernels were reaped.
+    /// One reaper pass: retire idle kernels, and sweep staging volumes older than
+    /// `staging_max_age` that no container uses, of this instance or of instances known dead
+    /// (never a live neighbour's). Returns how many kernels were reaped.
     pub async fn reap_once(&self) -> usize {
         let slots = self.inner.registry.reap_idle();
         let n = slots.len();
         self.dispose_slots(slots).await;
-        let extra: Vec<String> = vec![labels::filter(labels::INSTANCE, &self.inner.instance.id)];
-        // Only this instance's volumes are judged by age here; `kernelbox sweep` covers all.
-        if let Err(e) = sweep::sweep_stale_staging(
+        match sweep::sweep_stale_staging_of_dead(
             self.inner.engine.as_ref(),
+            &self.inner.instance,
             self.inner.config.staging_max_age,
-            &extra,
-            false,
         )
         .await
         {
-            tracing::warn!(error = %e, "staging sweep failed");
+            Ok(removed) if !removed.is_empty() => {
+                tracing::info!(volumes = removed.len(), "stale staging volumes swept");
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "staging sweep failed"),
         }
         n
     }
@@ -844,6 +947,8 @@ pub struct Stats {
     pub starts: StartStats,
     /// Involuntary losses by reason, indexed as [`LossReason::ALL`].
     pub losses: crate::registry::LossCounts,
+    /// Kernels evicted to admit new ones, by cap.
+    pub evictions: EvictionCounts,
 }
 
 struct Lease {
@@ -1022,9 +1127,43 @@ mod tests {
         assert_eq!(kb.reap_once().await, 1);
         assert_eq!(fake.live_containers(), 1, "the busy kernel is spared");
         assert_eq!(kb.list_kernels(None)[0].session, "busy");
-        assert_eq!(kb.interrupt(None, "busy"), 1);
+        assert_eq!(kb.interrupt(None, "busy").await, 1);
         let interrupted = busy.await.expect("join").expect("execute");
         assert_eq!(interrupted.status, CellStatus::Interrupted);
+        assert_eq!(fake.live_containers(), 0);
+        kb.shutdown().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn interrupt_counts_only_the_cells_that_ended_interrupted() {
+        let (kb, fake) = start(|_| {}).await;
+        run(&kb, "s", "x = 1").await;
+        let spawn_cell = |code: &'static str| {
+            let kb = kb.clone();
+            tokio::spawn(async move {
+                kb.execute(ExecuteRequest {
+                    timeout: Some(Duration::from_secs(600)),
+                    ..ExecuteRequest::new("s", code)
+                })
+                .await
+            })
+        };
+        let running = spawn_cell("sleep");
+        while kb.list_kernels(None).iter().all(|k| k.state != "busy") {
+            tokio::task::yield_now().await;
+        }
+        // A second cell queued behind it: cancelled too, but it never runs; the kernel is
+        // gone by the time its turn comes, so it ends as an error, not as interrupted.
+        let queued = spawn_cell("x = 2");
+        while kb.list_kernels(None)[0].attached < 2 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(kb.interrupt(None, "s").await, 1);
+        let first = running.await.expect("join").expect("execute");
+        assert_eq!(first.status, CellStatus::Interrupted);
+        let second = queued.await.expect("join").expect("execute");
+        assert_eq!(second.status, CellStatus::Error, "{second:?}");
+        assert_eq!(kb.interrupt(None, "s").await, 0, "nothing runs now");
         assert_eq!(fake.live_containers(), 0);
         kb.shutdown().await;
     }

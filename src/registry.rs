@@ -3,6 +3,27 @@
 //! Pure bookkeeping under one short-held lock; the orchestrator does the Docker work (spawning,
 //! disposing) outside it. A slot is registered before its kernel exists, so concurrent first
 //! calls for one key find the same slot and wait on the same spawn (single flight).
+//!
+//! ## Capacity and fairness
+//!
+//! A new kernel is admitted under the lock, atomically with its registration, so a burst can
+//! never overflow a cap. Two caps apply:
+//!
+//! - the tenant's own `max_kernels` (its delegated children included): at it, the tenant's
+//!   least recently used idle, unpinned kernel is evicted, else the request is refused;
+//! - the host's `max_kernels` (live delegated children are pinned: never evicted and not
+//!   counted). At it, a victim is chosen among idle, unpinned kernels: while the requester
+//!   holds less than its fair share, the least recently used kernel of a tenant holding more
+//!   than its own share; otherwise (or when none is idle) the requester's own least recently
+//!   used one. No victim: the request is refused. So a tenant holding no more than its fair
+//!   share is never evicted by another tenant's demand.
+//!
+//! A tenant's fair share is its `reserved` count when it has one; otherwise the kernels left
+//! by the reservations of the tenants holding kernels (the requester included), divided
+//! evenly among those without one, rounded down. Rounding down keeps the shares' sum within
+//! the cap, so every tenant can always reach its share; and since a tenant takes another's
+//! kernel only to reach its own share, the remainder of an uneven division never bounces
+//! between two tenants.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -71,15 +92,63 @@ pub struct Attach {
     pub state_lost: Option<StateLost>,
 }
 
-/// A tenant is at its kernel cap and every one of its kernels is busy or pinned.
+/// A tenant's own limits, carried by each of its requests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TenantLimits {
+    /// Most kernels the tenant may hold at once, its delegated children included (`None`:
+    /// only the host's cap applies).
+    pub max_kernels: Option<usize>,
+    /// Kernels the tenant keeps against other tenants' demand, in place of its fair share.
+    pub reserved: Option<usize>,
+}
+
+/// Which cap refused a new kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cap {
+    /// The tenant's own `max_kernels`.
+    Tenant {
+        /// The tenant's cap.
+        max: usize,
+    },
+    /// The host's cap (`max_session_kernels`, `kernelbox serve --max-kernels`).
+    Host {
+        /// The host's cap.
+        max: usize,
+        /// The requesting tenant's fair share at the time.
+        share: usize,
+    },
+}
+
+/// A new kernel would pass a cap and no kernel may be evicted to make room.
 #[derive(Debug)]
 pub struct AtCapacity {
-    /// The tenant.
+    /// The requesting tenant.
     pub tenant: String,
-    /// Its cap.
-    pub cap: usize,
+    /// The cap that refused it.
+    pub cap: Cap,
+    /// Kernels the tenant held (counted as the cap counts them).
+    pub held: usize,
     /// Idle slots reaped on the way; dispose of their kernels.
     pub victims: Vec<Arc<Slot>>,
+}
+
+/// Why an admission evicts a slot.
+#[derive(Debug, Clone, Copy)]
+enum Evict {
+    TenantCap,
+    HostOwn,
+    HostOther,
+}
+
+/// Kernels evicted to admit another, by the cap that made room.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EvictionCounts {
+    /// At the tenant's own `max_kernels`.
+    pub tenant_cap: u64,
+    /// At the host's cap, from the requester's own tenant.
+    pub host_cap_own: u64,
+    /// At the host's cap, from a tenant holding more than its fair share.
+    pub host_cap_other: u64,
 }
 
 /// The bookkeeping behind the orchestrator.
@@ -101,6 +170,9 @@ struct Inner {
     remembered: VecDeque<KernelKey>,
     released_children: HashSet<Owner>,
     loss_counts: LossCounts,
+    evictions: EvictionCounts,
+    /// The limits each tenant holding kernels last asked with (its share depends on them).
+    limits: HashMap<String, TenantLimits>,
     closed: bool,
 }
 
@@ -155,38 +227,179 @@ impl Inner {
 }
 
 impl Inner {
-    /// Evicts least recently used, unpinned, unattached slots until the cap holds (or nothing
-    /// more can go). Attached slots cannot go; pinned ones do not count.
-    fn evict_over_cap(&mut self, max_kernels: usize) -> Vec<Arc<Slot>> {
-        let mut victims = Vec::new();
-        loop {
-            let released = &self.released_children;
-            let unpinned: Vec<&Arc<Slot>> = self
-                .slots
-                .values()
-                .filter(|s| !s.pinned(released))
-                .collect();
-            if unpinned.len() <= max_kernels {
-                return victims;
+    /// Decides which idle slots go so that one more kernel for `key` fits both caps. Nothing
+    /// is changed when the answer is no: a refused request costs nobody a kernel.
+    fn plan_admission(
+        &self,
+        key: &KernelKey,
+        limits: TenantLimits,
+        host_max: usize,
+    ) -> Result<Vec<(KernelKey, Evict)>, (Cap, usize)> {
+        let tenant = key.owner.tenant.as_str();
+        let released = &self.released_children;
+        let mut held_all = 0usize;
+        // Unpinned kernels per tenant: what the host's cap and the shares count.
+        let mut held: HashMap<&str, usize> = HashMap::new();
+        let mut total = 0usize;
+        for s in self.slots.values() {
+            if s.key.owner.tenant == tenant {
+                held_all += 1;
             }
-            let Some(victim) = unpinned
-                .into_iter()
-                .filter(|s| s.attached() == 0)
-                .min_by_key(|s| s.last_used())
-                .map(|s| s.key.clone())
-            else {
-                return victims;
+            if !s.pinned(released) {
+                *held.entry(s.key.owner.tenant.as_str()).or_default() += 1;
+                total += 1;
+            }
+        }
+        let tenant_full = limits.max_kernels.is_some_and(|max| held_all >= max);
+        let host_full = !key.owner.is_child() && total >= host_max;
+        if !tenant_full && !host_full {
+            return Ok(Vec::new());
+        }
+        // Eviction candidates, least recently used first.
+        let mut idle: Vec<&Arc<Slot>> = self
+            .slots
+            .values()
+            .filter(|s| s.attached() == 0 && !s.pinned(released))
+            .collect();
+        idle.sort_by_cached_key(|s| s.last_used());
+        let mut planned: Vec<(KernelKey, Evict)> = Vec::new();
+        let is_planned =
+            |planned: &[(KernelKey, Evict)], s: &Slot| planned.iter().any(|(k, _)| *k == s.key);
+        let take = |victim: &Arc<Slot>,
+                    why: Evict,
+                    planned: &mut Vec<(KernelKey, Evict)>,
+                    held: &mut HashMap<&str, usize>| {
+            planned.push((victim.key.clone(), why));
+            if let Some(n) = held.get_mut(victim.key.owner.tenant.as_str()) {
+                *n -= 1;
+            }
+        };
+        if let Some(max) = limits.max_kernels {
+            while held_all >= max {
+                let victim = idle
+                    .iter()
+                    .find(|s| s.key.owner.tenant == tenant && !is_planned(&planned, s));
+                let Some(victim) = victim else {
+                    return Err((Cap::Tenant { max }, held_all));
+                };
+                take(victim, Evict::TenantCap, &mut planned, &mut held);
+                held_all -= 1;
+                total -= 1;
+            }
+        }
+        // A live delegated child is pinned: outside the host's cap.
+        if key.owner.is_child() {
+            return Ok(planned);
+        }
+        while total >= host_max {
+            let mine = held.get(tenant).copied().unwrap_or(0);
+            let shares = self.shares(&held, tenant, limits, host_max);
+            let share = |t: &str| shares.get(t).copied().unwrap_or(0);
+            let from_others = if mine < share(tenant) {
+                idle.iter().find(|s| {
+                    let t = s.key.owner.tenant.as_str();
+                    t != tenant
+                        && held.get(t).copied().unwrap_or(0) > share(t)
+                        && !is_planned(&planned, s)
+                })
+            } else {
+                None
             };
+            let victim = match from_others {
+                Some(v) => Some((v, Evict::HostOther)),
+                None => idle
+                    .iter()
+                    .find(|s| s.key.owner.tenant == tenant && !is_planned(&planned, s))
+                    .map(|v| (v, Evict::HostOwn)),
+            };
+            let Some((victim, why)) = victim else {
+                return Err((
+                    Cap::Host {
+                        max: host_max,
+                        share: share(tenant),
+                    },
+                    mine,
+                ));
+            };
+            take(victim, why, &mut planned, &mut held);
+            total -= 1;
+        }
+        Ok(planned)
+    }
+
+    /// Fair shares of the tenants holding unpinned kernels and of the requester (see the
+    /// module documentation).
+    fn shares<'a>(
+        &self,
+        held: &HashMap<&'a str, usize>,
+        requester: &'a str,
+        requester_limits: TenantLimits,
+        host_max: usize,
+    ) -> HashMap<&'a str, usize> {
+        let limits_of = |t: &str| {
+            if t == requester {
+                requester_limits
+            } else {
+                self.limits.get(t).copied().unwrap_or_default()
+            }
+        };
+        let mut active: Vec<&'a str> = held
+            .iter()
+            .filter(|(_, n)| **n > 0)
+            .map(|(t, _)| *t)
+            .collect();
+        if !active.contains(&requester) {
+            active.push(requester);
+        }
+        let reserved: usize = active.iter().filter_map(|t| limits_of(t).reserved).sum();
+        let unreserved = active
+            .iter()
+            .filter(|t| limits_of(t).reserved.is_none())
+            .count();
+        let even = host_max
+            .saturating_sub(reserved)
+            .checked_div(unreserved)
+            .unwrap_or(0);
+        active
+            .into_iter()
+            .map(|t| (t, limits_of(t).reserved.unwrap_or(even)))
+            .collect()
+    }
+
+    /// Admits one more kernel for `key`: evicts the planned victims, or refuses.
+    fn admit(
+        &mut self,
+        key: &KernelKey,
+        limits: TenantLimits,
+        host_max: usize,
+    ) -> Result<Vec<Arc<Slot>>, (Cap, usize)> {
+        let tenant = key.owner.tenant.clone();
+        // Remembered only for tenants holding kernels (the requester included).
+        {
+            let holding: HashSet<&str> =
+                self.slots.keys().map(|k| k.owner.tenant.as_str()).collect();
+            self.limits.retain(|t, _| holding.contains(t.as_str()));
+        }
+        self.limits.insert(tenant.clone(), limits);
+        let plan = self.plan_admission(key, limits, host_max)?;
+        let mut victims = Vec::with_capacity(plan.len());
+        for (victim, why) in plan {
             if let Some(slot) = self.slots.remove(&victim) {
                 self.record_loss(&victim, LossReason::Evicted);
+                *match why {
+                    Evict::TenantCap => &mut self.evictions.tenant_cap,
+                    Evict::HostOwn => &mut self.evictions.host_cap_own,
+                    Evict::HostOther => &mut self.evictions.host_cap_other,
+                } += 1;
                 victims.push(slot);
             }
         }
+        Ok(victims)
     }
 }
 
 impl Registry {
-    /// An empty registry with the LRU cap and idle timeout.
+    /// An empty registry with the host's kernel cap and the idle timeout.
     pub fn new(max_kernels: usize, idle_timeout: Duration) -> Registry {
         Registry {
             max_kernels,
@@ -199,69 +412,45 @@ impl Registry {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Attaches a call to the key's slot (creating it), reaps idle slots, applies `reset`,
-    /// and evicts least recently used unpinned idle slots past the cap.
-    pub fn attach(&self, key: &KernelKey, reset: bool) -> Attach {
-        let now = Instant::now();
-        let mut inner = self.lock();
-        let victims = inner.take_idle(now, self.idle_timeout);
-        self.attach_locked(&mut inner, key, reset, victims, now)
-    }
-
-    /// [`Registry::attach`] under a per-tenant cap, checked atomically with the registration:
-    /// a new kernel for a tenant at `tenant_cap` first evicts the tenant's least recently used
-    /// idle, unpinned kernel, and is refused when every one of them is busy or pinned.
-    pub fn attach_capped(
+    /// Attaches a call to the key's slot, reaping idle slots first. A key with no slot gets a
+    /// new one only if it fits the tenant's and the host's caps (see the module
+    /// documentation), after evicting what must go; otherwise nothing is registered and the
+    /// refusal says which cap. `reset` discards the key's current slot for a new one (in its
+    /// place: no admission needed).
+    pub fn attach(
         &self,
         key: &KernelKey,
         reset: bool,
-        tenant_cap: Option<usize>,
+        limits: TenantLimits,
     ) -> Result<Attach, AtCapacity> {
         let now = Instant::now();
         let mut inner = self.lock();
         let mut victims = inner.take_idle(now, self.idle_timeout);
-        if let (Some(cap), false) = (tenant_cap, inner.slots.contains_key(key)) {
-            let tenant = &key.owner.tenant;
-            while inner
-                .slots
-                .keys()
-                .filter(|k| &k.owner.tenant == tenant)
-                .count()
-                >= cap
-            {
-                let released = &inner.released_children;
-                let victim = inner
-                    .slots
-                    .values()
-                    .filter(|s| &s.key.owner.tenant == tenant)
-                    .filter(|s| s.attached() == 0 && !s.pinned(released))
-                    .min_by_key(|s| s.last_used())
-                    .map(|s| s.key.clone());
-                let Some(victim) = victim else {
-                    // Nothing was attached yet, so the reaped slots are returned with the error
-                    // for disposal by the caller.
+        if !inner.slots.contains_key(key) {
+            match inner.admit(key, limits, self.max_kernels) {
+                Ok(evicted) => victims.extend(evicted),
+                Err((cap, held)) => {
+                    // Nothing was attached, so the reaped slots go back with the refusal for
+                    // disposal by the caller.
                     return Err(AtCapacity {
-                        tenant: tenant.clone(),
+                        tenant: key.owner.tenant.clone(),
                         cap,
+                        held,
                         victims,
                     });
-                };
-                if let Some(slot) = inner.slots.remove(&victim) {
-                    inner.record_loss(&victim, LossReason::Evicted);
-                    victims.push(slot);
                 }
             }
         }
         Ok(self.attach_locked(&mut inner, key, reset, victims, now))
     }
 
-    /// The common part of [`Registry::attach`] and [`Registry::attach_capped`], under the lock.
+    /// The registration part of [`Registry::attach`], under the lock.
     fn attach_locked(
         &self,
         inner: &mut Inner,
         key: &KernelKey,
         reset: bool,
-        mut victims: Vec<Arc<Slot>>,
+        victims: Vec<Arc<Slot>>,
         now: Instant,
     ) -> Attach {
         let reset_slot = if reset { inner.slots.remove(key) } else { None };
@@ -291,7 +480,6 @@ impl Registry {
         slot.attached.fetch_add(1, Ordering::AcqRel);
         *slot.last_used.lock().unwrap_or_else(|p| p.into_inner()) = now;
         let state_lost = inner.losses.remove(key);
-        victims.extend(inner.evict_over_cap(self.max_kernels));
         Attach {
             slot,
             victims,
@@ -303,22 +491,14 @@ impl Registry {
     /// Releases a call's hold. Returns true when the slot is no longer registered and this
     /// was the last call out: the caller must dispose of its kernel.
     pub fn release(&self, slot: &Arc<Slot>) -> bool {
-        self.release_and_trim(slot).0
-    }
-
-    /// Releases a call's hold and, now that one more slot may be idle, applies the LRU cap
-    /// again (a burst of first calls can exceed it while everything is attached). Returns
-    /// whether to dispose of this slot's kernel, and the evicted slots.
-    pub fn release_and_trim(&self, slot: &Arc<Slot>) -> (bool, Vec<Arc<Slot>>) {
-        let mut inner = self.lock();
+        let inner = self.lock();
         *slot.last_used.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
         let left = slot.attached.fetch_sub(1, Ordering::AcqRel) - 1;
         let registered = inner
             .slots
             .get(&slot.key)
             .is_some_and(|s| Arc::ptr_eq(s, slot));
-        let victims = inner.evict_over_cap(self.max_kernels);
-        (left == 0 && !registered, victims)
+        left == 0 && !registered
     }
 
     /// Unregisters a slot (its kernel died or ended); records `loss` when it was involuntary.
@@ -379,6 +559,11 @@ impl Registry {
         self.lock().loss_counts
     }
 
+    /// Evictions made to admit new kernels so far, by cap.
+    pub fn eviction_counts(&self) -> EvictionCounts {
+        self.lock().evictions
+    }
+
     /// Marks a delegated child as finished: its kernels are no longer pinned.
     pub fn release_child(&self, owner: &Owner) {
         self.lock().released_children.insert(owner.clone());
@@ -418,26 +603,52 @@ mod tests {
     use crate::config::WorkMode;
     use std::collections::BTreeSet;
 
-    fn key(session: &str, child: Option<&str>) -> KernelKey {
+    fn tkey(tenant: &str, session: &str, child: Option<&str>) -> KernelKey {
         KernelKey {
-            owner: Owner::new("t", session, child).unwrap(),
+            owner: Owner::new(tenant, session, child).unwrap(),
             mode: WorkMode::Strict,
             image: "img".into(),
             tools: BTreeSet::new(),
         }
     }
 
+    fn key(session: &str, child: Option<&str>) -> KernelKey {
+        tkey("t", session, child)
+    }
+
+    /// Attaches with no tenant limits; the attach must be admitted.
+    fn att(reg: &Registry, k: &KernelKey) -> Attach {
+        reg.attach(k, false, TenantLimits::default())
+            .expect("admitted")
+    }
+
     fn use_once(reg: &Registry, k: &KernelKey) -> Attach {
-        let a = reg.attach(k, false);
+        let a = att(reg, k);
         assert!(!reg.release(&a.slot));
         a
+    }
+
+    /// Attaches and releases at once (an idle kernel), with limits; returns the evicted
+    /// owners.
+    async fn idle_kernel(reg: &Registry, k: &KernelKey, limits: TenantLimits) -> Vec<String> {
+        tokio::time::advance(Duration::from_millis(10)).await;
+        let a = reg.attach(k, false, limits).expect("admitted");
+        assert!(!reg.release(&a.slot));
+        a.victims.iter().map(|s| s.key.owner.to_string()).collect()
+    }
+
+    fn held(reg: &Registry, tenant: &str) -> usize {
+        reg.slots()
+            .iter()
+            .filter(|s| s.key.owner.tenant == tenant)
+            .count()
     }
 
     #[tokio::test(start_paused = true)]
     async fn idle_slots_are_reaped_by_a_pass_or_any_acquire_but_not_when_attached() {
         let reg = Registry::new(4, Duration::from_secs(1));
         use_once(&reg, &key("idle", None));
-        let busy = reg.attach(&key("busy", None), false);
+        let busy = att(&reg, &key("busy", None));
         tokio::time::advance(Duration::from_millis(500)).await;
         assert!(reg.reap_idle().is_empty(), "fresh kernels survive a pass");
         tokio::time::advance(Duration::from_millis(600)).await;
@@ -451,9 +662,9 @@ mod tests {
         // Reaped by another owner's acquire too.
         reg.release(&busy.slot);
         tokio::time::advance(Duration::from_secs(2)).await;
-        let other = reg.attach(&key("other", None), false);
+        let other = att(&reg, &key("other", None));
         assert_eq!(other.victims.len(), 1);
-        let back = reg.attach(&key("idle", None), false);
+        let back = att(&reg, &key("idle", None));
         assert_eq!(
             back.state_lost.map(|l| l.reason),
             Some(LossReason::IdleReaped)
@@ -485,49 +696,56 @@ mod tests {
             BTreeSet::from(["conv-2".to_string(), "conv-3".to_string()])
         );
         // The evicted key reports its loss once.
-        let again = reg.attach(&keys[0], false);
+        let again = att(&reg, &keys[0]);
         assert_eq!(
             again.state_lost.map(|l| l.reason),
             Some(LossReason::Evicted)
         );
         assert_eq!(again.slot.generation, 2);
         reg.release(&again.slot);
-        assert!(reg.attach(&keys[0], false).state_lost.is_none());
+        assert!(att(&reg, &keys[0]).state_lost.is_none());
     }
 
     #[tokio::test(start_paused = true)]
-    async fn attached_and_pinned_slots_survive_the_cap() {
+    async fn the_host_cap_is_hard_for_attached_slots_and_children_are_outside_it() {
         let reg = Registry::new(1, Duration::from_secs(3600));
-        let _busy = reg.attach(&key("busy", None), false);
+        let busy = att(&reg, &key("busy", None));
         tokio::time::advance(Duration::from_millis(10)).await;
-        let other = reg.attach(&key("other", None), false);
-        assert!(other.victims.is_empty(), "attached slots are never evicted");
+        // A burst cannot pass the cap: the attached kernel cannot go, so the next is refused
+        // and nothing is registered for it.
+        let refused = reg
+            .attach(&key("other", None), false, TenantLimits::default())
+            .unwrap_err();
+        assert_eq!(refused.cap, Cap::Host { max: 1, share: 1 });
+        assert_eq!(refused.held, 1);
+        assert!(refused.victims.is_empty());
+        assert_eq!(reg.len(), 1);
+        // Live delegated children are pinned: admitted past the cap, never evicted.
         for i in 0..5 {
             let a = use_once(&reg, &key("conv", Some(&format!("child-{i}"))));
             assert!(a.victims.is_empty(), "children are pinned");
         }
-        assert_eq!(reg.len(), 7);
+        assert_eq!(reg.len(), 6);
+        // A released child counts again and is the first to go.
         reg.release_child(&Owner::new("t", "conv", Some("child-0")).unwrap());
-        // Releasing trims to the cap again; the next acquire would too.
-        let (dispose, trimmed) = reg.release_and_trim(&other.slot);
-        assert!(!dispose);
-        let next = reg.attach(&key("next", None), false);
-        let gone: Vec<_> = trimmed
+        assert!(!reg.release(&busy.slot));
+        let next = att(&reg, &key("next", None));
+        let gone: BTreeSet<_> = next
+            .victims
             .iter()
-            .chain(next.victims.iter())
             .map(|s| s.key.owner.to_string())
             .collect();
-        assert!(
-            gone.contains(&"conv::child::child-0".to_string()),
-            "{gone:?}"
+        assert_eq!(
+            gone,
+            BTreeSet::from(["conv::child::child-0".to_string(), "busy".to_string()])
         );
-        assert!(reg.slots().iter().any(|s| s.key.owner.session == "busy"));
+        assert_eq!(reg.len(), 5);
     }
 
     #[tokio::test(start_paused = true)]
     async fn release_of_a_forgotten_slot_asks_for_disposal() {
         let reg = Registry::new(4, Duration::from_secs(3600));
-        let a = reg.attach(&key("s", None), false);
+        let a = att(&reg, &key("s", None));
         let (count, free) = reg.remove_where(|o| o.session == "s", None, false);
         assert_eq!(count, 1);
         assert!(free.is_empty(), "attached: the last call out disposes");
@@ -541,18 +759,21 @@ mod tests {
     async fn a_tenant_cap_evicts_its_own_idle_kernels_then_refuses() {
         let reg = Registry::new(100, Duration::from_secs(3600));
         let other = use_once(&reg, &key("other-tenant", None));
-        let mut k1 = key("a", None);
-        k1.owner.tenant = "t2".into();
-        let mut k2 = key("b", None);
-        k2.owner.tenant = "t2".into();
-        let mut k3 = key("c", None);
-        k3.owner.tenant = "t2".into();
-        let a = reg.attach_capped(&k1, false, Some(2)).unwrap();
+        let capped = TenantLimits {
+            max_kernels: Some(2),
+            reserved: None,
+        };
+        let (k1, k2, k3) = (
+            tkey("t2", "a", None),
+            tkey("t2", "b", None),
+            tkey("t2", "c", None),
+        );
+        let a = reg.attach(&k1, false, capped).unwrap();
         reg.release(&a.slot);
         tokio::time::advance(Duration::from_millis(5)).await;
-        let b = reg.attach_capped(&k2, false, Some(2)).unwrap();
+        let b = reg.attach(&k2, false, capped).unwrap();
         // At the cap with `a` idle: `a` goes, not another tenant's kernel.
-        let c = reg.attach_capped(&k3, false, Some(2)).unwrap();
+        let c = reg.attach(&k3, false, capped).unwrap();
         let gone: Vec<_> = c
             .victims
             .iter()
@@ -560,11 +781,118 @@ mod tests {
             .collect();
         assert_eq!(gone, vec!["a"]);
         assert!(reg.slots().iter().any(|s| Arc::ptr_eq(s, &other.slot)));
-        // Both remaining kernels busy: refused.
-        let refused = reg.attach_capped(&k1, false, Some(2)).unwrap_err();
-        assert_eq!(refused.cap, 2);
+        // Both remaining kernels busy: refused, naming the tenant's cap.
+        let refused = reg.attach(&k1, false, capped).unwrap_err();
+        assert_eq!(refused.cap, Cap::Tenant { max: 2 });
+        assert_eq!(refused.held, 2);
+        assert_eq!(reg.eviction_counts().tenant_cap, 1);
         reg.release(&b.slot);
         reg.release(&c.slot);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_tenant_within_its_fair_share_is_never_evicted_by_another() {
+        let none = TenantLimits::default();
+        let reg = Registry::new(4, Duration::from_secs(3600));
+        // A fills the host with idle kernels.
+        for i in 0..4 {
+            assert!(idle_kernel(&reg, &tkey("a", &format!("a{i}"), None), none)
+                .await
+                .is_empty());
+        }
+        // B's new kernels take A's least recently used while A holds more than its share
+        // (4 / 2 tenants = 2) and B less than its own.
+        assert_eq!(
+            idle_kernel(&reg, &tkey("b", "b0", None), none).await,
+            vec!["a0"]
+        );
+        assert_eq!(
+            idle_kernel(&reg, &tkey("b", "b1", None), none).await,
+            vec!["a1"]
+        );
+        // A is at its share: B's next new kernel costs B its own least recently used one.
+        assert_eq!(
+            idle_kernel(&reg, &tkey("b", "b2", None), none).await,
+            vec!["b0"]
+        );
+        assert_eq!((held(&reg, "a"), held(&reg, "b")), (2, 2));
+        // B's kernels all busy: refused, naming the host's cap and B's share; nobody evicted.
+        let b1 = reg.attach(&tkey("b", "b1", None), false, none).unwrap();
+        let b2 = reg.attach(&tkey("b", "b2", None), false, none).unwrap();
+        let refused = reg.attach(&tkey("b", "b3", None), false, none).unwrap_err();
+        assert_eq!(refused.cap, Cap::Host { max: 4, share: 2 });
+        assert_eq!(refused.held, 2);
+        assert_eq!((held(&reg, "a"), held(&reg, "b")), (2, 2));
+        // A, within its share, may use its own room again at once.
+        assert!(idle_kernel(&reg, &tkey("a", "a2", None), none)
+            .await
+            .is_empty());
+        reg.release(&b1.slot);
+        reg.release(&b2.slot);
+        let counts = reg.eviction_counts();
+        assert_eq!((counts.host_cap_other, counts.host_cap_own), (2, 1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_remainder_of_an_uneven_share_does_not_bounce_between_tenants() {
+        let none = TenantLimits::default();
+        let reg = Registry::new(5, Duration::from_secs(3600));
+        for i in 0..3 {
+            idle_kernel(&reg, &tkey("a", &format!("a{i}"), None), none).await;
+        }
+        for i in 0..2 {
+            idle_kernel(&reg, &tkey("b", &format!("b{i}"), None), none).await;
+        }
+        // Shares are 5 / 2 = 2 (rounded down). B at its share takes its own; so does A,
+        // above its share: neither takes the other's.
+        assert_eq!(
+            idle_kernel(&reg, &tkey("b", "b2", None), none).await,
+            vec!["b0"]
+        );
+        assert_eq!(
+            idle_kernel(&reg, &tkey("a", "a3", None), none).await,
+            vec!["a0"]
+        );
+        assert_eq!((held(&reg, "a"), held(&reg, "b")), (3, 2));
+        // A newcomer's share is 5 / 3 = 1: it takes from the least recently used of the
+        // tenants above their share (A's a1, older than B's b1).
+        assert_eq!(
+            idle_kernel(&reg, &tkey("c", "c0", None), none).await,
+            vec!["a1"]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reservation_overrides_the_fair_share() {
+        let none = TenantLimits::default();
+        let reserved = TenantLimits {
+            max_kernels: None,
+            reserved: Some(3),
+        };
+        let reg = Registry::new(4, Duration::from_secs(3600));
+        for i in 0..4 {
+            idle_kernel(&reg, &tkey("a", &format!("a{i}"), None), reserved).await;
+        }
+        // A keeps 3; B's share is what is left (1).
+        assert_eq!(
+            idle_kernel(&reg, &tkey("b", "b0", None), none).await,
+            vec!["a0"]
+        );
+        assert_eq!(
+            idle_kernel(&reg, &tkey("b", "b1", None), none).await,
+            vec!["b0"]
+        );
+        assert_eq!((held(&reg, "a"), held(&reg, "b")), (3, 1));
+        // Without the reservation A's share would be 2 and B would take one more.
+        let reg = Registry::new(4, Duration::from_secs(3600));
+        for i in 0..4 {
+            idle_kernel(&reg, &tkey("a", &format!("a{i}"), None), none).await;
+        }
+        idle_kernel(&reg, &tkey("b", "b0", None), none).await;
+        assert_eq!(
+            idle_kernel(&reg, &tkey("b", "b1", None), none).await,
+            vec!["a1"]
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -572,7 +900,7 @@ mod tests {
         let reg = Registry::new(4, Duration::from_secs(3600));
         let k = key("s", None);
         let first = use_once(&reg, &k);
-        let second = reg.attach(&k, true);
+        let second = reg.attach(&k, true, TenantLimits::default()).unwrap();
         assert!(second.reset.is_some_and(|s| Arc::ptr_eq(&s, &first.slot)));
         assert_eq!(second.slot.generation, 2);
         assert!(

@@ -89,6 +89,31 @@ pub async fn sweep_stale_staging(
     extra_filters: &[String],
     dry_run: bool,
 ) -> Result<Vec<String>, EngineError> {
+    sweep_staging_where(engine, max_age, extra_filters, dry_run, |_| true).await
+}
+
+/// [`sweep_stale_staging`] for a running instance's reaper: only volumes of `me` or of an
+/// instance known to be dead on this host go. A live neighbour's are never touched, nor those
+/// of an instance whose liveness cannot be told from here (another host): `kernelbox sweep`
+/// judges those by age alone.
+pub async fn sweep_stale_staging_of_dead(
+    engine: &dyn Engine,
+    me: &Instance,
+    max_age: Duration,
+) -> Result<Vec<String>, EngineError> {
+    sweep_staging_where(engine, max_age, &[], false, |l| {
+        l.get(labels::INSTANCE) == Some(&me.id) || liveness(me, l) == Liveness::Dead
+    })
+    .await
+}
+
+async fn sweep_staging_where(
+    engine: &dyn Engine,
+    max_age: Duration,
+    extra_filters: &[String],
+    dry_run: bool,
+    sweepable: impl Fn(&std::collections::BTreeMap<String, String>) -> bool,
+) -> Result<Vec<String>, EngineError> {
     let mut filters = vec![labels::managed(), labels::filter(labels::ROLE, "staging")];
     filters.extend_from_slice(extra_filters);
     let mut removed = Vec::new();
@@ -96,6 +121,9 @@ pub async fn sweep_stale_staging(
         let Some(created) = labels::int(&v.labels, labels::CREATED_AT) else {
             continue;
         };
+        if !sweepable(&v.labels) {
+            continue;
+        }
         if age_of(&v.labels, created) <= max_age {
             continue;
         }

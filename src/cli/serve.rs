@@ -22,7 +22,8 @@ pub(crate) struct ServeArgs {
     /// (or a generated one, printed at start), on a loopback address.
     #[arg(long, env = "KERNELBOX_TENANTS")]
     tenants: Option<PathBuf>,
-    /// Live kernels kept across all tenants before idle ones are evicted (LRU).
+    /// Live kernels across all tenants (a hard cap, shared fairly between tenants; live
+    /// delegated children are not counted).
     #[arg(long, env = "KERNELBOX_MAX_KERNELS", default_value_t = 32)]
     max_kernels: usize,
     /// A kernel idle this long is reaped (e.g. 30m).
@@ -84,6 +85,9 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     config.kernel_idle_timeout = args.idle_timeout;
     config.watchdog = std::env::current_exe().ok();
     let config = config.validate()?;
+    tenants
+        .check_reserved(config.max_session_kernels)
+        .map_err(|e| usage(e.to_string()))?;
 
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await

@@ -291,70 +291,9 @@ fn parse_execute(
         dispatcher,
         cancel: None,
         sink: None,
-        // Enforced atomically with the kernel's registration; `admit` only makes room first.
-        tenant_max_kernels: tenant.max_kernels,
+        tenant_limits: tenant.limits(),
+        admission: None,
     })
-}
-
-/// Keeps the tenant under `max_kernels`: a call that needs a new kernel at the cap evicts the
-/// tenant's least recently used idle session (children are pinned), or gets 429 when none can
-/// go because all are busy.
-async fn admit(
-    state: &AppState,
-    tenant: &Tenant,
-    session: &str,
-    child: Option<&str>,
-) -> Result<(), ApiError> {
-    let Some(max) = tenant.max_kernels else {
-        return Ok(());
-    };
-    let orchestrator = &state.inner.orchestrator;
-    loop {
-        let kernels = orchestrator.list_kernels(Some(&tenant.name));
-        if kernels.len() < max
-            || kernels
-                .iter()
-                .any(|k| k.session == session && k.child.as_deref() == child)
-        {
-            return Ok(());
-        }
-        // A session can go when it has no child kernels and none of its kernels is in use.
-        let victim = kernels
-            .iter()
-            .filter(|k| k.child.is_none() && k.attached == 0 && k.session != session)
-            .filter(|k| {
-                kernels
-                    .iter()
-                    .filter(|o| o.session == k.session)
-                    .all(|o| o.child.is_none() && o.attached == 0)
-            })
-            .max_by(|a, b| a.idle_seconds.total_cmp(&b.idle_seconds));
-        let Some(victim) = victim else {
-            state.inner.metrics.rejected("capacity");
-            return Err(ApiError {
-                retry_after: Some(1),
-                ..ApiError::new(
-                    StatusCode::TOO_MANY_REQUESTS,
-                    "at_capacity",
-                    format!(
-                        "tenant {:?} has {} of {max} kernels and all are busy; retry later",
-                        tenant.name,
-                        kernels.len()
-                    ),
-                )
-            });
-        };
-        tracing::info!(tenant = %tenant.name, session = %victim.session, "evicting an idle session at the tenant cap");
-        if orchestrator
-            .evict_session(Some(&tenant.name), &victim.session)
-            .await
-            == 0
-        {
-            // It went away on its own meanwhile; look again.
-            continue;
-        }
-        state.inner.metrics.evicted();
-    }
 }
 
 fn wants_ndjson(headers: &HeaderMap) -> bool {
@@ -376,15 +315,35 @@ async fn execute(
     let bytes = read_body(&headers, body)
         .await
         .map_err(|e| invalid(&state, e))?;
-    let request = parse_execute(&state, &tenant, session, bytes).map_err(|e| invalid(&state, e))?;
+    let mut request =
+        parse_execute(&state, &tenant, session, bytes).map_err(|e| invalid(&state, e))?;
     if state.is_draining() {
         return Err(ApiError::shutting_down());
     }
-    admit(&state, &tenant, &request.session, request.child.as_deref()).await?;
+    // The caps are the orchestrator's (its registry admits each new kernel); a refusal is 429.
+    let refused = |e: crate::orchestrator::ExecuteError| {
+        if matches!(e, crate::orchestrator::ExecuteError::AtCapacity { .. }) {
+            state.inner.metrics.rejected("capacity");
+        }
+        ApiError::from(e)
+    };
     if wants_ndjson(&headers) {
-        return Ok(stream_execute(state, request));
+        // A stream starts only once the request holds a kernel slot, so a refusal at a cap is
+        // a 429 rather than a stream carrying only the error.
+        let (notice, admitted) = crate::orchestrator::AdmissionNotice::new();
+        request.admission = Some(notice);
+        let response = stream_execute(state.clone(), request);
+        if let Ok(Err(e)) = admitted.await {
+            return Err(refused(e));
+        }
+        return Ok(response);
     }
-    let result = state.inner.orchestrator.execute(request).await?;
+    let result = state
+        .inner
+        .orchestrator
+        .execute(request)
+        .await
+        .map_err(refused)?;
     state.inner.metrics.cell(&result);
     Ok(Json(result).into_response())
 }
@@ -514,19 +473,13 @@ async fn interrupt(
     session: Result<Path<String>, PathRejection>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let session = one_name(&state, session)?;
-    let orchestrator = &state.inner.orchestrator;
-    // Cells in flight: kernels of the session with a call attached.
-    let running = orchestrator
-        .list_kernels(Some(&tenant.name))
-        .iter()
-        .filter(|k| k.session == session && k.attached > 0)
-        .count();
-    let cancelled = if running > 0 {
-        orchestrator.interrupt(Some(&tenant.name), &session)
-    } else {
-        0
-    };
-    match running.min(cancelled) {
+    // The orchestrator counts the cells that really ended as interrupted.
+    match state
+        .inner
+        .orchestrator
+        .interrupt(Some(&tenant.name), &session)
+        .await
+    {
         0 => Err(ApiError::not_found(format!(
             "session {session:?} has no running cell"
         ))),

@@ -60,7 +60,6 @@ pub struct Metrics {
     state_lost: [AtomicU64; LossReason::ALL.len()],
     tool_calls: [AtomicU64; TOOL_OUTCOMES.len()],
     rejected: [AtomicU64; REJECTIONS.len()],
-    evictions: AtomicU64,
 }
 
 fn status_index(status: CellStatus) -> usize {
@@ -94,11 +93,6 @@ impl Metrics {
         if let Some(i) = REJECTIONS.iter().position(|r| *r == reason) {
             self.rejected[i].fetch_add(1, Ordering::Relaxed);
         }
-    }
-
-    /// Records an idle kernel evicted to keep a tenant under its cap.
-    pub fn evicted(&self) {
-        self.evictions.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The exposition text; `live` is the number of live kernels right now.
@@ -190,14 +184,6 @@ impl Metrics {
             )?;
         }
 
-        writeln!(out, "# HELP kernelbox_tenant_evictions_total Idle kernels evicted to keep a tenant under max_kernels.")?;
-        writeln!(out, "# TYPE kernelbox_tenant_evictions_total counter")?;
-        writeln!(
-            out,
-            "kernelbox_tenant_evictions_total {}",
-            self.evictions.load(Ordering::Relaxed)
-        )?;
-
         writeln!(
             out,
             "# HELP kernelbox_tool_calls_total Tool calls sent to tenant endpoints, by outcome."
@@ -226,6 +212,24 @@ impl Metrics {
 
 /// The orchestrator's own counters: kernel start times by outcome, losses as they happen.
 fn write_lifecycle(out: &mut String, stats: &Stats) -> std::fmt::Result {
+    writeln!(out, "# HELP kernelbox_tenant_evictions_total Idle kernels evicted to keep a tenant under max_kernels.")?;
+    writeln!(out, "# TYPE kernelbox_tenant_evictions_total counter")?;
+    writeln!(
+        out,
+        "kernelbox_tenant_evictions_total {}",
+        stats.evictions.tenant_cap
+    )?;
+    writeln!(out, "# HELP kernelbox_host_cap_evictions_total Idle kernels evicted at the host's kernel cap to admit another, by whose they were: the requester's own tenant's, or a tenant's over its fair share.")?;
+    writeln!(out, "# TYPE kernelbox_host_cap_evictions_total counter")?;
+    for (victim, n) in [
+        ("own_tenant", stats.evictions.host_cap_own),
+        ("other_tenant", stats.evictions.host_cap_other),
+    ] {
+        writeln!(
+            out,
+            "kernelbox_host_cap_evictions_total{{victim=\"{victim}\"}} {n}"
+        )?;
+    }
     writeln!(
         out,
         "# HELP kernelbox_kernel_start_seconds Time to start a kernel (container up, runner ready), by outcome."
@@ -278,6 +282,7 @@ mod tests {
         let stats = Stats {
             starts: Default::default(),
             losses: Default::default(),
+            evictions: Default::default(),
         };
         let text = Metrics::default().render(0, false, &stats);
         assert!(text.contains("kernelbox_kernel_start_seconds_count{outcome=\"failed\"} 0"));
@@ -296,5 +301,7 @@ mod tests {
         }
         assert!(text.contains("kernelbox_tool_calls_total{outcome=\"error\"} 0"));
         assert!(text.contains("kernelbox_kernels_live 0"));
+        assert!(text.contains("kernelbox_tenant_evictions_total 0"));
+        assert!(text.contains("kernelbox_host_cap_evictions_total{victim=\"other_tenant\"} 0"));
     }
 }

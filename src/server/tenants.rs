@@ -3,7 +3,7 @@
 //! The tenants file is JSON:
 //!
 //! ```json
-//! {"tenants": [{"name": "acme", "token_sha256": "<hex>", "max_kernels": 8,
+//! {"tenants": [{"name": "acme", "token_sha256": "<hex>", "max_kernels": 8, "reserved": 2,
 //!               "tools": {"url": "http://127.0.0.1:9000/tools", "allow": ["web_search"]}}]}
 //! ```
 //!
@@ -54,6 +54,9 @@ pub struct Tenant {
     pub token_sha256: [u8; 32],
     /// Live kernels the tenant may hold at once (`None`: only the global cap applies).
     pub max_kernels: Option<usize>,
+    /// Kernels the tenant keeps against other tenants' demand, in place of its fair share of
+    /// the host's cap (`None`: the fair share).
+    pub reserved: Option<usize>,
     /// The tenant's tool endpoint, if it has one.
     pub tools: Option<ToolsConfig>,
 }
@@ -65,7 +68,16 @@ impl Tenant {
             name: name.to_string(),
             token_sha256: token_hash(token),
             max_kernels: None,
+            reserved: None,
             tools: None,
+        }
+    }
+
+    /// The limits every request of the tenant carries to the orchestrator.
+    pub fn limits(&self) -> crate::registry::TenantLimits {
+        crate::registry::TenantLimits {
+            max_kernels: self.max_kernels,
+            reserved: self.reserved,
         }
     }
 }
@@ -86,6 +98,8 @@ pub fn generate_token() -> String {
 pub struct Tenants {
     by_hash: HashMap<[u8; 32], Arc<Tenant>>,
     names: Vec<String>,
+    /// Where the tenants came from (for errors).
+    file: PathBuf,
 }
 
 impl Tenants {
@@ -103,7 +117,10 @@ impl Tenants {
                 reason: "must list at least one tenant".into(),
             });
         }
-        let mut set = Tenants::default();
+        let mut set = Tenants {
+            file: PathBuf::from("<inline>"),
+            ..Tenants::default()
+        };
         for (i, tenant) in tenants.into_iter().enumerate() {
             validate_name("tenant", &tenant.name).map_err(|e| err(i, "name", e.to_string()))?;
             if set.names.contains(&tenant.name) {
@@ -122,6 +139,15 @@ impl Tenants {
             }
             if tenant.max_kernels == Some(0) {
                 return Err(err(i, "max_kernels", "must be at least 1".into()));
+            }
+            if let (Some(reserved), Some(max)) = (tenant.reserved, tenant.max_kernels) {
+                if reserved > max {
+                    return Err(err(
+                        i,
+                        "reserved",
+                        format!("{reserved} is more than the tenant's max_kernels ({max})"),
+                    ));
+                }
             }
             set.names.push(tenant.name.clone());
             set.by_hash.insert(tenant.token_sha256, Arc::new(tenant));
@@ -165,7 +191,7 @@ impl Tenants {
                 .ok_or_else(|| bad(at.clone(), "must be an object".into()))?;
             only_keys(
                 obj,
-                &["name", "token_sha256", "max_kernels", "tools"],
+                &["name", "token_sha256", "max_kernels", "reserved", "tools"],
                 &at,
                 &bad,
             )?;
@@ -191,6 +217,15 @@ impl Tenants {
                     },
                 )? as usize),
             };
+            let reserved = match obj.get("reserved") {
+                None | Some(Value::Null) => None,
+                Some(v) => Some(v.as_u64().filter(|n| *n <= 100_000).ok_or_else(|| {
+                    bad(
+                        format!("{at}.reserved"),
+                        "must be an integer from 0 to 100000".into(),
+                    )
+                })? as usize),
+            };
             let tools = match obj.get("tools") {
                 None | Some(Value::Null) => None,
                 Some(v) => Some(parse_tools(v, &format!("{at}.tools"), &bad)?),
@@ -199,13 +234,33 @@ impl Tenants {
                 name: name.to_string(),
                 token_sha256,
                 max_kernels,
+                reserved,
                 tools,
             });
         }
-        Tenants::new(tenants).map_err(|e| TenantsError {
+        let mut set = Tenants::new(tenants).map_err(|e| TenantsError {
             file: file.to_path_buf(),
             ..e
-        })
+        })?;
+        set.file = file.to_path_buf();
+        Ok(set)
+    }
+
+    /// Checks that the reservations fit the host's kernel cap (`kernelbox serve
+    /// --max-kernels`): their sum may not exceed it, or a reservation could not be honoured.
+    pub fn check_reserved(&self, host_max: usize) -> Result<(), TenantsError> {
+        let total: usize = self.by_hash.values().filter_map(|t| t.reserved).sum();
+        if total > host_max {
+            return Err(TenantsError {
+                file: self.file.clone(),
+                field: "tenants[*].reserved".into(),
+                reason: format!(
+                    "the reservations add up to {total}, more than the host's kernel cap \
+                     (--max-kernels {host_max})"
+                ),
+            });
+        }
+        Ok(())
     }
 
     /// The tenant whose token this is.
@@ -371,6 +426,30 @@ mod tests {
     }
 
     #[test]
+    fn reservations_must_fit_the_host_cap() {
+        let entry = |name: &str, reserved: usize| {
+            format!(
+                r#"{{"name": "{name}", "token_sha256": "{}", "reserved": {reserved}}}"#,
+                hex::encode(token_hash(name))
+            )
+        };
+        let text = format!(r#"{{"tenants": [{}, {}]}}"#, entry("a", 2), entry("b", 3));
+        let tenants = parse(&text).unwrap();
+        assert_eq!(
+            tenants.authenticate("b").unwrap().limits().reserved,
+            Some(3)
+        );
+        assert!(tenants.check_reserved(5).is_ok());
+        let err = tenants.check_reserved(4).unwrap_err();
+        assert_eq!(err.field, "tenants[*].reserved");
+        assert!(
+            err.to_string().starts_with("tenants file t.json: "),
+            "{err}"
+        );
+        assert!(err.to_string().contains("--max-kernels 4"), "{err}");
+    }
+
+    #[test]
     fn errors_name_the_file_and_field() {
         let hash = hex::encode(token_hash("x"));
         let cases = [
@@ -409,6 +488,18 @@ mod tests {
                     r#"{{"tenants": [{{"name": "a", "token_sha256": "{hash}", "extra": 1}}]}}"#
                 ),
                 "tenants[0].extra",
+            ),
+            (
+                &format!(
+                    r#"{{"tenants": [{{"name": "a", "token_sha256": "{hash}", "reserved": -1}}]}}"#
+                ),
+                "tenants[0].reserved",
+            ),
+            (
+                &format!(
+                    r#"{{"tenants": [{{"name": "a", "token_sha256": "{hash}", "max_kernels": 2, "reserved": 3}}]}}"#
+                ),
+                "tenants[0].reserved",
             ),
             (
                 &format!(

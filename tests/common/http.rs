@@ -1,0 +1,306 @@
+//! A minimal harness for tests of the HTTP API: the real server (`kernelbox::server::serve`)
+//! in-process on loopback, against the real engine, with a small client. Include it with
+//! `#[path = "common/http.rs"] mod http;` next to `mod common;`.
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE};
+use hyper::{HeaderMap, Method, StatusCode};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+
+use kernelbox::docker::Engine;
+use kernelbox::server::{self, AppState, Tenants};
+use kernelbox::{Config, Orchestrator};
+
+use crate::common::{self, CASE};
+
+/// A tenants file entry.
+pub fn tenant(name: &str, token: &str) -> Value {
+    json!({"name": name, "token_sha256": hex::encode(server::tenants::token_hash(token))})
+}
+
+/// A validated tenants set from entries.
+pub fn tenants(entries: Vec<Value>) -> Tenants {
+    let text = json!({ "tenants": entries }).to_string();
+    Tenants::parse(&text, std::path::Path::new("test-tenants.json")).expect("valid tenants")
+}
+
+/// A response, read in full.
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Reply {
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "{}: not JSON ({e}): {}",
+                self.status,
+                String::from_utf8_lossy(&self.body)
+            )
+        })
+    }
+
+    /// Asserts the status and the `{"error": {"code", "message"}}` shape; returns the code.
+    pub fn error(&self, status: StatusCode) -> String {
+        let body = self.json();
+        assert_eq!(self.status, status, "{body}");
+        assert!(body["error"]["message"].is_string(), "{body}");
+        body["error"]["code"]
+            .as_str()
+            .expect("error code")
+            .to_string()
+    }
+}
+
+/// NDJSON events of a streaming execute.
+pub struct Events {
+    body: Incoming,
+    buf: Vec<u8>,
+    ready: VecDeque<Value>,
+}
+
+impl Events {
+    pub async fn next(&mut self) -> Option<Value> {
+        loop {
+            if let Some(v) = self.ready.pop_front() {
+                return Some(v);
+            }
+            let frame = self.body.frame().await?.expect("stream frame");
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            self.buf.extend_from_slice(&data);
+            while let Some(i) = self.buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=i).collect();
+                self.ready
+                    .push_back(serde_json::from_slice(&line).expect("event is JSON"));
+            }
+        }
+    }
+
+    /// Reads until an output event contains `text`.
+    pub async fn until_output(&mut self, text: &str) {
+        let mut seen = String::new();
+        loop {
+            let event = self.next().await.expect("stream ended before the output");
+            assert_eq!(event["event"], "output", "{event}");
+            seen.push_str(event["data"].as_str().expect("data"));
+            if seen.contains(text) {
+                return;
+            }
+        }
+    }
+
+    /// Reads to the result event (output events are skipped).
+    pub async fn result(&mut self) -> Value {
+        loop {
+            let event = self.next().await.expect("stream ended without a result");
+            match event["event"].as_str() {
+                Some("output") => {}
+                Some("result") => return event["result"].clone(),
+                _ => panic!("unexpected event {event}"),
+            }
+        }
+    }
+}
+
+/// An HTTP client aimed at one server.
+#[derive(Clone)]
+pub struct Api {
+    pub base: String,
+    pub http: Client<HttpConnector, Full<Bytes>>,
+}
+
+impl Api {
+    pub fn new(addr: SocketAddr) -> Api {
+        Api {
+            base: format!("http://{addr}"),
+            http: Client::builder(TokioExecutor::new()).build_http(),
+        }
+    }
+
+    fn request(
+        &self,
+        method: Method,
+        path: &str,
+        token: &str,
+        ndjson: bool,
+        body: Option<Value>,
+    ) -> hyper::Request<Full<Bytes>> {
+        let mut req = hyper::Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.base))
+            .header(AUTHORIZATION, format!("Bearer {token}"));
+        if body.is_some() {
+            req = req.header(CONTENT_TYPE, "application/json");
+        }
+        if ndjson {
+            req = req.header(ACCEPT, "application/x-ndjson");
+        }
+        req.body(Full::new(
+            body.map(|b| Bytes::from(b.to_string())).unwrap_or_default(),
+        ))
+        .expect("request")
+    }
+
+    pub async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        token: &str,
+        ndjson: bool,
+        body: Option<Value>,
+    ) -> Reply {
+        let req = self.request(method, path, token, ndjson, body);
+        let response = self.http.request(req).await.expect("HTTP request");
+        let (parts, body) = response.into_parts();
+        let body = body.collect().await.expect("response body").to_bytes();
+        Reply {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+        }
+    }
+
+    pub async fn execute(&self, token: &str, session: &str, body: Value) -> Reply {
+        let path = format!("/v1/sessions/{session}/execute");
+        self.send(Method::POST, &path, token, false, Some(body))
+            .await
+    }
+
+    /// An execute asking for a stream, read in full (to see a refusal's status).
+    pub async fn execute_ndjson(&self, token: &str, session: &str, body: Value) -> Reply {
+        let path = format!("/v1/sessions/{session}/execute");
+        self.send(Method::POST, &path, token, true, Some(body))
+            .await
+    }
+
+    pub async fn interrupt(&self, token: &str, session: &str) -> Reply {
+        let path = format!("/v1/sessions/{session}/interrupt");
+        self.send(Method::POST, &path, token, false, Some(json!({})))
+            .await
+    }
+
+    /// Runs a cell that must succeed; returns its result.
+    pub async fn run(&self, token: &str, session: &str, code: &str) -> Value {
+        let reply = self.execute(token, session, json!({ "code": code })).await;
+        let result = reply.json();
+        assert_eq!(reply.status, StatusCode::OK, "{result}");
+        assert_eq!(result["status"], "success", "{result}");
+        result
+    }
+
+    /// Starts a streaming execute that must be admitted; returns its events.
+    pub async fn stream(&self, token: &str, session: &str, body: Value) -> Events {
+        let path = format!("/v1/sessions/{session}/execute");
+        let req = self.request(Method::POST, &path, token, true, Some(body));
+        let response = self.http.request(req).await.expect("HTTP request");
+        assert_eq!(response.status(), StatusCode::OK);
+        Events {
+            body: response.into_body(),
+            buf: Vec::new(),
+            ready: VecDeque::new(),
+        }
+    }
+
+    /// The caller's tenant's kernels.
+    pub async fn kernels(&self, token: &str) -> Vec<Value> {
+        let reply = self
+            .send(Method::GET, "/v1/kernels", token, false, None)
+            .await;
+        assert_eq!(reply.status, StatusCode::OK);
+        reply.json()["kernels"].as_array().expect("kernels").clone()
+    }
+
+    /// The metrics text.
+    pub async fn metrics(&self) -> String {
+        let reply = self.send(Method::GET, "/metrics", "", false, None).await;
+        String::from_utf8_lossy(&reply.body).to_string()
+    }
+}
+
+/// A server running in this process on 127.0.0.1:0.
+pub struct TestServer {
+    pub api: Api,
+    pub label: String,
+    pub engine: Arc<dyn Engine>,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl TestServer {
+    /// Starts a server for `tenants` with the test config, tweaked.
+    pub async fn start(
+        name: &str,
+        tenants: Tenants,
+        tweak: impl FnOnce(&mut Config),
+    ) -> TestServer {
+        let label = common::unique(name);
+        let engine = common::engine().await;
+        let mut config = Config {
+            extra_labels: BTreeMap::from([(CASE.to_string(), label.clone())]),
+            watchdog: Some(env!("CARGO_BIN_EXE_kernelbox").into()),
+            cell_timeout: Duration::from_secs(60),
+            ..Config::default()
+        };
+        tweak(&mut config);
+        let orchestrator = Orchestrator::start(config, engine.clone())
+            .await
+            .expect("orchestrator starts");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let shutdown = CancellationToken::new();
+        let state = AppState::new(orchestrator, tenants);
+        let task = tokio::spawn(server::serve(
+            listener,
+            state,
+            shutdown.clone(),
+            Duration::from_secs(10),
+        ));
+        TestServer {
+            api: Api::new(addr),
+            label,
+            engine,
+            shutdown,
+            task,
+        }
+    }
+
+    /// Short ids of this server's kernel containers of one tenant, as Docker sees them.
+    pub async fn tenant_containers(&self, tenant: &str) -> Vec<String> {
+        let mut ids: Vec<String> = common::containers(&self.engine, &self.label)
+            .await
+            .into_iter()
+            .filter(|c| c.labels.get("io.kernelbox.tenant").map(String::as_str) == Some(tenant))
+            .map(|c| c.id[..12].to_string())
+            .collect();
+        ids.sort();
+        ids
+    }
+
+    /// Stops the server (the SIGTERM path) and asserts nothing of this case is left.
+    pub async fn finish(self) {
+        self.shutdown.cancel();
+        self.task
+            .await
+            .expect("server task")
+            .expect("server ran cleanly");
+        common::assert_clean(&self.engine, &self.label).await;
+    }
+}
