@@ -177,8 +177,8 @@ trait Rows {
     fn remove(&mut self, row: &Row) -> Result<(), CatalogError>;
     fn len(&mut self) -> Result<usize, CatalogError>;
     fn next_seq(&mut self) -> Result<u64, CatalogError>;
-    /// Rows in change order, oldest first.
-    fn oldest(&mut self) -> Result<Vec<Row>, CatalogError>;
+    /// Rows in change order, oldest first; the first `limit` only when given.
+    fn oldest(&mut self, limit: Option<usize>) -> Result<Vec<Row>, CatalogError>;
 }
 
 /// The rules of the module documentation, over any storage.
@@ -243,7 +243,7 @@ fn apply_changes(rows: &mut dyn Rows, changes: &[Change]) -> Result<(), CatalogE
             }
             Change::AllLiveLost { loss } => {
                 let live: Vec<Row> = rows
-                    .oldest()?
+                    .oldest(None)?
                     .into_iter()
                     .filter(|r| r.entry.state == EntryState::Live)
                     .collect();
@@ -257,19 +257,29 @@ fn apply_changes(rows: &mut dyn Rows, changes: &[Change]) -> Result<(), CatalogE
             }
         }
     }
-    let mut len = rows.len()?;
-    if len > MAX_ENTRIES {
-        for row in rows.oldest()? {
-            if len <= MAX_ENTRIES {
-                break;
-            }
-            if row.entry.state != EntryState::Live {
-                rows.remove(&row)?;
-                len -= 1;
-            }
-        }
+    let excess = rows.len()?.saturating_sub(MAX_ENTRIES);
+    if excess == 0 {
+        return Ok(());
     }
-    Ok(())
+    // Read only as far as needed: live rows are skipped, so widen the scan until enough
+    // others are found (or there are no more rows).
+    let mut scan = excess + 16;
+    loop {
+        let candidates = rows.oldest(Some(scan))?;
+        let exhausted = candidates.len() < scan;
+        let doomed: Vec<Row> = candidates
+            .into_iter()
+            .filter(|r| r.entry.state != EntryState::Live)
+            .take(excess)
+            .collect();
+        if doomed.len() == excess || exhausted {
+            for row in &doomed {
+                rows.remove(row)?;
+            }
+            return Ok(());
+        }
+        scan = scan.saturating_mul(2);
+    }
 }
 
 /// The catalog in memory: for tests, and for library users who want the semantics without a
@@ -308,10 +318,11 @@ impl Rows for MemoryRows {
     fn next_seq(&mut self) -> Result<u64, CatalogError> {
         Ok(self.order.keys().next_back().map_or(0, |s| s + 1))
     }
-    fn oldest(&mut self) -> Result<Vec<Row>, CatalogError> {
+    fn oldest(&mut self, limit: Option<usize>) -> Result<Vec<Row>, CatalogError> {
         Ok(self
             .order
             .values()
+            .take(limit.unwrap_or(usize::MAX))
             .filter_map(|h| self.rows.get(h).cloned())
             .collect())
     }
@@ -320,7 +331,7 @@ impl Rows for MemoryRows {
 impl Catalog for MemoryCatalog {
     fn load(&self) -> Result<Vec<Entry>, CatalogError> {
         let mut rows = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        Ok(rows.oldest()?.into_iter().map(|r| r.entry).collect())
+        Ok(rows.oldest(None)?.into_iter().map(|r| r.entry).collect())
     }
 
     fn apply(&self, changes: &[Change]) -> Result<(), CatalogError> {
@@ -521,8 +532,8 @@ impl Rows for RedbRows<'_> {
         Ok(last.map_or(0, |(k, _)| k.value() + 1))
     }
 
-    fn oldest(&mut self) -> Result<Vec<Row>, CatalogError> {
-        read_rows(self.catalog, &self.order, &self.entries)
+    fn oldest(&mut self, limit: Option<usize>) -> Result<Vec<Row>, CatalogError> {
+        read_rows(self.catalog, &self.order, &self.entries, limit)
     }
 }
 
@@ -530,10 +541,12 @@ fn read_rows(
     catalog: &RedbCatalog,
     order: &impl ReadableTable<u64, &'static str>,
     entries: &impl ReadableTable<&'static str, &'static [u8]>,
+    limit: Option<usize>,
 ) -> Result<Vec<Row>, CatalogError> {
     let err = catalog.storage("reading");
     let mut rows = Vec::new();
-    for item in order.iter().map_err(|e| err(e.into()))? {
+    let ordered = order.iter().map_err(|e| err(e.into()))?;
+    for item in ordered.take(limit.unwrap_or(usize::MAX)) {
         let (_, hash) = item.map_err(|e| err(e.into()))?;
         if let Some(bytes) = entries.get(hash.value()).map_err(|e| err(e.into()))? {
             let row: Row =
@@ -553,7 +566,7 @@ impl Catalog for RedbCatalog {
         let txn = self.db.begin_read().map_err(|e| err(e.into()))?;
         let order = txn.open_table(ORDER).map_err(|e| err(e.into()))?;
         let entries = txn.open_table(ENTRIES).map_err(|e| err(e.into()))?;
-        Ok(read_rows(self, &order, &entries)?
+        Ok(read_rows(self, &order, &entries, None)?
             .into_iter()
             .map(|r| r.entry)
             .collect())
