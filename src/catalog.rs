@@ -588,8 +588,11 @@ impl Catalog for RedbCatalog {
     }
 }
 
+/// Answers once a change is durable; dropped unanswered when it could not be written.
+pub type Durable = tokio::sync::oneshot::Receiver<()>;
+
 enum Msg {
-    Change(Change),
+    Change(Change, Option<tokio::sync::oneshot::Sender<()>>),
     /// Everything queued before it is applied; then the sender is answered.
     Flush(SyncSender<()>),
     /// Apply what is queued and stop.
@@ -633,12 +636,24 @@ impl CatalogWriter {
 
     /// Queues a change without blocking. After [`CatalogWriter::close`] changes are ignored.
     pub fn record(&self, change: Change) {
+        self.send(change, None);
+    }
+
+    /// [`CatalogWriter::record`], and a receiver answered once the change is durable (it
+    /// errs at once when the change was dropped or ignored, or later when the write failed).
+    pub fn record_durable(&self, change: Change) -> Durable {
+        let (ack, durable) = tokio::sync::oneshot::channel();
+        self.send(change, Some(ack));
+        durable
+    }
+
+    fn send(&self, change: Change, ack: Option<tokio::sync::oneshot::Sender<()>>) {
         if self.closed.load(Ordering::Acquire) {
             return;
         }
         let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
         let Some(tx) = tx.as_ref() else { return };
-        match tx.try_send(Msg::Change(change)) {
+        match tx.try_send(Msg::Change(change, ack)) {
             Ok(()) => {}
             Err(TrySendError::Full(_)) => {
                 self.failures.fetch_add(1, Ordering::Relaxed);
@@ -683,32 +698,47 @@ impl CatalogWriter {
     }
 }
 
+/// What one pass of the writer collected.
+#[derive(Default)]
+struct Batch {
+    changes: Vec<Change>,
+    durable: Vec<tokio::sync::oneshot::Sender<()>>,
+    flushed: Vec<SyncSender<()>>,
+}
+
 fn write_forever(catalog: &dyn Catalog, rx: &Receiver<Msg>, failures: &AtomicU64) {
-    let mut batch = Vec::new();
-    let mut acks = Vec::new();
+    let mut batch = Batch::default();
     loop {
         let mut close = false;
         match rx.recv() {
-            Ok(msg) => close |= take(msg, &mut batch, &mut acks),
+            Ok(msg) => close |= batch.take(msg),
             Err(_) => return,
         }
-        while !close && batch.len() < BATCH {
+        while !close && batch.changes.len() < BATCH {
             match rx.try_recv() {
-                Ok(msg) => close |= take(msg, &mut batch, &mut acks),
+                Ok(msg) => close |= batch.take(msg),
                 Err(TryRecvError::Empty) => break,
                 Err(TryRecvError::Disconnected) => {
                     close = true;
                 }
             }
         }
-        if !batch.is_empty() {
-            if let Err(e) = catalog.apply(&batch) {
-                failures.fetch_add(batch.len() as u64, Ordering::Relaxed);
-                tracing::warn!(error = %e, changes = batch.len(), "catalog write failed");
+        if !batch.changes.is_empty() {
+            match catalog.apply(&batch.changes) {
+                Ok(()) => {
+                    for ack in batch.durable.drain(..) {
+                        let _ = ack.send(());
+                    }
+                }
+                Err(e) => {
+                    failures.fetch_add(batch.changes.len() as u64, Ordering::Relaxed);
+                    tracing::warn!(error = %e, changes = batch.changes.len(), "catalog write failed");
+                    batch.durable.clear();
+                }
             }
-            batch.clear();
+            batch.changes.clear();
         }
-        for ack in acks.drain(..) {
+        for ack in batch.flushed.drain(..) {
             let _ = ack.send(());
         }
         if close {
@@ -717,14 +747,19 @@ fn write_forever(catalog: &dyn Catalog, rx: &Receiver<Msg>, failures: &AtomicU64
     }
 }
 
-/// Sorts a message into the batch or the acknowledgements; true for `Close`.
-fn take(msg: Msg, batch: &mut Vec<Change>, acks: &mut Vec<SyncSender<()>>) -> bool {
-    match msg {
-        Msg::Change(c) => batch.push(c),
-        Msg::Flush(ack) => acks.push(ack),
-        Msg::Close => return true,
+impl Batch {
+    /// Sorts a message into the batch; true for `Close`.
+    fn take(&mut self, msg: Msg) -> bool {
+        match msg {
+            Msg::Change(c, ack) => {
+                self.changes.push(c);
+                self.durable.extend(ack);
+            }
+            Msg::Flush(ack) => self.flushed.push(ack),
+            Msg::Close => return true,
+        }
+        false
     }
-    false
 }
 
 #[cfg(test)]
@@ -953,6 +988,9 @@ mod tests {
             state_of(catalog.as_ref(), "a"),
             Some((1, EntryState::Lost { .. }))
         ));
+        let durable = writer.record_durable(started("a", 2));
+        futures::executor::block_on(durable).expect("durable");
+        assert_eq!(state_of(catalog.as_ref(), "a"), Some((2, EntryState::Live)));
         writer.record(started("a", 2));
         writer.close();
         assert_eq!(state_of(catalog.as_ref(), "a"), Some((2, EntryState::Live)));
@@ -962,9 +1000,13 @@ mod tests {
 
         let broken = CatalogWriter::start(Arc::new(Broken)).expect("thread");
         broken.record(started("a", 1));
-        broken.record(started("b", 1));
+        let durable = broken.record_durable(started("b", 1));
         broken.flush();
         assert_eq!(broken.failures(), 2);
+        assert!(
+            futures::executor::block_on(durable).is_err(),
+            "a failed write is never confirmed"
+        );
         broken.close();
     }
 }

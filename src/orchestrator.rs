@@ -390,6 +390,7 @@ impl Orchestrator {
                 return Err(e);
             }
         };
+        let mut lease = lease;
         let kernel = lease.kernel.clone();
         let authority = Arc::new(CellAuthority::new(
             request.task_id.clone(),
@@ -508,6 +509,14 @@ impl Orchestrator {
             }
         }
         self.release(&lease.slot).await;
+        if let Some(durable) = lease.started.take() {
+            // The catalog wrote the start while the cell ran; a caller who saw this kernel
+            // is told about a later restart, even a `kill -9` right after this returns. A
+            // slow or failing catalog delays a cold start by at most this bound, never fails it.
+            if tokio::time::timeout(CATALOG_WAIT, durable).await.is_err() {
+                tracing::warn!("the catalog did not confirm a kernel start in time");
+            }
+        }
         result.duration_seconds = started.elapsed().as_secs_f64();
         Ok(result)
     }
@@ -631,17 +640,17 @@ impl Orchestrator {
                 return Err(ExecuteError::ShuttingDown);
             }
             if kernel.is_alive() {
-                if !reused {
-                    if let Some(catalog) = &inner.catalog {
-                        catalog.record(Change::Started {
-                            key_hash: key.hash(),
-                            tenant: key.owner.tenant.clone(),
-                            owner: key.owner.to_string(),
-                            generation: slot.generation,
-                        });
-                    }
-                }
+                let started = match (&inner.catalog, reused) {
+                    (Some(catalog), false) => Some(catalog.record_durable(Change::Started {
+                        key_hash: key.hash(),
+                        tenant: key.owner.tenant.clone(),
+                        owner: key.owner.to_string(),
+                        generation: slot.generation,
+                    })),
+                    _ => None,
+                };
                 return Ok(Lease {
+                    started,
                     slot,
                     kernel,
                     reused,
@@ -951,7 +960,12 @@ struct Lease {
     reused: bool,
     state_reset: bool,
     state_lost: Option<crate::cell::StateLost>,
+    /// Answers once the catalog holds this new kernel's start.
+    started: Option<crate::catalog::Durable>,
 }
+
+/// How long a cold start waits for the catalog to confirm it (it writes during the cell).
+const CATALOG_WAIT: Duration = Duration::from_secs(1);
 
 /// A loss by restart, now.
 fn restart_loss() -> StateLost {
