@@ -657,6 +657,54 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn seeded_keys_take_their_generation_and_owed_loss_once_and_only_for_their_owner() {
+        use crate::catalog::{Catalog, CatalogWriter, MemoryCatalog};
+        let catalog = Arc::new(MemoryCatalog::default());
+        let writer = Arc::new(CatalogWriter::start(catalog.clone()).expect("writer"));
+        let lost = StateLost {
+            reason: LossReason::ServerRestarted,
+            at: "2026-01-01T00:00:00Z".into(),
+        };
+        let k = key("s", None);
+        let mut forged = key("forged", None);
+        let entries = vec![
+            Entry {
+                key_hash: k.hash(),
+                tenant: "t".into(),
+                owner: "s".into(),
+                generation: 4,
+                state: EntryState::Lost { loss: lost.clone() },
+            },
+            // A row whose owner does not match its hash is never handed to the key.
+            Entry {
+                key_hash: forged.hash(),
+                tenant: "other".into(),
+                owner: "forged".into(),
+                generation: 9,
+                state: EntryState::Lost { loss: lost.clone() },
+            },
+        ];
+        let reg = Registry::new(4, Duration::from_secs(3600));
+        assert_eq!(reg.use_catalog(writer.clone(), entries), 2);
+        let a = use_once(&reg, &k);
+        assert_eq!(a.state_lost, Some(lost));
+        assert_eq!(a.slot.generation, 5);
+        forged.owner.tenant = "t".into();
+        let f = reg.attach(&forged, false);
+        assert_eq!(f.state_lost, None);
+        assert_eq!(f.slot.generation, 1);
+        // Losses are recorded; nothing is recorded once the registry is closed.
+        assert!(reg.forget(&a.slot, Some(LossReason::Oom)));
+        reg.drain();
+        assert!(!reg.forget(&f.slot, Some(LossReason::Oom)));
+        writer.close();
+        let rows = catalog.load().expect("load");
+        assert_eq!(rows.len(), 1, "only the loss before closing: {rows:?}");
+        assert!(rows.iter().any(|r| r.key_hash == k.hash()
+            && matches!(&r.state, EntryState::Lost { loss } if loss.reason == LossReason::Oom)));
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn reset_discards_the_slot_and_bumps_the_generation() {
         let reg = Registry::new(4, Duration::from_secs(3600));
         let k = key("s", None);
