@@ -693,7 +693,7 @@ mod tests {
         let f = reg.attach(&forged, false);
         assert_eq!(f.state_lost, None);
         assert_eq!(f.slot.generation, 1);
-        // Losses are recorded; nothing is recorded once the registry is closed.
+        // Losses are recorded; a slot drained at shutdown records nothing.
         assert!(reg.forget(&a.slot, Some(LossReason::Oom)));
         reg.drain();
         assert!(!reg.forget(&f.slot, Some(LossReason::Oom)));
