@@ -7,8 +7,10 @@
 //! [`RedbCatalog`] keeps it in one [redb](https://docs.rs/redb) file in the state directory,
 //! [`MemoryCatalog`] in memory for tests. Both share the merge and bounding rules below.
 //! [`CatalogWriter`] feeds changes to a catalog from one dedicated thread through a bounded
-//! channel, in batches, so no write ever runs on the async runtime or delays a cell; a write
-//! that fails is logged and counted, never reported to a caller.
+//! channel, in batches, so no write runs on the async runtime and a warm cell writes nothing.
+//! A cold start's first result waits (at most one second) until the catalog confirms that
+//! kernel's start, which it writes while the cell runs. A write that fails is logged and
+//! counted, never reported to a caller.
 //!
 //! Rules: a key's row says `live` from its kernel's start, `lost` (with the loss) when the
 //! kernel went without its owner asking, `ended` when it went on purpose. A start overwrites a
