@@ -100,6 +100,10 @@ pub struct Config {
     pub watchdog: Option<PathBuf>,
     /// Sweep leftovers of dead instances when the orchestrator starts.
     pub sweep_on_start: bool,
+    /// Directory of the durable owner catalog (created if missing), so that the state lost
+    /// by a restart of this process is reported to owners and generations keep counting.
+    /// One process per directory. `None` (the default): no catalog, nothing survives.
+    pub state_dir: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -121,6 +125,7 @@ impl Default for Config {
             default_tenant: "default".into(),
             watchdog: None,
             sweep_on_start: true,
+            state_dir: None,
         }
     }
 }
@@ -235,6 +240,13 @@ impl Config {
                     format!("{} is not a directory", dir.display()),
                 ));
             }
+        }
+        if self
+            .state_dir
+            .as_ref()
+            .is_some_and(|d| d.as_os_str().is_empty())
+        {
+            return Err(bad("state_dir", "must not be empty"));
         }
         for key in self.extra_labels.keys() {
             if key.starts_with(crate::labels::PREFIX) {

@@ -17,6 +17,7 @@
 //! | [`docker`] | the intent-level [`Engine`](docker::Engine) trait and its bollard implementation |
 //! | [`kernel`] | one kernel container: spawn, I/O task, cell execution, state enum |
 //! | [`stdin`] | a kernel's stdin: frames written inline when the pipe takes them, else by a task |
+//! | [`catalog`] | the durable owner catalog: live keys, generations, unreported losses |
 //! | [`registry`] | which kernel serves which key; caps and fair shares, idle reaping, losses (pure bookkeeping) |
 //! | [`authority`] | per-cell tool-call authority and the [`ToolDispatcher`] trait |
 //! | [`monitor`] | engine events: tells OOM, outside kills and crashes apart |
@@ -35,6 +36,7 @@
 
 pub mod adopt;
 pub mod authority;
+pub mod catalog;
 pub mod cell;
 pub mod config;
 pub mod docker;

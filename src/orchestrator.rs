@@ -13,8 +13,9 @@ use tokio_util::task::TaskTracker;
 
 use crate::adopt::run_adopted;
 use crate::authority::{CellAuthority, ToolDispatcher};
+use crate::catalog::{Catalog, CatalogError, CatalogWriter, Change, Entry, EntryState};
 use crate::cell::{
-    timeout_message, CellResult, CellStatus, KernelInfo, LossReason, INTERRUPTED_MESSAGE,
+    timeout_message, CellResult, CellStatus, KernelInfo, LossReason, StateLost, INTERRUPTED_MESSAGE,
 };
 use crate::config::Config;
 use crate::docker::{Engine, EngineError};
@@ -168,6 +169,12 @@ pub enum StartError {
     /// The engine is unreachable or refused the startup sweep.
     #[error("docker engine: {0}")]
     Engine(#[from] EngineError),
+    /// The durable catalog in the state directory could not be opened or read.
+    #[error(transparent)]
+    Catalog(#[from] CatalogError),
+    /// The catalog's writer thread could not be started.
+    #[error("starting the catalog writer thread: {0}")]
+    CatalogWriter(std::io::Error),
     /// The watchdog process could not be started.
     #[error("starting the watchdog {path}: {source}")]
     Watchdog {
@@ -228,6 +235,7 @@ struct Inner {
     next_run: std::sync::atomic::AtomicU64,
     starts: Mutex<StartStats>,
     watchdog: Mutex<Option<Watchdog>>,
+    catalog: Option<Arc<CatalogWriter>>,
 }
 
 /// Runs stateful Python kernels in containers, one per key. Cheap to clone.
@@ -246,13 +254,51 @@ impl std::fmt::Debug for Orchestrator {
 }
 
 impl Orchestrator {
-    /// Validates the config, checks the engine, sweeps leftovers of dead instances, and starts
-    /// the event monitor, the reaper and the watchdog.
+    /// Validates the config, opens the catalog in `config.state_dir` (if set), checks the
+    /// engine, sweeps leftovers of dead instances, and starts the event monitor, the reaper
+    /// and the watchdog.
     pub async fn start(
         config: Config,
         engine: Arc<dyn Engine>,
     ) -> Result<Orchestrator, StartError> {
         let config = config.validate()?;
+        let catalog = match config.state_dir.clone() {
+            Some(dir) => {
+                let opened =
+                    tokio::task::spawn_blocking(move || crate::catalog::RedbCatalog::open(&dir))
+                        .await
+                        .map_err(|e| {
+                            StartError::CatalogWriter(std::io::Error::other(e.to_string()))
+                        })??;
+                Some(Arc::new(opened) as Arc<dyn Catalog>)
+            }
+            None => None,
+        };
+        Self::start_with_catalog(config, engine, catalog).await
+    }
+
+    /// [`Orchestrator::start`] with the given catalog (`config.state_dir` is not used):
+    /// kernels live in it at its last use are reported lost by a restart, and generations
+    /// continue from it.
+    pub async fn start_with_catalog(
+        config: Config,
+        engine: Arc<dyn Engine>,
+        catalog: Option<Arc<dyn Catalog>>,
+    ) -> Result<Orchestrator, StartError> {
+        let config = config.validate()?;
+        let restored = match catalog {
+            Some(catalog) => {
+                let blocking = catalog.clone();
+                let (entries, live) = tokio::task::spawn_blocking(move || restore(&*blocking))
+                    .await
+                    .map_err(|e| {
+                        StartError::CatalogWriter(std::io::Error::other(e.to_string()))
+                    })??;
+                let writer = CatalogWriter::start(catalog).map_err(StartError::CatalogWriter)?;
+                Some((Arc::new(writer), entries, live))
+            }
+            None => None,
+        };
         engine.ping().await?;
         let instance = Instance::current();
         let labels = instance.labels(&config.extra_labels);
@@ -288,7 +334,21 @@ impl Orchestrator {
             starts: Mutex::new(StartStats::default()),
             watchdog: Mutex::new(watchdog),
             instance,
+            catalog: restored.as_ref().map(|(writer, _, _)| writer.clone()),
         });
+        if let Some((writer, entries, live)) = restored {
+            let seeded = inner.registry.use_catalog(writer, entries);
+            inner
+                .registry
+                .count_losses(LossReason::ServerRestarted, live);
+            if seeded > 0 {
+                tracing::info!(
+                    keys = seeded,
+                    lost_by_restart = live,
+                    "restored the owner catalog"
+                );
+            }
+        }
         let orchestrator = Orchestrator { inner };
         let i = &orchestrator.inner;
         i.tracker.spawn(i.monitor.clone().run(
@@ -388,6 +448,7 @@ impl Orchestrator {
                 return Err(e);
             }
         };
+        let mut lease = lease;
         let kernel = lease.kernel.clone();
         let authority = Arc::new(CellAuthority::new(
             request.task_id.clone(),
@@ -509,6 +570,14 @@ impl Orchestrator {
             }
         }
         self.release(&lease.slot).await;
+        if let Some(durable) = lease.started.take() {
+            // The catalog wrote the start while the cell ran; a caller who saw this kernel
+            // is told about a later restart, even a `kill -9` right after this returns. A
+            // slow or failing catalog delays a cold start by at most this bound, never fails it.
+            if tokio::time::timeout(CATALOG_WAIT, durable).await.is_err() {
+                tracing::warn!("the catalog did not confirm a kernel start in time");
+            }
+        }
         result.duration_seconds = started.elapsed().as_secs_f64();
         Ok(result)
     }
@@ -670,7 +739,17 @@ impl Orchestrator {
                 return Err(ExecuteError::ShuttingDown);
             }
             if kernel.is_alive() {
+                let started = match (&inner.catalog, reused) {
+                    (Some(catalog), false) => Some(catalog.record_durable(Change::Started {
+                        key_hash: key.hash(),
+                        tenant: key.owner.tenant.clone(),
+                        owner: key.owner.to_string(),
+                        generation: slot.generation,
+                    })),
+                    _ => None,
+                };
                 return Ok(Lease {
+                    started,
                     slot,
                     kernel,
                     reused,
@@ -750,6 +829,15 @@ impl Orchestrator {
         n
     }
 
+    /// Waits until every catalog change recorded so far is written (or has failed). Nothing
+    /// to wait for without a catalog.
+    pub async fn sync_catalog(&self) {
+        if let Some(catalog) = &self.inner.catalog {
+            let writer = catalog.clone();
+            let _ = tokio::task::spawn_blocking(move || writer.flush()).await;
+        }
+    }
+
     /// Lifecycle counters for metrics: kernel starts (by outcome, with durations) and
     /// involuntary losses as they happened, by reason.
     pub fn stats(&self) -> Stats {
@@ -763,6 +851,7 @@ impl Orchestrator {
             starts,
             losses: self.inner.registry.loss_counts(),
             evictions: self.inner.registry.eviction_counts(),
+            catalog_failures: self.inner.catalog.as_ref().map_or(0, |c| c.failures()),
         }
     }
 
@@ -900,6 +989,20 @@ impl Orchestrator {
         {
             tracing::warn!(error = %e, "final sweep of this instance failed");
         }
+        if let Some(catalog) = &inner.catalog {
+            // Every kernel this instance had is gone: their owners learn it after a restart.
+            catalog.record(Change::AllLiveLost {
+                loss: restart_loss(),
+            });
+            let writer = catalog.clone();
+            let closed = tokio::task::spawn_blocking(move || writer.close());
+            if tokio::time::timeout(Duration::from_secs(10), closed)
+                .await
+                .is_err()
+            {
+                tracing::warn!("the catalog writer did not finish within 10s");
+            }
+        }
         inner.tracker.close();
         let _ = tokio::time::timeout(Duration::from_secs(10), inner.tracker.wait()).await;
         let watchdog = inner
@@ -949,6 +1052,8 @@ pub struct Stats {
     pub losses: crate::registry::LossCounts,
     /// Kernels evicted to admit new ones, by cap.
     pub evictions: EvictionCounts,
+    /// Catalog changes dropped or refused (0 without a catalog).
+    pub catalog_failures: u64,
 }
 
 struct Lease {
@@ -957,6 +1062,39 @@ struct Lease {
     reused: bool,
     state_reset: bool,
     state_lost: Option<crate::cell::StateLost>,
+    /// Answers once the catalog holds this new kernel's start.
+    started: Option<crate::catalog::Durable>,
+}
+
+/// How long a cold start waits for the catalog to confirm it (it writes during the cell).
+const CATALOG_WAIT: Duration = Duration::from_secs(1);
+
+/// A loss by restart, now.
+fn restart_loss() -> StateLost {
+    StateLost {
+        reason: LossReason::ServerRestarted,
+        at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+    }
+}
+
+/// Reads the catalog at start. Rows still `live` belong to a previous run that died without
+/// a clean shutdown: their kernels are gone (its watchdog or this start's sweep removed them),
+/// so they become losses by restart, durably, before anything else is recorded. Returns the
+/// rows and how many were live. Blocking.
+fn restore(catalog: &dyn Catalog) -> Result<(Vec<Entry>, u64), CatalogError> {
+    let mut entries = catalog.load()?;
+    let loss = restart_loss();
+    let mut live = 0;
+    for entry in &mut entries {
+        if entry.state == EntryState::Live {
+            entry.state = EntryState::Lost { loss: loss.clone() };
+            live += 1;
+        }
+    }
+    if live > 0 {
+        catalog.apply(&[Change::AllLiveLost { loss }])?;
+    }
+    Ok((entries, live))
 }
 
 /// The message and loss reason for a kernel that died under a cell.
@@ -1255,6 +1393,88 @@ mod tests {
         assert!(matches!(err, ExecuteError::ShuttingDown), "{err}");
         assert_eq!(fake.live_containers(), 0);
         assert_eq!(fake.live_volumes(), 0);
+    }
+
+    async fn start_on(
+        catalog: &Arc<crate::catalog::MemoryCatalog>,
+        tweak: impl FnOnce(&mut Config),
+    ) -> (Orchestrator, FakeEngine) {
+        let fake = FakeEngine::default();
+        let mut config = Config::default();
+        tweak(&mut config);
+        let kb = Orchestrator::start_with_catalog(
+            config,
+            Arc::new(fake.clone()),
+            Some(catalog.clone() as Arc<dyn Catalog>),
+        )
+        .await
+        .expect("start");
+        (kb, fake)
+    }
+
+    fn reason(r: &CellResult) -> Option<LossReason> {
+        r.kernel.state_lost.as_ref().map(|l| l.reason)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_clean_restart_reports_the_loss_once_and_generations_keep_counting() {
+        let catalog = Arc::new(crate::catalog::MemoryCatalog::default());
+        let (kb, _fake) = start_on(&catalog, |_| {}).await;
+        assert_eq!(run(&kb, "s", "x = 1").await.kernel.generation, 1);
+        run(&kb, "gone", "x = 1").await;
+        assert_eq!(kb.clear_session(None, "gone").await, 1);
+        kb.shutdown().await;
+
+        let (kb, _fake) = start_on(&catalog, |_| {}).await;
+        let first = run(&kb, "s", "x").await;
+        assert_eq!(reason(&first), Some(LossReason::ServerRestarted));
+        assert_eq!(first.kernel.generation, 2);
+        let second = run(&kb, "s", "x").await;
+        assert_eq!(reason(&second), None);
+        assert_eq!(second.kernel.generation, 2);
+        let cleared = run(&kb, "gone", "x").await;
+        assert_eq!(reason(&cleared), None, "a cleared session lost nothing");
+        assert_eq!(cleared.kernel.generation, 2);
+        let fresh = run(&kb, "never", "x").await;
+        assert_eq!(reason(&fresh), None);
+        assert_eq!(fresh.kernel.generation, 1);
+        assert_eq!(kb.stats().catalog_failures, 0);
+        kb.shutdown().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_crash_is_reported_and_unreported_losses_survive_restarts() {
+        let catalog = Arc::new(crate::catalog::MemoryCatalog::default());
+        let (kb, _fake) = start_on(&catalog, |c| c.max_session_kernels = 1).await;
+        run(&kb, "evicted", "x = 1").await;
+        run(&kb, "live", "x = 1").await;
+        kb.sync_catalog().await;
+        // The process dies here: no shutdown, the catalog still says `live` is running.
+        let (kb2, _fake) = start_on(&catalog, |_| {}).await;
+        let restarted = LossReason::ALL
+            .iter()
+            .position(|r| *r == LossReason::ServerRestarted)
+            .expect("listed");
+        assert_eq!(
+            kb2.stats().losses[restarted],
+            1,
+            "the live kernel is counted lost when the restart finds it"
+        );
+        assert_eq!(
+            reason(&run(&kb2, "live", "x").await),
+            Some(LossReason::ServerRestarted)
+        );
+        kb2.shutdown().await;
+        // Another restart: the eviction, never reported, is still owed.
+        let (kb3, _fake) = start_on(&catalog, |_| {}).await;
+        let back = run(&kb3, "evicted", "x").await;
+        assert_eq!(reason(&back), Some(LossReason::Evicted));
+        assert_eq!(back.kernel.generation, 2);
+        let live = run(&kb3, "live", "x").await;
+        assert_eq!(reason(&live), Some(LossReason::ServerRestarted));
+        assert_eq!(live.kernel.generation, 3);
+        kb3.shutdown().await;
+        kb.shutdown().await;
     }
 
     #[tokio::test(start_paused = true)]

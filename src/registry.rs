@@ -32,6 +32,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::OnceCell;
 use tokio::time::{Duration, Instant};
 
+use crate::catalog::{CatalogWriter, Change, Entry, EntryState};
 use crate::cell::{LossReason, StateLost};
 use crate::kernel::Kernel;
 use crate::owner::{KernelKey, Owner};
@@ -174,9 +175,48 @@ struct Inner {
     /// The limits each tenant holding kernels last asked with (its share depends on them).
     limits: HashMap<String, TenantLimits>,
     closed: bool,
+    /// Where kernel starts and losses are recorded durably, if anywhere.
+    journal: Option<Arc<CatalogWriter>>,
+    /// What the catalog knew at start, by key hash: taken by a key's first attach.
+    seeded: HashMap<String, Seed>,
+}
+
+/// A key known from the catalog: its owner (checked against the key), last generation, and
+/// the loss still owed to it.
+#[derive(Debug)]
+struct Seed {
+    tenant: String,
+    owner: String,
+    generation: u64,
+    loss: Option<StateLost>,
 }
 
 impl Inner {
+    /// Records a change in the catalog, unless shutdown closed the registry (the catalog then
+    /// says every live kernel was lost by the restart).
+    fn journal(&self, change: impl FnOnce() -> Change) {
+        if let (Some(journal), false) = (&self.journal, self.closed) {
+            journal.record(change());
+        }
+    }
+
+    /// A key seen for the first time takes its generation and owed loss from the catalog.
+    fn take_seed(&mut self, key: &KernelKey) {
+        if self.seeded.is_empty() || self.generations.contains_key(key) {
+            return;
+        }
+        let Some(seed) = self.seeded.remove(&key.hash()) else {
+            return;
+        };
+        if seed.tenant != key.owner.tenant || seed.owner != key.owner.to_string() {
+            return;
+        }
+        self.generations.insert(key.clone(), seed.generation);
+        if let Some(loss) = seed.loss {
+            self.losses.insert(key.clone(), loss);
+        }
+    }
+
     fn remember(&mut self, key: &KernelKey) {
         if !self.generations.contains_key(key) {
             if self.remembered.len() >= MAX_REMEMBERED_KEYS {
@@ -196,14 +236,19 @@ impl Inner {
             self.loss_counts[i] += 1;
         }
         self.remember(key);
-        self.generations.entry(key.clone()).or_insert(0);
-        self.losses.insert(
-            key.clone(),
-            StateLost {
-                reason,
-                at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
-            },
-        );
+        let generation = *self.generations.entry(key.clone()).or_insert(0);
+        let loss = StateLost {
+            reason,
+            at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+        };
+        self.journal(|| Change::Lost {
+            key_hash: key.hash(),
+            tenant: key.owner.tenant.clone(),
+            owner: key.owner.to_string(),
+            generation,
+            loss: loss.clone(),
+        });
+        self.losses.insert(key.clone(), loss);
     }
 
     fn take_idle(&mut self, now: Instant, idle: Duration) -> Vec<Arc<Slot>> {
@@ -408,6 +453,38 @@ impl Registry {
         }
     }
 
+    /// Records kernel losses (and voluntary ends) in `journal` from now on, and seeds the
+    /// generations and owed losses of keys from what the catalog held at start (rows still
+    /// `live` must already be turned into losses by the caller). Returns the keys seeded.
+    pub fn use_catalog(&self, journal: Arc<CatalogWriter>, entries: Vec<Entry>) -> usize {
+        let mut inner = self.lock();
+        inner.journal = Some(journal);
+        for entry in entries {
+            let loss = match entry.state {
+                EntryState::Lost { loss } => Some(loss),
+                EntryState::Live | EntryState::Ended => None,
+            };
+            inner.seeded.insert(
+                entry.key_hash,
+                Seed {
+                    tenant: entry.tenant,
+                    owner: entry.owner,
+                    generation: entry.generation,
+                    loss,
+                },
+            );
+        }
+        inner.seeded.len()
+    }
+
+    /// Counts losses that happened outside this registry's life (kernels lost by a restart),
+    /// for the losses-as-they-happen counters.
+    pub fn count_losses(&self, reason: LossReason, n: u64) {
+        if let Some(i) = LossReason::ALL.iter().position(|r| *r == reason) {
+            self.lock().loss_counts[i] += n;
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -454,6 +531,11 @@ impl Registry {
         now: Instant,
     ) -> Attach {
         let reset_slot = if reset { inner.slots.remove(key) } else { None };
+        if reset_slot.is_some() {
+            inner.journal(|| Change::Ended {
+                key_hash: key.hash(),
+            });
+        }
         if key.owner.is_child() {
             inner.released_children.remove(&key.owner);
         }
@@ -461,6 +543,7 @@ impl Registry {
             Some(slot) => slot.clone(),
             None => {
                 inner.remember(key);
+                inner.take_seed(key);
                 let generation = {
                     let g = inner.generations.entry(key.clone()).or_insert(0);
                     *g += 1;
@@ -512,8 +595,11 @@ impl Registry {
         if registered {
             inner.slots.remove(&slot.key);
             // Only the call that unregisters the slot records its loss: one death, one loss.
-            if let Some(reason) = loss {
-                inner.record_loss(&slot.key, reason);
+            match loss {
+                Some(reason) => inner.record_loss(&slot.key, reason),
+                None => inner.journal(|| Change::Ended {
+                    key_hash: slot.key.hash(),
+                }),
             }
         }
         registered
@@ -538,8 +624,11 @@ impl Registry {
         let mut free = Vec::new();
         for key in &keys {
             if let Some(slot) = inner.slots.remove(key) {
-                if let Some(reason) = loss {
-                    inner.record_loss(key, reason);
+                match loss {
+                    Some(reason) => inner.record_loss(key, reason),
+                    None => inner.journal(|| Change::Ended {
+                        key_hash: key.hash(),
+                    }),
                 }
                 if slot.attached() == 0 {
                     free.push(slot);
@@ -893,6 +982,54 @@ mod tests {
             idle_kernel(&reg, &tkey("b", "b1", None), none).await,
             vec!["a1"]
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn seeded_keys_take_their_generation_and_owed_loss_once_and_only_for_their_owner() {
+        use crate::catalog::{Catalog, CatalogWriter, MemoryCatalog};
+        let catalog = Arc::new(MemoryCatalog::default());
+        let writer = Arc::new(CatalogWriter::start(catalog.clone()).expect("writer"));
+        let lost = StateLost {
+            reason: LossReason::ServerRestarted,
+            at: "2026-01-01T00:00:00Z".into(),
+        };
+        let k = key("s", None);
+        let mut forged = key("forged", None);
+        let entries = vec![
+            Entry {
+                key_hash: k.hash(),
+                tenant: "t".into(),
+                owner: "s".into(),
+                generation: 4,
+                state: EntryState::Lost { loss: lost.clone() },
+            },
+            // A row whose owner does not match its hash is never handed to the key.
+            Entry {
+                key_hash: forged.hash(),
+                tenant: "other".into(),
+                owner: "forged".into(),
+                generation: 9,
+                state: EntryState::Lost { loss: lost.clone() },
+            },
+        ];
+        let reg = Registry::new(4, Duration::from_secs(3600));
+        assert_eq!(reg.use_catalog(writer.clone(), entries), 2);
+        let a = use_once(&reg, &k);
+        assert_eq!(a.state_lost, Some(lost));
+        assert_eq!(a.slot.generation, 5);
+        forged.owner.tenant = "t".into();
+        let f = att(&reg, &forged);
+        assert_eq!(f.state_lost, None);
+        assert_eq!(f.slot.generation, 1);
+        // Losses are recorded; a slot drained at shutdown records nothing.
+        assert!(reg.forget(&a.slot, Some(LossReason::Oom)));
+        reg.drain();
+        assert!(!reg.forget(&f.slot, Some(LossReason::Oom)));
+        writer.close();
+        let rows = catalog.load().expect("load");
+        assert_eq!(rows.len(), 1, "only the loss before closing: {rows:?}");
+        assert!(rows.iter().any(|r| r.key_hash == k.hash()
+            && matches!(&r.state, EntryState::Lost { loss } if loss.reason == LossReason::Oom)));
     }
 
     #[tokio::test(start_paused = true)]

@@ -36,9 +36,11 @@ async fn the_server_retries_until_the_engine_answers() {
     std::fs::create_dir_all(&dir).unwrap();
     let socket = dir.join("docker.sock");
     let label = common::unique("late-engine");
+    let state = tempfile::tempdir().expect("state dir");
     let mut server = Command::new(env!("CARGO_BIN_EXE_kernelbox"))
         .args(["serve", "--listen", "127.0.0.1:0", "--label"])
         .arg(format!("{}={label}", common::CASE))
+        .env("KERNELBOX_STATE_DIR", state.path())
         .env("DOCKER_HOST", format!("unix://{}", socket.display()))
         .env("KERNELBOX_TOKEN", "late")
         .stderr(Stdio::piped())

@@ -134,6 +134,7 @@ async fn a_server_killed_with_twenty_busy_kernels_leaves_nothing() {
         .unwrap()
         .port();
     let base = format!("http://127.0.0.1:{port}");
+    let state = tempfile::tempdir().expect("state dir");
     let mut server = Command::new(env!("CARGO_BIN_EXE_kernelbox"))
         .args([
             "serve",
@@ -147,6 +148,7 @@ async fn a_server_killed_with_twenty_busy_kernels_leaves_nothing() {
         .arg("--label")
         .arg(format!("{CASE}={label}"))
         .env("KERNELBOX_TOKEN", "death-token")
+        .env("KERNELBOX_STATE_DIR", state.path())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

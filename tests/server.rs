@@ -861,10 +861,12 @@ async fn serving_addr(
 async fn sigterm_lets_the_running_cell_finish_then_removes_everything_and_exits_0() {
     let label = unique("sigterm");
     let engine = engine().await;
+    let state = tempfile::tempdir().expect("state dir");
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_kernelbox"))
         .args(["serve", "--listen", "127.0.0.1:0", "--label"])
         .arg(format!("{CASE}={label}"))
         .env("KERNELBOX_TOKEN", "tok-bin")
+        .env("KERNELBOX_STATE_DIR", state.path())
         .env_remove("KERNELBOX_TENANTS")
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true)

@@ -213,6 +213,16 @@ pub fn exit_code_for(e: &anyhow::Error) -> u8 {
         {
             return 2;
         }
+        // A state directory in use by another server, damaged, or not creatable is a
+        // configuration problem.
+        if let Some(kernelbox::StartError::Catalog(err)) =
+            cause.downcast_ref::<kernelbox::StartError>()
+        {
+            return match err {
+                kernelbox::catalog::CatalogError::Storage { .. } => 5,
+                _ => 2,
+            };
+        }
     }
     5
 }

@@ -29,6 +29,12 @@ pub(crate) struct ServeArgs {
     /// A kernel idle this long is reaped (e.g. 30m).
     #[arg(long, env = "KERNELBOX_IDLE_TIMEOUT", default_value = "30m", value_parser = parse_duration)]
     idle_timeout: Duration,
+    /// Directory of the durable owner catalog, created if missing: after a restart (clean or
+    /// not) owners whose kernels were live are told `state_lost: server_restarted` and
+    /// generations keep counting. One server per directory (a second one exits with code 2).
+    /// Default: $XDG_STATE_HOME/kernelbox, else ~/.local/state/kernelbox.
+    #[arg(long, env = "KERNELBOX_STATE_DIR")]
+    state_dir: Option<PathBuf>,
     /// On SIGTERM, how long running cells may take to finish before they are stopped.
     #[arg(long, env = "KERNELBOX_DRAIN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     drain_timeout: Duration,
@@ -84,6 +90,12 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     config.max_session_kernels = args.max_kernels;
     config.kernel_idle_timeout = args.idle_timeout;
     config.watchdog = std::env::current_exe().ok();
+    config.state_dir = Some(match args.state_dir.clone() {
+        Some(dir) => dir,
+        None => default_state_dir().ok_or_else(|| {
+            usage("no --state-dir given and neither XDG_STATE_HOME nor HOME is set".into())
+        })?,
+    });
     let config = config.validate()?;
     tenants
         .check_reserved(config.max_session_kernels)
@@ -151,6 +163,19 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     served?;
     eprintln!("kernelbox: stopped; every kernel of this instance was removed");
     Ok(ExitCode::SUCCESS)
+}
+
+/// The XDG state directory of the user running the server: per-user, writable without root,
+/// and kept across reboots (unlike /run or /tmp).
+fn default_state_dir() -> Option<PathBuf> {
+    let from = |var: &str| {
+        std::env::var_os(var)
+            .map(PathBuf::from)
+            .filter(|p| p.is_absolute())
+    };
+    from("XDG_STATE_HOME")
+        .map(|d| d.join("kernelbox"))
+        .or_else(|| from("HOME").map(|h| h.join(".local/state/kernelbox")))
 }
 
 /// Connects to the engine, retrying with backoff (up to 30 s apart) while it is unreachable,

@@ -270,6 +270,16 @@ fn write_lifecycle(out: &mut String, stats: &Stats) -> std::fmt::Result {
             reason.as_str()
         )?;
     }
+    writeln!(
+        out,
+        "# HELP kernelbox_catalog_write_failures_total Changes to the durable owner catalog that were dropped or failed (logged; cells are unaffected)."
+    )?;
+    writeln!(out, "# TYPE kernelbox_catalog_write_failures_total counter")?;
+    writeln!(
+        out,
+        "kernelbox_catalog_write_failures_total {}",
+        stats.catalog_failures
+    )?;
     Ok(())
 }
 
@@ -283,6 +293,7 @@ mod tests {
             starts: Default::default(),
             losses: Default::default(),
             evictions: Default::default(),
+            catalog_failures: 0,
         };
         let text = Metrics::default().render(0, false, &stats);
         assert!(text.contains("kernelbox_kernel_start_seconds_count{outcome=\"failed\"} 0"));
@@ -303,5 +314,6 @@ mod tests {
         assert!(text.contains("kernelbox_kernels_live 0"));
         assert!(text.contains("kernelbox_tenant_evictions_total 0"));
         assert!(text.contains("kernelbox_host_cap_evictions_total{victim=\"other_tenant\"} 0"));
+        assert!(text.contains("kernelbox_catalog_write_failures_total 0"));
     }
 }
