@@ -58,11 +58,14 @@ pub enum LossReason {
     Killed,
     /// The Docker engine restarted and took the kernel with it.
     EngineRestarted,
+    /// The kernel broke the runner protocol (its code forged or flooded the runner's private
+    /// channel past a bound) and kernelbox killed it.
+    Protocol,
 }
 
 impl LossReason {
     /// Every reason, for pre-initialised metric labels.
-    pub const ALL: [LossReason; 7] = [
+    pub const ALL: [LossReason; 8] = [
         LossReason::IdleReaped,
         LossReason::Evicted,
         LossReason::Timeout,
@@ -70,6 +73,7 @@ impl LossReason {
         LossReason::Crashed,
         LossReason::Killed,
         LossReason::EngineRestarted,
+        LossReason::Protocol,
     ];
 
     /// The wire name.
@@ -82,6 +86,7 @@ impl LossReason {
             LossReason::Crashed => "crashed",
             LossReason::Killed => "killed",
             LossReason::EngineRestarted => "engine_restarted",
+            LossReason::Protocol => "protocol",
         }
     }
 }
