@@ -28,17 +28,22 @@ use kernelbox::{CellStatus, ExecuteRequest};
 const FIND_CHANNEL: &str = "import gc, os\n\
 ch = [o for o in gc.get_objects() if type(o).__name__ == '_Channel'][0]\n";
 
-/// Writes about 1 GiB of forged frames (tool calls for absent and settled cells) to the
-/// runner's protocol descriptor from the cell's own thread, so the runner never reads its
-/// stdin meanwhile; then garbage and an over-long line. Stops quietly when the kernel goes.
+/// Writes 1 GiB of forged frames to the runner's protocol descriptor from the cell's own
+/// thread, so the runner never reads its stdin meanwhile: first frames the host reads and
+/// drops (padded `pong`s, within every bound: nothing trips, nothing is kept), then up to
+/// 1 GiB of tool calls for absent and settled cells (each answered by a refusal the runner
+/// never reads), then garbage and an over-long line. Stops quietly when the kernel goes.
 const GIGABYTE_ATTACK: &str = "\
+pong = b'{\"op\":\"pong\",\"pad\":\"' + b'p' * 4000 + b'\"}\\n'
 forged = b''.join(b'{\"op\":\"tool_call\",\"cell\":%s,\"call\":%d,\"tool\":\"x\",\"args\":{}}\\n'
                   % (c, i) for i, c in enumerate([b'null', b'0', b'7', b'999999'] * 4096))
-chunk = forged * ((1 << 20) // len(forged) + 1)
 sent = 0
 try:
-    while sent < (1 << 30):
-        sent += os.write(ch.out, chunk)
+    for phase, chunk in (('pong', pong * 256), ('tool_call', forged * ((1 << 20) // len(forged) + 1))):
+        total = sent + (1 << 30)
+        while sent < total:
+            sent += os.write(ch.out, chunk)
+        print(phase, 'phase done', sent >= total, flush=True)
     os.write(ch.out, b'not a frame\\n' * 100000)
     os.write(ch.out, b'x' * (64 << 20) + b'\\n')
 except OSError:
@@ -186,6 +191,10 @@ async fn a_gigabyte_of_forged_frames_costs_the_server_little_and_kills_only_the_
         error.contains("broke the kernelbox protocol") && error.contains("was killed"),
         "{attacked}"
     );
+    // The first gigabyte all went through the host before the tool calls tripped a bound.
+    let output = attacked["output"].as_str().unwrap_or_default();
+    assert!(output.contains("pong phase done True"), "{attacked}");
+    assert!(!output.contains("tool_call phase done"), "{attacked}");
     let next = api.execute("attacker", "print(x)", 60).await;
     assert_eq!(next["kernel"]["state_lost"]["reason"], "protocol", "{next}");
     assert_eq!(next["kernel"]["reused"], false, "{next}");
