@@ -5,7 +5,8 @@
 # life of the process: the runner is compiled one top-level definition at a time (a piece's
 # parser peak is a fraction of the whole file's: about 0.75 MiB less), and the source does not
 # travel on the command line (Python keeps several decoded copies of argv: about 0.35 MiB).
-# The variable leaves the environment before any cell runs, so subprocesses never see it.
+# The variable leaves the environment before any cell runs, so subprocesses never see it (the
+# runner removes every other KERNELBOX_ variable).
 import os
 
 
@@ -25,7 +26,9 @@ def _pieces(source):
 
 
 def _run(pieces):
-    namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+    # The runner gets its own copy of the builtins namespace: a cell that rebinds a builtin
+    # (``builtins.len = None``) changes what cells see, never what the runner calls.
+    namespace = {"__name__": "__main__", "__builtins__": dict(vars(__builtins__))}
     while pieces:
         exec(compile(pieces.pop(0), "<kernelbox-runner>", "exec"), namespace)
 

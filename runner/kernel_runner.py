@@ -42,6 +42,27 @@ import time
 
 PROTOCOL_VERSION = 2
 
+# Cells share this process and may rebind anything they can reach (``os.write = None``,
+# ``builtins.print = ...``): the runner keeps its own references, taken before any cell runs.
+# Builtins are covered by the bootstrap, which gives the runner a private copy of the builtins
+# namespace; module attributes it uses after start are bound here.
+_write = os.write
+_read = os.read
+_dup2 = os.dup2
+_close = os.close
+_exit = os._exit
+_getpid = os.getpid
+_pwrite = os.pwrite
+_fdopen = os.fdopen
+_exc_info = sys.exc_info
+_modules = sys.modules
+_allocate_lock = _thread.allocate_lock
+_get_ident = _thread.get_ident
+_now = time.time
+_TextIOWrapper = io.TextIOWrapper
+_poll = select.poll
+_HANGUP = select.POLLHUP | select.POLLERR | select.POLLNVAL
+
 
 def _make_codec():
     """Returns (dumps, loads) for compact JSON, through the C accelerator ``_json`` when it
@@ -49,13 +70,16 @@ def _make_codec():
     try:
         import _json
 
+        make_encoder = _json.make_encoder
+        encode_basestring_ascii = _json.encode_basestring_ascii
+
         def default(obj):
             raise TypeError("Object of type %s is not JSON serializable" % type(obj).__name__)
 
         def dumps(obj):
             # A fresh encoder per call: its circular-reference markers start empty.
-            encoder = _json.make_encoder(
-                {}, default, _json.encode_basestring_ascii, None, ":", ",", False, False, False
+            encoder = make_encoder(
+                {}, default, encode_basestring_ascii, None, ":", ",", False, False, False
             )
             return "".join(encoder(obj, 0))
 
@@ -85,8 +109,10 @@ def _make_codec():
     except Exception:
         import json
 
+        json_dumps = json.dumps
+
         def dumps(obj):
-            return json.dumps(obj, separators=(",", ":"), allow_nan=False)
+            return json_dumps(obj, separators=(",", ":"), allow_nan=False)
 
         return dumps, json.loads
 
@@ -106,20 +132,20 @@ class _Channel:
         # closed or redirected fds 1 and 2, and each cell starts with them restored.
         self.cell_out = os.dup(1)
         self.null = os.open(os.devnull, os.O_RDONLY)
-        self.lock = _thread.allocate_lock()
+        self.lock = _allocate_lock()
         self.restore_fds()
 
     def restore_fds(self):
         """Points fd 0 at /dev/null and fds 1 and 2 at the output pipe."""
-        os.dup2(self.null, 0)
-        os.dup2(self.cell_out, 1)
-        os.dup2(self.cell_out, 2)
+        _dup2(self.null, 0)
+        _dup2(self.cell_out, 1)
+        _dup2(self.cell_out, 2)
 
     def close_in_child(self):
         """A process forked by a cell must not speak (or forge) the protocol."""
         for fd in (self.inp, self.out):
             try:
-                os.close(fd)
+                _close(fd)
             except OSError:
                 pass
 
@@ -129,7 +155,7 @@ class _Channel:
         with self.lock:
             view = memoryview(data)
             while view:
-                n = os.write(self.out, view)
+                n = _write(self.out, view)
                 view = view[n:]
 
 
@@ -139,7 +165,7 @@ class _Inbox:
     def __init__(self, channel):
         self.ch = channel
         self.buf = b""
-        self.lock = _thread.allocate_lock()
+        self.lock = _allocate_lock()
         # One held lock per thread asleep in _sleep; releasing it wakes that thread.
         self.sleepers = []
         self.reading = False
@@ -176,7 +202,7 @@ class _Inbox:
 
     def _sleep(self):
         """Waits for _wake_all; called and returns with the inbox lock held."""
-        sleeper = _thread.allocate_lock()
+        sleeper = _allocate_lock()
         sleeper.acquire()
         self.sleepers.append(sleeper)
         self.lock.release()
@@ -201,9 +227,9 @@ class _Inbox:
                     return _loads(line.decode("utf-8"))
                 except Exception:
                     continue  # not a frame: nothing the host sends, so nothing to act on
-            chunk = os.read(self.ch.inp, 65536)
+            chunk = _read(self.ch.inp, 65536)
             if not chunk:
-                os._exit(0)
+                _exit(0)
             self.buf += chunk
 
     def _file(self, msg):
@@ -218,41 +244,43 @@ class _Inbox:
 
 def _watch_hangup(fd):
     """Ends the kernel the moment the host's end of stdin closes, whatever the cell does."""
-    poller = select.poll()
+    poller = _poll()
     poller.register(fd, 0)  # POLLHUP and POLLERR are always reported; data is left alone.
     while True:
         try:
             events = poller.poll()
         except InterruptedError:
             continue
-        if any(ev & (select.POLLHUP | select.POLLERR | select.POLLNVAL) for _, ev in events):
-            os._exit(0)
+        for _, ev in events:
+            if ev & _HANGUP:
+                _exit(0)
 
 
 class _Runner:
-    def __init__(self, channel):
+    def __init__(self, channel, status_path):
         self.ch = channel
         self.inbox = _Inbox(channel)
         self.current_cell = None
         self.execution_count = 0
         # Cells run in a fresh __main__ module, so pickling and introspection see cell code.
         main_module = type(sys)("__main__")
-        main_module.__dict__["__builtins__"] = __builtins__
-        sys.modules["__main__"] = main_module
+        # The real builtins module: the runner's own namespace holds a private copy.
+        main_module.__dict__["__builtins__"] = _modules["builtins"]
+        _modules["__main__"] = main_module
         self.namespace = main_module.__dict__
-        self.calls_lock = _thread.allocate_lock()
+        self.calls_lock = _allocate_lock()
         # Threads and the cell they belong to (see _tag_threads); the main thread runs the
         # current cell.
-        self.main_thread = _thread.get_ident()
+        self.main_thread = _get_ident()
         self.thread_cells = {}
         self.next_call = 0
-        self.pid = os.getpid()
-        self.status_fd = _open_status(os.environ.get("KERNELBOX_STATUS"))
+        self.pid = _getpid()
+        self.status_fd = _open_status(status_path)
 
     # -- tool calls ------------------------------------------------------------------------
 
     def tool_call(self, name, args):
-        if os.getpid() != self.pid:
+        if _getpid() != self.pid:
             raise ToolError("tool calls are only available in the kernel process, not in a forked child")
         if not isinstance(name, str) or not name:
             raise ToolError("tool name must be a non-empty string")
@@ -272,7 +300,7 @@ class _Runner:
 
     def cell_of_current_thread(self):
         """The cell whose authority the calling thread carries (None: no cell)."""
-        ident = _thread.get_ident()
+        ident = _get_ident()
         if ident == self.main_thread:
             return self.current_cell
         return self.thread_cells.get(ident)
@@ -281,7 +309,7 @@ class _Runner:
 
     def run_forever(self):
         self.ch.send(
-            {"op": "ready", "v": PROTOCOL_VERSION, "python": sys.version.split()[0], "pid": os.getpid()}
+            {"op": "ready", "v": PROTOCOL_VERSION, "python": sys.version.split()[0], "pid": _getpid()}
         )
         execs = self.inbox.execs
         while True:
@@ -306,25 +334,19 @@ class _Runner:
         except BaseException:
             status = "error"
             exit_code = 1
-            etype, value, tb_obj = sys.exc_info()
+            etype, value, tb_obj = _exc_info()
             # Drop this frame so the traceback starts in the cell.
             if tb_obj is not None and tb_obj.tb_frame.f_code is _Runner.run_cell.__code__:
                 tb_obj = tb_obj.tb_next
-            import traceback  # only when a cell raises: keeps idle kernels small
-
-            tb = "".join(traceback.format_exception(etype, value, tb_obj))
-            del tb_obj
+            tb = _format_traceback(etype, value, tb_obj)
+            del tb_obj, value
         finally:
             self.current_cell = None
-        if os.getpid() != self.pid:
+        if _getpid() != self.pid:
             # A process the cell forked fell out of the cell's code: it is not the kernel.
             _flush_quietly()
-            os._exit(exit_code)
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:
-                pass
+            _exit(exit_code)
+        _flush_quietly()
         if tb:
             # The traceback is part of the cell's output too, in write order.
             _write_all(self.ch.cell_out, tb.encode("utf-8", "replace"))
@@ -332,16 +354,16 @@ class _Runner:
         # kernel makes atomic: output of threads or subprocesses cannot land inside it.
         _write_all(self.ch.cell_out, _end_line(marker, cell, status, tb, self.execution_count, exit_code))
         if status == "exit":
-            os._exit(0)
+            _exit(0)
         self.write_status(busy=False)
 
     def write_status(self, busy):
         """Cells run, busy or idle, and since when, for `kernelbox ps` (one pwrite)."""
         if self.status_fd is None:
             return
-        line = "%d %d %d\n" % (self.execution_count, int(time.time()), int(busy))
+        line = "%d %d %d\n" % (self.execution_count, int(_now()), int(busy))
         try:
-            os.pwrite(self.status_fd, line.ljust(40).encode(), 0)
+            _pwrite(self.status_fd, line.ljust(40).encode(), 0)
         except OSError:
             pass
 
@@ -364,6 +386,19 @@ def _end_line(marker, cell, status, tb, count, exit_code):
         keep //= 2
 
 
+def _format_traceback(etype, value, tb):
+    """The cell's traceback as text; a cell that broke ``traceback`` gets a plain line."""
+    try:
+        import traceback  # only when a cell raises: keeps idle kernels small
+
+        return "".join(traceback.format_exception(etype, value, tb))
+    except BaseException:
+        try:
+            return "%s: %s\n" % (etype.__name__, value)
+        except BaseException:
+            return "the cell raised; its traceback could not be formatted\n"
+
+
 def _open_status(path):
     if not path:
         return None
@@ -383,24 +418,27 @@ def _exit_code(code):
 
 
 def _flush_quietly():
-    for stream in (sys.stdout, sys.stderr):
+    for name in ("stdout", "stderr"):
         try:
-            stream.flush()
-        except Exception:
+            getattr(sys, name).flush()
+        except BaseException:
             pass
 
 
 def _text_stream(fd):
     # Line-buffered text streams keep print and os.write output in write order.
-    return io.TextIOWrapper(os.fdopen(fd, "wb", closefd=False), encoding="utf-8",
+    return _TextIOWrapper(_fdopen(fd, "wb", closefd=False), encoding="utf-8",
                             errors="backslashreplace", line_buffering=True)
 
 
 def _restore_std_streams():
     """Gives a cell working sys.stdout/sys.stderr if an earlier cell closed them."""
     for name, fd in (("stdout", 1), ("stderr", 2)):
-        stream = getattr(sys, name, None)
-        if stream is None or getattr(stream, "closed", True):
+        try:
+            stream = getattr(sys, name, None)
+            if stream is None or getattr(stream, "closed", True):
+                setattr(sys, name, _text_stream(fd))
+        except BaseException:
             setattr(sys, name, _text_stream(fd))
 
 
@@ -408,7 +446,7 @@ def _write_all(fd, data):
     view = memoryview(data)
     while view:
         try:
-            n = os.write(fd, view)
+            n = _write(fd, view)
         except OSError:
             return
         view = view[n:]
@@ -426,7 +464,7 @@ def _tag_threads(runner):
             cell = runner.cell_of_current_thread()
 
             def run(*a, **kw):
-                ident = _thread.get_ident()
+                ident = _get_ident()
                 runner.thread_cells[ident] = cell
                 try:
                     return function(*a, **kw)
@@ -442,7 +480,7 @@ def _tag_threads(runner):
         start = getattr(_thread, name, None)
         if start is not None:
             setattr(_thread, name, tagged(start))
-    threading = sys.modules.get("threading")  # imported by a sitecustomize, say
+    threading = _modules.get("threading")  # imported by a sitecustomize, say
     if threading is not None:
         for name in ("_start_new_thread", "_start_joinable_thread"):
             if hasattr(threading, name):
@@ -474,18 +512,34 @@ def _tools_module(runner):
     return mod
 
 
+def _private_environment():
+    """Takes every ``KERNELBOX_`` variable out of the environment (and so out of every
+    subprocess's); returns the status file's path, which the runner needs."""
+    status_path = os.environ.pop("KERNELBOX_STATUS", None)
+    for key in [k for k in os.environ if k.startswith("KERNELBOX_")]:
+        del os.environ[key]
+    return status_path
+
+
 def main():
+    status_path = _private_environment()
     channel = _Channel()
     sys.stdin = open(os.devnull, "r")
     sys.stdout = _text_stream(1)
     sys.stderr = _text_stream(2)
-    runner = _Runner(channel)
+    runner = _Runner(channel, status_path)
     os.register_at_fork(after_in_child=channel.close_in_child)
     sys.modules["kernel_tools"] = _tools_module(runner)
     # The watcher starts before the starters are wrapped: it belongs to no cell.
     _thread.start_new_thread(_watch_hangup, (channel.inp,))
     _tag_threads(runner)
-    runner.run_forever()
+    try:
+        runner.run_forever()
+    finally:
+        # The runner cannot go on (a cell broke something it needs): end the kernel now, so
+        # the host reports the loss, rather than leave the session waiting on a silent kernel
+        # (or the interpreter waiting on a cell's non-daemon threads).
+        _exit(70)
 
 
 if __name__ == "__main__":

@@ -61,11 +61,14 @@ pub enum LossReason {
     /// The kernelbox server stopped or died (and was started again) while the kernel was
     /// live; known from the durable catalog in the server's state directory.
     ServerRestarted,
+    /// The kernel broke the runner protocol (its code forged or flooded the runner's private
+    /// channel past a bound) and kernelbox killed it.
+    Protocol,
 }
 
 impl LossReason {
     /// Every reason, for pre-initialised metric labels.
-    pub const ALL: [LossReason; 8] = [
+    pub const ALL: [LossReason; 9] = [
         LossReason::IdleReaped,
         LossReason::Evicted,
         LossReason::Timeout,
@@ -74,6 +77,7 @@ impl LossReason {
         LossReason::Killed,
         LossReason::EngineRestarted,
         LossReason::ServerRestarted,
+        LossReason::Protocol,
     ];
 
     /// The wire name.
@@ -87,6 +91,7 @@ impl LossReason {
             LossReason::Killed => "killed",
             LossReason::EngineRestarted => "engine_restarted",
             LossReason::ServerRestarted => "server_restarted",
+            LossReason::Protocol => "protocol",
         }
     }
 }

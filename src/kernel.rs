@@ -15,7 +15,7 @@ use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
 use rand::Rng;
 use serde_json::Value;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -26,15 +26,66 @@ use crate::docker::{Chunk, ContainerSpec, Engine, EngineError, Mount, TmpfsVolum
 use crate::monitor::EventMonitor;
 use crate::owner::KernelKey;
 use crate::protocol::{
-    runner_command, runner_env, DoneStatus, HostFrame, KernelFrame, LineSplitter, MarkerScanner,
-    PROTOCOL_VERSION,
+    runner_command, runner_env, Breach, DoneStatus, HostFrame, KernelFrame, LineSplitter,
+    MarkerScanner, MAX_FRAME_LINE, MAX_GARBAGE_BYTES, PROTOCOL_VERSION,
 };
-use crate::stdin::Stdin;
+use crate::stdin::{Stdin, MAX_STDIN_BACKLOG};
 
 /// Where the working directory is inside every kernel.
 pub const WORK_DIR: &str = "/work";
 /// Where the staging volume is mounted in project mode (in strict mode it is the work dir).
 pub const STAGING_DIR_PROJECT: &str = "/kernelbox";
+
+/// Bytes of events (cell output chunks, protocol frames as their line length) the reader task
+/// has handed to the running cell and the cell has not consumed yet. When it is reached the
+/// reader stops reading the container's streams until the cell catches up, so a flooding cell
+/// is slowed down by its own pipes rather than buffered on the host. A parsed frame can take a
+/// few times its line length in memory.
+pub const MAX_READER_BACKLOG: usize = 8 * 1024 * 1024;
+
+/// Tool calls of one cell dispatched and not answered yet; a call past this is refused at once
+/// (it does not count against the cell's budget) until one of them is answered.
+pub const MAX_TOOL_CALLS_IN_FLIGHT: usize = 16;
+
+/// Bytes of arguments (measured as their frames' line length) of one cell's tool calls in
+/// flight; a call that would pass this is refused at once, like one past
+/// [`MAX_TOOL_CALLS_IN_FLIGHT`].
+pub const MAX_TOOL_ARGS_IN_FLIGHT: usize = 8 * 1024 * 1024;
+
+/// Longest tool-result frame sent to a kernel, in bytes; a larger result reaches the cell as a
+/// `ToolError` saying so.
+pub const MAX_TOOL_RESULT_FRAME: usize = 8 * 1024 * 1024;
+
+/// The most host memory one kernel can make kernelbox hold, in bytes, whatever its code does
+/// (the bounds above and in [`crate::protocol`], [`crate::stdin`] and [`crate::cell`]):
+///
+/// - frames in: one unfinished protocol line, [`MAX_FRAME_LINE`] (4 MiB), plus the reader's
+///   backlog of events for the cell, [`MAX_READER_BACKLOG`] (8 MiB; parsed frames in it can
+///   take a few times their size);
+/// - answers out: the stdin queue, [`MAX_STDIN_BACKLOG`] (16 MiB) plus the frame that reaches
+///   it (at most [`MAX_TOOL_RESULT_FRAME`], 8 MiB, or the cell's own code);
+/// - tool traffic: arguments in flight, [`MAX_TOOL_ARGS_IN_FLIGHT`] (8 MiB), and up to
+///   [`MAX_TOOL_CALLS_IN_FLIGHT`] (16) results being read, each bounded by the dispatcher (the
+///   server's reads at most 4 MiB per response);
+/// - output: the cell's result buffer, `output_inline_bytes` plus `output_spill_bytes`
+///   (5 MB by default), and for a streaming request at most 1 MiB of undelivered events.
+///
+/// With the defaults that is about 50 MiB (this constant) plus the tool responses being read
+/// (with the server's dispatcher at most 16 x 4 MiB more, and only while the cell's tools
+/// answer); a kernel that goes past a bound on frames in or answers out is killed
+/// (`state_lost.reason = "protocol"`).
+pub const MAX_HOST_BYTES_PER_KERNEL: usize = MAX_FRAME_LINE
+    + MAX_READER_BACKLOG
+    + MAX_STDIN_BACKLOG
+    + MAX_TOOL_RESULT_FRAME
+    + MAX_TOOL_ARGS_IN_FLIGHT
+    + 5_050_000
+    + 1024 * 1024;
+
+/// The breach reported for a protocol line over [`MAX_FRAME_LINE`].
+const LINE_BREACH: &str = "a protocol line longer than 4 MiB";
+/// The breach reported for more than [`MAX_GARBAGE_BYTES`] of lines that are not frames.
+const GARBAGE_BREACH: &str = "more than 1 MiB of protocol lines that are not frames";
 
 /// The lifecycle of one kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,6 +115,8 @@ pub enum Death {
     Crashed(i64),
     /// The Docker engine restarted or went away and took the kernel with it.
     EngineRestarted,
+    /// The kernel broke the runner protocol (what it did) and kernelbox killed it.
+    Protocol(&'static str),
 }
 
 /// A kernel could not be started or used.
@@ -84,15 +137,18 @@ pub enum KernelError {
 }
 
 /// What the reader task hands to the running cell.
+/// Output and frames hold their share of [`MAX_READER_BACKLOG`] until the cell drops them.
 #[derive(Debug)]
 enum IoEvent {
-    Output(Bytes),
-    Frame(KernelFrame),
+    Output(Bytes, OwnedSemaphorePermit),
+    Frame(KernelFrame, OwnedSemaphorePermit),
     Closed,
 }
 
-/// A tool call that the current cell's authority must answer.
-type ToolWork = Pin<Box<dyn std::future::Future<Output = (u64, Result<Value, String>)> + Send>>;
+/// A tool call that the current cell's authority must answer: the call, the bytes of its
+/// arguments, and the answer.
+type ToolWork =
+    Pin<Box<dyn std::future::Future<Output = (u64, usize, Result<Value, String>)> + Send>>;
 
 /// How a cell ended, before the orchestrator turns it into a [`CellResult`](crate::CellResult).
 #[derive(Debug)]
@@ -157,6 +213,9 @@ pub struct Kernel {
     execution_count: AtomicU64,
     authority: Mutex<Option<Arc<CellAuthority>>>,
     disposing: Arc<AtomicBool>,
+    /// Tells the reader to stop handing events to the cell and just drain the streams, so the
+    /// engine can finish removing the container.
+    drain: CancellationToken,
     cancel: CancellationToken,
     death: Arc<Mutex<Option<Death>>>,
 }
@@ -317,7 +376,9 @@ impl Kernel {
     ) -> Result<Arc<Kernel>, KernelError> {
         let attached = engine.attach(&id).await?;
         let cancel = CancellationToken::new();
-        let (writer, writer_task) = Stdin::new(attached.input, cancel.clone());
+        let drain = CancellationToken::new();
+        let breach = Breach::default();
+        let (writer, writer_task) = Stdin::new(attached.input, cancel.clone(), breach.clone());
         let (tx, rx) = mpsc::channel(256);
         let active_cell = Arc::new(AtomicU64::new(0));
         let disposing = Arc::new(AtomicBool::new(false));
@@ -339,14 +400,23 @@ impl Kernel {
             execution_count: AtomicU64::new(0),
             authority: Mutex::new(None),
             disposing: disposing.clone(),
+            drain: drain.clone(),
             cancel: cancel.clone(),
             death: death.clone(),
         });
         tracker.spawn(writer_task);
         tracker.spawn(reader_task(ReaderTask {
             id: id.clone(),
+            engine: engine.clone(),
+            events: Events {
+                tx,
+                backlog: Arc::new(Semaphore::new(MAX_READER_BACKLOG)),
+                breach: breach.clone(),
+                drain: drain.clone(),
+                cancel: cancel.clone(),
+            },
+            breach,
             output: attached.output,
-            tx,
             writer,
             active_cell,
             disposing,
@@ -360,7 +430,7 @@ impl Kernel {
         let ready = tokio::time::timeout(config.spawn_timeout, async {
             loop {
                 match io.rx.recv().await {
-                    Some(IoEvent::Frame(KernelFrame::Ready { v, python })) => {
+                    Some(IoEvent::Frame(KernelFrame::Ready { v, python }, _)) => {
                         return Ok((v, python));
                     }
                     Some(IoEvent::Closed) | None => {
@@ -469,6 +539,7 @@ impl Kernel {
         let mut done: Option<(DoneStatus, Option<String>, u64)> = None;
         let mut tools: FuturesUnordered<ToolWork> = FuturesUnordered::new();
         let mut pending_calls: Vec<u64> = Vec::new();
+        let mut args_in_flight = 0usize;
         let end = if cancel.is_cancelled() {
             CellEnd::Interrupted
         } else {
@@ -483,16 +554,13 @@ impl Kernel {
                     _ = tokio::time::sleep_until(deadline) => break CellEnd::TimedOut,
                     // Before the output: a cell that floods output still gets its tool results
                     // (and a dispatcher running a child kernel's cell keeps being driven).
-                    Some((call, result)) = tools.next(), if !tools.is_empty() => {
+                    Some((call, size, result)) = tools.next(), if !tools.is_empty() => {
                         pending_calls.retain(|c| *c != call);
-                        let frame = match result {
-                            Ok(value) => HostFrame::ToolResult { call, ok: true, result: Some(value), error: None },
-                            Err(message) => HostFrame::ToolResult { call, ok: false, result: None, error: Some(message) },
-                        };
-                        self.writer.send(frame.to_line());
+                        args_in_flight -= size;
+                        self.writer.send(tool_result_line(call, result));
                     }
                     event = io.rx.recv() => match event {
-                        Some(IoEvent::Output(bytes)) => {
+                        Some(IoEvent::Output(bytes, _backlog)) => {
                             scanner.feed(&bytes, |b| {
                                 output.push(b);
                                 if let Some(sink) = &sink {
@@ -504,15 +572,22 @@ impl Kernel {
                                 done = Some(parse_done(line, cell));
                             }
                         }
-                        Some(IoEvent::Frame(KernelFrame::ToolCall { cell: c, call, tool, args })) => {
-                            if c == Some(cell) {
-                                pending_calls.push(call);
-                                tools.push(self.dispatch(authority.clone(), cell, call, tool, args));
-                            } else {
+                        Some(IoEvent::Frame(KernelFrame::ToolCall { cell: c, call, tool, args }, backlog)) => {
+                            let size = backlog.num_permits();
+                            drop(backlog);
+                            if c != Some(cell) {
                                 refuse(&self.writer, call, RETIRED_MESSAGE);
+                            } else if tools.len() >= MAX_TOOL_CALLS_IN_FLIGHT
+                                || args_in_flight + size > MAX_TOOL_ARGS_IN_FLIGHT
+                            {
+                                refuse(&self.writer, call, IN_FLIGHT_MESSAGE);
+                            } else {
+                                pending_calls.push(call);
+                                args_in_flight += size;
+                                tools.push(self.dispatch(authority.clone(), cell, call, size, tool, args));
                             }
                         }
-                        Some(IoEvent::Frame(_)) => {}
+                        Some(IoEvent::Frame(..)) => {}
                         Some(IoEvent::Closed) | None => {
                             // The reader records the death before it closes the channel.
                             break CellEnd::Died(self.death().unwrap_or(Death::Crashed(-1)));
@@ -570,7 +645,7 @@ impl Kernel {
     async fn drain_stale(&self, io: &mut CellIo) {
         while let Ok(event) = io.rx.try_recv() {
             match event {
-                IoEvent::Frame(KernelFrame::ToolCall { call, .. }) => {
+                IoEvent::Frame(KernelFrame::ToolCall { call, .. }, _) => {
                     refuse(&self.writer, call, RETIRED_MESSAGE);
                 }
                 IoEvent::Closed => break,
@@ -584,6 +659,7 @@ impl Kernel {
         authority: Arc<CellAuthority>,
         cell: u64,
         call: u64,
+        size: usize,
         tool: String,
         args: Value,
     ) -> ToolWork {
@@ -607,7 +683,7 @@ impl Kernel {
                 .catch_unwind()
                 .await
                 .unwrap_or_else(|_| Err("the tool dispatcher failed (panicked)".to_string()));
-            (call, result)
+            (call, size, result)
         })
     }
 
@@ -619,6 +695,7 @@ impl Kernel {
             let mut death = self.death.lock().unwrap_or_else(|p| p.into_inner());
             death.get_or_insert(Death::Disposed);
         }
+        self.drain.cancel();
         let removed = self.engine.remove_container(&self.id).await;
         self.cancel.cancel();
         removed?;
@@ -721,6 +798,41 @@ pub async fn remove_volume_when_free(engine: &dyn Engine, name: &str) -> Result<
     engine.remove_volume(name).await
 }
 
+/// The refusal for a tool call past [`MAX_TOOL_CALLS_IN_FLIGHT`] or [`MAX_TOOL_ARGS_IN_FLIGHT`].
+const IN_FLIGHT_MESSAGE: &str = "Too many tool calls in flight: a cell may wait on at most 16 calls (8 MiB of arguments) at once; retry when one has returned.";
+
+/// A tool's answer as a frame; a result over [`MAX_TOOL_RESULT_FRAME`] becomes an error.
+fn tool_result_line(call: u64, result: Result<Value, String>) -> Vec<u8> {
+    let frame = match result {
+        Ok(value) => HostFrame::ToolResult {
+            call,
+            ok: true,
+            result: Some(value),
+            error: None,
+        },
+        Err(message) => HostFrame::ToolResult {
+            call,
+            ok: false,
+            result: None,
+            error: Some(message),
+        },
+    };
+    let line = frame.to_line();
+    if line.len() <= MAX_TOOL_RESULT_FRAME {
+        return line;
+    }
+    HostFrame::ToolResult {
+        call,
+        ok: false,
+        result: None,
+        error: Some(format!(
+            "the tool's result is too large ({} bytes; at most {MAX_TOOL_RESULT_FRAME})",
+            line.len()
+        )),
+    }
+    .to_line()
+}
+
 fn refuse(writer: &Stdin, call: u64, message: &str) {
     let frame = HostFrame::ToolResult {
         call,
@@ -733,8 +845,10 @@ fn refuse(writer: &Stdin, call: u64, message: &str) {
 
 struct ReaderTask {
     id: String,
+    engine: Arc<dyn Engine>,
     output: futures::stream::BoxStream<'static, Result<Chunk, EngineError>>,
-    tx: mpsc::Sender<IoEvent>,
+    events: Events,
+    breach: Breach,
     writer: Stdin,
     active_cell: Arc<AtomicU64>,
     disposing: Arc<AtomicBool>,
@@ -744,41 +858,102 @@ struct ReaderTask {
     cancel: CancellationToken,
 }
 
-/// Reads the attach stream until it ends or the kernel is dropped.
+/// The reader's side of the channel to the running cell.
+struct Events {
+    tx: mpsc::Sender<IoEvent>,
+    /// Permits for [`MAX_READER_BACKLOG`] bytes of events.
+    backlog: Arc<Semaphore>,
+    breach: Breach,
+    drain: CancellationToken,
+    cancel: CancellationToken,
+}
+
+impl Events {
+    /// Hands an event of `size` bytes to the cell once the backlog has room for it; false when
+    /// the kernel is going away (dropped, disposed or breached) instead.
+    async fn forward(
+        &self,
+        size: usize,
+        event: impl FnOnce(OwnedSemaphorePermit) -> IoEvent,
+    ) -> bool {
+        // Clamped: a permit count is a u32, and no single event may need more than the whole.
+        let permits = size.clamp(1, MAX_READER_BACKLOG) as u32;
+        tokio::select! {
+            _ = self.cancel.cancelled() => false,
+            _ = self.drain.cancelled() => false,
+            _ = self.breach.tripped() => false,
+            sent = async {
+                let Ok(permit) = self.backlog.clone().acquire_many_owned(permits).await else {
+                    return false;
+                };
+                self.tx.send(event(permit)).await.is_ok()
+            } => sent,
+        }
+    }
+}
+
+/// Reads the attach stream until it ends, the kernel is dropped, or the kernel breaks the
+/// protocol (then it kills the kernel).
 async fn reader_task(mut task: ReaderTask) {
     let mut lines = LineSplitter::default();
+    let mut garbage = 0usize;
     let started = Instant::now();
-    loop {
+    'read: loop {
         let item = tokio::select! {
             _ = task.cancel.cancelled() => break,
+            _ = task.breach.tripped() => break,
             item = task.output.next() => item,
         };
         match item {
             Some(Ok(Chunk::Stdout(bytes))) => {
                 // Output between cells belongs to nobody and is dropped here, not buffered.
                 if task.active_cell.load(Ordering::Acquire) != 0
-                    && task.tx.send(IoEvent::Output(bytes)).await.is_err()
+                    && !task
+                        .events
+                        .forward(bytes.len(), |permit| IoEvent::Output(bytes, permit))
+                        .await
                 {
                     break;
                 }
             }
             Some(Ok(Chunk::Stderr(bytes))) => {
                 let mut frames = Vec::new();
-                lines.feed(&bytes, |line| match serde_json::from_slice::<KernelFrame>(line) {
-                    Ok(frame) => frames.push(frame),
-                    Err(e) => tracing::debug!(container = %short(&task.id), error = %e, "unparseable kernel frame dropped"),
-                });
-                for frame in frames {
-                    if let KernelFrame::ToolCall { cell, call, .. } = &frame {
-                        let active = task.active_cell.load(Ordering::Acquire);
-                        if active == 0 || *cell != Some(active) {
-                            // A settled cell's thread: refuse here, nobody else is listening.
-                            refuse(&task.writer, *call, RETIRED_MESSAGE);
-                            continue;
-                        }
+                let fed = lines.feed(&bytes, |line| match serde_json::from_slice::<KernelFrame>(line) {
+                    Ok(frame) => frames.push((frame, line.len())),
+                    Err(e) => {
+                        garbage += line.len() + 1;
+                        tracing::debug!(container = %short(&task.id), error = %e, "unparseable kernel frame dropped");
                     }
-                    if task.tx.send(IoEvent::Frame(frame)).await.is_err() {
-                        return;
+                });
+                if fed.is_err() {
+                    task.breach.trip(LINE_BREACH);
+                    break;
+                }
+                if garbage > MAX_GARBAGE_BYTES {
+                    task.breach.trip(GARBAGE_BREACH);
+                    break;
+                }
+                for (frame, size) in frames {
+                    match &frame {
+                        KernelFrame::ToolCall { cell, call, .. } => {
+                            let active = task.active_cell.load(Ordering::Acquire);
+                            if active == 0 || *cell != Some(active) {
+                                // A settled cell's thread: refuse here, nobody else is listening.
+                                refuse(&task.writer, *call, RETIRED_MESSAGE);
+                                continue;
+                            }
+                        }
+                        KernelFrame::Ready { .. } => {}
+                        // Nothing waits for these on this channel (a cell's outcome travels
+                        // after its end marker on stdout).
+                        KernelFrame::Done { .. } | KernelFrame::Pong => continue,
+                    }
+                    if !task
+                        .events
+                        .forward(size, |permit| IoEvent::Frame(frame, permit))
+                        .await
+                    {
+                        break 'read;
                     }
                 }
             }
@@ -789,8 +964,42 @@ async fn reader_task(mut task: ReaderTask) {
             None => break,
         }
     }
+    if let Some(what) = task.breach.what() {
+        // Recorded before the container goes, so nothing mistakes the kill for a crash.
+        task.death
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_or_insert(Death::Protocol(what));
+        task.disposing.store(true, Ordering::Release);
+        tracing::warn!(container = %short(&task.id), breach = what, "kernel broke the protocol; killing it");
+        // The streams are drained (and dropped) meanwhile: the engine does not finish removing
+        // a container while its write to an attach connection nobody reads is blocked. The cell
+        // (if any) learns of the death at once; nothing more is read from this kernel.
+        let output = &mut task.output;
+        let drain = async { while output.next().await.is_some() {} };
+        let closed = async {
+            let _ = task.events.tx.send(IoEvent::Closed).await;
+        };
+        let remove = task.engine.remove_container(&task.id);
+        tokio::select! {
+            _ = task.cancel.cancelled() => {}
+            (removed, (), ()) = futures::future::join3(remove, drain, closed) => {
+                if let Err(e) = removed {
+                    tracing::warn!(container = %short(&task.id), error = %e, "killing a kernel that broke the protocol");
+                }
+            }
+        }
+        return;
+    }
     if task.cancel.is_cancelled() {
         return;
+    }
+    if task.events.drain.is_cancelled() {
+        // kernelbox is removing the kernel: read and drop what is left until the streams end.
+        tokio::select! {
+            _ = task.cancel.cancelled() => return,
+            _ = async { while task.output.next().await.is_some() {} } => {}
+        }
     }
     // The streams closed: the container is gone or going. Find out why before telling the cell.
     let death = if task.disposing.load(Ordering::Acquire) {
@@ -824,7 +1033,7 @@ async fn reader_task(mut task: ReaderTask) {
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .get_or_insert(death);
-    let _ = task.tx.send(IoEvent::Closed).await;
+    let _ = task.events.tx.send(IoEvent::Closed).await;
 }
 
 fn short(id: &str) -> &str {

@@ -1120,6 +1120,10 @@ fn death_message(death: Death, memory: i64) -> (String, Option<LossReason>) {
             format!("The Docker engine restarted or went away and took the kernel with it; {NEXT}"),
             Some(LossReason::EngineRestarted),
         ),
+        Death::Protocol(what) => (
+            format!("The kernel broke the kernelbox protocol ({what}) and was killed; {NEXT}"),
+            Some(LossReason::Protocol),
+        ),
         Death::Disposed => (
             format!("The kernel was shut down by kernelbox; {NEXT}"),
             None,

@@ -36,8 +36,45 @@ pub fn runner_env() -> String {
     format!("{RUNNER_ENV}={RUNNER_SOURCE}")
 }
 
-/// Longest protocol line accepted from a kernel; longer lines are dropped.
-pub const MAX_FRAME_LINE: usize = 8 * 1024 * 1024;
+/// Longest protocol line (one runner -> host frame) accepted from a kernel, in bytes. Real
+/// frames are small but for a tool call's arguments, which stay well under this; a longer line
+/// is a protocol violation and kills the kernel (see [`Breach`]).
+pub const MAX_FRAME_LINE: usize = 4 * 1024 * 1024;
+
+/// Lines on the protocol channel that are not frames, in bytes, a kernel may write over its
+/// whole life (an interpreter warning before the runner starts is one); past this it is killed.
+pub const MAX_GARBAGE_BYTES: usize = 1024 * 1024;
+
+/// A kernel that broke the protocol: whoever notices trips it, and the kernel's reader task,
+/// which owns the container's streams, kills the kernel. Cheap to clone.
+#[derive(Debug, Clone, Default)]
+pub struct Breach {
+    inner: std::sync::Arc<BreachInner>,
+}
+
+#[derive(Debug, Default)]
+struct BreachInner {
+    what: std::sync::OnceLock<&'static str>,
+    tripped: tokio_util::sync::CancellationToken,
+}
+
+impl Breach {
+    /// Records the violation (the first one wins) and wakes the reader task.
+    pub fn trip(&self, what: &'static str) {
+        let _ = self.inner.what.set(what);
+        self.inner.tripped.cancel();
+    }
+
+    /// The violation, once tripped.
+    pub fn what(&self) -> Option<&'static str> {
+        self.inner.what.get().copied()
+    }
+
+    /// Completes once tripped.
+    pub async fn tripped(&self) {
+        self.inner.tripped.cancelled().await
+    }
+}
 
 /// A frame the host sends to the runner.
 #[derive(Debug, Clone, Serialize)]
@@ -129,35 +166,52 @@ pub enum KernelFrame {
     Pong,
 }
 
-/// Splits a byte stream into lines, whatever the chunking, dropping over-long lines.
+/// A protocol line was longer than [`MAX_FRAME_LINE`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("a protocol line longer than {MAX_FRAME_LINE} bytes")]
+pub struct LineTooLong;
+
+/// Splits a byte stream into lines, whatever the chunking; holds at most [`MAX_FRAME_LINE`]
+/// bytes of an unfinished line.
 #[derive(Debug, Default)]
 pub struct LineSplitter {
     buf: Vec<u8>,
-    discarding: bool,
 }
 
 impl LineSplitter {
-    /// Feeds bytes; calls `line` for every complete line (without the newline).
-    pub fn feed(&mut self, mut data: &[u8], mut line: impl FnMut(&[u8])) {
+    /// Feeds bytes; calls `line` for every complete line (without the newline). A line longer
+    /// than [`MAX_FRAME_LINE`] is an error, and the splitter holds nothing more of it.
+    pub fn feed(
+        &mut self,
+        mut data: &[u8],
+        mut line: impl FnMut(&[u8]),
+    ) -> Result<(), LineTooLong> {
         while let Some(pos) = data.iter().position(|&b| b == b'\n') {
-            if self.discarding {
-                self.discarding = false;
-            } else if self.buf.is_empty() {
+            if self.buf.is_empty() {
+                if pos > MAX_FRAME_LINE {
+                    return Err(self.overflow());
+                }
                 line(&data[..pos]);
             } else {
+                if self.buf.len() + pos > MAX_FRAME_LINE {
+                    return Err(self.overflow());
+                }
                 self.buf.extend_from_slice(&data[..pos]);
                 line(&self.buf);
                 self.buf.clear();
             }
             data = &data[pos + 1..];
         }
-        if !self.discarding {
-            self.buf.extend_from_slice(data);
-            if self.buf.len() > MAX_FRAME_LINE {
-                self.buf = Vec::new();
-                self.discarding = true;
-            }
+        if self.buf.len() + data.len() > MAX_FRAME_LINE {
+            return Err(self.overflow());
         }
+        self.buf.extend_from_slice(data);
+        Ok(())
+    }
+
+    fn overflow(&mut self) -> LineTooLong {
+        self.buf = Vec::new();
+        LineTooLong
     }
 }
 
@@ -274,7 +328,7 @@ mod tests {
             let mut split = LineSplitter::default();
             let mut lines = Vec::new();
             for chunk in text.chunks(size) {
-                split.feed(chunk, |l| lines.push(l.to_vec()));
+                split.feed(chunk, |l| lines.push(l.to_vec())).unwrap();
             }
             assert_eq!(lines.len(), 3, "chunk size {size}");
             assert_eq!(lines[2], b"{\"c\":3}");
@@ -282,13 +336,52 @@ mod tests {
     }
 
     #[test]
-    fn over_long_lines_are_dropped_not_buffered() {
+    fn over_long_lines_are_an_error_and_not_buffered() {
+        // In one chunk, with or without its newline, and across chunks.
+        let big = vec![b'x'; MAX_FRAME_LINE + 10];
+        let mut split = LineSplitter::default();
+        assert_eq!(split.feed(&big, |_| panic!("no line")), Err(LineTooLong));
+        assert!(split.buf.capacity() == 0);
+        let mut with_newline = big.clone();
+        with_newline.push(b'\n');
+        let mut split = LineSplitter::default();
+        assert_eq!(
+            split.feed(&with_newline, |_| panic!("no line")),
+            Err(LineTooLong)
+        );
+        let mut split = LineSplitter::default();
+        let mut result = Ok(());
+        for chunk in big.chunks(64 * 1024) {
+            result = split.feed(chunk, |_| panic!("no line"));
+            if result.is_err() {
+                break;
+            }
+            assert!(split.buf.len() <= MAX_FRAME_LINE);
+        }
+        assert_eq!(result, Err(LineTooLong));
+        // A line of exactly the limit is fine.
         let mut split = LineSplitter::default();
         let mut lines = Vec::new();
-        let big = vec![b'x'; MAX_FRAME_LINE + 10];
-        split.feed(&big, |l| lines.push(l.len()));
-        split.feed(b"tail\nok\n", |l| lines.push(l.len()));
-        assert_eq!(lines, vec![2]);
+        let mut exact = vec![b'y'; MAX_FRAME_LINE];
+        exact.extend_from_slice(b"\nok\n");
+        for chunk in exact.chunks(1000) {
+            split.feed(chunk, |l| lines.push(l.len())).unwrap();
+        }
+        assert_eq!(lines, vec![MAX_FRAME_LINE, 2]);
+    }
+
+    #[tokio::test]
+    async fn a_breach_keeps_the_first_violation_and_wakes_waiters() {
+        let breach = Breach::default();
+        assert_eq!(breach.what(), None);
+        let waiter = tokio::spawn({
+            let breach = breach.clone();
+            async move { breach.tripped().await }
+        });
+        breach.trip("first");
+        breach.trip("second");
+        waiter.await.unwrap();
+        assert_eq!(breach.what(), Some("first"));
     }
 
     #[test]

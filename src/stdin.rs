@@ -4,6 +4,11 @@
 //!
 //! Writing inline matters for speed: handing every frame to a task costs a cross-thread
 //! wake-up on a multi-threaded runtime, a sizeable part of a ~0.3 ms warm cell.
+//!
+//! The queue is bounded by [`MAX_STDIN_BACKLOG`]: a runner reads its stdin whenever one of its
+//! threads waits for a frame, so only a kernel whose code forges tool calls (each answered by
+//! a refusal) while keeping the runner from reading can pile frames up. Such a kernel trips its
+//! [`Breach`] and is killed; the queue is dropped.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -13,6 +18,17 @@ use std::task::{Context, Poll, Waker};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
+
+use crate::protocol::Breach;
+
+/// Bytes of host -> runner frames queued behind a kernel's stdin pipe (beyond the pipe's own
+/// buffer) before a new frame is refused and the kernel is killed as a protocol breach. A frame
+/// is queued when less than this is waiting, so the queue holds at most this plus one frame.
+pub const MAX_STDIN_BACKLOG: usize = 16 * 1024 * 1024;
+
+/// What [`Stdin::send`] reports as the breach when the queue is full.
+pub const BACKLOG_BREACH: &str =
+    "it stopped reading its input while more than 16 MiB of host frames waited";
 
 type Input = Pin<Box<dyn AsyncWrite + Send>>;
 
@@ -25,6 +41,7 @@ pub struct Stdin {
 struct Shared {
     state: Mutex<State>,
     queued: Notify,
+    breach: Breach,
 }
 
 struct State {
@@ -32,16 +49,19 @@ struct State {
     input: Option<Input>,
     /// Frames (or the rest of one) waiting for the writer task.
     queue: VecDeque<Vec<u8>>,
+    /// Bytes in `queue`.
+    queued_bytes: usize,
     /// The stream failed or the kernel went away: frames are dropped.
     closed: bool,
 }
 
 impl Stdin {
     /// Wraps `input`; the returned future is the writer task, to be spawned: it ends when
-    /// `cancel` fires or the stream fails.
+    /// `cancel` fires or the stream fails. A full queue trips `breach`.
     pub fn new(
         input: Input,
         cancel: CancellationToken,
+        breach: Breach,
     ) -> (
         Stdin,
         impl std::future::Future<Output = ()> + Send + 'static,
@@ -50,16 +70,19 @@ impl Stdin {
             state: Mutex::new(State {
                 input: Some(input),
                 queue: VecDeque::new(),
+                queued_bytes: 0,
                 closed: false,
             }),
             queued: Notify::new(),
+            breach,
         });
         let task = writer_task(shared.clone(), cancel);
         (Stdin { shared }, task)
     }
 
     /// Writes `frame` now if nothing is queued before it and the pipe takes it without
-    /// waiting; queues the rest for the writer task. A kernel that is gone drops it.
+    /// waiting; queues the rest for the writer task. A kernel that is gone drops it; one with
+    /// [`MAX_STDIN_BACKLOG`] bytes already queued trips the breach and drops everything.
     pub fn send(&self, frame: Vec<u8>) {
         let mut state = self.shared.lock();
         if state.closed {
@@ -93,11 +116,18 @@ impl Stdin {
                 }
             }
         }
+        if state.queued_bytes >= MAX_STDIN_BACKLOG {
+            state.close();
+            drop(state);
+            self.shared.breach.trip(BACKLOG_BREACH);
+            return;
+        }
         let rest = if written == 0 {
             frame
         } else {
             frame[written..].to_vec()
         };
+        state.queued_bytes += rest.len();
         state.queue.push_back(rest);
         drop(state);
         self.shared.queued.notify_one();
@@ -123,9 +153,11 @@ async fn writer_task(shared: Arc<Shared>, cancel: CancellationToken) {
                 let Some(frame) = state.queue.pop_front() else {
                     break;
                 };
+                state.queued_bytes -= frame.len();
                 // Only this task takes the stream, so it is always there; if not, the frame
                 // waits for it rather than being lost.
                 let Some(input) = state.input.take() else {
+                    state.queued_bytes += frame.len();
                     state.queue.push_front(frame);
                     break;
                 };
@@ -140,8 +172,8 @@ async fn writer_task(shared: Arc<Shared>, cancel: CancellationToken) {
             };
             let mut state = shared.lock();
             match written {
-                Some(Ok(())) => state.input = Some(input),
-                // Cancelled or failed: nothing more reaches this kernel.
+                Some(Ok(())) if !state.closed => state.input = Some(input),
+                // Cancelled, failed or closed meanwhile: nothing more reaches this kernel.
                 _ => {
                     state.close();
                     return;
@@ -157,7 +189,8 @@ impl State {
     fn close(&mut self) {
         self.closed = true;
         self.input = None;
-        self.queue.clear();
+        self.queue = VecDeque::new();
+        self.queued_bytes = 0;
     }
 }
 
@@ -172,7 +205,7 @@ mod tests {
         // A tiny pipe: most frames cannot be written inline and go through the task.
         let (client, mut server) = tokio::io::duplex(64);
         let cancel = CancellationToken::new();
-        let (stdin, task) = Stdin::new(Box::pin(client), cancel.clone());
+        let (stdin, task) = Stdin::new(Box::pin(client), cancel.clone(), Breach::default());
         let task = tokio::spawn(task);
         let mut expected = Vec::new();
         for i in 0..200 {
@@ -193,12 +226,41 @@ mod tests {
     #[tokio::test]
     async fn a_reader_that_stops_reading_blocks_nobody() {
         let (client, _server) = tokio::io::duplex(16);
-        let (stdin, task) = Stdin::new(Box::pin(client), CancellationToken::new());
+        let breach = Breach::default();
+        let (stdin, task) = Stdin::new(Box::pin(client), CancellationToken::new(), breach.clone());
         let _task = tokio::spawn(task);
         for _ in 0..100 {
             stdin.send(vec![b'y'; 1000]);
         }
         // send never waited: everything past the pipe's 16 bytes is queued.
         assert!(!stdin.shared.lock().queue.is_empty());
+        assert_eq!(breach.what(), None);
+    }
+
+    #[tokio::test]
+    async fn a_reader_that_never_reads_trips_the_breach_at_the_bound() {
+        let (client, server) = tokio::io::duplex(16);
+        let breach = Breach::default();
+        let (stdin, task) = Stdin::new(Box::pin(client), CancellationToken::new(), breach.clone());
+        let task = tokio::spawn(task);
+        let frame = vec![b'z'; 64 * 1024];
+        let mut sent = 0;
+        while breach.what().is_none() {
+            stdin.send(frame.clone());
+            sent += frame.len();
+            let queued = stdin.shared.lock().queued_bytes;
+            assert!(queued <= MAX_STDIN_BACKLOG + frame.len(), "{queued}");
+            assert!(sent <= 2 * MAX_STDIN_BACKLOG, "never tripped");
+        }
+        assert_eq!(breach.what(), Some(BACKLOG_BREACH));
+        // Everything queued is dropped, the stream is closed, and later frames are dropped.
+        {
+            let state = stdin.shared.lock();
+            assert!(state.closed && state.queue.is_empty() && state.queued_bytes == 0);
+        }
+        stdin.send(frame);
+        assert!(stdin.shared.lock().queue.is_empty());
+        drop(server);
+        task.abort();
     }
 }

@@ -236,3 +236,51 @@ async fn endless_output_still_times_out() {
     assert_eq!(r.stdout_truncated, Some(true));
     case.finish().await;
 }
+
+#[tokio::test]
+async fn rebinding_builtins_and_os_functions_does_not_brick_the_session() {
+    let case = Case::new("rebind").await;
+    // Everything the runner calls between cells, broken at once (setattr last: the loop
+    // needs it). The cell's own traceback cannot be formatted any more, so it is plain.
+    let wreck = "import builtins, os, sys, io, time, _thread, select, _json\n\
+saved = dict(vars(builtins))\n\
+saved_os = {n: getattr(os, n) for n in ('write', 'read', 'dup2', 'close', '_exit', 'getpid', 'pwrite', 'fdopen')}\n\
+saved_sys = sys.exc_info\n\
+for n in ('write', 'read', 'dup2', 'close', '_exit', 'getpid', 'pwrite', 'fdopen'):\n    setattr(os, n, None)\n\
+sys.exc_info = None\n\
+io.TextIOWrapper = None\n\
+time.time = None\n\
+_thread.allocate_lock = _thread.get_ident = None\n\
+_json.make_encoder = _json.make_scanner = None\n\
+for n in ('compile', 'exec', 'print', 'len', 'isinstance', 'str', 'getattr', 'repr', 'memoryview', \
+'int', 'type', 'any', 'open', '__import__', 'dict', 'list', 'BaseException', 'Exception', 'OSError', \
+'hasattr', 'iter', 'next', 'min', 'max', 'setattr'):\n    setattr(builtins, n, None)\n";
+    let r = case.run("s", wreck).await;
+    assert_eq!(r.status, CellStatus::Success, "{r:?}");
+    // The next cell runs and returns a result, even one that raises.
+    let next = case.run("s", "x = 2").await;
+    assert_eq!(next.status, CellStatus::Success, "{next:?}");
+    assert!(
+        next.kernel.reused && next.kernel.state_lost.is_none(),
+        "{next:?}"
+    );
+    let raised = case.run("s", "1 / 0").await;
+    assert_eq!(raised.status, CellStatus::Error, "{raised:?}");
+    assert!(
+        raised
+            .error
+            .unwrap_or_default()
+            .contains("ZeroDivisionError"),
+        "the error names the exception"
+    );
+    // Restoring the builtins brings everything back, state included.
+    let restore = "vars(builtins).update(saved)\n\
+for n, f in saved_os.items():\n    setattr(os, n, f)\n\
+sys.exc_info = saved_sys\n\
+print('restored', x, len('abc'))";
+    let back = case.run("s", restore).await;
+    assert_eq!(back.status, CellStatus::Success, "{back:?}");
+    assert_eq!(back.output, "restored 2 3\n", "{back:?}");
+    assert_eq!(back.kernel.execution_count, 4, "{back:?}");
+    case.finish().await;
+}

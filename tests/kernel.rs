@@ -333,8 +333,9 @@ async fn the_runner_leaves_no_trace_in_a_cell() {
              print('loaded', [m for m in ('json', 're', 'enum', 'threading', 'collections') if m in sys.modules])\n\
              import os, subprocess\n\
              print('argv', sys.argv)\n\
-             print('env', [k for k in os.environ if k.startswith('KERNELBOX_R')])\n\
-             print('child', subprocess.run(['env'], capture_output=True, text=True).stdout.count('KERNELBOX_RUNNER'))\n\
+             print('env', [k for k in os.environ if k.startswith('KERNELBOX_')])\n\
+             print('envb', [k for k in os.environb if k.startswith(b'KERNELBOX_')])\n\
+             print('child', subprocess.run(['env'], capture_output=True, text=True).stdout.count('KERNELBOX_'))\n\
              print('main', __name__, sys.modules['__main__'].__dict__ is globals())",
         )
         .await;
@@ -342,6 +343,7 @@ async fn the_runner_leaves_no_trace_in_a_cell() {
     let out = &probe.output;
     assert!(out.contains("argv ['-c']"), "{out}");
     assert!(out.contains("env []"), "{out}");
+    assert!(out.contains("envb []"), "{out}");
     assert!(out.contains("child 0"), "{out}");
     assert!(out.contains("loaded []"), "{out}");
     assert!(out.contains("main __main__ True"), "{out}");

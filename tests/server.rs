@@ -1080,3 +1080,51 @@ async fn random_requests_never_get_a_5xx_or_a_dropped_connection() {
     );
     srv.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_streaming_client_that_does_not_read_loses_output_not_server_memory() {
+    let srv = TestServer::start("stream-slow", tenants(vec![tenant("acme", "tok-a")])).await;
+    let api = &srv.api;
+    // 4 MB of output (under the result's 5 MB cap) that becomes ~24 MB of NDJSON: far more
+    // than the server's stream backlog and the loopback socket buffers together.
+    let code =
+        "import sys\nsys.stdout.write('\\x01' * 4_000_000)\nsys.stdout.flush()\nprint('END')";
+    let mut events = api.stream("tok-a", "s", json!({ "code": code })).await;
+    // The client reads nothing until the cell is over; the cell never waits for it.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let kernels = api.kernels("tok-a").await;
+        if kernels
+            .iter()
+            .any(|k| k["session"] == "s" && k["attached"] == 0 && k["execution_count"] == 1)
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the cell did not finish: {kernels:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (mut streamed, mut dropped, mut result) = (0usize, 0usize, None);
+    while let Some((event, _)) = events.next().await {
+        match event["event"].as_str() {
+            Some("output") => streamed += event["data"].as_str().expect("data").len(),
+            Some("output_truncated") => dropped += event["bytes"].as_u64().expect("bytes") as usize,
+            Some("result") => result = Some(event["result"].clone()),
+            _ => panic!("unexpected event {event}"),
+        }
+    }
+    let result = result.expect("the result arrives after the dropped output");
+    assert_eq!(result["status"], "success", "{result}");
+    assert!(
+        dropped > 0,
+        "output was dropped, not buffered ({streamed} streamed)"
+    );
+    assert_eq!(
+        streamed + dropped,
+        4_000_004,
+        "every byte is streamed or counted"
+    );
+    srv.finish().await;
+}

@@ -227,3 +227,71 @@ t = threading.Thread(target=worker)\nt.start()\ncalling.wait()\n",
     );
     case.finish().await;
 }
+
+/// A dispatcher whose calls wait until the test releases them.
+struct Held {
+    gate: Arc<tokio::sync::Semaphore>,
+    max_in_flight: Arc<std::sync::atomic::AtomicUsize>,
+    in_flight: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl ToolDispatcher for Held {
+    async fn dispatch(&self, _call: ToolCall) -> Result<serde_json::Value, String> {
+        use std::sync::atomic::Ordering;
+        let now = self.in_flight.fetch_add(1, Ordering::AcqRel) + 1;
+        self.max_in_flight.fetch_max(now, Ordering::AcqRel);
+        let _permit = self.gate.acquire().await.map_err(|e| e.to_string())?;
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+        Ok(json!("done"))
+    }
+}
+
+#[tokio::test]
+async fn tool_calls_in_flight_are_bounded_and_the_excess_refused_at_once() {
+    let case = Case::new("rpc-in-flight").await;
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let max_in_flight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let dispatcher: Arc<dyn ToolDispatcher> = Arc::new(Held {
+        gate: gate.clone(),
+        max_in_flight: max_in_flight.clone(),
+        in_flight: Default::default(),
+    });
+    // 20 threads call at once; the calls past the bound are refused while the others wait.
+    let code = "import kernel_tools, threading\n\
+results = []\n\
+def call():\n    try:\n        results.append(kernel_tools.web_search(query='q'))\n    \
+except kernel_tools.ToolError as e:\n        print('refused:', e, flush=True)\n        results.append('refused')\n\
+threads = [threading.Thread(target=call) for _ in range(20)]\n\
+for t in threads:\n    t.start()\n\
+for t in threads:\n    t.join()\n\
+print(results.count('done'), results.count('refused'))";
+    let (refused_tx, mut refused_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let seen = Arc::new(Mutex::new(String::new()));
+    let sink: kernelbox::kernel::OutputSink = Arc::new(move |b: &[u8]| {
+        let mut seen = seen.lock().unwrap();
+        seen.push_str(&String::from_utf8_lossy(b));
+        if seen.matches("refused:").count() >= 4 {
+            let _ = refused_tx.send(());
+        }
+    });
+    let request = ExecuteRequest {
+        sink: Some(sink),
+        ..with_tools(code, &dispatcher, "turn-1")
+    };
+    let kb = case.kb.clone();
+    let run = tokio::spawn(async move { kb.execute(request).await });
+    let refused = tokio::time::timeout(std::time::Duration::from_secs(60), refused_rx.recv()).await;
+    gate.add_permits(100);
+    let r = run.await.unwrap().unwrap();
+    assert!(
+        refused.is_ok(),
+        "four calls are refused while 16 wait: {r:?}"
+    );
+    assert_eq!(r.status, CellStatus::Success, "{r:?}");
+    assert!(r.output.trim_end().ends_with("16 4"), "{r:?}");
+    assert!(r.output.contains("Too many tool calls in flight"), "{r:?}");
+    assert_eq!(max_in_flight.load(std::sync::atomic::Ordering::Acquire), 16);
+    assert_eq!(r.tool_calls_made, 16, "refusals do not count");
+    case.finish().await;
+}

@@ -404,10 +404,55 @@ impl Utf8Stream {
     }
 }
 
+/// Bytes of NDJSON events of one streaming execute produced and not yet taken by the client's
+/// connection. A client that does not keep up loses output past this (the cell never waits
+/// for it); the stream then ends with an `output_truncated` event counting the dropped bytes,
+/// before the `result`.
+pub const MAX_STREAM_BACKLOG: usize = 1024 * 1024;
+
+/// The sending side of a streaming execute: output events are dropped, never queued, past
+/// [`MAX_STREAM_BACKLOG`] bytes.
+struct StreamTx {
+    tx: tokio::sync::mpsc::UnboundedSender<(Bytes, bool)>,
+    queued: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl StreamTx {
+    /// Queues an output event unless the backlog is full; false if it was dropped.
+    fn try_send(&self, line: Bytes) -> bool {
+        use std::sync::atomic::Ordering;
+        let len = line.len();
+        let admitted = self
+            .queued
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
+                (q + len <= MAX_STREAM_BACKLOG).then_some(q + len)
+            })
+            .is_ok();
+        if admitted && self.tx.send((line, false)).is_err() {
+            // The client went away: nothing is queued for it any more.
+            self.queued.fetch_sub(len, Ordering::AcqRel);
+        }
+        admitted
+    }
+
+    /// Queues a closing event (the rest of the output, truncation, the result) whatever the
+    /// backlog: at most three lines per stream.
+    fn send_final(&self, line: Bytes, last: bool) {
+        self.queued
+            .fetch_add(line.len(), std::sync::atomic::Ordering::AcqRel);
+        let _ = self.tx.send((line, last));
+    }
+}
+
 /// Streams `{"event":"output","data":...}` lines as the cell writes, then one `result` (or
 /// `error`) line. The cell runs to its end even if the client goes away.
 fn stream_execute(state: AppState, mut request: ExecuteRequest) -> Response {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<(Bytes, bool)>();
+    let queued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let tx = Arc::new(StreamTx {
+        tx,
+        queued: queued.clone(),
+    });
     let cap = state.inner.orchestrator.config().output_spill_bytes;
     let decoder = Arc::new(Mutex::new(Utf8Stream {
         carry: Vec::new(),
@@ -419,12 +464,10 @@ fn stream_execute(state: AppState, mut request: ExecuteRequest) -> Response {
         let tx = tx.clone();
         let decoder = decoder.clone();
         request.sink = Some(Arc::new(move |chunk: &[u8]| {
-            let text = decoder
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(chunk);
-            if !text.is_empty() {
-                let _ = tx.send((line("output", "data", &text), false));
+            let mut decoder = decoder.lock().unwrap_or_else(|p| p.into_inner());
+            let text = decoder.push(chunk);
+            if !text.is_empty() && !tx.try_send(line("output", "data", &text)) {
+                decoder.dropped += text.len();
             }
         }));
     }
@@ -435,10 +478,10 @@ fn stream_execute(state: AppState, mut request: ExecuteRequest) -> Response {
             (d.finish(), d.dropped)
         };
         if !rest.is_empty() {
-            let _ = tx.send((line("output", "data", &rest), false));
+            tx.send_final(line("output", "data", &rest), false);
         }
         if dropped > 0 {
-            let _ = tx.send((line("output_truncated", "bytes", &dropped), false));
+            tx.send_final(line("output_truncated", "bytes", &dropped), false);
         }
         let last = match outcome {
             Ok(result) => {
@@ -447,14 +490,18 @@ fn stream_execute(state: AppState, mut request: ExecuteRequest) -> Response {
             }
             Err(e) => line("error", "error", &ApiError::from(e).body()["error"]),
         };
-        let _ = tx.send((last, true));
+        tx.send_final(last, true);
     });
-    let stream = futures::stream::unfold((rx, false), |(mut rx, done)| async move {
-        if done {
-            return None;
+    let stream = futures::stream::unfold((rx, false), move |(mut rx, done)| {
+        let queued = queued.clone();
+        async move {
+            if done {
+                return None;
+            }
+            let (bytes, last) = rx.recv().await?;
+            queued.fetch_sub(bytes.len(), std::sync::atomic::Ordering::AcqRel);
+            Some((Ok::<_, Infallible>(bytes), (rx, last)))
         }
-        let (bytes, last) = rx.recv().await?;
-        Some((Ok::<_, Infallible>(bytes), (rx, last)))
     });
     let mut response = Response::new(Body::from_stream(stream));
     let headers = response.headers_mut();
@@ -593,6 +640,28 @@ mod tests {
         assert!(json_object::<Body>(b"\n {\"code\": \"1\"}").is_ok());
         let err = json_object::<Body>(b"{\"code\": 1}").unwrap_err();
         assert_eq!(err.code, "invalid_json");
+    }
+
+    #[test]
+    fn a_stream_nobody_reads_drops_output_past_its_backlog() {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let tx = StreamTx {
+            tx,
+            queued: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+        };
+        let line = Bytes::from(vec![b'x'; 64 * 1024]);
+        let admitted = (0..100).filter(|_| tx.try_send(line.clone())).count();
+        assert_eq!(admitted, MAX_STREAM_BACKLOG / line.len());
+        // The closing events always go through.
+        tx.send_final(Bytes::from_static(b"result"), true);
+        let mut got = 0;
+        while let Ok((bytes, last)) = rx.try_recv() {
+            got += 1;
+            if last {
+                assert_eq!(&bytes[..], b"result");
+            }
+        }
+        assert_eq!(got, admitted + 1);
     }
 
     #[test]

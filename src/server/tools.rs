@@ -23,8 +23,10 @@ use crate::authority::{ToolCall, ToolDispatcher};
 /// Header carrying the per-cell token.
 pub const CELL_TOKEN_HEADER: &str = "x-kernelbox-cell-token";
 
-/// Largest tool response accepted, in bytes.
-const MAX_RESPONSE_BYTES: usize = 8 * 1024 * 1024;
+/// Largest tool endpoint response read into memory, in bytes; a longer one fails the call.
+/// With [`crate::kernel::MAX_TOOL_CALLS_IN_FLIGHT`] this bounds the responses one cell can
+/// make the server hold at once.
+pub const MAX_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
 
 /// The shared HTTP client (plain HTTP/1.1, pooled).
 pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
