@@ -1420,7 +1420,7 @@ async fn leftovers(engine: &Arc<dyn Engine>, label: &str) -> Result<(usize, usiz
         let _ = engine.remove_container(&c.id).await;
     }
     for v in &vs {
-        let _ = kernelbox::kernel::remove_volume_when_free(engine.as_ref(), &v.name).await;
+        let _ = kernelbox::docker::remove_volume_when_free(engine.as_ref(), &v.name).await;
     }
     Ok((cs.len(), vs.len()))
 }

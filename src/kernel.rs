@@ -21,8 +21,12 @@ use tokio_util::task::TaskTracker;
 
 use crate::authority::{CellAuthority, ToolCall, RETIRED_MESSAGE};
 use crate::cell::OutputBuffer;
+use crate::clock::unix_now;
 use crate::config::{Config, WorkMode};
-use crate::docker::{Chunk, ContainerSpec, Engine, EngineError, Mount, TmpfsVolume};
+use crate::docker::{
+    remove_volume_when_free, short_id, Chunk, ContainerSpec, Engine, EngineError, Mount,
+    TmpfsVolume,
+};
 use crate::monitor::EventMonitor;
 use crate::owner::KernelKey;
 use crate::protocol::{
@@ -252,14 +256,6 @@ pub fn kernel_labels(
     labels
 }
 
-/// Seconds since the Unix epoch.
-pub fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
-
 impl Kernel {
     /// Creates, attaches and starts a kernel container, and waits for the runner to be ready.
     /// On any failure nothing is left behind.
@@ -334,7 +330,7 @@ impl Kernel {
         let id = match engine.create_container(&spec).await {
             Ok(id) => id,
             Err(e) => {
-                let _ = engine.remove_volume(&volume).await;
+                let _ = remove_volume_when_free(engine.as_ref(), &volume).await;
                 return Err(e.into());
             }
         };
@@ -356,7 +352,7 @@ impl Kernel {
                 if let Err(err) = engine.remove_container(&id).await {
                     tracing::warn!(container = %id, error = %err, "cleanup after failed spawn");
                 }
-                let _ = engine.remove_volume(&volume).await;
+                let _ = remove_volume_when_free(engine.as_ref(), &volume).await;
                 Err(e)
             }
         }
@@ -458,7 +454,7 @@ impl Kernel {
 
     /// The short (12 hex) container id.
     pub fn short_id(&self) -> &str {
-        &self.id[..self.id.len().min(12)]
+        short_id(&self.id)
     }
 
     /// The current state.
@@ -781,23 +777,6 @@ fn tar_err(id: &str, e: std::io::Error) -> EngineError {
     }
 }
 
-/// Removes a volume, waiting briefly while the engine finishes removing its container.
-pub async fn remove_volume_when_free(engine: &dyn Engine, name: &str) -> Result<(), EngineError> {
-    let mut delay = Duration::from_millis(20);
-    for _ in 0..8 {
-        match engine.remove_volume(name).await {
-            Err(EngineError::VolumeInUse { .. }) => {
-                // The container's removal is still being committed by the engine; there is no
-                // event for "volume released", so back off and retry a few times.
-                tokio::time::sleep(delay).await;
-                delay *= 2;
-            }
-            other => return other,
-        }
-    }
-    engine.remove_volume(name).await
-}
-
 /// The refusal for a tool call past [`MAX_TOOL_CALLS_IN_FLIGHT`] or [`MAX_TOOL_ARGS_IN_FLIGHT`].
 const IN_FLIGHT_MESSAGE: &str = "Too many tool calls in flight: a cell may wait on at most 16 calls (8 MiB of arguments) at once; retry when one has returned.";
 
@@ -922,7 +901,7 @@ async fn reader_task(mut task: ReaderTask) {
                     Ok(frame) => frames.push((frame, line.len())),
                     Err(e) => {
                         garbage += line.len() + 1;
-                        tracing::debug!(container = %short(&task.id), error = %e, "unparseable kernel frame dropped");
+                        tracing::debug!(container = %short_id(&task.id), error = %e, "unparseable kernel frame dropped");
                     }
                 });
                 if fed.is_err() {
@@ -958,7 +937,7 @@ async fn reader_task(mut task: ReaderTask) {
                 }
             }
             Some(Err(e)) => {
-                tracing::debug!(container = %short(&task.id), error = %e, "attach stream error");
+                tracing::debug!(container = %short_id(&task.id), error = %e, "attach stream error");
                 break;
             }
             None => break,
@@ -971,7 +950,7 @@ async fn reader_task(mut task: ReaderTask) {
             .unwrap_or_else(|p| p.into_inner())
             .get_or_insert(Death::Protocol(what));
         task.disposing.store(true, Ordering::Release);
-        tracing::warn!(container = %short(&task.id), breach = what, "kernel broke the protocol; killing it");
+        tracing::warn!(container = %short_id(&task.id), breach = what, "kernel broke the protocol; killing it");
         // The streams are drained (and dropped) meanwhile: the engine does not finish removing
         // a container while its write to an attach connection nobody reads is blocked. The cell
         // (if any) learns of the death at once; nothing more is read from this kernel.
@@ -985,7 +964,7 @@ async fn reader_task(mut task: ReaderTask) {
             _ = task.cancel.cancelled() => {}
             (removed, (), ()) = futures::future::join3(remove, drain, closed) => {
                 if let Err(e) = removed {
-                    tracing::warn!(container = %short(&task.id), error = %e, "killing a kernel that broke the protocol");
+                    tracing::warn!(container = %short_id(&task.id), error = %e, "killing a kernel that broke the protocol");
                 }
             }
         }
@@ -1028,14 +1007,10 @@ async fn reader_task(mut task: ReaderTask) {
             Death::Crashed(fate.died.unwrap_or(-1))
         }
     };
-    tracing::debug!(container = %short(&task.id), ?death, lived = ?started.elapsed(), "kernel streams closed");
+    tracing::debug!(container = %short_id(&task.id), ?death, lived = ?started.elapsed(), "kernel streams closed");
     task.death
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .get_or_insert(death);
     let _ = task.events.tx.send(IoEvent::Closed).await;
-}
-
-fn short(id: &str) -> &str {
-    &id[..id.len().min(12)]
 }

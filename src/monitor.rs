@@ -139,7 +139,7 @@ impl EventMonitor {
         let mut backoff = Duration::from_millis(100);
         // Replay from a little before now, so events of containers created while the
         // subscription was being set up are not missed; resubscriptions replay the gap.
-        let mut since = crate::kernel::unix_now() as i64 - 1;
+        let mut since = crate::clock::unix_now() as i64 - 1;
         while !cancel.is_cancelled() {
             let mut events = engine.events(&labels, Some(since));
             loop {
@@ -148,7 +148,7 @@ impl EventMonitor {
                     item = events.next() => match item {
                         Some(Ok(event)) => {
                             backoff = Duration::from_millis(100);
-                            since = crate::kernel::unix_now() as i64 - 1;
+                            since = crate::clock::unix_now() as i64 - 1;
                             self.record_signal(&event.id, &event.action, event.exit_code, event.signal);
                         }
                         Some(Err(e)) => {

@@ -19,6 +19,7 @@ use crate::cell::{
 };
 use crate::config::Config;
 use crate::docker::{Engine, EngineError};
+use crate::histogram::Histogram;
 use crate::instance::Instance;
 use crate::kernel::{CellEnd, Death, Kernel, KernelError, KernelState, OutputSink};
 use crate::labels;
@@ -1019,27 +1020,31 @@ impl Orchestrator {
 /// Upper bounds of the kernel start-time histogram, in seconds.
 pub const START_BUCKETS: [f64; 10] = [0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0];
 
-/// Kernel start times by outcome (index 0: started, 1: failed).
-#[derive(Debug, Clone, Default, PartialEq)]
+/// Kernel start times by outcome.
+#[derive(Debug, Clone, PartialEq)]
 pub struct StartStats {
-    /// Per outcome: cumulative counts per bucket of [`START_BUCKETS`].
-    pub buckets: [[u64; START_BUCKETS.len()]; 2],
-    /// Per outcome: number of starts.
-    pub count: [u64; 2],
-    /// Per outcome: total seconds.
-    pub sum: [f64; 2],
+    /// Starts that brought a kernel up.
+    pub started: Histogram,
+    /// Starts that failed.
+    pub failed: Histogram,
+}
+
+impl Default for StartStats {
+    fn default() -> Self {
+        StartStats {
+            started: Histogram::new(&START_BUCKETS),
+            failed: Histogram::new(&START_BUCKETS),
+        }
+    }
 }
 
 impl StartStats {
     fn observe(&mut self, ok: bool, seconds: f64) {
-        let i = usize::from(!ok);
-        for (b, bound) in START_BUCKETS.iter().enumerate() {
-            if seconds <= *bound {
-                self.buckets[i][b] += 1;
-            }
+        if ok {
+            self.started.observe(seconds);
+        } else {
+            self.failed.observe(seconds);
         }
-        self.count[i] += 1;
-        self.sum[i] += seconds;
     }
 }
 

@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::docker::{Engine, EngineError};
+use crate::clock::unix_now;
+use crate::docker::{remove_volume, Engine, EngineError, InUse};
 use crate::instance::{liveness, Instance, Liveness};
-use crate::kernel::unix_now;
 use crate::labels;
 
 /// Objects of an instance on another host are judged by age past this grace.
@@ -66,7 +66,7 @@ pub async fn sweep_orphans(
         };
         if leftover {
             if !dry_run {
-                match engine.remove_volume(&v.name).await {
+                match remove_volume(engine, &v.name, InUse::Fail).await {
                     Ok(()) => {}
                     Err(EngineError::VolumeInUse { .. }) => continue,
                     Err(e) => {
@@ -128,7 +128,7 @@ async fn sweep_staging_where(
             continue;
         }
         if !dry_run {
-            match engine.remove_volume(&v.name).await {
+            match remove_volume(engine, &v.name, InUse::Fail).await {
                 Ok(()) => {}
                 Err(EngineError::VolumeInUse { .. }) => continue,
                 Err(e) => {

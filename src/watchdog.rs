@@ -91,7 +91,7 @@ pub async fn remove_instance(engine: &dyn Engine, instance: &str) -> Result<usiz
     let volumes = engine.list_volumes(&filters, false).await?;
     let removals = volumes
         .into_iter()
-        .map(|v| async move { crate::kernel::remove_volume_when_free(engine, &v.name).await });
+        .map(|v| async move { crate::docker::remove_volume_when_free(engine, &v.name).await });
     let results: Vec<_> = futures::stream::iter(removals)
         .buffer_unordered(crate::docker::REMOVAL_CONCURRENCY)
         .collect()

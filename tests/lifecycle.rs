@@ -275,7 +275,7 @@ async fn reap_once_spares_attached_and_fresh_kernels() {
 #[tokio::test]
 async fn parallel_cells_share_one_kernel_process() {
     let case = Case::new("single-flight").await;
-    let since = kernelbox::kernel::unix_now() as i64 - 1;
+    let since = kernelbox::clock::unix_now() as i64 - 1;
     let runs = (0..6).map(|_| case.run("conv-a", "import time; time.sleep(0.3)"));
     let results = futures::future::join_all(runs).await;
     assert!(
@@ -341,7 +341,7 @@ async fn state_lost_is_reported_after_a_removal_from_outside() {
 #[tokio::test]
 async fn week_old_staging_volumes_go_and_fresh_ones_stay() {
     let case = Case::new("staging").await;
-    let now = kernelbox::kernel::unix_now();
+    let now = kernelbox::clock::unix_now();
     let base = BTreeMap::from([
         (CASE.to_string(), case.label.clone()),
         (
@@ -410,7 +410,7 @@ async fn a_startup_sweep_removes_dead_instances_leftovers_only() {
     labels.insert("io.kernelbox.role".into(), "staging".into());
     labels.insert(
         "io.kernelbox.created-at".into(),
-        kernelbox::kernel::unix_now().to_string(),
+        kernelbox::clock::unix_now().to_string(),
     );
     let dead_volume = format!("{label}-dead");
     engine
@@ -518,7 +518,7 @@ async fn stress_many_first_calls_over_few_owners_respect_the_cap() {
 #[tokio::test]
 async fn the_reaper_sweeps_dead_instances_old_staging_volumes_only() {
     let case = Case::new("reapdead").await;
-    let now = kernelbox::kernel::unix_now();
+    let now = kernelbox::clock::unix_now();
     let me = kernelbox::instance::Instance::current();
     let dead = kernelbox::instance::Instance {
         id: format!("{}-dead", case.label),

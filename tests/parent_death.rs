@@ -29,7 +29,7 @@ fn kernelbox(label: &str, args: &[&str]) -> Child {
 
 /// Waits for the first container event `action` for the label.
 async fn wait_event(engine: &std::sync::Arc<dyn kernelbox::Engine>, label: &str, action: &str) {
-    let since = kernelbox::kernel::unix_now() as i64 - 5;
+    let since = kernelbox::clock::unix_now() as i64 - 5;
     let mut events = engine.events(&[format!("{CASE}={label}")], Some(since));
     let found = tokio::time::timeout(Duration::from_secs(30), async {
         while let Some(Ok(event)) = events.next().await {

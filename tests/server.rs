@@ -60,7 +60,7 @@ async fn assert_clean(engine: &Arc<dyn Engine>, label: &str) {
         let _ = engine.remove_container(&c.id).await;
     }
     for v in &volumes {
-        let _ = kernelbox::kernel::remove_volume_when_free(engine.as_ref(), &v.name).await;
+        let _ = kernelbox::docker::remove_volume_when_free(engine.as_ref(), &v.name).await;
     }
     assert!(
         containers.is_empty(),

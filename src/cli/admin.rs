@@ -101,11 +101,11 @@ fn row(c: &ContainerInfo, memory: Option<u64>, status: Status) -> Row {
         owner: get(labels::OWNER),
         state: c.state.clone(),
         generation: get(labels::GENERATION),
-        age_seconds: kernelbox::kernel::unix_now().saturating_sub(created.max(0) as u64),
+        age_seconds: kernelbox::clock::unix_now().saturating_sub(created.max(0) as u64),
         // Busy kernels are not idle at all; a kernel without a status has run no cell yet.
         idle_seconds: match status {
             Some((_, _, true)) => None,
-            Some((_, last, false)) => Some(kernelbox::kernel::unix_now().saturating_sub(last)),
+            Some((_, last, false)) => Some(kernelbox::clock::unix_now().saturating_sub(last)),
             None => None,
         },
         busy: status.map(|(_, _, busy)| busy),
@@ -269,7 +269,7 @@ pub async fn inspect(engine: &BollardEngine, args: InspectArgs) -> anyhow::Resul
 pub async fn logs(engine: &BollardEngine, args: LogsArgs) -> anyhow::Result<ExitCode> {
     let c = find(engine, &args.container).await?;
     let since = labels::int(&c.labels, labels::CREATED_AT).unwrap_or(c.created) - 1;
-    let until = kernelbox::kernel::unix_now() + 1;
+    let until = kernelbox::clock::unix_now() + 1;
     let filters = std::collections::HashMap::from([
         ("container".to_string(), vec![c.id.clone()]),
         ("type".to_string(), vec!["container".to_string()]),
@@ -282,7 +282,7 @@ pub async fn logs(engine: &BollardEngine, args: LogsArgs) -> anyhow::Result<Exit
     let mut events = engine.client().events(Some(options));
     println!(
         "# lifecycle of {} (cell output is not logged by design)",
-        &c.id[..12]
+        kernelbox::docker::short_id(&c.id)
     );
     while let Some(event) = events.next().await {
         let event = event?;
@@ -322,7 +322,7 @@ pub async fn kill(engine: &BollardEngine, args: KillArgs) -> anyhow::Result<Exit
     for c in &targets {
         engine.remove_container(&c.id).await?;
         if let Some(volume) = c.labels.get(labels::VOLUME) {
-            kernelbox::kernel::remove_volume_when_free(engine, volume).await?;
+            kernelbox::docker::remove_volume_when_free(engine, volume).await?;
         }
         rows.push(row(c, None, None));
     }

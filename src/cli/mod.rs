@@ -369,7 +369,7 @@ async fn sweep(args: SweepArgs) -> anyhow::Result<ExitCode> {
             report.volumes.len()
         );
         for c in &report.containers {
-            println!("container  {}", &c[..c.len().min(12)]);
+            println!("container  {}", kernelbox::docker::short_id(c));
         }
         for v in &report.volumes {
             println!("volume     {v}");

@@ -224,3 +224,47 @@ pub trait Engine: Send + Sync + 'static {
         since: Option<i64>,
     ) -> BoxStream<'static, Result<EngineEvent, EngineError>>;
 }
+
+/// What [`remove_volume`] does when the engine says a container still uses the volume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InUse {
+    /// Give up at once with [`EngineError::VolumeInUse`] (sweeps: a volume in use is not a
+    /// leftover).
+    Fail,
+    /// Retry with backoff for about five seconds: the container was just removed and the
+    /// engine is still committing its removal (disposal, cleanup after a failed spawn).
+    Wait,
+}
+
+/// Removes a volume (a missing one is a success). The one place kernelbox removes volumes.
+pub async fn remove_volume(
+    engine: &dyn Engine,
+    name: &str,
+    in_use: InUse,
+) -> Result<(), EngineError> {
+    if in_use == InUse::Wait {
+        let mut delay = std::time::Duration::from_millis(20);
+        for _ in 0..8 {
+            match engine.remove_volume(name).await {
+                Err(EngineError::VolumeInUse { .. }) => {
+                    // There is no engine event for "volume released": back off and retry.
+                    tokio::time::sleep(delay).await;
+                    delay *= 2;
+                }
+                other => return other,
+            }
+        }
+    }
+    engine.remove_volume(name).await
+}
+
+/// Removes a volume, waiting briefly while the engine finishes removing its container
+/// ([`remove_volume`] with [`InUse::Wait`]).
+pub async fn remove_volume_when_free(engine: &dyn Engine, name: &str) -> Result<(), EngineError> {
+    remove_volume(engine, name, InUse::Wait).await
+}
+
+/// The short form of a container id (its first 12 characters), as `docker ps` shows it.
+pub fn short_id(id: &str) -> &str {
+    id.get(..12).unwrap_or(id)
+}

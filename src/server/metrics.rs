@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use crate::cell::{CellResult, CellStatus, LossReason};
-use crate::orchestrator::{Stats, START_BUCKETS};
+use crate::histogram::Histogram;
+use crate::orchestrator::Stats;
 
 const STATUSES: [CellStatus; 4] = [
     CellStatus::Success,
@@ -33,33 +34,25 @@ pub const REJECTIONS: [&str; 5] = [
     "connections",
 ];
 
-#[derive(Default)]
-struct Histogram {
-    buckets: [u64; BUCKETS.len()],
-    count: u64,
-    sum: f64,
-}
-
-impl Histogram {
-    fn observe(&mut self, value: f64) {
-        for (i, bound) in BUCKETS.iter().enumerate() {
-            if value <= *bound {
-                self.buckets[i] += 1;
-            }
-        }
-        self.count += 1;
-        self.sum += value;
-    }
-}
-
 /// The server's counters.
-#[derive(Default)]
 pub struct Metrics {
     cells: Mutex<[Histogram; 4]>,
     kernel_starts: AtomicU64,
     state_lost: [AtomicU64; LossReason::ALL.len()],
     tool_calls: [AtomicU64; TOOL_OUTCOMES.len()],
     rejected: [AtomicU64; REJECTIONS.len()],
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            cells: Mutex::new(std::array::from_fn(|_| Histogram::new(&BUCKETS))),
+            kernel_starts: AtomicU64::default(),
+            state_lost: Default::default(),
+            tool_calls: Default::default(),
+            rejected: Default::default(),
+        }
+    }
 }
 
 fn status_index(status: CellStatus) -> usize {
@@ -124,27 +117,10 @@ impl Metrics {
         writeln!(out, "# TYPE kernelbox_cell_duration_seconds histogram")?;
         let cells = self.cells.lock().unwrap_or_else(|p| p.into_inner());
         for (status, h) in STATUSES.iter().zip(cells.iter()) {
-            let s = status.as_str();
-            for (bound, n) in BUCKETS.iter().zip(h.buckets.iter()) {
-                writeln!(
-                    out,
-                    "kernelbox_cell_duration_seconds_bucket{{status=\"{s}\",le=\"{bound}\"}} {n}"
-                )?;
-            }
-            writeln!(
+            h.render(
                 out,
-                "kernelbox_cell_duration_seconds_bucket{{status=\"{s}\",le=\"+Inf\"}} {}",
-                h.count
-            )?;
-            writeln!(
-                out,
-                "kernelbox_cell_duration_seconds_sum{{status=\"{s}\"}} {}",
-                h.sum
-            )?;
-            writeln!(
-                out,
-                "kernelbox_cell_duration_seconds_count{{status=\"{s}\"}} {}",
-                h.count
+                "kernelbox_cell_duration_seconds",
+                &format!("status=\"{}\"", status.as_str()),
             )?;
         }
         writeln!(
@@ -157,7 +133,7 @@ impl Metrics {
                 out,
                 "kernelbox_cells_total{{status=\"{}\"}} {}",
                 status.as_str(),
-                h.count
+                h.count()
             )?;
         }
         drop(cells);
@@ -235,27 +211,14 @@ fn write_lifecycle(out: &mut String, stats: &Stats) -> std::fmt::Result {
         "# HELP kernelbox_kernel_start_seconds Time to start a kernel (container up, runner ready), by outcome."
     )?;
     writeln!(out, "# TYPE kernelbox_kernel_start_seconds histogram")?;
-    for (i, outcome) in ["started", "failed"].iter().enumerate() {
-        for (bound, n) in START_BUCKETS.iter().zip(stats.starts.buckets[i].iter()) {
-            writeln!(
-                out,
-                "kernelbox_kernel_start_seconds_bucket{{outcome=\"{outcome}\",le=\"{bound}\"}} {n}"
-            )?;
-        }
-        writeln!(
+    for (outcome, h) in [
+        ("started", &stats.starts.started),
+        ("failed", &stats.starts.failed),
+    ] {
+        h.render(
             out,
-            "kernelbox_kernel_start_seconds_bucket{{outcome=\"{outcome}\",le=\"+Inf\"}} {}",
-            stats.starts.count[i]
-        )?;
-        writeln!(
-            out,
-            "kernelbox_kernel_start_seconds_sum{{outcome=\"{outcome}\"}} {}",
-            stats.starts.sum[i]
-        )?;
-        writeln!(
-            out,
-            "kernelbox_kernel_start_seconds_count{{outcome=\"{outcome}\"}} {}",
-            stats.starts.count[i]
+            "kernelbox_kernel_start_seconds",
+            &format!("outcome=\"{outcome}\""),
         )?;
     }
     writeln!(

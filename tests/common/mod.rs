@@ -144,7 +144,7 @@ pub async fn assert_clean(engine: &Arc<dyn Engine>, label: &str) {
         let _ = engine.remove_container(&c.id).await;
     }
     for v in &vs {
-        let _ = kernelbox::kernel::remove_volume_when_free(engine.as_ref(), &v.name).await;
+        let _ = kernelbox::docker::remove_volume_when_free(engine.as_ref(), &v.name).await;
     }
     assert!(cs.is_empty(), "containers left behind: {cs:?}");
     assert!(vs.is_empty(), "volumes left behind: {vs:?}");
