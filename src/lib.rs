@@ -13,10 +13,8 @@
 //! | [`config`] | the validated configuration value |
 //! | [`cell`] | the cell contract: [`CellResult`], statuses, loss reasons, output capping |
 //! | [`owner`] | owners (session / delegated child, per tenant) and kernel keys |
-//! | [`protocol`] | the runner protocol: frames, line splitting, end markers |
 //! | [`docker`] | the intent-level [`Engine`](docker::Engine) trait and its bollard implementation |
-//! | [`kernel`] | one kernel container: spawn, I/O task, cell execution, state enum |
-//! | [`stdin`] | a kernel's stdin: frames written inline when the pipe takes them, else by a task |
+//! | [`kernel`] | one kernel container: spawn, reader task, cell execution, stdin, the runner protocol |
 //! | [`catalog`] | the durable owner catalog: live keys, generations, unreported losses |
 //! | [`registry`] | which kernel serves which key; caps and fair shares, idle reaping, losses (pure bookkeeping) |
 //! | [`authority`] | per-cell tool-call authority and the [`ToolDispatcher`] trait |
@@ -49,10 +47,8 @@ pub mod labels;
 pub mod monitor;
 pub mod orchestrator;
 pub mod owner;
-pub mod protocol;
 pub mod registry;
 pub mod server;
-pub mod stdin;
 pub mod sweep;
 pub mod watchdog;
 

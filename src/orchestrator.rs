@@ -21,11 +21,12 @@ use crate::config::Config;
 use crate::docker::{Engine, EngineError};
 use crate::histogram::Histogram;
 use crate::instance::Instance;
-use crate::kernel::{CellEnd, Death, Kernel, KernelError, KernelState, OutputSink};
+use crate::kernel::{
+    CellOutcome, Death, Kernel, KernelError, KernelState, OutputSink, SpawnRequest,
+};
 use crate::labels;
 use crate::monitor::EventMonitor;
 use crate::owner::{KernelKey, NameError, Owner};
-use crate::protocol::DoneStatus;
 use crate::registry::{Cap, EvictionCounts, Registry, Slot, TenantLimits};
 use crate::sweep::{self, SweepReport};
 use crate::watchdog::Watchdog;
@@ -469,7 +470,7 @@ impl Orchestrator {
             .await;
         // Published before the run is untracked: an interrupt counts only cells that really
         // ended as interrupted.
-        let _ = outcome.send(Some(matches!(run.end, CellEnd::Interrupted)));
+        let _ = outcome.send(Some(run.outcome == CellOutcome::Interrupted));
         self.untrack_running(&owner, run_id);
 
         let mut info = KernelInfo {
@@ -481,50 +482,35 @@ impl Orchestrator {
             generation: lease.slot.generation,
             state_lost: lease.state_lost.clone(),
         };
-        let (status, exit_code, error, loss) = match &run.end {
-            CellEnd::Done {
-                status: DoneStatus::Ok,
-                ..
-            } => (CellStatus::Success, 0, None, None),
-            CellEnd::Done {
-                status: DoneStatus::Error,
-                traceback,
-            } => (
-                CellStatus::Error,
-                1,
-                Some(traceback.clone().unwrap_or_default()),
-                None,
-            ),
-            CellEnd::Done {
-                status: DoneStatus::Exit,
-                ..
-            } => {
+        let (status, exit_code, error, loss) = match &run.outcome {
+            CellOutcome::Completed => (CellStatus::Success, 0, None, None),
+            CellOutcome::Raised { traceback } => {
+                (CellStatus::Error, 1, Some(traceback.clone()), None)
+            }
+            CellOutcome::Exited => {
                 info.ended = true;
                 (CellStatus::Success, 0, None, None)
             }
-            CellEnd::TimedOut => (
+            CellOutcome::TimedOut => (
                 CellStatus::Timeout,
                 -1,
                 Some(timeout_message(timeout)),
                 Some(LossReason::Timeout),
             ),
-            CellEnd::Interrupted => (
+            CellOutcome::Interrupted => (
                 CellStatus::Interrupted,
                 -1,
                 Some(INTERRUPTED_MESSAGE.to_string()),
                 Some(LossReason::Killed),
             ),
-            CellEnd::Died(death) => {
+            CellOutcome::Died(death) => {
                 let (message, reason) = death_message(*death, config.sandbox.memory_bytes);
                 (CellStatus::Error, -1, Some(message), reason)
             }
         };
         let kernel_gone = !matches!(
-            run.end,
-            CellEnd::Done {
-                status: DoneStatus::Ok | DoneStatus::Error,
-                ..
-            }
+            run.outcome,
+            CellOutcome::Completed | CellOutcome::Raised { .. }
         ) || !kernel.is_alive();
         let capped = run.output.finish();
         let mut result = CellResult {
@@ -703,15 +689,15 @@ impl Orchestrator {
                 .get_or_try_init(|| {
                     reused = false;
                     let started = Instant::now();
-                    let spawn = Kernel::spawn(
-                        inner.engine.clone(),
-                        &inner.config,
-                        &inner.labels,
-                        key.clone(),
-                        slot.generation,
-                        inner.monitor.clone(),
-                        &inner.tracker,
-                    );
+                    let spawn = Kernel::spawn(SpawnRequest {
+                        engine: inner.engine.clone(),
+                        config: &inner.config,
+                        base_labels: &inner.labels,
+                        key: key.clone(),
+                        generation: slot.generation,
+                        monitor: inner.monitor.clone(),
+                        tracker: &inner.tracker,
+                    });
                     async move {
                         let result = spawn.await;
                         inner

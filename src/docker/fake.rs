@@ -87,7 +87,7 @@ async fn fake_runner(
 ) {
     let _ = out
         .send(frame(
-            json!({"op": "ready", "v": crate::protocol::PROTOCOL_VERSION, "python": "fake"}),
+            json!({"op": "ready", "v": crate::kernel::protocol::PROTOCOL_VERSION, "python": "fake"}),
         ))
         .await;
     let mut lines = BufReader::new(input).lines();

@@ -19,7 +19,7 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::protocol::Breach;
+use super::protocol::Breach;
 
 /// Bytes of host -> runner frames queued behind a kernel's stdin pipe (beyond the pipe's own
 /// buffer) before a new frame is refused and the kernel is killed as a protocol breach. A frame

@@ -14,11 +14,11 @@ pub const PROTOCOL_VERSION: u64 = 2;
 
 /// The runner's source; the kernel's environment carries it (see [`RUNNER_ENV`]), so no file
 /// has to reach the container.
-pub const RUNNER_SOURCE: &str = include_str!("../runner/kernel_runner.py");
+pub const RUNNER_SOURCE: &str = include_str!("../../runner/kernel_runner.py");
 
 /// The `python3 -c` program that compiles and starts the runner in pieces: the parser's peak
 /// memory stays resident in every kernel, and a piece's peak is a fraction of the whole file's.
-pub const RUNNER_BOOTSTRAP: &str = include_str!("../runner/bootstrap.py");
+pub const RUNNER_BOOTSTRAP: &str = include_str!("../../runner/bootstrap.py");
 
 /// The environment variable that hands [`RUNNER_SOURCE`] to [`RUNNER_BOOTSTRAP`], which removes
 /// it before any cell runs.

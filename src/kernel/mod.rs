@@ -1,0 +1,356 @@
+//! One kernel: a hardened container running the runner, its I/O task, and cell execution.
+//!
+//! A kernel owns a reader task that turns the attach stream into events: stdout chunks (cell
+//! output) while a cell is active, and parsed protocol frames from stderr. Cells run one at a
+//! time: the cell lock is a fair (FIFO) mutex, so they run in arrival order. The kernel and its
+//! reader share one [`Shared`] value: the running cell's number and the kernel's state, whose
+//! `Dead` variant is the one record of why the kernel is gone.
+//!
+//! | file | what |
+//! |---|---|
+//! | `mod.rs` | the [`Kernel`] struct, its state and death, host-memory bounds, dispose |
+//! | `spawn.rs` | create the volume and container, attach, start, wait for `ready` |
+//! | `run.rs` | one cell: [`Kernel::run_cell`], tool-call dispatch, the [`CellOutcome`] |
+//! | `reader.rs` | the attach-stream reader task: output and frames to the cell, deaths told apart |
+//! | `staging.rs` | files written into the kernel's staging volume (output spills) |
+//! | `stdin.rs` | the kernel's stdin: frames written inline when the pipe takes them, else by a task |
+//! | `protocol.rs` | the runner protocol v2: frames, line splitting, end markers (`docs/architecture.md`) |
+
+mod reader;
+mod run;
+mod spawn;
+mod staging;
+
+pub mod protocol;
+pub mod stdin;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, OwnedSemaphorePermit};
+use tokio_util::sync::CancellationToken;
+
+use crate::authority::CellAuthority;
+use crate::cell::OutputBuffer;
+use crate::clock::unix_now;
+use crate::docker::{remove_volume_when_free, short_id, Engine, EngineError};
+use crate::owner::KernelKey;
+use protocol::{KernelFrame, MAX_FRAME_LINE, PROTOCOL_VERSION};
+use stdin::{Stdin, MAX_STDIN_BACKLOG};
+
+pub use spawn::SpawnRequest;
+
+/// Where the working directory is inside every kernel.
+pub const WORK_DIR: &str = "/work";
+/// Where the staging volume is mounted in project mode (in strict mode it is the work dir).
+pub const STAGING_DIR_PROJECT: &str = "/kernelbox";
+
+/// Bytes of events (cell output chunks, protocol frames as their line length) the reader task
+/// has handed to the running cell and the cell has not consumed yet. When it is reached the
+/// reader stops reading the container's streams until the cell catches up, so a flooding cell
+/// is slowed down by its own pipes rather than buffered on the host. A parsed frame can take a
+/// few times its line length in memory.
+pub const MAX_READER_BACKLOG: usize = 8 * 1024 * 1024;
+
+/// Tool calls of one cell dispatched and not answered yet; a call past this is refused at once
+/// (it does not count against the cell's budget) until one of them is answered.
+pub const MAX_TOOL_CALLS_IN_FLIGHT: usize = 16;
+
+/// Bytes of arguments (measured as their frames' line length) of one cell's tool calls in
+/// flight; a call that would pass this is refused at once, like one past
+/// [`MAX_TOOL_CALLS_IN_FLIGHT`].
+pub const MAX_TOOL_ARGS_IN_FLIGHT: usize = 8 * 1024 * 1024;
+
+/// Longest tool-result frame sent to a kernel, in bytes; a larger result reaches the cell as a
+/// `ToolError` saying so.
+pub const MAX_TOOL_RESULT_FRAME: usize = 8 * 1024 * 1024;
+
+/// The most host memory one kernel can make kernelbox hold, in bytes, whatever its code does
+/// (the bounds above and in [`protocol`], [`stdin`] and [`crate::cell`]):
+///
+/// - frames in: one unfinished protocol line, [`MAX_FRAME_LINE`] (4 MiB), plus the reader's
+///   backlog of events for the cell, [`MAX_READER_BACKLOG`] (8 MiB; parsed frames in it can
+///   take a few times their size);
+/// - answers out: the stdin queue, [`MAX_STDIN_BACKLOG`] (16 MiB) plus the frame that reaches
+///   it (at most [`MAX_TOOL_RESULT_FRAME`], 8 MiB, or the cell's own code);
+/// - tool traffic: arguments in flight, [`MAX_TOOL_ARGS_IN_FLIGHT`] (8 MiB), and up to
+///   [`MAX_TOOL_CALLS_IN_FLIGHT`] (16) results being read, each bounded by the dispatcher (the
+///   server's reads at most 4 MiB per response);
+/// - output: the cell's result buffer, `output_inline_bytes` plus `output_spill_bytes`
+///   (5 MB by default), and for a streaming request at most 1 MiB of undelivered events.
+///
+/// With the defaults that is about 50 MiB (this constant) plus the tool responses being read
+/// (with the server's dispatcher at most 16 x 4 MiB more, and only while the cell's tools
+/// answer); a kernel that goes past a bound on frames in or answers out is killed
+/// (`state_lost.reason = "protocol"`).
+pub const MAX_HOST_BYTES_PER_KERNEL: usize = MAX_FRAME_LINE
+    + MAX_READER_BACKLOG
+    + MAX_STDIN_BACKLOG
+    + MAX_TOOL_RESULT_FRAME
+    + MAX_TOOL_ARGS_IN_FLIGHT
+    + 5_050_000
+    + 1024 * 1024;
+
+/// The lifecycle of one kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KernelState {
+    /// Container being created and started; the runner has not said ready yet.
+    Starting,
+    /// Ready, no cell running.
+    Idle,
+    /// A cell is running.
+    Busy,
+    /// Gone (ended, killed or died); never comes back.
+    Dead(Death),
+}
+
+/// Why a kernel is gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Death {
+    /// kernelbox removed it (timeout, interrupt, eviction, reaping, clear, shutdown).
+    Disposed,
+    /// A cell called `sys.exit()`.
+    Exited,
+    /// The kernel ran out of memory.
+    Oom,
+    /// The container was killed or removed from outside kernelbox.
+    Killed,
+    /// The runner died on its own with this exit code.
+    Crashed(i64),
+    /// The Docker engine restarted or went away and took the kernel with it.
+    EngineRestarted,
+    /// The kernel broke the runner protocol (what it did) and kernelbox killed it.
+    Protocol(&'static str),
+}
+
+/// A kernel could not be started or used.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    /// A Docker operation failed while spawning.
+    #[error("starting a kernel failed: {0}")]
+    Spawn(#[from] EngineError),
+    /// The runner did not say ready in time.
+    #[error("the kernel did not become ready within {0:?}")]
+    SpawnTimeout(Duration),
+    /// The runner exited before saying ready (no python3 in the image?).
+    #[error("the kernel exited while starting ({0}); does the image have python3 >= 3.8?")]
+    SpawnDied(String),
+    /// The runner speaks another protocol version.
+    #[error("the kernel runner speaks protocol {0}, this kernelbox speaks {PROTOCOL_VERSION}")]
+    Protocol(u64),
+}
+
+/// What the reader task hands to the running cell.
+/// Output and frames hold their share of [`MAX_READER_BACKLOG`] until the cell drops them.
+#[derive(Debug)]
+enum IoEvent {
+    Output(Bytes, OwnedSemaphorePermit),
+    Frame(KernelFrame, OwnedSemaphorePermit),
+    Closed,
+}
+
+/// How a cell ended, before the orchestrator turns it into a [`CellResult`](crate::CellResult).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CellOutcome {
+    /// The cell ran to its end.
+    Completed,
+    /// The cell raised; the traceback (or kernelbox's note when the end frame was unreadable).
+    Raised {
+        /// The traceback.
+        traceback: String,
+    },
+    /// The cell called `sys.exit()`; the kernel is gone.
+    Exited,
+    /// The deadline passed; the caller must dispose of the kernel.
+    TimedOut,
+    /// The caller cancelled; the caller must dispose of the kernel.
+    Interrupted,
+    /// The kernel died under the cell.
+    Died(Death),
+}
+
+/// The outcome of one cell.
+#[derive(Debug)]
+pub struct CellRun {
+    /// How it ended.
+    pub outcome: CellOutcome,
+    /// What it wrote.
+    pub output: OutputBuffer,
+    /// Cells executed by the kernel, this one included.
+    pub execution_count: u64,
+    /// The cell number.
+    pub cell: u64,
+}
+
+/// Receives output live while a cell runs (for streaming).
+pub type OutputSink = Arc<dyn Fn(&[u8]) + Send + Sync>;
+
+/// The I/O a running cell needs, behind the FIFO cell lock.
+struct CellIo {
+    rx: mpsc::Receiver<IoEvent>,
+}
+
+/// What a kernel and its reader task share.
+struct Shared {
+    /// The running cell's number, 0 between cells; read by the reader for every chunk.
+    active_cell: AtomicU64,
+    /// The kernel's state; once `Dead` it never changes again.
+    state: Mutex<KernelState>,
+}
+
+impl Shared {
+    fn new() -> Shared {
+        Shared {
+            active_cell: AtomicU64::new(0),
+            state: Mutex::new(KernelState::Starting),
+        }
+    }
+
+    fn state(&self) -> KernelState {
+        *self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Moves a live kernel to `state`; a dead one stays dead.
+    fn set_live(&self, state: KernelState) {
+        let mut current = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if !matches!(*current, KernelState::Dead(_)) {
+            *current = state;
+        }
+    }
+
+    /// Records why the kernel is gone; the first cause recorded wins.
+    fn die(&self, death: Death) {
+        let mut current = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if !matches!(*current, KernelState::Dead(_)) {
+            *current = KernelState::Dead(death);
+        }
+    }
+
+    fn death(&self) -> Option<Death> {
+        match self.state() {
+            KernelState::Dead(death) => Some(death),
+            _ => None,
+        }
+    }
+}
+
+/// One live kernel container.
+pub struct Kernel {
+    /// Full container id.
+    pub id: String,
+    /// Name of its staging volume.
+    pub volume: String,
+    /// The key it serves.
+    pub key: KernelKey,
+    /// Which kernel of the key it is.
+    pub generation: u64,
+    /// When it was created.
+    pub created: SystemTime,
+    /// Where spills go inside the kernel.
+    pub spill_dir: String,
+    user: String,
+    engine: Arc<dyn Engine>,
+    shared: Arc<Shared>,
+    io: tokio::sync::Mutex<CellIo>,
+    writer: Stdin,
+    next_cell: AtomicU64,
+    execution_count: AtomicU64,
+    authority: Mutex<Option<Arc<CellAuthority>>>,
+    /// Tells the reader to stop handing events to the cell and just drain the streams, so the
+    /// engine can finish removing the container.
+    drain: CancellationToken,
+    cancel: CancellationToken,
+}
+
+impl std::fmt::Debug for Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kernel")
+            .field("id", &self.short_id())
+            .field("generation", &self.generation)
+            .field("state", &self.state())
+            .finish()
+    }
+}
+
+/// Labels of a kernel's container and volume.
+pub fn kernel_labels(
+    base: &BTreeMap<String, String>,
+    key: &KernelKey,
+    generation: u64,
+    role: &str,
+) -> BTreeMap<String, String> {
+    use crate::labels as l;
+    let mut labels = base.clone();
+    labels.insert(l::ROLE.into(), role.into());
+    labels.insert(l::TENANT.into(), key.owner.tenant.clone());
+    labels.insert(l::OWNER.into(), key.owner.to_string());
+    labels.insert(l::SESSION.into(), key.owner.session.clone());
+    if let Some(child) = &key.owner.child {
+        labels.insert(l::CHILD.into(), child.clone());
+    }
+    labels.insert(l::KEY.into(), key.hash());
+    labels.insert(l::GENERATION.into(), generation.to_string());
+    labels.insert(l::CREATED_AT.into(), unix_now().to_string());
+    labels
+}
+
+impl Kernel {
+    /// The short (12 hex) container id.
+    pub fn short_id(&self) -> &str {
+        short_id(&self.id)
+    }
+
+    /// The current state.
+    pub fn state(&self) -> KernelState {
+        self.shared.state()
+    }
+
+    /// Why the kernel is gone, once it is.
+    pub fn death(&self) -> Option<Death> {
+        self.shared.death()
+    }
+
+    /// True while the kernel can run cells.
+    pub fn is_alive(&self) -> bool {
+        self.shared.death().is_none()
+    }
+
+    /// Cells executed so far.
+    pub fn execution_count(&self) -> u64 {
+        self.execution_count.load(Ordering::Acquire)
+    }
+
+    /// The authority of the running cell, or of the last one (retired) when idle.
+    pub fn cell_authority(&self) -> Option<Arc<CellAuthority>> {
+        self.authority
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Removes the container and its staging volume. Idempotent.
+    pub async fn dispose(&self) -> Result<(), EngineError> {
+        self.shared.die(Death::Disposed);
+        self.drain.cancel();
+        let removed = self.engine.remove_container(&self.id).await;
+        self.cancel.cancel();
+        removed?;
+        remove_volume_when_free(self.engine.as_ref(), &self.volume).await
+    }
+}
+
+impl Drop for Kernel {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
+fn parse_user(user: &str) -> (u64, u64) {
+    let mut parts = user.split(':');
+    let uid = parts.next().and_then(|u| u.parse().ok()).unwrap_or(0);
+    let gid = parts.next().and_then(|g| g.parse().ok()).unwrap_or(uid);
+    (uid, gid)
+}
