@@ -1,0 +1,386 @@
+//! One execute: find or start the owner's kernel (caps, fair shares and evictions through the
+//! registry), run the cell, and turn its [`CellOutcome`] into a [`CellResult`] with the exact
+//! messages of `docs/contract.md`.
+
+use super::*;
+
+impl Orchestrator {
+    /// Runs one cell and returns its result. The cell keeps running to its end even if the
+    /// returned future is dropped (cancel `request.cancel` to interrupt it). The caller's task
+    /// drives the cell, so like any future it progresses only while polled: hold it in a
+    /// `select!` loop only if that loop keeps polling it.
+    pub async fn execute(&self, request: ExecuteRequest) -> Result<CellResult, ExecuteError> {
+        if self.inner.cancel.is_cancelled() {
+            return Err(ExecuteError::ShuttingDown);
+        }
+        let this = self.clone();
+        // The cell finishes even if the caller stops waiting (see `adopt`).
+        run_adopted(&self.inner.tracker, async move {
+            this.execute_owned(request).await
+        })
+        .await
+        .unwrap_or_else(|panic| {
+            Err(ExecuteError::Internal(format!(
+                "the execute task failed: {panic}"
+            )))
+        })
+    }
+
+    pub(super) async fn execute_owned(
+        &self,
+        request: ExecuteRequest,
+    ) -> Result<CellResult, ExecuteError> {
+        let started = Instant::now();
+        let config = &self.inner.config;
+        let owner = self.owner_of(
+            request.tenant.as_deref(),
+            &request.session,
+            request.child.as_deref(),
+        )?;
+        let timeout = config.check_cell_timeout(request.timeout.unwrap_or(config.cell_timeout))?;
+        let key = KernelKey {
+            owner: owner.clone(),
+            mode: config.mode.clone(),
+            image: config.image.clone(),
+            tools: request.tools.clone(),
+        };
+        // Interruptible from the start: an interrupt during a cold start is not lost (the cell
+        // then never runs and the new kernel is killed, as for any interrupt).
+        let cancel = request.cancel.clone().unwrap_or_default();
+        let (run_id, outcome) = self.track_running(&owner, &cancel);
+        let lease = match self
+            .acquire(
+                &key,
+                request.reset,
+                request.tenant_limits,
+                request.admission.as_ref(),
+            )
+            .await
+        {
+            Ok(lease) => lease,
+            Err(e) => {
+                // The outcome is dropped unsent: an interrupt waiting on it counts nothing.
+                self.untrack_running(&owner, run_id);
+                return Err(e);
+            }
+        };
+        let mut lease = lease;
+        let kernel = lease.kernel.clone();
+        let authority = Arc::new(CellAuthority::new(
+            request.task_id.clone(),
+            request.dispatcher.clone(),
+            request.tools.clone(),
+            config.max_tool_calls,
+        ));
+        let run = kernel
+            .run_cell(
+                &request.code,
+                timeout,
+                authority.clone(),
+                cancel.clone(),
+                request.sink.clone(),
+                (config.output_inline_bytes, config.output_spill_bytes),
+            )
+            .await;
+        // Published before the run is untracked: an interrupt counts only cells that really
+        // ended as interrupted.
+        let _ = outcome.send(Some(run.outcome == CellOutcome::Interrupted));
+        self.untrack_running(&owner, run_id);
+
+        let mut info = KernelInfo {
+            id: kernel.short_id().to_string(),
+            reused: lease.reused,
+            execution_count: run.execution_count,
+            state_reset: lease.state_reset,
+            ended: false,
+            generation: lease.slot.generation,
+            state_lost: lease.state_lost.clone(),
+        };
+        let (status, exit_code, error, loss) = match &run.outcome {
+            CellOutcome::Completed => (CellStatus::Success, 0, None, None),
+            CellOutcome::Raised { traceback } => {
+                (CellStatus::Error, 1, Some(traceback.clone()), None)
+            }
+            CellOutcome::Exited => {
+                info.ended = true;
+                (CellStatus::Success, 0, None, None)
+            }
+            CellOutcome::TimedOut => (
+                CellStatus::Timeout,
+                -1,
+                Some(timeout_message(timeout)),
+                Some(LossReason::Timeout),
+            ),
+            CellOutcome::Interrupted => (
+                CellStatus::Interrupted,
+                -1,
+                Some(INTERRUPTED_MESSAGE.to_string()),
+                Some(LossReason::Killed),
+            ),
+            CellOutcome::Died(death) => {
+                let (message, reason) = death_message(*death, config.sandbox.memory_bytes);
+                (CellStatus::Error, -1, Some(message), reason)
+            }
+        };
+        let kernel_gone = !matches!(
+            run.outcome,
+            CellOutcome::Completed | CellOutcome::Raised { .. }
+        ) || !kernel.is_alive();
+        let capped = run.output.finish();
+        let mut result = CellResult {
+            status,
+            output: capped.text,
+            error,
+            exit_code,
+            tool_calls_made: authority.calls_made(),
+            duration_seconds: 0.0,
+            kernel: info,
+            stdout_truncated: None,
+            stdout_bytes_total: None,
+            stdout_bytes_omitted: None,
+            warning: None,
+            hint: None,
+        };
+        if capped.omitted > 0 {
+            result.stdout_truncated = Some(true);
+            result.stdout_bytes_total = Some(capped.total);
+            result.stdout_bytes_omitted = Some(capped.omitted);
+            if let (Some(spill), false) = (capped.spill, kernel_gone) {
+                let name = format!("output-{}.txt", run.cell);
+                match kernel.write_staging_file(&name, &spill).await {
+                    Ok(path) => {
+                        result.warning = Some(format!(
+                            "Output was cut to {} bytes; the first {} bytes are in {path} inside the kernel.",
+                            config.output_inline_bytes,
+                            spill.len()
+                        ));
+                    }
+                    Err(e) => tracing::warn!(error = %e, "spilling output failed"),
+                }
+            }
+        }
+        if kernel_gone {
+            self.inner.registry.forget(&lease.slot, loss);
+            if let Err(e) = kernel.dispose().await {
+                tracing::warn!(container = %kernel.short_id(), error = %e, "disposing a finished kernel");
+            }
+            if status == CellStatus::Timeout || status == CellStatus::Interrupted {
+                result.hint = Some(
+                    "Long work can be split across cells, or run with a larger timeout.".into(),
+                );
+            }
+        }
+        self.release(&lease.slot).await;
+        if let Some(durable) = lease.started.take() {
+            // The catalog wrote the start while the cell ran; a caller who saw this kernel
+            // is told about a later restart, even a `kill -9` right after this returns. A
+            // slow or failing catalog delays a cold start by at most this bound, never fails it.
+            if tokio::time::timeout(CATALOG_WAIT, durable).await.is_err() {
+                tracing::warn!("the catalog did not confirm a kernel start in time");
+            }
+        }
+        result.duration_seconds = started.elapsed().as_secs_f64();
+        Ok(result)
+    }
+
+    /// Registers a running cell's interrupt token; returns its id for [`Self::untrack_running`]
+    /// and where to publish whether the cell ended as interrupted.
+    pub(super) fn track_running(
+        &self,
+        owner: &Owner,
+        token: &CancellationToken,
+    ) -> (u64, tokio::sync::watch::Sender<Option<bool>>) {
+        let id = self
+            .inner
+            .next_run
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (tx, rx) = tokio::sync::watch::channel(None);
+        let mut running = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
+        running.entry(owner.clone()).or_default().push(Run {
+            id,
+            token: token.clone(),
+            outcome: rx,
+        });
+        (id, tx)
+    }
+
+    pub(super) fn untrack_running(&self, owner: &Owner, id: u64) {
+        let mut running = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(runs) = running.get_mut(owner) {
+            runs.retain(|r| r.id != id);
+            if runs.is_empty() {
+                running.remove(owner);
+            }
+        }
+    }
+
+    async fn acquire(
+        &self,
+        key: &KernelKey,
+        reset: bool,
+        limits: TenantLimits,
+        admission: Option<&AdmissionNotice>,
+    ) -> Result<Lease, ExecuteError> {
+        let inner = &self.inner;
+        let mut reset = reset;
+        let mut state_reset = false;
+        loop {
+            let attach = match inner.registry.attach(key, reset, limits) {
+                Ok(attach) => attach,
+                Err(full) => {
+                    let refusal = || ExecuteError::AtCapacity {
+                        tenant: full.tenant.clone(),
+                        cap: full.cap,
+                        held: full.held,
+                    };
+                    if let Some(notice) = admission {
+                        notice.send(Err(refusal()));
+                    }
+                    let error = refusal();
+                    self.dispose_slots(full.victims).await;
+                    return Err(error);
+                }
+            };
+            if inner.registry.is_closed() {
+                // Shutdown drained the registry; nothing new may start.
+                inner.registry.forget(&attach.slot, None);
+                inner.registry.release(&attach.slot);
+                if let Some(notice) = admission {
+                    notice.send(Err(ExecuteError::ShuttingDown));
+                }
+                return Err(ExecuteError::ShuttingDown);
+            }
+            if let Some(notice) = admission {
+                notice.send(Ok(()));
+            }
+            let mut doomed = attach.victims;
+            if let Some(old) = attach.reset {
+                state_reset = true;
+                if old.attached() == 0 {
+                    doomed.push(old);
+                }
+            }
+            self.dispose_slots(doomed).await;
+            let slot = attach.slot;
+            let state_lost = attach.state_lost;
+            let mut reused = true;
+            let spawned = slot
+                .kernel
+                .get_or_try_init(|| {
+                    reused = false;
+                    let started = Instant::now();
+                    let spawn = Kernel::spawn(SpawnRequest {
+                        engine: inner.engine.clone(),
+                        config: &inner.config,
+                        base_labels: &inner.labels,
+                        key: key.clone(),
+                        generation: slot.generation,
+                        monitor: inner.monitor.clone(),
+                        tracker: &inner.tracker,
+                    });
+                    async move {
+                        let result = spawn.await;
+                        inner
+                            .starts
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .observe(result.is_ok(), started.elapsed().as_secs_f64());
+                        result
+                    }
+                })
+                .await;
+            let kernel = match spawned {
+                Ok(kernel) => kernel.clone(),
+                Err(e) => {
+                    inner.registry.forget(&slot, None);
+                    inner.registry.release(&slot);
+                    return Err(e.into());
+                }
+            };
+            if inner.registry.is_closed() {
+                // A spawn that finished after shutdown drained the registry: nobody else would
+                // remove this kernel.
+                inner.registry.forget(&slot, None);
+                inner.registry.release(&slot);
+                self.dispose_kernel(&kernel).await;
+                return Err(ExecuteError::ShuttingDown);
+            }
+            if kernel.is_alive() {
+                let started = match (&inner.catalog, reused) {
+                    (Some(catalog), false) => Some(catalog.record_durable(Change::Started {
+                        key_hash: key.hash(),
+                        tenant: key.owner.tenant.clone(),
+                        owner: key.owner.to_string(),
+                        generation: slot.generation,
+                    })),
+                    _ => None,
+                };
+                return Ok(Lease {
+                    started,
+                    slot,
+                    kernel,
+                    reused,
+                    state_reset,
+                    state_lost,
+                });
+            }
+            // It died between cells (killed from outside, OOM from a stray thread, engine
+            // restart): report the loss on this very call and start afresh.
+            let reason = death_message(kernel.death().unwrap_or(Death::Crashed(-1)), 0).1;
+            // Recorded in the registry, the loss comes back to this very call on the retry.
+            inner.registry.forget(&slot, reason);
+            if inner.registry.release(&slot) {
+                self.dispose_kernel(&kernel).await;
+            }
+            reset = false;
+        }
+    }
+}
+
+struct Lease {
+    slot: Arc<Slot>,
+    kernel: Arc<Kernel>,
+    reused: bool,
+    state_reset: bool,
+    state_lost: Option<crate::cell::StateLost>,
+    /// Answers once the catalog holds this new kernel's start.
+    started: Option<crate::catalog::Durable>,
+}
+
+/// How long a cold start waits for the catalog to confirm it (it writes during the cell).
+const CATALOG_WAIT: Duration = Duration::from_secs(1);
+
+/// The message and loss reason for a kernel that died under a cell.
+fn death_message(death: Death, memory: i64) -> (String, Option<LossReason>) {
+    const NEXT: &str = "its state was lost. The next execute_code call starts a fresh kernel.";
+    match death {
+        Death::Oom => (
+            format!(
+                "The kernel ran out of memory (limit {} MiB) and was killed; {NEXT}",
+                memory / (1024 * 1024)
+            ),
+            Some(LossReason::Oom),
+        ),
+        Death::Killed => (
+            format!("The kernel was killed from outside kernelbox; {NEXT}"),
+            Some(LossReason::Killed),
+        ),
+        Death::Crashed(code) => (
+            format!("The kernel died unexpectedly (exit code {code}); {NEXT}"),
+            Some(LossReason::Crashed),
+        ),
+        Death::EngineRestarted => (
+            format!("The Docker engine restarted or went away and took the kernel with it; {NEXT}"),
+            Some(LossReason::EngineRestarted),
+        ),
+        Death::Protocol(what) => (
+            format!("The kernel broke the kernelbox protocol ({what}) and was killed; {NEXT}"),
+            Some(LossReason::Protocol),
+        ),
+        Death::Disposed => (
+            format!("The kernel was shut down by kernelbox; {NEXT}"),
+            None,
+        ),
+        Death::Exited => ("The kernel ended (sys.exit).".to_string(), None),
+    }
+}

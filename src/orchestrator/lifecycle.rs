@@ -1,0 +1,221 @@
+//! Lifecycle verbs: interrupt a session's cells, clear or evict a session, release a
+//! delegated child, list kernels, reap idle ones, and sweep leftovers.
+
+use super::*;
+
+impl Orchestrator {
+    /// Interrupts every running cell of a session (children included) and returns how many
+    /// of them ended as `interrupted`. It waits for the cells it cancelled to settle, at most
+    /// `spawn_timeout` plus [`INTERRUPT_SETTLE`] (a cell still starting its kernel sees the
+    /// interrupt once the kernel is up); a cell that finished first (success or error), or
+    /// that has not settled by then, is not counted.
+    pub async fn interrupt(&self, tenant: Option<&str>, session: &str) -> usize {
+        let tenant = tenant.unwrap_or(&self.inner.config.default_tenant);
+        let outcomes: Vec<tokio::sync::watch::Receiver<Option<bool>>> = {
+            let running = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
+            running
+                .iter()
+                .filter(|(owner, _)| owner.tenant == tenant && owner.session == session)
+                .flat_map(|(_, runs)| runs.iter())
+                .map(|run| {
+                    run.token.cancel();
+                    run.outcome.clone()
+                })
+                .collect()
+        };
+        let limit = self.inner.config.spawn_timeout + INTERRUPT_SETTLE;
+        let settled = outcomes.into_iter().map(|mut outcome| async move {
+            match tokio::time::timeout(limit, outcome.wait_for(Option::is_some)).await {
+                Ok(Ok(ended)) => *ended == Some(true),
+                // Failed before it ran (the outcome was dropped unsent), or still unsettled.
+                _ => false,
+            }
+        });
+        futures::future::join_all(settled)
+            .await
+            .into_iter()
+            .filter(|interrupted| *interrupted)
+            .count()
+    }
+
+    pub(super) async fn release(&self, slot: &Arc<Slot>) {
+        if self.inner.registry.release(slot) {
+            self.dispose_slots(vec![slot.clone()]).await;
+        }
+    }
+
+    pub(super) async fn dispose_kernel(&self, kernel: &Kernel) {
+        if let Err(e) = kernel.dispose().await {
+            tracing::warn!(container = %kernel.short_id(), error = %e, "disposing a kernel");
+        }
+    }
+
+    pub(super) async fn dispose_slots(&self, slots: Vec<Arc<Slot>>) {
+        let kernels: Vec<Arc<Kernel>> = slots
+            .iter()
+            .filter_map(|s| s.kernel.get().cloned())
+            .collect();
+        // Bounded: a thousand concurrent force-removals overwhelm the engine (seen in the
+        // 1000-kernel density run), while a few dozen keep it busy.
+        let disposals = kernels.into_iter().map(|kernel| async move {
+            if let Err(e) = kernel.dispose().await {
+                tracing::warn!(container = %kernel.short_id(), error = %e, "disposing a kernel");
+            }
+        });
+        futures::stream::iter(disposals)
+            .buffer_unordered(crate::docker::REMOVAL_CONCURRENCY)
+            .collect::<Vec<()>>()
+            .await;
+    }
+
+    /// Disposes of every kernel of a session, its delegated children's included.
+    pub async fn clear_session(&self, tenant: Option<&str>, session: &str) -> usize {
+        let tenant = tenant
+            .unwrap_or(&self.inner.config.default_tenant)
+            .to_string();
+        let (n, slots) = self.inner.registry.remove_where(
+            |o| o.tenant == tenant && o.session == session,
+            None,
+            false,
+        );
+        self.dispose_slots(slots).await;
+        n
+    }
+
+    /// Evicts a session's kernels (its children's included) to make room, as the LRU cap
+    /// would: the loss is reported to the session's next call as `evicted`.
+    pub async fn evict_session(&self, tenant: Option<&str>, session: &str) -> usize {
+        let tenant = tenant
+            .unwrap_or(&self.inner.config.default_tenant)
+            .to_string();
+        // Only idle kernels go: a call that attached meanwhile keeps its kernel.
+        let (n, slots) = self.inner.registry.remove_where(
+            |o| o.tenant == tenant && o.session == session,
+            Some(LossReason::Evicted),
+            true,
+        );
+        self.dispose_slots(slots).await;
+        n
+    }
+
+    /// Disposes of a finished delegated child's kernels and unpins it.
+    pub async fn release_child(&self, tenant: Option<&str>, session: &str, child: &str) -> usize {
+        let tenant = tenant
+            .unwrap_or(&self.inner.config.default_tenant)
+            .to_string();
+        if let Ok(owner) = Owner::new(&tenant, session, Some(child)) {
+            self.inner.registry.release_child(&owner);
+        }
+        let (n, slots) = self.inner.registry.remove_where(
+            |o| o.tenant == tenant && o.session == session && o.child.as_deref() == Some(child),
+            None,
+            false,
+        );
+        self.dispose_slots(slots).await;
+        n
+    }
+
+    /// The live kernels, optionally of one tenant.
+    pub fn list_kernels(&self, tenant: Option<&str>) -> Vec<KernelSummary> {
+        let now = tokio::time::Instant::now();
+        let mut list: Vec<KernelSummary> = self
+            .inner
+            .registry
+            .slots()
+            .into_iter()
+            .filter(|s| tenant.is_none_or(|t| s.key.owner.tenant == t))
+            .map(|s| {
+                let kernel = s.kernel.get();
+                KernelSummary {
+                    id: kernel.map(|k| k.short_id().to_string()).unwrap_or_default(),
+                    tenant: s.key.owner.tenant.clone(),
+                    owner: s.key.owner.to_string(),
+                    session: s.key.owner.session.clone(),
+                    child: s.key.owner.child.clone(),
+                    generation: s.generation,
+                    state: match kernel.map(|k| k.state()) {
+                        None | Some(KernelState::Starting) => "starting",
+                        Some(KernelState::Idle) => "idle",
+                        Some(KernelState::Busy) => "busy",
+                        Some(KernelState::Dead(_)) => "dead",
+                    }
+                    .to_string(),
+                    execution_count: kernel.map(|k| k.execution_count()).unwrap_or(0),
+                    idle_seconds: now.saturating_duration_since(s.last_used()).as_secs_f64(),
+                    attached: s.attached(),
+                }
+            })
+            .collect();
+        list.sort_by(|a, b| (&a.tenant, &a.owner).cmp(&(&b.tenant, &b.owner)));
+        list
+    }
+
+    /// The kernel currently serving a key's owner (for tests and admin), if any.
+    pub fn kernel_for(
+        &self,
+        tenant: Option<&str>,
+        session: &str,
+        child: Option<&str>,
+    ) -> Option<Arc<Kernel>> {
+        let owner = self.owner_of(tenant, session, child).ok()?;
+        self.inner
+            .registry
+            .slots()
+            .into_iter()
+            .find(|s| s.key.owner == owner)
+            .and_then(|s| s.kernel.get().cloned())
+    }
+
+    /// One reaper pass: retire idle kernels, and sweep staging volumes older than
+    /// `staging_max_age` that no container uses, of this instance or of instances known dead
+    /// (never a live neighbour's). Returns how many kernels were reaped.
+    pub async fn reap_once(&self) -> usize {
+        let slots = self.inner.registry.reap_idle();
+        let n = slots.len();
+        self.dispose_slots(slots).await;
+        match sweep::sweep_stale_staging_of_dead(
+            self.inner.engine.as_ref(),
+            &self.inner.instance,
+            self.inner.config.staging_max_age,
+        )
+        .await
+        {
+            Ok(removed) if !removed.is_empty() => {
+                tracing::info!(volumes = removed.len(), "stale staging volumes swept");
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "staging sweep failed"),
+        }
+        n
+    }
+
+    /// Removes staging volumes older than `staging_max_age` (any instance's) no container uses.
+    pub async fn sweep_stale_staging(&self) -> Result<Vec<String>, EngineError> {
+        sweep::sweep_stale_staging(
+            self.inner.engine.as_ref(),
+            self.inner.config.staging_max_age,
+            &[],
+            false,
+        )
+        .await
+    }
+
+    /// Removes leftovers of dead instances.
+    pub async fn sweep_orphans(&self, dry_run: bool) -> Result<SweepReport, EngineError> {
+        sweep::sweep_orphans(self.inner.engine.as_ref(), &self.inner.instance, dry_run).await
+    }
+
+    pub(super) async fn reap_forever(&self) {
+        let interval = self.inner.config.reap_interval();
+        loop {
+            tokio::select! {
+                _ = self.inner.cancel.cancelled() => return,
+                _ = tokio::time::sleep(interval) => {}
+            }
+            let n = self.reap_once().await;
+            if n > 0 {
+                tracing::info!(reaped = n, "idle kernels reaped");
+            }
+        }
+    }
+}

@@ -1,0 +1,243 @@
+//! What callers hand the orchestrator and get back: requests, errors, kernel summaries and
+//! lifecycle counters.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::authority::ToolDispatcher;
+use crate::catalog::CatalogError;
+use crate::docker::EngineError;
+use crate::histogram::Histogram;
+use crate::kernel::{KernelError, OutputSink};
+use crate::owner::NameError;
+use crate::registry::{Cap, EvictionCounts, TenantLimits};
+
+/// One execute call.
+#[derive(Clone, Default)]
+pub struct ExecuteRequest {
+    /// Tenant namespace (the configured default when `None`).
+    pub tenant: Option<String>,
+    /// The conversation.
+    pub session: String,
+    /// The turn; changes every turn and never keys a kernel.
+    pub task_id: Option<String>,
+    /// The delegated child making the call, if any.
+    pub child: Option<String>,
+    /// Python source of the cell.
+    pub code: String,
+    /// Discard the kernel and run in a fresh one.
+    pub reset: bool,
+    /// Cell timeout (the configured default when `None`).
+    pub timeout: Option<Duration>,
+    /// Tools the cell may call (part of the kernel key).
+    pub tools: BTreeSet<String>,
+    /// Where tool calls go.
+    pub dispatcher: Option<Arc<dyn ToolDispatcher>>,
+    /// Cancelling it interrupts the cell (the kernel is killed).
+    pub cancel: Option<CancellationToken>,
+    /// Receives output live.
+    pub sink: Option<OutputSink>,
+    /// The tenant's own cap and reservation (see [`crate::registry`] for the fairness rule).
+    pub tenant_limits: TenantLimits,
+    /// Told, once, whether the request got a kernel slot or was refused at a cap, before any
+    /// kernel starts (the HTTP layer answers 429 instead of starting a stream).
+    pub admission: Option<AdmissionNotice>,
+}
+
+type AdmissionSender = tokio::sync::oneshot::Sender<Result<(), ExecuteError>>;
+
+/// Where [`ExecuteRequest::admission`] is told; cloning shares the one notice.
+#[derive(Clone, Debug, Default)]
+pub struct AdmissionNotice(Arc<Mutex<Option<AdmissionSender>>>);
+
+impl AdmissionNotice {
+    /// A notice and the receiver that learns the outcome (closed without one when the request
+    /// failed before admission, e.g. on a bad name).
+    pub fn new() -> (
+        AdmissionNotice,
+        tokio::sync::oneshot::Receiver<Result<(), ExecuteError>>,
+    ) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        (AdmissionNotice(Arc::new(Mutex::new(Some(tx)))), rx)
+    }
+
+    pub(super) fn send(&self, outcome: Result<(), ExecuteError>) {
+        let tx = self.0.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(tx) = tx {
+            let _ = tx.send(outcome);
+        }
+    }
+}
+
+impl std::fmt::Debug for ExecuteRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExecuteRequest")
+            .field("tenant", &self.tenant)
+            .field("session", &self.session)
+            .field("child", &self.child)
+            .field("reset", &self.reset)
+            .field("timeout", &self.timeout)
+            .field("tools", &self.tools)
+            .field("tenant_limits", &self.tenant_limits)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ExecuteRequest {
+    /// A request to run `code` for `session`.
+    pub fn new(session: impl Into<String>, code: impl Into<String>) -> ExecuteRequest {
+        ExecuteRequest {
+            session: session.into(),
+            code: code.into(),
+            ..ExecuteRequest::default()
+        }
+    }
+}
+
+/// Why an execute could not produce a cell result at all.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecuteError {
+    /// The request is malformed.
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    /// The cell timeout is outside `(0, max_cell_timeout]`.
+    #[error(transparent)]
+    InvalidTimeout(#[from] crate::config::InvalidTimeout),
+    /// A name would break labels or keys.
+    #[error(transparent)]
+    Name(#[from] NameError),
+    /// The kernel could not be started.
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+    /// The engine failed.
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// The orchestrator is shutting down.
+    #[error("kernelbox is shutting down")]
+    ShuttingDown,
+    /// A new kernel would pass a cap, and no kernel may be evicted to make room.
+    #[error("{}", at_capacity_message(.tenant, .cap, *.held))]
+    AtCapacity {
+        /// The tenant.
+        tenant: String,
+        /// The cap that refused it.
+        cap: Cap,
+        /// Kernels the tenant held, as that cap counts them.
+        held: usize,
+    },
+    /// A bug in kernelbox: the task running the cell failed.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+fn at_capacity_message(tenant: &str, cap: &Cap, held: usize) -> String {
+    match cap {
+        Cap::Tenant { max } => format!(
+            "tenant {tenant:?} is at its max_kernels ({held} of {max}) and none of its kernels \
+             is idle and unpinned to make room; retry later"
+        ),
+        Cap::Host { max, share } => format!(
+            "the host is at its kernel cap ({max} kernels): tenant {tenant:?} holds {held} \
+             (its fair share is {share}) and no kernel it may evict is idle; retry later"
+        ),
+    }
+}
+
+/// Why the orchestrator could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    /// The engine is unreachable or refused the startup sweep.
+    #[error("docker engine: {0}")]
+    Engine(#[from] EngineError),
+    /// The durable catalog in the state directory could not be opened or read.
+    #[error(transparent)]
+    Catalog(#[from] CatalogError),
+    /// The catalog's writer thread could not be started.
+    #[error("starting the catalog writer thread: {0}")]
+    CatalogWriter(std::io::Error),
+    /// The watchdog process could not be started.
+    #[error("starting the watchdog {path}: {source}")]
+    Watchdog {
+        /// The binary.
+        path: String,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+/// A live kernel, as `list_kernels` reports it.
+#[derive(Debug, Clone, Serialize, PartialEq, schemars::JsonSchema)]
+pub struct KernelSummary {
+    /// Short container id.
+    pub id: String,
+    /// Tenant.
+    pub tenant: String,
+    /// Owner string.
+    pub owner: String,
+    /// Session.
+    pub session: String,
+    /// Delegated child.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub child: Option<String>,
+    /// Generation within the key.
+    pub generation: u64,
+    /// `starting`, `idle` or `busy`.
+    pub state: String,
+    /// Cells executed.
+    pub execution_count: u64,
+    /// Seconds since last use.
+    pub idle_seconds: f64,
+    /// Calls attached.
+    pub attached: usize,
+}
+
+/// Upper bounds of the kernel start-time histogram, in seconds.
+pub const START_BUCKETS: [f64; 10] = [0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0];
+
+/// Kernel start times by outcome.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StartStats {
+    /// Starts that brought a kernel up.
+    pub started: Histogram,
+    /// Starts that failed.
+    pub failed: Histogram,
+}
+
+impl Default for StartStats {
+    fn default() -> Self {
+        StartStats {
+            started: Histogram::new(&START_BUCKETS),
+            failed: Histogram::new(&START_BUCKETS),
+        }
+    }
+}
+
+impl StartStats {
+    pub(super) fn observe(&mut self, ok: bool, seconds: f64) {
+        if ok {
+            self.started.observe(seconds);
+        } else {
+            self.failed.observe(seconds);
+        }
+    }
+}
+
+/// A snapshot of the orchestrator's lifecycle counters.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stats {
+    /// Kernel starts by outcome.
+    pub starts: StartStats,
+    /// Involuntary losses by reason, indexed as [`LossReason::ALL`].
+    pub losses: crate::registry::LossCounts,
+    /// Kernels evicted to admit new ones, by cap.
+    pub evictions: EvictionCounts,
+    /// Catalog changes dropped or refused (0 without a catalog).
+    pub catalog_failures: u64,
+}

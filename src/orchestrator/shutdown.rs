@@ -1,0 +1,46 @@
+//! The graceful stop: new work is refused, running cells finish (or the drain deadline
+//! passes), every kernel of the instance is removed, the catalog is flushed and the watchdog
+//! released.
+
+use super::*;
+
+impl Orchestrator {
+    /// Stops intake, kills every kernel, removes every container and volume of this instance,
+    /// and stops the background tasks. Idempotent.
+    pub async fn shutdown(&self) {
+        let inner = &self.inner;
+        inner.cancel.cancel();
+        let slots = inner.registry.drain();
+        self.dispose_slots(slots).await;
+        // Anything the registry no longer knows (a spawn racing the shutdown) goes by label.
+        if let Err(e) =
+            crate::watchdog::remove_instance(inner.engine.as_ref(), &inner.instance.id).await
+        {
+            tracing::warn!(error = %e, "final sweep of this instance failed");
+        }
+        if let Some(catalog) = &inner.catalog {
+            // Every kernel this instance had is gone: their owners learn it after a restart.
+            catalog.record(Change::AllLiveLost {
+                loss: restart_loss(),
+            });
+            let writer = catalog.clone();
+            let closed = tokio::task::spawn_blocking(move || writer.close());
+            if tokio::time::timeout(Duration::from_secs(10), closed)
+                .await
+                .is_err()
+            {
+                tracing::warn!("the catalog writer did not finish within 10s");
+            }
+        }
+        inner.tracker.close();
+        let _ = tokio::time::timeout(Duration::from_secs(10), inner.tracker.wait()).await;
+        let watchdog = inner
+            .watchdog
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(w) = watchdog {
+            let _ = tokio::task::spawn_blocking(move || w.finish()).await;
+        }
+    }
+}

@@ -1,0 +1,382 @@
+//! The orchestrator's logic against the in-memory fake engine, in paused time: fast and
+//! deterministic. The real engine is exercised by the integration tests in `tests/`.
+
+use super::*;
+use crate::docker::fake::FakeEngine;
+use crate::kernel::KernelError;
+
+async fn start(tweak: impl FnOnce(&mut Config)) -> (Orchestrator, FakeEngine) {
+    let fake = FakeEngine::default();
+    let mut config = Config::default();
+    tweak(&mut config);
+    let kb = Orchestrator::start(config, Arc::new(fake.clone()))
+        .await
+        .expect("start");
+    (kb, fake)
+}
+
+async fn run(kb: &Orchestrator, session: &str, code: &str) -> CellResult {
+    kb.execute(ExecuteRequest::new(session, code))
+        .await
+        .expect("execute")
+}
+
+#[tokio::test(start_paused = true)]
+async fn concurrent_first_calls_spawn_exactly_one_container() {
+    let (kb, fake) = start(|_| {}).await;
+    let calls = (0..6).map(|_| run(&kb, "conv-a", "x = 1"));
+    let results = futures::future::join_all(calls).await;
+    assert_eq!(fake.created(), 1);
+    let mut counts: Vec<u64> = results.iter().map(|r| r.kernel.execution_count).collect();
+    counts.sort_unstable();
+    assert_eq!(counts, vec![1, 2, 3, 4, 5, 6]);
+    assert_eq!(results.iter().filter(|r| !r.kernel.reused).count(), 1);
+    kb.shutdown().await;
+    assert_eq!(fake.live_containers(), 0);
+    assert_eq!(fake.live_volumes(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn eviction_removes_containers_and_volumes_and_reports_the_loss() {
+    let (kb, fake) = start(|c| c.max_session_kernels = 2).await;
+    for i in 0..4 {
+        run(&kb, &format!("conv-{i}"), "x = 1").await;
+        tokio::time::advance(Duration::from_millis(5)).await;
+    }
+    assert_eq!(fake.created(), 4);
+    assert_eq!(fake.live_containers(), 2);
+    assert_eq!(fake.live_volumes(), 2);
+    let back = run(&kb, "conv-0", "x").await;
+    assert_eq!(
+        back.kernel.state_lost.map(|l| l.reason),
+        Some(LossReason::Evicted)
+    );
+    assert_eq!(back.kernel.generation, 2);
+    kb.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_timeout_kills_in_virtual_time_and_the_next_call_is_fresh() {
+    let (kb, fake) = start(|_| {}).await;
+    let slow = kb
+        .execute(ExecuteRequest {
+            timeout: Some(Duration::from_secs(5)),
+            ..ExecuteRequest::new("s", "sleep")
+        })
+        .await
+        .expect("execute");
+    assert_eq!(slow.status, CellStatus::Timeout);
+    assert_eq!(
+        slow.error.as_deref(),
+        Some(timeout_message(Duration::from_secs(5)).as_str())
+    );
+    assert_eq!(fake.live_containers(), 0);
+    assert!(kb.list_kernels(None).is_empty());
+    let next = run(&kb, "s", "x = 1").await;
+    assert!(!next.kernel.reused);
+    assert_eq!(
+        next.kernel.state_lost.map(|l| l.reason),
+        Some(LossReason::Timeout)
+    );
+    kb.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cell_whose_caller_goes_away_still_runs_to_its_end() {
+    let (kb, fake) = start(|_| {}).await;
+    run(&kb, "s", "x = 1").await;
+    let abandoned = kb.execute(ExecuteRequest {
+        timeout: Some(Duration::from_secs(5)),
+        ..ExecuteRequest::new("s", "sleep")
+    });
+    // The caller gives up after a second; the cell goes on.
+    assert!(tokio::time::timeout(Duration::from_secs(1), abandoned)
+        .await
+        .is_err());
+    assert_eq!(fake.live_containers(), 1);
+    assert_eq!(kb.list_kernels(None).len(), 1);
+    // It times out on its own and the kernel is killed: a call queued behind it learns
+    // that the kernel went away, and the call after that gets a fresh one.
+    let queued = run(&kb, "s", "x = 1").await;
+    assert_eq!(queued.status, CellStatus::Error, "{queued:?}");
+    assert_eq!(fake.live_containers(), 0);
+    let next = run(&kb, "s", "x = 1").await;
+    assert!(!next.kernel.reused);
+    assert_eq!(
+        next.kernel.state_lost.map(|l| l.reason),
+        Some(LossReason::Timeout)
+    );
+    kb.shutdown().await;
+    assert_eq!(fake.live_containers(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn idle_kernels_go_on_a_reaper_pass_and_attached_ones_stay() {
+    // Idle 65 s: the background reaper ticks every 30 s, so at 66 s only an explicit pass
+    // can have retired the kernel.
+    let (kb, fake) = start(|c| c.kernel_idle_timeout = Duration::from_secs(65)).await;
+    run(&kb, "idle", "x = 1").await;
+    let busy = {
+        let kb = kb.clone();
+        tokio::spawn(async move {
+            kb.execute(ExecuteRequest {
+                timeout: Some(Duration::from_secs(600)),
+                ..ExecuteRequest::new("busy", "sleep")
+            })
+            .await
+        })
+    };
+    // Let the busy call attach before time moves on.
+    while kb.list_kernels(None).iter().all(|k| k.state != "busy") {
+        tokio::task::yield_now().await;
+    }
+    tokio::time::advance(Duration::from_secs(66)).await;
+    assert_eq!(kb.reap_once().await, 1);
+    assert_eq!(fake.live_containers(), 1, "the busy kernel is spared");
+    assert_eq!(kb.list_kernels(None)[0].session, "busy");
+    assert_eq!(kb.interrupt(None, "busy").await, 1);
+    let interrupted = busy.await.expect("join").expect("execute");
+    assert_eq!(interrupted.status, CellStatus::Interrupted);
+    assert_eq!(fake.live_containers(), 0);
+    kb.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn interrupt_counts_only_the_cells_that_ended_interrupted() {
+    let (kb, fake) = start(|_| {}).await;
+    run(&kb, "s", "x = 1").await;
+    let spawn_cell = |code: &'static str| {
+        let kb = kb.clone();
+        tokio::spawn(async move {
+            kb.execute(ExecuteRequest {
+                timeout: Some(Duration::from_secs(600)),
+                ..ExecuteRequest::new("s", code)
+            })
+            .await
+        })
+    };
+    let running = spawn_cell("sleep");
+    while kb.list_kernels(None).iter().all(|k| k.state != "busy") {
+        tokio::task::yield_now().await;
+    }
+    // A second cell queued behind it: cancelled too, but it never runs; the kernel is
+    // gone by the time its turn comes, so it ends as an error, not as interrupted.
+    let queued = spawn_cell("x = 2");
+    while kb.list_kernels(None)[0].attached < 2 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(kb.interrupt(None, "s").await, 1);
+    let first = running.await.expect("join").expect("execute");
+    assert_eq!(first.status, CellStatus::Interrupted);
+    let second = queued.await.expect("join").expect("execute");
+    assert_eq!(second.status, CellStatus::Error, "{second:?}");
+    assert_eq!(kb.interrupt(None, "s").await, 0, "nothing runs now");
+    assert_eq!(fake.live_containers(), 0);
+    kb.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn sys_exit_unregisters_and_a_missing_image_leaves_nothing() {
+    let (kb, fake) = start(|_| {}).await;
+    let done = run(&kb, "s", "exit").await;
+    assert!(done.kernel.ended);
+    assert!(kb.list_kernels(None).is_empty());
+    assert_eq!(fake.live_containers(), 0);
+    fake.images.lock().unwrap().push("other".into());
+    let err = kb.execute(ExecuteRequest::new("s", "x")).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ExecuteError::Kernel(KernelError::Spawn(EngineError::ImageMissing { .. }))
+        ),
+        "{err}"
+    );
+    assert_eq!(
+        fake.live_volumes(),
+        0,
+        "the volume of a failed spawn is removed"
+    );
+    assert!(kb.list_kernels(None).is_empty());
+    kb.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_kernel_killed_from_outside_is_reported_on_the_next_call() {
+    let (kb, fake) = start(|_| {}).await;
+    let first = run(&kb, "s", "x = 1").await;
+    let id = kb.kernel_for(None, "s", None).expect("kernel").id.clone();
+    fake.kill_from_outside(&id);
+    // Wait until the kernel's reader has seen its streams close.
+    while kb.kernel_for(None, "s", None).is_some_and(|k| k.is_alive()) {
+        tokio::task::yield_now().await;
+        tokio::time::advance(Duration::from_millis(100)).await;
+    }
+    let next = run(&kb, "s", "x").await;
+    assert_ne!(next.kernel.id, first.kernel.id);
+    assert!(next.kernel.state_lost.is_some());
+    assert_eq!(fake.live_volumes(), 1);
+    kb.shutdown().await;
+}
+
+/// Real time: a flood never lets paused time advance, which is the point.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cell_flooding_output_still_times_out() {
+    let (kb, fake) = start(|_| {}).await;
+    let r = kb
+        .execute(ExecuteRequest {
+            timeout: Some(Duration::from_millis(300)),
+            ..ExecuteRequest::new("s", "flood")
+        })
+        .await
+        .expect("execute");
+    assert_eq!(r.status, CellStatus::Timeout);
+    assert_eq!(r.stdout_truncated, Some(true));
+    assert_eq!(fake.live_containers(), 0);
+    kb.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kernel_that_stops_reading_cannot_block_a_timeout() {
+    let (kb, fake) = start(|_| {}).await;
+    run(&kb, "s", "deaf").await;
+    // Far more code than the kernel's stdin buffer holds, to a kernel that never reads.
+    let big = format!("x = 1\n#{}", "y".repeat(300_000));
+    let r = kb
+        .execute(ExecuteRequest {
+            timeout: Some(Duration::from_millis(300)),
+            ..ExecuteRequest::new("s", big)
+        })
+        .await
+        .expect("execute");
+    assert_eq!(r.status, CellStatus::Timeout);
+    assert_eq!(fake.live_containers(), 0);
+    kb.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_refuses_new_work_and_leaves_nothing() {
+    let (kb, fake) = start(|_| {}).await;
+    run(&kb, "s", "x = 1").await;
+    kb.shutdown().await;
+    let err = kb.execute(ExecuteRequest::new("t", "x")).await.unwrap_err();
+    assert!(matches!(err, ExecuteError::ShuttingDown), "{err}");
+    assert_eq!(fake.live_containers(), 0);
+    assert_eq!(fake.live_volumes(), 0);
+}
+
+async fn start_on(
+    catalog: &Arc<crate::catalog::MemoryCatalog>,
+    tweak: impl FnOnce(&mut Config),
+) -> (Orchestrator, FakeEngine) {
+    let fake = FakeEngine::default();
+    let mut config = Config::default();
+    tweak(&mut config);
+    let kb = Orchestrator::start_with_catalog(
+        config,
+        Arc::new(fake.clone()),
+        Some(catalog.clone() as Arc<dyn Catalog>),
+    )
+    .await
+    .expect("start");
+    (kb, fake)
+}
+
+fn reason(r: &CellResult) -> Option<LossReason> {
+    r.kernel.state_lost.as_ref().map(|l| l.reason)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_restart_reports_the_loss_once_and_generations_keep_counting() {
+    let catalog = Arc::new(crate::catalog::MemoryCatalog::default());
+    let (kb, _fake) = start_on(&catalog, |_| {}).await;
+    assert_eq!(run(&kb, "s", "x = 1").await.kernel.generation, 1);
+    run(&kb, "gone", "x = 1").await;
+    assert_eq!(kb.clear_session(None, "gone").await, 1);
+    kb.shutdown().await;
+
+    let (kb, _fake) = start_on(&catalog, |_| {}).await;
+    let first = run(&kb, "s", "x").await;
+    assert_eq!(reason(&first), Some(LossReason::ServerRestarted));
+    assert_eq!(first.kernel.generation, 2);
+    let second = run(&kb, "s", "x").await;
+    assert_eq!(reason(&second), None);
+    assert_eq!(second.kernel.generation, 2);
+    let cleared = run(&kb, "gone", "x").await;
+    assert_eq!(reason(&cleared), None, "a cleared session lost nothing");
+    assert_eq!(cleared.kernel.generation, 2);
+    let fresh = run(&kb, "never", "x").await;
+    assert_eq!(reason(&fresh), None);
+    assert_eq!(fresh.kernel.generation, 1);
+    assert_eq!(kb.stats().catalog_failures, 0);
+    kb.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_is_reported_and_unreported_losses_survive_restarts() {
+    let catalog = Arc::new(crate::catalog::MemoryCatalog::default());
+    let (kb, _fake) = start_on(&catalog, |c| c.max_session_kernels = 1).await;
+    run(&kb, "evicted", "x = 1").await;
+    run(&kb, "live", "x = 1").await;
+    kb.sync_catalog().await;
+    // The process dies here: no shutdown, the catalog still says `live` is running.
+    let (kb2, _fake) = start_on(&catalog, |_| {}).await;
+    let restarted = LossReason::ALL
+        .iter()
+        .position(|r| *r == LossReason::ServerRestarted)
+        .expect("listed");
+    assert_eq!(
+        kb2.stats().losses[restarted],
+        1,
+        "the live kernel is counted lost when the restart finds it"
+    );
+    assert_eq!(
+        reason(&run(&kb2, "live", "x").await),
+        Some(LossReason::ServerRestarted)
+    );
+    kb2.shutdown().await;
+    // Another restart: the eviction, never reported, is still owed.
+    let (kb3, _fake) = start_on(&catalog, |_| {}).await;
+    let back = run(&kb3, "evicted", "x").await;
+    assert_eq!(reason(&back), Some(LossReason::Evicted));
+    assert_eq!(back.kernel.generation, 2);
+    let live = run(&kb3, "live", "x").await;
+    assert_eq!(reason(&live), Some(LossReason::ServerRestarted));
+    assert_eq!(live.kernel.generation, 3);
+    kb3.shutdown().await;
+    kb.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn bad_names_and_timeouts_are_refused_before_any_container() {
+    let (kb, fake) = start(|_| {}).await;
+    let err = kb
+        .execute(ExecuteRequest::new("a b", "x"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ExecuteError::Name(_)), "{err}");
+    let err = kb
+        .execute(ExecuteRequest {
+            timeout: Some(Duration::from_secs(100_000)),
+            ..ExecuteRequest::new("s", "x")
+        })
+        .await
+        .unwrap_err();
+    let ExecuteError::InvalidTimeout(invalid) = &err else {
+        panic!("not the timeout error: {err}");
+    };
+    assert_eq!(
+        invalid,
+        &kb.config().invalid_timeout("100000.0"),
+        "the same error as the HTTP edge's"
+    );
+    let err = kb
+        .execute(ExecuteRequest {
+            timeout: Some(Duration::ZERO),
+            ..ExecuteRequest::new("s", "x")
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ExecuteError::InvalidTimeout(_)), "{err}");
+    assert_eq!(fake.created(), 0);
+    kb.shutdown().await;
+}
