@@ -1,0 +1,357 @@
+use super::*;
+use crate::config::WorkMode;
+use std::collections::BTreeSet;
+
+fn tkey(tenant: &str, session: &str, child: Option<&str>) -> KernelKey {
+    KernelKey {
+        owner: Owner::new(tenant, session, child).unwrap(),
+        mode: WorkMode::Strict,
+        image: "img".into(),
+        tools: BTreeSet::new(),
+    }
+}
+
+fn key(session: &str, child: Option<&str>) -> KernelKey {
+    tkey("t", session, child)
+}
+
+/// Attaches with no tenant limits; the attach must be admitted.
+fn att(reg: &Registry, k: &KernelKey) -> Attach {
+    reg.attach(k, false, TenantLimits::default())
+        .expect("admitted")
+}
+
+fn use_once(reg: &Registry, k: &KernelKey) -> Attach {
+    let a = att(reg, k);
+    assert!(!reg.release(&a.slot));
+    a
+}
+
+/// Attaches and releases at once (an idle kernel), with limits; returns the evicted
+/// owners.
+async fn idle_kernel(reg: &Registry, k: &KernelKey, limits: TenantLimits) -> Vec<String> {
+    tokio::time::advance(Duration::from_millis(10)).await;
+    let a = reg.attach(k, false, limits).expect("admitted");
+    assert!(!reg.release(&a.slot));
+    a.victims.iter().map(|s| s.key.owner.to_string()).collect()
+}
+
+fn held(reg: &Registry, tenant: &str) -> usize {
+    reg.slots()
+        .iter()
+        .filter(|s| s.key.owner.tenant == tenant)
+        .count()
+}
+
+#[tokio::test(start_paused = true)]
+async fn idle_slots_are_reaped_by_a_pass_or_any_acquire_but_not_when_attached() {
+    let reg = Registry::new(4, Duration::from_secs(1));
+    use_once(&reg, &key("idle", None));
+    let busy = att(&reg, &key("busy", None));
+    tokio::time::advance(Duration::from_millis(500)).await;
+    assert!(reg.reap_idle().is_empty(), "fresh kernels survive a pass");
+    tokio::time::advance(Duration::from_millis(600)).await;
+    let reaped: Vec<_> = reg
+        .reap_idle()
+        .iter()
+        .map(|s| s.key.owner.session.clone())
+        .collect();
+    assert_eq!(reaped, vec!["idle"]);
+    assert_eq!(reg.len(), 1, "the attached kernel is spared");
+    // Reaped by another owner's acquire too.
+    reg.release(&busy.slot);
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let other = att(&reg, &key("other", None));
+    assert_eq!(other.victims.len(), 1);
+    let back = att(&reg, &key("idle", None));
+    assert_eq!(
+        back.state_lost.map(|l| l.reason),
+        Some(LossReason::IdleReaped)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn lru_cap_evicts_least_recently_used_unattached() {
+    let reg = Registry::new(2, Duration::from_secs(3600));
+    let keys: Vec<_> = (0..4).map(|i| key(&format!("conv-{i}"), None)).collect();
+    let mut evicted = Vec::new();
+    for k in &keys {
+        tokio::time::advance(Duration::from_millis(10)).await;
+        evicted.extend(
+            use_once(&reg, k)
+                .victims
+                .into_iter()
+                .map(|s| s.key.owner.session.clone()),
+        );
+    }
+    assert_eq!(evicted, vec!["conv-0", "conv-1"]);
+    let live: BTreeSet<_> = reg
+        .slots()
+        .iter()
+        .map(|s| s.key.owner.session.clone())
+        .collect();
+    assert_eq!(
+        live,
+        BTreeSet::from(["conv-2".to_string(), "conv-3".to_string()])
+    );
+    // The evicted key reports its loss once.
+    let again = att(&reg, &keys[0]);
+    assert_eq!(
+        again.state_lost.map(|l| l.reason),
+        Some(LossReason::Evicted)
+    );
+    assert_eq!(again.slot.generation, 2);
+    reg.release(&again.slot);
+    assert!(att(&reg, &keys[0]).state_lost.is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_host_cap_is_hard_for_attached_slots_and_children_are_outside_it() {
+    let reg = Registry::new(1, Duration::from_secs(3600));
+    let busy = att(&reg, &key("busy", None));
+    tokio::time::advance(Duration::from_millis(10)).await;
+    // A burst cannot pass the cap: the attached kernel cannot go, so the next is refused
+    // and nothing is registered for it.
+    let refused = reg
+        .attach(&key("other", None), false, TenantLimits::default())
+        .unwrap_err();
+    assert_eq!(refused.cap, Cap::Host { max: 1, share: 1 });
+    assert_eq!(refused.held, 1);
+    assert!(refused.victims.is_empty());
+    assert_eq!(reg.len(), 1);
+    // Live delegated children are pinned: admitted past the cap, never evicted.
+    for i in 0..5 {
+        let a = use_once(&reg, &key("conv", Some(&format!("child-{i}"))));
+        assert!(a.victims.is_empty(), "children are pinned");
+    }
+    assert_eq!(reg.len(), 6);
+    // A released child counts again and is the first to go.
+    reg.release_child(&Owner::new("t", "conv", Some("child-0")).unwrap());
+    assert!(!reg.release(&busy.slot));
+    let next = att(&reg, &key("next", None));
+    let gone: BTreeSet<_> = next
+        .victims
+        .iter()
+        .map(|s| s.key.owner.to_string())
+        .collect();
+    assert_eq!(
+        gone,
+        BTreeSet::from(["conv::child::child-0".to_string(), "busy".to_string()])
+    );
+    assert_eq!(reg.len(), 5);
+}
+
+#[tokio::test(start_paused = true)]
+async fn release_of_a_forgotten_slot_asks_for_disposal() {
+    let reg = Registry::new(4, Duration::from_secs(3600));
+    let a = att(&reg, &key("s", None));
+    let (count, free) = reg.remove_where(|o| o.session == "s", None, false);
+    assert_eq!(count, 1);
+    assert!(free.is_empty(), "attached: the last call out disposes");
+    assert!(
+        reg.release(&a.slot),
+        "last call out of an unregistered slot disposes"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_tenant_cap_evicts_its_own_idle_kernels_then_refuses() {
+    let reg = Registry::new(100, Duration::from_secs(3600));
+    let other = use_once(&reg, &key("other-tenant", None));
+    let capped = TenantLimits {
+        max_kernels: Some(2),
+        reserved: None,
+    };
+    let (k1, k2, k3) = (
+        tkey("t2", "a", None),
+        tkey("t2", "b", None),
+        tkey("t2", "c", None),
+    );
+    let a = reg.attach(&k1, false, capped).unwrap();
+    reg.release(&a.slot);
+    tokio::time::advance(Duration::from_millis(5)).await;
+    let b = reg.attach(&k2, false, capped).unwrap();
+    // At the cap with `a` idle: `a` goes, not another tenant's kernel.
+    let c = reg.attach(&k3, false, capped).unwrap();
+    let gone: Vec<_> = c
+        .victims
+        .iter()
+        .map(|s| s.key.owner.session.clone())
+        .collect();
+    assert_eq!(gone, vec!["a"]);
+    assert!(reg.slots().iter().any(|s| Arc::ptr_eq(s, &other.slot)));
+    // Both remaining kernels busy: refused, naming the tenant's cap.
+    let refused = reg.attach(&k1, false, capped).unwrap_err();
+    assert_eq!(refused.cap, Cap::Tenant { max: 2 });
+    assert_eq!(refused.held, 2);
+    assert_eq!(reg.eviction_counts().tenant_cap, 1);
+    reg.release(&b.slot);
+    reg.release(&c.slot);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_tenant_within_its_fair_share_is_never_evicted_by_another() {
+    let none = TenantLimits::default();
+    let reg = Registry::new(4, Duration::from_secs(3600));
+    // A fills the host with idle kernels.
+    for i in 0..4 {
+        assert!(idle_kernel(&reg, &tkey("a", &format!("a{i}"), None), none)
+            .await
+            .is_empty());
+    }
+    // B's new kernels take A's least recently used while A holds more than its share
+    // (4 / 2 tenants = 2) and B less than its own.
+    assert_eq!(
+        idle_kernel(&reg, &tkey("b", "b0", None), none).await,
+        vec!["a0"]
+    );
+    assert_eq!(
+        idle_kernel(&reg, &tkey("b", "b1", None), none).await,
+        vec!["a1"]
+    );
+    // A is at its share: B's next new kernel costs B its own least recently used one.
+    assert_eq!(
+        idle_kernel(&reg, &tkey("b", "b2", None), none).await,
+        vec!["b0"]
+    );
+    assert_eq!((held(&reg, "a"), held(&reg, "b")), (2, 2));
+    // B's kernels all busy: refused, naming the host's cap and B's share; nobody evicted.
+    let b1 = reg.attach(&tkey("b", "b1", None), false, none).unwrap();
+    let b2 = reg.attach(&tkey("b", "b2", None), false, none).unwrap();
+    let refused = reg.attach(&tkey("b", "b3", None), false, none).unwrap_err();
+    assert_eq!(refused.cap, Cap::Host { max: 4, share: 2 });
+    assert_eq!(refused.held, 2);
+    assert_eq!((held(&reg, "a"), held(&reg, "b")), (2, 2));
+    // A, within its share, may use its own room again at once.
+    assert!(idle_kernel(&reg, &tkey("a", "a2", None), none)
+        .await
+        .is_empty());
+    reg.release(&b1.slot);
+    reg.release(&b2.slot);
+    let counts = reg.eviction_counts();
+    assert_eq!((counts.host_cap_other, counts.host_cap_own), (2, 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_remainder_of_an_uneven_share_does_not_bounce_between_tenants() {
+    let none = TenantLimits::default();
+    let reg = Registry::new(5, Duration::from_secs(3600));
+    for i in 0..3 {
+        idle_kernel(&reg, &tkey("a", &format!("a{i}"), None), none).await;
+    }
+    for i in 0..2 {
+        idle_kernel(&reg, &tkey("b", &format!("b{i}"), None), none).await;
+    }
+    // Shares are 5 / 2 = 2 (rounded down). B at its share takes its own; so does A,
+    // above its share: neither takes the other's.
+    assert_eq!(
+        idle_kernel(&reg, &tkey("b", "b2", None), none).await,
+        vec!["b0"]
+    );
+    assert_eq!(
+        idle_kernel(&reg, &tkey("a", "a3", None), none).await,
+        vec!["a0"]
+    );
+    assert_eq!((held(&reg, "a"), held(&reg, "b")), (3, 2));
+    // A newcomer's share is 5 / 3 = 1: it takes from the least recently used of the
+    // tenants above their share (A's a1, older than B's b1).
+    assert_eq!(
+        idle_kernel(&reg, &tkey("c", "c0", None), none).await,
+        vec!["a1"]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reservation_overrides_the_fair_share() {
+    let none = TenantLimits::default();
+    let reserved = TenantLimits {
+        max_kernels: None,
+        reserved: Some(3),
+    };
+    let reg = Registry::new(4, Duration::from_secs(3600));
+    for i in 0..4 {
+        idle_kernel(&reg, &tkey("a", &format!("a{i}"), None), reserved).await;
+    }
+    // A keeps 3; B's share is what is left (1).
+    assert_eq!(
+        idle_kernel(&reg, &tkey("b", "b0", None), none).await,
+        vec!["a0"]
+    );
+    assert_eq!(
+        idle_kernel(&reg, &tkey("b", "b1", None), none).await,
+        vec!["b0"]
+    );
+    assert_eq!((held(&reg, "a"), held(&reg, "b")), (3, 1));
+    // Without the reservation A's share would be 2 and B would take one more.
+    let reg = Registry::new(4, Duration::from_secs(3600));
+    for i in 0..4 {
+        idle_kernel(&reg, &tkey("a", &format!("a{i}"), None), none).await;
+    }
+    idle_kernel(&reg, &tkey("b", "b0", None), none).await;
+    assert_eq!(
+        idle_kernel(&reg, &tkey("b", "b1", None), none).await,
+        vec!["a1"]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn seeded_keys_take_their_generation_and_owed_loss_once_and_only_for_their_owner() {
+    use crate::catalog::{Catalog, CatalogWriter, MemoryCatalog};
+    let catalog = Arc::new(MemoryCatalog::default());
+    let writer = Arc::new(CatalogWriter::start(catalog.clone()).expect("writer"));
+    let lost = StateLost {
+        reason: LossReason::ServerRestarted,
+        at: "2026-01-01T00:00:00Z".into(),
+    };
+    let k = key("s", None);
+    let mut forged = key("forged", None);
+    let entries = vec![
+        Entry {
+            key_hash: k.hash(),
+            tenant: "t".into(),
+            owner: "s".into(),
+            generation: 4,
+            state: EntryState::Lost { loss: lost.clone() },
+        },
+        // A row whose owner does not match its hash is never handed to the key.
+        Entry {
+            key_hash: forged.hash(),
+            tenant: "other".into(),
+            owner: "forged".into(),
+            generation: 9,
+            state: EntryState::Lost { loss: lost.clone() },
+        },
+    ];
+    let reg = Registry::new(4, Duration::from_secs(3600));
+    assert_eq!(reg.use_catalog(writer.clone(), entries), 2);
+    let a = use_once(&reg, &k);
+    assert_eq!(a.state_lost, Some(lost));
+    assert_eq!(a.slot.generation, 5);
+    forged.owner.tenant = "t".into();
+    let f = att(&reg, &forged);
+    assert_eq!(f.state_lost, None);
+    assert_eq!(f.slot.generation, 1);
+    // Losses are recorded; a slot drained at shutdown records nothing.
+    assert!(reg.forget(&a.slot, Some(LossReason::Oom)));
+    reg.drain();
+    assert!(!reg.forget(&f.slot, Some(LossReason::Oom)));
+    writer.close();
+    let rows = catalog.load().expect("load");
+    assert_eq!(rows.len(), 1, "only the loss before closing: {rows:?}");
+    assert!(rows.iter().any(|r| r.key_hash == k.hash()
+        && matches!(&r.state, EntryState::Lost { loss } if loss.reason == LossReason::Oom)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn reset_discards_the_slot_and_bumps_the_generation() {
+    let reg = Registry::new(4, Duration::from_secs(3600));
+    let k = key("s", None);
+    let first = use_once(&reg, &k);
+    let second = reg.attach(&k, true, TenantLimits::default()).unwrap();
+    assert!(second.reset.is_some_and(|s| Arc::ptr_eq(&s, &first.slot)));
+    assert_eq!(second.slot.generation, 2);
+    assert!(
+        second.state_lost.is_none(),
+        "a reset is not an involuntary loss"
+    );
+}

@@ -1,0 +1,118 @@
+use super::*;
+
+fn parse(text: &str) -> Result<Tenants, TenantsError> {
+    Tenants::parse(text, Path::new("t.json"))
+}
+
+#[test]
+fn a_valid_file_authenticates_by_token_hash() {
+    let hash = hex::encode(token_hash("secret"));
+    let text = format!(
+        r#"{{"tenants": [{{"name": "acme", "token_sha256": "{hash}", "max_kernels": 8,
+           "tools": {{"url": "http://127.0.0.1:9000/tools", "allow": ["web_search"]}}}}]}}"#
+    );
+    let tenants = parse(&text).unwrap();
+    let acme = tenants.authenticate("secret").unwrap();
+    assert_eq!(acme.name, "acme");
+    assert_eq!(acme.max_kernels, Some(8));
+    assert!(acme.tools.as_ref().unwrap().allow.contains("web_search"));
+    assert!(tenants.authenticate("wrong").is_none());
+}
+
+#[test]
+fn reservations_must_fit_the_host_cap() {
+    let entry = |name: &str, reserved: usize| {
+        format!(
+            r#"{{"name": "{name}", "token_sha256": "{}", "reserved": {reserved}}}"#,
+            hex::encode(token_hash(name))
+        )
+    };
+    let text = format!(r#"{{"tenants": [{}, {}]}}"#, entry("a", 2), entry("b", 3));
+    let tenants = parse(&text).unwrap();
+    assert_eq!(
+        tenants.authenticate("b").unwrap().limits().reserved,
+        Some(3)
+    );
+    assert!(tenants.check_reserved(5).is_ok());
+    let err = tenants.check_reserved(4).unwrap_err();
+    assert_eq!(err.field, "tenants[*].reserved");
+    assert!(
+        err.to_string().starts_with("tenants file t.json: "),
+        "{err}"
+    );
+    assert!(err.to_string().contains("--max-kernels 4"), "{err}");
+}
+
+#[test]
+fn errors_name_the_file_and_field() {
+    let hash = hex::encode(token_hash("x"));
+    let cases = [
+        ("{", "(file)"),
+        ("{}", "tenants"),
+        (r#"{"tenants": []}"#, "tenants"),
+        (r#"{"tenants": [{"name": "a"}]}"#, "tenants[0].token_sha256"),
+        (
+            r#"{"tenants": [{"name": "a", "token_sha256": "zz"}]}"#,
+            "tenants[0].token_sha256",
+        ),
+        (
+            &format!(r#"{{"tenants": [{{"name": "a b", "token_sha256": "{hash}"}}]}}"#),
+            "tenants[0].name",
+        ),
+        (
+            &format!(
+                r#"{{"tenants": [{{"name": "a", "token_sha256": "{hash}", "max_kernels": 0}}]}}"#
+            ),
+            "tenants[0].max_kernels",
+        ),
+        (
+            &format!(
+                r#"{{"tenants": [{{"name": "a", "token_sha256": "{hash}", "tools": {{"url": "ftp://x", "allow": []}}}}]}}"#
+            ),
+            "tenants[0].tools.url",
+        ),
+        (
+            &format!(
+                r#"{{"tenants": [{{"name": "a", "token_sha256": "{hash}", "tools": {{"url": "http://x/t", "allow": ["rm -rf"]}}}}]}}"#
+            ),
+            "tenants[0].tools.allow[0]",
+        ),
+        (
+            &format!(r#"{{"tenants": [{{"name": "a", "token_sha256": "{hash}", "extra": 1}}]}}"#),
+            "tenants[0].extra",
+        ),
+        (
+            &format!(
+                r#"{{"tenants": [{{"name": "a", "token_sha256": "{hash}", "reserved": -1}}]}}"#
+            ),
+            "tenants[0].reserved",
+        ),
+        (
+            &format!(
+                r#"{{"tenants": [{{"name": "a", "token_sha256": "{hash}", "max_kernels": 2, "reserved": 3}}]}}"#
+            ),
+            "tenants[0].reserved",
+        ),
+        (
+            &format!(
+                r#"{{"tenants": [{{"name": "a", "token_sha256": "{hash}"}}, {{"name": "b", "token_sha256": "{hash}"}}]}}"#
+            ),
+            "tenants[1].token_sha256",
+        ),
+        (
+            &format!(
+                r#"{{"tenants": [{{"name": "a", "token_sha256": "{hash}"}}, {{"name": "a", "token_sha256": "{}"}}]}}"#,
+                "0".repeat(64)
+            ),
+            "tenants[1].name",
+        ),
+    ];
+    for (text, field) in cases {
+        let err = parse(text).unwrap_err();
+        assert_eq!(err.field, field, "{text}: {err}");
+        assert!(
+            err.to_string().starts_with("tenants file t.json: "),
+            "{err}"
+        );
+    }
+}
