@@ -1,0 +1,258 @@
+//! Admission: caps and fair shares.
+//!
+//! A new kernel is admitted under the lock, atomically with its registration, so a burst can
+//! never overflow a cap. Two caps apply:
+//!
+//! - the tenant's own `max_kernels` (its delegated children included): at it, the tenant's
+//!   least recently used idle, unpinned kernel is evicted, else the request is refused;
+//! - the host's `max_kernels` (live delegated children are pinned: never evicted and not
+//!   counted). At it, a victim is chosen among idle, unpinned kernels: while the requester
+//!   holds less than its fair share, the least recently used kernel of a tenant holding more
+//!   than its own share; otherwise (or when none is idle) the requester's own least recently
+//!   used one. No victim: the request is refused. So a tenant holding no more than its fair
+//!   share is never evicted by another tenant's demand.
+//!
+//! A tenant's fair share is its `reserved` count when it has one; otherwise the kernels left
+//! by the reservations of the tenants holding kernels (the requester included), divided
+//! evenly among those without one, rounded down. Rounding down keeps the shares' sum within
+//! the cap, so every tenant can always reach its share; and since a tenant takes another's
+//! kernel only to reach its own share, the remainder of an uneven division never bounces
+//! between two tenants.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use super::{Inner, Slot};
+use crate::cell::LossReason;
+use crate::owner::KernelKey;
+
+/// A tenant's own limits, carried by each of its requests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TenantLimits {
+    /// Most kernels the tenant may hold at once, its delegated children included (`None`:
+    /// only the host's cap applies).
+    pub max_kernels: Option<usize>,
+    /// Kernels the tenant keeps against other tenants' demand, in place of its fair share.
+    pub reserved: Option<usize>,
+}
+
+/// Which cap refused a new kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cap {
+    /// The tenant's own `max_kernels`.
+    Tenant {
+        /// The tenant's cap.
+        max: usize,
+    },
+    /// The host's cap (`max_session_kernels`, `kernelbox serve --max-kernels`).
+    Host {
+        /// The host's cap.
+        max: usize,
+        /// The requesting tenant's fair share at the time.
+        share: usize,
+    },
+}
+
+/// A new kernel would pass a cap and no kernel may be evicted to make room.
+#[derive(Debug)]
+pub struct AtCapacity {
+    /// The requesting tenant.
+    pub tenant: String,
+    /// The cap that refused it.
+    pub cap: Cap,
+    /// Kernels the tenant held (counted as the cap counts them).
+    pub held: usize,
+    /// Idle slots reaped on the way; dispose of their kernels.
+    pub victims: Vec<Arc<Slot>>,
+}
+
+/// Why an admission evicts a slot.
+#[derive(Debug, Clone, Copy)]
+enum Evict {
+    TenantCap,
+    HostOwn,
+    HostOther,
+}
+
+/// Kernels evicted to admit another, by the cap that made room.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EvictionCounts {
+    /// At the tenant's own `max_kernels`.
+    pub tenant_cap: u64,
+    /// At the host's cap, from the requester's own tenant.
+    pub host_cap_own: u64,
+    /// At the host's cap, from a tenant holding more than its fair share.
+    pub host_cap_other: u64,
+}
+
+impl Inner {
+    /// Decides which idle slots go so that one more kernel for `key` fits both caps. Nothing
+    /// is changed when the answer is no: a refused request costs nobody a kernel.
+    fn plan_admission(
+        &self,
+        key: &KernelKey,
+        limits: TenantLimits,
+        host_max: usize,
+    ) -> Result<Vec<(KernelKey, Evict)>, (Cap, usize)> {
+        let tenant = key.owner.tenant.as_str();
+        let released = &self.released_children;
+        let mut held_all = 0usize;
+        // Unpinned kernels per tenant: what the host's cap and the shares count.
+        let mut held: HashMap<&str, usize> = HashMap::new();
+        let mut total = 0usize;
+        for s in self.slots.values() {
+            if s.key.owner.tenant == tenant {
+                held_all += 1;
+            }
+            if !s.pinned(released) {
+                *held.entry(s.key.owner.tenant.as_str()).or_default() += 1;
+                total += 1;
+            }
+        }
+        let tenant_full = limits.max_kernels.is_some_and(|max| held_all >= max);
+        let host_full = !key.owner.is_child() && total >= host_max;
+        if !tenant_full && !host_full {
+            return Ok(Vec::new());
+        }
+        // Eviction candidates, least recently used first.
+        let mut idle: Vec<&Arc<Slot>> = self
+            .slots
+            .values()
+            .filter(|s| s.attached() == 0 && !s.pinned(released))
+            .collect();
+        idle.sort_by_cached_key(|s| s.last_used());
+        let mut planned: Vec<(KernelKey, Evict)> = Vec::new();
+        let is_planned =
+            |planned: &[(KernelKey, Evict)], s: &Slot| planned.iter().any(|(k, _)| *k == s.key);
+        let take = |victim: &Arc<Slot>,
+                    why: Evict,
+                    planned: &mut Vec<(KernelKey, Evict)>,
+                    held: &mut HashMap<&str, usize>| {
+            planned.push((victim.key.clone(), why));
+            if let Some(n) = held.get_mut(victim.key.owner.tenant.as_str()) {
+                *n -= 1;
+            }
+        };
+        if let Some(max) = limits.max_kernels {
+            while held_all >= max {
+                let victim = idle
+                    .iter()
+                    .find(|s| s.key.owner.tenant == tenant && !is_planned(&planned, s));
+                let Some(victim) = victim else {
+                    return Err((Cap::Tenant { max }, held_all));
+                };
+                take(victim, Evict::TenantCap, &mut planned, &mut held);
+                held_all -= 1;
+                total -= 1;
+            }
+        }
+        // A live delegated child is pinned: outside the host's cap.
+        if key.owner.is_child() {
+            return Ok(planned);
+        }
+        while total >= host_max {
+            let mine = held.get(tenant).copied().unwrap_or(0);
+            let shares = self.shares(&held, tenant, limits, host_max);
+            let share = |t: &str| shares.get(t).copied().unwrap_or(0);
+            let from_others = if mine < share(tenant) {
+                idle.iter().find(|s| {
+                    let t = s.key.owner.tenant.as_str();
+                    t != tenant
+                        && held.get(t).copied().unwrap_or(0) > share(t)
+                        && !is_planned(&planned, s)
+                })
+            } else {
+                None
+            };
+            let victim = match from_others {
+                Some(v) => Some((v, Evict::HostOther)),
+                None => idle
+                    .iter()
+                    .find(|s| s.key.owner.tenant == tenant && !is_planned(&planned, s))
+                    .map(|v| (v, Evict::HostOwn)),
+            };
+            let Some((victim, why)) = victim else {
+                return Err((
+                    Cap::Host {
+                        max: host_max,
+                        share: share(tenant),
+                    },
+                    mine,
+                ));
+            };
+            take(victim, why, &mut planned, &mut held);
+            total -= 1;
+        }
+        Ok(planned)
+    }
+
+    /// Fair shares of the tenants holding unpinned kernels and of the requester (see the
+    /// module documentation).
+    fn shares<'a>(
+        &self,
+        held: &HashMap<&'a str, usize>,
+        requester: &'a str,
+        requester_limits: TenantLimits,
+        host_max: usize,
+    ) -> HashMap<&'a str, usize> {
+        let limits_of = |t: &str| {
+            if t == requester {
+                requester_limits
+            } else {
+                self.limits.get(t).copied().unwrap_or_default()
+            }
+        };
+        let mut active: Vec<&'a str> = held
+            .iter()
+            .filter(|(_, n)| **n > 0)
+            .map(|(t, _)| *t)
+            .collect();
+        if !active.contains(&requester) {
+            active.push(requester);
+        }
+        let reserved: usize = active.iter().filter_map(|t| limits_of(t).reserved).sum();
+        let unreserved = active
+            .iter()
+            .filter(|t| limits_of(t).reserved.is_none())
+            .count();
+        let even = host_max
+            .saturating_sub(reserved)
+            .checked_div(unreserved)
+            .unwrap_or(0);
+        active
+            .into_iter()
+            .map(|t| (t, limits_of(t).reserved.unwrap_or(even)))
+            .collect()
+    }
+
+    /// Admits one more kernel for `key`: evicts the planned victims, or refuses.
+    pub(super) fn admit(
+        &mut self,
+        key: &KernelKey,
+        limits: TenantLimits,
+        host_max: usize,
+    ) -> Result<Vec<Arc<Slot>>, (Cap, usize)> {
+        let tenant = key.owner.tenant.clone();
+        // Remembered only for tenants holding kernels (the requester included).
+        {
+            let holding: HashSet<&str> =
+                self.slots.keys().map(|k| k.owner.tenant.as_str()).collect();
+            self.limits.retain(|t, _| holding.contains(t.as_str()));
+        }
+        self.limits.insert(tenant.clone(), limits);
+        let plan = self.plan_admission(key, limits, host_max)?;
+        let mut victims = Vec::with_capacity(plan.len());
+        for (victim, why) in plan {
+            if let Some(slot) = self.slots.remove(&victim) {
+                self.record_loss(&victim, LossReason::Evicted);
+                *match why {
+                    Evict::TenantCap => &mut self.evictions.tenant_cap,
+                    Evict::HostOwn => &mut self.evictions.host_cap_own,
+                    Evict::HostOther => &mut self.evictions.host_cap_other,
+                } += 1;
+                victims.push(slot);
+            }
+        }
+        Ok(victims)
+    }
+}
