@@ -1,3 +1,4 @@
+use super::redb_store::REDB_MAGIC;
 use super::*;
 use crate::cell::LossReason;
 

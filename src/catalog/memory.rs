@@ -1,0 +1,65 @@
+//! The catalog in memory.
+
+use super::*;
+
+/// The catalog in memory: for tests, and for library users who want the semantics without a
+/// file.
+#[derive(Debug, Default)]
+pub struct MemoryCatalog {
+    inner: Mutex<MemoryRows>,
+}
+
+#[derive(Debug, Default, Clone)]
+struct MemoryRows {
+    rows: HashMap<String, Row>,
+    order: BTreeMap<u64, String>,
+}
+
+impl Rows for MemoryRows {
+    fn get(&mut self, key_hash: &str) -> Result<Option<Row>, CatalogError> {
+        Ok(self.rows.get(key_hash).cloned())
+    }
+    fn put(&mut self, old_seq: Option<u64>, row: &Row) -> Result<(), CatalogError> {
+        if let Some(old) = old_seq {
+            self.order.remove(&old);
+        }
+        self.order.insert(row.seq, row.entry.key_hash.clone());
+        self.rows.insert(row.entry.key_hash.clone(), row.clone());
+        Ok(())
+    }
+    fn remove(&mut self, row: &Row) -> Result<(), CatalogError> {
+        self.order.remove(&row.seq);
+        self.rows.remove(&row.entry.key_hash);
+        Ok(())
+    }
+    fn len(&mut self) -> Result<usize, CatalogError> {
+        Ok(self.rows.len())
+    }
+    fn next_seq(&mut self) -> Result<u64, CatalogError> {
+        Ok(self.order.keys().next_back().map_or(0, |s| s + 1))
+    }
+    fn oldest(&mut self, limit: Option<usize>) -> Result<Vec<Row>, CatalogError> {
+        Ok(self
+            .order
+            .values()
+            .take(limit.unwrap_or(usize::MAX))
+            .filter_map(|h| self.rows.get(h).cloned())
+            .collect())
+    }
+}
+
+impl Catalog for MemoryCatalog {
+    fn load(&self) -> Result<Vec<Entry>, CatalogError> {
+        let mut rows = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(rows.oldest(None)?.into_iter().map(|r| r.entry).collect())
+    }
+
+    fn apply(&self, changes: &[Change]) -> Result<(), CatalogError> {
+        let mut rows = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        // All or nothing, as a transaction.
+        let mut copy = rows.clone();
+        apply_changes(&mut copy, changes)?;
+        *rows = copy;
+        Ok(())
+    }
+}

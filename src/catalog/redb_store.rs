@@ -1,0 +1,247 @@
+//! The catalog in one redb file.
+
+use super::*;
+
+/// Key hash -> JSON [`Row`].
+const ENTRIES: TableDefinition<&str, &[u8]> = TableDefinition::new("entries");
+/// Change sequence -> key hash, for least-recently-changed order.
+const ORDER: TableDefinition<u64, &str> = TableDefinition::new("order");
+
+/// The first bytes of every redb file.
+pub(super) const REDB_MAGIC: [u8; 9] = [b'r', b'e', b'd', b'b', 0x1A, 0x0A, 0xA9, 0x0D, 0x0A];
+
+/// The catalog in one redb file (`catalog.redb` in the state directory). redb holds an
+/// exclusive lock on the file while it is open, so a second server on the same state
+/// directory is refused ([`CatalogError::Locked`]); every commit is durable before it returns.
+pub struct RedbCatalog {
+    path: PathBuf,
+    db: redb::Database,
+}
+
+impl std::fmt::Debug for RedbCatalog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedbCatalog")
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+impl RedbCatalog {
+    /// Opens (creating the directory, mode 0700, and the file as needed) the catalog in
+    /// `state_dir`. Blocking.
+    pub fn open(state_dir: &Path) -> Result<RedbCatalog, CatalogError> {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(state_dir)
+            .map_err(|source| CatalogError::Dir {
+                path: state_dir.to_path_buf(),
+                source,
+            })?;
+        let path = state_dir.join(FILE_NAME);
+        check_magic(&path)?;
+        // redb asserts on some malformed headers: a damaged file must be an error, not a
+        // panic reaching the caller.
+        let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            redb::Database::create(&path)
+        }));
+        let db = match opened {
+            Ok(Ok(db)) => db,
+            Ok(Err(redb::DatabaseError::DatabaseAlreadyOpen)) => {
+                return Err(CatalogError::Locked { path })
+            }
+            Ok(Err(redb::DatabaseError::Storage(redb::StorageError::Corrupted(reason)))) => {
+                return Err(CatalogError::Corrupt { path, reason })
+            }
+            Ok(Err(e)) => {
+                return Err(CatalogError::Storage {
+                    path,
+                    operation: "opening",
+                    reason: e.to_string(),
+                })
+            }
+            Err(_) => {
+                return Err(CatalogError::Corrupt {
+                    path,
+                    reason: "the file could not be read as a catalog".into(),
+                })
+            }
+        };
+        let catalog = RedbCatalog { path, db };
+        // Create the tables once, so readers never meet a missing one.
+        catalog.apply(&[])?;
+        Ok(catalog)
+    }
+
+    /// The catalog file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn storage(&self, operation: &'static str) -> impl Fn(redb::Error) -> CatalogError + '_ {
+        move |e| match e {
+            redb::Error::Corrupted(reason) => CatalogError::Corrupt {
+                path: self.path.clone(),
+                reason,
+            },
+            e => CatalogError::Storage {
+                path: self.path.clone(),
+                operation,
+                reason: e.to_string(),
+            },
+        }
+    }
+}
+
+/// A non-empty file that does not start like a redb file is refused before redb sees it.
+fn check_magic(path: &Path) -> Result<(), CatalogError> {
+    use std::io::Read;
+    let mut file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => {
+            return Err(CatalogError::Storage {
+                path: path.to_path_buf(),
+                operation: "opening",
+                reason: e.to_string(),
+            })
+        }
+    };
+    let mut head = Vec::with_capacity(REDB_MAGIC.len());
+    (&mut file)
+        .take(REDB_MAGIC.len() as u64)
+        .read_to_end(&mut head)
+        .map_err(|e| CatalogError::Storage {
+            path: path.to_path_buf(),
+            operation: "reading",
+            reason: e.to_string(),
+        })?;
+    if !head.is_empty() && head != REDB_MAGIC {
+        return Err(CatalogError::Corrupt {
+            path: path.to_path_buf(),
+            reason: "not a catalog file".into(),
+        });
+    }
+    Ok(())
+}
+
+struct RedbRows<'t> {
+    catalog: &'t RedbCatalog,
+    entries: redb::Table<'t, &'static str, &'static [u8]>,
+    order: redb::Table<'t, u64, &'static str>,
+}
+
+impl RedbRows<'_> {
+    fn err(&self, operation: &'static str) -> impl Fn(redb::StorageError) -> CatalogError + '_ {
+        let storage = self.catalog.storage(operation);
+        move |e| storage(e.into())
+    }
+
+    fn decode(&self, bytes: &[u8]) -> Result<Row, CatalogError> {
+        serde_json::from_slice(bytes).map_err(|e| CatalogError::Corrupt {
+            path: self.catalog.path.clone(),
+            reason: format!("a row does not decode: {e}"),
+        })
+    }
+}
+
+impl Rows for RedbRows<'_> {
+    fn get(&mut self, key_hash: &str) -> Result<Option<Row>, CatalogError> {
+        let found = self.entries.get(key_hash).map_err(self.err("reading"))?;
+        found.map(|v| self.decode(v.value())).transpose()
+    }
+
+    fn put(&mut self, old_seq: Option<u64>, row: &Row) -> Result<(), CatalogError> {
+        let bytes = serde_json::to_vec(row).map_err(|e| CatalogError::Storage {
+            path: self.catalog.path.clone(),
+            operation: "encoding",
+            reason: e.to_string(),
+        })?;
+        let err = self.catalog.storage("writing");
+        if let Some(old) = old_seq {
+            self.order.remove(old).map_err(|e| err(e.into()))?;
+        }
+        self.order
+            .insert(row.seq, row.entry.key_hash.as_str())
+            .map_err(|e| err(e.into()))?;
+        self.entries
+            .insert(row.entry.key_hash.as_str(), bytes.as_slice())
+            .map_err(|e| err(e.into()))?;
+        Ok(())
+    }
+
+    fn remove(&mut self, row: &Row) -> Result<(), CatalogError> {
+        let err = self.catalog.storage("removing");
+        self.order.remove(row.seq).map_err(|e| err(e.into()))?;
+        self.entries
+            .remove(row.entry.key_hash.as_str())
+            .map_err(|e| err(e.into()))?;
+        Ok(())
+    }
+
+    fn len(&mut self) -> Result<usize, CatalogError> {
+        let n = self.entries.len().map_err(self.err("counting"))?;
+        Ok(usize::try_from(n).unwrap_or(usize::MAX))
+    }
+
+    fn next_seq(&mut self) -> Result<u64, CatalogError> {
+        let last = self.order.last().map_err(self.err("reading"))?;
+        Ok(last.map_or(0, |(k, _)| k.value() + 1))
+    }
+
+    fn oldest(&mut self, limit: Option<usize>) -> Result<Vec<Row>, CatalogError> {
+        read_rows(self.catalog, &self.order, &self.entries, limit)
+    }
+}
+
+fn read_rows(
+    catalog: &RedbCatalog,
+    order: &impl ReadableTable<u64, &'static str>,
+    entries: &impl ReadableTable<&'static str, &'static [u8]>,
+    limit: Option<usize>,
+) -> Result<Vec<Row>, CatalogError> {
+    let err = catalog.storage("reading");
+    let mut rows = Vec::new();
+    let ordered = order.iter().map_err(|e| err(e.into()))?;
+    for item in ordered.take(limit.unwrap_or(usize::MAX)) {
+        let (_, hash) = item.map_err(|e| err(e.into()))?;
+        if let Some(bytes) = entries.get(hash.value()).map_err(|e| err(e.into()))? {
+            let row: Row =
+                serde_json::from_slice(bytes.value()).map_err(|e| CatalogError::Corrupt {
+                    path: catalog.path.clone(),
+                    reason: format!("a row does not decode: {e}"),
+                })?;
+            rows.push(row);
+        }
+    }
+    Ok(rows)
+}
+
+impl Catalog for RedbCatalog {
+    fn load(&self) -> Result<Vec<Entry>, CatalogError> {
+        let err = self.storage("reading");
+        let txn = self.db.begin_read().map_err(|e| err(e.into()))?;
+        let order = txn.open_table(ORDER).map_err(|e| err(e.into()))?;
+        let entries = txn.open_table(ENTRIES).map_err(|e| err(e.into()))?;
+        Ok(read_rows(self, &order, &entries, None)?
+            .into_iter()
+            .map(|r| r.entry)
+            .collect())
+    }
+
+    fn apply(&self, changes: &[Change]) -> Result<(), CatalogError> {
+        let err = self.storage("writing");
+        let txn = self.db.begin_write().map_err(|e| err(e.into()))?;
+        {
+            let mut rows = RedbRows {
+                catalog: self,
+                entries: txn.open_table(ENTRIES).map_err(|e| err(e.into()))?,
+                order: txn.open_table(ORDER).map_err(|e| err(e.into()))?,
+            };
+            // An error drops the transaction uncommitted: all or nothing.
+            apply_changes(&mut rows, changes)?;
+        }
+        txn.commit().map_err(|e| err(e.into()))
+    }
+}
