@@ -1,3 +1,4 @@
+use super::stream::{StreamTx, Utf8Stream, MAX_STREAM_BACKLOG};
 use super::*;
 
 #[test]

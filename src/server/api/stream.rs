@@ -1,0 +1,170 @@
+//! A streaming execute: `output` events as the cell writes (whole UTF-8, at most
+//! [`MAX_STREAM_BACKLOG`] bytes waiting for the client), then the `result`.
+
+use super::*;
+
+/// One line of an NDJSON stream: `{"event": EVENT, KEY: VALUE}`, the event name first.
+pub(super) fn line(event: &str, key: &str, value: &impl serde::Serialize) -> Bytes {
+    let value = serde_json::to_string(value).unwrap_or_else(|_| "null".into());
+    Bytes::from(format!("{{\"event\":\"{event}\",\"{key}\":{value}}}\n"))
+}
+
+/// Turns output bytes into whole UTF-8 text, carrying a split character to the next chunk
+/// and capping the bytes streamed.
+pub(super) struct Utf8Stream {
+    pub(super) carry: Vec<u8>,
+    pub(super) sent: usize,
+    pub(super) cap: usize,
+    pub(super) dropped: usize,
+}
+
+impl Utf8Stream {
+    pub(super) fn push(&mut self, chunk: &[u8]) -> String {
+        let room = self.cap.saturating_sub(self.sent);
+        let take = chunk.len().min(room);
+        self.dropped += chunk.len() - take;
+        self.sent += take;
+        self.carry.extend_from_slice(&chunk[..take]);
+        let mut text = String::new();
+        loop {
+            match std::str::from_utf8(&self.carry) {
+                Ok(s) => {
+                    text.push_str(s);
+                    self.carry.clear();
+                    return text;
+                }
+                Err(e) => {
+                    let valid = e.valid_up_to();
+                    text.push_str(&String::from_utf8_lossy(&self.carry[..valid]));
+                    match e.error_len() {
+                        // An incomplete character at the end: keep it for the next chunk.
+                        None => {
+                            self.carry.drain(..valid);
+                            return text;
+                        }
+                        Some(n) => {
+                            text.push('\u{FFFD}');
+                            self.carry.drain(..valid + n);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    pub(super) fn finish(&mut self) -> String {
+        let text = String::from_utf8_lossy(&self.carry).into_owned();
+        self.carry.clear();
+        text
+    }
+}
+
+/// Bytes of NDJSON events of one streaming execute produced and not yet taken by the client's
+/// connection. A client that does not keep up loses output past this (the cell never waits
+/// for it); the stream then ends with an `output_truncated` event counting the dropped bytes,
+/// before the `result`.
+pub const MAX_STREAM_BACKLOG: usize = 1024 * 1024;
+
+/// The sending side of a streaming execute: output events are dropped, never queued, past
+/// [`MAX_STREAM_BACKLOG`] bytes.
+pub(super) struct StreamTx {
+    pub(super) tx: tokio::sync::mpsc::UnboundedSender<(Bytes, bool)>,
+    pub(super) queued: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl StreamTx {
+    /// Queues an output event unless the backlog is full; false if it was dropped.
+    pub(super) fn try_send(&self, line: Bytes) -> bool {
+        use std::sync::atomic::Ordering;
+        let len = line.len();
+        let admitted = self
+            .queued
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
+                (q + len <= MAX_STREAM_BACKLOG).then_some(q + len)
+            })
+            .is_ok();
+        if admitted && self.tx.send((line, false)).is_err() {
+            // The client went away: nothing is queued for it any more.
+            self.queued.fetch_sub(len, Ordering::AcqRel);
+        }
+        admitted
+    }
+
+    /// Queues a closing event (the rest of the output, truncation, the result) whatever the
+    /// backlog: at most three lines per stream.
+    pub(super) fn send_final(&self, line: Bytes, last: bool) {
+        self.queued
+            .fetch_add(line.len(), std::sync::atomic::Ordering::AcqRel);
+        let _ = self.tx.send((line, last));
+    }
+}
+
+/// Streams `{"event":"output","data":...}` lines as the cell writes, then one `result` (or
+/// `error`) line. The cell runs to its end even if the client goes away.
+pub(super) fn stream_execute(state: AppState, mut request: ExecuteRequest) -> Response {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<(Bytes, bool)>();
+    let queued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let tx = Arc::new(StreamTx {
+        tx,
+        queued: queued.clone(),
+    });
+    let cap = state.inner.orchestrator.config().output_spill_bytes;
+    let decoder = Arc::new(Mutex::new(Utf8Stream {
+        carry: Vec::new(),
+        sent: 0,
+        cap,
+        dropped: 0,
+    }));
+    {
+        let tx = tx.clone();
+        let decoder = decoder.clone();
+        request.sink = Some(Arc::new(move |chunk: &[u8]| {
+            let mut decoder = decoder.lock().unwrap_or_else(|p| p.into_inner());
+            let text = decoder.push(chunk);
+            if !text.is_empty() && !tx.try_send(line("output", "data", &text)) {
+                decoder.dropped += text.len();
+            }
+        }));
+    }
+    tokio::spawn(async move {
+        let outcome = state.inner.orchestrator.execute(request).await;
+        let (rest, dropped) = {
+            let mut d = decoder.lock().unwrap_or_else(|p| p.into_inner());
+            (d.finish(), d.dropped)
+        };
+        if !rest.is_empty() {
+            tx.send_final(line("output", "data", &rest), false);
+        }
+        if dropped > 0 {
+            tx.send_final(line("output_truncated", "bytes", &dropped), false);
+        }
+        let last = match outcome {
+            Ok(result) => {
+                state.inner.metrics.cell(&result);
+                line("result", "result", &result)
+            }
+            Err(e) => line("error", "error", &ApiError::from(e).body()["error"]),
+        };
+        tx.send_final(last, true);
+    });
+    let stream = futures::stream::unfold((rx, false), move |(mut rx, done)| {
+        let queued = queued.clone();
+        async move {
+            if done {
+                return None;
+            }
+            let (bytes, last) = rx.recv().await?;
+            queued.fetch_sub(bytes.len(), std::sync::atomic::Ordering::AcqRel);
+            Some((Ok::<_, Infallible>(bytes), (rx, last)))
+        }
+    });
+    let mut response = Response::new(Body::from_stream(stream));
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/x-ndjson"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    response
+}
