@@ -1,4 +1,4 @@
-//! kernelbox benchmarks (issue 6, and the tool-call round trip of issue 4), side by side with
+//! kernelbox benchmarks (the Performance table of `README.md`, tool-call round trip included), side by side with
 //! the floors the engine physically allows, in one run against the real Docker engine.
 //!
 //! ```text

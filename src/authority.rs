@@ -1,4 +1,4 @@
-//! Tool calls from inside a kernel, under the authority of one cell (DESIGN section 4).
+//! Tool calls from inside a kernel, under the authority of one cell (`docs/architecture.md`, trust boundary).
 //!
 //! Interpreter state persists across cells; authority does not. Each cell gets a fresh
 //! [`CellAuthority`] holding the caller's [`ToolDispatcher`], its allow-list and its budget.

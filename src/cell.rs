@@ -1,4 +1,4 @@
-//! The cell contract: what every execute returns (DESIGN section 2), and output capping.
+//! The cell contract: what every execute returns (`docs/contract.md`), and output capping.
 
 use serde::{Deserialize, Serialize};
 
@@ -125,7 +125,7 @@ pub struct KernelInfo {
     pub state_lost: Option<StateLost>,
 }
 
-/// The result of one execute (DESIGN section 2).
+/// The result of one execute (`docs/contract.md`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct CellResult {
     /// How the cell ended.
@@ -160,7 +160,7 @@ pub struct CellResult {
     pub hint: Option<String>,
 }
 
-/// The message of a timed-out cell (exact text of DESIGN section 2).
+/// The message of a timed-out cell (exact text in `docs/contract.md`).
 pub fn timeout_message(timeout: std::time::Duration) -> String {
     let secs = timeout.as_secs_f64();
     let shown = if secs.fract() == 0.0 {
@@ -174,7 +174,7 @@ pub fn timeout_message(timeout: std::time::Duration) -> String {
     )
 }
 
-/// The message of an interrupted cell (exact text of DESIGN section 2).
+/// The message of an interrupted cell (exact text in `docs/contract.md`).
 pub const INTERRUPTED_MESSAGE: &str =
     "Interrupted; the session kernel was killed and its state was lost.";
 

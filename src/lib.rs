@@ -2,31 +2,36 @@
 //!
 //! Stateful Python kernels in hardened Docker containers, one per agent conversation, managed
 //! for a whole host: state survives between cells, nothing leaks between owners, idle kernels
-//! are reaped, the live count is capped (fairly between tenants), timeouts kill, tool calls from inside a kernel
-//! run under the authority of the cell that made them, and no container outlives its
-//! orchestrator.
+//! are reaped, the live count is capped (fairly between tenants), timeouts kill, tool calls from
+//! inside a kernel run under the authority of the cell that made them, and no container
+//! outlives its orchestrator.
 //!
 //! ## Layout
 //!
 //! | module | concern |
 //! |---|---|
-//! | [`config`] | the validated configuration value |
-//! | [`cell`] | the cell contract: [`CellResult`], statuses, loss reasons, output capping |
-//! | [`owner`] | owners (session / delegated child, per tenant) and kernel keys |
-//! | [`docker`] | the intent-level [`Engine`](docker::Engine) trait and its bollard implementation |
-//! | [`kernel`] | one kernel container: spawn, reader task, cell execution, stdin, the runner protocol |
-//! | [`catalog`] | the durable owner catalog: live keys, generations, unreported losses |
-//! | [`registry`] | which kernel serves which key; caps and fair shares, idle reaping, losses (pure bookkeeping) |
-//! | [`authority`] | per-cell tool-call authority and the [`ToolDispatcher`] trait |
-//! | [`monitor`] | engine events: tells OOM, outside kills and crashes apart |
-//! | [`orchestrator`] | the front door: [`Orchestrator::execute`] and lifecycle verbs |
-//! | [`adopt`] | work driven by its caller that a tracker adopts if the caller goes away |
-//! | [`server`] | the multi-tenant HTTP API behind `kernelbox serve` |
-//! | [`sweep`] | label sweeps: dead instances' leftovers, stale staging volumes |
-//! | [`instance`] | this instance's identity and other instances' liveness |
-//! | [`watchdog`] | the process that cleans up after an orchestrator that died |
+//! | [`clock`] | seconds since the Unix epoch (the bottom of the module graph) |
 //! | [`labels`] | the Docker labels kernelbox writes and reads |
+//! | [`histogram`] | a Prometheus histogram (kernel start times, cell durations) |
+//! | [`cell`] | the cell contract: [`CellResult`], statuses, loss reasons, output capping (`docs/contract.md`) |
+//! | [`config`] | the validated configuration value |
+//! | [`owner`] | owners (session / delegated child, per tenant) and kernel keys |
+//! | [`docker`] | the intent-level [`Engine`] trait, its bollard implementation, volume removal |
+//! | [`instance`] | this instance's identity and other instances' liveness |
+//! | [`sweep`] | label sweeps: dead instances' leftovers, stale staging volumes |
+//! | [`watchdog`] | the process that cleans up after an orchestrator that died |
+//! | [`adopt`] | work driven by its caller that a tracker adopts if the caller goes away |
 //! | [`image`] | building the kernel image offline |
+//! | [`monitor`] | engine events: tells OOM, outside kills and crashes apart |
+//! | [`authority`] | per-cell tool-call authority and the [`ToolDispatcher`] trait |
+//! | [`kernel`] | one kernel container (folder): spawn, reader task, one cell, stdin, the runner protocol |
+//! | [`catalog`] | the durable owner catalog (folder): rows and rules, memory and redb stores, the writer thread |
+//! | [`registry`] | which kernel serves which key (folder): bookkeeping, caps and fair shares |
+//! | [`orchestrator`] | the front door (folder): [`Orchestrator::execute`], lifecycle verbs, shutdown |
+//! | [`server`] | the multi-tenant HTTP API behind `kernelbox serve` |
+//!
+//! Layers, the lifecycle of a kernel, task ownership, the runner protocol and the trust
+//! boundary are described in `docs/architecture.md`.
 //!
 //! The runner that executes cells inside each container is `runner/kernel_runner.py`
 //! (standard library only), started by `runner/bootstrap.py` as `python3 -c`, so any image

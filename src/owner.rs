@@ -71,7 +71,7 @@ impl Owner {
 }
 
 impl fmt::Display for Owner {
-    /// `session` or `session::child::child_id`, as DESIGN section 1 names owners.
+    /// `session` or `session::child::child_id`, as `README.md` and the `io.kernelbox.owner` label name owners.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.child {
             None => write!(f, "{}", self.session),

@@ -3,7 +3,7 @@
 //! A kernel owns a reader task that turns the attach stream into events: stdout chunks (cell
 //! output) while a cell is active, and parsed protocol frames from stderr. Cells run one at a
 //! time: the cell lock is a fair (FIFO) mutex, so they run in arrival order. The kernel and its
-//! reader share one [`Shared`] value: the running cell's number and the kernel's state, whose
+//! reader share one `Shared` value: the running cell's number and the kernel's state, whose
 //! `Dead` variant is the one record of why the kernel is gone.
 //!
 //! | file | what |

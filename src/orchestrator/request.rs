@@ -234,7 +234,7 @@ impl StartStats {
 pub struct Stats {
     /// Kernel starts by outcome.
     pub starts: StartStats,
-    /// Involuntary losses by reason, indexed as [`LossReason::ALL`].
+    /// Involuntary losses by reason, indexed as [`LossReason::ALL`](crate::cell::LossReason::ALL).
     pub losses: crate::registry::LossCounts,
     /// Kernels evicted to admit new ones, by cap.
     pub evictions: EvictionCounts,
