@@ -1,11 +1,12 @@
 //! Docker behind a narrow, intent-level trait.
 //!
 //! The registry and kernels speak only [`Engine`]; [`BollardEngine`] talks to the real daemon,
-//! and unit tests substitute a fake. Cleanup verbs are idempotent: an object that is already
-//! gone (404), already stopped (304/409) or already being removed is a success.
+//! and tests substitute the in-memory fake (`fake`: in unit tests, and for `tests/` and
+//! `benches/` behind the `test-util` feature). Cleanup verbs are idempotent: an object that is
+//! already gone (404), already stopped (304/409) or already being removed is a success.
 
 mod bollard_engine;
-#[cfg(test)]
+#[cfg(any(test, feature = "test-util"))]
 pub mod fake;
 
 use std::collections::BTreeMap;
