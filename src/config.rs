@@ -79,7 +79,7 @@ pub struct Config {
     /// How long a new kernel may take to say it is ready.
     pub spawn_timeout: Duration,
     /// The host's cap on live kernels, hard at admission: a new kernel past it evicts an idle
-    /// one (fairly between tenants, see [`crate::registry`]) or is refused. Live delegated
+    /// one (fairly between tenants, see `docs/architecture.md`) or is refused. Live delegated
     /// children are pinned and not counted.
     pub max_session_kernels: usize,
     /// A kernel idle this long is reaped.

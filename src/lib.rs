@@ -12,7 +12,7 @@
 //! |---|---|
 //! | [`clock`] | seconds since the Unix epoch (the bottom of the module graph) |
 //! | [`labels`] | the Docker labels kernelbox writes and reads |
-//! | [`histogram`] | a Prometheus histogram (kernel start times, cell durations) |
+//! | `histogram` (crate-internal) | a Prometheus histogram (kernel start times, cell durations) |
 //! | [`cell`] | the cell contract: [`CellResult`], statuses, loss reasons, output capping (`docs/contract.md`) |
 //! | [`config`] | the validated configuration value |
 //! | [`owner`] | owners (session / delegated child, per tenant) and kernel keys |
@@ -20,13 +20,13 @@
 //! | [`instance`] | this instance's identity and other instances' liveness |
 //! | [`sweep`] | label sweeps: dead instances' leftovers, stale staging volumes |
 //! | [`watchdog`] | the process that cleans up after an orchestrator that died |
-//! | [`adopt`] | work driven by its caller that a tracker adopts if the caller goes away |
+//! | `adopt` (crate-internal) | work driven by its caller that a tracker adopts if the caller goes away |
 //! | [`image`] | building the kernel image offline |
-//! | [`monitor`] | engine events: tells OOM, outside kills and crashes apart |
+//! | `monitor` (crate-internal) | engine events: tells OOM, outside kills and crashes apart |
 //! | [`authority`] | per-cell tool-call authority and the [`ToolDispatcher`] trait |
-//! | [`kernel`] | one kernel container (folder): spawn, reader task, one cell, stdin, the runner protocol |
+//! | `kernel` (crate-internal) | one kernel container (folder): spawn, reader task, one cell, stdin, the runner protocol |
 //! | [`catalog`] | the durable owner catalog (folder): rows and rules, memory and redb stores, the writer thread |
-//! | [`registry`] | which kernel serves which key (folder): bookkeeping, caps and fair shares |
+//! | `registry` (crate-internal) | which kernel serves which key (folder): bookkeeping, caps and fair shares |
 //! | [`orchestrator`] | the front door (folder): [`Orchestrator::execute`], lifecycle verbs, shutdown |
 //! | [`server`] | the multi-tenant HTTP API behind `kernelbox serve` |
 //!
@@ -37,22 +37,22 @@
 //! (standard library only), started by `runner/bootstrap.py` as `python3 -c`, so any image
 //! with python3 >= 3.8 works.
 
-pub mod adopt;
+pub(crate) mod adopt;
 pub mod authority;
 pub mod catalog;
 pub mod cell;
 pub mod clock;
 pub mod config;
 pub mod docker;
-pub mod histogram;
+pub(crate) mod histogram;
 pub mod image;
 pub mod instance;
-pub mod kernel;
+pub(crate) mod kernel;
 pub mod labels;
-pub mod monitor;
+pub(crate) mod monitor;
 pub mod orchestrator;
 pub mod owner;
-pub mod registry;
+pub(crate) mod registry;
 pub mod server;
 pub mod sweep;
 pub mod watchdog;
@@ -61,6 +61,7 @@ pub use authority::{CellAuthority, FnDispatcher, ToolCall, ToolDispatcher};
 pub use cell::{CellResult, CellStatus, KernelInfo, LossReason, StateLost};
 pub use config::{Config, Sandbox, WorkMode};
 pub use docker::{BollardEngine, Engine, EngineError};
+pub use kernel::OutputSink;
 pub use orchestrator::{
     AdmissionNotice, ExecuteError, ExecuteRequest, KernelSummary, Orchestrator, StartError,
 };

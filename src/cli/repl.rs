@@ -15,7 +15,7 @@ pub async fn run(orchestrator: &Orchestrator, session: &str) -> anyhow::Result<E
     let mut failures = 0u32;
     while let Some(code) = rx.recv().await {
         // Output streams to the terminal as the cell writes it.
-        let sink: kernelbox::kernel::OutputSink = Arc::new(|bytes: &[u8]| {
+        let sink: kernelbox::OutputSink = Arc::new(|bytes: &[u8]| {
             let mut out = std::io::stdout().lock();
             let _ = out.write_all(bytes);
             let _ = out.flush();

@@ -86,6 +86,8 @@ pub const MAX_TOOL_RESULT_FRAME: usize = 8 * 1024 * 1024;
 /// (with the server's dispatcher at most 16 x 4 MiB more, and only while the cell's tools
 /// answer); a kernel that goes past a bound on frames in or answers out is killed
 /// (`state_lost.reason = "protocol"`).
+// Nothing reads it: it states the bound the constants above add up to, for readers and docs.
+#[allow(dead_code)]
 pub const MAX_HOST_BYTES_PER_KERNEL: usize = MAX_FRAME_LINE
     + MAX_READER_BACKLOG
     + MAX_STDIN_BACKLOG

@@ -41,7 +41,7 @@ pub struct ExecuteRequest {
     pub cancel: Option<CancellationToken>,
     /// Receives output live.
     pub sink: Option<OutputSink>,
-    /// The tenant's own cap and reservation (see [`crate::registry`] for the fairness rule).
+    /// The tenant's own cap and reservation (the fairness rule is in `src/registry/admission.rs`).
     pub tenant_limits: TenantLimits,
     /// Told, once, whether the request got a kernel slot or was refused at a cap, before any
     /// kernel starts (the HTTP layer answers 429 instead of starting a stream).

@@ -439,11 +439,6 @@ impl Registry {
     pub fn len(&self) -> usize {
         self.lock().slots.len()
     }
-
-    /// True when no slot is registered.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 #[cfg(test)]
