@@ -1,6 +1,9 @@
 //! The catalog in memory.
 
-use super::*;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+
+use super::{apply_changes, Catalog, CatalogError, Change, Entry, Row, Rows};
 
 /// The catalog in memory: for tests, and for library users who want the semantics without a
 /// file.

@@ -34,13 +34,8 @@ pub use memory::MemoryCatalog;
 pub use redb_store::RedbCatalog;
 pub use writer::{CatalogWriter, Durable};
 
-use std::collections::{BTreeMap, HashMap};
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, TrySendError};
-use std::sync::{Arc, Mutex};
+use std::path::PathBuf;
 
-use redb::{ReadableTable, ReadableTableMetadata, TableDefinition};
 use serde::{Deserialize, Serialize};
 
 use crate::cell::StateLost;

@@ -1,6 +1,10 @@
 //! The catalog in one redb file.
 
-use super::*;
+use std::path::{Path, PathBuf};
+
+use redb::{ReadableTable, ReadableTableMetadata, TableDefinition};
+
+use super::{apply_changes, Catalog, CatalogError, Change, Entry, Row, Rows, FILE_NAME};
 
 /// Key hash -> JSON [`Row`].
 const ENTRIES: TableDefinition<&str, &[u8]> = TableDefinition::new("entries");

@@ -1,4 +1,6 @@
 use super::redb_store::REDB_MAGIC;
+use std::sync::Arc;
+
 use super::*;
 use crate::cell::LossReason;
 

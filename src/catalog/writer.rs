@@ -1,6 +1,10 @@
 //! The writer thread: changes in through a bounded channel, applied in batches.
 
-use super::*;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, TrySendError};
+use std::sync::{Arc, Mutex};
+
+use super::{Catalog, Change, BATCH, QUEUE};
 
 /// Answers once a change is durable; dropped unanswered when it could not be written.
 pub type Durable = tokio::sync::oneshot::Receiver<()>;

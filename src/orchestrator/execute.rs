@@ -2,7 +2,21 @@
 //! registry), run the cell, and turn its [`CellOutcome`] into a [`CellResult`] with the exact
 //! messages of `docs/contract.md`.
 
-use super::*;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use super::{AdmissionNotice, ExecuteError, ExecuteRequest, Orchestrator, Run};
+use crate::adopt::run_adopted;
+use crate::authority::CellAuthority;
+use crate::catalog::Change;
+use crate::cell::{
+    timeout_message, CellResult, CellStatus, KernelInfo, LossReason, INTERRUPTED_MESSAGE,
+};
+use crate::kernel::{CellOutcome, Death, Kernel, SpawnRequest};
+use crate::owner::{KernelKey, Owner};
+use crate::registry::{Slot, TenantLimits};
 
 impl Orchestrator {
     /// Runs one cell and returns its result. The cell keeps running to its end even if the

@@ -1,7 +1,17 @@
 //! Lifecycle verbs: interrupt a session's cells, clear or evict a session, release a
 //! delegated child, list kernels, reap idle ones, and sweep leftovers.
 
-use super::*;
+use std::sync::Arc;
+
+use futures::StreamExt;
+
+use super::{KernelSummary, Orchestrator, INTERRUPT_SETTLE};
+use crate::cell::LossReason;
+use crate::docker::EngineError;
+use crate::kernel::{Kernel, KernelState};
+use crate::owner::Owner;
+use crate::registry::Slot;
+use crate::sweep::{self, SweepReport};
 
 impl Orchestrator {
     /// Interrupts every running cell of a session (children included) and returns how many

@@ -25,27 +25,21 @@ pub use request::{
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::adopt::run_adopted;
-use crate::authority::CellAuthority;
 use crate::catalog::{Catalog, CatalogError, CatalogWriter, Change, Entry, EntryState};
-use crate::cell::{
-    timeout_message, CellResult, CellStatus, KernelInfo, LossReason, StateLost, INTERRUPTED_MESSAGE,
-};
+use crate::cell::{LossReason, StateLost};
 use crate::config::Config;
-use crate::docker::{Engine, EngineError};
+use crate::docker::Engine;
 use crate::instance::Instance;
-use crate::kernel::{CellOutcome, Death, Kernel, KernelState, SpawnRequest};
 use crate::labels;
 use crate::monitor::EventMonitor;
-use crate::owner::{KernelKey, NameError, Owner};
-use crate::registry::{Registry, Slot, TenantLimits};
-use crate::sweep::{self, SweepReport};
+use crate::owner::{NameError, Owner};
+use crate::registry::Registry;
+use crate::sweep::{self};
 use crate::watchdog::Watchdog;
 
 /// How long past `spawn_timeout` an interrupt waits for the cells it cancelled to settle.

@@ -2,7 +2,10 @@
 //! passes), every kernel of the instance is removed, the catalog is flushed and the watchdog
 //! released.
 
-use super::*;
+use std::time::Duration;
+
+use super::{restart_loss, Orchestrator};
+use crate::catalog::Change;
 
 impl Orchestrator {
     /// Stops intake, kills every kernel, removes every container and volume of this instance,

@@ -2,7 +2,9 @@
 //! deterministic. The real engine is exercised by the integration tests in `tests/`.
 
 use super::*;
+use crate::cell::{timeout_message, CellResult, CellStatus};
 use crate::docker::fake::FakeEngine;
+use crate::docker::EngineError;
 use crate::kernel::KernelError;
 
 async fn start(tweak: impl FnOnce(&mut Config)) -> (Orchestrator, FakeEngine) {

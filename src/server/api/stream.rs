@@ -1,7 +1,16 @@
 //! A streaming execute: `output` events as the cell writes (whole UTF-8, at most
 //! [`MAX_STREAM_BACKLOG`] bytes waiting for the client), then the `result`.
 
-use super::*;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+
+use axum::body::{Body, Bytes};
+use axum::http::{header, HeaderValue};
+use axum::response::Response;
+
+use crate::orchestrator::ExecuteRequest;
+use crate::server::error::ApiError;
+use crate::server::AppState;
 
 /// One line of an NDJSON stream: `{"event": EVENT, KEY: VALUE}`, the event name first.
 pub(super) fn line(event: &str, key: &str, value: &impl serde::Serialize) -> Bytes {
