@@ -356,3 +356,21 @@ fn parse_user(user: &str) -> (u64, u64) {
     let gid = parts.next().and_then(|g| g.parse().ok()).unwrap_or(uid);
     (uid, gid)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_recorded_death_wins_and_a_dead_kernel_stays_dead() {
+        let shared = Shared::new();
+        assert_eq!(shared.state(), KernelState::Starting);
+        shared.set_live(KernelState::Busy);
+        shared.die(Death::Exited);
+        // The reader's later finding (the streams closed) must not overwrite the exit.
+        shared.die(Death::Crashed(1));
+        shared.set_live(KernelState::Idle);
+        assert_eq!(shared.state(), KernelState::Dead(Death::Exited));
+        assert_eq!(shared.death(), Some(Death::Exited));
+    }
+}
