@@ -15,7 +15,7 @@
 //! | `histogram` (crate-internal) | a Prometheus histogram (kernel start times, cell durations) |
 //! | [`cell`] | the cell contract: [`CellResult`], statuses, loss reasons, output capping (`docs/contract.md`) |
 //! | [`config`] | the validated configuration value |
-//! | [`owner`] | owners (session / delegated child, per tenant) and kernel keys |
+//! | `owner` (crate-internal) | owners (session / delegated child, per tenant) and kernel keys |
 //! | [`docker`] | the intent-level [`Engine`] trait, its bollard implementation, volume removal |
 //! | [`instance`] | this instance's identity and other instances' liveness |
 //! | [`sweep`] | label sweeps: dead instances' leftovers, stale staging volumes |
@@ -51,7 +51,7 @@ pub(crate) mod kernel;
 pub mod labels;
 pub(crate) mod monitor;
 pub mod orchestrator;
-pub mod owner;
+pub(crate) mod owner;
 pub(crate) mod registry;
 pub mod server;
 pub mod sweep;

@@ -55,7 +55,7 @@ const BATCH: usize = 1_024;
 /// What the catalog knows of one kernel key.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Entry {
-    /// [`KernelKey::hash`](crate::owner::KernelKey::hash).
+    /// `KernelKey::hash` (in `src/owner.rs`).
     pub key_hash: String,
     /// The key's tenant.
     pub tenant: String,

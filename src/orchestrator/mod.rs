@@ -1,12 +1,12 @@
 //! The orchestrator: the library's front door. Resolves owners to kernels through the
-//! registry, runs cells, turns outcomes into [`CellResult`]s, and owns every background task
+//! registry, runs cells, turns outcomes into [`CellResult`](crate::CellResult)s, and owns every background task
 //! (event monitor, reaper) and the watchdog.
 //!
 //! | file | what |
 //! |---|---|
 //! | `mod.rs` | [`Orchestrator`] and its shared `Inner`, `start` (restore, sweep, monitor, reaper, watchdog), accessors, stats |
 //! | `request.rs` | what callers hand in and get back: [`ExecuteRequest`], errors, [`KernelSummary`], [`Stats`] |
-//! | `execute.rs` | one execute: acquire a kernel (spawn or reuse), run the cell, build the [`CellResult`] |
+//! | `execute.rs` | one execute: acquire a kernel (spawn or reuse), run the cell, build the [`CellResult`](crate::CellResult) |
 //! | `lifecycle.rs` | interrupt, clear, evict, release a child, list, reap, sweeps |
 //! | `shutdown.rs` | the graceful stop: refuse new work, drain, remove every kernel |
 //! | `tests.rs` | unit tests against the fake engine in paused time |
