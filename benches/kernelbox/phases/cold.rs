@@ -14,7 +14,7 @@ use crate::report::Row;
 use crate::stats::{fmt_ms, pq, stats, Stats};
 
 impl Bench {
-    /// 2. Cold first cell for a new owner, against `docker run --rm`.
+    /// Phase 3: the cold first cell for a new owner, against `docker run --rm`.
     pub async fn cold(&mut self) -> Result<()> {
         let (n, nf) = (self.sizes.cold, self.sizes.cold_floor);
         let events = EventLog::start(&self.docker, &self.label);

@@ -20,7 +20,7 @@ use crate::CASE;
 const DENSITY_FLOOR_MAX: usize = 200;
 
 impl Bench {
-    /// 4. Density: N idle kernels.
+    /// Phase 6: density, N idle kernels.
     pub async fn density(&mut self) -> Result<()> {
         let n = self.args.density;
         for s in ["warm", "tools"] {

@@ -15,8 +15,8 @@ use crate::report::Row;
 use crate::stats::{ms, pq, stats};
 
 impl Bench {
-    /// 1b. Warm cell round trip through the HTTP API on loopback (keep-alive connection), on
-    /// an in-process server with its own orchestrator.
+    /// Phase 2: the warm cell round trip through the HTTP API on loopback (keep-alive
+    /// connection), on an in-process server with its own orchestrator.
     pub async fn http(&mut self) -> Result<()> {
         let n = self.sizes.warm;
         let kb = Orchestrator::start(config(&self.label), self.engine.clone()).await?;

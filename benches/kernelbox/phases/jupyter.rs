@@ -18,7 +18,8 @@ use crate::target_dir;
 const JUPYTER_SCRIPT: &str = include_str!("jupyter.py");
 
 impl Bench {
-    /// Optional: ipykernel through jupyter_client, as the reference users know.
+    /// Phase 7, optional, after the shutdown: ipykernel through jupyter_client, as the
+    /// reference users know.
     pub async fn jupyter(&mut self) -> Result<()> {
         if !self.args.jupyter {
             self.notes

@@ -11,7 +11,7 @@ use crate::report::Row;
 use crate::stats::{ms, pq, stats};
 
 impl Bench {
-    /// 5. Throughput: owners x cells concurrently (each owner's cells in sequence).
+    /// Phase 5: throughput, owners x cells concurrently (each owner's cells in sequence).
     pub async fn throughput(&mut self) -> Result<()> {
         let (owners, cells) = (self.sizes.owners, self.sizes.cells_per_owner);
         let warmups: Vec<_> = (0..owners)

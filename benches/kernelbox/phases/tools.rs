@@ -14,7 +14,7 @@ use crate::report::Row;
 use crate::stats::{fmt_ms, ms};
 
 impl Bench {
-    /// 3. No-op tool call round trip, measured inside Python.
+    /// Phase 4: the no-op tool call round trip, measured inside Python.
     pub async fn tools(&mut self) -> Result<()> {
         let n = self.sizes.tool_calls;
         let tools: BTreeSet<String> = BTreeSet::from(["noop".to_string()]);

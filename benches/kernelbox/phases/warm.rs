@@ -12,7 +12,7 @@ use crate::report::Row;
 use crate::stats::{fmt_ms, ms, pq, stats};
 
 impl Bench {
-    /// 1. Warm cell round trip, and the bare attach echo floor.
+    /// Phase 1: the warm cell round trip, and the bare attach echo floor.
     pub async fn warm(&mut self) -> Result<()> {
         let n = self.sizes.warm;
         let mut echo = EchoFloor::start(&self.engine, &self.label).await?;
