@@ -595,6 +595,13 @@ async fn interrupt_counts_a_queued_cell_that_never_ran_as_not_interrupted() {
         .filter(|r| r.status == CellStatus::Interrupted)
         .count();
     assert_eq!(results[0].status, CellStatus::Interrupted, "{results:?}");
+    for r in results
+        .iter()
+        .filter(|r| r.status == CellStatus::Interrupted)
+    {
+        assert_eq!(r.error.as_deref(), Some(common::INTERRUPTED), "{r:?}");
+        assert_eq!(r.exit_code, -1, "{r:?}");
+    }
     assert_eq!(n, interrupted, "{results:?}");
     assert_eq!(case.kb.interrupt(None, "s").await, 0, "nothing runs now");
     case.finish().await;
@@ -620,6 +627,11 @@ async fn an_interrupt_racing_a_short_cell_reports_what_the_cell_did() {
         match r.status {
             CellStatus::Interrupted => {
                 assert_eq!(n, 1, "run {i}: the cell was interrupted: {r:?}");
+                assert_eq!(
+                    r.error.as_deref(),
+                    Some(common::INTERRUPTED),
+                    "run {i}: {r:?}"
+                );
                 counted[0] += 1;
             }
             _ => {

@@ -28,6 +28,9 @@ use kernelbox::{BollardEngine, Config, Orchestrator};
 
 const CASE: &str = "io.kernelbox-test.case";
 
+/// The exact error of an interrupted cell (README "The result of a cell").
+const INTERRUPTED: &str = "Interrupted; the session kernel was killed and its state was lost.";
+
 type Http = Client<HttpConnector, Full<Bytes>>;
 
 fn unique(name: &str) -> String {
@@ -659,6 +662,7 @@ async fn interrupt_stops_a_running_cell_and_the_loss_is_reported() {
     assert_eq!(r.json()["interrupted"], 1);
     let (result, at) = events.result().await;
     assert_eq!(result["status"], "interrupted", "{result}");
+    assert_eq!(result["error"], INTERRUPTED, "{result}");
     assert_eq!(result["exit_code"], -1);
     assert!(at.duration_since(started) < Duration::from_secs(20));
 
@@ -693,7 +697,9 @@ async fn a_tenant_at_its_cap_gets_429_when_busy_and_evicts_when_idle() {
         .post("/v1/sessions/s1/interrupt", Some("tok"), json!({}))
         .await;
     assert_eq!(r.status, StatusCode::OK);
-    assert_eq!(busy.result().await.0["status"], "interrupted");
+    let (result, _) = busy.result().await;
+    assert_eq!(result["status"], "interrupted", "{result}");
+    assert_eq!(result["error"], INTERRUPTED, "{result}");
 
     // Room again; and at the cap with an idle kernel, the idle one is evicted.
     api.run("tok", "s2", "y = 2").await;
