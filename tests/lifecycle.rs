@@ -373,7 +373,23 @@ async fn week_old_staging_volumes_go_and_fresh_ones_stay() {
             .await
             .expect("create volume");
     }
-    let removed = case.kb.sweep_stale_staging().await.expect("sweep");
+    // The sweep `kernelbox sweep` runs, restricted to this case's label so that it neither
+    // touches nor counts any other volume on the engine.
+    let max_age = kernelbox::Config::default().staging_max_age;
+    let mine = [format!("{CASE}={}", case.label)];
+    let would = kernelbox::sweep::sweep_stale_staging(case.engine.as_ref(), max_age, &mine, true)
+        .await
+        .expect("dry run");
+    assert_eq!(
+        would,
+        vec![names[0].0.clone()],
+        "a dry run reports the old one"
+    );
+    assert_eq!(case.volumes().await.len(), 3, "a dry run removes nothing");
+    let removed =
+        kernelbox::sweep::sweep_stale_staging(case.engine.as_ref(), max_age, &mine, false)
+            .await
+            .expect("sweep");
     assert_eq!(removed, vec![names[0].0.clone()]);
     let left: BTreeSet<String> = case.volumes().await.into_iter().map(|v| v.name).collect();
     assert_eq!(
@@ -595,6 +611,13 @@ async fn interrupt_counts_a_queued_cell_that_never_ran_as_not_interrupted() {
         .filter(|r| r.status == CellStatus::Interrupted)
         .count();
     assert_eq!(results[0].status, CellStatus::Interrupted, "{results:?}");
+    for r in results
+        .iter()
+        .filter(|r| r.status == CellStatus::Interrupted)
+    {
+        assert_eq!(r.error.as_deref(), Some(common::INTERRUPTED), "{r:?}");
+        assert_eq!(r.exit_code, -1, "{r:?}");
+    }
     assert_eq!(n, interrupted, "{results:?}");
     assert_eq!(case.kb.interrupt(None, "s").await, 0, "nothing runs now");
     case.finish().await;
@@ -620,6 +643,11 @@ async fn an_interrupt_racing_a_short_cell_reports_what_the_cell_did() {
         match r.status {
             CellStatus::Interrupted => {
                 assert_eq!(n, 1, "run {i}: the cell was interrupted: {r:?}");
+                assert_eq!(
+                    r.error.as_deref(),
+                    Some(common::INTERRUPTED),
+                    "run {i}: {r:?}"
+                );
                 counted[0] += 1;
             }
             _ => {
