@@ -7,7 +7,7 @@
 //! one write, one trip through the engine. See `runner/kernel_runner.py` for the other side.
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::value::RawValue;
 
 /// The protocol version this host speaks; the runner announces its own in `ready`.
 pub const PROTOCOL_VERSION: u64 = 2;
@@ -37,9 +37,15 @@ pub fn runner_env() -> String {
 }
 
 /// Longest protocol line (one runner -> host frame) accepted from a kernel, in bytes. Real
-/// frames are small but for a tool call's arguments, which stay well under this; a longer line
-/// is a protocol violation and kills the kernel (see [`Breach`]).
-pub const MAX_FRAME_LINE: usize = 4 * 1024 * 1024;
+/// frames are small but for a tool call's arguments, which a cell may have in flight up to
+/// this many bytes at once (see `kernel::MAX_TOOL_ARGS_IN_FLIGHT`); a longer line is a
+/// protocol violation and kills the kernel (see [`Breach`]).
+pub const MAX_FRAME_LINE: usize = 1024 * 1024;
+
+/// Longest `done` line (after a cell's end marker) read from a kernel, in bytes. The runner
+/// never writes one over 4000 bytes (it shortens the traceback to fit); a longer one is
+/// forged, and the cell's outcome is reported as unreadable rather than held.
+pub const MAX_DONE_LINE: usize = 8 * 1024;
 
 /// Lines on the protocol channel that are not frames, in bytes, a kernel may write over its
 /// whole life (an interpreter warning before the runner starts is one); past this it is killed.
@@ -95,9 +101,9 @@ pub enum HostFrame<'a> {
         call: u64,
         /// Whether the call succeeded.
         ok: bool,
-        /// The tool's JSON result, when ok.
+        /// The tool's JSON result, when ok, passed through as it came.
         #[serde(skip_serializing_if = "Option::is_none")]
-        result: Option<Value>,
+        result: Option<&'a RawValue>,
         /// Why it failed or was refused, when not ok.
         #[serde(skip_serializing_if = "Option::is_none")]
         error: Option<String>,
@@ -107,7 +113,8 @@ pub enum HostFrame<'a> {
 impl HostFrame<'_> {
     /// The frame as one line.
     pub fn to_line(&self) -> Vec<u8> {
-        // Serialising these types cannot fail: every field is a string, number, bool or Value.
+        // Serialising these types cannot fail: every field is a string, number, bool or
+        // already valid JSON.
         let mut line = serde_json::to_vec(self).unwrap_or_default();
         line.push(b'\n');
         line
@@ -127,8 +134,12 @@ pub enum DoneStatus {
 }
 
 /// A frame the runner sends to the host.
+///
+/// Parsed through a flat struct ([`WireFrame`]) rather than as an internally tagged enum:
+/// serde buffers such an enum's whole input as a tree first, and a tool call's arguments stay
+/// raw JSON text (no tree at all) until a dispatcher needs them.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(tag = "op", rename_all = "snake_case")]
+#[serde(try_from = "WireFrame")]
 pub enum KernelFrame {
     /// The runner is up.
     Ready {
@@ -158,12 +169,64 @@ pub enum KernelFrame {
         call: u64,
         /// Tool name.
         tool: String,
-        /// Keyword arguments.
-        #[serde(default)]
-        args: Value,
+        /// Keyword arguments, as the kernel wrote them (valid JSON; absent when not sent).
+        args: Option<Box<RawValue>>,
     },
     /// Answer to a ping.
     Pong,
+}
+
+/// The operation a frame names.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Op {
+    Ready,
+    Done,
+    ToolCall,
+    Pong,
+}
+
+/// Every field any [`KernelFrame`] has, as it travels; unknown fields are skipped unread.
+#[derive(Deserialize)]
+struct WireFrame {
+    op: Op,
+    v: Option<u64>,
+    #[serde(default)]
+    python: String,
+    cell: Option<u64>,
+    status: Option<DoneStatus>,
+    #[serde(default)]
+    traceback: Option<String>,
+    execution_count: Option<u64>,
+    call: Option<u64>,
+    tool: Option<String>,
+    args: Option<Box<RawValue>>,
+}
+
+impl TryFrom<WireFrame> for KernelFrame {
+    type Error = &'static str;
+
+    fn try_from(w: WireFrame) -> Result<KernelFrame, &'static str> {
+        Ok(match w.op {
+            Op::Ready => KernelFrame::Ready {
+                v: w.v.ok_or("ready without v")?,
+                python: w.python,
+            },
+            Op::Done => KernelFrame::Done {
+                cell: w.cell.ok_or("done without cell")?,
+                status: w.status.ok_or("done without status")?,
+                traceback: w.traceback,
+                execution_count: w.execution_count.ok_or("done without execution_count")?,
+            },
+            Op::ToolCall => KernelFrame::ToolCall {
+                cell: w.cell,
+                call: w.call.ok_or("tool_call without call")?,
+                tool: w.tool.ok_or("tool_call without tool")?,
+                args: w.args,
+            },
+            Op::Pong => KernelFrame::Pong,
+        })
+    }
 }
 
 /// A protocol line was longer than [`MAX_FRAME_LINE`].
@@ -253,13 +316,18 @@ impl MarkerScanner {
             return;
         }
         match bytes.iter().position(|&b| b == b'\n') {
+            Some(pos) if self.done.len() + pos > MAX_DONE_LINE => {
+                // Not a frame the runner would write: give up on it, the cell still ended.
+                self.done = Vec::new();
+                self.done_complete = true;
+            }
             Some(pos) => {
                 self.done.extend_from_slice(&bytes[..pos]);
                 self.done_complete = true;
             }
-            None if self.done.len() + bytes.len() > MAX_FRAME_LINE => {
+            None if self.done.len() + bytes.len() > MAX_DONE_LINE => {
                 // Not a frame the runner would write: give up on it, the cell still ended.
-                self.done.clear();
+                self.done = Vec::new();
                 self.done_complete = true;
             }
             None => self.done.extend_from_slice(bytes),
