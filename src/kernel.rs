@@ -183,7 +183,7 @@ pub struct CellRun {
     pub end: CellEnd,
     /// What it wrote.
     pub output: OutputBuffer,
-    /// Cells executed by the kernel, this one included (when it ran).
+    /// Cells executed by the kernel, this one included; 0 when the cell never ran.
     pub execution_count: u64,
     /// The cell number (0 when it never ran).
     pub cell: u64,
@@ -526,7 +526,7 @@ impl Kernel {
         let never_ran = |end, output| CellRun {
             end,
             output,
-            execution_count: self.execution_count(),
+            execution_count: 0,
             cell: 0,
             ran: false,
         };
@@ -1063,7 +1063,7 @@ async fn reader_task(mut task: ReaderTask) {
                 .await;
         if task.disposing.load(Ordering::Acquire) {
             Death::Disposed
-        } else if fate.oom {
+        } else if fate.died_of_oom() {
             Death::Oom
         } else if engine_gone {
             Death::EngineRestarted
