@@ -473,6 +473,83 @@ mod tests {
     }
 
     #[test]
+    fn a_done_line_past_its_bound_is_dropped_not_held() {
+        let marker = "\u{1}m\u{1}";
+        let mut scan = MarkerScanner::new(marker);
+        scan.feed(marker.as_bytes(), |_| {});
+        let big = vec![b'T'; MAX_DONE_LINE + 1];
+        for chunk in big.chunks(1000) {
+            scan.feed(chunk, |_| {});
+        }
+        assert_eq!(scan.done_line(), Some(&b""[..]));
+        assert_eq!(scan.done.capacity(), 0);
+        // At the bound, in one chunk with its newline, the line is kept.
+        let mut scan = MarkerScanner::new(marker);
+        let mut line = marker.as_bytes().to_vec();
+        line.extend(vec![b'x'; MAX_DONE_LINE]);
+        line.push(b'\n');
+        scan.feed(&line, |_| {});
+        assert_eq!(scan.done_line().map(<[u8]>::len), Some(MAX_DONE_LINE));
+        // Past it, in one chunk with its newline, it is dropped.
+        let mut scan = MarkerScanner::new(marker);
+        let mut line = marker.as_bytes().to_vec();
+        line.extend(vec![b'x'; MAX_DONE_LINE + 1]);
+        line.push(b'\n');
+        scan.feed(&line, |_| {});
+        assert_eq!(scan.done_line(), Some(&b""[..]));
+    }
+
+    #[test]
+    fn tool_call_arguments_stay_raw_text() {
+        let f: KernelFrame = serde_json::from_str(
+            r#"{"op":"tool_call","cell":2,"call":7,"tool":"web_search","args":{"q": [0, 0]},"x":[1]}"#,
+        )
+        .unwrap();
+        match f {
+            KernelFrame::ToolCall {
+                cell: Some(2),
+                call: 7,
+                tool,
+                args: Some(args),
+            } => {
+                assert_eq!(tool, "web_search");
+                assert_eq!(args.get(), r#"{"q": [0, 0]}"#);
+            }
+            other => panic!("{other:?}"),
+        }
+        let bare: KernelFrame =
+            serde_json::from_str(r#"{"op":"tool_call","cell":null,"call":1,"tool":"t"}"#).unwrap();
+        assert!(matches!(
+            bare,
+            KernelFrame::ToolCall {
+                cell: None,
+                args: None,
+                ..
+            }
+        ));
+        for bad in [
+            r#"{"op":"nope"}"#,
+            r#"{"op":"tool_call","call":1}"#,
+            r#"{"op":"done","cell":1,"status":"ok"}"#,
+            r#"{"op":"ready"}"#,
+            r#"{"op":"tool_call","call":1,"tool":"t","args":{"a":}}"#,
+        ] {
+            assert!(serde_json::from_str::<KernelFrame>(bad).is_err(), "{bad}");
+        }
+        let line = HostFrame::ToolResult {
+            call: 3,
+            ok: true,
+            result: Some(&RawValue::from_string("[1, 2]".into()).unwrap()),
+            error: None,
+        }
+        .to_line();
+        assert_eq!(
+            line,
+            b"{\"op\":\"tool_result\",\"call\":3,\"ok\":true,\"result\":[1, 2]}\n"
+        );
+    }
+
+    #[test]
     fn frames_parse() {
         let f: KernelFrame = serde_json::from_str(
             r#"{"op":"done","cell":3,"status":"error","traceback":"T","execution_count":3,"exit_code":1}"#,

@@ -35,8 +35,12 @@ async fn wait_attached(srv: &TestServer, attached: u64) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn queued_cells_of_an_interrupted_session_end_interrupted_without_running() {
-    let srv = TestServer::start("interrupt-queued", tenants(vec![tenant("acme", "tok")]), |_| {})
-        .await;
+    let srv = TestServer::start(
+        "interrupt-queued",
+        tenants(vec![tenant("acme", "tok")]),
+        |_| {},
+    )
+    .await;
     let execute = |code: &'static str| {
         let api = srv.api.clone();
         tokio::spawn(async move {
@@ -54,7 +58,11 @@ async fn queued_cells_of_an_interrupted_session_end_interrupted_without_running(
 
     let reply = srv.api.interrupt("tok", "s").await;
     assert_eq!(reply.status, StatusCode::OK);
-    assert_eq!(reply.json(), json!({"interrupted": 3}), "every cancelled cell counts");
+    assert_eq!(
+        reply.json(),
+        json!({"interrupted": 3}),
+        "every cancelled cell counts"
+    );
 
     let first: Value = running.await.unwrap();
     assert_eq!(first["status"], "interrupted", "{first}");
@@ -68,7 +76,10 @@ async fn queued_cells_of_an_interrupted_session_end_interrupted_without_running(
         assert!(error.starts_with("Interrupted before it ran"), "{r}");
     }
     // Nothing of the queued cells ran, and the interrupted kernel's loss is reported once.
-    let next = srv.api.run("tok", "s", "print('queued_one' in dir())").await;
+    let next = srv
+        .api
+        .run("tok", "s", "print('queued_one' in dir())")
+        .await;
     assert_eq!(next["output"], "False\n", "{next}");
     assert_eq!(next["kernel"]["state_lost"]["reason"], "killed", "{next}");
     assert!(common::containers(&srv.engine, &srv.label).await.len() == 1);

@@ -19,12 +19,18 @@ print('child', r.returncode)";
 
 #[tokio::test]
 async fn an_earlier_oom_of_a_subprocess_does_not_make_a_later_crash_an_oom() {
-    let case = Case::with("oom-attribution", |c| c.sandbox.memory_bytes = 128 * 1024 * 1024).await;
+    let case = Case::with("oom-attribution", |c| {
+        c.sandbox.memory_bytes = 128 * 1024 * 1024
+    })
+    .await;
     case.run("s", "x = 1").await;
     let since = kernelbox::kernel::unix_now() as i64 - 1;
     let r = case.run("s", CHILD_OOM).await;
     assert_eq!(r.status, CellStatus::Success, "{r:?}");
-    assert_eq!(r.output, "child -9\n", "the subprocess was OOM-killed: {r:?}");
+    assert_eq!(
+        r.output, "child -9\n",
+        "the subprocess was OOM-killed: {r:?}"
+    );
     assert!(r.kernel.reused, "the kernel survived: {r:?}");
     // The engine reported the OOM kill (an `oom` event of the kernel's container) before the
     // crash below.
@@ -39,7 +45,11 @@ async fn an_earlier_oom_of_a_subprocess_does_not_make_a_later_crash_an_oom() {
         false
     })
     .await;
-    assert_eq!(oom, Ok(true), "the engine reported the subprocess's OOM kill");
+    assert_eq!(
+        oom,
+        Ok(true),
+        "the engine reported the subprocess's OOM kill"
+    );
     drop(events);
 
     let r = case.run("s", "import os\nos._exit(3)").await;
@@ -56,7 +66,10 @@ async fn an_earlier_oom_of_a_subprocess_does_not_make_a_later_crash_an_oom() {
 
     // The kernel itself killed at the limit is still an OOM.
     let r = case
-        .run("s", "blocks = []\nwhile True:\n    blocks.append(bytearray(16 << 20))")
+        .run(
+            "s",
+            "blocks = []\nwhile True:\n    blocks.append(bytearray(16 << 20))",
+        )
         .await;
     let error = r.error.clone().unwrap_or_default();
     assert!(error.contains("ran out of memory (limit 128 MiB)"), "{r:?}");

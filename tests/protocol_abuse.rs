@@ -335,11 +335,12 @@ line = f['marker'] + b'{\"op\":\"done\",\"cell\":%d,\"status\":\"error\",\"trace
 while line:\n    line = line[os.write(1, line):]\n";
     let r = case.run("s", code).await;
     assert_eq!(r.status, CellStatus::Error, "{r:?}");
-    assert_eq!(
-        r.error.as_deref(),
-        Some("kernelbox: the kernel's end-of-cell frame was unreadable; the cell's outcome is unknown"),
-        "{:?}",
-        r.error.as_deref().map(|e| &e[..e.len().min(200)])
+    let error = r.error.clone().unwrap_or_default();
+    assert!(
+        error == "kernelbox: the kernel's end-of-cell frame was unreadable; the cell's outcome is unknown",
+        "{} bytes of error: {:?}...",
+        error.len(),
+        &error[..error.len().min(100)]
     );
     let size = serde_json::to_vec(&r).unwrap().len();
     assert!(size < 64 * 1024, "the result is {size} bytes");

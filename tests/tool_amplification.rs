@@ -169,7 +169,9 @@ print(results.count('done'), results.count('refused'))";
     assert_eq!(result["status"], "success", "{result}");
     let output = result["output"].as_str().unwrap_or_default();
     assert!(
-        output.trim_end().ends_with(&format!("{arrived} {}", 16 - arrived)),
+        output
+            .trim_end()
+            .ends_with(&format!("{arrived} {}", 16 - arrived)),
         "{result}"
     );
     srv.finish().await;
