@@ -14,12 +14,12 @@ use bytes::Bytes;
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
 use rand::Rng;
-use serde_json::Value;
+use serde_json::value::RawValue;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::authority::{CellAuthority, ToolCall, RETIRED_MESSAGE};
+use crate::authority::{CellAuthority, RawToolCall, RETIRED_MESSAGE};
 use crate::cell::OutputBuffer;
 use crate::config::{Config, WorkMode};
 use crate::docker::{Chunk, ContainerSpec, Engine, EngineError, Mount, TmpfsVolume};
@@ -39,8 +39,8 @@ pub const STAGING_DIR_PROJECT: &str = "/kernelbox";
 /// Bytes of events (cell output chunks, protocol frames as their line length) the reader task
 /// has handed to the running cell and the cell has not consumed yet. When it is reached the
 /// reader stops reading the container's streams until the cell catches up, so a flooding cell
-/// is slowed down by its own pipes rather than buffered on the host. A parsed frame can take a
-/// few times its line length in memory.
+/// is slowed down by its own pipes rather than buffered on the host. A parsed frame takes
+/// about its line length in memory: a tool call's arguments stay raw JSON text.
 pub const MAX_READER_BACKLOG: usize = 8 * 1024 * 1024;
 
 /// Tool calls of one cell dispatched and not answered yet; a call past this is refused at once
@@ -49,41 +49,49 @@ pub const MAX_TOOL_CALLS_IN_FLIGHT: usize = 16;
 
 /// Bytes of arguments (measured as their frames' line length) of one cell's tool calls in
 /// flight; a call that would pass this is refused at once, like one past
-/// [`MAX_TOOL_CALLS_IN_FLIGHT`].
-pub const MAX_TOOL_ARGS_IN_FLIGHT: usize = 8 * 1024 * 1024;
+/// [`MAX_TOOL_CALLS_IN_FLIGHT`]. One protocol line ([`MAX_FRAME_LINE`]) always fits.
+pub const MAX_TOOL_ARGS_IN_FLIGHT: usize = MAX_FRAME_LINE;
 
-/// Longest tool-result frame sent to a kernel, in bytes; a larger result reaches the cell as a
-/// `ToolError` saying so.
-pub const MAX_TOOL_RESULT_FRAME: usize = 8 * 1024 * 1024;
+/// Longest tool result passed to a kernel, in bytes of JSON; a larger result reaches the cell
+/// as a `ToolError` saying so. The server's tool endpoint responses are bounded the same.
+pub const MAX_TOOL_RESULT_BYTES: usize = 1024 * 1024;
+
+/// Longest tool-result frame sent to a kernel, in bytes: a result of
+/// [`MAX_TOOL_RESULT_BYTES`] and the frame around it.
+pub const MAX_TOOL_RESULT_FRAME: usize = MAX_TOOL_RESULT_BYTES + 1024;
 
 /// The most host memory one kernel can make kernelbox hold, in bytes, whatever its code does
 /// (the bounds above and in [`crate::protocol`], [`crate::stdin`] and [`crate::cell`]):
 ///
-/// - frames in: one unfinished protocol line, [`MAX_FRAME_LINE`] (4 MiB), plus the reader's
-///   backlog of events for the cell, [`MAX_READER_BACKLOG`] (8 MiB; parsed frames in it can
-///   take a few times their size);
+/// - frames in: one unfinished protocol line, [`MAX_FRAME_LINE`] (1 MiB), plus the reader's
+///   backlog of events for the cell, [`MAX_READER_BACKLOG`] (8 MiB; frames are held as their
+///   text, a tool call's arguments unparsed);
 /// - answers out: the stdin queue, [`MAX_STDIN_BACKLOG`] (16 MiB) plus the frame that reaches
-///   it (at most [`MAX_TOOL_RESULT_FRAME`], 8 MiB, or the cell's own code);
-/// - tool traffic: arguments in flight, [`MAX_TOOL_ARGS_IN_FLIGHT`] (8 MiB), and up to
+///   it (at most [`MAX_TOOL_RESULT_FRAME`], 1 MiB, or the cell's own code);
+/// - tool traffic: arguments in flight, [`MAX_TOOL_ARGS_IN_FLIGHT`] (1 MiB, held raw; the
+///   server copies them once more into its request body), and up to
 ///   [`MAX_TOOL_CALLS_IN_FLIGHT`] (16) results being read, each bounded by the dispatcher (the
-///   server's reads at most 4 MiB per response);
+///   server's reads at most [`MAX_TOOL_RESULT_BYTES`], 1 MiB, per response and passes it
+///   through without parsing it into a tree);
 /// - output: the cell's result buffer, `output_inline_bytes` plus `output_spill_bytes`
 ///   (5 MB by default), and for a streaming request at most 1 MiB of undelivered events.
 ///
-/// With the defaults that is about 50 MiB (this constant) plus the tool responses being read
-/// (with the server's dispatcher at most 16 x 4 MiB more, and only while the cell's tools
+/// With the defaults that is about 34 MiB (this constant) plus the tool responses being read
+/// (with the server's dispatcher at most 16 x 1 MiB more, and only while the cell's tools
 /// answer); a kernel that goes past a bound on frames in or answers out is killed
-/// (`state_lost.reason = "protocol"`).
+/// (`state_lost.reason = "protocol"`). A library dispatcher that implements only
+/// [`ToolDispatcher::dispatch`](crate::ToolDispatcher::dispatch) gets the arguments parsed
+/// into a `serde_json::Value`, which can take up to about 16 times their text.
 pub const MAX_HOST_BYTES_PER_KERNEL: usize = MAX_FRAME_LINE
     + MAX_READER_BACKLOG
     + MAX_STDIN_BACKLOG
     + MAX_TOOL_RESULT_FRAME
-    + MAX_TOOL_ARGS_IN_FLIGHT
+    + 2 * MAX_TOOL_ARGS_IN_FLIGHT
     + 5_050_000
     + 1024 * 1024;
 
 /// The breach reported for a protocol line over [`MAX_FRAME_LINE`].
-const LINE_BREACH: &str = "a protocol line longer than 4 MiB";
+const LINE_BREACH: &str = "a protocol line longer than 1 MiB";
 /// The breach reported for more than [`MAX_GARBAGE_BYTES`] of lines that are not frames.
 const GARBAGE_BREACH: &str = "more than 1 MiB of protocol lines that are not frames";
 
@@ -148,7 +156,7 @@ enum IoEvent {
 /// A tool call that the current cell's authority must answer: the call, the bytes of its
 /// arguments, and the answer.
 type ToolWork =
-    Pin<Box<dyn std::future::Future<Output = (u64, usize, Result<Value, String>)> + Send>>;
+    Pin<Box<dyn std::future::Future<Output = (u64, usize, Result<Box<RawValue>, String>)> + Send>>;
 
 /// How a cell ended, before the orchestrator turns it into a [`CellResult`](crate::CellResult).
 #[derive(Debug)]
@@ -175,10 +183,13 @@ pub struct CellRun {
     pub end: CellEnd,
     /// What it wrote.
     pub output: OutputBuffer,
-    /// Cells executed by the kernel, this one included.
+    /// Cells executed by the kernel, this one included; 0 when the cell never ran.
     pub execution_count: u64,
-    /// The cell number.
+    /// The cell number (0 when it never ran).
     pub cell: u64,
+    /// Whether the cell reached the kernel. A cell interrupted while it waited for earlier
+    /// cells, or that found its kernel dead, never ran: the kernel is untouched by it.
+    pub ran: bool,
 }
 
 /// Receives output live while a cell runs (for streaming).
@@ -498,7 +509,9 @@ impl Kernel {
     }
 
     /// Runs one cell under `authority`, waiting behind earlier cells (FIFO). The caller
-    /// disposes of the kernel after a timeout or interrupt.
+    /// disposes of the kernel after a timeout or an interrupt of a cell that ran. A cell
+    /// cancelled before its turn ends `Interrupted` at once without running (whatever became
+    /// of the kernel meanwhile) and does not count as executed.
     pub async fn run_cell(
         &self,
         code: &str,
@@ -508,21 +521,37 @@ impl Kernel {
         sink: Option<OutputSink>,
         output_caps: (usize, usize),
     ) -> CellRun {
-        let mut io = self.io.lock().await;
         let deadline = tokio::time::Instant::now() + timeout;
         let mut output = OutputBuffer::new(output_caps.0, output_caps.1);
+        let never_ran = |end, output| CellRun {
+            end,
+            output,
+            execution_count: 0,
+            cell: 0,
+            ran: false,
+        };
+        // An interrupt while waiting for the earlier cells ends this one at once.
+        let mut io = tokio::select! {
+            biased;
+            _ = cancel.cancelled() => return never_ran(CellEnd::Interrupted, output),
+            io = self.io.lock() => io,
+        };
+        if cancel.is_cancelled() {
+            return never_ran(CellEnd::Interrupted, output);
+        }
+        // Whatever arrived between cells (late output of old threads) is not this cell's.
+        self.drain_stale(&mut io).await;
+        if let Some(death) = self.death() {
+            return never_ran(CellEnd::Died(death), output);
+        }
         let cell = self.next_cell.fetch_add(1, Ordering::AcqRel) + 1;
         let finish = |end, output, count| CellRun {
             end,
             output,
             execution_count: count,
             cell,
+            ran: true,
         };
-        // Whatever arrived between cells (late output of old threads) is not this cell's.
-        self.drain_stale(&mut io).await;
-        if let Some(death) = self.death() {
-            return finish(CellEnd::Died(death), output, self.execution_count());
-        }
         let nonce: u64 = rand::rng().random();
         let marker = format!("\u{1}kernelbox-end:{cell}:{nonce:016x}\u{1}");
         *self.authority.lock().unwrap_or_else(|p| p.into_inner()) = Some(authority.clone());
@@ -540,66 +569,62 @@ impl Kernel {
         let mut tools: FuturesUnordered<ToolWork> = FuturesUnordered::new();
         let mut pending_calls: Vec<u64> = Vec::new();
         let mut args_in_flight = 0usize;
-        let end = if cancel.is_cancelled() {
-            CellEnd::Interrupted
-        } else {
-            loop {
-                // Checked first, every turn: a cell that floods output still times out.
-                if tokio::time::Instant::now() >= deadline {
-                    break CellEnd::TimedOut;
+        let end = loop {
+            // Checked first, every turn: a cell that floods output still times out.
+            if tokio::time::Instant::now() >= deadline {
+                break CellEnd::TimedOut;
+            }
+            tokio::select! {
+                biased;
+                _ = cancel.cancelled() => break CellEnd::Interrupted,
+                _ = tokio::time::sleep_until(deadline) => break CellEnd::TimedOut,
+                // Before the output: a cell that floods output still gets its tool results
+                // (and a dispatcher running a child kernel's cell keeps being driven).
+                Some((call, size, result)) = tools.next(), if !tools.is_empty() => {
+                    pending_calls.retain(|c| *c != call);
+                    args_in_flight -= size;
+                    self.writer.send(tool_result_line(call, result));
                 }
-                tokio::select! {
-                    biased;
-                    _ = cancel.cancelled() => break CellEnd::Interrupted,
-                    _ = tokio::time::sleep_until(deadline) => break CellEnd::TimedOut,
-                    // Before the output: a cell that floods output still gets its tool results
-                    // (and a dispatcher running a child kernel's cell keeps being driven).
-                    Some((call, size, result)) = tools.next(), if !tools.is_empty() => {
-                        pending_calls.retain(|c| *c != call);
-                        args_in_flight -= size;
-                        self.writer.send(tool_result_line(call, result));
+                event = io.rx.recv() => match event {
+                    Some(IoEvent::Output(bytes, _backlog)) => {
+                        scanner.feed(&bytes, |b| {
+                            output.push(b);
+                            if let Some(sink) = &sink {
+                                // A caller's sink that panics loses its stream, not the cell.
+                                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sink(b)));
+                            }
+                        });
+                        if let (None, Some(line)) = (&done, scanner.done_line()) {
+                            done = Some(parse_done(line, cell));
+                        }
                     }
-                    event = io.rx.recv() => match event {
-                        Some(IoEvent::Output(bytes, _backlog)) => {
-                            scanner.feed(&bytes, |b| {
-                                output.push(b);
-                                if let Some(sink) = &sink {
-                                    // A caller's sink that panics loses its stream, not the cell.
-                                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sink(b)));
-                                }
-                            });
-                            if let (None, Some(line)) = (&done, scanner.done_line()) {
-                                done = Some(parse_done(line, cell));
-                            }
+                    Some(IoEvent::Frame(KernelFrame::ToolCall { cell: c, call, tool, args }, backlog)) => {
+                        let size = backlog.num_permits();
+                        drop(backlog);
+                        if c != Some(cell) {
+                            refuse(&self.writer, call, RETIRED_MESSAGE);
+                        } else if tools.len() >= MAX_TOOL_CALLS_IN_FLIGHT
+                            || args_in_flight + size > MAX_TOOL_ARGS_IN_FLIGHT
+                        {
+                            refuse(&self.writer, call, IN_FLIGHT_MESSAGE);
+                        } else {
+                            pending_calls.push(call);
+                            args_in_flight += size;
+                            tools.push(self.dispatch(authority.clone(), cell, call, size, tool, args));
                         }
-                        Some(IoEvent::Frame(KernelFrame::ToolCall { cell: c, call, tool, args }, backlog)) => {
-                            let size = backlog.num_permits();
-                            drop(backlog);
-                            if c != Some(cell) {
-                                refuse(&self.writer, call, RETIRED_MESSAGE);
-                            } else if tools.len() >= MAX_TOOL_CALLS_IN_FLIGHT
-                                || args_in_flight + size > MAX_TOOL_ARGS_IN_FLIGHT
-                            {
-                                refuse(&self.writer, call, IN_FLIGHT_MESSAGE);
-                            } else {
-                                pending_calls.push(call);
-                                args_in_flight += size;
-                                tools.push(self.dispatch(authority.clone(), cell, call, size, tool, args));
-                            }
-                        }
-                        Some(IoEvent::Frame(..)) => {}
-                        Some(IoEvent::Closed) | None => {
-                            // The reader records the death before it closes the channel.
-                            break CellEnd::Died(self.death().unwrap_or(Death::Crashed(-1)));
-                        }
-                    },
-                }
-                if let (Some((status, _, _)), true) = (&done, scanner.found()) {
-                    let status = *status;
-                    let (_, traceback, count) = done.take().unwrap_or((status, None, 0));
-                    self.execution_count.store(count, Ordering::Release);
-                    break CellEnd::Done { status, traceback };
-                }
+                    }
+                    Some(IoEvent::Frame(..)) => {}
+                    Some(IoEvent::Closed) | None => {
+                        // The reader records the death before it closes the channel.
+                        break CellEnd::Died(self.death().unwrap_or(Death::Crashed(-1)));
+                    }
+                },
+            }
+            if let (Some((status, _, _)), true) = (&done, scanner.found()) {
+                let status = *status;
+                let (_, traceback, count) = done.take().unwrap_or((status, None, 0));
+                self.execution_count.store(count, Ordering::Release);
+                break CellEnd::Done { status, traceback };
             }
         };
         // Settle: the authority is retired before anything else can run, and threads of the
@@ -661,16 +686,27 @@ impl Kernel {
         call: u64,
         size: usize,
         tool: String,
-        args: Value,
+        args: Option<Box<RawValue>>,
     ) -> ToolWork {
         let owner = &self.key.owner;
-        let request = ToolCall {
+        // Keyword arguments are an object; anything else is taken as none. The text is valid
+        // JSON already (the frame parsed), so its first byte tells.
+        let args = match args.filter(|raw| raw.get().starts_with('{')) {
+            Some(args) => Ok(args),
+            None => RawValue::from_string("{}".to_string()),
+        };
+        let args = match args {
+            Ok(args) => args,
+            Err(e) => {
+                let failed = Err(format!(
+                    "kernelbox could not build the call's arguments: {e}"
+                ));
+                return Box::pin(async move { (call, size, failed) });
+            }
+        };
+        let request = RawToolCall {
             tool,
-            args: if args.is_object() {
-                args
-            } else {
-                Value::Object(Default::default())
-            },
+            args,
             task_id: authority.task_id().map(str::to_string),
             tenant: owner.tenant.clone(),
             session: owner.session.clone(),
@@ -679,7 +715,7 @@ impl Kernel {
         };
         Box::pin(async move {
             // A dispatcher that panics fails this call, not the orchestrator.
-            let result = std::panic::AssertUnwindSafe(authority.dispatch(request))
+            let result = std::panic::AssertUnwindSafe(authority.dispatch_raw(request))
                 .catch_unwind()
                 .await
                 .unwrap_or_else(|_| Err("the tool dispatcher failed (panicked)".to_string()));
@@ -799,11 +835,17 @@ pub async fn remove_volume_when_free(engine: &dyn Engine, name: &str) -> Result<
 }
 
 /// The refusal for a tool call past [`MAX_TOOL_CALLS_IN_FLIGHT`] or [`MAX_TOOL_ARGS_IN_FLIGHT`].
-const IN_FLIGHT_MESSAGE: &str = "Too many tool calls in flight: a cell may wait on at most 16 calls (8 MiB of arguments) at once; retry when one has returned.";
+const IN_FLIGHT_MESSAGE: &str = "Too many tool calls in flight: a cell may wait on at most 16 calls (1 MiB of arguments) at once; retry when one has returned.";
 
-/// A tool's answer as a frame; a result over [`MAX_TOOL_RESULT_FRAME`] becomes an error.
-fn tool_result_line(call: u64, result: Result<Value, String>) -> Vec<u8> {
-    let frame = match result {
+/// A tool's answer as a frame; a result over [`MAX_TOOL_RESULT_BYTES`] (or a frame over
+/// [`MAX_TOOL_RESULT_FRAME`]) becomes an error.
+fn tool_result_line(call: u64, result: Result<Box<RawValue>, String>) -> Vec<u8> {
+    if let Ok(value) = &result {
+        if value.get().len() > MAX_TOOL_RESULT_BYTES {
+            return too_large(call, value.get().len());
+        }
+    }
+    let frame = match &result {
         Ok(value) => HostFrame::ToolResult {
             call,
             ok: true,
@@ -814,20 +856,23 @@ fn tool_result_line(call: u64, result: Result<Value, String>) -> Vec<u8> {
             call,
             ok: false,
             result: None,
-            error: Some(message),
+            error: Some(message.clone()),
         },
     };
     let line = frame.to_line();
     if line.len() <= MAX_TOOL_RESULT_FRAME {
         return line;
     }
+    too_large(call, line.len())
+}
+
+fn too_large(call: u64, bytes: usize) -> Vec<u8> {
     HostFrame::ToolResult {
         call,
         ok: false,
         result: None,
         error: Some(format!(
-            "the tool's result is too large ({} bytes; at most {MAX_TOOL_RESULT_FRAME})",
-            line.len()
+            "the tool's result is too large ({bytes} bytes; at most {MAX_TOOL_RESULT_BYTES})"
         )),
     }
     .to_line()
@@ -1018,7 +1063,7 @@ async fn reader_task(mut task: ReaderTask) {
                 .await;
         if task.disposing.load(Ordering::Acquire) {
             Death::Disposed
-        } else if fate.oom {
+        } else if fate.died_of_oom() {
             Death::Oom
         } else if engine_gone {
             Death::EngineRestarted

@@ -54,7 +54,7 @@ pub mod stdin;
 pub mod sweep;
 pub mod watchdog;
 
-pub use authority::{CellAuthority, FnDispatcher, ToolCall, ToolDispatcher};
+pub use authority::{CellAuthority, FnDispatcher, RawToolCall, ToolCall, ToolDispatcher};
 pub use cell::{CellResult, CellStatus, KernelInfo, LossReason, StateLost};
 pub use config::{Config, Sandbox, WorkMode};
 pub use docker::{BollardEngine, Engine, EngineError};

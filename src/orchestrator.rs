@@ -507,6 +507,12 @@ impl Orchestrator {
                 Some(timeout_message(timeout)),
                 Some(LossReason::Timeout),
             ),
+            CellEnd::Interrupted if !run.ran => (
+                CellStatus::Interrupted,
+                -1,
+                Some(INTERRUPTED_BEFORE_IT_RAN.to_string()),
+                None,
+            ),
             CellEnd::Interrupted => (
                 CellStatus::Interrupted,
                 -1,
@@ -518,13 +524,16 @@ impl Orchestrator {
                 (CellStatus::Error, -1, Some(message), reason)
             }
         };
-        let kernel_gone = !matches!(
-            run.end,
-            CellEnd::Done {
-                status: DoneStatus::Ok | DoneStatus::Error,
-                ..
-            }
-        ) || !kernel.is_alive();
+        // A cell that never ran leaves its kernel as it found it.
+        let kernel_gone = (run.ran
+            && !matches!(
+                run.end,
+                CellEnd::Done {
+                    status: DoneStatus::Ok | DoneStatus::Error,
+                    ..
+                }
+            ))
+            || !kernel.is_alive();
         let capped = run.output.finish();
         let mut result = CellResult {
             status,
@@ -1097,6 +1106,10 @@ fn restore(catalog: &dyn Catalog) -> Result<(Vec<Entry>, u64), CatalogError> {
     Ok((entries, live))
 }
 
+/// The error of a cell interrupted while it waited for earlier cells of its session.
+const INTERRUPTED_BEFORE_IT_RAN: &str =
+    "Interrupted before it ran: the cell was waiting for an earlier cell of this session and never executed.";
+
 /// The message and loss reason for a kernel that died under a cell.
 fn death_message(death: Death, memory: i64) -> (String, Option<LossReason>) {
     const NEXT: &str = "its state was lost. The next execute_code call starts a fresh kernel.";
@@ -1294,17 +1307,18 @@ mod tests {
         while kb.list_kernels(None).iter().all(|k| k.state != "busy") {
             tokio::task::yield_now().await;
         }
-        // A second cell queued behind it: cancelled too, but it never runs; the kernel is
-        // gone by the time its turn comes, so it ends as an error, not as interrupted.
+        // A second cell queued behind it: cancelled too, so it ends interrupted without
+        // running, and counts.
         let queued = spawn_cell("x = 2");
         while kb.list_kernels(None)[0].attached < 2 {
             tokio::task::yield_now().await;
         }
-        assert_eq!(kb.interrupt(None, "s").await, 1);
+        assert_eq!(kb.interrupt(None, "s").await, 2);
         let first = running.await.expect("join").expect("execute");
         assert_eq!(first.status, CellStatus::Interrupted);
         let second = queued.await.expect("join").expect("execute");
-        assert_eq!(second.status, CellStatus::Error, "{second:?}");
+        assert_eq!(second.status, CellStatus::Interrupted, "{second:?}");
+        assert_eq!(second.kernel.execution_count, 0, "it never ran: {second:?}");
         assert_eq!(kb.interrupt(None, "s").await, 0, "nothing runs now");
         assert_eq!(fake.live_containers(), 0);
         kb.shutdown().await;

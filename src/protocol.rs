@@ -7,7 +7,7 @@
 //! one write, one trip through the engine. See `runner/kernel_runner.py` for the other side.
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::value::RawValue;
 
 /// The protocol version this host speaks; the runner announces its own in `ready`.
 pub const PROTOCOL_VERSION: u64 = 2;
@@ -37,9 +37,15 @@ pub fn runner_env() -> String {
 }
 
 /// Longest protocol line (one runner -> host frame) accepted from a kernel, in bytes. Real
-/// frames are small but for a tool call's arguments, which stay well under this; a longer line
-/// is a protocol violation and kills the kernel (see [`Breach`]).
-pub const MAX_FRAME_LINE: usize = 4 * 1024 * 1024;
+/// frames are small but for a tool call's arguments, which a cell may have in flight up to
+/// this many bytes at once (see `kernel::MAX_TOOL_ARGS_IN_FLIGHT`); a longer line is a
+/// protocol violation and kills the kernel (see [`Breach`]).
+pub const MAX_FRAME_LINE: usize = 1024 * 1024;
+
+/// Longest `done` line (after a cell's end marker) read from a kernel, in bytes. The runner
+/// never writes one over 4000 bytes (it shortens the traceback to fit); a longer one is
+/// forged, and the cell's outcome is reported as unreadable rather than held.
+pub const MAX_DONE_LINE: usize = 8 * 1024;
 
 /// Lines on the protocol channel that are not frames, in bytes, a kernel may write over its
 /// whole life (an interpreter warning before the runner starts is one); past this it is killed.
@@ -95,9 +101,9 @@ pub enum HostFrame<'a> {
         call: u64,
         /// Whether the call succeeded.
         ok: bool,
-        /// The tool's JSON result, when ok.
+        /// The tool's JSON result, when ok, passed through as it came.
         #[serde(skip_serializing_if = "Option::is_none")]
-        result: Option<Value>,
+        result: Option<&'a RawValue>,
         /// Why it failed or was refused, when not ok.
         #[serde(skip_serializing_if = "Option::is_none")]
         error: Option<String>,
@@ -107,7 +113,8 @@ pub enum HostFrame<'a> {
 impl HostFrame<'_> {
     /// The frame as one line.
     pub fn to_line(&self) -> Vec<u8> {
-        // Serialising these types cannot fail: every field is a string, number, bool or Value.
+        // Serialising these types cannot fail: every field is a string, number, bool or
+        // already valid JSON.
         let mut line = serde_json::to_vec(self).unwrap_or_default();
         line.push(b'\n');
         line
@@ -127,8 +134,12 @@ pub enum DoneStatus {
 }
 
 /// A frame the runner sends to the host.
+///
+/// Parsed through a flat struct ([`WireFrame`]) rather than as an internally tagged enum:
+/// serde buffers such an enum's whole input as a tree first, and a tool call's arguments stay
+/// raw JSON text (no tree at all) until a dispatcher needs them.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(tag = "op", rename_all = "snake_case")]
+#[serde(try_from = "WireFrame")]
 pub enum KernelFrame {
     /// The runner is up.
     Ready {
@@ -158,12 +169,64 @@ pub enum KernelFrame {
         call: u64,
         /// Tool name.
         tool: String,
-        /// Keyword arguments.
-        #[serde(default)]
-        args: Value,
+        /// Keyword arguments, as the kernel wrote them (valid JSON; absent when not sent).
+        args: Option<Box<RawValue>>,
     },
     /// Answer to a ping.
     Pong,
+}
+
+/// The operation a frame names.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Op {
+    Ready,
+    Done,
+    ToolCall,
+    Pong,
+}
+
+/// Every field any [`KernelFrame`] has, as it travels; unknown fields are skipped unread.
+#[derive(Deserialize)]
+struct WireFrame {
+    op: Op,
+    v: Option<u64>,
+    #[serde(default)]
+    python: String,
+    cell: Option<u64>,
+    status: Option<DoneStatus>,
+    #[serde(default)]
+    traceback: Option<String>,
+    execution_count: Option<u64>,
+    call: Option<u64>,
+    tool: Option<String>,
+    args: Option<Box<RawValue>>,
+}
+
+impl TryFrom<WireFrame> for KernelFrame {
+    type Error = &'static str;
+
+    fn try_from(w: WireFrame) -> Result<KernelFrame, &'static str> {
+        Ok(match w.op {
+            Op::Ready => KernelFrame::Ready {
+                v: w.v.ok_or("ready without v")?,
+                python: w.python,
+            },
+            Op::Done => KernelFrame::Done {
+                cell: w.cell.ok_or("done without cell")?,
+                status: w.status.ok_or("done without status")?,
+                traceback: w.traceback,
+                execution_count: w.execution_count.ok_or("done without execution_count")?,
+            },
+            Op::ToolCall => KernelFrame::ToolCall {
+                cell: w.cell,
+                call: w.call.ok_or("tool_call without call")?,
+                tool: w.tool.ok_or("tool_call without tool")?,
+                args: w.args,
+            },
+            Op::Pong => KernelFrame::Pong,
+        })
+    }
 }
 
 /// A protocol line was longer than [`MAX_FRAME_LINE`].
@@ -253,13 +316,18 @@ impl MarkerScanner {
             return;
         }
         match bytes.iter().position(|&b| b == b'\n') {
+            Some(pos) if self.done.len() + pos > MAX_DONE_LINE => {
+                // Not a frame the runner would write: give up on it, the cell still ended.
+                self.done = Vec::new();
+                self.done_complete = true;
+            }
             Some(pos) => {
                 self.done.extend_from_slice(&bytes[..pos]);
                 self.done_complete = true;
             }
-            None if self.done.len() + bytes.len() > MAX_FRAME_LINE => {
+            None if self.done.len() + bytes.len() > MAX_DONE_LINE => {
                 // Not a frame the runner would write: give up on it, the cell still ended.
-                self.done.clear();
+                self.done = Vec::new();
                 self.done_complete = true;
             }
             None => self.done.extend_from_slice(bytes),
@@ -402,6 +470,83 @@ mod tests {
                 "chunk size {size}"
             );
         }
+    }
+
+    #[test]
+    fn a_done_line_past_its_bound_is_dropped_not_held() {
+        let marker = "\u{1}m\u{1}";
+        let mut scan = MarkerScanner::new(marker);
+        scan.feed(marker.as_bytes(), |_| {});
+        let big = vec![b'T'; MAX_DONE_LINE + 1];
+        for chunk in big.chunks(1000) {
+            scan.feed(chunk, |_| {});
+        }
+        assert_eq!(scan.done_line(), Some(&b""[..]));
+        assert_eq!(scan.done.capacity(), 0);
+        // At the bound, in one chunk with its newline, the line is kept.
+        let mut scan = MarkerScanner::new(marker);
+        let mut line = marker.as_bytes().to_vec();
+        line.extend(vec![b'x'; MAX_DONE_LINE]);
+        line.push(b'\n');
+        scan.feed(&line, |_| {});
+        assert_eq!(scan.done_line().map(<[u8]>::len), Some(MAX_DONE_LINE));
+        // Past it, in one chunk with its newline, it is dropped.
+        let mut scan = MarkerScanner::new(marker);
+        let mut line = marker.as_bytes().to_vec();
+        line.extend(vec![b'x'; MAX_DONE_LINE + 1]);
+        line.push(b'\n');
+        scan.feed(&line, |_| {});
+        assert_eq!(scan.done_line(), Some(&b""[..]));
+    }
+
+    #[test]
+    fn tool_call_arguments_stay_raw_text() {
+        let f: KernelFrame = serde_json::from_str(
+            r#"{"op":"tool_call","cell":2,"call":7,"tool":"web_search","args":{"q": [0, 0]},"x":[1]}"#,
+        )
+        .unwrap();
+        match f {
+            KernelFrame::ToolCall {
+                cell: Some(2),
+                call: 7,
+                tool,
+                args: Some(args),
+            } => {
+                assert_eq!(tool, "web_search");
+                assert_eq!(args.get(), r#"{"q": [0, 0]}"#);
+            }
+            other => panic!("{other:?}"),
+        }
+        let bare: KernelFrame =
+            serde_json::from_str(r#"{"op":"tool_call","cell":null,"call":1,"tool":"t"}"#).unwrap();
+        assert!(matches!(
+            bare,
+            KernelFrame::ToolCall {
+                cell: None,
+                args: None,
+                ..
+            }
+        ));
+        for bad in [
+            r#"{"op":"nope"}"#,
+            r#"{"op":"tool_call","call":1}"#,
+            r#"{"op":"done","cell":1,"status":"ok"}"#,
+            r#"{"op":"ready"}"#,
+            r#"{"op":"tool_call","call":1,"tool":"t","args":{"a":}}"#,
+        ] {
+            assert!(serde_json::from_str::<KernelFrame>(bad).is_err(), "{bad}");
+        }
+        let line = HostFrame::ToolResult {
+            call: 3,
+            ok: true,
+            result: Some(&RawValue::from_string("[1, 2]".into()).unwrap()),
+            error: None,
+        }
+        .to_line();
+        assert_eq!(
+            line,
+            b"{\"op\":\"tool_result\",\"call\":3,\"ok\":true,\"result\":[1, 2]}\n"
+        );
     }
 
     #[test]
