@@ -25,7 +25,7 @@ use crate::labels;
 use crate::monitor::EventMonitor;
 use crate::owner::{KernelKey, NameError, Owner};
 use crate::protocol::DoneStatus;
-use crate::registry::{Cap, EvictionCounts, Registry, Slot, TenantLimits};
+use crate::registry::{Cap, EvictionCounts, Refusal, Registry, Slot, TenantLimits};
 use crate::sweep::{self, SweepReport};
 use crate::watchdog::Watchdog;
 
@@ -142,6 +142,18 @@ pub enum ExecuteError {
         /// Kernels the tenant held, as that cap counts them.
         held: usize,
     },
+    /// The session's kernel already has this many calls attached (one running, the others
+    /// queued behind it); one more is refused rather than queued.
+    #[error(
+        "session {owner:?} already has {max} calls running or queued on its kernel, the most \
+         allowed; retry later"
+    )]
+    SessionBusy {
+        /// The owner (session, or `session::child::child`).
+        owner: String,
+        /// The bound ([`crate::registry::MAX_ATTACHED_PER_SLOT`]).
+        max: usize,
+    },
     /// A bug in kernelbox: the task running the cell failed.
     #[error("internal error: {0}")]
     Internal(String),
@@ -152,6 +164,10 @@ fn at_capacity_message(tenant: &str, cap: &Cap, held: usize) -> String {
         Cap::Tenant { max } => format!(
             "tenant {tenant:?} is at its max_kernels ({held} of {max}) and none of its kernels \
              is idle and unpinned to make room; retry later"
+        ),
+        Cap::Children { max } => format!(
+            "the host's pool of live delegated children is full ({max} children; tenant \
+             {tenant:?} holds {held}); release finished children or retry later"
         ),
         Cap::Host { max, share } => format!(
             "the host is at its kernel cap ({max} kernels): tenant {tenant:?} holds {held} \
@@ -211,6 +227,12 @@ pub struct KernelSummary {
     pub attached: usize,
 }
 
+/// The error of a cell whose kernel was disposed of under it by a clear (`DELETE`), a reset
+/// (`reset: true`) or a delegated child's release.
+pub const CLEARED_MESSAGE: &str = "The session's kernel was cleared or reset by another \
+    request while this cell ran (DELETE, reset: true, or the child's release) and was killed; \
+    its state was lost. The next execute_code call starts a fresh kernel.";
+
 /// How long past `spawn_timeout` an interrupt waits for the cells it cancelled to settle.
 pub const INTERRUPT_SETTLE: Duration = Duration::from_secs(10);
 
@@ -232,6 +254,8 @@ struct Inner {
     tracker: TaskTracker,
     cancel: CancellationToken,
     running: Mutex<HashMap<Owner, Vec<Run>>>,
+    /// How many calls are in `running` (acquiring a kernel or running a cell).
+    running_count: tokio::sync::watch::Sender<usize>,
     next_run: std::sync::atomic::AtomicU64,
     starts: Mutex<StartStats>,
     watchdog: Mutex<Option<Watchdog>>,
@@ -330,6 +354,7 @@ impl Orchestrator {
             tracker: TaskTracker::new(),
             cancel: CancellationToken::new(),
             running: Mutex::new(HashMap::new()),
+            running_count: tokio::sync::watch::Sender::new(0),
             next_run: std::sync::atomic::AtomicU64::new(0),
             starts: Mutex::new(StartStats::default()),
             watchdog: Mutex::new(watchdog),
@@ -524,6 +549,16 @@ impl Orchestrator {
                 (CellStatus::Error, -1, Some(message), reason)
             }
         };
+        // Killed under its cell by a clear, a reset or a child's release (not by shutdown).
+        let error = match (&run.end, error) {
+            (CellEnd::Died(Death::Disposed), Some(_))
+                if !self.inner.cancel.is_cancelled()
+                    && !self.inner.registry.is_registered(&lease.slot) =>
+            {
+                Some(CLEARED_MESSAGE.to_string())
+            }
+            (_, error) => error,
+        };
         // A cell that never ran leaves its kernel as it found it.
         let kernel_gone = (run.ran
             && !matches!(
@@ -609,17 +644,36 @@ impl Orchestrator {
             token: token.clone(),
             outcome: rx,
         });
+        self.inner.running_count.send_modify(|n| *n += 1);
         (id, tx)
     }
 
     fn untrack_running(&self, owner: &Owner, id: u64) {
         let mut running = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(runs) = running.get_mut(owner) {
+            let before = runs.len();
             runs.retain(|r| r.id != id);
+            let gone = before - runs.len();
             if runs.is_empty() {
                 running.remove(owner);
             }
+            self.inner
+                .running_count
+                .send_modify(|n| *n = n.saturating_sub(gone));
         }
+    }
+
+    /// Calls running now: acquiring a kernel or running a cell, whether or not their caller
+    /// still waits.
+    pub fn running_cells(&self) -> usize {
+        *self.inner.running_count.borrow()
+    }
+
+    /// Waits until no call is running (see [`Orchestrator::running_cells`]); event-driven.
+    /// Returns at once when none is.
+    pub async fn wait_no_running_cells(&self) {
+        let mut rx = self.inner.running_count.subscribe();
+        let _ = rx.wait_for(|n| *n == 0).await;
     }
 
     /// Interrupts every running cell of a session (children included) and returns how many
@@ -669,7 +723,17 @@ impl Orchestrator {
         loop {
             let attach = match inner.registry.attach(key, reset, limits) {
                 Ok(attach) => attach,
-                Err(full) => {
+                Err(Refusal::Busy { owner, max }) => {
+                    let refusal = || ExecuteError::SessionBusy {
+                        owner: owner.clone(),
+                        max,
+                    };
+                    if let Some(notice) = admission {
+                        notice.send(Err(refusal()));
+                    }
+                    return Err(refusal());
+                }
+                Err(Refusal::AtCapacity(full)) => {
                     let refusal = || ExecuteError::AtCapacity {
                         tenant: full.tenant.clone(),
                         cap: full.cap,
@@ -687,6 +751,7 @@ impl Orchestrator {
                 // Shutdown drained the registry; nothing new may start.
                 inner.registry.forget(&attach.slot, None);
                 inner.registry.release(&attach.slot);
+                self.give_back_loss(key, attach.state_lost);
                 if let Some(notice) = admission {
                     notice.send(Err(ExecuteError::ShuttingDown));
                 }
@@ -698,9 +763,9 @@ impl Orchestrator {
             let mut doomed = attach.victims;
             if let Some(old) = attach.reset {
                 state_reset = true;
-                if old.attached() == 0 {
-                    doomed.push(old);
-                }
+                // At once, busy or not: a kernel the registry no longer counts must not
+                // outlive this call (the old kernel's running cell ends).
+                doomed.push(old);
             }
             self.dispose_slots(doomed).await;
             let slot = attach.slot;
@@ -736,6 +801,7 @@ impl Orchestrator {
                 Err(e) => {
                     inner.registry.forget(&slot, None);
                     inner.registry.release(&slot);
+                    self.give_back_loss(key, state_lost);
                     return Err(e.into());
                 }
             };
@@ -745,7 +811,17 @@ impl Orchestrator {
                 inner.registry.forget(&slot, None);
                 inner.registry.release(&slot);
                 self.dispose_kernel(&kernel).await;
+                self.give_back_loss(key, state_lost);
                 return Err(ExecuteError::ShuttingDown);
+            }
+            if !inner.registry.is_registered(&slot) {
+                // Cleared or reset while it started: whoever removed the slot found no kernel
+                // to dispose of, so this call does, and starts over on the key's current slot.
+                inner.registry.release(&slot);
+                self.dispose_kernel(&kernel).await;
+                self.give_back_loss(key, state_lost);
+                reset = false;
+                continue;
             }
             if kernel.is_alive() {
                 let started = match (&inner.catalog, reused) {
@@ -775,6 +851,13 @@ impl Orchestrator {
                 self.dispose_kernel(&kernel).await;
             }
             reset = false;
+        }
+    }
+
+    /// Puts back a loss an attach took for a call that then failed before reporting it.
+    fn give_back_loss(&self, key: &KernelKey, loss: Option<StateLost>) {
+        if let Some(loss) = loss {
+            self.inner.registry.restore_loss(key, loss);
         }
     }
 
@@ -808,7 +891,8 @@ impl Orchestrator {
             .await;
     }
 
-    /// Disposes of every kernel of a session, its delegated children's included.
+    /// Disposes of every kernel of a session, its delegated children's included, at once: a
+    /// cell running in one of them ends with an error saying the session was cleared.
     pub async fn clear_session(&self, tenant: Option<&str>, session: &str) -> usize {
         let tenant = tenant
             .unwrap_or(&self.inner.config.default_tenant)
@@ -864,7 +948,8 @@ impl Orchestrator {
         }
     }
 
-    /// Disposes of a finished delegated child's kernels and unpins it.
+    /// Disposes of a finished delegated child's kernels at once (a cell running in one ends)
+    /// and unpins it.
     pub async fn release_child(&self, tenant: Option<&str>, session: &str, child: &str) -> usize {
         let tenant = tenant
             .unwrap_or(&self.inner.config.default_tenant)
@@ -1227,6 +1312,72 @@ mod tests {
             Some(LossReason::Timeout)
         );
         kb.shutdown().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_loss_survives_a_failed_start_of_the_next_kernel() {
+        let (kb, fake) = start(|_| {}).await;
+        let slow = kb
+            .execute(ExecuteRequest {
+                timeout: Some(Duration::from_secs(5)),
+                ..ExecuteRequest::new("s", "sleep")
+            })
+            .await
+            .expect("execute");
+        assert_eq!(slow.status, CellStatus::Timeout);
+        // The next kernel cannot start: the call fails, and the loss stays owed.
+        *fake.images.lock().unwrap() = vec!["no-such-image".into()];
+        let failed = kb.execute(ExecuteRequest::new("s", "x = 1")).await;
+        assert!(matches!(failed, Err(ExecuteError::Kernel(_))), "{failed:?}");
+        fake.images.lock().unwrap().clear();
+        let next = run(&kb, "s", "x = 1").await;
+        assert_eq!(
+            next.kernel.state_lost.map(|l| l.reason),
+            Some(LossReason::Timeout)
+        );
+        kb.shutdown().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn clear_and_reset_kill_a_busy_kernel_at_once() {
+        let (kb, fake) = start(|c| c.max_session_kernels = 1).await;
+        // A clear during a running cell: the kernel goes now and the cell says why.
+        let busy = tokio::spawn({
+            let kb = kb.clone();
+            async move { run(&kb, "s", "sleep").await }
+        });
+        while kb.running_cells() == 0 || fake.live_containers() == 0 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(kb.clear_session(None, "s").await, 1);
+        assert_eq!(fake.live_containers(), 0);
+        let ended = busy.await.expect("join");
+        assert_eq!(ended.status, CellStatus::Error);
+        assert_eq!(ended.error.as_deref(), Some(CLEARED_MESSAGE));
+        // A reset during a running cell: one kernel live, the listed one.
+        let busy = tokio::spawn({
+            let kb = kb.clone();
+            async move { run(&kb, "r", "sleep").await }
+        });
+        while kb.running_cells() == 0 || fake.live_containers() == 0 {
+            tokio::task::yield_now().await;
+        }
+        let fresh = kb
+            .execute(ExecuteRequest {
+                reset: true,
+                ..ExecuteRequest::new("r", "x = 1")
+            })
+            .await
+            .expect("reset");
+        assert!(fresh.kernel.state_reset);
+        assert_eq!(
+            busy.await.expect("join").error.as_deref(),
+            Some(CLEARED_MESSAGE)
+        );
+        assert_eq!(fake.live_containers(), 1);
+        assert_eq!(kb.list_kernels(None).len(), 1);
+        kb.shutdown().await;
+        assert_eq!(fake.live_containers(), 0);
     }
 
     #[tokio::test(start_paused = true)]

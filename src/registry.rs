@@ -12,7 +12,7 @@
 //! - the tenant's own `max_kernels` (its delegated children included): at it, the tenant's
 //!   least recently used idle, unpinned kernel is evicted, else the request is refused;
 //! - the host's `max_kernels` (live delegated children are pinned: never evicted and not
-//!   counted). At it, a victim is chosen among idle, unpinned kernels: while the requester
+//!   counted here; they have a pool of their own, below). At it, a victim is chosen among idle, unpinned kernels: while the requester
 //!   holds less than its fair share, the least recently used kernel of a tenant holding more
 //!   than its own share; otherwise (or when none is idle) the requester's own least recently
 //!   used one. No victim: the request is refused. So a tenant holding no more than its fair
@@ -24,6 +24,23 @@
 //! the cap, so every tenant can always reach its share; and since a tenant takes another's
 //! kernel only to reach its own share, the remainder of an uneven division never bounces
 //! between two tenants.
+//!
+//! Live (pinned) delegated children form a second pool of the same size: at most the host's
+//! `max_kernels` of them are live at once, host-wide, first come first served; past it a new
+//! child is refused (pinned kernels are never evicted). So at most twice the host's cap of
+//! kernels are registered at once.
+//!
+//! ## No kernel outside the books
+//!
+//! Every slot removed from the registry is handed back for disposal at once, whether calls are
+//! attached to it or not (clear, reset, release of a child): its running cell ends. So every
+//! live kernel is registered, counted by the caps, and listed. A slot still spawning when it is
+//! removed has no kernel yet: the call spawning it finds the slot unregistered once the kernel
+//! is up and disposes of it (see the orchestrator's `acquire`).
+//!
+//! At most [`MAX_ATTACHED_PER_SLOT`] calls may be attached to one slot (the running cell and
+//! those queued behind it); one more is refused at once, so callers that go away cannot pile
+//! requests up on one kernel.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -39,6 +56,10 @@ use crate::owner::{KernelKey, Owner};
 
 /// Losses and generations are remembered for at most this many keys.
 const MAX_REMEMBERED_KEYS: usize = 65_536;
+
+/// Most calls attached to one kernel at once: the one running a cell and those queued behind
+/// it (each holds its whole request). One more is refused ([`Refusal::Busy`]).
+pub const MAX_ATTACHED_PER_SLOT: usize = 8;
 
 /// One key's current kernel, spawned at most once.
 pub struct Slot {
@@ -111,6 +132,11 @@ pub enum Cap {
         /// The tenant's cap.
         max: usize,
     },
+    /// The host-wide pool of live delegated children (as large as the host's cap).
+    Children {
+        /// Most live delegated children host-wide.
+        max: usize,
+    },
     /// The host's cap (`max_session_kernels`, `kernelbox serve --max-kernels`).
     Host {
         /// The host's cap.
@@ -131,6 +157,20 @@ pub struct AtCapacity {
     pub held: usize,
     /// Idle slots reaped on the way; dispose of their kernels.
     pub victims: Vec<Arc<Slot>>,
+}
+
+/// Why [`Registry::attach`] refused a call.
+#[derive(Debug)]
+pub enum Refusal {
+    /// A new kernel would pass a cap.
+    AtCapacity(AtCapacity),
+    /// The key's kernel already has [`MAX_ATTACHED_PER_SLOT`] calls attached.
+    Busy {
+        /// The owner, as a string.
+        owner: String,
+        /// The bound.
+        max: usize,
+    },
 }
 
 /// Why an admission evicts a slot.
@@ -192,6 +232,19 @@ struct Seed {
 }
 
 impl Inner {
+    /// Removes a key's slot. A released child's mark goes with its owner's last slot, so the
+    /// set of marks never outgrows the slots.
+    fn unregister(&mut self, key: &KernelKey) -> Option<Arc<Slot>> {
+        let slot = self.slots.remove(key)?;
+        if key.owner.is_child()
+            && self.released_children.contains(&key.owner)
+            && !self.slots.keys().any(|k| k.owner == key.owner)
+        {
+            self.released_children.remove(&key.owner);
+        }
+        Some(slot)
+    }
+
     /// Records a change in the catalog, unless shutdown closed the registry (the catalog then
     /// says every live kernel was lost by the restart).
     fn journal(&self, change: impl FnOnce() -> Change) {
@@ -263,7 +316,7 @@ impl Inner {
         stale
             .into_iter()
             .filter_map(|key| {
-                let slot = self.slots.remove(&key)?;
+                let slot = self.unregister(&key)?;
                 self.record_loss(&key, LossReason::IdleReaped);
                 Some(slot)
             })
@@ -282,6 +335,18 @@ impl Inner {
     ) -> Result<Vec<(KernelKey, Evict)>, (Cap, usize)> {
         let tenant = key.owner.tenant.as_str();
         let released = &self.released_children;
+        if key.owner.is_child() {
+            // Pinned kernels are never evicted: a full pool of children refuses.
+            let pinned = self.slots.values().filter(|s| s.pinned(released)).count();
+            if pinned >= host_max {
+                let mine = self
+                    .slots
+                    .values()
+                    .filter(|s| s.pinned(released) && s.key.owner.tenant == tenant)
+                    .count();
+                return Err((Cap::Children { max: host_max }, mine));
+            }
+        }
         let mut held_all = 0usize;
         // Unpinned kernels per tenant: what the host's cap and the shares count.
         let mut held: HashMap<&str, usize> = HashMap::new();
@@ -429,7 +494,7 @@ impl Inner {
         let plan = self.plan_admission(key, limits, host_max)?;
         let mut victims = Vec::with_capacity(plan.len());
         for (victim, why) in plan {
-            if let Some(slot) = self.slots.remove(&victim) {
+            if let Some(slot) = self.unregister(&victim) {
                 self.record_loss(&victim, LossReason::Evicted);
                 *match why {
                     Evict::TenantCap => &mut self.evictions.tenant_cap,
@@ -493,15 +558,27 @@ impl Registry {
     /// new one only if it fits the tenant's and the host's caps (see the module
     /// documentation), after evicting what must go; otherwise nothing is registered and the
     /// refusal says which cap. `reset` discards the key's current slot for a new one (in its
-    /// place: no admission needed).
+    /// place: no admission needed); the caller must dispose of the discarded slot's kernel at
+    /// once. A key whose slot already has [`MAX_ATTACHED_PER_SLOT`] calls is refused.
     pub fn attach(
         &self,
         key: &KernelKey,
         reset: bool,
         limits: TenantLimits,
-    ) -> Result<Attach, AtCapacity> {
+    ) -> Result<Attach, Refusal> {
         let now = Instant::now();
         let mut inner = self.lock();
+        if !reset
+            && inner
+                .slots
+                .get(key)
+                .is_some_and(|s| s.attached() >= MAX_ATTACHED_PER_SLOT)
+        {
+            return Err(Refusal::Busy {
+                owner: key.owner.to_string(),
+                max: MAX_ATTACHED_PER_SLOT,
+            });
+        }
         let mut victims = inner.take_idle(now, self.idle_timeout);
         if !inner.slots.contains_key(key) {
             match inner.admit(key, limits, self.max_kernels) {
@@ -509,12 +586,12 @@ impl Registry {
                 Err((cap, held)) => {
                     // Nothing was attached, so the reaped slots go back with the refusal for
                     // disposal by the caller.
-                    return Err(AtCapacity {
+                    return Err(Refusal::AtCapacity(AtCapacity {
                         tenant: key.owner.tenant.clone(),
                         cap,
                         held,
                         victims,
-                    });
+                    }));
                 }
             }
         }
@@ -530,7 +607,7 @@ impl Registry {
         victims: Vec<Arc<Slot>>,
         now: Instant,
     ) -> Attach {
-        let reset_slot = if reset { inner.slots.remove(key) } else { None };
+        let reset_slot = if reset { inner.unregister(key) } else { None };
         if reset_slot.is_some() {
             inner.journal(|| Change::Ended {
                 key_hash: key.hash(),
@@ -593,7 +670,7 @@ impl Registry {
             .get(&slot.key)
             .is_some_and(|s| Arc::ptr_eq(s, slot));
         if registered {
-            inner.slots.remove(&slot.key);
+            inner.unregister(&slot.key);
             // Only the call that unregisters the slot records its loss: one death, one loss.
             match loss {
                 Some(reason) => inner.record_loss(&slot.key, reason),
@@ -606,8 +683,9 @@ impl Registry {
     }
 
     /// Unregisters every slot whose owner matches (only idle ones when `only_idle`), recording
-    /// `loss` for each when given. Returns how many were unregistered, and those with no call
-    /// attached (to dispose now); attached ones are disposed by their last call out.
+    /// `loss` for each when given. Returns how many were unregistered, and the slots: the
+    /// caller disposes of their kernels now, attached or not (their running cells end), so no
+    /// kernel outlives its registration.
     pub fn remove_where(
         &self,
         matches: impl Fn(&Owner) -> bool,
@@ -621,21 +699,19 @@ impl Registry {
             .filter(|(k, s)| matches(&k.owner) && (!only_idle || s.attached() == 0))
             .map(|(k, _)| k.clone())
             .collect();
-        let mut free = Vec::new();
+        let mut removed = Vec::new();
         for key in &keys {
-            if let Some(slot) = inner.slots.remove(key) {
+            if let Some(slot) = inner.unregister(key) {
                 match loss {
                     Some(reason) => inner.record_loss(key, reason),
                     None => inner.journal(|| Change::Ended {
                         key_hash: key.hash(),
                     }),
                 }
-                if slot.attached() == 0 {
-                    free.push(slot);
-                }
+                removed.push(slot);
             }
         }
-        (keys.len(), free)
+        (keys.len(), removed)
     }
 
     /// True once [`Registry::drain`] ran: no new kernel may be registered.
@@ -653,9 +729,37 @@ impl Registry {
         self.lock().evictions
     }
 
-    /// Marks a delegated child as finished: its kernels are no longer pinned.
+    /// Marks a delegated child as finished: its kernels are no longer pinned. Nothing is
+    /// recorded for a child with no kernel (the mark lives only as long as its slots).
     pub fn release_child(&self, owner: &Owner) {
-        self.lock().released_children.insert(owner.clone());
+        let mut inner = self.lock();
+        if inner.slots.keys().any(|k| k.owner == *owner) {
+            inner.released_children.insert(owner.clone());
+        }
+    }
+
+    /// Released children still marked (at most one per registered child).
+    pub fn released_children(&self) -> usize {
+        self.lock().released_children.len()
+    }
+
+    /// True while `slot` is the key's registered slot.
+    pub fn is_registered(&self, slot: &Arc<Slot>) -> bool {
+        self.lock()
+            .slots
+            .get(&slot.key)
+            .is_some_and(|s| Arc::ptr_eq(s, slot))
+    }
+
+    /// Gives back a loss taken by an attach whose call then failed before reporting it, unless
+    /// a newer loss is owed already: a loss is never dropped unreported.
+    pub fn restore_loss(&self, key: &KernelKey, loss: StateLost) {
+        let mut inner = self.lock();
+        if inner.closed || inner.losses.contains_key(key) {
+            return;
+        }
+        inner.remember(key);
+        inner.losses.insert(key.clone(), loss);
     }
 
     /// One reaper pass over idle slots (no acquire needed).
@@ -672,6 +776,7 @@ impl Registry {
     pub fn drain(&self) -> Vec<Arc<Slot>> {
         let mut inner = self.lock();
         inner.closed = true;
+        inner.released_children.clear();
         inner.slots.drain().map(|(_, s)| s).collect()
     }
 
@@ -709,6 +814,13 @@ mod tests {
     fn att(reg: &Registry, k: &KernelKey) -> Attach {
         reg.attach(k, false, TenantLimits::default())
             .expect("admitted")
+    }
+
+    fn at_cap(r: Result<Attach, Refusal>) -> AtCapacity {
+        match r {
+            Err(Refusal::AtCapacity(full)) => full,
+            other => panic!("expected a refusal at a cap, got {other:?}"),
+        }
     }
 
     fn use_once(reg: &Registry, k: &KernelKey) -> Attach {
@@ -802,19 +914,22 @@ mod tests {
         tokio::time::advance(Duration::from_millis(10)).await;
         // A burst cannot pass the cap: the attached kernel cannot go, so the next is refused
         // and nothing is registered for it.
-        let refused = reg
-            .attach(&key("other", None), false, TenantLimits::default())
-            .unwrap_err();
+        let refused = at_cap(reg.attach(&key("other", None), false, TenantLimits::default()));
         assert_eq!(refused.cap, Cap::Host { max: 1, share: 1 });
         assert_eq!(refused.held, 1);
         assert!(refused.victims.is_empty());
         assert_eq!(reg.len(), 1);
-        // Live delegated children are pinned: admitted past the cap, never evicted.
-        for i in 0..5 {
-            let a = use_once(&reg, &key("conv", Some(&format!("child-{i}"))));
-            assert!(a.victims.is_empty(), "children are pinned");
-        }
-        assert_eq!(reg.len(), 6);
+        // Live delegated children are pinned: admitted past the cap, never evicted, within a
+        // pool of their own as large as the cap.
+        let a = use_once(&reg, &key("conv", Some("child-0")));
+        assert!(a.victims.is_empty(), "children are pinned");
+        let refused = at_cap(reg.attach(
+            &key("conv", Some("child-1")),
+            false,
+            TenantLimits::default(),
+        ));
+        assert_eq!(refused.cap, Cap::Children { max: 1 });
+        assert_eq!(reg.len(), 2);
         // A released child counts again and is the first to go.
         reg.release_child(&Owner::new("t", "conv", Some("child-0")).unwrap());
         assert!(!reg.release(&busy.slot));
@@ -828,20 +943,79 @@ mod tests {
             gone,
             BTreeSet::from(["conv::child::child-0".to_string(), "busy".to_string()])
         );
-        assert_eq!(reg.len(), 5);
+        assert_eq!(reg.len(), 1);
     }
 
     #[tokio::test(start_paused = true)]
-    async fn release_of_a_forgotten_slot_asks_for_disposal() {
+    async fn a_cleared_slot_is_handed_back_for_disposal_even_when_attached() {
         let reg = Registry::new(4, Duration::from_secs(3600));
         let a = att(&reg, &key("s", None));
-        let (count, free) = reg.remove_where(|o| o.session == "s", None, false);
+        let (count, removed) = reg.remove_where(|o| o.session == "s", None, false);
         assert_eq!(count, 1);
-        assert!(free.is_empty(), "attached: the last call out disposes");
         assert!(
-            reg.release(&a.slot),
-            "last call out of an unregistered slot disposes"
+            removed.len() == 1 && Arc::ptr_eq(&removed[0], &a.slot),
+            "attached or not, a removed slot is disposed of at once"
         );
+        assert!(!reg.is_registered(&a.slot));
+        assert!(reg.release(&a.slot), "the last call out disposes too");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn releasing_children_that_have_no_kernel_records_nothing() {
+        let reg = Registry::new(4, Duration::from_secs(3600));
+        for i in 0..80_000 {
+            reg.release_child(&Owner::new("t", "s", Some(&format!("never-{i}"))).unwrap());
+        }
+        assert_eq!(reg.released_children(), 0);
+        // A live child's mark lasts as long as its slot.
+        let child = key("s", Some("c"));
+        use_once(&reg, &child);
+        reg.release_child(&child.owner);
+        assert_eq!(reg.released_children(), 1);
+        reg.remove_where(|o| o.child.as_deref() == Some("c"), None, false);
+        assert_eq!(reg.released_children(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn live_children_have_a_host_wide_pool_as_large_as_the_cap() {
+        let reg = Registry::new(2, Duration::from_secs(3600));
+        for i in 0..2 {
+            use_once(&reg, &tkey("a", "s", Some(&format!("c{i}"))));
+        }
+        // Pinned children are never evicted: a third is refused, from any tenant.
+        let refused =
+            at_cap(reg.attach(&tkey("b", "s", Some("c")), false, TenantLimits::default()));
+        assert_eq!(refused.cap, Cap::Children { max: 2 });
+        assert_eq!(refused.held, 0);
+        assert_eq!(reg.len(), 2);
+        // Sessions still have the host's cap of their own.
+        use_once(&reg, &tkey("b", "s", None));
+        use_once(&reg, &tkey("b", "t", None));
+        assert_eq!(reg.len(), 4);
+        // A released child leaves the pool.
+        reg.release_child(&tkey("a", "s", Some("c0")).owner);
+        use_once(&reg, &tkey("b", "s", Some("c")));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn at_most_max_attached_calls_per_slot() {
+        let reg = Registry::new(4, Duration::from_secs(3600));
+        let k = key("s", None);
+        let held: Vec<Attach> = (0..MAX_ATTACHED_PER_SLOT).map(|_| att(&reg, &k)).collect();
+        match reg.attach(&k, false, TenantLimits::default()) {
+            Err(Refusal::Busy { owner, max }) => {
+                assert_eq!((owner.as_str(), max), ("s", MAX_ATTACHED_PER_SLOT));
+            }
+            other => panic!("expected busy, got {other:?}"),
+        }
+        // A reset replaces the slot (the old one is disposed of by the caller).
+        let fresh = reg.attach(&k, true, TenantLimits::default()).unwrap();
+        assert!(fresh.reset.is_some());
+        for a in &held {
+            reg.release(&a.slot);
+        }
+        assert!(!reg.release(&fresh.slot));
+        assert!(reg.attach(&k, false, TenantLimits::default()).is_ok());
     }
 
     #[tokio::test(start_paused = true)]
@@ -871,7 +1045,7 @@ mod tests {
         assert_eq!(gone, vec!["a"]);
         assert!(reg.slots().iter().any(|s| Arc::ptr_eq(s, &other.slot)));
         // Both remaining kernels busy: refused, naming the tenant's cap.
-        let refused = reg.attach(&k1, false, capped).unwrap_err();
+        let refused = at_cap(reg.attach(&k1, false, capped));
         assert_eq!(refused.cap, Cap::Tenant { max: 2 });
         assert_eq!(refused.held, 2);
         assert_eq!(reg.eviction_counts().tenant_cap, 1);
@@ -908,7 +1082,7 @@ mod tests {
         // B's kernels all busy: refused, naming the host's cap and B's share; nobody evicted.
         let b1 = reg.attach(&tkey("b", "b1", None), false, none).unwrap();
         let b2 = reg.attach(&tkey("b", "b2", None), false, none).unwrap();
-        let refused = reg.attach(&tkey("b", "b3", None), false, none).unwrap_err();
+        let refused = at_cap(reg.attach(&tkey("b", "b3", None), false, none));
         assert_eq!(refused.cap, Cap::Host { max: 4, share: 2 });
         assert_eq!(refused.held, 2);
         assert_eq!((held(&reg, "a"), held(&reg, "b")), (2, 2));

@@ -104,13 +104,29 @@ async fn two_delegated_children_are_isolated_from_each_other() {
 #[tokio::test]
 async fn live_children_keep_their_kernels_past_the_lru_cap() {
     let case = Case::with("pinned", |c| c.max_session_kernels = 2).await;
-    for i in 0..5 {
+    // Sessions fill the host's cap; live children are pinned past it, in a pool of their own
+    // as large as the cap.
+    for s in ["s0", "s1"] {
+        assert_eq!(case.run(s, "x = 1").await.status, CellStatus::Success);
+    }
+    for i in 0..2 {
         let r = case
             .exec(child("conv", &format!("child-{i}"), &format!("v = {i}")))
             .await;
         assert_eq!(r.status, CellStatus::Success, "{r:?}");
     }
-    for i in 0..5 {
+    let refused = case.kb.execute(child("conv", "child-2", "v = 2")).await;
+    assert!(
+        matches!(
+            refused,
+            Err(kernelbox::ExecuteError::AtCapacity {
+                cap: kernelbox::Cap::Children { max: 2 },
+                ..
+            })
+        ),
+        "{refused:?}"
+    );
+    for i in 0..2 {
         let r = case
             .exec(child("conv", &format!("child-{i}"), "print(v)"))
             .await;
@@ -118,7 +134,7 @@ async fn live_children_keep_their_kernels_past_the_lru_cap() {
         assert!(r.kernel.reused, "{r:?}");
         assert!(r.output.contains(&i.to_string()));
     }
-    assert_eq!(case.containers().await.len(), 5);
+    assert_eq!(case.containers().await.len(), 4);
     case.finish().await;
 }
 
