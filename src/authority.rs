@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 /// The exact refusal for a call whose cell has settled.
@@ -33,11 +34,59 @@ pub struct ToolCall {
     pub cell: u64,
 }
 
+/// One tool call with its arguments as the kernel wrote them: JSON text of an object, not
+/// parsed into a tree (a kernel's arguments are the cell's, so possibly hostile; a
+/// `serde_json::Value` can take many times the size of its text).
+#[derive(Debug, Clone)]
+pub struct RawToolCall {
+    /// Tool name (on the allow-list).
+    pub tool: String,
+    /// Keyword arguments, the text of a JSON object.
+    pub args: Box<RawValue>,
+    /// Task id of the turn the cell belongs to.
+    pub task_id: Option<String>,
+    /// Tenant of the kernel.
+    pub tenant: String,
+    /// Session of the kernel.
+    pub session: String,
+    /// Delegated child, when the kernel is a child's.
+    pub child: Option<String>,
+    /// Cell number within the kernel.
+    pub cell: u64,
+}
+
+impl RawToolCall {
+    /// The call with its arguments parsed.
+    pub fn parse(self) -> Result<ToolCall, String> {
+        let args = serde_json::from_str(self.args.get())
+            .map_err(|e| format!("the tool call's arguments are not valid JSON: {e}"))?;
+        Ok(ToolCall {
+            tool: self.tool,
+            args,
+            task_id: self.task_id,
+            tenant: self.tenant,
+            session: self.session,
+            child: self.child,
+            cell: self.cell,
+        })
+    }
+}
+
 /// Host-side tool execution, supplied with each execute request.
 #[async_trait]
 pub trait ToolDispatcher: Send + Sync {
     /// Runs a tool; `Err` carries a message the cell sees as a `kernel_tools.ToolError`.
     async fn dispatch(&self, call: ToolCall) -> Result<Value, String>;
+
+    /// Runs a tool from its raw arguments and answers raw JSON; this is what kernels call.
+    /// The default parses the arguments, runs [`Self::dispatch`] and serialises its answer;
+    /// a dispatcher that only forwards JSON (as the HTTP server's does) overrides it to pass
+    /// the text through without building a tree.
+    async fn dispatch_raw(&self, call: RawToolCall) -> Result<Box<RawValue>, String> {
+        let value = self.dispatch(call.parse()?).await?;
+        serde_json::value::to_raw_value(&value)
+            .map_err(|e| format!("the tool's result could not be serialised: {e}"))
+    }
 }
 
 /// A dispatcher made from a closure (handy for library callers and tests).
@@ -150,6 +199,13 @@ impl CellAuthority {
     pub async fn dispatch(&self, call: ToolCall) -> Result<Value, String> {
         let dispatcher = self.admit(&call.tool)?;
         dispatcher.dispatch(call).await
+    }
+
+    /// Checks and runs a call with raw arguments under this authority (see
+    /// [`ToolDispatcher::dispatch_raw`]).
+    pub async fn dispatch_raw(&self, call: RawToolCall) -> Result<Box<RawValue>, String> {
+        let dispatcher = self.admit(&call.tool)?;
+        dispatcher.dispatch_raw(call).await
     }
 }
 

@@ -57,7 +57,7 @@ pub mod server;
 pub mod sweep;
 pub mod watchdog;
 
-pub use authority::{CellAuthority, FnDispatcher, ToolCall, ToolDispatcher};
+pub use authority::{CellAuthority, FnDispatcher, RawToolCall, ToolCall, ToolDispatcher};
 pub use cell::{CellResult, CellStatus, KernelInfo, LossReason, StateLost};
 pub use config::{Config, Sandbox, WorkMode};
 pub use docker::{BollardEngine, Engine, EngineError};
@@ -65,4 +65,4 @@ pub use kernel::OutputSink;
 pub use orchestrator::{
     AdmissionNotice, ExecuteError, ExecuteRequest, KernelSummary, Orchestrator, StartError,
 };
-pub use registry::{Cap, TenantLimits};
+pub use registry::{Cap, TenantLimits, MAX_ATTACHED_PER_SLOT};

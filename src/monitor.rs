@@ -14,17 +14,44 @@ use tokio_util::sync::CancellationToken;
 
 use crate::docker::Engine;
 
+/// How close before a container's `die` an `oom` event must be for the death to be the
+/// out-of-memory kill. The kernel's own kill is followed by `die` within milliseconds; an
+/// older `oom` is of a process the kernel outlived (a cell's subprocess killed at the limit).
+pub const OOM_DEATH_WINDOW: Duration = Duration::from_secs(5);
+
 /// How a container ended, as its events tell.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Fate {
-    /// An `oom` event was seen.
+    /// An `oom` event was seen (at any time in the container's life).
     pub oom: bool,
+    /// When the last `oom` event arrived.
+    pub oom_at: Option<tokio::time::Instant>,
+    /// When the `die` event arrived.
+    pub died_at: Option<tokio::time::Instant>,
     /// A `kill` event was seen (someone sent it a signal through the engine).
     pub killed: bool,
     /// The signal of the last `kill` event.
     pub kill_signal: Option<i64>,
     /// `die` was seen, with this exit code.
     pub died: Option<i64>,
+}
+
+impl Fate {
+    /// Whether the container itself died of running out of memory: it died by SIGKILL (exit
+    /// code 137, or unknown) within [`OOM_DEATH_WINDOW`] after an `oom` event. A container
+    /// whose process was killed at the limit earlier and that died later of something else
+    /// (an exit code of its own) did not.
+    pub fn died_of_oom(&self) -> bool {
+        let by_sigkill = matches!(self.died, Some(137) | Some(-1) | None);
+        match (self.oom_at, self.died_at) {
+            (Some(oom), Some(died)) => {
+                by_sigkill && died.saturating_duration_since(oom) <= OOM_DEATH_WINDOW
+            }
+            // No `die` seen (yet): only a recent `oom` counts.
+            (Some(oom), None) => by_sigkill && oom.elapsed() <= OOM_DEATH_WINDOW,
+            (None, _) => false,
+        }
+    }
 }
 
 /// Fates are kept for this many containers at most.
@@ -95,12 +122,18 @@ impl EventMonitor {
         }
         let fate = fates.by_id.entry(id.to_string()).or_default();
         match action {
-            "oom" => fate.oom = true,
+            "oom" => {
+                fate.oom = true;
+                fate.oom_at = Some(tokio::time::Instant::now());
+            }
             "kill" => {
                 fate.killed = true;
                 fate.kill_signal = signal;
             }
-            "die" => fate.died = Some(exit_code.unwrap_or(-1)),
+            "die" => {
+                fate.died = Some(exit_code.unwrap_or(-1));
+                fate.died_at = Some(tokio::time::Instant::now());
+            }
             _ => {}
         }
         drop(fates);
@@ -189,8 +222,27 @@ mod tests {
         monitor.record("c1", "die", Some(137));
         let fate = waiter.await.unwrap();
         assert!(fate.oom);
+        assert!(fate.died_of_oom());
         assert_eq!(fate.died, Some(137));
         let unknown = monitor.wait_died("nope", Duration::from_secs(1)).await;
         assert_eq!(unknown, Fate::default());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_old_oom_or_an_exit_of_its_own_is_not_an_oom_death() {
+        let monitor = EventMonitor::default();
+        // A subprocess killed at the limit; the kernel exits later with a code of its own.
+        monitor.record("c1", "oom", None);
+        monitor.record("c1", "die", Some(3));
+        assert!(monitor.fate("c1").oom && !monitor.fate("c1").died_of_oom());
+        // A subprocess killed at the limit long before the kernel is killed by a signal.
+        monitor.record("c2", "oom", None);
+        tokio::time::advance(OOM_DEATH_WINDOW + Duration::from_secs(1)).await;
+        monitor.record("c2", "die", Some(137));
+        assert!(!monitor.fate("c2").died_of_oom());
+        // The kernel itself killed at the limit.
+        monitor.record("c3", "oom", None);
+        monitor.record("c3", "die", Some(137));
+        assert!(monitor.fate("c3").died_of_oom());
     }
 }

@@ -3,8 +3,13 @@
 
 mod common;
 
-use common::Case;
+use std::collections::{BTreeMap, BTreeSet};
+
+use common::{Case, CASE};
 use serde_json::Value;
+
+/// Serializes the tests of this file (see the sweep test).
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 async fn kernelbox(args: &[&str]) -> (i32, String) {
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_kernelbox"))
@@ -18,6 +23,7 @@ async fn kernelbox(args: &[&str]) -> (i32, String) {
 
 #[tokio::test]
 async fn ps_inspect_logs_and_kill_work_from_labels() {
+    let _serial = SERIAL.lock().await;
     let case = Case::new("admin").await;
     let tenant = format!("t{}", &case.label[case.label.len() - 8..]);
     let r = case
@@ -82,12 +88,119 @@ async fn ps_inspect_logs_and_kill_work_from_labels() {
     case.finish().await;
 }
 
+/// A leftover of a dead instance (a created container and its volume, labelled with a pid that
+/// no longer runs) and a week-old staging volume of a live instance: `kernelbox sweep
+/// --dry-run` reports both and removes nothing; `kernelbox sweep` removes both; a fresh
+/// staging volume of the live instance stays throughout.
 #[tokio::test]
 async fn sweep_dry_run_reports_without_removing() {
+    // Every orchestrator start sweeps dead instances' leftovers: the other test here must not
+    // start one while this one looks at its leftover.
+    let _serial = SERIAL.lock().await;
+    let label = common::unique("sweep");
+    let engine = common::engine().await;
+    let case = BTreeMap::from([(CASE.to_string(), label.clone())]);
+    let now = kernelbox::clock::unix_now();
+    let me = kernelbox::instance::Instance::current();
+    let dead = kernelbox::instance::Instance {
+        id: format!("dead-{label}"),
+        pid: u32::MAX - 1,
+        ..me.clone()
+    };
+    let live = kernelbox::instance::Instance {
+        id: format!("live-{label}"),
+        ..me
+    };
+    let staging = |instance: &kernelbox::instance::Instance, created: u64| {
+        let mut labels = instance.labels(&case);
+        labels.insert("io.kernelbox.role".into(), "staging".into());
+        labels.insert("io.kernelbox.created-at".into(), created.to_string());
+        labels
+    };
+    let dead_labels = staging(&dead, now);
+    let volumes = [
+        (format!("{label}-dead"), dead_labels.clone()),
+        (format!("{label}-stale"), staging(&live, now - 8 * 86400)),
+        (format!("{label}-fresh"), staging(&live, now)),
+    ];
+    for (name, labels) in &volumes {
+        engine
+            .create_volume(name, labels, None)
+            .await
+            .expect("create volume");
+    }
+    let spec = kernelbox::docker::ContainerSpec {
+        image: kernelbox::config::DEFAULT_IMAGE.into(),
+        cmd: vec!["python3".into(), "-c".into(), "pass".into()],
+        env: vec![],
+        user: "10000:10000".into(),
+        working_dir: "/".into(),
+        labels: dead_labels,
+        mounts: vec![],
+        sandbox: kernelbox::Sandbox::default(),
+    };
+    let container = engine.create_container(&spec).await.expect("container");
+    let names = |range: std::ops::Range<usize>| -> BTreeSet<String> {
+        volumes[range].iter().map(|(n, _)| n.clone()).collect()
+    };
+    let present = || async {
+        let containers: Vec<String> = common::containers(&engine, &label)
+            .await
+            .into_iter()
+            .map(|c| c.id)
+            .collect();
+        let volumes: BTreeSet<String> = common::volumes(&engine, &label)
+            .await
+            .into_iter()
+            .map(|v| v.name)
+            .collect();
+        (containers, volumes)
+    };
+    let reported = |report: &Value| {
+        let containers: Vec<String> = report["containers"]
+            .as_array()
+            .expect("containers")
+            .iter()
+            .filter_map(|c| c.as_str())
+            .filter(|c| container.starts_with(c) || c.starts_with(container.as_str()))
+            .map(String::from)
+            .collect();
+        let volumes: BTreeSet<String> = report["volumes"]
+            .as_array()
+            .expect("volumes")
+            .iter()
+            .filter_map(|v| v.as_str())
+            .filter(|v| v.starts_with(&label))
+            .map(String::from)
+            .collect();
+        (containers.len(), volumes)
+    };
+
     let (code, out) = kernelbox(&["sweep", "--dry-run", "--format", "json"]).await;
-    assert_eq!(code, 0);
+    assert_eq!(code, 0, "{out}");
     let report: Value = serde_json::from_str(&out).unwrap();
-    assert!(report["containers"].is_array() && report["volumes"].is_array());
+    assert_eq!(reported(&report), (1, names(0..2)), "{report}");
+    assert_eq!(
+        present().await,
+        (vec![container.clone()], names(0..3)),
+        "a dry run removes nothing"
+    );
+
+    let (code, out) = kernelbox(&["sweep", "--format", "json"]).await;
+    assert_eq!(code, 0, "{out}");
+    let report: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(reported(&report), (1, names(0..2)), "{report}");
+    assert_eq!(
+        present().await,
+        (vec![], names(2..3)),
+        "the sweep removed both leftovers and kept the fresh volume"
+    );
+    engine
+        .remove_volume(&volumes[2].0)
+        .await
+        .expect("remove the fresh volume");
+    common::assert_clean(&engine, &label).await;
+
     let (code, _) = kernelbox(&["kill"]).await;
     assert_eq!(code, 2, "kill needs a target");
 }

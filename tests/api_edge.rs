@@ -136,3 +136,20 @@ async fn the_library_refuses_a_timeout_out_of_range_with_the_same_error() {
     assert!(case.containers().await.is_empty());
     case.finish().await;
 }
+
+/// `--max-timeout` lowers the longest timeout a request may ask for: a default above it is a
+/// configuration error (exit 2) before any container exists.
+#[tokio::test]
+async fn max_timeout_bounds_the_timeout_a_request_may_ask_for() {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_kernelbox"))
+        .args(["exec", "--max-timeout", "1s", "--timeout", "2s", "pass"])
+        .output()
+        .await
+        .expect("run kernelbox");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("timeout 2.0 is not a number of seconds in (0, 1]"),
+        "{stderr}"
+    );
+}

@@ -122,7 +122,9 @@ async fn a_tenant_at_its_fair_share_keeps_its_kernels_against_another_tenants_de
     for (s, mut events) in ["b1", "b2"].into_iter().zip(busy) {
         let r = api.interrupt("tok-b", s).await;
         assert_eq!(r.status, StatusCode::OK, "{}", r.json());
-        assert_eq!(events.result().await["status"], "interrupted");
+        let result = events.result().await;
+        assert_eq!(result["status"], "interrupted", "{result}");
+        assert_eq!(result["error"], common::INTERRUPTED, "{result}");
     }
     let text = api.metrics().await;
     assert!(

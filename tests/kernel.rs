@@ -221,6 +221,9 @@ async fn fifty_megabytes_of_output_are_cut_and_the_kernel_stays_usable() {
 #[tokio::test]
 async fn the_sandbox_holds_from_inside() {
     let case = Case::new("sandbox").await;
+    // One line per claim, each asserted exactly (README "How it works": no network, no
+    // capabilities, `no-new-privileges`, a read-only root, a non-root uid, writable `/tmp` and
+    // working directory, nothing of the host's environment).
     let code = r#"
 import os, socket
 print('uid', os.getuid())
@@ -234,25 +237,39 @@ try:
     print('root writable')
 except OSError as e:
     print('root read-only', e.errno)
-status = open('/proc/self/status').read()
-print([l for l in status.splitlines() if l.startswith(('CapEff', 'NoNewPrivs'))])
-print(sorted(os.listdir('/sys/class/net')))
-open('/tmp/scratch', 'w').write('ok')
-open('/work/file', 'w').write('ok')
-print('writable dirs ok')
-print('DOCKER' in ''.join(os.environ), sorted(os.environ))
+status = dict(l.split(':\t', 1) for l in open('/proc/self/status').read().splitlines() if ':\t' in l)
+print('CapEff', status['CapEff'])
+print('NoNewPrivs', status['NoNewPrivs'])
+print('interfaces', sorted(os.listdir('/sys/class/net')))
+for d in ('/tmp', '/work'):
+    open(d + '/scratch', 'w').write('ok')
+    print(d, 'writable', open(d + '/scratch').read())
+print('docker variables', [k for k in os.environ if 'DOCKER' in k.upper()])
+print('environment', sorted(os.environ))
 "#;
     let r = case.run("s", code).await;
     assert_eq!(r.status, CellStatus::Success, "{r:?}");
-    let out = &r.output;
-    assert!(out.contains("uid 10000"), "{out}");
-    assert!(out.contains("net closed"), "{out}");
-    assert!(out.contains("root read-only 30"), "EROFS: {out}");
-    assert!(out.contains("'CapEff:\\t0000000000000000'"), "{out}");
-    assert!(out.contains("'NoNewPrivs:\\t1'"), "{out}");
-    assert!(out.contains("['lo']"), "{out}");
-    assert!(out.contains("writable dirs ok"), "{out}");
-    assert!(out.contains("False"), "no docker variables leak in: {out}");
+    let lines: Vec<&str> = r.output.lines().collect();
+    let expected = [
+        ("a non-root uid", "uid 10000"),
+        ("no network", "net closed OSError"),
+        ("a read-only root (EROFS)", "root read-only 30"),
+        ("no capabilities", "CapEff 0000000000000000"),
+        ("no-new-privileges", "NoNewPrivs 1"),
+        ("only the loopback interface", "interfaces ['lo']"),
+        ("a writable /tmp", "/tmp writable ok"),
+        ("a writable working directory", "/work writable ok"),
+        ("no docker variables leak in", "docker variables []"),
+        (
+            "nothing of the host's environment",
+            "environment ['HOME', 'HOSTNAME', 'LANG', 'PATH', 'PYTHONDONTWRITEBYTECODE', \
+'PYTHONUNBUFFERED']",
+        ),
+    ];
+    for (i, (claim, line)) in expected.iter().enumerate() {
+        assert_eq!(lines.get(i), Some(line), "{claim}: {}", r.output);
+    }
+    assert_eq!(lines.len(), expected.len(), "{}", r.output);
     case.finish().await;
 }
 

@@ -104,13 +104,29 @@ async fn two_delegated_children_are_isolated_from_each_other() {
 #[tokio::test]
 async fn live_children_keep_their_kernels_past_the_lru_cap() {
     let case = Case::with("pinned", |c| c.max_session_kernels = 2).await;
-    for i in 0..5 {
+    // Sessions fill the host's cap; live children are pinned past it, in a pool of their own
+    // as large as the cap.
+    for s in ["s0", "s1"] {
+        assert_eq!(case.run(s, "x = 1").await.status, CellStatus::Success);
+    }
+    for i in 0..2 {
         let r = case
             .exec(child("conv", &format!("child-{i}"), &format!("v = {i}")))
             .await;
         assert_eq!(r.status, CellStatus::Success, "{r:?}");
     }
-    for i in 0..5 {
+    let refused = case.kb.execute(child("conv", "child-2", "v = 2")).await;
+    assert!(
+        matches!(
+            refused,
+            Err(kernelbox::ExecuteError::AtCapacity {
+                cap: kernelbox::Cap::Children { max: 2 },
+                ..
+            })
+        ),
+        "{refused:?}"
+    );
+    for i in 0..2 {
         let r = case
             .exec(child("conv", &format!("child-{i}"), "print(v)"))
             .await;
@@ -118,7 +134,7 @@ async fn live_children_keep_their_kernels_past_the_lru_cap() {
         assert!(r.kernel.reused, "{r:?}");
         assert!(r.output.contains(&i.to_string()));
     }
-    assert_eq!(case.containers().await.len(), 5);
+    assert_eq!(case.containers().await.len(), 4);
     case.finish().await;
 }
 
@@ -373,7 +389,23 @@ async fn week_old_staging_volumes_go_and_fresh_ones_stay() {
             .await
             .expect("create volume");
     }
-    let removed = case.kb.sweep_stale_staging().await.expect("sweep");
+    // The sweep `kernelbox sweep` runs, restricted to this case's label so that it neither
+    // touches nor counts any other volume on the engine.
+    let max_age = kernelbox::Config::default().staging_max_age;
+    let mine = [format!("{CASE}={}", case.label)];
+    let would = kernelbox::sweep::sweep_stale_staging(case.engine.as_ref(), max_age, &mine, true)
+        .await
+        .expect("dry run");
+    assert_eq!(
+        would,
+        vec![names[0].0.clone()],
+        "a dry run reports the old one"
+    );
+    assert_eq!(case.volumes().await.len(), 3, "a dry run removes nothing");
+    let removed =
+        kernelbox::sweep::sweep_stale_staging(case.engine.as_ref(), max_age, &mine, false)
+            .await
+            .expect("sweep");
     assert_eq!(removed, vec![names[0].0.clone()]);
     let left: BTreeSet<String> = case.volumes().await.into_iter().map(|v| v.name).collect();
     assert_eq!(
@@ -595,6 +627,13 @@ async fn interrupt_counts_a_queued_cell_that_never_ran_as_not_interrupted() {
         .filter(|r| r.status == CellStatus::Interrupted)
         .count();
     assert_eq!(results[0].status, CellStatus::Interrupted, "{results:?}");
+    for r in results
+        .iter()
+        .filter(|r| r.status == CellStatus::Interrupted)
+    {
+        assert_eq!(r.error.as_deref(), Some(common::INTERRUPTED), "{r:?}");
+        assert_eq!(r.exit_code, -1, "{r:?}");
+    }
     assert_eq!(n, interrupted, "{results:?}");
     assert_eq!(case.kb.interrupt(None, "s").await, 0, "nothing runs now");
     case.finish().await;
@@ -620,6 +659,11 @@ async fn an_interrupt_racing_a_short_cell_reports_what_the_cell_did() {
         match r.status {
             CellStatus::Interrupted => {
                 assert_eq!(n, 1, "run {i}: the cell was interrupted: {r:?}");
+                assert_eq!(
+                    r.error.as_deref(),
+                    Some(common::INTERRUPTED),
+                    "run {i}: {r:?}"
+                );
                 counted[0] += 1;
             }
             _ => {

@@ -1,6 +1,7 @@
 //! No container outlives the kernelbox process that owns it: the binary is run as a child
 //! process and SIGKILLed mid-cell, idle, and mid-spawn; its containers and volumes must be
-//! gone within 10 seconds (asserted through the Docker API).
+//! gone within 10 seconds (asserted through the Docker API). And with no watchdog at all, the
+//! runner ends its own kernel when its stdin closes.
 
 #![allow(clippy::unwrap_used)]
 
@@ -64,22 +65,108 @@ async fn assert_gone_within_10s(engine: &std::sync::Arc<dyn kernelbox::Engine>, 
 async fn kernel_exits_when_its_backend_parent_dies_mid_cell() {
     let engine = common::engine().await;
     let label = common::unique("death-midcell");
+    // The repl streams a cell's output as it is written: once `running` arrives, the cell is
+    // executing (and sleeps for five minutes), so the kill lands mid-cell.
     let mut child = kernelbox(
         &label,
-        &[
-            "exec",
-            "--session",
-            "parent-death",
-            "--timeout",
-            "10m",
-            "import time\nprint('running', flush=True)\ntime.sleep(300)",
-        ],
+        &["repl", "--session", "parent-death", "--timeout", "10m"],
     );
-    wait_event(&engine, &label, "start").await;
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin
+        .write_all(b"import time\nprint('running', flush=True)\ntime.sleep(300)\n\n")
+        .await
+        .expect("write cell");
+    let mut out = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let line = tokio::time::timeout(Duration::from_secs(30), out.next_line()).await;
+    assert!(
+        matches!(line, Ok(Ok(Some(ref l))) if l == "running"),
+        "the cell did not start: {line:?}"
+    );
     assert_eq!(common::containers(&engine, &label).await.len(), 1);
     child.kill().await.expect("SIGKILL");
     child.wait().await.expect("reaped");
+    drop(stdin);
     assert_gone_within_10s(&engine, &label).await;
+}
+
+/// With no watchdog, the runner alone ends its kernel when the host's end of its stdin closes,
+/// even mid-cell (README "How it works": a watcher thread exits the process the moment stdin
+/// closes). The orchestrator runs in a runtime of its own; shutting that runtime down drops
+/// every task and so the attach connection, while this process, the instance named on the
+/// container, stays alive: no sweep of a dead instance, no watchdog and no `docker rm` is
+/// what ends the container. The engine's events show it exit with code 0, never killed.
+#[test]
+fn the_runner_exits_on_its_own_when_its_stdin_closes_with_no_watchdog() {
+    let label = common::unique("stdin-closed");
+    let since = kernelbox::clock::unix_now() as i64 - 1;
+    let orchestrator_runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let kernel = orchestrator_runtime.block_on(async {
+        let engine = common::engine().await;
+        let config = kernelbox::Config {
+            watchdog: None,
+            ..common::config(&label)
+        };
+        let kb = kernelbox::Orchestrator::start(config, engine)
+            .await
+            .expect("orchestrator starts");
+        let cell = common::start_cell(
+            &kb,
+            "s",
+            "import time\nprint('running', flush=True)\ntime.sleep(300)",
+        )
+        .await;
+        let kernel = kb.list_kernels(None)[0].id.clone();
+        // The cell stays in flight: dropping its handle detaches it, and dropping `kb` leaves
+        // the orchestrator's tasks running until the runtime shuts down.
+        drop(cell);
+        kernel
+    });
+    let check = tokio::runtime::Runtime::new().expect("runtime");
+    check.block_on(async {
+        let engine = common::engine().await;
+        let ids: Vec<String> = common::containers(&engine, &label)
+            .await
+            .into_iter()
+            .map(|c| c.id)
+            .collect();
+        assert!(
+            ids.len() == 1 && ids[0].starts_with(&kernel),
+            "the kernel runs before its connection closes: {ids:?}"
+        );
+    });
+    orchestrator_runtime.shutdown_timeout(Duration::from_secs(5));
+    check.block_on(async {
+        let engine = common::engine().await;
+        let mut events = engine.events(&[format!("{CASE}={label}")], Some(since));
+        let seen = tokio::time::timeout(Duration::from_secs(30), async {
+            let mut seen = Vec::new();
+            while let Some(Ok(event)) = events.next().await {
+                seen.push((event.action.clone(), event.exit_code));
+                if event.action == "destroy" {
+                    break;
+                }
+            }
+            seen
+        })
+        .await
+        .expect("the container exits within 30 s of its stdin closing");
+        assert!(
+            seen.contains(&("die".to_string(), Some(0))),
+            "the runner exited with 0: {seen:?}"
+        );
+        assert!(
+            !seen.iter().any(|(action, _)| action == "kill"),
+            "nothing killed it: {seen:?}"
+        );
+        assert!(common::containers(&engine, &label).await.is_empty());
+        // The staging volume stays (removing it is the watchdog's job); this test removes it.
+        for v in common::volumes(&engine, &label).await {
+            kernelbox::docker::remove_volume_when_free(engine.as_ref(), &v.name)
+                .await
+                .expect("remove the staging volume");
+        }
+        common::assert_clean(&engine, &label).await;
+    });
 }
 
 #[tokio::test]

@@ -322,3 +322,30 @@ async fn abuse_between_cells_kills_the_kernel_and_the_next_call_reports_it() {
     }
     case.finish().await;
 }
+
+#[tokio::test]
+async fn a_forged_end_of_cell_frame_of_megabytes_is_unreadable_and_not_held() {
+    let case = Case::new("abuse-done-line").await;
+    // The cell writes its own end marker, then a `done` frame with a 4 MiB traceback; the
+    // runner never writes a `done` line over 4000 bytes.
+    let code = "import os, sys\n\
+f = sys._getframe(1).f_locals\n\
+line = f['marker'] + b'{\"op\":\"done\",\"cell\":%d,\"status\":\"error\",\"traceback\":\"' % f['cell'] \
++ b'T' * (4 << 20) + b'\",\"execution_count\":1}\\n'\n\
+while line:\n    line = line[os.write(1, line):]\n";
+    let r = case.run("s", code).await;
+    assert_eq!(r.status, CellStatus::Error, "{r:?}");
+    let error = r.error.clone().unwrap_or_default();
+    assert!(
+        error == "kernelbox: the kernel's end-of-cell frame was unreadable; the cell's outcome is unknown",
+        "{} bytes of error: {:?}...",
+        error.len(),
+        &error[..error.len().min(100)]
+    );
+    let size = serde_json::to_vec(&r).unwrap().len();
+    assert!(size < 64 * 1024, "the result is {size} bytes");
+    let next = case.run("s", "print('still here')").await;
+    assert_eq!(next.status, CellStatus::Success, "{next:?}");
+    assert!(next.kernel.reused, "{next:?}");
+    case.finish().await;
+}

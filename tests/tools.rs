@@ -295,3 +295,26 @@ print(results.count('done'), results.count('refused'))";
     assert_eq!(r.tool_calls_made, 16, "refusals do not count");
     case.finish().await;
 }
+
+#[tokio::test]
+async fn a_tool_result_over_one_mebibyte_reaches_the_cell_as_a_clear_error() {
+    let case = Case::new("rpc-result-bound").await;
+    let dispatcher: Arc<dyn ToolDispatcher> = Arc::new(FnDispatcher(|call: ToolCall| {
+        let n = call.args["n"].as_u64().unwrap_or(0) as usize;
+        Ok(json!("r".repeat(n)))
+    }));
+    let code = "import kernel_tools\n\
+print(len(kernel_tools.web_search(n=1000000)))\n\
+try:\n    kernel_tools.web_search(n=2 << 20)\n    print('passed')\n\
+except kernel_tools.ToolError as e:\n    print('refused:', e)";
+    let r = case.exec(with_tools(code, &dispatcher, "turn-1")).await;
+    assert_eq!(r.status, CellStatus::Success, "{r:?}");
+    assert!(r.output.starts_with("1000000\n"), "{r:?}");
+    assert!(
+        r.output
+            .contains("refused: the tool's result is too large (2097154 bytes; at most 1048576)"),
+        "{r:?}"
+    );
+    assert_eq!(r.tool_calls_made, 2);
+    case.finish().await;
+}

@@ -94,6 +94,9 @@ pub struct KernelOpts {
     /// Cell timeout (e.g. 30s, 5m).
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     timeout: Duration,
+    /// Longest timeout a request may ask for (e.g. 10m); default the larger of --timeout and 1h.
+    #[arg(long, env = "KERNELBOX_MAX_TIMEOUT", value_parser = parse_duration)]
+    max_timeout: Option<Duration>,
     /// Memory limit per kernel (e.g. 512m, 1g).
     #[arg(long, default_value = "512m", value_parser = parse_bytes)]
     memory: i64,
@@ -123,7 +126,9 @@ impl KernelOpts {
         let mut config = Config {
             image: self.image.clone(),
             cell_timeout: self.timeout,
-            max_cell_timeout: self.timeout.max(Duration::from_secs(3600)),
+            max_cell_timeout: self
+                .max_timeout
+                .unwrap_or_else(|| self.timeout.max(Duration::from_secs(3600))),
             extra_labels: self.labels.iter().cloned().collect::<BTreeMap<_, _>>(),
             watchdog: std::env::current_exe().ok(),
             ..Config::default()

@@ -15,6 +15,7 @@
 //! | `staging.rs` | files written into the kernel's staging volume (output spills) |
 //! | `stdin.rs` | the kernel's stdin: frames written inline when the pipe takes them, else by a task |
 //! | `protocol.rs` | the runner protocol v2: frames, line splitting, end markers (`docs/architecture.md`) |
+//! | `protocol_tests.rs` | unit tests of `protocol.rs` |
 
 mod reader;
 mod run;
@@ -51,8 +52,8 @@ pub const STAGING_DIR_PROJECT: &str = "/kernelbox";
 /// Bytes of events (cell output chunks, protocol frames as their line length) the reader task
 /// has handed to the running cell and the cell has not consumed yet. When it is reached the
 /// reader stops reading the container's streams until the cell catches up, so a flooding cell
-/// is slowed down by its own pipes rather than buffered on the host. A parsed frame can take a
-/// few times its line length in memory.
+/// is slowed down by its own pipes rather than buffered on the host. A parsed frame takes
+/// about its line length in memory: a tool call's arguments stay raw JSON text.
 pub const MAX_READER_BACKLOG: usize = 8 * 1024 * 1024;
 
 /// Tool calls of one cell dispatched and not answered yet; a call past this is refused at once
@@ -61,38 +62,46 @@ pub const MAX_TOOL_CALLS_IN_FLIGHT: usize = 16;
 
 /// Bytes of arguments (measured as their frames' line length) of one cell's tool calls in
 /// flight; a call that would pass this is refused at once, like one past
-/// [`MAX_TOOL_CALLS_IN_FLIGHT`].
-pub const MAX_TOOL_ARGS_IN_FLIGHT: usize = 8 * 1024 * 1024;
+/// [`MAX_TOOL_CALLS_IN_FLIGHT`]. One protocol line ([`MAX_FRAME_LINE`]) always fits.
+pub const MAX_TOOL_ARGS_IN_FLIGHT: usize = MAX_FRAME_LINE;
 
-/// Longest tool-result frame sent to a kernel, in bytes; a larger result reaches the cell as a
-/// `ToolError` saying so.
-pub const MAX_TOOL_RESULT_FRAME: usize = 8 * 1024 * 1024;
+/// Longest tool result passed to a kernel, in bytes of JSON; a larger result reaches the cell
+/// as a `ToolError` saying so. The server's tool endpoint responses are bounded the same.
+pub const MAX_TOOL_RESULT_BYTES: usize = 1024 * 1024;
+
+/// Longest tool-result frame sent to a kernel, in bytes: a result of
+/// [`MAX_TOOL_RESULT_BYTES`] and the frame around it.
+pub const MAX_TOOL_RESULT_FRAME: usize = MAX_TOOL_RESULT_BYTES + 1024;
 
 /// The most host memory one kernel can make kernelbox hold, in bytes, whatever its code does
 /// (the bounds above and in [`protocol`], [`stdin`] and [`crate::cell`]):
 ///
-/// - frames in: one unfinished protocol line, [`MAX_FRAME_LINE`] (4 MiB), plus the reader's
-///   backlog of events for the cell, [`MAX_READER_BACKLOG`] (8 MiB; parsed frames in it can
-///   take a few times their size);
+/// - frames in: one unfinished protocol line, [`MAX_FRAME_LINE`] (1 MiB), plus the reader's
+///   backlog of events for the cell, [`MAX_READER_BACKLOG`] (8 MiB; frames are held as their
+///   text, a tool call's arguments unparsed);
 /// - answers out: the stdin queue, [`MAX_STDIN_BACKLOG`] (16 MiB) plus the frame that reaches
-///   it (at most [`MAX_TOOL_RESULT_FRAME`], 8 MiB, or the cell's own code);
-/// - tool traffic: arguments in flight, [`MAX_TOOL_ARGS_IN_FLIGHT`] (8 MiB), and up to
+///   it (at most [`MAX_TOOL_RESULT_FRAME`], 1 MiB, or the cell's own code);
+/// - tool traffic: arguments in flight, [`MAX_TOOL_ARGS_IN_FLIGHT`] (1 MiB, held raw; the
+///   server copies them once more into its request body), and up to
 ///   [`MAX_TOOL_CALLS_IN_FLIGHT`] (16) results being read, each bounded by the dispatcher (the
-///   server's reads at most 4 MiB per response);
+///   server's reads at most [`MAX_TOOL_RESULT_BYTES`], 1 MiB, per response and passes it
+///   through without parsing it into a tree);
 /// - output: the cell's result buffer, `output_inline_bytes` plus `output_spill_bytes`
 ///   (5 MB by default), and for a streaming request at most 1 MiB of undelivered events.
 ///
-/// With the defaults that is about 50 MiB (this constant) plus the tool responses being read
-/// (with the server's dispatcher at most 16 x 4 MiB more, and only while the cell's tools
+/// With the defaults that is about 34 MiB (this constant) plus the tool responses being read
+/// (with the server's dispatcher at most 16 x 1 MiB more, and only while the cell's tools
 /// answer); a kernel that goes past a bound on frames in or answers out is killed
-/// (`state_lost.reason = "protocol"`).
+/// (`state_lost.reason = "protocol"`). A library dispatcher that implements only
+/// [`ToolDispatcher::dispatch`](crate::ToolDispatcher::dispatch) gets the arguments parsed
+/// into a `serde_json::Value`, which can take up to about 16 times their text.
 // Nothing reads it: it states the bound the constants above add up to, for readers and docs.
 #[allow(dead_code)]
 pub const MAX_HOST_BYTES_PER_KERNEL: usize = MAX_FRAME_LINE
     + MAX_READER_BACKLOG
     + MAX_STDIN_BACKLOG
     + MAX_TOOL_RESULT_FRAME
-    + MAX_TOOL_ARGS_IN_FLIGHT
+    + 2 * MAX_TOOL_ARGS_IN_FLIGHT
     + 5_050_000
     + 1024 * 1024;
 
@@ -181,10 +190,13 @@ pub struct CellRun {
     pub outcome: CellOutcome,
     /// What it wrote.
     pub output: OutputBuffer,
-    /// Cells executed by the kernel, this one included.
+    /// Cells executed by the kernel, this one included; 0 when the cell never ran.
     pub execution_count: u64,
-    /// The cell number.
+    /// The cell number (0 when it never ran).
     pub cell: u64,
+    /// Whether the cell reached the kernel. A cell interrupted while it waited for earlier
+    /// cells, or that found its kernel dead, never ran: the kernel is untouched by it.
+    pub ran: bool,
 }
 
 /// Receives output live while a cell runs (for streaming).

@@ -7,7 +7,7 @@
 //! one write, one trip through the engine. See `runner/kernel_runner.py` for the other side.
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::value::RawValue;
 
 /// The protocol version this host speaks; the runner announces its own in `ready`.
 pub const PROTOCOL_VERSION: u64 = 2;
@@ -37,9 +37,15 @@ pub fn runner_env() -> String {
 }
 
 /// Longest protocol line (one runner -> host frame) accepted from a kernel, in bytes. Real
-/// frames are small but for a tool call's arguments, which stay well under this; a longer line
-/// is a protocol violation and kills the kernel (see [`Breach`]).
-pub const MAX_FRAME_LINE: usize = 4 * 1024 * 1024;
+/// frames are small but for a tool call's arguments, which a cell may have in flight up to
+/// this many bytes at once (see `kernel::MAX_TOOL_ARGS_IN_FLIGHT`); a longer line is a
+/// protocol violation and kills the kernel (see [`Breach`]).
+pub const MAX_FRAME_LINE: usize = 1024 * 1024;
+
+/// Longest `done` line (after a cell's end marker) read from a kernel, in bytes. The runner
+/// never writes one over 4000 bytes (it shortens the traceback to fit); a longer one is
+/// forged, and the cell's outcome is reported as unreadable rather than held.
+pub const MAX_DONE_LINE: usize = 8 * 1024;
 
 /// Lines on the protocol channel that are not frames, in bytes, a kernel may write over its
 /// whole life (an interpreter warning before the runner starts is one); past this it is killed.
@@ -95,9 +101,9 @@ pub enum HostFrame<'a> {
         call: u64,
         /// Whether the call succeeded.
         ok: bool,
-        /// The tool's JSON result, when ok.
+        /// The tool's JSON result, when ok, passed through as it came.
         #[serde(skip_serializing_if = "Option::is_none")]
-        result: Option<Value>,
+        result: Option<&'a RawValue>,
         /// Why it failed or was refused, when not ok.
         #[serde(skip_serializing_if = "Option::is_none")]
         error: Option<String>,
@@ -107,7 +113,8 @@ pub enum HostFrame<'a> {
 impl HostFrame<'_> {
     /// The frame as one line.
     pub fn to_line(&self) -> Vec<u8> {
-        // Serialising these types cannot fail: every field is a string, number, bool or Value.
+        // Serialising these types cannot fail: every field is a string, number, bool or
+        // already valid JSON.
         let mut line = serde_json::to_vec(self).unwrap_or_default();
         line.push(b'\n');
         line
@@ -127,8 +134,12 @@ pub enum DoneStatus {
 }
 
 /// A frame the runner sends to the host.
+///
+/// Parsed through a flat struct ([`WireFrame`]) rather than as an internally tagged enum:
+/// serde buffers such an enum's whole input as a tree first, and a tool call's arguments stay
+/// raw JSON text (no tree at all) until a dispatcher needs them.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(tag = "op", rename_all = "snake_case")]
+#[serde(try_from = "WireFrame")]
 pub enum KernelFrame {
     /// The runner is up.
     Ready {
@@ -158,12 +169,64 @@ pub enum KernelFrame {
         call: u64,
         /// Tool name.
         tool: String,
-        /// Keyword arguments.
-        #[serde(default)]
-        args: Value,
+        /// Keyword arguments, as the kernel wrote them (valid JSON; absent when not sent).
+        args: Option<Box<RawValue>>,
     },
     /// Answer to a ping.
     Pong,
+}
+
+/// The operation a frame names.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Op {
+    Ready,
+    Done,
+    ToolCall,
+    Pong,
+}
+
+/// Every field any [`KernelFrame`] has, as it travels; unknown fields are skipped unread.
+#[derive(Deserialize)]
+struct WireFrame {
+    op: Op,
+    v: Option<u64>,
+    #[serde(default)]
+    python: String,
+    cell: Option<u64>,
+    status: Option<DoneStatus>,
+    #[serde(default)]
+    traceback: Option<String>,
+    execution_count: Option<u64>,
+    call: Option<u64>,
+    tool: Option<String>,
+    args: Option<Box<RawValue>>,
+}
+
+impl TryFrom<WireFrame> for KernelFrame {
+    type Error = &'static str;
+
+    fn try_from(w: WireFrame) -> Result<KernelFrame, &'static str> {
+        Ok(match w.op {
+            Op::Ready => KernelFrame::Ready {
+                v: w.v.ok_or("ready without v")?,
+                python: w.python,
+            },
+            Op::Done => KernelFrame::Done {
+                cell: w.cell.ok_or("done without cell")?,
+                status: w.status.ok_or("done without status")?,
+                traceback: w.traceback,
+                execution_count: w.execution_count.ok_or("done without execution_count")?,
+            },
+            Op::ToolCall => KernelFrame::ToolCall {
+                cell: w.cell,
+                call: w.call.ok_or("tool_call without call")?,
+                tool: w.tool.ok_or("tool_call without tool")?,
+                args: w.args,
+            },
+            Op::Pong => KernelFrame::Pong,
+        })
+    }
 }
 
 /// A protocol line was longer than [`MAX_FRAME_LINE`].
@@ -253,13 +316,18 @@ impl MarkerScanner {
             return;
         }
         match bytes.iter().position(|&b| b == b'\n') {
+            Some(pos) if self.done.len() + pos > MAX_DONE_LINE => {
+                // Not a frame the runner would write: give up on it, the cell still ended.
+                self.done = Vec::new();
+                self.done_complete = true;
+            }
             Some(pos) => {
                 self.done.extend_from_slice(&bytes[..pos]);
                 self.done_complete = true;
             }
-            None if self.done.len() + bytes.len() > MAX_FRAME_LINE => {
+            None if self.done.len() + bytes.len() > MAX_DONE_LINE => {
                 // Not a frame the runner would write: give up on it, the cell still ended.
-                self.done.clear();
+                self.done = Vec::new();
                 self.done_complete = true;
             }
             None => self.done.extend_from_slice(bytes),
@@ -318,112 +386,5 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn lines_survive_any_chunking() {
-        let text = b"{\"a\":1}\n{\"b\":2}\n{\"c\":3}\n";
-        for size in 1..text.len() {
-            let mut split = LineSplitter::default();
-            let mut lines = Vec::new();
-            for chunk in text.chunks(size) {
-                split.feed(chunk, |l| lines.push(l.to_vec())).unwrap();
-            }
-            assert_eq!(lines.len(), 3, "chunk size {size}");
-            assert_eq!(lines[2], b"{\"c\":3}");
-        }
-    }
-
-    #[test]
-    fn over_long_lines_are_an_error_and_not_buffered() {
-        // In one chunk, with or without its newline, and across chunks.
-        let big = vec![b'x'; MAX_FRAME_LINE + 10];
-        let mut split = LineSplitter::default();
-        assert_eq!(split.feed(&big, |_| panic!("no line")), Err(LineTooLong));
-        assert!(split.buf.capacity() == 0);
-        let mut with_newline = big.clone();
-        with_newline.push(b'\n');
-        let mut split = LineSplitter::default();
-        assert_eq!(
-            split.feed(&with_newline, |_| panic!("no line")),
-            Err(LineTooLong)
-        );
-        let mut split = LineSplitter::default();
-        let mut result = Ok(());
-        for chunk in big.chunks(64 * 1024) {
-            result = split.feed(chunk, |_| panic!("no line"));
-            if result.is_err() {
-                break;
-            }
-            assert!(split.buf.len() <= MAX_FRAME_LINE);
-        }
-        assert_eq!(result, Err(LineTooLong));
-        // A line of exactly the limit is fine.
-        let mut split = LineSplitter::default();
-        let mut lines = Vec::new();
-        let mut exact = vec![b'y'; MAX_FRAME_LINE];
-        exact.extend_from_slice(b"\nok\n");
-        for chunk in exact.chunks(1000) {
-            split.feed(chunk, |l| lines.push(l.len())).unwrap();
-        }
-        assert_eq!(lines, vec![MAX_FRAME_LINE, 2]);
-    }
-
-    #[tokio::test]
-    async fn a_breach_keeps_the_first_violation_and_wakes_waiters() {
-        let breach = Breach::default();
-        assert_eq!(breach.what(), None);
-        let waiter = tokio::spawn({
-            let breach = breach.clone();
-            async move { breach.tripped().await }
-        });
-        breach.trip("first");
-        breach.trip("second");
-        waiter.await.unwrap();
-        assert_eq!(breach.what(), Some("first"));
-    }
-
-    #[test]
-    fn marker_is_found_across_chunks_and_output_is_exact() {
-        let marker = "\u{0}kbx-end:1:abcdef\u{0}";
-        let stream = format!("hello\nwor\u{0}ld{marker}{{\"op\":\"done\"}}\nafter");
-        for size in 1..stream.len() {
-            let mut scan = MarkerScanner::new(marker);
-            let mut out = Vec::new();
-            for chunk in stream.as_bytes().chunks(size) {
-                scan.feed(chunk, |b| out.extend_from_slice(b));
-            }
-            assert!(scan.found(), "chunk size {size}");
-            assert_eq!(out, b"hello\nwor\0ld", "chunk size {size}");
-            assert_eq!(
-                scan.done_line(),
-                Some(&b"{\"op\":\"done\"}"[..]),
-                "chunk size {size}"
-            );
-        }
-    }
-
-    #[test]
-    fn frames_parse() {
-        let f: KernelFrame = serde_json::from_str(
-            r#"{"op":"done","cell":3,"status":"error","traceback":"T","execution_count":3,"exit_code":1}"#,
-        )
-        .unwrap();
-        assert!(matches!(
-            f,
-            KernelFrame::Done {
-                cell: 3,
-                status: DoneStatus::Error,
-                ..
-            }
-        ));
-        let line = HostFrame::Exec {
-            cell: 1,
-            code: "x=1",
-            marker: "m",
-        }
-        .to_line();
-        assert_eq!(line.last(), Some(&b'\n'));
-    }
-}
+#[path = "protocol_tests.rs"]
+mod tests;

@@ -19,7 +19,7 @@ use crate::docker::{short_id, Chunk, Engine, EngineError};
 use crate::monitor::EventMonitor;
 
 /// The breach reported for a protocol line over [`MAX_FRAME_LINE`].
-const LINE_BREACH: &str = "a protocol line longer than 4 MiB";
+const LINE_BREACH: &str = "a protocol line longer than 1 MiB";
 /// The breach reported for more than [`MAX_GARBAGE_BYTES`] of lines that are not frames.
 const GARBAGE_BREACH: &str = "more than 1 MiB of protocol lines that are not frames";
 
@@ -193,7 +193,7 @@ pub(super) async fn reader_task(mut task: ReaderTask) {
                 .await;
         if task.shared.death().is_some() {
             Death::Disposed
-        } else if fate.oom {
+        } else if fate.died_of_oom() {
             Death::Oom
         } else if engine_gone {
             Death::EngineRestarted

@@ -10,22 +10,23 @@ use std::time::Duration;
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
 use rand::Rng;
-use serde_json::Value;
+use serde_json::value::RawValue;
 use tokio_util::sync::CancellationToken;
 
 use super::protocol::{DoneStatus, HostFrame, KernelFrame, MarkerScanner};
 use super::stdin::Stdin;
 use super::{
     CellIo, CellOutcome, CellRun, Death, IoEvent, Kernel, KernelState, OutputSink,
-    MAX_TOOL_ARGS_IN_FLIGHT, MAX_TOOL_CALLS_IN_FLIGHT, MAX_TOOL_RESULT_FRAME,
+    MAX_TOOL_ARGS_IN_FLIGHT, MAX_TOOL_CALLS_IN_FLIGHT, MAX_TOOL_RESULT_BYTES,
+    MAX_TOOL_RESULT_FRAME,
 };
-use crate::authority::{CellAuthority, ToolCall, RETIRED_MESSAGE};
+use crate::authority::{CellAuthority, RawToolCall, RETIRED_MESSAGE};
 use crate::cell::OutputBuffer;
 
 /// A tool call that the current cell's authority must answer: the call, the bytes of its
 /// arguments, and the answer.
 type ToolWork =
-    Pin<Box<dyn std::future::Future<Output = (u64, usize, Result<Value, String>)> + Send>>;
+    Pin<Box<dyn std::future::Future<Output = (u64, usize, Result<Box<RawValue>, String>)> + Send>>;
 
 /// How the cell loop ended, in the protocol's terms; [`CellOutcome`] is what leaves the kernel.
 enum End {
@@ -40,7 +41,9 @@ enum End {
 
 impl Kernel {
     /// Runs one cell under `authority`, waiting behind earlier cells (FIFO). The caller
-    /// disposes of the kernel after a timeout or interrupt.
+    /// disposes of the kernel after a timeout or an interrupt of a cell that ran. A cell
+    /// cancelled before its turn ends `Interrupted` at once without running (whatever became
+    /// of the kernel meanwhile) and does not count as executed.
     pub async fn run_cell(
         &self,
         code: &str,
@@ -50,21 +53,37 @@ impl Kernel {
         sink: Option<OutputSink>,
         output_caps: (usize, usize),
     ) -> CellRun {
-        let mut io = self.io.lock().await;
         let deadline = tokio::time::Instant::now() + timeout;
         let mut output = OutputBuffer::new(output_caps.0, output_caps.1);
+        let never_ran = |outcome, output| CellRun {
+            outcome,
+            output,
+            execution_count: 0,
+            cell: 0,
+            ran: false,
+        };
+        // An interrupt while waiting for the earlier cells ends this one at once.
+        let mut io = tokio::select! {
+            biased;
+            _ = cancel.cancelled() => return never_ran(CellOutcome::Interrupted, output),
+            io = self.io.lock() => io,
+        };
+        if cancel.is_cancelled() {
+            return never_ran(CellOutcome::Interrupted, output);
+        }
+        // Whatever arrived between cells (late output of old threads) is not this cell's.
+        self.drain_stale(&mut io).await;
+        if let Some(death) = self.death() {
+            return never_ran(CellOutcome::Died(death), output);
+        }
         let cell = self.next_cell.fetch_add(1, Ordering::AcqRel) + 1;
         let finish = |outcome, output, count| CellRun {
             outcome,
             output,
             execution_count: count,
             cell,
+            ran: true,
         };
-        // Whatever arrived between cells (late output of old threads) is not this cell's.
-        self.drain_stale(&mut io).await;
-        if let Some(death) = self.death() {
-            return finish(CellOutcome::Died(death), output, self.execution_count());
-        }
         let nonce: u64 = rand::rng().random();
         let marker = format!("\u{1}kernelbox-end:{cell}:{nonce:016x}\u{1}");
         *self.authority.lock().unwrap_or_else(|p| p.into_inner()) = Some(authority.clone());
@@ -82,66 +101,62 @@ impl Kernel {
         let mut tools: FuturesUnordered<ToolWork> = FuturesUnordered::new();
         let mut pending_calls: Vec<u64> = Vec::new();
         let mut args_in_flight = 0usize;
-        let end = if cancel.is_cancelled() {
-            End::Interrupted
-        } else {
-            loop {
-                // Checked first, every turn: a cell that floods output still times out.
-                if tokio::time::Instant::now() >= deadline {
-                    break End::TimedOut;
+        let end = loop {
+            // Checked first, every turn: a cell that floods output still times out.
+            if tokio::time::Instant::now() >= deadline {
+                break End::TimedOut;
+            }
+            tokio::select! {
+                biased;
+                _ = cancel.cancelled() => break End::Interrupted,
+                _ = tokio::time::sleep_until(deadline) => break End::TimedOut,
+                // Before the output: a cell that floods output still gets its tool results
+                // (and a dispatcher running a child kernel's cell keeps being driven).
+                Some((call, size, result)) = tools.next(), if !tools.is_empty() => {
+                    pending_calls.retain(|c| *c != call);
+                    args_in_flight -= size;
+                    self.writer.send(tool_result_line(call, result));
                 }
-                tokio::select! {
-                    biased;
-                    _ = cancel.cancelled() => break End::Interrupted,
-                    _ = tokio::time::sleep_until(deadline) => break End::TimedOut,
-                    // Before the output: a cell that floods output still gets its tool results
-                    // (and a dispatcher running a child kernel's cell keeps being driven).
-                    Some((call, size, result)) = tools.next(), if !tools.is_empty() => {
-                        pending_calls.retain(|c| *c != call);
-                        args_in_flight -= size;
-                        self.writer.send(tool_result_line(call, result));
+                event = io.rx.recv() => match event {
+                    Some(IoEvent::Output(bytes, _backlog)) => {
+                        scanner.feed(&bytes, |b| {
+                            output.push(b);
+                            if let Some(sink) = &sink {
+                                // A caller's sink that panics loses its stream, not the cell.
+                                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sink(b)));
+                            }
+                        });
+                        if let (None, Some(line)) = (&done, scanner.done_line()) {
+                            done = Some(parse_done(line, cell));
+                        }
                     }
-                    event = io.rx.recv() => match event {
-                        Some(IoEvent::Output(bytes, _backlog)) => {
-                            scanner.feed(&bytes, |b| {
-                                output.push(b);
-                                if let Some(sink) = &sink {
-                                    // A caller's sink that panics loses its stream, not the cell.
-                                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sink(b)));
-                                }
-                            });
-                            if let (None, Some(line)) = (&done, scanner.done_line()) {
-                                done = Some(parse_done(line, cell));
-                            }
+                    Some(IoEvent::Frame(KernelFrame::ToolCall { cell: c, call, tool, args }, backlog)) => {
+                        let size = backlog.num_permits();
+                        drop(backlog);
+                        if c != Some(cell) {
+                            refuse(&self.writer, call, RETIRED_MESSAGE);
+                        } else if tools.len() >= MAX_TOOL_CALLS_IN_FLIGHT
+                            || args_in_flight + size > MAX_TOOL_ARGS_IN_FLIGHT
+                        {
+                            refuse(&self.writer, call, IN_FLIGHT_MESSAGE);
+                        } else {
+                            pending_calls.push(call);
+                            args_in_flight += size;
+                            tools.push(self.dispatch(authority.clone(), cell, call, size, tool, args));
                         }
-                        Some(IoEvent::Frame(KernelFrame::ToolCall { cell: c, call, tool, args }, backlog)) => {
-                            let size = backlog.num_permits();
-                            drop(backlog);
-                            if c != Some(cell) {
-                                refuse(&self.writer, call, RETIRED_MESSAGE);
-                            } else if tools.len() >= MAX_TOOL_CALLS_IN_FLIGHT
-                                || args_in_flight + size > MAX_TOOL_ARGS_IN_FLIGHT
-                            {
-                                refuse(&self.writer, call, IN_FLIGHT_MESSAGE);
-                            } else {
-                                pending_calls.push(call);
-                                args_in_flight += size;
-                                tools.push(self.dispatch(authority.clone(), cell, call, size, tool, args));
-                            }
-                        }
-                        Some(IoEvent::Frame(..)) => {}
-                        Some(IoEvent::Closed) | None => {
-                            // The reader records the death before it closes the channel.
-                            break End::Died(self.death().unwrap_or(Death::Crashed(-1)));
-                        }
-                    },
-                }
-                if let (Some((status, _, _)), true) = (&done, scanner.found()) {
-                    let status = *status;
-                    let (_, traceback, count) = done.take().unwrap_or((status, None, 0));
-                    self.execution_count.store(count, Ordering::Release);
-                    break End::Done { status, traceback };
-                }
+                    }
+                    Some(IoEvent::Frame(..)) => {}
+                    Some(IoEvent::Closed) | None => {
+                        // The reader records the death before it closes the channel.
+                        break End::Died(self.death().unwrap_or(Death::Crashed(-1)));
+                    }
+                },
+            }
+            if let (Some((status, _, _)), true) = (&done, scanner.found()) {
+                let status = *status;
+                let (_, traceback, count) = done.take().unwrap_or((status, None, 0));
+                self.execution_count.store(count, Ordering::Release);
+                break End::Done { status, traceback };
             }
         };
         // Settle: the authority is retired before anything else can run, and threads of the
@@ -214,16 +229,27 @@ impl Kernel {
         call: u64,
         size: usize,
         tool: String,
-        args: Value,
+        args: Option<Box<RawValue>>,
     ) -> ToolWork {
         let owner = &self.key.owner;
-        let request = ToolCall {
+        // Keyword arguments are an object; anything else is taken as none. The text is valid
+        // JSON already (the frame parsed), so its first byte tells.
+        let args = match args.filter(|raw| raw.get().starts_with('{')) {
+            Some(args) => Ok(args),
+            None => RawValue::from_string("{}".to_string()),
+        };
+        let args = match args {
+            Ok(args) => args,
+            Err(e) => {
+                let failed = Err(format!(
+                    "kernelbox could not build the call's arguments: {e}"
+                ));
+                return Box::pin(async move { (call, size, failed) });
+            }
+        };
+        let request = RawToolCall {
             tool,
-            args: if args.is_object() {
-                args
-            } else {
-                Value::Object(Default::default())
-            },
+            args,
             task_id: authority.task_id().map(str::to_string),
             tenant: owner.tenant.clone(),
             session: owner.session.clone(),
@@ -232,7 +258,7 @@ impl Kernel {
         };
         Box::pin(async move {
             // A dispatcher that panics fails this call, not the orchestrator.
-            let result = std::panic::AssertUnwindSafe(authority.dispatch(request))
+            let result = std::panic::AssertUnwindSafe(authority.dispatch_raw(request))
                 .catch_unwind()
                 .await
                 .unwrap_or_else(|_| Err("the tool dispatcher failed (panicked)".to_string()));
@@ -259,11 +285,17 @@ fn parse_done(line: &[u8], cell: u64) -> (DoneStatus, Option<String>, u64) {
 }
 
 /// The refusal for a tool call past [`MAX_TOOL_CALLS_IN_FLIGHT`] or [`MAX_TOOL_ARGS_IN_FLIGHT`].
-const IN_FLIGHT_MESSAGE: &str = "Too many tool calls in flight: a cell may wait on at most 16 calls (8 MiB of arguments) at once; retry when one has returned.";
+const IN_FLIGHT_MESSAGE: &str = "Too many tool calls in flight: a cell may wait on at most 16 calls (1 MiB of arguments) at once; retry when one has returned.";
 
-/// A tool's answer as a frame; a result over [`MAX_TOOL_RESULT_FRAME`] becomes an error.
-fn tool_result_line(call: u64, result: Result<Value, String>) -> Vec<u8> {
-    let frame = match result {
+/// A tool's answer as a frame; a result over [`MAX_TOOL_RESULT_BYTES`] (or a frame over
+/// [`MAX_TOOL_RESULT_FRAME`]) becomes an error.
+fn tool_result_line(call: u64, result: Result<Box<RawValue>, String>) -> Vec<u8> {
+    if let Ok(value) = &result {
+        if value.get().len() > MAX_TOOL_RESULT_BYTES {
+            return too_large(call, value.get().len());
+        }
+    }
+    let frame = match &result {
         Ok(value) => HostFrame::ToolResult {
             call,
             ok: true,
@@ -274,20 +306,23 @@ fn tool_result_line(call: u64, result: Result<Value, String>) -> Vec<u8> {
             call,
             ok: false,
             result: None,
-            error: Some(message),
+            error: Some(message.clone()),
         },
     };
     let line = frame.to_line();
     if line.len() <= MAX_TOOL_RESULT_FRAME {
         return line;
     }
+    too_large(call, line.len())
+}
+
+fn too_large(call: u64, bytes: usize) -> Vec<u8> {
     HostFrame::ToolResult {
         call,
         ok: false,
         result: None,
         error: Some(format!(
-            "the tool's result is too large ({} bytes; at most {MAX_TOOL_RESULT_FRAME})",
-            line.len()
+            "the tool's result is too large ({bytes} bytes; at most {MAX_TOOL_RESULT_BYTES})"
         )),
     }
     .to_line()

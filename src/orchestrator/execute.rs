@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use super::{AdmissionNotice, ExecuteError, ExecuteRequest, Orchestrator, Run};
+use super::{AdmissionNotice, ExecuteError, ExecuteRequest, Orchestrator, Run, CLEARED_MESSAGE};
 use crate::adopt::run_adopted;
 use crate::authority::CellAuthority;
 use crate::catalog::Change;
@@ -16,7 +16,7 @@ use crate::cell::{
 };
 use crate::kernel::{CellOutcome, Death, Kernel, SpawnRequest};
 use crate::owner::{KernelKey, Owner};
-use crate::registry::{Slot, TenantLimits};
+use crate::registry::{Refusal, Slot, TenantLimits};
 
 impl Orchestrator {
     /// Runs one cell and returns its result. The cell keeps running to its end even if the
@@ -125,6 +125,12 @@ impl Orchestrator {
                 Some(timeout_message(timeout)),
                 Some(LossReason::Timeout),
             ),
+            CellOutcome::Interrupted if !run.ran => (
+                CellStatus::Interrupted,
+                -1,
+                Some(INTERRUPTED_BEFORE_IT_RAN.to_string()),
+                None,
+            ),
             CellOutcome::Interrupted => (
                 CellStatus::Interrupted,
                 -1,
@@ -136,10 +142,23 @@ impl Orchestrator {
                 (CellStatus::Error, -1, Some(message), reason)
             }
         };
-        let kernel_gone = !matches!(
-            run.outcome,
-            CellOutcome::Completed | CellOutcome::Raised { .. }
-        ) || !kernel.is_alive();
+        // Killed under its cell by a clear, a reset or a child's release (not by shutdown).
+        let error = match (&run.outcome, error) {
+            (CellOutcome::Died(Death::Disposed), Some(_))
+                if !self.inner.cancel.is_cancelled()
+                    && !self.inner.registry.is_registered(&lease.slot) =>
+            {
+                Some(CLEARED_MESSAGE.to_string())
+            }
+            (_, error) => error,
+        };
+        // A cell that never ran leaves its kernel as it found it.
+        let kernel_gone = (run.ran
+            && !matches!(
+                run.outcome,
+                CellOutcome::Completed | CellOutcome::Raised { .. }
+            ))
+            || !kernel.is_alive();
         let capped = run.output.finish();
         let mut result = CellResult {
             status,
@@ -215,16 +234,22 @@ impl Orchestrator {
             token: token.clone(),
             outcome: rx,
         });
+        self.inner.running_count.send_modify(|n| *n += 1);
         (id, tx)
     }
 
     pub(super) fn untrack_running(&self, owner: &Owner, id: u64) {
         let mut running = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(runs) = running.get_mut(owner) {
+            let before = runs.len();
             runs.retain(|r| r.id != id);
+            let gone = before - runs.len();
             if runs.is_empty() {
                 running.remove(owner);
             }
+            self.inner
+                .running_count
+                .send_modify(|n| *n = n.saturating_sub(gone));
         }
     }
 
@@ -241,7 +266,17 @@ impl Orchestrator {
         loop {
             let attach = match inner.registry.attach(key, reset, limits) {
                 Ok(attach) => attach,
-                Err(full) => {
+                Err(Refusal::Busy { owner, max }) => {
+                    let refusal = || ExecuteError::SessionBusy {
+                        owner: owner.clone(),
+                        max,
+                    };
+                    if let Some(notice) = admission {
+                        notice.send(Err(refusal()));
+                    }
+                    return Err(refusal());
+                }
+                Err(Refusal::AtCapacity(full)) => {
                     let refusal = || ExecuteError::AtCapacity {
                         tenant: full.tenant.clone(),
                         cap: full.cap,
@@ -259,6 +294,7 @@ impl Orchestrator {
                 // Shutdown drained the registry; nothing new may start.
                 inner.registry.forget(&attach.slot, None);
                 inner.registry.release(&attach.slot);
+                self.give_back_loss(key, attach.state_lost);
                 if let Some(notice) = admission {
                     notice.send(Err(ExecuteError::ShuttingDown));
                 }
@@ -270,9 +306,9 @@ impl Orchestrator {
             let mut doomed = attach.victims;
             if let Some(old) = attach.reset {
                 state_reset = true;
-                if old.attached() == 0 {
-                    doomed.push(old);
-                }
+                // At once, busy or not: a kernel the registry no longer counts must not
+                // outlive this call (the old kernel's running cell ends).
+                doomed.push(old);
             }
             self.dispose_slots(doomed).await;
             let slot = attach.slot;
@@ -308,6 +344,7 @@ impl Orchestrator {
                 Err(e) => {
                     inner.registry.forget(&slot, None);
                     inner.registry.release(&slot);
+                    self.give_back_loss(key, state_lost);
                     return Err(e.into());
                 }
             };
@@ -317,7 +354,17 @@ impl Orchestrator {
                 inner.registry.forget(&slot, None);
                 inner.registry.release(&slot);
                 self.dispose_kernel(&kernel).await;
+                self.give_back_loss(key, state_lost);
                 return Err(ExecuteError::ShuttingDown);
+            }
+            if !inner.registry.is_registered(&slot) {
+                // Cleared or reset while it started: whoever removed the slot found no kernel
+                // to dispose of, so this call does, and starts over on the key's current slot.
+                inner.registry.release(&slot);
+                self.dispose_kernel(&kernel).await;
+                self.give_back_loss(key, state_lost);
+                reset = false;
+                continue;
             }
             if kernel.is_alive() {
                 let started = match (&inner.catalog, reused) {
@@ -349,6 +396,13 @@ impl Orchestrator {
             reset = false;
         }
     }
+
+    /// Puts back a loss an attach took for a call that then failed before reporting it.
+    fn give_back_loss(&self, key: &KernelKey, loss: Option<crate::cell::StateLost>) {
+        if let Some(loss) = loss {
+            self.inner.registry.restore_loss(key, loss);
+        }
+    }
 }
 
 struct Lease {
@@ -363,6 +417,10 @@ struct Lease {
 
 /// How long a cold start waits for the catalog to confirm it (it writes during the cell).
 const CATALOG_WAIT: Duration = Duration::from_secs(1);
+
+/// The error of a cell interrupted while it waited for earlier cells of its session.
+const INTERRUPTED_BEFORE_IT_RAN: &str =
+    "Interrupted before it ran: the cell was waiting for an earlier cell of this session and never executed.";
 
 /// The message and loss reason for a kernel that died under a cell.
 fn death_message(death: Death, memory: i64) -> (String, Option<LossReason>) {

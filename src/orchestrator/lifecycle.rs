@@ -14,6 +14,19 @@ use crate::registry::Slot;
 use crate::sweep::{self, SweepReport};
 
 impl Orchestrator {
+    /// Calls running now: acquiring a kernel or running a cell, whether or not their caller
+    /// still waits.
+    pub fn running_cells(&self) -> usize {
+        *self.inner.running_count.borrow()
+    }
+
+    /// Waits until no call is running (see [`Orchestrator::running_cells`]); event-driven.
+    /// Returns at once when none is.
+    pub async fn wait_no_running_cells(&self) {
+        let mut rx = self.inner.running_count.subscribe();
+        let _ = rx.wait_for(|n| *n == 0).await;
+    }
+
     /// Interrupts every running cell of a session (children included) and returns how many
     /// of them ended as `interrupted`. It waits for the cells it cancelled to settle, at most
     /// `spawn_timeout` plus [`INTERRUPT_SETTLE`] (a cell still starting its kernel sees the
@@ -78,7 +91,8 @@ impl Orchestrator {
             .await;
     }
 
-    /// Disposes of every kernel of a session, its delegated children's included.
+    /// Disposes of every kernel of a session, its delegated children's included, at once: a
+    /// cell running in one of them ends with an error saying the session was cleared.
     pub async fn clear_session(&self, tenant: Option<&str>, session: &str) -> usize {
         let tenant = tenant
             .unwrap_or(&self.inner.config.default_tenant)
@@ -108,7 +122,8 @@ impl Orchestrator {
         n
     }
 
-    /// Disposes of a finished delegated child's kernels and unpins it.
+    /// Disposes of a finished delegated child's kernels at once (a cell running in one ends)
+    /// and unpins it.
     pub async fn release_child(&self, tenant: Option<&str>, session: &str, child: &str) -> usize {
         let tenant = tenant
             .unwrap_or(&self.inner.config.default_tenant)

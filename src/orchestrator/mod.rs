@@ -42,6 +42,12 @@ use crate::registry::Registry;
 use crate::sweep::{self};
 use crate::watchdog::Watchdog;
 
+/// The error of a cell whose kernel was disposed of under it by a clear (`DELETE`), a reset
+/// (`reset: true`) or a delegated child's release.
+pub const CLEARED_MESSAGE: &str = "The session's kernel was cleared or reset by another \
+    request while this cell ran (DELETE, reset: true, or the child's release) and was killed; \
+    its state was lost. The next execute_code call starts a fresh kernel.";
+
 /// How long past `spawn_timeout` an interrupt waits for the cells it cancelled to settle.
 pub const INTERRUPT_SETTLE: Duration = Duration::from_secs(10);
 
@@ -63,6 +69,8 @@ struct Inner {
     tracker: TaskTracker,
     cancel: CancellationToken,
     running: Mutex<HashMap<Owner, Vec<Run>>>,
+    /// How many calls are in `running` (acquiring a kernel or running a cell).
+    running_count: tokio::sync::watch::Sender<usize>,
     next_run: std::sync::atomic::AtomicU64,
     starts: Mutex<StartStats>,
     watchdog: Mutex<Option<Watchdog>>,
@@ -161,6 +169,7 @@ impl Orchestrator {
             tracker: TaskTracker::new(),
             cancel: CancellationToken::new(),
             running: Mutex::new(HashMap::new()),
+            running_count: tokio::sync::watch::Sender::new(0),
             next_run: std::sync::atomic::AtomicU64::new(0),
             starts: Mutex::new(StartStats::default()),
             watchdog: Mutex::new(watchdog),

@@ -129,6 +129,18 @@ pub enum ExecuteError {
         /// Kernels the tenant held, as that cap counts them.
         held: usize,
     },
+    /// The session's kernel already has this many calls attached (one running, the others
+    /// queued behind it); one more is refused rather than queued.
+    #[error(
+        "session {owner:?} already has {max} calls running or queued on its kernel, the most \
+         allowed; retry later"
+    )]
+    SessionBusy {
+        /// The owner (session, or `session::child::child`).
+        owner: String,
+        /// The bound ([`MAX_ATTACHED_PER_SLOT`](crate::MAX_ATTACHED_PER_SLOT)).
+        max: usize,
+    },
     /// A bug in kernelbox: the task running the cell failed.
     #[error("internal error: {0}")]
     Internal(String),
@@ -139,6 +151,10 @@ fn at_capacity_message(tenant: &str, cap: &Cap, held: usize) -> String {
         Cap::Tenant { max } => format!(
             "tenant {tenant:?} is at its max_kernels ({held} of {max}) and none of its kernels \
              is idle and unpinned to make room; retry later"
+        ),
+        Cap::Children { max } => format!(
+            "the host's pool of live delegated children is full ({max} children; tenant \
+             {tenant:?} holds {held}); release finished children or retry later"
         ),
         Cap::Host { max, share } => format!(
             "the host is at its kernel cap ({max} kernels): tenant {tenant:?} holds {held} \

@@ -84,6 +84,72 @@ async fn a_timeout_kills_in_virtual_time_and_the_next_call_is_fresh() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_loss_survives_a_failed_start_of_the_next_kernel() {
+    let (kb, fake) = start(|_| {}).await;
+    let slow = kb
+        .execute(ExecuteRequest {
+            timeout: Some(Duration::from_secs(5)),
+            ..ExecuteRequest::new("s", "sleep")
+        })
+        .await
+        .expect("execute");
+    assert_eq!(slow.status, CellStatus::Timeout);
+    // The next kernel cannot start: the call fails, and the loss stays owed.
+    *fake.images.lock().unwrap() = vec!["no-such-image".into()];
+    let failed = kb.execute(ExecuteRequest::new("s", "x = 1")).await;
+    assert!(matches!(failed, Err(ExecuteError::Kernel(_))), "{failed:?}");
+    fake.images.lock().unwrap().clear();
+    let next = run(&kb, "s", "x = 1").await;
+    assert_eq!(
+        next.kernel.state_lost.map(|l| l.reason),
+        Some(LossReason::Timeout)
+    );
+    kb.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn clear_and_reset_kill_a_busy_kernel_at_once() {
+    let (kb, fake) = start(|c| c.max_session_kernels = 1).await;
+    // A clear during a running cell: the kernel goes now and the cell says why.
+    let busy = tokio::spawn({
+        let kb = kb.clone();
+        async move { run(&kb, "s", "sleep").await }
+    });
+    while kb.running_cells() == 0 || fake.live_containers() == 0 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(kb.clear_session(None, "s").await, 1);
+    assert_eq!(fake.live_containers(), 0);
+    let ended = busy.await.expect("join");
+    assert_eq!(ended.status, CellStatus::Error);
+    assert_eq!(ended.error.as_deref(), Some(CLEARED_MESSAGE));
+    // A reset during a running cell: one kernel live, the listed one.
+    let busy = tokio::spawn({
+        let kb = kb.clone();
+        async move { run(&kb, "r", "sleep").await }
+    });
+    while kb.running_cells() == 0 || fake.live_containers() == 0 {
+        tokio::task::yield_now().await;
+    }
+    let fresh = kb
+        .execute(ExecuteRequest {
+            reset: true,
+            ..ExecuteRequest::new("r", "x = 1")
+        })
+        .await
+        .expect("reset");
+    assert!(fresh.kernel.state_reset);
+    assert_eq!(
+        busy.await.expect("join").error.as_deref(),
+        Some(CLEARED_MESSAGE)
+    );
+    assert_eq!(fake.live_containers(), 1);
+    assert_eq!(kb.list_kernels(None).len(), 1);
+    kb.shutdown().await;
+    assert_eq!(fake.live_containers(), 0);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_cell_whose_caller_goes_away_still_runs_to_its_end() {
     let (kb, fake) = start(|_| {}).await;
     run(&kb, "s", "x = 1").await;
@@ -161,17 +227,18 @@ async fn interrupt_counts_only_the_cells_that_ended_interrupted() {
     while kb.list_kernels(None).iter().all(|k| k.state != "busy") {
         tokio::task::yield_now().await;
     }
-    // A second cell queued behind it: cancelled too, but it never runs; the kernel is
-    // gone by the time its turn comes, so it ends as an error, not as interrupted.
+    // A second cell queued behind it: cancelled too, so it ends interrupted without
+    // running, and counts.
     let queued = spawn_cell("x = 2");
     while kb.list_kernels(None)[0].attached < 2 {
         tokio::task::yield_now().await;
     }
-    assert_eq!(kb.interrupt(None, "s").await, 1);
+    assert_eq!(kb.interrupt(None, "s").await, 2);
     let first = running.await.expect("join").expect("execute");
     assert_eq!(first.status, CellStatus::Interrupted);
     let second = queued.await.expect("join").expect("execute");
-    assert_eq!(second.status, CellStatus::Error, "{second:?}");
+    assert_eq!(second.status, CellStatus::Interrupted, "{second:?}");
+    assert_eq!(second.kernel.execution_count, 0, "it never ran: {second:?}");
     assert_eq!(kb.interrupt(None, "s").await, 0, "nothing runs now");
     assert_eq!(fake.live_containers(), 0);
     kb.shutdown().await;

@@ -6,7 +6,7 @@
 //! - the tenant's own `max_kernels` (its delegated children included): at it, the tenant's
 //!   least recently used idle, unpinned kernel is evicted, else the request is refused;
 //! - the host's `max_kernels` (live delegated children are pinned: never evicted and not
-//!   counted). At it, a victim is chosen among idle, unpinned kernels: while the requester
+//!   counted here; they have a pool of their own, below). At it, a victim is chosen among idle, unpinned kernels: while the requester
 //!   holds less than its fair share, the least recently used kernel of a tenant holding more
 //!   than its own share; otherwise (or when none is idle) the requester's own least recently
 //!   used one. No victim: the request is refused. So a tenant holding no more than its fair
@@ -18,13 +18,18 @@
 //! the cap, so every tenant can always reach its share; and since a tenant takes another's
 //! kernel only to reach its own share, the remainder of an uneven division never bounces
 //! between two tenants.
+//!
+//! Live (pinned) delegated children form a second pool of the same size: at most the host's
+//! `max_kernels` of them are live at once, host-wide, first come first served; past it a new
+//! child is refused (pinned kernels are never evicted). So at most twice the host's cap of
+//! kernels are registered at once.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use super::{Inner, Slot};
+use super::{Inner, Registry, Slot};
 use crate::cell::LossReason;
-use crate::owner::KernelKey;
+use crate::owner::{KernelKey, Owner};
 
 /// A tenant's own limits, carried by each of its requests.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -42,6 +47,11 @@ pub enum Cap {
     /// The tenant's own `max_kernels`.
     Tenant {
         /// The tenant's cap.
+        max: usize,
+    },
+    /// The host-wide pool of live delegated children (as large as the host's cap).
+    Children {
+        /// Most live delegated children host-wide.
         max: usize,
     },
     /// The host's cap (`max_session_kernels`, `kernelbox serve --max-kernels`).
@@ -66,6 +76,21 @@ pub struct AtCapacity {
     pub victims: Vec<Arc<Slot>>,
 }
 
+/// Why [`Registry::attach`](super::Registry::attach) refused a call.
+#[derive(Debug)]
+pub enum Refusal {
+    /// A new kernel would pass a cap.
+    AtCapacity(AtCapacity),
+    /// The key's kernel already has [`MAX_ATTACHED_PER_SLOT`](super::MAX_ATTACHED_PER_SLOT)
+    /// calls attached.
+    Busy {
+        /// The owner, as a string.
+        owner: String,
+        /// The bound.
+        max: usize,
+    },
+}
+
 /// Why an admission evicts a slot.
 #[derive(Debug, Clone, Copy)]
 enum Evict {
@@ -86,6 +111,19 @@ pub struct EvictionCounts {
 }
 
 impl Inner {
+    /// Removes a key's slot. A released child's mark goes with its owner's last slot, so the
+    /// set of marks never outgrows the slots.
+    pub(super) fn unregister(&mut self, key: &KernelKey) -> Option<Arc<Slot>> {
+        let slot = self.slots.remove(key)?;
+        if key.owner.is_child()
+            && self.released_children.contains(&key.owner)
+            && !self.slots.keys().any(|k| k.owner == key.owner)
+        {
+            self.released_children.remove(&key.owner);
+        }
+        Some(slot)
+    }
+
     /// Decides which idle slots go so that one more kernel for `key` fits both caps. Nothing
     /// is changed when the answer is no: a refused request costs nobody a kernel.
     fn plan_admission(
@@ -96,6 +134,18 @@ impl Inner {
     ) -> Result<Vec<(KernelKey, Evict)>, (Cap, usize)> {
         let tenant = key.owner.tenant.as_str();
         let released = &self.released_children;
+        if key.owner.is_child() {
+            // Pinned kernels are never evicted: a full pool of children refuses.
+            let pinned = self.slots.values().filter(|s| s.pinned(released)).count();
+            if pinned >= host_max {
+                let mine = self
+                    .slots
+                    .values()
+                    .filter(|s| s.pinned(released) && s.key.owner.tenant == tenant)
+                    .count();
+                return Err((Cap::Children { max: host_max }, mine));
+            }
+        }
         let mut held_all = 0usize;
         // Unpinned kernels per tenant: what the host's cap and the shares count.
         let mut held: HashMap<&str, usize> = HashMap::new();
@@ -243,7 +293,7 @@ impl Inner {
         let plan = self.plan_admission(key, limits, host_max)?;
         let mut victims = Vec::with_capacity(plan.len());
         for (victim, why) in plan {
-            if let Some(slot) = self.slots.remove(&victim) {
+            if let Some(slot) = self.unregister(&victim) {
                 self.record_loss(&victim, LossReason::Evicted);
                 *match why {
                     Evict::TenantCap => &mut self.evictions.tenant_cap,
@@ -254,5 +304,22 @@ impl Inner {
             }
         }
         Ok(victims)
+    }
+}
+
+impl Registry {
+    /// Marks a delegated child as finished: its kernels are no longer pinned. Nothing is
+    /// recorded for a child with no kernel (the mark lives only as long as its slots).
+    pub fn release_child(&self, owner: &Owner) {
+        let mut inner = self.lock();
+        if inner.slots.keys().any(|k| k.owner == *owner) {
+            inner.released_children.insert(owner.clone());
+        }
+    }
+
+    /// Released children still marked (at most one per registered child).
+    #[cfg(test)]
+    pub fn released_children(&self) -> usize {
+        self.lock().released_children.len()
     }
 }

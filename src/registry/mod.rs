@@ -6,6 +6,18 @@
 //!
 //! Caps and fair shares are in `admission.rs` (see its doc).
 //!
+//! ## No kernel outside the books
+//!
+//! Every slot removed from the registry is handed back for disposal at once, whether calls are
+//! attached to it or not (clear, reset, release of a child): its running cell ends. So every
+//! live kernel is registered, counted by the caps, and listed. A slot still spawning when it is
+//! removed has no kernel yet: the call spawning it finds the slot unregistered once the kernel
+//! is up and disposes of it (see the orchestrator's `acquire`).
+//!
+//! At most [`MAX_ATTACHED_PER_SLOT`] calls may be attached to one slot (the running cell and
+//! those queued behind it); one more is refused at once, so callers that go away cannot pile
+//! requests up on one kernel.
+//!
 //! | file | what |
 //! |---|---|
 //! | `mod.rs` | [`Registry`], [`Slot`], attach/release/forget, idle reaping, losses and generations |
@@ -14,7 +26,7 @@
 
 mod admission;
 
-pub use admission::{AtCapacity, Cap, EvictionCounts, TenantLimits};
+pub use admission::{AtCapacity, Cap, EvictionCounts, Refusal, TenantLimits};
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -30,6 +42,10 @@ use crate::owner::{KernelKey, Owner};
 
 /// Losses and generations are remembered for at most this many keys.
 const MAX_REMEMBERED_KEYS: usize = 65_536;
+
+/// Most calls attached to one kernel at once: the one running a cell and those queued behind
+/// it (each holds its whole request). One more is refused ([`Refusal::Busy`]).
+pub const MAX_ATTACHED_PER_SLOT: usize = 8;
 
 /// One key's current kernel, spawned at most once.
 pub struct Slot {
@@ -253,15 +269,27 @@ impl Registry {
     /// new one only if it fits the tenant's and the host's caps (see the module
     /// documentation), after evicting what must go; otherwise nothing is registered and the
     /// refusal says which cap. `reset` discards the key's current slot for a new one (in its
-    /// place: no admission needed).
+    /// place: no admission needed); the caller must dispose of the discarded slot's kernel at
+    /// once. A key whose slot already has [`MAX_ATTACHED_PER_SLOT`] calls is refused.
     pub fn attach(
         &self,
         key: &KernelKey,
         reset: bool,
         limits: TenantLimits,
-    ) -> Result<Attach, AtCapacity> {
+    ) -> Result<Attach, Refusal> {
         let now = Instant::now();
         let mut inner = self.lock();
+        if !reset
+            && inner
+                .slots
+                .get(key)
+                .is_some_and(|s| s.attached() >= MAX_ATTACHED_PER_SLOT)
+        {
+            return Err(Refusal::Busy {
+                owner: key.owner.to_string(),
+                max: MAX_ATTACHED_PER_SLOT,
+            });
+        }
         let mut victims = inner.take_idle(now, self.idle_timeout);
         if !inner.slots.contains_key(key) {
             match inner.admit(key, limits, self.max_kernels) {
@@ -269,12 +297,12 @@ impl Registry {
                 Err((cap, held)) => {
                     // Nothing was attached, so the reaped slots go back with the refusal for
                     // disposal by the caller.
-                    return Err(AtCapacity {
+                    return Err(Refusal::AtCapacity(AtCapacity {
                         tenant: key.owner.tenant.clone(),
                         cap,
                         held,
                         victims,
-                    });
+                    }));
                 }
             }
         }
@@ -290,7 +318,7 @@ impl Registry {
         victims: Vec<Arc<Slot>>,
         now: Instant,
     ) -> Attach {
-        let reset_slot = if reset { inner.slots.remove(key) } else { None };
+        let reset_slot = if reset { inner.unregister(key) } else { None };
         if reset_slot.is_some() {
             inner.journal(|| Change::Ended {
                 key_hash: key.hash(),
@@ -353,7 +381,7 @@ impl Registry {
             .get(&slot.key)
             .is_some_and(|s| Arc::ptr_eq(s, slot));
         if registered {
-            inner.slots.remove(&slot.key);
+            inner.unregister(&slot.key);
             // Only the call that unregisters the slot records its loss: one death, one loss.
             match loss {
                 Some(reason) => inner.record_loss(&slot.key, reason),
@@ -366,8 +394,9 @@ impl Registry {
     }
 
     /// Unregisters every slot whose owner matches (only idle ones when `only_idle`), recording
-    /// `loss` for each when given. Returns how many were unregistered, and those with no call
-    /// attached (to dispose now); attached ones are disposed by their last call out.
+    /// `loss` for each when given. Returns how many were unregistered, and the slots: the
+    /// caller disposes of their kernels now, attached or not (their running cells end), so no
+    /// kernel outlives its registration.
     pub fn remove_where(
         &self,
         matches: impl Fn(&Owner) -> bool,
@@ -381,21 +410,19 @@ impl Registry {
             .filter(|(k, s)| matches(&k.owner) && (!only_idle || s.attached() == 0))
             .map(|(k, _)| k.clone())
             .collect();
-        let mut free = Vec::new();
+        let mut removed = Vec::new();
         for key in &keys {
-            if let Some(slot) = inner.slots.remove(key) {
+            if let Some(slot) = inner.unregister(key) {
                 match loss {
                     Some(reason) => inner.record_loss(key, reason),
                     None => inner.journal(|| Change::Ended {
                         key_hash: key.hash(),
                     }),
                 }
-                if slot.attached() == 0 {
-                    free.push(slot);
-                }
+                removed.push(slot);
             }
         }
-        (keys.len(), free)
+        (keys.len(), removed)
     }
 
     /// True once [`Registry::drain`] ran: no new kernel may be registered.
@@ -413,9 +440,23 @@ impl Registry {
         self.lock().evictions
     }
 
-    /// Marks a delegated child as finished: its kernels are no longer pinned.
-    pub fn release_child(&self, owner: &Owner) {
-        self.lock().released_children.insert(owner.clone());
+    /// True while `slot` is the key's registered slot.
+    pub fn is_registered(&self, slot: &Arc<Slot>) -> bool {
+        self.lock()
+            .slots
+            .get(&slot.key)
+            .is_some_and(|s| Arc::ptr_eq(s, slot))
+    }
+
+    /// Gives back a loss taken by an attach whose call then failed before reporting it, unless
+    /// a newer loss is owed already: a loss is never dropped unreported.
+    pub fn restore_loss(&self, key: &KernelKey, loss: StateLost) {
+        let mut inner = self.lock();
+        if inner.closed || inner.losses.contains_key(key) {
+            return;
+        }
+        inner.remember(key);
+        inner.losses.insert(key.clone(), loss);
     }
 
     /// One reaper pass over idle slots (no acquire needed).
@@ -432,6 +473,7 @@ impl Registry {
     pub fn drain(&self) -> Vec<Arc<Slot>> {
         let mut inner = self.lock();
         inner.closed = true;
+        inner.released_children.clear();
         inner.slots.drain().map(|(_, s)| s).collect()
     }
 

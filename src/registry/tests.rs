@@ -21,6 +21,13 @@ fn att(reg: &Registry, k: &KernelKey) -> Attach {
         .expect("admitted")
 }
 
+fn at_cap(r: Result<Attach, Refusal>) -> AtCapacity {
+    match r {
+        Err(Refusal::AtCapacity(full)) => full,
+        other => panic!("expected a refusal at a cap, got {other:?}"),
+    }
+}
+
 fn use_once(reg: &Registry, k: &KernelKey) -> Attach {
     let a = att(reg, k);
     assert!(!reg.release(&a.slot));
@@ -112,19 +119,22 @@ async fn the_host_cap_is_hard_for_attached_slots_and_children_are_outside_it() {
     tokio::time::advance(Duration::from_millis(10)).await;
     // A burst cannot pass the cap: the attached kernel cannot go, so the next is refused
     // and nothing is registered for it.
-    let refused = reg
-        .attach(&key("other", None), false, TenantLimits::default())
-        .unwrap_err();
+    let refused = at_cap(reg.attach(&key("other", None), false, TenantLimits::default()));
     assert_eq!(refused.cap, Cap::Host { max: 1, share: 1 });
     assert_eq!(refused.held, 1);
     assert!(refused.victims.is_empty());
     assert_eq!(reg.len(), 1);
-    // Live delegated children are pinned: admitted past the cap, never evicted.
-    for i in 0..5 {
-        let a = use_once(&reg, &key("conv", Some(&format!("child-{i}"))));
-        assert!(a.victims.is_empty(), "children are pinned");
-    }
-    assert_eq!(reg.len(), 6);
+    // Live delegated children are pinned: admitted past the cap, never evicted, within a
+    // pool of their own as large as the cap.
+    let a = use_once(&reg, &key("conv", Some("child-0")));
+    assert!(a.victims.is_empty(), "children are pinned");
+    let refused = at_cap(reg.attach(
+        &key("conv", Some("child-1")),
+        false,
+        TenantLimits::default(),
+    ));
+    assert_eq!(refused.cap, Cap::Children { max: 1 });
+    assert_eq!(reg.len(), 2);
     // A released child counts again and is the first to go.
     reg.release_child(&Owner::new("t", "conv", Some("child-0")).unwrap());
     assert!(!reg.release(&busy.slot));
@@ -138,20 +148,78 @@ async fn the_host_cap_is_hard_for_attached_slots_and_children_are_outside_it() {
         gone,
         BTreeSet::from(["conv::child::child-0".to_string(), "busy".to_string()])
     );
-    assert_eq!(reg.len(), 5);
+    assert_eq!(reg.len(), 1);
 }
 
 #[tokio::test(start_paused = true)]
-async fn release_of_a_forgotten_slot_asks_for_disposal() {
+async fn a_cleared_slot_is_handed_back_for_disposal_even_when_attached() {
     let reg = Registry::new(4, Duration::from_secs(3600));
     let a = att(&reg, &key("s", None));
-    let (count, free) = reg.remove_where(|o| o.session == "s", None, false);
+    let (count, removed) = reg.remove_where(|o| o.session == "s", None, false);
     assert_eq!(count, 1);
-    assert!(free.is_empty(), "attached: the last call out disposes");
     assert!(
-        reg.release(&a.slot),
-        "last call out of an unregistered slot disposes"
+        removed.len() == 1 && Arc::ptr_eq(&removed[0], &a.slot),
+        "attached or not, a removed slot is disposed of at once"
     );
+    assert!(!reg.is_registered(&a.slot));
+    assert!(reg.release(&a.slot), "the last call out disposes too");
+}
+
+#[tokio::test(start_paused = true)]
+async fn releasing_children_that_have_no_kernel_records_nothing() {
+    let reg = Registry::new(4, Duration::from_secs(3600));
+    for i in 0..80_000 {
+        reg.release_child(&Owner::new("t", "s", Some(&format!("never-{i}"))).unwrap());
+    }
+    assert_eq!(reg.released_children(), 0);
+    // A live child's mark lasts as long as its slot.
+    let child = key("s", Some("c"));
+    use_once(&reg, &child);
+    reg.release_child(&child.owner);
+    assert_eq!(reg.released_children(), 1);
+    reg.remove_where(|o| o.child.as_deref() == Some("c"), None, false);
+    assert_eq!(reg.released_children(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn live_children_have_a_host_wide_pool_as_large_as_the_cap() {
+    let reg = Registry::new(2, Duration::from_secs(3600));
+    for i in 0..2 {
+        use_once(&reg, &tkey("a", "s", Some(&format!("c{i}"))));
+    }
+    // Pinned children are never evicted: a third is refused, from any tenant.
+    let refused = at_cap(reg.attach(&tkey("b", "s", Some("c")), false, TenantLimits::default()));
+    assert_eq!(refused.cap, Cap::Children { max: 2 });
+    assert_eq!(refused.held, 0);
+    assert_eq!(reg.len(), 2);
+    // Sessions still have the host's cap of their own.
+    use_once(&reg, &tkey("b", "s", None));
+    use_once(&reg, &tkey("b", "t", None));
+    assert_eq!(reg.len(), 4);
+    // A released child leaves the pool.
+    reg.release_child(&tkey("a", "s", Some("c0")).owner);
+    use_once(&reg, &tkey("b", "s", Some("c")));
+}
+
+#[tokio::test(start_paused = true)]
+async fn at_most_max_attached_calls_per_slot() {
+    let reg = Registry::new(4, Duration::from_secs(3600));
+    let k = key("s", None);
+    let held: Vec<Attach> = (0..MAX_ATTACHED_PER_SLOT).map(|_| att(&reg, &k)).collect();
+    match reg.attach(&k, false, TenantLimits::default()) {
+        Err(Refusal::Busy { owner, max }) => {
+            assert_eq!((owner.as_str(), max), ("s", MAX_ATTACHED_PER_SLOT));
+        }
+        other => panic!("expected busy, got {other:?}"),
+    }
+    // A reset replaces the slot (the old one is disposed of by the caller).
+    let fresh = reg.attach(&k, true, TenantLimits::default()).unwrap();
+    assert!(fresh.reset.is_some());
+    for a in &held {
+        reg.release(&a.slot);
+    }
+    assert!(!reg.release(&fresh.slot));
+    assert!(reg.attach(&k, false, TenantLimits::default()).is_ok());
 }
 
 #[tokio::test(start_paused = true)]
@@ -181,7 +249,7 @@ async fn a_tenant_cap_evicts_its_own_idle_kernels_then_refuses() {
     assert_eq!(gone, vec!["a"]);
     assert!(reg.slots().iter().any(|s| Arc::ptr_eq(s, &other.slot)));
     // Both remaining kernels busy: refused, naming the tenant's cap.
-    let refused = reg.attach(&k1, false, capped).unwrap_err();
+    let refused = at_cap(reg.attach(&k1, false, capped));
     assert_eq!(refused.cap, Cap::Tenant { max: 2 });
     assert_eq!(refused.held, 2);
     assert_eq!(reg.eviction_counts().tenant_cap, 1);
@@ -218,7 +286,7 @@ async fn a_tenant_within_its_fair_share_is_never_evicted_by_another() {
     // B's kernels all busy: refused, naming the host's cap and B's share; nobody evicted.
     let b1 = reg.attach(&tkey("b", "b1", None), false, none).unwrap();
     let b2 = reg.attach(&tkey("b", "b2", None), false, none).unwrap();
-    let refused = reg.attach(&tkey("b", "b3", None), false, none).unwrap_err();
+    let refused = at_cap(reg.attach(&tkey("b", "b3", None), false, none));
     assert_eq!(refused.cap, Cap::Host { max: 4, share: 2 });
     assert_eq!(refused.held, 2);
     assert_eq!((held(&reg, "a"), held(&reg, "b")), (2, 2));

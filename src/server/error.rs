@@ -89,6 +89,10 @@ impl From<ExecuteError> for ApiError {
                 retry_after: Some(1),
                 ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, "at_capacity", e.to_string())
             },
+            ExecuteError::SessionBusy { .. } => ApiError {
+                retry_after: Some(1),
+                ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, "session_busy", e.to_string())
+            },
             ExecuteError::Internal(_) => {
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
             }

@@ -26,11 +26,12 @@ pub const TOOL_OUTCOMES: [&str; 2] = ["ok", "error"];
 
 /// Why a request was turned away before reaching a kernel.
 /// `connections`: a connection over the server's connection limit.
-pub const REJECTIONS: [&str; 5] = [
+pub const REJECTIONS: [&str; 6] = [
     "unauthorized",
     "invalid",
     "too_large",
     "capacity",
+    "session_busy",
     "connections",
 ];
 

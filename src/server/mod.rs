@@ -133,7 +133,8 @@ impl Default for ServeOptions {
 }
 
 /// Serves the API on `listener` until `shutdown` is cancelled, then stops accepting, lets
-/// in-flight requests finish for up to `drain`, stops whatever still runs, and removes every
+/// in-flight requests and running cells (those whose client went away included) finish for up
+/// to `drain`, stops whatever still runs, and removes every
 /// container and volume of the orchestrator (`Orchestrator::shutdown`). Connection bounds are
 /// [`Limits::default`]; see [`serve_with`].
 pub async fn serve(
@@ -211,7 +212,13 @@ pub async fn serve_with(
     state.inner.draining.store(true, Ordering::Release);
     drop(listener);
     drop(metrics);
-    let drained = graceful.shutdown();
+    // In-flight requests finish, and so do cells whose client went away (they run adopted,
+    // with no connection to wait for): the orchestrator says when none is running.
+    let orchestrator = state.orchestrator().clone();
+    let drained = async move {
+        graceful.shutdown().await;
+        orchestrator.wait_no_running_cells().await;
+    };
     tokio::pin!(drained);
     tokio::select! {
         _ = &mut drained => {}

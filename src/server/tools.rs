@@ -14,19 +14,34 @@ use hyper::header::{CONTENT_TYPE, USER_AGENT};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use serde_json::{json, Value};
+use serde::Serialize;
+use serde_json::value::RawValue;
+use serde_json::Value;
 
 use super::metrics::Metrics;
 use super::tenants::ToolsConfig;
-use crate::authority::{ToolCall, ToolDispatcher};
+use crate::authority::{RawToolCall, ToolCall, ToolDispatcher};
 
 /// Header carrying the per-cell token.
 pub const CELL_TOKEN_HEADER: &str = "x-kernelbox-cell-token";
 
 /// Largest tool endpoint response read into memory, in bytes; a longer one fails the call.
 /// With [`crate::kernel::MAX_TOOL_CALLS_IN_FLIGHT`] this bounds the responses one cell can
-/// make the server hold at once.
-pub const MAX_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
+/// make the server hold at once. A success is checked to be JSON and passed to the kernel as
+/// it came, never parsed into a tree.
+pub const MAX_RESPONSE_BYTES: usize = crate::kernel::MAX_TOOL_RESULT_BYTES;
+
+/// The request body POSTed for one call; the arguments are copied through as raw JSON.
+#[derive(Serialize)]
+struct Body<'a> {
+    tenant: &'a str,
+    session: &'a str,
+    child: Option<&'a str>,
+    task_id: Option<&'a str>,
+    cell: u64,
+    tool: &'a str,
+    args: &'a RawValue,
+}
 
 /// The shared HTTP client (plain HTTP/1.1, pooled).
 pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
@@ -55,21 +70,22 @@ impl CellDispatcher {
         }
     }
 
-    async fn post(&self, call: &ToolCall) -> Result<Value, String> {
-        let body = json!({
-            "tenant": call.tenant,
-            "session": call.session,
-            "child": call.child,
-            "task_id": call.task_id,
-            "cell": call.cell,
-            "tool": call.tool,
-            "args": call.args,
-        });
+    async fn post(&self, call: &RawToolCall) -> Result<Box<RawValue>, String> {
+        let body = serde_json::to_vec(&Body {
+            tenant: &call.tenant,
+            session: &call.session,
+            child: call.child.as_deref(),
+            task_id: call.task_id.as_deref(),
+            cell: call.cell,
+            tool: &call.tool,
+            args: &call.args,
+        })
+        .map_err(|e| format!("tool endpoint request: {e}"))?;
         let request = hyper::Request::post(&self.tools.url)
             .header(CONTENT_TYPE, "application/json")
             .header(USER_AGENT, concat!("kernelbox/", env!("CARGO_PKG_VERSION")))
             .header(CELL_TOKEN_HEADER, &self.cell_token)
-            .body(Full::new(Bytes::from(body.to_string())))
+            .body(Full::new(Bytes::from(body)))
             .map_err(|e| format!("tool endpoint request: {e}"))?;
         let response = self
             .client
@@ -83,7 +99,8 @@ impl CellDispatcher {
             .map_err(|e| format!("reading the tool endpoint's response: {e}"))?
             .to_bytes();
         if status.is_success() {
-            return serde_json::from_slice(&bytes)
+            // Validated as JSON without building a tree, and kept as its text.
+            return serde_json::from_slice::<Box<RawValue>>(&bytes)
                 .map_err(|e| format!("tool endpoint returned invalid JSON: {e}"));
         }
         let message = serde_json::from_slice::<Value>(&bytes)
@@ -109,6 +126,23 @@ impl CellDispatcher {
 #[async_trait]
 impl ToolDispatcher for CellDispatcher {
     async fn dispatch(&self, call: ToolCall) -> Result<Value, String> {
+        let args = serde_json::value::to_raw_value(&call.args)
+            .map_err(|e| format!("tool endpoint request: {e}"))?;
+        let raw = RawToolCall {
+            tool: call.tool,
+            args,
+            task_id: call.task_id,
+            tenant: call.tenant,
+            session: call.session,
+            child: call.child,
+            cell: call.cell,
+        };
+        let result = self.dispatch_raw(raw).await?;
+        serde_json::from_str(result.get())
+            .map_err(|e| format!("tool endpoint returned invalid JSON: {e}"))
+    }
+
+    async fn dispatch_raw(&self, call: RawToolCall) -> Result<Box<RawValue>, String> {
         let result = match tokio::time::timeout(self.tools.timeout, self.post(&call)).await {
             Ok(r) => r,
             Err(_) => Err(format!(

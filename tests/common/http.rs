@@ -1,6 +1,7 @@
 //! A minimal harness for tests of the HTTP API: the real server (`kernelbox::server::serve`)
 //! in-process on loopback, against the real engine, with a small client. Include it with
-//! `#[path = "common/http.rs"] mod http;` next to `mod common;`.
+//! `#[path = "common/http.rs"] mod http;` next to `mod common;` (from a folder-style test such
+//! as `tests/server/main.rs`: `#[path = "../common/mod.rs"]` and `#[path = "../common/http.rs"]`).
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, VecDeque};
@@ -133,37 +134,52 @@ impl Api {
         }
     }
 
-    fn request(
+    /// A request builder: `Authorization` when a token is given, `Content-Type: application/json`
+    /// when a body will be, `Accept: application/x-ndjson` when `ndjson`.
+    pub fn build(
         &self,
         method: Method,
         path: &str,
-        token: &str,
+        token: Option<&str>,
         ndjson: bool,
-        body: Option<Value>,
-    ) -> hyper::Request<Full<Bytes>> {
+        json_body: bool,
+    ) -> hyper::http::request::Builder {
         let mut req = hyper::Request::builder()
             .method(method)
-            .uri(format!("{}{path}", self.base))
-            .header(AUTHORIZATION, format!("Bearer {token}"));
-        if body.is_some() {
+            .uri(format!("{}{path}", self.base));
+        if let Some(t) = token {
+            req = req.header(AUTHORIZATION, format!("Bearer {t}"));
+        }
+        if json_body {
             req = req.header(CONTENT_TYPE, "application/json");
         }
         if ndjson {
             req = req.header(ACCEPT, "application/x-ndjson");
         }
-        req.body(Full::new(
-            body.map(|b| Bytes::from(b.to_string())).unwrap_or_default(),
-        ))
-        .expect("request")
+        req
     }
 
-    pub async fn send(
+    fn request(
         &self,
         method: Method,
         path: &str,
-        token: &str,
+        token: Option<&str>,
         ndjson: bool,
-        body: Option<Value>,
+        body: Option<Bytes>,
+    ) -> hyper::Request<Full<Bytes>> {
+        self.build(method, path, token, ndjson, body.is_some())
+            .body(Full::new(body.unwrap_or_default()))
+            .expect("request")
+    }
+
+    /// Sends raw bytes (which need not be JSON); `None` sends no `Authorization` header.
+    pub async fn send_bytes(
+        &self,
+        method: Method,
+        path: &str,
+        token: Option<&str>,
+        ndjson: bool,
+        body: Option<Bytes>,
     ) -> Reply {
         let req = self.request(method, path, token, ndjson, body);
         let response = self.http.request(req).await.expect("HTTP request");
@@ -174,6 +190,33 @@ impl Api {
             headers: parts.headers,
             body,
         }
+    }
+
+    pub async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        token: &str,
+        ndjson: bool,
+        body: Option<Value>,
+    ) -> Reply {
+        let body = body.map(|b| Bytes::from(b.to_string()));
+        self.send_bytes(method, path, Some(token), ndjson, body)
+            .await
+    }
+
+    pub async fn get(&self, path: &str, token: Option<&str>) -> Reply {
+        self.send_bytes(Method::GET, path, token, false, None).await
+    }
+
+    pub async fn post(&self, path: &str, token: Option<&str>, body: Value) -> Reply {
+        let body = Bytes::from(body.to_string());
+        self.send_bytes(Method::POST, path, token, false, Some(body))
+            .await
+    }
+
+    pub async fn delete(&self, path: &str, token: &str) -> Reply {
+        self.send(Method::DELETE, path, token, false, None).await
     }
 
     pub async fn execute(&self, token: &str, session: &str, body: Value) -> Reply {
@@ -207,9 +250,11 @@ impl Api {
     /// Starts a streaming execute that must be admitted; returns its events.
     pub async fn stream(&self, token: &str, session: &str, body: Value) -> Events {
         let path = format!("/v1/sessions/{session}/execute");
-        let req = self.request(Method::POST, &path, token, true, Some(body));
+        let body = Bytes::from(body.to_string());
+        let req = self.request(Method::POST, &path, Some(token), true, Some(body));
         let response = self.http.request(req).await.expect("HTTP request");
         assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(response.headers()[CONTENT_TYPE], "application/x-ndjson");
         Events {
             body: response.into_body(),
             buf: Vec::new(),
@@ -219,16 +264,14 @@ impl Api {
 
     /// The caller's tenant's kernels.
     pub async fn kernels(&self, token: &str) -> Vec<Value> {
-        let reply = self
-            .send(Method::GET, "/v1/kernels", token, false, None)
-            .await;
+        let reply = self.get("/v1/kernels", Some(token)).await;
         assert_eq!(reply.status, StatusCode::OK);
         reply.json()["kernels"].as_array().expect("kernels").clone()
     }
 
     /// The metrics text.
     pub async fn metrics(&self) -> String {
-        let reply = self.send(Method::GET, "/metrics", "", false, None).await;
+        let reply = self.get("/metrics", None).await;
         String::from_utf8_lossy(&reply.body).to_string()
     }
 }

@@ -9,6 +9,9 @@ use std::time::Duration;
 use kernelbox::docker::{ContainerInfo, Engine, VolumeInfo};
 use kernelbox::{BollardEngine, CellResult, Config, ExecuteRequest, Orchestrator};
 
+/// The exact error of an interrupted cell (README "The result of a cell").
+pub const INTERRUPTED: &str = "Interrupted; the session kernel was killed and its state was lost.";
+
 /// The label key tests put on everything they create.
 pub const CASE: &str = "io.kernelbox-test.case";
 

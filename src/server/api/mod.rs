@@ -331,8 +331,14 @@ async fn execute(
     }
     // The caps are the orchestrator's (its registry admits each new kernel); a refusal is 429.
     let refused = |e: crate::orchestrator::ExecuteError| {
-        if matches!(e, crate::orchestrator::ExecuteError::AtCapacity { .. }) {
-            state.inner.metrics.rejected("capacity");
+        match e {
+            crate::orchestrator::ExecuteError::AtCapacity { .. } => {
+                state.inner.metrics.rejected("capacity");
+            }
+            crate::orchestrator::ExecuteError::SessionBusy { .. } => {
+                state.inner.metrics.rejected("session_busy");
+            }
+            _ => {}
         }
         ApiError::from(e)
     };

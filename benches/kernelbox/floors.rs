@@ -1,0 +1,195 @@
+//! The floors: what the engine allows on the same machine, measured with the kernel image and a
+//! kernel's sandbox. A line echoed by python3 through a docker attach ([`EchoFloor`], for warm
+//! cells), one `docker run --rm IMAGE python3 -c pass` ([`docker_run_once`], for cold starts),
+//! and idle `sleep` containers ([`container_floor`], for memory per kernel).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use futures::StreamExt;
+use kernelbox::docker::{Chunk, ContainerSpec};
+use kernelbox::{Engine, Sandbox};
+use serde_json::{json, Map, Value};
+use tokio::io::AsyncWriteExt;
+use tokio::process::Command;
+
+use crate::events::Window;
+use crate::host::{HostMemory, MIB};
+use crate::phases::DENSITY_CONCURRENCY;
+use crate::stats::ms;
+use crate::{CASE, IMAGE};
+
+/// A floor container: the kernel image and a kernel's sandbox, running `cmd` instead of the
+/// runner, labelled with the run's case label.
+fn floor_spec(label: &str, cmd: &[&str]) -> ContainerSpec {
+    ContainerSpec {
+        image: IMAGE.into(),
+        cmd: cmd.iter().map(|s| s.to_string()).collect(),
+        env: Vec::new(),
+        user: Sandbox::default().user,
+        working_dir: "/".into(),
+        labels: BTreeMap::from([(CASE.to_string(), label.to_string())]),
+        mounts: Vec::new(),
+        sandbox: Sandbox::default(),
+    }
+}
+
+/// The floor of a warm round trip: one line echoed by python3 through a docker attach, in a
+/// container created through the same [`Engine`] with the same sandbox as a kernel's (limits,
+/// read-only root, no network, no log driver), so only kernelbox's own work differs.
+pub struct EchoFloor {
+    engine: Arc<dyn Engine>,
+    id: String,
+    output: futures::stream::BoxStream<'static, Result<Chunk, kernelbox::EngineError>>,
+    input: std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>,
+    buf: Vec<u8>,
+}
+
+impl EchoFloor {
+    pub async fn start(engine: &Arc<dyn Engine>, label: &str) -> Result<EchoFloor> {
+        let script = "import sys\nfor l in sys.stdin: sys.stdout.write(l); sys.stdout.flush()";
+        let spec = floor_spec(label, &["python3", "-u", "-c", script]);
+        let id = engine
+            .create_container(&spec)
+            .await
+            .context("creating the attach floor container")?;
+        let started = async {
+            let attached = engine.attach(&id).await?;
+            engine.start(&id).await?;
+            Ok::<_, anyhow::Error>(attached)
+        }
+        .await;
+        let attached = match started {
+            Ok(a) => a,
+            Err(e) => {
+                let _ = engine.remove_container(&id).await;
+                return Err(e);
+            }
+        };
+        let mut floor = EchoFloor {
+            engine: engine.clone(),
+            id,
+            output: attached.output,
+            input: attached.input,
+            buf: Vec::new(),
+        };
+        for _ in 0..20 {
+            floor.sample().await?;
+        }
+        Ok(floor)
+    }
+
+    /// One echo round trip, in milliseconds.
+    pub async fn sample(&mut self) -> Result<f64> {
+        let t = Instant::now();
+        self.input.write_all(b"ping\n").await?;
+        self.input.flush().await?;
+        let (buf, output) = (&mut self.buf, &mut self.output);
+        let echoed = async {
+            loop {
+                if let Some(pos) = buf.iter().position(|&b| b == b'\n') {
+                    buf.drain(..=pos);
+                    return Ok(());
+                }
+                match output.next().await {
+                    Some(Ok(Chunk::Stdout(message))) => buf.extend_from_slice(&message),
+                    Some(Ok(Chunk::Stderr(message))) => {
+                        bail!("echo container: {}", String::from_utf8_lossy(&message))
+                    }
+                    Some(Err(e)) => return Err(e.into()),
+                    None => bail!("echo container's attach stream ended"),
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(30), echoed)
+            .await
+            .context("echo timed out")??;
+        Ok(ms(t.elapsed()))
+    }
+
+    pub async fn stop(self) {
+        let _ = self.engine.remove_container(&self.id).await;
+    }
+}
+
+/// One `docker run --rm IMAGE python3 -c pass` through the CLI.
+pub async fn docker_run_once(label: &str) -> Result<Window> {
+    let w = Window::begin();
+    let out = Command::new("docker")
+        .args(["run", "--rm", "--label", &format!("{CASE}={label}"), IMAGE])
+        .args(["python3", "-c", "pass"])
+        .kill_on_drop(true)
+        .output()
+        .await
+        .context("spawning docker")?;
+    let w = w.end();
+    if !out.status.success() {
+        bail!(
+            "docker run failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(w)
+}
+
+/// The engine's own cost of an idle container, for the density floor.
+pub struct ContainerFloor {
+    pub per_container_mib: f64,
+    /// Per helper kind, its PSS growth per container in MiB.
+    pub helpers: Value,
+}
+
+/// Starts `n` containers that only sleep, with a kernel's sandbox (init, limits, read-only
+/// root, no network) through the same [`Engine`], and measures host memory as for kernels:
+/// what any container costs on this host before kernelbox runs Python in it.
+pub async fn container_floor(
+    engine: &Arc<dyn Engine>,
+    label: &str,
+    n: usize,
+) -> Result<ContainerFloor> {
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let before = HostMemory::take().await?;
+    let spec = floor_spec(label, &["sleep", "infinity"]);
+    let started: Vec<Result<String>> = futures::stream::iter(0..n)
+        .map(|_| async {
+            let id = engine.create_container(&spec).await?;
+            engine.start(&id).await?;
+            Ok(id)
+        })
+        .buffer_unordered(DENSITY_CONCURRENCY)
+        .collect()
+        .await;
+    let ids: Vec<String> = started
+        .iter()
+        .filter_map(|r| r.as_ref().ok().cloned())
+        .collect();
+    let measured = async {
+        if let Some(Err(e)) = started.into_iter().find(Result::is_err) {
+            return Err(e.context("starting the density floor containers"));
+        }
+        // Let them settle into idle before reading memory, as the kernels do.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let after = HostMemory::take().await?;
+        let helpers: Map<String, Value> = after
+            .helpers_since(&before)
+            .into_iter()
+            .map(|h| {
+                let per = h.pss_delta_bytes as f64 / n as f64 / MIB;
+                (h.kind.to_string(), json!(per))
+            })
+            .collect();
+        Ok(ContainerFloor {
+            per_container_mib: after.mib_per(&before, n),
+            helpers: Value::Object(helpers),
+        })
+    }
+    .await;
+    futures::stream::iter(ids)
+        .for_each_concurrent(32, |id| async move {
+            let _ = engine.remove_container(&id).await;
+        })
+        .await;
+    measured
+}

@@ -1,0 +1,277 @@
+//! kernelbox benchmarks: the figures of the README's Performance section (warm and cold cells,
+//! the tool-call round trip, throughput, idle density, a Jupyter reference), side by side with
+//! the floors the engine physically allows, in one run against the real Docker engine.
+//!
+//! ```text
+//! cargo bench --bench kernelbox -- [--quick] [--density N] [--json PATH] [--warm N] [--no-jupyter]
+//! ```
+//!
+//! Measures, in order: the bare attach echo floor and the warm cell round trip; the cold first
+//! cell against `docker run --rm IMAGE python3 -c pass`; a no-op tool call from inside a cell;
+//! many owners times many cells concurrently; N idle kernels (start time, host memory,
+//! kernelbox's RSS); and, when ipykernel installs quickly into `target/bench-venv`, a Jupyter
+//! kernel as the reference users know. Prints a markdown table and writes the same data as
+//! JSON (default `target/bench.json`). Everything created carries
+//! `io.kernelbox-test.case=bench-<uuid>`; the run ends by asserting nothing labelled remains.
+//!
+//! Layout:
+//!
+//! - `main.rs`: the flags, the sample sizes, the order of the phases, the check that nothing
+//!   labelled is left behind.
+//! - `phases/`: the state of a run ([`phases::Bench`]) and one file per phase (warm, HTTP,
+//!   cold, tools, throughput, density, Jupyter), each adding its rows, notes and details.
+//! - `floors.rs`: what the engine allows on the same machine: the attach echo, `docker run
+//!   --rm`, and idle `sleep` containers with a kernel's sandbox.
+//! - `events.rs`: timed samples with wall-clock bounds, and the Docker event log that splits
+//!   them into segments (create, attach, start, ...).
+//! - `host.rs`: host measurements from `free` and `/proc`: used memory, the engine's helper
+//!   processes, cgroup memory, this process's RSS, the machine's description.
+//! - `stats.rs`: latency summaries (nearest-rank percentiles) and their formatting.
+//! - `report.rs`: the table's rows, the markdown table, and the printed and JSON report.
+
+mod events;
+mod floors;
+mod host;
+mod phases;
+mod report;
+mod stats;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use bollard::Docker;
+use kernelbox::{BollardEngine, Config, Engine, Orchestrator};
+
+use phases::Bench;
+
+/// The kernel image every phase runs.
+const IMAGE: &str = "kernelbox/kernel:latest";
+/// The label key on everything the bench creates.
+const CASE: &str = "io.kernelbox-test.case";
+const USAGE: &str =
+    "cargo bench --bench kernelbox -- [--quick] [--density N] [--json PATH] [--warm N] [--no-jupyter]";
+
+/// The command line.
+struct Args {
+    quick: bool,
+    density: usize,
+    json: PathBuf,
+    jupyter: bool,
+    /// Overrides the number of warm cells (and attach echoes), e.g. for profiling.
+    warm: Option<usize>,
+}
+
+impl Args {
+    fn parse() -> Result<Args> {
+        let mut args = Args {
+            quick: false,
+            density: 50,
+            json: target_dir().join("bench.json"),
+            jupyter: true,
+            warm: None,
+        };
+        let mut it = std::env::args().skip(1);
+        while let Some(arg) = it.next() {
+            let (flag, inline) = match arg.split_once('=') {
+                Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
+                _ => (arg.clone(), None),
+            };
+            let mut value = |name: &str| -> Result<String> {
+                inline
+                    .clone()
+                    .or_else(|| it.next())
+                    .with_context(|| format!("{name} needs a value"))
+            };
+            match flag.as_str() {
+                "--quick" => args.quick = true,
+                "--density" => {
+                    args.density = value("--density")?
+                        .parse()
+                        .context("--density takes a number")?
+                }
+                "--json" => args.json = value("--json")?.into(),
+                "--warm" => {
+                    args.warm = Some(value("--warm")?.parse().context("--warm takes a number")?)
+                }
+                "--no-jupyter" => args.jupyter = false,
+                // `cargo bench` passes `--bench` to harness = false targets.
+                "--bench" => {}
+                "-h" | "--help" => {
+                    println!("{USAGE}");
+                    std::process::exit(0);
+                }
+                other => eprintln!("ignoring argument {other:?} (usage: {USAGE})"),
+            }
+        }
+        if args.density == 0 {
+            bail!("--density must be at least 1");
+        }
+        Ok(args)
+    }
+
+    /// The command that reproduces this run, for the report.
+    fn command(&self) -> String {
+        let mut c = String::from("cargo bench --bench kernelbox --");
+        if self.quick {
+            c.push_str(" --quick");
+        }
+        c.push_str(&format!(" --density {}", self.density));
+        if let Some(n) = self.warm {
+            c.push_str(&format!(" --warm {n}"));
+        }
+        if !self.jupyter {
+            c.push_str(" --no-jupyter");
+        }
+        c
+    }
+}
+
+/// Cargo's target directory: the default JSON path, the Jupyter venv and script.
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target"))
+}
+
+/// Sample counts, full or `--quick`.
+struct Sizes {
+    warm: usize,
+    cold: usize,
+    cold_floor: usize,
+    tool_calls: usize,
+    owners: usize,
+    cells_per_owner: usize,
+    jupyter_warm: usize,
+    jupyter_cold: usize,
+}
+
+impl Sizes {
+    fn new(quick: bool) -> Sizes {
+        if quick {
+            Sizes {
+                warm: 100,
+                cold: 5,
+                cold_floor: 10,
+                tool_calls: 200,
+                owners: 4,
+                cells_per_owner: 10,
+                jupyter_warm: 100,
+                jupyter_cold: 2,
+            }
+        } else {
+            Sizes {
+                warm: 500,
+                cold: 10,
+                cold_floor: 10,
+                tool_calls: 1000,
+                owners: 8,
+                cells_per_owner: 25,
+                jupyter_warm: 500,
+                jupyter_cold: 5,
+            }
+        }
+    }
+}
+
+/// The phases that run on the bench's orchestrator, in order.
+async fn run_phases(b: &mut Bench) -> Result<()> {
+    eprintln!("[bench] warm cell and attach floor");
+    b.warm().await?;
+    eprintln!("[bench] warm cell over HTTP");
+    b.http().await?;
+    eprintln!("[bench] cold first cell and docker run floor");
+    b.cold().await?;
+    eprintln!("[bench] tool call round trip");
+    b.tools().await?;
+    eprintln!("[bench] throughput");
+    b.throughput().await?;
+    eprintln!("[bench] density: {} idle kernels", b.args.density);
+    b.density().await?;
+    Ok(())
+}
+
+/// Removes anything still carrying the label; returns what was found.
+async fn leftovers(engine: &Arc<dyn Engine>, label: &str) -> Result<(usize, usize)> {
+    let filter = [format!("{CASE}={label}")];
+    let cs = engine.list_containers(&filter).await?;
+    let vs = engine.list_volumes(&filter, false).await?;
+    for c in &cs {
+        let _ = engine.remove_container(&c.id).await;
+    }
+    for v in &vs {
+        let _ = kernelbox::docker::remove_volume_when_free(engine.as_ref(), &v.name).await;
+    }
+    Ok((cs.len(), vs.len()))
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args = Args::parse()?;
+    let load_at_start = host::loadavg();
+    let mut sizes = Sizes::new(args.quick);
+    if let Some(n) = args.warm {
+        sizes.warm = n.max(1);
+    }
+    let label = format!("bench-{}", uuid::Uuid::new_v4().simple());
+    let engine: Arc<dyn Engine> = Arc::new(
+        BollardEngine::connect()
+            .await
+            .context("the Docker engine must be running")?,
+    );
+    let docker = Docker::connect_with_defaults()?.negotiate_version().await?;
+    if !engine.image_exists(IMAGE).await? {
+        bail!("{IMAGE} is missing: build it with `kernelbox image build`");
+    }
+    let docker_version = docker
+        .version()
+        .await
+        .ok()
+        .and_then(|v| v.version)
+        .unwrap_or_default();
+    let others_running = docker
+        .list_containers(None::<bollard::query_parameters::ListContainersOptions>)
+        .await
+        .map(|c| c.len())
+        .unwrap_or(0);
+    let config = Config {
+        max_session_kernels: args.density.max(sizes.owners + 2),
+        max_tool_calls: u32::try_from(sizes.tool_calls + 10)?,
+        ..phases::config(&label)
+    };
+    let kb = Orchestrator::start(config, engine.clone()).await?;
+    let rss_at_start = host::vm_rss_bytes()?;
+    eprintln!("[bench] label {CASE}={label}");
+    let mut b = Bench::new(
+        args,
+        sizes,
+        label.clone(),
+        engine.clone(),
+        docker,
+        kb,
+        rss_at_start,
+    );
+    let outcome = run_phases(&mut b).await;
+    let t = Instant::now();
+    b.kb.shutdown().await;
+    let shutdown_s = t.elapsed().as_secs_f64();
+    let (cs, vs) = leftovers(&engine, &label).await?;
+    outcome?;
+    if cs + vs > 0 {
+        bail!("left behind after shutdown: {cs} containers, {vs} volumes labelled {label}");
+    }
+    b.notes.push(format!(
+        "shutdown with {} kernels took {shutdown_s:.1} s; afterwards docker lists 0 containers \
+         and 0 volumes labelled {CASE}={label}",
+        b.args.density
+    ));
+    if others_running > 0 {
+        b.notes.push(format!(
+            "{others_running} other containers were running on the engine when the bench started"
+        ));
+    }
+    eprintln!("[bench] jupyter reference");
+    b.jupyter().await?;
+    report::publish(&b, &docker_version, load_at_start)
+}

@@ -1,0 +1,129 @@
+//! The phases of a run, each one `impl Bench` block that measures one thing and adds its table
+//! rows, notes and JSON details to the run's [`Bench`]; `main.rs` runs them in order.
+//!
+//! - `warm.rs`: the warm cell `x = 1` through the library, alternating with the attach echo.
+//! - `http.rs`: the warm cell through the HTTP API on loopback, on an in-process server.
+//! - `cold.rs`: the first cell of a new owner, against `docker run --rm`, split by Docker
+//!   events.
+//! - `tools.rs`: a no-op tool call from inside a cell, timed in Python.
+//! - `throughput.rs`: many owners times many cells concurrently.
+//! - `density.rs`: N idle kernels: start time, host memory against idle containers, cgroup
+//!   memory, helper processes, kernelbox's RSS.
+//! - `jupyter.rs` (+ `jupyter.py`): ipykernel through jupyter_client in `target/bench-venv`,
+//!   the reference users know.
+
+mod cold;
+mod density;
+mod http;
+mod jupyter;
+mod throughput;
+mod tools;
+mod warm;
+
+use std::sync::Arc;
+
+use anyhow::{anyhow, bail, Result};
+use bollard::Docker;
+use kernelbox::{CellResult, CellStatus, Config, Engine, ExecuteRequest, Orchestrator};
+use serde_json::{Map, Value};
+
+use crate::report::Row;
+use crate::stats::fmt_ms;
+use crate::{Args, Sizes, CASE};
+
+/// Kernels (and floor containers) started at once in the density phase.
+pub const DENSITY_CONCURRENCY: usize = 8;
+
+/// The state of a run: what the phases share, and what they report.
+pub struct Bench {
+    pub args: Args,
+    sizes: Sizes,
+    pub label: String,
+    engine: Arc<dyn Engine>,
+    docker: Docker,
+    pub kb: Orchestrator,
+    pub rows: Vec<Row>,
+    pub details: Map<String, Value>,
+    pub notes: Vec<String>,
+    /// Attach floor p50, for ratios of later rows.
+    attach_p50: f64,
+    /// Warm cell p50, for the Jupyter ratio.
+    warm_p50: f64,
+    cold_p50: f64,
+    rss_at_start: u64,
+}
+
+/// An orchestrator's config for the bench: everything labelled with the run's case label, no
+/// watchdog and no sweep (the bench removes what it made, and checks that).
+pub fn config(label: &str) -> Config {
+    Config {
+        extra_labels: [(CASE.to_string(), label.to_string())].into(),
+        watchdog: None,
+        sweep_on_start: false,
+        ..Config::default()
+    }
+}
+
+fn ok_cell(what: &str, r: &CellResult) -> Result<()> {
+    if r.status != CellStatus::Success {
+        bail!(
+            "{what}: cell ended {} ({:?}): {}",
+            r.status.as_str(),
+            r.error,
+            r.output
+        );
+    }
+    Ok(())
+}
+
+/// The last line of `text` that holds a JSON object: the figures a Python script printed.
+/// `whence` completes the error "no figures …".
+fn last_json(text: &str, whence: impl std::fmt::Display) -> Result<Value> {
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .ok_or_else(|| anyhow!("no figures {whence}"))?;
+    Ok(serde_json::from_str(line)?)
+}
+
+impl Bench {
+    pub fn new(
+        args: Args,
+        sizes: Sizes,
+        label: String,
+        engine: Arc<dyn Engine>,
+        docker: Docker,
+        kb: Orchestrator,
+        rss_at_start: u64,
+    ) -> Bench {
+        Bench {
+            args,
+            sizes,
+            label,
+            engine,
+            docker,
+            kb,
+            rows: Vec::new(),
+            details: Map::new(),
+            notes: Vec::new(),
+            attach_p50: f64::NAN,
+            warm_p50: f64::NAN,
+            cold_p50: f64::NAN,
+            rss_at_start,
+        }
+    }
+
+    async fn exec(&self, request: ExecuteRequest) -> Result<CellResult> {
+        let r = self.kb.execute(request).await?;
+        Ok(r)
+    }
+
+    /// `row` with the attach echo as its floor, for a measure whose p50 is `p50` ms.
+    fn vs_attach(&self, row: Row, p50: f64) -> Row {
+        row.floor(
+            format!("attach echo p50 {}", fmt_ms(self.attach_p50)),
+            p50 / self.attach_p50,
+        )
+    }
+}

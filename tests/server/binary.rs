@@ -1,0 +1,106 @@
+//! The `kernelbox serve` binary: SIGTERM cleanup and tenants-file errors.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde_json::json;
+use tokio::io::AsyncBufReadExt;
+
+use crate::common::{self, CASE};
+use crate::http::Api;
+
+/// Reads the binary's stderr until the "serving" line; returns the address.
+async fn serving_addr(
+    lines: &mut tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStderr>>,
+) -> SocketAddr {
+    loop {
+        let line = lines
+            .next_line()
+            .await
+            .expect("stderr")
+            .expect("the server exited before serving");
+        if let Some(rest) = line.split("on http://").nth(1) {
+            let addr = rest.split_whitespace().next().expect("address");
+            return addr.parse().expect("socket address");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_lets_the_running_cell_finish_then_removes_everything_and_exits_0() {
+    let label = common::unique("srv-sigterm");
+    let engine = common::engine().await;
+    let state = tempfile::tempdir().expect("state dir");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_kernelbox"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--label"])
+        .arg(format!("{CASE}={label}"))
+        .env("KERNELBOX_TOKEN", "tok-bin")
+        .env("KERNELBOX_STATE_DIR", state.path())
+        .env_remove("KERNELBOX_TENANTS")
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn kernelbox serve");
+    let stderr = child.stderr.take().expect("stderr");
+    let mut lines = tokio::io::BufReader::new(stderr).lines();
+    let addr = serving_addr(&mut lines).await;
+    let api = Api::new(addr);
+    api.run("tok-bin", "idle", "a = 1").await;
+    let mut events = api
+        .stream(
+            "tok-bin",
+            "s",
+            json!({"code": "print('started', flush=True)\nimport time\ntime.sleep(2)\nprint('done')"}),
+        )
+        .await;
+    events.until_output("started").await;
+
+    let pid = child.id().expect("pid").to_string();
+    let kill = tokio::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .await
+        .expect("kill");
+    assert!(kill.success());
+
+    // The running cell finishes (drain), then the process exits 0 with nothing left.
+    let result = events.result().await;
+    assert_eq!(result["status"], "success", "{result}");
+    assert!(result["output"].as_str().expect("output").contains("done"));
+    let status = tokio::time::timeout(Duration::from_secs(60), child.wait())
+        .await
+        .expect("the server exits after SIGTERM")
+        .expect("wait");
+    assert_eq!(status.code(), Some(0));
+    assert!(
+        tokio::net::TcpStream::connect(addr).await.is_err(),
+        "the listener is closed"
+    );
+    common::assert_clean(&engine, &label).await;
+}
+
+#[tokio::test]
+async fn bad_tenants_files_fail_with_exit_2_naming_the_file_and_field() {
+    let dir = std::env::temp_dir().join(common::unique("srv-tenants"));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let bad = dir.join("tenants.json");
+    std::fs::write(
+        &bad,
+        r#"{"tenants": [{"name": "acme", "token_sha256": "xyz"}]}"#,
+    )
+    .expect("write");
+    let missing = dir.join("missing.json");
+    for (file, field) in [(&bad, "tenants[0].token_sha256"), (&missing, "cannot read")] {
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_kernelbox"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--tenants"])
+            .arg(file)
+            .output()
+            .await
+            .expect("run kernelbox serve");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains(&file.display().to_string()), "{stderr}");
+        assert!(stderr.contains(field), "{stderr}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
