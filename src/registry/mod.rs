@@ -44,7 +44,8 @@ use crate::owner::{KernelKey, Owner};
 const MAX_REMEMBERED_KEYS: usize = 65_536;
 
 /// Most calls attached to one kernel at once: the one running a cell and those queued behind
-/// it (each holds its whole request). One more is refused ([`Refusal::Busy`]).
+/// it (each holds its whole request). One more is refused
+/// ([`ExecuteError::SessionBusy`](crate::orchestrator::ExecuteError::SessionBusy)).
 pub const MAX_ATTACHED_PER_SLOT: usize = 8;
 
 /// One key's current kernel, spawned at most once.
