@@ -601,7 +601,7 @@ async fn the_reaper_sweeps_dead_instances_old_staging_volumes_only() {
 }
 
 #[tokio::test]
-async fn interrupt_counts_a_queued_cell_that_never_ran_as_not_interrupted() {
+async fn interrupt_counts_every_cell_that_ended_interrupted_the_queued_one_included() {
     let case = Case::new("intqueue").await;
     case.run("s", "x = 1").await;
     let first = common::start_cell(
@@ -622,19 +622,19 @@ async fn interrupt_counts_a_queued_cell_that_never_ran_as_not_interrupted() {
         first.await.unwrap().expect("execute"),
         queued.await.unwrap().expect("execute"),
     ];
-    let interrupted = results
-        .iter()
-        .filter(|r| r.status == CellStatus::Interrupted)
-        .count();
+    // The running cell is killed; the queued one ends at once without running.
     assert_eq!(results[0].status, CellStatus::Interrupted, "{results:?}");
-    for r in results
-        .iter()
-        .filter(|r| r.status == CellStatus::Interrupted)
-    {
-        assert_eq!(r.error.as_deref(), Some(common::INTERRUPTED), "{r:?}");
+    assert_eq!(results[0].error.as_deref(), Some(common::INTERRUPTED));
+    assert_eq!(results[1].status, CellStatus::Interrupted, "{results:?}");
+    assert_eq!(
+        results[1].error.as_deref(),
+        Some(common::INTERRUPTED_QUEUED)
+    );
+    assert_eq!(results[1].kernel.execution_count, 0, "{results:?}");
+    for r in &results {
         assert_eq!(r.exit_code, -1, "{r:?}");
     }
-    assert_eq!(n, interrupted, "{results:?}");
+    assert_eq!(n, 2, "{results:?}");
     assert_eq!(case.kb.interrupt(None, "s").await, 0, "nothing runs now");
     case.finish().await;
 }

@@ -11,6 +11,9 @@ use kernelbox::{BollardEngine, CellResult, Config, ExecuteRequest, Orchestrator}
 
 /// The exact error of an interrupted cell (README "The result of a cell").
 pub const INTERRUPTED: &str = "Interrupted; the session kernel was killed and its state was lost.";
+/// The exact message of a cell interrupted while it waited behind an earlier cell.
+pub const INTERRUPTED_QUEUED: &str =
+    "Interrupted before it ran: the cell was waiting for an earlier cell of this session and never executed.";
 
 /// The label key tests put on everything they create.
 pub const CASE: &str = "io.kernelbox-test.case";
