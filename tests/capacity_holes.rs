@@ -260,16 +260,7 @@ async fn sigterm_lets_a_cell_whose_client_went_away_finish() {
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let addr: SocketAddr = tokio::time::timeout(Duration::from_secs(60), async {
-        loop {
-            let line = lines.next_line().await.unwrap().expect("serving");
-            if let Some(rest) = line.split("on http://").nth(1) {
-                return rest.split_whitespace().next().unwrap().parse().unwrap();
-            }
-        }
-    })
-    .await
-    .expect("the server serves within 60s");
+    let addr = common::serving_addr(&mut lines).await;
     let stderr = tokio::spawn(async move {
         let mut rest = Vec::new();
         while let Ok(Some(line)) = lines.next_line().await {

@@ -9,7 +9,6 @@
 
 mod common;
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -116,16 +115,7 @@ async fn a_gigabyte_of_forged_frames_costs_the_server_little_and_kills_only_the_
         .expect("spawn kernelbox serve");
     let pid = server.id().expect("pid");
     let mut lines = tokio::io::BufReader::new(server.stderr.take().expect("stderr")).lines();
-    let addr: SocketAddr = loop {
-        let line = lines
-            .next_line()
-            .await
-            .expect("stderr")
-            .expect("the server exited before serving");
-        if let Some(rest) = line.split("on http://").nth(1) {
-            break rest.split_whitespace().next().unwrap().parse().unwrap();
-        }
-    };
+    let addr = common::serving_addr(&mut lines).await;
     // Keep draining the server's stderr so it never blocks on a full pipe.
     let drain = tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     let api = std::sync::Arc::new(Api {

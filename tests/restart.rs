@@ -55,21 +55,7 @@ impl Server {
             .spawn()
             .expect("spawn kernelbox serve");
         let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-        let addr = tokio::time::timeout(Duration::from_secs(60), async {
-            loop {
-                let line = lines
-                    .next_line()
-                    .await
-                    .expect("stderr")
-                    .expect("the server exited before serving");
-                if let Some(rest) = line.split("on http://").nth(1) {
-                    let addr = rest.split_whitespace().next().expect("address");
-                    return addr.parse::<SocketAddr>().expect("socket address");
-                }
-            }
-        })
-        .await
-        .expect("the server serves within 60s");
+        let addr = common::serving_addr(&mut lines).await;
         let stderr = tokio::spawn(async move {
             let mut rest = Vec::new();
             while let Ok(Some(line)) = lines.next_line().await {

@@ -209,37 +209,29 @@ fn apply_changes(rows: &mut dyn Rows, changes: &[Change]) -> Result<(), CatalogE
                 tenant,
                 owner,
                 generation,
-            } => {
-                let old = rows.get(key_hash)?;
-                let generation = old
-                    .as_ref()
-                    .map_or(*generation, |o| o.entry.generation.max(*generation));
-                let entry = Entry {
-                    key_hash: key_hash.clone(),
-                    tenant: tenant.clone(),
-                    owner: owner.clone(),
-                    generation,
-                    state: EntryState::Live,
-                };
-                write(rows, old, entry)?;
             }
-            Change::Lost {
+            | Change::Lost {
                 key_hash,
                 tenant,
                 owner,
                 generation,
-                loss,
+                ..
             } => {
                 let old = rows.get(key_hash)?;
+                // Generations only grow, whatever order the changes arrive in.
                 let generation = old
                     .as_ref()
                     .map_or(*generation, |o| o.entry.generation.max(*generation));
+                let state = match change {
+                    Change::Lost { loss, .. } => EntryState::Lost { loss: loss.clone() },
+                    _ => EntryState::Live,
+                };
                 let entry = Entry {
                     key_hash: key_hash.clone(),
                     tenant: tenant.clone(),
                     owner: owner.clone(),
                     generation,
-                    state: EntryState::Lost { loss: loss.clone() },
+                    state,
                 };
                 write(rows, old, entry)?;
             }

@@ -178,3 +178,25 @@ pub async fn wait_gone(engine: &Arc<dyn Engine>, label: &str, limit: Duration) -
         }
     }
 }
+
+/// Reads a `kernelbox serve` process's stderr until its "serving ... on http://ADDR" line
+/// (at most 60 s) and returns the address; the lines after it are left to the caller.
+pub async fn serving_addr(
+    lines: &mut tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStderr>>,
+) -> std::net::SocketAddr {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            let line = lines
+                .next_line()
+                .await
+                .expect("stderr")
+                .expect("the server exited before serving");
+            if let Some(rest) = line.split("on http://").nth(1) {
+                let addr = rest.split_whitespace().next().expect("address");
+                return addr.parse().expect("socket address");
+            }
+        }
+    })
+    .await
+    .expect("the server serves within 60 s")
+}

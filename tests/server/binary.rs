@@ -1,6 +1,5 @@
 //! The `kernelbox serve` binary: SIGTERM cleanup and tenants-file errors.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde_json::json;
@@ -8,23 +7,6 @@ use tokio::io::AsyncBufReadExt;
 
 use crate::common::{self, CASE};
 use crate::http::Api;
-
-/// Reads the binary's stderr until the "serving" line; returns the address.
-async fn serving_addr(
-    lines: &mut tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStderr>>,
-) -> SocketAddr {
-    loop {
-        let line = lines
-            .next_line()
-            .await
-            .expect("stderr")
-            .expect("the server exited before serving");
-        if let Some(rest) = line.split("on http://").nth(1) {
-            let addr = rest.split_whitespace().next().expect("address");
-            return addr.parse().expect("socket address");
-        }
-    }
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn sigterm_lets_the_running_cell_finish_then_removes_everything_and_exits_0() {
@@ -43,7 +25,7 @@ async fn sigterm_lets_the_running_cell_finish_then_removes_everything_and_exits_
         .expect("spawn kernelbox serve");
     let stderr = child.stderr.take().expect("stderr");
     let mut lines = tokio::io::BufReader::new(stderr).lines();
-    let addr = serving_addr(&mut lines).await;
+    let addr = crate::common::serving_addr(&mut lines).await;
     let api = Api::new(addr);
     api.run("tok-bin", "idle", "a = 1").await;
     let mut events = api
