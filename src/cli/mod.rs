@@ -68,21 +68,32 @@ enum Command {
 
 #[derive(Debug, Subcommand)]
 enum ImageCommand {
-    /// Build the kernel image from images/Dockerfile, bootstrapping the base offline if needed.
+    /// Build a kernel image offline: `plain` (the default image) from images/Dockerfile,
+    /// bootstrapping its base if needed, or `datascience` (numpy, pandas, matplotlib, pillow,
+    /// scipy from Debian's packages) on top of the plain image.
     Build {
-        /// Tag of the image to build.
-        #[arg(long, default_value = kernelbox::config::DEFAULT_IMAGE)]
-        tag: String,
-        /// Base image (an official python image where a registry is reachable).
-        #[arg(long, default_value = kernelbox::image::OFFLINE_BASE)]
-        base: String,
-        /// Directory holding the Dockerfile and bootstrap script.
+        /// Which image: plain (kernelbox/kernel:latest) or datascience
+        /// (kernelbox/kernel-datascience:latest).
+        #[arg(long, default_value = "plain", value_parser = parse_preset)]
+        preset: kernelbox::image::Preset,
+        /// Tag of the image to build (default: the preset's).
+        #[arg(long)]
+        tag: Option<String>,
+        /// Base image (default: the preset's: the offline Debian base for plain, where a
+        /// registry is reachable an official python image; the plain image for datascience).
+        #[arg(long)]
+        base: Option<String>,
+        /// Directory holding the Dockerfiles and bootstrap script.
         #[arg(long, default_value = "images")]
         dir: PathBuf,
         /// Rebuild even when the image exists.
         #[arg(long)]
         force: bool,
     },
+}
+
+fn parse_preset(text: &str) -> Result<kernelbox::image::Preset, String> {
+    text.parse()
 }
 
 /// Options shared by every verb that runs kernels.
@@ -269,13 +280,16 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Image { command } => match command {
             ImageCommand::Build {
+                preset,
                 tag,
                 base,
                 dir,
                 force,
             } => {
+                let tag = tag.unwrap_or_else(|| preset.tag().to_string());
+                let base = base.unwrap_or_else(|| preset.default_base().to_string());
                 tokio::task::spawn_blocking(move || {
-                    kernelbox::image::build(&dir, &tag, &base, force)
+                    kernelbox::image::build(&dir, preset, &tag, &base, force)
                 })
                 .await??;
                 Ok(ExitCode::SUCCESS)

@@ -125,11 +125,14 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let Some(engine) = connect_with_retry(&shutdown).await? else {
         return Ok(ExitCode::SUCCESS);
     };
-    if !engine.image_exists(&config.image).await? {
-        return Err(kernelbox::EngineError::ImageMissing {
-            image: config.image.clone(),
+    // The server's image and every image a tenant names must be there before anyone calls.
+    for image in std::iter::once(config.image.as_str()).chain(tenants.images()) {
+        if !engine.image_exists(image).await? {
+            return Err(kernelbox::EngineError::ImageMissing {
+                image: image.to_string(),
+            }
+            .into());
         }
-        .into());
     }
     let orchestrator = Orchestrator::start(config, engine).await?;
     let state = AppState::new(orchestrator, tenants.clone());

@@ -55,7 +55,13 @@ impl Orchestrator {
         let key = KernelKey {
             owner: owner.clone(),
             mode: config.mode.clone(),
-            image: config.image.clone(),
+            image: match request.image.as_deref() {
+                None => config.image.clone(),
+                Some(image) if image.trim().is_empty() => {
+                    return Err(ExecuteError::Invalid("image must not be empty".into()))
+                }
+                Some(image) => image.to_string(),
+            },
             tools: request.tools.clone(),
         };
         // Interruptible from the start: an interrupt during a cold start is not lost (the cell

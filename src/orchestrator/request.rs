@@ -35,6 +35,10 @@ pub struct ExecuteRequest {
     pub timeout: Option<Duration>,
     /// Tools the cell may call (part of the kernel key).
     pub tools: BTreeSet<String>,
+    /// The image a new kernel runs (part of the kernel key; `None`: [`Config::image`]).
+    ///
+    /// [`Config::image`]: crate::Config::image
+    pub image: Option<String>,
     /// Where tool calls go.
     pub dispatcher: Option<Arc<dyn ToolDispatcher>>,
     /// Cancelling it interrupts the cell (the kernel is killed).
@@ -82,6 +86,7 @@ impl std::fmt::Debug for ExecuteRequest {
             .field("reset", &self.reset)
             .field("timeout", &self.timeout)
             .field("tools", &self.tools)
+            .field("image", &self.image)
             .field("tenant_limits", &self.tenant_limits)
             .finish_non_exhaustive()
     }

@@ -297,6 +297,7 @@ fn parse_execute(
         reset: body.reset,
         timeout,
         tools,
+        image: tenant.image.clone(),
         dispatcher,
         cancel: None,
         sink: None,
