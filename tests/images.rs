@@ -132,9 +132,8 @@ async fn the_plain_image_stays_the_default_and_has_none_of_them() {
 }
 
 #[tokio::test]
-async fn a_request_naming_the_image_gets_it_and_keeps_its_own_kernel() {
-    // The library's per-request image (what a tenant's `image` becomes) is part of the kernel
-    // key: the same session on another image is another kernel.
+async fn a_request_naming_the_image_gets_it() {
+    // The library's per-request image: what a tenant's `image` becomes.
     let case = Case::new("ds-request").await;
     require_image(&case.engine).await;
     let ds = case
