@@ -8,7 +8,8 @@
 //!
 //! Measures, in order: the bare attach echo floor and the warm cell round trip; the cold first
 //! cell against `docker run --rm IMAGE python3 -c pass`; a no-op tool call from inside a cell;
-//! many owners times many cells concurrently; N idle kernels (start time, host memory,
+//! many owners times many cells concurrently; the plain and data-science images side by side
+//! (size, cold start, idle memory; the latter only when built); N idle kernels (start time, host memory,
 //! kernelbox's RSS); and, when ipykernel installs quickly into `target/bench-venv`, a Jupyter
 //! kernel as the reference users know. Prints a markdown table and writes the same data as
 //! JSON (default `target/bench.json`). Everything created carries
@@ -187,6 +188,8 @@ async fn run_phases(b: &mut Bench) -> Result<()> {
     b.tools().await?;
     eprintln!("[bench] throughput");
     b.throughput().await?;
+    eprintln!("[bench] images: plain and datascience side by side");
+    b.images().await?;
     eprintln!("[bench] density: {} idle kernels", b.args.density);
     b.density().await?;
     Ok(())

@@ -7,6 +7,8 @@
 //!   events.
 //! - `tools.rs`: a no-op tool call from inside a cell, timed in Python.
 //! - `throughput.rs`: many owners times many cells concurrently.
+//! - `images.rs`: the plain and data-science images side by side: size, cold first cell,
+//!   idle memory, and the data-science image's first plot.
 //! - `density.rs`: N idle kernels: start time, host memory against idle containers, cgroup
 //!   memory, helper processes, kernelbox's RSS.
 //! - `jupyter.rs` (+ `jupyter.py`): ipykernel through jupyter_client in `target/bench-venv`,
@@ -15,6 +17,7 @@
 mod cold;
 mod density;
 mod http;
+mod images;
 mod jupyter;
 mod throughput;
 mod tools;
