@@ -99,7 +99,8 @@ fn parse_preset(text: &str) -> Result<kernelbox::image::Preset, String> {
 /// Options shared by every verb that runs kernels.
 #[derive(Debug, Args, Clone)]
 pub struct KernelOpts {
-    /// Image to run kernels from.
+    /// Image to run kernels from, e.g. kernelbox/kernel-datascience:latest (`image build
+    /// --preset datascience`); on `serve`, a tenant's `image` in the tenants file overrides it.
     #[arg(long, env = "KERNELBOX_IMAGE", default_value = kernelbox::config::DEFAULT_IMAGE)]
     image: String,
     /// Cell timeout (e.g. 30s, 5m).
