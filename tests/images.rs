@@ -28,6 +28,7 @@ logging.basicConfig(level=logging.INFO, format="LOG %(name)s %(message)s")
 import numpy, pandas, scipy, scipy.linalg, scipy.optimize, scipy.stats, PIL.Image
 import matplotlib
 import matplotlib.pyplot as plt
+import mpl_toolkits.mplot3d
 print("backend", matplotlib.get_backend())
 print("cachedir", matplotlib.get_cachedir())
 frame = pandas.DataFrame({"x": numpy.arange(5), "y": numpy.arange(5) ** 2})
