@@ -101,8 +101,8 @@ impl Bench {
             self.rows.push(Row::new(
                 format!("{name} image: idle kernel memory (mean of {idle_n})"),
                 format!(
-                    "host {:.1} MiB; cgroup {:.1} MiB charged ({:.1} MiB anon)",
-                    f.idle_host_mib, f.idle_cgroup_mib, f.idle_anon_mib
+                    "cgroup {:.1} MiB charged ({:.1} MiB anon)",
+                    f.idle_cgroup_mib, f.idle_anon_mib
                 ),
             ));
             self.rows.push(Row::new(
@@ -137,8 +137,9 @@ impl Bench {
         self.notes.push(format!(
             "images method: cold samples alternate between the images (one untimed round \
              first); idle memory starts {idle_n} kernels per image ({DENSITY_CONCURRENCY} at a \
-             time), lets them idle 5 s and divides the `free -b` used delta by {idle_n} (noisy \
-             with other load on the host) and sums their memory cgroups; size is the engine's \
+             time), lets them idle 5 s and sums their memory cgroups (the `free -b` used delta \
+             over {idle_n} kernels, too small a sample to rise above other load on the host, \
+             is only in the JSON); size is the engine's \
              image size (uncompressed layers)"
         ));
         self.details.insert("images".into(), Value::Object(details));
