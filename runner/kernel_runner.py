@@ -40,7 +40,7 @@ import select
 import sys
 import time
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 
 # Cells share this process and may rebind anything they can reach (``os.write = None``,
 # ``builtins.print = ...``): the runner keeps its own references, taken before any cell runs.
@@ -276,6 +276,9 @@ class _Runner:
         self.next_call = 0
         self.pid = _getpid()
         self.status_fd = _open_status(status_path)
+        # Rich results (runner/rich.py); the builtin ``display`` is put back before every cell.
+        self.display = _Display(channel, os.getcwd())
+        self.display_builtin = _display_builtin(self.display)
 
     # -- tool calls ------------------------------------------------------------------------
 
@@ -324,10 +327,18 @@ class _Runner:
         self.current_cell = cell
         self.execution_count += 1
         self.write_status(busy=True)
+        self.display.begin(msg)
+        _modules["builtins"].display = self.display_builtin
         status, tb, exit_code = "ok", None, 0
         try:
-            code = compile(msg.get("code", ""), "<cell-%s>" % cell, "exec")
+            code, last = _compile_cell(msg.get("code", ""), "<cell-%s>" % cell)
             exec(code, self.namespace)
+            if last is not None:
+                # The last expression's value is the main result (Jupyter's execute_result).
+                value = eval(last, self.namespace)
+                if value is not None:
+                    self.display.show((value,), main=True)
+                del value
         except SystemExit as exc:
             status = "exit"
             exit_code = _exit_code(exc.code)
@@ -346,13 +357,16 @@ class _Runner:
             # A process the cell forked fell out of the cell's code: it is not the kernel.
             _flush_quietly()
             _exit(exit_code)
+        if status != "exit":
+            self.display.flush_figures()
+        dropped = self.display.end()
         _flush_quietly()
         if tb:
             # The traceback is part of the cell's output too, in write order.
             _write_all(self.ch.cell_out, tb.encode("utf-8", "replace"))
         # The end marker and the outcome in one write of at most PIPE_BUF bytes, which the
         # kernel makes atomic: output of threads or subprocesses cannot land inside it.
-        _write_all(self.ch.cell_out, _end_line(marker, cell, status, tb, self.execution_count, exit_code))
+        _write_all(self.ch.cell_out, _end_line(marker, cell, status, tb, self.execution_count, exit_code, dropped))
         if status == "exit":
             _exit(0)
         self.write_status(busy=False)
@@ -372,14 +386,14 @@ class ToolError(Exception):
     """A tool call was refused or failed on the host; the message says why."""
 
 
-def _end_line(marker, cell, status, tb, count, exit_code):
+def _end_line(marker, cell, status, tb, count, exit_code, dropped):
     keep = 3000
     while True:
         short = tb
         if tb and len(tb) > keep:
             short = "...(cut; the whole traceback is in the output)\n" + tb[-keep:]
         done = {"op": "done", "cell": cell, "status": status, "traceback": short,
-                "execution_count": count, "exit_code": exit_code}
+                "execution_count": count, "exit_code": exit_code, "displays_dropped": dropped}
         line = marker + _dumps(done).encode("ascii") + b"\n"
         if len(line) <= 4000 or keep < 100:
             return line
@@ -530,6 +544,8 @@ def main():
     runner = _Runner(channel, status_path)
     os.register_at_fork(after_in_child=channel.close_in_child)
     sys.modules["kernel_tools"] = _tools_module(runner)
+    # matplotlib, when a cell imports it, gets the inline backend (runner/rich.py).
+    sys.meta_path.insert(0, _InlineFinder(runner.display))
     # The watcher starts before the starters are wrapped: it belongs to no cell.
     _thread.start_new_thread(_watch_hangup, (channel.inp,))
     _tag_threads(runner)

@@ -14,11 +14,15 @@
 //! | `reader.rs` | the attach-stream reader task: output and frames to the cell, deaths told apart |
 //! | `staging.rs` | files written into the kernel's staging volume (output spills) |
 //! | `stdin.rs` | the kernel's stdin: frames written inline when the pipe takes them, else by a task |
-//! | `protocol.rs` | the runner protocol v2: frames, line splitting, end markers (`docs/architecture.md`) |
+//! | `display.rs` | a cell's displays: assembled from their pieces under the caps, as [`RichResult`](crate::RichResult)s |
+//! | `protocol.rs` | the runner protocol v3: frames, line splitting (`docs/architecture.md`) |
+//! | `scanner.rs` | a cell's output stream taken apart: output, display pieces, the end marker |
 //! | `protocol_tests.rs` | unit tests of `protocol.rs` |
 
+mod display;
 mod reader;
 mod run;
+mod scanner;
 mod spawn;
 mod staging;
 
@@ -39,6 +43,8 @@ use crate::cell::OutputBuffer;
 use crate::clock::unix_now;
 use crate::docker::{remove_volume_when_free, short_id, Engine, EngineError};
 use crate::owner::KernelKey;
+use crate::rich::{DisplaySink, RichResult};
+pub use protocol::DisplayCaps;
 use protocol::{KernelFrame, MAX_FRAME_LINE, PROTOCOL_VERSION};
 use stdin::{Stdin, MAX_STDIN_BACKLOG};
 
@@ -197,10 +203,26 @@ pub struct CellRun {
     /// Whether the cell reached the kernel. A cell interrupted while it waited for earlier
     /// cells, or that found its kernel dead, never ran: the kernel is untouched by it.
     pub ran: bool,
+    /// The cell's displays, in order.
+    pub results: Vec<RichResult>,
+    /// What became of displays past the caps (saved to files, dropped), when any were.
+    pub display_warning: Option<String>,
 }
 
 /// Receives output live while a cell runs (for streaming).
 pub type OutputSink = Arc<dyn Fn(&[u8]) + Send + Sync>;
+
+/// What one cell may keep of its output and displays, and where they go live.
+pub struct CellOptions {
+    /// Output kept inline, and kept for the spill file, in bytes.
+    pub output_caps: (usize, usize),
+    /// The caps on the cell's displays.
+    pub display_caps: DisplayCaps,
+    /// Receives output as it arrives.
+    pub sink: Option<OutputSink>,
+    /// Receives each display as it arrives, in order with the output.
+    pub display_sink: Option<DisplaySink>,
+}
 
 /// The I/O a running cell needs, behind the FIFO cell lock.
 struct CellIo {
