@@ -98,19 +98,23 @@ class _Display:
         if self.marker is None:
             return  # no cell is running: a stray thread's display belongs to nobody
         bundle = {"data": data, "metadata": metadata, "is_main_result": bool(main)}
-        try:
-            text = _dumps(bundle)
-        except (TypeError, ValueError, RecursionError) as exc:
-            _note("a display was not JSON-serialisable (%s); it was skipped" % exc)
-            return
+        bundle_cap = self.caps[0]
+        # A value alone past the cap is spilled without encoding the whole bundle first.
+        text = None
+        if sum(len(v) for v in data.values() if isinstance(v, str)) <= bundle_cap:
+            try:
+                text = _dumps(bundle)
+            except (TypeError, ValueError, RecursionError) as exc:
+                _note("a display was not JSON-serialisable (%s); it was skipped" % exc)
+                return
         with self.lock:
             marker = self.marker
             if marker is None:
                 return
             bundle_cap, cell_cap, overhead = self.caps
             self.count += 1
-            if len(text) > bundle_cap or self.used + len(text) + overhead > cell_cap:
-                text = self.spill(bundle, len(text))
+            if text is None or len(text) > bundle_cap or self.used + len(text) + overhead > cell_cap:
+                text = self.spill(bundle)
                 if text is None or self.used + len(text) + overhead > cell_cap:
                     self.dropped += 1
                     return
@@ -118,7 +122,7 @@ class _Display:
             _flush_quietly()
             _write_pieces(self.ch.cell_out, marker, text.encode("ascii"))
 
-    def spill(self, bundle, size):
+    def spill(self, bundle):
         """Writes the bundle's entries but text/plain to files; returns the note bundle's JSON."""
         data = bundle["data"]
         paths = []

@@ -68,4 +68,4 @@ pub use orchestrator::{
     AdmissionNotice, ExecuteError, ExecuteRequest, KernelSummary, Orchestrator, StartError,
 };
 pub use registry::{Cap, TenantLimits, MAX_ATTACHED_PER_SLOT};
-pub use rich::{DisplaySink, RawJson, RichResult};
+pub use rich::{png_size, DisplaySink, RawJson, RichResult};

@@ -82,6 +82,16 @@ impl RichResult {
     }
 }
 
+/// The pixel size of a PNG (width, height) from its header, or `None` if `png` is not one.
+pub fn png_size(png: &[u8]) -> Option<(u32, u32)> {
+    const SIGNATURE: &[u8] = b"\x89PNG\r\n\x1a\n";
+    if png.len() < 24 || !png.starts_with(SIGNATURE) || &png[12..16] != b"IHDR" {
+        return None;
+    }
+    let be = |b: &[u8]| u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
+    Some((be(&png[16..20]), be(&png[20..24])))
+}
+
 /// Receives each rich result as the cell displays it, in order with its output (for
 /// streaming); see [`ExecuteRequest::display_sink`](crate::ExecuteRequest::display_sink).
 pub type DisplaySink = Arc<dyn Fn(&RichResult) + Send + Sync>;
@@ -98,5 +108,15 @@ mod tests {
         assert_eq!(result.text("text/html"), None);
         assert_eq!(serde_json::to_string(&result).unwrap(), text);
         assert_eq!(RawJson::empty_object().get(), "{}");
+    }
+
+    #[test]
+    fn png_size_reads_the_header() {
+        let mut png = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR".to_vec();
+        png.extend(640u32.to_be_bytes());
+        png.extend(480u32.to_be_bytes());
+        assert_eq!(png_size(&png), Some((640, 480)));
+        assert_eq!(png_size(&png[..20]), None);
+        assert_eq!(png_size(b"GIF89a and then some more bytes here"), None);
     }
 }

@@ -119,22 +119,20 @@ impl MarkerScanner {
                 }
                 continue;
             }
-            let end = find(rest, &self.marker);
-            let display = self.display.as_ref().and_then(|d| find(rest, d));
-            match (end, display) {
-                (Some(e), d) if d.is_none_or(|d| e < d) => {
+            match self.next_marker(rest) {
+                Some((e, true)) => {
                     out(Piece::Output(&rest[..e]));
                     self.found = true;
                     let after = rest[e + self.marker.len()..].to_vec();
                     self.feed_done(&after);
                     return;
                 }
-                (_, Some(d)) => {
+                Some((d, false)) => {
                     out(Piece::Output(&rest[..d]));
                     self.piece = Some(Vec::new());
                     pos += d + self.display.as_ref().map_or(0, Vec::len);
                 }
-                _ => {
+                None => {
                     // Hold back only a suffix that could be the start of a marker.
                     let hold = self.hold_from(rest);
                     out(Piece::Output(&rest[..hold]));
@@ -174,6 +172,25 @@ impl MarkerScanner {
         Some(stop + 1)
     }
 
+    /// The first marker in `data`, in one pass: its position, and true for the end marker,
+    /// false for the display marker.
+    fn next_marker(&self, data: &[u8]) -> Option<(usize, bool)> {
+        let display = self.display.as_deref().unwrap_or_default();
+        let firsts = [self.marker.first(), display.first()];
+        let mut start = 0;
+        while let Some(off) = data[start..].iter().position(|b| firsts.contains(&Some(b))) {
+            let i = start + off;
+            if !self.marker.is_empty() && data[i..].starts_with(&self.marker) {
+                return Some((i, true));
+            }
+            if !display.is_empty() && data[i..].starts_with(display) {
+                return Some((i, false));
+            }
+            start = i + 1;
+        }
+        None
+    }
+
     /// Where the held-back suffix starts: the earliest position from which the rest could be
     /// the beginning of the end marker or the display marker.
     fn hold_from(&self, data: &[u8]) -> usize {
@@ -192,23 +209,4 @@ impl MarkerScanner {
             })
             .unwrap_or(data.len())
     }
-}
-
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    if needle.is_empty() || haystack.len() < needle.len() {
-        return None;
-    }
-    let first = needle[0];
-    let mut start = 0;
-    while let Some(off) = haystack[start..=haystack.len() - needle.len()]
-        .iter()
-        .position(|&b| b == first)
-    {
-        let i = start + off;
-        if &haystack[i..i + needle.len()] == needle {
-            return Some(i);
-        }
-        start = i + 1;
-    }
-    None
 }
