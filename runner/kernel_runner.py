@@ -118,6 +118,8 @@ def _make_codec():
 
 
 _dumps, _loads = _make_codec()
+# Where runner/rich.py is loaded (see _Display.load).
+_RUNNER_GLOBALS = globals()
 
 
 class _Channel:
@@ -257,7 +259,7 @@ def _watch_hangup(fd):
 
 
 class _Runner:
-    def __init__(self, channel, status_path):
+    def __init__(self, channel, status_path, rich_source):
         self.ch = channel
         self.inbox = _Inbox(channel)
         self.current_cell = None
@@ -276,8 +278,8 @@ class _Runner:
         self.next_call = 0
         self.pid = _getpid()
         self.status_fd = _open_status(status_path)
-        # Rich results (runner/rich.py); the builtin ``display`` is put back before every cell.
-        self.display = _Display(channel, os.getcwd())
+        # Rich results; the builtin ``display`` is put back before every cell.
+        self.display = _Display(channel, os.getcwd(), rich_source)
         self.display_builtin = _display_builtin(self.display)
 
     # -- tool calls ------------------------------------------------------------------------
@@ -380,6 +382,114 @@ class _Runner:
             _pwrite(self.status_fd, line.ljust(40).encode(), 0)
         except OSError:
             pass
+
+
+_INLINE_BACKEND = "kernelbox_inline"
+
+
+class _Display:
+    """The rich results of the running cell: the cell's display marker and caps, and what it
+    displayed so far. The work is in ``runner/rich.py``, whose text is kept and compiled into
+    the runner's namespace on first use (an idle kernel pays nothing for it)."""
+
+    def __init__(self, channel, workdir, source):
+        self.ch = channel
+        self.workdir = workdir
+        self.source = source
+        self.loading = _allocate_lock()
+        self.lock = _allocate_lock()
+        self.marker = None
+        self.cell = None
+        self.caps = (0, 0, 0)
+        self.used = 0
+        self.count = 0
+        self.dropped = 0
+
+    def load(self):
+        with self.loading:
+            if self.source:
+                exec(compile(self.source, "<kernelbox-rich>", "exec"), _RUNNER_GLOBALS)
+                self.source = None
+
+    def begin(self, msg):
+        marker = msg.get("display")
+        caps = msg.get("display_caps") or {}
+        with self.lock:
+            self.marker = marker.encode("utf-8") if isinstance(marker, str) and marker else None
+            self.cell = msg.get("cell")
+            self.caps = (int(caps.get("bundle", 0)), int(caps.get("cell", 0)), int(caps.get("overhead", 0)))
+            self.used = 0
+            self.count = 0
+            self.dropped = 0
+
+    def end(self):
+        """Closes the cell's display channel; returns how many displays were dropped."""
+        with self.lock:
+            self.marker = None
+            return self.dropped
+
+    def show(self, objs, raw=False, metadata=None, main=False):
+        self.load()
+        _show(self, objs, raw, metadata, main)
+
+    def flush_figures(self):
+        """Shows and closes open matplotlib figures, if a cell loaded pyplot."""
+        if "matplotlib.pyplot" in _modules:
+            self.load()
+            _flush_figures(self)
+
+
+def _display_builtin(display):
+    def display_(*objs, raw=False, metadata=None, **_ignored):
+        """Show objects as rich results (as IPython's display): their _repr_mimebundle_,
+        _repr_png_, _repr_svg_, _repr_html_, ... and repr, in the order called."""
+        display.show(objs, raw=raw, metadata=metadata)
+
+    display_.__name__ = "display"
+    display_.__qualname__ = "display"
+    return display_
+
+
+class _InlineFinder:
+    """Points matplotlib's default backend at ``kernelbox_inline`` when a cell imports it, and
+    makes that backend module (``runner/rich.py``); never imports matplotlib itself."""
+
+    def __init__(self, display):
+        self.display = display
+        self.busy = False
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in ("matplotlib", _INLINE_BACKEND) or self.busy:
+            return None
+        self.display.load()
+        self.busy = True
+        try:
+            return _inline_spec(self, name, path, target)
+        finally:
+            self.busy = False
+
+
+def _compile_cell(source, filename):
+    """Compiles a cell; when its last statement is an expression not ended by ``;`` (as in
+    Jupyter), returns it apart, compiled for eval, so its value can be the main result."""
+    import _ast
+
+    tree = compile(source, filename, "exec", _ast.PyCF_ONLY_AST)
+    body = tree.body
+    if body and type(body[-1]) is _ast.Expr and not _silenced(source, body[-1]):
+        last = body.pop()
+        expression = _ast.Expression(body=last.value)
+        return compile(tree, filename, "exec"), compile(expression, filename, "eval")
+    return compile(tree, filename, "exec"), None
+
+
+def _silenced(source, node):
+    """True when a ``;`` follows the expression on its last line (Jupyter shows nothing then)."""
+    try:
+        line = source.split("\n")[node.end_lineno - 1].encode("utf-8")
+        return line[node.end_col_offset:].decode("utf-8").lstrip().startswith(";")
+    except Exception:
+        return False
 
 
 class ToolError(Exception):
@@ -528,20 +638,22 @@ def _tools_module(runner):
 
 def _private_environment():
     """Takes every ``KERNELBOX_`` variable out of the environment (and so out of every
-    subprocess's); returns the status file's path, which the runner needs."""
+    subprocess's); returns what the runner needs of them: the status file's path and the
+    text of ``runner/rich.py``."""
     status_path = os.environ.pop("KERNELBOX_STATUS", None)
+    rich_source = os.environ.pop("KERNELBOX_RICH", None)
     for key in [k for k in os.environ if k.startswith("KERNELBOX_")]:
         del os.environ[key]
-    return status_path
+    return status_path, rich_source
 
 
 def main():
-    status_path = _private_environment()
+    status_path, rich_source = _private_environment()
     channel = _Channel()
     sys.stdin = open(os.devnull, "r")
     sys.stdout = _text_stream(1)
     sys.stderr = _text_stream(2)
-    runner = _Runner(channel, status_path)
+    runner = _Runner(channel, status_path, rich_source)
     os.register_at_fork(after_in_child=channel.close_in_child)
     sys.modules["kernel_tools"] = _tools_module(runner)
     # matplotlib, when a cell imports it, gets the inline backend (runner/rich.py).

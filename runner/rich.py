@@ -1,8 +1,9 @@
 """kernelbox rich results: ``display()``, the value of a cell's last expression, matplotlib.
 
-Standard library only; part of the runner (the host sends this file ahead of
-``kernel_runner.py``, in one source, so both share one namespace). Definitions only: nothing
-here runs until the runner calls it.
+Standard library only. Loaded into the runner's namespace on first use (the host sends it in
+the kernel's environment and the runner keeps only its text until a cell displays something,
+ends with a non-None expression, or imports matplotlib), so an idle kernel pays nothing for it.
+Definitions only; the state lives in the runner's ``_Display``.
 
 A display is a MIME bundle as in nbformat's ``display_data``/``execute_result``:
 ``{"data": {MIME: value}, "metadata": {...}, "is_main_result": bool}``. It travels in-band on
@@ -48,145 +49,109 @@ _EXTENSIONS = {
 }
 # A pipe write of at most this many bytes is atomic (POSIX PIPE_BUF on Linux).
 _PIPE_BUF = 4096
-_INLINE_BACKEND = "kernelbox_inline"
 
 
-class _Display:
-    """The rich results of the running cell."""
+def _show(display, objs, raw=False, metadata=None, main=False):
+    for obj in objs:
+        if raw and isinstance(obj, dict):
+            data, md = dict(obj), {}
+        else:
+            data, md = _format(obj)
+        if isinstance(metadata, dict):
+            md.update(metadata)
+        _emit(display, data, md, main)
 
-    def __init__(self, channel, workdir):
-        self.ch = channel
-        self.workdir = workdir
-        self.lock = _allocate_lock()
-        self.marker = None
-        self.cell = None
-        self.caps = (0, 0, 0)
-        self.used = 0
-        self.count = 0
-        self.dropped = 0
 
-    def begin(self, msg):
-        marker = msg.get("display")
-        caps = msg.get("display_caps") or {}
-        with self.lock:
-            self.marker = marker.encode("utf-8") if isinstance(marker, str) and marker else None
-            self.cell = msg.get("cell")
-            self.caps = (int(caps.get("bundle", 0)), int(caps.get("cell", 0)), int(caps.get("overhead", 0)))
-            self.used = 0
-            self.count = 0
-            self.dropped = 0
-
-    def end(self):
-        """Closes the cell's display channel; returns how many displays were dropped."""
-        with self.lock:
-            self.marker = None
-            return self.dropped
-
-    # -- building bundles ---------------------------------------------------------------
-
-    def show(self, objs, raw=False, metadata=None, main=False):
-        for obj in objs:
-            if raw and isinstance(obj, dict):
-                data, md = dict(obj), {}
-            else:
-                data, md = _format(obj)
-            if isinstance(metadata, dict):
-                md.update(metadata)
-            self.emit(data, md, main)
-
-    def emit(self, data, metadata, main=False):
-        if self.marker is None:
-            return  # no cell is running: a stray thread's display belongs to nobody
-        bundle = {"data": data, "metadata": metadata, "is_main_result": bool(main)}
-        bundle_cap = self.caps[0]
-        # A value alone past the cap is spilled without encoding the whole bundle first.
-        text = None
-        if sum(len(v) for v in data.values() if isinstance(v, str)) <= bundle_cap:
-            try:
-                text = _dumps(bundle)
-            except (TypeError, ValueError, RecursionError) as exc:
-                _note("a display was not JSON-serialisable (%s); it was skipped" % exc)
-                return
-        with self.lock:
-            marker = self.marker
-            if marker is None:
-                return
-            bundle_cap, cell_cap, overhead = self.caps
-            self.count += 1
-            if text is None or len(text) > bundle_cap or self.used + len(text) + overhead > cell_cap:
-                text = self.spill(bundle)
-                if text is None or self.used + len(text) + overhead > cell_cap:
-                    self.dropped += 1
-                    return
-            self.used += len(text) + overhead
-            _flush_quietly()
-            _write_pieces(self.ch.cell_out, marker, text.encode("ascii"))
-
-    def spill(self, bundle):
-        """Writes the bundle's entries but text/plain to files; returns the note bundle's JSON."""
-        data = bundle["data"]
-        paths = []
-        for mime in list(data):
-            if mime == "text/plain":
-                continue
-            value = data.pop(mime)
-            path = "%s/display-%s-%d.%s" % (self.workdir, self.cell, self.count, _EXTENSIONS.get(mime, "txt"))
-            try:
-                if mime in _BINARY_MIMES and isinstance(value, str):
-                    import binascii
-
-                    blob = binascii.a2b_base64(value)
-                elif isinstance(value, str):
-                    blob = value.encode("utf-8", "surrogatepass")
-                else:
-                    blob = _dumps(value).encode("ascii")
-                with open(path, "wb") as f:
-                    f.write(blob)
-                paths.append(path)
-                data["text/plain"] = "%s[%s, %d bytes, over the display cap: saved to %s]" % (
-                    _short(data.get("text/plain")), mime, len(blob), path)
-            except Exception as exc:
-                data["text/plain"] = "%s[%s could not be saved: %s]" % (_short(data.get("text/plain")), mime, exc)
-        data["text/plain"] = _short(data.get("text/plain", ""), 4000)
-        bundle["metadata"] = {}
-        bundle["spilled"] = paths
+def _emit(display, data, metadata, main=False):
+    if display.marker is None:
+        return  # no cell is running: a stray thread's display belongs to nobody
+    bundle = {"data": data, "metadata": metadata, "is_main_result": bool(main)}
+    bundle_cap = display.caps[0]
+    # A value alone past the cap is spilled without encoding the whole bundle first.
+    text = None
+    if sum(len(v) for v in data.values() if isinstance(v, str)) <= bundle_cap:
         try:
-            return _dumps(bundle)
-        except Exception:
-            return None
-
-    # -- matplotlib ---------------------------------------------------------------------
-
-    def flush_figures(self):
-        """Displays the open matplotlib figures as PNG and closes them (only when a cell has
-        loaded pyplot: nothing of matplotlib is imported here)."""
-        if "matplotlib.pyplot" not in _modules:
+            text = _dumps(bundle)
+        except (TypeError, ValueError, RecursionError) as exc:
+            _note("a display was not JSON-serialisable (%s); it was skipped" % exc)
             return
+    with display.lock:
+        marker = display.marker
+        if marker is None:
+            return
+        bundle_cap, cell_cap, overhead = display.caps
+        display.count += 1
+        if text is None or len(text) > bundle_cap or display.used + len(text) + overhead > cell_cap:
+            text = _spill(display, bundle)
+            if text is None or display.used + len(text) + overhead > cell_cap:
+                display.dropped += 1
+                return
+        display.used += len(text) + overhead
+        _flush_quietly()
+        _write_pieces(display.ch.cell_out, marker, text.encode("ascii"))
+
+
+def _spill(display, bundle):
+    """Writes the bundle's entries but text/plain to files; returns the note bundle's JSON."""
+    data = bundle["data"]
+    paths = []
+    for mime in list(data):
+        if mime == "text/plain":
+            continue
+        value = data.pop(mime)
+        path = "%s/display-%s-%d.%s" % (display.workdir, display.cell, display.count, _EXTENSIONS.get(mime, "txt"))
         try:
-            helpers = _modules.get("matplotlib._pylab_helpers")
-            managers = list(helpers.Gcf.get_all_fig_managers()) if helpers is not None else []
-        except Exception as exc:
-            _note("the open figures could not be listed: %s" % exc)
-            return
-        plt = _modules["matplotlib.pyplot"]
-        for manager in managers:
-            fig = getattr(getattr(manager, "canvas", None), "figure", None)
-            if fig is None:
-                continue
-            try:
-                buf = io.BytesIO()
-                # The figure's own size and dpi; no tight bounding box (as Jupyter's inline).
-                fig.savefig(buf, format="png", dpi=fig.dpi, bbox_inches=None)
+            if mime in _BINARY_MIMES and isinstance(value, str):
                 import binascii
 
-                png = binascii.b2a_base64(buf.getvalue(), newline=False).decode("ascii")
-                self.emit({"image/png": png, "text/plain": _safe_repr(fig)}, {})
-            except Exception as exc:
-                _note("a figure could not be rendered: %s" % exc)
-            try:
-                plt.close(fig)
-            except Exception:
-                pass
+                blob = binascii.a2b_base64(value)
+            elif isinstance(value, str):
+                blob = value.encode("utf-8", "surrogatepass")
+            else:
+                blob = _dumps(value).encode("ascii")
+            with open(path, "wb") as f:
+                f.write(blob)
+            paths.append(path)
+            data["text/plain"] = "%s[%s, %d bytes, over the display cap: saved to %s]" % (
+                _short(data.get("text/plain")), mime, len(blob), path)
+        except Exception as exc:
+            data["text/plain"] = "%s[%s could not be saved: %s]" % (_short(data.get("text/plain")), mime, exc)
+    data["text/plain"] = _short(data.get("text/plain", ""), 4000)
+    bundle["metadata"] = {}
+    bundle["spilled"] = paths
+    try:
+        return _dumps(bundle)
+    except Exception:
+        return None
+
+
+def _flush_figures(display):
+    """Displays the open matplotlib figures as PNG and closes them."""
+    try:
+        helpers = _modules.get("matplotlib._pylab_helpers")
+        managers = list(helpers.Gcf.get_all_fig_managers()) if helpers is not None else []
+    except Exception as exc:
+        _note("the open figures could not be listed: %s" % exc)
+        return
+    plt = _modules["matplotlib.pyplot"]
+    for manager in managers:
+        fig = getattr(getattr(manager, "canvas", None), "figure", None)
+        if fig is None:
+            continue
+        try:
+            buf = io.BytesIO()
+            # The figure's own size and dpi; no tight bounding box (as Jupyter's inline).
+            fig.savefig(buf, format="png", dpi=fig.dpi, bbox_inches=None)
+            import binascii
+
+            png = binascii.b2a_base64(buf.getvalue(), newline=False).decode("ascii")
+            _emit(display, {"image/png": png, "text/plain": _safe_repr(fig)}, {})
+        except Exception as exc:
+            _note("a figure could not be rendered: %s" % exc)
+        try:
+            plt.close(fig)
+        except Exception:
+            pass
 
 
 def _write_pieces(fd, marker, payload):
@@ -292,70 +257,30 @@ def _encode(mime, value):
     return value
 
 
-def _display_builtin(display):
-    def display_(*objs, raw=False, metadata=None, **_ignored):
-        """Show objects as rich results (as IPython's display): their _repr_mimebundle_,
-        _repr_png_, _repr_svg_, _repr_html_, ... and repr, in the order called."""
-        display.show(objs, raw=raw, metadata=metadata)
-
-    display_.__name__ = "display"
-    display_.__qualname__ = "display"
-    return display_
-
-
-def _compile_cell(source, filename):
-    """Compiles a cell; when its last statement is an expression not ended by ``;`` (as in
-    Jupyter), returns it apart, compiled for eval, so its value can be the main result."""
-    import _ast
-
-    tree = compile(source, filename, "exec", _ast.PyCF_ONLY_AST)
-    body = tree.body
-    if body and type(body[-1]) is _ast.Expr and not _silenced(source, body[-1]):
-        last = body.pop()
-        expression = _ast.Expression(body=last.value)
-        return compile(tree, filename, "exec"), compile(expression, filename, "eval")
-    return compile(tree, filename, "exec"), None
+def _inline_spec(finder, name, path, target):
+    """The spec of ``kernelbox_inline`` (made here), or matplotlib's own with its loader
+    wrapped so that its default backend becomes ``kernelbox_inline`` once it is loaded."""
+    if name == _INLINE_BACKEND:
+        return type(sys.__spec__)(name, _InlineBackend(finder.display))
+    spec = None
+    for other in list(sys.meta_path):
+        if other is finder or not hasattr(other, "find_spec"):
+            continue
+        spec = other.find_spec(name, path, target)
+        if spec is not None:
+            break
+    if spec is None or spec.loader is None:
+        return spec
+    spec.loader = _AfterLoad(spec.loader, _use_inline_backend)
+    return spec
 
 
-def _silenced(source, node):
-    """True when a ``;`` follows the expression on its last line (Jupyter shows nothing then)."""
-    try:
-        line = source.split("\n")[node.end_lineno - 1].encode("utf-8")
-        return line[node.end_col_offset:].decode("utf-8").lstrip().startswith(";")
-    except Exception:
-        return False
-
-
-class _InlineFinder:
-    """Points matplotlib's default backend at ``kernelbox_inline`` when a cell imports it, and
-    makes that backend module on demand; never imports matplotlib itself."""
+class _InlineBackend:
+    """The loader of ``kernelbox_inline``: Agg's canvas; ``show()`` displays the open figures."""
 
     def __init__(self, display):
         self.display = display
-        self.busy = False
 
-    def find_spec(self, name, path=None, target=None):
-        if name == _INLINE_BACKEND:
-            return type(sys.__spec__)(name, self)
-        if name != "matplotlib" or self.busy:
-            return None
-        self.busy = True
-        try:
-            spec = None
-            for finder in list(sys.meta_path):
-                if finder is self or not hasattr(finder, "find_spec"):
-                    continue
-                spec = finder.find_spec(name, path, target)
-                if spec is not None:
-                    break
-        finally:
-            self.busy = False
-        if spec is None or spec.loader is None:
-            return spec
-        spec.loader = _AfterLoad(spec.loader, _use_inline_backend)
-        return spec
-
-    # The loader of kernelbox_inline.
     def create_module(self, spec):
         return None
 

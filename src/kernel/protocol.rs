@@ -15,14 +15,17 @@ use serde_json::value::RawValue;
 /// The protocol version this host speaks; the runner announces its own in `ready`.
 pub const PROTOCOL_VERSION: u64 = 3;
 
-/// The runner's source (the rich-results part first: definitions only, the runner's last line
-/// starts it); the kernel's environment carries it (see [`RUNNER_ENV`]), so no file has to
-/// reach the container.
-pub const RUNNER_SOURCE: &str = concat!(
-    include_str!("../../runner/rich.py"),
-    "\n",
-    include_str!("../../runner/kernel_runner.py")
-);
+/// The runner's source; the kernel's environment carries it (see [`RUNNER_ENV`]), so no file
+/// has to reach the container.
+pub const RUNNER_SOURCE: &str = include_str!("../../runner/kernel_runner.py");
+
+/// The runner's rich-results part, which the runner keeps as text and compiles on first use
+/// (an idle kernel pays nothing for it); the kernel's environment carries it ([`RICH_ENV`]).
+pub const RICH_SOURCE: &str = include_str!("../../runner/rich.py");
+
+/// The environment variable that hands [`RICH_SOURCE`] to the runner, which removes it before
+/// any cell runs.
+pub const RICH_ENV: &str = "KERNELBOX_RICH";
 
 /// The `python3 -c` program that compiles and starts the runner in pieces: the parser's peak
 /// memory stays resident in every kernel, and a piece's peak is a fraction of the whole file's.
@@ -39,9 +42,12 @@ pub fn runner_command() -> Vec<String> {
         .to_vec()
 }
 
-/// The kernel container's environment entry that carries the runner.
-pub fn runner_env() -> String {
-    format!("{RUNNER_ENV}={RUNNER_SOURCE}")
+/// The kernel container's environment entries that carry the runner and its rich-results part.
+pub fn runner_env() -> [String; 2] {
+    [
+        format!("{RUNNER_ENV}={RUNNER_SOURCE}"),
+        format!("{RICH_ENV}={RICH_SOURCE}"),
+    ]
 }
 
 /// Longest protocol line (one runner -> host frame) accepted from a kernel, in bytes. Real

@@ -149,7 +149,7 @@ impl MarkerScanner {
         let piece = self.piece.as_mut()?;
         // A piece is ASCII JSON: a newline ends it, and \x01 (which starts every marker) never
         // occurs in it, so a marker cuts a forged piece short instead of hiding in it.
-        let stop = data.iter().position(|&b| b == b'\n' || b == 1);
+        let stop = memchr::memchr2(b'\n', 1, data);
         let take = stop.unwrap_or(data.len());
         if piece.len() + take > MAX_DISPLAY_PIECE {
             self.piece = None;
@@ -176,11 +176,12 @@ impl MarkerScanner {
     /// false for the display marker.
     fn next_marker(&self, data: &[u8]) -> Option<(usize, bool)> {
         let display = self.display.as_deref().unwrap_or_default();
-        let firsts = [self.marker.first(), display.first()];
+        let end_first = *self.marker.first()?;
+        let display_first = display.first().copied().unwrap_or(end_first);
         let mut start = 0;
-        while let Some(off) = data[start..].iter().position(|b| firsts.contains(&Some(b))) {
+        while let Some(off) = memchr::memchr2(end_first, display_first, &data[start..]) {
             let i = start + off;
-            if !self.marker.is_empty() && data[i..].starts_with(&self.marker) {
+            if data[i..].starts_with(&self.marker) {
                 return Some((i, true));
             }
             if !display.is_empty() && data[i..].starts_with(display) {
