@@ -317,8 +317,10 @@ class _AfterLoad:
 
 
 def _use_inline_backend(matplotlib):
-    if "MPLBACKEND" in os.environ:
-        return  # the cell's own choice wins
+    # kernelbox_inline is Agg with a show() that displays: an image's headless default
+    # (MPLBACKEND=Agg) is taken as no choice; any other backend named there is kept.
+    if os.environ.get("MPLBACKEND", "").lower() not in ("", "agg"):
+        return
     try:
         matplotlib.rcParams["backend"] = "module://" + _INLINE_BACKEND
     except Exception as exc:

@@ -472,3 +472,51 @@ async fn the_repl_saves_images_and_prints_text_results() {
     }
     common::assert_clean(&common::engine().await, &label).await;
 }
+
+/// The data-science image (`kernelbox image build --preset datascience`).
+const DATASCIENCE_IMAGE: &str = "kernelbox/kernel-datascience:latest";
+
+#[tokio::test(flavor = "multi_thread")]
+async fn real_matplotlib_and_pandas_give_pngs_of_the_figure_size_and_html_tables() {
+    let case = Case::with("rich-ds", |c| c.image = DATASCIENCE_IMAGE.into()).await;
+    // A line plot left open: one PNG of the figure's pixel size (4x3 inches at dpi 100).
+    let r = case
+        .run(
+            "s",
+            "import matplotlib.pyplot as plt\nplt.figure(figsize=(4, 3), dpi=100)\nplt.plot([1, 2, 3], [1, 4, 9]);",
+        )
+        .await;
+    assert_eq!(r.status, CellStatus::Success, "{r:?}");
+    assert_eq!(r.output, "");
+    assert_eq!(r.results.len(), 1, "{:?}", r.results);
+    let png = decode(&r.results[0].text("image/png").expect("png"));
+    assert_eq!(png_size(&png), Some((400, 300)));
+    // plt.show() twice: two images in order, each figure closed after it is shown.
+    let r = case
+        .run(
+            "s",
+            "plt.figure(figsize=(2, 1), dpi=50)\nplt.plot([1, 2])\nplt.show()\nplt.figure(figsize=(3, 2), dpi=50)\nplt.plot([2, 1])\nplt.show()\nlen(plt.get_fignums())",
+        )
+        .await;
+    let sizes: Vec<_> = r
+        .results
+        .iter()
+        .filter_map(|b| b.text("image/png"))
+        .map(|png| png_size(&decode(&png)))
+        .collect();
+    assert_eq!(sizes, [Some((100, 50)), Some((150, 100))], "{r:?}");
+    assert_eq!(r.results[2].text("text/plain").as_deref(), Some("0"));
+    // A DataFrame as the last expression: its HTML table and text, as the main result.
+    let r = case
+        .run("s", "import pandas as pd\npd.DataFrame({'a': [1, 2]})")
+        .await;
+    assert_eq!(r.results.len(), 1, "{r:?}");
+    let table = &r.results[0];
+    assert!(table.is_main_result);
+    assert!(table.text("text/html").expect("html").contains("<table"));
+    assert_eq!(
+        table.text("text/plain").as_deref(),
+        Some("   a\n0  1\n1  2")
+    );
+    case.finish().await;
+}
