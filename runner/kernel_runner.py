@@ -5,7 +5,7 @@ Standard library only, Python >= 3.8. The host hands this file to ``bootstrap.py
 OpenStdin + StdinOnce), so any image that has python3 works and nothing has to be written into
 a read-only root filesystem. The bootstrap runs it as ``__main__`` in its own namespace.
 
-Channels (protocol version 2):
+Channels (protocol version 3):
 
 * host -> runner: newline-delimited JSON on the container's stdin (moved to a private fd).
 * runner -> host: newline-delimited JSON on the container's stderr (moved to a private fd).
@@ -14,15 +14,19 @@ Channels (protocol version 2):
   this interpreter (no GIL-held capture deadlock). When a cell ends the runner writes, in one
   write on the output pipe, the cell's end marker (chosen by the host) followed by the cell's
   ``done`` frame and a newline: the host then holds all the cell's output and its outcome.
+  Displays travel on the same pipe behind the cell's display marker (``runner/rich.py``).
 
-Messages, host -> runner:  {"op": "exec", "cell": N, "code": str, "marker": str}
+Messages, host -> runner:  {"op": "exec", "cell": N, "code": str, "marker": str,
+                            "display": str, "display_caps": {"bundle", "cell", "overhead"}}
                            {"op": "tool_result", "call": N, "ok": bool, "result": any, "error": str}
                            {"op": "ping"}
-Messages, runner -> host:  {"op": "ready", "v": 2, "python": str, "pid": N}       (stderr)
+Messages, runner -> host:  {"op": "ready", "v": 3, "python": str, "pid": N}       (stderr)
                            {"op": "tool_call", "cell": N|null, "call": N, "tool": str, "args": {}}
                            {"op": "pong"}
                            MARKER {"op": "done", "cell": N, "status": "ok"|"error"|"exit",
-                            "traceback": str|null, "execution_count": N, "exit_code": N}  (stdout)
+                            "traceback": str|null, "execution_count": N, "exit_code": N,
+                            "displays_dropped": N}                                 (stdout)
+                           DISPLAY_MARKER ("+"|".") PIECE                          (stdout)
 
 Nobody owns stdin: whichever thread needs a message (the idle main thread waiting for a cell,
 or a thread waiting for its tool result) reads it and files what it reads for the others, so
