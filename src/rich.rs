@@ -10,7 +10,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 /// A JSON value kept as its text: a display's values are passed through as the kernel wrote
-/// them (checked to be JSON), never parsed into a tree on the host.
+/// them (checked to be JSON), never parsed into a tree on the host. Read it (and a
+/// [`CellResult`](crate::CellResult) holding it) from JSON text (`serde_json::from_str`,
+/// `from_slice`), not from a `serde_json::Value`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct RawJson(Box<RawValue>);
