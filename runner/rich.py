@@ -138,16 +138,9 @@ def _flush_figures(display):
         fig = getattr(getattr(manager, "canvas", None), "figure", None)
         if fig is None:
             continue
-        try:
-            buf = io.BytesIO()
-            # The figure's own size and dpi; no tight bounding box (as Jupyter's inline).
-            fig.savefig(buf, format="png", dpi=fig.dpi, bbox_inches=None)
-            import binascii
-
-            png = binascii.b2a_base64(buf.getvalue(), newline=False).decode("ascii")
+        png = _figure_png(fig)
+        if png is not None:
             _emit(display, {"image/png": png, "text/plain": _safe_repr(fig)}, {})
-        except Exception as exc:
-            _note("a figure could not be rendered: %s" % exc)
         try:
             plt.close(fig)
         except Exception:
@@ -236,9 +229,32 @@ def _format(obj):
                 metadata[mime] = md
         if value is not None:
             data[mime] = _encode(mime, value)
+    if "image/png" not in data and _is_figure(obj):
+        # A matplotlib figure shows as its PNG (as Jupyter's inline backend registers).
+        png = _figure_png(obj)
+        if png is not None:
+            data["image/png"] = png
     if "text/plain" not in data:
         data["text/plain"] = _safe_repr(obj)
     return data, metadata
+
+
+def _is_figure(obj):
+    return type(obj).__module__ == "matplotlib.figure" and callable(getattr(obj, "savefig", None))
+
+
+def _figure_png(fig):
+    """The figure as base64 PNG at its own size and dpi, without a tight bounding box (as
+    Jupyter's inline backend); None (with a note) when it cannot be rendered."""
+    try:
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=fig.dpi, bbox_inches=None)
+        import binascii
+
+        return binascii.b2a_base64(buf.getvalue(), newline=False).decode("ascii")
+    except Exception as exc:
+        _note("a figure could not be rendered: %s" % exc)
+        return None
 
 
 def _encode(mime, value):

@@ -506,6 +506,17 @@ async fn real_matplotlib_and_pandas_give_pngs_of_the_figure_size_and_html_tables
         .collect();
     assert_eq!(sizes, [Some((100, 50)), Some((150, 100))], "{r:?}");
     assert_eq!(r.results[2].text("text/plain").as_deref(), Some("0"));
+    // A figure kept from an earlier cell (closed there) shows as its PNG when it is the value.
+    let r = case
+        .run(
+            "s",
+            "fig = plt.figure(figsize=(2, 2), dpi=40)\nplt.close(fig)\nfig",
+        )
+        .await;
+    assert_eq!(r.results.len(), 1, "{r:?}");
+    assert!(r.results[0].is_main_result);
+    let png = decode(&r.results[0].text("image/png").expect("png"));
+    assert_eq!(png_size(&png), Some((80, 80)));
     // A DataFrame as the last expression: its HTML table and text, as the main result.
     let r = case
         .run("s", "import pandas as pd\npd.DataFrame({'a': [1, 2]})")
