@@ -35,6 +35,7 @@ frame = pandas.DataFrame({"x": numpy.arange(5), "y": numpy.arange(5) ** 2})
 print("fit", round(float(scipy.optimize.minimize_scalar(lambda v: (v - 3) ** 2).x), 3))
 fig, ax = plt.subplots(figsize=(4, 3), dpi=100)
 ax.plot(frame.x, frame.y)
+print("canvas", type(fig.canvas).__name__)
 fig.savefig("figure.png")
 plt.close(fig)
 print("image", PIL.Image.open("figure.png").size)
@@ -56,10 +57,15 @@ fn png_size(hex_head: &str) -> (u32, u32) {
     (word(16), word(20))
 }
 
-/// Asserts the output of [`DRAW`]: Agg, the cache on the kernel's tmpfs, no font scan, no
+/// Asserts the output of [`DRAW`]: an Agg canvas, the cache on the kernel's tmpfs, no font scan, no
 /// matplotlib warning, a 400x300 PNG.
 fn assert_drawn(output: &str) {
-    assert!(output.contains("backend agg"), "{output}");
+    // Agg, or the runner's inline backend built on it (README "The result of a cell").
+    assert!(
+        output.contains("backend agg") || output.contains("backend module://kernelbox_inline"),
+        "{output}"
+    );
+    assert!(output.contains("canvas FigureCanvasAgg"), "{output}");
     assert!(output.contains("cachedir /tmp/matplotlib"), "{output}");
     assert!(output.contains("fit 3.0"), "{output}");
     assert!(
