@@ -12,11 +12,13 @@
 //! | `spawn.rs` | create the volume and container, attach, start, wait for `ready` |
 //! | `run.rs` | one cell: [`Kernel::run_cell`], tool-call dispatch, the [`CellOutcome`] |
 //! | `reader.rs` | the attach-stream reader task: output and frames to the cell, deaths told apart |
+//! | `files.rs` | the file transport: `runner/file_helper.py` run in the container by exec, streamed |
 //! | `staging.rs` | files written into the kernel's staging volume (output spills) |
 //! | `stdin.rs` | the kernel's stdin: frames written inline when the pipe takes them, else by a task |
 //! | `protocol.rs` | the runner protocol v2: frames, line splitting, end markers (`docs/architecture.md`) |
 //! | `protocol_tests.rs` | unit tests of `protocol.rs` |
 
+mod files;
 mod reader;
 mod run;
 mod spawn;

@@ -5,6 +5,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 use crate::config::InvalidTimeout;
+use crate::files::FileError;
 use crate::orchestrator::ExecuteError;
 
 /// An error response.
@@ -95,6 +96,39 @@ impl From<ExecuteError> for ApiError {
             },
             ExecuteError::Internal(_) => {
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+            }
+        }
+    }
+}
+
+impl From<FileError> for ApiError {
+    fn from(e: FileError) -> ApiError {
+        let message = e.to_string();
+        match e {
+            FileError::InvalidPath { .. } => ApiError::bad_request("invalid_path", message),
+            FileError::Refused { code, .. } => ApiError::bad_request(code, message),
+            FileError::NotFound(_) => ApiError::not_found(message),
+            FileError::NoKernel { .. } => {
+                ApiError::new(StatusCode::NOT_FOUND, "no_kernel", message)
+            }
+            FileError::TooLarge { .. } => {
+                ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "file_too_large", message)
+            }
+            FileError::NoSpace => {
+                ApiError::new(StatusCode::INSUFFICIENT_STORAGE, "no_space", message)
+            }
+            FileError::Body(_) => ApiError::bad_request("invalid_body", message),
+            FileError::Stalled(_) => {
+                ApiError::new(StatusCode::GATEWAY_TIMEOUT, "transfer_stalled", message)
+            }
+            FileError::Execute(e) => e.into(),
+            FileError::Engine(_) => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "engine_unavailable",
+                message,
+            ),
+            FileError::Helper(_) => {
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "file_helper", message)
             }
         }
     }
