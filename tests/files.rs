@@ -191,3 +191,332 @@ async fn a_file_a_cell_wrote_downloads_byte_for_byte_and_directories_list() {
     assert_eq!(missing.error(StatusCode::NOT_FOUND), "not_found");
     s.finish().await;
 }
+
+/// A PUT whose body is streamed (no `Content-Length`): `chunks` chunks of `size` bytes.
+async fn put_streamed(api: &Api, token: &str, path: &str, chunks: usize, size: usize) -> Reply {
+    use http_body_util::{BodyExt, StreamBody};
+    use hyper::body::Frame;
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::combinators::BoxBody<Bytes, std::io::Error>>();
+    let chunk = Bytes::from(vec![b'z'; size]);
+    let stream = futures::stream::iter(
+        (0..chunks).map(move |_| Ok::<_, std::io::Error>(Frame::data(chunk.clone()))),
+    );
+    let req = api
+        .build(Method::PUT, path, Some(token), false, false)
+        .body(StreamBody::new(stream).boxed())
+        .unwrap();
+    match client.request(req).await {
+        Ok(response) => read(response).await,
+        Err(e) => panic!("PUT failed: {e:?}"),
+    }
+}
+
+fn tar_of(entries: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut builder = tar::Builder::new(Vec::new());
+    for (name, data) in entries {
+        let mut header = tar::Header::new_gnu();
+        header.set_size(data.len() as u64);
+        header.set_mode(0o644);
+        header.set_cksum();
+        builder.append_data(&mut header, name, *data).unwrap();
+    }
+    builder.into_inner().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tar_of_1000_files_extracts_in_one_request_and_downloads_as_a_tar() {
+    let s = server("files-tar", |_| {}).await;
+    let contents: Vec<(String, Vec<u8>)> = (0..1000)
+        .map(|i| {
+            (
+                format!("d{}/f{i}.txt", i % 10),
+                format!("file {i}\n").into_bytes(),
+            )
+        })
+        .collect();
+    let entries: Vec<(&str, &[u8])> = contents
+        .iter()
+        .map(|(n, d)| (n.as_str(), d.as_slice()))
+        .collect();
+    let reply = put(
+        &s.api,
+        TOKEN,
+        &files("tar", "in"),
+        tar_of(&entries),
+        Some("application/x-tar"),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json());
+    assert_eq!(reply.json()["files"], 1000);
+    let result = s
+        .api
+        .run(
+            TOKEN,
+            "tar",
+            "import os\nn = sum(len(f) for _, _, f in os.walk('in'))\nprint(n, open('in/d7/f517.txt').read().strip())",
+        )
+        .await;
+    assert_eq!(output(&result), "1000 file 517", "{result}");
+
+    // A second archive merges into the same directory.
+    let more = tar_of(&[("d0/extra.txt", b"extra")]);
+    let reply = put(
+        &s.api,
+        TOKEN,
+        &files("tar", "in"),
+        more,
+        Some("application/x-tar"),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json());
+
+    let back = get(
+        &s.api,
+        TOKEN,
+        &files("tar", "in"),
+        Some("application/x-tar"),
+    )
+    .await;
+    assert_eq!(back.status, StatusCode::OK);
+    assert_eq!(back.headers[CONTENT_TYPE], "application/x-tar");
+    let mut archive = tar::Archive::new(&back.body[..]);
+    let mut found = std::collections::BTreeMap::new();
+    for entry in archive.entries().unwrap() {
+        let mut entry = entry.unwrap();
+        if entry.header().entry_type().is_file() {
+            let mut data = Vec::new();
+            std::io::Read::read_to_end(&mut entry, &mut data).unwrap();
+            found.insert(entry.path().unwrap().to_string_lossy().to_string(), data);
+        }
+    }
+    assert_eq!(found.len(), 1001);
+    for (name, data) in &contents {
+        assert_eq!(found.get(name), Some(data), "{name}");
+    }
+    assert_eq!(found["d0/extra.txt"], b"extra");
+
+    // A refused member anywhere refuses the whole archive: nothing of it is left.
+    for (bad, code) in [
+        (escaping_tar("../escape.txt"), "tar_member_refused"),
+        (escaping_tar("/escape.txt"), "tar_member_refused"),
+        (symlink_tar(), "tar_member_refused"),
+        (
+            b"this is not a tar archive at all, just some bytes .....".repeat(20),
+            "invalid_tar",
+        ),
+    ] {
+        let reply = put(
+            &s.api,
+            TOKEN,
+            &files("tar", "bad"),
+            bad,
+            Some("application/x-tar"),
+        )
+        .await;
+        assert_eq!(reply.error(StatusCode::BAD_REQUEST), code);
+    }
+    let result = s
+        .api
+        .run(
+            TOKEN,
+            "tar",
+            "import os\nprint(sorted(os.listdir('bad')), os.path.exists('escape.txt'), os.path.exists('/escape.txt'))",
+        )
+        .await;
+    assert_eq!(output(&result), "[] False False", "{result}");
+    s.finish().await;
+}
+
+/// A file `ok.txt`, then one named `name` (which the tar crate itself would refuse to write).
+fn escaping_tar(name: &str) -> Vec<u8> {
+    let mut builder = tar::Builder::new(Vec::new());
+    let mut header = tar::Header::new_gnu();
+    header.set_size(1);
+    header.set_mode(0o644);
+    header.set_cksum();
+    builder
+        .append_data(&mut header, "ok.txt", &b"1"[..])
+        .unwrap();
+    let mut header = tar::Header::new_gnu();
+    header.set_size(1);
+    header.set_mode(0o644);
+    let raw = &mut header.as_gnu_mut().unwrap().name;
+    raw[..name.len()].copy_from_slice(name.as_bytes());
+    header.set_cksum();
+    builder.append(&header, &b"2"[..]).unwrap();
+    builder.into_inner().unwrap()
+}
+
+fn symlink_tar() -> Vec<u8> {
+    let mut builder = tar::Builder::new(Vec::new());
+    let mut header = tar::Header::new_gnu();
+    header.set_entry_type(tar::EntryType::Symlink);
+    header.set_size(0);
+    header.set_mode(0o777);
+    builder
+        .append_link(&mut header, "pw", "/etc/passwd")
+        .unwrap();
+    let mut header = tar::Header::new_gnu();
+    header.set_size(1);
+    header.set_mode(0o644);
+    header.set_cksum();
+    builder.append_data(&mut header, "pw2", &b"x"[..]).unwrap();
+    builder.into_inner().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn traversal_absolute_paths_and_planted_symlinks_are_refused_and_nothing_outside_is_touched()
+{
+    let s = server("files-escape", |_| {}).await;
+    s.api
+        .run(
+            TOKEN,
+            "esc",
+            "import os\nos.symlink('/', 'root')\nos.symlink('/proc/1/environ', 'environ')\n\
+             os.symlink('/tmp', 'tmpdir')\nos.makedirs('real')\nos.symlink('/tmp', 'real/deeper')\n\
+             open('/tmp/secret', 'w').write('outside')",
+        )
+        .await;
+    let refused = [
+        // `..` (percent-encoded so no client normalises it away) and absolute paths.
+        (Method::GET, "%2E%2E/%2E%2E/etc/passwd", "invalid_path"),
+        (Method::GET, "real/%2E%2E/%2E%2E/tmp/secret", "invalid_path"),
+        (Method::GET, "%2Fetc%2Fpasswd", "invalid_path"),
+        (Method::PUT, "%2E%2E/x", "invalid_path"),
+        (Method::PUT, "%2Ftmp%2Fx", "invalid_path"),
+        // Planted symlinks, as the last component or on the way.
+        (Method::GET, "environ", "symlink"),
+        (Method::GET, "root/etc/passwd", "not_a_directory"),
+        (Method::GET, "root", "symlink"),
+        (Method::GET, "tmpdir/secret", "not_a_directory"),
+        (Method::GET, "real/deeper/secret", "not_a_directory"),
+        (Method::PUT, "tmpdir/planted", "not_a_directory"),
+        (Method::PUT, "root/tmp/planted", "not_a_directory"),
+        (Method::PUT, "real/deeper/planted", "not_a_directory"),
+        (Method::DELETE, "tmpdir/secret", "not_a_directory"),
+        (Method::DELETE, "%2E%2E", "invalid_path"),
+    ];
+    for (method, path, code) in refused {
+        let url = files("esc", path);
+        let reply = match method {
+            Method::PUT => put(&s.api, TOKEN, &url, b"evil".to_vec(), None).await,
+            Method::GET => get(&s.api, TOKEN, &url, None).await,
+            _ => s.api.delete(&url, TOKEN).await,
+        };
+        assert_eq!(
+            reply.error(StatusCode::BAD_REQUEST),
+            code,
+            "{method} {path}"
+        );
+    }
+    // A tar into a directory reached through a symlink is refused the same way.
+    let reply = put(
+        &s.api,
+        TOKEN,
+        &files("esc", "tmpdir"),
+        tar_of(&[("a", b"1")]),
+        Some("application/x-tar"),
+    )
+    .await;
+    assert_eq!(reply.error(StatusCode::BAD_REQUEST), "not_a_directory");
+    // Writing over a symlink's name replaces the link; its target is untouched.
+    let reply = put(
+        &s.api,
+        TOKEN,
+        &files("esc", "environ"),
+        b"mine".to_vec(),
+        None,
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json());
+    let result = s
+        .api
+        .run(
+            TOKEN,
+            "esc",
+            "import os\nprint(sorted(os.listdir('/tmp')), open('/tmp/secret').read(), \
+             os.path.islink('environ'), open('environ').read(), os.path.islink('tmpdir'))",
+        )
+        .await;
+    assert_eq!(
+        output(&result),
+        "['secret'] outside False mine True",
+        "{result}"
+    );
+    s.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_upload_over_the_cap_is_413_and_leaves_no_file_behind() {
+    let s = server("files-cap", |c| c.max_upload_bytes = 1024 * 1024).await;
+    s.api.run(TOKEN, "cap", "x = 1").await;
+    // Declared too large: refused before anything reaches the kernel.
+    let reply = put(
+        &s.api,
+        TOKEN,
+        &files("cap", "big.bin"),
+        vec![1; 1024 * 1024 + 1],
+        None,
+    )
+    .await;
+    assert_eq!(reply.error(StatusCode::PAYLOAD_TOO_LARGE), "file_too_large");
+    // Streamed without a length: cut at the cap, the partial file removed.
+    let reply = put_streamed(&s.api, TOKEN, &files("cap", "d/big.bin"), 40, 64 * 1024).await;
+    assert_eq!(reply.error(StatusCode::PAYLOAD_TOO_LARGE), "file_too_large");
+    let reply = put_streamed(&s.api, TOKEN, &files("cap", "d/ok.bin"), 16, 64 * 1024).await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json());
+    let result = s
+        .api
+        .run(TOKEN, "cap", "import os\nprint(sorted(os.listdir('.')), sorted(os.listdir('d')), os.path.getsize('d/ok.bin'))")
+        .await;
+    assert_eq!(
+        output(&result),
+        "['.kernelbox', 'd'] ['ok.bin'] 1048576",
+        "{result}"
+    );
+    s.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_upload_into_a_full_work_dir_is_507_and_leaves_nothing() {
+    let s = server("files-full", |c| {
+        c.sandbox.work_bytes = Some(8 * 1024 * 1024)
+    })
+    .await;
+    s.api
+        .run(
+            TOKEN,
+            "full",
+            "open('keep.bin', 'wb').write(b'k' * (4 * 1024 * 1024))",
+        )
+        .await;
+    let reply = put(
+        &s.api,
+        TOKEN,
+        &files("full", "big.bin"),
+        vec![7; 6 * 1024 * 1024],
+        None,
+    )
+    .await;
+    assert_eq!(reply.error(StatusCode::INSUFFICIENT_STORAGE), "no_space");
+    let reply = put(
+        &s.api,
+        TOKEN,
+        &files("full", "t"),
+        tar_of(&[("a.bin", &vec![1u8; 6 * 1024 * 1024])]),
+        Some("application/x-tar"),
+    )
+    .await;
+    assert_eq!(reply.error(StatusCode::INSUFFICIENT_STORAGE), "no_space");
+    let result = s
+        .api
+        .run(TOKEN, "full", "import os\nprint(sorted(os.listdir('.')), os.listdir('t'), os.path.getsize('keep.bin'))")
+        .await;
+    assert_eq!(
+        output(&result),
+        "['.kernelbox', 'keep.bin', 't'] [] 4194304",
+        "{result}"
+    );
+    s.finish().await;
+}
