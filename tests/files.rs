@@ -520,3 +520,146 @@ async fn an_upload_into_a_full_work_dir_is_507_and_leaves_nothing() {
     );
     s.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn no_kernel_other_tenants_and_children_are_isolated() {
+    let s = server("files-isolation", |_| {}).await;
+    // A session that never ran, for every read verb: 404 no_kernel, and nothing is started.
+    let reply = get(&s.api, TOKEN, &files("iso", "a.txt"), None).await;
+    assert_eq!(reply.error(StatusCode::NOT_FOUND), "no_kernel");
+    let reply = get(&s.api, TOKEN, "/v1/sessions/iso/files", None).await;
+    assert_eq!(reply.error(StatusCode::NOT_FOUND), "no_kernel");
+    let reply = s.api.delete(&files("iso", "a.txt"), TOKEN).await;
+    assert_eq!(reply.error(StatusCode::NOT_FOUND), "no_kernel");
+    assert!(s.api.kernels(TOKEN).await.is_empty());
+
+    let reply = put(
+        &s.api,
+        TOKEN,
+        &files("iso", "a.txt"),
+        b"mine".to_vec(),
+        None,
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::CREATED);
+    // Another tenant naming the same session reaches nothing of it.
+    let reply = get(&s.api, OTHER, &files("iso", "a.txt"), None).await;
+    assert_eq!(reply.error(StatusCode::NOT_FOUND), "no_kernel");
+    let reply = s.api.delete(&files("iso", "a.txt"), OTHER).await;
+    assert_eq!(reply.error(StatusCode::NOT_FOUND), "no_kernel");
+    // Its upload starts its own kernel, and its file stays its own.
+    let reply = put(
+        &s.api,
+        OTHER,
+        &files("iso", "a.txt"),
+        b"theirs".to_vec(),
+        None,
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::CREATED);
+    assert_eq!(s.tenant_containers("files").await.len(), 1);
+    assert_eq!(s.tenant_containers("others").await.len(), 1);
+    assert_eq!(
+        &get(&s.api, TOKEN, &files("iso", "a.txt"), None).await.body[..],
+        b"mine"
+    );
+    assert_eq!(
+        &get(&s.api, OTHER, &files("iso", "a.txt"), None).await.body[..],
+        b"theirs"
+    );
+
+    // A delegated child's kernel has files of its own.
+    let child = format!("{}?child=helper", files("iso", "c.txt"));
+    let reply = get(&s.api, TOKEN, &child, None).await;
+    assert_eq!(reply.error(StatusCode::NOT_FOUND), "no_kernel");
+    let reply = put(&s.api, TOKEN, &child, b"child's".to_vec(), None).await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json());
+    let seen = s
+        .api
+        .execute(
+            TOKEN,
+            "iso",
+            serde_json::json!({"code": "print(open('c.txt').read())", "child": "helper"}),
+        )
+        .await
+        .json();
+    assert_eq!(output(&seen), "child's", "{seen}");
+    let reply = get(&s.api, TOKEN, &files("iso", "c.txt"), None).await;
+    assert_eq!(reply.error(StatusCode::NOT_FOUND), "not_found");
+    assert_eq!(&get(&s.api, TOKEN, &child, None).await.body[..], b"child's");
+    let reply = get(
+        &s.api,
+        TOKEN,
+        &format!("{}?child=bad::name", files("iso", "c.txt")),
+        None,
+    )
+    .await;
+    assert_eq!(reply.error(StatusCode::BAD_REQUEST), "invalid_name");
+
+    // Files live and die with the kernel.
+    assert_eq!(
+        s.api.delete("/v1/sessions/iso", TOKEN).await.status,
+        StatusCode::OK
+    );
+    let reply = get(&s.api, TOKEN, &files("iso", "a.txt"), None).await;
+    assert_eq!(reply.error(StatusCode::NOT_FOUND), "no_kernel");
+    s.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn uploads_and_deletes_run_while_a_cell_runs_in_the_same_kernel() {
+    let s = server("files-concurrent", |_| {}).await;
+    s.api.run(TOKEN, "busy", "x = 1").await;
+    let mut events = s
+        .api
+        .stream(
+            TOKEN,
+            "busy",
+            serde_json::json!({"code": concat!(
+                "import os, time\nprint('waiting', flush=True)\n",
+                "deadline = time.time() + 60\n",
+                "while time.time() < deadline and not all(os.path.exists('up%d.bin' % i) for i in range(4)):\n",
+                "    time.sleep(0.05)\n",
+                "print('saw', sum(os.path.getsize('up%d.bin' % i) for i in range(4)))",
+            )}),
+        )
+        .await;
+    events.until_output("waiting").await;
+    let uploads = (0..4).map(|i| {
+        let api = s.api.clone();
+        async move {
+            put(
+                &api,
+                TOKEN,
+                &files("busy", &format!("up{i}.bin")),
+                vec![i as u8; 1024 * 1024],
+                None,
+            )
+            .await
+        }
+    });
+    for reply in futures::future::join_all(uploads).await {
+        assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json());
+    }
+    let result = events.result().await;
+    assert_eq!(result["status"], "success", "{result}");
+    assert!(output(&result).ends_with("saw 4194304"), "{result}");
+
+    // Delete: a file, then a whole tree; the symlink itself goes, never its target.
+    s.api
+        .run(TOKEN, "busy", "import os\nos.makedirs('tree/a/b')\nopen('tree/a/b/f', 'w').write('x')\nos.symlink('/tmp', 'tree/link')\nopen('/tmp/keep', 'w').write('k')")
+        .await;
+    let reply = s.api.delete(&files("busy", "up0.bin"), TOKEN).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.json());
+    assert_eq!(reply.json()["deleted"], "/work/up0.bin");
+    let reply = s.api.delete(&files("busy", "tree"), TOKEN).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.json());
+    let reply = s.api.delete(&files("busy", "tree"), TOKEN).await;
+    assert_eq!(reply.error(StatusCode::NOT_FOUND), "not_found");
+    let result = s
+        .api
+        .run(TOKEN, "busy", "import os\nprint(os.path.exists('up0.bin'), os.path.exists('tree'), open('/tmp/keep').read())")
+        .await;
+    assert_eq!(output(&result), "False False k", "{result}");
+    s.finish().await;
+}
