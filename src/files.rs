@@ -179,7 +179,7 @@ pub enum FileError {
     #[error("{0}")]
     NotFound(String),
     /// The owner has no live kernel (files live and die with it).
-    #[error("{owner} has no live kernel; its files are gone with it (files live and die with the session's kernel)")]
+    #[error("{owner} has no live kernel (files live and die with the session's kernel)")]
     NoKernel {
         /// The owner.
         owner: String,
