@@ -663,3 +663,239 @@ async fn uploads_and_deletes_run_while_a_cell_runs_in_the_same_kernel() {
     assert_eq!(output(&result), "False False k", "{result}");
     s.finish().await;
 }
+
+/// Resident and peak resident memory of a process, in bytes (`/proc/PID/status`).
+fn memory_of(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|kib| kib.parse::<u64>().ok())
+            .map(|kib| kib * 1024)
+            .unwrap_or_else(|| panic!("{name} in /proc/{pid}/status"))
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// A real `kernelbox serve` process on a free port with one tenant (`TOKEN`); returns it and
+/// an API client aimed at it.
+async fn serve_process(label: &str, extra: &[&str]) -> (tokio::process::Child, Api) {
+    use tokio::io::AsyncBufReadExt;
+    let state = tempfile::tempdir().unwrap();
+    let mut server = tokio::process::Command::new(env!("CARGO_BIN_EXE_kernelbox"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
+        .arg(state.path())
+        .arg("--label")
+        .arg(format!("{}={label}", common::CASE))
+        .args(extra)
+        .env("KERNELBOX_TOKEN", TOKEN)
+        .env_remove("KERNELBOX_TENANTS")
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn kernelbox serve");
+    let mut lines = tokio::io::BufReader::new(server.stderr.take().unwrap()).lines();
+    let addr = common::serving_addr(&mut lines).await;
+    tokio::spawn(async move {
+        let _state = state;
+        while let Ok(Some(_)) = lines.next_line().await {}
+    });
+    (server, Api::new(addr))
+}
+
+/// Stops a `kernelbox serve` process with SIGTERM and waits for it.
+async fn stop(mut server: tokio::process::Child) {
+    let pid = server.id().unwrap();
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status();
+    let status = tokio::time::timeout(std::time::Duration::from_secs(60), server.wait())
+        .await
+        .expect("the server stops")
+        .unwrap();
+    assert!(status.success(), "{status}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hundred_mib_streams_in_and_out_without_growing_the_server() {
+    use http_body_util::BodyExt;
+    let label = common::unique("files-stream-memory");
+    let engine = common::engine().await;
+    let (server, api) = serve_process(&label, &[]).await;
+    let pid = server.id().unwrap();
+    // Warm up: the kernel, the helper path, the allocator's pools.
+    let reply = put(
+        &api,
+        TOKEN,
+        &files("mem", "warm.bin"),
+        vec![1; 4 * 1024 * 1024],
+        None,
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::CREATED);
+    let _ = get(&api, TOKEN, &files("mem", "warm.bin"), None).await;
+    let (rss_before, hwm_before) = memory_of(pid);
+
+    let size = 100 * 1024 * 1024;
+    let started = std::time::Instant::now();
+    let reply = put_streamed(&api, TOKEN, &files("mem", "big.bin"), 100, 1024 * 1024).await;
+    let upload = started.elapsed();
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json());
+    assert_eq!(reply.json()["size"], size);
+
+    let started = std::time::Instant::now();
+    let req = api
+        .build(
+            Method::GET,
+            &files("mem", "big.bin"),
+            Some(TOKEN),
+            false,
+            false,
+        )
+        .body(http_body_util::Full::new(Bytes::new()))
+        .unwrap();
+    let response = api.http.request(req).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut body = response.into_body();
+    let mut received = 0usize;
+    let mut all_z = true;
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame.unwrap().into_data() {
+            all_z &= data.iter().all(|b| *b == b'z');
+            received += data.len();
+        }
+    }
+    let download = started.elapsed();
+    assert_eq!(received, size);
+    assert!(all_z, "downloaded bytes differ");
+
+    let (rss_after, hwm_after) = memory_of(pid);
+    let growth = rss_after.saturating_sub(rss_before);
+    let peak = hwm_after.saturating_sub(hwm_before);
+    eprintln!(
+        "100 MiB: upload {:.0} MiB/s, download {:.0} MiB/s; server VmRSS {:.1} -> {:.1} MiB, VmHWM +{:.1} MiB",
+        100.0 / upload.as_secs_f64(),
+        100.0 / download.as_secs_f64(),
+        rss_before as f64 / MIB,
+        rss_after as f64 / MIB,
+        peak as f64 / MIB,
+    );
+    assert!(
+        peak < 32 * 1024 * 1024,
+        "the server's peak grew by {:.1} MiB",
+        peak as f64 / MIB
+    );
+    assert!(
+        growth < 32 * 1024 * 1024,
+        "the server grew by {:.1} MiB",
+        growth as f64 / MIB
+    );
+    stop(server).await;
+    common::assert_clean(&engine, &label).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kernelbox_cp_copies_files_and_directories_both_ways() {
+    let label = common::unique("files-cp");
+    let engine = common::engine().await;
+    let (server, api) = serve_process(&label, &[]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let data = random_bytes(3 * 1024 * 1024 + 17);
+    std::fs::write(dir.path().join("data.bin"), &data).unwrap();
+    std::fs::create_dir_all(dir.path().join("proj/sub")).unwrap();
+    std::fs::write(dir.path().join("proj/main.py"), "print('main')\n").unwrap();
+    std::fs::write(dir.path().join("proj/sub/x.txt"), "x").unwrap();
+    let cp = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_kernelbox"))
+            .arg("cp")
+            .args(args)
+            .args(["--url", &api.base, "--token", TOKEN])
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    assert_eq!(cp(&["data.bin", "cps:in/data.bin"]).0, Some(0));
+    assert_eq!(cp(&["./proj", "cps:proj"]).0, Some(0));
+    let result = api
+        .run(TOKEN, "cps", "import hashlib, os\nprint(hashlib.sha256(open('in/data.bin','rb').read()).hexdigest(), sorted(os.listdir('proj')))")
+        .await;
+    assert_eq!(
+        output(&result),
+        format!("{} ['main.py', 'sub']", hex::encode(Sha256::digest(&data)))
+    );
+    api.run(TOKEN, "cps", "import os\nos.makedirs('out/deep')\nopen('out/deep/r.txt','w').write('result')\nos.symlink('/etc/passwd', 'out/pw')").await;
+    assert_eq!(cp(&["cps:in/data.bin", "back.bin"]).0, Some(0));
+    assert!(std::fs::read(dir.path().join("back.bin")).unwrap() == data);
+    assert_eq!(cp(&["cps:out", "got"]).0, Some(0));
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("got/deep/r.txt")).unwrap(),
+        "result"
+    );
+    // A link a kernel put in the archive is never created on the host.
+    assert!(std::fs::symlink_metadata(dir.path().join("got/pw")).is_err());
+    // Errors say what went wrong, with a usage exit code.
+    let (code, stderr) = cp(&["cps:missing.txt", "m.txt"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("does not exist"), "{stderr}");
+    let (code, stderr) = cp(&["nobody:x", "x"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("no live kernel"), "{stderr}");
+    assert!(!dir.path().join("m.txt").exists() && !dir.path().join("x").exists());
+    stop(server).await;
+    common::assert_clean(&engine, &label).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn exec_uploads_before_the_cell_and_downloads_after_it() {
+    let label = common::unique("files-exec");
+    let engine = common::engine().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("in.csv"), "a,b\n1,2\n3,4\n").unwrap();
+    std::fs::create_dir_all(dir.path().join("lib")).unwrap();
+    std::fs::write(
+        dir.path().join("lib/helper.py"),
+        "def double(x):\n    return 2 * x\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kernelbox"))
+        .args(["exec", "--session", "ex", "--label"])
+        .arg(format!("{}={label}", common::CASE))
+        .args(["--upload", "in.csv:data/in.csv", "--upload", "lib"])
+        .args(["--download", "out/total.txt:total.txt", "--download", "out"])
+        .arg(
+            "import csv, os, sys\nsys.path.insert(0, 'lib')\nfrom helper import double\n\
+             rows = list(csv.DictReader(open('data/in.csv')))\nos.makedirs('out/more')\n\
+             open('out/total.txt', 'w').write(str(double(sum(int(r['b']) for r in rows))))\n\
+             open('out/more/n.txt', 'w').write(str(len(rows)))\nprint('done')",
+        )
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let result: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(result["output"], "done\n", "{result}");
+    // The upload started the kernel the cell ran in.
+    assert_eq!(result["kernel"]["reused"], true, "{result}");
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("total.txt")).unwrap(),
+        "12"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("out/total.txt")).unwrap(),
+        "12"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("out/more/n.txt")).unwrap(),
+        "2"
+    );
+    common::assert_clean(&engine, &label).await;
+}
