@@ -5,6 +5,7 @@
 //! - `http.rs`: the warm cell through the HTTP API on loopback, on an in-process server.
 //! - `cold.rs`: the first cell of a new owner, against `docker run --rm`, split by Docker
 //!   events.
+//! - `files.rs`: file upload and download throughput over HTTP against `docker cp`.
 //! - `tools.rs`: a no-op tool call from inside a cell, timed in Python.
 //! - `throughput.rs`: many owners times many cells concurrently.
 //! - `density.rs`: N idle kernels: start time, host memory against idle containers, cgroup
@@ -14,6 +15,7 @@
 
 mod cold;
 mod density;
+mod files;
 mod http;
 mod jupyter;
 mod throughput;
