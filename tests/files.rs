@@ -899,3 +899,63 @@ async fn exec_uploads_before_the_cell_and_downloads_after_it() {
     );
     common::assert_clean(&engine, &label).await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_transfer_holds_its_kernel_against_the_idle_reaper_and_touches_its_last_use() {
+    use http_body_util::{BodyExt, StreamBody};
+    use hyper::body::Frame;
+    let idle = std::time::Duration::from_secs(2);
+    let s = server("files-reaper", |c| c.kernel_idle_timeout = idle).await;
+    s.api.run(TOKEN, "slow", "x = 'kept'").await;
+    // An upload whose body the test paces: it is in flight for longer than the idle timeout.
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(1);
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::combinators::BoxBody<Bytes, std::io::Error>>();
+    let body = StreamBody::new(futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    }));
+    let req = s
+        .api
+        .build(
+            Method::PUT,
+            &files("slow", "slow.bin"),
+            Some(TOKEN),
+            false,
+            false,
+        )
+        .body(body.boxed())
+        .unwrap();
+    let upload = tokio::spawn(async move { read(client.request(req).await.unwrap()).await });
+    tx.send(Ok(Frame::data(Bytes::from_static(b"first;"))))
+        .await
+        .unwrap();
+    // Let the idle timeout pass while the transfer is in flight, then make the registry reap
+    // (every new attach reaps idle kernels first).
+    tokio::time::sleep(idle + std::time::Duration::from_millis(500)).await;
+    s.api.run(TOKEN, "bystander", "pass").await;
+    let kernels = s.api.kernels(TOKEN).await;
+    assert!(
+        kernels.iter().any(|k| k["session"] == "slow"),
+        "reaped mid-transfer: {kernels:?}"
+    );
+    tx.send(Ok(Frame::data(Bytes::from_static(b"last"))))
+        .await
+        .unwrap();
+    drop(tx);
+    let reply = upload.await.unwrap();
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json());
+    // The transfer touched the kernel's last use: it is not idle since before the upload.
+    let kernels = s.api.kernels(TOKEN).await;
+    let slow = kernels
+        .iter()
+        .find(|k| k["session"] == "slow")
+        .expect("the kernel");
+    assert!(slow["idle_seconds"].as_f64().unwrap() < 1.5, "{slow}");
+    let result = s
+        .api
+        .run(TOKEN, "slow", "print(x, open('slow.bin').read())")
+        .await;
+    assert_eq!(output(&result), "kept first;last", "{result}");
+    assert!(result["kernel"]["state_lost"].is_null(), "{result}");
+    s.finish().await;
+}
