@@ -959,3 +959,33 @@ async fn a_transfer_holds_its_kernel_against_the_idle_reaper_and_touches_its_las
     assert!(result["kernel"]["state_lost"].is_null(), "{result}");
     s.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn in_project_mode_files_land_in_the_bind_mounted_project_directory() {
+    use std::os::unix::fs::PermissionsExt;
+    let project = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(project.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    std::fs::write(project.path().join("host.txt"), "from the host").unwrap();
+    let dir = project.path().to_path_buf();
+    let s = server("files-project", |c| {
+        c.mode = kernelbox::WorkMode::Project(dir)
+    })
+    .await;
+    let reply = put(
+        &s.api,
+        TOKEN,
+        &files("proj", "sub/up.txt"),
+        b"uploaded".to_vec(),
+        None,
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json());
+    assert_eq!(reply.json()["path"], "/work/sub/up.txt");
+    assert_eq!(
+        std::fs::read_to_string(project.path().join("sub/up.txt")).unwrap(),
+        "uploaded"
+    );
+    let back = get(&s.api, TOKEN, &files("proj", "host.txt"), None).await;
+    assert_eq!(&back.body[..], b"from the host");
+    s.finish().await;
+}
