@@ -63,6 +63,10 @@ impl Default for Sandbox {
     }
 }
 
+/// Where the working directory is inside every kernel, in both modes (the staging volume in
+/// strict mode, the bind-mounted project directory in project mode).
+pub const WORK_DIR: &str = "/work";
+
 /// Everything an [`Orchestrator`](crate::Orchestrator) needs, validated by [`Config::validate`].
 #[derive(Debug, Clone)]
 pub struct Config {

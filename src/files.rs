@@ -1,5 +1,7 @@
 //! Files in and out of a kernel's working directory: the one check of a path's syntax
-//! ([`FilePath`]), what the file operations return, and how they fail ([`FileError`]).
+//! ([`FilePath`]), what the file operations return, and how a transfer fails
+//! ([`TransferError`]; the orchestrator's `TransferError` adds the kernel's absence and the
+//! refusals of an execute).
 //!
 //! The host never resolves a path: the bytes travel through a small helper run inside the
 //! kernel's container as the kernel's user (`runner/file_helper.py`, started by
@@ -10,9 +12,8 @@ use bytes::Bytes;
 use futures::stream::BoxStream;
 use serde::Serialize;
 
+use crate::config::WORK_DIR;
 use crate::docker::EngineError;
-use crate::kernel::WORK_DIR;
-use crate::orchestrator::ExecuteError;
 
 /// Default cap on one upload (a file, or a tar archive's bytes), in bytes: 100 MiB.
 pub const DEFAULT_MAX_UPLOAD_BYTES: u64 = 100 * 1024 * 1024;
@@ -30,7 +31,7 @@ pub const MAX_LIST_ENTRIES: usize = 10_000;
 pub type ByteStream = BoxStream<'static, Result<Bytes, std::io::Error>>;
 
 /// A stream of bytes coming out of a kernel (a download); an error ends it.
-pub type DownloadStream = BoxStream<'static, Result<Bytes, FileError>>;
+pub type DownloadStream = BoxStream<'static, Result<Bytes, TransferError>>;
 
 /// A path relative to the kernel's working directory, checked for syntax: no absolute path,
 /// no `.` or `..` component, no NUL, bounded lengths. Empty components (`a//b`, a trailing
@@ -42,8 +43,8 @@ pub struct FilePath {
 
 impl FilePath {
     /// Checks a path; the one place its syntax is checked.
-    pub fn parse(path: &str) -> Result<FilePath, FileError> {
-        let refuse = |reason: &str| FileError::InvalidPath {
+    pub fn parse(path: &str) -> Result<FilePath, TransferError> {
+        let refuse = |reason: &str| TransferError::InvalidPath {
             path: path.chars().take(256).collect(),
             reason: reason.to_string(),
         };
@@ -154,9 +155,9 @@ impl std::fmt::Debug for Download {
     }
 }
 
-/// A file operation that failed; names what went wrong.
+/// A file transfer that failed; names what went wrong.
 #[derive(Debug, thiserror::Error)]
-pub enum FileError {
+pub enum TransferError {
     /// The path's syntax is refused (absolute, `..`, too long).
     #[error("invalid path {path:?}: {reason}")]
     InvalidPath {
@@ -178,12 +179,6 @@ pub enum FileError {
     /// Nothing at that path.
     #[error("{0}")]
     NotFound(String),
-    /// The owner has no live kernel (files live and die with it).
-    #[error("{owner} has no live kernel (files live and die with the session's kernel)")]
-    NoKernel {
-        /// The owner.
-        owner: String,
-    },
     /// The upload passed the cap; nothing was written.
     #[error("uploads are limited to {cap} bytes; nothing was written")]
     TooLarge {
@@ -199,9 +194,6 @@ pub enum FileError {
     /// No progress within the transfer's idle deadline.
     #[error("the file transfer made no progress for {0:?}; nothing was written")]
     Stalled(std::time::Duration),
-    /// Getting a kernel failed (caps, names, shutdown, spawn).
-    #[error(transparent)]
-    Execute(#[from] ExecuteError),
     /// The engine failed during the transfer.
     #[error("file transfer: {0}")]
     Engine(#[from] EngineError),
@@ -210,16 +202,16 @@ pub enum FileError {
     Helper(String),
 }
 
-impl FileError {
+impl TransferError {
     /// The error for a helper's status code and message.
-    pub(crate) fn from_helper(code: &str, message: String) -> FileError {
-        let refused = |code| FileError::Refused {
+    pub(crate) fn from_helper(code: &str, message: String) -> TransferError {
+        let refused = |code| TransferError::Refused {
             code,
             message: message.clone(),
         };
         match code {
-            "not_found" => FileError::NotFound(message),
-            "no_space" => FileError::NoSpace,
+            "not_found" => TransferError::NotFound(message),
+            "no_space" => TransferError::NoSpace,
             "symlink" => refused("symlink"),
             "not_a_directory" => refused("not_a_directory"),
             "is_a_directory" => refused("is_a_directory"),
@@ -227,8 +219,8 @@ impl FileError {
             "tar_member_refused" => refused("tar_member_refused"),
             "invalid_tar" => refused("invalid_tar"),
             "invalid_path" => refused("invalid_path"),
-            "aborted" => FileError::Body(message),
-            _ => FileError::Helper(format!("{code}: {message}")),
+            "aborted" => TransferError::Body(message),
+            _ => TransferError::Helper(format!("{code}: {message}")),
         }
     }
 }
@@ -244,7 +236,7 @@ mod tests {
         assert!(FilePath::parse("").unwrap().is_root());
         for bad in ["/etc/passwd", "..", "a/../../x", "./a", "a/./b", "a\0b"] {
             assert!(
-                matches!(FilePath::parse(bad), Err(FileError::InvalidPath { .. })),
+                matches!(FilePath::parse(bad), Err(TransferError::InvalidPath { .. })),
                 "{bad:?} was accepted"
             );
         }

@@ -63,10 +63,10 @@ pub use authority::{CellAuthority, FnDispatcher, RawToolCall, ToolCall, ToolDisp
 pub use cell::{CellResult, CellStatus, KernelInfo, LossReason, StateLost};
 pub use config::{Config, Sandbox, WorkMode};
 pub use docker::{BollardEngine, Engine, EngineError};
-pub use files::{Download, FileEntry, FileError, FilePath, Listing, Written};
+pub use files::{Download, FileEntry, FilePath, Listing, TransferError, Written};
 pub use kernel::OutputSink;
 pub use orchestrator::{
-    AdmissionNotice, ExecuteError, ExecuteRequest, FileRequest, KernelSummary, Orchestrator,
-    StartError,
+    AdmissionNotice, ExecuteError, ExecuteRequest, FileError, FileRequest, KernelSummary,
+    Orchestrator, StartError,
 };
 pub use registry::{Cap, TenantLimits, MAX_ATTACHED_PER_SLOT};

@@ -18,7 +18,7 @@ use hyper_util::rt::TokioExecutor;
 
 use super::transfer::{local_target, open_local, save_file, save_tar};
 use super::Exit;
-use kernelbox::files::FileError;
+use kernelbox::files::TransferError;
 
 #[derive(Debug, Args)]
 pub struct CpArgs {
@@ -145,7 +145,7 @@ pub async fn run(args: CpArgs) -> anyhow::Result<ExitCode> {
         response
             .into_body()
             .into_data_stream()
-            .map_err(|e| FileError::Helper(format!("the download broke off: {e}"))),
+            .map_err(|e| TransferError::Helper(format!("the download broke off: {e}"))),
     );
     download(body, tar, session, path, &local).await
 }

@@ -16,7 +16,9 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use super::{Kernel, WORK_DIR};
 use crate::docker::{Chunk, EngineError, ExecSpec};
-use crate::files::{ByteStream, Download, DownloadStream, FileError, FilePath, Listing, Written};
+use crate::files::{
+    ByteStream, Download, DownloadStream, FilePath, Listing, TransferError, Written,
+};
 
 /// The helper's source, sent on its command line.
 const HELPER_SOURCE: &str = include_str!("../../runner/file_helper.py");
@@ -68,11 +70,11 @@ impl Stderr {
     }
 
     /// The status the helper ended with; an error unless it says ok.
-    fn status(&self) -> Result<Status, FileError> {
+    fn status(&self) -> Result<Status, TransferError> {
         let text = String::from_utf8_lossy(&self.0);
         let line = text.lines().rev().find(|l| !l.trim().is_empty());
         let Some(status) = line.and_then(|l| serde_json::from_str::<Status>(l).ok()) else {
-            return Err(FileError::Helper(format!(
+            return Err(TransferError::Helper(format!(
                 "it ended without a status: {}",
                 text.chars().take(500).collect::<String>()
             )));
@@ -80,7 +82,7 @@ impl Stderr {
         if status.ok {
             Ok(status)
         } else {
-            Err(FileError::from_helper(
+            Err(TransferError::from_helper(
                 status.code.as_deref().unwrap_or("internal"),
                 status.message.unwrap_or_default(),
             ))
@@ -89,16 +91,16 @@ impl Stderr {
 }
 
 /// The next chunk of the helper's output, within the idle deadline.
-async fn next(output: &mut Output) -> Result<Option<Chunk>, FileError> {
+async fn next(output: &mut Output) -> Result<Option<Chunk>, TransferError> {
     match tokio::time::timeout(FILE_IDLE_TIMEOUT, output.next()).await {
-        Err(_) => Err(FileError::Stalled(FILE_IDLE_TIMEOUT)),
+        Err(_) => Err(TransferError::Stalled(FILE_IDLE_TIMEOUT)),
         Ok(None) => Ok(None),
         Ok(Some(chunk)) => Ok(Some(chunk?)),
     }
 }
 
 /// Reads the helper's output to its end, keeping stderr; stdout there is a protocol breach.
-async fn finish(output: &mut Output, stderr: &mut Stderr) -> Result<Status, FileError> {
+async fn finish(output: &mut Output, stderr: &mut Stderr) -> Result<Status, TransferError> {
     let mut extra = false;
     while let Some(chunk) = next(output).await? {
         match chunk {
@@ -108,33 +110,35 @@ async fn finish(output: &mut Output, stderr: &mut Stderr) -> Result<Status, File
     }
     let status = stderr.status()?;
     if extra {
-        return Err(FileError::Helper("it wrote more than it announced".into()));
+        return Err(TransferError::Helper(
+            "it wrote more than it announced".into(),
+        ));
     }
     Ok(status)
 }
 
 /// Writes within the idle deadline.
-async fn send(input: &mut Input, bytes: &[u8]) -> Result<(), FileError> {
+async fn send(input: &mut Input, bytes: &[u8]) -> Result<(), TransferError> {
     match tokio::time::timeout(FILE_IDLE_TIMEOUT, input.write_all(bytes)).await {
-        Err(_) => Err(FileError::Stalled(FILE_IDLE_TIMEOUT)),
-        Ok(Err(e)) => Err(FileError::Helper(format!("writing to it: {e}"))),
+        Err(_) => Err(TransferError::Stalled(FILE_IDLE_TIMEOUT)),
+        Ok(Err(e)) => Err(TransferError::Helper(format!("writing to it: {e}"))),
         Ok(Ok(())) => Ok(()),
     }
 }
 
 /// Sends the body as frames, then the end frame; fails past `cap` bytes.
-async fn pump(input: &mut Input, mut body: ByteStream, cap: u64) -> Result<u64, FileError> {
+async fn pump(input: &mut Input, mut body: ByteStream, cap: u64) -> Result<u64, TransferError> {
     let mut total = 0u64;
     loop {
         let chunk = match tokio::time::timeout(FILE_IDLE_TIMEOUT, body.next()).await {
-            Err(_) => return Err(FileError::Stalled(FILE_IDLE_TIMEOUT)),
+            Err(_) => return Err(TransferError::Stalled(FILE_IDLE_TIMEOUT)),
             Ok(None) => break,
-            Ok(Some(Err(e))) => return Err(FileError::Body(e.to_string())),
+            Ok(Some(Err(e))) => return Err(TransferError::Body(e.to_string())),
             Ok(Some(Ok(chunk))) => chunk,
         };
         total += chunk.len() as u64;
         if total > cap {
-            return Err(FileError::TooLarge { cap });
+            return Err(TransferError::TooLarge { cap });
         }
         for piece in chunk.chunks(MAX_FRAME) {
             let mut frame = BytesMut::with_capacity(4 + piece.len());
@@ -150,9 +154,9 @@ async fn pump(input: &mut Input, mut body: ByteStream, cap: u64) -> Result<u64, 
 
 impl Kernel {
     /// Starts the helper for `op` on `path`.
-    async fn helper(&self, op: &str, path: &FilePath) -> Result<(Output, Input), FileError> {
+    async fn helper(&self, op: &str, path: &FilePath) -> Result<(Output, Input), TransferError> {
         let parts = serde_json::to_string(path.parts())
-            .map_err(|e| FileError::Helper(format!("encoding the path: {e}")))?;
+            .map_err(|e| TransferError::Helper(format!("encoding the path: {e}")))?;
         let spec = ExecSpec {
             cmd: vec![
                 "python3".into(),
@@ -180,14 +184,14 @@ impl Kernel {
         tar: bool,
         body: ByteStream,
         cap: u64,
-    ) -> Result<Written, FileError> {
+    ) -> Result<Written, TransferError> {
         let (mut output, mut input) = self
             .helper(if tar { "untar" } else { "write" }, path)
             .await?;
         let mut stderr = Stderr::default();
         enum First {
-            Sent(Result<u64, FileError>),
-            Ended(Result<Status, FileError>),
+            Sent(Result<u64, TransferError>),
+            Ended(Result<Status, TransferError>),
         }
         let first = {
             let sending = pump(&mut input, body, cap);
@@ -211,7 +215,7 @@ impl Kernel {
                 let helper = finish(&mut output, &mut stderr).await;
                 return Err(match (e, helper) {
                     // A write that failed because the helper gave up: its reason wins.
-                    (FileError::Helper(_), Err(reason)) => reason,
+                    (TransferError::Helper(_), Err(reason)) => reason,
                     (e, _) => e,
                 });
             }
@@ -227,7 +231,7 @@ impl Kernel {
     /// Reads `path`: a file's bytes, a directory's listing, or with `tar` a directory as a
     /// tar stream. The returned stream yields exactly the announced bytes, then checks the
     /// helper's status; anything else ends it with an error.
-    pub async fn read_file(&self, path: &FilePath, tar: bool) -> Result<Download, FileError> {
+    pub async fn read_file(&self, path: &FilePath, tar: bool) -> Result<Download, TransferError> {
         let (mut output, input) = self.helper(if tar { "tar" } else { "read" }, path).await?;
         drop(input);
         let mut stderr = Stderr::default();
@@ -243,12 +247,12 @@ impl Kernel {
                         break (line.freeze(), head.freeze());
                     }
                     if head.len() > MAX_HEADER {
-                        return Err(FileError::Helper("its header line is too long".into()));
+                        return Err(TransferError::Helper("its header line is too long".into()));
                     }
                 }
                 None => {
                     stderr.status()?;
-                    return Err(FileError::Helper("it ended without a header".into()));
+                    return Err(TransferError::Helper("it ended without a header".into()));
                 }
             }
         };
@@ -265,11 +269,13 @@ impl Kernel {
             Tar,
         }
         let header: Header = serde_json::from_slice(&line)
-            .map_err(|e| FileError::Helper(format!("unreadable header: {e}")))?;
+            .map_err(|e| TransferError::Helper(format!("unreadable header: {e}")))?;
         Ok(match header {
             Header::Dir { entries, truncated } => {
                 if !rest.is_empty() {
-                    return Err(FileError::Helper("it wrote more than it announced".into()));
+                    return Err(TransferError::Helper(
+                        "it wrote more than it announced".into(),
+                    ));
                 }
                 finish(&mut output, &mut stderr).await?;
                 Download::Dir(Listing { entries, truncated })
@@ -285,7 +291,7 @@ impl Kernel {
     }
 
     /// Removes a file or a directory tree (a symlink itself, never its target).
-    pub async fn remove_file(&self, path: &FilePath) -> Result<(), FileError> {
+    pub async fn remove_file(&self, path: &FilePath) -> Result<(), TransferError> {
         let (mut output, input) = self.helper("remove", path).await?;
         drop(input);
         finish(&mut output, &mut Stderr::default())
@@ -322,7 +328,9 @@ fn body_stream(output: Output, stderr: Stderr, rest: Bytes, size: Option<u64>) -
                     if left == 0 {
                         s.done = true;
                         return Some((
-                            Err(FileError::Helper("it wrote more than it announced".into())),
+                            Err(TransferError::Helper(
+                                "it wrote more than it announced".into(),
+                            )),
                             s,
                         ));
                     }
@@ -347,7 +355,7 @@ fn body_stream(output: Output, stderr: Stderr, rest: Bytes, size: Option<u64>) -
                     let error = match (s.stderr.status(), s.left) {
                         (Err(e), _) => e,
                         (Ok(_), Some(left)) => {
-                            FileError::Helper(format!("it ended {left} bytes short"))
+                            TransferError::Helper(format!("it ended {left} bytes short"))
                         }
                         (Ok(_), None) => return None,
                     };

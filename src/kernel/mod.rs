@@ -46,8 +46,7 @@ use stdin::{Stdin, MAX_STDIN_BACKLOG};
 
 pub use spawn::SpawnRequest;
 
-/// Where the working directory is inside every kernel.
-pub const WORK_DIR: &str = "/work";
+pub use crate::config::WORK_DIR;
 /// Where the staging volume is mounted in project mode (in strict mode it is the work dir).
 pub const STAGING_DIR_PROJECT: &str = "/kernelbox";
 

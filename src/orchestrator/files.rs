@@ -11,10 +11,31 @@ use std::sync::Arc;
 use futures::StreamExt;
 
 use super::{ExecuteError, Orchestrator};
-use crate::files::{ByteStream, Download, FileError, FilePath, Listing, Written};
+use crate::files::{ByteStream, Download, FilePath, Listing, TransferError, Written};
 use crate::kernel::Kernel;
 use crate::owner::{KernelKey, Owner};
 use crate::registry::{Refusal, Slot, TenantLimits};
+
+/// A file operation that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    /// The path, the content or the transfer failed (see [`TransferError`]).
+    #[error(transparent)]
+    Transfer(#[from] TransferError),
+    /// The owner has no live kernel (files live and die with it).
+    #[error("{owner} has no live kernel (files live and die with the session's kernel)")]
+    NoKernel {
+        /// The owner.
+        owner: String,
+    },
+    /// Getting a kernel for an upload failed (names, caps, shutdown, spawn).
+    #[error(transparent)]
+    Execute(#[from] ExecuteError),
+}
+
+fn refused(code: &'static str, message: String) -> FileError {
+    FileError::Transfer(TransferError::Refused { code, message })
+}
 
 /// Whose kernel a file operation addresses, as an [`ExecuteRequest`](super::ExecuteRequest)
 /// names it.
@@ -100,7 +121,9 @@ impl Orchestrator {
             Err(Refusal::Busy { owner, max }) => {
                 Err(ExecuteError::SessionBusy { owner, max }.into())
             }
-            Err(Refusal::AtCapacity(_)) => Err(FileError::Helper("unexpected refusal".into())),
+            Err(Refusal::AtCapacity(_)) => Err(FileError::Transfer(TransferError::Helper(
+                "unexpected refusal".into(),
+            ))),
         }
     }
 
@@ -143,10 +166,10 @@ impl Orchestrator {
     ) -> Result<Written, FileError> {
         let path = FilePath::parse(path)?;
         if !tar && path.is_root() {
-            return Err(FileError::Refused {
-                code: "is_a_directory",
-                message: "the working directory itself is a directory".into(),
-            });
+            return Err(refused(
+                "is_a_directory",
+                "the working directory itself is a directory".into(),
+            ));
         }
         let owner = self.file_owner(request)?;
         let hold = self.hold_or_start(request, &owner).await?;
@@ -154,6 +177,7 @@ impl Orchestrator {
         kernel
             .write_file(&path, tar, body, self.inner.config.max_upload_bytes)
             .await
+            .map_err(FileError::from)
     }
 
     /// Reads `path` in the owner's live kernel: a file's bytes, a directory's listing, or
@@ -194,10 +218,10 @@ impl Orchestrator {
     ) -> Result<Listing, FileError> {
         match self.read_file(request, path, false).await? {
             Download::Dir(listing) => Ok(listing),
-            _ => Err(FileError::Refused {
-                code: "not_a_directory",
-                message: format!("{path} is not a directory"),
-            }),
+            _ => Err(refused(
+                "not_a_directory",
+                format!("{path} is not a directory"),
+            )),
         }
     }
 
@@ -205,13 +229,13 @@ impl Orchestrator {
     pub async fn remove_file(&self, request: &FileRequest, path: &str) -> Result<(), FileError> {
         let path = FilePath::parse(path)?;
         if path.is_root() {
-            return Err(FileError::Refused {
-                code: "invalid_path",
-                message: "the working directory itself cannot be removed".into(),
-            });
+            return Err(refused(
+                "invalid_path",
+                "the working directory itself cannot be removed".into(),
+            ));
         }
         let owner = self.file_owner(request)?;
         let hold = self.hold_live(&owner)?;
-        hold.kernel()?.remove_file(&path).await
+        Ok(hold.kernel()?.remove_file(&path).await?)
     }
 }

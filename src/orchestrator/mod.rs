@@ -20,7 +20,7 @@ mod shutdown;
 #[cfg(test)]
 mod tests;
 
-pub use files::FileRequest;
+pub use files::{FileError, FileRequest};
 pub use request::{
     AdmissionNotice, ExecuteError, ExecuteRequest, KernelSummary, StartError, StartStats, Stats,
     START_BUCKETS,

@@ -5,8 +5,9 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 use crate::config::InvalidTimeout;
-use crate::files::FileError;
+use crate::files::TransferError;
 use crate::orchestrator::ExecuteError;
+use crate::orchestrator::FileError;
 
 /// An error response.
 #[derive(Debug, Clone)]
@@ -103,31 +104,39 @@ impl From<ExecuteError> for ApiError {
 
 impl From<FileError> for ApiError {
     fn from(e: FileError) -> ApiError {
-        let message = e.to_string();
         match e {
-            FileError::InvalidPath { .. } => ApiError::bad_request("invalid_path", message),
-            FileError::Refused { code, .. } => ApiError::bad_request(code, message),
-            FileError::NotFound(_) => ApiError::not_found(message),
+            FileError::Transfer(e) => e.into(),
             FileError::NoKernel { .. } => {
-                ApiError::new(StatusCode::NOT_FOUND, "no_kernel", message)
-            }
-            FileError::TooLarge { .. } => {
-                ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "file_too_large", message)
-            }
-            FileError::NoSpace => {
-                ApiError::new(StatusCode::INSUFFICIENT_STORAGE, "no_space", message)
-            }
-            FileError::Body(_) => ApiError::bad_request("invalid_body", message),
-            FileError::Stalled(_) => {
-                ApiError::new(StatusCode::GATEWAY_TIMEOUT, "transfer_stalled", message)
+                ApiError::new(StatusCode::NOT_FOUND, "no_kernel", e.to_string())
             }
             FileError::Execute(e) => e.into(),
-            FileError::Engine(_) => ApiError::new(
+        }
+    }
+}
+
+impl From<TransferError> for ApiError {
+    fn from(e: TransferError) -> ApiError {
+        let message = e.to_string();
+        match e {
+            TransferError::InvalidPath { .. } => ApiError::bad_request("invalid_path", message),
+            TransferError::Refused { code, .. } => ApiError::bad_request(code, message),
+            TransferError::NotFound(_) => ApiError::not_found(message),
+            TransferError::TooLarge { .. } => {
+                ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "file_too_large", message)
+            }
+            TransferError::NoSpace => {
+                ApiError::new(StatusCode::INSUFFICIENT_STORAGE, "no_space", message)
+            }
+            TransferError::Body(_) => ApiError::bad_request("invalid_body", message),
+            TransferError::Stalled(_) => {
+                ApiError::new(StatusCode::GATEWAY_TIMEOUT, "transfer_stalled", message)
+            }
+            TransferError::Engine(_) => ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "engine_unavailable",
                 message,
             ),
-            FileError::Helper(_) => {
+            TransferError::Helper(_) => {
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "file_helper", message)
             }
         }

@@ -124,7 +124,7 @@ async fn put(
     if declared.is_some_and(|n| n > cap) {
         // Refused before any kernel is touched.
         state.inner.metrics.rejected("too_large");
-        return Err(crate::files::FileError::TooLarge { cap }.into());
+        return Err(crate::files::TransferError::TooLarge { cap }.into());
     }
     let metrics = state.inner.metrics.clone();
     let stream = body
