@@ -989,3 +989,55 @@ async fn in_project_mode_files_land_in_the_bind_mounted_project_directory() {
     assert_eq!(&back.body[..], b"from the host");
     s.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_upload_whose_client_breaks_off_leaves_nothing_half_written() {
+    use http_body_util::{BodyExt, StreamBody};
+    use hyper::body::Frame;
+    let s = server("files-broken", |_| {}).await;
+    s.api
+        .run(TOKEN, "brk", "open('keep.txt', 'w').write('old')")
+        .await;
+    for name in ["keep.txt", "new.bin"] {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(1);
+        let client =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .build_http::<http_body_util::combinators::BoxBody<Bytes, std::io::Error>>();
+        let body = StreamBody::new(futures::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|item| (item, rx))
+        }));
+        let req = s
+            .api
+            .build(Method::PUT, &files("brk", name), Some(TOKEN), false, false)
+            .body(body.boxed())
+            .unwrap();
+        let upload = tokio::spawn(async move { client.request(req).await });
+        tx.send(Ok(Frame::data(Bytes::from(vec![b'n'; 256 * 1024]))))
+            .await
+            .unwrap();
+        // The client's body fails mid-way: the connection is cut.
+        tx.send(Err(std::io::Error::other("client gave up")))
+            .await
+            .unwrap();
+        assert!(
+            upload.await.unwrap().is_err(),
+            "the request should fail on the client"
+        );
+    }
+    // The server notices the cut on its own schedule (the helper sees its stdin end without
+    // the commit frame): wait, bounded, until the transfers let go of the kernel.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while s.api.kernels(TOKEN).await[0]["attached"] != 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the transfers never ended"
+        );
+        tokio::task::yield_now().await;
+    }
+    let check = "import os\nprint(sorted(os.listdir('.')), open('keep.txt').read())";
+    assert_eq!(
+        output(&s.api.run(TOKEN, "brk", check).await),
+        "['.kernelbox', 'keep.txt'] old"
+    );
+    s.finish().await;
+}

@@ -174,10 +174,21 @@ impl Orchestrator {
         let owner = self.file_owner(request)?;
         let hold = self.hold_or_start(request, &owner).await?;
         let kernel = hold.kernel()?;
-        kernel
-            .write_file(&path, tar, body, self.inner.config.max_upload_bytes)
-            .await
-            .map_err(FileError::from)
+        let cap = self.inner.config.max_upload_bytes;
+        // Runs to its end even if the caller goes away (a client cut mid-body): the helper
+        // confirms its clean-up before the kernel is released.
+        crate::adopt::run_adopted(&self.inner.tracker, async move {
+            let written = kernel.write_file(&path, tar, body, cap).await;
+            drop(hold);
+            written
+        })
+        .await
+        .unwrap_or_else(|panic| {
+            Err(TransferError::Helper(format!(
+                "the upload task failed: {panic}"
+            )))
+        })
+        .map_err(FileError::from)
     }
 
     /// Reads `path` in the owner's live kernel: a file's bytes, a directory's listing, or
