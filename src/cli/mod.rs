@@ -118,6 +118,14 @@ pub struct KernelOpts {
     /// Cap on one file upload into a kernel (e.g. 100m).
     #[arg(long, env = "KERNELBOX_MAX_UPLOAD", default_value = "100m", value_parser = parse_bytes)]
     max_upload: i64,
+    /// Largest rich result (display) inline, as JSON (e.g. 5m); a larger one is saved to a
+    /// file in the kernel's working directory and a note takes its place.
+    #[arg(long, env = "KERNELBOX_DISPLAY_BYTES", default_value = "5m", value_parser = parse_bytes)]
+    display_bytes: i64,
+    /// Largest total of one cell's rich results (e.g. 20m); past it they are saved to files,
+    /// then dropped.
+    #[arg(long, env = "KERNELBOX_DISPLAY_CELL_BYTES", default_value = "20m", value_parser = parse_bytes)]
+    display_cell_bytes: i64,
     /// Extra label KEY=VALUE on everything created (repeatable).
     #[arg(long = "label", value_parser = parse_label)]
     labels: Vec<(String, String)>,
@@ -145,6 +153,8 @@ impl KernelOpts {
         config.max_upload_bytes = u64::try_from(self.max_upload).unwrap_or(0);
         config.sandbox.nano_cpus = (self.cpus * 1e9) as i64;
         config.sandbox.pids_limit = self.pids;
+        config.display_bundle_bytes = usize::try_from(self.display_bytes)?;
+        config.display_cell_bytes = usize::try_from(self.display_cell_bytes)?;
         if let Some(dir) = &self.project {
             let dir = dir
                 .canonicalize()
