@@ -6,6 +6,7 @@
 //! - `http.rs`: the warm cell through the HTTP API on loopback, on an in-process server.
 //! - `cold.rs`: the first cell of a new owner, against `docker run --rm`, split by Docker
 //!   events.
+//! - `files.rs`: file upload and download throughput over HTTP against `docker cp`.
 //! - `tools.rs`: a no-op tool call from inside a cell, timed in Python.
 //! - `throughput.rs`: many owners times many cells concurrently.
 //! - `images.rs`: the plain and data-science images side by side: size, cold first cell,
@@ -18,6 +19,7 @@
 mod cold;
 mod density;
 mod fake;
+mod files;
 mod http;
 mod images;
 mod jupyter;
