@@ -208,6 +208,33 @@ async fn a_tenant_naming_the_datascience_image_gets_it_and_others_do_not() {
             .contains("No module named 'numpy'"),
         "{plain}"
     );
+    // An upload that starts a kernel starts it on the tenant's image: the next cell runs in
+    // that same kernel, with numpy and the file.
+    let put = server
+        .api
+        .send_bytes(
+            hyper::Method::PUT,
+            "/v1/sessions/upload-first/files/data.txt",
+            Some("ds-token"),
+            false,
+            Some(bytes::Bytes::from_static(b"41")),
+        )
+        .await;
+    assert!(put.status.is_success(), "{}", put.status);
+    let after = server
+        .api
+        .run(
+            "ds-token",
+            "upload-first",
+            "import numpy; print(numpy.int64(open('data.txt').read()) + 1)",
+        )
+        .await;
+    assert!(after["output"].as_str().unwrap().contains("42"), "{after}");
+    assert_eq!(after["kernel"]["reused"], true, "{after}");
+    server
+        .api
+        .delete("/v1/sessions/upload-first", "ds-token")
+        .await;
     let ds_ids = server.tenant_containers("ds").await;
     let plain_ids = server.tenant_containers("plain").await;
     assert_eq!((ds_ids.len(), plain_ids.len()), (1, 1));

@@ -41,6 +41,17 @@ impl Orchestrator {
         })
     }
 
+    /// The image a new kernel of a request runs: the one it names, else `Config::image`.
+    pub(super) fn image_for(&self, named: Option<&str>) -> Result<String, ExecuteError> {
+        match named {
+            None => Ok(self.inner.config.image.clone()),
+            Some(image) if image.trim().is_empty() => {
+                Err(ExecuteError::Invalid("image must not be empty".into()))
+            }
+            Some(image) => Ok(image.to_string()),
+        }
+    }
+
     pub(super) async fn execute_owned(
         &self,
         request: ExecuteRequest,
@@ -56,13 +67,7 @@ impl Orchestrator {
         let key = KernelKey {
             owner: owner.clone(),
             mode: config.mode.clone(),
-            image: match request.image.as_deref() {
-                None => config.image.clone(),
-                Some(image) if image.trim().is_empty() => {
-                    return Err(ExecuteError::Invalid("image must not be empty".into()))
-                }
-                Some(image) => image.to_string(),
-            },
+            image: self.image_for(request.image.as_deref())?,
             tools: request.tools.clone(),
         };
         // Interruptible from the start: an interrupt during a cold start is not lost (the cell
