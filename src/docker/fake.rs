@@ -32,6 +32,7 @@ struct State {
 
 struct Container {
     labels: BTreeMap<String, String>,
+    name: String,
     running: bool,
     io: Option<(mpsc::Sender<Chunk>, tokio::io::DuplexStream)>,
     stop: CancellationToken,
@@ -203,6 +204,7 @@ impl Engine for FakeEngine {
             id.clone(),
             Container {
                 labels: spec.labels.clone(),
+                name: String::new(),
                 running: false,
                 io: None,
                 stop: CancellationToken::new(),
@@ -266,6 +268,13 @@ impl Engine for FakeEngine {
         Ok(())
     }
 
+    async fn rename_container(&self, id: &str, name: &str) -> Result<(), EngineError> {
+        if let Some(c) = self.lock().containers.get_mut(id) {
+            c.name = name.to_string();
+        }
+        Ok(())
+    }
+
     async fn list_containers(&self, _labels: &[String]) -> Result<Vec<ContainerInfo>, EngineError> {
         Ok(self
             .lock()
@@ -276,6 +285,7 @@ impl Engine for FakeEngine {
                 state: if c.running { "running" } else { "created" }.into(),
                 labels: c.labels.clone(),
                 created: 0,
+                name: c.name.clone(),
             })
             .collect())
     }

@@ -264,7 +264,10 @@ impl Orchestrator {
         let mut reset = reset;
         let mut state_reset = false;
         loop {
-            let attach = match inner.registry.attach(key, reset, limits) {
+            let attach = match inner
+                .registry
+                .attach_from_pool(key, reset, limits, self.pool_spec())
+            {
                 Ok(attach) => attach,
                 Err(Refusal::Busy { owner, max }) => {
                     let refusal = || ExecuteError::SessionBusy {
@@ -311,9 +314,12 @@ impl Orchestrator {
                 doomed.push(old);
             }
             self.dispose_slots(doomed).await;
+            self.dispose_pooled(attach.discarded).await;
             let slot = attach.slot;
             let state_lost = attach.state_lost;
-            let mut reused = true;
+            // A kernel taken from the warm pool is new to its owner, like a cold one.
+            let pooled = attach.pooled;
+            let mut reused = !pooled;
             let spawned = slot
                 .kernel
                 .get_or_try_init(|| {
@@ -323,8 +329,7 @@ impl Orchestrator {
                         engine: inner.engine.clone(),
                         config: &inner.config,
                         base_labels: &inner.labels,
-                        key: key.clone(),
-                        generation: slot.generation,
+                        owner: Some((key.clone(), slot.generation)),
                         monitor: inner.monitor.clone(),
                         tracker: &inner.tracker,
                     });
@@ -367,6 +372,12 @@ impl Orchestrator {
                 continue;
             }
             if kernel.is_alive() {
+                if pooled {
+                    self.name_taken(key, &kernel);
+                }
+                if !reused {
+                    self.count_take(pooled);
+                }
                 let started = match (&inner.catalog, reused) {
                     (Some(catalog), false) => Some(catalog.record_durable(Change::Started {
                         key_hash: key.hash(),
@@ -386,8 +397,16 @@ impl Orchestrator {
                 });
             }
             // It died between cells (killed from outside, OOM from a stray thread, engine
-            // restart): report the loss on this very call and start afresh.
-            let reason = death_message(kernel.death().unwrap_or(Death::Crashed(-1)), 0).1;
+            // restart): report the loss on this very call and start afresh. A pooled kernel
+            // that died just as it was taken was never its owner's: no loss, and the loss
+            // this attach took is reported on the retry.
+            let reason = match pooled {
+                true => {
+                    self.give_back_loss(key, state_lost);
+                    None
+                }
+                false => death_message(kernel.death().unwrap_or(Death::Crashed(-1)), 0).1,
+            };
             // Recorded in the registry, the loss comes back to this very call on the retry.
             inner.registry.forget(&slot, reason);
             if inner.registry.release(&slot) {

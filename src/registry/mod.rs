@@ -22,9 +22,11 @@
 //! |---|---|
 //! | `mod.rs` | [`Registry`], [`Slot`], attach/release/forget, idle reaping, losses and generations |
 //! | `admission.rs` | the two caps and fair shares: which idle kernel goes to admit a new one |
+//! | `pool.rs` | the warm pool's books: ready ownerless kernels, taken atomically with admission |
 //! | `tests.rs` | unit tests |
 
 mod admission;
+mod pool;
 
 pub use admission::{AtCapacity, Cap, EvictionCounts, Refusal, TenantLimits};
 
@@ -37,6 +39,7 @@ use tokio::time::{Duration, Instant};
 
 use crate::catalog::{CatalogWriter, Change, Entry, EntryState};
 use crate::cell::{LossReason, StateLost};
+use crate::config::KernelSpec;
 use crate::kernel::Kernel;
 use crate::owner::{KernelKey, Owner};
 
@@ -99,6 +102,10 @@ pub struct Attach {
     pub reset: Option<Arc<Slot>>,
     /// The loss to report on this call, if any.
     pub state_lost: Option<StateLost>,
+    /// The slot's kernel was taken from the warm pool (already set in `slot.kernel`).
+    pub pooled: bool,
+    /// Pooled kernels discarded to make room; dispose of them.
+    pub discarded: Vec<Arc<Kernel>>,
 }
 
 /// The bookkeeping behind the orchestrator.
@@ -128,6 +135,10 @@ struct Inner {
     journal: Option<Arc<CatalogWriter>>,
     /// What the catalog knew at start, by key hash: taken by a key's first attach.
     seeded: HashMap<String, Seed>,
+    /// The warm pool's ready kernels (`pool.rs`).
+    pool: Vec<pool::Pooled>,
+    /// Pooled kernels being spawned (reserved, not yet offered).
+    pool_pending: usize,
 }
 
 /// A key known from the catalog: its owner (checked against the key), last generation, and
@@ -272,11 +283,25 @@ impl Registry {
     /// refusal says which cap. `reset` discards the key's current slot for a new one (in its
     /// place: no admission needed); the caller must dispose of the discarded slot's kernel at
     /// once. A key whose slot already has [`MAX_ATTACHED_PER_SLOT`] calls is refused.
+    #[cfg(test)]
     pub fn attach(
         &self,
         key: &KernelKey,
         reset: bool,
         limits: TenantLimits,
+    ) -> Result<Attach, Refusal> {
+        self.attach_from_pool(key, reset, limits, None)
+    }
+
+    /// [`Registry::attach`], taking a ready pooled kernel of `spec` (when given and one is
+    /// ready) for a new slot, in the same critical section as its admission: the slot's
+    /// kernel is set and assigned to the key's owner before the lock is released.
+    pub fn attach_from_pool(
+        &self,
+        key: &KernelKey,
+        reset: bool,
+        limits: TenantLimits,
+        spec: Option<&KernelSpec>,
     ) -> Result<Attach, Refusal> {
         let now = Instant::now();
         let mut inner = self.lock();
@@ -292,9 +317,15 @@ impl Registry {
             });
         }
         let mut victims = inner.take_idle(now, self.idle_timeout);
+        let mut discarded = Vec::new();
+        let new_slot = reset || !inner.slots.contains_key(key);
+        let taking = spec.filter(|_| new_slot).and_then(|s| inner.pool_find(s));
         if !inner.slots.contains_key(key) {
-            match inner.admit(key, limits, self.max_kernels) {
-                Ok(evicted) => victims.extend(evicted),
+            match inner.admit(key, limits, self.max_kernels, taking) {
+                Ok((evicted, gone)) => {
+                    victims.extend(evicted);
+                    discarded = gone;
+                }
                 Err((cap, held)) => {
                     // Nothing was attached, so the reaped slots go back with the refusal for
                     // disposal by the caller.
@@ -307,7 +338,22 @@ impl Registry {
                 }
             }
         }
-        Ok(self.attach_locked(&mut inner, key, reset, victims, now))
+        let mut attach = self.attach_locked(&mut inner, key, reset, victims, now);
+        attach.discarded = discarded;
+        // Found again: a discard may have moved it.
+        let taking = spec.filter(|_| new_slot).and_then(|s| inner.pool_find(s));
+        if let Some(index) = taking {
+            let kernel = inner.pool_take(index, &key.owner);
+            // The slot is new, so its kernel is unset; were it not, the kernel goes.
+            match attach.slot.kernel.set(kernel) {
+                Ok(()) => attach.pooled = true,
+                Err(
+                    tokio::sync::SetError::AlreadyInitializedError(kernel)
+                    | tokio::sync::SetError::InitializingError(kernel),
+                ) => attach.discarded.push(kernel),
+            }
+        }
+        Ok(attach)
     }
 
     /// The registration part of [`Registry::attach`], under the lock.
@@ -357,6 +403,8 @@ impl Registry {
             victims,
             reset: reset_slot,
             state_lost,
+            pooled: false,
+            discarded: Vec::new(),
         }
     }
 
