@@ -115,6 +115,12 @@ pub struct EvictionCounts {
     pub host_cap_other: u64,
 }
 
+/// An admission's plan: the slots to evict (and why), and how many pooled kernels to discard.
+type Plan = (Vec<(KernelKey, Evict)>, usize);
+
+/// What an admission took to make room: evicted slots and discarded pooled kernels.
+pub(super) type Admitted = (Vec<Arc<Slot>>, Vec<Arc<Kernel>>);
+
 impl Inner {
     /// Removes a key's slot. A released child's mark goes with its owner's last slot, so the
     /// set of marks never outgrows the slots.
@@ -140,7 +146,7 @@ impl Inner {
         limits: TenantLimits,
         host_max: usize,
         taking: bool,
-    ) -> Result<(Vec<(KernelKey, Evict)>, usize), (Cap, usize)> {
+    ) -> Result<Plan, (Cap, usize)> {
         let tenant = key.owner.tenant.as_str();
         let released = &self.released_children;
         if key.owner.is_child() {
@@ -305,7 +311,7 @@ impl Inner {
         limits: TenantLimits,
         host_max: usize,
         taking: Option<usize>,
-    ) -> Result<(Vec<Arc<Slot>>, Vec<Arc<Kernel>>), (Cap, usize)> {
+    ) -> Result<Admitted, (Cap, usize)> {
         let tenant = key.owner.tenant.clone();
         // Remembered only for tenants holding kernels (the requester included).
         {
