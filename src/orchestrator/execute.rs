@@ -294,9 +294,15 @@ impl Orchestrator {
                 }
             };
             if inner.registry.is_closed() {
-                // Shutdown drained the registry; nothing new may start.
+                // Shutdown drained the registry; nothing new may start (and a pooled kernel
+                // this attach took goes).
                 inner.registry.forget(&attach.slot, None);
                 inner.registry.release(&attach.slot);
+                let taken = attach
+                    .discarded
+                    .into_iter()
+                    .chain(attach.slot.kernel.get().cloned());
+                self.dispose_pooled(taken.collect()).await;
                 self.give_back_loss(key, attach.state_lost);
                 if let Some(notice) = admission {
                     notice.send(Err(ExecuteError::ShuttingDown));

@@ -29,6 +29,9 @@ impl Inner {
     /// Where a live pooled kernel of `spec` is, if there is one (the oldest first: it is the
     /// next to expire).
     pub(super) fn pool_find(&self, spec: &KernelSpec) -> Option<usize> {
+        if self.closed {
+            return None;
+        }
         self.pool
             .iter()
             .position(|p| p.spec == *spec && p.kernel.is_alive())

@@ -5,6 +5,8 @@
 //! - `http.rs`: the warm cell through the HTTP API on loopback, on an in-process server.
 //! - `cold.rs`: the first cell of a new owner, against `docker run --rm`, split by Docker
 //!   events.
+//! - `pool.rs`: the warm pool: a new owner's first cell on a hit and on a miss, a burst of new
+//!   owners against the pool and its refill, the idle pool's memory.
 //! - `tools.rs`: a no-op tool call from inside a cell, timed in Python.
 //! - `throughput.rs`: many owners times many cells concurrently.
 //! - `density.rs`: N idle kernels: start time, host memory against idle containers, cgroup
@@ -16,6 +18,7 @@ mod cold;
 mod density;
 mod http;
 mod jupyter;
+mod pool;
 mod throughput;
 mod tools;
 mod warm;
