@@ -16,7 +16,7 @@ use std::time::Duration;
 use common::{Case, CASE};
 use futures::StreamExt;
 use kernelbox::docker::ContainerInfo;
-use kernelbox::{labels, CellStatus, Engine, ExecuteRequest};
+use kernelbox::{labels, CellStatus, Engine, ExecuteRequest, FnDispatcher, ToolCall, ToolDispatcher};
 use serde_json::Value;
 
 const READY: Duration = Duration::from_secs(60);
@@ -120,6 +120,47 @@ async fn a_pool_hit_is_a_fresh_kernel_never_shared_between_owners() {
     assert_eq!(refilled.len(), 2);
     assert!(refilled.iter().all(|id| !pooled.contains(id)));
     assert_eq!(after.len(), 4, "two owners and two pooled: {after:?}");
+    case.finish().await;
+}
+
+/// A pooled kernel is created before anyone's tool set or owner is known: both are applied
+/// at the take, so a tool call from it goes out for its owner, with its tools.
+#[tokio::test]
+async fn a_taken_kernel_calls_tools_as_its_owner_with_its_tool_set() {
+    let case = Case::with("pool-tools", |c| c.pool_size = 1).await;
+    assert!(case.kb.wait_pool_ready(1, READY).await);
+    let pooled = untaken(&case.containers().await);
+    let seen: Arc<std::sync::Mutex<Vec<ToolCall>>> = Arc::default();
+    let log = seen.clone();
+    let dispatcher: Arc<dyn ToolDispatcher> = Arc::new(FnDispatcher(move |call: ToolCall| {
+        log.lock().unwrap().push(call);
+        Ok(serde_json::json!("found"))
+    }));
+    let r = case
+        .exec(ExecuteRequest {
+            tenant: Some("acme".into()),
+            child: Some("helper".into()),
+            task_id: Some("turn-1".into()),
+            tools: ["web_search".to_string()].into(),
+            dispatcher: Some(dispatcher),
+            ..ExecuteRequest::new(
+                "conv-t",
+                "import kernel_tools\nprint(kernel_tools.web_search(q=1))\n\
+                 try:\n    kernel_tools.other()\nexcept kernel_tools.ToolError as e:\n    print(e)",
+            )
+        })
+        .await;
+    assert_eq!(r.kernel.id, pooled[0], "a hit");
+    assert_eq!(r.tool_calls_made, 1, "{r:?}");
+    assert!(r.output.starts_with("found\nUnknown tool \"other\""), "{r:?}");
+    let calls = seen.lock().unwrap().clone();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(
+        (calls[0].tenant.as_str(), calls[0].session.as_str()),
+        ("acme", "conv-t")
+    );
+    assert_eq!(calls[0].child.as_deref(), Some("helper"));
+    assert_eq!(calls[0].task_id.as_deref(), Some("turn-1"));
     case.finish().await;
 }
 
