@@ -16,7 +16,9 @@ use std::time::Duration;
 use common::{Case, CASE};
 use futures::StreamExt;
 use kernelbox::docker::ContainerInfo;
-use kernelbox::{labels, CellStatus, Engine, ExecuteRequest, FnDispatcher, ToolCall, ToolDispatcher};
+use kernelbox::{
+    labels, CellStatus, Engine, ExecuteRequest, FnDispatcher, ToolCall, ToolDispatcher,
+};
 use serde_json::Value;
 
 const READY: Duration = Duration::from_secs(60);
@@ -152,7 +154,10 @@ async fn a_taken_kernel_calls_tools_as_its_owner_with_its_tool_set() {
         .await;
     assert_eq!(r.kernel.id, pooled[0], "a hit");
     assert_eq!(r.tool_calls_made, 1, "{r:?}");
-    assert!(r.output.starts_with("found\nUnknown tool \"other\""), "{r:?}");
+    assert!(
+        r.output.starts_with("found\nUnknown tool \"other\""),
+        "{r:?}"
+    );
     let calls = seen.lock().unwrap().clone();
     assert_eq!(calls.len(), 1);
     assert_eq!(
