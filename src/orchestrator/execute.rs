@@ -340,6 +340,8 @@ impl Orchestrator {
                         tracker: &inner.tracker,
                     });
                     async move {
+                        // The pool's refill holds off while a new owner waits on a cold start.
+                        let _cold = inner.pool.cold_start();
                         let result = spawn.await;
                         inner
                             .starts
@@ -378,12 +380,12 @@ impl Orchestrator {
                 continue;
             }
             if kernel.is_alive() {
-                if pooled {
-                    self.name_taken(key, &kernel);
-                }
                 if !reused {
                     self.count_take(pooled);
                 }
+                // Naming the kernel and refilling the pool wait for this first cell (or a
+                // moment): they would compete with it for the engine.
+                let taken = pooled.then(|| self.after_take(key, &kernel));
                 let started = match (&inner.catalog, reused) {
                     (Some(catalog), false) => Some(catalog.record_durable(Change::Started {
                         key_hash: key.hash(),
@@ -394,6 +396,7 @@ impl Orchestrator {
                     _ => None,
                 };
                 return Ok(Lease {
+                    _taken: taken,
                     started,
                     slot,
                     kernel,
@@ -431,6 +434,8 @@ impl Orchestrator {
 }
 
 struct Lease {
+    /// Dropped when the call ends: lets the work after a pool take go.
+    _taken: Option<tokio_util::sync::DropGuard>,
     slot: Arc<Slot>,
     kernel: Arc<Kernel>,
     reused: bool,

@@ -22,9 +22,10 @@ use crate::histogram::Histogram;
 use crate::kernel::{Kernel, KernelError, SpawnRequest};
 use crate::owner::KernelKey;
 
-/// Pooled kernels spawned at once by the refill: a burst of new owners never has more than
-/// this many pool spawns competing with its cold starts for the engine.
-pub const POOL_REFILL_CONCURRENCY: usize = 2;
+/// Pooled kernels spawned at once by the refill. The refill also starts none while a new
+/// owner's kernel is starting cold, so a burst of new owners competes with at most this many
+/// pool spawns (those already under way) for the engine.
+pub const POOL_REFILL_CONCURRENCY: usize = 1;
 
 /// Longest time between two looks at the pool (kernels that died in it, room freed by
 /// sessions that went away); takes and expiries wake the refill at once.
@@ -34,6 +35,11 @@ const POOL_CHECK: Duration = Duration::from_secs(5);
 /// doubled on each failure in a row up to [`REFILL_BACKOFF_MAX`].
 const REFILL_BACKOFF: Duration = Duration::from_millis(500);
 const REFILL_BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+/// Longest a take's follow-up (naming the kernel, waking the refill) waits for the taker's
+/// first cell to end, so that a long first cell does not keep the pool short or the kernel
+/// unnamed.
+const TAKE_SETTLE: Duration = Duration::from_millis(250);
 
 /// Upper bounds of the refill-time histogram (one pooled kernel spawned), in seconds.
 pub const REFILL_BUCKETS: [f64; 10] = [0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0];
@@ -66,6 +72,25 @@ pub(super) struct PoolState {
     pub(super) task: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// Ready pooled kernels, published after every change the orchestrator makes.
     pub(super) ready: tokio::sync::watch::Sender<usize>,
+    /// Cold starts under way (see [`ColdStart`]).
+    cold: std::sync::atomic::AtomicUsize,
+}
+
+/// A cold start under way; the refill starts no spawn while one is, and is woken when the
+/// last one ends.
+pub(super) struct ColdStart<'a>(&'a PoolState);
+
+impl Drop for ColdStart<'_> {
+    fn drop(&mut self) {
+        if self
+            .0
+            .cold
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel)
+            == 1
+        {
+            self.0.wake.notify_one();
+        }
+    }
 }
 
 impl PoolState {
@@ -83,7 +108,18 @@ impl PoolState {
             }),
             task: Mutex::new(None),
             ready: tokio::sync::watch::Sender::new(0),
+            cold: std::sync::atomic::AtomicUsize::new(0),
         }
+    }
+
+    /// Marks a cold start under way until the guard is dropped.
+    pub(super) fn cold_start(&self) -> ColdStart<'_> {
+        self.cold.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        ColdStart(self)
+    }
+
+    fn cold_starts(&self) -> usize {
+        self.cold.load(std::sync::atomic::Ordering::Acquire)
     }
 
     pub(super) fn stats(&self) -> std::sync::MutexGuard<'_, PoolStats> {
@@ -109,26 +145,40 @@ impl Orchestrator {
         } else {
             stats.misses += 1;
         }
-        drop(stats);
-        self.inner.pool.wake.notify_one();
     }
 
-    /// Names a kernel just taken from the pool after its owner (`labels::owner_name`), so the
-    /// admin verbs (`kernelbox ps`, `inspect`, `kill --owner/--tenant`) see who has it. Runs
-    /// in the background: the first cell does not wait for it.
-    pub(super) fn name_taken(&self, key: &KernelKey, kernel: &Arc<Kernel>) {
+    /// What follows a take, in the background once the taker's first cell ends (the returned
+    /// guard is dropped) or [`TAKE_SETTLE`] passes, so neither competes with that cell for
+    /// the engine: the refill is woken, and the kernel is named after its owner
+    /// (`labels::owner_name`) so the admin verbs (`kernelbox ps`, `inspect`, `kill
+    /// --owner/--tenant`) see who has it.
+    pub(super) fn after_take(
+        &self,
+        key: &KernelKey,
+        kernel: &Arc<Kernel>,
+    ) -> tokio_util::sync::DropGuard {
         let name =
             crate::labels::owner_name(&key.owner.tenant, &key.owner.to_string(), kernel.short_id());
-        let engine = self.inner.engine.clone();
+        let first_cell = tokio_util::sync::CancellationToken::new();
+        let ended = first_cell.clone();
+        let this = self.clone();
         let kernel = kernel.clone();
         self.inner.tracker.spawn(async move {
-            if let Err(e) = engine.rename_container(&kernel.id, &name).await {
+            let inner = &this.inner;
+            tokio::select! {
+                _ = ended.cancelled() => {}
+                _ = tokio::time::sleep(TAKE_SETTLE) => {}
+                _ = inner.cancel.cancelled() => return,
+            }
+            inner.pool.wake.notify_one();
+            if let Err(e) = inner.engine.rename_container(&kernel.id, &name).await {
                 // Removed meanwhile (cleared, killed): nothing left to name.
                 if kernel.is_alive() {
                     tracing::warn!(container = %kernel.short_id(), error = %e, "naming a taken pooled kernel");
                 }
             }
         });
+        first_cell.drop_guard()
     }
 
     /// Disposes of kernels that left the pool without an owner.
@@ -189,7 +239,8 @@ impl Orchestrator {
                 self.publish_pool();
                 self.dispose_pooled(gone).await;
             }
-            if retry_at.is_none_or(|at| tokio::time::Instant::now() >= at) {
+            let may_spawn = retry_at.is_none_or(|at| tokio::time::Instant::now() >= at);
+            if may_spawn && inner.pool.cold_starts() == 0 {
                 retry_at = None;
                 let n = inner.registry.pool_reserve(
                     &inner.pool.spec,
