@@ -5,17 +5,16 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio_util::sync::CancellationToken;
-
-use super::{AdmissionNotice, ExecuteError, ExecuteRequest, Orchestrator, Run, CLEARED_MESSAGE};
+use super::{AdmissionNotice, ExecuteError, ExecuteRequest, Orchestrator, CLEARED_MESSAGE};
 use crate::adopt::run_adopted;
 use crate::authority::CellAuthority;
 use crate::catalog::Change;
 use crate::cell::{
     timeout_message, CellResult, CellStatus, KernelInfo, LossReason, INTERRUPTED_MESSAGE,
 };
-use crate::kernel::{CellOutcome, Death, Kernel, SpawnRequest};
-use crate::owner::{KernelKey, Owner};
+use crate::config::DISPLAY_OVERHEAD_BYTES;
+use crate::kernel::{CellOptions, CellOutcome, Death, DisplayCaps, Kernel, SpawnRequest};
+use crate::owner::KernelKey;
 use crate::registry::{Refusal, Slot, TenantLimits};
 
 impl Orchestrator {
@@ -92,8 +91,16 @@ impl Orchestrator {
                 timeout,
                 authority.clone(),
                 cancel.clone(),
-                request.sink.clone(),
-                (config.output_inline_bytes, config.output_spill_bytes),
+                CellOptions {
+                    output_caps: (config.output_inline_bytes, config.output_spill_bytes),
+                    display_caps: DisplayCaps {
+                        bundle: config.display_bundle_bytes,
+                        cell: config.display_cell_bytes,
+                        overhead: DISPLAY_OVERHEAD_BYTES,
+                    },
+                    sink: request.sink.clone(),
+                    display_sink: request.display_sink.clone(),
+                },
             )
             .await;
         // Published before the run is untracked: an interrupt counts only cells that really
@@ -173,6 +180,7 @@ impl Orchestrator {
             stdout_bytes_omitted: None,
             warning: None,
             hint: None,
+            results: run.results,
         };
         if capped.omitted > 0 {
             result.stdout_truncated = Some(true);
@@ -191,6 +199,12 @@ impl Orchestrator {
                     Err(e) => tracing::warn!(error = %e, "spilling output failed"),
                 }
             }
+        }
+        if let Some(display) = run.display_warning {
+            result.warning = Some(match result.warning.take() {
+                Some(output) => format!("{output} {display}"),
+                None => display,
+            });
         }
         if kernel_gone {
             self.inner.registry.forget(&lease.slot, loss);
@@ -214,43 +228,6 @@ impl Orchestrator {
         }
         result.duration_seconds = started.elapsed().as_secs_f64();
         Ok(result)
-    }
-
-    /// Registers a running cell's interrupt token; returns its id for [`Self::untrack_running`]
-    /// and where to publish whether the cell ended as interrupted.
-    pub(super) fn track_running(
-        &self,
-        owner: &Owner,
-        token: &CancellationToken,
-    ) -> (u64, tokio::sync::watch::Sender<Option<bool>>) {
-        let id = self
-            .inner
-            .next_run
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let (tx, rx) = tokio::sync::watch::channel(None);
-        let mut running = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
-        running.entry(owner.clone()).or_default().push(Run {
-            id,
-            token: token.clone(),
-            outcome: rx,
-        });
-        self.inner.running_count.send_modify(|n| *n += 1);
-        (id, tx)
-    }
-
-    pub(super) fn untrack_running(&self, owner: &Owner, id: u64) {
-        let mut running = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(runs) = running.get_mut(owner) {
-            let before = runs.len();
-            runs.retain(|r| r.id != id);
-            let gone = before - runs.len();
-            if runs.is_empty() {
-                running.remove(owner);
-            }
-            self.inner
-                .running_count
-                .send_modify(|n| *n = n.saturating_sub(gone));
-        }
     }
 
     async fn acquire(

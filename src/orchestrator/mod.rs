@@ -7,7 +7,7 @@
 //! | `mod.rs` | [`Orchestrator`] and its shared `Inner`, `start` (restore, sweep, monitor, reaper, watchdog), accessors, stats |
 //! | `request.rs` | what callers hand in and get back: [`ExecuteRequest`], errors, [`KernelSummary`], [`Stats`] |
 //! | `execute.rs` | one execute: acquire a kernel (spawn or reuse), run the cell, build the [`CellResult`](crate::CellResult) |
-//! | `lifecycle.rs` | interrupt, clear, evict, release a child, list, reap, sweeps |
+//! | `lifecycle.rs` | running cells and interrupt, clear, evict, release a child, list, reap, sweeps |
 //! | `pool.rs` | the warm pool: the refill task, pooled kernels' disposal, naming a taken kernel after its owner |
 //! | `shutdown.rs` | the graceful stop: refuse new work, drain, remove every kernel |
 //! | `tests.rs`, `pool_tests.rs` | unit tests against the fake engine in paused time |
