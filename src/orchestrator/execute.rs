@@ -230,7 +230,7 @@ impl Orchestrator {
         Ok(result)
     }
 
-    async fn acquire(
+    pub(super) async fn acquire(
         &self,
         key: &KernelKey,
         reset: bool,
@@ -410,20 +410,20 @@ impl Orchestrator {
     }
 }
 
-struct Lease {
+pub(super) struct Lease {
     /// Dropped when the call ends: lets the work after a pool take go.
     _taken: Option<tokio_util::sync::DropGuard>,
-    slot: Arc<Slot>,
+    pub(super) slot: Arc<Slot>,
     kernel: Arc<Kernel>,
     reused: bool,
     state_reset: bool,
     state_lost: Option<crate::cell::StateLost>,
     /// Answers once the catalog holds this new kernel's start.
-    started: Option<crate::catalog::Durable>,
+    pub(super) started: Option<crate::catalog::Durable>,
 }
 
 /// How long a cold start waits for the catalog to confirm it (it writes during the cell).
-const CATALOG_WAIT: Duration = Duration::from_secs(1);
+pub(super) const CATALOG_WAIT: Duration = Duration::from_secs(1);
 
 /// The error of a cell interrupted while it waited for earlier cells of its session.
 const INTERRUPTED_BEFORE_IT_RAN: &str =

@@ -7,12 +7,14 @@
 //! | `mod.rs` | [`Orchestrator`] and its shared `Inner`, `start` (restore, sweep, monitor, reaper, watchdog), accessors, stats |
 //! | `request.rs` | what callers hand in and get back: [`ExecuteRequest`], errors, [`KernelSummary`], [`Stats`] |
 //! | `execute.rs` | one execute: acquire a kernel (spawn or reuse), run the cell, build the [`CellResult`](crate::CellResult) |
+//! | `files.rs` | files in and out of an owner's kernel: write, read, list, remove ([`FileRequest`]) |
 //! | `lifecycle.rs` | running cells and interrupt, clear, evict, release a child, list, reap, sweeps |
 //! | `pool.rs` | the warm pool: the refill task, pooled kernels' disposal, naming a taken kernel after its owner |
 //! | `shutdown.rs` | the graceful stop: refuse new work, drain, remove every kernel |
 //! | `tests.rs`, `pool_tests.rs` | unit tests against the fake engine in paused time |
 
 mod execute;
+mod files;
 mod lifecycle;
 mod pool;
 #[cfg(test)]
@@ -22,6 +24,7 @@ mod shutdown;
 #[cfg(test)]
 mod tests;
 
+pub use files::{FileError, FileRequest};
 pub use pool::{PoolStats, POOL_REFILL_CONCURRENCY, REFILL_BUCKETS};
 pub use request::{
     AdmissionNotice, ExecuteError, ExecuteRequest, KernelSummary, StartError, StartStats, Stats,

@@ -21,12 +21,14 @@
 //! | file | what |
 //! |---|---|
 //! | `mod.rs` | [`Registry`], [`Slot`], attach/release/forget, idle reaping, losses and generations |
+//! | `live.rs` | attach to an owner's live kernel without starting one (file transfers) |
 //! | `admission.rs` | the two caps and fair shares: which idle kernel goes to admit a new one |
 //! | `losses.rs` | losses and generations: catalog seeds, losses recorded and owed |
 //! | `pool.rs` | the warm pool's books: ready ownerless kernels, taken atomically with admission |
 //! | `tests.rs` | unit tests |
 
 mod admission;
+mod live;
 mod losses;
 mod pool;
 

@@ -6,6 +6,7 @@
 //! - `http.rs`: the warm cell through the HTTP API on loopback, on an in-process server.
 //! - `cold.rs`: the first cell of a new owner, against `docker run --rm`, split by Docker
 //!   events.
+//! - `files.rs`: file upload and download throughput over HTTP against `docker cp`.
 //! - `pool.rs`: the warm pool: a new owner's first cell on a hit and on a miss, a burst of new
 //!   owners against the pool and its refill, the idle pool's memory.
 //! - `tools.rs`: a no-op tool call from inside a cell, timed in Python.
@@ -18,6 +19,7 @@
 mod cold;
 mod density;
 mod fake;
+mod files;
 mod http;
 mod jupyter;
 mod pool;
