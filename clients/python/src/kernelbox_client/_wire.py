@@ -25,6 +25,9 @@ DEFAULT_TIMEOUT = 30.0
 #: (README, HTTP server). A run's read deadline is its cell timeout (or this) + the client's
 #: timeout, so a healthy server always answers first.
 SERVER_MAX_CELL_SECONDS = 3600.0
+#: The longest cell timeout the client waits for (a week; bigger values are refused by any
+#: server, and the operating system bounds socket timeouts).
+MAX_CELL_WAIT = 7 * 24 * 3600.0
 #: Stream events the client understands (the drift test checks the server sends no other).
 STREAM_EVENTS = ("output", "output_truncated", "display", "result", "error")
 NDJSON = "application/x-ndjson"
@@ -102,7 +105,9 @@ def execute_call(
         body["child"] = child
     if tools is not None:
         body["tools"] = list(tools)
-    cell = timeout if isinstance(timeout, (int, float)) and timeout > 0 else None
+    # The server judges the timeout (400 `invalid_timeout`); the client only needs a finite
+    # read deadline that outlasts any cell the server would accept.
+    cell = min(timeout, MAX_CELL_WAIT) if isinstance(timeout, (int, float)) and timeout > 0 else None
     read = (cell or SERVER_MAX_CELL_SECONDS) + (client_timeout or DEFAULT_TIMEOUT)
     return Call(
         "POST",

@@ -1,0 +1,96 @@
+"""The client cannot drift from the server: every schema the server's `/openapi.json` reaches
+from its routes, and every field of it, has a home in the client."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any, Dict, Iterator, Set
+
+import httpx
+import pytest
+
+from conftest import Server
+from kernelbox_client import KernelboxError, Session
+from kernelbox_client import _types, _wire
+
+# Schemas the client handles without a dataclass of their own, and the names it reads of each.
+HANDLED: Dict[str, Set[str]] = {
+    # `{"error": {code, message}}` -> KernelboxError.code / .message
+    "Error": {"error"},
+    # interrupt() / close() of a session / close() of a child return these counts
+    "Count": {"interrupted", "cleared", "released"},
+}
+
+
+def refs(node: Any) -> Iterator[str]:
+    """Every `#/components/schemas/NAME` below `node`."""
+    if isinstance(node, dict):
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/components/schemas/"):
+            yield ref.split("/")[3]
+        for value in node.values():
+            yield from refs(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from refs(value)
+
+
+def reachable(spec: Dict[str, Any]) -> Set[str]:
+    """Schemas the routes use, directly or through other schemas."""
+    schemas = spec["components"]["schemas"]
+    todo = list(refs(spec["paths"]))
+    seen: Set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        todo.extend(refs(schemas[name]))
+    return seen
+
+
+@pytest.fixture(scope="module")
+def spec(server: Server) -> Dict[str, Any]:
+    r = httpx.get(server.url + "/openapi.json", timeout=30)
+    r.raise_for_status()
+    return r.json()
+
+
+def test_every_field_the_server_defines_is_in_the_clients_types(spec: Dict[str, Any]) -> None:
+    schemas = spec["components"]["schemas"]
+    missing = []
+    for name in sorted(reachable(spec)):
+        props = set(schemas[name].get("properties", {}))
+        if name in _types.MIRRORS:
+            fields = {f.name for f in dataclasses.fields(_types.MIRRORS[name])}
+            missing += [f"{name}.{p} (client type {_types.MIRRORS[name].__name__})"
+                        for p in sorted(props - fields)]  # fmt: skip
+        elif name in HANDLED:
+            missing += [f"{name}.{p}" for p in sorted(props - HANDLED[name])]
+        elif name in ("ExecuteRequest", "StreamEvent"):
+            continue  # the two tests below
+        elif props:
+            missing.append(f"{name} (the client has no type for it)")
+    assert not missing, "the server defines what the client lacks: " + ", ".join(missing)
+    assert {"code", "message"} == set(schemas["Error"]["properties"]["error"]["properties"])
+    assert {"code", "message"} <= set(inspect.signature(KernelboxError).parameters)
+
+
+def test_every_execute_field_is_a_run_parameter(spec: Dict[str, Any]) -> None:
+    fields = set(spec["components"]["schemas"]["ExecuteRequest"]["properties"])
+    params = set(inspect.signature(Session.run).parameters) | {"child"}  # child: the session's
+    assert fields - params == set(), "ExecuteRequest fields session.run() cannot send"
+
+
+def test_every_stream_event_is_understood(spec: Dict[str, Any]) -> None:
+    events = {
+        variant["properties"]["event"]["const"]
+        for variant in spec["components"]["schemas"]["StreamEvent"]["oneOf"]
+    }
+    assert events - set(_wire.STREAM_EVENTS) == set(), "stream events the client ignores"
+
+
+def test_the_walk_sees_the_result_types(spec: Dict[str, Any]) -> None:
+    # Guards the test itself: the walk must reach what execute and kernels return.
+    assert {"CellResult", "KernelInfo", "StateLost", "KernelSummary", "Error"} <= reachable(spec)
