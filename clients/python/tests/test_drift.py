@@ -7,10 +7,6 @@ import dataclasses
 import inspect
 from typing import Any, Dict, Iterator, Set
 
-import httpx
-import pytest
-
-from conftest import Server
 from kernelbox_client import KernelboxError, Session
 from kernelbox_client import _types, _wire
 
@@ -48,13 +44,6 @@ def reachable(spec: Dict[str, Any]) -> Set[str]:
         seen.add(name)
         todo.extend(refs(schemas[name]))
     return seen
-
-
-@pytest.fixture(scope="module")
-def spec(server: Server) -> Dict[str, Any]:
-    r = httpx.get(server.url + "/openapi.json", timeout=30)
-    r.raise_for_status()
-    return r.json()
 
 
 def test_every_field_the_server_defines_is_in_the_clients_types(spec: Dict[str, Any]) -> None:

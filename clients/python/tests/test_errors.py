@@ -130,7 +130,7 @@ def test_an_unreachable_server_is_a_clear_connection_error() -> None:
         with pytest.raises(ConnectionFailed) as e:
             c.kernels()
     assert e.value.code == "connection_failed" and e.value.status is None
-    assert f"could not reach kernelbox at GET http://127.0.0.1:{port}/v1/kernels" in str(e.value)
+    assert f"could not connect to kernelbox at GET http://127.0.0.1:{port}/v1/kernels: " in str(e.value)
 
 
 def test_a_server_that_never_answers_is_a_clear_timeout() -> None:
@@ -169,3 +169,16 @@ def test_a_stream_cut_before_its_result_is_a_connection_error() -> None:
     with pytest.raises(ConnectionFailed) as e:
         reader.finish()
     assert e.value.code == "stream_ended"
+
+
+def test_refusals_in_a_row_on_kept_alive_connections_stay_typed(server: Server) -> None:
+    """The server may close a kept-alive connection after refusing a request whose body it
+    did not read; the next call on it must still get its answer, not a broken connection."""
+    with Client(server.url, "wrong") as c:
+        seen = set()
+        for _ in range(500):
+            try:
+                c.session("s").run("1")
+            except KernelboxError as e:
+                seen.add((type(e).__name__, e.code))
+    assert seen == {("Unauthorized", "unauthorized")}

@@ -26,7 +26,16 @@ from ._errors import (
     Unauthorized,
 )
 from ._sync import Client, Files, Session
-from ._types import Execution, FileEntry, KernelInfo, KernelSummary, Result, StateLost, WrittenFile
+from ._types import (
+    Execution,
+    FileEntry,
+    KernelInfo,
+    KernelSummary,
+    Listing,
+    Result,
+    StateLost,
+    WrittenFile,
+)
 
 __version__ = "0.1.0"
 
@@ -43,6 +52,7 @@ __all__ = [
     "KernelInfo",
     "KernelSummary",
     "KernelboxError",
+    "Listing",
     "NotFound",
     "PayloadTooLarge",
     "ProtocolError",

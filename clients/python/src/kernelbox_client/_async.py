@@ -9,7 +9,7 @@ from typing import Any, AsyncIterator, Callable, Iterable, List, Optional
 import httpx
 
 from . import _wire
-from ._types import Execution, FileEntry, KernelSummary, Result, WrittenFile
+from ._types import Execution, KernelSummary, Listing, Result, WrittenFile
 
 
 class AsyncClient:
@@ -50,18 +50,23 @@ class AsyncClient:
 
     async def _send(self, call: _wire.Call, content: Any = None) -> Optional[bytes]:
         url = self.url + call.path
-        try:
-            r = await self._http.request(
-                call.method,
-                url,
-                json=call.json,
-                params=call.params,
-                headers=call.headers,
-                content=content,
-                timeout=call.timeout(self.timeout),
-            )
-        except httpx.HTTPError as e:
-            raise _wire.transport_error(e, call.method, url) from e
+        attempt = 0
+        while True:
+            try:
+                r = await self._http.request(
+                    call.method,
+                    url,
+                    json=call.json,
+                    params=call.params,
+                    headers=call.headers,
+                    content=content,
+                    timeout=call.timeout(self.timeout),
+                )
+                break
+            except httpx.HTTPError as e:
+                if not _wire.may_resend(e, content, attempt):
+                    raise _wire.transport_error(e, call.method, url) from e
+                attempt += 1
         if r.status_code == 404 and call.missing_ok:
             return None
         if not 200 <= r.status_code < 300:
@@ -76,28 +81,33 @@ class AsyncClient:
     ) -> Execution:
         url = self.url + call.path
         reader = _wire.StreamReader()
-        try:
-            async with self._http.stream(
-                call.method,
-                url,
-                json=call.json,
-                headers=call.headers,
-                timeout=call.timeout(self.timeout),
-            ) as r:
-                if r.status_code != 200:
-                    raise _wire.error_from_response(r.status_code, r.headers, await r.aread())
-                async for line in r.aiter_lines():
-                    action = reader.feed(line)
-                    if action is None:
-                        continue
-                    kind, value = action
-                    callback = on_output if kind == "output" else on_display
-                    if callback is not None:
-                        done = callback(value)
-                        if inspect.isawaitable(done):
-                            await done
-        except httpx.HTTPError as e:
-            raise _wire.transport_error(e, call.method, url) from e
+        attempt = 0
+        while True:
+            try:
+                async with self._http.stream(
+                    call.method,
+                    url,
+                    json=call.json,
+                    headers=call.headers,
+                    timeout=call.timeout(self.timeout),
+                ) as r:
+                    if r.status_code != 200:
+                        raise _wire.error_from_response(r.status_code, r.headers, await r.aread())
+                    async for line in r.aiter_lines():
+                        action = reader.feed(line)
+                        if action is None:
+                            continue
+                        kind, value = action
+                        callback = on_output if kind == "output" else on_display
+                        if callback is not None:
+                            done = callback(value)
+                            if inspect.isawaitable(done):
+                                await done
+                break
+            except httpx.HTTPError as e:
+                if not _wire.may_resend(e, None, attempt):
+                    raise _wire.transport_error(e, call.method, url) from e
+                attempt += 1
         return reader.finish()
 
 
@@ -161,24 +171,27 @@ class AsyncFiles:
             method, _wire.file_path(s.name, path), params=_wire.child_params(s.child), **kw
         )
 
-    async def write(self, path: str, data: Any) -> WrittenFile:
+    async def write(self, path: str, data: Any, tar: bool = False) -> WrittenFile:
         """Stores `data` (bytes, str, a local path, a binary file object or an iterable of
-        bytes, or an async iterable of bytes; files are streamed) at `path`, creating parents; starts the kernel if needed."""
+        bytes, or an async iterable of bytes; files are streamed) at `path`, creating parents; starts the kernel if needed. With `tar=True`, `data` is a tar archive extracted into the
+        directory `path` (many files in one request)."""
         up, opened = _wire.upload(data)
         try:
-            call = self._call("PUT", path, headers=_wire.upload_headers(up))
+            call = self._call("PUT", path, headers=_wire.upload_headers(up, tar))
             return _wire.written(await self._session.client._send(call, content=_async_content(up)) or b"")
         finally:
             up.close(opened)
 
-    async def read(self, path: str) -> bytes:
-        """The bytes of the file at `path`."""
-        return await self._session.client._send(self._call("GET", path)) or b""
+    async def read(self, path: str, tar: bool = False) -> bytes:
+        """The bytes of the file at `path`; with `tar=True`, the directory at `path` as a tar
+        archive."""
+        call = self._call("GET", path, headers={"Accept": _wire.TAR} if tar else {})
+        return await self._session.client._send(call) or b""
 
-    async def list(self, path: str = ".") -> List[FileEntry]:
-        """The entries of the directory at `path`."""
+    async def list(self, path: str = ".") -> Listing:
+        """The entries of the directory at `path` (a list of `FileEntry`)."""
         call = self._call("GET", path, headers={"Accept": "application/json"})
-        return _wire.entries(await self._session.client._send(call) or b"")
+        return _wire.listing(await self._session.client._send(call) or b"")
 
     async def remove(self, path: str) -> None:
         """Deletes the file or directory at `path`."""

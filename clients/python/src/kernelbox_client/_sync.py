@@ -7,7 +7,7 @@ from typing import Any, Callable, Iterable, List, Optional
 import httpx
 
 from . import _wire
-from ._types import Execution, FileEntry, KernelSummary, Result, WrittenFile
+from ._types import Execution, KernelSummary, Listing, Result, WrittenFile
 
 
 class Client:
@@ -48,18 +48,23 @@ class Client:
 
     def _send(self, call: _wire.Call, content: Any = None) -> Optional[bytes]:
         url = self.url + call.path
-        try:
-            r = self._http.request(
-                call.method,
-                url,
-                json=call.json,
-                params=call.params,
-                headers=call.headers,
-                content=content,
-                timeout=call.timeout(self.timeout),
-            )
-        except httpx.HTTPError as e:
-            raise _wire.transport_error(e, call.method, url) from e
+        attempt = 0
+        while True:
+            try:
+                r = self._http.request(
+                    call.method,
+                    url,
+                    json=call.json,
+                    params=call.params,
+                    headers=call.headers,
+                    content=content,
+                    timeout=call.timeout(self.timeout),
+                )
+                break
+            except httpx.HTTPError as e:
+                if not _wire.may_resend(e, content, attempt):
+                    raise _wire.transport_error(e, call.method, url) from e
+                attempt += 1
         if r.status_code == 404 and call.missing_ok:
             return None
         if not 200 <= r.status_code < 300:
@@ -74,26 +79,31 @@ class Client:
     ) -> Execution:
         url = self.url + call.path
         reader = _wire.StreamReader()
-        try:
-            with self._http.stream(
-                call.method,
-                url,
-                json=call.json,
-                headers=call.headers,
-                timeout=call.timeout(self.timeout),
-            ) as r:
-                if r.status_code != 200:
-                    raise _wire.error_from_response(r.status_code, r.headers, r.read())
-                for line in r.iter_lines():
-                    action = reader.feed(line)
-                    if action is None:
-                        continue
-                    kind, value = action
-                    callback = on_output if kind == "output" else on_display
-                    if callback is not None:
-                        callback(value)
-        except httpx.HTTPError as e:
-            raise _wire.transport_error(e, call.method, url) from e
+        attempt = 0
+        while True:
+            try:
+                with self._http.stream(
+                    call.method,
+                    url,
+                    json=call.json,
+                    headers=call.headers,
+                    timeout=call.timeout(self.timeout),
+                ) as r:
+                    if r.status_code != 200:
+                        raise _wire.error_from_response(r.status_code, r.headers, r.read())
+                    for line in r.iter_lines():
+                        action = reader.feed(line)
+                        if action is None:
+                            continue
+                        kind, value = action
+                        callback = on_output if kind == "output" else on_display
+                        if callback is not None:
+                            callback(value)
+                break
+            except httpx.HTTPError as e:
+                if not _wire.may_resend(e, None, attempt):
+                    raise _wire.transport_error(e, call.method, url) from e
+                attempt += 1
         return reader.finish()
 
 
@@ -157,24 +167,27 @@ class Files:
             method, _wire.file_path(s.name, path), params=_wire.child_params(s.child), **kw
         )
 
-    def write(self, path: str, data: Any) -> WrittenFile:
+    def write(self, path: str, data: Any, tar: bool = False) -> WrittenFile:
         """Stores `data` (bytes, str, a local path, a binary file object or an iterable of
-        bytes; files are streamed) at `path`, creating parents; starts the kernel if needed."""
+        bytes; files are streamed) at `path`, creating parents; starts the kernel if needed. With `tar=True`, `data` is a tar archive extracted into the
+        directory `path` (many files in one request)."""
         up, opened = _wire.upload(data)
         try:
-            call = self._call("PUT", path, headers=_wire.upload_headers(up))
+            call = self._call("PUT", path, headers=_wire.upload_headers(up, tar))
             return _wire.written(self._session.client._send(call, content=up.content) or b"")
         finally:
             up.close(opened)
 
-    def read(self, path: str) -> bytes:
-        """The bytes of the file at `path`."""
-        return self._session.client._send(self._call("GET", path)) or b""
+    def read(self, path: str, tar: bool = False) -> bytes:
+        """The bytes of the file at `path`; with `tar=True`, the directory at `path` as a tar
+        archive."""
+        call = self._call("GET", path, headers={"Accept": _wire.TAR} if tar else {})
+        return self._session.client._send(call) or b""
 
-    def list(self, path: str = ".") -> List[FileEntry]:
-        """The entries of the directory at `path`."""
+    def list(self, path: str = ".") -> Listing:
+        """The entries of the directory at `path` (a list of `FileEntry`)."""
         call = self._call("GET", path, headers={"Accept": "application/json"})
-        return _wire.entries(self._session.client._send(call) or b"")
+        return _wire.listing(self._session.client._send(call) or b"")
 
     def remove(self, path: str) -> None:
         """Deletes the file or directory at `path`."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import json
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Dict, List, Optional
+from typing import Any, ClassVar, Dict, Iterator, List, Optional
 
 
 @dataclass(frozen=True)
@@ -227,7 +227,8 @@ class FileEntry:
     name: str
     kind: str
     size: int
-    modified: Any = None
+    #: RFC 3339, UTC.
+    modified: Optional[str] = None
 
     @classmethod
     def from_json(cls, d: Dict[str, Any]) -> "FileEntry":
@@ -235,25 +236,67 @@ class FileEntry:
             name=str(d.get("name", "")),
             kind=str(d.get("kind", "")),
             size=int(d.get("size") or 0),
-            modified=d.get("modified"),
+            modified=d.get("modified") if d.get("modified") is not None else None,
         )
 
 
 @dataclass(frozen=True)
-class WrittenFile:
-    """What `session.files.write()` stored: the absolute path in the kernel and its size."""
+class Listing:
+    """A directory's entries (`session.files.list()`); iterates, indexes and measures like a
+    list of `FileEntry`. `truncated` is true when the directory held more than were listed."""
 
-    SCHEMA: ClassVar[str] = "FileWritten"
+    SCHEMA: ClassVar[str] = "Listing"
+    entries: List[FileEntry]
+    truncated: bool = False
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "Listing":
+        items = d.get("entries")
+        return cls(
+            entries=[FileEntry.from_json(e) for e in items if isinstance(e, dict)]
+            if isinstance(items, list)
+            else [],
+            truncated=bool(d.get("truncated", False)),
+        )
+
+    def __iter__(self) -> Iterator[FileEntry]:
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __getitem__(self, i: int) -> FileEntry:
+        return self.entries[i]
+
+    @property
+    def names(self) -> List[str]:
+        return [e.name for e in self.entries]
+
+
+@dataclass(frozen=True)
+class WrittenFile:
+    """What `session.files.write()` stored: the absolute path in the kernel, the bytes
+    written, and for a tar the files extracted."""
+
+    SCHEMA: ClassVar[str] = "Written"
     path: str
     size: int
+    files: Optional[int] = None
 
     @classmethod
     def from_json(cls, d: Dict[str, Any]) -> "WrittenFile":
-        return cls(path=str(d.get("path", "")), size=int(d.get("size") or 0))
+        files = d.get("files")
+        return cls(
+            path=str(d.get("path", "")),
+            size=int(d.get("size") or 0),
+            files=int(files) if isinstance(files, int) else None,
+        )
 
 
 #: Every type above, by the schema it mirrors (the drift test walks the server's spec with it).
 MIRRORS = {
     cls.SCHEMA: cls
-    for cls in (StateLost, KernelInfo, Result, Execution, KernelSummary, FileEntry, WrittenFile)
+    for cls in (
+        StateLost, KernelInfo, Result, Execution, KernelSummary, FileEntry, Listing, WrittenFile
+    )
 }

@@ -15,7 +15,7 @@ from urllib.parse import quote
 import httpx
 
 from ._errors import ConnectionFailed, KernelboxError, ProtocolError, Timeout, error_for
-from ._types import Execution, FileEntry, KernelSummary, Result, WrittenFile
+from ._types import Execution, KernelSummary, Listing, Result, WrittenFile
 
 #: Where the client goes without `url` or `KERNELBOX_URL` (`kernelbox serve`'s default).
 DEFAULT_URL = "http://127.0.0.1:8080"
@@ -31,6 +31,7 @@ MAX_CELL_WAIT = 7 * 24 * 3600.0
 #: Stream events the client understands (the drift test checks the server sends no other).
 STREAM_EVENTS = ("output", "output_truncated", "display", "result", "error")
 NDJSON = "application/x-ndjson"
+TAR = "application/x-tar"
 
 
 def resolve(url: Optional[str], token: Optional[str]) -> Tuple[str, Optional[str]]:
@@ -60,7 +61,11 @@ def session_path(session: str, *rest: str) -> str:
 
 
 def file_path(session: str, path: str) -> str:
+    """`.../files/PATH`; `"."` (the default of `files.list`) is the working directory itself.
+    Every other path goes as given: the server judges it (README, files)."""
     path = os.fspath(path)
+    if path == ".":
+        path = ""
     return session_path(session, "files", "/".join(_segment(p) for p in path.split("/")))
 
 
@@ -180,10 +185,9 @@ def kernels(body: bytes) -> List[KernelSummary]:
     return [KernelSummary.from_json(k) for k in items if isinstance(k, dict)]
 
 
-def entries(body: bytes) -> List[FileEntry]:
+def listing(body: bytes) -> Listing:
     value = json_body(body, "list files")
-    items = value.get("entries", []) if isinstance(value, dict) else []
-    return [FileEntry.from_json(e) for e in items if isinstance(e, dict)]
+    return Listing.from_json(value if isinstance(value, dict) else {})
 
 
 def written(body: bytes) -> WrittenFile:
@@ -235,6 +239,19 @@ class StreamReader:
         return self.result
 
 
+def may_resend(e: httpx.HTTPError, content: Any, attempt: int) -> bool:
+    """Whether to send a request again, once: only when the server closed a kept-alive
+    connection without answering (kernelbox closes a connection without a response only
+    before it handles a request on it: a refusal that left a body unread, or a timeout; README,
+    slow and idle clients), and only when the body can be sent again (not a stream)."""
+    return (
+        attempt == 0
+        and isinstance(e, httpx.RemoteProtocolError)
+        and "without sending a response" in str(e)
+        and (content is None or isinstance(content, bytes))
+    )
+
+
 def transport_error(e: httpx.HTTPError, method: str, url: str) -> KernelboxError:
     """A clear error for a request that got no (complete) answer."""
     if isinstance(e, httpx.TimeoutException):
@@ -249,8 +266,13 @@ def transport_error(e: httpx.HTTPError, method: str, url: str) -> KernelboxError
             else ""
         )
         return Timeout("timeout", f"timed out {phase} kernelbox at {method} {url}{hint}")
+    what = str(e) or type(e).__name__
+    if isinstance(e, httpx.ConnectError):
+        return ConnectionFailed(
+            "connection_failed", f"could not connect to kernelbox at {method} {url}: {what}"
+        )
     return ConnectionFailed(
-        "connection_failed", f"could not reach kernelbox at {method} {url}: {e or type(e).__name__}"
+        "connection_failed", f"the connection to kernelbox broke during {method} {url}: {what}"
     )
 
 
@@ -307,8 +329,8 @@ def upload(data: Any) -> Tuple[Upload, bool]:
     return Upload(data, None), False
 
 
-def upload_headers(up: Upload) -> Dict[str, str]:
-    h = {"Content-Type": "application/octet-stream"}
+def upload_headers(up: Upload, tar: bool = False) -> Dict[str, str]:
+    h = {"Content-Type": TAR if tar else "application/octet-stream"}
     if up.length is not None:
         h["Content-Length"] = str(up.length)
     return h
