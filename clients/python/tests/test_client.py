@@ -123,16 +123,18 @@ def test_kernels_lists_this_tenants_live_kernels(server, session_name: str) -> N
     ) as other:
         s = main.session(session_name)
         r = s.run("pass")
-        mine = [k for k in main.kernels() if k.session == session_name]
-        assert len(mine) == 1 and isinstance(mine[0], KernelSummary)
-        k = mine[0]
-        assert (k.id, k.tenant, k.generation, k.execution_count) == (
-            r.kernel.id, "main", r.kernel.generation, 1,
+        main.session(session_name, child="sub").run("pass")
+        mine = {k.child: k for k in main.kernels() if k.session == session_name}
+        assert set(mine) == {None, "sub"} and isinstance(mine[None], KernelSummary)
+        k = mine[None]
+        assert (k.id, k.tenant, k.owner, k.generation, k.execution_count) == (
+            r.kernel.id, "main", session_name, r.kernel.generation, 1,
         )  # fmt: skip
-        assert k.state == "idle" and k.child is None and k.attached == 0
+        assert k.state == "idle" and k.attached == 0 and k.idle_seconds >= 0
+        assert mine["sub"].owner != session_name and mine["sub"].tenant == "main"
         assert all(k.tenant == "other" for k in other.kernels())
         assert not [k for k in other.kernels() if k.session == session_name]
-        s.close()
+        assert s.close() == 2
 
 
 def test_another_tenant_cannot_reach_or_close_a_session(server, session_name: str) -> None:
