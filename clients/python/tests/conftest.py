@@ -175,7 +175,7 @@ def spec(server: Server) -> dict:
     return r.json()
 
 
-FILES_ROUTE = "/v1/sessions/{session}/files/{path}"
+FILES_ROUTE = "/v1/sessions/{session}/files"
 
 
 def pending_unless(request: pytest.FixtureRequest, present: bool, what: str, raises: type) -> None:

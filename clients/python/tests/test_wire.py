@@ -26,7 +26,7 @@ def test_a_display_event_becomes_a_result_object() -> None:
 def test_paths_are_sent_as_given_for_the_server_to_judge() -> None:
     assert _wire.file_path("s", "a b/c.txt") == "/v1/sessions/s/files/a%20b/c.txt"
     assert _wire.file_path("s", "../x") == "/v1/sessions/s/files/%2E%2E/x"
-    assert _wire.file_path("s", ".") == "/v1/sessions/s/files/"
+    assert _wire.file_path("s", ".") == _wire.file_path("s", "") == "/v1/sessions/s/files"
     assert _wire.session_path("a:b@c", "execute") == "/v1/sessions/a%3Ab%40c/execute"
 
 

@@ -61,11 +61,11 @@ def session_path(session: str, *rest: str) -> str:
 
 
 def file_path(session: str, path: str) -> str:
-    """`.../files/PATH`; `"."` (the default of `files.list`) is the working directory itself.
-    Every other path goes as given: the server judges it (README, files)."""
+    """`.../files/PATH`; `""` or `"."` (the default of `files.list`) is the working directory
+    itself, `.../files`. Every other path goes as given: the server judges it (README, files)."""
     path = os.fspath(path)
-    if path == ".":
-        path = ""
+    if path in ("", "."):
+        return session_path(session, "files")
     return session_path(session, "files", "/".join(_segment(p) for p in path.split("/")))
 
 
