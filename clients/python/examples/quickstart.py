@@ -23,7 +23,8 @@ def main() -> int:
 
         print("streaming:")
         r = session.run(
-            "import time\nfor i in range(3):\n    print('tick', i, flush=True)\n    time.sleep(0.2)",
+            "import time\n"
+            "for i in range(3):\n    print('tick', i, flush=True)\n    time.sleep(0.2)",
             on_output=lambda text: print("  live>", text, end=""),
         )
         print("status:", r.status, f"({r.duration_seconds:.2f}s)")

@@ -118,9 +118,10 @@ def test_a_child_has_its_own_kernel_and_close_releases_only_it(
 
 
 def test_kernels_lists_this_tenants_live_kernels(server, session_name: str) -> None:
-    with Client(server.url, server.token("main")) as main, Client(
-        server.url, server.token("other")
-    ) as other:
+    with (
+        Client(server.url, server.token("main")) as main,
+        Client(server.url, server.token("other")) as other,
+    ):
         s = main.session(session_name)
         r = s.run("pass")
         main.session(session_name, child="sub").run("pass")
@@ -138,9 +139,10 @@ def test_kernels_lists_this_tenants_live_kernels(server, session_name: str) -> N
 
 
 def test_another_tenant_cannot_reach_or_close_a_session(server, session_name: str) -> None:
-    with Client(server.url, server.token("main")) as main, Client(
-        server.url, server.token("other")
-    ) as other:
+    with (
+        Client(server.url, server.token("main")) as main,
+        Client(server.url, server.token("other")) as other,
+    ):
         main.session(session_name).run("x = 'main'")
         theirs = other.session(session_name)
         assert theirs.close() == 0

@@ -42,10 +42,14 @@ def test_execute_code_returns_the_result_json_with_state_per_task(
     assert fresh["output"] == "False\n", fresh
     # One session per task id, named from it, and that session is the server's (the kernel
     # the reset discarded may still be on its way out).
-    assert fresh["kernel"]["id"] in server.containers(f"io.kernelbox.session={session_for_task(t1)}")
+    assert fresh["kernel"]["id"] in server.containers(
+        f"io.kernelbox.session={session_for_task(t1)}"
+    )
     timed = json.loads(execute_code("import time; time.sleep(10)", task_id=t1, timeout=1))
     assert timed["status"] == "timeout" and timed["exit_code"] == -1
-    assert json.loads(execute_code("pass", task_id=t1))["kernel"]["state_lost"]["reason"] == "timeout"
+    assert (
+        json.loads(execute_code("pass", task_id=t1))["kernel"]["state_lost"]["reason"] == "timeout"
+    )
     assert kernelbox_client.execute_code is execute_code
     with Client(server.url, server.token()) as c:
         assert c.session(session_for_task(t1)).close() == 1

@@ -130,7 +130,9 @@ def test_an_unreachable_server_is_a_clear_connection_error() -> None:
         with pytest.raises(ConnectionFailed) as e:
             c.kernels()
     assert e.value.code == "connection_failed" and e.value.status is None
-    assert f"could not connect to kernelbox at GET http://127.0.0.1:{port}/v1/kernels: " in str(e.value)
+    assert f"could not connect to kernelbox at GET http://127.0.0.1:{port}/v1/kernels: " in str(
+        e.value
+    )
 
 
 def test_a_server_that_never_answers_is_a_clear_timeout() -> None:

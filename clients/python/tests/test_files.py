@@ -54,7 +54,10 @@ def test_a_local_file_is_streamed_up_by_path_and_by_file_object(
 
 def test_a_file_a_cell_wrote_downloads_byte_for_byte(client: Client, session_name: str) -> None:
     s = client.session(session_name)
-    r = s.run("import os\nblob = os.urandom(1 << 20)\nopen('out.bin', 'wb').write(blob)\nprint(blob.hex()[:64])")
+    r = s.run(
+        "import os\nblob = os.urandom(1 << 20)\nopen('out.bin', 'wb').write(blob)\n"
+        "print(blob.hex()[:64])"
+    )
     got = s.files.read("out.bin")
     assert len(got) == 1 << 20 and got.hex()[:64] == r.output.strip()
     s.close()
@@ -120,9 +123,10 @@ def test_a_childs_files_are_its_own(client: Client, session_name: str) -> None:
 
 
 def test_another_tenants_files_are_not_found(server: Server, session_name: str) -> None:
-    with Client(server.url, server.token("main")) as main, Client(
-        server.url, server.token("other")
-    ) as other:
+    with (
+        Client(server.url, server.token("main")) as main,
+        Client(server.url, server.token("other")) as other,
+    ):
         main.session(session_name).files.write("secret.txt", b"main's")
         with pytest.raises(NotFound):
             other.session(session_name).files.read("secret.txt")

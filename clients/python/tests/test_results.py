@@ -13,11 +13,12 @@ from conftest import pending_unless
 from kernelbox_client import Client, Result
 
 # A cell-side helper: a valid RGB PNG of w x h pixels, standard library only.
-MAKE_PNG = '''
+MAKE_PNG = """
 import struct, zlib, base64
 def make_png(w, h):
     def chunk(kind, data):
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+        crc = struct.pack(">I", zlib.crc32(kind + data))
+        return struct.pack(">I", len(data)) + kind + data + crc
     rows = b"".join(b"\\x00" + b"\\xff\\x00\\x00" * w for _ in range(h))
     return (b"\\x89PNG\\r\\n\\x1a\\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
             + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
@@ -28,7 +29,7 @@ class Picture:
 class Table:
     def _repr_html_(self): return "<table><tr><td>1</td></tr></table>"
     def __repr__(self): return "Table()"
-'''
+"""
 
 
 @pytest.fixture(autouse=True)

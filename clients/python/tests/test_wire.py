@@ -33,6 +33,8 @@ def test_paths_are_sent_as_given_for_the_server_to_judge() -> None:
 def test_a_runs_read_deadline_outlasts_its_cell() -> None:
     call = _wire.execute_call("s", None, "1", 10, False, None, None, False, 30)
     assert call.read_timeout == 40
-    assert _wire.execute_call("s", None, "1", None, False, None, None, False, 30).read_timeout == 3630
+    assert (
+        _wire.execute_call("s", None, "1", None, False, None, None, False, 30).read_timeout == 3630
+    )
     huge = _wire.execute_call("s", None, "1", 1e300, False, None, None, False, 30)
     assert huge.read_timeout == _wire.MAX_CELL_WAIT + 30

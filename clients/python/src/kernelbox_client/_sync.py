@@ -168,9 +168,10 @@ class Files:
         )
 
     def write(self, path: str, data: Any, tar: bool = False) -> WrittenFile:
-        """Stores `data` (bytes, str, a local path, a binary file object or an iterable of
-        bytes; files are streamed) at `path`, creating parents; starts the kernel if needed. With `tar=True`, `data` is a tar archive extracted into the
-        directory `path` (many files in one request)."""
+        """Stores `data` at `path`, creating parents; starts the kernel if needed. `data`:
+        bytes, str, a local path, a binary file object or an iterable of bytes (files
+        and iterables are streamed, never read whole). With `tar=True`, `data` is a tar archive
+        extracted into the directory `path` (many files in one request)."""
         up, opened = _wire.upload(data)
         try:
             call = self._call("PUT", path, headers=_wire.upload_headers(up, tar))

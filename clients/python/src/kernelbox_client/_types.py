@@ -174,9 +174,11 @@ class Execution:
             duration_seconds=float(d.get("duration_seconds", 0.0)),
             kernel=KernelInfo.from_json(kernel if isinstance(kernel, dict) else {}),
             error=d.get("error"),
-            results=[Result.from_json(r) for r in results if isinstance(r, dict)]
-            if isinstance(results, list)
-            else [],
+            results=(
+                [Result.from_json(r) for r in results if isinstance(r, dict)]
+                if isinstance(results, list)
+                else []
+            ),
             stdout_truncated=d.get("stdout_truncated"),
             stdout_bytes_total=d.get("stdout_bytes_total"),
             stdout_bytes_omitted=d.get("stdout_bytes_omitted"),
@@ -253,9 +255,11 @@ class Listing:
     def from_json(cls, d: Dict[str, Any]) -> "Listing":
         items = d.get("entries")
         return cls(
-            entries=[FileEntry.from_json(e) for e in items if isinstance(e, dict)]
-            if isinstance(items, list)
-            else [],
+            entries=(
+                [FileEntry.from_json(e) for e in items if isinstance(e, dict)]
+                if isinstance(items, list)
+                else []
+            ),
             truncated=bool(d.get("truncated", False)),
         )
 
@@ -297,6 +301,13 @@ class WrittenFile:
 MIRRORS = {
     cls.SCHEMA: cls
     for cls in (
-        StateLost, KernelInfo, Result, Execution, KernelSummary, FileEntry, Listing, WrittenFile
+        StateLost,
+        KernelInfo,
+        Result,
+        Execution,
+        KernelSummary,
+        FileEntry,
+        Listing,
+        WrittenFile,
     )
 }

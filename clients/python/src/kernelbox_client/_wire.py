@@ -112,7 +112,9 @@ def execute_call(
         body["tools"] = list(tools)
     # The server judges the timeout (400 `invalid_timeout`); the client only needs a finite
     # read deadline that outlasts any cell the server would accept.
-    cell = min(timeout, MAX_CELL_WAIT) if isinstance(timeout, (int, float)) and timeout > 0 else None
+    cell = (
+        min(timeout, MAX_CELL_WAIT) if isinstance(timeout, (int, float)) and timeout > 0 else None
+    )
     read = (cell or SERVER_MAX_CELL_SECONDS) + (client_timeout or DEFAULT_TIMEOUT)
     return Call(
         "POST",
