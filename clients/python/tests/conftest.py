@@ -18,9 +18,10 @@ import subprocess
 import threading
 import time
 import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterator, List
+from typing import Dict, Iterator, List, Optional
 
 import pytest
 
@@ -77,7 +78,11 @@ class Server:
             raise AssertionError("kernelbox serve did not stop within its deadline after SIGTERM")
 
 
-def start_server(tmp: Path, *extra: str, tenants: Dict[str, int] = TENANTS) -> Server:
+def start_server(
+    tmp: Path, *extra: str, tenants: Dict[str, int] = TENANTS, tools: Optional[dict] = None
+) -> Server:
+    """`kernelbox serve` with `tenants` (name: max_kernels); `tools` (`{"url", "allow"}`) is
+    the `main` tenant's tool endpoint."""
     if not BIN.is_file():
         pytest.fail(
             f"the kernelbox binary is missing at {BIN}: build it with `cargo build` "
@@ -95,6 +100,7 @@ def start_server(tmp: Path, *extra: str, tenants: Dict[str, int] = TENANTS) -> S
                         "name": name,
                         "token_sha256": hashlib.sha256(tokens[name].encode()).hexdigest(),
                         "max_kernels": cap,
+                        **({"tools": tools} if tools and name == "main" else {}),
                     }
                     for name, cap in tenants.items()
                 ]
@@ -143,10 +149,52 @@ def stop_and_check(server: Server) -> None:
     assert docker_ids(server.label, volumes=True) == [], "volumes left behind by the server"
 
 
+class ToolEndpoint:
+    """A tenant's tool endpoint on loopback: answers `{"tool", "args"}` back and records
+    every call's body."""
+
+    def __init__(self) -> None:
+        calls: List[dict] = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                calls.append(body)
+                answer = json.dumps({"tool": body["tool"], "args": body["args"]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.calls = calls
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = "http://127.0.0.1:%d/tools" % self.httpd.server_address[1]
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
 @pytest.fixture(scope="session")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """The main server, shared by the tests (each uses its own session names)."""
-    s = start_server(tmp_path_factory.mktemp("server"))
+def tool_endpoint() -> Iterator[ToolEndpoint]:
+    t = ToolEndpoint()
+    yield t
+    t.close()
+
+
+@pytest.fixture(scope="session")
+def server(
+    tmp_path_factory: pytest.TempPathFactory, tool_endpoint: ToolEndpoint
+) -> Iterator[Server]:
+    """The main server, shared by the tests (each uses its own session names); tenant `main`
+    may call the tools `echo` and `other` at `tool_endpoint`."""
+    tools = {"url": tool_endpoint.url, "allow": ["echo", "other"]}
+    s = start_server(tmp_path_factory.mktemp("server"), tools=tools)
     yield s
     stop_and_check(s)
 

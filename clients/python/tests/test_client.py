@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import threading
 
-from kernelbox_client import Client, Execution, KernelInfo, KernelSummary, StateLost
+import pytest
+
+from kernelbox_client import BadRequest, Client, Execution, KernelInfo, KernelSummary, StateLost
 
 
 def test_state_persists_across_runs_of_a_session(client: Client, session_name: str) -> None:
@@ -190,3 +192,22 @@ def test_one_client_serves_concurrent_threads(client: Client, session_name: str)
     for t in threads:
         t.join(timeout=120)
     assert out == {i: f"{i * 2}\n" for i in range(4)}
+
+
+def test_task_id_and_tools_reach_the_tenants_tool_endpoint(
+    client: Client, session_name: str, tool_endpoint
+) -> None:
+    s = client.session(session_name)
+    r = s.run(
+        "import kernel_tools\nprint(kernel_tools.echo(word='hi'))", task_id="turn-9", tools=["echo"]
+    )
+    assert r.output == "{'tool': 'echo', 'args': {'word': 'hi'}}\n" and r.tool_calls_made == 1
+    call = [c for c in tool_endpoint.calls if c["session"] == session_name][-1]
+    assert (call["task_id"], call["tool"], call["tenant"]) == ("turn-9", "echo", "main")
+    # `tools` narrows the cell's tools to a subset of the tenant's allow-list.
+    r = s.run("import kernel_tools\nkernel_tools.other()", tools=["echo"])
+    assert r.status == "error" and 'Unknown tool "other"' in (r.error or "")
+    with pytest.raises(BadRequest) as e:
+        s.run("pass", tools=["rm_rf"])
+    assert e.value.code == "tool_not_allowed"
+    s.close()
