@@ -143,6 +143,8 @@ def test_async_files_round_trip(server: Server, session_name: str, tmp_path: Pat
             assert (await s.files.write("small.txt", b"x")).size == 1
             assert (await s.files.write("a.bin", local)).size == 300_000
             assert await s.files.read("a.bin") == local.read_bytes()
+            assert await s.files.download("a.bin", tmp_path / "a.out") == 300_000
+            assert (tmp_path / "a.out").read_bytes() == local.read_bytes()
 
             async def chunks():
                 yield b"x" * 10
@@ -155,3 +157,24 @@ def test_async_files_round_trip(server: Server, session_name: str, tmp_path: Pat
             await s.close()
 
     asyncio.run(main())
+
+
+def test_download_streams_to_a_path_or_a_file_object(
+    client: Client, session_name: str, tmp_path: Path
+) -> None:
+    s = client.session(session_name)
+    r = s.run(
+        "import hashlib, os\nblob = os.urandom(8 << 20)\nopen('big.bin', 'wb').write(blob)\n"
+        "print(hashlib.sha256(blob).hexdigest())"
+    )
+    dest = tmp_path / "big.bin"
+    assert s.files.download("big.bin", dest) == 8 << 20
+    assert hashlib.sha256(dest.read_bytes()).hexdigest() + "\n" == r.output
+    buf = io.BytesIO()
+    assert s.files.download("big.bin", buf) == 8 << 20 and buf.getvalue() == dest.read_bytes()
+    # A failed download leaves nothing at the destination, not even a partial file.
+    missing = tmp_path / "missing.bin"
+    with pytest.raises(NotFound):
+        s.files.download("no-such-file", missing)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big.bin"]
+    s.close()

@@ -73,6 +73,29 @@ class AsyncClient:
             raise _wire.error_from_response(r.status_code, r.headers, r.content)
         return r.content
 
+    async def _download(self, call: _wire.Call, dest: Any) -> int:
+        url = self.url + call.path
+        sink = _wire.Sink(dest)
+        try:
+            async with self._http.stream(
+                call.method,
+                url,
+                params=call.params,
+                headers=call.headers,
+                timeout=call.timeout(self.timeout),
+            ) as r:
+                if r.status_code != 200:
+                    raise _wire.error_from_response(r.status_code, r.headers, await r.aread())
+                async for chunk in r.aiter_bytes():
+                    sink.write(chunk)
+        except httpx.HTTPError as e:
+            sink.abort()
+            raise _wire.transport_error(e, call.method, url) from e
+        except BaseException:
+            sink.abort()
+            raise
+        return sink.finish()
+
     async def _stream(
         self,
         call: _wire.Call,
@@ -190,6 +213,13 @@ class AsyncFiles:
         archive."""
         call = self._call("GET", path, headers={"Accept": _wire.TAR} if tar else {})
         return await self._session.client._send(call) or b""
+
+    async def download(self, path: str, dest: Any, tar: bool = False) -> int:
+        """Streams the file at `path` (with `tar=True`, the directory at `path` as a tar
+        archive) into `dest`, a local path or a binary file object, never holding it whole;
+        returns the bytes written. A local path is written whole or not at all."""
+        call = self._call("GET", path, headers={"Accept": _wire.TAR} if tar else {})
+        return await self._session.client._download(call, dest)
 
     async def list(self, path: str = ".") -> Listing:
         """The entries of the directory at `path` (a list of `FileEntry`)."""

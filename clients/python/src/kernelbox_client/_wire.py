@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 from urllib.parse import quote
@@ -336,3 +337,37 @@ def upload_headers(up: Upload, tar: bool = False) -> Dict[str, str]:
     if up.length is not None:
         h["Content-Length"] = str(up.length)
     return h
+
+
+class Sink:
+    """Where `files.download` writes: a binary file object as given, or a local path through
+    a temporary file beside it, renamed into place only once the whole body arrived."""
+
+    def __init__(self, dest: Any) -> None:
+        self.size = 0
+        self.final: Optional[str] = None
+        if isinstance(dest, (str, os.PathLike)):
+            self.final = os.fspath(dest)
+            folder = os.path.dirname(os.path.abspath(self.final))
+            fd, self.temp = tempfile.mkstemp(prefix=".kernelbox-", suffix=".part", dir=folder)
+            self.file: Any = os.fdopen(fd, "wb")
+        else:
+            self.file = dest
+
+    def write(self, chunk: bytes) -> None:
+        self.file.write(chunk)
+        self.size += len(chunk)
+
+    def abort(self) -> None:
+        if self.final is not None:
+            self.file.close()
+            try:
+                os.unlink(self.temp)
+            except FileNotFoundError:
+                pass
+
+    def finish(self) -> int:
+        if self.final is not None:
+            self.file.close()
+            os.replace(self.temp, self.final)
+        return self.size
