@@ -7,7 +7,7 @@ import dataclasses
 import inspect
 from typing import Any, Dict, Iterator, Set
 
-from kernelbox_client import KernelboxError, Session
+from kernelbox_client import KernelboxError, Session, WrittenFile
 from kernelbox_client import _types, _wire
 
 # Schemas the client handles without a dataclass of their own, and the names it reads of each.
@@ -64,6 +64,31 @@ def test_every_field_the_server_defines_is_in_the_clients_types(spec: Dict[str, 
     assert not missing, "the server defines what the client lacks: " + ", ".join(missing)
     assert {"code", "message"} == set(schemas["Error"]["properties"]["error"]["properties"])
     assert {"code", "message"} <= set(inspect.signature(KernelboxError).parameters)
+
+
+# Answers the spec describes inline (no schema name), by route: the fields the client reads.
+INLINE: Dict[str, Set[str]] = {
+    "get /v1/kernels": {"kernels"},
+    "put /v1/sessions/{session}/files/{path}": {f.name for f in dataclasses.fields(WrittenFile)},
+    "put /v1/sessions/{session}/files": {f.name for f in dataclasses.fields(WrittenFile)},
+}
+
+
+def test_every_field_of_an_inline_answer_is_read(spec: Dict[str, Any]) -> None:
+    missing = []
+    for path, methods in spec["paths"].items():
+        for method, op in methods.items():
+            for status, response in op.get("responses", {}).items():
+                if not status.startswith("2"):
+                    continue
+                for media in response.get("content", {}).values():
+                    props = set(media.get("schema", {}).get("properties", {}))
+                    known = INLINE.get(f"{method} {path}")
+                    if props and known is None:
+                        missing.append(f"{method.upper()} {path} {status} (no client type)")
+                    elif props:
+                        missing += [f"{method.upper()} {path} {status}: {p}" for p in props - known]
+    assert not missing, "inline answers the client does not read: " + ", ".join(missing)
 
 
 def test_every_execute_field_is_a_run_parameter(spec: Dict[str, Any]) -> None:
