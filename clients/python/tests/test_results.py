@@ -1,15 +1,11 @@
 """Rich results as typed objects: `Execution.results` and streamed `display` events (the
-rich results contract, docs/contract.md). Until the server has rich results these run as loud
-expected failures (see `pending_unless` in conftest). They need nothing beyond the plain
-kernel image: the PNG is made with the standard library."""
+rich results contract, docs/contract.md). They need nothing beyond the plain kernel image:
+the PNG is made with the standard library."""
 
 from __future__ import annotations
 
 import struct
 
-import pytest
-
-from conftest import pending_unless
 from kernelbox_client import Client, Result
 
 # A cell-side helper: a valid RGB PNG of w x h pixels, standard library only.
@@ -30,12 +26,6 @@ class Table:
     def _repr_html_(self): return "<table><tr><td>1</td></tr></table>"
     def __repr__(self): return "Table()"
 """
-
-
-@pytest.fixture(autouse=True)
-def needs_rich_results(request: pytest.FixtureRequest, spec: dict) -> None:
-    present = "RichResult" in spec["components"]["schemas"]
-    pending_unless(request, present, "rich results (`results`, `display` events)", AssertionError)
 
 
 def png_size(png: bytes) -> tuple:
