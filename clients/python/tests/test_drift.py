@@ -71,6 +71,8 @@ INLINE: Dict[str, Set[str]] = {
     "get /v1/kernels": {"kernels"},
     "put /v1/sessions/{session}/files/{path}": {f.name for f in dataclasses.fields(WrittenFile)},
     "put /v1/sessions/{session}/files": {f.name for f in dataclasses.fields(WrittenFile)},
+    # files.remove() returns it
+    "delete /v1/sessions/{session}/files/{path}": {"deleted"},
 }
 
 

@@ -75,7 +75,7 @@ def test_list_describes_entries_and_remove_deletes(client: Client, session_name:
     assert isinstance(by_name["a.txt"], FileEntry)
     assert (by_name["a.txt"].kind, by_name["a.txt"].size) == ("file", 3)
     assert by_name["sub"].kind == "dir" and by_name["a.txt"].modified
-    s.files.remove("dir/a.txt")
+    assert s.files.remove("dir/a.txt") == "/work/dir/a.txt"
     assert [e.name for e in s.files.list("dir")] == ["sub"]
     with pytest.raises(NotFound):
         s.files.read("dir/a.txt")
@@ -153,7 +153,7 @@ def test_async_files_round_trip(server: Server, session_name: str, tmp_path: Pat
             assert (await s.files.write("gen.bin", chunks())).size == 20
             names = {n for n in (await s.files.list()).names if not n.startswith(".")}
             assert names == {"a.bin", "gen.bin", "small.txt"}
-            await s.files.remove("gen.bin")
+            assert await s.files.remove("gen.bin") == "/work/gen.bin"
             await s.close()
 
     asyncio.run(main())

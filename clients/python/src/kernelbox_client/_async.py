@@ -226,9 +226,10 @@ class AsyncFiles:
         call = self._call("GET", path, headers={"Accept": "application/json"})
         return _wire.listing(await self._session.client._send(call) or b"")
 
-    async def remove(self, path: str) -> None:
-        """Deletes the file or directory at `path`."""
-        await self._session.client._send(self._call("DELETE", path))
+    async def remove(self, path: str) -> str:
+        """Deletes the file or directory tree at `path` (a symlink itself, never its target);
+        returns the path removed, inside the kernel (`/work/...`)."""
+        return _wire.deleted(await self._session.client._send(self._call("DELETE", path)) or b"")
 
 
 def _async_content(up: _wire.Upload) -> Any:

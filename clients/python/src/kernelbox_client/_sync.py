@@ -220,6 +220,7 @@ class Files:
         call = self._call("GET", path, headers={"Accept": "application/json"})
         return _wire.listing(self._session.client._send(call) or b"")
 
-    def remove(self, path: str) -> None:
-        """Deletes the file or directory at `path`."""
-        self._session.client._send(self._call("DELETE", path))
+    def remove(self, path: str) -> str:
+        """Deletes the file or directory tree at `path` (a symlink itself, never its target);
+        returns the path removed, inside the kernel (`/work/...`)."""
+        return _wire.deleted(self._session.client._send(self._call("DELETE", path)) or b"")

@@ -193,6 +193,12 @@ def listing(body: bytes) -> Listing:
     return Listing.from_json(value if isinstance(value, dict) else {})
 
 
+def deleted(body: bytes) -> str:
+    """`{"deleted": "/work/<path>"}`."""
+    value = json_body(body, "remove file")
+    return str(value.get("deleted", "")) if isinstance(value, dict) else ""
+
+
 def written(body: bytes) -> WrittenFile:
     value = json_body(body, "write file")
     return WrittenFile.from_json(value if isinstance(value, dict) else {})
