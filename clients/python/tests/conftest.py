@@ -221,21 +221,3 @@ def spec(server: Server) -> dict:
     r = httpx.get(server.url + "/openapi.json", timeout=30)
     r.raise_for_status()
     return r.json()
-
-
-FILES_ROUTE = "/v1/sessions/{session}/files"
-
-
-def pending_unless(request: pytest.FixtureRequest, present: bool, what: str, raises: type) -> None:
-    """Marks the test an expected failure, loudly (`-rx` prints the reason), while the server
-    lacks `what`: it still runs, and must fail with `raises` (strict: once the server has it,
-    a pass is required and an unexpected pass fails the run)."""
-    if not present:
-        request.applymarker(
-            pytest.mark.xfail(
-                reason=f"PENDING: the server has no {what} yet; this test runs and must fail "
-                f"with {raises.__name__} until it lands",
-                raises=raises,
-                strict=True,
-            )
-        )

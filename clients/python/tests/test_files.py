@@ -1,6 +1,5 @@
 """`session.files`: write, read, list and remove the files of a session's kernel (the file
-API, README: files). Until the server has the file API these run as loud expected failures
-(see `pending_unless` in conftest)."""
+API, README: Files in and out of a kernel)."""
 
 from __future__ import annotations
 
@@ -13,14 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FILES_ROUTE, Server, pending_unless
+from conftest import Server
 from kernelbox_client import AsyncClient, BadRequest, Client, FileEntry, Listing, NotFound
-
-
-@pytest.fixture(autouse=True)
-def needs_the_file_api(request: pytest.FixtureRequest, spec: dict) -> None:
-    present = any(p.startswith(FILES_ROUTE) for p in spec["paths"])
-    pending_unless(request, present, f"file API ({FILES_ROUTE}/...)", NotFound)
 
 
 def test_bytes_written_are_what_the_cell_reads_and_what_comes_back(
