@@ -161,6 +161,30 @@ async fn a_request_naming_the_image_gets_it() {
 }
 
 #[tokio::test]
+async fn a_request_naming_the_image_never_takes_a_pooled_plain_kernel() {
+    // The warm pool holds kernels of the configured (plain) image only.
+    let case = Case::with("ds-pool", |c| c.pool_size = 1).await;
+    require_image(&case.engine).await;
+    let ds = case
+        .exec(ExecuteRequest {
+            image: Some(DATASCIENCE_IMAGE.into()),
+            ..ExecuteRequest::new("s", "import numpy; print(numpy.ones(2).sum())")
+        })
+        .await;
+    assert_eq!(ds.status, CellStatus::Success, "{ds:?}");
+    assert!(ds.output.contains("2.0"), "{ds:?}");
+    let id = case
+        .containers()
+        .await
+        .into_iter()
+        .find(|c| c.id.starts_with(&ds.kernel.id))
+        .expect("the cell's kernel")
+        .id;
+    assert_eq!(image_of(&id).await, DATASCIENCE_IMAGE);
+    case.finish().await;
+}
+
+#[tokio::test]
 async fn exec_with_the_image_flag_runs_on_the_datascience_image() {
     let label = common::unique("ds-cli");
     let engine = common::engine().await;
