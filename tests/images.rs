@@ -165,6 +165,10 @@ async fn a_request_naming_the_image_never_takes_a_pooled_plain_kernel() {
     // The warm pool holds kernels of the configured (plain) image only.
     let case = Case::with("ds-pool", |c| c.pool_size = 1).await;
     require_image(&case.engine).await;
+    assert!(
+        case.kb.wait_pool_ready(1, Duration::from_secs(60)).await,
+        "the pool fills"
+    );
     let ds = case
         .exec(ExecuteRequest {
             image: Some(DATASCIENCE_IMAGE.into()),
