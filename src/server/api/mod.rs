@@ -84,7 +84,28 @@ fn finish(router: Router<AppState>, state: AppState) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(axum::middleware::from_fn(catch_panic))
+        .layer(axum::middleware::from_fn(close_after_refusal))
         .with_state(state)
+}
+
+/// A refusal of a request that carried a body (401, 413, 429, ...) is answered with
+/// `Connection: close`. The handler may not have read the body, and hyper then closes the
+/// connection rather than read what is left; without the header a client would send its next
+/// request on a connection that is going away and see it dropped instead of answered.
+async fn close_after_refusal(request: Request, next: Next) -> Response {
+    let headers = request.headers();
+    let has_body = headers.contains_key(header::TRANSFER_ENCODING)
+        || headers
+            .get(header::CONTENT_LENGTH)
+            .is_some_and(|len| len.as_bytes() != b"0");
+    let mut response = next.run(request).await;
+    if has_body && (response.status().is_client_error() || response.status().is_server_error()) {
+        response.headers_mut().insert(
+            header::CONNECTION,
+            header::HeaderValue::from_static("close"),
+        );
+    }
+    response
 }
 
 /// No panic reaches a caller as a dropped connection: it becomes a 500 JSON error.
