@@ -29,6 +29,7 @@
 //! | `registry` (crate-internal) | which kernel serves which key (folder): bookkeeping, caps and fair shares |
 //! | [`orchestrator`] | the front door (folder): [`Orchestrator::execute`], lifecycle verbs, shutdown |
 //! | [`server`] | the multi-tenant HTTP API behind `kernelbox serve` |
+//! | [`mcp`] | MCP (folder): tools over stdio (`kernelbox mcp`) and streamable HTTP (`/v1/mcp`) |
 //!
 //! Layers, the lifecycle of a kernel, task ownership, the runner protocol and the trust
 //! boundary are described in `docs/architecture.md`.
@@ -49,6 +50,7 @@ pub mod image;
 pub mod instance;
 pub(crate) mod kernel;
 pub mod labels;
+pub mod mcp;
 pub(crate) mod monitor;
 pub mod orchestrator;
 pub(crate) mod owner;

@@ -58,6 +58,13 @@ pub(crate) struct ServeArgs {
     /// there. Without it, `/metrics` is on the API listener.
     #[arg(long, env = "KERNELBOX_METRICS_LISTEN")]
     metrics_listen: Option<String>,
+    /// An MCP session on /v1/mcp with no request for this long ends, and its kernels go.
+    #[arg(long, env = "KERNELBOX_MCP_IDLE_TIMEOUT", default_value = "30m", value_parser = parse_duration)]
+    mcp_idle_timeout: Duration,
+    /// MCP sessions one tenant may hold open at once on /v1/mcp.
+    #[arg(long, env = "KERNELBOX_MCP_MAX_SESSIONS", default_value_t = 64,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    mcp_max_sessions: u32,
     #[command(flatten)]
     kernel: KernelOpts,
 }
@@ -132,7 +139,11 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         .into());
     }
     let orchestrator = Orchestrator::start(config, engine).await?;
-    let state = AppState::new(orchestrator, tenants.clone());
+    let mcp = server::McpOptions {
+        idle_timeout: args.mcp_idle_timeout,
+        max_sessions_per_tenant: args.mcp_max_sessions as usize,
+    };
+    let state = AppState::with_mcp(orchestrator, tenants.clone(), mcp);
 
     eprintln!(
         "kernelbox: serving {} tenant(s) on http://{addr} (instance {})",

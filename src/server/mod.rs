@@ -7,6 +7,7 @@
 //! | `DELETE /v1/sessions/{session}` | clear the session's kernels |
 //! | `DELETE /v1/sessions/{session}/children/{child}` | release a delegated child |
 //! | `GET /v1/kernels` | the caller's tenant's kernels |
+//! | `POST`/`GET`/`DELETE /v1/mcp` | MCP over streamable HTTP (`crate::mcp`, README "MCP") |
 //! | `GET /healthz`, `GET /metrics`, `GET /openapi.json` | no authentication |
 //!
 //! `/metrics` can instead be served on a listener of its own ([`ServeOptions::metrics`]).
@@ -15,7 +16,7 @@
 //! so tenants never see, reach or clear each other's kernels. Errors are
 //! `{"error": {"code", "message"}}`.
 
-mod api;
+pub(crate) mod api;
 mod error;
 mod listen;
 mod metrics;
@@ -39,6 +40,8 @@ pub use metrics::Metrics;
 pub use tenants::{Tenant, Tenants, TenantsError, ToolsConfig};
 pub use tools::CELL_TOKEN_HEADER;
 
+pub use crate::mcp::http::{McpOptions, SESSION_HEADER as MCP_SESSION_HEADER};
+
 use crate::orchestrator::Orchestrator;
 
 /// Largest request body accepted, in bytes (larger ones get 413).
@@ -51,6 +54,9 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("DELETE", "/v1/sessions/{session}"),
     ("DELETE", "/v1/sessions/{session}/children/{child}"),
     ("GET", "/v1/kernels"),
+    ("POST", "/v1/mcp"),
+    ("GET", "/v1/mcp"),
+    ("DELETE", "/v1/mcp"),
     ("GET", "/healthz"),
     ("GET", "/metrics"),
     ("GET", "/openapi.json"),
@@ -62,6 +68,9 @@ struct Inner {
     metrics: Arc<Metrics>,
     client: tools::HttpClient,
     draining: AtomicBool,
+    mcp: McpOptions,
+    /// Cancelled when the server stops: MCP sessions end and their event streams close.
+    mcp_stop: CancellationToken,
 }
 
 /// What every handler shares. Cheap to clone.
@@ -82,6 +91,11 @@ impl std::fmt::Debug for AppState {
 impl AppState {
     /// State serving `tenants` with `orchestrator`.
     pub fn new(orchestrator: Orchestrator, tenants: Tenants) -> AppState {
+        AppState::with_mcp(orchestrator, tenants, McpOptions::default())
+    }
+
+    /// State serving `tenants` with `orchestrator`, MCP sessions on `/v1/mcp` bounded by `mcp`.
+    pub fn with_mcp(orchestrator: Orchestrator, tenants: Tenants, mcp: McpOptions) -> AppState {
         AppState {
             inner: Arc::new(Inner {
                 orchestrator,
@@ -89,8 +103,18 @@ impl AppState {
                 metrics: Arc::new(Metrics::default()),
                 client: tools::client(),
                 draining: AtomicBool::new(false),
+                mcp,
+                mcp_stop: CancellationToken::new(),
             }),
         }
+    }
+
+    pub(crate) fn mcp_options(&self) -> McpOptions {
+        self.inner.mcp
+    }
+
+    pub(crate) fn mcp_stop(&self) -> &CancellationToken {
+        &self.inner.mcp_stop
     }
 
     /// The orchestrator behind the API.
@@ -210,6 +234,8 @@ pub async fn serve_with(
         }));
     }
     state.inner.draining.store(true, Ordering::Release);
+    // MCP event streams would otherwise hold their connections through the whole drain.
+    state.inner.mcp_stop.cancel();
     drop(listener);
     drop(metrics);
     // In-flight requests finish, and so do cells whose client went away (they run adopted,
