@@ -121,6 +121,7 @@ pub(crate) async fn handle(
             return ApiError::not_found("no such MCP session").into_response();
         }
     }
+    let ending = request.method() == axum::http::Method::DELETE;
     request.extensions_mut().insert(tenant.clone());
     let scope = CallScope {
         tenant: tenant.name.clone(),
@@ -147,7 +148,13 @@ pub(crate) async fn handle(
         }
         .into_response();
     }
-    response.map(Body::new)
+    let mut response = response.map(Body::new);
+    if ending && response.status() == StatusCode::ACCEPTED {
+        // The session is gone once DELETE returns (its kernels too): 204, which clients
+        // expect, rather than rmcp's 202.
+        *response.status_mut() = StatusCode::NO_CONTENT;
+    }
+    response
 }
 
 fn mcp_session_id(headers: &axum::http::HeaderMap) -> Option<SessionId> {
