@@ -154,7 +154,44 @@ pub(crate) async fn handle(
         // expect, rather than rmcp's 202.
         *response.status_mut() = StatusCode::NO_CONTENT;
     }
-    response
+    as_api_error(response).await
+}
+
+/// rmcp answers transport errors (no session id, unknown session, wrong media type, ...) in
+/// plain text; like every other route, `/v1/mcp` answers them as `{"error": {"code",
+/// "message"}}` with the same status. JSON answers (JSON-RPC errors) pass unchanged.
+async fn as_api_error(response: Response) -> Response {
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if status.is_success() || is_json {
+        return response;
+    }
+    let text = axum::body::to_bytes(response.into_body(), 64 * 1024)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+        .unwrap_or_default();
+    let code = match status {
+        StatusCode::NOT_FOUND => "not_found",
+        StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
+        StatusCode::NOT_ACCEPTABLE => "not_acceptable",
+        StatusCode::PAYLOAD_TOO_LARGE => "payload_too_large",
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
+        s if s.is_server_error() => "internal",
+        _ => "invalid_request",
+    };
+    let message = if text.is_empty() {
+        status
+            .canonical_reason()
+            .unwrap_or("MCP request failed")
+            .to_string()
+    } else {
+        text
+    };
+    ApiError::new(status, code, message).into_response()
 }
 
 fn mcp_session_id(headers: &axum::http::HeaderMap) -> Option<SessionId> {
