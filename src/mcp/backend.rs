@@ -18,8 +18,10 @@ pub(crate) struct ExecuteCode {
     /// Discard this session's kernel (all its state) first and run in a fresh one.
     #[serde(default)]
     pub reset: bool,
-    /// Seconds the cell may run (default: the server's, 30 s unless configured). Past it the
-    /// kernel is killed and all state is lost.
+    #[schemars(
+        description = "Seconds the cell may run (default: the server's, 30 s unless \
+        configured). Past it the kernel is killed and all state is lost."
+    )]
     #[serde(default)]
     pub timeout: Option<f64>,
 }
