@@ -3,6 +3,7 @@ by plain HTTP requests where a test needs the status codes or the session id."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import anyio
@@ -144,3 +145,30 @@ def test_http_sessions_are_capped_per_tenant_and_end_when_idle_with_their_kernel
 def test_http_the_sse_messages_helper_reads_json_and_sse():
     assert sse_messages('{"a": 1}') == [{"a": 1}]
     assert sse_messages('id: 0\nretry: 3000\ndata:\n\ndata: {"b": 2}\n\n') == [{"b": 2}]
+
+
+def test_http_an_open_event_stream_does_not_hold_the_shutdown(tmp_path):
+    server = start_server(tmp_path)
+    raw = RawSession(server.mcp, server.tokens["main"])
+    assert raw.initialize().status_code == 200
+    assert raw.call("x = 1")["isError"] is False
+    opened = threading.Event()
+    ended = threading.Event()
+
+    def listen():
+        with raw.http.stream("GET", server.mcp, headers=raw.headers(), timeout=120) as stream:
+            opened.set()
+            try:
+                for _ in stream.iter_bytes():
+                    pass
+            except httpx2.HTTPError:
+                pass
+        ended.set()
+
+    threading.Thread(target=listen, daemon=True).start()
+    assert opened.wait(30)
+    started = time.monotonic()
+    # The drain deadline is 30 s; the stream must not make the server wait for it.
+    stop_and_check(server)
+    assert time.monotonic() - started < 15, time.monotonic() - started
+    assert ended.wait(10)
