@@ -58,7 +58,8 @@ pub(crate) struct ServeArgs {
     /// there. Without it, `/metrics` is on the API listener.
     #[arg(long, env = "KERNELBOX_METRICS_LISTEN")]
     metrics_listen: Option<String>,
-    /// An MCP session on /v1/mcp with no request for this long ends, and its kernels go.
+    /// An MCP session on /v1/mcp with no message for this long ends, and its kernels go
+    /// (never less than --max-timeout plus 10 seconds).
     #[arg(long, env = "KERNELBOX_MCP_IDLE_TIMEOUT", default_value = "30m", value_parser = parse_duration)]
     mcp_idle_timeout: Duration,
     /// MCP sessions one tenant may hold open at once on /v1/mcp.

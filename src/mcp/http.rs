@@ -7,7 +7,8 @@
 //!    server's idle timeout reaps its kernel;
 //! 2. else the MCP session (`Mcp-Session-Id`, protocol versions before 2026-07-28): session
 //!    `mcp-{id}`, whose kernels are removed when the MCP session ends (`DELETE /v1/mcp`, or
-//!    `--mcp-idle-timeout` without a request);
+//!    `--mcp-idle-timeout` without a message, never less than the longest cell allowed plus
+//!    10 seconds, so that a running cell does not end its own session);
 //! 3. else (a stateless request of protocol 2026-07-28, which has no MCP sessions) the call is
 //!    refused with a message asking for a session name.
 //!
@@ -53,7 +54,8 @@ pub const SESSION_HEADER: &str = "kernelbox-session";
 /// How MCP sessions on `/v1/mcp` are bounded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct McpOptions {
-    /// An MCP session with no request for this long ends, and its kernels go.
+    /// An MCP session with no message for this long ends, and its kernels go (never sooner
+    /// than the longest cell allowed, `Config::max_cell_timeout`, plus 10 seconds).
     pub idle_timeout: Duration,
     /// MCP sessions one tenant may hold open at once.
     pub max_sessions_per_tenant: usize,
@@ -80,7 +82,10 @@ pub(crate) struct McpService {
 pub(crate) fn service(state: &AppState) -> McpService {
     let options = state.mcp_options();
     let mut local = LocalSessionManager::default();
-    local.session_config.keep_alive = Some(options.idle_timeout);
+    local.session_config.keep_alive = Some(session_idle_timeout(
+        options.idle_timeout,
+        state.orchestrator().config().max_cell_timeout,
+    ));
     let sessions = Arc::new(TenantSessions {
         local,
         owners: tokio::sync::Mutex::new(HashMap::new()),
@@ -102,6 +107,13 @@ pub(crate) fn service(state: &AppState) -> McpService {
         config,
     );
     McpService { http, sessions }
+}
+
+/// How long an MCP session may go without a message. rmcp's clock counts MCP messages only,
+/// and a running cell sends none, so it is never shorter than the longest cell allowed plus
+/// 10 seconds: a session never ends under one of its own cells.
+fn session_idle_timeout(configured: Duration, max_cell: Duration) -> Duration {
+    configured.max(max_cell + Duration::from_secs(10))
 }
 
 /// The handler of `/v1/mcp` (POST, GET and DELETE): authenticates, checks that a named MCP
@@ -428,6 +440,16 @@ fn percent_decode(text: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_session_outlasts_the_longest_cell() {
+        let min = Duration::from_secs(60);
+        assert_eq!(
+            session_idle_timeout(30 * min, 60 * min),
+            60 * min + Duration::from_secs(10)
+        );
+        assert_eq!(session_idle_timeout(90 * min, 60 * min), 90 * min);
+    }
 
     #[test]
     fn query_params_are_found_and_decoded() {

@@ -113,7 +113,9 @@ def test_http_another_tenant_cannot_reach_an_mcp_session(server):
 
 
 def test_http_sessions_are_capped_per_tenant_and_end_when_idle_with_their_kernel_and_stream(tmp_path):
-    server = start_server(tmp_path, "--mcp-idle-timeout", "3s", "--mcp-max-sessions", "1")
+    # A session's idle timeout is never below the longest cell plus 10 seconds: keep cells short.
+    server = start_server(tmp_path, "--mcp-idle-timeout", "3s", "--mcp-max-sessions", "1",
+                          "--timeout", "1s", "--max-timeout", "1s")  # fmt: skip
     try:
         first = RawSession(server.mcp, server.tokens["main"])
         assert first.initialize().status_code == 200
@@ -131,7 +133,7 @@ def test_http_sessions_are_capped_per_tenant_and_end_when_idle_with_their_kernel
             assert stream.status_code == 200
             for _ in stream.iter_bytes():
                 pass
-        assert time.monotonic() - started < 20
+        assert time.monotonic() - started < 30
         wait_for("the idle session's kernel is removed", lambda: kernels(server) == [])
         assert server.containers("io.kernelbox.tenant=main") == []
         gone = first.request("tools/list", {})
