@@ -174,3 +174,15 @@ def test_http_an_open_event_stream_does_not_hold_the_shutdown(tmp_path):
     stop_and_check(server)
     assert time.monotonic() - started < 15, time.monotonic() - started
     assert ended.wait(10)
+
+
+def test_http_a_cell_running_past_the_idle_timeout_does_not_end_its_session(tmp_path):
+    server = start_server(tmp_path, "--mcp-idle-timeout", "1s", "--timeout", "5s", "--max-timeout", "5s")
+    try:
+        raw = RawSession(server.mcp, server.tokens["main"])
+        assert raw.initialize().status_code == 200
+        assert raw.call("x = 5")["isError"] is False
+        slow = raw.call("import time\ntime.sleep(3)\nprint(x)")
+        assert slow["isError"] is False and slow["content"][0]["text"] == "5\n", slow
+    finally:
+        stop_and_check(server)
