@@ -179,6 +179,8 @@ impl Sizes {
 async fn run_phases(b: &mut Bench) -> Result<()> {
     eprintln!("[bench] warm cell and attach floor");
     b.warm().await?;
+    eprintln!("[bench] warm cell on the fake engine");
+    b.fake().await?;
     eprintln!("[bench] warm cell over HTTP");
     b.http().await?;
     eprintln!("[bench] cold first cell and docker run floor");

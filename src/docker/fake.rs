@@ -21,6 +21,11 @@ use super::{
     Attached, Chunk, ContainerInfo, ContainerSpec, Engine, EngineError, EngineEvent, VolumeInfo,
 };
 
+/// The runner protocol version the fake's containers speak. The fake sits below the kernel
+/// layer, so it keeps its own copy; a unit test in `kernel::protocol_tests` checks that it
+/// matches the protocol's `PROTOCOL_VERSION`.
+pub const RUNNER_PROTOCOL: u64 = 2;
+
 #[derive(Default)]
 struct State {
     next: u64,
@@ -87,7 +92,7 @@ async fn fake_runner(
 ) {
     let _ = out
         .send(frame(
-            json!({"op": "ready", "v": crate::kernel::protocol::PROTOCOL_VERSION, "python": "fake"}),
+            json!({"op": "ready", "v": RUNNER_PROTOCOL, "python": "fake"}),
         ))
         .await;
     let mut lines = BufReader::new(input).lines();

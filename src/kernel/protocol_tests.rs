@@ -184,3 +184,17 @@ fn frames_parse() {
     .to_line();
     assert_eq!(line.last(), Some(&b'\n'));
 }
+
+#[test]
+fn the_fake_engine_speaks_this_protocol_version() {
+    assert_eq!(crate::docker::fake::RUNNER_PROTOCOL, PROTOCOL_VERSION);
+}
+
+#[test]
+fn the_runner_speaks_this_protocol_version() {
+    let line = format!("PROTOCOL_VERSION = {PROTOCOL_VERSION}\n");
+    assert!(
+        RUNNER_SOURCE.contains(&line),
+        "runner/kernel_runner.py must say {line:?}"
+    );
+}

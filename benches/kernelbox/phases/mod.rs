@@ -2,6 +2,7 @@
 //! rows, notes and JSON details to the run's [`Bench`]; `main.rs` runs them in order.
 //!
 //! - `warm.rs`: the warm cell `x = 1` through the library, alternating with the attach echo.
+//! - `fake.rs`: the same warm cell on the in-memory fake engine: kernelbox's own share.
 //! - `http.rs`: the warm cell through the HTTP API on loopback, on an in-process server.
 //! - `cold.rs`: the first cell of a new owner, against `docker run --rm`, split by Docker
 //!   events.
@@ -14,6 +15,7 @@
 
 mod cold;
 mod density;
+mod fake;
 mod http;
 mod jupyter;
 mod throughput;
