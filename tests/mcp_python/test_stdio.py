@@ -132,3 +132,13 @@ def test_stdio_remote_with_a_wrong_token_is_an_error_result(server):
     result = anyio.run(go)
     assert result.is_error is True
     assert "401" in text(result) and "Bearer" in text(result), text(result)
+
+
+def test_stdio_reset_discards_the_state_first():
+    async def go():
+        async with stdio_client(new_case()) as c:
+            await c.call_tool("execute_code", {"code": "x = 1"})
+            return await c.call_tool("execute_code", {"code": "print('x' in globals())", "reset": True})
+
+    result = anyio.run(go)
+    assert result.is_error is False and text(result) == "False\n", text(result)
