@@ -46,7 +46,7 @@ use super::tools::KernelTools;
 use crate::orchestrator::Orchestrator;
 use crate::owner::validate_name;
 use crate::server::api::{run_cell, Caller};
-use crate::server::{ApiError, AppState, Tenant, MAX_BODY_BYTES};
+use crate::server::{ApiError, AppState, Metrics, Tenant, MAX_BODY_BYTES};
 
 /// The request header naming the kernelbox session of an MCP request.
 pub const SESSION_HEADER: &str = "kernelbox-session";
@@ -90,6 +90,7 @@ pub(crate) fn service(state: &AppState) -> McpService {
         local,
         owners: tokio::sync::Mutex::new(HashMap::new()),
         orchestrator: state.orchestrator().clone(),
+        metrics: state.metrics().clone(),
         max_per_tenant: options.max_sessions_per_tenant,
     });
     let backend: Arc<dyn Backend> = Arc::new(HttpBackend {
@@ -231,6 +232,7 @@ pub(crate) struct TenantSessions {
     /// MCP session -> the tenant that opened it.
     owners: tokio::sync::Mutex<HashMap<SessionId, String>>,
     orchestrator: Orchestrator,
+    metrics: Arc<Metrics>,
     max_per_tenant: usize,
 }
 
@@ -270,10 +272,12 @@ impl SessionManager for TenantSessions {
         let mut owners = self.owners.lock().await;
         if owners.values().filter(|t| **t == tenant).count() >= self.max_per_tenant {
             let _ = CALL.try_with(|c| c.refused.set(true));
+            self.metrics.rejected("mcp_sessions");
             return Err(SessionsError::AtCapacity(tenant));
         }
         let (id, transport) = self.local.create_session().await?;
         owners.insert(id.clone(), tenant);
+        self.metrics.mcp_session(true);
         Ok((id, transport))
     }
 
@@ -295,6 +299,7 @@ impl SessionManager for TenantSessions {
         let closed = self.local.close_session(id).await;
         let owner = self.owners.lock().await.remove(id);
         if let Some(tenant) = owner {
+            self.metrics.mcp_session(false);
             self.orchestrator
                 .clear_session(Some(&tenant), &kernel_session(id))
                 .await;

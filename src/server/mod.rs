@@ -113,6 +113,10 @@ impl AppState {
         self.inner.mcp
     }
 
+    pub(crate) fn metrics(&self) -> &Arc<Metrics> {
+        &self.inner.metrics
+    }
+
     pub(crate) fn mcp_stop(&self) -> &CancellationToken {
         &self.inner.mcp_stop
     }

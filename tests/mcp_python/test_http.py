@@ -20,6 +20,14 @@ def kernels(server, tenant="main"):
     return r.json()["kernels"]
 
 
+def mcp_sessions(server) -> int:
+    """The `kernelbox_mcp_sessions` gauge."""
+    for line in httpx2.get(f"{server.url}/metrics").text.splitlines():
+        if line.startswith("kernelbox_mcp_sessions "):
+            return int(line.split()[1])
+    raise AssertionError("no kernelbox_mcp_sessions gauge in /metrics")
+
+
 def test_http_a_missing_or_wrong_token_is_refused(server):
     init = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
         "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}  # fmt: skip
@@ -126,6 +134,9 @@ def test_http_sessions_are_capped_per_tenant_and_end_when_idle_with_their_kernel
         assert second.json()["error"]["code"] == "at_capacity"
         assert second.headers["retry-after"] == "1"
         assert RawSession(server.mcp, server.tokens["other"]).initialize().status_code == 200
+        metrics = httpx2.get(f"{server.url}/metrics").text
+        assert mcp_sessions(server) == 2
+        assert 'kernelbox_requests_rejected_total{reason="mcp_sessions"} 1\n' in metrics
         # The session's event stream (GET) lasts no longer than the session: idle for 3 s, the
         # session ends, and so do its stream and its kernel.
         started = time.monotonic()
@@ -138,6 +149,7 @@ def test_http_sessions_are_capped_per_tenant_and_end_when_idle_with_their_kernel
         assert server.containers("io.kernelbox.tenant=main") == []
         gone = first.request("tools/list", {})
         assert gone.status_code == 404, gone.text
+        wait_for("the gauge counts the ended session out", lambda: mcp_sessions(server) < 2)
         # Its place is free again.
         assert RawSession(server.mcp, server.tokens["main"]).initialize().status_code == 200
     finally:
