@@ -5,7 +5,7 @@ Standard library only, Python >= 3.8. The host hands this file to ``bootstrap.py
 OpenStdin + StdinOnce), so any image that has python3 works and nothing has to be written into
 a read-only root filesystem. The bootstrap runs it as ``__main__`` in its own namespace.
 
-Channels (protocol version 2):
+Channels (protocol version 3):
 
 * host -> runner: newline-delimited JSON on the container's stdin (moved to a private fd).
 * runner -> host: newline-delimited JSON on the container's stderr (moved to a private fd).
@@ -14,15 +14,19 @@ Channels (protocol version 2):
   this interpreter (no GIL-held capture deadlock). When a cell ends the runner writes, in one
   write on the output pipe, the cell's end marker (chosen by the host) followed by the cell's
   ``done`` frame and a newline: the host then holds all the cell's output and its outcome.
+  Displays travel on the same pipe behind the cell's display marker (``runner/rich.py``).
 
-Messages, host -> runner:  {"op": "exec", "cell": N, "code": str, "marker": str}
+Messages, host -> runner:  {"op": "exec", "cell": N, "code": str, "marker": str,
+                            "display": str, "display_caps": {"bundle", "cell", "overhead"}}
                            {"op": "tool_result", "call": N, "ok": bool, "result": any, "error": str}
                            {"op": "ping"}
-Messages, runner -> host:  {"op": "ready", "v": 2, "python": str, "pid": N}       (stderr)
+Messages, runner -> host:  {"op": "ready", "v": 3, "python": str, "pid": N}       (stderr)
                            {"op": "tool_call", "cell": N|null, "call": N, "tool": str, "args": {}}
                            {"op": "pong"}
                            MARKER {"op": "done", "cell": N, "status": "ok"|"error"|"exit",
-                            "traceback": str|null, "execution_count": N, "exit_code": N}  (stdout)
+                            "traceback": str|null, "execution_count": N, "exit_code": N,
+                            "displays_dropped": N}                                 (stdout)
+                           DISPLAY_MARKER ("+"|".") PIECE                          (stdout)
 
 Nobody owns stdin: whichever thread needs a message (the idle main thread waiting for a cell,
 or a thread waiting for its tool result) reads it and files what it reads for the others, so
@@ -40,7 +44,7 @@ import select
 import sys
 import time
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 
 # Cells share this process and may rebind anything they can reach (``os.write = None``,
 # ``builtins.print = ...``): the runner keeps its own references, taken before any cell runs.
@@ -118,6 +122,8 @@ def _make_codec():
 
 
 _dumps, _loads = _make_codec()
+# Where runner/rich.py is loaded (see _Display.load).
+_RUNNER_GLOBALS = globals()
 
 
 class _Channel:
@@ -257,7 +263,7 @@ def _watch_hangup(fd):
 
 
 class _Runner:
-    def __init__(self, channel, status_path):
+    def __init__(self, channel, status_path, rich_source):
         self.ch = channel
         self.inbox = _Inbox(channel)
         self.current_cell = None
@@ -276,6 +282,9 @@ class _Runner:
         self.next_call = 0
         self.pid = _getpid()
         self.status_fd = _open_status(status_path)
+        # Rich results; the builtin ``display`` is put back before every cell.
+        self.display = _Display(channel, os.getcwd(), rich_source)
+        self.display_builtin = _display_builtin(self.display)
 
     # -- tool calls ------------------------------------------------------------------------
 
@@ -324,10 +333,18 @@ class _Runner:
         self.current_cell = cell
         self.execution_count += 1
         self.write_status(busy=True)
+        self.display.begin(msg)
+        _modules["builtins"].display = self.display_builtin
         status, tb, exit_code = "ok", None, 0
         try:
-            code = compile(msg.get("code", ""), "<cell-%s>" % cell, "exec")
+            code, last = _compile_cell(msg.get("code", ""), "<cell-%s>" % cell)
             exec(code, self.namespace)
+            if last is not None:
+                # The last expression's value is the main result (Jupyter's execute_result).
+                value = eval(last, self.namespace)
+                if value is not None:
+                    self.display.show((value,), main=True)
+                del value
         except SystemExit as exc:
             status = "exit"
             exit_code = _exit_code(exc.code)
@@ -346,13 +363,16 @@ class _Runner:
             # A process the cell forked fell out of the cell's code: it is not the kernel.
             _flush_quietly()
             _exit(exit_code)
+        if status != "exit":
+            self.display.flush_figures()
+        dropped = self.display.end()
         _flush_quietly()
         if tb:
             # The traceback is part of the cell's output too, in write order.
             _write_all(self.ch.cell_out, tb.encode("utf-8", "replace"))
         # The end marker and the outcome in one write of at most PIPE_BUF bytes, which the
         # kernel makes atomic: output of threads or subprocesses cannot land inside it.
-        _write_all(self.ch.cell_out, _end_line(marker, cell, status, tb, self.execution_count, exit_code))
+        _write_all(self.ch.cell_out, _end_line(marker, cell, status, tb, self.execution_count, exit_code, dropped))
         if status == "exit":
             _exit(0)
         self.write_status(busy=False)
@@ -368,18 +388,126 @@ class _Runner:
             pass
 
 
+_INLINE_BACKEND = "kernelbox_inline"
+
+
+class _Display:
+    """The rich results of the running cell: the cell's display marker and caps, and what it
+    displayed so far. The work is in ``runner/rich.py``, whose text is kept and compiled into
+    the runner's namespace on first use (an idle kernel pays nothing for it)."""
+
+    def __init__(self, channel, workdir, source):
+        self.ch = channel
+        self.workdir = workdir
+        self.source = source
+        self.loading = _allocate_lock()
+        self.lock = _allocate_lock()
+        self.marker = None
+        self.cell = None
+        self.caps = (0, 0, 0)
+        self.used = 0
+        self.count = 0
+        self.dropped = 0
+
+    def load(self):
+        with self.loading:
+            if self.source:
+                exec(compile(self.source, "<kernelbox-rich>", "exec"), _RUNNER_GLOBALS)
+                self.source = None
+
+    def begin(self, msg):
+        marker = msg.get("display")
+        caps = msg.get("display_caps") or {}
+        with self.lock:
+            self.marker = marker.encode("utf-8") if isinstance(marker, str) and marker else None
+            self.cell = msg.get("cell")
+            self.caps = (int(caps.get("bundle", 0)), int(caps.get("cell", 0)), int(caps.get("overhead", 0)))
+            self.used = 0
+            self.count = 0
+            self.dropped = 0
+
+    def end(self):
+        """Closes the cell's display channel; returns how many displays were dropped."""
+        with self.lock:
+            self.marker = None
+            return self.dropped
+
+    def show(self, objs, raw=False, metadata=None, main=False):
+        self.load()
+        _show(self, objs, raw, metadata, main)
+
+    def flush_figures(self):
+        """Shows and closes open matplotlib figures, if a cell loaded pyplot."""
+        if "matplotlib.pyplot" in _modules:
+            self.load()
+            _flush_figures(self)
+
+
+def _display_builtin(display):
+    def display_(*objs, raw=False, metadata=None, **_ignored):
+        """Show objects as rich results (as IPython's display): their _repr_mimebundle_,
+        _repr_png_, _repr_svg_, _repr_html_, ... and repr, in the order called."""
+        display.show(objs, raw=raw, metadata=metadata)
+
+    display_.__name__ = "display"
+    display_.__qualname__ = "display"
+    return display_
+
+
+class _InlineFinder:
+    """Points matplotlib's default backend at ``kernelbox_inline`` when a cell imports it, and
+    makes that backend module (``runner/rich.py``); never imports matplotlib itself."""
+
+    def __init__(self, display):
+        self.display = display
+        self.busy = False
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in ("matplotlib", _INLINE_BACKEND) or self.busy:
+            return None
+        self.display.load()
+        self.busy = True
+        try:
+            return _inline_spec(self, name, path, target)
+        finally:
+            self.busy = False
+
+
+def _compile_cell(source, filename):
+    """Compiles a cell; when its last statement is an expression not ended by ``;`` (as in
+    Jupyter), returns it apart, compiled for eval, so its value can be the main result."""
+    import _ast
+
+    tree = compile(source, filename, "exec", _ast.PyCF_ONLY_AST)
+    body = tree.body
+    if body and type(body[-1]) is _ast.Expr and not _silenced(source, body[-1]):
+        last = body.pop()
+        expression = _ast.Expression(body=last.value)
+        return compile(tree, filename, "exec"), compile(expression, filename, "eval")
+    return compile(tree, filename, "exec"), None
+
+
+def _silenced(source, node):
+    """True when a ``;`` follows the expression on its last line (Jupyter shows nothing then)."""
+    try:
+        line = source.split("\n")[node.end_lineno - 1].encode("utf-8")
+        return line[node.end_col_offset:].decode("utf-8").lstrip().startswith(";")
+    except Exception:
+        return False
+
+
 class ToolError(Exception):
     """A tool call was refused or failed on the host; the message says why."""
 
 
-def _end_line(marker, cell, status, tb, count, exit_code):
+def _end_line(marker, cell, status, tb, count, exit_code, dropped):
     keep = 3000
     while True:
         short = tb
         if tb and len(tb) > keep:
             short = "...(cut; the whole traceback is in the output)\n" + tb[-keep:]
         done = {"op": "done", "cell": cell, "status": status, "traceback": short,
-                "execution_count": count, "exit_code": exit_code}
+                "execution_count": count, "exit_code": exit_code, "displays_dropped": dropped}
         line = marker + _dumps(done).encode("ascii") + b"\n"
         if len(line) <= 4000 or keep < 100:
             return line
@@ -514,22 +642,26 @@ def _tools_module(runner):
 
 def _private_environment():
     """Takes every ``KERNELBOX_`` variable out of the environment (and so out of every
-    subprocess's); returns the status file's path, which the runner needs."""
+    subprocess's); returns what the runner needs of them: the status file's path and the
+    text of ``runner/rich.py``."""
     status_path = os.environ.pop("KERNELBOX_STATUS", None)
+    rich_source = os.environ.pop("KERNELBOX_RICH", None)
     for key in [k for k in os.environ if k.startswith("KERNELBOX_")]:
         del os.environ[key]
-    return status_path
+    return status_path, rich_source
 
 
 def main():
-    status_path = _private_environment()
+    status_path, rich_source = _private_environment()
     channel = _Channel()
     sys.stdin = open(os.devnull, "r")
     sys.stdout = _text_stream(1)
     sys.stderr = _text_stream(2)
-    runner = _Runner(channel, status_path)
+    runner = _Runner(channel, status_path, rich_source)
     os.register_at_fork(after_in_child=channel.close_in_child)
     sys.modules["kernel_tools"] = _tools_module(runner)
+    # matplotlib, when a cell imports it, gets the inline backend (runner/rich.py).
+    sys.meta_path.insert(0, _InlineFinder(runner.display))
     # The watcher starts before the starters are wrapped: it belongs to no cell.
     _thread.start_new_thread(_watch_hangup, (channel.inp,))
     _tag_threads(runner)

@@ -158,6 +158,9 @@ pub struct CellResult {
     /// A hint on what to do next.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub hint: Option<String>,
+    /// Rich results (MIME bundles) in the order the cell displayed them; absent when none.
+    #[serde(skip_serializing_if = "Vec::is_empty", default)]
+    pub results: Vec<crate::rich::RichResult>,
 }
 
 /// The message of a timed-out cell (exact text in `docs/contract.md`).
@@ -361,11 +364,13 @@ mod tests {
             stdout_bytes_omitted: None,
             warning: None,
             hint: None,
+            results: Vec::new(),
         };
         let json = serde_json::to_value(&result).unwrap();
         assert_eq!(json["status"], "success");
         assert_eq!(json["kernel"]["state_lost"]["reason"], "idle_reaped");
         assert!(json.get("error").is_none());
         assert!(json.get("stdout_truncated").is_none());
+        assert!(json.get("results").is_none());
     }
 }

@@ -7,6 +7,16 @@ use std::time::Duration;
 /// The default kernel image, built by `kernelbox image build`.
 pub const DEFAULT_IMAGE: &str = "kernelbox/kernel:latest";
 
+/// The default cap on one display (`Config::display_bundle_bytes`): 5 MiB of its JSON.
+pub const DEFAULT_DISPLAY_BUNDLE_BYTES: usize = 5 * 1024 * 1024;
+
+/// The default cap on a cell's displays (`Config::display_cell_bytes`): 20 MiB of their JSON.
+pub const DEFAULT_DISPLAY_CELL_BYTES: usize = 20 * 1024 * 1024;
+
+/// What each display counts against [`Config::display_cell_bytes`] beyond its JSON: the host's
+/// memory for a result's structure, so a flood of tiny displays is bounded too.
+pub const DISPLAY_OVERHEAD_BYTES: usize = 1024;
+
 /// Where a kernel works: its own staging volume, or a bind-mounted project directory.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum WorkMode {
@@ -92,6 +102,12 @@ pub struct Config {
     pub output_inline_bytes: usize,
     /// Output spilled to the staging volume when the inline copy is cut, in bytes.
     pub output_spill_bytes: usize,
+    /// Largest display (its MIME bundle's JSON, images in base64), in bytes: a larger one has
+    /// its data saved to files in the kernel's working directory and a note in its place.
+    pub display_bundle_bytes: usize,
+    /// Largest total of one cell's displays, in bytes (each counted with
+    /// [`DISPLAY_OVERHEAD_BYTES`] more): past it displays are saved to files, then dropped.
+    pub display_cell_bytes: usize,
     /// Labels added to everything this instance creates (tests use them to find their own).
     pub extra_labels: BTreeMap<String, String>,
     /// Tenant recorded on kernels created by library callers that name none.
@@ -121,6 +137,8 @@ impl Default for Config {
             max_tool_calls: 50,
             output_inline_bytes: 50_000,
             output_spill_bytes: 5_000_000,
+            display_bundle_bytes: DEFAULT_DISPLAY_BUNDLE_BYTES,
+            display_cell_bytes: DEFAULT_DISPLAY_CELL_BYTES,
             extra_labels: BTreeMap::new(),
             default_tenant: "default".into(),
             watchdog: None,
@@ -228,6 +246,15 @@ impl Config {
             return Err(bad(
                 "output_spill_bytes",
                 "must be at least output_inline_bytes",
+            ));
+        }
+        if self.display_bundle_bytes < 64 * 1024 {
+            return Err(bad("display_bundle_bytes", "must be at least 64 KiB"));
+        }
+        if self.display_cell_bytes < self.display_bundle_bytes + DISPLAY_OVERHEAD_BYTES {
+            return Err(bad(
+                "display_cell_bytes",
+                "must be at least display_bundle_bytes (and 1 KiB)",
             ));
         }
         if let WorkMode::Project(dir) = &self.mode {

@@ -14,6 +14,7 @@
 //! | [`labels`] | the Docker labels kernelbox writes and reads |
 //! | `histogram` (crate-internal) | a Prometheus histogram (kernel start times, cell durations) |
 //! | [`cell`] | the cell contract: [`CellResult`], statuses, loss reasons, output capping (`docs/contract.md`) |
+//! | [`rich`] | rich results: the MIME bundles a cell displays ([`RichResult`]) |
 //! | [`config`] | the validated configuration value |
 //! | `owner` (crate-internal) | owners (session / delegated child, per tenant) and kernel keys |
 //! | [`docker`] | the intent-level [`Engine`] trait, its bollard implementation, volume removal |
@@ -34,8 +35,8 @@
 //! Layers, the lifecycle of a kernel, task ownership, the runner protocol and the trust
 //! boundary are described in `docs/architecture.md`.
 //!
-//! The runner that executes cells inside each container is `runner/kernel_runner.py`
-//! (standard library only), started by `runner/bootstrap.py` as `python3 -c`, so any image
+//! The runner that executes cells inside each container is `runner/kernel_runner.py`, with
+//! `runner/rich.py` for rich results (standard library only), started by `runner/bootstrap.py` as `python3 -c`, so any image
 //! with python3 >= 3.8 works.
 
 pub(crate) mod adopt;
@@ -55,6 +56,7 @@ pub(crate) mod monitor;
 pub mod orchestrator;
 pub(crate) mod owner;
 pub(crate) mod registry;
+pub mod rich;
 pub mod server;
 pub mod sweep;
 pub mod watchdog;
@@ -68,3 +70,4 @@ pub use orchestrator::{
     AdmissionNotice, ExecuteError, ExecuteRequest, KernelSummary, Orchestrator, StartError,
 };
 pub use registry::{Cap, TenantLimits, MAX_ATTACHED_PER_SLOT};
+pub use rich::{png_size, DisplaySink, RawJson, RichResult};

@@ -116,6 +116,14 @@ pub struct KernelOpts {
     /// staging volume (strict mode).
     #[arg(long)]
     project: Option<PathBuf>,
+    /// Largest rich result (display) inline, as JSON (e.g. 5m); a larger one is saved to a
+    /// file in the kernel's working directory and a note takes its place.
+    #[arg(long, env = "KERNELBOX_DISPLAY_BYTES", default_value = "5m", value_parser = parse_bytes)]
+    display_bytes: i64,
+    /// Largest total of one cell's rich results (e.g. 20m); past it they are saved to files,
+    /// then dropped.
+    #[arg(long, env = "KERNELBOX_DISPLAY_CELL_BYTES", default_value = "20m", value_parser = parse_bytes)]
+    display_cell_bytes: i64,
     /// Extra label KEY=VALUE on everything created (repeatable).
     #[arg(long = "label", value_parser = parse_label)]
     labels: Vec<(String, String)>,
@@ -142,6 +150,8 @@ impl KernelOpts {
         config.sandbox.memory_bytes = self.memory;
         config.sandbox.nano_cpus = (self.cpus * 1e9) as i64;
         config.sandbox.pids_limit = self.pids;
+        config.display_bundle_bytes = usize::try_from(self.display_bytes)?;
+        config.display_cell_bytes = usize::try_from(self.display_cell_bytes)?;
         if let Some(dir) = &self.project {
             let dir = dir
                 .canonicalize()

@@ -24,7 +24,7 @@ use super::{
 /// The runner protocol version the fake's containers speak. The fake sits below the kernel
 /// layer, so it keeps its own copy; a unit test in `kernel::protocol_tests` checks that it
 /// matches the protocol's `PROTOCOL_VERSION`.
-pub const RUNNER_PROTOCOL: u64 = 2;
+pub const RUNNER_PROTOCOL: u64 = 3;
 
 #[derive(Default)]
 struct State {

@@ -14,11 +14,15 @@
 //! | `reader.rs` | the attach-stream reader task: output and frames to the cell, deaths told apart |
 //! | `staging.rs` | files written into the kernel's staging volume (output spills) |
 //! | `stdin.rs` | the kernel's stdin: frames written inline when the pipe takes them, else by a task |
-//! | `protocol.rs` | the runner protocol v2: frames, line splitting, end markers (`docs/architecture.md`) |
+//! | `display.rs` | a cell's displays: assembled from their pieces under the caps, as [`RichResult`](crate::RichResult)s |
+//! | `protocol.rs` | the runner protocol v3: frames, line splitting (`docs/architecture.md`) |
+//! | `scanner.rs` | a cell's output stream taken apart: output, display pieces, the end marker |
 //! | `protocol_tests.rs` | unit tests of `protocol.rs` |
 
+mod display;
 mod reader;
 mod run;
+mod scanner;
 mod spawn;
 mod staging;
 
@@ -37,9 +41,13 @@ use tokio_util::sync::CancellationToken;
 use crate::authority::CellAuthority;
 use crate::cell::OutputBuffer;
 use crate::clock::unix_now;
+use crate::config::{DEFAULT_DISPLAY_BUNDLE_BYTES, DEFAULT_DISPLAY_CELL_BYTES};
 use crate::docker::{remove_volume_when_free, short_id, Engine, EngineError};
 use crate::owner::KernelKey;
+use crate::rich::{DisplaySink, RichResult};
+pub use protocol::DisplayCaps;
 use protocol::{KernelFrame, MAX_FRAME_LINE, PROTOCOL_VERSION};
+use scanner::MAX_DISPLAY_PIECE;
 use stdin::{Stdin, MAX_STDIN_BACKLOG};
 
 pub use spawn::SpawnRequest;
@@ -87,12 +95,18 @@ pub const MAX_TOOL_RESULT_FRAME: usize = MAX_TOOL_RESULT_BYTES + 1024;
 ///   server's reads at most [`MAX_TOOL_RESULT_BYTES`], 1 MiB, per response and passes it
 ///   through without parsing it into a tree);
 /// - output: the cell's result buffer, `output_inline_bytes` plus `output_spill_bytes`
-///   (5 MB by default), and for a streaming request at most 1 MiB of undelivered events.
+///   (5 MB by default), and for a streaming request at most 1 MiB of undelivered events;
+/// - displays (`display.rs`): the one being assembled, at most `display_bundle_bytes` (5 MiB
+///   by default) plus one piece ([`MAX_DISPLAY_PIECE`], 4 KiB), and the cell's finished ones,
+///   at most `display_cell_bytes` (20 MiB by default, each display counted with 1 KiB more
+///   for its structure); the same again as their JSON in the response, and for a streaming
+///   request once more as `display` events the client has not read: three times the cell cap.
 ///
-/// With the defaults that is about 34 MiB (this constant) plus the tool responses being read
-/// (with the server's dispatcher at most 16 x 1 MiB more, and only while the cell's tools
-/// answer); a kernel that goes past a bound on frames in or answers out is killed
-/// (`state_lost.reason = "protocol"`). A library dispatcher that implements only
+/// With the defaults that is about 100 MiB (this constant: 34 MiB without displays, 66 MiB
+/// for them) plus the tool responses being read (with the server's dispatcher at most
+/// 16 x 1 MiB more, and only while the cell's tools answer); a kernel that goes past a bound
+/// on frames in or answers out is killed (`state_lost.reason = "protocol"`); displays past
+/// their caps are dropped. A library dispatcher that implements only
 /// [`ToolDispatcher::dispatch`](crate::ToolDispatcher::dispatch) gets the arguments parsed
 /// into a `serde_json::Value`, which can take up to about 16 times their text.
 // Nothing reads it: it states the bound the constants above add up to, for readers and docs.
@@ -103,7 +117,10 @@ pub const MAX_HOST_BYTES_PER_KERNEL: usize = MAX_FRAME_LINE
     + MAX_TOOL_RESULT_FRAME
     + 2 * MAX_TOOL_ARGS_IN_FLIGHT
     + 5_050_000
-    + 1024 * 1024;
+    + 1024 * 1024
+    + DEFAULT_DISPLAY_BUNDLE_BYTES
+    + MAX_DISPLAY_PIECE
+    + 3 * DEFAULT_DISPLAY_CELL_BYTES;
 
 /// The lifecycle of one kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -197,10 +214,26 @@ pub struct CellRun {
     /// Whether the cell reached the kernel. A cell interrupted while it waited for earlier
     /// cells, or that found its kernel dead, never ran: the kernel is untouched by it.
     pub ran: bool,
+    /// The cell's displays, in order.
+    pub results: Vec<RichResult>,
+    /// What became of displays past the caps (saved to files, dropped), when any were.
+    pub display_warning: Option<String>,
 }
 
 /// Receives output live while a cell runs (for streaming).
 pub type OutputSink = Arc<dyn Fn(&[u8]) + Send + Sync>;
+
+/// What one cell may keep of its output and displays, and where they go live.
+pub struct CellOptions {
+    /// Output kept inline, and kept for the spill file, in bytes.
+    pub output_caps: (usize, usize),
+    /// The caps on the cell's displays.
+    pub display_caps: DisplayCaps,
+    /// Receives output as it arrives.
+    pub sink: Option<OutputSink>,
+    /// Receives each display as it arrives, in order with the output.
+    pub display_sink: Option<DisplaySink>,
+}
 
 /// The I/O a running cell needs, behind the FIFO cell lock.
 struct CellIo {

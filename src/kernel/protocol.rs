@@ -1,20 +1,31 @@
-//! The runner protocol (version 2): newline-delimited JSON frames, and the byte plumbing that
-//! turns Docker frames (which are not lines) back into lines and finds a cell's end marker.
+//! The runner protocol (version 3): newline-delimited JSON frames, and the byte plumbing that
+//! turns Docker frames (which are not lines) back into lines (the cell's output stream is taken
+//! apart in `scanner.rs`).
 //!
 //! Host -> runner frames travel on the container's stdin; runner -> host frames (`ready`,
-//! `tool_call`) on its stderr; cell output (fds 1 and 2 inside the kernel) on its stdout, ended
-//! per cell by a marker the host chose, followed by the cell's `done` frame on the same line:
-//! one write, one trip through the engine. See `runner/kernel_runner.py` for the other side.
+//! `tool_call`) on its stderr; cell output (fds 1 and 2 inside the kernel) on its stdout, with
+//! the cell's displays in-band behind a display marker the host chose, and ended per cell by an
+//! end marker the host chose, followed by the cell's `done` frame on the same line: one write,
+//! one trip through the engine. See `runner/kernel_runner.py` and `runner/rich.py` for the
+//! other side.
 
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 /// The protocol version this host speaks; the runner announces its own in `ready`.
-pub const PROTOCOL_VERSION: u64 = 2;
+pub const PROTOCOL_VERSION: u64 = 3;
 
 /// The runner's source; the kernel's environment carries it (see [`RUNNER_ENV`]), so no file
 /// has to reach the container.
 pub const RUNNER_SOURCE: &str = include_str!("../../runner/kernel_runner.py");
+
+/// The runner's rich-results part, which the runner keeps as text and compiles on first use
+/// (an idle kernel pays nothing for it); the kernel's environment carries it ([`RICH_ENV`]).
+pub const RICH_SOURCE: &str = include_str!("../../runner/rich.py");
+
+/// The environment variable that hands [`RICH_SOURCE`] to the runner, which removes it before
+/// any cell runs.
+pub const RICH_ENV: &str = "KERNELBOX_RICH";
 
 /// The `python3 -c` program that compiles and starts the runner in pieces: the parser's peak
 /// memory stays resident in every kernel, and a piece's peak is a fraction of the whole file's.
@@ -31,9 +42,12 @@ pub fn runner_command() -> Vec<String> {
         .to_vec()
 }
 
-/// The kernel container's environment entry that carries the runner.
-pub fn runner_env() -> String {
-    format!("{RUNNER_ENV}={RUNNER_SOURCE}")
+/// The kernel container's environment entries that carry the runner and its rich-results part.
+pub fn runner_env() -> [String; 2] {
+    [
+        format!("{RUNNER_ENV}={RUNNER_SOURCE}"),
+        format!("{RICH_ENV}={RICH_SOURCE}"),
+    ]
 }
 
 /// Longest protocol line (one runner -> host frame) accepted from a kernel, in bytes. Real
@@ -94,6 +108,10 @@ pub enum HostFrame<'a> {
         code: &'a str,
         /// Bytes the runner writes to fd 1 when the cell is over.
         marker: &'a str,
+        /// Bytes the runner writes before each piece of a display.
+        display: &'a str,
+        /// The display caps the runner applies (the host enforces them too).
+        display_caps: DisplayCaps,
     },
     /// The answer to a tool call.
     ToolResult {
@@ -119,6 +137,20 @@ impl HostFrame<'_> {
         line.push(b'\n');
         line
     }
+}
+
+/// The caps on a cell's displays, in bytes of each display's JSON: one display at most
+/// `bundle`; all of a cell's at most `cell`, each counted with `overhead` more. The runner
+/// saves a display past them to files and sends a note instead (`runner/rich.py`); the host
+/// drops any display past them (`src/kernel/display.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct DisplayCaps {
+    /// Largest display.
+    pub bundle: usize,
+    /// Largest total of a cell's displays.
+    pub cell: usize,
+    /// What each display counts beyond its JSON, for the host's memory per display.
+    pub overhead: usize,
 }
 
 /// How the runner says a cell ended.
@@ -160,6 +192,8 @@ pub enum KernelFrame {
         traceback: Option<String>,
         /// Cells the kernel has executed.
         execution_count: u64,
+        /// Displays the runner dropped past the caps (not even a note fitted).
+        displays_dropped: u64,
     },
     /// Code in the kernel called a host tool.
     ToolCall {
@@ -198,6 +232,8 @@ struct WireFrame {
     #[serde(default)]
     traceback: Option<String>,
     execution_count: Option<u64>,
+    #[serde(default)]
+    displays_dropped: u64,
     call: Option<u64>,
     tool: Option<String>,
     args: Option<Box<RawValue>>,
@@ -217,6 +253,7 @@ impl TryFrom<WireFrame> for KernelFrame {
                 status: w.status.ok_or("done without status")?,
                 traceback: w.traceback,
                 execution_count: w.execution_count.ok_or("done without execution_count")?,
+                displays_dropped: w.displays_dropped,
             },
             Op::ToolCall => KernelFrame::ToolCall {
                 cell: w.cell,
@@ -276,113 +313,6 @@ impl LineSplitter {
         self.buf = Vec::new();
         LineTooLong
     }
-}
-
-/// Finds a cell's end marker in its output stream, across chunk boundaries, hands back the
-/// output that came before it, and collects the `done` line that follows it.
-#[derive(Debug)]
-pub struct MarkerScanner {
-    marker: Vec<u8>,
-    pending: Vec<u8>,
-    found: bool,
-    done: Vec<u8>,
-    done_complete: bool,
-}
-
-impl MarkerScanner {
-    /// A scanner for `marker`.
-    pub fn new(marker: &str) -> Self {
-        MarkerScanner {
-            marker: marker.as_bytes().to_vec(),
-            pending: Vec::new(),
-            found: false,
-            done: Vec::new(),
-            done_complete: false,
-        }
-    }
-
-    /// True once the marker has been seen.
-    pub fn found(&self) -> bool {
-        self.found
-    }
-
-    /// The line after the marker (the cell's `done` frame), once it is complete.
-    pub fn done_line(&self) -> Option<&[u8]> {
-        self.done_complete.then_some(self.done.as_slice())
-    }
-
-    fn feed_done(&mut self, bytes: &[u8]) {
-        if self.done_complete {
-            return;
-        }
-        match bytes.iter().position(|&b| b == b'\n') {
-            Some(pos) if self.done.len() + pos > MAX_DONE_LINE => {
-                // Not a frame the runner would write: give up on it, the cell still ended.
-                self.done = Vec::new();
-                self.done_complete = true;
-            }
-            Some(pos) => {
-                self.done.extend_from_slice(&bytes[..pos]);
-                self.done_complete = true;
-            }
-            None if self.done.len() + bytes.len() > MAX_DONE_LINE => {
-                // Not a frame the runner would write: give up on it, the cell still ended.
-                self.done = Vec::new();
-                self.done_complete = true;
-            }
-            None => self.done.extend_from_slice(bytes),
-        }
-    }
-
-    /// Feeds a chunk; `output` receives the cell's bytes (never the marker, nothing after it).
-    pub fn feed(&mut self, chunk: &[u8], mut output: impl FnMut(&[u8])) {
-        if self.found {
-            self.feed_done(chunk);
-            return;
-        }
-        // Only the last marker.len()-1 bytes can start a marker split across chunks.
-        let joined: std::borrow::Cow<[u8]> = if self.pending.is_empty() {
-            chunk.into()
-        } else {
-            let mut v = std::mem::take(&mut self.pending);
-            v.extend_from_slice(chunk);
-            v.into()
-        };
-        if let Some(pos) = find(&joined, &self.marker) {
-            output(&joined[..pos]);
-            self.found = true;
-            let rest = joined[pos + self.marker.len()..].to_vec();
-            self.feed_done(&rest);
-            return;
-        }
-        let keep = (self.marker.len() - 1).min(joined.len());
-        let split = joined.len() - keep;
-        // Hold back only a suffix that could be the start of the marker.
-        let hold = (split..joined.len())
-            .find(|&i| self.marker.starts_with(&joined[i..]))
-            .unwrap_or(joined.len());
-        output(&joined[..hold]);
-        self.pending = joined[hold..].to_vec();
-    }
-}
-
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    if needle.is_empty() || haystack.len() < needle.len() {
-        return None;
-    }
-    let first = needle[0];
-    let mut start = 0;
-    while let Some(off) = haystack[start..=haystack.len() - needle.len()]
-        .iter()
-        .position(|&b| b == first)
-    {
-        let i = start + off;
-        if &haystack[i..i + needle.len()] == needle {
-            return Some(i);
-        }
-        start = i + 1;
-    }
-    None
 }
 
 #[cfg(test)]

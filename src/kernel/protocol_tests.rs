@@ -1,6 +1,7 @@
 //! Unit tests of the runner protocol: line splitting, end markers, frame bounds.
 
 use super::*;
+use crate::kernel::scanner::{MarkerScanner, Piece, MAX_DISPLAY_PIECE};
 
 #[test]
 fn lines_survive_any_chunking() {
@@ -73,7 +74,10 @@ fn marker_is_found_across_chunks_and_output_is_exact() {
         let mut scan = MarkerScanner::new(marker);
         let mut out = Vec::new();
         for chunk in stream.as_bytes().chunks(size) {
-            scan.feed(chunk, |b| out.extend_from_slice(b));
+            scan.feed(chunk, |p| match p {
+                Piece::Output(b) => out.extend_from_slice(b),
+                other => panic!("{other:?}"),
+            });
         }
         assert!(scan.found(), "chunk size {size}");
         assert_eq!(out, b"hello\nwor\0ld", "chunk size {size}");
@@ -82,6 +86,66 @@ fn marker_is_found_across_chunks_and_output_is_exact() {
             Some(&b"{\"op\":\"done\"}"[..]),
             "chunk size {size}"
         );
+    }
+}
+
+/// What a scanner makes of a stream fed in chunks of `size`: output runs merged, displays and
+/// breaks as tokens.
+fn scan_all(stream: &[u8], size: usize) -> (Vec<String>, bool) {
+    let mut scan = MarkerScanner::with_display("\u{1}end\u{1}", "\u{1}dsp\u{1}");
+    let mut seen: Vec<String> = Vec::new();
+    let mut display = Vec::new();
+    for chunk in stream.chunks(size) {
+        scan.feed(chunk, |p| match p {
+            Piece::Output([]) => {}
+            Piece::Output(b) => match seen.last_mut() {
+                Some(last) if last.starts_with("out:") => {
+                    last.push_str(&String::from_utf8_lossy(b))
+                }
+                _ => seen.push(format!("out:{}", String::from_utf8_lossy(b))),
+            },
+            Piece::Display { bytes, last } => {
+                display.extend_from_slice(bytes);
+                if last {
+                    seen.push(format!("display:{}", String::from_utf8_lossy(&display)));
+                    display.clear();
+                }
+            }
+            Piece::Broken => {
+                display.clear();
+                seen.push("broken".into());
+            }
+        });
+    }
+    (seen, scan.found())
+}
+
+#[test]
+fn displays_are_found_between_output_in_order_across_chunks() {
+    let stream = b"a\n\x01dsp\x01+{\"x\"\nb\x01dsp\x01.:1}\nc\x01end\x01{\"op\":\"done\"}\n";
+    for size in 1..stream.len() {
+        let (seen, found) = scan_all(stream, size);
+        assert!(found, "chunk size {size}");
+        assert_eq!(
+            seen,
+            ["out:a\nb", "display:{\"x\":1}", "out:c"].map(String::from),
+            "chunk size {size}"
+        );
+    }
+}
+
+#[test]
+fn a_forged_display_piece_breaks_without_hiding_the_end_marker() {
+    // A piece cut by a marker, a piece with no flag, and one past its bound.
+    let mut stream = b"\x01dsp\x01+abc\x01dsp\x01\n\x01dsp\x01".to_vec();
+    stream.extend(vec![b'y'; MAX_DISPLAY_PIECE + 10]);
+    stream.extend(b"\nz\x01end\x01{}\n");
+    for size in [1, 7, 1000, stream.len()] {
+        let (seen, found) = scan_all(&stream, size);
+        assert!(found, "chunk size {size}");
+        assert_eq!(seen[..2], ["broken", "broken"], "chunk size {size}");
+        assert_eq!(seen[2], "broken", "chunk size {size}");
+        assert!(seen.last().unwrap().ends_with('z'), "{seen:?}");
     }
 }
 
@@ -180,6 +244,12 @@ fn frames_parse() {
         cell: 1,
         code: "x=1",
         marker: "m",
+        display: "d",
+        display_caps: DisplayCaps {
+            bundle: 1,
+            cell: 2,
+            overhead: 3,
+        },
     }
     .to_line();
     assert_eq!(line.last(), Some(&b'\n'));

@@ -13,10 +13,12 @@ use rand::Rng;
 use serde_json::value::RawValue;
 use tokio_util::sync::CancellationToken;
 
-use super::protocol::{DoneStatus, HostFrame, KernelFrame, MarkerScanner};
+use super::display::Displays;
+use super::protocol::{DoneStatus, HostFrame, KernelFrame};
+use super::scanner::{MarkerScanner, Piece};
 use super::stdin::Stdin;
 use super::{
-    CellIo, CellOutcome, CellRun, Death, IoEvent, Kernel, KernelState, OutputSink,
+    CellIo, CellOptions, CellOutcome, CellRun, Death, IoEvent, Kernel, KernelState,
     MAX_TOOL_ARGS_IN_FLIGHT, MAX_TOOL_CALLS_IN_FLIGHT, MAX_TOOL_RESULT_BYTES,
     MAX_TOOL_RESULT_FRAME,
 };
@@ -50,17 +52,18 @@ impl Kernel {
         timeout: Duration,
         authority: Arc<CellAuthority>,
         cancel: CancellationToken,
-        sink: Option<OutputSink>,
-        output_caps: (usize, usize),
+        options: CellOptions,
     ) -> CellRun {
         let deadline = tokio::time::Instant::now() + timeout;
-        let mut output = OutputBuffer::new(output_caps.0, output_caps.1);
+        let mut output = OutputBuffer::new(options.output_caps.0, options.output_caps.1);
         let never_ran = |outcome, output| CellRun {
             outcome,
             output,
             execution_count: 0,
             cell: 0,
             ran: false,
+            results: Vec::new(),
+            display_warning: None,
         };
         // An interrupt while waiting for the earlier cells ends this one at once.
         let mut io = tokio::select! {
@@ -77,15 +80,20 @@ impl Kernel {
             return never_ran(CellOutcome::Died(death), output);
         }
         let cell = self.next_cell.fetch_add(1, Ordering::AcqRel) + 1;
-        let finish = |outcome, output, count| CellRun {
+        let finish = |outcome, output, count, (results, display_warning)| CellRun {
             outcome,
             output,
             execution_count: count,
             cell,
             ran: true,
+            results,
+            display_warning,
         };
         let nonce: u64 = rand::rng().random();
         let marker = format!("\u{1}kernelbox-end:{cell}:{nonce:016x}\u{1}");
+        let display_marker = format!("\u{1}kernelbox-display:{cell}:{nonce:016x}\u{1}");
+        let mut displays = Displays::new(options.display_caps);
+        let mut displays_dropped = 0;
         *self.authority.lock().unwrap_or_else(|p| p.into_inner()) = Some(authority.clone());
         self.shared.active_cell.store(cell, Ordering::Release);
         self.shared.set_live(KernelState::Busy);
@@ -93,11 +101,15 @@ impl Kernel {
             cell,
             code,
             marker: &marker,
+            display: &display_marker,
+            display_caps: options.display_caps,
         }
         .to_line();
         self.writer.send(frame);
-        let mut scanner = MarkerScanner::new(&marker);
-        let mut done: Option<(DoneStatus, Option<String>, u64)> = None;
+        let sink = options.sink;
+        let display_sink = options.display_sink;
+        let mut scanner = MarkerScanner::with_display(&marker, &display_marker);
+        let mut done: Option<(DoneStatus, Option<String>, u64, u64)> = None;
         let mut tools: FuturesUnordered<ToolWork> = FuturesUnordered::new();
         let mut pending_calls: Vec<u64> = Vec::new();
         let mut args_in_flight = 0usize;
@@ -119,12 +131,20 @@ impl Kernel {
                 }
                 event = io.rx.recv() => match event {
                     Some(IoEvent::Output(bytes, _backlog)) => {
-                        scanner.feed(&bytes, |b| {
-                            output.push(b);
-                            if let Some(sink) = &sink {
-                                // A caller's sink that panics loses its stream, not the cell.
-                                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sink(b)));
+                        // A caller's sink that panics loses its stream, not the cell.
+                        scanner.feed(&bytes, |piece| match piece {
+                            Piece::Output(b) => {
+                                output.push(b);
+                                if let Some(sink) = &sink {
+                                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sink(b)));
+                                }
                             }
+                            Piece::Display { bytes, last } => {
+                                if let (Some(result), Some(sink)) = (displays.piece(bytes, last), &display_sink) {
+                                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sink(result)));
+                                }
+                            }
+                            Piece::Broken => displays.broken(),
                         });
                         if let (None, Some(line)) = (&done, scanner.done_line()) {
                             done = Some(parse_done(line, cell));
@@ -152,9 +172,10 @@ impl Kernel {
                     }
                 },
             }
-            if let (Some((status, _, _)), true) = (&done, scanner.found()) {
+            if let (Some((status, _, _, _)), true) = (&done, scanner.found()) {
                 let status = *status;
-                let (_, traceback, count) = done.take().unwrap_or((status, None, 0));
+                let (_, traceback, count, dropped) = done.take().unwrap_or((status, None, 0, 0));
+                displays_dropped = dropped;
                 self.execution_count.store(count, Ordering::Release);
                 break End::Done { status, traceback };
             }
@@ -205,7 +226,7 @@ impl Kernel {
         } else {
             self.shared.set_live(KernelState::Idle);
         }
-        finish(outcome, output, count)
+        finish(outcome, output, count, displays.finish(displays_dropped))
     }
 
     /// Empties the event channel between cells: output is dropped, tool calls of settled
@@ -267,18 +288,21 @@ impl Kernel {
     }
 }
 
-/// Reads the `done` line that follows a cell's end marker.
-fn parse_done(line: &[u8], cell: u64) -> (DoneStatus, Option<String>, u64) {
+/// Reads the `done` line that follows a cell's end marker: status, traceback, execution
+/// count, displays the runner dropped.
+fn parse_done(line: &[u8], cell: u64) -> (DoneStatus, Option<String>, u64, u64) {
     match serde_json::from_slice::<KernelFrame>(line) {
         Ok(KernelFrame::Done {
             cell: c,
             status,
             traceback,
             execution_count,
-        }) if c == cell => (status, traceback, execution_count),
+            displays_dropped,
+        }) if c == cell => (status, traceback, execution_count, displays_dropped),
         _ => (
             DoneStatus::Error,
             Some("kernelbox: the kernel's end-of-cell frame was unreadable; the cell's outcome is unknown".into()),
+            0,
             0,
         ),
     }

@@ -106,14 +106,16 @@ impl Kernel {
         let spec = ContainerSpec {
             image: key.image.clone(),
             cmd: runner_command(),
-            env: vec![
-                runner_env(),
-                format!("KERNELBOX_STATUS={status_path}"),
-                "PYTHONUNBUFFERED=1".into(),
-                "PYTHONDONTWRITEBYTECODE=1".into(),
-                "HOME=/tmp".into(),
-                "LANG=C.UTF-8".into(),
-            ],
+            env: runner_env()
+                .into_iter()
+                .chain([
+                    format!("KERNELBOX_STATUS={status_path}"),
+                    "PYTHONUNBUFFERED=1".into(),
+                    "PYTHONDONTWRITEBYTECODE=1".into(),
+                    "HOME=/tmp".into(),
+                    "LANG=C.UTF-8".into(),
+                ])
+                .collect(),
             user: config.sandbox.user.clone(),
             working_dir: WORK_DIR.into(),
             labels,

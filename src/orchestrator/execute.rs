@@ -14,7 +14,8 @@ use crate::catalog::Change;
 use crate::cell::{
     timeout_message, CellResult, CellStatus, KernelInfo, LossReason, INTERRUPTED_MESSAGE,
 };
-use crate::kernel::{CellOutcome, Death, Kernel, SpawnRequest};
+use crate::config::DISPLAY_OVERHEAD_BYTES;
+use crate::kernel::{CellOptions, CellOutcome, Death, DisplayCaps, Kernel, SpawnRequest};
 use crate::owner::{KernelKey, Owner};
 use crate::registry::{Refusal, Slot, TenantLimits};
 
@@ -92,8 +93,16 @@ impl Orchestrator {
                 timeout,
                 authority.clone(),
                 cancel.clone(),
-                request.sink.clone(),
-                (config.output_inline_bytes, config.output_spill_bytes),
+                CellOptions {
+                    output_caps: (config.output_inline_bytes, config.output_spill_bytes),
+                    display_caps: DisplayCaps {
+                        bundle: config.display_bundle_bytes,
+                        cell: config.display_cell_bytes,
+                        overhead: DISPLAY_OVERHEAD_BYTES,
+                    },
+                    sink: request.sink.clone(),
+                    display_sink: request.display_sink.clone(),
+                },
             )
             .await;
         // Published before the run is untracked: an interrupt counts only cells that really
@@ -173,6 +182,7 @@ impl Orchestrator {
             stdout_bytes_omitted: None,
             warning: None,
             hint: None,
+            results: run.results,
         };
         if capped.omitted > 0 {
             result.stdout_truncated = Some(true);
@@ -191,6 +201,12 @@ impl Orchestrator {
                     Err(e) => tracing::warn!(error = %e, "spilling output failed"),
                 }
             }
+        }
+        if let Some(display) = run.display_warning {
+            result.warning = Some(match result.warning.take() {
+                Some(output) => format!("{output} {display}"),
+                None => display,
+            });
         }
         if kernel_gone {
             self.inner.registry.forget(&lease.slot, loss);

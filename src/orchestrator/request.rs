@@ -15,6 +15,7 @@ use crate::histogram::Histogram;
 use crate::kernel::{KernelError, OutputSink};
 use crate::owner::NameError;
 use crate::registry::{Cap, EvictionCounts, TenantLimits};
+use crate::rich::DisplaySink;
 
 /// One execute call.
 #[derive(Clone, Default)]
@@ -41,6 +42,8 @@ pub struct ExecuteRequest {
     pub cancel: Option<CancellationToken>,
     /// Receives output live.
     pub sink: Option<OutputSink>,
+    /// Receives each rich result live, in order with the output given to `sink`.
+    pub display_sink: Option<DisplaySink>,
     /// The tenant's own cap and reservation (the fairness rule is in `src/registry/admission.rs`).
     pub tenant_limits: TenantLimits,
     /// Told, once, whether the request got a kernel slot or was refused at a cap, before any

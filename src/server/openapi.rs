@@ -41,7 +41,7 @@ pub fn spec() -> Value {
     });
     let mut execute_responses = json!({
         "200": {
-            "description": "The cell result; with `Accept: application/x-ndjson`, a stream of events, one JSON object a line: `output` events as the cell writes, then one `result` (or `error`) event.",
+            "description": "The cell result; with `Accept: application/x-ndjson`, a stream of events, one JSON object a line: `output` events as the cell writes and `display` events (rich results, MIME bundles) as it displays, in the order produced, then one `result` (or `error`) event.",
             "content": {
                 "application/json": {"schema": {"$ref": "#/components/schemas/CellResult"}},
                 "application/x-ndjson": {"schema": {"$ref": "#/components/schemas/StreamEvent"}}
@@ -95,6 +95,8 @@ pub fn spec() -> Value {
                     "oneOf": [
                         {"type": "object", "required": ["event", "data"], "properties": {
                             "event": {"const": "output"}, "data": {"type": "string"}}},
+                        {"type": "object", "required": ["event", "data"], "properties": {
+                            "event": {"const": "display"}, "data": {"$ref": "#/components/schemas/RichResult"}}},
                         {"type": "object", "required": ["event", "bytes"], "properties": {
                             "event": {"const": "output_truncated"}, "bytes": {"type": "integer"}}},
                         {"type": "object", "required": ["event", "result"], "properties": {
@@ -120,7 +122,7 @@ pub fn spec() -> Value {
                     "summary": "Run one cell in the session's kernel (started on first use).",
                     "parameters": [session_param(), {
                         "name": "Accept", "in": "header", "required": false,
-                        "description": "`application/x-ndjson` streams output events, then the result.",
+                        "description": "`application/x-ndjson` streams output and display events, then the result.",
                         "schema": {"type": "string"}
                     }],
                     "requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ExecuteRequest"}}}},
@@ -281,6 +283,13 @@ mod tests {
                 "dangling $ref to {name}"
             );
         }
+        // Rich results: in the result and as stream events.
+        let schemas = &spec["components"]["schemas"];
+        assert_eq!(
+            schemas["CellResult"]["properties"]["results"]["items"]["$ref"],
+            "#/components/schemas/RichResult"
+        );
+        assert!(schemas["RichResult"]["properties"]["is_main_result"].is_object());
         let distinct: std::collections::BTreeSet<_> =
             super::super::ROUTES.iter().map(|r| r.1).collect();
         assert_eq!(

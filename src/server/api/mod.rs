@@ -314,6 +314,7 @@ fn parse_execute(
         dispatcher,
         cancel: None,
         sink: None,
+        display_sink: None,
         tenant_limits: tenant.limits(),
         admission: None,
     })

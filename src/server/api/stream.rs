@@ -1,5 +1,6 @@
 //! A streaming execute: `output` events as the cell writes (whole UTF-8, at most
-//! [`MAX_STREAM_BACKLOG`] bytes waiting for the client), then the `result`.
+//! [`MAX_STREAM_BACKLOG`] bytes waiting for the client) and `display` events as it displays
+//! (in order with the output; at most the cell's display cap waiting), then the `result`.
 
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
@@ -77,9 +78,16 @@ pub const MAX_STREAM_BACKLOG: usize = 1024 * 1024;
 /// The sending side of a streaming execute: output events are dropped, never queued, past
 /// [`MAX_STREAM_BACKLOG`] bytes.
 pub(super) struct StreamTx {
-    pub(super) tx: tokio::sync::mpsc::UnboundedSender<(Bytes, bool)>,
+    /// Lines, whether each is the last, and whether it counts against the output backlog.
+    pub(super) tx: tokio::sync::mpsc::UnboundedSender<(Bytes, bool, bool)>,
     pub(super) queued: Arc<std::sync::atomic::AtomicUsize>,
 }
+
+/// Bytes of `display` events of one streaming execute waiting for the client, beyond the
+/// cell's display cap (`Config::display_cell_bytes`): the JSON of the events around the
+/// bundles. The kernel accepts no more displays per cell than the cap, so none is dropped
+/// unless the runner's displays are not what it would send.
+const DISPLAY_EVENT_SLACK: usize = 64 * 1024;
 
 impl StreamTx {
     /// Queues an output event unless the backlog is full; false if it was dropped.
@@ -92,7 +100,7 @@ impl StreamTx {
                 (q + len <= MAX_STREAM_BACKLOG).then_some(q + len)
             })
             .is_ok();
-        if admitted && self.tx.send((line, false)).is_err() {
+        if admitted && self.tx.send((line, false, true)).is_err() {
             // The client went away: nothing is queued for it any more.
             self.queued.fetch_sub(len, Ordering::AcqRel);
         }
@@ -104,20 +112,26 @@ impl StreamTx {
     pub(super) fn send_final(&self, line: Bytes, last: bool) {
         self.queued
             .fetch_add(line.len(), std::sync::atomic::Ordering::AcqRel);
-        let _ = self.tx.send((line, last));
+        let _ = self.tx.send((line, last, true));
+    }
+
+    /// Queues a `display` event outside the output backlog (the caller bounds them).
+    pub(super) fn send_display(&self, line: Bytes) {
+        let _ = self.tx.send((line, false, false));
     }
 }
 
 /// Streams `{"event":"output","data":...}` lines as the cell writes, then one `result` (or
 /// `error`) line. The cell runs to its end even if the client goes away.
 pub(super) fn stream_execute(state: AppState, mut request: ExecuteRequest) -> Response {
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<(Bytes, bool)>();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<(Bytes, bool, bool)>();
     let queued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let tx = Arc::new(StreamTx {
         tx,
         queued: queued.clone(),
     });
     let cap = state.inner.orchestrator.config().output_spill_bytes;
+    let display_cap = state.inner.orchestrator.config().display_cell_bytes + DISPLAY_EVENT_SLACK;
     let decoder = Arc::new(Mutex::new(Utf8Stream {
         carry: Vec::new(),
         sent: 0,
@@ -132,6 +146,25 @@ pub(super) fn stream_execute(state: AppState, mut request: ExecuteRequest) -> Re
             let text = decoder.push(chunk);
             if !text.is_empty() && !tx.try_send(line("output", "data", &text)) {
                 decoder.dropped += text.len();
+            }
+        }));
+    }
+    {
+        // Not counted against the output backlog: a large image must not cost the stream its
+        // output. At most the display cap of them per stream; output decoded so far goes first.
+        let tx = tx.clone();
+        let decoder = decoder.clone();
+        let displayed = std::sync::atomic::AtomicUsize::new(0);
+        request.display_sink = Some(Arc::new(move |result: &crate::rich::RichResult| {
+            let mut decoder = decoder.lock().unwrap_or_else(|p| p.into_inner());
+            let text = decoder.finish();
+            if !text.is_empty() && !tx.try_send(line("output", "data", &text)) {
+                decoder.dropped += text.len();
+            }
+            let event = line("display", "data", result);
+            let total = displayed.fetch_add(event.len(), std::sync::atomic::Ordering::AcqRel);
+            if total + event.len() <= display_cap {
+                tx.send_display(event);
             }
         }));
     }
@@ -162,8 +195,10 @@ pub(super) fn stream_execute(state: AppState, mut request: ExecuteRequest) -> Re
             if done {
                 return None;
             }
-            let (bytes, last) = rx.recv().await?;
-            queued.fetch_sub(bytes.len(), std::sync::atomic::Ordering::AcqRel);
+            let (bytes, last, counted) = rx.recv().await?;
+            if counted {
+                queued.fetch_sub(bytes.len(), std::sync::atomic::Ordering::AcqRel);
+            }
             Some((Ok::<_, Infallible>(bytes), (rx, last)))
         }
     });

@@ -44,7 +44,7 @@ fn a_stream_nobody_reads_drops_output_past_its_backlog() {
     // The closing events always go through.
     tx.send_final(Bytes::from_static(b"result"), true);
     let mut got = 0;
-    while let Ok((bytes, last)) = rx.try_recv() {
+    while let Ok((bytes, last, _)) = rx.try_recv() {
         got += 1;
         if last {
             assert_eq!(&bytes[..], b"result");
