@@ -13,7 +13,7 @@ use serde::Deserialize;
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ExecuteCode {
-    /// The Python source to run, as in a notebook cell; print() what you want to see.
+    /// The Python source to run, as in a notebook cell (the value of a last expression is shown).
     pub code: String,
     /// Discard this session's kernel (all its state) first and run in a fresh one.
     #[serde(default)]

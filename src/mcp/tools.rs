@@ -20,8 +20,8 @@ pub(crate) const EXECUTE_DESCRIPTION: &str = "Run Python code in this conversati
 stateful Python kernel, a sandboxed container with no network access. State persists between \
 calls: variables, imports, functions and files written in the working directory are still there \
 on the next call, until `reset: true`, a timeout, or the session ends. Returns what the code \
-printed (stdout and stderr interleaved) as text, and every image it displayed (e.g. a \
-matplotlib figure) as an image. If the code raises, the result is an error carrying the \
+printed (stdout and stderr interleaved) and the value of its last expression as text, and every \
+image it displayed (display(), a matplotlib figure) as an image. If the code raises, the result is an error carrying the \
 traceback, and the kernel and its state are kept. `timeout` is in seconds (default 30): a cell \
 still running then is stopped by killing the kernel, and ALL state is lost; the next call starts \
 a fresh kernel. `reset: true` discards all state first. When a kernel was lost (timeout, out of \

@@ -198,3 +198,17 @@ def test_http_a_cell_running_past_the_idle_timeout_does_not_end_its_session(tmp_
         assert slow["isError"] is False and slow["content"][0]["text"] == "5\n", slow
     finally:
         stop_and_check(server)
+
+
+def test_http_an_image_the_cell_displays_is_image_content(server, session_name):
+    png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+
+    async def go():
+        async with http_client(f"{server.mcp}?session={session_name}", server.tokens["main"]) as c:
+            return await c.call_tool("execute_code", {"code": f"display({{'image/png': {png!r}}}, raw=True)"})
+
+    result = anyio.run(go)
+    assert result.is_error is False
+    assert [(c.type, c.mime_type, c.data) for c in result.content if c.type == "image"] == [("image", "image/png", png)]
+    auth = {"Authorization": f"Bearer {server.tokens['main']}"}
+    assert httpx2.delete(f"{server.url}/v1/sessions/{session_name}", headers=auth).status_code == 200

@@ -3,7 +3,11 @@ kernelbox server through `--url`."""
 
 from __future__ import annotations
 
+import base64
+import subprocess
+
 import anyio
+import pytest
 import httpx2
 
 from conftest import docker_ids, new_case, wait_for, CASE_KEY
@@ -142,3 +146,38 @@ def test_stdio_reset_discards_the_state_first():
 
     result = anyio.run(go)
     assert result.is_error is False and text(result) == "False\n", text(result)
+
+
+#: A 1x1 PNG, base64.
+TINY_PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+DATASCIENCE = "kernelbox/kernel-datascience:latest"
+
+
+def test_stdio_an_image_the_cell_displays_is_image_content_and_the_last_value_is_text():
+    async def go():
+        async with stdio_client(new_case()) as c:
+            code = f"print('drawn')\ndisplay({{'image/png': {TINY_PNG!r}, 'text/plain': '<dot>'}}, raw=True)\n6 * 7"
+            return await c.call_tool("execute_code", {"code": code})
+
+    result = anyio.run(go)
+    assert result.is_error is False
+    images = [(c.mime_type, c.data) for c in result.content if c.type == "image"]
+    assert images == [("image/png", TINY_PNG)]
+    assert text(result) == "drawn\n42"
+
+
+def test_stdio_a_matplotlib_figure_is_image_content_on_the_datascience_image():
+    found = subprocess.run(["docker", "image", "inspect", DATASCIENCE], capture_output=True, timeout=30)
+    if found.returncode != 0:
+        pytest.skip(f"{DATASCIENCE} is not on the engine")
+
+    async def go():
+        async with stdio_client(new_case(), "--image", DATASCIENCE) as c:
+            code = "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [1, 4, 9])\nplt.show()"
+            return await c.call_tool("execute_code", {"code": code})
+
+    result = anyio.run(go)
+    assert result.is_error is False, text(result)
+    images = [c for c in result.content if c.type == "image"]
+    assert len(images) == 1 and images[0].mime_type == "image/png"
+    assert base64.b64decode(images[0].data).startswith(b"\x89PNG\r\n\x1a\n")
