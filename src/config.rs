@@ -73,6 +73,10 @@ impl Default for Sandbox {
     }
 }
 
+/// Where the working directory is inside every kernel, in both modes (the staging volume in
+/// strict mode, the bind-mounted project directory in project mode).
+pub const WORK_DIR: &str = "/work";
+
 /// Everything an [`Orchestrator`](crate::Orchestrator) needs, validated by [`Config::validate`].
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -116,6 +120,9 @@ pub struct Config {
     pub watchdog: Option<PathBuf>,
     /// Sweep leftovers of dead instances when the orchestrator starts.
     pub sweep_on_start: bool,
+    /// Cap on one file upload into a kernel (a file's bytes, or a tar archive's), in bytes;
+    /// past it the upload is refused and nothing is written.
+    pub max_upload_bytes: u64,
     /// Directory of the durable owner catalog (created if missing), so that the state lost
     /// by a restart of this process is reported to owners and generations keep counting.
     /// One process per directory. `None` (the default): no catalog, nothing survives.
@@ -144,6 +151,7 @@ impl Default for Config {
             watchdog: None,
             sweep_on_start: true,
             state_dir: None,
+            max_upload_bytes: crate::files::DEFAULT_MAX_UPLOAD_BYTES,
         }
     }
 }

@@ -28,6 +28,7 @@
 //! | `kernel` (crate-internal) | one kernel container (folder): spawn, reader task, one cell, stdin, the runner protocol |
 //! | [`catalog`] | the durable owner catalog (folder): rows and rules, memory and redb stores, the writer thread |
 //! | `registry` (crate-internal) | which kernel serves which key (folder): bookkeeping, caps and fair shares |
+//! | [`files`] | files in and out of a kernel: path checks, what the file operations return, their errors |
 //! | [`orchestrator`] | the front door (folder): [`Orchestrator::execute`], lifecycle verbs, shutdown |
 //! | [`server`] | the multi-tenant HTTP API behind `kernelbox serve` |
 //! | [`mcp`] | MCP (folder): tools over stdio (`kernelbox mcp`) and streamable HTTP (`/v1/mcp`) |
@@ -46,6 +47,7 @@ pub mod cell;
 pub mod clock;
 pub mod config;
 pub mod docker;
+pub mod files;
 pub(crate) mod histogram;
 pub mod image;
 pub mod instance;
@@ -65,9 +67,11 @@ pub use authority::{CellAuthority, FnDispatcher, RawToolCall, ToolCall, ToolDisp
 pub use cell::{CellResult, CellStatus, KernelInfo, LossReason, StateLost};
 pub use config::{Config, Sandbox, WorkMode};
 pub use docker::{BollardEngine, Engine, EngineError};
+pub use files::{Download, FileEntry, FilePath, Listing, TransferError, Written};
 pub use kernel::OutputSink;
 pub use orchestrator::{
-    AdmissionNotice, ExecuteError, ExecuteRequest, KernelSummary, Orchestrator, StartError,
+    AdmissionNotice, ExecuteError, ExecuteRequest, FileError, FileRequest, KernelSummary,
+    Orchestrator, StartError,
 };
 pub use registry::{Cap, TenantLimits, MAX_ATTACHED_PER_SLOT};
 pub use rich::{png_size, DisplaySink, RawJson, RichResult};

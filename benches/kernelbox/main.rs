@@ -187,6 +187,8 @@ async fn run_phases(b: &mut Bench) -> Result<()> {
     b.cold().await?;
     eprintln!("[bench] tool call round trip");
     b.tools().await?;
+    eprintln!("[bench] file transfers and docker cp floor");
+    b.files().await?;
     eprintln!("[bench] throughput");
     b.throughput().await?;
     eprintln!("[bench] density: {} idle kernels", b.args.density);

@@ -1,10 +1,12 @@
 //! Command-line verbs. Each verb resolves its configuration once, then calls the library.
 
 mod admin;
+mod cp;
 mod mcp;
 mod remote;
 mod repl;
 mod serve;
+mod transfer;
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -41,6 +43,9 @@ enum Command {
     /// A blank line ends a cell. Works interactively and piped:
     /// `printf 'x = 41\n\nprint(x + 1)\n' | kernelbox repl --session demo`.
     Repl(ReplArgs),
+    /// Copy files between here and a session's kernel on a server, like `docker cp`:
+    /// `kernelbox cp LOCAL SESSION:PATH` or `kernelbox cp SESSION:PATH LOCAL`.
+    Cp(cp::CpArgs),
     /// Build the kernel image (offline base bootstrap included when needed).
     Image {
         #[command(subcommand)]
@@ -116,6 +121,9 @@ pub struct KernelOpts {
     /// staging volume (strict mode).
     #[arg(long)]
     project: Option<PathBuf>,
+    /// Cap on one file upload into a kernel (e.g. 100m).
+    #[arg(long, env = "KERNELBOX_MAX_UPLOAD", default_value = "100m", value_parser = parse_bytes)]
+    max_upload: i64,
     /// Largest rich result (display) inline, as JSON (e.g. 5m); a larger one is saved to a
     /// file in the kernel's working directory and a note takes its place.
     #[arg(long, env = "KERNELBOX_DISPLAY_BYTES", default_value = "5m", value_parser = parse_bytes)]
@@ -148,6 +156,7 @@ impl KernelOpts {
             ..Config::default()
         };
         config.sandbox.memory_bytes = self.memory;
+        config.max_upload_bytes = u64::try_from(self.max_upload).unwrap_or(0);
         config.sandbox.nano_cpus = (self.cpus * 1e9) as i64;
         config.sandbox.pids_limit = self.pids;
         config.display_bundle_bytes = usize::try_from(self.display_bytes)?;
@@ -180,6 +189,8 @@ struct ExecArgs {
     #[arg(long, env = "KERNELBOX_TOKEN", hide_env_values = true)]
     token: Option<String>,
     #[command(flatten)]
+    files: FileOpts,
+    #[command(flatten)]
     kernel: KernelOpts,
     /// Python code to run; `-` reads it from standard input.
     code: String,
@@ -191,7 +202,38 @@ struct ReplArgs {
     #[arg(long, default_value = "default")]
     session: String,
     #[command(flatten)]
+    files: FileOpts,
+    #[command(flatten)]
     kernel: KernelOpts,
+}
+
+/// Files in before the first cell and out after the last, for local runs.
+#[derive(Debug, Args)]
+struct FileOpts {
+    /// Copy LOCAL (a file, or a directory's contents) into the kernel at PATH (default:
+    /// LOCAL's name) before the first cell (repeatable).
+    #[arg(long = "upload", value_name = "LOCAL[:PATH]")]
+    upload: Vec<String>,
+    /// Copy PATH (a file, or a directory) out of the kernel to LOCAL (default: PATH's name
+    /// here) after the last cell (repeatable).
+    #[arg(long = "download", value_name = "PATH[:LOCAL]")]
+    download: Vec<String>,
+}
+
+impl FileOpts {
+    async fn upload(&self, orchestrator: &Orchestrator, session: &str) -> anyhow::Result<()> {
+        for spec in &self.upload {
+            transfer::upload(orchestrator, session, spec).await?;
+        }
+        Ok(())
+    }
+
+    async fn download(&self, orchestrator: &Orchestrator, session: &str) -> anyhow::Result<()> {
+        for spec in &self.download {
+            transfer::download(orchestrator, session, spec).await?;
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Args)]
@@ -279,7 +321,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Exec(args) => exec(args).await,
         Command::Repl(args) => {
             let orchestrator = start(&args.kernel).await?;
-            let result = repl::run(&orchestrator, &args.session).await;
+            let result = async {
+                args.files.upload(&orchestrator, &args.session).await?;
+                let code = repl::run(&orchestrator, &args.session).await?;
+                args.files.download(&orchestrator, &args.session).await?;
+                anyhow::Ok(code)
+            }
+            .await;
             orchestrator.shutdown().await;
             result
         }
@@ -297,6 +345,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 Ok(ExitCode::SUCCESS)
             }
         },
+        Command::Cp(args) => cp::run(args).await,
         Command::Sweep(args) => sweep(args).await,
         Command::Ps(args) => admin::ps(&BollardEngine::connect().await?, args).await,
         Command::Inspect(args) => admin::inspect(&BollardEngine::connect().await?, args).await,
@@ -322,6 +371,15 @@ async fn exec(args: ExecArgs) -> anyhow::Result<ExitCode> {
         args.code.clone()
     };
     if let Some(url) = &args.url {
+        if !args.files.upload.is_empty() || !args.files.download.is_empty() {
+            return Err(Exit {
+                code: 2,
+                message:
+                    "--upload and --download are for local runs; with --url use `kernelbox cp`"
+                        .into(),
+            }
+            .into());
+        }
         return remote::exec(remote::Remote {
             url,
             token: args.token.as_deref(),
@@ -351,13 +409,21 @@ async fn exec(args: ExecArgs) -> anyhow::Result<ExitCode> {
             cancel.cancel();
         }
     });
-    let result = orchestrator.execute(request).await;
+    let result = async {
+        args.files.upload(&orchestrator, &args.session).await?;
+        let result = orchestrator.execute(request).await?;
+        // The result is printed even when a download fails.
+        let downloaded = args.files.download(&orchestrator, &args.session).await;
+        anyhow::Ok((result, downloaded))
+    }
+    .await;
     ctrl_c.abort();
     orchestrator.shutdown().await;
-    let result = result?;
+    let (result, downloaded) = result?;
     let mut out = std::io::stdout().lock();
     serde_json::to_writer_pretty(&mut out, &result)?;
     writeln!(out)?;
+    downloaded?;
     Ok(if result.status == CellStatus::Success {
         ExitCode::SUCCESS
     } else {

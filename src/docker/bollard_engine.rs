@@ -20,8 +20,8 @@ use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 
 use super::{
-    Attached, Chunk, ContainerInfo, ContainerSpec, Engine, EngineError, EngineEvent, Mount,
-    TmpfsVolume, VolumeInfo,
+    Attached, Chunk, ContainerInfo, ContainerSpec, Engine, EngineError, EngineEvent, ExecSpec,
+    Mount, TmpfsVolume, VolumeInfo,
 };
 
 /// The real engine. Cheap to clone; make one per tokio runtime.
@@ -379,6 +379,58 @@ impl Engine for BollardEngine {
             .upload_to_container(id, Some(options), bollard::body_full(tar))
             .await
             .map_err(|e| map_err("upload", id, e))
+    }
+
+    async fn exec(&self, id: &str, spec: &ExecSpec) -> Result<Attached, EngineError> {
+        let options = bollard::exec::CreateExecOptions {
+            attach_stdin: Some(true),
+            attach_stdout: Some(true),
+            attach_stderr: Some(true),
+            tty: Some(false),
+            cmd: Some(spec.cmd.clone()),
+            env: Some(spec.env.clone()),
+            user: Some(spec.user.clone()),
+            working_dir: Some(spec.working_dir.clone()),
+            ..Default::default()
+        };
+        let created = self
+            .docker
+            .create_exec(id, options)
+            .await
+            .map_err(|e| map_err("exec create", id, e))?;
+        let started = self
+            .docker
+            .start_exec(
+                &created.id,
+                Some(bollard::exec::StartExecOptions {
+                    detach: false,
+                    tty: false,
+                    output_capacity: Some(64 * 1024),
+                }),
+            )
+            .await
+            .map_err(|e| map_err("exec start", id, e))?;
+        let bollard::exec::StartExecResults::Attached { output, input } = started else {
+            return Err(EngineError::Other {
+                op: "exec start",
+                target: id.to_string(),
+                message: "the engine started the exec detached".into(),
+            });
+        };
+        let target = id.to_string();
+        let output = output
+            .try_filter_map(|item| async move {
+                Ok(match item {
+                    LogOutput::StdOut { message } | LogOutput::Console { message } => {
+                        Some(Chunk::Stdout(message))
+                    }
+                    LogOutput::StdErr { message } => Some(Chunk::Stderr(message)),
+                    LogOutput::StdIn { .. } => None,
+                })
+            })
+            .map_err(move |e| map_err("exec stream", &target, e))
+            .boxed();
+        Ok(Attached { output, input })
     }
 
     fn events(

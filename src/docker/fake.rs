@@ -18,7 +18,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Attached, Chunk, ContainerInfo, ContainerSpec, Engine, EngineError, EngineEvent, VolumeInfo,
+    Attached, Chunk, ContainerInfo, ContainerSpec, Engine, EngineError, EngineEvent, ExecSpec,
+    VolumeInfo,
 };
 
 /// The runner protocol version the fake's containers speak. The fake sits below the kernel
@@ -287,6 +288,16 @@ impl Engine for FakeEngine {
 
     async fn upload(&self, _id: &str, _dir: &str, _tar: Bytes) -> Result<(), EngineError> {
         Ok(())
+    }
+
+    async fn exec(&self, id: &str, _spec: &ExecSpec) -> Result<Attached, EngineError> {
+        // The fake has no file system: file operations are tested against the real engine.
+        Err(EngineError::Api {
+            op: "exec",
+            target: id.to_string(),
+            status: 501,
+            message: "the fake engine runs no processes in containers".into(),
+        })
     }
 
     fn events(

@@ -134,6 +134,19 @@ pub struct Attached {
     pub input: Pin<Box<dyn AsyncWrite + Send>>,
 }
 
+/// A process to run inside a running container ([`Engine::exec`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecSpec {
+    /// Command line.
+    pub cmd: Vec<String>,
+    /// `uid:gid` it runs as.
+    pub user: String,
+    /// Its working directory.
+    pub working_dir: String,
+    /// Environment added to the container's, `KEY=value`.
+    pub env: Vec<String>,
+}
+
 /// A memory-backed volume: bounded in size, charged to the kernel's memory, owned by the
 /// kernel's user whatever the image, and never written to the host's disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -217,6 +230,10 @@ pub trait Engine: Send + Sync + 'static {
     async fn list_containers(&self, labels: &[String]) -> Result<Vec<ContainerInfo>, EngineError>;
     /// Extracts a tar archive into `dir` of a container (a volume path, before or after start).
     async fn upload(&self, id: &str, dir: &str, tar: Bytes) -> Result<(), EngineError>;
+    /// Runs a process inside a running container, attached to its stdin, stdout and stderr
+    /// (no TTY, so the two output streams stay apart). The process lives in the container's
+    /// namespaces and cgroup, under its limits; the output ends when it exits.
+    async fn exec(&self, id: &str, spec: &ExecSpec) -> Result<Attached, EngineError>;
     /// Container events matching every label filter, replayed from `since` (Unix seconds)
     /// when given; ends when the engine goes away.
     fn events(

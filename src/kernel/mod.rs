@@ -12,6 +12,7 @@
 //! | `spawn.rs` | create the volume and container, attach, start, wait for `ready` |
 //! | `run.rs` | one cell: [`Kernel::run_cell`], tool-call dispatch, the [`CellOutcome`] |
 //! | `reader.rs` | the attach-stream reader task: output and frames to the cell, deaths told apart |
+//! | `files.rs` | the file transport: `runner/file_helper.py` run in the container by exec, streamed |
 //! | `staging.rs` | files written into the kernel's staging volume (output spills) |
 //! | `stdin.rs` | the kernel's stdin: frames written inline when the pipe takes them, else by a task |
 //! | `display.rs` | a cell's displays: assembled from their pieces under the caps, as [`RichResult`](crate::RichResult)s |
@@ -20,6 +21,7 @@
 //! | `protocol_tests.rs` | unit tests of `protocol.rs` |
 
 mod display;
+mod files;
 mod reader;
 mod run;
 mod scanner;
@@ -52,8 +54,7 @@ use stdin::{Stdin, MAX_STDIN_BACKLOG};
 
 pub use spawn::SpawnRequest;
 
-/// Where the working directory is inside every kernel.
-pub const WORK_DIR: &str = "/work";
+pub use crate::config::WORK_DIR;
 /// Where the staging volume is mounted in project mode (in strict mode it is the work dir).
 pub const STAGING_DIR_PROJECT: &str = "/kernelbox";
 

@@ -269,7 +269,7 @@ impl Orchestrator {
         }
     }
 
-    async fn acquire(
+    pub(super) async fn acquire(
         &self,
         key: &KernelKey,
         reset: bool,
@@ -421,18 +421,18 @@ impl Orchestrator {
     }
 }
 
-struct Lease {
-    slot: Arc<Slot>,
+pub(super) struct Lease {
+    pub(super) slot: Arc<Slot>,
     kernel: Arc<Kernel>,
     reused: bool,
     state_reset: bool,
     state_lost: Option<crate::cell::StateLost>,
     /// Answers once the catalog holds this new kernel's start.
-    started: Option<crate::catalog::Durable>,
+    pub(super) started: Option<crate::catalog::Durable>,
 }
 
 /// How long a cold start waits for the catalog to confirm it (it writes during the cell).
-const CATALOG_WAIT: Duration = Duration::from_secs(1);
+pub(super) const CATALOG_WAIT: Duration = Duration::from_secs(1);
 
 /// The error of a cell interrupted while it waited for earlier cells of its session.
 const INTERRUPTED_BEFORE_IT_RAN: &str =

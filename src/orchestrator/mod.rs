@@ -7,17 +7,20 @@
 //! | `mod.rs` | [`Orchestrator`] and its shared `Inner`, `start` (restore, sweep, monitor, reaper, watchdog), accessors, stats |
 //! | `request.rs` | what callers hand in and get back: [`ExecuteRequest`], errors, [`KernelSummary`], [`Stats`] |
 //! | `execute.rs` | one execute: acquire a kernel (spawn or reuse), run the cell, build the [`CellResult`](crate::CellResult) |
+//! | `files.rs` | files in and out of an owner's kernel: write, read, list, remove ([`FileRequest`]) |
 //! | `lifecycle.rs` | interrupt, clear, evict, release a child, list, reap, sweeps |
 //! | `shutdown.rs` | the graceful stop: refuse new work, drain, remove every kernel |
 //! | `tests.rs` | unit tests against the fake engine in paused time |
 
 mod execute;
+mod files;
 mod lifecycle;
 mod request;
 mod shutdown;
 #[cfg(test)]
 mod tests;
 
+pub use files::{FileError, FileRequest};
 pub use request::{
     AdmissionNotice, ExecuteError, ExecuteRequest, KernelSummary, StartError, StartStats, Stats,
     START_BUCKETS,

@@ -21,10 +21,12 @@
 //! | file | what |
 //! |---|---|
 //! | `mod.rs` | [`Registry`], [`Slot`], attach/release/forget, idle reaping, losses and generations |
+//! | `live.rs` | attach to an owner's live kernel without starting one (file transfers) |
 //! | `admission.rs` | the two caps and fair shares: which idle kernel goes to admit a new one |
 //! | `tests.rs` | unit tests |
 
 mod admission;
+mod live;
 
 pub use admission::{AtCapacity, Cap, EvictionCounts, Refusal, TenantLimits};
 

@@ -5,7 +5,9 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 use crate::config::InvalidTimeout;
+use crate::files::TransferError;
 use crate::orchestrator::ExecuteError;
+use crate::orchestrator::FileError;
 
 /// An error response.
 #[derive(Debug, Clone)]
@@ -95,6 +97,47 @@ impl From<ExecuteError> for ApiError {
             },
             ExecuteError::Internal(_) => {
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+            }
+        }
+    }
+}
+
+impl From<FileError> for ApiError {
+    fn from(e: FileError) -> ApiError {
+        match e {
+            FileError::Transfer(e) => e.into(),
+            FileError::NoKernel { .. } => {
+                ApiError::new(StatusCode::NOT_FOUND, "no_kernel", e.to_string())
+            }
+            FileError::Execute(e) => e.into(),
+        }
+    }
+}
+
+impl From<TransferError> for ApiError {
+    fn from(e: TransferError) -> ApiError {
+        let message = e.to_string();
+        match e {
+            TransferError::InvalidPath { .. } => ApiError::bad_request("invalid_path", message),
+            TransferError::Refused { code, .. } => ApiError::bad_request(code, message),
+            TransferError::NotFound(_) => ApiError::not_found(message),
+            TransferError::TooLarge { .. } => {
+                ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "file_too_large", message)
+            }
+            TransferError::NoSpace => {
+                ApiError::new(StatusCode::INSUFFICIENT_STORAGE, "no_space", message)
+            }
+            TransferError::Body(_) => ApiError::bad_request("invalid_body", message),
+            TransferError::Stalled(_) => {
+                ApiError::new(StatusCode::GATEWAY_TIMEOUT, "transfer_stalled", message)
+            }
+            TransferError::Engine(_) => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "engine_unavailable",
+                message,
+            ),
+            TransferError::Helper(_) => {
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "file_helper", message)
             }
         }
     }

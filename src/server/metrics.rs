@@ -37,8 +37,21 @@ pub const REJECTIONS: [&str; 7] = [
     "mcp_sessions",
 ];
 
+/// Which way file bytes went (`kernelbox_file_bytes_total{direction}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// Into a kernel.
+    Upload = 0,
+    /// Out of a kernel.
+    Download = 1,
+}
+
+/// Label values of [`Direction`], by index.
+const DIRECTIONS: [&str; 2] = ["upload", "download"];
+
 /// The server's counters.
 pub struct Metrics {
+    file_bytes: [AtomicU64; 2],
     cells: Mutex<[Histogram; 4]>,
     kernel_starts: AtomicU64,
     state_lost: [AtomicU64; LossReason::ALL.len()],
@@ -50,6 +63,7 @@ pub struct Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Metrics {
+            file_bytes: Default::default(),
             cells: Mutex::new(std::array::from_fn(|_| Histogram::new(&BUCKETS))),
             kernel_starts: AtomicU64::default(),
             state_lost: Default::default(),
@@ -84,6 +98,11 @@ impl Metrics {
     /// Records a tool call's outcome (`ok` or `error`).
     pub fn tool_call(&self, ok: bool) {
         self.tool_calls[usize::from(!ok)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts file bytes streamed through the API.
+    pub fn file_bytes(&self, direction: Direction, n: usize) {
+        self.file_bytes[direction as usize].fetch_add(n as u64, Ordering::Relaxed);
     }
 
     /// Records a rejected request (one of [`REJECTIONS`]).
@@ -206,6 +225,18 @@ impl Metrics {
                 n.load(Ordering::Relaxed)
             )?;
         }
+        writeln!(
+            out,
+            "# HELP kernelbox_file_bytes_total File bytes streamed into (upload) and out of (download) kernels."
+        )?;
+        writeln!(out, "# TYPE kernelbox_file_bytes_total counter")?;
+        for (direction, n) in DIRECTIONS.iter().zip(self.file_bytes.iter()) {
+            writeln!(
+                out,
+                "kernelbox_file_bytes_total{{direction=\"{direction}\"}} {}",
+                n.load(Ordering::Relaxed)
+            )?;
+        }
         Ok(())
     }
 }
@@ -302,5 +333,6 @@ mod tests {
         assert!(text.contains("kernelbox_tenant_evictions_total 0"));
         assert!(text.contains("kernelbox_host_cap_evictions_total{victim=\"other_tenant\"} 0"));
         assert!(text.contains("kernelbox_catalog_write_failures_total 0"));
+        assert!(text.contains("kernelbox_file_bytes_total{direction=\"download\"} 0"));
     }
 }

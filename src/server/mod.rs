@@ -6,6 +6,7 @@
 //! | `POST /v1/sessions/{session}/interrupt` | interrupt the session's running cells |
 //! | `DELETE /v1/sessions/{session}` | clear the session's kernels |
 //! | `DELETE /v1/sessions/{session}/children/{child}` | release a delegated child |
+//! | `PUT`, `GET`, `DELETE /v1/sessions/{session}/files/{path}` | files in and out of the session's kernel (`GET`/`PUT .../files` for its working directory) |
 //! | `GET /v1/kernels` | the caller's tenant's kernels |
 //! | `POST`/`GET`/`DELETE /v1/mcp` | MCP over streamable HTTP (`crate::mcp`, README "MCP") |
 //! | `GET /healthz`, `GET /metrics`, `GET /openapi.json` | no authentication |
@@ -36,7 +37,7 @@ use tokio_util::task::TaskTracker;
 
 pub use error::ApiError;
 pub use listen::Limits;
-pub use metrics::Metrics;
+pub use metrics::{Direction, Metrics};
 pub use tenants::{Tenant, Tenants, TenantsError, ToolsConfig};
 pub use tools::CELL_TOKEN_HEADER;
 
@@ -53,6 +54,11 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/sessions/{session}/interrupt"),
     ("DELETE", "/v1/sessions/{session}"),
     ("DELETE", "/v1/sessions/{session}/children/{child}"),
+    ("PUT", "/v1/sessions/{session}/files/{path}"),
+    ("GET", "/v1/sessions/{session}/files/{path}"),
+    ("DELETE", "/v1/sessions/{session}/files/{path}"),
+    ("PUT", "/v1/sessions/{session}/files"),
+    ("GET", "/v1/sessions/{session}/files"),
     ("GET", "/v1/kernels"),
     ("POST", "/v1/mcp"),
     ("GET", "/v1/mcp"),

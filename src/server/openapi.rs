@@ -8,6 +8,89 @@ use serde_json::{json, Value};
 use crate::cell::CellResult;
 use crate::orchestrator::KernelSummary;
 
+/// The `/files` routes, described in [`files_paths`].
+fn file_param() -> Value {
+    json!({
+        "name": "path", "in": "path", "required": true,
+        "description": "Relative to the kernel's working directory (/work). Absolute paths, `.`/`..` components and any symlink on the way (or, for GET, as the last component) are refused with 400.",
+        "schema": {"type": "string"}
+    })
+}
+
+fn child_query() -> Value {
+    json!({
+        "name": "child", "in": "query", "required": false,
+        "description": "A delegated child of the session: its kernel is meant.",
+        "schema": {"type": "string", "pattern": "^[A-Za-z0-9._@:-]{1,128}$"}
+    })
+}
+
+fn files_paths(auth_errors: &Value) -> Value {
+    let common = with(
+        auth_errors,
+        json!({
+            "400": error_response("`invalid_path`: absolute, `..` or too long; `symlink` / `not_a_directory`: a symlink (e.g. one a cell planted) or a non-directory on the way; `is_a_directory`, `not_a_file`; `tar_member_refused` (a link, device, absolute or `..` member: the whole archive is refused), `invalid_tar`; `invalid_name`: bad session or child name."),
+            "404": error_response("`no_kernel`: the session (or child) has no live kernel, or belongs to another tenant; files live and die with the kernel. `not_found`: nothing at that path."),
+            "503": error_response("The Docker engine failed or the server is shutting down."),
+        }),
+    );
+    let written = json!({"201": {"description": "Written (parents created, written to a temporary name then renamed). For a tar: `files` extracted, `size` their bytes.", "content": {"application/json": {"schema": {
+        "type": "object", "required": ["path", "size"],
+        "properties": {"path": {"type": "string", "description": "/work/<path>"}, "size": {"type": "integer"}, "files": {"type": "integer"}}
+    }}}}});
+    let put_errors = json!({
+        "413": error_response("`file_too_large`: over the upload cap (100 MiB by default, `--max-upload`); nothing was written."),
+        "429": error_response("A new kernel would pass a cap (`at_capacity`), or the kernel has 8 calls attached (`session_busy`)."),
+        "507": error_response("`no_space`: the kernel's working directory is full; nothing was written."),
+    });
+    let read = json!({"200": {
+        "description": "A file's bytes (`Content-Length` set, streamed); a directory's listing; with `Accept: application/x-tar`, a directory as a tar stream (regular files, directories, symlinks as links).",
+        "content": {
+            "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+            "application/json": {"schema": {"$ref": "#/components/schemas/Listing"}},
+            "application/x-tar": {"schema": {"type": "string", "format": "binary"}}
+        }
+    }});
+    let body = json!({"required": true, "content": {
+        "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+        "application/x-tar": {"schema": {"type": "string", "format": "binary"}, "description": "Extracted into the directory at the path (regular files and directories only)."}
+    }});
+    let accept = json!({"name": "Accept", "in": "header", "required": false, "description": "`application/x-tar` streams a directory as a tar.", "schema": {"type": "string"}});
+    json!({
+        "/v1/sessions/{session}/files/{path}": {
+            "put": {
+                "summary": "Upload a file (streamed); `Content-Type: application/x-tar` extracts an archive into the directory at the path. Starts the session's kernel when it has none.",
+                "parameters": [session_param(), file_param(), child_query()],
+                "requestBody": body,
+                "responses": with(&with(&common, put_errors.clone()), written.clone())
+            },
+            "get": {
+                "summary": "Download a file, list a directory, or stream a directory as a tar.",
+                "parameters": [session_param(), file_param(), child_query(), accept],
+                "responses": with(&common, read.clone())
+            },
+            "delete": {
+                "summary": "Remove a file or a directory tree (a symlink itself, never its target).",
+                "parameters": [session_param(), file_param(), child_query()],
+                "responses": with(&common, json!({"200": {"description": "Removed.", "content": {"application/json": {"schema": {"type": "object", "properties": {"deleted": {"type": "string"}}}}}}}))
+            }
+        },
+        "/v1/sessions/{session}/files": {
+            "put": {
+                "summary": "Extract a tar (`Content-Type: application/x-tar`) into the working directory.",
+                "parameters": [session_param(), child_query()],
+                "requestBody": body,
+                "responses": with(&with(&common, put_errors), written)
+            },
+            "get": {
+                "summary": "List the working directory, or stream it as a tar.",
+                "parameters": [session_param(), child_query(), accept],
+                "responses": with(&common, read)
+            }
+        }
+    })
+}
+
 /// JSON Schemas of the types the API returns, generated from the Rust types, keyed by name
 /// and referencing each other under `#/components/schemas/`.
 pub fn generated_schemas() -> serde_json::Map<String, Value> {
@@ -105,6 +188,21 @@ pub fn spec() -> Value {
                             "event": {"const": "error"}, "error": {"$ref": "#/components/schemas/Error/properties/error"}}}
                     ]
                 },
+                "Listing": {
+                    "type": "object", "required": ["entries", "truncated"],
+                    "properties": {
+                        "entries": {"type": "array", "items": {
+                            "type": "object", "required": ["name", "kind", "size", "modified"],
+                            "properties": {
+                                "name": {"type": "string"},
+                                "kind": {"enum": ["file", "dir", "symlink", "other"]},
+                                "size": {"type": "integer"},
+                                "modified": {"type": "string", "format": "date-time"}
+                            }
+                        }},
+                        "truncated": {"type": "boolean", "description": "More than 10,000 entries: the first 10,000 by directory order, sorted."}
+                    }
+                },
                 "Count": {
                     "type": "object",
                     "properties": {
@@ -193,6 +291,11 @@ pub fn spec() -> Value {
             }
         }
     });
+    if let Some(paths) = spec["paths"].as_object_mut() {
+        if let Some(files) = files_paths(&auth_errors).as_object() {
+            paths.extend(files.clone());
+        }
+    }
     if let Some(schemas) = spec["components"]["schemas"].as_object_mut() {
         schemas.extend(generated_schemas());
     }
@@ -268,9 +371,10 @@ mod tests {
         for (method, path) in super::super::ROUTES {
             let op = &spec["paths"][path][method.to_ascii_lowercase()];
             assert!(op.is_object(), "{method} {path} missing from the spec");
+            let success = if *method == "PUT" { "201" } else { "200" };
             assert!(
-                op["responses"]["200"].is_object(),
-                "{method} {path} has no 200"
+                op["responses"][success].is_object(),
+                "{method} {path} has no {success}"
             );
         }
         let paths = spec["paths"].as_object().map(|p| p.len()).unwrap_or(0);

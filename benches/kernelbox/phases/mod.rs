@@ -6,6 +6,7 @@
 //! - `http.rs`: the warm cell through the HTTP API on loopback, on an in-process server.
 //! - `cold.rs`: the first cell of a new owner, against `docker run --rm`, split by Docker
 //!   events.
+//! - `files.rs`: file upload and download throughput over HTTP against `docker cp`.
 //! - `tools.rs`: a no-op tool call from inside a cell, timed in Python.
 //! - `throughput.rs`: many owners times many cells concurrently.
 //! - `density.rs`: N idle kernels: start time, host memory against idle containers, cgroup
@@ -16,6 +17,7 @@
 mod cold;
 mod density;
 mod fake;
+mod files;
 mod http;
 mod jupyter;
 mod throughput;

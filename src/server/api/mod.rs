@@ -3,9 +3,11 @@
 //! | file | what |
 //! |---|---|
 //! | `mod.rs` | the router, authentication, body and name checks, the handlers |
+//! | `files.rs` | files in and out of a session's kernel: PUT, GET (file, listing, tar), DELETE |
 //! | `stream.rs` | a streaming (NDJSON) execute: output events under a backlog cap, then the result |
 //! | `tests.rs` | unit tests |
 
+mod files;
 mod stream;
 
 use stream::stream_execute;
@@ -49,6 +51,16 @@ pub(super) fn router(state: AppState, with_metrics: bool) -> Router {
         .route(
             "/v1/sessions/{session}/children/{child}",
             delete(release_child),
+        )
+        .route(
+            "/v1/sessions/{session}/files/{*path}",
+            get(files::get_file)
+                .put(files::put_file)
+                .delete(files::delete_file),
+        )
+        .route(
+            "/v1/sessions/{session}/files",
+            get(files::get_root).put(files::put_root),
         )
         .route("/v1/kernels", get(kernels))
         .route("/v1/mcp", mcp_routes(&state))

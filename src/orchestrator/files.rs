@@ -1,0 +1,252 @@
+//! Files in and out of an owner's kernel: write (from a byte stream, a file or a tar),
+//! read (to a byte stream, a listing or a tar), list and remove. An upload to an owner with
+//! no live kernel starts one through the same acquire path as an execute (so the registry's
+//! caps and fair shares apply); every other operation needs a live kernel. Each operation
+//! holds its kernel as a cell does (never reaped mid-transfer; its last use is touched) and
+//! runs beside a running cell. The transport is in `kernel/files.rs`.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use futures::StreamExt;
+
+use super::{ExecuteError, Orchestrator};
+use crate::files::{ByteStream, Download, FilePath, Listing, TransferError, Written};
+use crate::kernel::Kernel;
+use crate::owner::{KernelKey, Owner};
+use crate::registry::{Refusal, Slot, TenantLimits};
+
+/// A file operation that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    /// The path, the content or the transfer failed (see [`TransferError`]).
+    #[error(transparent)]
+    Transfer(#[from] TransferError),
+    /// The owner has no live kernel (files live and die with it).
+    #[error("{owner} has no live kernel (files live and die with the session's kernel)")]
+    NoKernel {
+        /// The owner.
+        owner: String,
+    },
+    /// Getting a kernel for an upload failed (names, caps, shutdown, spawn).
+    #[error(transparent)]
+    Execute(#[from] ExecuteError),
+}
+
+fn refused(code: &'static str, message: String) -> FileError {
+    FileError::Transfer(TransferError::Refused { code, message })
+}
+
+/// Whose kernel a file operation addresses, as an [`ExecuteRequest`](super::ExecuteRequest)
+/// names it.
+#[derive(Debug, Clone, Default)]
+pub struct FileRequest {
+    /// Tenant (library callers may leave it to the configured default).
+    pub tenant: Option<String>,
+    /// The session.
+    pub session: String,
+    /// A delegated child of the session, when its kernel is meant.
+    pub child: Option<String>,
+    /// Tools of a kernel an upload starts (as for an execute without `tools`).
+    pub tools: BTreeSet<String>,
+    /// The tenant's caps, for a kernel an upload starts.
+    pub tenant_limits: TenantLimits,
+}
+
+impl FileRequest {
+    /// A request for a session's own kernel under the default tenant.
+    pub fn session(session: impl Into<String>) -> FileRequest {
+        FileRequest {
+            session: session.into(),
+            ..FileRequest::default()
+        }
+    }
+}
+
+/// A kernel held for a file operation; released (its last use touched) when dropped.
+struct Hold {
+    orchestrator: Orchestrator,
+    slot: Arc<Slot>,
+}
+
+impl Hold {
+    fn kernel(&self) -> Result<Arc<Kernel>, FileError> {
+        self.slot
+            .kernel
+            .get()
+            .cloned()
+            .ok_or_else(|| FileError::NoKernel {
+                owner: self.slot.key.owner.to_string(),
+            })
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        if self.orchestrator.inner.registry.release(&self.slot) {
+            // Cleared while the transfer ran: the last one out disposes of the kernel.
+            let orchestrator = self.orchestrator.clone();
+            let slot = self.slot.clone();
+            self.orchestrator
+                .inner
+                .tracker
+                .spawn(async move { orchestrator.dispose_slots(vec![slot]).await });
+        }
+    }
+}
+
+impl Orchestrator {
+    fn file_owner(&self, request: &FileRequest) -> Result<Owner, FileError> {
+        self.owner_of(
+            request.tenant.as_deref(),
+            &request.session,
+            request.child.as_deref(),
+        )
+        .map_err(|e| FileError::Execute(ExecuteError::Name(e)))
+    }
+
+    /// Holds the owner's live kernel; [`FileError::NoKernel`] when it has none.
+    fn hold_live(&self, owner: &Owner) -> Result<Hold, FileError> {
+        if self.inner.cancel.is_cancelled() {
+            return Err(ExecuteError::ShuttingDown.into());
+        }
+        match self.inner.registry.attach_live(owner) {
+            Ok(Some(slot)) => Ok(Hold {
+                orchestrator: self.clone(),
+                slot,
+            }),
+            Ok(None) => Err(FileError::NoKernel {
+                owner: owner.to_string(),
+            }),
+            Err(Refusal::Busy { owner, max }) => {
+                Err(ExecuteError::SessionBusy { owner, max }.into())
+            }
+            Err(Refusal::AtCapacity(_)) => Err(FileError::Transfer(TransferError::Helper(
+                "unexpected refusal".into(),
+            ))),
+        }
+    }
+
+    /// Holds the owner's live kernel, starting one (as an execute would) when it has none.
+    async fn hold_or_start(&self, request: &FileRequest, owner: &Owner) -> Result<Hold, FileError> {
+        match self.hold_live(owner) {
+            Err(FileError::NoKernel { .. }) => {}
+            other => return other,
+        }
+        let key = KernelKey {
+            owner: owner.clone(),
+            mode: self.inner.config.mode.clone(),
+            image: self.inner.config.image.clone(),
+            tools: request.tools.clone(),
+        };
+        let mut lease = self
+            .acquire(&key, false, request.tenant_limits, None)
+            .await?;
+        if let Some(durable) = lease.started.take() {
+            // As for a cold start by an execute: a caller who saw this kernel is told about
+            // a later restart.
+            let _ = tokio::time::timeout(super::execute::CATALOG_WAIT, durable).await;
+        }
+        Ok(Hold {
+            orchestrator: self.clone(),
+            slot: lease.slot.clone(),
+        })
+    }
+
+    /// Writes `body` to `path` in the owner's kernel (parents created), starting the kernel
+    /// when it has none; with `tar`, `path` is a directory and `body` a tar archive of regular
+    /// files and directories extracted there. Capped at `Config::max_upload_bytes`; on any
+    /// failure nothing is left.
+    pub async fn write_file(
+        &self,
+        request: &FileRequest,
+        path: &str,
+        tar: bool,
+        body: ByteStream,
+    ) -> Result<Written, FileError> {
+        let path = FilePath::parse(path)?;
+        if !tar && path.is_root() {
+            return Err(refused(
+                "is_a_directory",
+                "the working directory itself is a directory".into(),
+            ));
+        }
+        let owner = self.file_owner(request)?;
+        let hold = self.hold_or_start(request, &owner).await?;
+        let kernel = hold.kernel()?;
+        let cap = self.inner.config.max_upload_bytes;
+        // Runs to its end even if the caller goes away (a client cut mid-body): the helper
+        // confirms its clean-up before the kernel is released.
+        crate::adopt::run_adopted(&self.inner.tracker, async move {
+            let written = kernel.write_file(&path, tar, body, cap).await;
+            drop(hold);
+            written
+        })
+        .await
+        .unwrap_or_else(|panic| {
+            Err(TransferError::Helper(format!(
+                "the upload task failed: {panic}"
+            )))
+        })
+        .map_err(FileError::from)
+    }
+
+    /// Reads `path` in the owner's live kernel: a file's bytes, a directory's listing, or
+    /// with `tar` a directory as a tar stream. The kernel is held until the stream ends or
+    /// is dropped.
+    pub async fn read_file(
+        &self,
+        request: &FileRequest,
+        path: &str,
+        tar: bool,
+    ) -> Result<Download, FileError> {
+        let path = FilePath::parse(path)?;
+        let owner = self.file_owner(request)?;
+        let hold = self.hold_live(&owner)?;
+        let kernel = hold.kernel()?;
+        let held = |body: crate::files::DownloadStream| {
+            body.map(move |chunk| {
+                let _ = &hold;
+                chunk
+            })
+            .boxed()
+        };
+        Ok(match kernel.read_file(&path, tar).await? {
+            Download::File { size, body } => Download::File {
+                size,
+                body: held(body),
+            },
+            Download::Tar { body } => Download::Tar { body: held(body) },
+            dir => dir,
+        })
+    }
+
+    /// Lists a directory of the owner's live kernel.
+    pub async fn list_files(
+        &self,
+        request: &FileRequest,
+        path: &str,
+    ) -> Result<Listing, FileError> {
+        match self.read_file(request, path, false).await? {
+            Download::Dir(listing) => Ok(listing),
+            _ => Err(refused(
+                "not_a_directory",
+                format!("{path} is not a directory"),
+            )),
+        }
+    }
+
+    /// Removes a file or a directory tree from the owner's live kernel.
+    pub async fn remove_file(&self, request: &FileRequest, path: &str) -> Result<(), FileError> {
+        let path = FilePath::parse(path)?;
+        if path.is_root() {
+            return Err(refused(
+                "invalid_path",
+                "the working directory itself cannot be removed".into(),
+            ));
+        }
+        let owner = self.file_owner(request)?;
+        let hold = self.hold_live(&owner)?;
+        Ok(hold.kernel()?.remove_file(&path).await?)
+    }
+}

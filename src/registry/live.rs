@@ -1,0 +1,41 @@
+//! Attaching to an owner's live kernel without ever starting one: file transfers hold the
+//! kernel like a cell does, but only a kernel that is already up.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
+use super::{Refusal, Registry, Slot, MAX_ATTACHED_PER_SLOT};
+use crate::owner::Owner;
+
+impl Registry {
+    /// Attaches a call to the owner's live kernel, whatever its key's tools (the most
+    /// recently used when it has several); `None` when it has none (no slot, or one whose
+    /// kernel is still starting or dead). The attach holds the kernel like a cell does: the
+    /// reaper leaves it alone until [`Registry::release`], which touches its last use. A slot
+    /// with [`MAX_ATTACHED_PER_SLOT`] calls refuses one more.
+    pub fn attach_live(&self, owner: &Owner) -> Result<Option<Arc<Slot>>, Refusal> {
+        let inner = self.lock();
+        if inner.closed {
+            return Ok(None);
+        }
+        let slot = inner
+            .slots
+            .values()
+            .filter(|s| &s.key.owner == owner)
+            .filter(|s| s.kernel.get().is_some_and(|k| k.is_alive()))
+            .max_by_key(|s| s.last_used())
+            .cloned();
+        let Some(slot) = slot else { return Ok(None) };
+        if slot.attached() >= MAX_ATTACHED_PER_SLOT {
+            return Err(Refusal::Busy {
+                owner: owner.to_string(),
+                max: MAX_ATTACHED_PER_SLOT,
+            });
+        }
+        slot.attached.fetch_add(1, Ordering::AcqRel);
+        *slot.last_used.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+        Ok(Some(slot))
+    }
+}

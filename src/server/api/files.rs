@@ -1,0 +1,225 @@
+//! `/v1/sessions/{session}/files[/{path}]`: files in and out of a session's kernel, streamed
+//! both ways (README "Files in and out of a kernel"). `PUT` writes (a tar with
+//! `Content-Type: application/x-tar` extracts into a directory), `GET` reads (a directory is
+//! listed, or with `Accept: application/x-tar` streamed as a tar), `DELETE` removes;
+//! `?child=NAME` addresses a delegated child's kernel.
+
+use axum::body::Body;
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures::{StreamExt, TryStreamExt};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::{invalid, name, path_error, Caller};
+use crate::files::Download;
+use crate::orchestrator::FileRequest;
+use crate::server::error::ApiError;
+use crate::server::metrics::Direction;
+use crate::server::tenants::Tenant;
+use crate::server::AppState;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct FileQuery {
+    #[serde(default)]
+    child: Option<String>,
+}
+
+/// The session and path of a request, checked; `path` is `""` for the working directory.
+type Target = (String, String);
+
+fn target(state: &AppState, path: Result<Path<Target>, PathRejection>) -> Result<Target, ApiError> {
+    let Path((session, path)) = path.map_err(|e| invalid(state, path_error(e)))?;
+    name("session", &session).map_err(|e| invalid(state, e))?;
+    Ok((session, path))
+}
+
+fn root_target(
+    state: &AppState,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<Target, ApiError> {
+    let session = super::one_name(state, path)?;
+    Ok((session, String::new()))
+}
+
+fn request(
+    state: &AppState,
+    tenant: &Tenant,
+    session: String,
+    query: Result<Query<FileQuery>, QueryRejection>,
+) -> Result<FileRequest, ApiError> {
+    let Query(query) =
+        query.map_err(|e| invalid(state, ApiError::bad_request("invalid_query", e.body_text())))?;
+    if let Some(child) = &query.child {
+        name("child", child).map_err(|e| invalid(state, e))?;
+    }
+    if state.is_draining() {
+        return Err(ApiError::shutting_down());
+    }
+    Ok(FileRequest {
+        tenant: Some(tenant.name.clone()),
+        session,
+        child: query.child,
+        tools: tenant
+            .tools
+            .as_ref()
+            .map(|t| t.allow.clone())
+            .unwrap_or_default(),
+        tenant_limits: tenant.limits(),
+    })
+}
+
+fn header_says(headers: &HeaderMap, name: header::HeaderName, what: &str) -> bool {
+    headers
+        .get_all(name)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.to_ascii_lowercase().contains(what))
+}
+
+pub(super) async fn put_file(
+    State(state): State<AppState>,
+    Caller(tenant): Caller,
+    path: Result<Path<Target>, PathRejection>,
+    query: Result<Query<FileQuery>, QueryRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let target = target(&state, path)?;
+    put(state, tenant, target, query, headers, body).await
+}
+
+pub(super) async fn put_root(
+    State(state): State<AppState>,
+    Caller(tenant): Caller,
+    path: Result<Path<String>, PathRejection>,
+    query: Result<Query<FileQuery>, QueryRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let target = root_target(&state, path)?;
+    put(state, tenant, target, query, headers, body).await
+}
+
+async fn put(
+    state: AppState,
+    tenant: std::sync::Arc<Tenant>,
+    (session, path): Target,
+    query: Result<Query<FileQuery>, QueryRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let request = request(&state, &tenant, session, query)?;
+    let tar = header_says(&headers, header::CONTENT_TYPE, "application/x-tar");
+    let orchestrator = state.inner.orchestrator.clone();
+    let cap = orchestrator.config().max_upload_bytes;
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > cap) {
+        // Refused before any kernel is touched.
+        state.inner.metrics.rejected("too_large");
+        return Err(crate::files::TransferError::TooLarge { cap }.into());
+    }
+    let metrics = state.inner.metrics.clone();
+    let stream = body
+        .into_data_stream()
+        .map_err(std::io::Error::other)
+        .inspect_ok(move |chunk| metrics.file_bytes(Direction::Upload, chunk.len()))
+        .boxed();
+    let written = orchestrator
+        .write_file(&request, &path, tar, stream)
+        .await
+        .map_err(ApiError::from)?;
+    Ok((StatusCode::CREATED, Json(written)).into_response())
+}
+
+pub(super) async fn get_file(
+    State(state): State<AppState>,
+    Caller(tenant): Caller,
+    path: Result<Path<Target>, PathRejection>,
+    query: Result<Query<FileQuery>, QueryRejection>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let target = target(&state, path)?;
+    get(state, tenant, target, query, headers).await
+}
+
+pub(super) async fn get_root(
+    State(state): State<AppState>,
+    Caller(tenant): Caller,
+    path: Result<Path<String>, PathRejection>,
+    query: Result<Query<FileQuery>, QueryRejection>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let target = root_target(&state, path)?;
+    get(state, tenant, target, query, headers).await
+}
+
+async fn get(
+    state: AppState,
+    tenant: std::sync::Arc<Tenant>,
+    (session, path): Target,
+    query: Result<Query<FileQuery>, QueryRejection>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let request = request(&state, &tenant, session, query)?;
+    let tar = header_says(&headers, header::ACCEPT, "application/x-tar");
+    let download = state
+        .inner
+        .orchestrator
+        .read_file(&request, &path, tar)
+        .await
+        .map_err(ApiError::from)?;
+    let metrics = state.inner.metrics.clone();
+    let body = |stream: crate::files::DownloadStream| {
+        Body::from_stream(
+            stream
+                .inspect_ok(move |chunk| metrics.file_bytes(Direction::Download, chunk.len()))
+                .map_err(std::io::Error::other),
+        )
+    };
+    Ok(match download {
+        Download::Dir(listing) => Json(listing).into_response(),
+        Download::File { size, body: stream } => {
+            let mut response = body(stream).into_response();
+            let headers = response.headers_mut();
+            headers.insert(header::CONTENT_LENGTH, HeaderValue::from(size));
+            headers.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/octet-stream"),
+            );
+            response
+        }
+        Download::Tar { body: stream } => {
+            let mut response = body(stream).into_response();
+            response.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/x-tar"),
+            );
+            response
+        }
+    })
+}
+
+pub(super) async fn delete_file(
+    State(state): State<AppState>,
+    Caller(tenant): Caller,
+    path: Result<Path<Target>, PathRejection>,
+    query: Result<Query<FileQuery>, QueryRejection>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let (session, path) = target(&state, path)?;
+    let request = request(&state, &tenant, session, query)?;
+    let checked = crate::files::FilePath::parse(&path)?;
+    state
+        .inner
+        .orchestrator
+        .remove_file(&request, &path)
+        .await?;
+    Ok(Json(json!({"deleted": checked.in_kernel()})))
+}
