@@ -58,6 +58,14 @@ pub(crate) struct ServeArgs {
     /// there. Without it, `/metrics` is on the API listener.
     #[arg(long, env = "KERNELBOX_METRICS_LISTEN")]
     metrics_listen: Option<String>,
+    /// Kernels kept started and ready for new owners (the warm pool): a new session's first
+    /// cell then skips the cold start. They count toward --max-kernels (not toward any
+    /// tenant's cap). Default 4 (or --max-kernels if lower); 0 turns the pool off.
+    #[arg(long, env = "KERNELBOX_POOL")]
+    pool: Option<usize>,
+    /// A pooled kernel older than this is replaced by a fresh one (e.g. 15m).
+    #[arg(long, env = "KERNELBOX_POOL_MAX_AGE", default_value = "15m", value_parser = parse_duration)]
+    pool_max_age: Duration,
     /// An MCP session on /v1/mcp with no message for this long ends, and its kernels go
     /// (never less than --max-timeout plus 10 seconds).
     #[arg(long, env = "KERNELBOX_MCP_IDLE_TIMEOUT", default_value = "30m", value_parser = parse_duration)]
@@ -69,6 +77,9 @@ pub(crate) struct ServeArgs {
     #[command(flatten)]
     kernel: KernelOpts,
 }
+
+/// The warm pool of a server when `--pool` is not given (at most `--max-kernels`).
+const DEFAULT_POOL: usize = 4;
 
 fn usage(message: String) -> anyhow::Error {
     Exit { code: 2, message }.into()
@@ -97,6 +108,8 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let mut config = args.kernel.config()?;
     config.max_session_kernels = args.max_kernels;
     config.kernel_idle_timeout = args.idle_timeout;
+    config.pool_size = args.pool.unwrap_or(DEFAULT_POOL.min(args.max_kernels));
+    config.pool_max_age = args.pool_max_age;
     config.watchdog = std::env::current_exe().ok();
     config.state_dir = Some(match args.state_dir.clone() {
         Some(dir) => dir,

@@ -259,4 +259,6 @@ pub struct Stats {
     pub evictions: EvictionCounts,
     /// Catalog changes dropped or refused (0 without a catalog).
     pub catalog_failures: u64,
+    /// The warm pool.
+    pub pool: super::PoolStats,
 }

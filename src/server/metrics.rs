@@ -7,7 +7,7 @@ use std::sync::Mutex;
 
 use crate::cell::{CellResult, CellStatus, LossReason};
 use crate::histogram::Histogram;
-use crate::orchestrator::Stats;
+use crate::orchestrator::{PoolStats, Stats};
 
 const STATUSES: [CellStatus; 4] = [
     CellStatus::Success,
@@ -288,6 +288,7 @@ fn write_lifecycle(out: &mut String, stats: &Stats) -> std::fmt::Result {
             reason.as_str()
         )?;
     }
+    write_pool(out, &stats.pool)?;
     writeln!(
         out,
         "# HELP kernelbox_catalog_write_failures_total Changes to the durable owner catalog that were dropped or failed (logged; cells are unaffected)."
@@ -297,6 +298,42 @@ fn write_lifecycle(out: &mut String, stats: &Stats) -> std::fmt::Result {
         out,
         "kernelbox_catalog_write_failures_total {}",
         stats.catalog_failures
+    )?;
+    Ok(())
+}
+
+/// The warm pool: ready kernels, takes by outcome, refill times.
+fn write_pool(out: &mut String, pool: &PoolStats) -> std::fmt::Result {
+    writeln!(
+        out,
+        "# HELP kernelbox_pool_size Pooled kernels the warm pool keeps ready (0: no pool)."
+    )?;
+    writeln!(out, "# TYPE kernelbox_pool_size gauge")?;
+    writeln!(out, "kernelbox_pool_size {}", pool.size)?;
+    writeln!(out, "# HELP kernelbox_pool_ready Pooled kernels ready now (counted toward the host's kernel cap, no tenant's).")?;
+    writeln!(out, "# TYPE kernelbox_pool_ready gauge")?;
+    writeln!(out, "kernelbox_pool_ready {}", pool.ready)?;
+    writeln!(out, "# HELP kernelbox_pool_takes_total New kernels for new owners while the pool is on: hit (taken from the pool) or miss (started cold).")?;
+    writeln!(out, "# TYPE kernelbox_pool_takes_total counter")?;
+    for (outcome, n) in [("hit", pool.hits), ("miss", pool.misses)] {
+        writeln!(
+            out,
+            "kernelbox_pool_takes_total{{outcome=\"{outcome}\"}} {n}"
+        )?;
+    }
+    writeln!(out, "# HELP kernelbox_pool_refill_seconds Time to start one pooled kernel (container up, runner ready).")?;
+    writeln!(out, "# TYPE kernelbox_pool_refill_seconds histogram")?;
+    pool.refills
+        .render(out, "kernelbox_pool_refill_seconds", "")?;
+    writeln!(
+        out,
+        "# HELP kernelbox_pool_refill_failures_total Pooled kernels that failed to start."
+    )?;
+    writeln!(out, "# TYPE kernelbox_pool_refill_failures_total counter")?;
+    writeln!(
+        out,
+        "kernelbox_pool_refill_failures_total {}",
+        pool.refill_failures
     )?;
     Ok(())
 }
@@ -312,8 +349,20 @@ mod tests {
             losses: Default::default(),
             evictions: Default::default(),
             catalog_failures: 0,
+            pool: PoolStats {
+                size: 4,
+                ready: 0,
+                hits: 0,
+                misses: 0,
+                refills: Histogram::new(&crate::orchestrator::REFILL_BUCKETS),
+                refill_failures: 0,
+            },
         };
         let text = Metrics::default().render(0, false, &stats);
+        assert!(text.contains("kernelbox_pool_ready 0"));
+        assert!(text.contains("kernelbox_pool_takes_total{outcome=\"hit\"} 0"));
+        assert!(text.contains("kernelbox_pool_takes_total{outcome=\"miss\"} 0"));
+        assert!(text.contains("kernelbox_pool_refill_seconds_count 0"));
         assert!(text.contains("kernelbox_kernel_start_seconds_count{outcome=\"failed\"} 0"));
         assert!(text.contains("kernelbox_kernel_losses_total{reason=\"evicted\"} 0"));
         for s in ["success", "error", "timeout", "interrupted"] {

@@ -7,6 +7,8 @@
 //! - `cold.rs`: the first cell of a new owner, against `docker run --rm`, split by Docker
 //!   events.
 //! - `files.rs`: file upload and download throughput over HTTP against `docker cp`.
+//! - `pool.rs`: the warm pool: a new owner's first cell on a hit and on a miss, a burst of new
+//!   owners against the pool and its refill, the idle pool's memory.
 //! - `tools.rs`: a no-op tool call from inside a cell, timed in Python.
 //! - `throughput.rs`: many owners times many cells concurrently.
 //! - `density.rs`: N idle kernels: start time, host memory against idle containers, cgroup
@@ -20,6 +22,7 @@ mod fake;
 mod files;
 mod http;
 mod jupyter;
+mod pool;
 mod throughput;
 mod tools;
 mod warm;
