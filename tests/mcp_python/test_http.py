@@ -147,7 +147,7 @@ def test_http_sessions_are_capped_per_tenant_and_end_when_idle_with_their_kernel
                 pass
         assert time.monotonic() - started < 30
         wait_for("the idle session's kernel is removed", lambda: kernels(server) == [])
-        assert server.containers("io.kernelbox.tenant=main") == []
+        wait_for("its container is removed", lambda: server.containers("io.kernelbox.tenant=main") == [])
         gone = first.request("tools/list", {})
         assert gone.status_code == 404, gone.text
         wait_for("the gauge counts the ended session out", lambda: mcp_sessions(server) < 2)
