@@ -2,6 +2,7 @@
 
 mod admin;
 mod cp;
+mod mcp;
 mod remote;
 mod repl;
 mod serve;
@@ -62,6 +63,11 @@ enum Command {
     Kill(admin::KillArgs),
     /// Serve the multi-tenant HTTP API until SIGTERM, then remove every kernel.
     Serve(serve::ServeArgs),
+    /// Serve MCP (Model Context Protocol) tools on standard input/output for one session.
+    ///
+    /// Runs its own kernels, or with --url calls a kernelbox server. For a desktop agent's
+    /// MCP configuration; see README, "MCP".
+    Mcp(mcp::McpArgs),
     /// (internal) Clean up after an orchestrator when its lifeline on stdin closes.
     #[command(hide = true)]
     Watchdog {
@@ -302,7 +308,7 @@ async fn connect() -> anyhow::Result<Arc<dyn Engine>> {
     Ok(Arc::new(engine))
 }
 
-async fn start(opts: &KernelOpts) -> anyhow::Result<Orchestrator> {
+pub(crate) async fn start(opts: &KernelOpts) -> anyhow::Result<Orchestrator> {
     let config = opts.config()?;
     let engine = connect().await?;
     if !engine.image_exists(&config.image).await? {
@@ -361,6 +367,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Logs(args) => admin::logs(&BollardEngine::connect().await?, args).await,
         Command::Kill(args) => admin::kill(&BollardEngine::connect().await?, args).await,
         Command::Serve(args) => serve::run(args).await,
+        Command::Mcp(args) => mcp::run(args).await,
         Command::Watchdog { instance } => {
             let engine = connect().await?;
             kernelbox::watchdog::run(engine.as_ref(), &instance).await?;

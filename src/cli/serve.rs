@@ -66,6 +66,14 @@ pub(crate) struct ServeArgs {
     /// A pooled kernel older than this is replaced by a fresh one (e.g. 15m).
     #[arg(long, env = "KERNELBOX_POOL_MAX_AGE", default_value = "15m", value_parser = parse_duration)]
     pool_max_age: Duration,
+    /// An MCP session on /v1/mcp with no message for this long ends, and its kernels go
+    /// (never less than --max-timeout plus 10 seconds).
+    #[arg(long, env = "KERNELBOX_MCP_IDLE_TIMEOUT", default_value = "30m", value_parser = parse_duration)]
+    mcp_idle_timeout: Duration,
+    /// MCP sessions one tenant may hold open at once on /v1/mcp.
+    #[arg(long, env = "KERNELBOX_MCP_MAX_SESSIONS", default_value_t = 64,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    mcp_max_sessions: u32,
     #[command(flatten)]
     kernel: KernelOpts,
 }
@@ -148,7 +156,11 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         }
     }
     let orchestrator = Orchestrator::start(config, engine).await?;
-    let state = AppState::new(orchestrator, tenants.clone());
+    let mcp = server::McpOptions {
+        idle_timeout: args.mcp_idle_timeout,
+        max_sessions_per_tenant: args.mcp_max_sessions as usize,
+    };
+    let state = AppState::with_mcp(orchestrator, tenants.clone(), mcp);
 
     eprintln!(
         "kernelbox: serving {} tenant(s) on http://{addr} (instance {})",

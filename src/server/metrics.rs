@@ -25,14 +25,16 @@ const BUCKETS: [f64; 12] = [
 pub const TOOL_OUTCOMES: [&str; 2] = ["ok", "error"];
 
 /// Why a request was turned away before reaching a kernel.
-/// `connections`: a connection over the server's connection limit.
-pub const REJECTIONS: [&str; 6] = [
+/// `connections`: a connection over the server's connection limit; `mcp_sessions`: an MCP
+/// `initialize` past the tenant's MCP session cap.
+pub const REJECTIONS: [&str; 7] = [
     "unauthorized",
     "invalid",
     "too_large",
     "capacity",
     "session_busy",
     "connections",
+    "mcp_sessions",
 ];
 
 /// Which way file bytes went (`kernelbox_file_bytes_total{direction}`).
@@ -55,6 +57,7 @@ pub struct Metrics {
     state_lost: [AtomicU64; LossReason::ALL.len()],
     tool_calls: [AtomicU64; TOOL_OUTCOMES.len()],
     rejected: [AtomicU64; REJECTIONS.len()],
+    mcp_sessions: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -66,6 +69,7 @@ impl Default for Metrics {
             state_lost: Default::default(),
             tool_calls: Default::default(),
             rejected: Default::default(),
+            mcp_sessions: AtomicU64::default(),
         }
     }
 }
@@ -108,6 +112,15 @@ impl Metrics {
         }
     }
 
+    /// An MCP session on `/v1/mcp` opened (`true`) or ended (`false`).
+    pub(crate) fn mcp_session(&self, opened: bool) {
+        if opened {
+            self.mcp_sessions.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.mcp_sessions.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
     /// The exposition text; `live` is the number of live kernels right now.
     pub fn render(&self, live: usize, draining: bool, stats: &Stats) -> String {
         let mut out = String::new();
@@ -129,6 +142,16 @@ impl Metrics {
         )?;
         writeln!(out, "# TYPE kernelbox_draining gauge")?;
         writeln!(out, "kernelbox_draining {}", u8::from(draining))?;
+        writeln!(
+            out,
+            "# HELP kernelbox_mcp_sessions MCP sessions open on /v1/mcp."
+        )?;
+        writeln!(out, "# TYPE kernelbox_mcp_sessions gauge")?;
+        writeln!(
+            out,
+            "kernelbox_mcp_sessions {}",
+            self.mcp_sessions.load(Ordering::Relaxed)
+        )?;
 
         writeln!(
             out,
