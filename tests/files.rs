@@ -1041,3 +1041,91 @@ async fn an_upload_whose_client_breaks_off_leaves_nothing_half_written() {
     );
     s.finish().await;
 }
+
+/// Opens a connection with a tiny receive buffer, asks for `path` and never reads the answer.
+async fn stalled_get(api: &Api, path: &str) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let addr: std::net::SocketAddr = api.base.trim_start_matches("http://").parse().unwrap();
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stream = socket.connect(addr).await.unwrap();
+    let head =
+        format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nauthorization: Bearer {TOKEN}\r\n\r\n");
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_download_the_client_stops_reading_is_cut_and_frees_its_kernel_for_others() {
+    let label = common::unique("files-stalled-download");
+    let engine = common::engine().await;
+    let (server, api) = serve_process(
+        &label,
+        &[
+            "--max-kernels",
+            "1",
+            "--send-timeout",
+            "3s",
+            "--drain-timeout",
+            "120s",
+        ],
+    )
+    .await;
+    let reply = put(
+        &api,
+        TOKEN,
+        &files("held", "big.bin"),
+        vec![7; 20 * 1024 * 1024],
+        None,
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json());
+    let stalled = stalled_get(&api, &files("held", "big.bin")).await;
+    // While the download holds the only kernel, another session cannot get one.
+    let started = std::time::Instant::now();
+    let mut refused = false;
+    let freed = loop {
+        let reply = api
+            .execute(TOKEN, "other", serde_json::json!({"code": "print(6*7)"}))
+            .await;
+        if reply.status == StatusCode::OK {
+            break started.elapsed();
+        }
+        assert_eq!(
+            reply.status,
+            StatusCode::TOO_MANY_REQUESTS,
+            "{}",
+            reply.json()
+        );
+        refused = true;
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "the stalled download still holds its kernel after {:?}",
+            started.elapsed()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    };
+    assert!(refused, "the stalled download never held its kernel");
+    eprintln!("a stalled download released its kernel after {freed:?}");
+    // A second stalled download cannot hold SIGTERM's drain (120 s here) either.
+    let reply = put(
+        &api,
+        TOKEN,
+        &files("other", "big.bin"),
+        vec![7; 20 * 1024 * 1024],
+        None,
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json());
+    let stalled_again = stalled_get(&api, &files("other", "big.bin")).await;
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let stopping = std::time::Instant::now();
+    stop(server).await;
+    let stopped = stopping.elapsed();
+    assert!(
+        stopped < std::time::Duration::from_secs(30),
+        "SIGTERM waited {stopped:?} for a stalled download"
+    );
+    drop((stalled, stalled_again));
+    common::assert_clean(&engine, &label).await;
+}
