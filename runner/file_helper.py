@@ -25,6 +25,9 @@ import time
 WORK = "/work"
 CHUNK = 1024 * 1024
 MAX_LIST = 10000
+# A listing's header line stays under this many bytes (the host refuses a longer one): a
+# directory whose entries would not fit is listed truncated.
+MAX_LIST_BYTES = 2 * 1024 * 1024
 MAX_MEMBERS = 100000
 TMP_PREFIX = ".kernelbox-upload-"
 
@@ -309,13 +312,20 @@ def open_at(base, parts, create=False):
 
 def header(obj):
     out = sys.stdout.buffer
-    out.write(json.dumps(obj).encode() + b"\n")
+    out.write(json.dumps(obj, ensure_ascii=False).encode() + b"\n")
     out.flush()
+
+
+def shown_name(name):
+    # A name that is not UTF-8 is shown with U+FFFD for each undecodable byte (JSON cannot
+    # carry the raw bytes).
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 def listing(fd):
     entries = []
     truncated = False
+    used = 64
     for entry in os.scandir(fd):
         if entry.name.startswith(TMP_PREFIX):
             continue
@@ -326,14 +336,17 @@ def listing(fd):
             st = entry.stat(follow_symlinks=False)
         except OSError:
             continue
-        entries.append(
-            {
-                "name": entry.name,
-                "kind": kind_of(st.st_mode),
-                "size": st.st_size,
-                "modified": iso(st.st_mtime),
-            }
-        )
+        shown = {
+            "name": shown_name(entry.name),
+            "kind": kind_of(st.st_mode),
+            "size": st.st_size,
+            "modified": iso(st.st_mtime),
+        }
+        used += len(json.dumps(shown, ensure_ascii=False).encode()) + 2
+        if used > MAX_LIST_BYTES:
+            truncated = True
+            break
+        entries.append(shown)
     entries.sort(key=lambda e: e["name"])
     return entries, truncated
 

@@ -1129,3 +1129,50 @@ async fn a_download_the_client_stops_reading_is_cut_and_frees_its_kernel_for_oth
     drop((stalled, stalled_again));
     common::assert_clean(&engine, &label).await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_non_utf8_name_is_listed_with_replacement_characters_and_long_names_stay_in_bound() {
+    let s = server("files-names", |_| {}).await;
+    let result = s
+        .api
+        .run(
+            TOKEN,
+            "names",
+            "import os\nos.makedirs('bad')\nopen(b'bad/\\xff\\xfe', 'w').close()\n\
+             open('bad/ok', 'w').close()\nos.makedirs('long')\n\
+             for i in range(10000):\n    open('long/%05d' % i + '\\x01' * 245, 'w').close()\n\
+             print('made')",
+        )
+        .await;
+    assert_eq!(output(&result), "made", "{result}");
+    let reply = get(&s.api, TOKEN, &files("names", "bad"), None).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.json());
+    let names: Vec<String> = reply.json()["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        names,
+        vec!["ok".to_string(), "\u{FFFD}\u{FFFD}".to_string()]
+    );
+    // 10,000 names that JSON escapes six-fold would pass the header bound: the listing is
+    // truncated within it instead of failing.
+    let reply = get(&s.api, TOKEN, &files("names", "long"), None).await;
+    assert_eq!(
+        reply.status,
+        StatusCode::OK,
+        "{}",
+        reply.error(reply.status)
+    );
+    let listing = reply.json();
+    assert_eq!(listing["truncated"], true);
+    let shown = listing["entries"].as_array().unwrap().len();
+    assert!(shown > 500 && shown < 10_000, "{shown} entries");
+    eprintln!(
+        "a 10,000-entry listing of escaped names: {shown} entries, {} bytes",
+        reply.body.len()
+    );
+    s.finish().await;
+}
