@@ -810,7 +810,12 @@ async fn kernelbox_cp_copies_files_and_directories_both_ways() {
     std::fs::write(dir.path().join("proj/main.py"), "print('main')\n").unwrap();
     std::fs::write(dir.path().join("proj/sub/x.txt"), "x").unwrap();
     let cp = |args: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_kernelbox"))
+        let out = std::process::Command::new("sh")
+            .args([
+                "-c",
+                "umask 022 && exec \"$0\" \"$@\"",
+                env!("CARGO_BIN_EXE_kernelbox"),
+            ])
             .arg("cp")
             .args(args)
             .args(["--url", &api.base, "--token", TOKEN])
@@ -831,7 +836,8 @@ async fn kernelbox_cp_copies_files_and_directories_both_ways() {
         output(&result),
         format!("{} ['main.py', 'sub']", hex::encode(Sha256::digest(&data)))
     );
-    api.run(TOKEN, "cps", "import os\nos.makedirs('out/deep')\nopen('out/deep/r.txt','w').write('result')\nos.symlink('/etc/passwd', 'out/pw')").await;
+    api.run(TOKEN, "cps", "import os\nos.makedirs('out/deep')\nopen('out/deep/r.txt','w').write('result')\nos.symlink('/etc/passwd', 'out/pw')\n\
+         os.chmod('out/deep', 0o777)\nos.chmod('out/deep/r.txt', 0o6777)").await;
     assert_eq!(cp(&["cps:in/data.bin", "back.bin"]).0, Some(0));
     assert!(std::fs::read(dir.path().join("back.bin")).unwrap() == data);
     assert_eq!(cp(&["cps:out", "got"]).0, Some(0));
@@ -839,6 +845,18 @@ async fn kernelbox_cp_copies_files_and_directories_both_ways() {
         std::fs::read_to_string(dir.path().join("got/deep/r.txt")).unwrap(),
         "result"
     );
+    // The kernel's modes are masked by the umask (022 here) and never setuid or
+    // world-writable.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &str| {
+        std::fs::metadata(dir.path().join(p))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o7777
+    };
+    assert_eq!(mode("got/deep"), 0o755);
+    assert_eq!(mode("got/deep/r.txt"), 0o755);
     // A link a kernel put in the archive is never created on the host.
     assert!(std::fs::symlink_metadata(dir.path().join("got/pw")).is_err());
     // Errors say what went wrong, with a usage exit code.
