@@ -201,6 +201,31 @@ def remove_tree_at(dfd, name):
     os.rmdir(name, dir_fd=dfd)
 
 
+def check_merge(src_fd, dst_fd, prefix=""):
+    """Refuses, before anything moves, a merge that would fail part-way: a staged directory
+    over an existing non-directory (or symlink), a staged file over an existing directory."""
+    for entry in os.scandir(src_fd):
+        name = entry.name
+        try:
+            st = os.stat(name, dir_fd=dst_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            if not stat.S_ISDIR(st.st_mode):
+                raise Refused("not_a_directory", "%s exists and is not a directory" % (prefix + name))
+            sub_src = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=src_fd)
+            try:
+                sub_dst = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dst_fd)
+                try:
+                    check_merge(sub_src, sub_dst, prefix + name + "/")
+                finally:
+                    os.close(sub_dst)
+            finally:
+                os.close(sub_src)
+        elif stat.S_ISDIR(st.st_mode):
+            raise Refused("is_a_directory", "%s is a directory" % (prefix + name))
+
+
 def merge_into(src_fd, dst_fd):
     """Moves every entry of src_fd into dst_fd: directories merge, files replace."""
     for entry in os.scandir(src_fd):
@@ -230,6 +255,19 @@ def merge_into(src_fd, dst_fd):
                 raise
 
 
+def staged_dir(sfd, names, member):
+    """The staged directory at names (created), refusing a member whose parent an earlier
+    member made a file."""
+    try:
+        return open_at(sfd, names, create=True)
+    except Refused:
+        raise Refused("tar_member_refused", "tar member %r is under a file of the archive" % member)
+    except OSError as e:
+        if e.errno in (errno.ENOTDIR, errno.ELOOP, errno.EEXIST):
+            raise Refused("tar_member_refused", "tar member %r is under a file of the archive" % member)
+        raise
+
+
 def op_untar(parts):
     """Extracts a tar (regular files and directories only) into the directory at parts.
 
@@ -253,9 +291,9 @@ def op_untar(parts):
                     if not names:
                         continue
                     if member.isdir():
-                        os.close(open_at(sfd, names, create=True))
+                        os.close(staged_dir(sfd, names, member.name))
                     elif member.isreg():
-                        pfd = open_at(sfd, names[:-1], create=True)
+                        pfd = staged_dir(sfd, names[:-1], member.name)
                         try:
                             src = archive.extractfile(member)
                             total += write_file_at(pfd, names[-1], src)
@@ -274,6 +312,7 @@ def op_untar(parts):
             frames.drain_to_end()
             if not frames.complete:
                 raise Refused("aborted", "the upload ended before its end")
+            check_merge(sfd, dfd)
             merge_into(sfd, dfd)
         finally:
             os.close(sfd)
@@ -403,6 +442,9 @@ def op_read(parts, as_tar):
             except OSError as e:
                 if e.errno == errno.ELOOP:
                     raise Refused("symlink", "/".join(parts) + " is a symlink; it is not followed")
+                if e.errno in (errno.ENXIO, errno.ENODEV, errno.EOPNOTSUPP):
+                    # A socket, or a device with nothing behind it.
+                    raise Refused("not_a_file", "/".join(parts) + " is not a regular file")
                 raise
         finally:
             os.close(pfd)

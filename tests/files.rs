@@ -1194,3 +1194,138 @@ async fn a_non_utf8_name_is_listed_with_replacement_characters_and_long_names_st
     );
     s.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sockets_nested_tar_members_and_conflicting_merges_are_refused_whole_and_files_slash_lists()
+{
+    let s = server("files-small-holes", |_| {}).await;
+    let result = s
+        .api
+        .run(
+            TOKEN,
+            "small",
+            "import os, socket\nsk = socket.socket(socket.AF_UNIX)\nsk.bind('sock')\n\
+             os.makedirs('dst/keep')\nopen('dst/x', 'w').write('file')\nprint('ok')",
+        )
+        .await;
+    assert_eq!(output(&result), "ok", "{result}");
+    // A socket is not a file to read.
+    let reply = get(&s.api, TOKEN, &files("small", "sock"), None).await;
+    assert_eq!(reply.error(StatusCode::BAD_REQUEST), "not_a_file");
+    // A member under a file of the same archive refuses the archive.
+    let tar = tar_of(&[("a", b"file"), ("a/b", b"under")]);
+    let reply = put(
+        &s.api,
+        TOKEN,
+        &files("small", "t"),
+        tar,
+        Some("application/x-tar"),
+    )
+    .await;
+    assert_eq!(reply.error(StatusCode::BAD_REQUEST), "tar_member_refused");
+    // A conflict with what is there refuses the whole archive before anything moves: the
+    // earlier members (`aaa`, `dst/keep/new`) are not merged either.
+    let tar = tar_of(&[
+        ("aaa", b"first"),
+        ("keep/new", b"new"),
+        ("x/under", b"a file where dst/x is a file"),
+    ]);
+    let reply = put(
+        &s.api,
+        TOKEN,
+        &files("small", "dst"),
+        tar,
+        Some("application/x-tar"),
+    )
+    .await;
+    assert_eq!(reply.error(StatusCode::BAD_REQUEST), "not_a_directory");
+    let listing = get(&s.api, TOKEN, &files("small", "dst/"), None)
+        .await
+        .json();
+    let names: Vec<&str> = listing["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, vec!["keep", "x"], "{listing}");
+    let keep = get(&s.api, TOKEN, &files("small", "dst/keep"), None)
+        .await
+        .json();
+    assert_eq!(keep["entries"], serde_json::json!([]), "{keep}");
+    // `.../files/` is the working directory, as `.../files` is.
+    let reply = get(&s.api, TOKEN, "/v1/sessions/small/files/?child", None).await;
+    assert_ne!(reply.status, StatusCode::NOT_FOUND);
+    let reply = get(&s.api, TOKEN, "/v1/sessions/small/files/", None).await;
+    assert_eq!(reply.status, StatusCode::OK, "{:?}", reply.body);
+    assert!(reply.json()["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|e| e["name"] == "dst"));
+    s.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_upload_cut_by_deleting_its_session_answers_no_kernel() {
+    use http_body_util::{BodyExt, StreamBody};
+    use hyper::body::Frame;
+    let s = server("files-cut-upload", |_| {}).await;
+    let (tx, rx) = futures::channel::mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(1);
+    let feeder = tokio::spawn(async move {
+        use futures::SinkExt;
+        let mut tx = tx;
+        for _ in 0..600 {
+            if tx
+                .send(Ok(Frame::data(Bytes::from(vec![b'u'; 1024]))))
+                .await
+                .is_err()
+            {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    });
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::combinators::BoxBody<Bytes, std::io::Error>>();
+    let req = s
+        .api
+        .build(
+            Method::PUT,
+            &files("cut", "slow.bin"),
+            Some(TOKEN),
+            false,
+            false,
+        )
+        .body(StreamBody::new(rx).boxed())
+        .unwrap();
+    let upload = tokio::spawn(async move { read(client.request(req).await.unwrap()).await });
+    // Until the helper has its temporary file, the upload is not under way.
+    let started = std::time::Instant::now();
+    loop {
+        let result = s
+            .api
+            .run(
+                TOKEN,
+                "cut",
+                "import glob\nprint(len(glob.glob('.kernelbox-upload-*')))",
+            )
+            .await;
+        if output(&result) == "1" {
+            break;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "{result}"
+        );
+    }
+    let reply = s.api.delete("/v1/sessions/cut", TOKEN).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.json());
+    let reply = tokio::time::timeout(std::time::Duration::from_secs(60), upload)
+        .await
+        .expect("the upload answers")
+        .unwrap();
+    assert_eq!(reply.error(StatusCode::NOT_FOUND), "no_kernel");
+    feeder.abort();
+    s.finish().await;
+}

@@ -175,9 +175,10 @@ impl Orchestrator {
         let hold = self.hold_or_start(request, &owner).await?;
         let kernel = hold.kernel()?;
         let cap = self.inner.config.max_upload_bytes;
+        let slot = hold.slot.clone();
         // Runs to its end even if the caller goes away (a client cut mid-body): the helper
         // confirms its clean-up before the kernel is released.
-        crate::adopt::run_adopted(&self.inner.tracker, async move {
+        let written = crate::adopt::run_adopted(&self.inner.tracker, async move {
             let written = kernel.write_file(&path, tar, body, cap).await;
             drop(hold);
             written
@@ -187,8 +188,17 @@ impl Orchestrator {
             Err(TransferError::Helper(format!(
                 "the upload task failed: {panic}"
             )))
-        })
-        .map_err(FileError::from)
+        });
+        match written {
+            // The kernel went (the session deleted or reset, evicted, shut down) while the
+            // upload ran: that, not the helper's broken pipe, is what the caller is told.
+            Err(TransferError::Helper(_)) if !self.inner.registry.is_registered(&slot) => {
+                Err(FileError::NoKernel {
+                    owner: owner.to_string(),
+                })
+            }
+            other => other.map_err(FileError::from),
+        }
     }
 
     /// Reads `path` in the owner's live kernel: a file's bytes, a directory's listing, or
