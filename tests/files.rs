@@ -1224,12 +1224,13 @@ async fn sockets_nested_tar_members_and_conflicting_merges_are_refused_whole_and
     .await;
     assert_eq!(reply.error(StatusCode::BAD_REQUEST), "tar_member_refused");
     // A conflict with what is there refuses the whole archive before anything moves: the
-    // earlier members (`aaa`, `dst/keep/new`) are not merged either.
-    let tar = tar_of(&[
-        ("aaa", b"first"),
-        ("keep/new", b"new"),
-        ("x/under", b"a file where dst/x is a file"),
-    ]);
+    // other members (`fNN` on either side of it, `keep/new`) are not merged either, in
+    // whatever order the directory lists them.
+    let names: Vec<String> = (0..40).map(|i| format!("f{i:02}")).collect();
+    let mut members: Vec<(&str, &[u8])> = names.iter().map(|n| (n.as_str(), &b"f"[..])).collect();
+    members.insert(20, ("x/under", b"a file where dst/x is a file"));
+    members.insert(10, ("keep/new", b"new"));
+    let tar = tar_of(&members);
     let reply = put(
         &s.api,
         TOKEN,
