@@ -1060,7 +1060,8 @@ async fn an_upload_whose_client_breaks_off_leaves_nothing_half_written() {
     s.finish().await;
 }
 
-/// Opens a connection with a tiny receive buffer, asks for `path` and never reads the answer.
+/// Opens a connection with a tiny receive buffer, asks for `path` and reads no more than the
+/// first bytes of the answer.
 async fn stalled_get(api: &Api, path: &str) -> tokio::net::TcpStream {
     use tokio::io::AsyncWriteExt;
     let addr: std::net::SocketAddr = api.base.trim_start_matches("http://").parse().unwrap();
@@ -1070,6 +1071,16 @@ async fn stalled_get(api: &Api, path: &str) -> tokio::net::TcpStream {
     let head =
         format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nauthorization: Bearer {TOKEN}\r\n\r\n");
     stream.write_all(head.as_bytes()).await.unwrap();
+    // The response has begun (the kernel is held) once its first bytes arrive.
+    let mut first = [0u8; 1024];
+    let n = tokio::io::AsyncReadExt::read(&mut stream, &mut first)
+        .await
+        .unwrap();
+    assert!(
+        first[..n].starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&first[..n])
+    );
     stream
 }
 
@@ -1136,7 +1147,6 @@ async fn a_download_the_client_stops_reading_is_cut_and_frees_its_kernel_for_oth
     .await;
     assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json());
     let stalled_again = stalled_get(&api, &files("other", "big.bin")).await;
-    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     let stopping = std::time::Instant::now();
     stop(server).await;
     let stopped = stopping.elapsed();
@@ -1328,5 +1338,69 @@ async fn an_upload_cut_by_deleting_its_session_answers_no_kernel() {
         .unwrap();
     assert_eq!(reply.error(StatusCode::NOT_FOUND), "no_kernel");
     feeder.abort();
+    s.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_download_read_slower_than_the_minimum_rate_is_cut_and_frees_its_kernel() {
+    use tokio::io::AsyncReadExt;
+    let s = server("files-slow-download", |c| {
+        c.max_session_kernels = 1;
+        c.download_min_rate = 1024 * 1024;
+        c.download_rate_grace = std::time::Duration::from_secs(2);
+    })
+    .await;
+    let reply = put(
+        &s.api,
+        TOKEN,
+        &files("slow", "big.bin"),
+        vec![7; 20 * 1024 * 1024],
+        None,
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json());
+    let mut reader = stalled_get(&s.api, &files("slow", "big.bin")).await;
+    // A reader that keeps reading, 4 KiB every 100 ms (40 KiB/s): never stalled long enough
+    // for the send timeout, far below the minimum rate.
+    let trickle = tokio::spawn(async move {
+        let mut buf = [0u8; 4096];
+        let mut total = 0usize;
+        for _ in 0..600 {
+            match reader.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => total += n,
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        total
+    });
+    let started = std::time::Instant::now();
+    let mut refused = false;
+    let freed = loop {
+        let reply = s
+            .api
+            .execute(TOKEN, "other", serde_json::json!({"code": "print(6*7)"}))
+            .await;
+        if reply.status == StatusCode::OK {
+            break started.elapsed();
+        }
+        assert_eq!(
+            reply.status,
+            StatusCode::TOO_MANY_REQUESTS,
+            "{}",
+            reply.json()
+        );
+        refused = true;
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(25),
+            "the slow download still holds its kernel after {:?}: {}",
+            started.elapsed(),
+            reply.json()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    };
+    assert!(refused, "the slow download never held its kernel");
+    eprintln!("a download read at 40 KiB/s released its kernel after {freed:?}");
+    trickle.abort();
     s.finish().await;
 }
