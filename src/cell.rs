@@ -110,7 +110,8 @@ pub struct StateLost {
 pub struct KernelInfo {
     /// Container id (short).
     pub id: String,
-    /// False when this call had to start the kernel.
+    /// False when this call gave the owner a new kernel: started it, or took it from the warm
+    /// pool (a kernel no cell ever ran in).
     pub reused: bool,
     /// Cells this kernel executed, this one included.
     pub execution_count: u64,

@@ -133,6 +133,24 @@ pub struct Config {
     /// by a restart of this process is reported to owners and generations keep counting.
     /// One process per directory. `None` (the default): no catalog, nothing survives.
     pub state_dir: Option<PathBuf>,
+    /// Ready kernels kept warm for new owners (the warm pool, `docs/architecture.md`): started,
+    /// runner-ready, owned by nobody, never run a cell. They count toward
+    /// `max_session_kernels`, so at most that many. 0 (the default): no pool.
+    pub pool_size: usize,
+    /// A pooled kernel older than this is replaced by a fresh one.
+    pub pool_max_age: Duration,
+}
+
+/// What a kernel is made from, whoever owns it: the pool is keyed by it, so a pooled kernel is
+/// handed only to an owner whose kernel would have been made the same way.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KernelSpec {
+    /// The image.
+    pub image: String,
+    /// Strict or project mode.
+    pub mode: WorkMode,
+    /// The confinement (memory, CPU, pids, user, ...).
+    pub sandbox: Sandbox,
 }
 
 impl Default for Config {
@@ -157,6 +175,8 @@ impl Default for Config {
             watchdog: None,
             sweep_on_start: true,
             state_dir: None,
+            pool_size: 0,
+            pool_max_age: Duration::from_secs(15 * 60),
             max_upload_bytes: crate::files::DEFAULT_MAX_UPLOAD_BYTES,
             download_min_rate: 64 * 1024,
             download_rate_grace: std::time::Duration::from_secs(30),
@@ -291,12 +311,33 @@ impl Config {
         {
             return Err(bad("state_dir", "must not be empty"));
         }
+        if self.pool_size > self.max_session_kernels {
+            return Err(bad(
+                "pool_size",
+                format!(
+                    "{} pooled kernels do not fit the host's cap of {} kernels (max_session_kernels)",
+                    self.pool_size, self.max_session_kernels
+                ),
+            ));
+        }
+        if self.pool_max_age.is_zero() {
+            return Err(bad("pool_max_age", "must be positive"));
+        }
         for key in self.extra_labels.keys() {
             if key.starts_with(crate::labels::PREFIX) {
                 return Err(bad("labels", format!("{key} uses kernelbox's own prefix")));
             }
         }
         Ok(self)
+    }
+
+    /// The spec of every kernel this configuration makes.
+    pub fn kernel_spec(&self) -> KernelSpec {
+        KernelSpec {
+            image: self.image.clone(),
+            mode: self.mode.clone(),
+            sandbox: self.sandbox.clone(),
+        }
     }
 
     /// How often the background reaper runs: `min(5m, max(30s, idle/6))`.

@@ -56,12 +56,21 @@ impl Histogram {
     /// Writes the `_bucket`, `_sum` and `_count` series of `name`; `labels` (e.g.
     /// `status="ok"`) go on every line.
     pub fn render(&self, out: &mut String, name: &str, labels: &str) -> std::fmt::Result {
+        // No labels: `name_bucket{le="..."}` and bare `name_sum` / `name_count`.
+        let (sep, own) = match labels {
+            "" => ("", String::new()),
+            l => (",", format!("{{{l}}}")),
+        };
         for (bound, n) in self.buckets() {
-            writeln!(out, "{name}_bucket{{{labels},le=\"{bound}\"}} {n}")?;
+            writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{bound}\"}} {n}")?;
         }
-        writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {}", self.count)?;
-        writeln!(out, "{name}_sum{{{labels}}} {}", self.sum)?;
-        writeln!(out, "{name}_count{{{labels}}} {}", self.count)
+        writeln!(
+            out,
+            "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {}",
+            self.count
+        )?;
+        writeln!(out, "{name}_sum{own} {}", self.sum)?;
+        writeln!(out, "{name}_count{own} {}", self.count)
     }
 }
 

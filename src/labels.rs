@@ -42,6 +42,74 @@ pub const STATUS: &str = "io.kernelbox.status";
 /// Memory limit of the kernel, bytes.
 pub const MEMORY: &str = "io.kernelbox.memory";
 
+/// On a kernel created for the warm pool (value `true`): it was created without an owner, so
+/// it has no tenant, owner, session, key or generation label. Once taken, its owner is in its
+/// container name ([`owner_name`]).
+pub const POOL: &str = "io.kernelbox.pool";
+
+/// Prefix of the container name a pooled kernel gets when an owner takes it.
+const OWNER_NAME_PREFIX: &str = "kb";
+
+/// The container name that records who took a pooled kernel: `kb.TENANT.OWNER.SHORTID`, each
+/// part escaped to Docker's name alphabet (`_` → `_u`, `.` → `_d`, `@` → `_a`, `:` → `_c`).
+/// Container labels are fixed at create; the name is the one thing the engine lets kernelbox
+/// change later, and no kernel can (only the server reaches the Docker socket).
+pub fn owner_name(tenant: &str, owner: &str, short_id: &str) -> String {
+    format!(
+        "{OWNER_NAME_PREFIX}.{}.{}.{}",
+        escape(tenant),
+        escape(owner),
+        escape(short_id)
+    )
+}
+
+/// Reads `(tenant, owner)` back from an [`owner_name`] (with or without Docker's leading `/`).
+pub fn parse_owner_name(name: &str) -> Option<(String, String)> {
+    let mut parts = name.trim_start_matches('/').split('.');
+    if parts.next()? != OWNER_NAME_PREFIX {
+        return None;
+    }
+    let tenant = unescape(parts.next()?)?;
+    let owner = unescape(parts.next()?)?;
+    parts.next()?;
+    if parts.next().is_some() {
+        return None;
+    }
+    Some((tenant, owner))
+}
+
+fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '_' => out.push_str("_u"),
+            '.' => out.push_str("_d"),
+            '@' => out.push_str("_a"),
+            ':' => out.push_str("_c"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+fn unescape(text: &str) -> Option<String> {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        out.push(match c {
+            '_' => match chars.next()? {
+                'u' => '_',
+                'd' => '.',
+                'a' => '@',
+                'c' => ':',
+                _ => return None,
+            },
+            c => c,
+        });
+    }
+    Some(out)
+}
+
 /// A label filter value `key=value` for list calls.
 pub fn filter(key: &str, value: &str) -> String {
     format!("{key}={value}")
@@ -55,4 +123,30 @@ pub fn managed() -> String {
 /// Reads a label as an integer.
 pub fn int(labels: &BTreeMap<String, String>, key: &str) -> Option<i64> {
     labels.get(key).and_then(|v| v.parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owner_names_round_trip_and_fit_dockers_alphabet() {
+        for (tenant, owner) in [
+            ("default", "conv-a"),
+            ("t_1", "user@example.com::child::c.1"),
+            ("a:b", "x_u"),
+        ] {
+            let name = owner_name(tenant, owner, "0123456789ab");
+            assert!(name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-')));
+            assert_eq!(
+                parse_owner_name(&format!("/{name}")),
+                Some((tenant.to_string(), owner.to_string()))
+            );
+        }
+        assert_eq!(parse_owner_name("/festive_hopper"), None);
+        assert_eq!(parse_owner_name("kb.a.b"), None);
+        assert_eq!(parse_owner_name("kb.a_z.b.c"), None);
+    }
 }

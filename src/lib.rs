@@ -31,6 +31,7 @@
 //! | [`files`] | files in and out of a kernel: path checks, what the file operations return, their errors |
 //! | [`orchestrator`] | the front door (folder): [`Orchestrator::execute`], lifecycle verbs, shutdown |
 //! | [`server`] | the multi-tenant HTTP API behind `kernelbox serve` |
+//! | [`mcp`] | MCP (folder): tools over stdio (`kernelbox mcp`) and streamable HTTP (`/v1/mcp`) |
 //!
 //! Layers, the lifecycle of a kernel, task ownership, the runner protocol and the trust
 //! boundary are described in `docs/architecture.md`.
@@ -52,6 +53,7 @@ pub mod image;
 pub mod instance;
 pub(crate) mod kernel;
 pub mod labels;
+pub mod mcp;
 pub(crate) mod monitor;
 pub mod orchestrator;
 pub(crate) mod owner;

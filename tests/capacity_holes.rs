@@ -243,7 +243,16 @@ async fn sigterm_lets_a_cell_whose_client_went_away_finish() {
     )
     .unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_kernelbox"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--drain-timeout", "60s"])
+        // No warm pool: this test counts the session's one container.
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--drain-timeout",
+            "60s",
+            "--pool",
+            "0",
+        ])
         .arg("--state-dir")
         .arg(state.path())
         .arg("--project")

@@ -440,3 +440,55 @@ async fn metrics_on_a_separate_listener_share_the_connection_limit_and_shutdown(
     }
     common::assert_clean(&engine, &label).await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refused_request_with_a_body_is_answered_with_connection_close() {
+    let srv = Server::start("refused", limits(30, 30, 30, 16)).await;
+    let mut conn = raw::connect(srv.addr).await;
+    // A wrong token: refused before the 256 KiB body is read.
+    let body = vec![b' '; 256 * 1024];
+    conn.write_all(&raw::request(
+        "POST",
+        "/v1/sessions/s/execute",
+        Some("wrong"),
+        &body,
+        false,
+    ))
+    .await
+    .expect("send");
+    let reply = raw::read_response(&mut conn).await;
+    assert_eq!(reply.status, 401, "{}", reply.text());
+    assert!(
+        reply
+            .head
+            .to_ascii_lowercase()
+            .contains("connection: close"),
+        "a refusal of a request with a body must say the connection closes: {}",
+        reply.head
+    );
+    raw::until_closed(&mut conn)
+        .await
+        .expect("the server closes the connection it said it would");
+    // A refusal without a body keeps the connection.
+    let mut kept = raw::connect(srv.addr).await;
+    kept.write_all(&raw::request(
+        "GET",
+        "/v1/kernels",
+        Some("wrong"),
+        b"",
+        false,
+    ))
+    .await
+    .expect("send");
+    let reply = raw::read_response(&mut kept).await;
+    assert_eq!(reply.status, 401);
+    assert!(
+        !reply
+            .head
+            .to_ascii_lowercase()
+            .contains("connection: close"),
+        "{}",
+        reply.head
+    );
+    srv.finish().await;
+}

@@ -229,6 +229,9 @@ async fn a_server_killed_with_twenty_busy_kernels_leaves_nothing() {
             &format!("127.0.0.1:{port}"),
             "--max-kernels",
             "40",
+            // No warm pool: the test counts the twenty busy kernels.
+            "--pool",
+            "0",
             "--timeout",
             "10m",
         ])

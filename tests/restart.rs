@@ -157,7 +157,16 @@ async fn restart_reports_the_loss(name: &str, clean: bool) {
     let kernel = first.run("s", "x = 41").await;
     assert_eq!(kernel["generation"], 1, "{kernel}");
     assert_eq!(loss_reason(&kernel), None);
-    assert_eq!(containers(&engine, &label).await.len(), 1);
+    // The server keeps a warm pool (its default): the session's kernel is one of the
+    // containers, most likely one it took from the pool.
+    let id = kernel["id"].as_str().expect("id");
+    assert!(
+        containers(&engine, &label)
+            .await
+            .iter()
+            .any(|c| c.id.starts_with(id)),
+        "{kernel}"
+    );
     if clean {
         first.terminate().await;
     } else {

@@ -7,8 +7,11 @@
 //! ```
 //!
 //! Measures, in order: the bare attach echo floor and the warm cell round trip; the cold first
-//! cell against `docker run --rm IMAGE python3 -c pass`; a no-op tool call from inside a cell;
-//! many owners times many cells concurrently; N idle kernels (start time, host memory,
+//! cell against `docker run --rm IMAGE python3 -c pass`; the warm pool (a new owner's first
+//! cell on a hit and a miss, a burst of new owners, refill, idle memory); a no-op tool call from
+//! inside a cell; many owners times many cells concurrently; the plain and data-science images
+//! side by side (size, cold start, idle memory; the latter only when built); N idle kernels
+//! (start time, host memory,
 //! kernelbox's RSS); and, when ipykernel installs quickly into `target/bench-venv`, a Jupyter
 //! kernel as the reference users know. Prints a markdown table and writes the same data as
 //! JSON (default `target/bench.json`). Everything created carries
@@ -145,6 +148,8 @@ struct Sizes {
     cells_per_owner: usize,
     jupyter_warm: usize,
     jupyter_cold: usize,
+    pool_hits: usize,
+    pool_misses: usize,
 }
 
 impl Sizes {
@@ -159,6 +164,8 @@ impl Sizes {
                 cells_per_owner: 10,
                 jupyter_warm: 100,
                 jupyter_cold: 2,
+                pool_hits: 20,
+                pool_misses: 5,
             }
         } else {
             Sizes {
@@ -170,6 +177,8 @@ impl Sizes {
                 cells_per_owner: 25,
                 jupyter_warm: 500,
                 jupyter_cold: 5,
+                pool_hits: 50,
+                pool_misses: 10,
             }
         }
     }
@@ -185,12 +194,16 @@ async fn run_phases(b: &mut Bench) -> Result<()> {
     b.http().await?;
     eprintln!("[bench] cold first cell and docker run floor");
     b.cold().await?;
+    eprintln!("[bench] warm pool: hits, misses, a burst, refill, idle memory");
+    b.pool().await?;
     eprintln!("[bench] tool call round trip");
     b.tools().await?;
     eprintln!("[bench] file transfers and docker cp floor");
     b.files().await?;
     eprintln!("[bench] throughput");
     b.throughput().await?;
+    eprintln!("[bench] images: plain and datascience side by side");
+    b.images().await?;
     eprintln!("[bench] density: {} idle kernels", b.args.density);
     b.density().await?;
     Ok(())

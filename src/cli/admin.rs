@@ -78,7 +78,10 @@ struct Row {
     container: String,
     tenant: String,
     owner: String,
+    /// `pooled` for a warm-pool kernel no owner has taken yet, else the engine's state.
     state: String,
+    /// Made for the warm pool (taken or not).
+    from_pool: bool,
     generation: String,
     age_seconds: u64,
     idle_seconds: Option<u64>,
@@ -92,14 +95,31 @@ struct Row {
 /// What the runner's status file says: (cells run, Unix time of the last change, busy).
 type Status = Option<(u64, u64, bool)>;
 
+/// A kernel's `(tenant, owner)`: from its labels, or for a kernel taken from the warm pool
+/// from the container name the server gave it at the take (`labels::owner_name`); empty
+/// for a pooled kernel nobody has taken.
+fn identity(c: &ContainerInfo) -> (String, String) {
+    match (c.labels.get(labels::TENANT), c.labels.get(labels::OWNER)) {
+        (Some(tenant), Some(owner)) => (tenant.clone(), owner.clone()),
+        _ => labels::parse_owner_name(&c.name).unwrap_or_default(),
+    }
+}
+
 fn row(c: &ContainerInfo, memory: Option<u64>, status: Status) -> Row {
     let get = |k: &str| c.labels.get(k).cloned().unwrap_or_default();
     let created = labels::int(&c.labels, labels::CREATED_AT).unwrap_or(c.created);
+    let (tenant, owner) = identity(c);
+    let from_pool = c.labels.contains_key(labels::POOL);
     Row {
         container: c.id.chars().take(12).collect(),
-        tenant: get(labels::TENANT),
-        owner: get(labels::OWNER),
-        state: c.state.clone(),
+        state: if from_pool && owner.is_empty() && c.state == "running" {
+            "pooled".into()
+        } else {
+            c.state.clone()
+        },
+        tenant,
+        owner,
+        from_pool,
         generation: get(labels::GENERATION),
         age_seconds: kernelbox::clock::unix_now().saturating_sub(created.max(0) as u64),
         // Busy kernels are not idle at all; a kernel without a status has run no cell yet.
@@ -116,14 +136,24 @@ fn row(c: &ContainerInfo, memory: Option<u64>, status: Status) -> Row {
     }
 }
 
-async fn kernels(engine: &BollardEngine, extra: Vec<String>) -> anyhow::Result<Vec<ContainerInfo>> {
-    let mut filters = vec![labels::managed(), labels::filter(labels::ROLE, "kernel")];
-    filters.extend(extra);
-    Ok(engine.list_containers(&filters).await?)
+/// Kernel containers, optionally only those of a tenant and/or an owner (matched on
+/// [`identity`], so kernels taken from the warm pool are found too).
+async fn kernels(
+    engine: &BollardEngine,
+    tenant: Option<&str>,
+    owner: Option<&str>,
+) -> anyhow::Result<Vec<ContainerInfo>> {
+    let filters = vec![labels::managed(), labels::filter(labels::ROLE, "kernel")];
+    let mut list = engine.list_containers(&filters).await?;
+    list.retain(|c| {
+        let (t, o) = identity(c);
+        tenant.is_none_or(|want| want == t) && owner.is_none_or(|want| want == o)
+    });
+    Ok(list)
 }
 
 async fn find(engine: &BollardEngine, prefix: &str) -> anyhow::Result<ContainerInfo> {
-    let matches: Vec<ContainerInfo> = kernels(engine, vec![])
+    let matches: Vec<ContainerInfo> = kernels(engine, None, None)
         .await?
         .into_iter()
         .filter(|c| c.id.starts_with(prefix))
@@ -223,13 +253,8 @@ fn print_rows(rows: &[Row], format: Format) -> anyhow::Result<()> {
 
 /// `kernelbox ps`
 pub async fn ps(engine: &BollardEngine, args: PsArgs) -> anyhow::Result<ExitCode> {
-    let extra = args
-        .tenant
-        .iter()
-        .map(|t| labels::filter(labels::TENANT, t))
-        .collect();
     let mut rows = Vec::new();
-    for c in kernels(engine, extra).await? {
+    for c in kernels(engine, args.tenant.as_deref(), None).await? {
         let (memory, status) = if c.state != "running" {
             (None, None)
         } else if args.no_memory {
@@ -312,11 +337,11 @@ pub async fn kill(engine: &BollardEngine, args: KillArgs) -> anyhow::Result<Exit
     let targets: Vec<ContainerInfo> = if let Some(prefix) = &args.container {
         vec![find(engine, prefix).await?]
     } else if let Some(owner) = &args.owner {
-        kernels(engine, vec![labels::filter(labels::OWNER, owner)]).await?
+        kernels(engine, None, Some(owner)).await?
     } else if let Some(tenant) = &args.tenant {
-        kernels(engine, vec![labels::filter(labels::TENANT, tenant)]).await?
+        kernels(engine, Some(tenant), None).await?
     } else {
-        kernels(engine, vec![]).await?
+        kernels(engine, None, None).await?
     };
     let mut rows = Vec::new();
     for c in &targets {

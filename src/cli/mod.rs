@@ -2,6 +2,7 @@
 
 mod admin;
 mod cp;
+mod mcp;
 mod remote;
 mod repl;
 mod serve;
@@ -62,6 +63,11 @@ enum Command {
     Kill(admin::KillArgs),
     /// Serve the multi-tenant HTTP API until SIGTERM, then remove every kernel.
     Serve(serve::ServeArgs),
+    /// Serve MCP (Model Context Protocol) tools on standard input/output for one session.
+    ///
+    /// Runs its own kernels, or with --url calls a kernelbox server. For a desktop agent's
+    /// MCP configuration; see README, "MCP".
+    Mcp(mcp::McpArgs),
     /// (internal) Clean up after an orchestrator when its lifeline on stdin closes.
     #[command(hide = true)]
     Watchdog {
@@ -73,15 +79,22 @@ enum Command {
 
 #[derive(Debug, Subcommand)]
 enum ImageCommand {
-    /// Build the kernel image from images/Dockerfile, bootstrapping the base offline if needed.
+    /// Build a kernel image offline: `plain` (the default image) from images/Dockerfile,
+    /// bootstrapping its base if needed, or `datascience` (numpy, pandas, matplotlib, pillow,
+    /// scipy from Debian's packages) on top of the plain image.
     Build {
-        /// Tag of the image to build.
-        #[arg(long, default_value = kernelbox::config::DEFAULT_IMAGE)]
-        tag: String,
-        /// Base image (an official python image where a registry is reachable).
-        #[arg(long, default_value = kernelbox::image::OFFLINE_BASE)]
-        base: String,
-        /// Directory holding the Dockerfile and bootstrap script.
+        /// Which image: plain (kernelbox/kernel:latest) or datascience
+        /// (kernelbox/kernel-datascience:latest).
+        #[arg(long, default_value = "plain", value_parser = parse_preset)]
+        preset: kernelbox::image::Preset,
+        /// Tag of the image to build (default: the preset's).
+        #[arg(long)]
+        tag: Option<String>,
+        /// Base image (default: the preset's: the offline Debian base for plain, where a
+        /// registry is reachable an official python image; the plain image for datascience).
+        #[arg(long)]
+        base: Option<String>,
+        /// Directory holding the Dockerfiles and bootstrap script.
         #[arg(long, default_value = "images")]
         dir: PathBuf,
         /// Rebuild even when the image exists.
@@ -90,10 +103,15 @@ enum ImageCommand {
     },
 }
 
+fn parse_preset(text: &str) -> Result<kernelbox::image::Preset, String> {
+    text.parse()
+}
+
 /// Options shared by every verb that runs kernels.
 #[derive(Debug, Args, Clone)]
 pub struct KernelOpts {
-    /// Image to run kernels from.
+    /// Image to run kernels from, e.g. kernelbox/kernel-datascience:latest (`image build
+    /// --preset datascience`); on `serve`, a tenant's `image` in the tenants file overrides it.
     #[arg(long, env = "KERNELBOX_IMAGE", default_value = kernelbox::config::DEFAULT_IMAGE)]
     image: String,
     /// Cell timeout (e.g. 30s, 5m).
@@ -290,7 +308,7 @@ async fn connect() -> anyhow::Result<Arc<dyn Engine>> {
     Ok(Arc::new(engine))
 }
 
-async fn start(opts: &KernelOpts) -> anyhow::Result<Orchestrator> {
+pub(crate) async fn start(opts: &KernelOpts) -> anyhow::Result<Orchestrator> {
     let config = opts.config()?;
     let engine = connect().await?;
     if !engine.image_exists(&config.image).await? {
@@ -327,13 +345,16 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Image { command } => match command {
             ImageCommand::Build {
+                preset,
                 tag,
                 base,
                 dir,
                 force,
             } => {
+                let tag = tag.unwrap_or_else(|| preset.tag().to_string());
+                let base = base.unwrap_or_else(|| preset.default_base().to_string());
                 tokio::task::spawn_blocking(move || {
-                    kernelbox::image::build(&dir, &tag, &base, force)
+                    kernelbox::image::build(&dir, preset, &tag, &base, force)
                 })
                 .await??;
                 Ok(ExitCode::SUCCESS)
@@ -346,6 +367,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Logs(args) => admin::logs(&BollardEngine::connect().await?, args).await,
         Command::Kill(args) => admin::kill(&BollardEngine::connect().await?, args).await,
         Command::Serve(args) => serve::run(args).await,
+        Command::Mcp(args) => mcp::run(args).await,
         Command::Watchdog { instance } => {
             let engine = connect().await?;
             kernelbox::watchdog::run(engine.as_ref(), &instance).await?;

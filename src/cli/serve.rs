@@ -62,9 +62,28 @@ pub(crate) struct ServeArgs {
     /// there. Without it, `/metrics` is on the API listener.
     #[arg(long, env = "KERNELBOX_METRICS_LISTEN")]
     metrics_listen: Option<String>,
+    /// Kernels kept started and ready for new owners (the warm pool): a new session's first
+    /// cell then skips the cold start. They count toward --max-kernels (not toward any
+    /// tenant's cap). Default 4 (or --max-kernels if lower); 0 turns the pool off.
+    #[arg(long, env = "KERNELBOX_POOL")]
+    pool: Option<usize>,
+    /// A pooled kernel older than this is replaced by a fresh one (e.g. 15m).
+    #[arg(long, env = "KERNELBOX_POOL_MAX_AGE", default_value = "15m", value_parser = parse_duration)]
+    pool_max_age: Duration,
+    /// An MCP session on /v1/mcp with no message for this long ends, and its kernels go
+    /// (never less than --max-timeout plus 10 seconds).
+    #[arg(long, env = "KERNELBOX_MCP_IDLE_TIMEOUT", default_value = "30m", value_parser = parse_duration)]
+    mcp_idle_timeout: Duration,
+    /// MCP sessions one tenant may hold open at once on /v1/mcp.
+    #[arg(long, env = "KERNELBOX_MCP_MAX_SESSIONS", default_value_t = 64,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    mcp_max_sessions: u32,
     #[command(flatten)]
     kernel: KernelOpts,
 }
+
+/// The warm pool of a server when `--pool` is not given (at most `--max-kernels`).
+const DEFAULT_POOL: usize = 4;
 
 fn usage(message: String) -> anyhow::Error {
     Exit { code: 2, message }.into()
@@ -93,6 +112,8 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let mut config = args.kernel.config()?;
     config.max_session_kernels = args.max_kernels;
     config.kernel_idle_timeout = args.idle_timeout;
+    config.pool_size = args.pool.unwrap_or(DEFAULT_POOL.min(args.max_kernels));
+    config.pool_max_age = args.pool_max_age;
     config.watchdog = std::env::current_exe().ok();
     config.state_dir = Some(match args.state_dir.clone() {
         Some(dir) => dir,
@@ -129,14 +150,21 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let Some(engine) = connect_with_retry(&shutdown).await? else {
         return Ok(ExitCode::SUCCESS);
     };
-    if !engine.image_exists(&config.image).await? {
-        return Err(kernelbox::EngineError::ImageMissing {
-            image: config.image.clone(),
+    // The server's image and every image a tenant names must be there before anyone calls.
+    for image in std::iter::once(config.image.as_str()).chain(tenants.images()) {
+        if !engine.image_exists(image).await? {
+            return Err(kernelbox::EngineError::ImageMissing {
+                image: image.to_string(),
+            }
+            .into());
         }
-        .into());
     }
     let orchestrator = Orchestrator::start(config, engine).await?;
-    let state = AppState::new(orchestrator, tenants.clone());
+    let mcp = server::McpOptions {
+        idle_timeout: args.mcp_idle_timeout,
+        max_sessions_per_tenant: args.mcp_max_sessions as usize,
+    };
+    let state = AppState::with_mcp(orchestrator, tenants.clone(), mcp);
 
     eprintln!(
         "kernelbox: serving {} tenant(s) on http://{addr} (instance {})",

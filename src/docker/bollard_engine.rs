@@ -12,7 +12,7 @@ use bollard::models::{
 use bollard::query_parameters::{
     AttachContainerOptionsBuilder, EventsOptionsBuilder, KillContainerOptionsBuilder,
     ListContainersOptionsBuilder, ListVolumesOptionsBuilder, RemoveContainerOptionsBuilder,
-    UploadToContainerOptionsBuilder, WaitContainerOptionsBuilder,
+    RenameContainerOptionsBuilder, UploadToContainerOptionsBuilder, WaitContainerOptionsBuilder,
 };
 use bollard::Docker;
 use bytes::Bytes;
@@ -348,6 +348,15 @@ impl Engine for BollardEngine {
         }
     }
 
+    async fn rename_container(&self, id: &str, name: &str) -> Result<(), EngineError> {
+        let options = RenameContainerOptionsBuilder::default().name(name).build();
+        match self.docker.rename_container(id, options).await {
+            Ok(()) => Ok(()),
+            Err(e) if status_of(&e) == Some(404) => Ok(()),
+            Err(e) => Err(map_err("rename container", id, e)),
+        }
+    }
+
     async fn list_containers(&self, labels: &[String]) -> Result<Vec<ContainerInfo>, EngineError> {
         let options = ListContainersOptionsBuilder::default()
             .all(true)
@@ -369,6 +378,11 @@ impl Engine for BollardEngine {
                     .to_lowercase(),
                 labels: to_btree(c.labels),
                 created: c.created.unwrap_or_default(),
+                name: c
+                    .names
+                    .and_then(|n| n.into_iter().next())
+                    .map(|n| n.trim_start_matches('/').to_string())
+                    .unwrap_or_default(),
             })
             .collect())
     }

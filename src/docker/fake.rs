@@ -38,6 +38,7 @@ struct State {
 
 struct Container {
     labels: BTreeMap<String, String>,
+    name: String,
     running: bool,
     io: Option<(mpsc::Sender<Chunk>, tokio::io::DuplexStream)>,
     stop: CancellationToken,
@@ -209,6 +210,7 @@ impl Engine for FakeEngine {
             id.clone(),
             Container {
                 labels: spec.labels.clone(),
+                name: String::new(),
                 running: false,
                 io: None,
                 stop: CancellationToken::new(),
@@ -272,6 +274,13 @@ impl Engine for FakeEngine {
         Ok(())
     }
 
+    async fn rename_container(&self, id: &str, name: &str) -> Result<(), EngineError> {
+        if let Some(c) = self.lock().containers.get_mut(id) {
+            c.name = name.to_string();
+        }
+        Ok(())
+    }
+
     async fn list_containers(&self, _labels: &[String]) -> Result<Vec<ContainerInfo>, EngineError> {
         Ok(self
             .lock()
@@ -282,6 +291,7 @@ impl Engine for FakeEngine {
                 state: if c.running { "running" } else { "created" }.into(),
                 labels: c.labels.clone(),
                 created: 0,
+                name: c.name.clone(),
             })
             .collect())
     }

@@ -170,6 +170,8 @@ pub struct ContainerInfo {
     pub labels: BTreeMap<String, String>,
     /// Creation time, Unix seconds.
     pub created: i64,
+    /// The container's name, without Docker's leading `/` (empty when it has none).
+    pub name: String,
 }
 
 /// What `list` reports of a volume.
@@ -226,6 +228,9 @@ pub trait Engine: Send + Sync + 'static {
     async fn kill(&self, id: &str) -> Result<(), EngineError>;
     /// Kills and removes a container and waits until it is gone; a missing one is a success.
     async fn remove_container(&self, id: &str) -> Result<(), EngineError>;
+    /// Renames a container (kernelbox records who took a pooled kernel in its name: see
+    /// [`labels::owner_name`](crate::labels::owner_name)); a missing container is a success.
+    async fn rename_container(&self, id: &str, name: &str) -> Result<(), EngineError>;
     /// Containers (any state) matching every `key=value` label filter.
     async fn list_containers(&self, labels: &[String]) -> Result<Vec<ContainerInfo>, EngineError>;
     /// Extracts a tar archive into `dir` of a container (a volume path, before or after start).

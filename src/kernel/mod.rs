@@ -33,7 +33,7 @@ pub mod stdin;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
@@ -45,7 +45,7 @@ use crate::cell::OutputBuffer;
 use crate::clock::unix_now;
 use crate::config::{DEFAULT_DISPLAY_BUNDLE_BYTES, DEFAULT_DISPLAY_CELL_BYTES};
 use crate::docker::{remove_volume_when_free, short_id, Engine, EngineError};
-use crate::owner::KernelKey;
+use crate::owner::{KernelKey, Owner};
 use crate::rich::{DisplaySink, RichResult};
 pub use protocol::DisplayCaps;
 use protocol::{KernelFrame, MAX_FRAME_LINE, PROTOCOL_VERSION};
@@ -291,10 +291,9 @@ pub struct Kernel {
     pub id: String,
     /// Name of its staging volume.
     pub volume: String,
-    /// The key it serves.
-    pub key: KernelKey,
-    /// Which kernel of the key it is.
-    pub generation: u64,
+    /// Who it belongs to: set at spawn, or when an owner takes it from the warm pool; tool
+    /// calls are made on this owner's behalf.
+    owner: OnceLock<Owner>,
     /// When it was created.
     pub created: SystemTime,
     /// Where spills go inside the kernel.
@@ -317,7 +316,7 @@ impl std::fmt::Debug for Kernel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Kernel")
             .field("id", &self.short_id())
-            .field("generation", &self.generation)
+            .field("owner", &self.owner.get())
             .field("state", &self.state())
             .finish()
     }
@@ -345,7 +344,28 @@ pub fn kernel_labels(
     labels
 }
 
+/// Labels of a warm-pool kernel's container and volume: the instance's, and no owner.
+pub fn pool_labels(base: &BTreeMap<String, String>, role: &str) -> BTreeMap<String, String> {
+    use crate::labels as l;
+    let mut labels = base.clone();
+    labels.insert(l::ROLE.into(), role.into());
+    labels.insert(l::POOL.into(), "true".into());
+    labels.insert(l::CREATED_AT.into(), unix_now().to_string());
+    labels
+}
+
 impl Kernel {
+    /// Gives an ownerless (pooled) kernel its owner; false when it already had one (a kernel
+    /// is never handed to a second owner).
+    pub fn assign(&self, owner: &Owner) -> bool {
+        self.owner.set(owner.clone()).is_ok()
+    }
+
+    /// Its owner, once it has one.
+    pub fn owner(&self) -> Option<&Owner> {
+        self.owner.get()
+    }
+
     /// The short (12 hex) container id.
     pub fn short_id(&self) -> &str {
         short_id(&self.id)

@@ -252,7 +252,11 @@ impl Kernel {
         tool: String,
         args: Option<Box<RawValue>>,
     ) -> ToolWork {
-        let owner = &self.key.owner;
+        let Some(owner) = self.owner() else {
+            // Unreachable: a pooled kernel runs its first cell only after it is assigned.
+            let failed = Err("kernelbox: this kernel has no owner yet".to_string());
+            return Box::pin(async move { (call, size, failed) });
+        };
         // Keyword arguments are an object; anything else is taken as none. The text is valid
         // JSON already (the frame parsed), so its first byte tells.
         let args = match args.filter(|raw| raw.get().starts_with('{')) {

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::SystemTime;
 
 use rand::Rng;
@@ -16,8 +16,8 @@ use super::protocol::{runner_command, runner_env, Breach, KernelFrame, PROTOCOL_
 use super::reader::{reader_task, Events, ReaderTask};
 use super::stdin::Stdin;
 use super::{
-    kernel_labels, parse_user, CellIo, IoEvent, Kernel, KernelError, KernelState, Shared,
-    MAX_READER_BACKLOG, STAGING_DIR_PROJECT, WORK_DIR,
+    kernel_labels, parse_user, pool_labels, CellIo, IoEvent, Kernel, KernelError, KernelState,
+    Shared, MAX_READER_BACKLOG, STAGING_DIR_PROJECT, WORK_DIR,
 };
 use crate::config::{Config, WorkMode};
 use crate::docker::{remove_volume_when_free, ContainerSpec, Engine, Mount, TmpfsVolume};
@@ -32,10 +32,9 @@ pub struct SpawnRequest<'a> {
     pub config: &'a Config,
     /// The instance's labels, put on the container and its volume.
     pub base_labels: &'a BTreeMap<String, String>,
-    /// The key it will serve.
-    pub key: KernelKey,
-    /// Which kernel of the key it is.
-    pub generation: u64,
+    /// The key it will serve and which kernel of the key it is; `None` for a kernel made for
+    /// the warm pool, which carries no owner until one takes it ([`Kernel::assign`]).
+    pub owner: Option<(KernelKey, u64)>,
     /// The engine's event stream, to tell deaths apart.
     pub monitor: EventMonitor,
     /// Owns the kernel's reader and stdin tasks.
@@ -57,13 +56,26 @@ impl Kernel {
             engine,
             config,
             base_labels,
-            key,
-            generation,
+            owner,
             ..
         } = &request;
         let suffix: u32 = rand::rng().random();
-        let volume = format!("kernelbox-{}-{generation}-{suffix:08x}", key.hash());
-        let mut labels = kernel_labels(base_labels, key, *generation, "staging");
+        let (volume, mut labels) = match owner {
+            Some((key, generation)) => (
+                format!("kernelbox-{}-{generation}-{suffix:08x}", key.hash()),
+                kernel_labels(base_labels, key, *generation, "staging"),
+            ),
+            None => (
+                format!("kernelbox-pool-{suffix:08x}"),
+                pool_labels(base_labels, "staging"),
+            ),
+        };
+        // An owner's kernel runs the image its key names (a tenant's or a request's, see
+        // README "Images"); a pooled kernel, the configuration's.
+        let mut spec = config.kernel_spec();
+        if let Some((key, _)) = owner {
+            spec.image = key.image.clone();
+        }
         let tmpfs = config.sandbox.work_bytes.map(|size_bytes| {
             let (uid, gid) = parse_user(&config.sandbox.user);
             TmpfsVolume {
@@ -79,7 +91,7 @@ impl Kernel {
             crate::labels::MEMORY.into(),
             config.sandbox.memory_bytes.to_string(),
         );
-        let (mounts, spill_dir) = match &key.mode {
+        let (mounts, spill_dir) = match &spec.mode {
             WorkMode::Strict => (
                 vec![Mount::Volume {
                     name: volume.clone(),
@@ -104,7 +116,7 @@ impl Kernel {
         let status_path = format!("{spill_dir}/status");
         labels.insert(crate::labels::STATUS.into(), status_path.clone());
         let spec = ContainerSpec {
-            image: key.image.clone(),
+            image: spec.image.clone(),
             cmd: runner_command(),
             env: runner_env()
                 .into_iter()
@@ -156,8 +168,7 @@ impl Kernel {
         let SpawnRequest {
             engine,
             config,
-            key,
-            generation,
+            owner,
             monitor,
             tracker,
             ..
@@ -177,8 +188,7 @@ impl Kernel {
         let kernel = Arc::new(Kernel {
             id: id.clone(),
             volume,
-            key,
-            generation,
+            owner: OnceLock::new(),
             created: SystemTime::now(),
             spill_dir,
             user: config.sandbox.user.clone(),
@@ -236,6 +246,9 @@ impl Kernel {
         drop(io);
         if ready.0 != PROTOCOL_VERSION {
             return Err(KernelError::Protocol(ready.0));
+        }
+        if let Some((key, _)) = owner {
+            kernel.assign(&key.owner);
         }
         tracing::debug!(container = %kernel.short_id(), python = %ready.1, "kernel ready");
         kernel.shared.set_live(KernelState::Idle);

@@ -5,9 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio_util::sync::CancellationToken;
-
-use super::{AdmissionNotice, ExecuteError, ExecuteRequest, Orchestrator, Run, CLEARED_MESSAGE};
+use super::{AdmissionNotice, ExecuteError, ExecuteRequest, Orchestrator, CLEARED_MESSAGE};
 use crate::adopt::run_adopted;
 use crate::authority::CellAuthority;
 use crate::catalog::Change;
@@ -16,7 +14,7 @@ use crate::cell::{
 };
 use crate::config::DISPLAY_OVERHEAD_BYTES;
 use crate::kernel::{CellOptions, CellOutcome, Death, DisplayCaps, Kernel, SpawnRequest};
-use crate::owner::{KernelKey, Owner};
+use crate::owner::KernelKey;
 use crate::registry::{Refusal, Slot, TenantLimits};
 
 impl Orchestrator {
@@ -41,6 +39,17 @@ impl Orchestrator {
         })
     }
 
+    /// The image a new kernel of a request runs: the one it names, else `Config::image`.
+    pub(super) fn image_for(&self, named: Option<&str>) -> Result<String, ExecuteError> {
+        match named {
+            None => Ok(self.inner.config.image.clone()),
+            Some(image) if image.trim().is_empty() => {
+                Err(ExecuteError::Invalid("image must not be empty".into()))
+            }
+            Some(image) => Ok(image.to_string()),
+        }
+    }
+
     pub(super) async fn execute_owned(
         &self,
         request: ExecuteRequest,
@@ -56,7 +65,7 @@ impl Orchestrator {
         let key = KernelKey {
             owner: owner.clone(),
             mode: config.mode.clone(),
-            image: config.image.clone(),
+            image: self.image_for(request.image.as_deref())?,
             tools: request.tools.clone(),
         };
         // Interruptible from the start: an interrupt during a cold start is not lost (the cell
@@ -232,43 +241,6 @@ impl Orchestrator {
         Ok(result)
     }
 
-    /// Registers a running cell's interrupt token; returns its id for [`Self::untrack_running`]
-    /// and where to publish whether the cell ended as interrupted.
-    pub(super) fn track_running(
-        &self,
-        owner: &Owner,
-        token: &CancellationToken,
-    ) -> (u64, tokio::sync::watch::Sender<Option<bool>>) {
-        let id = self
-            .inner
-            .next_run
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let (tx, rx) = tokio::sync::watch::channel(None);
-        let mut running = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
-        running.entry(owner.clone()).or_default().push(Run {
-            id,
-            token: token.clone(),
-            outcome: rx,
-        });
-        self.inner.running_count.send_modify(|n| *n += 1);
-        (id, tx)
-    }
-
-    pub(super) fn untrack_running(&self, owner: &Owner, id: u64) {
-        let mut running = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(runs) = running.get_mut(owner) {
-            let before = runs.len();
-            runs.retain(|r| r.id != id);
-            let gone = before - runs.len();
-            if runs.is_empty() {
-                running.remove(owner);
-            }
-            self.inner
-                .running_count
-                .send_modify(|n| *n = n.saturating_sub(gone));
-        }
-    }
-
     pub(super) async fn acquire(
         &self,
         key: &KernelKey,
@@ -280,36 +252,46 @@ impl Orchestrator {
         let mut reset = reset;
         let mut state_reset = false;
         loop {
-            let attach = match inner.registry.attach(key, reset, limits) {
-                Ok(attach) => attach,
-                Err(Refusal::Busy { owner, max }) => {
-                    let refusal = || ExecuteError::SessionBusy {
-                        owner: owner.clone(),
-                        max,
-                    };
-                    if let Some(notice) = admission {
-                        notice.send(Err(refusal()));
+            let attach =
+                match inner
+                    .registry
+                    .attach_from_pool(key, reset, limits, self.pool_spec(key))
+                {
+                    Ok(attach) => attach,
+                    Err(Refusal::Busy { owner, max }) => {
+                        let refusal = || ExecuteError::SessionBusy {
+                            owner: owner.clone(),
+                            max,
+                        };
+                        if let Some(notice) = admission {
+                            notice.send(Err(refusal()));
+                        }
+                        return Err(refusal());
                     }
-                    return Err(refusal());
-                }
-                Err(Refusal::AtCapacity(full)) => {
-                    let refusal = || ExecuteError::AtCapacity {
-                        tenant: full.tenant.clone(),
-                        cap: full.cap,
-                        held: full.held,
-                    };
-                    if let Some(notice) = admission {
-                        notice.send(Err(refusal()));
+                    Err(Refusal::AtCapacity(full)) => {
+                        let refusal = || ExecuteError::AtCapacity {
+                            tenant: full.tenant.clone(),
+                            cap: full.cap,
+                            held: full.held,
+                        };
+                        if let Some(notice) = admission {
+                            notice.send(Err(refusal()));
+                        }
+                        let error = refusal();
+                        self.dispose_slots(full.victims).await;
+                        return Err(error);
                     }
-                    let error = refusal();
-                    self.dispose_slots(full.victims).await;
-                    return Err(error);
-                }
-            };
+                };
             if inner.registry.is_closed() {
-                // Shutdown drained the registry; nothing new may start.
+                // Shutdown drained the registry; nothing new may start (and a pooled kernel
+                // this attach took goes).
                 inner.registry.forget(&attach.slot, None);
                 inner.registry.release(&attach.slot);
+                let taken = attach
+                    .discarded
+                    .into_iter()
+                    .chain(attach.slot.kernel.get().cloned());
+                self.dispose_pooled(taken.collect()).await;
                 self.give_back_loss(key, attach.state_lost);
                 if let Some(notice) = admission {
                     notice.send(Err(ExecuteError::ShuttingDown));
@@ -327,9 +309,12 @@ impl Orchestrator {
                 doomed.push(old);
             }
             self.dispose_slots(doomed).await;
+            self.dispose_pooled(attach.discarded).await;
             let slot = attach.slot;
             let state_lost = attach.state_lost;
-            let mut reused = true;
+            // A kernel taken from the warm pool is new to its owner, like a cold one.
+            let pooled = attach.pooled;
+            let mut reused = !pooled;
             let spawned = slot
                 .kernel
                 .get_or_try_init(|| {
@@ -339,12 +324,13 @@ impl Orchestrator {
                         engine: inner.engine.clone(),
                         config: &inner.config,
                         base_labels: &inner.labels,
-                        key: key.clone(),
-                        generation: slot.generation,
+                        owner: Some((key.clone(), slot.generation)),
                         monitor: inner.monitor.clone(),
                         tracker: &inner.tracker,
                     });
                     async move {
+                        // The pool's refill holds off while a new owner waits on a cold start.
+                        let _cold = inner.pool.cold_start();
                         let result = spawn.await;
                         inner
                             .starts
@@ -383,6 +369,12 @@ impl Orchestrator {
                 continue;
             }
             if kernel.is_alive() {
+                if !reused {
+                    self.count_take(pooled);
+                }
+                // Naming the kernel and refilling the pool wait for this first cell (or a
+                // moment): they would compete with it for the engine.
+                let taken = pooled.then(|| self.after_take(key, &kernel));
                 let started = match (&inner.catalog, reused) {
                     (Some(catalog), false) => Some(catalog.record_durable(Change::Started {
                         key_hash: key.hash(),
@@ -393,6 +385,7 @@ impl Orchestrator {
                     _ => None,
                 };
                 return Ok(Lease {
+                    _taken: taken,
                     started,
                     slot,
                     kernel,
@@ -402,8 +395,16 @@ impl Orchestrator {
                 });
             }
             // It died between cells (killed from outside, OOM from a stray thread, engine
-            // restart): report the loss on this very call and start afresh.
-            let reason = death_message(kernel.death().unwrap_or(Death::Crashed(-1)), 0).1;
+            // restart): report the loss on this very call and start afresh. A pooled kernel
+            // that died just as it was taken was never its owner's: no loss, and the loss
+            // this attach took is reported on the retry.
+            let reason = match pooled {
+                true => {
+                    self.give_back_loss(key, state_lost);
+                    None
+                }
+                false => death_message(kernel.death().unwrap_or(Death::Crashed(-1)), 0).1,
+            };
             // Recorded in the registry, the loss comes back to this very call on the retry.
             inner.registry.forget(&slot, reason);
             if inner.registry.release(&slot) {
@@ -422,6 +423,8 @@ impl Orchestrator {
 }
 
 pub(super) struct Lease {
+    /// Dropped when the call ends: lets the work after a pool take go.
+    _taken: Option<tokio_util::sync::DropGuard>,
     pub(super) slot: Arc<Slot>,
     kernel: Arc<Kernel>,
     reused: bool,

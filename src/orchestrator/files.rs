@@ -51,6 +51,8 @@ pub struct FileRequest {
     pub tools: BTreeSet<String>,
     /// The tenant's caps, for a kernel an upload starts.
     pub tenant_limits: TenantLimits,
+    /// The image of a kernel an upload starts (as for an execute: `None` is `Config::image`).
+    pub image: Option<String>,
 }
 
 impl FileRequest {
@@ -136,7 +138,7 @@ impl Orchestrator {
         let key = KernelKey {
             owner: owner.clone(),
             mode: self.inner.config.mode.clone(),
-            image: self.inner.config.image.clone(),
+            image: self.image_for(request.image.as_deref())?,
             tools: request.tools.clone(),
         };
         let mut lease = self

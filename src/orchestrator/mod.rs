@@ -8,19 +8,24 @@
 //! | `request.rs` | what callers hand in and get back: [`ExecuteRequest`], errors, [`KernelSummary`], [`Stats`] |
 //! | `execute.rs` | one execute: acquire a kernel (spawn or reuse), run the cell, build the [`CellResult`](crate::CellResult) |
 //! | `files.rs` | files in and out of an owner's kernel: write, read, list, remove ([`FileRequest`]) |
-//! | `lifecycle.rs` | interrupt, clear, evict, release a child, list, reap, sweeps |
+//! | `lifecycle.rs` | running cells and interrupt, clear, evict, release a child, list, reap, sweeps |
+//! | `pool.rs` | the warm pool: the refill task, pooled kernels' disposal, naming a taken kernel after its owner |
 //! | `shutdown.rs` | the graceful stop: refuse new work, drain, remove every kernel |
-//! | `tests.rs` | unit tests against the fake engine in paused time |
+//! | `tests.rs`, `pool_tests.rs` | unit tests against the fake engine in paused time |
 
 mod execute;
 mod files;
 mod lifecycle;
+mod pool;
+#[cfg(test)]
+mod pool_tests;
 mod request;
 mod shutdown;
 #[cfg(test)]
 mod tests;
 
 pub use files::{FileError, FileRequest};
+pub use pool::{PoolStats, POOL_REFILL_CONCURRENCY, REFILL_BUCKETS};
 pub use request::{
     AdmissionNotice, ExecuteError, ExecuteRequest, KernelSummary, StartError, StartStats, Stats,
     START_BUCKETS,
@@ -78,6 +83,7 @@ struct Inner {
     starts: Mutex<StartStats>,
     watchdog: Mutex<Option<Watchdog>>,
     catalog: Option<Arc<CatalogWriter>>,
+    pool: pool::PoolState,
 }
 
 /// Runs stateful Python kernels in containers, one per key. Cheap to clone.
@@ -163,7 +169,9 @@ impl Orchestrator {
             })?),
             None => None,
         };
+        let pool = pool::PoolState::new(config.kernel_spec(), config.pool_size);
         let inner = Arc::new(Inner {
+            pool,
             registry: Registry::new(config.max_session_kernels, config.kernel_idle_timeout),
             config,
             engine,
@@ -204,6 +212,7 @@ impl Orchestrator {
         ));
         let reaper = orchestrator.clone();
         i.tracker.spawn(async move { reaper.reap_forever().await });
+        orchestrator.start_pool();
         Ok(orchestrator)
     }
 
@@ -258,6 +267,10 @@ impl Orchestrator {
             losses: self.inner.registry.loss_counts(),
             evictions: self.inner.registry.eviction_counts(),
             catalog_failures: self.inner.catalog.as_ref().map_or(0, |c| c.failures()),
+            pool: PoolStats {
+                ready: self.inner.registry.pool_ready(),
+                ..self.inner.pool.stats().clone()
+            },
         }
     }
 }

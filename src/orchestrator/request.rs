@@ -36,6 +36,10 @@ pub struct ExecuteRequest {
     pub timeout: Option<Duration>,
     /// Tools the cell may call (part of the kernel key).
     pub tools: BTreeSet<String>,
+    /// The image a new kernel runs (part of the kernel key; `None`: [`Config::image`]).
+    ///
+    /// [`Config::image`]: crate::Config::image
+    pub image: Option<String>,
     /// Where tool calls go.
     pub dispatcher: Option<Arc<dyn ToolDispatcher>>,
     /// Cancelling it interrupts the cell (the kernel is killed).
@@ -85,6 +89,7 @@ impl std::fmt::Debug for ExecuteRequest {
             .field("reset", &self.reset)
             .field("timeout", &self.timeout)
             .field("tools", &self.tools)
+            .field("image", &self.image)
             .field("tenant_limits", &self.tenant_limits)
             .finish_non_exhaustive()
     }
@@ -259,4 +264,6 @@ pub struct Stats {
     pub evictions: EvictionCounts,
     /// Catalog changes dropped or refused (0 without a catalog).
     pub catalog_failures: u64,
+    /// The warm pool.
+    pub pool: super::PoolStats,
 }

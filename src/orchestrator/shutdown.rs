@@ -15,6 +15,8 @@ impl Orchestrator {
         inner.cancel.cancel();
         let slots = inner.registry.drain();
         self.dispose_slots(slots).await;
+        // The pool's refills in flight dispose of their kernels; then the pool goes.
+        self.stop_pool(Duration::from_secs(10)).await;
         // Anything the registry no longer knows (a spawn racing the shutdown) goes by label.
         if let Err(e) =
             crate::watchdog::remove_instance(inner.engine.as_ref(), &inner.instance.id).await

@@ -23,12 +23,17 @@
 //! `max_kernels` of them are live at once, host-wide, first come first served; past it a new
 //! child is refused (pinned kernels are never evicted). So at most twice the host's cap of
 //! kernels are registered at once.
+//!
+//! Warm-pool kernels (`pool.rs`) count toward the host's cap and no tenant's. A new session
+//! that takes one adds nothing to the host's count; one that cannot (no pooled kernel of its
+//! spec) at the cap discards pooled kernels before it evicts anyone's.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use super::{Inner, Registry, Slot};
 use crate::cell::LossReason;
+use crate::kernel::Kernel;
 use crate::owner::{KernelKey, Owner};
 
 /// A tenant's own limits, carried by each of its requests.
@@ -110,6 +115,12 @@ pub struct EvictionCounts {
     pub host_cap_other: u64,
 }
 
+/// An admission's plan: the slots to evict (and why), and how many pooled kernels to discard.
+type Plan = (Vec<(KernelKey, Evict)>, usize);
+
+/// What an admission took to make room: evicted slots and discarded pooled kernels.
+pub(super) type Admitted = (Vec<Arc<Slot>>, Vec<Arc<Kernel>>);
+
 impl Inner {
     /// Removes a key's slot. A released child's mark goes with its owner's last slot, so the
     /// set of marks never outgrows the slots.
@@ -126,12 +137,16 @@ impl Inner {
 
     /// Decides which idle slots go so that one more kernel for `key` fits both caps. Nothing
     /// is changed when the answer is no: a refused request costs nobody a kernel.
+    /// `taking`: the new kernel comes out of the warm pool, whose kernels the host's cap
+    /// already counts. Pooled kernels (but the one taken) go before any owner's kernel.
+    /// Returns the slots to evict and how many pooled kernels to discard.
     fn plan_admission(
         &self,
         key: &KernelKey,
         limits: TenantLimits,
         host_max: usize,
-    ) -> Result<Vec<(KernelKey, Evict)>, (Cap, usize)> {
+        taking: bool,
+    ) -> Result<Plan, (Cap, usize)> {
         let tenant = key.owner.tenant.as_str();
         let released = &self.released_children;
         if key.owner.is_child() {
@@ -159,10 +174,17 @@ impl Inner {
                 total += 1;
             }
         }
+        // Pooled kernels count toward the host's cap, never toward a tenant's.
+        total += self.pool.len();
+        let mut discardable = self.pool.len() - usize::from(taking);
+        // What one more kernel adds to the host's count: nothing for a pooled kernel taken
+        // by a session (it was counted already) or for a child (pinned, counted apart).
+        let adds = usize::from(!taking && !key.owner.is_child());
+        let mut discarded = 0;
         let tenant_full = limits.max_kernels.is_some_and(|max| held_all >= max);
-        let host_full = !key.owner.is_child() && total >= host_max;
+        let host_full = total + adds > host_max;
         if !tenant_full && !host_full {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), 0));
         }
         // Eviction candidates, least recently used first.
         let mut idle: Vec<&Arc<Slot>> = self
@@ -198,9 +220,15 @@ impl Inner {
         }
         // A live delegated child is pinned: outside the host's cap.
         if key.owner.is_child() {
-            return Ok(planned);
+            return Ok((planned, 0));
         }
-        while total >= host_max {
+        while total + adds > host_max {
+            if discardable > 0 {
+                discardable -= 1;
+                discarded += 1;
+                total -= 1;
+                continue;
+            }
             let mine = held.get(tenant).copied().unwrap_or(0);
             let shares = self.shares(&held, tenant, limits, host_max);
             let share = |t: &str| shares.get(t).copied().unwrap_or(0);
@@ -233,7 +261,7 @@ impl Inner {
             take(victim, why, &mut planned, &mut held);
             total -= 1;
         }
-        Ok(planned)
+        Ok((planned, discarded))
     }
 
     /// Fair shares of the tenants holding unpinned kernels and of the requester (see the
@@ -275,13 +303,15 @@ impl Inner {
             .collect()
     }
 
-    /// Admits one more kernel for `key`: evicts the planned victims, or refuses.
+    /// Admits one more kernel for `key` (`taking`: out of the warm pool): evicts the planned
+    /// victims and discards the planned pooled kernels (returned for disposal), or refuses.
     pub(super) fn admit(
         &mut self,
         key: &KernelKey,
         limits: TenantLimits,
         host_max: usize,
-    ) -> Result<Vec<Arc<Slot>>, (Cap, usize)> {
+        taking: Option<usize>,
+    ) -> Result<Admitted, (Cap, usize)> {
         let tenant = key.owner.tenant.clone();
         // Remembered only for tenants holding kernels (the requester included).
         {
@@ -290,7 +320,8 @@ impl Inner {
             self.limits.retain(|t, _| holding.contains(t.as_str()));
         }
         self.limits.insert(tenant.clone(), limits);
-        let plan = self.plan_admission(key, limits, host_max)?;
+        let (plan, discard) = self.plan_admission(key, limits, host_max, taking.is_some())?;
+        let discarded = self.pool_discard(discard, taking);
         let mut victims = Vec::with_capacity(plan.len());
         for (victim, why) in plan {
             if let Some(slot) = self.unregister(&victim) {
@@ -303,7 +334,7 @@ impl Inner {
                 victims.push(slot);
             }
         }
-        Ok(victims)
+        Ok((victims, discarded))
     }
 }
 

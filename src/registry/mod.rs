@@ -23,10 +23,14 @@
 //! | `mod.rs` | [`Registry`], [`Slot`], attach/release/forget, idle reaping, losses and generations |
 //! | `live.rs` | attach to an owner's live kernel without starting one (file transfers) |
 //! | `admission.rs` | the two caps and fair shares: which idle kernel goes to admit a new one |
+//! | `losses.rs` | losses and generations: catalog seeds, losses recorded and owed |
+//! | `pool.rs` | the warm pool's books: ready ownerless kernels, taken atomically with admission |
 //! | `tests.rs` | unit tests |
 
 mod admission;
 mod live;
+mod losses;
+mod pool;
 
 pub use admission::{AtCapacity, Cap, EvictionCounts, Refusal, TenantLimits};
 
@@ -37,8 +41,9 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::OnceCell;
 use tokio::time::{Duration, Instant};
 
-use crate::catalog::{CatalogWriter, Change, Entry, EntryState};
+use crate::catalog::{CatalogWriter, Change};
 use crate::cell::{LossReason, StateLost};
+use crate::config::KernelSpec;
 use crate::kernel::Kernel;
 use crate::owner::{KernelKey, Owner};
 
@@ -101,6 +106,10 @@ pub struct Attach {
     pub reset: Option<Arc<Slot>>,
     /// The loss to report on this call, if any.
     pub state_lost: Option<StateLost>,
+    /// The slot's kernel was taken from the warm pool (already set in `slot.kernel`).
+    pub pooled: bool,
+    /// Pooled kernels discarded to make room; dispose of them.
+    pub discarded: Vec<Arc<Kernel>>,
 }
 
 /// The bookkeeping behind the orchestrator.
@@ -129,17 +138,11 @@ struct Inner {
     /// Where kernel starts and losses are recorded durably, if anywhere.
     journal: Option<Arc<CatalogWriter>>,
     /// What the catalog knew at start, by key hash: taken by a key's first attach.
-    seeded: HashMap<String, Seed>,
-}
-
-/// A key known from the catalog: its owner (checked against the key), last generation, and
-/// the loss still owed to it.
-#[derive(Debug)]
-struct Seed {
-    tenant: String,
-    owner: String,
-    generation: u64,
-    loss: Option<StateLost>,
+    seeded: HashMap<String, losses::Seed>,
+    /// The warm pool's ready kernels (`pool.rs`).
+    pool: Vec<pool::Pooled>,
+    /// Pooled kernels being spawned (reserved, not yet offered).
+    pool_pending: usize,
 }
 
 impl Inner {
@@ -149,57 +152,6 @@ impl Inner {
         if let (Some(journal), false) = (&self.journal, self.closed) {
             journal.record(change());
         }
-    }
-
-    /// A key seen for the first time takes its generation and owed loss from the catalog.
-    fn take_seed(&mut self, key: &KernelKey) {
-        if self.seeded.is_empty() || self.generations.contains_key(key) {
-            return;
-        }
-        let Some(seed) = self.seeded.remove(&key.hash()) else {
-            return;
-        };
-        if seed.tenant != key.owner.tenant || seed.owner != key.owner.to_string() {
-            return;
-        }
-        self.generations.insert(key.clone(), seed.generation);
-        if let Some(loss) = seed.loss {
-            self.losses.insert(key.clone(), loss);
-        }
-    }
-
-    fn remember(&mut self, key: &KernelKey) {
-        if !self.generations.contains_key(key) {
-            if self.remembered.len() >= MAX_REMEMBERED_KEYS {
-                if let Some(old) = self.remembered.pop_front() {
-                    if !self.slots.contains_key(&old) {
-                        self.generations.remove(&old);
-                        self.losses.remove(&old);
-                    }
-                }
-            }
-            self.remembered.push_back(key.clone());
-        }
-    }
-
-    fn record_loss(&mut self, key: &KernelKey, reason: LossReason) {
-        if let Some(i) = LossReason::ALL.iter().position(|r| *r == reason) {
-            self.loss_counts[i] += 1;
-        }
-        self.remember(key);
-        let generation = *self.generations.entry(key.clone()).or_insert(0);
-        let loss = StateLost {
-            reason,
-            at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
-        };
-        self.journal(|| Change::Lost {
-            key_hash: key.hash(),
-            tenant: key.owner.tenant.clone(),
-            owner: key.owner.to_string(),
-            generation,
-            loss: loss.clone(),
-        });
-        self.losses.insert(key.clone(), loss);
     }
 
     fn take_idle(&mut self, now: Instant, idle: Duration) -> Vec<Arc<Slot>> {
@@ -232,38 +184,6 @@ impl Registry {
         }
     }
 
-    /// Records kernel losses (and voluntary ends) in `journal` from now on, and seeds the
-    /// generations and owed losses of keys from what the catalog held at start (rows still
-    /// `live` must already be turned into losses by the caller). Returns the keys seeded.
-    pub fn use_catalog(&self, journal: Arc<CatalogWriter>, entries: Vec<Entry>) -> usize {
-        let mut inner = self.lock();
-        inner.journal = Some(journal);
-        for entry in entries {
-            let loss = match entry.state {
-                EntryState::Lost { loss } => Some(loss),
-                EntryState::Live | EntryState::Ended => None,
-            };
-            inner.seeded.insert(
-                entry.key_hash,
-                Seed {
-                    tenant: entry.tenant,
-                    owner: entry.owner,
-                    generation: entry.generation,
-                    loss,
-                },
-            );
-        }
-        inner.seeded.len()
-    }
-
-    /// Counts losses that happened outside this registry's life (kernels lost by a restart),
-    /// for the losses-as-they-happen counters.
-    pub fn count_losses(&self, reason: LossReason, n: u64) {
-        if let Some(i) = LossReason::ALL.iter().position(|r| *r == reason) {
-            self.lock().loss_counts[i] += n;
-        }
-    }
-
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -274,11 +194,25 @@ impl Registry {
     /// refusal says which cap. `reset` discards the key's current slot for a new one (in its
     /// place: no admission needed); the caller must dispose of the discarded slot's kernel at
     /// once. A key whose slot already has [`MAX_ATTACHED_PER_SLOT`] calls is refused.
+    #[cfg(test)]
     pub fn attach(
         &self,
         key: &KernelKey,
         reset: bool,
         limits: TenantLimits,
+    ) -> Result<Attach, Refusal> {
+        self.attach_from_pool(key, reset, limits, None)
+    }
+
+    /// [`Registry::attach`], taking a ready pooled kernel of `spec` (when given and one is
+    /// ready) for a new slot, in the same critical section as its admission: the slot's
+    /// kernel is set and assigned to the key's owner before the lock is released.
+    pub fn attach_from_pool(
+        &self,
+        key: &KernelKey,
+        reset: bool,
+        limits: TenantLimits,
+        spec: Option<&KernelSpec>,
     ) -> Result<Attach, Refusal> {
         let now = Instant::now();
         let mut inner = self.lock();
@@ -294,9 +228,15 @@ impl Registry {
             });
         }
         let mut victims = inner.take_idle(now, self.idle_timeout);
+        let mut discarded = Vec::new();
+        let new_slot = reset || !inner.slots.contains_key(key);
+        let taking = spec.filter(|_| new_slot).and_then(|s| inner.pool_find(s));
         if !inner.slots.contains_key(key) {
-            match inner.admit(key, limits, self.max_kernels) {
-                Ok(evicted) => victims.extend(evicted),
+            match inner.admit(key, limits, self.max_kernels, taking) {
+                Ok((evicted, gone)) => {
+                    victims.extend(evicted);
+                    discarded = gone;
+                }
                 Err((cap, held)) => {
                     // Nothing was attached, so the reaped slots go back with the refusal for
                     // disposal by the caller.
@@ -309,7 +249,22 @@ impl Registry {
                 }
             }
         }
-        Ok(self.attach_locked(&mut inner, key, reset, victims, now))
+        let mut attach = self.attach_locked(&mut inner, key, reset, victims, now);
+        attach.discarded = discarded;
+        // Found again: a discard may have moved it.
+        let taking = spec.filter(|_| new_slot).and_then(|s| inner.pool_find(s));
+        if let Some(index) = taking {
+            let kernel = inner.pool_take(index, &key.owner);
+            // The slot is new, so its kernel is unset; were it not, the kernel goes.
+            match attach.slot.kernel.set(kernel) {
+                Ok(()) => attach.pooled = true,
+                Err(
+                    tokio::sync::SetError::AlreadyInitializedError(kernel)
+                    | tokio::sync::SetError::InitializingError(kernel),
+                ) => attach.discarded.push(kernel),
+            }
+        }
+        Ok(attach)
     }
 
     /// The registration part of [`Registry::attach`], under the lock.
@@ -359,6 +314,8 @@ impl Registry {
             victims,
             reset: reset_slot,
             state_lost,
+            pooled: false,
+            discarded: Vec::new(),
         }
     }
 
@@ -433,11 +390,6 @@ impl Registry {
         self.lock().closed
     }
 
-    /// Losses so far, by reason.
-    pub fn loss_counts(&self) -> LossCounts {
-        self.lock().loss_counts
-    }
-
     /// Evictions made to admit new kernels so far, by cap.
     pub fn eviction_counts(&self) -> EvictionCounts {
         self.lock().evictions
@@ -449,17 +401,6 @@ impl Registry {
             .slots
             .get(&slot.key)
             .is_some_and(|s| Arc::ptr_eq(s, slot))
-    }
-
-    /// Gives back a loss taken by an attach whose call then failed before reporting it, unless
-    /// a newer loss is owed already: a loss is never dropped unreported.
-    pub fn restore_loss(&self, key: &KernelKey, loss: StateLost) {
-        let mut inner = self.lock();
-        if inner.closed || inner.losses.contains_key(key) {
-            return;
-        }
-        inner.remember(key);
-        inner.losses.insert(key.clone(), loss);
     }
 
     /// One reaper pass over idle slots (no acquire needed).

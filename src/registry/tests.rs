@@ -1,4 +1,5 @@
 use super::*;
+use crate::catalog::{Entry, EntryState};
 use crate::config::WorkMode;
 use std::collections::BTreeSet;
 

@@ -7,7 +7,7 @@ use std::sync::Mutex;
 
 use crate::cell::{CellResult, CellStatus, LossReason};
 use crate::histogram::Histogram;
-use crate::orchestrator::Stats;
+use crate::orchestrator::{PoolStats, Stats};
 
 const STATUSES: [CellStatus; 4] = [
     CellStatus::Success,
@@ -25,14 +25,16 @@ const BUCKETS: [f64; 12] = [
 pub const TOOL_OUTCOMES: [&str; 2] = ["ok", "error"];
 
 /// Why a request was turned away before reaching a kernel.
-/// `connections`: a connection over the server's connection limit.
-pub const REJECTIONS: [&str; 6] = [
+/// `connections`: a connection over the server's connection limit; `mcp_sessions`: an MCP
+/// `initialize` past the tenant's MCP session cap.
+pub const REJECTIONS: [&str; 7] = [
     "unauthorized",
     "invalid",
     "too_large",
     "capacity",
     "session_busy",
     "connections",
+    "mcp_sessions",
 ];
 
 /// Which way file bytes went (`kernelbox_file_bytes_total{direction}`).
@@ -55,6 +57,7 @@ pub struct Metrics {
     state_lost: [AtomicU64; LossReason::ALL.len()],
     tool_calls: [AtomicU64; TOOL_OUTCOMES.len()],
     rejected: [AtomicU64; REJECTIONS.len()],
+    mcp_sessions: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -66,6 +69,7 @@ impl Default for Metrics {
             state_lost: Default::default(),
             tool_calls: Default::default(),
             rejected: Default::default(),
+            mcp_sessions: AtomicU64::default(),
         }
     }
 }
@@ -108,6 +112,15 @@ impl Metrics {
         }
     }
 
+    /// An MCP session on `/v1/mcp` opened (`true`) or ended (`false`).
+    pub(crate) fn mcp_session(&self, opened: bool) {
+        if opened {
+            self.mcp_sessions.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.mcp_sessions.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
     /// The exposition text; `live` is the number of live kernels right now.
     pub fn render(&self, live: usize, draining: bool, stats: &Stats) -> String {
         let mut out = String::new();
@@ -129,6 +142,16 @@ impl Metrics {
         )?;
         writeln!(out, "# TYPE kernelbox_draining gauge")?;
         writeln!(out, "kernelbox_draining {}", u8::from(draining))?;
+        writeln!(
+            out,
+            "# HELP kernelbox_mcp_sessions MCP sessions open on /v1/mcp."
+        )?;
+        writeln!(out, "# TYPE kernelbox_mcp_sessions gauge")?;
+        writeln!(
+            out,
+            "kernelbox_mcp_sessions {}",
+            self.mcp_sessions.load(Ordering::Relaxed)
+        )?;
 
         writeln!(
             out,
@@ -265,6 +288,7 @@ fn write_lifecycle(out: &mut String, stats: &Stats) -> std::fmt::Result {
             reason.as_str()
         )?;
     }
+    write_pool(out, &stats.pool)?;
     writeln!(
         out,
         "# HELP kernelbox_catalog_write_failures_total Changes to the durable owner catalog that were dropped or failed (logged; cells are unaffected)."
@@ -274,6 +298,42 @@ fn write_lifecycle(out: &mut String, stats: &Stats) -> std::fmt::Result {
         out,
         "kernelbox_catalog_write_failures_total {}",
         stats.catalog_failures
+    )?;
+    Ok(())
+}
+
+/// The warm pool: ready kernels, takes by outcome, refill times.
+fn write_pool(out: &mut String, pool: &PoolStats) -> std::fmt::Result {
+    writeln!(
+        out,
+        "# HELP kernelbox_pool_size Pooled kernels the warm pool keeps ready (0: no pool)."
+    )?;
+    writeln!(out, "# TYPE kernelbox_pool_size gauge")?;
+    writeln!(out, "kernelbox_pool_size {}", pool.size)?;
+    writeln!(out, "# HELP kernelbox_pool_ready Pooled kernels ready now (counted toward the host's kernel cap, no tenant's).")?;
+    writeln!(out, "# TYPE kernelbox_pool_ready gauge")?;
+    writeln!(out, "kernelbox_pool_ready {}", pool.ready)?;
+    writeln!(out, "# HELP kernelbox_pool_takes_total New kernels for new owners while the pool is on: hit (taken from the pool) or miss (started cold).")?;
+    writeln!(out, "# TYPE kernelbox_pool_takes_total counter")?;
+    for (outcome, n) in [("hit", pool.hits), ("miss", pool.misses)] {
+        writeln!(
+            out,
+            "kernelbox_pool_takes_total{{outcome=\"{outcome}\"}} {n}"
+        )?;
+    }
+    writeln!(out, "# HELP kernelbox_pool_refill_seconds Time to start one pooled kernel (container up, runner ready).")?;
+    writeln!(out, "# TYPE kernelbox_pool_refill_seconds histogram")?;
+    pool.refills
+        .render(out, "kernelbox_pool_refill_seconds", "")?;
+    writeln!(
+        out,
+        "# HELP kernelbox_pool_refill_failures_total Pooled kernels that failed to start."
+    )?;
+    writeln!(out, "# TYPE kernelbox_pool_refill_failures_total counter")?;
+    writeln!(
+        out,
+        "kernelbox_pool_refill_failures_total {}",
+        pool.refill_failures
     )?;
     Ok(())
 }
@@ -289,8 +349,20 @@ mod tests {
             losses: Default::default(),
             evictions: Default::default(),
             catalog_failures: 0,
+            pool: PoolStats {
+                size: 4,
+                ready: 0,
+                hits: 0,
+                misses: 0,
+                refills: Histogram::new(&crate::orchestrator::REFILL_BUCKETS),
+                refill_failures: 0,
+            },
         };
         let text = Metrics::default().render(0, false, &stats);
+        assert!(text.contains("kernelbox_pool_ready 0"));
+        assert!(text.contains("kernelbox_pool_takes_total{outcome=\"hit\"} 0"));
+        assert!(text.contains("kernelbox_pool_takes_total{outcome=\"miss\"} 0"));
+        assert!(text.contains("kernelbox_pool_refill_seconds_count 0"));
         assert!(text.contains("kernelbox_kernel_start_seconds_count{outcome=\"failed\"} 0"));
         assert!(text.contains("kernelbox_kernel_losses_total{reason=\"evicted\"} 0"));
         for s in ["success", "error", "timeout", "interrupted"] {

@@ -8,6 +8,7 @@
 //! | `DELETE /v1/sessions/{session}/children/{child}` | release a delegated child |
 //! | `PUT`, `GET`, `DELETE /v1/sessions/{session}/files/{path}` | files in and out of the session's kernel (`GET`/`PUT .../files` for its working directory) |
 //! | `GET /v1/kernels` | the caller's tenant's kernels |
+//! | `POST`/`GET`/`DELETE /v1/mcp` | MCP over streamable HTTP (`crate::mcp`, README "MCP") |
 //! | `GET /healthz`, `GET /metrics`, `GET /openapi.json` | no authentication |
 //!
 //! `/metrics` can instead be served on a listener of its own ([`ServeOptions::metrics`]).
@@ -16,7 +17,7 @@
 //! so tenants never see, reach or clear each other's kernels. Errors are
 //! `{"error": {"code", "message"}}`.
 
-mod api;
+pub(crate) mod api;
 mod error;
 mod listen;
 mod metrics;
@@ -40,6 +41,8 @@ pub use metrics::{Direction, Metrics};
 pub use tenants::{Tenant, Tenants, TenantsError, ToolsConfig};
 pub use tools::CELL_TOKEN_HEADER;
 
+pub use crate::mcp::http::{McpOptions, SESSION_HEADER as MCP_SESSION_HEADER};
+
 use crate::orchestrator::Orchestrator;
 
 /// Largest request body accepted, in bytes (larger ones get 413).
@@ -57,6 +60,9 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("PUT", "/v1/sessions/{session}/files"),
     ("GET", "/v1/sessions/{session}/files"),
     ("GET", "/v1/kernels"),
+    ("POST", "/v1/mcp"),
+    ("GET", "/v1/mcp"),
+    ("DELETE", "/v1/mcp"),
     ("GET", "/healthz"),
     ("GET", "/metrics"),
     ("GET", "/openapi.json"),
@@ -68,6 +74,9 @@ struct Inner {
     metrics: Arc<Metrics>,
     client: tools::HttpClient,
     draining: AtomicBool,
+    mcp: McpOptions,
+    /// Cancelled when the server stops: MCP sessions end and their event streams close.
+    mcp_stop: CancellationToken,
 }
 
 /// What every handler shares. Cheap to clone.
@@ -88,6 +97,11 @@ impl std::fmt::Debug for AppState {
 impl AppState {
     /// State serving `tenants` with `orchestrator`.
     pub fn new(orchestrator: Orchestrator, tenants: Tenants) -> AppState {
+        AppState::with_mcp(orchestrator, tenants, McpOptions::default())
+    }
+
+    /// State serving `tenants` with `orchestrator`, MCP sessions on `/v1/mcp` bounded by `mcp`.
+    pub fn with_mcp(orchestrator: Orchestrator, tenants: Tenants, mcp: McpOptions) -> AppState {
         AppState {
             inner: Arc::new(Inner {
                 orchestrator,
@@ -95,8 +109,22 @@ impl AppState {
                 metrics: Arc::new(Metrics::default()),
                 client: tools::client(),
                 draining: AtomicBool::new(false),
+                mcp,
+                mcp_stop: CancellationToken::new(),
             }),
         }
+    }
+
+    pub(crate) fn mcp_options(&self) -> McpOptions {
+        self.inner.mcp
+    }
+
+    pub(crate) fn metrics(&self) -> &Arc<Metrics> {
+        &self.inner.metrics
+    }
+
+    pub(crate) fn mcp_stop(&self) -> &CancellationToken {
+        &self.inner.mcp_stop
     }
 
     /// The orchestrator behind the API.
@@ -216,6 +244,8 @@ pub async fn serve_with(
         }));
     }
     state.inner.draining.store(true, Ordering::Release);
+    // MCP event streams would otherwise hold their connections through the whole drain.
+    state.inner.mcp_stop.cancel();
     drop(listener);
     drop(metrics);
     // In-flight requests finish, and so do cells whose client went away (they run adopted,

@@ -260,6 +260,7 @@ pub fn spec() -> Value {
                     }}}}}))
                 }
             },
+            "/v1/mcp": mcp_path(&auth_errors),
             "/healthz": {
                 "get": {
                     "summary": "Liveness; 503 while shutting down. No authentication.",
@@ -299,6 +300,53 @@ pub fn spec() -> Value {
         schemas.extend(generated_schemas());
     }
     spec
+}
+
+/// `/v1/mcp`: MCP over streamable HTTP (the wire format is MCP's own; `crate::mcp::http`).
+fn mcp_path(auth_errors: &Value) -> Value {
+    let session_params = json!([
+        {"name": "session", "in": "query", "required": false,
+         "description": "The kernelbox session tool calls run in (as in /v1/sessions/{session}/...); the `Kernelbox-Session` header does the same and wins. Without either, an MCP session (`Mcp-Session-Id`) runs in its own session `mcp-{id}`, whose kernels go when it ends; a stateless call (protocol 2026-07-28) naming no session gets an error tool result.",
+         "schema": {"type": "string", "pattern": "^[A-Za-z0-9._@:-]{1,128}$"}},
+        {"name": "Kernelbox-Session", "in": "header", "required": false,
+         "schema": {"type": "string", "pattern": "^[A-Za-z0-9._@:-]{1,128}$"}},
+        {"name": "Mcp-Session-Id", "in": "header", "required": false,
+         "description": "An MCP session opened by this tenant; another tenant's is 404.",
+         "schema": {"type": "string"}}
+    ]);
+    let not_theirs = with(
+        auth_errors,
+        json!({"404": error_response("The Mcp-Session-Id names no MCP session of the caller's tenant (ended, idle past --mcp-idle-timeout, or another tenant's).")}),
+    );
+    let sse = json!({"text/event-stream": {"schema": {"type": "string"}}, "application/json": {"schema": {"type": "object"}}});
+    json!({
+        "post": {
+            "summary": "MCP over streamable HTTP: one JSON-RPC message (initialize, tools/list, tools/call execute_code, ...).",
+            "description": "Tools: `execute_code {code, reset?, timeout?}`: the cell's output as text content, each image it displayed as image content, `isError` when the cell did not succeed (traceback or kernelbox's message as text). Requests must accept both application/json and text/event-stream. A tenant holds at most --mcp-max-sessions MCP sessions (one more initialize is 429 `at_capacity`); a session with no request for --mcp-idle-timeout ends and its kernels go.",
+            "parameters": session_params,
+            "requestBody": {"required": true, "content": {"application/json": {"schema": {"type": "object"}}}},
+            "responses": with(&not_theirs, json!({
+                "200": {"description": "The JSON-RPC answer, as an event stream or JSON.", "content": sse},
+                "202": {"description": "A notification or response was accepted."},
+                "413": error_response("Request body over 1 MiB."),
+                "429": {
+                    "description": "`at_capacity`: the tenant already holds --mcp-max-sessions MCP sessions.",
+                    "headers": {"Retry-After": {"schema": {"type": "integer"}}},
+                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+                }
+            }))
+        },
+        "get": {
+            "summary": "An MCP session's event stream (server-to-client messages); it ends with the session.",
+            "parameters": session_params,
+            "responses": with(&not_theirs, json!({"200": {"description": "Server-sent events.", "content": {"text/event-stream": {"schema": {"type": "string"}}}}}))
+        },
+        "delete": {
+            "summary": "End an MCP session; its kernels go with it.",
+            "parameters": session_params,
+            "responses": with(&not_theirs, json!({"200": {"description": "Not used: an ended session answers 204."}, "204": {"description": "The session ended."}}))
+        }
+    })
 }
 
 fn merge(into: &mut Value, from: &Value) {

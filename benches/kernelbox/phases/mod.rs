@@ -7,8 +7,12 @@
 //! - `cold.rs`: the first cell of a new owner, against `docker run --rm`, split by Docker
 //!   events.
 //! - `files.rs`: file upload and download throughput over HTTP against `docker cp`.
+//! - `pool.rs`: the warm pool: a new owner's first cell on a hit and on a miss, a burst of new
+//!   owners against the pool and its refill, the idle pool's memory.
 //! - `tools.rs`: a no-op tool call from inside a cell, timed in Python.
 //! - `throughput.rs`: many owners times many cells concurrently.
+//! - `images.rs`: the plain and data-science images side by side: size, cold first cell,
+//!   idle memory, and the data-science image's first plot.
 //! - `density.rs`: N idle kernels: start time, host memory against idle containers, cgroup
 //!   memory, helper processes, kernelbox's RSS.
 //! - `jupyter.rs` (+ `jupyter.py`): ipykernel through jupyter_client in `target/bench-venv`,
@@ -19,7 +23,9 @@ mod density;
 mod fake;
 mod files;
 mod http;
+mod images;
 mod jupyter;
+mod pool;
 mod throughput;
 mod tools;
 mod warm;

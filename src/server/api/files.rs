@@ -64,6 +64,7 @@ fn request(
         tenant: Some(tenant.name.clone()),
         session,
         child: query.child,
+        image: tenant.image.clone(),
         tools: tenant
             .tools
             .as_ref()

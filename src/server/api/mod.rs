@@ -67,6 +67,7 @@ pub(super) fn router(state: AppState, with_metrics: bool) -> Router {
             get(files::get_root).put(files::put_root),
         )
         .route("/v1/kernels", get(kernels))
+        .route("/v1/mcp", mcp_routes(&state))
         .route("/healthz", get(healthz))
         .route("/openapi.json", get(openapi));
     let router = if with_metrics {
@@ -75,6 +76,19 @@ pub(super) fn router(state: AppState, with_metrics: bool) -> Router {
         router
     };
     finish(router, state)
+}
+
+/// `/v1/mcp`: POST, GET and DELETE go to the MCP service (`crate::mcp::http`).
+fn mcp_routes(state: &AppState) -> axum::routing::MethodRouter<AppState> {
+    let service = crate::mcp::http::service(state);
+    let (get_service, delete_service) = (service.clone(), service.clone());
+    post(move |state, caller, request| crate::mcp::http::handle(service, state, caller, request))
+        .get(move |state, caller, request| {
+            crate::mcp::http::handle(get_service, state, caller, request)
+        })
+        .delete(move |state, caller, request| {
+            crate::mcp::http::handle(delete_service, state, caller, request)
+        })
 }
 
 /// The separate metrics listener: `/metrics` only.
@@ -88,7 +102,28 @@ fn finish(router: Router<AppState>, state: AppState) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(axum::middleware::from_fn(catch_panic))
+        .layer(axum::middleware::from_fn(close_after_refusal))
         .with_state(state)
+}
+
+/// A refusal of a request that carried a body (401, 413, 429, ...) is answered with
+/// `Connection: close`. The handler may not have read the body, and hyper then closes the
+/// connection rather than read what is left; without the header a client would send its next
+/// request on a connection that is going away and see it dropped instead of answered.
+async fn close_after_refusal(request: Request, next: Next) -> Response {
+    let headers = request.headers();
+    let has_body = headers.contains_key(header::TRANSFER_ENCODING)
+        || headers
+            .get(header::CONTENT_LENGTH)
+            .is_some_and(|len| len.as_bytes() != b"0");
+    let mut response = next.run(request).await;
+    if has_body && (response.status().is_client_error() || response.status().is_server_error()) {
+        response.headers_mut().insert(
+            header::CONNECTION,
+            header::HeaderValue::from_static("close"),
+        );
+    }
+    response
 }
 
 /// No panic reaches a caller as a dropped connection: it becomes a 500 JSON error.
@@ -120,7 +155,7 @@ async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
 }
 
 /// The authenticated caller's tenant.
-pub(super) struct Caller(Arc<Tenant>);
+pub(crate) struct Caller(pub(crate) Arc<Tenant>);
 
 impl FromRequestParts<AppState> for Caller {
     type Rejection = ApiError;
@@ -313,6 +348,7 @@ fn parse_execute(
         reset: body.reset,
         timeout,
         tools,
+        image: tenant.image.clone(),
         dispatcher,
         cancel: None,
         sink: None,
@@ -341,43 +377,62 @@ async fn execute(
     let bytes = read_body(&headers, body)
         .await
         .map_err(|e| invalid(&state, e))?;
+    if !wants_ndjson(&headers) {
+        let result = run_cell(&state, &tenant, session, bytes).await?;
+        return Ok(Json(result).into_response());
+    }
     let mut request =
         parse_execute(&state, &tenant, session, bytes).map_err(|e| invalid(&state, e))?;
     if state.is_draining() {
         return Err(ApiError::shutting_down());
     }
-    // The caps are the orchestrator's (its registry admits each new kernel); a refusal is 429.
-    let refused = |e: crate::orchestrator::ExecuteError| {
-        match e {
-            crate::orchestrator::ExecuteError::AtCapacity { .. } => {
-                state.inner.metrics.rejected("capacity");
-            }
-            crate::orchestrator::ExecuteError::SessionBusy { .. } => {
-                state.inner.metrics.rejected("session_busy");
-            }
-            _ => {}
+    // A stream starts only once the request holds a kernel slot, so a refusal at a cap is
+    // a 429 rather than a stream carrying only the error.
+    let (notice, admitted) = crate::orchestrator::AdmissionNotice::new();
+    request.admission = Some(notice);
+    let response = stream_execute(state.clone(), request);
+    if let Ok(Err(e)) = admitted.await {
+        return Err(refused(&state, e));
+    }
+    Ok(response)
+}
+
+/// A refusal of the orchestrator as an API error, counted. The caps are the orchestrator's
+/// (its registry admits each new kernel); a refusal is 429.
+fn refused(state: &AppState, e: crate::orchestrator::ExecuteError) -> ApiError {
+    match e {
+        crate::orchestrator::ExecuteError::AtCapacity { .. } => {
+            state.inner.metrics.rejected("capacity");
         }
-        ApiError::from(e)
-    };
-    if wants_ndjson(&headers) {
-        // A stream starts only once the request holds a kernel slot, so a refusal at a cap is
-        // a 429 rather than a stream carrying only the error.
-        let (notice, admitted) = crate::orchestrator::AdmissionNotice::new();
-        request.admission = Some(notice);
-        let response = stream_execute(state.clone(), request);
-        if let Ok(Err(e)) = admitted.await {
-            return Err(refused(e));
+        crate::orchestrator::ExecuteError::SessionBusy { .. } => {
+            state.inner.metrics.rejected("session_busy");
         }
-        return Ok(response);
+        _ => {}
+    }
+    ApiError::from(e)
+}
+
+/// Runs one cell from an execute body (the JSON of `POST /v1/sessions/{session}/execute`)
+/// for `tenant` and returns its result: the one path of a non-streaming execute, shared by
+/// that route and MCP's `execute_code` on `/v1/mcp`.
+pub(crate) async fn run_cell(
+    state: &AppState,
+    tenant: &Tenant,
+    session: String,
+    bytes: Bytes,
+) -> Result<crate::cell::CellResult, ApiError> {
+    let request = parse_execute(state, tenant, session, bytes).map_err(|e| invalid(state, e))?;
+    if state.is_draining() {
+        return Err(ApiError::shutting_down());
     }
     let result = state
         .inner
         .orchestrator
         .execute(request)
         .await
-        .map_err(refused)?;
+        .map_err(|e| refused(state, e))?;
     state.inner.metrics.cell(&result);
-    Ok(Json(result).into_response())
+    Ok(result)
 }
 
 async fn interrupt(

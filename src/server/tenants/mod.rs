@@ -4,6 +4,7 @@
 //!
 //! ```json
 //! {"tenants": [{"name": "acme", "token_sha256": "<hex>", "max_kernels": 8, "reserved": 2,
+//!               "image": "kernelbox/kernel-datascience:latest",
 //!               "tools": {"url": "http://127.0.0.1:9000/tools", "allow": ["web_search"]}}]}
 //! ```
 //!
@@ -59,6 +60,8 @@ pub struct Tenant {
     pub reserved: Option<usize>,
     /// The tenant's tool endpoint, if it has one.
     pub tools: Option<ToolsConfig>,
+    /// The image the tenant's kernels run (`None`: the server's `--image`).
+    pub image: Option<String>,
 }
 
 impl Tenant {
@@ -70,6 +73,7 @@ impl Tenant {
             max_kernels: None,
             reserved: None,
             tools: None,
+            image: None,
         }
     }
 
@@ -191,7 +195,14 @@ impl Tenants {
                 .ok_or_else(|| bad(at.clone(), "must be an object".into()))?;
             only_keys(
                 obj,
-                &["name", "token_sha256", "max_kernels", "reserved", "tools"],
+                &[
+                    "name",
+                    "token_sha256",
+                    "max_kernels",
+                    "reserved",
+                    "tools",
+                    "image",
+                ],
                 &at,
                 &bad,
             )?;
@@ -230,12 +241,22 @@ impl Tenants {
                 None | Some(Value::Null) => None,
                 Some(v) => Some(parse_tools(v, &format!("{at}.tools"), &bad)?),
             };
+            let image = match obj.get("image") {
+                None | Some(Value::Null) => None,
+                Some(Value::String(image)) => Some(
+                    check_image(image)
+                        .map_err(|reason| bad(format!("{at}.image"), reason))?
+                        .to_string(),
+                ),
+                Some(_) => return Err(bad(format!("{at}.image"), "must be a string".into())),
+            };
             tenants.push(Tenant {
                 name: name.to_string(),
                 token_sha256,
                 max_kernels,
                 reserved,
                 tools,
+                image,
             });
         }
         let mut set = Tenants::new(tenants).map_err(|e| TenantsError {
@@ -266,6 +287,14 @@ impl Tenants {
     /// The tenant whose token this is.
     pub fn authenticate(&self, token: &str) -> Option<Arc<Tenant>> {
         self.by_hash.get(&token_hash(token)).cloned()
+    }
+
+    /// Every image a tenant names (the server checks each is on the engine before serving).
+    pub fn images(&self) -> BTreeSet<&str> {
+        self.by_hash
+            .values()
+            .filter_map(|t| t.image.as_deref())
+            .collect()
     }
 
     /// Tenant names, in file order.
@@ -372,6 +401,20 @@ fn parse_tools(v: &Value, at: &str, bad: Bad<'_>) -> Result<ToolsConfig, Tenants
         allow: names,
         timeout,
     })
+}
+
+/// An image reference as Docker takes it (`name[:tag]` or `name@digest`): no blanks or control
+/// characters, at most 255 bytes; whether it exists is checked against the engine at start.
+fn check_image(image: &str) -> Result<&str, String> {
+    if image.is_empty() {
+        return Err("must not be empty".into());
+    }
+    if image.len() > 255 || image.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(format!(
+            "{image:?} is not an image reference (e.g. kernelbox/kernel-datascience:latest)"
+        ));
+    }
+    Ok(image)
 }
 
 /// Tool names are what a cell writes after `kernel_tools.`: Python identifiers.

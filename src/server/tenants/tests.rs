@@ -20,6 +20,33 @@ fn a_valid_file_authenticates_by_token_hash() {
 }
 
 #[test]
+fn a_tenant_may_name_its_image() {
+    let entry = |name: &str, image: &str| {
+        format!(
+            r#"{{"name": "{name}", "token_sha256": "{}"{image}}}"#,
+            hex::encode(token_hash(name))
+        )
+    };
+    let text = format!(
+        r#"{{"tenants": [{}, {}, {}]}}"#,
+        entry("ds", r#", "image": "kernelbox/kernel-datascience:latest""#),
+        entry("ds2", r#", "image": "kernelbox/kernel-datascience:latest""#),
+        entry("plain", r#", "image": null"#)
+    );
+    let tenants = parse(&text).unwrap();
+    let ds = tenants.authenticate("ds").unwrap();
+    assert_eq!(
+        ds.image.as_deref(),
+        Some("kernelbox/kernel-datascience:latest")
+    );
+    assert_eq!(tenants.authenticate("plain").unwrap().image, None);
+    assert_eq!(
+        tenants.images().into_iter().collect::<Vec<_>>(),
+        vec!["kernelbox/kernel-datascience:latest"]
+    );
+}
+
+#[test]
 fn reservations_must_fit_the_host_cap() {
     let entry = |name: &str, reserved: usize| {
         format!(
@@ -105,6 +132,20 @@ fn errors_name_the_file_and_field() {
                 "0".repeat(64)
             ),
             "tenants[1].name",
+        ),
+        (
+            &format!(r#"{{"tenants": [{{"name": "a", "token_sha256": "{hash}", "image": 7}}]}}"#),
+            "tenants[0].image",
+        ),
+        (
+            &format!(r#"{{"tenants": [{{"name": "a", "token_sha256": "{hash}", "image": ""}}]}}"#),
+            "tenants[0].image",
+        ),
+        (
+            &format!(
+                r#"{{"tenants": [{{"name": "a", "token_sha256": "{hash}", "image": "img --privileged"}}]}}"#
+            ),
+            "tenants[0].image",
         ),
     ];
     for (text, field) in cases {

@@ -1,0 +1,185 @@
+//! The warm pool, on an orchestrator of its own with a pool of [`POOL`]: the first cell of a
+//! new owner on a pool hit and on a miss (next to the warm cell and the cold start), a burst
+//! of [`BURST`] new owners at once and how long the pool takes to refill after it, and the
+//! host memory the idle pool holds.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use kernelbox::{Config, ExecuteRequest, Orchestrator};
+use serde_json::json;
+
+use super::{config, ok_cell, Bench};
+use crate::events::Window;
+use crate::host::HostMemory;
+use crate::report::Row;
+use crate::stats::{fmt_ms, ms, pq, stats};
+
+/// The pool's size.
+const POOL: usize = 4;
+/// New owners in the burst.
+const BURST: usize = 20;
+/// Longest wait for the pool to fill.
+const FILL: Duration = Duration::from_secs(120);
+
+impl Bench {
+    /// Phase: the warm pool.
+    pub async fn pool(&mut self) -> Result<()> {
+        let before = HostMemory::take().await?;
+        let kb = Orchestrator::start(
+            Config {
+                pool_size: POOL,
+                max_session_kernels: BURST + POOL + 2,
+                ..config(&self.label)
+            },
+            self.engine.clone(),
+        )
+        .await?;
+        let filled = Instant::now();
+        if !kb.wait_pool_ready(POOL, FILL).await {
+            bail!("the pool did not fill within {FILL:?}");
+        }
+        let fill_ms = ms(filled.elapsed());
+        let outcome = self.pool_phases(&kb, before, fill_ms).await;
+        kb.shutdown().await;
+        outcome
+    }
+
+    async fn pool_phases(
+        &mut self,
+        kb: &Orchestrator,
+        before: HostMemory,
+        fill_ms: f64,
+    ) -> Result<()> {
+        // Idle memory of the full pool, against the host before the pool's orchestrator.
+        let after = HostMemory::take().await?;
+        let per_kernel = after.mib_per(&before, POOL);
+
+        // Hits: each sample starts with a full pool.
+        let mut hits = Vec::new();
+        for i in 0..self.sizes.pool_hits {
+            if !kb.wait_pool_ready(POOL, FILL).await {
+                bail!("the pool did not refill within {FILL:?}");
+            }
+            let taken = kb.stats().pool.hits;
+            let w = Window::begin();
+            let r = kb
+                .execute(ExecuteRequest::new(format!("pool-hit-{i}"), "x = 1"))
+                .await?;
+            hits.push(w.end().ms);
+            ok_cell("pool-hit cell", &r)?;
+            if r.kernel.reused || r.kernel.execution_count != 1 || kb.stats().pool.hits != taken + 1
+            {
+                bail!("a pool-hit sample was not a fresh pooled kernel: {r:?}");
+            }
+            kb.clear_session(None, &format!("pool-hit-{i}")).await;
+        }
+        let h = stats(&hits);
+        let ratio = h.p50_ms / self.warm_p50;
+        self.rows.push(
+            Row::new(
+                format!("first cell of a new owner, pool hit (n={})", h.n),
+                pq(&h),
+            )
+            .floor(format!("warm cell p50 {}", fmt_ms(self.warm_p50)), ratio)
+            .target("p50 ≤ 5x warm and < 2 ms", ratio <= 5.0 && h.p50_ms < 2.0),
+        );
+
+        // Misses: the pool just emptied by POOL quick takes, its refills in flight.
+        let mut misses = Vec::new();
+        for i in 0..self.sizes.pool_misses {
+            if !kb.wait_pool_ready(POOL, FILL).await {
+                bail!("the pool did not refill within {FILL:?}");
+            }
+            for j in 0..POOL {
+                kb.execute(ExecuteRequest::new(format!("pool-drain-{i}-{j}"), "x = 1"))
+                    .await?;
+            }
+            let missed = kb.stats().pool.misses;
+            let w = Window::begin();
+            let r = kb
+                .execute(ExecuteRequest::new(format!("pool-miss-{i}"), "x = 1"))
+                .await?;
+            misses.push(w.end().ms);
+            ok_cell("pool-miss cell", &r)?;
+            if kb.stats().pool.misses != missed + 1 {
+                bail!("a pool-miss sample took a pooled kernel");
+            }
+            for j in 0..POOL {
+                kb.clear_session(None, &format!("pool-drain-{i}-{j}")).await;
+            }
+            kb.clear_session(None, &format!("pool-miss-{i}")).await;
+        }
+        let m = stats(&misses);
+        let miss_ratio = m.p50_ms / self.cold_p50;
+        self.rows.push(
+            Row::new(
+                format!("first cell of a new owner, pool miss (pool just emptied, refills in flight; n={})", m.n),
+                pq(&m),
+            )
+            .floor(format!("cold first cell p50 {}", fmt_ms(self.cold_p50)), miss_ratio)
+            .target("no slower than cold", miss_ratio <= 1.0),
+        );
+
+        // The burst: BURST new owners at once against a full pool.
+        if !kb.wait_pool_ready(POOL, FILL).await {
+            bail!("the pool did not refill within {FILL:?}");
+        }
+        let (hits0, misses0) = (kb.stats().pool.hits, kb.stats().pool.misses);
+        let calls = (0..BURST).map(|i| {
+            let kb = kb.clone();
+            async move {
+                let w = Window::begin();
+                let r = kb
+                    .execute(ExecuteRequest::new(format!("pool-burst-{i}"), "x = 1"))
+                    .await;
+                (w.end().ms, r)
+            }
+        });
+        let results = futures::future::join_all(calls).await;
+        let burst_end = Instant::now();
+        let mut burst = Vec::new();
+        for (t, r) in results {
+            ok_cell("burst cell", &r?)?;
+            burst.push(t);
+        }
+        if !kb.wait_pool_ready(POOL, FILL).await {
+            bail!("the pool did not refill after the burst within {FILL:?}");
+        }
+        let refill_ms = ms(burst_end.elapsed());
+        let (burst_hits, burst_misses) = (
+            kb.stats().pool.hits - hits0,
+            kb.stats().pool.misses - misses0,
+        );
+        for i in 0..BURST {
+            kb.clear_session(None, &format!("pool-burst-{i}")).await;
+        }
+        let b = stats(&burst);
+        self.rows.push(Row::new(
+            format!("burst: {BURST} new owners at once, pool of {POOL} ({burst_hits} hits, {burst_misses} cold)"),
+            format!("{}; pool refilled {} after the burst", pq(&b), fmt_ms(refill_ms)),
+        ));
+        self.rows.push(Row::new(
+            format!("host memory per idle pooled kernel (`free -b` used delta / {POOL})"),
+            format!(
+                "{per_kernel:.1} MiB (pool of {POOL} filled in {})",
+                fmt_ms(fill_ms)
+            ),
+        ));
+        let refills = kb.stats().pool.refills;
+        self.details.insert(
+            "pool".into(),
+            json!({
+                "size": POOL,
+                "hit": h,
+                "miss": m,
+                "burst": {"owners": BURST, "stats": b, "hits": burst_hits, "misses": burst_misses,
+                          "refill_after_ms": refill_ms},
+                "fill_ms": fill_ms,
+                "idle_mib_per_kernel": per_kernel,
+                "refill_spawn_mean_ms": refills.sum() / refills.count().max(1) as f64 * 1e3,
+            }),
+        );
+        Ok(())
+    }
+}

@@ -1,0 +1,69 @@
+"""Python client for kernelbox: stateful Python kernels in hardened Docker containers, one per
+agent conversation (README, Python client).
+
+| file | what |
+|---|---|
+| `_sync.py` | `Client`, `Session`, `Files`: the blocking client |
+| `_async.py` | `AsyncClient`, `AsyncSession`, `AsyncFiles`: the same surface for asyncio |
+| `_wire.py` | the HTTP API without I/O: requests, answers, timeouts, the NDJSON stream |
+| `_types.py` | `Execution`, `Result`, `KernelInfo`, ...: what the server returns, typed |
+| `_errors.py` | `KernelboxError` and its subclasses, from a status or a stream's error code |
+| `_dropin.py` | `execute_code`: the result JSON string, one session per task id |
+"""
+
+from ._async import AsyncClient, AsyncFiles, AsyncSession
+from ._dropin import execute_code, session_for_task
+from ._errors import (
+    BadRequest,
+    ConnectionFailed,
+    KernelboxError,
+    NotFound,
+    PayloadTooLarge,
+    ProtocolError,
+    RateLimited,
+    ServerError,
+    Timeout,
+    Unauthorized,
+)
+from ._sync import Client, Files, Session
+from ._types import (
+    Execution,
+    FileEntry,
+    KernelInfo,
+    KernelSummary,
+    Listing,
+    Result,
+    StateLost,
+    WrittenFile,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AsyncClient",
+    "AsyncFiles",
+    "AsyncSession",
+    "BadRequest",
+    "Client",
+    "ConnectionFailed",
+    "Execution",
+    "FileEntry",
+    "Files",
+    "KernelInfo",
+    "KernelSummary",
+    "KernelboxError",
+    "Listing",
+    "NotFound",
+    "PayloadTooLarge",
+    "ProtocolError",
+    "RateLimited",
+    "Result",
+    "ServerError",
+    "Session",
+    "StateLost",
+    "Timeout",
+    "Unauthorized",
+    "WrittenFile",
+    "execute_code",
+    "session_for_task",
+]

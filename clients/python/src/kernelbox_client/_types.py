@@ -1,0 +1,313 @@
+"""What the server returns, as typed objects.
+
+Each class names the OpenAPI schema it mirrors (`SCHEMA`); the drift test fails when the
+server's `/openapi.json` defines a field one of them lacks. Fields the server adds later are
+kept in `.raw` until the client learns them.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Dict, Iterator, List, Optional
+
+
+@dataclass(frozen=True)
+class StateLost:
+    """Why the session's previous kernel was lost (`docs/contract.md`, loss reasons)."""
+
+    SCHEMA: ClassVar[str] = "StateLost"
+    reason: str
+    at: str
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "StateLost":
+        return cls(reason=str(d.get("reason", "")), at=str(d.get("at", "")))
+
+
+@dataclass(frozen=True)
+class KernelInfo:
+    """The kernel that ran a cell."""
+
+    SCHEMA: ClassVar[str] = "KernelInfo"
+    id: str
+    reused: bool
+    execution_count: int
+    state_reset: bool
+    ended: bool
+    generation: int
+    state_lost: Optional[StateLost] = None
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "KernelInfo":
+        lost = d.get("state_lost")
+        return cls(
+            id=str(d.get("id", "")),
+            reused=bool(d.get("reused", False)),
+            execution_count=int(d.get("execution_count", 0)),
+            state_reset=bool(d.get("state_reset", False)),
+            ended=bool(d.get("ended", False)),
+            generation=int(d.get("generation", 0)),
+            state_lost=StateLost.from_json(lost) if isinstance(lost, dict) else None,
+        )
+
+
+@dataclass(frozen=True)
+class Result:
+    """One rich result: a Jupyter MIME bundle (`display(...)` or a cell's last expression).
+
+    `data` maps MIME types to values as in nbformat (images base64-encoded); the helpers
+    decode them: `.png` and `.jpeg` are bytes, `.text`, `.html`, `.svg`, ... strings.
+    """
+
+    SCHEMA: ClassVar[str] = "RichResult"
+    data: Dict[str, Any]
+    metadata: Dict[str, Any] = field(default_factory=dict)
+    is_main_result: bool = False
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "Result":
+        data = d.get("data")
+        metadata = d.get("metadata")
+        return cls(
+            data=data if isinstance(data, dict) else {},
+            metadata=metadata if isinstance(metadata, dict) else {},
+            is_main_result=bool(d.get("is_main_result", False)),
+        )
+
+    @property
+    def formats(self) -> List[str]:
+        """The MIME types this result carries."""
+        return list(self.data)
+
+    def _text(self, mime: str) -> Optional[str]:
+        value = self.data.get(mime)
+        if value is None:
+            return None
+        # nbformat allows a multi-line string as a list of lines.
+        return "".join(value) if isinstance(value, list) else str(value)
+
+    def _binary(self, mime: str) -> Optional[bytes]:
+        value = self._text(mime)
+        return None if value is None else base64.b64decode(value)
+
+    @property
+    def text(self) -> Optional[str]:
+        return self._text("text/plain")
+
+    @property
+    def html(self) -> Optional[str]:
+        return self._text("text/html")
+
+    @property
+    def markdown(self) -> Optional[str]:
+        return self._text("text/markdown")
+
+    @property
+    def latex(self) -> Optional[str]:
+        return self._text("text/latex")
+
+    @property
+    def svg(self) -> Optional[str]:
+        return self._text("image/svg+xml")
+
+    @property
+    def png(self) -> Optional[bytes]:
+        return self._binary("image/png")
+
+    @property
+    def jpeg(self) -> Optional[bytes]:
+        return self._binary("image/jpeg")
+
+    @property
+    def json(self) -> Any:
+        value = self.data.get("application/json")
+        return json.loads(value) if isinstance(value, str) else value
+
+    # Rendered as itself inside Jupyter.
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> Dict[str, Any]:
+        return dict(self.data)
+
+
+@dataclass(frozen=True)
+class Execution:
+    """The result of one cell (`docs/contract.md`); `.raw` is the JSON as the server sent it."""
+
+    SCHEMA: ClassVar[str] = "CellResult"
+    status: str
+    output: str
+    exit_code: int
+    tool_calls_made: int
+    duration_seconds: float
+    kernel: KernelInfo
+    error: Optional[str] = None
+    results: List[Result] = field(default_factory=list)
+    stdout_truncated: Optional[bool] = None
+    stdout_bytes_total: Optional[int] = None
+    stdout_bytes_omitted: Optional[int] = None
+    warning: Optional[str] = None
+    hint: Optional[str] = None
+    #: Output bytes a streaming call did not deliver to `on_output` because the client read
+    #: too slowly (the server's `output_truncated` event); `output` still has them.
+    stream_bytes_dropped: int = 0
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "success"
+
+    @property
+    def main_result(self) -> Optional[Result]:
+        """The bundle of the cell's last expression, when it had a value."""
+        return next((r for r in self.results if r.is_main_result), None)
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any], stream_bytes_dropped: int = 0) -> "Execution":
+        kernel = d.get("kernel")
+        results = d.get("results")
+        return cls(
+            status=str(d.get("status", "")),
+            output=str(d.get("output", "")),
+            exit_code=int(d.get("exit_code", -1)),
+            tool_calls_made=int(d.get("tool_calls_made", 0)),
+            duration_seconds=float(d.get("duration_seconds", 0.0)),
+            kernel=KernelInfo.from_json(kernel if isinstance(kernel, dict) else {}),
+            error=d.get("error"),
+            results=(
+                [Result.from_json(r) for r in results if isinstance(r, dict)]
+                if isinstance(results, list)
+                else []
+            ),
+            stdout_truncated=d.get("stdout_truncated"),
+            stdout_bytes_total=d.get("stdout_bytes_total"),
+            stdout_bytes_omitted=d.get("stdout_bytes_omitted"),
+            warning=d.get("warning"),
+            hint=d.get("hint"),
+            stream_bytes_dropped=stream_bytes_dropped,
+            raw=d,
+        )
+
+
+@dataclass(frozen=True)
+class KernelSummary:
+    """A live kernel of the caller's tenant (`client.kernels()`)."""
+
+    SCHEMA: ClassVar[str] = "KernelSummary"
+    id: str
+    tenant: str
+    owner: str
+    session: str
+    generation: int
+    state: str
+    execution_count: int
+    idle_seconds: float
+    attached: int
+    child: Optional[str] = None
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "KernelSummary":
+        return cls(
+            id=str(d.get("id", "")),
+            tenant=str(d.get("tenant", "")),
+            owner=str(d.get("owner", "")),
+            session=str(d.get("session", "")),
+            generation=int(d.get("generation", 0)),
+            state=str(d.get("state", "")),
+            execution_count=int(d.get("execution_count", 0)),
+            idle_seconds=float(d.get("idle_seconds", 0.0)),
+            attached=int(d.get("attached", 0)),
+            child=d.get("child"),
+        )
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One entry of a directory listing (`session.files.list()`)."""
+
+    SCHEMA: ClassVar[str] = "FileEntry"
+    name: str
+    kind: str
+    size: int
+    #: RFC 3339, UTC.
+    modified: Optional[str] = None
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "FileEntry":
+        return cls(
+            name=str(d.get("name", "")),
+            kind=str(d.get("kind", "")),
+            size=int(d.get("size") or 0),
+            modified=d.get("modified") if d.get("modified") is not None else None,
+        )
+
+
+@dataclass(frozen=True)
+class Listing:
+    """A directory's entries (`session.files.list()`); iterates, indexes and measures like a
+    list of `FileEntry`. `truncated` is true when the directory held more than were listed."""
+
+    SCHEMA: ClassVar[str] = "Listing"
+    entries: List[FileEntry]
+    truncated: bool = False
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "Listing":
+        items = d.get("entries")
+        return cls(
+            entries=(
+                [FileEntry.from_json(e) for e in items if isinstance(e, dict)]
+                if isinstance(items, list)
+                else []
+            ),
+            truncated=bool(d.get("truncated", False)),
+        )
+
+    def __iter__(self) -> Iterator[FileEntry]:
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __getitem__(self, i: int) -> FileEntry:
+        return self.entries[i]
+
+    @property
+    def names(self) -> List[str]:
+        return [e.name for e in self.entries]
+
+
+@dataclass(frozen=True)
+class WrittenFile:
+    """What `session.files.write()` stored: the absolute path in the kernel, the bytes
+    written, and for a tar the files extracted."""
+
+    SCHEMA: ClassVar[str] = "Written"
+    path: str
+    size: int
+    files: Optional[int] = None
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "WrittenFile":
+        files = d.get("files")
+        return cls(
+            path=str(d.get("path", "")),
+            size=int(d.get("size") or 0),
+            files=int(files) if isinstance(files, int) else None,
+        )
+
+
+#: Every type above, by the schema it mirrors (the drift test walks the server's spec with it).
+MIRRORS = {
+    cls.SCHEMA: cls
+    for cls in (
+        StateLost,
+        KernelInfo,
+        Result,
+        Execution,
+        KernelSummary,
+        FileEntry,
+        Listing,
+        WrittenFile,
+    )
+}

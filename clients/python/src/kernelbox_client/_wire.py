@@ -1,0 +1,379 @@
+"""The HTTP API without I/O: what each call sends and how each answer is read.
+
+`Client` and `AsyncClient` only move bytes; every rule about URLs, bodies, timeouts, status
+codes and stream events lives here, once, so the two cannot disagree.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
+from urllib.parse import quote
+
+import httpx
+
+from ._errors import ConnectionFailed, KernelboxError, ProtocolError, Timeout, error_for
+from ._types import Execution, KernelSummary, Listing, Result, WrittenFile
+
+#: Where the client goes without `url` or `KERNELBOX_URL` (`kernelbox serve`'s default).
+DEFAULT_URL = "http://127.0.0.1:8080"
+#: Seconds the client waits for a control call (and for transport on top of a cell's timeout).
+DEFAULT_TIMEOUT = 30.0
+#: The server's default `--max-timeout`: how long a cell with no `timeout` may run at most
+#: (README, HTTP server). A run's read deadline is its cell timeout (or this) + the client's
+#: timeout, so a healthy server always answers first.
+SERVER_MAX_CELL_SECONDS = 3600.0
+#: The longest cell timeout the client waits for (a week; bigger values are refused by any
+#: server, and the operating system bounds socket timeouts).
+MAX_CELL_WAIT = 7 * 24 * 3600.0
+#: Stream events the client understands (the drift test checks the server sends no other).
+STREAM_EVENTS = ("output", "output_truncated", "display", "result", "error")
+NDJSON = "application/x-ndjson"
+TAR = "application/x-tar"
+
+
+def resolve(url: Optional[str], token: Optional[str]) -> Tuple[str, Optional[str]]:
+    """The base URL and token: the arguments, else `KERNELBOX_URL` / `KERNELBOX_TOKEN`."""
+    url = url or os.environ.get("KERNELBOX_URL") or DEFAULT_URL
+    token = token if token is not None else os.environ.get("KERNELBOX_TOKEN")
+    return url.rstrip("/"), token
+
+
+def headers(token: Optional[str]) -> Dict[str, str]:
+    h = {"User-Agent": "kernelbox-client-python/0.1"}
+    if token:
+        h["Authorization"] = f"Bearer {token}"
+    return h
+
+
+def _segment(value: str) -> str:
+    # Percent-encode everything, dots of `.`/`..` included, so the HTTP stack never resolves
+    # a path the server is the one to judge (it refuses escapes with 400).
+    if value in (".", ".."):
+        return value.replace(".", "%2E")
+    return quote(value, safe="")
+
+
+def session_path(session: str, *rest: str) -> str:
+    return "/".join(["/v1/sessions", _segment(session), *rest])
+
+
+def file_path(session: str, path: str) -> str:
+    """`.../files/PATH`; `""` or `"."` (the default of `files.list`) is the working directory
+    itself, `.../files`. Every other path goes as given: the server judges it (README, files)."""
+    path = os.fspath(path)
+    if path in ("", "."):
+        return session_path(session, "files")
+    return session_path(session, "files", "/".join(_segment(p) for p in path.split("/")))
+
+
+@dataclass
+class Call:
+    """One HTTP request, described."""
+
+    method: str
+    path: str
+    json: Optional[Dict[str, Any]] = None
+    params: Dict[str, str] = field(default_factory=dict)
+    headers: Dict[str, str] = field(default_factory=dict)
+    #: Seconds to wait for each read; None: the client's timeout.
+    read_timeout: Optional[float] = None
+    #: A 404 is an answer (0 / None), not an error: interrupting or clearing nothing.
+    missing_ok: bool = False
+
+    def timeout(self, client_timeout: Optional[float]) -> httpx.Timeout:
+        read = self.read_timeout if self.read_timeout is not None else client_timeout
+        return httpx.Timeout(client_timeout, read=read)
+
+
+def execute_call(
+    session: str,
+    child: Optional[str],
+    code: str,
+    timeout: Optional[float],
+    reset: bool,
+    task_id: Optional[str],
+    tools: Optional[Iterable[str]],
+    stream: bool,
+    client_timeout: Optional[float],
+) -> Call:
+    body: Dict[str, Any] = {"code": code}
+    if reset:
+        body["reset"] = True
+    if timeout is not None:
+        body["timeout"] = timeout
+    if task_id is not None:
+        body["task_id"] = task_id
+    if child is not None:
+        body["child"] = child
+    if tools is not None:
+        body["tools"] = list(tools)
+    # The server judges the timeout (400 `invalid_timeout`); the client only needs a finite
+    # read deadline that outlasts any cell the server would accept.
+    cell = (
+        min(timeout, MAX_CELL_WAIT) if isinstance(timeout, (int, float)) and timeout > 0 else None
+    )
+    read = (cell or SERVER_MAX_CELL_SECONDS) + (client_timeout or DEFAULT_TIMEOUT)
+    return Call(
+        "POST",
+        session_path(session, "execute"),
+        json=body,
+        headers={"Accept": NDJSON} if stream else {"Accept": "application/json"},
+        read_timeout=read,
+    )
+
+
+def interrupt_call(session: str) -> Call:
+    return Call("POST", session_path(session, "interrupt"), missing_ok=True)
+
+
+def close_call(session: str, child: Optional[str]) -> Call:
+    if child is None:
+        return Call("DELETE", session_path(session), missing_ok=True)
+    return Call("DELETE", session_path(session, "children", _segment(child)), missing_ok=True)
+
+
+def child_params(child: Optional[str]) -> Dict[str, str]:
+    return {} if child is None else {"child": child}
+
+
+def error_from_response(status: int, hdrs: Mapping[str, str], body: bytes) -> KernelboxError:
+    """The typed error for a non-2xx answer, with the server's code and message."""
+    retry_after: Optional[float] = None
+    try:
+        retry_after = float(hdrs.get("retry-after", ""))
+    except ValueError:
+        pass
+    code, message = f"http_{status}", body[:500].decode("utf-8", "replace") or "(empty body)"
+    try:
+        err = json.loads(body)["error"]
+        code, message = str(err["code"]), str(err["message"])
+    except (ValueError, KeyError, TypeError):
+        pass
+    return error_for(status, code, message, retry_after)
+
+
+def json_body(body: bytes, what: str) -> Any:
+    try:
+        return json.loads(body)
+    except ValueError as e:
+        raise ProtocolError("invalid_response", f"{what}: the answer is not JSON ({e})") from None
+
+
+def count(body: Optional[bytes], key: str) -> int:
+    """`{"interrupted": n}` / `{"cleared": n}` / `{"released": n}`; 0 for a 404."""
+    if body is None:
+        return 0
+    value = json_body(body, key)
+    return int(value.get(key, 0)) if isinstance(value, dict) else 0
+
+
+def close_key(child: Optional[str]) -> str:
+    return "cleared" if child is None else "released"
+
+
+def execution(body: bytes) -> Execution:
+    value = json_body(body, "execute")
+    if not isinstance(value, dict):
+        raise ProtocolError("invalid_response", "execute: the result is not a JSON object")
+    return Execution.from_json(value)
+
+
+def kernels(body: bytes) -> List[KernelSummary]:
+    value = json_body(body, "kernels")
+    items = value.get("kernels", []) if isinstance(value, dict) else []
+    return [KernelSummary.from_json(k) for k in items if isinstance(k, dict)]
+
+
+def listing(body: bytes) -> Listing:
+    value = json_body(body, "list files")
+    return Listing.from_json(value if isinstance(value, dict) else {})
+
+
+def deleted(body: bytes) -> str:
+    """`{"deleted": "/work/<path>"}`."""
+    value = json_body(body, "remove file")
+    return str(value.get("deleted", "")) if isinstance(value, dict) else ""
+
+
+def written(body: bytes) -> WrittenFile:
+    value = json_body(body, "write file")
+    return WrittenFile.from_json(value if isinstance(value, dict) else {})
+
+
+class StreamReader:
+    """Reads a streaming execute's NDJSON lines: `output` and `display` events go to the
+    callbacks (returned as actions), the `result` ends it, an `error` event raises."""
+
+    def __init__(self) -> None:
+        self.dropped = 0
+        self.result: Optional[Execution] = None
+
+    def feed(self, line: str) -> Optional[Tuple[str, Any]]:
+        """One line; returns `("output", str)` or `("display", Result)` for a callback."""
+        if not line.strip():
+            return None
+        event = json_body(line.encode(), "execute stream")
+        if not isinstance(event, dict):
+            raise ProtocolError("invalid_response", "execute stream: an event is not an object")
+        kind = event.get("event")
+        if kind == "output":
+            return ("output", str(event.get("data", "")))
+        if kind == "display":
+            data = event.get("data")
+            return ("display", Result.from_json(data if isinstance(data, dict) else {}))
+        if kind == "output_truncated":
+            self.dropped += int(event.get("bytes", 0))
+        elif kind == "result":
+            result = event.get("result")
+            if not isinstance(result, dict):
+                raise ProtocolError("invalid_response", "execute stream: bad result event")
+            self.result = Execution.from_json(result, stream_bytes_dropped=self.dropped)
+        elif kind == "error":
+            err = event.get("error") if isinstance(event.get("error"), dict) else {}
+            raise error_for(None, str(err.get("code", "error")), str(err.get("message", "")))
+        # Events a newer server adds are skipped (they stay visible in the drift test).
+        return None
+
+    def finish(self) -> Execution:
+        if self.result is None:
+            raise ConnectionFailed(
+                "stream_ended",
+                "the execute stream ended before the cell's result; the cell may still be "
+                "running (session.interrupt() stops it)",
+            )
+        return self.result
+
+
+def may_resend(e: httpx.HTTPError, content: Any, attempt: int) -> bool:
+    """Whether to send a request again, once: only when the server closed a kept-alive
+    connection without answering (kernelbox closes a connection without a response only
+    before it handles a request on it: a refusal that left a body unread, or a timeout; README,
+    slow and idle clients), and only when the body can be sent again (not a stream)."""
+    return (
+        attempt == 0
+        and isinstance(e, httpx.RemoteProtocolError)
+        and "without sending a response" in str(e)
+        and (content is None or isinstance(content, bytes))
+    )
+
+
+def transport_error(e: httpx.HTTPError, method: str, url: str) -> KernelboxError:
+    """A clear error for a request that got no (complete) answer."""
+    if isinstance(e, httpx.TimeoutException):
+        phase = {
+            httpx.ConnectTimeout: "connecting to",
+            httpx.WriteTimeout: "sending to",
+            httpx.PoolTimeout: "waiting for a free connection to",
+        }.get(type(e), "waiting for an answer from")
+        hint = (
+            "; the cell may still be running (session.interrupt() stops it)"
+            if method == "POST" and url.endswith("/execute")
+            else ""
+        )
+        return Timeout("timeout", f"timed out {phase} kernelbox at {method} {url}{hint}")
+    what = str(e) or type(e).__name__
+    if isinstance(e, httpx.ConnectError):
+        return ConnectionFailed(
+            "connection_failed", f"could not connect to kernelbox at {method} {url}: {what}"
+        )
+    return ConnectionFailed(
+        "connection_failed", f"the connection to kernelbox broke during {method} {url}: {what}"
+    )
+
+
+#: Bytes read from a local file per chunk of an upload.
+UPLOAD_CHUNK = 256 * 1024
+
+
+@dataclass
+class Upload:
+    """The body of `files.write`: bytes, or chunks read from a file as they are sent."""
+
+    content: Any
+    length: Optional[int]
+    file: Any = None
+
+    def chunks(self) -> Iterable[bytes]:
+        while True:
+            chunk = self.file.read(UPLOAD_CHUNK)
+            if not chunk:
+                return
+            if isinstance(chunk, str):
+                chunk = chunk.encode()
+            yield chunk
+
+    def close(self, opened: bool) -> None:
+        if opened and self.file is not None:
+            self.file.close()
+
+
+def upload(data: Any) -> Tuple[Upload, bool]:
+    """What `files.write(path, data)` sends, and whether this call opened a file to close.
+
+    `data`: bytes-like, a str (UTF-8), a local path (`os.PathLike`), a binary file object
+    (streamed, never read whole), or an iterable of bytes chunks.
+    """
+    if isinstance(data, str):
+        data = data.encode()
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        data = bytes(data)
+        return Upload(data, len(data)), False
+    opened = False
+    if isinstance(data, os.PathLike):
+        data = open(data, "rb")
+        opened = True
+    if hasattr(data, "read"):
+        length: Optional[int] = None
+        try:
+            length = os.fstat(data.fileno()).st_size - data.tell()
+        except (AttributeError, OSError, ValueError):
+            length = None
+        up = Upload(None, length, file=data)
+        up.content = up.chunks()
+        return up, opened
+    return Upload(data, None), False
+
+
+def upload_headers(up: Upload, tar: bool = False) -> Dict[str, str]:
+    h = {"Content-Type": TAR if tar else "application/octet-stream"}
+    if up.length is not None:
+        h["Content-Length"] = str(up.length)
+    return h
+
+
+class Sink:
+    """Where `files.download` writes: a binary file object as given, or a local path through
+    a temporary file beside it, renamed into place only once the whole body arrived."""
+
+    def __init__(self, dest: Any) -> None:
+        self.size = 0
+        self.final: Optional[str] = None
+        if isinstance(dest, (str, os.PathLike)):
+            self.final = os.fspath(dest)
+            folder = os.path.dirname(os.path.abspath(self.final))
+            fd, self.temp = tempfile.mkstemp(prefix=".kernelbox-", suffix=".part", dir=folder)
+            self.file: Any = os.fdopen(fd, "wb")
+        else:
+            self.file = dest
+
+    def write(self, chunk: bytes) -> None:
+        self.file.write(chunk)
+        self.size += len(chunk)
+
+    def abort(self) -> None:
+        if self.final is not None:
+            self.file.close()
+            try:
+                os.unlink(self.temp)
+            except FileNotFoundError:
+                pass
+
+    def finish(self) -> int:
+        if self.final is not None:
+            self.file.close()
+            os.replace(self.temp, self.final)
+        return self.size

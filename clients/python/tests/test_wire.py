@@ -1,0 +1,40 @@
+"""The HTTP rules without a server: paths, stream events, read deadlines."""
+
+from __future__ import annotations
+
+from kernelbox_client import _wire
+
+
+def test_a_slow_readers_dropped_output_is_counted_on_the_result() -> None:
+    reader = _wire.StreamReader()
+    assert reader.feed('{"event":"output","data":"a"}') == ("output", "a")
+    assert reader.feed('{"event":"output_truncated","bytes":1234}') is None
+    reader.feed('{"event":"result","result":{"status":"success","output":"a","exit_code":0,'
+                '"tool_calls_made":0,"duration_seconds":0.1,"kernel":{"id":"k"}}}')  # fmt: skip
+    r = reader.finish()
+    assert (r.status, r.output, r.stream_bytes_dropped, r.kernel.id) == ("success", "a", 1234, "k")
+
+
+def test_a_display_event_becomes_a_result_object() -> None:
+    kind, result = _wire.StreamReader().feed(
+        '{"event":"display","data":{"data":{"text/plain":"x","image/png":"iVBORw=="},'
+        '"metadata":{},"is_main_result":false}}'
+    )
+    assert kind == "display" and result.text == "x" and result.png == b"\x89PNG"
+
+
+def test_paths_are_sent_as_given_for_the_server_to_judge() -> None:
+    assert _wire.file_path("s", "a b/c.txt") == "/v1/sessions/s/files/a%20b/c.txt"
+    assert _wire.file_path("s", "../x") == "/v1/sessions/s/files/%2E%2E/x"
+    assert _wire.file_path("s", ".") == _wire.file_path("s", "") == "/v1/sessions/s/files"
+    assert _wire.session_path("a:b@c", "execute") == "/v1/sessions/a%3Ab%40c/execute"
+
+
+def test_a_runs_read_deadline_outlasts_its_cell() -> None:
+    call = _wire.execute_call("s", None, "1", 10, False, None, None, False, 30)
+    assert call.read_timeout == 40
+    assert (
+        _wire.execute_call("s", None, "1", None, False, None, None, False, 30).read_timeout == 3630
+    )
+    huge = _wire.execute_call("s", None, "1", 1e300, False, None, None, False, 30)
+    assert huge.read_timeout == _wire.MAX_CELL_WAIT + 30

@@ -1,0 +1,47 @@
+//! The local backend: `kernelbox mcp` running its own kernels through an [`Orchestrator`], as
+//! `exec` and `repl` do, for one session.
+
+use async_trait::async_trait;
+use rmcp::model::Extensions;
+
+use super::backend::{Backend, ExecuteCode, Refusal};
+use crate::orchestrator::{ExecuteRequest, Orchestrator};
+
+/// One session's cells on a local orchestrator.
+pub(crate) struct LocalBackend {
+    pub orchestrator: Orchestrator,
+    pub session: String,
+}
+
+#[async_trait]
+impl Backend for LocalBackend {
+    async fn execute(
+        &self,
+        _request: &Extensions,
+        args: ExecuteCode,
+    ) -> Result<serde_json::Value, Refusal> {
+        let config = self.orchestrator.config();
+        let timeout = args
+            .timeout
+            .map(|secs| config.cell_timeout_from_secs(secs))
+            .transpose()
+            .map_err(|e| Refusal(e.to_string()))?;
+        let request = ExecuteRequest {
+            session: self.session.clone(),
+            code: args.code,
+            reset: args.reset,
+            timeout,
+            ..ExecuteRequest::default()
+        };
+        let result = self
+            .orchestrator
+            .execute(request)
+            .await
+            .map_err(|e| Refusal(format!("kernelbox could not run the cell: {e}")))?;
+        serde_json::to_value(result).map_err(|e| Refusal(format!("kernelbox: {e}")))
+    }
+
+    async fn close(&self) {
+        self.orchestrator.clear_session(None, &self.session).await;
+    }
+}

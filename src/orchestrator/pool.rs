@@ -1,0 +1,338 @@
+//! The warm pool (`docs/architecture.md`, "The warm pool"): kernels created, started and
+//! runner-ready before anyone asks, owned by nobody, so a new owner's first cell skips the cold
+//! start. The books (and the atomic take) are the registry's (`src/registry/pool.rs`); this
+//! file does the Docker work: the refill task, disposal of expired or discarded pooled
+//! kernels, and naming a taken kernel after its owner.
+//!
+//! The refill runs in the background, at most [`POOL_REFILL_CONCURRENCY`] spawns at a time (the
+//! pool's share of the engine), and never holds the registry's lock across an engine call. A
+//! new owner that finds the pool empty starts cold at once: nothing waits on a refill.
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use futures::stream::FuturesUnordered;
+use futures::StreamExt;
+use tokio::sync::Notify;
+use tokio::time::Duration;
+
+use super::Orchestrator;
+use crate::config::KernelSpec;
+use crate::histogram::Histogram;
+use crate::kernel::{Kernel, KernelError, SpawnRequest};
+use crate::owner::KernelKey;
+
+/// Pooled kernels spawned at once by the refill. The refill also starts none while a new
+/// owner's kernel is starting cold, so a burst of new owners competes with at most this many
+/// pool spawns (those already under way) for the engine.
+pub const POOL_REFILL_CONCURRENCY: usize = 1;
+
+/// Longest time between two looks at the pool (kernels that died in it, room freed by
+/// sessions that went away); takes and expiries wake the refill at once.
+const POOL_CHECK: Duration = Duration::from_secs(5);
+
+/// After a refill fails (image missing, engine down), the first wait before the next try;
+/// doubled on each failure in a row up to [`REFILL_BACKOFF_MAX`].
+const REFILL_BACKOFF: Duration = Duration::from_millis(500);
+const REFILL_BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+/// Longest a take's follow-up (naming the kernel, waking the refill) waits for the taker's
+/// first cell to end, so that a long first cell does not keep the pool short or the kernel
+/// unnamed.
+const TAKE_SETTLE: Duration = Duration::from_millis(250);
+
+/// Upper bounds of the refill-time histogram (one pooled kernel spawned), in seconds.
+pub const REFILL_BUCKETS: [f64; 10] = [0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0];
+
+/// The warm pool's counters, for metrics.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PoolStats {
+    /// The configured size (`Config::pool_size`; 0: no pool).
+    pub size: usize,
+    /// Ready pooled kernels now.
+    pub ready: usize,
+    /// New kernels that came out of the pool.
+    pub hits: u64,
+    /// New kernels started cold while the pool was configured (it was empty).
+    pub misses: u64,
+    /// Time to spawn one pooled kernel, successful refills.
+    pub refills: Histogram,
+    /// Refills that failed.
+    pub refill_failures: u64,
+}
+
+/// The pool's state in the orchestrator.
+pub(super) struct PoolState {
+    /// What pooled kernels are made from (the configuration's one spec).
+    pub(super) spec: KernelSpec,
+    /// Wakes the refill: a take, a discard.
+    pub(super) wake: Notify,
+    pub(super) stats: Mutex<PoolStats>,
+    /// The refill task, awaited at shutdown before the final sweep.
+    pub(super) task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Ready pooled kernels, published after every change the orchestrator makes.
+    pub(super) ready: tokio::sync::watch::Sender<usize>,
+    /// Cold starts under way (see [`ColdStart`]).
+    cold: std::sync::atomic::AtomicUsize,
+}
+
+/// A cold start under way; the refill starts no spawn while one is, and is woken when the
+/// last one ends.
+pub(super) struct ColdStart<'a>(&'a PoolState);
+
+impl Drop for ColdStart<'_> {
+    fn drop(&mut self) {
+        if self
+            .0
+            .cold
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel)
+            == 1
+        {
+            self.0.wake.notify_one();
+        }
+    }
+}
+
+impl PoolState {
+    pub(super) fn new(spec: KernelSpec, size: usize) -> PoolState {
+        PoolState {
+            spec,
+            wake: Notify::new(),
+            stats: Mutex::new(PoolStats {
+                size,
+                ready: 0,
+                hits: 0,
+                misses: 0,
+                refills: Histogram::new(&REFILL_BUCKETS),
+                refill_failures: 0,
+            }),
+            task: Mutex::new(None),
+            ready: tokio::sync::watch::Sender::new(0),
+            cold: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+
+    /// Marks a cold start under way until the guard is dropped.
+    pub(super) fn cold_start(&self) -> ColdStart<'_> {
+        self.cold.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        ColdStart(self)
+    }
+
+    fn cold_starts(&self) -> usize {
+        self.cold.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    pub(super) fn stats(&self) -> std::sync::MutexGuard<'_, PoolStats> {
+        self.stats.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Orchestrator {
+    /// The spec a new owner of `key` may take a pooled kernel of: when the pool is on and the
+    /// key asks for the pool's image and mode (a tenant or request naming another image, e.g.
+    /// the data-science one, gets a kernel of its own image, cold).
+    pub(super) fn pool_spec(&self, key: &KernelKey) -> Option<&KernelSpec> {
+        let spec = &self.inner.pool.spec;
+        (self.inner.config.pool_size > 0 && spec.image == key.image && spec.mode == key.mode)
+            .then_some(spec)
+    }
+
+    /// Counts a new kernel: out of the pool, or cold while a pool is configured.
+    pub(super) fn count_take(&self, hit: bool) {
+        if self.inner.config.pool_size == 0 {
+            return;
+        }
+        self.publish_pool();
+        let mut stats = self.inner.pool.stats();
+        if hit {
+            stats.hits += 1;
+        } else {
+            stats.misses += 1;
+        }
+    }
+
+    /// What follows a take, in the background once the taker's first cell ends (the returned
+    /// guard is dropped) or [`TAKE_SETTLE`] passes, so neither competes with that cell for
+    /// the engine: the refill is woken, and the kernel is named after its owner
+    /// (`labels::owner_name`) so the admin verbs (`kernelbox ps`, `inspect`, `kill
+    /// --owner/--tenant`) see who has it.
+    pub(super) fn after_take(
+        &self,
+        key: &KernelKey,
+        kernel: &Arc<Kernel>,
+    ) -> tokio_util::sync::DropGuard {
+        let name =
+            crate::labels::owner_name(&key.owner.tenant, &key.owner.to_string(), kernel.short_id());
+        let first_cell = tokio_util::sync::CancellationToken::new();
+        let ended = first_cell.clone();
+        let this = self.clone();
+        let kernel = kernel.clone();
+        self.inner.tracker.spawn(async move {
+            let inner = &this.inner;
+            tokio::select! {
+                _ = ended.cancelled() => {}
+                _ = tokio::time::sleep(TAKE_SETTLE) => {}
+                _ = inner.cancel.cancelled() => return,
+            }
+            inner.pool.wake.notify_one();
+            if let Err(e) = inner.engine.rename_container(&kernel.id, &name).await {
+                // Removed meanwhile (cleared, killed): nothing left to name.
+                if kernel.is_alive() {
+                    tracing::warn!(container = %kernel.short_id(), error = %e, "naming a taken pooled kernel");
+                }
+            }
+        });
+        first_cell.drop_guard()
+    }
+
+    /// Disposes of kernels that left the pool without an owner.
+    pub(super) async fn dispose_pooled(&self, kernels: Vec<Arc<Kernel>>) {
+        for kernel in kernels {
+            self.dispose_kernel(&kernel).await;
+        }
+    }
+
+    /// Starts the refill task (when the pool is on).
+    pub(super) fn start_pool(&self) {
+        if self.inner.config.pool_size == 0 {
+            return;
+        }
+        let this = self.clone();
+        let handle = self
+            .inner
+            .tracker
+            .spawn(async move { this.refill_forever().await });
+        *self
+            .inner
+            .pool
+            .task
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(handle);
+    }
+
+    /// Waits (at most `limit`) for the refill task to finish its spawns in flight after
+    /// shutdown began; they find the registry closed and dispose of their kernels.
+    pub(super) async fn stop_pool(&self, limit: Duration) {
+        let task = self
+            .inner
+            .pool
+            .task
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(task) = task {
+            let _ = tokio::time::timeout(limit, task).await;
+        }
+        let left = self.inner.registry.pool_drain();
+        self.publish_pool();
+        self.dispose_pooled(left).await;
+    }
+
+    /// Keeps the pool at its size until shutdown: replaces dead and expired kernels, spawns
+    /// into free room at most [`POOL_REFILL_CONCURRENCY`] at a time, backs off after failures.
+    async fn refill_forever(&self) {
+        let inner = &self.inner;
+        let config = &inner.config;
+        let mut spawning = FuturesUnordered::new();
+        let mut backoff = Duration::ZERO;
+        let mut retry_at: Option<tokio::time::Instant> = None;
+        loop {
+            let gone = inner.registry.pool_expired(config.pool_max_age);
+            if !gone.is_empty() {
+                tracing::debug!(kernels = gone.len(), "pooled kernels expired or died");
+                self.publish_pool();
+                self.dispose_pooled(gone).await;
+            }
+            let may_spawn = retry_at.is_none_or(|at| tokio::time::Instant::now() >= at);
+            if may_spawn && inner.pool.cold_starts() == 0 {
+                retry_at = None;
+                let n = inner.registry.pool_reserve(
+                    &inner.pool.spec,
+                    config.pool_size,
+                    POOL_REFILL_CONCURRENCY,
+                );
+                for _ in 0..n {
+                    spawning.push(self.spawn_pooled());
+                }
+            }
+            let mut next = tokio::time::Instant::now() + POOL_CHECK;
+            if let Some(oldest) = inner.registry.pool_oldest() {
+                next = next.min(oldest + config.pool_max_age);
+            }
+            if let Some(at) = retry_at {
+                next = next.min(at);
+            }
+            tokio::select! {
+                _ = inner.cancel.cancelled() => break,
+                _ = inner.pool.wake.notified() => {}
+                _ = tokio::time::sleep_until(next) => {}
+                Some(spawned) = spawning.next(), if !spawning.is_empty() => {
+                    match spawned {
+                        Ok(()) => backoff = Duration::ZERO,
+                        Err(e) => {
+                            backoff = (backoff * 2).clamp(REFILL_BACKOFF, REFILL_BACKOFF_MAX);
+                            retry_at = Some(tokio::time::Instant::now() + backoff);
+                            tracing::warn!(error = %e, retry_in = ?backoff, "refilling the warm pool failed");
+                        }
+                    }
+                }
+            }
+        }
+        // Shutdown: the spawns in flight end (each within spawn_timeout) and, finding the
+        // registry closed, dispose of what they made.
+        while spawning.next().await.is_some() {}
+    }
+
+    /// Spawns one pooled kernel for a reserved refill and offers it to the pool.
+    async fn spawn_pooled(&self) -> Result<(), KernelError> {
+        let inner = &self.inner;
+        let started = Instant::now();
+        let spawned = Kernel::spawn(SpawnRequest {
+            engine: inner.engine.clone(),
+            config: &inner.config,
+            base_labels: &inner.labels,
+            owner: None,
+            monitor: inner.monitor.clone(),
+            tracker: &inner.tracker,
+        })
+        .await;
+        let seconds = started.elapsed().as_secs_f64();
+        match spawned {
+            Ok(kernel) => {
+                inner.pool.stats().refills.observe(seconds);
+                if let Some(unwanted) = inner.registry.pool_offer(inner.pool.spec.clone(), kernel) {
+                    self.dispose_kernel(&unwanted).await;
+                }
+                self.publish_pool();
+                Ok(())
+            }
+            Err(e) => {
+                inner.registry.pool_unreserve();
+                inner.pool.stats().refill_failures += 1;
+                Err(e)
+            }
+        }
+    }
+
+    /// Ready pooled kernels now.
+    pub fn pool_ready(&self) -> usize {
+        self.inner.registry.pool_ready()
+    }
+
+    /// Publishes the number of ready pooled kernels (for [`Orchestrator::wait_pool_ready`]).
+    pub(super) fn publish_pool(&self) {
+        self.inner
+            .pool
+            .ready
+            .send_replace(self.inner.registry.pool_ready());
+    }
+
+    /// Waits until the warm pool holds at least `n` ready kernels, at most `limit`; returns
+    /// whether it does. Event-driven (for tests, benches and readiness checks).
+    pub async fn wait_pool_ready(&self, n: usize, limit: Duration) -> bool {
+        let mut rx = self.inner.pool.ready.subscribe();
+        tokio::time::timeout(limit, rx.wait_for(|ready| *ready >= n))
+            .await
+            .is_ok_and(|r| r.is_ok())
+    }
+}

@@ -1,0 +1,99 @@
+//! The warm pool against the in-memory fake engine, in paused time.
+
+use std::collections::HashSet;
+
+use super::*;
+use crate::docker::fake::FakeEngine;
+
+async fn start(size: usize, max: usize) -> (Orchestrator, FakeEngine) {
+    let fake = FakeEngine::default();
+    let config = Config {
+        pool_size: size,
+        max_session_kernels: max,
+        ..Config::default()
+    };
+    let kb = Orchestrator::start(config, Arc::new(fake.clone()))
+        .await
+        .expect("start");
+    (kb, fake)
+}
+
+async fn run(kb: &Orchestrator, session: &str, code: &str) -> crate::CellResult {
+    kb.execute(crate::ExecuteRequest::new(session, code))
+        .await
+        .expect("execute")
+}
+
+#[tokio::test(start_paused = true)]
+async fn new_owners_take_distinct_pooled_kernels_and_the_pool_refills() {
+    let (kb, fake) = start(2, 8).await;
+    assert!(kb.wait_pool_ready(2, Duration::from_secs(5)).await);
+    assert_eq!(fake.created(), 2);
+    let a = run(&kb, "a", "x = 1").await;
+    let b = run(&kb, "b", "x = 1").await;
+    for r in [&a, &b] {
+        assert!(!r.kernel.reused);
+        assert_eq!(r.kernel.execution_count, 1);
+        assert_eq!(r.kernel.generation, 1);
+    }
+    assert_ne!(a.kernel.id, b.kernel.id);
+    assert_eq!(kb.stats().pool.hits, 2);
+    // Both were taken: the pool refills to its size in the background.
+    assert!(kb.wait_pool_ready(2, Duration::from_secs(5)).await);
+    assert_eq!(fake.created(), 4);
+    // A kernel is never returned: a cleared owner's next kernel is another pooled one.
+    kb.clear_session(None, "a").await;
+    let again = run(&kb, "a", "x = 1").await;
+    assert!(!again.kernel.reused);
+    let ids: HashSet<String> = [&a, &b, &again]
+        .iter()
+        .map(|r| r.kernel.id.clone())
+        .collect();
+    assert_eq!(ids.len(), 3);
+    kb.shutdown().await;
+    assert_eq!(fake.live_containers(), 0);
+    assert_eq!(fake.live_volumes(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn pooled_kernels_count_toward_the_host_cap_and_never_evict_an_owner() {
+    let (kb, fake) = start(2, 3).await;
+    assert!(kb.wait_pool_ready(2, Duration::from_secs(5)).await);
+    run(&kb, "a", "x = 1").await;
+    // One owner and one pooled kernel fill two of three; the refill takes the last place.
+    assert!(kb.wait_pool_ready(2, Duration::from_secs(5)).await);
+    run(&kb, "b", "x = 1").await;
+    run(&kb, "c", "x = 1").await;
+    // Three owners fill the cap: no pooled kernel, none evicted.
+    assert_eq!(kb.pool_ready(), 0);
+    assert_eq!(kb.list_kernels(None).len(), 3);
+    assert_eq!(fake.live_containers(), 3);
+    kb.clear_session(None, "a").await;
+    // Room again: the pool takes it back within its check interval.
+    assert!(kb.wait_pool_ready(1, Duration::from_secs(10)).await);
+    assert_eq!(fake.live_containers(), 3);
+    kb.shutdown().await;
+    assert_eq!(fake.live_containers(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn pooled_kernels_past_their_maximum_age_are_replaced() {
+    let fake = FakeEngine::default();
+    let config = Config {
+        pool_size: 1,
+        pool_max_age: Duration::from_secs(60),
+        ..Config::default()
+    };
+    let kb = Orchestrator::start(config, Arc::new(fake.clone()))
+        .await
+        .expect("start");
+    assert!(kb.wait_pool_ready(1, Duration::from_secs(5)).await);
+    assert_eq!(fake.created(), 1);
+    tokio::time::sleep(Duration::from_secs(61)).await;
+    assert!(kb.wait_pool_ready(1, Duration::from_secs(5)).await);
+    assert_eq!(fake.created(), 2);
+    assert_eq!(fake.live_containers(), 1);
+    kb.shutdown().await;
+    assert_eq!(fake.live_containers(), 0);
+    assert_eq!(fake.live_volumes(), 0);
+}

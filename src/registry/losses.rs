@@ -1,0 +1,122 @@
+//! Losses and generations: what the catalog knew at start (seeds), the losses recorded as
+//! they happen and owed to an owner's next call, and the bound on remembered keys.
+
+use std::sync::Arc;
+
+use super::{Inner, LossCounts, Registry, MAX_REMEMBERED_KEYS};
+use crate::catalog::{CatalogWriter, Change, Entry, EntryState};
+use crate::cell::{LossReason, StateLost};
+use crate::owner::KernelKey;
+
+/// A key known from the catalog: its owner (checked against the key), last generation, and
+/// the loss still owed to it.
+#[derive(Debug)]
+pub(super) struct Seed {
+    tenant: String,
+    owner: String,
+    generation: u64,
+    loss: Option<StateLost>,
+}
+
+impl Inner {
+    /// A key seen for the first time takes its generation and owed loss from the catalog.
+    pub(super) fn take_seed(&mut self, key: &KernelKey) {
+        if self.seeded.is_empty() || self.generations.contains_key(key) {
+            return;
+        }
+        let Some(seed) = self.seeded.remove(&key.hash()) else {
+            return;
+        };
+        if seed.tenant != key.owner.tenant || seed.owner != key.owner.to_string() {
+            return;
+        }
+        self.generations.insert(key.clone(), seed.generation);
+        if let Some(loss) = seed.loss {
+            self.losses.insert(key.clone(), loss);
+        }
+    }
+
+    pub(super) fn remember(&mut self, key: &KernelKey) {
+        if !self.generations.contains_key(key) {
+            if self.remembered.len() >= MAX_REMEMBERED_KEYS {
+                if let Some(old) = self.remembered.pop_front() {
+                    if !self.slots.contains_key(&old) {
+                        self.generations.remove(&old);
+                        self.losses.remove(&old);
+                    }
+                }
+            }
+            self.remembered.push_back(key.clone());
+        }
+    }
+
+    pub(super) fn record_loss(&mut self, key: &KernelKey, reason: LossReason) {
+        if let Some(i) = LossReason::ALL.iter().position(|r| *r == reason) {
+            self.loss_counts[i] += 1;
+        }
+        self.remember(key);
+        let generation = *self.generations.entry(key.clone()).or_insert(0);
+        let loss = StateLost {
+            reason,
+            at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+        };
+        self.journal(|| Change::Lost {
+            key_hash: key.hash(),
+            tenant: key.owner.tenant.clone(),
+            owner: key.owner.to_string(),
+            generation,
+            loss: loss.clone(),
+        });
+        self.losses.insert(key.clone(), loss);
+    }
+}
+
+impl Registry {
+    /// Records kernel losses (and voluntary ends) in `journal` from now on, and seeds the
+    /// generations and owed losses of keys from what the catalog held at start (rows still
+    /// `live` must already be turned into losses by the caller). Returns the keys seeded.
+    pub fn use_catalog(&self, journal: Arc<CatalogWriter>, entries: Vec<Entry>) -> usize {
+        let mut inner = self.lock();
+        inner.journal = Some(journal);
+        for entry in entries {
+            let loss = match entry.state {
+                EntryState::Lost { loss } => Some(loss),
+                EntryState::Live | EntryState::Ended => None,
+            };
+            inner.seeded.insert(
+                entry.key_hash,
+                Seed {
+                    tenant: entry.tenant,
+                    owner: entry.owner,
+                    generation: entry.generation,
+                    loss,
+                },
+            );
+        }
+        inner.seeded.len()
+    }
+
+    /// Counts losses that happened outside this registry's life (kernels lost by a restart),
+    /// for the losses-as-they-happen counters.
+    pub fn count_losses(&self, reason: LossReason, n: u64) {
+        if let Some(i) = LossReason::ALL.iter().position(|r| *r == reason) {
+            self.lock().loss_counts[i] += n;
+        }
+    }
+
+    /// Losses so far, by reason.
+    pub fn loss_counts(&self) -> LossCounts {
+        self.lock().loss_counts
+    }
+
+    /// Gives back a loss taken by an attach whose call then failed before reporting it, unless
+    /// a newer loss is owed already: a loss is never dropped unreported.
+    pub fn restore_loss(&self, key: &KernelKey, loss: StateLost) {
+        let mut inner = self.lock();
+        if inner.closed || inner.losses.contains_key(key) {
+            return;
+        }
+        inner.remember(key);
+        inner.losses.insert(key.clone(), loss);
+    }
+}

@@ -1,0 +1,379 @@
+//! The warm pool against the real engine: a pool hit is a fresh kernel never shared between
+//! owners, the pool refills to its size, a burst larger than the pool mixes hits and cold
+//! starts, old pooled kernels are replaced, the admin verbs see who took a kernel, and a
+//! `kernelbox serve --pool N` killed with SIGKILL leaves nothing behind.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+#[path = "common/http.rs"]
+mod http;
+
+use std::collections::HashSet;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{Case, CASE};
+use futures::StreamExt;
+use kernelbox::docker::ContainerInfo;
+use kernelbox::{
+    labels, CellStatus, Engine, ExecuteRequest, FnDispatcher, ToolCall, ToolDispatcher,
+};
+use serde_json::Value;
+
+const READY: Duration = Duration::from_secs(60);
+
+/// The case's containers made for the pool and not taken (no owner in their name).
+fn untaken(list: &[ContainerInfo]) -> Vec<String> {
+    list.iter()
+        .filter(|c| c.labels.contains_key(labels::POOL))
+        .filter(|c| labels::parse_owner_name(&c.name).is_none())
+        .map(|c| c.id[..12].to_string())
+        .collect()
+}
+
+/// Waits (bounded) for the first engine event `action` on `id`.
+async fn wait_event_on(engine: &Arc<dyn Engine>, label: &str, id: &str, action: &str) {
+    let since = kernelbox::clock::unix_now() as i64 - 30;
+    let mut events = engine.events(&[format!("{CASE}={label}")], Some(since));
+    let seen = tokio::time::timeout(READY, async {
+        while let Some(Ok(event)) = events.next().await {
+            if event.id.starts_with(id) && event.action == action {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(seen, Ok(true), "no {action} event for {id}");
+}
+
+async fn kernelbox_cli(args: &[&str]) -> (i32, String) {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_kernelbox"))
+        .args(args)
+        .output()
+        .await
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+/// What a fresh kernel has: no globals but `os`, nothing in its working directory but
+/// kernelbox's own `.kernelbox/status`.
+const FRESH: &str = "import os\nprint(sorted(k for k in globals() if not k.startswith('_')), \
+                     sorted(os.listdir('.')), sorted(os.listdir('.kernelbox')))";
+const FRESH_OUTPUT: &str = "['os'] ['.kernelbox'] ['status']\n";
+
+#[tokio::test]
+async fn a_pool_hit_is_a_fresh_kernel_never_shared_between_owners() {
+    let case = Case::with("pool-hit", |c| {
+        c.pool_size = 2;
+        c.max_session_kernels = 8;
+    })
+    .await;
+    assert!(case.kb.wait_pool_ready(2, READY).await, "the pool fills");
+    let before = case.containers().await;
+    let pooled = untaken(&before);
+    assert_eq!(pooled.len(), 2, "{before:?}");
+    for c in &before {
+        // Created without an owner: nothing names a tenant, an owner or a key.
+        for key in [labels::TENANT, labels::OWNER, labels::SESSION, labels::KEY] {
+            assert!(!c.labels.contains_key(key), "{key} on a pooled kernel");
+        }
+    }
+
+    let a = case.run("owner-a", FRESH).await;
+    assert_eq!(a.status, CellStatus::Success, "{a:?}");
+    // The runner counts cells itself: 1 means no cell ever ran in this kernel before.
+    assert_eq!(a.kernel.execution_count, 1);
+    assert!(!a.kernel.reused);
+    assert_eq!(a.output, FRESH_OUTPUT);
+    assert!(pooled.contains(&a.kernel.id), "a hit: {a:?} {pooled:?}");
+    case.run("owner-a", "secret = 42\nopen('mine.txt', 'w').write('a')")
+        .await;
+
+    let b = case.run("owner-b", FRESH).await;
+    assert_eq!(b.kernel.execution_count, 1);
+    assert!(!b.kernel.reused);
+    assert_eq!(b.output, FRESH_OUTPUT, "no state from owner a");
+    assert!(pooled.contains(&b.kernel.id), "a hit: {b:?} {pooled:?}");
+    assert_ne!(a.kernel.id, b.kernel.id, "one kernel, one owner");
+    let stats = case.kb.stats().pool;
+    assert_eq!((stats.hits, stats.misses), (2, 0));
+
+    // A reset never gets its old kernel back either: a fresh pooled one or a cold start.
+    let reset = case
+        .exec(ExecuteRequest {
+            reset: true,
+            ..ExecuteRequest::new("owner-a", FRESH)
+        })
+        .await;
+    assert!(reset.kernel.state_reset);
+    assert_eq!(reset.output, FRESH_OUTPUT);
+    assert_ne!(reset.kernel.id, a.kernel.id);
+    assert_ne!(reset.kernel.id, b.kernel.id);
+
+    // The pool refills to its size in the background.
+    assert!(case.kb.wait_pool_ready(2, READY).await, "the pool refills");
+    let after = case.containers().await;
+    let refilled = untaken(&after);
+    assert_eq!(refilled.len(), 2);
+    assert!(refilled.iter().all(|id| !pooled.contains(id)));
+    assert_eq!(after.len(), 4, "two owners and two pooled: {after:?}");
+    case.finish().await;
+}
+
+/// A pooled kernel is created before anyone's tool set or owner is known: both are applied
+/// at the take, so a tool call from it goes out for its owner, with its tools.
+#[tokio::test]
+async fn a_taken_kernel_calls_tools_as_its_owner_with_its_tool_set() {
+    let case = Case::with("pool-tools", |c| c.pool_size = 1).await;
+    assert!(case.kb.wait_pool_ready(1, READY).await);
+    let pooled = untaken(&case.containers().await);
+    let seen: Arc<std::sync::Mutex<Vec<ToolCall>>> = Arc::default();
+    let log = seen.clone();
+    let dispatcher: Arc<dyn ToolDispatcher> = Arc::new(FnDispatcher(move |call: ToolCall| {
+        log.lock().unwrap().push(call);
+        Ok(serde_json::json!("found"))
+    }));
+    let r = case
+        .exec(ExecuteRequest {
+            tenant: Some("acme".into()),
+            child: Some("helper".into()),
+            task_id: Some("turn-1".into()),
+            tools: ["web_search".to_string()].into(),
+            dispatcher: Some(dispatcher),
+            ..ExecuteRequest::new(
+                "conv-t",
+                "import kernel_tools\nprint(kernel_tools.web_search(q=1))\n\
+                 try:\n    kernel_tools.other()\nexcept kernel_tools.ToolError as e:\n    print(e)",
+            )
+        })
+        .await;
+    assert_eq!(r.kernel.id, pooled[0], "a hit");
+    assert_eq!(r.tool_calls_made, 1, "{r:?}");
+    assert!(
+        r.output.starts_with("found\nUnknown tool \"other\""),
+        "{r:?}"
+    );
+    let calls = seen.lock().unwrap().clone();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(
+        (calls[0].tenant.as_str(), calls[0].session.as_str()),
+        ("acme", "conv-t")
+    );
+    assert_eq!(calls[0].child.as_deref(), Some("helper"));
+    assert_eq!(calls[0].task_id.as_deref(), Some("turn-1"));
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn a_burst_larger_than_the_pool_mixes_hits_and_cold_starts_and_all_succeed() {
+    let case = Case::with("pool-burst", |c| {
+        c.pool_size = 3;
+        c.max_session_kernels = 16;
+    })
+    .await;
+    assert!(case.kb.wait_pool_ready(3, READY).await);
+    let calls = (0..8).map(|i| {
+        let kb = case.kb.clone();
+        async move {
+            kb.execute(ExecuteRequest::new(format!("burst-{i}"), FRESH))
+                .await
+                .unwrap()
+        }
+    });
+    let results = futures::future::join_all(calls).await;
+    let mut ids = HashSet::new();
+    for r in &results {
+        assert_eq!(r.status, CellStatus::Success, "{r:?}");
+        assert_eq!(r.kernel.execution_count, 1);
+        assert!(!r.kernel.reused);
+        assert_eq!(r.output, FRESH_OUTPUT);
+        ids.insert(r.kernel.id.clone());
+    }
+    assert_eq!(ids.len(), 8, "eight owners, eight kernels");
+    let stats = case.kb.stats().pool;
+    assert!(stats.hits >= 1 && stats.misses >= 1, "{stats:?}");
+    assert_eq!(stats.hits + stats.misses, 8);
+    assert!(case.kb.wait_pool_ready(3, READY).await, "the pool refills");
+    assert_eq!(case.containers().await.len(), 11);
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn a_pooled_kernel_past_its_maximum_age_is_replaced() {
+    let case = Case::with("pool-age", |c| {
+        c.pool_size = 1;
+        c.pool_max_age = Duration::from_secs(3);
+    })
+    .await;
+    assert!(case.kb.wait_pool_ready(1, READY).await);
+    let first = untaken(&case.containers().await);
+    assert_eq!(first.len(), 1);
+    // Past its age the kernel is removed and a fresh one takes its place.
+    wait_event_on(&case.engine, &case.label, &first[0], "destroy").await;
+    assert!(case.kb.wait_pool_ready(1, READY).await);
+    let second = untaken(&case.containers().await);
+    assert_eq!(second.len(), 1);
+    assert_ne!(first, second);
+    assert!(case.kb.stats().pool.refills.count() >= 2);
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn the_admin_verbs_see_the_owner_of_a_taken_kernel() {
+    let case = Case::with("pool-admin", |c| c.pool_size = 1).await;
+    let tenant = format!("t{}", &case.label[case.label.len() - 8..]);
+    let session = format!("s{}", &case.label[case.label.len() - 8..]);
+    assert!(case.kb.wait_pool_ready(1, READY).await);
+    let pooled = untaken(&case.containers().await);
+    let (code, out) = kernelbox_cli(&["inspect", &pooled[0], "--format", "table"]).await;
+    assert_eq!(code, 0);
+    assert!(out.contains("pooled"), "{out}");
+
+    let r = case
+        .exec(ExecuteRequest {
+            tenant: Some(tenant.clone()),
+            ..ExecuteRequest::new(session.clone(), "x = 1")
+        })
+        .await;
+    assert_eq!(r.kernel.id, pooled[0]);
+    // The server names the kernel after its owner just after the take.
+    wait_event_on(&case.engine, &case.label, &r.kernel.id, "rename").await;
+
+    let (code, out) = kernelbox_cli(&["ps", "--tenant", &tenant, "--format", "json"]).await;
+    assert_eq!(code, 0);
+    let rows: Vec<Value> = serde_json::from_str(&out).unwrap();
+    assert_eq!(rows.len(), 1, "{out}");
+    assert_eq!(rows[0]["container"], r.kernel.id.as_str());
+    assert_eq!(rows[0]["owner"], session.as_str());
+    assert_eq!(rows[0]["tenant"], tenant.as_str());
+    assert_eq!(rows[0]["from_pool"], true);
+    assert_eq!(rows[0]["state"], "running");
+    assert_eq!(rows[0]["cells"], 1);
+
+    let (code, out) = kernelbox_cli(&["inspect", &r.kernel.id]).await;
+    assert_eq!(code, 0);
+    let inspected: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(inspected["kernel"]["owner"], session.as_str());
+
+    let (code, out) = kernelbox_cli(&["kill", "--owner", &session, "--format", "json"]).await;
+    assert_eq!(code, 0);
+    let killed: Vec<Value> = serde_json::from_str(&out).unwrap();
+    assert_eq!(killed.len(), 1, "{out}");
+    assert_eq!(killed[0]["tenant"], tenant.as_str());
+    let next = case
+        .exec(ExecuteRequest {
+            tenant: Some(tenant.clone()),
+            ..ExecuteRequest::new(session.clone(), "print('x' in dir())")
+        })
+        .await;
+    assert_eq!(next.output, "False\n");
+    assert_eq!(
+        next.kernel.state_lost.map(|l| l.reason),
+        Some(kernelbox::LossReason::Killed)
+    );
+    case.finish().await;
+}
+
+/// A `kernelbox serve --pool 3` with one kernel taken: metrics show the pool, and SIGKILL of
+/// the server leaves no kernel (pooled or taken) and no volume behind.
+#[tokio::test]
+async fn kill_9_of_a_server_with_a_pool_leaves_no_pooled_kernel_behind() {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+
+    let engine = common::engine().await;
+    let label = common::unique("pool-serve");
+    let state = tempfile::tempdir().unwrap();
+    let mut server = tokio::process::Command::new(env!("CARGO_BIN_EXE_kernelbox"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--pool", "3"])
+        .arg("--label")
+        .arg(format!("{CASE}={label}"))
+        .env("KERNELBOX_TOKEN", "pool-token")
+        .env("KERNELBOX_STATE_DIR", state.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(server.stderr.take().unwrap()).lines();
+    let addr = common::serving_addr(&mut lines).await;
+    let api = http::Api::new(addr);
+    let token = Some("pool-token");
+    let metrics =
+        || async { String::from_utf8_lossy(&api.get("/metrics", None).await.body).into_owned() };
+
+    // The pool fills: three pooled kernels, as the server's metrics say.
+    let filled = tokio::time::timeout(READY, async {
+        loop {
+            let text = metrics().await;
+            if text.contains("kernelbox_pool_ready 3") {
+                return text;
+            }
+            let _ = tokio::time::timeout(Duration::from_millis(200), std::future::pending::<()>())
+                .await;
+        }
+    })
+    .await
+    .expect("the pool fills");
+    assert!(filled.contains("kernelbox_pool_size 3"), "{filled}");
+    assert!(
+        filled.contains("kernelbox_pool_refill_seconds_count 3"),
+        "{filled}"
+    );
+
+    let r = api
+        .post(
+            "/v1/sessions/served/execute",
+            token,
+            serde_json::json!({"code": "print(1)"}),
+        )
+        .await
+        .json();
+    assert_eq!(r["kernel"]["reused"], false, "{r}");
+    assert_eq!(r["kernel"]["execution_count"], 1, "{r}");
+    let text = metrics().await;
+    assert!(
+        text.contains("kernelbox_pool_takes_total{outcome=\"hit\"} 1"),
+        "{text}"
+    );
+    let listed = api.get("/v1/kernels", token).await.json();
+    assert_eq!(listed["kernels"][0]["owner"], "served", "{listed}");
+    assert_eq!(
+        listed["kernels"][0]["id"], r["kernel"]["id"],
+        "the taken kernel is the owner's, listed"
+    );
+
+    // Wait for the refill to replace the taken kernel, so a pooled kernel and the taken one
+    // are both live at the kill.
+    let refilled = tokio::time::timeout(READY, async {
+        loop {
+            if metrics().await.contains("kernelbox_pool_ready 3") {
+                return;
+            }
+            let _ = tokio::time::timeout(Duration::from_millis(200), std::future::pending::<()>())
+                .await;
+        }
+    })
+    .await;
+    assert!(refilled.is_ok(), "the pool refills");
+    assert_eq!(common::containers(&engine, &label).await.len(), 4);
+    server.kill().await.unwrap();
+    server.wait().await.unwrap();
+    let took = common::wait_gone(&engine, &label, Duration::from_secs(10)).await;
+    assert!(
+        took.is_some(),
+        "a kernel outlived its server by more than 10 s"
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !common::volumes(&engine, &label).await.is_empty() && std::time::Instant::now() < deadline
+    {
+        let _ =
+            tokio::time::timeout(Duration::from_millis(200), std::future::pending::<()>()).await;
+    }
+    common::assert_clean(&engine, &label).await;
+}
