@@ -25,6 +25,9 @@ import time
 WORK = "/work"
 CHUNK = 1024 * 1024
 MAX_LIST = 10000
+# A listing's header line stays under this many bytes (the host refuses a longer one): a
+# directory whose entries would not fit is listed truncated.
+MAX_LIST_BYTES = 2 * 1024 * 1024
 MAX_MEMBERS = 100000
 TMP_PREFIX = ".kernelbox-upload-"
 
@@ -198,6 +201,31 @@ def remove_tree_at(dfd, name):
     os.rmdir(name, dir_fd=dfd)
 
 
+def check_merge(src_fd, dst_fd, prefix=""):
+    """Refuses, before anything moves, a merge that would fail part-way: a staged directory
+    over an existing non-directory (or symlink), a staged file over an existing directory."""
+    for entry in os.scandir(src_fd):
+        name = entry.name
+        try:
+            st = os.stat(name, dir_fd=dst_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            if not stat.S_ISDIR(st.st_mode):
+                raise Refused("not_a_directory", "%s exists and is not a directory" % (prefix + name))
+            sub_src = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=src_fd)
+            try:
+                sub_dst = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dst_fd)
+                try:
+                    check_merge(sub_src, sub_dst, prefix + name + "/")
+                finally:
+                    os.close(sub_dst)
+            finally:
+                os.close(sub_src)
+        elif stat.S_ISDIR(st.st_mode):
+            raise Refused("is_a_directory", "%s is a directory" % (prefix + name))
+
+
 def merge_into(src_fd, dst_fd):
     """Moves every entry of src_fd into dst_fd: directories merge, files replace."""
     for entry in os.scandir(src_fd):
@@ -227,6 +255,19 @@ def merge_into(src_fd, dst_fd):
                 raise
 
 
+def staged_dir(sfd, names, member):
+    """The staged directory at names (created), refusing a member whose parent an earlier
+    member made a file."""
+    try:
+        return open_at(sfd, names, create=True)
+    except Refused:
+        raise Refused("tar_member_refused", "tar member %r is under a file of the archive" % member)
+    except OSError as e:
+        if e.errno in (errno.ENOTDIR, errno.ELOOP, errno.EEXIST):
+            raise Refused("tar_member_refused", "tar member %r is under a file of the archive" % member)
+        raise
+
+
 def op_untar(parts):
     """Extracts a tar (regular files and directories only) into the directory at parts.
 
@@ -250,9 +291,9 @@ def op_untar(parts):
                     if not names:
                         continue
                     if member.isdir():
-                        os.close(open_at(sfd, names, create=True))
+                        os.close(staged_dir(sfd, names, member.name))
                     elif member.isreg():
-                        pfd = open_at(sfd, names[:-1], create=True)
+                        pfd = staged_dir(sfd, names[:-1], member.name)
                         try:
                             src = archive.extractfile(member)
                             total += write_file_at(pfd, names[-1], src)
@@ -271,6 +312,7 @@ def op_untar(parts):
             frames.drain_to_end()
             if not frames.complete:
                 raise Refused("aborted", "the upload ended before its end")
+            check_merge(sfd, dfd)
             merge_into(sfd, dfd)
         finally:
             os.close(sfd)
@@ -309,13 +351,20 @@ def open_at(base, parts, create=False):
 
 def header(obj):
     out = sys.stdout.buffer
-    out.write(json.dumps(obj).encode() + b"\n")
+    out.write(json.dumps(obj, ensure_ascii=False).encode() + b"\n")
     out.flush()
+
+
+def shown_name(name):
+    # A name that is not UTF-8 is shown with U+FFFD for each undecodable byte (JSON cannot
+    # carry the raw bytes).
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 def listing(fd):
     entries = []
     truncated = False
+    used = 64
     for entry in os.scandir(fd):
         if entry.name.startswith(TMP_PREFIX):
             continue
@@ -326,14 +375,17 @@ def listing(fd):
             st = entry.stat(follow_symlinks=False)
         except OSError:
             continue
-        entries.append(
-            {
-                "name": entry.name,
-                "kind": kind_of(st.st_mode),
-                "size": st.st_size,
-                "modified": iso(st.st_mtime),
-            }
-        )
+        shown = {
+            "name": shown_name(entry.name),
+            "kind": kind_of(st.st_mode),
+            "size": st.st_size,
+            "modified": iso(st.st_mtime),
+        }
+        used += len(json.dumps(shown, ensure_ascii=False).encode()) + 2
+        if used > MAX_LIST_BYTES:
+            truncated = True
+            break
+        entries.append(shown)
     entries.sort(key=lambda e: e["name"])
     return entries, truncated
 
@@ -390,6 +442,9 @@ def op_read(parts, as_tar):
             except OSError as e:
                 if e.errno == errno.ELOOP:
                     raise Refused("symlink", "/".join(parts) + " is a symlink; it is not followed")
+                if e.errno in (errno.ENXIO, errno.ENODEV, errno.EOPNOTSUPP):
+                    # A socket, or a device with nothing behind it.
+                    raise Refused("not_a_file", "/".join(parts) + " is not a regular file")
                 raise
         finally:
             os.close(pfd)

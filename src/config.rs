@@ -123,6 +123,12 @@ pub struct Config {
     /// Cap on one file upload into a kernel (a file's bytes, or a tar archive's), in bytes;
     /// past it the upload is refused and nothing is written.
     pub max_upload_bytes: u64,
+    /// Slowest a download may be read once `download_rate_grace` has passed, in bytes per
+    /// second on average since it started (0: no minimum); a slower one is cut and its kernel
+    /// released (README "Files in and out of a kernel").
+    pub download_min_rate: u64,
+    /// How long a download runs before `download_min_rate` applies.
+    pub download_rate_grace: std::time::Duration,
     /// Directory of the durable owner catalog (created if missing), so that the state lost
     /// by a restart of this process is reported to owners and generations keep counting.
     /// One process per directory. `None` (the default): no catalog, nothing survives.
@@ -172,6 +178,8 @@ impl Default for Config {
             pool_size: 0,
             pool_max_age: Duration::from_secs(15 * 60),
             max_upload_bytes: crate::files::DEFAULT_MAX_UPLOAD_BYTES,
+            download_min_rate: 64 * 1024,
+            download_rate_grace: std::time::Duration::from_secs(30),
         }
     }
 }

@@ -84,6 +84,7 @@ fn limits(header: u64, keepalive: u64, body: u64, max_connections: usize) -> Lim
         keepalive_timeout: Duration::from_secs(keepalive),
         body_timeout: Duration::from_secs(body),
         max_connections,
+        ..Limits::default()
     }
 }
 

@@ -810,7 +810,12 @@ async fn kernelbox_cp_copies_files_and_directories_both_ways() {
     std::fs::write(dir.path().join("proj/main.py"), "print('main')\n").unwrap();
     std::fs::write(dir.path().join("proj/sub/x.txt"), "x").unwrap();
     let cp = |args: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_kernelbox"))
+        let out = std::process::Command::new("sh")
+            .args([
+                "-c",
+                "umask 022 && exec \"$0\" \"$@\"",
+                env!("CARGO_BIN_EXE_kernelbox"),
+            ])
             .arg("cp")
             .args(args)
             .args(["--url", &api.base, "--token", TOKEN])
@@ -831,7 +836,8 @@ async fn kernelbox_cp_copies_files_and_directories_both_ways() {
         output(&result),
         format!("{} ['main.py', 'sub']", hex::encode(Sha256::digest(&data)))
     );
-    api.run(TOKEN, "cps", "import os\nos.makedirs('out/deep')\nopen('out/deep/r.txt','w').write('result')\nos.symlink('/etc/passwd', 'out/pw')").await;
+    api.run(TOKEN, "cps", "import os\nos.makedirs('out/deep')\nopen('out/deep/r.txt','w').write('result')\nos.symlink('/etc/passwd', 'out/pw')\n\
+         os.chmod('out/deep', 0o777)\nos.chmod('out/deep/r.txt', 0o6777)").await;
     assert_eq!(cp(&["cps:in/data.bin", "back.bin"]).0, Some(0));
     assert!(std::fs::read(dir.path().join("back.bin")).unwrap() == data);
     assert_eq!(cp(&["cps:out", "got"]).0, Some(0));
@@ -839,6 +845,18 @@ async fn kernelbox_cp_copies_files_and_directories_both_ways() {
         std::fs::read_to_string(dir.path().join("got/deep/r.txt")).unwrap(),
         "result"
     );
+    // The kernel's modes are masked by the umask (022 here) and never setuid or
+    // world-writable.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &str| {
+        std::fs::metadata(dir.path().join(p))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o7777
+    };
+    assert_eq!(mode("got/deep"), 0o755);
+    assert_eq!(mode("got/deep/r.txt"), 0o755);
     // A link a kernel put in the archive is never created on the host.
     assert!(std::fs::symlink_metadata(dir.path().join("got/pw")).is_err());
     // Errors say what went wrong, with a usage exit code.
@@ -1039,5 +1057,350 @@ async fn an_upload_whose_client_breaks_off_leaves_nothing_half_written() {
         output(&s.api.run(TOKEN, "brk", check).await),
         "['.kernelbox', 'keep.txt'] old"
     );
+    s.finish().await;
+}
+
+/// Opens a connection with a tiny receive buffer, asks for `path` and reads no more than the
+/// first bytes of the answer.
+async fn stalled_get(api: &Api, path: &str) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let addr: std::net::SocketAddr = api.base.trim_start_matches("http://").parse().unwrap();
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stream = socket.connect(addr).await.unwrap();
+    let head =
+        format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nauthorization: Bearer {TOKEN}\r\n\r\n");
+    stream.write_all(head.as_bytes()).await.unwrap();
+    // The response has begun (the kernel is held) once its first bytes arrive.
+    let mut first = [0u8; 1024];
+    let n = tokio::io::AsyncReadExt::read(&mut stream, &mut first)
+        .await
+        .unwrap();
+    assert!(
+        first[..n].starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&first[..n])
+    );
+    stream
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_download_the_client_stops_reading_is_cut_and_frees_its_kernel_for_others() {
+    let label = common::unique("files-stalled-download");
+    let engine = common::engine().await;
+    let (server, api) = serve_process(
+        &label,
+        &[
+            "--max-kernels",
+            "1",
+            "--send-timeout",
+            "3s",
+            "--drain-timeout",
+            "120s",
+        ],
+    )
+    .await;
+    let reply = put(
+        &api,
+        TOKEN,
+        &files("held", "big.bin"),
+        vec![7; 20 * 1024 * 1024],
+        None,
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json());
+    let stalled = stalled_get(&api, &files("held", "big.bin")).await;
+    // While the download holds the only kernel, another session cannot get one.
+    let started = std::time::Instant::now();
+    let mut refused = false;
+    let freed = loop {
+        let reply = api
+            .execute(TOKEN, "other", serde_json::json!({"code": "print(6*7)"}))
+            .await;
+        if reply.status == StatusCode::OK {
+            break started.elapsed();
+        }
+        assert_eq!(
+            reply.status,
+            StatusCode::TOO_MANY_REQUESTS,
+            "{}",
+            reply.json()
+        );
+        refused = true;
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "the stalled download still holds its kernel after {:?}",
+            started.elapsed()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    };
+    assert!(refused, "the stalled download never held its kernel");
+    eprintln!("a stalled download released its kernel after {freed:?}");
+    // A second stalled download cannot hold SIGTERM's drain (120 s here) either.
+    let reply = put(
+        &api,
+        TOKEN,
+        &files("other", "big.bin"),
+        vec![7; 20 * 1024 * 1024],
+        None,
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json());
+    let stalled_again = stalled_get(&api, &files("other", "big.bin")).await;
+    let stopping = std::time::Instant::now();
+    stop(server).await;
+    let stopped = stopping.elapsed();
+    assert!(
+        stopped < std::time::Duration::from_secs(30),
+        "SIGTERM waited {stopped:?} for a stalled download"
+    );
+    drop((stalled, stalled_again));
+    common::assert_clean(&engine, &label).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_non_utf8_name_is_listed_with_replacement_characters_and_long_names_stay_in_bound() {
+    let s = server("files-names", |_| {}).await;
+    let result = s
+        .api
+        .run(
+            TOKEN,
+            "names",
+            "import os\nos.makedirs('bad')\nopen(b'bad/\\xff\\xfe', 'w').close()\n\
+             open('bad/ok', 'w').close()\nos.makedirs('long')\n\
+             for i in range(10000):\n    open('long/%05d' % i + '\\x01' * 245, 'w').close()\n\
+             print('made')",
+        )
+        .await;
+    assert_eq!(output(&result), "made", "{result}");
+    let reply = get(&s.api, TOKEN, &files("names", "bad"), None).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.json());
+    let names: Vec<String> = reply.json()["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        names,
+        vec!["ok".to_string(), "\u{FFFD}\u{FFFD}".to_string()]
+    );
+    // 10,000 names that JSON escapes six-fold would pass the header bound: the listing is
+    // truncated within it instead of failing.
+    let reply = get(&s.api, TOKEN, &files("names", "long"), None).await;
+    assert_eq!(
+        reply.status,
+        StatusCode::OK,
+        "{}",
+        reply.error(reply.status)
+    );
+    let listing = reply.json();
+    assert_eq!(listing["truncated"], true);
+    let shown = listing["entries"].as_array().unwrap().len();
+    assert!(shown > 500 && shown < 10_000, "{shown} entries");
+    eprintln!(
+        "a 10,000-entry listing of escaped names: {shown} entries, {} bytes",
+        reply.body.len()
+    );
+    s.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sockets_nested_tar_members_and_conflicting_merges_are_refused_whole_and_files_slash_lists()
+{
+    let s = server("files-small-holes", |_| {}).await;
+    let result = s
+        .api
+        .run(
+            TOKEN,
+            "small",
+            "import os, socket\nsk = socket.socket(socket.AF_UNIX)\nsk.bind('sock')\n\
+             os.makedirs('dst/keep')\nopen('dst/x', 'w').write('file')\nprint('ok')",
+        )
+        .await;
+    assert_eq!(output(&result), "ok", "{result}");
+    // A socket is not a file to read.
+    let reply = get(&s.api, TOKEN, &files("small", "sock"), None).await;
+    assert_eq!(reply.error(StatusCode::BAD_REQUEST), "not_a_file");
+    // A member under a file of the same archive refuses the archive.
+    let tar = tar_of(&[("a", b"file"), ("a/b", b"under")]);
+    let reply = put(
+        &s.api,
+        TOKEN,
+        &files("small", "t"),
+        tar,
+        Some("application/x-tar"),
+    )
+    .await;
+    assert_eq!(reply.error(StatusCode::BAD_REQUEST), "tar_member_refused");
+    // A conflict with what is there refuses the whole archive before anything moves: the
+    // other members (`fNN` on either side of it, `keep/new`) are not merged either, in
+    // whatever order the directory lists them.
+    let names: Vec<String> = (0..40).map(|i| format!("f{i:02}")).collect();
+    let mut members: Vec<(&str, &[u8])> = names.iter().map(|n| (n.as_str(), &b"f"[..])).collect();
+    members.insert(20, ("x/under", b"a file where dst/x is a file"));
+    members.insert(10, ("keep/new", b"new"));
+    let tar = tar_of(&members);
+    let reply = put(
+        &s.api,
+        TOKEN,
+        &files("small", "dst"),
+        tar,
+        Some("application/x-tar"),
+    )
+    .await;
+    assert_eq!(reply.error(StatusCode::BAD_REQUEST), "not_a_directory");
+    let listing = get(&s.api, TOKEN, &files("small", "dst/"), None)
+        .await
+        .json();
+    let names: Vec<&str> = listing["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, vec!["keep", "x"], "{listing}");
+    let keep = get(&s.api, TOKEN, &files("small", "dst/keep"), None)
+        .await
+        .json();
+    assert_eq!(keep["entries"], serde_json::json!([]), "{keep}");
+    // `.../files/` is the working directory, as `.../files` is.
+    let reply = get(&s.api, TOKEN, "/v1/sessions/small/files/?child", None).await;
+    assert_ne!(reply.status, StatusCode::NOT_FOUND);
+    let reply = get(&s.api, TOKEN, "/v1/sessions/small/files/", None).await;
+    assert_eq!(reply.status, StatusCode::OK, "{:?}", reply.body);
+    assert!(reply.json()["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|e| e["name"] == "dst"));
+    s.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_upload_cut_by_deleting_its_session_answers_no_kernel() {
+    use http_body_util::{BodyExt, StreamBody};
+    use hyper::body::Frame;
+    let s = server("files-cut-upload", |_| {}).await;
+    let (tx, rx) = futures::channel::mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(1);
+    let feeder = tokio::spawn(async move {
+        use futures::SinkExt;
+        let mut tx = tx;
+        for _ in 0..600 {
+            if tx
+                .send(Ok(Frame::data(Bytes::from(vec![b'u'; 1024]))))
+                .await
+                .is_err()
+            {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    });
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::combinators::BoxBody<Bytes, std::io::Error>>();
+    let req = s
+        .api
+        .build(
+            Method::PUT,
+            &files("cut", "slow.bin"),
+            Some(TOKEN),
+            false,
+            false,
+        )
+        .body(StreamBody::new(rx).boxed())
+        .unwrap();
+    let upload = tokio::spawn(async move { read(client.request(req).await.unwrap()).await });
+    // Until the helper has its temporary file, the upload is not under way.
+    let started = std::time::Instant::now();
+    loop {
+        let result = s
+            .api
+            .run(
+                TOKEN,
+                "cut",
+                "import glob\nprint(len(glob.glob('.kernelbox-upload-*')))",
+            )
+            .await;
+        if output(&result) == "1" {
+            break;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "{result}"
+        );
+    }
+    let reply = s.api.delete("/v1/sessions/cut", TOKEN).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.json());
+    let reply = tokio::time::timeout(std::time::Duration::from_secs(60), upload)
+        .await
+        .expect("the upload answers")
+        .unwrap();
+    assert_eq!(reply.error(StatusCode::NOT_FOUND), "no_kernel");
+    feeder.abort();
+    s.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_download_read_slower_than_the_minimum_rate_is_cut_and_frees_its_kernel() {
+    use tokio::io::AsyncReadExt;
+    let s = server("files-slow-download", |c| {
+        c.max_session_kernels = 1;
+        c.download_min_rate = 1024 * 1024;
+        c.download_rate_grace = std::time::Duration::from_secs(2);
+    })
+    .await;
+    let reply = put(
+        &s.api,
+        TOKEN,
+        &files("slow", "big.bin"),
+        vec![7; 20 * 1024 * 1024],
+        None,
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json());
+    let mut reader = stalled_get(&s.api, &files("slow", "big.bin")).await;
+    // A reader that keeps reading, 4 KiB every 100 ms (40 KiB/s): never stalled long enough
+    // for the send timeout, far below the minimum rate.
+    let trickle = tokio::spawn(async move {
+        let mut buf = [0u8; 4096];
+        let mut total = 0usize;
+        for _ in 0..600 {
+            match reader.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => total += n,
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        total
+    });
+    let started = std::time::Instant::now();
+    let mut refused = false;
+    let freed = loop {
+        let reply = s
+            .api
+            .execute(TOKEN, "other", serde_json::json!({"code": "print(6*7)"}))
+            .await;
+        if reply.status == StatusCode::OK {
+            break started.elapsed();
+        }
+        assert_eq!(
+            reply.status,
+            StatusCode::TOO_MANY_REQUESTS,
+            "{}",
+            reply.json()
+        );
+        refused = true;
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(25),
+            "the slow download still holds its kernel after {:?}: {}",
+            started.elapsed(),
+            reply.json()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    };
+    assert!(refused, "the slow download never held its kernel");
+    eprintln!("a download read at 40 KiB/s released its kernel after {freed:?}");
+    trickle.abort();
     s.finish().await;
 }

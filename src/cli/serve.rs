@@ -49,6 +49,10 @@ pub(crate) struct ServeArgs {
     /// connection is closed.
     #[arg(long, env = "KERNELBOX_BODY_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
     body_timeout: Duration,
+    /// A response the client stops reading (a write to it blocked this long) has its
+    /// connection closed, releasing what the response held (a download's kernel).
+    #[arg(long, env = "KERNELBOX_SEND_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    send_timeout: Duration,
     /// Most connections open at once (API and metrics listeners together); one more gets a
     /// 503 `too_many_connections` and is closed.
     #[arg(long, env = "KERNELBOX_MAX_CONNECTIONS", default_value_t = 1024,
@@ -182,6 +186,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             header_timeout: args.header_timeout,
             keepalive_timeout: args.keepalive_timeout,
             body_timeout: args.body_timeout,
+            send_timeout: args.send_timeout,
             max_connections: args.max_connections as usize,
         },
         metrics,

@@ -112,6 +112,19 @@ pub async fn save_file(body: DownloadStream, target: &Path) -> anyhow::Result<u6
     result
 }
 
+/// This process's umask (`Umask:` in /proc/self/status), or 0o022 when unreadable.
+fn umask() -> u32 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("Umask:"))
+                .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
+        })
+        .unwrap_or(0o022)
+}
+
 /// Unpacks a tar download into the directory `target` (created): regular files and
 /// directories only, each inside `target` (the tar crate refuses paths that climb out).
 pub async fn save_tar(body: DownloadStream, target: &Path) -> anyhow::Result<u64> {
@@ -122,6 +135,10 @@ pub async fn save_tar(body: DownloadStream, target: &Path) -> anyhow::Result<u64
     let target = target.to_path_buf();
     tokio::task::spawn_blocking(move || -> anyhow::Result<u64> {
         let mut archive = tar::Archive::new(SyncIoBridge::new(reader));
+        // Modes come from the kernel: never setuid/setgid/sticky or world-writable, and
+        // the process's umask applies as it would to a file created here.
+        archive.set_preserve_permissions(false);
+        archive.set_mask(umask() | 0o7002);
         let mut files = 0;
         for entry in archive.entries()? {
             let mut entry = entry?;

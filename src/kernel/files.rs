@@ -27,9 +27,45 @@ const HELPER_SOURCE: &str = include_str!("../../runner/file_helper.py");
 /// chunk from the helper) may take before the transfer is abandoned.
 pub const FILE_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Longest header line read from the helper (a listing of [`crate::files::MAX_LIST_ENTRIES`]
-/// entries fits).
-const MAX_HEADER: usize = 8 * 1024 * 1024;
+/// Longest header line read from the helper: the helper truncates a listing before its line
+/// passes 2 MiB (`MAX_LIST_BYTES` in `runner/file_helper.py`), which a listing of
+/// [`crate::files::MAX_LIST_ENTRIES`] entries of ordinary names fits. A cell can forge what
+/// its own helper writes (README "Files in and out of a kernel"), so this and the entry
+/// count checked while parsing bound what a forged header makes the host hold.
+const MAX_HEADER: usize = 2 * 1024 * 1024 + 64 * 1024;
+
+/// A listing's entries, refused past [`crate::files::MAX_LIST_ENTRIES`] while parsing (a
+/// forged header never grows the host past that count).
+struct Entries(Vec<crate::files::FileEntry>);
+
+impl<'de> Deserialize<'de> for Entries {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Bounded;
+        impl<'de> serde::de::Visitor<'de> for Bounded {
+            type Value = Entries;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                write!(f, "at most {} entries", crate::files::MAX_LIST_ENTRIES)
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Entries, A::Error> {
+                let mut entries = Vec::new();
+                while let Some(entry) = seq.next_element()? {
+                    if entries.len() == crate::files::MAX_LIST_ENTRIES {
+                        return Err(serde::de::Error::custom(format!(
+                            "more than {} entries",
+                            crate::files::MAX_LIST_ENTRIES
+                        )));
+                    }
+                    entries.push(entry);
+                }
+                Ok(Entries(entries))
+            }
+        }
+        deserializer.deserialize_seq(Bounded)
+    }
+}
 
 /// Stderr kept from the helper (its status is the last line).
 const MAX_STDERR: usize = 64 * 1024;
@@ -259,13 +295,8 @@ impl Kernel {
         #[derive(Deserialize)]
         #[serde(tag = "kind", rename_all = "lowercase")]
         enum Header {
-            File {
-                size: u64,
-            },
-            Dir {
-                entries: Vec<crate::files::FileEntry>,
-                truncated: bool,
-            },
+            File { size: u64 },
+            Dir { entries: Entries, truncated: bool },
             Tar,
         }
         let header: Header = serde_json::from_slice(&line)
@@ -278,7 +309,10 @@ impl Kernel {
                     ));
                 }
                 finish(&mut output, &mut stderr).await?;
-                Download::Dir(Listing { entries, truncated })
+                Download::Dir(Listing {
+                    entries: entries.0,
+                    truncated,
+                })
             }
             Header::File { size } => Download::File {
                 size,
@@ -369,4 +403,19 @@ fn body_stream(output: Output, stderr: Stderr, rest: Bytes, size: Option<u64>) -
         }
     })
     .boxed()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Entries;
+
+    #[test]
+    fn a_listing_header_past_the_entry_count_is_refused_while_parsing() {
+        let entry = r#"{"name":"a","kind":"file","size":0,"modified":""}"#;
+        let list = |n: usize| format!("[{}]", vec![entry; n].join(","));
+        let ok: Entries = serde_json::from_str(&list(crate::files::MAX_LIST_ENTRIES)).unwrap();
+        assert_eq!(ok.0.len(), crate::files::MAX_LIST_ENTRIES);
+        let over = serde_json::from_str::<Entries>(&list(crate::files::MAX_LIST_ENTRIES + 1));
+        assert!(over.is_err());
+    }
 }

@@ -177,9 +177,10 @@ impl Orchestrator {
         let hold = self.hold_or_start(request, &owner).await?;
         let kernel = hold.kernel()?;
         let cap = self.inner.config.max_upload_bytes;
+        let slot = hold.slot.clone();
         // Runs to its end even if the caller goes away (a client cut mid-body): the helper
         // confirms its clean-up before the kernel is released.
-        crate::adopt::run_adopted(&self.inner.tracker, async move {
+        let written = crate::adopt::run_adopted(&self.inner.tracker, async move {
             let written = kernel.write_file(&path, tar, body, cap).await;
             drop(hold);
             written
@@ -189,8 +190,17 @@ impl Orchestrator {
             Err(TransferError::Helper(format!(
                 "the upload task failed: {panic}"
             )))
-        })
-        .map_err(FileError::from)
+        });
+        match written {
+            // The kernel went (the session deleted or reset, evicted, shut down) while the
+            // upload ran: that, not the helper's broken pipe, is what the caller is told.
+            Err(TransferError::Helper(_)) if !self.inner.registry.is_registered(&slot) => {
+                Err(FileError::NoKernel {
+                    owner: owner.to_string(),
+                })
+            }
+            other => other.map_err(FileError::from),
+        }
     }
 
     /// Reads `path` in the owner's live kernel: a file's bytes, a directory's listing, or
@@ -206,13 +216,11 @@ impl Orchestrator {
         let owner = self.file_owner(request)?;
         let hold = self.hold_live(&owner)?;
         let kernel = hold.kernel()?;
-        let held = |body: crate::files::DownloadStream| {
-            body.map(move |chunk| {
-                let _ = &hold;
-                chunk
-            })
-            .boxed()
-        };
+        let (rate, grace) = (
+            self.inner.config.download_min_rate,
+            self.inner.config.download_rate_grace,
+        );
+        let held = |body: crate::files::DownloadStream| self.slow_cut(body, hold, rate, grace);
         Ok(match kernel.read_file(&path, tar).await? {
             Download::File { size, body } => Download::File {
                 size,
@@ -250,5 +258,94 @@ impl Orchestrator {
         let owner = self.file_owner(request)?;
         let hold = self.hold_live(&owner)?;
         Ok(hold.kernel()?.remove_file(&path).await?)
+    }
+}
+
+/// A download's stream and the kernel hold it keeps, shared with its rate watchdog.
+type Held = std::sync::Mutex<Option<(crate::files::DownloadStream, Hold)>>;
+
+/// A download's stream holding its kernel, cut (the stream and the hold dropped; the reader
+/// then gets an error) when, `grace` after it started, it has been read slower than `rate`
+/// bytes/s on average, or when the orchestrator shuts down. A timer task owned by the
+/// orchestrator's tracker keeps the clock, so a reader hyper no longer polls (its socket
+/// full) is cut all the same. A reader that stops reading altogether is also cut by the
+/// server's send timeout (`server::Limits::send_timeout`).
+impl Orchestrator {
+    fn slow_cut(
+        &self,
+        body: crate::files::DownloadStream,
+        hold: Hold,
+        rate: u64,
+        grace: std::time::Duration,
+    ) -> crate::files::DownloadStream {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        use std::task::Poll;
+        let held: Arc<Held> = Arc::new(std::sync::Mutex::new(Some((body, hold))));
+        let sent = Arc::new(AtomicU64::new(0));
+        let done = tokio_util::sync::CancellationToken::new();
+        let started = tokio::time::Instant::now();
+        {
+            let (held, sent, done) = (held.clone(), sent.clone(), done.clone());
+            let shutdown = self.inner.cancel.clone();
+            self.inner.tracker.spawn(async move {
+                loop {
+                    // The earliest moment the reader can fall below the rate.
+                    let due = if rate == 0 {
+                        None
+                    } else {
+                        let at = std::time::Duration::from_secs_f64(
+                            sent.load(Ordering::Acquire) as f64 / rate as f64,
+                        );
+                        Some(started + at.max(grace) + std::time::Duration::from_millis(10))
+                    };
+                    tokio::select! {
+                        _ = done.cancelled() => return,
+                        _ = shutdown.cancelled() => break,
+                        _ = sleep_until(due) => {
+                            let elapsed = started.elapsed().as_secs_f64();
+                            if (sent.load(Ordering::Acquire) as f64) < rate as f64 * elapsed {
+                                break;
+                            }
+                        }
+                    }
+                }
+                // Dropping the stream and the hold releases the kernel now.
+                let cut = held.lock().unwrap_or_else(|p| p.into_inner()).take();
+                drop(cut);
+            });
+        }
+        let guard = done.drop_guard();
+        let mut ended = false;
+        futures::stream::poll_fn(move |cx| {
+            let _ = &guard;
+            if ended {
+                return Poll::Ready(None);
+            }
+            let mut slot = held.lock().unwrap_or_else(|p| p.into_inner());
+            let Some((body, _)) = slot.as_mut() else {
+                ended = true;
+                return Poll::Ready(Some(Err(TransferError::TooSlow(rate))));
+            };
+            let polled = body.poll_next_unpin(cx);
+            match &polled {
+                Poll::Ready(Some(Ok(bytes))) => {
+                    sent.fetch_add(bytes.len() as u64, Ordering::AcqRel);
+                }
+                Poll::Ready(None | Some(Err(_))) => {
+                    ended = true;
+                    *slot = None;
+                }
+                Poll::Pending => {}
+            }
+            polled
+        })
+        .boxed()
+    }
+}
+
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }

@@ -128,7 +128,7 @@ impl From<TransferError> for ApiError {
                 ApiError::new(StatusCode::INSUFFICIENT_STORAGE, "no_space", message)
             }
             TransferError::Body(_) => ApiError::bad_request("invalid_body", message),
-            TransferError::Stalled(_) => {
+            TransferError::Stalled(_) | TransferError::TooSlow(_) => {
                 ApiError::new(StatusCode::GATEWAY_TIMEOUT, "transfer_stalled", message)
             }
             TransferError::Engine(_) => ApiError::new(

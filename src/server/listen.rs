@@ -10,7 +10,10 @@
 //!   next request's first byte arrives, its head must be complete within `header_timeout`;
 //! - a request's body must arrive in full within `body_timeout` of its head;
 //! - once its body is in, while the request is in flight (its response, streamed or not, not
-//!   yet fully sent) no deadline applies, so long cells are never cut.
+//!   yet fully sent) no deadline applies to the request as a whole, so long cells are never
+//!   cut; but a write to the client must progress within `send_timeout`: a client that stops
+//!   reading (its socket buffers full) has its connection closed, and the response it was
+//!   sent (with whatever it held, such as a download's kernel) is dropped.
 //!
 //! At most `max_connections` connections are open at once across every listener; one more
 //! is accepted and answered at once with a 503 (`too_many_connections`) and closed.
@@ -44,6 +47,9 @@ pub struct Limits {
     pub keepalive_timeout: Duration,
     /// A request's body must arrive in full within this time of its head.
     pub body_timeout: Duration,
+    /// A write to the client blocked (the client not reading) longer than this closes the
+    /// connection.
+    pub send_timeout: Duration,
     /// Most connections open at once, across every listener (at least 1).
     pub max_connections: usize,
 }
@@ -54,6 +60,7 @@ impl Default for Limits {
             header_timeout: Duration::from_secs(10),
             keepalive_timeout: Duration::from_secs(60),
             body_timeout: Duration::from_secs(60),
+            send_timeout: Duration::from_secs(30),
             max_connections: 1024,
         }
     }
@@ -68,6 +75,8 @@ impl Limits {
             Some("keepalive_timeout must be positive")
         } else if self.body_timeout.is_zero() {
             Some("body_timeout must be positive")
+        } else if self.send_timeout.is_zero() {
+            Some("send_timeout must be positive")
         } else if self.max_connections == 0 {
             Some("max_connections must be at least 1")
         } else {
@@ -119,6 +128,8 @@ struct Clock {
     head_started: Option<Instant>,
     /// When the head of the request whose body is still arriving was read.
     body_since: Option<Instant>,
+    /// Since when a write to the client has been waiting for room in the socket.
+    write_blocked_since: Option<Instant>,
 }
 
 /// A connection's clock, shared by its IO, its service and its driver.
@@ -138,6 +149,7 @@ impl ConnState {
                 waiting_since: Instant::now(),
                 head_started: None,
                 body_since: None,
+                write_blocked_since: None,
             }),
             changed: Notify::new(),
             limits,
@@ -148,17 +160,38 @@ impl ConnState {
         self.clock.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// When the connection is to be closed unless a request starts; `None` while one runs.
+    /// When the connection is to be closed: unless a request starts, a request's body
+    /// arrives, or a blocked write to the client progresses. `None` while none applies.
     fn deadline(&self) -> Option<Instant> {
         let clock = self.clock();
-        if clock.in_flight > 0 {
-            return clock.body_since.map(|at| at + self.limits.body_timeout);
+        let sending = clock
+            .write_blocked_since
+            .map(|at| at + self.limits.send_timeout);
+        let waiting = if clock.in_flight > 0 {
+            clock.body_since.map(|at| at + self.limits.body_timeout)
+        } else {
+            Some(match (clock.served, clock.head_started) {
+                (false, _) => clock.waiting_since + self.limits.header_timeout,
+                (true, Some(head)) => head + self.limits.header_timeout,
+                (true, None) => clock.waiting_since + self.limits.keepalive_timeout,
+            })
+        };
+        match (sending, waiting) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         }
-        Some(match (clock.served, clock.head_started) {
-            (false, _) => clock.waiting_since + self.limits.header_timeout,
-            (true, Some(head)) => head + self.limits.header_timeout,
-            (true, None) => clock.waiting_since + self.limits.keepalive_timeout,
-        })
+    }
+
+    /// Notes whether the last write to the client had to wait for room in the socket.
+    fn write_polled<T>(&self, polled: &Poll<T>) {
+        let mut clock = self.clock();
+        match (polled.is_pending(), clock.write_blocked_since.is_some()) {
+            (true, false) => clock.write_blocked_since = Some(Instant::now()),
+            (false, true) => clock.write_blocked_since = None,
+            _ => return,
+        }
+        drop(clock);
+        self.changed.notify_one();
     }
 
     fn bytes_read(&self) {
@@ -270,7 +303,9 @@ impl AsyncWrite for Tracked {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write(cx, buf)
+        let polled = Pin::new(&mut self.stream).poll_write(cx, buf);
+        self.state.write_polled(&polled);
+        polled
     }
 
     fn poll_write_vectored(
@@ -278,7 +313,9 @@ impl AsyncWrite for Tracked {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+        let polled = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
+        self.state.write_polled(&polled);
+        polled
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -286,7 +323,9 @@ impl AsyncWrite for Tracked {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.stream).poll_flush(cx)
+        let polled = Pin::new(&mut self.stream).poll_flush(cx);
+        self.state.write_polled(&polled);
+        polled
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
@@ -364,7 +403,7 @@ pub(super) async fn drive(conn: Conn) {
             _ = state.changed.notified() => {}
             _ = sleep_until(deadline) => {
                 if state.deadline().is_some_and(|d| d <= Instant::now()) {
-                    tracing::debug!("closing a connection past its header, body or keep-alive deadline");
+                    tracing::debug!("closing a connection past its header, body, send or keep-alive deadline");
                     break;
                 }
             }

@@ -77,13 +77,13 @@ fn files_paths(auth_errors: &Value) -> Value {
         },
         "/v1/sessions/{session}/files": {
             "put": {
-                "summary": "Extract a tar (`Content-Type: application/x-tar`) into the working directory.",
+                "summary": "Extract a tar (`Content-Type: application/x-tar`) into the working directory (also at `.../files/`).",
                 "parameters": [session_param(), child_query()],
                 "requestBody": body,
                 "responses": with(&with(&common, put_errors), written)
             },
             "get": {
-                "summary": "List the working directory, or stream it as a tar.",
+                "summary": "List the working directory, or stream it as a tar (also at `.../files/`).",
                 "parameters": [session_param(), child_query(), accept],
                 "responses": with(&common, read)
             }

@@ -61,6 +61,10 @@ pub(super) fn router(state: AppState, with_metrics: bool) -> Router {
             "/v1/sessions/{session}/files",
             get(files::get_root).put(files::put_root),
         )
+        .route(
+            "/v1/sessions/{session}/files/",
+            get(files::get_root).put(files::put_root),
+        )
         .route("/v1/kernels", get(kernels))
         .route("/v1/mcp", mcp_routes(&state))
         .route("/healthz", get(healthz))
