@@ -20,7 +20,7 @@ def test_stdio_lists_execute_code_saying_what_persists_and_what_a_timeout_does()
             return (await c.list_tools()).tools
 
     tools = anyio.run(go)
-    assert [t.name for t in tools] == ["execute_code"]
+    assert [t.name for t in tools] == ["execute_code", "write_file", "read_file", "list_files"]
     tool = tools[0]
     assert "State persists between calls" in tool.description
     assert "ALL state is lost" in tool.description

@@ -8,6 +8,7 @@
 //! | `tests.rs` | unit tests |
 
 mod files;
+pub(crate) use files::file_request;
 mod stream;
 
 use stream::stream_execute;
