@@ -62,7 +62,7 @@ impl Backend for HttpBackend {
         content: Vec<u8>,
     ) -> Result<serde_json::Value, Refusal> {
         let request = self.file_request(request)?;
-        files::write(&self.state.orchestrator(), &request, path, content).await
+        files::write(self.state.orchestrator(), &request, path, content).await
     }
 
     async fn read_file(
@@ -72,7 +72,7 @@ impl Backend for HttpBackend {
         max: usize,
     ) -> Result<FileHead, Refusal> {
         let request = self.file_request(request)?;
-        files::read(&self.state.orchestrator(), &request, path, max).await
+        files::read(self.state.orchestrator(), &request, path, max).await
     }
 
     async fn list_files(
@@ -81,7 +81,7 @@ impl Backend for HttpBackend {
         path: &str,
     ) -> Result<serde_json::Value, Refusal> {
         let request = self.file_request(request)?;
-        files::list(&self.state.orchestrator(), &request, path).await
+        files::list(self.state.orchestrator(), &request, path).await
     }
 }
 
