@@ -3,30 +3,29 @@
 //! | file | what |
 //! |---|---|
 //! | `mod.rs` | the router, authentication, body and name checks, the handlers |
+//! | `middleware.rs` | what wraps every route: panics become 500s, refusals of requests with a body close the connection |
 //! | `files.rs` | files in and out of a session's kernel: PUT, GET (file, listing, tar), DELETE |
 //! | `stream.rs` | a streaming (NDJSON) execute: output events under a backlog cap, then the result |
 //! | `tests.rs` | unit tests |
 
 mod files;
 pub(crate) use files::file_request;
+mod middleware;
 mod stream;
 
 use stream::stream_execute;
 
 use std::collections::BTreeSet;
-use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::PathRejection;
-use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, Request, State};
+use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, State};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
-use futures::FutureExt;
 use http_body_util::BodyExt;
 use serde::Deserialize;
 use serde_json::json;
@@ -98,45 +97,9 @@ fn finish(router: Router<AppState>, state: AppState) -> Router {
         .fallback(unknown_route)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .layer(axum::middleware::from_fn(catch_panic))
-        .layer(axum::middleware::from_fn(close_after_refusal))
+        .layer(axum::middleware::from_fn(middleware::catch_panic))
+        .layer(axum::middleware::from_fn(middleware::close_after_refusal))
         .with_state(state)
-}
-
-/// A refusal of a request that carried a body (401, 413, 429, ...) is answered with
-/// `Connection: close`. The handler may not have read the body, and hyper then closes the
-/// connection rather than read what is left; without the header a client would send its next
-/// request on a connection that is going away and see it dropped instead of answered.
-async fn close_after_refusal(request: Request, next: Next) -> Response {
-    let headers = request.headers();
-    let has_body = headers.contains_key(header::TRANSFER_ENCODING)
-        || headers
-            .get(header::CONTENT_LENGTH)
-            .is_some_and(|len| len.as_bytes() != b"0");
-    let mut response = next.run(request).await;
-    if has_body && (response.status().is_client_error() || response.status().is_server_error()) {
-        response.headers_mut().insert(
-            header::CONNECTION,
-            header::HeaderValue::from_static("close"),
-        );
-    }
-    response
-}
-
-/// No panic reaches a caller as a dropped connection: it becomes a 500 JSON error.
-async fn catch_panic(request: Request, next: Next) -> Response {
-    match AssertUnwindSafe(next.run(request)).catch_unwind().await {
-        Ok(response) => response,
-        Err(_) => {
-            tracing::error!("a request handler panicked");
-            ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                "internal error",
-            )
-            .into_response()
-        }
-    }
 }
 
 async fn unknown_route(method: Method, uri: Uri) -> ApiError {
