@@ -26,6 +26,48 @@ pub(crate) struct ExecuteCode {
     pub timeout: Option<f64>,
 }
 
+/// The arguments of `write_file`.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct WriteFile {
+    /// Where, relative to the kernel's working directory (e.g. `data/input.csv`); parent
+    /// directories are created.
+    pub path: String,
+    /// The file's content as text (UTF-8). Give this or `content_base64`.
+    #[serde(default)]
+    pub content: Option<String>,
+    /// The file's content as base64, for binary files. Give this or `content`.
+    #[serde(default)]
+    pub content_base64: Option<String>,
+}
+
+/// The arguments of `read_file`.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ReadFile {
+    /// The file, relative to the kernel's working directory.
+    pub path: String,
+}
+
+/// The arguments of `list_files`.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ListFiles {
+    /// The directory, relative to the kernel's working directory (default: the working
+    /// directory itself).
+    #[serde(default)]
+    pub path: Option<String>,
+}
+
+/// The start of a file read for a model: at most the bound asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct FileHead {
+    /// The file's whole size.
+    pub size: u64,
+    /// Its first bytes, at most the bound.
+    pub bytes: Vec<u8>,
+}
+
 /// Why a tool call produced no cell result; the text goes to the model as an error result.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
@@ -40,6 +82,31 @@ pub(crate) trait Backend: Send + Sync + 'static {
         &self,
         request: &Extensions,
         args: ExecuteCode,
+    ) -> Result<serde_json::Value, Refusal>;
+
+    /// Writes `content` to `path` in the session's kernel (starting it when it has none);
+    /// returns the server's account of what was written (README, "Files").
+    async fn write_file(
+        &self,
+        request: &Extensions,
+        path: &str,
+        content: Vec<u8>,
+    ) -> Result<serde_json::Value, Refusal>;
+
+    /// Reads at most `max` bytes of the file at `path` in the session's live kernel.
+    async fn read_file(
+        &self,
+        request: &Extensions,
+        path: &str,
+        max: usize,
+    ) -> Result<FileHead, Refusal>;
+
+    /// Lists the directory at `path` (`""`: the working directory) of the session's live
+    /// kernel, as the server's listing JSON (README, "Files").
+    async fn list_files(
+        &self,
+        request: &Extensions,
+        path: &str,
     ) -> Result<serde_json::Value, Refusal>;
 
     /// Disposes of the connection's kernels when it ends (stdio); a no-op by default.

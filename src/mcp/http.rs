@@ -24,14 +24,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::request::Parts;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use futures::Stream;
-use rmcp::model::{ClientJsonRpcMessage, Extensions, ServerJsonRpcMessage};
+use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
 use rmcp::transport::streamable_http_server::session::local::{
     LocalSessionManager, LocalSessionManagerError,
 };
@@ -39,14 +38,13 @@ use rmcp::transport::streamable_http_server::session::{
     ServerSseMessage, SessionId, SessionManager,
 };
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
-use serde_json::json;
 
-use super::backend::{Backend, ExecuteCode, Refusal};
+use super::backend::{Backend, Refusal};
 use super::tools::KernelTools;
 use crate::orchestrator::Orchestrator;
 use crate::owner::validate_name;
-use crate::server::api::{run_cell, Caller};
-use crate::server::{ApiError, AppState, Metrics, Tenant, MAX_BODY_BYTES};
+use crate::server::api::Caller;
+use crate::server::{ApiError, AppState, Metrics, MAX_BODY_BYTES};
 
 /// The request header naming the kernelbox session of an MCP request.
 pub const SESSION_HEADER: &str = "kernelbox-session";
@@ -93,7 +91,7 @@ pub(crate) fn service(state: &AppState) -> McpService {
         metrics: state.metrics().clone(),
         max_per_tenant: options.max_sessions_per_tenant,
     });
-    let backend: Arc<dyn Backend> = Arc::new(HttpBackend {
+    let backend: Arc<dyn Backend> = Arc::new(super::http_backend::HttpBackend {
         state: state.clone(),
     });
     let mut config = StreamableHttpServerConfig::default()
@@ -339,48 +337,8 @@ impl SessionManager for TenantSessions {
     }
 }
 
-/// Tool calls on `/v1/mcp`: the server's own execute path, for the caller's tenant.
-struct HttpBackend {
-    state: AppState,
-}
-
-#[async_trait]
-impl Backend for HttpBackend {
-    async fn execute(
-        &self,
-        request: &Extensions,
-        args: ExecuteCode,
-    ) -> Result<serde_json::Value, Refusal> {
-        let parts = request
-            .get::<Parts>()
-            .ok_or_else(|| Refusal("kernelbox: the MCP request carried no HTTP request".into()))?;
-        let tenant = parts
-            .extensions
-            .get::<Arc<Tenant>>()
-            .ok_or_else(|| Refusal("kernelbox: the MCP request was not authenticated".into()))?;
-        let session = session_of(parts)?;
-        let mut body = json!({"code": args.code, "reset": args.reset});
-        if let Some(timeout) = args.timeout {
-            body["timeout"] = json!(timeout);
-        }
-        let result = run_cell(&self.state, tenant, session, Bytes::from(body.to_string()))
-            .await
-            .map_err(|e| {
-                let retry = e
-                    .retry_after
-                    .map(|s| format!(" (retry after {s} s)"))
-                    .unwrap_or_default();
-                Refusal(format!(
-                    "kernelbox refused the cell ({}): {}{retry}",
-                    e.code, e.message
-                ))
-            })?;
-        serde_json::to_value(result).map_err(|e| Refusal(format!("kernelbox: {e}")))
-    }
-}
-
 /// The kernelbox session a `/v1/mcp` request runs in (see the module documentation).
-fn session_of(parts: &Parts) -> Result<String, Refusal> {
+pub(super) fn session_of(parts: &Parts) -> Result<String, Refusal> {
     let named = parts
         .headers
         .get(SESSION_HEADER)

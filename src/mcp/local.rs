@@ -4,8 +4,9 @@
 use async_trait::async_trait;
 use rmcp::model::Extensions;
 
-use super::backend::{Backend, ExecuteCode, Refusal};
-use crate::orchestrator::{ExecuteRequest, Orchestrator};
+use super::backend::{Backend, ExecuteCode, FileHead, Refusal};
+use super::files;
+use crate::orchestrator::{ExecuteRequest, FileRequest, Orchestrator};
 
 /// One session's cells on a local orchestrator.
 pub(crate) struct LocalBackend {
@@ -39,6 +40,35 @@ impl Backend for LocalBackend {
             .await
             .map_err(|e| Refusal(format!("kernelbox could not run the cell: {e}")))?;
         serde_json::to_value(result).map_err(|e| Refusal(format!("kernelbox: {e}")))
+    }
+
+    async fn write_file(
+        &self,
+        _request: &Extensions,
+        path: &str,
+        content: Vec<u8>,
+    ) -> Result<serde_json::Value, Refusal> {
+        let request = FileRequest::session(self.session.clone());
+        files::write(&self.orchestrator, &request, path, content).await
+    }
+
+    async fn read_file(
+        &self,
+        _request: &Extensions,
+        path: &str,
+        max: usize,
+    ) -> Result<FileHead, Refusal> {
+        let request = FileRequest::session(self.session.clone());
+        files::read(&self.orchestrator, &request, path, max).await
+    }
+
+    async fn list_files(
+        &self,
+        _request: &Extensions,
+        path: &str,
+    ) -> Result<serde_json::Value, Refusal> {
+        let request = FileRequest::session(self.session.clone());
+        files::list(&self.orchestrator, &request, path).await
     }
 
     async fn close(&self) {

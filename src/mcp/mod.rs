@@ -9,12 +9,16 @@
 //! | `tools.rs` | the MCP server: the tools, their descriptions, the server's info |
 //! | `backend.rs` | the [`Backend`](backend::Backend) trait a tool call goes through, and the tools' arguments |
 //! | `render.rs` | a cell result (JSON) as an MCP tool result: text, images, `isError` |
+//! | `files.rs` | the file tools' orchestrator calls (local and `/v1/mcp`), and a file or a listing as an MCP tool result |
 //! | `local.rs` | backend: a local orchestrator, one session |
 //! | `remote.rs` | backend: a kernelbox server's HTTP API, one session |
 //! | `http.rs` | `/v1/mcp`: streamable HTTP behind the tenant's bearer token, MCP sessions bound to tenants, their kernels cleared when they end |
+//! | `http_backend.rs` | backend of `/v1/mcp`: the server's execute path and file calls for the caller's tenant |
 
 mod backend;
+mod files;
 pub(crate) mod http;
+mod http_backend;
 mod local;
 mod remote;
 mod render;

@@ -1,19 +1,20 @@
 //! The remote backend: `kernelbox mcp --url` calling a kernelbox server's HTTP API
-//! (`POST /v1/sessions/{session}/execute`, `DELETE /v1/sessions/{session}`) for one session.
+//! (`POST /v1/sessions/{session}/execute`, `/v1/sessions/{session}/files/{path}`,
+//! `DELETE /v1/sessions/{session}`) for one session.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE};
+use hyper::header::{ACCEPT, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use rmcp::model::Extensions;
 use serde_json::{json, Value};
 
-use super::backend::{Backend, ExecuteCode, Refusal};
+use super::backend::{Backend, ExecuteCode, FileHead, Refusal};
 
 /// Largest response read from the server (a cell result with its rich results).
 const MAX_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
@@ -22,6 +23,10 @@ const MAX_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
 /// may wait for the server before it is abandoned.
 const SLACK: Duration = Duration::from_secs(60);
 const LONGEST_CELL: Duration = Duration::from_secs(3600);
+
+/// How long a file call may take (an upload, or the first MiB of a read) before it is
+/// abandoned.
+const FILE_DEADLINE: Duration = Duration::from_secs(300);
 
 /// One session on a kernelbox server.
 pub(crate) struct RemoteBackend {
@@ -50,6 +55,36 @@ impl RemoteBackend {
         }
     }
 
+    /// Sends one request; `body` is JSON unless `content_type` says otherwise.
+    async fn send(
+        &self,
+        method: hyper::Method,
+        path: &str,
+        body: Option<(&'static str, Bytes)>,
+    ) -> Result<hyper::Response<hyper::body::Incoming>, Refusal> {
+        let uri = format!("{}{path}", self.base);
+        let mut request = hyper::Request::builder()
+            .method(method)
+            .uri(&uri)
+            .header(ACCEPT, "application/json");
+        if let Some((content_type, _)) = &body {
+            request = request.header(CONTENT_TYPE, *content_type);
+        }
+        if let Some(token) = &self.token {
+            request = request.header(AUTHORIZATION, format!("Bearer {token}"));
+        }
+        let body = body.map(|(_, b)| b).unwrap_or_default();
+        let request = request
+            .body(Full::new(body))
+            .map_err(|e| Refusal(format!("kernelbox: bad server URL {uri:?}: {e}")))?;
+        self.client.request(request).await.map_err(|e| {
+            Refusal(format!(
+                "kernelbox: cannot reach the kernelbox server at {}: {e}",
+                self.base
+            ))
+        })
+    }
+
     async fn call(
         &self,
         method: hyper::Method,
@@ -57,50 +92,82 @@ impl RemoteBackend {
         body: Option<Value>,
         deadline: Duration,
     ) -> Result<(hyper::StatusCode, Value), Refusal> {
-        let uri = format!("{}{path}", self.base);
-        let mut request = hyper::Request::builder()
-            .method(method)
-            .uri(&uri)
-            .header(ACCEPT, "application/json");
-        if body.is_some() {
-            request = request.header(CONTENT_TYPE, "application/json");
-        }
-        if let Some(token) = &self.token {
-            request = request.header(AUTHORIZATION, format!("Bearer {token}"));
-        }
-        let body = body.map(|b| b.to_string()).unwrap_or_default();
-        let request = request
-            .body(Full::new(Bytes::from(body)))
-            .map_err(|e| Refusal(format!("kernelbox: bad server URL {uri:?}: {e}")))?;
-        let exchange = async {
-            let response = self.client.request(request).await.map_err(|e| {
-                Refusal(format!(
-                    "kernelbox: cannot reach the kernelbox server at {}: {e}",
-                    self.base
-                ))
-            })?;
-            let status = response.status();
-            let bytes = Limited::new(response.into_body(), MAX_RESPONSE_BYTES)
-                .collect()
-                .await
-                .map_err(|e| Refusal(format!("kernelbox: reading the server's answer: {e}")))?
-                .to_bytes();
-            let value: Value = serde_json::from_slice(&bytes).map_err(|_| {
-                Refusal(format!(
-                    "kernelbox: the server answered {status} with something that is not JSON"
-                ))
-            })?;
-            Ok((status, value))
-        };
-        tokio::time::timeout(deadline, exchange)
-            .await
-            .map_err(|_| {
-                Refusal(format!(
-                    "kernelbox: the server did not answer within {}",
-                    humantime::format_duration(deadline)
-                ))
-            })?
+        let body = body.map(|b| ("application/json", Bytes::from(b.to_string())));
+        self.call_raw(method, path, body, deadline).await
     }
+
+    /// [`send`](Self::send), then the answer read as JSON, all within `deadline`.
+    async fn call_raw(
+        &self,
+        method: hyper::Method,
+        path: &str,
+        body: Option<(&'static str, Bytes)>,
+        deadline: Duration,
+    ) -> Result<(hyper::StatusCode, Value), Refusal> {
+        let exchange = async {
+            let response = self.send(method, path, body).await?;
+            json_of(response).await
+        };
+        within(deadline, exchange).await?
+    }
+
+    /// The path of `file` in this session's file API.
+    fn file_path(&self, file: &str) -> String {
+        format!("/v1/sessions/{}/files/{}", self.session, encode(file))
+    }
+}
+
+async fn within<T>(
+    deadline: Duration,
+    work: impl std::future::Future<Output = T>,
+) -> Result<T, Refusal> {
+    tokio::time::timeout(deadline, work).await.map_err(|_| {
+        Refusal(format!(
+            "kernelbox: the server did not answer within {}",
+            humantime::format_duration(deadline)
+        ))
+    })
+}
+
+/// A response's status and JSON body (at most [`MAX_RESPONSE_BYTES`]).
+async fn json_of(
+    response: hyper::Response<hyper::body::Incoming>,
+) -> Result<(hyper::StatusCode, Value), Refusal> {
+    let status = response.status();
+    let bytes = Limited::new(response.into_body(), MAX_RESPONSE_BYTES)
+        .collect()
+        .await
+        .map_err(|e| Refusal(format!("kernelbox: reading the server's answer: {e}")))?
+        .to_bytes();
+    let value: Value = serde_json::from_slice(&bytes).map_err(|_| {
+        Refusal(format!(
+            "kernelbox: the server answered {status} with something that is not JSON"
+        ))
+    })?;
+    Ok((status, value))
+}
+
+/// The server's refusal of a file call, with its message.
+fn file_refusal(status: hyper::StatusCode, value: &Value) -> Refusal {
+    let message = value["error"]["message"]
+        .as_str()
+        .unwrap_or("request failed");
+    Refusal(format!(
+        "the kernelbox server refused the file call ({status}): {message}"
+    ))
+}
+
+/// Percent-encodes a file path for a URL, keeping `/` and unreserved characters.
+fn encode(path: &str) -> String {
+    let mut out = String::new();
+    for b in path.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b'/') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 #[async_trait]
@@ -129,6 +196,113 @@ impl Backend for RemoteBackend {
                 "the kernelbox server refused the cell ({status}): {message}"
             )))
         }
+    }
+
+    async fn write_file(
+        &self,
+        _request: &Extensions,
+        path: &str,
+        content: Vec<u8>,
+    ) -> Result<Value, Refusal> {
+        let body = Some(("application/octet-stream", Bytes::from(content)));
+        let (status, value) = self
+            .call_raw(
+                hyper::Method::PUT,
+                &self.file_path(path),
+                body,
+                FILE_DEADLINE,
+            )
+            .await?;
+        if status.is_success() {
+            Ok(value)
+        } else {
+            Err(file_refusal(status, &value))
+        }
+    }
+
+    async fn read_file(
+        &self,
+        _request: &Extensions,
+        path: &str,
+        max: usize,
+    ) -> Result<FileHead, Refusal> {
+        let exchange = async {
+            let response = self
+                .send(hyper::Method::GET, &self.file_path(path), None)
+                .await?;
+            let status = response.status();
+            let is_json = response
+                .headers()
+                .get(CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.starts_with("application/json"));
+            if !status.is_success() || is_json {
+                let (status, value) = json_of(response).await?;
+                return Err(if status.is_success() {
+                    Refusal(format!(
+                        "kernelbox: {path} is a directory; use list_files to see what it holds"
+                    ))
+                } else {
+                    file_refusal(status, &value)
+                });
+            }
+            let size = response
+                .headers()
+                .get(CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u64>().ok());
+            let mut body = response.into_body();
+            let mut bytes = Vec::new();
+            while bytes.len() < max {
+                match body.frame().await {
+                    Some(frame) => {
+                        let frame = frame.map_err(|e| {
+                            Refusal(format!("kernelbox: reading the server's answer: {e}"))
+                        })?;
+                        if let Ok(data) = frame.into_data() {
+                            bytes.extend_from_slice(&data);
+                        }
+                    }
+                    None => break,
+                }
+            }
+            // Dropping the rest of the body unread closes the connection.
+            let read = bytes.len() as u64;
+            bytes.truncate(max);
+            Ok(FileHead {
+                size: size.unwrap_or(read),
+                bytes,
+            })
+        };
+        within(FILE_DEADLINE, exchange).await?
+    }
+
+    async fn list_files(&self, _request: &Extensions, path: &str) -> Result<Value, Refusal> {
+        let url = if path.is_empty() {
+            format!("/v1/sessions/{}/files", self.session)
+        } else {
+            self.file_path(path)
+        };
+        let exchange = async {
+            let response = self.send(hyper::Method::GET, &url, None).await?;
+            let is_json = response
+                .headers()
+                .get(CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.starts_with("application/json"));
+            if response.status().is_success() && !is_json {
+                return Err(Refusal(format!(
+                    "kernelbox: {path} is a file, not a directory; use read_file"
+                )));
+            }
+            let (status, value) = json_of(response).await?;
+            if status.is_success() {
+                Ok(value)
+            } else {
+                Err(file_refusal(status, &value))
+            }
+        };
+        within(FILE_DEADLINE, exchange).await?
     }
 
     async fn close(&self) {

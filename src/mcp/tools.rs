@@ -12,7 +12,8 @@ use rmcp::model::{
 };
 use rmcp::{tool, tool_handler, tool_router, ErrorData, ServerHandler};
 
-use super::backend::{Backend, ExecuteCode};
+use super::backend::{Backend, ExecuteCode, ListFiles, ReadFile, Refusal, WriteFile};
+use super::files::{content_of, render_listing, render_read, MAX_READ_BYTES};
 use super::render::render;
 
 /// What `execute_code` does, for the model.
@@ -27,9 +28,35 @@ still running then is stopped by killing the kernel, and ALL state is lost; the 
 a fresh kernel. `reset: true` discards all state first. When a kernel was lost (timeout, out of \
 memory, idle too long, a crash) the next result begins with a [kernelbox] line saying so.";
 
+/// What `write_file` does, for the model.
+pub(crate) const WRITE_DESCRIPTION: &str = "Write a file into the working directory of this \
+conversation's Python kernel (the directory execute_code runs in), so code can open it by the \
+same relative path. Give the content as `content` (text) or `content_base64` (binary). Parent \
+directories are created; an existing file is replaced. Starts the kernel if none is running. \
+Files live and die with the kernel: a timeout, `reset: true` or the session ending loses them. \
+Paths are relative; `..` and absolute paths are refused.";
+
+/// What `read_file` does, for the model.
+pub(crate) const READ_DESCRIPTION: &str = "Read a file from the working directory of this \
+conversation's Python kernel (e.g. one your code wrote). Text comes back as text, a PNG or JPEG \
+as an image, other bytes as base64; only the first 256 KiB is returned, with a note when the file \
+is longer. Files live and die with the kernel: there is nothing to read when no kernel is \
+running. Paths are relative to the working directory.";
+
+/// What `list_files` does, for the model.
+pub(crate) const LIST_DESCRIPTION: &str = "List a directory of the working directory of this \
+conversation's Python kernel (default: the working directory itself): name, kind, size and \
+modification time of each entry. Files live and die with the kernel: there is nothing to list \
+when no kernel is running.";
+
 /// What the server tells a client about itself.
 const INSTRUCTIONS: &str = "kernelbox: a persistent, sandboxed Python kernel for this \
-conversation. Use execute_code to run Python; state carries over between calls.";
+conversation. Use execute_code to run Python; state carries over between calls. write_file, \
+read_file and list_files move files in and out of the kernel's working directory.";
+
+fn refused(refusal: Refusal) -> CallToolResult {
+    CallToolResult::error(vec![ContentBlock::text(refusal.0)])
+}
 
 /// The MCP server of one connection (stdio) or of every request of `/v1/mcp` (HTTP).
 #[derive(Clone)]
@@ -58,7 +85,60 @@ impl KernelTools {
     ) -> Result<CallToolResult, ErrorData> {
         Ok(match self.backend.execute(&request, args).await {
             Ok(result) => render(&result),
-            Err(refusal) => CallToolResult::error(vec![ContentBlock::text(refusal.0)]),
+            Err(refusal) => refused(refusal),
+        })
+    }
+
+    #[tool(name = "write_file", description = WRITE_DESCRIPTION)]
+    async fn write_file(
+        &self,
+        Parameters(args): Parameters<WriteFile>,
+        request: Extensions,
+    ) -> Result<CallToolResult, ErrorData> {
+        let content = match content_of(args.content, args.content_base64) {
+            Ok(content) => content,
+            Err(refusal) => return Ok(refused(refusal)),
+        };
+        Ok(
+            match self.backend.write_file(&request, &args.path, content).await {
+                Ok(written) => CallToolResult::success(vec![ContentBlock::text(format!(
+                    "wrote {} bytes to {}",
+                    written["size"].as_u64().unwrap_or(0),
+                    written["path"].as_str().unwrap_or(&args.path)
+                ))]),
+                Err(refusal) => refused(refusal),
+            },
+        )
+    }
+
+    #[tool(name = "read_file", description = READ_DESCRIPTION)]
+    async fn read_file(
+        &self,
+        Parameters(args): Parameters<ReadFile>,
+        request: Extensions,
+    ) -> Result<CallToolResult, ErrorData> {
+        Ok(
+            match self
+                .backend
+                .read_file(&request, &args.path, MAX_READ_BYTES)
+                .await
+            {
+                Ok(head) => render_read(&args.path, &head),
+                Err(refusal) => refused(refusal),
+            },
+        )
+    }
+
+    #[tool(name = "list_files", description = LIST_DESCRIPTION)]
+    async fn list_files(
+        &self,
+        Parameters(args): Parameters<ListFiles>,
+        request: Extensions,
+    ) -> Result<CallToolResult, ErrorData> {
+        let path = args.path.unwrap_or_default();
+        Ok(match self.backend.list_files(&request, &path).await {
+            Ok(listing) => render_listing(&path, &listing),
+            Err(refusal) => refused(refusal),
         })
     }
 }

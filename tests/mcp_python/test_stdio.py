@@ -20,8 +20,8 @@ def test_stdio_lists_execute_code_saying_what_persists_and_what_a_timeout_does()
             return (await c.list_tools()).tools
 
     tools = anyio.run(go)
-    assert [t.name for t in tools] == ["execute_code"]
-    tool = tools[0]
+    assert sorted(t.name for t in tools) == ["execute_code", "list_files", "read_file", "write_file"]
+    tool = next(t for t in tools if t.name == "execute_code")
     assert "State persists between calls" in tool.description
     assert "ALL state is lost" in tool.description
     assert tool.input_schema["required"] == ["code"]

@@ -60,10 +60,16 @@ fn request(
     if state.is_draining() {
         return Err(ApiError::shutting_down());
     }
-    Ok(FileRequest {
+    Ok(file_request(tenant, session, query.child))
+}
+
+/// The file request of `tenant` for `session` (or its delegated `child`): its image, tools and
+/// limits, as for its cells. Also what `/v1/mcp`'s file tools use.
+pub(crate) fn file_request(tenant: &Tenant, session: String, child: Option<String>) -> FileRequest {
+    FileRequest {
         tenant: Some(tenant.name.clone()),
         session,
-        child: query.child,
+        child,
         image: tenant.image.clone(),
         tools: tenant
             .tools
@@ -71,7 +77,7 @@ fn request(
             .map(|t| t.allow.clone())
             .unwrap_or_default(),
         tenant_limits: tenant.limits(),
-    })
+    }
 }
 
 fn header_says(headers: &HeaderMap, name: header::HeaderName, what: &str) -> bool {

@@ -9,6 +9,7 @@
 //! | `tests.rs` | unit tests |
 
 mod files;
+pub(crate) use files::file_request;
 mod middleware;
 mod stream;
 

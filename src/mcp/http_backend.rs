@@ -1,0 +1,104 @@
+//! The backend of `/v1/mcp`'s tool calls: the server's own execute path and the orchestrator's
+//! file calls, for the caller's tenant and session (see `http.rs` for how a session is named).
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use axum::body::Bytes;
+use axum::http::request::Parts;
+use rmcp::model::Extensions;
+use serde_json::json;
+
+use super::backend::{Backend, ExecuteCode, FileHead, Refusal};
+use super::files;
+use super::http::session_of;
+use crate::orchestrator::FileRequest;
+use crate::server::api::{file_request, run_cell};
+use crate::server::{AppState, Tenant};
+
+/// Tool calls on `/v1/mcp`: the server's own execute path, for the caller's tenant.
+pub(super) struct HttpBackend {
+    pub(super) state: AppState,
+}
+
+#[async_trait]
+impl Backend for HttpBackend {
+    async fn execute(
+        &self,
+        request: &Extensions,
+        args: ExecuteCode,
+    ) -> Result<serde_json::Value, Refusal> {
+        let parts = request
+            .get::<Parts>()
+            .ok_or_else(|| Refusal("kernelbox: the MCP request carried no HTTP request".into()))?;
+        let tenant = parts
+            .extensions
+            .get::<Arc<Tenant>>()
+            .ok_or_else(|| Refusal("kernelbox: the MCP request was not authenticated".into()))?;
+        let session = session_of(parts)?;
+        let mut body = json!({"code": args.code, "reset": args.reset});
+        if let Some(timeout) = args.timeout {
+            body["timeout"] = json!(timeout);
+        }
+        let result = run_cell(&self.state, tenant, session, Bytes::from(body.to_string()))
+            .await
+            .map_err(|e| {
+                let retry = e
+                    .retry_after
+                    .map(|s| format!(" (retry after {s} s)"))
+                    .unwrap_or_default();
+                Refusal(format!(
+                    "kernelbox refused the cell ({}): {}{retry}",
+                    e.code, e.message
+                ))
+            })?;
+        serde_json::to_value(result).map_err(|e| Refusal(format!("kernelbox: {e}")))
+    }
+
+    async fn write_file(
+        &self,
+        request: &Extensions,
+        path: &str,
+        content: Vec<u8>,
+    ) -> Result<serde_json::Value, Refusal> {
+        let request = self.file_request(request)?;
+        files::write(self.state.orchestrator(), &request, path, content).await
+    }
+
+    async fn read_file(
+        &self,
+        request: &Extensions,
+        path: &str,
+        max: usize,
+    ) -> Result<FileHead, Refusal> {
+        let request = self.file_request(request)?;
+        files::read(self.state.orchestrator(), &request, path, max).await
+    }
+
+    async fn list_files(
+        &self,
+        request: &Extensions,
+        path: &str,
+    ) -> Result<serde_json::Value, Refusal> {
+        let request = self.file_request(request)?;
+        files::list(self.state.orchestrator(), &request, path).await
+    }
+}
+
+impl HttpBackend {
+    /// The caller's tenant and session of a `/v1/mcp` tool call, as the HTTP file API has them.
+    fn file_request(&self, request: &Extensions) -> Result<FileRequest, Refusal> {
+        let parts = request
+            .get::<Parts>()
+            .ok_or_else(|| Refusal("kernelbox: the MCP request carried no HTTP request".into()))?;
+        let tenant = parts
+            .extensions
+            .get::<Arc<Tenant>>()
+            .ok_or_else(|| Refusal("kernelbox: the MCP request was not authenticated".into()))?;
+        let session = session_of(parts)?;
+        if self.state.is_draining() {
+            return Err(Refusal("kernelbox: the server is shutting down".into()));
+        }
+        Ok(file_request(tenant, session, None))
+    }
+}
