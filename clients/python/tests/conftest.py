@@ -110,7 +110,11 @@ def start_server(
     env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELBOX_")}
     args = [
         str(BIN), "serve", "--listen", "127.0.0.1:0", "--state-dir", str(tmp / "state"),
-        "--tenants", str(tenants_file), "--label", f"{CASE_KEY}={case}", *extra,
+        "--tenants", str(tenants_file), "--label", f"{CASE_KEY}={case}",
+        # No warm pool: these tests find a session's kernel by its owner labels, which a
+        # kernel taken from the pool does not carry (its owner is in its name; the pool has
+        # its own tests in tests/pool.rs).
+        "--pool", "0", *extra,
     ]  # fmt: skip
     proc = subprocess.Popen(
         args, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
