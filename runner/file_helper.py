@@ -1,6 +1,9 @@
-# kernelbox file helper: one file operation inside a kernel's container, run by the host with
-# the engine's exec API as `python3 -I -S -c <this file> OP PATH_JSON` as the kernel's user, in
-# the kernel's container (its namespaces, cgroup and limits). Standard library only.
+# kernelbox file helper: file operations inside a kernel's container, run by the host with the
+# engine's exec API as `python3 -I -S -c <this file> serve` as the kernel's user, in the
+# kernel's container (its namespaces, cgroup and limits). Standard library only. One helper
+# serves requests one after another until EOF on stdin: the host keeps one resident per kernel
+# while files are used, and runs a one-shot one beside it when it is busy (README "Files in
+# and out of a kernel").
 #
 # Every path is a JSON list of plain names relative to /work. It is walked one component at a
 # time with os.open(name, O_NOFOLLOW | O_DIRECTORY, dir_fd=parent) from /work, so a symlink
@@ -9,21 +12,32 @@
 # final name is opened with O_NOFOLLOW too, and written only by rename over it (a rename
 # replaces a symlink, it does not write through it).
 #
-# Protocol (README "Files in and out of a kernel"):
-#   stdin   for `write` and `untar`: frames of a 4-byte big-endian length and that many bytes;
-#           a zero-length frame ends the upload. EOF before it aborts: nothing is left.
-#   stdout  for `read`: one JSON header line, then the data it announces.
-#   stderr  one JSON status line at the end: {"ok": true, ...} or {"ok": false, "code", "message"}.
+# Protocol (docs/architecture.md "File transport"):
+#   stdin   a request: a 4-byte big-endian length and that many bytes of JSON
+#           {"op": "write"|"untar"|"read"|"tar"|"remove", "path": [names]}. For `write` and
+#           `untar`, once the helper acknowledged it (an A frame), the upload: frames of a
+#           4-byte big-endian length and that many bytes; a zero-length frame ends it. EOF
+#           before it aborts: nothing is left. EOF between requests ends the helper.
+#   stdout  frames of a 1-byte kind, a 4-byte big-endian length and that many bytes:
+#           A (empty: send the upload), H (a read's JSON header: {"kind": "file", "size"},
+#           {"kind": "dir", "entries", "truncated"} or {"kind": "tar"}), D (data of a read) and
+#           S, the JSON status that ends every request: {"ok": true, ...} or
+#           {"ok": false, "code", "message"}.
+#   A helper that could not consume exactly its request (an upload refused or failed after
+#   its A, an unexpected error) ends after its status; the host never reuses it.
 import errno
 import json
 import os
 import stat
 import sys
-import tarfile
 import time
 
 WORK = "/work"
+IN = 0
+OUT = 1
 CHUNK = 1024 * 1024
+# Longest request frame read from the host.
+MAX_REQUEST = 64 * 1024
 MAX_LIST = 10000
 # A listing's header line stays under this many bytes (the host refuses a longer one): a
 # directory whose entries would not fit is listed truncated.
@@ -39,9 +53,45 @@ class Refused(Exception):
         self.message = message
 
 
+def write_all(data):
+    view = memoryview(data)
+    while view:
+        view = view[os.write(OUT, view):]
+
+
+# Set while a frame is partly written: an error then leaves stdout mid-frame, so the helper
+# ends without a status (the host sees a stream cut short, never a misread frame).
+MID_FRAME = [False]
+
+
+def frame(kind, payload=b""):
+    head = kind + len(payload).to_bytes(4, "big")
+    MID_FRAME[0] = True
+    if len(payload) < 65536:
+        write_all(head + payload)
+    else:
+        sent = os.writev(OUT, [head, payload])
+        if sent < len(head):
+            write_all(head[sent:])
+            sent = len(head)
+        write_all(memoryview(payload)[sent - len(head):])
+    MID_FRAME[0] = False
+
+
 def status(obj):
-    sys.stderr.write(json.dumps(obj) + "\n")
-    sys.stderr.flush()
+    frame(b"S", json.dumps(obj).encode())
+
+
+def read_exact(n):
+    """n bytes of stdin; fewer only at EOF."""
+    parts = []
+    while n:
+        data = os.read(IN, n)
+        if not data:
+            break
+        parts.append(data)
+        n -= len(data)
+    return b"".join(parts)
 
 
 def check_name(name):
@@ -99,31 +149,72 @@ class Frames:
     """The upload on stdin, as a file object; `complete` once the end frame arrived."""
 
     def __init__(self):
-        self.src = sys.stdin.buffer
         self.left = 0
         self.complete = False
+        self.acked = False
 
-    def read(self, n=-1):
+    def ack(self):
+        """Tells the host to send the upload."""
+        frame(b"A")
+        self.acked = True
+
+    def next_frame(self):
+        """Reads the next frame's length; False at the end frame."""
         while self.left == 0:
             if self.complete:
-                return b""
-            head = self.src.read(4)
+                return False
+            head = read_exact(4)
             if len(head) < 4:
                 raise Refused("aborted", "the upload ended before its end")
             self.left = int.from_bytes(head, "big")
             if self.left == 0:
                 self.complete = True
-                return b""
+                return False
+        return True
+
+    def read(self, n=-1):
+        if not self.next_frame():
+            return b""
         want = self.left if n is None or n < 0 else min(n, self.left)
-        data = self.src.read(want)
+        data = os.read(IN, want)
         if not data:
             raise Refused("aborted", "the upload ended before its end")
         self.left -= len(data)
         return data
 
+    def copy_to(self, fd):
+        """Writes the whole upload to fd; returns its size. Moves the bytes from the stdin
+        pipe to the file in the kernel (os.splice) when it can, else reads and writes."""
+        size = 0
+        splice = getattr(os, "splice", None)
+        while self.next_frame():
+            if splice is not None:
+                try:
+                    moved = splice(IN, fd, self.left)
+                except OSError as e:
+                    if e.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                        raise
+                    splice = None
+                    continue
+                if not moved:
+                    raise Refused("aborted", "the upload ended before its end")
+                self.left -= moved
+                size += moved
+                continue
+            data = self.read(CHUNK)
+            write_all_fd(fd, data)
+            size += len(data)
+        return size
+
     def drain_to_end(self):
         while self.read(CHUNK):
             pass
+
+
+def write_all_fd(fd, data):
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def temp_name():
@@ -138,13 +229,18 @@ def write_file_at(dfd, name, src):
     done = False
     size = 0
     try:
-        with os.fdopen(fd, "wb", buffering=0) as out:
-            while True:
-                data = src.read(CHUNK)
-                if not data:
-                    break
-                out.write(data)
-                size += len(data)
+        try:
+            if isinstance(src, Frames):
+                size = src.copy_to(fd)
+            else:
+                while True:
+                    data = src.read(CHUNK)
+                    if not data:
+                        break
+                    write_all_fd(fd, data)
+                    size += len(data)
+        finally:
+            os.close(fd)
         try:
             os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
         except IsADirectoryError:
@@ -163,12 +259,12 @@ def write_file_at(dfd, name, src):
                 pass
 
 
-def op_write(parts):
+def op_write(parts, frames):
     if not parts:
         raise Refused("is_a_directory", "the working directory itself is a directory")
-    frames = Frames()
     dfd = open_dir(parts[:-1], create=True)
     try:
+        frames.ack()
         size = write_file_at(dfd, parts[-1], frames)
     finally:
         os.close(dfd)
@@ -268,16 +364,22 @@ def staged_dir(sfd, names, member):
         raise
 
 
-def op_untar(parts):
+def op_untar(parts, frames):
     """Extracts a tar (regular files and directories only) into the directory at parts.
 
     Everything goes into a fresh staging directory first, which is merged into place only
     once the whole archive was read and checked; on any failure the staging directory goes.
     """
-    frames = Frames()
+    import tarfile
+
     dfd = open_dir(parts, create=True)
     stage = temp_name()
-    os.mkdir(stage, 0o700, dir_fd=dfd)
+    try:
+        os.mkdir(stage, 0o700, dir_fd=dfd)
+    except BaseException:
+        os.close(dfd)
+        raise
+    frames.ack()
     files = 0
     total = 0
     try:
@@ -350,9 +452,50 @@ def open_at(base, parts, create=False):
 
 
 def header(obj):
-    out = sys.stdout.buffer
-    out.write(json.dumps(obj, ensure_ascii=False).encode() + b"\n")
-    out.flush()
+    frame(b"H", json.dumps(obj, ensure_ascii=False).encode())
+
+
+class DataOut:
+    """A write-only file object whose writes go out as D frames."""
+
+    def write(self, data):
+        if data:
+            frame(b"D", bytes(data))
+        return len(data)
+
+    def flush(self):
+        pass
+
+
+def send_file(fd, size):
+    """Sends `size` bytes of fd as D frames, with os.sendfile (no copy through Python) when
+    it can. A file that shrinks is padded to what was announced and refused."""
+    offset = 0
+    use_sendfile = hasattr(os, "sendfile")
+    while offset < size:
+        end = offset + min(CHUNK, size - offset)
+        MID_FRAME[0] = True
+        write_all(b"D" + (end - offset).to_bytes(4, "big"))
+        while offset < end:
+            sent = 0
+            if use_sendfile:
+                try:
+                    sent = os.sendfile(OUT, fd, offset, end - offset)
+                except OSError as e:
+                    if e.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                        raise
+                    use_sendfile = False
+                    continue
+            else:
+                data = os.pread(fd, end - offset, offset)
+                write_all(data)
+                sent = len(data)
+            if not sent:
+                write_all(bytes(end - offset))
+                MID_FRAME[0] = False
+                raise Refused("changed", "the file shrank while it was read")
+            offset += sent
+        MID_FRAME[0] = False
 
 
 def shown_name(name):
@@ -391,6 +534,8 @@ def listing(fd):
 
 
 def add_tree(archive, dfd, prefix):
+    import tarfile
+
     for entry in sorted(os.scandir(dfd), key=lambda e: e.name):
         name = entry.name
         if name.startswith(TMP_PREFIX):
@@ -454,11 +599,13 @@ def op_read(parts, as_tar):
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
             if as_tar:
+                import tarfile
+
                 header({"kind": "tar"})
-                out = sys.stdout.buffer
-                with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as archive:
+                with tarfile.open(
+                    fileobj=DataOut(), mode="w|", format=tarfile.PAX_FORMAT, bufsize=CHUNK
+                ) as archive:
                     add_tree(archive, fd, "")
-                out.flush()
                 return {"ok": True}
             entries, truncated = listing(fd)
             header({"kind": "dir", "entries": entries, "truncated": truncated})
@@ -467,15 +614,7 @@ def op_read(parts, as_tar):
             raise Refused("not_a_file", "/".join(parts) + " is not a regular file")
         size = st.st_size
         header({"kind": "file", "size": size})
-        out = sys.stdout.buffer
-        left = size
-        while left > 0:
-            data = os.read(fd, min(CHUNK, left))
-            if not data:
-                raise Refused("changed", "the file shrank while it was read")
-            out.write(data)
-            left -= len(data)
-        out.flush()
+        send_file(fd, size)
         return {"ok": True, "size": size}
     finally:
         os.close(fd)
@@ -497,34 +636,78 @@ def op_remove(parts):
     return {"ok": True}
 
 
-def main():
-    op = sys.argv[1]
-    parts = json.loads(sys.argv[2])
+OPS = {
+    "write": lambda parts, frames: op_write(parts, frames),
+    "untar": lambda parts, frames: op_untar(parts, frames),
+    "read": lambda parts, frames: op_read(parts, False),
+    "tar": lambda parts, frames: op_read(parts, True),
+    "remove": lambda parts, frames: op_remove(parts),
+}
+
+
+def request():
+    """The next request (op, parts); None at EOF between requests."""
+    head = read_exact(4)
+    if not head:
+        return None
+    n = int.from_bytes(head, "big") if len(head) == 4 else -1
+    if n < 0 or n > MAX_REQUEST:
+        raise Refused("invalid_request", "a request frame of %d bytes" % n)
+    body = read_exact(n)
+    if len(body) < n:
+        raise Refused("invalid_request", "the request ended early")
+    try:
+        req = json.loads(body)
+        op, parts = req["op"], req["path"]
+    except (ValueError, TypeError, KeyError) as e:
+        raise Refused("invalid_request", "unreadable request: %s" % e)
+    if op not in OPS:
+        raise Refused("invalid_request", "unknown operation %r" % (op,))
     if not isinstance(parts, list) or not all(isinstance(p, str) for p in parts):
         raise Refused("invalid_path", "the path must be a list of names")
-    for p in parts:
-        check_name(p)
-    if op == "write":
-        return op_write(parts)
-    if op == "untar":
-        return op_untar(parts)
-    if op == "read":
-        return op_read(parts, False)
-    if op == "tar":
-        return op_read(parts, True)
-    if op == "remove":
-        return op_remove(parts)
-    raise Refused("invalid_request", "unknown operation %r" % op)
+    return op, parts
 
 
-try:
-    status(main())
-except Refused as e:
-    status({"ok": False, "code": e.code, "message": e.message})
-except OSError as e:
-    if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        status({"ok": False, "code": "no_space", "message": "the working directory is full"})
-    else:
-        status({"ok": False, "code": "io", "message": str(e)})
-except BaseException as e:
-    status({"ok": False, "code": "internal", "message": "%s: %s" % (type(e).__name__, e)})
+def serve_one():
+    """Serves one request; True when the helper can take another."""
+    frames = Frames()
+    try:
+        req = request()
+        if req is None:
+            return False
+        op, parts = req
+        for p in parts:
+            check_name(p)
+        status(OPS[op](parts, frames))
+        return True
+    except Refused as e:
+        answer = {"ok": False, "code": e.code, "message": e.message}
+        keep = e.code != "invalid_request"
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            answer = {"ok": False, "code": "no_space", "message": "the working directory is full"}
+        else:
+            answer = {"ok": False, "code": "io", "message": str(e)}
+        keep = not isinstance(e, BrokenPipeError)
+    except BaseException as e:
+        answer = {"ok": False, "code": "internal", "message": "%s: %s" % (type(e).__name__, e)}
+        keep = False
+    if MID_FRAME[0]:
+        return False
+    # After an acknowledged upload stopped short, stdin is mid-upload: this helper is done.
+    keep = keep and (frames.complete or not frames.acked)
+    status(answer)
+    return keep
+
+
+def main():
+    if sys.argv[1:] != ["serve"]:
+        raise SystemExit("usage: file_helper.py serve")
+    try:
+        while serve_one():
+            pass
+    except BrokenPipeError:
+        pass
+
+
+main()

@@ -129,6 +129,9 @@ pub struct Config {
     pub download_min_rate: u64,
     /// How long a download runs before `download_min_rate` applies.
     pub download_rate_grace: std::time::Duration,
+    /// How long a kernel's resident file helper may stay idle before it is ended (README
+    /// "Files in and out of a kernel"); the next file operation starts a new one.
+    pub file_helper_idle: Duration,
     /// Directory of the durable owner catalog (created if missing), so that the state lost
     /// by a restart of this process is reported to owners and generations keep counting.
     /// One process per directory. `None` (the default): no catalog, nothing survives.
@@ -180,6 +183,7 @@ impl Default for Config {
             max_upload_bytes: crate::files::DEFAULT_MAX_UPLOAD_BYTES,
             download_min_rate: 64 * 1024,
             download_rate_grace: std::time::Duration::from_secs(30),
+            file_helper_idle: Duration::from_secs(30),
         }
     }
 }

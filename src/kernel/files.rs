@@ -1,25 +1,37 @@
 //! The file transport: `runner/file_helper.py` run inside the kernel's container with the
-//! engine's exec API, as the kernel's user, in its working directory and cgroup. Bytes stream
-//! through the exec's stdin (length-prefixed frames, a zero frame to commit) and stdout (one
-//! JSON header line, then exactly the bytes it announces); the helper's last stderr line is
-//! its status. Every read from the helper and every write to it must progress within
-//! [`FILE_IDLE_TIMEOUT`]; the header and the status are size-bounded; the host holds at most
-//! one chunk of a transfer at a time.
+//! engine's exec API, as the kernel's user, in its working directory and cgroup
+//! (docs/architecture.md "File transport"). A helper serves requests one after another: the
+//! kernel keeps one resident, started by the first file operation, reused by the next ones
+//! and ended after [`Config::file_helper_idle`](crate::Config::file_helper_idle) without use
+//! or when the kernel goes; a transfer that finds it busy runs on a one-shot helper.
+//!
+//! Framing: a request frame in (a 4-byte length and its JSON), then for an upload, once the
+//! helper acknowledged it, length-prefixed frames and a zero frame to commit; out, frames of
+//! a kind byte and a 4-byte length: `A` (send the upload), `H` (a read's JSON header), `D`
+//! (data) and `S`, the status that ends every request. The host trusts none of it: every read
+//! from the helper and every write to it must progress within [`FILE_IDLE_TIMEOUT`], the
+//! header and the status are size-bounded, a file's announced size is enforced, and the host
+//! holds at most one chunk of a transfer at a time. A helper is reused only after an
+//! exchange that ended with an ok status exactly where the framing puts it; anything else
+//! (an error, a deadline, a protocol doubt, a download dropped mid-way) drops it, and the
+//! next transfer starts a fresh one.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use futures::stream::BoxStream;
 use futures::StreamExt;
 use serde::Deserialize;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::{Kernel, WORK_DIR};
 use crate::docker::{Chunk, EngineError, ExecSpec};
 use crate::files::{
     ByteStream, Download, DownloadStream, FilePath, Listing, TransferError, Written,
 };
-
 /// The helper's source, sent on its command line.
 const HELPER_SOURCE: &str = include_str!("../../runner/file_helper.py");
 
@@ -67,16 +79,22 @@ impl<'de> Deserialize<'de> for Entries {
     }
 }
 
-/// Stderr kept from the helper (its status is the last line).
+/// Longest status frame read from the helper.
+const MAX_STATUS: usize = 64 * 1024;
+
+/// Stderr kept from a helper (shown when it ends without a status).
 const MAX_STDERR: usize = 64 * 1024;
 
 /// Largest frame written to the helper's stdin.
 const MAX_FRAME: usize = 1024 * 1024;
 
+/// How long ending an idle helper may take (its stdin closed, its output drained).
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
+
 type Output = BoxStream<'static, Result<Chunk, EngineError>>;
 type Input = std::pin::Pin<Box<dyn AsyncWrite + Send>>;
 
-/// The helper's final status line.
+/// A helper's status frame.
 #[derive(Debug, Default, Deserialize)]
 struct Status {
     ok: bool,
@@ -92,7 +110,21 @@ struct Status {
     files: Option<u64>,
 }
 
-/// What the helper wrote on stderr, bounded to its last [`MAX_STDERR`] bytes.
+impl Status {
+    /// The status; an error unless it says ok.
+    fn result(self) -> Result<Status, TransferError> {
+        if self.ok {
+            Ok(self)
+        } else {
+            Err(TransferError::from_helper(
+                self.code.as_deref().unwrap_or("internal"),
+                self.message.unwrap_or_default(),
+            ))
+        }
+    }
+}
+
+/// What a helper wrote on stderr, bounded to its last [`MAX_STDERR`] bytes.
 #[derive(Default)]
 struct Stderr(Vec<u8>);
 
@@ -105,57 +137,326 @@ impl Stderr {
         }
     }
 
-    /// The status the helper ended with; an error unless it says ok.
-    fn status(&self) -> Result<Status, TransferError> {
+    /// The error for a helper whose output ended without a status.
+    fn ended(&self) -> TransferError {
         let text = String::from_utf8_lossy(&self.0);
-        let line = text.lines().rev().find(|l| !l.trim().is_empty());
-        let Some(status) = line.and_then(|l| serde_json::from_str::<Status>(l).ok()) else {
-            return Err(TransferError::Helper(format!(
-                "it ended without a status: {}",
-                text.chars().take(500).collect::<String>()
-            )));
+        let tail: String = text.trim().chars().rev().take(500).collect();
+        TransferError::Helper(format!(
+            "it ended without a status: {}",
+            tail.chars().rev().collect::<String>()
+        ))
+    }
+}
+
+/// One frame from a helper; a data frame's bytes are read after it, piece by piece.
+enum Frame {
+    Ack,
+    Header(Bytes),
+    Data(u32),
+    Status(Status),
+}
+
+fn breach(what: &str) -> TransferError {
+    TransferError::Helper(format!("it broke its protocol: {what}"))
+}
+
+/// A helper's output, read frame by frame.
+struct Reader {
+    output: Output,
+    /// Stdout bytes read and not consumed yet (the rest of an engine chunk).
+    rest: Bytes,
+    stderr: Stderr,
+    /// Stdout bytes received since the current request was sent.
+    received: u64,
+}
+
+impl Reader {
+    /// The next stdout bytes (all of them that arrived at once), within the idle deadline;
+    /// `None` when the output ended.
+    async fn stdout(&mut self) -> Result<Option<Bytes>, TransferError> {
+        if !self.rest.is_empty() {
+            return Ok(Some(std::mem::take(&mut self.rest)));
+        }
+        loop {
+            let chunk = match tokio::time::timeout(FILE_IDLE_TIMEOUT, self.output.next()).await {
+                Err(_) => return Err(TransferError::Stalled(FILE_IDLE_TIMEOUT)),
+                Ok(None) => return Ok(None),
+                Ok(Some(chunk)) => chunk?,
+            };
+            match chunk {
+                Chunk::Stderr(bytes) => self.stderr.push(&bytes),
+                Chunk::Stdout(bytes) if !bytes.is_empty() => {
+                    self.received += bytes.len() as u64;
+                    return Ok(Some(bytes));
+                }
+                Chunk::Stdout(_) => {}
+            }
+        }
+    }
+
+    /// At most `max` bytes, no copy; `None` when the output ended.
+    async fn take(&mut self, max: usize) -> Result<Option<Bytes>, TransferError> {
+        let Some(mut bytes) = self.stdout().await? else {
+            return Ok(None);
         };
-        if status.ok {
-            Ok(status)
-        } else {
-            Err(TransferError::from_helper(
-                status.code.as_deref().unwrap_or("internal"),
-                status.message.unwrap_or_default(),
-            ))
+        if bytes.len() > max {
+            self.rest = bytes.split_off(max);
+        }
+        Ok(Some(bytes))
+    }
+
+    /// Exactly `n` bytes (bounded by the caller); `None` when the output ended first.
+    async fn exact(&mut self, n: usize) -> Result<Option<BytesMut>, TransferError> {
+        let mut buf = BytesMut::with_capacity(n);
+        while buf.len() < n {
+            let Some(bytes) = self.take(n - buf.len()).await? else {
+                return Ok(None);
+            };
+            buf.extend_from_slice(&bytes);
+        }
+        Ok(Some(buf))
+    }
+
+    /// The next frame: its header and, for all but data, its bounded payload. `None` when
+    /// the output ended cleanly between frames.
+    async fn frame(&mut self) -> Result<Option<Frame>, TransferError> {
+        let mut head = [0u8; 5];
+        let mut got = 0;
+        while got < head.len() {
+            match self.take(head.len() - got).await? {
+                Some(bytes) => {
+                    head[got..got + bytes.len()].copy_from_slice(&bytes);
+                    got += bytes.len();
+                }
+                None if got == 0 => return Ok(None),
+                None => return Err(self.stderr.ended()),
+            }
+        }
+        let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]);
+        let bounded = |max: usize| {
+            if len as usize > max {
+                Err(breach(&format!(
+                    "a {} frame of {len} bytes (at most {max})",
+                    head[0] as char
+                )))
+            } else {
+                Ok(len as usize)
+            }
+        };
+        Ok(Some(match head[0] {
+            b'A' if len == 0 => Frame::Ack,
+            b'D' => Frame::Data(len),
+            b'H' => {
+                let n = bounded(MAX_HEADER)
+                    .map_err(|_| TransferError::Helper("its header line is too long".into()))?;
+                let payload = self.exact(n).await?.ok_or_else(|| self.stderr.ended())?;
+                Frame::Header(payload.freeze())
+            }
+            b'S' => {
+                let n = bounded(MAX_STATUS)?;
+                let payload = self.exact(n).await?.ok_or_else(|| self.stderr.ended())?;
+                let status = serde_json::from_slice(&payload)
+                    .map_err(|e| breach(&format!("an unreadable status: {e}")))?;
+                Frame::Status(status)
+            }
+            other => return Err(breach(&format!("an unknown frame kind {other:#04x}"))),
+        }))
+    }
+
+    /// The next frame, which must be there.
+    async fn expect(&mut self) -> Result<Frame, TransferError> {
+        match self.frame().await? {
+            Some(frame) => Ok(frame),
+            None => Err(self.stderr.ended()),
         }
     }
 }
 
-/// The next chunk of the helper's output, within the idle deadline.
-async fn next(output: &mut Output) -> Result<Option<Chunk>, TransferError> {
-    match tokio::time::timeout(FILE_IDLE_TIMEOUT, output.next()).await {
-        Err(_) => Err(TransferError::Stalled(FILE_IDLE_TIMEOUT)),
-        Ok(None) => Ok(None),
-        Ok(Some(chunk)) => Ok(Some(chunk?)),
-    }
+/// A running helper: its output and its stdin.
+struct Helper {
+    reader: Reader,
+    input: Input,
 }
 
-/// Reads the helper's output to its end, keeping stderr; stdout there is a protocol breach.
-async fn finish(output: &mut Output, stderr: &mut Stderr) -> Result<Status, TransferError> {
-    let mut extra = false;
-    while let Some(chunk) = next(output).await? {
-        match chunk {
-            Chunk::Stderr(bytes) => stderr.push(&bytes),
-            Chunk::Stdout(bytes) => extra |= !bytes.is_empty(),
+impl Helper {
+    /// Sends `request` and reads the first frame of the answer. [`Begin::Dead`] when the
+    /// helper took none of it (the request could not be written, or its output ended before
+    /// any byte): nothing of the transfer was consumed, so it may be retried on a new helper.
+    async fn begin(&mut self, request: &[u8]) -> Result<Frame, Begin> {
+        self.reader.received = 0;
+        let head = (request.len() as u32).to_be_bytes();
+        let mut buf = (&head[..]).chain(request);
+        match tokio::time::timeout(FILE_IDLE_TIMEOUT, self.input.write_all_buf(&mut buf)).await {
+            Err(_) => return Err(Begin::Failed(TransferError::Stalled(FILE_IDLE_TIMEOUT))),
+            Ok(Err(e)) => {
+                return Err(Begin::Dead(TransferError::Helper(format!(
+                    "writing to it: {e}"
+                ))))
+            }
+            Ok(Ok(())) => {}
+        }
+        let _ = self.input.flush().await;
+        match self.reader.frame().await {
+            Ok(Some(frame)) => Ok(frame),
+            Ok(None) => Err(Begin::Dead(self.reader.stderr.ended())),
+            Err(TransferError::Engine(e)) if self.reader.received == 0 => {
+                Err(Begin::Dead(TransferError::Engine(e)))
+            }
+            Err(e) => Err(Begin::Failed(e)),
         }
     }
-    let status = stderr.status()?;
-    if extra {
-        return Err(TransferError::Helper(
-            "it wrote more than it announced".into(),
-        ));
+
+    /// Ends an idle helper: EOF on its stdin (it exits between requests), its output drained
+    /// and dropped as it comes.
+    async fn close(mut self) {
+        let _ = tokio::time::timeout(CLOSE_TIMEOUT, async {
+            let _ = self.input.shutdown().await;
+            while let Some(Ok(_)) = self.reader.output.next().await {}
+        })
+        .await;
     }
-    Ok(status)
 }
 
-/// Writes within the idle deadline.
-async fn send(input: &mut Input, bytes: &[u8]) -> Result<(), TransferError> {
-    match tokio::time::timeout(FILE_IDLE_TIMEOUT, input.write_all(bytes)).await {
+/// Why a request could not begin.
+enum Begin {
+    /// The helper took nothing of it (it had died): a new helper may retry it.
+    Dead(TransferError),
+    /// It failed otherwise.
+    Failed(TransferError),
+}
+
+/// The kernel's resident helper: absent, in use by one transfer, or idle with its timer.
+enum Slot {
+    Empty,
+    Busy,
+    Idle {
+        helper: Helper,
+        timer: CancellationToken,
+    },
+}
+
+/// Where a kernel keeps its resident helper (README "Files in and out of a kernel").
+pub(super) struct Resident {
+    slot: Mutex<Slot>,
+    /// How long it may stay idle before it is ended.
+    idle: Duration,
+    /// Owns the idle timers.
+    tracker: TaskTracker,
+    /// The kernel's: cancelled when the kernel goes, which ends the helper.
+    cancel: CancellationToken,
+}
+
+/// What a transfer found in the slot.
+enum Take {
+    /// The idle resident helper, now the transfer's.
+    Reuse(Helper),
+    /// No resident helper: the transfer starts one and it becomes the resident one.
+    Start,
+    /// The resident helper is in use: the transfer runs on a one-shot helper.
+    OneShot,
+}
+
+impl Resident {
+    pub(super) fn new(idle: Duration, tracker: TaskTracker, cancel: CancellationToken) -> Self {
+        Resident {
+            slot: Mutex::new(Slot::Empty),
+            idle,
+            tracker,
+            cancel,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Slot> {
+        self.slot.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn take(&self) -> Take {
+        let mut slot = self.lock();
+        match std::mem::replace(&mut *slot, Slot::Busy) {
+            Slot::Empty => Take::Start,
+            Slot::Busy => Take::OneShot,
+            Slot::Idle { helper, timer } => {
+                timer.cancel();
+                Take::Reuse(helper)
+            }
+        }
+    }
+
+    /// Ends the transfer that held the slot: a helper given back is kept, idle, until its
+    /// timer ends it; without one (or once the kernel went) the slot is empty.
+    fn give_back(self: &Arc<Self>, helper: Option<Helper>) {
+        let mut slot = self.lock();
+        let (Some(helper), false, Ok(_)) = (
+            helper,
+            self.cancel.is_cancelled(),
+            tokio::runtime::Handle::try_current(),
+        ) else {
+            *slot = Slot::Empty;
+            return;
+        };
+        let timer = CancellationToken::new();
+        *slot = Slot::Idle {
+            helper,
+            timer: timer.clone(),
+        };
+        let resident = self.clone();
+        self.tracker.spawn(async move {
+            tokio::select! {
+                _ = timer.cancelled() => return,
+                _ = resident.cancel.cancelled() => {}
+                _ = tokio::time::sleep(resident.idle) => {}
+            }
+            let helper = {
+                let mut slot = resident.lock();
+                if timer.is_cancelled() {
+                    return;
+                }
+                match std::mem::replace(&mut *slot, Slot::Empty) {
+                    Slot::Idle { helper, .. } => helper,
+                    other => {
+                        *slot = other;
+                        return;
+                    }
+                }
+            };
+            tracing::debug!("file helper idle: ended");
+            helper.close().await;
+        });
+    }
+}
+
+/// The helper a transfer runs on, and where it goes when the transfer ends.
+struct Lease {
+    helper: Option<Helper>,
+    /// The kernel's slot when this is the resident helper.
+    resident: Option<Arc<Resident>>,
+    /// Set when the exchange ended with an ok status where the framing puts it: only then is
+    /// the helper kept for the next transfer.
+    clean: bool,
+}
+
+impl Lease {
+    fn helper(&mut self) -> Result<&mut Helper, TransferError> {
+        self.helper
+            .as_mut()
+            .ok_or_else(|| TransferError::Helper("no helper".into()))
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if let Some(resident) = self.resident.take() {
+            let helper = self.helper.take().filter(|_| self.clean);
+            resident.give_back(helper);
+        }
+    }
+}
+
+/// Writes one upload frame (its length and `piece`) without copying the piece.
+async fn send_frame(input: &mut Input, piece: &[u8]) -> Result<(), TransferError> {
+    let head = (piece.len() as u32).to_be_bytes();
+    let mut buf = (&head[..]).chain(piece);
+    match tokio::time::timeout(FILE_IDLE_TIMEOUT, input.write_all_buf(&mut buf)).await {
         Err(_) => Err(TransferError::Stalled(FILE_IDLE_TIMEOUT)),
         Ok(Err(e)) => Err(TransferError::Helper(format!("writing to it: {e}"))),
         Ok(Ok(())) => Ok(()),
@@ -177,22 +478,28 @@ async fn pump(input: &mut Input, mut body: ByteStream, cap: u64) -> Result<u64, 
             return Err(TransferError::TooLarge { cap });
         }
         for piece in chunk.chunks(MAX_FRAME) {
-            let mut frame = BytesMut::with_capacity(4 + piece.len());
-            frame.extend_from_slice(&(piece.len() as u32).to_be_bytes());
-            frame.extend_from_slice(piece);
-            send(input, &frame).await?;
+            send_frame(input, piece).await?;
         }
     }
-    send(input, &[0, 0, 0, 0]).await?;
+    send_frame(input, &[]).await?;
     let _ = input.flush().await;
     Ok(total)
 }
 
+/// The frames after an upload ended early (EOF sent): up to the helper's status.
+async fn status_after_abort(reader: &mut Reader) -> Result<Status, TransferError> {
+    loop {
+        match reader.expect().await? {
+            Frame::Status(status) => return status.result(),
+            Frame::Data(_) => return Err(breach("data during an upload")),
+            Frame::Ack | Frame::Header(_) => {}
+        }
+    }
+}
+
 impl Kernel {
-    /// Starts the helper for `op` on `path`.
-    async fn helper(&self, op: &str, path: &FilePath) -> Result<(Output, Input), TransferError> {
-        let parts = serde_json::to_string(path.parts())
-            .map_err(|e| TransferError::Helper(format!("encoding the path: {e}")))?;
+    /// Starts a helper.
+    async fn start_helper(&self) -> Result<Helper, TransferError> {
         let spec = ExecSpec {
             cmd: vec![
                 "python3".into(),
@@ -200,15 +507,59 @@ impl Kernel {
                 "-S".into(),
                 "-c".into(),
                 HELPER_SOURCE.into(),
-                op.into(),
-                parts,
+                "serve".into(),
             ],
             user: self.user.clone(),
             working_dir: WORK_DIR.into(),
             env: vec!["LANG=C.UTF-8".into(), "PYTHONDONTWRITEBYTECODE=1".into()],
         };
         let attached = self.engine.exec(&self.id, &spec).await?;
-        Ok((attached.output, attached.input))
+        Ok(Helper {
+            reader: Reader {
+                output: attached.output,
+                rest: Bytes::new(),
+                stderr: Stderr::default(),
+                received: 0,
+            },
+            input: attached.input,
+        })
+    }
+
+    /// Sends `op` on `path` to a helper (the resident one when it is free) and reads the
+    /// first frame of its answer. A resident helper that took none of the request (a cell
+    /// killed it) is replaced by a new one, once.
+    async fn open(&self, op: &str, path: &FilePath) -> Result<(Lease, Frame), TransferError> {
+        let request = serde_json::to_vec(&serde_json::json!({"op": op, "path": path.parts()}))
+            .map_err(|e| TransferError::Helper(format!("encoding the request: {e}")))?;
+        let mut lease = Lease {
+            helper: None,
+            resident: None,
+            clean: false,
+        };
+        let mut reused = false;
+        match self.files.take() {
+            Take::Reuse(helper) => {
+                lease.resident = Some(self.files.clone());
+                lease.helper = Some(helper);
+                reused = true;
+            }
+            Take::Start => lease.resident = Some(self.files.clone()),
+            Take::OneShot => {}
+        }
+        loop {
+            if lease.helper.is_none() {
+                lease.helper = Some(self.start_helper().await?);
+            }
+            match lease.helper()?.begin(&request).await {
+                Ok(frame) => return Ok((lease, frame)),
+                Err(Begin::Dead(e)) if reused => {
+                    tracing::debug!(container = %self.short_id(), error = %e, "file helper gone: a new one");
+                    lease.helper = None;
+                    reused = false;
+                }
+                Err(Begin::Dead(e) | Begin::Failed(e)) => return Err(e),
+            }
+        }
     }
 
     /// Writes `body` to `path` (a file), or extracts it there when `tar` (a directory):
@@ -221,17 +572,24 @@ impl Kernel {
         body: ByteStream,
         cap: u64,
     ) -> Result<Written, TransferError> {
-        let (mut output, mut input) = self
-            .helper(if tar { "untar" } else { "write" }, path)
-            .await?;
-        let mut stderr = Stderr::default();
+        let (mut lease, first) = self.open(if tar { "untar" } else { "write" }, path).await?;
+        match first {
+            Frame::Ack => {}
+            // Refused before the upload (a symlink or a file on the way).
+            Frame::Status(status) => {
+                status.result()?;
+                return Err(breach("an ok status before the upload"));
+            }
+            Frame::Header(_) | Frame::Data(_) => return Err(breach("a read's answer to an upload")),
+        }
+        let Helper { reader, input } = lease.helper()?;
         enum First {
             Sent(Result<u64, TransferError>),
-            Ended(Result<Status, TransferError>),
+            Ended(Result<Frame, TransferError>),
         }
         let first = {
-            let sending = pump(&mut input, body, cap);
-            let watching = finish(&mut output, &mut stderr);
+            let sending = pump(input, body, cap);
+            let watching = reader.expect();
             tokio::pin!(sending, watching);
             tokio::select! {
                 sent = &mut sending => First::Sent(sent),
@@ -239,16 +597,22 @@ impl Kernel {
             }
         };
         let status = match first {
-            // The helper ended before the body was sent: it refused or failed.
-            First::Ended(status) => status,
-            First::Sent(Ok(_)) => {
-                let _ = input.shutdown().await;
-                finish(&mut output, &mut stderr).await
-            }
+            // The helper answered before the body was sent: it refused or failed.
+            First::Ended(frame) => match frame? {
+                Frame::Status(status) => {
+                    status.result()?;
+                    return Err(breach("an ok status before the end of the upload"));
+                }
+                _ => return Err(breach("a frame during an upload")),
+            },
+            First::Sent(Ok(_)) => match reader.expect().await? {
+                Frame::Status(status) => status.result()?,
+                _ => return Err(breach("a frame other than the status after an upload")),
+            },
             First::Sent(Err(e)) => {
                 // EOF without the end frame: the helper removes what it wrote, then answers.
                 let _ = tokio::time::timeout(FILE_IDLE_TIMEOUT, input.shutdown()).await;
-                let helper = finish(&mut output, &mut stderr).await;
+                let helper = status_after_abort(reader).await;
                 return Err(match (e, helper) {
                     // A write that failed because the helper gave up: its reason wins.
                     (TransferError::Helper(_), Err(reason)) => reason,
@@ -256,7 +620,7 @@ impl Kernel {
                 });
             }
         };
-        let status = status?;
+        lease.clean = true;
         Ok(Written {
             path: status.path.unwrap_or_else(|| path.in_kernel()),
             size: status.size.unwrap_or(0),
@@ -268,29 +632,14 @@ impl Kernel {
     /// tar stream. The returned stream yields exactly the announced bytes, then checks the
     /// helper's status; anything else ends it with an error.
     pub async fn read_file(&self, path: &FilePath, tar: bool) -> Result<Download, TransferError> {
-        let (mut output, input) = self.helper(if tar { "tar" } else { "read" }, path).await?;
-        drop(input);
-        let mut stderr = Stderr::default();
-        let mut head = BytesMut::new();
-        let (line, rest) = loop {
-            match next(&mut output).await? {
-                Some(Chunk::Stderr(bytes)) => stderr.push(&bytes),
-                Some(Chunk::Stdout(bytes)) => {
-                    head.extend_from_slice(&bytes);
-                    if let Some(at) = head.iter().position(|b| *b == b'\n') {
-                        let mut line = head.split_to(at + 1);
-                        line.truncate(at);
-                        break (line.freeze(), head.freeze());
-                    }
-                    if head.len() > MAX_HEADER {
-                        return Err(TransferError::Helper("its header line is too long".into()));
-                    }
-                }
-                None => {
-                    stderr.status()?;
-                    return Err(TransferError::Helper("it ended without a header".into()));
-                }
+        let (mut lease, first) = self.open(if tar { "tar" } else { "read" }, path).await?;
+        let line = match first {
+            Frame::Header(line) => line,
+            Frame::Status(status) => {
+                status.result()?;
+                return Err(TransferError::Helper("it ended without a header".into()));
             }
+            Frame::Ack | Frame::Data(_) => return Err(breach("a frame before the header")),
         };
         #[derive(Deserialize)]
         #[serde(tag = "kind", rename_all = "lowercase")]
@@ -301,14 +650,18 @@ impl Kernel {
         }
         let header: Header = serde_json::from_slice(&line)
             .map_err(|e| TransferError::Helper(format!("unreadable header: {e}")))?;
+        drop(line);
         Ok(match header {
             Header::Dir { entries, truncated } => {
-                if !rest.is_empty() {
-                    return Err(TransferError::Helper(
-                        "it wrote more than it announced".into(),
-                    ));
-                }
-                finish(&mut output, &mut stderr).await?;
+                match lease.helper()?.reader.expect().await? {
+                    Frame::Status(status) => status.result()?,
+                    _ => {
+                        return Err(TransferError::Helper(
+                            "it wrote more than it announced".into(),
+                        ))
+                    }
+                };
+                lease.clean = true;
                 Download::Dir(Listing {
                     entries: entries.0,
                     truncated,
@@ -316,90 +669,83 @@ impl Kernel {
             }
             Header::File { size } => Download::File {
                 size,
-                body: body_stream(output, stderr, rest, Some(size)),
+                body: body_stream(lease, Some(size)),
             },
             Header::Tar => Download::Tar {
-                body: body_stream(output, stderr, rest, None),
+                body: body_stream(lease, None),
             },
         })
     }
 
     /// Removes a file or a directory tree (a symlink itself, never its target).
     pub async fn remove_file(&self, path: &FilePath) -> Result<(), TransferError> {
-        let (mut output, input) = self.helper("remove", path).await?;
-        drop(input);
-        finish(&mut output, &mut Stderr::default())
-            .await
-            .map(|_| ())
+        let (mut lease, first) = self.open("remove", path).await?;
+        match first {
+            Frame::Status(status) => {
+                status.result()?;
+                lease.clean = true;
+                Ok(())
+            }
+            _ => Err(breach("a frame other than the status")),
+        }
     }
 }
 
-/// The helper's stdout after the header: `size` bytes exactly when given, else everything;
-/// then its status must say ok.
-fn body_stream(output: Output, stderr: Stderr, rest: Bytes, size: Option<u64>) -> DownloadStream {
+/// A read's data frames: `size` bytes exactly when given, else everything up to the status,
+/// which must say ok. The helper goes back to its kernel only once the status was read.
+fn body_stream(lease: Lease, size: Option<u64>) -> DownloadStream {
     struct State {
-        output: Output,
-        stderr: Stderr,
-        rest: Bytes,
+        lease: Lease,
+        /// Bytes still announced (a file's).
         left: Option<u64>,
-        done: bool,
+        /// Bytes left in the current data frame.
+        in_frame: u32,
     }
-    let state = State {
-        output,
-        stderr,
-        rest,
-        left: size,
-        done: false,
-    };
-    futures::stream::unfold(state, |mut s| async move {
-        if s.done {
-            return None;
-        }
+    async fn step(s: &mut State) -> Result<Option<Bytes>, TransferError> {
+        let left = s.left;
+        let reader = &mut s.lease.helper()?.reader;
         loop {
-            if !s.rest.is_empty() {
-                let mut take = s.rest.len();
-                if let Some(left) = s.left {
-                    if left == 0 {
-                        s.done = true;
-                        return Some((
-                            Err(TransferError::Helper(
-                                "it wrote more than it announced".into(),
-                            )),
-                            s,
+            if s.in_frame > 0 {
+                let Some(bytes) = reader.take(s.in_frame as usize).await? else {
+                    return Err(reader.stderr.ended());
+                };
+                s.in_frame -= bytes.len() as u32;
+                if let Some(left) = left {
+                    if bytes.len() as u64 > left {
+                        return Err(TransferError::Helper(
+                            "it wrote more than it announced".into(),
                         ));
                     }
-                    take = take.min(left as usize);
-                    s.left = Some(left - take as u64);
+                    s.left = Some(left - bytes.len() as u64);
                 }
-                let chunk = s.rest.split_to(take);
-                return Some((Ok(chunk), s));
+                return Ok(Some(bytes));
             }
-            if s.left == Some(0) {
-                s.done = true;
-                return match finish(&mut s.output, &mut s.stderr).await {
-                    Ok(_) => None,
-                    Err(e) => Some((Err(e), s)),
-                };
-            }
-            match next(&mut s.output).await {
-                Ok(Some(Chunk::Stdout(bytes))) => s.rest = bytes,
-                Ok(Some(Chunk::Stderr(bytes))) => s.stderr.push(&bytes),
-                Ok(None) => {
-                    s.done = true;
-                    let error = match (s.stderr.status(), s.left) {
-                        (Err(e), _) => e,
-                        (Ok(_), Some(left)) => {
-                            TransferError::Helper(format!("it ended {left} bytes short"))
-                        }
-                        (Ok(_), None) => return None,
-                    };
-                    return Some((Err(error), s));
+            match reader.expect().await? {
+                Frame::Data(n) => s.in_frame = n,
+                Frame::Status(status) => {
+                    status.result()?;
+                    if let Some(left @ 1..) = left {
+                        return Err(TransferError::Helper(format!("it ended {left} bytes short")));
+                    }
+                    s.lease.clean = true;
+                    return Ok(None);
                 }
-                Err(e) => {
-                    s.done = true;
-                    return Some((Err(e), s));
-                }
+                Frame::Ack | Frame::Header(_) => return Err(breach("a frame inside a read")),
             }
+        }
+    }
+    let state = State {
+        lease,
+        left: size,
+        in_frame: 0,
+    };
+    futures::stream::unfold(Some(state), |state| async move {
+        let mut s = state?;
+        match step(&mut s).await {
+            Ok(Some(bytes)) => Some((Ok(bytes), Some(s))),
+            // The helper goes back (clean) or is dropped now, not when the stream is.
+            Ok(None) => None,
+            Err(e) => Some((Err(e), None)),
         }
     })
     .boxed()

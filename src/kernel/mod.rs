@@ -12,7 +12,7 @@
 //! | `spawn.rs` | create the volume and container, attach, start, wait for `ready` |
 //! | `run.rs` | one cell: [`Kernel::run_cell`], tool-call dispatch, the [`CellOutcome`] |
 //! | `reader.rs` | the attach-stream reader task: output and frames to the cell, deaths told apart |
-//! | `files.rs` | the file transport: `runner/file_helper.py` run in the container by exec, streamed |
+//! | `files.rs` | the file transport: `runner/file_helper.py` run in the container by exec, resident while files are used, streamed |
 //! | `staging.rs` | files written into the kernel's staging volume (output spills) |
 //! | `stdin.rs` | the kernel's stdin: frames written inline when the pipe takes them, else by a task |
 //! | `display.rs` | a cell's displays: assembled from their pieces under the caps, as [`RichResult`](crate::RichResult)s |
@@ -310,6 +310,8 @@ pub struct Kernel {
     /// engine can finish removing the container.
     drain: CancellationToken,
     cancel: CancellationToken,
+    /// The resident file helper (`files.rs`), ended with the kernel.
+    files: Arc<files::Resident>,
 }
 
 impl std::fmt::Debug for Kernel {

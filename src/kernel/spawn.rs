@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::protocol::{runner_command, runner_env, Breach, KernelFrame, PROTOCOL_VERSION};
+use super::files;
 use super::reader::{reader_task, Events, ReaderTask};
 use super::stdin::Stdin;
 use super::{
@@ -201,6 +202,11 @@ impl Kernel {
             authority: Mutex::new(None),
             drain: drain.clone(),
             cancel: cancel.clone(),
+            files: Arc::new(files::Resident::new(
+                config.file_helper_idle,
+                tracker.clone(),
+                cancel.clone(),
+            )),
         });
         tracker.spawn(writer_task);
         tracker.spawn(reader_task(ReaderTask {
