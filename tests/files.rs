@@ -1404,3 +1404,299 @@ async fn a_download_read_slower_than_the_minimum_rate_is_cut_and_frees_its_kerne
     trickle.abort();
     s.finish().await;
 }
+
+/// Host pids of the file helpers running in `container` (Docker's top: the helper's command
+/// line carries its source, whose first line names it).
+async fn helper_pids(container: &str) -> Vec<String> {
+    let docker = bollard::Docker::connect_with_defaults().unwrap();
+    let top = docker
+        .top_processes(
+            container,
+            Some(bollard::query_parameters::TopOptions {
+                ps_args: "-eo pid,args".into(),
+            }),
+        )
+        .await
+        .expect("docker top");
+    let mut pids: Vec<String> = top
+        .processes
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|p| p.iter().any(|f| f.contains("kernelbox file helper")))
+        .map(|p| p[0].clone())
+        .collect();
+    pids.sort();
+    pids
+}
+
+/// Waits, bounded, until the helpers of `container` are `want` (their count): a transfer's
+/// helper goes back to its kernel once the response was written, a moment after the client
+/// has it all.
+async fn helpers_settle(container: &str, want: usize) -> Vec<String> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let pids = helper_pids(container).await;
+        if pids.len() == want || std::time::Instant::now() > deadline {
+            return pids;
+        }
+        tokio::task::yield_now().await;
+    }
+}
+
+/// The session's kernel container id.
+async fn container_of(api: &Api, session: &str) -> String {
+    api.kernels(TOKEN)
+        .await
+        .into_iter()
+        .find(|k| k["session"] == session)
+        .and_then(|k| k["id"].as_str().map(str::to_string))
+        .expect("the session's kernel")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn transfers_in_a_row_use_one_resident_helper_process() {
+    let s = server("files-resident", |_| {}).await;
+    // Nothing runs in an idle kernel until files are used.
+    s.api.run(TOKEN, "res", "print(1)").await;
+    let id = container_of(&s.api, "res").await;
+    assert_eq!(helper_pids(&id).await, Vec::<String>::new());
+    let data = random_bytes(3 * 1024 * 1024);
+    let mut seen = Vec::new();
+    for round in 0..3 {
+        let path = files("res", &format!("f{round}.bin"));
+        let reply = put(&s.api, TOKEN, &path, data.clone(), None).await;
+        assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json());
+        let reply = get(&s.api, TOKEN, &path, None).await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert!(reply.body == data, "round {round}: the bytes differ");
+        let reply = get(&s.api, TOKEN, &files("res", ""), None).await;
+        assert_eq!(reply.status, StatusCode::OK);
+        seen.push(helpers_settle(&id, 1).await);
+    }
+    eprintln!("helper pids after each round: {seen:?}");
+    assert_eq!(seen[0].len(), 1, "{seen:?}");
+    assert!(seen.iter().all(|p| *p == seen[0]), "{seen:?}");
+    s.finish().await;
+}
+
+/// A cell's code that SIGKILLs the kernel's file helpers and prints how many it killed.
+const KILL_HELPERS: &str = "import os, signal\nn = 0\nfor p in os.listdir('/proc'):\n    \
+    if p.isdigit() and int(p) != os.getpid():\n        try:\n            \
+    cmd = open('/proc/%s/cmdline' % p, 'rb').read()\n        except OSError:\n            \
+    continue\n        if b'kernelbox file helper' in cmd:\n            \
+    os.kill(int(p), signal.SIGKILL); n += 1\nprint(n)";
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cell_that_kills_the_resident_helper_does_not_fail_the_next_transfers() {
+    let s = server("files-killed", |_| {}).await;
+    let data = random_bytes(1024 * 1024);
+    for round in 0..2 {
+        let path = files("kill", &format!("f{round}.bin"));
+        let reply = put(&s.api, TOKEN, &path, data.clone(), None).await;
+        assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json());
+        let id = container_of(&s.api, "kill").await;
+        let before = helpers_settle(&id, 1).await;
+        assert_eq!(before.len(), 1, "{before:?}");
+        let killed = s.api.run(TOKEN, "kill", KILL_HELPERS).await;
+        assert_eq!(output(&killed), "1", "{killed}");
+        // Both directions, on a helper that died while idle.
+        let path = files("kill", &format!("g{round}.bin"));
+        let reply = put(&s.api, TOKEN, &path, data.clone(), None).await;
+        assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json());
+        s.api.run(TOKEN, "kill", KILL_HELPERS).await;
+        let reply = get(&s.api, TOKEN, &path, None).await;
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.json());
+        assert!(reply.body == data, "the bytes differ");
+        let after = helpers_settle(&id, 1).await;
+        assert_eq!(after.len(), 1, "{after:?}");
+        assert_ne!(before, after, "a new helper");
+    }
+    s.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn uploads_beside_one_holding_the_resident_helper_all_succeed() {
+    use http_body_util::{BodyExt, StreamBody};
+    use hyper::body::Frame;
+    let s = server("files-beside", |_| {}).await;
+    let reply = put(&s.api, TOKEN, &files("side", "warm"), b"w".to_vec(), None).await;
+    assert_eq!(reply.status, StatusCode::CREATED);
+    let id = container_of(&s.api, "side").await;
+    let resident = helpers_settle(&id, 1).await;
+    // A slow client: its upload takes the idle resident helper and holds it.
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(1);
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::combinators::BoxBody<Bytes, std::io::Error>>();
+    let body = StreamBody::new(futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    }));
+    let req = s
+        .api
+        .build(
+            Method::PUT,
+            &files("side", "slow.bin"),
+            Some(TOKEN),
+            false,
+            false,
+        )
+        .body(body.boxed())
+        .unwrap();
+    let slow = tokio::spawn(async move { read(client.request(req).await.unwrap()).await });
+    tx.send(Ok(Frame::data(Bytes::from(vec![b's'; 1024]))))
+        .await
+        .unwrap();
+    // The slow upload is in the resident helper (its first frame went through it).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let check =
+            "import os\nprint(any(n.startswith('.kernelbox-upload-') for n in os.listdir('.')))";
+        if output(&s.api.run(TOKEN, "side", check).await) == "True" {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the slow upload never began"
+        );
+    }
+    let data = random_bytes(2 * 1024 * 1024);
+    let uploads = (0..4).map(|i| {
+        let (api, data) = (&s.api, data.clone());
+        async move { put(api, TOKEN, &files("side", &format!("c{i}.bin")), data, None).await }
+    });
+    let started = std::time::Instant::now();
+    let replies = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        futures::future::join_all(uploads),
+    )
+    .await
+    .expect("the uploads beside the slow one never ended");
+    eprintln!(
+        "4 concurrent uploads beside a held helper: {:?}",
+        started.elapsed()
+    );
+    for reply in &replies {
+        assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json());
+    }
+    assert!(!slow.is_finished(), "the slow upload ended early");
+    tx.send(Ok(Frame::data(Bytes::from(vec![b's'; 1024]))))
+        .await
+        .unwrap();
+    drop(tx);
+    let reply = slow.await.unwrap();
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json());
+    assert_eq!(reply.json()["size"], 2048);
+    let check = "import hashlib\nprint(len({hashlib.sha256(open('c%d.bin' % i, 'rb').read()).hexdigest() for i in range(4)}), len(open('slow.bin','rb').read()))";
+    assert_eq!(output(&s.api.run(TOKEN, "side", check).await), "1 2048");
+    // The one-shot helpers are gone; the resident one stays.
+    assert_eq!(helpers_settle(&id, 1).await, resident);
+    s.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_resident_helper_ends_after_its_idle_time() {
+    let idle = std::time::Duration::from_secs(2);
+    let s = server("files-idle", |c| c.file_helper_idle = idle).await;
+    let reply = put(&s.api, TOKEN, &files("idle", "a.txt"), b"a".to_vec(), None).await;
+    assert_eq!(reply.status, StatusCode::CREATED);
+    let id = container_of(&s.api, "idle").await;
+    let used = std::time::Instant::now();
+    assert_eq!(helpers_settle(&id, 1).await.len(), 1);
+    // Polled through the engine, bounded: it is gone within its idle time and a margin.
+    let deadline = used + idle + std::time::Duration::from_secs(15);
+    while !helper_pids(&id).await.is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the idle helper was not ended"
+        );
+        tokio::task::yield_now().await;
+    }
+    let gone = used.elapsed();
+    eprintln!("the idle helper ended {gone:?} after its last use (idle time {idle:?})");
+    assert!(gone >= idle, "ended before its idle time: {gone:?}");
+    // The next operation starts a new one.
+    let reply = get(&s.api, TOKEN, &files("idle", "a.txt"), None).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(&reply.body[..], b"a");
+    assert_eq!(helpers_settle(&id, 1).await.len(), 1);
+    s.finish().await;
+}
+
+/// A cell's code that writes `forged` (a Python bytes expression) to the resident helper's
+/// stdout from a thread, so the bytes reach the host ahead of the helper's next answer.
+fn forge(forged: &str) -> String {
+    format!(
+        "import os, threading\npids = [p for p in os.listdir('/proc') if p.isdigit() and \
+         b'kernelbox file helper' in open('/proc/%s/cmdline' % p, 'rb').read()]\n\
+         out = open('/proc/%s/fd/1' % pids[0], 'wb', buffering=0)\n\
+         threading.Thread(target=out.write, args=({forged},), daemon=True).start()\n\
+         print(len(pids))"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn forged_resident_helper_output_fails_that_transfer_clearly_and_the_next_works() {
+    let label = common::unique("files-forged");
+    let engine = common::engine().await;
+    let (server, api) = serve_process(&label, &["--pool", "0"]).await;
+    let pid = server.id().unwrap();
+    let data = random_bytes(1024 * 1024);
+    let reply = put(&api, TOKEN, &files("forge", "d.bin"), data.clone(), None).await;
+    assert_eq!(reply.status, StatusCode::CREATED);
+    let _ = get(&api, TOKEN, &files("forge", "d.bin"), None).await;
+    let (_, hwm_before) = memory_of(pid);
+    let cases = [
+        // A header frame announcing 4 GiB: refused from its 5 bytes.
+        (
+            "b'H\\xff\\xff\\xff\\xff' + b'x' * 1000",
+            "header line is too long",
+        ),
+        // A frame kind that does not exist.
+        ("b'garbage' * 100", "broke its protocol"),
+        // A header of 2 MiB (within the bound) that is not JSON: read, then refused.
+        (
+            "b'H\\x00\\x20\\x00\\x00' + b'[' * (2 << 20)",
+            "unreadable header",
+        ),
+        // A status frame of 1 GiB.
+        (
+            "b'S\\x40\\x00\\x00\\x00' + b'{' * (1 << 20)",
+            "broke its protocol",
+        ),
+    ];
+    for (forged, says) in cases {
+        let result = api.run(TOKEN, "forge", &forge(forged)).await;
+        assert_eq!(output(&result), "1", "{result}");
+        let reply = get(&api, TOKEN, &files("forge", "d.bin"), None).await;
+        assert_eq!(
+            reply.status,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "{forged}: {}",
+            String::from_utf8_lossy(&reply.body[..reply.body.len().min(300)])
+        );
+        let error = reply.json();
+        assert_eq!(error["error"]["code"], "file_helper", "{error}");
+        assert!(
+            error["error"]["message"].as_str().unwrap().contains(says),
+            "{forged}: {error}"
+        );
+        // The next transfers, both ways, work on a new helper.
+        let reply = get(&api, TOKEN, &files("forge", "d.bin"), None).await;
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.json());
+        assert!(reply.body == data, "the bytes differ");
+        let reply = put(&api, TOKEN, &files("forge", "e.bin"), data.clone(), None).await;
+        assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json());
+    }
+    let (_, hwm_after) = memory_of(pid);
+    let peak = hwm_after.saturating_sub(hwm_before);
+    eprintln!(
+        "forged helper output: server VmHWM +{:.1} MiB",
+        peak as f64 / MIB
+    );
+    assert!(
+        peak < 16 * 1024 * 1024,
+        "the server's peak grew by {:.1} MiB",
+        peak as f64 / MIB
+    );
+    stop(server).await;
+    common::assert_clean(&engine, &label).await;
+}

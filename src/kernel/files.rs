@@ -580,7 +580,9 @@ impl Kernel {
                 status.result()?;
                 return Err(breach("an ok status before the upload"));
             }
-            Frame::Header(_) | Frame::Data(_) => return Err(breach("a read's answer to an upload")),
+            Frame::Header(_) | Frame::Data(_) => {
+                return Err(breach("a read's answer to an upload"))
+            }
         }
         let Helper { reader, input } = lease.helper()?;
         enum First {
@@ -667,6 +669,22 @@ impl Kernel {
                     truncated,
                 })
             }
+            Header::File { size: 0 } => {
+                // Nothing to stream (a client may never poll an empty body): the status now.
+                match lease.helper()?.reader.expect().await? {
+                    Frame::Status(status) => status.result()?,
+                    _ => {
+                        return Err(TransferError::Helper(
+                            "it wrote more than it announced".into(),
+                        ))
+                    }
+                };
+                lease.clean = true;
+                Download::File {
+                    size: 0,
+                    body: futures::stream::empty().boxed(),
+                }
+            }
             Header::File { size } => Download::File {
                 size,
                 body: body_stream(lease, Some(size)),
@@ -692,58 +710,97 @@ impl Kernel {
 }
 
 /// A read's data frames: `size` bytes exactly when given, else everything up to the status,
-/// which must say ok. The helper goes back to its kernel only once the status was read.
+/// which must say ok. The helper goes back to its kernel as soon as its status was read: for a
+/// file, before its last bytes are yielded (a client that stops polling once it has the
+/// announced length still leaves a clean helper).
 fn body_stream(lease: Lease, size: Option<u64>) -> DownloadStream {
     struct State {
-        lease: Lease,
+        lease: Option<Lease>,
         /// Bytes still announced (a file's).
         left: Option<u64>,
         /// Bytes left in the current data frame.
         in_frame: u32,
     }
-    async fn step(s: &mut State) -> Result<Option<Bytes>, TransferError> {
-        let left = s.left;
-        let reader = &mut s.lease.helper()?.reader;
-        loop {
-            if s.in_frame > 0 {
-                let Some(bytes) = reader.take(s.in_frame as usize).await? else {
-                    return Err(reader.stderr.ended());
-                };
-                s.in_frame -= bytes.len() as u32;
-                if let Some(left) = left {
-                    if bytes.len() as u64 > left {
-                        return Err(TransferError::Helper(
-                            "it wrote more than it announced".into(),
-                        ));
-                    }
-                    s.left = Some(left - bytes.len() as u64);
-                }
-                return Ok(Some(bytes));
+    impl State {
+        fn reader(&mut self) -> Result<&mut Reader, TransferError> {
+            match self.lease.as_mut() {
+                Some(lease) => Ok(&mut lease.helper()?.reader),
+                None => Err(TransferError::Helper("no helper".into())),
             }
-            match reader.expect().await? {
-                Frame::Data(n) => s.in_frame = n,
+        }
+
+        /// Reads the status that must end the read; a clean one gives the helper back.
+        async fn end(&mut self) -> Result<(), TransferError> {
+            match self.reader()?.expect().await? {
                 Frame::Status(status) => {
                     status.result()?;
-                    if let Some(left @ 1..) = left {
-                        return Err(TransferError::Helper(format!("it ended {left} bytes short")));
-                    }
-                    s.lease.clean = true;
-                    return Ok(None);
+                }
+                Frame::Data(_) => {
+                    return Err(TransferError::Helper(
+                        "it wrote more than it announced".into(),
+                    ))
                 }
                 Frame::Ack | Frame::Header(_) => return Err(breach("a frame inside a read")),
+            }
+            if let Some(mut lease) = self.lease.take() {
+                lease.clean = true;
+            }
+            Ok(())
+        }
+
+        async fn step(&mut self) -> Result<Option<Bytes>, TransferError> {
+            if self.lease.is_none() {
+                return Ok(None);
+            }
+            loop {
+                if self.in_frame > 0 {
+                    let want = self.in_frame as usize;
+                    let reader = self.reader()?;
+                    let Some(bytes) = reader.take(want).await? else {
+                        return Err(reader.stderr.ended());
+                    };
+                    self.in_frame -= bytes.len() as u32;
+                    if let Some(left) = self.left {
+                        if bytes.len() as u64 > left {
+                            return Err(TransferError::Helper(
+                                "it wrote more than it announced".into(),
+                            ));
+                        }
+                        self.left = Some(left - bytes.len() as u64);
+                        if self.left == Some(0) && self.in_frame == 0 {
+                            self.end().await?;
+                        }
+                    }
+                    return Ok(Some(bytes));
+                }
+                match self.reader()?.expect().await? {
+                    Frame::Data(n) => self.in_frame = n,
+                    Frame::Status(status) => {
+                        status.result()?;
+                        if let Some(left @ 1..) = self.left {
+                            return Err(TransferError::Helper(format!(
+                                "it ended {left} bytes short"
+                            )));
+                        }
+                        if let Some(mut lease) = self.lease.take() {
+                            lease.clean = true;
+                        }
+                        return Ok(None);
+                    }
+                    Frame::Ack | Frame::Header(_) => return Err(breach("a frame inside a read")),
+                }
             }
         }
     }
     let state = State {
-        lease,
+        lease: Some(lease),
         left: size,
         in_frame: 0,
     };
     futures::stream::unfold(Some(state), |state| async move {
         let mut s = state?;
-        match step(&mut s).await {
+        match s.step().await {
             Ok(Some(bytes)) => Some((Ok(bytes), Some(s))),
-            // The helper goes back (clean) or is dropped now, not when the stream is.
             Ok(None) => None,
             Err(e) => Some((Err(e), None)),
         }

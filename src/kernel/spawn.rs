@@ -12,8 +12,8 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::protocol::{runner_command, runner_env, Breach, KernelFrame, PROTOCOL_VERSION};
 use super::files;
+use super::protocol::{runner_command, runner_env, Breach, KernelFrame, PROTOCOL_VERSION};
 use super::reader::{reader_task, Events, ReaderTask};
 use super::stdin::Stdin;
 use super::{
