@@ -452,36 +452,132 @@ impl Drop for Lease {
     }
 }
 
-/// Writes one upload frame (its length and `piece`) without copying the piece.
-async fn send_frame(input: &mut Input, piece: &[u8]) -> Result<(), TransferError> {
-    let head = (piece.len() as u32).to_be_bytes();
-    let mut buf = (&head[..]).chain(piece);
-    match tokio::time::timeout(FILE_IDLE_TIMEOUT, input.write_all_buf(&mut buf)).await {
+/// One upload frame: its 4-byte length, then the client's chunks as they came, written with
+/// vectored writes (no copy into a frame buffer).
+struct Gather {
+    head: [u8; 4],
+    at: usize,
+    pieces: std::collections::VecDeque<Bytes>,
+}
+
+impl Gather {
+    fn new(pieces: std::collections::VecDeque<Bytes>) -> Gather {
+        let len: usize = pieces.iter().map(Bytes::len).sum();
+        Gather {
+            head: (len as u32).to_be_bytes(),
+            at: 0,
+            pieces,
+        }
+    }
+}
+
+impl Buf for Gather {
+    fn remaining(&self) -> usize {
+        4 - self.at + self.pieces.iter().map(Bytes::len).sum::<usize>()
+    }
+
+    fn chunk(&self) -> &[u8] {
+        if self.at < 4 {
+            &self.head[self.at..]
+        } else {
+            self.pieces.front().map(|p| &p[..]).unwrap_or_default()
+        }
+    }
+
+    fn chunks_vectored<'a>(&'a self, dst: &mut [std::io::IoSlice<'a>]) -> usize {
+        let mut n = 0;
+        if self.at < 4 && n < dst.len() {
+            dst[n] = std::io::IoSlice::new(&self.head[self.at..]);
+            n += 1;
+        }
+        for piece in &self.pieces {
+            if n == dst.len() {
+                break;
+            }
+            dst[n] = std::io::IoSlice::new(piece);
+            n += 1;
+        }
+        n
+    }
+
+    fn advance(&mut self, mut cnt: usize) {
+        let head = (4 - self.at).min(cnt);
+        self.at += head;
+        cnt -= head;
+        while cnt > 0 {
+            let Some(front) = self.pieces.front_mut() else {
+                return;
+            };
+            if cnt < front.len() {
+                front.advance(cnt);
+                return;
+            }
+            cnt -= front.len();
+            self.pieces.pop_front();
+        }
+    }
+}
+
+/// Writes one upload frame of `pieces` (empty: the end frame).
+async fn send_frame(
+    input: &mut Input,
+    pieces: std::collections::VecDeque<Bytes>,
+) -> Result<(), TransferError> {
+    let mut frame = Gather::new(pieces);
+    match tokio::time::timeout(FILE_IDLE_TIMEOUT, input.write_all_buf(&mut frame)).await {
         Err(_) => Err(TransferError::Stalled(FILE_IDLE_TIMEOUT)),
         Ok(Err(e)) => Err(TransferError::Helper(format!("writing to it: {e}"))),
         Ok(Ok(())) => Ok(()),
     }
 }
 
-/// Sends the body as frames, then the end frame; fails past `cap` bytes.
+/// Sends the body as frames, then the end frame; fails past `cap` bytes. A frame carries the
+/// chunks that are ready at once, up to [`MAX_FRAME`] bytes: fewer, larger frames for the
+/// helper to read, and the host still holds no more than one frame.
 async fn pump(input: &mut Input, mut body: ByteStream, cap: u64) -> Result<u64, TransferError> {
+    use futures::FutureExt;
     let mut total = 0u64;
-    loop {
-        let chunk = match tokio::time::timeout(FILE_IDLE_TIMEOUT, body.next()).await {
+    let mut pieces = std::collections::VecDeque::new();
+    let mut ended = false;
+    while !ended {
+        let first = match tokio::time::timeout(FILE_IDLE_TIMEOUT, body.next()).await {
             Err(_) => return Err(TransferError::Stalled(FILE_IDLE_TIMEOUT)),
-            Ok(None) => break,
-            Ok(Some(Err(e))) => return Err(TransferError::Body(e.to_string())),
-            Ok(Some(Ok(chunk))) => chunk,
+            Ok(next) => next,
         };
-        total += chunk.len() as u64;
-        if total > cap {
-            return Err(TransferError::TooLarge { cap });
+        let mut next = Some(first);
+        let mut len = 0usize;
+        while let Some(item) = next.take() {
+            let mut chunk = match item {
+                None => {
+                    ended = true;
+                    break;
+                }
+                Some(Err(e)) => return Err(TransferError::Body(e.to_string())),
+                Some(Ok(chunk)) => chunk,
+            };
+            total += chunk.len() as u64;
+            if total > cap {
+                return Err(TransferError::TooLarge { cap });
+            }
+            while len + chunk.len() > MAX_FRAME {
+                let head = chunk.split_to(MAX_FRAME - len);
+                pieces.push_back(head);
+                send_frame(input, std::mem::take(&mut pieces)).await?;
+                len = 0;
+            }
+            len += chunk.len();
+            if !chunk.is_empty() {
+                pieces.push_back(chunk);
+            }
+            if len < MAX_FRAME {
+                next = body.next().now_or_never();
+            }
         }
-        for piece in chunk.chunks(MAX_FRAME) {
-            send_frame(input, piece).await?;
+        if len > 0 {
+            send_frame(input, std::mem::take(&mut pieces)).await?;
         }
     }
-    send_frame(input, &[]).await?;
+    send_frame(input, std::collections::VecDeque::new()).await?;
     let _ = input.flush().await;
     Ok(total)
 }
