@@ -170,15 +170,28 @@ struct Reader {
     received: u64,
 }
 
+/// When a step must be done: `None` for no deadline of its own.
+type Deadline = Option<tokio::time::Instant>;
+
+/// A deadline [`FILE_IDLE_TIMEOUT`] from now.
+fn step_deadline() -> Deadline {
+    Some(tokio::time::Instant::now() + FILE_IDLE_TIMEOUT)
+}
+
 impl Reader {
-    /// The next stdout bytes (all of them that arrived at once), within the idle deadline;
-    /// `None` when the output ended.
-    async fn stdout(&mut self) -> Result<Option<Bytes>, TransferError> {
+    /// The next stdout bytes (all of them that arrived at once) by `deadline`; `None` when
+    /// the output ended. Stderr arriving meanwhile is kept but does not move the deadline (a
+    /// cell writing to its helper's stderr cannot keep a stalled transfer alive).
+    async fn stdout(&mut self, deadline: Deadline) -> Result<Option<Bytes>, TransferError> {
         if !self.rest.is_empty() {
             return Ok(Some(std::mem::take(&mut self.rest)));
         }
         loop {
-            let chunk = match tokio::time::timeout(FILE_IDLE_TIMEOUT, self.output.next()).await {
+            let next = match deadline {
+                Some(at) => tokio::time::timeout_at(at, self.output.next()).await,
+                None => Ok(self.output.next().await),
+            };
+            let chunk = match next {
                 Err(_) => return Err(TransferError::Stalled(FILE_IDLE_TIMEOUT)),
                 Ok(None) => return Ok(None),
                 Ok(Some(chunk)) => chunk?,
@@ -194,9 +207,19 @@ impl Reader {
         }
     }
 
-    /// At most `max` bytes, no copy; `None` when the output ended.
+    /// At most `max` bytes, no copy, within [`FILE_IDLE_TIMEOUT`]; `None` when the output
+    /// ended.
     async fn take(&mut self, max: usize) -> Result<Option<Bytes>, TransferError> {
-        let Some(mut bytes) = self.stdout().await? else {
+        self.take_by(max, step_deadline()).await
+    }
+
+    /// At most `max` bytes by `deadline`, no copy; `None` when the output ended.
+    async fn take_by(
+        &mut self,
+        max: usize,
+        deadline: Deadline,
+    ) -> Result<Option<Bytes>, TransferError> {
+        let Some(mut bytes) = self.stdout(deadline).await? else {
             return Ok(None);
         };
         if bytes.len() > max {
@@ -205,11 +228,16 @@ impl Reader {
         Ok(Some(bytes))
     }
 
-    /// Exactly `n` bytes (bounded by the caller); `None` when the output ended first.
-    async fn exact(&mut self, n: usize) -> Result<Option<BytesMut>, TransferError> {
+    /// Exactly `n` bytes (bounded by the caller) by `deadline`; `None` when the output
+    /// ended first.
+    async fn exact(
+        &mut self,
+        n: usize,
+        deadline: Deadline,
+    ) -> Result<Option<BytesMut>, TransferError> {
         let mut buf = BytesMut::with_capacity(n);
         while buf.len() < n {
-            let Some(bytes) = self.take(n - buf.len()).await? else {
+            let Some(bytes) = self.take_by(n - buf.len(), deadline).await? else {
                 return Ok(None);
             };
             buf.extend_from_slice(&bytes);
@@ -217,13 +245,20 @@ impl Reader {
         Ok(Some(buf))
     }
 
-    /// The next frame: its header and, for all but data, its bounded payload. `None` when
-    /// the output ended cleanly between frames.
+    /// The next frame, all of it (for all but data, its bounded payload too) within
+    /// [`FILE_IDLE_TIMEOUT`]: the helper writes each one at once, so a frame trickled a byte
+    /// at a time (a cell writing to its helper's stdout) cannot stretch a step past it.
+    /// `None` when the output ended cleanly between frames.
     async fn frame(&mut self) -> Result<Option<Frame>, TransferError> {
+        self.frame_by(step_deadline()).await
+    }
+
+    /// The next frame by `deadline` (see [`Reader::frame`]).
+    async fn frame_by(&mut self, deadline: Deadline) -> Result<Option<Frame>, TransferError> {
         let mut head = [0u8; 5];
         let mut got = 0;
         while got < head.len() {
-            match self.take(head.len() - got).await? {
+            match self.take_by(head.len() - got, deadline).await? {
                 Some(bytes) => {
                     head[got..got + bytes.len()].copy_from_slice(&bytes);
                     got += bytes.len();
@@ -249,12 +284,18 @@ impl Reader {
             b'H' => {
                 let n = bounded(MAX_HEADER)
                     .map_err(|_| TransferError::Helper("its header line is too long".into()))?;
-                let payload = self.exact(n).await?.ok_or_else(|| self.stderr.ended())?;
+                let payload = self
+                    .exact(n, deadline)
+                    .await?
+                    .ok_or_else(|| self.stderr.ended())?;
                 Frame::Header(payload.freeze())
             }
             b'S' => {
                 let n = bounded(MAX_STATUS)?;
-                let payload = self.exact(n).await?.ok_or_else(|| self.stderr.ended())?;
+                let payload = self
+                    .exact(n, deadline)
+                    .await?
+                    .ok_or_else(|| self.stderr.ended())?;
                 let status = serde_json::from_slice(&payload)
                     .map_err(|e| breach(&format!("an unreadable status: {e}")))?;
                 Frame::Status(status)
@@ -266,6 +307,16 @@ impl Reader {
     /// The next frame, which must be there.
     async fn expect(&mut self) -> Result<Frame, TransferError> {
         match self.frame().await? {
+            Some(frame) => Ok(frame),
+            None => Err(self.stderr.ended()),
+        }
+    }
+
+    /// The next frame, which must be there, without a deadline of its own: what the helper
+    /// says while an upload is being sent, which runs as long as the upload's own steps
+    /// (each within [`FILE_IDLE_TIMEOUT`], the body within the server's body timeout) do.
+    async fn watch(&mut self) -> Result<Frame, TransferError> {
+        match self.frame_by(None).await? {
             Some(frame) => Ok(frame),
             None => Err(self.stderr.ended()),
         }
@@ -687,7 +738,7 @@ impl Kernel {
         }
         let first = {
             let sending = pump(input, body, cap);
-            let watching = reader.expect();
+            let watching = reader.watch();
             tokio::pin!(sending, watching);
             tokio::select! {
                 sent = &mut sending => First::Sent(sent),
