@@ -1700,3 +1700,107 @@ async fn forged_resident_helper_output_fails_that_transfer_clearly_and_the_next_
     stop(server).await;
     common::assert_clean(&engine, &label).await;
 }
+
+/// A cell stops its resident helper (SIGSTOP) and drips a byte into its stderr every 5 s for
+/// 150 s: the next transfer, which gets no frame, still ends at its step deadline
+/// (`FILE_IDLE_TIMEOUT`, README "Files in and out of a kernel"), not when the drip stops.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cell_dripping_into_a_stopped_helpers_stderr_cannot_stretch_a_transfer() {
+    let s = server("files-drip", |_| {}).await;
+    let reply = put(
+        &s.api,
+        TOKEN,
+        &files("drip", "x.txt"),
+        b"hello".to_vec(),
+        None,
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::CREATED);
+    let code = "import os, signal, threading, time\n\
+        pids = [p for p in os.listdir('/proc') if p.isdigit() and \
+        b'kernelbox file helper' in open('/proc/%s/cmdline' % p, 'rb').read()]\n\
+        os.kill(int(pids[0]), signal.SIGSTOP)\n\
+        err = open('/proc/%s/fd/2' % pids[0], 'wb', buffering=0)\n\
+        def drip():\n    end = time.time() + 150\n    while time.time() < end:\n        \
+        err.write(b'.')\n        time.sleep(5)\n\
+        threading.Thread(target=drip, daemon=True).start()\n\
+        print(len(pids))";
+    let result = s.api.run(TOKEN, "drip", code).await;
+    assert_eq!(output(&result), "1", "{result}");
+    let started = std::time::Instant::now();
+    let reply = get(&s.api, TOKEN, &files("drip", "x.txt"), None).await;
+    let took = started.elapsed();
+    eprintln!(
+        "a transfer to a stopped helper fed stderr: {} after {took:?}",
+        reply.status
+    );
+    assert_eq!(
+        reply.status,
+        StatusCode::GATEWAY_TIMEOUT,
+        "{}",
+        reply.json()
+    );
+    assert_eq!(reply.json()["error"]["code"], "transfer_stalled");
+    assert!(
+        took < std::time::Duration::from_secs(90),
+        "the transfer ran {took:?} (the drip lasts 150 s, the step deadline is 60 s)"
+    );
+    // The stopped helper is never reused: the next transfer works on a new one.
+    let reply = get(&s.api, TOKEN, &files("drip", "x.txt"), None).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(&reply.body[..], b"hello");
+    s.finish().await;
+}
+
+/// An upload sent steadily for 75 s (longer than the 60 s step deadline, within a raised
+/// `--body-timeout`) is written: the helper saying nothing while it receives is no stall.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_upload_progressing_for_longer_than_the_step_deadline_is_written() {
+    use http_body_util::{BodyExt, StreamBody};
+    let label = common::unique("files-long-upload");
+    let engine = common::engine().await;
+    let (server, api) = serve_process(&label, &["--pool", "0", "--body-timeout", "300s"]).await;
+    let (chunks, size) = (150usize, 2048usize);
+    let (tx, rx) =
+        tokio::sync::mpsc::channel::<Result<hyper::body::Frame<Bytes>, std::io::Error>>(1);
+    // A client sending 2 KiB every half second: slow, never stalled.
+    let sender = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(std::time::Duration::from_millis(500));
+        for _ in 0..chunks {
+            tick.tick().await;
+            let chunk = hyper::body::Frame::data(Bytes::from(vec![b'a'; size]));
+            if tx.send(Ok(chunk)).await.is_err() {
+                return;
+            }
+        }
+    });
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::combinators::BoxBody<Bytes, std::io::Error>>();
+    let req = api
+        .build(
+            Method::PUT,
+            &files("long", "slow.bin"),
+            Some(TOKEN),
+            false,
+            false,
+        )
+        .body(
+            StreamBody::new(futures::stream::unfold(rx, |mut rx| async move {
+                rx.recv().await.map(|chunk| (chunk, rx))
+            }))
+            .boxed(),
+        )
+        .unwrap();
+    let started = std::time::Instant::now();
+    let reply = read(client.request(req).await.expect("PUT")).await;
+    eprintln!(
+        "a 75 s upload: {} after {:?}",
+        reply.status,
+        started.elapsed()
+    );
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json());
+    assert_eq!(reply.json()["size"], (chunks * size) as u64);
+    sender.await.unwrap();
+    stop(server).await;
+    common::assert_clean(&engine, &label).await;
+}
