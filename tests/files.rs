@@ -8,6 +8,7 @@ mod common;
 mod http;
 
 use bytes::Bytes;
+use common::{memory_of, MIB};
 use http::{tenant, tenants, Api, Reply, TestServer};
 use hyper::header::{ACCEPT, CONTENT_LENGTH, CONTENT_TYPE};
 use hyper::{Method, StatusCode};
@@ -663,23 +664,6 @@ async fn uploads_and_deletes_run_while_a_cell_runs_in_the_same_kernel() {
     assert_eq!(output(&result), "False False k", "{result}");
     s.finish().await;
 }
-
-/// Resident and peak resident memory of a process, in bytes (`/proc/PID/status`).
-fn memory_of(pid: u32) -> (u64, u64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|rest| rest.split_whitespace().next())
-            .and_then(|kib| kib.parse::<u64>().ok())
-            .map(|kib| kib * 1024)
-            .unwrap_or_else(|| panic!("{name} in /proc/{pid}/status"))
-    };
-    (field("VmRSS:"), field("VmHWM:"))
-}
-
-const MIB: f64 = 1024.0 * 1024.0;
 
 /// A real `kernelbox serve` process on a free port with one tenant (`TOKEN`); returns it and
 /// an API client aimed at it.
