@@ -113,7 +113,7 @@ impl RemoteBackend {
 
     /// The path of `file` in this session's file API.
     fn file_path(&self, file: &str) -> String {
-        format!("/v1/sessions/{}/files/{}", self.session, encode(file))
+        crate::api_path::files(&self.session, file, None)
     }
 }
 
@@ -155,19 +155,6 @@ fn file_refusal(status: hyper::StatusCode, value: &Value) -> Refusal {
     Refusal(format!(
         "the kernelbox server refused the file call ({status}): {message}"
     ))
-}
-
-/// Percent-encodes a file path for a URL, keeping `/` and unreserved characters.
-fn encode(path: &str) -> String {
-    let mut out = String::new();
-    for b in path.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b'/') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 #[async_trait]
