@@ -1205,9 +1205,30 @@ async fn an_upload_cut_by_deleting_its_session_answers_no_kernel() {
     s.finish().await;
 }
 
+/// Reads `reader` 4 KiB at a time with `pause` between reads (about 4 KiB per `pause`, never
+/// stalled long enough for the send timeout), until it ends or `reads` reads are done.
+fn trickle(
+    mut reader: tokio::net::TcpStream,
+    pause: Duration,
+    reads: usize,
+) -> tokio::task::JoinHandle<usize> {
+    use tokio::io::AsyncReadExt;
+    tokio::spawn(async move {
+        let mut buf = [0u8; 4096];
+        let mut total = 0usize;
+        for _ in 0..reads {
+            match reader.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => total += n,
+            }
+            tokio::time::sleep(pause).await;
+        }
+        total
+    })
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_download_read_slower_than_the_minimum_rate_is_cut_and_frees_its_kernel() {
-    use tokio::io::AsyncReadExt;
     let s = server("files-slow-download", |c| {
         c.max_session_kernels = 1;
         c.download_min_rate = 1024 * 1024;
@@ -1217,24 +1238,41 @@ async fn a_download_read_slower_than_the_minimum_rate_is_cut_and_frees_its_kerne
     let slow = Session::new(&s.api, "slow");
     let reply = slow.put("big.bin", vec![7; 20 * 1024 * 1024]).await;
     assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json());
-    let mut reader = slow.stalled_get("big.bin").await;
-    // A reader that keeps reading, 4 KiB every 100 ms (40 KiB/s): never stalled long enough
-    // for the send timeout, far below the minimum rate.
-    let trickle = tokio::spawn(async move {
-        let mut buf = [0u8; 4096];
-        let mut total = 0usize;
-        for _ in 0..600 {
-            match reader.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => total += n,
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        total
-    });
+    let reader = slow.stalled_get("big.bin").await;
+    // 40 KiB/s: far below the minimum rate.
+    let trickle = trickle(reader, Duration::from_millis(100), 600);
     let freed =
         until_another_session_runs(&s.api, "the slow download", Duration::from_secs(25)).await;
     eprintln!("a download read at 40 KiB/s released its kernel after {freed:?}");
     trickle.abort();
     s.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn serve_min_download_rate_sets_the_rate_below_which_a_download_is_cut() {
+    let served = Served::start(
+        "files-min-download-rate",
+        &["--max-kernels", "1", "--min-download-rate", "1m"],
+    )
+    .await;
+    let slow = Session::new(&served.api, "slow");
+    let reply = slow.put("big.bin", vec![7; 20 * 1024 * 1024]).await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json());
+    let reader = slow.stalled_get("big.bin").await;
+    // About 200 KiB/s: above the default minimum (64 KiB/s), below the 1 MiB/s asked for; the
+    // minimum applies after 30 s.
+    let trickle = trickle(reader, Duration::from_millis(20), 5000);
+    let freed = until_another_session_runs(
+        &served.api,
+        "a download read at 200 KiB/s",
+        Duration::from_secs(60),
+    )
+    .await;
+    eprintln!("a download read at 200 KiB/s under --min-download-rate 1m released its kernel after {freed:?}");
+    assert!(
+        freed >= Duration::from_secs(25),
+        "cut before the grace: {freed:?}"
+    );
+    trickle.abort();
+    served.finish().await;
 }
