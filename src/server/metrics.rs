@@ -164,7 +164,7 @@ impl Metrics {
 
         writeln!(
             out,
-            "# HELP kernelbox_kernel_starts_total Kernels started for a cell."
+            "# HELP kernelbox_kernel_starts_total New kernels given to an owner by a cell: cold starts and warm-pool takes (kernelbox_pool_takes_total tells them apart)."
         )?;
         writeln!(out, "# TYPE kernelbox_kernel_starts_total counter")?;
         writeln!(
