@@ -41,6 +41,7 @@
 //! with python3 >= 3.8 works.
 
 pub(crate) mod adopt;
+pub mod api_path;
 pub mod authority;
 pub mod catalog;
 pub mod cell;

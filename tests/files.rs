@@ -7,8 +7,14 @@ mod common;
 #[path = "common/http.rs"]
 mod http;
 
+use std::time::Duration;
+
 use bytes::Bytes;
+use common::{memory_of, MIB};
 use http::{tenant, tenants, Api, Reply, TestServer};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, StreamBody};
+use hyper::body::Frame;
 use hyper::header::{ACCEPT, CONTENT_LENGTH, CONTENT_TYPE};
 use hyper::{Method, StatusCode};
 use rand::RngCore;
@@ -29,6 +35,114 @@ async fn server(name: &str, tweak: impl FnOnce(&mut kernelbox::Config)) -> TestS
 
 fn files(session: &str, path: &str) -> String {
     format!("/v1/sessions/{session}/files/{path}")
+}
+
+/// One session of one tenant on a server: a test names it once, then speaks in paths inside
+/// its kernel's working directory (a path may carry a query, e.g. `c.txt?child=helper`).
+struct Session {
+    api: Api,
+    token: &'static str,
+    name: &'static str,
+}
+
+impl Session {
+    /// The session `name` of the `TOKEN` tenant.
+    fn new(api: &Api, name: &'static str) -> Session {
+        Session::of(api, TOKEN, name)
+    }
+
+    /// The session `name` of the tenant `token` names.
+    fn of(api: &Api, token: &'static str, name: &'static str) -> Session {
+        Session {
+            api: api.clone(),
+            token,
+            name,
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        files(self.name, path)
+    }
+
+    async fn put(&self, path: &str, body: impl Into<Vec<u8>>) -> Reply {
+        put(&self.api, self.token, &self.url(path), body.into(), None).await
+    }
+
+    /// Uploads a tar archive, extracted into the directory `path`.
+    async fn put_tar(&self, path: &str, tar: Vec<u8>) -> Reply {
+        let url = self.url(path);
+        put(&self.api, self.token, &url, tar, Some("application/x-tar")).await
+    }
+
+    async fn get(&self, path: &str) -> Reply {
+        get(&self.api, self.token, &self.url(path), None).await
+    }
+
+    /// Downloads the directory `path` as a tar archive.
+    async fn get_tar(&self, path: &str) -> Reply {
+        let url = self.url(path);
+        get(&self.api, self.token, &url, Some("application/x-tar")).await
+    }
+
+    async fn delete(&self, path: &str) -> Reply {
+        self.api.delete(&self.url(path), self.token).await
+    }
+
+    /// Runs a cell that must succeed; returns its result.
+    async fn run(&self, code: &str) -> Value {
+        self.api.run(self.token, self.name, code).await
+    }
+
+    /// A PUT whose body is streamed (no `Content-Length`): `chunks` chunks of `size` bytes.
+    async fn put_streamed(&self, path: &str, chunks: usize, size: usize) -> Reply {
+        let chunk = Bytes::from(vec![b'z'; size]);
+        let stream = futures::stream::iter(
+            (0..chunks).map(move |_| Ok::<_, std::io::Error>(Frame::data(chunk.clone()))),
+        );
+        let upload = put_body(&self.api, self.token, &self.url(path), stream);
+        match upload.await.unwrap() {
+            Ok(reply) => reply,
+            Err(e) => panic!("PUT failed: {e:?}"),
+        }
+    }
+
+    /// Starts a PUT whose body the test paces: each chunk sent goes out when the server takes
+    /// it; dropping the sender ends the body, sending an error cuts it.
+    fn paced_put(&self, path: &str) -> (tokio::sync::mpsc::Sender<Chunk>, Upload) {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Chunk>(1);
+        let body = futures::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|item| (item, rx))
+        });
+        (tx, put_body(&self.api, self.token, &self.url(path), body))
+    }
+
+    /// Opens a connection with a tiny receive buffer, asks for `path` and reads no more than
+    /// the first bytes of the answer.
+    async fn stalled_get(&self, path: &str) -> tokio::net::TcpStream {
+        use tokio::io::AsyncWriteExt;
+        let addr: std::net::SocketAddr =
+            self.api.base.trim_start_matches("http://").parse().unwrap();
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        let mut stream = socket.connect(addr).await.unwrap();
+        let head = format!(
+            "GET {} HTTP/1.1\r\nhost: {addr}\r\nauthorization: Bearer {}\r\n\r\n",
+            self.url(path),
+            self.token
+        );
+        stream.write_all(head.as_bytes()).await.unwrap();
+        // The response has begun (the kernel is held) once its first bytes arrive.
+        let mut first = [0u8; 1024];
+        let n = tokio::io::AsyncReadExt::read(&mut stream, &mut first)
+            .await
+            .unwrap();
+        assert!(
+            first[..n].starts_with(b"HTTP/1.1 200"),
+            "{}",
+            String::from_utf8_lossy(&first[..n])
+        );
+        stream
+    }
 }
 
 async fn put(
@@ -58,13 +172,126 @@ async fn get(api: &Api, token: &str, path: &str, accept: Option<&str>) -> Reply 
 }
 
 async fn read(response: hyper::Response<hyper::body::Incoming>) -> Reply {
-    use http_body_util::BodyExt;
     let (parts, body) = response.into_parts();
     let body = body.collect().await.expect("response body").to_bytes();
     Reply {
         status: parts.status,
         headers: parts.headers,
         body,
+    }
+}
+
+type Chunk = Result<Frame<Bytes>, std::io::Error>;
+type Upload = tokio::task::JoinHandle<Result<Reply, hyper_util::client::legacy::Error>>;
+
+/// Starts a PUT of `path` whose body is what `body` yields, with no `Content-Length`; the
+/// task answers the reply, or the client's error.
+fn put_body(
+    api: &Api,
+    token: &str,
+    path: &str,
+    body: impl futures::Stream<Item = Chunk> + Send + Sync + 'static,
+) -> Upload {
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<BoxBody<Bytes, std::io::Error>>();
+    let req = api
+        .build(Method::PUT, path, Some(token), false, false)
+        .body(StreamBody::new(body).boxed())
+        .unwrap();
+    tokio::spawn(async move {
+        match client.request(req).await {
+            Ok(response) => Ok(read(response).await),
+            Err(e) => Err(e),
+        }
+    })
+}
+
+/// A real `kernelbox serve` process on a free port with one tenant (`TOKEN`), labelled as one
+/// test's case.
+struct Served {
+    label: String,
+    engine: std::sync::Arc<dyn kernelbox::docker::Engine>,
+    process: tokio::process::Child,
+    api: Api,
+}
+
+impl Served {
+    /// Starts `kernelbox serve` with its own state directory and the `extra` flags.
+    async fn start(name: &str, extra: &[&str]) -> Served {
+        use tokio::io::AsyncBufReadExt;
+        let label = common::unique(name);
+        let engine = common::engine().await;
+        let state = tempfile::tempdir().unwrap();
+        let mut process = tokio::process::Command::new(env!("CARGO_BIN_EXE_kernelbox"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
+            .arg(state.path())
+            .arg("--label")
+            .arg(format!("{}={label}", common::CASE))
+            .args(extra)
+            .env("KERNELBOX_TOKEN", TOKEN)
+            .env_remove("KERNELBOX_TENANTS")
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn kernelbox serve");
+        let mut lines = tokio::io::BufReader::new(process.stderr.take().unwrap()).lines();
+        let addr = common::serving_addr(&mut lines).await;
+        tokio::spawn(async move {
+            let _state = state;
+            while let Ok(Some(_)) = lines.next_line().await {}
+        });
+        Served {
+            label,
+            engine,
+            process,
+            api: Api::new(addr),
+        }
+    }
+
+    /// Stops the process with SIGTERM, waits for it (at most 60 s) and asserts nothing of this
+    /// case is left in Docker.
+    async fn finish(mut self) {
+        let pid = self.process.id().unwrap();
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status();
+        let status = tokio::time::timeout(Duration::from_secs(60), self.process.wait())
+            .await
+            .expect("the server stops")
+            .unwrap();
+        assert!(status.success(), "{status}");
+        common::assert_clean(&self.engine, &self.label).await;
+    }
+}
+
+/// Asks, every 250 ms, for a cell in another session of `TOKEN`'s tenant until one runs;
+/// asserts it was refused (429) at least once, as `holder` holds the only kernel, and that it
+/// runs within `limit`. Returns how long that took.
+async fn until_another_session_runs(api: &Api, holder: &str, limit: Duration) -> Duration {
+    let started = std::time::Instant::now();
+    let mut refused = false;
+    loop {
+        let reply = api
+            .execute(TOKEN, "other", serde_json::json!({"code": "print(6*7)"}))
+            .await;
+        if reply.status == StatusCode::OK {
+            assert!(refused, "{holder} never held its kernel");
+            return started.elapsed();
+        }
+        assert_eq!(
+            reply.status,
+            StatusCode::TOO_MANY_REQUESTS,
+            "{}",
+            reply.json()
+        );
+        refused = true;
+        assert!(
+            started.elapsed() < limit,
+            "{holder} still holds its kernel after {:?}: {}",
+            started.elapsed(),
+            reply.json()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
 
@@ -85,28 +312,19 @@ fn output(result: &Value) -> String {
 #[tokio::test(flavor = "multi_thread")]
 async fn ten_mib_of_random_bytes_upload_start_the_kernel_and_a_cell_hashes_them_equal() {
     let s = server("files-roundtrip", |_| {}).await;
+    let rt = Session::new(&s.api, "rt");
     let data = random_bytes(10 * 1024 * 1024);
     let digest = hex::encode(Sha256::digest(&data));
     // No kernel yet: the upload starts one.
     assert!(s.api.kernels(TOKEN).await.is_empty());
-    let reply = put(
-        &s.api,
-        TOKEN,
-        &files("rt", "data/in/blob.bin"),
-        data.clone(),
-        None,
-    )
-    .await;
+    let reply = rt.put("data/in/blob.bin", data.clone()).await;
     assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json());
     assert_eq!(reply.json()["path"], "/work/data/in/blob.bin");
     assert_eq!(reply.json()["size"], data.len());
     assert_eq!(s.api.kernels(TOKEN).await.len(), 1);
 
-    let result = s
-        .api
+    let result = rt
         .run(
-            TOKEN,
-            "rt",
             "import hashlib, os\nb = open('data/in/blob.bin', 'rb').read()\n\
              print(hashlib.sha256(b).hexdigest(), os.stat('data/in/blob.bin').st_uid, os.getuid())",
         )
@@ -121,7 +339,7 @@ async fn ten_mib_of_random_bytes_upload_start_the_kernel_and_a_cell_hashes_them_
         "the upload's kernel ran the cell"
     );
 
-    let back = get(&s.api, TOKEN, &files("rt", "data/in/blob.bin"), None).await;
+    let back = rt.get("data/in/blob.bin").await;
     assert_eq!(back.status, StatusCode::OK);
     assert_eq!(
         back.headers[CONTENT_LENGTH],
@@ -144,24 +362,22 @@ async fn ten_mib_of_random_bytes_upload_start_the_kernel_and_a_cell_hashes_them_
 #[tokio::test(flavor = "multi_thread")]
 async fn a_file_a_cell_wrote_downloads_byte_for_byte_and_directories_list() {
     let s = server("files-cell-written", |_| {}).await;
-    s.api
-        .run(
-            TOKEN,
-            "cw",
-            "import os\nos.makedirs('out/sub', exist_ok=True)\n\
-             open('out/report.bin', 'wb').write(bytes(range(256)) * 4099)\n\
-             open('out/empty', 'wb').close()\nos.symlink('/etc', 'out/link')",
-        )
-        .await;
+    let cw = Session::new(&s.api, "cw");
+    cw.run(
+        "import os\nos.makedirs('out/sub', exist_ok=True)\n\
+         open('out/report.bin', 'wb').write(bytes(range(256)) * 4099)\n\
+         open('out/empty', 'wb').close()\nos.symlink('/etc', 'out/link')",
+    )
+    .await;
     let expected: Vec<u8> = (0..=255u8).cycle().take(256 * 4099).collect();
-    let back = get(&s.api, TOKEN, &files("cw", "out/report.bin"), None).await;
+    let back = cw.get("out/report.bin").await;
     assert_eq!(back.status, StatusCode::OK);
     assert!(back.body[..] == expected[..], "downloaded bytes differ");
-    let empty = get(&s.api, TOKEN, &files("cw", "out/empty"), None).await;
+    let empty = cw.get("out/empty").await;
     assert_eq!(empty.status, StatusCode::OK);
     assert!(empty.body.is_empty());
 
-    let listing = get(&s.api, TOKEN, &files("cw", "out"), None).await;
+    let listing = cw.get("out").await;
     assert_eq!(listing.status, StatusCode::OK);
     let entries = listing.json()["entries"].as_array().unwrap().clone();
     let names: Vec<(&str, &str)> = entries
@@ -187,29 +403,9 @@ async fn a_file_a_cell_wrote_downloads_byte_for_byte_and_directories_list() {
         .unwrap()
         .iter()
         .any(|e| e["name"] == "out" && e["kind"] == "dir"));
-    let missing = get(&s.api, TOKEN, &files("cw", "out/nope"), None).await;
+    let missing = cw.get("out/nope").await;
     assert_eq!(missing.error(StatusCode::NOT_FOUND), "not_found");
     s.finish().await;
-}
-
-/// A PUT whose body is streamed (no `Content-Length`): `chunks` chunks of `size` bytes.
-async fn put_streamed(api: &Api, token: &str, path: &str, chunks: usize, size: usize) -> Reply {
-    use http_body_util::{BodyExt, StreamBody};
-    use hyper::body::Frame;
-    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .build_http::<http_body_util::combinators::BoxBody<Bytes, std::io::Error>>();
-    let chunk = Bytes::from(vec![b'z'; size]);
-    let stream = futures::stream::iter(
-        (0..chunks).map(move |_| Ok::<_, std::io::Error>(Frame::data(chunk.clone()))),
-    );
-    let req = api
-        .build(Method::PUT, path, Some(token), false, false)
-        .body(StreamBody::new(stream).boxed())
-        .unwrap();
-    match client.request(req).await {
-        Ok(response) => read(response).await,
-        Err(e) => panic!("PUT failed: {e:?}"),
-    }
 }
 
 fn tar_of(entries: &[(&str, &[u8])]) -> Vec<u8> {
@@ -227,6 +423,7 @@ fn tar_of(entries: &[(&str, &[u8])]) -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_tar_of_1000_files_extracts_in_one_request_and_downloads_as_a_tar() {
     let s = server("files-tar", |_| {}).await;
+    let tar = Session::new(&s.api, "tar");
     let contents: Vec<(String, Vec<u8>)> = (0..1000)
         .map(|i| {
             (
@@ -239,45 +436,20 @@ async fn a_tar_of_1000_files_extracts_in_one_request_and_downloads_as_a_tar() {
         .iter()
         .map(|(n, d)| (n.as_str(), d.as_slice()))
         .collect();
-    let reply = put(
-        &s.api,
-        TOKEN,
-        &files("tar", "in"),
-        tar_of(&entries),
-        Some("application/x-tar"),
-    )
-    .await;
+    let reply = tar.put_tar("in", tar_of(&entries)).await;
     assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json());
     assert_eq!(reply.json()["files"], 1000);
-    let result = s
-        .api
-        .run(
-            TOKEN,
-            "tar",
-            "import os\nn = sum(len(f) for _, _, f in os.walk('in'))\nprint(n, open('in/d7/f517.txt').read().strip())",
-        )
+    let result = tar
+        .run("import os\nn = sum(len(f) for _, _, f in os.walk('in'))\nprint(n, open('in/d7/f517.txt').read().strip())")
         .await;
     assert_eq!(output(&result), "1000 file 517", "{result}");
 
     // A second archive merges into the same directory.
     let more = tar_of(&[("d0/extra.txt", b"extra")]);
-    let reply = put(
-        &s.api,
-        TOKEN,
-        &files("tar", "in"),
-        more,
-        Some("application/x-tar"),
-    )
-    .await;
+    let reply = tar.put_tar("in", more).await;
     assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json());
 
-    let back = get(
-        &s.api,
-        TOKEN,
-        &files("tar", "in"),
-        Some("application/x-tar"),
-    )
-    .await;
+    let back = tar.get_tar("in").await;
     assert_eq!(back.status, StatusCode::OK);
     assert_eq!(back.headers[CONTENT_TYPE], "application/x-tar");
     let mut archive = tar::Archive::new(&back.body[..]);
@@ -306,23 +478,11 @@ async fn a_tar_of_1000_files_extracts_in_one_request_and_downloads_as_a_tar() {
             "invalid_tar",
         ),
     ] {
-        let reply = put(
-            &s.api,
-            TOKEN,
-            &files("tar", "bad"),
-            bad,
-            Some("application/x-tar"),
-        )
-        .await;
+        let reply = tar.put_tar("bad", bad).await;
         assert_eq!(reply.error(StatusCode::BAD_REQUEST), code);
     }
-    let result = s
-        .api
-        .run(
-            TOKEN,
-            "tar",
-            "import os\nprint(sorted(os.listdir('bad')), os.path.exists('escape.txt'), os.path.exists('/escape.txt'))",
-        )
+    let result = tar
+        .run("import os\nprint(sorted(os.listdir('bad')), os.path.exists('escape.txt'), os.path.exists('/escape.txt'))")
         .await;
     assert_eq!(output(&result), "[] False False", "{result}");
     s.finish().await;
@@ -369,15 +529,13 @@ fn symlink_tar() -> Vec<u8> {
 async fn traversal_absolute_paths_and_planted_symlinks_are_refused_and_nothing_outside_is_touched()
 {
     let s = server("files-escape", |_| {}).await;
-    s.api
-        .run(
-            TOKEN,
-            "esc",
-            "import os\nos.symlink('/', 'root')\nos.symlink('/proc/1/environ', 'environ')\n\
-             os.symlink('/tmp', 'tmpdir')\nos.makedirs('real')\nos.symlink('/tmp', 'real/deeper')\n\
-             open('/tmp/secret', 'w').write('outside')",
-        )
-        .await;
+    let esc = Session::new(&s.api, "esc");
+    esc.run(
+        "import os\nos.symlink('/', 'root')\nos.symlink('/proc/1/environ', 'environ')\n\
+         os.symlink('/tmp', 'tmpdir')\nos.makedirs('real')\nos.symlink('/tmp', 'real/deeper')\n\
+         open('/tmp/secret', 'w').write('outside')",
+    )
+    .await;
     let refused = [
         // `..` (percent-encoded so no client normalises it away) and absolute paths.
         (Method::GET, "%2E%2E/%2E%2E/etc/passwd", "invalid_path"),
@@ -398,11 +556,10 @@ async fn traversal_absolute_paths_and_planted_symlinks_are_refused_and_nothing_o
         (Method::DELETE, "%2E%2E", "invalid_path"),
     ];
     for (method, path, code) in refused {
-        let url = files("esc", path);
         let reply = match method {
-            Method::PUT => put(&s.api, TOKEN, &url, b"evil".to_vec(), None).await,
-            Method::GET => get(&s.api, TOKEN, &url, None).await,
-            _ => s.api.delete(&url, TOKEN).await,
+            Method::PUT => esc.put(path, b"evil").await,
+            Method::GET => esc.get(path).await,
+            _ => esc.delete(path).await,
         };
         assert_eq!(
             reply.error(StatusCode::BAD_REQUEST),
@@ -411,30 +568,13 @@ async fn traversal_absolute_paths_and_planted_symlinks_are_refused_and_nothing_o
         );
     }
     // A tar into a directory reached through a symlink is refused the same way.
-    let reply = put(
-        &s.api,
-        TOKEN,
-        &files("esc", "tmpdir"),
-        tar_of(&[("a", b"1")]),
-        Some("application/x-tar"),
-    )
-    .await;
+    let reply = esc.put_tar("tmpdir", tar_of(&[("a", b"1")])).await;
     assert_eq!(reply.error(StatusCode::BAD_REQUEST), "not_a_directory");
     // Writing over a symlink's name replaces the link; its target is untouched.
-    let reply = put(
-        &s.api,
-        TOKEN,
-        &files("esc", "environ"),
-        b"mine".to_vec(),
-        None,
-    )
-    .await;
+    let reply = esc.put("environ", b"mine").await;
     assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json());
-    let result = s
-        .api
+    let result = esc
         .run(
-            TOKEN,
-            "esc",
             "import os\nprint(sorted(os.listdir('/tmp')), open('/tmp/secret').read(), \
              os.path.islink('environ'), open('environ').read(), os.path.islink('tmpdir'))",
         )
@@ -450,25 +590,18 @@ async fn traversal_absolute_paths_and_planted_symlinks_are_refused_and_nothing_o
 #[tokio::test(flavor = "multi_thread")]
 async fn an_upload_over_the_cap_is_413_and_leaves_no_file_behind() {
     let s = server("files-cap", |c| c.max_upload_bytes = 1024 * 1024).await;
-    s.api.run(TOKEN, "cap", "x = 1").await;
+    let cap = Session::new(&s.api, "cap");
+    cap.run("x = 1").await;
     // Declared too large: refused before anything reaches the kernel.
-    let reply = put(
-        &s.api,
-        TOKEN,
-        &files("cap", "big.bin"),
-        vec![1; 1024 * 1024 + 1],
-        None,
-    )
-    .await;
+    let reply = cap.put("big.bin", vec![1; 1024 * 1024 + 1]).await;
     assert_eq!(reply.error(StatusCode::PAYLOAD_TOO_LARGE), "file_too_large");
     // Streamed without a length: cut at the cap, the partial file removed.
-    let reply = put_streamed(&s.api, TOKEN, &files("cap", "d/big.bin"), 40, 64 * 1024).await;
+    let reply = cap.put_streamed("d/big.bin", 40, 64 * 1024).await;
     assert_eq!(reply.error(StatusCode::PAYLOAD_TOO_LARGE), "file_too_large");
-    let reply = put_streamed(&s.api, TOKEN, &files("cap", "d/ok.bin"), 16, 64 * 1024).await;
+    let reply = cap.put_streamed("d/ok.bin", 16, 64 * 1024).await;
     assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json());
-    let result = s
-        .api
-        .run(TOKEN, "cap", "import os\nprint(sorted(os.listdir('.')), sorted(os.listdir('d')), os.path.getsize('d/ok.bin'))")
+    let result = cap
+        .run("import os\nprint(sorted(os.listdir('.')), sorted(os.listdir('d')), os.path.getsize('d/ok.bin'))")
         .await;
     assert_eq!(
         output(&result),
@@ -484,34 +617,16 @@ async fn an_upload_into_a_full_work_dir_is_507_and_leaves_nothing() {
         c.sandbox.work_bytes = Some(8 * 1024 * 1024)
     })
     .await;
-    s.api
-        .run(
-            TOKEN,
-            "full",
-            "open('keep.bin', 'wb').write(b'k' * (4 * 1024 * 1024))",
-        )
+    let full = Session::new(&s.api, "full");
+    full.run("open('keep.bin', 'wb').write(b'k' * (4 * 1024 * 1024))")
         .await;
-    let reply = put(
-        &s.api,
-        TOKEN,
-        &files("full", "big.bin"),
-        vec![7; 6 * 1024 * 1024],
-        None,
-    )
-    .await;
+    let reply = full.put("big.bin", vec![7; 6 * 1024 * 1024]).await;
     assert_eq!(reply.error(StatusCode::INSUFFICIENT_STORAGE), "no_space");
-    let reply = put(
-        &s.api,
-        TOKEN,
-        &files("full", "t"),
-        tar_of(&[("a.bin", &vec![1u8; 6 * 1024 * 1024])]),
-        Some("application/x-tar"),
-    )
-    .await;
+    let tar = tar_of(&[("a.bin", &vec![1u8; 6 * 1024 * 1024])]);
+    let reply = full.put_tar("t", tar).await;
     assert_eq!(reply.error(StatusCode::INSUFFICIENT_STORAGE), "no_space");
-    let result = s
-        .api
-        .run(TOKEN, "full", "import os\nprint(sorted(os.listdir('.')), os.listdir('t'), os.path.getsize('keep.bin'))")
+    let result = full
+        .run("import os\nprint(sorted(os.listdir('.')), os.listdir('t'), os.path.getsize('keep.bin'))")
         .await;
     assert_eq!(
         output(&result),
@@ -524,55 +639,37 @@ async fn an_upload_into_a_full_work_dir_is_507_and_leaves_nothing() {
 #[tokio::test(flavor = "multi_thread")]
 async fn no_kernel_other_tenants_and_children_are_isolated() {
     let s = server("files-isolation", |_| {}).await;
+    let iso = Session::new(&s.api, "iso");
+    let theirs = Session::of(&s.api, OTHER, "iso");
     // A session that never ran, for every read verb: 404 no_kernel, and nothing is started.
-    let reply = get(&s.api, TOKEN, &files("iso", "a.txt"), None).await;
+    let reply = iso.get("a.txt").await;
     assert_eq!(reply.error(StatusCode::NOT_FOUND), "no_kernel");
     let reply = get(&s.api, TOKEN, "/v1/sessions/iso/files", None).await;
     assert_eq!(reply.error(StatusCode::NOT_FOUND), "no_kernel");
-    let reply = s.api.delete(&files("iso", "a.txt"), TOKEN).await;
+    let reply = iso.delete("a.txt").await;
     assert_eq!(reply.error(StatusCode::NOT_FOUND), "no_kernel");
     assert!(s.api.kernels(TOKEN).await.is_empty());
 
-    let reply = put(
-        &s.api,
-        TOKEN,
-        &files("iso", "a.txt"),
-        b"mine".to_vec(),
-        None,
-    )
-    .await;
+    let reply = iso.put("a.txt", b"mine").await;
     assert_eq!(reply.status, StatusCode::CREATED);
     // Another tenant naming the same session reaches nothing of it.
-    let reply = get(&s.api, OTHER, &files("iso", "a.txt"), None).await;
+    let reply = theirs.get("a.txt").await;
     assert_eq!(reply.error(StatusCode::NOT_FOUND), "no_kernel");
-    let reply = s.api.delete(&files("iso", "a.txt"), OTHER).await;
+    let reply = theirs.delete("a.txt").await;
     assert_eq!(reply.error(StatusCode::NOT_FOUND), "no_kernel");
     // Its upload starts its own kernel, and its file stays its own.
-    let reply = put(
-        &s.api,
-        OTHER,
-        &files("iso", "a.txt"),
-        b"theirs".to_vec(),
-        None,
-    )
-    .await;
+    let reply = theirs.put("a.txt", b"theirs").await;
     assert_eq!(reply.status, StatusCode::CREATED);
     assert_eq!(s.tenant_containers("files").await.len(), 1);
     assert_eq!(s.tenant_containers("others").await.len(), 1);
-    assert_eq!(
-        &get(&s.api, TOKEN, &files("iso", "a.txt"), None).await.body[..],
-        b"mine"
-    );
-    assert_eq!(
-        &get(&s.api, OTHER, &files("iso", "a.txt"), None).await.body[..],
-        b"theirs"
-    );
+    assert_eq!(&iso.get("a.txt").await.body[..], b"mine");
+    assert_eq!(&theirs.get("a.txt").await.body[..], b"theirs");
 
     // A delegated child's kernel has files of its own.
-    let child = format!("{}?child=helper", files("iso", "c.txt"));
-    let reply = get(&s.api, TOKEN, &child, None).await;
+    let child = "c.txt?child=helper";
+    let reply = iso.get(child).await;
     assert_eq!(reply.error(StatusCode::NOT_FOUND), "no_kernel");
-    let reply = put(&s.api, TOKEN, &child, b"child's".to_vec(), None).await;
+    let reply = iso.put(child, b"child's").await;
     assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json());
     let seen = s
         .api
@@ -584,16 +681,10 @@ async fn no_kernel_other_tenants_and_children_are_isolated() {
         .await
         .json();
     assert_eq!(output(&seen), "child's", "{seen}");
-    let reply = get(&s.api, TOKEN, &files("iso", "c.txt"), None).await;
+    let reply = iso.get("c.txt").await;
     assert_eq!(reply.error(StatusCode::NOT_FOUND), "not_found");
-    assert_eq!(&get(&s.api, TOKEN, &child, None).await.body[..], b"child's");
-    let reply = get(
-        &s.api,
-        TOKEN,
-        &format!("{}?child=bad::name", files("iso", "c.txt")),
-        None,
-    )
-    .await;
+    assert_eq!(&iso.get(child).await.body[..], b"child's");
+    let reply = iso.get("c.txt?child=bad::name").await;
     assert_eq!(reply.error(StatusCode::BAD_REQUEST), "invalid_name");
 
     // Files live and die with the kernel.
@@ -601,7 +692,7 @@ async fn no_kernel_other_tenants_and_children_are_isolated() {
         s.api.delete("/v1/sessions/iso", TOKEN).await.status,
         StatusCode::OK
     );
-    let reply = get(&s.api, TOKEN, &files("iso", "a.txt"), None).await;
+    let reply = iso.get("a.txt").await;
     assert_eq!(reply.error(StatusCode::NOT_FOUND), "no_kernel");
     s.finish().await;
 }
@@ -609,7 +700,8 @@ async fn no_kernel_other_tenants_and_children_are_isolated() {
 #[tokio::test(flavor = "multi_thread")]
 async fn uploads_and_deletes_run_while_a_cell_runs_in_the_same_kernel() {
     let s = server("files-concurrent", |_| {}).await;
-    s.api.run(TOKEN, "busy", "x = 1").await;
+    let busy = Session::new(&s.api, "busy");
+    busy.run("x = 1").await;
     let mut events = s
         .api
         .stream(
@@ -626,16 +718,10 @@ async fn uploads_and_deletes_run_while_a_cell_runs_in_the_same_kernel() {
         .await;
     events.until_output("waiting").await;
     let uploads = (0..4).map(|i| {
-        let api = s.api.clone();
+        let busy = &busy;
         async move {
-            put(
-                &api,
-                TOKEN,
-                &files("busy", &format!("up{i}.bin")),
-                vec![i as u8; 1024 * 1024],
-                None,
-            )
-            .await
+            busy.put(&format!("up{i}.bin"), vec![i as u8; 1024 * 1024])
+                .await
         }
     });
     for reply in futures::future::join_all(uploads).await {
@@ -646,116 +732,43 @@ async fn uploads_and_deletes_run_while_a_cell_runs_in_the_same_kernel() {
     assert!(output(&result).ends_with("saw 4194304"), "{result}");
 
     // Delete: a file, then a whole tree; the symlink itself goes, never its target.
-    s.api
-        .run(TOKEN, "busy", "import os\nos.makedirs('tree/a/b')\nopen('tree/a/b/f', 'w').write('x')\nos.symlink('/tmp', 'tree/link')\nopen('/tmp/keep', 'w').write('k')")
+    busy.run("import os\nos.makedirs('tree/a/b')\nopen('tree/a/b/f', 'w').write('x')\nos.symlink('/tmp', 'tree/link')\nopen('/tmp/keep', 'w').write('k')")
         .await;
-    let reply = s.api.delete(&files("busy", "up0.bin"), TOKEN).await;
+    let reply = busy.delete("up0.bin").await;
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.json());
     assert_eq!(reply.json()["deleted"], "/work/up0.bin");
-    let reply = s.api.delete(&files("busy", "tree"), TOKEN).await;
+    let reply = busy.delete("tree").await;
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.json());
-    let reply = s.api.delete(&files("busy", "tree"), TOKEN).await;
+    let reply = busy.delete("tree").await;
     assert_eq!(reply.error(StatusCode::NOT_FOUND), "not_found");
-    let result = s
-        .api
-        .run(TOKEN, "busy", "import os\nprint(os.path.exists('up0.bin'), os.path.exists('tree'), open('/tmp/keep').read())")
+    let result = busy
+        .run("import os\nprint(os.path.exists('up0.bin'), os.path.exists('tree'), open('/tmp/keep').read())")
         .await;
     assert_eq!(output(&result), "False False k", "{result}");
     s.finish().await;
 }
 
-/// Resident and peak resident memory of a process, in bytes (`/proc/PID/status`).
-fn memory_of(pid: u32) -> (u64, u64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|rest| rest.split_whitespace().next())
-            .and_then(|kib| kib.parse::<u64>().ok())
-            .map(|kib| kib * 1024)
-            .unwrap_or_else(|| panic!("{name} in /proc/{pid}/status"))
-    };
-    (field("VmRSS:"), field("VmHWM:"))
-}
-
-const MIB: f64 = 1024.0 * 1024.0;
-
-/// A real `kernelbox serve` process on a free port with one tenant (`TOKEN`); returns it and
-/// an API client aimed at it.
-async fn serve_process(label: &str, extra: &[&str]) -> (tokio::process::Child, Api) {
-    use tokio::io::AsyncBufReadExt;
-    let state = tempfile::tempdir().unwrap();
-    let mut server = tokio::process::Command::new(env!("CARGO_BIN_EXE_kernelbox"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
-        .arg(state.path())
-        .arg("--label")
-        .arg(format!("{}={label}", common::CASE))
-        .args(extra)
-        .env("KERNELBOX_TOKEN", TOKEN)
-        .env_remove("KERNELBOX_TENANTS")
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn kernelbox serve");
-    let mut lines = tokio::io::BufReader::new(server.stderr.take().unwrap()).lines();
-    let addr = common::serving_addr(&mut lines).await;
-    tokio::spawn(async move {
-        let _state = state;
-        while let Ok(Some(_)) = lines.next_line().await {}
-    });
-    (server, Api::new(addr))
-}
-
-/// Stops a `kernelbox serve` process with SIGTERM and waits for it.
-async fn stop(mut server: tokio::process::Child) {
-    let pid = server.id().unwrap();
-    let _ = std::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status();
-    let status = tokio::time::timeout(std::time::Duration::from_secs(60), server.wait())
-        .await
-        .expect("the server stops")
-        .unwrap();
-    assert!(status.success(), "{status}");
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_hundred_mib_streams_in_and_out_without_growing_the_server() {
-    use http_body_util::BodyExt;
-    let label = common::unique("files-stream-memory");
-    let engine = common::engine().await;
-    let (server, api) = serve_process(&label, &[]).await;
-    let pid = server.id().unwrap();
+    let served = Served::start("files-stream-memory", &[]).await;
+    let (api, pid) = (&served.api, served.process.id().unwrap());
+    let mem = Session::new(api, "mem");
     // Warm up: the kernel, the helper path, the allocator's pools.
-    let reply = put(
-        &api,
-        TOKEN,
-        &files("mem", "warm.bin"),
-        vec![1; 4 * 1024 * 1024],
-        None,
-    )
-    .await;
+    let reply = mem.put("warm.bin", vec![1; 4 * 1024 * 1024]).await;
     assert_eq!(reply.status, StatusCode::CREATED);
-    let _ = get(&api, TOKEN, &files("mem", "warm.bin"), None).await;
+    let _ = mem.get("warm.bin").await;
     let (rss_before, hwm_before) = memory_of(pid);
 
     let size = 100 * 1024 * 1024;
     let started = std::time::Instant::now();
-    let reply = put_streamed(&api, TOKEN, &files("mem", "big.bin"), 100, 1024 * 1024).await;
+    let reply = mem.put_streamed("big.bin", 100, 1024 * 1024).await;
     let upload = started.elapsed();
     assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json());
     assert_eq!(reply.json()["size"], size);
 
     let started = std::time::Instant::now();
     let req = api
-        .build(
-            Method::GET,
-            &files("mem", "big.bin"),
-            Some(TOKEN),
-            false,
-            false,
-        )
+        .build(Method::GET, &mem.url("big.bin"), Some(TOKEN), false, false)
         .body(http_body_util::Full::new(Bytes::new()))
         .unwrap();
     let response = api.http.request(req).await.unwrap();
@@ -794,15 +807,13 @@ async fn a_hundred_mib_streams_in_and_out_without_growing_the_server() {
         "the server grew by {:.1} MiB",
         growth as f64 / MIB
     );
-    stop(server).await;
-    common::assert_clean(&engine, &label).await;
+    served.finish().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kernelbox_cp_copies_files_and_directories_both_ways() {
-    let label = common::unique("files-cp");
-    let engine = common::engine().await;
-    let (server, api) = serve_process(&label, &[]).await;
+    let served = Served::start("files-cp", &[]).await;
+    let cps = Session::new(&served.api, "cps");
     let dir = tempfile::tempdir().unwrap();
     let data = random_bytes(3 * 1024 * 1024 + 17);
     std::fs::write(dir.path().join("data.bin"), &data).unwrap();
@@ -818,7 +829,7 @@ async fn kernelbox_cp_copies_files_and_directories_both_ways() {
             ])
             .arg("cp")
             .args(args)
-            .args(["--url", &api.base, "--token", TOKEN])
+            .args(["--url", &served.api.base, "--token", TOKEN])
             .current_dir(dir.path())
             .output()
             .unwrap();
@@ -829,14 +840,14 @@ async fn kernelbox_cp_copies_files_and_directories_both_ways() {
     };
     assert_eq!(cp(&["data.bin", "cps:in/data.bin"]).0, Some(0));
     assert_eq!(cp(&["./proj", "cps:proj"]).0, Some(0));
-    let result = api
-        .run(TOKEN, "cps", "import hashlib, os\nprint(hashlib.sha256(open('in/data.bin','rb').read()).hexdigest(), sorted(os.listdir('proj')))")
+    let result = cps
+        .run("import hashlib, os\nprint(hashlib.sha256(open('in/data.bin','rb').read()).hexdigest(), sorted(os.listdir('proj')))")
         .await;
     assert_eq!(
         output(&result),
         format!("{} ['main.py', 'sub']", hex::encode(Sha256::digest(&data)))
     );
-    api.run(TOKEN, "cps", "import os\nos.makedirs('out/deep')\nopen('out/deep/r.txt','w').write('result')\nos.symlink('/etc/passwd', 'out/pw')\n\
+    cps.run("import os\nos.makedirs('out/deep')\nopen('out/deep/r.txt','w').write('result')\nos.symlink('/etc/passwd', 'out/pw')\n\
          os.chmod('out/deep', 0o777)\nos.chmod('out/deep/r.txt', 0o6777)").await;
     assert_eq!(cp(&["cps:in/data.bin", "back.bin"]).0, Some(0));
     assert!(std::fs::read(dir.path().join("back.bin")).unwrap() == data);
@@ -867,8 +878,7 @@ async fn kernelbox_cp_copies_files_and_directories_both_ways() {
     assert_eq!(code, Some(2), "{stderr}");
     assert!(stderr.contains("no live kernel"), "{stderr}");
     assert!(!dir.path().join("m.txt").exists() && !dir.path().join("x").exists());
-    stop(server).await;
-    common::assert_clean(&engine, &label).await;
+    served.finish().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -920,36 +930,18 @@ async fn exec_uploads_before_the_cell_and_downloads_after_it() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_transfer_holds_its_kernel_against_the_idle_reaper_and_touches_its_last_use() {
-    use http_body_util::{BodyExt, StreamBody};
-    use hyper::body::Frame;
-    let idle = std::time::Duration::from_secs(2);
+    let idle = Duration::from_secs(2);
     let s = server("files-reaper", |c| c.kernel_idle_timeout = idle).await;
-    s.api.run(TOKEN, "slow", "x = 'kept'").await;
+    let slow = Session::new(&s.api, "slow");
+    slow.run("x = 'kept'").await;
     // An upload whose body the test paces: it is in flight for longer than the idle timeout.
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(1);
-    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .build_http::<http_body_util::combinators::BoxBody<Bytes, std::io::Error>>();
-    let body = StreamBody::new(futures::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|item| (item, rx))
-    }));
-    let req = s
-        .api
-        .build(
-            Method::PUT,
-            &files("slow", "slow.bin"),
-            Some(TOKEN),
-            false,
-            false,
-        )
-        .body(body.boxed())
-        .unwrap();
-    let upload = tokio::spawn(async move { read(client.request(req).await.unwrap()).await });
+    let (tx, upload) = slow.paced_put("slow.bin");
     tx.send(Ok(Frame::data(Bytes::from_static(b"first;"))))
         .await
         .unwrap();
     // Let the idle timeout pass while the transfer is in flight, then make the registry reap
     // (every new attach reaps idle kernels first).
-    tokio::time::sleep(idle + std::time::Duration::from_millis(500)).await;
+    tokio::time::sleep(idle + Duration::from_millis(500)).await;
     s.api.run(TOKEN, "bystander", "pass").await;
     let kernels = s.api.kernels(TOKEN).await;
     assert!(
@@ -960,19 +952,16 @@ async fn a_transfer_holds_its_kernel_against_the_idle_reaper_and_touches_its_las
         .await
         .unwrap();
     drop(tx);
-    let reply = upload.await.unwrap();
+    let reply = upload.await.unwrap().unwrap();
     assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json());
     // The transfer touched the kernel's last use: it is not idle since before the upload.
     let kernels = s.api.kernels(TOKEN).await;
-    let slow = kernels
+    let kernel = kernels
         .iter()
         .find(|k| k["session"] == "slow")
         .expect("the kernel");
-    assert!(slow["idle_seconds"].as_f64().unwrap() < 1.5, "{slow}");
-    let result = s
-        .api
-        .run(TOKEN, "slow", "print(x, open('slow.bin').read())")
-        .await;
+    assert!(kernel["idle_seconds"].as_f64().unwrap() < 1.5, "{kernel}");
+    let result = slow.run("print(x, open('slow.bin').read())").await;
     assert_eq!(output(&result), "kept first;last", "{result}");
     assert!(result["kernel"]["state_lost"].is_null(), "{result}");
     s.finish().await;
@@ -989,47 +978,26 @@ async fn in_project_mode_files_land_in_the_bind_mounted_project_directory() {
         c.mode = kernelbox::WorkMode::Project(dir)
     })
     .await;
-    let reply = put(
-        &s.api,
-        TOKEN,
-        &files("proj", "sub/up.txt"),
-        b"uploaded".to_vec(),
-        None,
-    )
-    .await;
+    let proj = Session::new(&s.api, "proj");
+    let reply = proj.put("sub/up.txt", b"uploaded").await;
     assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json());
     assert_eq!(reply.json()["path"], "/work/sub/up.txt");
     assert_eq!(
         std::fs::read_to_string(project.path().join("sub/up.txt")).unwrap(),
         "uploaded"
     );
-    let back = get(&s.api, TOKEN, &files("proj", "host.txt"), None).await;
+    let back = proj.get("host.txt").await;
     assert_eq!(&back.body[..], b"from the host");
     s.finish().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_upload_whose_client_breaks_off_leaves_nothing_half_written() {
-    use http_body_util::{BodyExt, StreamBody};
-    use hyper::body::Frame;
     let s = server("files-broken", |_| {}).await;
-    s.api
-        .run(TOKEN, "brk", "open('keep.txt', 'w').write('old')")
-        .await;
+    let brk = Session::new(&s.api, "brk");
+    brk.run("open('keep.txt', 'w').write('old')").await;
     for name in ["keep.txt", "new.bin"] {
-        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(1);
-        let client =
-            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-                .build_http::<http_body_util::combinators::BoxBody<Bytes, std::io::Error>>();
-        let body = StreamBody::new(futures::stream::unfold(rx, |mut rx| async move {
-            rx.recv().await.map(|item| (item, rx))
-        }));
-        let req = s
-            .api
-            .build(Method::PUT, &files("brk", name), Some(TOKEN), false, false)
-            .body(body.boxed())
-            .unwrap();
-        let upload = tokio::spawn(async move { client.request(req).await });
+        let (tx, upload) = brk.paced_put(name);
         tx.send(Ok(Frame::data(Bytes::from(vec![b'n'; 256 * 1024]))))
             .await
             .unwrap();
@@ -1044,7 +1012,7 @@ async fn an_upload_whose_client_breaks_off_leaves_nothing_half_written() {
     }
     // The server notices the cut on its own schedule (the helper sees its stdin end without
     // the commit frame): wait, bounded, until the transfers let go of the kernel.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while s.api.kernels(TOKEN).await[0]["attached"] != 0 {
         assert!(
             std::time::Instant::now() < deadline,
@@ -1054,42 +1022,16 @@ async fn an_upload_whose_client_breaks_off_leaves_nothing_half_written() {
     }
     let check = "import os\nprint(sorted(os.listdir('.')), open('keep.txt').read())";
     assert_eq!(
-        output(&s.api.run(TOKEN, "brk", check).await),
+        output(&brk.run(check).await),
         "['.kernelbox', 'keep.txt'] old"
     );
     s.finish().await;
 }
 
-/// Opens a connection with a tiny receive buffer, asks for `path` and reads no more than the
-/// first bytes of the answer.
-async fn stalled_get(api: &Api, path: &str) -> tokio::net::TcpStream {
-    use tokio::io::AsyncWriteExt;
-    let addr: std::net::SocketAddr = api.base.trim_start_matches("http://").parse().unwrap();
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.set_recv_buffer_size(4096).unwrap();
-    let mut stream = socket.connect(addr).await.unwrap();
-    let head =
-        format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nauthorization: Bearer {TOKEN}\r\n\r\n");
-    stream.write_all(head.as_bytes()).await.unwrap();
-    // The response has begun (the kernel is held) once its first bytes arrive.
-    let mut first = [0u8; 1024];
-    let n = tokio::io::AsyncReadExt::read(&mut stream, &mut first)
-        .await
-        .unwrap();
-    assert!(
-        first[..n].starts_with(b"HTTP/1.1 200"),
-        "{}",
-        String::from_utf8_lossy(&first[..n])
-    );
-    stream
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_download_the_client_stops_reading_is_cut_and_frees_its_kernel_for_others() {
-    let label = common::unique("files-stalled-download");
-    let engine = common::engine().await;
-    let (server, api) = serve_process(
-        &label,
+    let served = Served::start(
+        "files-stalled-download",
         &[
             "--max-kernels",
             "1",
@@ -1100,72 +1042,38 @@ async fn a_download_the_client_stops_reading_is_cut_and_frees_its_kernel_for_oth
         ],
     )
     .await;
-    let reply = put(
-        &api,
-        TOKEN,
-        &files("held", "big.bin"),
-        vec![7; 20 * 1024 * 1024],
-        None,
-    )
-    .await;
+    let (held, other) = (
+        Session::new(&served.api, "held"),
+        Session::new(&served.api, "other"),
+    );
+    let reply = held.put("big.bin", vec![7; 20 * 1024 * 1024]).await;
     assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json());
-    let stalled = stalled_get(&api, &files("held", "big.bin")).await;
+    let stalled = held.stalled_get("big.bin").await;
     // While the download holds the only kernel, another session cannot get one.
-    let started = std::time::Instant::now();
-    let mut refused = false;
-    let freed = loop {
-        let reply = api
-            .execute(TOKEN, "other", serde_json::json!({"code": "print(6*7)"}))
+    let freed =
+        until_another_session_runs(&served.api, "the stalled download", Duration::from_secs(30))
             .await;
-        if reply.status == StatusCode::OK {
-            break started.elapsed();
-        }
-        assert_eq!(
-            reply.status,
-            StatusCode::TOO_MANY_REQUESTS,
-            "{}",
-            reply.json()
-        );
-        refused = true;
-        assert!(
-            started.elapsed() < std::time::Duration::from_secs(30),
-            "the stalled download still holds its kernel after {:?}",
-            started.elapsed()
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
-    };
-    assert!(refused, "the stalled download never held its kernel");
     eprintln!("a stalled download released its kernel after {freed:?}");
     // A second stalled download cannot hold SIGTERM's drain (120 s here) either.
-    let reply = put(
-        &api,
-        TOKEN,
-        &files("other", "big.bin"),
-        vec![7; 20 * 1024 * 1024],
-        None,
-    )
-    .await;
+    let reply = other.put("big.bin", vec![7; 20 * 1024 * 1024]).await;
     assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json());
-    let stalled_again = stalled_get(&api, &files("other", "big.bin")).await;
+    let stalled_again = other.stalled_get("big.bin").await;
     let stopping = std::time::Instant::now();
-    stop(server).await;
+    served.finish().await;
     let stopped = stopping.elapsed();
     assert!(
-        stopped < std::time::Duration::from_secs(30),
+        stopped < Duration::from_secs(30),
         "SIGTERM waited {stopped:?} for a stalled download"
     );
     drop((stalled, stalled_again));
-    common::assert_clean(&engine, &label).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_non_utf8_name_is_listed_with_replacement_characters_and_long_names_stay_in_bound() {
     let s = server("files-names", |_| {}).await;
-    let result = s
-        .api
+    let names = Session::new(&s.api, "names");
+    let result = names
         .run(
-            TOKEN,
-            "names",
             "import os\nos.makedirs('bad')\nopen(b'bad/\\xff\\xfe', 'w').close()\n\
              open('bad/ok', 'w').close()\nos.makedirs('long')\n\
              for i in range(10000):\n    open('long/%05d' % i + '\\x01' * 245, 'w').close()\n\
@@ -1173,21 +1081,21 @@ async fn a_non_utf8_name_is_listed_with_replacement_characters_and_long_names_st
         )
         .await;
     assert_eq!(output(&result), "made", "{result}");
-    let reply = get(&s.api, TOKEN, &files("names", "bad"), None).await;
+    let reply = names.get("bad").await;
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.json());
-    let names: Vec<String> = reply.json()["entries"]
+    let listed: Vec<String> = reply.json()["entries"]
         .as_array()
         .unwrap()
         .iter()
         .map(|e| e["name"].as_str().unwrap().to_string())
         .collect();
     assert_eq!(
-        names,
+        listed,
         vec!["ok".to_string(), "\u{FFFD}\u{FFFD}".to_string()]
     );
     // 10,000 names that JSON escapes six-fold would pass the header bound: the listing is
     // truncated within it instead of failing.
-    let reply = get(&s.api, TOKEN, &files("names", "long"), None).await;
+    let reply = names.get("long").await;
     assert_eq!(
         reply.status,
         StatusCode::OK,
@@ -1209,29 +1117,20 @@ async fn a_non_utf8_name_is_listed_with_replacement_characters_and_long_names_st
 async fn sockets_nested_tar_members_and_conflicting_merges_are_refused_whole_and_files_slash_lists()
 {
     let s = server("files-small-holes", |_| {}).await;
-    let result = s
-        .api
+    let small = Session::new(&s.api, "small");
+    let result = small
         .run(
-            TOKEN,
-            "small",
             "import os, socket\nsk = socket.socket(socket.AF_UNIX)\nsk.bind('sock')\n\
              os.makedirs('dst/keep')\nopen('dst/x', 'w').write('file')\nprint('ok')",
         )
         .await;
     assert_eq!(output(&result), "ok", "{result}");
     // A socket is not a file to read.
-    let reply = get(&s.api, TOKEN, &files("small", "sock"), None).await;
+    let reply = small.get("sock").await;
     assert_eq!(reply.error(StatusCode::BAD_REQUEST), "not_a_file");
     // A member under a file of the same archive refuses the archive.
     let tar = tar_of(&[("a", b"file"), ("a/b", b"under")]);
-    let reply = put(
-        &s.api,
-        TOKEN,
-        &files("small", "t"),
-        tar,
-        Some("application/x-tar"),
-    )
-    .await;
+    let reply = small.put_tar("t", tar).await;
     assert_eq!(reply.error(StatusCode::BAD_REQUEST), "tar_member_refused");
     // A conflict with what is there refuses the whole archive before anything moves: the
     // other members (`fNN` on either side of it, `keep/new`) are not merged either, in
@@ -1241,18 +1140,9 @@ async fn sockets_nested_tar_members_and_conflicting_merges_are_refused_whole_and
     members.insert(20, ("x/under", b"a file where dst/x is a file"));
     members.insert(10, ("keep/new", b"new"));
     let tar = tar_of(&members);
-    let reply = put(
-        &s.api,
-        TOKEN,
-        &files("small", "dst"),
-        tar,
-        Some("application/x-tar"),
-    )
-    .await;
+    let reply = small.put_tar("dst", tar).await;
     assert_eq!(reply.error(StatusCode::BAD_REQUEST), "not_a_directory");
-    let listing = get(&s.api, TOKEN, &files("small", "dst/"), None)
-        .await
-        .json();
+    let listing = small.get("dst/").await.json();
     let names: Vec<&str> = listing["entries"]
         .as_array()
         .unwrap()
@@ -1260,14 +1150,12 @@ async fn sockets_nested_tar_members_and_conflicting_merges_are_refused_whole_and
         .map(|e| e["name"].as_str().unwrap())
         .collect();
     assert_eq!(names, vec!["keep", "x"], "{listing}");
-    let keep = get(&s.api, TOKEN, &files("small", "dst/keep"), None)
-        .await
-        .json();
+    let keep = small.get("dst/keep").await.json();
     assert_eq!(keep["entries"], serde_json::json!([]), "{keep}");
     // `.../files/` is the working directory, as `.../files` is.
-    let reply = get(&s.api, TOKEN, "/v1/sessions/small/files/?child", None).await;
+    let reply = small.get("?child").await;
     assert_ne!(reply.status, StatusCode::NOT_FOUND);
-    let reply = get(&s.api, TOKEN, "/v1/sessions/small/files/", None).await;
+    let reply = small.get("").await;
     assert_eq!(reply.status, StatusCode::OK, "{:?}", reply.body);
     assert!(reply.json()["entries"]
         .as_array()
@@ -1279,13 +1167,10 @@ async fn sockets_nested_tar_members_and_conflicting_merges_are_refused_whole_and
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_upload_cut_by_deleting_its_session_answers_no_kernel() {
-    use http_body_util::{BodyExt, StreamBody};
-    use hyper::body::Frame;
     let s = server("files-cut-upload", |_| {}).await;
-    let (tx, rx) = futures::channel::mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(1);
+    let cut = Session::new(&s.api, "cut");
+    let (tx, upload) = cut.paced_put("slow.bin");
     let feeder = tokio::spawn(async move {
-        use futures::SinkExt;
-        let mut tx = tx;
         for _ in 0..600 {
             if tx
                 .send(Ok(Frame::data(Bytes::from(vec![b'u'; 1024]))))
@@ -1294,112 +1179,70 @@ async fn an_upload_cut_by_deleting_its_session_answers_no_kernel() {
             {
                 return;
             }
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     });
-    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .build_http::<http_body_util::combinators::BoxBody<Bytes, std::io::Error>>();
-    let req = s
-        .api
-        .build(
-            Method::PUT,
-            &files("cut", "slow.bin"),
-            Some(TOKEN),
-            false,
-            false,
-        )
-        .body(StreamBody::new(rx).boxed())
-        .unwrap();
-    let upload = tokio::spawn(async move { read(client.request(req).await.unwrap()).await });
     // Until the helper has its temporary file, the upload is not under way.
     let started = std::time::Instant::now();
     loop {
-        let result = s
-            .api
-            .run(
-                TOKEN,
-                "cut",
-                "import glob\nprint(len(glob.glob('.kernelbox-upload-*')))",
-            )
+        let result = cut
+            .run("import glob\nprint(len(glob.glob('.kernelbox-upload-*')))")
             .await;
         if output(&result) == "1" {
             break;
         }
-        assert!(
-            started.elapsed() < std::time::Duration::from_secs(30),
-            "{result}"
-        );
+        assert!(started.elapsed() < Duration::from_secs(30), "{result}");
     }
     let reply = s.api.delete("/v1/sessions/cut", TOKEN).await;
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.json());
-    let reply = tokio::time::timeout(std::time::Duration::from_secs(60), upload)
+    let reply = tokio::time::timeout(Duration::from_secs(60), upload)
         .await
         .expect("the upload answers")
+        .unwrap()
         .unwrap();
     assert_eq!(reply.error(StatusCode::NOT_FOUND), "no_kernel");
     feeder.abort();
     s.finish().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_download_read_slower_than_the_minimum_rate_is_cut_and_frees_its_kernel() {
+/// Reads `reader` 4 KiB at a time with `pause` between reads (about 4 KiB per `pause`, never
+/// stalled long enough for the send timeout), until it ends or `reads` reads are done.
+fn trickle(
+    mut reader: tokio::net::TcpStream,
+    pause: Duration,
+    reads: usize,
+) -> tokio::task::JoinHandle<usize> {
     use tokio::io::AsyncReadExt;
-    let s = server("files-slow-download", |c| {
-        c.max_session_kernels = 1;
-        c.download_min_rate = 1024 * 1024;
-        c.download_rate_grace = std::time::Duration::from_secs(2);
-    })
-    .await;
-    let reply = put(
-        &s.api,
-        TOKEN,
-        &files("slow", "big.bin"),
-        vec![7; 20 * 1024 * 1024],
-        None,
-    )
-    .await;
-    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json());
-    let mut reader = stalled_get(&s.api, &files("slow", "big.bin")).await;
-    // A reader that keeps reading, 4 KiB every 100 ms (40 KiB/s): never stalled long enough
-    // for the send timeout, far below the minimum rate.
-    let trickle = tokio::spawn(async move {
+    tokio::spawn(async move {
         let mut buf = [0u8; 4096];
         let mut total = 0usize;
-        for _ in 0..600 {
+        for _ in 0..reads {
             match reader.read(&mut buf).await {
                 Ok(0) | Err(_) => break,
                 Ok(n) => total += n,
             }
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            tokio::time::sleep(pause).await;
         }
         total
-    });
-    let started = std::time::Instant::now();
-    let mut refused = false;
-    let freed = loop {
-        let reply = s
-            .api
-            .execute(TOKEN, "other", serde_json::json!({"code": "print(6*7)"}))
-            .await;
-        if reply.status == StatusCode::OK {
-            break started.elapsed();
-        }
-        assert_eq!(
-            reply.status,
-            StatusCode::TOO_MANY_REQUESTS,
-            "{}",
-            reply.json()
-        );
-        refused = true;
-        assert!(
-            started.elapsed() < std::time::Duration::from_secs(25),
-            "the slow download still holds its kernel after {:?}: {}",
-            started.elapsed(),
-            reply.json()
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
-    };
-    assert!(refused, "the slow download never held its kernel");
+    })
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_download_read_slower_than_the_minimum_rate_is_cut_and_frees_its_kernel() {
+    let s = server("files-slow-download", |c| {
+        c.max_session_kernels = 1;
+        c.download_min_rate = 1024 * 1024;
+        c.download_rate_grace = Duration::from_secs(2);
+    })
+    .await;
+    let slow = Session::new(&s.api, "slow");
+    let reply = slow.put("big.bin", vec![7; 20 * 1024 * 1024]).await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json());
+    let reader = slow.stalled_get("big.bin").await;
+    // 40 KiB/s: far below the minimum rate.
+    let trickle = trickle(reader, Duration::from_millis(100), 600);
+    let freed =
+        until_another_session_runs(&s.api, "the slow download", Duration::from_secs(25)).await;
     eprintln!("a download read at 40 KiB/s released its kernel after {freed:?}");
     trickle.abort();
     s.finish().await;
@@ -1429,11 +1272,11 @@ async fn helper_pids(container: &str) -> Vec<String> {
     pids
 }
 
-/// Waits, bounded, until the helpers of `container` are `want` (their count): a transfer's
-/// helper goes back to its kernel once the response was written, a moment after the client
-/// has it all.
+/// Waits, bounded, until `container` runs `want` file helpers and returns their pids (what
+/// it runs at the deadline otherwise): a transfer's helper goes back to its kernel, or ends,
+/// a moment after the client has the whole answer.
 async fn helpers_settle(container: &str, want: usize) -> Vec<String> {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
         let pids = helper_pids(container).await;
         if pids.len() == want || std::time::Instant::now() > deadline {
@@ -1443,34 +1286,37 @@ async fn helpers_settle(container: &str, want: usize) -> Vec<String> {
     }
 }
 
-/// The session's kernel container id.
-async fn container_of(api: &Api, session: &str) -> String {
-    api.kernels(TOKEN)
-        .await
-        .into_iter()
-        .find(|k| k["session"] == session)
-        .and_then(|k| k["id"].as_str().map(str::to_string))
-        .expect("the session's kernel")
+impl Session {
+    /// The id of the session's kernel container.
+    async fn container(&self) -> String {
+        self.api
+            .kernels(self.token)
+            .await
+            .into_iter()
+            .find(|k| k["session"] == self.name)
+            .and_then(|k| k["id"].as_str().map(str::to_string))
+            .expect("the session's kernel")
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn transfers_in_a_row_use_one_resident_helper_process() {
     let s = server("files-resident", |_| {}).await;
+    let res = Session::new(&s.api, "res");
     // Nothing runs in an idle kernel until files are used.
-    s.api.run(TOKEN, "res", "print(1)").await;
-    let id = container_of(&s.api, "res").await;
+    res.run("print(1)").await;
+    let id = res.container().await;
     assert_eq!(helper_pids(&id).await, Vec::<String>::new());
     let data = random_bytes(3 * 1024 * 1024);
     let mut seen = Vec::new();
     for round in 0..3 {
-        let path = files("res", &format!("f{round}.bin"));
-        let reply = put(&s.api, TOKEN, &path, data.clone(), None).await;
+        let path = format!("f{round}.bin");
+        let reply = res.put(&path, data.clone()).await;
         assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json());
-        let reply = get(&s.api, TOKEN, &path, None).await;
+        let reply = res.get(&path).await;
         assert_eq!(reply.status, StatusCode::OK);
         assert!(reply.body == data, "round {round}: the bytes differ");
-        let reply = get(&s.api, TOKEN, &files("res", ""), None).await;
-        assert_eq!(reply.status, StatusCode::OK);
+        assert_eq!(res.get("").await.status, StatusCode::OK);
         seen.push(helpers_settle(&id, 1).await);
     }
     eprintln!("helper pids after each round: {seen:?}");
@@ -1489,22 +1335,22 @@ const KILL_HELPERS: &str = "import os, signal\nn = 0\nfor p in os.listdir('/proc
 #[tokio::test(flavor = "multi_thread")]
 async fn a_cell_that_kills_the_resident_helper_does_not_fail_the_next_transfers() {
     let s = server("files-killed", |_| {}).await;
+    let kill = Session::new(&s.api, "kill");
     let data = random_bytes(1024 * 1024);
     for round in 0..2 {
-        let path = files("kill", &format!("f{round}.bin"));
-        let reply = put(&s.api, TOKEN, &path, data.clone(), None).await;
+        let reply = kill.put(&format!("f{round}.bin"), data.clone()).await;
         assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json());
-        let id = container_of(&s.api, "kill").await;
+        let id = kill.container().await;
         let before = helpers_settle(&id, 1).await;
         assert_eq!(before.len(), 1, "{before:?}");
-        let killed = s.api.run(TOKEN, "kill", KILL_HELPERS).await;
+        let killed = kill.run(KILL_HELPERS).await;
         assert_eq!(output(&killed), "1", "{killed}");
-        // Both directions, on a helper that died while idle.
-        let path = files("kill", &format!("g{round}.bin"));
-        let reply = put(&s.api, TOKEN, &path, data.clone(), None).await;
+        // Both directions, each on a helper that died while idle.
+        let path = format!("g{round}.bin");
+        let reply = kill.put(&path, data.clone()).await;
         assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json());
-        s.api.run(TOKEN, "kill", KILL_HELPERS).await;
-        let reply = get(&s.api, TOKEN, &path, None).await;
+        kill.run(KILL_HELPERS).await;
+        let reply = kill.get(&path).await;
         assert_eq!(reply.status, StatusCode::OK, "{}", reply.json());
         assert!(reply.body == data, "the bytes differ");
         let after = helpers_settle(&id, 1).await;
@@ -1516,43 +1362,21 @@ async fn a_cell_that_kills_the_resident_helper_does_not_fail_the_next_transfers(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn uploads_beside_one_holding_the_resident_helper_all_succeed() {
-    use http_body_util::{BodyExt, StreamBody};
-    use hyper::body::Frame;
     let s = server("files-beside", |_| {}).await;
-    let reply = put(&s.api, TOKEN, &files("side", "warm"), b"w".to_vec(), None).await;
-    assert_eq!(reply.status, StatusCode::CREATED);
-    let id = container_of(&s.api, "side").await;
+    let side = Session::new(&s.api, "side");
+    assert_eq!(side.put("warm", "w").await.status, StatusCode::CREATED);
+    let id = side.container().await;
     let resident = helpers_settle(&id, 1).await;
     // A slow client: its upload takes the idle resident helper and holds it.
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(1);
-    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .build_http::<http_body_util::combinators::BoxBody<Bytes, std::io::Error>>();
-    let body = StreamBody::new(futures::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|item| (item, rx))
-    }));
-    let req = s
-        .api
-        .build(
-            Method::PUT,
-            &files("side", "slow.bin"),
-            Some(TOKEN),
-            false,
-            false,
-        )
-        .body(body.boxed())
-        .unwrap();
-    let slow = tokio::spawn(async move { read(client.request(req).await.unwrap()).await });
+    let (tx, slow) = side.paced_put("slow.bin");
     tx.send(Ok(Frame::data(Bytes::from(vec![b's'; 1024]))))
         .await
         .unwrap();
-    // The slow upload is in the resident helper (its first frame went through it).
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    loop {
-        let check =
-            "import os\nprint(any(n.startswith('.kernelbox-upload-') for n in os.listdir('.')))";
-        if output(&s.api.run(TOKEN, "side", check).await) == "True" {
-            break;
-        }
+    // The slow upload is under way (its temporary file exists).
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let check =
+        "import os\nprint(any(n.startswith('.kernelbox-upload-') for n in os.listdir('.')))";
+    while output(&side.run(check).await) != "True" {
         assert!(
             std::time::Instant::now() < deadline,
             "the slow upload never began"
@@ -1560,16 +1384,13 @@ async fn uploads_beside_one_holding_the_resident_helper_all_succeed() {
     }
     let data = random_bytes(2 * 1024 * 1024);
     let uploads = (0..4).map(|i| {
-        let (api, data) = (&s.api, data.clone());
-        async move { put(api, TOKEN, &files("side", &format!("c{i}.bin")), data, None).await }
+        let (side, data) = (&side, data.clone());
+        async move { side.put(&format!("c{i}.bin"), data).await }
     });
     let started = std::time::Instant::now();
-    let replies = tokio::time::timeout(
-        std::time::Duration::from_secs(60),
-        futures::future::join_all(uploads),
-    )
-    .await
-    .expect("the uploads beside the slow one never ended");
+    let replies = tokio::time::timeout(Duration::from_secs(60), futures::future::join_all(uploads))
+        .await
+        .expect("the uploads beside the slow one never ended");
     eprintln!(
         "4 concurrent uploads beside a held helper: {:?}",
         started.elapsed()
@@ -1582,11 +1403,11 @@ async fn uploads_beside_one_holding_the_resident_helper_all_succeed() {
         .await
         .unwrap();
     drop(tx);
-    let reply = slow.await.unwrap();
+    let reply = slow.await.unwrap().unwrap();
     assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json());
     assert_eq!(reply.json()["size"], 2048);
-    let check = "import hashlib\nprint(len({hashlib.sha256(open('c%d.bin' % i, 'rb').read()).hexdigest() for i in range(4)}), len(open('slow.bin','rb').read()))";
-    assert_eq!(output(&s.api.run(TOKEN, "side", check).await), "1 2048");
+    let check = "import hashlib\nprint(len({hashlib.sha256(open('c%d.bin' % i, 'rb').read()).hexdigest() for i in range(4)}), len(open('slow.bin', 'rb').read()))";
+    assert_eq!(output(&side.run(check).await), "1 2048");
     // The one-shot helpers are gone; the resident one stays.
     assert_eq!(helpers_settle(&id, 1).await, resident);
     s.finish().await;
@@ -1594,15 +1415,15 @@ async fn uploads_beside_one_holding_the_resident_helper_all_succeed() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_resident_helper_ends_after_its_idle_time() {
-    let idle = std::time::Duration::from_secs(2);
+    let idle = Duration::from_secs(2);
     let s = server("files-idle", |c| c.file_helper_idle = idle).await;
-    let reply = put(&s.api, TOKEN, &files("idle", "a.txt"), b"a".to_vec(), None).await;
-    assert_eq!(reply.status, StatusCode::CREATED);
-    let id = container_of(&s.api, "idle").await;
+    let session = Session::new(&s.api, "idle");
+    assert_eq!(session.put("a.txt", "a").await.status, StatusCode::CREATED);
     let used = std::time::Instant::now();
+    let id = session.container().await;
     assert_eq!(helpers_settle(&id, 1).await.len(), 1);
     // Polled through the engine, bounded: it is gone within its idle time and a margin.
-    let deadline = used + idle + std::time::Duration::from_secs(15);
+    let deadline = used + idle + Duration::from_secs(15);
     while !helper_pids(&id).await.is_empty() {
         assert!(
             std::time::Instant::now() < deadline,
@@ -1614,7 +1435,7 @@ async fn the_resident_helper_ends_after_its_idle_time() {
     eprintln!("the idle helper ended {gone:?} after its last use (idle time {idle:?})");
     assert!(gone >= idle, "ended before its idle time: {gone:?}");
     // The next operation starts a new one.
-    let reply = get(&s.api, TOKEN, &files("idle", "a.txt"), None).await;
+    let reply = session.get("a.txt").await;
     assert_eq!(reply.status, StatusCode::OK);
     assert_eq!(&reply.body[..], b"a");
     assert_eq!(helpers_settle(&id, 1).await.len(), 1);
@@ -1635,14 +1456,15 @@ fn forge(forged: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn forged_resident_helper_output_fails_that_transfer_clearly_and_the_next_works() {
-    let label = common::unique("files-forged");
-    let engine = common::engine().await;
-    let (server, api) = serve_process(&label, &["--pool", "0"]).await;
-    let pid = server.id().unwrap();
+    let served = Served::start("files-forged", &["--pool", "0"]).await;
+    let pid = served.process.id().unwrap();
+    let forger = Session::new(&served.api, "forge");
     let data = random_bytes(1024 * 1024);
-    let reply = put(&api, TOKEN, &files("forge", "d.bin"), data.clone(), None).await;
-    assert_eq!(reply.status, StatusCode::CREATED);
-    let _ = get(&api, TOKEN, &files("forge", "d.bin"), None).await;
+    assert_eq!(
+        forger.put("d.bin", data.clone()).await.status,
+        StatusCode::CREATED
+    );
+    assert_eq!(forger.get("d.bin").await.status, StatusCode::OK);
     let (_, hwm_before) = memory_of(pid);
     let cases = [
         // A header frame announcing 4 GiB: refused from its 5 bytes.
@@ -1664,9 +1486,9 @@ async fn forged_resident_helper_output_fails_that_transfer_clearly_and_the_next_
         ),
     ];
     for (forged, says) in cases {
-        let result = api.run(TOKEN, "forge", &forge(forged)).await;
+        let result = forger.run(&forge(forged)).await;
         assert_eq!(output(&result), "1", "{result}");
-        let reply = get(&api, TOKEN, &files("forge", "d.bin"), None).await;
+        let reply = forger.get("d.bin").await;
         assert_eq!(
             reply.status,
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -1680,10 +1502,10 @@ async fn forged_resident_helper_output_fails_that_transfer_clearly_and_the_next_
             "{forged}: {error}"
         );
         // The next transfers, both ways, work on a new helper.
-        let reply = get(&api, TOKEN, &files("forge", "d.bin"), None).await;
+        let reply = forger.get("d.bin").await;
         assert_eq!(reply.status, StatusCode::OK, "{}", reply.json());
         assert!(reply.body == data, "the bytes differ");
-        let reply = put(&api, TOKEN, &files("forge", "e.bin"), data.clone(), None).await;
+        let reply = forger.put("e.bin", data.clone()).await;
         assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json());
     }
     let (_, hwm_after) = memory_of(pid);
@@ -1697,8 +1519,36 @@ async fn forged_resident_helper_output_fails_that_transfer_clearly_and_the_next_
         "the server's peak grew by {:.1} MiB",
         peak as f64 / MIB
     );
-    stop(server).await;
-    common::assert_clean(&engine, &label).await;
+    served.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn serve_min_download_rate_sets_the_rate_below_which_a_download_is_cut() {
+    let served = Served::start(
+        "files-min-download-rate",
+        &["--max-kernels", "1", "--min-download-rate", "1m"],
+    )
+    .await;
+    let slow = Session::new(&served.api, "slow");
+    let reply = slow.put("big.bin", vec![7; 20 * 1024 * 1024]).await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json());
+    let reader = slow.stalled_get("big.bin").await;
+    // About 200 KiB/s: above the default minimum (64 KiB/s), below the 1 MiB/s asked for; the
+    // minimum applies after 30 s.
+    let trickle = trickle(reader, Duration::from_millis(20), 5000);
+    let freed = until_another_session_runs(
+        &served.api,
+        "a download read at 200 KiB/s",
+        Duration::from_secs(60),
+    )
+    .await;
+    eprintln!("a download read at 200 KiB/s under --min-download-rate 1m released its kernel after {freed:?}");
+    assert!(
+        freed >= Duration::from_secs(25),
+        "cut before the grace: {freed:?}"
+    );
+    trickle.abort();
+    served.finish().await;
 }
 
 /// A cell stops its resident helper (SIGSTOP) and drips a byte into its stderr every 5 s for

@@ -20,7 +20,7 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::{json, Value};
 use tokio::io::AsyncBufReadExt;
 
-use common::{assert_clean, engine, unique, Case, CASE};
+use common::{assert_clean, engine, memory_of, unique, Case, CASE, MIB};
 use kernelbox::{CellStatus, ExecuteRequest};
 
 /// The runner's protocol channel, found the way a hostile cell would find it.
@@ -75,23 +75,6 @@ impl Api {
         value
     }
 }
-
-/// Resident and peak resident memory of a process, in bytes (`/proc/PID/status`).
-fn memory_of(pid: u32) -> (u64, u64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|rest| rest.split_whitespace().next())
-            .and_then(|kib| kib.parse::<u64>().ok())
-            .map(|kib| kib * 1024)
-            .unwrap_or_else(|| panic!("{name} in /proc/{pid}/status"))
-    };
-    (field("VmRSS:"), field("VmHWM:"))
-}
-
-const MIB: f64 = 1024.0 * 1024.0;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_gigabyte_of_forged_frames_costs_the_server_little_and_kills_only_the_abuser() {

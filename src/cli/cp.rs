@@ -18,6 +18,7 @@ use hyper_util::rt::TokioExecutor;
 
 use super::transfer::{local_target, open_local, save_file, save_tar};
 use super::Exit;
+use kernelbox::api_path;
 use kernelbox::files::TransferError;
 
 #[derive(Debug, Args)]
@@ -46,19 +47,6 @@ fn remote(spec: &str) -> Option<(&str, &str)> {
     spec.split_once(':')
 }
 
-/// Percent-encodes a path for a URL, keeping `/` and unreserved characters.
-fn encode(path: &str) -> String {
-    let mut out = String::new();
-    for b in path.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b'/') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
 fn failed(message: String) -> anyhow::Error {
     Exit { code: 3, message }.into()
 }
@@ -76,14 +64,10 @@ pub async fn run(args: CpArgs) -> anyhow::Result<ExitCode> {
             .into())
         }
     };
-    let mut uri = format!(
-        "{base}/v1/sessions/{}/files/{}",
-        encode(session),
-        encode(path.trim_start_matches('/'))
+    let uri = format!(
+        "{base}{}",
+        api_path::files(session, path.trim_start_matches('/'), args.child.as_deref())
     );
-    if let Some(child) = &args.child {
-        uri.push_str(&format!("?child={}", encode(child)));
-    }
     let client =
         Client::builder(TokioExecutor::new()).build_http::<UnsyncBoxBody<Bytes, std::io::Error>>();
     let mut request = hyper::Request::builder().uri(&uri);

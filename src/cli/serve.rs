@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::Args;
 use tokio_util::sync::CancellationToken;
 
-use kernelbox::config::parse_duration;
+use kernelbox::config::{parse_bytes, parse_duration};
 use kernelbox::server::{self, AppState, Tenant, Tenants};
 use kernelbox::Orchestrator;
 
@@ -53,6 +53,10 @@ pub(crate) struct ServeArgs {
     /// connection closed, releasing what the response held (a download's kernel).
     #[arg(long, env = "KERNELBOX_SEND_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     send_timeout: Duration,
+    /// A file download read slower than this on average, in bytes per second (e.g. 64k, 1m),
+    /// once 30 s have passed is cut and its kernel released; 0 sets no minimum.
+    #[arg(long, env = "KERNELBOX_MIN_DOWNLOAD_RATE", default_value = "64k", value_parser = parse_rate)]
+    min_download_rate: u64,
     /// Most connections open at once (API and metrics listeners together); one more gets a
     /// 503 `too_many_connections` and is closed.
     #[arg(long, env = "KERNELBOX_MAX_CONNECTIONS", default_value_t = 1024,
@@ -80,6 +84,18 @@ pub(crate) struct ServeArgs {
     mcp_max_sessions: u32,
     #[command(flatten)]
     kernel: KernelOpts,
+}
+
+/// A rate in bytes per second: a size as `--memory` takes it (`64k`, `1m`; `/s` may follow),
+/// or `0` for none.
+fn parse_rate(text: &str) -> Result<u64, String> {
+    let size = text.trim();
+    let size = size.strip_suffix("/s").unwrap_or(size);
+    if size.trim().parse::<f64>() == Ok(0.0) {
+        return Ok(0);
+    }
+    let bytes = parse_bytes(size).map_err(|e| format!("{e}; or 0 for no minimum"))?;
+    u64::try_from(bytes).map_err(|e| format!("{text:?}: {e}"))
 }
 
 /// The warm pool of a server when `--pool` is not given (at most `--max-kernels`).
@@ -114,6 +130,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     config.kernel_idle_timeout = args.idle_timeout;
     config.pool_size = args.pool.unwrap_or(DEFAULT_POOL.min(args.max_kernels));
     config.pool_max_age = args.pool_max_age;
+    config.download_min_rate = args.min_download_rate;
     config.watchdog = std::env::current_exe().ok();
     config.state_dir = Some(match args.state_dir.clone() {
         Some(dir) => dir,
@@ -257,4 +274,20 @@ async fn wait_for_signal(shutdown: CancellationToken) {
     }
     eprintln!("kernelbox: shutting down (finishing running cells, then removing kernels)");
     shutdown.cancel();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_rate;
+
+    #[test]
+    fn a_rate_is_a_size_per_second_and_zero_is_none() {
+        assert_eq!(parse_rate("64k"), Ok(64 * 1024));
+        assert_eq!(parse_rate("1m/s"), Ok(1024 * 1024));
+        assert_eq!(parse_rate("100"), Ok(100));
+        assert_eq!(parse_rate("0"), Ok(0));
+        assert_eq!(parse_rate(" 0.0 "), Ok(0));
+        assert!(parse_rate("fast").is_err());
+        assert!(parse_rate("-1k").is_err());
+    }
 }

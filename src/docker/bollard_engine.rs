@@ -419,7 +419,7 @@ impl Engine for BollardEngine {
                 Some(bollard::exec::StartExecOptions {
                     detach: false,
                     tty: false,
-                    output_capacity: Some(256 * 1024),
+                    output_capacity: Some(64 * 1024),
                 }),
             )
             .await

@@ -50,6 +50,8 @@ pub struct FakeEngine {
     state: Arc<Mutex<State>>,
     /// Images that exist (any image when empty).
     pub images: Arc<Mutex<Vec<String>>>,
+    /// How long a container create takes (in the test's clock; zero by default).
+    pub create_delay: Arc<Mutex<std::time::Duration>>,
 }
 
 impl FakeEngine {
@@ -197,6 +199,10 @@ impl Engine for FakeEngine {
     }
 
     async fn create_container(&self, spec: &ContainerSpec) -> Result<String, EngineError> {
+        let delay = *self.create_delay.lock().unwrap_or_else(|p| p.into_inner());
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
         if !self.image_exists(&spec.image).await? {
             return Err(EngineError::ImageMissing {
                 image: spec.image.clone(),

@@ -957,7 +957,110 @@ fn body_stream(lease: Lease, size: Option<u64>) -> DownloadStream {
 
 #[cfg(test)]
 mod tests {
-    use super::Entries;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use bytes::Bytes;
+    use futures::StreamExt;
+    use tokio::io::AsyncWriteExt;
+
+    use super::{Chunk, Entries, Frame, Gather, Reader, Stderr};
+
+    fn reader(chunks: Vec<Chunk>) -> Reader {
+        Reader {
+            output: futures::stream::iter(chunks.into_iter().map(Ok)).boxed(),
+            rest: Bytes::new(),
+            stderr: Stderr::default(),
+            received: 0,
+        }
+    }
+
+    fn out(bytes: &[u8]) -> Chunk {
+        Chunk::Stdout(Bytes::copy_from_slice(bytes))
+    }
+
+    #[tokio::test]
+    async fn frames_split_anywhere_across_engine_chunks_are_read_whole() {
+        let mut wire = Vec::new();
+        for (kind, payload) in [
+            (b'H', &br#"{"kind":"file","size":6}"#[..]),
+            (b'D', b"abcdef"),
+            (b'S', br#"{"ok":true,"size":6}"#),
+        ] {
+            wire.push(kind);
+            wire.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+            wire.extend_from_slice(payload);
+        }
+        // Every split point, with a stderr chunk in the middle.
+        for cut in 1..wire.len() {
+            let mut r = reader(vec![
+                out(&wire[..cut]),
+                Chunk::Stderr(Bytes::from_static(b"noise")),
+                out(&wire[cut..]),
+            ]);
+            let Some(Frame::Header(h)) = r.frame().await.unwrap() else {
+                panic!("cut {cut}: no header");
+            };
+            assert_eq!(&h[..], br#"{"kind":"file","size":6}"#);
+            let Some(Frame::Data(n)) = r.frame().await.unwrap() else {
+                panic!("cut {cut}: no data");
+            };
+            let mut data = Vec::new();
+            while data.len() < n as usize {
+                data.extend_from_slice(&r.take(n as usize - data.len()).await.unwrap().unwrap());
+            }
+            assert_eq!(data, b"abcdef", "cut {cut}");
+            let Some(Frame::Status(status)) = r.frame().await.unwrap() else {
+                panic!("cut {cut}: no status");
+            };
+            assert!(status.ok && status.size == Some(6));
+            assert!(r.frame().await.unwrap().is_none(), "cut {cut}");
+        }
+    }
+
+    #[tokio::test]
+    async fn oversized_headers_and_statuses_are_refused_from_their_length_alone() {
+        for (kind, says) in [(b'H', "header line is too long"), (b'S', "a S frame")] {
+            // 4 MiB follow the head: a frame read past its head pulls them.
+            let pulled = Arc::new(AtomicUsize::new(0));
+            let counted = pulled.clone();
+            let mut head = vec![kind];
+            head.extend_from_slice(&u32::MAX.to_be_bytes());
+            let output = futures::stream::iter([Ok(Chunk::Stdout(Bytes::from(head)))])
+                .chain(
+                    futures::stream::repeat_with(move || {
+                        counted.fetch_add(1, Ordering::Relaxed);
+                        Ok(Chunk::Stdout(Bytes::from(vec![b'x'; 64 * 1024])))
+                    })
+                    .take(64),
+                )
+                .boxed();
+            let mut r = Reader {
+                output,
+                rest: Bytes::new(),
+                stderr: Stderr::default(),
+                received: 0,
+            };
+            let error = match r.frame().await {
+                Err(e) => e.to_string(),
+                Ok(_) => panic!("a {} frame of 4 GiB was accepted", kind as char),
+            };
+            assert!(error.contains(says), "{error}");
+            assert_eq!(pulled.load(Ordering::Relaxed), 0, "read past the head");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_gathered_upload_frame_is_its_length_then_its_pieces() {
+        let pieces = [&b"ab"[..], b"", b"cde", b"f"]
+            .into_iter()
+            .map(Bytes::from_static)
+            .collect::<std::collections::VecDeque<_>>();
+        let mut frame = Gather::new(pieces);
+        let mut written: Vec<u8> = Vec::new();
+        written.write_all_buf(&mut frame).await.unwrap();
+        assert_eq!(written, b"\0\0\0\x06abcdef");
+    }
 
     #[test]
     fn a_listing_header_past_the_entry_count_is_refused_while_parsing() {

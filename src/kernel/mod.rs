@@ -52,7 +52,7 @@ use protocol::{KernelFrame, MAX_FRAME_LINE, PROTOCOL_VERSION};
 use scanner::MAX_DISPLAY_PIECE;
 use stdin::{Stdin, MAX_STDIN_BACKLOG};
 
-pub use spawn::SpawnRequest;
+pub use spawn::{SpawnRequest, Yield};
 
 pub use crate::config::WORK_DIR;
 /// Where the staging volume is mounted in project mode (in strict mode it is the work dir).
@@ -170,6 +170,9 @@ pub enum KernelError {
     /// The runner speaks another protocol version.
     #[error("the kernel runner speaks protocol {0}, this kernelbox speaks {PROTOCOL_VERSION}")]
     Protocol(u64),
+    /// A spawn that yielded to others was abandoned (shutdown) before it was done.
+    #[error("starting a kernel was abandoned: kernelbox is shutting down")]
+    Abandoned,
 }
 
 /// What the reader task hands to the running cell.

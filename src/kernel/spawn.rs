@@ -40,6 +40,47 @@ pub struct SpawnRequest<'a> {
     pub monitor: EventMonitor,
     /// Owns the kernel's reader and stdin tasks.
     pub tracker: &'a TaskTracker,
+    /// When set, the spawn gives way to others before each engine step (see [`Yield`]).
+    pub yield_to: Option<Yield>,
+}
+
+/// Makes a spawn give way: before each of its engine steps (volume, container, attach and
+/// start) it waits while `priority` counts spawns that go first, until `until` at the
+/// latest. The warm pool's refill yields so to new owners' cold starts
+/// (`docs/architecture.md`, "The warm pool"), so a cold start competes with at most one
+/// engine step of a refill, not a whole spawn, and a steady stream of cold starts delays a
+/// refill by a bounded time, never forever.
+#[derive(Debug, Clone)]
+pub struct Yield {
+    /// Spawns under way that go first; the spawn proceeds when this is zero (or its sender
+    /// is gone).
+    pub priority: tokio::sync::watch::Receiver<usize>,
+    /// When the spawn stops giving way.
+    pub until: tokio::time::Instant,
+    /// Abandons the wait, and the spawn with [`KernelError::Abandoned`] (shutdown).
+    pub cancel: CancellationToken,
+}
+
+impl Yield {
+    /// Waits until nothing goes first, or the spawn has given way long enough.
+    async fn give_way(&self) -> Result<(), KernelError> {
+        let mut priority = self.priority.clone();
+        tokio::select! {
+            biased;
+            _ = self.cancel.cancelled() => Err(KernelError::Abandoned),
+            // A dropped sender means nothing can go first any more.
+            _ = priority.wait_for(|n| *n == 0) => Ok(()),
+            _ = tokio::time::sleep_until(self.until) => Ok(()),
+        }
+    }
+}
+
+/// Gives way when the request says so.
+async fn give_way(yield_to: &Option<Yield>) -> Result<(), KernelError> {
+    match yield_to {
+        Some(y) => y.give_way().await,
+        None => Ok(()),
+    }
 }
 
 /// A created, not yet started, container.
@@ -58,6 +99,7 @@ impl Kernel {
             config,
             base_labels,
             owner,
+            yield_to,
             ..
         } = &request;
         let suffix: u32 = rand::rng().random();
@@ -85,6 +127,7 @@ impl Kernel {
                 gid,
             }
         });
+        give_way(yield_to).await?;
         engine.create_volume(&volume, &labels, tmpfs).await?;
         labels.insert(crate::labels::ROLE.into(), "kernel".into());
         labels.insert(crate::labels::VOLUME.into(), volume.clone());
@@ -135,11 +178,18 @@ impl Kernel {
             mounts,
             sandbox: config.sandbox.clone(),
         };
-        let id = match engine.create_container(&spec).await {
+        let created = match give_way(yield_to).await {
+            Ok(()) => engine
+                .create_container(&spec)
+                .await
+                .map_err(KernelError::from),
+            Err(e) => Err(e),
+        };
+        let id = match created {
             Ok(id) => id,
             Err(e) => {
                 let _ = remove_volume_when_free(engine.as_ref(), &volume).await;
-                return Err(e.into());
+                return Err(e);
             }
         };
         let engine = engine.clone();
@@ -172,6 +222,7 @@ impl Kernel {
             owner,
             monitor,
             tracker,
+            yield_to,
             ..
         } = request;
         let Created {
@@ -179,6 +230,7 @@ impl Kernel {
             volume,
             spill_dir,
         } = created;
+        give_way(&yield_to).await?;
         let attached = engine.attach(&id).await?;
         let cancel = CancellationToken::new();
         let drain = CancellationToken::new();
@@ -227,6 +279,7 @@ impl Kernel {
             monitor,
             cancel,
         }));
+        give_way(&yield_to).await?;
         engine.start(&id).await?;
         let mut io = kernel.io.lock().await;
         let ready = tokio::time::timeout(config.spawn_timeout, async {
@@ -259,5 +312,122 @@ impl Kernel {
         tracing::debug!(container = %kernel.short_id(), python = %ready.1, "kernel ready");
         kernel.shared.set_live(KernelState::Idle);
         Ok(kernel)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::docker::fake::FakeEngine;
+    use crate::monitor::EventMonitor;
+
+    fn request<'a>(
+        fake: &FakeEngine,
+        config: &'a Config,
+        labels: &'a BTreeMap<String, String>,
+        tracker: &'a TaskTracker,
+        yield_to: Yield,
+    ) -> SpawnRequest<'a> {
+        SpawnRequest {
+            engine: Arc::new(fake.clone()),
+            config,
+            base_labels: labels,
+            owner: None,
+            monitor: EventMonitor::default(),
+            tracker,
+            yield_to: Some(yield_to),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_yielding_spawn_makes_nothing_while_another_goes_first_then_completes() {
+        let fake = FakeEngine::default();
+        let (config, labels, tracker) = (Config::default(), BTreeMap::new(), TaskTracker::new());
+        let (priority, rx) = tokio::sync::watch::channel(1usize);
+        let yield_to = Yield {
+            priority: rx,
+            until: tokio::time::Instant::now() + Duration::from_secs(3600),
+            cancel: CancellationToken::new(),
+        };
+        let spawn = Kernel::spawn(request(&fake, &config, &labels, &tracker, yield_to));
+        tokio::pin!(spawn);
+        // A cold start goes first: the spawn waits at its first step, however long.
+        assert!(
+            tokio::time::timeout(Duration::from_secs(60), &mut spawn)
+                .await
+                .is_err(),
+            "the spawn went on while another went first"
+        );
+        assert_eq!((fake.created(), fake.live_volumes()), (0, 0));
+        // Nothing goes first any more: it completes.
+        priority.send_replace(0);
+        let kernel = spawn.await.expect("spawn");
+        assert!(kernel.is_alive());
+        assert_eq!(fake.created(), 1);
+        kernel.dispose().await.expect("dispose");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_yielding_spawn_abandoned_at_shutdown_leaves_nothing() {
+        let fake = FakeEngine::default();
+        *fake.create_delay.lock().unwrap() = Duration::from_secs(1);
+        let (config, labels, tracker) = (Config::default(), BTreeMap::new(), TaskTracker::new());
+        let (priority, rx) = tokio::sync::watch::channel(0usize);
+        let cancel = CancellationToken::new();
+        let yield_to = Yield {
+            priority: rx,
+            until: tokio::time::Instant::now() + Duration::from_secs(3600),
+            cancel: cancel.clone(),
+        };
+        let spawn = Kernel::spawn(request(&fake, &config, &labels, &tracker, yield_to));
+        tokio::pin!(spawn);
+        // A cold start begins while the spawn creates its container: it waits before its
+        // next step (the attach), however long.
+        assert!(tokio::time::timeout(Duration::from_millis(500), &mut spawn)
+            .await
+            .is_err());
+        assert_eq!((fake.live_volumes(), fake.created()), (1, 0));
+        priority.send_replace(1);
+        assert!(
+            tokio::time::timeout(Duration::from_secs(60), &mut spawn)
+                .await
+                .is_err(),
+            "the spawn went on while a cold start was under way"
+        );
+        assert_eq!(fake.created(), 1);
+        // Shutdown: the spawn gives up and removes what it made.
+        cancel.cancel();
+        let error = spawn.await.expect_err("an abandoned spawn fails");
+        assert!(matches!(error, KernelError::Abandoned), "{error}");
+        assert_eq!((fake.live_containers(), fake.live_volumes()), (0, 0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_yielding_spawn_goes_on_once_it_has_given_way_long_enough() {
+        let fake = FakeEngine::default();
+        let (config, labels, tracker) = (Config::default(), BTreeMap::new(), TaskTracker::new());
+        let (_priority, rx) = tokio::sync::watch::channel(1usize);
+        let yield_to = Yield {
+            priority: rx,
+            until: tokio::time::Instant::now() + Duration::from_secs(2),
+            cancel: CancellationToken::new(),
+        };
+        let spawn = Kernel::spawn(request(&fake, &config, &labels, &tracker, yield_to));
+        tokio::pin!(spawn);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(1900), &mut spawn)
+                .await
+                .is_err()
+        );
+        assert_eq!(fake.created(), 0);
+        // Cold starts never stop coming, yet past its time the spawn goes on.
+        let kernel = tokio::time::timeout(Duration::from_millis(200), spawn)
+            .await
+            .expect("the spawn still gave way past its time")
+            .expect("spawn");
+        assert!(kernel.is_alive());
+        kernel.dispose().await.expect("dispose");
     }
 }

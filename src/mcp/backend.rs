@@ -39,6 +39,10 @@ pub(crate) struct WriteFile {
     /// The file's content as base64, for binary files. Give this or `content`.
     #[serde(default)]
     pub content_base64: Option<String>,
+    /// A delegated child (sub-agent) of this session: its kernel's files instead of the
+    /// session's (as `?child=NAME` on the HTTP file API).
+    #[serde(default)]
+    pub child: Option<String>,
 }
 
 /// The arguments of `read_file`.
@@ -47,6 +51,10 @@ pub(crate) struct WriteFile {
 pub(crate) struct ReadFile {
     /// The file, relative to the kernel's working directory.
     pub path: String,
+    /// A delegated child (sub-agent) of this session: its kernel's files instead of the
+    /// session's (as `?child=NAME` on the HTTP file API).
+    #[serde(default)]
+    pub child: Option<String>,
 }
 
 /// The arguments of `list_files`.
@@ -57,6 +65,10 @@ pub(crate) struct ListFiles {
     /// directory itself).
     #[serde(default)]
     pub path: Option<String>,
+    /// A delegated child (sub-agent) of this session: its kernel's files instead of the
+    /// session's (as `?child=NAME` on the HTTP file API).
+    #[serde(default)]
+    pub child: Option<String>,
 }
 
 /// The start of a file read for a model: at most the bound asked for.
@@ -84,28 +96,33 @@ pub(crate) trait Backend: Send + Sync + 'static {
         args: ExecuteCode,
     ) -> Result<serde_json::Value, Refusal>;
 
-    /// Writes `content` to `path` in the session's kernel (starting it when it has none);
-    /// returns the server's account of what was written (README, "Files").
+    /// Writes `content` to `path` in the session's kernel, or its delegated `child`'s
+    /// (starting it when it has none); returns the server's account of what was written
+    /// (README, "Files").
     async fn write_file(
         &self,
         request: &Extensions,
+        child: Option<&str>,
         path: &str,
         content: Vec<u8>,
     ) -> Result<serde_json::Value, Refusal>;
 
-    /// Reads at most `max` bytes of the file at `path` in the session's live kernel.
+    /// Reads at most `max` bytes of the file at `path` in the live kernel of the session, or
+    /// of its delegated `child`.
     async fn read_file(
         &self,
         request: &Extensions,
+        child: Option<&str>,
         path: &str,
         max: usize,
     ) -> Result<FileHead, Refusal>;
 
-    /// Lists the directory at `path` (`""`: the working directory) of the session's live
-    /// kernel, as the server's listing JSON (README, "Files").
+    /// Lists the directory at `path` (`""`: the working directory) of the live kernel of the
+    /// session, or of its delegated `child`, as the server's listing JSON (README, "Files").
     async fn list_files(
         &self,
         request: &Extensions,
+        child: Option<&str>,
         path: &str,
     ) -> Result<serde_json::Value, Refusal>;
 

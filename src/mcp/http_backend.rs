@@ -58,36 +58,44 @@ impl Backend for HttpBackend {
     async fn write_file(
         &self,
         request: &Extensions,
+        child: Option<&str>,
         path: &str,
         content: Vec<u8>,
     ) -> Result<serde_json::Value, Refusal> {
-        let request = self.file_request(request)?;
+        let request = self.file_request(request, child)?;
         files::write(self.state.orchestrator(), &request, path, content).await
     }
 
     async fn read_file(
         &self,
         request: &Extensions,
+        child: Option<&str>,
         path: &str,
         max: usize,
     ) -> Result<FileHead, Refusal> {
-        let request = self.file_request(request)?;
+        let request = self.file_request(request, child)?;
         files::read(self.state.orchestrator(), &request, path, max).await
     }
 
     async fn list_files(
         &self,
         request: &Extensions,
+        child: Option<&str>,
         path: &str,
     ) -> Result<serde_json::Value, Refusal> {
-        let request = self.file_request(request)?;
+        let request = self.file_request(request, child)?;
         files::list(self.state.orchestrator(), &request, path).await
     }
 }
 
 impl HttpBackend {
-    /// The caller's tenant and session of a `/v1/mcp` tool call, as the HTTP file API has them.
-    fn file_request(&self, request: &Extensions) -> Result<FileRequest, Refusal> {
+    /// The caller's tenant and session (or the session's delegated `child`) of a `/v1/mcp`
+    /// tool call, as the HTTP file API has them.
+    fn file_request(
+        &self,
+        request: &Extensions,
+        child: Option<&str>,
+    ) -> Result<FileRequest, Refusal> {
         let parts = request
             .get::<Parts>()
             .ok_or_else(|| Refusal("kernelbox: the MCP request carried no HTTP request".into()))?;
@@ -99,6 +107,6 @@ impl HttpBackend {
         if self.state.is_draining() {
             return Err(Refusal("kernelbox: the server is shutting down".into()));
         }
-        Ok(file_request(tenant, session, None))
+        Ok(file_request(tenant, session, child.map(str::to_owned)))
     }
 }

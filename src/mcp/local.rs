@@ -14,6 +14,16 @@ pub(crate) struct LocalBackend {
     pub session: String,
 }
 
+impl LocalBackend {
+    /// The file request for this session's kernel, or its delegated `child`'s.
+    fn file_request(&self, child: Option<&str>) -> FileRequest {
+        FileRequest {
+            child: child.map(str::to_owned),
+            ..FileRequest::session(self.session.clone())
+        }
+    }
+}
+
 #[async_trait]
 impl Backend for LocalBackend {
     async fn execute(
@@ -45,29 +55,32 @@ impl Backend for LocalBackend {
     async fn write_file(
         &self,
         _request: &Extensions,
+        child: Option<&str>,
         path: &str,
         content: Vec<u8>,
     ) -> Result<serde_json::Value, Refusal> {
-        let request = FileRequest::session(self.session.clone());
+        let request = self.file_request(child);
         files::write(&self.orchestrator, &request, path, content).await
     }
 
     async fn read_file(
         &self,
         _request: &Extensions,
+        child: Option<&str>,
         path: &str,
         max: usize,
     ) -> Result<FileHead, Refusal> {
-        let request = FileRequest::session(self.session.clone());
+        let request = self.file_request(child);
         files::read(&self.orchestrator, &request, path, max).await
     }
 
     async fn list_files(
         &self,
         _request: &Extensions,
+        child: Option<&str>,
         path: &str,
     ) -> Result<serde_json::Value, Refusal> {
-        let request = FileRequest::session(self.session.clone());
+        let request = self.file_request(child);
         files::list(&self.orchestrator, &request, path).await
     }
 

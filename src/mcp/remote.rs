@@ -111,9 +111,9 @@ impl RemoteBackend {
         within(deadline, exchange).await?
     }
 
-    /// The path of `file` in this session's file API.
-    fn file_path(&self, file: &str) -> String {
-        format!("/v1/sessions/{}/files/{}", self.session, encode(file))
+    /// The path of `file` in the file API of this session's kernel, or its `child`'s.
+    fn file_path(&self, child: Option<&str>, file: &str) -> String {
+        crate::api_path::files(&self.session, file, child)
     }
 }
 
@@ -157,19 +157,6 @@ fn file_refusal(status: hyper::StatusCode, value: &Value) -> Refusal {
     ))
 }
 
-/// Percent-encodes a file path for a URL, keeping `/` and unreserved characters.
-fn encode(path: &str) -> String {
-    let mut out = String::new();
-    for b in path.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b'/') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
 #[async_trait]
 impl Backend for RemoteBackend {
     async fn execute(&self, _request: &Extensions, args: ExecuteCode) -> Result<Value, Refusal> {
@@ -201,6 +188,7 @@ impl Backend for RemoteBackend {
     async fn write_file(
         &self,
         _request: &Extensions,
+        child: Option<&str>,
         path: &str,
         content: Vec<u8>,
     ) -> Result<Value, Refusal> {
@@ -208,7 +196,7 @@ impl Backend for RemoteBackend {
         let (status, value) = self
             .call_raw(
                 hyper::Method::PUT,
-                &self.file_path(path),
+                &self.file_path(child, path),
                 body,
                 FILE_DEADLINE,
             )
@@ -223,12 +211,13 @@ impl Backend for RemoteBackend {
     async fn read_file(
         &self,
         _request: &Extensions,
+        child: Option<&str>,
         path: &str,
         max: usize,
     ) -> Result<FileHead, Refusal> {
         let exchange = async {
             let response = self
-                .send(hyper::Method::GET, &self.file_path(path), None)
+                .send(hyper::Method::GET, &self.file_path(child, path), None)
                 .await?;
             let status = response.status();
             let is_json = response
@@ -277,12 +266,13 @@ impl Backend for RemoteBackend {
         within(FILE_DEADLINE, exchange).await?
     }
 
-    async fn list_files(&self, _request: &Extensions, path: &str) -> Result<Value, Refusal> {
-        let url = if path.is_empty() {
-            format!("/v1/sessions/{}/files", self.session)
-        } else {
-            self.file_path(path)
-        };
+    async fn list_files(
+        &self,
+        _request: &Extensions,
+        child: Option<&str>,
+        path: &str,
+    ) -> Result<Value, Refusal> {
+        let url = self.file_path(child, path);
         let exchange = async {
             let response = self.send(hyper::Method::GET, &url, None).await?;
             let is_json = response

@@ -100,7 +100,11 @@ impl KernelTools {
             Err(refusal) => return Ok(refused(refusal)),
         };
         Ok(
-            match self.backend.write_file(&request, &args.path, content).await {
+            match self
+                .backend
+                .write_file(&request, args.child.as_deref(), &args.path, content)
+                .await
+            {
                 Ok(written) => CallToolResult::success(vec![ContentBlock::text(format!(
                     "wrote {} bytes to {}",
                     written["size"].as_u64().unwrap_or(0),
@@ -120,7 +124,7 @@ impl KernelTools {
         Ok(
             match self
                 .backend
-                .read_file(&request, &args.path, MAX_READ_BYTES)
+                .read_file(&request, args.child.as_deref(), &args.path, MAX_READ_BYTES)
                 .await
             {
                 Ok(head) => render_read(&args.path, &head),
@@ -136,10 +140,16 @@ impl KernelTools {
         request: Extensions,
     ) -> Result<CallToolResult, ErrorData> {
         let path = args.path.unwrap_or_default();
-        Ok(match self.backend.list_files(&request, &path).await {
-            Ok(listing) => render_listing(&path, &listing),
-            Err(refusal) => refused(refusal),
-        })
+        Ok(
+            match self
+                .backend
+                .list_files(&request, args.child.as_deref(), &path)
+                .await
+            {
+                Ok(listing) => render_listing(&path, &listing),
+                Err(refusal) => refused(refusal),
+            },
+        )
     }
 }
 

@@ -327,6 +327,7 @@ impl Orchestrator {
                         owner: Some((key.clone(), slot.generation)),
                         monitor: inner.monitor.clone(),
                         tracker: &inner.tracker,
+                        yield_to: None,
                     });
                     async move {
                         // The pool's refill holds off while a new owner waits on a cold start.

@@ -6,11 +6,12 @@
 //! runs beside a running cell. The transport is in `kernel/files.rs`.
 
 use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 
-use super::{ExecuteError, Orchestrator};
+use super::{ExecuteError, FileBytes, Orchestrator};
 use crate::files::{ByteStream, Download, FilePath, Listing, TransferError, Written};
 use crate::kernel::Kernel;
 use crate::owner::{KernelKey, Owner};
@@ -177,6 +178,10 @@ impl Orchestrator {
         let hold = self.hold_or_start(request, &owner).await?;
         let kernel = hold.kernel()?;
         let cap = self.inner.config.max_upload_bytes;
+        let counters = self.inner.file_bytes.clone();
+        let body = body
+            .inspect_ok(move |chunk| counters.uploaded(chunk.len()))
+            .boxed();
         let slot = hold.slot.clone();
         // Runs to its end even if the caller goes away (a client cut mid-body): the helper
         // confirms its clean-up before the kernel is released.
@@ -220,7 +225,12 @@ impl Orchestrator {
             self.inner.config.download_min_rate,
             self.inner.config.download_rate_grace,
         );
-        let held = |body: crate::files::DownloadStream| self.slow_cut(body, hold, rate, grace);
+        let counters = self.inner.file_bytes.clone();
+        let held = |body: crate::files::DownloadStream| {
+            self.slow_cut(body, hold, rate, grace)
+                .inspect_ok(move |chunk| counters.downloaded(chunk.len()))
+                .boxed()
+        };
         Ok(match kernel.read_file(&path, tar).await? {
             Download::File { size, body } => Download::File {
                 size,
@@ -261,6 +271,31 @@ impl Orchestrator {
     }
 }
 
+/// The counters behind [`FileBytes`]: every byte an upload's body yields and every byte a
+/// download's reader takes, counted as it passes.
+#[derive(Debug, Default)]
+pub(super) struct FileCounters {
+    upload: AtomicU64,
+    download: AtomicU64,
+}
+
+impl FileCounters {
+    fn uploaded(&self, n: usize) {
+        self.upload.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    fn downloaded(&self, n: usize) {
+        self.download.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    pub(super) fn snapshot(&self) -> FileBytes {
+        FileBytes {
+            upload: self.upload.load(Ordering::Relaxed),
+            download: self.download.load(Ordering::Relaxed),
+        }
+    }
+}
+
 /// A download's stream and the kernel hold it keeps, shared with its rate watchdog.
 type Held = std::sync::Mutex<Option<(crate::files::DownloadStream, Hold)>>;
 
@@ -278,7 +313,6 @@ impl Orchestrator {
         rate: u64,
         grace: std::time::Duration,
     ) -> crate::files::DownloadStream {
-        use std::sync::atomic::{AtomicU64, Ordering};
         use std::task::Poll;
         let held: Arc<Held> = Arc::new(std::sync::Mutex::new(Some((body, hold))));
         let sent = Arc::new(AtomicU64::new(0));

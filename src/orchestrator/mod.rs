@@ -27,8 +27,8 @@ mod tests;
 pub use files::{FileError, FileRequest};
 pub use pool::{PoolStats, POOL_REFILL_CONCURRENCY, REFILL_BUCKETS};
 pub use request::{
-    AdmissionNotice, ExecuteError, ExecuteRequest, KernelSummary, StartError, StartStats, Stats,
-    START_BUCKETS,
+    AdmissionNotice, ExecuteError, ExecuteRequest, FileBytes, KernelSummary, StartError,
+    StartStats, Stats, START_BUCKETS,
 };
 
 use std::collections::{BTreeMap, HashMap};
@@ -81,6 +81,8 @@ struct Inner {
     running_count: tokio::sync::watch::Sender<usize>,
     next_run: std::sync::atomic::AtomicU64,
     starts: Mutex<StartStats>,
+    /// File bytes moved by `write_file` (uploads) and `read_file` (downloads).
+    file_bytes: Arc<files::FileCounters>,
     watchdog: Mutex<Option<Watchdog>>,
     catalog: Option<Arc<CatalogWriter>>,
     pool: pool::PoolState,
@@ -183,6 +185,7 @@ impl Orchestrator {
             running_count: tokio::sync::watch::Sender::new(0),
             next_run: std::sync::atomic::AtomicU64::new(0),
             starts: Mutex::new(StartStats::default()),
+            file_bytes: Arc::default(),
             watchdog: Mutex::new(watchdog),
             instance,
             catalog: restored.as_ref().map(|(writer, _, _)| writer.clone()),
@@ -271,6 +274,7 @@ impl Orchestrator {
                 ready: self.inner.registry.pool_ready(),
                 ..self.inner.pool.stats().clone()
             },
+            file_bytes: self.inner.file_bytes.snapshot(),
         }
     }
 }

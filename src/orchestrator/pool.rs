@@ -19,13 +19,18 @@ use tokio::time::Duration;
 use super::Orchestrator;
 use crate::config::KernelSpec;
 use crate::histogram::Histogram;
-use crate::kernel::{Kernel, KernelError, SpawnRequest};
+use crate::kernel::{Kernel, KernelError, SpawnRequest, Yield};
 use crate::owner::KernelKey;
 
 /// Pooled kernels spawned at once by the refill. The refill also starts none while a new
-/// owner's kernel is starting cold, so a burst of new owners competes with at most this many
-/// pool spawns (those already under way) for the engine.
+/// owner's kernel is starting cold, and a refill under way gives way before each of its
+/// engine steps while one is ([`crate::kernel::Yield`]), so a cold start competes with at
+/// most this many engine steps of the pool for the engine.
 pub const POOL_REFILL_CONCURRENCY: usize = 1;
+
+/// Longest a refill spawn gives way to cold starts in all: a steady stream of new owners
+/// delays the pool's refill by this much at most, never starves it.
+const POOL_YIELD_MAX: Duration = Duration::from_secs(2);
 
 /// Longest time between two looks at the pool (kernels that died in it, room freed by
 /// sessions that went away); takes and expiries wake the refill at once.
@@ -72,8 +77,8 @@ pub(super) struct PoolState {
     pub(super) task: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// Ready pooled kernels, published after every change the orchestrator makes.
     pub(super) ready: tokio::sync::watch::Sender<usize>,
-    /// Cold starts under way (see [`ColdStart`]).
-    cold: std::sync::atomic::AtomicUsize,
+    /// Cold starts under way (see [`ColdStart`]); refills give way while it is not zero.
+    cold: tokio::sync::watch::Sender<usize>,
 }
 
 /// A cold start under way; the refill starts no spawn while one is, and is woken when the
@@ -82,12 +87,12 @@ pub(super) struct ColdStart<'a>(&'a PoolState);
 
 impl Drop for ColdStart<'_> {
     fn drop(&mut self) {
-        if self
-            .0
-            .cold
-            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel)
-            == 1
-        {
+        let mut last = false;
+        self.0.cold.send_modify(|n| {
+            *n = n.saturating_sub(1);
+            last = *n == 0;
+        });
+        if last {
             self.0.wake.notify_one();
         }
     }
@@ -108,18 +113,18 @@ impl PoolState {
             }),
             task: Mutex::new(None),
             ready: tokio::sync::watch::Sender::new(0),
-            cold: std::sync::atomic::AtomicUsize::new(0),
+            cold: tokio::sync::watch::Sender::new(0),
         }
     }
 
     /// Marks a cold start under way until the guard is dropped.
     pub(super) fn cold_start(&self) -> ColdStart<'_> {
-        self.cold.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        self.cold.send_modify(|n| *n += 1);
         ColdStart(self)
     }
 
     fn cold_starts(&self) -> usize {
-        self.cold.load(std::sync::atomic::Ordering::Acquire)
+        *self.cold.borrow()
     }
 
     pub(super) fn stats(&self) -> std::sync::MutexGuard<'_, PoolStats> {
@@ -294,6 +299,11 @@ impl Orchestrator {
             owner: None,
             monitor: inner.monitor.clone(),
             tracker: &inner.tracker,
+            yield_to: Some(Yield {
+                priority: inner.pool.cold.subscribe(),
+                until: tokio::time::Instant::now() + POOL_YIELD_MAX,
+                cancel: inner.cancel.clone(),
+            }),
         })
         .await;
         let seconds = started.elapsed().as_secs_f64();
@@ -308,7 +318,9 @@ impl Orchestrator {
             }
             Err(e) => {
                 inner.registry.pool_unreserve();
-                inner.pool.stats().refill_failures += 1;
+                if !matches!(e, KernelError::Abandoned) {
+                    inner.pool.stats().refill_failures += 1;
+                }
                 Err(e)
             }
         }

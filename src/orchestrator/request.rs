@@ -266,4 +266,21 @@ pub struct Stats {
     pub catalog_failures: u64,
     /// The warm pool.
     pub pool: super::PoolStats,
+    /// File bytes moved in and out of kernels.
+    pub file_bytes: FileBytes,
+}
+
+/// File bytes moved through the orchestrator's file calls ([`write_file`], [`read_file`]),
+/// whoever called them: the HTTP file API, the MCP file tools, the library. The one count
+/// behind `kernelbox_file_bytes_total{direction}` (README "Files in and out of a kernel").
+///
+/// [`write_file`]: super::Orchestrator::write_file
+/// [`read_file`]: super::Orchestrator::read_file
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FileBytes {
+    /// Bytes taken from uploads' bodies, into kernels.
+    pub upload: u64,
+    /// Bytes handed to the readers of downloads (files and tars; not listings), out of
+    /// kernels.
+    pub download: u64,
 }

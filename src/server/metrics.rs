@@ -7,7 +7,7 @@ use std::sync::Mutex;
 
 use crate::cell::{CellResult, CellStatus, LossReason};
 use crate::histogram::Histogram;
-use crate::orchestrator::{PoolStats, Stats};
+use crate::orchestrator::{FileBytes, PoolStats, Stats};
 
 const STATUSES: [CellStatus; 4] = [
     CellStatus::Success,
@@ -37,21 +37,8 @@ pub const REJECTIONS: [&str; 7] = [
     "mcp_sessions",
 ];
 
-/// Which way file bytes went (`kernelbox_file_bytes_total{direction}`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Direction {
-    /// Into a kernel.
-    Upload = 0,
-    /// Out of a kernel.
-    Download = 1,
-}
-
-/// Label values of [`Direction`], by index.
-const DIRECTIONS: [&str; 2] = ["upload", "download"];
-
 /// The server's counters.
 pub struct Metrics {
-    file_bytes: [AtomicU64; 2],
     cells: Mutex<[Histogram; 4]>,
     kernel_starts: AtomicU64,
     state_lost: [AtomicU64; LossReason::ALL.len()],
@@ -63,7 +50,6 @@ pub struct Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Metrics {
-            file_bytes: Default::default(),
             cells: Mutex::new(std::array::from_fn(|_| Histogram::new(&BUCKETS))),
             kernel_starts: AtomicU64::default(),
             state_lost: Default::default(),
@@ -98,11 +84,6 @@ impl Metrics {
     /// Records a tool call's outcome (`ok` or `error`).
     pub fn tool_call(&self, ok: bool) {
         self.tool_calls[usize::from(!ok)].fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Counts file bytes streamed through the API.
-    pub fn file_bytes(&self, direction: Direction, n: usize) {
-        self.file_bytes[direction as usize].fetch_add(n as u64, Ordering::Relaxed);
     }
 
     /// Records a rejected request (one of [`REJECTIONS`]).
@@ -183,7 +164,7 @@ impl Metrics {
 
         writeln!(
             out,
-            "# HELP kernelbox_kernel_starts_total Kernels started for a cell."
+            "# HELP kernelbox_kernel_starts_total New kernels given to an owner by a cell: cold starts and warm-pool takes (kernelbox_pool_takes_total tells them apart)."
         )?;
         writeln!(out, "# TYPE kernelbox_kernel_starts_total counter")?;
         writeln!(
@@ -222,18 +203,6 @@ impl Metrics {
             writeln!(
                 out,
                 "kernelbox_requests_rejected_total{{reason=\"{reason}\"}} {}",
-                n.load(Ordering::Relaxed)
-            )?;
-        }
-        writeln!(
-            out,
-            "# HELP kernelbox_file_bytes_total File bytes streamed into (upload) and out of (download) kernels."
-        )?;
-        writeln!(out, "# TYPE kernelbox_file_bytes_total counter")?;
-        for (direction, n) in DIRECTIONS.iter().zip(self.file_bytes.iter()) {
-            writeln!(
-                out,
-                "kernelbox_file_bytes_total{{direction=\"{direction}\"}} {}",
                 n.load(Ordering::Relaxed)
             )?;
         }
@@ -299,6 +268,18 @@ fn write_lifecycle(out: &mut String, stats: &Stats) -> std::fmt::Result {
         "kernelbox_catalog_write_failures_total {}",
         stats.catalog_failures
     )?;
+    writeln!(
+        out,
+        "# HELP kernelbox_file_bytes_total File bytes streamed into (upload) and out of (download) kernels, by the file API and the MCP file tools alike."
+    )?;
+    writeln!(out, "# TYPE kernelbox_file_bytes_total counter")?;
+    let FileBytes { upload, download } = stats.file_bytes;
+    for (direction, n) in [("upload", upload), ("download", download)] {
+        writeln!(
+            out,
+            "kernelbox_file_bytes_total{{direction=\"{direction}\"}} {n}"
+        )?;
+    }
     Ok(())
 }
 
@@ -357,6 +338,7 @@ mod tests {
                 refills: Histogram::new(&crate::orchestrator::REFILL_BUCKETS),
                 refill_failures: 0,
             },
+            file_bytes: FileBytes::default(),
         };
         let text = Metrics::default().render(0, false, &stats);
         assert!(text.contains("kernelbox_pool_ready 0"));

@@ -37,7 +37,7 @@ use tokio_util::task::TaskTracker;
 
 pub use error::ApiError;
 pub use listen::Limits;
-pub use metrics::{Direction, Metrics};
+pub use metrics::Metrics;
 pub use tenants::{Tenant, Tenants, TenantsError, ToolsConfig};
 pub use tools::CELL_TOKEN_HEADER;
 

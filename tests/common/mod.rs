@@ -200,3 +200,22 @@ pub async fn serving_addr(
     .await
     .expect("the server serves within 60 s")
 }
+
+/// Bytes in a MiB, for printing memory figures.
+pub const MIB: f64 = 1024.0 * 1024.0;
+
+/// Resident and peak resident memory of a process, in bytes (`VmRSS` and `VmHWM` of
+/// `/proc/PID/status`).
+pub fn memory_of(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|kib| kib.parse::<u64>().ok())
+            .map(|kib| kib * 1024)
+            .unwrap_or_else(|| panic!("{name} in /proc/{pid}/status"))
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}

@@ -118,6 +118,54 @@ def test_files_a_dotdot_path_is_an_error_result_and_nothing_breaks(server, sessi
     assert text(after) == "2\n"
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_files_a_file_written_to_a_child_is_seen_by_the_childs_cell_not_the_parents(
+    server, session_name, backend
+):
+    """`child` on the file tools addresses the session's delegated child's kernel, as
+    `?child=NAME` does on the HTTP file API."""
+    token = server.tokens["main"]
+    auth = {"Authorization": f"Bearer {token}"}
+    if backend == "stdio":
+        client = lambda: stdio_client(new_case(), "--session", session_name)  # noqa: E731
+    elif backend == "stdio-url":
+        args = ("--url", server.url, "--token", token, "--session", session_name)
+        client = lambda: stdio_client(server.case, *args)  # noqa: E731
+    else:
+        client = lambda: http_client(f"{server.mcp}?session={session_name}", token)  # noqa: E731
+    helper = {"child": "helper"}
+
+    async def go():
+        async with client() as c:
+            wrote = await c.call_tool("write_file", {"path": "c.txt", "content": "child's", **helper})
+            read = await c.call_tool("read_file", {"path": "c.txt", **helper})
+            listed = await c.call_tool("list_files", helper)
+            parent = await c.call_tool("execute_code", {"code": (
+                "import os\nprint(os.path.exists('c.txt'), sorted(os.listdir('.')))")})  # fmt: skip
+            parent_read = await c.call_tool("read_file", {"path": "c.txt"})
+            parent_list = await c.call_tool("list_files", {})
+            bad = await c.call_tool("write_file", {"path": "x", "content": "", "child": "bad::name"})
+            return wrote, read, listed, parent, parent_read, parent_list, bad
+
+    wrote, read, listed, parent, parent_read, parent_list, bad = anyio.run(go)
+    assert text(wrote) == "wrote 7 bytes to /work/c.txt", text(wrote)
+    assert read.is_error is False and text(read) == "child's", text(read)
+    assert "c.txt\tfile\t7 bytes\t" in text(listed), text(listed)
+    # The session's own kernel (started by the cell) has no such file.
+    assert text(parent) == "False ['.kernelbox']\n", text(parent)
+    assert parent_read.is_error is True and "c.txt" in text(parent_read), text(parent_read)
+    assert "c.txt" not in text(parent_list), text(parent_list)
+    assert bad.is_error is True and "bad::name" in text(bad), text(bad)
+    if backend != "stdio":
+        # The child's own cell, through the HTTP API on the same named session, reads it.
+        r = httpx2.post(f"{server.url}/v1/sessions/{session_name}/execute",
+                        json={"code": "print(open('c.txt').read())", **helper},
+                        headers=auth, timeout=60)  # fmt: skip
+        assert r.status_code == 200 and r.json()["output"] == "child's\n", r.text
+        r = httpx2.delete(f"{server.url}/v1/sessions/{session_name}", headers=auth)
+        assert r.status_code == 200, r.text
+
+
 def test_files_reading_with_no_kernel_is_an_error_result_saying_files_die_with_it():
     async def go():
         async with stdio_client(new_case()) as c:
@@ -127,6 +175,10 @@ def test_files_reading_with_no_kernel_is_an_error_result_saying_files_die_with_i
     tools, read = anyio.run(go)
     for name in ("write_file", "read_file", "list_files"):
         assert "live and die with the kernel" in tools[name].description
-    assert set(tools["write_file"].input_schema["properties"]) == {"path", "content", "content_base64"}
+    assert set(tools["write_file"].input_schema["properties"]) == {
+        "path", "content", "content_base64", "child"
+    }
+    for name in ("read_file", "list_files"):
+        assert "child" in tools[name].input_schema["properties"], tools[name].input_schema
     assert read.is_error is True
     assert "no live kernel" in text(read), text(read)

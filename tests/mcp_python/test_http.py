@@ -28,6 +28,39 @@ def mcp_sessions(server) -> int:
     raise AssertionError("no kernelbox_mcp_sessions gauge in /metrics")
 
 
+def file_bytes(server) -> dict:
+    """`kernelbox_file_bytes_total` by direction."""
+    out = {}
+    for line in httpx2.get(f"{server.url}/metrics").text.splitlines():
+        if line.startswith("kernelbox_file_bytes_total{"):
+            direction = line.split('direction="', 1)[1].split('"', 1)[0]
+            out[direction] = int(line.split()[1])
+    assert set(out) == {"upload", "download"}, out
+    return out
+
+
+def test_http_file_tools_count_in_the_file_bytes_metric(server, session_name):
+    """The MCP file tools move bytes as the file API does, and `/metrics` counts them the same
+    (the tests of a module run one at a time, so nothing else moves files meanwhile)."""
+    content = "0123456789" * 1000
+
+    async def go():
+        async with http_client(f"{server.mcp}?session={session_name}", server.tokens["main"]) as c:
+            before = file_bytes(server)
+            wrote = await c.call_tool("write_file", {"path": "m.txt", "content": content})
+            written = file_bytes(server)
+            read = await c.call_tool("read_file", {"path": "m.txt"})
+            return before, wrote, written, read, file_bytes(server)
+
+    before, wrote, written, read, after = anyio.run(go)
+    assert wrote.is_error is False and read.is_error is False, (text(wrote), text(read))
+    assert written == {"upload": before["upload"] + 10_000, "download": before["download"]}
+    assert after == {"upload": written["upload"], "download": written["download"] + 10_000}
+    r = httpx2.delete(f"{server.url}/v1/sessions/{session_name}",
+                      headers={"Authorization": f"Bearer {server.tokens['main']}"})  # fmt: skip
+    assert r.status_code == 200, r.text
+
+
 def test_http_a_missing_or_wrong_token_is_refused(server):
     init = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
         "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}  # fmt: skip

@@ -18,7 +18,6 @@ use super::{invalid, name, path_error, Caller};
 use crate::files::Download;
 use crate::orchestrator::FileRequest;
 use crate::server::error::ApiError;
-use crate::server::metrics::Direction;
 use crate::server::tenants::Tenant;
 use crate::server::AppState;
 
@@ -133,11 +132,9 @@ async fn put(
         state.inner.metrics.rejected("too_large");
         return Err(crate::files::TransferError::TooLarge { cap }.into());
     }
-    let metrics = state.inner.metrics.clone();
     let stream = body
         .into_data_stream()
         .map_err(std::io::Error::other)
-        .inspect_ok(move |chunk| metrics.file_bytes(Direction::Upload, chunk.len()))
         .boxed();
     let written = orchestrator
         .write_file(&request, &path, tar, stream)
@@ -183,13 +180,8 @@ async fn get(
         .read_file(&request, &path, tar)
         .await
         .map_err(ApiError::from)?;
-    let metrics = state.inner.metrics.clone();
     let body = |stream: crate::files::DownloadStream| {
-        Body::from_stream(
-            stream
-                .inspect_ok(move |chunk| metrics.file_bytes(Direction::Download, chunk.len()))
-                .map_err(std::io::Error::other),
-        )
+        Body::from_stream(stream.map_err(std::io::Error::other))
     };
     Ok(match download {
         Download::Dir(listing) => Json(listing).into_response(),
