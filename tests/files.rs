@@ -1607,9 +1607,12 @@ async fn a_cell_dripping_into_a_stopped_helpers_stderr_cannot_stretch_a_transfer
 #[tokio::test(flavor = "multi_thread")]
 async fn an_upload_progressing_for_longer_than_the_step_deadline_is_written() {
     use http_body_util::{BodyExt, StreamBody};
-    let label = common::unique("files-long-upload");
-    let engine = common::engine().await;
-    let (server, api) = serve_process(&label, &["--pool", "0", "--body-timeout", "300s"]).await;
+    let served = Served::start(
+        "files-long-upload",
+        &["--pool", "0", "--body-timeout", "300s"],
+    )
+    .await;
+    let api = &served.api;
     let (chunks, size) = (150usize, 2048usize);
     let (tx, rx) =
         tokio::sync::mpsc::channel::<Result<hyper::body::Frame<Bytes>, std::io::Error>>(1);
@@ -1651,6 +1654,5 @@ async fn an_upload_progressing_for_longer_than_the_step_deadline_is_written() {
     assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json());
     assert_eq!(reply.json()["size"], (chunks * size) as u64);
     sender.await.unwrap();
-    stop(server).await;
-    common::assert_clean(&engine, &label).await;
+    served.finish().await;
 }
