@@ -26,15 +26,16 @@ pub(super) struct Pooled {
 }
 
 impl Inner {
-    /// Where a live pooled kernel of `spec` is, if there is one (the oldest first: it is the
-    /// next to expire).
+    /// Where a live pooled kernel of `spec` is, if there is one: the newest first, the one
+    /// whose processes sat idle the shortest (a round trip to a kernel costs more the longer
+    /// it slept: README "Performance"); the older ones are replaced at their maximum age.
     pub(super) fn pool_find(&self, spec: &KernelSpec) -> Option<usize> {
         if self.closed {
             return None;
         }
         self.pool
             .iter()
-            .position(|p| p.spec == *spec && p.kernel.is_alive())
+            .rposition(|p| p.spec == *spec && p.kernel.is_alive())
     }
 
     /// Takes the pooled kernel at `index` for `owner`.

@@ -12,9 +12,10 @@ use serde_json::json;
 use super::{config, ok_cell, Bench};
 use crate::events::Window;
 use crate::floors::EchoFloor;
-use crate::host::HostMemory;
+use crate::host::{cgroup_memory, HostMemory, MIB};
 use crate::report::Row;
 use crate::stats::{fmt_ms, ms, pq, stats};
+use crate::CASE;
 
 /// The pool's size.
 const POOL: usize = 4;
@@ -62,6 +63,30 @@ impl Bench {
         // Idle memory of the full pool, against the host before the pool's orchestrator.
         let after = HostMemory::take().await?;
         let per_kernel = after.mib_per(&before, POOL);
+        // The `free` delta over 4 kernels is within the noise of the previous phase's teardown;
+        // the pooled kernels' own memory cgroups are not.
+        let pooled: Vec<_> = self
+            .engine
+            .list_containers(&[
+                format!("{CASE}={}", self.label),
+                format!("{}=true", kernelbox::labels::POOL),
+            ])
+            .await?;
+        let (mut charged, mut anon, mut counted) = (0u64, 0u64, 0usize);
+        for c in &pooled {
+            if let Some((u, a)) = cgroup_memory(&c.id) {
+                charged += u;
+                anon += a;
+                counted += 1;
+            }
+        }
+        let cgroup = (counted > 0).then(|| {
+            (
+                charged as f64 / MIB / counted as f64,
+                anon as f64 / MIB / counted as f64,
+                counted,
+            )
+        });
 
         // Hits: each sample starts with a full pool, after everything sat idle for PAUSE;
         // beside each, under the same conditions, a warm cell of a kernel that sat idle as
@@ -217,11 +242,14 @@ impl Bench {
             format!("{}; pool refilled {} after the burst", pq(&b), fmt_ms(refill_ms)),
         ));
         self.rows.push(Row::new(
-            format!("host memory per idle pooled kernel (`free -b` used delta / {POOL})"),
-            format!(
-                "{per_kernel:.1} MiB (pool of {POOL} filled in {})",
-                fmt_ms(fill_ms)
-            ),
+            format!("idle pooled kernel memory (cgroup, mean of the pool of {POOL})"),
+            match cgroup {
+                Some((charged, anon, n)) => format!(
+                    "{charged:.1} MiB charged ({anon:.1} MiB anon; {n} read); pool filled in {}",
+                    fmt_ms(fill_ms)
+                ),
+                None => format!("cgroups not readable; pool filled in {}", fmt_ms(fill_ms)),
+            },
         ));
         let refills = kb.stats().pool.refills;
         self.details.insert(
@@ -237,7 +265,9 @@ impl Bench {
                 "burst": {"owners": BURST, "stats": b, "hits": burst_hits, "misses": burst_misses,
                           "refill_after_ms": refill_ms},
                 "fill_ms": fill_ms,
-                "idle_mib_per_kernel": per_kernel,
+                "idle_mib_per_kernel_free_delta": per_kernel,
+                "idle_cgroup_mib_per_kernel": cgroup.map(|c| c.0),
+                "idle_anon_mib_per_kernel": cgroup.map(|c| c.1),
                 "refill_spawn_mean_ms": refills.sum() / refills.count().max(1) as f64 * 1e3,
             }),
         );
