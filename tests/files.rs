@@ -1069,6 +1069,63 @@ async fn a_download_the_client_stops_reading_is_cut_and_frees_its_kernel_for_oth
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn deleting_a_session_cuts_its_download_the_client_stopped_reading_and_does_not_wait_on_it() {
+    // A real `kernelbox serve`: the in-process server's download did not leave the engine
+    // waiting on the exec's unread output.
+    let s = Served::start("files-delete-stalled", &[]).await;
+    let held = Session::new(&s.api, "held");
+    let size = 32 * 1024 * 1024;
+    let reply = held.put("big.bin", vec![7; size]).await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json());
+    let mut stalled = held.stalled_get("big.bin").await;
+    // The session goes while its download is stalled: the engine's removal of the container
+    // must not wait on the download's unread output.
+    let deleting = std::time::Instant::now();
+    let reply = s
+        .api
+        .send_bytes(
+            Method::DELETE,
+            "/v1/sessions/held",
+            Some(TOKEN),
+            false,
+            None,
+        )
+        .await;
+    let took = deleting.elapsed();
+    assert!(
+        reply.status.is_success(),
+        "{} {}",
+        reply.status,
+        reply.json()
+    );
+    eprintln!("DELETE beside a stalled download took {took:?}");
+    assert!(
+        took < Duration::from_secs(10),
+        "DELETE waited {took:?} on a download its client stopped reading"
+    );
+    // The download was cut, not completed: the client gets less than the file, then the end.
+    let mut got = 0usize;
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        match tokio::time::timeout(
+            Duration::from_secs(60),
+            tokio::io::AsyncReadExt::read(&mut stalled, &mut buf),
+        )
+        .await
+        .expect("the cut download's connection ends")
+        {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got += n,
+        }
+    }
+    assert!(
+        got < size,
+        "the download completed ({got} bytes) after its kernel went"
+    );
+    s.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_non_utf8_name_is_listed_with_replacement_characters_and_long_names_stay_in_bound() {
     let s = server("files-names", |_| {}).await;
     let names = Session::new(&s.api, "names");
