@@ -3,7 +3,7 @@
 //! no live kernel starts one through the same acquire path as an execute (so the registry's
 //! caps and fair shares apply); every other operation needs a live kernel. Each operation
 //! holds its kernel as a cell does (never reaped mid-transfer; its last use is touched) and
-//! runs beside a running cell. The transport is in `kernel/files.rs`.
+//! runs beside a running cell. The transport is in `kernel/files/`.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,0 +1,274 @@
+//! A running helper, the kernel's resident one, and the lease a transfer holds on a helper
+//! (`src/kernel/files/mod.rs`).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Buf;
+use futures::StreamExt;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::frame::{Frame, Reader};
+use super::FILE_IDLE_TIMEOUT;
+use crate::docker::ExecSpec;
+use crate::files::{FilePath, TransferError};
+use crate::kernel::{Kernel, WORK_DIR};
+
+/// The helper's source, sent on its command line.
+const HELPER_SOURCE: &str = include_str!("../../../runner/file_helper.py");
+
+/// How long ending an idle helper may take (its stdin closed, its output drained).
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub(super) type Input = std::pin::Pin<Box<dyn AsyncWrite + Send>>;
+
+/// A running helper: its output and its stdin.
+pub(super) struct Helper {
+    pub(super) reader: Reader,
+    pub(super) input: Input,
+}
+
+impl Helper {
+    /// Sends `request` and reads the first frame of the answer. [`Begin::Dead`] when the
+    /// helper took none of it (the request could not be written, or its output ended before
+    /// any byte): nothing of the transfer was consumed, so it may be retried on a new helper.
+    async fn begin(&mut self, request: &[u8]) -> Result<Frame, Begin> {
+        self.reader.received = 0;
+        let head = (request.len() as u32).to_be_bytes();
+        let mut buf = (&head[..]).chain(request);
+        match tokio::time::timeout(FILE_IDLE_TIMEOUT, self.input.write_all_buf(&mut buf)).await {
+            Err(_) => return Err(Begin::Failed(TransferError::Stalled(FILE_IDLE_TIMEOUT))),
+            Ok(Err(e)) => {
+                return Err(Begin::Dead(TransferError::Helper(format!(
+                    "writing to it: {e}"
+                ))))
+            }
+            Ok(Ok(())) => {}
+        }
+        let _ = self.input.flush().await;
+        match self.reader.frame().await {
+            Ok(Some(frame)) => Ok(frame),
+            Ok(None) => Err(Begin::Dead(self.reader.stderr.ended())),
+            Err(TransferError::Engine(e)) if self.reader.received == 0 => {
+                Err(Begin::Dead(TransferError::Engine(e)))
+            }
+            Err(e) => Err(Begin::Failed(e)),
+        }
+    }
+
+    /// Ends an idle helper: EOF on its stdin (it exits between requests), its output drained
+    /// and dropped as it comes.
+    async fn close(mut self) {
+        let _ = tokio::time::timeout(CLOSE_TIMEOUT, async {
+            let _ = self.input.shutdown().await;
+            while let Some(Ok(_)) = self.reader.output.next().await {}
+        })
+        .await;
+    }
+}
+
+/// Why a request could not begin.
+enum Begin {
+    /// The helper took nothing of it (it had died): a new helper may retry it.
+    Dead(TransferError),
+    /// It failed otherwise.
+    Failed(TransferError),
+}
+
+/// The kernel's resident helper: absent, in use by one transfer, or idle with its timer.
+enum Slot {
+    Empty,
+    Busy,
+    Idle {
+        helper: Helper,
+        timer: CancellationToken,
+    },
+}
+
+/// Where a kernel keeps its resident helper (README "Files in and out of a kernel").
+pub(in crate::kernel) struct Resident {
+    slot: Mutex<Slot>,
+    /// How long it may stay idle before it is ended.
+    idle: Duration,
+    /// Owns the idle timers.
+    pub(super) tracker: TaskTracker,
+    /// The kernel's: cancelled when the kernel goes, which ends the helper.
+    cancel: CancellationToken,
+}
+
+/// What a transfer found in the slot.
+enum Take {
+    /// The idle resident helper, now the transfer's.
+    Reuse(Helper),
+    /// No resident helper: the transfer starts one and it becomes the resident one.
+    Start,
+    /// The resident helper is in use: the transfer runs on a one-shot helper.
+    OneShot,
+}
+
+impl Resident {
+    pub(in crate::kernel) fn new(
+        idle: Duration,
+        tracker: TaskTracker,
+        cancel: CancellationToken,
+    ) -> Self {
+        Resident {
+            slot: Mutex::new(Slot::Empty),
+            idle,
+            tracker,
+            cancel,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Slot> {
+        self.slot.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn take(&self) -> Take {
+        let mut slot = self.lock();
+        match std::mem::replace(&mut *slot, Slot::Busy) {
+            Slot::Empty => Take::Start,
+            Slot::Busy => Take::OneShot,
+            Slot::Idle { helper, timer } => {
+                timer.cancel();
+                Take::Reuse(helper)
+            }
+        }
+    }
+
+    /// Ends the transfer that held the slot: a helper given back is kept, idle, until its
+    /// timer ends it; without one (or once the kernel went) the slot is empty.
+    fn give_back(self: &Arc<Self>, helper: Option<Helper>) {
+        let mut slot = self.lock();
+        let (Some(helper), false, Ok(_)) = (
+            helper,
+            self.cancel.is_cancelled(),
+            tokio::runtime::Handle::try_current(),
+        ) else {
+            *slot = Slot::Empty;
+            return;
+        };
+        let timer = CancellationToken::new();
+        *slot = Slot::Idle {
+            helper,
+            timer: timer.clone(),
+        };
+        let resident = self.clone();
+        self.tracker.spawn(async move {
+            tokio::select! {
+                _ = timer.cancelled() => return,
+                _ = resident.cancel.cancelled() => {}
+                _ = tokio::time::sleep(resident.idle) => {}
+            }
+            let helper = {
+                let mut slot = resident.lock();
+                if timer.is_cancelled() {
+                    return;
+                }
+                match std::mem::replace(&mut *slot, Slot::Empty) {
+                    Slot::Idle { helper, .. } => helper,
+                    other => {
+                        *slot = other;
+                        return;
+                    }
+                }
+            };
+            tracing::debug!("file helper idle: ended");
+            helper.close().await;
+        });
+    }
+}
+
+/// The helper a transfer runs on, and where it goes when the transfer ends.
+pub(super) struct Lease {
+    helper: Option<Helper>,
+    /// The kernel's slot when this is the resident helper.
+    resident: Option<Arc<Resident>>,
+    /// Set when the exchange ended with an ok status where the framing puts it: only then is
+    /// the helper kept for the next transfer.
+    pub(super) clean: bool,
+}
+
+impl Lease {
+    pub(super) fn helper(&mut self) -> Result<&mut Helper, TransferError> {
+        self.helper
+            .as_mut()
+            .ok_or_else(|| TransferError::Helper("no helper".into()))
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if let Some(resident) = self.resident.take() {
+            let helper = self.helper.take().filter(|_| self.clean);
+            resident.give_back(helper);
+        }
+    }
+}
+
+impl Kernel {
+    /// Starts a helper.
+    async fn start_helper(&self) -> Result<Helper, TransferError> {
+        let spec = ExecSpec {
+            cmd: vec![
+                "python3".into(),
+                "-I".into(),
+                "-S".into(),
+                "-c".into(),
+                HELPER_SOURCE.into(),
+                "serve".into(),
+            ],
+            user: self.user.clone(),
+            working_dir: WORK_DIR.into(),
+            env: vec!["LANG=C.UTF-8".into(), "PYTHONDONTWRITEBYTECODE=1".into()],
+        };
+        let attached = self.engine.exec(&self.id, &spec).await?;
+        Ok(Helper {
+            reader: Reader::new(attached.output),
+            input: attached.input,
+        })
+    }
+
+    /// Sends `op` on `path` to a helper (the resident one when it is free) and reads the
+    /// first frame of its answer. A resident helper that took none of the request (a cell
+    /// killed it) is replaced by a new one, once.
+    pub(super) async fn open(
+        &self,
+        op: &str,
+        path: &FilePath,
+    ) -> Result<(Lease, Frame), TransferError> {
+        let request = serde_json::to_vec(&serde_json::json!({"op": op, "path": path.parts()}))
+            .map_err(|e| TransferError::Helper(format!("encoding the request: {e}")))?;
+        let mut lease = Lease {
+            helper: None,
+            resident: None,
+            clean: false,
+        };
+        let mut reused = false;
+        match self.files.take() {
+            Take::Reuse(helper) => {
+                lease.resident = Some(self.files.clone());
+                lease.helper = Some(helper);
+                reused = true;
+            }
+            Take::Start => lease.resident = Some(self.files.clone()),
+            Take::OneShot => {}
+        }
+        loop {
+            if lease.helper.is_none() {
+                lease.helper = Some(self.start_helper().await?);
+            }
+            match lease.helper()?.begin(&request).await {
+                Ok(frame) => return Ok((lease, frame)),
+                Err(Begin::Dead(e)) if reused => {
+                    tracing::debug!(container = %self.short_id(), error = %e, "file helper gone: a new one");
+                    lease.helper = None;
+                    reused = false;
+                }
+                Err(Begin::Dead(e) | Begin::Failed(e)) => return Err(e),
+            }
+        }
+    }
+}
