@@ -273,20 +273,7 @@ impl Engine for BollardEngine {
             .attach_container(id, Some(options))
             .await
             .map_err(|e| map_err("attach", id, e))?;
-        let target = id.to_string();
-        let output = results
-            .output
-            .try_filter_map(|item| async move {
-                Ok(match item {
-                    LogOutput::StdOut { message } | LogOutput::Console { message } => {
-                        Some(Chunk::Stdout(message))
-                    }
-                    LogOutput::StdErr { message } => Some(Chunk::Stderr(message)),
-                    LogOutput::StdIn { .. } => None,
-                })
-            })
-            .map_err(move |e| map_err("attach stream", &target, e))
-            .boxed();
+        let output = chunks(results.output, "attach stream", id);
         Ok(Attached {
             output,
             input: results.input,
@@ -431,19 +418,7 @@ impl Engine for BollardEngine {
                 message: "the engine started the exec detached".into(),
             });
         };
-        let target = id.to_string();
-        let output = output
-            .try_filter_map(|item| async move {
-                Ok(match item {
-                    LogOutput::StdOut { message } | LogOutput::Console { message } => {
-                        Some(Chunk::Stdout(message))
-                    }
-                    LogOutput::StdErr { message } => Some(Chunk::Stderr(message)),
-                    LogOutput::StdIn { .. } => None,
-                })
-            })
-            .map_err(move |e| map_err("exec stream", &target, e))
-            .boxed();
+        let output = chunks(output, "exec stream", id);
         Ok(Attached { output, input })
     }
 
@@ -477,4 +452,26 @@ impl Engine for BollardEngine {
             })
             .boxed()
     }
+}
+
+/// An attached container's or exec's output as [`Chunk`]s (stdin echoes dropped), its errors
+/// naming `op` on `id`.
+fn chunks(
+    output: impl futures::Stream<Item = Result<LogOutput, bollard::errors::Error>> + Send + 'static,
+    op: &'static str,
+    id: &str,
+) -> BoxStream<'static, Result<Chunk, EngineError>> {
+    let target = id.to_string();
+    output
+        .try_filter_map(|item| async move {
+            Ok(match item {
+                LogOutput::StdOut { message } | LogOutput::Console { message } => {
+                    Some(Chunk::Stdout(message))
+                }
+                LogOutput::StdErr { message } => Some(Chunk::Stderr(message)),
+                LogOutput::StdIn { .. } => None,
+            })
+        })
+        .map_err(move |e| map_err(op, &target, e))
+        .boxed()
 }
