@@ -99,9 +99,10 @@ def check_name(name):
         raise Refused("invalid_path", "%r is not a plain file name" % name)
 
 
-def open_dir(parts, create=False):
-    """The directory at `parts` under /work, as an fd; never follows a symlink."""
-    fd = os.open(WORK, os.O_RDONLY | os.O_DIRECTORY)
+def open_at(base, parts, create=False):
+    """The directory at `parts` under the directory fd `base` (not closed), as an fd; never
+    follows a symlink; creates missing ones with `create`."""
+    fd = os.dup(base)
     try:
         for i, name in enumerate(parts):
             check_name(name)
@@ -129,6 +130,15 @@ def open_dir(parts, create=False):
     except BaseException:
         os.close(fd)
         raise
+
+
+def open_dir(parts, create=False):
+    """The directory at `parts` under /work, as an fd; never follows a symlink."""
+    base = os.open(WORK, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        return open_at(base, parts, create)
+    finally:
+        os.close(base)
 
 
 def kind_of(mode):
@@ -427,28 +437,6 @@ def op_untar(parts, frames):
             pass
         os.close(dfd)
     return {"ok": True, "path": "/".join([WORK] + parts), "size": total, "files": files}
-
-
-def open_at(base, parts, create=False):
-    """Like open_dir, from the directory fd `base` (not closed)."""
-    fd = os.dup(base)
-    try:
-        for name in parts:
-            check_name(name)
-            flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
-            try:
-                nfd = os.open(name, flags, dir_fd=fd)
-            except FileNotFoundError:
-                if not create:
-                    raise
-                os.mkdir(name, 0o755, dir_fd=fd)
-                nfd = os.open(name, flags, dir_fd=fd)
-            os.close(fd)
-            fd = nfd
-        return fd
-    except BaseException:
-        os.close(fd)
-        raise
 
 
 def header(obj):

@@ -473,6 +473,11 @@ async fn a_tar_of_1000_files_extracts_in_one_request_and_downloads_as_a_tar() {
         (escaping_tar("../escape.txt"), "tar_member_refused"),
         (escaping_tar("/escape.txt"), "tar_member_refused"),
         (symlink_tar(), "tar_member_refused"),
+        // A member under a file an earlier member made.
+        (
+            tar_of(&[("f", b"file"), ("f/under.txt", b"x")]),
+            "tar_member_refused",
+        ),
         (
             b"this is not a tar archive at all, just some bytes .....".repeat(20),
             "invalid_tar",

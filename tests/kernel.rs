@@ -338,7 +338,7 @@ async fn any_image_with_python3_works_as_it_is() {
 }
 
 /// The runner is invisible to cells (no variable in the environment, `sys.argv` as under
-/// `python3 -c`, cell code runs in `__main__`) and stays small: an idle kernel has not loaded
+/// `python3 -c`, cell code runs in `__main__`, whose globals are a new module's) and stays small: an idle kernel has not loaded
 /// the modules the runner avoids for memory's sake, and a cell importing them still works.
 #[tokio::test]
 async fn the_runner_leaves_no_trace_in_a_cell() {
@@ -346,7 +346,8 @@ async fn the_runner_leaves_no_trace_in_a_cell() {
     let probe = case
         .run(
             "s",
-            "import sys\n\
+            "print('globals', sorted(globals()))\n\
+             import sys\n\
              print('loaded', [m for m in ('json', 're', 'enum', 'threading', 'collections') if m in sys.modules])\n\
              import os, subprocess\n\
              print('argv', sys.argv)\n\
@@ -357,7 +358,16 @@ async fn the_runner_leaves_no_trace_in_a_cell() {
         )
         .await;
     assert_eq!(probe.status, CellStatus::Success, "{probe:?}");
+    // The runner runs its cell path before ready (warming it up): no cell is counted and
+    // nothing of it is left in the cells' namespace.
+    assert_eq!(probe.kernel.execution_count, 1, "{probe:?}");
     let out = &probe.output;
+    assert!(
+        out.contains(
+            "globals ['__builtins__', '__doc__', '__loader__', '__name__', '__package__', '__spec__']"
+        ),
+        "{out}"
+    );
     assert!(out.contains("argv ['-c']"), "{out}");
     assert!(out.contains("env []"), "{out}");
     assert!(out.contains("envb []"), "{out}");
