@@ -193,8 +193,13 @@ impl Bench {
                 ),
                 pq(&h),
             )
-            .floor(format!("warm cell p50 {}", fmt_ms(self.warm_p50)), ratio)
-            .target("p50 ≤ 5x warm and < 2 ms", ratio <= 5.0 && h.p50_ms < 2.0),
+            .floor(
+                format!("back-to-back warm cell p50 {}", fmt_ms(self.warm_p50)),
+                ratio,
+            )
+            // Its like-for-like floor is the warm cell after the same pause (next row): the
+            // 5x target is the busy-host row's, measured as the warm cell is.
+            .target("p50 < 2 ms", h.p50_ms < 2.0),
         );
         let idle_ratio = h.p50_ms / iw.p50_ms;
         self.rows.push(
