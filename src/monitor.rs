@@ -19,6 +19,12 @@ use crate::docker::Engine;
 /// older `oom` is of a process the kernel outlived (a cell's subprocess killed at the limit).
 pub const OOM_DEATH_WINDOW: Duration = Duration::from_secs(5);
 
+/// How long a container's death by SIGKILL with no `oom` or `kill` event yet waits for an
+/// `oom` event before it is taken for a crash. The engine usually reports `oom` before `die`,
+/// but the containerd shim sends the two from different goroutines (the cgroup's OOM
+/// notification, the reaper of the exited process), so on a loaded host `die` can come first.
+pub const OOM_AFTER_DIE: Duration = Duration::from_secs(1);
+
 /// How a container ended, as its events tell.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Fate {
@@ -146,14 +152,26 @@ impl EventMonitor {
         fates.by_id.get(id).copied().unwrap_or_default()
     }
 
-    /// Waits (up to `limit`) for the container's `die` event, then reports its fate.
+    /// Waits (up to `limit`) for the container's `die` event, then reports its fate. A death
+    /// by SIGKILL that nothing explains yet (no `oom`, no `kill` event) waits up to
+    /// [`OOM_AFTER_DIE`] more for an `oom` event that arrives after the `die` (see there).
     pub async fn wait_died(&self, id: &str, limit: Duration) -> Fate {
         let deadline = tokio::time::Instant::now() + limit;
+        let mut unexplained_until = None;
         loop {
             let notified = self.changed.notified();
             let fate = self.fate(id);
             if fate.died.is_some() {
-                return fate;
+                let by_sigkill = matches!(fate.died, Some(137) | Some(-1));
+                if !by_sigkill || fate.oom || fate.killed {
+                    return fate;
+                }
+                let until = *unexplained_until
+                    .get_or_insert_with(|| tokio::time::Instant::now() + OOM_AFTER_DIE);
+                if tokio::time::timeout_at(until, notified).await.is_err() {
+                    return self.fate(id);
+                }
+                continue;
             }
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
                 return self.fate(id);
@@ -226,6 +244,39 @@ mod tests {
         assert_eq!(fate.died, Some(137));
         let unknown = monitor.wait_died("nope", Duration::from_secs(1)).await;
         assert_eq!(unknown, Fate::default());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_oom_reported_just_after_the_die_is_still_the_cause_of_death() {
+        let monitor = EventMonitor::default();
+        let waiter = {
+            let monitor = monitor.clone();
+            tokio::spawn(async move { monitor.wait_died("c1", Duration::from_secs(3)).await })
+        };
+        tokio::task::yield_now().await;
+        monitor.record("c1", "die", Some(137));
+        tokio::time::sleep(OOM_AFTER_DIE / 2).await;
+        monitor.record("c1", "oom", None);
+        let fate = waiter.await.unwrap();
+        assert!(fate.died_of_oom(), "{fate:?}");
+
+        // A SIGKILL nothing explains is a crash, once the wait for a late `oom` is over.
+        monitor.record("c2", "die", Some(137));
+        let started = tokio::time::Instant::now();
+        let fate = monitor.wait_died("c2", Duration::from_secs(3)).await;
+        assert!(!fate.died_of_oom());
+        assert_eq!(started.elapsed(), OOM_AFTER_DIE);
+        // An exit code of its own, or a `kill` through the engine, needs no wait.
+        monitor.record("c3", "die", Some(3));
+        monitor.record("c4", "kill", None);
+        monitor.record("c4", "die", Some(137));
+        let started = tokio::time::Instant::now();
+        assert_eq!(
+            monitor.wait_died("c3", Duration::from_secs(3)).await.died,
+            Some(3)
+        );
+        assert!(monitor.wait_died("c4", Duration::from_secs(3)).await.killed);
+        assert_eq!(started.elapsed(), Duration::ZERO);
     }
 
     #[tokio::test(start_paused = true)]
