@@ -334,11 +334,11 @@ class _Runner:
         cell (on a warm-pool kernel above all) costs what any cell costs. Run once, a path is
         several times slower than run again (the AST module loads on the first compile, the
         interpreter specialises code only after it ran a few times, memory is first touched):
-        measured, the runner's first cell took 0.5-0.6 ms inside the runner, its fifth
-        0.05 ms, and 0.3-0.4 ms after this warm-up. The messages come through a private pipe,
-        the cells run on a constant in a throwaway namespace with their output going to
-        /dev/null; afterwards nothing of them is visible to cells, no cell is counted and the
-        status file is empty again."""
+        measured in the runner with cells back to back, its first cell took 0.3-0.35 ms, the
+        later ones 0.03-0.09 ms, and the first one after this warm-up 0.06-0.08 ms (README,
+        Performance). The messages come through a private pipe, the cells run on a constant
+        in a throwaway namespace with their output going to /dev/null; afterwards nothing of
+        them is visible to cells, no cell is counted and the status file is empty again."""
         inp, cell_out, namespace = self.ch.inp, self.ch.cell_out, self.namespace
         r, w = os.pipe()
         sink = os.open(os.devnull, os.O_WRONLY)
