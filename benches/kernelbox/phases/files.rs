@@ -4,7 +4,7 @@
 //! first (an upload to a session without a kernel would start one and count its cold start),
 //! and every row is the median of at least 3 rounds (5 without `--quick`). The upload rows
 //! also show the engine's own intake: its archive endpoint fed the file from memory, no CLI
-//! (every path into a container goes through the engine, so that is the ceiling here).
+//! (every path into a container goes through the engine: what the engine alone takes in).
 
 use std::time::{Duration, Instant};
 
