@@ -340,20 +340,25 @@ class _Runner:
         in a throwaway namespace with their output going to /dev/null; afterwards nothing of
         them is visible to cells, no cell is counted and the status file is empty again."""
         inp, cell_out, namespace = self.ch.inp, self.ch.cell_out, self.namespace
-        r, w = os.pipe()
-        sink = os.open(os.devnull, os.O_WRONLY)
+        fds = []
         try:
+            r, w = os.pipe()
+            fds += [r, w]
+            sink = os.open(os.devnull, os.O_WRONLY)
+            fds.append(sink)
+            self.ch.inp, self.ch.cell_out = r, sink
+            self.namespace = {"__builtins__": _modules["builtins"]}
+            execs = self.inbox.execs
             for i in range(rounds):
+                # One message at a time: the pipe never holds more than one.
                 _write_all(
                     w,
                     (_dumps({"op": "exec", "cell": -1 - i, "code": "_ = None\n_", "marker": "",
                              "display": "", "display_caps": {}}) + "\n").encode(),
                 )
-            self.ch.inp, self.ch.cell_out = r, sink
-            self.namespace = {"__builtins__": _modules["builtins"]}
-            execs = self.inbox.execs
-            for _ in range(rounds):
                 self.run_cell(self.inbox.wait(lambda: execs.pop(0) if execs else None))
+        except Exception:
+            pass  # best effort: a kernel that could not warm up still works, only slower once
         finally:
             self.ch.inp, self.ch.cell_out, self.namespace = inp, cell_out, namespace
             self.ch.restore_fds()
@@ -361,7 +366,7 @@ class _Runner:
             self.inbox.buf = b""
             del self.inbox.execs[:]
             self.execution_count = 0
-            for fd in (r, w, sink):
+            for fd in fds:
                 _close(fd)
             if self.status_fd is not None:
                 try:

@@ -153,22 +153,24 @@ impl EventMonitor {
     }
 
     /// Waits (up to `limit`) for the container's `die` event, then reports its fate. A death
-    /// by SIGKILL that nothing explains yet (no `oom`, no `kill` event) waits up to
-    /// [`OOM_AFTER_DIE`] more for an `oom` event that arrives after the `die` (see there).
+    /// by SIGKILL that nothing explains yet (no recent `oom`, no `kill` event) waits until
+    /// [`OOM_AFTER_DIE`] after the `die` for an `oom` event that arrives late (see there), so
+    /// the whole wait can last up to `limit` plus that.
     pub async fn wait_died(&self, id: &str, limit: Duration) -> Fate {
         let deadline = tokio::time::Instant::now() + limit;
-        let mut unexplained_until = None;
         loop {
             let notified = self.changed.notified();
             let fate = self.fate(id);
-            if fate.died.is_some() {
-                let by_sigkill = matches!(fate.died, Some(137) | Some(-1));
-                if !by_sigkill || fate.oom || fate.killed {
+            if let (Some(code), Some(died_at)) = (fate.died, fate.died_at) {
+                // An `oom` older than the window (a subprocess killed at the limit long ago)
+                // explains nothing: only one that makes this death an OOM kill does.
+                if !matches!(code, 137 | -1) || fate.died_of_oom() || fate.killed {
                     return fate;
                 }
-                let until = *unexplained_until
-                    .get_or_insert_with(|| tokio::time::Instant::now() + OOM_AFTER_DIE);
-                if tokio::time::timeout_at(until, notified).await.is_err() {
+                if tokio::time::timeout_at(died_at + OOM_AFTER_DIE, notified)
+                    .await
+                    .is_err()
+                {
                     return self.fate(id);
                 }
                 continue;
@@ -266,6 +268,25 @@ mod tests {
         let fate = monitor.wait_died("c2", Duration::from_secs(3)).await;
         assert!(!fate.died_of_oom());
         assert_eq!(started.elapsed(), OOM_AFTER_DIE);
+        // An `oom` of long ago (a subprocess killed at the limit) does not explain a later
+        // SIGKILL: the wait for a late one still happens, and finds it.
+        monitor.record("c5", "oom", None);
+        tokio::time::advance(OOM_DEATH_WINDOW + Duration::from_secs(1)).await;
+        let waiter = {
+            let monitor = monitor.clone();
+            tokio::spawn(async move { monitor.wait_died("c5", Duration::from_secs(3)).await })
+        };
+        tokio::task::yield_now().await;
+        monitor.record("c5", "die", Some(137));
+        tokio::time::sleep(OOM_AFTER_DIE / 2).await;
+        monitor.record("c5", "oom", None);
+        assert!(waiter.await.unwrap().died_of_oom());
+        // A wait that starts late ends 1 s after the `die`, not 1 s after it started.
+        monitor.record("c6", "die", Some(137));
+        tokio::time::advance(OOM_AFTER_DIE / 2).await;
+        let started = tokio::time::Instant::now();
+        monitor.wait_died("c6", Duration::from_secs(3)).await;
+        assert_eq!(started.elapsed(), OOM_AFTER_DIE / 2);
         // An exit code of its own, or a `kill` through the engine, needs no wait.
         monitor.record("c3", "die", Some(3));
         monitor.record("c4", "kill", None);

@@ -140,12 +140,14 @@ impl Bench {
         echo.stop().await;
         // Hits on a busy host: each take comes right after WARM_BEFORE back-to-back warm cells
         // of another session, as a warm cell is measured (after other warm cells): the engine
-        // path is awake, only the pooled kernel itself slept (since its refill).
+        // path is awake, while the pooled kernels have slept at least PAUSE (a take picks the
+        // newest, which would otherwise have sent `ready` only milliseconds before).
         let mut busy_hits = Vec::new();
         for i in 0..self.sizes.pool_hits {
             if !kb.wait_pool_ready(POOL, FILL).await {
                 bail!("the pool did not refill within {FILL:?}");
             }
+            tokio::time::sleep(PAUSE).await;
             for _ in 0..WARM_BEFORE {
                 ok_cell(
                     "warm cell before a hit",
@@ -220,40 +222,10 @@ impl Bench {
         // Misses: the pool just emptied by POOL quick takes, its refills in flight. Before
         // each, with the pool full and nothing else under way, a cold start on an
         // orchestrator without a pool: the like-for-like floor, same minute, same engine.
-        let mut misses = Vec::new();
-        let mut colds = Vec::new();
         let no_pool = Orchestrator::start(config(&self.label), self.engine.clone()).await?;
-        for i in 0..self.sizes.pool_misses {
-            if !kb.wait_pool_ready(POOL, FILL).await {
-                bail!("the pool did not refill within {FILL:?}");
-            }
-            let w = Window::begin();
-            let r = no_pool
-                .execute(ExecuteRequest::new(format!("pool-cold-{i}"), "x = 1"))
-                .await?;
-            colds.push(w.end().ms);
-            ok_cell("cold cell beside the misses", &r)?;
-            no_pool.clear_session(None, &format!("pool-cold-{i}")).await;
-            for j in 0..POOL {
-                kb.execute(ExecuteRequest::new(format!("pool-drain-{i}-{j}"), "x = 1"))
-                    .await?;
-            }
-            let missed = kb.stats().pool.misses;
-            let w = Window::begin();
-            let r = kb
-                .execute(ExecuteRequest::new(format!("pool-miss-{i}"), "x = 1"))
-                .await?;
-            misses.push(w.end().ms);
-            ok_cell("pool-miss cell", &r)?;
-            if kb.stats().pool.misses != missed + 1 {
-                bail!("a pool-miss sample took a pooled kernel");
-            }
-            for j in 0..POOL {
-                kb.clear_session(None, &format!("pool-drain-{i}-{j}")).await;
-            }
-            kb.clear_session(None, &format!("pool-miss-{i}")).await;
-        }
+        let measured = self.misses(kb, &no_pool).await;
         no_pool.shutdown().await;
+        let (misses, colds) = measured?;
         let m = stats(&misses);
         let c = stats(&colds);
         let miss_ratio = m.p50_ms / c.p50_ms;
@@ -346,5 +318,54 @@ impl Bench {
             }),
         );
         Ok(())
+    }
+
+    /// Pool misses, each after a cold start on `no_pool` (with one untimed cold start first,
+    /// as the cold phase does): (misses, colds) in ms.
+    async fn misses(
+        &self,
+        kb: &Orchestrator,
+        no_pool: &Orchestrator,
+    ) -> Result<(Vec<f64>, Vec<f64>)> {
+        ok_cell(
+            "untimed cold cell",
+            &no_pool
+                .execute(ExecuteRequest::new("pool-cold-untimed", "x = 1"))
+                .await?,
+        )?;
+        no_pool.clear_session(None, "pool-cold-untimed").await;
+        let mut misses = Vec::new();
+        let mut colds = Vec::new();
+        for i in 0..self.sizes.pool_misses {
+            if !kb.wait_pool_ready(POOL, FILL).await {
+                bail!("the pool did not refill within {FILL:?}");
+            }
+            let w = Window::begin();
+            let r = no_pool
+                .execute(ExecuteRequest::new(format!("pool-cold-{i}"), "x = 1"))
+                .await?;
+            colds.push(w.end().ms);
+            ok_cell("cold cell beside the misses", &r)?;
+            no_pool.clear_session(None, &format!("pool-cold-{i}")).await;
+            for j in 0..POOL {
+                kb.execute(ExecuteRequest::new(format!("pool-drain-{i}-{j}"), "x = 1"))
+                    .await?;
+            }
+            let missed = kb.stats().pool.misses;
+            let w = Window::begin();
+            let r = kb
+                .execute(ExecuteRequest::new(format!("pool-miss-{i}"), "x = 1"))
+                .await?;
+            misses.push(w.end().ms);
+            ok_cell("pool-miss cell", &r)?;
+            if kb.stats().pool.misses != missed + 1 {
+                bail!("a pool-miss sample took a pooled kernel");
+            }
+            for j in 0..POOL {
+                kb.clear_session(None, &format!("pool-drain-{i}-{j}")).await;
+            }
+            kb.clear_session(None, &format!("pool-miss-{i}")).await;
+        }
+        Ok((misses, colds))
     }
 }
