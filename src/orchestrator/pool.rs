@@ -5,8 +5,10 @@
 //! kernels, and naming a taken kernel after its owner.
 //!
 //! The refill runs in the background, at most [`POOL_REFILL_CONCURRENCY`] spawns at a time (the
-//! pool's share of the engine), and never holds the registry's lock across an engine call. A
-//! new owner that finds the pool empty starts cold at once: nothing waits on a refill.
+//! pool's share of the engine), starts one only once new owners stopped arriving for
+//! [`REFILL_SETTLE`] and none is starting cold, and never holds the registry's lock across an
+//! engine call. A new owner that finds the pool empty starts cold at once: nothing waits on a
+//! refill.
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -31,6 +33,12 @@ pub const POOL_REFILL_CONCURRENCY: usize = 1;
 /// Longest a refill spawn gives way to cold starts in all: a steady stream of new owners
 /// delays the pool's refill by this much at most, never starves it.
 const POOL_YIELD_MAX: Duration = Duration::from_secs(2);
+
+/// The refill starts a spawn only once no new owner has got a kernel for this long: new
+/// owners come in bursts, and a burst that empties the pool is often followed at once by a
+/// miss, whose cold start would otherwise share the engine with the refill's first step
+/// (later steps give way to it, [`crate::kernel::Yield`]).
+pub(super) const REFILL_SETTLE: Duration = Duration::from_millis(25);
 
 /// Longest time between two looks at the pool (kernels that died in it, room freed by
 /// sessions that went away); takes and expiries wake the refill at once.
@@ -79,6 +87,8 @@ pub(super) struct PoolState {
     pub(super) ready: tokio::sync::watch::Sender<usize>,
     /// Cold starts under way (see [`ColdStart`]); refills give way while it is not zero.
     cold: tokio::sync::watch::Sender<usize>,
+    /// When the last new owner got its kernel (see [`REFILL_SETTLE`]).
+    last_take: Mutex<Option<tokio::time::Instant>>,
 }
 
 /// A cold start under way; the refill starts no spawn while one is, and is woken when the
@@ -114,6 +124,7 @@ impl PoolState {
             task: Mutex::new(None),
             ready: tokio::sync::watch::Sender::new(0),
             cold: tokio::sync::watch::Sender::new(0),
+            last_take: Mutex::new(None),
         }
     }
 
@@ -148,6 +159,12 @@ impl Orchestrator {
             return;
         }
         self.publish_pool();
+        *self
+            .inner
+            .pool
+            .last_take
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(tokio::time::Instant::now());
         let mut stats = self.inner.pool.stats();
         if hit {
             stats.hits += 1;
@@ -248,7 +265,15 @@ impl Orchestrator {
                 self.publish_pool();
                 self.dispose_pooled(gone).await;
             }
-            let may_spawn = retry_at.is_none_or(|at| tokio::time::Instant::now() >= at);
+            let now = tokio::time::Instant::now();
+            let settled_at = inner
+                .pool
+                .last_take
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .map(|t| t + REFILL_SETTLE)
+                .filter(|at| *at > now);
+            let may_spawn = retry_at.is_none_or(|at| now >= at) && settled_at.is_none();
             if may_spawn && inner.pool.cold_starts() == 0 {
                 retry_at = None;
                 let n = inner.registry.pool_reserve(
@@ -264,7 +289,7 @@ impl Orchestrator {
             if let Some(oldest) = inner.registry.pool_oldest() {
                 next = next.min(oldest + config.pool_max_age);
             }
-            if let Some(at) = retry_at {
+            if let Some(at) = retry_at.into_iter().chain(settled_at).min() {
                 next = next.min(at);
             }
             tokio::select! {

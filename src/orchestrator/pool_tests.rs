@@ -97,3 +97,26 @@ async fn pooled_kernels_past_their_maximum_age_are_replaced() {
     assert_eq!(fake.live_containers(), 0);
     assert_eq!(fake.live_volumes(), 0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_refill_starts_once_new_owners_stop_arriving() {
+    let (kb, fake) = start(2, 8).await;
+    assert!(kb.wait_pool_ready(2, Duration::from_secs(5)).await);
+    assert_eq!(fake.live_volumes(), 2);
+    run(&kb, "a", "x = 1").await;
+    run(&kb, "b", "x = 1").await;
+    // Right after the takes the refill has not begun (its first step makes a volume), so a
+    // miss arriving now would have the engine to itself...
+    tokio::time::sleep(super::pool::REFILL_SETTLE / 2).await;
+    assert_eq!(
+        fake.live_volumes(),
+        2,
+        "the refill began within the settle time"
+    );
+    // ...and once new owners stopped arriving, the pool refills.
+    assert!(kb.wait_pool_ready(2, Duration::from_secs(5)).await);
+    assert_eq!(fake.live_volumes(), 4);
+    kb.shutdown().await;
+    assert_eq!(fake.live_containers(), 0);
+    assert_eq!(fake.live_volumes(), 0);
+}
