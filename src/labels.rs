@@ -48,7 +48,7 @@ pub const MEMORY: &str = "io.kernelbox.memory";
 pub const POOL: &str = "io.kernelbox.pool";
 
 /// Prefix of the container name a pooled kernel gets when an owner takes it.
-const OWNER_NAME_PREFIX: &str = "kb";
+pub(crate) const OWNER_NAME_PREFIX: &str = "kb";
 
 /// The container name that records who took a pooled kernel: `kb.TENANT.OWNER.SHORTID`, each
 /// part escaped to Docker's name alphabet (`_` → `_u`, `.` → `_d`, `@` → `_a`, `:` → `_c`).

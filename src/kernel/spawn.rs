@@ -62,8 +62,9 @@ pub struct Yield {
 }
 
 impl Yield {
-    /// Waits until nothing goes first, or the spawn has given way long enough.
-    async fn give_way(&self) -> Result<(), KernelError> {
+    /// Waits until nothing goes first, or the spawn (or other background engine work of the
+    /// pool) has given way long enough.
+    pub async fn give_way(&self) -> Result<(), KernelError> {
         let mut priority = self.priority.clone();
         tokio::select! {
             biased;

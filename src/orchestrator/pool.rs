@@ -52,7 +52,7 @@ const REFILL_BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// Longest a take's follow-up (naming the kernel, waking the refill) waits for the taker's
 /// first cell to end, so that a long first cell does not keep the pool short or the kernel
 /// unnamed.
-const TAKE_SETTLE: Duration = Duration::from_millis(250);
+pub(super) const TAKE_SETTLE: Duration = Duration::from_millis(250);
 
 /// Upper bounds of the refill-time histogram (one pooled kernel spawned), in seconds.
 pub const REFILL_BUCKETS: [f64; 10] = [0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0];
@@ -175,7 +175,8 @@ impl Orchestrator {
 
     /// What follows a take, in the background once the taker's first cell ends (the returned
     /// guard is dropped) or [`TAKE_SETTLE`] passes, so neither competes with that cell for
-    /// the engine: the refill is woken, and the kernel is named after its owner
+    /// the engine: the refill is woken, and, once no new owner is starting cold (for
+    /// [`POOL_YIELD_MAX`] at most), the kernel is named after its owner
     /// (`labels::owner_name`) so the admin verbs (`kernelbox ps`, `inspect`, `kill
     /// --owner/--tenant`) see who has it.
     pub(super) fn after_take(
@@ -197,6 +198,16 @@ impl Orchestrator {
                 _ = inner.cancel.cancelled() => return,
             }
             inner.pool.wake.notify_one();
+            // The rename is engine work in the background too: it gives way to cold starts
+            // (a burst that emptied the pool is often followed at once by a miss).
+            let turn = Yield {
+                priority: inner.pool.cold.subscribe(),
+                until: tokio::time::Instant::now() + POOL_YIELD_MAX,
+                cancel: inner.cancel.clone(),
+            };
+            if turn.give_way().await.is_err() {
+                return;
+            }
             if let Err(e) = inner.engine.rename_container(&kernel.id, &name).await {
                 // Removed meanwhile (cleared, killed): nothing left to name.
                 if kernel.is_alive() {

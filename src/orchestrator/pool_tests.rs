@@ -4,6 +4,7 @@ use std::collections::HashSet;
 
 use super::*;
 use crate::docker::fake::FakeEngine;
+use crate::docker::Engine;
 
 async fn start(size: usize, max: usize) -> (Orchestrator, FakeEngine) {
     let fake = FakeEngine::default();
@@ -119,4 +120,46 @@ async fn the_refill_starts_once_new_owners_stop_arriving() {
     kb.shutdown().await;
     assert_eq!(fake.live_containers(), 0);
     assert_eq!(fake.live_volumes(), 0);
+}
+
+/// Names of the containers that carry an owner's name (`labels::owner_name`).
+async fn owner_named(fake: &FakeEngine) -> usize {
+    fake.list_containers(&[])
+        .await
+        .expect("list")
+        .iter()
+        .filter(|c| c.name.starts_with(crate::labels::OWNER_NAME_PREFIX))
+        .count()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_taken_kernel_is_named_once_no_new_owner_is_starting_cold() {
+    let (kb, fake) = start(1, 8).await;
+    assert!(kb.wait_pool_ready(1, Duration::from_secs(5)).await);
+    // Owner a takes the pooled kernel with a first cell that does not end.
+    let a = {
+        let kb = kb.clone();
+        tokio::spawn(async move { kb.execute(crate::ExecuteRequest::new("a", "sleep")).await })
+    };
+    while kb.stats().pool.hits == 0 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    // Owner c finds the pool empty and starts cold, for a second.
+    *fake.create_delay.lock().unwrap() = Duration::from_secs(1);
+    let c = {
+        let kb = kb.clone();
+        tokio::spawn(async move { kb.execute(crate::ExecuteRequest::new("c", "x = 1")).await })
+    };
+    // Past the wait for a's first cell (TAKE_SETTLE), a's kernel is still not renamed...
+    tokio::time::sleep(super::pool::TAKE_SETTLE * 2).await;
+    assert_eq!(owner_named(&fake).await, 0, "renamed during a cold start");
+    // ...until c's cold start is over.
+    c.await.expect("join").expect("c");
+    *fake.create_delay.lock().unwrap() = Duration::ZERO;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(owner_named(&fake).await, 1);
+    kb.clear_session(None, "a").await;
+    let _ = a.await;
+    kb.shutdown().await;
+    assert_eq!(fake.live_containers(), 0);
 }
