@@ -230,14 +230,22 @@ impl EventMonitor {
 mod tests {
     use super::*;
 
+    /// `wait_died` of `id` in a task of its own, already waiting.
+    async fn waiting(
+        monitor: &EventMonitor,
+        id: &'static str,
+        limit: Duration,
+    ) -> tokio::task::JoinHandle<Fate> {
+        let monitor = monitor.clone();
+        let waiter = tokio::spawn(async move { monitor.wait_died(id, limit).await });
+        tokio::task::yield_now().await;
+        waiter
+    }
+
     #[tokio::test(start_paused = true)]
     async fn oom_then_die_is_reported_and_unknown_ids_time_out() {
         let monitor = EventMonitor::default();
-        let waiter = {
-            let monitor = monitor.clone();
-            tokio::spawn(async move { monitor.wait_died("c1", Duration::from_secs(5)).await })
-        };
-        tokio::task::yield_now().await;
+        let waiter = waiting(&monitor, "c1", Duration::from_secs(5)).await;
         monitor.record("c1", "oom", None);
         monitor.record("c1", "die", Some(137));
         let fate = waiter.await.unwrap();
@@ -251,11 +259,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn an_oom_reported_just_after_the_die_is_still_the_cause_of_death() {
         let monitor = EventMonitor::default();
-        let waiter = {
-            let monitor = monitor.clone();
-            tokio::spawn(async move { monitor.wait_died("c1", Duration::from_secs(3)).await })
-        };
-        tokio::task::yield_now().await;
+        let waiter = waiting(&monitor, "c1", Duration::from_secs(3)).await;
         monitor.record("c1", "die", Some(137));
         tokio::time::sleep(OOM_AFTER_DIE / 2).await;
         monitor.record("c1", "oom", None);
@@ -272,11 +276,7 @@ mod tests {
         // SIGKILL: the wait for a late one still happens, and finds it.
         monitor.record("c5", "oom", None);
         tokio::time::advance(OOM_DEATH_WINDOW + Duration::from_secs(1)).await;
-        let waiter = {
-            let monitor = monitor.clone();
-            tokio::spawn(async move { monitor.wait_died("c5", Duration::from_secs(3)).await })
-        };
-        tokio::task::yield_now().await;
+        let waiter = waiting(&monitor, "c5", Duration::from_secs(3)).await;
         monitor.record("c5", "die", Some(137));
         tokio::time::sleep(OOM_AFTER_DIE / 2).await;
         monitor.record("c5", "oom", None);

@@ -35,6 +35,21 @@ const PAUSE: Duration = Duration::from_millis(500);
 /// busy host.
 const WARM_BEFORE: usize = 10;
 
+/// One pool-hit sample: the first cell of new owner `session`, which must get a fresh pooled
+/// kernel; its wall time in ms. The session is cleared after.
+async fn hit(kb: &Orchestrator, session: &str) -> Result<f64> {
+    let taken = kb.stats().pool.hits;
+    let w = Window::begin();
+    let r = kb.execute(ExecuteRequest::new(session, "x = 1")).await?;
+    let ms = w.end().ms;
+    ok_cell("pool-hit cell", &r)?;
+    if r.kernel.reused || r.kernel.execution_count != 1 || kb.stats().pool.hits != taken + 1 {
+        bail!("a pool-hit sample was not a fresh pooled kernel: {r:?}");
+    }
+    kb.clear_session(None, session).await;
+    Ok(ms)
+}
+
 impl Bench {
     /// Phase: the warm pool.
     pub async fn pool(&mut self) -> Result<()> {
@@ -124,18 +139,7 @@ impl Bench {
                 bail!("the warm cell after a pause ran in a new kernel");
             }
             tokio::time::sleep(PAUSE).await;
-            let taken = kb.stats().pool.hits;
-            let w = Window::begin();
-            let r = kb
-                .execute(ExecuteRequest::new(format!("pool-hit-{i}"), "x = 1"))
-                .await?;
-            hits.push(w.end().ms);
-            ok_cell("pool-hit cell", &r)?;
-            if r.kernel.reused || r.kernel.execution_count != 1 || kb.stats().pool.hits != taken + 1
-            {
-                bail!("a pool-hit sample was not a fresh pooled kernel: {r:?}");
-            }
-            kb.clear_session(None, &format!("pool-hit-{i}")).await;
+            hits.push(hit(kb, &format!("pool-hit-{i}")).await?);
         }
         echo.stop().await;
         // Hits on a busy host: each take comes right after WARM_BEFORE back-to-back warm cells
@@ -155,18 +159,7 @@ impl Bench {
                         .await?,
                 )?;
             }
-            let taken = kb.stats().pool.hits;
-            let w = Window::begin();
-            let r = kb
-                .execute(ExecuteRequest::new(format!("pool-busy-hit-{i}"), "x = 1"))
-                .await?;
-            busy_hits.push(w.end().ms);
-            ok_cell("pool-hit cell", &r)?;
-            if r.kernel.reused || r.kernel.execution_count != 1 || kb.stats().pool.hits != taken + 1
-            {
-                bail!("a busy pool-hit sample was not a fresh pooled kernel: {r:?}");
-            }
-            kb.clear_session(None, &format!("pool-busy-hit-{i}")).await;
+            busy_hits.push(hit(kb, &format!("pool-busy-hit-{i}")).await?);
         }
         kb.clear_session(None, "pool-idle-warm").await;
         let bh = stats(&busy_hits);

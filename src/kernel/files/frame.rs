@@ -252,6 +252,18 @@ impl Reader {
         }
     }
 
+    /// The status that must end a read: more data than announced, or any other frame, is
+    /// refused.
+    pub(super) async fn end_of_read(&mut self) -> Result<(), TransferError> {
+        match self.expect().await? {
+            Frame::Status(status) => status.result().map(drop),
+            Frame::Data(_) => Err(TransferError::Helper(
+                "it wrote more than it announced".into(),
+            )),
+            Frame::Ack | Frame::Header(_) => Err(breach("a frame inside a read")),
+        }
+    }
+
     /// The next frame, which must be there, without a deadline of its own: what the helper
     /// says while an upload is being sent, which runs as long as the upload's own steps
     /// (each within [`FILE_IDLE_TIMEOUT`], the body within the server's body timeout) do.

@@ -70,14 +70,7 @@ impl Kernel {
         drop(line);
         Ok(match header {
             Header::Dir { entries, truncated } => {
-                match lease.helper()?.reader.expect().await? {
-                    Frame::Status(status) => status.result()?,
-                    _ => {
-                        return Err(TransferError::Helper(
-                            "it wrote more than it announced".into(),
-                        ))
-                    }
-                };
+                lease.helper()?.reader.end_of_read().await?;
                 lease.clean = true;
                 Download::Dir(Listing {
                     entries: entries.0,
@@ -86,14 +79,7 @@ impl Kernel {
             }
             Header::File { size: 0 } => {
                 // Nothing to stream (a client may never poll an empty body): the status now.
-                match lease.helper()?.reader.expect().await? {
-                    Frame::Status(status) => status.result()?,
-                    _ => {
-                        return Err(TransferError::Helper(
-                            "it wrote more than it announced".into(),
-                        ))
-                    }
-                };
+                lease.helper()?.reader.end_of_read().await?;
                 lease.clean = true;
                 Download::File {
                     size: 0,
@@ -193,17 +179,7 @@ fn body_stream(lease: Lease, size: Option<u64>) -> DownloadStream {
 
         /// Reads the status that must end the read; a clean one gives the helper back.
         async fn end(&mut self) -> Result<(), TransferError> {
-            match self.reader()?.expect().await? {
-                Frame::Status(status) => {
-                    status.result()?;
-                }
-                Frame::Data(_) => {
-                    return Err(TransferError::Helper(
-                        "it wrote more than it announced".into(),
-                    ))
-                }
-                Frame::Ack | Frame::Header(_) => return Err(breach("a frame inside a read")),
-            }
+            self.reader()?.end_of_read().await?;
             if let Some(mut lease) = self.lease.take() {
                 lease.clean = true;
             }
