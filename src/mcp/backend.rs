@@ -24,6 +24,10 @@ pub(crate) struct ExecuteCode {
     )]
     #[serde(default)]
     pub timeout: Option<f64>,
+    /// A delegated child (sub-agent) of this session: the cell runs in the child's own
+    /// kernel instead of the session's (as `child` on the HTTP execute request).
+    #[serde(default)]
+    pub child: Option<String>,
 }
 
 /// The arguments of `write_file`.

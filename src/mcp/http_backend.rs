@@ -40,6 +40,9 @@ impl Backend for HttpBackend {
         if let Some(timeout) = args.timeout {
             body["timeout"] = json!(timeout);
         }
+        if let Some(child) = &args.child {
+            body["child"] = json!(child);
+        }
         let result = run_cell(&self.state, tenant, session, Bytes::from(body.to_string()))
             .await
             .map_err(|e| {

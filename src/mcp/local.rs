@@ -42,6 +42,7 @@ impl Backend for LocalBackend {
             code: args.code,
             reset: args.reset,
             timeout,
+            child: args.child,
             ..ExecuteRequest::default()
         };
         let result = self

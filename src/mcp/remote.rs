@@ -164,6 +164,9 @@ impl Backend for RemoteBackend {
         if let Some(timeout) = args.timeout {
             body["timeout"] = json!(timeout);
         }
+        if let Some(child) = &args.child {
+            body["child"] = json!(child);
+        }
         let cell = args
             .timeout
             .and_then(|t| Duration::try_from_secs_f64(t).ok())

@@ -122,8 +122,8 @@ def test_files_a_dotdot_path_is_an_error_result_and_nothing_breaks(server, sessi
 def test_files_a_file_written_to_a_child_is_seen_by_the_childs_cell_not_the_parents(
     server, session_name, backend
 ):
-    """`child` on the file tools addresses the session's delegated child's kernel, as
-    `?child=NAME` does on the HTTP file API."""
+    """`child` on the file tools and on execute_code addresses the session's delegated child's
+    kernel, as `?child=NAME` does on the HTTP file API and `child` on execute."""
     token = server.tokens["main"]
     auth = {"Authorization": f"Bearer {token}"}
     if backend == "stdio":
@@ -145,9 +145,13 @@ def test_files_a_file_written_to_a_child_is_seen_by_the_childs_cell_not_the_pare
             parent_read = await c.call_tool("read_file", {"path": "c.txt"})
             parent_list = await c.call_tool("list_files", {})
             bad = await c.call_tool("write_file", {"path": "x", "content": "", "child": "bad::name"})
-            return wrote, read, listed, parent, parent_read, parent_list, bad
+            # The child's own cell, through execute_code's `child`, reads it.
+            child_cell = await c.call_tool("execute_code", {
+                "code": "print(open('c.txt').read())", **helper})  # fmt: skip
+            bad_cell = await c.call_tool("execute_code", {"code": "1", "child": "bad::name"})
+            return wrote, read, listed, parent, parent_read, parent_list, bad, child_cell, bad_cell
 
-    wrote, read, listed, parent, parent_read, parent_list, bad = anyio.run(go)
+    wrote, read, listed, parent, parent_read, parent_list, bad, child_cell, bad_cell = anyio.run(go)
     assert text(wrote) == "wrote 7 bytes to /work/c.txt", text(wrote)
     assert read.is_error is False and text(read) == "child's", text(read)
     assert "c.txt\tfile\t7 bytes\t" in text(listed), text(listed)
@@ -156,6 +160,8 @@ def test_files_a_file_written_to_a_child_is_seen_by_the_childs_cell_not_the_pare
     assert parent_read.is_error is True and "c.txt" in text(parent_read), text(parent_read)
     assert "c.txt" not in text(parent_list), text(parent_list)
     assert bad.is_error is True and "bad::name" in text(bad), text(bad)
+    assert child_cell.is_error is False and text(child_cell) == "child's\n", text(child_cell)
+    assert bad_cell.is_error is True and "bad::name" in text(bad_cell), text(bad_cell)
     if backend != "stdio":
         # The child's own cell, through the HTTP API on the same named session, reads it.
         r = httpx2.post(f"{server.url}/v1/sessions/{session_name}/execute",
