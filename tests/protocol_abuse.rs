@@ -27,11 +27,12 @@ use kernelbox::{CellStatus, ExecuteRequest};
 const FIND_CHANNEL: &str = "import gc, os\n\
 ch = [o for o in gc.get_objects() if type(o).__name__ == '_Channel'][0]\n";
 
-/// Writes 1 GiB of forged frames to the runner's protocol descriptor from the cell's own
-/// thread, so the runner never reads its stdin meanwhile: first frames the host reads and
-/// drops (padded `pong`s, within every bound: nothing trips, nothing is kept), then up to
-/// 1 GiB of tool calls for absent and settled cells (each answered by a refusal the runner
-/// never reads), then garbage and an over-long line. Stops quietly when the kernel goes.
+/// Tries to write 1 GiB of forged frames to the runner's protocol descriptor from the cell's
+/// own thread, so the runner never reads its stdin meanwhile: first frames nobody asked for
+/// (padded `pong`s), then tool calls for absent and settled cells (each answered by a
+/// refusal the runner never reads), then garbage and an over-long line. The host has no use
+/// for any of it and kills the kernel once it has parsed 1 MiB of such input. Stops quietly
+/// when the kernel goes.
 const GIGABYTE_ATTACK: &str = "\
 pong = b'{\"op\":\"pong\",\"pad\":\"' + b'p' * 4000 + b'\"}\\n'
 forged = b''.join(b'{\"op\":\"tool_call\",\"cell\":%s,\"call\":%d,\"tool\":\"x\",\"args\":{}}\\n'
@@ -164,10 +165,10 @@ async fn a_gigabyte_of_forged_frames_costs_the_server_little_and_kills_only_the_
         error.contains("broke the kernelbox protocol") && error.contains("was killed"),
         "{attacked}"
     );
-    // The first gigabyte all went through the host before the tool calls tripped a bound.
+    // Cut in the first phase: the host parses 1 MiB of frames nobody asked for, not 1 GiB.
+    assert!(error.contains("had no use for"), "{attacked}");
     let output = attacked["output"].as_str().unwrap_or_default();
-    assert!(output.contains("pong phase done True"), "{attacked}");
-    assert!(!output.contains("tool_call phase done"), "{attacked}");
+    assert!(!output.contains("phase done"), "{attacked}");
     let next = api.execute("attacker", "print(x)", 60).await;
     assert_eq!(next["kernel"]["state_lost"]["reason"], "protocol", "{next}");
     assert_eq!(next["kernel"]["reused"], false, "{next}");
@@ -256,6 +257,43 @@ async fn a_flood_of_garbage_lines_kills_the_kernel() {
     );
     let r = case.run("s", &code).await;
     assert_killed_for_protocol(&case, "s", &r).await;
+    case.finish().await;
+}
+
+/// Each line still costs the host a parse (a refused call also a write), so a kernel
+/// flooding them would spend the server's CPU on nothing: past 1 MiB of such input over its
+/// life the kernel is killed, whichever kind it sends.
+#[tokio::test]
+async fn a_flood_of_frames_nobody_asked_for_or_of_refused_calls_kills_the_kernel() {
+    let case = Case::new("abuse-waste").await;
+    let floods = [
+        ("pong", "b'{\"op\":\"pong\"}\\n'"),
+        ("ready", "b'{\"op\":\"ready\",\"v\":3,\"python\":\"3\",\"pid\":1}\\n'"),
+        ("done", "b'{\"op\":\"done\",\"cell\":1,\"status\":\"ok\"}\\n'"),
+        ("settled", "b'{\"op\":\"tool_call\",\"cell\":null,\"call\":1,\"tool\":\"x\",\"args\":{}}\\n'"),
+        // The running cell's own number: refused by its authority (no such tool).
+        ("unknown", "b'{\"op\":\"tool_call\",\"cell\":%d,\"call\":1,\"tool\":\"x\",\"args\":{}}\\n' % runner.current_cell"),
+    ];
+    for (session, frame) in floods {
+        // Small writes, as an attacker after CPU would send: 20 s of them unless cut.
+        let code = format!(
+            "{FIND_CHANNEL}import time\n\
+             runner = [o for o in gc.get_objects() if type(o).__name__ == '_Runner'][0]\n\
+             frame = {frame} * 64\n\
+             t = time.time()\n\
+             while time.time() - t < 20:\n    os.write(ch.out, frame)\n\
+             print('survived')"
+        );
+        let r = case.run(session, &code).await;
+        assert!(
+            r.error
+                .as_deref()
+                .unwrap_or_default()
+                .contains("had no use for"),
+            "{session}: {r:?}"
+        );
+        assert_killed_for_protocol(&case, session, &r).await;
+    }
     case.finish().await;
 }
 

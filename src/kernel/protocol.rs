@@ -61,9 +61,18 @@ pub const MAX_FRAME_LINE: usize = 1024 * 1024;
 /// forged, and the cell's outcome is reported as unreadable rather than held.
 pub const MAX_DONE_LINE: usize = 8 * 1024;
 
-/// Lines on the protocol channel that are not frames, in bytes, a kernel may write over its
-/// whole life (an interpreter warning before the runner starts is one); past this it is killed.
-pub const MAX_GARBAGE_BYTES: usize = 1024 * 1024;
+/// Protocol input the host has no use for, in bytes, a kernel may send over its whole life:
+/// lines that are not frames (an interpreter warning before the runner starts is one), frames
+/// nobody asked for (a `pong`, a second `ready`, a `done` on this channel) and tool calls
+/// refused unrun (a settled cell's, one past the in-flight caps, an unknown tool, one past the
+/// cell's budget). Past this the kernel is killed: each such line still costs the host a parse
+/// (and a refusal a write), so a kernel flooding them would spend the server's CPU on nothing.
+pub const MAX_WASTE_BYTES: usize = 1024 * 1024;
+
+/// The breach reported past [`MAX_WASTE_BYTES`].
+pub const WASTE_BREACH: &str =
+    "more than 1 MiB of protocol input kernelbox had no use for: lines that are not frames, \
+     frames nobody asked for or refused tool calls";
 
 /// A kernel that broke the protocol: whoever notices trips it, and the kernel's reader task,
 /// which owns the container's streams, kills the kernel. Cheap to clone.
@@ -76,6 +85,8 @@ pub struct Breach {
 struct BreachInner {
     what: std::sync::OnceLock<&'static str>,
     tripped: tokio_util::sync::CancellationToken,
+    /// Bytes counted by [`Breach::waste`].
+    wasted: std::sync::atomic::AtomicUsize,
 }
 
 impl Breach {
@@ -83,6 +94,18 @@ impl Breach {
     pub fn trip(&self, what: &'static str) {
         let _ = self.inner.what.set(what);
         self.inner.tripped.cancel();
+    }
+
+    /// Counts `bytes` of protocol input the host had no use for (see [`MAX_WASTE_BYTES`]);
+    /// trips the breach once the kernel's total passes it.
+    pub fn waste(&self, bytes: usize) {
+        let before = self
+            .inner
+            .wasted
+            .fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
+        if before.saturating_add(bytes) > MAX_WASTE_BYTES {
+            self.trip(WASTE_BREACH);
+        }
     }
 
     /// The violation, once tripped.

@@ -10,7 +10,7 @@ use futures::StreamExt;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
-use super::protocol::{Breach, KernelFrame, LineSplitter, MAX_GARBAGE_BYTES};
+use super::protocol::{Breach, KernelFrame, LineSplitter};
 use super::run::refuse;
 use super::stdin::Stdin;
 use super::{Death, IoEvent, Shared, MAX_READER_BACKLOG};
@@ -20,8 +20,6 @@ use crate::monitor::EventMonitor;
 
 /// The breach reported for a protocol line over [`MAX_FRAME_LINE`].
 const LINE_BREACH: &str = "a protocol line longer than 1 MiB";
-/// The breach reported for more than [`MAX_GARBAGE_BYTES`] of lines that are not frames.
-const GARBAGE_BREACH: &str = "more than 1 MiB of protocol lines that are not frames";
 
 pub(super) struct ReaderTask {
     pub(super) id: String,
@@ -74,7 +72,8 @@ impl Events {
 /// protocol (then it kills the kernel).
 pub(super) async fn reader_task(mut task: ReaderTask) {
     let mut lines = LineSplitter::default();
-    let mut garbage = 0usize;
+    // The runner sends `ready` once; spawning waits for it.
+    let mut ready_seen = false;
     let started = Instant::now();
     'read: loop {
         let item = tokio::select! {
@@ -99,7 +98,7 @@ pub(super) async fn reader_task(mut task: ReaderTask) {
                 let fed = lines.feed(&bytes, |line| match serde_json::from_slice::<KernelFrame>(line) {
                     Ok(frame) => frames.push((frame, line.len())),
                     Err(e) => {
-                        garbage += line.len() + 1;
+                        task.breach.waste(line.len() + 1);
                         tracing::debug!(container = %short_id(&task.id), error = %e, "unparseable kernel frame dropped");
                     }
                 });
@@ -107,24 +106,28 @@ pub(super) async fn reader_task(mut task: ReaderTask) {
                     task.breach.trip(LINE_BREACH);
                     break;
                 }
-                if garbage > MAX_GARBAGE_BYTES {
-                    task.breach.trip(GARBAGE_BREACH);
-                    break;
-                }
                 for (frame, size) in frames {
+                    if task.breach.what().is_some() {
+                        break 'read;
+                    }
                     match &frame {
                         KernelFrame::ToolCall { cell, call, .. } => {
                             let active = task.shared.active_cell.load(Ordering::Acquire);
                             if active == 0 || *cell != Some(active) {
                                 // A settled cell's thread: refuse here, nobody else is listening.
-                                refuse(&task.writer, *call, RETIRED_MESSAGE);
+                                refuse(&task.writer, *call, size, RETIRED_MESSAGE);
                                 continue;
                             }
                         }
-                        KernelFrame::Ready { .. } => {}
+                        KernelFrame::Ready { .. } if !ready_seen => ready_seen = true,
                         // Nothing waits for these on this channel (a cell's outcome travels
-                        // after its end marker on stdout).
-                        KernelFrame::Done { .. } | KernelFrame::Pong => continue,
+                        // after its end marker on stdout; the host sends no `ping`).
+                        KernelFrame::Ready { .. }
+                        | KernelFrame::Done { .. }
+                        | KernelFrame::Pong => {
+                            task.breach.waste(size);
+                            continue;
+                        }
                     }
                     if !task
                         .events
