@@ -84,6 +84,41 @@ impl RichResult {
     }
 }
 
+/// Deepest nesting of arrays and objects a display may have as the kernel sends it (its
+/// `{"data": {...}}` envelope counted): a deeper one is dropped. Values pass through to
+/// clients as the kernel wrote them, and a result nested thousands deep breaks ordinary JSON
+/// readers (Python's `json`, serde_json's default limit of 128) on the caller's side.
+pub const MAX_DISPLAY_DEPTH: usize = 64;
+
+/// Whether the JSON text `json` nests arrays and objects at most `max` deep (a byte scan: it
+/// does not check that the text is JSON).
+pub fn nesting_within(json: &[u8], max: usize) -> bool {
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for &b in json {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > max {
+                    return false;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    true
+}
+
 /// The pixel size of a PNG (width, height) from its header, or `None` if `png` is not one.
 pub fn png_size(png: &[u8]) -> Option<(u32, u32)> {
     const SIGNATURE: &[u8] = b"\x89PNG\r\n\x1a\n";
@@ -120,5 +155,15 @@ mod tests {
         assert_eq!(png_size(&png), Some((640, 480)));
         assert_eq!(png_size(&png[..20]), None);
         assert_eq!(png_size(b"GIF89a and then some more bytes here"), None);
+    }
+
+    #[test]
+    fn nesting_is_counted_outside_strings_only() {
+        assert!(nesting_within(br#"{"a": [1, {"b": []}], "c": {}}"#, 4));
+        assert!(!nesting_within(br#"{"a": [1, {"b": []}], "c": {}}"#, 3));
+        // Brackets and escaped quotes inside strings do not count.
+        assert!(nesting_within(br#"{"a": "[[[[{{{{\"[[["}"#, 1));
+        assert!(!nesting_within(&[b'['; 65], 64));
+        assert!(nesting_within(&[b'['; 64], 64));
     }
 }

@@ -361,6 +361,38 @@ fn rss_kib() -> u64 {
         .expect("VmRSS")
 }
 
+/// Display values pass through to clients as the kernel wrote them: one nested thousands deep
+/// would break the caller's JSON reader (Python's `json`, serde_json's default limit), so a
+/// display nested past `MAX_DISPLAY_DEPTH` is dropped and counted, and the result stays
+/// readable; one just within it is kept.
+#[tokio::test]
+async fn a_forged_display_nested_too_deep_is_dropped_and_the_result_stays_readable() {
+    let case = Case::new("rich-deep").await;
+    let code = r#"
+import gc, os
+d = [o for o in gc.get_objects() if type(o).__name__ == "_Display"][0]
+m = d.marker
+def forge(value):
+    text = b'{"data":{"application/json":' + value + b'}}'
+    pieces = [text[i:i + 4000] for i in range(0, len(text), 4000)]
+    for i, p in enumerate(pieces):
+        os.write(1, m + (b"." if i == len(pieces) - 1 else b"+") + p + b"\n")
+forge(b"[" * 100000 + b"]" * 100000)
+forge(b"[" * 62 + b'"kept"' + b"]" * 62)
+print("forged")
+"#;
+    let r = case.run("s", code).await;
+    assert_eq!(r.status, CellStatus::Success, "{:?}", r.error);
+    assert_eq!(r.results.len(), 1, "{:?}", r.warning);
+    assert!(r.results[0].data["application/json"].get().contains("kept"));
+    let warning = r.warning.as_deref().expect("a warning");
+    assert!(warning.starts_with("1 display(s)"), "{warning}");
+    // The whole result reads back with serde_json's default recursion limit.
+    let text = serde_json::to_string(&r).expect("json");
+    serde_json::from_str::<serde_json::Value>(&text).expect("a readable result");
+    case.finish().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_flood_of_displays_and_forged_pieces_keeps_host_memory_bounded() {
     let case = Case::new("rich-flood").await;

@@ -11,7 +11,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::protocol::DisplayCaps;
-use crate::rich::{RawJson, RichResult};
+use crate::rich::{nesting_within, RawJson, RichResult, MAX_DISPLAY_DEPTH};
 
 /// Most MIME types in one display, and most spilled paths it may name; a display with more is
 /// dropped (each entry costs the host more than its bytes).
@@ -78,6 +78,10 @@ impl Displays {
         if std::mem::take(&mut self.over)
             || self.used + text.len() + self.caps.overhead > self.caps.cell
         {
+            self.dropped += 1;
+            return None;
+        }
+        if !nesting_within(&text, MAX_DISPLAY_DEPTH) {
             self.dropped += 1;
             return None;
         }

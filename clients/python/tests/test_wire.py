@@ -38,3 +38,15 @@ def test_a_runs_read_deadline_outlasts_its_cell() -> None:
     )
     huge = _wire.execute_call("s", None, "1", 1e300, False, None, None, False, 30)
     assert huge.read_timeout == _wire.MAX_CELL_WAIT + 30
+
+
+def test_an_answer_nested_too_deep_is_a_protocol_error_not_a_recursion_error() -> None:
+    deep = b"[" * 200000 + b"]" * 200000
+    for call in (lambda: _wire.json_body(deep, "x"),
+                 lambda: _wire.StreamReader().feed(deep.decode())):  # fmt: skip
+        try:
+            call()
+        except _wire.ProtocolError as e:
+            assert e.code == "invalid_response", e
+        else:
+            raise AssertionError("no error")

@@ -151,7 +151,7 @@ def error_from_response(status: int, hdrs: Mapping[str, str], body: bytes) -> Ke
     try:
         err = json.loads(body)["error"]
         code, message = str(err["code"]), str(err["message"])
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         pass
     return error_for(status, code, message, retry_after)
 
@@ -159,7 +159,7 @@ def error_from_response(status: int, hdrs: Mapping[str, str], body: bytes) -> Ke
 def json_body(body: bytes, what: str) -> Any:
     try:
         return json.loads(body)
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:
         raise ProtocolError("invalid_response", f"{what}: the answer is not JSON ({e})") from None
 
 
