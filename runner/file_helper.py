@@ -99,9 +99,10 @@ def check_name(name):
         raise Refused("invalid_path", "%r is not a plain file name" % name)
 
 
-def open_at(base, parts, create=False):
+def open_at(base, parts, create=False, made=None):
     """The directory at `parts` under the directory fd `base` (not closed), as an fd; never
-    follows a symlink; creates missing ones with `create`."""
+    follows a symlink; creates missing ones with `create`, appending to the list `made` the
+    index in `parts` of the first one it created (all deeper ones are new too)."""
     fd = os.dup(base)
     try:
         for i, name in enumerate(parts):
@@ -114,6 +115,8 @@ def open_at(base, parts, create=False):
                     raise Refused("not_found", "/".join(parts[: i + 1]) + " does not exist")
                 try:
                     os.mkdir(name, 0o755, dir_fd=fd)
+                    if made is not None and not made:
+                        made.append(i)
                 except FileExistsError:
                     pass
                 nfd = os.open(name, flags, dir_fd=fd)
@@ -132,13 +135,33 @@ def open_at(base, parts, create=False):
         raise
 
 
-def open_dir(parts, create=False):
-    """The directory at `parts` under /work, as an fd; never follows a symlink."""
+def open_dir(parts, create=False, made=None):
+    """The directory at `parts` under /work, as an fd; never follows a symlink (see open_at
+    for `create` and `made`)."""
     base = os.open(WORK, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        return open_at(base, parts, create)
+        return open_at(base, parts, create, made)
     finally:
         os.close(base)
+
+
+def unmake(parts, made):
+    """After a failed upload: removes the directories of `parts` that open_dir created (from
+    the index in `made` down), deepest first, while they are empty. Never follows a symlink
+    (one a cell put in their place is left, as is anything a cell put in them)."""
+    if not made:
+        return
+    for i in range(len(parts) - 1, made[0] - 1, -1):
+        try:
+            fd = open_dir(parts[:i])
+        except (Refused, OSError):
+            return
+        try:
+            os.rmdir(parts[i], dir_fd=fd)
+        except OSError:
+            return
+        finally:
+            os.close(fd)
 
 
 def kind_of(mode):
@@ -272,12 +295,16 @@ def write_file_at(dfd, name, src):
 def op_write(parts, frames):
     if not parts:
         raise Refused("is_a_directory", "the working directory itself is a directory")
-    dfd = open_dir(parts[:-1], create=True)
+    made = []
+    dfd = open_dir(parts[:-1], create=True, made=made)
     try:
         frames.ack()
         size = write_file_at(dfd, parts[-1], frames)
-    finally:
+    except BaseException:
         os.close(dfd)
+        unmake(parts[:-1], made)
+        raise
+    os.close(dfd)
     return {"ok": True, "path": "/".join([WORK] + parts), "size": size}
 
 
@@ -382,16 +409,19 @@ def op_untar(parts, frames):
     """
     import tarfile
 
-    dfd = open_dir(parts, create=True)
+    made = []
+    dfd = open_dir(parts, create=True, made=made)
     stage = temp_name()
     try:
         os.mkdir(stage, 0o700, dir_fd=dfd)
     except BaseException:
         os.close(dfd)
+        unmake(parts, made)
         raise
     frames.ack()
     files = 0
     total = 0
+    merged = False
     try:
         sfd = os.open(stage, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dfd)
         try:
@@ -426,6 +456,7 @@ def op_untar(parts, frames):
                 raise Refused("aborted", "the upload ended before its end")
             check_merge(sfd, dfd)
             merge_into(sfd, dfd)
+            merged = True
         finally:
             os.close(sfd)
     except tarfile.TarError as e:
@@ -436,6 +467,8 @@ def op_untar(parts, frames):
         except OSError:
             pass
         os.close(dfd)
+        if not merged:
+            unmake(parts, made)
     return {"ok": True, "path": "/".join([WORK] + parts), "size": total, "files": files}
 
 

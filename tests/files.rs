@@ -486,10 +486,11 @@ async fn a_tar_of_1000_files_extracts_in_one_request_and_downloads_as_a_tar() {
         let reply = tar.put_tar("bad", bad).await;
         assert_eq!(reply.error(StatusCode::BAD_REQUEST), code);
     }
+    // Not even the destination directory the upload made.
     let result = tar
-        .run("import os\nprint(sorted(os.listdir('bad')), os.path.exists('escape.txt'), os.path.exists('/escape.txt'))")
+        .run("import os\nprint(os.path.exists('bad'), os.path.exists('escape.txt'), os.path.exists('/escape.txt'))")
         .await;
-    assert_eq!(output(&result), "[] False False", "{result}");
+    assert_eq!(output(&result), "False False False", "{result}");
     s.finish().await;
 }
 
@@ -623,19 +624,24 @@ async fn an_upload_into_a_full_work_dir_is_507_and_leaves_nothing() {
     })
     .await;
     let full = Session::new(&s.api, "full");
-    full.run("open('keep.bin', 'wb').write(b'k' * (4 * 1024 * 1024))")
+    full.run("import os\nos.mkdir('was')\nopen('keep.bin', 'wb').write(b'k' * (4 * 1024 * 1024))")
         .await;
     let reply = full.put("big.bin", vec![7; 6 * 1024 * 1024]).await;
     assert_eq!(reply.error(StatusCode::INSUFFICIENT_STORAGE), "no_space");
+    // The directories an upload made on its way go with it; those that were there stay.
+    let reply = full.put("new/deep/big.bin", vec![7; 6 * 1024 * 1024]).await;
+    assert_eq!(reply.error(StatusCode::INSUFFICIENT_STORAGE), "no_space");
     let tar = tar_of(&[("a.bin", &vec![1u8; 6 * 1024 * 1024])]);
-    let reply = full.put_tar("t", tar).await;
+    let reply = full.put_tar("t", tar.clone()).await;
+    assert_eq!(reply.error(StatusCode::INSUFFICIENT_STORAGE), "no_space");
+    let reply = full.put_tar("was/t/u", tar).await;
     assert_eq!(reply.error(StatusCode::INSUFFICIENT_STORAGE), "no_space");
     let result = full
-        .run("import os\nprint(sorted(os.listdir('.')), os.listdir('t'), os.path.getsize('keep.bin'))")
+        .run("import os\nprint(sorted(os.listdir('.')), os.listdir('was'), os.path.getsize('keep.bin'))")
         .await;
     assert_eq!(
         output(&result),
-        "['.kernelbox', 'keep.bin', 't'] [] 4194304",
+        "['.kernelbox', 'keep.bin', 'was'] [] 4194304",
         "{result}"
     );
     s.finish().await;
