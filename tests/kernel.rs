@@ -219,6 +219,32 @@ async fn fifty_megabytes_of_output_are_cut_and_the_kernel_stays_usable() {
 }
 
 #[tokio::test]
+async fn output_that_cannot_be_saved_inside_the_kernel_says_so_in_the_warning() {
+    let case = Case::with("spill-full", |c| {
+        c.sandbox.work_bytes = Some(8 * 1024 * 1024)
+    })
+    .await;
+    // The working directory is full: the spill file cannot be written.
+    let code = "import os\n\
+        f = open('fill.bin', 'wb', buffering=0)\n\
+        try:\n    while True:\n        f.write(b'f' * 65536)\n\
+        except OSError as e:\n    print('full', e.errno)\n\
+        f.close()\n\
+        print('z' * 200000)";
+    let result = case.run("s", code).await;
+    assert_eq!(result.status, CellStatus::Success, "{result:?}");
+    assert_eq!(result.stdout_truncated, Some(true));
+    let warning = result.warning.clone().expect("a warning");
+    assert!(
+        warning.starts_with("Output was cut to 50000 bytes; saving the first ")
+            && warning.contains(" bytes inside the kernel failed (")
+            && warning.contains("no space left on device"),
+        "{warning}"
+    );
+    case.finish().await;
+}
+
+#[tokio::test]
 async fn the_sandbox_holds_from_inside() {
     let case = Case::new("sandbox").await;
     // One line per claim, each asserted exactly (README "How it works": no network, no

@@ -207,7 +207,14 @@ impl Orchestrator {
                             spill.len()
                         ));
                     }
-                    Err(e) => tracing::warn!(error = %e, "spilling output failed"),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "spilling output failed");
+                        result.warning = Some(format!(
+                            "Output was cut to {} bytes; saving the first {} bytes inside the kernel failed ({e}).",
+                            config.output_inline_bytes,
+                            spill.len()
+                        ));
+                    }
                 }
             }
         }
