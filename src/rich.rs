@@ -93,19 +93,29 @@ pub const MAX_DISPLAY_DEPTH: usize = 64;
 /// Whether the JSON text `json` nests arrays and objects at most `max` deep (a byte scan: it
 /// does not check that the text is JSON).
 pub fn nesting_within(json: &[u8], max: usize) -> bool {
-    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
-    for &b in json {
-        if in_string {
-            match (escaped, b) {
-                (true, _) => escaped = false,
-                (false, b'\\') => escaped = true,
-                (false, b'"') => in_string = false,
-                _ => {}
-            }
-            continue;
-        }
+    let mut depth = 0usize;
+    let mut i = 0;
+    while i < json.len() {
+        let b = json[i];
+        i += 1;
         match b {
-            b'"' => in_string = true,
+            b'"' => {
+                // Skip the string (a base64 image is most of a display): to its closing quote,
+                // past escaped characters.
+                loop {
+                    let Some(rest) = json.get(i..) else {
+                        return true;
+                    };
+                    match memchr::memchr2(b'"', b'\\', rest) {
+                        None => return true,
+                        Some(at) if json[i + at] == b'"' => {
+                            i += at + 1;
+                            break;
+                        }
+                        Some(at) => i += at + 2,
+                    }
+                }
+            }
             b'[' | b'{' => {
                 depth += 1;
                 if depth > max {
@@ -163,6 +173,10 @@ mod tests {
         assert!(!nesting_within(br#"{"a": [1, {"b": []}], "c": {}}"#, 3));
         // Brackets and escaped quotes inside strings do not count.
         assert!(nesting_within(br#"{"a": "[[[[{{{{\"[[["}"#, 1));
+        // Unterminated strings, one ending in a backslash: no panic.
+        assert!(nesting_within(b"[\"abc\\", 1));
+        assert!(nesting_within(b"[\"abc\\\\", 1));
+        assert!(nesting_within(b"[\"abc", 1));
         assert!(!nesting_within(&[b'['; 65], 64));
         assert!(nesting_within(&[b'['; 64], 64));
     }
