@@ -54,9 +54,13 @@ pub(crate) struct ServeArgs {
     #[arg(long, env = "KERNELBOX_SEND_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     send_timeout: Duration,
     /// A file download read slower than this on average, in bytes per second (e.g. 64k, 1m),
-    /// once 30 s have passed is cut and its kernel released; 0 sets no minimum.
+    /// once --download-rate-grace has passed is cut and its kernel released; 0 sets no
+    /// minimum.
     #[arg(long, env = "KERNELBOX_MIN_DOWNLOAD_RATE", default_value = "64k", value_parser = parse_rate)]
     min_download_rate: u64,
+    /// How long a file download runs before --min-download-rate applies.
+    #[arg(long, env = "KERNELBOX_DOWNLOAD_RATE_GRACE", default_value = "30s", value_parser = parse_duration)]
+    download_rate_grace: Duration,
     /// Most connections open at once (API and metrics listeners together); one more gets a
     /// 503 `too_many_connections` and is closed.
     #[arg(long, env = "KERNELBOX_MAX_CONNECTIONS", default_value_t = 1024,
@@ -131,6 +135,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     config.pool_size = args.pool.unwrap_or(DEFAULT_POOL.min(args.max_kernels));
     config.pool_max_age = args.pool_max_age;
     config.download_min_rate = args.min_download_rate;
+    config.download_rate_grace = args.download_rate_grace;
     config.watchdog = std::env::current_exe().ok();
     config.state_dir = Some(match args.state_dir.clone() {
         Some(dir) => dir,
