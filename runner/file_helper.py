@@ -296,7 +296,11 @@ def op_write(parts, frames):
     if not parts:
         raise Refused("is_a_directory", "the working directory itself is a directory")
     made = []
-    dfd = open_dir(parts[:-1], create=True, made=made)
+    try:
+        dfd = open_dir(parts[:-1], create=True, made=made)
+    except BaseException:
+        unmake(parts[:-1], made)
+        raise
     try:
         frames.ack()
         size = write_file_at(dfd, parts[-1], frames)
@@ -410,7 +414,11 @@ def op_untar(parts, frames):
     import tarfile
 
     made = []
-    dfd = open_dir(parts, create=True, made=made)
+    try:
+        dfd = open_dir(parts, create=True, made=made)
+    except BaseException:
+        unmake(parts, made)
+        raise
     stage = temp_name()
     try:
         os.mkdir(stage, 0o700, dir_fd=dfd)

@@ -200,6 +200,13 @@ impl CellAuthority {
         let dispatcher = self.admit(&call.tool)?;
         dispatcher.dispatch(call).await
     }
+
+    /// Checks and runs a call with raw arguments under this authority (see
+    /// [`ToolDispatcher::dispatch_raw`]).
+    pub async fn dispatch_raw(&self, call: RawToolCall) -> Result<Box<RawValue>, String> {
+        let dispatcher = self.admit(&call.tool)?;
+        dispatcher.dispatch_raw(call).await
+    }
 }
 
 #[cfg(test)]

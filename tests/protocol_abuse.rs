@@ -260,25 +260,26 @@ async fn a_flood_of_garbage_lines_kills_the_kernel() {
     case.finish().await;
 }
 
-/// Each line still costs the host a parse (a refused call also a write), so a kernel
-/// flooding them would spend the server's CPU on nothing: past 1 MiB of such input over its
-/// life the kernel is killed, whichever kind it sends.
+/// Each line still costs the host a parse, and the runner never sends these unasked: past
+/// 1 MiB of them over its life the kernel is killed, whichever kind it sends.
 #[tokio::test]
-async fn a_flood_of_frames_nobody_asked_for_or_of_refused_calls_kills_the_kernel() {
+async fn a_flood_of_frames_nobody_asked_for_kills_the_kernel() {
     let case = Case::new("abuse-waste").await;
     let floods = [
         ("pong", "b'{\"op\":\"pong\"}\\n'"),
-        ("ready", "b'{\"op\":\"ready\",\"v\":3,\"python\":\"3\",\"pid\":1}\\n'"),
-        ("done", "b'{\"op\":\"done\",\"cell\":1,\"status\":\"ok\"}\\n'"),
-        ("settled", "b'{\"op\":\"tool_call\",\"cell\":null,\"call\":1,\"tool\":\"x\",\"args\":{}}\\n'"),
-        // The running cell's own number: refused by its authority (no such tool).
-        ("unknown", "b'{\"op\":\"tool_call\",\"cell\":%d,\"call\":1,\"tool\":\"x\",\"args\":{}}\\n' % runner.current_cell"),
+        (
+            "ready",
+            "b'{\"op\":\"ready\",\"v\":3,\"python\":\"3\",\"pid\":1}\\n'",
+        ),
+        (
+            "done",
+            "b'{\"op\":\"done\",\"cell\":1,\"status\":\"ok\"}\\n'",
+        ),
     ];
     for (session, frame) in floods {
         // Small writes, as an attacker after CPU would send: 20 s of them unless cut.
         let code = format!(
             "{FIND_CHANNEL}import time\n\
-             runner = [o for o in gc.get_objects() if type(o).__name__ == '_Runner'][0]\n\
              frame = {frame} * 64\n\
              t = time.time()\n\
              while time.time() - t < 20:\n    os.write(ch.out, frame)\n\
@@ -294,6 +295,27 @@ async fn a_flood_of_frames_nobody_asked_for_or_of_refused_calls_kills_the_kernel
         );
         assert_killed_for_protocol(&case, session, &r).await;
     }
+    case.finish().await;
+}
+
+/// A refused tool call is answered, however many a cell makes (a cell retrying past the
+/// in-flight cap, a thread pool of an earlier cell, a typo in a loop): refusals are no
+/// protocol abuse, and what they cost the host is bounded by the read pace instead.
+#[tokio::test]
+async fn refused_tool_calls_are_answered_however_many_a_cell_makes() {
+    let case = Case::new("abuse-refused").await;
+    case.run("s", "kept = 'state'").await;
+    // 20,000 calls to a tool this cell may not use: about 1.5 MB of call frames.
+    let code = "import kernel_tools\n\
+        refused = 0\n\
+        for i in range(20000):\n    \
+            try:\n        kernel_tools.call('no_such_tool', i=i)\n    \
+            except kernel_tools.ToolError:\n        refused += 1\n\
+        print(refused, kept)";
+    let r = case.run("s", code).await;
+    assert_eq!(r.status, CellStatus::Success, "{r:?}");
+    assert_eq!(r.output, "20000 state\n", "{r:?}");
+    assert!(r.kernel.reused, "{r:?}");
     case.finish().await;
 }
 

@@ -12,6 +12,7 @@
 //! | `spawn.rs` | create the volume and container, attach, start, wait for `ready` |
 //! | `run.rs` | one cell: [`Kernel::run_cell`], tool-call dispatch, the [`CellOutcome`] |
 //! | `reader.rs` | the attach-stream reader task: output and frames to the cell, deaths told apart |
+//! | `pace.rs` | the pace the attach stream is read at (a flooding kernel waits on its own pipe) |
 //! | `files.rs` | the file transport: `runner/file_helper.py` run in the container by exec, resident while files are used, streamed |
 //! | `staging.rs` | files written into the kernel's staging volume (output spills) |
 //! | `stdin.rs` | the kernel's stdin: frames written inline when the pipe takes them, else by a task |
@@ -22,6 +23,7 @@
 
 mod display;
 mod files;
+mod pace;
 mod reader;
 mod run;
 mod scanner;

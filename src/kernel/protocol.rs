@@ -62,17 +62,18 @@ pub const MAX_FRAME_LINE: usize = 1024 * 1024;
 pub const MAX_DONE_LINE: usize = 8 * 1024;
 
 /// Protocol input the host has no use for, in bytes, a kernel may send over its whole life:
-/// lines that are not frames (an interpreter warning before the runner starts is one), frames
-/// nobody asked for (a `pong`, a second `ready`, a `done` on this channel) and tool calls
-/// refused unrun (a settled cell's, one past the in-flight caps, an unknown tool, one past the
-/// cell's budget). Past this the kernel is killed: each such line still costs the host a parse
-/// (and a refusal a write), so a kernel flooding them would spend the server's CPU on nothing.
+/// lines that are not frames (an interpreter warning before the runner starts is one) and
+/// frames the runner never sends unasked (a `pong`, a second `ready`, a `done` on this
+/// channel). Past this the kernel is killed: each such line still costs the host a parse.
+/// (Tool calls the host refuses are answered, never counted here: a cell may legitimately make
+/// many, e.g. retrying past the in-flight cap; the read pace bounds what they cost,
+/// `src/kernel/pace.rs`.)
 pub const MAX_WASTE_BYTES: usize = 1024 * 1024;
 
 /// The breach reported past [`MAX_WASTE_BYTES`].
 pub const WASTE_BREACH: &str =
-    "more than 1 MiB of protocol input kernelbox had no use for: lines that are not frames, \
-     frames nobody asked for or refused tool calls";
+    "more than 1 MiB of protocol input kernelbox had no use for: lines that are not frames or \
+     frames the runner never sends unasked";
 
 /// A kernel that broke the protocol: whoever notices trips it, and the kernel's reader task,
 /// which owns the container's streams, kills the kernel. Cheap to clone.

@@ -1,6 +1,7 @@
-//! The reader task: reads a kernel's attach stream until it ends, hands stdout chunks (while a
-//! cell is active) and protocol frames to the running cell under a byte budget, kills a kernel
-//! that breaks the protocol, and finds out why a kernel died before telling the cell.
+//! The reader task: reads a kernel's attach stream until it ends, at the pace of
+//! `pace.rs`, hands stdout chunks (while a cell is active) and protocol frames to the running
+//! cell under a byte budget, kills a kernel that breaks the protocol, and finds out why a
+//! kernel died before telling the cell.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -10,6 +11,7 @@ use futures::StreamExt;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
+use super::pace::{Pace, READ_BURST, READ_RATE};
 use super::protocol::{Breach, KernelFrame, LineSplitter};
 use super::run::refuse;
 use super::stdin::Stdin;
@@ -74,12 +76,26 @@ pub(super) async fn reader_task(mut task: ReaderTask) {
     let mut lines = LineSplitter::default();
     // The runner sends `ready` once; spawning waits for it.
     let mut ready_seen = false;
+    let mut pace = Pace::new(READ_RATE, READ_BURST);
+    // How long to wait before the next read (the pace; zero within its burst).
+    let mut owed = Duration::ZERO;
     let started = Instant::now();
     'read: loop {
+        if !owed.is_zero() {
+            tokio::select! {
+                _ = task.cancel.cancelled() => break,
+                _ = task.breach.tripped() => break,
+                _ = tokio::time::sleep(owed) => {}
+            }
+        }
         let item = tokio::select! {
             _ = task.cancel.cancelled() => break,
             _ = task.breach.tripped() => break,
             item = task.output.next() => item,
+        };
+        owed = match &item {
+            Some(Ok(Chunk::Stdout(bytes) | Chunk::Stderr(bytes))) => pace.spend(bytes.len()),
+            _ => Duration::ZERO,
         };
         match item {
             Some(Ok(Chunk::Stdout(bytes))) => {
@@ -115,7 +131,7 @@ pub(super) async fn reader_task(mut task: ReaderTask) {
                             let active = task.shared.active_cell.load(Ordering::Acquire);
                             if active == 0 || *cell != Some(active) {
                                 // A settled cell's thread: refuse here, nobody else is listening.
-                                refuse(&task.writer, *call, size, RETIRED_MESSAGE);
+                                refuse(&task.writer, *call, RETIRED_MESSAGE);
                                 continue;
                             }
                         }

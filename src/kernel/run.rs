@@ -154,20 +154,15 @@ impl Kernel {
                         let size = backlog.num_permits();
                         drop(backlog);
                         if c != Some(cell) {
-                            refuse(&self.writer, call, size, RETIRED_MESSAGE);
+                            refuse(&self.writer, call, RETIRED_MESSAGE);
                         } else if tools.len() >= MAX_TOOL_CALLS_IN_FLIGHT
                             || args_in_flight + size > MAX_TOOL_ARGS_IN_FLIGHT
                         {
-                            refuse(&self.writer, call, size, IN_FLIGHT_MESSAGE);
+                            refuse(&self.writer, call, IN_FLIGHT_MESSAGE);
                         } else {
-                            match self.dispatch(&authority, cell, call, size, tool, args) {
-                                Err(message) => refuse(&self.writer, call, size, &message),
-                                Ok(work) => {
-                                    pending_calls.push(call);
-                                    args_in_flight += size;
-                                    tools.push(work);
-                                }
-                            }
+                            pending_calls.push(call);
+                            args_in_flight += size;
+                            tools.push(self.dispatch(authority.clone(), cell, call, size, tool, args));
                         }
                     }
                     Some(IoEvent::Frame(..)) => {}
@@ -191,9 +186,8 @@ impl Kernel {
         self.shared.active_cell.store(0, Ordering::Release);
         drop(tools);
         if matches!(end, End::Done { .. }) {
-            // Calls admitted while the cell ran: not the kernel's waste.
             for call in pending_calls {
-                refuse(&self.writer, call, 0, RETIRED_MESSAGE);
+                refuse(&self.writer, call, RETIRED_MESSAGE);
             }
             // A call the reader forwarded just as the cell settled is refused now, not left
             // waiting for the next cell.
@@ -240,8 +234,8 @@ impl Kernel {
     async fn drain_stale(&self, io: &mut CellIo) {
         while let Ok(event) = io.rx.try_recv() {
             match event {
-                IoEvent::Frame(KernelFrame::ToolCall { call, .. }, backlog) => {
-                    refuse(&self.writer, call, backlog.num_permits(), RETIRED_MESSAGE);
+                IoEvent::Frame(KernelFrame::ToolCall { call, .. }, _) => {
+                    refuse(&self.writer, call, RETIRED_MESSAGE);
                 }
                 IoEvent::Closed => break,
                 _ => {}
@@ -249,22 +243,19 @@ impl Kernel {
         }
     }
 
-    /// The work of a tool call the cell's authority admits (counted against its budget);
-    /// the refusal's message when it does not (the call is not run).
     fn dispatch(
         &self,
-        authority: &CellAuthority,
+        authority: Arc<CellAuthority>,
         cell: u64,
         call: u64,
         size: usize,
         tool: String,
         args: Option<Box<RawValue>>,
-    ) -> Result<ToolWork, String> {
-        let dispatcher = authority.admit(&tool)?;
+    ) -> ToolWork {
         let Some(owner) = self.owner() else {
             // Unreachable: a pooled kernel runs its first cell only after it is assigned.
             let failed = Err("kernelbox: this kernel has no owner yet".to_string());
-            return Ok(Box::pin(async move { (call, size, failed) }));
+            return Box::pin(async move { (call, size, failed) });
         };
         // Keyword arguments are an object; anything else is taken as none. The text is valid
         // JSON already (the frame parsed), so its first byte tells.
@@ -278,7 +269,7 @@ impl Kernel {
                 let failed = Err(format!(
                     "kernelbox could not build the call's arguments: {e}"
                 ));
-                return Ok(Box::pin(async move { (call, size, failed) }));
+                return Box::pin(async move { (call, size, failed) });
             }
         };
         let request = RawToolCall {
@@ -290,14 +281,14 @@ impl Kernel {
             child: owner.child.clone(),
             cell,
         };
-        Ok(Box::pin(async move {
+        Box::pin(async move {
             // A dispatcher that panics fails this call, not the orchestrator.
-            let result = std::panic::AssertUnwindSafe(dispatcher.dispatch_raw(request))
+            let result = std::panic::AssertUnwindSafe(authority.dispatch_raw(request))
                 .catch_unwind()
                 .await
                 .unwrap_or_else(|_| Err("the tool dispatcher failed (panicked)".to_string()));
             (call, size, result)
-        }))
+        })
     }
 }
 
@@ -320,11 +311,6 @@ fn parse_done(line: &[u8], cell: u64) -> (DoneStatus, Option<String>, u64, u64) 
         ),
     }
 }
-
-/// Most a refused tool call counts toward [`super::protocol::MAX_WASTE_BYTES`]: a cell whose
-/// threads pass big arguments is refused at the in-flight cap and told to retry, which is no
-/// abuse, while a flood of refused calls still ends within 256 of the largest.
-pub(super) const REFUSED_CALL_WASTE: usize = 4096;
 
 /// The refusal for a tool call past [`MAX_TOOL_CALLS_IN_FLIGHT`] or [`MAX_TOOL_ARGS_IN_FLIGHT`].
 const IN_FLIGHT_MESSAGE: &str = "Too many tool calls in flight: a cell may wait on at most 16 calls (1 MiB of arguments) at once; retry when one has returned.";
@@ -370,11 +356,7 @@ fn too_large(call: u64, bytes: usize) -> Vec<u8> {
     .to_line()
 }
 
-/// Answers `call` with `message` without running it. The call frame's size (`frame`; 0 for a
-/// call that was admitted), up to [`REFUSED_CALL_WASTE`], counts toward the kernel's
-/// [`super::protocol::MAX_WASTE_BYTES`].
-pub(super) fn refuse(writer: &Stdin, call: u64, frame: usize, message: &str) {
-    writer.waste(frame.min(REFUSED_CALL_WASTE));
+pub(super) fn refuse(writer: &Stdin, call: u64, message: &str) {
     let frame = HostFrame::ToolResult {
         call,
         ok: false,

@@ -56,11 +56,6 @@ struct State {
 }
 
 impl Stdin {
-    /// Counts protocol input of this kernel the host had no use for ([`Breach::waste`]).
-    pub(super) fn waste(&self, bytes: usize) {
-        self.shared.breach.waste(bytes);
-    }
-
     /// Wraps `input`; the returned future is the writer task, to be spawned: it ends when
     /// `cancel` fires or the stream fails. A full queue trips `breach`.
     pub fn new(

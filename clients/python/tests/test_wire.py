@@ -50,3 +50,15 @@ def test_an_answer_nested_too_deep_is_a_protocol_error_not_a_recursion_error() -
             assert e.code == "invalid_response", e
         else:
             raise AssertionError("no error")
+
+
+def test_a_json_display_nested_too_deep_reads_as_a_value_error() -> None:
+    from kernelbox_client import Result
+
+    deep = Result.from_json({"data": {"application/json": "[" * 200000 + "]" * 200000}})
+    try:
+        deep.json
+    except ValueError as e:
+        assert "too deep" in str(e), e
+    else:
+        raise AssertionError("no error")

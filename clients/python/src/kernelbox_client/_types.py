@@ -123,7 +123,13 @@ class Result:
     @property
     def json(self) -> Any:
         value = self.data.get("application/json")
-        return json.loads(value) if isinstance(value, str) else value
+        if not isinstance(value, str):
+            return value
+        try:
+            return json.loads(value)
+        except RecursionError:
+            # A string the kernel wrote, as deep as it liked: as unreadable as malformed JSON.
+            raise ValueError("application/json: nested too deep to read") from None
 
     # Rendered as itself inside Jupyter.
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> Dict[str, Any]:
