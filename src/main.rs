@@ -15,6 +15,7 @@ fn restore_sigpipe() {
     }
 }
 
+use std::io::Write as _;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -37,14 +38,18 @@ fn main() -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("kernelbox: cannot start the async runtime: {e}");
+            let _ = writeln!(
+                std::io::stderr(),
+                "kernelbox: cannot start the async runtime: {e}"
+            );
             return ExitCode::from(5);
         }
     };
     match runtime.block_on(cli::run(args)) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("kernelbox: {e:#}");
+            // Not `eprintln!`: it panics when stderr is gone, losing the documented exit code.
+            let _ = writeln!(std::io::stderr(), "kernelbox: {e:#}");
             ExitCode::from(cli::exit_code_for(&e))
         }
     }

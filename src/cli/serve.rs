@@ -109,6 +109,15 @@ fn usage(message: String) -> anyhow::Error {
     Exit { code: 2, message }.into()
 }
 
+/// Writes a line to stderr, ignoring failure: `eprintln!` panics when stderr is gone (a
+/// supervisor that closed the log pipe), and a server must still serve and stop on SIGTERM.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 /// Runs the server until SIGTERM or SIGINT; exit 0 after a clean shutdown.
 pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let from_env = std::env::var("KERNELBOX_TOKEN")
@@ -188,19 +197,19 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     };
     let state = AppState::with_mcp(orchestrator, tenants.clone(), mcp);
 
-    eprintln!(
+    say!(
         "kernelbox: serving {} tenant(s) on http://{addr} (instance {})",
         tenants.len(),
         state.orchestrator().instance_id()
     );
     if let Some(metrics) = &metrics {
-        eprintln!(
+        say!(
             "kernelbox: metrics on http://{}/metrics",
             metrics.local_addr()?
         );
     }
     if let Some(token) = generated {
-        eprintln!("kernelbox: tenant \"default\" token: {token}");
+        say!("kernelbox: tenant \"default\" token: {token}");
     }
     let options = server::ServeOptions {
         drain: args.drain_timeout,
@@ -216,7 +225,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let served = server::serve_with(listener, state, shutdown, options).await;
     signals.abort();
     served?;
-    eprintln!("kernelbox: stopped; every kernel of this instance was removed");
+    say!("kernelbox: stopped; every kernel of this instance was removed");
     Ok(ExitCode::SUCCESS)
 }
 
@@ -248,7 +257,7 @@ async fn connect_with_retry(
                         .is_some_and(kernelbox::EngineError::is_unreachable)
                 }) =>
             {
-                eprintln!(
+                say!(
                     "kernelbox: {e:#}; retrying in {}",
                     humantime::format_duration(backoff)
                 );
@@ -277,7 +286,7 @@ async fn wait_for_signal(shutdown: CancellationToken) {
         _ = term.recv() => {}
         _ = tokio::signal::ctrl_c() => {}
     }
-    eprintln!("kernelbox: shutting down (finishing running cells, then removing kernels)");
+    say!("kernelbox: shutting down (finishing running cells, then removing kernels)");
     shutdown.cancel();
 }
 

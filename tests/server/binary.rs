@@ -61,6 +61,45 @@ async fn sigterm_lets_the_running_cell_finish_then_removes_everything_and_exits_
     common::assert_clean(&engine, &label).await;
 }
 
+/// A supervisor that closed the server's log pipe (or died) must still be able to stop it:
+/// SIGTERM shuts it down cleanly, exit 0, every kernel removed.
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_stops_the_server_even_with_its_stderr_closed() {
+    let label = common::unique("srv-stderr-closed");
+    let engine = common::engine().await;
+    let state = tempfile::tempdir().expect("state dir");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_kernelbox"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--pool", "1", "--label"])
+        .arg(format!("{CASE}={label}"))
+        .env("KERNELBOX_TOKEN", "tok-bin")
+        .env("KERNELBOX_STATE_DIR", state.path())
+        .env_remove("KERNELBOX_TENANTS")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn kernelbox serve");
+    let stderr = child.stderr.take().expect("stderr");
+    let mut lines = tokio::io::BufReader::new(stderr).lines();
+    let addr = crate::common::serving_addr(&mut lines).await;
+    Api::new(addr).run("tok-bin", "s", "a = 1").await;
+    // The read end goes: every later write to the server's stderr fails.
+    drop(lines);
+    let pid = child.id().expect("pid").to_string();
+    let kill = tokio::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .await
+        .expect("kill");
+    assert!(kill.success());
+    let status = tokio::time::timeout(Duration::from_secs(60), child.wait())
+        .await
+        .expect("the server exits after SIGTERM")
+        .expect("wait");
+    assert_eq!(status.code(), Some(0));
+    common::assert_clean(&engine, &label).await;
+}
+
 #[tokio::test]
 async fn bad_tenants_files_fail_with_exit_2_naming_the_file_and_field() {
     let dir = std::env::temp_dir().join(common::unique("srv-tenants"));
