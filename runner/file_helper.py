@@ -102,7 +102,7 @@ def check_name(name):
 def open_at(base, parts, create=False, made=None):
     """The directory at `parts` under the directory fd `base` (not closed), as an fd; never
     follows a symlink; creates missing ones with `create`, appending to the list `made` the
-    index in `parts` of the first one it created (all deeper ones are new too)."""
+    index in `parts` of each one it created."""
     fd = os.dup(base)
     try:
         for i, name in enumerate(parts):
@@ -115,7 +115,7 @@ def open_at(base, parts, create=False, made=None):
                     raise Refused("not_found", "/".join(parts[: i + 1]) + " does not exist")
                 try:
                     os.mkdir(name, 0o755, dir_fd=fd)
-                    if made is not None and not made:
+                    if made is not None:
                         made.append(i)
                 except FileExistsError:
                     pass
@@ -146,12 +146,10 @@ def open_dir(parts, create=False, made=None):
 
 
 def unmake(parts, made):
-    """After a failed upload: removes the directories of `parts` that open_dir created (from
-    the index in `made` down), deepest first, while they are empty. Never follows a symlink
-    (one a cell put in their place is left, as is anything a cell put in them)."""
-    if not made:
-        return
-    for i in range(len(parts) - 1, made[0] - 1, -1):
+    """After a failed upload: removes the directories of `parts` that open_dir created (their
+    indexes in `made`), deepest first, while they are empty. Never follows a symlink (one a
+    cell put in their place is left, as is anything a cell put in them)."""
+    for i in reversed(made):
         try:
             fd = open_dir(parts[:i])
         except (Refused, OSError):
@@ -426,11 +424,11 @@ def op_untar(parts, frames):
         os.close(dfd)
         unmake(parts, made)
         raise
-    frames.ack()
     files = 0
     total = 0
     merged = False
     try:
+        frames.ack()
         sfd = os.open(stage, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dfd)
         try:
             with tarfile.open(fileobj=frames, mode="r|") as archive:

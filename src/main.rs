@@ -31,6 +31,9 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
+        // A failed log write is dropped: reporting it uses `eprintln!`, which panics when
+        // stderr is gone (a supervisor that closed the log pipe), mid-shutdown or mid-cleanup.
+        .log_internal_errors(false)
         .init();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -319,40 +319,50 @@ async fn refused_tool_calls_are_answered_however_many_a_cell_makes() {
     case.finish().await;
 }
 
+/// A thread keeps forging tool calls once its cell has settled: each is refused (a settled
+/// cell's thread may legitimately call), and the runner reads the refusals, so nothing
+/// overflows. What bounds the flood is the read pace: 4,096 lines at once, then 4,096 a second
+/// (`src/kernel/pace.rs`), whatever the thread writes; the kernel keeps its state.
 #[tokio::test]
-async fn abuse_between_cells_kills_the_kernel_and_the_next_call_reports_it() {
+async fn a_flood_between_cells_is_read_at_the_pace_and_the_kernel_keeps_working() {
     let case = Case::new("abuse-idle").await;
-    // A thread keeps forging once its cell has settled; the runner's main thread is idle
-    // (waiting on stdin), but the forged calls' refusals are not read by anyone.
     let code = format!(
         "{FIND_CHANNEL}import _thread, time\n\
          runner = [o for o in gc.get_objects() if type(o).__name__ == '_Runner'][0]\n\
-         def flood():\n    \
+         flood = {{'sent': 0, 'stop': False, 'start': None}}\n\
+         def forge():\n    \
              while runner.current_cell is not None:\n        time.sleep(0.01)\n    \
-             frame = b'{{\"op\":\"tool_call\",\"cell\":null,\"call\":1,\"tool\":\"x\",\"args\":{{}}}}\\n' * 10000\n    \
-             try:\n        \
-                 for _ in range(100000):\n            os.write(ch.out, frame)\n    \
-             except OSError:\n        pass\n\
-         _thread.start_new_thread(flood, ())\n\
+             frame = b'{{\"op\":\"tool_call\",\"cell\":null,\"call\":1,\"tool\":\"x\",\"args\":{{}}}}\\n' * 100\n    \
+             flood['start'] = time.monotonic()\n    \
+             while not flood['stop']:\n        os.write(ch.out, frame)\n        flood['sent'] += 100\n\
+         _thread.start_new_thread(forge, ())\n\
          y = 1"
     );
     let r = case.run("s", &code).await;
-    // The flood may trip the bound before the host has seen the cell settle.
-    if r.status != CellStatus::Success {
-        assert_killed_for_protocol(&case, "s", &r).await;
-    } else {
-        // Wait (bounded) until the host has killed the idle kernel.
-        let gone = common::wait_gone(&case.engine, &case.label, Duration::from_secs(120)).await;
-        // The staging volume stays until the next call, so only the container is gone.
-        assert!(gone.is_some(), "the abusing kernel is killed between cells");
-        let next = case.run("s", "print('fresh')").await;
-        assert_eq!(next.status, CellStatus::Success, "{next:?}");
-        assert_eq!(
-            next.kernel.state_lost.as_ref().map(|l| l.reason.as_str()),
-            Some("protocol"),
-            "{next:?}"
-        );
-    }
+    assert_eq!(r.status, CellStatus::Success, "{r:?}");
+    // The measured interval: the thread floods meanwhile.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let r = case
+        .run(
+            "s",
+            "flood['stop'] = True\n\
+             print(flood['sent'], time.monotonic() - flood['start'], y)",
+        )
+        .await;
+    assert_eq!(r.status, CellStatus::Success, "{r:?}");
+    assert!(r.kernel.reused && r.kernel.state_lost.is_none(), "{r:?}");
+    let fields: Vec<f64> = r
+        .output
+        .split_whitespace()
+        .map(|f| f.parse().expect("a number"))
+        .collect();
+    let (sent, secs) = (fields[0], fields[1]);
+    // The burst, the rate over the interval, and what the pipes and buffers between the
+    // kernel and the server hold (about 50,000 such lines, measured); unpaced, hundreds of
+    // thousands.
+    let most = 4096.0 * (1.0 + secs) + 64_000.0;
+    eprintln!("{sent} forged calls in {secs:.1} s (at most {most:.0} allowed)");
+    assert!(sent <= most, "{sent} forged calls in {secs:.1} s");
     case.finish().await;
 }
 

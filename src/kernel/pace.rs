@@ -1,6 +1,7 @@
 //! The pace at which a kernel's attach stream is read: every byte a kernel writes (output,
 //! displays, protocol lines) costs the engine (dockerd and the container's shim copy it) and
-//! this server CPU that no `--cpus` limit charges to the kernel. Read at most [`READ_RATE`]
+//! this server CPU that no `--cpus` limit charges to the kernel, and every protocol line a
+//! parse and perhaps an answer ([`LINE_COST`]). Read at most [`READ_RATE`]
 //! sustained after a [`READ_BURST`], a kernel flooding its streams (during a cell or between
 //! cells, where its output is dropped) waits on its own full pipe instead; what any cell
 //! legitimately writes fits the burst.
@@ -12,6 +13,12 @@ pub const READ_RATE: u64 = 64 * 1024 * 1024;
 
 /// Bytes read at once before [`READ_RATE`] applies (refilled at that rate).
 pub const READ_BURST: u64 = 64 * 1024 * 1024;
+
+/// What each protocol line costs on the pace besides its bytes: the host parses every line
+/// and may answer it (a refused tool call is a write to the kernel, which the engine copies),
+/// so a flood of tiny frames costs per line, not per byte: 4,096 lines at once, then 4,096 a
+/// second. A cell's legitimate lines are far fewer (its tool calls, 50 by default).
+pub const LINE_COST: usize = 16 * 1024;
 
 /// A token bucket of bytes: [`Pace::spend`] says how long to wait before reading on.
 #[derive(Debug)]
@@ -26,7 +33,8 @@ pub(super) struct Pace {
 impl Pace {
     pub(super) fn new(rate: u64, burst: u64) -> Pace {
         Pace {
-            rate,
+            // A rate of 0 would make every wait infinite.
+            rate: rate.max(1),
             burst,
             tokens: burst as f64,
             at: Instant::now(),

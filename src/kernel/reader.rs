@@ -11,7 +11,7 @@ use futures::StreamExt;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
-use super::pace::{Pace, READ_BURST, READ_RATE};
+use super::pace::{Pace, LINE_COST, READ_BURST, READ_RATE};
 use super::protocol::{Breach, KernelFrame, LineSplitter};
 use super::run::refuse;
 use super::stdin::Stdin;
@@ -94,7 +94,11 @@ pub(super) async fn reader_task(mut task: ReaderTask) {
             item = task.output.next() => item,
         };
         owed = match &item {
-            Some(Ok(Chunk::Stdout(bytes) | Chunk::Stderr(bytes))) => pace.spend(bytes.len()),
+            Some(Ok(Chunk::Stdout(bytes))) => pace.spend(bytes.len()),
+            Some(Ok(Chunk::Stderr(bytes))) => {
+                let lines = memchr::memchr_iter(b'\n', bytes).count();
+                pace.spend(bytes.len().saturating_add(lines.saturating_mul(LINE_COST)))
+            }
             _ => Duration::ZERO,
         };
         match item {

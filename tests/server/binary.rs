@@ -73,6 +73,8 @@ async fn sigterm_stops_the_server_even_with_its_stderr_closed() {
         .arg(format!("{CASE}={label}"))
         .env("KERNELBOX_TOKEN", "tok-bin")
         .env("KERNELBOX_STATE_DIR", state.path())
+        // Log lines all along the shutdown: each write to the closed stderr fails.
+        .env("KERNELBOX_LOG", "debug")
         .env_remove("KERNELBOX_TENANTS")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
@@ -82,9 +84,9 @@ async fn sigterm_stops_the_server_even_with_its_stderr_closed() {
     let stderr = child.stderr.take().expect("stderr");
     let mut lines = tokio::io::BufReader::new(stderr).lines();
     let addr = crate::common::serving_addr(&mut lines).await;
-    Api::new(addr).run("tok-bin", "s", "a = 1").await;
     // The read end goes: every later write to the server's stderr fails.
     drop(lines);
+    Api::new(addr).run("tok-bin", "s", "a = 1").await;
     let pid = child.id().expect("pid").to_string();
     let kill = tokio::process::Command::new("kill")
         .args(["-TERM", &pid])
