@@ -45,6 +45,9 @@ import sys
 import time
 
 PROTOCOL_VERSION = 3
+# Longest protocol line the host reads (MAX_FRAME_LINE in src/kernel/protocol.rs); a longer one
+# is a protocol breach that kills the kernel, so a tool call that would not fit is refused here.
+MAX_FRAME_LINE = 1 << 20
 
 # Times the runner runs the whole cell path before ready (see _Runner.warm_up).
 WARM_UP_ROUNDS = 10
@@ -158,9 +161,12 @@ class _Channel:
             except OSError:
                 pass
 
-    def send(self, msg):
-        """Writes one frame; a message that is not JSON raises before anything is written."""
+    def send(self, msg, limit=None):
+        """Writes one frame; a message that is not JSON, or longer than `limit` bytes (the
+        newline aside), raises (OverflowError for the length) before anything is written."""
         data = (_dumps(msg) + "\n").encode("utf-8", "surrogatepass")
+        if limit is not None and len(data) - 1 > limit:
+            raise OverflowError(len(data) - 1)
         with self.lock:
             view = memoryview(data)
             while view:
@@ -301,7 +307,15 @@ class _Runner:
             self.next_call += 1
             call = self.next_call
         try:
-            self.ch.send({"op": "tool_call", "cell": cell, "call": call, "tool": name, "args": args})
+            self.ch.send(
+                {"op": "tool_call", "cell": cell, "call": call, "tool": name, "args": args},
+                limit=MAX_FRAME_LINE,
+            )
+        except OverflowError as exc:
+            raise ToolError(
+                "tool call too large: %s bytes as JSON; at most %d per call"
+                % (exc.args[0], MAX_FRAME_LINE)
+            )
         except (TypeError, ValueError, RecursionError) as exc:
             raise ToolError("tool arguments must be JSON-serialisable: %s" % exc)
         results = self.inbox.results

@@ -142,6 +142,31 @@ threading.Thread(target=worker, daemon=True).start()\n";
     case.finish().await;
 }
 
+/// A call whose frame would pass the host's longest protocol line (1 MiB) is refused in the
+/// kernel with a `ToolError`: sent, it would be a protocol breach that kills the kernel and
+/// loses its state. One just under it is made.
+#[tokio::test]
+async fn a_tool_call_too_large_for_one_frame_is_a_tool_error_not_a_dead_kernel() {
+    let case = Case::new("rpc-too-large").await;
+    let (d, seen) = recorder("d");
+    let code = "import kernel_tools\nkept = 'state'\n\
+try:\n    kernel_tools.web_search(q='a' * (2 << 20))\nexcept kernel_tools.ToolError as e:\n    print('refused:', e)\n\
+print(kernel_tools.web_search(q='b' * ((1 << 20) - 200))['ok'], kept)";
+    let r = case.exec(with_tools(code, &d, "t")).await;
+    assert_eq!(r.status, CellStatus::Success, "{r:?}");
+    assert!(
+        r.output.starts_with("refused: tool call too large: 20")
+            && r.output
+                .contains("bytes as JSON; at most 1048576 per call\n"),
+        "{}",
+        r.output
+    );
+    assert!(r.output.ends_with("True state\n"), "{}", r.output);
+    assert_eq!(seen.lock().unwrap().len(), 1);
+    assert!(r.kernel.state_lost.is_none());
+    case.finish().await;
+}
+
 #[tokio::test]
 async fn allow_list_and_budget_refusals_are_clear_and_not_counted() {
     let case = Case::with("rpc-budget", |c| c.max_tool_calls = 3).await;
