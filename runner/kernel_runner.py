@@ -128,6 +128,20 @@ def _make_codec():
 
 
 _dumps, _loads = _make_codec()
+
+
+def _check_text(value):
+    """Raises UnicodeEncodeError (a ValueError) if a string in `value` (keys included) is not
+    valid Unicode text, RecursionError if it nests too deep."""
+    if isinstance(value, str):
+        value.encode("utf-8")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_text(key)
+            _check_text(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _check_text(item)
 # Where runner/rich.py is loaded (see _Display.load).
 _RUNNER_GLOBALS = globals()
 
@@ -307,6 +321,10 @@ class _Runner:
             self.next_call += 1
             call = self.next_call
         try:
+            # A lone surrogate (e.g. a file name decoded with surrogateescape) would be sent as
+            # an escape the host cannot read as text: the call would never be answered.
+            _check_text(name)
+            _check_text(args)
             self.ch.send(
                 {"op": "tool_call", "cell": cell, "call": call, "tool": name, "args": args},
                 limit=MAX_FRAME_LINE,

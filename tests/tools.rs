@@ -142,11 +142,12 @@ threading.Thread(target=worker, daemon=True).start()\n";
     case.finish().await;
 }
 
-/// A call whose frame would pass the host's longest protocol line (1 MiB) is refused in the
-/// kernel with a `ToolError`: sent, it would be a protocol breach that kills the kernel and
-/// loses its state. One just under it is made.
+/// A call the host could not read is refused in the kernel with a `ToolError`, the kernel and
+/// its state kept: one whose frame would pass the host's longest protocol line (1 MiB; sent, a
+/// protocol breach that kills the kernel), and one carrying text that is not Unicode (sent,
+/// never answered). One just under 1 MiB is made.
 #[tokio::test]
-async fn a_tool_call_too_large_for_one_frame_is_a_tool_error_not_a_dead_kernel() {
+async fn a_tool_call_the_host_could_not_read_is_a_tool_error_in_the_kernel() {
     let case = Case::new("rpc-too-large").await;
     let (d, seen) = recorder("d");
     let code = "import kernel_tools\nkept = 'state'\n\
@@ -163,6 +164,21 @@ print(kernel_tools.web_search(q='b' * ((1 << 20) - 200))['ok'], kept)";
     );
     assert!(r.output.ends_with("True state\n"), "{}", r.output);
     assert_eq!(seen.lock().unwrap().len(), 1);
+    // Text the host cannot read (a lone surrogate, as a file name decoded with
+    // surrogateescape gives) is refused at once, not sent to wait for an answer that never comes.
+    let code = "import os\n\
+name = os.fsdecode(b'bad\\xff')\n\
+for args in ({'q': name}, {name: 1}):\n    \
+    try:\n        kernel_tools.web_search(**args)\n    \
+    except kernel_tools.ToolError as e:\n        print('refused:', str(e)[:40])\n\
+print(kept)";
+    let r = case.exec(with_tools(code, &d, "t")).await;
+    assert_eq!(r.status, CellStatus::Success, "{r:?}");
+    assert_eq!(
+        r.output,
+        "refused: tool arguments must be JSON-serialisable\n".repeat(2) + "state\n",
+        "{r:?}"
+    );
     assert!(r.kernel.state_lost.is_none());
     case.finish().await;
 }
