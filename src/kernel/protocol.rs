@@ -86,8 +86,6 @@ pub struct Breach {
 struct BreachInner {
     what: std::sync::OnceLock<&'static str>,
     tripped: tokio_util::sync::CancellationToken,
-    /// Bytes counted by [`Breach::waste`].
-    wasted: std::sync::atomic::AtomicUsize,
 }
 
 impl Breach {
@@ -95,18 +93,6 @@ impl Breach {
     pub fn trip(&self, what: &'static str) {
         let _ = self.inner.what.set(what);
         self.inner.tripped.cancel();
-    }
-
-    /// Counts `bytes` of protocol input the host had no use for (see [`MAX_WASTE_BYTES`]);
-    /// trips the breach once the kernel's total passes it.
-    pub fn waste(&self, bytes: usize) {
-        let before = self
-            .inner
-            .wasted
-            .fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
-        if before.saturating_add(bytes) > MAX_WASTE_BYTES {
-            self.trip(WASTE_BREACH);
-        }
     }
 
     /// The violation, once tripped.

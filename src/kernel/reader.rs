@@ -12,7 +12,7 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use super::pace::{Pace, LINE_COST, READ_BURST, READ_RATE};
-use super::protocol::{Breach, KernelFrame, LineSplitter};
+use super::protocol::{Breach, KernelFrame, LineSplitter, MAX_WASTE_BYTES, WASTE_BREACH};
 use super::run::refuse;
 use super::stdin::Stdin;
 use super::{Death, IoEvent, Shared, MAX_READER_BACKLOG};
@@ -76,6 +76,8 @@ pub(super) async fn reader_task(mut task: ReaderTask) {
     let mut lines = LineSplitter::default();
     // The runner sends `ready` once; spawning waits for it.
     let mut ready_seen = false;
+    // Protocol input with no use, over the kernel's life (`MAX_WASTE_BYTES`).
+    let mut wasted = 0usize;
     let mut pace = Pace::new(READ_RATE, READ_BURST);
     // How long to wait before the next read (the pace; zero within its burst).
     let mut owed = Duration::ZERO;
@@ -118,7 +120,7 @@ pub(super) async fn reader_task(mut task: ReaderTask) {
                 let fed = lines.feed(&bytes, |line| match serde_json::from_slice::<KernelFrame>(line) {
                     Ok(frame) => frames.push((frame, line.len())),
                     Err(e) => {
-                        task.breach.waste(line.len() + 1);
+                        wasted += line.len() + 1;
                         tracing::debug!(container = %short_id(&task.id), error = %e, "unparseable kernel frame dropped");
                     }
                 });
@@ -126,10 +128,11 @@ pub(super) async fn reader_task(mut task: ReaderTask) {
                     task.breach.trip(LINE_BREACH);
                     break;
                 }
+                if wasted > MAX_WASTE_BYTES {
+                    task.breach.trip(WASTE_BREACH);
+                    break;
+                }
                 for (frame, size) in frames {
-                    if task.breach.what().is_some() {
-                        break 'read;
-                    }
                     match &frame {
                         KernelFrame::ToolCall { cell, call, .. } => {
                             let active = task.shared.active_cell.load(Ordering::Acquire);
@@ -145,7 +148,11 @@ pub(super) async fn reader_task(mut task: ReaderTask) {
                         KernelFrame::Ready { .. }
                         | KernelFrame::Done { .. }
                         | KernelFrame::Pong => {
-                            task.breach.waste(size);
+                            wasted += size;
+                            if wasted > MAX_WASTE_BYTES {
+                                task.breach.trip(WASTE_BREACH);
+                                break 'read;
+                            }
                             continue;
                         }
                     }
