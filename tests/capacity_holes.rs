@@ -286,17 +286,7 @@ async fn sigterm_lets_a_cell_whose_client_went_away_finish() {
     drop(conn);
     assert_eq!(containers(&engine, &label).await.len(), 1);
 
-    let pid = child.id().unwrap().to_string();
-    let kill = Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .await
-        .unwrap();
-    assert!(kill.success());
-    let status = tokio::time::timeout(Duration::from_secs(90), child.wait())
-        .await
-        .expect("the server exits within its drain")
-        .unwrap();
+    let status = common::terminate(&mut child, Duration::from_secs(90)).await;
     let stderr = stderr.await.unwrap_or_default().join("\n");
     assert_eq!(status.code(), Some(0), "{stderr}");
     let proof = std::fs::read_to_string(project.path().join("finished")).unwrap_or_default();

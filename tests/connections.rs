@@ -420,17 +420,7 @@ async fn metrics_on_a_separate_listener_share_the_connection_limit_and_shutdown(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
-    let pid = child.id().expect("pid").to_string();
-    let kill = tokio::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .await
-        .expect("kill");
-    assert!(kill.success());
-    let status = tokio::time::timeout(Duration::from_secs(60), child.wait())
-        .await
-        .expect("the server exits after SIGTERM")
-        .expect("wait");
+    let status = common::terminate(&mut child, Duration::from_secs(60)).await;
     assert_eq!(status.code(), Some(0));
     for addr in [api, metrics] {
         assert!(

@@ -67,15 +67,7 @@ async fn the_server_retries_until_the_engine_answers() {
     .await;
     assert!(matches!(outcome, Ok(n) if n >= 2), "{outcome:?}");
     // SIGTERM: a clean stop, exit 0.
-    let pid = server.id().unwrap();
-    std::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .unwrap();
-    let status = tokio::time::timeout(Duration::from_secs(30), server.wait())
-        .await
-        .unwrap()
-        .unwrap();
+    let status = common::terminate(&mut server, Duration::from_secs(30)).await;
     assert!(status.success(), "{status:?}");
     let _ = std::fs::remove_dir_all(&dir);
     common::assert_clean(&common::engine().await, &label).await;

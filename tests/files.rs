@@ -251,14 +251,7 @@ impl Served {
     /// Stops the process with SIGTERM, waits for it (at most 60 s) and asserts nothing of this
     /// case is left in Docker.
     async fn finish(mut self) {
-        let pid = self.process.id().unwrap();
-        let _ = std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status();
-        let status = tokio::time::timeout(Duration::from_secs(60), self.process.wait())
-            .await
-            .expect("the server stops")
-            .unwrap();
+        let status = common::terminate(&mut self.process, Duration::from_secs(60)).await;
         assert!(status.success(), "{status}");
         common::assert_clean(&self.engine, &self.label).await;
     }

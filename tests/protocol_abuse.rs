@@ -181,16 +181,7 @@ async fn a_gigabyte_of_forged_frames_costs_the_server_little_and_kills_only_the_
     assert_eq!(r["output"], format!("safe {during}\n"), "{r}");
     assert_eq!(r["kernel"]["reused"], true, "{r}");
 
-    let kill = tokio::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .await
-        .expect("kill");
-    assert!(kill.success());
-    let status = tokio::time::timeout(Duration::from_secs(60), server.wait())
-        .await
-        .expect("the server exits after SIGTERM")
-        .expect("wait");
+    let status = common::terminate(&mut server, Duration::from_secs(60)).await;
     assert_eq!(status.code(), Some(0));
     drain.abort();
     assert_clean(&engine, &label).await;

@@ -108,17 +108,7 @@ impl Server {
 
     /// SIGTERM; the server must exit 0.
     async fn terminate(mut self) {
-        let pid = self.child.id().expect("pid").to_string();
-        let kill = Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .await
-            .expect("kill");
-        assert!(kill.success());
-        let status = tokio::time::timeout(Duration::from_secs(60), self.child.wait())
-            .await
-            .expect("the server exits after SIGTERM")
-            .expect("wait");
+        let status = common::terminate(&mut self.child, Duration::from_secs(60)).await;
         let stderr = self.stderr.await.unwrap_or_default().join("\n");
         assert_eq!(status.code(), Some(0), "{stderr}");
     }

@@ -179,6 +179,30 @@ pub async fn wait_gone(engine: &Arc<dyn Engine>, label: &str, limit: Duration) -
     }
 }
 
+/// Sends SIGTERM to a `kernelbox serve` process (asserting the signal went).
+pub async fn sigterm(child: &tokio::process::Child) {
+    let pid = child.id().expect("the process is running").to_string();
+    let kill = tokio::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .await
+        .expect("kill");
+    assert!(kill.success(), "kill -TERM {pid}");
+}
+
+/// Sends SIGTERM to a `kernelbox serve` process and waits, at most `limit`, for it to exit;
+/// returns its status.
+pub async fn terminate(
+    child: &mut tokio::process::Child,
+    limit: Duration,
+) -> std::process::ExitStatus {
+    sigterm(child).await;
+    tokio::time::timeout(limit, child.wait())
+        .await
+        .expect("the server exits after SIGTERM")
+        .expect("wait")
+}
+
 /// Reads a `kernelbox serve` process's stderr until its "serving ... on http://ADDR" line
 /// (at most 60 s) and returns the address; the lines after it are left to the caller.
 pub async fn serving_addr(

@@ -37,13 +37,7 @@ async fn sigterm_lets_the_running_cell_finish_then_removes_everything_and_exits_
         .await;
     events.until_output("started").await;
 
-    let pid = child.id().expect("pid").to_string();
-    let kill = tokio::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .await
-        .expect("kill");
-    assert!(kill.success());
+    common::sigterm(&child).await;
 
     // The running cell finishes (drain), then the process exits 0 with nothing left.
     let result = events.result().await;
@@ -87,17 +81,7 @@ async fn sigterm_stops_the_server_even_with_its_stderr_closed() {
     // The read end goes: every later write to the server's stderr fails.
     drop(lines);
     Api::new(addr).run("tok-bin", "s", "a = 1").await;
-    let pid = child.id().expect("pid").to_string();
-    let kill = tokio::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .await
-        .expect("kill");
-    assert!(kill.success());
-    let status = tokio::time::timeout(Duration::from_secs(60), child.wait())
-        .await
-        .expect("the server exits after SIGTERM")
-        .expect("wait");
+    let status = common::terminate(&mut child, Duration::from_secs(60)).await;
     assert_eq!(status.code(), Some(0));
     common::assert_clean(&engine, &label).await;
 }
