@@ -382,7 +382,7 @@ impl Orchestrator {
                 }
                 // Naming the kernel and refilling the pool wait for this first cell (or a
                 // moment): they would compete with it for the engine.
-                let taken = pooled.then(|| self.after_take(key, &kernel));
+                let taken = pooled.then(|| self.after_take(key, &slot, &kernel));
                 let started = match (&inner.catalog, reused) {
                     (Some(catalog), false) => Some(catalog.record_durable(Change::Started {
                         key_hash: key.hash(),

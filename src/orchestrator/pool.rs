@@ -23,6 +23,7 @@ use crate::config::KernelSpec;
 use crate::histogram::Histogram;
 use crate::kernel::{Kernel, KernelError, SpawnRequest, Yield};
 use crate::owner::KernelKey;
+use crate::registry::Slot;
 
 /// Pooled kernels spawned at once by the refill. The refill also starts none while a new
 /// owner's kernel is starting cold, and a refill under way gives way before each of its
@@ -53,6 +54,11 @@ const REFILL_BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// first cell to end, so that a long first cell does not keep the pool short or the kernel
 /// unnamed.
 pub(super) const TAKE_SETTLE: Duration = Duration::from_millis(250);
+
+/// A taken kernel is renamed only once none of its owner's cells began or ended for this
+/// long ([`POOL_YIELD_MAX`] after the take at most): a rename while the owner runs cells back
+/// to back made the next cell several times slower.
+pub(super) const RENAME_QUIET: Duration = Duration::from_millis(50);
 
 /// Upper bounds of the refill-time histogram (one pooled kernel spawned), in seconds.
 pub const REFILL_BUCKETS: [f64; 10] = [0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0];
@@ -175,13 +181,15 @@ impl Orchestrator {
 
     /// What follows a take, in the background once the taker's first cell ends (the returned
     /// guard is dropped) or [`TAKE_SETTLE`] passes, so neither competes with that cell for
-    /// the engine: the refill is woken, and, once no new owner is starting cold (for
-    /// [`POOL_YIELD_MAX`] at most), the kernel is named after its owner
+    /// the engine: the refill is woken, and the kernel is named after its owner
     /// (`labels::owner_name`) so the admin verbs (`kernelbox ps`, `inspect`, `kill
-    /// --owner/--tenant`) see who has it.
+    /// --owner/--tenant`) see who has it. The rename waits for a gap between the owner's
+    /// cells ([`RENAME_QUIET`]) and for no new owner to be starting cold, [`POOL_YIELD_MAX`]
+    /// at most in all.
     pub(super) fn after_take(
         &self,
         key: &KernelKey,
+        slot: &Arc<Slot>,
         kernel: &Arc<Kernel>,
     ) -> tokio_util::sync::DropGuard {
         let name =
@@ -190,6 +198,7 @@ impl Orchestrator {
         let ended = first_cell.clone();
         let this = self.clone();
         let kernel = kernel.clone();
+        let slot = slot.clone();
         self.inner.tracker.spawn(async move {
             let inner = &this.inner;
             tokio::select! {
@@ -198,11 +207,25 @@ impl Orchestrator {
                 _ = inner.cancel.cancelled() => return,
             }
             inner.pool.wake.notify_one();
-            // The rename is engine work in the background too: it gives way to cold starts
-            // (a burst that emptied the pool is often followed at once by a miss).
+            let until = tokio::time::Instant::now() + POOL_YIELD_MAX;
+            // The rename takes the engine a millisecond or more: a cell of the owner's
+            // starting meanwhile would wait on it, so it waits for a gap between cells (no
+            // cell began or ended for RENAME_QUIET; a long cell running is such a gap).
+            loop {
+                let seen = slot.last_used();
+                tokio::select! {
+                    _ = tokio::time::sleep(RENAME_QUIET) => {}
+                    _ = inner.cancel.cancelled() => return,
+                }
+                if slot.last_used() == seen || tokio::time::Instant::now() >= until {
+                    break;
+                }
+            }
+            // It also gives way to cold starts (a burst that emptied the pool is often
+            // followed at once by a miss).
             let turn = Yield {
                 priority: inner.pool.cold.subscribe(),
-                until: tokio::time::Instant::now() + POOL_YIELD_MAX,
+                until,
                 cancel: inner.cancel.clone(),
             };
             if turn.give_way().await.is_err() {

@@ -163,3 +163,40 @@ async fn a_taken_kernel_is_named_once_no_new_owner_is_starting_cold() {
     kb.shutdown().await;
     assert_eq!(fake.live_containers(), 0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_taken_kernel_is_named_in_a_gap_between_its_owners_cells() {
+    let (kb, fake) = start(1, 8).await;
+    assert!(kb.wait_pool_ready(1, Duration::from_secs(5)).await);
+    // Owner a takes the pooled kernel and runs cells every 10 ms for a second: never a gap
+    // long enough, so the rename waits...
+    let began = tokio::time::Instant::now();
+    while began.elapsed() < Duration::from_secs(1) {
+        run(&kb, "a", "x = 1").await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(kb.stats().pool.hits, 1);
+    assert_eq!(
+        owner_named(&fake).await,
+        0,
+        "renamed between back-to-back cells"
+    );
+    // ...until a pause.
+    tokio::time::sleep(super::pool::RENAME_QUIET * 3).await;
+    assert_eq!(owner_named(&fake).await, 1, "not renamed in a pause");
+    // An owner that never pauses is named all the same, 2 s after the take at most.
+    run(&kb, "b", "x = 1").await;
+    let began = tokio::time::Instant::now();
+    while began.elapsed() < Duration::from_secs(3) {
+        run(&kb, "b", "x = 1").await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(kb.stats().pool.hits, 2);
+    assert_eq!(
+        owner_named(&fake).await,
+        2,
+        "never named while cells kept coming"
+    );
+    kb.shutdown().await;
+    assert_eq!(fake.live_containers(), 0);
+}

@@ -36,18 +36,26 @@ const PAUSE: Duration = Duration::from_millis(500);
 const WARM_BEFORE: usize = 10;
 
 /// One pool-hit sample: the first cell of new owner `session`, which must get a fresh pooled
-/// kernel; its wall time in ms. The session is cleared after.
-async fn hit(kb: &Orchestrator, session: &str) -> Result<f64> {
+/// kernel, and its second cell right after; their wall times in ms. The session is cleared
+/// after.
+async fn hit(kb: &Orchestrator, session: &str) -> Result<(f64, f64)> {
     let taken = kb.stats().pool.hits;
     let w = Window::begin();
     let r = kb.execute(ExecuteRequest::new(session, "x = 1")).await?;
-    let ms = w.end().ms;
+    let first = w.end().ms;
     ok_cell("pool-hit cell", &r)?;
     if r.kernel.reused || r.kernel.execution_count != 1 || kb.stats().pool.hits != taken + 1 {
         bail!("a pool-hit sample was not a fresh pooled kernel: {r:?}");
     }
+    let w = Window::begin();
+    let r = kb.execute(ExecuteRequest::new(session, "x = 2")).await?;
+    let second = w.end().ms;
+    ok_cell("second cell after a pool hit", &r)?;
+    if r.kernel.execution_count != 2 {
+        bail!("the second cell after a pool hit ran elsewhere: {r:?}");
+    }
     kb.clear_session(None, session).await;
-    Ok(ms)
+    Ok((first, second))
 }
 
 impl Bench {
@@ -139,7 +147,7 @@ impl Bench {
                 bail!("the warm cell after a pause ran in a new kernel");
             }
             tokio::time::sleep(PAUSE).await;
-            hits.push(hit(kb, &format!("pool-hit-{i}")).await?);
+            hits.push(hit(kb, &format!("pool-hit-{i}")).await?.0);
         }
         echo.stop().await;
         // Hits on a busy host: each take comes right after WARM_BEFORE back-to-back warm cells
@@ -147,6 +155,7 @@ impl Bench {
         // path is awake, while the pooled kernels have slept at least PAUSE (a take picks the
         // newest, which would otherwise have sent `ready` only milliseconds before).
         let mut busy_hits = Vec::new();
+        let mut busy_seconds = Vec::new();
         for i in 0..self.sizes.pool_hits {
             if !kb.wait_pool_ready(POOL, FILL).await {
                 bail!("the pool did not refill within {FILL:?}");
@@ -159,7 +168,9 @@ impl Bench {
                         .await?,
                 )?;
             }
-            busy_hits.push(hit(kb, &format!("pool-busy-hit-{i}")).await?);
+            let (first, second) = hit(kb, &format!("pool-busy-hit-{i}")).await?;
+            busy_hits.push(first);
+            busy_seconds.push(second);
         }
         kb.clear_session(None, "pool-idle-warm").await;
         let bh = stats(&busy_hits);
@@ -174,6 +185,24 @@ impl Bench {
             )
             .floor(format!("warm cell p50 {}", fmt_ms(self.warm_p50)), busy_ratio)
             .target("p50 ≤ 5x warm and < 2 ms", busy_ratio <= 5.0 && bh.p50_ms < 2.0),
+        );
+        // The owner's second cell, right after the first: background work after a take (the
+        // rename, the refill) must not land on it.
+        let bs = stats(&busy_seconds);
+        let second_ratio = bs.p50_ms / self.warm_p50;
+        self.rows.push(
+            Row::new(
+                format!(
+                    "second cell of that owner, right after its first (n={})",
+                    bs.n
+                ),
+                pq(&bs),
+            )
+            .floor(
+                format!("warm cell p50 {}", fmt_ms(self.warm_p50)),
+                second_ratio,
+            )
+            .target("p50 ≤ 2x warm", second_ratio <= 2.0),
         );
         let h = stats(&hits);
         let iw = stats(&idle_warm);
@@ -293,6 +322,7 @@ impl Bench {
                 "size": POOL,
                 "hit": h,
                 "hit_busy_host": bh,
+                "second_cell_after_hit": bs,
                 "hit_busy_host_over_warm": busy_ratio,
                 "pause_ms": PAUSE.as_millis() as u64,
                 "warm_after_pause": iw,
