@@ -34,6 +34,10 @@ struct State {
     volumes: BTreeMap<String, BTreeMap<String, String>>,
     created: usize,
     removed: usize,
+    /// Containers being renamed now.
+    renaming: std::collections::HashSet<String>,
+    /// Removals that began while a rename of the same container was under way.
+    overlaps: usize,
 }
 
 struct Container {
@@ -52,6 +56,8 @@ pub struct FakeEngine {
     pub images: Arc<Mutex<Vec<String>>>,
     /// How long a container create takes (in the test's clock; zero by default).
     pub create_delay: Arc<Mutex<std::time::Duration>>,
+    /// How long a container rename takes (in the test's clock; zero by default).
+    pub rename_delay: Arc<Mutex<std::time::Duration>>,
 }
 
 impl FakeEngine {
@@ -72,6 +78,12 @@ impl FakeEngine {
     /// Volumes that exist now.
     pub fn live_volumes(&self) -> usize {
         self.lock().volumes.len()
+    }
+
+    /// Removals that began while the same container was being renamed: the real engine can
+    /// leave such a container listed ("Removal In Progress") until it restarts.
+    pub fn rename_removal_overlaps(&self) -> usize {
+        self.lock().overlaps
     }
 
     /// Simulates `docker rm -f` from outside kernelbox.
@@ -273,6 +285,9 @@ impl Engine for FakeEngine {
 
     async fn remove_container(&self, id: &str) -> Result<(), EngineError> {
         let mut state = self.lock();
+        if state.renaming.contains(id) {
+            state.overlaps += 1;
+        }
         if let Some(c) = state.containers.remove(id) {
             c.stop.cancel();
             state.removed += 1;
@@ -281,6 +296,12 @@ impl Engine for FakeEngine {
     }
 
     async fn rename_container(&self, id: &str, name: &str) -> Result<(), EngineError> {
+        let delay = *self.rename_delay.lock().unwrap_or_else(|p| p.into_inner());
+        if !delay.is_zero() {
+            self.lock().renaming.insert(id.to_string());
+            tokio::time::sleep(delay).await;
+            self.lock().renaming.remove(id);
+        }
         if let Some(c) = self.lock().containers.get_mut(id) {
             c.name = name.to_string();
         }

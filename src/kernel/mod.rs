@@ -252,6 +252,10 @@ struct Shared {
     active_cell: AtomicU64,
     /// The kernel's state; once `Dead` it never changes again.
     state: Mutex<KernelState>,
+    /// Held across a rename of the container and across its removal, so the two never
+    /// overlap: a rename that landed while the engine removed the container left it listed
+    /// ("Removal In Progress", no name) until the engine restarted.
+    naming: tokio::sync::Mutex<()>,
 }
 
 impl Shared {
@@ -259,6 +263,7 @@ impl Shared {
         Shared {
             active_cell: AtomicU64::new(0),
             state: Mutex::new(KernelState::Starting),
+            naming: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -406,11 +411,26 @@ impl Kernel {
             .clone()
     }
 
+    /// Renames the container (a taken pooled kernel is named after its owner,
+    /// `labels::owner_name`). Never overlaps the container's removal; a kernel already dead
+    /// (disposed, killed, crashed) is left as it is.
+    pub async fn rename(&self, name: &str) -> Result<(), EngineError> {
+        let _naming = self.shared.naming.lock().await;
+        if !self.is_alive() {
+            return Ok(());
+        }
+        self.engine.rename_container(&self.id, name).await
+    }
+
     /// Removes the container and its staging volume. Idempotent.
     pub async fn dispose(&self) -> Result<(), EngineError> {
         self.shared.die(Death::Disposed);
         self.drain.cancel();
-        let removed = self.engine.remove_container(&self.id).await;
+        // Dead from here on: a rename under way ends first and none starts after.
+        let removed = {
+            let _naming = self.shared.naming.lock().await;
+            self.engine.remove_container(&self.id).await
+        };
         self.cancel.cancel();
         removed?;
         remove_volume_when_free(self.engine.as_ref(), &self.volume).await

@@ -231,7 +231,7 @@ impl Orchestrator {
             if turn.give_way().await.is_err() {
                 return;
             }
-            if let Err(e) = inner.engine.rename_container(&kernel.id, &name).await {
+            if let Err(e) = kernel.rename(&name).await {
                 // Removed meanwhile (cleared, killed): nothing left to name.
                 if kernel.is_alive() {
                     tracing::warn!(container = %kernel.short_id(), error = %e, "naming a taken pooled kernel");

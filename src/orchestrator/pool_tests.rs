@@ -200,3 +200,19 @@ async fn a_taken_kernel_is_named_in_a_gap_between_its_owners_cells() {
     kb.shutdown().await;
     assert_eq!(fake.live_containers(), 0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_taken_kernel_is_never_removed_while_it_is_being_renamed() {
+    let (kb, fake) = start(1, 8).await;
+    assert!(kb.wait_pool_ready(1, Duration::from_secs(5)).await);
+    *fake.rename_delay.lock().unwrap() = Duration::from_secs(1);
+    run(&kb, "a", "x = 1").await;
+    // The rename begins in the first gap after the first cell and takes a second...
+    tokio::time::sleep(super::pool::RENAME_QUIET * 2).await;
+    // ...and the owner's session is cleared meanwhile: the removal waits for it.
+    assert_eq!(kb.clear_session(None, "a").await, 1);
+    assert_eq!(fake.rename_removal_overlaps(), 0, "removed while renamed");
+    assert_eq!(fake.live_containers(), 1, "the pool's next kernel only");
+    kb.shutdown().await;
+    assert_eq!(fake.live_containers(), 0);
+}
