@@ -246,6 +246,10 @@ struct CellIo {
     rx: mpsc::Receiver<IoEvent>,
 }
 
+/// Longest a rename of a kernel's container may take ([`Kernel::rename`]); its removal waits
+/// for a rename under way.
+const RENAME_LIMIT: Duration = Duration::from_secs(5);
+
 /// What a kernel and its reader task share.
 struct Shared {
     /// The running cell's number, 0 between cells; read by the reader for every chunk.
@@ -419,7 +423,16 @@ impl Kernel {
         if !self.is_alive() {
             return Ok(());
         }
-        self.engine.rename_container(&self.id, name).await
+        // Bounded: a removal waits for it.
+        tokio::time::timeout(RENAME_LIMIT, self.engine.rename_container(&self.id, name))
+            .await
+            .unwrap_or_else(|_| {
+                Err(EngineError::Other {
+                    op: "rename container",
+                    target: self.id.clone(),
+                    message: format!("no answer within {RENAME_LIMIT:?}"),
+                })
+            })
     }
 
     /// Removes the container and its staging volume. Idempotent.
