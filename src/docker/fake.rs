@@ -38,6 +38,8 @@ struct State {
     renaming: std::collections::HashSet<String>,
     /// Removals that began while a rename of the same container was under way.
     overlaps: usize,
+    /// Renames asked for.
+    renames: usize,
 }
 
 struct Container {
@@ -84,6 +86,11 @@ impl FakeEngine {
     /// leave such a container listed ("Removal In Progress") until it restarts.
     pub fn rename_removal_overlaps(&self) -> usize {
         self.lock().overlaps
+    }
+
+    /// Container renames asked for.
+    pub fn renames(&self) -> usize {
+        self.lock().renames
     }
 
     /// Simulates `docker rm -f` from outside kernelbox.
@@ -297,6 +304,7 @@ impl Engine for FakeEngine {
 
     async fn rename_container(&self, id: &str, name: &str) -> Result<(), EngineError> {
         let delay = *self.rename_delay.lock().unwrap_or_else(|p| p.into_inner());
+        self.lock().renames += 1;
         if !delay.is_zero() {
             self.lock().renaming.insert(id.to_string());
             tokio::time::sleep(delay).await;

@@ -256,10 +256,14 @@ struct Shared {
     active_cell: AtomicU64,
     /// The kernel's state; once `Dead` it never changes again.
     state: Mutex<KernelState>,
-    /// Held across a rename of the container and across its removal, so the two never
-    /// overlap: a rename that landed while the engine removed the container left it listed
-    /// ("Removal In Progress", no name) until the engine restarted.
+    /// Held across a rename of the container and across its removal by kernelbox, so the two
+    /// never overlap (as long as the engine answers a rename within [`RENAME_LIMIT`]): a
+    /// rename that landed while the engine removed the container left it listed as removing.
     naming: tokio::sync::Mutex<()>,
+    /// The attach streams ended: the container exited and the engine is removing it (it is
+    /// created with auto-remove), while the reader may still be finding out why (up to 5 s)
+    /// before the kernel is recorded dead. No rename starts after this.
+    exited: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -268,6 +272,7 @@ impl Shared {
             active_cell: AtomicU64::new(0),
             state: Mutex::new(KernelState::Starting),
             naming: tokio::sync::Mutex::new(()),
+            exited: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -416,11 +421,13 @@ impl Kernel {
     }
 
     /// Renames the container (a taken pooled kernel is named after its owner,
-    /// `labels::owner_name`). Never overlaps the container's removal; a kernel already dead
-    /// (disposed, killed, crashed) is left as it is.
+    /// `labels::owner_name`). Never overlaps a removal by kernelbox; a kernel already dead
+    /// (disposed, killed, crashed) or whose container exited is left as it is. A container
+    /// that exits while its rename is under way can still overlap the engine's own
+    /// auto-removal; the window is the rename itself.
     pub async fn rename(&self, name: &str) -> Result<(), EngineError> {
         let _naming = self.shared.naming.lock().await;
-        if !self.is_alive() {
+        if !self.is_alive() || self.shared.exited.load(Ordering::Acquire) {
             return Ok(());
         }
         // Bounded: a removal waits for it.

@@ -210,6 +210,9 @@ pub(super) async fn reader_task(mut task: ReaderTask) {
         }
     }
     // The streams closed: the container is gone or going. Find out why before telling the cell.
+    task.shared
+        .exited
+        .store(true, std::sync::atomic::Ordering::Release);
     // A death recorded already (disposal, `sys.exit()`) means kernelbox is removing it.
     let death = if task.shared.death().is_some() {
         Death::Disposed

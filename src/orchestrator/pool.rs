@@ -56,8 +56,9 @@ const REFILL_BACKOFF_MAX: Duration = Duration::from_secs(30);
 pub(super) const TAKE_SETTLE: Duration = Duration::from_millis(250);
 
 /// A taken kernel is renamed only once none of its owner's cells began or ended for this
-/// long ([`POOL_YIELD_MAX`] after the take at most): a rename while the owner runs cells back
-/// to back made the next cell several times slower.
+/// long ([`POOL_YIELD_MAX`] after its first cell ended, or [`TAKE_SETTLE`] after the take, at
+/// most): a rename while the owner runs cells back to back made the next cell several times
+/// slower.
 pub(super) const RENAME_QUIET: Duration = Duration::from_millis(50);
 
 /// Upper bounds of the refill-time histogram (one pooled kernel spawned), in seconds.

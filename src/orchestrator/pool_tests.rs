@@ -187,7 +187,7 @@ async fn a_taken_kernel_is_named_in_a_gap_between_its_owners_cells() {
     // An owner that never pauses is named all the same, 2 s after the take at most.
     run(&kb, "b", "x = 1").await;
     let began = tokio::time::Instant::now();
-    while began.elapsed() < Duration::from_secs(3) {
+    while began.elapsed() < Duration::from_millis(2300) {
         run(&kb, "b", "x = 1").await;
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -209,10 +209,34 @@ async fn a_taken_kernel_is_never_removed_while_it_is_being_renamed() {
     run(&kb, "a", "x = 1").await;
     // The rename begins in the first gap after the first cell and takes a second...
     tokio::time::sleep(super::pool::RENAME_QUIET * 2).await;
+    assert_eq!(fake.renames(), 1, "no rename under way");
     // ...and the owner's session is cleared meanwhile: the removal waits for it.
     assert_eq!(kb.clear_session(None, "a").await, 1);
     assert_eq!(fake.rename_removal_overlaps(), 0, "removed while renamed");
     assert_eq!(fake.live_containers(), 1, "the pool's next kernel only");
+    kb.shutdown().await;
+    assert_eq!(fake.live_containers(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_taken_kernel_whose_container_exited_is_not_renamed() {
+    let (kb, fake) = start(1, 8).await;
+    assert!(kb.wait_pool_ready(1, Duration::from_secs(5)).await);
+    let a = run(&kb, "a", "x = 1").await;
+    // The container goes (as when its process exits and the engine auto-removes it) before
+    // the rename's gap is over; while the kernel finds out why (seconds, with no engine
+    // event), nothing renames it.
+    let id = fake
+        .list_containers(&[])
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|c| c.id)
+        .find(|id| id.starts_with(&a.kernel.id))
+        .expect("the taken kernel");
+    fake.kill_from_outside(&id);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(fake.renames(), 0, "renamed after its container exited");
     kb.shutdown().await;
     assert_eq!(fake.live_containers(), 0);
 }
