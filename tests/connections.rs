@@ -364,24 +364,15 @@ async fn hold(addr: SocketAddr) -> tokio::net::TcpStream {
 async fn metrics_on_a_separate_listener_share_the_connection_limit_and_shutdown() {
     let label = common::unique("conn-metrics");
     let engine = common::engine().await;
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_kernelbox"))
+    let mut child = common::serve_command(&label, TOKEN)
         .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
             "--metrics-listen",
             "127.0.0.1:0",
             "--max-connections",
             "2",
             "--header-timeout",
             "300s",
-            "--label",
         ])
-        .arg(format!("{}={label}", common::CASE))
-        .env("KERNELBOX_TOKEN", TOKEN)
-        .env_remove("KERNELBOX_TENANTS")
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
         .spawn()
         .expect("spawn kernelbox serve");
     let stderr = child.stderr.take().expect("stderr");

@@ -222,16 +222,10 @@ impl Served {
         let label = common::unique(name);
         let engine = common::engine().await;
         let state = tempfile::tempdir().unwrap();
-        let mut process = tokio::process::Command::new(env!("CARGO_BIN_EXE_kernelbox"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
+        let mut process = common::serve_command(&label, TOKEN)
+            .arg("--state-dir")
             .arg(state.path())
-            .arg("--label")
-            .arg(format!("{}={label}", common::CASE))
             .args(extra)
-            .env("KERNELBOX_TOKEN", TOKEN)
-            .env_remove("KERNELBOX_TENANTS")
-            .stderr(std::process::Stdio::piped())
-            .kill_on_drop(true)
             .spawn()
             .expect("spawn kernelbox serve");
         let mut lines = tokio::io::BufReader::new(process.stderr.take().unwrap()).lines();

@@ -288,16 +288,11 @@ async fn kill_9_of_a_server_with_a_pool_leaves_no_pooled_kernel_behind() {
     let engine = common::engine().await;
     let label = common::unique("pool-serve");
     let state = tempfile::tempdir().unwrap();
-    let mut server = tokio::process::Command::new(env!("CARGO_BIN_EXE_kernelbox"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--pool", "3"])
-        .arg("--label")
-        .arg(format!("{CASE}={label}"))
-        .env("KERNELBOX_TOKEN", "pool-token")
+    let mut server = common::serve_command(&label, "pool-token")
+        .args(["--pool", "3"])
         .env("KERNELBOX_STATE_DIR", state.path())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(server.stderr.take().unwrap()).lines();

@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-use common::{assert_clean, containers, engine, unique, volumes, CASE};
+use common::{assert_clean, containers, engine, unique, volumes};
 use kernelbox::Engine;
 
 const TOKEN: &str = "restart-token";
@@ -34,18 +34,12 @@ struct Server {
 }
 
 fn serve_command(state: &Path, label: &str) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kernelbox"));
-    cmd.args(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
+    let mut cmd = common::serve_command(label, TOKEN);
+    cmd.arg("--state-dir")
         .arg(state)
-        .arg("--label")
-        .arg(format!("{CASE}={label}"))
-        .env("KERNELBOX_TOKEN", TOKEN)
-        .env_remove("KERNELBOX_TENANTS")
         .env_remove("KERNELBOX_STATE_DIR")
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
+        .stdout(Stdio::null());
     cmd
 }
 

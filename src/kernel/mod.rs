@@ -288,6 +288,13 @@ impl Shared {
         }
     }
 
+    /// Removes the container once no rename of it is under way (see `naming`): every
+    /// removal of a kernel by kernelbox goes through here.
+    async fn remove_container(&self, engine: &dyn Engine, id: &str) -> Result<(), EngineError> {
+        let _naming = self.naming.lock().await;
+        engine.remove_container(id).await
+    }
+
     /// Records why the kernel is gone; the first cause recorded wins.
     fn die(&self, death: Death) {
         let mut current = self.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -447,10 +454,10 @@ impl Kernel {
         self.shared.die(Death::Disposed);
         self.drain.cancel();
         // Dead from here on: a rename under way ends first and none starts after.
-        let removed = {
-            let _naming = self.shared.naming.lock().await;
-            self.engine.remove_container(&self.id).await
-        };
+        let removed = self
+            .shared
+            .remove_container(self.engine.as_ref(), &self.id)
+            .await;
         self.cancel.cancel();
         removed?;
         remove_volume_when_free(self.engine.as_ref(), &self.volume).await

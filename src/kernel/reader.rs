@@ -184,11 +184,7 @@ pub(super) async fn reader_task(mut task: ReaderTask) {
         let closed = async {
             let _ = task.events.tx.send(IoEvent::Closed).await;
         };
-        let remove = async {
-            // Not while a rename is under way (see `Shared::naming`).
-            let _naming = task.shared.naming.lock().await;
-            task.engine.remove_container(&task.id).await
-        };
+        let remove = task.shared.remove_container(task.engine.as_ref(), &task.id);
         tokio::select! {
             _ = task.cancel.cancelled() => {}
             (removed, (), ()) = futures::future::join3(remove, drain, closed) => {

@@ -243,3 +243,18 @@ pub fn memory_of(pid: u32) -> (u64, u64) {
     };
     (field("VmRSS:"), field("VmHWM:"))
 }
+
+/// `kernelbox serve` on a free loopback port, labelled `CASE=label`, with one bearer token
+/// and no tenants file from the environment; its stderr piped (the address is read from it,
+/// [`serving_addr`]) and the process killed when dropped. Callers add their own flags and
+/// environment.
+pub fn serve_command(label: &str, token: &str) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_kernelbox"));
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--label"])
+        .arg(format!("{CASE}={label}"))
+        .env("KERNELBOX_TOKEN", token)
+        .env_remove("KERNELBOX_TENANTS")
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    cmd
+}

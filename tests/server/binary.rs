@@ -5,7 +5,7 @@ use std::time::Duration;
 use serde_json::json;
 use tokio::io::AsyncBufReadExt;
 
-use crate::common::{self, CASE};
+use crate::common;
 use crate::http::Api;
 
 #[tokio::test(flavor = "multi_thread")]
@@ -13,14 +13,8 @@ async fn sigterm_lets_the_running_cell_finish_then_removes_everything_and_exits_
     let label = common::unique("srv-sigterm");
     let engine = common::engine().await;
     let state = tempfile::tempdir().expect("state dir");
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_kernelbox"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--label"])
-        .arg(format!("{CASE}={label}"))
-        .env("KERNELBOX_TOKEN", "tok-bin")
+    let mut child = common::serve_command(&label, "tok-bin")
         .env("KERNELBOX_STATE_DIR", state.path())
-        .env_remove("KERNELBOX_TENANTS")
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
         .spawn()
         .expect("spawn kernelbox serve");
     let stderr = child.stderr.take().expect("stderr");
@@ -62,17 +56,12 @@ async fn sigterm_stops_the_server_even_with_its_stderr_closed() {
     let label = common::unique("srv-stderr-closed");
     let engine = common::engine().await;
     let state = tempfile::tempdir().expect("state dir");
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_kernelbox"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--pool", "1", "--label"])
-        .arg(format!("{CASE}={label}"))
-        .env("KERNELBOX_TOKEN", "tok-bin")
+    let mut child = common::serve_command(&label, "tok-bin")
+        .args(["--pool", "1"])
         .env("KERNELBOX_STATE_DIR", state.path())
         // Log lines all along the shutdown: each write to the closed stderr fails.
         .env("KERNELBOX_LOG", "debug")
-        .env_remove("KERNELBOX_TENANTS")
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
         .spawn()
         .expect("spawn kernelbox serve");
     let stderr = child.stderr.take().expect("stderr");
