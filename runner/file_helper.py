@@ -1,9 +1,15 @@
 # kernelbox file helper: file operations inside a kernel's container, run by the host with the
-# engine's exec API as `python3 -I -S -c <this file> serve` as the kernel's user, in the
-# kernel's container (its namespaces, cgroup and limits). Standard library only. One helper
-# serves requests one after another until EOF on stdin: the host keeps one resident per kernel
-# while files are used, and runs a one-shot one beside it when it is busy (README "Files in
-# and out of a kernel").
+# engine's exec API as `python3 -I -S -c <this file> serve [SOCKET TOKEN]` as the kernel's
+# user, in the kernel's container (its namespaces, cgroup and limits). Standard library only.
+# One helper serves requests one after another until EOF on its channel: the host keeps one
+# resident per kernel while files are used, and runs a one-shot one beside it when it is busy
+# (README "Files in and out of a kernel").
+#
+# The channel: given SOCKET and TOKEN, the helper connects to that Unix socket (the host
+# listens on it in the directory it bind-mounts read-only at /run/kernelbox), sends TOKEN, and
+# writes `Y` on stdout; requests, uploads and answers then all go over the socket, and stdout
+# carries nothing more. When it cannot connect (a kernel made without that directory), or
+# without SOCKET, it writes `N` (only with SOCKET) and uses stdin and stdout as below.
 #
 # Every path is a JSON list of plain names relative to /work. It is walked one component at a
 # time with os.open(name, O_NOFOLLOW | O_DIRECTORY, dir_fd=parent) from /work, so a symlink
@@ -13,12 +19,12 @@
 # replaces a symlink, it does not write through it).
 #
 # Protocol (docs/architecture.md "File transport"):
-#   stdin   a request: a 4-byte big-endian length and that many bytes of JSON
+#   in      a request: a 4-byte big-endian length and that many bytes of JSON
 #           {"op": "write"|"untar"|"read"|"tar"|"remove", "path": [names]}. For `write` and
 #           `untar`, once the helper acknowledged it (an A frame), the upload: frames of a
 #           4-byte big-endian length and that many bytes; a zero-length frame ends it. EOF
 #           before it aborts: nothing is left. EOF between requests ends the helper.
-#   stdout  frames of a 1-byte kind, a 4-byte big-endian length and that many bytes:
+#   out     frames of a 1-byte kind, a 4-byte big-endian length and that many bytes:
 #           A (empty: send the upload), H (a read's JSON header: {"kind": "file", "size"},
 #           {"kind": "dir", "entries", "truncated"} or {"kind": "tar"}), D (data of a read) and
 #           S, the JSON status that ends every request: {"ok": true, ...} or
@@ -28,13 +34,17 @@
 import errno
 import json
 import os
+import socket
 import stat
 import sys
 import time
 
 WORK = "/work"
+# The channel's ends: stdin and stdout, or both the socket (`connect`).
 IN = 0
 OUT = 1
+# The socket, when the channel is one (kept open for the helper's life).
+CHANNEL = []
 CHUNK = 1024 * 1024
 # Longest request frame read from the host.
 MAX_REQUEST = 64 * 1024
@@ -83,7 +93,7 @@ def status(obj):
 
 
 def read_exact(n):
-    """n bytes of stdin; fewer only at EOF."""
+    """n bytes of the channel; fewer only at EOF."""
     parts = []
     while n:
         data = os.read(IN, n)
@@ -177,7 +187,7 @@ def iso(t):
 
 
 class Frames:
-    """The upload on stdin, as a file object; `complete` once the end frame arrived."""
+    """The upload on the channel, as a file object; `complete` once the end frame arrived."""
 
     def __init__(self):
         self.left = 0
@@ -214,27 +224,41 @@ class Frames:
         return data
 
     def copy_to(self, fd):
-        """Writes the whole upload to fd; returns its size. Moves the bytes from the stdin
-        pipe to the file in the kernel (os.splice) when it can, else reads and writes."""
+        """Writes the whole upload to fd; returns its size. Moves the bytes to the file in the
+        kernel with os.splice when it can (straight from a stdin pipe; from the socket through
+        a pipe of its own), else reads and writes."""
         size = 0
         splice = getattr(os, "splice", None)
-        while self.next_frame():
-            if splice is not None:
-                try:
-                    moved = splice(IN, fd, self.left)
-                except OSError as e:
-                    if e.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
-                        raise
-                    splice = None
+        pipe = None
+        try:
+            while self.next_frame():
+                if splice is not None:
+                    try:
+                        if CHANNEL and pipe is None:
+                            pipe = os.pipe()
+                            widen(pipe[1])
+                        moved = splice(IN, pipe[1] if CHANNEL else fd, min(self.left, CHUNK))
+                    except OSError as e:
+                        if e.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                            raise
+                        splice = None
+                        continue
+                    # Bytes in the pipe go to the file or the upload fails: never a fallback.
+                    left = moved if CHANNEL else 0
+                    while left:
+                        left -= splice(pipe[0], fd, left)
+                    if not moved:
+                        raise Refused("aborted", "the upload ended before its end")
+                    self.left -= moved
+                    size += moved
                     continue
-                if not moved:
-                    raise Refused("aborted", "the upload ended before its end")
-                self.left -= moved
-                size += moved
-                continue
-            data = self.read(CHUNK)
-            write_all_fd(fd, data)
-            size += len(data)
+                data = self.read(CHUNK)
+                write_all_fd(fd, data)
+                size += len(data)
+        finally:
+            if pipe is not None:
+                os.close(pipe[0])
+                os.close(pipe[1])
         return size
 
     def drain_to_end(self):
@@ -715,38 +739,59 @@ def serve_one():
             answer = {"ok": False, "code": "no_space", "message": "the working directory is full"}
         else:
             answer = {"ok": False, "code": "io", "message": str(e)}
-        keep = not isinstance(e, BrokenPipeError)
+        keep = not isinstance(e, ConnectionError)
     except BaseException as e:
         answer = {"ok": False, "code": "internal", "message": "%s: %s" % (type(e).__name__, e)}
         keep = False
     if MID_FRAME[0]:
         return False
-    # After an acknowledged upload stopped short, stdin is mid-upload: this helper is done.
+    # After an acknowledged upload stopped short, the channel is mid-upload: this helper is done.
     keep = keep and (frames.complete or not frames.acked)
     status(answer)
     return keep
 
 
-def widen_pipes():
-    """Asks for 1 MiB pipe buffers on stdin and stdout (the default 64 KiB makes the engine's
-    copier and the helper wake each other far more often); best effort."""
+def widen(fd):
+    """Asks for a 1 MiB pipe buffer on fd (the default 64 KiB makes the two ends wake each
+    other far more often); best effort."""
     try:
         import fcntl
 
-        for fd in (IN, OUT):
-            fcntl.fcntl(fd, 1031, CHUNK)  # F_SETPIPE_SZ
+        fcntl.fcntl(fd, 1031, CHUNK)  # F_SETPIPE_SZ
     except (ImportError, OSError):
         pass
 
 
+def connect(path, token):
+    """Makes the socket at `path` the channel, presenting `token`; says `Y` on stdout when it
+    is, `N` when it cannot be reached (stdin and stdout stay the channel)."""
+    global IN, OUT
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+        sock.sendall(token.encode("ascii"))
+    except OSError:
+        sock.close()
+        os.write(1, b"N")
+        return
+    CHANNEL.append(sock)
+    IN = OUT = sock.fileno()
+    os.write(1, b"Y")
+
+
 def main():
-    if sys.argv[1:] != ["serve"]:
-        raise SystemExit("usage: file_helper.py serve")
-    widen_pipes()
+    args = sys.argv[1:]
+    if not (args == ["serve"] or (len(args) == 3 and args[0] == "serve")):
+        raise SystemExit("usage: file_helper.py serve [SOCKET TOKEN]")
+    if len(args) == 3:
+        connect(args[1], args[2])
+    if not CHANNEL:
+        widen(IN)
+        widen(OUT)
     try:
         while serve_one():
             pass
-    except BrokenPipeError:
+    except ConnectionError:
         pass
 
 

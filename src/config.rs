@@ -132,6 +132,12 @@ pub struct Config {
     /// How long a kernel's resident file helper may stay idle before it is ended (README
     /// "Files in and out of a kernel"); the next file operation starts a new one.
     pub file_helper_idle: Duration,
+    /// Host directory of the file helpers' channels (README "Files in and out of a kernel"):
+    /// bind-mounted read-only into every kernel, where the host listens on a Unix socket for
+    /// each helper it starts, so file bytes bypass the engine's exec streams. It must be the
+    /// same path for the engine as for this process. `None`: the exec streams carry them.
+    /// The orchestrator creates it (mode 0711) when it starts, or goes without it, saying why.
+    pub file_sockets: Option<PathBuf>,
     /// Directory of the durable owner catalog (created if missing), so that the state lost
     /// by a restart of this process is reported to owners and generations keep counting.
     /// One process per directory. `None` (the default): no catalog, nothing survives.
@@ -184,8 +190,29 @@ impl Default for Config {
             download_min_rate: 64 * 1024,
             download_rate_grace: std::time::Duration::from_secs(30),
             file_helper_idle: Duration::from_secs(30),
+            file_sockets: Some(default_file_sockets()),
         }
     }
+}
+
+/// The default [`Config::file_sockets`]: `$XDG_RUNTIME_DIR/kernelbox`, else `/run/kernelbox`
+/// for root, else `/tmp/kernelbox-UID`.
+pub fn default_file_sockets() -> PathBuf {
+    if let Some(dir) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir).join("kernelbox");
+    }
+    match effective_uid() {
+        Some(0) => PathBuf::from("/run/kernelbox"),
+        Some(uid) => PathBuf::from(format!("/tmp/kernelbox-{uid}")),
+        None => std::env::temp_dir().join("kernelbox"),
+    }
+}
+
+/// This process's effective uid (`Uid:` in /proc/self/status), `None` when unreadable.
+pub fn effective_uid() -> Option<u32> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find_map(|l| l.strip_prefix("Uid:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// A configuration value that cannot be used; the message names the field.

@@ -1509,9 +1509,100 @@ fn forge(forged: &str) -> String {
     )
 }
 
+/// The helper as a cell sees it: its file descriptors, by the resident helper's pid.
+const HELPER_FDS: &str = "import os\npids = [p for p in os.listdir('/proc') if p.isdigit() and \
+     b'kernelbox file helper' in open('/proc/%s/cmdline' % p, 'rb').read()]\n\
+     kinds = sorted(set(os.readlink('/proc/%s/fd/%s' % (pids[0], f)).split(':')[0] \
+     for f in os.listdir('/proc/%s/fd' % pids[0])))\nprint(len(pids), kinds)";
+
+/// File bytes bypass the engine's exec streams: the resident helper holds a socket (its
+/// channel), the channels' directory cannot be listed or written from a cell, and bytes a
+/// cell writes on the helper's stdout (which carries nothing now) fail that one transfer.
+#[tokio::test(flavor = "multi_thread")]
+async fn transfers_go_over_the_helpers_socket_which_a_cell_cannot_list_or_reach() {
+    let served = Served::start("files-channel", &["--pool", "0"]).await;
+    let s = Session::new(&served.api, "channel");
+    let data = random_bytes(3 * 1024 * 1024 + 7);
+    assert_eq!(
+        s.put("d.bin", data.clone()).await.status,
+        StatusCode::CREATED
+    );
+    let reply = s.get("d.bin").await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert!(reply.body == data, "the bytes differ");
+    let result = s.run(HELPER_FDS).await;
+    assert_eq!(
+        output(&result),
+        "1 ['pipe', 'socket']",
+        "the resident helper holds no socket: {result}"
+    );
+    let result = s
+        .run(
+            "import os\ntry:\n    os.listdir('/run/kernelbox'); print('listed')\n\
+             except PermissionError: print('refused')\n\
+             try:\n    open('/run/kernelbox/x.sock', 'w'); print('written')\n\
+             except OSError as e: print(type(e).__name__)",
+        )
+        .await;
+    assert_eq!(output(&result), "refused\nOSError", "{result}");
+    // Bytes on the helper's stdout: that transfer fails, the next works.
+    let result = s.run(&forge("b'Dxxxx'")).await;
+    assert_eq!(output(&result), "1", "{result}");
+    let reply = s.get("d.bin").await;
+    assert_eq!(reply.status, StatusCode::INTERNAL_SERVER_ERROR);
+    let error = reply.json();
+    assert_eq!(error["error"]["code"], "file_helper", "{error}");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("wrote on its stdout"),
+        "{error}"
+    );
+    let reply = s.get("d.bin").await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.json());
+    assert!(reply.body == data, "the bytes differ");
+    served.finish().await;
+}
+
+/// A kernel whose helper cannot reach the channels' directory (here: made unreachable for
+/// the kernel's user after the server started) still moves files, over the exec streams.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_helper_that_cannot_reach_its_socket_moves_files_over_the_exec_streams() {
+    let dir = std::env::temp_dir().join(format!("kb-channel-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let arg = dir.to_string_lossy().into_owned();
+    let served = Served::start("files-fallback", &["--pool", "0", "--file-sockets", &arg]).await;
+    let s = Session::new(&served.api, "fallback");
+    assert_eq!(s.run("1").await["status"], "success");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let data = random_bytes(2 * 1024 * 1024 + 3);
+    assert_eq!(
+        s.put("d.bin", data.clone()).await.status,
+        StatusCode::CREATED
+    );
+    let reply = s.get("d.bin").await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert!(reply.body == data, "the bytes differ");
+    let result = s.run(HELPER_FDS).await;
+    assert_eq!(output(&result), "1 ['pipe']", "{result}");
+    served.finish().await;
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert!(left.is_empty(), "sockets left behind: {left:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Frames forged on the exec streams (`--file-sockets none`), where a cell can reach them
+/// through /proc: with the socket channel it cannot (the next test), but the host reads
+/// either channel with the same bounded reader.
 #[tokio::test(flavor = "multi_thread")]
 async fn forged_resident_helper_output_fails_that_transfer_clearly_and_the_next_works() {
-    let served = Served::start("files-forged", &["--pool", "0"]).await;
+    let served = Served::start("files-forged", &["--pool", "0", "--file-sockets", "none"]).await;
     let pid = served.process.id().unwrap();
     let forger = Session::new(&served.api, "forge");
     let data = random_bytes(1024 * 1024);

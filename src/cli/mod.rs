@@ -144,6 +144,13 @@ pub struct KernelOpts {
     /// then dropped.
     #[arg(long, env = "KERNELBOX_DISPLAY_CELL_BYTES", default_value = "20m", value_parser = parse_bytes)]
     display_cell_bytes: i64,
+    /// Host directory, shared with every kernel (bind-mounted read-only), where file
+    /// transfers meet their kernel's helper on a Unix socket instead of going through the
+    /// engine's exec streams; it must be the same path for the engine as for this process.
+    /// `none`: the exec streams. Default: $XDG_RUNTIME_DIR/kernelbox, else /run/kernelbox
+    /// for root, else /tmp/kernelbox-UID.
+    #[arg(long, env = "KERNELBOX_FILE_SOCKETS")]
+    file_sockets: Option<PathBuf>,
     /// Extra label KEY=VALUE on everything created (repeatable).
     #[arg(long = "label", value_parser = parse_label)]
     labels: Vec<(String, String)>,
@@ -168,6 +175,11 @@ impl KernelOpts {
             ..Config::default()
         };
         config.sandbox.memory_bytes = self.memory;
+        match &self.file_sockets {
+            Some(dir) if dir.as_os_str() == "none" => config.file_sockets = None,
+            Some(dir) => config.file_sockets = Some(dir.clone()),
+            None => {}
+        }
         config.max_upload_bytes = u64::try_from(self.max_upload).unwrap_or(0);
         config.sandbox.nano_cpus = (self.cpus * 1e9) as i64;
         config.sandbox.pids_limit = self.pids;

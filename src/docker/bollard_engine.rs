@@ -201,10 +201,15 @@ impl Engine for BollardEngine {
                     target: Some(target.clone()),
                     ..Default::default()
                 },
-                Mount::Bind { source, target } => BollardMount {
+                Mount::Bind {
+                    source,
+                    target,
+                    read_only,
+                } => BollardMount {
                     typ: Some(MountType::BIND),
                     source: Some(source.clone()),
                     target: Some(target.clone()),
+                    read_only: Some(*read_only),
                     ..Default::default()
                 },
             })

@@ -93,6 +93,8 @@ pub enum Mount {
         source: String,
         /// Path in the container.
         target: String,
+        /// Mounted read-only.
+        read_only: bool,
     },
 }
 

@@ -33,6 +33,8 @@ mod staging;
 pub mod protocol;
 pub mod stdin;
 
+pub use files::prepare_socket_dir;
+
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};

@@ -153,11 +153,20 @@ impl Kernel {
                     Mount::Bind {
                         source: dir.to_string_lossy().into_owned(),
                         target: WORK_DIR.into(),
+                        read_only: false,
                     },
                 ],
                 STAGING_DIR_PROJECT.to_string(),
             ),
         };
+        let mut mounts = mounts;
+        if let Some(dir) = &config.file_sockets {
+            mounts.push(Mount::Bind {
+                source: dir.to_string_lossy().into_owned(),
+                target: files::SOCKET_DIR_IN_KERNEL.into(),
+                read_only: true,
+            });
+        }
         let status_path = format!("{spill_dir}/status");
         labels.insert(crate::labels::STATUS.into(), status_path.clone());
         let spec = ContainerSpec {
@@ -257,6 +266,7 @@ impl Kernel {
             cancel: cancel.clone(),
             files: Arc::new(files::Resident::new(
                 config.file_helper_idle,
+                config.file_sockets.clone(),
                 tracker.clone(),
                 cancel.clone(),
             )),

@@ -150,6 +150,23 @@ impl Orchestrator {
             None => None,
         };
         engine.ping().await?;
+        let mut config = config;
+        if let Some(dir) = config.file_sockets.clone() {
+            let prepared =
+                tokio::task::spawn_blocking(move || crate::kernel::prepare_socket_dir(&dir)).await;
+            if let Some(why) = match prepared {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(e.to_string()),
+                Err(e) => Some(e.to_string()),
+            } {
+                // Files still move, through the engine's exec streams (slower).
+                tracing::warn!(
+                    dir = %config.file_sockets.as_ref().map(|d| d.display().to_string()).unwrap_or_default(),
+                    "file channel directory unusable ({why}): files go through the engine's exec streams"
+                );
+                config.file_sockets = None;
+            }
+        }
         let instance = Instance::current();
         let labels = instance.labels(&config.extra_labels);
         if config.sweep_on_start {

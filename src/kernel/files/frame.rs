@@ -6,7 +6,7 @@ use futures::StreamExt;
 use serde::Deserialize;
 
 use super::FILE_IDLE_TIMEOUT;
-use crate::docker::{Chunk, EngineError};
+use crate::docker::Chunk;
 use crate::files::TransferError;
 
 /// Longest header line read from the helper: the helper truncates a listing before its line
@@ -22,7 +22,9 @@ const MAX_STATUS: usize = 64 * 1024;
 /// Stderr kept from a helper (shown when it ends without a status).
 const MAX_STDERR: usize = 64 * 1024;
 
-pub(super) type Output = BoxStream<'static, Result<Chunk, EngineError>>;
+/// What a helper writes: its frames as stdout chunks (from the exec's stdout, or from its
+/// channel's socket), its stderr as stderr chunks.
+pub(super) type Output = BoxStream<'static, Result<Chunk, TransferError>>;
 
 /// A helper's status frame.
 #[derive(Debug, Default, Deserialize)]
@@ -117,6 +119,24 @@ impl Reader {
             stderr: Stderr::default(),
             received: 0,
         }
+    }
+
+    /// The same output with its frames from elsewhere: `output(self.output)` gives the new
+    /// output (`src/kernel/files/channel.rs`); what stderr said so far is kept. Stdout bytes
+    /// read and not consumed are a breach.
+    pub(super) fn rebuild(
+        self,
+        output: impl FnOnce(Output) -> Output,
+    ) -> Result<Reader, TransferError> {
+        if !self.rest.is_empty() {
+            return Err(breach("bytes on stdout after its first"));
+        }
+        Ok(Reader {
+            output: output(self.output),
+            rest: Bytes::new(),
+            stderr: self.stderr,
+            received: 0,
+        })
     }
 
     /// The next stdout bytes (all of them that arrived at once) by `deadline`; `None` when

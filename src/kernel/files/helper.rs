@@ -10,7 +10,8 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::frame::{Frame, Reader};
+use super::channel::{self, Rendezvous};
+use super::frame::{breach, Frame, Reader};
 use super::FILE_IDLE_TIMEOUT;
 use crate::docker::ExecSpec;
 use crate::files::{FilePath, TransferError};
@@ -24,10 +25,12 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub(super) type Input = std::pin::Pin<Box<dyn AsyncWrite + Send>>;
 
-/// A running helper: its output and its stdin.
+/// A running helper: its output and its input (its channel's socket, or its stdin).
 pub(super) struct Helper {
     pub(super) reader: Reader,
     pub(super) input: Input,
+    /// The exec's stdin when the channel is the socket: held for the helper's life.
+    _stdin: Option<Input>,
 }
 
 impl Helper {
@@ -58,7 +61,7 @@ impl Helper {
         }
     }
 
-    /// Ends an idle helper: EOF on its stdin (it exits between requests), its output drained
+    /// Ends an idle helper: EOF on its input (it exits between requests), its output drained
     /// and dropped as it comes.
     async fn close(mut self) {
         let _ = tokio::time::timeout(CLOSE_TIMEOUT, async {
@@ -92,6 +95,11 @@ pub(in crate::kernel) struct Resident {
     slot: Mutex<Slot>,
     /// How long it may stay idle before it is ended.
     idle: Duration,
+    /// The host directory of the helpers' channels ([`Config::file_sockets`]); `None`: the
+    /// exec streams.
+    ///
+    /// [`Config::file_sockets`]: crate::Config::file_sockets
+    sockets: Option<std::path::PathBuf>,
     /// Owns the idle timers.
     pub(super) tracker: TaskTracker,
     /// The kernel's: cancelled when the kernel goes, which ends the helper.
@@ -111,12 +119,14 @@ enum Take {
 impl Resident {
     pub(in crate::kernel) fn new(
         idle: Duration,
+        sockets: Option<std::path::PathBuf>,
         tracker: TaskTracker,
         cancel: CancellationToken,
     ) -> Self {
         Resident {
             slot: Mutex::new(Slot::Empty),
             idle,
+            sockets,
             tracker,
             cancel,
         }
@@ -209,25 +219,61 @@ impl Drop for Lease {
 }
 
 impl Kernel {
-    /// Starts a helper.
+    /// Starts a helper, on its own channel when the kernel has the channels' directory.
     async fn start_helper(&self) -> Result<Helper, TransferError> {
+        let rendezvous = match &self.files.sockets {
+            Some(dir) => Some(Rendezvous::open(dir)?),
+            None => None,
+        };
+        let mut cmd = vec![
+            "python3".into(),
+            "-I".into(),
+            "-S".into(),
+            "-c".into(),
+            HELPER_SOURCE.into(),
+            "serve".into(),
+        ];
+        cmd.extend(rendezvous.iter().flat_map(Rendezvous::args));
         let spec = ExecSpec {
-            cmd: vec![
-                "python3".into(),
-                "-I".into(),
-                "-S".into(),
-                "-c".into(),
-                HELPER_SOURCE.into(),
-                "serve".into(),
-            ],
+            cmd,
             user: self.user.clone(),
             working_dir: WORK_DIR.into(),
             env: vec!["LANG=C.UTF-8".into(), "PYTHONDONTWRITEBYTECODE=1".into()],
         };
         let attached = self.engine.exec(&self.id, &spec).await?;
+        let mut reader = Reader::new(attached.output.map(|c| c.map_err(Into::into)).boxed());
+        let Some(rendezvous) = rendezvous else {
+            return Ok(Helper {
+                reader,
+                input: attached.input,
+                _stdin: None,
+            });
+        };
+        // Its first byte on stdout says whether it reached the socket.
+        match reader.take(1).await?.as_deref() {
+            Some(b"Y") => {}
+            Some(b"N") => {
+                tracing::warn!(
+                    container = %self.short_id(),
+                    "file helper could not reach its channel (the kernel lacks {}): using the exec streams",
+                    channel::IN_KERNEL_DIR
+                );
+                return Ok(Helper {
+                    reader,
+                    input: attached.input,
+                    _stdin: None,
+                });
+            }
+            Some(_) => return Err(breach("a first byte other than Y or N")),
+            None => return Err(reader.stderr.ended()),
+        }
+        let socket = rendezvous.accept(FILE_IDLE_TIMEOUT).await?;
+        let (read, write) = socket.into_split();
+        let reader = reader.rebuild(|exec| channel::output(read, exec))?;
         Ok(Helper {
-            reader: Reader::new(attached.output),
-            input: attached.input,
+            reader,
+            input: Box::pin(write),
+            _stdin: Some(attached.input),
         })
     }
 

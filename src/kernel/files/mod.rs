@@ -25,6 +25,7 @@
 //!   cut when the kernel goes.
 //! - this file: the step deadline and removal (`Kernel::remove_file`).
 
+mod channel;
 mod frame;
 mod helper;
 mod read;
@@ -36,6 +37,8 @@ use super::Kernel;
 use crate::files::{FilePath, TransferError};
 use frame::{breach, Frame};
 
+pub use channel::prepare_dir as prepare_socket_dir;
+pub(super) use channel::IN_KERNEL_DIR as SOCKET_DIR_IN_KERNEL;
 pub(super) use helper::Resident;
 
 /// How long any one step of a transfer (a chunk from the client, a write to the helper, a

@@ -178,7 +178,7 @@ impl Kernel {
                 return Err(breach("a read's answer to an upload"))
             }
         }
-        let Helper { reader, input } = lease.helper()?;
+        let Helper { reader, input, .. } = lease.helper()?;
         enum First {
             Sent(Result<u64, TransferError>),
             Ended(Result<Frame, TransferError>),

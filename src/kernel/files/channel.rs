@@ -1,0 +1,251 @@
+//! The file channel: the Unix socket a helper's frames travel on instead of the engine's exec
+//! streams (README "Files in and out of a kernel", "The file channel"). The host listens on a
+//! socket with an unguessable name in a directory it owns (mode 0711: kernels can reach a
+//! socket whose name they know, never list the directory), bind-mounted read-only into every
+//! kernel at [`IN_KERNEL_DIR`]; a helper started with that name and a token connects and
+//! presents the token, and the socket is unlinked as soon as it is accepted. A kernel made
+//! without the directory (an engine on another host) keeps the exec streams.
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use rand::Rng;
+use tokio::io::AsyncReadExt;
+use tokio::net::unix::OwnedReadHalf;
+use tokio::net::{UnixListener, UnixStream};
+use tokio_util::io::ReaderStream;
+
+use super::frame::{breach, Output};
+use crate::docker::{Chunk, EngineError};
+use crate::files::TransferError;
+
+/// Where the directory appears inside a kernel.
+pub const IN_KERNEL_DIR: &str = "/run/kernelbox";
+
+/// Connections a listener takes before one presents the token: a cell that knows its own
+/// helper's socket (it is the same user) can knock on it, never hold a transfer forever.
+const MAX_KNOCKS: usize = 8;
+
+/// How long a connection has to present the token.
+const KNOCK_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Longest directory path: a socket's path (the directory, `/`, 32 hex digits and `.sock`)
+/// must fit a Unix socket address (108 bytes).
+const MAX_DIR_LEN: usize = 64;
+
+/// Bytes read from the socket at a time.
+const READ_CHUNK: usize = 256 * 1024;
+
+/// Makes `dir` ready to hold the channels' sockets: created if missing, a directory this
+/// process owns (not a symlink), mode 0711; sockets an earlier process left are removed.
+pub fn prepare_dir(dir: &Path) -> std::io::Result<()> {
+    use std::io::{Error, ErrorKind};
+    let text = dir.as_os_str().len();
+    if !dir.is_absolute() || text > MAX_DIR_LEN {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!("must be an absolute path of at most {MAX_DIR_LEN} bytes"),
+        ));
+    }
+    std::fs::create_dir_all(dir)?;
+    let meta = std::fs::symlink_metadata(dir)?;
+    if !meta.is_dir() {
+        return Err(Error::new(ErrorKind::InvalidInput, "not a directory"));
+    }
+    let me = crate::config::effective_uid();
+    if Some(meta.uid()) != me {
+        return Err(Error::new(
+            ErrorKind::PermissionDenied,
+            format!("owned by uid {}, not this process's", meta.uid()),
+        ));
+    }
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))?;
+    for entry in std::fs::read_dir(dir)?.flatten() {
+        let path = entry.path();
+        let stale = path.extension().is_some_and(|e| e == "sock")
+            && matches!(
+                std::os::unix::net::UnixStream::connect(&path),
+                Err(e) if e.kind() == ErrorKind::ConnectionRefused
+            );
+        if stale {
+            let _ = std::fs::remove_file(&path);
+        }
+    }
+    Ok(())
+}
+
+/// A socket waiting for one helper; unlinked when dropped.
+pub(super) struct Rendezvous {
+    listener: UnixListener,
+    path: PathBuf,
+    name: String,
+    token: String,
+}
+
+impl Rendezvous {
+    /// Listens on a new socket in `dir`.
+    pub(super) fn open(dir: &Path) -> Result<Rendezvous, TransferError> {
+        let mut rng = rand::rng();
+        let name = format!("{}.sock", hex::encode(rng.random::<[u8; 16]>()));
+        let token = hex::encode(rng.random::<[u8; 16]>());
+        let path = dir.join(&name);
+        let failed = |e: std::io::Error| {
+            TransferError::Helper(format!("listening on {}: {e}", path.display()))
+        };
+        let listener = UnixListener::bind(&path).map_err(failed)?;
+        let rendezvous = Rendezvous {
+            listener,
+            path: path.clone(),
+            name,
+            token,
+        };
+        // The kernel's user connects; the name, in a directory it cannot list, and the token
+        // keep everyone else out.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).map_err(failed)?;
+        Ok(rendezvous)
+    }
+
+    /// The helper's arguments: the socket as the kernel sees it, and the token.
+    pub(super) fn args(&self) -> [String; 2] {
+        [format!("{IN_KERNEL_DIR}/{}", self.name), self.token.clone()]
+    }
+
+    /// The first connection that presents the token, within `deadline`; at most
+    /// [`MAX_KNOCKS`] connections are tried. The socket is unlinked either way.
+    pub(super) async fn accept(self, deadline: Duration) -> Result<UnixStream, TransferError> {
+        let knocks = async {
+            for _ in 0..MAX_KNOCKS {
+                let (mut stream, _) =
+                    self.listener.accept().await.map_err(|e| {
+                        TransferError::Helper(format!("accepting its channel: {e}"))
+                    })?;
+                let mut token = [0u8; 32];
+                let presented =
+                    tokio::time::timeout(KNOCK_TIMEOUT, stream.read_exact(&mut token)).await;
+                if matches!(presented, Ok(Ok(_))) && token == self.token.as_bytes() {
+                    return Ok(stream);
+                }
+            }
+            Err(breach("its channel was knocked on without the token"))
+        };
+        match tokio::time::timeout(deadline, knocks).await {
+            Ok(result) => result,
+            Err(_) => Err(TransferError::Stalled(deadline)),
+        }
+    }
+}
+
+impl Drop for Rendezvous {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// A helper's output once its channel is the socket: the socket's bytes as its stdout, and
+/// from the exec only stderr (a byte on the exec's stdout is a breach: nothing goes there).
+pub(super) fn output(socket: OwnedReadHalf, exec: Output) -> Output {
+    let socket = ReaderStream::with_capacity(socket, READ_CHUNK).map(|read| {
+        read.map(Chunk::Stdout).map_err(|e| {
+            TransferError::Engine(EngineError::Other {
+                op: "file channel",
+                target: "helper".into(),
+                message: e.to_string(),
+            })
+        })
+    });
+    let exec = exec.map(|chunk| match chunk {
+        Ok(Chunk::Stdout(bytes)) if !bytes.is_empty() => Err(breach(
+            "it wrote on its stdout, which carries nothing once its channel is the socket",
+        )),
+        Ok(Chunk::Stdout(_)) => Ok(Chunk::Stdout(Bytes::new())),
+        other => other,
+    });
+    futures::stream::select(socket, exec).boxed()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::UnixStream;
+
+    use super::{prepare_dir, Rendezvous};
+
+    fn dir(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("kb-chan-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        prepare_dir(&dir).unwrap();
+        dir
+    }
+
+    /// The socket path of `r` on the host.
+    fn host_path(dir: &std::path::Path, r: &Rendezvous) -> std::path::PathBuf {
+        dir.join(r.args()[0].rsplit('/').next().unwrap())
+    }
+
+    #[tokio::test]
+    async fn only_a_connection_presenting_the_token_is_accepted_and_the_socket_goes() {
+        let dir = dir("token");
+        let r = Rendezvous::open(&dir).unwrap();
+        let path = host_path(&dir, &r);
+        let token = r.args()[1].clone();
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(&dir).unwrap().permissions(),
+        );
+        assert_eq!(mode & 0o777, 0o711, "the directory must not be listable");
+        // A knock with a wrong token, one that says nothing (cut), then the helper.
+        let mut wrong = UnixStream::connect(&path).await.unwrap();
+        wrong.write_all(&[b'0'; 32]).await.unwrap();
+        drop(UnixStream::connect(&path).await.unwrap());
+        let mut right = UnixStream::connect(&path).await.unwrap();
+        right.write_all(token.as_bytes()).await.unwrap();
+        right.write_all(b"hello").await.unwrap();
+        let mut accepted = r.accept(Duration::from_secs(5)).await.unwrap();
+        let mut got = [0u8; 5];
+        accepted.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"hello");
+        assert!(!path.exists(), "the socket is unlinked once accepted");
+        // The wrong knock was dropped.
+        let mut rest = Vec::new();
+        assert_eq!(wrong.read_to_end(&mut rest).await.unwrap_or(0), 0);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn a_channel_knocked_on_without_the_token_is_refused_after_a_bounded_number_of_tries() {
+        let dir = dir("knocks");
+        let r = Rendezvous::open(&dir).unwrap();
+        let path = host_path(&dir, &r);
+        let mut knocks = Vec::new();
+        for _ in 0..20 {
+            let mut k = UnixStream::connect(&path).await.unwrap();
+            k.write_all(&[b'x'; 32]).await.unwrap();
+            knocks.push(k);
+        }
+        let error = r.accept(Duration::from_secs(5)).await.unwrap_err();
+        assert!(error.to_string().contains("without the token"), "{error}");
+        assert!(!path.exists(), "the socket is unlinked when refused");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_directory_owned_by_someone_else_or_a_symlink_is_refused() {
+        let base = dir("owner");
+        let link = base.join("link");
+        std::os::unix::fs::symlink("/tmp", &link).unwrap();
+        assert!(prepare_dir(&link).is_err(), "a symlink was accepted");
+        assert!(prepare_dir(std::path::Path::new("relative")).is_err());
+        let other = base.join("other");
+        std::fs::create_dir(&other).unwrap();
+        // Only root can give a directory away; as anyone else this half has nothing to test.
+        if std::os::unix::fs::chown(&other, Some(12345), None).is_ok() {
+            let error = prepare_dir(&other).unwrap_err();
+            assert!(error.to_string().contains("owned by uid 12345"), "{error}");
+        }
+        let _ = std::fs::remove_dir_all(&base);
+    }
+}
