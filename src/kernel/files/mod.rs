@@ -3,7 +3,9 @@
 //! (docs/architecture.md "File transport"). A helper serves requests one after another: the
 //! kernel keeps one resident, started by the first file operation, reused by the next ones
 //! and ended after [`Config::file_helper_idle`](crate::Config::file_helper_idle) without use
-//! or when the kernel goes; a transfer that finds it busy runs on a one-shot helper.
+//! or when the kernel goes; a transfer that finds it busy runs on a one-shot helper. Its
+//! frames travel on its channel: a Unix socket the host listens on (`channel.rs`), or, in a
+//! kernel made without the channels' directory, the exec's stdin and stdout.
 //!
 //! Framing: a request frame in (a 4-byte length and its JSON), then for an upload, once the
 //! helper acknowledged it, length-prefixed frames and a zero frame to commit; out, frames of
@@ -16,6 +18,8 @@
 //! (an error, a deadline, a protocol doubt, a download dropped mid-way) drops it, and the
 //! next transfer starts a fresh one.
 //!
+//! - `channel.rs`: the Unix socket a helper's frames travel on instead of the exec streams,
+//!   in the host directory bind-mounted into kernels, and its preparation.
 //! - `frame.rs`: what a helper writes: its frames (`Frame`, `Status`), read whole and bounded
 //!   from a stream that stays open (`Reader`), and its stderr.
 //! - `helper.rs`: a running helper (`Helper`), the kernel's resident one (`Resident`), and the
