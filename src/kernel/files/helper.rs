@@ -20,7 +20,7 @@ use crate::kernel::{Kernel, WORK_DIR};
 /// The helper's source, sent on its command line.
 const HELPER_SOURCE: &str = include_str!("../../../runner/file_helper.py");
 
-/// How long ending an idle helper may take (its stdin closed, its output drained).
+/// How long ending an idle helper may take (its input closed, its output drained).
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub(super) type Input = std::pin::Pin<Box<dyn AsyncWrite + Send>>;
@@ -221,8 +221,13 @@ impl Drop for Lease {
 impl Kernel {
     /// Starts a helper, on its own channel when the kernel has the channels' directory.
     async fn start_helper(&self) -> Result<Helper, TransferError> {
-        let rendezvous = match &self.files.sockets {
-            Some(dir) => Some(Rendezvous::open(dir)?),
+        let rendezvous = match self.files.sockets.as_deref().map(Rendezvous::open) {
+            Some(Ok(rendezvous)) => Some(rendezvous),
+            // The directory went away or filled up under the server: the exec streams still work.
+            Some(Err(e)) => {
+                tracing::warn!(container = %self.short_id(), error = %e, "file channel unavailable: using the exec streams");
+                None
+            }
             None => None,
         };
         let mut cmd = vec![

@@ -11,7 +11,7 @@ use super::FILE_IDLE_TIMEOUT;
 use crate::files::{ByteStream, FilePath, TransferError, Written};
 use crate::kernel::Kernel;
 
-/// Largest frame written to the helper's stdin.
+/// Largest frame written to the helper's channel.
 const MAX_FRAME: usize = 1024 * 1024;
 
 /// One upload frame: its 4-byte length, then the client's chunks as they came, written with
