@@ -1,15 +1,16 @@
 # kernelbox file helper: file operations inside a kernel's container, run by the host with the
-# engine's exec API as `python3 -I -S -c <this file> serve [SOCKET TOKEN]` as the kernel's
+# engine's exec API as `python3 -I -S -c <this file> serve [--channel]` as the kernel's
 # user, in the kernel's container (its namespaces, cgroup and limits). Standard library only.
 # One helper serves requests one after another until EOF on its channel: the host keeps one
 # resident per kernel while files are used, and runs a one-shot one beside it when it is busy
 # (README "Files in and out of a kernel").
 #
-# The channel: given SOCKET and TOKEN, the helper connects to that Unix socket (the host
-# listens on it in the directory it bind-mounts read-only at /run/kernelbox), sends TOKEN, and
-# writes `Y` on stdout; requests, uploads and answers then all go over the socket, and stdout
-# carries nothing more. When it cannot connect (a kernel made without that directory), or
-# without SOCKET, it writes `N` (only with SOCKET) and uses stdin and stdout as below.
+# The channel: with --channel, the first line on stdin is `SOCKET TOKEN` (never on the command
+# line, which host users can read); the helper connects to that Unix socket (the host listens
+# on it in the directory it bind-mounts read-only at /run/kernelbox), sends TOKEN, and writes
+# `Y` on stdout; requests, uploads and answers then all go over the socket, and stdout carries
+# nothing more. When it cannot connect (a kernel made without that directory) it writes `N`
+# and, as without --channel, uses stdin and stdout as below.
 #
 # Every path is a JSON list of plain names relative to /work. It is walked one component at a
 # time with os.open(name, O_NOFOLLOW | O_DIRECTORY, dir_fd=parent) from /work, so a symlink
@@ -243,10 +244,8 @@ class Frames:
                             raise
                         splice = None
                         continue
-                    # Bytes in the pipe go to the file or the upload fails: never a fallback.
-                    left = moved if CHANNEL else 0
-                    while left:
-                        left -= splice(pipe[0], fd, left)
+                    if CHANNEL and moved:
+                        drain_pipe(pipe[0], fd, moved)
                     if not moved:
                         raise Refused("aborted", "the upload ended before its end")
                     self.left -= moved
@@ -264,6 +263,25 @@ class Frames:
     def drain_to_end(self):
         while self.read(CHUNK):
             pass
+
+
+def drain_pipe(rfd, fd, n):
+    """Moves the n bytes waiting in the pipe rfd to fd: spliced, or read and written where
+    the file does not take splice."""
+    while n:
+        try:
+            moved = os.splice(rfd, fd, n)
+        except OSError as e:
+            if e.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                raise
+            data = os.read(rfd, n)
+            if not data:
+                raise Refused("aborted", "the upload's pipe emptied")
+            write_all_fd(fd, data)
+            moved = len(data)
+        if not moved:
+            raise Refused("aborted", "the upload's pipe emptied")
+        n -= moved
 
 
 def write_all_fd(fd, data):
@@ -762,10 +780,18 @@ def widen(fd):
         pass
 
 
-def connect(path, token):
-    """Makes the socket at `path` the channel, presenting `token`; says `Y` on stdout when it
-    is, `N` when it cannot be reached (stdin and stdout stay the channel)."""
+def connect():
+    """Makes the socket named on stdin's first line the channel, presenting the token after
+    it; says `Y` on stdout when it is, `N` when it cannot be reached (stdin and stdout stay
+    the channel)."""
     global IN, OUT
+    line = b""
+    while not line.endswith(b"\n"):
+        data = os.read(0, 1)
+        if not data or len(line) > 512:
+            raise SystemExit("no channel line on stdin")
+        line += data
+    path, token = line.decode("ascii").split()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(path)
@@ -781,10 +807,10 @@ def connect(path, token):
 
 def main():
     args = sys.argv[1:]
-    if not (args == ["serve"] or (len(args) == 3 and args[0] == "serve")):
-        raise SystemExit("usage: file_helper.py serve [SOCKET TOKEN]")
-    if len(args) == 3:
-        connect(args[1], args[2])
+    if args not in (["serve"], ["serve", "--channel"]):
+        raise SystemExit("usage: file_helper.py serve [--channel]")
+    if args[1:]:
+        connect()
     if not CHANNEL:
         widen(IN)
         widen(OUT)

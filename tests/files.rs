@@ -1516,10 +1516,11 @@ const HELPER_FDS: &str = "import os\npids = [p for p in os.listdir('/proc') if p
      for f in os.listdir('/proc/%s/fd' % pids[0])))\nprint(len(pids), kinds)";
 
 /// File bytes bypass the engine's exec streams: the resident helper holds a socket (its
-/// channel), the channels' directory cannot be listed or written from a cell, and bytes a
-/// cell writes on the helper's stdout (which carries nothing now) fail that one transfer.
+/// channel), whose name and token are not on its command line (host users read those), the
+/// channels' directory cannot be listed or written from a cell, and bytes a cell writes on
+/// the helper's stdout (which carries nothing now) fail that one transfer.
 #[tokio::test(flavor = "multi_thread")]
-async fn transfers_go_over_the_helpers_socket_which_a_cell_cannot_list_or_reach() {
+async fn transfers_go_over_the_helpers_socket_named_nowhere_a_cell_or_host_user_can_list() {
     let served = Served::start("files-channel", &["--pool", "0"]).await;
     let s = Session::new(&served.api, "channel");
     let data = random_bytes(3 * 1024 * 1024 + 7);
@@ -1545,6 +1546,14 @@ async fn transfers_go_over_the_helpers_socket_which_a_cell_cannot_list_or_reach(
         )
         .await;
     assert_eq!(output(&result), "refused\nOSError", "{result}");
+    let result = s
+        .run(
+            "import os\nlines = [open('/proc/%s/cmdline' % p, 'rb').read() for p in os.listdir('/proc') \
+             if p.isdigit()]\nhelpers = [l for l in lines if b'kernelbox file helper' in l]\n\
+             print(len(helpers), any(b'/run/kernelbox/' in l for l in helpers))",
+        )
+        .await;
+    assert_eq!(output(&result), "1 False", "{result}");
     // Bytes on the helper's stdout: that transfer fails, the next works.
     let result = s.run(&forge("b'Dxxxx'")).await;
     assert_eq!(output(&result), "1", "{result}");

@@ -44,6 +44,7 @@ struct State {
 
 struct Container {
     labels: BTreeMap<String, String>,
+    mounts: Vec<super::Mount>,
     name: String,
     running: bool,
     io: Option<(mpsc::Sender<Chunk>, tokio::io::DuplexStream)>,
@@ -60,11 +61,24 @@ pub struct FakeEngine {
     pub create_delay: Arc<Mutex<std::time::Duration>>,
     /// How long a container rename takes (in the test's clock; zero by default).
     pub rename_delay: Arc<Mutex<std::time::Duration>>,
+    /// Host paths this engine does not see (an engine on another host): a container binding
+    /// one is refused, as the real engine refuses a bind source that does not exist.
+    pub unseen_paths: Arc<Mutex<Vec<std::path::PathBuf>>>,
 }
 
 impl FakeEngine {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The mounts a live container (its id or a prefix of it) was created with.
+    pub fn mounts_of(&self, id: &str) -> Option<Vec<super::Mount>> {
+        let state = self.lock();
+        let found = state
+            .containers
+            .iter()
+            .find(|(full, _)| full.starts_with(id));
+        found.map(|(_, c)| c.mounts.clone())
     }
 
     /// Containers ever created.
@@ -227,6 +241,23 @@ impl Engine for FakeEngine {
                 image: spec.image.clone(),
             });
         }
+        let unseen = self
+            .unseen_paths
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        for mount in &spec.mounts {
+            if let super::Mount::Bind { source, .. } = mount {
+                if unseen.iter().any(|p| p.as_os_str() == source.as_str()) {
+                    return Err(EngineError::Api {
+                        op: "create container",
+                        target: spec.image.clone(),
+                        status: 400,
+                        message: format!("invalid mount config for type \"bind\": bind source path does not exist: {source}"),
+                    });
+                }
+            }
+        }
         let mut state = self.lock();
         state.next += 1;
         state.created += 1;
@@ -235,6 +266,7 @@ impl Engine for FakeEngine {
             id.clone(),
             Container {
                 labels: spec.labels.clone(),
+                mounts: spec.mounts.clone(),
                 name: String::new(),
                 running: false,
                 io: None,

@@ -84,6 +84,39 @@ async fn give_way(yield_to: &Option<Yield>) -> Result<(), KernelError> {
     }
 }
 
+/// Checks that the engine can bind-mount [`Config::file_sockets`] into a kernel: a container
+/// made from the configured image with only that mount is created, never started, and
+/// removed. The engine refuses to create it when the directory does not exist where it runs
+/// (an engine on another host, a server in a container without the directory mounted), and
+/// every kernel would then fail to start.
+pub async fn check_file_sockets(
+    engine: &dyn Engine,
+    config: &Config,
+    labels: &BTreeMap<String, String>,
+) -> Result<(), crate::docker::EngineError> {
+    let Some(dir) = &config.file_sockets else {
+        return Ok(());
+    };
+    let mut labels = labels.clone();
+    labels.insert(crate::labels::ROLE.into(), "probe".into());
+    let spec = ContainerSpec {
+        image: config.image.clone(),
+        cmd: vec!["true".into()],
+        env: Vec::new(),
+        user: config.sandbox.user.clone(),
+        working_dir: "/".into(),
+        labels,
+        mounts: vec![Mount::Bind {
+            source: dir.to_string_lossy().into_owned(),
+            target: files::SOCKET_DIR_IN_KERNEL.into(),
+            read_only: true,
+        }],
+        sandbox: config.sandbox.clone(),
+    };
+    let id = engine.create_container(&spec).await?;
+    engine.remove_container(&id).await
+}
+
 /// A created, not yet started, container.
 struct Created {
     id: String,

@@ -150,15 +150,27 @@ impl Orchestrator {
             None => None,
         };
         engine.ping().await?;
+        let instance = Instance::current();
+        let labels = instance.labels(&config.extra_labels);
         let mut config = config;
         if let Some(dir) = config.file_sockets.clone() {
-            let prepared =
-                tokio::task::spawn_blocking(move || crate::kernel::prepare_socket_dir(&dir)).await;
-            if let Some(why) = match prepared {
-                Ok(Ok(())) => None,
-                Ok(Err(e)) => Some(e.to_string()),
-                Err(e) => Some(e.to_string()),
-            } {
+            let why =
+                match tokio::task::spawn_blocking(move || crate::kernel::prepare_socket_dir(&dir))
+                    .await
+                {
+                    Ok(Ok(())) => {
+                        match crate::kernel::check_file_sockets(engine.as_ref(), &config, &labels)
+                            .await
+                        {
+                            // Without the image no kernel starts at all: that is said then.
+                            Ok(()) | Err(crate::EngineError::ImageMissing { .. }) => None,
+                            Err(e) => Some(format!("the engine cannot mount it: {e}")),
+                        }
+                    }
+                    Ok(Err(e)) => Some(e.to_string()),
+                    Err(e) => Some(e.to_string()),
+                };
+            if let Some(why) = why {
                 // Files still move, through the engine's exec streams (slower).
                 tracing::warn!(
                     dir = %config.file_sockets.as_ref().map(|d| d.display().to_string()).unwrap_or_default(),
@@ -167,8 +179,6 @@ impl Orchestrator {
                 config.file_sockets = None;
             }
         }
-        let instance = Instance::current();
-        let labels = instance.labels(&config.extra_labels);
         if config.sweep_on_start {
             let report = sweep::sweep_orphans(engine.as_ref(), &instance, false).await?;
             if !report.containers.is_empty() || !report.volumes.is_empty() {

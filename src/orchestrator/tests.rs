@@ -322,6 +322,36 @@ async fn a_kernel_that_stops_reading_cannot_block_a_timeout() {
     kb.shutdown().await;
 }
 
+/// The file channel's directory is mounted into kernels only when the engine can mount it:
+/// an engine that does not see it (on another host) would refuse every kernel otherwise.
+/// The orchestrator's check leaves no container behind.
+#[tokio::test(start_paused = true)]
+async fn kernels_get_the_file_channel_only_where_the_engine_can_mount_it() {
+    let dir = std::env::temp_dir().join(format!("kb-probe-{}", std::process::id()));
+    for unseen in [false, true] {
+        let fake = FakeEngine::default();
+        if unseen {
+            fake.unseen_paths.lock().unwrap().push(dir.clone());
+        }
+        let config = Config {
+            file_sockets: Some(dir.clone()),
+            ..Config::default()
+        };
+        let kb = Orchestrator::start(config, Arc::new(fake.clone()))
+            .await
+            .expect("start");
+        assert_eq!(fake.live_containers(), 0, "the check left its container");
+        assert_eq!(run(&kb, "conv", "x = 1").await.status, CellStatus::Success);
+        let id = kb.list_kernels(None)[0].id.clone();
+        let mounted = fake.mounts_of(&id).unwrap().iter().any(|m| {
+            matches!(m, crate::docker::Mount::Bind { target, read_only: true, .. } if target == "/run/kernelbox")
+        });
+        assert_eq!(mounted, !unseen, "unseen: {unseen}");
+        kb.shutdown().await;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[tokio::test(start_paused = true)]
 async fn shutdown_refuses_new_work_and_leaves_nothing() {
     let (kb, fake) = start(|_| {}).await;

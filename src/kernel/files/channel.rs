@@ -62,6 +62,13 @@ pub fn prepare_dir(dir: &Path) -> std::io::Result<()> {
             format!("owned by uid {}, not this process's", meta.uid()),
         ));
     }
+    // A directory others may write to (`/tmp`) is shared, not this server's to take over.
+    if meta.permissions().mode() & 0o1002 != 0 {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            "writable by others or sticky: name a directory of its own",
+        ));
+    }
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))?;
     for entry in std::fs::read_dir(dir)?.flatten() {
         let path = entry.path();
@@ -102,30 +109,41 @@ impl Rendezvous {
             name,
             token,
         };
-        // The kernel's user connects; the name, in a directory it cannot list, and the token
-        // keep everyone else out.
+        // The kernel's user connects (its uid may differ from every host user's); the name, in
+        // a directory nobody lists, the peer's check and the token keep everyone else out.
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).map_err(failed)?;
         Ok(rendezvous)
     }
 
-    /// The helper's arguments: the socket as the kernel sees it, and the token.
-    pub(super) fn args(&self) -> [String; 2] {
-        [format!("{IN_KERNEL_DIR}/{}", self.name), self.token.clone()]
+    /// What the helper is told on its stdin (never its command line, which any host user
+    /// can read in /proc): the socket as the kernel sees it and the token, on one line.
+    pub(super) fn invitation(&self) -> String {
+        format!("{IN_KERNEL_DIR}/{} {}\n", self.name, self.token)
     }
 
-    /// The first connection that presents the token, within `deadline`; at most
-    /// [`MAX_KNOCKS`] connections are tried. The socket is unlinked either way.
-    pub(super) async fn accept(self, deadline: Duration) -> Result<UnixStream, TransferError> {
+    /// The first connection from `kernel` that presents the token, within `deadline`.
+    /// Connections from elsewhere are dropped unread; at most [`MAX_KNOCKS`] from the kernel
+    /// are tried. The socket is unlinked either way.
+    pub(super) async fn accept(
+        self,
+        kernel: &Peer<'_>,
+        deadline: Duration,
+    ) -> Result<UnixStream, TransferError> {
         let knocks = async {
-            for _ in 0..MAX_KNOCKS {
+            let mut knocks = 0;
+            while knocks < MAX_KNOCKS {
                 let (mut stream, _) =
                     self.listener.accept().await.map_err(|e| {
                         TransferError::Helper(format!("accepting its channel: {e}"))
                     })?;
+                if !kernel.is(&stream) {
+                    continue;
+                }
+                knocks += 1;
                 let mut token = [0u8; 32];
                 let presented =
                     tokio::time::timeout(KNOCK_TIMEOUT, stream.read_exact(&mut token)).await;
-                if matches!(presented, Ok(Ok(_))) && token == self.token.as_bytes() {
+                if matches!(presented, Ok(Ok(_))) && same(&token, self.token.as_bytes()) {
                     return Ok(stream);
                 }
             }
@@ -135,6 +153,37 @@ impl Rendezvous {
             Ok(result) => result,
             Err(_) => Err(TransferError::Stalled(deadline)),
         }
+    }
+}
+
+/// Compares without stopping at the first difference.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The kernel a channel's helper runs in, as a socket's peer is checked against it.
+pub(super) struct Peer<'a> {
+    /// Its container's full id.
+    pub(super) container: &'a str,
+    /// The uid it runs as (`None` when not numeric).
+    pub(super) uid: Option<u32>,
+}
+
+impl Peer<'_> {
+    /// Whether `stream`'s peer (its credentials when it connected) is a process of this
+    /// kernel: one whose cgroups name the container when its pid is visible here; else
+    /// (this process in another pid namespace, as the compose deployment's server) one
+    /// running as the kernel's uid.
+    fn is(&self, stream: &UnixStream) -> bool {
+        let Ok(cred) = stream.peer_cred() else {
+            return false;
+        };
+        if let Some(pid) = cred.pid().filter(|pid| *pid > 0) {
+            if let Ok(cgroups) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) {
+                return cgroups.contains(self.container);
+            }
+        }
+        self.uid == Some(cred.uid())
     }
 }
 
@@ -173,7 +222,8 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::UnixStream;
 
-    use super::{prepare_dir, Rendezvous};
+    use super::{prepare_dir, Peer, Rendezvous};
+    use crate::files::TransferError;
 
     fn dir(name: &str) -> std::path::PathBuf {
         let dir = std::env::temp_dir().join(format!("kb-chan-{}-{name}", std::process::id()));
@@ -182,17 +232,27 @@ mod tests {
         dir
     }
 
-    /// The socket path of `r` on the host.
-    fn host_path(dir: &std::path::Path, r: &Rendezvous) -> std::path::PathBuf {
-        dir.join(r.args()[0].rsplit('/').next().unwrap())
+    /// The socket path of `r` on the host, and its token, from its invitation.
+    fn invited(dir: &std::path::Path, r: &Rendezvous) -> (std::path::PathBuf, String) {
+        let line = r.invitation();
+        let (path, token) = line.trim_end().split_once(' ').unwrap();
+        (
+            dir.join(path.rsplit('/').next().unwrap()),
+            token.to_string(),
+        )
+    }
+
+    /// A line of this process's cgroups: this test is "the kernel".
+    fn own_cgroup() -> String {
+        let cgroups = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+        cgroups.lines().next().unwrap().to_string()
     }
 
     #[tokio::test]
     async fn only_a_connection_presenting_the_token_is_accepted_and_the_socket_goes() {
         let dir = dir("token");
         let r = Rendezvous::open(&dir).unwrap();
-        let path = host_path(&dir, &r);
-        let token = r.args()[1].clone();
+        let (path, token) = invited(&dir, &r);
         let mode = std::os::unix::fs::PermissionsExt::mode(
             &std::fs::metadata(&dir).unwrap().permissions(),
         );
@@ -204,7 +264,12 @@ mod tests {
         let mut right = UnixStream::connect(&path).await.unwrap();
         right.write_all(token.as_bytes()).await.unwrap();
         right.write_all(b"hello").await.unwrap();
-        let mut accepted = r.accept(Duration::from_secs(5)).await.unwrap();
+        let cgroup = own_cgroup();
+        let me = Peer {
+            container: &cgroup,
+            uid: None,
+        };
+        let mut accepted = r.accept(&me, Duration::from_secs(5)).await.unwrap();
         let mut got = [0u8; 5];
         accepted.read_exact(&mut got).await.unwrap();
         assert_eq!(&got, b"hello");
@@ -219,26 +284,64 @@ mod tests {
     async fn a_channel_knocked_on_without_the_token_is_refused_after_a_bounded_number_of_tries() {
         let dir = dir("knocks");
         let r = Rendezvous::open(&dir).unwrap();
-        let path = host_path(&dir, &r);
+        let (path, _) = invited(&dir, &r);
         let mut knocks = Vec::new();
         for _ in 0..20 {
             let mut k = UnixStream::connect(&path).await.unwrap();
             k.write_all(&[b'x'; 32]).await.unwrap();
             knocks.push(k);
         }
-        let error = r.accept(Duration::from_secs(5)).await.unwrap_err();
+        let cgroup = own_cgroup();
+        let me = Peer {
+            container: &cgroup,
+            uid: None,
+        };
+        let error = r.accept(&me, Duration::from_secs(5)).await.unwrap_err();
         assert!(error.to_string().contains("without the token"), "{error}");
         assert!(!path.exists(), "the socket is unlinked when refused");
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// A process outside the kernel's container (a host user who learnt the name and the
+    /// token) is never handed the channel, and its connections do not use up the kernel's
+    /// knocks.
+    #[tokio::test]
+    async fn connections_from_outside_the_kernel_are_dropped_unread_even_with_the_token() {
+        let dir = dir("outsider");
+        let r = Rendezvous::open(&dir).unwrap();
+        let (path, token) = invited(&dir, &r);
+        let mut outsiders = Vec::new();
+        for _ in 0..20 {
+            let mut k = UnixStream::connect(&path).await.unwrap();
+            k.write_all(token.as_bytes()).await.unwrap();
+            outsiders.push(k);
+        }
+        let elsewhere = Peer {
+            container: "0123456789abcdef-no-such-container",
+            uid: Some(4_000_000),
+        };
+        let error = r
+            .accept(&elsewhere, Duration::from_millis(500))
+            .await
+            .unwrap_err();
+        assert!(matches!(error, TransferError::Stalled(_)), "{error}");
+        assert!(!path.exists(), "the socket is unlinked when given up");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
-    fn a_directory_owned_by_someone_else_or_a_symlink_is_refused() {
+    fn a_directory_owned_by_someone_else_shared_or_a_symlink_is_refused() {
         let base = dir("owner");
         let link = base.join("link");
         std::os::unix::fs::symlink("/tmp", &link).unwrap();
         assert!(prepare_dir(&link).is_err(), "a symlink was accepted");
         assert!(prepare_dir(std::path::Path::new("relative")).is_err());
+        let shared = base.join("shared");
+        std::fs::create_dir(&shared).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let error = prepare_dir(&shared).unwrap_err();
+        assert!(error.to_string().contains("writable by others"), "{error}");
         let other = base.join("other");
         std::fs::create_dir(&other).unwrap();
         // Only root can give a directory away; as anyone else this half has nothing to test.

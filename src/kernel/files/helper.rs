@@ -238,14 +238,29 @@ impl Kernel {
             HELPER_SOURCE.into(),
             "serve".into(),
         ];
-        cmd.extend(rendezvous.iter().flat_map(Rendezvous::args));
+        if rendezvous.is_some() {
+            cmd.push("--channel".into());
+        }
         let spec = ExecSpec {
             cmd,
             user: self.user.clone(),
             working_dir: WORK_DIR.into(),
             env: vec!["LANG=C.UTF-8".into(), "PYTHONDONTWRITEBYTECODE=1".into()],
         };
-        let attached = self.engine.exec(&self.id, &spec).await?;
+        let mut attached = self.engine.exec(&self.id, &spec).await?;
+        if let Some(rendezvous) = &rendezvous {
+            let line = rendezvous.invitation();
+            match tokio::time::timeout(FILE_IDLE_TIMEOUT, async {
+                attached.input.write_all(line.as_bytes()).await?;
+                attached.input.flush().await
+            })
+            .await
+            {
+                Err(_) => return Err(TransferError::Stalled(FILE_IDLE_TIMEOUT)),
+                Ok(Err(e)) => return Err(TransferError::Helper(format!("writing to it: {e}"))),
+                Ok(Ok(())) => {}
+            }
+        }
         let mut reader = Reader::new(attached.output.map(|c| c.map_err(Into::into)).boxed());
         let Some(rendezvous) = rendezvous else {
             return Ok(Helper {
@@ -272,7 +287,11 @@ impl Kernel {
             Some(_) => return Err(breach("a first byte other than Y or N")),
             None => return Err(reader.stderr.ended()),
         }
-        let socket = rendezvous.accept(FILE_IDLE_TIMEOUT).await?;
+        let kernel = channel::Peer {
+            container: &self.id,
+            uid: self.user.split(':').next().and_then(|uid| uid.parse().ok()),
+        };
+        let socket = rendezvous.accept(&kernel, FILE_IDLE_TIMEOUT).await?;
         let (read, write) = socket.into_split();
         let reader = reader.rebuild(|exec| channel::output(read, exec))?;
         Ok(Helper {
