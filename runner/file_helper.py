@@ -46,6 +46,8 @@ IN = 0
 OUT = 1
 # The socket, when the channel is one (kept open for the helper's life).
 CHANNEL = []
+# Seconds connecting to the socket may take.
+CONNECT_TIMEOUT = 5
 CHUNK = 1024 * 1024
 # Longest request frame read from the host.
 MAX_REQUEST = 64 * 1024
@@ -238,6 +240,9 @@ class Frames:
                         if CHANNEL and pipe is None:
                             pipe = os.pipe()
                             widen(pipe[1])
+                            # Drained without waiting: bytes missing from it (a cell reading
+                            # the helper's pipe) abort the upload instead of hanging it.
+                            os.set_blocking(pipe[0], False)
                         moved = splice(IN, pipe[1] if CHANNEL else fd, min(self.left, CHUNK))
                     except OSError as e:
                         if e.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
@@ -270,11 +275,16 @@ def drain_pipe(rfd, fd, n):
     the file does not take splice."""
     while n:
         try:
-            moved = os.splice(rfd, fd, n)
+            moved = os.splice(rfd, fd, n, flags=os.SPLICE_F_NONBLOCK)
+        except BlockingIOError:
+            raise Refused("aborted", "the upload's pipe emptied")
         except OSError as e:
             if e.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
                 raise
-            data = os.read(rfd, n)
+            try:
+                data = os.read(rfd, n)
+            except BlockingIOError:
+                data = b""
             if not data:
                 raise Refused("aborted", "the upload's pipe emptied")
             write_all_fd(fd, data)
@@ -794,8 +804,11 @@ def connect():
     path, token = line.decode("ascii").split()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
+        # Bounded: a queue others filled must not hold the helper (it falls back instead).
+        sock.settimeout(CONNECT_TIMEOUT)
         sock.connect(path)
         sock.sendall(token.encode("ascii"))
+        sock.settimeout(None)
     except OSError:
         sock.close()
         os.write(1, b"N")

@@ -36,11 +36,16 @@ const KNOCK_TIMEOUT: Duration = Duration::from_secs(2);
 /// must fit a Unix socket address (108 bytes).
 const MAX_DIR_LEN: usize = 64;
 
+/// Age past which a socket left in the directory is an earlier process's.
+const STALE_SOCKET: Duration = Duration::from_secs(60);
+
 /// Bytes read from the socket at a time.
 const READ_CHUNK: usize = 256 * 1024;
 
 /// Makes `dir` ready to hold the channels' sockets: created if missing, a directory this
-/// process owns (not a symlink), mode 0711; sockets an earlier process left are removed.
+/// process owns (not a symlink) that nobody else may write to, mode 0711; sockets an earlier
+/// process left are removed (a socket lives for a helper's start only: one older than a
+/// minute is nobody's).
 pub fn prepare_dir(dir: &Path) -> std::io::Result<()> {
     use std::io::{Error, ErrorKind};
     let text = dir.as_os_str().len();
@@ -63,21 +68,20 @@ pub fn prepare_dir(dir: &Path) -> std::io::Result<()> {
         ));
     }
     // A directory others may write to (`/tmp`) is shared, not this server's to take over.
-    if meta.permissions().mode() & 0o1002 != 0 {
+    if meta.permissions().mode() & 0o1022 != 0 {
         return Err(Error::new(
             ErrorKind::InvalidInput,
-            "writable by others or sticky: name a directory of its own",
+            "writable by others (group, world or sticky): name a directory of its own",
         ));
     }
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))?;
+    let now = std::time::SystemTime::now();
     for entry in std::fs::read_dir(dir)?.flatten() {
         let path = entry.path();
-        let stale = path.extension().is_some_and(|e| e == "sock")
-            && matches!(
-                std::os::unix::net::UnixStream::connect(&path),
-                Err(e) if e.kind() == ErrorKind::ConnectionRefused
-            );
-        if stale {
+        let old = std::fs::symlink_metadata(&path)
+            .and_then(|m| m.modified())
+            .is_ok_and(|at| now.duration_since(at).unwrap_or_default() > STALE_SOCKET);
+        if path.extension().is_some_and(|e| e == "sock") && old {
             let _ = std::fs::remove_file(&path);
         }
     }
@@ -109,8 +113,10 @@ impl Rendezvous {
             name,
             token,
         };
-        // The kernel's user connects (its uid may differ from every host user's); the name, in
-        // a directory nobody lists, the peer's check and the token keep everyone else out.
+        // The kernel's user connects (its uid may differ from every host user's). The token,
+        // which only the helper's stdin carries, keeps everyone else out; the name is no
+        // secret from host users (/proc/net/unix lists it), and the peer check drops
+        // connections from outside the kernel before they count.
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).map_err(failed)?;
         Ok(rendezvous)
     }
@@ -136,7 +142,7 @@ impl Rendezvous {
                     self.listener.accept().await.map_err(|e| {
                         TransferError::Helper(format!("accepting its channel: {e}"))
                     })?;
-                if !kernel.is(&stream) {
+                if !kernel.is(&stream).await {
                     continue;
                 }
                 knocks += 1;
@@ -161,30 +167,61 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// The kernel a channel's helper runs in, as a socket's peer is checked against it.
-pub(super) struct Peer<'a> {
-    /// Its container's full id.
-    pub(super) container: &'a str,
-    /// The uid it runs as (`None` when not numeric).
-    pub(super) uid: Option<u32>,
+/// Who may knock on a channel: the kernel its helper runs in.
+pub(super) enum Peer<'a> {
+    /// A process of this kernel.
+    Kernel {
+        /// Its container's full id.
+        container: &'a str,
+        /// The uid it runs as (`None` when not numeric).
+        uid: Option<u32>,
+    },
+    /// Any process (the unit tests knock from their own).
+    #[cfg(test)]
+    Anyone,
 }
 
 impl Peer<'_> {
     /// Whether `stream`'s peer (its credentials when it connected) is a process of this
-    /// kernel: one whose cgroups name the container when its pid is visible here; else
-    /// (this process in another pid namespace, as the compose deployment's server) one
-    /// running as the kernel's uid.
-    fn is(&self, stream: &UnixStream) -> bool {
+    /// kernel: when its pid is visible here, one whose cgroups name the container
+    /// ([`in_container`]); when it is not (this process runs in another pid namespace, as the
+    /// compose deployment's server), one running as the kernel's uid, which all kernels share:
+    /// a weaker check, the token being what tells kernels apart then.
+    async fn is(&self, stream: &UnixStream) -> bool {
+        let (container, uid) = match self {
+            Peer::Kernel { container, uid } => (container.to_string(), *uid),
+            #[cfg(test)]
+            Peer::Anyone => return true,
+        };
         let Ok(cred) = stream.peer_cred() else {
             return false;
         };
-        if let Some(pid) = cred.pid().filter(|pid| *pid > 0) {
-            if let Ok(cgroups) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) {
-                return cgroups.contains(self.container);
+        match cred.pid() {
+            Some(pid) if pid > 0 => {
+                // /proc reads can wait on the kernel's cgroup lock: off the async threads.
+                let read = tokio::task::spawn_blocking(move || {
+                    std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+                })
+                .await;
+                matches!(read, Ok(Ok(cgroups)) if in_container(&cgroups, &container))
             }
+            _ => uid == Some(cred.uid()),
         }
-        self.uid == Some(cred.uid())
     }
+}
+
+/// Whether a `/proc/PID/cgroup` text puts the process in the container `id`: some cgroup's
+/// path has a component that is the id (cgroupfs: `/docker/ID`) or `docker-ID.scope`
+/// (systemd), outside a user's own tree (`user.slice`, where a user can name a scope as it
+/// likes).
+fn in_container(cgroups: &str, id: &str) -> bool {
+    let scope = format!("docker-{id}.scope");
+    cgroups.lines().any(|line| {
+        let path = line.splitn(3, ':').nth(2).unwrap_or("");
+        let mut parts = path.split('/');
+        !path.split('/').any(|c| c == "user.slice")
+            && parts.any(|c| !id.is_empty() && (c == id || c == scope))
+    })
 }
 
 impl Drop for Rendezvous {
@@ -242,12 +279,6 @@ mod tests {
         )
     }
 
-    /// A line of this process's cgroups: this test is "the kernel".
-    fn own_cgroup() -> String {
-        let cgroups = std::fs::read_to_string("/proc/self/cgroup").unwrap();
-        cgroups.lines().next().unwrap().to_string()
-    }
-
     #[tokio::test]
     async fn only_a_connection_presenting_the_token_is_accepted_and_the_socket_goes() {
         let dir = dir("token");
@@ -264,19 +295,15 @@ mod tests {
         let mut right = UnixStream::connect(&path).await.unwrap();
         right.write_all(token.as_bytes()).await.unwrap();
         right.write_all(b"hello").await.unwrap();
-        let cgroup = own_cgroup();
-        let me = Peer {
-            container: &cgroup,
-            uid: None,
-        };
-        let mut accepted = r.accept(&me, Duration::from_secs(5)).await.unwrap();
+        let mut accepted = r
+            .accept(&Peer::Anyone, Duration::from_secs(5))
+            .await
+            .unwrap();
         let mut got = [0u8; 5];
         accepted.read_exact(&mut got).await.unwrap();
         assert_eq!(&got, b"hello");
         assert!(!path.exists(), "the socket is unlinked once accepted");
-        // The wrong knock was dropped.
-        let mut rest = Vec::new();
-        assert_eq!(wrong.read_to_end(&mut rest).await.unwrap_or(0), 0);
+        drop(wrong);
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -291,22 +318,20 @@ mod tests {
             k.write_all(&[b'x'; 32]).await.unwrap();
             knocks.push(k);
         }
-        let cgroup = own_cgroup();
-        let me = Peer {
-            container: &cgroup,
-            uid: None,
-        };
-        let error = r.accept(&me, Duration::from_secs(5)).await.unwrap_err();
+        let error = r
+            .accept(&Peer::Anyone, Duration::from_secs(5))
+            .await
+            .unwrap_err();
         assert!(error.to_string().contains("without the token"), "{error}");
         assert!(!path.exists(), "the socket is unlinked when refused");
         let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// A process outside the kernel's container (a host user who learnt the name and the
-    /// token) is never handed the channel, and its connections do not use up the kernel's
-    /// knocks.
+    /// token) is never handed the channel, whatever its uid.
     #[tokio::test]
-    async fn connections_from_outside_the_kernel_are_dropped_unread_even_with_the_token() {
+    async fn connections_from_outside_the_kernel_are_never_handed_the_channel_even_with_the_token()
+    {
         let dir = dir("outsider");
         let r = Rendezvous::open(&dir).unwrap();
         let (path, token) = invited(&dir, &r);
@@ -316,9 +341,11 @@ mod tests {
             k.write_all(token.as_bytes()).await.unwrap();
             outsiders.push(k);
         }
-        let elsewhere = Peer {
-            container: "0123456789abcdef-no-such-container",
-            uid: Some(4_000_000),
+        // This process's pid is visible and its cgroups do not name the container; its uid
+        // is the kernel's, which must not matter then.
+        let elsewhere = Peer::Kernel {
+            container: "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+            uid: crate::config::effective_uid(),
         };
         let error = r
             .accept(&elsewhere, Duration::from_millis(500))
@@ -327,6 +354,37 @@ mod tests {
         assert!(matches!(error, TransferError::Stalled(_)), "{error}");
         assert!(!path.exists(), "the socket is unlinked when given up");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_process_is_in_the_container_only_when_a_cgroup_path_names_it_outside_user_trees() {
+        let id = "508badf518f84358476e2be9a780cbee68c64beb02992506649586b15d66870d";
+        let yes = [
+            format!("4:memory:/docker/{id}\n0::/docker/{id}\n"),
+            format!("0::/system.slice/docker-{id}.scope\n"),
+            format!("0::/../docker-{id}.scope\n"),
+            format!("0::/kubepods/besteffort/pod1/{id}\n"),
+        ];
+        let no = [
+            "0::/\n".to_string(),
+            "9:name=systemd:/\n0::/user.slice/user-1000.slice/session-3.scope\n".to_string(),
+            format!(
+                "0::/user.slice/user-1000.slice/user@1000.service/app.slice/docker-{id}.scope\n"
+            ),
+            format!("0::/docker/{id}x\n"),
+            format!("0::/docker/x{id}\n"),
+            format!("0::/docker/{}\n", &id[..63]),
+        ];
+        for text in &yes {
+            assert!(super::in_container(text, id), "{text}");
+        }
+        for text in &no {
+            assert!(!super::in_container(text, id), "{text}");
+        }
+        assert!(
+            !super::in_container("0::/docker/\n", ""),
+            "an empty id names nothing"
+        );
     }
 
     #[test]

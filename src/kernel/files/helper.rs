@@ -269,8 +269,22 @@ impl Kernel {
                 _stdin: None,
             });
         };
-        // Its first byte on stdout says whether it reached the socket.
-        match reader.take(1).await?.as_deref() {
+        // Its first byte on stdout says whether it reached the socket. Connections are taken
+        // meanwhile, so that others filling the socket's queue cannot keep it out.
+        let kernel = channel::Peer::Kernel {
+            container: &self.id,
+            uid: self.user.split(':').next().and_then(|uid| uid.parse().ok()),
+        };
+        let accepting = rendezvous.accept(&kernel, FILE_IDLE_TIMEOUT);
+        tokio::pin!(accepting);
+        let mut accepted = None;
+        let first = loop {
+            tokio::select! {
+                first = reader.take(1) => break first?,
+                socket = &mut accepting, if accepted.is_none() => accepted = Some(socket?),
+            }
+        };
+        match first.as_deref() {
             Some(b"Y") => {}
             Some(b"N") => {
                 tracing::warn!(
@@ -287,11 +301,10 @@ impl Kernel {
             Some(_) => return Err(breach("a first byte other than Y or N")),
             None => return Err(reader.stderr.ended()),
         }
-        let kernel = channel::Peer {
-            container: &self.id,
-            uid: self.user.split(':').next().and_then(|uid| uid.parse().ok()),
+        let socket = match accepted {
+            Some(socket) => socket,
+            None => accepting.await?,
         };
-        let socket = rendezvous.accept(&kernel, FILE_IDLE_TIMEOUT).await?;
         let (read, write) = socket.into_split();
         let reader = reader.rebuild(|exec| channel::output(read, exec))?;
         Ok(Helper {
