@@ -1520,7 +1520,8 @@ const HELPER_FDS: &str = "import os\npids = [p for p in os.listdir('/proc') if p
 /// channels' directory cannot be listed or written from a cell, and bytes a cell writes on
 /// the helper's stdout (which carries nothing now) fail that one transfer.
 #[tokio::test(flavor = "multi_thread")]
-async fn transfers_go_over_the_helpers_socket_named_on_no_command_line_in_a_directory_no_cell_lists() {
+async fn transfers_go_over_the_helpers_socket_named_on_no_command_line_in_a_directory_no_cell_lists(
+) {
     let served = Served::start("files-channel", &["--pool", "0"]).await;
     let s = Session::new(&served.api, "channel");
     let data = random_bytes(3 * 1024 * 1024 + 7);
