@@ -56,7 +56,7 @@ use protocol::{KernelFrame, MAX_FRAME_LINE, PROTOCOL_VERSION};
 use scanner::MAX_DISPLAY_PIECE;
 use stdin::{Stdin, MAX_STDIN_BACKLOG};
 
-pub use spawn::{check_file_sockets, SpawnRequest, Yield};
+pub use spawn::{SpawnRequest, Yield};
 
 pub use crate::config::WORK_DIR;
 /// Where the staging volume is mounted in project mode (in strict mode it is the work dir).

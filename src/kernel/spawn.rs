@@ -3,7 +3,7 @@
 //! failure nothing is left behind.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::SystemTime;
 
@@ -42,6 +42,9 @@ pub struct SpawnRequest<'a> {
     pub tracker: &'a TaskTracker,
     /// When set, the spawn gives way to others before each engine step (see [`Yield`]).
     pub yield_to: Option<Yield>,
+    /// Set once the engine refused to mount [`Config::file_sockets`] (it does not see that
+    /// directory: an engine on another host): kernels are then made without it.
+    pub sockets_refused: &'a AtomicBool,
 }
 
 /// Makes a spawn give way: before each of its engine steps (volume, container, attach and
@@ -84,44 +87,13 @@ async fn give_way(yield_to: &Option<Yield>) -> Result<(), KernelError> {
     }
 }
 
-/// Checks that the engine can bind-mount [`Config::file_sockets`] into a kernel: a container
-/// made from the configured image with only that mount is created, never started, and
-/// removed. The engine refuses to create it when the directory does not exist where it runs
-/// (an engine on another host, a server in a container without the directory mounted), and
-/// every kernel would then fail to start.
-pub async fn check_file_sockets(
-    engine: &dyn Engine,
-    config: &Config,
-    labels: &BTreeMap<String, String>,
-) -> Result<(), crate::docker::EngineError> {
-    let Some(dir) = &config.file_sockets else {
-        return Ok(());
-    };
-    let mut labels = labels.clone();
-    labels.insert(crate::labels::ROLE.into(), "probe".into());
-    let spec = ContainerSpec {
-        image: config.image.clone(),
-        cmd: vec!["true".into()],
-        env: Vec::new(),
-        user: config.sandbox.user.clone(),
-        working_dir: "/".into(),
-        labels,
-        mounts: vec![Mount::Bind {
-            source: dir.to_string_lossy().into_owned(),
-            target: files::SOCKET_DIR_IN_KERNEL.into(),
-            read_only: true,
-        }],
-        sandbox: config.sandbox.clone(),
-    };
-    let id = engine.create_container(&spec).await?;
-    engine.remove_container(&id).await
-}
-
 /// A created, not yet started, container.
 struct Created {
     id: String,
     volume: String,
     spill_dir: String,
+    /// The file channels' directory when it is mounted into the container.
+    sockets: Option<std::path::PathBuf>,
 }
 
 impl Kernel {
@@ -134,6 +106,7 @@ impl Kernel {
             base_labels,
             owner,
             yield_to,
+            sockets_refused,
             ..
         } = &request;
         let suffix: u32 = rand::rng().random();
@@ -193,7 +166,11 @@ impl Kernel {
             ),
         };
         let mut mounts = mounts;
-        if let Some(dir) = &config.file_sockets {
+        let mut sockets = config
+            .file_sockets
+            .clone()
+            .filter(|_| !sockets_refused.load(Ordering::Relaxed));
+        if let Some(dir) = &sockets {
             mounts.push(Mount::Bind {
                 source: dir.to_string_lossy().into_owned(),
                 target: files::SOCKET_DIR_IN_KERNEL.into(),
@@ -202,7 +179,7 @@ impl Kernel {
         }
         let status_path = format!("{spill_dir}/status");
         labels.insert(crate::labels::STATUS.into(), status_path.clone());
-        let spec = ContainerSpec {
+        let mut spec = ContainerSpec {
             image: spec.image.clone(),
             cmd: runner_command(),
             env: runner_env()
@@ -221,13 +198,27 @@ impl Kernel {
             mounts,
             sandbox: config.sandbox.clone(),
         };
-        let created = match give_way(yield_to).await {
-            Ok(()) => engine
-                .create_container(&spec)
-                .await
-                .map_err(KernelError::from),
-            Err(e) => Err(e),
+        let mut created = match give_way(yield_to).await {
+            Ok(()) => engine.create_container(&spec).await,
+            Err(e) => {
+                let _ = remove_volume_when_free(engine.as_ref(), &volume).await;
+                return Err(e);
+            }
         };
+        if let (Err(e), Some(dir)) = (&created, &sockets) {
+            if files::mount_refused(e, dir) {
+                // Files still move, over the exec streams (slower): said once.
+                if !sockets_refused.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(dir = %dir.display(), "the engine cannot mount the file channel's directory (it does not see it): kernels are made without it and files go through the engine's exec streams");
+                }
+                spec.mounts.retain(|m| {
+                    !matches!(m, Mount::Bind { target, .. } if target == files::SOCKET_DIR_IN_KERNEL)
+                });
+                sockets = None;
+                created = engine.create_container(&spec).await;
+            }
+        }
+        let created = created.map_err(KernelError::from);
         let id = match created {
             Ok(id) => id,
             Err(e) => {
@@ -240,6 +231,7 @@ impl Kernel {
             id: id.clone(),
             volume: volume.clone(),
             spill_dir,
+            sockets,
         };
         match Self::start(request, created).await {
             Ok(kernel) => Ok(kernel),
@@ -272,6 +264,7 @@ impl Kernel {
             id,
             volume,
             spill_dir,
+            sockets,
         } = created;
         give_way(&yield_to).await?;
         let attached = engine.attach(&id).await?;
@@ -299,7 +292,7 @@ impl Kernel {
             cancel: cancel.clone(),
             files: Arc::new(files::Resident::new(
                 config.file_helper_idle,
-                config.file_sockets.clone(),
+                sockets,
                 tracker.clone(),
                 cancel.clone(),
             )),
@@ -382,8 +375,11 @@ mod tests {
             monitor: EventMonitor::default(),
             tracker,
             yield_to: Some(yield_to),
+            sockets_refused: &REFUSED,
         }
     }
+
+    static REFUSED: AtomicBool = AtomicBool::new(false);
 
     #[tokio::test(start_paused = true)]
     async fn a_yielding_spawn_makes_nothing_while_another_goes_first_then_completes() {

@@ -334,6 +334,7 @@ impl Orchestrator {
                         owner: Some((key.clone(), slot.generation)),
                         monitor: inner.monitor.clone(),
                         tracker: &inner.tracker,
+                        sockets_refused: &inner.sockets_refused,
                         yield_to: None,
                     });
                     async move {

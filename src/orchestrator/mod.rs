@@ -83,6 +83,9 @@ struct Inner {
     starts: Mutex<StartStats>,
     /// File bytes moved by `write_file` (uploads) and `read_file` (downloads).
     file_bytes: Arc<files::FileCounters>,
+    /// Set once the engine refused to mount the file channels' directory
+    /// (`SpawnRequest::sockets_refused`).
+    sockets_refused: std::sync::atomic::AtomicBool,
     watchdog: Mutex<Option<Watchdog>>,
     catalog: Option<Arc<CatalogWriter>>,
     pool: pool::PoolState,
@@ -154,22 +157,13 @@ impl Orchestrator {
         let labels = instance.labels(&config.extra_labels);
         let mut config = config;
         if let Some(dir) = config.file_sockets.clone() {
-            let why =
-                match tokio::task::spawn_blocking(move || crate::kernel::prepare_socket_dir(&dir))
-                    .await
-                {
-                    Ok(Ok(())) => {
-                        match crate::kernel::check_file_sockets(engine.as_ref(), &config, &labels)
-                            .await
-                        {
-                            // Without the image no kernel starts at all: that is said then.
-                            Ok(()) | Err(crate::EngineError::ImageMissing { .. }) => None,
-                            Err(e) => Some(format!("the engine cannot mount it: {e}")),
-                        }
-                    }
-                    Ok(Err(e)) => Some(e.to_string()),
-                    Err(e) => Some(e.to_string()),
-                };
+            let prepared =
+                tokio::task::spawn_blocking(move || crate::kernel::prepare_socket_dir(&dir)).await;
+            let why = match prepared {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(e.to_string()),
+                Err(e) => Some(e.to_string()),
+            };
             if let Some(why) = why {
                 // Files still move, through the engine's exec streams (slower).
                 tracing::warn!(
@@ -213,6 +207,7 @@ impl Orchestrator {
             next_run: std::sync::atomic::AtomicU64::new(0),
             starts: Mutex::new(StartStats::default()),
             file_bytes: Arc::default(),
+            sockets_refused: std::sync::atomic::AtomicBool::new(false),
             watchdog: Mutex::new(watchdog),
             instance,
             catalog: restored.as_ref().map(|(writer, _, _)| writer.clone()),

@@ -359,6 +359,7 @@ impl Orchestrator {
             owner: None,
             monitor: inner.monitor.clone(),
             tracker: &inner.tracker,
+            sockets_refused: &inner.sockets_refused,
             yield_to: Some(Yield {
                 priority: inner.pool.cold.subscribe(),
                 until: tokio::time::Instant::now() + POOL_YIELD_MAX,

@@ -323,8 +323,8 @@ async fn a_kernel_that_stops_reading_cannot_block_a_timeout() {
 }
 
 /// The file channel's directory is mounted into kernels only when the engine can mount it:
-/// an engine that does not see it (on another host) would refuse every kernel otherwise.
-/// The orchestrator's check leaves no container behind.
+/// an engine that does not see it (on another host) refuses the first kernel made with it,
+/// which is made again without it, as are the next ones.
 #[tokio::test(start_paused = true)]
 async fn kernels_get_the_file_channel_only_where_the_engine_can_mount_it() {
     let dir = std::env::temp_dir().join(format!("kb-probe-{}", std::process::id()));
@@ -340,14 +340,17 @@ async fn kernels_get_the_file_channel_only_where_the_engine_can_mount_it() {
         let kb = Orchestrator::start(config, Arc::new(fake.clone()))
             .await
             .expect("start");
-        assert_eq!(fake.live_containers(), 0, "the check left its container");
-        assert_eq!(run(&kb, "conv", "x = 1").await.status, CellStatus::Success);
-        let id = kb.list_kernels(None)[0].id.clone();
-        let mounted = fake.mounts_of(&id).unwrap().iter().any(|m| {
-            matches!(m, crate::docker::Mount::Bind { target, read_only: true, .. } if target == "/run/kernelbox")
-        });
-        assert_eq!(mounted, !unseen, "unseen: {unseen}");
+        for session in ["first", "second"] {
+            assert_eq!(run(&kb, session, "x = 1").await.status, CellStatus::Success);
+            let summary = kb.list_kernels(None);
+            let id = &summary.iter().find(|k| k.session == session).unwrap().id;
+            let mounted = fake.mounts_of(id).unwrap().iter().any(|m| {
+                matches!(m, crate::docker::Mount::Bind { target, read_only: true, .. } if target == "/run/kernelbox")
+            });
+            assert_eq!(mounted, !unseen, "unseen: {unseen}, {session}");
+        }
         kb.shutdown().await;
+        assert_eq!(fake.live_containers(), 0);
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

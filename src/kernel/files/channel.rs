@@ -88,6 +88,14 @@ pub fn prepare_dir(dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Whether `error`, from creating a container, is the engine refusing to bind-mount `dir`
+/// because it does not exist where the engine runs.
+pub fn mount_refused(error: &EngineError, dir: &Path) -> bool {
+    matches!(error, EngineError::Api { status: 400, message, .. }
+        if message.contains("bind source path does not exist")
+            && message.contains(&*dir.to_string_lossy()))
+}
+
 /// A socket waiting for one helper; unlinked when dropped.
 pub(super) struct Rendezvous {
     listener: UnixListener,

@@ -42,7 +42,7 @@ use crate::files::{FilePath, TransferError};
 use frame::{breach, Frame};
 
 pub use channel::prepare_dir as prepare_socket_dir;
-pub(super) use channel::IN_KERNEL_DIR as SOCKET_DIR_IN_KERNEL;
+pub(super) use channel::{mount_refused, IN_KERNEL_DIR as SOCKET_DIR_IN_KERNEL};
 pub(super) use helper::Resident;
 
 /// How long any one step of a transfer (a chunk from the client, a write to the helper, a
