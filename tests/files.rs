@@ -1575,6 +1575,49 @@ async fn transfers_go_over_the_helpers_socket_named_on_no_command_line_in_a_dire
     served.finish().await;
 }
 
+/// A cell that takes its helper's invitation (reading the helper's stdin first, as the same
+/// user can) keeps that helper from its channel: the upload is answered `transfer_stalled`
+/// after the handshake's 15 s, well before the server's 60 s body timeout would drop the
+/// client's connection unanswered, and the next upload works on a new helper.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_upload_whose_helper_never_takes_its_channel_is_answered_before_the_body_timeout() {
+    let served = Served::start("files-handshake", &["--pool", "0"]).await;
+    let s = Session::new(&served.api, "handshake");
+    let result = s
+        .run(
+            "import os, threading, time\n\
+             def steal():\n    \
+                 while True:\n        \
+                     for p in os.listdir('/proc'):\n            \
+                         try:\n                \
+                             if p.isdigit() and b'kernelbox file helper' in open('/proc/%s/cmdline' % p, 'rb').read():\n                    \
+                                 open('/proc/%s/fd/0' % p, 'rb', buffering=0).read(200)\n                    \
+                                 return\n            \
+                         except OSError:\n                \
+                             pass\n        \
+                     time.sleep(0.001)\n\
+             threading.Thread(target=steal, daemon=True).start()\nprint('armed')",
+        )
+        .await;
+    assert_eq!(output(&result), "armed", "{result}");
+    let started = std::time::Instant::now();
+    let reply = s.put("s.txt", b"abc".to_vec()).await;
+    let took = started.elapsed();
+    assert_eq!(
+        reply.status,
+        StatusCode::GATEWAY_TIMEOUT,
+        "{}",
+        reply.json()
+    );
+    assert_eq!(reply.json()["error"]["code"], "transfer_stalled");
+    assert!(took < Duration::from_secs(40), "answered after {took:?}");
+    assert_eq!(
+        s.put("t.txt", b"def".to_vec()).await.status,
+        StatusCode::CREATED
+    );
+    served.finish().await;
+}
+
 /// A kernel whose helper cannot reach the channels' directory (here: made unreachable for
 /// the kernel's user after the server started) still moves files, over the exec streams.
 #[tokio::test(flavor = "multi_thread")]

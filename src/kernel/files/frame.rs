@@ -173,6 +173,21 @@ impl Reader {
         self.take_by(max, step_deadline()).await
     }
 
+    /// At most `max` bytes within `limit`, no copy; `None` when the output ended.
+    pub(super) async fn take_within(
+        &mut self,
+        max: usize,
+        limit: std::time::Duration,
+    ) -> Result<Option<Bytes>, TransferError> {
+        match self
+            .take_by(max, Some(tokio::time::Instant::now() + limit))
+            .await
+        {
+            Err(TransferError::Stalled(_)) => Err(TransferError::Stalled(limit)),
+            other => other,
+        }
+    }
+
     /// At most `max` bytes by `deadline`, no copy; `None` when the output ended.
     async fn take_by(
         &mut self,

@@ -20,6 +20,12 @@ use crate::kernel::{Kernel, WORK_DIR};
 /// The helper's source, sent on its command line.
 const HELPER_SOURCE: &str = include_str!("../../../runner/file_helper.py");
 
+/// How long a helper has to take its channel (its invitation written, its `Y` or `N` read,
+/// its connection accepted): it normally takes a Python start, well under a second. Shorter
+/// than the server's body timeout, so that an upload whose helper never came up is answered
+/// (`transfer_stalled`) before the client's connection is closed.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(15);
+
 /// How long ending an idle helper may take (its input closed, its output drained).
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -250,13 +256,13 @@ impl Kernel {
         let mut attached = self.engine.exec(&self.id, &spec).await?;
         if let Some(rendezvous) = &rendezvous {
             let line = rendezvous.invitation();
-            match tokio::time::timeout(FILE_IDLE_TIMEOUT, async {
+            match tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
                 attached.input.write_all(line.as_bytes()).await?;
                 attached.input.flush().await
             })
             .await
             {
-                Err(_) => return Err(TransferError::Stalled(FILE_IDLE_TIMEOUT)),
+                Err(_) => return Err(TransferError::Stalled(HANDSHAKE_TIMEOUT)),
                 Ok(Err(e)) => return Err(TransferError::Helper(format!("writing to it: {e}"))),
                 Ok(Ok(())) => {}
             }
@@ -275,12 +281,12 @@ impl Kernel {
             container: &self.id,
             uid: self.user.split(':').next().and_then(|uid| uid.parse().ok()),
         };
-        let accepting = rendezvous.accept(&kernel, FILE_IDLE_TIMEOUT);
+        let accepting = rendezvous.accept(&kernel, HANDSHAKE_TIMEOUT);
         tokio::pin!(accepting);
         let mut accepted = None;
         let first = loop {
             tokio::select! {
-                first = reader.take(1) => break first?,
+                first = reader.take_within(1, HANDSHAKE_TIMEOUT) => break first?,
                 socket = &mut accepting, if accepted.is_none() => accepted = Some(socket?),
             }
         };
