@@ -78,6 +78,17 @@ impl Session {
         get(&self.api, self.token, &self.url(path), None).await
     }
 
+    /// Uploads `data` to `path` and downloads it again: created, then the same bytes.
+    async fn round_trip(&self, path: &str, data: &[u8]) {
+        assert_eq!(
+            self.put(path, data.to_vec()).await.status,
+            StatusCode::CREATED
+        );
+        let reply = self.get(path).await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert!(reply.body == data, "the bytes differ");
+    }
+
     /// Downloads the directory `path` as a tar archive.
     async fn get_tar(&self, path: &str) -> Reply {
         let url = self.url(path);
@@ -1525,13 +1536,7 @@ async fn transfers_go_over_the_helpers_socket_named_on_no_command_line_in_a_dire
     let served = Served::start("files-channel", &["--pool", "0"]).await;
     let s = Session::new(&served.api, "channel");
     let data = random_bytes(3 * 1024 * 1024 + 7);
-    assert_eq!(
-        s.put("d.bin", data.clone()).await.status,
-        StatusCode::CREATED
-    );
-    let reply = s.get("d.bin").await;
-    assert_eq!(reply.status, StatusCode::OK);
-    assert!(reply.body == data, "the bytes differ");
+    s.round_trip("d.bin", &data).await;
     let result = s.run(HELPER_FDS).await;
     assert_eq!(
         output(&result),
@@ -1631,13 +1636,7 @@ async fn a_helper_that_cannot_reach_its_socket_moves_files_over_the_exec_streams
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
     let data = random_bytes(2 * 1024 * 1024 + 3);
-    assert_eq!(
-        s.put("d.bin", data.clone()).await.status,
-        StatusCode::CREATED
-    );
-    let reply = s.get("d.bin").await;
-    assert_eq!(reply.status, StatusCode::OK);
-    assert!(reply.body == data, "the bytes differ");
+    s.round_trip("d.bin", &data).await;
     let result = s.run(HELPER_FDS).await;
     assert_eq!(output(&result), "1 ['pipe']", "{result}");
     served.finish().await;

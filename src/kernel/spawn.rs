@@ -142,7 +142,7 @@ impl Kernel {
             crate::labels::MEMORY.into(),
             config.sandbox.memory_bytes.to_string(),
         );
-        let (mounts, spill_dir) = match &spec.mode {
+        let (mut mounts, spill_dir) = match &spec.mode {
             WorkMode::Strict => (
                 vec![Mount::Volume {
                     name: volume.clone(),
@@ -165,7 +165,6 @@ impl Kernel {
                 STAGING_DIR_PROJECT.to_string(),
             ),
         };
-        let mut mounts = mounts;
         let mut sockets = config
             .file_sockets
             .clone()

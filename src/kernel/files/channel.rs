@@ -197,7 +197,7 @@ impl Peer<'_> {
     /// a weaker check, the token being what tells kernels apart then.
     async fn is(&self, stream: &UnixStream) -> bool {
         let (container, uid) = match self {
-            Peer::Kernel { container, uid } => (container.to_string(), *uid),
+            Peer::Kernel { container, uid } => (*container, *uid),
             #[cfg(test)]
             Peer::Anyone => return true,
         };
@@ -211,7 +211,7 @@ impl Peer<'_> {
                     std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
                 })
                 .await;
-                matches!(read, Ok(Ok(cgroups)) if in_container(&cgroups, &container))
+                matches!(read, Ok(Ok(cgroups)) if in_container(&cgroups, container))
             }
             _ => uid == Some(cred.uid()),
         }
@@ -223,12 +223,14 @@ impl Peer<'_> {
 /// (systemd), outside a user's own tree (`user.slice`, where a user can name a scope as it
 /// likes).
 fn in_container(cgroups: &str, id: &str) -> bool {
+    if id.is_empty() {
+        return false;
+    }
     let scope = format!("docker-{id}.scope");
     cgroups.lines().any(|line| {
         let path = line.splitn(3, ':').nth(2).unwrap_or("");
-        let mut parts = path.split('/');
-        !path.split('/').any(|c| c == "user.slice")
-            && parts.any(|c| !id.is_empty() && (c == id || c == scope))
+        let parts: Vec<&str> = path.split('/').collect();
+        !parts.contains(&"user.slice") && parts.iter().any(|c| *c == id || *c == scope)
     })
 }
 
@@ -287,6 +289,17 @@ mod tests {
         )
     }
 
+    /// `n` connections to `path`, each having sent `says`, kept open.
+    async fn knock(path: &std::path::Path, says: &[u8], n: usize) -> Vec<UnixStream> {
+        let mut knocks = Vec::new();
+        for _ in 0..n {
+            let mut k = UnixStream::connect(path).await.unwrap();
+            k.write_all(says).await.unwrap();
+            knocks.push(k);
+        }
+        knocks
+    }
+
     #[tokio::test]
     async fn only_a_connection_presenting_the_token_is_accepted_and_the_socket_goes() {
         let dir = dir("token");
@@ -320,12 +333,7 @@ mod tests {
         let dir = dir("knocks");
         let r = Rendezvous::open(&dir).unwrap();
         let (path, _) = invited(&dir, &r);
-        let mut knocks = Vec::new();
-        for _ in 0..20 {
-            let mut k = UnixStream::connect(&path).await.unwrap();
-            k.write_all(&[b'x'; 32]).await.unwrap();
-            knocks.push(k);
-        }
+        let _knocks = knock(&path, &[b'x'; 32], 20).await;
         let error = r
             .accept(&Peer::Anyone, Duration::from_secs(5))
             .await
@@ -343,12 +351,7 @@ mod tests {
         let dir = dir("outsider");
         let r = Rendezvous::open(&dir).unwrap();
         let (path, token) = invited(&dir, &r);
-        let mut outsiders = Vec::new();
-        for _ in 0..20 {
-            let mut k = UnixStream::connect(&path).await.unwrap();
-            k.write_all(token.as_bytes()).await.unwrap();
-            outsiders.push(k);
-        }
+        let _outsiders = knock(&path, token.as_bytes(), 20).await;
         // This process's pid is visible and its cgroups do not name the container; its uid
         // is the kernel's, which must not matter then.
         let elsewhere = Peer::Kernel {
