@@ -284,10 +284,15 @@ impl Kernel {
         let accepting = rendezvous.accept(&kernel, HANDSHAKE_TIMEOUT);
         tokio::pin!(accepting);
         let mut accepted = None;
-        let first = loop {
-            tokio::select! {
-                first = reader.take_within(1, HANDSHAKE_TIMEOUT) => break first?,
-                socket = &mut accepting, if accepted.is_none() => accepted = Some(socket?),
+        let first = {
+            // One deadline for the first byte, however the accept goes meanwhile.
+            let taking = reader.take_within(1, HANDSHAKE_TIMEOUT);
+            tokio::pin!(taking);
+            loop {
+                tokio::select! {
+                    first = &mut taking => break first?,
+                    socket = &mut accepting, if accepted.is_none() => accepted = Some(socket?),
+                }
             }
         };
         match first.as_deref() {
