@@ -13,6 +13,10 @@ pub const DEFAULT_DISPLAY_BUNDLE_BYTES: usize = 5 * 1024 * 1024;
 /// The default cap on a cell's displays (`Config::display_cell_bytes`): 20 MiB of their JSON.
 pub const DEFAULT_DISPLAY_CELL_BYTES: usize = 20 * 1024 * 1024;
 
+/// The default cap on one upload (`Config::max_upload_bytes`: a file, or a tar archive's
+/// bytes): 100 MiB.
+pub const DEFAULT_MAX_UPLOAD_BYTES: u64 = 100 * 1024 * 1024;
+
 /// What each display counts against [`Config::display_cell_bytes`] beyond its JSON: the host's
 /// memory for a result's structure, so a flood of tiny displays is bounded too.
 pub const DISPLAY_OVERHEAD_BYTES: usize = 1024;
@@ -186,7 +190,7 @@ impl Default for Config {
             state_dir: None,
             pool_size: 0,
             pool_max_age: Duration::from_secs(15 * 60),
-            max_upload_bytes: crate::files::DEFAULT_MAX_UPLOAD_BYTES,
+            max_upload_bytes: DEFAULT_MAX_UPLOAD_BYTES,
             download_min_rate: 64 * 1024,
             download_rate_grace: std::time::Duration::from_secs(30),
             file_helper_idle: Duration::from_secs(30),

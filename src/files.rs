@@ -15,9 +15,6 @@ use serde::Serialize;
 use crate::config::WORK_DIR;
 use crate::docker::EngineError;
 
-/// Default cap on one upload (a file, or a tar archive's bytes), in bytes: 100 MiB.
-pub const DEFAULT_MAX_UPLOAD_BYTES: u64 = 100 * 1024 * 1024;
-
 /// Longest path accepted, in bytes.
 pub const MAX_PATH_BYTES: usize = 4096;
 

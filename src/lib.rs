@@ -17,17 +17,14 @@
 //! | [`rich`] | rich results: the MIME bundles a cell displays ([`RichResult`]) |
 //! | [`config`] | the validated configuration value |
 //! | `owner` (crate-internal) | owners (session / delegated child, per tenant) and kernel keys |
-//! | [`docker`] | the intent-level [`Engine`] trait, its bollard implementation, volume removal |
-//! | [`instance`] | this instance's identity and other instances' liveness |
-//! | [`sweep`] | label sweeps: dead instances' leftovers, stale staging volumes |
-//! | [`watchdog`] | the process that cleans up after an orchestrator that died |
-//! | `adopt` (crate-internal) | work driven by its caller that a tracker adopts if the caller goes away |
+//! | [`docker`] | the intent-level [`Engine`] trait, its bollard implementation, volume removal, the engine's events (OOM, outside kills and crashes told apart) |
+//! | [`instance`] | no container outlives its instance (folder): identity and liveness, label sweeps, the watchdog process |
 //! | [`image`] | building the kernel image offline |
-//! | `monitor` (crate-internal) | engine events: tells OOM, outside kills and crashes apart |
 //! | [`authority`] | per-cell tool-call authority and the [`ToolDispatcher`] trait |
 //! | `kernel` (crate-internal) | one kernel container (folder): spawn, reader task, one cell, stdin, the runner protocol |
 //! | [`catalog`] | the durable owner catalog (folder): rows and rules, memory and redb stores, the writer thread |
 //! | `registry` (crate-internal) | which kernel serves which key (folder): bookkeeping, caps and fair shares |
+//! | [`api_path`] | the HTTP API's paths: the one percent-encoder for names and file paths in a URL |
 //! | [`files`] | files in and out of a kernel: path checks, what the file operations return, their errors |
 //! | [`orchestrator`] | the front door (folder): [`Orchestrator::execute`], lifecycle verbs, shutdown |
 //! | [`server`] | the multi-tenant HTTP API behind `kernelbox serve` |
@@ -40,7 +37,6 @@
 //! `runner/rich.py` for rich results (standard library only), started by `runner/bootstrap.py` as `python3 -c`, so any image
 //! with python3 >= 3.8 works.
 
-pub(crate) mod adopt;
 pub mod api_path;
 pub mod authority;
 pub mod catalog;
@@ -55,14 +51,11 @@ pub mod instance;
 pub(crate) mod kernel;
 pub mod labels;
 pub mod mcp;
-pub(crate) mod monitor;
 pub mod orchestrator;
 pub(crate) mod owner;
 pub(crate) mod registry;
 pub mod rich;
 pub mod server;
-pub mod sweep;
-pub mod watchdog;
 
 pub use authority::{CellAuthority, FnDispatcher, RawToolCall, ToolCall, ToolDispatcher};
 pub use cell::{CellResult, CellStatus, KernelInfo, LossReason, StateLost};

@@ -393,19 +393,24 @@ async fn week_old_staging_volumes_go_and_fresh_ones_stay() {
     // touches nor counts any other volume on the engine.
     let max_age = kernelbox::Config::default().staging_max_age;
     let mine = [format!("{CASE}={}", case.label)];
-    let would = kernelbox::sweep::sweep_stale_staging(case.engine.as_ref(), max_age, &mine, true)
-        .await
-        .expect("dry run");
+    let would =
+        kernelbox::instance::sweep::sweep_stale_staging(case.engine.as_ref(), max_age, &mine, true)
+            .await
+            .expect("dry run");
     assert_eq!(
         would,
         vec![names[0].0.clone()],
         "a dry run reports the old one"
     );
     assert_eq!(case.volumes().await.len(), 3, "a dry run removes nothing");
-    let removed =
-        kernelbox::sweep::sweep_stale_staging(case.engine.as_ref(), max_age, &mine, false)
-            .await
-            .expect("sweep");
+    let removed = kernelbox::instance::sweep::sweep_stale_staging(
+        case.engine.as_ref(),
+        max_age,
+        &mine,
+        false,
+    )
+    .await
+    .expect("sweep");
     assert_eq!(removed, vec![names[0].0.clone()]);
     let left: BTreeSet<String> = case.volumes().await.into_iter().map(|v| v.name).collect();
     assert_eq!(

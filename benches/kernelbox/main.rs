@@ -290,5 +290,12 @@ async fn main() -> Result<()> {
     }
     eprintln!("[bench] jupyter reference");
     b.jupyter().await?;
-    report::publish(&b, &docker_version, load_at_start)
+    let report = report::Report {
+        args: &b.args,
+        label: &b.label,
+        rows: &b.rows,
+        details: &b.details,
+        notes: &b.notes,
+    };
+    report::publish(report, &docker_version, load_at_start)
 }

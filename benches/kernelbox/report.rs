@@ -6,8 +6,7 @@ use anyhow::Result;
 use serde::Serialize;
 use serde_json::json;
 
-use crate::phases::Bench;
-use crate::{host, CASE, IMAGE};
+use crate::{host, Args, CASE, IMAGE};
 
 /// One line of the table.
 #[derive(Debug, Serialize)]
@@ -62,9 +61,18 @@ fn markdown(rows: &[Row]) -> String {
     t
 }
 
+/// What a run reports: its table rows, the JSON details and the notes.
+pub struct Report<'a> {
+    pub args: &'a Args,
+    pub label: &'a str,
+    pub rows: &'a [Row],
+    pub details: &'a serde_json::Map<String, serde_json::Value>,
+    pub notes: &'a [String],
+}
+
 /// Prints the heading, the table and the notes, and writes the JSON report.
-pub fn publish(b: &Bench, docker_version: &str, load_at_start: f64) -> Result<()> {
-    let table = markdown(&b.rows);
+pub fn publish(b: Report<'_>, docker_version: &str, load_at_start: f64) -> Result<()> {
+    let table = markdown(b.rows);
     let m = host::machine();
     println!(
         "\n`{}` — {} cores, {} GiB, Linux {}, Docker {docker_version}, image {IMAGE}; \
@@ -76,7 +84,7 @@ pub fn publish(b: &Bench, docker_version: &str, load_at_start: f64) -> Result<()
         m["loadavg"]
     );
     println!("{table}");
-    for n in &b.notes {
+    for n in b.notes {
         println!("- {n}");
     }
     let report = json!({

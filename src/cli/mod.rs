@@ -382,7 +382,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Mcp(args) => mcp::run(args).await,
         Command::Watchdog { instance } => {
             let engine = connect().await?;
-            kernelbox::watchdog::run(engine.as_ref(), &instance).await?;
+            kernelbox::instance::watchdog::run(engine.as_ref(), &instance).await?;
             Ok(ExitCode::SUCCESS)
         }
     }
@@ -461,8 +461,9 @@ async fn exec(args: ExecArgs) -> anyhow::Result<ExitCode> {
 async fn sweep(args: SweepArgs) -> anyhow::Result<ExitCode> {
     let engine = connect().await?;
     let me = kernelbox::instance::Instance::current();
-    let mut report = kernelbox::sweep::sweep_orphans(engine.as_ref(), &me, args.dry_run).await?;
-    let stale = kernelbox::sweep::sweep_stale_staging(
+    let mut report =
+        kernelbox::instance::sweep::sweep_orphans(engine.as_ref(), &me, args.dry_run).await?;
+    let stale = kernelbox::instance::sweep::sweep_stale_staging(
         engine.as_ref(),
         args.staging_max_age,
         &[],

@@ -4,10 +4,18 @@
 //! and tests substitute the in-memory fake (`fake`: in unit tests, and for `tests/` and
 //! `benches/` behind the `test-util` feature). Cleanup verbs are idempotent: an object that is
 //! already gone (404), already stopped (304/409) or already being removed is a success.
+//!
+//! | file | what |
+//! |---|---|
+//! | `mod.rs` | the [`Engine`] trait, its requests and errors, idempotent volume removal |
+//! | `bollard_engine.rs` | [`BollardEngine`]: the trait on the real daemon |
+//! | `monitor.rs` | the engine's events: tells OOM, outside kills and crashes apart |
+//! | `fake.rs` | the in-memory fake engine (tests and benches) |
 
 mod bollard_engine;
 #[cfg(any(test, feature = "test-util"))]
 pub mod fake;
+pub(crate) mod monitor;
 
 use std::collections::BTreeMap;
 use std::pin::Pin;

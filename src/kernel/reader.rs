@@ -17,8 +17,8 @@ use super::run::refuse;
 use super::stdin::Stdin;
 use super::{Death, IoEvent, Shared, MAX_READER_BACKLOG};
 use crate::authority::RETIRED_MESSAGE;
+use crate::docker::monitor::EventMonitor;
 use crate::docker::{short_id, Chunk, Engine, EngineError};
-use crate::monitor::EventMonitor;
 
 /// The breach reported for a protocol line over [`MAX_FRAME_LINE`].
 const LINE_BREACH: &str = "a protocol line longer than 1 MiB";

@@ -21,8 +21,8 @@ use super::{
     Shared, MAX_READER_BACKLOG, STAGING_DIR_PROJECT, WORK_DIR,
 };
 use crate::config::{Config, WorkMode};
+use crate::docker::monitor::EventMonitor;
 use crate::docker::{remove_volume_when_free, ContainerSpec, Engine, Mount, TmpfsVolume};
-use crate::monitor::EventMonitor;
 use crate::owner::KernelKey;
 
 /// What a new kernel is made from.
@@ -357,7 +357,7 @@ mod tests {
 
     use super::*;
     use crate::docker::fake::FakeEngine;
-    use crate::monitor::EventMonitor;
+    use crate::docker::monitor::EventMonitor;
 
     fn request<'a>(
         fake: &FakeEngine,

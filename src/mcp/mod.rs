@@ -12,13 +12,12 @@
 //! | `files.rs` | the file tools' orchestrator calls (local and `/v1/mcp`), and a file or a listing as an MCP tool result |
 //! | `local.rs` | backend: a local orchestrator, one session |
 //! | `remote.rs` | backend: a kernelbox server's HTTP API, one session |
-//! | `http.rs` | `/v1/mcp`: streamable HTTP behind the tenant's bearer token, MCP sessions bound to tenants, their kernels cleared when they end |
-//! | `http_backend.rs` | backend of `/v1/mcp`: the server's execute path and file calls for the caller's tenant |
+//!
+//! MCP over streamable HTTP (`/v1/mcp`) is an adapter of the HTTP server, in
+//! `server/api/mcp.rs`: it serves these tools through the server's own execute path.
 
 mod backend;
-mod files;
-pub(crate) mod http;
-mod http_backend;
+pub(crate) mod files;
 mod local;
 mod remote;
 mod render;
@@ -30,7 +29,8 @@ use rmcp::ServiceExt;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::orchestrator::Orchestrator;
-use backend::Backend;
+pub(crate) use backend::{Backend, ExecuteCode, FileHead, Refusal};
+pub(crate) use tools::KernelTools;
 
 /// Where `kernelbox mcp`'s cells run.
 #[derive(Debug)]

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{AdmissionNotice, ExecuteError, ExecuteRequest, Orchestrator, CLEARED_MESSAGE};
-use crate::adopt::run_adopted;
 use crate::authority::CellAuthority;
 use crate::catalog::Change;
 use crate::cell::{
@@ -14,6 +13,7 @@ use crate::cell::{
 };
 use crate::config::DISPLAY_OVERHEAD_BYTES;
 use crate::kernel::{CellOptions, CellOutcome, Death, DisplayCaps, Kernel, SpawnRequest};
+use crate::orchestrator::adopt::run_adopted;
 use crate::owner::KernelKey;
 use crate::registry::{Refusal, Slot, TenantLimits};
 

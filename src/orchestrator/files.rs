@@ -185,7 +185,7 @@ impl Orchestrator {
         let slot = hold.slot.clone();
         // Runs to its end even if the caller goes away (a client cut mid-body): the helper
         // confirms its clean-up before the kernel is released.
-        let written = crate::adopt::run_adopted(&self.inner.tracker, async move {
+        let written = crate::orchestrator::adopt::run_adopted(&self.inner.tracker, async move {
             let written = kernel.write_file(&path, tar, body, cap).await;
             drop(hold);
             written

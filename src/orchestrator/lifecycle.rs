@@ -10,10 +10,10 @@ use tokio_util::sync::CancellationToken;
 use super::{KernelSummary, Orchestrator, Run, INTERRUPT_SETTLE};
 use crate::cell::LossReason;
 use crate::docker::EngineError;
+use crate::instance::sweep::{self, SweepReport};
 use crate::kernel::{Kernel, KernelState};
 use crate::owner::Owner;
 use crate::registry::Slot;
-use crate::sweep::{self, SweepReport};
 
 impl Orchestrator {
     /// Calls running now: acquiring a kernel or running a cell, whether or not their caller

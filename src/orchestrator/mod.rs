@@ -10,9 +10,11 @@
 //! | `files.rs` | files in and out of an owner's kernel: write, read, list, remove ([`FileRequest`]) |
 //! | `lifecycle.rs` | running cells and interrupt, clear, evict, release a child, list, reap, sweeps |
 //! | `pool.rs` | the warm pool: the refill task, pooled kernels' disposal, naming a taken kernel after its owner |
+//! | `adopt.rs` | work driven by its caller that the tracker adopts if the caller goes away (an upload, a cell) |
 //! | `shutdown.rs` | the graceful stop: refuse new work, drain, remove every kernel |
 //! | `tests.rs`, `pool_tests.rs` | unit tests against the fake engine in paused time |
 
+mod adopt;
 mod execute;
 mod files;
 mod lifecycle;
@@ -41,14 +43,14 @@ use tokio_util::task::TaskTracker;
 use crate::catalog::{Catalog, CatalogError, CatalogWriter, Change, Entry, EntryState};
 use crate::cell::{LossReason, StateLost};
 use crate::config::Config;
+use crate::docker::monitor::EventMonitor;
 use crate::docker::Engine;
+use crate::instance::sweep::{self};
+use crate::instance::watchdog::Watchdog;
 use crate::instance::Instance;
 use crate::labels;
-use crate::monitor::EventMonitor;
 use crate::owner::{NameError, Owner};
 use crate::registry::Registry;
-use crate::sweep::{self};
-use crate::watchdog::Watchdog;
 
 /// The error of a cell whose kernel was disposed of under it by a clear (`DELETE`), a reset
 /// (`reset: true`) or a delegated child's release.

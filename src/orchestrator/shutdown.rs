@@ -19,7 +19,8 @@ impl Orchestrator {
         self.stop_pool(Duration::from_secs(10)).await;
         // Anything the registry no longer knows (a spawn racing the shutdown) goes by label.
         if let Err(e) =
-            crate::watchdog::remove_instance(inner.engine.as_ref(), &inner.instance.id).await
+            crate::instance::watchdog::remove_instance(inner.engine.as_ref(), &inner.instance.id)
+                .await
         {
             tracing::warn!(error = %e, "final sweep of this instance failed");
         }

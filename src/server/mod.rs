@@ -8,7 +8,7 @@
 //! | `DELETE /v1/sessions/{session}/children/{child}` | release a delegated child |
 //! | `PUT`, `GET`, `DELETE /v1/sessions/{session}/files/{path}` | files in and out of the session's kernel (`GET`/`PUT .../files` for its working directory) |
 //! | `GET /v1/kernels` | the caller's tenant's kernels |
-//! | `POST`/`GET`/`DELETE /v1/mcp` | MCP over streamable HTTP (`crate::mcp`, README "MCP") |
+//! | `POST`/`GET`/`DELETE /v1/mcp` | MCP over streamable HTTP (`api/mcp.rs`, README "MCP") |
 //! | `GET /healthz`, `GET /metrics`, `GET /openapi.json` | no authentication |
 //!
 //! `/metrics` can instead be served on a listener of its own ([`ServeOptions::metrics`]).
@@ -41,7 +41,8 @@ pub use metrics::Metrics;
 pub use tenants::{Tenant, Tenants, TenantsError, ToolsConfig};
 pub use tools::CELL_TOKEN_HEADER;
 
-pub use crate::mcp::http::{McpOptions, SESSION_HEADER as MCP_SESSION_HEADER};
+pub use api::mcp::McpOptions;
+pub use api::mcp_session::SESSION_HEADER as MCP_SESSION_HEADER;
 
 use crate::orchestrator::Orchestrator;
 

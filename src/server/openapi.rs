@@ -302,7 +302,7 @@ pub fn spec() -> Value {
     spec
 }
 
-/// `/v1/mcp`: MCP over streamable HTTP (the wire format is MCP's own; `crate::mcp::http`).
+/// `/v1/mcp`: MCP over streamable HTTP (the wire format is MCP's own; `api/mcp.rs`).
 fn mcp_path(auth_errors: &Value) -> Value {
     let session_params = json!([
         {"name": "session", "in": "query", "required": false,

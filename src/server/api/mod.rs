@@ -6,9 +6,15 @@
 //! | `middleware.rs` | what wraps every route: panics become 500s, refusals of requests with a body close the connection |
 //! | `files.rs` | files in and out of a session's kernel: PUT, GET (file, listing, tar), DELETE |
 //! | `stream.rs` | a streaming (NDJSON) execute: output events under a backlog cap, then the result |
+//! | `mcp.rs` | `/v1/mcp`: MCP over streamable HTTP behind the tenant's bearer token, MCP sessions bound to tenants, their kernels cleared when they end |
+//! | `mcp_session.rs` | which kernelbox session a `/v1/mcp` request runs in |
+//! | `mcp_backend.rs` | the MCP tools' backend on `/v1/mcp`: the execute path and file calls below, for the caller's tenant |
 //! | `tests.rs` | unit tests |
 
 mod files;
+pub(crate) mod mcp;
+mod mcp_backend;
+pub(crate) mod mcp_session;
 pub(crate) use files::file_request;
 mod middleware;
 mod stream;
@@ -78,17 +84,13 @@ pub(super) fn router(state: AppState, with_metrics: bool) -> Router {
     finish(router, state)
 }
 
-/// `/v1/mcp`: POST, GET and DELETE go to the MCP service (`crate::mcp::http`).
+/// `/v1/mcp`: POST, GET and DELETE go to the MCP service (`mcp.rs`).
 fn mcp_routes(state: &AppState) -> axum::routing::MethodRouter<AppState> {
-    let service = crate::mcp::http::service(state);
+    let service = mcp::service(state);
     let (get_service, delete_service) = (service.clone(), service.clone());
-    post(move |state, caller, request| crate::mcp::http::handle(service, state, caller, request))
-        .get(move |state, caller, request| {
-            crate::mcp::http::handle(get_service, state, caller, request)
-        })
-        .delete(move |state, caller, request| {
-            crate::mcp::http::handle(delete_service, state, caller, request)
-        })
+    post(move |state, caller, request| mcp::handle(service, state, caller, request))
+        .get(move |state, caller, request| mcp::handle(get_service, state, caller, request))
+        .delete(move |state, caller, request| mcp::handle(delete_service, state, caller, request))
 }
 
 /// The separate metrics listener: `/metrics` only.

@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use super::{liveness, Instance, Liveness};
 use crate::clock::unix_now;
 use crate::docker::{remove_volume, Engine, EngineError, InUse};
-use crate::instance::{liveness, Instance, Liveness};
 use crate::labels;
 
 /// Objects of an instance on another host are judged by age past this grace.

@@ -26,7 +26,6 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::request::Parts;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use futures::Stream;
@@ -39,15 +38,11 @@ use rmcp::transport::streamable_http_server::session::{
 };
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 
-use super::backend::{Backend, Refusal};
-use super::tools::KernelTools;
+use super::mcp_session::{kernel_session, mcp_session_id};
+use super::Caller;
+use crate::mcp::{Backend, KernelTools};
 use crate::orchestrator::Orchestrator;
-use crate::owner::validate_name;
-use crate::server::api::Caller;
 use crate::server::{ApiError, AppState, Metrics, MAX_BODY_BYTES};
-
-/// The request header naming the kernelbox session of an MCP request.
-pub const SESSION_HEADER: &str = "kernelbox-session";
 
 /// How MCP sessions on `/v1/mcp` are bounded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,7 +86,7 @@ pub(crate) fn service(state: &AppState) -> McpService {
         metrics: state.metrics().clone(),
         max_per_tenant: options.max_sessions_per_tenant,
     });
-    let backend: Arc<dyn Backend> = Arc::new(super::http_backend::HttpBackend {
+    let backend: Arc<dyn Backend> = Arc::new(super::mcp_backend::HttpBackend {
         state: state.clone(),
     });
     let mut config = StreamableHttpServerConfig::default()
@@ -205,13 +200,6 @@ async fn as_api_error(response: Response) -> Response {
     ApiError::new(status, code, message).into_response()
 }
 
-fn mcp_session_id(headers: &axum::http::HeaderMap) -> Option<SessionId> {
-    headers
-        .get("mcp-session-id")
-        .and_then(|v| v.to_str().ok())
-        .map(|v| SessionId::from(v.to_string()))
-}
-
 tokio::task_local! {
     /// The caller of the `/v1/mcp` request being handled, for [`TenantSessions`].
     static CALL: CallScope;
@@ -252,11 +240,6 @@ impl TenantSessions {
     async fn owner(&self, id: &SessionId) -> Option<String> {
         self.owners.lock().await.get(id).cloned()
     }
-}
-
-/// The kernelbox session of an MCP session.
-fn kernel_session(id: &SessionId) -> String {
-    format!("mcp-{id}")
 }
 
 impl SessionManager for TenantSessions {
@@ -337,69 +320,6 @@ impl SessionManager for TenantSessions {
     }
 }
 
-/// The kernelbox session a `/v1/mcp` request runs in (see the module documentation).
-pub(super) fn session_of(parts: &Parts) -> Result<String, Refusal> {
-    let named = parts
-        .headers
-        .get(SESSION_HEADER)
-        .map(|v| {
-            v.to_str()
-                .map(str::to_owned)
-                .map_err(|_| Refusal("the Kernelbox-Session header is not text".into()))
-        })
-        .transpose()?
-        .or_else(|| query_param(parts.uri.query().unwrap_or(""), "session"));
-    let session = match named {
-        Some(name) => name,
-        None => match mcp_session_id(&parts.headers) {
-            Some(id) => kernel_session(&id),
-            None => {
-                return Err(Refusal(
-                    "kernelbox: this MCP request names no session, so kernelbox cannot tell which kernel is yours: connect to /v1/mcp?session=NAME (or send a Kernelbox-Session: NAME header), or use an MCP protocol version with sessions (before 2026-07-28)".into(),
-                ))
-            }
-        },
-    };
-    validate_name("session", &session).map_err(|e| Refusal(e.to_string()))?;
-    Ok(session)
-}
-
-/// The first value of `key` in a query string, percent-decoded (`None` when absent or not
-/// UTF-8).
-fn query_param(query: &str, key: &str) -> Option<String> {
-    query.split('&').find_map(|pair| {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        (k == key).then(|| percent_decode(v)).flatten()
-    })
-}
-
-fn percent_decode(text: &str) -> Option<String> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' => {
-                let hex = bytes.get(i + 1..i + 3)?;
-                if !hex.iter().all(u8::is_ascii_hexdigit) {
-                    return None;
-                }
-                out.push(u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?);
-                i += 3;
-            }
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            b => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8(out).ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -412,45 +332,5 @@ mod tests {
             60 * min + Duration::from_secs(10)
         );
         assert_eq!(session_idle_timeout(90 * min, 60 * min), 90 * min);
-    }
-
-    #[test]
-    fn query_params_are_found_and_decoded() {
-        assert_eq!(
-            query_param("session=demo", "session").as_deref(),
-            Some("demo")
-        );
-        assert_eq!(
-            query_param("a=1&session=team%3Aconv-1", "session").as_deref(),
-            Some("team:conv-1")
-        );
-        assert_eq!(query_param("sessions=x", "session"), None);
-        assert_eq!(query_param("session=%zz", "session"), None);
-        assert_eq!(query_param("session=%4", "session"), None);
-    }
-
-    fn parts(uri: &str, headers: &[(&str, &str)]) -> Parts {
-        let mut request = axum::http::Request::builder().uri(uri);
-        for (k, v) in headers {
-            request = request.header(*k, *v);
-        }
-        request.body(()).expect("request").into_parts().0
-    }
-
-    #[test]
-    fn the_session_comes_from_the_header_then_the_query_then_the_mcp_session() {
-        let both = parts(
-            "/v1/mcp?session=q",
-            &[(SESSION_HEADER, "h"), ("mcp-session-id", "m")],
-        );
-        assert_eq!(session_of(&both), Ok("h".into()));
-        let query = parts("/v1/mcp?session=q", &[("mcp-session-id", "m")]);
-        assert_eq!(session_of(&query), Ok("q".into()));
-        let mcp = parts("/v1/mcp", &[("mcp-session-id", "abc")]);
-        assert_eq!(session_of(&mcp), Ok("mcp-abc".into()));
-        let none = session_of(&parts("/v1/mcp", &[])).expect_err("no session");
-        assert!(none.0.contains("/v1/mcp?session=NAME"), "{}", none.0);
-        let bad = session_of(&parts("/v1/mcp?session=a%2Fb", &[])).expect_err("bad name");
-        assert!(bad.0.contains("invalid session name"), "{}", bad.0);
     }
 }

@@ -12,7 +12,7 @@ use futures::StreamExt;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::docker::Engine;
+use super::Engine;
 
 /// How close before a container's `die` an `oom` event must be for the death to be the
 /// out-of-memory kill. The kernel's own kill is followed by `die` within milliseconds; an

@@ -2,6 +2,16 @@
 //!
 //! Every container and volume carries the instance id and the owning process's host, pid and
 //! start time, so a sweep can tell leftovers of a dead instance from a live neighbour's work.
+//! One concern: no container outlives its instance.
+//!
+//! | file | what |
+//! |---|---|
+//! | `mod.rs` | [`Instance`]: this instance's identity, and other instances' [`liveness`] |
+//! | `sweep.rs` | label sweeps: dead instances' leftovers, stale staging volumes |
+//! | `watchdog.rs` | the process that cleans up after an orchestrator that died |
+
+pub mod sweep;
+pub mod watchdog;
 
 use std::collections::BTreeMap;
 

@@ -1,5 +1,5 @@
 //! The backend of `/v1/mcp`'s tool calls: the server's own execute path and the orchestrator's
-//! file calls, for the caller's tenant and session (see `http.rs` for how a session is named).
+//! file calls, for the caller's tenant and session (see `mcp_session.rs` for how a session is named).
 
 use std::sync::Arc;
 
@@ -9,11 +9,10 @@ use axum::http::request::Parts;
 use rmcp::model::Extensions;
 use serde_json::json;
 
-use super::backend::{Backend, ExecuteCode, FileHead, Refusal};
-use super::files;
-use super::http::session_of;
+use super::mcp_session::session_of;
+use super::{file_request, run_cell};
+use crate::mcp::{files, Backend, ExecuteCode, FileHead, Refusal};
 use crate::orchestrator::FileRequest;
-use crate::server::api::{file_request, run_cell};
 use crate::server::{AppState, Tenant};
 
 /// Tool calls on `/v1/mcp`: the server's own execute path, for the caller's tenant.

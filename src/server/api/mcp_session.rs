@@ -1,0 +1,123 @@
+//! Which kernelbox session a `/v1/mcp` request runs in (the order is in `mcp.rs`): the
+//! `Kernelbox-Session` header, the `session` query parameter, else the MCP session's own.
+
+use axum::http::request::Parts;
+use rmcp::transport::streamable_http_server::session::SessionId;
+
+use crate::mcp::Refusal;
+use crate::owner::validate_name;
+
+/// The request header naming the kernelbox session of an MCP request.
+pub const SESSION_HEADER: &str = "kernelbox-session";
+
+/// The kernelbox session of an MCP session.
+pub(super) fn kernel_session(id: &SessionId) -> String {
+    format!("mcp-{id}")
+}
+
+pub(super) fn mcp_session_id(headers: &axum::http::HeaderMap) -> Option<SessionId> {
+    headers
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(|v| SessionId::from(v.to_string()))
+}
+
+/// The kernelbox session a `/v1/mcp` request runs in (see the module documentation).
+pub(crate) fn session_of(parts: &Parts) -> Result<String, Refusal> {
+    let named = parts
+        .headers
+        .get(SESSION_HEADER)
+        .map(|v| {
+            v.to_str()
+                .map(str::to_owned)
+                .map_err(|_| Refusal("the Kernelbox-Session header is not text".into()))
+        })
+        .transpose()?
+        .or_else(|| query_param(parts.uri.query().unwrap_or(""), "session"));
+    let session = match named {
+        Some(name) => name,
+        None => match mcp_session_id(&parts.headers) {
+            Some(id) => kernel_session(&id),
+            None => {
+                return Err(Refusal(
+                    "kernelbox: this MCP request names no session, so kernelbox cannot tell which kernel is yours: connect to /v1/mcp?session=NAME (or send a Kernelbox-Session: NAME header), or use an MCP protocol version with sessions (before 2026-07-28)".into(),
+                ))
+            }
+        },
+    };
+    validate_name("session", &session).map_err(|e| Refusal(e.to_string()))?;
+    Ok(session)
+}
+
+/// The first value of `key` in a query string, percent-decoded (`None` when absent or not
+/// UTF-8).
+fn query_param(query: &str, key: &str) -> Option<String> {
+    query.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        (k == key).then(|| percent_decode(v)).flatten()
+    })
+}
+
+fn percent_decode(text: &str) -> Option<String> {
+    // A `%` not followed by two hex digits is malformed: refused, not passed through.
+    let bytes = text.as_bytes();
+    let malformed = bytes.iter().enumerate().any(|(i, &b)| {
+        b == b'%'
+            && !bytes
+                .get(i + 1..i + 3)
+                .is_some_and(|hex| hex.iter().all(u8::is_ascii_hexdigit))
+    });
+    if malformed {
+        return None;
+    }
+    let spaced = text.replace('+', " ");
+    percent_encoding::percent_decode_str(&spaced)
+        .decode_utf8()
+        .ok()
+        .map(|text| text.into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_params_are_found_and_decoded() {
+        assert_eq!(
+            query_param("session=demo", "session").as_deref(),
+            Some("demo")
+        );
+        assert_eq!(
+            query_param("a=1&session=team%3Aconv-1", "session").as_deref(),
+            Some("team:conv-1")
+        );
+        assert_eq!(query_param("sessions=x", "session"), None);
+        assert_eq!(query_param("session=%zz", "session"), None);
+        assert_eq!(query_param("session=%4", "session"), None);
+    }
+
+    fn parts(uri: &str, headers: &[(&str, &str)]) -> Parts {
+        let mut request = axum::http::Request::builder().uri(uri);
+        for (k, v) in headers {
+            request = request.header(*k, *v);
+        }
+        request.body(()).expect("request").into_parts().0
+    }
+
+    #[test]
+    fn the_session_comes_from_the_header_then_the_query_then_the_mcp_session() {
+        let both = parts(
+            "/v1/mcp?session=q",
+            &[(SESSION_HEADER, "h"), ("mcp-session-id", "m")],
+        );
+        assert_eq!(session_of(&both), Ok("h".into()));
+        let query = parts("/v1/mcp?session=q", &[("mcp-session-id", "m")]);
+        assert_eq!(session_of(&query), Ok("q".into()));
+        let mcp = parts("/v1/mcp", &[("mcp-session-id", "abc")]);
+        assert_eq!(session_of(&mcp), Ok("mcp-abc".into()));
+        let none = session_of(&parts("/v1/mcp", &[])).expect_err("no session");
+        assert!(none.0.contains("/v1/mcp?session=NAME"), "{}", none.0);
+        let bad = session_of(&parts("/v1/mcp?session=a%2Fb", &[])).expect_err("bad name");
+        assert!(bad.0.contains("invalid session name"), "{}", bad.0);
+    }
+}
