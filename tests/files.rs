@@ -11,11 +11,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::{memory_of, MIB};
-use http::{tenant, tenants, Api, Reply, TestServer};
-use http_body_util::combinators::BoxBody;
-use http_body_util::{BodyExt, StreamBody};
+use http::{files, tenant, tenants, Api, Reply, Served, Session, TestServer};
+use http_body_util::BodyExt;
 use hyper::body::Frame;
-use hyper::header::{ACCEPT, CONTENT_LENGTH, CONTENT_TYPE};
+use hyper::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use hyper::{Method, StatusCode};
 use rand::RngCore;
 use serde_json::Value;
@@ -31,235 +30,6 @@ async fn server(name: &str, tweak: impl FnOnce(&mut kernelbox::Config)) -> TestS
         tweak,
     )
     .await
-}
-
-fn files(session: &str, path: &str) -> String {
-    format!("/v1/sessions/{session}/files/{path}")
-}
-
-/// One session of one tenant on a server: a test names it once, then speaks in paths inside
-/// its kernel's working directory (a path may carry a query, e.g. `c.txt?child=helper`).
-struct Session {
-    api: Api,
-    token: &'static str,
-    name: &'static str,
-}
-
-impl Session {
-    /// The session `name` of the `TOKEN` tenant.
-    fn new(api: &Api, name: &'static str) -> Session {
-        Session::of(api, TOKEN, name)
-    }
-
-    /// The session `name` of the tenant `token` names.
-    fn of(api: &Api, token: &'static str, name: &'static str) -> Session {
-        Session {
-            api: api.clone(),
-            token,
-            name,
-        }
-    }
-
-    fn url(&self, path: &str) -> String {
-        files(self.name, path)
-    }
-
-    async fn put(&self, path: &str, body: impl Into<Vec<u8>>) -> Reply {
-        put(&self.api, self.token, &self.url(path), body.into(), None).await
-    }
-
-    /// Uploads a tar archive, extracted into the directory `path`.
-    async fn put_tar(&self, path: &str, tar: Vec<u8>) -> Reply {
-        let url = self.url(path);
-        put(&self.api, self.token, &url, tar, Some("application/x-tar")).await
-    }
-
-    async fn get(&self, path: &str) -> Reply {
-        get(&self.api, self.token, &self.url(path), None).await
-    }
-
-    /// Uploads `data` to `path` and downloads it again: created, then the same bytes.
-    async fn round_trip(&self, path: &str, data: &[u8]) {
-        assert_eq!(
-            self.put(path, data.to_vec()).await.status,
-            StatusCode::CREATED
-        );
-        let reply = self.get(path).await;
-        assert_eq!(reply.status, StatusCode::OK);
-        assert!(reply.body == data, "the bytes differ");
-    }
-
-    /// Downloads the directory `path` as a tar archive.
-    async fn get_tar(&self, path: &str) -> Reply {
-        let url = self.url(path);
-        get(&self.api, self.token, &url, Some("application/x-tar")).await
-    }
-
-    async fn delete(&self, path: &str) -> Reply {
-        self.api.delete(&self.url(path), self.token).await
-    }
-
-    /// Runs a cell that must succeed; returns its result.
-    async fn run(&self, code: &str) -> Value {
-        self.api.run(self.token, self.name, code).await
-    }
-
-    /// A PUT whose body is streamed (no `Content-Length`): `chunks` chunks of `size` bytes.
-    async fn put_streamed(&self, path: &str, chunks: usize, size: usize) -> Reply {
-        let chunk = Bytes::from(vec![b'z'; size]);
-        let stream = futures::stream::iter(
-            (0..chunks).map(move |_| Ok::<_, std::io::Error>(Frame::data(chunk.clone()))),
-        );
-        let upload = put_body(&self.api, self.token, &self.url(path), stream);
-        match upload.await.unwrap() {
-            Ok(reply) => reply,
-            Err(e) => panic!("PUT failed: {e:?}"),
-        }
-    }
-
-    /// Starts a PUT whose body the test paces: each chunk sent goes out when the server takes
-    /// it; dropping the sender ends the body, sending an error cuts it.
-    fn paced_put(&self, path: &str) -> (tokio::sync::mpsc::Sender<Chunk>, Upload) {
-        let (tx, rx) = tokio::sync::mpsc::channel::<Chunk>(1);
-        let body = futures::stream::unfold(rx, |mut rx| async move {
-            rx.recv().await.map(|item| (item, rx))
-        });
-        (tx, put_body(&self.api, self.token, &self.url(path), body))
-    }
-
-    /// Opens a connection with a tiny receive buffer, asks for `path` and reads no more than
-    /// the first bytes of the answer.
-    async fn stalled_get(&self, path: &str) -> tokio::net::TcpStream {
-        use tokio::io::AsyncWriteExt;
-        let addr: std::net::SocketAddr =
-            self.api.base.trim_start_matches("http://").parse().unwrap();
-        let socket = tokio::net::TcpSocket::new_v4().unwrap();
-        socket.set_recv_buffer_size(4096).unwrap();
-        let mut stream = socket.connect(addr).await.unwrap();
-        let head = format!(
-            "GET {} HTTP/1.1\r\nhost: {addr}\r\nauthorization: Bearer {}\r\n\r\n",
-            self.url(path),
-            self.token
-        );
-        stream.write_all(head.as_bytes()).await.unwrap();
-        // The response has begun (the kernel is held) once its first bytes arrive.
-        let mut first = [0u8; 1024];
-        let n = tokio::io::AsyncReadExt::read(&mut stream, &mut first)
-            .await
-            .unwrap();
-        assert!(
-            first[..n].starts_with(b"HTTP/1.1 200"),
-            "{}",
-            String::from_utf8_lossy(&first[..n])
-        );
-        stream
-    }
-}
-
-async fn put(
-    api: &Api,
-    token: &str,
-    path: &str,
-    body: Vec<u8>,
-    content_type: Option<&str>,
-) -> Reply {
-    let mut req = api.build(Method::PUT, path, Some(token), false, false);
-    if let Some(ct) = content_type {
-        req = req.header(CONTENT_TYPE, ct);
-    }
-    let req = req
-        .body(http_body_util::Full::new(Bytes::from(body)))
-        .unwrap();
-    read(api.http.request(req).await.expect("PUT")).await
-}
-
-async fn get(api: &Api, token: &str, path: &str, accept: Option<&str>) -> Reply {
-    let mut req = api.build(Method::GET, path, Some(token), false, false);
-    if let Some(a) = accept {
-        req = req.header(ACCEPT, a);
-    }
-    let req = req.body(http_body_util::Full::new(Bytes::new())).unwrap();
-    read(api.http.request(req).await.expect("GET")).await
-}
-
-async fn read(response: hyper::Response<hyper::body::Incoming>) -> Reply {
-    let (parts, body) = response.into_parts();
-    let body = body.collect().await.expect("response body").to_bytes();
-    Reply {
-        status: parts.status,
-        headers: parts.headers,
-        body,
-    }
-}
-
-type Chunk = Result<Frame<Bytes>, std::io::Error>;
-type Upload = tokio::task::JoinHandle<Result<Reply, hyper_util::client::legacy::Error>>;
-
-/// Starts a PUT of `path` whose body is what `body` yields, with no `Content-Length`; the
-/// task answers the reply, or the client's error.
-fn put_body(
-    api: &Api,
-    token: &str,
-    path: &str,
-    body: impl futures::Stream<Item = Chunk> + Send + Sync + 'static,
-) -> Upload {
-    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .build_http::<BoxBody<Bytes, std::io::Error>>();
-    let req = api
-        .build(Method::PUT, path, Some(token), false, false)
-        .body(StreamBody::new(body).boxed())
-        .unwrap();
-    tokio::spawn(async move {
-        match client.request(req).await {
-            Ok(response) => Ok(read(response).await),
-            Err(e) => Err(e),
-        }
-    })
-}
-
-/// A real `kernelbox serve` process on a free port with one tenant (`TOKEN`), labelled as one
-/// test's case.
-struct Served {
-    label: String,
-    engine: std::sync::Arc<dyn kernelbox::docker::Engine>,
-    process: tokio::process::Child,
-    api: Api,
-}
-
-impl Served {
-    /// Starts `kernelbox serve` with its own state directory and the `extra` flags.
-    async fn start(name: &str, extra: &[&str]) -> Served {
-        use tokio::io::AsyncBufReadExt;
-        let label = common::unique(name);
-        let engine = common::engine().await;
-        let state = tempfile::tempdir().unwrap();
-        let mut process = common::serve_command(&label, TOKEN)
-            .arg("--state-dir")
-            .arg(state.path())
-            .args(extra)
-            .spawn()
-            .expect("spawn kernelbox serve");
-        let mut lines = tokio::io::BufReader::new(process.stderr.take().unwrap()).lines();
-        let addr = common::serving_addr(&mut lines).await;
-        tokio::spawn(async move {
-            let _state = state;
-            while let Ok(Some(_)) = lines.next_line().await {}
-        });
-        Served {
-            label,
-            engine,
-            process,
-            api: Api::new(addr),
-        }
-    }
-
-    /// Stops the process with SIGTERM, waits for it (at most 60 s) and asserts nothing of this
-    /// case is left in Docker.
-    async fn finish(mut self) {
-        let status = common::terminate(&mut self.process, Duration::from_secs(60)).await;
-        assert!(status.success(), "{status}");
-        common::assert_clean(&self.engine, &self.label).await;
-    }
 }
 
 /// Asks, every 250 ms, for a cell in another session of `TOKEN`'s tenant until one runs;
@@ -310,7 +80,7 @@ fn output(result: &Value) -> String {
 #[tokio::test(flavor = "multi_thread")]
 async fn ten_mib_of_random_bytes_upload_start_the_kernel_and_a_cell_hashes_them_equal() {
     let s = server("files-roundtrip", |_| {}).await;
-    let rt = Session::new(&s.api, "rt");
+    let rt = Session::new(&s.api, TOKEN, "rt");
     let data = random_bytes(10 * 1024 * 1024);
     let digest = hex::encode(Sha256::digest(&data));
     // No kernel yet: the upload starts one.
@@ -360,7 +130,7 @@ async fn ten_mib_of_random_bytes_upload_start_the_kernel_and_a_cell_hashes_them_
 #[tokio::test(flavor = "multi_thread")]
 async fn a_file_a_cell_wrote_downloads_byte_for_byte_and_directories_list() {
     let s = server("files-cell-written", |_| {}).await;
-    let cw = Session::new(&s.api, "cw");
+    let cw = Session::new(&s.api, TOKEN, "cw");
     cw.run(
         "import os\nos.makedirs('out/sub', exist_ok=True)\n\
          open('out/report.bin', 'wb').write(bytes(range(256)) * 4099)\n\
@@ -394,7 +164,7 @@ async fn a_file_a_cell_wrote_downloads_byte_for_byte_and_directories_list() {
     assert_eq!(entries[2]["size"], 256 * 4099);
     assert!(entries[2]["modified"].as_str().unwrap().ends_with('Z'));
     // The working directory itself.
-    let root = get(&s.api, TOKEN, "/v1/sessions/cw/files", None).await;
+    let root = s.api.get("/v1/sessions/cw/files", Some(TOKEN)).await;
     assert_eq!(root.status, StatusCode::OK, "{}", root.json());
     assert!(root.json()["entries"]
         .as_array()
@@ -421,7 +191,7 @@ fn tar_of(entries: &[(&str, &[u8])]) -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_tar_of_1000_files_extracts_in_one_request_and_downloads_as_a_tar() {
     let s = server("files-tar", |_| {}).await;
-    let tar = Session::new(&s.api, "tar");
+    let tar = Session::new(&s.api, TOKEN, "tar");
     let contents: Vec<(String, Vec<u8>)> = (0..1000)
         .map(|i| {
             (
@@ -533,7 +303,7 @@ fn symlink_tar() -> Vec<u8> {
 async fn traversal_absolute_paths_and_planted_symlinks_are_refused_and_nothing_outside_is_touched()
 {
     let s = server("files-escape", |_| {}).await;
-    let esc = Session::new(&s.api, "esc");
+    let esc = Session::new(&s.api, TOKEN, "esc");
     esc.run(
         "import os\nos.symlink('/', 'root')\nos.symlink('/proc/1/environ', 'environ')\n\
          os.symlink('/tmp', 'tmpdir')\nos.makedirs('real')\nos.symlink('/tmp', 'real/deeper')\n\
@@ -594,7 +364,7 @@ async fn traversal_absolute_paths_and_planted_symlinks_are_refused_and_nothing_o
 #[tokio::test(flavor = "multi_thread")]
 async fn an_upload_over_the_cap_is_413_and_leaves_no_file_behind() {
     let s = server("files-cap", |c| c.max_upload_bytes = 1024 * 1024).await;
-    let cap = Session::new(&s.api, "cap");
+    let cap = Session::new(&s.api, TOKEN, "cap");
     cap.run("x = 1").await;
     // Declared too large: refused before anything reaches the kernel.
     let reply = cap.put("big.bin", vec![1; 1024 * 1024 + 1]).await;
@@ -621,7 +391,7 @@ async fn an_upload_into_a_full_work_dir_is_507_and_leaves_nothing() {
         c.sandbox.work_bytes = Some(8 * 1024 * 1024)
     })
     .await;
-    let full = Session::new(&s.api, "full");
+    let full = Session::new(&s.api, TOKEN, "full");
     full.run("import os\nos.mkdir('was')\nopen('keep.bin', 'wb').write(b'k' * (4 * 1024 * 1024))")
         .await;
     let reply = full.put("big.bin", vec![7; 6 * 1024 * 1024]).await;
@@ -648,12 +418,12 @@ async fn an_upload_into_a_full_work_dir_is_507_and_leaves_nothing() {
 #[tokio::test(flavor = "multi_thread")]
 async fn no_kernel_other_tenants_and_children_are_isolated() {
     let s = server("files-isolation", |_| {}).await;
-    let iso = Session::new(&s.api, "iso");
-    let theirs = Session::of(&s.api, OTHER, "iso");
+    let iso = Session::new(&s.api, TOKEN, "iso");
+    let theirs = Session::new(&s.api, OTHER, "iso");
     // A session that never ran, for every read verb: 404 no_kernel, and nothing is started.
     let reply = iso.get("a.txt").await;
     assert_eq!(reply.error(StatusCode::NOT_FOUND), "no_kernel");
-    let reply = get(&s.api, TOKEN, "/v1/sessions/iso/files", None).await;
+    let reply = s.api.get("/v1/sessions/iso/files", Some(TOKEN)).await;
     assert_eq!(reply.error(StatusCode::NOT_FOUND), "no_kernel");
     let reply = iso.delete("a.txt").await;
     assert_eq!(reply.error(StatusCode::NOT_FOUND), "no_kernel");
@@ -709,7 +479,7 @@ async fn no_kernel_other_tenants_and_children_are_isolated() {
 #[tokio::test(flavor = "multi_thread")]
 async fn uploads_and_deletes_run_while_a_cell_runs_in_the_same_kernel() {
     let s = server("files-concurrent", |_| {}).await;
-    let busy = Session::new(&s.api, "busy");
+    let busy = Session::new(&s.api, TOKEN, "busy");
     busy.run("x = 1").await;
     let mut events = s
         .api
@@ -759,9 +529,9 @@ async fn uploads_and_deletes_run_while_a_cell_runs_in_the_same_kernel() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_hundred_mib_streams_in_and_out_without_growing_the_server() {
-    let served = Served::start("files-stream-memory", &[]).await;
+    let served = Served::start("files-stream-memory", TOKEN, &[]).await;
     let (api, pid) = (&served.api, served.process.id().unwrap());
-    let mem = Session::new(api, "mem");
+    let mem = Session::new(api, TOKEN, "mem");
     // Warm up: the kernel, the helper path, the allocator's pools.
     let reply = mem.put("warm.bin", vec![1; 4 * 1024 * 1024]).await;
     assert_eq!(reply.status, StatusCode::CREATED);
@@ -821,8 +591,8 @@ async fn a_hundred_mib_streams_in_and_out_without_growing_the_server() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kernelbox_cp_copies_files_and_directories_both_ways() {
-    let served = Served::start("files-cp", &[]).await;
-    let cps = Session::new(&served.api, "cps");
+    let served = Served::start("files-cp", TOKEN, &[]).await;
+    let cps = Session::new(&served.api, TOKEN, "cps");
     let dir = tempfile::tempdir().unwrap();
     let data = random_bytes(3 * 1024 * 1024 + 17);
     std::fs::write(dir.path().join("data.bin"), &data).unwrap();
@@ -941,7 +711,7 @@ async fn exec_uploads_before_the_cell_and_downloads_after_it() {
 async fn a_transfer_holds_its_kernel_against_the_idle_reaper_and_touches_its_last_use() {
     let idle = Duration::from_secs(2);
     let s = server("files-reaper", |c| c.kernel_idle_timeout = idle).await;
-    let slow = Session::new(&s.api, "slow");
+    let slow = Session::new(&s.api, TOKEN, "slow");
     slow.run("x = 'kept'").await;
     // An upload whose body the test paces: it is in flight for longer than the idle timeout.
     let (tx, upload) = slow.paced_put("slow.bin");
@@ -987,7 +757,7 @@ async fn in_project_mode_files_land_in_the_bind_mounted_project_directory() {
         c.mode = kernelbox::WorkMode::Project(dir)
     })
     .await;
-    let proj = Session::new(&s.api, "proj");
+    let proj = Session::new(&s.api, TOKEN, "proj");
     let reply = proj.put("sub/up.txt", b"uploaded").await;
     assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json());
     assert_eq!(reply.json()["path"], "/work/sub/up.txt");
@@ -1003,7 +773,7 @@ async fn in_project_mode_files_land_in_the_bind_mounted_project_directory() {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_upload_whose_client_breaks_off_leaves_nothing_half_written() {
     let s = server("files-broken", |_| {}).await;
-    let brk = Session::new(&s.api, "brk");
+    let brk = Session::new(&s.api, TOKEN, "brk");
     brk.run("open('keep.txt', 'w').write('old')").await;
     for name in ["keep.txt", "new.bin"] {
         let (tx, upload) = brk.paced_put(name);
@@ -1041,6 +811,7 @@ async fn an_upload_whose_client_breaks_off_leaves_nothing_half_written() {
 async fn a_download_the_client_stops_reading_is_cut_and_frees_its_kernel_for_others() {
     let served = Served::start(
         "files-stalled-download",
+        TOKEN,
         &[
             "--max-kernels",
             "1",
@@ -1052,8 +823,8 @@ async fn a_download_the_client_stops_reading_is_cut_and_frees_its_kernel_for_oth
     )
     .await;
     let (held, other) = (
-        Session::new(&served.api, "held"),
-        Session::new(&served.api, "other"),
+        Session::new(&served.api, TOKEN, "held"),
+        Session::new(&served.api, TOKEN, "other"),
     );
     let reply = held.put("big.bin", vec![7; 20 * 1024 * 1024]).await;
     assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json());
@@ -1081,8 +852,8 @@ async fn a_download_the_client_stops_reading_is_cut_and_frees_its_kernel_for_oth
 async fn deleting_a_session_cuts_its_download_the_client_stopped_reading_and_does_not_wait_on_it() {
     // A real `kernelbox serve`: the in-process server's download did not leave the engine
     // waiting on the exec's unread output.
-    let s = Served::start("files-delete-stalled", &[]).await;
-    let held = Session::new(&s.api, "held");
+    let s = Served::start("files-delete-stalled", TOKEN, &[]).await;
+    let held = Session::new(&s.api, TOKEN, "held");
     let size = 32 * 1024 * 1024;
     let reply = held.put("big.bin", vec![7; size]).await;
     assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json());
@@ -1137,7 +908,7 @@ async fn deleting_a_session_cuts_its_download_the_client_stopped_reading_and_doe
 #[tokio::test(flavor = "multi_thread")]
 async fn a_non_utf8_name_is_listed_with_replacement_characters_and_long_names_stay_in_bound() {
     let s = server("files-names", |_| {}).await;
-    let names = Session::new(&s.api, "names");
+    let names = Session::new(&s.api, TOKEN, "names");
     let result = names
         .run(
             "import os\nos.makedirs('bad')\nopen(b'bad/\\xff\\xfe', 'w').close()\n\
@@ -1183,7 +954,7 @@ async fn a_non_utf8_name_is_listed_with_replacement_characters_and_long_names_st
 async fn sockets_nested_tar_members_and_conflicting_merges_are_refused_whole_and_files_slash_lists()
 {
     let s = server("files-small-holes", |_| {}).await;
-    let small = Session::new(&s.api, "small");
+    let small = Session::new(&s.api, TOKEN, "small");
     let result = small
         .run(
             "import os, socket\nsk = socket.socket(socket.AF_UNIX)\nsk.bind('sock')\n\
@@ -1234,7 +1005,7 @@ async fn sockets_nested_tar_members_and_conflicting_merges_are_refused_whole_and
 #[tokio::test(flavor = "multi_thread")]
 async fn an_upload_cut_by_deleting_its_session_answers_no_kernel() {
     let s = server("files-cut-upload", |_| {}).await;
-    let cut = Session::new(&s.api, "cut");
+    let cut = Session::new(&s.api, TOKEN, "cut");
     let (tx, upload) = cut.paced_put("slow.bin");
     let feeder = tokio::spawn(async move {
         for _ in 0..600 {
@@ -1301,7 +1072,7 @@ async fn a_download_read_slower_than_the_minimum_rate_is_cut_and_frees_its_kerne
         c.download_rate_grace = Duration::from_secs(2);
     })
     .await;
-    let slow = Session::new(&s.api, "slow");
+    let slow = Session::new(&s.api, TOKEN, "slow");
     let reply = slow.put("big.bin", vec![7; 20 * 1024 * 1024]).await;
     assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json());
     let reader = slow.stalled_get("big.bin").await;
@@ -1352,23 +1123,10 @@ async fn helpers_settle(container: &str, want: usize) -> Vec<String> {
     }
 }
 
-impl Session {
-    /// The id of the session's kernel container.
-    async fn container(&self) -> String {
-        self.api
-            .kernels(self.token)
-            .await
-            .into_iter()
-            .find(|k| k["session"] == self.name)
-            .and_then(|k| k["id"].as_str().map(str::to_string))
-            .expect("the session's kernel")
-    }
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn transfers_in_a_row_use_one_resident_helper_process() {
     let s = server("files-resident", |_| {}).await;
-    let res = Session::new(&s.api, "res");
+    let res = Session::new(&s.api, TOKEN, "res");
     // Nothing runs in an idle kernel until files are used.
     res.run("print(1)").await;
     let id = res.container().await;
@@ -1401,7 +1159,7 @@ const KILL_HELPERS: &str = "import os, signal\nn = 0\nfor p in os.listdir('/proc
 #[tokio::test(flavor = "multi_thread")]
 async fn a_cell_that_kills_the_resident_helper_does_not_fail_the_next_transfers() {
     let s = server("files-killed", |_| {}).await;
-    let kill = Session::new(&s.api, "kill");
+    let kill = Session::new(&s.api, TOKEN, "kill");
     let data = random_bytes(1024 * 1024);
     for round in 0..2 {
         let reply = kill.put(&format!("f{round}.bin"), data.clone()).await;
@@ -1429,7 +1187,7 @@ async fn a_cell_that_kills_the_resident_helper_does_not_fail_the_next_transfers(
 #[tokio::test(flavor = "multi_thread")]
 async fn uploads_beside_one_holding_the_resident_helper_all_succeed() {
     let s = server("files-beside", |_| {}).await;
-    let side = Session::new(&s.api, "side");
+    let side = Session::new(&s.api, TOKEN, "side");
     assert_eq!(side.put("warm", "w").await.status, StatusCode::CREATED);
     let id = side.container().await;
     let resident = helpers_settle(&id, 1).await;
@@ -1483,7 +1241,7 @@ async fn uploads_beside_one_holding_the_resident_helper_all_succeed() {
 async fn the_resident_helper_ends_after_its_idle_time() {
     let idle = Duration::from_secs(2);
     let s = server("files-idle", |c| c.file_helper_idle = idle).await;
-    let session = Session::new(&s.api, "idle");
+    let session = Session::new(&s.api, TOKEN, "idle");
     assert_eq!(session.put("a.txt", "a").await.status, StatusCode::CREATED);
     let used = std::time::Instant::now();
     let id = session.container().await;
@@ -1533,8 +1291,8 @@ const HELPER_FDS: &str = "import os\npids = [p for p in os.listdir('/proc') if p
 #[tokio::test(flavor = "multi_thread")]
 async fn transfers_go_over_the_helpers_socket_named_on_no_command_line_in_a_directory_no_cell_lists(
 ) {
-    let served = Served::start("files-channel", &["--pool", "0"]).await;
-    let s = Session::new(&served.api, "channel");
+    let served = Served::start("files-channel", TOKEN, &["--pool", "0"]).await;
+    let s = Session::new(&served.api, TOKEN, "channel");
     let data = random_bytes(3 * 1024 * 1024 + 7);
     s.round_trip("d.bin", &data).await;
     let result = s.run(HELPER_FDS).await;
@@ -1586,8 +1344,8 @@ async fn transfers_go_over_the_helpers_socket_named_on_no_command_line_in_a_dire
 /// client's connection unanswered, and the next upload works on a new helper.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_upload_whose_helper_never_takes_its_channel_is_answered_before_the_body_timeout() {
-    let served = Served::start("files-handshake", &["--pool", "0"]).await;
-    let s = Session::new(&served.api, "handshake");
+    let served = Served::start("files-handshake", TOKEN, &["--pool", "0"]).await;
+    let s = Session::new(&served.api, TOKEN, "handshake");
     let result = s
         .run(
             "import os, threading, time\n\
@@ -1630,8 +1388,13 @@ async fn a_helper_that_cannot_reach_its_socket_moves_files_over_the_exec_streams
     let dir = std::env::temp_dir().join(format!("kb-channel-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let arg = dir.to_string_lossy().into_owned();
-    let served = Served::start("files-fallback", &["--pool", "0", "--file-sockets", &arg]).await;
-    let s = Session::new(&served.api, "fallback");
+    let served = Served::start(
+        "files-fallback",
+        TOKEN,
+        &["--pool", "0", "--file-sockets", &arg],
+    )
+    .await;
+    let s = Session::new(&served.api, TOKEN, "fallback");
     assert_eq!(s.run("1").await["status"], "success");
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
@@ -1654,9 +1417,14 @@ async fn a_helper_that_cannot_reach_its_socket_moves_files_over_the_exec_streams
 /// either channel with the same bounded reader.
 #[tokio::test(flavor = "multi_thread")]
 async fn forged_resident_helper_output_fails_that_transfer_clearly_and_the_next_works() {
-    let served = Served::start("files-forged", &["--pool", "0", "--file-sockets", "none"]).await;
+    let served = Served::start(
+        "files-forged",
+        TOKEN,
+        &["--pool", "0", "--file-sockets", "none"],
+    )
+    .await;
     let pid = served.process.id().unwrap();
-    let forger = Session::new(&served.api, "forge");
+    let forger = Session::new(&served.api, TOKEN, "forge");
     let data = random_bytes(1024 * 1024);
     assert_eq!(
         forger.put("d.bin", data.clone()).await.status,
@@ -1724,6 +1492,7 @@ async fn forged_resident_helper_output_fails_that_transfer_clearly_and_the_next_
 async fn serve_min_download_rate_and_its_grace_set_when_a_slow_download_is_cut() {
     let served = Served::start(
         "files-min-download-rate",
+        TOKEN,
         &[
             "--max-kernels",
             "1",
@@ -1734,7 +1503,7 @@ async fn serve_min_download_rate_and_its_grace_set_when_a_slow_download_is_cut()
         ],
     )
     .await;
-    let slow = Session::new(&served.api, "slow");
+    let slow = Session::new(&served.api, TOKEN, "slow");
     let reply = slow.put("big.bin", vec![7; 20 * 1024 * 1024]).await;
     assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.json());
     let reader = slow.stalled_get("big.bin").await;
@@ -1762,14 +1531,10 @@ async fn serve_min_download_rate_and_its_grace_set_when_a_slow_download_is_cut()
 #[tokio::test(flavor = "multi_thread")]
 async fn a_cell_dripping_into_a_stopped_helpers_stderr_cannot_stretch_a_transfer() {
     let s = server("files-drip", |_| {}).await;
-    let reply = put(
-        &s.api,
-        TOKEN,
-        &files("drip", "x.txt"),
-        b"hello".to_vec(),
-        None,
-    )
-    .await;
+    let reply = s
+        .api
+        .put(&files("drip", "x.txt"), TOKEN, b"hello".to_vec(), None)
+        .await;
     assert_eq!(reply.status, StatusCode::CREATED);
     let code = "import os, signal, threading, time\n\
         pids = [p for p in os.listdir('/proc') if p.isdigit() and \
@@ -1783,7 +1548,7 @@ async fn a_cell_dripping_into_a_stopped_helpers_stderr_cannot_stretch_a_transfer
     let result = s.api.run(TOKEN, "drip", code).await;
     assert_eq!(output(&result), "1", "{result}");
     let started = std::time::Instant::now();
-    let reply = get(&s.api, TOKEN, &files("drip", "x.txt"), None).await;
+    let reply = s.api.get(&files("drip", "x.txt"), Some(TOKEN)).await;
     let took = started.elapsed();
     eprintln!(
         "a transfer to a stopped helper fed stderr: {} after {took:?}",
@@ -1801,7 +1566,7 @@ async fn a_cell_dripping_into_a_stopped_helpers_stderr_cannot_stretch_a_transfer
         "the transfer ran {took:?} (the drip lasts 150 s, the step deadline is 60 s)"
     );
     // The stopped helper is never reused: the next transfer works on a new one.
-    let reply = get(&s.api, TOKEN, &files("drip", "x.txt"), None).await;
+    let reply = s.api.get(&files("drip", "x.txt"), Some(TOKEN)).await;
     assert_eq!(reply.status, StatusCode::OK);
     assert_eq!(&reply.body[..], b"hello");
     s.finish().await;
@@ -1814,6 +1579,7 @@ async fn an_upload_progressing_for_longer_than_the_step_deadline_is_written() {
     use http_body_util::{BodyExt, StreamBody};
     let served = Served::start(
         "files-long-upload",
+        TOKEN,
         &["--pool", "0", "--body-timeout", "300s"],
     )
     .await;
@@ -1850,7 +1616,7 @@ async fn an_upload_progressing_for_longer_than_the_step_deadline_is_written() {
         )
         .unwrap();
     let started = std::time::Instant::now();
-    let reply = read(client.request(req).await.expect("PUT")).await;
+    let reply = Reply::read(client.request(req).await.expect("PUT")).await;
     eprintln!(
         "a 75 s upload: {} after {:?}",
         reply.status,
