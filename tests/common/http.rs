@@ -1,5 +1,7 @@
 //! A minimal harness for tests of the HTTP API: the real server (`kernelbox::server::serve`)
-//! in-process on loopback, against the real engine, with a small client. Include it with
+//! in-process on loopback ([`TestServer`]) or a real `kernelbox serve` process ([`Served`]),
+//! against the real engine, with a small client ([`Api`]) and a session's files through it
+//! ([`Session`], README "Files in and out of a kernel"). Include it with
 //! `#[path = "common/http.rs"] mod http;` next to `mod common;` (from a folder-style test such
 //! as `tests/server/main.rs`: `#[path = "../common/mod.rs"]` and `#[path = "../common/http.rs"]`).
 #![allow(dead_code)]
@@ -10,8 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
 use hyper::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE};
 use hyper::{HeaderMap, Method, StatusCode};
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -45,6 +48,17 @@ pub struct Reply {
 }
 
 impl Reply {
+    /// Reads a response in full.
+    pub async fn read(response: hyper::Response<Incoming>) -> Reply {
+        let (parts, body) = response.into_parts();
+        let body = body.collect().await.expect("response body").to_bytes();
+        Reply {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+        }
+    }
+
     pub fn json(&self) -> Value {
         serde_json::from_slice(&self.body).unwrap_or_else(|e| {
             panic!(
@@ -182,14 +196,7 @@ impl Api {
         body: Option<Bytes>,
     ) -> Reply {
         let req = self.request(method, path, token, ndjson, body);
-        let response = self.http.request(req).await.expect("HTTP request");
-        let (parts, body) = response.into_parts();
-        let body = body.collect().await.expect("response body").to_bytes();
-        Reply {
-            status: parts.status,
-            headers: parts.headers,
-            body,
-        }
+        Reply::read(self.http.request(req).await.expect("HTTP request")).await
     }
 
     pub async fn send(
@@ -213,6 +220,55 @@ impl Api {
         let body = Bytes::from(body.to_string());
         self.send_bytes(Method::POST, path, token, false, Some(body))
             .await
+    }
+
+    /// A GET with an `Accept` header (a directory as a tar archive: `application/x-tar`).
+    pub async fn get_as(&self, path: &str, token: &str, accept: &str) -> Reply {
+        let req = self
+            .build(Method::GET, path, Some(token), false, false)
+            .header(ACCEPT, accept)
+            .body(Full::new(Bytes::new()))
+            .expect("request");
+        Reply::read(self.http.request(req).await.expect("GET")).await
+    }
+
+    /// A PUT of raw bytes (a file upload), with a `Content-Type` when one is given (a tar
+    /// archive: `application/x-tar`).
+    pub async fn put(
+        &self,
+        path: &str,
+        token: &str,
+        body: impl Into<Bytes>,
+        content_type: Option<&str>,
+    ) -> Reply {
+        let mut req = self.build(Method::PUT, path, Some(token), false, false);
+        if let Some(ct) = content_type {
+            req = req.header(CONTENT_TYPE, ct);
+        }
+        let req = req.body(Full::new(body.into())).expect("request");
+        Reply::read(self.http.request(req).await.expect("PUT")).await
+    }
+
+    /// Starts a PUT of `path` whose body is what `body` yields, with no `Content-Length`; the
+    /// task answers the reply, or the client's error.
+    pub fn put_stream(
+        &self,
+        path: &str,
+        token: &str,
+        body: impl futures::Stream<Item = Chunk> + Send + Sync + 'static,
+    ) -> Upload {
+        let client =
+            Client::builder(TokioExecutor::new()).build_http::<BoxBody<Bytes, std::io::Error>>();
+        let req = self
+            .build(Method::PUT, path, Some(token), false, false)
+            .body(StreamBody::new(body).boxed())
+            .expect("request");
+        tokio::spawn(async move {
+            match client.request(req).await {
+                Ok(response) => Ok(Reply::read(response).await),
+                Err(e) => Err(e),
+            }
+        })
     }
 
     pub async fn delete(&self, path: &str, token: &str) -> Reply {
@@ -344,6 +400,197 @@ impl TestServer {
             .await
             .expect("server task")
             .expect("server ran cleanly");
+        common::assert_clean(&self.engine, &self.label).await;
+    }
+}
+
+/// The URL of `path` in the working directory of `session`'s kernel.
+pub fn files(session: &str, path: &str) -> String {
+    format!("/v1/sessions/{session}/files/{path}")
+}
+
+/// A chunk of a streamed request body; an error cuts the body.
+pub type Chunk = Result<Frame<Bytes>, std::io::Error>;
+/// A streamed PUT under way: the reply, or the client's error.
+pub type Upload = tokio::task::JoinHandle<Result<Reply, hyper_util::client::legacy::Error>>;
+
+/// One session of one tenant on a server: a test names it once, then speaks in paths inside
+/// its kernel's working directory (a path may carry a query, e.g. `c.txt?child=helper`).
+pub struct Session {
+    pub api: Api,
+    pub token: String,
+    pub name: String,
+}
+
+impl Session {
+    /// The session `name` of the tenant `token` names.
+    pub fn new(api: &Api, token: &str, name: &str) -> Session {
+        Session {
+            api: api.clone(),
+            token: token.to_string(),
+            name: name.to_string(),
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        files(&self.name, path)
+    }
+
+    pub async fn put(&self, path: &str, body: impl Into<Vec<u8>>) -> Reply {
+        self.api
+            .put(&self.url(path), &self.token, body.into(), None)
+            .await
+    }
+
+    /// Uploads a tar archive, extracted into the directory `path`.
+    pub async fn put_tar(&self, path: &str, tar: Vec<u8>) -> Reply {
+        let url = self.url(path);
+        self.api
+            .put(&url, &self.token, tar, Some("application/x-tar"))
+            .await
+    }
+
+    pub async fn get(&self, path: &str) -> Reply {
+        self.api.get(&self.url(path), Some(&self.token)).await
+    }
+
+    /// Uploads `data` to `path` and downloads it again: created, then the same bytes.
+    pub async fn round_trip(&self, path: &str, data: &[u8]) {
+        assert_eq!(
+            self.put(path, data.to_vec()).await.status,
+            StatusCode::CREATED
+        );
+        let reply = self.get(path).await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert!(reply.body == data, "the bytes differ");
+    }
+
+    /// Downloads the directory `path` as a tar archive.
+    pub async fn get_tar(&self, path: &str) -> Reply {
+        let url = self.url(path);
+        self.api
+            .get_as(&url, &self.token, "application/x-tar")
+            .await
+    }
+
+    pub async fn delete(&self, path: &str) -> Reply {
+        self.api.delete(&self.url(path), &self.token).await
+    }
+
+    /// Runs a cell that must succeed; returns its result.
+    pub async fn run(&self, code: &str) -> Value {
+        self.api.run(&self.token, &self.name, code).await
+    }
+
+    /// A PUT whose body is streamed (no `Content-Length`): `chunks` chunks of `size` bytes.
+    pub async fn put_streamed(&self, path: &str, chunks: usize, size: usize) -> Reply {
+        let chunk = Bytes::from(vec![b'z'; size]);
+        let stream = futures::stream::iter(
+            (0..chunks).map(move |_| Ok::<_, std::io::Error>(Frame::data(chunk.clone()))),
+        );
+        let upload = self.api.put_stream(&self.url(path), &self.token, stream);
+        match upload.await.expect("the upload task") {
+            Ok(reply) => reply,
+            Err(e) => panic!("PUT failed: {e:?}"),
+        }
+    }
+
+    /// Starts a PUT whose body the test paces: each chunk sent goes out when the server takes
+    /// it; dropping the sender ends the body, sending an error cuts it.
+    pub fn paced_put(&self, path: &str) -> (tokio::sync::mpsc::Sender<Chunk>, Upload) {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Chunk>(1);
+        let body = futures::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|item| (item, rx))
+        });
+        (tx, self.api.put_stream(&self.url(path), &self.token, body))
+    }
+
+    /// Opens a connection with a tiny receive buffer, asks for `path` and reads no more than
+    /// the first bytes of the answer.
+    pub async fn stalled_get(&self, path: &str) -> tokio::net::TcpStream {
+        use tokio::io::AsyncWriteExt;
+        let addr: SocketAddr = self
+            .api
+            .base
+            .trim_start_matches("http://")
+            .parse()
+            .expect("the server's address");
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket.set_recv_buffer_size(4096).expect("receive buffer");
+        let mut stream = socket.connect(addr).await.expect("connect");
+        let head = format!(
+            "GET {} HTTP/1.1\r\nhost: {addr}\r\nauthorization: Bearer {}\r\n\r\n",
+            self.url(path),
+            self.token
+        );
+        stream.write_all(head.as_bytes()).await.expect("write");
+        // The response has begun (the kernel is held) once its first bytes arrive.
+        let mut first = [0u8; 1024];
+        let n = tokio::io::AsyncReadExt::read(&mut stream, &mut first)
+            .await
+            .expect("read");
+        assert!(
+            first[..n].starts_with(b"HTTP/1.1 200"),
+            "{}",
+            String::from_utf8_lossy(&first[..n])
+        );
+        stream
+    }
+
+    /// The id of the session's kernel container.
+    pub async fn container(&self) -> String {
+        self.api
+            .kernels(&self.token)
+            .await
+            .into_iter()
+            .find(|k| k["session"] == self.name.as_str())
+            .and_then(|k| k["id"].as_str().map(str::to_string))
+            .expect("the session's kernel")
+    }
+}
+
+/// A real `kernelbox serve` process on a free port with one tenant (`token`), labelled as one
+/// test's case.
+pub struct Served {
+    pub label: String,
+    pub engine: Arc<dyn Engine>,
+    pub process: tokio::process::Child,
+    pub api: Api,
+}
+
+impl Served {
+    /// Starts `kernelbox serve` with its own state directory and the `extra` flags.
+    pub async fn start(name: &str, token: &str, extra: &[&str]) -> Served {
+        use tokio::io::AsyncBufReadExt;
+        let label = common::unique(name);
+        let engine = common::engine().await;
+        let state = tempfile::tempdir().expect("state directory");
+        let mut process = common::serve_command(&label, token)
+            .arg("--state-dir")
+            .arg(state.path())
+            .args(extra)
+            .spawn()
+            .expect("spawn kernelbox serve");
+        let stderr = process.stderr.take().expect("stderr");
+        let mut lines = tokio::io::BufReader::new(stderr).lines();
+        let addr = common::serving_addr(&mut lines).await;
+        tokio::spawn(async move {
+            let _state = state;
+            while let Ok(Some(_)) = lines.next_line().await {}
+        });
+        Served {
+            label,
+            engine,
+            process,
+            api: Api::new(addr),
+        }
+    }
+
+    /// Stops the process with SIGTERM, waits for it (at most 60 s) and asserts nothing of this
+    /// case is left in Docker.
+    pub async fn finish(mut self) {
+        let status = common::terminate(&mut self.process, Duration::from_secs(60)).await;
+        assert!(status.success(), "{status}");
         common::assert_clean(&self.engine, &self.label).await;
     }
 }
