@@ -480,6 +480,9 @@ fn parse_user(user: &str) -> (u64, u64) {
 }
 
 #[cfg(test)]
+mod runner_limits_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

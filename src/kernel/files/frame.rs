@@ -14,7 +14,7 @@ use crate::files::TransferError;
 /// [`crate::files::MAX_LIST_ENTRIES`] entries of ordinary names fits. A cell can forge what
 /// its own helper writes (README "Files in and out of a kernel"), so this and the entry
 /// count checked while parsing bound what a forged header makes the host hold.
-const MAX_HEADER: usize = 2 * 1024 * 1024 + 64 * 1024;
+pub(crate) const MAX_HEADER: usize = 2 * 1024 * 1024 + 64 * 1024;
 
 /// Longest status frame read from the helper.
 const MAX_STATUS: usize = 64 * 1024;

@@ -30,7 +30,7 @@
 //! - this file: the step deadline and removal (`Kernel::remove_file`).
 
 mod channel;
-mod frame;
+pub(crate) mod frame;
 mod helper;
 mod read;
 mod write;

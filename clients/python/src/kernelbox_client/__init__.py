@@ -37,6 +37,8 @@ from ._types import (
     WrittenFile,
 )
 
+# The package's version, its one home: pyproject.toml reads it from here
+# ([tool.setuptools.dynamic]).
 __version__ = "0.1.0"
 
 __all__ = [

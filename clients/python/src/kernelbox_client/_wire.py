@@ -233,7 +233,9 @@ class StreamReader:
                 raise ProtocolError("invalid_response", "execute stream: bad result event")
             self.result = Execution.from_json(result, stream_bytes_dropped=self.dropped)
         elif kind == "error":
-            err = event.get("error") if isinstance(event.get("error"), dict) else {}
+            err = event.get("error")
+            if not isinstance(err, dict):
+                err = {}
             raise error_for(None, str(err.get("code", "error")), str(err.get("message", "")))
         # Events a newer server adds are skipped (they stay visible in the drift test).
         return None
