@@ -18,8 +18,8 @@ use hyper_util::rt::TokioExecutor;
 
 use super::transfer::{local_target, open_local, save_file, save_tar};
 use super::Exit;
-use kernelbox::api_path;
 use kernelbox::files::TransferError;
+use kernelbox::wire::path as api_path;
 
 #[derive(Debug, Args)]
 pub struct CpArgs {

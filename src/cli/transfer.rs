@@ -12,7 +12,7 @@ use futures::{StreamExt, TryStreamExt};
 use tokio::io::AsyncWriteExt;
 use tokio_util::io::{ReaderStream, StreamReader, SyncIoBridge};
 
-use kernelbox::files::{ByteStream, DownloadStream};
+use kernelbox::files::{ByteStream, DownloadStream, FilePath};
 
 /// A local file or directory ready to upload: its bytes and whether they are a tar.
 pub struct Upload {
@@ -172,6 +172,7 @@ pub async fn upload(
         }
     };
     let source = open_local(&local).await?;
+    let path = FilePath::parse(&path).with_context(|| format!("--upload {spec}"))?;
     let request = kernelbox::FileRequest::session(session);
     let written = orchestrator
         .write_file(&request, &path, source.tar, source.body)
@@ -198,8 +199,9 @@ pub async fn download(
         None => (spec, None),
     };
     let request = kernelbox::FileRequest::session(session);
+    let checked = FilePath::parse(path).with_context(|| format!("--download {spec}"))?;
     let found = orchestrator
-        .read_file(&request, path, true)
+        .read_file(&request, &checked, true)
         .await
         .with_context(|| format!("--download {spec}"))?;
     match found {

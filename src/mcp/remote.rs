@@ -12,9 +12,11 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use rmcp::model::Extensions;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::backend::{Backend, ExecuteCode, FileHead, Refusal};
+use crate::cell::CellResult;
+use crate::files::{FilePath, Listing, Written};
 
 /// Largest response read from the server (a cell result with its rich results).
 const MAX_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
@@ -85,17 +87,6 @@ impl RemoteBackend {
         })
     }
 
-    async fn call(
-        &self,
-        method: hyper::Method,
-        path: &str,
-        body: Option<Value>,
-        deadline: Duration,
-    ) -> Result<(hyper::StatusCode, Value), Refusal> {
-        let body = body.map(|b| ("application/json", Bytes::from(b.to_string())));
-        self.call_raw(method, path, body, deadline).await
-    }
-
     /// [`send`](Self::send), then the answer read as JSON, all within `deadline`.
     async fn call_raw(
         &self,
@@ -103,17 +94,17 @@ impl RemoteBackend {
         path: &str,
         body: Option<(&'static str, Bytes)>,
         deadline: Duration,
-    ) -> Result<(hyper::StatusCode, Value), Refusal> {
+    ) -> Result<(hyper::StatusCode, Bytes), Refusal> {
         let exchange = async {
             let response = self.send(method, path, body).await?;
-            json_of(response).await
+            bytes_of(response).await
         };
         within(deadline, exchange).await?
     }
 
     /// The path of `file` in the file API of this session's kernel, or its `child`'s.
     fn file_path(&self, child: Option<&str>, file: &str) -> String {
-        crate::api_path::files(&self.session, file, child)
+        crate::wire::path::files(&self.session, file, child)
     }
 }
 
@@ -129,22 +120,29 @@ async fn within<T>(
     })
 }
 
-/// A response's status and JSON body (at most [`MAX_RESPONSE_BYTES`]).
-async fn json_of(
+/// A response's status and body (at most [`MAX_RESPONSE_BYTES`]).
+async fn bytes_of(
     response: hyper::Response<hyper::body::Incoming>,
-) -> Result<(hyper::StatusCode, Value), Refusal> {
+) -> Result<(hyper::StatusCode, Bytes), Refusal> {
     let status = response.status();
     let bytes = Limited::new(response.into_body(), MAX_RESPONSE_BYTES)
         .collect()
         .await
         .map_err(|e| Refusal(format!("kernelbox: reading the server's answer: {e}")))?
         .to_bytes();
-    let value: Value = serde_json::from_slice(&bytes).map_err(|_| {
+    Ok((status, bytes))
+}
+
+/// A JSON answer read as `T`.
+fn json_of<T: serde::de::DeserializeOwned>(
+    status: hyper::StatusCode,
+    bytes: &[u8],
+) -> Result<T, Refusal> {
+    serde_json::from_slice(bytes).map_err(|_| {
         Refusal(format!(
             "kernelbox: the server answered {status} with something that is not JSON"
         ))
-    })?;
-    Ok((status, value))
+    })
 }
 
 /// The server's refusal of a file call, with its message.
@@ -159,26 +157,27 @@ fn file_refusal(status: hyper::StatusCode, value: &Value) -> Refusal {
 
 #[async_trait]
 impl Backend for RemoteBackend {
-    async fn execute(&self, _request: &Extensions, args: ExecuteCode) -> Result<Value, Refusal> {
-        let mut body = json!({"code": args.code, "reset": args.reset});
-        if let Some(timeout) = args.timeout {
-            body["timeout"] = json!(timeout);
-        }
-        if let Some(child) = &args.child {
-            body["child"] = json!(child);
-        }
+    async fn execute(
+        &self,
+        _request: &Extensions,
+        args: ExecuteCode,
+    ) -> Result<CellResult, Refusal> {
         let cell = args
             .timeout
             .and_then(|t| Duration::try_from_secs_f64(t).ok())
             .unwrap_or(LONGEST_CELL)
             .min(LONGEST_CELL);
-        let path = format!("/v1/sessions/{}/execute", self.session);
-        let (status, value) = self
-            .call(hyper::Method::POST, &path, Some(body), cell + SLACK)
+        let body = serde_json::to_vec(&args.into_body())
+            .map_err(|e| Refusal(format!("kernelbox: {e}")))?;
+        let path = crate::wire::path::execute(&self.session);
+        let body = Some(("application/json", Bytes::from(body)));
+        let (status, bytes) = self
+            .call_raw(hyper::Method::POST, &path, body, cell + SLACK)
             .await?;
         if status.is_success() {
-            Ok(value)
+            json_of(status, &bytes)
         } else {
+            let value: Value = json_of(status, &bytes)?;
             let message = value["error"]["message"]
                 .as_str()
                 .unwrap_or("request failed");
@@ -192,22 +191,22 @@ impl Backend for RemoteBackend {
         &self,
         _request: &Extensions,
         child: Option<&str>,
-        path: &str,
+        path: &FilePath,
         content: Vec<u8>,
-    ) -> Result<Value, Refusal> {
+    ) -> Result<Written, Refusal> {
         let body = Some(("application/octet-stream", Bytes::from(content)));
-        let (status, value) = self
+        let (status, bytes) = self
             .call_raw(
                 hyper::Method::PUT,
-                &self.file_path(child, path),
+                &self.file_path(child, path.as_str()),
                 body,
                 FILE_DEADLINE,
             )
             .await?;
         if status.is_success() {
-            Ok(value)
+            json_of(status, &bytes)
         } else {
-            Err(file_refusal(status, &value))
+            Err(file_refusal(status, &json_of(status, &bytes)?))
         }
     }
 
@@ -215,12 +214,16 @@ impl Backend for RemoteBackend {
         &self,
         _request: &Extensions,
         child: Option<&str>,
-        path: &str,
+        path: &FilePath,
         max: usize,
     ) -> Result<FileHead, Refusal> {
         let exchange = async {
             let response = self
-                .send(hyper::Method::GET, &self.file_path(child, path), None)
+                .send(
+                    hyper::Method::GET,
+                    &self.file_path(child, path.as_str()),
+                    None,
+                )
                 .await?;
             let status = response.status();
             let is_json = response
@@ -229,7 +232,8 @@ impl Backend for RemoteBackend {
                 .and_then(|v| v.to_str().ok())
                 .is_some_and(|v| v.starts_with("application/json"));
             if !status.is_success() || is_json {
-                let (status, value) = json_of(response).await?;
+                let (status, bytes) = bytes_of(response).await?;
+                let value: Value = json_of(status, &bytes)?;
                 return Err(if status.is_success() {
                     Refusal(format!(
                         "kernelbox: {path} is a directory; use list_files to see what it holds"
@@ -273,9 +277,9 @@ impl Backend for RemoteBackend {
         &self,
         _request: &Extensions,
         child: Option<&str>,
-        path: &str,
-    ) -> Result<Value, Refusal> {
-        let url = self.file_path(child, path);
+        path: &FilePath,
+    ) -> Result<Listing, Refusal> {
+        let url = self.file_path(child, path.as_str());
         let exchange = async {
             let response = self.send(hyper::Method::GET, &url, None).await?;
             let is_json = response
@@ -288,11 +292,11 @@ impl Backend for RemoteBackend {
                     "kernelbox: {path} is a file, not a directory; use read_file"
                 )));
             }
-            let (status, value) = json_of(response).await?;
+            let (status, bytes) = bytes_of(response).await?;
             if status.is_success() {
-                Ok(value)
+                json_of(status, &bytes)
             } else {
-                Err(file_refusal(status, &value))
+                Err(file_refusal(status, &json_of(status, &bytes)?))
             }
         };
         within(FILE_DEADLINE, exchange).await?
@@ -300,9 +304,9 @@ impl Backend for RemoteBackend {
 
     async fn close(&self) {
         if self.dispose {
-            let path = format!("/v1/sessions/{}", self.session);
+            let path = crate::wire::path::session(&self.session);
             let _ = self
-                .call(hyper::Method::DELETE, &path, None, Duration::from_secs(30))
+                .call_raw(hyper::Method::DELETE, &path, None, Duration::from_secs(30))
                 .await;
         }
     }
