@@ -26,6 +26,7 @@
 //! | `registry` (crate-internal) | which kernel serves which key (folder): bookkeeping, caps and fair shares |
 //! | [`files`] | files in and out of a kernel: path checks, what the file operations return, their errors |
 //! | [`wire`] | the HTTP API as a client sees it (folder): its paths (the one percent-encoder for names and file paths in a URL), the execute body, the error body |
+//! | [`client`] | the Rust client of the HTTP API (folder): execute, files, clearing a session; the one reader of the server's error JSON (`exec --url`, `cp`, `mcp --url`) |
 //! | [`orchestrator`] | the front door (folder): [`Orchestrator::execute`], lifecycle verbs, shutdown |
 //! | [`server`] | the multi-tenant HTTP API behind `kernelbox serve` |
 //! | [`mcp`] | MCP (folder): tools over stdio (`kernelbox mcp`) and streamable HTTP (`/v1/mcp`) |
@@ -40,6 +41,7 @@
 pub mod authority;
 pub mod catalog;
 pub mod cell;
+pub mod client;
 pub mod clock;
 pub mod config;
 pub mod docker;
