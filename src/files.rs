@@ -32,9 +32,13 @@ pub type DownloadStream = BoxStream<'static, Result<Bytes, TransferError>>;
 
 /// A path relative to the kernel's working directory, checked for syntax: no absolute path,
 /// no `.` or `..` component, no NUL, bounded lengths. Empty components (`a//b`, a trailing
-/// `/`) are dropped; the empty path is the working directory itself.
+/// `/`) are dropped; the empty path is the working directory itself. Parsed once, where a
+/// path enters (an HTTP handler, an MCP tool's arguments, a command line), and passed on
+/// checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FilePath {
+    /// The path as given (shown in messages and sent on to a server as it was written).
+    text: String,
     parts: Vec<String>,
 }
 
@@ -66,7 +70,15 @@ impl FilePath {
             }
             parts.push(part.to_string());
         }
-        Ok(FilePath { parts })
+        Ok(FilePath {
+            text: path.to_string(),
+            parts,
+        })
+    }
+
+    /// The path as given.
+    pub fn as_str(&self) -> &str {
+        &self.text
     }
 
     /// The components.
@@ -90,15 +102,21 @@ impl FilePath {
     }
 }
 
+impl std::fmt::Display for FilePath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
 /// What an upload wrote.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Written {
     /// Where, inside the kernel (`/work/...`).
     pub path: String,
     /// Bytes written (for a tar: the files' bytes).
     pub size: u64,
     /// Files extracted, for a tar upload.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none", default)]
     pub files: Option<u64>,
 }
 

@@ -24,8 +24,9 @@
 //! | `kernel` (crate-internal) | one kernel container (folder): spawn, reader task, one cell, stdin, the runner protocol |
 //! | [`catalog`] | the durable owner catalog (folder): rows and rules, memory and redb stores, the writer thread |
 //! | `registry` (crate-internal) | which kernel serves which key (folder): bookkeeping, caps and fair shares |
-//! | [`api_path`] | the HTTP API's paths: the one percent-encoder for names and file paths in a URL |
 //! | [`files`] | files in and out of a kernel: path checks, what the file operations return, their errors |
+//! | [`wire`] | the HTTP API as a client sees it (folder): its paths (the one percent-encoder for names and file paths in a URL), the execute body, the error body |
+//! | [`client`] | the Rust client of the HTTP API (folder): execute, files, clearing a session; the one reader of the server's error JSON (`exec --url`, `cp`, `mcp --url`) |
 //! | [`orchestrator`] | the front door (folder): [`Orchestrator::execute`], lifecycle verbs, shutdown |
 //! | [`server`] | the multi-tenant HTTP API behind `kernelbox serve` |
 //! | [`mcp`] | MCP (folder): tools over stdio (`kernelbox mcp`) and streamable HTTP (`/v1/mcp`) |
@@ -37,10 +38,10 @@
 //! `runner/rich.py` for rich results (standard library only), started by `runner/bootstrap.py` as `python3 -c`, so any image
 //! with python3 >= 3.8 works.
 
-pub mod api_path;
 pub mod authority;
 pub mod catalog;
 pub mod cell;
+pub mod client;
 pub mod clock;
 pub mod config;
 pub mod docker;
@@ -56,6 +57,7 @@ pub(crate) mod owner;
 pub(crate) mod registry;
 pub mod rich;
 pub mod server;
+pub mod wire;
 
 pub use authority::{CellAuthority, FnDispatcher, RawToolCall, ToolCall, ToolDispatcher};
 pub use cell::{CellResult, CellStatus, KernelInfo, LossReason, StateLost};
@@ -68,4 +70,4 @@ pub use orchestrator::{
     Orchestrator, StartError,
 };
 pub use registry::{Cap, TenantLimits, MAX_ATTACHED_PER_SLOT};
-pub use rich::{png_size, DisplaySink, RawJson, RichResult};
+pub use rich::{DisplaySink, RawJson, RichResult};

@@ -1,7 +1,8 @@
 //! The `kernelbox` binary: a thin clap front over the library.
 //!
-//! Exit codes: 0 success; 1 the cell did not succeed (`exec`); 2 bad usage or configuration;
-//! 3 the Docker engine is unreachable; 4 the kernel image is missing; 5 any other failure.
+//! Exit codes (`docs/cli.md`): 0 success; 1 the cell did not succeed (`exec`); 2 bad usage or
+//! configuration (a server's 4xx); 3 the Docker engine (with `--url`, the server) is
+//! unreachable or its answer broke off; 4 the kernel image is missing; 5 any other failure.
 
 mod cli;
 

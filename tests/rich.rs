@@ -14,7 +14,8 @@ use base64::Engine as _;
 use serde_json::{json, Value};
 
 use common::Case;
-use kernelbox::{png_size, CellResult, CellStatus, RichResult};
+use kernelbox::rich::png_size;
+use kernelbox::{CellResult, CellStatus, RichResult};
 
 const TOKEN: &str = "tok-rich";
 

@@ -287,6 +287,9 @@ pub fn exit_code_for(e: &anyhow::Error) -> u8 {
         return exit.code;
     }
     for cause in e.chain() {
+        if let Some(err) = client_error(cause) {
+            return remote::exit_code(err);
+        }
         if let Some(err) = cause.downcast_ref::<kernelbox::EngineError>() {
             return match err {
                 kernelbox::EngineError::Unreachable { .. } => 3,
@@ -312,6 +315,19 @@ pub fn exit_code_for(e: &anyhow::Error) -> u8 {
         }
     }
     5
+}
+
+/// A failed call to a server in an error's chain: itself, or inside the I/O error a download
+/// read through a reader (`cp` of a directory) carries.
+fn client_error<'a>(
+    cause: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a kernelbox::client::ClientError> {
+    cause.downcast_ref().or_else(|| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .and_then(|inner| inner.downcast_ref())
+    })
 }
 
 async fn connect() -> anyhow::Result<Arc<dyn Engine>> {

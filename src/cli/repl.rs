@@ -96,7 +96,7 @@ fn show(result: &RichResult, cell: u64, images: &AtomicU64) {
     let size = bytes
         .as_deref()
         .ok()
-        .and_then(kernelbox::png_size)
+        .and_then(kernelbox::rich::png_size)
         .map(|(w, h)| format!(" {w}x{h}"))
         .unwrap_or_default();
     let saved = match bytes {

@@ -12,7 +12,12 @@ use futures::{StreamExt, TryStreamExt};
 use tokio::io::AsyncWriteExt;
 use tokio_util::io::{ReaderStream, StreamReader, SyncIoBridge};
 
-use kernelbox::files::{ByteStream, DownloadStream};
+use futures::stream::BoxStream;
+use kernelbox::files::{ByteStream, FilePath};
+
+/// Bytes coming out of a kernel, from the local orchestrator (`TransferError`) or a server
+/// (`ClientError`); an error ends them.
+pub type Incoming<E> = BoxStream<'static, Result<Bytes, E>>;
 
 /// A local file or directory ready to upload: its bytes and whether they are a tar.
 pub struct Upload {
@@ -79,8 +84,12 @@ pub fn local_target(remote: &str, local: Option<&Path>) -> PathBuf {
     }
 }
 
-/// Writes a file download to `target` (through a temporary name, renamed when complete).
-pub async fn save_file(body: DownloadStream, target: &Path) -> anyhow::Result<u64> {
+/// Writes a file download (from a local kernel or a server) to `target` (through a temporary
+/// name, renamed when complete).
+pub async fn save_file<E>(body: Incoming<E>, target: &Path) -> anyhow::Result<u64>
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
     let tmp = target.with_file_name(format!(
         ".{}.kernelbox-part",
         target
@@ -127,7 +136,10 @@ fn umask() -> u32 {
 
 /// Unpacks a tar download into the directory `target` (created): regular files and
 /// directories only, each inside `target` (the tar crate refuses paths that climb out).
-pub async fn save_tar(body: DownloadStream, target: &Path) -> anyhow::Result<u64> {
+pub async fn save_tar<E>(body: Incoming<E>, target: &Path) -> anyhow::Result<u64>
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
     tokio::fs::create_dir_all(target)
         .await
         .with_context(|| format!("{}", target.display()))?;
@@ -172,6 +184,7 @@ pub async fn upload(
         }
     };
     let source = open_local(&local).await?;
+    let path = FilePath::parse(&path).with_context(|| format!("--upload {spec}"))?;
     let request = kernelbox::FileRequest::session(session);
     let written = orchestrator
         .write_file(&request, &path, source.tar, source.body)
@@ -198,8 +211,9 @@ pub async fn download(
         None => (spec, None),
     };
     let request = kernelbox::FileRequest::session(session);
+    let checked = FilePath::parse(path).with_context(|| format!("--download {spec}"))?;
     let found = orchestrator
-        .read_file(&request, path, true)
+        .read_file(&request, &checked, true)
         .await
         .with_context(|| format!("--download {spec}"))?;
     match found {

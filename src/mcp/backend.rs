@@ -1,13 +1,17 @@
 //! Where a tool call goes: the [`Backend`] trait and the arguments it takes.
 //!
-//! A backend answers with the cell result as JSON (the contract of `docs/contract.md`), so
-//! one renderer (`render.rs`) serves the local orchestrator, a remote server and the server's
-//! own `/v1/mcp` alike.
+//! A backend answers with the typed results of the HTTP API (a [`CellResult`], `docs/contract.md`;
+//! [`Written`], [`Listing`]: `docs/files.md`), so one renderer (`render.rs`, `files.rs`)
+//! serves the local orchestrator, a remote server and the server's own `/v1/mcp` alike.
 
 use async_trait::async_trait;
 use rmcp::model::Extensions;
 use schemars::JsonSchema;
 use serde::Deserialize;
+
+use crate::cell::CellResult;
+use crate::files::{FilePath, Listing, Written};
+use crate::wire::ExecuteBody;
 
 /// The arguments of `execute_code`.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
@@ -28,6 +32,20 @@ pub(crate) struct ExecuteCode {
     /// kernel instead of the session's (as `child` on the HTTP execute request).
     #[serde(default)]
     pub child: Option<String>,
+}
+
+impl ExecuteCode {
+    /// The execute body these arguments make (`docs/http-api.md`, "Endpoints"): the same
+    /// request on the server's own execute path (`/v1/mcp`) as sent to a server (`--url`).
+    pub(crate) fn into_body(self) -> ExecuteBody {
+        ExecuteBody {
+            code: self.code,
+            reset: self.reset,
+            timeout: self.timeout.map(serde_json::Value::from),
+            child: self.child,
+            ..ExecuteBody::default()
+        }
+    }
 }
 
 /// The arguments of `write_file`.
@@ -93,23 +111,19 @@ pub(crate) struct Refusal(pub String);
 #[async_trait]
 pub(crate) trait Backend: Send + Sync + 'static {
     /// Runs `args` for the caller described by `request` (the HTTP request's parts on
-    /// `/v1/mcp`, nothing on stdio) and returns the cell result as JSON.
-    async fn execute(
-        &self,
-        request: &Extensions,
-        args: ExecuteCode,
-    ) -> Result<serde_json::Value, Refusal>;
+    /// `/v1/mcp`, nothing on stdio) and returns the cell result.
+    async fn execute(&self, request: &Extensions, args: ExecuteCode)
+        -> Result<CellResult, Refusal>;
 
     /// Writes `content` to `path` in the session's kernel, or its delegated `child`'s
-    /// (starting it when it has none); returns the server's account of what was written
-    /// (README, "Files").
+    /// (starting it when it has none); returns what was written.
     async fn write_file(
         &self,
         request: &Extensions,
         child: Option<&str>,
-        path: &str,
+        path: &FilePath,
         content: Vec<u8>,
-    ) -> Result<serde_json::Value, Refusal>;
+    ) -> Result<Written, Refusal>;
 
     /// Reads at most `max` bytes of the file at `path` in the live kernel of the session, or
     /// of its delegated `child`.
@@ -117,18 +131,18 @@ pub(crate) trait Backend: Send + Sync + 'static {
         &self,
         request: &Extensions,
         child: Option<&str>,
-        path: &str,
+        path: &FilePath,
         max: usize,
     ) -> Result<FileHead, Refusal>;
 
     /// Lists the directory at `path` (`""`: the working directory) of the live kernel of the
-    /// session, or of its delegated `child`, as the server's listing JSON (README, "Files").
+    /// session, or of its delegated `child`.
     async fn list_files(
         &self,
         request: &Extensions,
         child: Option<&str>,
-        path: &str,
-    ) -> Result<serde_json::Value, Refusal>;
+        path: &FilePath,
+    ) -> Result<Listing, Refusal>;
 
     /// Disposes of the connection's kernels when it ends (stdio); a no-op by default.
     async fn close(&self) {}

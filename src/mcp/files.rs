@@ -6,10 +6,9 @@ use base64::Engine as _;
 use bytes::Bytes;
 use futures::StreamExt;
 use rmcp::model::{CallToolResult, ContentBlock};
-use serde_json::Value;
 
 use super::backend::{FileHead, Refusal};
-use crate::files::Download;
+use crate::files::{Download, FilePath, Listing, Written};
 use crate::orchestrator::{FileRequest, Orchestrator};
 
 /// The most of a file `read_file` hands a model; past it the result says it was cut. Clients
@@ -34,15 +33,14 @@ fn refusal(e: impl std::fmt::Display) -> Refusal {
 pub(crate) async fn write(
     orchestrator: &Orchestrator,
     request: &FileRequest,
-    path: &str,
+    path: &FilePath,
     content: Vec<u8>,
-) -> Result<Value, Refusal> {
+) -> Result<Written, Refusal> {
     let body = futures::stream::once(async move { Ok(Bytes::from(content)) }).boxed();
-    let written = orchestrator
+    orchestrator
         .write_file(request, path, false, body)
         .await
-        .map_err(refusal)?;
-    serde_json::to_value(written).map_err(refusal)
+        .map_err(refusal)
 }
 
 /// Reads at most `max` bytes of the file at `path` through the orchestrator; the rest of the
@@ -50,7 +48,7 @@ pub(crate) async fn write(
 pub(crate) async fn read(
     orchestrator: &Orchestrator,
     request: &FileRequest,
-    path: &str,
+    path: &FilePath,
     max: usize,
 ) -> Result<FileHead, Refusal> {
     match orchestrator
@@ -79,13 +77,12 @@ pub(crate) async fn read(
 pub(crate) async fn list(
     orchestrator: &Orchestrator,
     request: &FileRequest,
-    path: &str,
-) -> Result<Value, Refusal> {
-    let listing = orchestrator
+    path: &FilePath,
+) -> Result<Listing, Refusal> {
+    orchestrator
         .list_files(request, path)
         .await
-        .map_err(refusal)?;
-    serde_json::to_value(listing).map_err(refusal)
+        .map_err(refusal)
 }
 
 /// The image types a model is shown as images, by their leading bytes.
@@ -137,21 +134,17 @@ pub(crate) fn render_read(path: &str, head: &FileHead) -> CallToolResult {
     CallToolResult::success(content)
 }
 
-/// A directory listing (the server's JSON) as a tool result: one line per entry.
-pub(crate) fn render_listing(path: &str, listing: &Value) -> CallToolResult {
+/// A directory listing as a tool result: one line per entry.
+pub(crate) fn render_listing(path: &str, listing: &Listing) -> CallToolResult {
     let mut text = String::new();
-    let entries = listing["entries"].as_array().cloned().unwrap_or_default();
-    for entry in &entries {
-        let name = entry["name"].as_str().unwrap_or("?");
-        let kind = entry["kind"].as_str().unwrap_or("?");
-        let slash = if kind == "dir" { "/" } else { "" };
+    for entry in &listing.entries {
+        let slash = if entry.kind == "dir" { "/" } else { "" };
         text.push_str(&format!(
-            "{name}{slash}\t{kind}\t{} bytes\t{}\n",
-            entry["size"].as_u64().unwrap_or(0),
-            entry["modified"].as_str().unwrap_or("")
+            "{}{slash}\t{}\t{} bytes\t{}\n",
+            entry.name, entry.kind, entry.size, entry.modified
         ));
     }
-    if entries.is_empty() {
+    if listing.entries.is_empty() {
         let shown = if path.is_empty() {
             "the working directory"
         } else {
@@ -159,7 +152,7 @@ pub(crate) fn render_listing(path: &str, listing: &Value) -> CallToolResult {
         };
         text.push_str(&format!("({shown} is empty)\n"));
     }
-    if listing["truncated"] == true {
+    if listing.truncated {
         text.push_str("[kernelbox] the directory holds more entries than were listed.\n");
     }
     CallToolResult::success(vec![ContentBlock::text(text)])
@@ -187,7 +180,7 @@ pub(crate) fn content_of(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use crate::files::FileEntry;
 
     #[test]
     fn text_is_text_and_a_cut_says_so() {
@@ -248,8 +241,15 @@ mod tests {
     fn a_listing_is_one_line_per_entry() {
         let r = render_listing(
             "",
-            &json!({"entries": [{"name": "d", "kind": "dir", "size": 0,
-            "modified": "t"}], "truncated": false}),
+            &Listing {
+                entries: vec![FileEntry {
+                    name: "d".into(),
+                    kind: "dir".into(),
+                    size: 0,
+                    modified: "t".into(),
+                }],
+                truncated: false,
+            },
         );
         assert!(r.content[0].as_text().unwrap().text.starts_with("d/\tdir"));
     }

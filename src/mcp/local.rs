@@ -6,6 +6,8 @@ use rmcp::model::Extensions;
 
 use super::backend::{Backend, ExecuteCode, FileHead, Refusal};
 use super::files;
+use crate::cell::CellResult;
+use crate::files::{FilePath, Listing, Written};
 use crate::orchestrator::{ExecuteRequest, FileRequest, Orchestrator};
 
 /// One session's cells on a local orchestrator.
@@ -30,7 +32,7 @@ impl Backend for LocalBackend {
         &self,
         _request: &Extensions,
         args: ExecuteCode,
-    ) -> Result<serde_json::Value, Refusal> {
+    ) -> Result<CellResult, Refusal> {
         let config = self.orchestrator.config();
         let timeout = args
             .timeout
@@ -45,21 +47,19 @@ impl Backend for LocalBackend {
             child: args.child,
             ..ExecuteRequest::default()
         };
-        let result = self
-            .orchestrator
+        self.orchestrator
             .execute(request)
             .await
-            .map_err(|e| Refusal(format!("kernelbox could not run the cell: {e}")))?;
-        serde_json::to_value(result).map_err(|e| Refusal(format!("kernelbox: {e}")))
+            .map_err(|e| Refusal(format!("kernelbox could not run the cell: {e}")))
     }
 
     async fn write_file(
         &self,
         _request: &Extensions,
         child: Option<&str>,
-        path: &str,
+        path: &FilePath,
         content: Vec<u8>,
-    ) -> Result<serde_json::Value, Refusal> {
+    ) -> Result<Written, Refusal> {
         let request = self.file_request(child);
         files::write(&self.orchestrator, &request, path, content).await
     }
@@ -68,7 +68,7 @@ impl Backend for LocalBackend {
         &self,
         _request: &Extensions,
         child: Option<&str>,
-        path: &str,
+        path: &FilePath,
         max: usize,
     ) -> Result<FileHead, Refusal> {
         let request = self.file_request(child);
@@ -79,8 +79,8 @@ impl Backend for LocalBackend {
         &self,
         _request: &Extensions,
         child: Option<&str>,
-        path: &str,
-    ) -> Result<serde_json::Value, Refusal> {
+        path: &FilePath,
+    ) -> Result<Listing, Refusal> {
         let request = self.file_request(child);
         files::list(&self.orchestrator, &request, path).await
     }

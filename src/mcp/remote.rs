@@ -1,23 +1,18 @@
-//! The remote backend: `kernelbox mcp --url` calling a kernelbox server's HTTP API
-//! (`POST /v1/sessions/{session}/execute`, `/v1/sessions/{session}/files/{path}`,
-//! `DELETE /v1/sessions/{session}`) for one session.
+//! The remote backend: `kernelbox mcp --url` calling a kernelbox server's HTTP API through
+//! the crate's client (`src/client/`: `POST /v1/sessions/{session}/execute`,
+//! `/v1/sessions/{session}/files/{path}`, `DELETE /v1/sessions/{session}`) for one session.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
-use hyper::header::{ACCEPT, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use futures::StreamExt;
 use rmcp::model::Extensions;
-use serde_json::{json, Value};
 
 use super::backend::{Backend, ExecuteCode, FileHead, Refusal};
-
-/// Largest response read from the server (a cell result with its rich results).
-const MAX_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
+use crate::cell::CellResult;
+use crate::client::{within, Client, ClientError, Content, Download, Fetched, FileTarget};
+use crate::files::{FilePath, Listing, Written};
 
 /// How long past the cell's own timeout (the server's longest, 1 h, when none is given) a call
 /// may wait for the server before it is abandoned.
@@ -28,15 +23,16 @@ const LONGEST_CELL: Duration = Duration::from_secs(3600);
 /// abandoned.
 const FILE_DEADLINE: Duration = Duration::from_secs(300);
 
+/// How long clearing the session when the connection ends may take.
+const CLOSE_DEADLINE: Duration = Duration::from_secs(30);
+
 /// One session on a kernelbox server.
 pub(crate) struct RemoteBackend {
-    base: String,
-    token: Option<String>,
+    client: Client,
     session: String,
     /// Whether the session's kernels go when the connection ends (a session this connection
     /// made up, rather than one named with `--session`).
     dispose: bool,
-    client: Client<HttpConnector, Full<Bytes>>,
 }
 
 impl RemoteBackend {
@@ -47,263 +43,132 @@ impl RemoteBackend {
         dispose: bool,
     ) -> RemoteBackend {
         RemoteBackend {
-            base: url.trim_end_matches('/').to_string(),
-            token,
+            client: Client::new(url, token),
             session,
             dispose,
-            client: Client::builder(TokioExecutor::new()).build_http(),
         }
     }
 
-    /// Sends one request; `body` is JSON unless `content_type` says otherwise.
-    async fn send(
-        &self,
-        method: hyper::Method,
-        path: &str,
-        body: Option<(&'static str, Bytes)>,
-    ) -> Result<hyper::Response<hyper::body::Incoming>, Refusal> {
-        let uri = format!("{}{path}", self.base);
-        let mut request = hyper::Request::builder()
-            .method(method)
-            .uri(&uri)
-            .header(ACCEPT, "application/json");
-        if let Some((content_type, _)) = &body {
-            request = request.header(CONTENT_TYPE, *content_type);
+    /// `path` in this session's kernel, or its `child`'s.
+    fn target<'a>(&'a self, child: Option<&'a str>, path: &'a FilePath) -> FileTarget<'a> {
+        FileTarget {
+            session: &self.session,
+            child,
+            path: path.as_str(),
         }
-        if let Some(token) = &self.token {
-            request = request.header(AUTHORIZATION, format!("Bearer {token}"));
-        }
-        let body = body.map(|(_, b)| b).unwrap_or_default();
-        let request = request
-            .body(Full::new(body))
-            .map_err(|e| Refusal(format!("kernelbox: bad server URL {uri:?}: {e}")))?;
-        self.client.request(request).await.map_err(|e| {
-            Refusal(format!(
-                "kernelbox: cannot reach the kernelbox server at {}: {e}",
-                self.base
-            ))
-        })
-    }
-
-    async fn call(
-        &self,
-        method: hyper::Method,
-        path: &str,
-        body: Option<Value>,
-        deadline: Duration,
-    ) -> Result<(hyper::StatusCode, Value), Refusal> {
-        let body = body.map(|b| ("application/json", Bytes::from(b.to_string())));
-        self.call_raw(method, path, body, deadline).await
-    }
-
-    /// [`send`](Self::send), then the answer read as JSON, all within `deadline`.
-    async fn call_raw(
-        &self,
-        method: hyper::Method,
-        path: &str,
-        body: Option<(&'static str, Bytes)>,
-        deadline: Duration,
-    ) -> Result<(hyper::StatusCode, Value), Refusal> {
-        let exchange = async {
-            let response = self.send(method, path, body).await?;
-            json_of(response).await
-        };
-        within(deadline, exchange).await?
-    }
-
-    /// The path of `file` in the file API of this session's kernel, or its `child`'s.
-    fn file_path(&self, child: Option<&str>, file: &str) -> String {
-        crate::api_path::files(&self.session, file, child)
     }
 }
 
-async fn within<T>(
-    deadline: Duration,
-    work: impl std::future::Future<Output = T>,
-) -> Result<T, Refusal> {
-    tokio::time::timeout(deadline, work).await.map_err(|_| {
-        Refusal(format!(
-            "kernelbox: the server did not answer within {}",
-            humantime::format_duration(deadline)
-        ))
+/// A failed call as the model reads it: the server's refusal of the `what` (`cell`, `file
+/// call`) with its status and message, or what went wrong on the way.
+fn refusal(what: &str, e: ClientError) -> Refusal {
+    match e {
+        ClientError::Refused { status, message } => Refusal(format!(
+            "the kernelbox server refused the {what} ({status}): {message}"
+        )),
+        other => Refusal(format!("kernelbox: {other}")),
+    }
+}
+
+/// The first `max` bytes of a download (the rest is dropped unread, which closes the
+/// connection); `size` is the whole file's when the server gave it.
+async fn head_of(
+    size: Option<u64>,
+    mut body: Download,
+    max: usize,
+) -> Result<FileHead, ClientError> {
+    let mut bytes = Vec::new();
+    while bytes.len() < max {
+        match body.next().await {
+            Some(chunk) => bytes.extend_from_slice(&chunk?),
+            None => break,
+        }
+    }
+    let read = bytes.len() as u64;
+    bytes.truncate(max);
+    Ok(FileHead {
+        size: size.unwrap_or(read),
+        bytes,
     })
-}
-
-/// A response's status and JSON body (at most [`MAX_RESPONSE_BYTES`]).
-async fn json_of(
-    response: hyper::Response<hyper::body::Incoming>,
-) -> Result<(hyper::StatusCode, Value), Refusal> {
-    let status = response.status();
-    let bytes = Limited::new(response.into_body(), MAX_RESPONSE_BYTES)
-        .collect()
-        .await
-        .map_err(|e| Refusal(format!("kernelbox: reading the server's answer: {e}")))?
-        .to_bytes();
-    let value: Value = serde_json::from_slice(&bytes).map_err(|_| {
-        Refusal(format!(
-            "kernelbox: the server answered {status} with something that is not JSON"
-        ))
-    })?;
-    Ok((status, value))
-}
-
-/// The server's refusal of a file call, with its message.
-fn file_refusal(status: hyper::StatusCode, value: &Value) -> Refusal {
-    let message = value["error"]["message"]
-        .as_str()
-        .unwrap_or("request failed");
-    Refusal(format!(
-        "the kernelbox server refused the file call ({status}): {message}"
-    ))
 }
 
 #[async_trait]
 impl Backend for RemoteBackend {
-    async fn execute(&self, _request: &Extensions, args: ExecuteCode) -> Result<Value, Refusal> {
-        let mut body = json!({"code": args.code, "reset": args.reset});
-        if let Some(timeout) = args.timeout {
-            body["timeout"] = json!(timeout);
-        }
-        if let Some(child) = &args.child {
-            body["child"] = json!(child);
-        }
+    async fn execute(
+        &self,
+        _request: &Extensions,
+        args: ExecuteCode,
+    ) -> Result<CellResult, Refusal> {
         let cell = args
             .timeout
             .and_then(|t| Duration::try_from_secs_f64(t).ok())
             .unwrap_or(LONGEST_CELL)
             .min(LONGEST_CELL);
-        let path = format!("/v1/sessions/{}/execute", self.session);
-        let (status, value) = self
-            .call(hyper::Method::POST, &path, Some(body), cell + SLACK)
-            .await?;
-        if status.is_success() {
-            Ok(value)
-        } else {
-            let message = value["error"]["message"]
-                .as_str()
-                .unwrap_or("request failed");
-            Err(Refusal(format!(
-                "the kernelbox server refused the cell ({status}): {message}"
-            )))
-        }
+        let body = args.into_body();
+        within(cell + SLACK, self.client.execute(&self.session, &body))
+            .await
+            .map_err(|e| refusal("cell", e))
     }
 
     async fn write_file(
         &self,
         _request: &Extensions,
         child: Option<&str>,
-        path: &str,
+        path: &FilePath,
         content: Vec<u8>,
-    ) -> Result<Value, Refusal> {
-        let body = Some(("application/octet-stream", Bytes::from(content)));
-        let (status, value) = self
-            .call_raw(
-                hyper::Method::PUT,
-                &self.file_path(child, path),
-                body,
-                FILE_DEADLINE,
-            )
-            .await?;
-        if status.is_success() {
-            Ok(value)
-        } else {
-            Err(file_refusal(status, &value))
-        }
+    ) -> Result<Written, Refusal> {
+        let target = self.target(child, path);
+        let content = Content::Bytes(Bytes::from(content));
+        within(FILE_DEADLINE, self.client.upload(&target, false, content))
+            .await
+            .map_err(|e| refusal("file call", e))
     }
 
     async fn read_file(
         &self,
         _request: &Extensions,
         child: Option<&str>,
-        path: &str,
+        path: &FilePath,
         max: usize,
     ) -> Result<FileHead, Refusal> {
-        let exchange = async {
-            let response = self
-                .send(hyper::Method::GET, &self.file_path(child, path), None)
-                .await?;
-            let status = response.status();
-            let is_json = response
-                .headers()
-                .get(CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok())
-                .is_some_and(|v| v.starts_with("application/json"));
-            if !status.is_success() || is_json {
-                let (status, value) = json_of(response).await?;
-                return Err(if status.is_success() {
-                    Refusal(format!(
-                        "kernelbox: {path} is a directory; use list_files to see what it holds"
-                    ))
-                } else {
-                    file_refusal(status, &value)
-                });
+        let target = self.target(child, path);
+        let read = async {
+            match self.client.download(&target, false).await? {
+                Fetched::File { size, body } => head_of(size, body, max).await.map(Some),
+                Fetched::Listing(_) | Fetched::Tar { .. } => Ok(None),
             }
-            let size = response
-                .headers()
-                .get(CONTENT_LENGTH)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.parse::<u64>().ok());
-            let mut body = response.into_body();
-            let mut bytes = Vec::new();
-            while bytes.len() < max {
-                match body.frame().await {
-                    Some(frame) => {
-                        let frame = frame.map_err(|e| {
-                            Refusal(format!("kernelbox: reading the server's answer: {e}"))
-                        })?;
-                        if let Ok(data) = frame.into_data() {
-                            bytes.extend_from_slice(&data);
-                        }
-                    }
-                    None => break,
-                }
-            }
-            // Dropping the rest of the body unread closes the connection.
-            let read = bytes.len() as u64;
-            bytes.truncate(max);
-            Ok(FileHead {
-                size: size.unwrap_or(read),
-                bytes,
-            })
         };
-        within(FILE_DEADLINE, exchange).await?
+        within(FILE_DEADLINE, read)
+            .await
+            .map_err(|e| refusal("file call", e))?
+            .ok_or_else(|| {
+                Refusal(format!(
+                    "kernelbox: {path} is a directory; use list_files to see what it holds"
+                ))
+            })
     }
 
     async fn list_files(
         &self,
         _request: &Extensions,
         child: Option<&str>,
-        path: &str,
-    ) -> Result<Value, Refusal> {
-        let url = self.file_path(child, path);
-        let exchange = async {
-            let response = self.send(hyper::Method::GET, &url, None).await?;
-            let is_json = response
-                .headers()
-                .get(CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok())
-                .is_some_and(|v| v.starts_with("application/json"));
-            if response.status().is_success() && !is_json {
-                return Err(Refusal(format!(
-                    "kernelbox: {path} is a file, not a directory; use read_file"
-                )));
-            }
-            let (status, value) = json_of(response).await?;
-            if status.is_success() {
-                Ok(value)
-            } else {
-                Err(file_refusal(status, &value))
-            }
-        };
-        within(FILE_DEADLINE, exchange).await?
+        path: &FilePath,
+    ) -> Result<Listing, Refusal> {
+        let target = self.target(child, path);
+        match within(FILE_DEADLINE, self.client.download(&target, false))
+            .await
+            .map_err(|e| refusal("file call", e))?
+        {
+            Fetched::Listing(listing) => Ok(listing),
+            Fetched::File { .. } | Fetched::Tar { .. } => Err(Refusal(format!(
+                "kernelbox: {path} is a file, not a directory; use read_file"
+            ))),
+        }
     }
 
     async fn close(&self) {
         if self.dispose {
-            let path = format!("/v1/sessions/{}", self.session);
-            let _ = self
-                .call(hyper::Method::DELETE, &path, None, Duration::from_secs(30))
-                .await;
+            let _ = within(CLOSE_DEADLINE, self.client.clear_session(&self.session)).await;
         }
     }
 }

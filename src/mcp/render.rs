@@ -1,49 +1,51 @@
-//! A cell result (JSON, `docs/contract.md`) as an MCP tool result: the text a model reads, each
-//! image the cell displayed as image content, and `isError` when the cell did not succeed.
+//! A cell result (`docs/contract.md`) as an MCP tool result: the text a model reads, each image
+//! the cell displayed as image content, and `isError` when the cell did not succeed.
 
 use rmcp::model::{CallToolResult, ContentBlock};
-use serde_json::Value;
+
+use crate::cell::{CellResult, CellStatus};
 
 /// Image types MCP clients display; other rich results are given as their `text/plain`.
 const IMAGE_TYPES: &[&str] = &["image/png", "image/jpeg", "image/gif", "image/webp"];
 
 /// The tool result for a cell result.
-pub(crate) fn render(result: &Value) -> CallToolResult {
-    let str_of = |v: &Value| v.as_str().map(str::to_owned);
+pub(crate) fn render(result: &CellResult) -> CallToolResult {
     let mut text = String::new();
-    if let Some(lost) = result["kernel"].get("state_lost") {
-        let reason = lost["reason"].as_str().unwrap_or("unknown");
+    if let Some(lost) = &result.kernel.state_lost {
         text.push_str(&format!(
-            "[kernelbox] this session's previous kernel was lost ({reason}); the cell ran in a fresh kernel with no earlier state.\n"
+            "[kernelbox] this session's previous kernel was lost ({}); the cell ran in a fresh kernel with no earlier state.\n",
+            lost.reason.as_str()
         ));
     }
-    let output = str_of(&result["output"]).unwrap_or_default();
-    text.push_str(&output);
+    text.push_str(&result.output);
     let mut images = Vec::new();
-    for rich in result["results"].as_array().into_iter().flatten() {
-        let data = &rich["data"];
+    for rich in &result.results {
         if let Some((mime, b64)) = IMAGE_TYPES
             .iter()
-            .find_map(|m| data[*m].as_str().map(|d| (*m, d)))
+            .find_map(|m| rich.text(m).map(|d| (*m, d)))
         {
             // Jupyter wraps long base64 in lines; MCP wants it whole.
             let b64: String = b64.split_whitespace().collect();
             images.push(ContentBlock::image(b64, mime));
-        } else if let Some(plain) = data["text/plain"].as_str() {
-            push_line(&mut text, plain);
+        } else if let Some(plain) = rich.text("text/plain") {
+            push_line(&mut text, &plain);
         }
     }
-    let success = result["status"] == "success";
+    let success = result.status == CellStatus::Success;
     if !success {
         // A raised exception's traceback is already the tail of `output`.
-        if let Some(error) = str_of(&result["error"]).filter(|e| !output.contains(e.as_str())) {
-            push_line(&mut text, &error);
+        if let Some(error) = result
+            .error
+            .as_deref()
+            .filter(|e| !result.output.contains(e))
+        {
+            push_line(&mut text, error);
         }
     }
-    if let Some(warning) = str_of(&result["warning"]) {
+    if let Some(warning) = &result.warning {
         push_line(&mut text, &format!("[kernelbox] {warning}"));
     }
-    if result["kernel"]["ended"] == true {
+    if result.kernel.ended {
         push_line(
             &mut text,
             "[kernelbox] the cell called sys.exit(): the kernel ended; the next call starts a fresh one.",
@@ -74,7 +76,8 @@ fn push_line(text: &mut String, line: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use crate::cell::{KernelInfo, LossReason, StateLost};
+    use crate::rich::{RawJson, RichResult};
 
     fn texts(r: &CallToolResult) -> Vec<String> {
         r.content
@@ -83,10 +86,45 @@ mod tests {
             .collect()
     }
 
+    /// A result of `status` that wrote `output`.
+    fn cell(status: CellStatus, output: &str) -> CellResult {
+        CellResult {
+            status,
+            output: output.into(),
+            error: None,
+            exit_code: 0,
+            tool_calls_made: 0,
+            duration_seconds: 0.0,
+            kernel: KernelInfo::default(),
+            stdout_truncated: None,
+            stdout_bytes_total: None,
+            stdout_bytes_omitted: None,
+            warning: None,
+            hint: None,
+            results: Vec::new(),
+        }
+    }
+
+    /// A rich result of `(mime, JSON text)` pairs.
+    fn rich(data: &[(&str, &str)], is_main_result: bool) -> RichResult {
+        RichResult {
+            data: data
+                .iter()
+                .map(|(m, v)| {
+                    (
+                        m.to_string(),
+                        RawJson::from_json(v.to_string()).expect("JSON"),
+                    )
+                })
+                .collect(),
+            metadata: RawJson::empty_object(),
+            is_main_result,
+        }
+    }
+
     #[test]
     fn success_is_the_output() {
-        let r =
-            render(&json!({"status": "success", "output": "42\n", "exit_code": 0, "kernel": {}}));
+        let r = render(&cell(CellStatus::Success, "42\n"));
         assert_eq!(r.is_error, Some(false));
         assert_eq!(texts(&r), vec!["42\n".to_string()]);
     }
@@ -94,19 +132,29 @@ mod tests {
     #[test]
     fn a_raised_cell_is_an_error_with_its_traceback_once() {
         let tb = "Traceback (most recent call last):\nZeroDivisionError: division by zero\n";
-        let r = render(
-            &json!({"status": "error", "output": tb, "error": tb, "exit_code": 1, "kernel": {}}),
-        );
+        let r = render(&CellResult {
+            error: Some(tb.into()),
+            exit_code: 1,
+            ..cell(CellStatus::Error, tb)
+        });
         assert_eq!(r.is_error, Some(true));
         assert_eq!(texts(&r), vec![tb.to_string()]);
     }
 
     #[test]
     fn a_timeout_carries_kernelbox_message_and_a_loss_is_announced() {
-        let r = render(
-            &json!({"status": "timeout", "output": "partial\n", "error": "Cell timed out after 1s; ...",
-            "exit_code": -1, "kernel": {"state_lost": {"reason": "oom", "at": "x"}}}),
-        );
+        let r = render(&CellResult {
+            error: Some("Cell timed out after 1s; ...".into()),
+            exit_code: -1,
+            kernel: KernelInfo {
+                state_lost: Some(StateLost {
+                    reason: LossReason::Oom,
+                    at: "x".into(),
+                }),
+                ..KernelInfo::default()
+            },
+            ..cell(CellStatus::Timeout, "partial\n")
+        });
         assert_eq!(r.is_error, Some(true));
         let t = texts(&r).join("");
         assert!(
@@ -118,13 +166,19 @@ mod tests {
 
     #[test]
     fn images_become_image_content_and_other_results_their_text() {
-        let r = render(
-            &json!({"status": "success", "output": "", "exit_code": 0, "kernel": {},
-            "results": [
-                {"data": {"image/png": "iVBO\nRw0KGgo=\n", "text/plain": "<Figure>"}, "metadata": {}, "is_main_result": false},
-                {"data": {"text/plain": "3"}, "metadata": {}, "is_main_result": true}
-            ]}),
-        );
+        let r = render(&CellResult {
+            results: vec![
+                rich(
+                    &[
+                        ("image/png", r#""iVBO\nRw0KGgo=\n""#),
+                        ("text/plain", r#""<Figure>""#),
+                    ],
+                    false,
+                ),
+                rich(&[("text/plain", r#""3""#)], true),
+            ],
+            ..cell(CellStatus::Success, "")
+        });
         assert_eq!(texts(&r), vec!["3".to_string()]);
         let image = r
             .content
@@ -137,7 +191,7 @@ mod tests {
 
     #[test]
     fn nothing_written_says_so() {
-        let r = render(&json!({"status": "success", "output": "", "exit_code": 0, "kernel": {}}));
+        let r = render(&cell(CellStatus::Success, ""));
         assert_eq!(texts(&r), vec!["(no output)".to_string()]);
     }
 }

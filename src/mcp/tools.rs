@@ -15,6 +15,7 @@ use rmcp::{tool, tool_handler, tool_router, ErrorData, ServerHandler};
 use super::backend::{Backend, ExecuteCode, ListFiles, ReadFile, Refusal, WriteFile};
 use super::files::{content_of, render_listing, render_read, MAX_READ_BYTES};
 use super::render::render;
+use crate::files::FilePath;
 
 /// What `execute_code` does, for the model.
 pub(crate) const EXECUTE_DESCRIPTION: &str = "Run Python code in this conversation's own \
@@ -58,6 +59,11 @@ fn refused(refusal: Refusal) -> CallToolResult {
     CallToolResult::error(vec![ContentBlock::text(refusal.0)])
 }
 
+/// A tool's `path` argument, checked once here (`FilePath::parse`) and passed on typed.
+fn file_path(path: &str) -> Result<FilePath, CallToolResult> {
+    FilePath::parse(path).map_err(|e| refused(Refusal(format!("kernelbox: {e}"))))
+}
+
 /// The MCP server of one connection (stdio) or of every request of `/v1/mcp` (HTTP).
 #[derive(Clone)]
 pub(crate) struct KernelTools {
@@ -99,16 +105,19 @@ impl KernelTools {
             Ok(content) => content,
             Err(refusal) => return Ok(refused(refusal)),
         };
+        let path = match file_path(&args.path) {
+            Ok(path) => path,
+            Err(refusal) => return Ok(refusal),
+        };
         Ok(
             match self
                 .backend
-                .write_file(&request, args.child.as_deref(), &args.path, content)
+                .write_file(&request, args.child.as_deref(), &path, content)
                 .await
             {
                 Ok(written) => CallToolResult::success(vec![ContentBlock::text(format!(
                     "wrote {} bytes to {}",
-                    written["size"].as_u64().unwrap_or(0),
-                    written["path"].as_str().unwrap_or(&args.path)
+                    written.size, written.path
                 ))]),
                 Err(refusal) => refused(refusal),
             },
@@ -121,10 +130,14 @@ impl KernelTools {
         Parameters(args): Parameters<ReadFile>,
         request: Extensions,
     ) -> Result<CallToolResult, ErrorData> {
+        let path = match file_path(&args.path) {
+            Ok(path) => path,
+            Err(refusal) => return Ok(refusal),
+        };
         Ok(
             match self
                 .backend
-                .read_file(&request, args.child.as_deref(), &args.path, MAX_READ_BYTES)
+                .read_file(&request, args.child.as_deref(), &path, MAX_READ_BYTES)
                 .await
             {
                 Ok(head) => render_read(&args.path, &head),
@@ -139,14 +152,17 @@ impl KernelTools {
         Parameters(args): Parameters<ListFiles>,
         request: Extensions,
     ) -> Result<CallToolResult, ErrorData> {
-        let path = args.path.unwrap_or_default();
+        let path = match file_path(args.path.as_deref().unwrap_or_default()) {
+            Ok(path) => path,
+            Err(refusal) => return Ok(refusal),
+        };
         Ok(
             match self
                 .backend
                 .list_files(&request, args.child.as_deref(), &path)
                 .await
             {
-                Ok(listing) => render_listing(&path, &listing),
+                Ok(listing) => render_listing(path.as_str(), &listing),
                 Err(refusal) => refused(refusal),
             },
         )

@@ -163,11 +163,10 @@ impl Orchestrator {
     pub async fn write_file(
         &self,
         request: &FileRequest,
-        path: &str,
+        path: &FilePath,
         tar: bool,
         body: ByteStream,
     ) -> Result<Written, FileError> {
-        let path = FilePath::parse(path)?;
         if !tar && path.is_root() {
             return Err(refused(
                 "is_a_directory",
@@ -183,6 +182,7 @@ impl Orchestrator {
             .inspect_ok(move |chunk| counters.uploaded(chunk.len()))
             .boxed();
         let slot = hold.slot.clone();
+        let path = path.clone();
         // Runs to its end even if the caller goes away (a client cut mid-body): the helper
         // confirms its clean-up before the kernel is released.
         let written = crate::orchestrator::adopt::run_adopted(&self.inner.tracker, async move {
@@ -214,10 +214,9 @@ impl Orchestrator {
     pub async fn read_file(
         &self,
         request: &FileRequest,
-        path: &str,
+        path: &FilePath,
         tar: bool,
     ) -> Result<Download, FileError> {
-        let path = FilePath::parse(path)?;
         let owner = self.file_owner(request)?;
         let hold = self.hold_live(&owner)?;
         let kernel = hold.kernel()?;
@@ -231,7 +230,7 @@ impl Orchestrator {
                 .inspect_ok(move |chunk| counters.downloaded(chunk.len()))
                 .boxed()
         };
-        Ok(match kernel.read_file(&path, tar).await? {
+        Ok(match kernel.read_file(path, tar).await? {
             Download::File { size, body } => Download::File {
                 size,
                 body: held(body),
@@ -245,7 +244,7 @@ impl Orchestrator {
     pub async fn list_files(
         &self,
         request: &FileRequest,
-        path: &str,
+        path: &FilePath,
     ) -> Result<Listing, FileError> {
         match self.read_file(request, path, false).await? {
             Download::Dir(listing) => Ok(listing),
@@ -257,8 +256,11 @@ impl Orchestrator {
     }
 
     /// Removes a file or a directory tree from the owner's live kernel.
-    pub async fn remove_file(&self, request: &FileRequest, path: &str) -> Result<(), FileError> {
-        let path = FilePath::parse(path)?;
+    pub async fn remove_file(
+        &self,
+        request: &FileRequest,
+        path: &FilePath,
+    ) -> Result<(), FileError> {
         if path.is_root() {
             return Err(refused(
                 "invalid_path",
@@ -267,7 +269,7 @@ impl Orchestrator {
         }
         let owner = self.file_owner(request)?;
         let hold = self.hold_live(&owner)?;
-        Ok(hold.kernel()?.remove_file(&path).await?)
+        Ok(hold.kernel()?.remove_file(path).await?)
     }
 }
 

@@ -2,12 +2,12 @@
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
 
 use crate::config::InvalidTimeout;
 use crate::files::TransferError;
 use crate::orchestrator::ExecuteError;
 use crate::orchestrator::FileError;
+use crate::wire::ErrorBody;
 
 /// An error response.
 #[derive(Debug, Clone)]
@@ -65,8 +65,8 @@ impl ApiError {
     }
 
     /// The JSON body.
-    pub fn body(&self) -> serde_json::Value {
-        json!({"error": {"code": self.code, "message": self.message}})
+    pub fn body(&self) -> ErrorBody {
+        ErrorBody::new(self.code, self.message.clone())
     }
 }
 

@@ -102,11 +102,11 @@ pub(super) fn refuse(stream: TcpStream) {
 
 /// The response an over-limit connection gets before it is closed.
 fn over_limit_response() -> Vec<u8> {
-    let body = serde_json::json!({"error": {
-        "code": "too_many_connections",
-        "message": "kernelbox has as many connections open as it allows; retry later",
-    }})
-    .to_string();
+    let body = serde_json::to_string(&crate::wire::ErrorBody::new(
+        "too_many_connections",
+        "kernelbox has as many connections open as it allows; retry later",
+    ))
+    .unwrap_or_default();
     format!(
         "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
          retry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",

@@ -1,12 +1,14 @@
 //! The OpenAPI 3.1 description served at `/openapi.json`. The result types (`CellResult`,
-//! `KernelInfo`, `StateLost`, `KernelSummary`, ...) are generated from the Rust types with
-//! schemars, so the spec cannot drift from what the server sends; routes, parameters and error
-//! shapes are written here, and a test checks every route of [`super::ROUTES`] appears.
+//! `KernelInfo`, `StateLost`, `KernelSummary`, ...) and the execute body (`ExecuteRequest`,
+//! the wire type `ExecuteBody`) are generated from the Rust types with schemars, so the spec
+//! cannot drift from what the server sends and reads; routes, parameters and error shapes are
+//! written here, and a test checks every route of [`super::ROUTES`] appears.
 
 use serde_json::{json, Value};
 
 use crate::cell::CellResult;
 use crate::orchestrator::KernelSummary;
+use crate::wire::ExecuteBody;
 
 /// The `/files` routes, described in [`files_paths`].
 fn file_param() -> Value {
@@ -99,6 +101,7 @@ pub fn generated_schemas() -> serde_json::Map<String, Value> {
     let mut generator = settings.into_generator();
     generator.subschema_for::<CellResult>();
     generator.subschema_for::<KernelSummary>();
+    generator.subschema_for::<ExecuteBody>();
     generator.take_definitions(true)
 }
 
@@ -162,17 +165,6 @@ pub fn spec() -> Value {
                         "type": "object", "required": ["code", "message"],
                         "properties": {"code": {"type": "string"}, "message": {"type": "string"}}
                     }}
-                },
-                "ExecuteRequest": {
-                    "type": "object", "required": ["code"], "additionalProperties": false,
-                    "properties": {
-                        "code": {"type": "string", "description": "Python source of the cell."},
-                        "reset": {"type": "boolean", "default": false, "description": "Discard the kernel and run in a fresh one."},
-                        "timeout": {"type": ["number", "null"], "exclusiveMinimum": 0, "description": "Cell timeout in seconds, at most the server's max_cell_timeout (3600 by default); absent or null: the server default. Anything else is 400 `invalid_timeout`."},
-                        "task_id": {"type": "string", "maxLength": 256, "description": "The turn; passed to tool calls, never keys a kernel."},
-                        "child": {"type": "string", "description": "Delegated child making the call."},
-                        "tools": {"type": "array", "items": {"type": "string"}, "description": "Tools the cell may call; a subset of the tenant's allow-list (all of it when absent)."}
-                    }
                 },
                 "StreamEvent": {
                     "oneOf": [
@@ -365,6 +357,36 @@ fn with(base: &Value, extra: Value) -> Value {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_execute_body_is_described_from_its_wire_type() {
+        let spec = super::spec();
+        let body = &spec["components"]["schemas"]["ExecuteRequest"];
+        assert_eq!(body["required"], serde_json::json!(["code"]));
+        assert_eq!(body["additionalProperties"], false);
+        let props = &body["properties"];
+        let names: std::collections::BTreeSet<_> = props
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|p| p.0.as_str())
+            .collect();
+        assert_eq!(
+            names,
+            ["child", "code", "reset", "task_id", "timeout", "tools"].into()
+        );
+        assert_eq!(
+            props["timeout"]["type"],
+            serde_json::json!(["number", "null"])
+        );
+        assert_eq!(props["timeout"]["exclusiveMinimum"], 0);
+        assert!(props["timeout"]["description"]
+            .as_str()
+            .is_some_and(|d| d.starts_with("Cell timeout in seconds")));
+        assert_eq!(props["task_id"]["maxLength"], 256);
+        assert_eq!(props["reset"]["default"], false);
+        assert_eq!(props["code"]["description"], "Python source of the cell.");
+    }
+
     #[test]
     fn every_route_is_described() {
         let spec = super::spec();

@@ -1,11 +1,26 @@
-//! The command line: `kernelbox cp` both ways, `kernelbox exec --upload/--download`.
+//! The command line: `kernelbox cp` both ways, `kernelbox exec --upload/--download`, and
+//! `kernelbox exec --url`; the exit codes of a call to a server (`docs/cli.md`).
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::common;
 use crate::http::{Served, Session};
-use crate::{output, random_bytes, TOKEN};
+use crate::{output, random_bytes, server, TOKEN};
+
+/// Runs the binary with `args` in `dir`: its exit code, standard output and standard error.
+fn kernelbox(dir: &std::path::Path, args: &[&str]) -> (Option<i32>, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kernelbox"))
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kernelbox_cp_copies_files_and_directories_both_ways() {
@@ -123,4 +138,118 @@ async fn exec_uploads_before_the_cell_and_downloads_after_it() {
         "2"
     );
     common::assert_clean(&engine, &label).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn exec_url_runs_on_the_server_and_its_exit_code_says_what_failed() {
+    let srv = server("files-exec-url", |_| {}).await;
+    let dir = tempfile::tempdir().unwrap();
+    let base = srv.api.base.clone();
+    let exec = |token: &str, session: &str, code: &str| {
+        kernelbox(
+            dir.path(),
+            &[
+                "exec",
+                "--url",
+                &base,
+                "--token",
+                token,
+                "--session",
+                session,
+                code,
+            ],
+        )
+    };
+    let (code, _, stderr) = exec(TOKEN, "eu", "x = 41");
+    assert_eq!(code, Some(0), "{stderr}");
+    let (code, stdout, stderr) = exec(TOKEN, "eu", "print(x + 1)");
+    assert_eq!(code, Some(0), "{stderr}");
+    let result: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(output(&result), "42", "{result}");
+    let (code, stdout, _) = exec(TOKEN, "eu", "1/0");
+    assert_eq!(code, Some(1));
+    let result: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(result["status"], "error", "{result}");
+    // A name the server refuses reaches it encoded (a space, `/`) and is refused as such.
+    for session in ["e u", "e/u"] {
+        let (code, _, stderr) = exec(TOKEN, session, "1");
+        assert_eq!(code, Some(2), "{stderr}");
+        assert!(
+            stderr.contains("server answered 400 Bad Request"),
+            "{stderr}"
+        );
+    }
+    let (code, _, stderr) = exec("wrong", "eu", "1");
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("server answered 401 Unauthorized"),
+        "{stderr}"
+    );
+    let (code, _, stderr) = kernelbox(
+        dir.path(),
+        &[
+            "exec",
+            "--url",
+            "http://127.0.0.1:1",
+            "--session",
+            "eu",
+            "1",
+        ],
+    );
+    assert_eq!(code, Some(3), "{stderr}");
+    assert!(
+        stderr.contains("cannot reach the kernelbox server"),
+        "{stderr}"
+    );
+    srv.finish().await;
+}
+
+/// A server that answers every request `200` with `content_type` and a body it cuts short:
+/// its base URL.
+async fn cutting_server(content_type: &'static str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let mut head = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                match socket.read(&mut buf).await {
+                    Ok(n) if n > 0 => head.extend_from_slice(&buf[..n]),
+                    _ => break,
+                }
+            }
+            let answer = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: {content_type}\r\n\
+                 content-length: 100000\r\n\r\n0123456789"
+            );
+            let _ = socket.write_all(answer.as_bytes()).await;
+        }
+    });
+    format!("http://{addr}")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cp_reports_a_download_that_breaks_off_as_a_transport_failure() {
+    let dir = tempfile::tempdir().unwrap();
+    for (content_type, local) in [
+        ("application/octet-stream", "file.bin"),
+        ("application/x-tar", "dir"),
+    ] {
+        let base = cutting_server(content_type).await;
+        let (code, _, stderr) = kernelbox(dir.path(), &["cp", "s:x", local, "--url", &base]);
+        assert_eq!(code, Some(3), "{content_type}: {stderr}");
+        assert!(
+            stderr.contains("reading the server's answer"),
+            "{content_type}: {stderr}"
+        );
+        assert!(!stderr.contains("file helper"), "{content_type}: {stderr}");
+    }
+    // Nothing half-written is left of the file.
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, vec![std::ffi::OsString::from("dir")]);
 }

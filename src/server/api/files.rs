@@ -15,7 +15,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::{invalid, name, path_error, Caller};
-use crate::files::Download;
+use crate::files::{Download, FilePath};
 use crate::orchestrator::FileRequest;
 use crate::server::error::ApiError;
 use crate::server::tenants::Tenant;
@@ -132,6 +132,7 @@ async fn put(
         state.inner.metrics.rejected("too_large");
         return Err(crate::files::TransferError::TooLarge { cap }.into());
     }
+    let path = FilePath::parse(&path)?;
     let stream = body
         .into_data_stream()
         .map_err(std::io::Error::other)
@@ -174,6 +175,7 @@ async fn get(
 ) -> Result<Response, ApiError> {
     let request = request(&state, &tenant, session, query)?;
     let tar = header_says(&headers, header::ACCEPT, "application/x-tar");
+    let path = FilePath::parse(&path)?;
     let download = state
         .inner
         .orchestrator
@@ -214,11 +216,11 @@ pub(super) async fn delete_file(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let (session, path) = target(&state, path)?;
     let request = request(&state, &tenant, session, query)?;
-    let checked = crate::files::FilePath::parse(&path)?;
+    let checked = FilePath::parse(&path)?;
     state
         .inner
         .orchestrator
-        .remove_file(&request, &path)
+        .remove_file(&request, &checked)
         .await?;
     Ok(Json(json!({"deleted": checked.in_kernel()})))
 }

@@ -4,13 +4,13 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use axum::body::Bytes;
 use axum::http::request::Parts;
 use rmcp::model::Extensions;
-use serde_json::json;
 
 use super::mcp_session::session_of;
 use super::{file_request, run_cell};
+use crate::cell::CellResult;
+use crate::files::{FilePath, Listing, Written};
 use crate::mcp::{files, Backend, ExecuteCode, FileHead, Refusal};
 use crate::orchestrator::FileRequest;
 use crate::server::{AppState, Tenant};
@@ -26,7 +26,7 @@ impl Backend for HttpBackend {
         &self,
         request: &Extensions,
         args: ExecuteCode,
-    ) -> Result<serde_json::Value, Refusal> {
+    ) -> Result<CellResult, Refusal> {
         let parts = request
             .get::<Parts>()
             .ok_or_else(|| Refusal("kernelbox: the MCP request carried no HTTP request".into()))?;
@@ -35,14 +35,7 @@ impl Backend for HttpBackend {
             .get::<Arc<Tenant>>()
             .ok_or_else(|| Refusal("kernelbox: the MCP request was not authenticated".into()))?;
         let session = session_of(parts)?;
-        let mut body = json!({"code": args.code, "reset": args.reset});
-        if let Some(timeout) = args.timeout {
-            body["timeout"] = json!(timeout);
-        }
-        if let Some(child) = &args.child {
-            body["child"] = json!(child);
-        }
-        let result = run_cell(&self.state, tenant, session, Bytes::from(body.to_string()))
+        run_cell(&self.state, tenant, session, args.into_body())
             .await
             .map_err(|e| {
                 let retry = e
@@ -53,17 +46,16 @@ impl Backend for HttpBackend {
                     "kernelbox refused the cell ({}): {}{retry}",
                     e.code, e.message
                 ))
-            })?;
-        serde_json::to_value(result).map_err(|e| Refusal(format!("kernelbox: {e}")))
+            })
     }
 
     async fn write_file(
         &self,
         request: &Extensions,
         child: Option<&str>,
-        path: &str,
+        path: &FilePath,
         content: Vec<u8>,
-    ) -> Result<serde_json::Value, Refusal> {
+    ) -> Result<Written, Refusal> {
         let request = self.file_request(request, child)?;
         files::write(self.state.orchestrator(), &request, path, content).await
     }
@@ -72,7 +64,7 @@ impl Backend for HttpBackend {
         &self,
         request: &Extensions,
         child: Option<&str>,
-        path: &str,
+        path: &FilePath,
         max: usize,
     ) -> Result<FileHead, Refusal> {
         let request = self.file_request(request, child)?;
@@ -83,8 +75,8 @@ impl Backend for HttpBackend {
         &self,
         request: &Extensions,
         child: Option<&str>,
-        path: &str,
-    ) -> Result<serde_json::Value, Refusal> {
+        path: &FilePath,
+    ) -> Result<Listing, Refusal> {
         let request = self.file_request(request, child)?;
         files::list(self.state.orchestrator(), &request, path).await
     }

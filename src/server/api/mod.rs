@@ -33,7 +33,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use http_body_util::BodyExt;
-use serde::Deserialize;
 use serde_json::json;
 
 use super::error::ApiError;
@@ -43,9 +42,7 @@ use super::{AppState, MAX_BODY_BYTES};
 use crate::authority::ToolDispatcher;
 use crate::orchestrator::ExecuteRequest;
 use crate::owner::validate_name;
-
-/// Longest `task_id` accepted.
-const MAX_TASK_ID: usize = 256;
+use crate::wire::{ExecuteBody, MAX_TASK_ID};
 
 /// The API; `/metrics` is left out (404) when `with_metrics` is false because it is served
 /// on a listener of its own.
@@ -171,23 +168,6 @@ fn one_name(
     Ok(session)
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ExecuteBody {
-    code: String,
-    #[serde(default)]
-    reset: bool,
-    /// Seconds; anything but a number (or null, for the default) is an invalid timeout.
-    #[serde(default)]
-    timeout: Option<serde_json::Value>,
-    #[serde(default)]
-    task_id: Option<String>,
-    #[serde(default)]
-    child: Option<String>,
-    #[serde(default)]
-    tools: Option<Vec<String>>,
-}
-
 /// Past the limit, the rest of a body is still read (and discarded) up to this size, so the
 /// client finishes sending and sees the 413 instead of a reset connection.
 const DRAIN_BYTES: usize = 64 * MAX_BODY_BYTES;
@@ -252,14 +232,13 @@ fn json_object<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiErr
     ))
 }
 
-/// Turns a request body into a checked execute request (everything but the sink).
+/// Turns an execute body into a checked execute request (everything but the sink).
 fn parse_execute(
     state: &AppState,
     tenant: &Tenant,
     session: String,
-    bytes: Bytes,
+    body: ExecuteBody,
 ) -> Result<ExecuteRequest, ApiError> {
-    let body: ExecuteBody = json_object(&bytes)?;
     if let Some(child) = &body.child {
         name("child", child)?;
     }
@@ -343,12 +322,13 @@ async fn execute(
     let bytes = read_body(&headers, body)
         .await
         .map_err(|e| invalid(&state, e))?;
+    let body: ExecuteBody = json_object(&bytes).map_err(|e| invalid(&state, e))?;
     if !wants_ndjson(&headers) {
-        let result = run_cell(&state, &tenant, session, bytes).await?;
+        let result = run_cell(&state, &tenant, session, body).await?;
         return Ok(Json(result).into_response());
     }
     let mut request =
-        parse_execute(&state, &tenant, session, bytes).map_err(|e| invalid(&state, e))?;
+        parse_execute(&state, &tenant, session, body).map_err(|e| invalid(&state, e))?;
     if state.is_draining() {
         return Err(ApiError::shutting_down());
     }
@@ -378,16 +358,16 @@ fn refused(state: &AppState, e: crate::orchestrator::ExecuteError) -> ApiError {
     ApiError::from(e)
 }
 
-/// Runs one cell from an execute body (the JSON of `POST /v1/sessions/{session}/execute`)
-/// for `tenant` and returns its result: the one path of a non-streaming execute, shared by
-/// that route and MCP's `execute_code` on `/v1/mcp`.
+/// Runs one cell from an execute body (`POST /v1/sessions/{session}/execute`) for `tenant`
+/// and returns its result: the one path of a non-streaming execute, shared by that route and
+/// MCP's `execute_code` on `/v1/mcp`.
 pub(crate) async fn run_cell(
     state: &AppState,
     tenant: &Tenant,
     session: String,
-    bytes: Bytes,
+    body: ExecuteBody,
 ) -> Result<crate::cell::CellResult, ApiError> {
-    let request = parse_execute(state, tenant, session, bytes).map_err(|e| invalid(state, e))?;
+    let request = parse_execute(state, tenant, session, body).map_err(|e| invalid(state, e))?;
     if state.is_draining() {
         return Err(ApiError::shutting_down());
     }

@@ -185,7 +185,7 @@ pub(super) fn stream_execute(state: AppState, mut request: ExecuteRequest) -> Re
                 state.inner.metrics.cell(&result);
                 line("result", "result", &result)
             }
-            Err(e) => line("error", "error", &ApiError::from(e).body()["error"]),
+            Err(e) => line("error", "error", &ApiError::from(e).body().error),
         };
         tx.send_final(last, true);
     });

@@ -3,7 +3,7 @@ use super::*;
 
 #[test]
 fn request_bodies_must_be_json_objects() {
-    #[derive(Debug, Deserialize)]
+    #[derive(Debug, serde::Deserialize)]
     struct Body {
         #[allow(dead_code)]
         code: String,

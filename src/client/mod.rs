@@ -1,0 +1,162 @@
+//! The Rust client of the HTTP API (`docs/http-api.md`, `docs/files.md`): `kernelbox exec
+//! --url`, `kernelbox cp` and `kernelbox mcp --url` call a server through it. It keeps no
+//! rule of its own about names, timeouts or paths: the server judges them, and the client
+//! hands back the server's status and message.
+//!
+//! | file | what |
+//! |---|---|
+//! | `mod.rs` | [`Client`]: a server's base URL and bearer token; one request sent and its answer read (JSON, bounded); execute and clearing a session |
+//! | `files.rs` | the file API: an upload streamed or in one piece ([`Content`]), a download streamed ([`Fetched`]) or a listing |
+//! | `error.rs` | [`ClientError`]: which step of a call failed; the one reader of the server's error JSON; [`within`], a call under a deadline |
+//!
+//! URLs come from [`crate::wire::path`], which percent-encodes every name and path; the
+//! bodies are the wire types ([`ExecuteBody`](crate::wire::ExecuteBody)) and the server's
+//! own result types ([`CellResult`], [`Written`](crate::files::Written),
+//! [`Listing`](crate::files::Listing)).
+
+mod error;
+mod files;
+
+pub use error::{within, ClientError};
+pub use files::{Content, Download, Fetched, FileTarget};
+
+use bytes::Bytes;
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Empty, Full, Limited};
+use hyper::body::Incoming;
+use hyper::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE};
+use hyper::{Method, Response};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde::de::DeserializeOwned;
+
+use crate::cell::CellResult;
+use crate::wire::{path, ExecuteBody};
+
+/// Largest JSON answer read from a server (a cell result with its rich results, a listing,
+/// an error).
+const MAX_ANSWER_BYTES: usize = 64 * 1024 * 1024;
+
+/// A request's body: streamed (an upload) or in one piece (JSON, or nothing).
+type RequestBody = UnsyncBoxBody<Bytes, std::io::Error>;
+
+/// A kernelbox server, reached over HTTP/1.1 with a tenant's bearer token.
+#[derive(Debug, Clone)]
+pub struct Client {
+    /// `http://host:port`, without a trailing `/`.
+    base: String,
+    token: Option<String>,
+    http: hyper_util::client::legacy::Client<HttpConnector, RequestBody>,
+}
+
+impl Client {
+    /// A client of the server at `url` (e.g. `http://127.0.0.1:8080`), sending `token` as
+    /// `Authorization: Bearer` when there is one.
+    pub fn new(url: &str, token: Option<String>) -> Client {
+        Client {
+            base: url.trim_end_matches('/').to_string(),
+            token,
+            http: hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build_http(),
+        }
+    }
+
+    /// `POST /v1/sessions/{session}/execute`: runs one cell and returns its result.
+    pub async fn execute(
+        &self,
+        session: &str,
+        body: &ExecuteBody,
+    ) -> Result<CellResult, ClientError> {
+        let json = serde_json::to_vec(body).map_err(ClientError::Encode)?;
+        let body = Some(("application/json", one_piece(Bytes::from(json))));
+        let response = self
+            .send(
+                Method::POST,
+                &path::execute(session),
+                "application/json",
+                body,
+            )
+            .await?;
+        json_answer(response, "a cell result").await
+    }
+
+    /// `DELETE /v1/sessions/{session}`: disposes of the session's kernels.
+    pub async fn clear_session(&self, session: &str) -> Result<(), ClientError> {
+        let response = self
+            .send(
+                Method::DELETE,
+                &path::session(session),
+                "application/json",
+                None,
+            )
+            .await?;
+        json_answer::<serde_json::Value>(response, "a count")
+            .await
+            .map(drop)
+    }
+
+    /// Sends one request to `path` (below the base URL) with `body` of its content type, and
+    /// returns the answer's head once it arrives.
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        accept: &'static str,
+        body: Option<(&'static str, RequestBody)>,
+    ) -> Result<Response<Incoming>, ClientError> {
+        let uri = format!("{}{path}", self.base);
+        let mut request = hyper::Request::builder()
+            .method(method)
+            .uri(&uri)
+            .header(ACCEPT, accept);
+        if let Some(token) = &self.token {
+            request = request.header(AUTHORIZATION, format!("Bearer {token}"));
+        }
+        let body = match body {
+            Some((content_type, body)) => {
+                request = request.header(CONTENT_TYPE, content_type);
+                body
+            }
+            None => Empty::new().map_err(|e| match e {}).boxed_unsync(),
+        };
+        let request = request
+            .body(body)
+            .map_err(|e| ClientError::BadUrl { uri, error: e })?;
+        self.http
+            .request(request)
+            .await
+            .map_err(|e| ClientError::Unreachable {
+                base: self.base.clone(),
+                error: e,
+            })
+    }
+}
+
+/// A body sent in one piece (its length known, so it goes with a `Content-Length`).
+fn one_piece(bytes: Bytes) -> RequestBody {
+    Full::new(bytes).map_err(|e| match e {}).boxed_unsync()
+}
+
+/// An answer's body, read whole (at most [`MAX_ANSWER_BYTES`]).
+async fn read_answer(response: Response<Incoming>) -> Result<Bytes, ClientError> {
+    Ok(Limited::new(response.into_body(), MAX_ANSWER_BYTES)
+        .collect()
+        .await
+        .map_err(ClientError::Read)?
+        .to_bytes())
+}
+
+/// A JSON answer read as `T` (`what` names it for a message), or the server's refusal.
+async fn json_answer<T: DeserializeOwned>(
+    response: Response<Incoming>,
+    what: &'static str,
+) -> Result<T, ClientError> {
+    let status = response.status();
+    let bytes = read_answer(response).await?;
+    if !status.is_success() {
+        return Err(ClientError::refused(status, &bytes));
+    }
+    serde_json::from_slice(&bytes).map_err(|e| ClientError::decode(status, what, e))
+}
+
+#[cfg(test)]
+mod tests;

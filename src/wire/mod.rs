@@ -1,0 +1,20 @@
+//! The HTTP API as a client sees it (`docs/http-api.md`): the paths a request is sent to and
+//! the bodies it carries, one type each, shared by the server that parses them, the Rust
+//! client that writes them (`src/client/`) and the OpenAPI document that describes them.
+//!
+//! | file | what |
+//! |---|---|
+//! | `path.rs` | the routes' paths, with the one percent-encoder for names and file paths in a URL |
+//! | `execute.rs` | [`ExecuteBody`]: the body of `POST /v1/sessions/{session}/execute` |
+//! | `error.rs` | [`ErrorBody`]: every error answer, `{"error": {"code", "message"}}` |
+//!
+//! What the server answers besides errors has its own home: a cell result is
+//! [`CellResult`](crate::cell::CellResult), an upload's answer [`Written`](crate::files::Written),
+//! a directory [`Listing`](crate::files::Listing).
+
+mod error;
+mod execute;
+pub mod path;
+
+pub use error::{ErrorBody, ErrorDetail};
+pub use execute::{ExecuteBody, MAX_TASK_ID};
