@@ -5,14 +5,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{AdmissionNotice, ExecuteError, ExecuteRequest, Orchestrator, CLEARED_MESSAGE};
+use super::{AdmissionNotice, ExecuteError, ExecuteRequest, Orchestrator};
 use crate::authority::CellAuthority;
 use crate::catalog::Change;
-use crate::cell::{
-    timeout_message, CellResult, CellStatus, KernelInfo, LossReason, INTERRUPTED_MESSAGE,
-};
+use crate::cell::{messages, CellResult, Ending, KernelDeath, KernelInfo};
 use crate::config::DISPLAY_OVERHEAD_BYTES;
-use crate::kernel::{CellOptions, CellOutcome, Death, DisplayCaps, Kernel, SpawnRequest};
+use crate::kernel::{CellOptions, CellOutcome, CellRun, Death, DisplayCaps, Kernel, SpawnRequest};
 use crate::orchestrator::adopt::run_adopted;
 use crate::owner::KernelKey;
 use crate::registry::{Refusal, Slot, TenantLimits};
@@ -119,70 +117,24 @@ impl Orchestrator {
         let _ = outcome.send(Some(run.outcome == CellOutcome::Interrupted));
         self.untrack_running(&owner, run_id);
 
-        let mut info = KernelInfo {
+        let verdict = self.ending(&run, timeout, &lease.slot).verdict();
+        let info = KernelInfo {
             id: kernel.short_id().to_string(),
             reused: lease.reused,
             execution_count: run.execution_count,
             state_reset: lease.state_reset,
-            ended: false,
+            ended: verdict.ended,
             generation: lease.slot.generation,
             state_lost: lease.state_lost.clone(),
         };
-        let (status, exit_code, error, loss) = match &run.outcome {
-            CellOutcome::Completed => (CellStatus::Success, 0, None, None),
-            CellOutcome::Raised { traceback } => {
-                (CellStatus::Error, 1, Some(traceback.clone()), None)
-            }
-            CellOutcome::Exited => {
-                info.ended = true;
-                (CellStatus::Success, 0, None, None)
-            }
-            CellOutcome::TimedOut => (
-                CellStatus::Timeout,
-                -1,
-                Some(timeout_message(timeout)),
-                Some(LossReason::Timeout),
-            ),
-            CellOutcome::Interrupted if !run.ran => (
-                CellStatus::Interrupted,
-                -1,
-                Some(INTERRUPTED_BEFORE_IT_RAN.to_string()),
-                None,
-            ),
-            CellOutcome::Interrupted => (
-                CellStatus::Interrupted,
-                -1,
-                Some(INTERRUPTED_MESSAGE.to_string()),
-                Some(LossReason::Killed),
-            ),
-            CellOutcome::Died(death) => {
-                let (message, reason) = death_message(*death, config.sandbox.memory_bytes);
-                (CellStatus::Error, -1, Some(message), reason)
-            }
-        };
-        // Killed under its cell by a clear, a reset or a child's release (not by shutdown).
-        let error = match (&run.outcome, error) {
-            (CellOutcome::Died(Death::Disposed), Some(_))
-                if !self.inner.cancel.is_cancelled()
-                    && !self.inner.registry.is_registered(&lease.slot) =>
-            {
-                Some(CLEARED_MESSAGE.to_string())
-            }
-            (_, error) => error,
-        };
         // A cell that never ran leaves its kernel as it found it.
-        let kernel_gone = (run.ran
-            && !matches!(
-                run.outcome,
-                CellOutcome::Completed | CellOutcome::Raised { .. }
-            ))
-            || !kernel.is_alive();
+        let kernel_gone = (run.ran && !verdict.kernel_kept) || !kernel.is_alive();
         let capped = run.output.finish();
         let mut result = CellResult {
-            status,
+            status: verdict.status,
             output: capped.text,
-            error,
-            exit_code,
+            error: verdict.error.clone(),
+            exit_code: verdict.exit_code,
             tool_calls_made: authority.calls_made(),
             duration_seconds: 0.0,
             kernel: info,
@@ -201,18 +153,18 @@ impl Orchestrator {
                 let name = format!("output-{}.txt", run.cell);
                 match kernel.write_staging_file(&name, &spill).await {
                     Ok(path) => {
-                        result.warning = Some(format!(
-                            "Output was cut to {} bytes; the first {} bytes are in {path} inside the kernel.",
+                        result.warning = Some(messages::output_spilled_warning(
                             config.output_inline_bytes,
-                            spill.len()
+                            spill.len(),
+                            &path,
                         ));
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "spilling output failed");
-                        result.warning = Some(format!(
-                            "Output was cut to {} bytes; saving the first {} bytes inside the kernel failed ({e}).",
+                        result.warning = Some(messages::output_spill_failed_warning(
                             config.output_inline_bytes,
-                            spill.len()
+                            spill.len(),
+                            &e.to_string(),
                         ));
                     }
                 }
@@ -225,16 +177,12 @@ impl Orchestrator {
             });
         }
         if kernel_gone {
-            self.inner.registry.forget(&lease.slot, loss);
+            self.inner.registry.forget(&lease.slot, verdict.loss);
             if let Err(e) = kernel.dispose().await {
                 tracing::warn!(container = %kernel.short_id(), error = %e, "disposing a finished kernel");
             }
-            if status == CellStatus::Timeout || status == CellStatus::Interrupted {
-                result.hint = Some(
-                    "Long work can be split across cells, or run with a larger timeout.".into(),
-                );
-            }
         }
+        result.hint = verdict.hint(kernel_gone);
         self.release(&lease.slot).await;
         if let Some(durable) = lease.started.take() {
             // The catalog wrote the start while the cell ran; a caller who saw this kernel
@@ -246,6 +194,32 @@ impl Orchestrator {
         }
         result.duration_seconds = started.elapsed().as_secs_f64();
         Ok(result)
+    }
+
+    /// How a cell that ran on `slot`'s kernel ended, in the contract's terms
+    /// ([`Ending`]): a cell interrupted before it ran, and a kernel disposed of under its cell
+    /// by a clear, a reset or a child's release (its slot gone, and not by shutdown), are told
+    /// apart here.
+    fn ending(&self, run: &CellRun, timeout: Duration, slot: &Arc<Slot>) -> Ending {
+        match &run.outcome {
+            CellOutcome::Completed => Ending::Completed,
+            CellOutcome::Raised { traceback } => Ending::Raised {
+                traceback: traceback.clone(),
+            },
+            CellOutcome::Exited => Ending::Exited,
+            CellOutcome::TimedOut => Ending::TimedOut { timeout },
+            CellOutcome::Interrupted if !run.ran => Ending::InterruptedWhileQueued,
+            CellOutcome::Interrupted => Ending::Interrupted,
+            CellOutcome::Died(Death::Disposed)
+                if !self.inner.cancel.is_cancelled()
+                    && !self.inner.registry.is_registered(slot) =>
+            {
+                Ending::Cleared
+            }
+            CellOutcome::Died(death) => {
+                Ending::Died(kernel_death(*death, self.inner.config.sandbox.memory_bytes))
+            }
+        }
     }
 
     pub(super) async fn acquire(
@@ -412,7 +386,7 @@ impl Orchestrator {
                     self.give_back_loss(key, state_lost);
                     None
                 }
-                false => death_message(kernel.death().unwrap_or(Death::Crashed(-1)), 0).1,
+                false => kernel_death(kernel.death().unwrap_or(Death::Crashed(-1)), 0).loss(),
             };
             // Recorded in the registry, the loss comes back to this very call on the retry.
             inner.registry.forget(&slot, reason);
@@ -446,41 +420,16 @@ pub(super) struct Lease {
 /// How long a cold start waits for the catalog to confirm it (it writes during the cell).
 pub(super) const CATALOG_WAIT: Duration = Duration::from_secs(1);
 
-/// The error of a cell interrupted while it waited for earlier cells of its session.
-const INTERRUPTED_BEFORE_IT_RAN: &str =
-    "Interrupted before it ran: the cell was waiting for an earlier cell of this session and never executed.";
-
-/// The message and loss reason for a kernel that died under a cell.
-fn death_message(death: Death, memory: i64) -> (String, Option<LossReason>) {
-    const NEXT: &str = "its state was lost. The next execute_code call starts a fresh kernel.";
+/// A kernel's death in the contract's terms (`memory_bytes`: its memory limit, for the
+/// message of an OOM).
+fn kernel_death(death: Death, memory_bytes: i64) -> KernelDeath {
     match death {
-        Death::Oom => (
-            format!(
-                "The kernel ran out of memory (limit {} MiB) and was killed; {NEXT}",
-                memory / (1024 * 1024)
-            ),
-            Some(LossReason::Oom),
-        ),
-        Death::Killed => (
-            format!("The kernel was killed from outside kernelbox; {NEXT}"),
-            Some(LossReason::Killed),
-        ),
-        Death::Crashed(code) => (
-            format!("The kernel died unexpectedly (exit code {code}); {NEXT}"),
-            Some(LossReason::Crashed),
-        ),
-        Death::EngineRestarted => (
-            format!("The Docker engine restarted or went away and took the kernel with it; {NEXT}"),
-            Some(LossReason::EngineRestarted),
-        ),
-        Death::Protocol(what) => (
-            format!("The kernel broke the kernelbox protocol ({what}) and was killed; {NEXT}"),
-            Some(LossReason::Protocol),
-        ),
-        Death::Disposed => (
-            format!("The kernel was shut down by kernelbox; {NEXT}"),
-            None,
-        ),
-        Death::Exited => ("The kernel ended (sys.exit).".to_string(), None),
+        Death::Oom => KernelDeath::Oom { memory_bytes },
+        Death::Killed => KernelDeath::Killed,
+        Death::Crashed(exit_code) => KernelDeath::Crashed { exit_code },
+        Death::EngineRestarted => KernelDeath::EngineRestarted,
+        Death::Protocol(what) => KernelDeath::Protocol { what },
+        Death::Disposed => KernelDeath::ShutDown,
+        Death::Exited => KernelDeath::Exited,
     }
 }

@@ -52,12 +52,6 @@ use crate::labels;
 use crate::owner::{NameError, Owner};
 use crate::registry::Registry;
 
-/// The error of a cell whose kernel was disposed of under it by a clear (`DELETE`), a reset
-/// (`reset: true`) or a delegated child's release.
-pub const CLEARED_MESSAGE: &str = "The session's kernel was cleared or reset by another \
-    request while this cell ran (DELETE, reset: true, or the child's release) and was killed; \
-    its state was lost. The next execute_code call starts a fresh kernel.";
-
 /// How long past `spawn_timeout` an interrupt waits for the cells it cancelled to settle.
 pub const INTERRUPT_SETTLE: Duration = Duration::from_secs(10);
 

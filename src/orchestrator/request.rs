@@ -139,10 +139,7 @@ pub enum ExecuteError {
     },
     /// The session's kernel already has this many calls attached (one running, the others
     /// queued behind it); one more is refused rather than queued.
-    #[error(
-        "session {owner:?} already has {max} calls running or queued on its kernel, the most \
-         allowed; retry later"
-    )]
+    #[error("{}", crate::cell::messages::session_busy_message(.owner, *.max))]
     SessionBusy {
         /// The owner (session, or `session::child::child`).
         owner: String,

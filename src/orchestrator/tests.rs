@@ -2,7 +2,8 @@
 //! deterministic. The real engine is exercised by the integration tests in `tests/`.
 
 use super::*;
-use crate::cell::{timeout_message, CellResult, CellStatus};
+use crate::cell::messages::{timeout_message, CLEARED_MESSAGE};
+use crate::cell::{CellResult, CellStatus};
 use crate::docker::fake::FakeEngine;
 use crate::docker::EngineError;
 use crate::kernel::KernelError;
