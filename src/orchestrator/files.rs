@@ -14,7 +14,7 @@ use futures::{StreamExt, TryStreamExt};
 use super::{ExecuteError, FileBytes, Orchestrator};
 use crate::files::{ByteStream, Download, FilePath, Listing, TransferError, Written};
 use crate::kernel::Kernel;
-use crate::owner::{KernelKey, Owner};
+use crate::owner::Owner;
 use crate::registry::{Refusal, Slot, TenantLimits};
 
 /// A file operation that failed.
@@ -136,20 +136,13 @@ impl Orchestrator {
             Err(FileError::NoKernel { .. }) => {}
             other => return other,
         }
-        let key = KernelKey {
-            owner: owner.clone(),
-            mode: self.inner.config.mode.clone(),
-            image: self.image_for(request.image.as_deref())?,
-            tools: request.tools.clone(),
-        };
+        let key = self.kernel_key(owner.clone(), request.image.as_deref(), &request.tools)?;
         let mut lease = self
             .acquire(&key, false, request.tenant_limits, None)
             .await?;
-        if let Some(durable) = lease.started.take() {
-            // As for a cold start by an execute: a caller who saw this kernel is told about
-            // a later restart.
-            let _ = tokio::time::timeout(super::execute::CATALOG_WAIT, durable).await;
-        }
+        // As for a cold start by an execute: a caller who saw this kernel is told about a
+        // later restart.
+        lease.confirm_start().await;
         Ok(Hold {
             orchestrator: self.clone(),
             slot: lease.slot.clone(),

@@ -3,7 +3,8 @@
 
 use super::*;
 use crate::cell::messages::{timeout_message, CLEARED_MESSAGE};
-use crate::cell::{CellResult, CellStatus};
+use crate::catalog::Catalog;
+use crate::cell::{CellResult, CellStatus, LossReason};
 use crate::docker::fake::FakeEngine;
 use crate::docker::EngineError;
 use crate::kernel::KernelError;
