@@ -65,7 +65,7 @@ pub use files::{Download, FileEntry, FilePath, Listing, TransferError, Written};
 pub use kernel::OutputSink;
 pub use orchestrator::{
     AdmissionNotice, ExecuteError, ExecuteRequest, FileError, FileRequest, KernelSummary,
-    Orchestrator, StartError,
+    Orchestrator, Scope, StartError,
 };
 pub use registry::{Cap, TenantLimits, MAX_ATTACHED_PER_SLOT};
 pub use rich::{png_size, DisplaySink, RawJson, RichResult};

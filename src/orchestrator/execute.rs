@@ -42,6 +42,18 @@ impl Orchestrator {
         self.execute_adopted(request, None).await
     }
 
+    /// [`Orchestrator::execute`], telling `admission` once whether the call got a kernel slot
+    /// or was refused at a cap, before any kernel starts: the HTTP API answers a refused
+    /// streaming execute 429 instead of starting a stream. A call that fails before its
+    /// admission (a bad name, shutting down) drops the notice untold.
+    pub async fn execute_with_admission(
+        &self,
+        request: ExecuteRequest,
+        admission: AdmissionNotice,
+    ) -> Result<CellResult, ExecuteError> {
+        self.execute_adopted(request, Some(admission)).await
+    }
+
     /// [`Orchestrator::execute`] on the caller's task, adopted by the tracker if the caller
     /// goes away (`adopt.rs`).
     async fn execute_adopted(
@@ -74,7 +86,7 @@ impl Orchestrator {
         // Interruptible from the start: an interrupt during a cold start is not lost (the cell
         // then never runs and the new kernel is killed, as for any interrupt).
         let running = self.track_running(&call.key.owner, &call.cancel);
-        let (reset, limits) = (call.request.reset, call.request.tenant_limits);
+        let (reset, limits) = (call.request.reset, call.request.scope.tenant_limits);
         let mut lease = self
             .acquire(&call.key, reset, limits, admission.as_ref())
             .await?;
@@ -97,17 +109,13 @@ impl Orchestrator {
     fn resolve(&self, request: ExecuteRequest) -> Result<Call, ExecuteError> {
         let started = Instant::now();
         let config = &self.inner.config;
-        let owner = self.owner_of(
-            request.tenant.as_deref(),
-            &request.session,
-            request.child.as_deref(),
-        )?;
+        let owner = self.scope_owner(&request.scope)?;
         let timeout = config.check_cell_timeout(request.timeout.unwrap_or(config.cell_timeout))?;
-        let key = self.kernel_key(owner, request.image.as_deref(), &request.tools)?;
+        let key = self.kernel_key(owner, &request.scope)?;
         let authority = Arc::new(CellAuthority::new(
             request.task_id.clone(),
             request.dispatcher.clone(),
-            request.tools.clone(),
+            request.scope.tools.clone(),
             config.max_tool_calls,
         ));
         Ok(Call {

@@ -10,14 +10,13 @@
 //! A kernel found cleared or dead at the end of an attempt starts another
 //! (`docs/architecture.md`, "Lifecycle of a kernel").
 
-use std::collections::BTreeSet;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use super::{AdmissionNotice, ExecuteError, Orchestrator};
+use super::{AdmissionNotice, ExecuteError, Orchestrator, Scope};
 use crate::catalog::{Change, Durable};
 use crate::cell::{KernelDeath, KernelInfo, StateLost};
 use crate::kernel::{Death, Kernel, KernelError, SpawnRequest};
@@ -130,15 +129,14 @@ impl Drop for Running<'_> {
 }
 
 impl Orchestrator {
-    /// The key of `owner`'s kernel: the configured mode, the image named (else
-    /// `Config::image`) and the tools.
+    /// The key of `owner`'s kernel as `scope` makes it: the configured mode, the image it
+    /// names (else `Config::image`) and its tools.
     pub(super) fn kernel_key(
         &self,
         owner: Owner,
-        image: Option<&str>,
-        tools: &BTreeSet<String>,
+        scope: &Scope,
     ) -> Result<KernelKey, ExecuteError> {
-        let image = match image {
+        let image = match scope.image.as_deref() {
             None => self.inner.config.image.clone(),
             Some(image) if image.trim().is_empty() => {
                 return Err(ExecuteError::Invalid("image must not be empty".into()))
@@ -149,7 +147,7 @@ impl Orchestrator {
             owner,
             mode: self.inner.config.mode.clone(),
             image,
-            tools: tools.clone(),
+            tools: scope.tools.clone(),
         })
     }
 

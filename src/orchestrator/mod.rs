@@ -6,7 +6,7 @@
 //! |---|---|
 //! | `mod.rs` | [`Orchestrator`] and its shared `Inner`, accessors, stats |
 //! | `start.rs` | the start: the config validated once, the catalog restored, the engine checked, sweep, watchdog, then the background tasks |
-//! | `request.rs` | what callers hand in and get back: [`ExecuteRequest`], errors, [`KernelSummary`], [`Stats`] |
+//! | `request.rs` | what callers hand in and get back: [`Scope`] (whose kernel, made how), [`ExecuteRequest`], [`AdmissionNotice`], errors, [`KernelSummary`], [`Stats`] |
 //! | `lease.rs` | what an execute and an upload share: the kernel's key, `acquire` (admission, then the kernel reused, taken from the pool or spawned) and its lease, the catalog's confirmation of a new kernel, the running calls an interrupt finds |
 //! | `execute.rs` | one execute in steps: resolve the request, acquire, run the cell, settle its [`CellResult`](crate::CellResult) (the ending named for `cell::Ending`, output capped) |
 //! | `files.rs` | files in and out of an owner's kernel: write, read, list, remove ([`FileRequest`]) |
@@ -33,7 +33,7 @@ mod tests;
 pub use files::{FileError, FileRequest};
 pub use pool::{PoolStats, POOL_REFILL_CONCURRENCY, REFILL_BUCKETS};
 pub use request::{
-    AdmissionNotice, ExecuteError, ExecuteRequest, FileBytes, KernelSummary, StartError,
+    AdmissionNotice, ExecuteError, ExecuteRequest, FileBytes, KernelSummary, Scope, StartError,
     StartStats, Stats, START_BUCKETS,
 };
 
@@ -121,6 +121,15 @@ impl Orchestrator {
             tenant.unwrap_or(&self.inner.config.default_tenant),
             session,
             child,
+        )
+    }
+
+    /// The owner a scope names.
+    fn scope_owner(&self, scope: &Scope) -> Result<Owner, NameError> {
+        self.owner_of(
+            scope.tenant.as_deref(),
+            &scope.session,
+            scope.child.as_deref(),
         )
     }
 

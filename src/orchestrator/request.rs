@@ -17,29 +17,112 @@ use crate::owner::NameError;
 use crate::registry::{Cap, EvictionCounts, TenantLimits};
 use crate::rich::DisplaySink;
 
+/// Whose kernel a request addresses, and how a kernel it starts is made: the part of an
+/// [`ExecuteRequest`] and a [`FileRequest`](super::FileRequest) that names the owner and the
+/// kernel's key (`docs/architecture.md`, "Lifecycle of a kernel"). A session's own kernel
+/// under the default tenant is `Scope::session("s")` (or just `"s"` where a scope is taken);
+/// the builders name the rest: `Scope::session("s").tenant("acme").child("helper")`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Scope {
+    /// Tenant namespace (the configured default when `None`).
+    pub tenant: Option<String>,
+    /// The conversation whose kernel it is.
+    pub session: String,
+    /// The session's delegated child whose own kernel is meant, if any.
+    pub child: Option<String>,
+    /// Tools the kernel's cells may call (part of the kernel key).
+    pub tools: BTreeSet<String>,
+    /// The tenant's own cap and reservation, for a kernel the request starts (the fairness
+    /// rule is in `src/registry/admission.rs`).
+    pub tenant_limits: TenantLimits,
+    /// The image a new kernel runs (part of the kernel key; `None`: [`Config::image`]).
+    ///
+    /// [`Config::image`]: crate::Config::image
+    pub image: Option<String>,
+}
+
+impl Scope {
+    /// A session's own kernel under the default tenant, with no tools and the configured
+    /// image.
+    pub fn session(session: impl Into<String>) -> Scope {
+        Scope {
+            session: session.into(),
+            ..Scope::default()
+        }
+    }
+
+    /// The same, under `tenant`.
+    pub fn tenant(self, tenant: impl Into<String>) -> Scope {
+        Scope {
+            tenant: Some(tenant.into()),
+            ..self
+        }
+    }
+
+    /// The same, for the session's delegated `child`.
+    pub fn child(self, child: impl Into<String>) -> Scope {
+        Scope {
+            child: Some(child.into()),
+            ..self
+        }
+    }
+
+    /// The same, its cells allowed `tools`.
+    pub fn tools<I: IntoIterator<Item = S>, S: Into<String>>(self, tools: I) -> Scope {
+        Scope {
+            tools: tools.into_iter().map(Into::into).collect(),
+            ..self
+        }
+    }
+
+    /// The same, a new kernel running `image`.
+    pub fn image(self, image: impl Into<String>) -> Scope {
+        Scope {
+            image: Some(image.into()),
+            ..self
+        }
+    }
+
+    /// The same, under the tenant's `limits`.
+    pub fn tenant_limits(self, limits: TenantLimits) -> Scope {
+        Scope {
+            tenant_limits: limits,
+            ..self
+        }
+    }
+}
+
+impl From<&str> for Scope {
+    fn from(session: &str) -> Scope {
+        Scope::session(session)
+    }
+}
+
+impl From<String> for Scope {
+    fn from(session: String) -> Scope {
+        Scope::session(session)
+    }
+}
+
+impl From<&String> for Scope {
+    fn from(session: &String) -> Scope {
+        Scope::session(session.as_str())
+    }
+}
+
 /// One execute call.
 #[derive(Clone, Default)]
 pub struct ExecuteRequest {
-    /// Tenant namespace (the configured default when `None`).
-    pub tenant: Option<String>,
-    /// The conversation.
-    pub session: String,
+    /// Whose kernel runs the cell, and how a kernel the call starts is made.
+    pub scope: Scope,
     /// The turn; changes every turn and never keys a kernel.
     pub task_id: Option<String>,
-    /// The delegated child making the call, if any.
-    pub child: Option<String>,
     /// Python source of the cell.
     pub code: String,
     /// Discard the kernel and run in a fresh one.
     pub reset: bool,
     /// Cell timeout (the configured default when `None`).
     pub timeout: Option<Duration>,
-    /// Tools the cell may call (part of the kernel key).
-    pub tools: BTreeSet<String>,
-    /// The image a new kernel runs (part of the kernel key; `None`: [`Config::image`]).
-    ///
-    /// [`Config::image`]: crate::Config::image
-    pub image: Option<String>,
     /// Where tool calls go.
     pub dispatcher: Option<Arc<dyn ToolDispatcher>>,
     /// Cancelling it interrupts the cell (the kernel is killed).
@@ -48,16 +131,15 @@ pub struct ExecuteRequest {
     pub sink: Option<OutputSink>,
     /// Receives each rich result live, in order with the output given to `sink`.
     pub display_sink: Option<DisplaySink>,
-    /// The tenant's own cap and reservation (the fairness rule is in `src/registry/admission.rs`).
-    pub tenant_limits: TenantLimits,
-    /// Told, once, whether the request got a kernel slot or was refused at a cap, before any
-    /// kernel starts (the HTTP layer answers 429 instead of starting a stream).
-    pub admission: Option<AdmissionNotice>,
 }
 
 type AdmissionSender = tokio::sync::oneshot::Sender<Result<(), ExecuteError>>;
 
-/// Where [`ExecuteRequest::admission`] is told; cloning shares the one notice.
+/// Told, once, whether an execute got a kernel slot or was refused at a cap, before any
+/// kernel starts ([`Orchestrator::execute_with_admission`]: the HTTP layer answers 429 instead
+/// of starting a stream); cloning shares the one notice.
+///
+/// [`Orchestrator::execute_with_admission`]: super::Orchestrator::execute_with_admission
 #[derive(Clone, Debug, Default)]
 pub struct AdmissionNotice(Arc<Mutex<Option<AdmissionSender>>>);
 
@@ -83,23 +165,19 @@ impl AdmissionNotice {
 impl std::fmt::Debug for ExecuteRequest {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ExecuteRequest")
-            .field("tenant", &self.tenant)
-            .field("session", &self.session)
-            .field("child", &self.child)
+            .field("scope", &self.scope)
             .field("reset", &self.reset)
             .field("timeout", &self.timeout)
-            .field("tools", &self.tools)
-            .field("image", &self.image)
-            .field("tenant_limits", &self.tenant_limits)
             .finish_non_exhaustive()
     }
 }
 
 impl ExecuteRequest {
-    /// A request to run `code` for `session`.
-    pub fn new(session: impl Into<String>, code: impl Into<String>) -> ExecuteRequest {
+    /// A request to run `code` in `scope`'s kernel: a session's name (its own kernel under
+    /// the default tenant) or a [`Scope`].
+    pub fn new(scope: impl Into<Scope>, code: impl Into<String>) -> ExecuteRequest {
         ExecuteRequest {
-            session: session.into(),
+            scope: scope.into(),
             code: code.into(),
             ..ExecuteRequest::default()
         }
