@@ -12,7 +12,7 @@
 //! |---|---|
 //! | [`clock`] | seconds since the Unix epoch (the bottom of the module graph) |
 //! | [`labels`] | the Docker labels kernelbox writes and reads |
-//! | `histogram` (crate-internal) | a Prometheus histogram (kernel start times, cell durations) |
+//! | `histogram` (crate-internal) | a Prometheus histogram (kernel start times, cell durations); the type is `orchestrator::Histogram`, as `Stats` holds it |
 //! | [`cell`] | the cell contract (folder): [`CellResult`], statuses, loss reasons, output capping, every exact message, how an ending becomes a result (`docs/contract.md`) |
 //! | [`rich`] | rich results: the MIME bundles a cell displays ([`RichResult`]) |
 //! | [`config`] | the validated configuration value |

@@ -25,7 +25,7 @@ pub enum FileError {
     /// The owner has no live kernel (files live and die with it).
     #[error("{owner} has no live kernel (files live and die with the session's kernel)")]
     NoKernel {
-        /// The owner.
+        /// Whose kernel was asked for (`session` or `session::child::child`).
         owner: String,
     },
     /// Getting a kernel for an upload failed (names, caps, shutdown, spawn).

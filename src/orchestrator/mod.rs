@@ -30,6 +30,8 @@ mod start;
 #[cfg(test)]
 mod tests;
 
+pub use crate::histogram::Histogram;
+pub use crate::registry::{EvictionCounts, LossCounts};
 pub use files::{FileError, FileRequest};
 pub use pool::{PoolStats, POOL_REFILL_CONCURRENCY, REFILL_BUCKETS};
 pub use request::{

@@ -14,7 +14,7 @@ use crate::docker::EngineError;
 use crate::histogram::Histogram;
 use crate::kernel::{KernelError, OutputSink};
 use crate::owner::NameError;
-use crate::registry::{Cap, EvictionCounts, TenantLimits};
+use crate::registry::{Cap, EvictionCounts, LossCounts, TenantLimits};
 use crate::rich::DisplaySink;
 
 /// Whose kernel a request addresses, and how a kernel it starts is made: the part of an
@@ -199,7 +199,7 @@ pub enum ExecuteError {
     /// The kernel could not be started.
     #[error(transparent)]
     Kernel(#[from] KernelError),
-    /// The engine failed.
+    /// An engine call failed (the error names the operation).
     #[error(transparent)]
     Engine(#[from] EngineError),
     /// The orchestrator is shutting down.
@@ -208,7 +208,7 @@ pub enum ExecuteError {
     /// A new kernel would pass a cap, and no kernel may be evicted to make room.
     #[error("{}", at_capacity_message(.tenant, .cap, *.held))]
     AtCapacity {
-        /// The tenant.
+        /// The tenant whose request was refused.
         tenant: String,
         /// The cap that refused it.
         cap: Cap,
@@ -264,9 +264,9 @@ pub enum StartError {
     /// The watchdog process could not be started.
     #[error("starting the watchdog {path}: {source}")]
     Watchdog {
-        /// The binary.
+        /// The binary started as the watchdog (`Config::watchdog`).
         path: String,
-        /// The error.
+        /// Why spawning it failed.
         source: std::io::Error,
     },
 }
@@ -276,13 +276,13 @@ pub enum StartError {
 pub struct KernelSummary {
     /// Short container id.
     pub id: String,
-    /// Tenant.
+    /// The tenant the kernel's owner belongs to.
     pub tenant: String,
-    /// Owner string.
+    /// The owner: `session` or `session::child::child`.
     pub owner: String,
-    /// Session.
+    /// The owner's session.
     pub session: String,
-    /// Delegated child.
+    /// The owner's delegated child, when the kernel is a child's.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub child: Option<String>,
     /// Generation within the key.
@@ -334,12 +334,12 @@ pub struct Stats {
     /// Kernel starts by outcome.
     pub starts: StartStats,
     /// Involuntary losses by reason, indexed as [`LossReason::ALL`](crate::cell::LossReason::ALL).
-    pub losses: crate::registry::LossCounts,
+    pub losses: LossCounts,
     /// Kernels evicted to admit new ones, by cap.
     pub evictions: EvictionCounts,
     /// Catalog changes dropped or refused (0 without a catalog).
     pub catalog_failures: u64,
-    /// The warm pool.
+    /// The warm pool's size, ready kernels, takes and refills.
     pub pool: super::PoolStats,
     /// File bytes moved in and out of kernels.
     pub file_bytes: FileBytes,
