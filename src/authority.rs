@@ -12,8 +12,7 @@ use async_trait::async_trait;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-/// The exact refusal for a call whose cell has settled.
-pub const RETIRED_MESSAGE: &str = "No active execute_code cell: the cell this kernel call belonged to has settled, so its tool authority is retired.";
+pub use crate::cell::messages::RETIRED_MESSAGE;
 
 /// One tool call, as a dispatcher sees it.
 #[derive(Debug, Clone, PartialEq)]
@@ -176,8 +175,8 @@ impl CellAuthority {
                 } else {
                     self.allowed.iter().cloned().collect::<Vec<_>>().join(", ")
                 };
-                return Err(format!(
-                    "Unknown tool {tool:?}: it is not available to this cell. Available tools: {available}."
+                return Err(crate::cell::messages::unknown_tool_message(
+                    tool, &available,
                 ));
             }
         };
@@ -187,10 +186,7 @@ impl CellAuthority {
                 (n < self.max_calls).then_some(n + 1)
             });
         if admitted.is_err() {
-            return Err(format!(
-                "Tool call budget exhausted: a cell may make at most {} tool calls.",
-                self.max_calls
-            ));
+            return Err(crate::cell::messages::budget_message(self.max_calls));
         }
         Ok(dispatcher)
     }

@@ -4,7 +4,11 @@
 
 use std::fmt::Write;
 
-/// Cumulative counts of observations per upper bound, plus their count and sum.
+/// A Prometheus histogram: cumulative counts of observations (seconds) per upper bound, plus
+/// their count and sum. [`Stats`](crate::orchestrator::Stats) gives kernel start times and
+/// [`PoolStats`](crate::orchestrator::PoolStats) refill times as these; read them with
+/// [`Histogram::buckets`], [`Histogram::count`] and [`Histogram::sum`], or write them for a
+/// scrape with [`Histogram::render`]. Named as `kernelbox::orchestrator::Histogram`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Histogram {
     bounds: &'static [f64],

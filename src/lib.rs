@@ -12,8 +12,8 @@
 //! |---|---|
 //! | [`clock`] | seconds since the Unix epoch (the bottom of the module graph) |
 //! | [`labels`] | the Docker labels kernelbox writes and reads |
-//! | `histogram` (crate-internal) | a Prometheus histogram (kernel start times, cell durations) |
-//! | [`cell`] | the cell contract: [`CellResult`], statuses, loss reasons, output capping (`docs/contract.md`) |
+//! | `histogram` (crate-internal) | a Prometheus histogram (kernel start times, cell durations); the type is `orchestrator::Histogram`, as `Stats` holds it |
+//! | [`cell`] | the cell contract (folder): [`CellResult`], statuses, loss reasons, output capping, every exact message, how an ending becomes a result (`docs/contract.md`) |
 //! | [`rich`] | rich results: the MIME bundles a cell displays ([`RichResult`]) |
 //! | [`config`] | the validated configuration value |
 //! | `owner` (crate-internal) | owners (session / delegated child, per tenant) and kernel keys |
@@ -67,7 +67,7 @@ pub use files::{Download, FileEntry, FilePath, Listing, TransferError, Written};
 pub use kernel::OutputSink;
 pub use orchestrator::{
     AdmissionNotice, ExecuteError, ExecuteRequest, FileError, FileRequest, KernelSummary,
-    Orchestrator, StartError,
+    Orchestrator, Scope, StartError,
 };
 pub use registry::{Cap, TenantLimits, MAX_ATTACHED_PER_SLOT};
 pub use rich::{DisplaySink, RawJson, RichResult};

@@ -27,10 +27,10 @@ async fn ps_inspect_logs_and_kill_work_from_labels() {
     let case = Case::new("admin").await;
     let tenant = format!("t{}", &case.label[case.label.len() - 8..]);
     let r = case
-        .exec(kernelbox::ExecuteRequest {
-            tenant: Some(tenant.clone()),
-            ..kernelbox::ExecuteRequest::new("admin-s", "x = 1")
-        })
+        .exec(kernelbox::ExecuteRequest::new(
+            kernelbox::Scope::session("admin-s").tenant(tenant.clone()),
+            "x = 1",
+        ))
         .await;
     let id = r.kernel.id.clone();
 
@@ -75,10 +75,10 @@ async fn ps_inspect_logs_and_kill_work_from_labels() {
     );
     // The orchestrator notices on the next call and says why.
     let next = case
-        .exec(kernelbox::ExecuteRequest {
-            tenant: Some(tenant.clone()),
-            ..kernelbox::ExecuteRequest::new("admin-s", "print('x' in dir())")
-        })
+        .exec(kernelbox::ExecuteRequest::new(
+            kernelbox::Scope::session("admin-s").tenant(tenant.clone()),
+            "print('x' in dir())",
+        ))
         .await;
     assert!(next.output.contains("False"));
     assert_eq!(

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use common::{Case, CASE};
 use kernelbox::image::DATASCIENCE_IMAGE;
-use kernelbox::{CellStatus, ExecuteRequest};
+use kernelbox::{CellStatus, ExecuteRequest, Scope};
 use serde_json::{json, Value};
 
 /// A cell that imports the five packages, checks matplotlib's backend and cache, and draws a
@@ -144,17 +144,16 @@ async fn a_request_naming_the_image_gets_it() {
     let case = Case::new("ds-request").await;
     require_image(&case.engine).await;
     let ds = case
-        .exec(ExecuteRequest {
-            image: Some(DATASCIENCE_IMAGE.into()),
-            ..ExecuteRequest::new("s", "import numpy; print(numpy.ones(3).sum())")
-        })
+        .exec(ExecuteRequest::new(
+            Scope::session("s").image(DATASCIENCE_IMAGE),
+            "import numpy; print(numpy.ones(3).sum())",
+        ))
         .await;
     assert_eq!(ds.status, CellStatus::Success, "{ds:?}");
     assert!(ds.output.contains("3.0"), "{ds:?}");
-    let empty = case.kb.execute(ExecuteRequest {
-        image: Some(" ".into()),
-        ..ExecuteRequest::new("s", "pass")
-    });
+    let empty = case
+        .kb
+        .execute(ExecuteRequest::new(Scope::session("s").image(" "), "pass"));
     let err = empty.await.unwrap_err().to_string();
     assert!(err.contains("image must not be empty"), "{err}");
     case.finish().await;
@@ -170,10 +169,10 @@ async fn a_request_naming_the_image_never_takes_a_pooled_plain_kernel() {
         "the pool fills"
     );
     let ds = case
-        .exec(ExecuteRequest {
-            image: Some(DATASCIENCE_IMAGE.into()),
-            ..ExecuteRequest::new("s", "import numpy; print(numpy.ones(2).sum())")
-        })
+        .exec(ExecuteRequest::new(
+            Scope::session("s").image(DATASCIENCE_IMAGE),
+            "import numpy; print(numpy.ones(2).sum())",
+        ))
         .await;
     assert_eq!(ds.status, CellStatus::Success, "{ds:?}");
     assert!(ds.output.contains("2.0"), "{ds:?}");

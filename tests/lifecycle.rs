@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::{Case, CASE};
 use futures::StreamExt;
-use kernelbox::{CellStatus, ExecuteRequest, LossReason};
+use kernelbox::{CellStatus, ExecuteRequest, LossReason, Scope};
 
 fn turn(session: &str, code: &str, task: &str) -> ExecuteRequest {
     ExecuteRequest {
@@ -21,9 +21,8 @@ fn turn(session: &str, code: &str, task: &str) -> ExecuteRequest {
 
 fn child(session: &str, child: &str, code: &str) -> ExecuteRequest {
     ExecuteRequest {
-        child: Some(child.into()),
         task_id: Some(format!("{child}-task")),
-        ..ExecuteRequest::new(session, code)
+        ..ExecuteRequest::new(Scope::session(session).child(child), code)
     }
 }
 

@@ -17,7 +17,7 @@ use common::{Case, CASE};
 use futures::StreamExt;
 use kernelbox::docker::ContainerInfo;
 use kernelbox::{
-    labels, CellStatus, Engine, ExecuteRequest, FnDispatcher, ToolCall, ToolDispatcher,
+    labels, CellStatus, Engine, ExecuteRequest, FnDispatcher, Scope, ToolCall, ToolDispatcher,
 };
 use serde_json::Value;
 
@@ -140,13 +140,13 @@ async fn a_taken_kernel_calls_tools_as_its_owner_with_its_tool_set() {
     }));
     let r = case
         .exec(ExecuteRequest {
-            tenant: Some("acme".into()),
-            child: Some("helper".into()),
             task_id: Some("turn-1".into()),
-            tools: ["web_search".to_string()].into(),
             dispatcher: Some(dispatcher),
             ..ExecuteRequest::new(
-                "conv-t",
+                Scope::session("conv-t")
+                    .tenant("acme")
+                    .child("helper")
+                    .tools(["web_search"]),
                 "import kernel_tools\nprint(kernel_tools.web_search(q=1))\n\
                  try:\n    kernel_tools.other()\nexcept kernel_tools.ToolError as e:\n    print(e)",
             )
@@ -235,10 +235,10 @@ async fn the_admin_verbs_see_the_owner_of_a_taken_kernel() {
     assert!(out.contains("pooled"), "{out}");
 
     let r = case
-        .exec(ExecuteRequest {
-            tenant: Some(tenant.clone()),
-            ..ExecuteRequest::new(session.clone(), "x = 1")
-        })
+        .exec(ExecuteRequest::new(
+            Scope::session(session.clone()).tenant(tenant.clone()),
+            "x = 1",
+        ))
         .await;
     assert_eq!(r.kernel.id, pooled[0]);
     // The server names the kernel after its owner just after the take.
@@ -266,10 +266,10 @@ async fn the_admin_verbs_see_the_owner_of_a_taken_kernel() {
     assert_eq!(killed.len(), 1, "{out}");
     assert_eq!(killed[0]["tenant"], tenant.as_str());
     let next = case
-        .exec(ExecuteRequest {
-            tenant: Some(tenant.clone()),
-            ..ExecuteRequest::new(session.clone(), "print('x' in dir())")
-        })
+        .exec(ExecuteRequest::new(
+            Scope::session(session.clone()).tenant(tenant.clone()),
+            "print('x' in dir())",
+        ))
         .await;
     assert_eq!(next.output, "False\n");
     assert_eq!(

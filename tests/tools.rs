@@ -5,11 +5,10 @@
 
 mod common;
 
-use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 
 use common::Case;
-use kernelbox::{CellStatus, ExecuteRequest, FnDispatcher, ToolCall, ToolDispatcher};
+use kernelbox::{CellStatus, ExecuteRequest, FnDispatcher, Scope, ToolCall, ToolDispatcher};
 use serde_json::json;
 
 type Seen = Arc<Mutex<Vec<ToolCall>>>;
@@ -37,9 +36,8 @@ fn recorder(name: &'static str) -> (Arc<dyn ToolDispatcher>, Seen) {
 fn with_tools(code: &str, dispatcher: &Arc<dyn ToolDispatcher>, task: &str) -> ExecuteRequest {
     ExecuteRequest {
         task_id: Some(task.into()),
-        tools: BTreeSet::from(["web_search".to_string()]),
         dispatcher: Some(dispatcher.clone()),
-        ..ExecuteRequest::new("kernel-test", code)
+        ..ExecuteRequest::new(Scope::session("kernel-test").tools(["web_search"]), code)
     }
 }
 

@@ -127,9 +127,9 @@ pub enum CatalogError {
     /// The state directory could not be created or used.
     #[error("state directory {path}: {source}")]
     Dir {
-        /// The directory.
+        /// The state directory (`Config::state_dir`).
         path: PathBuf,
-        /// The error.
+        /// Why creating or using it failed.
         source: std::io::Error,
     },
     /// Another process (another kernelbox server) holds the catalog.
@@ -159,7 +159,7 @@ pub enum CatalogError {
         path: PathBuf,
         /// What was being done.
         operation: &'static str,
-        /// The error.
+        /// Why it failed (the store's error, as text).
         reason: String,
     },
 }

@@ -436,8 +436,10 @@ async fn exec(args: ExecArgs) -> anyhow::Result<ExitCode> {
     }
     let orchestrator = start(&args.kernel).await?;
     let request = ExecuteRequest {
-        session: args.session.clone(),
-        child: args.child.clone(),
+        scope: kernelbox::Scope {
+            child: args.child.clone(),
+            ..kernelbox::Scope::session(args.session.clone())
+        },
         code,
         ..ExecuteRequest::default()
     };

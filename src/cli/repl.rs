@@ -29,7 +29,7 @@ pub async fn run(orchestrator: &Orchestrator, session: &str) -> anyhow::Result<E
             let _ = out.flush();
         });
         let request = ExecuteRequest {
-            session: session.to_string(),
+            scope: kernelbox::Scope::session(session),
             code,
             sink: Some(sink),
             display_sink: Some(display_sink),

@@ -11,6 +11,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::protocol::DisplayCaps;
+use crate::cell::messages;
 use crate::rich::{nesting_within, RawJson, RichResult, MAX_DISPLAY_DEPTH};
 
 /// Most MIME types in one display, and most spilled paths it may name; a display with more is
@@ -118,25 +119,18 @@ impl Displays {
     /// The cell's results, and the warning about spilled or dropped displays (the runner's
     /// own count of displays it dropped included).
     pub(super) fn finish(self, runner_dropped: u64) -> (Vec<RichResult>, Option<String>) {
-        let caps = format!(
-            "{} bytes each, {} bytes per cell",
-            self.caps.bundle, self.caps.cell
-        );
+        let (bundle, cell) = (self.caps.bundle, self.caps.cell);
         let mut warning = Vec::new();
         if !self.spilled.is_empty() {
             let mut paths = self.spilled[..self.spilled.len().min(WARNING_PATHS)].join(", ");
             if self.spilled.len() > WARNING_PATHS {
                 paths.push_str(&format!(" and {} more", self.spilled.len() - WARNING_PATHS));
             }
-            warning.push(format!(
-                "Display data over the caps ({caps}) was saved to files inside the kernel: {paths}."
-            ));
+            warning.push(messages::displays_saved_warning(bundle, cell, &paths));
         }
         let dropped = self.dropped + runner_dropped;
         if dropped > 0 {
-            warning.push(format!(
-                "{dropped} display(s) past the caps ({caps}) were dropped."
-            ));
+            warning.push(messages::displays_dropped_warning(dropped, bundle, cell));
         }
         let warning = (!warning.is_empty()).then(|| warning.join(" "));
         (self.results, warning)

@@ -305,7 +305,7 @@ fn parse_done(line: &[u8], cell: u64) -> (DoneStatus, Option<String>, u64, u64) 
         }) if c == cell => (status, traceback, execution_count, displays_dropped),
         _ => (
             DoneStatus::Error,
-            Some("kernelbox: the kernel's end-of-cell frame was unreadable; the cell's outcome is unknown".into()),
+            Some(crate::cell::messages::UNREADABLE_END_FRAME.into()),
             0,
             0,
         ),
@@ -313,7 +313,7 @@ fn parse_done(line: &[u8], cell: u64) -> (DoneStatus, Option<String>, u64, u64) 
 }
 
 /// The refusal for a tool call past [`MAX_TOOL_CALLS_IN_FLIGHT`] or [`MAX_TOOL_ARGS_IN_FLIGHT`].
-const IN_FLIGHT_MESSAGE: &str = "Too many tool calls in flight: a cell may wait on at most 16 calls (1 MiB of arguments) at once; retry when one has returned.";
+const IN_FLIGHT_MESSAGE: &str = crate::cell::messages::IN_FLIGHT_MESSAGE;
 
 /// A tool's answer as a frame; a result over [`MAX_TOOL_RESULT_BYTES`] (or a frame over
 /// [`MAX_TOOL_RESULT_FRAME`]) becomes an error.
@@ -349,8 +349,9 @@ fn too_large(call: u64, bytes: usize) -> Vec<u8> {
         call,
         ok: false,
         result: None,
-        error: Some(format!(
-            "the tool's result is too large ({bytes} bytes; at most {MAX_TOOL_RESULT_BYTES})"
+        error: Some(crate::cell::messages::tool_result_too_large(
+            bytes,
+            MAX_TOOL_RESULT_BYTES,
         )),
     }
     .to_line()

@@ -8,7 +8,7 @@ use super::backend::{Backend, ExecuteCode, FileHead, Refusal};
 use super::files;
 use crate::cell::CellResult;
 use crate::files::{FilePath, Listing, Written};
-use crate::orchestrator::{ExecuteRequest, FileRequest, Orchestrator};
+use crate::orchestrator::{ExecuteRequest, FileRequest, Orchestrator, Scope};
 
 /// One session's cells on a local orchestrator.
 pub(crate) struct LocalBackend {
@@ -19,10 +19,10 @@ pub(crate) struct LocalBackend {
 impl LocalBackend {
     /// The file request for this session's kernel, or its delegated `child`'s.
     fn file_request(&self, child: Option<&str>) -> FileRequest {
-        FileRequest {
+        FileRequest::new(Scope {
             child: child.map(str::to_owned),
-            ..FileRequest::session(self.session.clone())
-        }
+            ..Scope::session(self.session.clone())
+        })
     }
 }
 
@@ -40,11 +40,13 @@ impl Backend for LocalBackend {
             .transpose()
             .map_err(|e| Refusal(e.to_string()))?;
         let request = ExecuteRequest {
-            session: self.session.clone(),
+            scope: Scope {
+                child: args.child,
+                ..Scope::session(self.session.clone())
+            },
             code: args.code,
             reset: args.reset,
             timeout,
-            child: args.child,
             ..ExecuteRequest::default()
         };
         self.orchestrator

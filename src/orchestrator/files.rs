@@ -5,17 +5,16 @@
 //! holds its kernel as a cell does (never reaped mid-transfer; its last use is touched) and
 //! runs beside a running cell. The transport is in `kernel/files/`.
 
-use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
 
-use super::{ExecuteError, FileBytes, Orchestrator};
+use super::{ExecuteError, FileBytes, Orchestrator, Scope};
 use crate::files::{ByteStream, Download, FilePath, Listing, TransferError, Written};
 use crate::kernel::Kernel;
-use crate::owner::{KernelKey, Owner};
-use crate::registry::{Refusal, Slot, TenantLimits};
+use crate::owner::Owner;
+use crate::registry::{Refusal, Slot};
 
 /// A file operation that failed.
 #[derive(Debug, thiserror::Error)]
@@ -26,7 +25,7 @@ pub enum FileError {
     /// The owner has no live kernel (files live and die with it).
     #[error("{owner} has no live kernel (files live and die with the session's kernel)")]
     NoKernel {
-        /// The owner.
+        /// Whose kernel was asked for (`session` or `session::child::child`).
         owner: String,
     },
     /// Getting a kernel for an upload failed (names, caps, shutdown, spawn).
@@ -38,31 +37,33 @@ fn refused(code: &'static str, message: String) -> FileError {
     FileError::Transfer(TransferError::Refused { code, message })
 }
 
-/// Whose kernel a file operation addresses, as an [`ExecuteRequest`](super::ExecuteRequest)
-/// names it.
-#[derive(Debug, Clone, Default)]
+/// Whose kernel a file operation addresses, and how a kernel an upload starts is made: a
+/// [`Scope`], as an [`ExecuteRequest`](super::ExecuteRequest) names it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FileRequest {
-    /// Tenant (library callers may leave it to the configured default).
-    pub tenant: Option<String>,
-    /// The session.
-    pub session: String,
-    /// A delegated child of the session, when its kernel is meant.
-    pub child: Option<String>,
-    /// Tools of a kernel an upload starts (as for an execute without `tools`).
-    pub tools: BTreeSet<String>,
-    /// The tenant's caps, for a kernel an upload starts.
-    pub tenant_limits: TenantLimits,
-    /// The image of a kernel an upload starts (as for an execute: `None` is `Config::image`).
-    pub image: Option<String>,
+    /// Whose kernel; its tools, tenant limits and image are those of a kernel an upload
+    /// starts (as for an execute).
+    pub scope: Scope,
 }
 
 impl FileRequest {
+    /// A request for the kernel `scope` names: a session's name (its own kernel under the
+    /// default tenant) or a [`Scope`].
+    pub fn new(scope: impl Into<Scope>) -> FileRequest {
+        FileRequest {
+            scope: scope.into(),
+        }
+    }
+
     /// A request for a session's own kernel under the default tenant.
     pub fn session(session: impl Into<String>) -> FileRequest {
-        FileRequest {
-            session: session.into(),
-            ..FileRequest::default()
-        }
+        FileRequest::new(Scope::session(session))
+    }
+}
+
+impl From<Scope> for FileRequest {
+    fn from(scope: Scope) -> FileRequest {
+        FileRequest { scope }
     }
 }
 
@@ -100,12 +101,8 @@ impl Drop for Hold {
 
 impl Orchestrator {
     fn file_owner(&self, request: &FileRequest) -> Result<Owner, FileError> {
-        self.owner_of(
-            request.tenant.as_deref(),
-            &request.session,
-            request.child.as_deref(),
-        )
-        .map_err(|e| FileError::Execute(ExecuteError::Name(e)))
+        self.scope_owner(&request.scope)
+            .map_err(|e| FileError::Execute(ExecuteError::Name(e)))
     }
 
     /// Holds the owner's live kernel; [`FileError::NoKernel`] when it has none.
@@ -136,20 +133,12 @@ impl Orchestrator {
             Err(FileError::NoKernel { .. }) => {}
             other => return other,
         }
-        let key = KernelKey {
-            owner: owner.clone(),
-            mode: self.inner.config.mode.clone(),
-            image: self.image_for(request.image.as_deref())?,
-            tools: request.tools.clone(),
-        };
-        let mut lease = self
-            .acquire(&key, false, request.tenant_limits, None)
-            .await?;
-        if let Some(durable) = lease.started.take() {
-            // As for a cold start by an execute: a caller who saw this kernel is told about
-            // a later restart.
-            let _ = tokio::time::timeout(super::execute::CATALOG_WAIT, durable).await;
-        }
+        let scope = &request.scope;
+        let key = self.kernel_key(owner.clone(), scope)?;
+        let mut lease = self.acquire(&key, false, scope.tenant_limits, None).await?;
+        // As for a cold start by an execute: a caller who saw this kernel is told about a
+        // later restart.
+        lease.confirm_start().await;
         Ok(Hold {
             orchestrator: self.clone(),
             slot: lease.slot.clone(),

@@ -1,13 +1,12 @@
-//! Lifecycle verbs: track running cells and interrupt a session's cells, clear or evict a session, release a
-//! delegated child, list kernels, reap idle ones, and sweep leftovers.
+//! Lifecycle verbs: interrupt a session's cells (found among the running calls, `lease.rs`),
+//! clear or evict a session, release a delegated child, list kernels, reap idle ones, and sweep
+//! leftovers; and the disposal of slots and kernels every part of the orchestrator uses.
 
 use std::sync::Arc;
 
 use futures::StreamExt;
 
-use tokio_util::sync::CancellationToken;
-
-use super::{KernelSummary, Orchestrator, Run, INTERRUPT_SETTLE};
+use super::{KernelSummary, Orchestrator, INTERRUPT_SETTLE};
 use crate::cell::LossReason;
 use crate::docker::EngineError;
 use crate::instance::sweep::{self, SweepReport};
@@ -61,43 +60,6 @@ impl Orchestrator {
             .into_iter()
             .filter(|interrupted| *interrupted)
             .count()
-    }
-
-    /// Registers a running cell's interrupt token; returns its id for [`Self::untrack_running`]
-    /// and where to publish whether the cell ended as interrupted.
-    pub(super) fn track_running(
-        &self,
-        owner: &Owner,
-        token: &CancellationToken,
-    ) -> (u64, tokio::sync::watch::Sender<Option<bool>>) {
-        let id = self
-            .inner
-            .next_run
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let (tx, rx) = tokio::sync::watch::channel(None);
-        let mut running = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
-        running.entry(owner.clone()).or_default().push(Run {
-            id,
-            token: token.clone(),
-            outcome: rx,
-        });
-        self.inner.running_count.send_modify(|n| *n += 1);
-        (id, tx)
-    }
-
-    pub(super) fn untrack_running(&self, owner: &Owner, id: u64) {
-        let mut running = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(runs) = running.get_mut(owner) {
-            let before = runs.len();
-            runs.retain(|r| r.id != id);
-            let gone = before - runs.len();
-            if runs.is_empty() {
-                running.remove(owner);
-            }
-            self.inner
-                .running_count
-                .send_modify(|n| *n = n.saturating_sub(gone));
-        }
     }
 
     pub(super) async fn release(&self, slot: &Arc<Slot>) {

@@ -4,11 +4,13 @@
 //!
 //! | file | what |
 //! |---|---|
-//! | `mod.rs` | [`Orchestrator`] and its shared `Inner`, `start` (restore, sweep, monitor, reaper, watchdog), accessors, stats |
-//! | `request.rs` | what callers hand in and get back: [`ExecuteRequest`], errors, [`KernelSummary`], [`Stats`] |
-//! | `execute.rs` | one execute: acquire a kernel (spawn or reuse), run the cell, build the [`CellResult`](crate::CellResult) |
+//! | `mod.rs` | [`Orchestrator`] and its shared `Inner`, accessors, stats |
+//! | `start.rs` | the start: the config validated once, the catalog restored, the engine checked, sweep, watchdog, then the background tasks |
+//! | `request.rs` | what callers hand in and get back: [`Scope`] (whose kernel, made how), [`ExecuteRequest`], [`AdmissionNotice`], errors, [`KernelSummary`], [`Stats`] |
+//! | `lease.rs` | what an execute and an upload share: the kernel's key, `acquire` (admission, then the kernel reused, taken from the pool or spawned) and its lease, the catalog's confirmation of a new kernel, the running calls an interrupt finds |
+//! | `execute.rs` | one execute in steps: resolve the request, acquire, run the cell, settle its [`CellResult`](crate::CellResult) (the ending named for `cell::Ending`, output capped) |
 //! | `files.rs` | files in and out of an owner's kernel: write, read, list, remove ([`FileRequest`]) |
-//! | `lifecycle.rs` | running cells and interrupt, clear, evict, release a child, list, reap, sweeps |
+//! | `lifecycle.rs` | interrupt, clear, evict, release a child, list, reap, sweeps; disposal of slots and kernels |
 //! | `pool.rs` | the warm pool: the refill task, pooled kernels' disposal, naming a taken kernel after its owner |
 //! | `adopt.rs` | work driven by its caller that the tracker adopts if the caller goes away (an upload, a cell) |
 //! | `shutdown.rs` | the graceful stop: refuse new work, drain, remove every kernel |
@@ -17,19 +19,23 @@
 mod adopt;
 mod execute;
 mod files;
+mod lease;
 mod lifecycle;
 mod pool;
 #[cfg(test)]
 mod pool_tests;
 mod request;
 mod shutdown;
+mod start;
 #[cfg(test)]
 mod tests;
 
+pub use crate::histogram::Histogram;
+pub use crate::registry::{EvictionCounts, LossCounts};
 pub use files::{FileError, FileRequest};
 pub use pool::{PoolStats, POOL_REFILL_CONCURRENCY, REFILL_BUCKETS};
 pub use request::{
-    AdmissionNotice, ExecuteError, ExecuteRequest, FileBytes, KernelSummary, StartError,
+    AdmissionNotice, ExecuteError, ExecuteRequest, FileBytes, KernelSummary, Scope, StartError,
     StartStats, Stats, START_BUCKETS,
 };
 
@@ -40,34 +46,17 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::catalog::{Catalog, CatalogError, CatalogWriter, Change, Entry, EntryState};
-use crate::cell::{LossReason, StateLost};
+use crate::catalog::CatalogWriter;
 use crate::config::Config;
 use crate::docker::monitor::EventMonitor;
 use crate::docker::Engine;
-use crate::instance::sweep::{self};
 use crate::instance::watchdog::Watchdog;
 use crate::instance::Instance;
-use crate::labels;
 use crate::owner::{NameError, Owner};
 use crate::registry::Registry;
 
-/// The error of a cell whose kernel was disposed of under it by a clear (`DELETE`), a reset
-/// (`reset: true`) or a delegated child's release.
-pub const CLEARED_MESSAGE: &str = "The session's kernel was cleared or reset by another \
-    request while this cell ran (DELETE, reset: true, or the child's release) and was killed; \
-    its state was lost. The next execute_code call starts a fresh kernel.";
-
 /// How long past `spawn_timeout` an interrupt waits for the cells it cancelled to settle.
 pub const INTERRUPT_SETTLE: Duration = Duration::from_secs(10);
-
-/// A cell in flight, as an interrupt finds it.
-struct Run {
-    id: u64,
-    token: CancellationToken,
-    /// `Some(true)` once it ended as interrupted, `Some(false)` once it ended otherwise.
-    outcome: tokio::sync::watch::Receiver<Option<bool>>,
-}
 
 struct Inner {
     config: Config,
@@ -78,7 +67,7 @@ struct Inner {
     monitor: EventMonitor,
     tracker: TaskTracker,
     cancel: CancellationToken,
-    running: Mutex<HashMap<Owner, Vec<Run>>>,
+    running: Mutex<HashMap<Owner, Vec<lease::Run>>>,
     /// How many calls are in `running` (acquiring a kernel or running a cell).
     running_count: tokio::sync::watch::Sender<usize>,
     next_run: std::sync::atomic::AtomicU64,
@@ -109,140 +98,6 @@ impl std::fmt::Debug for Orchestrator {
 }
 
 impl Orchestrator {
-    /// Validates the config, opens the catalog in `config.state_dir` (if set), checks the
-    /// engine, sweeps leftovers of dead instances, and starts the event monitor, the reaper
-    /// and the watchdog.
-    pub async fn start(
-        config: Config,
-        engine: Arc<dyn Engine>,
-    ) -> Result<Orchestrator, StartError> {
-        let config = config.validate()?;
-        let catalog = match config.state_dir.clone() {
-            Some(dir) => {
-                let opened =
-                    tokio::task::spawn_blocking(move || crate::catalog::RedbCatalog::open(&dir))
-                        .await
-                        .map_err(|e| {
-                            StartError::CatalogWriter(std::io::Error::other(e.to_string()))
-                        })??;
-                Some(Arc::new(opened) as Arc<dyn Catalog>)
-            }
-            None => None,
-        };
-        Self::start_with_catalog(config, engine, catalog).await
-    }
-
-    /// [`Orchestrator::start`] with the given catalog (`config.state_dir` is not used):
-    /// kernels live in it at its last use are reported lost by a restart, and generations
-    /// continue from it.
-    pub async fn start_with_catalog(
-        config: Config,
-        engine: Arc<dyn Engine>,
-        catalog: Option<Arc<dyn Catalog>>,
-    ) -> Result<Orchestrator, StartError> {
-        let config = config.validate()?;
-        let restored = match catalog {
-            Some(catalog) => {
-                let blocking = catalog.clone();
-                let (entries, live) = tokio::task::spawn_blocking(move || restore(&*blocking))
-                    .await
-                    .map_err(|e| {
-                        StartError::CatalogWriter(std::io::Error::other(e.to_string()))
-                    })??;
-                let writer = CatalogWriter::start(catalog).map_err(StartError::CatalogWriter)?;
-                Some((Arc::new(writer), entries, live))
-            }
-            None => None,
-        };
-        engine.ping().await?;
-        let instance = Instance::current();
-        let labels = instance.labels(&config.extra_labels);
-        let mut config = config;
-        if let Some(dir) = config.file_sockets.clone() {
-            let prepared =
-                tokio::task::spawn_blocking(move || crate::kernel::prepare_socket_dir(&dir)).await;
-            let why = match prepared {
-                Ok(Ok(())) => None,
-                Ok(Err(e)) => Some(e.to_string()),
-                Err(e) => Some(e.to_string()),
-            };
-            if let Some(why) = why {
-                // Files still move, through the engine's exec streams (slower).
-                tracing::warn!(
-                    dir = %config.file_sockets.as_ref().map(|d| d.display().to_string()).unwrap_or_default(),
-                    "file channel directory unusable ({why}): files go through the engine's exec streams"
-                );
-                config.file_sockets = None;
-            }
-        }
-        if config.sweep_on_start {
-            let report = sweep::sweep_orphans(engine.as_ref(), &instance, false).await?;
-            if !report.containers.is_empty() || !report.volumes.is_empty() {
-                tracing::info!(
-                    containers = report.containers.len(),
-                    volumes = report.volumes.len(),
-                    "swept leftovers of dead instances"
-                );
-            }
-        }
-        let watchdog = match &config.watchdog {
-            Some(path) => Some(Watchdog::spawn(path, &instance.id).map_err(|source| {
-                StartError::Watchdog {
-                    path: path.display().to_string(),
-                    source,
-                }
-            })?),
-            None => None,
-        };
-        let pool = pool::PoolState::new(config.kernel_spec(), config.pool_size);
-        let inner = Arc::new(Inner {
-            pool,
-            registry: Registry::new(config.max_session_kernels, config.kernel_idle_timeout),
-            config,
-            engine,
-            labels,
-            monitor: EventMonitor::default(),
-            tracker: TaskTracker::new(),
-            cancel: CancellationToken::new(),
-            running: Mutex::new(HashMap::new()),
-            running_count: tokio::sync::watch::Sender::new(0),
-            next_run: std::sync::atomic::AtomicU64::new(0),
-            starts: Mutex::new(StartStats::default()),
-            file_bytes: Arc::default(),
-            sockets_refused: std::sync::atomic::AtomicBool::new(false),
-            watchdog: Mutex::new(watchdog),
-            instance,
-            catalog: restored.as_ref().map(|(writer, _, _)| writer.clone()),
-        });
-        if let Some((writer, entries, live)) = restored {
-            let seeded = inner.registry.use_catalog(writer, entries);
-            inner
-                .registry
-                .count_losses(LossReason::ServerRestarted, live);
-            if seeded > 0 {
-                tracing::info!(
-                    keys = seeded,
-                    lost_by_restart = live,
-                    "restored the owner catalog"
-                );
-            }
-        }
-        let orchestrator = Orchestrator { inner };
-        let i = &orchestrator.inner;
-        i.tracker.spawn(i.monitor.clone().run(
-            i.engine.clone(),
-            vec![
-                labels::managed(),
-                labels::filter(labels::INSTANCE, &i.instance.id),
-            ],
-            i.cancel.child_token(),
-        ));
-        let reaper = orchestrator.clone();
-        i.tracker.spawn(async move { reaper.reap_forever().await });
-        orchestrator.start_pool();
-        Ok(orchestrator)
-    }
-
     /// The validated configuration.
     pub fn config(&self) -> &Config {
         &self.inner.config
@@ -268,6 +123,15 @@ impl Orchestrator {
             tenant.unwrap_or(&self.inner.config.default_tenant),
             session,
             child,
+        )
+    }
+
+    /// The owner a scope names.
+    fn scope_owner(&self, scope: &Scope) -> Result<Owner, NameError> {
+        self.owner_of(
+            scope.tenant.as_deref(),
+            &scope.session,
+            scope.child.as_deref(),
         )
     }
 
@@ -301,32 +165,4 @@ impl Orchestrator {
             file_bytes: self.inner.file_bytes.snapshot(),
         }
     }
-}
-
-/// A loss by restart, now.
-fn restart_loss() -> StateLost {
-    StateLost {
-        reason: LossReason::ServerRestarted,
-        at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
-    }
-}
-
-/// Reads the catalog at start. Rows still `live` belong to a previous run that died without
-/// a clean shutdown: their kernels are gone (its watchdog or this start's sweep removed them),
-/// so they become losses by restart, durably, before anything else is recorded. Returns the
-/// rows and how many were live. Blocking.
-fn restore(catalog: &dyn Catalog) -> Result<(Vec<Entry>, u64), CatalogError> {
-    let mut entries = catalog.load()?;
-    let loss = restart_loss();
-    let mut live = 0;
-    for entry in &mut entries {
-        if entry.state == EntryState::Live {
-            entry.state = EntryState::Lost { loss: loss.clone() };
-            live += 1;
-        }
-    }
-    if live > 0 {
-        catalog.apply(&[Change::AllLiveLost { loss }])?;
-    }
-    Ok((entries, live))
 }

@@ -14,32 +14,115 @@ use crate::docker::EngineError;
 use crate::histogram::Histogram;
 use crate::kernel::{KernelError, OutputSink};
 use crate::owner::NameError;
-use crate::registry::{Cap, EvictionCounts, TenantLimits};
+use crate::registry::{Cap, EvictionCounts, LossCounts, TenantLimits};
 use crate::rich::DisplaySink;
+
+/// Whose kernel a request addresses, and how a kernel it starts is made: the part of an
+/// [`ExecuteRequest`] and a [`FileRequest`](super::FileRequest) that names the owner and the
+/// kernel's key (`docs/architecture.md`, "Lifecycle of a kernel"). A session's own kernel
+/// under the default tenant is `Scope::session("s")` (or just `"s"` where a scope is taken);
+/// the builders name the rest: `Scope::session("s").tenant("acme").child("helper")`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Scope {
+    /// Tenant namespace (the configured default when `None`).
+    pub tenant: Option<String>,
+    /// The conversation whose kernel it is.
+    pub session: String,
+    /// The session's delegated child whose own kernel is meant, if any.
+    pub child: Option<String>,
+    /// Tools the kernel's cells may call (part of the kernel key).
+    pub tools: BTreeSet<String>,
+    /// The tenant's own cap and reservation, for a kernel the request starts (the fairness
+    /// rule is in `src/registry/admission.rs`).
+    pub tenant_limits: TenantLimits,
+    /// The image a new kernel runs (part of the kernel key; `None`: [`Config::image`]).
+    ///
+    /// [`Config::image`]: crate::Config::image
+    pub image: Option<String>,
+}
+
+impl Scope {
+    /// A session's own kernel under the default tenant, with no tools and the configured
+    /// image.
+    pub fn session(session: impl Into<String>) -> Scope {
+        Scope {
+            session: session.into(),
+            ..Scope::default()
+        }
+    }
+
+    /// The same, under `tenant`.
+    pub fn tenant(self, tenant: impl Into<String>) -> Scope {
+        Scope {
+            tenant: Some(tenant.into()),
+            ..self
+        }
+    }
+
+    /// The same, for the session's delegated `child`.
+    pub fn child(self, child: impl Into<String>) -> Scope {
+        Scope {
+            child: Some(child.into()),
+            ..self
+        }
+    }
+
+    /// The same, its cells allowed `tools`.
+    pub fn tools<I: IntoIterator<Item = S>, S: Into<String>>(self, tools: I) -> Scope {
+        Scope {
+            tools: tools.into_iter().map(Into::into).collect(),
+            ..self
+        }
+    }
+
+    /// The same, a new kernel running `image`.
+    pub fn image(self, image: impl Into<String>) -> Scope {
+        Scope {
+            image: Some(image.into()),
+            ..self
+        }
+    }
+
+    /// The same, under the tenant's `limits`.
+    pub fn tenant_limits(self, limits: TenantLimits) -> Scope {
+        Scope {
+            tenant_limits: limits,
+            ..self
+        }
+    }
+}
+
+impl From<&str> for Scope {
+    fn from(session: &str) -> Scope {
+        Scope::session(session)
+    }
+}
+
+impl From<String> for Scope {
+    fn from(session: String) -> Scope {
+        Scope::session(session)
+    }
+}
+
+impl From<&String> for Scope {
+    fn from(session: &String) -> Scope {
+        Scope::session(session.as_str())
+    }
+}
 
 /// One execute call.
 #[derive(Clone, Default)]
 pub struct ExecuteRequest {
-    /// Tenant namespace (the configured default when `None`).
-    pub tenant: Option<String>,
-    /// The conversation.
-    pub session: String,
+    /// Whose kernel runs the cell, and how a kernel the call starts is made.
+    pub scope: Scope,
     /// The turn; changes every turn and never keys a kernel.
     pub task_id: Option<String>,
-    /// The delegated child making the call, if any.
-    pub child: Option<String>,
     /// Python source of the cell.
     pub code: String,
     /// Discard the kernel and run in a fresh one.
     pub reset: bool,
     /// Cell timeout (the configured default when `None`).
     pub timeout: Option<Duration>,
-    /// Tools the cell may call (part of the kernel key).
-    pub tools: BTreeSet<String>,
-    /// The image a new kernel runs (part of the kernel key; `None`: [`Config::image`]).
-    ///
-    /// [`Config::image`]: crate::Config::image
-    pub image: Option<String>,
     /// Where tool calls go.
     pub dispatcher: Option<Arc<dyn ToolDispatcher>>,
     /// Cancelling it interrupts the cell (the kernel is killed).
@@ -48,16 +131,15 @@ pub struct ExecuteRequest {
     pub sink: Option<OutputSink>,
     /// Receives each rich result live, in order with the output given to `sink`.
     pub display_sink: Option<DisplaySink>,
-    /// The tenant's own cap and reservation (the fairness rule is in `src/registry/admission.rs`).
-    pub tenant_limits: TenantLimits,
-    /// Told, once, whether the request got a kernel slot or was refused at a cap, before any
-    /// kernel starts (the HTTP layer answers 429 instead of starting a stream).
-    pub admission: Option<AdmissionNotice>,
 }
 
 type AdmissionSender = tokio::sync::oneshot::Sender<Result<(), ExecuteError>>;
 
-/// Where [`ExecuteRequest::admission`] is told; cloning shares the one notice.
+/// Told, once, whether an execute got a kernel slot or was refused at a cap, before any
+/// kernel starts ([`Orchestrator::execute_with_admission`]: the HTTP layer answers 429 instead
+/// of starting a stream); cloning shares the one notice.
+///
+/// [`Orchestrator::execute_with_admission`]: super::Orchestrator::execute_with_admission
 #[derive(Clone, Debug, Default)]
 pub struct AdmissionNotice(Arc<Mutex<Option<AdmissionSender>>>);
 
@@ -83,23 +165,19 @@ impl AdmissionNotice {
 impl std::fmt::Debug for ExecuteRequest {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ExecuteRequest")
-            .field("tenant", &self.tenant)
-            .field("session", &self.session)
-            .field("child", &self.child)
+            .field("scope", &self.scope)
             .field("reset", &self.reset)
             .field("timeout", &self.timeout)
-            .field("tools", &self.tools)
-            .field("image", &self.image)
-            .field("tenant_limits", &self.tenant_limits)
             .finish_non_exhaustive()
     }
 }
 
 impl ExecuteRequest {
-    /// A request to run `code` for `session`.
-    pub fn new(session: impl Into<String>, code: impl Into<String>) -> ExecuteRequest {
+    /// A request to run `code` in `scope`'s kernel: a session's name (its own kernel under
+    /// the default tenant) or a [`Scope`].
+    pub fn new(scope: impl Into<Scope>, code: impl Into<String>) -> ExecuteRequest {
         ExecuteRequest {
-            session: session.into(),
+            scope: scope.into(),
             code: code.into(),
             ..ExecuteRequest::default()
         }
@@ -121,7 +199,7 @@ pub enum ExecuteError {
     /// The kernel could not be started.
     #[error(transparent)]
     Kernel(#[from] KernelError),
-    /// The engine failed.
+    /// An engine call failed (the error names the operation).
     #[error(transparent)]
     Engine(#[from] EngineError),
     /// The orchestrator is shutting down.
@@ -130,7 +208,7 @@ pub enum ExecuteError {
     /// A new kernel would pass a cap, and no kernel may be evicted to make room.
     #[error("{}", at_capacity_message(.tenant, .cap, *.held))]
     AtCapacity {
-        /// The tenant.
+        /// The tenant whose request was refused.
         tenant: String,
         /// The cap that refused it.
         cap: Cap,
@@ -139,10 +217,7 @@ pub enum ExecuteError {
     },
     /// The session's kernel already has this many calls attached (one running, the others
     /// queued behind it); one more is refused rather than queued.
-    #[error(
-        "session {owner:?} already has {max} calls running or queued on its kernel, the most \
-         allowed; retry later"
-    )]
+    #[error("{}", crate::cell::messages::session_busy_message(.owner, *.max))]
     SessionBusy {
         /// The owner (session, or `session::child::child`).
         owner: String,
@@ -189,9 +264,9 @@ pub enum StartError {
     /// The watchdog process could not be started.
     #[error("starting the watchdog {path}: {source}")]
     Watchdog {
-        /// The binary.
+        /// The binary started as the watchdog (`Config::watchdog`).
         path: String,
-        /// The error.
+        /// Why spawning it failed.
         source: std::io::Error,
     },
 }
@@ -201,13 +276,13 @@ pub enum StartError {
 pub struct KernelSummary {
     /// Short container id.
     pub id: String,
-    /// Tenant.
+    /// The tenant the kernel's owner belongs to.
     pub tenant: String,
-    /// Owner string.
+    /// The owner: `session` or `session::child::child`.
     pub owner: String,
-    /// Session.
+    /// The owner's session.
     pub session: String,
-    /// Delegated child.
+    /// The owner's delegated child, when the kernel is a child's.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub child: Option<String>,
     /// Generation within the key.
@@ -259,12 +334,12 @@ pub struct Stats {
     /// Kernel starts by outcome.
     pub starts: StartStats,
     /// Involuntary losses by reason, indexed as [`LossReason::ALL`](crate::cell::LossReason::ALL).
-    pub losses: crate::registry::LossCounts,
+    pub losses: LossCounts,
     /// Kernels evicted to admit new ones, by cap.
     pub evictions: EvictionCounts,
     /// Catalog changes dropped or refused (0 without a catalog).
     pub catalog_failures: u64,
-    /// The warm pool.
+    /// The warm pool's size, ready kernels, takes and refills.
     pub pool: super::PoolStats,
     /// File bytes moved in and out of kernels.
     pub file_bytes: FileBytes,

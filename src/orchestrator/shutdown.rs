@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-use super::{restart_loss, Orchestrator};
+use super::start::restart_loss;
+use super::Orchestrator;
 use crate::catalog::Change;
 
 impl Orchestrator {

@@ -2,7 +2,9 @@
 //! deterministic. The real engine is exercised by the integration tests in `tests/`.
 
 use super::*;
-use crate::cell::{timeout_message, CellResult, CellStatus};
+use crate::catalog::Catalog;
+use crate::cell::messages::{timeout_message, CLEARED_MESSAGE};
+use crate::cell::{CellResult, CellStatus, LossReason};
 use crate::docker::fake::FakeEngine;
 use crate::docker::EngineError;
 use crate::kernel::KernelError;
@@ -480,5 +482,28 @@ async fn bad_names_and_timeouts_are_refused_before_any_container() {
         .unwrap_err();
     assert!(matches!(err, ExecuteError::InvalidTimeout(_)), "{err}");
     assert_eq!(fake.created(), 0);
+    kb.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_admission_notice_hears_once_whether_a_call_got_its_kernel() {
+    let (kb, _fake) = start(|c| c.max_session_kernels = 1).await;
+    let (notice, admitted) = AdmissionNotice::new();
+    let scope = Scope::session("s").tenant("acme").child("helper");
+    let r = kb
+        .execute_with_admission(ExecuteRequest::new(scope, "x = 1"), notice)
+        .await
+        .expect("execute");
+    assert_eq!(r.status, CellStatus::Success);
+    assert!(matches!(admitted.await, Ok(Ok(()))));
+    assert_eq!(kb.list_kernels(Some("acme"))[0].owner, "s::child::helper");
+    // A bad name fails before admission: the notice goes untold.
+    let (notice, admitted) = AdmissionNotice::new();
+    let err = kb
+        .execute_with_admission(ExecuteRequest::new("a b", "x"), notice)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ExecuteError::Name(_)), "{err}");
+    assert!(admitted.await.is_err());
     kb.shutdown().await;
 }

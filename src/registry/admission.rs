@@ -91,7 +91,7 @@ pub enum Refusal {
     Busy {
         /// The owner, as a string.
         owner: String,
-        /// The bound.
+        /// Calls a slot may have attached ([`MAX_ATTACHED_PER_SLOT`](super::MAX_ATTACHED_PER_SLOT)).
         max: usize,
     },
 }
@@ -104,7 +104,10 @@ enum Evict {
     HostOther,
 }
 
-/// Kernels evicted to admit another, by the cap that made room.
+/// Kernels evicted to admit another since the orchestrator started, by the cap that made room
+/// (`docs/architecture.md`, "Lifecycle of a kernel"; the metrics
+/// `kernelbox_tenant_evictions_total` and `kernelbox_host_cap_evictions_total{victim}`). [`Stats::evictions`](crate::orchestrator::Stats::evictions)
+/// is one; named as `kernelbox::orchestrator::EvictionCounts`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct EvictionCounts {
     /// At the tenant's own `max_kernels`.

@@ -57,7 +57,7 @@ pub const MAX_ATTACHED_PER_SLOT: usize = 8;
 
 /// One key's current kernel, spawned at most once.
 pub struct Slot {
-    /// The key.
+    /// The key whose kernel this is (owner, mode, image, tools).
     pub key: KernelKey,
     /// Which kernel of the key this is.
     pub generation: u64,
@@ -120,7 +120,10 @@ pub struct Registry {
     inner: Mutex<Inner>,
 }
 
-/// Involuntary losses counted as they happen, by reason (indexed as [`LossReason::ALL`]).
+/// Involuntary losses counted as they happen, by reason: `counts[i]` is the number of kernels
+/// lost for `LossReason::ALL[i]` since the orchestrator started (losses by restart counted
+/// once, at start). [`Stats::losses`](crate::orchestrator::Stats::losses) is one; named as
+/// `kernelbox::orchestrator::LossCounts`.
 pub type LossCounts = [u64; LossReason::ALL.len()];
 
 #[derive(Debug, Default)]

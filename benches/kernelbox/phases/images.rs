@@ -10,7 +10,7 @@ use bollard::query_parameters::InspectContainerOptions;
 use futures::StreamExt;
 use kernelbox::config::DEFAULT_IMAGE;
 use kernelbox::image::DATASCIENCE_IMAGE;
-use kernelbox::ExecuteRequest;
+use kernelbox::{ExecuteRequest, Scope};
 use serde_json::{json, Map, Value};
 
 use super::{ok_cell, Bench, DENSITY_CONCURRENCY};
@@ -164,10 +164,7 @@ impl Bench {
         image: &str,
         plot: bool,
     ) -> Result<(f64, Option<f64>)> {
-        let request = |code: &str| ExecuteRequest {
-            image: Some(image.to_string()),
-            ..ExecuteRequest::new(session, code)
-        };
+        let request = |code: &str| ExecuteRequest::new(Scope::session(session).image(image), code);
         let t = Instant::now();
         let r = self.exec(request("x = 1")).await?;
         let cold = ms(t.elapsed());
@@ -195,10 +192,10 @@ impl Bench {
         let started: Vec<Result<()>> = futures::stream::iter(0..n)
             .map(|i| {
                 let kb = kb.clone();
-                let request = ExecuteRequest {
-                    image: Some(image.to_string()),
-                    ..ExecuteRequest::new(format!("img-idle-{name}-{i}"), "pass")
-                };
+                let request = ExecuteRequest::new(
+                    Scope::session(format!("img-idle-{name}-{i}")).image(image),
+                    "pass",
+                );
                 async move {
                     let r = kb.execute(request).await?;
                     ok_cell("idle kernel", &r)

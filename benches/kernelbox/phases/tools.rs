@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
-use kernelbox::{ExecuteRequest, FnDispatcher, ToolCall, ToolDispatcher};
+use kernelbox::{ExecuteRequest, FnDispatcher, Scope, ToolCall, ToolDispatcher};
 use serde_json::{json, Value};
 
 use super::{last_json, ok_cell, Bench};
@@ -21,11 +21,14 @@ impl Bench {
         let dispatcher: Arc<dyn ToolDispatcher> =
             Arc::new(FnDispatcher(|_call: ToolCall| Ok(Value::Null)));
         let request = |code: String| ExecuteRequest {
-            session: "tools".into(),
-            code,
-            tools: tools.clone(),
             dispatcher: Some(dispatcher.clone()),
-            ..ExecuteRequest::default()
+            ..ExecuteRequest::new(
+                Scope {
+                    tools: tools.clone(),
+                    ..Scope::session("tools")
+                },
+                code,
+            )
         };
         let r = self
             .exec(request(

@@ -16,7 +16,7 @@ use serde_json::json;
 
 use super::{invalid, name, path_error, Caller};
 use crate::files::{Download, FilePath};
-use crate::orchestrator::FileRequest;
+use crate::orchestrator::{FileRequest, Scope};
 use crate::server::error::ApiError;
 use crate::server::tenants::Tenant;
 use crate::server::AppState;
@@ -65,7 +65,7 @@ fn request(
 /// The file request of `tenant` for `session` (or its delegated `child`): its image, tools and
 /// limits, as for its cells. Also what `/v1/mcp`'s file tools use.
 pub(crate) fn file_request(tenant: &Tenant, session: String, child: Option<String>) -> FileRequest {
-    FileRequest {
+    FileRequest::new(Scope {
         tenant: Some(tenant.name.clone()),
         session,
         child,
@@ -76,7 +76,7 @@ pub(crate) fn file_request(tenant: &Tenant, session: String, child: Option<Strin
             .map(|t| t.allow.clone())
             .unwrap_or_default(),
         tenant_limits: tenant.limits(),
-    }
+    })
 }
 
 fn header_says(headers: &HeaderMap, name: header::HeaderName, what: &str) -> bool {

@@ -40,7 +40,7 @@ use super::tenants::Tenant;
 use super::tools::CellDispatcher;
 use super::{AppState, MAX_BODY_BYTES};
 use crate::authority::ToolDispatcher;
-use crate::orchestrator::ExecuteRequest;
+use crate::orchestrator::{ExecuteRequest, Scope};
 use crate::owner::validate_name;
 use crate::wire::{ExecuteBody, MAX_TASK_ID};
 
@@ -285,21 +285,22 @@ fn parse_execute(
         _ => None,
     };
     Ok(ExecuteRequest {
-        tenant: Some(tenant.name.clone()),
-        session,
+        scope: Scope {
+            tenant: Some(tenant.name.clone()),
+            session,
+            child: body.child,
+            tools,
+            tenant_limits: tenant.limits(),
+            image: tenant.image.clone(),
+        },
         task_id: body.task_id,
-        child: body.child,
         code: body.code,
         reset: body.reset,
         timeout,
-        tools,
-        image: tenant.image.clone(),
         dispatcher,
         cancel: None,
         sink: None,
         display_sink: None,
-        tenant_limits: tenant.limits(),
-        admission: None,
     })
 }
 
@@ -327,7 +328,7 @@ async fn execute(
         let result = run_cell(&state, &tenant, session, body).await?;
         return Ok(Json(result).into_response());
     }
-    let mut request =
+    let request =
         parse_execute(&state, &tenant, session, body).map_err(|e| invalid(&state, e))?;
     if state.is_draining() {
         return Err(ApiError::shutting_down());
@@ -335,8 +336,7 @@ async fn execute(
     // A stream starts only once the request holds a kernel slot, so a refusal at a cap is
     // a 429 rather than a stream carrying only the error.
     let (notice, admitted) = crate::orchestrator::AdmissionNotice::new();
-    request.admission = Some(notice);
-    let response = stream_execute(state.clone(), request);
+    let response = stream_execute(state.clone(), request, notice);
     if let Ok(Err(e)) = admitted.await {
         return Err(refused(&state, e));
     }

@@ -9,7 +9,7 @@ use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderValue};
 use axum::response::Response;
 
-use crate::orchestrator::ExecuteRequest;
+use crate::orchestrator::{AdmissionNotice, ExecuteRequest};
 use crate::server::error::ApiError;
 use crate::server::AppState;
 
@@ -122,8 +122,14 @@ impl StreamTx {
 }
 
 /// Streams `{"event":"output","data":...}` lines as the cell writes, then one `result` (or
-/// `error`) line. The cell runs to its end even if the client goes away.
-pub(super) fn stream_execute(state: AppState, mut request: ExecuteRequest) -> Response {
+/// `error`) line. The cell runs to its end even if the client goes away. `admission` is told
+/// whether the cell got a kernel slot before any kernel starts (the caller answers a refusal
+/// 429 instead of this stream).
+pub(super) fn stream_execute(
+    state: AppState,
+    mut request: ExecuteRequest,
+    admission: AdmissionNotice,
+) -> Response {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<(Bytes, bool, bool)>();
     let queued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let tx = Arc::new(StreamTx {
@@ -169,7 +175,11 @@ pub(super) fn stream_execute(state: AppState, mut request: ExecuteRequest) -> Re
         }));
     }
     tokio::spawn(async move {
-        let outcome = state.inner.orchestrator.execute(request).await;
+        let outcome = state
+            .inner
+            .orchestrator
+            .execute_with_admission(request, admission)
+            .await;
         let (rest, dropped) = {
             let mut d = decoder.lock().unwrap_or_else(|p| p.into_inner());
             (d.finish(), d.dropped)

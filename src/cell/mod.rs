@@ -1,4 +1,16 @@
 //! The cell contract: what every execute returns (`docs/contract.md`), and output capping.
+//!
+//! | file | what |
+//! |---|---|
+//! | `mod.rs` | the result's types ([`CellResult`], [`CellStatus`], [`LossReason`], [`KernelInfo`]) and output capping ([`OutputBuffer`]) |
+//! | `messages.rs` | every exact message of the contract |
+//! | `ending.rs` | how a cell's ending becomes its result's status, error and loss (a pure function, unit-tested row by row) |
+
+pub mod messages;
+
+mod ending;
+
+pub(crate) use ending::{Ending, KernelDeath};
 
 use serde::{Deserialize, Serialize};
 
@@ -164,24 +176,6 @@ pub struct CellResult {
     pub results: Vec<crate::rich::RichResult>,
 }
 
-/// The message of a timed-out cell (exact text in `docs/contract.md`).
-pub fn timeout_message(timeout: std::time::Duration) -> String {
-    let secs = timeout.as_secs_f64();
-    let shown = if secs.fract() == 0.0 {
-        format!("{}", secs as u64)
-    } else {
-        format!("{secs}")
-    };
-    format!(
-        "Cell timed out after {shown}s; the session kernel was killed and its state was lost. \
-         The next execute_code call starts a fresh kernel."
-    )
-}
-
-/// The message of an interrupted cell (exact text in `docs/contract.md`).
-pub const INTERRUPTED_MESSAGE: &str =
-    "Interrupted; the session kernel was killed and its state was lost.";
-
 /// Collects a cell's output under the inline cap: the first 40% and the last 60% are kept,
 /// and everything up to the spill cap is kept for the spill file.
 #[derive(Debug)]
@@ -278,9 +272,9 @@ impl OutputBuffer {
         let omitted = self.total - kept;
         let tail: Vec<u8> = self.tail.into_iter().collect();
         let text = format!(
-            "{}\n\n... [{omitted} bytes of output omitted; {} bytes in all] ...\n\n{}",
+            "{}{}{}",
             String::from_utf8_lossy(&self.head),
-            self.total,
+            messages::omission_marker(omitted, self.total),
             String::from_utf8_lossy(&tail)
         );
         CappedOutput {
@@ -337,11 +331,14 @@ mod tests {
     #[test]
     fn timeout_message_is_exact() {
         assert_eq!(
-            timeout_message(std::time::Duration::from_secs(1)),
+            messages::timeout_message(std::time::Duration::from_secs(1)),
             "Cell timed out after 1s; the session kernel was killed and its state was lost. \
              The next execute_code call starts a fresh kernel."
         );
-        assert!(timeout_message(std::time::Duration::from_millis(1500)).contains("after 1.5s"));
+        assert!(
+            messages::timeout_message(std::time::Duration::from_millis(1500))
+                .contains("after 1.5s")
+        );
     }
 
     #[test]

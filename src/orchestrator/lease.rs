@@ -1,0 +1,444 @@
+//! What a call holds while it uses an owner's kernel, shared by an execute (`execute.rs`) and
+//! an upload that starts a kernel (`files.rs`): the kernel's key, the [`Lease`] on its slot
+//! that [`Orchestrator::acquire`] gets (admission through the registry's caps and fair shares,
+//! then the kernel reused, taken from the warm pool or spawned), the catalog's confirmation of
+//! a new kernel, and a call's entry among the running calls that an interrupt finds
+//! ([`Running`]).
+//!
+//! `acquire` runs in named steps, an [`Attempt`] carrying the state between them: `admit` (the
+//! registry's slot), `spawn_or_reuse` (its kernel), `hold` (the kernel checked, then leased).
+//! A kernel found cleared or dead at the end of an attempt starts another
+//! (`docs/architecture.md`, "Lifecycle of a kernel").
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use super::{AdmissionNotice, ExecuteError, Orchestrator, Scope};
+use crate::catalog::{Change, Durable};
+use crate::cell::{KernelDeath, KernelInfo, StateLost};
+use crate::kernel::{Death, Kernel, KernelError, SpawnRequest};
+use crate::owner::{KernelKey, Owner};
+use crate::registry::{Refusal, Slot, TenantLimits};
+
+/// How long a cold start waits for the catalog to confirm it (it writes during the cell).
+const CATALOG_WAIT: Duration = Duration::from_secs(1);
+
+/// A call's hold on an owner's kernel, from [`Orchestrator::acquire`]; the caller releases the
+/// slot ([`Orchestrator::release`]) when it is done.
+pub(super) struct Lease {
+    /// Dropped when the call ends: lets the work after a pool take go.
+    _taken: Option<tokio_util::sync::DropGuard>,
+    pub(super) slot: Arc<Slot>,
+    pub(super) kernel: Arc<Kernel>,
+    /// The kernel served this owner before this call.
+    reused: bool,
+    /// `reset: true` discarded a previous kernel.
+    state_reset: bool,
+    /// The loss this call reports.
+    state_lost: Option<StateLost>,
+    /// Answers once the catalog holds this new kernel's start.
+    started: Option<Durable>,
+}
+
+impl Lease {
+    /// The result's `kernel` for a cell that ran on this lease.
+    pub(super) fn kernel_info(&self, execution_count: u64, ended: bool) -> KernelInfo {
+        KernelInfo {
+            id: self.kernel.short_id().to_string(),
+            reused: self.reused,
+            execution_count,
+            state_reset: self.state_reset,
+            ended,
+            generation: self.slot.generation,
+            state_lost: self.state_lost.clone(),
+        }
+    }
+
+    /// Waits (at most [`CATALOG_WAIT`]) until the catalog holds the start of the kernel this
+    /// lease started, so a caller who saw the kernel is told about a later restart, even a
+    /// `kill -9` right after this returns; a slow or failing catalog delays a cold start by at
+    /// most that bound, never fails it. False when the catalog did not confirm it in time;
+    /// true at once when there is nothing to confirm.
+    pub(super) async fn confirm_start(&mut self) -> bool {
+        match self.started.take() {
+            Some(durable) => tokio::time::timeout(CATALOG_WAIT, durable).await.is_ok(),
+            None => true,
+        }
+    }
+}
+
+/// One try at a kernel for a key, between the steps of [`Orchestrator::acquire`].
+struct Attempt {
+    slot: Arc<Slot>,
+    /// The loss the attach took for this call to report (given back if the call fails first).
+    state_lost: Option<StateLost>,
+    /// The slot took its kernel from the warm pool.
+    pooled: bool,
+    /// `reset: true` discarded a previous kernel (on this attempt or an earlier one).
+    state_reset: bool,
+    /// The kernel served this owner before this call (set by `spawn_or_reuse`).
+    reused: bool,
+}
+
+/// A cell in flight, as an interrupt finds it.
+pub(super) struct Run {
+    id: u64,
+    pub(super) token: CancellationToken,
+    /// `Some(true)` once it ended as interrupted, `Some(false)` once it ended otherwise.
+    pub(super) outcome: tokio::sync::watch::Receiver<Option<bool>>,
+}
+
+/// A call's entry among the running calls (acquiring a kernel or running a cell), from
+/// [`Orchestrator::track_running`]; dropping it removes the entry. Dropped without
+/// [`Running::finish`] (the call failed before its cell ran), an interrupt waiting on it
+/// counts nothing.
+pub(super) struct Running<'a> {
+    orchestrator: &'a Orchestrator,
+    owner: Owner,
+    id: u64,
+    outcome: tokio::sync::watch::Sender<Option<bool>>,
+}
+
+impl Running<'_> {
+    /// Publishes how the cell ended, then removes the entry: an interrupt counts only cells
+    /// that really ended as interrupted.
+    pub(super) fn finish(self, interrupted: bool) {
+        let _ = self.outcome.send(Some(interrupted));
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        let inner = &self.orchestrator.inner;
+        let mut running = inner.running.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(runs) = running.get_mut(&self.owner) {
+            let before = runs.len();
+            runs.retain(|r| r.id != self.id);
+            let gone = before - runs.len();
+            if runs.is_empty() {
+                running.remove(&self.owner);
+            }
+            inner
+                .running_count
+                .send_modify(|n| *n = n.saturating_sub(gone));
+        }
+    }
+}
+
+impl Orchestrator {
+    /// The key of `owner`'s kernel as `scope` makes it: the configured mode, the image it
+    /// names (else `Config::image`) and its tools.
+    pub(super) fn kernel_key(
+        &self,
+        owner: Owner,
+        scope: &Scope,
+    ) -> Result<KernelKey, ExecuteError> {
+        let image = match scope.image.as_deref() {
+            None => self.inner.config.image.clone(),
+            Some(image) if image.trim().is_empty() => {
+                return Err(ExecuteError::Invalid("image must not be empty".into()))
+            }
+            Some(image) => image.to_string(),
+        };
+        Ok(KernelKey {
+            owner,
+            mode: self.inner.config.mode.clone(),
+            image,
+            tools: scope.tools.clone(),
+        })
+    }
+
+    /// Enters a call among the running calls, interruptible by `token`, until the returned
+    /// entry is dropped.
+    pub(super) fn track_running(&self, owner: &Owner, token: &CancellationToken) -> Running<'_> {
+        let id = self
+            .inner
+            .next_run
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (tx, rx) = tokio::sync::watch::channel(None);
+        let mut running = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
+        running.entry(owner.clone()).or_default().push(Run {
+            id,
+            token: token.clone(),
+            outcome: rx,
+        });
+        self.inner.running_count.send_modify(|n| *n += 1);
+        Running {
+            orchestrator: self,
+            owner: owner.clone(),
+            id,
+            outcome: tx,
+        }
+    }
+
+    /// A live kernel for `key`: admitted under the caps (`admission`, when given, is told
+    /// whether it was before any kernel starts), then the slot's own kernel, one taken from
+    /// the warm pool, or one spawned now. `reset` discards the key's kernel first.
+    pub(super) async fn acquire(
+        &self,
+        key: &KernelKey,
+        reset: bool,
+        limits: TenantLimits,
+        admission: Option<&AdmissionNotice>,
+    ) -> Result<Lease, ExecuteError> {
+        let (mut reset, mut state_reset) = (reset, false);
+        loop {
+            let mut attempt = self.admit(key, reset, limits, admission).await?;
+            state_reset |= attempt.state_reset;
+            attempt.state_reset = state_reset;
+            let kernel = self.spawn_or_reuse(key, &mut attempt).await?;
+            if let Some(lease) = self.hold(key, attempt, kernel).await? {
+                return Ok(lease);
+            }
+            // The kernel was cleared or died: start over on the key's current slot (a reset
+            // already discarded the old kernel).
+            reset = false;
+        }
+    }
+
+    /// Step one of [`Self::acquire`]: the key's slot from the registry (a new one admitted
+    /// atomically with the caps), and the slots and pooled kernels the admission displaced
+    /// disposed of.
+    async fn admit(
+        &self,
+        key: &KernelKey,
+        reset: bool,
+        limits: TenantLimits,
+        admission: Option<&AdmissionNotice>,
+    ) -> Result<Attempt, ExecuteError> {
+        let registry = &self.inner.registry;
+        let attach = match registry.attach_from_pool(key, reset, limits, self.pool_spec(key)) {
+            Ok(attach) => attach,
+            Err(refusal) => return Err(self.refused(refusal, admission).await),
+        };
+        if registry.is_closed() {
+            // Shutdown drained the registry; nothing new may start (and a pooled kernel
+            // this attach took goes).
+            registry.forget(&attach.slot, None);
+            registry.release(&attach.slot);
+            let taken = attach
+                .discarded
+                .into_iter()
+                .chain(attach.slot.kernel.get().cloned());
+            self.dispose_pooled(taken.collect()).await;
+            self.give_back_loss(key, attach.state_lost);
+            if let Some(notice) = admission {
+                notice.send(Err(ExecuteError::ShuttingDown));
+            }
+            return Err(ExecuteError::ShuttingDown);
+        }
+        if let Some(notice) = admission {
+            notice.send(Ok(()));
+        }
+        let mut doomed = attach.victims;
+        let state_reset = attach.reset.is_some();
+        // At once, busy or not: a kernel the registry no longer counts must not outlive this
+        // call (the old kernel's running cell ends).
+        doomed.extend(attach.reset);
+        self.dispose_slots(doomed).await;
+        self.dispose_pooled(attach.discarded).await;
+        Ok(Attempt {
+            slot: attach.slot,
+            state_lost: attach.state_lost,
+            // A kernel taken from the warm pool is new to its owner, like a cold one.
+            pooled: attach.pooled,
+            state_reset,
+            reused: false,
+        })
+    }
+
+    /// The registry's refusal as the call's error, told to `admission` first; slots reaped on
+    /// the way are disposed of.
+    async fn refused(&self, refusal: Refusal, admission: Option<&AdmissionNotice>) -> ExecuteError {
+        if let Some(notice) = admission {
+            notice.send(Err(refusal_error(&refusal)));
+        }
+        let error = refusal_error(&refusal);
+        if let Refusal::AtCapacity(full) = refusal {
+            self.dispose_slots(full.victims).await;
+        }
+        error
+    }
+
+    /// Step two of [`Self::acquire`]: the slot's kernel, spawned by this call when it has
+    /// none yet (concurrent first calls wait on the same spawn). Sets `attempt.reused`.
+    async fn spawn_or_reuse(
+        &self,
+        key: &KernelKey,
+        attempt: &mut Attempt,
+    ) -> Result<Arc<Kernel>, ExecuteError> {
+        let slot = &attempt.slot;
+        let mut spawned_here = false;
+        let spawned = slot
+            .kernel
+            .get_or_try_init(|| {
+                spawned_here = true;
+                self.spawn_cold(key, slot.generation)
+            })
+            .await;
+        attempt.reused = !attempt.pooled && !spawned_here;
+        match spawned {
+            Ok(kernel) => Ok(kernel.clone()),
+            Err(e) => {
+                let registry = &self.inner.registry;
+                registry.forget(slot, None);
+                registry.release(slot);
+                self.give_back_loss(key, attempt.state_lost.take());
+                Err(e.into())
+            }
+        }
+    }
+
+    /// A new owner's kernel started cold, its start time counted; the pool's refill holds off
+    /// meanwhile.
+    fn spawn_cold(
+        &self,
+        key: &KernelKey,
+        generation: u64,
+    ) -> impl Future<Output = Result<Arc<Kernel>, KernelError>> + '_ {
+        let inner = &self.inner;
+        let started = Instant::now();
+        let spawn = Kernel::spawn(SpawnRequest {
+            engine: inner.engine.clone(),
+            config: &inner.config,
+            base_labels: &inner.labels,
+            owner: Some((key.clone(), generation)),
+            monitor: inner.monitor.clone(),
+            tracker: &inner.tracker,
+            sockets_refused: &inner.sockets_refused,
+            yield_to: None,
+        });
+        async move {
+            let _cold = inner.pool.cold_start();
+            let result = spawn.await;
+            inner
+                .starts
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .observe(result.is_ok(), started.elapsed().as_secs_f64());
+            result
+        }
+    }
+
+    /// Step three of [`Self::acquire`]: the attempt's kernel leased when it is still
+    /// registered and alive; `None` (try again) when it was cleared or reset while it started,
+    /// or died since its last cell.
+    async fn hold(
+        &self,
+        key: &KernelKey,
+        mut attempt: Attempt,
+        kernel: Arc<Kernel>,
+    ) -> Result<Option<Lease>, ExecuteError> {
+        let registry = &self.inner.registry;
+        let slot = &attempt.slot;
+        if registry.is_closed() {
+            // A spawn that finished after shutdown drained the registry: nobody else would
+            // remove this kernel.
+            registry.forget(slot, None);
+            registry.release(slot);
+            self.dispose_kernel(&kernel).await;
+            self.give_back_loss(key, attempt.state_lost.take());
+            return Err(ExecuteError::ShuttingDown);
+        }
+        if !registry.is_registered(slot) {
+            // Cleared or reset while it started: whoever removed the slot found no kernel to
+            // dispose of, so this call does.
+            registry.release(slot);
+            self.dispose_kernel(&kernel).await;
+            self.give_back_loss(key, attempt.state_lost.take());
+            return Ok(None);
+        }
+        if kernel.is_alive() {
+            return Ok(Some(self.lease(key, attempt, kernel)));
+        }
+        self.lost_between_cells(key, attempt, &kernel).await;
+        Ok(None)
+    }
+
+    /// The lease on a live kernel; a new one is counted (a pool take or a cold start), and its
+    /// start recorded in the catalog.
+    fn lease(&self, key: &KernelKey, attempt: Attempt, kernel: Arc<Kernel>) -> Lease {
+        if !attempt.reused {
+            self.count_take(attempt.pooled);
+        }
+        let slot = attempt.slot;
+        // Naming the kernel and refilling the pool wait for this first cell (or a moment):
+        // they would compete with it for the engine.
+        let taken = attempt.pooled.then(|| self.after_take(key, &slot, &kernel));
+        let started = match (&self.inner.catalog, attempt.reused) {
+            (Some(catalog), false) => Some(catalog.record_durable(Change::Started {
+                key_hash: key.hash(),
+                tenant: key.owner.tenant.clone(),
+                owner: key.owner.to_string(),
+                generation: slot.generation,
+            })),
+            _ => None,
+        };
+        Lease {
+            _taken: taken,
+            started,
+            slot,
+            kernel,
+            reused: attempt.reused,
+            state_reset: attempt.state_reset,
+            state_lost: attempt.state_lost,
+        }
+    }
+
+    /// A kernel that died between cells (killed from outside, OOM from a stray thread, engine
+    /// restart): its loss is recorded in the registry, so it comes back to this very call on
+    /// the retry. A pooled kernel that died just as it was taken was never its owner's: no
+    /// loss, and the loss this attach took is reported on the retry.
+    async fn lost_between_cells(&self, key: &KernelKey, attempt: Attempt, kernel: &Kernel) {
+        let reason = match attempt.pooled {
+            true => {
+                self.give_back_loss(key, attempt.state_lost);
+                None
+            }
+            false => kernel_death(kernel.death().unwrap_or(Death::Crashed(-1)), 0).loss(),
+        };
+        self.inner.registry.forget(&attempt.slot, reason);
+        if self.inner.registry.release(&attempt.slot) {
+            self.dispose_kernel(kernel).await;
+        }
+    }
+
+    /// Puts back a loss an attach took for a call that then failed before reporting it.
+    fn give_back_loss(&self, key: &KernelKey, loss: Option<StateLost>) {
+        if let Some(loss) = loss {
+            self.inner.registry.restore_loss(key, loss);
+        }
+    }
+}
+
+/// The error of a call the registry refused.
+fn refusal_error(refusal: &Refusal) -> ExecuteError {
+    match refusal {
+        Refusal::Busy { owner, max } => ExecuteError::SessionBusy {
+            owner: owner.clone(),
+            max: *max,
+        },
+        Refusal::AtCapacity(full) => ExecuteError::AtCapacity {
+            tenant: full.tenant.clone(),
+            cap: full.cap,
+            held: full.held,
+        },
+    }
+}
+
+/// A kernel's death in the contract's terms (`memory_bytes`: its memory limit, for the
+/// message of an OOM).
+pub(super) fn kernel_death(death: Death, memory_bytes: i64) -> KernelDeath {
+    match death {
+        Death::Oom => KernelDeath::Oom { memory_bytes },
+        Death::Killed => KernelDeath::Killed,
+        Death::Crashed(exit_code) => KernelDeath::Crashed { exit_code },
+        Death::EngineRestarted => KernelDeath::EngineRestarted,
+        Death::Protocol(what) => KernelDeath::Protocol { what },
+        Death::Disposed => KernelDeath::ShutDown,
+        Death::Exited => KernelDeath::Exited,
+    }
+}

@@ -1,0 +1,226 @@
+//! The start, in named steps: the configuration validated once, the durable catalog restored
+//! (kernels live at its last use become losses by restart), the engine checked, the file
+//! channels' directory prepared, leftovers of dead instances swept, the watchdog started, then
+//! the event monitor, the reaper and the warm pool's refill.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::{pool, Inner, Orchestrator, StartError, StartStats};
+use crate::catalog::{Catalog, CatalogError, CatalogWriter, Change, Entry, EntryState};
+use crate::cell::{LossReason, StateLost};
+use crate::config::Config;
+use crate::docker::monitor::EventMonitor;
+use crate::docker::Engine;
+use crate::instance::sweep;
+use crate::instance::watchdog::Watchdog;
+use crate::instance::Instance;
+use crate::labels;
+use crate::registry::Registry;
+
+/// What the catalog held at start.
+struct Restored {
+    /// Writes later changes, on its own thread.
+    writer: Arc<CatalogWriter>,
+    /// Every row, those left live by the previous run turned into losses by restart.
+    entries: Vec<Entry>,
+    /// How many rows were live.
+    live: u64,
+}
+
+impl Orchestrator {
+    /// Validates the config, opens the catalog in `config.state_dir` (if set), checks the
+    /// engine, sweeps leftovers of dead instances, and starts the event monitor, the reaper
+    /// and the watchdog.
+    pub async fn start(
+        config: Config,
+        engine: Arc<dyn Engine>,
+    ) -> Result<Orchestrator, StartError> {
+        let config = config.validate()?;
+        let catalog = match config.state_dir.clone() {
+            Some(dir) => {
+                let opened =
+                    tokio::task::spawn_blocking(move || crate::catalog::RedbCatalog::open(&dir))
+                        .await
+                        .map_err(|e| {
+                            StartError::CatalogWriter(std::io::Error::other(e.to_string()))
+                        })??;
+                Some(Arc::new(opened) as Arc<dyn Catalog>)
+            }
+            None => None,
+        };
+        Self::start_validated(config, engine, catalog).await
+    }
+
+    /// [`Orchestrator::start`] with the given catalog (`config.state_dir` is not used):
+    /// kernels live in it at its last use are reported lost by a restart, and generations
+    /// continue from it.
+    pub async fn start_with_catalog(
+        config: Config,
+        engine: Arc<dyn Engine>,
+        catalog: Option<Arc<dyn Catalog>>,
+    ) -> Result<Orchestrator, StartError> {
+        Self::start_validated(config.validate()?, engine, catalog).await
+    }
+
+    /// The start proper, of a configuration already validated.
+    async fn start_validated(
+        mut config: Config,
+        engine: Arc<dyn Engine>,
+        catalog: Option<Arc<dyn Catalog>>,
+    ) -> Result<Orchestrator, StartError> {
+        let restored = match catalog {
+            Some(catalog) => Some(Restored::load(catalog).await?),
+            None => None,
+        };
+        engine.ping().await?;
+        let instance = Instance::current();
+        prepare_file_sockets(&mut config).await;
+        if config.sweep_on_start {
+            sweep_leftovers(engine.as_ref(), &instance).await?;
+        }
+        let watchdog = match &config.watchdog {
+            Some(path) => Some(Watchdog::spawn(path, &instance.id).map_err(|source| {
+                StartError::Watchdog {
+                    path: path.display().to_string(),
+                    source,
+                }
+            })?),
+            None => None,
+        };
+        let inner = Arc::new(Inner {
+            pool: pool::PoolState::new(config.kernel_spec(), config.pool_size),
+            registry: Registry::new(config.max_session_kernels, config.kernel_idle_timeout),
+            labels: instance.labels(&config.extra_labels),
+            config,
+            engine,
+            monitor: EventMonitor::default(),
+            tracker: TaskTracker::new(),
+            cancel: CancellationToken::new(),
+            running: Mutex::new(HashMap::new()),
+            running_count: tokio::sync::watch::Sender::new(0),
+            next_run: std::sync::atomic::AtomicU64::new(0),
+            starts: Mutex::new(StartStats::default()),
+            file_bytes: Arc::default(),
+            sockets_refused: std::sync::atomic::AtomicBool::new(false),
+            watchdog: Mutex::new(watchdog),
+            instance,
+            catalog: restored.as_ref().map(|r| r.writer.clone()),
+        });
+        if let Some(restored) = restored {
+            restored.seed(&inner.registry);
+        }
+        let orchestrator = Orchestrator { inner };
+        orchestrator.start_tasks();
+        Ok(orchestrator)
+    }
+
+    /// Starts the background tasks: the event monitor, the reaper, the pool's refill.
+    fn start_tasks(&self) {
+        let i = &self.inner;
+        i.tracker.spawn(i.monitor.clone().run(
+            i.engine.clone(),
+            vec![
+                labels::managed(),
+                labels::filter(labels::INSTANCE, &i.instance.id),
+            ],
+            i.cancel.child_token(),
+        ));
+        let reaper = self.clone();
+        i.tracker.spawn(async move { reaper.reap_forever().await });
+        self.start_pool();
+    }
+}
+
+impl Restored {
+    /// Reads the catalog ([`restore`], off the runtime) and starts its writer.
+    async fn load(catalog: Arc<dyn Catalog>) -> Result<Restored, StartError> {
+        let blocking = catalog.clone();
+        let (entries, live) = tokio::task::spawn_blocking(move || restore(&*blocking))
+            .await
+            .map_err(|e| StartError::CatalogWriter(std::io::Error::other(e.to_string())))??;
+        let writer = CatalogWriter::start(catalog).map_err(StartError::CatalogWriter)?;
+        Ok(Restored {
+            writer: Arc::new(writer),
+            entries,
+            live,
+        })
+    }
+
+    /// Seeds the registry: generations continue, losses are reported, restarts are counted.
+    fn seed(self, registry: &Registry) {
+        let seeded = registry.use_catalog(self.writer, self.entries);
+        registry.count_losses(LossReason::ServerRestarted, self.live);
+        if seeded > 0 {
+            tracing::info!(
+                keys = seeded,
+                lost_by_restart = self.live,
+                "restored the owner catalog"
+            );
+        }
+    }
+}
+
+/// Prepares the file channels' directory (`Config::file_sockets`); when it is unusable, files
+/// still move, through the engine's exec streams (slower), and the setting is dropped.
+async fn prepare_file_sockets(config: &mut Config) {
+    let Some(dir) = config.file_sockets.clone() else {
+        return;
+    };
+    let prepared =
+        tokio::task::spawn_blocking(move || crate::kernel::prepare_socket_dir(&dir)).await;
+    let why = match prepared {
+        Ok(Ok(())) => return,
+        Ok(Err(e)) => e.to_string(),
+        Err(e) => e.to_string(),
+    };
+    tracing::warn!(
+        dir = %config.file_sockets.as_ref().map(|d| d.display().to_string()).unwrap_or_default(),
+        "file channel directory unusable ({why}): files go through the engine's exec streams"
+    );
+    config.file_sockets = None;
+}
+
+/// Removes what dead instances left behind (`Config::sweep_on_start`).
+async fn sweep_leftovers(engine: &dyn Engine, instance: &Instance) -> Result<(), StartError> {
+    let report = sweep::sweep_orphans(engine, instance, false).await?;
+    if !report.containers.is_empty() || !report.volumes.is_empty() {
+        tracing::info!(
+            containers = report.containers.len(),
+            volumes = report.volumes.len(),
+            "swept leftovers of dead instances"
+        );
+    }
+    Ok(())
+}
+
+/// A loss by restart, now.
+pub(super) fn restart_loss() -> StateLost {
+    StateLost {
+        reason: LossReason::ServerRestarted,
+        at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+    }
+}
+
+/// Reads the catalog at start. Rows still `live` belong to a previous run that died without
+/// a clean shutdown: their kernels are gone (its watchdog or this start's sweep removed them),
+/// so they become losses by restart, durably, before anything else is recorded. Returns the
+/// rows and how many were live. Blocking.
+fn restore(catalog: &dyn Catalog) -> Result<(Vec<Entry>, u64), CatalogError> {
+    let mut entries = catalog.load()?;
+    let loss = restart_loss();
+    let mut live = 0;
+    for entry in &mut entries {
+        if entry.state == EntryState::Live {
+            entry.state = EntryState::Lost { loss: loss.clone() };
+            live += 1;
+        }
+    }
+    if live > 0 {
+        catalog.apply(&[Change::AllLiveLost { loss }])?;
+    }
+    Ok((entries, live))
+}
