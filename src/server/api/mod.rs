@@ -328,8 +328,7 @@ async fn execute(
         let result = run_cell(&state, &tenant, session, body).await?;
         return Ok(Json(result).into_response());
     }
-    let request =
-        parse_execute(&state, &tenant, session, body).map_err(|e| invalid(&state, e))?;
+    let request = parse_execute(&state, &tenant, session, body).map_err(|e| invalid(&state, e))?;
     if state.is_draining() {
         return Err(ApiError::shutting_down());
     }
