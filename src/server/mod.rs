@@ -22,6 +22,7 @@ mod error;
 mod listen;
 mod metrics;
 pub mod openapi;
+mod slots;
 pub mod tenants;
 mod tools;
 
@@ -31,7 +32,6 @@ use std::time::Duration;
 
 use axum::Router;
 use hyper_util::server::graceful::GracefulShutdown;
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -206,7 +206,7 @@ pub async fn serve_with(
     }
     let api = api::router(state.clone(), metrics.is_none());
     let metrics_app = api::metrics_router(state.clone());
-    let permits = Arc::new(Semaphore::new(limits.max_connections));
+    let slots = slots::Slots::new(limits.caps());
     let graceful = GracefulShutdown::new();
     let tracker = TaskTracker::new();
     let stop = CancellationToken::new();
@@ -216,8 +216,8 @@ pub async fn serve_with(
             accepted = listener.accept() => (accepted, &api),
             accepted = accept(metrics.as_ref()) => (accepted, &metrics_app),
         };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
             Err(e) => {
                 if !is_connection_error(&e) {
                     // Out of descriptors or similar: back off briefly instead of spinning.
@@ -230,10 +230,21 @@ pub async fn serve_with(
                 continue;
             }
         };
-        let Ok(permit) = permits.clone().try_acquire_owned() else {
-            state.inner.metrics.rejected("connections");
-            listen::refuse(stream);
-            continue;
+        let slot = match slots.admit(peer.ip()) {
+            Ok((slot, evicted)) => {
+                if evicted {
+                    state.inner.metrics.rejected("connection_evicted");
+                }
+                slot
+            }
+            Err(refusal) => {
+                state.inner.metrics.rejected(match refusal {
+                    slots::Refusal::Full => "connections",
+                    slots::Refusal::PerAddress => "connections_per_address",
+                });
+                listen::refuse(stream);
+                continue;
+            }
         };
         tracker.spawn(listen::drive(listen::Conn {
             stream,
@@ -241,7 +252,7 @@ pub async fn serve_with(
             limits,
             watcher: graceful.watcher(),
             stop: stop.clone(),
-            permit,
+            slot,
         }));
     }
     state.inner.draining.store(true, Ordering::Release);

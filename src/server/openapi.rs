@@ -151,7 +151,7 @@ pub fn spec() -> Value {
         "info": {
             "title": "kernelbox",
             "version": env!("CARGO_PKG_VERSION"),
-            "description": "Stateful Python kernels in hardened Docker containers, one per conversation. Every call is namespaced by the caller's tenant. Every request body is a JSON object. A connection beyond the server's connection limit is answered 503 `too_many_connections` and closed; one whose request head or body does not arrive in time, or that idles past the keep-alive timeout, is closed. `/metrics` may be served on a separate address (`--metrics-listen`)."
+            "description": "Stateful Python kernels in hardened Docker containers, one per conversation. Every call is namespaced by the caller's tenant. Every request body is a JSON object. A connection the server has no slot for (its connection limits, with a smaller share for connections no request with a token has come on yet) is answered 503 `too_many_connections` and closed; one whose request head or body does not arrive in time, or that idles past the keep-alive timeout, is closed, and so may be one that has not authenticated and is doing nothing when a new connection needs its slot. `/metrics` may be served on a separate address (`--metrics-listen`)."
         },
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},

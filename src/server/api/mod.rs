@@ -137,7 +137,14 @@ impl FromRequestParts<AppState> for Caller {
             })
             .filter(|t| !t.is_empty());
         match token.and_then(|t| state.inner.tenants.authenticate(t)) {
-            Some(tenant) => Ok(Caller(tenant)),
+            Some(tenant) => {
+                // The connection leaves the unauthenticated pool (docs/http-api.md, "Slow
+                // and idle clients cannot hold the server").
+                if let Some(slot) = parts.extensions.get::<super::slots::Promote>() {
+                    slot.authenticated();
+                }
+                Ok(Caller(tenant))
+            }
             None => {
                 state.inner.metrics.rejected("unauthorized");
                 Err(ApiError::unauthorized())
