@@ -112,7 +112,7 @@ fn error_response(description: &str) -> Value {
 fn session_param() -> Value {
     json!({
         "name": "session", "in": "path", "required": true,
-        "description": "Conversation id: 1-128 of A-Z a-z 0-9 . _ - @ : (no \"::\").",
+        "description": "Conversation id: 1-128 of A-Z a-z 0-9 . _ - @ : (no \"::\"; not \".\" or \"..\").",
         "schema": {"type": "string", "pattern": "^[A-Za-z0-9._@:-]{1,128}$"}
     })
 }
