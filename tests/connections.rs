@@ -55,6 +55,7 @@ impl Server {
                 drain: Duration::from_secs(10),
                 limits,
                 metrics: None,
+                public_metrics: false,
             },
         ));
         Server {
@@ -260,7 +261,11 @@ async fn past_max_connections_a_client_gets_503_and_is_closed_until_a_slot_frees
         assert!(Instant::now() < deadline, "no slot freed by the deadline");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let metrics = raw::get(srv.addr, "/metrics").await;
+    let metrics = raw::roundtrip(
+        srv.addr,
+        &raw::request("GET", "/metrics", Some(TOKEN), b"", true),
+    )
+    .await;
     assert_eq!(metrics.status, 200);
     let rejected = metrics
         .text()
@@ -641,7 +646,11 @@ async fn an_idle_unauthenticated_connection_gives_its_slot_to_a_new_one_an_authe
     for conn in &mut tenant {
         assert_eq!(ask(conn, "/v1/kernels", Some(TOKEN)).await.status, 200);
     }
-    let metrics = raw::get(srv.addr, "/metrics").await;
+    let metrics = raw::roundtrip(
+        srv.addr,
+        &raw::request("GET", "/metrics", Some(TOKEN), b"", true),
+    )
+    .await;
     let evicted = metrics
         .text()
         .lines()

@@ -86,10 +86,15 @@ pub(crate) struct ServeArgs {
         default_value_t = 64
     )]
     max_unauthenticated_per_address: u32,
-    /// Serve `/metrics` only on this address (HOST:PORT); the API listener then answers 404
-    /// there. Without it, `/metrics` is on the API listener.
+    /// Serve `/metrics` only on this address (HOST:PORT), to anyone: make it a private one.
+    /// The API listener then answers 404 there. Without it, `/metrics` is on the API
+    /// listener, for callers with a tenant's token (see --public-metrics).
     #[arg(long, env = "KERNELBOX_METRICS_LISTEN")]
     metrics_listen: Option<String>,
+    /// Serve `/metrics` on the API listener to anyone, without a token. It shows every
+    /// tenant's activity: prefer --metrics-listen on a private address.
+    #[arg(long, env = "KERNELBOX_PUBLIC_METRICS")]
+    public_metrics: bool,
     /// Kernels kept started and ready for new owners (the warm pool): a new session's first
     /// cell then skips the cold start. They count toward --max-kernels (not toward any
     /// tenant's cap). Default 4 (or --max-kernels if lower); 0 turns the pool off.
@@ -251,6 +256,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         drain: args.drain_timeout,
         limits: args.limits(),
         metrics,
+        public_metrics: args.public_metrics,
     };
     let served = server::serve_with(listener, state, shutdown, options).await;
     signals.abort();
@@ -333,6 +339,10 @@ mod tests {
         }
         let cli = <Cli as clap::Parser>::try_parse_from(["serve"]).expect("no flags");
         assert_eq!(cli.serve.limits(), kernelbox::server::Limits::default());
+        assert_eq!(
+            cli.serve.public_metrics,
+            kernelbox::server::ServeOptions::default().public_metrics
+        );
         let cli = <Cli as clap::Parser>::try_parse_from([
             "serve",
             "--max-connections",
@@ -341,8 +351,10 @@ mod tests {
             "0",
             "--first-header-timeout",
             "2s",
+            "--public-metrics",
         ])
         .expect("flags");
+        assert!(cli.serve.public_metrics);
         let limits = cli.serve.limits();
         assert_eq!(limits.unauthenticated(), 16);
         assert_eq!(limits.max_unauthenticated_per_address, 0);

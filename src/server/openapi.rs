@@ -273,11 +273,12 @@ pub fn spec() -> Value {
             },
             "/metrics": {
                 "get": {
-                    "summary": "Prometheus metrics (text exposition format). No authentication.",
-                    "description": "When the server runs with `--metrics-listen ADDR`, this path is served only on that separate address and answers 404 on the API's.",
-                    "security": [],
+                    "summary": "Prometheus metrics (text exposition format), every tenant's activity. Any tenant's token, unless the server runs with `--public-metrics`.",
+                    "description": "When the server runs with `--metrics-listen ADDR`, this path is served, to anyone, only on that separate address and answers 404 on the API's.",
+                    "security": [{"bearer": []}, {}],
                     "responses": {
                         "200": {"description": "Metrics.", "content": {"text/plain": {"schema": {"type": "string"}}}},
+                        "401": error_response("Missing or unknown bearer token (unless `--public-metrics`)."),
                         "404": error_response("Metrics are served on a separate listen address (`--metrics-listen`).")
                     }
                 }
