@@ -12,7 +12,9 @@ pub const MAX_NAME_LEN: usize = 128;
 
 /// A session, child or tenant name that could break labels, keys or paths.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
-#[error("invalid {what} name {name:?}: use 1-{MAX_NAME_LEN} of A-Z a-z 0-9 . _ - @ : (no \"::\")")]
+#[error(
+    "invalid {what} name {name:?}: use 1-{MAX_NAME_LEN} of A-Z a-z 0-9 . _ - @ : (no \"::\"; not \".\" or \"..\")"
+)]
 pub struct NameError {
     /// Which name was refused: `session`, `child` or `tenant`.
     pub what: &'static str,
@@ -20,10 +22,14 @@ pub struct NameError {
     pub name: String,
 }
 
-/// Checks a name used in owners and labels.
+/// Checks a name used in owners and labels. `.` and `..` are refused: in a URL path they
+/// are the segments a client or proxy may resolve away, so `/v1/sessions/../execute` would
+/// not be the session it names (docs/http-api.md, "Endpoints").
 pub fn validate_name(what: &'static str, name: &str) -> Result<(), NameError> {
     let ok = !name.is_empty()
         && name.len() <= MAX_NAME_LEN
+        && name != "."
+        && name != ".."
         && !name.contains("::")
         && name
             .bytes()
@@ -131,10 +137,32 @@ mod tests {
 
     #[test]
     fn names_that_break_labels_or_paths_are_refused() {
-        for bad in ["", "a/b", "a b", "x::child::y", "..\u{0}", &"x".repeat(200)] {
-            assert!(validate_name("session", bad).is_err(), "{bad:?}");
+        for bad in [
+            "",
+            ".",
+            "..",
+            "a/b",
+            "a b",
+            "x::child::y",
+            "..\u{0}",
+            &"x".repeat(200),
+        ] {
+            let err = validate_name("session", bad).expect_err(bad);
+            assert_eq!(err.what, "session");
+            assert!(
+                err.to_string().starts_with("invalid session name "),
+                "{err}"
+            );
         }
-        for good in ["conv-a", "user@example.com", "t:1", "a.b_c"] {
+        for good in [
+            "conv-a",
+            "user@example.com",
+            "t:1",
+            "a.b_c",
+            "...",
+            ".a",
+            "a..b",
+        ] {
             assert!(validate_name("session", good).is_ok(), "{good:?}");
         }
     }

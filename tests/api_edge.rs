@@ -1,6 +1,6 @@
 //! Edges of the request format over real HTTP against the real engine: every JSON body must
-//! be an object, and every bad `timeout` gets the same 400 `invalid_timeout`, before any
-//! container exists.
+//! be an object, every bad `timeout` gets the same 400 `invalid_timeout`, and `.` and `..`
+//! (percent-encoded or not) are no session or child names, before any container exists.
 //!
 //! Each test labels what it creates with a unique `io.kernelbox-test.case` and ends by
 //! asserting through the Docker API that nothing with that label is left.
@@ -152,4 +152,64 @@ async fn max_timeout_bounds_the_timeout_a_request_may_ask_for() {
         stderr.contains("timeout 2.0 is not a number of seconds in (0, 1]"),
         "{stderr}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn dot_and_dot_dot_are_no_names_on_any_route_encoded_or_not() {
+    let label = common::unique("edge-dots");
+    let engine = common::engine().await;
+    let orchestrator = Orchestrator::start(common::config(&label), engine.clone())
+        .await
+        .expect("orchestrator starts");
+    let tenants = Tenants::new(vec![Tenant::with_token("acme", TOKEN)]).expect("valid tenants");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(server::serve(
+        listener,
+        AppState::new(orchestrator, tenants),
+        shutdown.clone(),
+        Duration::from_secs(10),
+    ));
+
+    let cell = b"{\"code\": \"print(1)\"}".as_slice();
+    for dots in ["..", ".", "%2E%2E", "%2e%2e", ".%2E", "%2E"] {
+        // Sent as is: nothing on the way resolves the dot segments.
+        for (method, path, body) in [
+            ("POST", format!("/v1/sessions/{dots}/execute"), cell),
+            ("POST", format!("/v1/sessions/{dots}/interrupt"), b"{}"),
+            ("DELETE", format!("/v1/sessions/{dots}"), b""),
+            ("DELETE", format!("/v1/sessions/s/children/{dots}"), b""),
+            ("GET", format!("/v1/sessions/{dots}/files/a.txt"), b""),
+            ("GET", format!("/v1/sessions/{dots}/files"), b""),
+        ] {
+            let request = raw::request(method, &path, Some(TOKEN), body, true);
+            let reply = raw::roundtrip(addr, &request).await;
+            let (code, message) = reply.error(400);
+            assert_eq!(code, "invalid_name", "{method} {path}: {message}");
+            assert!(
+                message.starts_with("invalid "),
+                "{method} {path}: {message}"
+            );
+        }
+    }
+    for child in ["..", "."] {
+        let body = format!("{{\"code\": \"print(1)\", \"child\": \"{child}\"}}");
+        let reply = raw::post(addr, "/v1/sessions/s/execute", TOKEN, body.as_bytes()).await;
+        assert_eq!(reply.error(400).0, "invalid_name", "child {child}");
+    }
+    assert!(
+        common::containers(&engine, &label).await.is_empty(),
+        "a refused request created a container"
+    );
+
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(60), task)
+        .await
+        .expect("the server stops")
+        .expect("server task")
+        .expect("server ran cleanly");
+    common::assert_clean(&engine, &label).await;
 }

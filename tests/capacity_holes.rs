@@ -165,7 +165,7 @@ async fn calls_queued_on_one_kernel_are_bounded() {
     assert!(message.contains("8 calls running or queued"), "{message}");
     // Another session is not affected.
     api.run(TOKEN, "other", "y = 2").await;
-    let metrics = api.metrics().await;
+    let metrics = api.metrics(TOKEN).await;
     assert!(
         metrics.contains("kernelbox_requests_rejected_total{reason=\"session_busy\"} 1"),
         "{metrics}"

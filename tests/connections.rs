@@ -55,6 +55,7 @@ impl Server {
                 drain: Duration::from_secs(10),
                 limits,
                 metrics: None,
+                public_metrics: false,
             },
         ));
         Server {
@@ -236,8 +237,9 @@ async fn an_idle_keepalive_connection_outlives_the_header_timeout() {
 #[tokio::test(flavor = "multi_thread")]
 async fn past_max_connections_a_client_gets_503_and_is_closed_until_a_slot_frees() {
     let srv = Server::start("limit", limits(300, 300, 300, 2)).await;
-    // Two clients that send nothing hold both slots (accepted in order, before the third).
-    let holders = [raw::connect(srv.addr).await, raw::connect(srv.addr).await];
+    // Two authenticated kept-alive connections hold both slots (an unauthenticated one
+    // doing nothing would give its slot to the third).
+    let holders = [hold(srv.addr).await, hold(srv.addr).await];
     let reply = raw::get(srv.addr, "/healthz").await;
     let (code, message) = reply.error(503);
     assert_eq!(code, "too_many_connections", "{message}");
@@ -259,7 +261,11 @@ async fn past_max_connections_a_client_gets_503_and_is_closed_until_a_slot_frees
         assert!(Instant::now() < deadline, "no slot freed by the deadline");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let metrics = raw::get(srv.addr, "/metrics").await;
+    let metrics = raw::roundtrip(
+        srv.addr,
+        &raw::request("GET", "/metrics", Some(TOKEN), b"", true),
+    )
+    .await;
     assert_eq!(metrics.status, 200);
     let rejected = metrics
         .text()
@@ -341,13 +347,14 @@ async fn address_after(
     }
 }
 
-/// A kept-alive connection that has been served (so it holds a connection slot), retrying
-/// while the slot of a connection that just closed is still being released.
+/// A kept-alive connection that has been served an authenticated request (so it holds a
+/// connection slot no newer connection can take), retrying while the slot of a connection
+/// that just closed is still being released.
 async fn hold(addr: SocketAddr) -> tokio::net::TcpStream {
     let deadline = Instant::now() + raw::DEADLINE;
     loop {
         let mut conn = raw::connect(addr).await;
-        conn.write_all(&raw::request("GET", "/healthz", None, b"", false))
+        conn.write_all(&raw::request("GET", "/v1/kernels", Some(TOKEN), b"", false))
             .await
             .expect("send");
         let reply = raw::read_response(&mut conn).await;
@@ -471,5 +478,188 @@ async fn a_refused_request_with_a_body_is_answered_with_connection_close() {
         "{}",
         reply.head
     );
+    srv.finish().await;
+}
+
+/// A connection to `addr` from the loopback address `source` (127.0.0.x: every one of them
+/// is this host's).
+async fn connect_from(source: [u8; 4], addr: SocketAddr) -> tokio::net::TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind(SocketAddr::from((source, 0)))
+        .expect("bind a loopback source address");
+    tokio::time::timeout(raw::DEADLINE, socket.connect(addr))
+        .await
+        .expect("connect within the deadline")
+        .expect("connect")
+}
+
+/// Sends one request on `conn` and reads its response.
+async fn ask(conn: &mut tokio::net::TcpStream, path: &str, token: Option<&str>) -> raw::Reply {
+    conn.write_all(&raw::request("GET", path, token, b"", false))
+        .await
+        .expect("send");
+    raw::read_response(conn).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_connections_first_head_has_the_short_deadline_and_later_heads_the_long_one() {
+    let srv = Server::start(
+        "first-head",
+        Limits {
+            first_header_timeout: Duration::from_secs(1),
+            ..limits(300, 300, 300, 16)
+        },
+    )
+    .await;
+    // Half a first head: closed after the first-head deadline, not the header timeout.
+    let started = Instant::now();
+    let mut slow = raw::connect(srv.addr).await;
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: k")
+        .await
+        .expect("send");
+    let seen = raw::until_closed(&mut slow)
+        .await
+        .expect("a half-sent first head is cut off");
+    assert!(seen.is_empty(), "{:?}", String::from_utf8_lossy(&seen));
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+
+    // A later head on a served connection has the header timeout: half of one, then a
+    // pause longer than the first-head deadline, then the rest, is answered.
+    let mut kept = raw::connect(srv.addr).await;
+    assert_eq!(ask(&mut kept, "/healthz", None).await.status, 200);
+    kept.write_all(b"GET /healthz HTTP/1.1\r\nHost: k")
+        .await
+        .expect("send");
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    kept.write_all(b"ernelbox\r\n\r\n").await.expect("send");
+    assert_eq!(raw::read_response(&mut kept).await.status, 200);
+    srv.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_address_holds_at_most_its_share_of_unauthenticated_connections() {
+    let srv = Server::start(
+        "per-address",
+        Limits {
+            max_unauthenticated_per_address: 2,
+            ..limits(300, 300, 300, 16)
+        },
+    )
+    .await;
+    let flood = [127, 0, 0, 2];
+    let silent = [
+        connect_from(flood, srv.addr).await,
+        connect_from(flood, srv.addr).await,
+    ];
+    // The third from that address is refused; another address is served.
+    let mut third = connect_from(flood, srv.addr).await;
+    let seen = raw::until_closed(&mut third).await.expect("closed");
+    let reply = raw::parse(&seen).expect("a whole response");
+    assert_eq!(reply.error(503).0, "too_many_connections");
+    let mut other = connect_from([127, 0, 0, 3], srv.addr).await;
+    assert_eq!(ask(&mut other, "/healthz", None).await.status, 200);
+
+    // An authenticated connection no longer counts against its address's share.
+    drop(silent);
+    let deadline = Instant::now() + raw::DEADLINE;
+    let mut authenticated = loop {
+        let mut conn = connect_from(flood, srv.addr).await;
+        conn.write_all(&raw::request("GET", "/v1/kernels", Some(TOKEN), b"", false))
+            .await
+            .expect("send");
+        let seen = tokio::time::timeout(raw::DEADLINE, async {
+            let mut buf = vec![0u8; 4096];
+            let mut seen = Vec::new();
+            loop {
+                if raw::parse(&seen).is_some() {
+                    return seen;
+                }
+                match conn.read(&mut buf).await {
+                    Ok(0) | Err(_) => return seen,
+                    Ok(n) => seen.extend_from_slice(&buf[..n]),
+                }
+            }
+        })
+        .await
+        .expect("an answer");
+        match raw::parse(&seen) {
+            Some(reply) if reply.status == 200 => break conn,
+            _ => {
+                // The silent ones' slots are still being released.
+                assert!(Instant::now() < deadline, "no room by the deadline");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    let mut more = [
+        connect_from(flood, srv.addr).await,
+        connect_from(flood, srv.addr).await,
+    ];
+    for conn in &mut more {
+        assert_eq!(ask(conn, "/healthz", None).await.status, 200);
+    }
+    assert_eq!(
+        ask(&mut authenticated, "/v1/kernels", Some(TOKEN))
+            .await
+            .status,
+        200
+    );
+    let mut third = connect_from(flood, srv.addr).await;
+    let seen = raw::until_closed(&mut third).await.expect("closed");
+    assert_eq!(
+        raw::parse(&seen).expect("a response").error(503).0,
+        "too_many_connections"
+    );
+    srv.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_idle_unauthenticated_connection_gives_its_slot_to_a_new_one_an_authenticated_never() {
+    // Four slots, of which two for unauthenticated connections.
+    let srv = Server::start(
+        "give-way",
+        Limits {
+            max_unauthenticated: Some(2),
+            ..limits(300, 300, 300, 4)
+        },
+    )
+    .await;
+    let mut tenant = [hold(srv.addr).await, hold(srv.addr).await];
+    let mut silent = [
+        connect_from([127, 0, 0, 2], srv.addr).await,
+        connect_from([127, 0, 0, 2], srv.addr).await,
+    ];
+    // Every slot is taken; a newcomer is served, and the oldest silent connection is the
+    // one closed for it, without a response.
+    let mut newcomer = connect_from([127, 0, 0, 3], srv.addr).await;
+    assert_eq!(ask(&mut newcomer, "/healthz", None).await.status, 200);
+    let seen = raw::until_closed(&mut silent[0])
+        .await
+        .expect("the oldest silent connection is closed");
+    assert!(seen.is_empty(), "{:?}", String::from_utf8_lossy(&seen));
+    // The authenticated connections are still served.
+    for conn in &mut tenant {
+        assert_eq!(ask(conn, "/v1/kernels", Some(TOKEN)).await.status, 200);
+    }
+    let metrics = raw::roundtrip(
+        srv.addr,
+        &raw::request("GET", "/metrics", Some(TOKEN), b"", true),
+    )
+    .await;
+    let evicted = metrics
+        .text()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("kernelbox_requests_rejected_total{reason=\"connection_evicted\"} ")
+                .map(|n| n.parse::<u64>().expect("a count"))
+        })
+        .expect("the eviction series");
+    assert!(evicted >= 1, "{evicted}");
+    drop(silent);
     srv.finish().await;
 }

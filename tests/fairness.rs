@@ -126,7 +126,7 @@ async fn a_tenant_at_its_fair_share_keeps_its_kernels_against_another_tenants_de
         assert_eq!(result["status"], "interrupted", "{result}");
         assert_eq!(result["error"], common::INTERRUPTED, "{result}");
     }
-    let text = api.metrics().await;
+    let text = api.metrics("tok-b").await;
     assert!(
         text.contains("kernelbox_host_cap_evictions_total{victim=\"other_tenant\"} 2"),
         "{text}"

@@ -300,7 +300,7 @@ async fn kill_9_of_a_server_with_a_pool_leaves_no_pooled_kernel_behind() {
     let api = http::Api::new(addr);
     let token = Some("pool-token");
     let metrics =
-        || async { String::from_utf8_lossy(&api.get("/metrics", None).await.body).into_owned() };
+        || async { String::from_utf8_lossy(&api.get("/metrics", token).await.body).into_owned() };
 
     // The pool fills: three pooled kernels, as the server's metrics say.
     let filled = tokio::time::timeout(READY, async {

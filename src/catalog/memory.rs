@@ -16,22 +16,40 @@ pub struct MemoryCatalog {
 struct MemoryRows {
     rows: HashMap<String, Row>,
     order: BTreeMap<u64, String>,
+    /// Each tenant's rows: change sequence -> key hash.
+    by_tenant: HashMap<String, BTreeMap<u64, String>>,
+}
+
+impl MemoryRows {
+    fn unindex(&mut self, row: &Row) {
+        self.order.remove(&row.seq);
+        if let Some(own) = self.by_tenant.get_mut(&row.entry.tenant) {
+            own.remove(&row.seq);
+            if own.is_empty() {
+                self.by_tenant.remove(&row.entry.tenant);
+            }
+        }
+    }
 }
 
 impl Rows for MemoryRows {
     fn get(&mut self, key_hash: &str) -> Result<Option<Row>, CatalogError> {
         Ok(self.rows.get(key_hash).cloned())
     }
-    fn put(&mut self, old_seq: Option<u64>, row: &Row) -> Result<(), CatalogError> {
-        if let Some(old) = old_seq {
-            self.order.remove(&old);
+    fn put(&mut self, old: Option<&Row>, row: &Row) -> Result<(), CatalogError> {
+        if let Some(old) = old {
+            self.unindex(old);
         }
         self.order.insert(row.seq, row.entry.key_hash.clone());
+        self.by_tenant
+            .entry(row.entry.tenant.clone())
+            .or_default()
+            .insert(row.seq, row.entry.key_hash.clone());
         self.rows.insert(row.entry.key_hash.clone(), row.clone());
         Ok(())
     }
     fn remove(&mut self, row: &Row) -> Result<(), CatalogError> {
-        self.order.remove(&row.seq);
+        self.unindex(row);
         self.rows.remove(&row.entry.key_hash);
         Ok(())
     }
@@ -47,6 +65,26 @@ impl Rows for MemoryRows {
             .values()
             .take(limit.unwrap_or(usize::MAX))
             .filter_map(|h| self.rows.get(h).cloned())
+            .collect())
+    }
+    fn oldest_of(&mut self, tenant: &str, limit: Option<usize>) -> Result<Vec<Row>, CatalogError> {
+        Ok(self
+            .by_tenant
+            .get(tenant)
+            .into_iter()
+            .flat_map(|own| own.values())
+            .take(limit.unwrap_or(usize::MAX))
+            .filter_map(|h| self.rows.get(h).cloned())
+            .collect())
+    }
+    fn tenant_len(&mut self, tenant: &str) -> Result<usize, CatalogError> {
+        Ok(self.by_tenant.get(tenant).map_or(0, BTreeMap::len))
+    }
+    fn tenant_counts(&mut self) -> Result<Vec<(String, usize)>, CatalogError> {
+        Ok(self
+            .by_tenant
+            .iter()
+            .map(|(tenant, own)| (tenant.clone(), own.len()))
             .collect())
     }
 }

@@ -15,8 +15,12 @@
 //! Rules: a key's row says `live` from its kernel's start, `lost` (with the loss) when the
 //! kernel went without its owner asking, `ended` when it went on purpose. A start overwrites a
 //! loss (the start is the call that reported it). An end never overwrites a loss (the loss is
-//! still owed). Generations only grow. At most [`MAX_ENTRIES`] rows are kept: past that the
-//! least recently changed rows that are not live go first.
+//! still owed). Generations only grow. Rows are bounded per tenant and in all: a tenant keeps at
+//! most [`MAX_ENTRIES_PER_TENANT`] rows, past which its own least recently changed rows that
+//! are not live go first; and at most [`MAX_ENTRIES`] rows are kept in all, past which the
+//! tenant holding the most rows gives up its least recently changed ones first. So a tenant
+//! churning through session names pushes out only its own rows, never a loss owed to another
+//! tenant (docs/http-api.md, "State across a server restart").
 //!
 //! | file | what |
 //! |---|---|
@@ -42,6 +46,9 @@ use crate::cell::StateLost;
 
 /// Rows kept at most (the registry remembers as many keys).
 pub const MAX_ENTRIES: usize = 65_536;
+
+/// Rows kept at most for one tenant (the registry remembers as many keys per tenant).
+pub const MAX_ENTRIES_PER_TENANT: usize = 16_384;
 
 /// The catalog file inside the state directory.
 pub const FILE_NAME: &str = "catalog.redb";
@@ -185,13 +192,19 @@ struct Row {
 /// The storage operations the shared rules need, inside one transaction.
 trait Rows {
     fn get(&mut self, key_hash: &str) -> Result<Option<Row>, CatalogError>;
-    /// Inserts or replaces a row (its `seq` changed: the old ordering slot goes).
-    fn put(&mut self, old_seq: Option<u64>, row: &Row) -> Result<(), CatalogError>;
+    /// Inserts or replaces a row (its `seq` changed: the old row's ordering slots go).
+    fn put(&mut self, old: Option<&Row>, row: &Row) -> Result<(), CatalogError>;
     fn remove(&mut self, row: &Row) -> Result<(), CatalogError>;
     fn len(&mut self) -> Result<usize, CatalogError>;
     fn next_seq(&mut self) -> Result<u64, CatalogError>;
     /// Rows in change order, oldest first; the first `limit` only when given.
     fn oldest(&mut self, limit: Option<usize>) -> Result<Vec<Row>, CatalogError>;
+    /// One tenant's rows in change order, oldest first; the first `limit` only when given.
+    fn oldest_of(&mut self, tenant: &str, limit: Option<usize>) -> Result<Vec<Row>, CatalogError>;
+    /// How many rows one tenant has.
+    fn tenant_len(&mut self, tenant: &str) -> Result<usize, CatalogError>;
+    /// Every tenant with rows, and how many.
+    fn tenant_counts(&mut self) -> Result<Vec<(String, usize)>, CatalogError>;
 }
 
 /// The rules of the module documentation, over any storage.
@@ -201,7 +214,7 @@ fn apply_changes(rows: &mut dyn Rows, changes: &[Change]) -> Result<(), CatalogE
         let mut write = |rows: &mut dyn Rows, old: Option<Row>, entry: Entry| {
             let row = Row { seq, entry };
             seq += 1;
-            rows.put(old.map(|o| o.seq), &row)
+            rows.put(old.as_ref(), &row)
         };
         match change {
             Change::Started {
@@ -262,26 +275,67 @@ fn apply_changes(rows: &mut dyn Rows, changes: &[Change]) -> Result<(), CatalogE
             }
         }
     }
-    let excess = rows.len()?.saturating_sub(MAX_ENTRIES);
-    if excess == 0 {
-        return Ok(());
+    // Each tenant that gained rows keeps at most its own bound: its own oldest go.
+    let touched: std::collections::BTreeSet<&str> = changes
+        .iter()
+        .filter_map(|change| match change {
+            Change::Started { tenant, .. } | Change::Lost { tenant, .. } => Some(tenant.as_str()),
+            Change::Ended { .. } | Change::AllLiveLost { .. } => None,
+        })
+        .collect();
+    for tenant in touched {
+        let excess = rows
+            .tenant_len(tenant)?
+            .saturating_sub(MAX_ENTRIES_PER_TENANT);
+        if excess > 0 {
+            remove_oldest(rows, tenant, excess)?;
+        }
     }
+    // In all: the tenant holding the most rows gives up its oldest first, so a tenant holding
+    // fewer than another never loses a row to the bound.
+    loop {
+        let excess = rows.len()?.saturating_sub(MAX_ENTRIES);
+        if excess == 0 {
+            return Ok(());
+        }
+        let mut counts = rows.tenant_counts()?;
+        counts.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        let mut removed = 0;
+        for (i, (tenant, held)) in counts.iter().enumerate() {
+            // Down to one fewer than the next largest tenant at most, then look again.
+            let next = counts.get(i + 1).map_or(0, |c| c.1);
+            let want = excess.min(held.saturating_sub(next) + 1);
+            removed = remove_oldest(rows, tenant, want)?;
+            if removed > 0 {
+                break;
+            }
+        }
+        if removed == 0 {
+            // Nothing but live rows: they stay.
+            return Ok(());
+        }
+    }
+}
+
+/// Removes up to `n` of `tenant`'s least recently changed rows that are not live; returns how
+/// many went.
+fn remove_oldest(rows: &mut dyn Rows, tenant: &str, n: usize) -> Result<usize, CatalogError> {
     // Read only as far as needed: live rows are skipped, so widen the scan until enough
     // others are found (or there are no more rows).
-    let mut scan = excess + 16;
+    let mut scan = n + 16;
     loop {
-        let candidates = rows.oldest(Some(scan))?;
+        let candidates = rows.oldest_of(tenant, Some(scan))?;
         let exhausted = candidates.len() < scan;
         let doomed: Vec<Row> = candidates
             .into_iter()
             .filter(|r| r.entry.state != EntryState::Live)
-            .take(excess)
+            .take(n)
             .collect();
-        if doomed.len() == excess || exhausted {
+        if doomed.len() == n || exhausted {
             for row in &doomed {
                 rows.remove(row)?;
             }
-            return Ok(());
+            return Ok(doomed.len());
         }
         scan = scan.saturating_mul(2);
     }

@@ -10,6 +10,10 @@ use super::{apply_changes, Catalog, CatalogError, Change, Entry, Row, Rows, FILE
 const ENTRIES: TableDefinition<&str, &[u8]> = TableDefinition::new("entries");
 /// Change sequence -> key hash, for least-recently-changed order.
 const ORDER: TableDefinition<u64, &str> = TableDefinition::new("order");
+/// (tenant, change sequence) -> key hash, for each tenant's least-recently-changed order.
+pub(super) const BY_TENANT: TableDefinition<(&str, u64), &str> = TableDefinition::new("by_tenant");
+/// Tenant -> how many rows it has.
+pub(super) const TENANT_ROWS: TableDefinition<&str, u64> = TableDefinition::new("tenant_rows");
 
 /// The first bytes of every redb file.
 pub(super) const REDB_MAGIC: [u8; 9] = [b'r', b'e', b'd', b'b', 0x1A, 0x0A, 0xA9, 0x0D, 0x0A];
@@ -75,7 +79,53 @@ impl RedbCatalog {
         let catalog = RedbCatalog { path, db };
         // Create the tables once, so readers never meet a missing one.
         catalog.apply(&[])?;
+        catalog.index_tenants()?;
         Ok(catalog)
+    }
+
+    /// Builds the per-tenant tables from the rows when they do not cover them all (a catalog
+    /// written before they existed).
+    fn index_tenants(&self) -> Result<(), CatalogError> {
+        let err = self.storage("indexing");
+        let txn = self.db.begin_write().map_err(|e| err(e.into()))?;
+        let indexed = {
+            let entries = txn.open_table(ENTRIES).map_err(|e| err(e.into()))?;
+            let by_tenant = txn.open_table(BY_TENANT).map_err(|e| err(e.into()))?;
+            by_tenant.len().map_err(|e| err(e.into()))?
+                == entries.len().map_err(|e| err(e.into()))?
+        };
+        if indexed {
+            return txn.abort().map_err(|e| err(e.into()));
+        }
+        txn.delete_table(BY_TENANT).map_err(|e| err(e.into()))?;
+        txn.delete_table(TENANT_ROWS).map_err(|e| err(e.into()))?;
+        {
+            let entries = txn.open_table(ENTRIES).map_err(|e| err(e.into()))?;
+            let mut by_tenant = txn.open_table(BY_TENANT).map_err(|e| err(e.into()))?;
+            let mut tenant_rows = txn.open_table(TENANT_ROWS).map_err(|e| err(e.into()))?;
+            let mut counts: std::collections::BTreeMap<String, u64> = Default::default();
+            for item in entries.iter().map_err(|e| err(e.into()))? {
+                let (_, bytes) = item.map_err(|e| err(e.into()))?;
+                let row: Row =
+                    serde_json::from_slice(bytes.value()).map_err(|e| CatalogError::Corrupt {
+                        path: self.path.clone(),
+                        reason: format!("a row does not decode: {e}"),
+                    })?;
+                by_tenant
+                    .insert(
+                        (row.entry.tenant.as_str(), row.seq),
+                        row.entry.key_hash.as_str(),
+                    )
+                    .map_err(|e| err(e.into()))?;
+                *counts.entry(row.entry.tenant).or_default() += 1;
+            }
+            for (tenant, n) in &counts {
+                tenant_rows
+                    .insert(tenant.as_str(), n)
+                    .map_err(|e| err(e.into()))?;
+            }
+        }
+        txn.commit().map_err(|e| err(e.into()))
     }
 
     /// The catalog file.
@@ -134,6 +184,8 @@ struct RedbRows<'t> {
     catalog: &'t RedbCatalog,
     entries: redb::Table<'t, &'static str, &'static [u8]>,
     order: redb::Table<'t, u64, &'static str>,
+    by_tenant: redb::Table<'t, (&'static str, u64), &'static str>,
+    tenant_rows: redb::Table<'t, &'static str, u64>,
 }
 
 impl RedbRows<'_> {
@@ -148,6 +200,48 @@ impl RedbRows<'_> {
             reason: format!("a row does not decode: {e}"),
         })
     }
+
+    /// Adds `row` to the orderings and its tenant's count.
+    fn index(&mut self, row: &Row) -> Result<(), CatalogError> {
+        let err = self.catalog.storage("writing");
+        let tenant = row.entry.tenant.as_str();
+        self.order
+            .insert(row.seq, row.entry.key_hash.as_str())
+            .map_err(|e| err(e.into()))?;
+        self.by_tenant
+            .insert((tenant, row.seq), row.entry.key_hash.as_str())
+            .map_err(|e| err(e.into()))?;
+        let held = self.tenant_len(tenant)? as u64;
+        self.tenant_rows
+            .insert(tenant, held + 1)
+            .map_err(|e| err(e.into()))?;
+        Ok(())
+    }
+
+    /// Takes `row` out of the orderings and its tenant's count.
+    fn unindex(&mut self, row: &Row) -> Result<(), CatalogError> {
+        let err = self.catalog.storage("removing");
+        let tenant = row.entry.tenant.as_str();
+        self.order.remove(row.seq).map_err(|e| err(e.into()))?;
+        let was_indexed = self
+            .by_tenant
+            .remove((tenant, row.seq))
+            .map_err(|e| err(e.into()))?
+            .is_some();
+        if was_indexed {
+            match self.tenant_len(tenant)? as u64 {
+                0 | 1 => {
+                    self.tenant_rows.remove(tenant).map_err(|e| err(e.into()))?;
+                }
+                held => {
+                    self.tenant_rows
+                        .insert(tenant, held - 1)
+                        .map_err(|e| err(e.into()))?;
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Rows for RedbRows<'_> {
@@ -156,19 +250,17 @@ impl Rows for RedbRows<'_> {
         found.map(|v| self.decode(v.value())).transpose()
     }
 
-    fn put(&mut self, old_seq: Option<u64>, row: &Row) -> Result<(), CatalogError> {
+    fn put(&mut self, old: Option<&Row>, row: &Row) -> Result<(), CatalogError> {
         let bytes = serde_json::to_vec(row).map_err(|e| CatalogError::Storage {
             path: self.catalog.path.clone(),
             operation: "encoding",
             reason: e.to_string(),
         })?;
-        let err = self.catalog.storage("writing");
-        if let Some(old) = old_seq {
-            self.order.remove(old).map_err(|e| err(e.into()))?;
+        if let Some(old) = old {
+            self.unindex(old)?;
         }
-        self.order
-            .insert(row.seq, row.entry.key_hash.as_str())
-            .map_err(|e| err(e.into()))?;
+        self.index(row)?;
+        let err = self.catalog.storage("writing");
         self.entries
             .insert(row.entry.key_hash.as_str(), bytes.as_slice())
             .map_err(|e| err(e.into()))?;
@@ -176,8 +268,8 @@ impl Rows for RedbRows<'_> {
     }
 
     fn remove(&mut self, row: &Row) -> Result<(), CatalogError> {
+        self.unindex(row)?;
         let err = self.catalog.storage("removing");
-        self.order.remove(row.seq).map_err(|e| err(e.into()))?;
         self.entries
             .remove(row.entry.key_hash.as_str())
             .map_err(|e| err(e.into()))?;
@@ -196,6 +288,44 @@ impl Rows for RedbRows<'_> {
 
     fn oldest(&mut self, limit: Option<usize>) -> Result<Vec<Row>, CatalogError> {
         read_rows(self.catalog, &self.order, &self.entries, limit)
+    }
+
+    fn oldest_of(&mut self, tenant: &str, limit: Option<usize>) -> Result<Vec<Row>, CatalogError> {
+        let err = self.catalog.storage("reading");
+        let mut rows = Vec::new();
+        let own = self
+            .by_tenant
+            .range((tenant, 0)..=(tenant, u64::MAX))
+            .map_err(|e| err(e.into()))?;
+        for item in own.take(limit.unwrap_or(usize::MAX)) {
+            let (_, hash) = item.map_err(|e| err(e.into()))?;
+            if let Some(bytes) = self.entries.get(hash.value()).map_err(|e| err(e.into()))? {
+                rows.push(self.decode(bytes.value())?);
+            }
+        }
+        Ok(rows)
+    }
+
+    fn tenant_len(&mut self, tenant: &str) -> Result<usize, CatalogError> {
+        let held = self
+            .tenant_rows
+            .get(tenant)
+            .map_err(self.err("reading"))?
+            .map_or(0, |v| v.value());
+        Ok(usize::try_from(held).unwrap_or(usize::MAX))
+    }
+
+    fn tenant_counts(&mut self) -> Result<Vec<(String, usize)>, CatalogError> {
+        let err = self.catalog.storage("reading");
+        let mut counts = Vec::new();
+        for item in self.tenant_rows.iter().map_err(|e| err(e.into()))? {
+            let (tenant, held) = item.map_err(|e| err(e.into()))?;
+            counts.push((
+                tenant.value().to_string(),
+                usize::try_from(held.value()).unwrap_or(usize::MAX),
+            ));
+        }
+        Ok(counts)
     }
 }
 
@@ -242,6 +372,8 @@ impl Catalog for RedbCatalog {
                 catalog: self,
                 entries: txn.open_table(ENTRIES).map_err(|e| err(e.into()))?,
                 order: txn.open_table(ORDER).map_err(|e| err(e.into()))?,
+                by_tenant: txn.open_table(BY_TENANT).map_err(|e| err(e.into()))?,
+                tenant_rows: txn.open_table(TENANT_ROWS).map_err(|e| err(e.into()))?,
             };
             // An error drops the transaction uncommitted: all or nothing.
             apply_changes(&mut rows, changes)?;

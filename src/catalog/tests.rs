@@ -1,4 +1,4 @@
-use super::redb_store::REDB_MAGIC;
+use super::redb_store::{BY_TENANT, REDB_MAGIC, TENANT_ROWS};
 use std::sync::Arc;
 
 use super::*;
@@ -156,12 +156,40 @@ fn a_corrupt_file_is_a_clear_error_and_a_missing_one_starts_empty() {
     assert!(matches!(err, CatalogError::Dir { .. }), "{err}");
 }
 
+fn started_of(tenant: &str, hash: &str) -> Change {
+    Change::Started {
+        key_hash: hash.into(),
+        tenant: tenant.into(),
+        owner: format!("owner-{hash}"),
+        generation: 1,
+    }
+}
+
+fn lost_of(tenant: &str, hash: &str) -> Change {
+    Change::Lost {
+        key_hash: hash.into(),
+        tenant: tenant.into(),
+        owner: format!("owner-{hash}"),
+        generation: 1,
+        loss: loss(LossReason::IdleReaped),
+    }
+}
+
+fn rows_of(catalog: &dyn Catalog, tenant: &str) -> Vec<Entry> {
+    catalog
+        .load()
+        .expect("load")
+        .into_iter()
+        .filter(|e| e.tenant == tenant)
+        .collect()
+}
+
 #[test]
-fn the_catalog_is_bounded_and_keeps_live_rows() {
+fn a_tenant_is_bounded_and_keeps_its_live_rows() {
     let catalog = MemoryCatalog::default();
     // The oldest row is live: it stays however many rows follow.
     catalog.apply(&[started("live", 1)]).expect("apply");
-    let ended: Vec<Change> = (0..MAX_ENTRIES + 10)
+    let ended: Vec<Change> = (0..MAX_ENTRIES_PER_TENANT + 10)
         .flat_map(|i| {
             let hash = format!("k{i}");
             [
@@ -174,7 +202,7 @@ fn the_catalog_is_bounded_and_keeps_live_rows() {
         .collect();
     catalog.apply(&ended).expect("apply");
     let entries = catalog.load().expect("load");
-    assert_eq!(entries.len(), MAX_ENTRIES);
+    assert_eq!(entries.len(), MAX_ENTRIES_PER_TENANT);
     assert!(entries.iter().any(|e| e.key_hash == "live"));
     assert!(
         !entries.iter().any(|e| e.key_hash == "k0"),
@@ -182,22 +210,127 @@ fn the_catalog_is_bounded_and_keeps_live_rows() {
     );
     assert!(entries
         .iter()
-        .any(|e| e.key_hash == format!("k{}", MAX_ENTRIES + 9)));
+        .any(|e| e.key_hash == format!("k{}", MAX_ENTRIES_PER_TENANT + 9)));
+}
+
+/// Tenant b owes a loss; tenant a then churns through `churn` keys (past its own bound). b's
+/// loss stays, and a keeps its own newest rows, at most its bound.
+fn one_tenants_churn_keeps_another_tenants_owed_loss(catalog: &dyn Catalog, churn: usize) {
+    catalog
+        .apply(&[
+            started_of("b", "b-victim"),
+            Change::Lost {
+                key_hash: "b-victim".into(),
+                tenant: "b".into(),
+                owner: "victim".into(),
+                generation: 1,
+                loss: loss(LossReason::Evicted),
+            },
+        ])
+        .expect("apply");
+    let changes: Vec<Change> = (0..churn).map(|i| lost_of("a", &format!("a{i}"))).collect();
+    for batch in changes.chunks(8_192) {
+        catalog.apply(batch).expect("apply");
+    }
+    assert_eq!(
+        state_of(catalog, "b-victim"),
+        Some((
+            1,
+            EntryState::Lost {
+                loss: loss(LossReason::Evicted)
+            }
+        )),
+        "b's owed loss survived a's churn"
+    );
+    let a = rows_of(catalog, "a");
+    assert_eq!(a.len(), MAX_ENTRIES_PER_TENANT);
+    assert_eq!(
+        a[0].key_hash,
+        format!("a{}", churn - MAX_ENTRIES_PER_TENANT)
+    );
 }
 
 #[test]
-fn the_redb_catalog_is_bounded_too() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let catalog = RedbCatalog::open(dir.path()).expect("open");
-    let changes: Vec<Change> = (0..MAX_ENTRIES + 3)
-        .map(|i| lost(&format!("k{i}"), 1, LossReason::IdleReaped))
-        .collect();
+fn one_tenants_churn_never_pushes_out_another_tenants_owed_loss() {
+    // More keys than the catalog keeps in all.
+    one_tenants_churn_keeps_another_tenants_owed_loss(&MemoryCatalog::default(), MAX_ENTRIES + 10);
+}
+
+#[test]
+fn past_the_bound_in_all_the_tenant_holding_the_most_rows_gives_way() {
+    let catalog = MemoryCatalog::default();
+    // The oldest rows: one owed loss of a small tenant.
+    catalog.apply(&[lost_of("small", "s0")]).expect("apply");
+    // Then five tenants, four at their own bound and one just below: more than the bound in
+    // all. Only they give rows up, the largest first, until they are level.
+    let mut changes = Vec::new();
+    for t in 0..5 {
+        let n = if t == 4 {
+            MAX_ENTRIES_PER_TENANT - 100
+        } else {
+            MAX_ENTRIES_PER_TENANT
+        };
+        changes.extend((0..n).map(|i| lost_of(&format!("big{t}"), &format!("big{t}-{i}"))));
+    }
     catalog.apply(&changes).expect("apply");
-    drop(catalog);
-    let catalog = RedbCatalog::open(dir.path()).expect("reopen");
     let entries = catalog.load().expect("load");
     assert_eq!(entries.len(), MAX_ENTRIES);
-    assert_eq!(entries[0].key_hash, "k3");
+    assert!(
+        entries.iter().any(|e| e.key_hash == "s0"),
+        "the small tenant kept its row"
+    );
+    let held: Vec<usize> = (0..5)
+        .map(|t| rows_of(&catalog, &format!("big{t}")).len())
+        .collect();
+    let (most, least) = (
+        held.iter().max().copied().unwrap_or(0),
+        held.iter().min().copied().unwrap_or(0),
+    );
+    assert!(most - least <= 1, "{held:?}");
+    // Each gave up its own oldest rows.
+    for t in 0..5 {
+        let own = rows_of(&catalog, &format!("big{t}"));
+        let first: usize = own[0]
+            .key_hash
+            .rsplit('-')
+            .next()
+            .and_then(|n| n.parse().ok())
+            .expect("n");
+        assert!(first > 0, "big{t} lost its oldest first");
+    }
+}
+
+#[test]
+fn the_redb_catalog_is_bounded_per_tenant_too_and_indexes_an_older_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let catalog = RedbCatalog::open(dir.path()).expect("open");
+        one_tenants_churn_keeps_another_tenants_owed_loss(&catalog, MAX_ENTRIES_PER_TENANT + 10);
+    }
+    let catalog = RedbCatalog::open(dir.path()).expect("reopen");
+    let entries = catalog.load().expect("load");
+    assert_eq!(entries.len(), MAX_ENTRIES_PER_TENANT + 1);
+    drop(catalog);
+
+    // A file written before the per-tenant tables existed: they are built at open.
+    {
+        let db = redb::Database::create(dir.path().join(FILE_NAME)).expect("open the file");
+        let txn = db.begin_write().expect("write");
+        assert!(txn.delete_table(BY_TENANT).expect("delete"));
+        assert!(txn.delete_table(TENANT_ROWS).expect("delete"));
+        txn.commit().expect("commit");
+    }
+    let catalog = RedbCatalog::open(dir.path()).expect("reopen an older file");
+    // b's loss is still owed and a still at its bound after 100 more of a's rows.
+    let more: Vec<Change> = (0..100)
+        .map(|i| lost_of("a", &format!("more{i}")))
+        .collect();
+    catalog.apply(&more).expect("apply");
+    assert_eq!(rows_of(&catalog, "a").len(), MAX_ENTRIES_PER_TENANT);
+    assert!(matches!(
+        state_of(&catalog, "b-victim"),
+        Some((1, EntryState::Lost { .. }))
+    ));
 }
 
 #[test]

@@ -38,10 +38,14 @@ pub(crate) struct ServeArgs {
     /// On SIGTERM, how long running cells may take to finish before they are stopped.
     #[arg(long, env = "KERNELBOX_DRAIN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     drain_timeout: Duration,
-    /// A request's headers must arrive in full within this time (from the connection's
-    /// accept, or from the first byte of a later request on it); otherwise it is closed.
+    /// A request's headers must arrive in full within this time of their first byte, on a
+    /// connection past its first request; otherwise it is closed.
     #[arg(long, env = "KERNELBOX_HEADER_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     header_timeout: Duration,
+    /// A connection's first request headers must arrive in full within this time of the
+    /// accept (or --header-timeout, if shorter); otherwise it is closed.
+    #[arg(long, env = "KERNELBOX_FIRST_HEADER_TIMEOUT", default_value = "3s", value_parser = parse_duration)]
+    first_header_timeout: Duration,
     /// A connection with no request in flight is closed after this long idle.
     #[arg(long, env = "KERNELBOX_KEEPALIVE_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
     keepalive_timeout: Duration,
@@ -66,10 +70,31 @@ pub(crate) struct ServeArgs {
     #[arg(long, env = "KERNELBOX_MAX_CONNECTIONS", default_value_t = 1024,
           value_parser = clap::value_parser!(u32).range(1..))]
     max_connections: u32,
-    /// Serve `/metrics` only on this address (HOST:PORT); the API listener then answers 404
-    /// there. Without it, `/metrics` is on the API listener.
+    /// Most connections open at once on which no request has yet carried a valid token
+    /// (default: a quarter of --max-connections). When they are all taken, a new connection
+    /// takes the slot of one doing nothing useful (the oldest of the address holding the
+    /// most), or is refused 503 `too_many_connections` if there is none.
+    #[arg(long, env = "KERNELBOX_MAX_UNAUTHENTICATED_CONNECTIONS",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    max_unauthenticated_connections: Option<u32>,
+    /// Most of those from one address (an IPv4 address or an IPv6 /64); one more is refused
+    /// 503 `too_many_connections`. 0 sets no cap: set 0 behind a reverse proxy, where every
+    /// connection comes from the proxy.
+    #[arg(
+        long,
+        env = "KERNELBOX_MAX_UNAUTHENTICATED_PER_ADDRESS",
+        default_value_t = 64
+    )]
+    max_unauthenticated_per_address: u32,
+    /// Serve `/metrics` only on this address (HOST:PORT), to anyone: make it a private one.
+    /// The API listener then answers 404 there. Without it, `/metrics` is on the API
+    /// listener, for callers with a tenant's token (see --public-metrics).
     #[arg(long, env = "KERNELBOX_METRICS_LISTEN")]
     metrics_listen: Option<String>,
+    /// Serve `/metrics` on the API listener to anyone, without a token. It shows every
+    /// tenant's activity: prefer --metrics-listen on a private address.
+    #[arg(long, env = "KERNELBOX_PUBLIC_METRICS")]
+    public_metrics: bool,
     /// Kernels kept started and ready for new owners (the warm pool): a new session's first
     /// cell then skips the cold start. They count toward --max-kernels (not toward any
     /// tenant's cap). Default 4 (or --max-kernels if lower); 0 turns the pool off.
@@ -88,6 +113,22 @@ pub(crate) struct ServeArgs {
     mcp_max_sessions: u32,
     #[command(flatten)]
     kernel: KernelOpts,
+}
+
+impl ServeArgs {
+    /// The connection bounds the flags ask for.
+    fn limits(&self) -> server::Limits {
+        server::Limits {
+            header_timeout: self.header_timeout,
+            first_header_timeout: self.first_header_timeout,
+            keepalive_timeout: self.keepalive_timeout,
+            body_timeout: self.body_timeout,
+            send_timeout: self.send_timeout,
+            max_connections: self.max_connections as usize,
+            max_unauthenticated: self.max_unauthenticated_connections.map(|n| n as usize),
+            max_unauthenticated_per_address: self.max_unauthenticated_per_address as usize,
+        }
+    }
 }
 
 /// A rate in bytes per second: a size as `--memory` takes it (`64k`, `1m`; `/s` may follow),
@@ -213,14 +254,9 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     }
     let options = server::ServeOptions {
         drain: args.drain_timeout,
-        limits: server::Limits {
-            header_timeout: args.header_timeout,
-            keepalive_timeout: args.keepalive_timeout,
-            body_timeout: args.body_timeout,
-            send_timeout: args.send_timeout,
-            max_connections: args.max_connections as usize,
-        },
+        limits: args.limits(),
         metrics,
+        public_metrics: args.public_metrics,
     };
     let served = server::serve_with(listener, state, shutdown, options).await;
     signals.abort();
@@ -292,7 +328,41 @@ async fn wait_for_signal(shutdown: CancellationToken) {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_rate;
+    use super::{parse_rate, ServeArgs};
+
+    #[test]
+    fn the_connection_flags_default_to_the_servers_own_limits() {
+        #[derive(Debug, clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            serve: ServeArgs,
+        }
+        let cli = <Cli as clap::Parser>::try_parse_from(["serve"]).expect("no flags");
+        assert_eq!(cli.serve.limits(), kernelbox::server::Limits::default());
+        assert_eq!(
+            cli.serve.public_metrics,
+            kernelbox::server::ServeOptions::default().public_metrics
+        );
+        let cli = <Cli as clap::Parser>::try_parse_from([
+            "serve",
+            "--max-connections",
+            "64",
+            "--max-unauthenticated-per-address",
+            "0",
+            "--first-header-timeout",
+            "2s",
+            "--public-metrics",
+        ])
+        .expect("flags");
+        assert!(cli.serve.public_metrics);
+        let limits = cli.serve.limits();
+        assert_eq!(limits.unauthenticated(), 16);
+        assert_eq!(limits.max_unauthenticated_per_address, 0);
+        assert_eq!(
+            limits.first_header_timeout,
+            std::time::Duration::from_secs(2)
+        );
+    }
 
     #[test]
     fn a_rate_is_a_size_per_second_and_zero_is_none() {

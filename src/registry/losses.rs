@@ -1,9 +1,10 @@
 //! Losses and generations: what the catalog knew at start (seeds), the losses recorded as
 //! they happen and owed to an owner's next call, and the bound on remembered keys.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
-use super::{Inner, LossCounts, Registry, MAX_REMEMBERED_KEYS};
+use super::{Inner, LossCounts, Registry, MAX_REMEMBERED_KEYS, MAX_REMEMBERED_PER_TENANT};
 use crate::catalog::{CatalogWriter, Change, Entry, EntryState};
 use crate::cell::{LossReason, StateLost};
 use crate::owner::KernelKey;
@@ -36,17 +37,52 @@ impl Inner {
         }
     }
 
+    /// Remembers a key seen for the first time, within the bounds: a tenant past its own
+    /// bound forgets its own oldest key; past the bound in all, the tenant remembering the
+    /// most keys forgets its oldest. So a tenant churning through session names never makes
+    /// the server forget a loss owed to another tenant (docs/http-api.md, "State across a
+    /// server restart"; the catalog keeps its rows by the same rule).
     pub(super) fn remember(&mut self, key: &KernelKey) {
-        if !self.generations.contains_key(key) {
-            if self.remembered.len() >= MAX_REMEMBERED_KEYS {
-                if let Some(old) = self.remembered.pop_front() {
-                    if !self.slots.contains_key(&old) {
-                        self.generations.remove(&old);
-                        self.losses.remove(&old);
-                    }
-                }
+        if self.generations.contains_key(key) {
+            return;
+        }
+        let tenant = key.owner.tenant.as_str();
+        let own = self.remembered.get(tenant).map_or(0, VecDeque::len);
+        if own >= MAX_REMEMBERED_PER_TENANT {
+            self.forget_oldest(tenant.to_string());
+        } else if self.remembered_total >= MAX_REMEMBERED_KEYS {
+            let most = self
+                .remembered
+                .iter()
+                .max_by(|a, b| a.1.len().cmp(&b.1.len()).then_with(|| b.0.cmp(a.0)))
+                .map(|(t, _)| t.clone());
+            if let Some(most) = most {
+                self.forget_oldest(most);
             }
-            self.remembered.push_back(key.clone());
+        }
+        self.remembered
+            .entry(tenant.to_string())
+            .or_default()
+            .push_back(key.clone());
+        self.remembered_total += 1;
+    }
+
+    /// Forgets `tenant`'s oldest remembered key (its generation and owed loss, unless it has
+    /// a kernel now).
+    fn forget_oldest(&mut self, tenant: String) {
+        let Some(keys) = self.remembered.get_mut(&tenant) else {
+            return;
+        };
+        let old = keys.pop_front();
+        if keys.is_empty() {
+            self.remembered.remove(&tenant);
+        }
+        if let Some(old) = old {
+            self.remembered_total = self.remembered_total.saturating_sub(1);
+            if !self.slots.contains_key(&old) {
+                self.generations.remove(&old);
+                self.losses.remove(&old);
+            }
         }
     }
 

@@ -47,8 +47,12 @@ use crate::config::KernelSpec;
 use crate::kernel::Kernel;
 use crate::owner::{KernelKey, Owner};
 
-/// Losses and generations are remembered for at most this many keys.
-const MAX_REMEMBERED_KEYS: usize = 65_536;
+/// Losses and generations are remembered for at most this many keys (as many as the catalog
+/// keeps rows).
+const MAX_REMEMBERED_KEYS: usize = crate::catalog::MAX_ENTRIES;
+
+/// ... and for at most this many keys of one tenant.
+const MAX_REMEMBERED_PER_TENANT: usize = crate::catalog::MAX_ENTRIES_PER_TENANT;
 
 /// Most calls attached to one kernel at once: the one running a cell and those queued behind
 /// it (each holds its whole request). One more is refused
@@ -131,7 +135,10 @@ struct Inner {
     slots: HashMap<KernelKey, Arc<Slot>>,
     generations: HashMap<KernelKey, u64>,
     losses: HashMap<KernelKey, StateLost>,
-    remembered: VecDeque<KernelKey>,
+    /// Keys whose generation and owed loss are remembered, by tenant, oldest first.
+    remembered: HashMap<String, VecDeque<KernelKey>>,
+    /// Keys in `remembered`, across tenants.
+    remembered_total: usize,
     released_children: HashSet<Owner>,
     loss_counts: LossCounts,
     evictions: EvictionCounts,

@@ -424,3 +424,39 @@ async fn reset_discards_the_slot_and_bumps_the_generation() {
         "a reset is not an involuntary loss"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn one_tenants_churn_never_makes_the_registry_forget_another_tenants_owed_loss() {
+    let reg = Registry::new(4, Duration::from_secs(3600));
+    let b = tkey("b", "victim", None);
+    let first = att(&reg, &b);
+    assert!(reg.forget(&first.slot, Some(LossReason::Evicted)));
+    // Tenant a churns through more session names than the registry remembers in all, each
+    // with a loss owed.
+    for i in 0..MAX_REMEMBERED_KEYS + 10 {
+        let a = att(&reg, &tkey("a", &format!("s{i}"), None));
+        assert!(reg.forget(&a.slot, Some(LossReason::IdleReaped)));
+    }
+    let again = att(&reg, &b);
+    assert_eq!(
+        again.state_lost.map(|l| l.reason),
+        Some(LossReason::Evicted),
+        "b's owed loss survived a's churn"
+    );
+    assert_eq!(again.slot.generation, 2);
+    // a's own bound applies to a: its oldest keys are forgotten, its newest are not.
+    let oldest = att(&reg, &tkey("a", "s0", None));
+    assert_eq!(oldest.state_lost, None);
+    assert_eq!(oldest.slot.generation, 1);
+    let newest = att(
+        &reg,
+        &tkey("a", &format!("s{}", MAX_REMEMBERED_KEYS + 9), None),
+    );
+    assert_eq!(
+        newest.state_lost.map(|l| l.reason),
+        Some(LossReason::IdleReaped)
+    );
+    let inner = reg.lock();
+    assert!(inner.remembered_total <= MAX_REMEMBERED_KEYS);
+    assert!(inner.remembered["a"].len() <= MAX_REMEMBERED_PER_TENANT);
+}

@@ -5,7 +5,9 @@
 //! so it cannot give an idle connection longer than a half-sent head. Each connection here
 //! is therefore driven under its own clock instead:
 //!
-//! - the first request's head must arrive in full within `header_timeout` of the accept;
+//! - the first request's head must arrive in full within `first_header_timeout` (at most
+//!   `header_timeout`) of the accept: a connection that has not said what it wants holds a
+//!   slot only briefly;
 //! - once a response is sent, the connection may sit idle for `keepalive_timeout`; when the
 //!   next request's first byte arrives, its head must be complete within `header_timeout`;
 //! - a request's body must arrive in full within `body_timeout` of its head;
@@ -15,8 +17,10 @@
 //!   reading (its socket buffers full) has its connection closed, and the response it was
 //!   sent (with whatever it held, such as a download's kernel) is dropped.
 //!
-//! At most `max_connections` connections are open at once across every listener; one more
-//! is accepted and answered at once with a 503 (`too_many_connections`) and closed.
+//! At most `max_connections` connections are open at once across every listener, and of
+//! them at most `max_unauthenticated` that no request with a valid tenant token has come on
+//! yet (`slots.rs` keeps the books and says who gives way); a connection that cannot have a
+//! slot is answered at once with a 503 (`too_many_connections`) and closed.
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -33,16 +37,21 @@ use hyper_util::server::graceful::Watcher;
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
-use tokio::sync::{Notify, OwnedSemaphorePermit};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+
+use super::slots::{Caps, Promote, Slot};
 
 /// Connection bounds of the HTTP server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
-    /// A request head (request line and headers) must arrive in full within this time: from
-    /// the accept for a connection's first request, from its first byte for later ones.
+    /// A request head (request line and headers) must arrive in full within this time of its
+    /// first byte, on a connection past its first request.
     pub header_timeout: Duration,
+    /// A connection's first request head must arrive in full within this time of the accept
+    /// (or `header_timeout`, if shorter).
+    pub first_header_timeout: Duration,
     /// A connection with no request in flight is closed after this long without one.
     pub keepalive_timeout: Duration,
     /// A request's body must arrive in full within this time of its head.
@@ -52,16 +61,25 @@ pub struct Limits {
     pub send_timeout: Duration,
     /// Most connections open at once, across every listener (at least 1).
     pub max_connections: usize,
+    /// Most connections open at once on which no request has yet carried a valid tenant
+    /// token, in 1..=`max_connections`; `None`: a quarter of `max_connections` (at least 1).
+    pub max_unauthenticated: Option<usize>,
+    /// Most of those from one address (an IPv4 address or an IPv6 /64); 0 sets no cap. Behind
+    /// a reverse proxy every connection comes from the proxy's address: set 0 there.
+    pub max_unauthenticated_per_address: usize,
 }
 
 impl Default for Limits {
     fn default() -> Self {
         Limits {
             header_timeout: Duration::from_secs(10),
+            first_header_timeout: Duration::from_secs(3),
             keepalive_timeout: Duration::from_secs(60),
             body_timeout: Duration::from_secs(60),
             send_timeout: Duration::from_secs(30),
             max_connections: 1024,
+            max_unauthenticated: None,
+            max_unauthenticated_per_address: 64,
         }
     }
 }
@@ -71,6 +89,8 @@ impl Limits {
     pub fn problem(&self) -> Option<&'static str> {
         if self.header_timeout.is_zero() {
             Some("header_timeout must be positive")
+        } else if self.first_header_timeout.is_zero() {
+            Some("first_header_timeout must be positive")
         } else if self.keepalive_timeout.is_zero() {
             Some("keepalive_timeout must be positive")
         } else if self.body_timeout.is_zero() {
@@ -79,8 +99,29 @@ impl Limits {
             Some("send_timeout must be positive")
         } else if self.max_connections == 0 {
             Some("max_connections must be at least 1")
+        } else if self
+            .max_unauthenticated
+            .is_some_and(|n| n == 0 || n > self.max_connections)
+        {
+            Some("max_unauthenticated must be at least 1 and at most max_connections")
         } else {
             None
+        }
+    }
+
+    /// The unauthenticated pool's size.
+    pub fn unauthenticated(&self) -> usize {
+        self.max_unauthenticated
+            .unwrap_or(self.max_connections / 4)
+            .clamp(1, self.max_connections.max(1))
+    }
+
+    /// The caps of the slot books.
+    pub(super) fn caps(&self) -> Caps {
+        Caps {
+            total: self.max_connections.max(1),
+            unauthenticated: self.unauthenticated(),
+            per_address: self.max_unauthenticated_per_address,
         }
     }
 }
@@ -138,10 +179,12 @@ struct ConnState {
     clock: Mutex<Clock>,
     changed: Notify,
     limits: Limits,
+    /// The connection's slot, told when the connection may give it up (`slots.rs`).
+    slot: Promote,
 }
 
 impl ConnState {
-    fn new(limits: Limits) -> ConnState {
+    fn new(limits: Limits, slot: Promote) -> ConnState {
         ConnState {
             clock: Mutex::new(Clock {
                 in_flight: 0,
@@ -153,7 +196,15 @@ impl ConnState {
             }),
             changed: Notify::new(),
             limits,
+            slot,
         }
+    }
+
+    /// Tells the slot books whether the connection is doing nothing useful: no request in
+    /// flight, or a response the client does not read.
+    fn note_evictable(&self, clock: &Clock) {
+        self.slot
+            .set_evictable(clock.in_flight == 0 || clock.write_blocked_since.is_some());
     }
 
     fn clock(&self) -> std::sync::MutexGuard<'_, Clock> {
@@ -171,7 +222,13 @@ impl ConnState {
             clock.body_since.map(|at| at + self.limits.body_timeout)
         } else {
             Some(match (clock.served, clock.head_started) {
-                (false, _) => clock.waiting_since + self.limits.header_timeout,
+                (false, _) => {
+                    clock.waiting_since
+                        + self
+                            .limits
+                            .first_header_timeout
+                            .min(self.limits.header_timeout)
+                }
                 (true, Some(head)) => head + self.limits.header_timeout,
                 (true, None) => clock.waiting_since + self.limits.keepalive_timeout,
             })
@@ -190,6 +247,7 @@ impl ConnState {
             (false, true) => clock.write_blocked_since = None,
             _ => return,
         }
+        self.note_evictable(&clock);
         drop(clock);
         self.changed.notify_one();
     }
@@ -210,6 +268,7 @@ impl ConnState {
             clock.body_since = Some(Instant::now());
             BodyPending(self.clone())
         });
+        self.note_evictable(&clock);
         drop(clock);
         // The deadline moved (to the body's, or none).
         self.changed.notify_one();
@@ -271,6 +330,7 @@ impl Drop for InFlight {
                 clock.waiting_since = Instant::now();
                 clock.head_started = None;
             }
+            self.0.note_evictable(&clock);
         }
         self.0.changed.notify_one();
     }
@@ -343,7 +403,8 @@ pub(super) struct Conn {
     pub watcher: Watcher,
     /// Cancelled when the server stops for good: the connection closes whatever it does.
     pub stop: CancellationToken,
-    pub permit: OwnedSemaphorePermit,
+    /// The connection's slot, released once it is closed.
+    pub slot: Slot,
 }
 
 /// Serves one connection until the client closes it, a deadline passes, or the server stops.
@@ -354,12 +415,12 @@ pub(super) async fn drive(conn: Conn) {
         limits,
         watcher,
         stop,
-        permit,
+        slot,
     } = conn;
-    // Declared first, so released last: after the socket is closed.
-    let _permit = permit;
+    // `slot` is bound before everything below, so it is released last: after the socket is
+    // closed.
     let _ = stream.set_nodelay(true);
-    let state = Arc::new(ConnState::new(limits));
+    let state = Arc::new(ConnState::new(limits, slot.promote()));
     let io = TokioIo::new(Tracked {
         stream,
         state: state.clone(),
@@ -367,10 +428,13 @@ pub(super) async fn drive(conn: Conn) {
     let router = TowerToHyperService::new(app);
     let service = {
         let state = state.clone();
+        let promote = slot.promote();
         hyper::service::service_fn(move |request: Request<Incoming>| {
             let body_pending = !hyper::body::Body::is_end_stream(request.body());
             let (guard, pending) = state.request_started(body_pending);
-            let request = request.map(|inner| WatchedBody { inner, pending });
+            let mut request = request.map(|inner| WatchedBody { inner, pending });
+            // The API's authentication promotes the connection with it (`slots.rs`).
+            request.extensions_mut().insert(promote.clone());
             let call = hyper::service::Service::call(&router, request);
             async move {
                 let response: Response<Body> = call.await?;
@@ -400,6 +464,10 @@ pub(super) async fn drive(conn: Conn) {
                 break;
             }
             _ = stop.cancelled() => break,
+            _ = slot.evicted().cancelled() => {
+                tracing::debug!("closing an unauthenticated connection whose slot a newer one took");
+                break;
+            }
             _ = state.changed.notified() => {}
             _ = sleep_until(deadline) => {
                 if state.deadline().is_some_and(|d| d <= Instant::now()) {

@@ -25,15 +25,21 @@ const BUCKETS: [f64; 12] = [
 pub const TOOL_OUTCOMES: [&str; 2] = ["ok", "error"];
 
 /// Why a request was turned away before reaching a kernel.
-/// `connections`: a connection over the server's connection limit; `mcp_sessions`: an MCP
-/// `initialize` past the tenant's MCP session cap.
-pub const REJECTIONS: [&str; 7] = [
+/// `connections`: a connection refused at the server's connection limits (no slot to be
+/// had); `connections_per_address`: one refused because its address holds its share of
+/// unauthenticated connections; `connection_evicted`: an unauthenticated connection doing
+/// nothing useful closed to give its slot to a newer one (docs/http-api.md, "Slow and idle
+/// clients cannot hold the server"); `mcp_sessions`: an MCP `initialize` past the tenant's
+/// MCP session cap.
+pub const REJECTIONS: [&str; 9] = [
     "unauthorized",
     "invalid",
     "too_large",
     "capacity",
     "session_busy",
     "connections",
+    "connections_per_address",
+    "connection_evicted",
     "mcp_sessions",
 ];
 

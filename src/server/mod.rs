@@ -9,9 +9,11 @@
 //! | `PUT`, `GET`, `DELETE /v1/sessions/{session}/files/{path}` | files in and out of the session's kernel (`GET`/`PUT .../files` for its working directory) |
 //! | `GET /v1/kernels` | the caller's tenant's kernels |
 //! | `POST`/`GET`/`DELETE /v1/mcp` | MCP over streamable HTTP (`api/mcp.rs`, README "MCP") |
-//! | `GET /healthz`, `GET /metrics`, `GET /openapi.json` | no authentication |
+//! | `GET /healthz`, `GET /openapi.json` | no authentication |
+//! | `GET /metrics` | a tenant's token, unless [`ServeOptions::public_metrics`] |
 //!
-//! `/metrics` can instead be served on a listener of its own ([`ServeOptions::metrics`]).
+//! `/metrics` can instead be served, to anyone, on a listener of its own
+//! ([`ServeOptions::metrics`]).
 //!
 //! Every authenticated call is namespaced by the caller's tenant (`Authorization: Bearer`),
 //! so tenants never see, reach or clear each other's kernels. Errors are
@@ -22,6 +24,7 @@ mod error;
 mod listen;
 mod metrics;
 pub mod openapi;
+mod slots;
 pub mod tenants;
 mod tools;
 
@@ -31,7 +34,6 @@ use std::time::Duration;
 
 use axum::Router;
 use hyper_util::server::graceful::GracefulShutdown;
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -139,9 +141,9 @@ impl AppState {
     }
 }
 
-/// The API as an axum router (with `/metrics`).
+/// The API as an axum router (with `/metrics`, for callers with a tenant's token).
 pub fn router(state: AppState) -> Router {
-    api::router(state, true)
+    api::router(state, api::MetricsRoute::Authenticated)
 }
 
 /// How [`serve_with`] runs: the drain deadline, connection bounds, and an optional separate
@@ -152,9 +154,13 @@ pub struct ServeOptions {
     pub drain: Duration,
     /// Header, body, keep-alive and connection-count bounds, shared by every listener.
     pub limits: Limits,
-    /// When set, `/metrics` is served only on this listener (every other path there is 404)
-    /// and answers 404 on the API listener.
+    /// When set, `/metrics` is served only on this listener, to anyone (every other path
+    /// there is 404), and answers 404 on the API listener.
     pub metrics: Option<tokio::net::TcpListener>,
+    /// Without a metrics listener, whether `/metrics` on the API listener is served to anyone
+    /// (`true`) or only with a tenant's token (`false`, the default: it shows every tenant's
+    /// activity).
+    pub public_metrics: bool,
 }
 
 impl Default for ServeOptions {
@@ -163,6 +169,7 @@ impl Default for ServeOptions {
             drain: Duration::from_secs(30),
             limits: Limits::default(),
             metrics: None,
+            public_metrics: false,
         }
     }
 }
@@ -197,6 +204,7 @@ pub async fn serve_with(
         drain,
         limits,
         metrics,
+        public_metrics,
     } = options;
     if let Some(problem) = limits.problem() {
         return Err(std::io::Error::new(
@@ -204,9 +212,14 @@ pub async fn serve_with(
             format!("serving HTTP: {problem}"),
         ));
     }
-    let api = api::router(state.clone(), metrics.is_none());
+    let metrics_route = match (&metrics, public_metrics) {
+        (Some(_), _) => api::MetricsRoute::Absent,
+        (None, true) => api::MetricsRoute::Public,
+        (None, false) => api::MetricsRoute::Authenticated,
+    };
+    let api = api::router(state.clone(), metrics_route);
     let metrics_app = api::metrics_router(state.clone());
-    let permits = Arc::new(Semaphore::new(limits.max_connections));
+    let slots = slots::Slots::new(limits.caps());
     let graceful = GracefulShutdown::new();
     let tracker = TaskTracker::new();
     let stop = CancellationToken::new();
@@ -216,8 +229,8 @@ pub async fn serve_with(
             accepted = listener.accept() => (accepted, &api),
             accepted = accept(metrics.as_ref()) => (accepted, &metrics_app),
         };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
             Err(e) => {
                 if !is_connection_error(&e) {
                     // Out of descriptors or similar: back off briefly instead of spinning.
@@ -230,10 +243,21 @@ pub async fn serve_with(
                 continue;
             }
         };
-        let Ok(permit) = permits.clone().try_acquire_owned() else {
-            state.inner.metrics.rejected("connections");
-            listen::refuse(stream);
-            continue;
+        let slot = match slots.admit(peer.ip()) {
+            Ok((slot, evicted)) => {
+                if evicted {
+                    state.inner.metrics.rejected("connection_evicted");
+                }
+                slot
+            }
+            Err(refusal) => {
+                state.inner.metrics.rejected(match refusal {
+                    slots::Refusal::Full => "connections",
+                    slots::Refusal::PerAddress => "connections_per_address",
+                });
+                listen::refuse(stream);
+                continue;
+            }
         };
         tracker.spawn(listen::drive(listen::Conn {
             stream,
@@ -241,7 +265,7 @@ pub async fn serve_with(
             limits,
             watcher: graceful.watcher(),
             stop: stop.clone(),
-            permit,
+            slot,
         }));
     }
     state.inner.draining.store(true, Ordering::Release);

@@ -115,7 +115,7 @@ fn error_response(description: &str) -> Value {
 fn session_param() -> Value {
     json!({
         "name": "session", "in": "path", "required": true,
-        "description": "Conversation id: 1-128 of A-Z a-z 0-9 . _ - @ : (no \"::\").",
+        "description": "Conversation id: 1-128 of A-Z a-z 0-9 . _ - @ : (no \"::\"; not \".\" or \"..\").",
         "schema": {"type": "string", "pattern": "^[A-Za-z0-9._@:-]{1,128}$"}
     })
 }
@@ -154,7 +154,7 @@ pub fn spec() -> Value {
         "info": {
             "title": "kernelbox",
             "version": env!("CARGO_PKG_VERSION"),
-            "description": "Stateful Python kernels in hardened Docker containers, one per conversation. Every call is namespaced by the caller's tenant. Every request body is a JSON object. A connection beyond the server's connection limit is answered 503 `too_many_connections` and closed; one whose request head or body does not arrive in time, or that idles past the keep-alive timeout, is closed. `/metrics` may be served on a separate address (`--metrics-listen`)."
+            "description": "Stateful Python kernels in hardened Docker containers, one per conversation. Every call is namespaced by the caller's tenant. Every request body is a JSON object. A connection the server has no slot for (its connection limits, with a smaller share for connections no request with a token has come on yet) is answered 503 `too_many_connections` and closed; one whose request head or body does not arrive in time, or that idles past the keep-alive timeout, is closed, and so may be one that has not authenticated and is doing nothing when a new connection needs its slot. `/metrics` may be served on a separate address (`--metrics-listen`)."
         },
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
@@ -265,11 +265,12 @@ pub fn spec() -> Value {
             },
             "/metrics": {
                 "get": {
-                    "summary": "Prometheus metrics (text exposition format). No authentication.",
-                    "description": "When the server runs with `--metrics-listen ADDR`, this path is served only on that separate address and answers 404 on the API's.",
-                    "security": [],
+                    "summary": "Prometheus metrics (text exposition format), every tenant's activity. Any tenant's token, unless the server runs with `--public-metrics`.",
+                    "description": "When the server runs with `--metrics-listen ADDR`, this path is served, to anyone, only on that separate address and answers 404 on the API's.",
+                    "security": [{"bearer": []}, {}],
                     "responses": {
                         "200": {"description": "Metrics.", "content": {"text/plain": {"schema": {"type": "string"}}}},
+                        "401": error_response("Missing or unknown bearer token (unless `--public-metrics`)."),
                         "404": error_response("Metrics are served on a separate listen address (`--metrics-listen`).")
                     }
                 }

@@ -325,9 +325,10 @@ impl Api {
         reply.json()["kernels"].as_array().expect("kernels").clone()
     }
 
-    /// The metrics text.
-    pub async fn metrics(&self) -> String {
-        let reply = self.get("/metrics", None).await;
+    /// The metrics text, asked for with a tenant's token (docs/http-api.md, "Metrics").
+    pub async fn metrics(&self, token: &str) -> String {
+        let reply = self.get("/metrics", Some(token)).await;
+        assert_eq!(reply.status, StatusCode::OK);
         String::from_utf8_lossy(&reply.body).to_string()
     }
 }

@@ -52,7 +52,7 @@ async fn ten_mib_of_random_bytes_upload_start_the_kernel_and_a_cell_hashes_them_
         data.len().to_string().as_str()
     );
     assert!(back.body[..] == data[..], "downloaded bytes differ");
-    let metrics = s.api.metrics().await;
+    let metrics = s.api.metrics(TOKEN).await;
     for direction in ["upload", "download"] {
         let line = format!("kernelbox_file_bytes_total{{direction=\"{direction}\"}} ");
         let n: u64 = metrics

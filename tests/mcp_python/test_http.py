@@ -20,9 +20,17 @@ def kernels(server, tenant="main"):
     return r.json()["kernels"]
 
 
+def metrics_text(server, tenant="main") -> str:
+    """`/metrics`, asked for with a tenant's token (docs/http-api.md, "Metrics")."""
+    r = httpx2.get(f"{server.url}/metrics",
+                   headers={"Authorization": f"Bearer {server.tokens[tenant]}"})  # fmt: skip
+    assert r.status_code == 200, r.text
+    return r.text
+
+
 def mcp_sessions(server) -> int:
     """The `kernelbox_mcp_sessions` gauge."""
-    for line in httpx2.get(f"{server.url}/metrics").text.splitlines():
+    for line in metrics_text(server).splitlines():
         if line.startswith("kernelbox_mcp_sessions "):
             return int(line.split()[1])
     raise AssertionError("no kernelbox_mcp_sessions gauge in /metrics")
@@ -31,7 +39,7 @@ def mcp_sessions(server) -> int:
 def file_bytes(server) -> dict:
     """`kernelbox_file_bytes_total` by direction."""
     out = {}
-    for line in httpx2.get(f"{server.url}/metrics").text.splitlines():
+    for line in metrics_text(server).splitlines():
         if line.startswith("kernelbox_file_bytes_total{"):
             direction = line.split('direction="', 1)[1].split('"', 1)[0]
             out[direction] = int(line.split()[1])
@@ -168,7 +176,7 @@ def test_http_sessions_are_capped_per_tenant_and_end_when_idle_with_their_kernel
         assert second.json()["error"]["code"] == "at_capacity"
         assert second.headers["retry-after"] == "1"
         assert RawSession(server.mcp, server.tokens["other"]).initialize().status_code == 200
-        metrics = httpx2.get(f"{server.url}/metrics").text
+        metrics = metrics_text(server)
         assert mcp_sessions(server) == 2
         assert 'kernelbox_requests_rejected_total{reason="mcp_sessions"} 1\n' in metrics
         # The session's event stream (GET) lasts no longer than the session: idle for 3 s, the

@@ -147,7 +147,7 @@ async fn execute_keeps_state_and_every_error_is_json_with_the_right_status() {
     assert_eq!(fresh["output"], "False\n");
 
     // Metrics: Prometheus text, every label value present, counts moved.
-    let m = api.get("/metrics", None).await;
+    let m = api.get("/metrics", Some("tok-a")).await;
     assert_eq!(m.status, StatusCode::OK);
     let text = String::from_utf8_lossy(&m.body).to_string();
     assert!(m.headers[CONTENT_TYPE]
@@ -313,7 +313,7 @@ async fn a_tenant_at_its_cap_gets_429_when_busy_and_evicts_when_idle() {
     let kernels = api.kernels("tok").await;
     assert_eq!(kernels.len(), 1, "{kernels:?}");
     assert_eq!(kernels[0]["session"], "s3");
-    let m = api.get("/metrics", None).await;
+    let m = api.get("/metrics", Some("tok")).await;
     let text = String::from_utf8_lossy(&m.body).to_string();
     assert!(
         text.contains("kernelbox_requests_rejected_total{reason=\"capacity\"} 1"),

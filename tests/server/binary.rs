@@ -1,4 +1,4 @@
-//! The `kernelbox serve` binary: SIGTERM cleanup and tenants-file errors.
+//! The `kernelbox serve` binary: SIGTERM cleanup, tenants-file errors, who may read `/metrics`.
 
 use std::time::Duration;
 
@@ -99,4 +99,75 @@ async fn bad_tenants_files_fail_with_exit_2_naming_the_file_and_field() {
         assert!(stderr.contains(field), "{stderr}");
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `/metrics` shows every tenant's activity: on the API listener it needs a tenant's token
+/// (401 without one), unless the operator opts out with `--public-metrics`
+/// (`KERNELBOX_PUBLIC_METRICS`); `--metrics-listen` serves it to anyone on an address of its
+/// own (tests/connections.rs). docs/http-api.md, "Metrics".
+#[tokio::test(flavor = "multi_thread")]
+async fn metrics_on_the_api_listener_need_a_token_unless_the_operator_makes_them_public() {
+    for public in [
+        None,
+        Some("--public-metrics"),
+        Some("KERNELBOX_PUBLIC_METRICS"),
+    ] {
+        let label = common::unique("srv-metrics");
+        let engine = common::engine().await;
+        let state = tempfile::tempdir().expect("state dir");
+        let mut command = common::serve_command(&label, "tok-bin");
+        command
+            .args(["--pool", "0"])
+            .env("KERNELBOX_STATE_DIR", state.path())
+            .env_remove("KERNELBOX_PUBLIC_METRICS")
+            .env_remove("KERNELBOX_METRICS_LISTEN");
+        match public {
+            Some(flag) if flag.starts_with("--") => {
+                command.arg(flag);
+            }
+            Some(var) => {
+                command.env(var, "true");
+            }
+            None => {}
+        }
+        let mut child = command.spawn().expect("spawn kernelbox serve");
+        let stderr = child.stderr.take().expect("stderr");
+        let mut lines = tokio::io::BufReader::new(stderr).lines();
+        let addr = crate::common::serving_addr(&mut lines).await;
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let api = Api::new(addr);
+
+        let anonymous = api.get("/metrics", None).await;
+        let wrong = api.get("/metrics", Some("not-a-token")).await;
+        if public.is_some() {
+            assert_eq!(anonymous.status, hyper::StatusCode::OK, "{public:?}");
+            assert_eq!(wrong.status, hyper::StatusCode::OK, "{public:?}");
+        } else {
+            assert_eq!(
+                anonymous.error(hyper::StatusCode::UNAUTHORIZED),
+                "unauthorized"
+            );
+            assert_eq!(wrong.error(hyper::StatusCode::UNAUTHORIZED), "unauthorized");
+            assert!(
+                !String::from_utf8_lossy(&anonymous.body).contains("kernelbox_"),
+                "no metric leaks in the refusal"
+            );
+        }
+        let authenticated = api.get("/metrics", Some("tok-bin")).await;
+        assert_eq!(authenticated.status, hyper::StatusCode::OK, "{public:?}");
+        assert!(String::from_utf8_lossy(&authenticated.body).contains("kernelbox_kernels_live "));
+        // Health and the API description stay open.
+        assert_eq!(
+            api.get("/healthz", None).await.status,
+            hyper::StatusCode::OK
+        );
+        assert_eq!(
+            api.get("/openapi.json", None).await.status,
+            hyper::StatusCode::OK
+        );
+
+        let status = common::terminate(&mut child, Duration::from_secs(60)).await;
+        assert_eq!(status.code(), Some(0));
+        common::assert_clean(&engine, &label).await;
+    }
 }

@@ -7,7 +7,8 @@
 //! - `api.rs`: every endpoint and status code, tenant isolation, a tenant's kernel cap
 //! - `streaming.rs`: live output, interrupt, a streaming client that does not read
 //! - `tools.rs`: tool calls to a real tool endpoint, only allowed tools
-//! - `binary.rs`: the `kernelbox serve` binary: SIGTERM cleanup, tenants-file errors
+//! - `binary.rs`: the `kernelbox serve` binary: SIGTERM cleanup, tenants-file errors, who may
+//!   read `/metrics`
 //! - `fuzz.rs`: random requests never get a 5xx or a dropped connection
 
 #[path = "../common/mod.rs"]

@@ -127,7 +127,7 @@ for name in ("rm_rf", "broken"):
         .await;
     assert_eq!(r.error(StatusCode::BAD_REQUEST), "tool_not_allowed");
 
-    let m = api.get("/metrics", None).await;
+    let m = api.get("/metrics", Some("tok")).await;
     let text = String::from_utf8_lossy(&m.body).to_string();
     assert!(
         text.contains("kernelbox_tool_calls_total{outcome=\"ok\"} 2"),

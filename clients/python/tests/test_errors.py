@@ -112,9 +112,12 @@ def one_connection_server(tmp_path: Path) -> Iterator[Server]:
 def test_a_server_at_its_connection_limit_is_a_server_error(one_connection_server: Server) -> None:
     s = one_connection_server
     host, port = s.url.removeprefix("http://").split(":")
-    # One kept-alive connection, answered once, holds the only slot.
+    # One kept-alive connection, answered once with a token, holds the only slot (one that
+    # never authenticated would give it up to the next connection).
     with socket.create_connection((host, int(port)), timeout=10) as held:
-        held.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        held.sendall(
+            f"GET /v1/kernels HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {s.token()}\r\n\r\n".encode()
+        )
         assert held.recv(4096).startswith(b"HTTP/1.1 200")
         with Client(s.url, s.token()) as c:
             with pytest.raises(ServerError) as e:

@@ -44,9 +44,19 @@ use crate::orchestrator::{ExecuteRequest, Scope};
 use crate::owner::validate_name;
 use crate::wire::{ExecuteBody, MAX_TASK_ID};
 
-/// The API; `/metrics` is left out (404) when `with_metrics` is false because it is served
-/// on a listener of its own.
-pub(super) fn router(state: AppState, with_metrics: bool) -> Router {
+/// How the API listener serves `/metrics` (docs/http-api.md, "Metrics").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum MetricsRoute {
+    /// Left out (404): it is served on a listener of its own.
+    Absent,
+    /// To a caller with a tenant's token (401 otherwise).
+    Authenticated,
+    /// To anyone.
+    Public,
+}
+
+/// The API, with `/metrics` as `metrics_route` says.
+pub(super) fn router(state: AppState, metrics_route: MetricsRoute) -> Router {
     let router = Router::new()
         .route("/v1/sessions/{session}/execute", post(execute))
         .route("/v1/sessions/{session}/interrupt", post(interrupt))
@@ -73,10 +83,10 @@ pub(super) fn router(state: AppState, with_metrics: bool) -> Router {
         .route("/v1/mcp", mcp_routes(&state))
         .route("/healthz", get(healthz))
         .route("/openapi.json", get(openapi));
-    let router = if with_metrics {
-        router.route("/metrics", get(metrics))
-    } else {
-        router
+    let router = match metrics_route {
+        MetricsRoute::Absent => router,
+        MetricsRoute::Authenticated => router.route("/metrics", get(tenant_metrics)),
+        MetricsRoute::Public => router.route("/metrics", get(metrics)),
     };
     finish(router, state)
 }
@@ -134,7 +144,14 @@ impl FromRequestParts<AppState> for Caller {
             })
             .filter(|t| !t.is_empty());
         match token.and_then(|t| state.inner.tenants.authenticate(t)) {
-            Some(tenant) => Ok(Caller(tenant)),
+            Some(tenant) => {
+                // The connection leaves the unauthenticated pool (docs/http-api.md, "Slow
+                // and idle clients cannot hold the server").
+                if let Some(slot) = parts.extensions.get::<super::slots::Promote>() {
+                    slot.authenticated();
+                }
+                Ok(Caller(tenant))
+            }
             None => {
                 state.inner.metrics.rejected("unauthorized");
                 Err(ApiError::unauthorized())
@@ -468,6 +485,11 @@ async fn metrics(State(state): State<AppState>) -> Response {
         text,
     )
         .into_response()
+}
+
+/// `/metrics` for a caller with a tenant's token: it shows every tenant's activity.
+async fn tenant_metrics(state: State<AppState>, _caller: Caller) -> Response {
+    metrics(state).await
 }
 
 async fn openapi() -> Json<serde_json::Value> {

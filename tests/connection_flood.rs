@@ -1,0 +1,265 @@
+//! A flood of unauthenticated connections cannot take the connection slots an authenticated
+//! tenant needs (docs/http-api.md, "Slow and idle clients cannot hold the server"): the real
+//! `kernelbox serve` binary with `--max-connections 64` and every other connection bound at
+//! its default, hundreds of sockets without a token each sending half a request head and
+//! reopened as soon as the server closes them, from several loopback addresses, while a
+//! tenant runs cells, each on a fresh connection (so that every one of its requests must be
+//! admitted during the attack). The tenant must see no 503, every request answered within a
+//! few seconds, and at least 99% of its cells succeed; once the attack stops, the server
+//! answers at once.
+//!
+//! The figures (requests, outcomes, latencies, sockets the attack opened) are printed; run
+//! with `--nocapture` to see them.
+
+mod common;
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpSocket, TcpStream};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+const TOKEN: &str = "tok-flood";
+/// Loopback addresses the attack comes from (127.0.0.2 and up; the tenant is 127.0.0.1).
+const ATTACK_ADDRESSES: u8 = 4;
+/// Sockets the attack keeps open (or reopens) per address.
+const SOCKETS_PER_ADDRESS: usize = 60;
+/// An attacking socket closed by the server is reopened after this pause.
+const REOPEN_PAUSE: Duration = Duration::from_millis(100);
+/// How long the tenant runs cells under the attack.
+const ATTACK: Duration = Duration::from_secs(8);
+/// Longest a tenant request may take, during the attack or after it.
+const BOUND: Duration = Duration::from_secs(5);
+/// Longest the test waits for any one request before calling it unanswered.
+const GIVE_UP: Duration = Duration::from_secs(30);
+
+/// What one tenant request came to.
+#[derive(Debug)]
+enum Outcome {
+    /// The cell ran and printed what it was asked to.
+    Ok,
+    /// An HTTP status other than 200.
+    Status(u16, String),
+    /// No whole response: refused, reset, or not answered within `GIVE_UP`.
+    Failed(String),
+}
+
+/// Runs `print(n)` in `session` on a new connection from 127.0.0.1 (`Connection: close`).
+async fn cell(addr: SocketAddr, session: &str, n: u64) -> (Outcome, Duration) {
+    let started = Instant::now();
+    let outcome = match tokio::time::timeout(GIVE_UP, cell_once(addr, session, n)).await {
+        Ok(outcome) => outcome,
+        Err(_) => Outcome::Failed(format!("no response within {GIVE_UP:?}")),
+    };
+    (outcome, started.elapsed())
+}
+
+async fn cell_once(addr: SocketAddr, session: &str, n: u64) -> Outcome {
+    let body = serde_json::json!({ "code": format!("print({n})") }).to_string();
+    let request = format!(
+        "POST /v1/sessions/{session}/execute HTTP/1.1\r\nHost: kernelbox\r\n\
+         Authorization: Bearer {TOKEN}\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut stream = match TcpStream::connect(addr).await {
+        Ok(s) => s,
+        Err(e) => return Outcome::Failed(format!("connect: {e}")),
+    };
+    if let Err(e) = stream.write_all(request.as_bytes()).await {
+        return Outcome::Failed(format!("send: {e}"));
+    }
+    let mut bytes = Vec::new();
+    let mut buf = [0u8; 8192];
+    loop {
+        match stream.read(&mut buf).await {
+            Ok(0) => break,
+            Ok(k) => bytes.extend_from_slice(&buf[..k]),
+            // A reset after a whole response still counts as that response.
+            Err(e) if bytes.is_empty() => return Outcome::Failed(format!("read: {e}")),
+            Err(_) => break,
+        }
+    }
+    let text = String::from_utf8_lossy(&bytes).into_owned();
+    let Some((head, body)) = text.split_once("\r\n\r\n") else {
+        return Outcome::Failed(format!("not a response: {text:?}"));
+    };
+    let status: u16 = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    if status != 200 {
+        return Outcome::Status(status, body.to_string());
+    }
+    match serde_json::from_str::<serde_json::Value>(body) {
+        Ok(v) if v["status"] == "success" && v["output"] == format!("{n}\n") => Outcome::Ok,
+        _ => Outcome::Status(status, body.to_string()),
+    }
+}
+
+/// One attacking socket, reopened as it closes: connects from `source`, sends half a request
+/// head with no token, and holds the connection until the server closes it. Returns how many
+/// connections it opened.
+async fn attacker(addr: SocketAddr, source: Ipv4Addr, stop: CancellationToken) -> u64 {
+    const HALF_HEAD: &[u8] = b"GET /v1/kernels HTTP/1.1\r\nHost: kernelbox\r\nX-Padding: ";
+    let mut opened = 0;
+    while !stop.is_cancelled() {
+        let connected = async {
+            let socket = TcpSocket::new_v4()?;
+            socket.bind(SocketAddr::from((source, 0)))?;
+            socket.connect(addr).await
+        };
+        let stream = tokio::select! {
+            _ = stop.cancelled() => break,
+            connected = tokio::time::timeout(GIVE_UP, connected) => connected,
+        };
+        if let Ok(Ok(mut stream)) = stream {
+            opened += 1;
+            if stream.write_all(HALF_HEAD).await.is_ok() {
+                let mut buf = [0u8; 1024];
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = async {
+                        while let Ok(1..) = stream.read(&mut buf).await {}
+                    } => {}
+                }
+            }
+        }
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = tokio::time::sleep(REOPEN_PAUSE) => {}
+        }
+    }
+    opened
+}
+
+/// The figures of a run of tenant requests.
+fn summary(what: &str, results: &[(Outcome, Duration)]) -> (usize, usize, Duration) {
+    let ok = results
+        .iter()
+        .filter(|(o, _)| matches!(o, Outcome::Ok))
+        .count();
+    let refused = results
+        .iter()
+        .filter(|(o, _)| matches!(o, Outcome::Status(503, _)))
+        .count();
+    let max = results.iter().map(|(_, d)| *d).max().unwrap_or_default();
+    let mut sorted: Vec<Duration> = results.iter().map(|(_, d)| *d).collect();
+    sorted.sort();
+    let median = sorted.get(sorted.len() / 2).copied().unwrap_or_default();
+    println!(
+        "{what}: {} requests, {ok} ok ({:.1}%), {refused} answered 503, max latency {max:?}, \
+         median {median:?}",
+        results.len(),
+        100.0 * ok as f64 / results.len().max(1) as f64,
+    );
+    for (outcome, took) in results
+        .iter()
+        .filter(|(o, _)| !matches!(o, Outcome::Ok))
+        .take(5)
+    {
+        let what = match outcome {
+            Outcome::Ok => "ok".to_string(),
+            Outcome::Status(status, body) => format!("{status} {body}"),
+            Outcome::Failed(why) => why.clone(),
+        };
+        println!("  e.g. {what} after {took:?}");
+    }
+    (ok, refused, max)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_flood_of_unauthenticated_half_heads_does_not_starve_an_authenticated_tenant() {
+    let label = common::unique("flood");
+    let engine = common::engine().await;
+    let state = tempfile::tempdir().expect("state directory");
+    let mut child = common::serve_command(&label, TOKEN)
+        .arg("--state-dir")
+        .arg(state.path())
+        .args(["--max-connections", "64", "--pool", "0"])
+        .spawn()
+        .expect("spawn kernelbox serve");
+    let stderr = child.stderr.take().expect("stderr");
+    let mut lines = tokio::io::BufReader::new(stderr).lines();
+    let addr = common::serving_addr(&mut lines).await;
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+
+    // The tenant's sessions have their kernels before the attack starts.
+    let sessions = ["flood-a", "flood-b"];
+    for session in sessions {
+        let (outcome, _) = cell(addr, session, 0).await;
+        assert!(matches!(outcome, Outcome::Ok), "{outcome:?}");
+    }
+
+    let stop = CancellationToken::new();
+    let mut attack = Vec::new();
+    for a in 0..ATTACK_ADDRESSES {
+        let source = Ipv4Addr::new(127, 0, 0, 2 + a);
+        for _ in 0..SOCKETS_PER_ADDRESS {
+            attack.push(tokio::spawn(attacker(addr, source, stop.clone())));
+        }
+    }
+    // Let the attack take hold of whatever it can.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let until = Instant::now() + ATTACK;
+    let tenant: Vec<_> = sessions
+        .into_iter()
+        .map(|session| {
+            tokio::spawn(async move {
+                let mut results = Vec::new();
+                let mut n = 1;
+                while Instant::now() < until {
+                    results.push(cell(addr, session, n).await);
+                    n += 1;
+                }
+                results
+            })
+        })
+        .collect();
+    let mut during = Vec::new();
+    for task in tenant {
+        during.extend(task.await.expect("tenant task"));
+    }
+    stop.cancel();
+    let mut opened = 0;
+    for task in attack {
+        opened += task.await.expect("attacker task");
+    }
+    println!(
+        "attack: {} sockets from {ATTACK_ADDRESSES} addresses opened {opened} connections",
+        ATTACK_ADDRESSES as usize * SOCKETS_PER_ADDRESS
+    );
+    let (ok, refused, max) = summary("tenant during the attack", &during);
+
+    // Recovery: at once.
+    let mut after = Vec::new();
+    for (i, session) in sessions.into_iter().enumerate() {
+        after.push(cell(addr, session, 1_000 + i as u64).await);
+    }
+    let (after_ok, _, after_max) = summary("tenant right after the attack", &after);
+
+    assert!(
+        opened >= 2 * (ATTACK_ADDRESSES as u64) * SOCKETS_PER_ADDRESS as u64,
+        "the attack did not reopen its sockets as they closed ({opened} connections)"
+    );
+    assert!(during.len() >= 20, "the tenant made too few requests");
+    assert_eq!(refused, 0, "the tenant was refused 503");
+    assert!(
+        ok * 100 >= during.len() * 99,
+        "the tenant's success rate fell below 99%"
+    );
+    assert!(max <= BOUND, "a tenant request took {max:?}");
+    assert_eq!(after_ok, after.len(), "the server did not recover at once");
+    assert!(
+        after_max <= BOUND,
+        "after the attack a request took {after_max:?}"
+    );
+
+    let status = common::terminate(&mut child, Duration::from_secs(60)).await;
+    assert_eq!(status.code(), Some(0));
+    common::assert_clean(&engine, &label).await;
+}
