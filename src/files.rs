@@ -191,7 +191,7 @@ pub enum TransferError {
     /// No progress within the transfer's idle deadline.
     #[error("the file transfer made no progress for {0:?}; nothing was written")]
     Stalled(std::time::Duration),
-    /// The download was read slower than `Config::download_min_rate`; it was cut and its
+    /// The download was read slower than `Config::files.download_min_rate`; it was cut and its
     /// kernel released.
     #[error("the download was read slower than {0} bytes/s; it was cut")]
     TooSlow(u64),

@@ -47,11 +47,12 @@ use tokio_util::sync::CancellationToken;
 use crate::authority::CellAuthority;
 use crate::cell::OutputBuffer;
 use crate::clock::unix_now;
-use crate::config::{DEFAULT_DISPLAY_BUNDLE_BYTES, DEFAULT_DISPLAY_CELL_BYTES};
+use crate::config::{
+    DisplayCaps, OutputCaps, DEFAULT_DISPLAY_BUNDLE_BYTES, DEFAULT_DISPLAY_CELL_BYTES,
+};
 use crate::docker::{remove_volume_when_free, short_id, Engine, EngineError};
 use crate::owner::{KernelKey, Owner};
 use crate::rich::{DisplaySink, RichResult};
-pub use protocol::DisplayCaps;
 use protocol::{KernelFrame, MAX_FRAME_LINE, PROTOCOL_VERSION};
 use scanner::MAX_DISPLAY_PIECE;
 use stdin::{Stdin, MAX_STDIN_BACKLOG};
@@ -99,11 +100,11 @@ pub const MAX_TOOL_RESULT_FRAME: usize = MAX_TOOL_RESULT_BYTES + 1024;
 ///   [`MAX_TOOL_CALLS_IN_FLIGHT`] (16) results being read, each bounded by the dispatcher (the
 ///   server's reads at most [`MAX_TOOL_RESULT_BYTES`], 1 MiB, per response and passes it
 ///   through without parsing it into a tree);
-/// - output: the cell's result buffer, `output_inline_bytes` plus `output_spill_bytes`
+/// - output: the cell's result buffer, `cells.output.inline_bytes` plus `cells.output.spill_bytes`
 ///   (5 MB by default), and for a streaming request at most 1 MiB of undelivered events;
-/// - displays (`display.rs`): the one being assembled, at most `display_bundle_bytes` (5 MiB
+/// - displays (`display.rs`): the one being assembled, at most `cells.display.bundle_bytes` (5 MiB
 ///   by default) plus one piece ([`MAX_DISPLAY_PIECE`], 4 KiB), and the cell's finished ones,
-///   at most `display_cell_bytes` (20 MiB by default, each display counted with 1 KiB more
+///   at most `cells.display.cell_bytes` (20 MiB by default, each display counted with 1 KiB more
 ///   for its structure); the same again as their JSON in the response, and for a streaming
 ///   request once more as `display` events the client has not read: three times the cell cap.
 ///
@@ -233,10 +234,10 @@ pub type OutputSink = Arc<dyn Fn(&[u8]) + Send + Sync>;
 
 /// What one cell may keep of its output and displays, and where they go live.
 pub struct CellOptions {
-    /// Output kept inline, and kept for the spill file, in bytes.
-    pub output_caps: (usize, usize),
+    /// Output kept inline, and kept for the spill file.
+    pub output: OutputCaps,
     /// The caps on the cell's displays.
-    pub display_caps: DisplayCaps,
+    pub display: DisplayCaps,
     /// Receives output as it arrives.
     pub sink: Option<OutputSink>,
     /// Receives each display as it arrives, in order with the output.

@@ -12,6 +12,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
+use crate::config::{DisplayCaps, DISPLAY_OVERHEAD_BYTES};
+
 /// The protocol version this host speaks; the runner announces its own in `ready`.
 pub const PROTOCOL_VERSION: u64 = 3;
 
@@ -121,7 +123,7 @@ pub enum HostFrame<'a> {
         /// Bytes the runner writes before each piece of a display.
         display: &'a str,
         /// The display caps the runner applies (the host enforces them too).
-        display_caps: DisplayCaps,
+        display_caps: RunnerDisplayCaps,
     },
     /// The answer to a tool call.
     ToolResult {
@@ -154,13 +156,24 @@ impl HostFrame<'_> {
 /// saves a display past them to files and sends a note instead (`runner/rich.py`); the host
 /// drops any display past them (`src/kernel/display.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct DisplayCaps {
+pub struct RunnerDisplayCaps {
     /// Largest display.
     pub bundle: usize,
     /// Largest total of a cell's displays.
     pub cell: usize,
     /// What each display counts beyond its JSON, for the host's memory per display.
     pub overhead: usize,
+}
+
+impl From<DisplayCaps> for RunnerDisplayCaps {
+    /// The configured caps, each display counted with [`DISPLAY_OVERHEAD_BYTES`] more.
+    fn from(caps: DisplayCaps) -> Self {
+        RunnerDisplayCaps {
+            bundle: caps.bundle_bytes,
+            cell: caps.cell_bytes,
+            overhead: DISPLAY_OVERHEAD_BYTES,
+        }
+    }
 }
 
 /// How the runner says a cell ended.

@@ -14,7 +14,7 @@ use serde_json::value::RawValue;
 use tokio_util::sync::CancellationToken;
 
 use super::display::Displays;
-use super::protocol::{DoneStatus, HostFrame, KernelFrame};
+use super::protocol::{DoneStatus, HostFrame, KernelFrame, RunnerDisplayCaps};
 use super::scanner::{MarkerScanner, Piece};
 use super::stdin::Stdin;
 use super::{
@@ -55,7 +55,7 @@ impl Kernel {
         options: CellOptions,
     ) -> CellRun {
         let deadline = tokio::time::Instant::now() + timeout;
-        let mut output = OutputBuffer::new(options.output_caps.0, options.output_caps.1);
+        let mut output = OutputBuffer::new(options.output.inline_bytes, options.output.spill_bytes);
         let never_ran = |outcome, output| CellRun {
             outcome,
             output,
@@ -92,7 +92,8 @@ impl Kernel {
         let nonce: u64 = rand::rng().random();
         let marker = format!("\u{1}kernelbox-end:{cell}:{nonce:016x}\u{1}");
         let display_marker = format!("\u{1}kernelbox-display:{cell}:{nonce:016x}\u{1}");
-        let mut displays = Displays::new(options.display_caps);
+        let display_caps = RunnerDisplayCaps::from(options.display);
+        let mut displays = Displays::new(display_caps);
         let mut displays_dropped = 0;
         *self.authority.lock().unwrap_or_else(|p| p.into_inner()) = Some(authority.clone());
         self.shared.active_cell.store(cell, Ordering::Release);
@@ -102,7 +103,7 @@ impl Kernel {
             code,
             marker: &marker,
             display: &display_marker,
-            display_caps: options.display_caps,
+            display_caps,
         }
         .to_line();
         self.writer.send(frame);

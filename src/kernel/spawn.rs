@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use rand::Rng;
 use tokio::sync::{mpsc, Semaphore};
@@ -20,7 +20,7 @@ use super::{
     kernel_labels, parse_user, pool_labels, CellIo, IoEvent, Kernel, KernelError, KernelState,
     Shared, MAX_READER_BACKLOG, STAGING_DIR_PROJECT, WORK_DIR,
 };
-use crate::config::{Config, WorkMode};
+use crate::config::{FileTransfer, KernelSpec, WorkMode};
 use crate::docker::monitor::EventMonitor;
 use crate::docker::{remove_volume_when_free, ContainerSpec, Engine, Mount, TmpfsVolume};
 use crate::owner::KernelKey;
@@ -29,8 +29,13 @@ use crate::owner::KernelKey;
 pub struct SpawnRequest<'a> {
     /// The engine to run it on.
     pub engine: Arc<dyn Engine>,
-    /// Sandbox, image-independent limits and the spawn timeout.
-    pub config: &'a Config,
+    /// What it is made from (an owner's kernel runs the image its key names instead).
+    pub spec: &'a KernelSpec,
+    /// How long the runner may take to say it is ready.
+    pub spawn_timeout: Duration,
+    /// The file transport's settings (the resident helper's idle time, the channels'
+    /// directory).
+    pub files: &'a FileTransfer,
     /// The instance's labels, put on the container and its volume.
     pub base_labels: &'a BTreeMap<String, String>,
     /// The key it will serve and which kernel of the key it is; `None` for a kernel made for
@@ -42,7 +47,7 @@ pub struct SpawnRequest<'a> {
     pub tracker: &'a TaskTracker,
     /// When set, the spawn gives way to others before each engine step (see [`Yield`]).
     pub yield_to: Option<Yield>,
-    /// Set once the engine refused to mount [`Config::file_sockets`] (it does not see that
+    /// Set once the engine refused to mount [`FileTransfer::sockets`] (it does not see that
     /// directory: an engine on another host): kernels are then made without it.
     pub sockets_refused: &'a AtomicBool,
 }
@@ -102,7 +107,8 @@ impl Kernel {
     pub async fn spawn(request: SpawnRequest<'_>) -> Result<Arc<Kernel>, KernelError> {
         let SpawnRequest {
             engine,
-            config,
+            spec,
+            files: file_transfer,
             base_labels,
             owner,
             yield_to,
@@ -122,12 +128,12 @@ impl Kernel {
         };
         // An owner's kernel runs the image its key names (a tenant's or a request's, see
         // README "Images"); a pooled kernel, the configuration's.
-        let mut spec = config.kernel_spec();
+        let mut spec = KernelSpec::clone(spec);
         if let Some((key, _)) = owner {
             spec.image = key.image.clone();
         }
-        let tmpfs = config.sandbox.work_bytes.map(|size_bytes| {
-            let (uid, gid) = parse_user(&config.sandbox.user);
+        let tmpfs = spec.sandbox.work_bytes.map(|size_bytes| {
+            let (uid, gid) = parse_user(&spec.sandbox.user);
             TmpfsVolume {
                 size_bytes,
                 uid,
@@ -140,7 +146,7 @@ impl Kernel {
         labels.insert(crate::labels::VOLUME.into(), volume.clone());
         labels.insert(
             crate::labels::MEMORY.into(),
-            config.sandbox.memory_bytes.to_string(),
+            spec.sandbox.memory_bytes.to_string(),
         );
         let (mut mounts, spill_dir) = match &spec.mode {
             WorkMode::Strict => (
@@ -165,8 +171,8 @@ impl Kernel {
                 STAGING_DIR_PROJECT.to_string(),
             ),
         };
-        let mut sockets = config
-            .file_sockets
+        let mut sockets = file_transfer
+            .sockets
             .clone()
             .filter(|_| !sockets_refused.load(Ordering::Relaxed));
         if let Some(dir) = &sockets {
@@ -191,11 +197,11 @@ impl Kernel {
                     "LANG=C.UTF-8".into(),
                 ])
                 .collect(),
-            user: config.sandbox.user.clone(),
+            user: spec.sandbox.user.clone(),
             working_dir: WORK_DIR.into(),
             labels,
             mounts,
-            sandbox: config.sandbox.clone(),
+            sandbox: spec.sandbox.clone(),
         };
         let mut created = match give_way(yield_to).await {
             Ok(()) => engine.create_container(&spec).await,
@@ -252,7 +258,9 @@ impl Kernel {
     ) -> Result<Arc<Kernel>, KernelError> {
         let SpawnRequest {
             engine,
-            config,
+            spec,
+            spawn_timeout,
+            files: file_transfer,
             owner,
             monitor,
             tracker,
@@ -279,7 +287,7 @@ impl Kernel {
             owner: OnceLock::new(),
             created: SystemTime::now(),
             spill_dir,
-            user: config.sandbox.user.clone(),
+            user: spec.sandbox.user.clone(),
             engine: engine.clone(),
             shared: shared.clone(),
             io: tokio::sync::Mutex::new(CellIo { rx }),
@@ -290,7 +298,7 @@ impl Kernel {
             drain: drain.clone(),
             cancel: cancel.clone(),
             files: Arc::new(files::Resident::new(
-                config.file_helper_idle,
+                file_transfer.helper_idle,
                 sockets,
                 tracker.clone(),
                 cancel.clone(),
@@ -318,7 +326,7 @@ impl Kernel {
         give_way(&yield_to).await?;
         engine.start(&id).await?;
         let mut io = kernel.io.lock().await;
-        let ready = tokio::time::timeout(config.spawn_timeout, async {
+        let ready = tokio::time::timeout(spawn_timeout, async {
             loop {
                 match io.rx.recv().await {
                     Some(IoEvent::Frame(KernelFrame::Ready { v, python }, _)) => {
@@ -337,7 +345,7 @@ impl Kernel {
             }
         })
         .await
-        .map_err(|_| KernelError::SpawnTimeout(config.spawn_timeout))??;
+        .map_err(|_| KernelError::SpawnTimeout(spawn_timeout))??;
         drop(io);
         if ready.0 != PROTOCOL_VERSION {
             return Err(KernelError::Protocol(ready.0));
@@ -356,6 +364,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::config::Config;
     use crate::docker::fake::FakeEngine;
     use crate::docker::monitor::EventMonitor;
 
@@ -368,7 +377,9 @@ mod tests {
     ) -> SpawnRequest<'a> {
         SpawnRequest {
             engine: Arc::new(fake.clone()),
-            config,
+            spec: &config.spec,
+            spawn_timeout: config.kernels.spawn_timeout,
+            files: &config.files,
             base_labels: labels,
             owner: None,
             monitor: EventMonitor::default(),

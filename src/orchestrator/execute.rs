@@ -11,8 +11,7 @@ use crate::catalog::Change;
 use crate::cell::{
     timeout_message, CellResult, CellStatus, KernelInfo, LossReason, INTERRUPTED_MESSAGE,
 };
-use crate::config::DISPLAY_OVERHEAD_BYTES;
-use crate::kernel::{CellOptions, CellOutcome, Death, DisplayCaps, Kernel, SpawnRequest};
+use crate::kernel::{CellOptions, CellOutcome, Death, Kernel, SpawnRequest};
 use crate::orchestrator::adopt::run_adopted;
 use crate::owner::KernelKey;
 use crate::registry::{Refusal, Slot, TenantLimits};
@@ -39,10 +38,10 @@ impl Orchestrator {
         })
     }
 
-    /// The image a new kernel of a request runs: the one it names, else `Config::image`.
+    /// The image a new kernel of a request runs: the one it names, else `Config::spec.image`.
     pub(super) fn image_for(&self, named: Option<&str>) -> Result<String, ExecuteError> {
         match named {
-            None => Ok(self.inner.config.image.clone()),
+            None => Ok(self.inner.config.spec.image.clone()),
             Some(image) if image.trim().is_empty() => {
                 Err(ExecuteError::Invalid("image must not be empty".into()))
             }
@@ -61,10 +60,10 @@ impl Orchestrator {
             &request.session,
             request.child.as_deref(),
         )?;
-        let timeout = config.check_cell_timeout(request.timeout.unwrap_or(config.cell_timeout))?;
+        let timeout = config.check_cell_timeout(request.timeout.unwrap_or(config.cells.timeout))?;
         let key = KernelKey {
             owner: owner.clone(),
-            mode: config.mode.clone(),
+            mode: config.spec.mode.clone(),
             image: self.image_for(request.image.as_deref())?,
             tools: request.tools.clone(),
         };
@@ -94,7 +93,7 @@ impl Orchestrator {
             request.task_id.clone(),
             request.dispatcher.clone(),
             request.tools.clone(),
-            config.max_tool_calls,
+            config.cells.max_tool_calls,
         ));
         let run = kernel
             .run_cell(
@@ -103,12 +102,8 @@ impl Orchestrator {
                 authority.clone(),
                 cancel.clone(),
                 CellOptions {
-                    output_caps: (config.output_inline_bytes, config.output_spill_bytes),
-                    display_caps: DisplayCaps {
-                        bundle: config.display_bundle_bytes,
-                        cell: config.display_cell_bytes,
-                        overhead: DISPLAY_OVERHEAD_BYTES,
-                    },
+                    output: config.cells.output,
+                    display: config.cells.display,
                     sink: request.sink.clone(),
                     display_sink: request.display_sink.clone(),
                 },
@@ -156,7 +151,7 @@ impl Orchestrator {
                 Some(LossReason::Killed),
             ),
             CellOutcome::Died(death) => {
-                let (message, reason) = death_message(*death, config.sandbox.memory_bytes);
+                let (message, reason) = death_message(*death, config.spec.sandbox.memory_bytes);
                 (CellStatus::Error, -1, Some(message), reason)
             }
         };
@@ -203,7 +198,7 @@ impl Orchestrator {
                     Ok(path) => {
                         result.warning = Some(format!(
                             "Output was cut to {} bytes; the first {} bytes are in {path} inside the kernel.",
-                            config.output_inline_bytes,
+                            config.cells.output.inline_bytes,
                             spill.len()
                         ));
                     }
@@ -211,7 +206,7 @@ impl Orchestrator {
                         tracing::warn!(error = %e, "spilling output failed");
                         result.warning = Some(format!(
                             "Output was cut to {} bytes; saving the first {} bytes inside the kernel failed ({e}).",
-                            config.output_inline_bytes,
+                            config.cells.output.inline_bytes,
                             spill.len()
                         ));
                     }
@@ -329,7 +324,9 @@ impl Orchestrator {
                     let started = Instant::now();
                     let spawn = Kernel::spawn(SpawnRequest {
                         engine: inner.engine.clone(),
-                        config: &inner.config,
+                        spec: &inner.config.spec,
+                        spawn_timeout: inner.config.kernels.spawn_timeout,
+                        files: &inner.config.files,
                         base_labels: &inner.labels,
                         owner: Some((key.clone(), slot.generation)),
                         monitor: inner.monitor.clone(),

@@ -42,7 +42,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::catalog::{Catalog, CatalogError, CatalogWriter, Change, Entry, EntryState};
 use crate::cell::{LossReason, StateLost};
-use crate::config::Config;
+use crate::config::{Config, IntoValidConfig, ValidConfig};
 use crate::docker::monitor::EventMonitor;
 use crate::docker::Engine;
 use crate::instance::sweep::{self};
@@ -70,7 +70,7 @@ struct Run {
 }
 
 struct Inner {
-    config: Config,
+    config: ValidConfig,
     engine: Arc<dyn Engine>,
     instance: Instance,
     labels: BTreeMap<String, String>,
@@ -109,15 +109,15 @@ impl std::fmt::Debug for Orchestrator {
 }
 
 impl Orchestrator {
-    /// Validates the config, opens the catalog in `config.state_dir` (if set), checks the
-    /// engine, sweeps leftovers of dead instances, and starts the event monitor, the reaper
-    /// and the watchdog.
+    /// Validates the config (a [`Config`]; a [`ValidConfig`] is not checked again), opens the
+    /// catalog in `config.housekeeping.state_dir` (if set), checks the engine, sweeps
+    /// leftovers of dead instances, and starts the event monitor, the reaper and the watchdog.
     pub async fn start(
-        config: Config,
+        config: impl IntoValidConfig,
         engine: Arc<dyn Engine>,
     ) -> Result<Orchestrator, StartError> {
-        let config = config.validate()?;
-        let catalog = match config.state_dir.clone() {
+        let config = config.into_valid()?;
+        let catalog = match config.housekeeping.state_dir.clone() {
             Some(dir) => {
                 let opened =
                     tokio::task::spawn_blocking(move || crate::catalog::RedbCatalog::open(&dir))
@@ -132,15 +132,14 @@ impl Orchestrator {
         Self::start_with_catalog(config, engine, catalog).await
     }
 
-    /// [`Orchestrator::start`] with the given catalog (`config.state_dir` is not used):
+    /// [`Orchestrator::start`] with the given catalog (`config.housekeeping.state_dir` is not used):
     /// kernels live in it at its last use are reported lost by a restart, and generations
     /// continue from it.
     pub async fn start_with_catalog(
-        config: Config,
+        config: ValidConfig,
         engine: Arc<dyn Engine>,
         catalog: Option<Arc<dyn Catalog>>,
     ) -> Result<Orchestrator, StartError> {
-        let config = config.validate()?;
         let restored = match catalog {
             Some(catalog) => {
                 let blocking = catalog.clone();
@@ -156,9 +155,9 @@ impl Orchestrator {
         };
         engine.ping().await?;
         let instance = Instance::current();
-        let labels = instance.labels(&config.extra_labels);
+        let labels = instance.labels(&config.housekeeping.extra_labels);
         let mut config = config;
-        if let Some(dir) = config.file_sockets.clone() {
+        if let Some(dir) = config.files.sockets.clone() {
             let prepared =
                 tokio::task::spawn_blocking(move || crate::kernel::prepare_socket_dir(&dir)).await;
             let why = match prepared {
@@ -169,13 +168,13 @@ impl Orchestrator {
             if let Some(why) = why {
                 // Files still move, through the engine's exec streams (slower).
                 tracing::warn!(
-                    dir = %config.file_sockets.as_ref().map(|d| d.display().to_string()).unwrap_or_default(),
+                    dir = %config.files.sockets.as_ref().map(|d| d.display().to_string()).unwrap_or_default(),
                     "file channel directory unusable ({why}): files go through the engine's exec streams"
                 );
-                config.file_sockets = None;
+                config.drop_file_sockets();
             }
         }
-        if config.sweep_on_start {
+        if config.housekeeping.sweep_on_start {
             let report = sweep::sweep_orphans(engine.as_ref(), &instance, false).await?;
             if !report.containers.is_empty() || !report.volumes.is_empty() {
                 tracing::info!(
@@ -185,7 +184,7 @@ impl Orchestrator {
                 );
             }
         }
-        let watchdog = match &config.watchdog {
+        let watchdog = match &config.housekeeping.watchdog {
             Some(path) => Some(Watchdog::spawn(path, &instance.id).map_err(|source| {
                 StartError::Watchdog {
                     path: path.display().to_string(),
@@ -194,10 +193,13 @@ impl Orchestrator {
             })?),
             None => None,
         };
-        let pool = pool::PoolState::new(config.kernel_spec(), config.pool_size);
+        let pool = pool::PoolState::new(config.spec.clone(), config.pool.size);
         let inner = Arc::new(Inner {
             pool,
-            registry: Registry::new(config.max_session_kernels, config.kernel_idle_timeout),
+            registry: Registry::new(
+                config.kernels.max_session_kernels,
+                config.kernels.idle_timeout,
+            ),
             config,
             engine,
             labels,

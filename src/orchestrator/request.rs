@@ -36,9 +36,9 @@ pub struct ExecuteRequest {
     pub timeout: Option<Duration>,
     /// Tools the cell may call (part of the kernel key).
     pub tools: BTreeSet<String>,
-    /// The image a new kernel runs (part of the kernel key; `None`: [`Config::image`]).
+    /// The image a new kernel runs (part of the kernel key; `None`: [`Config::spec.image`]).
     ///
-    /// [`Config::image`]: crate::Config::image
+    /// [`Config::spec.image`]: crate::config::KernelSpec::image
     pub image: Option<String>,
     /// Where tool calls go.
     pub dispatcher: Option<Arc<dyn ToolDispatcher>>,

@@ -101,10 +101,10 @@ pub(in crate::kernel) struct Resident {
     slot: Mutex<Slot>,
     /// How long it may stay idle before it is ended.
     idle: Duration,
-    /// The host directory of the helpers' channels ([`Config::file_sockets`]); `None`: the
+    /// The host directory of the helpers' channels ([`Config::files.sockets`]); `None`: the
     /// exec streams.
     ///
-    /// [`Config::file_sockets`]: crate::Config::file_sockets
+    /// [`Config::files.sockets`]: crate::config::FileTransfer::sockets
     sockets: Option<std::path::PathBuf>,
     /// Owns the idle timers.
     pub(super) tracker: TaskTracker,

@@ -2,7 +2,7 @@
 //! engine's exec API, as the kernel's user, in its working directory and cgroup
 //! (docs/architecture.md "File transport"). A helper serves requests one after another: the
 //! kernel keeps one resident, started by the first file operation, reused by the next ones
-//! and ended after [`Config::file_helper_idle`](crate::Config::file_helper_idle) without use
+//! and ended after [`Config::files.helper_idle`](crate::config::FileTransfer::helper_idle) without use
 //! or when the kernel goes; a transfer that finds it busy runs on a one-shot helper. Its
 //! frames travel on its channel: a Unix socket the host listens on (`channel.rs`), or, in a
 //! kernel made without the channels' directory, the exec's stdin and stdout.
