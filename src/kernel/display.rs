@@ -15,7 +15,7 @@ use crate::rich::{nesting_within, RawJson, RichResult, MAX_DISPLAY_DEPTH};
 
 /// Most MIME types in one display, and most spilled paths it may name; a display with more is
 /// dropped (each entry costs the host more than its bytes).
-pub const MAX_DISPLAY_ENTRIES: usize = 32;
+const MAX_DISPLAY_ENTRIES: usize = 32;
 
 /// Most spilled paths named in a result's `warning`.
 const WARNING_PATHS: usize = 10;

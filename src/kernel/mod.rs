@@ -24,21 +24,21 @@
 mod display;
 mod files;
 mod pace;
+mod protocol;
 mod reader;
 mod run;
 mod scanner;
 mod spawn;
 mod staging;
+mod stdin;
 
-pub mod protocol;
-pub mod stdin;
-
-pub use files::prepare_socket_dir;
+pub(crate) use files::prepare_socket_dir;
+pub(crate) use spawn::{SpawnRequest, Yield};
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
@@ -48,7 +48,7 @@ use crate::authority::CellAuthority;
 use crate::cell::OutputBuffer;
 use crate::clock::unix_now;
 use crate::config::{
-    DisplayCaps, OutputCaps, DEFAULT_DISPLAY_BUNDLE_BYTES, DEFAULT_DISPLAY_CELL_BYTES,
+    DisplayCaps, OutputCaps, DEFAULT_DISPLAY_BUNDLE_BYTES, DEFAULT_DISPLAY_CELL_BYTES, WORK_DIR,
 };
 use crate::docker::{remove_volume_when_free, short_id, Engine, EngineError};
 use crate::owner::{KernelKey, Owner};
@@ -57,35 +57,32 @@ use protocol::{KernelFrame, MAX_FRAME_LINE, PROTOCOL_VERSION};
 use scanner::MAX_DISPLAY_PIECE;
 use stdin::{Stdin, MAX_STDIN_BACKLOG};
 
-pub use spawn::{SpawnRequest, Yield};
-
-pub use crate::config::WORK_DIR;
 /// Where the staging volume is mounted in project mode (in strict mode it is the work dir).
-pub const STAGING_DIR_PROJECT: &str = "/kernelbox";
+const STAGING_DIR_PROJECT: &str = "/kernelbox";
 
 /// Bytes of events (cell output chunks, protocol frames as their line length) the reader task
 /// has handed to the running cell and the cell has not consumed yet. When it is reached the
 /// reader stops reading the container's streams until the cell catches up, so a flooding cell
 /// is slowed down by its own pipes rather than buffered on the host. A parsed frame takes
 /// about its line length in memory: a tool call's arguments stay raw JSON text.
-pub const MAX_READER_BACKLOG: usize = 8 * 1024 * 1024;
+const MAX_READER_BACKLOG: usize = 8 * 1024 * 1024;
 
 /// Tool calls of one cell dispatched and not answered yet; a call past this is refused at once
 /// (it does not count against the cell's budget) until one of them is answered.
-pub const MAX_TOOL_CALLS_IN_FLIGHT: usize = 16;
+const MAX_TOOL_CALLS_IN_FLIGHT: usize = 16;
 
 /// Bytes of arguments (measured as their frames' line length) of one cell's tool calls in
 /// flight; a call that would pass this is refused at once, like one past
 /// [`MAX_TOOL_CALLS_IN_FLIGHT`]. One protocol line ([`MAX_FRAME_LINE`]) always fits.
-pub const MAX_TOOL_ARGS_IN_FLIGHT: usize = MAX_FRAME_LINE;
+const MAX_TOOL_ARGS_IN_FLIGHT: usize = MAX_FRAME_LINE;
 
 /// Longest tool result passed to a kernel, in bytes of JSON; a larger result reaches the cell
 /// as a `ToolError` saying so. The server's tool endpoint responses are bounded the same.
-pub const MAX_TOOL_RESULT_BYTES: usize = 1024 * 1024;
+pub(crate) const MAX_TOOL_RESULT_BYTES: usize = 1024 * 1024;
 
 /// Longest tool-result frame sent to a kernel, in bytes: a result of
 /// [`MAX_TOOL_RESULT_BYTES`] and the frame around it.
-pub const MAX_TOOL_RESULT_FRAME: usize = MAX_TOOL_RESULT_BYTES + 1024;
+const MAX_TOOL_RESULT_FRAME: usize = MAX_TOOL_RESULT_BYTES + 1024;
 
 /// The most host memory one kernel can make kernelbox hold, in bytes, whatever its code does
 /// (the bounds above and in [`protocol`], [`stdin`] and [`crate::cell`]):
@@ -117,7 +114,7 @@ pub const MAX_TOOL_RESULT_FRAME: usize = MAX_TOOL_RESULT_BYTES + 1024;
 /// into a `serde_json::Value`, which can take up to about 16 times their text.
 // Nothing reads it: it states the bound the constants above add up to, for readers and docs.
 #[allow(dead_code)]
-pub const MAX_HOST_BYTES_PER_KERNEL: usize = MAX_FRAME_LINE
+const MAX_HOST_BYTES_PER_KERNEL: usize = MAX_FRAME_LINE
     + MAX_READER_BACKLOG
     + MAX_STDIN_BACKLOG
     + MAX_TOOL_RESULT_FRAME
@@ -130,7 +127,7 @@ pub const MAX_HOST_BYTES_PER_KERNEL: usize = MAX_FRAME_LINE
 
 /// The lifecycle of one kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KernelState {
+pub(crate) enum KernelState {
     /// Container being created and started; the runner has not said ready yet.
     Starting,
     /// Ready, no cell running.
@@ -143,7 +140,7 @@ pub enum KernelState {
 
 /// Why a kernel is gone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Death {
+pub(crate) enum Death {
     /// kernelbox removed it (timeout, interrupt, eviction, reaping, clear, shutdown).
     Disposed,
     /// A cell called `sys.exit()`.
@@ -191,7 +188,7 @@ enum IoEvent {
 
 /// How a cell ended, before the orchestrator turns it into a [`CellResult`](crate::CellResult).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CellOutcome {
+pub(crate) enum CellOutcome {
     /// The cell ran to its end.
     Completed,
     /// The cell raised; the traceback (or kernelbox's note when the end frame was unreadable).
@@ -211,37 +208,37 @@ pub enum CellOutcome {
 
 /// The outcome of one cell.
 #[derive(Debug)]
-pub struct CellRun {
+pub(crate) struct CellRun {
     /// How it ended.
-    pub outcome: CellOutcome,
+    pub(crate) outcome: CellOutcome,
     /// What it wrote.
-    pub output: OutputBuffer,
+    pub(crate) output: OutputBuffer,
     /// Cells executed by the kernel, this one included; 0 when the cell never ran.
-    pub execution_count: u64,
+    pub(crate) execution_count: u64,
     /// The cell number (0 when it never ran).
-    pub cell: u64,
+    pub(crate) cell: u64,
     /// Whether the cell reached the kernel. A cell interrupted while it waited for earlier
     /// cells, or that found its kernel dead, never ran: the kernel is untouched by it.
-    pub ran: bool,
+    pub(crate) ran: bool,
     /// The cell's displays, in order.
-    pub results: Vec<RichResult>,
+    pub(crate) results: Vec<RichResult>,
     /// What became of displays past the caps (saved to files, dropped), when any were.
-    pub display_warning: Option<String>,
+    pub(crate) display_warning: Option<String>,
 }
 
 /// Receives output live while a cell runs (for streaming).
 pub type OutputSink = Arc<dyn Fn(&[u8]) + Send + Sync>;
 
 /// What one cell may keep of its output and displays, and where they go live.
-pub struct CellOptions {
+pub(crate) struct CellOptions {
     /// Output kept inline, and kept for the spill file.
-    pub output: OutputCaps,
+    pub(crate) output: OutputCaps,
     /// The caps on the cell's displays.
-    pub display: DisplayCaps,
+    pub(crate) display: DisplayCaps,
     /// Receives output as it arrives.
-    pub sink: Option<OutputSink>,
+    pub(crate) sink: Option<OutputSink>,
     /// Receives each display as it arrives, in order with the output.
-    pub display_sink: Option<DisplaySink>,
+    pub(crate) display_sink: Option<DisplaySink>,
 }
 
 /// The I/O a running cell needs, behind the FIFO cell lock.
@@ -317,16 +314,14 @@ impl Shared {
 /// One live kernel container.
 pub struct Kernel {
     /// Full container id.
-    pub id: String,
+    pub(crate) id: String,
     /// Name of its staging volume.
-    pub volume: String,
+    volume: String,
     /// Who it belongs to: set at spawn, or when an owner takes it from the warm pool; tool
     /// calls are made on this owner's behalf.
     owner: OnceLock<Owner>,
-    /// When it was created.
-    pub created: SystemTime,
     /// Where spills go inside the kernel.
-    pub spill_dir: String,
+    spill_dir: String,
     user: String,
     engine: Arc<dyn Engine>,
     shared: Arc<Shared>,
@@ -354,7 +349,7 @@ impl std::fmt::Debug for Kernel {
 }
 
 /// Labels of a kernel's container and volume.
-pub fn kernel_labels(
+fn kernel_labels(
     base: &BTreeMap<String, String>,
     key: &KernelKey,
     generation: u64,
@@ -376,7 +371,7 @@ pub fn kernel_labels(
 }
 
 /// Labels of a warm-pool kernel's container and volume: the instance's, and no owner.
-pub fn pool_labels(base: &BTreeMap<String, String>, role: &str) -> BTreeMap<String, String> {
+fn pool_labels(base: &BTreeMap<String, String>, role: &str) -> BTreeMap<String, String> {
     use crate::labels as l;
     let mut labels = base.clone();
     labels.insert(l::ROLE.into(), role.into());
@@ -388,37 +383,37 @@ pub fn pool_labels(base: &BTreeMap<String, String>, role: &str) -> BTreeMap<Stri
 impl Kernel {
     /// Gives an ownerless (pooled) kernel its owner; false when it already had one (a kernel
     /// is never handed to a second owner).
-    pub fn assign(&self, owner: &Owner) -> bool {
+    pub(crate) fn assign(&self, owner: &Owner) -> bool {
         self.owner.set(owner.clone()).is_ok()
     }
 
     /// Its owner, once it has one.
-    pub fn owner(&self) -> Option<&Owner> {
+    fn owner(&self) -> Option<&Owner> {
         self.owner.get()
     }
 
     /// The short (12 hex) container id.
-    pub fn short_id(&self) -> &str {
+    pub(crate) fn short_id(&self) -> &str {
         short_id(&self.id)
     }
 
     /// The current state.
-    pub fn state(&self) -> KernelState {
+    pub(crate) fn state(&self) -> KernelState {
         self.shared.state()
     }
 
     /// Why the kernel is gone, once it is.
-    pub fn death(&self) -> Option<Death> {
+    pub(crate) fn death(&self) -> Option<Death> {
         self.shared.death()
     }
 
     /// True while the kernel can run cells.
-    pub fn is_alive(&self) -> bool {
+    pub(crate) fn is_alive(&self) -> bool {
         self.shared.death().is_none()
     }
 
     /// Cells executed so far.
-    pub fn execution_count(&self) -> u64 {
+    pub(crate) fn execution_count(&self) -> u64 {
         self.execution_count.load(Ordering::Acquire)
     }
 
@@ -435,7 +430,7 @@ impl Kernel {
     /// (disposed, killed, crashed) or whose container exited is left as it is. A container
     /// that exits while its rename is under way can still overlap the engine's own
     /// auto-removal; the window is the rename itself.
-    pub async fn rename(&self, name: &str) -> Result<(), EngineError> {
+    pub(crate) async fn rename(&self, name: &str) -> Result<(), EngineError> {
         let _naming = self.shared.naming.lock().await;
         if !self.is_alive() || self.shared.exited.load(Ordering::Acquire) {
             return Ok(());
@@ -453,7 +448,7 @@ impl Kernel {
     }
 
     /// Removes the container and its staging volume. Idempotent.
-    pub async fn dispose(&self) -> Result<(), EngineError> {
+    pub(crate) async fn dispose(&self) -> Result<(), EngineError> {
         self.shared.die(Death::Disposed);
         self.drain.cancel();
         // Dead from here on: a rename under way ends first and none starts after.

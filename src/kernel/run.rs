@@ -124,7 +124,7 @@ impl Kernel {
     /// disposes of the kernel after a timeout or an interrupt of a cell that ran. A cell
     /// cancelled before its turn ends `Interrupted` at once without running (whatever became
     /// of the kernel meanwhile) and does not count as executed.
-    pub async fn run_cell(
+    pub(crate) async fn run_cell(
         &self,
         code: &str,
         timeout: Duration,

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use futures::stream::BoxStream;
 use rand::Rng;
@@ -29,30 +29,30 @@ use crate::docker::{
 use crate::owner::KernelKey;
 
 /// What a new kernel is made from.
-pub struct SpawnRequest<'a> {
+pub(crate) struct SpawnRequest<'a> {
     /// The engine to run it on.
-    pub engine: Arc<dyn Engine>,
+    pub(crate) engine: Arc<dyn Engine>,
     /// What it is made from (an owner's kernel runs the image its key names instead).
-    pub spec: &'a KernelSpec,
+    pub(crate) spec: &'a KernelSpec,
     /// How long the runner may take to say it is ready.
-    pub spawn_timeout: Duration,
+    pub(crate) spawn_timeout: Duration,
     /// The file transport's settings (the resident helper's idle time, the channels'
     /// directory).
-    pub files: &'a FileTransfer,
+    pub(crate) files: &'a FileTransfer,
     /// The instance's labels, put on the container and its volume.
-    pub base_labels: &'a BTreeMap<String, String>,
+    pub(crate) base_labels: &'a BTreeMap<String, String>,
     /// The key it will serve and which kernel of the key it is; `None` for a kernel made for
     /// the warm pool, which carries no owner until one takes it ([`Kernel::assign`]).
-    pub owner: Option<(KernelKey, u64)>,
+    pub(crate) owner: Option<(KernelKey, u64)>,
     /// The engine's event stream, to tell deaths apart.
-    pub monitor: EventMonitor,
+    pub(crate) monitor: EventMonitor,
     /// Owns the kernel's reader and stdin tasks.
-    pub tracker: &'a TaskTracker,
+    pub(crate) tracker: &'a TaskTracker,
     /// When set, the spawn gives way to others before each engine step (see [`Yield`]).
-    pub yield_to: Option<Yield>,
+    pub(crate) yield_to: Option<Yield>,
     /// Set once the engine refused to mount [`FileTransfer::sockets`] (it does not see that
     /// directory: an engine on another host): kernels are then made without it.
-    pub sockets_refused: &'a AtomicBool,
+    pub(crate) sockets_refused: &'a AtomicBool,
 }
 
 /// Makes a spawn give way: before each of its engine steps (volume, container, attach and
@@ -62,20 +62,20 @@ pub struct SpawnRequest<'a> {
 /// engine step of a refill, not a whole spawn, and a steady stream of cold starts delays a
 /// refill by a bounded time, never forever.
 #[derive(Debug, Clone)]
-pub struct Yield {
+pub(crate) struct Yield {
     /// Spawns under way that go first; the spawn proceeds when this is zero (or its sender
     /// is gone).
-    pub priority: tokio::sync::watch::Receiver<usize>,
+    pub(crate) priority: tokio::sync::watch::Receiver<usize>,
     /// When the spawn stops giving way.
-    pub until: tokio::time::Instant,
+    pub(crate) until: tokio::time::Instant,
     /// Abandons the wait, and the spawn with [`KernelError::Abandoned`] (shutdown).
-    pub cancel: CancellationToken,
+    pub(crate) cancel: CancellationToken,
 }
 
 impl Yield {
     /// Waits until nothing goes first, or the spawn (or other background engine work of the
     /// pool) has given way long enough.
-    pub async fn give_way(&self) -> Result<(), KernelError> {
+    pub(crate) async fn give_way(&self) -> Result<(), KernelError> {
         let mut priority = self.priority.clone();
         tokio::select! {
             biased;
@@ -209,7 +209,7 @@ fn reader_of(
 impl Kernel {
     /// Creates, attaches and starts a kernel container, and waits for the runner to be ready.
     /// On any failure nothing is left behind.
-    pub async fn spawn(request: SpawnRequest<'_>) -> Result<Arc<Kernel>, KernelError> {
+    pub(crate) async fn spawn(request: SpawnRequest<'_>) -> Result<Arc<Kernel>, KernelError> {
         let engine = request.engine.clone();
         let (volume, labels) = staging_volume(request.owner.as_ref(), request.base_labels);
         // An owner's kernel runs the image its key names (a tenant's or a request's, see
@@ -349,7 +349,6 @@ impl Kernel {
             id: id.clone(),
             volume,
             owner: OnceLock::new(),
-            created: SystemTime::now(),
             spill_dir,
             user: spec.sandbox.user.clone(),
             engine: engine.clone(),

@@ -48,7 +48,11 @@ impl<'de> Deserialize<'de> for Entries {
 impl Kernel {
     /// tar stream. The returned stream yields exactly the announced bytes, then checks the
     /// helper's status; anything else ends it with an error.
-    pub async fn read_file(&self, path: &FilePath, tar: bool) -> Result<Download, TransferError> {
+    pub(crate) async fn read_file(
+        &self,
+        path: &FilePath,
+        tar: bool,
+    ) -> Result<Download, TransferError> {
         let (mut lease, first) = self.open(if tar { "tar" } else { "read" }, path).await?;
         let line = match first {
             Frame::Header(line) => line,
