@@ -104,7 +104,7 @@ pub struct Config {
     pub cells: CellLimits,
     /// How many kernels the host runs, how long one may take to start and stay idle.
     pub kernels: KernelLimits,
-    /// The warm pool.
+    /// The warm pool: ready kernels kept for new owners, and for how long.
     pub pool: PoolConfig,
     /// File transfers in and out of kernels.
     pub files: FileTransfer,
@@ -348,7 +348,8 @@ pub fn effective_uid() -> Option<u32> {
 #[derive(Debug, thiserror::Error)]
 #[error("invalid configuration: {field}: {reason}")]
 pub struct ConfigError {
-    /// The offending field.
+    /// The setting refused, by the name its error shows (`memory`, `cell_timeout`,
+    /// `pool_size`, ...).
     pub field: &'static str,
     /// Why it was refused.
     pub reason: String,

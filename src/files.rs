@@ -1,6 +1,6 @@
 //! Files in and out of a kernel's working directory: the one check of a path's syntax
 //! ([`FilePath`]), what the file operations return, and how a transfer fails
-//! ([`TransferError`]; the orchestrator's `TransferError` adds the kernel's absence and the
+//! ([`TransferError`]; the orchestrator's `FileError` adds the kernel's absence and the
 //! refusals of an execute).
 //!
 //! The host never resolves a path: the bytes travel through a small helper run inside the

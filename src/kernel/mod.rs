@@ -9,15 +9,15 @@
 //! | file | what |
 //! |---|---|
 //! | `mod.rs` | the [`Kernel`] struct, its state and death, host-memory bounds, dispose |
-//! | `spawn.rs` | create the volume and container, attach, start, wait for `ready` |
-//! | `run.rs` | one cell: [`Kernel::run_cell`], tool-call dispatch, the [`CellOutcome`] |
-//! | `reader.rs` | the attach-stream reader task: output and frames to the cell, deaths told apart |
+//! | `spawn.rs` | create the volume and container (its mounts, the runner's container spec), attach, start, wait for `ready` |
+//! | `run.rs` | one cell: [`Kernel::run_cell`] waits its turn, begins the cell, turns its `RunningCell` until it ends (output, displays, tool calls dispatched and answered), settles it into a [`CellRun`] |
+//! | `reader.rs` | the attach-stream reader task: output and frames to the cell, a breached kernel killed, deaths told apart |
 //! | `pace.rs` | the pace the attach stream is read at (a flooding kernel waits on its own pipe) |
-//! | `files.rs` | the file transport: `runner/file_helper.py` run in the container by exec, resident while files are used, streamed |
+//! | `files/` | the file transport: `runner/file_helper.py` run in the container by exec, resident while files are used, streamed (its `mod.rs` lists its files) |
 //! | `staging.rs` | files written into the kernel's staging volume (output spills) |
 //! | `stdin.rs` | the kernel's stdin: frames written inline when the pipe takes them, else by a task |
 //! | `display.rs` | a cell's displays: assembled from their pieces under the caps, as [`RichResult`](crate::RichResult)s |
-//! | `protocol.rs` | the runner protocol v3: frames, line splitting (`docs/architecture.md`) |
+//! | `protocol.rs` | the runner protocol v3: frames, line splitting, the display caps the runner is sent (`docs/architecture.md`) |
 //! | `scanner.rs` | a cell's output stream taken apart: output, display pieces, the end marker |
 //! | `protocol_tests.rs` | unit tests of `protocol.rs` |
 
@@ -48,7 +48,8 @@ use crate::authority::CellAuthority;
 use crate::cell::OutputBuffer;
 use crate::clock::unix_now;
 use crate::config::{
-    DisplayCaps, OutputCaps, DEFAULT_DISPLAY_BUNDLE_BYTES, DEFAULT_DISPLAY_CELL_BYTES, WORK_DIR,
+    DisplayCaps, OutputCaps, DEFAULT_DISPLAY_BUNDLE_BYTES, DEFAULT_DISPLAY_CELL_BYTES,
+    DEFAULT_OUTPUT_INLINE_BYTES, DEFAULT_OUTPUT_SPILL_BYTES, WORK_DIR,
 };
 use crate::docker::{remove_volume_when_free, short_id, Engine, EngineError};
 use crate::owner::{KernelKey, Owner};
@@ -97,33 +98,46 @@ const MAX_TOOL_RESULT_FRAME: usize = MAX_TOOL_RESULT_BYTES + 1024;
 ///   [`MAX_TOOL_CALLS_IN_FLIGHT`] (16) results being read, each bounded by the dispatcher (the
 ///   server's reads at most [`MAX_TOOL_RESULT_BYTES`], 1 MiB, per response and passes it
 ///   through without parsing it into a tree);
-/// - output: the cell's result buffer, `cells.output.inline_bytes` plus `cells.output.spill_bytes`
-///   (5 MB by default), and for a streaming request at most 1 MiB of undelivered events;
-/// - displays (`display.rs`): the one being assembled, at most `cells.display.bundle_bytes` (5 MiB
-///   by default) plus one piece ([`MAX_DISPLAY_PIECE`], 4 KiB), and the cell's finished ones,
-///   at most `cells.display.cell_bytes` (20 MiB by default, each display counted with 1 KiB more
-///   for its structure); the same again as their JSON in the response, and for a streaming
-///   request once more as `display` events the client has not read: three times the cell cap.
+/// - output: the cell's result buffer, `cells.output.inline_bytes` plus
+///   `cells.output.spill_bytes` (5 MB by default), and for a streaming request at most
+///   [`STREAM_BACKLOG_BYTES`] (1 MiB) of undelivered events;
+/// - displays (`display.rs`): the one being assembled, at most `cells.display.bundle_bytes`
+///   (5 MiB by default) plus one piece ([`MAX_DISPLAY_PIECE`], 4 KiB), and the cell's finished
+///   ones, at most `cells.display.cell_bytes` (20 MiB by default, each display counted with
+///   1 KiB more for its structure); the same again as their JSON in the response, and for a
+///   streaming request once more as `display` events the client has not read: three times the
+///   cell cap.
 ///
-/// With the defaults that is about 100 MiB (this constant: 34 MiB without displays, 66 MiB
-/// for them) plus the tool responses being read (with the server's dispatcher at most
-/// 16 x 1 MiB more, and only while the cell's tools answer); a kernel that goes past a bound
-/// on frames in or answers out is killed (`state_lost.reason = "protocol"`); displays past
-/// their caps are dropped. A library dispatcher that implements only
+/// With the defaults that is within this constant, 100 MiB ([`HOST_BYTES_PER_KERNEL`]: 34 MiB
+/// without displays, 65 MiB for them; checked when the crate compiles), plus the tool
+/// responses being read (with the server's dispatcher at most 16 x 1 MiB more, and only while
+/// the cell's tools answer); a kernel that goes past a bound on frames in or answers out is
+/// killed (`state_lost.reason = "protocol"`); displays past their caps are dropped. A library
+/// dispatcher that implements only
 /// [`ToolDispatcher::dispatch`](crate::ToolDispatcher::dispatch) gets the arguments parsed
 /// into a `serde_json::Value`, which can take up to about 16 times their text.
-// Nothing reads it: it states the bound the constants above add up to, for readers and docs.
-#[allow(dead_code)]
-const MAX_HOST_BYTES_PER_KERNEL: usize = MAX_FRAME_LINE
+/// `docs/reliability.md` ("Reliability and the trust boundary") states the same for
+/// operators.
+const MAX_HOST_BYTES_PER_KERNEL: usize = 100 * 1024 * 1024;
+
+/// The bounds [`MAX_HOST_BYTES_PER_KERNEL`] lists, added up with the default caps.
+const HOST_BYTES_PER_KERNEL: usize = MAX_FRAME_LINE
     + MAX_READER_BACKLOG
     + MAX_STDIN_BACKLOG
     + MAX_TOOL_RESULT_FRAME
     + 2 * MAX_TOOL_ARGS_IN_FLIGHT
-    + 5_050_000
-    + 1024 * 1024
+    + DEFAULT_OUTPUT_INLINE_BYTES
+    + DEFAULT_OUTPUT_SPILL_BYTES
+    + STREAM_BACKLOG_BYTES
     + DEFAULT_DISPLAY_BUNDLE_BYTES
     + MAX_DISPLAY_PIECE
     + 3 * DEFAULT_DISPLAY_CELL_BYTES;
+
+/// Undelivered events of a streaming execute, which the server holds (`docs/reliability.md`).
+const STREAM_BACKLOG_BYTES: usize = 1024 * 1024;
+
+// A bound raised past the documented total fails the build, so the documentation is revisited.
+const _: () = assert!(HOST_BYTES_PER_KERNEL <= MAX_HOST_BYTES_PER_KERNEL);
 
 /// The lifecycle of one kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -191,9 +205,10 @@ enum IoEvent {
 pub(crate) enum CellOutcome {
     /// The cell ran to its end.
     Completed,
-    /// The cell raised; the traceback (or kernelbox's note when the end frame was unreadable).
+    /// The cell raised.
     Raised {
-        /// The traceback.
+        /// The traceback as the runner formatted it, or kernelbox's note when the end frame
+        /// was unreadable.
         traceback: String,
     },
     /// The cell called `sys.exit()`; the kernel is gone.
@@ -211,7 +226,7 @@ pub(crate) enum CellOutcome {
 pub(crate) struct CellRun {
     /// How it ended.
     pub(crate) outcome: CellOutcome,
-    /// What it wrote.
+    /// What it wrote (stdout and stderr, one stream), under the cell's output caps.
     pub(crate) output: OutputBuffer,
     /// Cells executed by the kernel, this one included; 0 when the cell never ran.
     pub(crate) execution_count: u64,
@@ -313,7 +328,7 @@ impl Shared {
 
 /// One live kernel container.
 pub struct Kernel {
-    /// Full container id.
+    /// Full (64 hex) container id.
     pub(crate) id: String,
     /// Name of its staging volume.
     volume: String,
@@ -334,7 +349,7 @@ pub struct Kernel {
     /// engine can finish removing the container.
     drain: CancellationToken,
     cancel: CancellationToken,
-    /// The resident file helper (`files.rs`), ended with the kernel.
+    /// The resident file helper (`files/helper.rs`), ended with the kernel.
     files: Arc<files::Resident>,
 }
 

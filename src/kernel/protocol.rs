@@ -116,7 +116,7 @@ pub(super) enum HostFrame<'a> {
     Exec {
         /// Cell number, unique within the kernel.
         cell: u64,
-        /// Python source.
+        /// The cell's Python source, as the caller sent it.
         code: &'a str,
         /// Bytes the runner writes to fd 1 when the cell is over.
         marker: &'a str,
@@ -198,17 +198,17 @@ pub(super) enum DoneStatus {
 pub(super) enum KernelFrame {
     /// The runner is up.
     Ready {
-        /// Protocol version.
+        /// The protocol version the runner speaks (the host refuses all but its own).
         v: u64,
-        /// Python version.
+        /// The kernel's Python version (`3.12.1`), for the log.
         #[serde(default)]
         python: String,
     },
     /// A cell ended.
     Done {
-        /// Which cell.
+        /// The cell that ended (the host checks it is the running one).
         cell: u64,
-        /// How.
+        /// Whether it ran to its end, raised or called `sys.exit()`.
         status: DoneStatus,
         /// The traceback when it raised.
         #[serde(default)]
@@ -224,7 +224,7 @@ pub(super) enum KernelFrame {
         cell: Option<u64>,
         /// Call number, echoed in the answer.
         call: u64,
-        /// Tool name.
+        /// The tool, as the cell named it (its authority decides whether it may).
         tool: String,
         /// Keyword arguments, as the kernel wrote them (valid JSON; absent when not sent).
         args: Option<Box<RawValue>>,
