@@ -1,4 +1,11 @@
-//! Configuration: resolved and validated once, then passed around as a value.
+//! Configuration: resolved and validated once ([`Config::validate`] gives a [`ValidConfig`]),
+//! then passed around as a value. Its fields are grouped by who consumes them: what a kernel is
+//! made from ([`KernelSpec`], `src/kernel/spawn.rs`), what one cell may do ([`CellLimits`]:
+//! the orchestrator's execute path, and `src/kernel/run.rs` for the output and display caps),
+//! the host's kernels ([`KernelLimits`]: the registry, the reaper, the spawn deadline), the
+//! warm pool ([`PoolConfig`]), file transfers ([`FileTransfer`]: `src/kernel/files/` and the
+//! orchestrator's file calls), and what this instance leaves behind ([`Housekeeping`]). Every
+//! default is here.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -7,17 +14,23 @@ use std::time::Duration;
 /// The default kernel image, built by `kernelbox image build`.
 pub const DEFAULT_IMAGE: &str = "kernelbox/kernel:latest";
 
-/// The default cap on one display (`Config::display_bundle_bytes`): 5 MiB of its JSON.
+/// The default cap on a cell's output kept inline in its result ([`OutputCaps::inline_bytes`]).
+pub const DEFAULT_OUTPUT_INLINE_BYTES: usize = 50_000;
+
+/// The default cap on a cell's output kept for its spill file ([`OutputCaps::spill_bytes`]).
+pub const DEFAULT_OUTPUT_SPILL_BYTES: usize = 5_000_000;
+
+/// The default cap on one display ([`DisplayCaps::bundle_bytes`]): 5 MiB of its JSON.
 pub const DEFAULT_DISPLAY_BUNDLE_BYTES: usize = 5 * 1024 * 1024;
 
-/// The default cap on a cell's displays (`Config::display_cell_bytes`): 20 MiB of their JSON.
+/// The default cap on a cell's displays ([`DisplayCaps::cell_bytes`]): 20 MiB of their JSON.
 pub const DEFAULT_DISPLAY_CELL_BYTES: usize = 20 * 1024 * 1024;
 
-/// The default cap on one upload (`Config::max_upload_bytes`: a file, or a tar archive's
-/// bytes): 100 MiB.
+/// The default cap on one upload ([`FileTransfer::max_upload_bytes`]: a file, or a tar
+/// archive's bytes): 100 MiB.
 pub const DEFAULT_MAX_UPLOAD_BYTES: u64 = 100 * 1024 * 1024;
 
-/// What each display counts against [`Config::display_cell_bytes`] beyond its JSON: the host's
+/// What each display counts against [`DisplayCaps::cell_bytes`] beyond its JSON: the host's
 /// memory for a result's structure, so a flood of tiny displays is bounded too.
 pub const DISPLAY_OVERHEAD_BYTES: usize = 1024;
 
@@ -81,125 +94,237 @@ impl Default for Sandbox {
 /// strict mode, the bind-mounted project directory in project mode).
 pub const WORK_DIR: &str = "/work";
 
-/// Everything an [`Orchestrator`](crate::Orchestrator) needs, validated by [`Config::validate`].
+/// Everything an [`Orchestrator`](crate::Orchestrator) needs, checked once by
+/// [`Config::validate`].
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// Image kernels are created from; any image with python3 >= 3.8.
-    pub image: String,
-    /// Strict (staging volume) or project (bind mount) working directory.
-    pub mode: WorkMode,
-    /// Container confinement.
-    pub sandbox: Sandbox,
-    /// Default cell timeout when a request gives none.
-    pub cell_timeout: Duration,
-    /// Upper bound on the timeout a request may ask for.
-    pub max_cell_timeout: Duration,
-    /// How long a new kernel may take to say it is ready.
-    pub spawn_timeout: Duration,
-    /// The host's cap on live kernels, hard at admission: a new kernel past it evicts an idle
-    /// one (fairly between tenants, see `docs/architecture.md`) or is refused. Live delegated
-    /// children are pinned and not counted.
-    pub max_session_kernels: usize,
-    /// A kernel idle this long is reaped.
-    pub kernel_idle_timeout: Duration,
-    /// Staging volumes older than this and not in use are swept.
-    pub staging_max_age: Duration,
-    /// Tool calls one cell may make.
-    pub max_tool_calls: u32,
-    /// Output kept inline in a result, in bytes (40% head, 60% tail beyond it).
-    pub output_inline_bytes: usize,
-    /// Output spilled to the staging volume when the inline copy is cut, in bytes.
-    pub output_spill_bytes: usize,
-    /// Largest display (its MIME bundle's JSON, images in base64), in bytes: a larger one has
-    /// its data saved to files in the kernel's working directory and a note in its place.
-    pub display_bundle_bytes: usize,
-    /// Largest total of one cell's displays, in bytes (each counted with
-    /// [`DISPLAY_OVERHEAD_BYTES`] more): past it displays are saved to files, then dropped.
-    pub display_cell_bytes: usize,
-    /// Labels added to everything this instance creates (tests use them to find their own).
-    pub extra_labels: BTreeMap<String, String>,
+    /// What every kernel is made from: image, working mode, confinement.
+    pub spec: KernelSpec,
+    /// What one cell may take: its timeout, tool calls, output and displays.
+    pub cells: CellLimits,
+    /// How many kernels the host runs, how long one may take to start and stay idle.
+    pub kernels: KernelLimits,
+    /// The warm pool: ready kernels kept for new owners, and for how long.
+    pub pool: PoolConfig,
+    /// File transfers in and out of kernels.
+    pub files: FileTransfer,
+    /// What this instance labels, sweeps, watches and keeps on disk.
+    pub housekeeping: Housekeeping,
     /// Tenant recorded on kernels created by library callers that name none.
     pub default_tenant: String,
-    /// The kernelbox binary run as this instance's watchdog; `None` disables the watchdog.
-    pub watchdog: Option<PathBuf>,
-    /// Sweep leftovers of dead instances when the orchestrator starts.
-    pub sweep_on_start: bool,
-    /// Cap on one file upload into a kernel (a file's bytes, or a tar archive's), in bytes;
-    /// past it the upload is refused and nothing is written.
-    pub max_upload_bytes: u64,
-    /// Slowest a download may be read once `download_rate_grace` has passed, in bytes per
-    /// second on average since it started (0: no minimum); a slower one is cut and its kernel
-    /// released (README "Files in and out of a kernel").
-    pub download_min_rate: u64,
-    /// How long a download runs before `download_min_rate` applies.
-    pub download_rate_grace: std::time::Duration,
-    /// How long a kernel's resident file helper may stay idle before it is ended (README
-    /// "Files in and out of a kernel"); the next file operation starts a new one.
-    pub file_helper_idle: Duration,
-    /// Host directory of the file helpers' channels (README "Files in and out of a kernel"):
-    /// bind-mounted read-only into every kernel, where the host listens on a Unix socket for
-    /// each helper it starts, so file bytes bypass the engine's exec streams. It must be the
-    /// same path for the engine as for this process. `None`: the exec streams carry them.
-    /// The orchestrator creates it (mode 0711) when it starts, or goes without it, saying why.
-    pub file_sockets: Option<PathBuf>,
-    /// Directory of the durable owner catalog (created if missing), so that the state lost
-    /// by a restart of this process is reported to owners and generations keep counting.
-    /// One process per directory. `None` (the default): no catalog, nothing survives.
-    pub state_dir: Option<PathBuf>,
-    /// Ready kernels kept warm for new owners (the warm pool, `docs/architecture.md`): started,
-    /// runner-ready, owned by nobody, never run a cell. They count toward
-    /// `max_session_kernels`, so at most that many. 0 (the default): no pool.
-    pub pool_size: usize,
-    /// A pooled kernel older than this is replaced by a fresh one.
-    pub pool_max_age: Duration,
 }
 
 /// What a kernel is made from, whoever owns it: the pool is keyed by it, so a pooled kernel is
 /// handed only to an owner whose kernel would have been made the same way.
 #[derive(Debug, Clone, PartialEq)]
 pub struct KernelSpec {
-    /// The image.
+    /// The image; any image with python3 >= 3.8.
     pub image: String,
-    /// Strict or project mode.
+    /// Strict (staging volume) or project (bind mount) working directory.
     pub mode: WorkMode,
     /// The confinement (memory, CPU, pids, user, ...).
     pub sandbox: Sandbox,
 }
 
-impl Default for Config {
+impl Default for KernelSpec {
     fn default() -> Self {
-        Config {
+        KernelSpec {
             image: DEFAULT_IMAGE.into(),
             mode: WorkMode::Strict,
             sandbox: Sandbox::default(),
-            cell_timeout: Duration::from_secs(30),
-            max_cell_timeout: Duration::from_secs(3600),
-            spawn_timeout: Duration::from_secs(60),
-            max_session_kernels: 4,
-            kernel_idle_timeout: Duration::from_secs(30 * 60),
-            staging_max_age: Duration::from_secs(7 * 24 * 3600),
-            max_tool_calls: 50,
-            output_inline_bytes: 50_000,
-            output_spill_bytes: 5_000_000,
-            display_bundle_bytes: DEFAULT_DISPLAY_BUNDLE_BYTES,
-            display_cell_bytes: DEFAULT_DISPLAY_CELL_BYTES,
-            extra_labels: BTreeMap::new(),
-            default_tenant: "default".into(),
-            watchdog: None,
-            sweep_on_start: true,
-            state_dir: None,
-            pool_size: 0,
-            pool_max_age: Duration::from_secs(15 * 60),
-            max_upload_bytes: DEFAULT_MAX_UPLOAD_BYTES,
-            download_min_rate: 64 * 1024,
-            download_rate_grace: std::time::Duration::from_secs(30),
-            file_helper_idle: Duration::from_secs(30),
-            file_sockets: Some(default_file_sockets()),
         }
     }
 }
 
-/// The default [`Config::file_sockets`]: `$XDG_RUNTIME_DIR/kernelbox`, else `/run/kernelbox`
+/// What one cell may take (the orchestrator's execute path; the output and display caps go to
+/// the kernel with each cell).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CellLimits {
+    /// Default cell timeout when a request gives none.
+    pub timeout: Duration,
+    /// Upper bound on the timeout a request may ask for.
+    pub max_timeout: Duration,
+    /// Tool calls one cell may make.
+    pub max_tool_calls: u32,
+    /// What a cell's result keeps of its output.
+    pub output: OutputCaps,
+    /// What a cell's result keeps of its displays.
+    pub display: DisplayCaps,
+}
+
+impl Default for CellLimits {
+    fn default() -> Self {
+        CellLimits {
+            timeout: Duration::from_secs(30),
+            max_timeout: Duration::from_secs(3600),
+            max_tool_calls: 50,
+            output: OutputCaps::default(),
+            display: DisplayCaps::default(),
+        }
+    }
+}
+
+/// What a cell's result keeps of its output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutputCaps {
+    /// Output kept inline in a result, in bytes (40% head, 60% tail beyond it).
+    pub inline_bytes: usize,
+    /// Output spilled to the staging volume when the inline copy is cut, in bytes.
+    pub spill_bytes: usize,
+}
+
+impl Default for OutputCaps {
+    fn default() -> Self {
+        OutputCaps {
+            inline_bytes: DEFAULT_OUTPUT_INLINE_BYTES,
+            spill_bytes: DEFAULT_OUTPUT_SPILL_BYTES,
+        }
+    }
+}
+
+/// What a cell's result keeps of its displays (rich results, `docs/contract.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DisplayCaps {
+    /// Largest display (its MIME bundle's JSON, images in base64), in bytes: a larger one has
+    /// its data saved to files in the kernel's working directory and a note in its place.
+    pub bundle_bytes: usize,
+    /// Largest total of one cell's displays, in bytes (each counted with
+    /// [`DISPLAY_OVERHEAD_BYTES`] more): past it displays are saved to files, then dropped.
+    pub cell_bytes: usize,
+}
+
+impl Default for DisplayCaps {
+    fn default() -> Self {
+        DisplayCaps {
+            bundle_bytes: DEFAULT_DISPLAY_BUNDLE_BYTES,
+            cell_bytes: DEFAULT_DISPLAY_CELL_BYTES,
+        }
+    }
+}
+
+/// The host's kernels: the registry's cap and reaping, and the spawn deadline.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelLimits {
+    /// The host's cap on live kernels, hard at admission: a new kernel past it evicts an idle
+    /// one (fairly between tenants, see `docs/architecture.md`) or is refused. Live delegated
+    /// children are pinned and not counted.
+    pub max_session_kernels: usize,
+    /// How long a new kernel may take to say it is ready.
+    pub spawn_timeout: Duration,
+    /// A kernel idle this long is reaped.
+    pub idle_timeout: Duration,
+}
+
+impl Default for KernelLimits {
+    fn default() -> Self {
+        KernelLimits {
+            max_session_kernels: 4,
+            spawn_timeout: Duration::from_secs(60),
+            idle_timeout: Duration::from_secs(30 * 60),
+        }
+    }
+}
+
+/// The warm pool (`docs/architecture.md`, "The warm pool").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolConfig {
+    /// Ready kernels kept warm for new owners: started, runner-ready, owned by nobody, never
+    /// run a cell. They count toward [`KernelLimits::max_session_kernels`], so at most that
+    /// many. 0 (the default): no pool.
+    pub size: usize,
+    /// A pooled kernel older than this is replaced by a fresh one.
+    pub max_age: Duration,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            size: 0,
+            max_age: Duration::from_secs(15 * 60),
+        }
+    }
+}
+
+/// File transfers in and out of kernels (README "Files in and out of a kernel"): the caps and
+/// pace the orchestrator applies, and the transport each kernel uses (`src/kernel/files/`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileTransfer {
+    /// Cap on one file upload into a kernel (a file's bytes, or a tar archive's), in bytes;
+    /// past it the upload is refused and nothing is written.
+    pub max_upload_bytes: u64,
+    /// Slowest a download may be read once `download_rate_grace` has passed, in bytes per
+    /// second on average since it started (0: no minimum); a slower one is cut and its kernel
+    /// released.
+    pub download_min_rate: u64,
+    /// How long a download runs before `download_min_rate` applies.
+    pub download_rate_grace: Duration,
+    /// How long a kernel's resident file helper may stay idle before it is ended; the next
+    /// file operation starts a new one.
+    pub helper_idle: Duration,
+    /// Host directory of the file helpers' channels: bind-mounted read-only into every
+    /// kernel, where the host listens on a Unix socket for each helper it starts, so file
+    /// bytes bypass the engine's exec streams. It must be the same path for the engine as for
+    /// this process. `None`: the exec streams carry them. The orchestrator creates it (mode
+    /// 0711) when it starts, or goes without it, saying why.
+    pub sockets: Option<PathBuf>,
+}
+
+impl Default for FileTransfer {
+    fn default() -> Self {
+        FileTransfer {
+            max_upload_bytes: DEFAULT_MAX_UPLOAD_BYTES,
+            download_min_rate: 64 * 1024,
+            download_rate_grace: Duration::from_secs(30),
+            helper_idle: Duration::from_secs(30),
+            sockets: Some(default_file_sockets()),
+        }
+    }
+}
+
+/// What this instance labels, sweeps, watches and keeps on disk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Housekeeping {
+    /// Labels added to everything this instance creates (tests use them to find their own).
+    pub extra_labels: BTreeMap<String, String>,
+    /// The kernelbox binary run as this instance's watchdog; `None` disables the watchdog.
+    pub watchdog: Option<PathBuf>,
+    /// Sweep leftovers of dead instances when the orchestrator starts.
+    pub sweep_on_start: bool,
+    /// Staging volumes older than this and not in use are swept.
+    pub staging_max_age: Duration,
+    /// Directory of the durable owner catalog (created if missing), so that the state lost
+    /// by a restart of this process is reported to owners and generations keep counting.
+    /// One process per directory. `None` (the default): no catalog, nothing survives.
+    pub state_dir: Option<PathBuf>,
+}
+
+impl Default for Housekeeping {
+    fn default() -> Self {
+        Housekeeping {
+            extra_labels: BTreeMap::new(),
+            watchdog: None,
+            sweep_on_start: true,
+            staging_max_age: Duration::from_secs(7 * 24 * 3600),
+            state_dir: None,
+        }
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            spec: KernelSpec::default(),
+            cells: CellLimits::default(),
+            kernels: KernelLimits::default(),
+            pool: PoolConfig::default(),
+            files: FileTransfer::default(),
+            housekeeping: Housekeeping::default(),
+            default_tenant: "default".into(),
+        }
+    }
+}
+
+/// The default [`FileTransfer::sockets`]: `$XDG_RUNTIME_DIR/kernelbox`, else `/run/kernelbox`
 /// for root, else `/tmp/kernelbox-UID`.
 pub fn default_file_sockets() -> PathBuf {
     if let Some(dir) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
@@ -223,7 +348,8 @@ pub fn effective_uid() -> Option<u32> {
 #[derive(Debug, thiserror::Error)]
 #[error("invalid configuration: {field}: {reason}")]
 pub struct ConfigError {
-    /// The offending field.
+    /// The setting refused, by the name its error shows (`memory`, `cell_timeout`,
+    /// `pool_size`, ...).
     pub field: &'static str,
     /// Why it was refused.
     pub reason: String,
@@ -248,9 +374,9 @@ pub struct InvalidTimeout {
 }
 
 impl Config {
-    /// Checks a cell timeout against `(0, max_cell_timeout]`.
+    /// Checks a cell timeout against `(0, max_timeout]`.
     pub fn check_cell_timeout(&self, timeout: Duration) -> Result<Duration, InvalidTimeout> {
-        if timeout.is_zero() || timeout > self.max_cell_timeout {
+        if timeout.is_zero() || timeout > self.cells.max_timeout {
             return Err(self.invalid_timeout(format!("{:?}", timeout.as_secs_f64())));
         }
         Ok(timeout)
@@ -268,37 +394,84 @@ impl Config {
     pub fn invalid_timeout(&self, given: impl std::fmt::Display) -> InvalidTimeout {
         InvalidTimeout {
             given: given.to_string(),
-            max: self.max_cell_timeout,
+            max: self.cells.max_timeout,
         }
     }
 
-    /// Checks every field once, so the rest of the crate can trust the value.
-    pub fn validate(self) -> Result<Config, ConfigError> {
-        if self.image.trim().is_empty() {
+    /// Checks every field once; the [`ValidConfig`] it gives is what the rest of the crate
+    /// takes, so nothing checks again.
+    pub fn validate(self) -> Result<ValidConfig, ConfigError> {
+        if self.spec.image.trim().is_empty() {
             return Err(bad("image", "must not be empty"));
         }
-        if self.max_session_kernels == 0 {
+        if self.kernels.max_session_kernels == 0 {
             return Err(bad("max_session_kernels", "must be at least 1"));
         }
-        if let Err(e) = self.check_cell_timeout(self.cell_timeout) {
+        if let Err(e) = self.check_cell_timeout(self.cells.timeout) {
             return Err(bad("cell_timeout", e.to_string()));
         }
-        if self.spawn_timeout.is_zero() {
+        if self.kernels.spawn_timeout.is_zero() {
             return Err(bad("spawn_timeout", "must be positive"));
         }
-        if self.kernel_idle_timeout.is_zero() {
+        if self.kernels.idle_timeout.is_zero() {
             return Err(bad("kernel_idle_timeout", "must be positive"));
         }
-        if self.sandbox.memory_bytes < 16 * 1024 * 1024 {
+        self.spec.sandbox.check()?;
+        self.cells.output.check()?;
+        self.cells.display.check()?;
+        self.spec.mode.check()?;
+        self.check_instance()?;
+        Ok(ValidConfig(self))
+    }
+
+    /// The state directory, the pool and the labels.
+    fn check_instance(&self) -> Result<(), ConfigError> {
+        if self
+            .housekeeping
+            .state_dir
+            .as_ref()
+            .is_some_and(|d| d.as_os_str().is_empty())
+        {
+            return Err(bad("state_dir", "must not be empty"));
+        }
+        if self.pool.size > self.kernels.max_session_kernels {
+            return Err(bad(
+                "pool_size",
+                format!(
+                    "{} pooled kernels do not fit the host's cap of {} kernels (max_session_kernels)",
+                    self.pool.size, self.kernels.max_session_kernels
+                ),
+            ));
+        }
+        if self.pool.max_age.is_zero() {
+            return Err(bad("pool_max_age", "must be positive"));
+        }
+        for key in self.housekeeping.extra_labels.keys() {
+            if key.starts_with(crate::labels::PREFIX) {
+                return Err(bad("labels", format!("{key} uses kernelbox's own prefix")));
+            }
+        }
+        Ok(())
+    }
+
+    /// How often the background reaper runs: `min(5m, max(30s, idle/6))`.
+    pub fn reap_interval(&self) -> Duration {
+        (self.kernels.idle_timeout / 6).clamp(Duration::from_secs(30), Duration::from_secs(300))
+    }
+}
+
+impl Sandbox {
+    fn check(&self) -> Result<(), ConfigError> {
+        if self.memory_bytes < 16 * 1024 * 1024 {
             return Err(bad("memory", "must be at least 16 MiB"));
         }
-        if self.sandbox.pids_limit < 8 {
+        if self.pids_limit < 8 {
             return Err(bad("pids_limit", "must be at least 8"));
         }
-        if self.sandbox.nano_cpus <= 0 {
+        if self.nano_cpus <= 0 {
             return Err(bad("cpus", "must be positive"));
         }
-        let mut ids = self.sandbox.user.split(':');
+        let mut ids = self.user.split(':');
         let uid = ids.next().and_then(|u| u.parse::<u32>().ok());
         let gid_ok = ids.next().is_none_or(|g| g.parse::<u32>().is_ok());
         if uid.is_none() || !gid_ok || ids.next().is_some() {
@@ -307,28 +480,46 @@ impl Config {
         if uid == Some(0) {
             return Err(bad("user", "kernels never run as root"));
         }
-        if self.sandbox.work_bytes.is_some_and(|b| b < 1024 * 1024) {
+        if self.work_bytes.is_some_and(|b| b < 1024 * 1024) {
             return Err(bad("work_bytes", "must be at least 1 MiB"));
         }
-        if self.output_inline_bytes < 100 {
+        Ok(())
+    }
+}
+
+impl OutputCaps {
+    fn check(&self) -> Result<(), ConfigError> {
+        if self.inline_bytes < 100 {
             return Err(bad("output_inline_bytes", "must be at least 100"));
         }
-        if self.output_spill_bytes < self.output_inline_bytes {
+        if self.spill_bytes < self.inline_bytes {
             return Err(bad(
                 "output_spill_bytes",
                 "must be at least output_inline_bytes",
             ));
         }
-        if self.display_bundle_bytes < 64 * 1024 {
+        Ok(())
+    }
+}
+
+impl DisplayCaps {
+    fn check(&self) -> Result<(), ConfigError> {
+        if self.bundle_bytes < 64 * 1024 {
             return Err(bad("display_bundle_bytes", "must be at least 64 KiB"));
         }
-        if self.display_cell_bytes < self.display_bundle_bytes + DISPLAY_OVERHEAD_BYTES {
+        if self.cell_bytes < self.bundle_bytes + DISPLAY_OVERHEAD_BYTES {
             return Err(bad(
                 "display_cell_bytes",
                 "must be at least display_bundle_bytes (and 1 KiB)",
             ));
         }
-        if let WorkMode::Project(dir) = &self.mode {
+        Ok(())
+    }
+}
+
+impl WorkMode {
+    fn check(&self) -> Result<(), ConfigError> {
+        if let WorkMode::Project(dir) = self {
             if !dir.is_absolute() {
                 return Err(bad("project_dir", "must be an absolute path"));
             }
@@ -339,45 +530,52 @@ impl Config {
                 ));
             }
         }
-        if self
-            .state_dir
-            .as_ref()
-            .is_some_and(|d| d.as_os_str().is_empty())
-        {
-            return Err(bad("state_dir", "must not be empty"));
-        }
-        if self.pool_size > self.max_session_kernels {
-            return Err(bad(
-                "pool_size",
-                format!(
-                    "{} pooled kernels do not fit the host's cap of {} kernels (max_session_kernels)",
-                    self.pool_size, self.max_session_kernels
-                ),
-            ));
-        }
-        if self.pool_max_age.is_zero() {
-            return Err(bad("pool_max_age", "must be positive"));
-        }
-        for key in self.extra_labels.keys() {
-            if key.starts_with(crate::labels::PREFIX) {
-                return Err(bad("labels", format!("{key} uses kernelbox's own prefix")));
-            }
-        }
+        Ok(())
+    }
+}
+
+/// A [`Config`] that [`Config::validate`] accepted: what the orchestrator runs on. It reads as
+/// a `Config` (`Deref`) and cannot be changed but for dropping the file channels.
+#[derive(Debug, Clone)]
+pub struct ValidConfig(Config);
+
+impl std::ops::Deref for ValidConfig {
+    type Target = Config;
+
+    fn deref(&self) -> &Config {
+        &self.0
+    }
+}
+
+impl ValidConfig {
+    /// The configuration, to change and validate again.
+    pub fn into_inner(self) -> Config {
+        self.0
+    }
+
+    /// Goes without the file channels' directory (it cannot be used): files then move over
+    /// the engine's exec streams. Valid either way.
+    pub(crate) fn drop_file_sockets(&mut self) {
+        self.0.files.sockets = None;
+    }
+}
+
+/// What an orchestrator starts from: a [`Config`], validated when taken, or a [`ValidConfig`]
+/// as it is (not checked again).
+pub trait IntoValidConfig {
+    /// The valid configuration, or why there is none.
+    fn into_valid(self) -> Result<ValidConfig, ConfigError>;
+}
+
+impl IntoValidConfig for Config {
+    fn into_valid(self) -> Result<ValidConfig, ConfigError> {
+        self.validate()
+    }
+}
+
+impl IntoValidConfig for ValidConfig {
+    fn into_valid(self) -> Result<ValidConfig, ConfigError> {
         Ok(self)
-    }
-
-    /// The spec of every kernel this configuration makes.
-    pub fn kernel_spec(&self) -> KernelSpec {
-        KernelSpec {
-            image: self.image.clone(),
-            mode: self.mode.clone(),
-            sandbox: self.sandbox.clone(),
-        }
-    }
-
-    /// How often the background reaper runs: `min(5m, max(30s, idle/6))`.
-    pub fn reap_interval(&self) -> Duration {
-        (self.kernel_idle_timeout / 6).clamp(Duration::from_secs(30), Duration::from_secs(300))
     }
 }
 
@@ -420,21 +618,16 @@ mod tests {
     fn defaults_validate_and_reap_interval_is_clamped() {
         let config = Config::default().validate().expect("defaults are valid");
         assert_eq!(config.reap_interval(), Duration::from_secs(300));
-        let short = Config {
-            kernel_idle_timeout: Duration::from_secs(1),
-            ..Config::default()
-        };
+        let mut short = Config::default();
+        short.kernels.idle_timeout = Duration::from_secs(1);
         assert_eq!(short.reap_interval(), Duration::from_secs(30));
     }
 
     #[test]
     fn bad_values_name_their_field() {
-        let err = Config {
-            max_session_kernels: 0,
-            ..Config::default()
-        }
-        .validate()
-        .unwrap_err();
+        let mut config = Config::default();
+        config.kernels.max_session_kernels = 0;
+        let err = config.validate().unwrap_err();
         assert_eq!(err.field, "max_session_kernels");
     }
 
@@ -470,12 +663,9 @@ mod tests {
             err.to_string(),
             "timeout \"abc\" is not a number of seconds in (0, 3600]"
         );
-        let err = Config {
-            cell_timeout: Duration::from_secs(7200),
-            ..Config::default()
-        }
-        .validate()
-        .unwrap_err();
+        let mut config = Config::default();
+        config.cells.timeout = Duration::from_secs(7200);
+        let err = config.validate().unwrap_err();
         assert_eq!(err.field, "cell_timeout");
     }
 

@@ -1,6 +1,6 @@
 //! Files in and out of a kernel's working directory: the one check of a path's syntax
 //! ([`FilePath`]), what the file operations return, and how a transfer fails
-//! ([`TransferError`]; the orchestrator's `TransferError` adds the kernel's absence and the
+//! ([`TransferError`]; the orchestrator's `FileError` adds the kernel's absence and the
 //! refusals of an execute).
 //!
 //! The host never resolves a path: the bytes travel through a small helper run inside the
@@ -209,7 +209,7 @@ pub enum TransferError {
     /// No progress within the transfer's idle deadline.
     #[error("the file transfer made no progress for {0:?}; nothing was written")]
     Stalled(std::time::Duration),
-    /// The download was read slower than `Config::download_min_rate`; it was cut and its
+    /// The download was read slower than `Config::files.download_min_rate`; it was cut and its
     /// kernel released.
     #[error("the download was read slower than {0} bytes/s; it was cut")]
     TooSlow(u64),

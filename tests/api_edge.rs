@@ -23,7 +23,7 @@ async fn bodies_must_be_objects_and_bad_timeouts_get_one_error() {
     let label = common::unique("edge-bodies");
     let engine = common::engine().await;
     let config = common::config(&label);
-    assert_eq!(config.max_cell_timeout, Duration::from_secs(3600));
+    assert_eq!(config.cells.max_timeout, Duration::from_secs(3600));
     let orchestrator = Orchestrator::start(config, engine.clone())
         .await
         .expect("orchestrator starts");

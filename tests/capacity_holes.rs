@@ -95,7 +95,7 @@ const LONG: &str = "print('started', flush=True)\nimport time\ntime.sleep(60)";
 #[tokio::test(flavor = "multi_thread")]
 async fn reset_or_clear_during_a_running_cell_leaves_no_kernel_outside_the_caps() {
     let srv = TestServer::start("holes-reset", tenants(vec![tenant("t", TOKEN)]), |c| {
-        c.max_session_kernels = 2
+        c.kernels.max_session_kernels = 2
     })
     .await;
     let api = &srv.api;
@@ -183,7 +183,7 @@ async fn calls_queued_on_one_kernel_are_bounded() {
 #[tokio::test(flavor = "multi_thread")]
 async fn live_children_are_bounded_host_wide_and_released_ones_leave_the_pool() {
     let srv = TestServer::start("holes-children", tenants(vec![tenant("t", TOKEN)]), |c| {
-        c.max_session_kernels = 2
+        c.kernels.max_session_kernels = 2
     })
     .await;
     let api = &srv.api;

@@ -54,7 +54,7 @@ async fn a_tenant_at_its_fair_share_keeps_its_kernels_against_another_tenants_de
     let srv = TestServer::start(
         "fair",
         tenants(vec![tenant("ta", "tok-a"), tenant("tb", "tok-b")]),
-        |c| c.max_session_kernels = 4,
+        |c| c.kernels.max_session_kernels = 4,
     )
     .await;
     let api = &srv.api;
@@ -147,7 +147,7 @@ async fn a_reservation_overrides_the_fair_share() {
     let mut a: Value = tenant("ra", "tok-a");
     a["reserved"] = json!(3);
     let srv = TestServer::start("reserved", tenants(vec![a, tenant("rb", "tok-b")]), |c| {
-        c.max_session_kernels = 4
+        c.kernels.max_session_kernels = 4
     })
     .await;
     let api = &srv.api;

@@ -33,7 +33,7 @@ async fn survive(case: &Case, owner: &str, code: &str, timeout: u64) -> CellResu
 
 #[tokio::test]
 async fn a_fork_bomb_hits_the_pids_limit() {
-    let case = Case::with("forkbomb", |c| c.sandbox.pids_limit = 64).await;
+    let case = Case::with("forkbomb", |c| c.spec.sandbox.pids_limit = 64).await;
     let r = survive(&case, "s", "import os\nwhile True:\n    os.fork()", 20).await;
     assert_ne!(r.status, CellStatus::Success, "{r:?}");
     let error = r.error.unwrap_or_default();

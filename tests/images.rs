@@ -2,7 +2,7 @@
 //! it imports numpy, pandas, scipy, pillow and matplotlib and draws a PNG with Agg under the
 //! hardened sandbox (read-only root, HOME=/tmp) without rebuilding matplotlib's font cache;
 //! and it is what a kernel gets through each way of naming an image: the library's
-//! `Config::image`, `kernelbox exec --image`, and a tenant's `image` in the tenants file.
+//! `Config::spec.image`, `kernelbox exec --image`, and a tenant's `image` in the tenants file.
 //!
 //! The image must already be on the engine (`kernelbox image build --preset datascience`;
 //! `.ci/run` builds it when missing): it takes minutes to build, so no test builds it.
@@ -101,7 +101,7 @@ async fn require_image(case_engine: &std::sync::Arc<dyn kernelbox::Engine>) {
 
 #[tokio::test]
 async fn a_datascience_kernel_imports_the_five_and_draws_a_png_with_agg() {
-    let case = Case::with("ds-config", |c| c.image = DATASCIENCE_IMAGE.into()).await;
+    let case = Case::with("ds-config", |c| c.spec.image = DATASCIENCE_IMAGE.into()).await;
     require_image(&case.engine).await;
     let r = case.run("ds", DRAW).await;
     assert_eq!(r.status, CellStatus::Success, "{r:?}");
@@ -162,7 +162,7 @@ async fn a_request_naming_the_image_gets_it() {
 #[tokio::test]
 async fn a_request_naming_the_image_never_takes_a_pooled_plain_kernel() {
     // The warm pool holds kernels of the configured (plain) image only.
-    let case = Case::with("ds-pool", |c| c.pool_size = 1).await;
+    let case = Case::with("ds-pool", |c| c.pool.size = 1).await;
     require_image(&case.engine).await;
     assert!(
         case.kb.wait_pool_ready(1, Duration::from_secs(60)).await,

@@ -221,7 +221,7 @@ async fn fifty_megabytes_of_output_are_cut_and_the_kernel_stays_usable() {
 #[tokio::test]
 async fn output_that_cannot_be_saved_inside_the_kernel_says_so_in_the_warning() {
     let case = Case::with("spill-full", |c| {
-        c.sandbox.work_bytes = Some(8 * 1024 * 1024)
+        c.spec.sandbox.work_bytes = Some(8 * 1024 * 1024)
     })
     .await;
     // The working directory is full: the spill file cannot be written.
@@ -301,7 +301,7 @@ print('environment', sorted(os.environ))
 
 #[tokio::test]
 async fn out_of_memory_is_reported_and_the_next_call_gets_a_fresh_kernel() {
-    let case = Case::with("oom", |c| c.sandbox.memory_bytes = 64 * 1024 * 1024).await;
+    let case = Case::with("oom", |c| c.spec.sandbox.memory_bytes = 64 * 1024 * 1024).await;
     case.run("s", "x = 1").await;
     let r = case
         .run(
@@ -330,7 +330,7 @@ async fn out_of_memory_is_reported_and_the_next_call_gets_a_fresh_kernel() {
 #[tokio::test]
 async fn a_missing_image_is_a_clear_error_and_leaves_nothing() {
     let case = Case::with("noimage", |c| {
-        c.image = "kernelbox/does-not-exist:never".into()
+        c.spec.image = "kernelbox/does-not-exist:never".into()
     })
     .await;
     let err = case
@@ -347,7 +347,7 @@ async fn a_missing_image_is_a_clear_error_and_leaves_nothing() {
 async fn any_image_with_python3_works_as_it_is() {
     // The offline base has python3 and nothing of kernelbox's: no /work, no kernel user.
     let case = Case::with("anyimage", |c| {
-        c.image = kernelbox::image::OFFLINE_BASE.into()
+        c.spec.image = kernelbox::image::OFFLINE_BASE.into()
     })
     .await;
     case.run("s", "x = 41\nopen('note.txt', 'w').write('kept')")

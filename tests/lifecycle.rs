@@ -102,7 +102,7 @@ async fn two_delegated_children_are_isolated_from_each_other() {
 
 #[tokio::test]
 async fn live_children_keep_their_kernels_past_the_lru_cap() {
-    let case = Case::with("pinned", |c| c.max_session_kernels = 2).await;
+    let case = Case::with("pinned", |c| c.kernels.max_session_kernels = 2).await;
     // Sessions fill the host's cap; live children are pinned past it, in a pool of their own
     // as large as the cap.
     for s in ["s0", "s1"] {
@@ -187,7 +187,7 @@ async fn session_clear_disposes_the_owners_kernels() {
 
 #[tokio::test]
 async fn live_kernels_are_capped_lru_across_owners() {
-    let case = Case::with("lru", |c| c.max_session_kernels = 2).await;
+    let case = Case::with("lru", |c| c.kernels.max_session_kernels = 2).await;
     let mut ids = Vec::new();
     for i in 0..4 {
         let r = case.exec(turn(&format!("conv-{i}"), "x = 1", "t")).await;
@@ -219,7 +219,7 @@ async fn live_kernels_are_capped_lru_across_owners() {
 #[tokio::test]
 async fn idle_kernels_are_reaped_by_another_owners_call() {
     let case = Case::with("idle", |c| {
-        c.kernel_idle_timeout = Duration::from_millis(300)
+        c.kernels.idle_timeout = Duration::from_millis(300)
     })
     .await;
     let stale = case.exec(turn("conv-a", "x = 41", "turn-1")).await;
@@ -249,7 +249,7 @@ async fn idle_kernels_are_reaped_by_another_owners_call() {
 #[tokio::test]
 async fn reap_once_sweeps_idle_kernels_without_a_new_acquire() {
     let case = Case::with("reaponce", |c| {
-        c.kernel_idle_timeout = Duration::from_millis(300)
+        c.kernels.idle_timeout = Duration::from_millis(300)
     })
     .await;
     case.exec(turn("conv-a", "x = 41", "turn-1")).await;
@@ -264,7 +264,7 @@ async fn reap_once_sweeps_idle_kernels_without_a_new_acquire() {
 #[tokio::test]
 async fn reap_once_spares_attached_and_fresh_kernels() {
     let case = Case::with("spare", |c| {
-        c.kernel_idle_timeout = Duration::from_millis(300)
+        c.kernels.idle_timeout = Duration::from_millis(300)
     })
     .await;
     // A cell in flight: it has written its first line when start_cell returns.
@@ -390,7 +390,7 @@ async fn week_old_staging_volumes_go_and_fresh_ones_stay() {
     }
     // The sweep `kernelbox sweep` runs, restricted to this case's label so that it neither
     // touches nor counts any other volume on the engine.
-    let max_age = kernelbox::Config::default().staging_max_age;
+    let max_age = kernelbox::Config::default().housekeeping.staging_max_age;
     let mine = [format!("{CASE}={}", case.label)];
     let would =
         kernelbox::instance::sweep::sweep_stale_staging(case.engine.as_ref(), max_age, &mine, true)
@@ -514,7 +514,7 @@ async fn a_startup_sweep_removes_dead_instances_leftovers_only() {
 
 #[tokio::test]
 async fn stress_many_first_calls_over_few_owners_respect_the_cap() {
-    let case = Case::with("stress", |c| c.max_session_kernels = 4).await;
+    let case = Case::with("stress", |c| c.kernels.max_session_kernels = 4).await;
     let runs = (0..50).map(|i| {
         let session = format!("owner-{}", i % 10);
         let kb = case.kb.clone();

@@ -20,7 +20,7 @@ print('child', r.returncode)";
 #[tokio::test]
 async fn an_earlier_oom_of_a_subprocess_does_not_make_a_later_crash_an_oom() {
     let case = Case::with("oom-attribution", |c| {
-        c.sandbox.memory_bytes = 128 * 1024 * 1024
+        c.spec.sandbox.memory_bytes = 128 * 1024 * 1024
     })
     .await;
     case.run("s", "x = 1").await;

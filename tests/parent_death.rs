@@ -102,10 +102,8 @@ fn the_runner_exits_on_its_own_when_its_stdin_closes_with_no_watchdog() {
     let orchestrator_runtime = tokio::runtime::Runtime::new().expect("runtime");
     let kernel = orchestrator_runtime.block_on(async {
         let engine = common::engine().await;
-        let config = kernelbox::Config {
-            watchdog: None,
-            ..common::config(&label)
-        };
+        let mut config = common::config(&label);
+        config.housekeeping.watchdog = None;
         let kb = kernelbox::Orchestrator::start(config, engine)
             .await
             .expect("orchestrator starts");

@@ -69,8 +69,8 @@ const FRESH_OUTPUT: &str = "['os'] ['.kernelbox'] ['status']\n";
 #[tokio::test]
 async fn a_pool_hit_is_a_fresh_kernel_never_shared_between_owners() {
     let case = Case::with("pool-hit", |c| {
-        c.pool_size = 2;
-        c.max_session_kernels = 8;
+        c.pool.size = 2;
+        c.kernels.max_session_kernels = 8;
     })
     .await;
     assert!(case.kb.wait_pool_ready(2, READY).await, "the pool fills");
@@ -129,7 +129,7 @@ async fn a_pool_hit_is_a_fresh_kernel_never_shared_between_owners() {
 /// at the take, so a tool call from it goes out for its owner, with its tools.
 #[tokio::test]
 async fn a_taken_kernel_calls_tools_as_its_owner_with_its_tool_set() {
-    let case = Case::with("pool-tools", |c| c.pool_size = 1).await;
+    let case = Case::with("pool-tools", |c| c.pool.size = 1).await;
     assert!(case.kb.wait_pool_ready(1, READY).await);
     let pooled = untaken(&case.containers().await);
     let seen: Arc<std::sync::Mutex<Vec<ToolCall>>> = Arc::default();
@@ -172,8 +172,8 @@ async fn a_taken_kernel_calls_tools_as_its_owner_with_its_tool_set() {
 #[tokio::test]
 async fn a_burst_larger_than_the_pool_mixes_hits_and_cold_starts_and_all_succeed() {
     let case = Case::with("pool-burst", |c| {
-        c.pool_size = 3;
-        c.max_session_kernels = 16;
+        c.pool.size = 3;
+        c.kernels.max_session_kernels = 16;
     })
     .await;
     assert!(case.kb.wait_pool_ready(3, READY).await);
@@ -206,8 +206,8 @@ async fn a_burst_larger_than_the_pool_mixes_hits_and_cold_starts_and_all_succeed
 #[tokio::test]
 async fn a_pooled_kernel_past_its_maximum_age_is_replaced() {
     let case = Case::with("pool-age", |c| {
-        c.pool_size = 1;
-        c.pool_max_age = Duration::from_secs(3);
+        c.pool.size = 1;
+        c.pool.max_age = Duration::from_secs(3);
     })
     .await;
     assert!(case.kb.wait_pool_ready(1, READY).await);
@@ -225,7 +225,7 @@ async fn a_pooled_kernel_past_its_maximum_age_is_replaced() {
 
 #[tokio::test]
 async fn the_admin_verbs_see_the_owner_of_a_taken_kernel() {
-    let case = Case::with("pool-admin", |c| c.pool_size = 1).await;
+    let case = Case::with("pool-admin", |c| c.pool.size = 1).await;
     let tenant = format!("t{}", &case.label[case.label.len() - 8..]);
     let session = format!("s{}", &case.label[case.label.len() - 8..]);
     assert!(case.kb.wait_pool_ready(1, READY).await);

@@ -511,7 +511,7 @@ const DATASCIENCE_IMAGE: &str = "kernelbox/kernel-datascience:latest";
 
 #[tokio::test(flavor = "multi_thread")]
 async fn real_matplotlib_and_pandas_give_pngs_of_the_figure_size_and_html_tables() {
-    let case = Case::with("rich-ds", |c| c.image = DATASCIENCE_IMAGE.into()).await;
+    let case = Case::with("rich-ds", |c| c.spec.image = DATASCIENCE_IMAGE.into()).await;
     // A line plot left open: one PNG of the figure's pixel size (4x3 inches at dpi 100).
     let r = case
         .run(

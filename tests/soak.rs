@@ -56,7 +56,7 @@ async fn mixed_load_leaks_nothing() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(30);
-    let case = Case::with("soak", |c| c.max_session_kernels = 3).await;
+    let case = Case::with("soak", |c| c.kernels.max_session_kernels = 3).await;
     // Warm up so the baseline includes the runtime's and the client's steady state.
     for i in 0..8 {
         case.run(&format!("soak-{i}"), "pass").await;

@@ -183,7 +183,7 @@ print(kept)";
 
 #[tokio::test]
 async fn allow_list_and_budget_refusals_are_clear_and_not_counted() {
-    let case = Case::with("rpc-budget", |c| c.max_tool_calls = 3).await;
+    let case = Case::with("rpc-budget", |c| c.cells.max_tool_calls = 3).await;
     let (d, seen) = recorder("d");
     let code = "import kernel_tools\n\
 try:\n    kernel_tools.delete_everything(path='/')\nexcept kernel_tools.ToolError as e:\n    print('A:', e)\n\

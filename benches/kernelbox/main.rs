@@ -45,7 +45,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use bollard::Docker;
-use kernelbox::{BollardEngine, Config, Engine, Orchestrator};
+use kernelbox::{BollardEngine, Engine, Orchestrator};
 
 use phases::Bench;
 
@@ -252,11 +252,9 @@ async fn main() -> Result<()> {
         .await
         .map(|c| c.len())
         .unwrap_or(0);
-    let config = Config {
-        max_session_kernels: args.density.max(sizes.owners + 2),
-        max_tool_calls: u32::try_from(sizes.tool_calls + 10)?,
-        ..phases::config(&label)
-    };
+    let mut config = phases::config(&label);
+    config.kernels.max_session_kernels = args.density.max(sizes.owners + 2);
+    config.cells.max_tool_calls = u32::try_from(sizes.tool_calls + 10)?;
     let kb = Orchestrator::start(config, engine.clone()).await?;
     let rss_at_start = host::vm_rss_bytes()?;
     eprintln!("[bench] label {CASE}={label}");

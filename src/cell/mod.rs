@@ -56,9 +56,9 @@ impl CellStatus {
 )]
 #[serde(rename_all = "snake_case")]
 pub enum LossReason {
-    /// Reaped after `kernel_idle_timeout` without a cell.
+    /// Reaped after `kernels.idle_timeout` without a cell.
     IdleReaped,
-    /// Evicted as least recently used past `max_session_kernels`.
+    /// Evicted as least recently used past `kernels.max_session_kernels`.
     Evicted,
     /// A cell ran past its timeout and the kernel was killed.
     Timeout,

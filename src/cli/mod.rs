@@ -163,35 +163,34 @@ fn parse_label(text: &str) -> Result<(String, String), String> {
 }
 
 impl KernelOpts {
+    /// The configuration these options make, not validated yet (its user adds its own).
     fn config(&self) -> anyhow::Result<Config> {
-        let mut config = Config {
-            image: self.image.clone(),
-            cell_timeout: self.timeout,
-            max_cell_timeout: self
-                .max_timeout
-                .unwrap_or_else(|| self.timeout.max(Duration::from_secs(3600))),
-            extra_labels: self.labels.iter().cloned().collect::<BTreeMap<_, _>>(),
-            watchdog: std::env::current_exe().ok(),
-            ..Config::default()
-        };
-        config.sandbox.memory_bytes = self.memory;
+        let mut config = Config::default();
+        config.spec.image = self.image.clone();
+        config.cells.timeout = self.timeout;
+        config.cells.max_timeout = self
+            .max_timeout
+            .unwrap_or_else(|| self.timeout.max(Duration::from_secs(3600)));
+        config.housekeeping.extra_labels = self.labels.iter().cloned().collect::<BTreeMap<_, _>>();
+        config.housekeeping.watchdog = std::env::current_exe().ok();
+        config.spec.sandbox.memory_bytes = self.memory;
         match &self.file_sockets {
-            Some(dir) if dir.as_os_str() == "none" => config.file_sockets = None,
-            Some(dir) => config.file_sockets = Some(dir.clone()),
+            Some(dir) if dir.as_os_str() == "none" => config.files.sockets = None,
+            Some(dir) => config.files.sockets = Some(dir.clone()),
             None => {}
         }
-        config.max_upload_bytes = u64::try_from(self.max_upload).unwrap_or(0);
-        config.sandbox.nano_cpus = (self.cpus * 1e9) as i64;
-        config.sandbox.pids_limit = self.pids;
-        config.display_bundle_bytes = usize::try_from(self.display_bytes)?;
-        config.display_cell_bytes = usize::try_from(self.display_cell_bytes)?;
+        config.files.max_upload_bytes = u64::try_from(self.max_upload).unwrap_or(0);
+        config.spec.sandbox.nano_cpus = (self.cpus * 1e9) as i64;
+        config.spec.sandbox.pids_limit = self.pids;
+        config.cells.display.bundle_bytes = usize::try_from(self.display_bytes)?;
+        config.cells.display.cell_bytes = usize::try_from(self.display_cell_bytes)?;
         if let Some(dir) = &self.project {
             let dir = dir
                 .canonicalize()
                 .with_context(|| format!("--project {}", dir.display()))?;
-            config.mode = WorkMode::Project(dir);
+            config.spec.mode = WorkMode::Project(dir);
         }
-        Ok(config.validate()?)
+        Ok(config)
     }
 }
 
@@ -337,11 +336,11 @@ async fn connect() -> anyhow::Result<Arc<dyn Engine>> {
 }
 
 pub(crate) async fn start(opts: &KernelOpts) -> anyhow::Result<Orchestrator> {
-    let config = opts.config()?;
+    let config = opts.config()?.validate()?;
     let engine = connect().await?;
-    if !engine.image_exists(&config.image).await? {
+    if !engine.image_exists(&config.spec.image).await? {
         return Err(kernelbox::EngineError::ImageMissing {
-            image: config.image.clone(),
+            image: config.spec.image.clone(),
         }
         .into());
     }

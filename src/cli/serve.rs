@@ -180,14 +180,14 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let mut config = args.kernel.config()?;
-    config.max_session_kernels = args.max_kernels;
-    config.kernel_idle_timeout = args.idle_timeout;
-    config.pool_size = args.pool.unwrap_or(DEFAULT_POOL.min(args.max_kernels));
-    config.pool_max_age = args.pool_max_age;
-    config.download_min_rate = args.min_download_rate;
-    config.download_rate_grace = args.download_rate_grace;
-    config.watchdog = std::env::current_exe().ok();
-    config.state_dir = Some(match args.state_dir.clone() {
+    config.kernels.max_session_kernels = args.max_kernels;
+    config.kernels.idle_timeout = args.idle_timeout;
+    config.pool.size = args.pool.unwrap_or(DEFAULT_POOL.min(args.max_kernels));
+    config.pool.max_age = args.pool_max_age;
+    config.files.download_min_rate = args.min_download_rate;
+    config.files.download_rate_grace = args.download_rate_grace;
+    config.housekeeping.watchdog = std::env::current_exe().ok();
+    config.housekeeping.state_dir = Some(match args.state_dir.clone() {
         Some(dir) => dir,
         None => default_state_dir().ok_or_else(|| {
             usage("no --state-dir given and neither XDG_STATE_HOME nor HOME is set".into())
@@ -195,7 +195,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     });
     let config = config.validate()?;
     tenants
-        .check_reserved(config.max_session_kernels)
+        .check_reserved(config.kernels.max_session_kernels)
         .map_err(|e| usage(e.to_string()))?;
 
     let listener = tokio::net::TcpListener::bind(&args.listen)
@@ -223,7 +223,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     };
     // The server's image and every image a tenant names must be there before anyone calls.
-    for image in std::iter::once(config.image.as_str()).chain(tenants.images()) {
+    for image in std::iter::once(config.spec.image.as_str()).chain(tenants.images()) {
         if !engine.image_exists(image).await? {
             return Err(kernelbox::EngineError::ImageMissing {
                 image: image.to_string(),

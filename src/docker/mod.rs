@@ -37,7 +37,7 @@ pub enum EngineError {
     /// The engine could not be reached at all (socket missing, daemon down).
     #[error("docker engine unreachable during {op}: {message}")]
     Unreachable {
-        /// The operation.
+        /// What kernelbox asked of the engine (`ping`, `create container`, ...).
         op: &'static str,
         /// What the client said.
         message: String,
@@ -45,7 +45,7 @@ pub enum EngineError {
     /// The engine answered with an error status.
     #[error("docker {op} {target} failed ({status}): {message}")]
     Api {
-        /// The operation.
+        /// What kernelbox asked of the engine.
         op: &'static str,
         /// The container, volume or image concerned.
         target: String,
@@ -57,23 +57,23 @@ pub enum EngineError {
     /// The image to create a kernel from does not exist locally (and none can be pulled).
     #[error("image {image} not found; build it with `kernelbox image build`")]
     ImageMissing {
-        /// The image reference.
+        /// The image as it was named (`name[:tag]` or `name@digest`).
         image: String,
     },
     /// A volume could not be removed because a container still uses it.
     #[error("volume {name} is in use")]
     VolumeInUse {
-        /// The volume.
+        /// The volume that was not removed.
         name: String,
     },
     /// Anything else the client reported (I/O on a stream, decoding).
     #[error("docker {op} {target}: {message}")]
     Other {
-        /// The operation.
+        /// What kernelbox asked of the engine.
         op: &'static str,
-        /// The object concerned.
+        /// The container, volume or image concerned.
         target: String,
-        /// Details.
+        /// What the client reported.
         message: String,
     },
 }
@@ -109,7 +109,7 @@ pub enum Mount {
 /// Everything needed to create a hardened kernel container.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ContainerSpec {
-    /// Image reference.
+    /// The image it is created from.
     pub image: String,
     /// Command line (imported images have no `Cmd`, so it is always given).
     pub cmd: Vec<String>,
@@ -117,13 +117,13 @@ pub struct ContainerSpec {
     pub env: Vec<String>,
     /// `uid:gid`.
     pub user: String,
-    /// Working directory.
+    /// Where its process starts.
     pub working_dir: String,
-    /// Labels.
+    /// Its labels, fixed at create (`src/labels.rs`).
     pub labels: BTreeMap<String, String>,
-    /// Mounts.
+    /// Volumes and host directories mounted into it.
     pub mounts: Vec<Mount>,
-    /// Confinement.
+    /// Its limits and hardening (memory, CPU, processes, network, read-only root).
     pub sandbox: crate::config::Sandbox,
 }
 
@@ -147,11 +147,11 @@ pub struct Attached {
 /// A process to run inside a running container ([`Engine::exec`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExecSpec {
-    /// Command line.
+    /// The program and its arguments.
     pub cmd: Vec<String>,
     /// `uid:gid` it runs as.
     pub user: String,
-    /// Its working directory.
+    /// Where it starts.
     pub working_dir: String,
     /// Environment added to the container's, `KEY=value`.
     pub env: Vec<String>,
@@ -172,11 +172,11 @@ pub struct TmpfsVolume {
 /// What `list` reports of a container.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ContainerInfo {
-    /// Full id.
+    /// The full (64 hex) container id.
     pub id: String,
     /// `created`, `running`, `exited`, ...
     pub state: String,
-    /// Labels.
+    /// Its labels, as set at create.
     pub labels: BTreeMap<String, String>,
     /// Creation time, Unix seconds.
     pub created: i64,
@@ -189,14 +189,14 @@ pub struct ContainerInfo {
 pub struct VolumeInfo {
     /// Volume name.
     pub name: String,
-    /// Labels.
+    /// Its labels, as set at create.
     pub labels: BTreeMap<String, String>,
 }
 
 /// A container event from the engine's event stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EngineEvent {
-    /// Container id.
+    /// The container's full id.
     pub id: String,
     /// `create`, `start`, `oom`, `kill`, `die`, `destroy`, ...
     pub action: String,

@@ -105,6 +105,7 @@ impl EventMonitor {
     }
 
     /// Records one event.
+    #[cfg(test)]
     pub fn record(&self, id: &str, action: &str, exit_code: Option<i64>) {
         self.record_signal(id, action, exit_code, None);
     }

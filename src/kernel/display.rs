@@ -1,7 +1,7 @@
 //! A cell's displays, assembled on the host from the pieces the scanner finds, under the caps
-//! the runner was given (`DisplayCaps`): whatever the kernel writes, the host holds at most
-//! one display's bytes being assembled and the cell's cap of finished ones (`docs/contract.md`,
-//! "Rich results"; `docs/architecture.md`, runner protocol).
+//! the runner was given (`RunnerDisplayCaps`): whatever the kernel writes, the host holds at
+//! most one display's bytes being assembled and the cell's cap of finished ones
+//! (`docs/contract.md`, "Rich results"; `docs/architecture.md`, runner protocol).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -10,13 +10,13 @@ use serde::de::{Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::protocol::DisplayCaps;
+use super::protocol::RunnerDisplayCaps;
 use crate::cell::messages;
 use crate::rich::{nesting_within, RawJson, RichResult, MAX_DISPLAY_DEPTH};
 
 /// Most MIME types in one display, and most spilled paths it may name; a display with more is
 /// dropped (each entry costs the host more than its bytes).
-pub const MAX_DISPLAY_ENTRIES: usize = 32;
+const MAX_DISPLAY_ENTRIES: usize = 32;
 
 /// Most spilled paths named in a result's `warning`.
 const WARNING_PATHS: usize = 10;
@@ -37,7 +37,7 @@ struct WireDisplay {
 /// The displays of one cell.
 #[derive(Debug)]
 pub(super) struct Displays {
-    caps: DisplayCaps,
+    caps: RunnerDisplayCaps,
     /// Bytes of finished displays, each with `caps.overhead` more.
     used: usize,
     /// The display being assembled.
@@ -51,7 +51,7 @@ pub(super) struct Displays {
 }
 
 impl Displays {
-    pub(super) fn new(caps: DisplayCaps) -> Displays {
+    pub(super) fn new(caps: RunnerDisplayCaps) -> Displays {
         Displays {
             caps,
             used: 0,
@@ -187,8 +187,8 @@ fn bounded_seq<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error>
 mod tests {
     use super::*;
 
-    fn caps() -> DisplayCaps {
-        DisplayCaps {
+    fn caps() -> RunnerDisplayCaps {
+        RunnerDisplayCaps {
             bundle: 200,
             cell: 1000,
             overhead: 100,
@@ -233,7 +233,7 @@ mod tests {
 
     #[test]
     fn a_display_with_too_many_mime_types_is_refused_and_spills_are_reported() {
-        let mut d = Displays::new(DisplayCaps {
+        let mut d = Displays::new(RunnerDisplayCaps {
             bundle: 100_000,
             cell: 1_000_000,
             overhead: 0,

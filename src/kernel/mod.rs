@@ -9,36 +9,36 @@
 //! | file | what |
 //! |---|---|
 //! | `mod.rs` | the [`Kernel`] struct, its state and death, host-memory bounds, dispose |
-//! | `spawn.rs` | create the volume and container, attach, start, wait for `ready` |
-//! | `run.rs` | one cell: [`Kernel::run_cell`], tool-call dispatch, the [`CellOutcome`] |
-//! | `reader.rs` | the attach-stream reader task: output and frames to the cell, deaths told apart |
+//! | `spawn.rs` | create the volume and container (its mounts, the runner's container spec), attach, start, wait for `ready` |
+//! | `run.rs` | one cell: [`Kernel::run_cell`] waits its turn, begins the cell, turns its `RunningCell` until it ends (output, displays, tool calls dispatched and answered), settles it into a [`CellRun`] |
+//! | `reader.rs` | the attach-stream reader task: output and frames to the cell, a breached kernel killed, deaths told apart |
 //! | `pace.rs` | the pace the attach stream is read at (a flooding kernel waits on its own pipe) |
-//! | `files.rs` | the file transport: `runner/file_helper.py` run in the container by exec, resident while files are used, streamed |
+//! | `files/` | the file transport: `runner/file_helper.py` run in the container by exec, resident while files are used, streamed (its `mod.rs` lists its files) |
 //! | `staging.rs` | files written into the kernel's staging volume (output spills) |
 //! | `stdin.rs` | the kernel's stdin: frames written inline when the pipe takes them, else by a task |
 //! | `display.rs` | a cell's displays: assembled from their pieces under the caps, as [`RichResult`](crate::RichResult)s |
-//! | `protocol.rs` | the runner protocol v3: frames, line splitting (`docs/architecture.md`) |
+//! | `protocol.rs` | the runner protocol v3: frames, line splitting, the display caps the runner is sent (`docs/architecture.md`) |
 //! | `scanner.rs` | a cell's output stream taken apart: output, display pieces, the end marker |
 //! | `protocol_tests.rs` | unit tests of `protocol.rs` |
 
 mod display;
 mod files;
 mod pace;
+mod protocol;
 mod reader;
 mod run;
 mod scanner;
 mod spawn;
 mod staging;
+mod stdin;
 
-pub mod protocol;
-pub mod stdin;
-
-pub use files::prepare_socket_dir;
+pub(crate) use files::prepare_socket_dir;
+pub(crate) use spawn::{SpawnRequest, Yield};
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
@@ -47,44 +47,43 @@ use tokio_util::sync::CancellationToken;
 use crate::authority::CellAuthority;
 use crate::cell::OutputBuffer;
 use crate::clock::unix_now;
-use crate::config::{DEFAULT_DISPLAY_BUNDLE_BYTES, DEFAULT_DISPLAY_CELL_BYTES};
+use crate::config::{
+    DisplayCaps, OutputCaps, DEFAULT_DISPLAY_BUNDLE_BYTES, DEFAULT_DISPLAY_CELL_BYTES,
+    DEFAULT_OUTPUT_INLINE_BYTES, DEFAULT_OUTPUT_SPILL_BYTES, WORK_DIR,
+};
 use crate::docker::{remove_volume_when_free, short_id, Engine, EngineError};
 use crate::owner::{KernelKey, Owner};
 use crate::rich::{DisplaySink, RichResult};
-pub use protocol::DisplayCaps;
 use protocol::{KernelFrame, MAX_FRAME_LINE, PROTOCOL_VERSION};
 use scanner::MAX_DISPLAY_PIECE;
 use stdin::{Stdin, MAX_STDIN_BACKLOG};
 
-pub use spawn::{SpawnRequest, Yield};
-
-pub use crate::config::WORK_DIR;
 /// Where the staging volume is mounted in project mode (in strict mode it is the work dir).
-pub const STAGING_DIR_PROJECT: &str = "/kernelbox";
+const STAGING_DIR_PROJECT: &str = "/kernelbox";
 
 /// Bytes of events (cell output chunks, protocol frames as their line length) the reader task
 /// has handed to the running cell and the cell has not consumed yet. When it is reached the
 /// reader stops reading the container's streams until the cell catches up, so a flooding cell
 /// is slowed down by its own pipes rather than buffered on the host. A parsed frame takes
 /// about its line length in memory: a tool call's arguments stay raw JSON text.
-pub const MAX_READER_BACKLOG: usize = 8 * 1024 * 1024;
+const MAX_READER_BACKLOG: usize = 8 * 1024 * 1024;
 
 /// Tool calls of one cell dispatched and not answered yet; a call past this is refused at once
 /// (it does not count against the cell's budget) until one of them is answered.
-pub const MAX_TOOL_CALLS_IN_FLIGHT: usize = 16;
+const MAX_TOOL_CALLS_IN_FLIGHT: usize = 16;
 
 /// Bytes of arguments (measured as their frames' line length) of one cell's tool calls in
 /// flight; a call that would pass this is refused at once, like one past
 /// [`MAX_TOOL_CALLS_IN_FLIGHT`]. One protocol line ([`MAX_FRAME_LINE`]) always fits.
-pub const MAX_TOOL_ARGS_IN_FLIGHT: usize = MAX_FRAME_LINE;
+const MAX_TOOL_ARGS_IN_FLIGHT: usize = MAX_FRAME_LINE;
 
 /// Longest tool result passed to a kernel, in bytes of JSON; a larger result reaches the cell
 /// as a `ToolError` saying so. The server's tool endpoint responses are bounded the same.
-pub const MAX_TOOL_RESULT_BYTES: usize = 1024 * 1024;
+pub(crate) const MAX_TOOL_RESULT_BYTES: usize = 1024 * 1024;
 
 /// Longest tool-result frame sent to a kernel, in bytes: a result of
 /// [`MAX_TOOL_RESULT_BYTES`] and the frame around it.
-pub const MAX_TOOL_RESULT_FRAME: usize = MAX_TOOL_RESULT_BYTES + 1024;
+const MAX_TOOL_RESULT_FRAME: usize = MAX_TOOL_RESULT_BYTES + 1024;
 
 /// The most host memory one kernel can make kernelbox hold, in bytes, whatever its code does
 /// (the bounds above and in [`protocol`], [`stdin`] and [`crate::cell`]):
@@ -99,37 +98,50 @@ pub const MAX_TOOL_RESULT_FRAME: usize = MAX_TOOL_RESULT_BYTES + 1024;
 ///   [`MAX_TOOL_CALLS_IN_FLIGHT`] (16) results being read, each bounded by the dispatcher (the
 ///   server's reads at most [`MAX_TOOL_RESULT_BYTES`], 1 MiB, per response and passes it
 ///   through without parsing it into a tree);
-/// - output: the cell's result buffer, `output_inline_bytes` plus `output_spill_bytes`
-///   (5 MB by default), and for a streaming request at most 1 MiB of undelivered events;
-/// - displays (`display.rs`): the one being assembled, at most `display_bundle_bytes` (5 MiB
-///   by default) plus one piece ([`MAX_DISPLAY_PIECE`], 4 KiB), and the cell's finished ones,
-///   at most `display_cell_bytes` (20 MiB by default, each display counted with 1 KiB more
-///   for its structure); the same again as their JSON in the response, and for a streaming
-///   request once more as `display` events the client has not read: three times the cell cap.
+/// - output: the cell's result buffer, `cells.output.inline_bytes` plus
+///   `cells.output.spill_bytes` (5 MB by default), and for a streaming request at most
+///   [`STREAM_BACKLOG_BYTES`] (1 MiB) of undelivered events;
+/// - displays (`display.rs`): the one being assembled, at most `cells.display.bundle_bytes`
+///   (5 MiB by default) plus one piece ([`MAX_DISPLAY_PIECE`], 4 KiB), and the cell's finished
+///   ones, at most `cells.display.cell_bytes` (20 MiB by default, each display counted with
+///   1 KiB more for its structure); the same again as their JSON in the response, and for a
+///   streaming request once more as `display` events the client has not read: three times the
+///   cell cap.
 ///
-/// With the defaults that is about 100 MiB (this constant: 34 MiB without displays, 66 MiB
-/// for them) plus the tool responses being read (with the server's dispatcher at most
-/// 16 x 1 MiB more, and only while the cell's tools answer); a kernel that goes past a bound
-/// on frames in or answers out is killed (`state_lost.reason = "protocol"`); displays past
-/// their caps are dropped. A library dispatcher that implements only
+/// With the defaults that is within this constant, 100 MiB ([`HOST_BYTES_PER_KERNEL`]: 34 MiB
+/// without displays, 65 MiB for them; checked when the crate compiles), plus the tool
+/// responses being read (with the server's dispatcher at most 16 x 1 MiB more, and only while
+/// the cell's tools answer); a kernel that goes past a bound on frames in or answers out is
+/// killed (`state_lost.reason = "protocol"`); displays past their caps are dropped. A library
+/// dispatcher that implements only
 /// [`ToolDispatcher::dispatch`](crate::ToolDispatcher::dispatch) gets the arguments parsed
 /// into a `serde_json::Value`, which can take up to about 16 times their text.
-// Nothing reads it: it states the bound the constants above add up to, for readers and docs.
-#[allow(dead_code)]
-pub const MAX_HOST_BYTES_PER_KERNEL: usize = MAX_FRAME_LINE
+/// `docs/reliability.md` ("Reliability and the trust boundary") states the same for
+/// operators.
+const MAX_HOST_BYTES_PER_KERNEL: usize = 100 * 1024 * 1024;
+
+/// The bounds [`MAX_HOST_BYTES_PER_KERNEL`] lists, added up with the default caps.
+const HOST_BYTES_PER_KERNEL: usize = MAX_FRAME_LINE
     + MAX_READER_BACKLOG
     + MAX_STDIN_BACKLOG
     + MAX_TOOL_RESULT_FRAME
     + 2 * MAX_TOOL_ARGS_IN_FLIGHT
-    + 5_050_000
-    + 1024 * 1024
+    + DEFAULT_OUTPUT_INLINE_BYTES
+    + DEFAULT_OUTPUT_SPILL_BYTES
+    + STREAM_BACKLOG_BYTES
     + DEFAULT_DISPLAY_BUNDLE_BYTES
     + MAX_DISPLAY_PIECE
     + 3 * DEFAULT_DISPLAY_CELL_BYTES;
 
+/// Undelivered events of a streaming execute, which the server holds (`docs/reliability.md`).
+const STREAM_BACKLOG_BYTES: usize = 1024 * 1024;
+
+// A bound raised past the documented total fails the build, so the documentation is revisited.
+const _: () = assert!(HOST_BYTES_PER_KERNEL <= MAX_HOST_BYTES_PER_KERNEL);
+
 /// The lifecycle of one kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KernelState {
+pub(crate) enum KernelState {
     /// Container being created and started; the runner has not said ready yet.
     Starting,
     /// Ready, no cell running.
@@ -142,7 +154,7 @@ pub enum KernelState {
 
 /// Why a kernel is gone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Death {
+pub(crate) enum Death {
     /// kernelbox removed it (timeout, interrupt, eviction, reaping, clear, shutdown).
     Disposed,
     /// A cell called `sys.exit()`.
@@ -190,12 +202,13 @@ enum IoEvent {
 
 /// How a cell ended, before the orchestrator turns it into a [`CellResult`](crate::CellResult).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CellOutcome {
+pub(crate) enum CellOutcome {
     /// The cell ran to its end.
     Completed,
-    /// The cell raised; the traceback (or kernelbox's note when the end frame was unreadable).
+    /// The cell raised.
     Raised {
-        /// The traceback.
+        /// The traceback as the runner formatted it, or kernelbox's note when the end frame
+        /// was unreadable.
         traceback: String,
     },
     /// The cell called `sys.exit()`; the kernel is gone.
@@ -210,37 +223,37 @@ pub enum CellOutcome {
 
 /// The outcome of one cell.
 #[derive(Debug)]
-pub struct CellRun {
+pub(crate) struct CellRun {
     /// How it ended.
-    pub outcome: CellOutcome,
-    /// What it wrote.
-    pub output: OutputBuffer,
+    pub(crate) outcome: CellOutcome,
+    /// What it wrote (stdout and stderr, one stream), under the cell's output caps.
+    pub(crate) output: OutputBuffer,
     /// Cells executed by the kernel, this one included; 0 when the cell never ran.
-    pub execution_count: u64,
+    pub(crate) execution_count: u64,
     /// The cell number (0 when it never ran).
-    pub cell: u64,
+    pub(crate) cell: u64,
     /// Whether the cell reached the kernel. A cell interrupted while it waited for earlier
     /// cells, or that found its kernel dead, never ran: the kernel is untouched by it.
-    pub ran: bool,
+    pub(crate) ran: bool,
     /// The cell's displays, in order.
-    pub results: Vec<RichResult>,
+    pub(crate) results: Vec<RichResult>,
     /// What became of displays past the caps (saved to files, dropped), when any were.
-    pub display_warning: Option<String>,
+    pub(crate) display_warning: Option<String>,
 }
 
 /// Receives output live while a cell runs (for streaming).
 pub type OutputSink = Arc<dyn Fn(&[u8]) + Send + Sync>;
 
 /// What one cell may keep of its output and displays, and where they go live.
-pub struct CellOptions {
-    /// Output kept inline, and kept for the spill file, in bytes.
-    pub output_caps: (usize, usize),
+pub(crate) struct CellOptions {
+    /// Output kept inline, and kept for the spill file.
+    pub(crate) output: OutputCaps,
     /// The caps on the cell's displays.
-    pub display_caps: DisplayCaps,
+    pub(crate) display: DisplayCaps,
     /// Receives output as it arrives.
-    pub sink: Option<OutputSink>,
+    pub(crate) sink: Option<OutputSink>,
     /// Receives each display as it arrives, in order with the output.
-    pub display_sink: Option<DisplaySink>,
+    pub(crate) display_sink: Option<DisplaySink>,
 }
 
 /// The I/O a running cell needs, behind the FIFO cell lock.
@@ -315,17 +328,15 @@ impl Shared {
 
 /// One live kernel container.
 pub struct Kernel {
-    /// Full container id.
-    pub id: String,
+    /// Full (64 hex) container id.
+    pub(crate) id: String,
     /// Name of its staging volume.
-    pub volume: String,
+    volume: String,
     /// Who it belongs to: set at spawn, or when an owner takes it from the warm pool; tool
     /// calls are made on this owner's behalf.
     owner: OnceLock<Owner>,
-    /// When it was created.
-    pub created: SystemTime,
     /// Where spills go inside the kernel.
-    pub spill_dir: String,
+    spill_dir: String,
     user: String,
     engine: Arc<dyn Engine>,
     shared: Arc<Shared>,
@@ -338,7 +349,7 @@ pub struct Kernel {
     /// engine can finish removing the container.
     drain: CancellationToken,
     cancel: CancellationToken,
-    /// The resident file helper (`files.rs`), ended with the kernel.
+    /// The resident file helper (`files/helper.rs`), ended with the kernel.
     files: Arc<files::Resident>,
 }
 
@@ -353,7 +364,7 @@ impl std::fmt::Debug for Kernel {
 }
 
 /// Labels of a kernel's container and volume.
-pub fn kernel_labels(
+fn kernel_labels(
     base: &BTreeMap<String, String>,
     key: &KernelKey,
     generation: u64,
@@ -375,7 +386,7 @@ pub fn kernel_labels(
 }
 
 /// Labels of a warm-pool kernel's container and volume: the instance's, and no owner.
-pub fn pool_labels(base: &BTreeMap<String, String>, role: &str) -> BTreeMap<String, String> {
+fn pool_labels(base: &BTreeMap<String, String>, role: &str) -> BTreeMap<String, String> {
     use crate::labels as l;
     let mut labels = base.clone();
     labels.insert(l::ROLE.into(), role.into());
@@ -387,37 +398,37 @@ pub fn pool_labels(base: &BTreeMap<String, String>, role: &str) -> BTreeMap<Stri
 impl Kernel {
     /// Gives an ownerless (pooled) kernel its owner; false when it already had one (a kernel
     /// is never handed to a second owner).
-    pub fn assign(&self, owner: &Owner) -> bool {
+    pub(crate) fn assign(&self, owner: &Owner) -> bool {
         self.owner.set(owner.clone()).is_ok()
     }
 
     /// Its owner, once it has one.
-    pub fn owner(&self) -> Option<&Owner> {
+    fn owner(&self) -> Option<&Owner> {
         self.owner.get()
     }
 
     /// The short (12 hex) container id.
-    pub fn short_id(&self) -> &str {
+    pub(crate) fn short_id(&self) -> &str {
         short_id(&self.id)
     }
 
     /// The current state.
-    pub fn state(&self) -> KernelState {
+    pub(crate) fn state(&self) -> KernelState {
         self.shared.state()
     }
 
     /// Why the kernel is gone, once it is.
-    pub fn death(&self) -> Option<Death> {
+    pub(crate) fn death(&self) -> Option<Death> {
         self.shared.death()
     }
 
     /// True while the kernel can run cells.
-    pub fn is_alive(&self) -> bool {
+    pub(crate) fn is_alive(&self) -> bool {
         self.shared.death().is_none()
     }
 
     /// Cells executed so far.
-    pub fn execution_count(&self) -> u64 {
+    pub(crate) fn execution_count(&self) -> u64 {
         self.execution_count.load(Ordering::Acquire)
     }
 
@@ -434,7 +445,7 @@ impl Kernel {
     /// (disposed, killed, crashed) or whose container exited is left as it is. A container
     /// that exits while its rename is under way can still overlap the engine's own
     /// auto-removal; the window is the rename itself.
-    pub async fn rename(&self, name: &str) -> Result<(), EngineError> {
+    pub(crate) async fn rename(&self, name: &str) -> Result<(), EngineError> {
         let _naming = self.shared.naming.lock().await;
         if !self.is_alive() || self.shared.exited.load(Ordering::Acquire) {
             return Ok(());
@@ -452,7 +463,7 @@ impl Kernel {
     }
 
     /// Removes the container and its staging volume. Idempotent.
-    pub async fn dispose(&self) -> Result<(), EngineError> {
+    pub(crate) async fn dispose(&self) -> Result<(), EngineError> {
         self.shared.die(Death::Disposed);
         self.drain.cancel();
         // Dead from here on: a rename under way ends first and none starts after.

@@ -9,16 +9,16 @@
 use tokio::time::{Duration, Instant};
 
 /// Bytes per second a kernel's streams are read at, sustained.
-pub const READ_RATE: u64 = 64 * 1024 * 1024;
+pub(super) const READ_RATE: u64 = 64 * 1024 * 1024;
 
 /// Bytes read at once before [`READ_RATE`] applies (refilled at that rate).
-pub const READ_BURST: u64 = 64 * 1024 * 1024;
+pub(super) const READ_BURST: u64 = 64 * 1024 * 1024;
 
 /// What each protocol line costs on the pace besides its bytes: the host parses every line
 /// and may answer it (a refused tool call is a write to the kernel, which the engine copies),
 /// so a flood of tiny frames costs per line, not per byte: 4,096 lines at once, then 4,096 a
 /// second. A cell's legitimate lines are far fewer (its tool calls, 50 by default).
-pub const LINE_COST: usize = 16 * 1024;
+pub(super) const LINE_COST: usize = 16 * 1024;
 
 /// A token bucket of bytes: [`Pace::spend`] says how long to wait before reading on.
 #[derive(Debug)]

@@ -12,38 +12,40 @@
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
+use crate::config::{DisplayCaps, DISPLAY_OVERHEAD_BYTES};
+
 /// The protocol version this host speaks; the runner announces its own in `ready`.
-pub const PROTOCOL_VERSION: u64 = 3;
+pub(super) const PROTOCOL_VERSION: u64 = 3;
 
 /// The runner's source; the kernel's environment carries it (see [`RUNNER_ENV`]), so no file
 /// has to reach the container.
-pub const RUNNER_SOURCE: &str = include_str!("../../runner/kernel_runner.py");
+pub(super) const RUNNER_SOURCE: &str = include_str!("../../runner/kernel_runner.py");
 
 /// The runner's rich-results part, which the runner keeps as text and compiles on first use
 /// (an idle kernel pays nothing for it); the kernel's environment carries it ([`RICH_ENV`]).
-pub const RICH_SOURCE: &str = include_str!("../../runner/rich.py");
+const RICH_SOURCE: &str = include_str!("../../runner/rich.py");
 
 /// The environment variable that hands [`RICH_SOURCE`] to the runner, which removes it before
 /// any cell runs.
-pub const RICH_ENV: &str = "KERNELBOX_RICH";
+const RICH_ENV: &str = "KERNELBOX_RICH";
 
 /// The `python3 -c` program that compiles and starts the runner in pieces: the parser's peak
 /// memory stays resident in every kernel, and a piece's peak is a fraction of the whole file's.
-pub const RUNNER_BOOTSTRAP: &str = include_str!("../../runner/bootstrap.py");
+const RUNNER_BOOTSTRAP: &str = include_str!("../../runner/bootstrap.py");
 
 /// The environment variable that hands [`RUNNER_SOURCE`] to [`RUNNER_BOOTSTRAP`], which removes
 /// it before any cell runs.
-pub const RUNNER_ENV: &str = "KERNELBOX_RUNNER";
+const RUNNER_ENV: &str = "KERNELBOX_RUNNER";
 
 /// The kernel container's command: `python3 -c BOOTSTRAP`.
-pub fn runner_command() -> Vec<String> {
+pub(super) fn runner_command() -> Vec<String> {
     ["python3", "-c", RUNNER_BOOTSTRAP]
         .map(String::from)
         .to_vec()
 }
 
 /// The kernel container's environment entries that carry the runner and its rich-results part.
-pub fn runner_env() -> [String; 2] {
+pub(super) fn runner_env() -> [String; 2] {
     [
         format!("{RUNNER_ENV}={RUNNER_SOURCE}"),
         format!("{RICH_ENV}={RICH_SOURCE}"),
@@ -54,12 +56,12 @@ pub fn runner_env() -> [String; 2] {
 /// frames are small but for a tool call's arguments, which a cell may have in flight up to
 /// this many bytes at once (see `kernel::MAX_TOOL_ARGS_IN_FLIGHT`); a longer line is a
 /// protocol violation and kills the kernel (see [`Breach`]).
-pub const MAX_FRAME_LINE: usize = 1024 * 1024;
+pub(super) const MAX_FRAME_LINE: usize = 1024 * 1024;
 
 /// Longest `done` line (after a cell's end marker) read from a kernel, in bytes. The runner
 /// never writes one over 4000 bytes (it shortens the traceback to fit); a longer one is
 /// forged, and the cell's outcome is reported as unreadable rather than held.
-pub const MAX_DONE_LINE: usize = 8 * 1024;
+pub(super) const MAX_DONE_LINE: usize = 8 * 1024;
 
 /// Protocol input the host has no use for, in bytes, a kernel may send over its whole life:
 /// lines that are not frames (an interpreter warning before the runner starts is one) and
@@ -68,17 +70,17 @@ pub const MAX_DONE_LINE: usize = 8 * 1024;
 /// (Tool calls the host refuses are answered, never counted here: a cell may legitimately make
 /// many, e.g. retrying past the in-flight cap; the read pace bounds what they cost,
 /// `src/kernel/pace.rs`.)
-pub const MAX_WASTE_BYTES: usize = 1024 * 1024;
+pub(super) const MAX_WASTE_BYTES: usize = 1024 * 1024;
 
 /// The breach reported past [`MAX_WASTE_BYTES`].
-pub const WASTE_BREACH: &str =
+pub(super) const WASTE_BREACH: &str =
     "more than 1 MiB of protocol input kernelbox had no use for: lines that are not frames or \
      frames the runner never sends unasked";
 
 /// A kernel that broke the protocol: whoever notices trips it, and the kernel's reader task,
 /// which owns the container's streams, kills the kernel. Cheap to clone.
 #[derive(Debug, Clone, Default)]
-pub struct Breach {
+pub(super) struct Breach {
     inner: std::sync::Arc<BreachInner>,
 }
 
@@ -90,18 +92,18 @@ struct BreachInner {
 
 impl Breach {
     /// Records the violation (the first one wins) and wakes the reader task.
-    pub fn trip(&self, what: &'static str) {
+    pub(super) fn trip(&self, what: &'static str) {
         let _ = self.inner.what.set(what);
         self.inner.tripped.cancel();
     }
 
     /// The violation, once tripped.
-    pub fn what(&self) -> Option<&'static str> {
+    pub(super) fn what(&self) -> Option<&'static str> {
         self.inner.what.get().copied()
     }
 
     /// Completes once tripped.
-    pub async fn tripped(&self) {
+    pub(super) async fn tripped(&self) {
         self.inner.tripped.cancelled().await
     }
 }
@@ -109,19 +111,19 @@ impl Breach {
 /// A frame the host sends to the runner.
 #[derive(Debug, Clone, Serialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
-pub enum HostFrame<'a> {
+pub(super) enum HostFrame<'a> {
     /// Run a cell.
     Exec {
         /// Cell number, unique within the kernel.
         cell: u64,
-        /// Python source.
+        /// The cell's Python source, as the caller sent it.
         code: &'a str,
         /// Bytes the runner writes to fd 1 when the cell is over.
         marker: &'a str,
         /// Bytes the runner writes before each piece of a display.
         display: &'a str,
         /// The display caps the runner applies (the host enforces them too).
-        display_caps: DisplayCaps,
+        display_caps: RunnerDisplayCaps,
     },
     /// The answer to a tool call.
     ToolResult {
@@ -140,7 +142,7 @@ pub enum HostFrame<'a> {
 
 impl HostFrame<'_> {
     /// The frame as one line.
-    pub fn to_line(&self) -> Vec<u8> {
+    pub(super) fn to_line(&self) -> Vec<u8> {
         // Serialising these types cannot fail: every field is a string, number, bool or
         // already valid JSON.
         let mut line = serde_json::to_vec(self).unwrap_or_default();
@@ -154,19 +156,30 @@ impl HostFrame<'_> {
 /// saves a display past them to files and sends a note instead (`runner/rich.py`); the host
 /// drops any display past them (`src/kernel/display.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct DisplayCaps {
+pub(super) struct RunnerDisplayCaps {
     /// Largest display.
-    pub bundle: usize,
+    pub(super) bundle: usize,
     /// Largest total of a cell's displays.
-    pub cell: usize,
+    pub(super) cell: usize,
     /// What each display counts beyond its JSON, for the host's memory per display.
-    pub overhead: usize,
+    pub(super) overhead: usize,
+}
+
+impl From<DisplayCaps> for RunnerDisplayCaps {
+    /// The configured caps, each display counted with [`DISPLAY_OVERHEAD_BYTES`] more.
+    fn from(caps: DisplayCaps) -> Self {
+        RunnerDisplayCaps {
+            bundle: caps.bundle_bytes,
+            cell: caps.cell_bytes,
+            overhead: DISPLAY_OVERHEAD_BYTES,
+        }
+    }
 }
 
 /// How the runner says a cell ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum DoneStatus {
+pub(super) enum DoneStatus {
     /// Ran to the end.
     Ok,
     /// Raised; the traceback comes along.
@@ -182,20 +195,20 @@ pub enum DoneStatus {
 /// raw JSON text (no tree at all) until a dispatcher needs them.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(try_from = "WireFrame")]
-pub enum KernelFrame {
+pub(super) enum KernelFrame {
     /// The runner is up.
     Ready {
-        /// Protocol version.
+        /// The protocol version the runner speaks (the host refuses all but its own).
         v: u64,
-        /// Python version.
+        /// The kernel's Python version (`3.12.1`), for the log.
         #[serde(default)]
         python: String,
     },
     /// A cell ended.
     Done {
-        /// Which cell.
+        /// The cell that ended (the host checks it is the running one).
         cell: u64,
-        /// How.
+        /// Whether it ran to its end, raised or called `sys.exit()`.
         status: DoneStatus,
         /// The traceback when it raised.
         #[serde(default)]
@@ -211,7 +224,7 @@ pub enum KernelFrame {
         cell: Option<u64>,
         /// Call number, echoed in the answer.
         call: u64,
-        /// Tool name.
+        /// The tool, as the cell named it (its authority decides whether it may).
         tool: String,
         /// Keyword arguments, as the kernel wrote them (valid JSON; absent when not sent).
         args: Option<Box<RawValue>>,
@@ -279,19 +292,19 @@ impl TryFrom<WireFrame> for KernelFrame {
 /// A protocol line was longer than [`MAX_FRAME_LINE`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("a protocol line longer than {MAX_FRAME_LINE} bytes")]
-pub struct LineTooLong;
+pub(super) struct LineTooLong;
 
 /// Splits a byte stream into lines, whatever the chunking; holds at most [`MAX_FRAME_LINE`]
 /// bytes of an unfinished line.
 #[derive(Debug, Default)]
-pub struct LineSplitter {
+pub(super) struct LineSplitter {
     buf: Vec<u8>,
 }
 
 impl LineSplitter {
     /// Feeds bytes; calls `line` for every complete line (without the newline). A line longer
     /// than [`MAX_FRAME_LINE`] is an error, and the splitter holds nothing more of it.
-    pub fn feed(
+    pub(super) fn feed(
         &mut self,
         mut data: &[u8],
         mut line: impl FnMut(&[u8]),

@@ -245,7 +245,7 @@ fn frames_parse() {
         code: "x=1",
         marker: "m",
         display: "d",
-        display_caps: DisplayCaps {
+        display_caps: RunnerDisplayCaps {
             bundle: 1,
             cell: 2,
             overhead: 3,

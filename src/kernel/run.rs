@@ -1,6 +1,6 @@
 //! One cell: [`Kernel::run_cell`] sends the code, collects output up to the cell's end
 //! marker and the `done` frame after it, dispatches the cell's tool calls to its authority,
-//! and settles the cell (`docs/architecture.md`, protocol v2).
+//! and settles the cell (`docs/architecture.md`, "Runner protocol").
 
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
@@ -11,34 +11,112 @@ use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
 use rand::Rng;
 use serde_json::value::RawValue;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::display::Displays;
-use super::protocol::{DoneStatus, HostFrame, KernelFrame};
+use super::protocol::{DoneStatus, HostFrame, KernelFrame, RunnerDisplayCaps};
 use super::scanner::{MarkerScanner, Piece};
 use super::stdin::Stdin;
 use super::{
-    CellIo, CellOptions, CellOutcome, CellRun, Death, IoEvent, Kernel, KernelState,
+    CellIo, CellOptions, CellOutcome, CellRun, Death, IoEvent, Kernel, KernelState, OutputSink,
     MAX_TOOL_ARGS_IN_FLIGHT, MAX_TOOL_CALLS_IN_FLIGHT, MAX_TOOL_RESULT_BYTES,
     MAX_TOOL_RESULT_FRAME,
 };
 use crate::authority::{CellAuthority, RawToolCall, RETIRED_MESSAGE};
 use crate::cell::OutputBuffer;
+use crate::rich::DisplaySink;
 
-/// A tool call that the current cell's authority must answer: the call, the bytes of its
-/// arguments, and the answer.
-type ToolWork =
-    Pin<Box<dyn std::future::Future<Output = (u64, usize, Result<Box<RawValue>, String>)> + Send>>;
+/// The answer to one of the cell's tool calls, from its authority.
+struct ToolAnswer {
+    /// The call being answered.
+    call: u64,
+    /// The bytes of its arguments, counted in [`ToolCalls::args_bytes`] until it is answered.
+    size: usize,
+    /// The tool's JSON result, or why it failed.
+    result: Result<Box<RawValue>, String>,
+}
+
+/// A tool call that the current cell's authority must answer.
+type ToolWork = Pin<Box<dyn std::future::Future<Output = ToolAnswer> + Send>>;
+
+/// The `done` frame the runner writes after a cell's end marker.
+struct Done {
+    status: DoneStatus,
+    traceback: Option<String>,
+    /// Cells the runner executed, this one included.
+    execution_count: u64,
+    /// Displays the runner could not send (past the caps, not saved to files).
+    displays_dropped: u64,
+}
 
 /// How the cell loop ended, in the protocol's terms; [`CellOutcome`] is what leaves the kernel.
 enum End {
-    Done {
-        status: DoneStatus,
-        traceback: Option<String>,
-    },
+    Done(Done),
     TimedOut,
     Interrupted,
     Died(Death),
+}
+
+impl End {
+    fn outcome(self) -> CellOutcome {
+        match self {
+            End::Done(Done {
+                status: DoneStatus::Ok,
+                ..
+            }) => CellOutcome::Completed,
+            End::Done(Done {
+                status: DoneStatus::Error,
+                traceback,
+                ..
+            }) => CellOutcome::Raised {
+                traceback: traceback.unwrap_or_default(),
+            },
+            End::Done(Done {
+                status: DoneStatus::Exit,
+                ..
+            }) => CellOutcome::Exited,
+            End::TimedOut => CellOutcome::TimedOut,
+            End::Interrupted => CellOutcome::Interrupted,
+            End::Died(death) => CellOutcome::Died(death),
+        }
+    }
+}
+
+/// What woke the cell loop.
+enum Wake {
+    Interrupted,
+    TimedOut,
+    Answer(ToolAnswer),
+    Event(Option<IoEvent>),
+}
+
+/// The cell's tool calls dispatched and not answered yet, under
+/// [`MAX_TOOL_CALLS_IN_FLIGHT`] and [`MAX_TOOL_ARGS_IN_FLIGHT`].
+#[derive(Default)]
+struct ToolCalls {
+    running: FuturesUnordered<ToolWork>,
+    /// The calls of `running`, refused when the cell settles.
+    pending: Vec<u64>,
+    /// Bytes of their arguments.
+    args_bytes: usize,
+}
+
+/// One cell between its `exec` frame and its end: the state the loop reads and changes.
+struct RunningCell<'k> {
+    kernel: &'k Kernel,
+    cell: u64,
+    authority: Arc<CellAuthority>,
+    deadline: Instant,
+    cancel: CancellationToken,
+    output: OutputBuffer,
+    sink: Option<OutputSink>,
+    scanner: MarkerScanner,
+    displays: Displays,
+    display_sink: Option<DisplaySink>,
+    /// The `done` frame, once read; the cell ends when the end marker was seen too.
+    done: Option<Done>,
+    tools: ToolCalls,
 }
 
 impl Kernel {
@@ -46,7 +124,7 @@ impl Kernel {
     /// disposes of the kernel after a timeout or an interrupt of a cell that ran. A cell
     /// cancelled before its turn ends `Interrupted` at once without running (whatever became
     /// of the kernel meanwhile) and does not count as executed.
-    pub async fn run_cell(
+    pub(crate) async fn run_cell(
         &self,
         code: &str,
         timeout: Duration,
@@ -54,46 +132,48 @@ impl Kernel {
         cancel: CancellationToken,
         options: CellOptions,
     ) -> CellRun {
-        let deadline = tokio::time::Instant::now() + timeout;
-        let mut output = OutputBuffer::new(options.output_caps.0, options.output_caps.1);
-        let never_ran = |outcome, output| CellRun {
-            outcome,
-            output,
-            execution_count: 0,
-            cell: 0,
-            ran: false,
-            results: Vec::new(),
-            display_warning: None,
-        };
+        let deadline = Instant::now() + timeout;
+        let output = OutputBuffer::new(options.output.inline_bytes, options.output.spill_bytes);
         // An interrupt while waiting for the earlier cells ends this one at once.
         let mut io = tokio::select! {
             biased;
-            _ = cancel.cancelled() => return never_ran(CellOutcome::Interrupted, output),
+            _ = cancel.cancelled() => return CellRun::never_ran(CellOutcome::Interrupted, output),
             io = self.io.lock() => io,
         };
         if cancel.is_cancelled() {
-            return never_ran(CellOutcome::Interrupted, output);
+            return CellRun::never_ran(CellOutcome::Interrupted, output);
         }
         // Whatever arrived between cells (late output of old threads) is not this cell's.
         self.drain_stale(&mut io).await;
         if let Some(death) = self.death() {
-            return never_ran(CellOutcome::Died(death), output);
+            return CellRun::never_ran(CellOutcome::Died(death), output);
         }
-        let cell = self.next_cell.fetch_add(1, Ordering::AcqRel) + 1;
-        let finish = |outcome, output, count, (results, display_warning)| CellRun {
-            outcome,
-            output,
-            execution_count: count,
-            cell,
-            ran: true,
-            results,
-            display_warning,
+        let mut running = self.begin_cell(code, authority, cancel, deadline, options, output);
+        let end = loop {
+            if let Some(end) = running.turn(&mut io).await {
+                break end;
+            }
         };
+        self.settle(running, end, &mut io).await
+    }
+
+    /// Numbers the cell, chooses its markers, makes the kernel busy under `authority` and
+    /// sends the `exec` frame.
+    fn begin_cell(
+        &self,
+        code: &str,
+        authority: Arc<CellAuthority>,
+        cancel: CancellationToken,
+        deadline: Instant,
+        options: CellOptions,
+        output: OutputBuffer,
+    ) -> RunningCell<'_> {
+        let cell = self.next_cell.fetch_add(1, Ordering::AcqRel) + 1;
         let nonce: u64 = rand::rng().random();
         let marker = format!("\u{1}kernelbox-end:{cell}:{nonce:016x}\u{1}");
         let display_marker = format!("\u{1}kernelbox-display:{cell}:{nonce:016x}\u{1}");
-        let mut displays = Displays::new(options.display_caps);
-        let mut displays_dropped = 0;
+        let display_caps = RunnerDisplayCaps::from(options.display);
+        let displays = Displays::new(display_caps);
         *self.authority.lock().unwrap_or_else(|p| p.into_inner()) = Some(authority.clone());
         self.shared.active_cell.store(cell, Ordering::Release);
         self.shared.set_live(KernelState::Busy);
@@ -102,131 +182,76 @@ impl Kernel {
             code,
             marker: &marker,
             display: &display_marker,
-            display_caps: options.display_caps,
+            display_caps,
         }
         .to_line();
         self.writer.send(frame);
-        let sink = options.sink;
-        let display_sink = options.display_sink;
-        let mut scanner = MarkerScanner::with_display(&marker, &display_marker);
-        let mut done: Option<(DoneStatus, Option<String>, u64, u64)> = None;
-        let mut tools: FuturesUnordered<ToolWork> = FuturesUnordered::new();
-        let mut pending_calls: Vec<u64> = Vec::new();
-        let mut args_in_flight = 0usize;
-        let end = loop {
-            // Checked first, every turn: a cell that floods output still times out.
-            if tokio::time::Instant::now() >= deadline {
-                break End::TimedOut;
-            }
-            tokio::select! {
-                biased;
-                _ = cancel.cancelled() => break End::Interrupted,
-                _ = tokio::time::sleep_until(deadline) => break End::TimedOut,
-                // Before the output: a cell that floods output still gets its tool results
-                // (and a dispatcher running a child kernel's cell keeps being driven).
-                Some((call, size, result)) = tools.next(), if !tools.is_empty() => {
-                    pending_calls.retain(|c| *c != call);
-                    args_in_flight -= size;
-                    self.writer.send(tool_result_line(call, result));
-                }
-                event = io.rx.recv() => match event {
-                    Some(IoEvent::Output(bytes, _backlog)) => {
-                        // A caller's sink that panics loses its stream, not the cell.
-                        scanner.feed(&bytes, |piece| match piece {
-                            Piece::Output(b) => {
-                                output.push(b);
-                                if let Some(sink) = &sink {
-                                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sink(b)));
-                                }
-                            }
-                            Piece::Display { bytes, last } => {
-                                if let (Some(result), Some(sink)) = (displays.piece(bytes, last), &display_sink) {
-                                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sink(result)));
-                                }
-                            }
-                            Piece::Broken => displays.broken(),
-                        });
-                        if let (None, Some(line)) = (&done, scanner.done_line()) {
-                            done = Some(parse_done(line, cell));
-                        }
-                    }
-                    Some(IoEvent::Frame(KernelFrame::ToolCall { cell: c, call, tool, args }, backlog)) => {
-                        let size = backlog.num_permits();
-                        drop(backlog);
-                        if c != Some(cell) {
-                            refuse(&self.writer, call, RETIRED_MESSAGE);
-                        } else if tools.len() >= MAX_TOOL_CALLS_IN_FLIGHT
-                            || args_in_flight + size > MAX_TOOL_ARGS_IN_FLIGHT
-                        {
-                            refuse(&self.writer, call, IN_FLIGHT_MESSAGE);
-                        } else {
-                            pending_calls.push(call);
-                            args_in_flight += size;
-                            tools.push(self.dispatch(authority.clone(), cell, call, size, tool, args));
-                        }
-                    }
-                    Some(IoEvent::Frame(..)) => {}
-                    Some(IoEvent::Closed) | None => {
-                        // The reader records the death before it closes the channel.
-                        break End::Died(self.death().unwrap_or(Death::Crashed(-1)));
-                    }
-                },
-            }
-            if let (Some((status, _, _, _)), true) = (&done, scanner.found()) {
-                let status = *status;
-                let (_, traceback, count, dropped) = done.take().unwrap_or((status, None, 0, 0));
-                displays_dropped = dropped;
-                self.execution_count.store(count, Ordering::Release);
-                break End::Done { status, traceback };
-            }
-        };
-        // Settle: the authority is retired before anything else can run, and threads of the
-        // cell still waiting on a call are told so instead of waiting forever.
+        RunningCell {
+            kernel: self,
+            cell,
+            authority,
+            deadline,
+            cancel,
+            output,
+            sink: options.sink,
+            scanner: MarkerScanner::with_display(&marker, &display_marker),
+            displays,
+            display_sink: options.display_sink,
+            done: None,
+            tools: ToolCalls::default(),
+        }
+    }
+
+    /// Settles an ended cell: the authority is retired before anything else can run, and
+    /// threads of the cell still waiting on a call are told so instead of waiting forever.
+    async fn settle(&self, running: RunningCell<'_>, end: End, io: &mut CellIo) -> CellRun {
+        let RunningCell {
+            cell,
+            authority,
+            output,
+            displays,
+            tools,
+            ..
+        } = running;
         authority.retire();
         self.shared.active_cell.store(0, Ordering::Release);
-        drop(tools);
-        if matches!(end, End::Done { .. }) {
-            for call in pending_calls {
+        let ToolCalls {
+            running, pending, ..
+        } = tools;
+        drop(running);
+        if matches!(end, End::Done(_)) {
+            for call in pending {
                 refuse(&self.writer, call, RETIRED_MESSAGE);
             }
             // A call the reader forwarded just as the cell settled is refused now, not left
             // waiting for the next cell.
-            self.drain_stale(&mut io).await;
+            self.drain_stale(io).await;
         }
-        let count = match &end {
-            End::Done { .. } => self.execution_count(),
+        let (execution_count, displays_dropped) = match &end {
+            End::Done(done) => (self.execution_count(), done.displays_dropped),
             _ => {
                 // The runner counted the cell when it began; mirror that.
                 let c = self.execution_count.load(Ordering::Acquire) + 1;
                 self.execution_count.store(c, Ordering::Release);
-                c
+                (c, 0)
             }
         };
-        let outcome = match end {
-            End::Done {
-                status: DoneStatus::Ok,
-                ..
-            } => CellOutcome::Completed,
-            End::Done {
-                status: DoneStatus::Error,
-                traceback,
-            } => CellOutcome::Raised {
-                traceback: traceback.unwrap_or_default(),
-            },
-            End::Done {
-                status: DoneStatus::Exit,
-                ..
-            } => CellOutcome::Exited,
-            End::TimedOut => CellOutcome::TimedOut,
-            End::Interrupted => CellOutcome::Interrupted,
-            End::Died(death) => CellOutcome::Died(death),
-        };
+        let outcome = end.outcome();
         if outcome == CellOutcome::Exited {
             self.shared.die(Death::Exited);
         } else {
             self.shared.set_live(KernelState::Idle);
         }
-        finish(outcome, output, count, displays.finish(displays_dropped))
+        let (results, display_warning) = displays.finish(displays_dropped);
+        CellRun {
+            outcome,
+            output,
+            execution_count,
+            cell,
+            ran: true,
+            results,
+            display_warning,
+        }
     }
 
     /// Empties the event channel between cells: output is dropped, tool calls of settled
@@ -254,8 +279,8 @@ impl Kernel {
     ) -> ToolWork {
         let Some(owner) = self.owner() else {
             // Unreachable: a pooled kernel runs its first cell only after it is assigned.
-            let failed = Err("kernelbox: this kernel has no owner yet".to_string());
-            return Box::pin(async move { (call, size, failed) });
+            let result = Err("kernelbox: this kernel has no owner yet".to_string());
+            return Box::pin(async move { ToolAnswer { call, size, result } });
         };
         // Keyword arguments are an object; anything else is taken as none. The text is valid
         // JSON already (the frame parsed), so its first byte tells.
@@ -266,10 +291,10 @@ impl Kernel {
         let args = match args {
             Ok(args) => args,
             Err(e) => {
-                let failed = Err(format!(
+                let result = Err(format!(
                     "kernelbox could not build the call's arguments: {e}"
                 ));
-                return Box::pin(async move { (call, size, failed) });
+                return Box::pin(async move { ToolAnswer { call, size, result } });
             }
         };
         let request = RawToolCall {
@@ -287,14 +312,150 @@ impl Kernel {
                 .catch_unwind()
                 .await
                 .unwrap_or_else(|_| Err("the tool dispatcher failed (panicked)".to_string()));
-            (call, size, result)
+            ToolAnswer { call, size, result }
         })
     }
 }
 
-/// Reads the `done` line that follows a cell's end marker: status, traceback, execution
-/// count, displays the runner dropped.
-fn parse_done(line: &[u8], cell: u64) -> (DoneStatus, Option<String>, u64, u64) {
+impl RunningCell<'_> {
+    /// Waits for the next thing that happens to the cell and takes it in; the cell's end once
+    /// it has one.
+    async fn turn(&mut self, io: &mut CellIo) -> Option<End> {
+        // Checked first, every turn: a cell that floods output still times out.
+        if Instant::now() >= self.deadline {
+            return Some(End::TimedOut);
+        }
+        let wake = tokio::select! {
+            biased;
+            _ = self.cancel.cancelled() => Wake::Interrupted,
+            _ = tokio::time::sleep_until(self.deadline) => Wake::TimedOut,
+            // Before the output: a cell that floods output still gets its tool results (and a
+            // dispatcher running a child kernel's cell keeps being driven).
+            Some(answer) = self.tools.running.next(), if !self.tools.running.is_empty() => {
+                Wake::Answer(answer)
+            }
+            event = io.rx.recv() => Wake::Event(event),
+        };
+        match wake {
+            Wake::Interrupted => return Some(End::Interrupted),
+            Wake::TimedOut => return Some(End::TimedOut),
+            Wake::Answer(answer) => self.answered(answer),
+            Wake::Event(Some(IoEvent::Output(bytes, _backlog))) => self.output(&bytes),
+            Wake::Event(Some(IoEvent::Frame(
+                KernelFrame::ToolCall {
+                    cell,
+                    call,
+                    tool,
+                    args,
+                },
+                backlog,
+            ))) => {
+                let size = backlog.num_permits();
+                drop(backlog);
+                self.tool_call(cell, call, size, tool, args);
+            }
+            Wake::Event(Some(IoEvent::Frame(..))) => {}
+            Wake::Event(Some(IoEvent::Closed) | None) => {
+                // The reader records the death before it closes the channel.
+                let death = self.kernel.death().unwrap_or(Death::Crashed(-1));
+                return Some(End::Died(death));
+            }
+        }
+        self.ended()
+    }
+
+    /// Sends a tool's answer to the kernel.
+    fn answered(&mut self, answer: ToolAnswer) {
+        let ToolAnswer { call, size, result } = answer;
+        self.tools.pending.retain(|c| *c != call);
+        self.tools.args_bytes -= size;
+        self.kernel.writer.send(tool_result_line(call, result));
+    }
+
+    /// Takes a chunk of the cell's output stream apart: output to the buffer and the sink,
+    /// display pieces to the displays, and the `done` line once the end marker passed.
+    fn output(&mut self, bytes: &[u8]) {
+        let (output, sink) = (&mut self.output, &self.sink);
+        let (displays, display_sink) = (&mut self.displays, &self.display_sink);
+        // A caller's sink that panics loses its stream, not the cell.
+        self.scanner.feed(bytes, |piece| match piece {
+            Piece::Output(b) => {
+                output.push(b);
+                if let Some(sink) = sink {
+                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sink(b)));
+                }
+            }
+            Piece::Display { bytes, last } => {
+                if let (Some(result), Some(sink)) = (displays.piece(bytes, last), display_sink) {
+                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sink(result)));
+                }
+            }
+            Piece::Broken => displays.broken(),
+        });
+        if let (None, Some(line)) = (&self.done, self.scanner.done_line()) {
+            self.done = Some(parse_done(line, self.cell));
+        }
+    }
+
+    /// Dispatches a tool call of this cell, or refuses it: a call of another (settled) cell,
+    /// or one past the bounds on calls in flight.
+    fn tool_call(
+        &mut self,
+        cell: Option<u64>,
+        call: u64,
+        size: usize,
+        tool: String,
+        args: Option<Box<RawValue>>,
+    ) {
+        let writer = &self.kernel.writer;
+        if cell != Some(self.cell) {
+            refuse(writer, call, RETIRED_MESSAGE);
+        } else if self.tools.running.len() >= MAX_TOOL_CALLS_IN_FLIGHT
+            || self.tools.args_bytes + size > MAX_TOOL_ARGS_IN_FLIGHT
+        {
+            refuse(writer, call, IN_FLIGHT_MESSAGE);
+        } else {
+            self.tools.pending.push(call);
+            self.tools.args_bytes += size;
+            let authority = self.authority.clone();
+            let work = self
+                .kernel
+                .dispatch(authority, self.cell, call, size, tool, args);
+            self.tools.running.push(work);
+        }
+    }
+
+    /// The cell's end, once both its end marker and its `done` frame arrived: the kernel's
+    /// execution count is the runner's from then on.
+    fn ended(&mut self) -> Option<End> {
+        if !self.scanner.found() {
+            return None;
+        }
+        let done = self.done.take()?;
+        self.kernel
+            .execution_count
+            .store(done.execution_count, Ordering::Release);
+        Some(End::Done(done))
+    }
+}
+
+impl CellRun {
+    /// A cell that never reached the kernel.
+    fn never_ran(outcome: CellOutcome, output: OutputBuffer) -> CellRun {
+        CellRun {
+            outcome,
+            output,
+            execution_count: 0,
+            cell: 0,
+            ran: false,
+            results: Vec::new(),
+            display_warning: None,
+        }
+    }
+}
+
+/// Reads the `done` line that follows a cell's end marker.
+fn parse_done(line: &[u8], cell: u64) -> Done {
     match serde_json::from_slice::<KernelFrame>(line) {
         Ok(KernelFrame::Done {
             cell: c,
@@ -302,13 +463,18 @@ fn parse_done(line: &[u8], cell: u64) -> (DoneStatus, Option<String>, u64, u64) 
             traceback,
             execution_count,
             displays_dropped,
-        }) if c == cell => (status, traceback, execution_count, displays_dropped),
-        _ => (
-            DoneStatus::Error,
-            Some(crate::cell::messages::UNREADABLE_END_FRAME.into()),
-            0,
-            0,
-        ),
+        }) if c == cell => Done {
+            status,
+            traceback,
+            execution_count,
+            displays_dropped,
+        },
+        _ => Done {
+            status: DoneStatus::Error,
+            traceback: Some(crate::cell::messages::UNREADABLE_END_FRAME.into()),
+            execution_count: 0,
+            displays_dropped: 0,
+        },
     }
 }
 

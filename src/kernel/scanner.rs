@@ -7,11 +7,11 @@ use super::protocol::MAX_DONE_LINE;
 /// Longest display piece (after its marker, flag byte included) the runner writes: a piece
 /// and its marker fit in one atomic pipe write (PIPE_BUF, 4096 bytes). A longer one is forged
 /// and breaks the display it belongs to.
-pub const MAX_DISPLAY_PIECE: usize = 4096;
+pub(super) const MAX_DISPLAY_PIECE: usize = 4096;
 
 /// What the scanner finds in a cell's output stream, in order.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Piece<'a> {
+pub(super) enum Piece<'a> {
     /// Output bytes.
     Output(&'a [u8]),
     /// A piece of a display's JSON; `last` ends the display.
@@ -29,7 +29,7 @@ pub enum Piece<'a> {
 /// Finds a cell's end marker and display pieces in its output stream, across chunk boundaries;
 /// hands back the output around them and collects the `done` line after the end marker.
 #[derive(Debug)]
-pub struct MarkerScanner {
+pub(super) struct MarkerScanner {
     marker: Vec<u8>,
     display: Option<Vec<u8>>,
     pending: Vec<u8>,
@@ -42,7 +42,7 @@ pub struct MarkerScanner {
 
 impl MarkerScanner {
     /// A scanner for the end marker `marker` and no displays.
-    pub fn new(marker: &str) -> Self {
+    pub(super) fn new(marker: &str) -> Self {
         MarkerScanner {
             marker: marker.as_bytes().to_vec(),
             display: None,
@@ -55,7 +55,7 @@ impl MarkerScanner {
     }
 
     /// A scanner for the end marker `marker` and display pieces behind `display`.
-    pub fn with_display(marker: &str, display: &str) -> Self {
+    pub(super) fn with_display(marker: &str, display: &str) -> Self {
         MarkerScanner {
             display: Some(display.as_bytes().to_vec()),
             ..MarkerScanner::new(marker)
@@ -63,12 +63,12 @@ impl MarkerScanner {
     }
 
     /// True once the end marker has been seen.
-    pub fn found(&self) -> bool {
+    pub(super) fn found(&self) -> bool {
         self.found
     }
 
     /// The line after the end marker (the cell's `done` frame), once it is complete.
-    pub fn done_line(&self) -> Option<&[u8]> {
+    pub(super) fn done_line(&self) -> Option<&[u8]> {
         self.done_complete.then_some(self.done.as_slice())
     }
 
@@ -97,7 +97,7 @@ impl MarkerScanner {
 
     /// Feeds a chunk; `out` receives what it holds, in order (never a marker, nothing after
     /// the end marker).
-    pub fn feed(&mut self, chunk: &[u8], mut out: impl FnMut(Piece<'_>)) {
+    pub(super) fn feed(&mut self, chunk: &[u8], mut out: impl FnMut(Piece<'_>)) {
         if self.found {
             self.feed_done(chunk);
             return;

@@ -5,8 +5,9 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::SystemTime;
+use std::time::Duration;
 
+use futures::stream::BoxStream;
 use rand::Rng;
 use tokio::sync::{mpsc, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -20,31 +21,38 @@ use super::{
     kernel_labels, parse_user, pool_labels, CellIo, IoEvent, Kernel, KernelError, KernelState,
     Shared, MAX_READER_BACKLOG, STAGING_DIR_PROJECT, WORK_DIR,
 };
-use crate::config::{Config, WorkMode};
+use crate::config::{FileTransfer, KernelSpec, WorkMode};
 use crate::docker::monitor::EventMonitor;
-use crate::docker::{remove_volume_when_free, ContainerSpec, Engine, Mount, TmpfsVolume};
+use crate::docker::{
+    remove_volume_when_free, Chunk, ContainerSpec, Engine, EngineError, Mount, TmpfsVolume,
+};
 use crate::owner::KernelKey;
 
 /// What a new kernel is made from.
-pub struct SpawnRequest<'a> {
+pub(crate) struct SpawnRequest<'a> {
     /// The engine to run it on.
-    pub engine: Arc<dyn Engine>,
-    /// Sandbox, image-independent limits and the spawn timeout.
-    pub config: &'a Config,
+    pub(crate) engine: Arc<dyn Engine>,
+    /// What it is made from (an owner's kernel runs the image its key names instead).
+    pub(crate) spec: &'a KernelSpec,
+    /// How long the runner may take to say it is ready.
+    pub(crate) spawn_timeout: Duration,
+    /// The file transport's settings (the resident helper's idle time, the channels'
+    /// directory).
+    pub(crate) files: &'a FileTransfer,
     /// The instance's labels, put on the container and its volume.
-    pub base_labels: &'a BTreeMap<String, String>,
+    pub(crate) base_labels: &'a BTreeMap<String, String>,
     /// The key it will serve and which kernel of the key it is; `None` for a kernel made for
     /// the warm pool, which carries no owner until one takes it ([`Kernel::assign`]).
-    pub owner: Option<(KernelKey, u64)>,
+    pub(crate) owner: Option<(KernelKey, u64)>,
     /// The engine's event stream, to tell deaths apart.
-    pub monitor: EventMonitor,
+    pub(crate) monitor: EventMonitor,
     /// Owns the kernel's reader and stdin tasks.
-    pub tracker: &'a TaskTracker,
+    pub(crate) tracker: &'a TaskTracker,
     /// When set, the spawn gives way to others before each engine step (see [`Yield`]).
-    pub yield_to: Option<Yield>,
-    /// Set once the engine refused to mount [`Config::file_sockets`] (it does not see that
+    pub(crate) yield_to: Option<Yield>,
+    /// Set once the engine refused to mount [`FileTransfer::sockets`] (it does not see that
     /// directory: an engine on another host): kernels are then made without it.
-    pub sockets_refused: &'a AtomicBool,
+    pub(crate) sockets_refused: &'a AtomicBool,
 }
 
 /// Makes a spawn give way: before each of its engine steps (volume, container, attach and
@@ -54,20 +62,20 @@ pub struct SpawnRequest<'a> {
 /// engine step of a refill, not a whole spawn, and a steady stream of cold starts delays a
 /// refill by a bounded time, never forever.
 #[derive(Debug, Clone)]
-pub struct Yield {
+pub(crate) struct Yield {
     /// Spawns under way that go first; the spawn proceeds when this is zero (or its sender
     /// is gone).
-    pub priority: tokio::sync::watch::Receiver<usize>,
+    pub(crate) priority: tokio::sync::watch::Receiver<usize>,
     /// When the spawn stops giving way.
-    pub until: tokio::time::Instant,
+    pub(crate) until: tokio::time::Instant,
     /// Abandons the wait, and the spawn with [`KernelError::Abandoned`] (shutdown).
-    pub cancel: CancellationToken,
+    pub(crate) cancel: CancellationToken,
 }
 
 impl Yield {
     /// Waits until nothing goes first, or the spawn (or other background engine work of the
     /// pool) has given way long enough.
-    pub async fn give_way(&self) -> Result<(), KernelError> {
+    pub(crate) async fn give_way(&self) -> Result<(), KernelError> {
         let mut priority = self.priority.clone();
         tokio::select! {
             biased;
@@ -96,142 +104,138 @@ struct Created {
     sockets: Option<std::path::PathBuf>,
 }
 
+/// The name and labels of a new kernel's staging volume.
+fn staging_volume(
+    owner: Option<&(KernelKey, u64)>,
+    base_labels: &BTreeMap<String, String>,
+) -> (String, BTreeMap<String, String>) {
+    let suffix: u32 = rand::rng().random();
+    match owner {
+        Some((key, generation)) => (
+            format!("kernelbox-{}-{generation}-{suffix:08x}", key.hash()),
+            kernel_labels(base_labels, key, *generation, "staging"),
+        ),
+        None => (
+            format!("kernelbox-pool-{suffix:08x}"),
+            pool_labels(base_labels, "staging"),
+        ),
+    }
+}
+
+/// The mounts of the working directory in `mode` (the staging volume `volume`, and the project
+/// directory in project mode), and where spills go inside the kernel.
+fn work_mounts(mode: &WorkMode, volume: &str) -> (Vec<Mount>, String) {
+    match mode {
+        WorkMode::Strict => (
+            vec![Mount::Volume {
+                name: volume.to_string(),
+                target: WORK_DIR.into(),
+            }],
+            format!("{WORK_DIR}/.kernelbox"),
+        ),
+        WorkMode::Project(dir) => (
+            vec![
+                Mount::Volume {
+                    name: volume.to_string(),
+                    target: STAGING_DIR_PROJECT.into(),
+                },
+                Mount::Bind {
+                    source: dir.to_string_lossy().into_owned(),
+                    target: WORK_DIR.into(),
+                    read_only: false,
+                },
+            ],
+            STAGING_DIR_PROJECT.to_string(),
+        ),
+    }
+}
+
+/// The runner's container: `spec`'s image and sandbox, the runner's command and environment.
+fn runner_container(
+    spec: &KernelSpec,
+    status_path: &str,
+    labels: BTreeMap<String, String>,
+    mounts: Vec<Mount>,
+) -> ContainerSpec {
+    ContainerSpec {
+        image: spec.image.clone(),
+        cmd: runner_command(),
+        env: runner_env()
+            .into_iter()
+            .chain([
+                format!("KERNELBOX_STATUS={status_path}"),
+                "PYTHONUNBUFFERED=1".into(),
+                "PYTHONDONTWRITEBYTECODE=1".into(),
+                "HOME=/tmp".into(),
+                "LANG=C.UTF-8".into(),
+            ])
+            .collect(),
+        user: spec.sandbox.user.clone(),
+        working_dir: WORK_DIR.into(),
+        labels,
+        mounts,
+        sandbox: spec.sandbox.clone(),
+    }
+}
+
+/// The reader task of a kernel being started (`reader.rs`).
+fn reader_of(
+    kernel: &Kernel,
+    tx: mpsc::Sender<IoEvent>,
+    breach: Breach,
+    output: BoxStream<'static, Result<Chunk, EngineError>>,
+    monitor: EventMonitor,
+) -> ReaderTask {
+    ReaderTask {
+        id: kernel.id.clone(),
+        engine: kernel.engine.clone(),
+        events: Events {
+            tx,
+            backlog: Arc::new(Semaphore::new(MAX_READER_BACKLOG)),
+            breach: breach.clone(),
+            drain: kernel.drain.clone(),
+            cancel: kernel.cancel.clone(),
+        },
+        breach,
+        output,
+        writer: kernel.writer.clone(),
+        shared: kernel.shared.clone(),
+        epoch: monitor.epoch(),
+        monitor,
+        cancel: kernel.cancel.clone(),
+    }
+}
+
 impl Kernel {
     /// Creates, attaches and starts a kernel container, and waits for the runner to be ready.
     /// On any failure nothing is left behind.
-    pub async fn spawn(request: SpawnRequest<'_>) -> Result<Arc<Kernel>, KernelError> {
-        let SpawnRequest {
-            engine,
-            config,
-            base_labels,
-            owner,
-            yield_to,
-            sockets_refused,
-            ..
-        } = &request;
-        let suffix: u32 = rand::rng().random();
-        let (volume, mut labels) = match owner {
-            Some((key, generation)) => (
-                format!("kernelbox-{}-{generation}-{suffix:08x}", key.hash()),
-                kernel_labels(base_labels, key, *generation, "staging"),
-            ),
-            None => (
-                format!("kernelbox-pool-{suffix:08x}"),
-                pool_labels(base_labels, "staging"),
-            ),
-        };
+    pub(crate) async fn spawn(request: SpawnRequest<'_>) -> Result<Arc<Kernel>, KernelError> {
+        let engine = request.engine.clone();
+        let (volume, labels) = staging_volume(request.owner.as_ref(), request.base_labels);
         // An owner's kernel runs the image its key names (a tenant's or a request's, see
         // README "Images"); a pooled kernel, the configuration's.
-        let mut spec = config.kernel_spec();
-        if let Some((key, _)) = owner {
+        let mut spec = KernelSpec::clone(request.spec);
+        if let Some((key, _)) = &request.owner {
             spec.image = key.image.clone();
         }
-        let tmpfs = config.sandbox.work_bytes.map(|size_bytes| {
-            let (uid, gid) = parse_user(&config.sandbox.user);
+        let tmpfs = spec.sandbox.work_bytes.map(|size_bytes| {
+            let (uid, gid) = parse_user(&spec.sandbox.user);
             TmpfsVolume {
                 size_bytes,
                 uid,
                 gid,
             }
         });
-        give_way(yield_to).await?;
+        give_way(&request.yield_to).await?;
         engine.create_volume(&volume, &labels, tmpfs).await?;
-        labels.insert(crate::labels::ROLE.into(), "kernel".into());
-        labels.insert(crate::labels::VOLUME.into(), volume.clone());
-        labels.insert(
-            crate::labels::MEMORY.into(),
-            config.sandbox.memory_bytes.to_string(),
-        );
-        let (mut mounts, spill_dir) = match &spec.mode {
-            WorkMode::Strict => (
-                vec![Mount::Volume {
-                    name: volume.clone(),
-                    target: WORK_DIR.into(),
-                }],
-                format!("{WORK_DIR}/.kernelbox"),
-            ),
-            WorkMode::Project(dir) => (
-                vec![
-                    Mount::Volume {
-                        name: volume.clone(),
-                        target: STAGING_DIR_PROJECT.into(),
-                    },
-                    Mount::Bind {
-                        source: dir.to_string_lossy().into_owned(),
-                        target: WORK_DIR.into(),
-                        read_only: false,
-                    },
-                ],
-                STAGING_DIR_PROJECT.to_string(),
-            ),
-        };
-        let mut sockets = config
-            .file_sockets
-            .clone()
-            .filter(|_| !sockets_refused.load(Ordering::Relaxed));
-        if let Some(dir) = &sockets {
-            mounts.push(Mount::Bind {
-                source: dir.to_string_lossy().into_owned(),
-                target: files::SOCKET_DIR_IN_KERNEL.into(),
-                read_only: true,
-            });
-        }
-        let status_path = format!("{spill_dir}/status");
-        labels.insert(crate::labels::STATUS.into(), status_path.clone());
-        let mut spec = ContainerSpec {
-            image: spec.image.clone(),
-            cmd: runner_command(),
-            env: runner_env()
-                .into_iter()
-                .chain([
-                    format!("KERNELBOX_STATUS={status_path}"),
-                    "PYTHONUNBUFFERED=1".into(),
-                    "PYTHONDONTWRITEBYTECODE=1".into(),
-                    "HOME=/tmp".into(),
-                    "LANG=C.UTF-8".into(),
-                ])
-                .collect(),
-            user: config.sandbox.user.clone(),
-            working_dir: WORK_DIR.into(),
-            labels,
-            mounts,
-            sandbox: config.sandbox.clone(),
-        };
-        let mut created = match give_way(yield_to).await {
-            Ok(()) => engine.create_container(&spec).await,
+        let created = match Self::create(&request, &spec, volume.clone(), labels).await {
+            Ok(created) => created,
             Err(e) => {
                 let _ = remove_volume_when_free(engine.as_ref(), &volume).await;
                 return Err(e);
             }
         };
-        if let (Err(e), Some(dir)) = (&created, &sockets) {
-            if files::mount_refused(e, dir) {
-                // Files still move, over the exec streams (slower): said once.
-                if !sockets_refused.swap(true, Ordering::Relaxed) {
-                    tracing::warn!(dir = %dir.display(), "the engine cannot mount the file channel's directory (it does not see it): kernels are made without it and files go through the engine's exec streams");
-                }
-                spec.mounts.retain(|m| {
-                    !matches!(m, Mount::Bind { target, .. } if target == files::SOCKET_DIR_IN_KERNEL)
-                });
-                sockets = None;
-                created = engine.create_container(&spec).await;
-            }
-        }
-        let created = created.map_err(KernelError::from);
-        let id = match created {
-            Ok(id) => id,
-            Err(e) => {
-                let _ = remove_volume_when_free(engine.as_ref(), &volume).await;
-                return Err(e);
-            }
-        };
-        let engine = engine.clone();
-        let created = Created {
-            id: id.clone(),
-            volume: volume.clone(),
-            spill_dir,
-            sockets,
-        };
+        let id = created.id.clone();
         match Self::start(request, created).await {
             Ok(kernel) => Ok(kernel),
             Err(e) => {
@@ -244,6 +248,74 @@ impl Kernel {
         }
     }
 
+    /// Creates the container of `spec` on the staging volume `volume` (labelled `labels`), with
+    /// the file channels' directory when there is one. The caller removes the volume on failure.
+    async fn create(
+        request: &SpawnRequest<'_>,
+        spec: &KernelSpec,
+        volume: String,
+        mut labels: BTreeMap<String, String>,
+    ) -> Result<Created, KernelError> {
+        labels.insert(crate::labels::ROLE.into(), "kernel".into());
+        labels.insert(crate::labels::VOLUME.into(), volume.clone());
+        labels.insert(
+            crate::labels::MEMORY.into(),
+            spec.sandbox.memory_bytes.to_string(),
+        );
+        let (mut mounts, spill_dir) = work_mounts(&spec.mode, &volume);
+        let mut sockets = request
+            .files
+            .sockets
+            .clone()
+            .filter(|_| !request.sockets_refused.load(Ordering::Relaxed));
+        if let Some(dir) = &sockets {
+            mounts.push(Mount::Bind {
+                source: dir.to_string_lossy().into_owned(),
+                target: files::SOCKET_DIR_IN_KERNEL.into(),
+                read_only: true,
+            });
+        }
+        let status_path = format!("{spill_dir}/status");
+        labels.insert(crate::labels::STATUS.into(), status_path.clone());
+        let container = runner_container(spec, &status_path, labels, mounts);
+        give_way(&request.yield_to).await?;
+        let id = Self::create_container(request, container, &mut sockets).await?;
+        Ok(Created {
+            id,
+            volume,
+            spill_dir,
+            sockets,
+        })
+    }
+
+    /// Creates `container`. An engine that cannot mount the file channels' directory (it does
+    /// not see it: an engine on another host) gets the container without it, `sockets` is
+    /// cleared, and later kernels are made without it.
+    async fn create_container(
+        request: &SpawnRequest<'_>,
+        mut container: ContainerSpec,
+        sockets: &mut Option<std::path::PathBuf>,
+    ) -> Result<String, EngineError> {
+        let created = request.engine.create_container(&container).await;
+        let refused = match (&created, sockets.as_deref()) {
+            (Err(e), Some(dir)) => files::mount_refused(e, dir),
+            _ => false,
+        };
+        if !refused {
+            return created;
+        }
+        // Files still move, over the exec streams (slower): said once.
+        if let Some(dir) = sockets.take() {
+            if !request.sockets_refused.swap(true, Ordering::Relaxed) {
+                tracing::warn!(dir = %dir.display(), "the engine cannot mount the file channel's directory (it does not see it): kernels are made without it and files go through the engine's exec streams");
+            }
+        }
+        container.mounts.retain(
+            |m| !matches!(m, Mount::Bind { target, .. } if target == files::SOCKET_DIR_IN_KERNEL),
+        );
+        request.engine.create_container(&container).await
+    }
+
     /// Attaches to a created container, starts its reader and stdin tasks, starts it, and
     /// waits for the runner's `ready`.
     async fn start(
@@ -252,7 +324,9 @@ impl Kernel {
     ) -> Result<Arc<Kernel>, KernelError> {
         let SpawnRequest {
             engine,
-            config,
+            spec,
+            spawn_timeout,
+            files: file_transfer,
             owner,
             monitor,
             tracker,
@@ -268,57 +342,57 @@ impl Kernel {
         give_way(&yield_to).await?;
         let attached = engine.attach(&id).await?;
         let cancel = CancellationToken::new();
-        let drain = CancellationToken::new();
         let breach = Breach::default();
         let (writer, writer_task) = Stdin::new(attached.input, cancel.clone(), breach.clone());
         let (tx, rx) = mpsc::channel(256);
-        let shared = Arc::new(Shared::new());
         let kernel = Arc::new(Kernel {
             id: id.clone(),
             volume,
             owner: OnceLock::new(),
-            created: SystemTime::now(),
             spill_dir,
-            user: config.sandbox.user.clone(),
+            user: spec.sandbox.user.clone(),
             engine: engine.clone(),
-            shared: shared.clone(),
+            shared: Arc::new(Shared::new()),
             io: tokio::sync::Mutex::new(CellIo { rx }),
-            writer: writer.clone(),
+            writer,
             next_cell: AtomicU64::new(0),
             execution_count: AtomicU64::new(0),
             authority: Mutex::new(None),
-            drain: drain.clone(),
+            drain: CancellationToken::new(),
             cancel: cancel.clone(),
             files: Arc::new(files::Resident::new(
-                config.file_helper_idle,
+                file_transfer.helper_idle,
                 sockets,
                 tracker.clone(),
-                cancel.clone(),
+                cancel,
             )),
         });
         tracker.spawn(writer_task);
-        tracker.spawn(reader_task(ReaderTask {
-            id: id.clone(),
-            engine: engine.clone(),
-            events: Events {
-                tx,
-                backlog: Arc::new(Semaphore::new(MAX_READER_BACKLOG)),
-                breach: breach.clone(),
-                drain: drain.clone(),
-                cancel: cancel.clone(),
-            },
+        tracker.spawn(reader_task(reader_of(
+            &kernel,
+            tx,
             breach,
-            output: attached.output,
-            writer,
-            shared,
-            epoch: monitor.epoch(),
+            attached.output,
             monitor,
-            cancel,
-        }));
+        )));
         give_way(&yield_to).await?;
         engine.start(&id).await?;
-        let mut io = kernel.io.lock().await;
-        let ready = tokio::time::timeout(config.spawn_timeout, async {
+        let (v, python) = kernel.wait_ready(spawn_timeout).await?;
+        if v != PROTOCOL_VERSION {
+            return Err(KernelError::Protocol(v));
+        }
+        if let Some((key, _)) = owner {
+            kernel.assign(&key.owner);
+        }
+        tracing::debug!(container = %kernel.short_id(), python = %python, "kernel ready");
+        kernel.shared.set_live(KernelState::Idle);
+        Ok(kernel)
+    }
+
+    /// Waits up to `limit` for the runner's `ready`: its protocol version and Python version.
+    async fn wait_ready(&self, limit: Duration) -> Result<(u64, String), KernelError> {
+        let mut io = self.io.lock().await;
+        tokio::time::timeout(limit, async {
             loop {
                 match io.rx.recv().await {
                     Some(IoEvent::Frame(KernelFrame::Ready { v, python }, _)) => {
@@ -326,8 +400,7 @@ impl Kernel {
                     }
                     Some(IoEvent::Closed) | None => {
                         return Err(KernelError::SpawnDied(
-                            kernel
-                                .death()
+                            self.death()
                                 .map(|d| format!("{d:?}"))
                                 .unwrap_or_else(|| "no output".into()),
                         ));
@@ -337,17 +410,7 @@ impl Kernel {
             }
         })
         .await
-        .map_err(|_| KernelError::SpawnTimeout(config.spawn_timeout))??;
-        drop(io);
-        if ready.0 != PROTOCOL_VERSION {
-            return Err(KernelError::Protocol(ready.0));
-        }
-        if let Some((key, _)) = owner {
-            kernel.assign(&key.owner);
-        }
-        tracing::debug!(container = %kernel.short_id(), python = %ready.1, "kernel ready");
-        kernel.shared.set_live(KernelState::Idle);
-        Ok(kernel)
+        .map_err(|_| KernelError::SpawnTimeout(limit))?
     }
 }
 
@@ -356,6 +419,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::config::Config;
     use crate::docker::fake::FakeEngine;
     use crate::docker::monitor::EventMonitor;
 
@@ -368,7 +432,9 @@ mod tests {
     ) -> SpawnRequest<'a> {
         SpawnRequest {
             engine: Arc::new(fake.clone()),
-            config,
+            spec: &config.spec,
+            spawn_timeout: config.kernels.spawn_timeout,
+            files: &config.files,
             base_labels: labels,
             owner: None,
             monitor: EventMonitor::default(),

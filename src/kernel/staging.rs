@@ -9,7 +9,11 @@ use crate::docker::EngineError;
 
 impl Kernel {
     /// Writes a file into the kernel's staging volume (used for output spills).
-    pub async fn write_staging_file(&self, name: &str, data: &[u8]) -> Result<String, EngineError> {
+    pub(crate) async fn write_staging_file(
+        &self,
+        name: &str,
+        data: &[u8],
+    ) -> Result<String, EngineError> {
         // Spills are owned by the kernel's user so cells can read and delete them.
         let (uid, gid) = parse_user(&self.user);
         let mut builder = tar::Builder::new(Vec::new());

@@ -24,17 +24,17 @@ use super::protocol::Breach;
 /// Bytes of host -> runner frames queued behind a kernel's stdin pipe (beyond the pipe's own
 /// buffer) before a new frame is refused and the kernel is killed as a protocol breach. A frame
 /// is queued when less than this is waiting, so the queue holds at most this plus one frame.
-pub const MAX_STDIN_BACKLOG: usize = 16 * 1024 * 1024;
+pub(super) const MAX_STDIN_BACKLOG: usize = 16 * 1024 * 1024;
 
 /// What [`Stdin::send`] reports as the breach when the queue is full.
-pub const BACKLOG_BREACH: &str =
+const BACKLOG_BREACH: &str =
     "it stopped reading its input while more than 16 MiB of host frames waited";
 
 type Input = Pin<Box<dyn AsyncWrite + Send>>;
 
 /// The sending side, cheap to clone.
 #[derive(Clone)]
-pub struct Stdin {
+pub(super) struct Stdin {
     shared: Arc<Shared>,
 }
 
@@ -58,7 +58,7 @@ struct State {
 impl Stdin {
     /// Wraps `input`; the returned future is the writer task, to be spawned: it ends when
     /// `cancel` fires or the stream fails. A full queue trips `breach`.
-    pub fn new(
+    pub(super) fn new(
         input: Input,
         cancel: CancellationToken,
         breach: Breach,
@@ -83,7 +83,7 @@ impl Stdin {
     /// Writes `frame` now if nothing is queued before it and the pipe takes it without
     /// waiting; queues the rest for the writer task. A kernel that is gone drops it; one with
     /// [`MAX_STDIN_BACKLOG`] bytes already queued trips the breach and drops everything.
-    pub fn send(&self, frame: Vec<u8>) {
+    pub(super) fn send(&self, frame: Vec<u8>) {
         let mut state = self.shared.lock();
         if state.closed {
             return;

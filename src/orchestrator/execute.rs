@@ -14,8 +14,7 @@ use super::lease::{kernel_death, Lease};
 use super::{AdmissionNotice, ExecuteError, ExecuteRequest, Orchestrator};
 use crate::authority::CellAuthority;
 use crate::cell::{messages, CappedOutput, CellResult, Ending};
-use crate::config::DISPLAY_OVERHEAD_BYTES;
-use crate::kernel::{CellOptions, CellOutcome, CellRun, Death, DisplayCaps, Kernel};
+use crate::kernel::{CellOptions, CellOutcome, CellRun, Death, Kernel};
 use crate::orchestrator::adopt::run_adopted;
 use crate::owner::KernelKey;
 use crate::registry::Slot;
@@ -110,13 +109,13 @@ impl Orchestrator {
         let started = Instant::now();
         let config = &self.inner.config;
         let owner = self.scope_owner(&request.scope)?;
-        let timeout = config.check_cell_timeout(request.timeout.unwrap_or(config.cell_timeout))?;
+        let timeout = config.check_cell_timeout(request.timeout.unwrap_or(config.cells.timeout))?;
         let key = self.kernel_key(owner, &request.scope)?;
         let authority = Arc::new(CellAuthority::new(
             request.task_id.clone(),
             request.dispatcher.clone(),
             request.scope.tools.clone(),
-            config.max_tool_calls,
+            config.cells.max_tool_calls,
         ));
         Ok(Call {
             started,
@@ -134,12 +133,8 @@ impl Orchestrator {
         let config = &self.inner.config;
         let request = &call.request;
         let options = CellOptions {
-            output_caps: (config.output_inline_bytes, config.output_spill_bytes),
-            display_caps: DisplayCaps {
-                bundle: config.display_bundle_bytes,
-                cell: config.display_cell_bytes,
-                overhead: DISPLAY_OVERHEAD_BYTES,
-            },
+            output: config.cells.output,
+            display: config.cells.display,
             sink: request.sink.clone(),
             display_sink: request.display_sink.clone(),
         };
@@ -221,9 +216,10 @@ impl Orchestrator {
             {
                 Ending::Cleared
             }
-            CellOutcome::Died(death) => {
-                Ending::Died(kernel_death(death, self.inner.config.sandbox.memory_bytes))
-            }
+            CellOutcome::Died(death) => Ending::Died(kernel_death(
+                death,
+                self.inner.config.spec.sandbox.memory_bytes,
+            )),
         }
     }
 
@@ -247,7 +243,7 @@ impl Orchestrator {
         let (Some(spill), Some(kernel)) = (output.spill, spill_to) else {
             return;
         };
-        let inline = self.inner.config.output_inline_bytes;
+        let inline = self.inner.config.cells.output.inline_bytes;
         let name = format!("output-{cell}.txt");
         result.warning = Some(match kernel.write_staging_file(&name, &spill).await {
             Ok(path) => messages::output_spilled_warning(inline, spill.len(), &path),

@@ -147,7 +147,7 @@ impl Orchestrator {
 
     /// Writes `body` to `path` in the owner's kernel (parents created), starting the kernel
     /// when it has none; with `tar`, `path` is a directory and `body` a tar archive of regular
-    /// files and directories extracted there. Capped at `Config::max_upload_bytes`; on any
+    /// files and directories extracted there. Capped at `Config::files.max_upload_bytes`; on any
     /// failure nothing is left.
     pub async fn write_file(
         &self,
@@ -165,7 +165,7 @@ impl Orchestrator {
         let owner = self.file_owner(request)?;
         let hold = self.hold_or_start(request, &owner).await?;
         let kernel = hold.kernel()?;
-        let cap = self.inner.config.max_upload_bytes;
+        let cap = self.inner.config.files.max_upload_bytes;
         let counters = self.inner.file_bytes.clone();
         let body = body
             .inspect_ok(move |chunk| counters.uploaded(chunk.len()))
@@ -210,8 +210,8 @@ impl Orchestrator {
         let hold = self.hold_live(&owner)?;
         let kernel = hold.kernel()?;
         let (rate, grace) = (
-            self.inner.config.download_min_rate,
-            self.inner.config.download_rate_grace,
+            self.inner.config.files.download_min_rate,
+            self.inner.config.files.download_rate_grace,
         );
         let counters = self.inner.file_bytes.clone();
         let held = |body: crate::files::DownloadStream| {

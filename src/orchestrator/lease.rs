@@ -137,7 +137,7 @@ impl Orchestrator {
         scope: &Scope,
     ) -> Result<KernelKey, ExecuteError> {
         let image = match scope.image.as_deref() {
-            None => self.inner.config.image.clone(),
+            None => self.inner.config.spec.image.clone(),
             Some(image) if image.trim().is_empty() => {
                 return Err(ExecuteError::Invalid("image must not be empty".into()))
             }
@@ -145,7 +145,7 @@ impl Orchestrator {
         };
         Ok(KernelKey {
             owner,
-            mode: self.inner.config.mode.clone(),
+            mode: self.inner.config.spec.mode.clone(),
             image,
             tools: scope.tools.clone(),
         })
@@ -303,7 +303,9 @@ impl Orchestrator {
         let started = Instant::now();
         let spawn = Kernel::spawn(SpawnRequest {
             engine: inner.engine.clone(),
-            config: &inner.config,
+            spec: &inner.config.spec,
+            spawn_timeout: inner.config.kernels.spawn_timeout,
+            files: &inner.config.files,
             base_labels: &inner.labels,
             owner: Some((key.clone(), generation)),
             monitor: inner.monitor.clone(),

@@ -47,7 +47,7 @@ impl Orchestrator {
                 })
                 .collect()
         };
-        let limit = self.inner.config.spawn_timeout + INTERRUPT_SETTLE;
+        let limit = self.inner.config.kernels.spawn_timeout + INTERRUPT_SETTLE;
         let settled = outcomes.into_iter().map(|mut outcome| async move {
             match tokio::time::timeout(limit, outcome.wait_for(Option::is_some)).await {
                 Ok(Ok(ended)) => *ended == Some(true),
@@ -193,7 +193,7 @@ impl Orchestrator {
     }
 
     /// One reaper pass: retire idle kernels, and sweep staging volumes older than
-    /// `staging_max_age` that no container uses, of this instance or of instances known dead
+    /// `housekeeping.staging_max_age` that no container uses, of this instance or of instances known dead
     /// (never a live neighbour's). Returns how many kernels were reaped.
     pub async fn reap_once(&self) -> usize {
         let slots = self.inner.registry.reap_idle();
@@ -202,7 +202,7 @@ impl Orchestrator {
         match sweep::sweep_stale_staging_of_dead(
             self.inner.engine.as_ref(),
             &self.inner.instance,
-            self.inner.config.staging_max_age,
+            self.inner.config.housekeeping.staging_max_age,
         )
         .await
         {
@@ -215,11 +215,11 @@ impl Orchestrator {
         n
     }
 
-    /// Removes staging volumes older than `staging_max_age` (any instance's) no container uses.
+    /// Removes staging volumes older than `housekeeping.staging_max_age` (any instance's) no container uses.
     pub async fn sweep_stale_staging(&self) -> Result<Vec<String>, EngineError> {
         sweep::sweep_stale_staging(
             self.inner.engine.as_ref(),
-            self.inner.config.staging_max_age,
+            self.inner.config.housekeeping.staging_max_age,
             &[],
             false,
         )

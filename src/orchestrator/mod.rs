@@ -47,7 +47,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::catalog::CatalogWriter;
-use crate::config::Config;
+use crate::config::{Config, ValidConfig};
 use crate::docker::monitor::EventMonitor;
 use crate::docker::Engine;
 use crate::instance::watchdog::Watchdog;
@@ -59,7 +59,7 @@ use crate::registry::Registry;
 pub const INTERRUPT_SETTLE: Duration = Duration::from_secs(10);
 
 struct Inner {
-    config: Config,
+    config: ValidConfig,
     engine: Arc<dyn Engine>,
     instance: Instance,
     labels: BTreeMap<String, String>,

@@ -67,7 +67,7 @@ pub const REFILL_BUCKETS: [f64; 10] = [0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 
 /// The warm pool's counters, for metrics.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PoolStats {
-    /// The configured size (`Config::pool_size`; 0: no pool).
+    /// The configured size (`Config::pool.size`; 0: no pool).
     pub size: usize,
     /// Ready pooled kernels now.
     pub ready: usize,
@@ -156,13 +156,13 @@ impl Orchestrator {
     /// the data-science one, gets a kernel of its own image, cold).
     pub(super) fn pool_spec(&self, key: &KernelKey) -> Option<&KernelSpec> {
         let spec = &self.inner.pool.spec;
-        (self.inner.config.pool_size > 0 && spec.image == key.image && spec.mode == key.mode)
+        (self.inner.config.pool.size > 0 && spec.image == key.image && spec.mode == key.mode)
             .then_some(spec)
     }
 
     /// Counts a new kernel: out of the pool, or cold while a pool is configured.
     pub(super) fn count_take(&self, hit: bool) {
-        if self.inner.config.pool_size == 0 {
+        if self.inner.config.pool.size == 0 {
             return;
         }
         self.publish_pool();
@@ -251,7 +251,7 @@ impl Orchestrator {
 
     /// Starts the refill task (when the pool is on).
     pub(super) fn start_pool(&self) {
-        if self.inner.config.pool_size == 0 {
+        if self.inner.config.pool.size == 0 {
             return;
         }
         let this = self.clone();
@@ -294,7 +294,7 @@ impl Orchestrator {
         let mut backoff = Duration::ZERO;
         let mut retry_at: Option<tokio::time::Instant> = None;
         loop {
-            let gone = inner.registry.pool_expired(config.pool_max_age);
+            let gone = inner.registry.pool_expired(config.pool.max_age);
             if !gone.is_empty() {
                 tracing::debug!(kernels = gone.len(), "pooled kernels expired or died");
                 self.publish_pool();
@@ -313,7 +313,7 @@ impl Orchestrator {
                 retry_at = None;
                 let n = inner.registry.pool_reserve(
                     &inner.pool.spec,
-                    config.pool_size,
+                    config.pool.size,
                     POOL_REFILL_CONCURRENCY,
                 );
                 for _ in 0..n {
@@ -322,7 +322,7 @@ impl Orchestrator {
             }
             let mut next = tokio::time::Instant::now() + POOL_CHECK;
             if let Some(oldest) = inner.registry.pool_oldest() {
-                next = next.min(oldest + config.pool_max_age);
+                next = next.min(oldest + config.pool.max_age);
             }
             if let Some(at) = retry_at.into_iter().chain(settled_at).min() {
                 next = next.min(at);
@@ -354,7 +354,9 @@ impl Orchestrator {
         let started = Instant::now();
         let spawned = Kernel::spawn(SpawnRequest {
             engine: inner.engine.clone(),
-            config: &inner.config,
+            spec: &inner.config.spec,
+            spawn_timeout: inner.config.kernels.spawn_timeout,
+            files: &inner.config.files,
             base_labels: &inner.labels,
             owner: None,
             monitor: inner.monitor.clone(),

@@ -8,11 +8,9 @@ use crate::docker::Engine;
 
 async fn start(size: usize, max: usize) -> (Orchestrator, FakeEngine) {
     let fake = FakeEngine::default();
-    let config = Config {
-        pool_size: size,
-        max_session_kernels: max,
-        ..Config::default()
-    };
+    let mut config = Config::default();
+    config.pool.size = size;
+    config.kernels.max_session_kernels = max;
     let kb = Orchestrator::start(config, Arc::new(fake.clone()))
         .await
         .expect("start");
@@ -80,11 +78,9 @@ async fn pooled_kernels_count_toward_the_host_cap_and_never_evict_an_owner() {
 #[tokio::test(start_paused = true)]
 async fn pooled_kernels_past_their_maximum_age_are_replaced() {
     let fake = FakeEngine::default();
-    let config = Config {
-        pool_size: 1,
-        pool_max_age: Duration::from_secs(60),
-        ..Config::default()
-    };
+    let mut config = Config::default();
+    config.pool.size = 1;
+    config.pool.max_age = Duration::from_secs(60);
     let kb = Orchestrator::start(config, Arc::new(fake.clone()))
         .await
         .expect("start");

@@ -12,7 +12,7 @@ use tokio_util::task::TaskTracker;
 use super::{pool, Inner, Orchestrator, StartError, StartStats};
 use crate::catalog::{Catalog, CatalogError, CatalogWriter, Change, Entry, EntryState};
 use crate::cell::{LossReason, StateLost};
-use crate::config::Config;
+use crate::config::{IntoValidConfig, ValidConfig};
 use crate::docker::monitor::EventMonitor;
 use crate::docker::Engine;
 use crate::instance::sweep;
@@ -32,15 +32,16 @@ struct Restored {
 }
 
 impl Orchestrator {
-    /// Validates the config, opens the catalog in `config.state_dir` (if set), checks the
+    /// Validates the config (a [`Config`](crate::Config); a [`ValidConfig`] is not checked
+    /// again), opens the catalog in `config.housekeeping.state_dir` (if set), checks the
     /// engine, sweeps leftovers of dead instances, and starts the event monitor, the reaper
     /// and the watchdog.
     pub async fn start(
-        config: Config,
+        config: impl IntoValidConfig,
         engine: Arc<dyn Engine>,
     ) -> Result<Orchestrator, StartError> {
-        let config = config.validate()?;
-        let catalog = match config.state_dir.clone() {
+        let config = config.into_valid()?;
+        let catalog = match config.housekeeping.state_dir.clone() {
             Some(dir) => {
                 let opened =
                     tokio::task::spawn_blocking(move || crate::catalog::RedbCatalog::open(&dir))
@@ -55,20 +56,20 @@ impl Orchestrator {
         Self::start_validated(config, engine, catalog).await
     }
 
-    /// [`Orchestrator::start`] with the given catalog (`config.state_dir` is not used):
-    /// kernels live in it at its last use are reported lost by a restart, and generations
-    /// continue from it.
+    /// [`Orchestrator::start`] with the given catalog (`config.housekeeping.state_dir` is not
+    /// used): kernels live in it at its last use are reported lost by a restart, and
+    /// generations continue from it.
     pub async fn start_with_catalog(
-        config: Config,
+        config: ValidConfig,
         engine: Arc<dyn Engine>,
         catalog: Option<Arc<dyn Catalog>>,
     ) -> Result<Orchestrator, StartError> {
-        Self::start_validated(config.validate()?, engine, catalog).await
+        Self::start_validated(config, engine, catalog).await
     }
 
     /// The start proper, of a configuration already validated.
     async fn start_validated(
-        mut config: Config,
+        mut config: ValidConfig,
         engine: Arc<dyn Engine>,
         catalog: Option<Arc<dyn Catalog>>,
     ) -> Result<Orchestrator, StartError> {
@@ -79,10 +80,10 @@ impl Orchestrator {
         engine.ping().await?;
         let instance = Instance::current();
         prepare_file_sockets(&mut config).await;
-        if config.sweep_on_start {
+        if config.housekeeping.sweep_on_start {
             sweep_leftovers(engine.as_ref(), &instance).await?;
         }
-        let watchdog = match &config.watchdog {
+        let watchdog = match &config.housekeeping.watchdog {
             Some(path) => Some(Watchdog::spawn(path, &instance.id).map_err(|source| {
                 StartError::Watchdog {
                     path: path.display().to_string(),
@@ -92,9 +93,12 @@ impl Orchestrator {
             None => None,
         };
         let inner = Arc::new(Inner {
-            pool: pool::PoolState::new(config.kernel_spec(), config.pool_size),
-            registry: Registry::new(config.max_session_kernels, config.kernel_idle_timeout),
-            labels: instance.labels(&config.extra_labels),
+            pool: pool::PoolState::new(config.spec.clone(), config.pool.size),
+            registry: Registry::new(
+                config.kernels.max_session_kernels,
+                config.kernels.idle_timeout,
+            ),
+            labels: instance.labels(&config.housekeeping.extra_labels),
             config,
             engine,
             monitor: EventMonitor::default(),
@@ -166,8 +170,8 @@ impl Restored {
 
 /// Prepares the file channels' directory (`Config::file_sockets`); when it is unusable, files
 /// still move, through the engine's exec streams (slower), and the setting is dropped.
-async fn prepare_file_sockets(config: &mut Config) {
-    let Some(dir) = config.file_sockets.clone() else {
+async fn prepare_file_sockets(config: &mut ValidConfig) {
+    let Some(dir) = config.files.sockets.clone() else {
         return;
     };
     let prepared =
@@ -178,13 +182,13 @@ async fn prepare_file_sockets(config: &mut Config) {
         Err(e) => e.to_string(),
     };
     tracing::warn!(
-        dir = %config.file_sockets.as_ref().map(|d| d.display().to_string()).unwrap_or_default(),
+        dir = %config.files.sockets.as_ref().map(|d| d.display().to_string()).unwrap_or_default(),
         "file channel directory unusable ({why}): files go through the engine's exec streams"
     );
-    config.file_sockets = None;
+    config.drop_file_sockets();
 }
 
-/// Removes what dead instances left behind (`Config::sweep_on_start`).
+/// Removes what dead instances left behind (`Housekeeping::sweep_on_start`).
 async fn sweep_leftovers(engine: &dyn Engine, instance: &Instance) -> Result<(), StartError> {
     let report = sweep::sweep_orphans(engine, instance, false).await?;
     if !report.containers.is_empty() || !report.volumes.is_empty() {

@@ -42,7 +42,7 @@ async fn concurrent_first_calls_spawn_exactly_one_container() {
 
 #[tokio::test(start_paused = true)]
 async fn eviction_removes_containers_and_volumes_and_reports_the_loss() {
-    let (kb, fake) = start(|c| c.max_session_kernels = 2).await;
+    let (kb, fake) = start(|c| c.kernels.max_session_kernels = 2).await;
     for i in 0..4 {
         run(&kb, &format!("conv-{i}"), "x = 1").await;
         tokio::time::advance(Duration::from_millis(5)).await;
@@ -111,7 +111,7 @@ async fn a_loss_survives_a_failed_start_of_the_next_kernel() {
 
 #[tokio::test(start_paused = true)]
 async fn clear_and_reset_kill_a_busy_kernel_at_once() {
-    let (kb, fake) = start(|c| c.max_session_kernels = 1).await;
+    let (kb, fake) = start(|c| c.kernels.max_session_kernels = 1).await;
     // A clear during a running cell: the kernel goes now and the cell says why.
     let busy = tokio::spawn({
         let kb = kb.clone();
@@ -184,7 +184,7 @@ async fn a_cell_whose_caller_goes_away_still_runs_to_its_end() {
 async fn idle_kernels_go_on_a_reaper_pass_and_attached_ones_stay() {
     // Idle 65 s: the background reaper ticks every 30 s, so at 66 s only an explicit pass
     // can have retired the kernel.
-    let (kb, fake) = start(|c| c.kernel_idle_timeout = Duration::from_secs(65)).await;
+    let (kb, fake) = start(|c| c.kernels.idle_timeout = Duration::from_secs(65)).await;
     run(&kb, "idle", "x = 1").await;
     let busy = {
         let kb = kb.clone();
@@ -335,10 +335,8 @@ async fn kernels_get_the_file_channel_only_where_the_engine_can_mount_it() {
         if unseen {
             fake.unseen_paths.lock().unwrap().push(dir.clone());
         }
-        let config = Config {
-            file_sockets: Some(dir.clone()),
-            ..Config::default()
-        };
+        let mut config = Config::default();
+        config.files.sockets = Some(dir.clone());
         let kb = Orchestrator::start(config, Arc::new(fake.clone()))
             .await
             .expect("start");
@@ -376,7 +374,7 @@ async fn start_on(
     let mut config = Config::default();
     tweak(&mut config);
     let kb = Orchestrator::start_with_catalog(
-        config,
+        config.validate().expect("valid config"),
         Arc::new(fake.clone()),
         Some(catalog.clone() as Arc<dyn Catalog>),
     )
@@ -418,7 +416,7 @@ async fn a_clean_restart_reports_the_loss_once_and_generations_keep_counting() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_is_reported_and_unreported_losses_survive_restarts() {
     let catalog = Arc::new(crate::catalog::MemoryCatalog::default());
-    let (kb, _fake) = start_on(&catalog, |c| c.max_session_kernels = 1).await;
+    let (kb, _fake) = start_on(&catalog, |c| c.kernels.max_session_kernels = 1).await;
     run(&kb, "evicted", "x = 1").await;
     run(&kb, "live", "x = 1").await;
     kb.sync_catalog().await;
@@ -487,7 +485,7 @@ async fn bad_names_and_timeouts_are_refused_before_any_container() {
 
 #[tokio::test(start_paused = true)]
 async fn the_admission_notice_hears_once_whether_a_call_got_its_kernel() {
-    let (kb, _fake) = start(|c| c.max_session_kernels = 1).await;
+    let (kb, _fake) = start(|c| c.kernels.max_session_kernels = 1).await;
     let (notice, admitted) = AdmissionNotice::new();
     let scope = Scope::session("s").tenant("acme").child("helper");
     let r = kb

@@ -59,7 +59,7 @@ pub enum Cap {
         /// Most live delegated children host-wide.
         max: usize,
     },
-    /// The host's cap (`max_session_kernels`, `kernelbox serve --max-kernels`).
+    /// The host's cap (`kernels.max_session_kernels`, `kernelbox serve --max-kernels`).
     Host {
         /// The host's cap.
         max: usize,

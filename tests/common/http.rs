@@ -351,12 +351,10 @@ impl TestServer {
     ) -> TestServer {
         let label = common::unique(name);
         let engine = common::engine().await;
-        let mut config = Config {
-            extra_labels: BTreeMap::from([(CASE.to_string(), label.clone())]),
-            watchdog: Some(env!("CARGO_BIN_EXE_kernelbox").into()),
-            cell_timeout: Duration::from_secs(60),
-            ..Config::default()
-        };
+        let mut config = Config::default();
+        config.housekeeping.extra_labels = BTreeMap::from([(CASE.to_string(), label.clone())]);
+        config.housekeeping.watchdog = Some(env!("CARGO_BIN_EXE_kernelbox").into());
+        config.cells.timeout = Duration::from_secs(60);
         tweak(&mut config);
         let orchestrator = Orchestrator::start(config, engine.clone())
             .await

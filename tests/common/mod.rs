@@ -41,12 +41,11 @@ pub async fn engine() -> Arc<dyn Engine> {
 
 /// The config tests start from: labelled, with the watchdog, a short default timeout.
 pub fn config(label: &str) -> Config {
-    Config {
-        extra_labels: BTreeMap::from([(CASE.to_string(), label.to_string())]),
-        watchdog: Some(env!("CARGO_BIN_EXE_kernelbox").into()),
-        cell_timeout: Duration::from_secs(60),
-        ..Config::default()
-    }
+    let mut config = Config::default();
+    config.housekeeping.extra_labels = BTreeMap::from([(CASE.to_string(), label.to_string())]);
+    config.housekeeping.watchdog = Some(env!("CARGO_BIN_EXE_kernelbox").into());
+    config.cells.timeout = Duration::from_secs(60);
+    config
 }
 
 impl Case {

@@ -242,9 +242,9 @@ fn trickle(
 #[tokio::test(flavor = "multi_thread")]
 async fn a_download_read_slower_than_the_minimum_rate_is_cut_and_frees_its_kernel() {
     let s = server("files-slow-download", |c| {
-        c.max_session_kernels = 1;
-        c.download_min_rate = 1024 * 1024;
-        c.download_rate_grace = Duration::from_secs(2);
+        c.kernels.max_session_kernels = 1;
+        c.files.download_min_rate = 1024 * 1024;
+        c.files.download_rate_grace = Duration::from_secs(2);
     })
     .await;
     let slow = Session::new(&s.api, TOKEN, "slow");

@@ -92,7 +92,7 @@ async fn uploads_beside_one_holding_the_resident_helper_all_succeed() {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_resident_helper_ends_after_its_idle_time() {
     let idle = Duration::from_secs(2);
-    let s = server("files-idle", |c| c.file_helper_idle = idle).await;
+    let s = server("files-idle", |c| c.files.helper_idle = idle).await;
     let session = Session::new(&s.api, TOKEN, "idle");
     assert_eq!(session.put("a.txt", "a").await.status, StatusCode::CREATED);
     let used = std::time::Instant::now();

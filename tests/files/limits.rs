@@ -8,7 +8,7 @@ use crate::{output, server, tar_of, TOKEN};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_upload_over_the_cap_is_413_and_leaves_no_file_behind() {
-    let s = server("files-cap", |c| c.max_upload_bytes = 1024 * 1024).await;
+    let s = server("files-cap", |c| c.files.max_upload_bytes = 1024 * 1024).await;
     let cap = Session::new(&s.api, TOKEN, "cap");
     cap.run("x = 1").await;
     // Declared too large: refused before anything reaches the kernel.
@@ -33,7 +33,7 @@ async fn an_upload_over_the_cap_is_413_and_leaves_no_file_behind() {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_upload_into_a_full_work_dir_is_507_and_leaves_nothing() {
     let s = server("files-full", |c| {
-        c.sandbox.work_bytes = Some(8 * 1024 * 1024)
+        c.spec.sandbox.work_bytes = Some(8 * 1024 * 1024)
     })
     .await;
     let full = Session::new(&s.api, TOKEN, "full");

@@ -181,7 +181,7 @@ async fn a_hundred_mib_streams_in_and_out_without_growing_the_server() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_transfer_holds_its_kernel_against_the_idle_reaper_and_touches_its_last_use() {
     let idle = Duration::from_secs(2);
-    let s = server("files-reaper", |c| c.kernel_idle_timeout = idle).await;
+    let s = server("files-reaper", |c| c.kernels.idle_timeout = idle).await;
     let slow = Session::new(&s.api, TOKEN, "slow");
     slow.run("x = 'kept'").await;
     // An upload whose body the test paces: it is in flight for longer than the idle timeout.
@@ -225,7 +225,7 @@ async fn in_project_mode_files_land_in_the_bind_mounted_project_directory() {
     std::fs::write(project.path().join("host.txt"), "from the host").unwrap();
     let dir = project.path().to_path_buf();
     let s = server("files-project", |c| {
-        c.mode = kernelbox::WorkMode::Project(dir)
+        c.spec.mode = kernelbox::WorkMode::Project(dir)
     })
     .await;
     let proj = Session::new(&s.api, TOKEN, "proj");

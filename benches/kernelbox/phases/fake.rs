@@ -19,11 +19,9 @@ impl Bench {
     /// The warm cell `x = 1` through the library on the fake engine.
     pub async fn fake(&mut self) -> Result<()> {
         let n = self.sizes.warm;
-        let config = Config {
-            watchdog: None,
-            sweep_on_start: false,
-            ..Config::default()
-        };
+        let mut config = Config::default();
+        config.housekeeping.watchdog = None;
+        config.housekeeping.sweep_on_start = false;
         let kb = Orchestrator::start(config, Arc::new(FakeEngine::default())).await?;
         let measured = async {
             for _ in 0..20 {

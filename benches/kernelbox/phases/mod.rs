@@ -66,12 +66,11 @@ pub struct Bench {
 /// An orchestrator's config for the bench: everything labelled with the run's case label, no
 /// watchdog and no sweep (the bench removes what it made, and checks that).
 pub fn config(label: &str) -> Config {
-    Config {
-        extra_labels: [(CASE.to_string(), label.to_string())].into(),
-        watchdog: None,
-        sweep_on_start: false,
-        ..Config::default()
-    }
+    let mut config = Config::default();
+    config.housekeeping.extra_labels = [(CASE.to_string(), label.to_string())].into();
+    config.housekeeping.watchdog = None;
+    config.housekeeping.sweep_on_start = false;
+    config
 }
 
 fn ok_cell(what: &str, r: &CellResult) -> Result<()> {

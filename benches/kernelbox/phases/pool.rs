@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use kernelbox::{Config, ExecuteRequest, Orchestrator};
+use kernelbox::{ExecuteRequest, Orchestrator};
 use serde_json::json;
 
 use super::{config, ok_cell, Bench};
@@ -62,15 +62,10 @@ impl Bench {
     /// Phase: the warm pool.
     pub async fn pool(&mut self) -> Result<()> {
         let before = HostMemory::take().await?;
-        let kb = Orchestrator::start(
-            Config {
-                pool_size: POOL,
-                max_session_kernels: BURST + POOL + 2,
-                ..config(&self.label)
-            },
-            self.engine.clone(),
-        )
-        .await?;
+        let mut pooled = config(&self.label);
+        pooled.pool.size = POOL;
+        pooled.kernels.max_session_kernels = BURST + POOL + 2;
+        let kb = Orchestrator::start(pooled, self.engine.clone()).await?;
         let filled = Instant::now();
         if !kb.wait_pool_ready(POOL, FILL).await {
             bail!("the pool did not fill within {FILL:?}");

@@ -23,7 +23,7 @@ use crate::docker::{Chunk, EngineError};
 use crate::files::TransferError;
 
 /// Where the directory appears inside a kernel.
-pub const IN_KERNEL_DIR: &str = "/run/kernelbox";
+pub(in crate::kernel) const IN_KERNEL_DIR: &str = "/run/kernelbox";
 
 /// Connections a listener takes before one presents the token: a cell that knows its own
 /// helper's socket (it is the same user) can knock on it, never hold a transfer forever.
@@ -46,7 +46,7 @@ const READ_CHUNK: usize = 256 * 1024;
 /// process owns (not a symlink) that nobody else may write to, mode 0711; sockets an earlier
 /// process left are removed (a socket lives for a helper's start only: one older than a
 /// minute is nobody's).
-pub fn prepare_dir(dir: &Path) -> std::io::Result<()> {
+pub(crate) fn prepare_dir(dir: &Path) -> std::io::Result<()> {
     use std::io::{Error, ErrorKind};
     let text = dir.as_os_str().len();
     if !dir.is_absolute() || text > MAX_DIR_LEN {
@@ -90,7 +90,7 @@ pub fn prepare_dir(dir: &Path) -> std::io::Result<()> {
 
 /// Whether `error`, from creating a container, is the engine refusing to bind-mount `dir`
 /// because it does not exist where the engine runs.
-pub fn mount_refused(error: &EngineError, dir: &Path) -> bool {
+pub(in crate::kernel) fn mount_refused(error: &EngineError, dir: &Path) -> bool {
     matches!(error, EngineError::Api { status: 400, message, .. }
         if message.contains("bind source path does not exist")
             && message.contains(&*dir.to_string_lossy()))

@@ -101,10 +101,10 @@ pub(in crate::kernel) struct Resident {
     slot: Mutex<Slot>,
     /// How long it may stay idle before it is ended.
     idle: Duration,
-    /// The host directory of the helpers' channels ([`Config::file_sockets`]); `None`: the
+    /// The host directory of the helpers' channels ([`Config::files.sockets`]); `None`: the
     /// exec streams.
     ///
-    /// [`Config::file_sockets`]: crate::Config::file_sockets
+    /// [`Config::files.sockets`]: crate::config::FileTransfer::sockets
     sockets: Option<std::path::PathBuf>,
     /// Owns the idle timers.
     pub(super) tracker: TaskTracker,
@@ -224,10 +224,44 @@ impl Drop for Lease {
     }
 }
 
+/// Writes a new helper's invitation to its channel on its stdin.
+async fn invite(stdin: &mut Input, rendezvous: &Rendezvous) -> Result<(), TransferError> {
+    let line = rendezvous.invitation();
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
+        stdin.write_all(line.as_bytes()).await?;
+        stdin.flush().await
+    })
+    .await
+    {
+        Err(_) => Err(TransferError::Stalled(HANDSHAKE_TIMEOUT)),
+        Ok(Err(e)) => Err(TransferError::Helper(format!("writing to it: {e}"))),
+        Ok(Ok(())) => Ok(()),
+    }
+}
+
 impl Kernel {
     /// Starts a helper, on its own channel when the kernel has the channels' directory.
     async fn start_helper(&self) -> Result<Helper, TransferError> {
-        let rendezvous = match self.files.sockets.as_deref().map(Rendezvous::open) {
+        let rendezvous = self.rendezvous();
+        let spec = self.helper_exec(rendezvous.is_some());
+        let mut attached = self.engine.exec(&self.id, &spec).await?;
+        if let Some(rendezvous) = &rendezvous {
+            invite(&mut attached.input, rendezvous).await?;
+        }
+        let reader = Reader::new(attached.output.map(|c| c.map_err(Into::into)).boxed());
+        match rendezvous {
+            Some(rendezvous) => self.take_channel(rendezvous, reader, attached.input).await,
+            None => Ok(Helper {
+                reader,
+                input: attached.input,
+                _stdin: None,
+            }),
+        }
+    }
+
+    /// A new helper's channel, when the kernel has the channels' directory and it is usable.
+    fn rendezvous(&self) -> Option<Rendezvous> {
+        match self.files.sockets.as_deref().map(Rendezvous::open) {
             Some(Ok(rendezvous)) => Some(rendezvous),
             // The directory went away or filled up under the server: the exec streams still work.
             Some(Err(e)) => {
@@ -235,7 +269,12 @@ impl Kernel {
                 None
             }
             None => None,
-        };
+        }
+    }
+
+    /// The helper's exec: `runner/file_helper.py` as the kernel's user in its working
+    /// directory, told to take its channel when it has one.
+    fn helper_exec(&self, channel: bool) -> ExecSpec {
         let mut cmd = vec![
             "python3".into(),
             "-I".into(),
@@ -244,39 +283,28 @@ impl Kernel {
             HELPER_SOURCE.into(),
             "serve".into(),
         ];
-        if rendezvous.is_some() {
+        if channel {
             cmd.push("--channel".into());
         }
-        let spec = ExecSpec {
+        ExecSpec {
             cmd,
             user: self.user.clone(),
             working_dir: WORK_DIR.into(),
             env: vec!["LANG=C.UTF-8".into(), "PYTHONDONTWRITEBYTECODE=1".into()],
-        };
-        let mut attached = self.engine.exec(&self.id, &spec).await?;
-        if let Some(rendezvous) = &rendezvous {
-            let line = rendezvous.invitation();
-            match tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
-                attached.input.write_all(line.as_bytes()).await?;
-                attached.input.flush().await
-            })
-            .await
-            {
-                Err(_) => return Err(TransferError::Stalled(HANDSHAKE_TIMEOUT)),
-                Ok(Err(e)) => return Err(TransferError::Helper(format!("writing to it: {e}"))),
-                Ok(Ok(())) => {}
-            }
         }
-        let mut reader = Reader::new(attached.output.map(|c| c.map_err(Into::into)).boxed());
-        let Some(rendezvous) = rendezvous else {
-            return Ok(Helper {
-                reader,
-                input: attached.input,
-                _stdin: None,
-            });
-        };
-        // Its first byte on stdout says whether it reached the socket. Connections are taken
-        // meanwhile, so that others filling the socket's queue cannot keep it out.
+    }
+
+    /// Waits for a new helper to reach its channel: its first byte on stdout says whether it
+    /// did (`Y`, then its connection is the helper's input and output) or not (`N`: it stays
+    /// on the exec streams).
+    async fn take_channel(
+        &self,
+        rendezvous: Rendezvous,
+        mut reader: Reader,
+        stdin: Input,
+    ) -> Result<Helper, TransferError> {
+        // Connections are taken meanwhile, so that others filling the socket's queue cannot
+        // keep it out.
         let kernel = channel::Peer::Kernel {
             container: &self.id,
             uid: self.user.split(':').next().and_then(|uid| uid.parse().ok()),
@@ -305,7 +333,7 @@ impl Kernel {
                 );
                 return Ok(Helper {
                     reader,
-                    input: attached.input,
+                    input: stdin,
                     _stdin: None,
                 });
             }
@@ -321,7 +349,7 @@ impl Kernel {
         Ok(Helper {
             reader,
             input: Box::pin(write),
-            _stdin: Some(attached.input),
+            _stdin: Some(stdin),
         })
     }
 

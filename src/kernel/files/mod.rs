@@ -2,7 +2,7 @@
 //! engine's exec API, as the kernel's user, in its working directory and cgroup
 //! (docs/architecture.md "File transport"). A helper serves requests one after another: the
 //! kernel keeps one resident, started by the first file operation, reused by the next ones
-//! and ended after [`Config::file_helper_idle`](crate::Config::file_helper_idle) without use
+//! and ended after [`Config::files.helper_idle`](crate::config::FileTransfer::helper_idle) without use
 //! or when the kernel goes; a transfer that finds it busy runs on a one-shot helper. Its
 //! frames travel on its channel: a Unix socket the host listens on (`channel.rs`), or, in a
 //! kernel made without the channels' directory, the exec's stdin and stdout.
@@ -41,17 +41,17 @@ use super::Kernel;
 use crate::files::{FilePath, TransferError};
 use frame::{breach, Frame};
 
-pub use channel::prepare_dir as prepare_socket_dir;
+pub(crate) use channel::prepare_dir as prepare_socket_dir;
 pub(super) use channel::{mount_refused, IN_KERNEL_DIR as SOCKET_DIR_IN_KERNEL};
 pub(super) use helper::Resident;
 
 /// How long any one step of a transfer (a chunk from the client, a write to the helper, a
 /// chunk from the helper) may take before the transfer is abandoned.
-pub const FILE_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+const FILE_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 impl Kernel {
     /// Removes a file or a directory tree (a symlink itself, never its target).
-    pub async fn remove_file(&self, path: &FilePath) -> Result<(), TransferError> {
+    pub(crate) async fn remove_file(&self, path: &FilePath) -> Result<(), TransferError> {
         let (mut lease, first) = self.open("remove", path).await?;
         match first {
             Frame::Status(status) => {

@@ -48,7 +48,11 @@ impl<'de> Deserialize<'de> for Entries {
 impl Kernel {
     /// tar stream. The returned stream yields exactly the announced bytes, then checks the
     /// helper's status; anything else ends it with an error.
-    pub async fn read_file(&self, path: &FilePath, tar: bool) -> Result<Download, TransferError> {
+    pub(crate) async fn read_file(
+        &self,
+        path: &FilePath,
+        tar: bool,
+    ) -> Result<Download, TransferError> {
         let (mut lease, first) = self.open(if tar { "tar" } else { "read" }, path).await?;
         let line = match first {
             Frame::Header(line) => line,
@@ -157,88 +161,92 @@ impl Kernel {
     }
 }
 
+/// Where a download's body stands.
+struct Body {
+    lease: Option<Lease>,
+    /// Bytes still announced (a file's).
+    left: Option<u64>,
+    /// Bytes left in the current data frame.
+    in_frame: u32,
+}
+
+impl Body {
+    fn reader(&mut self) -> Result<&mut Reader, TransferError> {
+        match self.lease.as_mut() {
+            Some(lease) => Ok(&mut lease.helper()?.reader),
+            None => Err(TransferError::Helper("no helper".into())),
+        }
+    }
+
+    /// Reads the status that must end the read; a clean one gives the helper back.
+    async fn end(&mut self) -> Result<(), TransferError> {
+        self.reader()?.end_of_read().await?;
+        if let Some(mut lease) = self.lease.take() {
+            lease.clean = true;
+        }
+        Ok(())
+    }
+
+    /// The body's next bytes; `None` once it ended cleanly.
+    async fn step(&mut self) -> Result<Option<Bytes>, TransferError> {
+        if self.lease.is_none() {
+            return Ok(None);
+        }
+        loop {
+            if self.in_frame > 0 {
+                let want = self.in_frame as usize;
+                let reader = self.reader()?;
+                let Some(bytes) = reader.take(want).await? else {
+                    return Err(reader.stderr.ended());
+                };
+                self.in_frame -= bytes.len() as u32;
+                if let Some(left) = self.left {
+                    if bytes.len() as u64 > left {
+                        return Err(TransferError::Helper(
+                            "it wrote more than it announced".into(),
+                        ));
+                    }
+                    self.left = Some(left - bytes.len() as u64);
+                    if self.left == Some(0) && self.in_frame == 0 {
+                        self.end().await?;
+                    }
+                }
+                return Ok(Some(bytes));
+            }
+            match self.reader()?.expect().await? {
+                Frame::Data(n) => self.in_frame = n,
+                Frame::Status(status) => {
+                    status.result()?;
+                    if let Some(left @ 1..) = self.left {
+                        return Err(TransferError::Helper(format!(
+                            "it ended {left} bytes short"
+                        )));
+                    }
+                    if let Some(mut lease) = self.lease.take() {
+                        lease.clean = true;
+                    }
+                    return Ok(None);
+                }
+                Frame::Ack | Frame::Header(_) => return Err(breach("a frame inside a read")),
+            }
+        }
+    }
+}
+
 /// A read's data frames: `size` bytes exactly when given, else everything up to the status,
 /// which must say ok. The helper goes back to its kernel as soon as its status was read: for a
 /// file, before its last bytes are yielded (a client that stops polling once it has the
 /// announced length still leaves a clean helper).
 fn body_stream(lease: Lease, size: Option<u64>) -> DownloadStream {
-    struct State {
-        lease: Option<Lease>,
-        /// Bytes still announced (a file's).
-        left: Option<u64>,
-        /// Bytes left in the current data frame.
-        in_frame: u32,
-    }
-    impl State {
-        fn reader(&mut self) -> Result<&mut Reader, TransferError> {
-            match self.lease.as_mut() {
-                Some(lease) => Ok(&mut lease.helper()?.reader),
-                None => Err(TransferError::Helper("no helper".into())),
-            }
-        }
-
-        /// Reads the status that must end the read; a clean one gives the helper back.
-        async fn end(&mut self) -> Result<(), TransferError> {
-            self.reader()?.end_of_read().await?;
-            if let Some(mut lease) = self.lease.take() {
-                lease.clean = true;
-            }
-            Ok(())
-        }
-
-        async fn step(&mut self) -> Result<Option<Bytes>, TransferError> {
-            if self.lease.is_none() {
-                return Ok(None);
-            }
-            loop {
-                if self.in_frame > 0 {
-                    let want = self.in_frame as usize;
-                    let reader = self.reader()?;
-                    let Some(bytes) = reader.take(want).await? else {
-                        return Err(reader.stderr.ended());
-                    };
-                    self.in_frame -= bytes.len() as u32;
-                    if let Some(left) = self.left {
-                        if bytes.len() as u64 > left {
-                            return Err(TransferError::Helper(
-                                "it wrote more than it announced".into(),
-                            ));
-                        }
-                        self.left = Some(left - bytes.len() as u64);
-                        if self.left == Some(0) && self.in_frame == 0 {
-                            self.end().await?;
-                        }
-                    }
-                    return Ok(Some(bytes));
-                }
-                match self.reader()?.expect().await? {
-                    Frame::Data(n) => self.in_frame = n,
-                    Frame::Status(status) => {
-                        status.result()?;
-                        if let Some(left @ 1..) = self.left {
-                            return Err(TransferError::Helper(format!(
-                                "it ended {left} bytes short"
-                            )));
-                        }
-                        if let Some(mut lease) = self.lease.take() {
-                            lease.clean = true;
-                        }
-                        return Ok(None);
-                    }
-                    Frame::Ack | Frame::Header(_) => return Err(breach("a frame inside a read")),
-                }
-            }
-        }
-    }
-    let state = State {
+    let body = Body {
         lease: Some(lease),
         left: size,
         in_frame: 0,
     };
-    futures::stream::unfold(Some(state), |state| async move {
-        let mut s = state?;
-        match s.step().await {
-            Ok(Some(bytes)) => Some((Ok(bytes), Some(s))),
+    futures::stream::unfold(Some(body), |body| async move {
+        let mut body = body?;
+        match body.step().await {
+            Ok(Some(bytes)) => Some((Ok(bytes), Some(body))),
             Ok(None) => None,
             Err(e) => Some((Err(e), None)),
         }

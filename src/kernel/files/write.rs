@@ -159,7 +159,7 @@ impl Kernel {
     /// Writes `body` to `path` (a file), or extracts it there when `tar` (a directory):
     /// into a temporary name first, renamed into place only once all of it arrived. On any
     /// failure (over `cap`, a full directory, the body failing) nothing is left.
-    pub async fn write_file(
+    pub(crate) async fn write_file(
         &self,
         path: &FilePath,
         tar: bool,

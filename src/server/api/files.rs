@@ -122,7 +122,7 @@ async fn put(
     let request = request(&state, &tenant, session, query)?;
     let tar = header_says(&headers, header::CONTENT_TYPE, "application/x-tar");
     let orchestrator = state.inner.orchestrator.clone();
-    let cap = orchestrator.config().max_upload_bytes;
+    let cap = orchestrator.config().files.max_upload_bytes;
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())

@@ -48,7 +48,7 @@ use crate::server::{ApiError, AppState, Metrics, MAX_BODY_BYTES};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct McpOptions {
     /// An MCP session with no message for this long ends, and its kernels go (never sooner
-    /// than the longest cell allowed, `Config::max_cell_timeout`, plus 10 seconds).
+    /// than the longest cell allowed, `Config::cells.max_timeout`, plus 10 seconds).
     pub idle_timeout: Duration,
     /// MCP sessions one tenant may hold open at once.
     pub max_sessions_per_tenant: usize,
@@ -77,7 +77,7 @@ pub(crate) fn service(state: &AppState) -> McpService {
     let mut local = LocalSessionManager::default();
     local.session_config.keep_alive = Some(session_idle_timeout(
         options.idle_timeout,
-        state.orchestrator().config().max_cell_timeout,
+        state.orchestrator().config().cells.max_timeout,
     ));
     let sessions = Arc::new(TenantSessions {
         local,

@@ -84,7 +84,7 @@ pub(super) struct StreamTx {
 }
 
 /// Bytes of `display` events of one streaming execute waiting for the client, beyond the
-/// cell's display cap (`Config::display_cell_bytes`): the JSON of the events around the
+/// cell's display cap (`Config::cells.display.cell_bytes`): the JSON of the events around the
 /// bundles. The kernel accepts no more displays per cell than the cap, so none is dropped
 /// unless the runner's displays are not what it would send.
 const DISPLAY_EVENT_SLACK: usize = 64 * 1024;
@@ -136,8 +136,9 @@ pub(super) fn stream_execute(
         tx,
         queued: queued.clone(),
     });
-    let cap = state.inner.orchestrator.config().output_spill_bytes;
-    let display_cap = state.inner.orchestrator.config().display_cell_bytes + DISPLAY_EVENT_SLACK;
+    let cap = state.inner.orchestrator.config().cells.output.spill_bytes;
+    let display_cap =
+        state.inner.orchestrator.config().cells.display.cell_bytes + DISPLAY_EVENT_SLACK;
     let decoder = Arc::new(Mutex::new(Utf8Stream {
         carry: Vec::new(),
         sent: 0,
