@@ -26,8 +26,9 @@ pub const TOOL_OUTCOMES: [&str; 2] = ["ok", "error"];
 
 /// Why a request was turned away before reaching a kernel.
 /// `connections`: a connection over the server's connection limit; `mcp_sessions`: an MCP
-/// `initialize` past the tenant's MCP session cap.
-pub const REJECTIONS: [&str; 7] = [
+/// `initialize` past the tenant's MCP session cap; `pending_results`: a cell of a tenant whose
+/// responses not yet read reach its budget (or the host's).
+pub const REJECTIONS: [&str; 8] = [
     "unauthorized",
     "invalid",
     "too_large",
@@ -35,6 +36,7 @@ pub const REJECTIONS: [&str; 7] = [
     "session_busy",
     "connections",
     "mcp_sessions",
+    "pending_results",
 ];
 
 /// The server's counters.
@@ -208,6 +210,17 @@ impl Metrics {
         }
         Ok(())
     }
+}
+
+/// Response bytes built and not yet handed to clients' connections, and responses cut for
+/// being read slower than the minimum rate (docs/http-api.md).
+pub(crate) fn write_responses(out: &mut String, held: u64, cut: u64) -> std::fmt::Result {
+    writeln!(out, "# HELP kernelbox_response_bytes_pending Response bytes built and not yet sent, all tenants.")?;
+    writeln!(out, "# TYPE kernelbox_response_bytes_pending gauge")?;
+    writeln!(out, "kernelbox_response_bytes_pending {held}")?;
+    writeln!(out, "# HELP kernelbox_responses_cut_total Responses cut for being read slower than the minimum rate.")?;
+    writeln!(out, "# TYPE kernelbox_responses_cut_total counter")?;
+    writeln!(out, "kernelbox_responses_cut_total {cut}")
 }
 
 /// The orchestrator's own counters: kernel start times by outcome, losses as they happen.
