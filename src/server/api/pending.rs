@@ -252,8 +252,12 @@ impl Meter {
         if limits.min_rate == 0 || clock.done || clock.cut {
             return None;
         }
-        let at = Duration::from_secs_f64(sent as f64 / limits.min_rate as f64);
-        Some(since + at.max(limits.rate_grace) + Duration::from_millis(10))
+        // No deadline at all past what a clock can hold (a grace of centuries).
+        let at = Duration::try_from_secs_f64(sent as f64 / limits.min_rate as f64).ok()?;
+        since.checked_add(
+            at.max(limits.rate_grace)
+                .checked_add(Duration::from_millis(10))?,
+        )
     }
 }
 
