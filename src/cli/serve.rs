@@ -65,6 +65,23 @@ pub(crate) struct ServeArgs {
     /// How long a file download runs before --min-download-rate applies.
     #[arg(long, env = "KERNELBOX_DOWNLOAD_RATE_GRACE", default_value = "30s", value_parser = parse_duration)]
     download_rate_grace: Duration,
+    /// Bytes of responses one tenant may have built and its clients not yet read (e.g. 64m);
+    /// past it the tenant's new cells get 429 `too_many_pending_results` until they drain.
+    /// Default: 64m (`server::ResponseLimits::default`).
+    #[arg(long, env = "KERNELBOX_MAX_PENDING_RESULTS_PER_TENANT", value_parser = parse_budget)]
+    max_pending_results_per_tenant: Option<u64>,
+    /// The same for all tenants together (e.g. 512m). Default: 512m.
+    #[arg(long, env = "KERNELBOX_MAX_PENDING_RESULTS", value_parser = parse_budget)]
+    max_pending_results: Option<u64>,
+    /// A response (a cell's result, a stream, a listing) read slower than this on average,
+    /// in bytes per second, while it has bytes waiting, once --send-rate-grace has passed, is
+    /// cut and what it held released; 0 sets no minimum. Default: 64k.
+    #[arg(long, env = "KERNELBOX_MIN_SEND_RATE", value_parser = parse_rate)]
+    min_send_rate: Option<u64>,
+    /// How long a response may have bytes waiting before --min-send-rate applies.
+    /// Default: 30s.
+    #[arg(long, env = "KERNELBOX_SEND_RATE_GRACE", value_parser = parse_duration)]
+    send_rate_grace: Option<Duration>,
     /// Most connections open at once (API and metrics listeners together); one more gets a
     /// 503 `too_many_connections` and is closed.
     #[arg(long, env = "KERNELBOX_MAX_CONNECTIONS", default_value_t = 1024,
@@ -141,6 +158,16 @@ fn parse_rate(text: &str) -> Result<u64, String> {
     }
     let bytes = parse_bytes(size).map_err(|e| format!("{e}; or 0 for no minimum"))?;
     u64::try_from(bytes).map_err(|e| format!("{text:?}: {e}"))
+}
+
+/// A positive size in bytes (`64m`, `1g`).
+fn parse_budget(text: &str) -> Result<u64, String> {
+    let bytes = parse_bytes(text).map_err(|e| e.to_string())?;
+    match u64::try_from(bytes) {
+        Ok(0) => Err(format!("{text:?}: must be more than 0")),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("{text:?}: {e}")),
+    }
 }
 
 /// The warm pool of a server when `--pool` is not given (at most `--max-kernels`).
@@ -236,7 +263,16 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         idle_timeout: args.mcp_idle_timeout,
         max_sessions_per_tenant: args.mcp_max_sessions as usize,
     };
-    let state = AppState::with_mcp(orchestrator, tenants.clone(), mcp);
+    let defaults = server::ResponseLimits::default();
+    let responses = server::ResponseLimits {
+        tenant_bytes: args
+            .max_pending_results_per_tenant
+            .unwrap_or(defaults.tenant_bytes),
+        host_bytes: args.max_pending_results.unwrap_or(defaults.host_bytes),
+        min_rate: args.min_send_rate.unwrap_or(defaults.min_rate),
+        rate_grace: args.send_rate_grace.unwrap_or(defaults.rate_grace),
+    };
+    let state = AppState::with_options(orchestrator, tenants.clone(), mcp, responses);
 
     say!(
         "kernelbox: serving {} tenant(s) on http://{addr} (instance {})",

@@ -30,8 +30,9 @@ pub const TOOL_OUTCOMES: [&str; 2] = ["ok", "error"];
 /// unauthenticated connections; `connection_evicted`: an unauthenticated connection doing
 /// nothing useful closed to give its slot to a newer one (docs/http-api.md, "Slow and idle
 /// clients cannot hold the server"); `mcp_sessions`: an MCP `initialize` past the tenant's
-/// MCP session cap.
-pub const REJECTIONS: [&str; 9] = [
+/// MCP session cap; `pending_results`: a cell of a tenant whose responses not yet read
+/// reach its budget (or the host's).
+pub const REJECTIONS: [&str; 10] = [
     "unauthorized",
     "invalid",
     "too_large",
@@ -41,6 +42,7 @@ pub const REJECTIONS: [&str; 9] = [
     "connections_per_address",
     "connection_evicted",
     "mcp_sessions",
+    "pending_results",
 ];
 
 /// The server's counters.
@@ -214,6 +216,17 @@ impl Metrics {
         }
         Ok(())
     }
+}
+
+/// Response bytes built and not yet handed to clients' connections, and responses cut for
+/// being read slower than the minimum rate (docs/http-api.md).
+pub(crate) fn write_responses(out: &mut String, held: u64, cut: u64) -> std::fmt::Result {
+    writeln!(out, "# HELP kernelbox_response_bytes_pending Response bytes built and not yet sent, all tenants.")?;
+    writeln!(out, "# TYPE kernelbox_response_bytes_pending gauge")?;
+    writeln!(out, "kernelbox_response_bytes_pending {held}")?;
+    writeln!(out, "# HELP kernelbox_responses_cut_total Responses cut for being read slower than the minimum rate.")?;
+    writeln!(out, "# TYPE kernelbox_responses_cut_total counter")?;
+    writeln!(out, "kernelbox_responses_cut_total {cut}")
 }
 
 /// The orchestrator's own counters: kernel start times by outcome, losses as they happen.

@@ -45,6 +45,7 @@ pub use tools::CELL_TOKEN_HEADER;
 
 pub use api::mcp::McpOptions;
 pub use api::mcp_session::SESSION_HEADER as MCP_SESSION_HEADER;
+pub use api::pending::ResponseLimits;
 
 use crate::orchestrator::Orchestrator;
 
@@ -78,6 +79,8 @@ struct Inner {
     client: tools::HttpClient,
     draining: AtomicBool,
     mcp: McpOptions,
+    /// Response bytes built and not yet sent, per tenant and for the host.
+    pending: Arc<api::pending::Pending>,
     /// Cancelled when the server stops: MCP sessions end and their event streams close.
     mcp_stop: CancellationToken,
 }
@@ -105,6 +108,17 @@ impl AppState {
 
     /// State serving `tenants` with `orchestrator`, MCP sessions on `/v1/mcp` bounded by `mcp`.
     pub fn with_mcp(orchestrator: Orchestrator, tenants: Tenants, mcp: McpOptions) -> AppState {
+        AppState::with_options(orchestrator, tenants, mcp, ResponseLimits::default())
+    }
+
+    /// State serving `tenants` with `orchestrator`, MCP sessions bounded by `mcp`, response
+    /// bytes in flight and slow readers by `responses` (docs/reliability.md).
+    pub fn with_options(
+        orchestrator: Orchestrator,
+        tenants: Tenants,
+        mcp: McpOptions,
+        responses: ResponseLimits,
+    ) -> AppState {
         AppState {
             inner: Arc::new(Inner {
                 orchestrator,
@@ -113,6 +127,7 @@ impl AppState {
                 client: tools::client(),
                 draining: AtomicBool::new(false),
                 mcp,
+                pending: Arc::new(api::pending::Pending::new(responses)),
                 mcp_stop: CancellationToken::new(),
             }),
         }

@@ -42,7 +42,7 @@ fn files_paths(auth_errors: &Value) -> Value {
     }}}}});
     let put_errors = json!({
         "413": error_response("`file_too_large`: over the upload cap (100 MiB by default, `--max-upload`); nothing was written."),
-        "429": error_response("A new kernel would pass a cap (`at_capacity`), or the kernel has 8 calls attached (`session_busy`)."),
+        "429": error_response("A new kernel would pass a cap (`at_capacity`), or the kernel has 8 calls attached (`session_busy`), or the tenant's responses not yet read reach its budget (`too_many_pending_results`)."),
         "507": error_response("`no_space`: the kernel's working directory is full; nothing was written."),
     });
     let read = json!({"200": {
@@ -136,7 +136,7 @@ pub fn spec() -> Value {
         "400": error_response("`invalid_json`: the body is not a JSON object of the documented fields; `invalid_timeout`: `timeout` is not a number of seconds in (0, max]; `invalid_name`: bad session/child name; `tool_not_allowed`: a tool outside the tenant's allow-list."),
         "413": error_response("Request body over 1 MiB."),
         "429": {
-            "description": "A new kernel would pass a cap (`at_capacity`): the tenant's max_kernels, or the host's kernel cap with no kernel the tenant may evict (its own idle ones, or those of a tenant over its fair share) idle. The message names the cap. Or the session's kernel already has 8 calls running or queued (`session_busy`). Retry after the `Retry-After` seconds.",
+            "description": "A new kernel would pass a cap (`at_capacity`): the tenant's max_kernels, or the host's kernel cap with no kernel the tenant may evict (its own idle ones, or those of a tenant over its fair share) idle. The message names the cap. Or the session's kernel already has 8 calls running or queued (`session_busy`). Or the tenant's responses built and not yet read by its clients reach --max-pending-results-per-tenant, or all tenants' reach --max-pending-results (`too_many_pending_results`). Retry after the `Retry-After` seconds.",
             "headers": {"Retry-After": {"schema": {"type": "integer"}}},
             "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
         },

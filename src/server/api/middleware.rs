@@ -1,9 +1,12 @@
-//! What wraps every route: a panic becomes a 500 JSON error, and a refusal of a request with
-//! a body closes the connection.
+//! What wraps every route: a panic becomes a 500 JSON error, a refusal of a request with a
+//! body closes the connection, and every response body is counted and read at a minimum rate
+//! (`pending.rs`).
 
 use std::panic::AssertUnwindSafe;
 
-use axum::extract::Request;
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -45,4 +48,21 @@ pub(super) async fn catch_panic(request: Request, next: Next) -> Response {
             .into_response()
         }
     }
+}
+
+/// Every response body is counted against its tenant's and the host's budgets of bytes in
+/// flight, and cut when read too slowly (`pending.rs`): the request carries its [`Meter`],
+/// which the handler's producers (a stream's events) charge too, and the tenant is set on it
+/// once the caller is authenticated.
+///
+/// [`Meter`]: super::pending::Meter
+pub(super) async fn count_responses(
+    State(state): State<crate::server::AppState>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let meter = super::pending::Meter::new(state.inner.pending.clone());
+    request.extensions_mut().insert(Arc::clone(&meter));
+    let response = next.run(request).await;
+    response.map(|body| super::pending::counted(meter, body))
 }

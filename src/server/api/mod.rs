@@ -8,6 +8,7 @@
 //! | `stream.rs` | a streaming (NDJSON) execute: output events under a backlog cap, then the result |
 //! | `mcp.rs` | `/v1/mcp`: MCP over streamable HTTP behind the tenant's bearer token, MCP sessions bound to tenants, their kernels cleared when they end |
 //! | `mcp_session.rs` | which kernelbox session a `/v1/mcp` request runs in |
+//! | `pending.rs` | response bytes in flight per tenant and for the host, and the minimum rate every response body is read at |
 //! | `mcp_backend.rs` | the MCP tools' backend on `/v1/mcp`: the execute path and file calls below, for the caller's tenant |
 //! | `tests.rs` | unit tests |
 
@@ -17,6 +18,7 @@ mod mcp_backend;
 pub(crate) mod mcp_session;
 pub(crate) use files::file_request;
 mod middleware;
+pub(crate) mod pending;
 mod stream;
 
 use stream::stream_execute;
@@ -112,6 +114,10 @@ fn finish(router: Router<AppState>, state: AppState) -> Router {
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(axum::middleware::from_fn(middleware::catch_panic))
         .layer(axum::middleware::from_fn(middleware::close_after_refusal))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            middleware::count_responses,
+        ))
         .with_state(state)
 }
 
@@ -149,6 +155,10 @@ impl FromRequestParts<AppState> for Caller {
                 // and idle clients cannot hold the server").
                 if let Some(slot) = parts.extensions.get::<super::slots::Promote>() {
                     slot.authenticated();
+                }
+                // The response's bytes count against this tenant's budget from now on.
+                if let Some(meter) = parts.extensions.get::<Arc<pending::Meter>>() {
+                    meter.set_tenant(&tenant.name);
                 }
                 Ok(Caller(tenant))
             }
@@ -333,6 +343,7 @@ async fn execute(
     State(state): State<AppState>,
     Caller(tenant): Caller,
     session: Result<Path<String>, PathRejection>,
+    meter: Option<axum::Extension<Arc<pending::Meter>>>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
@@ -349,10 +360,15 @@ async fn execute(
     if state.is_draining() {
         return Err(ApiError::shutting_down());
     }
+    admit(&state, &tenant)?;
+    let meter = match meter {
+        Some(axum::Extension(meter)) => meter,
+        None => pending::Meter::new(state.inner.pending.clone()),
+    };
     // A stream starts only once the request holds a kernel slot, so a refusal at a cap is
     // a 429 rather than a stream carrying only the error.
     let (notice, admitted) = crate::orchestrator::AdmissionNotice::new();
-    let response = stream_execute(state.clone(), request, notice);
+    let response = stream_execute(state.clone(), request, notice, meter);
     if let Ok(Err(e)) = admitted.await {
         return Err(refused(&state, e));
     }
@@ -374,6 +390,15 @@ fn refused(state: &AppState, e: crate::orchestrator::ExecuteError) -> ApiError {
     ApiError::from(e)
 }
 
+/// A new cell of `tenant` runs only while its responses built and not yet sent are within its
+/// budget and everyone's within the host's (docs/reliability.md, "Bounded host resources"):
+/// otherwise 429 `too_many_pending_results`, counted.
+fn admit(state: &AppState, tenant: &Tenant) -> Result<(), ApiError> {
+    state.inner.pending.admit(&tenant.name).inspect_err(|_| {
+        state.inner.metrics.rejected("pending_results");
+    })
+}
+
 /// Runs one cell from an execute body (`POST /v1/sessions/{session}/execute`) for `tenant`
 /// and returns its result: the one path of a non-streaming execute, shared by that route and
 /// MCP's `execute_code` on `/v1/mcp`.
@@ -387,6 +412,7 @@ pub(crate) async fn run_cell(
     if state.is_draining() {
         return Err(ApiError::shutting_down());
     }
+    admit(state, tenant)?;
     let result = state
         .inner
         .orchestrator
@@ -473,10 +499,12 @@ async fn healthz(State(state): State<AppState>) -> Response {
 async fn metrics(State(state): State<AppState>) -> Response {
     let live = state.inner.orchestrator.list_kernels(None).len();
     let stats = state.inner.orchestrator.stats();
-    let text = state
+    let mut text = state
         .inner
         .metrics
         .render(live, state.is_draining(), &stats);
+    let pending = &state.inner.pending;
+    let _ = super::metrics::write_responses(&mut text, pending.held(None).0, pending.cut_count());
     (
         [(
             header::CONTENT_TYPE,

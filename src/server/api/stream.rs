@@ -1,6 +1,9 @@
 //! A streaming execute: `output` events as the cell writes (whole UTF-8, at most
 //! [`MAX_STREAM_BACKLOG`] bytes waiting for the client) and `display` events as it displays
 //! (in order with the output; at most the cell's display cap waiting), then the `result`.
+//! Every queued event counts against the tenant's and the host's response bytes in flight
+//! from when it is queued (`pending.rs`); the `result` repeats the displays already sent as
+//! events (docs/contract.md, "Rich results"), and is counted in full as well.
 
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
@@ -9,6 +12,7 @@ use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderValue};
 use axum::response::Response;
 
+use super::pending::{Charge, Meter};
 use crate::orchestrator::{AdmissionNotice, ExecuteRequest};
 use crate::server::error::ApiError;
 use crate::server::AppState;
@@ -78,10 +82,16 @@ pub const MAX_STREAM_BACKLOG: usize = 1024 * 1024;
 /// The sending side of a streaming execute: output events are dropped, never queued, past
 /// [`MAX_STREAM_BACKLOG`] bytes.
 pub(super) struct StreamTx {
-    /// Lines, whether each is the last, and whether it counts against the output backlog.
-    pub(super) tx: tokio::sync::mpsc::UnboundedSender<(Bytes, bool, bool)>,
+    /// Lines, whether each is the last, whether it counts against the output backlog, and
+    /// its bytes counted as the response's until the client's connection takes them.
+    pub(super) tx: tokio::sync::mpsc::UnboundedSender<Queued>,
     pub(super) queued: Arc<std::sync::atomic::AtomicUsize>,
+    pub(super) meter: Arc<Meter>,
 }
+
+/// One queued line of a stream: the line, whether it is the last, whether it counts against
+/// the output backlog, and its charge.
+pub(super) type Queued = (Bytes, bool, bool, Charge);
 
 /// Bytes of `display` events of one streaming execute waiting for the client, beyond the
 /// cell's display cap (`Config::cells.display.cell_bytes`): the JSON of the events around the
@@ -100,9 +110,12 @@ impl StreamTx {
                 (q + len <= MAX_STREAM_BACKLOG).then_some(q + len)
             })
             .is_ok();
-        if admitted && self.tx.send((line, false, true)).is_err() {
-            // The client went away: nothing is queued for it any more.
-            self.queued.fetch_sub(len, Ordering::AcqRel);
+        if admitted {
+            let charge = self.meter.charge(len);
+            if self.tx.send((line, false, true, charge)).is_err() {
+                // The client went away: nothing is queued for it any more.
+                self.queued.fetch_sub(len, Ordering::AcqRel);
+            }
         }
         admitted
     }
@@ -112,12 +125,14 @@ impl StreamTx {
     pub(super) fn send_final(&self, line: Bytes, last: bool) {
         self.queued
             .fetch_add(line.len(), std::sync::atomic::Ordering::AcqRel);
-        let _ = self.tx.send((line, last, true));
+        let charge = self.meter.charge(line.len());
+        let _ = self.tx.send((line, last, true, charge));
     }
 
     /// Queues a `display` event outside the output backlog (the caller bounds them).
     pub(super) fn send_display(&self, line: Bytes) {
-        let _ = self.tx.send((line, false, false));
+        let charge = self.meter.charge(line.len());
+        let _ = self.tx.send((line, false, false, charge));
     }
 }
 
@@ -129,12 +144,14 @@ pub(super) fn stream_execute(
     state: AppState,
     mut request: ExecuteRequest,
     admission: AdmissionNotice,
+    meter: Arc<Meter>,
 ) -> Response {
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<(Bytes, bool, bool)>();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Queued>();
     let queued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let tx = Arc::new(StreamTx {
         tx,
         queued: queued.clone(),
+        meter,
     });
     let cap = state.inner.orchestrator.config().cells.output.spill_bytes;
     let display_cap =
@@ -200,17 +217,20 @@ pub(super) fn stream_execute(
         };
         tx.send_final(last, true);
     });
-    let stream = futures::stream::unfold((rx, false), move |(mut rx, done)| {
+    // A line's charge is kept until the next is asked for: the body (`pending::counted`)
+    // counts it from there until it is handed over, so it is never out of the count.
+    let stream = futures::stream::unfold((rx, false, None), move |(mut rx, done, taken)| {
         let queued = queued.clone();
         async move {
+            drop::<Option<Charge>>(taken);
             if done {
                 return None;
             }
-            let (bytes, last, counted) = rx.recv().await?;
+            let (bytes, last, counted, charge) = rx.recv().await?;
             if counted {
                 queued.fetch_sub(bytes.len(), std::sync::atomic::Ordering::AcqRel);
             }
-            Some((Ok::<_, Infallible>(bytes), (rx, last)))
+            Some((Ok::<_, Infallible>(bytes), (rx, last, Some(charge))))
         }
     });
     let mut response = Response::new(Body::from_stream(stream));

@@ -34,23 +34,31 @@ fn request_bodies_must_be_json_objects() {
 #[test]
 fn a_stream_nobody_reads_drops_output_past_its_backlog() {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let pending = Arc::new(super::pending::Pending::new(Default::default()));
+    let meter = super::pending::Meter::new(pending.clone());
+    meter.set_tenant("acme");
     let tx = StreamTx {
         tx,
         queued: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+        meter,
     };
     let line = Bytes::from(vec![b'x'; 64 * 1024]);
     let admitted = (0..100).filter(|_| tx.try_send(line.clone())).count();
     assert_eq!(admitted, MAX_STREAM_BACKLOG / line.len());
     // The closing events always go through.
     tx.send_final(Bytes::from_static(b"result"), true);
+    // Every queued line counts against the tenant and the host until it is taken.
+    let queued = admitted * line.len() + b"result".len();
+    assert_eq!(pending.held(Some("acme")), (queued as u64, queued as u64));
     let mut got = 0;
-    while let Ok((bytes, last, _)) = rx.try_recv() {
+    while let Ok((bytes, last, _, _)) = rx.try_recv() {
         got += 1;
         if last {
             assert_eq!(&bytes[..], b"result");
         }
     }
     assert_eq!(got, admitted + 1);
+    assert_eq!(pending.held(Some("acme")), (0, 0));
 }
 
 #[test]
