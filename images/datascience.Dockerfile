@@ -1,6 +1,6 @@
 # The data-science kernel image (`kernelbox image build --preset datascience`): the plain kernel
 # image plus numpy, pandas, matplotlib, pillow and scipy from Debian's own packages, fetched from
-# the mirror in the base's apt sources (no container registry, no PyPI). README "Images".
+# the mirror in the base's apt sources (no container registry, no PyPI). docs/images.md "Images".
 ARG BASE=kernelbox/kernel:latest
 FROM ${BASE}
 USER 0:0

@@ -3,7 +3,7 @@
 # user, in the kernel's container (its namespaces, cgroup and limits). Standard library only.
 # One helper serves requests one after another until EOF on its channel: the host keeps one
 # resident per kernel while files are used, and runs a one-shot one beside it when it is busy
-# (README "Files in and out of a kernel").
+# (docs/files.md "Files in and out of a kernel").
 #
 # The channel: with --channel, the first line on stdin is `SOCKET TOKEN` (never on the command
 # line, which host users can read); the helper connects to that Unix socket (the host listens

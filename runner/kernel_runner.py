@@ -367,8 +367,8 @@ class _Runner:
         several times slower than run again (the AST module loads on the first compile, the
         interpreter specialises code only after it ran a few times, memory is first touched):
         measured in the runner with cells back to back, its first cell took 0.3-0.35 ms, the
-        later ones 0.03-0.09 ms, and the first one after this warm-up 0.06-0.08 ms (README,
-        Performance). The messages come through a private pipe, the cells run on a constant
+        later ones 0.03-0.09 ms, and the first one after this warm-up 0.06-0.08 ms
+        (docs/performance.md). The messages come through a private pipe, the cells run on a constant
         in a throwaway namespace with their output going to /dev/null; afterwards nothing of
         them is visible to cells, no cell is counted and the status file is empty again."""
         inp, cell_out, namespace = self.ch.inp, self.ch.cell_out, self.namespace

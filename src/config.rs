@@ -245,7 +245,7 @@ impl Default for PoolConfig {
     }
 }
 
-/// File transfers in and out of kernels (README "Files in and out of a kernel"): the caps and
+/// File transfers in and out of kernels (docs/files.md "Files in and out of a kernel"): the caps and
 /// pace the orchestrator applies, and the transport each kernel uses (`src/kernel/files/`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileTransfer {

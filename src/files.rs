@@ -6,7 +6,7 @@
 //! The host never resolves a path: the bytes travel through a small helper run inside the
 //! kernel's container as the kernel's user (`runner/file_helper.py`, started by
 //! `kernel/files/`), which walks every path one component at a time without following a
-//! symlink. Why this transport, and the limits, are in README "Files in and out of a kernel".
+//! symlink. Why this transport, and the limits, are in docs/files.md "Files in and out of a kernel".
 
 use bytes::Bytes;
 use futures::stream::BoxStream;

@@ -1,4 +1,4 @@
-//! Building the kernel images (README "Images"). The plain preset is an offline base
+//! Building the kernel images (docs/images.md "Images"). The plain preset is an offline base
 //! (debootstrap + `docker import`) when the base is missing and no registry is reachable, then
 //! `images/Dockerfile` on top of it; the data-science preset is
 //! `images/datascience.Dockerfile` on top of the plain image (built first when missing), adding

@@ -77,7 +77,7 @@ impl Owner {
 }
 
 impl fmt::Display for Owner {
-    /// `session` or `session::child::child_id`, as `README.md` and the `io.kernelbox.owner` label name owners.
+    /// `session` or `session::child::child_id`, as the `io.kernelbox.owner` label names owners.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.child {
             None => write!(f, "{}", self.session),

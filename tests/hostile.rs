@@ -136,7 +136,7 @@ async fn signals_to_init_and_to_itself() {
 
 /// A thread started by one cell writes a burst of a distinctive token after that cell has
 /// settled; none of it reaches the next cell's result, which is whole. Output written between
-/// cells belongs to no cell and is dropped (README "The result of a cell": `output` is what the
+/// cells belongs to no cell and is dropped (docs/results.md "The result of a cell": `output` is what the
 /// cell wrote; a thread still writing while a later cell runs writes into that cell's output,
 /// since the container's stdout is one stream).
 #[tokio::test]

@@ -1,4 +1,4 @@
-//! The data-science kernel image (README "Images"), end to end on the real engine: a kernel on
+//! The data-science kernel image (docs/images.md "Images"), end to end on the real engine: a kernel on
 //! it imports numpy, pandas, scipy, pillow and matplotlib and draws a PNG with Agg under the
 //! hardened sandbox (read-only root, HOME=/tmp) without rebuilding matplotlib's font cache;
 //! and it is what a kernel gets through each way of naming an image: the library's
@@ -60,7 +60,7 @@ fn png_size(hex_head: &str) -> (u32, u32) {
 /// Asserts the output of [`DRAW`]: an Agg canvas, the cache on the kernel's tmpfs, no font scan, no
 /// matplotlib warning, a 400x300 PNG.
 fn assert_drawn(output: &str) {
-    // Agg, or the runner's inline backend built on it (README "The result of a cell").
+    // Agg, or the runner's inline backend built on it (docs/results.md "The result of a cell").
     assert!(
         output.contains("backend agg") || output.contains("backend module://kernelbox_inline"),
         "{output}"

@@ -247,7 +247,7 @@ async fn output_that_cannot_be_saved_inside_the_kernel_says_so_in_the_warning() 
 #[tokio::test]
 async fn the_sandbox_holds_from_inside() {
     let case = Case::new("sandbox").await;
-    // One line per claim, each asserted exactly (README "How it works": no network, no
+    // One line per claim, each asserted exactly (docs/reliability.md "How it works": no network, no
     // capabilities, `no-new-privileges`, a read-only root, a non-root uid, writable `/tmp` and
     // working directory, nothing of the host's environment).
     let code = r#"

@@ -90,7 +90,7 @@ async fn kernel_exits_when_its_backend_parent_dies_mid_cell() {
 }
 
 /// With no watchdog, the runner alone ends its kernel when the host's end of its stdin closes,
-/// even mid-cell (README "How it works": a watcher thread exits the process the moment stdin
+/// even mid-cell (docs/reliability.md "How it works": a watcher thread exits the process the moment stdin
 /// closes). The orchestrator runs in a runtime of its own; shutting that runtime down drops
 /// every task and so the attach connection, while this process, the instance named on the
 /// container, stays alive: no sweep of a dead instance, no watchdog and no `docker rm` is

@@ -1,4 +1,4 @@
-//! kernelbox benchmarks: the figures of the README's Performance section (warm and cold cells,
+//! kernelbox benchmarks: the figures of the docs/performance.md (warm and cold cells,
 //! the tool-call round trip, throughput, idle density, a Jupyter reference), side by side with
 //! the floors the engine physically allows, in one run against the real Docker engine.
 //!

@@ -1,4 +1,4 @@
-"""Seeds matplotlib's font cache in a kernel of the data-science image (README "Images").
+"""Seeds matplotlib's font cache in a kernel of the data-science image (docs/images.md "Images").
 
 matplotlib keeps its font list in MPLCONFIGDIR, which must be writable; in a kernel that is
 /tmp/matplotlib, on the kernel's own empty tmpfs, so without this every new kernel would scan

@@ -66,7 +66,7 @@ enum Command {
     /// Serve MCP (Model Context Protocol) tools on standard input/output for one session.
     ///
     /// Runs its own kernels, or with --url calls a kernelbox server. For a desktop agent's
-    /// MCP configuration; see README, "MCP".
+    /// MCP configuration; see docs/mcp.md, "MCP".
     Mcp(mcp::McpArgs),
     /// (internal) Clean up after an orchestrator when its lifeline on stdin closes.
     #[command(hide = true)]

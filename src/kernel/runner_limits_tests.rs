@@ -1,6 +1,6 @@
 //! The limits the Python side keeps by hand, checked against the host's constants: the runner
 //! and its display module (`docs/architecture.md`, "Runner protocol") and the file helper
-//! (`docs/architecture.md`, "File transport"; README "Files in and out of a kernel") are sent
+//! (`docs/architecture.md`, "File transport"; docs/files.md "Files in and out of a kernel") are sent
 //! to kernels as source and cannot import the host's numbers, so each keeps its own copy.
 //! Each copy is read from its top-level `NAME = <int expr>` line.
 

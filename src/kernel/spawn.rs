@@ -213,7 +213,7 @@ impl Kernel {
         let engine = request.engine.clone();
         let (volume, labels) = staging_volume(request.owner.as_ref(), request.base_labels);
         // An owner's kernel runs the image its key names (a tenant's or a request's, see
-        // README "Images"); a pooled kernel, the configuration's.
+        // docs/images.md "Images"); a pooled kernel, the configuration's.
         let mut spec = KernelSpec::clone(request.spec);
         if let Some((key, _)) = &request.owner {
             spec.image = key.image.clone();

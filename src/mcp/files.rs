@@ -1,6 +1,6 @@
 //! The file tools' shared parts: the orchestrator calls behind `write_file`, `read_file` and
 //! `list_files` (for the local backend and `/v1/mcp` alike), and a file read as an MCP tool
-//! result (README, "MCP" and "Files in and out of a kernel").
+//! result (docs/mcp.md, "MCP" and "Files in and out of a kernel").
 
 use base64::Engine as _;
 use bytes::Bytes;

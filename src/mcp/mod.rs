@@ -1,7 +1,7 @@
 //! MCP (the Model Context Protocol): kernelbox as tools an agent calls, built on the official
 //! Rust SDK (`rmcp`). `kernelbox mcp` serves one session over stdio, running its own kernels or
 //! calling a kernelbox server; `kernelbox serve` also answers MCP over streamable HTTP at
-//! `/v1/mcp` (README, "MCP").
+//! `/v1/mcp` (docs/mcp.md, "MCP").
 //!
 //! | file | what |
 //! |---|---|

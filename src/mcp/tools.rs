@@ -1,6 +1,6 @@
 //! The MCP server itself: the tools it lists and what each does, over any transport.
 //!
-//! Tool descriptions tell a model what persists and what a timeout does (README, "The result
+//! Tool descriptions tell a model what persists and what a timeout does (docs/results.md, "The result
 //! of a cell"; `docs/contract.md`).
 
 use std::sync::Arc;

@@ -347,7 +347,7 @@ pub struct Stats {
 
 /// File bytes moved through the orchestrator's file calls ([`write_file`], [`read_file`]),
 /// whoever called them: the HTTP file API, the MCP file tools, the library. The one count
-/// behind `kernelbox_file_bytes_total{direction}` (README "Files in and out of a kernel").
+/// behind `kernelbox_file_bytes_total{direction}` (docs/files.md "Files in and out of a kernel").
 ///
 /// [`write_file`]: super::Orchestrator::write_file
 /// [`read_file`]: super::Orchestrator::read_file

@@ -28,7 +28,7 @@ pub(super) struct Pooled {
 impl Inner {
     /// Where a live pooled kernel of `spec` is, if there is one: the newest first, the one
     /// whose processes sat idle the shortest (a round trip to a kernel costs more the longer
-    /// it slept: README "Performance"); the older ones are replaced at their maximum age.
+    /// it slept: docs/performance.md "Performance"); the older ones are replaced at their maximum age.
     pub(super) fn pool_find(&self, spec: &KernelSpec) -> Option<usize> {
         if self.closed {
             return None;

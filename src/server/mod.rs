@@ -8,7 +8,7 @@
 //! | `DELETE /v1/sessions/{session}/children/{child}` | release a delegated child |
 //! | `PUT`, `GET`, `DELETE /v1/sessions/{session}/files/{path}` | files in and out of the session's kernel (`GET`/`PUT .../files` for its working directory) |
 //! | `GET /v1/kernels` | the caller's tenant's kernels |
-//! | `POST`/`GET`/`DELETE /v1/mcp` | MCP over streamable HTTP (`api/mcp.rs`, README "MCP") |
+//! | `POST`/`GET`/`DELETE /v1/mcp` | MCP over streamable HTTP (`api/mcp.rs`, docs/mcp.md "MCP") |
 //! | `GET /healthz`, `GET /openapi.json` | no authentication |
 //! | `GET /metrics` | a tenant's token, unless [`ServeOptions::public_metrics`] |
 //!

@@ -1,7 +1,7 @@
 //! A minimal harness for tests of the HTTP API: the real server (`kernelbox::server::serve`)
 //! in-process on loopback ([`TestServer`]) or a real `kernelbox serve` process ([`Served`]),
 //! against the real engine, with a small client ([`Api`]) and a session's files through it
-//! ([`Session`], README "Files in and out of a kernel"). Include it with
+//! ([`Session`], docs/files.md "Files in and out of a kernel"). Include it with
 //! `#[path = "common/http.rs"] mod http;` next to `mod common;` (from a folder-style test such
 //! as `tests/server/main.rs`: `#[path = "../common/mod.rs"]` and `#[path = "../common/http.rs"]`).
 #![allow(dead_code)]

@@ -9,7 +9,7 @@ use std::time::Duration;
 use kernelbox::docker::{ContainerInfo, Engine, VolumeInfo};
 use kernelbox::{BollardEngine, CellResult, Config, ExecuteRequest, Orchestrator};
 
-/// The exact error of an interrupted cell (README "The result of a cell").
+/// The exact error of an interrupted cell (docs/results.md "The result of a cell").
 pub const INTERRUPTED: &str = "Interrupted; the session kernel was killed and its state was lost.";
 /// The exact message of a cell interrupted while it waited behind an earlier cell.
 pub const INTERRUPTED_QUEUED: &str =

@@ -1,4 +1,4 @@
-//! The file channel (README "Files in and out of a kernel"): transfers over the helper's
+//! The file channel (docs/files.md "Files in and out of a kernel"): transfers over the helper's
 //! socket, a helper kept from its channel, and the exec streams when the socket is out of
 //! reach.
 

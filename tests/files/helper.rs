@@ -1,4 +1,4 @@
-//! The resident file helper (README "The resident helper"): one process for transfers in a
+//! The resident file helper (docs/files.md "The resident helper"): one process for transfers in a
 //! row, one-shot helpers beside a busy one, ended after its idle time.
 
 use std::time::Duration;

@@ -120,7 +120,7 @@ async fn forged_resident_helper_output_fails_that_transfer_clearly_and_the_next_
 
 /// A cell stops its resident helper (SIGSTOP) and drips a byte into its stderr every 5 s for
 /// 150 s: the next transfer, which gets no frame, still ends at its step deadline
-/// (`FILE_IDLE_TIMEOUT`, README "Files in and out of a kernel"), not when the drip stops.
+/// (`FILE_IDLE_TIMEOUT`, docs/files.md "Files in and out of a kernel"), not when the drip stops.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_cell_dripping_into_a_stopped_helpers_stderr_cannot_stretch_a_transfer() {
     let s = server("files-drip", |_| {}).await;

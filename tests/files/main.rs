@@ -1,4 +1,4 @@
-//! Files in and out of a session's kernel (README "Files in and out of a kernel"), end to end:
+//! Files in and out of a session's kernel (docs/files.md "Files in and out of a kernel"), end to end:
 //! the real server over real HTTP, real kernels on the real engine, the helper inside them. On
 //! the shared harness (`tests/common`: labels, engine, clean-up; `tests/common/http.rs`: the
 //! in-process server, a real `kernelbox serve`, their client and a session's files through it).

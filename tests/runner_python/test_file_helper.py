@@ -2,7 +2,7 @@
 no Docker): every path is walked one component at a time with O_NOFOLLOW from the working
 directory, so a symlink on the way is refused, never followed; no name climbs out; a write
 creates the directories on its way and, when it fails, removes those it created (deepest first,
-while empty) without following a symlink put in their place (README "Files in and out of a
+while empty) without following a symlink put in their place (docs/files.md "Files in and out of a
 kernel", docs/architecture.md "File transport").
 
 The helper is standard library only and is sent to kernels as source; it is loaded here from

@@ -1,4 +1,4 @@
-//! The kernel images side by side (README "Images"): the plain image and, when it is on the
+//! The kernel images side by side (docs/images.md "Images"): the plain image and, when it is on the
 //! engine, the data-science one (`kernelbox image build --preset datascience`): image size,
 //! the cold first cell of a new owner, idle memory per kernel, and on the data-science image
 //! the first plot of a fresh kernel (imports included).

@@ -1,5 +1,5 @@
 //! A no-op tool call from inside a cell, timed in Python (the tool-call round trip of the
-//! README's Performance section).
+//! docs/performance.md).
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

@@ -1,6 +1,6 @@
 """kernelbox from Python: a stateful session, streamed output, a typed error, the drop-in.
 
-Run against a server (README, HTTP server):
+Run against a server (docs/http-api.md):
 
     KERNELBOX_URL=http://127.0.0.1:8080 KERNELBOX_TOKEN=s3cret python examples/quickstart.py
 """

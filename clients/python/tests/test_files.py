@@ -1,5 +1,5 @@
 """`session.files`: write, read, list and remove the files of a session's kernel (the file
-API, README: Files in and out of a kernel)."""
+API, docs/files.md)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 //! The file channel: the Unix socket a helper's frames travel on instead of the engine's exec
-//! streams (README "Files in and out of a kernel", "The file channel"). The host listens on a
+//! streams (docs/files.md "Files in and out of a kernel", "The file channel"). The host listens on a
 //! socket with an unguessable name in a directory it owns (mode 0711: kernels can reach a
 //! socket whose name they know, never list the directory), bind-mounted read-only into every
 //! kernel at [`IN_KERNEL_DIR`]; a helper started with that name and a token connects and

@@ -12,7 +12,7 @@ use crate::files::TransferError;
 /// Longest header line read from the helper: the helper truncates a listing before its line
 /// passes 2 MiB (`MAX_LIST_BYTES` in `runner/file_helper.py`), which a listing of
 /// [`crate::files::MAX_LIST_ENTRIES`] entries of ordinary names fits. A cell can forge what
-/// its own helper writes (README "Files in and out of a kernel"), so this and the entry
+/// its own helper writes (docs/files.md "Files in and out of a kernel"), so this and the entry
 /// count checked while parsing bound what a forged header makes the host hold.
 pub(crate) const MAX_HEADER: usize = 2 * 1024 * 1024 + 64 * 1024;
 

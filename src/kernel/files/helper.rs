@@ -96,7 +96,7 @@ enum Slot {
     },
 }
 
-/// Where a kernel keeps its resident helper (README "Files in and out of a kernel").
+/// Where a kernel keeps its resident helper (docs/files.md "Files in and out of a kernel").
 pub(in crate::kernel) struct Resident {
     slot: Mutex<Slot>,
     /// How long it may stay idle before it is ended.

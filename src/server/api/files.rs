@@ -1,5 +1,5 @@
 //! `/v1/sessions/{session}/files[/{path}]`: files in and out of a session's kernel, streamed
-//! both ways (README "Files in and out of a kernel"). `PUT` writes (a tar with
+//! both ways (docs/files.md "Files in and out of a kernel"). `PUT` writes (a tar with
 //! `Content-Type: application/x-tar` extracts into a directory), `GET` reads (a directory is
 //! listed, or with `Accept: application/x-tar` streamed as a tar), `DELETE` removes;
 //! `?child=NAME` addresses a delegated child's kernel.

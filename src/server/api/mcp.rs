@@ -1,5 +1,5 @@
 //! `/v1/mcp`: MCP over streamable HTTP inside `kernelbox serve`, behind the same bearer-token
-//! authentication as the rest of the API (README, "MCP").
+//! authentication as the rest of the API (docs/mcp.md, "MCP").
 //!
 //! Which kernelbox session a tool call runs in, in order:
 //! 1. the `Kernelbox-Session` header, or the `session` query parameter (`/v1/mcp?session=NAME`):

@@ -1,5 +1,5 @@
 """Python client for kernelbox: stateful Python kernels in hardened Docker containers, one per
-agent conversation (README, Python client).
+agent conversation (docs/python-client.md).
 
 | file | what |
 |---|---|

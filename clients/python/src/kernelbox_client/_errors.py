@@ -1,5 +1,5 @@
 """Typed errors: every failure of a call is a `KernelboxError` carrying the server's `code`
-and `message` (the README's HTTP server section lists them), or a clear transport error.
+and `message` (the docs/http-api.md lists them), or a clear transport error.
 
 This module is the one place that turns an HTTP status, or an `error` event of a stream, into
 an exception class.

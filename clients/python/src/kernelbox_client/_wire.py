@@ -23,7 +23,7 @@ DEFAULT_URL = "http://127.0.0.1:8080"
 #: Seconds the client waits for a control call (and for transport on top of a cell's timeout).
 DEFAULT_TIMEOUT = 30.0
 #: The server's default `--max-timeout`: how long a cell with no `timeout` may run at most
-#: (README, HTTP server). A run's read deadline is its cell timeout (or this) + the client's
+#: (docs/http-api.md). A run's read deadline is its cell timeout (or this) + the client's
 #: timeout, so a healthy server always answers first.
 SERVER_MAX_CELL_SECONDS = 3600.0
 #: The longest cell timeout the client waits for (a week; bigger values are refused by any
@@ -63,7 +63,7 @@ def session_path(session: str, *rest: str) -> str:
 
 def file_path(session: str, path: str) -> str:
     """`.../files/PATH`; `""` or `"."` (the default of `files.list`) is the working directory
-    itself, `.../files`. Every other path goes as given: the server judges it (README, files)."""
+    itself, `.../files`. Every other path goes as given: the server judges it (docs/files.md)."""
     path = os.fspath(path)
     if path in ("", "."):
         return session_path(session, "files")
@@ -253,7 +253,7 @@ class StreamReader:
 def may_resend(e: httpx.HTTPError, content: Any, attempt: int) -> bool:
     """Whether to send a request again, once: only when the server closed a kept-alive
     connection without answering (kernelbox closes a connection without a response only
-    before it handles a request on it: a refusal that left a body unread, or a timeout; README,
+    before it handles a request on it: a refusal that left a body unread, or a timeout; docs/http-api.md,
     slow and idle clients), and only when the body can be sent again (not a stream)."""
     return (
         attempt == 0
