@@ -124,6 +124,84 @@ type Plan = (Vec<(KernelKey, Evict)>, usize);
 /// What an admission took to make room: evicted slots and discarded pooled kernels.
 pub(super) type Admitted = (Vec<Arc<Slot>>, Vec<Arc<Kernel>>);
 
+/// The counts an admission plan works on, and the evictions planned so far.
+struct Planning<'a> {
+    /// The requesting tenant's kernels, pinned ones included (its own cap counts them).
+    held_all: usize,
+    /// Unpinned kernels per tenant: what the host's cap and the shares count.
+    held: HashMap<&'a str, usize>,
+    /// Unpinned kernels and pooled ones: what the host's cap counts.
+    total: usize,
+    /// Pooled kernels that may be discarded (not the one being taken).
+    discardable: usize,
+    /// Pooled kernels planned to be discarded.
+    discarded: usize,
+    /// Eviction candidates, least recently used first.
+    idle: Vec<&'a Arc<Slot>>,
+    /// The slots planned to go, and why.
+    planned: Vec<(KernelKey, Evict)>,
+}
+
+impl<'a> Planning<'a> {
+    fn new(inner: &'a Inner, tenant: &str, taking: bool) -> Planning<'a> {
+        let released = &inner.released_children;
+        let mut plan = Planning {
+            held_all: 0,
+            held: HashMap::new(),
+            total: 0,
+            // Pooled kernels count toward the host's cap, never toward a tenant's.
+            discardable: inner.pool.len() - usize::from(taking),
+            discarded: 0,
+            idle: Vec::new(),
+            planned: Vec::new(),
+        };
+        for s in inner.slots.values() {
+            if s.key.owner.tenant == tenant {
+                plan.held_all += 1;
+            }
+            if !s.pinned(released) {
+                *plan.held.entry(s.key.owner.tenant.as_str()).or_default() += 1;
+                plan.total += 1;
+                if s.attached() == 0 {
+                    plan.idle.push(s);
+                }
+            }
+        }
+        plan.total += inner.pool.len();
+        plan.idle.sort_by_cached_key(|s| s.last_used());
+        plan
+    }
+
+    fn is_planned(&self, s: &Slot) -> bool {
+        self.planned.iter().any(|(k, _)| *k == s.key)
+    }
+
+    fn take(&mut self, victim: &Arc<Slot>, why: Evict) {
+        self.planned.push((victim.key.clone(), why));
+        if let Some(n) = self.held.get_mut(victim.key.owner.tenant.as_str()) {
+            *n -= 1;
+        }
+    }
+
+    /// Plans evictions of the tenant's own idle kernels until one more fits its cap.
+    fn within_tenant_cap(&mut self, tenant: &str, max: usize) -> Result<(), (Cap, usize)> {
+        while self.held_all >= max {
+            let victim = self
+                .idle
+                .iter()
+                .copied()
+                .find(|s| s.key.owner.tenant == tenant && !self.is_planned(s));
+            let Some(victim) = victim else {
+                return Err((Cap::Tenant { max }, self.held_all));
+            };
+            self.take(victim, Evict::TenantCap);
+            self.held_all -= 1;
+            self.total -= 1;
+        }
+        Ok(())
+    }
+}
+
 impl Inner {
     /// Removes a key's slot. A released child's mark goes with its owner's last slot, so the
     /// set of marks never outgrows the slots.
@@ -151,120 +229,93 @@ impl Inner {
         taking: bool,
     ) -> Result<Plan, (Cap, usize)> {
         let tenant = key.owner.tenant.as_str();
-        let released = &self.released_children;
         if key.owner.is_child() {
-            // Pinned kernels are never evicted: a full pool of children refuses.
-            let pinned = self.slots.values().filter(|s| s.pinned(released)).count();
-            if pinned >= host_max {
-                let mine = self
-                    .slots
-                    .values()
-                    .filter(|s| s.pinned(released) && s.key.owner.tenant == tenant)
-                    .count();
-                return Err((Cap::Children { max: host_max }, mine));
-            }
+            self.check_children(tenant, host_max)?;
         }
-        let mut held_all = 0usize;
-        // Unpinned kernels per tenant: what the host's cap and the shares count.
-        let mut held: HashMap<&str, usize> = HashMap::new();
-        let mut total = 0usize;
-        for s in self.slots.values() {
-            if s.key.owner.tenant == tenant {
-                held_all += 1;
-            }
-            if !s.pinned(released) {
-                *held.entry(s.key.owner.tenant.as_str()).or_default() += 1;
-                total += 1;
-            }
-        }
-        // Pooled kernels count toward the host's cap, never toward a tenant's.
-        total += self.pool.len();
-        let mut discardable = self.pool.len() - usize::from(taking);
+        let mut plan = Planning::new(self, tenant, taking);
         // What one more kernel adds to the host's count: nothing for a pooled kernel taken
         // by a session (it was counted already) or for a child (pinned, counted apart).
         let adds = usize::from(!taking && !key.owner.is_child());
-        let mut discarded = 0;
-        let tenant_full = limits.max_kernels.is_some_and(|max| held_all >= max);
-        let host_full = total + adds > host_max;
-        if !tenant_full && !host_full {
+        let tenant_full = limits.max_kernels.is_some_and(|max| plan.held_all >= max);
+        if !tenant_full && plan.total + adds <= host_max {
             return Ok((Vec::new(), 0));
         }
-        // Eviction candidates, least recently used first.
-        let mut idle: Vec<&Arc<Slot>> = self
-            .slots
-            .values()
-            .filter(|s| s.attached() == 0 && !s.pinned(released))
-            .collect();
-        idle.sort_by_cached_key(|s| s.last_used());
-        let mut planned: Vec<(KernelKey, Evict)> = Vec::new();
-        let is_planned =
-            |planned: &[(KernelKey, Evict)], s: &Slot| planned.iter().any(|(k, _)| *k == s.key);
-        let take = |victim: &Arc<Slot>,
-                    why: Evict,
-                    planned: &mut Vec<(KernelKey, Evict)>,
-                    held: &mut HashMap<&str, usize>| {
-            planned.push((victim.key.clone(), why));
-            if let Some(n) = held.get_mut(victim.key.owner.tenant.as_str()) {
-                *n -= 1;
-            }
-        };
         if let Some(max) = limits.max_kernels {
-            while held_all >= max {
-                let victim = idle
-                    .iter()
-                    .find(|s| s.key.owner.tenant == tenant && !is_planned(&planned, s));
-                let Some(victim) = victim else {
-                    return Err((Cap::Tenant { max }, held_all));
-                };
-                take(victim, Evict::TenantCap, &mut planned, &mut held);
-                held_all -= 1;
-                total -= 1;
-            }
+            plan.within_tenant_cap(tenant, max)?;
         }
         // A live delegated child is pinned: outside the host's cap.
         if key.owner.is_child() {
-            return Ok((planned, 0));
+            return Ok((plan.planned, 0));
         }
-        while total + adds > host_max {
-            if discardable > 0 {
-                discardable -= 1;
-                discarded += 1;
-                total -= 1;
+        while plan.total + adds > host_max {
+            if plan.discardable > 0 {
+                plan.discardable -= 1;
+                plan.discarded += 1;
+                plan.total -= 1;
                 continue;
             }
-            let mine = held.get(tenant).copied().unwrap_or(0);
-            let shares = self.shares(&held, tenant, limits, host_max);
-            let share = |t: &str| shares.get(t).copied().unwrap_or(0);
-            let from_others = if mine < share(tenant) {
-                idle.iter().find(|s| {
-                    let t = s.key.owner.tenant.as_str();
-                    t != tenant
-                        && held.get(t).copied().unwrap_or(0) > share(t)
-                        && !is_planned(&planned, s)
-                })
-            } else {
-                None
-            };
-            let victim = match from_others {
-                Some(v) => Some((v, Evict::HostOther)),
-                None => idle
-                    .iter()
-                    .find(|s| s.key.owner.tenant == tenant && !is_planned(&planned, s))
-                    .map(|v| (v, Evict::HostOwn)),
-            };
-            let Some((victim, why)) = victim else {
-                return Err((
-                    Cap::Host {
-                        max: host_max,
-                        share: share(tenant),
-                    },
-                    mine,
-                ));
-            };
-            take(victim, why, &mut planned, &mut held);
-            total -= 1;
+            self.evict_for_host(&mut plan, tenant, limits, host_max)?;
         }
-        Ok((planned, discarded))
+        Ok((plan.planned, plan.discarded))
+    }
+
+    /// Refuses a delegated child when pinned kernels fill the host (they are never evicted).
+    fn check_children(&self, tenant: &str, host_max: usize) -> Result<(), (Cap, usize)> {
+        let released = &self.released_children;
+        let pinned = self.slots.values().filter(|s| s.pinned(released)).count();
+        if pinned < host_max {
+            return Ok(());
+        }
+        let mine = self
+            .slots
+            .values()
+            .filter(|s| s.pinned(released) && s.key.owner.tenant == tenant)
+            .count();
+        Err((Cap::Children { max: host_max }, mine))
+    }
+
+    /// Plans one eviction toward the host's cap: from a tenant above its fair share when the
+    /// requester is below its own, else one of the requester's own idle kernels.
+    fn evict_for_host<'a>(
+        &self,
+        plan: &mut Planning<'a>,
+        tenant: &str,
+        limits: TenantLimits,
+        host_max: usize,
+    ) -> Result<(), (Cap, usize)> {
+        let mine = plan.held.get(tenant).copied().unwrap_or(0);
+        let shares = self.shares(&plan.held, tenant, limits, host_max);
+        let share = |t: &str| shares.get(t).copied().unwrap_or(0);
+        let from_others = if mine < share(tenant) {
+            plan.idle.iter().find(|s| {
+                let t = s.key.owner.tenant.as_str();
+                t != tenant
+                    && plan.held.get(t).copied().unwrap_or(0) > share(t)
+                    && !plan.is_planned(s)
+            })
+        } else {
+            None
+        };
+        let victim = match from_others {
+            Some(v) => Some((*v, Evict::HostOther)),
+            None => plan
+                .idle
+                .iter()
+                .find(|s| s.key.owner.tenant == tenant && !plan.is_planned(s))
+                .map(|v| (*v, Evict::HostOwn)),
+        };
+        let Some((victim, why)) = victim else {
+            return Err((
+                Cap::Host {
+                    max: host_max,
+                    share: share(tenant),
+                },
+                mine,
+            ));
+        };
+        plan.take(victim, why);
+        plan.total -= 1;
+        Ok(())
     }
 
     /// Fair shares of the tenants holding unpinned kernels and of the requester (see the

@@ -153,15 +153,26 @@ pub(super) fn stream_execute(
         queued: queued.clone(),
         meter,
     });
-    let cap = state.inner.orchestrator.config().cells.output.spill_bytes;
-    let display_cap =
-        state.inner.orchestrator.config().cells.display.cell_bytes + DISPLAY_EVENT_SLACK;
+    let config = state.inner.orchestrator.config();
     let decoder = Arc::new(Mutex::new(Utf8Stream {
         carry: Vec::new(),
         sent: 0,
-        cap,
+        cap: config.cells.output.spill_bytes,
         dropped: 0,
     }));
+    let display_cap = config.cells.display.cell_bytes + DISPLAY_EVENT_SLACK;
+    arm_sinks(&mut request, &tx, &decoder, display_cap);
+    tokio::spawn(run_to_the_end(state, request, admission, decoder, tx));
+    ndjson_response(rx, queued)
+}
+
+/// The request's output and display sinks, which turn what the cell writes into stream lines.
+fn arm_sinks(
+    request: &mut ExecuteRequest,
+    tx: &Arc<StreamTx>,
+    decoder: &Arc<Mutex<Utf8Stream>>,
+    display_cap: usize,
+) {
     {
         let tx = tx.clone();
         let decoder = decoder.clone();
@@ -173,52 +184,66 @@ pub(super) fn stream_execute(
             }
         }));
     }
-    {
-        // Not counted against the output backlog: a large image must not cost the stream its
-        // output. At most the display cap of them per stream; output decoded so far goes first.
-        let tx = tx.clone();
-        let decoder = decoder.clone();
-        let displayed = std::sync::atomic::AtomicUsize::new(0);
-        request.display_sink = Some(Arc::new(move |result: &crate::rich::RichResult| {
-            let mut decoder = decoder.lock().unwrap_or_else(|p| p.into_inner());
-            let text = decoder.finish();
-            if !text.is_empty() && !tx.try_send(line("output", "data", &text)) {
-                decoder.dropped += text.len();
-            }
-            let event = line("display", "data", result);
-            let total = displayed.fetch_add(event.len(), std::sync::atomic::Ordering::AcqRel);
-            if total + event.len() <= display_cap {
-                tx.send_display(event);
-            }
-        }));
+    // Not counted against the output backlog: a large image must not cost the stream its
+    // output. At most the display cap of them per stream; output decoded so far goes first.
+    let tx = tx.clone();
+    let decoder = decoder.clone();
+    let displayed = std::sync::atomic::AtomicUsize::new(0);
+    request.display_sink = Some(Arc::new(move |result: &crate::rich::RichResult| {
+        let mut decoder = decoder.lock().unwrap_or_else(|p| p.into_inner());
+        let text = decoder.finish();
+        if !text.is_empty() && !tx.try_send(line("output", "data", &text)) {
+            decoder.dropped += text.len();
+        }
+        let event = line("display", "data", result);
+        let total = displayed.fetch_add(event.len(), std::sync::atomic::Ordering::AcqRel);
+        if total + event.len() <= display_cap {
+            tx.send_display(event);
+        }
+    }));
+}
+
+/// Runs the cell to its end (whether or not the client still reads), then sends the output
+/// left undecoded, what was dropped, and the final `result` (or `error`) line.
+async fn run_to_the_end(
+    state: AppState,
+    request: ExecuteRequest,
+    admission: AdmissionNotice,
+    decoder: Arc<Mutex<Utf8Stream>>,
+    tx: Arc<StreamTx>,
+) {
+    let outcome = state
+        .inner
+        .orchestrator
+        .execute_with_admission(request, admission)
+        .await;
+    let (rest, dropped) = {
+        let mut d = decoder.lock().unwrap_or_else(|p| p.into_inner());
+        (d.finish(), d.dropped)
+    };
+    if !rest.is_empty() {
+        tx.send_final(line("output", "data", &rest), false);
     }
-    tokio::spawn(async move {
-        let outcome = state
-            .inner
-            .orchestrator
-            .execute_with_admission(request, admission)
-            .await;
-        let (rest, dropped) = {
-            let mut d = decoder.lock().unwrap_or_else(|p| p.into_inner());
-            (d.finish(), d.dropped)
-        };
-        if !rest.is_empty() {
-            tx.send_final(line("output", "data", &rest), false);
+    if dropped > 0 {
+        tx.send_final(line("output_truncated", "bytes", &dropped), false);
+    }
+    let last = match outcome {
+        Ok(result) => {
+            state.inner.metrics.cell(&result);
+            line("result", "result", &result)
         }
-        if dropped > 0 {
-            tx.send_final(line("output_truncated", "bytes", &dropped), false);
-        }
-        let last = match outcome {
-            Ok(result) => {
-                state.inner.metrics.cell(&result);
-                line("result", "result", &result)
-            }
-            Err(e) => line("error", "error", &ApiError::from(e).body().error),
-        };
-        tx.send_final(last, true);
-    });
-    // A line's charge is kept until the next is asked for: the body (`pending::counted`)
-    // counts it from there until it is handed over, so it is never out of the count.
+        Err(e) => line("error", "error", &ApiError::from(e).body().error),
+    };
+    tx.send_final(last, true);
+}
+
+/// The NDJSON response reading the queued lines. A line's charge is kept until the next is
+/// asked for: the body (`pending::counted`) counts it from there until it is handed over, so
+/// it is never out of the count.
+fn ndjson_response(
+    rx: tokio::sync::mpsc::UnboundedReceiver<Queued>,
+    queued: Arc<std::sync::atomic::AtomicUsize>,
+) -> Response {
     let stream = futures::stream::unfold((rx, false, None), move |(mut rx, done, taken)| {
         let queued = queued.clone();
         async move {
