@@ -81,7 +81,7 @@ impl FilePath {
         &self.text
     }
 
-    /// The components.
+    /// The path's components, in order (none for the working directory itself).
     pub fn parts(&self) -> &[String] {
         &self.parts
     }
@@ -148,14 +148,14 @@ pub enum Download {
     File {
         /// Its size.
         size: u64,
-        /// The bytes.
+        /// The file's bytes; an error ends the stream (the download is then incomplete).
         body: DownloadStream,
     },
     /// A directory, listed.
     Dir(Listing),
     /// A directory, as a tar stream (regular files, directories and symlinks as links).
     Tar {
-        /// The archive.
+        /// The tar archive's bytes; an error ends the stream.
         body: DownloadStream,
     },
 }

@@ -49,7 +49,7 @@ pub fn validate_name(what: &'static str, name: &str) -> Result<(), NameError> {
 pub struct Owner {
     /// Namespace of the owner; tenants never see each other's kernels.
     pub tenant: String,
-    /// The conversation.
+    /// The session (one agent conversation) within the tenant.
     pub session: String,
     /// The delegated sub-agent, when the call comes from one.
     pub child: Option<String>,

@@ -18,7 +18,7 @@ use crate::wire::path;
 /// directory itself) in a session's kernel, or in its delegated child's.
 #[derive(Debug, Clone, Copy)]
 pub struct FileTarget<'a> {
-    /// The session.
+    /// The session whose kernel holds the file.
     pub session: &'a str,
     /// The session's delegated child, when its kernel is meant (`?child=`).
     pub child: Option<&'a str>,
@@ -49,12 +49,12 @@ pub enum Fetched {
     File {
         /// `Content-Length`.
         size: Option<u64>,
-        /// The bytes.
+        /// The file's bytes as the server sends them.
         body: Download,
     },
     /// A directory, streamed as a tar (asked for with `tar`).
     Tar {
-        /// The archive.
+        /// The tar archive's bytes as the server sends them.
         body: Download,
     },
     /// A directory, listed.
