@@ -187,8 +187,11 @@ impl Orchestrator {
         });
         match written {
             // The kernel went (the session deleted or reset, evicted, shut down) while the
-            // upload ran: that, not the helper's broken pipe, is what the caller is told.
-            Err(TransferError::Helper(_)) if !self.inner.registry.is_registered(&slot) => {
+            // upload ran: that, not the helper's broken pipe or its channel's reset socket, is
+            // what the caller is told.
+            Err(TransferError::Helper(_) | TransferError::Engine(_))
+                if !self.inner.registry.is_registered(&slot) =>
+            {
                 Err(FileError::NoKernel {
                     owner: owner.to_string(),
                 })
