@@ -24,6 +24,7 @@
 //! | `kernel` (crate-internal) | one kernel container (folder): spawn, reader task, one cell, stdin, the runner protocol |
 //! | [`catalog`] | the durable owner catalog (folder): rows and rules, memory and redb stores, the writer thread |
 //! | `registry` (crate-internal) | which kernel serves which key (folder): bookkeeping, caps and fair shares |
+//! | [`cluster`] | the cluster's shared catalog in PostgreSQL (folder): nodes and epochs, where sessions live, kernels' rows; the catalog trait over it, fenced by epoch |
 //! | [`files`] | files in and out of a kernel: path checks, what the file operations return, their errors |
 //! | [`wire`] | the HTTP API as a client sees it (folder): its paths (the one percent-encoder for names and file paths in a URL), the execute body, the error body |
 //! | [`client`] | the Rust client of the HTTP API (folder): execute, files, clearing a session; the one reader of the server's error JSON (`exec --url`, `cp`, `mcp --url`) |
@@ -43,6 +44,7 @@ pub mod catalog;
 pub mod cell;
 pub mod client;
 pub mod clock;
+pub mod cluster;
 pub mod config;
 pub mod docker;
 pub mod files;

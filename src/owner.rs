@@ -86,6 +86,12 @@ impl fmt::Display for Owner {
     }
 }
 
+/// The root session of an owner as [`Owner`]'s `Display` writes it (`session` or
+/// `session::child::id`): the part before the first `::` (names never hold `::`).
+pub(crate) fn root_session(owner: &str) -> &str {
+    owner.split("::").next().unwrap_or(owner)
+}
+
 /// One kernel per key: (owner, mode, image, working dir, sorted tool set).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct KernelKey {
@@ -132,6 +138,8 @@ mod tests {
         assert_eq!(parent.to_string(), "conv-a");
         assert_eq!(child.to_string(), "conv-a::child::child-1");
         assert_ne!(parent, child);
+        assert_eq!(root_session(&child.to_string()), "conv-a");
+        assert_eq!(root_session(&parent.to_string()), "conv-a");
         assert!(child.is_child());
     }
 

@@ -128,7 +128,8 @@ pub enum Change {
     },
 }
 
-/// Why the catalog could not be opened, read or written; every variant names the file.
+/// Why the catalog could not be opened, read or written; every variant names the file, or
+/// the cluster's shared catalog (`src/cluster/`) and what it refused.
 #[derive(Debug, thiserror::Error)]
 pub enum CatalogError {
     /// The state directory could not be created or used.
@@ -167,6 +168,24 @@ pub enum CatalogError {
         /// What was being done.
         operation: &'static str,
         /// Why it failed (the store's error, as text).
+        reason: String,
+    },
+    /// A cluster node's write was refused: the epoch it wrote for is no longer the node's
+    /// current live one (docs/cluster.md, "Catalog schema"); nothing changed.
+    #[error(
+        "shared catalog: node {node} is fenced at epoch {epoch} (its lease expired or it \
+         registered again); the write changed nothing"
+    )]
+    Fenced {
+        /// The node.
+        node: String,
+        /// The epoch it wrote for.
+        epoch: i64,
+    },
+    /// The cluster's shared catalog could not be written.
+    #[error("shared catalog: {reason}")]
+    Shared {
+        /// Why (the store's error, naming the operation).
         reason: String,
     },
 }

@@ -391,7 +391,8 @@ mod tests {
                 "killed",
                 "engine_restarted",
                 "server_restarted",
-                "protocol"
+                "protocol",
+                "node_lost"
             ]
         );
         for reason in LossReason::ALL {

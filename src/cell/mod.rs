@@ -76,11 +76,14 @@ pub enum LossReason {
     /// The kernel broke the runner protocol (its code forged or flooded the runner's private
     /// channel past a bound) and kernelbox killed it.
     Protocol,
+    /// The node the kernel ran on stopped renewing its lease (died, was cut off, or was
+    /// fenced) and the cluster gave its sessions up (docs/cluster.md, "Catalog schema").
+    NodeLost,
 }
 
 impl LossReason {
     /// Every reason, for pre-initialised metric labels.
-    pub const ALL: [LossReason; 9] = [
+    pub const ALL: [LossReason; 10] = [
         LossReason::IdleReaped,
         LossReason::Evicted,
         LossReason::Timeout,
@@ -90,6 +93,7 @@ impl LossReason {
         LossReason::EngineRestarted,
         LossReason::ServerRestarted,
         LossReason::Protocol,
+        LossReason::NodeLost,
     ];
 
     /// The wire name.
@@ -104,6 +108,7 @@ impl LossReason {
             LossReason::EngineRestarted => "engine_restarted",
             LossReason::ServerRestarted => "server_restarted",
             LossReason::Protocol => "protocol",
+            LossReason::NodeLost => "node_lost",
         }
     }
 }

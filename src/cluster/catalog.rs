@@ -1,0 +1,285 @@
+//! [`PostgresCatalog`]: the existing [`Catalog`] trait over the cluster's `kb_kernels` and
+//! `kb_sessions` tables (docs/cluster.md, "Catalog schema"), written only for this node at
+//! its current epoch.
+//!
+//! The catalog's rules (`src/catalog/mod.rs`) hold row by row: generations only grow, a start
+//! overwrites a loss, an end never overwrites a loss, a tenant's non-live rows past
+//! [`MAX_ENTRIES_PER_TENANT`] go oldest first. Fencing: every batch first checks, in its own
+//! transaction and holding the node's row (`FOR SHARE`, so an expiry waits or skips it), that
+//! the node's current live epoch is the one this catalog writes for; if not, nothing changes
+//! and the batch is refused with [`CatalogError::Fenced`]. A loss or an end touches a row only
+//! when it is this node's at this epoch (another node may hold the key since); a start always
+//! writes (the node started the kernel, after claiming its session).
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use tokio::runtime::Handle;
+
+use super::store::{db, ClusterError, Store};
+use crate::catalog::{Catalog, CatalogError, Change, Entry, MAX_ENTRIES_PER_TENANT};
+use crate::cell::StateLost;
+use crate::owner::root_session;
+
+/// The [`Catalog`] of a cluster node (see the module documentation). Called from the catalog
+/// writer's own thread, never a runtime worker: each call blocks on the runtime it was built
+/// with.
+#[derive(Debug, Clone)]
+pub struct PostgresCatalog {
+    store: Store,
+    node: String,
+    epoch: Arc<AtomicI64>,
+    handle: Handle,
+    tenant_bound: usize,
+}
+
+/// Why a batch failed, before it is told as a [`CatalogError`].
+enum Refusal {
+    Fenced(i64),
+    Store(ClusterError),
+}
+
+impl From<ClusterError> for Refusal {
+    fn from(e: ClusterError) -> Self {
+        Refusal::Store(e)
+    }
+}
+
+/// When a loss happened, from its RFC 3339 text (`None`: the database's now).
+fn lost_at(loss: &StateLost) -> Option<SystemTime> {
+    humantime::parse_rfc3339_weak(&loss.at).ok()
+}
+
+impl PostgresCatalog {
+    /// A catalog writing for `node` at the epoch `epoch` holds when each batch runs (the
+    /// node's lease loop stores a new one when it registers again); `handle` is the runtime
+    /// the store's connections run on.
+    pub fn new(store: Store, node: String, epoch: Arc<AtomicI64>, handle: Handle) -> Self {
+        PostgresCatalog {
+            store,
+            node,
+            epoch,
+            handle,
+            tenant_bound: MAX_ENTRIES_PER_TENANT,
+        }
+    }
+
+    /// The same catalog with another per-tenant bound on rows (default
+    /// [`MAX_ENTRIES_PER_TENANT`]); tests use a small one.
+    pub fn with_tenant_bound(mut self, bound: usize) -> Self {
+        self.tenant_bound = bound;
+        self
+    }
+
+    async fn apply_async(&self, changes: &[Change], epoch: i64) -> Result<(), Refusal> {
+        let op = "catalog write";
+        let node = self.node.as_str();
+        let mut client = self.store.client(op).await?;
+        let tx = client.transaction().await.map_err(db(op))?;
+        let current = tx
+            .query_opt(
+                "SELECT 1 FROM kb_nodes WHERE name = $1 AND epoch = $2 AND state = 'live'
+                 FOR SHARE",
+                &[&node, &epoch],
+            )
+            .await
+            .map_err(db(op))?;
+        if current.is_none() {
+            return Err(Refusal::Fenced(epoch));
+        }
+        let mut touched = std::collections::BTreeSet::new();
+        for change in changes {
+            match change {
+                Change::Started {
+                    key_hash,
+                    tenant,
+                    owner,
+                    generation,
+                } => {
+                    let session = root_session(owner);
+                    let generation = i64::try_from(*generation).unwrap_or(i64::MAX);
+                    tx.execute(
+                        "INSERT INTO kb_kernels (key_hash, tenant, owner, session, node, epoch,
+                             generation, state, reason, lost_at, changed_at)
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, 'live', NULL, NULL,
+                             clock_timestamp())
+                         ON CONFLICT (key_hash) DO UPDATE SET tenant = EXCLUDED.tenant,
+                             owner = EXCLUDED.owner, session = EXCLUDED.session,
+                             node = EXCLUDED.node, epoch = EXCLUDED.epoch,
+                             generation = greatest(kb_kernels.generation, EXCLUDED.generation),
+                             state = 'live', reason = NULL, lost_at = NULL,
+                             changed_at = EXCLUDED.changed_at",
+                        &[
+                            key_hash,
+                            tenant,
+                            owner,
+                            &session,
+                            &node,
+                            &epoch,
+                            &generation,
+                        ],
+                    )
+                    .await
+                    .map_err(db(op))?;
+                    if session == owner {
+                        tx.execute(
+                            "INSERT INTO kb_sessions (tenant, session, node, epoch, live,
+                                 claimed_at)
+                             VALUES ($1, $2, $3, $4, true, now())
+                             ON CONFLICT (tenant, session) DO UPDATE SET node = EXCLUDED.node,
+                                 epoch = EXCLUDED.epoch, live = true,
+                                 claimed_at = CASE WHEN kb_sessions.node = EXCLUDED.node
+                                     AND kb_sessions.epoch = EXCLUDED.epoch
+                                     THEN kb_sessions.claimed_at ELSE now() END",
+                            &[tenant, &session, &node, &epoch],
+                        )
+                        .await
+                        .map_err(db(op))?;
+                    }
+                    touched.insert(tenant.as_str());
+                }
+                Change::Lost {
+                    key_hash,
+                    tenant,
+                    owner,
+                    generation,
+                    loss,
+                } => {
+                    let session = root_session(owner);
+                    let generation = i64::try_from(*generation).unwrap_or(i64::MAX);
+                    tx.execute(
+                        "INSERT INTO kb_kernels (key_hash, tenant, owner, session, node, epoch,
+                             generation, state, reason, lost_at, changed_at)
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, 'lost', $8, coalesce($9, now()),
+                             clock_timestamp())
+                         ON CONFLICT (key_hash) DO UPDATE SET
+                             generation = greatest(kb_kernels.generation, EXCLUDED.generation),
+                             state = 'lost', reason = EXCLUDED.reason,
+                             lost_at = EXCLUDED.lost_at, changed_at = EXCLUDED.changed_at
+                         WHERE kb_kernels.node = EXCLUDED.node
+                           AND kb_kernels.epoch = EXCLUDED.epoch",
+                        &[
+                            key_hash,
+                            tenant,
+                            owner,
+                            &session,
+                            &node,
+                            &epoch,
+                            &generation,
+                            &loss.reason.as_str(),
+                            &lost_at(loss),
+                        ],
+                    )
+                    .await
+                    .map_err(db(op))?;
+                    if session == owner {
+                        tx.execute(
+                            "UPDATE kb_sessions SET live = false
+                             WHERE tenant = $1 AND session = $2 AND node = $3 AND epoch = $4",
+                            &[tenant, &session, &node, &epoch],
+                        )
+                        .await
+                        .map_err(db(op))?;
+                    }
+                    touched.insert(tenant.as_str());
+                }
+                Change::Ended { key_hash } => {
+                    let ended = tx
+                        .query_opt(
+                            "UPDATE kb_kernels SET state = 'ended',
+                                 changed_at = clock_timestamp()
+                             WHERE key_hash = $1 AND state = 'live' AND node = $2
+                               AND epoch = $3
+                             RETURNING tenant, owner, session",
+                            &[key_hash, &node, &epoch],
+                        )
+                        .await
+                        .map_err(db(op))?;
+                    if let Some(row) = ended {
+                        let tenant: String = row.try_get(0).map_err(db(op))?;
+                        let owner: String = row.try_get(1).map_err(db(op))?;
+                        let session: String = row.try_get(2).map_err(db(op))?;
+                        if session == owner {
+                            tx.execute(
+                                "UPDATE kb_sessions SET live = false
+                                 WHERE tenant = $1 AND session = $2 AND node = $3
+                                   AND epoch = $4",
+                                &[&tenant, &session, &node, &epoch],
+                            )
+                            .await
+                            .map_err(db(op))?;
+                        }
+                    }
+                }
+                Change::AllLiveLost { loss } => {
+                    tx.execute(
+                        "UPDATE kb_kernels SET state = 'lost', reason = $3,
+                             lost_at = coalesce($4, now()), changed_at = clock_timestamp()
+                         WHERE node = $1 AND epoch = $2 AND state = 'live'",
+                        &[&node, &epoch, &loss.reason.as_str(), &lost_at(loss)],
+                    )
+                    .await
+                    .map_err(db(op))?;
+                    tx.execute(
+                        "UPDATE kb_sessions SET live = false
+                         WHERE node = $1 AND epoch = $2 AND live",
+                        &[&node, &epoch],
+                    )
+                    .await
+                    .map_err(db(op))?;
+                }
+            }
+        }
+        // Each tenant that gained rows keeps at most its bound: its own oldest non-live go.
+        let bound = i64::try_from(self.tenant_bound).unwrap_or(i64::MAX);
+        for tenant in touched {
+            tx.execute(
+                "DELETE FROM kb_kernels WHERE key_hash IN (
+                     SELECT key_hash FROM kb_kernels
+                     WHERE tenant = $1 AND state <> 'live'
+                     ORDER BY changed_at, key_hash
+                     LIMIT greatest((SELECT count(*) FROM kb_kernels WHERE tenant = $1) - $2,
+                         0))",
+                &[&tenant, &bound],
+            )
+            .await
+            .map_err(db(op))?;
+        }
+        tx.commit().await.map_err(db(op))?;
+        Ok(())
+    }
+}
+
+impl Catalog for PostgresCatalog {
+    /// Nothing: a cluster node seeds its registry per session, from [`Store::claim`].
+    fn load(&self) -> Result<Vec<Entry>, CatalogError> {
+        Ok(vec![])
+    }
+
+    fn apply(&self, changes: &[Change]) -> Result<(), CatalogError> {
+        if changes.is_empty() {
+            return Ok(());
+        }
+        let epoch = self.epoch.load(Ordering::Acquire);
+        let deadline = super::store::OPERATION_DEADLINE;
+        let done = self.handle.block_on(async {
+            tokio::time::timeout(deadline, self.apply_async(changes, epoch))
+                .await
+                .unwrap_or(Err(Refusal::Store(ClusterError::Timeout {
+                    operation: "catalog write",
+                    deadline,
+                })))
+        });
+        match done {
+            Ok(()) => Ok(()),
+            Err(Refusal::Fenced(epoch)) => Err(CatalogError::Fenced {
+                node: self.node.clone(),
+                epoch,
+            }),
+            Err(Refusal::Store(e)) => Err(CatalogError::Shared {
+                reason: e.to_string(),
+            }),
+        }
+    }
+}

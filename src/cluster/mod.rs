@@ -1,0 +1,22 @@
+//! The cluster's shared catalog in PostgreSQL (docs/cluster.md, "Catalog schema"): several
+//! `kernelbox serve` nodes share one database that says which nodes are live at which epoch,
+//! where each session lives, and what each kernel key's last kernel did. The node side (lease
+//! loop, routing, forwarding) is built on [`Store`] and [`PostgresCatalog`]; this folder is
+//! the database layer only, in plain SQL.
+//!
+//! | file | what |
+//! |---|---|
+//! | `mod.rs` | this table, re-exports |
+//! | `schema.rs` | the tables as versioned migrations (`kernelbox_schema`), applied once under an advisory lock however many nodes start at once |
+//! | `store.rs` | [`Store`] (the connection pool, its bounds) and its operations: register / renew / expire / drain / leave nodes, look up and claim sessions, count a tenant's live sessions; [`ClusterError`] |
+//! | `catalog.rs` | [`PostgresCatalog`]: the [`crate::catalog::Catalog`] trait over the shared tables, fenced by the node's epoch |
+
+mod catalog;
+mod schema;
+mod store;
+
+pub use catalog::PostgresCatalog;
+pub use store::{
+    Claim, ClaimRequest, ClusterError, Expired, NodeInfo, NodeRow, NodeState, Placement, Renewal,
+    Store, CONNECT_TIMEOUT, OPERATION_DEADLINE, POOL_SIZE, STATEMENT_TIMEOUT,
+};
