@@ -202,6 +202,8 @@ async fn run_phases(b: &mut Bench) -> Result<()> {
     b.files().await?;
     eprintln!("[bench] throughput");
     b.throughput().await?;
+    eprintln!("[bench] cluster: forward hop, PostgreSQL catalog, node death, three nodes");
+    b.cluster().await?;
     eprintln!("[bench] images: plain and datascience side by side");
     b.images().await?;
     eprintln!("[bench] density: {} idle kernels", b.args.density);

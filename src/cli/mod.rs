@@ -1,6 +1,7 @@
 //! Command-line verbs. Each verb resolves its configuration once, then calls the library.
 
 mod admin;
+mod cluster;
 mod cp;
 mod mcp;
 mod remote;
@@ -62,7 +63,11 @@ enum Command {
     /// Kill kernels by container, owner, tenant, or all; their volumes go too.
     Kill(admin::KillArgs),
     /// Serve the multi-tenant HTTP API until SIGTERM, then remove every kernel.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
+    /// List a cluster's nodes: state, epoch, live kernels, capacity, lease age, draining.
+    Nodes(cluster::NodesArgs),
+    /// Drain a cluster node: no new sessions are placed on it (--wait: until it is empty).
+    Drain(cluster::DrainArgs),
     /// Serve MCP (Model Context Protocol) tools on standard input/output for one session.
     ///
     /// Runs its own kernels, or with --url calls a kernelbox server. For a desktop agent's
@@ -393,7 +398,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Inspect(args) => admin::inspect(&BollardEngine::connect().await?, args).await,
         Command::Logs(args) => admin::logs(&BollardEngine::connect().await?, args).await,
         Command::Kill(args) => admin::kill(&BollardEngine::connect().await?, args).await,
-        Command::Serve(args) => serve::run(args).await,
+        Command::Serve(args) => serve::run(*args).await,
+        Command::Nodes(args) => cluster::nodes(args).await,
+        Command::Drain(args) => cluster::drain(args).await,
         Command::Mcp(args) => mcp::run(args).await,
         Command::Watchdog { instance } => {
             let engine = connect().await?;

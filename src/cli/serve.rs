@@ -128,6 +128,30 @@ pub(crate) struct ServeArgs {
     #[arg(long, env = "KERNELBOX_MCP_MAX_SESSIONS", default_value_t = 64,
           value_parser = clap::value_parser!(u32).range(1..))]
     mcp_max_sessions: u32,
+    /// Join a kernelbox cluster whose catalog is this PostgreSQL database
+    /// (postgres://USER:PASSWORD@HOST:PORT/DB); see docs/cluster.md. Without it the server
+    /// is one host with its catalog in --state-dir.
+    #[arg(long, env = "KERNELBOX_CLUSTER", hide_env_values = true)]
+    cluster: Option<String>,
+    /// This node's name in the cluster (default: the host name).
+    #[arg(long, env = "KERNELBOX_NODE_NAME")]
+    node_name: Option<String>,
+    /// How the other nodes reach this one, http://ADDR:PORT (default: http:// and the
+    /// --listen address, which must then not be a wildcard).
+    #[arg(long, env = "KERNELBOX_ADVERTISE")]
+    advertise: Option<String>,
+    /// How long a node's cluster lease lasts past its last renewal (judged by the database's
+    /// clock); a node that dies is reported lost this long after its last renewal.
+    #[arg(long, env = "KERNELBOX_LEASE_TTL", default_value = "10s", value_parser = parse_duration)]
+    lease_ttl: Duration,
+    /// A node that cannot renew its lease fences itself (removes every kernel, serves
+    /// nothing until it rejoins) this long before the lease could expire.
+    #[arg(long, env = "KERNELBOX_FENCE_MARGIN", default_value = "3s", value_parser = parse_duration)]
+    fence_margin: Duration,
+    /// The token of the cluster's admin routes (GET /v1/nodes, POST /v1/nodes/NODE/drain);
+    /// without it they answer 404.
+    #[arg(long, env = "KERNELBOX_ADMIN_TOKEN", hide_env_values = true)]
+    admin_token: Option<String>,
     #[command(flatten)]
     kernel: KernelOpts,
 }
@@ -214,12 +238,14 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     config.files.download_min_rate = args.min_download_rate;
     config.files.download_rate_grace = args.download_rate_grace;
     config.housekeeping.watchdog = std::env::current_exe().ok();
-    config.housekeeping.state_dir = Some(match args.state_dir.clone() {
-        Some(dir) => dir,
-        None => default_state_dir().ok_or_else(|| {
+    // A cluster node's catalog is the cluster's (docs/cluster.md); one host's is a file.
+    config.housekeeping.state_dir = match (&args.cluster, args.state_dir.clone()) {
+        (Some(_), _) => None,
+        (None, Some(dir)) => Some(dir),
+        (None, None) => Some(default_state_dir().ok_or_else(|| {
             usage("no --state-dir given and neither XDG_STATE_HOME nor HOME is set".into())
-        })?,
-    });
+        })?),
+    };
     let config = config.validate()?;
     tenants
         .check_reserved(config.kernels.max_session_kernels)
@@ -258,7 +284,18 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             .into());
         }
     }
-    let orchestrator = Orchestrator::start(config, engine).await?;
+    let (orchestrator, node) = match cluster_options(&args, addr)? {
+        None => (Orchestrator::start(config, engine).await?, None),
+        Some(options) => {
+            let capacity = config.kernels.max_session_kernels;
+            let (node, catalog) = server::cluster::ClusterNode::join(options, capacity).await?;
+            let catalog =
+                std::sync::Arc::new(catalog) as std::sync::Arc<dyn kernelbox::catalog::Catalog>;
+            let orchestrator =
+                Orchestrator::start_with_catalog(config, engine, Some(catalog)).await?;
+            (orchestrator, Some(node))
+        }
+    };
     let mcp = server::McpOptions {
         idle_timeout: args.mcp_idle_timeout,
         max_sessions_per_tenant: args.mcp_max_sessions as usize,
@@ -273,6 +310,15 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         rate_grace: args.send_rate_grace.unwrap_or(defaults.rate_grace),
     };
     let state = AppState::with_options(orchestrator, tenants.clone(), mcp, responses);
+    if let Some(node) = node {
+        node.start(state.orchestrator().clone());
+        say!(
+            "kernelbox: node {} joined the cluster (epoch {})",
+            node.name(),
+            node.epoch()
+        );
+        state.join_cluster(node);
+    }
 
     say!(
         "kernelbox: serving {} tenant(s) on http://{addr} (instance {})",
@@ -299,6 +345,41 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     served?;
     say!("kernelbox: stopped; every kernel of this instance was removed");
     Ok(ExitCode::SUCCESS)
+}
+
+/// The cluster options the flags ask for, if any (checked: exit code 2 otherwise).
+fn cluster_options(
+    args: &ServeArgs,
+    addr: std::net::SocketAddr,
+) -> anyhow::Result<Option<server::cluster::ClusterOptions>> {
+    let Some(url) = args.cluster.clone() else {
+        return Ok(None);
+    };
+    let node = match &args.node_name {
+        Some(name) => name.clone(),
+        None => kernelbox::instance::Instance::current().host,
+    };
+    let advertise = match &args.advertise {
+        Some(a) => a.trim_end_matches('/').to_string(),
+        None if addr.ip().is_unspecified() => {
+            return Err(usage(format!(
+                "--listen {addr} is a wildcard address: give --advertise http://ADDR:PORT, how the other nodes reach this one"
+            )))
+        }
+        None => format!("http://{addr}"),
+    };
+    let options = server::cluster::ClusterOptions {
+        url,
+        node,
+        advertise,
+        lease_ttl: args.lease_ttl,
+        fence_margin: args.fence_margin,
+        admin_token: args.admin_token.clone().filter(|t| !t.trim().is_empty()),
+    };
+    if let Some(problem) = options.problem() {
+        return Err(usage(problem));
+    }
+    Ok(Some(options))
 }
 
 /// The XDG state directory of the user running the server: per-user, writable without root,

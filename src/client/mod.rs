@@ -94,6 +94,30 @@ impl Client {
             .map(drop)
     }
 
+    /// `GET /v1/nodes` (the token must be the cluster's admin token): the cluster's nodes,
+    /// as the server answers them (docs/cluster.md, "Admin").
+    pub async fn nodes(&self) -> Result<serde_json::Value, ClientError> {
+        let response = self
+            .send(Method::GET, path::NODES, "application/json", None)
+            .await?;
+        json_answer(response, "the cluster's nodes").await
+    }
+
+    /// `POST` (or, with `draining` false, `DELETE`) `/v1/nodes/{node}/drain`.
+    pub async fn drain(&self, node: &str, draining: bool) -> Result<(), ClientError> {
+        let method = if draining {
+            Method::POST
+        } else {
+            Method::DELETE
+        };
+        let response = self
+            .send(method, &path::drain(node), "application/json", None)
+            .await?;
+        json_answer::<serde_json::Value>(response, "the drain")
+            .await
+            .map(drop)
+    }
+
     /// Sends one request to `path` (below the base URL) with `body` of its content type, and
     /// returns the answer's head once it arrives.
     async fn send(

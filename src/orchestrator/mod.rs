@@ -11,6 +11,7 @@
 //! | `execute.rs` | one execute in steps: resolve the request, acquire, run the cell, settle its [`CellResult`](crate::CellResult) (the ending named for `cell::Ending`, output capped) |
 //! | `files.rs` | files in and out of an owner's kernel: write, read, list, remove ([`FileRequest`]) |
 //! | `lifecycle.rs` | interrupt, clear, evict, release a child, list, reap, sweeps; disposal of slots and kernels |
+//! | `node.rs` | what a cluster node asks: whether a session has a kernel here, a claimed session's catalog rows taken over, the fence (docs/cluster.md) |
 //! | `pool.rs` | the warm pool: the refill task, pooled kernels' disposal, naming a taken kernel after its owner |
 //! | `adopt.rs` | work driven by its caller that the tracker adopts if the caller goes away (an upload, a cell) |
 //! | `shutdown.rs` | the graceful stop: refuse new work, drain, remove every kernel |
@@ -21,6 +22,7 @@ mod execute;
 mod files;
 mod lease;
 mod lifecycle;
+mod node;
 mod pool;
 #[cfg(test)]
 mod pool_tests;

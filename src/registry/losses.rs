@@ -1,7 +1,7 @@
 //! Losses and generations: what the catalog knew at start (seeds), the losses recorded as
 //! they happen and owed to an owner's next call, and the bound on remembered keys.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 
 use super::{Inner, LossCounts, Registry, MAX_REMEMBERED_KEYS, MAX_REMEMBERED_PER_TENANT};
@@ -130,6 +130,62 @@ impl Registry {
             );
         }
         inner.seeded.len()
+    }
+
+    /// What a cluster's catalog says of a session this node just claimed (docs/cluster.md,
+    /// "Routing"): each entry's key forgets what this registry remembered of it (unless a
+    /// kernel of it is registered here) and takes the entry's generation and owed loss at
+    /// its next attach, so a session that ran on another node since continues from there.
+    /// Keys of the session the entries do not name keep what this registry knows. The seeds
+    /// are bounded like remembered keys: past the bound, the oldest seeds are dropped first.
+    pub fn adopt(&self, tenant: &str, session: &str, entries: Vec<Entry>) {
+        if entries.is_empty() {
+            return;
+        }
+        let mut inner = self.lock();
+        let named: HashSet<&str> = entries.iter().map(|e| e.key_hash.as_str()).collect();
+        let stale: Vec<KernelKey> = inner
+            .generations
+            .keys()
+            .filter(|k| k.owner.tenant == tenant && k.owner.session == session)
+            .filter(|k| named.contains(k.hash().as_str()))
+            .cloned()
+            .collect();
+        for key in stale {
+            if !inner.slots.contains_key(&key) {
+                inner.generations.remove(&key);
+                inner.losses.remove(&key);
+            }
+        }
+        for entry in entries {
+            if inner.seeded.len() >= MAX_REMEMBERED_KEYS {
+                if let Some(any) = inner.seeded.keys().next().cloned() {
+                    inner.seeded.remove(&any);
+                }
+            }
+            let loss = match entry.state {
+                EntryState::Lost { loss } => Some(loss),
+                EntryState::Live | EntryState::Ended => None,
+            };
+            inner.seeded.insert(
+                entry.key_hash,
+                Seed {
+                    tenant: entry.tenant,
+                    owner: entry.owner,
+                    generation: entry.generation,
+                    loss,
+                },
+            );
+        }
+    }
+
+    /// True when a kernel of the session (or of one of its delegated children) is
+    /// registered here.
+    pub fn has_session(&self, tenant: &str, session: &str) -> bool {
+        self.lock()
+            .slots
+            .keys()
+            .any(|k| k.owner.tenant == tenant && k.owner.session == session)
     }
 
     /// Counts losses that happened outside this registry's life (kernels lost by a restart),

@@ -460,3 +460,43 @@ async fn one_tenants_churn_never_makes_the_registry_forget_another_tenants_owed_
     assert!(inner.remembered_total <= MAX_REMEMBERED_KEYS);
     assert!(inner.remembered["a"].len() <= MAX_REMEMBERED_PER_TENANT);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_claimed_session_takes_the_clusters_generation_and_loss_over_what_this_node_remembered() {
+    let reg = Registry::new(4, Duration::from_secs(3600));
+    let k = key("s", None);
+    let other = key("other", None);
+    // This node ran generations 1 and 2 of the session, then it moved to another node.
+    let first = use_once(&reg, &k);
+    assert!(reg.forget(&first.slot, Some(LossReason::IdleReaped)));
+    let second = use_once(&reg, &k);
+    assert_eq!(second.slot.generation, 2);
+    assert!(reg.forget(&second.slot, None));
+    use_once(&reg, &other);
+    assert!(!reg.has_session("t", "s") && reg.has_session("t", "other"));
+    let lost = StateLost {
+        reason: LossReason::NodeLost,
+        at: "2026-01-01T00:00:00Z".into(),
+    };
+    // The cluster says generation 7 ran elsewhere and was lost with its node.
+    reg.adopt(
+        "t",
+        "s",
+        vec![Entry {
+            key_hash: k.hash(),
+            tenant: "t".into(),
+            owner: "s".into(),
+            generation: 7,
+            state: EntryState::Lost { loss: lost.clone() },
+        }],
+    );
+    let back = use_once(&reg, &k);
+    assert_eq!(
+        back.slot.generation, 8,
+        "generations continue from the cluster's"
+    );
+    assert_eq!(back.state_lost, Some(lost), "the loss is reported once");
+    assert!(reg.has_session("t", "s"));
+    // A key the entries do not name keeps what this node knows.
+    assert_eq!(use_once(&reg, &other).slot.generation, 1);
+}

@@ -8,6 +8,7 @@
 //! | `DELETE /v1/sessions/{session}/children/{child}` | release a delegated child |
 //! | `PUT`, `GET`, `DELETE /v1/sessions/{session}/files/{path}` | files in and out of the session's kernel (`GET`/`PUT .../files` for its working directory) |
 //! | `GET /v1/kernels` | the caller's tenant's kernels |
+//! | `GET /v1/nodes`, `POST`/`DELETE /v1/nodes/{node}/drain` | a cluster's nodes; draining one (the admin token; `cluster/admin.rs`) |
 //! | `POST`/`GET`/`DELETE /v1/mcp` | MCP over streamable HTTP (`api/mcp.rs`, docs/mcp.md "MCP") |
 //! | `GET /healthz`, `GET /openapi.json` | no authentication |
 //! | `GET /metrics` | a tenant's token, unless [`ServeOptions::public_metrics`] |
@@ -20,6 +21,7 @@
 //! `{"error": {"code", "message"}}`.
 
 pub(crate) mod api;
+pub mod cluster;
 mod error;
 mod listen;
 mod metrics;
@@ -64,6 +66,9 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("PUT", "/v1/sessions/{session}/files"),
     ("GET", "/v1/sessions/{session}/files"),
     ("GET", "/v1/kernels"),
+    ("GET", "/v1/nodes"),
+    ("POST", "/v1/nodes/{node}/drain"),
+    ("DELETE", "/v1/nodes/{node}/drain"),
     ("POST", "/v1/mcp"),
     ("GET", "/v1/mcp"),
     ("DELETE", "/v1/mcp"),
@@ -83,6 +88,8 @@ struct Inner {
     pending: Arc<api::pending::Pending>,
     /// Cancelled when the server stops: MCP sessions end and their event streams close.
     mcp_stop: CancellationToken,
+    /// This server as a node of a cluster, when it is one (docs/cluster.md).
+    cluster: std::sync::OnceLock<Arc<cluster::ClusterNode>>,
 }
 
 /// What every handler shares. Cheap to clone.
@@ -129,6 +136,7 @@ impl AppState {
                 mcp,
                 pending: Arc::new(api::pending::Pending::new(responses)),
                 mcp_stop: CancellationToken::new(),
+                cluster: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -148,6 +156,25 @@ impl AppState {
     /// The orchestrator behind the API.
     pub fn orchestrator(&self) -> &Orchestrator {
         &self.inner.orchestrator
+    }
+
+    /// Makes this server a node of `node`'s cluster (before it serves; once).
+    pub fn join_cluster(&self, node: Arc<cluster::ClusterNode>) {
+        if self.inner.cluster.set(node).is_err() {
+            tracing::warn!("this server is already a cluster node");
+        }
+    }
+
+    /// The cluster this server is a node of, if any.
+    pub fn cluster(&self) -> Option<&Arc<cluster::ClusterNode>> {
+        self.inner.cluster.get()
+    }
+
+    /// How long a forwarded request may wait for its answer's head: the longest a cell may
+    /// run, plus the time to start its kernel, plus a minute.
+    pub(crate) fn forward_deadline(&self) -> Duration {
+        let config = self.inner.orchestrator.config();
+        config.cells.max_timeout + config.kernels.spawn_timeout + Duration::from_secs(60)
     }
 
     /// True once shutdown has begun.
@@ -308,6 +335,9 @@ pub async fn serve_with(
     tracker.close();
     tracker.wait().await;
     state.orchestrator().shutdown().await;
+    if let Some(node) = state.cluster() {
+        node.leave().await;
+    }
     Ok(())
 }
 

@@ -56,6 +56,14 @@ pub fn files(session: &str, path: &str, child: Option<&str>) -> String {
     url
 }
 
+/// `/v1/nodes`: a cluster's nodes (the admin token).
+pub const NODES: &str = "/v1/nodes";
+
+/// `/v1/nodes/{node}/drain`: `POST` drains the node, `DELETE` takes that back.
+pub fn drain(node: &str) -> String {
+    format!("{NODES}/{}/drain", encode_name(node))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

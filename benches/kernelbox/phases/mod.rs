@@ -4,6 +4,8 @@
 //! - `warm.rs`: the warm cell `x = 1` through the library, alternating with the attach echo.
 //! - `fake.rs`: the same warm cell on the in-memory fake engine: kernelbox's own share.
 //! - `http.rs`: the warm cell through the HTTP API on loopback, on an in-process server.
+//! - `cluster.rs`: the cluster: a warm cell through one forward hop, a cold cell with the
+//!   PostgreSQL catalog, a node's death to its first `node_lost`, cells/s over three nodes.
 //! - `cold.rs`: the first cell of a new owner, against `docker run --rm`, split by Docker
 //!   events.
 //! - `files.rs`: file upload and download throughput over HTTP against `docker cp`.
@@ -18,6 +20,7 @@
 //! - `jupyter.rs` (+ `jupyter.py`): ipykernel through jupyter_client in `target/bench-venv`,
 //!   the reference users know.
 
+mod cluster;
 mod cold;
 mod density;
 mod fake;

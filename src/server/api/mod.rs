@@ -59,7 +59,8 @@ pub(super) enum MetricsRoute {
 
 /// The API, with `/metrics` as `metrics_route` says.
 pub(super) fn router(state: AppState, metrics_route: MetricsRoute) -> Router {
-    let router = Router::new()
+    // A cluster node sends a session's requests to the node holding it (docs/cluster.md).
+    let sessions = Router::new()
         .route("/v1/sessions/{session}/execute", post(execute))
         .route("/v1/sessions/{session}/interrupt", post(interrupt))
         .route("/v1/sessions/{session}", delete(clear))
@@ -80,6 +81,17 @@ pub(super) fn router(state: AppState, metrics_route: MetricsRoute) -> Router {
         .route(
             "/v1/sessions/{session}/files/",
             get(files::get_root).put(files::put_root),
+        )
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            super::cluster::route,
+        ));
+    let router = Router::new()
+        .merge(sessions)
+        .route("/v1/nodes", get(super::cluster::list_nodes))
+        .route(
+            "/v1/nodes/{node}/drain",
+            post(super::cluster::drain_node).delete(super::cluster::drain_node),
         )
         .route("/v1/kernels", get(kernels))
         .route("/v1/mcp", mcp_routes(&state))
@@ -133,6 +145,18 @@ async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
     )
 }
 
+/// The bearer token of a request, if it carries one.
+pub(crate) fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            let (scheme, token) = v.trim().split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+        })
+        .filter(|t| !t.is_empty())
+}
+
 /// The authenticated caller's tenant.
 pub(crate) struct Caller(pub(crate) Arc<Tenant>);
 
@@ -140,34 +164,32 @@ impl FromRequestParts<AppState> for Caller {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Caller, ApiError> {
-        let token = parts
-            .headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| {
-                let (scheme, token) = v.trim().split_once(' ')?;
-                scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
-            })
-            .filter(|t| !t.is_empty());
-        match token.and_then(|t| state.inner.tenants.authenticate(t)) {
-            Some(tenant) => {
-                // The connection leaves the unauthenticated pool (docs/http-api.md, "Slow
-                // and idle clients cannot hold the server").
-                if let Some(slot) = parts.extensions.get::<super::slots::Promote>() {
-                    slot.authenticated();
-                }
-                // The response's bytes count against this tenant's budget from now on.
-                if let Some(meter) = parts.extensions.get::<Arc<pending::Meter>>() {
-                    meter.set_tenant(&tenant.name);
-                }
-                Ok(Caller(tenant))
-            }
+        match authenticate(state, &parts.headers, &parts.extensions) {
+            Some(tenant) => Ok(Caller(tenant)),
             None => {
                 state.inner.metrics.rejected("unauthorized");
                 Err(ApiError::unauthorized())
             }
         }
     }
+}
+
+/// The tenant whose token the request carries, if any. The connection then leaves the
+/// unauthenticated pool (docs/http-api.md, "Slow and idle clients cannot hold the server")
+/// and the response's bytes count against the tenant's budget.
+pub(crate) fn authenticate(
+    state: &AppState,
+    headers: &HeaderMap,
+    extensions: &axum::http::Extensions,
+) -> Option<Arc<Tenant>> {
+    let tenant = bearer(headers).and_then(|t| state.inner.tenants.authenticate(t))?;
+    if let Some(slot) = extensions.get::<super::slots::Promote>() {
+        slot.authenticated();
+    }
+    if let Some(meter) = extensions.get::<Arc<pending::Meter>>() {
+        meter.set_tenant(&tenant.name);
+    }
+    Some(tenant)
 }
 
 fn invalid(state: &AppState, error: ApiError) -> ApiError {
@@ -492,6 +514,28 @@ async fn healthz(State(state): State<AppState>) -> Response {
     if state.is_draining() {
         return ApiError::shutting_down().into_response();
     }
+    // A cluster node is ready while it holds its lease (a balancer's health check then
+    // routes around a node that fenced itself).
+    if let Some(node) = state.cluster() {
+        if !node.lease_valid() {
+            return ApiError {
+                retry_after: Some(1),
+                ..ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "node_fenced",
+                    "this node does not hold its cluster lease",
+                )
+            }
+            .into_response();
+        }
+        return Json(json!({
+            "status": "ok",
+            "instance": state.inner.orchestrator.instance_id(),
+            "node": node.name(),
+            "epoch": node.epoch(),
+        }))
+        .into_response();
+    }
     Json(json!({"status": "ok", "instance": state.inner.orchestrator.instance_id()}))
         .into_response()
 }
@@ -505,6 +549,9 @@ async fn metrics(State(state): State<AppState>) -> Response {
         .render(live, state.is_draining(), &stats);
     let pending = &state.inner.pending;
     let _ = super::metrics::write_responses(&mut text, pending.held(None).0, pending.cut_count());
+    if let Some(node) = state.cluster() {
+        let _ = node.render_metrics(&mut text);
+    }
     (
         [(
             header::CONTENT_TYPE,

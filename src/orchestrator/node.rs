@@ -1,0 +1,43 @@
+//! What a cluster node asks of its orchestrator (docs/cluster.md): whether a session has a
+//! kernel here, taking over what the cluster's catalog knows of a session it claims, how many
+//! session kernels live here, and the fence: every kernel gone at once when the node's lease
+//! can no longer be trusted.
+
+use crate::catalog::Entry;
+use crate::cell::LossReason;
+
+use super::Orchestrator;
+
+impl Orchestrator {
+    /// True when a kernel of `tenant`'s `session` (or of one of its delegated children) is
+    /// registered on this orchestrator.
+    pub fn has_session(&self, tenant: &str, session: &str) -> bool {
+        self.inner.registry.has_session(tenant, session)
+    }
+
+    /// Takes what the cluster's catalog knows of a session this node claimed: its keys'
+    /// generations and owed losses (`Registry::adopt`).
+    pub fn adopt_session(&self, tenant: &str, session: &str, entries: Vec<Entry>) {
+        self.inner.registry.adopt(tenant, session, entries);
+    }
+
+    /// Session kernels registered here (the warm pool's not counted), and the host's cap.
+    pub fn session_kernels(&self) -> (usize, usize) {
+        (
+            self.inner.registry.len(),
+            self.inner.config.kernels.max_session_kernels,
+        )
+    }
+
+    /// Disposes of every session kernel at once, busy or not (a running cell ends with the
+    /// cleared message), each owner's next call here reporting `reason`. Returns how many
+    /// went. The orchestrator keeps serving: a kernel started after the fence is a new one.
+    pub async fn fence(&self, reason: LossReason) -> usize {
+        let (n, slots) = self
+            .inner
+            .registry
+            .remove_where(|_| true, Some(reason), false);
+        self.dispose_slots(slots).await;
+        n
+    }
+}

@@ -1,0 +1,94 @@
+//! The cluster's admin routes (docs/cluster.md, "Admin"), behind the admin token
+//! (`--admin-token`): `GET /v1/nodes` lists the nodes with their leases, kernels and
+//! capacity; `POST /v1/nodes/{node}/drain` stops new sessions being placed on a node (its
+//! sessions end by idle reap or on request; it reports 0 live kernels when empty), `DELETE`
+//! takes that back. Without a cluster, or without an admin token, they are 404.
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::Json;
+use serde_json::{json, Value};
+
+use crate::cluster::NodeState;
+use crate::server::error::ApiError;
+use crate::server::AppState;
+
+use super::ClusterNode;
+
+/// The node, when the request carries the admin token.
+fn admin(state: &AppState, headers: &HeaderMap) -> Result<std::sync::Arc<ClusterNode>, ApiError> {
+    let node = state
+        .cluster()
+        .filter(|n| n.admin_sha256.is_some())
+        .cloned()
+        .ok_or_else(|| {
+            ApiError::not_found(
+                "no cluster admin here: serve with --cluster and --admin-token".to_string(),
+            )
+        })?;
+    match crate::server::api::bearer(headers) {
+        Some(token) if node.is_admin(token) => Ok(node),
+        _ => Err(ApiError::unauthorized()),
+    }
+}
+
+/// `GET /v1/nodes`.
+pub(crate) async fn list_nodes(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Json<Value>, ApiError> {
+    let node = admin(&state, &headers)?;
+    let rows = node.store.nodes().await.map_err(|e| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "catalog_unavailable",
+            e.to_string(),
+        )
+    })?;
+    let nodes: Vec<Value> = rows
+        .into_iter()
+        .map(|r| {
+            json!({
+                "name": r.name,
+                "advertise": r.advertise,
+                "epoch": r.epoch,
+                "state": match r.state {
+                    NodeState::Live => "live",
+                    NodeState::Expired => "expired",
+                    NodeState::Left => "left",
+                },
+                "draining": r.draining,
+                "capacity": r.capacity,
+                "live_kernels": r.live_kernels,
+                "lease_age_seconds": r.lease_age.as_secs_f64(),
+            })
+        })
+        .collect();
+    Ok(Json(json!({ "self": node.name(), "nodes": nodes })))
+}
+
+/// `POST` (drain) and `DELETE` (undrain) `/v1/nodes/{node}/drain`.
+pub(crate) async fn drain_node(
+    State(state): State<AppState>,
+    method: axum::http::Method,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let node = admin(&state, &headers)?;
+    let draining = method == axum::http::Method::POST;
+    let found = node
+        .store
+        .set_draining(&name, draining)
+        .await
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "catalog_unavailable",
+                e.to_string(),
+            )
+        })?;
+    if !found {
+        return Err(ApiError::not_found(format!("no node named {name:?}")));
+    }
+    Ok(Json(json!({ "node": name, "draining": draining })))
+}

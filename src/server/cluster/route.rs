@@ -1,0 +1,273 @@
+//! Where a session's request is served (docs/cluster.md, "Routing"): the middleware on every
+//! `/v1/sessions/{session}/...` route of a cluster node.
+//!
+//! A session with a kernel here is served here without asking the catalog (a warm cell reads
+//! nothing from it). Otherwise a request that starts a kernel (an execute, an upload) claims
+//! the session in the catalog, here when this node has room and is not draining, else on the
+//! freer of two other nodes with room; a claim that finds the session live on another node
+//! forwards there. Any other request (interrupt, clear, a download, a listing) looks the
+//! session up and forwards to the node that holds it, or is served here. A forwarded request
+//! is served here or refused, never forwarded again; the placements found are remembered
+//! until their node's epoch moves on.
+
+use axum::extract::{Request, State};
+use axum::http::{Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use crate::cluster::{Claim, ClaimRequest, Placement};
+use crate::owner::validate_name;
+use crate::server::error::ApiError;
+use crate::server::tenants::Tenant;
+use crate::server::AppState;
+
+use super::{ClusterNode, Target, FORWARDED_HEADER};
+
+/// Whether a request may start the session's kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// An execute or an upload: the session is claimed if no node holds it.
+    Starts,
+    /// Anything else: served where the session is, or here.
+    Finds,
+}
+
+/// Where a request goes.
+#[derive(Debug)]
+enum Route {
+    Here,
+    Forward(Target),
+}
+
+/// The middleware: a request for a session held elsewhere goes there.
+pub(crate) async fn route(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let Some(node) = state.cluster().cloned() else {
+        return next.run(request).await;
+    };
+    let Some(session) = session_of(request.uri().path()) else {
+        return next.run(request).await;
+    };
+    // An unauthenticated request or a bad name is answered by the handler, as on one host.
+    let Some(tenant) =
+        crate::server::api::authenticate(&state, request.headers(), request.extensions())
+    else {
+        return next.run(request).await;
+    };
+    if validate_name("session", &session).is_err() {
+        return next.run(request).await;
+    }
+    let kind = if request.method() == Method::POST && request.uri().path().ends_with("/execute")
+        || request.method() == Method::PUT
+    {
+        Kind::Starts
+    } else {
+        Kind::Finds
+    };
+    let forwarded = request.headers().contains_key(FORWARDED_HEADER);
+    match node
+        .decide(&state, &tenant, &session, kind, forwarded)
+        .await
+    {
+        Ok(Route::Here) => next.run(request).await,
+        Ok(Route::Forward(target)) => match node
+            .forward(&target, request, state.forward_deadline())
+            .await
+        {
+            Ok(response) => response,
+            Err(e) => {
+                node.forget(&tenant.name, &session);
+                e.into_response()
+            }
+        },
+        Err(e) => e.into_response(),
+    }
+}
+
+/// The session named by a `/v1/sessions/{session}...` path, percent-decoded.
+fn session_of(path: &str) -> Option<String> {
+    let rest = path.strip_prefix("/v1/sessions/")?;
+    let segment = rest.split('/').next().filter(|s| !s.is_empty())?;
+    percent_encoding::percent_decode_str(segment)
+        .decode_utf8()
+        .ok()
+        .map(|s| s.into_owned())
+}
+
+impl ClusterNode {
+    async fn decide(
+        &self,
+        state: &AppState,
+        tenant: &Tenant,
+        session: &str,
+        kind: Kind,
+        forwarded: bool,
+    ) -> Result<Route, ApiError> {
+        if !self.lease_valid() {
+            return Err(fenced());
+        }
+        let orchestrator = state.orchestrator();
+        if orchestrator.has_session(&tenant.name, session) {
+            return Ok(Route::Here);
+        }
+        if !forwarded {
+            if let Some(target) = self.placement(&tenant.name, session) {
+                return Ok(Route::Forward(target));
+            }
+        }
+        match kind {
+            Kind::Finds => self.find(&tenant.name, session, forwarded).await,
+            Kind::Starts => self.claim(state, tenant, session, forwarded).await,
+        }
+    }
+
+    /// A request that starts nothing: to the node holding the session, else here.
+    async fn find(&self, tenant: &str, session: &str, forwarded: bool) -> Result<Route, ApiError> {
+        let found = self.store.lookup(tenant, session).await;
+        match found {
+            Ok(Some(p)) if p.live && p.node_current && p.node != self.options.node => {
+                if forwarded {
+                    return Err(second_hop(&p.node));
+                }
+                let target = target_of(&p);
+                self.remember(tenant, session, &target);
+                Ok(Route::Forward(target))
+            }
+            // Nowhere else (or the catalog is down): what this node has answers.
+            _ => Ok(Route::Here),
+        }
+    }
+
+    /// A request that may start a kernel: the session claimed here or on a node with room.
+    async fn claim(
+        &self,
+        state: &AppState,
+        tenant: &Tenant,
+        session: &str,
+        forwarded: bool,
+    ) -> Result<Route, ApiError> {
+        let orchestrator = state.orchestrator();
+        let me = Target {
+            node: self.options.node.clone(),
+            epoch: self.epoch(),
+            advertise: self.options.advertise.clone(),
+        };
+        let (live, cap) = orchestrator.session_kernels();
+        let room_here = live < cap && !self.draining.load(std::sync::atomic::Ordering::Acquire);
+        let target = if forwarded || room_here {
+            me.clone()
+        } else {
+            self.other_with_room().unwrap_or_else(|| me.clone())
+        };
+        let claimed = self
+            .store
+            .claim(&ClaimRequest {
+                tenant: tenant.name.clone(),
+                session: session.to_string(),
+                node: target.node.clone(),
+                epoch: target.epoch,
+                tenant_cap: tenant
+                    .max_kernels
+                    .map(|n| u32::try_from(n).unwrap_or(u32::MAX)),
+            })
+            .await
+            .map_err(|e| catalog_unavailable(&e.to_string()))?;
+        match claimed {
+            Claim::Claimed { entries } if target == me => {
+                orchestrator.adopt_session(&tenant.name, session, entries);
+                Ok(Route::Here)
+            }
+            Claim::Claimed { .. } => {
+                self.remember(&tenant.name, session, &target);
+                Ok(Route::Forward(target))
+            }
+            Claim::Held(p) if forwarded => Err(second_hop(&p.node)),
+            Claim::Held(p) => {
+                let target = target_of(&p);
+                self.remember(&tenant.name, session, &target);
+                Ok(Route::Forward(target))
+            }
+            Claim::TenantAtCap { live } => Err(ApiError {
+                retry_after: Some(1),
+                ..ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "at_capacity",
+                    format!(
+                        "tenant {:?} has {live} live sessions across the cluster, its cap",
+                        tenant.name
+                    ),
+                )
+            }),
+            Claim::Fenced if target == me => {
+                self.fence_soon();
+                Err(fenced())
+            }
+            // The node picked for the session moved on: this node takes it after all.
+            Claim::Fenced => Err(ApiError {
+                retry_after: Some(1),
+                ..ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "node_unavailable",
+                    format!(
+                        "node {:?} left the cluster while the session was placed on it; retry",
+                        target.node
+                    ),
+                )
+            }),
+        }
+    }
+}
+
+fn target_of(p: &Placement) -> Target {
+    Target {
+        node: p.node.clone(),
+        epoch: p.epoch,
+        advertise: p.advertise.clone(),
+    }
+}
+
+/// This node's lease is not trusted: it serves nothing until it rejoins.
+fn fenced() -> ApiError {
+    ApiError {
+        retry_after: Some(1),
+        ..ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "node_fenced",
+            "this node could not renew its cluster lease and is rejoining; retry (another node may answer)",
+        )
+    }
+}
+
+/// The catalog did not answer: a session with no kernel here cannot be placed.
+fn catalog_unavailable(why: &str) -> ApiError {
+    ApiError {
+        retry_after: Some(1),
+        ..ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "catalog_unavailable",
+            format!("the cluster catalog is unavailable, so a new session cannot be placed (sessions with a kernel keep working): {why}"),
+        )
+    }
+}
+
+/// A forwarded request for a session this node does not hold: never a second hop.
+fn second_hop(holder: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::MISDIRECTED_REQUEST,
+        "second_hop_refused",
+        format!("this forwarded request's session is held by node {holder:?}; a request is forwarded once at most, retry"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::session_of;
+
+    #[test]
+    fn the_session_is_the_first_segment_after_sessions_percent_decoded() {
+        assert_eq!(session_of("/v1/sessions/a/execute").as_deref(), Some("a"));
+        assert_eq!(session_of("/v1/sessions/a%3Ab").as_deref(), Some("a:b"));
+        assert_eq!(session_of("/v1/sessions/s/files/x/y").as_deref(), Some("s"));
+        assert_eq!(session_of("/v1/sessions/"), None);
+        assert_eq!(session_of("/v1/kernels"), None);
+    }
+}
