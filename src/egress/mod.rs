@@ -117,7 +117,18 @@ impl Egress {
         if !config.ca_bundle.is_file() {
             return Err(EgressError::CaBundle(config.ca_bundle.clone()));
         }
-        let names = network::Names::of(instance);
+        // The instance's first 4 characters and 4 random ones: several orchestrators of one
+        // process (tests) each have their own network; the label says whose it is.
+        let tag = format!(
+            "{}{}",
+            instance
+                .chars()
+                .filter(char::is_ascii_alphanumeric)
+                .take(4)
+                .collect::<String>(),
+            &uuid::Uuid::new_v4().simple().to_string()[..4]
+        );
+        let names = network::Names::of(&tag);
         let gateway = network::create(engine.as_ref(), &names, labels).await?;
         let listener = match TcpListener::bind((gateway, 0)).await {
             Ok(l) => l,
