@@ -112,7 +112,25 @@ pub struct Config {
     pub housekeeping: Housekeeping,
     /// Tenant recorded on kernels created by library callers that name none.
     pub default_tenant: String,
+    /// Network egress by policy (`docs/reliability.md`, "Network egress"); `None`: no kernel
+    /// has a network.
+    pub egress: Option<EgressConfig>,
 }
+
+/// Network egress: the tenants' policies, the CA bundle kernels trust, the proxy's limits.
+#[derive(Debug, Clone)]
+pub struct EgressConfig {
+    /// Each tenant's policy (the tenants file's `network`, or `--network-allow` for the
+    /// default tenant); a tenant not here has no network.
+    pub tenants: BTreeMap<String, crate::wire::NetworkPolicy>,
+    /// The CA bundle mounted read-only into kernels with a policy (`--ca-bundle`).
+    pub ca_bundle: PathBuf,
+    /// Connections and bytes per second.
+    pub limits: crate::egress::proxy::Limits,
+}
+
+/// The CA bundle kernels with a policy trust unless told otherwise: the host's.
+pub const DEFAULT_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 
 /// What a kernel is made from, whoever owns it: the pool is keyed by it, so a pooled kernel is
 /// handed only to an owner whose kernel would have been made the same way.
@@ -320,6 +338,7 @@ impl Default for Config {
             files: FileTransfer::default(),
             housekeeping: Housekeeping::default(),
             default_tenant: "default".into(),
+            egress: None,
         }
     }
 }

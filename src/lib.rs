@@ -20,6 +20,7 @@
 //! | [`docker`] | the intent-level [`Engine`] trait, its bollard implementation, volume removal, the engine's events (OOM, outside kills and crashes told apart) |
 //! | [`instance`] | no container outlives its instance (folder): identity and liveness, label sweeps, the watchdog process |
 //! | [`image`] | building the kernel image offline |
+//! | [`egress`] | network egress by policy (folder): policies parsed and matched, the TLS server name |
 //! | [`authority`] | per-cell tool-call authority and the [`ToolDispatcher`] trait |
 //! | `kernel` (crate-internal) | one kernel container (folder): spawn, reader task, one cell, stdin, the runner protocol |
 //! | [`catalog`] | the durable owner catalog (folder): rows and rules, memory and redb stores, the writer thread |
@@ -47,6 +48,7 @@ pub mod clock;
 pub mod cluster;
 pub mod config;
 pub mod docker;
+pub mod egress;
 pub mod files;
 pub(crate) mod histogram;
 pub mod image;

@@ -156,6 +156,25 @@ pub struct KernelOpts {
     /// for root, else /tmp/kernelbox-UID.
     #[arg(long, env = "KERNELBOX_FILE_SOCKETS")]
     file_sockets: Option<PathBuf>,
+    /// Let kernels reach ENTRY through kernelbox's egress proxy (repeatable): a preset
+    /// (`pypi`), a host (`example.com`, `*.example.com`) or an address range
+    /// (`203.0.113.0/24`), optionally with `:PORT`; the default tenant's policy on `serve`.
+    /// None: kernels have no network (docs/reliability.md, "Network egress").
+    #[arg(long = "network-allow", value_name = "ENTRY")]
+    network_allow: Vec<String>,
+    /// Refuse ENTRY even where --network-allow allows it (repeatable).
+    #[arg(long = "network-deny", value_name = "ENTRY")]
+    network_deny: Vec<String>,
+    /// CA bundle mounted read-only into kernels with a network policy (pip and `requests`
+    /// trust it): the host's by default.
+    #[arg(long, env = "KERNELBOX_CA_BUNDLE", default_value = kernelbox::config::DEFAULT_CA_BUNDLE)]
+    ca_bundle: PathBuf,
+    /// Egress connections one kernel may have open at once.
+    #[arg(long, default_value_t = 64)]
+    egress_connections: usize,
+    /// Egress bytes per second one kernel may move (e.g. 50m).
+    #[arg(long, default_value = "50m", value_parser = parse_bytes)]
+    egress_rate: i64,
     /// Extra label KEY=VALUE on everything created (repeatable).
     #[arg(long = "label", value_parser = parse_label)]
     labels: Vec<(String, String)>,
@@ -185,6 +204,22 @@ impl KernelOpts {
             None => {}
         }
         config.files.max_upload_bytes = u64::try_from(self.max_upload).unwrap_or(0);
+        if !self.network_allow.is_empty() {
+            let policy = kernelbox::wire::NetworkPolicy {
+                allow: self.network_allow.clone(),
+                deny: self.network_deny.clone(),
+            };
+            kernelbox::egress::Policy::parse(&policy)?;
+            config.egress = Some(kernelbox::config::EgressConfig {
+                tenants: BTreeMap::from([(config.default_tenant.clone(), policy)]),
+                ca_bundle: self.ca_bundle.clone(),
+                limits: kernelbox::egress::proxy::Limits {
+                    connections_per_kernel: self.egress_connections.max(1),
+                    bytes_per_second: u64::try_from(self.egress_rate).unwrap_or(1).max(1),
+                    ..Default::default()
+                },
+            });
+        }
         config.spec.sandbox.nano_cpus = (self.cpus * 1e9) as i64;
         config.spec.sandbox.pids_limit = self.pids;
         config.cells.display.bundle_bytes = usize::try_from(self.display_bytes)?;

@@ -7,7 +7,7 @@ use bollard::container::LogOutput;
 use bollard::errors::Error as BollardError;
 use bollard::models::{
     ContainerCreateBody, HostConfig, HostConfigLogConfig, Mount as BollardMount, MountType,
-    VolumeCreateRequest,
+    NetworkCreateRequest, VolumeCreateRequest,
 };
 use bollard::query_parameters::{
     AttachContainerOptionsBuilder, EventsOptionsBuilder, KillContainerOptionsBuilder,
@@ -21,7 +21,7 @@ use futures::{StreamExt, TryStreamExt};
 
 use super::{
     Attached, Chunk, ContainerInfo, ContainerSpec, Engine, EngineError, EngineEvent, ExecSpec,
-    Mount, TmpfsVolume, VolumeInfo,
+    Mount, NetworkSpec, TmpfsVolume, VolumeInfo,
 };
 
 /// The real engine. Cheap to clone; make one per tokio runtime.
@@ -263,6 +263,85 @@ impl Engine for BollardEngine {
             }),
             Err(e) => Err(map_err("create container", &spec.image, e)),
         }
+    }
+
+    async fn create_network(&self, spec: &NetworkSpec) -> Result<std::net::IpAddr, EngineError> {
+        let request = NetworkCreateRequest {
+            name: spec.name.clone(),
+            driver: Some("bridge".into()),
+            internal: Some(true),
+            labels: Some(spec.labels.clone().into_iter().collect()),
+            options: Some(HashMap::from([
+                (
+                    "com.docker.network.bridge.enable_icc".to_string(),
+                    "false".to_string(),
+                ),
+                (
+                    "com.docker.network.bridge.name".to_string(),
+                    spec.bridge.clone(),
+                ),
+            ])),
+            ..Default::default()
+        };
+        self.docker
+            .create_network(request)
+            .await
+            .map_err(|e| map_err("create network", &spec.name, e))?;
+        let network = self
+            .docker
+            .inspect_network(&spec.name, None)
+            .await
+            .map_err(|e| map_err("inspect network", &spec.name, e))?;
+        network
+            .ipam
+            .and_then(|ipam| ipam.config)
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c.gateway)
+            .find_map(|g| g.parse::<std::net::IpAddr>().ok().filter(|ip| ip.is_ipv4()))
+            .ok_or_else(|| EngineError::Other {
+                op: "inspect network",
+                target: spec.name.clone(),
+                message: "the network has no IPv4 gateway".into(),
+            })
+    }
+
+    async fn remove_network(&self, name: &str) -> Result<(), EngineError> {
+        match self.docker.remove_network(name).await {
+            Ok(()) => Ok(()),
+            Err(e) if status_of(&e) == Some(404) => Ok(()),
+            Err(e) => Err(map_err("remove network", name, e)),
+        }
+    }
+
+    async fn list_networks(&self, labels: &[String]) -> Result<Vec<String>, EngineError> {
+        let options = bollard::query_parameters::ListNetworksOptionsBuilder::default()
+            .filters(&label_filters(labels))
+            .build();
+        let networks = self
+            .docker
+            .list_networks(Some(options))
+            .await
+            .map_err(|e| map_err("list networks", "", e))?;
+        Ok(networks.into_iter().filter_map(|n| n.name).collect())
+    }
+
+    async fn container_address(
+        &self,
+        id: &str,
+        network: &str,
+    ) -> Result<Option<std::net::IpAddr>, EngineError> {
+        let info = self
+            .docker
+            .inspect_container(id, None)
+            .await
+            .map_err(|e| map_err("inspect container", id, e))?;
+        Ok(info
+            .network_settings
+            .and_then(|s| s.networks)
+            .and_then(|mut n| n.remove(network))
+            .and_then(|e| e.ip_address)
+            .and_then(|ip| ip.parse().ok()))
     }
 
     async fn attach(&self, id: &str) -> Result<Attached, EngineError> {

@@ -206,6 +206,25 @@ pub struct EngineEvent {
     pub signal: Option<i64>,
 }
 
+/// A network kernelbox creates ([`Engine::create_network`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetworkSpec {
+    /// Its name.
+    pub name: String,
+    /// The name of its bridge interface on the host (at most 15 bytes).
+    pub bridge: String,
+    /// Its labels.
+    pub labels: BTreeMap<String, String>,
+}
+
+fn unsupported(op: &'static str, target: &str) -> EngineError {
+    EngineError::Other {
+        op,
+        target: target.to_string(),
+        message: "this engine has no networks".into(),
+    }
+}
+
 /// The Docker operations kernelbox needs, at the level of intent.
 #[async_trait]
 pub trait Engine: Send + Sync + 'static {
@@ -249,6 +268,31 @@ pub trait Engine: Send + Sync + 'static {
     /// (no TTY, so the two output streams stay apart). The process lives in the container's
     /// namespaces and cgroup, under its limits; the output ends when it exits.
     async fn exec(&self, id: &str, spec: &ExecSpec) -> Result<Attached, EngineError>;
+    /// Creates a labelled internal bridge network for kernels with a network policy
+    /// (`docs/reliability.md`, "Network egress"): no route out, no traffic between its
+    /// containers, its bridge interface named `spec.bridge`; returns its gateway address (the
+    /// host's on that network). Engines without networks refuse.
+    async fn create_network(&self, spec: &NetworkSpec) -> Result<std::net::IpAddr, EngineError> {
+        Err(unsupported("create network", &spec.name))
+    }
+    /// Removes a network; a missing one is a success.
+    async fn remove_network(&self, name: &str) -> Result<(), EngineError> {
+        Err(unsupported("remove network", name))
+    }
+    /// Names of the networks matching every `key=value` label filter.
+    async fn list_networks(&self, labels: &[String]) -> Result<Vec<String>, EngineError> {
+        let _ = labels;
+        Ok(Vec::new())
+    }
+    /// The address of a running container on `network`, if it has one there.
+    async fn container_address(
+        &self,
+        id: &str,
+        network: &str,
+    ) -> Result<Option<std::net::IpAddr>, EngineError> {
+        let _ = network;
+        Err(unsupported("inspect container", id))
+    }
     /// Container events matching every label filter, replayed from `since` (Unix seconds)
     /// when given; ends when the engine goes away.
     fn events(

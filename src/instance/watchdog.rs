@@ -88,6 +88,8 @@ pub async fn remove_instance(engine: &dyn Engine, instance: &str) -> Result<usiz
             Err(e) => tracing::warn!(error = %e, "watchdog: container removal failed"),
         }
     }
+    // The instance's egress network and its firewall rules, once its kernels are gone.
+    crate::egress::sweep(engine, &filters).await;
     let volumes = engine.list_volumes(&filters, false).await?;
     let removals = volumes
         .into_iter()

@@ -423,6 +423,11 @@ impl Kernel {
     }
 
     /// True while the kernel can run cells.
+    /// Cancelled when the kernel goes (disposed of, or dead).
+    pub(crate) fn gone(&self) -> CancellationToken {
+        self.cancel.clone()
+    }
+
     pub(crate) fn is_alive(&self) -> bool {
         self.shared.death().is_none()
     }

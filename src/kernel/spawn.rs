@@ -53,6 +53,9 @@ pub(crate) struct SpawnRequest<'a> {
     /// Set once the engine refused to mount [`FileTransfer::sockets`] (it does not see that
     /// directory: an engine on another host): kernels are then made without it.
     pub(crate) sockets_refused: &'a AtomicBool,
+    /// For a kernel with a network policy: the egress network, the proxy's environment and
+    /// the CA bundle (`docs/reliability.md`, "Network egress"); `None`: no network at all.
+    pub(crate) network: Option<&'a crate::egress::KernelNetwork>,
 }
 
 /// Makes a spawn give way: before each of its engine steps (volume, container, attach and
@@ -218,6 +221,9 @@ impl Kernel {
         if let Some((key, _)) = &request.owner {
             spec.image = key.image.clone();
         }
+        if let Some(net) = request.network {
+            spec.sandbox.network_mode = net.network.clone();
+        }
         let tmpfs = spec.sandbox.work_bytes.map(|size_bytes| {
             let (uid, gid) = parse_user(&spec.sandbox.user);
             TmpfsVolume {
@@ -277,7 +283,11 @@ impl Kernel {
         }
         let status_path = format!("{spill_dir}/status");
         labels.insert(crate::labels::STATUS.into(), status_path.clone());
-        let container = runner_container(spec, &status_path, labels, mounts);
+        let mut container = runner_container(spec, &status_path, labels, mounts);
+        if let Some(net) = request.network {
+            container.env.extend(net.env.iter().cloned());
+            container.mounts.extend(net.mounts.iter().cloned());
+        }
         give_way(&request.yield_to).await?;
         let id = Self::create_container(request, container, &mut sockets).await?;
         Ok(Created {
@@ -441,6 +451,7 @@ mod tests {
             tracker,
             yield_to: Some(yield_to),
             sockets_refused: &REFUSED,
+            network: None,
         }
     }
 

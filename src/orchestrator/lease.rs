@@ -301,7 +301,38 @@ impl Orchestrator {
     ) -> impl Future<Output = Result<Arc<Kernel>, KernelError>> + '_ {
         let inner = &self.inner;
         let started = Instant::now();
-        let spawn = Kernel::spawn(SpawnRequest {
+        let grant = self.grant_of(&key.owner);
+        let network = grant
+            .as_ref()
+            .and(inner.egress.as_ref())
+            .map(|egress| egress.kernel_network());
+        let key = key.clone();
+        async move {
+            let _cold = inner.pool.cold_start();
+            let result = self
+                .spawn_with(&key, generation, network.as_ref(), grant)
+                .await;
+            inner
+                .starts
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .observe(result.is_ok(), started.elapsed().as_secs_f64());
+            result
+        }
+    }
+
+    /// The spawn of [`Self::spawn_cold`]; a kernel with a network policy is then served by the
+    /// proxy (known by its address) until it goes.
+    async fn spawn_with(
+        &self,
+        key: &KernelKey,
+        generation: u64,
+        network: Option<&crate::egress::KernelNetwork>,
+        grant: Option<crate::egress::Grant>,
+    ) -> Result<Arc<Kernel>, KernelError> {
+        let inner = &self.inner;
+        let kernel = Kernel::spawn(SpawnRequest {
+            network,
             engine: inner.engine.clone(),
             spec: &inner.config.spec,
             spawn_timeout: inner.config.kernels.spawn_timeout,
@@ -312,17 +343,59 @@ impl Orchestrator {
             tracker: &inner.tracker,
             sockets_refused: &inner.sockets_refused,
             yield_to: None,
-        });
-        async move {
-            let _cold = inner.pool.cold_start();
-            let result = spawn.await;
-            inner
-                .starts
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .observe(result.is_ok(), started.elapsed().as_secs_f64());
-            result
+        })
+        .await?;
+        let (Some(net), Some(grant), Some(egress)) = (network, grant, inner.egress.clone()) else {
+            return Ok(kernel);
+        };
+        let owner = &key.owner;
+        match egress
+            .register(&kernel.id, net, &owner.tenant, &owner.session, grant)
+            .await
+        {
+            Ok(addr) => {
+                let (gone, token) = (kernel.gone(), net.token.clone());
+                inner.tracker.spawn(async move {
+                    gone.cancelled().await;
+                    egress.unregister(addr, &token);
+                });
+                Ok(kernel)
+            }
+            Err(e) => {
+                self.dispose_kernel(&kernel).await;
+                Err(e.into())
+            }
         }
+    }
+
+    /// The network grant of `owner`'s kernels: `None` without egress or when its tenant
+    /// allows nothing (its kernels have no network, exactly as without egress).
+    pub(super) fn grant_of(&self, owner: &crate::owner::Owner) -> Option<crate::egress::Grant> {
+        self.inner
+            .egress
+            .as_ref()
+            .and_then(|e| e.grant(&owner.tenant, &owner.session))
+    }
+
+    /// Sets `tenant`'s `session`'s network policy (within the tenant's) and applies it at once
+    /// to its running kernel: connections the new policy refuses are closed (their number is
+    /// returned). Without egress configured, or for a tenant allowed nothing, it is kept and
+    /// changes nothing.
+    pub fn set_network(
+        &self,
+        tenant: &str,
+        session: &str,
+        policy: &crate::wire::NetworkPolicy,
+    ) -> Result<usize, crate::egress::PolicyError> {
+        match &self.inner.egress {
+            Some(egress) => egress.set_session(tenant, session, policy),
+            None => crate::egress::Policy::parse(policy).map(|_| 0),
+        }
+    }
+
+    /// Network egress, when configured (its counters for `/metrics`).
+    pub fn egress(&self) -> Option<&crate::egress::Egress> {
+        self.inner.egress.as_deref()
     }
 
     /// Step three of [`Self::acquire`]: the attempt's kernel leased when it is still

@@ -82,6 +82,8 @@ struct Inner {
     watchdog: Mutex<Option<Watchdog>>,
     catalog: Option<Arc<CatalogWriter>>,
     pool: pool::PoolState,
+    /// Network egress by policy, when configured (`docs/reliability.md`, "Network egress").
+    egress: Option<Arc<crate::egress::Egress>>,
 }
 
 /// Runs stateful Python kernels in containers, one per key. Cheap to clone.

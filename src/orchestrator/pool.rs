@@ -156,6 +156,11 @@ impl Orchestrator {
     /// the data-science one, gets a kernel of its own image, cold).
     pub(super) fn pool_spec(&self, key: &KernelKey) -> Option<&KernelSpec> {
         let spec = &self.inner.pool.spec;
+        // A kernel with a network policy is made on the egress network with its own proxy
+        // credential: never a pooled one (docs/architecture.md, "The warm pool").
+        if self.grant_of(&key.owner).is_some() {
+            return None;
+        }
         (self.inner.config.pool.size > 0 && spec.image == key.image && spec.mode == key.mode)
             .then_some(spec)
     }
@@ -362,6 +367,7 @@ impl Orchestrator {
             monitor: inner.monitor.clone(),
             tracker: &inner.tracker,
             sockets_refused: &inner.sockets_refused,
+            network: None,
             yield_to: Some(Yield {
                 priority: inner.pool.cold.subscribe(),
                 until: tokio::time::Instant::now() + POOL_YIELD_MAX,

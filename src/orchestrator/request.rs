@@ -261,6 +261,9 @@ pub enum StartError {
     /// The catalog's writer thread could not be started.
     #[error("starting the catalog writer thread: {0}")]
     CatalogWriter(std::io::Error),
+    /// Network egress could not be set up.
+    #[error("network egress: {0}")]
+    Egress(#[from] crate::egress::EgressError),
     /// The watchdog process could not be started.
     #[error("starting the watchdog {path}: {source}")]
     Watchdog {

@@ -25,6 +25,9 @@ impl Orchestrator {
         {
             tracing::warn!(error = %e, "final sweep of this instance failed");
         }
+        if let Some(egress) = &inner.egress {
+            egress.stop().await;
+        }
         if let Some(catalog) = &inner.catalog {
             // Every kernel this instance had is gone: their owners learn it after a restart.
             catalog.record(Change::AllLiveLost {

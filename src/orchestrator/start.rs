@@ -92,7 +92,20 @@ impl Orchestrator {
             })?),
             None => None,
         };
+        let egress = match &config.egress {
+            Some(egress) => Some(Arc::new(
+                crate::egress::Egress::start(
+                    engine.clone(),
+                    &instance.id,
+                    &instance.labels(&config.housekeeping.extra_labels),
+                    egress,
+                )
+                .await?,
+            )),
+            None => None,
+        };
         let inner = Arc::new(Inner {
+            egress,
             pool: pool::PoolState::new(config.spec.clone(), config.pool.size),
             registry: Registry::new(
                 config.kernels.max_session_kernels,

@@ -37,6 +37,10 @@ pub struct ExecuteBody {
     /// Tools the cell may call; a subset of the tenant's allow-list (all of it when absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tools: Option<Vec<String>>,
+    /// The session's network egress policy, within the tenant's (`docs/reliability.md`,
+    /// "Network egress"); it stays the session's until changed. Absent: unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<super::NetworkPolicy>,
 }
 
 /// What `timeout` should be, whatever is read: a number of seconds above 0, or null.

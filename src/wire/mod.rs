@@ -7,6 +7,7 @@
 //! | `path.rs` | the routes' paths, with the one percent-encoder for names and file paths in a URL |
 //! | `execute.rs` | [`ExecuteBody`]: the body of `POST /v1/sessions/{session}/execute` |
 //! | `error.rs` | [`ErrorBody`]: every error answer, `{"error": {"code", "message"}}` |
+//! | `network.rs` | [`NetworkPolicy`]: a network egress policy (tenants file, execute body, `PUT .../network`) |
 //!
 //! What the server answers besides errors has its own home: a cell result is
 //! [`CellResult`](crate::cell::CellResult), an upload's answer [`Written`](crate::files::Written),
@@ -14,7 +15,9 @@
 
 mod error;
 mod execute;
+mod network;
 pub mod path;
 
 pub use error::{ErrorBody, ErrorDetail};
 pub use execute::{ExecuteBody, MAX_TASK_ID};
+pub use network::NetworkPolicy;

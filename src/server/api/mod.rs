@@ -63,6 +63,10 @@ pub(super) fn router(state: AppState, metrics_route: MetricsRoute) -> Router {
     let sessions = Router::new()
         .route("/v1/sessions/{session}/execute", post(execute))
         .route("/v1/sessions/{session}/interrupt", post(interrupt))
+        .route(
+            "/v1/sessions/{session}/network",
+            axum::routing::put(network),
+        )
         .route("/v1/sessions/{session}", delete(clear))
         .route(
             "/v1/sessions/{session}/children/{child}",
@@ -307,6 +311,9 @@ fn parse_execute(
             format!("task_id is limited to {MAX_TASK_ID} bytes"),
         ));
     }
+    if let Some(network) = &body.network {
+        set_session_network(state, tenant, &session, network)?;
+    }
     let allowed = tenant.tools.as_ref().map(|t| &t.allow);
     let tools: BTreeSet<String> = match body.tools {
         None => allowed.cloned().unwrap_or_default(),
@@ -463,6 +470,39 @@ async fn interrupt(
         ))),
         n => Ok(Json(json!({"interrupted": n}))),
     }
+}
+
+/// Sets a session's network policy within its tenant's (`docs/reliability.md`, "Network
+/// egress"): kept for the session's kernels, applied at once to the running one.
+fn set_session_network(
+    state: &AppState,
+    tenant: &Tenant,
+    session: &str,
+    policy: &crate::wire::NetworkPolicy,
+) -> Result<usize, ApiError> {
+    state
+        .inner
+        .orchestrator
+        .set_network(&tenant.name, session, policy)
+        .map_err(|e| ApiError::bad_request("invalid_network", e.to_string()))
+}
+
+/// `PUT /v1/sessions/{session}/network`: the session's policy, applied at once; answers how
+/// many of its connections the new policy closed.
+async fn network(
+    State(state): State<AppState>,
+    Caller(tenant): Caller,
+    session: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let session = one_name(&state, session)?;
+    let bytes = read_body(&headers, body)
+        .await
+        .map_err(|e| invalid(&state, e))?;
+    let policy: crate::wire::NetworkPolicy = json_object(&bytes).map_err(|e| invalid(&state, e))?;
+    let closed = set_session_network(&state, &tenant, &session, &policy)?;
+    Ok(Json(json!({"closed": closed})))
 }
 
 async fn clear(

@@ -1,0 +1,330 @@
+//! Network egress by policy (`docs/reliability.md`, "Network egress"): a kernel with a policy
+//! reaches only kernelbox's own proxy, which judges every destination against its tenant's and
+//! session's policy.
+//!
+//! | file | what |
+//! |---|---|
+//! | `policy.rs` | policies parsed and matched: entries, presets, the special address ranges, a kernel's [`Grant`] (tenant ∩ session) |
+//! | `sni.rs` | the server name of a TLS ClientHello, read with every length checked |
+//! | `network.rs` | the egress network (internal, no traffic between kernels) and its host firewall rules, named after it |
+//! | `proxy.rs` | the proxy: CONNECT (TLS, server name checked) and plain HTTP, kernels known by address and credential, limits, counters, the audit line |
+//! | `mod.rs` | [`Egress`]: the network, firewall and proxy of one instance, the tenants' and sessions' policies, what a kernel with a policy is made with |
+
+pub mod policy;
+pub mod sni;
+
+pub use policy::{Grant, Policy, PolicyError, Refusal};
+
+pub mod network;
+pub mod proxy;
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::EgressConfig;
+use crate::docker::{Engine, Mount};
+use crate::wire::NetworkPolicy;
+
+/// Where the CA bundle is mounted (read-only) in kernels with a policy.
+pub const CA_BUNDLE_PATH: &str = "/etc/kernelbox/ca-bundle.crt";
+
+/// Egress could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum EgressError {
+    /// Parsing a tenant's policy failed.
+    #[error("tenant {tenant}: {source}")]
+    Policy {
+        /// The tenant.
+        tenant: String,
+        /// What is wrong.
+        source: PolicyError,
+    },
+    /// Setting up the network or its firewall failed.
+    #[error(transparent)]
+    Network(#[from] network::NetworkError),
+    /// Binding the proxy on the network's gateway failed.
+    #[error("binding the egress proxy on {addr}: {message}")]
+    Bind {
+        /// The address.
+        addr: IpAddr,
+        /// What the system said.
+        message: String,
+    },
+    /// The CA bundle is not a readable file.
+    #[error("the CA bundle {0} is not a readable file")]
+    CaBundle(PathBuf),
+}
+
+/// What a kernel with a policy is made with: the network, its environment, its mounts.
+#[derive(Debug, Clone)]
+pub struct KernelNetwork {
+    /// The egress network's name (the container's network mode).
+    pub network: String,
+    /// The credential in its proxy URL.
+    pub token: String,
+    /// `HTTP_PROXY` and the rest, `KEY=value`.
+    pub env: Vec<String>,
+    /// The CA bundle, read-only.
+    pub mounts: Vec<Mount>,
+}
+
+/// Egress for one instance: the network, its firewall, the proxy and the policies.
+pub struct Egress {
+    engine: Arc<dyn Engine>,
+    names: network::Names,
+    proxy: SocketAddr,
+    table: Arc<proxy::Table>,
+    limits: proxy::Limits,
+    ca_bundle: PathBuf,
+    tenants: HashMap<String, Arc<Policy>>,
+    sessions: Mutex<HashMap<(String, String), Arc<Policy>>>,
+    cancel: CancellationToken,
+}
+
+impl std::fmt::Debug for Egress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Egress")
+            .field("network", &self.names.network)
+            .field("proxy", &self.proxy)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Egress {
+    /// Creates the network (labelled `labels`), binds the proxy on its gateway, admits only the
+    /// proxy's port from it, and serves.
+    pub async fn start(
+        engine: Arc<dyn Engine>,
+        instance: &str,
+        labels: &BTreeMap<String, String>,
+        config: &EgressConfig,
+    ) -> Result<Egress, EgressError> {
+        let mut tenants = HashMap::new();
+        for (tenant, wire) in &config.tenants {
+            let policy = Policy::parse(wire).map_err(|source| EgressError::Policy {
+                tenant: tenant.clone(),
+                source,
+            })?;
+            if !policy.is_none() {
+                tenants.insert(tenant.clone(), Arc::new(policy));
+            }
+        }
+        if !config.ca_bundle.is_file() {
+            return Err(EgressError::CaBundle(config.ca_bundle.clone()));
+        }
+        // The instance's first 4 characters and 4 random ones: several orchestrators of one
+        // process (tests) each have their own network; the label says whose it is.
+        let tag = format!(
+            "{}{}",
+            instance
+                .chars()
+                .filter(char::is_ascii_alphanumeric)
+                .take(4)
+                .collect::<String>(),
+            &uuid::Uuid::new_v4().simple().to_string()[..4]
+        );
+        let names = network::Names::of(&tag);
+        let gateway = network::create(engine.as_ref(), &names, labels).await?;
+        let listener = match TcpListener::bind((gateway, 0)).await {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = network::remove(engine.as_ref(), &names).await;
+                return Err(EgressError::Bind {
+                    addr: gateway,
+                    message: e.to_string(),
+                });
+            }
+        };
+        let proxy = listener.local_addr().map_err(|e| EgressError::Bind {
+            addr: gateway,
+            message: e.to_string(),
+        })?;
+        if let Err(e) = network::firewall(&names, proxy.port()) {
+            let _ = network::remove(engine.as_ref(), &names).await;
+            return Err(e.into());
+        }
+        let table = Arc::new(proxy::Table::default());
+        let cancel = CancellationToken::new();
+        tokio::spawn(proxy::serve(
+            listener,
+            table.clone(),
+            config.limits,
+            cancel.clone(),
+        ));
+        tracing::info!(network = %names.network, proxy = %proxy, "egress proxy listening");
+        Ok(Egress {
+            engine,
+            names,
+            proxy,
+            table,
+            limits: config.limits,
+            ca_bundle: config.ca_bundle.clone(),
+            tenants,
+            sessions: Mutex::new(HashMap::new()),
+            cancel,
+        })
+    }
+
+    /// The proxy's address (on the egress network's gateway).
+    pub fn proxy_addr(&self) -> SocketAddr {
+        self.proxy
+    }
+
+    /// The egress network's name.
+    pub fn network_name(&self) -> &str {
+        &self.names.network
+    }
+
+    /// The grant of `tenant`'s `session`: `None` when the tenant allows nothing (its kernels
+    /// have no network at all).
+    pub fn grant(&self, tenant: &str, session: &str) -> Option<Grant> {
+        let tenant_policy = self.tenants.get(tenant)?.clone();
+        let session_policy = self
+            .sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&(tenant.to_string(), session.to_string()))
+            .cloned();
+        Some(Grant {
+            tenant: tenant_policy,
+            session: session_policy,
+        })
+    }
+
+    /// Sets `tenant`'s `session`'s own policy and applies it at once to its running kernels:
+    /// connections it no longer allows are closed (their number is returned).
+    pub fn set_session(
+        &self,
+        tenant: &str,
+        session: &str,
+        wire: &NetworkPolicy,
+    ) -> Result<usize, PolicyError> {
+        let policy = Arc::new(Policy::parse(wire)?);
+        self.sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert((tenant.to_string(), session.to_string()), policy);
+        let Some(grant) = self.grant(tenant, session) else {
+            return Ok(0);
+        };
+        Ok(self
+            .table
+            .of_session(tenant, session)
+            .iter()
+            .map(|k| k.set_grant(grant.clone()))
+            .sum())
+    }
+
+    /// What a new kernel of a session with `grant` is made with.
+    pub fn kernel_network(&self) -> KernelNetwork {
+        let token = uuid::Uuid::new_v4().simple().to_string();
+        let url = format!("http://kernelbox:{token}@{}", self.proxy);
+        let mut env = Vec::new();
+        for var in [
+            "HTTP_PROXY",
+            "HTTPS_PROXY",
+            "http_proxy",
+            "https_proxy",
+            "ALL_PROXY",
+            "all_proxy",
+        ] {
+            env.push(format!("{var}={url}"));
+        }
+        for var in [
+            "SSL_CERT_FILE",
+            "REQUESTS_CA_BUNDLE",
+            "PIP_CERT",
+            "CURL_CA_BUNDLE",
+        ] {
+            env.push(format!("{var}={CA_BUNDLE_PATH}"));
+        }
+        env.extend(
+            [
+                "PIP_INDEX_URL=https://pypi.org/simple",
+                "PIP_USER=1",
+                "PIP_BREAK_SYSTEM_PACKAGES=1",
+                "PIP_DISABLE_PIP_VERSION_CHECK=1",
+                "PIP_NO_INPUT=1",
+            ]
+            .map(String::from),
+        );
+        KernelNetwork {
+            network: self.names.network.clone(),
+            token,
+            env,
+            mounts: vec![Mount::Bind {
+                source: self.ca_bundle.to_string_lossy().into_owned(),
+                target: CA_BUNDLE_PATH.into(),
+                read_only: true,
+            }],
+        }
+    }
+
+    /// Serves the started container `id` (made with `net`) as `tenant`'s `session`'s kernel
+    /// under `grant`, known by its address on the network. Returns its address.
+    pub async fn register(
+        &self,
+        id: &str,
+        net: &KernelNetwork,
+        tenant: &str,
+        session: &str,
+        grant: Grant,
+    ) -> Result<IpAddr, crate::docker::EngineError> {
+        let addr = self
+            .engine
+            .container_address(id, &self.names.network)
+            .await?
+            .ok_or_else(|| crate::docker::EngineError::Other {
+                op: "inspect container",
+                target: id.to_string(),
+                message: "the kernel has no address on the egress network".into(),
+            })?;
+        let entry = proxy::KernelEntry::new(
+            net.token.clone(),
+            tenant.to_string(),
+            session.to_string(),
+            grant,
+            &self.limits,
+        );
+        self.table.insert(addr, Arc::new(entry));
+        Ok(addr)
+    }
+
+    /// Stops serving the kernel at `addr` made with `token`.
+    pub fn unregister(&self, addr: IpAddr, token: &str) {
+        self.table.remove(addr, token);
+    }
+
+    /// Every tenant's counters, for `/metrics`.
+    pub fn counters(&self) -> Vec<(String, proxy::TenantCounters)> {
+        self.table.counters()
+    }
+
+    /// Stops the proxy and removes the network and its firewall rules.
+    pub async fn stop(&self) {
+        self.cancel.cancel();
+        if let Err(e) = network::remove(self.engine.as_ref(), &self.names).await {
+            tracing::warn!(network = %self.names.network, error = %e, "removing the egress network");
+        }
+    }
+}
+
+/// Removes egress networks (and their firewall rules) matching every label filter (the sweep
+/// of a dead instance's objects).
+pub async fn sweep(engine: &dyn Engine, labels: &[String]) {
+    let mut filters = labels.to_vec();
+    filters.push(format!("{}=true", network::NETWORK_LABEL));
+    let Ok(found) = engine.list_networks(&filters).await else {
+        return;
+    };
+    for name in found {
+        if let Some(names) = network::Names::of_network(&name) {
+            let _ = network::remove(engine, &names).await;
+        }
+    }
+}

@@ -1,0 +1,269 @@
+//! Network egress by policy against the real engine and the real proxy
+//! (`docs/reliability.md`, "Network egress"). Destinations are servers this test starts on
+//! the host's loopback, and the real package index for the pip case only.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::Case;
+use kernelbox::config::{EgressConfig, DEFAULT_CA_BUNDLE};
+use kernelbox::wire::NetworkPolicy;
+use kernelbox::{CellStatus, ExecuteRequest, Scope};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A tiny HTTP server on `addr` answering every request `hello from PORT`.
+async fn http_server(addr: &str) -> u16 {
+    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                let body = format!("hello from {port}");
+                let _ = s
+                    .write_all(
+                        format!(
+                            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                            body.len()
+                        )
+                        .as_bytes(),
+                    )
+                    .await;
+            });
+        }
+    });
+    port
+}
+
+fn policy(allow: &[&str], deny: &[&str]) -> NetworkPolicy {
+    NetworkPolicy {
+        allow: allow.iter().map(|s| s.to_string()).collect(),
+        deny: deny.iter().map(|s| s.to_string()).collect(),
+    }
+}
+
+async fn with_egress(name: &str, tenants: BTreeMap<String, NetworkPolicy>) -> Case {
+    Case::with(name, |c| {
+        c.egress = Some(EgressConfig {
+            tenants,
+            ca_bundle: DEFAULT_CA_BUNDLE.into(),
+            limits: Default::default(),
+        });
+    })
+    .await
+}
+
+async fn run_as(case: &Case, tenant: &str, session: &str, code: &str) -> kernelbox::CellResult {
+    case.exec(ExecuteRequest {
+        scope: Scope::session(session).tenant(tenant),
+        ..ExecuteRequest::new(session, code)
+    })
+    .await
+}
+
+const FETCH: &str = r#"
+import urllib.request, urllib.error
+def fetch(url):
+    try:
+        return urllib.request.urlopen(url, timeout=15).read().decode()
+    except urllib.error.HTTPError as e:
+        return f"HTTP {e.code}: {e.read().decode().strip()}"
+    except Exception as e:
+        return f"ERR {type(e).__name__}: {e}"
+"#;
+
+async fn docker() -> bollard::Docker {
+    bollard::Docker::connect_with_defaults().unwrap()
+}
+
+#[tokio::test]
+async fn no_policy_is_exactly_network_none() {
+    let case = Case::new("egress-none").await;
+    let result = case.run("s", "print(1)").await;
+    assert_eq!(result.status, CellStatus::Success, "{result:?}");
+    let info = docker()
+        .await
+        .inspect_container(&result.kernel.id, None)
+        .await
+        .unwrap();
+    let host = info.host_config.unwrap();
+    assert_eq!(host.network_mode.as_deref(), Some("none"));
+    assert_eq!(info.config.unwrap().network_disabled, Some(true));
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn allowed_hosts_pass_and_everything_else_is_refused_clearly() {
+    let port = http_server("127.0.0.1:0").await;
+    let other = http_server("0.0.0.0:0").await;
+    let tenants = BTreeMap::from([
+        (
+            "a".to_string(),
+            policy(
+                &[&format!("127.0.0.1:{port}"), &format!("localhost:{port}")],
+                &[],
+            ),
+        ),
+        ("b".to_string(), policy(&["example.com"], &[])),
+    ]);
+    let case = with_egress("egress-http", tenants).await;
+    let code = format!(
+        "{FETCH}\nprint(fetch('http://127.0.0.1:{port}/'))\nprint(fetch('http://127.0.0.2:{port}/'))\nprint(fetch('https://example.com/'))"
+    );
+    let r = run_as(&case, "a", "s", &code).await;
+    assert_eq!(r.status, CellStatus::Success, "{r:?}");
+    let lines: Vec<&str> = r.output.lines().collect();
+    assert_eq!(lines[0], format!("hello from {port}"), "{}", r.output);
+    assert!(
+        lines[1].contains("HTTP 403") && lines[1].contains("refused (not_allowed)"),
+        "{}",
+        r.output
+    );
+    assert!(lines[2].contains("403"), "HTTPS refused: {}", r.output);
+
+    // The kernel is on the egress network, not `none`.
+    let info = docker()
+        .await
+        .inspect_container(&r.kernel.id, None)
+        .await
+        .unwrap();
+    let mode = info.host_config.unwrap().network_mode.unwrap();
+    assert!(mode.starts_with("kernelbox-egress-"), "{mode}");
+
+    // A CONNECT to an allowed name whose TLS server name is another host: refused.
+    let sni = format!(
+        r#"
+import os, socket, ssl, base64, urllib.parse
+p = urllib.parse.urlparse(os.environ["HTTPS_PROXY"])
+s = socket.create_connection((p.hostname, p.port), timeout=10)
+auth = base64.b64encode(f"{{p.username}}:{{p.password}}".encode()).decode()
+s.sendall(f"CONNECT localhost:{port} HTTP/1.1\r\nHost: localhost:{port}\r\nProxy-Authorization: Basic {{auth}}\r\n\r\n".encode())
+print(s.recv(100).split(b"\r\n")[0].decode())
+ctx = ssl.create_default_context()
+try:
+    ctx.wrap_socket(s, server_hostname="evil.example").do_handshake()
+    print("handshake")
+except Exception as e:
+    print("closed", type(e).__name__)
+"#
+    );
+    let r = run_as(&case, "a", "s", &sni).await;
+    assert!(
+        r.output.contains("200") && r.output.contains("closed"),
+        "{}",
+        r.output
+    );
+    let counters = case.kb.egress().unwrap().counters();
+    let a = &counters.iter().find(|(t, _)| t == "a").unwrap().1;
+    assert_eq!(a.refusals.get("host_mismatch"), Some(&1), "{a:?}");
+
+    // Raw TCP to any address, the host's other ports, UDP and DNS reach nothing.
+    let gw = case.kb.egress().unwrap().proxy_addr().ip();
+    let raw = format!(
+        r#"
+import socket
+for host, port in [("1.1.1.1", 80), ("{gw}", {other}), ("{gw}", 22)]:
+    try:
+        socket.create_connection((host, port), timeout=2); print("reached", host, port)
+    except OSError as e:
+        print("no", host, port)
+try:
+    socket.getaddrinfo("pypi.org", 443); print("resolved")
+except OSError:
+    print("no dns")
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(2)
+try:
+    u.sendto(b"x", ("8.8.8.8", 53)); u.recvfrom(10); print("udp answered")
+except OSError:
+    print("no udp")
+"#
+    );
+    let r = run_as(&case, "a", "s", &raw).await;
+    assert!(
+        !r.output.contains("reached")
+            && !r.output.contains("resolved")
+            && !r.output.contains("answered"),
+        "{}",
+        r.output
+    );
+    assert_eq!(r.output.matches("no ").count(), 5, "{}", r.output);
+
+    // Tenant a's allow-list never applies to tenant b's kernel.
+    let r = run_as(
+        &case,
+        "b",
+        "s",
+        &format!("{FETCH}\nprint(fetch('http://127.0.0.1:{port}/'))"),
+    )
+    .await;
+    assert!(r.output.contains("HTTP 403"), "{}", r.output);
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn private_addresses_need_an_explicit_range_and_a_new_policy_applies_at_once() {
+    let port = http_server("127.0.0.1:0").await;
+    let tenants = BTreeMap::from([(
+        "a".to_string(),
+        policy(&["localhost", &format!("127.0.0.1:{port}")], &[]),
+    )]);
+    let case = with_egress("egress-change", tenants).await;
+    // `localhost` is allowed by name, but resolves to loopback: only the explicit range passes.
+    let code = format!(
+        "{FETCH}\nprint(fetch('http://localhost:80/'))\nprint(fetch('http://127.0.0.1:{port}/'))"
+    );
+    let r = run_as(&case, "a", "s", &code).await;
+    assert!(
+        r.output.contains("refused (private_address)"),
+        "{}",
+        r.output
+    );
+    assert!(
+        r.output.contains(&format!("hello from {port}")),
+        "{}",
+        r.output
+    );
+
+    // An open tunnel, then a session policy that no longer allows it: closed at once.
+    let open = format!(
+        r#"
+import os, socket, base64, urllib.parse
+p = urllib.parse.urlparse(os.environ["HTTPS_PROXY"])
+t = socket.create_connection((p.hostname, p.port), timeout=10)
+auth = base64.b64encode(f"{{p.username}}:{{p.password}}".encode()).decode()
+t.sendall(f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\nProxy-Authorization: Basic {{auth}}\r\n\r\n".encode())
+print(t.recv(100).split(b"\r\n")[0].decode())
+"#
+    );
+    let r = run_as(&case, "a", "s", &open).await;
+    assert!(r.output.contains("200"), "{}", r.output);
+    let closed = case
+        .kb
+        .set_network("a", "s", &policy(&["example.com"], &[]))
+        .unwrap();
+    assert_eq!(closed, 1);
+    let r = run_as(
+        &case,
+        "a",
+        "s",
+        &format!("print(t.recv(10))\n{FETCH}\nprint(fetch('http://127.0.0.1:{port}/'))"),
+    )
+    .await;
+    assert!(r.output.starts_with("b''"), "{}", r.output);
+    assert!(r.output.contains("refused (not_allowed)"), "{}", r.output);
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn pip_installs_from_the_index_with_the_pypi_preset() {
+    let tenants = BTreeMap::from([("a".to_string(), policy(&["pypi"], &[]))]);
+    let case = with_egress("egress-pip", tenants).await;
+    let code = "import subprocess, sys\nr = subprocess.run([sys.executable, '-m', 'pip', 'install', '--no-deps', 'six==1.16.0'], capture_output=True, text=True)\nprint(r.returncode, r.stdout[-300:], r.stderr[-600:])\nimport site, importlib; site.addsitedir(site.getusersitepackages()); importlib.invalidate_caches()\nimport six; print('six', six.__version__)";
+    let r = run_as(&case, "a", "s", code).await;
+    assert!(r.output.contains("six 1.16.0"), "{}", r.output);
+    case.finish().await;
+}
