@@ -744,3 +744,41 @@ async fn an_unreachable_database_fails_in_time_and_the_error_hides_the_password(
     let err = Store::connect("mysql://x").await.expect_err("not postgres");
     assert!(err.to_string().contains("not a PostgreSQL URL"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_live_on_a_node_that_is_no_longer_current_is_taken_over() {
+    let url = postgres::fresh_database();
+    let store = Store::connect(&url).await.expect("connect");
+    let ea = store
+        .register(&node("a"), LossReason::ServerRestarted)
+        .await
+        .expect("a");
+    let eb = store
+        .register(&node("b"), LossReason::ServerRestarted)
+        .await
+        .expect("b");
+    let b = Writer::new(&store, "b", eb);
+    let on_b = claim_req("t", "s", "b", eb, None);
+    assert!(matches!(
+        store.claim(&on_b).await.expect("claim"),
+        Claim::Claimed { .. }
+    ));
+    b.apply(vec![started("root", "t", "s", 2)])
+        .await
+        .expect("b starts");
+    // b's row stops being current behind the store's back (as a node row an operator edited,
+    // or a version that did not clear its sessions): its session and kernel still say live.
+    let raw = postgres::raw(&url).await;
+    raw.execute("UPDATE kb_nodes SET state = 'left' WHERE name = 'b'", &[])
+        .await
+        .expect("b left");
+    let p = store.lookup("t", "s").await.expect("lookup").expect("row");
+    assert_eq!((p.live, p.node_current), (true, false));
+    assert_eq!(store.tenant_live("t").await.expect("count"), 0);
+    let got = entries(&store, &claim_req("t", "s", "a", ea, Some(1))).await;
+    assert_eq!(lost_with(entry(&got, "root")), Some(LossReason::NodeLost));
+    assert_eq!(entry(&got, "root").generation, 2);
+    let p = store.lookup("t", "s").await.expect("lookup").expect("row");
+    assert_eq!((p.node.as_str(), p.node_current), ("a", true));
+    postgres::drop_database(&url);
+}

@@ -18,5 +18,5 @@ mod store;
 pub use catalog::PostgresCatalog;
 pub use store::{
     Claim, ClaimRequest, ClusterError, Expired, NodeInfo, NodeRow, NodeState, Placement, Renewal,
-    Store, CONNECT_TIMEOUT, OPERATION_DEADLINE, POOL_SIZE, STATEMENT_TIMEOUT,
+    Store, CONNECT_TIMEOUT, MAX_NODES, OPERATION_DEADLINE, POOL_SIZE, STATEMENT_TIMEOUT,
 };

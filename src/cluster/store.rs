@@ -29,6 +29,10 @@ pub const STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
 /// One operation in all (waiting for a connection and its few statements), at most.
 pub const OPERATION_DEADLINE: Duration = Duration::from_secs(15);
 
+/// Nodes [`Store::nodes`] lists, and [`Store::expire_dead`] expires in one pass, at most (a
+/// cluster is a handful of Docker hosts; the bound only keeps every read finite).
+pub const MAX_NODES: i64 = 1_024;
+
 /// Waiting for a free pooled connection, at most.
 const POOL_WAIT: Duration = Duration::from_secs(5);
 
@@ -523,9 +527,9 @@ impl Store {
                 .query(
                     "SELECT name, epoch FROM kb_nodes
                      WHERE state = 'live' AND renewed_at < now() - make_interval(secs => $1)
-                     ORDER BY name
+                     ORDER BY name LIMIT $2
                      FOR UPDATE SKIP LOCKED",
-                    &[&ttl.as_secs_f64()],
+                    &[&ttl.as_secs_f64(), &MAX_NODES],
                 )
                 .await
                 .map_err(db(op))?;
@@ -567,7 +571,7 @@ impl Store {
         .await
     }
 
-    /// Every node, by name.
+    /// Every node (the first [`MAX_NODES`]), by name.
     pub async fn nodes(&self) -> Result<Vec<NodeRow>, ClusterError> {
         let op = "list nodes";
         within(op, async {
@@ -576,8 +580,8 @@ impl Store {
                 .query(
                     "SELECT name, advertise, epoch, state, draining, capacity, live_kernels,
                          greatest(extract(epoch FROM now() - renewed_at), 0)::float8
-                     FROM kb_nodes ORDER BY name",
-                    &[],
+                     FROM kb_nodes ORDER BY name LIMIT $1",
+                    &[&MAX_NODES],
                 )
                 .await
                 .map_err(db(op))?;
