@@ -17,7 +17,8 @@ use std::time::SystemTime;
 
 use tokio::runtime::Handle;
 
-use super::store::{db, ClusterError, Store};
+use super::error::{db, ClusterError};
+use super::store::Store;
 use crate::catalog::{Catalog, CatalogError, Change, Entry, MAX_ENTRIES_PER_TENANT};
 use crate::cell::StateLost;
 use crate::owner::root_session;

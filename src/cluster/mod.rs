@@ -8,15 +8,18 @@
 //! |---|---|
 //! | `mod.rs` | this table, re-exports |
 //! | `schema.rs` | the tables as versioned migrations (`kernelbox_schema`), applied once under an advisory lock however many nodes start at once |
-//! | `store.rs` | [`Store`] (the connection pool, its bounds) and its operations: register / renew / expire / drain / leave nodes, look up and claim sessions, count a tenant's live sessions; [`ClusterError`] |
+//! | `error.rs` | [`ClusterError`]: why an operation failed, naming it (never the password) |
+//! | `store.rs` | [`Store`] (the connection pool, its bounds) and its operations: register / renew / expire / drain / leave nodes, look up and claim sessions, count a tenant's live sessions |
 //! | `catalog.rs` | [`PostgresCatalog`]: the [`crate::catalog::Catalog`] trait over the shared tables, fenced by the node's epoch |
 
 mod catalog;
+mod error;
 mod schema;
 mod store;
 
 pub use catalog::PostgresCatalog;
+pub use error::ClusterError;
 pub use store::{
-    Claim, ClaimRequest, ClusterError, Expired, NodeInfo, NodeRow, NodeState, Placement, Renewal,
-    Store, CONNECT_TIMEOUT, MAX_NODES, OPERATION_DEADLINE, POOL_SIZE, STATEMENT_TIMEOUT,
+    Claim, ClaimRequest, Expired, NodeInfo, NodeRow, NodeState, Placement, Renewal, Store,
+    CONNECT_TIMEOUT, MAX_NODES, OPERATION_DEADLINE, POOL_SIZE, STATEMENT_TIMEOUT,
 };

@@ -5,7 +5,7 @@
 //! first applies it, the others wait for the lock and then find its version recorded. A
 //! database whose schema is newer than this build knows is refused rather than written.
 
-use super::store::{db, ClusterError};
+use super::error::{db, ClusterError};
 
 /// The advisory lock every migration takes (`kbschema` in ASCII, one bigint key).
 const MIGRATION_LOCK: i64 = 0x6b62_7363_6865_6d61;

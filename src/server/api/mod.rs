@@ -3,6 +3,7 @@
 //! | file | what |
 //! |---|---|
 //! | `mod.rs` | the router, authentication, body and name checks, the handlers |
+//! | `routing.rs` | a cluster node's middleware on `/v1/sessions/...`: a session held by another node is forwarded there (docs/cluster.md, "Routing") |
 //! | `middleware.rs` | what wraps every route: panics become 500s, refusals of requests with a body close the connection |
 //! | `files.rs` | files in and out of a session's kernel: PUT, GET (file, listing, tar), DELETE |
 //! | `stream.rs` | a streaming (NDJSON) execute: output events under a backlog cap, then the result |
@@ -19,6 +20,7 @@ pub(crate) mod mcp_session;
 pub(crate) use files::file_request;
 mod middleware;
 pub(crate) mod pending;
+mod routing;
 mod stream;
 
 use stream::stream_execute;
@@ -88,7 +90,7 @@ pub(super) fn router(state: AppState, metrics_route: MetricsRoute) -> Router {
         )
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
-            super::cluster::route,
+            routing::route,
         ));
     let router = Router::new()
         .merge(sessions)
@@ -149,18 +151,6 @@ async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
     )
 }
 
-/// The bearer token of a request, if it carries one.
-pub(crate) fn bearer(headers: &HeaderMap) -> Option<&str> {
-    headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            let (scheme, token) = v.trim().split_once(' ')?;
-            scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
-        })
-        .filter(|t| !t.is_empty())
-}
-
 /// The authenticated caller's tenant.
 pub(crate) struct Caller(pub(crate) Arc<Tenant>);
 
@@ -186,7 +176,8 @@ pub(crate) fn authenticate(
     headers: &HeaderMap,
     extensions: &axum::http::Extensions,
 ) -> Option<Arc<Tenant>> {
-    let tenant = bearer(headers).and_then(|t| state.inner.tenants.authenticate(t))?;
+    let tenant =
+        super::tenants::bearer(headers).and_then(|t| state.inner.tenants.authenticate(t))?;
     if let Some(slot) = extensions.get::<super::slots::Promote>() {
         slot.authenticated();
     }

@@ -26,7 +26,7 @@ fn admin(state: &AppState, headers: &HeaderMap) -> Result<std::sync::Arc<Cluster
                 "no cluster admin here: serve with --cluster and --admin-token".to_string(),
             )
         })?;
-    match crate::server::api::bearer(headers) {
+    match crate::server::tenants::bearer(headers) {
         Some(token) if node.is_admin(token) => Ok(node),
         _ => Err(ApiError::unauthorized()),
     }

@@ -57,7 +57,7 @@ impl ClusterNode {
     /// Sends `request` to `target` and streams its answer back. The answer's head must come
     /// within the longest a cell may run plus the time to start its kernel and a minute
     /// (the target enforces its own deadlines; this one only bounds a target that hangs).
-    pub(super) async fn forward(
+    pub(crate) async fn forward(
         &self,
         target: &Target,
         request: Request,

@@ -6,7 +6,7 @@
 //! |---|---|
 //! | `mod.rs` | [`ClusterNode`]: this node's name, address, epoch and lease, what it last read of the other nodes, the placements it remembers, its settings and counters |
 //! | `lease.rs` | the lease loop: renew, expire dead nodes, refresh the view of the nodes, fence and rejoin |
-//! | `route.rs` | where a session's request is served: here, one hop away, or refused (the middleware on `/v1/sessions/...`) |
+//! | `route.rs` | where a session's request is served: here, one hop away, or refused (asked by the middleware in `server/api/routing.rs`) |
 //! | `forward.rs` | the hop: the request streamed to the node that holds the session, its answer streamed back |
 //! | `admin.rs` | `GET /v1/nodes` and `POST /v1/nodes/{node}/drain`, behind the admin token |
 
@@ -16,7 +16,7 @@ mod lease;
 mod route;
 
 pub(crate) use admin::{drain_node, list_nodes};
-pub(crate) use route::route;
+pub(crate) use route::{session_of, Kind, Route};
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
@@ -333,7 +333,7 @@ impl ClusterNode {
         );
     }
 
-    fn forget(&self, tenant: &str, session: &str) {
+    pub(crate) fn forget(&self, tenant: &str, session: &str) {
         let mut view = self.view.lock().unwrap_or_else(|p| p.into_inner());
         view.placements
             .remove(&(tenant.to_string(), session.to_string()));

@@ -1,5 +1,5 @@
-//! Where a session's request is served (docs/cluster.md, "Routing"): the middleware on every
-//! `/v1/sessions/{session}/...` route of a cluster node.
+//! Where a session's request is served (docs/cluster.md, "Routing"), as the middleware on
+//! every `/v1/sessions/{session}/...` route of a cluster node (`server/api/routing.rs`) asks.
 //!
 //! A session with a kernel here is served here without asking the catalog (a warm cell reads
 //! nothing from it). Otherwise a request that starts a kernel (an execute, an upload) claims
@@ -10,22 +10,18 @@
 //! is served here or refused, never forwarded again; the placements found are remembered
 //! until their node's epoch moves on.
 
-use axum::extract::{Request, State};
-use axum::http::{Method, StatusCode};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::http::StatusCode;
 
 use crate::cluster::{Claim, ClaimRequest, Placement};
-use crate::owner::validate_name;
 use crate::server::error::ApiError;
 use crate::server::tenants::Tenant;
 use crate::server::AppState;
 
-use super::{ClusterNode, Target, FORWARDED_HEADER};
+use super::{ClusterNode, Target};
 
 /// Whether a request may start the session's kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
+pub(crate) enum Kind {
     /// An execute or an upload: the session is claimed if no node holds it.
     Starts,
     /// Anything else: served where the session is, or here.
@@ -34,57 +30,15 @@ enum Kind {
 
 /// Where a request goes.
 #[derive(Debug)]
-enum Route {
+pub(crate) enum Route {
+    /// Served by this node.
     Here,
+    /// Sent to the node that holds the session.
     Forward(Target),
 }
 
-/// The middleware: a request for a session held elsewhere goes there.
-pub(crate) async fn route(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    let Some(node) = state.cluster().cloned() else {
-        return next.run(request).await;
-    };
-    let Some(session) = session_of(request.uri().path()) else {
-        return next.run(request).await;
-    };
-    // An unauthenticated request or a bad name is answered by the handler, as on one host.
-    let Some(tenant) =
-        crate::server::api::authenticate(&state, request.headers(), request.extensions())
-    else {
-        return next.run(request).await;
-    };
-    if validate_name("session", &session).is_err() {
-        return next.run(request).await;
-    }
-    let kind = if request.method() == Method::POST && request.uri().path().ends_with("/execute")
-        || request.method() == Method::PUT
-    {
-        Kind::Starts
-    } else {
-        Kind::Finds
-    };
-    let forwarded = request.headers().contains_key(FORWARDED_HEADER);
-    match node
-        .decide(&state, &tenant, &session, kind, forwarded)
-        .await
-    {
-        Ok(Route::Here) => next.run(request).await,
-        Ok(Route::Forward(target)) => match node
-            .forward(&target, request, state.forward_deadline())
-            .await
-        {
-            Ok(response) => response,
-            Err(e) => {
-                node.forget(&tenant.name, &session);
-                e.into_response()
-            }
-        },
-        Err(e) => e.into_response(),
-    }
-}
-
 /// The session named by a `/v1/sessions/{session}...` path, percent-decoded.
-fn session_of(path: &str) -> Option<String> {
+pub(crate) fn session_of(path: &str) -> Option<String> {
     let rest = path.strip_prefix("/v1/sessions/")?;
     let segment = rest.split('/').next().filter(|s| !s.is_empty())?;
     percent_encoding::percent_decode_str(segment)
@@ -94,7 +48,8 @@ fn session_of(path: &str) -> Option<String> {
 }
 
 impl ClusterNode {
-    async fn decide(
+    /// Where a request of `tenant` for `session` goes (or why it is refused).
+    pub(crate) async fn decide(
         &self,
         state: &AppState,
         tenant: &Tenant,

@@ -447,3 +447,15 @@ fn check_tool_url(url: &str) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests;
+
+/// The bearer token of a request, if it carries one.
+pub(crate) fn bearer(headers: &axum::http::HeaderMap) -> Option<&str> {
+    headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            let (scheme, token) = v.trim().split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+        })
+        .filter(|t| !t.is_empty())
+}

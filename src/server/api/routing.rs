@@ -1,0 +1,55 @@
+//! A cluster node's middleware on every `/v1/sessions/{session}/...` route (docs/cluster.md,
+//! "Routing"): the node decides where the session's request is served (`server/cluster/`);
+//! one held by another node is forwarded there, one this node serves goes on to its handler.
+//! On one host it does nothing.
+
+use axum::extract::{Request, State};
+use axum::http::Method;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use crate::owner::validate_name;
+use crate::server::cluster::{session_of, Kind, Route, FORWARDED_HEADER};
+use crate::server::AppState;
+
+/// The middleware: a request for a session held elsewhere goes there.
+pub(super) async fn route(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let Some(node) = state.cluster().cloned() else {
+        return next.run(request).await;
+    };
+    let Some(session) = session_of(request.uri().path()) else {
+        return next.run(request).await;
+    };
+    // An unauthenticated request or a bad name is answered by the handler, as on one host.
+    let Some(tenant) = super::authenticate(&state, request.headers(), request.extensions()) else {
+        return next.run(request).await;
+    };
+    if validate_name("session", &session).is_err() {
+        return next.run(request).await;
+    }
+    let kind = if request.method() == Method::POST && request.uri().path().ends_with("/execute")
+        || request.method() == Method::PUT
+    {
+        Kind::Starts
+    } else {
+        Kind::Finds
+    };
+    let forwarded = request.headers().contains_key(FORWARDED_HEADER);
+    match node
+        .decide(&state, &tenant, &session, kind, forwarded)
+        .await
+    {
+        Ok(Route::Here) => next.run(request).await,
+        Ok(Route::Forward(target)) => match node
+            .forward(&target, request, state.forward_deadline())
+            .await
+        {
+            Ok(response) => response,
+            Err(e) => {
+                node.forget(&tenant.name, &session);
+                e.into_response()
+            }
+        },
+        Err(e) => e.into_response(),
+    }
+}
