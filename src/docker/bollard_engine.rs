@@ -31,6 +31,17 @@ pub struct BollardEngine {
 }
 
 impl BollardEngine {
+    /// Sends `signal` to the container's main process; a stopped or missing container is a
+    /// success.
+    async fn signal(&self, id: &str, signal: &str, op: &'static str) -> Result<(), EngineError> {
+        let options = KillContainerOptionsBuilder::default().signal(signal).build();
+        match self.docker.kill_container(id, Some(options)).await {
+            Ok(()) => Ok(()),
+            Err(e) if matches!(status_of(&e), Some(404 | 409)) => Ok(()),
+            Err(e) => Err(map_err(op, id, e)),
+        }
+    }
+
     /// Connects with Docker's defaults (`DOCKER_HOST`, else the local socket) and negotiates
     /// the API version once.
     pub async fn connect() -> Result<BollardEngine, EngineError> {
@@ -293,14 +304,11 @@ impl Engine for BollardEngine {
     }
 
     async fn kill(&self, id: &str) -> Result<(), EngineError> {
-        let options = KillContainerOptionsBuilder::default()
-            .signal("SIGKILL")
-            .build();
-        match self.docker.kill_container(id, Some(options)).await {
-            Ok(()) => Ok(()),
-            Err(e) if matches!(status_of(&e), Some(404 | 409)) => Ok(()),
-            Err(e) => Err(map_err("kill", id, e)),
-        }
+        self.signal(id, "SIGKILL", "kill").await
+    }
+
+    async fn interrupt(&self, id: &str) -> Result<(), EngineError> {
+        self.signal(id, "SIGINT", "interrupt").await
     }
 
     async fn remove_container(&self, id: &str) -> Result<(), EngineError> {

@@ -236,6 +236,10 @@ pub trait Engine: Send + Sync + 'static {
     async fn start(&self, id: &str) -> Result<(), EngineError>;
     /// Sends SIGKILL; a stopped or missing container is a success.
     async fn kill(&self, id: &str) -> Result<(), EngineError>;
+    /// Sends SIGINT to the container's main process (the init passes it on to the runner:
+    /// an interrupt, `docs/contract.md` "Statuses"); a stopped or missing container is a
+    /// success.
+    async fn interrupt(&self, id: &str) -> Result<(), EngineError>;
     /// Kills and removes a container and waits until it is gone; a missing one is a success.
     async fn remove_container(&self, id: &str) -> Result<(), EngineError>;
     /// Renames a container (kernelbox records who took a pooled kernel in its name: see

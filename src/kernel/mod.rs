@@ -215,8 +215,12 @@ pub(crate) enum CellOutcome {
     Exited,
     /// The deadline passed; the caller must dispose of the kernel.
     TimedOut,
-    /// The caller cancelled; the caller must dispose of the kernel.
+    /// The caller cancelled and the cell did not stop on the interrupt within its grace (or
+    /// never ran: see [`CellRun::ran`]); the caller must dispose of a kernel it ran on.
     Interrupted,
+    /// The caller cancelled and the cell stopped on the interrupt's KeyboardInterrupt within
+    /// its grace: the kernel and its state stay.
+    InterruptedKept,
     /// The kernel died under the cell.
     Died(Death),
 }
@@ -254,6 +258,8 @@ pub(crate) struct CellOptions {
     pub(crate) sink: Option<OutputSink>,
     /// Receives each display as it arrives, in order with the output.
     pub(crate) display_sink: Option<DisplaySink>,
+    /// How long a cell may take to stop once interrupted before its kernel is killed.
+    pub(crate) interrupt_grace: Duration,
 }
 
 /// The I/O a running cell needs, behind the FIFO cell lock.
