@@ -30,6 +30,11 @@ pub const DEFAULT_DISPLAY_CELL_BYTES: usize = 20 * 1024 * 1024;
 /// on its KeyboardInterrupt before its kernel is killed (`docs/contract.md`, "Statuses").
 pub const DEFAULT_INTERRUPT_GRACE: Duration = Duration::from_secs(5);
 
+/// Shell commands (`POST /v1/sessions/{session}/commands`) one session's kernel runs at once;
+/// one more is refused (429 `too_many_commands`, `docs/contract.md` "Commands"). Commands and
+/// cells also count among the calls attached to a kernel (`MAX_ATTACHED_PER_SLOT`).
+pub const MAX_COMMANDS_PER_SESSION: usize = 4;
+
 /// The default cap on one upload ([`FileTransfer::max_upload_bytes`]: a file, or a tar
 /// archive's bytes): 100 MiB.
 pub const DEFAULT_MAX_UPLOAD_BYTES: u64 = 100 * 1024 * 1024;

@@ -199,7 +199,9 @@ async fn a_cell_waiting_on_a_tool_call_is_interrupted_and_keeps_its_state() {
     let r = cell.await.unwrap().unwrap();
     assert_eq!(r.status, CellStatus::Interrupted, "{r:?}");
     assert!(r.output.contains("KeyboardInterrupt"), "{r:?}");
-    let next = case.exec(ExecuteRequest::new(scope(), "print(x + 1)")).await;
+    let next = case
+        .exec(ExecuteRequest::new(scope(), "print(x + 1)"))
+        .await;
     assert_eq!(next.output, "42\n", "{next:?}");
     assert!(next.kernel.state_lost.is_none(), "{next:?}");
     case.finish().await;
@@ -220,7 +222,11 @@ async fn a_cell_that_swallows_keyboard_interrupt_is_killed_after_the_grace() {
     let r = cell.await.unwrap().unwrap();
     assert!(started.elapsed() >= Duration::from_secs(2), "{r:?}");
     assert_eq!(r.status, CellStatus::Interrupted, "{r:?}");
-    assert_eq!(r.error.as_deref(), Some(common::INTERRUPT_KILLED_2S), "{r:?}");
+    assert_eq!(
+        r.error.as_deref(),
+        Some(common::INTERRUPT_KILLED_2S),
+        "{r:?}"
+    );
     let next = case.run("s", "print('x' in globals())").await;
     assert_eq!(next.output, "False\n", "{next:?}");
     assert_eq!(

@@ -273,7 +273,9 @@ mod tests {
             row(
                 CellStatus::Interrupted,
                 -1,
-                Some("Interrupted (KeyboardInterrupt); the session kernel and its state were kept."),
+                Some(
+                    "Interrupted (KeyboardInterrupt); the session kernel and its state were kept."
+                ),
                 false,
                 None,
                 true

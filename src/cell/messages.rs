@@ -51,7 +51,8 @@ pub fn interrupt_killed_message(grace: Duration) -> String {
 }
 
 /// The refusal of a tool call the cell was waiting on when it was interrupted.
-pub const INTERRUPTED_CALL_MESSAGE: &str = "The cell was interrupted while it waited on this tool call.";
+pub const INTERRUPTED_CALL_MESSAGE: &str =
+    "The cell was interrupted while it waited on this tool call.";
 
 /// The error of a cell interrupted while it waited for an earlier cell of its session.
 pub const INTERRUPTED_BEFORE_IT_RAN: &str =

@@ -20,8 +20,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Attached, Chunk, ContainerInfo, ContainerSpec, Engine, EngineError, EngineEvent, ExecSpec,
-    VolumeInfo,
+    Attached, Chunk, ContainerInfo, ContainerSpec, Engine, EngineError, EngineEvent, ExecProcess,
+    ExecSpec, VolumeInfo,
 };
 
 /// The runner protocol version the fake's containers speak. The fake sits below the kernel
@@ -404,12 +404,27 @@ impl Engine for FakeEngine {
         })
     }
 
+    async fn exec_process(&self, id: &str, spec: &ExecSpec) -> Result<ExecProcess, EngineError> {
+        self.exec(id, spec).await.map(|_| unreachable_process())
+    }
+
     fn events(
         &self,
         _labels: &[String],
         _since: Option<i64>,
     ) -> BoxStream<'static, Result<EngineEvent, EngineError>> {
         futures::stream::pending().boxed()
+    }
+}
+
+/// Never called: the fake's exec always fails (it has no processes to run).
+fn unreachable_process() -> ExecProcess {
+    ExecProcess {
+        streams: Attached {
+            output: futures::stream::empty().boxed(),
+            input: Box::pin(tokio::io::sink()),
+        },
+        exit_code: Box::pin(async { Ok(None) }),
     }
 }
 

@@ -242,9 +242,16 @@ async fn interrupt_counts_only_the_cells_that_ended_interrupted() {
     assert_eq!(second.status, CellStatus::Interrupted, "{second:?}");
     assert_eq!(second.kernel.execution_count, 0, "it never ran: {second:?}");
     assert_eq!(kb.interrupt(None, "s").await, 0, "nothing runs now");
-    assert_eq!(fake.live_containers(), 1, "the interrupted cell stopped: its kernel stays");
+    assert_eq!(
+        fake.live_containers(),
+        1,
+        "the interrupted cell stopped: its kernel stays"
+    );
     let next = run(&kb, "s", "x").await;
-    assert!(next.kernel.reused && next.kernel.state_lost.is_none(), "{next:?}");
+    assert!(
+        next.kernel.reused && next.kernel.state_lost.is_none(),
+        "{next:?}"
+    );
     kb.shutdown().await;
 }
 
@@ -267,7 +274,10 @@ async fn a_cell_that_ignores_its_interrupt_is_killed_after_the_grace() {
     }
     let started = tokio::time::Instant::now();
     assert_eq!(kb.interrupt(None, "s").await, 1);
-    assert!(started.elapsed() >= Duration::from_secs(3), "it waited the grace");
+    assert!(
+        started.elapsed() >= Duration::from_secs(3),
+        "it waited the grace"
+    );
     let r = stubborn.await.expect("join").expect("execute");
     assert_eq!(r.status, CellStatus::Interrupted);
     assert_eq!(
