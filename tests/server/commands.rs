@@ -43,7 +43,10 @@ async fn a_command_runs_beside_the_kernel_with_its_streams_apart() {
     )
     .await;
     assert_eq!(r["exit_code"], 3, "{r}");
-    let uid = srv.api.run("tok", "s", "import os\nprint(os.getuid())").await;
+    let uid = srv
+        .api
+        .run("tok", "s", "import os\nprint(os.getuid())")
+        .await;
     let expected = format!("out\n{}/work\n", uid["output"].as_str().unwrap());
     assert_eq!(r["stdout"], expected.as_str(), "as the kernel's user: {r}");
     assert_eq!(r["stderr"], "err\n", "{r}");
