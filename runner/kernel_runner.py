@@ -23,7 +23,8 @@ Messages, host -> runner:  {"op": "exec", "cell": N, "code": str, "marker": str,
 Messages, runner -> host:  {"op": "ready", "v": 3, "python": str, "pid": N}       (stderr)
                            {"op": "tool_call", "cell": N|null, "call": N, "tool": str, "args": {}}
                            {"op": "pong"}
-                           MARKER {"op": "done", "cell": N, "status": "ok"|"error"|"exit",
+                           MARKER {"op": "done", "cell": N,
+                            "status": "ok"|"error"|"exit"|"interrupted",
                             "traceback": str|null, "execution_count": N, "exit_code": N,
                             "displays_dropped": N}                                 (stdout)
                            DISPLAY_MARKER ("+"|".") PIECE                          (stdout)
@@ -32,11 +33,18 @@ Nobody owns stdin: whichever thread needs a message (the idle main thread waitin
 or a thread waiting for its tool result) reads it and files what it reads for the others, so
 a cell starts and a tool result lands without a thread hand-off. A watcher thread polls stdin
 for hang-up only and exits the process the moment the host goes away, even mid-cell.
+
+Interrupts (docs/contract.md, "Statuses"): the host sends SIGINT to this process (the engine
+delivers it through the container's init). It becomes a KeyboardInterrupt only while a cell's
+own code runs on the main thread; landing anywhere else (between cells, in the runner's own
+output, display or tool-call work) it is held, and raised when the cell's code resumes, or
+dropped when the cell ends first (see _Interrupts).
 """
 
 # Imports are kept to modules the interpreter loads anyway plus C extensions: ``json`` pulls in
 # ``re`` and ``enum`` and ``threading`` pulls in ``functools`` and ``collections``, together
 # about 1.5 MiB of anonymous memory in every idle kernel (see _make_codec and _tag_threads).
+import _signal
 import _thread
 import io
 import os
@@ -285,6 +293,93 @@ def _watch_hangup(fd):
                 _exit(0)
 
 
+class _Interrupts:
+    """SIGINT as a KeyboardInterrupt in the running cell's code, and nowhere else.
+
+    ``armed`` is set only while the main thread runs the cell's code (``guard`` clears it
+    around the runner's own work the cell calls into: displays, tool calls, the import hook),
+    so the runner's state (the inbox, the display channel, the end line) is never cut half
+    way. A SIGINT that lands while not armed during a cell is held (``pending``) and raised
+    as soon as the cell's code resumes; one that lands between cells is dropped."""
+
+    def __init__(self):
+        self.armed = False
+        self.in_cell = False
+        self.pending = False
+        # This cell received a SIGINT: it ends "interrupted" if it raises KeyboardInterrupt.
+        self.hit = False
+
+    def handler(self, signum, frame):
+        if not self.in_cell:
+            return
+        self.hit = True
+        if self.armed:
+            # Disarmed as it is raised: a second SIGINT while the exception unwinds (through
+            # the runner's own frames) is held, not raised there.
+            self.armed = False
+            self.pending = False
+            raise KeyboardInterrupt
+        self.pending = True
+
+    def install(self):
+        try:
+            _signal.signal(_signal.SIGINT, self.handler)
+        except (ValueError, OSError):
+            pass  # not the main thread, or no signals here: interrupts then kill the kernel
+
+    def begin(self):
+        self.pending = False
+        self.hit = False
+        self.in_cell = True
+
+    def end(self):
+        self.armed = False
+        self.in_cell = False
+        self.pending = False
+
+    def arm(self):
+        """Back in the cell's code: a SIGINT held meanwhile is raised now."""
+        if _get_ident() != _MAIN_THREAD or not self.in_cell:
+            return
+        self.armed = True
+        if self.pending:
+            self.pending = False
+            raise KeyboardInterrupt
+
+    def guard(self):
+        """Entering the runner's own work from the cell's code on the main thread: returns
+        whether the cell's code was armed (pass it to ``restore``)."""
+        if _get_ident() != _MAIN_THREAD:
+            return False
+        was, self.armed = self.armed, False
+        return was
+
+    def restore(self, was):
+        if was:
+            self.arm()
+
+
+_MAIN_THREAD = _get_ident()
+_INTERRUPTS = _Interrupts()
+
+
+def _guarded(function):
+    """Runs ``function`` (the runner's own work, called from a cell's code) with SIGINT held,
+    and raises a SIGINT that arrived meanwhile once it returned or raised."""
+
+    def run(*args, **kwargs):
+        was = _INTERRUPTS.guard()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            _INTERRUPTS.restore(was)
+
+    run.__name__ = getattr(function, "__name__", "run")
+    run.__qualname__ = getattr(function, "__qualname__", "run")
+    run.__doc__ = getattr(function, "__doc__", None)
+    return run
+
+
 class _Runner:
     def __init__(self, channel, status_path, rich_source):
         self.ch = channel
@@ -312,6 +407,9 @@ class _Runner:
     # -- tool calls ------------------------------------------------------------------------
 
     def tool_call(self, name, args):
+        return _guarded(self._tool_call)(name, args)
+
+    def _tool_call(self, name, args):
         if _getpid() != self.pid:
             raise ToolError("tool calls are only available in the kernel process, not in a forked child")
         if not isinstance(name, str) or not name:
@@ -417,28 +515,38 @@ class _Runner:
         self.display.begin(msg)
         _modules["builtins"].display = self.display_builtin
         status, tb, exit_code = "ok", None, 0
+        interrupts = _INTERRUPTS
+        interrupts.begin()
         try:
             code, last = _compile_cell(msg.get("code", ""), "<cell-%s>" % cell)
-            exec(code, self.namespace)
-            if last is not None:
-                # The last expression's value is the main result (Jupyter's execute_result).
-                value = eval(last, self.namespace)
-                if value is not None:
-                    self.display.show((value,), main=True)
-                del value
+            try:
+                # A KeyboardInterrupt raised anywhere in here, this block's own lines
+                # included, is caught below: it never reaches the runner's loop.
+                interrupts.arm()
+                exec(code, self.namespace)
+                if last is not None:
+                    # The last expression's value is the main result (Jupyter's execute_result).
+                    value = eval(last, self.namespace)
+                    interrupts.armed = False
+                    if value is not None:
+                        self.display.show((value,), main=True)
+                    del value
+            finally:
+                interrupts.armed = False
         except SystemExit as exc:
             status = "exit"
             exit_code = _exit_code(exc.code)
         except BaseException:
-            status = "error"
-            exit_code = 1
             etype, value, tb_obj = _exc_info()
+            status = "interrupted" if etype is KeyboardInterrupt and interrupts.hit else "error"
+            exit_code = 1
             # Drop this frame so the traceback starts in the cell.
             if tb_obj is not None and tb_obj.tb_frame.f_code is _Runner.run_cell.__code__:
                 tb_obj = tb_obj.tb_next
             tb = _format_traceback(etype, value, tb_obj)
             del tb_obj, value
         finally:
+            interrupts.end()
             self.current_cell = None
         if _getpid() != self.pid:
             # A process the cell forked fell out of the cell's code: it is not the kernel.
@@ -528,7 +636,7 @@ def _display_builtin(display):
     def display_(*objs, raw=False, metadata=None, **_ignored):
         """Show objects as rich results (as IPython's display): their _repr_mimebundle_,
         _repr_png_, _repr_svg_, _repr_html_, ... and repr, in the order called."""
-        display.show(objs, raw=raw, metadata=metadata)
+        _guarded(display.show)(objs, raw=raw, metadata=metadata)
 
     display_.__name__ = "display"
     display_.__qualname__ = "display"
@@ -546,6 +654,9 @@ class _InlineFinder:
     def find_spec(self, name, path=None, target=None):
         if name not in ("matplotlib", _INLINE_BACKEND) or self.busy:
             return None
+        return _guarded(self._find_spec)(name, path, target)
+
+    def _find_spec(self, name, path, target):
         self.display.load()
         self.busy = True
         try:
@@ -746,6 +857,7 @@ def main():
     # The watcher starts before the starters are wrapped: it belongs to no cell.
     _thread.start_new_thread(_watch_hangup, (channel.inp,))
     _tag_threads(runner)
+    _INTERRUPTS.install()
     try:
         runner.run_forever()
     finally:

@@ -306,7 +306,7 @@ class _InlineBackend:
         display = self.display
 
         def show(*args, **kwargs):
-            display.flush_figures()
+            _guarded(display.flush_figures)()
 
         module.FigureCanvas = agg.FigureCanvasAgg
         module.FigureManager = bases.FigureManagerBase

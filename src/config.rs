@@ -26,6 +26,15 @@ pub const DEFAULT_DISPLAY_BUNDLE_BYTES: usize = 5 * 1024 * 1024;
 /// The default cap on a cell's displays ([`DisplayCaps::cell_bytes`]): 20 MiB of their JSON.
 pub const DEFAULT_DISPLAY_CELL_BYTES: usize = 20 * 1024 * 1024;
 
+/// The default [`CellLimits::interrupt_grace`]: how long an interrupted cell may take to stop
+/// on its KeyboardInterrupt before its kernel is killed (`docs/contract.md`, "Statuses").
+pub const DEFAULT_INTERRUPT_GRACE: Duration = Duration::from_secs(5);
+
+/// Shell commands (`POST /v1/sessions/{session}/commands`) one session's kernel runs at once;
+/// one more is refused (429 `too_many_commands`, `docs/contract.md` "Commands"). Commands and
+/// cells also count among the calls attached to a kernel (`MAX_ATTACHED_PER_SLOT`).
+pub const MAX_COMMANDS_PER_SESSION: usize = 4;
+
 /// The default cap on one upload ([`FileTransfer::max_upload_bytes`]: a file, or a tar
 /// archive's bytes): 100 MiB.
 pub const DEFAULT_MAX_UPLOAD_BYTES: u64 = 100 * 1024 * 1024;
@@ -168,6 +177,9 @@ pub struct CellLimits {
     pub output: OutputCaps,
     /// What a cell's result keeps of its displays.
     pub display: DisplayCaps,
+    /// How long an interrupted cell may take to stop on its KeyboardInterrupt before its
+    /// kernel is killed.
+    pub interrupt_grace: Duration,
 }
 
 impl Default for CellLimits {
@@ -178,6 +190,7 @@ impl Default for CellLimits {
             max_tool_calls: 50,
             output: OutputCaps::default(),
             display: DisplayCaps::default(),
+            interrupt_grace: DEFAULT_INTERRUPT_GRACE,
         }
     }
 }
@@ -428,6 +441,9 @@ impl Config {
         }
         if let Err(e) = self.check_cell_timeout(self.cells.timeout) {
             return Err(bad("cell_timeout", e.to_string()));
+        }
+        if self.cells.interrupt_grace.is_zero() {
+            return Err(bad("interrupt_grace", "must be positive"));
         }
         if self.kernels.spawn_timeout.is_zero() {
             return Err(bad("spawn_timeout", "must be positive"));

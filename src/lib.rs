@@ -68,10 +68,10 @@ pub use cell::{CellResult, CellStatus, KernelInfo, LossReason, StateLost};
 pub use config::{Config, Sandbox, WorkMode};
 pub use docker::{BollardEngine, Engine, EngineError};
 pub use files::{Download, FileEntry, FilePath, Listing, TransferError, Written};
-pub use kernel::OutputSink;
+pub use kernel::{CommandSink, CommandStream, OutputSink};
 pub use orchestrator::{
-    AdmissionNotice, ExecuteError, ExecuteRequest, FileError, FileRequest, KernelSummary,
-    Orchestrator, Scope, StartError,
+    AdmissionNotice, CommandError, CommandRequest, ExecuteError, ExecuteRequest, FileError,
+    FileRequest, KernelSummary, Orchestrator, Scope, StartError,
 };
 pub use registry::{Cap, TenantLimits, MAX_ATTACHED_PER_SLOT};
 pub use rich::{DisplaySink, RawJson, RichResult};

@@ -27,8 +27,15 @@ pub enum Ending {
         /// The timeout it ran under.
         timeout: Duration,
     },
-    /// The caller interrupted the cell once it had its kernel.
+    /// The caller interrupted the cell once it had its kernel, and the cell stopped on the
+    /// KeyboardInterrupt within the grace: the kernel stays.
     Interrupted,
+    /// The caller interrupted the cell once it had its kernel, and it had not stopped when
+    /// the grace passed: the kernel was killed.
+    InterruptKilled {
+        /// The grace it had.
+        grace: Duration,
+    },
     /// The caller interrupted the cell while it waited behind an earlier cell: it never ran.
     InterruptedWhileQueued,
     /// Its kernel was cleared or reset under it (`DELETE`, `reset: true`, a child's release).
@@ -117,7 +124,10 @@ impl Ending {
         let ended = self == Ending::Exited;
         let kernel_kept = matches!(
             self,
-            Ending::Completed | Ending::Raised { .. } | Ending::InterruptedWhileQueued
+            Ending::Completed
+                | Ending::Raised { .. }
+                | Ending::Interrupted
+                | Ending::InterruptedWhileQueued
         );
         let (status, exit_code, error, loss) = match self {
             Ending::Completed | Ending::Exited => (CellStatus::Success, 0, None, None),
@@ -132,6 +142,12 @@ impl Ending {
                 CellStatus::Interrupted,
                 -1,
                 Some(messages::INTERRUPTED_MESSAGE.to_string()),
+                None,
+            ),
+            Ending::InterruptKilled { grace } => (
+                CellStatus::Interrupted,
+                -1,
+                Some(messages::interrupt_killed_message(grace)),
                 Some(LossReason::Killed),
             ),
             Ending::InterruptedWhileQueued => (
@@ -251,18 +267,41 @@ mod tests {
     }
 
     #[test]
-    fn an_interrupt_kills_the_kernel_with_loss_killed() {
+    fn an_interrupt_the_cell_stopped_on_keeps_the_kernel_and_loses_nothing() {
         assert_eq!(
             Ending::Interrupted.verdict(),
             row(
                 CellStatus::Interrupted,
                 -1,
-                Some("Interrupted; the session kernel was killed and its state was lost."),
+                Some(
+                    "Interrupted (KeyboardInterrupt); the session kernel and its state were kept."
+                ),
+                false,
+                None,
+                true
+            )
+        );
+    }
+
+    #[test]
+    fn an_interrupt_not_stopped_within_the_grace_kills_the_kernel_with_loss_killed() {
+        let after = |grace| Ending::InterruptKilled { grace }.verdict();
+        assert_eq!(
+            after(Duration::from_secs(5)),
+            row(
+                CellStatus::Interrupted,
+                -1,
+                Some(
+                    "Interrupted, but the cell did not stop within 5s of its KeyboardInterrupt; \
+                     the session kernel was killed and its state was lost."
+                ),
                 false,
                 Some(LossReason::Killed),
                 false
             )
         );
+        let error = after(Duration::from_millis(500)).error.unwrap();
+        assert!(error.contains("within 0.5s of"), "{error}");
     }
 
     #[test]
@@ -367,10 +406,11 @@ mod tests {
         }
         .verdict();
         assert_eq!(timed_out.hint(true).as_deref(), Some(hint));
-        assert_eq!(
-            Ending::Interrupted.verdict().hint(true).as_deref(),
-            Some(hint)
-        );
+        let killed = Ending::InterruptKilled {
+            grace: Duration::from_secs(5),
+        };
+        assert_eq!(killed.verdict().hint(true).as_deref(), Some(hint));
+        assert_eq!(Ending::Interrupted.verdict().hint(false), None);
         assert_eq!(Ending::InterruptedWhileQueued.verdict().hint(false), None);
         assert_eq!(Ending::Cleared.verdict().hint(true), None);
         assert_eq!(died(KernelDeath::Killed).hint(true), None);

@@ -20,21 +20,39 @@ macro_rules! next {
 
 /// The error of a cell past its timeout: `{T}` whole seconds when whole, else the decimal.
 pub fn timeout_message(timeout: Duration) -> String {
-    let secs = timeout.as_secs_f64();
-    let shown = if secs.fract() == 0.0 {
-        format!("{}", secs as u64)
-    } else {
-        format!("{secs}")
-    };
+    let shown = seconds(timeout);
     format!(
         "Cell timed out after {shown}s; the session kernel was killed and its state was lost. \
          The next execute_code call starts a fresh kernel."
     )
 }
 
-/// The error of an interrupted cell.
+/// Seconds as the messages show them: whole when whole, else the decimal.
+fn seconds(d: Duration) -> String {
+    let secs = d.as_secs_f64();
+    if secs.fract() == 0.0 {
+        format!("{}", secs as u64)
+    } else {
+        format!("{secs}")
+    }
+}
+
+/// The error of a cell that stopped on its interrupt's KeyboardInterrupt.
 pub const INTERRUPTED_MESSAGE: &str =
-    "Interrupted; the session kernel was killed and its state was lost.";
+    "Interrupted (KeyboardInterrupt); the session kernel and its state were kept.";
+
+/// The error of an interrupted cell that had not stopped when the grace (`{G}`) passed.
+pub fn interrupt_killed_message(grace: Duration) -> String {
+    format!(
+        "Interrupted, but the cell did not stop within {}s of its KeyboardInterrupt; the \
+         session kernel was killed and its state was lost.",
+        seconds(grace)
+    )
+}
+
+/// The refusal of a tool call the cell was waiting on when it was interrupted.
+pub const INTERRUPTED_CALL_MESSAGE: &str =
+    "The cell was interrupted while it waited on this tool call.";
 
 /// The error of a cell interrupted while it waited for an earlier cell of its session.
 pub const INTERRUPTED_BEFORE_IT_RAN: &str =

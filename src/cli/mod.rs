@@ -125,6 +125,10 @@ pub struct KernelOpts {
     /// Longest timeout a request may ask for (e.g. 10m); default the larger of --timeout and 1h.
     #[arg(long, env = "KERNELBOX_MAX_TIMEOUT", value_parser = parse_duration)]
     max_timeout: Option<Duration>,
+    /// How long an interrupted cell may take to stop on its KeyboardInterrupt before its
+    /// kernel is killed (e.g. 5s).
+    #[arg(long, env = "KERNELBOX_INTERRUPT_GRACE", default_value = "5s", value_parser = parse_duration)]
+    interrupt_grace: Duration,
     /// Memory limit per kernel (e.g. 512m, 1g).
     #[arg(long, default_value = "512m", value_parser = parse_bytes)]
     memory: i64,
@@ -195,6 +199,7 @@ impl KernelOpts {
         config.cells.max_timeout = self
             .max_timeout
             .unwrap_or_else(|| self.timeout.max(Duration::from_secs(3600)));
+        config.cells.interrupt_grace = self.interrupt_grace;
         config.housekeeping.extra_labels = self.labels.iter().cloned().collect::<BTreeMap<_, _>>();
         config.housekeeping.watchdog = std::env::current_exe().ok();
         config.spec.sandbox.memory_bytes = self.memory;

@@ -20,8 +20,8 @@ use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 
 use super::{
-    Attached, Chunk, ContainerInfo, ContainerSpec, Engine, EngineError, EngineEvent, ExecSpec,
-    Mount, NetworkSpec, TmpfsVolume, VolumeInfo,
+    Attached, Chunk, ContainerInfo, ContainerSpec, Engine, EngineError, EngineEvent, ExecProcess,
+    ExecSpec, Mount, NetworkSpec, TmpfsVolume, VolumeInfo,
 };
 
 /// The real engine. Cheap to clone; make one per tokio runtime.
@@ -31,6 +31,64 @@ pub struct BollardEngine {
 }
 
 impl BollardEngine {
+    /// Creates and starts an exec attached to its streams; returns the exec's id with them.
+    async fn start_exec(
+        &self,
+        id: &str,
+        spec: &ExecSpec,
+    ) -> Result<(String, Attached), EngineError> {
+        let options = bollard::exec::CreateExecOptions {
+            attach_stdin: Some(true),
+            attach_stdout: Some(true),
+            attach_stderr: Some(true),
+            tty: Some(false),
+            cmd: Some(spec.cmd.clone()),
+            env: Some(spec.env.clone()),
+            user: Some(spec.user.clone()),
+            working_dir: Some(spec.working_dir.clone()),
+            ..Default::default()
+        };
+        let created = self
+            .docker
+            .create_exec(id, options)
+            .await
+            .map_err(|e| map_err("exec create", id, e))?;
+        let started = self
+            .docker
+            .start_exec(
+                &created.id,
+                Some(bollard::exec::StartExecOptions {
+                    detach: false,
+                    tty: false,
+                    output_capacity: Some(64 * 1024),
+                }),
+            )
+            .await
+            .map_err(|e| map_err("exec start", id, e))?;
+        let bollard::exec::StartExecResults::Attached { output, input } = started else {
+            return Err(EngineError::Other {
+                op: "exec start",
+                target: id.to_string(),
+                message: "the engine started the exec detached".into(),
+            });
+        };
+        let output = chunks(output, "exec stream", id);
+        Ok((created.id, Attached { output, input }))
+    }
+
+    /// Sends `signal` to the container's main process; a stopped or missing container is a
+    /// success.
+    async fn signal(&self, id: &str, signal: &str, op: &'static str) -> Result<(), EngineError> {
+        let options = KillContainerOptionsBuilder::default()
+            .signal(signal)
+            .build();
+        match self.docker.kill_container(id, Some(options)).await {
+            Ok(()) => Ok(()),
+            Err(e) if matches!(status_of(&e), Some(404 | 409)) => Ok(()),
+            Err(e) => Err(map_err(op, id, e)),
+        }
+    }
+
     /// Connects with Docker's defaults (`DOCKER_HOST`, else the local socket) and negotiates
     /// the API version once.
     pub async fn connect() -> Result<BollardEngine, EngineError> {
@@ -372,14 +430,11 @@ impl Engine for BollardEngine {
     }
 
     async fn kill(&self, id: &str) -> Result<(), EngineError> {
-        let options = KillContainerOptionsBuilder::default()
-            .signal("SIGKILL")
-            .build();
-        match self.docker.kill_container(id, Some(options)).await {
-            Ok(()) => Ok(()),
-            Err(e) if matches!(status_of(&e), Some(404 | 409)) => Ok(()),
-            Err(e) => Err(map_err("kill", id, e)),
-        }
+        self.signal(id, "SIGKILL", "kill").await
+    }
+
+    async fn interrupt(&self, id: &str) -> Result<(), EngineError> {
+        self.signal(id, "SIGINT", "interrupt").await
     }
 
     async fn remove_container(&self, id: &str) -> Result<(), EngineError> {
@@ -467,43 +522,25 @@ impl Engine for BollardEngine {
     }
 
     async fn exec(&self, id: &str, spec: &ExecSpec) -> Result<Attached, EngineError> {
-        let options = bollard::exec::CreateExecOptions {
-            attach_stdin: Some(true),
-            attach_stdout: Some(true),
-            attach_stderr: Some(true),
-            tty: Some(false),
-            cmd: Some(spec.cmd.clone()),
-            env: Some(spec.env.clone()),
-            user: Some(spec.user.clone()),
-            working_dir: Some(spec.working_dir.clone()),
-            ..Default::default()
-        };
-        let created = self
-            .docker
-            .create_exec(id, options)
-            .await
-            .map_err(|e| map_err("exec create", id, e))?;
-        let started = self
-            .docker
-            .start_exec(
-                &created.id,
-                Some(bollard::exec::StartExecOptions {
-                    detach: false,
-                    tty: false,
-                    output_capacity: Some(64 * 1024),
-                }),
-            )
-            .await
-            .map_err(|e| map_err("exec start", id, e))?;
-        let bollard::exec::StartExecResults::Attached { output, input } = started else {
-            return Err(EngineError::Other {
-                op: "exec start",
-                target: id.to_string(),
-                message: "the engine started the exec detached".into(),
-            });
-        };
-        let output = chunks(output, "exec stream", id);
-        Ok(Attached { output, input })
+        Ok(self.start_exec(id, spec).await?.1)
+    }
+
+    async fn exec_process(&self, id: &str, spec: &ExecSpec) -> Result<ExecProcess, EngineError> {
+        let (exec, streams) = self.start_exec(id, spec).await?;
+        let docker = self.docker.clone();
+        let target = id.to_string();
+        let exit_code = Box::pin(async move {
+            let inspected = docker
+                .inspect_exec(&exec)
+                .await
+                .map_err(|e| map_err("exec inspect", &target, e))?;
+            Ok(if inspected.running == Some(true) {
+                None
+            } else {
+                inspected.exit_code
+            })
+        });
+        Ok(ExecProcess { streams, exit_code })
     }
 
     fn events(

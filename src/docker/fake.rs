@@ -3,7 +3,9 @@
 //! Containers are tasks that speak the runner protocol: `ready` on start, and for each `exec`
 //! a line of output, the end marker and `done`. Cell code drives them: `sleep` never finishes,
 //! `exit` ends the kernel, `raise` reports an error, `flood` writes output forever, `deaf`
-//! succeeds and then never reads stdin again, anything else succeeds.
+//! succeeds and then never reads stdin again, anything else succeeds. An interrupt ends a
+//! `sleep` cell as the runner's KeyboardInterrupt does (status `interrupted`); a `stubborn`
+//! cell never finishes and ignores interrupts.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -18,8 +20,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Attached, Chunk, ContainerInfo, ContainerSpec, Engine, EngineError, EngineEvent, ExecSpec,
-    VolumeInfo,
+    Attached, Chunk, ContainerInfo, ContainerSpec, Engine, EngineError, EngineEvent, ExecProcess,
+    ExecSpec, VolumeInfo,
 };
 
 /// The runner protocol version the fake's containers speak. The fake sits below the kernel
@@ -49,6 +51,8 @@ struct Container {
     running: bool,
     io: Option<(mpsc::Sender<Chunk>, tokio::io::DuplexStream)>,
     stop: CancellationToken,
+    /// Woken by [`Engine::interrupt`]: a `sleep` cell ends interrupted.
+    interrupt: Arc<tokio::sync::Notify>,
 }
 
 /// The fake engine; cloning shares its state.
@@ -126,6 +130,7 @@ async fn fake_runner(
     out: mpsc::Sender<Chunk>,
     input: tokio::io::DuplexStream,
     stop: CancellationToken,
+    interrupt: Arc<tokio::sync::Notify>,
 ) {
     let _ = out
         .send(frame(
@@ -151,10 +156,18 @@ async fn fake_runner(
         count += 1;
         let code = msg["code"].as_str().unwrap_or_default().to_string();
         let marker = msg["marker"].as_str().unwrap_or_default().to_string();
-        if code.starts_with("sleep") {
+        if code.starts_with("stubborn") {
             stop.cancelled().await;
             return;
         }
+        let interrupted = if code.starts_with("sleep") {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = interrupt.notified() => true,
+            }
+        } else {
+            false
+        };
         if code.starts_with("flood") {
             // Output faster than anyone reads it, forever.
             let chunk = Bytes::from(vec![b'x'; 4096]);
@@ -166,13 +179,18 @@ async fn fake_runner(
             }
         }
         let status = match code.as_str() {
+            _ if interrupted => "interrupted",
             "exit" => "exit",
             "raise" => "error",
             _ => "ok",
         };
         let done = json!({
             "op": "done", "cell": msg["cell"], "status": status,
-            "traceback": if status == "error" { json!("Traceback: ValueError") } else { Value::Null },
+            "traceback": match status {
+                "error" => json!("Traceback: ValueError"),
+                "interrupted" => json!("Traceback: KeyboardInterrupt"),
+                _ => Value::Null,
+            },
             "execution_count": count,
         });
         // Output, then the end marker and the done frame in one write, as the runner does.
@@ -271,6 +289,7 @@ impl Engine for FakeEngine {
                 running: false,
                 io: None,
                 stop: CancellationToken::new(),
+                interrupt: Arc::default(),
             },
         );
         Ok(id)
@@ -310,7 +329,8 @@ impl Engine for FakeEngine {
             })?;
         container.running = true;
         if let Some((out, input)) = container.io.take() {
-            tokio::spawn(fake_runner(out, input, container.stop.clone()));
+            let interrupt = container.interrupt.clone();
+            tokio::spawn(fake_runner(out, input, container.stop.clone(), interrupt));
         }
         Ok(())
     }
@@ -318,6 +338,13 @@ impl Engine for FakeEngine {
     async fn kill(&self, id: &str) -> Result<(), EngineError> {
         if let Some(c) = self.lock().containers.get(id) {
             c.stop.cancel();
+        }
+        Ok(())
+    }
+
+    async fn interrupt(&self, id: &str) -> Result<(), EngineError> {
+        if let Some(c) = self.lock().containers.get(id) {
+            c.interrupt.notify_one();
         }
         Ok(())
     }
@@ -377,12 +404,27 @@ impl Engine for FakeEngine {
         })
     }
 
+    async fn exec_process(&self, id: &str, spec: &ExecSpec) -> Result<ExecProcess, EngineError> {
+        self.exec(id, spec).await.map(|_| unreachable_process())
+    }
+
     fn events(
         &self,
         _labels: &[String],
         _since: Option<i64>,
     ) -> BoxStream<'static, Result<EngineEvent, EngineError>> {
         futures::stream::pending().boxed()
+    }
+}
+
+/// Never called: the fake's exec always fails (it has no processes to run).
+fn unreachable_process() -> ExecProcess {
+    ExecProcess {
+        streams: Attached {
+            output: futures::stream::empty().boxed(),
+            input: Box::pin(tokio::io::sink()),
+        },
+        exit_code: Box::pin(async { Ok(None) }),
     }
 }
 

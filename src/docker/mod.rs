@@ -157,6 +157,16 @@ pub struct ExecSpec {
     pub env: Vec<String>,
 }
 
+/// A process started by [`Engine::exec_process`]: its streams, and its exit code once its
+/// output ended.
+pub struct ExecProcess {
+    /// Its stdout and stderr, apart, and its stdin.
+    pub streams: Attached,
+    /// Asks the engine for the exit code (`None` while it still runs, or when the engine
+    /// does not know); await it after the output ended.
+    pub exit_code: futures::future::BoxFuture<'static, Result<Option<i64>, EngineError>>,
+}
+
 /// A memory-backed volume: bounded in size, charged to the kernel's memory, owned by the
 /// kernel's user whatever the image, and never written to the host's disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -255,6 +265,10 @@ pub trait Engine: Send + Sync + 'static {
     async fn start(&self, id: &str) -> Result<(), EngineError>;
     /// Sends SIGKILL; a stopped or missing container is a success.
     async fn kill(&self, id: &str) -> Result<(), EngineError>;
+    /// Sends SIGINT to the container's main process (the init passes it on to the runner:
+    /// an interrupt, `docs/contract.md` "Statuses"); a stopped or missing container is a
+    /// success.
+    async fn interrupt(&self, id: &str) -> Result<(), EngineError>;
     /// Kills and removes a container and waits until it is gone; a missing one is a success.
     async fn remove_container(&self, id: &str) -> Result<(), EngineError>;
     /// Renames a container (kernelbox records who took a pooled kernel in its name: see
@@ -268,6 +282,9 @@ pub trait Engine: Send + Sync + 'static {
     /// (no TTY, so the two output streams stay apart). The process lives in the container's
     /// namespaces and cgroup, under its limits; the output ends when it exits.
     async fn exec(&self, id: &str, spec: &ExecSpec) -> Result<Attached, EngineError>;
+    /// [`Engine::exec`], with a way to learn the process's exit code once it ended (a
+    /// session's shell commands, `src/kernel/command.rs`).
+    async fn exec_process(&self, id: &str, spec: &ExecSpec) -> Result<ExecProcess, EngineError>;
     /// Creates a labelled internal bridge network for kernels with a network policy
     /// (`docs/reliability.md`, "Network egress"): no route out, no traffic between its
     /// containers, its bridge interface named `spec.bridge`; returns its gateway address (the

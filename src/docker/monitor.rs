@@ -60,6 +60,9 @@ impl Fate {
     }
 }
 
+/// The signal of an interrupt (`Engine::interrupt`).
+const SIGINT: i64 = 2;
+
 /// Fates are kept for this many containers at most.
 const MAX_TRACKED: usize = 4096;
 
@@ -133,6 +136,9 @@ impl EventMonitor {
                 fate.oom = true;
                 fate.oom_at = Some(tokio::time::Instant::now());
             }
+            // SIGINT is kernelbox's own interrupt (`Engine::interrupt`), which a kernel
+            // survives: it explains no death.
+            "kill" if signal == Some(SIGINT) => {}
             "kill" => {
                 fate.killed = true;
                 fate.kill_signal = signal;

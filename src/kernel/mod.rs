@@ -10,6 +10,7 @@
 //! |---|---|
 //! | `mod.rs` | the [`Kernel`] struct, its state and death, host-memory bounds, dispose |
 //! | `spawn.rs` | create the volume and container (its mounts, the runner's container spec), attach, start, wait for `ready` |
+//! | `command.rs` | a shell command beside the kernel: run by the engine's exec in its own process group, its streams apart under the output caps, the group killed at its timeout |
 //! | `run.rs` | one cell: [`Kernel::run_cell`] waits its turn, begins the cell, turns its `RunningCell` until it ends (output, displays, tool calls dispatched and answered), settles it into a [`CellRun`] |
 //! | `reader.rs` | the attach-stream reader task: output and frames to the cell, a breached kernel killed, deaths told apart |
 //! | `pace.rs` | the pace the attach stream is read at (a flooding kernel waits on its own pipe) |
@@ -21,6 +22,7 @@
 //! | `scanner.rs` | a cell's output stream taken apart: output, display pieces, the end marker |
 //! | `protocol_tests.rs` | unit tests of `protocol.rs` |
 
+mod command;
 mod display;
 mod files;
 mod pace;
@@ -32,6 +34,8 @@ mod spawn;
 mod staging;
 mod stdin;
 
+pub(crate) use command::CommandSpec;
+pub use command::{CommandSink, CommandStream};
 pub(crate) use files::prepare_socket_dir;
 pub(crate) use spawn::{SpawnRequest, Yield};
 
@@ -215,8 +219,12 @@ pub(crate) enum CellOutcome {
     Exited,
     /// The deadline passed; the caller must dispose of the kernel.
     TimedOut,
-    /// The caller cancelled; the caller must dispose of the kernel.
+    /// The caller cancelled and the cell did not stop on the interrupt within its grace (or
+    /// never ran: see [`CellRun::ran`]); the caller must dispose of a kernel it ran on.
     Interrupted,
+    /// The caller cancelled and the cell stopped on the interrupt's KeyboardInterrupt within
+    /// its grace: the kernel and its state stay.
+    InterruptedKept,
     /// The kernel died under the cell.
     Died(Death),
 }
@@ -254,6 +262,8 @@ pub(crate) struct CellOptions {
     pub(crate) sink: Option<OutputSink>,
     /// Receives each display as it arrives, in order with the output.
     pub(crate) display_sink: Option<DisplaySink>,
+    /// How long a cell may take to stop once interrupted before its kernel is killed.
+    pub(crate) interrupt_grace: Duration,
 }
 
 /// The I/O a running cell needs, behind the FIFO cell lock.

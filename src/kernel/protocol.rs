@@ -186,6 +186,9 @@ pub(super) enum DoneStatus {
     Error,
     /// Called `sys.exit()`; the kernel ends.
     Exit,
+    /// Ended by the KeyboardInterrupt of the host's SIGINT (an interrupt); the traceback
+    /// comes along, the kernel stays.
+    Interrupted,
 }
 
 /// A frame the runner sends to the host.

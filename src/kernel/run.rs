@@ -76,6 +76,10 @@ impl End {
                 status: DoneStatus::Exit,
                 ..
             }) => CellOutcome::Exited,
+            End::Done(Done {
+                status: DoneStatus::Interrupted,
+                ..
+            }) => CellOutcome::InterruptedKept,
             End::TimedOut => CellOutcome::TimedOut,
             End::Interrupted => CellOutcome::Interrupted,
             End::Died(death) => CellOutcome::Died(death),
@@ -86,6 +90,8 @@ impl End {
 /// What woke the cell loop.
 enum Wake {
     Interrupted,
+    /// The interrupt's grace passed and the cell has not stopped.
+    Unstopped,
     TimedOut,
     Answer(ToolAnswer),
     Event(Option<IoEvent>),
@@ -109,6 +115,10 @@ struct RunningCell<'k> {
     authority: Arc<CellAuthority>,
     deadline: Instant,
     cancel: CancellationToken,
+    /// Once the cell was interrupted (SIGINT sent to the runner): when its grace ends.
+    interrupted: Option<Instant>,
+    /// How long the cell may take to stop once interrupted.
+    interrupt_grace: Duration,
     output: OutputBuffer,
     sink: Option<OutputSink>,
     scanner: MarkerScanner,
@@ -120,8 +130,9 @@ struct RunningCell<'k> {
 }
 
 impl Kernel {
-    /// Runs one cell under `authority`, waiting behind earlier cells (FIFO). The caller
-    /// disposes of the kernel after a timeout or an interrupt of a cell that ran. A cell
+    /// Runs one cell under `authority`, waiting behind earlier cells (FIFO). Cancelling
+    /// `cancel` interrupts the cell (SIGINT to the runner); the caller disposes of the kernel
+    /// after a timeout, or an interrupt the cell did not stop on within its grace. A cell
     /// cancelled before its turn ends `Interrupted` at once without running (whatever became
     /// of the kernel meanwhile) and does not count as executed.
     pub(crate) async fn run_cell(
@@ -192,6 +203,8 @@ impl Kernel {
             authority,
             deadline,
             cancel,
+            interrupted: None,
+            interrupt_grace: options.interrupt_grace,
             output,
             sink: options.sink,
             scanner: MarkerScanner::with_display(&marker, &display_marker),
@@ -325,9 +338,11 @@ impl RunningCell<'_> {
         if Instant::now() >= self.deadline {
             return Some(End::TimedOut);
         }
+        let interrupted = self.interrupted;
         let wake = tokio::select! {
             biased;
-            _ = self.cancel.cancelled() => Wake::Interrupted,
+            _ = self.cancel.cancelled(), if interrupted.is_none() => Wake::Interrupted,
+            _ = sleep_until(interrupted) => Wake::Unstopped,
             _ = tokio::time::sleep_until(self.deadline) => Wake::TimedOut,
             // Before the output: a cell that floods output still gets its tool results (and a
             // dispatcher running a child kernel's cell keeps being driven).
@@ -337,7 +352,8 @@ impl RunningCell<'_> {
             event = io.rx.recv() => Wake::Event(event),
         };
         match wake {
-            Wake::Interrupted => return Some(End::Interrupted),
+            Wake::Interrupted => self.interrupt().await,
+            Wake::Unstopped => return Some(End::Interrupted),
             Wake::TimedOut => return Some(End::TimedOut),
             Wake::Answer(answer) => self.answered(answer),
             Wake::Event(Some(IoEvent::Output(bytes, _backlog))) => self.output(&bytes),
@@ -362,6 +378,29 @@ impl RunningCell<'_> {
             }
         }
         self.ended()
+    }
+
+    /// Interrupts the cell (`docs/contract.md`, "Statuses"): SIGINT to the runner, which
+    /// raises KeyboardInterrupt in the cell's code; the cell then has its grace to end. Its
+    /// tool calls waiting on an answer are refused at once, so a cell blocked in one sees the
+    /// interrupt as soon as the call returns.
+    async fn interrupt(&mut self) {
+        let grace = self.interrupt_grace;
+        self.interrupted = Some(Instant::now() + grace);
+        let kernel = self.kernel;
+        // Bounded by the grace: an engine that does not answer leaves the kernel to be killed.
+        match tokio::time::timeout(grace, kernel.engine.interrupt(&kernel.id)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(container = %kernel.short_id(), error = %e, "interrupting a cell");
+                self.interrupted = Some(Instant::now());
+            }
+            Err(_) => self.interrupted = Some(Instant::now()),
+        }
+        let tools = std::mem::take(&mut self.tools);
+        for call in tools.pending {
+            refuse(&kernel.writer, call, INTERRUPTED_CALL_MESSAGE);
+        }
     }
 
     /// Sends a tool's answer to the kernel.
@@ -477,6 +516,17 @@ fn parse_done(line: &[u8], cell: u64) -> Done {
         },
     }
 }
+
+/// Sleeps until `at`, or forever when there is none.
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The refusal of a tool call the cell was waiting on when it was interrupted.
+const INTERRUPTED_CALL_MESSAGE: &str = crate::cell::messages::INTERRUPTED_CALL_MESSAGE;
 
 /// The refusal for a tool call past [`MAX_TOOL_CALLS_IN_FLIGHT`] or [`MAX_TOOL_ARGS_IN_FLIGHT`].
 const IN_FLIGHT_MESSAGE: &str = crate::cell::messages::IN_FLIGHT_MESSAGE;

@@ -83,7 +83,7 @@ impl Orchestrator {
     ) -> Result<CellResult, ExecuteError> {
         let call = self.resolve(request)?;
         // Interruptible from the start: an interrupt during a cold start is not lost (the cell
-        // then never runs and the new kernel is killed, as for any interrupt).
+        // then never runs and ends interrupted at once, leaving the new kernel as it is).
         let running = self.track_running(&call.key.owner, &call.cancel);
         let (reset, limits) = (call.request.reset, call.request.scope.tenant_limits);
         let mut lease = self
@@ -92,7 +92,10 @@ impl Orchestrator {
         let run = self.run_cell(&call, &lease.kernel).await;
         // Published before the run is untracked: an interrupt counts only cells that really
         // ended as interrupted.
-        running.finish(run.outcome == CellOutcome::Interrupted);
+        running.finish(matches!(
+            run.outcome,
+            CellOutcome::Interrupted | CellOutcome::InterruptedKept
+        ));
         let mut result = self.settle(&call, &lease, run).await;
         self.release(&lease.slot).await;
         // The catalog wrote a new kernel's start while the cell ran.
@@ -137,6 +140,7 @@ impl Orchestrator {
             display: config.cells.display,
             sink: request.sink.clone(),
             display_sink: request.display_sink.clone(),
+            interrupt_grace: config.cells.interrupt_grace,
         };
         kernel
             .run_cell(
@@ -209,7 +213,10 @@ impl Orchestrator {
             CellOutcome::Exited => Ending::Exited,
             CellOutcome::TimedOut => Ending::TimedOut { timeout },
             CellOutcome::Interrupted if !ran => Ending::InterruptedWhileQueued,
-            CellOutcome::Interrupted => Ending::Interrupted,
+            CellOutcome::Interrupted => Ending::InterruptKilled {
+                grace: self.inner.config.cells.interrupt_grace,
+            },
+            CellOutcome::InterruptedKept => Ending::Interrupted,
             CellOutcome::Died(Death::Disposed)
                 if !self.inner.cancel.is_cancelled()
                     && !self.inner.registry.is_registered(slot) =>

@@ -68,13 +68,13 @@ impl From<Scope> for FileRequest {
 }
 
 /// A kernel held for a file operation; released (its last use touched) when dropped.
-struct Hold {
+pub(super) struct Hold {
     orchestrator: Orchestrator,
     slot: Arc<Slot>,
 }
 
 impl Hold {
-    fn kernel(&self) -> Result<Arc<Kernel>, FileError> {
+    pub(super) fn kernel(&self) -> Result<Arc<Kernel>, FileError> {
         self.slot
             .kernel
             .get()
@@ -128,7 +128,11 @@ impl Orchestrator {
     }
 
     /// Holds the owner's live kernel, starting one (as an execute would) when it has none.
-    async fn hold_or_start(&self, request: &FileRequest, owner: &Owner) -> Result<Hold, FileError> {
+    pub(super) async fn hold_or_start(
+        &self,
+        request: &FileRequest,
+        owner: &Owner,
+    ) -> Result<Hold, FileError> {
         match self.hold_live(owner) {
             Err(FileError::NoKernel { .. }) => {}
             other => return other,

@@ -29,10 +29,12 @@ impl Orchestrator {
     }
 
     /// Interrupts every running cell of a session (children included) and returns how many
-    /// of them ended as `interrupted`. It waits for the cells it cancelled to settle, at most
-    /// `spawn_timeout` plus [`INTERRUPT_SETTLE`] (a cell still starting its kernel sees the
-    /// interrupt once the kernel is up); a cell that finished first (success or error), or
-    /// that has not settled by then, is not counted.
+    /// of them ended as `interrupted`: each gets KeyboardInterrupt and keeps its kernel, or is
+    /// killed with it when it has not stopped within `cells.interrupt_grace`
+    /// (`docs/contract.md`, "Statuses"). It waits for the cells it cancelled to settle, at
+    /// most `spawn_timeout` plus the grace plus [`INTERRUPT_SETTLE`] (a cell still starting its
+    /// kernel sees the interrupt once the kernel is up); a cell that finished first (success or
+    /// error), or that has not settled by then, is not counted.
     pub async fn interrupt(&self, tenant: Option<&str>, session: &str) -> usize {
         let tenant = tenant.unwrap_or(&self.inner.config.default_tenant);
         let outcomes: Vec<tokio::sync::watch::Receiver<Option<bool>>> = {
@@ -47,7 +49,9 @@ impl Orchestrator {
                 })
                 .collect()
         };
-        let limit = self.inner.config.kernels.spawn_timeout + INTERRUPT_SETTLE;
+        let limit = self.inner.config.kernels.spawn_timeout
+            + self.inner.config.cells.interrupt_grace
+            + INTERRUPT_SETTLE;
         let settled = outcomes.into_iter().map(|mut outcome| async move {
             match tokio::time::timeout(limit, outcome.wait_for(Option::is_some)).await {
                 Ok(Ok(ended)) => *ended == Some(true),

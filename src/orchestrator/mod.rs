@@ -9,6 +9,7 @@
 //! | `request.rs` | what callers hand in and get back: [`Scope`] (whose kernel, made how), [`ExecuteRequest`], [`AdmissionNotice`], errors, [`KernelSummary`], [`Stats`] |
 //! | `lease.rs` | what an execute and an upload share: the kernel's key, `acquire` (admission, then the kernel reused, taken from the pool or spawned) and its lease, the catalog's confirmation of a new kernel, the running calls an interrupt finds |
 //! | `execute.rs` | one execute in steps: resolve the request, acquire, run the cell, settle its [`CellResult`](crate::CellResult) (the ending named for `cell::Ending`, output capped) |
+//! | `command.rs` | a shell command in an owner's kernel container ([`CommandRequest`]): the kernel held or started, the per-session limit, adopted if its caller goes |
 //! | `files.rs` | files in and out of an owner's kernel: write, read, list, remove ([`FileRequest`]) |
 //! | `lifecycle.rs` | interrupt, clear, evict, release a child, list, reap, sweeps; disposal of slots and kernels |
 //! | `node.rs` | what a cluster node asks: whether a session has a kernel here, a claimed session's catalog rows taken over, the fence (docs/cluster.md) |
@@ -18,6 +19,7 @@
 //! | `tests.rs`, `pool_tests.rs` | unit tests against the fake engine in paused time |
 
 mod adopt;
+mod command;
 mod execute;
 mod files;
 mod lease;
@@ -34,6 +36,7 @@ mod tests;
 
 pub use crate::histogram::Histogram;
 pub use crate::registry::{EvictionCounts, LossCounts};
+pub use command::{CommandError, CommandRequest};
 pub use files::{FileError, FileRequest};
 pub use pool::{PoolStats, POOL_REFILL_CONCURRENCY, REFILL_BUCKETS};
 pub use request::{
@@ -76,6 +79,8 @@ struct Inner {
     starts: Mutex<StartStats>,
     /// File bytes moved by `write_file` (uploads) and `read_file` (downloads).
     file_bytes: Arc<files::FileCounters>,
+    /// Commands running per owner (`command.rs`).
+    commands: Arc<command::CommandCounts>,
     /// Set once the engine refused to mount the file channels' directory
     /// (`SpawnRequest::sockets_refused`).
     sockets_refused: std::sync::atomic::AtomicBool,

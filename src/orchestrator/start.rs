@@ -122,6 +122,7 @@ impl Orchestrator {
             next_run: std::sync::atomic::AtomicU64::new(0),
             starts: Mutex::new(StartStats::default()),
             file_bytes: Arc::default(),
+            commands: Arc::default(),
             sockets_refused: std::sync::atomic::AtomicBool::new(false),
             watchdog: Mutex::new(watchdog),
             instance,

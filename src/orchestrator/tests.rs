@@ -207,7 +207,7 @@ async fn idle_kernels_go_on_a_reaper_pass_and_attached_ones_stay() {
     assert_eq!(kb.interrupt(None, "busy").await, 1);
     let interrupted = busy.await.expect("join").expect("execute");
     assert_eq!(interrupted.status, CellStatus::Interrupted);
-    assert_eq!(fake.live_containers(), 0);
+    assert_eq!(fake.live_containers(), 1, "an interrupt keeps the kernel");
     kb.shutdown().await;
 }
 
@@ -242,7 +242,57 @@ async fn interrupt_counts_only_the_cells_that_ended_interrupted() {
     assert_eq!(second.status, CellStatus::Interrupted, "{second:?}");
     assert_eq!(second.kernel.execution_count, 0, "it never ran: {second:?}");
     assert_eq!(kb.interrupt(None, "s").await, 0, "nothing runs now");
+    assert_eq!(
+        fake.live_containers(),
+        1,
+        "the interrupted cell stopped: its kernel stays"
+    );
+    let next = run(&kb, "s", "x").await;
+    assert!(
+        next.kernel.reused && next.kernel.state_lost.is_none(),
+        "{next:?}"
+    );
+    kb.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cell_that_ignores_its_interrupt_is_killed_after_the_grace() {
+    let (kb, fake) = start(|c| c.cells.interrupt_grace = Duration::from_secs(3)).await;
+    run(&kb, "s", "x = 1").await;
+    let stubborn = {
+        let kb = kb.clone();
+        tokio::spawn(async move {
+            kb.execute(ExecuteRequest {
+                timeout: Some(Duration::from_secs(600)),
+                ..ExecuteRequest::new("s", "stubborn")
+            })
+            .await
+        })
+    };
+    while kb.list_kernels(None).iter().all(|k| k.state != "busy") {
+        tokio::task::yield_now().await;
+    }
+    let started = tokio::time::Instant::now();
+    assert_eq!(kb.interrupt(None, "s").await, 1);
+    assert!(
+        started.elapsed() >= Duration::from_secs(3),
+        "it waited the grace"
+    );
+    let r = stubborn.await.expect("join").expect("execute");
+    assert_eq!(r.status, CellStatus::Interrupted);
+    assert_eq!(
+        r.error.as_deref(),
+        Some(
+            "Interrupted, but the cell did not stop within 3s of its KeyboardInterrupt; the \
+             session kernel was killed and its state was lost."
+        )
+    );
     assert_eq!(fake.live_containers(), 0);
+    let next = run(&kb, "s", "x").await;
+    assert_eq!(
+        next.kernel.state_lost.map(|l| l.reason),
+        Some(crate::cell::LossReason::Killed)
+    );
     kb.shutdown().await;
 }
 

@@ -5,8 +5,8 @@ use axum::response::{IntoResponse, Response};
 
 use crate::config::InvalidTimeout;
 use crate::files::TransferError;
-use crate::orchestrator::ExecuteError;
 use crate::orchestrator::FileError;
+use crate::orchestrator::{CommandError, ExecuteError};
 use crate::wire::ErrorBody;
 
 /// An error response.
@@ -98,6 +98,31 @@ impl From<ExecuteError> for ApiError {
             ExecuteError::Internal(_) => {
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
             }
+        }
+    }
+}
+
+impl From<CommandError> for ApiError {
+    fn from(e: CommandError) -> ApiError {
+        match e {
+            CommandError::Invalid(_) => ApiError::bad_request("invalid_command", e.to_string()),
+            CommandError::Execute(e) => e.into(),
+            CommandError::TooMany { .. } => ApiError {
+                retry_after: Some(1),
+                ..ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "too_many_commands",
+                    e.to_string(),
+                )
+            },
+            CommandError::NoKernel { .. } => {
+                ApiError::new(StatusCode::NOT_FOUND, "no_kernel", e.to_string())
+            }
+            CommandError::Engine(_) => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "engine_unavailable",
+                format!("docker engine: {e}"),
+            ),
         }
     }
 }

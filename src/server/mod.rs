@@ -4,6 +4,7 @@
 //! |---|---|
 //! | `POST /v1/sessions/{session}/execute` | run a cell (`Accept: application/x-ndjson` streams) |
 //! | `POST /v1/sessions/{session}/interrupt` | interrupt the session's running cells |
+//! | `POST /v1/sessions/{session}/commands` | run a shell command in the session's kernel container (`Accept: application/x-ndjson` streams) |
 //! | `DELETE /v1/sessions/{session}` | clear the session's kernels |
 //! | `DELETE /v1/sessions/{session}/children/{child}` | release a delegated child |
 //! | `PUT`, `GET`, `DELETE /v1/sessions/{session}/files/{path}` | files in and out of the session's kernel (`GET`/`PUT .../files` for its working directory) |
@@ -58,6 +59,7 @@ pub const MAX_BODY_BYTES: usize = 1024 * 1024;
 pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/sessions/{session}/execute"),
     ("POST", "/v1/sessions/{session}/interrupt"),
+    ("POST", "/v1/sessions/{session}/commands"),
     ("DELETE", "/v1/sessions/{session}"),
     ("DELETE", "/v1/sessions/{session}/children/{child}"),
     ("PUT", "/v1/sessions/{session}/files/{path}"),

@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 
 use crate::cell::CellResult;
 use crate::orchestrator::KernelSummary;
-use crate::wire::ExecuteBody;
+use crate::wire::{CommandBody, CommandResult, ExecuteBody};
 
 /// The `/files` routes, described in [`files_paths`].
 fn file_param() -> Value {
@@ -102,6 +102,8 @@ pub fn generated_schemas() -> serde_json::Map<String, Value> {
     generator.subschema_for::<CellResult>();
     generator.subschema_for::<KernelSummary>();
     generator.subschema_for::<ExecuteBody>();
+    generator.subschema_for::<CommandBody>();
+    generator.subschema_for::<CommandResult>();
     generator.take_definitions(true)
 }
 
@@ -180,6 +182,20 @@ pub fn spec() -> Value {
                             "event": {"const": "error"}, "error": {"$ref": "#/components/schemas/Error/properties/error"}}}
                     ]
                 },
+                "CommandEvent": {
+                    "oneOf": [
+                        {"type": "object", "required": ["event", "data"], "properties": {
+                            "event": {"const": "stdout"}, "data": {"type": "string"}}},
+                        {"type": "object", "required": ["event", "data"], "properties": {
+                            "event": {"const": "stderr"}, "data": {"type": "string"}}},
+                        {"type": "object", "required": ["event", "bytes"], "properties": {
+                            "event": {"const": "output_truncated"}, "bytes": {"type": "integer"}}},
+                        {"type": "object", "required": ["event", "result"], "properties": {
+                            "event": {"const": "result"}, "result": {"$ref": "#/components/schemas/CommandResult"}}},
+                        {"type": "object", "required": ["event", "error"], "properties": {
+                            "event": {"const": "error"}, "error": {"$ref": "#/components/schemas/Error/properties/error"}}}
+                    ]
+                },
                 "Listing": {
                     "type": "object", "required": ["entries", "truncated"],
                     "properties": {
@@ -221,9 +237,30 @@ pub fn spec() -> Value {
             },
             "/v1/sessions/{session}/interrupt": {
                 "post": {
-                    "summary": "Interrupt the session's running cells: they return status `interrupted` and their kernels are killed.",
+                    "summary": "Interrupt the session's running cells: each gets KeyboardInterrupt and returns status `interrupted` with its kernel and state kept; one that has not stopped within the grace (5 s by default, `--interrupt-grace`) is killed with its kernel.",
                     "parameters": [session_param()],
                     "responses": with(&not_found, json!({"200": {"description": "How many cells were interrupted.", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Count"}}}}}))
+                }
+            },
+            "/v1/sessions/{session}/commands": {
+                "post": {
+                    "summary": "Run one shell command in the session's kernel container (started on first use), beside its cells: as the kernel's user, in its sandbox and working directory. Past its timeout the command's process group is killed; the kernel and its state stay.",
+                    "parameters": [session_param(), {
+                        "name": "Accept", "in": "header", "required": false,
+                        "description": "`application/x-ndjson` streams stdout and stderr events, then the result.",
+                        "schema": {"type": "string"}
+                    }],
+                    "requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/CommandRequest"}}}},
+                    "responses": with(&auth_errors, json!({
+                        "200": {"description": "The command's result (or, streamed, its events).", "content": {
+                            "application/json": {"schema": {"$ref": "#/components/schemas/CommandResult"}},
+                            "application/x-ndjson": {"schema": {"$ref": "#/components/schemas/CommandEvent"}}
+                        }},
+                        "400": error_response("`invalid_command`, `invalid_timeout`, `invalid_name`, `invalid_json`."),
+                        "404": error_response("`no_kernel`: the kernel went before the command could start."),
+                        "429": error_response("`too_many_commands`: the session's kernel already runs 4 commands; `at_capacity`, `session_busy`, `too_many_pending_results` as for an execute."),
+                        "503": error_response("The Docker engine failed or the server is shutting down.")
+                    }))
                 }
             },
             "/v1/sessions/{session}": {

@@ -6,6 +6,7 @@
 //! |---|---|
 //! | `path.rs` | the routes' paths, with the one percent-encoder for names and file paths in a URL |
 //! | `execute.rs` | [`ExecuteBody`]: the body of `POST /v1/sessions/{session}/execute` |
+//! | `command.rs` | [`CommandBody`] and [`CommandResult`]: `POST /v1/sessions/{session}/commands` |
 //! | `error.rs` | [`ErrorBody`]: every error answer, `{"error": {"code", "message"}}` |
 //! | `network.rs` | [`NetworkPolicy`]: a network egress policy (tenants file, execute body, `PUT .../network`) |
 //!
@@ -13,11 +14,13 @@
 //! [`CellResult`](crate::cell::CellResult), an upload's answer [`Written`](crate::files::Written),
 //! a directory [`Listing`](crate::files::Listing).
 
+mod command;
 mod error;
 mod execute;
 mod network;
 pub mod path;
 
+pub use command::{CommandBody, CommandLine, CommandResult, MAX_COMMAND_BYTES, MAX_COMMAND_ENV};
 pub use error::{ErrorBody, ErrorDetail};
 pub use execute::{ExecuteBody, MAX_TASK_ID};
 pub use network::NetworkPolicy;

@@ -303,9 +303,20 @@ impl Api {
         result
     }
 
+    /// Starts a streaming command that must be admitted; returns its events.
+    pub async fn stream_command(&self, token: &str, session: &str, body: Value) -> Events {
+        self.stream_to(&format!("/v1/sessions/{session}/commands"), token, body)
+            .await
+    }
+
     /// Starts a streaming execute that must be admitted; returns its events.
     pub async fn stream(&self, token: &str, session: &str, body: Value) -> Events {
-        let path = format!("/v1/sessions/{session}/execute");
+        self.stream_to(&format!("/v1/sessions/{session}/execute"), token, body)
+            .await
+    }
+
+    async fn stream_to(&self, path: &str, token: &str, body: Value) -> Events {
+        let path = path.to_string();
         let body = Bytes::from(body.to_string());
         let req = self.request(Method::POST, &path, Some(token), true, Some(body));
         let response = self.http.request(req).await.expect("HTTP request");

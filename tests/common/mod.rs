@@ -9,8 +9,13 @@ use std::time::Duration;
 use kernelbox::docker::{ContainerInfo, Engine, VolumeInfo};
 use kernelbox::{BollardEngine, CellResult, Config, ExecuteRequest, Orchestrator};
 
-/// The exact error of an interrupted cell (docs/results.md "The result of a cell").
-pub const INTERRUPTED: &str = "Interrupted; the session kernel was killed and its state was lost.";
+/// The exact error of an interrupted cell that stopped on its KeyboardInterrupt
+/// (docs/contract.md "Exact messages").
+pub const INTERRUPTED: &str =
+    "Interrupted (KeyboardInterrupt); the session kernel and its state were kept.";
+/// The exact error of an interrupted cell that had not stopped after a grace of 2 s.
+pub const INTERRUPT_KILLED_2S: &str = "Interrupted, but the cell did not stop within 2s of its \
+     KeyboardInterrupt; the session kernel was killed and its state was lost.";
 /// The exact message of a cell interrupted while it waited behind an earlier cell.
 pub const INTERRUPTED_QUEUED: &str =
     "Interrupted before it ran: the cell was waiting for an earlier cell of this session and never executed.";

@@ -7,6 +7,8 @@
 //! - `api.rs`: every endpoint and status code, tenant isolation, a tenant's kernel cap
 //! - `streaming.rs`: live output, interrupt, a streaming client that does not read
 //! - `tools.rs`: tool calls to a real tool endpoint, only allowed tools
+//! - `commands.rs`: shell commands beside the kernel: streams apart, exit codes, a timeout
+//!   that kills the command's process group and nothing else, streaming, bounds, concurrency
 //! - `binary.rs`: the `kernelbox serve` binary: SIGTERM cleanup, tenants-file errors, who may
 //!   read `/metrics`
 //! - `fuzz.rs`: random requests never get a 5xx or a dropped connection
@@ -18,6 +20,7 @@ mod http;
 
 mod api;
 mod binary;
+mod commands;
 mod fuzz;
 mod streaming;
 mod tools;

@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use hyper::StatusCode;
-use serde_json::json;
+use serde_json::{json, Value};
 
 use crate::common::INTERRUPTED;
 use crate::http::{tenant, tenants, TestServer};
@@ -49,7 +49,7 @@ async fn streaming_delivers_output_before_the_cell_ends() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn interrupt_stops_a_running_cell_and_the_loss_is_reported() {
+async fn interrupt_stops_a_running_cell_and_its_state_is_kept() {
     let srv = TestServer::start(
         "srv-interrupt",
         tenants(vec![tenant("acme", "tok")]),
@@ -79,11 +79,11 @@ async fn interrupt_stops_a_running_cell_and_the_loss_is_reported() {
     assert_eq!(result["exit_code"], -1);
     assert!(at.duration_since(started) < Duration::from_secs(20));
 
-    // The kernel was killed: the next cell runs in a fresh one and is told why.
+    // The cell stopped on KeyboardInterrupt: the kernel and its state are kept.
     let next = api.run("tok", "s", "print('x' in globals())").await;
-    assert_eq!(next["output"], "False\n");
-    assert_eq!(next["kernel"]["reused"], false);
-    assert_eq!(next["kernel"]["state_lost"]["reason"], "killed", "{next}");
+    assert_eq!(next["output"], "True\n");
+    assert_eq!(next["kernel"]["reused"], true);
+    assert_eq!(next["kernel"]["state_lost"], Value::Null, "{next}");
     srv.finish().await;
 }
 

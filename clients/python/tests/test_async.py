@@ -92,7 +92,9 @@ def test_async_interrupt_stops_a_streaming_cell(server: Server, session_name: st
             return r
 
     r = asyncio.run(main())
-    assert (r.status, r.output) == ("interrupted", "go\n")
+    # The cell got KeyboardInterrupt: its traceback follows what it wrote.
+    assert r.status == "interrupted"
+    assert r.output.startswith("go\n") and "KeyboardInterrupt" in r.output
 
 
 def test_async_errors_are_typed(server: Server, session_name: str) -> None:

@@ -60,7 +60,7 @@ def test_streamed_output_arrives_while_the_cell_runs(client: Client, session_nam
     )
     assert interrupted == [1], "the cell had already ended when its first output arrived"
     assert (r.status, r.exit_code) == ("interrupted", -1)
-    assert r.error == "Interrupted; the session kernel was killed and its state was lost."
+    assert r.error == "Interrupted (KeyboardInterrupt); the session kernel and its state were kept."
     assert "".join(seen) == "started\n" == r.output
     s.close()
 

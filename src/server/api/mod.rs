@@ -44,9 +44,9 @@ use super::tenants::Tenant;
 use super::tools::CellDispatcher;
 use super::{AppState, MAX_BODY_BYTES};
 use crate::authority::ToolDispatcher;
-use crate::orchestrator::{ExecuteRequest, Scope};
+use crate::orchestrator::{CommandRequest, ExecuteRequest, Scope};
 use crate::owner::validate_name;
-use crate::wire::{ExecuteBody, MAX_TASK_ID};
+use crate::wire::{CommandBody, ExecuteBody, MAX_TASK_ID};
 
 /// How the API listener serves `/metrics` (docs/http-api.md, "Metrics").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,6 +69,7 @@ pub(super) fn router(state: AppState, metrics_route: MetricsRoute) -> Router {
             "/v1/sessions/{session}/network",
             axum::routing::put(network),
         )
+        .route("/v1/sessions/{session}/commands", post(command))
         .route("/v1/sessions/{session}", delete(clear))
         .route(
             "/v1/sessions/{session}/children/{child}",
@@ -441,6 +442,78 @@ pub(crate) async fn run_cell(
         .map_err(|e| refused(state, e))?;
     state.inner.metrics.cell(&result);
     Ok(result)
+}
+
+/// `POST /v1/sessions/{session}/commands`: one shell command in the session's kernel
+/// container (`docs/contract.md`, "Commands"), answered as JSON or streamed as NDJSON.
+async fn command(
+    State(state): State<AppState>,
+    Caller(tenant): Caller,
+    session: Result<Path<String>, PathRejection>,
+    meter: Option<axum::Extension<Arc<pending::Meter>>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let session = one_name(&state, session)?;
+    let bytes = read_body(&headers, body)
+        .await
+        .map_err(|e| invalid(&state, e))?;
+    let body: CommandBody = json_object(&bytes).map_err(|e| invalid(&state, e))?;
+    let request = parse_command(&state, &tenant, session, body)?;
+    if state.is_draining() {
+        return Err(ApiError::shutting_down());
+    }
+    admit(&state, &tenant)?;
+    if wants_ndjson(&headers) {
+        let meter = match meter {
+            Some(axum::Extension(meter)) => meter,
+            None => pending::Meter::new(state.inner.pending.clone()),
+        };
+        return Ok(stream::stream_command(state, request, meter));
+    }
+    let result = state.inner.orchestrator.run_command(request).await?;
+    Ok(Json(result).into_response())
+}
+
+/// A command body as the orchestrator's request, for `tenant`'s session (its tenant limits and
+/// image, as an execute's kernel gets them).
+fn parse_command(
+    state: &AppState,
+    tenant: &Tenant,
+    session: String,
+    body: CommandBody,
+) -> Result<CommandRequest, ApiError> {
+    let config = state.inner.orchestrator.config();
+    let timeout = match body.timeout {
+        None | Some(serde_json::Value::Null) => None,
+        Some(serde_json::Value::Number(n)) => Some(
+            n.as_f64()
+                .ok_or_else(|| config.invalid_timeout(&n))
+                .and_then(|s| config.cell_timeout_from_secs(s))
+                .map_err(|e| invalid(state, e.into()))?,
+        ),
+        Some(other) => return Err(invalid(state, config.invalid_timeout(other).into())),
+    };
+    let argv = body
+        .command
+        .argv()
+        .map_err(|m| invalid(state, ApiError::bad_request("invalid_command", m)))?;
+    Ok(CommandRequest {
+        scope: Scope {
+            tenant: Some(tenant.name.clone()),
+            session,
+            child: None,
+            tools: BTreeSet::new(),
+            tenant_limits: tenant.limits(),
+            image: tenant.image.clone(),
+        },
+        argv,
+        cwd: body.cwd,
+        env: body.env,
+        stdin: body.stdin.map(bytes::Bytes::from).unwrap_or_default(),
+        timeout,
+        sink: None,
+    })
 }
 
 async fn interrupt(

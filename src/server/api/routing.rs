@@ -27,13 +27,12 @@ pub(super) async fn route(State(state): State<AppState>, request: Request, next:
     if validate_name("session", &session).is_err() {
         return next.run(request).await;
     }
-    let kind = if request.method() == Method::POST && request.uri().path().ends_with("/execute")
-        || request.method() == Method::PUT
-    {
-        Kind::Starts
-    } else {
-        Kind::Finds
-    };
+    // Reading, removing and interrupting start nothing; anything else may start a kernel
+    // (an execute, a command, an upload, a network policy), so it is claimed.
+    let finds = request.method() == Method::GET
+        || request.method() == Method::DELETE
+        || is_interrupt(request.uri().path());
+    let kind = if finds { Kind::Finds } else { Kind::Starts };
     let forwarded = request.headers().contains_key(FORWARDED_HEADER);
     match node
         .decide(&state, &tenant, &session, kind, forwarded)
@@ -52,4 +51,10 @@ pub(super) async fn route(State(state): State<AppState>, request: Request, next:
         },
         Err(e) => e.into_response(),
     }
+}
+
+/// `/v1/sessions/{session}/interrupt` (not a file of that name).
+fn is_interrupt(path: &str) -> bool {
+    let mut parts = path.split('/').skip(4);
+    parts.next() == Some("interrupt") && parts.next().is_none()
 }

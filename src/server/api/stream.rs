@@ -13,7 +13,8 @@ use axum::http::{header, HeaderValue};
 use axum::response::Response;
 
 use super::pending::{Charge, Meter};
-use crate::orchestrator::{AdmissionNotice, ExecuteRequest};
+use crate::kernel::CommandStream;
+use crate::orchestrator::{AdmissionNotice, CommandRequest, ExecuteRequest};
 use crate::server::error::ApiError;
 use crate::server::AppState;
 
@@ -121,7 +122,7 @@ impl StreamTx {
     }
 
     /// Queues a closing event (the rest of the output, truncation, the result) whatever the
-    /// backlog: at most three lines per stream.
+    /// backlog: at most four lines per stream.
     pub(super) fn send_final(&self, line: Bytes, last: bool) {
         self.queued
             .fetch_add(line.len(), std::sync::atomic::Ordering::AcqRel);
@@ -267,4 +268,74 @@ fn ndjson_response(
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
     response
+}
+
+/// A streaming command (`POST /v1/sessions/{session}/commands` with NDJSON): `stdout` and
+/// `stderr` events as the command writes (whole UTF-8 each, under the same backlog as a cell's
+/// output, the streams' bytes counted as the response's), then `output_truncated` when some
+/// were dropped, then its `result` (or `error`). The command runs to its end or timeout even
+/// if the client goes away.
+pub(super) fn stream_command(
+    state: AppState,
+    mut request: CommandRequest,
+    meter: Arc<Meter>,
+) -> Response {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Queued>();
+    let queued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let tx = Arc::new(StreamTx {
+        tx,
+        queued: queued.clone(),
+        meter,
+    });
+    let cap = state.inner.orchestrator.config().cells.output.spill_bytes;
+    let decoder = || {
+        Mutex::new(Utf8Stream {
+            carry: Vec::new(),
+            sent: 0,
+            cap,
+            dropped: 0,
+        })
+    };
+    let decoders = Arc::new([decoder(), decoder()]);
+    {
+        let (tx, decoders) = (tx.clone(), decoders.clone());
+        request.sink = Some(Arc::new(move |stream: CommandStream, chunk: &[u8]| {
+            let (i, event) = command_event(stream);
+            let mut decoder = decoders[i].lock().unwrap_or_else(|p| p.into_inner());
+            let text = decoder.push(chunk);
+            if !text.is_empty() && !tx.try_send(line(event, "data", &text)) {
+                decoder.dropped += text.len();
+            }
+        }));
+    }
+    tokio::spawn(async move {
+        let outcome = state.inner.orchestrator.run_command(request).await;
+        let mut dropped = 0;
+        for stream in [CommandStream::Stdout, CommandStream::Stderr] {
+            let (i, event) = command_event(stream);
+            let mut d = decoders[i].lock().unwrap_or_else(|p| p.into_inner());
+            let rest = d.finish();
+            dropped += d.dropped;
+            if !rest.is_empty() {
+                tx.send_final(line(event, "data", &rest), false);
+            }
+        }
+        if dropped > 0 {
+            tx.send_final(line("output_truncated", "bytes", &dropped), false);
+        }
+        let last = match outcome {
+            Ok(result) => line("result", "result", &result),
+            Err(e) => line("error", "error", &ApiError::from(e).body().error),
+        };
+        tx.send_final(last, true);
+    });
+    ndjson_response(rx, queued)
+}
+
+/// A command stream's decoder index and event name.
+fn command_event(stream: CommandStream) -> (usize, &'static str) {
+    match stream {
+        CommandStream::Stdout => (0, "stdout"),
+        CommandStream::Stderr => (1, "stderr"),
+    }
 }
