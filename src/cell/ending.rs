@@ -391,7 +391,8 @@ mod tests {
                 "killed",
                 "engine_restarted",
                 "server_restarted",
-                "protocol"
+                "protocol",
+                "runaway"
             ]
         );
         for reason in LossReason::ALL {

@@ -76,11 +76,15 @@ pub enum LossReason {
     /// The kernel broke the runner protocol (its code forged or flooded the runner's private
     /// channel past a bound) and kernelbox killed it.
     Protocol,
+    /// The kernel kept computing with no cell running (its code forged the end of a cell, or
+    /// left work running after it) for longer than its last cell's timeout allowed, and
+    /// kernelbox killed it (`docs/reliability.md`, "Runaway kernels").
+    Runaway,
 }
 
 impl LossReason {
     /// Every reason, for pre-initialised metric labels.
-    pub const ALL: [LossReason; 9] = [
+    pub const ALL: [LossReason; 10] = [
         LossReason::IdleReaped,
         LossReason::Evicted,
         LossReason::Timeout,
@@ -90,6 +94,7 @@ impl LossReason {
         LossReason::EngineRestarted,
         LossReason::ServerRestarted,
         LossReason::Protocol,
+        LossReason::Runaway,
     ];
 
     /// The wire name.
@@ -104,6 +109,7 @@ impl LossReason {
             LossReason::EngineRestarted => "engine_restarted",
             LossReason::ServerRestarted => "server_restarted",
             LossReason::Protocol => "protocol",
+            LossReason::Runaway => "runaway",
         }
     }
 }
