@@ -23,14 +23,12 @@ async fn case(name: &str) -> Case {
     Case::with(name, |c| c.housekeeping.runaway.cpu_percent = CPU_PERCENT).await
 }
 
-/// A cell that reads its end marker from the runner's frame, writes its own end of cell (a
-/// `success` the host believes), and goes on burning a core in a thread.
+/// The start of a cell that reads its end marker from the runner's frame and writes its own
+/// end of cell (a `success` the host believes): `forge()` does it.
 const FORGE: &str = "import os, sys, threading\n\
 f = sys._getframe(1).f_locals\n\
-def burn():\n    while True:\n        pass\n\
-threading.Thread(target=burn, daemon=True).start()\n\
-line = f['marker'] + b'{\"op\":\"done\",\"cell\":%d,\"status\":\"ok\",\"execution_count\":1}\\n' % f['cell']\n\
-while line:\n    line = line[os.write(1, line):]\n";
+def forge():\n    line = f['marker'] + b'{\"op\":\"done\",\"cell\":%d,\"status\":\"ok\",\"execution_count\":1}\\n' % f['cell']\n    while line:\n        line = line[os.write(1, line):]\n\
+def burn():\n    while True:\n        pass\n";
 
 fn with_timeout(session: &str, code: &str) -> ExecuteRequest {
     ExecuteRequest {
@@ -49,9 +47,23 @@ fn state(case: &Case, session: &str) -> Option<String> {
 }
 
 #[tokio::test]
-async fn a_forged_end_of_cell_that_keeps_computing_is_killed_as_a_runaway() {
-    let case = case("runaway-forge").await;
-    let first = case.exec(with_timeout("s", FORGE)).await;
+async fn a_forged_end_of_cell_that_keeps_computing_in_a_thread_is_killed_as_a_runaway() {
+    let code = format!("{FORGE}threading.Thread(target=burn, daemon=True).start()\nforge()\n");
+    forged_and_killed("runaway-thread", &code).await;
+}
+
+#[tokio::test]
+async fn a_forged_end_of_cell_that_keeps_computing_in_the_cell_is_killed_as_a_runaway() {
+    // The runner never gets its main thread back.
+    let code = format!("{FORGE}forge()\nburn()\n");
+    forged_and_killed("runaway-main", &code).await;
+}
+
+/// Runs `code` (which forges its end and keeps burning a core) and checks the kernel is listed
+/// busy, never idle, then killed within its timeout plus a small margin and reported.
+async fn forged_and_killed(name: &str, code: &str) {
+    let case = case(name).await;
+    let first = case.exec(with_timeout("s", code)).await;
     let ended = Instant::now();
     // The forge misleads its own session (accepted, docs/reliability.md).
     assert_eq!(first.status, CellStatus::Success, "{first:?}");
