@@ -37,6 +37,19 @@ fn with_timeout(session: &str, code: &str) -> ExecuteRequest {
     }
 }
 
+/// `kernelbox inspect ID`'s `busy`: from the runner's status file (which the thread forge
+/// leaves saying idle) or the kernel's CPU time.
+async fn inspect_busy(container: &str) -> Option<bool> {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_kernelbox"))
+        .args(["inspect", container, "--format", "json"])
+        .output()
+        .await
+        .expect("kernelbox inspect runs");
+    assert!(out.status.success(), "{out:?}");
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("inspect's JSON");
+    json["kernel"]["busy"].as_bool()
+}
+
 /// The listed state of `session`'s kernel, if it is listed.
 fn state(case: &Case, session: &str) -> Option<String> {
     case.kb
@@ -77,7 +90,14 @@ async fn forged_and_killed(name: &str, code: &str) {
         let now = state(&case, "s");
         match (now.as_deref(), seen_busy) {
             (None, _) => break ended.elapsed(),
-            (Some("busy"), None) => seen_busy = Some(ended.elapsed()),
+            (Some("busy"), None) => {
+                seen_busy = Some(ended.elapsed());
+                assert_eq!(
+                    inspect_busy(&container).await,
+                    Some(true),
+                    "kernelbox inspect"
+                );
+            }
             (Some("idle"), Some(at)) => panic!("listed idle after being seen busy at {at:?}"),
             _ => {}
         }

@@ -13,7 +13,6 @@
 //! | `run.rs` | one cell: [`Kernel::run_cell`] waits its turn, begins the cell, turns its `RunningCell` until it ends (output, displays, tool calls dispatched and answered), settles it into a [`CellRun`] |
 //! | `reader.rs` | the attach-stream reader task: output and frames to the cell, a breached kernel killed, deaths told apart |
 //! | `pace.rs` | the pace the attach stream is read at (a flooding kernel waits on its own pipe) |
-//! | `cpu.rs` | the kernel's CPU time, read from its container's cgroup (the runaway watch's samples) |
 //! | `files/` | the file transport: `runner/file_helper.py` run in the container by exec, resident while files are used, streamed (its `mod.rs` lists its files) |
 //! | `staging.rs` | files written into the kernel's staging volume (output spills) |
 //! | `stdin.rs` | the kernel's stdin: frames written inline when the pipe takes them, else by a task |
@@ -22,7 +21,6 @@
 //! | `scanner.rs` | a cell's output stream taken apart: output, display pieces, the end marker |
 //! | `protocol_tests.rs` | unit tests of `protocol.rs` |
 
-mod cpu;
 mod display;
 mod files;
 mod pace;
@@ -34,7 +32,6 @@ mod spawn;
 mod staging;
 mod stdin;
 
-pub(crate) use cpu::{CpuFile, CpuReadError};
 pub(crate) use files::prepare_socket_dir;
 pub(crate) use spawn::{SpawnRequest, Yield};
 

@@ -1,7 +1,7 @@
 //! The runaway watch (`docs/reliability.md`, "Runaway kernels"): a cell can forge its own end
 //! and keep computing, so the host bounds what a kernel computes with no cell running, whatever
 //! the runner says. One task samples the CPU time of every kernel with no running cell from
-//! its cgroup (`kernel/cpu.rs`) each `housekeeping.runaway.interval`. An interval above
+//! its cgroup (`docker/cpu.rs`) each `housekeeping.runaway.interval`. An interval above
 //! `cpu_percent` of the kernel's CPU limit counts as computing, and the kernel as busy
 //! (`Slot::is_idle`) until an interval below it; one computing, with no cell between, for
 //! longer than its last cell's timeout plus `grace` is killed and its owner's next call
@@ -17,7 +17,8 @@ use tokio::time::Instant;
 
 use super::Orchestrator;
 use crate::cell::LossReason;
-use crate::kernel::{CpuFile, CpuReadError, Kernel};
+use crate::docker::cpu::{CpuFile, CpuReadError};
+use crate::kernel::Kernel;
 use crate::registry::Slot;
 
 /// What the watch keeps between rounds.

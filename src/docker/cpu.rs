@@ -1,5 +1,6 @@
-//! A kernel's CPU time, read from its container's cgroup (`docs/reliability.md`, "Runaway
-//! kernels"): the orchestrator's runaway watch samples it between cells. One read is a small
+//! A container's CPU time, read from its cgroup (`docs/reliability.md`, "Runaway kernels"):
+//! the orchestrator's runaway watch samples kernels with it between cells, and `kernelbox ps`
+//! shows a kernel computing with no cell running as busy. One read is a small
 //! file in the cgroup filesystem (tens of microseconds, against about a second per container
 //! for the engine's stats API), and blocking: callers batch their reads off the async threads.
 
@@ -14,21 +15,23 @@ const MAX_CPU_FILE: u64 = 4096;
 
 /// The file holding a container's CPU time, found once per kernel.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum CpuFile {
+pub enum CpuFile {
     /// cgroup v1 `cpuacct.usage`: nanoseconds.
     Usage(PathBuf),
     /// cgroup v2 `cpu.stat`: its `usage_usec` line, microseconds.
     Stat(PathBuf),
 }
 
-/// Reading a kernel's CPU time failed.
+/// Reading a container's CPU time failed.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum CpuReadError {
+pub enum CpuReadError {
     /// No cgroup layout this host knows has the container's CPU time.
-    #[error("reading a kernel's CPU time: no cgroup file for container {0} under {CGROUP_ROOT}")]
+    #[error(
+        "reading a container's CPU time: no cgroup file for container {0} under {CGROUP_ROOT}"
+    )]
     NotFound(String),
     /// The file could not be read.
-    #[error("reading a kernel's CPU time from {path}: {source}")]
+    #[error("reading a container's CPU time from {path}: {source}")]
     Io {
         /// The file.
         path: PathBuf,
@@ -36,7 +39,7 @@ pub(crate) enum CpuReadError {
         source: std::io::Error,
     },
     /// The file held no CPU time.
-    #[error("reading a kernel's CPU time from {0}: no usage in it")]
+    #[error("reading a container's CPU time from {0}: no usage in it")]
     Unparsable(PathBuf),
 }
 
@@ -44,7 +47,7 @@ impl CpuFile {
     /// The first file present of the layouts the engine uses (cgroup v1 with the cgroupfs or
     /// the systemd driver, cpu and cpuacct mounted apart or together; cgroup v2 likewise), for
     /// the container `id` (its full id). Blocking.
-    pub(crate) fn find(id: &str) -> Result<CpuFile, CpuReadError> {
+    pub fn find(id: &str) -> Result<CpuFile, CpuReadError> {
         Self::find_under(Path::new(CGROUP_ROOT), id)
     }
 
@@ -60,7 +63,7 @@ impl CpuFile {
         usage
             .chain(stat)
             .find(|file| file.path().is_file())
-            .ok_or_else(|| CpuReadError::NotFound(crate::docker::short_id(id).to_string()))
+            .ok_or_else(|| CpuReadError::NotFound(super::short_id(id).to_string()))
     }
 
     fn path(&self) -> &Path {
@@ -70,7 +73,7 @@ impl CpuFile {
     }
 
     /// The container's CPU time so far, in nanoseconds. Blocking.
-    pub(crate) fn read_ns(&self) -> Result<u64, CpuReadError> {
+    pub fn read_ns(&self) -> Result<u64, CpuReadError> {
         let path = self.path();
         let mut text = String::new();
         std::fs::File::open(path)
