@@ -260,7 +260,13 @@ fn print_rows(rows: &[Row], format: Format) -> anyhow::Result<()> {
 /// How long `ps` and `inspect` watch kernels' CPU time for computation with no cell running.
 const CPU_WINDOW: std::time::Duration = std::time::Duration::from_millis(500);
 
-/// The kernels of `ids` that compute (above the runaway watch's default share of a core over
+/// The share of a core above which `ps` and `inspect` show a kernel computing, in percent.
+/// Below the runaway watch's (`config::RunawayWatch::cpu_percent`): this only shows, and a
+/// computing kernel on a loaded host gets less than a third of a core; an idle runner uses
+/// next to nothing.
+const CPU_BUSY_PERCENT: u32 = 10;
+
+/// The kernels of `ids` that compute (above [`CPU_BUSY_PERCENT`] of a core over
 /// [`CPU_WINDOW`], `docs/reliability.md` "Runaway kernels"): shown busy whatever their
 /// runner's status file says, since a cell can forge it. Kernels whose cgroup this process
 /// cannot read are left out.
@@ -285,7 +291,7 @@ async fn computing(ids: Vec<String>) -> std::collections::HashSet<String> {
     let started = std::time::Instant::now();
     tokio::time::sleep(CPU_WINDOW).await;
     let after = read(files).await.unwrap_or_default();
-    let share = f64::from(kernelbox::config::RunawayWatch::default().cpu_percent) / 100.0;
+    let share = f64::from(CPU_BUSY_PERCENT) / 100.0;
     let threshold = started.elapsed().as_nanos() as f64 * share;
     after
         .into_iter()

@@ -9,7 +9,7 @@
 //! cells in between neither add to nor clear the time computed. A kernel whose cgroup cannot
 //! be read is left alone (logged once).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -74,11 +74,11 @@ impl Orchestrator {
     async fn sample_runaways(&self, watch: &mut Watch) -> Vec<Arc<Slot>> {
         let tracks = &mut watch.tracks;
         let slots = self.inner.registry.slots();
-        tracks.retain(|id, _| {
-            slots
-                .iter()
-                .any(|s| s.kernel.get().is_some_and(|k| &k.id == id))
-        });
+        let live: HashSet<&str> = slots
+            .iter()
+            .filter_map(|s| s.kernel.get().map(|k| k.id.as_str()))
+            .collect();
+        tracks.retain(|id, _| live.contains(id.as_str()));
         let due: Vec<Due> = slots
             .into_iter()
             .filter_map(|slot| {
