@@ -327,6 +327,36 @@ pub struct Housekeeping {
     /// by a restart of this process is reported to owners and generations keep counting.
     /// One process per directory. `None` (the default): no catalog, nothing survives.
     pub state_dir: Option<PathBuf>,
+    /// The watch on kernels that compute with no cell running.
+    pub runaway: RunawayWatch,
+}
+
+/// The watch on kernels that keep computing with no cell running (`docs/reliability.md`,
+/// "Runaway kernels"): every `interval` the orchestrator reads the CPU time of each kernel
+/// with no running cell from its cgroup. An interval in which it used more than `cpu_percent`
+/// of its CPU limit counts as computing; a kernel computing for longer than its last cell's
+/// timeout plus `grace`, with no cell between, is killed (`state_lost.reason = "runaway"`).
+/// While it computes it counts as busy: listed `busy`, never reaped or evicted as idle.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunawayWatch {
+    /// How often kernels with no running cell are sampled.
+    pub interval: Duration,
+    /// The share of its CPU limit (`Sandbox::nano_cpus`), in percent, above which an interval
+    /// counts as computing. Below half a core so that a kernel computing on a host whose other
+    /// work leaves it a third of a core (seen on a loaded CI host) is still caught.
+    pub cpu_percent: u32,
+    /// How long past its last cell's timeout a kernel may keep computing.
+    pub grace: Duration,
+}
+
+impl Default for RunawayWatch {
+    fn default() -> Self {
+        RunawayWatch {
+            interval: Duration::from_secs(1),
+            cpu_percent: 25,
+            grace: Duration::from_secs(2),
+        }
+    }
 }
 
 impl Default for Housekeeping {
@@ -337,6 +367,7 @@ impl Default for Housekeeping {
             sweep_on_start: true,
             staging_max_age: Duration::from_secs(7 * 24 * 3600),
             state_dir: None,
+            runaway: RunawayWatch::default(),
         }
     }
 }
@@ -480,6 +511,13 @@ impl Config {
         }
         if self.pool.max_age.is_zero() {
             return Err(bad("pool_max_age", "must be positive"));
+        }
+        let runaway = &self.housekeeping.runaway;
+        if runaway.interval.is_zero() {
+            return Err(bad("runaway_interval", "must be positive"));
+        }
+        if !(1..=100).contains(&runaway.cpu_percent) {
+            return Err(bad("runaway_cpu_percent", "must be between 1 and 100"));
         }
         for key in self.housekeeping.extra_labels.keys() {
             if key.starts_with(crate::labels::PREFIX) {

@@ -432,7 +432,8 @@ mod tests {
                 "engine_restarted",
                 "server_restarted",
                 "protocol",
-                "node_lost"
+                "node_lost",
+                "runaway"
             ]
         );
         for reason in LossReason::ALL {

@@ -79,11 +79,15 @@ pub enum LossReason {
     /// The node the kernel ran on stopped renewing its lease (died, was cut off, or was
     /// fenced) and the cluster gave its sessions up (docs/cluster.md, "Catalog schema").
     NodeLost,
+    /// The kernel kept computing with no cell running (its code forged the end of a cell, or
+    /// left work running after it) for longer than its last cell's timeout allowed, and
+    /// kernelbox killed it (`docs/reliability.md`, "Runaway kernels").
+    Runaway,
 }
 
 impl LossReason {
     /// Every reason, for pre-initialised metric labels.
-    pub const ALL: [LossReason; 10] = [
+    pub const ALL: [LossReason; 11] = [
         LossReason::IdleReaped,
         LossReason::Evicted,
         LossReason::Timeout,
@@ -94,6 +98,7 @@ impl LossReason {
         LossReason::ServerRestarted,
         LossReason::Protocol,
         LossReason::NodeLost,
+        LossReason::Runaway,
     ];
 
     /// The wire name.
@@ -109,6 +114,7 @@ impl LossReason {
             LossReason::ServerRestarted => "server_restarted",
             LossReason::Protocol => "protocol",
             LossReason::NodeLost => "node_lost",
+            LossReason::Runaway => "runaway",
         }
     }
 }

@@ -105,7 +105,8 @@ fn identity(c: &ContainerInfo) -> (String, String) {
     }
 }
 
-fn row(c: &ContainerInfo, memory: Option<u64>, status: Status) -> Row {
+/// A kernel's row; `computing`: its CPU time says it computes (busy, whatever its status says).
+fn row(c: &ContainerInfo, memory: Option<u64>, status: Status, computing: bool) -> Row {
     let get = |k: &str| c.labels.get(k).cloned().unwrap_or_default();
     let created = labels::int(&c.labels, labels::CREATED_AT).unwrap_or(c.created);
     let (tenant, owner) = identity(c);
@@ -124,11 +125,16 @@ fn row(c: &ContainerInfo, memory: Option<u64>, status: Status) -> Row {
         age_seconds: kernelbox::clock::unix_now().saturating_sub(created.max(0) as u64),
         // Busy kernels are not idle at all; a kernel without a status has run no cell yet.
         idle_seconds: match status {
+            _ if computing => None,
             Some((_, _, true)) => None,
             Some((_, last, false)) => Some(kernelbox::clock::unix_now().saturating_sub(last)),
             None => None,
         },
-        busy: status.map(|(_, _, busy)| busy),
+        busy: match status {
+            _ if computing => Some(true),
+            Some((_, _, busy)) => Some(busy),
+            None => None,
+        },
         cells: status.map(|(cells, _, _)| cells),
         memory_bytes: memory,
         instance: get(labels::INSTANCE).chars().take(12).collect(),
@@ -251,10 +257,64 @@ fn print_rows(rows: &[Row], format: Format) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// How long `ps` and `inspect` watch kernels' CPU time for computation with no cell running.
+const CPU_WINDOW: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// The share of a core above which `ps` and `inspect` show a kernel computing, in percent.
+/// Below the runaway watch's (`config::RunawayWatch::cpu_percent`): this only shows, and a
+/// computing kernel on a loaded host gets less than a third of a core; an idle runner uses
+/// next to nothing.
+const CPU_BUSY_PERCENT: u32 = 10;
+
+/// The kernels of `ids` that compute (above [`CPU_BUSY_PERCENT`] of a core over
+/// [`CPU_WINDOW`], `docs/reliability.md` "Runaway kernels"): shown busy whatever their
+/// runner's status file says, since a cell can forge it. Kernels whose cgroup this process
+/// cannot read are left out.
+async fn computing(ids: Vec<String>) -> std::collections::HashSet<String> {
+    use kernelbox::docker::cpu::CpuFile;
+    let read = |files: Vec<(String, CpuFile)>| {
+        tokio::task::spawn_blocking(move || {
+            files
+                .into_iter()
+                .filter_map(|(id, f)| Some((id, f.read_ns().ok()?)))
+                .collect::<BTreeMap<String, u64>>()
+        })
+    };
+    let files: Vec<(String, CpuFile)> = tokio::task::spawn_blocking(move || {
+        ids.into_iter()
+            .filter_map(|id| Some((id.clone(), CpuFile::find(&id).ok()?)))
+            .collect()
+    })
+    .await
+    .unwrap_or_default();
+    let before = read(files.clone()).await.unwrap_or_default();
+    let started = std::time::Instant::now();
+    tokio::time::sleep(CPU_WINDOW).await;
+    let after = read(files).await.unwrap_or_default();
+    let share = f64::from(CPU_BUSY_PERCENT) / 100.0;
+    let threshold = started.elapsed().as_nanos() as f64 * share;
+    after
+        .into_iter()
+        .filter(|(id, ns)| {
+            before
+                .get(id)
+                .is_some_and(|b| ns.saturating_sub(*b) as f64 > threshold)
+        })
+        .map(|(id, _)| id)
+        .collect()
+}
+
 /// `kernelbox ps`
 pub async fn ps(engine: &BollardEngine, args: PsArgs) -> anyhow::Result<ExitCode> {
     let mut rows = Vec::new();
-    for c in kernels(engine, args.tenant.as_deref(), None).await? {
+    let listed = kernels(engine, args.tenant.as_deref(), None).await?;
+    let running: Vec<String> = listed
+        .iter()
+        .filter(|c| c.state == "running")
+        .map(|c| c.id.clone())
+        .collect();
+    let computing = computing(running).await;
+    for c in listed {
         let (memory, status) = if c.state != "running" {
             (None, None)
         } else if args.no_memory {
@@ -262,7 +322,7 @@ pub async fn ps(engine: &BollardEngine, args: PsArgs) -> anyhow::Result<ExitCode
         } else {
             (memory_of(engine, &c.id).await, status_of(engine, &c).await)
         };
-        rows.push(row(&c, memory, status));
+        rows.push(row(&c, memory, status, computing.contains(&c.id)));
     }
     rows.sort_by(|a, b| (&a.tenant, &a.owner).cmp(&(&b.tenant, &b.owner)));
     print_rows(&rows, args.format)?;
@@ -274,7 +334,8 @@ pub async fn inspect(engine: &BollardEngine, args: InspectArgs) -> anyhow::Resul
     let c = find(engine, &args.container).await?;
     let memory = memory_of(engine, &c.id).await;
     let status = status_of(engine, &c).await;
-    let r = row(&c, memory, status);
+    let computing = computing(vec![c.id.clone()]).await.contains(&c.id);
+    let r = row(&c, memory, status, computing);
     if args.format == Format::Table {
         print_rows(&[r], Format::Table)?;
     } else {
@@ -349,7 +410,7 @@ pub async fn kill(engine: &BollardEngine, args: KillArgs) -> anyhow::Result<Exit
         if let Some(volume) = c.labels.get(labels::VOLUME) {
             kernelbox::docker::remove_volume_when_free(engine, volume).await?;
         }
-        rows.push(row(c, None, None));
+        rows.push(row(c, None, None, false));
     }
     if args.format == Format::Json {
         print_rows(&rows, Format::Json)?;

@@ -40,7 +40,7 @@ pub(crate) use files::prepare_socket_dir;
 pub(crate) use spawn::{SpawnRequest, Yield};
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -354,6 +354,11 @@ pub struct Kernel {
     writer: Stdin,
     next_cell: AtomicU64,
     execution_count: AtomicU64,
+    /// The timeout the last cell that began ran under, in milliseconds (0: no cell yet).
+    last_timeout_ms: AtomicU64,
+    /// The runaway watch saw it computing with no cell running (`orchestrator/runaway.rs`):
+    /// it counts as busy.
+    computing: AtomicBool,
     authority: Mutex<Option<Arc<CellAuthority>>>,
     /// Tells the reader to stop handing events to the cell and just drain the streams, so the
     /// engine can finish removing the container.
@@ -445,6 +450,35 @@ impl Kernel {
     /// Cells executed so far.
     pub(crate) fn execution_count(&self) -> u64 {
         self.execution_count.load(Ordering::Acquire)
+    }
+
+    /// Cells begun so far: a change between two samples of the kernel's CPU time means a cell
+    /// ran between them.
+    pub(crate) fn cells_begun(&self) -> u64 {
+        self.next_cell.load(Ordering::Acquire)
+    }
+
+    /// The timeout the last cell that began ran under; `None` before its first cell.
+    pub(crate) fn last_timeout(&self) -> Option<Duration> {
+        match self.last_timeout_ms.load(Ordering::Acquire) {
+            0 => None,
+            ms => Some(Duration::from_millis(ms)),
+        }
+    }
+
+    /// True while a cell runs.
+    pub(crate) fn is_running_cell(&self) -> bool {
+        self.state() == KernelState::Busy || self.shared.active_cell.load(Ordering::Acquire) != 0
+    }
+
+    /// Whether the runaway watch last saw it computing with no cell running.
+    pub(crate) fn is_computing(&self) -> bool {
+        self.computing.load(Ordering::Acquire)
+    }
+
+    /// Set by the runaway watch after each sample.
+    pub(crate) fn set_computing(&self, computing: bool) {
+        self.computing.store(computing, Ordering::Release);
     }
 
     /// The authority of the running cell, or of the last one (retired) when idle.

@@ -159,6 +159,10 @@ impl Kernel {
         if let Some(death) = self.death() {
             return CellRun::never_ran(CellOutcome::Died(death), output);
         }
+        let timeout_ms = u64::try_from(timeout.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        self.last_timeout_ms.store(timeout_ms, Ordering::Release);
         let mut running = self.begin_cell(code, authority, cancel, deadline, options, output);
         let end = loop {
             if let Some(end) = running.turn(&mut io).await {

@@ -367,6 +367,8 @@ impl Kernel {
             writer,
             next_cell: AtomicU64::new(0),
             execution_count: AtomicU64::new(0),
+            last_timeout_ms: AtomicU64::new(0),
+            computing: std::sync::atomic::AtomicBool::new(false),
             authority: Mutex::new(None),
             drain: CancellationToken::new(),
             cancel: cancel.clone(),

@@ -165,6 +165,9 @@ impl Orchestrator {
                     generation: s.generation,
                     state: match kernel.map(|k| k.state()) {
                         None | Some(KernelState::Starting) => "starting",
+                        Some(KernelState::Idle) if kernel.is_some_and(|k| k.is_computing()) => {
+                            "busy"
+                        }
                         Some(KernelState::Idle) => "idle",
                         Some(KernelState::Busy) => "busy",
                         Some(KernelState::Dead(_)) => "dead",

@@ -1,6 +1,6 @@
 //! The orchestrator: the library's front door. Resolves owners to kernels through the
 //! registry, runs cells, turns outcomes into [`CellResult`](crate::CellResult)s, and owns every background task
-//! (event monitor, reaper) and the watchdog.
+//! (event monitor, reaper, runaway watch) and the watchdog.
 //!
 //! | file | what |
 //! |---|---|
@@ -14,6 +14,7 @@
 //! | `lifecycle.rs` | interrupt, clear, evict, release a child, list, reap, sweeps; disposal of slots and kernels |
 //! | `node.rs` | what a cluster node asks: whether a session has a kernel here, a claimed session's catalog rows taken over, the fence (docs/cluster.md) |
 //! | `pool.rs` | the warm pool: the refill task, pooled kernels' disposal, naming a taken kernel after its owner |
+//! | `runaway.rs` | the runaway watch: kernels computing with no cell running, sampled from their cgroups, counted busy, killed past their last cell's timeout |
 //! | `adopt.rs` | work driven by its caller that the tracker adopts if the caller goes away (an upload, a cell) |
 //! | `shutdown.rs` | the graceful stop: refuse new work, drain, remove every kernel |
 //! | `tests.rs`, `pool_tests.rs` | unit tests against the fake engine in paused time |
@@ -29,6 +30,7 @@ mod pool;
 #[cfg(test)]
 mod pool_tests;
 mod request;
+mod runaway;
 mod shutdown;
 mod start;
 #[cfg(test)]

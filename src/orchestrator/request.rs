@@ -290,7 +290,8 @@ pub struct KernelSummary {
     pub child: Option<String>,
     /// Generation within the key.
     pub generation: u64,
-    /// `starting`, `idle` or `busy`.
+    /// `starting`, `idle` or `busy` (a cell running, or computing with no cell running:
+    /// `docs/reliability.md`, "Runaway kernels").
     pub state: String,
     /// Cells executed.
     pub execution_count: u64,

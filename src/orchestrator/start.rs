@@ -1,7 +1,7 @@
 //! The start, in named steps: the configuration validated once, the durable catalog restored
 //! (kernels live at its last use become losses by restart), the engine checked, the file
 //! channels' directory prepared, leftovers of dead instances swept, the watchdog started, then
-//! the event monitor, the reaper and the warm pool's refill.
+//! the event monitor, the reaper, the runaway watch and the warm pool's refill.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -136,7 +136,8 @@ impl Orchestrator {
         Ok(orchestrator)
     }
 
-    /// Starts the background tasks: the event monitor, the reaper, the pool's refill.
+    /// Starts the background tasks: the event monitor, the reaper, the runaway watch, the
+    /// pool's refill.
     fn start_tasks(&self) {
         let i = &self.inner;
         i.tracker.spawn(i.monitor.clone().run(
@@ -149,6 +150,8 @@ impl Orchestrator {
         ));
         let reaper = self.clone();
         i.tracker.spawn(async move { reaper.reap_forever().await });
+        let watch = self.clone();
+        i.tracker.spawn(async move { watch.watch_runaways().await });
         self.start_pool();
     }
 }

@@ -555,3 +555,32 @@ async fn the_admission_notice_hears_once_whether_a_call_got_its_kernel() {
     assert!(admitted.await.is_err());
     kb.shutdown().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_kernel_computing_with_no_cell_is_busy_never_reaped_or_evicted_as_idle() {
+    // The fake engine has no cgroups: the runaway watch leaves its kernels alone, and the
+    // test sets what the watch would have found.
+    let (kb, _fake) = start(|c| {
+        c.kernels.max_session_kernels = 1;
+        c.kernels.idle_timeout = Duration::from_secs(60);
+    })
+    .await;
+    run(&kb, "a", "x = 1").await;
+    let kernel = kb.kernel_for(None, "a", None).expect("a's kernel");
+    kernel.set_computing(true);
+    assert_eq!(kb.list_kernels(None)[0].state, "busy");
+    // At the host's cap the computing kernel is not evicted for another session: refused.
+    let refused = kb.execute(ExecuteRequest::new("b", "x = 1")).await;
+    assert!(
+        matches!(refused, Err(ExecuteError::AtCapacity { .. })),
+        "{refused:?}"
+    );
+    // Past the idle timeout it is not reaped either.
+    tokio::time::advance(Duration::from_secs(120)).await;
+    assert_eq!(kb.reap_once().await, 0);
+    // Quiet again: idle, reaped like any other.
+    kernel.set_computing(false);
+    assert_eq!(kb.list_kernels(None)[0].state, "idle");
+    assert_eq!(kb.reap_once().await, 1);
+    kb.shutdown().await;
+}

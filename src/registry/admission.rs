@@ -24,6 +24,9 @@
 //! child is refused (pinned kernels are never evicted). So at most twice the host's cap of
 //! kernels are registered at once.
 //!
+//! Idle means no call attached and not computing with no cell running (the runaway watch,
+//! `docs/reliability.md` "Runaway kernels"): such a kernel costs what a busy one does.
+//!
 //! Warm-pool kernels (`pool.rs`) count toward the host's cap and no tenant's. A new session
 //! that takes one adds nothing to the host's count; one that cannot (no pooled kernel of its
 //! spec) at the cap discards pooled kernels before it evicts anyone's.
@@ -162,7 +165,7 @@ impl<'a> Planning<'a> {
             if !s.pinned(released) {
                 *plan.held.entry(s.key.owner.tenant.as_str()).or_default() += 1;
                 plan.total += 1;
-                if s.attached() == 0 {
+                if s.is_idle() {
                     plan.idle.push(s);
                 }
             }

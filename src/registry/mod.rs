@@ -94,6 +94,13 @@ impl Slot {
         *self.last_used.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// No call is attached and the kernel is not computing with no cell running (the runaway
+    /// watch's finding, `docs/reliability.md` "Runaway kernels"): only then is it reaped or
+    /// evicted as idle.
+    pub fn is_idle(&self) -> bool {
+        self.attached() == 0 && !self.kernel.get().is_some_and(|k| k.is_computing())
+    }
+
     fn pinned(&self, released: &HashSet<Owner>) -> bool {
         self.key.owner.is_child() && !released.contains(&self.key.owner)
     }
@@ -168,9 +175,7 @@ impl Inner {
         let stale: Vec<KernelKey> = self
             .slots
             .iter()
-            .filter(|(_, s)| {
-                s.attached() == 0 && now.saturating_duration_since(s.last_used()) >= idle
-            })
+            .filter(|(_, s)| s.is_idle() && now.saturating_duration_since(s.last_used()) >= idle)
             .map(|(k, _)| k.clone())
             .collect();
         stale
@@ -393,6 +398,23 @@ impl Registry {
             }
         }
         (keys.len(), removed)
+    }
+
+    /// Unregisters `slot` when no call is attached to it, recording `loss`; the caller disposes
+    /// of its kernel. Returns false (and changes nothing) when a call is attached or the slot
+    /// is no longer registered.
+    pub fn forget_unattached(&self, slot: &Arc<Slot>, loss: LossReason) -> bool {
+        let mut inner = self.lock();
+        let registered = inner
+            .slots
+            .get(&slot.key)
+            .is_some_and(|s| Arc::ptr_eq(s, slot));
+        if !registered || slot.attached() > 0 {
+            return false;
+        }
+        inner.unregister(&slot.key);
+        inner.record_loss(&slot.key, loss);
+        true
     }
 
     /// True once [`Registry::drain`] ran: no new kernel may be registered.

@@ -289,6 +289,39 @@ pub fn spec() -> Value {
                     }}}}}))
                 }
             },
+            "/v1/nodes": {
+                "get": {
+                    "summary": "A cluster's nodes: state, epoch, live kernels, capacity, lease age, draining (docs/cluster.md, \"Admin\"). The admin token (`--admin-token`); 404 on a server that is not a cluster node or has no admin token.",
+                    "responses": {
+                        "200": {"description": "The nodes, and which one answered.", "content": {"application/json": {"schema": {
+                            "type": "object", "required": ["self", "nodes"],
+                            "properties": {"self": {"type": "string"}, "nodes": {"type": "array", "items": {"type": "object"}}}
+                        }}}},
+                        "401": error_response("Missing or wrong admin token."),
+                        "404": error_response("Not a cluster node, or no admin token configured."),
+                        "503": error_response("The cluster catalog is unavailable.")
+                    }
+                }
+            },
+            "/v1/nodes/{node}/drain": {
+                "parameters": [{"name": "node", "in": "path", "required": true, "schema": {"type": "string"}}],
+                "post": {
+                    "summary": "Drain a node: no new session is placed on it (the admin token).",
+                    "responses": {
+                        "200": {"description": "Draining.", "content": {"application/json": {"schema": {"type": "object"}}}},
+                        "401": error_response("Missing or wrong admin token."),
+                        "404": error_response("No such node, or not a cluster node.")
+                    }
+                },
+                "delete": {
+                    "summary": "Take a drain back: sessions may be placed on the node again (the admin token).",
+                    "responses": {
+                        "200": {"description": "Not draining.", "content": {"application/json": {"schema": {"type": "object"}}}},
+                        "401": error_response("Missing or wrong admin token."),
+                        "404": error_response("No such node, or not a cluster node.")
+                    }
+                }
+            },
             "/v1/mcp": mcp_path(&auth_errors),
             "/healthz": {
                 "get": {
@@ -410,7 +443,7 @@ mod tests {
             .collect();
         assert_eq!(
             names,
-            ["child", "code", "reset", "task_id", "timeout", "tools"].into()
+            ["child", "code", "network", "reset", "task_id", "timeout", "tools"].into()
         );
         assert_eq!(
             props["timeout"]["type"],

@@ -1,0 +1,201 @@
+//! The runaway watch (`docs/reliability.md`, "Runaway kernels"): a cell can forge its own end
+//! and keep computing, so the host bounds what a kernel computes with no cell running, whatever
+//! the runner says. One task samples the CPU time of every kernel with no running cell from
+//! its cgroup (`docker/cpu.rs`) each `housekeeping.runaway.interval`. An interval above
+//! `cpu_percent` of the kernel's CPU limit counts as computing, and the kernel as busy
+//! (`Slot::is_idle`) until an interval below it; one computing, with no cell between, for
+//! longer than its last cell's timeout plus `grace` is killed and its owner's next call
+//! reports `state_lost: runaway`. An interval a cell began in is not counted either way, so
+//! cells in between neither add to nor clear the time computed. A kernel whose cgroup cannot
+//! be read is left alone (logged once).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::Orchestrator;
+use crate::cell::LossReason;
+use crate::docker::cpu::{CpuFile, CpuReadError};
+use crate::kernel::Kernel;
+use crate::registry::Slot;
+
+/// What the watch keeps between rounds.
+#[derive(Default)]
+struct Watch {
+    /// What it knows of each registered kernel, by container id.
+    tracks: HashMap<String, Track>,
+    /// A kernel's cgroup could not be read and that was logged (once for the instance).
+    warned: bool,
+}
+
+/// What the watch knows of one kernel.
+#[derive(Default)]
+struct Track {
+    /// Where its CPU time is; `None` until found, or when it cannot be (then `unreadable`).
+    file: Option<CpuFile>,
+    /// Its cgroup could not be read (logged once); it is left alone.
+    unreadable: bool,
+    /// The last sample: CPU time (ns), when, and the cells begun by then.
+    last: Option<(u64, Instant, u64)>,
+    /// How long it has been computing with no cell running.
+    computing: Duration,
+}
+
+/// One kernel to sample this round.
+struct Due {
+    slot: Arc<Slot>,
+    kernel: Arc<Kernel>,
+    file: Option<CpuFile>,
+}
+
+impl Orchestrator {
+    /// Samples kernels with no running cell every `housekeeping.runaway.interval` until
+    /// shutdown.
+    pub(super) async fn watch_runaways(&self) {
+        let interval = self.inner.config.housekeeping.runaway.interval;
+        let mut watch = Watch::default();
+        loop {
+            tokio::select! {
+                _ = self.inner.cancel.cancelled() => return,
+                _ = tokio::time::sleep(interval) => {}
+            }
+            let runaways = self.sample_runaways(&mut watch).await;
+            if !runaways.is_empty() {
+                self.dispose_slots(runaways).await;
+            }
+        }
+    }
+
+    /// One round: every registered kernel with no running cell sampled, its track updated;
+    /// returns the slots of the kernels killed as runaways (unregistered, their losses
+    /// recorded), for disposal.
+    async fn sample_runaways(&self, watch: &mut Watch) -> Vec<Arc<Slot>> {
+        let tracks = &mut watch.tracks;
+        let slots = self.inner.registry.slots();
+        let live: HashSet<&str> = slots
+            .iter()
+            .filter_map(|s| s.kernel.get().map(|k| k.id.as_str()))
+            .collect();
+        tracks.retain(|id, _| live.contains(id.as_str()));
+        let due: Vec<Due> = slots
+            .into_iter()
+            .filter_map(|slot| {
+                let kernel = slot.kernel.get()?.clone();
+                let track = tracks.entry(kernel.id.clone()).or_default();
+                let sampled = kernel.is_alive() && !kernel.is_running_cell() && !track.unreadable;
+                sampled.then(|| Due {
+                    file: track.file.clone(),
+                    slot,
+                    kernel,
+                })
+            })
+            .collect();
+        if due.is_empty() {
+            return Vec::new();
+        }
+        // One blocking batch for every read (cgroup reads can wait on the kernel's lock).
+        let wanted: Vec<(String, Option<CpuFile>)> = due
+            .iter()
+            .map(|d| (d.kernel.id.clone(), d.file.clone()))
+            .collect();
+        let Ok(read) = tokio::task::spawn_blocking(move || read_all(wanted)).await else {
+            return Vec::new();
+        };
+        let now = Instant::now();
+        let mut runaways = Vec::new();
+        for (due, (file, usage)) in due.into_iter().zip(read) {
+            let track = tracks.entry(due.kernel.id.clone()).or_default();
+            match usage {
+                Ok(ns) => {
+                    track.file = file;
+                    if self.observe(track, &due.kernel, ns, now) && self.kill(&due) {
+                        runaways.push(due.slot);
+                    }
+                }
+                Err(e) if due.kernel.is_alive() => {
+                    track.unreadable = true;
+                    if !std::mem::replace(&mut watch.warned, true) {
+                        tracing::warn!(container = %due.kernel.short_id(), error = %e,
+                            "kernels whose CPU time cannot be read are not watched for runaway computation");
+                    } else {
+                        tracing::debug!(container = %due.kernel.short_id(), error = %e,
+                            "not watching this kernel for runaway computation");
+                    }
+                }
+                // Gone meanwhile: the next round forgets it.
+                Err(_) => {}
+            }
+        }
+        runaways
+    }
+
+    /// Adds one sample (`ns` of CPU time at `now`) to a kernel's track; true when it has
+    /// computed with no cell running for longer than its bound.
+    fn observe(&self, track: &mut Track, kernel: &Kernel, ns: u64, now: Instant) -> bool {
+        let watch = &self.inner.config.housekeeping.runaway;
+        // Read after the CPU time: a cell that began before the read shows here.
+        let cells = kernel.cells_begun();
+        let last = track.last.replace((ns, now, cells));
+        let Some((last_ns, last_at, last_cells)) = last else {
+            return false;
+        };
+        let elapsed = now.saturating_duration_since(last_at);
+        if last_cells != cells || kernel.is_running_cell() || elapsed.is_zero() {
+            return false;
+        }
+        let used = ns.saturating_sub(last_ns) as f64;
+        let limit_cores = self.inner.config.spec.sandbox.nano_cpus as f64 / 1e9;
+        let threshold =
+            elapsed.as_nanos() as f64 * limit_cores * f64::from(watch.cpu_percent) / 100.0;
+        if used > threshold {
+            track.computing += elapsed;
+        } else {
+            track.computing = Duration::ZERO;
+        }
+        kernel.set_computing(!track.computing.is_zero());
+        let allowed = kernel
+            .last_timeout()
+            .unwrap_or(self.inner.config.cells.timeout)
+            + watch.grace;
+        track.computing > allowed
+    }
+
+    /// Unregisters a runaway's slot (its loss recorded) unless a call attached meanwhile: that
+    /// call's cell runs under its own timeout, and the watch goes on after it.
+    fn kill(&self, due: &Due) -> bool {
+        let killed = self
+            .inner
+            .registry
+            .forget_unattached(&due.slot, LossReason::Runaway);
+        if killed {
+            tracing::warn!(
+                container = %due.kernel.short_id(),
+                owner = %due.slot.key.owner,
+                "kernel kept computing with no cell running past its last cell's timeout; killing it"
+            );
+        }
+        killed
+    }
+}
+
+/// Reads each kernel's CPU time, finding its cgroup file first when not known yet. Blocking.
+fn read_all(
+    wanted: Vec<(String, Option<CpuFile>)>,
+) -> Vec<(Option<CpuFile>, Result<u64, CpuReadError>)> {
+    wanted
+        .into_iter()
+        .map(|(id, file)| {
+            let file = match file {
+                Some(file) => file,
+                None => match CpuFile::find(&id) {
+                    Ok(file) => file,
+                    Err(e) => return (None, Err(e)),
+                },
+            };
+            let usage = file.read_ns();
+            (Some(file), usage)
+        })
+        .collect()
+}
