@@ -66,9 +66,9 @@ pub(crate) async fn nodes(args: NodesArgs) -> anyhow::Result<ExitCode> {
             "{:<20} {:<8} {:>6} {:>8} {:>8} {:>9.1}s {:<8}  {}",
             node["name"].as_str().unwrap_or("?"),
             node["state"].as_str().unwrap_or("?"),
-            node["epoch"],
-            node["live_kernels"],
-            node["capacity"],
+            node["epoch"].to_string(),
+            node["live_kernels"].to_string(),
+            node["capacity"].to_string(),
             node["lease_age_seconds"].as_f64().unwrap_or(f64::NAN),
             if node["draining"].as_bool() == Some(true) {
                 "yes"
