@@ -28,7 +28,14 @@ pub enum Format {
 pub struct PsArgs {
     /// Only this tenant's kernels.
     #[arg(long)]
-    tenant: Option<String>,
+    pub(crate) tenant: Option<String>,
+    /// List a cluster's kernels, every node's, through this node's API (or the balancer in
+    /// front: any node answers) instead of this engine's containers (docs/cluster.md, "Admin").
+    #[arg(long, requires = "admin_token")]
+    pub(crate) url: Option<String>,
+    /// The cluster's admin token (with --url).
+    #[arg(long, env = "KERNELBOX_ADMIN_TOKEN", hide_env_values = true)]
+    pub(crate) admin_token: Option<String>,
     /// Skip the per-kernel memory reading (one stats call per kernel).
     #[arg(long)]
     no_memory: bool,

@@ -1,5 +1,6 @@
-//! `kernelbox nodes` and `kernelbox drain`: a cluster's nodes and draining one, through any
-//! node's HTTP API with the admin token (docs/cluster.md, "Admin").
+//! `kernelbox nodes`, `kernelbox drain` and `kernelbox ps --url`: a cluster's nodes, draining
+//! one, and every node's kernels, through any node's HTTP API with the admin token
+//! (docs/cluster.md, "Admin").
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -123,4 +124,42 @@ pub(crate) async fn drain(args: DrainArgs) -> anyhow::Result<ExitCode> {
             Some(_) => {}
         }
     }
+}
+
+/// `kernelbox ps --url URL`: every live node's kernels, one table.
+pub(crate) async fn ps(args: super::admin::PsArgs) -> anyhow::Result<ExitCode> {
+    let (Some(url), Some(token)) = (args.url.as_deref(), args.admin_token.clone()) else {
+        anyhow::bail!("kernelbox ps --url needs --admin-token (or KERNELBOX_ADMIN_TOKEN)");
+    };
+    let client = Client::new(url, Some(token));
+    let answer = client.nodes().await?;
+    println!(
+        "{:<16} {:<14} {:<24} {:<8} {:>4} {:>6} {:>9}  ID",
+        "NODE", "TENANT", "OWNER", "STATE", "GEN", "CELLS", "IDLE"
+    );
+    for node in answer["nodes"].as_array().into_iter().flatten() {
+        if node["state"].as_str() != Some("live") {
+            continue;
+        }
+        let name = node["name"].as_str().unwrap_or("?");
+        let listed = client.node_kernels(name).await?;
+        for k in listed["kernels"].as_array().into_iter().flatten() {
+            let tenant = k["tenant"].as_str().unwrap_or("?");
+            if args.tenant.as_deref().is_some_and(|t| t != tenant) {
+                continue;
+            }
+            println!(
+                "{:<16} {:<14} {:<24} {:<8} {:>4} {:>6} {:>8.0}s  {}",
+                name,
+                tenant,
+                k["owner"].as_str().unwrap_or("?"),
+                k["state"].as_str().unwrap_or("?"),
+                k["generation"].to_string(),
+                k["execution_count"].to_string(),
+                k["idle_seconds"].as_f64().unwrap_or(f64::NAN),
+                k["id"].as_str().unwrap_or("?"),
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }

@@ -434,6 +434,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         },
         Command::Cp(args) => cp::run(args).await,
         Command::Sweep(args) => sweep(args).await,
+        Command::Ps(args) if args.url.is_some() => cluster::ps(args).await,
         Command::Ps(args) => admin::ps(&BollardEngine::connect().await?, args).await,
         Command::Inspect(args) => admin::inspect(&BollardEngine::connect().await?, args).await,
         Command::Logs(args) => admin::logs(&BollardEngine::connect().await?, args).await,

@@ -103,6 +103,19 @@ impl Client {
         json_answer(response, "the cluster's nodes").await
     }
 
+    /// `GET /v1/nodes/{node}/kernels` (the admin token): one node's kernels, every tenant's.
+    pub async fn node_kernels(&self, node: &str) -> Result<serde_json::Value, ClientError> {
+        let response = self
+            .send(
+                Method::GET,
+                &path::node_kernels(node),
+                "application/json",
+                None,
+            )
+            .await?;
+        json_answer(response, "a node's kernels").await
+    }
+
     /// `POST` (or, with `draining` false, `DELETE`) `/v1/nodes/{node}/drain`.
     pub async fn drain(&self, node: &str, draining: bool) -> Result<(), ClientError> {
         let method = if draining {

@@ -9,7 +9,7 @@
 //! | `DELETE /v1/sessions/{session}/children/{child}` | release a delegated child |
 //! | `PUT`, `GET`, `DELETE /v1/sessions/{session}/files/{path}` | files in and out of the session's kernel (`GET`/`PUT .../files` for its working directory) |
 //! | `GET /v1/kernels` | the caller's tenant's kernels |
-//! | `GET /v1/nodes`, `POST`/`DELETE /v1/nodes/{node}/drain` | a cluster's nodes; draining one (the admin token; `cluster/admin.rs`) |
+//! | `GET /v1/nodes`, `POST`/`DELETE /v1/nodes/{node}/drain`, `GET /v1/nodes/{node}/kernels` | a cluster's nodes; draining one; one node's kernels (the admin token; `cluster/admin.rs`) |
 //! | `POST`/`GET`/`DELETE /v1/mcp` | MCP over streamable HTTP (`api/mcp.rs`, docs/mcp.md "MCP") |
 //! | `GET /healthz`, `GET /openapi.json` | no authentication |
 //! | `GET /metrics` | a tenant's token, unless [`ServeOptions::public_metrics`] |
@@ -71,6 +71,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/nodes"),
     ("POST", "/v1/nodes/{node}/drain"),
     ("DELETE", "/v1/nodes/{node}/drain"),
+    ("GET", "/v1/nodes/{node}/kernels"),
     ("POST", "/v1/mcp"),
     ("GET", "/v1/mcp"),
     ("DELETE", "/v1/mcp"),

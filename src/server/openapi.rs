@@ -322,6 +322,20 @@ pub fn spec() -> Value {
                     }
                 }
             },
+            "/v1/nodes/{node}/kernels": {
+                "parameters": [{"name": "node", "in": "path", "required": true, "schema": {"type": "string"}}],
+                "get": {
+                    "summary": "One node's live kernels, every tenant's (the admin token); any node answers, forwarding to that node.",
+                    "responses": {
+                        "200": {"description": "The node's kernels.", "content": {"application/json": {"schema": {
+                            "type": "object", "required": ["node", "kernels"],
+                            "properties": {"node": {"type": "string"}, "kernels": {"type": "array", "items": {"$ref": "#/components/schemas/KernelSummary"}}}
+                        }}}},
+                        "401": error_response("Missing or wrong admin token."),
+                        "404": error_response("No such node, or not a cluster node.")
+                    }
+                }
+            },
             "/v1/mcp": mcp_path(&auth_errors),
             "/healthz": {
                 "get": {

@@ -59,6 +59,11 @@ pub fn files(session: &str, path: &str, child: Option<&str>) -> String {
 /// `/v1/nodes`: a cluster's nodes (the admin token).
 pub const NODES: &str = "/v1/nodes";
 
+/// `/v1/nodes/{node}/kernels`: one node's kernels (the admin token).
+pub fn node_kernels(node: &str) -> String {
+    format!("{NODES}/{}/kernels", encode_name(node))
+}
+
 /// `/v1/nodes/{node}/drain`: `POST` drains the node, `DELETE` takes that back.
 pub fn drain(node: &str) -> String {
     format!("{NODES}/{}/drain", encode_name(node))

@@ -100,6 +100,10 @@ pub(super) fn router(state: AppState, metrics_route: MetricsRoute) -> Router {
             "/v1/nodes/{node}/drain",
             post(super::cluster::drain_node).delete(super::cluster::drain_node),
         )
+        .route(
+            "/v1/nodes/{node}/kernels",
+            get(super::cluster::node_kernels),
+        )
         .route("/v1/kernels", get(kernels))
         .route("/v1/mcp", mcp_routes(&state))
         .route("/healthz", get(healthz))

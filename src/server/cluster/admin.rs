@@ -2,9 +2,11 @@
 //! (`--admin-token`): `GET /v1/nodes` lists the nodes with their leases, kernels and
 //! capacity; `POST /v1/nodes/{node}/drain` stops new sessions being placed on a node (its
 //! sessions end by idle reap or on request; it reports 0 live kernels when empty), `DELETE`
-//! takes that back. Without a cluster, or without an admin token, they are 404.
+//! takes that back; `GET /v1/nodes/{node}/kernels` lists a node's kernels, every tenant's
+//! (served by that node: this one forwards it there), for `kernelbox ps --url`. Without a
+//! cluster, or without an admin token, they are 404.
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
 use serde_json::{json, Value};
@@ -91,4 +93,43 @@ pub(crate) async fn drain_node(
         return Err(ApiError::not_found(format!("no node named {name:?}")));
     }
     Ok(Json(json!({ "node": name, "draining": draining })))
+}
+
+/// `GET /v1/nodes/{node}/kernels`: the node's live kernels, every tenant's.
+pub(crate) async fn node_kernels(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    request: Request,
+) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse;
+    let node = admin(&state, request.headers())?;
+    if name == node.name() {
+        let kernels = state.orchestrator().list_kernels(None);
+        return Ok(Json(json!({ "node": name, "kernels": kernels })).into_response());
+    }
+    if request.headers().contains_key(super::FORWARDED_HEADER) {
+        return Err(ApiError::new(
+            StatusCode::MISDIRECTED_REQUEST,
+            "second_hop_refused",
+            format!("this node is {:?}, not {name:?}", node.name()),
+        ));
+    }
+    let rows = node.store.nodes().await.map_err(|e| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "catalog_unavailable",
+            e.to_string(),
+        )
+    })?;
+    let row = rows
+        .into_iter()
+        .find(|r| r.name == name)
+        .ok_or_else(|| ApiError::not_found(format!("no node named {name:?}")))?;
+    let target = super::Target {
+        node: row.name,
+        epoch: row.epoch,
+        advertise: row.advertise,
+    };
+    node.forward(&target, request, std::time::Duration::from_secs(10))
+        .await
 }

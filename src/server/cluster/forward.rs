@@ -5,12 +5,14 @@
 //! no more than a few buffers of either whatever their size.
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{header, HeaderName, HeaderValue, StatusCode, Uri};
 use axum::response::Response;
+use futures::StreamExt;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -58,7 +60,7 @@ impl ClusterNode {
     /// within the longest a cell may run plus the time to start its kernel and a minute
     /// (the target enforces its own deadlines; this one only bounds a target that hangs).
     pub(crate) async fn forward(
-        &self,
+        self: &Arc<Self>,
         target: &Target,
         request: Request,
         head_deadline: Duration,
@@ -86,7 +88,16 @@ impl ClusterNode {
             .forwarder
             .client
             .request(Request::from_parts(parts, body));
-        let response = match tokio::time::timeout(head_deadline, sent).await {
+        // A node stopped but not dead (a frozen VM, SIGSTOP) accepts and never answers: the
+        // wait ends when the view shows its lease gone, not only at the deadline.
+        let waited = tokio::select! {
+            answer = tokio::time::timeout(head_deadline, sent) => answer,
+            () = self.lost(target) => {
+                self.counters.forward_failures.fetch_add(1, Ordering::Relaxed);
+                return Err(unreachable(target, "its lease expired while it was to answer"));
+            }
+        };
+        let response = match waited {
             Ok(Ok(response)) => response,
             Ok(Err(e)) => {
                 self.counters
@@ -119,7 +130,36 @@ impl ClusterNode {
             parts.headers.remove(name);
         }
         parts.headers.remove(header::CONNECTION);
-        Ok(Response::from_parts(parts, Body::new(body)))
+        Ok(Response::from_parts(parts, self.cut_if_lost(target, body)))
+    }
+
+    /// The answer's body as it streams, cut with an error if its node's lease goes while it
+    /// streams (a client then sees a broken answer, never a hang or a short one that looks
+    /// whole).
+    fn cut_if_lost(self: &Arc<Self>, target: &Target, body: hyper::body::Incoming) -> Body {
+        let node = self.clone();
+        let target = target.clone();
+        let lost: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> =
+            Box::pin(async move { node.lost(&target).await });
+        let stream = Body::new(body).into_data_stream();
+        let cut = futures::stream::unfold(
+            (stream, lost, false),
+            |(mut stream, mut lost, done)| async move {
+                if done {
+                    return None;
+                }
+                tokio::select! {
+                    item = stream.next() => item.map(|i| (i, (stream, lost, false))),
+                    () = &mut lost => Some((
+                        Err(axum::Error::new(std::io::Error::other(
+                            "the node holding this session lost its lease while answering",
+                        ))),
+                        (stream, lost, true),
+                    )),
+                }
+            },
+        );
+        Body::from_stream(cut)
     }
 }
 

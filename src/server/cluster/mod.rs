@@ -8,14 +8,14 @@
 //! | `lease.rs` | the lease loop: renew, expire dead nodes, refresh the view of the nodes, fence and rejoin |
 //! | `route.rs` | where a session's request is served: here, one hop away, or refused (asked by the middleware in `server/api/routing.rs`) |
 //! | `forward.rs` | the hop: the request streamed to the node that holds the session, its answer streamed back |
-//! | `admin.rs` | `GET /v1/nodes` and `POST /v1/nodes/{node}/drain`, behind the admin token |
+//! | `admin.rs` | `GET /v1/nodes`, `POST /v1/nodes/{node}/drain`, `GET /v1/nodes/{node}/kernels`, behind the admin token |
 
 mod admin;
 mod forward;
 mod lease;
 mod route;
 
-pub(crate) use admin::{drain_node, list_nodes};
+pub(crate) use admin::{drain_node, list_nodes, node_kernels};
 pub(crate) use route::{session_of, Kind, Route};
 
 use std::collections::HashMap;
@@ -153,6 +153,8 @@ pub struct ClusterNode {
     /// Whether this node is draining, as last read from the catalog.
     draining: AtomicBool,
     view: Mutex<View>,
+    /// Notified each time the view of the nodes is refreshed.
+    view_changed: tokio::sync::Notify,
     admin_sha256: Option<[u8; 32]>,
     forwarder: forward::Forwarder,
     counters: Counters,
@@ -195,6 +197,7 @@ impl ClusterNode {
             fence_now: tokio::sync::Notify::new(),
             draining: AtomicBool::new(false),
             view: Mutex::new(View::default()),
+            view_changed: tokio::sync::Notify::new(),
             admin_sha256,
             forwarder: forward::Forwarder::new(),
             counters: Counters {
@@ -305,6 +308,30 @@ impl ClusterNode {
             peers.get(node).is_some_and(|p| p.live && p.epoch == *epoch)
         });
         view.peers = peers;
+        drop(view);
+        self.view_changed.notify_waiters();
+    }
+
+    /// Resolves once the view shows `target` no longer live at its epoch (it expired, left
+    /// or rejoined): a forward to it stops waiting then. A node the view does not know yet
+    /// is waited for.
+    pub(crate) async fn lost(&self, target: &Target) {
+        loop {
+            let changed = self.view_changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let gone = self
+                .view
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .peers
+                .get(&target.node)
+                .is_some_and(|p| !p.live || p.epoch != target.epoch);
+            if gone {
+                return;
+            }
+            changed.await;
+        }
     }
 
     /// Where `tenant`'s `session` was last found on another node, if that node is still live

@@ -1,0 +1,320 @@
+//! docs/cluster.md, "Leases and fencing": a node killed (its sessions reported `node_lost`
+//! elsewhere, its kernels removed by its watchdog), a node stopped past its lease (it fences
+//! itself and rejoins with a higher epoch), and the catalog unavailable (new sessions 503,
+//! warm ones served, new sessions again once it is back).
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use hyper::StatusCode;
+use serde_json::{json, Value};
+
+use crate::harness::{
+    generation, kernel_id, lost, poll, success, Cluster, Node, Options, SLOW, TOKEN,
+};
+use crate::postgres;
+
+/// Each call in [`served`], at most. A call forwarded to a node that is stopped but not
+/// dead (its socket still accepts) waits for the answer until that node resumes, however
+/// long its lease has been expired: a client's own deadline ends it.
+const CALL: Duration = Duration::from_secs(3);
+
+/// Calls `session` on `node` until it is served (a 503 while the holder is gone but not yet
+/// expired: `node_unavailable` or `node_fenced`; a call past [`CALL`]); returns the result
+/// and how many calls ran past [`CALL`].
+async fn served(node: &Node, session: &str, code: &str) -> (Value, usize) {
+    let hung = AtomicUsize::new(0);
+    let result = poll(&format!("{session} served by {}", node.name), SLOW, || {
+        let call = node.api.execute(TOKEN, session, json!({ "code": code }));
+        let hung = &hung;
+        async move {
+            let Ok(reply) = tokio::time::timeout(CALL, call).await else {
+                hung.fetch_add(1, Ordering::Relaxed);
+                return None;
+            };
+            if reply.status == StatusCode::SERVICE_UNAVAILABLE {
+                let code = reply.error(StatusCode::SERVICE_UNAVAILABLE);
+                assert!(
+                    code == "node_unavailable" || code == "node_fenced",
+                    "{}",
+                    reply.json()
+                );
+                return None;
+            }
+            Some(success(&reply))
+        }
+    })
+    .await;
+    (result, hung.into_inner())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_nodes_sessions_are_reported_node_lost_on_the_others() {
+    let mut cluster = Cluster::start("cl-kill", Options::default()).await;
+    let victim = 2;
+    let sessions = ["k1", "k2"];
+    let mut generations = Vec::new();
+    for s in sessions {
+        let result = success(
+            &cluster.nodes[victim]
+                .api
+                .execute(TOKEN, s, json!({"code": "x = 1"}))
+                .await,
+        );
+        generations.push(generation(&result));
+    }
+    assert_eq!(cluster.node_containers(victim).await.len(), 2);
+
+    let killed = Instant::now();
+    cluster.kill9(victim).await;
+    let mut first_report = None;
+    for (i, s) in sessions.iter().enumerate() {
+        let (result, hung) = served(&cluster.nodes[i % 2], s, "print('back')").await;
+        assert_eq!(
+            hung, 0,
+            "a call forwarded to a dead node is refused at once"
+        );
+        first_report.get_or_insert_with(|| killed.elapsed());
+        assert_eq!(lost(&result).as_deref(), Some("node_lost"), "{result}");
+        assert!(result["kernel"]["state_lost"]["at"].is_string(), "{result}");
+        assert_eq!(generation(&result), generations[i] + 1, "{result}");
+        assert_eq!(result["output"], "back\n");
+    }
+    eprintln!(
+        "kill -9 to the first node_lost report: {:.2} s (lease TTL 3 s)",
+        first_report.expect("a report").as_secs_f64()
+    );
+    // The killed node's watchdog removes its kernels.
+    let gone = poll("the killed node's kernels removed", SLOW, || async {
+        cluster
+            .node_containers(victim)
+            .await
+            .is_empty()
+            .then(|| killed.elapsed())
+    })
+    .await;
+    eprintln!(
+        "kill -9 to its kernels removed: {:.2} s",
+        gone.as_secs_f64()
+    );
+    cluster.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_stopped_past_its_lease_fences_itself_and_rejoins() {
+    let cluster = Cluster::start("cl-stop", Options::default()).await;
+    let victim = 0;
+    let node = &cluster.nodes[victim];
+    let sessions = ["p1", "p2"];
+    for s in sessions {
+        success(&node.api.execute(TOKEN, s, json!({"code": "x = 1"})).await);
+    }
+    let old: BTreeSet<String> = cluster
+        .node_containers(victim)
+        .await
+        .into_iter()
+        .map(|c| c.id)
+        .collect();
+    assert_eq!(old.len(), 2);
+    let (status, epoch) = node.health().await;
+    assert_eq!(status, StatusCode::OK);
+    let epoch = epoch.expect("its epoch");
+
+    node.signal("STOP").await;
+    let stopped = Instant::now();
+    // Meanwhile the other nodes expire its lease and report its sessions lost.
+    let mut first_report = None;
+    let mut hung = 0;
+    for (i, s) in sessions.iter().enumerate() {
+        let (result, h) = served(&cluster.nodes[1 + i], s, "print('elsewhere')").await;
+        hung += h;
+        first_report.get_or_insert_with(|| stopped.elapsed());
+        assert_eq!(lost(&result).as_deref(), Some("node_lost"), "{result}");
+    }
+    // Stopped for 6 s in all (twice the lease), whatever the reports took.
+    tokio::time::sleep_until((stopped + Duration::from_secs(6)).into()).await;
+    node.signal("CONT").await;
+    let resumed = Instant::now();
+
+    // It fenced itself: none of its old kernels remains.
+    let fenced = poll("the stopped node's old kernels removed", SLOW, || async {
+        let now: BTreeSet<String> = cluster
+            .containers()
+            .await
+            .into_iter()
+            .map(|c| c.id)
+            .collect();
+        now.is_disjoint(&old).then(|| resumed.elapsed())
+    })
+    .await;
+    // It serves again after rejoining, with a higher epoch.
+    let (back, new_epoch) = poll("/healthz 200 after the rejoin", SLOW, || async {
+        let (status, epoch) = node.health().await;
+        (status == StatusCode::OK).then(|| (resumed.elapsed(), epoch))
+    })
+    .await;
+    let new_epoch = new_epoch.expect("its epoch");
+    assert!(new_epoch > epoch, "epoch {epoch} -> {new_epoch}");
+    let rows = cluster.node_rows(1).await;
+    let row = rows
+        .iter()
+        .find(|r| r["name"] == node.name.as_str())
+        .expect("the node's row");
+    assert_eq!(row["state"], "live", "{row}");
+    assert_eq!(row["epoch"], new_epoch, "{row}");
+    eprintln!(
+        "SIGSTOP to the first node_lost elsewhere: {:.2} s ({hung} call(s) forwarded to the stopped node cut by the client after {CALL:?}); SIGCONT (after {:.1} s) to its old kernels removed: {:.2} s, to /healthz 200 (epoch {epoch} -> {new_epoch}): {:.2} s",
+        first_report.expect("a report").as_secs_f64(),
+        resumed.duration_since(stopped).as_secs_f64(),
+        fenced.as_secs_f64(),
+        back.as_secs_f64(),
+    );
+    // The sessions live where they were reported, the stopped node forwards to them.
+    for s in sessions {
+        let result = success(
+            &node
+                .api
+                .execute(TOKEN, s, json!({"code": "print('again')"}))
+                .await,
+        );
+        assert_eq!(lost(&result), None, "{result}");
+    }
+    assert!(
+        node.sessions().await.is_empty(),
+        "nothing of its own after the fence"
+    );
+    cluster.finish().await;
+}
+
+/// The name of the database `url` points at.
+fn database_of(url: &str) -> String {
+    url.split('?')
+        .next()
+        .and_then(|u| u.rsplit('/').next())
+        .expect("a database name")
+        .to_string()
+}
+
+/// Takes the cluster's database away (no connection allowed, every one ended) or gives it
+/// back: what a node sees of a database that went down.
+async fn database_available(db: &str, available: bool) {
+    let admin = postgres::raw(&postgres::server_url()).await;
+    let name = database_of(db);
+    admin
+        .batch_execute(&format!(
+            "ALTER DATABASE {name} ALLOW_CONNECTIONS {available}"
+        ))
+        .await
+        .expect("ALTER DATABASE");
+    if !available {
+        admin
+            .execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                 WHERE datname = $1 AND pid <> pg_backend_pid()",
+                &[&name],
+            )
+            .await
+            .expect("end the database's connections");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_catalog_unavailable_new_sessions_wait_and_warm_ones_work() {
+    // A lease long enough to ride out the outage (docs/cluster.md, "Catalog unavailable").
+    let cluster = Cluster::start(
+        "cl-catalog",
+        Options {
+            lease_ttl: "30s",
+            fence_margin: "3s",
+            ..Options::default()
+        },
+    )
+    .await;
+    let node = &cluster.nodes[0];
+    let warm = success(
+        &node
+            .api
+            .execute(TOKEN, "warm", json!({"code": "x = 1"}))
+            .await,
+    );
+
+    database_available(&cluster.db, false).await;
+    let down = Instant::now();
+    // The node has lost the catalog once its admin listing cannot be answered.
+    poll("the node sees the catalog gone", SLOW, || async {
+        let reply = node.api.get("/v1/nodes", Some(crate::harness::ADMIN)).await;
+        (reply.status == StatusCode::SERVICE_UNAVAILABLE).then_some(())
+    })
+    .await;
+    for (i, n) in cluster.nodes.iter().enumerate() {
+        let reply = n
+            .api
+            .execute(TOKEN, &format!("new{i}"), json!({"code": "1"}))
+            .await;
+        assert_eq!(
+            reply.error(StatusCode::SERVICE_UNAVAILABLE),
+            "catalog_unavailable",
+            "on {}",
+            n.name
+        );
+    }
+    // The warm session is served while the node cannot renew its lease (until the fence).
+    poll("a lease renewal failed", SLOW, || async {
+        let metrics = node.api.metrics(TOKEN).await;
+        metrics
+            .lines()
+            .find(|l| l.starts_with("kernelbox_cluster_lease_renew_failures_total"))
+            .and_then(|l| l.split_whitespace().last())
+            .and_then(|n| n.parse::<u64>().ok())
+            .filter(|n| *n > 0)
+    })
+    .await;
+    let result = success(
+        &node
+            .api
+            .execute(TOKEN, "warm", json!({"code": "x += 1\nprint(x)"}))
+            .await,
+    );
+    assert_eq!(result["output"], "2\n");
+    assert_eq!(kernel_id(&result), kernel_id(&warm));
+    assert!(
+        cluster.containers().await.len() == 1,
+        "no kernel for the refused sessions"
+    );
+
+    database_available(&cluster.db, true).await;
+    let outage = down.elapsed();
+    for (i, n) in cluster.nodes.iter().enumerate() {
+        let session = format!("new{i}");
+        poll(
+            &format!("a new session on {} after the outage", n.name),
+            SLOW,
+            || async {
+                let reply = n
+                    .api
+                    .execute(TOKEN, &session, json!({"code": "print(1)"}))
+                    .await;
+                (reply.status == StatusCode::OK).then(|| success(&reply))
+            },
+        )
+        .await;
+    }
+    eprintln!(
+        "catalog unavailable for {:.1} s; new sessions served again {:.1} s after it went",
+        outage.as_secs_f64(),
+        down.elapsed().as_secs_f64()
+    );
+    let result = success(
+        &node
+            .api
+            .execute(TOKEN, "warm", json!({"code": "x += 1\nprint(x)"}))
+            .await,
+    );
+    assert_eq!(
+        result["output"], "3\n",
+        "the warm session kept its kernel: {result}"
+    );
+    assert_eq!(lost(&result), None, "{result}");
+    cluster.finish().await;
+}

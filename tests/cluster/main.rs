@@ -1,0 +1,28 @@
+//! A kernelbox cluster end to end (docs/cluster.md): three real `kernelbox serve` nodes on
+//! one real PostgreSQL catalog (a fresh database per test, `tests/common/postgres.rs`), the
+//! real engine, and real HAProxy in front, hashing on the session's path. Each test labels
+//! what it creates with a unique `io.kernelbox-test.case`, stops everything it started (on
+//! panic too) and ends by asserting through the Docker API that no kernel with that label is
+//! left.
+//!
+//! | file | what |
+//! |---|---|
+//! | `main.rs` | this table; the modules |
+//! | `harness.rs` | [`harness::Cluster`]: a database, three nodes, HAProxy, their clean-up; polling with a deadline; what a result says |
+//! | `routing.rs` | "Routing": state whichever node the balancer picks, one hop at most and what streams through it, first calls racing on two nodes |
+//! | `failures.rs` | "Leases and fencing": a node killed, a node stopped past its lease, the catalog unavailable |
+//! | `admin.rs` | "Admin" and caps: a tenant's cap across nodes, draining a node with `kernelbox drain` / `nodes` |
+//! | `balancer.rs` | the balancer's mapping moving away from a stopped node and snapping back when it returns |
+
+#[path = "../common/mod.rs"]
+mod common;
+#[path = "../common/http.rs"]
+mod http;
+#[path = "../common/postgres.rs"]
+mod postgres;
+
+mod admin;
+mod balancer;
+mod failures;
+mod harness;
+mod routing;

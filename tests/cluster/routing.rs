@@ -1,0 +1,275 @@
+//! docs/cluster.md, "Routing": a session's state whichever node a request reaches (the
+//! balancer's pick or any node directly: the wrong ones forward), one hop at most, NDJSON
+//! events and large files streamed through the hop with flat memory, and first calls racing
+//! on two nodes settled on one kernel.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use hyper::body::Frame;
+use hyper::{Method, StatusCode};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+use crate::common::{memory_of, MIB};
+use crate::harness::{self, generation, kernel_id, success, Cluster, Options, TOKEN};
+use crate::http::files;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_persists_across_cells_whichever_node_the_balancer_picks() {
+    let cluster = Cluster::start(
+        "cl-persist",
+        Options {
+            balancer: true,
+            ..Options::default()
+        },
+    )
+    .await;
+    let lb = &cluster.balancer().api;
+    let sessions: Vec<String> = (0..12).map(|i| format!("s{i}")).collect();
+    let mut kernels = Vec::new();
+    for (i, s) in sessions.iter().enumerate() {
+        let result = success(
+            &lb.execute(TOKEN, s, json!({ "code": format!("x = {i}") }))
+                .await,
+        );
+        kernels.push(kernel_id(&result));
+    }
+    let mut spread = [0usize; 3];
+    for (i, s) in sessions.iter().enumerate() {
+        let result = success(&lb.execute(TOKEN, s, json!({"code": "print(x)"})).await);
+        assert_eq!(result["output"], format!("{i}\n"), "{s} through HAProxy");
+        assert_eq!(kernel_id(&result), kernels[i], "{s}: the same kernel");
+        // Directly to each node: two of them do not hold the session and forward it.
+        for node in &cluster.nodes {
+            let result = success(
+                &node
+                    .api
+                    .execute(TOKEN, s, json!({"code": "print(x)"}))
+                    .await,
+            );
+            assert_eq!(
+                result["output"],
+                format!("{i}\n"),
+                "{s} through {}",
+                node.name
+            );
+            assert_eq!(kernel_id(&result), kernels[i], "{s} through {}", node.name);
+            assert_eq!(result["kernel"]["reused"], true, "{result}");
+        }
+        let holder = cluster.holder(s).await.expect("a node holds the session");
+        spread[holder] += 1;
+        assert_eq!(
+            cluster.session_containers(s).await.len(),
+            1,
+            "one kernel for {s}"
+        );
+    }
+    eprintln!("12 sessions through HAProxy, held per node: {spread:?}");
+    assert_eq!(
+        cluster.containers().await.len(),
+        12,
+        "one kernel per session"
+    );
+    cluster.finish().await;
+}
+
+/// The content of the test file, 1 MiB chunk `i` of it: bytes no two chunks share, from a
+/// small xorshift generator.
+fn chunk(i: u64) -> Bytes {
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64 ^ (i + 1).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    let mut out = Vec::with_capacity(1 << 20);
+    for _ in 0..(1 << 17) {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        out.extend_from_slice(&state.to_le_bytes());
+    }
+    Bytes::from(out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_is_forwarded_once_and_streams_through_the_hop() {
+    let cluster = Cluster::start("cl-hop", Options::default()).await;
+    let (owner, other) = (&cluster.nodes[0], &cluster.nodes[1]);
+    success(
+        &owner
+            .api
+            .execute(TOKEN, "held", json!({"code": "x = 1"}))
+            .await,
+    );
+
+    // A request that was already forwarded once is refused by a node not holding the
+    // session (never a second hop): an execute, and a request that starts nothing.
+    let reply = other.execute_forwarded("held", "print(x)").await;
+    assert_eq!(
+        reply.error(StatusCode::MISDIRECTED_REQUEST),
+        "second_hop_refused"
+    );
+    let request = other
+        .api
+        .build(
+            Method::GET,
+            &files("held", "a.txt"),
+            Some(TOKEN),
+            false,
+            false,
+        )
+        .header(harness::FORWARDED, "someone")
+        .body(http_body_util::Full::new(Bytes::new()))
+        .expect("request");
+    let reply = crate::http::Reply::read(other.api.http.request(request).await.expect("GET")).await;
+    assert_eq!(
+        reply.error(StatusCode::MISDIRECTED_REQUEST),
+        "second_hop_refused"
+    );
+    // The owner serves a forwarded request itself.
+    let result = success(&owner.execute_forwarded("held", "print(x)").await);
+    assert_eq!(result["output"], "1\n");
+
+    // NDJSON through the hop: in order, and as produced (the second half comes a second
+    // after the first, so a hop that buffered the answer would deliver them together).
+    let code = "import time\nfor i in range(1, 26):\n    print(i, flush=True)\ntime.sleep(1)\n\
+                for i in range(26, 51):\n    print(i, flush=True)";
+    let mut events = other
+        .api
+        .stream(TOKEN, "held", json!({ "code": code }))
+        .await;
+    let mut text = String::new();
+    let mut outputs = 0;
+    let mut first_half_at = None;
+    let result = loop {
+        let event = events
+            .next()
+            .await
+            .expect("the stream ended without a result");
+        match event["event"].as_str() {
+            Some("output") => {
+                outputs += 1;
+                text.push_str(event["data"].as_str().expect("data"));
+                if first_half_at.is_none() && text.contains("25\n") {
+                    first_half_at = Some(Instant::now());
+                }
+            }
+            Some("result") => break event["result"].clone(),
+            _ => panic!("unexpected event {event}"),
+        }
+    };
+    let expected: String = (1..=50).map(|i| format!("{i}\n")).collect();
+    assert_eq!(text, expected, "the events in order");
+    assert_eq!(result["status"], "success", "{result}");
+    let gap = first_half_at.expect("the first half").elapsed();
+    assert!(
+        outputs >= 2 && gap >= Duration::from_millis(500),
+        "the events streamed through the hop as produced: {outputs} output events, the \
+         first half {gap:?} before the end"
+    );
+
+    // 100 MiB up and down through the node that does not hold the session: the same bytes,
+    // and that node's memory flat.
+    let chunks = 100u64;
+    let mut hash = Sha256::new();
+    for i in 0..chunks {
+        hash.update(chunk(i));
+    }
+    let want = hex::encode(hash.finalize());
+    let pid = other.pid();
+    let (rss_before, _) = memory_of(pid);
+    let body =
+        futures::stream::iter((0..chunks).map(|i| Ok::<_, std::io::Error>(Frame::data(chunk(i)))));
+    let started = Instant::now();
+    let upload = other
+        .api
+        .put_stream(&files("held", "big.bin"), TOKEN, body)
+        .await
+        .expect("the upload task")
+        .expect("the upload");
+    let up = started.elapsed();
+    assert_eq!(upload.status, StatusCode::CREATED, "{}", upload.json());
+    assert_eq!(upload.json()["size"], chunks << 20);
+    let result = success(
+        &owner
+            .api
+            .execute(
+                TOKEN,
+                "held",
+                json!({"code": "import hashlib\nprint(hashlib.sha256(open('big.bin','rb').read()).hexdigest())"}),
+            )
+            .await,
+    );
+    assert_eq!(
+        result["output"],
+        format!("{want}\n"),
+        "the kernel has the bytes sent"
+    );
+
+    let started = Instant::now();
+    let request = other
+        .api
+        .build(
+            Method::GET,
+            &files("held", "big.bin"),
+            Some(TOKEN),
+            false,
+            false,
+        )
+        .body(http_body_util::Full::new(Bytes::new()))
+        .expect("request");
+    let response = other.api.http.request(request).await.expect("GET");
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut body = response.into_body();
+    let mut hash = Sha256::new();
+    let mut received = 0u64;
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame.expect("download frame").into_data() {
+            received += data.len() as u64;
+            hash.update(&data);
+        }
+    }
+    let down = started.elapsed();
+    assert_eq!(received, chunks << 20);
+    assert_eq!(hex::encode(hash.finalize()), want, "the bytes downloaded");
+    let (rss_after, hwm_after) = memory_of(pid);
+    let growth = hwm_after.saturating_sub(rss_before);
+    eprintln!(
+        "100 MiB through a forwarding node: up {:.0} MiB/s, down {:.0} MiB/s; its VmRSS {:.1} -> {:.1} MiB, peak {:.1} MiB above the start",
+        100.0 / up.as_secs_f64(),
+        100.0 / down.as_secs_f64(),
+        rss_before as f64 / MIB,
+        rss_after as f64 / MIB,
+        growth as f64 / MIB,
+    );
+    assert!(
+        growth < 50 * 1024 * 1024,
+        "the forwarding node's memory grew by {:.1} MiB",
+        growth as f64 / MIB
+    );
+    assert_eq!(cluster.containers().await.len(), 1, "one kernel in all");
+    cluster.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_calls_racing_on_two_nodes_get_one_kernel() {
+    let cluster = Cluster::start("cl-race", Options::default()).await;
+    let (a, b) = (&cluster.nodes[0].api, &cluster.nodes[1].api);
+    for round in 0..3 {
+        let session = format!("race{round}");
+        let code = json!({"code": "import os\nprint(os.getpid())"});
+        let (ra, rb) = tokio::join!(
+            a.execute(TOKEN, &session, code.clone()),
+            b.execute(TOKEN, &session, code.clone())
+        );
+        let (ra, rb) = (success(&ra), success(&rb));
+        assert_eq!(kernel_id(&ra), kernel_id(&rb), "{ra}\n{rb}");
+        assert_eq!(generation(&ra), generation(&rb));
+        let containers = cluster.session_containers(&session).await;
+        assert_eq!(
+            containers.len(),
+            1,
+            "one kernel for {session}: {containers:?}"
+        );
+        assert!(containers[0].id.starts_with(&kernel_id(&ra)));
+    }
+    cluster.finish().await;
+}
