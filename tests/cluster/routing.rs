@@ -273,3 +273,101 @@ async fn first_calls_racing_on_two_nodes_get_one_kernel() {
     }
     cluster.finish().await;
 }
+
+/// One JSON-RPC message to `/v1/mcp?session=SESSION` on `node`; the answer's JSON-RPC
+/// message (from a JSON body or the first SSE `data:` line), and its MCP session id.
+async fn mcp(
+    node: &crate::harness::Node,
+    session: &str,
+    mcp_session: Option<&str>,
+    message: serde_json::Value,
+) -> (Option<serde_json::Value>, Option<String>) {
+    let mut request = node
+        .api
+        .build(
+            Method::POST,
+            &format!("/v1/mcp?session={session}"),
+            Some(TOKEN),
+            false,
+            true,
+        )
+        .header("accept", "application/json, text/event-stream");
+    if let Some(id) = mcp_session {
+        request = request.header("mcp-session-id", id);
+    }
+    let request = request
+        .body(http_body_util::Full::new(Bytes::from(message.to_string())))
+        .expect("request");
+    let reply =
+        crate::http::Reply::read(node.api.http.request(request).await.expect("MCP call")).await;
+    assert!(
+        reply.status.is_success(),
+        "{} {:?}",
+        reply.status,
+        reply.body
+    );
+    let id = reply
+        .headers
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let text = String::from_utf8_lossy(&reply.body).to_string();
+    let json = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .map(str::trim)
+        .find(|d| d.starts_with('{'))
+        .or_else(|| Some(text.trim()).filter(|t| t.starts_with('{')))
+        .and_then(|t| serde_json::from_str(t).ok());
+    (json, id)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_session_naming_a_session_reaches_the_node_holding_it() {
+    let cluster = Cluster::start("cl-mcp", Options::default()).await;
+    let (a, b) = (&cluster.nodes[0], &cluster.nodes[1]);
+    let held = success(&a.api.execute(TOKEN, "m1", json!({"code": "x = 7"})).await);
+    // MCP on node B, naming the session node A holds: its tools run in A's kernel.
+    let (init, id) = mcp(
+        b,
+        "m1",
+        None,
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-03-26", "capabilities": {},
+            "clientInfo": {"name": "cluster-test", "version": "1"}}}),
+    )
+    .await;
+    assert!(
+        init.is_some_and(|i| i["result"].is_object()),
+        "initialize answered"
+    );
+    let id = id.expect("an MCP session id");
+    mcp(
+        b,
+        "m1",
+        Some(&id),
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    )
+    .await;
+    let (called, _) = mcp(
+        b,
+        "m1",
+        Some(&id),
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+            "name": "execute_code", "arguments": {"code": "print(x)"}}}),
+    )
+    .await;
+    let called = called.expect("a tool result");
+    assert!(called.to_string().contains("7\\n"), "{called}");
+    // One kernel for the session, on A.
+    let containers = cluster.session_containers("m1").await;
+    assert_eq!(containers.len(), 1, "{containers:?}");
+    assert_eq!(cluster.holder("m1").await, Some(0));
+    assert_eq!(
+        kernel_id(&success(
+            &a.api.execute(TOKEN, "m1", json!({"code": "x"})).await
+        )),
+        kernel_id(&held)
+    );
+    cluster.finish().await;
+}

@@ -49,6 +49,26 @@ pub(crate) fn session_of(parts: &Parts) -> Result<String, Refusal> {
     Ok(session)
 }
 
+/// On a cluster node, the kernelbox session a `/v1/mcp` request is routed by
+/// (docs/cluster.md, "Routing"), and whether it names it: a session named by the header or
+/// the query (the request may start its kernel: it is claimed), else the MCP session's own
+/// (served where it lives). `None`: nothing to route by (an `initialize` with no named
+/// session is served here).
+pub(crate) fn routed_session(
+    headers: &axum::http::HeaderMap,
+    query: Option<&str>,
+) -> Option<(String, bool)> {
+    let named = headers
+        .get(SESSION_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+        .or_else(|| query_param(query.unwrap_or(""), "session"));
+    match named {
+        Some(name) => Some((name, true)),
+        None => mcp_session_id(headers).map(|id| (kernel_session(&id), false)),
+    }
+}
+
 /// The first value of `key` in a query string, percent-decoded (`None` when absent or not
 /// UTF-8).
 fn query_param(query: &str, key: &str) -> Option<String> {

@@ -89,6 +89,7 @@ pub(super) fn router(state: AppState, metrics_route: MetricsRoute) -> Router {
             "/v1/sessions/{session}/files/",
             get(files::get_root).put(files::put_root),
         )
+        .route("/v1/mcp", mcp_routes(&state))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             routing::route,
@@ -105,7 +106,6 @@ pub(super) fn router(state: AppState, metrics_route: MetricsRoute) -> Router {
             get(super::cluster::node_kernels),
         )
         .route("/v1/kernels", get(kernels))
-        .route("/v1/mcp", mcp_routes(&state))
         .route("/healthz", get(healthz))
         .route("/openapi.json", get(openapi));
     let router = match metrics_route {

@@ -1,5 +1,5 @@
-//! A cluster node's middleware on every `/v1/sessions/{session}/...` route (docs/cluster.md,
-//! "Routing"): the node decides where the session's request is served (`server/cluster/`);
+//! A cluster node's middleware on every `/v1/sessions/{session}/...` route and `/v1/mcp`
+//! (docs/cluster.md, "Routing"): the node decides where the session's request is served (`server/cluster/`);
 //! one held by another node is forwarded there, one this node serves goes on to its handler.
 //! On one host it does nothing.
 
@@ -17,8 +17,15 @@ pub(super) async fn route(State(state): State<AppState>, request: Request, next:
     let Some(node) = state.cluster().cloned() else {
         return next.run(request).await;
     };
-    let Some(session) = session_of(request.uri().path()) else {
-        return next.run(request).await;
+    // A session's routes name it in the path; `/v1/mcp` by its header, query or MCP session.
+    let (session, named) = match session_of(request.uri().path()) {
+        Some(session) => (session, None),
+        None => {
+            match super::mcp_session::routed_session(request.headers(), request.uri().query()) {
+                Some((session, named)) => (session, Some(named)),
+                None => return next.run(request).await,
+            }
+        }
     };
     // An unauthenticated request or a bad name is answered by the handler, as on one host.
     let Some(tenant) = super::authenticate(&state, request.headers(), request.extensions()) else {
@@ -32,7 +39,14 @@ pub(super) async fn route(State(state): State<AppState>, request: Request, next:
     let finds = request.method() == Method::GET
         || request.method() == Method::DELETE
         || is_interrupt(request.uri().path());
-    let kind = if finds { Kind::Finds } else { Kind::Starts };
+    let kind = match named {
+        // An MCP request naming its session may start its kernel; one in an MCP session's
+        // own is served where that session lives.
+        Some(true) => Kind::Starts,
+        Some(false) => Kind::Finds,
+        None if finds => Kind::Finds,
+        None => Kind::Starts,
+    };
     let forwarded = request.headers().contains_key(FORWARDED_HEADER);
     match node
         .decide(&state, &tenant, &session, kind, forwarded)
