@@ -23,6 +23,14 @@ use crate::catalog::{Catalog, CatalogError, Change, Entry, MAX_ENTRIES_PER_TENAN
 use crate::cell::StateLost;
 use crate::owner::root_session;
 
+/// A session held here at this epoch stops being live once none of its kernels (root or
+/// delegated children) is live here: while one is, no other node may claim it, so a session
+/// never has kernels on two nodes.
+pub(crate) const SESSION_ENDS: &str = "UPDATE kb_sessions SET live = false
+    WHERE tenant = $1 AND session = $2 AND node = $3 AND epoch = $4 AND live
+      AND NOT EXISTS (SELECT 1 FROM kb_kernels k WHERE k.tenant = $1 AND k.session = $2
+          AND k.node = $3 AND k.epoch = $4 AND k.state = 'live')";
+
 /// The [`Catalog`] of a cluster node (see the module documentation). Called from the catalog
 /// writer's own thread, never a runtime worker: each call blocks on the runtime it was built
 /// with.
@@ -132,7 +140,10 @@ impl PostgresCatalog {
                                  epoch = EXCLUDED.epoch, live = true,
                                  claimed_at = CASE WHEN kb_sessions.node = EXCLUDED.node
                                      AND kb_sessions.epoch = EXCLUDED.epoch
-                                     THEN kb_sessions.claimed_at ELSE now() END",
+                                     THEN kb_sessions.claimed_at ELSE now() END
+                             WHERE NOT kb_sessions.live
+                                OR (kb_sessions.node = EXCLUDED.node
+                                    AND kb_sessions.epoch = EXCLUDED.epoch)",
                             &[tenant, &session, &node, &epoch],
                         )
                         .await
@@ -174,15 +185,9 @@ impl PostgresCatalog {
                     )
                     .await
                     .map_err(db(op))?;
-                    if session == owner {
-                        tx.execute(
-                            "UPDATE kb_sessions SET live = false
-                             WHERE tenant = $1 AND session = $2 AND node = $3 AND epoch = $4",
-                            &[tenant, &session, &node, &epoch],
-                        )
+                    tx.execute(SESSION_ENDS, &[tenant, &session, &node, &epoch])
                         .await
                         .map_err(db(op))?;
-                    }
                     touched.insert(tenant.as_str());
                 }
                 Change::Ended { key_hash } => {
@@ -201,16 +206,10 @@ impl PostgresCatalog {
                         let tenant: String = row.try_get(0).map_err(db(op))?;
                         let owner: String = row.try_get(1).map_err(db(op))?;
                         let session: String = row.try_get(2).map_err(db(op))?;
-                        if session == owner {
-                            tx.execute(
-                                "UPDATE kb_sessions SET live = false
-                                 WHERE tenant = $1 AND session = $2 AND node = $3
-                                   AND epoch = $4",
-                                &[&tenant, &session, &node, &epoch],
-                            )
+                        let _ = owner;
+                        tx.execute(SESSION_ENDS, &[&tenant, &session, &node, &epoch])
                             .await
                             .map_err(db(op))?;
-                        }
                     }
                 }
                 Change::AllLiveLost { loss } => {

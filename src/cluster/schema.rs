@@ -12,7 +12,18 @@ const MIGRATION_LOCK: i64 = 0x6b62_7363_6865_6d61;
 
 /// The migrations, oldest first: version N is `MIGRATIONS[N - 1]`. Never edit one that has
 /// shipped; add the next.
-pub(crate) const MIGRATIONS: &[&str] = &[V1];
+pub(crate) const MIGRATIONS: &[&str] = &[V1, V2];
+
+/// Version 2: the cluster's hop secret (a request forwarded by a node carries it; a client
+/// cannot make a node believe a request was forwarded).
+const V2: &str = "
+CREATE TABLE kb_cluster (
+    id         int  PRIMARY KEY CHECK (id = 1),
+    hop_secret text NOT NULL
+);
+INSERT INTO kb_cluster VALUES (1,
+    replace(gen_random_uuid()::text, '-', '') || replace(gen_random_uuid()::text, '-', ''));
+";
 
 /// Version 1: nodes and their epochs, sessions, kernels.
 const V1: &str = "

@@ -35,6 +35,9 @@ pub const OPERATION_DEADLINE: Duration = Duration::from_secs(15);
 /// cluster is a handful of Docker hosts; the bound only keeps every read finite).
 pub const MAX_NODES: i64 = 1_024;
 
+/// How long a claim waits for its tenant's lock (claims of one tenant go one at a time).
+const CLAIM_LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '2s'";
+
 /// Waiting for a free pooled connection, at most.
 const POOL_WAIT: Duration = Duration::from_secs(5);
 
@@ -313,6 +316,12 @@ impl Store {
     /// Connects to the database at `url` (`postgres://user[:password]@host[:port]/database`;
     /// without TLS) and applies the migrations it lacks ([`super::schema`]).
     pub async fn connect(url: &str) -> Result<Store, ClusterError> {
+        Store::connect_sized(url, POOL_SIZE).await
+    }
+
+    /// [`Store::connect`] with a pool of at most `size` connections (a node's lease gets a
+    /// pool of its own, so that no burst of claims can delay its renewal).
+    pub async fn connect_sized(url: &str, size: usize) -> Result<Store, ClusterError> {
         let mut config: tokio_postgres::Config =
             url.parse()
                 .map_err(|e: tokio_postgres::Error| ClusterError::Url {
@@ -337,7 +346,7 @@ impl Store {
             },
         );
         let pool = Pool::builder(manager)
-            .max_size(POOL_SIZE)
+            .max_size(size.max(1))
             .runtime(Runtime::Tokio1)
             .wait_timeout(Some(POOL_WAIT))
             .create_timeout(Some(CONNECT_TIMEOUT * 2))
@@ -628,6 +637,9 @@ impl Store {
         within(op, async {
             let mut client = self.client(op).await?;
             let tx = client.transaction().await.map_err(db(op))?;
+            // Claims of one tenant queue on its lock: a burst of them fails fast rather than
+            // holding the pool's connections (docs/cluster.md, "Catalog schema").
+            tx.batch_execute(CLAIM_LOCK_TIMEOUT).await.map_err(db(op))?;
             tx.execute(
                 "SELECT pg_advisory_xact_lock($1, hashtext($2))",
                 &[&TENANT_LOCK_CLASS, &req.tenant],
@@ -710,6 +722,58 @@ impl Store {
                 .collect::<Result<Vec<_>, _>>()?;
             tx.commit().await.map_err(db(op))?;
             Ok(Claim::Claimed { entries })
+        })
+        .await
+    }
+
+    /// Gives back a claim that started no kernel (the request failed before it could): the
+    /// session held by `node` at `epoch` stops being live unless one of its kernels is live
+    /// there. Also keeps the tenant's sessions that are not live within
+    /// [`crate::catalog::MAX_ENTRIES_PER_TENANT`], oldest first.
+    pub async fn release(
+        &self,
+        tenant: &str,
+        session: &str,
+        node: &str,
+        epoch: i64,
+    ) -> Result<(), ClusterError> {
+        let op = "release claim";
+        within(op, async {
+            let client = self.client(op).await?;
+            client
+                .execute(
+                    super::catalog::SESSION_ENDS,
+                    &[&tenant, &session, &node, &epoch],
+                )
+                .await
+                .map_err(db(op))?;
+            let bound = i64::try_from(crate::catalog::MAX_ENTRIES_PER_TENANT).unwrap_or(i64::MAX);
+            client
+                .execute(
+                    "DELETE FROM kb_sessions WHERE (tenant, session) IN (
+                         SELECT tenant, session FROM kb_sessions
+                         WHERE tenant = $1 AND NOT live
+                         ORDER BY claimed_at DESC OFFSET $2)",
+                    &[&tenant, &bound],
+                )
+                .await
+                .map_err(db(op))?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// The secret that marks a request forwarded by a node of this cluster (made once, by the
+    /// migration that added it; readable by whoever can read the catalog, never by a tenant).
+    pub async fn hop_secret(&self) -> Result<String, ClusterError> {
+        let op = "read the hop secret";
+        within(op, async {
+            let client = self.client(op).await?;
+            let row = client
+                .query_one("SELECT hop_secret FROM kb_cluster WHERE id = 1", &[])
+                .await
+                .map_err(db(op))?;
+            row.try_get(0).map_err(db(op))
         })
         .await
     }

@@ -40,7 +40,44 @@ async fn a_tenants_cap_holds_across_nodes() {
         a.api.delete("/v1/sessions/c1", TOKEN).await.status,
         StatusCode::OK
     );
-    success(&c.api.execute(TOKEN, "c3", json!({"code": "1"})).await);
+    // Requests that start no kernel (a body that is not JSON, a bad timeout) leave no live
+    // session behind: each is given back, so the tenant keeps its room.
+    for (i, node) in [a, b, c].into_iter().enumerate() {
+        let reply = node
+            .api
+            .send_bytes(
+                hyper::Method::POST,
+                &format!("/v1/sessions/junk{i}/execute"),
+                Some(TOKEN),
+                false,
+                Some(bytes::Bytes::from_static(b"garbage")),
+            )
+            .await;
+        assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+    }
+    poll(
+        "c3 admitted once the junk claims are given back",
+        Duration::from_secs(10),
+        || async {
+            let reply = c.api.execute(TOKEN, "c3", json!({"code": "1"})).await;
+            (reply.status == StatusCode::OK).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        b.api.delete("/v1/sessions/c2", TOKEN).await.status,
+        StatusCode::OK
+    );
+    // The junk requests' claims were given back (in the background: wait for it).
+    poll(
+        "the failed requests' claims given back",
+        Duration::from_secs(10),
+        || async {
+            let reply = a.api.execute(TOKEN, "c4", json!({"code": "1"})).await;
+            (reply.status == StatusCode::OK).then_some(())
+        },
+    )
+    .await;
     cluster.finish().await;
 }
 

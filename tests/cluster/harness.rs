@@ -30,6 +30,8 @@ pub const TOKEN: &str = "cluster-tenant-token";
 pub const ADMIN: &str = "cluster-admin-token";
 /// The header a forwarded request carries (docs/cluster.md, "Routing": one hop at most).
 pub const FORWARDED: &str = "x-kernelbox-forwarded-by";
+/// The header carrying the cluster's hop secret.
+pub const HOP: &str = "x-kernelbox-hop";
 /// The header HAProxy adds to each response: the server (node name) it sent the request to.
 pub const SERVED_BY: &str = "x-kernelbox-balancer-server";
 
@@ -133,7 +135,9 @@ impl Node {
 
     /// An execute of `code` for `session` carrying the forwarded header, as if another node
     /// had forwarded it.
-    pub async fn execute_forwarded(&self, session: &str, code: &str) -> Reply {
+    /// An execute marked as forwarded by a node: with the cluster's hop secret when given
+    /// (as a node sends it), else only the forwarded-by header (as a client could forge it).
+    pub async fn execute_forwarded(&self, session: &str, code: &str, hop: Option<&str>) -> Reply {
         let body = bytes::Bytes::from(json!({ "code": code }).to_string());
         let request = self
             .api
@@ -144,7 +148,12 @@ impl Node {
                 false,
                 true,
             )
-            .header(FORWARDED, "someone")
+            .header(FORWARDED, "someone");
+        let request = match hop {
+            Some(secret) => request.header(HOP, secret),
+            None => request,
+        };
+        let request = request
             .body(http_body_util::Full::new(body))
             .expect("request");
         Reply::read(self.api.http.request(request).await.expect("HTTP request")).await
@@ -390,6 +399,16 @@ impl Cluster {
     }
 
     /// The running node holding a kernel of `session`, if any.
+    /// The cluster's hop secret, read from the catalog (what only nodes know).
+    pub async fn hop_secret(&self) -> String {
+        postgres::raw(&self.db)
+            .await
+            .query_one("SELECT hop_secret FROM kb_cluster WHERE id = 1", &[])
+            .await
+            .expect("the hop secret")
+            .get(0)
+    }
+
     pub async fn holder(&self, session: &str) -> Option<usize> {
         for (i, node) in self.nodes.iter().enumerate() {
             if node.process.is_some() && node.sessions().await.iter().any(|s| s == session) {

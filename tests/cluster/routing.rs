@@ -100,9 +100,16 @@ async fn a_request_is_forwarded_once_and_streams_through_the_hop() {
             .await,
     );
 
+    // A client cannot mark its request forwarded: without the hop secret the mark is
+    // ignored and the request goes to the holder as any other.
+    let spoofed = success(&other.execute_forwarded("held", "print(x)", None).await);
+    assert_eq!(spoofed["output"], "1\n");
     // A request that was already forwarded once is refused by a node not holding the
     // session (never a second hop): an execute, and a request that starts nothing.
-    let reply = other.execute_forwarded("held", "print(x)").await;
+    let hop = cluster.hop_secret().await;
+    let reply = other
+        .execute_forwarded("held", "print(x)", Some(&hop))
+        .await;
     assert_eq!(
         reply.error(StatusCode::MISDIRECTED_REQUEST),
         "second_hop_refused"
@@ -117,6 +124,7 @@ async fn a_request_is_forwarded_once_and_streams_through_the_hop() {
             false,
         )
         .header(harness::FORWARDED, "someone")
+        .header(harness::HOP, &hop)
         .body(http_body_util::Full::new(Bytes::new()))
         .expect("request");
     let reply = crate::http::Reply::read(other.api.http.request(request).await.expect("GET")).await;
@@ -125,7 +133,11 @@ async fn a_request_is_forwarded_once_and_streams_through_the_hop() {
         "second_hop_refused"
     );
     // The owner serves a forwarded request itself.
-    let result = success(&owner.execute_forwarded("held", "print(x)").await);
+    let result = success(
+        &owner
+            .execute_forwarded("held", "print(x)", Some(&hop))
+            .await,
+    );
     assert_eq!(result["output"], "1\n");
 
     // NDJSON through the hop: in order, and as produced (the second half comes a second

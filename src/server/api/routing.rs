@@ -34,10 +34,9 @@ pub(super) async fn route(State(state): State<AppState>, request: Request, next:
     if validate_name("session", &session).is_err() {
         return next.run(request).await;
     }
-    // Reading, removing and interrupting start nothing; anything else may start a kernel
-    // (an execute, a command, an upload, a network policy), so it is claimed.
-    let finds = request.method() == Method::GET
-        || request.method() == Method::DELETE
+    // Only a POST or a PUT may start a kernel (an execute, a command, an upload, a network
+    // policy), so only they claim; reading, removing and interrupting find.
+    let finds = !(request.method() == Method::POST || request.method() == Method::PUT)
         || is_interrupt(request.uri().path());
     let kind = match named {
         // An MCP request naming its session may start its kernel; one in an MCP session's
@@ -47,12 +46,22 @@ pub(super) async fn route(State(state): State<AppState>, request: Request, next:
         None if finds => Kind::Finds,
         None => Kind::Starts,
     };
-    let forwarded = request.headers().contains_key(FORWARDED_HEADER);
+    // Only a node of this cluster can mark a request forwarded (the hop secret).
+    let forwarded =
+        request.headers().contains_key(FORWARDED_HEADER) && node.is_hop(request.headers());
     match node
         .decide(&state, &tenant, &session, kind, forwarded)
         .await
     {
-        Ok(Route::Here) => next.run(request).await,
+        Ok(Route::Here { claimed }) => {
+            let response = next.run(request).await;
+            // A claim whose request started no kernel (refused, invalid) is given back, so
+            // failed requests leave no live session behind.
+            if claimed && !state.orchestrator().has_session(&tenant.name, &session) {
+                node.release(&tenant.name, &session);
+            }
+            response
+        }
         Ok(Route::Forward(target)) => match node
             .forward(&target, request, state.forward_deadline())
             .await

@@ -78,10 +78,16 @@ impl ClusterNode {
         for name in HOP_BY_HOP {
             parts.headers.remove(name);
         }
-        if let Ok(me) = HeaderValue::from_str(&self.options.node) {
+        if let (Ok(me), Ok(secret)) = (
+            HeaderValue::from_str(&self.options.node),
+            HeaderValue::from_str(&self.hop_secret),
+        ) {
             parts
                 .headers
                 .insert(HeaderName::from_static(FORWARDED_HEADER), me);
+            parts
+                .headers
+                .insert(HeaderName::from_static(super::HOP_HEADER), secret);
         }
         let started = Instant::now();
         let sent = self

@@ -54,7 +54,7 @@ impl ClusterNode {
                 continue;
             }
             self.expire_others(every).await;
-            if let Ok(Ok(rows)) = tokio::time::timeout(every, self.store.nodes()).await {
+            if let Ok(Ok(rows)) = tokio::time::timeout(every, self.lease_store.nodes()).await {
                 self.refresh_view(rows);
             }
         }
@@ -67,7 +67,8 @@ impl ClusterNode {
         let live = u32::try_from(live).unwrap_or(u32::MAX);
         let renewed = tokio::time::timeout(
             every,
-            self.store.renew(&self.options.node, self.epoch(), live),
+            self.lease_store
+                .renew(&self.options.node, self.epoch(), live),
         )
         .await;
         match renewed {
@@ -97,7 +98,7 @@ impl ClusterNode {
     /// Expires the nodes whose leases ran out (any live node may; one transaction each).
     async fn expire_others(&self, every: Duration) {
         let expired =
-            tokio::time::timeout(every, self.store.expire_dead(self.options.lease_ttl)).await;
+            tokio::time::timeout(every, self.lease_store.expire_dead(self.options.lease_ttl)).await;
         if let Ok(Ok(expired)) = expired {
             for node in expired {
                 self.counters.node_losses.fetch_add(1, Ordering::Relaxed);
@@ -137,8 +138,11 @@ impl ClusterNode {
         let every = self.options.renew_every();
         loop {
             let sent = Instant::now();
-            let registered =
-                tokio::time::timeout(every, self.store.register(&info, LossReason::NodeLost)).await;
+            let registered = tokio::time::timeout(
+                every,
+                self.lease_store.register(&info, LossReason::NodeLost),
+            )
+            .await;
             match registered {
                 Ok(Ok(epoch)) => {
                     self.epoch.store(epoch, Ordering::Release);

@@ -36,6 +36,14 @@ use crate::orchestrator::Orchestrator;
 /// serves the request itself or refuses it, never forwards it again.
 pub const FORWARDED_HEADER: &str = "x-kernelbox-forwarded-by";
 
+/// The header that proves a forwarded request came from a node of this cluster: the
+/// cluster's hop secret (`kb_cluster` in the catalog). Without it, [`FORWARDED_HEADER`] is
+/// ignored, so a client cannot skip the placement checks a hop would skip.
+pub const HOP_HEADER: &str = "x-kernelbox-hop";
+
+/// Connections of the lease's own pool (renewals never wait behind claims).
+const LEASE_POOL: usize = 2;
+
 /// Default time a node's lease lasts past its last renewal.
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
 
@@ -143,6 +151,11 @@ struct Counters {
 pub struct ClusterNode {
     options: ClusterOptions,
     store: Store,
+    /// The lease's own connections: renewals, expiries, the view, rejoining.
+    lease_store: Store,
+    /// SHA-256 of the cluster's hop secret, and the secret itself for the hops this node makes.
+    hop_sha256: [u8; 32],
+    hop_secret: String,
     /// The node's current epoch (shared with its catalog, whose writes carry it).
     epoch: Arc<AtomicI64>,
     /// Nanoseconds after `base` until which the lease is trusted; 0 while fenced.
@@ -171,13 +184,17 @@ impl ClusterNode {
         capacity: usize,
     ) -> Result<(Arc<ClusterNode>, PostgresCatalog), ClusterError> {
         let store = Store::connect(&options.url).await?;
+        let lease_store = Store::connect_sized(&options.url, LEASE_POOL).await?;
+        let hop_secret = store.hop_secret().await?;
         let info = NodeInfo {
             name: options.node.clone(),
             advertise: options.advertise.clone(),
             capacity: u32::try_from(capacity).unwrap_or(u32::MAX),
         };
         let sent = Instant::now();
-        let epoch = store.register(&info, LossReason::ServerRestarted).await?;
+        let epoch = lease_store
+            .register(&info, LossReason::ServerRestarted)
+            .await?;
         let epoch = Arc::new(AtomicI64::new(epoch));
         let catalog = PostgresCatalog::new(
             store.clone(),
@@ -191,6 +208,9 @@ impl ClusterNode {
             .map(|t| Sha256::digest(t.as_bytes()).into());
         let node = Arc::new(ClusterNode {
             store,
+            lease_store,
+            hop_sha256: Sha256::digest(hop_secret.as_bytes()).into(),
+            hop_secret,
             epoch,
             valid_until: AtomicU64::new(0),
             base: Instant::now(),
@@ -243,7 +263,7 @@ impl ClusterNode {
         self.tracker.wait().await;
         let left = tokio::time::timeout(
             Duration::from_secs(5),
-            self.store.leave(&self.options.node, self.epoch()),
+            self.lease_store.leave(&self.options.node, self.epoch()),
         )
         .await;
         match left {
@@ -392,6 +412,28 @@ impl ClusterNode {
             epoch: pick.1.epoch,
             advertise: pick.1.advertise.clone(),
         })
+    }
+
+    /// True when a request carries this cluster's hop secret: it was forwarded by a node.
+    pub(crate) fn is_hop(&self, headers: &axum::http::HeaderMap) -> bool {
+        headers
+            .get(HOP_HEADER)
+            .is_some_and(|v| Sha256::digest(v.as_bytes()).as_slice() == self.hop_sha256)
+    }
+
+    /// Gives back a claim whose request started no kernel here (in the background).
+    pub(crate) fn release(self: &Arc<Self>, tenant: &str, session: &str) {
+        let (node, tenant, session) = (self.clone(), tenant.to_string(), session.to_string());
+        let epoch = self.epoch();
+        self.tracker.spawn(async move {
+            let released = node
+                .store
+                .release(&tenant, &session, &node.options.node, epoch)
+                .await;
+            if let Err(e) = released {
+                tracing::warn!(error = %e, "giving back a claim that started no kernel");
+            }
+        });
     }
 
     /// True when `token` is the admin token.

@@ -31,8 +31,12 @@ pub(crate) enum Kind {
 /// Where a request goes.
 #[derive(Debug)]
 pub(crate) enum Route {
-    /// Served by this node.
-    Here,
+    /// Served by this node; `claimed` when this request claimed the session here (to be
+    /// given back if it starts no kernel).
+    Here {
+        /// The session was claimed for this request.
+        claimed: bool,
+    },
     /// Sent to the node that holds the session.
     Forward(Target),
 }
@@ -62,7 +66,7 @@ impl ClusterNode {
         }
         let orchestrator = state.orchestrator();
         if orchestrator.has_session(&tenant.name, session) {
-            return Ok(Route::Here);
+            return Ok(Route::Here { claimed: false });
         }
         if !forwarded {
             if let Some(target) = self.placement(&tenant.name, session) {
@@ -88,7 +92,7 @@ impl ClusterNode {
                 Ok(Route::Forward(target))
             }
             // Nowhere else (or the catalog is down): what this node has answers.
-            _ => Ok(Route::Here),
+            _ => Ok(Route::Here { claimed: false }),
         }
     }
 
@@ -129,7 +133,7 @@ impl ClusterNode {
         match claimed {
             Claim::Claimed { entries } if target == me => {
                 orchestrator.adopt_session(&tenant.name, session, entries);
-                Ok(Route::Here)
+                Ok(Route::Here { claimed: true })
             }
             Claim::Claimed { .. } => {
                 self.remember(&tenant.name, session, &target);
@@ -153,7 +157,11 @@ impl ClusterNode {
                 )
             }),
             Claim::Fenced if target == me => {
-                self.fence_soon();
+                // A claim made with an epoch this node has since left behind (it rejoined
+                // meanwhile) says nothing about the new one.
+                if target.epoch == self.epoch() {
+                    self.fence_soon();
+                }
                 Err(fenced())
             }
             // The node picked for the session moved on: this node takes it after all.
