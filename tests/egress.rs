@@ -5,13 +5,17 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
+#[path = "common/http.rs"]
+mod http;
 
 use std::collections::BTreeMap;
 
 use common::Case;
+use hyper::{Method, StatusCode};
 use kernelbox::config::{EgressConfig, DEFAULT_CA_BUNDLE};
 use kernelbox::wire::NetworkPolicy;
 use kernelbox::{CellStatus, ExecuteRequest, Scope};
+use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// A tiny HTTP server on `addr` answering every request `hello from PORT`.
@@ -266,4 +270,111 @@ async fn pip_installs_from_the_index_with_the_pypi_preset() {
     let r = run_as(&case, "a", "s", code).await;
     assert!(r.output.contains("six 1.16.0"), "{}", r.output);
     case.finish().await;
+}
+
+/// A tenants file: `a` allowed `allow`, `b` without `network`; the file is kept by the caller.
+fn tenants_file(allow: &[String]) -> tempfile::NamedTempFile {
+    let mut a = http::tenant("a", "token-a");
+    a["network"] = json!({ "allow": allow });
+    let text = json!({"tenants": [a, http::tenant("b", "token-b")]}).to_string();
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), text).unwrap();
+    file
+}
+
+const CALL: &str = r#"
+import urllib.request, urllib.error
+try:
+    print(urllib.request.urlopen(URL, timeout=15).read().decode())
+except urllib.error.HTTPError as e:
+    print(f"HTTP {e.code}: {e.read().decode().strip()}")
+except Exception as e:
+    print(f"ERR {type(e).__name__}: {e}")
+"#;
+
+#[tokio::test]
+async fn the_tenants_files_network_reaches_each_tenants_kernels_in_a_real_server() {
+    let port = http_server("127.0.0.1:0").await;
+    let file = tenants_file(&[format!("127.0.0.1:{port}")]);
+    let served = http::Served::start(
+        "egress-tenants",
+        "unused",
+        &["--pool", "0", "--tenants", file.path().to_str().unwrap()],
+    )
+    .await;
+    let api = &served.api;
+    let code = CALL.replace("URL", &format!("'http://127.0.0.1:{port}/'"));
+
+    // Tenant a, allowed 127.0.0.1:PORT by the file, reaches it.
+    let r = api.run("token-a", "s", &code).await;
+    assert_eq!(r["output"], format!("hello from {port}\n"), "{r}");
+    // Tenant b, with no `network`, has none: a kernel on `none`, no proxy in its environment.
+    let r = api.run("token-b", "s", &code).await;
+    assert!(r["output"].as_str().unwrap().starts_with("ERR"), "{r}");
+    let id = r["kernel"]["id"].as_str().unwrap().to_string();
+    let info = docker().await.inspect_container(&id, None).await.unwrap();
+    assert_eq!(
+        info.host_config.unwrap().network_mode.as_deref(),
+        Some("none")
+    );
+
+    // A session narrows its tenant's policy (intersected): a's session allowed only
+    // example.com loses 127.0.0.1:PORT; it can never widen it.
+    let put = |token: &'static str, body: serde_json::Value| {
+        let api = api.clone();
+        async move {
+            api.send(
+                Method::PUT,
+                "/v1/sessions/s/network",
+                token,
+                false,
+                Some(body),
+            )
+            .await
+        }
+    };
+    let reply = put("token-a", json!({"allow": ["example.com"]})).await;
+    assert_eq!(reply.status, StatusCode::OK, "{:?}", reply.json());
+    let r = api.run("token-a", "s", &code).await;
+    assert!(
+        r["output"]
+            .as_str()
+            .unwrap()
+            .contains("refused (not_allowed)"),
+        "{r}"
+    );
+    let reply = put(
+        "token-a",
+        json!({"allow": [format!("127.0.0.1:{port}"), "pypi"]}),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK);
+    let r = api.run("token-a", "s", &code).await;
+    assert_eq!(r["output"], format!("hello from {port}\n"), "{r}");
+    // Tenant b has no network: a session policy allowing anything is refused, clearly.
+    let reply = put("token-b", json!({"allow": ["pypi"]})).await;
+    assert!(
+        reply
+            .error(StatusCode::BAD_REQUEST)
+            .contains("network_not_allowed"),
+        "{:?}",
+        reply.json()
+    );
+    let reply = put("token-b", json!({"allow": []})).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    served.finish().await;
+
+    // A bad entry in the file: the server does not start, and says which field.
+    let bad = tenants_file(&["not a host".into()]);
+    let out = common::serve_command(&common::unique("egress-bad"), "unused")
+        .args(["--pool", "0", "--tenants", bad.path().to_str().unwrap()])
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("tenants[0].network") && stderr.contains("network policy entry"),
+        "{stderr}"
+    );
 }

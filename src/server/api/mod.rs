@@ -548,7 +548,14 @@ fn set_session_network(
         .inner
         .orchestrator
         .set_network(&tenant.name, session, policy)
-        .map_err(|e| ApiError::bad_request("invalid_network", e.to_string()))
+        .map_err(|e| match e {
+            crate::egress::SessionPolicyError::Invalid(e) => {
+                ApiError::bad_request("invalid_network", e.to_string())
+            }
+            e @ crate::egress::SessionPolicyError::TenantHasNone { .. } => {
+                ApiError::bad_request("network_not_allowed", e.to_string())
+            }
+        })
 }
 
 /// `PUT /v1/sessions/{session}/network`: the session's policy, applied at once; answers how
