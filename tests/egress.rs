@@ -56,6 +56,7 @@ async fn with_egress(name: &str, tenants: BTreeMap<String, NetworkPolicy>) -> Ca
             tenants,
             ca_bundle: DEFAULT_CA_BUNDLE.into(),
             limits: Default::default(),
+            audit: None,
         });
     })
     .await
@@ -272,6 +273,19 @@ async fn pip_installs_from_the_index_with_the_pypi_preset() {
     case.finish().await;
 }
 
+/// Polls `probe` until it answers (10 s at most): for counters that move when a connection
+/// ends, after the cell that made it has returned.
+async fn until<T, F: std::future::Future<Output = Option<T>>>(probe: impl Fn() -> F) -> T {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        if let Some(v) = probe().await {
+            return v;
+        }
+        assert!(std::time::Instant::now() < deadline, "not within 10 s");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
 /// A tenants file: `a` allowed `allow`, `b` without `network`; the file is kept by the caller.
 fn tenants_file(allow: &[String]) -> tempfile::NamedTempFile {
     let mut a = http::tenant("a", "token-a");
@@ -296,10 +310,19 @@ except Exception as e:
 async fn the_tenants_files_network_reaches_each_tenants_kernels_in_a_real_server() {
     let port = http_server("127.0.0.1:0").await;
     let file = tenants_file(&[format!("127.0.0.1:{port}")]);
+    let dir = tempfile::tempdir().unwrap();
+    let audit = dir.path().join("audit.jsonl");
     let served = http::Served::start(
         "egress-tenants",
         "unused",
-        &["--pool", "0", "--tenants", file.path().to_str().unwrap()],
+        &[
+            "--pool",
+            "0",
+            "--tenants",
+            file.path().to_str().unwrap(),
+            "--egress-audit",
+            audit.to_str().unwrap(),
+        ],
     )
     .await;
     let api = &served.api;
@@ -362,6 +385,58 @@ async fn the_tenants_files_network_reaches_each_tenants_kernels_in_a_real_server
     );
     let reply = put("token-b", json!({"allow": []})).await;
     assert_eq!(reply.status, StatusCode::OK);
+
+    // Metrics per tenant (a counter moves when its connection ends: polled, 10 s at most).
+    let wanted = [
+        "kernelbox_egress_connections_total{tenant=\"a\"} 2".to_string(),
+        "kernelbox_egress_refusals_total{tenant=\"a\",reason=\"not_allowed\"} 1".to_string(),
+        "kernelbox_egress_refusals_total{tenant=\"a\",reason=\"host_mismatch\"} 0".to_string(),
+    ];
+    let metrics = until(|| async {
+        let text = api.metrics("token-a").await;
+        wanted
+            .iter()
+            .all(|w| text.contains(w.as_str()))
+            .then_some(text)
+    })
+    .await;
+    let bytes_in = metrics
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("kernelbox_egress_bytes_total{tenant=\"a\",direction=\"in\"} ")
+        })
+        .unwrap();
+    assert!(bytes_in.parse::<u64>().unwrap() > 0, "{metrics}");
+    assert!(
+        !metrics.contains("tenant=\"b\""),
+        "no series for a tenant without network"
+    );
+    assert!(!metrics.contains("session="), "never a session label");
+
+    // The audit file: one JSON line per connection.
+    let lines = until(|| async {
+        let text = std::fs::read_to_string(&audit).unwrap_or_default();
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        (lines.len() >= 3).then_some(lines)
+    })
+    .await;
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    let outcomes: Vec<&str> = lines
+        .iter()
+        .map(|l| l["outcome"].as_str().unwrap())
+        .collect();
+    assert_eq!(outcomes, ["allowed", "not_allowed", "allowed"], "{lines:?}");
+    for line in &lines {
+        assert_eq!(line["tenant"], "a");
+        assert_eq!(line["session"], "s");
+        assert_eq!(line["host"], "127.0.0.1");
+        assert_eq!(line["port"], port);
+    }
+    assert!(lines[0]["bytes_in"].as_u64().unwrap() > 0, "{lines:?}");
+    assert!(lines[0]["bytes_out"].as_u64().unwrap() > 0, "{lines:?}");
     served.finish().await;
 
     // A bad entry in the file: the server does not start, and says which field.

@@ -180,6 +180,10 @@ pub struct KernelOpts {
     /// Egress bytes per second one kernel may move (e.g. 50m).
     #[arg(long, default_value = "50m", value_parser = parse_bytes)]
     egress_rate: i64,
+    /// Append one JSON line per egress connection (tenant, session, host, port, bytes,
+    /// `allowed` or why refused) to this file; without it, audit lines go to the log.
+    #[arg(long, env = "KERNELBOX_EGRESS_AUDIT")]
+    egress_audit: Option<PathBuf>,
     /// Extra label KEY=VALUE on everything created (repeatable).
     #[arg(long = "label", value_parser = parse_label)]
     labels: Vec<(String, String)>,
@@ -205,6 +209,7 @@ impl KernelOpts {
                 bytes_per_second: u64::try_from(self.egress_rate).unwrap_or(1).max(1),
                 ..Default::default()
             },
+            audit: self.egress_audit.clone(),
         }
     }
 

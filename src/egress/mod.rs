@@ -55,6 +55,14 @@ pub enum EgressError {
         /// What the system said.
         message: String,
     },
+    /// Opening the audit file (`--egress-audit`) failed.
+    #[error("opening the egress audit file {path}: {message}")]
+    Audit {
+        /// The file.
+        path: PathBuf,
+        /// What the system said.
+        message: String,
+    },
     /// The CA bundle is not a readable file.
     #[error("the CA bundle {0} is not a readable file")]
     CaBundle(PathBuf),
@@ -146,7 +154,21 @@ impl Egress {
             &uuid::Uuid::new_v4().simple().to_string()[..4]
         );
         let names = network::Names::of(&tag);
-        let gateway = network::create(engine.as_ref(), &names, labels).await?;
+        let crate::docker::NetworkAddrs { gateway, subnet } =
+            network::create(engine.as_ref(), &names, labels).await?;
+        let audit = match &config.audit {
+            Some(path) => match proxy::AuditFile::open(path) {
+                Ok(file) => Some(file),
+                Err(e) => {
+                    let _ = network::remove(engine.as_ref(), &names).await;
+                    return Err(EgressError::Audit {
+                        path: path.clone(),
+                        message: e.to_string(),
+                    });
+                }
+            },
+            None => None,
+        };
         let listener = match TcpListener::bind((gateway, 0)).await {
             Ok(l) => l,
             Err(e) => {
@@ -165,7 +187,7 @@ impl Egress {
             let _ = network::remove(engine.as_ref(), &names).await;
             return Err(e.into());
         }
-        let table = Arc::new(proxy::Table::default());
+        let table = Arc::new(proxy::Table::new(audit, Some(subnet)));
         let cancel = CancellationToken::new();
         tokio::spawn(proxy::serve(
             listener,

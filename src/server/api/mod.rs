@@ -660,6 +660,9 @@ async fn metrics(State(state): State<AppState>) -> Response {
         .render(live, state.is_draining(), &stats);
     let pending = &state.inner.pending;
     let _ = super::metrics::write_responses(&mut text, pending.held(None).0, pending.cut_count());
+    if let Some(egress) = state.inner.orchestrator.egress() {
+        let _ = super::metrics::write_egress(&mut text, egress);
+    }
     if let Some(node) = state.cluster() {
         let _ = node.render_metrics(&mut text);
     }
