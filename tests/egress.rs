@@ -267,10 +267,32 @@ print(t.recv(100).split(b"\r\n")[0].decode())
 async fn pip_installs_from_the_index_with_the_pypi_preset() {
     let tenants = BTreeMap::from([("a".to_string(), policy(&["pypi"], &[]))]);
     let case = with_egress("egress-pip", tenants).await;
-    let code = "import subprocess, sys\nr = subprocess.run([sys.executable, '-m', 'pip', 'install', '--no-deps', 'six==1.16.0'], capture_output=True, text=True)\nprint(r.returncode, r.stdout[-300:], r.stderr[-600:])\nimport site, importlib; site.addsitedir(site.getusersitepackages()); importlib.invalidate_caches()\nimport six; print('six', six.__version__)";
-    let r = run_as(&case, "a", "s", code).await;
+    let r = run_as(&case, "a", "s", PIP_SIX).await;
     assert!(r.output.contains("six 1.16.0"), "{}", r.output);
     case.finish().await;
+}
+
+/// `pip install` of a small pure-Python package mid-session, then a plain import: no `site`
+/// workaround (the runner put the user site directory on `sys.path` at start).
+const PIP_SIX: &str = "import subprocess, sys\ntry:\n    import six\nexcept ImportError:\n    print('not installed yet')\nr = subprocess.run([sys.executable, '-m', 'pip', 'install', '--no-deps', 'six==1.16.0'], capture_output=True, text=True)\nprint(r.returncode, r.stdout[-300:], r.stderr[-600:])\nimport six; print('six', six.__version__)";
+
+#[tokio::test]
+async fn serve_network_allow_pypi_installs_and_imports_through_the_real_binary() {
+    let served = http::Served::start(
+        "egress-serve-pypi",
+        "token",
+        &["--pool", "0", "--network-allow", "pypi"],
+    )
+    .await;
+    let r = served.api.run("token", "s", PIP_SIX).await;
+    let out = r["output"].as_str().unwrap();
+    assert!(out.starts_with("not installed yet"), "{r}");
+    assert!(out.contains("six 1.16.0"), "{r}");
+    // Anything else is refused, clearly.
+    let code = CALL.replace("URL", "'https://example.com/'");
+    let r = served.api.run("token", "s", &code).await;
+    assert!(r["output"].as_str().unwrap().contains("403"), "{r}");
+    served.finish().await;
 }
 
 /// Polls `probe` until it answers (10 s at most): for counters that move when a connection
