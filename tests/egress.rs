@@ -475,3 +475,30 @@ async fn the_tenants_files_network_reaches_each_tenants_kernels_in_a_real_server
         "{stderr}"
     );
 }
+
+#[tokio::test]
+async fn a_kernel_never_reaches_another_kernel_directly_or_through_the_proxy() {
+    // Even a tenant allowed every private range: the egress network itself is never a
+    // destination (docs/reliability.md, "Network egress").
+    let tenants = BTreeMap::from([(
+        "a".to_string(),
+        policy(&["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"], &[]),
+    )]);
+    let case = with_egress("egress-peers", tenants).await;
+    let listen = "import socket, threading\nsrv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\nsrv.bind(('0.0.0.0', 8000)); srv.listen()\ndef serve():\n    while True:\n        c, _ = srv.accept(); c.sendall(b'HTTP/1.0 200 OK\\r\\n\\r\\npeer'); c.close()\nthreading.Thread(target=serve, daemon=True).start()\nprint(open('/etc/hosts').read().split()[-2])";
+    let r = run_as(&case, "a", "one", listen).await;
+    assert_eq!(r.status, CellStatus::Success, "{r:?}");
+    let ip = r.output.trim().to_string();
+    assert!(ip.parse::<std::net::IpAddr>().is_ok(), "{}", r.output);
+    let probe = format!(
+        "{FETCH}\nimport socket\ntry:\n    socket.create_connection(('{ip}', 8000), timeout=3); print('reached directly')\nexcept OSError:\n    print('no direct route')\nprint(fetch('http://{ip}:8000/'))"
+    );
+    let r = run_as(&case, "a", "two", &probe).await;
+    assert!(r.output.contains("no direct route"), "{}", r.output);
+    assert!(
+        r.output.contains("refused (kernel_network)"),
+        "{}",
+        r.output
+    );
+    case.finish().await;
+}
