@@ -843,8 +843,30 @@ def _private_environment():
     return status_path, rich_source
 
 
+def _user_site():
+    """With ``PIP_USER`` set (a kernel with a network policy, docs/reliability.md "Network
+    egress"), ``pip install`` writes to the user site directory, which the interpreter put on
+    ``sys.path`` only if it existed at start: it is created now and put there (before the
+    system's packages, where ``site`` would have), so a package installed mid-session imports
+    at once. Without ``PIP_USER`` this does nothing (``site`` is loaded anyway)."""
+    if not os.environ.get("PIP_USER"):
+        return
+    import site
+
+    try:
+        path = site.getusersitepackages()
+        os.makedirs(path, exist_ok=True)
+    except (OSError, AttributeError):
+        return
+    if path in sys.path:
+        return
+    at = next((i for i, p in enumerate(sys.path) if p.endswith("-packages")), len(sys.path))
+    sys.path.insert(at, path)
+
+
 def main():
     status_path, rich_source = _private_environment()
+    _user_site()
     channel = _Channel()
     sys.stdin = open(os.devnull, "r")
     sys.stdout = _text_stream(1)

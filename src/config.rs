@@ -136,6 +136,8 @@ pub struct EgressConfig {
     pub ca_bundle: PathBuf,
     /// Connections and bytes per second.
     pub limits: crate::egress::proxy::Limits,
+    /// Where audit lines go, one JSON line per connection (`--egress-audit`); `None`: the log.
+    pub audit: Option<PathBuf>,
 }
 
 /// The CA bundle kernels with a policy trust unless told otherwise: the host's.

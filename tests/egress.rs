@@ -5,13 +5,17 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
+#[path = "common/http.rs"]
+mod http;
 
 use std::collections::BTreeMap;
 
 use common::Case;
+use hyper::{Method, StatusCode};
 use kernelbox::config::{EgressConfig, DEFAULT_CA_BUNDLE};
 use kernelbox::wire::NetworkPolicy;
 use kernelbox::{CellStatus, ExecuteRequest, Scope};
+use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// A tiny HTTP server on `addr` answering every request `hello from PORT`.
@@ -52,6 +56,7 @@ async fn with_egress(name: &str, tenants: BTreeMap<String, NetworkPolicy>) -> Ca
             tenants,
             ca_bundle: DEFAULT_CA_BUNDLE.into(),
             limits: Default::default(),
+            audit: None,
         });
     })
     .await
@@ -262,8 +267,238 @@ print(t.recv(100).split(b"\r\n")[0].decode())
 async fn pip_installs_from_the_index_with_the_pypi_preset() {
     let tenants = BTreeMap::from([("a".to_string(), policy(&["pypi"], &[]))]);
     let case = with_egress("egress-pip", tenants).await;
-    let code = "import subprocess, sys\nr = subprocess.run([sys.executable, '-m', 'pip', 'install', '--no-deps', 'six==1.16.0'], capture_output=True, text=True)\nprint(r.returncode, r.stdout[-300:], r.stderr[-600:])\nimport site, importlib; site.addsitedir(site.getusersitepackages()); importlib.invalidate_caches()\nimport six; print('six', six.__version__)";
-    let r = run_as(&case, "a", "s", code).await;
+    let r = run_as(&case, "a", "s", PIP_SIX).await;
     assert!(r.output.contains("six 1.16.0"), "{}", r.output);
+    case.finish().await;
+}
+
+/// `pip install` of a small pure-Python package mid-session, then a plain import: no `site`
+/// workaround (the runner put the user site directory on `sys.path` at start).
+const PIP_SIX: &str = "import subprocess, sys\ntry:\n    import six\nexcept ImportError:\n    print('not installed yet')\nr = subprocess.run([sys.executable, '-m', 'pip', 'install', '--no-deps', 'six==1.16.0'], capture_output=True, text=True)\nprint(r.returncode, r.stdout[-300:], r.stderr[-600:])\nimport six; print('six', six.__version__)";
+
+#[tokio::test]
+async fn serve_network_allow_pypi_installs_and_imports_through_the_real_binary() {
+    let served = http::Served::start(
+        "egress-serve-pypi",
+        "token",
+        &["--pool", "0", "--network-allow", "pypi"],
+    )
+    .await;
+    let r = served.api.run("token", "s", PIP_SIX).await;
+    let out = r["output"].as_str().unwrap();
+    assert!(out.starts_with("not installed yet"), "{r}");
+    assert!(out.contains("six 1.16.0"), "{r}");
+    // Anything else is refused, clearly.
+    let code = CALL.replace("URL", "'https://example.com/'");
+    let r = served.api.run("token", "s", &code).await;
+    assert!(r["output"].as_str().unwrap().contains("403"), "{r}");
+    served.finish().await;
+}
+
+/// Polls `probe` until it answers (10 s at most): for counters that move when a connection
+/// ends, after the cell that made it has returned.
+async fn until<T, F: std::future::Future<Output = Option<T>>>(probe: impl Fn() -> F) -> T {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        if let Some(v) = probe().await {
+            return v;
+        }
+        assert!(std::time::Instant::now() < deadline, "not within 10 s");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// A tenants file: `a` allowed `allow`, `b` without `network`; the file is kept by the caller.
+fn tenants_file(allow: &[String]) -> tempfile::NamedTempFile {
+    let mut a = http::tenant("a", "token-a");
+    a["network"] = json!({ "allow": allow });
+    let text = json!({"tenants": [a, http::tenant("b", "token-b")]}).to_string();
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), text).unwrap();
+    file
+}
+
+const CALL: &str = r#"
+import urllib.request, urllib.error
+try:
+    print(urllib.request.urlopen(URL, timeout=15).read().decode())
+except urllib.error.HTTPError as e:
+    print(f"HTTP {e.code}: {e.read().decode().strip()}")
+except Exception as e:
+    print(f"ERR {type(e).__name__}: {e}")
+"#;
+
+#[tokio::test]
+async fn the_tenants_files_network_reaches_each_tenants_kernels_in_a_real_server() {
+    let port = http_server("127.0.0.1:0").await;
+    let file = tenants_file(&[format!("127.0.0.1:{port}")]);
+    let dir = tempfile::tempdir().unwrap();
+    let audit = dir.path().join("audit.jsonl");
+    let served = http::Served::start(
+        "egress-tenants",
+        "unused",
+        &[
+            "--pool",
+            "0",
+            "--tenants",
+            file.path().to_str().unwrap(),
+            "--egress-audit",
+            audit.to_str().unwrap(),
+        ],
+    )
+    .await;
+    let api = &served.api;
+    let code = CALL.replace("URL", &format!("'http://127.0.0.1:{port}/'"));
+
+    // Tenant a, allowed 127.0.0.1:PORT by the file, reaches it.
+    let r = api.run("token-a", "s", &code).await;
+    assert_eq!(r["output"], format!("hello from {port}\n"), "{r}");
+    // Tenant b, with no `network`, has none: a kernel on `none`, no proxy in its environment.
+    let r = api.run("token-b", "s", &code).await;
+    assert!(r["output"].as_str().unwrap().starts_with("ERR"), "{r}");
+    let id = r["kernel"]["id"].as_str().unwrap().to_string();
+    let info = docker().await.inspect_container(&id, None).await.unwrap();
+    assert_eq!(
+        info.host_config.unwrap().network_mode.as_deref(),
+        Some("none")
+    );
+
+    // A session narrows its tenant's policy (intersected): a's session allowed only
+    // example.com loses 127.0.0.1:PORT; it can never widen it.
+    let put = |token: &'static str, body: serde_json::Value| {
+        let api = api.clone();
+        async move {
+            api.send(
+                Method::PUT,
+                "/v1/sessions/s/network",
+                token,
+                false,
+                Some(body),
+            )
+            .await
+        }
+    };
+    let reply = put("token-a", json!({"allow": ["example.com"]})).await;
+    assert_eq!(reply.status, StatusCode::OK, "{:?}", reply.json());
+    let r = api.run("token-a", "s", &code).await;
+    assert!(
+        r["output"]
+            .as_str()
+            .unwrap()
+            .contains("refused (not_allowed)"),
+        "{r}"
+    );
+    let reply = put(
+        "token-a",
+        json!({"allow": [format!("127.0.0.1:{port}"), "pypi"]}),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK);
+    let r = api.run("token-a", "s", &code).await;
+    assert_eq!(r["output"], format!("hello from {port}\n"), "{r}");
+    // Tenant b has no network: a session policy allowing anything is refused, clearly.
+    let reply = put("token-b", json!({"allow": ["pypi"]})).await;
+    assert!(
+        reply
+            .error(StatusCode::BAD_REQUEST)
+            .contains("network_not_allowed"),
+        "{:?}",
+        reply.json()
+    );
+    let reply = put("token-b", json!({"allow": []})).await;
+    assert_eq!(reply.status, StatusCode::OK);
+
+    // Metrics per tenant (a counter moves when its connection ends: polled, 10 s at most).
+    let wanted = [
+        "kernelbox_egress_connections_total{tenant=\"a\"} 2".to_string(),
+        "kernelbox_egress_refusals_total{tenant=\"a\",reason=\"not_allowed\"} 1".to_string(),
+        "kernelbox_egress_refusals_total{tenant=\"a\",reason=\"host_mismatch\"} 0".to_string(),
+    ];
+    let metrics = until(|| async {
+        let text = api.metrics("token-a").await;
+        wanted
+            .iter()
+            .all(|w| text.contains(w.as_str()))
+            .then_some(text)
+    })
+    .await;
+    let bytes_in = metrics
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("kernelbox_egress_bytes_total{tenant=\"a\",direction=\"in\"} ")
+        })
+        .unwrap();
+    assert!(bytes_in.parse::<u64>().unwrap() > 0, "{metrics}");
+    assert!(
+        !metrics.contains("tenant=\"b\""),
+        "no series for a tenant without network"
+    );
+    assert!(!metrics.contains("session="), "never a session label");
+
+    // The audit file: one JSON line per connection.
+    let lines = until(|| async {
+        let text = std::fs::read_to_string(&audit).unwrap_or_default();
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        (lines.len() >= 3).then_some(lines)
+    })
+    .await;
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    let outcomes: Vec<&str> = lines
+        .iter()
+        .map(|l| l["outcome"].as_str().unwrap())
+        .collect();
+    assert_eq!(outcomes, ["allowed", "not_allowed", "allowed"], "{lines:?}");
+    for line in &lines {
+        assert_eq!(line["tenant"], "a");
+        assert_eq!(line["session"], "s");
+        assert_eq!(line["host"], "127.0.0.1");
+        assert_eq!(line["port"], port);
+    }
+    assert!(lines[0]["bytes_in"].as_u64().unwrap() > 0, "{lines:?}");
+    assert!(lines[0]["bytes_out"].as_u64().unwrap() > 0, "{lines:?}");
+    served.finish().await;
+
+    // A bad entry in the file: the server does not start, and says which field.
+    let bad = tenants_file(&["not a host".into()]);
+    let out = common::serve_command(&common::unique("egress-bad"), "unused")
+        .args(["--pool", "0", "--tenants", bad.path().to_str().unwrap()])
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("tenants[0].network") && stderr.contains("network policy entry"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test]
+async fn a_kernel_never_reaches_another_kernel_directly_or_through_the_proxy() {
+    // Even a tenant allowed every private range: the egress network itself is never a
+    // destination (docs/reliability.md, "Network egress").
+    let tenants = BTreeMap::from([(
+        "a".to_string(),
+        policy(&["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"], &[]),
+    )]);
+    let case = with_egress("egress-peers", tenants).await;
+    let listen = "import socket, threading\nsrv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\nsrv.bind(('0.0.0.0', 8000)); srv.listen()\ndef serve():\n    while True:\n        c, _ = srv.accept(); c.sendall(b'HTTP/1.0 200 OK\\r\\n\\r\\npeer'); c.close()\nthreading.Thread(target=serve, daemon=True).start()\nprint(open('/etc/hosts').read().split()[-2])";
+    let r = run_as(&case, "a", "one", listen).await;
+    assert_eq!(r.status, CellStatus::Success, "{r:?}");
+    let ip = r.output.trim().to_string();
+    assert!(ip.parse::<std::net::IpAddr>().is_ok(), "{}", r.output);
+    let probe = format!(
+        "{FETCH}\nimport socket\ntry:\n    socket.create_connection(('{ip}', 8000), timeout=3); print('reached directly')\nexcept OSError:\n    print('no direct route')\nprint(fetch('http://{ip}:8000/'))"
+    );
+    let r = run_as(&case, "a", "two", &probe).await;
+    assert!(r.output.contains("no direct route"), "{}", r.output);
+    assert!(
+        r.output.contains("refused (kernel_network)"),
+        "{}",
+        r.output
+    );
     case.finish().await;
 }

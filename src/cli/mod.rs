@@ -162,7 +162,8 @@ pub struct KernelOpts {
     file_sockets: Option<PathBuf>,
     /// Let kernels reach ENTRY through kernelbox's egress proxy (repeatable): a preset
     /// (`pypi`), a host (`example.com`, `*.example.com`) or an address range
-    /// (`203.0.113.0/24`), optionally with `:PORT`; the default tenant's policy on `serve`.
+    /// (`203.0.113.0/24`), optionally with `:PORT`; the default tenant's policy on `serve`
+    /// (with `--tenants`, each tenant's `network` in the file instead).
     /// None: kernels have no network (docs/reliability.md, "Network egress").
     #[arg(long = "network-allow", value_name = "ENTRY")]
     network_allow: Vec<String>,
@@ -179,6 +180,10 @@ pub struct KernelOpts {
     /// Egress bytes per second one kernel may move (e.g. 50m).
     #[arg(long, default_value = "50m", value_parser = parse_bytes)]
     egress_rate: i64,
+    /// Append one JSON line per egress connection (tenant, session, host, port, bytes,
+    /// `allowed` or why refused) to this file; without it, audit lines go to the log.
+    #[arg(long, env = "KERNELBOX_EGRESS_AUDIT")]
+    egress_audit: Option<PathBuf>,
     /// Extra label KEY=VALUE on everything created (repeatable).
     #[arg(long = "label", value_parser = parse_label)]
     labels: Vec<(String, String)>,
@@ -191,6 +196,28 @@ fn parse_label(text: &str) -> Result<(String, String), String> {
 }
 
 impl KernelOpts {
+    /// Egress for `tenants`' policies under these options' CA bundle and limits.
+    fn egress(
+        &self,
+        tenants: BTreeMap<String, kernelbox::wire::NetworkPolicy>,
+    ) -> kernelbox::config::EgressConfig {
+        kernelbox::config::EgressConfig {
+            tenants,
+            ca_bundle: self.ca_bundle.clone(),
+            limits: kernelbox::egress::proxy::Limits {
+                connections_per_kernel: self.egress_connections.max(1),
+                bytes_per_second: u64::try_from(self.egress_rate).unwrap_or(1).max(1),
+                ..Default::default()
+            },
+            audit: self.egress_audit.clone(),
+        }
+    }
+
+    /// True when `--network-allow` or `--network-deny` was given.
+    fn names_a_network(&self) -> bool {
+        !self.network_allow.is_empty() || !self.network_deny.is_empty()
+    }
+
     /// The configuration these options make, not validated yet (its user adds its own).
     fn config(&self) -> anyhow::Result<Config> {
         let mut config = Config::default();
@@ -215,15 +242,8 @@ impl KernelOpts {
                 deny: self.network_deny.clone(),
             };
             kernelbox::egress::Policy::parse(&policy)?;
-            config.egress = Some(kernelbox::config::EgressConfig {
-                tenants: BTreeMap::from([(config.default_tenant.clone(), policy)]),
-                ca_bundle: self.ca_bundle.clone(),
-                limits: kernelbox::egress::proxy::Limits {
-                    connections_per_kernel: self.egress_connections.max(1),
-                    bytes_per_second: u64::try_from(self.egress_rate).unwrap_or(1).max(1),
-                    ..Default::default()
-                },
-            });
+            config.egress =
+                Some(self.egress(BTreeMap::from([(config.default_tenant.clone(), policy)])));
         }
         config.spec.sandbox.nano_cpus = (self.cpus * 1e9) as i64;
         config.spec.sandbox.pids_limit = self.pids;

@@ -231,6 +231,19 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let mut config = args.kernel.config()?;
+    // With a tenants file, each tenant's policy is its `network` there (docs/reliability.md,
+    // "Network egress"); --network-allow is the policy of the one tenant without a file.
+    if args.tenants.is_some() {
+        if args.kernel.names_a_network() {
+            return Err(usage(
+                "--network-allow/--network-deny apply without --tenants; with a tenants file, give each tenant its `network`".into(),
+            ));
+        }
+        let networks = tenants.networks();
+        if !networks.is_empty() {
+            config.egress = Some(args.kernel.egress(networks));
+        }
+    }
     config.kernels.max_session_kernels = args.max_kernels;
     config.kernels.idle_timeout = args.idle_timeout;
     config.pool.size = args.pool.unwrap_or(DEFAULT_POOL.min(args.max_kernels));

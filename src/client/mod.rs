@@ -5,7 +5,7 @@
 //!
 //! | file | what |
 //! |---|---|
-//! | `mod.rs` | [`Client`]: a server's base URL and bearer token; one request sent and its answer read (JSON, bounded); execute and clearing a session |
+//! | `mod.rs` | [`Client`]: a server's base URL and bearer token; one request sent and its answer read (JSON, bounded); execute, a session's network policy, clearing a session |
 //! | `files.rs` | the file API: an upload streamed or in one piece ([`Content`]), a download streamed ([`Fetched`]) or a listing |
 //! | `error.rs` | [`ClientError`]: which step of a call failed; the one reader of the server's error JSON; [`within`], a call under a deadline |
 //!
@@ -31,7 +31,7 @@ use hyper_util::rt::TokioExecutor;
 use serde::de::DeserializeOwned;
 
 use crate::cell::CellResult;
-use crate::wire::{path, ExecuteBody};
+use crate::wire::{path, ExecuteBody, NetworkPolicy};
 
 /// Largest JSON answer read from a server (a cell result with its rich results, a listing,
 /// an error).
@@ -77,6 +77,33 @@ impl Client {
             )
             .await?;
         json_answer(response, "a cell result").await
+    }
+
+    /// `PUT /v1/sessions/{session}/network`: sets the session's network policy (intersected
+    /// with its tenant's, applied at once); returns how many of its connections the new
+    /// policy closed.
+    pub async fn set_network(
+        &self,
+        session: &str,
+        policy: &NetworkPolicy,
+    ) -> Result<u64, ClientError> {
+        #[derive(serde::Deserialize)]
+        struct Applied {
+            closed: u64,
+        }
+        let json = serde_json::to_vec(policy).map_err(ClientError::Encode)?;
+        let body = Some(("application/json", one_piece(Bytes::from(json))));
+        let response = self
+            .send(
+                Method::PUT,
+                &path::network(session),
+                "application/json",
+                body,
+            )
+            .await?;
+        json_answer::<Applied>(response, "the network policy applied")
+            .await
+            .map(|a| a.closed)
     }
 
     /// `DELETE /v1/sessions/{session}`: disposes of the session's kernels.

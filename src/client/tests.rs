@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use axum::extract::{Path, Query};
 use axum::http::StatusCode;
-use axum::routing::{delete, get, post};
+use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
 
 use super::*;
@@ -33,6 +33,14 @@ fn echoing_router() -> Router {
         .route(
             "/v1/sessions/{session}/execute",
             post(|Path(session): Path<String>| async move { echo(session) }),
+        )
+        .route(
+            "/v1/sessions/{session}/network",
+            put(
+                |Path(session): Path<String>, Json(policy): Json<NetworkPolicy>| async move {
+                    echo(format!("{session}|{:?}|{:?}", policy.allow, policy.deny))
+                },
+            ),
         )
         .route(
             "/v1/sessions/{session}",
@@ -68,6 +76,14 @@ async fn names_and_paths_reach_the_router_as_they_were_written() {
     let body = ExecuteBody::default();
     assert_eq!(refused(client.execute(session, &body).await), session);
     assert_eq!(refused(client.clear_session(session).await), session);
+    let policy = NetworkPolicy {
+        allow: vec!["pypi".into()],
+        deny: vec!["10.0.0.0/8".into()],
+    };
+    assert_eq!(
+        refused(client.set_network(session, &policy).await),
+        format!("{session}|[\"pypi\"]|[\"10.0.0.0/8\"]")
+    );
     let target = FileTarget {
         session,
         child: Some("c/1 %2F+é"),

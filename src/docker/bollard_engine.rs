@@ -323,7 +323,7 @@ impl Engine for BollardEngine {
         }
     }
 
-    async fn create_network(&self, spec: &NetworkSpec) -> Result<std::net::IpAddr, EngineError> {
+    async fn create_network(&self, spec: &NetworkSpec) -> Result<super::NetworkAddrs, EngineError> {
         let request = NetworkCreateRequest {
             name: spec.name.clone(),
             driver: Some("bridge".into()),
@@ -350,17 +350,30 @@ impl Engine for BollardEngine {
             .inspect_network(&spec.name, None)
             .await
             .map_err(|e| map_err("inspect network", &spec.name, e))?;
+        // The IPv4 configuration: its gateway and subnet (`172.18.0.0/16`).
         network
             .ipam
             .and_then(|ipam| ipam.config)
             .into_iter()
             .flatten()
-            .filter_map(|c| c.gateway)
-            .find_map(|g| g.parse::<std::net::IpAddr>().ok().filter(|ip| ip.is_ipv4()))
+            .find_map(|c| {
+                let gateway = c.gateway?.parse::<std::net::IpAddr>().ok()?;
+                let (base, len) = c
+                    .subnet?
+                    .split_once('/')
+                    .map(|(b, l)| (b.to_string(), l.to_string()))?;
+                let subnet = (
+                    base.parse::<std::net::IpAddr>().ok()?,
+                    len.parse::<u8>().ok()?,
+                );
+                gateway
+                    .is_ipv4()
+                    .then_some(super::NetworkAddrs { gateway, subnet })
+            })
             .ok_or_else(|| EngineError::Other {
                 op: "inspect network",
                 target: spec.name.clone(),
-                message: "the network has no IPv4 gateway".into(),
+                message: "the network has no IPv4 gateway and subnet".into(),
             })
     }
 

@@ -218,6 +218,15 @@ pub struct EngineEvent {
     pub signal: Option<i64>,
 }
 
+/// Where a network kernelbox created lies ([`Engine::create_network`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NetworkAddrs {
+    /// The host's address on it.
+    pub gateway: std::net::IpAddr,
+    /// Its subnet: base address and prefix length.
+    pub subnet: (std::net::IpAddr, u8),
+}
+
 /// A network kernelbox creates ([`Engine::create_network`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NetworkSpec {
@@ -290,8 +299,8 @@ pub trait Engine: Send + Sync + 'static {
     /// Creates a labelled internal bridge network for kernels with a network policy
     /// (`docs/reliability.md`, "Network egress"): no route out, no traffic between its
     /// containers, its bridge interface named `spec.bridge`; returns its gateway address (the
-    /// host's on that network). Engines without networks refuse.
-    async fn create_network(&self, spec: &NetworkSpec) -> Result<std::net::IpAddr, EngineError> {
+    /// host's on that network) and subnet. Engines without networks refuse.
+    async fn create_network(&self, spec: &NetworkSpec) -> Result<NetworkAddrs, EngineError> {
         Err(unsupported("create network", &spec.name))
     }
     /// Removes a network; a missing one is a success.

@@ -55,9 +55,34 @@ pub enum EgressError {
         /// What the system said.
         message: String,
     },
+    /// Opening the audit file (`--egress-audit`) failed.
+    #[error("opening the egress audit file {path}: {message}")]
+    Audit {
+        /// The file.
+        path: PathBuf,
+        /// What the system said.
+        message: String,
+    },
     /// The CA bundle is not a readable file.
     #[error("the CA bundle {0} is not a readable file")]
     CaBundle(PathBuf),
+}
+
+/// A session's policy that cannot be set.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SessionPolicyError {
+    /// Parsing the session's policy failed.
+    #[error(transparent)]
+    Invalid(#[from] PolicyError),
+    /// Setting a session policy that allows something, for a tenant allowed no network: a
+    /// session's policy only narrows its tenant's.
+    #[error(
+        "tenant {tenant:?} has no network: a session's policy only narrows its tenant's (the tenants file's `network`, or --network-allow)"
+    )]
+    TenantHasNone {
+        /// The tenant.
+        tenant: String,
+    },
 }
 
 /// What a kernel with a policy is made with: the network, its environment, its mounts.
@@ -129,7 +154,21 @@ impl Egress {
             &uuid::Uuid::new_v4().simple().to_string()[..4]
         );
         let names = network::Names::of(&tag);
-        let gateway = network::create(engine.as_ref(), &names, labels).await?;
+        let crate::docker::NetworkAddrs { gateway, subnet } =
+            network::create(engine.as_ref(), &names, labels).await?;
+        let audit = match &config.audit {
+            Some(path) => match proxy::AuditFile::open(path) {
+                Ok(file) => Some(file),
+                Err(e) => {
+                    let _ = network::remove(engine.as_ref(), &names).await;
+                    return Err(EgressError::Audit {
+                        path: path.clone(),
+                        message: e.to_string(),
+                    });
+                }
+            },
+            None => None,
+        };
         let listener = match TcpListener::bind((gateway, 0)).await {
             Ok(l) => l,
             Err(e) => {
@@ -148,7 +187,7 @@ impl Egress {
             let _ = network::remove(engine.as_ref(), &names).await;
             return Err(e.into());
         }
-        let table = Arc::new(proxy::Table::default());
+        let table = Arc::new(proxy::Table::new(audit, Some(subnet)));
         let cancel = CancellationToken::new();
         tokio::spawn(proxy::serve(
             listener,
@@ -197,14 +236,21 @@ impl Egress {
     }
 
     /// Sets `tenant`'s `session`'s own policy and applies it at once to its running kernels:
-    /// connections it no longer allows are closed (their number is returned).
+    /// connections it no longer allows are closed (their number is returned). The session's
+    /// policy is intersected with the tenant's (a destination must pass both); one that allows
+    /// something for a tenant with no network is refused.
     pub fn set_session(
         &self,
         tenant: &str,
         session: &str,
         wire: &NetworkPolicy,
-    ) -> Result<usize, PolicyError> {
+    ) -> Result<usize, SessionPolicyError> {
         let policy = Arc::new(Policy::parse(wire)?);
+        if !policy.is_none() && !self.tenants.contains_key(tenant) {
+            return Err(SessionPolicyError::TenantHasNone {
+                tenant: tenant.to_string(),
+            });
+        }
         self.sessions
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -298,6 +344,13 @@ impl Egress {
     /// Stops serving the kernel at `addr` made with `token`.
     pub fn unregister(&self, addr: IpAddr, token: &str) {
         self.table.remove(addr, token);
+    }
+
+    /// The tenants with a policy, sorted (their metric series exist from the first scrape).
+    pub fn tenants(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.tenants.keys().cloned().collect();
+        names.sort();
+        names
     }
 
     /// Every tenant's counters, for `/metrics`.

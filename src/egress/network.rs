@@ -6,7 +6,6 @@
 //! INPUT rule that jumps to it.
 
 use std::collections::BTreeMap;
-use std::net::IpAddr;
 use std::process::Command;
 
 use crate::docker::{Engine, EngineError, NetworkSpec};
@@ -71,12 +70,13 @@ impl Names {
     }
 }
 
-/// Creates the network (labelled `labels` and [`NETWORK_LABEL`]); returns its gateway.
+/// Creates the network (labelled `labels` and [`NETWORK_LABEL`]); returns its gateway and
+/// subnet.
 pub async fn create(
     engine: &dyn Engine,
     names: &Names,
     labels: &BTreeMap<String, String>,
-) -> Result<IpAddr, NetworkError> {
+) -> Result<crate::docker::NetworkAddrs, NetworkError> {
     let mut labels = labels.clone();
     labels.insert(NETWORK_LABEL.into(), "true".into());
     engine

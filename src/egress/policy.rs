@@ -226,7 +226,8 @@ fn name_matches(target: &Target, host: &str) -> bool {
     }
 }
 
-fn in_range(ip: IpAddr, base: IpAddr, len: u8) -> bool {
+/// True when `ip` is in the range `base`/`len` (an IPv4-mapped IPv6 address as its IPv4).
+pub fn in_range(ip: IpAddr, base: IpAddr, len: u8) -> bool {
     match (ip, base) {
         (IpAddr::V4(ip), IpAddr::V4(base)) => {
             let mask = u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0);

@@ -79,9 +79,28 @@ pub enum Outcome {
     ConnectFailed,
     /// Closed because the session's policy changed and no longer allows it.
     PolicyChanged,
+    /// The destination is on the egress network itself (another kernel): never, whatever
+    /// the policy.
+    KernelNetwork,
 }
 
 impl Outcome {
+    /// Every outcome (its `name` is a refusal reason of metrics and audit lines).
+    pub const ALL: [Outcome; 12] = [
+        Outcome::Refused(Refusal::NotAllowed),
+        Outcome::Refused(Refusal::Denied),
+        Outcome::Refused(Refusal::PrivateAddress),
+        Outcome::Mismatch,
+        Outcome::NotTls,
+        Outcome::Unauthenticated,
+        Outcome::TooManyConnections,
+        Outcome::BadRequest,
+        Outcome::ResolveFailed,
+        Outcome::ConnectFailed,
+        Outcome::PolicyChanged,
+        Outcome::KernelNetwork,
+    ];
+
     /// The name in metrics and audit lines.
     pub fn name(self) -> &'static str {
         match self {
@@ -94,6 +113,7 @@ impl Outcome {
             Outcome::ResolveFailed => "resolve_failed",
             Outcome::ConnectFailed => "connect_failed",
             Outcome::PolicyChanged => "policy_changed",
+            Outcome::KernelNetwork => "kernel_network",
         }
     }
 }
@@ -228,14 +248,70 @@ impl Drop for LiveGuard {
     }
 }
 
-/// What the proxy shares with its owner: the kernels it serves and the tenants' counters.
+/// Most audit lines waiting for the audit file's writer; past it a line goes to the log
+/// instead (the proxy never waits on the disk).
+pub const AUDIT_BACKLOG: usize = 4096;
+
+/// Where audit lines go when `--egress-audit PATH` is given: one JSON line per connection,
+/// appended by a writer thread of its own.
+#[derive(Debug)]
+pub struct AuditFile {
+    lines: std::sync::mpsc::SyncSender<String>,
+}
+
+impl AuditFile {
+    /// Opens `path` for appending (created if missing) and starts its writer.
+    pub fn open(path: &std::path::Path) -> std::io::Result<AuditFile> {
+        use std::io::Write as _;
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)?;
+        let (lines, rx) = std::sync::mpsc::sync_channel::<String>(AUDIT_BACKLOG);
+        let path = path.to_path_buf();
+        std::thread::Builder::new()
+            .name("kernelbox-egress-audit".into())
+            .spawn(move || {
+                let mut out = std::io::BufWriter::new(file);
+                // Ends when the last sender (the proxy's table) is dropped.
+                while let Ok(line) = rx.recv() {
+                    let mut batch = Some(line);
+                    while let Some(line) = batch {
+                        if let Err(e) = out.write_all(line.as_bytes()) {
+                            tracing::warn!(path = %path.display(), error = %e, line = %line.trim_end(), "writing the egress audit file");
+                        }
+                        batch = rx.try_recv().ok();
+                    }
+                    if let Err(e) = out.flush() {
+                        tracing::warn!(path = %path.display(), error = %e, "flushing the egress audit file");
+                    }
+                }
+            })?;
+        Ok(AuditFile { lines })
+    }
+}
+
+/// What the proxy shares with its owner: the kernels it serves, the tenants' counters, where
+/// audit lines go, and the egress network's own range (never a destination).
 #[derive(Debug, Default)]
 pub struct Table {
     kernels: Mutex<HashMap<IpAddr, Arc<KernelEntry>>>,
     counters: Mutex<HashMap<String, TenantCounters>>,
+    audit: Option<AuditFile>,
+    kernel_network: Option<(IpAddr, u8)>,
 }
 
 impl Table {
+    /// A table whose audit lines go to `audit` (else the log), refusing destinations in
+    /// `kernel_network` (the egress network's subnet: base and prefix length).
+    pub fn new(audit: Option<AuditFile>, kernel_network: Option<(IpAddr, u8)>) -> Table {
+        Table {
+            audit,
+            kernel_network,
+            ..Table::default()
+        }
+    }
+
     /// Serves `entry` for connections from `addr` (replacing any earlier kernel there).
     pub fn insert(&self, addr: IpAddr, entry: Arc<KernelEntry>) {
         if let Some(old) = self
@@ -463,6 +539,7 @@ fn refusal_message(host: &str, port: u16, outcome: Outcome) -> String {
         Outcome::ResolveFailed => "the name did not resolve",
         Outcome::ConnectFailed => "the destination did not answer",
         Outcome::PolicyChanged => "the session's network policy changed",
+        Outcome::KernelNetwork => "it is another kernel on the egress network",
     };
     format!(
         "kernelbox egress: {host}:{port} refused ({}): {why}",
@@ -471,6 +548,7 @@ fn refusal_message(host: &str, port: u16, outcome: Outcome) -> String {
 }
 
 fn audit(
+    table: &Table,
     entry: &KernelEntry,
     host: &str,
     port: u16,
@@ -482,6 +560,29 @@ fn audit(
         Ok(()) => "allowed",
         Err(o) => o.name(),
     };
+    if let Some(file) = &table.audit {
+        let time = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
+        let line = serde_json::json!({
+            "time": time,
+            "tenant": entry.tenant,
+            "session": entry.session,
+            "host": host,
+            "port": port,
+            "bytes_out": out,
+            "bytes_in": inb,
+            "outcome": verdict,
+        })
+        .to_string()
+            + "\n";
+        match file.lines.try_send(line) {
+            Ok(()) => return,
+            // A full backlog (or a writer gone): the line goes to the log below.
+            Err(_) => tracing::warn!("the egress audit file's backlog is full; logging instead"),
+        }
+    }
     tracing::info!(
         target: "kernelbox::egress::audit",
         tenant = %entry.tenant,
@@ -507,6 +608,15 @@ async fn connection(
                 .entry(Outcome::TooManyConnections.name())
                 .or_default() += 1
         });
+        audit(
+            &table,
+            &entry,
+            "-",
+            0,
+            0,
+            0,
+            Err(Outcome::TooManyConnections),
+        );
         let mut stream = stream;
         let message = refusal_message(
             &peer.ip().to_string(),
@@ -570,8 +680,14 @@ fn authorised(req: &Request<Incoming>, entry: &KernelEntry) -> bool {
             == 0
 }
 
-/// Judges `host:port` and resolves it: the address to connect to.
-async fn judge(grant: &Grant, host: &str, port: u16) -> Result<SocketAddr, Outcome> {
+/// Judges `host:port` and resolves it: the address to connect to. An address on the egress
+/// network itself (another kernel) is refused whatever the policy.
+async fn judge(
+    grant: &Grant,
+    kernel_network: Option<(IpAddr, u8)>,
+    host: &str,
+    port: u16,
+) -> Result<SocketAddr, Outcome> {
     grant.check_name(host, port).map_err(Outcome::Refused)?;
     let bare = host.trim_start_matches('[').trim_end_matches(']');
     let addrs: Vec<SocketAddr> = match bare.parse::<IpAddr>() {
@@ -588,6 +704,9 @@ async fn judge(grant: &Grant, host: &str, port: u16) -> Result<SocketAddr, Outco
     }
     // Every address must pass: a name with one private address among public ones is refused.
     for addr in &addrs {
+        if kernel_network.is_some_and(|(base, len)| super::policy::in_range(addr.ip(), base, len)) {
+            return Err(Outcome::KernelNetwork);
+        }
         grant
             .check_address(host, port, addr.ip())
             .map_err(Outcome::Refused)?;
@@ -609,7 +728,7 @@ async fn handle(
         table.count(&entry.tenant, |c| {
             *c.refusals.entry(outcome.name()).or_default() += 1
         });
-        audit(&entry, host, port, 0, 0, Err(outcome));
+        audit(&table, &entry, host, port, 0, 0, Err(outcome));
         let status = match outcome {
             Outcome::Unauthenticated => StatusCode::PROXY_AUTHENTICATION_REQUIRED,
             Outcome::BadRequest | Outcome::Mismatch => StatusCode::BAD_REQUEST,
@@ -651,7 +770,7 @@ async fn handle(
         }
     }
     let grant = entry.grant();
-    let addr = match judge(&grant, &host, port).await {
+    let addr = match judge(&grant, table.kernel_network, &host, port).await {
         Ok(addr) => addr,
         Err(outcome) => return refuse(&host, port, outcome),
     };
@@ -723,7 +842,15 @@ impl Drop for Finish {
                 Err(o) => *c.refusals.entry(o.name()).or_default() += 1,
             }
         });
-        audit(&self.entry, &self.host, self.port, out, inb, outcome);
+        audit(
+            &self.table,
+            &self.entry,
+            &self.host,
+            self.port,
+            out,
+            inb,
+            outcome,
+        );
     }
 }
 

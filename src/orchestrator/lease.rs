@@ -377,19 +377,28 @@ impl Orchestrator {
             .and_then(|e| e.grant(&owner.tenant, &owner.session))
     }
 
-    /// Sets `tenant`'s `session`'s network policy (within the tenant's) and applies it at once
-    /// to its running kernel: connections the new policy refuses are closed (their number is
-    /// returned). Without egress configured, or for a tenant allowed nothing, it is kept and
-    /// changes nothing.
+    /// Sets `tenant`'s `session`'s network policy (intersected with the tenant's) and applies
+    /// it at once to its running kernel: connections the new policy refuses are closed (their
+    /// number is returned). A policy that allows something is refused for a tenant with no
+    /// network (without egress configured, every tenant).
     pub fn set_network(
         &self,
         tenant: &str,
         session: &str,
         policy: &crate::wire::NetworkPolicy,
-    ) -> Result<usize, crate::egress::PolicyError> {
+    ) -> Result<usize, crate::egress::SessionPolicyError> {
         match &self.inner.egress {
             Some(egress) => egress.set_session(tenant, session, policy),
-            None => crate::egress::Policy::parse(policy).map(|_| 0),
+            None => {
+                crate::egress::Policy::parse(policy)?;
+                if policy.is_none() {
+                    Ok(0)
+                } else {
+                    Err(crate::egress::SessionPolicyError::TenantHasNone {
+                        tenant: tenant.to_string(),
+                    })
+                }
+            }
         }
     }
 

@@ -229,6 +229,68 @@ pub(crate) fn write_responses(out: &mut String, held: u64, cut: u64) -> std::fmt
     writeln!(out, "kernelbox_responses_cut_total {cut}")
 }
 
+/// Network egress per tenant (docs/reliability.md, "Network egress"): bytes each way,
+/// connections allowed, refusals by reason. Every tenant with a policy has every series from
+/// the first scrape; tenants are few, and no series is per session.
+pub(crate) fn write_egress(out: &mut String, egress: &crate::egress::Egress) -> std::fmt::Result {
+    use crate::egress::proxy::{Outcome, TenantCounters};
+    let counters = egress.counters();
+    let mut tenants: Vec<(String, TenantCounters)> = egress
+        .tenants()
+        .into_iter()
+        .map(|t| {
+            let c = counters
+                .iter()
+                .find(|(name, _)| *name == t)
+                .map(|(_, c)| c.clone())
+                .unwrap_or_default();
+            (t, c)
+        })
+        .collect();
+    // A tenant that had connections and no policy now (none today; kept should that change).
+    for (t, c) in &counters {
+        if !tenants.iter().any(|(name, _)| name == t) {
+            tenants.push((t.clone(), c.clone()));
+        }
+    }
+    let label = |t: &str| t.replace('\\', "\\\\").replace('"', "\\\"");
+    writeln!(out, "# HELP kernelbox_egress_bytes_total Bytes through the egress proxy, by tenant and direction (out: kernels to destinations; in: back).")?;
+    writeln!(out, "# TYPE kernelbox_egress_bytes_total counter")?;
+    for (t, c) in &tenants {
+        for (direction, n) in [("out", c.bytes_out), ("in", c.bytes_in)] {
+            writeln!(
+                out,
+                "kernelbox_egress_bytes_total{{tenant=\"{}\",direction=\"{direction}\"}} {n}",
+                label(t)
+            )?;
+        }
+    }
+    writeln!(out, "# HELP kernelbox_egress_connections_total Egress connections allowed and ended, by tenant.")?;
+    writeln!(out, "# TYPE kernelbox_egress_connections_total counter")?;
+    for (t, c) in &tenants {
+        writeln!(
+            out,
+            "kernelbox_egress_connections_total{{tenant=\"{}\"}} {}",
+            label(t),
+            c.connections
+        )?;
+    }
+    writeln!(out, "# HELP kernelbox_egress_refusals_total Egress connections refused or failed, by tenant and reason.")?;
+    writeln!(out, "# TYPE kernelbox_egress_refusals_total counter")?;
+    for (t, c) in &tenants {
+        for outcome in Outcome::ALL {
+            let reason = outcome.name();
+            writeln!(
+                out,
+                "kernelbox_egress_refusals_total{{tenant=\"{}\",reason=\"{reason}\"}} {}",
+                label(t),
+                c.refusals.get(reason).copied().unwrap_or(0)
+            )?;
+        }
+    }
+    Ok(())
+}
+
 /// The orchestrator's own counters: kernel start times by outcome, losses as they happen.
 fn write_lifecycle(out: &mut String, stats: &Stats) -> std::fmt::Result {
     writeln!(out, "# HELP kernelbox_tenant_evictions_total Idle kernels evicted to keep a tenant under max_kernels.")?;

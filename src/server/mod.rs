@@ -60,6 +60,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/sessions/{session}/execute"),
     ("POST", "/v1/sessions/{session}/interrupt"),
     ("POST", "/v1/sessions/{session}/commands"),
+    ("PUT", "/v1/sessions/{session}/network"),
     ("DELETE", "/v1/sessions/{session}"),
     ("DELETE", "/v1/sessions/{session}/children/{child}"),
     ("PUT", "/v1/sessions/{session}/files/{path}"),

@@ -102,6 +102,7 @@ pub fn generated_schemas() -> serde_json::Map<String, Value> {
     generator.subschema_for::<CellResult>();
     generator.subschema_for::<KernelSummary>();
     generator.subschema_for::<ExecuteBody>();
+    generator.subschema_for::<crate::wire::NetworkPolicy>();
     generator.subschema_for::<CommandBody>();
     generator.subschema_for::<CommandResult>();
     generator.take_definitions(true)
@@ -211,6 +212,10 @@ pub fn spec() -> Value {
                         "truncated": {"type": "boolean", "description": "More than 10,000 entries: the first 10,000 by directory order, sorted."}
                     }
                 },
+                "NetworkApplied": {
+                    "type": "object", "required": ["closed"],
+                    "properties": {"closed": {"type": "integer", "description": "The session's connections the new policy refused, closed at once."}}
+                },
                 "Count": {
                     "type": "object",
                     "properties": {
@@ -240,6 +245,17 @@ pub fn spec() -> Value {
                     "summary": "Interrupt the session's running cells: each gets KeyboardInterrupt and returns status `interrupted` with its kernel and state kept; one that has not stopped within the grace (5 s by default, `--interrupt-grace`) is killed with its kernel.",
                     "parameters": [session_param()],
                     "responses": with(&not_found, json!({"200": {"description": "How many cells were interrupted.", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Count"}}}}}))
+                }
+            },
+            "/v1/sessions/{session}/network": {
+                "put": {
+                    "summary": "Set the session's network egress policy, intersected with its tenant's (a destination must pass both; deny wins), applied at once to its running kernel and kept for its next ones (docs/reliability.md, \"Network egress\").",
+                    "parameters": [session_param()],
+                    "requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/NetworkPolicy"}}}},
+                    "responses": with(&auth_errors, json!({
+                        "200": {"description": "Applied.", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/NetworkApplied"}}}},
+                        "400": error_response("`invalid_network`: a malformed entry (the message names it); `network_not_allowed`: the policy allows something and the tenant has no network; `invalid_name`, `invalid_json`.")
+                    }))
                 }
             },
             "/v1/sessions/{session}/commands": {
@@ -470,6 +486,18 @@ mod tests {
         assert_eq!(props["task_id"]["maxLength"], 256);
         assert_eq!(props["reset"]["default"], false);
         assert_eq!(props["code"]["description"], "Python source of the cell.");
+        // The one policy type: the execute body's `network` and the PUT's body.
+        assert!(
+            props["network"].to_string().contains("NetworkPolicy"),
+            "{props}"
+        );
+        let put = &spec["paths"]["/v1/sessions/{session}/network"]["put"];
+        assert_eq!(
+            put["requestBody"]["content"]["application/json"]["schema"]["$ref"],
+            "#/components/schemas/NetworkPolicy"
+        );
+        let policy = &spec["components"]["schemas"]["NetworkPolicy"];
+        assert_eq!(policy["additionalProperties"], false);
     }
 
     #[test]
@@ -478,7 +506,12 @@ mod tests {
         for (method, path) in super::super::ROUTES {
             let op = &spec["paths"][path][method.to_ascii_lowercase()];
             assert!(op.is_object(), "{method} {path} missing from the spec");
-            let success = if *method == "PUT" { "201" } else { "200" };
+            // A PUT creates (a file), except a session's network policy, which is set.
+            let success = if *method == "PUT" && !path.ends_with("/network") {
+                "201"
+            } else {
+                "200"
+            };
             assert!(
                 op["responses"][success].is_object(),
                 "{method} {path} has no {success}"

@@ -40,6 +40,11 @@ pub fn execute(session: &str) -> String {
     format!("{}/execute", self::session(session))
 }
 
+/// `/v1/sessions/{session}/network`: the session's network policy (`PUT`).
+pub fn network(session: &str) -> String {
+    format!("{}/network", self::session(session))
+}
+
 /// The file API's path for `path` in `session`'s kernel (`child`'s when one is named):
 /// `/v1/sessions/{session}/files/{path}?child={child}`; the working directory itself when
 /// `path` is empty.

@@ -16,6 +16,9 @@ HANDLED: Dict[str, Set[str]] = {
     "Error": {"error"},
     # interrupt() / close() of a session / close() of a child return these counts
     "Count": {"interrupted", "cleared", "released"},
+    # session.set_network(allow=..., deny=...) sends it (and run(network=...)); returns `closed`
+    "NetworkPolicy": set(inspect.signature(Session.set_network).parameters) - {"self"},
+    "NetworkApplied": {"closed"},
 }
 
 

@@ -552,7 +552,14 @@ fn set_session_network(
         .inner
         .orchestrator
         .set_network(&tenant.name, session, policy)
-        .map_err(|e| ApiError::bad_request("invalid_network", e.to_string()))
+        .map_err(|e| match e {
+            crate::egress::SessionPolicyError::Invalid(e) => {
+                ApiError::bad_request("invalid_network", e.to_string())
+            }
+            e @ crate::egress::SessionPolicyError::TenantHasNone { .. } => {
+                ApiError::bad_request("network_not_allowed", e.to_string())
+            }
+        })
 }
 
 /// `PUT /v1/sessions/{session}/network`: the session's policy, applied at once; answers how
@@ -657,6 +664,9 @@ async fn metrics(State(state): State<AppState>) -> Response {
         .render(live, state.is_draining(), &stats);
     let pending = &state.inner.pending;
     let _ = super::metrics::write_responses(&mut text, pending.held(None).0, pending.cut_count());
+    if let Some(egress) = state.inner.orchestrator.egress() {
+        let _ = super::metrics::write_egress(&mut text, egress);
+    }
     if let Some(node) = state.cluster() {
         let _ = node.render_metrics(&mut text);
     }

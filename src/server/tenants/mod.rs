@@ -5,8 +5,13 @@
 //! ```json
 //! {"tenants": [{"name": "acme", "token_sha256": "<hex>", "max_kernels": 8, "reserved": 2,
 //!               "image": "kernelbox/kernel-datascience:latest",
-//!               "tools": {"url": "http://127.0.0.1:9000/tools", "allow": ["web_search"]}}]}
+//!               "tools": {"url": "http://127.0.0.1:9000/tools", "allow": ["web_search"]},
+//!               "network": {"allow": ["pypi"], "deny": []}}]}
 //! ```
+//!
+//! `network` is the tenant's egress policy (`docs/reliability.md`, "Network egress"), the one
+//! policy type of the API (`crate::wire::NetworkPolicy`), parsed at load: a bad entry refuses
+//! the file. A tenant without one has no network.
 //!
 //! Only the SHA-256 of each token is stored. Every error names the file and the field.
 
@@ -62,6 +67,8 @@ pub struct Tenant {
     pub tools: Option<ToolsConfig>,
     /// The image the tenant's kernels run (`None`: the server's `--image`).
     pub image: Option<String>,
+    /// The tenant's network egress policy (`None`: no network).
+    pub network: Option<crate::wire::NetworkPolicy>,
 }
 
 impl Tenant {
@@ -74,6 +81,7 @@ impl Tenant {
             reserved: None,
             tools: None,
             image: None,
+            network: None,
         }
     }
 
@@ -202,6 +210,7 @@ impl Tenants {
                     "reserved",
                     "tools",
                     "image",
+                    "network",
                 ],
                 &at,
                 &bad,
@@ -250,6 +259,12 @@ impl Tenants {
                 ),
                 Some(_) => return Err(bad(format!("{at}.image"), "must be a string".into())),
             };
+            let network = match obj.get("network") {
+                None | Some(Value::Null) => None,
+                Some(v) => {
+                    Some(parse_network(v).map_err(|reason| bad(format!("{at}.network"), reason))?)
+                }
+            };
             tenants.push(Tenant {
                 name: name.to_string(),
                 token_sha256,
@@ -257,6 +272,7 @@ impl Tenants {
                 reserved,
                 tools,
                 image,
+                network,
             });
         }
         let mut set = Tenants::new(tenants).map_err(|e| TenantsError {
@@ -294,6 +310,18 @@ impl Tenants {
         self.by_hash
             .values()
             .filter_map(|t| t.image.as_deref())
+            .collect()
+    }
+
+    /// Every tenant's network policy that allows something (what `kernelbox serve` hands the
+    /// egress configuration); tenants without one have no network.
+    pub fn networks(&self) -> std::collections::BTreeMap<String, crate::wire::NetworkPolicy> {
+        self.by_hash
+            .values()
+            .filter_map(|t| {
+                let policy = t.network.as_ref().filter(|p| !p.is_none())?;
+                Some((t.name.clone(), policy.clone()))
+            })
             .collect()
     }
 
@@ -401,6 +429,15 @@ fn parse_tools(v: &Value, at: &str, bad: Bad<'_>) -> Result<ToolsConfig, Tenants
         allow: names,
         timeout,
     })
+}
+
+/// A tenant's `network`: the API's one policy type, every entry parsed as the proxy will
+/// (`crate::egress::Policy::parse`), so a bad entry refuses the file at load.
+fn parse_network(v: &Value) -> Result<crate::wire::NetworkPolicy, String> {
+    let policy: crate::wire::NetworkPolicy = serde_json::from_value(v.clone())
+        .map_err(|e| format!("must be {{\"allow\": [ENTRY...], \"deny\": [ENTRY...]}}: {e}"))?;
+    crate::egress::Policy::parse(&policy).map_err(|e| e.to_string())?;
+    Ok(policy)
 }
 
 /// An image reference as Docker takes it (`name[:tag]` or `name@digest`): no blanks or control

@@ -157,3 +157,46 @@ fn errors_name_the_file_and_field() {
         );
     }
 }
+
+#[test]
+fn a_tenants_network_is_parsed_at_load_and_a_bad_one_refuses_the_file() {
+    let entry = |name: &str, network: &str| {
+        format!(
+            r#"{{"name": "{name}", "token_sha256": "{}"{network}}}"#,
+            hex::encode(token_hash(name))
+        )
+    };
+    let text = format!(
+        r#"{{"tenants": [{}, {}, {}]}}"#,
+        entry(
+            "net",
+            r#", "network": {"allow": ["pypi", "*.example.com:443"], "deny": ["10.0.0.0/8"]}"#
+        ),
+        entry("none", r#", "network": {"allow": []}"#),
+        entry("plain", "")
+    );
+    let tenants = parse(&text).unwrap();
+    let networks = tenants.networks();
+    assert_eq!(networks.len(), 1, "{networks:?}");
+    assert_eq!(networks["net"].allow, ["pypi", "*.example.com:443"]);
+    assert_eq!(networks["net"].deny, ["10.0.0.0/8"]);
+    assert!(tenants.authenticate("plain").unwrap().network.is_none());
+
+    for (network, says) in [
+        (
+            r#", "network": {"allow": ["not a host"]}"#,
+            "network policy entry",
+        ),
+        (r#", "network": {"allow": ["x:0"]}"#, "the port must be"),
+        (r#", "network": {"allow": "pypi"}"#, "must be {\"allow\""),
+        (
+            r#", "network": {"allow": [], "block": []}"#,
+            "unknown field",
+        ),
+    ] {
+        let text = format!(r#"{{"tenants": [{}]}}"#, entry("bad", network));
+        let err = parse(&text).unwrap_err();
+        assert_eq!(err.field, "tenants[0].network", "{err}");
+        assert!(err.to_string().contains(says), "{network}: {err}");
+    }
+}

@@ -4,7 +4,7 @@ with `await` (a test checks the two match). Callbacks may be plain functions or 
 from __future__ import annotations
 
 import inspect
-from typing import Any, AsyncIterator, Callable, Iterable, List, Optional
+from typing import Any, AsyncIterator, Callable, Dict, Iterable, List, Optional
 
 import httpx
 
@@ -152,17 +152,40 @@ class AsyncSession:
         on_output: Optional[Callable[[str], Any]] = None,
         on_display: Optional[Callable[[Result], Any]] = None,
         tools: Optional[Iterable[str]] = None,
+        network: Optional[Dict[str, List[str]]] = None,
     ) -> Execution:
         """Runs one cell. With `on_output` (text as the cell writes it) or `on_display` (each
-        rich result as it is displayed) the answer is streamed. A cell that fails is a result
-        (`status`), not an exception; errors are calls the server refused."""
+        rich result as it is displayed) the answer is streamed. `network`
+        (`{"allow": [...], "deny": [...]}`) sets the session's network policy first, as
+        `set_network` does. A cell that fails is a result (`status`), not an exception;
+        errors are calls the server refused."""
         stream = on_output is not None or on_display is not None
         call = _wire.execute_call(
-            self.name, self.child, code, timeout, reset, task_id, tools, stream, self.client.timeout
+            self.name,
+            self.child,
+            code,
+            timeout,
+            reset,
+            task_id,
+            tools,
+            stream,
+            self.client.timeout,
+            network,
         )
         if stream:
             return await self.client._stream(call, on_output, on_display)
         return _wire.execution(await self.client._send(call) or b"")
+
+    async def set_network(
+        self, allow: Iterable[str] = (), deny: Iterable[str] = ()
+    ) -> int:
+        """Sets the session's network egress policy (docs/reliability.md, "Network egress"):
+        entries are presets (`pypi`), hosts (`example.com`, `*.example.com`) or address ranges,
+        each optionally with `:PORT`; deny wins. It is intersected with the tenant's policy and
+        applied at once to the running kernel; returns how many of its connections it closed.
+        A bad entry raises `BadRequest` (`invalid_network`); any allowed entry, for a tenant
+        with no network, `BadRequest` (`network_not_allowed`)."""
+        return _wire.closed(await self.client._send(_wire.network_call(self.name, allow, deny)))
 
     async def interrupt(self) -> int:
         """Stops the session's running and queued cells (they end `interrupted`, and a running

@@ -99,6 +99,7 @@ def execute_call(
     tools: Optional[Iterable[str]],
     stream: bool,
     client_timeout: Optional[float],
+    network: Optional[Dict[str, List[str]]] = None,
 ) -> Call:
     body: Dict[str, Any] = {"code": code}
     if reset:
@@ -111,6 +112,8 @@ def execute_call(
         body["child"] = child
     if tools is not None:
         body["tools"] = list(tools)
+    if network is not None:
+        body["network"] = network
     # The server judges the timeout (400 `invalid_timeout`); the client only needs a finite
     # read deadline that outlasts any cell the server would accept.
     cell = (
@@ -124,6 +127,24 @@ def execute_call(
         headers={"Accept": NDJSON} if stream else {"Accept": "application/json"},
         read_timeout=read,
     )
+
+
+def network_policy(allow: Iterable[str], deny: Iterable[str]) -> Dict[str, List[str]]:
+    """The server's `NetworkPolicy`: `{"allow": [...], "deny": [...]}` (docs/reliability.md,
+    "Network egress"); the server judges every entry."""
+    if isinstance(allow, str) or isinstance(deny, str):
+        raise TypeError("allow and deny are lists of entries, not one string")
+    return {"allow": list(allow), "deny": list(deny)}
+
+
+def network_call(session: str, allow: Iterable[str], deny: Iterable[str]) -> Call:
+    return Call("PUT", session_path(session, "network"), json=network_policy(allow, deny))
+
+
+def closed(body: Optional[bytes]) -> int:
+    """`{"closed": n}` of a network policy set."""
+    value = json_body(body or b"{}", "network")
+    return int(value.get("closed", 0)) if isinstance(value, dict) else 0
 
 
 def interrupt_call(session: str) -> Call:
