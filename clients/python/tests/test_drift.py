@@ -7,7 +7,7 @@ import dataclasses
 import inspect
 from typing import Any, Dict, Iterator, Set
 
-from kernelbox_client import KernelboxError, Session, WrittenFile
+from kernelbox_client import Commands, KernelboxError, Session, WrittenFile
 from kernelbox_client import _types, _wire
 
 # Schemas the client handles without a dataclass of their own, and the names it reads of each.
@@ -57,8 +57,8 @@ def test_every_field_the_server_defines_is_in_the_clients_types(spec: Dict[str, 
                         for p in sorted(props - fields)]  # fmt: skip
         elif name in HANDLED:
             missing += [f"{name}.{p}" for p in sorted(props - HANDLED[name])]
-        elif name in ("ExecuteRequest", "StreamEvent"):
-            continue  # the two tests below
+        elif name in ("ExecuteRequest", "StreamEvent", "CommandRequest", "CommandEvent"):
+            continue  # the tests below
         elif props:
             missing.append(f"{name} (the client has no type for it)")
     assert not missing, "the server defines what the client lacks: " + ", ".join(missing)
@@ -99,6 +99,20 @@ def test_every_execute_field_is_a_run_parameter(spec: Dict[str, Any]) -> None:
     assert fields - params == set(), "ExecuteRequest fields session.run() cannot send"
 
 
+def test_every_command_field_is_a_run_parameter(spec: Dict[str, Any]) -> None:
+    fields = set(spec["components"]["schemas"]["CommandRequest"]["properties"])
+    params = set(inspect.signature(Commands.run).parameters)
+    assert fields - params == set(), "CommandRequest fields commands.run() cannot send"
+
+
+def test_every_command_stream_event_is_understood(spec: Dict[str, Any]) -> None:
+    events = {
+        variant["properties"]["event"]["const"]
+        for variant in spec["components"]["schemas"]["CommandEvent"]["oneOf"]
+    }
+    assert events - set(_wire.COMMAND_STREAM_EVENTS) == set(), "command events the client ignores"
+
+
 def test_every_stream_event_is_understood(spec: Dict[str, Any]) -> None:
     events = {
         variant["properties"]["event"]["const"]
@@ -110,3 +124,4 @@ def test_every_stream_event_is_understood(spec: Dict[str, Any]) -> None:
 def test_the_walk_sees_the_result_types(spec: Dict[str, Any]) -> None:
     # Guards the test itself: the walk must reach what execute and kernels return.
     assert {"CellResult", "KernelInfo", "StateLost", "KernelSummary", "Error"} <= reachable(spec)
+    assert {"CommandRequest", "CommandResult", "CommandEvent"} <= reachable(spec)
