@@ -6,4 +6,5 @@ installs (`pip install "kernelbox-client[smolagents]"`).
 |---|---|
 | `smolagents.py` | `KernelboxExecutor`: a remote Python executor for smolagents' `CodeAgent(executor=...)` |
 | `deepagents.py` | `KernelboxSandbox`: a LangChain deepagents `BaseSandbox` (execute, upload, download) |
+| `openai_agents.py` | `KernelboxSandboxClient`: an OpenAI Agents SDK sandbox client (exec, files, workspace tar) |
 """
