@@ -7,6 +7,7 @@ mod mcp;
 mod remote;
 mod repl;
 mod serve;
+mod sh;
 mod transfer;
 
 use std::collections::BTreeMap;
@@ -44,6 +45,11 @@ enum Command {
     /// A blank line ends a cell. Works interactively and piped:
     /// `printf 'x = 41\n\nprint(x + 1)\n' | kernelbox repl --session demo`.
     Repl(ReplArgs),
+    /// Run a shell command in SESSION's kernel container: `kernelbox sh SESSION -- ls -l`.
+    ///
+    /// Against a server with --url, or in a kernel of its own (gone when it ends). Prints the
+    /// command's stdout and stderr and exits with its exit code (124 on a timeout).
+    Sh(sh::ShArgs),
     /// Copy files between here and a session's kernel on a server, like `docker cp`:
     /// `kernelbox cp LOCAL SESSION:PATH` or `kernelbox cp SESSION:PATH LOCAL`.
     Cp(cp::CpArgs),
@@ -453,6 +459,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
         },
         Command::Cp(args) => cp::run(args).await,
+        Command::Sh(args) => sh::run(args).await,
         Command::Sweep(args) => sweep(args).await,
         Command::Ps(args) if args.url.is_some() => cluster::ps(args).await,
         Command::Ps(args) => admin::ps(&BollardEngine::connect().await?, args).await,

@@ -1,17 +1,18 @@
 //! The Rust client of the HTTP API (`docs/http-api.md`, `docs/files.md`): `kernelbox exec
-//! --url`, `kernelbox cp` and `kernelbox mcp --url` call a server through it. It keeps no
+//! --url`, `kernelbox sh --url`, `kernelbox cp` and `kernelbox mcp --url` call a server through it. It keeps no
 //! rule of its own about names, timeouts or paths: the server judges them, and the client
 //! hands back the server's status and message.
 //!
 //! | file | what |
 //! |---|---|
-//! | `mod.rs` | [`Client`]: a server's base URL and bearer token; one request sent and its answer read (JSON, bounded); execute, a session's network policy, clearing a session |
+//! | `mod.rs` | [`Client`]: a server's base URL and bearer token; one request sent and its answer read (JSON, bounded); execute, a shell command, a session's network policy, clearing a session |
 //! | `files.rs` | the file API: an upload streamed or in one piece ([`Content`]), a download streamed ([`Fetched`]) or a listing |
 //! | `error.rs` | [`ClientError`]: which step of a call failed; the one reader of the server's error JSON; [`within`], a call under a deadline |
 //!
 //! URLs come from [`crate::wire::path`], which percent-encodes every name and path; the
-//! bodies are the wire types ([`ExecuteBody`](crate::wire::ExecuteBody)) and the server's
-//! own result types ([`CellResult`], [`Written`](crate::files::Written),
+//! bodies are the wire types ([`ExecuteBody`](crate::wire::ExecuteBody),
+//! [`CommandBody`](crate::wire::CommandBody)) and the server's own result types
+//! ([`CellResult`], [`CommandResult`](crate::wire::CommandResult), [`Written`](crate::files::Written),
 //! [`Listing`](crate::files::Listing)).
 
 mod error;
@@ -31,7 +32,7 @@ use hyper_util::rt::TokioExecutor;
 use serde::de::DeserializeOwned;
 
 use crate::cell::CellResult;
-use crate::wire::{path, ExecuteBody, NetworkPolicy};
+use crate::wire::{path, CommandBody, CommandResult, ExecuteBody, NetworkPolicy};
 
 /// Largest JSON answer read from a server (a cell result with its rich results, a listing,
 /// an error).
@@ -104,6 +105,26 @@ impl Client {
         json_answer::<Applied>(response, "the network policy applied")
             .await
             .map(|a| a.closed)
+    }
+
+    /// `POST /v1/sessions/{session}/commands`: runs one shell command in the session's kernel
+    /// container (`docs/http-api.md`, "Commands") and returns what it did.
+    pub async fn run_command(
+        &self,
+        session: &str,
+        body: &CommandBody,
+    ) -> Result<CommandResult, ClientError> {
+        let json = serde_json::to_vec(body).map_err(ClientError::Encode)?;
+        let body = Some(("application/json", one_piece(Bytes::from(json))));
+        let response = self
+            .send(
+                Method::POST,
+                &path::commands(session),
+                "application/json",
+                body,
+            )
+            .await?;
+        json_answer(response, "a command result").await
     }
 
     /// `DELETE /v1/sessions/{session}`: disposes of the session's kernels.

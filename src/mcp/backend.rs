@@ -9,9 +9,11 @@ use rmcp::model::Extensions;
 use schemars::JsonSchema;
 use serde::Deserialize;
 
+use std::collections::BTreeMap;
+
 use crate::cell::CellResult;
 use crate::files::{FilePath, Listing, Written};
-use crate::wire::ExecuteBody;
+use crate::wire::{CommandBody, CommandLine, CommandResult, ExecuteBody};
 
 /// The arguments of `execute_code`.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
@@ -44,6 +46,46 @@ impl ExecuteCode {
             timeout: self.timeout.map(serde_json::Value::from),
             child: self.child,
             ..ExecuteBody::default()
+        }
+    }
+}
+
+/// The arguments of `run_command`: the HTTP command body (`docs/http-api.md`, "Commands"),
+/// with the timeout as seconds.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RunCommand {
+    /// The command: an argument vector (`["ls", "-l"]`, run as given), or one string run by
+    /// `/bin/sh -c` (`"ls -l | wc -l"`).
+    pub command: CommandLine,
+    /// Working directory, relative to the kernel's (`/work`) or absolute; default `/work`.
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// Environment variables added to the kernel's.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Text given to the command on its standard input (then end of file).
+    #[serde(default)]
+    pub stdin: Option<String>,
+    #[schemars(
+        description = "Seconds the command may run (default: the server's cell timeout, 30 s \
+        unless configured). Past it the command and every process it started are killed; the \
+        Python kernel and its state are kept."
+    )]
+    #[serde(default)]
+    pub timeout: Option<f64>,
+}
+
+impl RunCommand {
+    /// The command body these arguments make: the same request on the server's own path
+    /// (`/v1/mcp`), sent to a server (`--url`) or run by a local orchestrator.
+    pub(crate) fn into_body(self) -> CommandBody {
+        CommandBody {
+            command: self.command,
+            cwd: self.cwd,
+            env: self.env,
+            stdin: self.stdin,
+            timeout: self.timeout.map(serde_json::Value::from),
         }
     }
 }
@@ -114,6 +156,14 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// `/v1/mcp`, nothing on stdio) and returns the cell result.
     async fn execute(&self, request: &Extensions, args: ExecuteCode)
         -> Result<CellResult, Refusal>;
+
+    /// Runs a shell command in the session's kernel container (starting the kernel when it
+    /// has none) and returns what it did.
+    async fn run_command(
+        &self,
+        request: &Extensions,
+        body: CommandBody,
+    ) -> Result<CommandResult, Refusal>;
 
     /// Writes `content` to `path` in the session's kernel, or its delegated `child`'s
     /// (starting it when it has none); returns what was written.

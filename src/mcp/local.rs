@@ -8,7 +8,8 @@ use super::backend::{Backend, ExecuteCode, FileHead, Refusal};
 use super::files;
 use crate::cell::CellResult;
 use crate::files::{FilePath, Listing, Written};
-use crate::orchestrator::{ExecuteRequest, FileRequest, Orchestrator, Scope};
+use crate::orchestrator::{CommandRequest, ExecuteRequest, FileRequest, Orchestrator, Scope};
+use crate::wire::{CommandBody, CommandResult};
 
 /// One session's cells on a local orchestrator.
 pub(crate) struct LocalBackend {
@@ -53,6 +54,20 @@ impl Backend for LocalBackend {
             .execute(request)
             .await
             .map_err(|e| Refusal(format!("kernelbox could not run the cell: {e}")))
+    }
+
+    async fn run_command(
+        &self,
+        _request: &Extensions,
+        body: CommandBody,
+    ) -> Result<CommandResult, Refusal> {
+        let scope = Scope::session(self.session.clone());
+        let request = CommandRequest::from_body(scope, body, self.orchestrator.config())
+            .map_err(|e| Refusal(format!("kernelbox: {e}")))?;
+        self.orchestrator
+            .run_command(request)
+            .await
+            .map_err(|e| Refusal(format!("kernelbox could not run the command: {e}")))
     }
 
     async fn write_file(

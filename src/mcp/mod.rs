@@ -6,15 +6,16 @@
 //! | file | what |
 //! |---|---|
 //! | `mod.rs` | the public front: [`StdioBackend`], [`serve_io`], [`serve_stdio`], [`McpError`] |
-//! | `tools.rs` | the MCP server: the tools, their descriptions, the server's info |
+//! | `tools.rs` | the MCP server: the tools (`execute_code`, `run_command`, the file tools), their descriptions, the server's info |
 //! | `backend.rs` | the [`Backend`](backend::Backend) trait a tool call goes through, and the tools' arguments |
-//! | `render.rs` | a cell result (`CellResult`) as an MCP tool result: text, images, `isError` |
+//! | `render.rs` | a cell result (`CellResult`) or a command's (`CommandResult`) as an MCP tool result: text, images, `isError` |
 //! | `files.rs` | the file tools' orchestrator calls (local and `/v1/mcp`), and a file or a listing as an MCP tool result |
 //! | `local.rs` | backend: a local orchestrator, one session |
 //! | `remote.rs` | backend: a kernelbox server's HTTP API through the crate's client (`src/client/`), one session |
 //!
 //! MCP over streamable HTTP (`/v1/mcp`) is an adapter of the HTTP server, in
-//! `server/api/mcp.rs`: it serves these tools through the server's own execute path.
+//! `server/api/mcp.rs`: it serves these tools through the server's own execute and command
+//! paths.
 
 mod backend;
 pub(crate) mod files;

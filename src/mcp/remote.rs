@@ -1,5 +1,6 @@
 //! The remote backend: `kernelbox mcp --url` calling a kernelbox server's HTTP API through
 //! the crate's client (`src/client/`: `POST /v1/sessions/{session}/execute`,
+//! `/v1/sessions/{session}/commands`,
 //! `/v1/sessions/{session}/files/{path}`, `DELETE /v1/sessions/{session}`) for one session.
 
 use std::time::Duration;
@@ -13,8 +14,9 @@ use super::backend::{Backend, ExecuteCode, FileHead, Refusal};
 use crate::cell::CellResult;
 use crate::client::{within, Client, ClientError, Content, Download, Fetched, FileTarget};
 use crate::files::{FilePath, Listing, Written};
+use crate::wire::{CommandBody, CommandResult};
 
-/// How long past the cell's own timeout (the server's longest, 1 h, when none is given) a call
+/// How long past the cell's (or command's) own timeout (the server's longest, 1 h, when none is given) a call
 /// may wait for the server before it is abandoned.
 const SLACK: Duration = Duration::from_secs(60);
 const LONGEST_CELL: Duration = Duration::from_secs(3600);
@@ -70,6 +72,16 @@ fn refusal(what: &str, e: ClientError) -> Refusal {
     }
 }
 
+/// How long a call that runs for at most `timeout` seconds (the server's longest when none is
+/// given) may wait for the server: that, capped at [`LONGEST_CELL`], plus [`SLACK`].
+fn deadline(timeout: Option<f64>) -> Duration {
+    timeout
+        .and_then(|t| Duration::try_from_secs_f64(t).ok())
+        .unwrap_or(LONGEST_CELL)
+        .min(LONGEST_CELL)
+        + SLACK
+}
+
 /// The first `max` bytes of a download (the rest is dropped unread, which closes the
 /// connection); `size` is the whole file's when the server gave it.
 async fn head_of(
@@ -99,15 +111,25 @@ impl Backend for RemoteBackend {
         _request: &Extensions,
         args: ExecuteCode,
     ) -> Result<CellResult, Refusal> {
-        let cell = args
-            .timeout
-            .and_then(|t| Duration::try_from_secs_f64(t).ok())
-            .unwrap_or(LONGEST_CELL)
-            .min(LONGEST_CELL);
+        let cell = deadline(args.timeout);
         let body = args.into_body();
-        within(cell + SLACK, self.client.execute(&self.session, &body))
+        within(cell, self.client.execute(&self.session, &body))
             .await
             .map_err(|e| refusal("cell", e))
+    }
+
+    async fn run_command(
+        &self,
+        _request: &Extensions,
+        body: CommandBody,
+    ) -> Result<CommandResult, Refusal> {
+        let seconds = body.timeout.as_ref().and_then(serde_json::Value::as_f64);
+        within(
+            deadline(seconds),
+            self.client.run_command(&self.session, &body),
+        )
+        .await
+        .map_err(|e| refusal("command", e))
     }
 
     async fn write_file(

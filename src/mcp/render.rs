@@ -1,12 +1,61 @@
 //! A cell result (`docs/contract.md`) as an MCP tool result: the text a model reads, each image
-//! the cell displayed as image content, and `isError` when the cell did not succeed.
+//! the cell displayed as image content, and `isError` when the cell did not succeed; and a
+//! command's result (`docs/contract.md`, "Commands"): its exit code, stdout and stderr apart,
+//! `isError` when it exited non-zero or timed out.
 
 use rmcp::model::{CallToolResult, ContentBlock};
 
 use crate::cell::{CellResult, CellStatus};
+use crate::wire::CommandResult;
 
 /// Image types MCP clients display; other rich results are given as their `text/plain`.
 const IMAGE_TYPES: &[&str] = &["image/png", "image/jpeg", "image/gif", "image/webp"];
+
+/// The tool result for a command's result: a status line, then `stdout:` and `stderr:`
+/// sections (each only when the stream has text), with a note where the server cut one.
+pub(crate) fn render_command(result: &CommandResult) -> CallToolResult {
+    let mut text = if result.timed_out {
+        format!(
+            "[kernelbox] the command timed out after {:.1} s: it and every process it started were killed (the Python kernel and its state are kept)",
+            result.duration_seconds
+        )
+    } else {
+        format!("exit code {}", result.exit_code)
+    };
+    for (name, data, cut, total) in [
+        (
+            "stdout",
+            &result.stdout,
+            result.stdout_truncated,
+            result.stdout_bytes_total,
+        ),
+        (
+            "stderr",
+            &result.stderr,
+            result.stderr_truncated,
+            result.stderr_bytes_total,
+        ),
+    ] {
+        if !data.is_empty() {
+            text.push_str(&format!("\n{name}:\n{data}"));
+            if !data.ends_with('\n') {
+                text.push('\n');
+            }
+        }
+        if cut == Some(true) {
+            let total = total.map(|t| format!(" of {t} bytes")).unwrap_or_default();
+            text.push_str(&format!(
+                "[kernelbox] {name} was cut{total}: its start and end are kept\n"
+            ));
+        }
+    }
+    let content = vec![ContentBlock::text(text)];
+    if result.timed_out || result.exit_code != 0 {
+        CallToolResult::error(content)
+    } else {
+        CallToolResult::success(content)
+    }
+}
 
 /// The tool result for a cell result.
 pub(crate) fn render(result: &CellResult) -> CallToolResult {

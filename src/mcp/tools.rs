@@ -12,9 +12,9 @@ use rmcp::model::{
 };
 use rmcp::{tool, tool_handler, tool_router, ErrorData, ServerHandler};
 
-use super::backend::{Backend, ExecuteCode, ListFiles, ReadFile, Refusal, WriteFile};
+use super::backend::{Backend, ExecuteCode, ListFiles, ReadFile, Refusal, RunCommand, WriteFile};
 use super::files::{content_of, render_listing, render_read, MAX_READ_BYTES};
-use super::render::render;
+use super::render::{render, render_command};
 use crate::files::FilePath;
 
 /// What `execute_code` does, for the model.
@@ -28,6 +28,16 @@ traceback, and the kernel and its state are kept. `timeout` is in seconds (defau
 still running then is stopped by killing the kernel, and ALL state is lost; the next call starts \
 a fresh kernel. `reset: true` discards all state first. When a kernel was lost (timeout, out of \
 memory, idle too long, a crash) the next result begins with a [kernelbox] line saying so.";
+
+/// What `run_command` does, for the model.
+pub(crate) const COMMAND_DESCRIPTION: &str = "Run a shell command in this conversation's \
+sandbox: the same container, working directory (/work) and files as execute_code's Python \
+kernel, with no network access. `command` is a list of arguments run as given \
+([\"ls\", \"-l\"]) or one string run by /bin/sh -c (\"grep -r TODO . | wc -l\"). Returns the \
+exit code, then stdout and stderr separately; the result is an error when the exit code is not \
+0. `timeout` is in seconds (default 30): past it the command and every process it started are \
+killed, while the Python kernel and its variables are kept. `cwd`, `env` and `stdin` are \
+optional. Starts the kernel if none is running.";
 
 /// What `write_file` does, for the model.
 pub(crate) const WRITE_DESCRIPTION: &str = "Write a file into the working directory of this \
@@ -52,7 +62,8 @@ when no kernel is running.";
 
 /// What the server tells a client about itself.
 const INSTRUCTIONS: &str = "kernelbox: a persistent, sandboxed Python kernel for this \
-conversation. Use execute_code to run Python; state carries over between calls. write_file, \
+conversation. Use execute_code to run Python; state carries over between calls. run_command \
+runs a shell command beside the kernel, in the same files. write_file, \
 read_file and list_files move files in and out of the kernel's working directory.";
 
 fn refused(refusal: Refusal) -> CallToolResult {
@@ -93,6 +104,20 @@ impl KernelTools {
             Ok(result) => render(&result),
             Err(refusal) => refused(refusal),
         })
+    }
+
+    #[tool(name = "run_command", description = COMMAND_DESCRIPTION)]
+    async fn run_command(
+        &self,
+        Parameters(args): Parameters<RunCommand>,
+        request: Extensions,
+    ) -> Result<CallToolResult, ErrorData> {
+        Ok(
+            match self.backend.run_command(&request, args.into_body()).await {
+                Ok(result) => render_command(&result),
+                Err(refusal) => refused(refusal),
+            },
+        )
     }
 
     #[tool(name = "write_file", description = WRITE_DESCRIPTION)]

@@ -11,11 +11,12 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use super::{ExecuteError, FileError, FileRequest, Orchestrator, Scope};
+use crate::config::Config;
 use crate::config::MAX_COMMANDS_PER_SESSION;
 use crate::docker::EngineError;
 use crate::kernel::{CommandSink, CommandSpec};
 use crate::owner::Owner;
-use crate::wire::{CommandResult, MAX_COMMAND_ENV};
+use crate::wire::{CommandBody, CommandResult, MAX_COMMAND_ENV};
 
 /// One command to run in an owner's kernel container.
 #[derive(Clone, Default)]
@@ -56,6 +57,40 @@ impl CommandRequest {
             argv,
             ..CommandRequest::default()
         }
+    }
+}
+
+impl CommandRequest {
+    /// The request a command body makes for the kernel `scope` names (`docs/http-api.md`,
+    /// "Commands"): the same rules on the server, in `kernelbox sh` and in MCP's
+    /// `run_command`. The timeout is judged against `config` as an execute's is.
+    pub fn from_body(
+        scope: impl Into<Scope>,
+        body: CommandBody,
+        config: &Config,
+    ) -> Result<CommandRequest, CommandError> {
+        let timeout = match body.timeout {
+            None | Some(serde_json::Value::Null) => None,
+            Some(serde_json::Value::Number(n)) => Some(
+                n.as_f64()
+                    .ok_or_else(|| config.invalid_timeout(&n))
+                    .and_then(|s| config.cell_timeout_from_secs(s))
+                    .map_err(ExecuteError::InvalidTimeout)?,
+            ),
+            Some(other) => {
+                return Err(ExecuteError::InvalidTimeout(config.invalid_timeout(other)).into())
+            }
+        };
+        let argv = body.command.argv().map_err(CommandError::Invalid)?;
+        Ok(CommandRequest {
+            scope: scope.into(),
+            argv,
+            cwd: body.cwd,
+            env: body.env,
+            stdin: body.stdin.map(Bytes::from).unwrap_or_default(),
+            timeout,
+            sink: None,
+        })
     }
 }
 

@@ -45,6 +45,11 @@ pub fn network(session: &str) -> String {
     format!("{}/network", self::session(session))
 }
 
+/// `/v1/sessions/{session}/commands`: run a shell command in the session's kernel container.
+pub fn commands(session: &str) -> String {
+    format!("{}/commands", self::session(session))
+}
+
 /// The file API's path for `path` in `session`'s kernel (`child`'s when one is named):
 /// `/v1/sessions/{session}/files/{path}?child={child}`; the working directory itself when
 /// `path` is empty.

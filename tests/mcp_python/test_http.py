@@ -94,7 +94,7 @@ def test_http_lists_execute_code(server, mode):
         async with http_client(server.mcp, server.tokens["main"], mode=mode) as c:
             return (await c.list_tools()).tools
 
-    assert sorted(t.name for t in anyio.run(go)) == ["execute_code", "list_files", "read_file", "write_file"]
+    assert sorted(t.name for t in anyio.run(go)) == ["execute_code", "list_files", "read_file", "run_command", "write_file"]
 
 
 def test_http_an_mcp_session_shares_state_and_its_kernel_goes_when_it_ends(server):

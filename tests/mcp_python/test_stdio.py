@@ -20,7 +20,7 @@ def test_stdio_lists_execute_code_saying_what_persists_and_what_a_timeout_does()
             return (await c.list_tools()).tools
 
     tools = anyio.run(go)
-    assert sorted(t.name for t in tools) == ["execute_code", "list_files", "read_file", "write_file"]
+    assert sorted(t.name for t in tools) == ["execute_code", "list_files", "read_file", "run_command", "write_file"]
     tool = next(t for t in tools if t.name == "execute_code")
     assert "State persists between calls" in tool.description
     assert "ALL state is lost" in tool.description

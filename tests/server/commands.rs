@@ -1,7 +1,10 @@
 //! `POST /v1/sessions/{session}/commands` (`docs/contract.md`, "Commands"), against the real
 //! engine: stdout and stderr apart, exit codes, a timeout that kills the command's process
 //! group (its `sleep 100 &` child too) while the kernel and a cell's `x` survive, streaming in
-//! order, output bounded as a cell's, commands beside a running cell and the per-session limit.
+//! order, output bounded as a cell's, commands beside a running cell and the per-session limit;
+//! and the clients of it: the Rust client (`Client::run_command`) and `kernelbox sh --url`
+//! (`docs/cli.md`: its streams are the command's, its exit code the command's, 124 on a
+//! timeout).
 
 use std::time::Duration;
 
@@ -233,5 +236,87 @@ async fn commands_run_beside_a_running_cell_up_to_the_sessions_limit() {
     }
     let result = cell.result().await;
     assert_eq!(result["status"], "success", "{result}");
+    srv.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_rust_client_and_kernelbox_sh_run_commands_on_a_server() {
+    let srv = TestServer::start("cmd-clients", tenants(vec![tenant("acme", "tok")]), |_| {}).await;
+    let client = kernelbox::client::Client::new(&srv.api.base, Some("tok".into()));
+    let body = kernelbox::wire::CommandBody {
+        command: kernelbox::wire::CommandLine::Shell("cat; echo $K >&2; pwd; exit 4".into()),
+        cwd: Some("/tmp".into()),
+        env: [("K".to_string(), "v".to_string())].into(),
+        stdin: Some("in\n".into()),
+        timeout: Some(json!(20)),
+    };
+    let r = client
+        .run_command("c", &body)
+        .await
+        .expect("a command result");
+    assert_eq!(
+        (
+            r.exit_code,
+            r.stdout.as_str(),
+            r.stderr.as_str(),
+            r.timed_out
+        ),
+        (4, "in\n/tmp\n", "v\n", false),
+        "{r:?}"
+    );
+    // A refusal is the server's status and code.
+    let bad = kernelbox::wire::CommandBody {
+        command: kernelbox::wire::CommandLine::Argv(Vec::new()),
+        ..Default::default()
+    };
+    match client.run_command("c", &bad).await {
+        Err(kernelbox::client::ClientError::Refused { status, message }) => {
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{message}");
+        }
+        other => panic!("an empty command was not refused: {other:?}"),
+    }
+    // `kernelbox sh`: the command's stdout and stderr on its own, its exit code.
+    let sh = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_kernelbox"))
+            .args(["sh", "c", "--url", &srv.api.base, "--token", "tok"])
+            .args(args)
+            .output()
+            .expect("kernelbox sh runs");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    assert_eq!(sh(&["--", "mkdir", "sub"]).0, Some(0));
+    let (code, out, err) = sh(&[
+        "--env",
+        "K=v",
+        "--cwd",
+        "sub",
+        "--",
+        "sh",
+        "-c",
+        "pwd; echo $K >&2; exit 7",
+    ]);
+    assert_eq!(
+        (code, out.as_str(), err.as_str()),
+        (Some(7), "/work/sub\n", "v\n")
+    );
+    // The kernel is the session's: a file the command wrote is the cell's.
+    let (code, _, _) = sh(&["--cwd", "sub", "--", "sh", "-c", "echo shared > f"]);
+    assert_eq!(code, Some(0));
+    let read = srv
+        .api
+        .run("tok", "c", "print(open('sub/f').read().strip())")
+        .await;
+    assert_eq!(read["output"], "shared\n", "{read}");
+    // A timeout exits 124 and says so on stderr.
+    let (code, _, err) = sh(&["--timeout", "1", "--", "sleep", "30"]);
+    assert_eq!(code, Some(124), "{err}");
+    assert!(err.contains("timed out"), "{err}");
+    // A refusal by the server is kernelbox's own exit code 2 (a 4xx), with its message.
+    let (code, _, err) = sh(&["--cwd", "", "--", "true"]);
+    assert_eq!(code, Some(2), "{err}");
     srv.finish().await;
 }

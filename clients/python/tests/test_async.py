@@ -10,9 +10,11 @@ import pytest
 from conftest import Server
 from kernelbox_client import (
     AsyncClient,
+    AsyncCommands,
     AsyncFiles,
     AsyncSession,
     Client,
+    Commands,
     Execution,
     Files,
     KernelSummary,
@@ -22,7 +24,13 @@ from kernelbox_client import (
 
 
 @pytest.mark.parametrize(
-    "sync, asyn", [(Client, AsyncClient), (Session, AsyncSession), (Files, AsyncFiles)]
+    "sync, asyn",
+    [
+        (Client, AsyncClient),
+        (Session, AsyncSession),
+        (Files, AsyncFiles),
+        (Commands, AsyncCommands),
+    ],
 )
 def test_the_async_surface_matches_the_sync_one(sync: type, asyn: type) -> None:
     def surface(cls: type) -> dict:

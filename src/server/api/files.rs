@@ -65,7 +65,14 @@ fn request(
 /// The file request of `tenant` for `session` (or its delegated `child`): its image, tools and
 /// limits, as for its cells. Also what `/v1/mcp`'s file tools use.
 pub(crate) fn file_request(tenant: &Tenant, session: String, child: Option<String>) -> FileRequest {
-    FileRequest::new(Scope {
+    FileRequest::new(kernel_scope(tenant, session, child))
+}
+
+/// The kernel of `tenant`'s `session` (or its delegated `child`) as a file call or a command
+/// names it: the image, tools and limits a cell with no `tools` of its own gets, so that a
+/// kernel one of them starts is the one the session's next cell reuses.
+pub(crate) fn kernel_scope(tenant: &Tenant, session: String, child: Option<String>) -> Scope {
+    Scope {
         tenant: Some(tenant.name.clone()),
         session,
         child,
@@ -76,7 +83,7 @@ pub(crate) fn file_request(tenant: &Tenant, session: String, child: Option<Strin
             .map(|t| t.allow.clone())
             .unwrap_or_default(),
         tenant_limits: tenant.limits(),
-    })
+    }
 }
 
 fn header_says(headers: &HeaderMap, name: header::HeaderName, what: &str) -> bool {

@@ -10,7 +10,7 @@
 //! | `mcp.rs` | `/v1/mcp`: MCP over streamable HTTP behind the tenant's bearer token, MCP sessions bound to tenants, their kernels cleared when they end |
 //! | `mcp_session.rs` | which kernelbox session a `/v1/mcp` request runs in |
 //! | `pending.rs` | response bytes in flight per tenant and for the host, and the minimum rate every response body is read at |
-//! | `mcp_backend.rs` | the MCP tools' backend on `/v1/mcp`: the execute path and file calls below, for the caller's tenant |
+//! | `mcp_backend.rs` | the MCP tools' backend on `/v1/mcp`: the execute and command paths and file calls below, for the caller's tenant |
 //! | `tests.rs` | unit tests |
 
 mod files;
@@ -46,7 +46,7 @@ use super::{AppState, MAX_BODY_BYTES};
 use crate::authority::ToolDispatcher;
 use crate::orchestrator::{CommandRequest, ExecuteRequest, Scope};
 use crate::owner::validate_name;
-use crate::wire::{CommandBody, ExecuteBody, MAX_TASK_ID};
+use crate::wire::{CommandBody, CommandResult, ExecuteBody, MAX_TASK_ID};
 
 /// How the API listener serves `/metrics` (docs/http-api.md, "Metrics").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -463,20 +463,37 @@ async fn command(
         .await
         .map_err(|e| invalid(&state, e))?;
     let body: CommandBody = json_object(&bytes).map_err(|e| invalid(&state, e))?;
+    if !wants_ndjson(&headers) {
+        let result = run_command(&state, &tenant, session, body).await?;
+        return Ok(Json(result).into_response());
+    }
     let request = parse_command(&state, &tenant, session, body)?;
     if state.is_draining() {
         return Err(ApiError::shutting_down());
     }
     admit(&state, &tenant)?;
-    if wants_ndjson(&headers) {
-        let meter = match meter {
-            Some(axum::Extension(meter)) => meter,
-            None => pending::Meter::new(state.inner.pending.clone()),
-        };
-        return Ok(stream::stream_command(state, request, meter));
+    let meter = match meter {
+        Some(axum::Extension(meter)) => meter,
+        None => pending::Meter::new(state.inner.pending.clone()),
+    };
+    Ok(stream::stream_command(state, request, meter))
+}
+
+/// Runs one command from a command body (`POST /v1/sessions/{session}/commands`) for `tenant`
+/// and returns its result: the one path of a non-streaming command, shared by that route and
+/// MCP's `run_command` on `/v1/mcp`.
+pub(crate) async fn run_command(
+    state: &AppState,
+    tenant: &Tenant,
+    session: String,
+    body: CommandBody,
+) -> Result<CommandResult, ApiError> {
+    let request = parse_command(state, tenant, session, body)?;
+    if state.is_draining() {
+        return Err(ApiError::shutting_down());
     }
-    let result = state.inner.orchestrator.run_command(request).await?;
-    Ok(Json(result).into_response())
+    admit(state, tenant)?;
+    Ok(state.inner.orchestrator.run_command(request).await?)
 }
 
 /// A command body as the orchestrator's request, for `tenant`'s session (its tenant limits and
@@ -487,37 +504,9 @@ fn parse_command(
     session: String,
     body: CommandBody,
 ) -> Result<CommandRequest, ApiError> {
-    let config = state.inner.orchestrator.config();
-    let timeout = match body.timeout {
-        None | Some(serde_json::Value::Null) => None,
-        Some(serde_json::Value::Number(n)) => Some(
-            n.as_f64()
-                .ok_or_else(|| config.invalid_timeout(&n))
-                .and_then(|s| config.cell_timeout_from_secs(s))
-                .map_err(|e| invalid(state, e.into()))?,
-        ),
-        Some(other) => return Err(invalid(state, config.invalid_timeout(other).into())),
-    };
-    let argv = body
-        .command
-        .argv()
-        .map_err(|m| invalid(state, ApiError::bad_request("invalid_command", m)))?;
-    Ok(CommandRequest {
-        scope: Scope {
-            tenant: Some(tenant.name.clone()),
-            session,
-            child: None,
-            tools: BTreeSet::new(),
-            tenant_limits: tenant.limits(),
-            image: tenant.image.clone(),
-        },
-        argv,
-        cwd: body.cwd,
-        env: body.env,
-        stdin: body.stdin.map(bytes::Bytes::from).unwrap_or_default(),
-        timeout,
-        sink: None,
-    })
+    let scope = files::kernel_scope(tenant, session, None);
+    CommandRequest::from_body(scope, body, state.inner.orchestrator.config())
+        .map_err(|e| invalid(state, e.into()))
 }
 
 async fn interrupt(

@@ -3,15 +3,15 @@ agent conversation (docs/python-client.md).
 
 | file | what |
 |---|---|
-| `_sync.py` | `Client`, `Session`, `Files`: the blocking client |
-| `_async.py` | `AsyncClient`, `AsyncSession`, `AsyncFiles`: the same surface for asyncio |
+| `_sync.py` | `Client`, `Session`, `Commands`, `Files`: the blocking client |
+| `_async.py` | `AsyncClient`, `AsyncSession`, `AsyncCommands`, `AsyncFiles`: the same surface for asyncio |
 | `_wire.py` | the HTTP API without I/O: requests, answers, timeouts, the NDJSON stream |
-| `_types.py` | `Execution`, `Result`, `KernelInfo`, ...: what the server returns, typed |
+| `_types.py` | `Execution`, `CommandResult`, `Result`, `KernelInfo`, ...: what the server returns, typed |
 | `_errors.py` | `KernelboxError` and its subclasses, from a status or a stream's error code |
 | `_dropin.py` | `execute_code`: the result JSON string, one session per task id |
 """
 
-from ._async import AsyncClient, AsyncFiles, AsyncSession
+from ._async import AsyncClient, AsyncCommands, AsyncFiles, AsyncSession
 from ._dropin import execute_code, session_for_task
 from ._errors import (
     BadRequest,
@@ -25,13 +25,15 @@ from ._errors import (
     Timeout,
     Unauthorized,
 )
-from ._sync import Client, Files, Session
+from ._sync import Client, Commands, Files, Session
 from ._types import (
+    CommandResult,
     Execution,
     FileEntry,
     KernelInfo,
     KernelSummary,
     Listing,
+    NetworkPolicy,
     Result,
     StateLost,
     WrittenFile,
@@ -43,10 +45,13 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AsyncClient",
+    "AsyncCommands",
     "AsyncFiles",
     "AsyncSession",
     "BadRequest",
     "Client",
+    "CommandResult",
+    "Commands",
     "ConnectionFailed",
     "Execution",
     "FileEntry",
@@ -55,6 +60,7 @@ __all__ = [
     "KernelSummary",
     "KernelboxError",
     "Listing",
+    "NetworkPolicy",
     "NotFound",
     "PayloadTooLarge",
     "ProtocolError",

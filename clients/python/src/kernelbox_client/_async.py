@@ -1,15 +1,37 @@
-"""The asyncio client: `AsyncClient`, `AsyncSession`, `AsyncFiles`, the surface of `_sync.py`
+"""The asyncio client: `AsyncClient`, `AsyncSession`, `AsyncCommands`, `AsyncFiles`, the surface of `_sync.py`
 with `await` (a test checks the two match). Callbacks may be plain functions or coroutines."""
 
 from __future__ import annotations
 
 import inspect
-from typing import Any, AsyncIterator, Callable, Dict, Iterable, List, Optional
+from typing import (
+    Any,
+    AsyncIterator,
+    Callable,
+    Dict,
+    Iterable,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    TypeVar,
+    Union,
+)
 
 import httpx
 
 from . import _wire
-from ._types import Execution, KernelSummary, Listing, Result, WrittenFile
+from ._types import (
+    CommandResult,
+    Execution,
+    KernelSummary,
+    Listing,
+    NetworkPolicy,
+    Result,
+    WrittenFile,
+)
+
+T = TypeVar("T")
 
 
 class AsyncClient:
@@ -99,11 +121,10 @@ class AsyncClient:
     async def _stream(
         self,
         call: _wire.Call,
-        on_output: Optional[Callable[[str], Any]],
-        on_display: Optional[Callable[[Result], Any]],
-    ) -> Execution:
+        reader: "_wire.Reader[T]",
+        callbacks: Dict[str, Optional[Callable[[Any], Any]]],
+    ) -> T:
         url = self.url + call.path
-        reader = _wire.StreamReader()
         attempt = 0
         while True:
             try:
@@ -121,7 +142,7 @@ class AsyncClient:
                         if action is None:
                             continue
                         kind, value = action
-                        callback = on_output if kind == "output" else on_display
+                        callback = callbacks.get(kind)
                         if callback is not None:
                             done = callback(value)
                             if inspect.isawaitable(done):
@@ -142,6 +163,7 @@ class AsyncSession:
         self.name = name
         self.child = child
         self.files = AsyncFiles(self)
+        self.commands = AsyncCommands(self)
 
     async def run(
         self,
@@ -152,13 +174,13 @@ class AsyncSession:
         on_output: Optional[Callable[[str], Any]] = None,
         on_display: Optional[Callable[[Result], Any]] = None,
         tools: Optional[Iterable[str]] = None,
-        network: Optional[Dict[str, List[str]]] = None,
+        network: Optional[Union[NetworkPolicy, Dict[str, List[str]]]] = None,
     ) -> Execution:
         """Runs one cell. With `on_output` (text as the cell writes it) or `on_display` (each
-        rich result as it is displayed) the answer is streamed. `network`
-        (`{"allow": [...], "deny": [...]}`) sets the session's network policy first, as
-        `set_network` does. A cell that fails is a result (`status`), not an exception;
-        errors are calls the server refused."""
+        rich result as it is displayed) the answer is streamed. `network` (a
+        `NetworkPolicy` or `{"allow": [...], "deny": [...]}`) sets the session's egress policy
+        first, as `set_network` does (it stays the session's). A cell that fails is a result
+        (`status`), not an exception; errors are calls the server refused."""
         stream = on_output is not None or on_display is not None
         call = _wire.execute_call(
             self.name,
@@ -173,7 +195,8 @@ class AsyncSession:
             network,
         )
         if stream:
-            return await self.client._stream(call, on_output, on_display)
+            callbacks = {"output": on_output, "display": on_display}
+            return await self.client._stream(call, _wire.StreamReader(), callbacks)
         return _wire.execution(await self.client._send(call) or b"")
 
     async def set_network(
@@ -188,8 +211,9 @@ class AsyncSession:
         return _wire.closed(await self.client._send(_wire.network_call(self.name, allow, deny)))
 
     async def interrupt(self) -> int:
-        """Stops the session's running and queued cells (they end `interrupted`, and a running
-        cell's kernel is killed); returns how many, 0 when none was running."""
+        """Stops the session's running and queued cells: they end `interrupted`, a running
+        cell by a `KeyboardInterrupt` (the kernel and its state are kept unless the cell
+        ignores it past the server's grace); returns how many, 0 when none was running."""
         return _wire.count(await self.client._send(_wire.interrupt_call(self.name)), "interrupted")
 
     async def close(self) -> int:
@@ -203,6 +227,42 @@ class AsyncSession:
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.close()
+
+
+class AsyncCommands:
+    """Shell commands in the session's kernel container (`docs/contract.md`, "Commands"):
+    beside its cells, as the kernel's user, in its working directory (`/work`) and files."""
+
+    def __init__(self, session: AsyncSession) -> None:
+        self._session = session
+
+    async def run(
+        self,
+        command: Union[str, Sequence[str]],
+        *,
+        cwd: Optional[str] = None,
+        env: Optional[Mapping[str, str]] = None,
+        stdin: Optional[str] = None,
+        timeout: Optional[float] = None,
+        on_stdout: Optional[Callable[[str], Any]] = None,
+        on_stderr: Optional[Callable[[str], Any]] = None,
+    ) -> CommandResult:
+        """Runs `command` (a list of arguments run as given, or a string run by `/bin/sh -c`)
+        and returns its exit code, stdout and stderr. Starts the kernel if needed. Past
+        `timeout` seconds (default the server's cell timeout) the command's whole process
+        group is killed (`timed_out`); the kernel and its state stay. With `on_stdout` or
+        `on_stderr` the answer is streamed: each gets text as the command writes it. A command
+        that fails is a result (`exit_code`), not an exception."""
+        s = self._session
+        _wire.check_command_session(s.child)
+        stream = on_stdout is not None or on_stderr is not None
+        call = _wire.command_call(
+            s.name, command, cwd, env, stdin, timeout, stream, s.client.timeout
+        )
+        if stream:
+            callbacks = {"stdout": on_stdout, "stderr": on_stderr}
+            return await s.client._stream(call, _wire.CommandStreamReader(), callbacks)
+        return _wire.command_result(await s.client._send(call) or b"")
 
 
 class AsyncFiles:

@@ -1,13 +1,23 @@
-"""The blocking client: `Client`, `Session`, `Files` (same surface as `_async.py`)."""
+"""The blocking client: `Client`, `Session`, `Commands`, `Files` (same surface as `_async.py`)."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterable, List, Optional
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, TypeVar, Union
 
 import httpx
 
 from . import _wire
-from ._types import Execution, KernelSummary, Listing, Result, WrittenFile
+from ._types import (
+    CommandResult,
+    Execution,
+    KernelSummary,
+    Listing,
+    NetworkPolicy,
+    Result,
+    WrittenFile,
+)
+
+T = TypeVar("T")
 
 
 class Client:
@@ -97,11 +107,10 @@ class Client:
     def _stream(
         self,
         call: _wire.Call,
-        on_output: Optional[Callable[[str], Any]],
-        on_display: Optional[Callable[[Result], Any]],
-    ) -> Execution:
+        reader: "_wire.Reader[T]",
+        callbacks: Dict[str, Optional[Callable[[Any], Any]]],
+    ) -> T:
         url = self.url + call.path
-        reader = _wire.StreamReader()
         attempt = 0
         while True:
             try:
@@ -119,7 +128,7 @@ class Client:
                         if action is None:
                             continue
                         kind, value = action
-                        callback = on_output if kind == "output" else on_display
+                        callback = callbacks.get(kind)
                         if callback is not None:
                             callback(value)
                 break
@@ -138,6 +147,7 @@ class Session:
         self.name = name
         self.child = child
         self.files = Files(self)
+        self.commands = Commands(self)
 
     def run(
         self,
@@ -148,13 +158,13 @@ class Session:
         on_output: Optional[Callable[[str], Any]] = None,
         on_display: Optional[Callable[[Result], Any]] = None,
         tools: Optional[Iterable[str]] = None,
-        network: Optional[Dict[str, List[str]]] = None,
+        network: Optional[Union[NetworkPolicy, Dict[str, List[str]]]] = None,
     ) -> Execution:
         """Runs one cell. With `on_output` (text as the cell writes it) or `on_display` (each
-        rich result as it is displayed) the answer is streamed. `network`
-        (`{"allow": [...], "deny": [...]}`) sets the session's network policy first, as
-        `set_network` does. A cell that fails is a result (`status`), not an exception;
-        errors are calls the server refused."""
+        rich result as it is displayed) the answer is streamed. `network` (a
+        `NetworkPolicy` or `{"allow": [...], "deny": [...]}`) sets the session's egress policy
+        first, as `set_network` does (it stays the session's). A cell that fails is a result
+        (`status`), not an exception; errors are calls the server refused."""
         stream = on_output is not None or on_display is not None
         call = _wire.execute_call(
             self.name,
@@ -169,7 +179,8 @@ class Session:
             network,
         )
         if stream:
-            return self.client._stream(call, on_output, on_display)
+            callbacks = {"output": on_output, "display": on_display}
+            return self.client._stream(call, _wire.StreamReader(), callbacks)
         return _wire.execution(self.client._send(call) or b"")
 
     def set_network(
@@ -184,8 +195,9 @@ class Session:
         return _wire.closed(self.client._send(_wire.network_call(self.name, allow, deny)))
 
     def interrupt(self) -> int:
-        """Stops the session's running and queued cells (they end `interrupted`, and a running
-        cell's kernel is killed); returns how many, 0 when none was running."""
+        """Stops the session's running and queued cells: they end `interrupted`, a running
+        cell by a `KeyboardInterrupt` (the kernel and its state are kept unless the cell
+        ignores it past the server's grace); returns how many, 0 when none was running."""
         return _wire.count(self.client._send(_wire.interrupt_call(self.name)), "interrupted")
 
     def close(self) -> int:
@@ -199,6 +211,42 @@ class Session:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+class Commands:
+    """Shell commands in the session's kernel container (`docs/contract.md`, "Commands"):
+    beside its cells, as the kernel's user, in its working directory (`/work`) and files."""
+
+    def __init__(self, session: Session) -> None:
+        self._session = session
+
+    def run(
+        self,
+        command: Union[str, Sequence[str]],
+        *,
+        cwd: Optional[str] = None,
+        env: Optional[Mapping[str, str]] = None,
+        stdin: Optional[str] = None,
+        timeout: Optional[float] = None,
+        on_stdout: Optional[Callable[[str], Any]] = None,
+        on_stderr: Optional[Callable[[str], Any]] = None,
+    ) -> CommandResult:
+        """Runs `command` (a list of arguments run as given, or a string run by `/bin/sh -c`)
+        and returns its exit code, stdout and stderr. Starts the kernel if needed. Past
+        `timeout` seconds (default the server's cell timeout) the command's whole process
+        group is killed (`timed_out`); the kernel and its state stay. With `on_stdout` or
+        `on_stderr` the answer is streamed: each gets text as the command writes it. A command
+        that fails is a result (`exit_code`), not an exception."""
+        s = self._session
+        _wire.check_command_session(s.child)
+        stream = on_stdout is not None or on_stderr is not None
+        call = _wire.command_call(
+            s.name, command, cwd, env, stdin, timeout, stream, s.client.timeout
+        )
+        if stream:
+            callbacks = {"stdout": on_stdout, "stderr": on_stderr}
+            return s.client._stream(call, _wire.CommandStreamReader(), callbacks)
+        return _wire.command_result(s.client._send(call) or b"")
 
 
 class Files:

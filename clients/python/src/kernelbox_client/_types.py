@@ -303,6 +303,72 @@ class WrittenFile:
         )
 
 
+@dataclass(frozen=True)
+class CommandResult:
+    """What `session.commands.run()` did (`docs/contract.md`, "Commands"): the exit code (-1
+    when it was killed at its timeout or the engine could not tell), stdout and stderr apart
+    (lossy UTF-8, cut as a cell's output is: the start and the end kept), the wall time, and
+    whether it timed out (its whole process group killed; the kernel and its state kept)."""
+
+    SCHEMA: ClassVar[str] = "CommandResult"
+    exit_code: int
+    stdout: str
+    stderr: str
+    duration_seconds: float
+    timed_out: bool
+    stdout_truncated: Optional[bool] = None
+    stdout_bytes_total: Optional[int] = None
+    stderr_truncated: Optional[bool] = None
+    stderr_bytes_total: Optional[int] = None
+    #: Bytes of stdout and stderr a streamed run's callbacks never saw (the server dropped
+    #: them, `output_truncated`); 0 when not streamed.
+    stream_bytes_dropped: int = 0
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def ok(self) -> bool:
+        """It exited 0 (and so did not time out)."""
+        return self.exit_code == 0 and not self.timed_out
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any], stream_bytes_dropped: int = 0) -> "CommandResult":
+        def opt_int(key: str) -> Optional[int]:
+            v = d.get(key)
+            return int(v) if isinstance(v, int) else None
+
+        def opt_bool(key: str) -> Optional[bool]:
+            v = d.get(key)
+            return bool(v) if isinstance(v, bool) else None
+
+        return cls(
+            exit_code=int(d.get("exit_code", -1)),
+            stdout=str(d.get("stdout", "")),
+            stderr=str(d.get("stderr", "")),
+            duration_seconds=float(d.get("duration_seconds", 0.0)),
+            timed_out=bool(d.get("timed_out", False)),
+            stdout_truncated=opt_bool("stdout_truncated"),
+            stdout_bytes_total=opt_int("stdout_bytes_total"),
+            stderr_truncated=opt_bool("stderr_truncated"),
+            stderr_bytes_total=opt_int("stderr_bytes_total"),
+            stream_bytes_dropped=stream_bytes_dropped,
+            raw=d,
+        )
+
+
+@dataclass(frozen=True)
+class NetworkPolicy:
+    """A session's network egress policy, within its tenant's (docs/reliability.md, "Network
+    egress"): `allow` entries (a preset such as `pypi`, a host, `*.example.com`, an address
+    range, each optionally with `:PORT`); `deny` wins over `allow`; no `allow`: no network."""
+
+    SCHEMA: ClassVar[str] = "NetworkPolicy"
+    allow: List[str] = field(default_factory=list)
+    deny: List[str] = field(default_factory=list)
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"allow": list(self.allow), "deny": list(self.deny)}
+
+
 #: Every type above, by the schema it mirrors (the drift test walks the server's spec with it).
 MIRRORS = {
     cls.SCHEMA: cls
@@ -315,5 +381,7 @@ MIRRORS = {
         FileEntry,
         Listing,
         WrittenFile,
+        CommandResult,
+        NetworkPolicy,
     )
 }

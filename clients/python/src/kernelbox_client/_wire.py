@@ -10,13 +10,33 @@ import json
 import os
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import (
+    Any,
+    Dict,
+    Iterable,
+    List,
+    Mapping,
+    Optional,
+    Protocol,
+    Sequence,
+    Tuple,
+    TypeVar,
+    Union,
+)
 from urllib.parse import quote
 
 import httpx
 
 from ._errors import ConnectionFailed, KernelboxError, ProtocolError, Timeout, error_for
-from ._types import Execution, KernelSummary, Listing, Result, WrittenFile
+from ._types import (
+    CommandResult,
+    Execution,
+    KernelSummary,
+    Listing,
+    NetworkPolicy,
+    Result,
+    WrittenFile,
+)
 
 #: Where the client goes without `url` or `KERNELBOX_URL` (`kernelbox serve`'s default).
 DEFAULT_URL = "http://127.0.0.1:8080"
@@ -31,6 +51,8 @@ SERVER_MAX_CELL_SECONDS = 3600.0
 MAX_CELL_WAIT = 7 * 24 * 3600.0
 #: Stream events the client understands (the drift test checks the server sends no other).
 STREAM_EVENTS = ("output", "output_truncated", "display", "result", "error")
+#: A streamed command's events (`CommandEvent` in the server's spec).
+COMMAND_STREAM_EVENTS = ("stdout", "stderr", "output_truncated", "result", "error")
 NDJSON = "application/x-ndjson"
 TAR = "application/x-tar"
 
@@ -99,9 +121,15 @@ def execute_call(
     tools: Optional[Iterable[str]],
     stream: bool,
     client_timeout: Optional[float],
-    network: Optional[Dict[str, List[str]]] = None,
+    network: Optional[Union[NetworkPolicy, Dict[str, List[str]]]] = None,
 ) -> Call:
     body: Dict[str, Any] = {"code": code}
+    if network is not None:
+        body["network"] = (
+            network.to_json() if isinstance(network, NetworkPolicy) else network_policy(
+                network.get("allow", []), network.get("deny", [])
+            )
+        )
     if reset:
         body["reset"] = True
     if timeout is not None:
@@ -112,14 +140,7 @@ def execute_call(
         body["child"] = child
     if tools is not None:
         body["tools"] = list(tools)
-    if network is not None:
-        body["network"] = network
-    # The server judges the timeout (400 `invalid_timeout`); the client only needs a finite
-    # read deadline that outlasts any cell the server would accept.
-    cell = (
-        min(timeout, MAX_CELL_WAIT) if isinstance(timeout, (int, float)) and timeout > 0 else None
-    )
-    read = (cell or SERVER_MAX_CELL_SECONDS) + (client_timeout or DEFAULT_TIMEOUT)
+    read = run_deadline(timeout, client_timeout)
     return Call(
         "POST",
         session_path(session, "execute"),
@@ -145,6 +166,54 @@ def closed(body: Optional[bytes]) -> int:
     """`{"closed": n}` of a network policy set."""
     value = json_body(body or b"{}", "network")
     return int(value.get("closed", 0)) if isinstance(value, dict) else 0
+
+
+def run_deadline(timeout: Optional[float], client_timeout: Optional[float]) -> float:
+    """The read deadline of a call that runs for `timeout` seconds on the server (a cell, a
+    command): the server judges the timeout (400 `invalid_timeout`); the client only needs a
+    finite deadline that outlasts anything the server would accept."""
+    run = (
+        min(timeout, MAX_CELL_WAIT) if isinstance(timeout, (int, float)) and timeout > 0 else None
+    )
+    return (run or SERVER_MAX_CELL_SECONDS) + (client_timeout or DEFAULT_TIMEOUT)
+
+
+def command_call(
+    session: str,
+    command: Union[str, Sequence[str]],
+    cwd: Optional[str],
+    env: Optional[Mapping[str, str]],
+    stdin: Optional[str],
+    timeout: Optional[float],
+    stream: bool,
+    client_timeout: Optional[float],
+) -> Call:
+    """`POST .../commands` (docs/http-api.md, "Commands"): `command` a list of arguments run as
+    given, or a string run by `/bin/sh -c`."""
+    body: Dict[str, Any] = {"command": command if isinstance(command, str) else list(command)}
+    if cwd is not None:
+        body["cwd"] = cwd
+    if env:
+        body["env"] = dict(env)
+    if stdin is not None:
+        body["stdin"] = stdin
+    if timeout is not None:
+        body["timeout"] = timeout
+    return Call(
+        "POST",
+        session_path(session, "commands"),
+        json=body,
+        headers={"Accept": NDJSON} if stream else {"Accept": "application/json"},
+        read_timeout=run_deadline(timeout, client_timeout),
+    )
+
+
+def check_command_session(child: Optional[str]) -> None:
+    """Commands run in a session's own kernel: the API has no `child` for them."""
+    if child is not None:
+        raise ValueError(
+            "commands run in a session's own kernel; the API has none for a delegated child"
+        )
 
 
 def interrupt_call(session: str) -> Call:
@@ -203,6 +272,13 @@ def execution(body: bytes) -> Execution:
     return Execution.from_json(value)
 
 
+def command_result(body: bytes) -> CommandResult:
+    value = json_body(body, "command")
+    if not isinstance(value, dict):
+        raise ProtocolError("invalid_response", "command: the result is not a JSON object")
+    return CommandResult.from_json(value)
+
+
 def kernels(body: bytes) -> List[KernelSummary]:
     value = json_body(body, "kernels")
     items = value.get("kernels", []) if isinstance(value, dict) else []
@@ -223,6 +299,65 @@ def deleted(body: bytes) -> str:
 def written(body: bytes) -> WrittenFile:
     value = json_body(body, "write file")
     return WrittenFile.from_json(value if isinstance(value, dict) else {})
+
+
+T = TypeVar("T", covariant=True)
+
+
+class Reader(Protocol[T]):
+    """Reads one NDJSON stream: `feed` turns a line into a callback's `(kind, value)` (or
+    nothing), `finish` gives the result once the stream ended."""
+
+    def feed(self, line: str) -> Optional[Tuple[str, Any]]: ...
+
+    def finish(self) -> T: ...
+
+
+def stream_error(event: Dict[str, Any]) -> KernelboxError:
+    err = event.get("error")
+    if not isinstance(err, dict):
+        err = {}
+    return error_for(None, str(err.get("code", "error")), str(err.get("message", "")))
+
+
+class CommandStreamReader:
+    """Reads a streamed command's NDJSON lines: `stdout` and `stderr` events go to the
+    callbacks (returned as actions), the `result` ends it, an `error` event raises."""
+
+    def __init__(self) -> None:
+        self.dropped = 0
+        self.result: Optional[CommandResult] = None
+
+    def feed(self, line: str) -> Optional[Tuple[str, Any]]:
+        """One line; returns `("stdout", str)` or `("stderr", str)` for a callback."""
+        if not line.strip():
+            return None
+        event = json_body(line.encode(), "command stream")
+        if not isinstance(event, dict):
+            raise ProtocolError("invalid_response", "command stream: an event is not an object")
+        kind = event.get("event")
+        if kind in ("stdout", "stderr"):
+            return (str(kind), str(event.get("data", "")))
+        if kind == "output_truncated":
+            self.dropped += int(event.get("bytes", 0))
+        elif kind == "result":
+            result = event.get("result")
+            if not isinstance(result, dict):
+                raise ProtocolError("invalid_response", "command stream: bad result event")
+            self.result = CommandResult.from_json(result, stream_bytes_dropped=self.dropped)
+        elif kind == "error":
+            raise stream_error(event)
+        # Events a newer server adds are skipped (they stay visible in the drift test).
+        return None
+
+    def finish(self) -> CommandResult:
+        if self.result is None:
+            raise ConnectionFailed(
+                "stream_ended",
+                "the command stream ended before the command's result; the command may still "
+                "be running (its timeout ends it)",
+            )
+        return self.result
 
 
 class StreamReader:
@@ -254,10 +389,7 @@ class StreamReader:
                 raise ProtocolError("invalid_response", "execute stream: bad result event")
             self.result = Execution.from_json(result, stream_bytes_dropped=self.dropped)
         elif kind == "error":
-            err = event.get("error")
-            if not isinstance(err, dict):
-                err = {}
-            raise error_for(None, str(err.get("code", "error")), str(err.get("message", "")))
+            raise stream_error(event)
         # Events a newer server adds are skipped (they stay visible in the drift test).
         return None
 

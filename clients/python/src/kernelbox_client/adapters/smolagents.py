@@ -1,0 +1,173 @@
+"""smolagents: `KernelboxExecutor`, a remote Python executor that `CodeAgent(executor=...)`
+runs its code actions with, in one kernelbox session (state kept between steps).
+
+The agent's `final_answer(...)` raises smolagents' `FinalAnswerException` in the kernel; its
+value (smolagents' "safe:" JSON) is read back from the cell's error. Tools are sent as their
+source, as smolagents does for every remote executor. `install_packages` installs only what
+the kernel cannot import yet, with pip as the kernel's user: a kernel has no network unless
+its tenant's egress policy allows `pypi` (docs/reliability.md, "Network egress"). A package
+asked for (`additional_imports`) that cannot be installed is an error saying so; one a tool's
+source merely mentions (smolagents infers tool requirements from imports, optional ones
+included, e.g. the final answer's numpy and PIL) is logged and skipped, and the tool meets the
+ImportError itself if it really needs it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from io import BytesIO
+from typing import Any, List, Optional
+
+from smolagents.local_python_executor import CodeOutput
+from smolagents.monitoring import AgentLogger, LogLevel
+from smolagents.remote_executors import RemotePythonExecutor
+from smolagents.tools import get_tools_definition_code
+from smolagents.utils import AgentError
+
+from .._sync import Client, Session
+
+#: The line a `final_answer(...)` call ends its cell's traceback with.
+#: (the class is local to the patched `forward`, so its name may come qualified).
+_FINAL = re.compile(r"^(?:\S*\.)?FinalAnswerException: ((?:safe|pickle):.*)$", re.MULTILINE)
+_TRACEBACK = "Traceback (most recent call last):"
+#: A top-level import line of the tools' source.
+_IMPORT = re.compile(r"^(import [\w.]+(?: as \w+)?|from [\w.]+ import [\w, ]+)$", re.MULTILINE)
+
+
+class KernelboxExecutor(RemotePythonExecutor):  # type: ignore[misc]
+    """Runs a `CodeAgent`'s code in a kernelbox session: `session` (a `Session`), or a new
+    session named `session_name` (default a fresh `smolagents-...`) on the server at
+    `url`/`token` (default `KERNELBOX_URL` / `KERNELBOX_TOKEN`). `timeout` is each step's cell
+    timeout in seconds (default the server's). `cleanup()` disposes of the session's kernel
+    when this executor made the session."""
+
+    def __init__(
+        self,
+        additional_imports: Optional[List[str]] = None,
+        logger: Optional[AgentLogger] = None,
+        *,
+        session: Optional[Session] = None,
+        url: Optional[str] = None,
+        token: Optional[str] = None,
+        session_name: Optional[str] = None,
+        timeout: Optional[float] = None,
+        allow_pickle: bool = False,
+    ) -> None:
+        super().__init__(
+            list(additional_imports or []),
+            logger or AgentLogger(level=LogLevel.INFO),
+            allow_pickle,
+        )
+        self._client: Optional[Client] = None
+        if session is None:
+            self._client = Client(url, token)
+            session = self._client.session(session_name or f"smolagents-{uuid.uuid4().hex[:12]}")
+        self.session = session
+        self.timeout = timeout
+        self._required = True
+        self.installed_packages = self.install_packages(self.additional_imports)
+
+    def send_tools(self, tools: Any) -> None:
+        """As smolagents' remote executors do (the final answer patched, the tools' packages
+        installed, their source run in the kernel), except that the imports smolagents hoists
+        to the top of the tools' source are guarded: it hoists them from anywhere in a tool,
+        optional ones inside `try` included (the final answer's numpy and PIL), and a kernel
+        without them must still define the tools."""
+        if "final_answer" in tools:
+            self._patch_final_answer_with_exception(tools["final_answer"])
+        wanted = {
+            pkg
+            for tool in tools.values()
+            for pkg in tool.to_dict()["requirements"]
+            if pkg not in self.installed_packages + ["smolagents"]
+        }
+        if "PIL" in wanted:
+            wanted.discard("PIL")
+            wanted.add("pillow")
+        if wanted:
+            # Inferred from the tools' source, so best effort: see the module's doc.
+            self._required = False
+            try:
+                self.installed_packages += self.install_packages(sorted(wanted))
+            finally:
+                self._required = True
+        code = _guard_imports(get_tools_definition_code(tools))
+        if code:
+            self.logger.log(self.run_code_raise_errors(code).logs)
+
+    def run_code_raise_errors(self, code: str) -> CodeOutput:
+        r = self.session.run(code, timeout=self.timeout)
+        if r.status == "success":
+            return CodeOutput(output=_main_result(r.results), logs=r.output, is_final_answer=False)
+        error = r.error or r.status
+        final = _FINAL.findall(r.output + "\n" + error)
+        if final:
+            logs = r.output.rsplit(_TRACEBACK, 1)[0]
+            value = self._deserialize_final_answer(final[-1], self.allow_pickle)
+            return CodeOutput(output=value, logs=logs, is_final_answer=True)
+        raise AgentError(f"{r.output}\nExecuting code yielded an error:\n{error}", self.logger)
+
+    def install_packages(self, additional_imports: List[str]) -> List[str]:
+        """Installs with pip (as the kernel's user) the packages of `additional_imports` the
+        kernel cannot import yet; returns the names it was given."""
+        names = sorted({p.split(".")[0] for p in additional_imports if p and p != "*"})
+        if not names:
+            return additional_imports
+        probe = (
+            "import importlib.util, json, sys\n"
+            "print(json.dumps([n for n in sys.argv[1:] if importlib.util.find_spec(n) is None]))"
+        )
+        found = self.session.commands.run(["python3", "-c", probe, *names], timeout=self.timeout)
+        missing = json.loads(found.stdout or "[]") if found.ok else names
+        if missing:
+            pip = self.session.commands.run(
+                ["python3", "-m", "pip", "install", "--user", "--no-input", *missing],
+                timeout=self.timeout,
+            )
+            if not pip.ok:
+                message = (
+                    f"kernelbox: pip could not install {' '.join(missing)} (exit {pip.exit_code}); "
+                    "a kernel reaches the package index only when its tenant's egress policy "
+                    "allows `pypi`"
+                )
+                if self._required:
+                    raise AgentError(f"{message}.\n{pip.stderr[-2000:]}", self.logger)
+                self.logger.log(f"{message}: the tools that import them will fail.")
+        return additional_imports
+
+    def cleanup(self) -> None:
+        """Disposes of the session's kernel when this executor made the session."""
+        if self._client is not None:
+            try:
+                self.session.close()
+            finally:
+                self._client.close()
+                self._client = None
+
+    def delete(self) -> None:
+        self.cleanup()
+
+
+def _main_result(results: List[Any]) -> Any:
+    """The value of the cell's last expression: an image (PIL, when installed here) or its
+    text; None when it had none."""
+    for result in results:
+        if not result.is_main_result:
+            continue
+        image = result.png or result.jpeg
+        if image is not None:
+            try:
+                import PIL.Image
+
+                return PIL.Image.open(BytesIO(image))
+            except ImportError:
+                return image
+        return result.text
+    return None
+
+
+def _guard_imports(code: str) -> str:
+    """`code` with each top-level import made optional (`try: ... except ImportError: pass`)."""
+    return _IMPORT.sub(lambda m: f"try:\n    {m.group(1)}\nexcept ImportError:\n    pass", code)
