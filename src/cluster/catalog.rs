@@ -18,18 +18,10 @@ use std::time::SystemTime;
 use tokio::runtime::Handle;
 
 use super::error::{db, ClusterError};
-use super::store::Store;
+use super::store::{Store, SESSION_ENDS};
 use crate::catalog::{Catalog, CatalogError, Change, Entry, MAX_ENTRIES_PER_TENANT};
 use crate::cell::StateLost;
 use crate::owner::root_session;
-
-/// A session held here at this epoch stops being live once none of its kernels (root or
-/// delegated children) is live here: while one is, no other node may claim it, so a session
-/// never has kernels on two nodes.
-pub(crate) const SESSION_ENDS: &str = "UPDATE kb_sessions SET live = false
-    WHERE tenant = $1 AND session = $2 AND node = $3 AND epoch = $4 AND live
-      AND NOT EXISTS (SELECT 1 FROM kb_kernels k WHERE k.tenant = $1 AND k.session = $2
-          AND k.node = $3 AND k.epoch = $4 AND k.state = 'live')";
 
 /// The [`Catalog`] of a cluster node (see the module documentation). Called from the catalog
 /// writer's own thread, never a runtime worker: each call blocks on the runtime it was built

@@ -35,6 +35,14 @@ pub const OPERATION_DEADLINE: Duration = Duration::from_secs(15);
 /// cluster is a handful of Docker hosts; the bound only keeps every read finite).
 pub const MAX_NODES: i64 = 1_024;
 
+/// A session held here at this epoch stops being live once none of its kernels (root or
+/// delegated children) is live here: while one is, no other node may claim it, so a session
+/// never has kernels on two nodes.
+pub(crate) const SESSION_ENDS: &str = "UPDATE kb_sessions SET live = false
+    WHERE tenant = $1 AND session = $2 AND node = $3 AND epoch = $4 AND live
+      AND NOT EXISTS (SELECT 1 FROM kb_kernels k WHERE k.tenant = $1 AND k.session = $2
+          AND k.node = $3 AND k.epoch = $4 AND k.state = 'live')";
+
 /// How long a claim waits for its tenant's lock (claims of one tenant go one at a time).
 const CLAIM_LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '2s'";
 
@@ -741,10 +749,7 @@ impl Store {
         within(op, async {
             let client = self.client(op).await?;
             client
-                .execute(
-                    super::catalog::SESSION_ENDS,
-                    &[&tenant, &session, &node, &epoch],
-                )
+                .execute(SESSION_ENDS, &[&tenant, &session, &node, &epoch])
                 .await
                 .map_err(db(op))?;
             let bound = i64::try_from(crate::catalog::MAX_ENTRIES_PER_TENANT).unwrap_or(i64::MAX);
