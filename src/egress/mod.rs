@@ -83,7 +83,64 @@ pub enum SessionPolicyError {
         /// The tenant.
         tenant: String,
     },
+    /// The tenant already has [`MAX_SESSION_POLICIES_PER_TENANT`] sessions with a policy of
+    /// their own (a new session's policy is refused rather than an older one forgotten: a
+    /// forgotten narrowing would widen that session's network).
+    #[error(
+        "tenant {tenant:?} already has {max} sessions with a network policy of their own, the most kept; use the tenant's policy for new sessions"
+    )]
+    TooMany {
+        /// The tenant.
+        tenant: String,
+        /// The bound.
+        max: usize,
+    },
 }
+
+/// Keeps `session`'s own policy, unless `tenant` already has `max` other sessions with one.
+fn keep_session_policy(
+    sessions: &mut HashMap<(String, String), Arc<Policy>>,
+    tenant: &str,
+    session: &str,
+    policy: Arc<Policy>,
+    max: usize,
+) -> Result<(), SessionPolicyError> {
+    let key = (tenant.to_string(), session.to_string());
+    if !sessions.contains_key(&key) && sessions.keys().filter(|(t, _)| t == tenant).count() >= max {
+        return Err(SessionPolicyError::TooMany {
+            tenant: tenant.to_string(),
+            max,
+        });
+    }
+    sessions.insert(key, policy);
+    Ok(())
+}
+
+#[cfg(test)]
+mod session_policy_tests {
+    use super::*;
+
+    #[test]
+    fn a_tenants_session_policies_are_bounded_and_another_tenant_is_not_touched() {
+        let mut sessions = HashMap::new();
+        let none = || Arc::new(Policy::parse(&NetworkPolicy::default()).expect("policy"));
+        for i in 0..3 {
+            keep_session_policy(&mut sessions, "a", &format!("s{i}"), none(), 3).expect("kept");
+        }
+        assert!(matches!(
+            keep_session_policy(&mut sessions, "a", "s3", none(), 3),
+            Err(SessionPolicyError::TooMany { max: 3, .. })
+        ));
+        // Replacing a session's own policy is not a new one; another tenant has its own room.
+        keep_session_policy(&mut sessions, "a", "s1", none(), 3).expect("replaced");
+        keep_session_policy(&mut sessions, "b", "s0", none(), 3).expect("other tenant");
+        assert_eq!(sessions.len(), 4);
+    }
+}
+
+/// Sessions of one tenant with a network policy of their own, at most (the table lives in the
+/// server's memory: a tenant churning session names cannot grow it past this).
+pub const MAX_SESSION_POLICIES_PER_TENANT: usize = 16_384;
 
 /// What a kernel with a policy is made with: the network, its environment, its mounts.
 #[derive(Debug, Clone)]
@@ -251,10 +308,13 @@ impl Egress {
                 tenant: tenant.to_string(),
             });
         }
-        self.sessions
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert((tenant.to_string(), session.to_string()), policy);
+        keep_session_policy(
+            &mut self.sessions.lock().unwrap_or_else(|p| p.into_inner()),
+            tenant,
+            session,
+            policy,
+            MAX_SESSION_POLICIES_PER_TENANT,
+        )?;
         let Some(grant) = self.grant(tenant, session) else {
             return Ok(0);
         };

@@ -254,7 +254,8 @@ pub fn spec() -> Value {
                     "requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/NetworkPolicy"}}}},
                     "responses": with(&auth_errors, json!({
                         "200": {"description": "Applied.", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/NetworkApplied"}}}},
-                        "400": error_response("`invalid_network`: a malformed entry (the message names it); `network_not_allowed`: the policy allows something and the tenant has no network; `invalid_name`, `invalid_json`.")
+                        "400": error_response("`invalid_network`: a malformed entry (the message names it); `network_not_allowed`: the policy allows something and the tenant has no network; `invalid_name`, `invalid_json`."),
+                        "429": error_response("`too_many_session_policies`: the tenant already has the most sessions with a policy of their own (16,384).")
                     }))
                 }
             },

@@ -548,6 +548,11 @@ fn set_session_network(
             e @ crate::egress::SessionPolicyError::TenantHasNone { .. } => {
                 ApiError::bad_request("network_not_allowed", e.to_string())
             }
+            e @ crate::egress::SessionPolicyError::TooMany { .. } => ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too_many_session_policies",
+                e.to_string(),
+            ),
         })
 }
 
