@@ -159,6 +159,8 @@ impl Bench {
     async fn start_node(&self, cluster: Option<(&str, &str)>) -> Result<Node> {
         let mut config = config(&self.label);
         config.pool.size = 0;
+        // Room for every session of the phase (the hop, the cold starts, the throughput).
+        config.kernels.max_session_kernels = 64;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let tenants = Tenants::new(vec![Tenant::with_token("default", TOKEN)])?;
