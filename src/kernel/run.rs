@@ -453,6 +453,10 @@ impl RunningCell<'_> {
         let writer = &self.kernel.writer;
         if cell != Some(self.cell) {
             refuse(writer, call, RETIRED_MESSAGE);
+        } else if self.interrupted.is_some() {
+            // A call the cell made after its interrupt was sent (the SIGINT landed in the
+            // runner's own work, held until the cell's code resumes) is refused at once too.
+            refuse(writer, call, INTERRUPTED_CALL_MESSAGE);
         } else if self.tools.running.len() >= MAX_TOOL_CALLS_IN_FLIGHT
             || self.tools.args_bytes + size > MAX_TOOL_ARGS_IN_FLIGHT
         {
