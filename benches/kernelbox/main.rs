@@ -54,7 +54,7 @@ const IMAGE: &str = "kernelbox/kernel:latest";
 /// The label key on everything the bench creates.
 const CASE: &str = "io.kernelbox-test.case";
 const USAGE: &str =
-    "cargo bench --bench kernelbox -- [--quick] [--density N] [--json PATH] [--warm N] [--no-jupyter]";
+    "cargo bench --bench kernelbox -- [--quick] [--density N] [--json PATH] [--warm N] [--no-jupyter] [--only PHASE,...]";
 
 /// The command line.
 struct Args {
@@ -64,6 +64,9 @@ struct Args {
     jupyter: bool,
     /// Overrides the number of warm cells (and attach echoes), e.g. for profiling.
     warm: Option<usize>,
+    /// Only these phases (`--only egress,cold`): the rest are skipped, and a row whose floor
+    /// another phase measures shows NaN for its ratio.
+    only: Option<Vec<String>>,
 }
 
 impl Args {
@@ -74,6 +77,7 @@ impl Args {
             json: target_dir().join("bench.json"),
             jupyter: true,
             warm: None,
+            only: None,
         };
         let mut it = std::env::args().skip(1);
         while let Some(arg) = it.next() {
@@ -99,6 +103,9 @@ impl Args {
                     args.warm = Some(value("--warm")?.parse().context("--warm takes a number")?)
                 }
                 "--no-jupyter" => args.jupyter = false,
+                "--only" => {
+                    args.only = Some(value("--only")?.split(',').map(str::to_string).collect())
+                }
                 // `cargo bench` passes `--bench` to harness = false targets.
                 "--bench" => {}
                 "-h" | "--help" => {
@@ -127,7 +134,17 @@ impl Args {
         if !self.jupyter {
             c.push_str(" --no-jupyter");
         }
+        if let Some(only) = &self.only {
+            c.push_str(&format!(" --only {}", only.join(",")));
+        }
         c
+    }
+
+    /// True when the phase `name` runs in this run.
+    fn runs(&self, name: &str) -> bool {
+        self.only
+            .as_ref()
+            .is_none_or(|only| only.iter().any(|o| o == name))
     }
 }
 
@@ -186,28 +203,54 @@ impl Sizes {
 
 /// The phases that run on the bench's orchestrator, in order.
 async fn run_phases(b: &mut Bench) -> Result<()> {
-    eprintln!("[bench] warm cell and attach floor");
-    b.warm().await?;
-    eprintln!("[bench] warm cell on the fake engine");
-    b.fake().await?;
-    eprintln!("[bench] warm cell over HTTP");
-    b.http().await?;
-    eprintln!("[bench] cold first cell and docker run floor");
-    b.cold().await?;
-    eprintln!("[bench] warm pool: hits, misses, a burst, refill, idle memory");
-    b.pool().await?;
-    eprintln!("[bench] tool call round trip");
-    b.tools().await?;
-    eprintln!("[bench] file transfers and docker cp floor");
-    b.files().await?;
-    eprintln!("[bench] throughput");
-    b.throughput().await?;
-    eprintln!("[bench] cluster: forward hop, PostgreSQL catalog, node death, three nodes");
-    b.cluster().await?;
-    eprintln!("[bench] images: plain and datascience side by side");
-    b.images().await?;
-    eprintln!("[bench] density: {} idle kernels", b.args.density);
-    b.density().await?;
+    if b.args.runs("warm") {
+        eprintln!("[bench] warm cell and attach floor");
+        b.warm().await?;
+    }
+    if b.args.runs("fake") {
+        eprintln!("[bench] warm cell on the fake engine");
+        b.fake().await?;
+    }
+    if b.args.runs("http") {
+        eprintln!("[bench] warm cell over HTTP");
+        b.http().await?;
+    }
+    if b.args.runs("cold") {
+        eprintln!("[bench] cold first cell and docker run floor");
+        b.cold().await?;
+    }
+    if b.args.runs("pool") {
+        eprintln!("[bench] warm pool: hits, misses, a burst, refill, idle memory");
+        b.pool().await?;
+    }
+    if b.args.runs("tools") {
+        eprintln!("[bench] tool call round trip");
+        b.tools().await?;
+    }
+    if b.args.runs("files") {
+        eprintln!("[bench] file transfers and docker cp floor");
+        b.files().await?;
+    }
+    if b.args.runs("throughput") {
+        eprintln!("[bench] throughput");
+        b.throughput().await?;
+    }
+    if b.args.runs("egress") {
+        eprintln!("[bench] egress: HTTPS through the proxy and direct, a policy kernel's start");
+        b.egress().await?;
+    }
+    if b.args.runs("cluster") {
+        eprintln!("[bench] cluster: forward hop, PostgreSQL catalog, node death, three nodes");
+        b.cluster().await?;
+    }
+    if b.args.runs("images") {
+        eprintln!("[bench] images: plain and datascience side by side");
+        b.images().await?;
+    }
+    if b.args.runs("density") {
+        eprintln!("[bench] density: {} idle kernels", b.args.density);
+        b.density().await?;
+    }
     Ok(())
 }
 
@@ -288,8 +331,10 @@ async fn main() -> Result<()> {
             "{others_running} other containers were running on the engine when the bench started"
         ));
     }
-    eprintln!("[bench] jupyter reference");
-    b.jupyter().await?;
+    if b.args.runs("jupyter") {
+        eprintln!("[bench] jupyter reference");
+        b.jupyter().await?;
+    }
     let report = report::Report {
         args: &b.args,
         label: &b.label,

@@ -6,6 +6,8 @@
 //! - `http.rs`: the warm cell through the HTTP API on loopback, on an in-process server.
 //! - `cluster.rs`: the cluster: a warm cell through one forward hop, a cold cell with the
 //!   PostgreSQL catalog, a node's death to its first `node_lost`, cells/s over three nodes.
+//! - `egress.rs`: network egress: an HTTPS request and a 100 MiB download through the proxy
+//!   against a bridge container's direct ones; a policy kernel's first cell (never pooled).
 //! - `cold.rs`: the first cell of a new owner, against `docker run --rm`, split by Docker
 //!   events.
 //! - `files.rs`: file upload and download throughput over HTTP against `docker cp`.
@@ -23,6 +25,7 @@
 mod cluster;
 mod cold;
 mod density;
+mod egress;
 mod fake;
 mod files;
 mod http;
