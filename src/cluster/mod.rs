@@ -9,7 +9,7 @@
 //! | `mod.rs` | this table, re-exports |
 //! | `schema.rs` | the tables as versioned migrations (`kernelbox_schema`), applied once under an advisory lock however many nodes start at once |
 //! | `error.rs` | [`ClusterError`]: why an operation failed, naming it (never the password) |
-//! | `store.rs` | [`Store`] (the connection pool, its bounds) and its operations: register / renew / expire / drain / leave nodes, look up and claim sessions, count a tenant's live sessions |
+//! | `store/` | [`Store`] (the connection pool, its bounds) and its operations: `nodes.rs` register / renew / expire / drain / leave nodes (leases), `sessions.rs` look up, claim and release sessions, count a tenant's live sessions |
 //! | `catalog.rs` | [`PostgresCatalog`]: the [`crate::catalog::Catalog`] trait over the shared tables, fenced by the node's epoch |
 
 mod catalog;
