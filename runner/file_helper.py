@@ -112,6 +112,28 @@ def check_name(name):
         raise Refused("invalid_path", "%r is not a plain file name" % name)
 
 
+def open_nofollow(name, flags, dir_fd, mode=0o777):
+    """os.open(name, flags | O_NOFOLLOW, dir_fd=dir_fd) that never opens a symlink's target:
+    gVisor (runsc) follows a symlink opened with O_NOFOLLOW together with O_DIRECTORY or
+    O_NONBLOCK, where Linux fails with ELOOP (docs/runtimes.md). The name's lstat is compared
+    with the file opened; a symlink, or an entry swapped around the open, fails with ELOOP as
+    Linux would."""
+    fd = os.open(name, flags | os.O_NOFOLLOW, mode, dir_fd=dir_fd)
+    try:
+        entry = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        opened = os.fstat(fd)
+    except OSError:
+        os.close(fd)
+        raise
+    if stat.S_ISLNK(entry.st_mode) or (entry.st_dev, entry.st_ino) != (
+        opened.st_dev,
+        opened.st_ino,
+    ):
+        os.close(fd)
+        raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), name)
+    return fd
+
+
 def open_at(base, parts, create=False, made=None):
     """The directory at `parts` under the directory fd `base` (not closed), as an fd; never
     follows a symlink; creates missing ones with `create`, appending to the list `made` the
@@ -122,7 +144,7 @@ def open_at(base, parts, create=False, made=None):
             check_name(name)
             flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
             try:
-                nfd = os.open(name, flags, dir_fd=fd)
+                nfd = open_nofollow(name, flags, dir_fd=fd)
             except FileNotFoundError:
                 if not create:
                     raise Refused("not_found", "/".join(parts[: i + 1]) + " does not exist")
@@ -132,7 +154,7 @@ def open_at(base, parts, create=False, made=None):
                         made.append(i)
                 except FileExistsError:
                     pass
-                nfd = os.open(name, flags, dir_fd=fd)
+                nfd = open_nofollow(name, flags, dir_fd=fd)
             except OSError as e:
                 if e.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
                     raise Refused(
@@ -308,7 +330,7 @@ def write_file_at(dfd, name, src):
     """Writes `src` to a temp file in dfd, then renames it over `name`. Returns the size."""
     check_name(name)
     tmp = temp_name()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=dfd)
+    fd = open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, dir_fd=dfd, mode=0o644)
     done = False
     size = 0
     try:
@@ -374,7 +396,7 @@ def member_parts(name):
 def remove_tree_at(dfd, name):
     """Removes `name` in dfd, a directory tree included, never following a symlink."""
     try:
-        sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dfd)
+        sub = open_nofollow(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dfd)
     except OSError as e:
         if e.errno in (errno.ELOOP, errno.ENOTDIR):
             os.unlink(name, dir_fd=dfd)
@@ -400,9 +422,9 @@ def check_merge(src_fd, dst_fd, prefix=""):
         if entry.is_dir(follow_symlinks=False):
             if not stat.S_ISDIR(st.st_mode):
                 raise Refused("not_a_directory", "%s exists and is not a directory" % (prefix + name))
-            sub_src = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=src_fd)
+            sub_src = open_nofollow(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=src_fd)
             try:
-                sub_dst = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dst_fd)
+                sub_dst = open_nofollow(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dst_fd)
                 try:
                     check_merge(sub_src, sub_dst, prefix + name + "/")
                 finally:
@@ -419,7 +441,7 @@ def merge_into(src_fd, dst_fd):
         name = entry.name
         if entry.is_dir(follow_symlinks=False):
             try:
-                sub_dst = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dst_fd)
+                sub_dst = open_nofollow(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dst_fd)
             except FileNotFoundError:
                 os.rename(name, name, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
                 continue
@@ -427,7 +449,7 @@ def merge_into(src_fd, dst_fd):
                 if e.errno in (errno.ELOOP, errno.ENOTDIR):
                     raise Refused("not_a_directory", "%s exists and is not a directory" % name)
                 raise
-            sub_src = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=src_fd)
+            sub_src = open_nofollow(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=src_fd)
             try:
                 merge_into(sub_src, sub_dst)
             finally:
@@ -481,7 +503,7 @@ def op_untar(parts, frames):
     merged = False
     try:
         frames.ack()
-        sfd = os.open(stage, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dfd)
+        sfd = open_nofollow(stage, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dfd)
         try:
             with tarfile.open(fileobj=frames, mode="r|") as archive:
                 for count, member in enumerate(archive):
@@ -629,7 +651,7 @@ def add_tree(archive, dfd, prefix):
         info.mode = stat.S_IMODE(st.st_mode)
         if stat.S_ISDIR(st.st_mode):
             try:
-                sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dfd)
+                sub = open_nofollow(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dfd)
             except OSError:
                 continue
             try:
@@ -644,7 +666,7 @@ def add_tree(archive, dfd, prefix):
             archive.addfile(info)
         elif stat.S_ISREG(st.st_mode):
             try:
-                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dfd)
+                fd = open_nofollow(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dfd)
             except OSError:
                 continue
             with os.fdopen(fd, "rb") as f:
@@ -660,7 +682,7 @@ def op_read(parts, as_tar):
         pfd = open_dir(parts[:-1])
         try:
             try:
-                fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=pfd)
+                fd = open_nofollow(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=pfd)
             except FileNotFoundError:
                 raise Refused("not_found", "/".join(parts) + " does not exist")
             except OSError as e:

@@ -62,6 +62,43 @@ impl WorkMode {
     }
 }
 
+/// The OCI runtime a kernel's container runs under (`docs/runtimes.md`): per server
+/// (`--runtime`) and per tenant (the tenants file's `runtime`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum KernelRuntime {
+    /// The engine's runc: namespaces and cgroups on the host's kernel (the default).
+    #[default]
+    Runc,
+    /// gVisor's runsc: the kernel's system calls served by a user-space kernel, no network
+    /// stack at all (the engine must have it registered; `.ci/runsc`).
+    Runsc,
+}
+
+impl KernelRuntime {
+    /// The name the engine registers it under (`HostConfig.Runtime`), and kernelbox's.
+    pub fn name(self) -> &'static str {
+        match self {
+            KernelRuntime::Runc => "runc",
+            KernelRuntime::Runsc => "runsc",
+        }
+    }
+
+    /// `runc` or `runsc`; anything else is refused, naming the two.
+    pub fn parse(text: &str) -> Result<KernelRuntime, String> {
+        match text {
+            "runc" => Ok(KernelRuntime::Runc),
+            "runsc" => Ok(KernelRuntime::Runsc),
+            other => Err(format!("{other:?} is not a kernel runtime (runc or runsc)")),
+        }
+    }
+}
+
+impl std::fmt::Display for KernelRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// How each kernel container is confined. Every field has a hardened default.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sandbox {
@@ -82,6 +119,8 @@ pub struct Sandbox {
     /// Size of the staging volume when memory-backed (the default); `None` puts it on the
     /// host's disk, unbounded, and needs an image whose `/work` the kernel user owns.
     pub work_bytes: Option<u64>,
+    /// The OCI runtime (the server's; a tenant's own is in [`Config::tenant_runtimes`]).
+    pub runtime: KernelRuntime,
 }
 
 impl Default for Sandbox {
@@ -95,6 +134,7 @@ impl Default for Sandbox {
             tmp_bytes: 256 * 1024 * 1024,
             user: "10000:10000".into(),
             work_bytes: Some(256 * 1024 * 1024),
+            runtime: KernelRuntime::Runc,
         }
     }
 }
@@ -124,6 +164,9 @@ pub struct Config {
     /// Network egress by policy (`docs/reliability.md`, "Network egress"); `None`: no kernel
     /// has a network.
     pub egress: Option<EgressConfig>,
+    /// Tenants whose kernels run under another runtime than the server's
+    /// (`spec.sandbox.runtime`): the tenants file's `runtime` (`docs/runtimes.md`).
+    pub tenant_runtimes: BTreeMap<String, KernelRuntime>,
 }
 
 /// Network egress: the tenants' policies, the CA bundle kernels trust, the proxy's limits.
@@ -385,6 +428,7 @@ impl Default for Config {
             housekeeping: Housekeeping::default(),
             default_tenant: "default".into(),
             egress: None,
+            tenant_runtimes: BTreeMap::new(),
         }
     }
 }
@@ -485,6 +529,7 @@ impl Config {
             return Err(bad("kernel_idle_timeout", "must be positive"));
         }
         self.spec.sandbox.check()?;
+        self.check_runtimes()?;
         self.cells.output.check()?;
         self.cells.display.check()?;
         self.spec.mode.check()?;
@@ -524,6 +569,41 @@ impl Config {
         for key in self.housekeeping.extra_labels.keys() {
             if key.starts_with(crate::labels::PREFIX) {
                 return Err(bad("labels", format!("{key} uses kernelbox's own prefix")));
+            }
+        }
+        Ok(())
+    }
+
+    /// The runtime `tenant`'s kernels run under: its own, else the server's.
+    pub fn runtime_of(&self, tenant: &str) -> KernelRuntime {
+        self.tenant_runtimes
+            .get(tenant)
+            .copied()
+            .unwrap_or(self.spec.sandbox.runtime)
+    }
+
+    /// Every runtime some kernel may run under (the engine must know each: checked at start).
+    pub fn runtimes(&self) -> std::collections::BTreeSet<KernelRuntime> {
+        std::iter::once(self.spec.sandbox.runtime)
+            .chain(self.tenant_runtimes.values().copied())
+            .collect()
+    }
+
+    /// What cannot hold under runsc is refused here, not discovered by a cell
+    /// (`docs/runtimes.md`): its kernels have no network stack, so a tenant with an egress
+    /// policy cannot run under it.
+    fn check_runtimes(&self) -> Result<(), ConfigError> {
+        let Some(egress) = &self.egress else {
+            return Ok(());
+        };
+        for tenant in egress.tenants.keys() {
+            if self.runtime_of(tenant) == KernelRuntime::Runsc {
+                return Err(bad(
+                    "runtime",
+                    format!(
+                        "tenant {tenant} has a network policy, but its kernels run under runsc, which gives them no network stack (docs/runtimes.md); give it runtime runc or no network"
+                    ),
+                ));
             }
         }
         Ok(())

@@ -65,7 +65,7 @@ pub mod wire;
 
 pub use authority::{CellAuthority, FnDispatcher, RawToolCall, ToolCall, ToolDispatcher};
 pub use cell::{CellResult, CellStatus, KernelInfo, LossReason, StateLost};
-pub use config::{Config, Sandbox, WorkMode};
+pub use config::{Config, KernelRuntime, Sandbox, WorkMode};
 pub use docker::{BollardEngine, Engine, EngineError};
 pub use files::{Download, FileEntry, FilePath, Listing, TransferError, Written};
 pub use kernel::{CommandSink, CommandStream, OutputSink};

@@ -5,7 +5,7 @@ use std::fmt;
 
 use sha2::{Digest, Sha256};
 
-use crate::config::WorkMode;
+use crate::config::{KernelRuntime, WorkMode};
 
 /// Longest session, child or tenant name accepted.
 pub const MAX_NAME_LEN: usize = 128;
@@ -103,6 +103,8 @@ pub struct KernelKey {
     pub image: String,
     /// Tools the kernel's cells may call, sorted.
     pub tools: BTreeSet<String>,
+    /// The OCI runtime the kernel runs under (its tenant's, else the server's).
+    pub runtime: KernelRuntime,
 }
 
 impl KernelKey {
@@ -122,6 +124,11 @@ impl KernelKey {
         for tool in &self.tools {
             h.update([0]);
             h.update(tool.as_bytes());
+        }
+        // runc kernels keep the hashes they had before runtimes were a choice.
+        if self.runtime != KernelRuntime::Runc {
+            h.update([1]);
+            h.update(self.runtime.name().as_bytes());
         }
         hex::encode(&h.finalize()[..8])
     }
@@ -182,9 +189,13 @@ mod tests {
             mode: WorkMode::Strict,
             image: "img".into(),
             tools: BTreeSet::new(),
+            runtime: KernelRuntime::Runc,
         };
         let mut other = key.clone();
         other.tools.insert("web_search".into());
+        assert_ne!(key.hash(), other.hash());
+        let mut other = key.clone();
+        other.runtime = KernelRuntime::Runsc;
         assert_ne!(key.hash(), other.hash());
         let mut tenant = key.clone();
         tenant.owner.tenant = "u".into();

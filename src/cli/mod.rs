@@ -193,6 +193,11 @@ pub struct KernelOpts {
     /// Extra label KEY=VALUE on everything created (repeatable).
     #[arg(long = "label", value_parser = parse_label)]
     labels: Vec<(String, String)>,
+    /// OCI runtime of the kernels: runc, or runsc (gVisor: a user-space kernel between the
+    /// cell and the host's; no network); on `serve`, a tenant's `runtime` in the tenants file
+    /// overrides it (docs/runtimes.md).
+    #[arg(long, env = "KERNELBOX_RUNTIME", default_value = "runc", value_parser = kernelbox::KernelRuntime::parse)]
+    runtime: kernelbox::KernelRuntime,
 }
 
 fn parse_label(text: &str) -> Result<(String, String), String> {
@@ -236,6 +241,7 @@ impl KernelOpts {
         config.housekeeping.extra_labels = self.labels.iter().cloned().collect::<BTreeMap<_, _>>();
         config.housekeeping.watchdog = std::env::current_exe().ok();
         config.spec.sandbox.memory_bytes = self.memory;
+        config.spec.sandbox.runtime = self.runtime;
         match &self.file_sockets {
             Some(dir) if dir.as_os_str() == "none" => config.files.sockets = None,
             Some(dir) => config.files.sockets = Some(dir.clone()),

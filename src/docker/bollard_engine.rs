@@ -163,6 +163,15 @@ impl Engine for BollardEngine {
             .map_err(|e| unreachable("ping", e))
     }
 
+    async fn runtimes(&self) -> Result<Vec<String>, EngineError> {
+        let info = self
+            .docker
+            .info()
+            .await
+            .map_err(|e| map_err("info", "engine", e))?;
+        Ok(info.runtimes.unwrap_or_default().into_keys().collect())
+    }
+
     async fn image_exists(&self, image: &str) -> Result<bool, EngineError> {
         match self.docker.inspect_image(image).await {
             Ok(_) => Ok(true),
@@ -273,6 +282,7 @@ impl Engine for BollardEngine {
             })
             .collect();
         let host_config = HostConfig {
+            runtime: Some(sandbox.runtime.name().into()),
             network_mode: Some(sandbox.network_mode.clone()),
             cap_drop: Some(vec!["ALL".into()]),
             security_opt: Some(vec!["no-new-privileges".into()]),

@@ -251,6 +251,11 @@ fn unsupported(op: &'static str, target: &str) -> EngineError {
 pub trait Engine: Send + Sync + 'static {
     /// Checks the engine answers.
     async fn ping(&self) -> Result<(), EngineError>;
+    /// The OCI runtimes the engine has registered (`runc`, `runsc`, ...). An engine that does
+    /// not say (the fake) runs every runtime kernelbox knows.
+    async fn runtimes(&self) -> Result<Vec<String>, EngineError> {
+        Ok(vec!["runc".into(), "runsc".into()])
+    }
     /// True when the image exists locally.
     async fn image_exists(&self, image: &str) -> Result<bool, EngineError>;
     /// Creates a labelled volume (on disk, or in memory when `tmpfs` is given).

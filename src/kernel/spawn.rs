@@ -220,6 +220,7 @@ impl Kernel {
         let mut spec = KernelSpec::clone(request.spec);
         if let Some((key, _)) = &request.owner {
             spec.image = key.image.clone();
+            spec.sandbox.runtime = key.runtime;
         }
         if let Some(net) = request.network {
             spec.sandbox.network_mode = net.network.clone();

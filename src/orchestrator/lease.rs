@@ -144,6 +144,7 @@ impl Orchestrator {
             Some(image) => image.to_string(),
         };
         Ok(KernelKey {
+            runtime: self.inner.config.runtime_of(&owner.tenant),
             owner,
             mode: self.inner.config.spec.mode.clone(),
             image,

@@ -161,7 +161,11 @@ impl Orchestrator {
         if self.grant_of(&key.owner).is_some() {
             return None;
         }
-        (self.inner.config.pool.size > 0 && spec.image == key.image && spec.mode == key.mode)
+        // A tenant on another runtime never gets a kernel of the pool's (docs/runtimes.md).
+        (self.inner.config.pool.size > 0
+            && spec.image == key.image
+            && spec.mode == key.mode
+            && spec.sandbox.runtime == key.runtime)
             .then_some(spec)
     }
 

@@ -264,6 +264,15 @@ pub enum StartError {
     /// Network egress could not be set up.
     #[error("network egress: {0}")]
     Egress(#[from] crate::egress::EgressError),
+    /// A runtime some kernel would run under is not registered with the engine
+    /// (`docs/runtimes.md`).
+    #[error("kernel runtime {runtime}: the engine has no runtime of that name (it has: {registered}); register it (for runsc, `bash .ci/runsc`; docs/runtimes.md)")]
+    RuntimeMissing {
+        /// The runtime configured (`--runtime`, a tenant's `runtime`).
+        runtime: String,
+        /// The runtimes the engine has.
+        registered: String,
+    },
     /// The watchdog process could not be started.
     #[error("starting the watchdog {path}: {source}")]
     Watchdog {

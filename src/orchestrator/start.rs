@@ -78,6 +78,7 @@ impl Orchestrator {
             None => None,
         };
         engine.ping().await?;
+        check_runtimes(&config, engine.as_ref()).await?;
         let instance = Instance::current();
         prepare_file_sockets(&mut config).await;
         if config.housekeeping.sweep_on_start {
@@ -244,4 +245,21 @@ fn restore(catalog: &dyn Catalog) -> Result<(Vec<Entry>, u64), CatalogError> {
         catalog.apply(&[Change::AllLiveLost { loss }])?;
     }
     Ok((entries, live))
+}
+
+/// Every runtime the configuration names must be one the engine has: refused at start, not
+/// found out by a tenant's first cell (`docs/runtimes.md`).
+async fn check_runtimes(config: &ValidConfig, engine: &dyn Engine) -> Result<(), StartError> {
+    let registered = engine.runtimes().await?;
+    for runtime in config.runtimes() {
+        if !registered.iter().any(|r| r == runtime.name()) {
+            let mut names = registered.clone();
+            names.sort();
+            return Err(StartError::RuntimeMissing {
+                runtime: runtime.name().into(),
+                registered: names.join(", "),
+            });
+        }
+    }
+    Ok(())
 }

@@ -9,6 +9,7 @@ fn tkey(tenant: &str, session: &str, child: Option<&str>) -> KernelKey {
         mode: WorkMode::Strict,
         image: "img".into(),
         tools: BTreeSet::new(),
+        runtime: Default::default(),
     }
 }
 

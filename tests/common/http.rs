@@ -363,6 +363,7 @@ impl TestServer {
         let label = common::unique(name);
         let engine = common::engine().await;
         let mut config = Config::default();
+        config.spec.sandbox.runtime = common::runtime();
         config.housekeeping.extra_labels = BTreeMap::from([(CASE.to_string(), label.clone())]);
         config.housekeeping.watchdog = Some(env!("CARGO_BIN_EXE_kernelbox").into());
         config.cells.timeout = Duration::from_secs(60);

@@ -44,9 +44,23 @@ pub async fn engine() -> Arc<dyn Engine> {
     Arc::new(engine)
 }
 
-/// The config tests start from: labelled, with the watchdog, a short default timeout.
+/// The variable naming the runtime the tests' kernels run under (`runc` when unset): `.ci/run`
+/// runs the contract and hostile tests again with `runsc` (docs/runtimes.md).
+pub const RUNTIME_ENV: &str = "KERNELBOX_TEST_RUNTIME";
+
+/// The runtime the tests' kernels run under ([`RUNTIME_ENV`]); a bad value fails the test.
+pub fn runtime() -> kernelbox::KernelRuntime {
+    match std::env::var(RUNTIME_ENV) {
+        Ok(name) => kernelbox::KernelRuntime::parse(&name).expect(RUNTIME_ENV),
+        Err(_) => kernelbox::KernelRuntime::Runc,
+    }
+}
+
+/// The config tests start from: labelled, with the watchdog, a short default timeout, the
+/// runtime [`RUNTIME_ENV`] names.
 pub fn config(label: &str) -> Config {
     let mut config = Config::default();
+    config.spec.sandbox.runtime = runtime();
     config.housekeeping.extra_labels = BTreeMap::from([(CASE.to_string(), label.to_string())]);
     config.housekeeping.watchdog = Some(env!("CARGO_BIN_EXE_kernelbox").into());
     config.cells.timeout = Duration::from_secs(60);
@@ -257,6 +271,7 @@ pub fn serve_command(label: &str, token: &str) -> tokio::process::Command {
     cmd.args(["serve", "--listen", "127.0.0.1:0", "--label"])
         .arg(format!("{CASE}={label}"))
         .env("KERNELBOX_TOKEN", token)
+        .env("KERNELBOX_RUNTIME", runtime().name())
         .env_remove("KERNELBOX_TENANTS")
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true);

@@ -6,8 +6,11 @@
 //! {"tenants": [{"name": "acme", "token_sha256": "<hex>", "max_kernels": 8, "reserved": 2,
 //!               "image": "kernelbox/kernel-datascience:latest",
 //!               "tools": {"url": "http://127.0.0.1:9000/tools", "allow": ["web_search"]},
-//!               "network": {"allow": ["pypi"], "deny": []}}]}
+//!               "network": {"allow": ["pypi"], "deny": []}, "runtime": "runsc"}]}
 //! ```
+//!
+//! `runtime` is the OCI runtime of the tenant's kernels, `runc` or `runsc` (default: the
+//! server's `--runtime`; `docs/runtimes.md`).
 //!
 //! `network` is the tenant's egress policy (`docs/reliability.md`, "Network egress"), the one
 //! policy type of the API (`crate::wire::NetworkPolicy`), parsed at load: a bad entry refuses
@@ -69,6 +72,9 @@ pub struct Tenant {
     pub image: Option<String>,
     /// The tenant's network egress policy (`None`: no network).
     pub network: Option<crate::wire::NetworkPolicy>,
+    /// The runtime the tenant's kernels run under (`None`: the server's `--runtime`;
+    /// `docs/runtimes.md`).
+    pub runtime: Option<crate::config::KernelRuntime>,
 }
 
 impl Tenant {
@@ -82,6 +88,7 @@ impl Tenant {
             tools: None,
             image: None,
             network: None,
+            runtime: None,
         }
     }
 
@@ -211,6 +218,7 @@ impl Tenants {
                     "tools",
                     "image",
                     "network",
+                    "runtime",
                 ],
                 &at,
                 &bad,
@@ -265,6 +273,14 @@ impl Tenants {
                     Some(parse_network(v).map_err(|reason| bad(format!("{at}.network"), reason))?)
                 }
             };
+            let runtime = match obj.get("runtime") {
+                None | Some(Value::Null) => None,
+                Some(Value::String(runtime)) => Some(
+                    crate::config::KernelRuntime::parse(runtime)
+                        .map_err(|reason| bad(format!("{at}.runtime"), reason))?,
+                ),
+                Some(_) => return Err(bad(format!("{at}.runtime"), "must be a string".into())),
+            };
             tenants.push(Tenant {
                 name: name.to_string(),
                 token_sha256,
@@ -273,6 +289,7 @@ impl Tenants {
                 tools,
                 image,
                 network,
+                runtime,
             });
         }
         let mut set = Tenants::new(tenants).map_err(|e| TenantsError {
@@ -322,6 +339,15 @@ impl Tenants {
                 let policy = t.network.as_ref().filter(|p| !p.is_none())?;
                 Some((t.name.clone(), policy.clone()))
             })
+            .collect()
+    }
+
+    /// Every tenant that names its own runtime (what `kernelbox serve` hands
+    /// `Config::tenant_runtimes`).
+    pub fn runtimes(&self) -> std::collections::BTreeMap<String, crate::config::KernelRuntime> {
+        self.by_hash
+            .values()
+            .filter_map(|t| Some((t.name.clone(), t.runtime?)))
             .collect()
     }
 

@@ -47,6 +47,39 @@ fn a_tenant_may_name_its_image() {
 }
 
 #[test]
+fn a_tenant_may_name_its_runtime_and_a_bad_one_refuses_the_file() {
+    let entry = |name: &str, runtime: &str| {
+        format!(
+            r#"{{"name": "{name}", "token_sha256": "{}"{runtime}}}"#,
+            hex::encode(token_hash(name))
+        )
+    };
+    let text = format!(
+        r#"{{"tenants": [{}, {}]}}"#,
+        entry("sealed", r#", "runtime": "runsc""#),
+        entry("plain", "")
+    );
+    let tenants = parse(&text).unwrap();
+    assert_eq!(
+        tenants.authenticate("sealed").unwrap().runtime,
+        Some(crate::config::KernelRuntime::Runsc)
+    );
+    assert_eq!(tenants.authenticate("plain").unwrap().runtime, None);
+    assert_eq!(
+        tenants.runtimes(),
+        std::collections::BTreeMap::from([(
+            "sealed".to_string(),
+            crate::config::KernelRuntime::Runsc
+        )])
+    );
+    for bad in [r#", "runtime": "kata""#, r#", "runtime": 1"#] {
+        let text = format!(r#"{{"tenants": [{}]}}"#, entry("x", bad));
+        let err = parse(&text).unwrap_err();
+        assert_eq!(err.field, "tenants[0].runtime", "{err}");
+    }
+}
+
+#[test]
 fn reservations_must_fit_the_host_cap() {
     let entry = |name: &str, reserved: usize| {
         format!(
