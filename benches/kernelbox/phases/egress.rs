@@ -202,7 +202,7 @@ impl Bench {
         let r = kb
             .execute(ExecuteRequest::new(
                 "egress-client",
-                &client("127.0.0.1", port),
+                client("127.0.0.1", port),
             ))
             .await?;
         ok_cell("the proxied client", &r)?;
