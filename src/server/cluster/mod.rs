@@ -190,6 +190,7 @@ impl ClusterNode {
             name: options.node.clone(),
             advertise: options.advertise.clone(),
             capacity: u32::try_from(capacity).unwrap_or(u32::MAX),
+            lease_ttl: options.lease_ttl,
         };
         let sent = Instant::now();
         let epoch = lease_store
