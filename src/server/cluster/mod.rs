@@ -370,6 +370,17 @@ impl ClusterNode {
         })
     }
 
+    /// Node `name`, if the view has it live.
+    fn live_peer(&self, name: &str) -> Option<Target> {
+        let view = self.view.lock().unwrap_or_else(|p| p.into_inner());
+        let peer = view.peers.get(name).filter(|p| p.live)?;
+        Some(Target {
+            node: name.to_string(),
+            epoch: peer.epoch,
+            advertise: peer.advertise.clone(),
+        })
+    }
+
     fn remember(&self, tenant: &str, session: &str, target: &Target) {
         let mut view = self.view.lock().unwrap_or_else(|p| p.into_inner());
         if view.placements.len() >= MAX_PLACEMENTS {

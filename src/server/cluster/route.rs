@@ -184,6 +184,23 @@ impl ClusterNode {
 }
 
 impl ClusterNode {
+    /// Where a request of an MCP session made by node `creator` (not this one) goes: to that
+    /// node while it is live; `None` (served here, which answers that there is no such
+    /// session) when it is not, or when the request was forwarded already.
+    pub(crate) fn mcp_route(
+        &self,
+        creator: &str,
+        forwarded: bool,
+    ) -> Result<Option<Target>, ApiError> {
+        if !self.lease_valid() {
+            return Err(fenced());
+        }
+        if forwarded {
+            return Ok(None);
+        }
+        Ok(self.live_peer(creator))
+    }
+
     /// Where a new session goes when this host is full or draining (docs/cluster.md, "Caps
     /// and fair shares"): the fair shares are refreshed from the catalog (of the cluster's
     /// capacity, counting every node's kernels); here when an idle kernel of a tenant above
