@@ -42,7 +42,7 @@ pub(super) async fn route(State(state): State<AppState>, request: Request, next:
             .as_ref()
             .and_then(|id| super::mcp_session::creator_node(id).map(str::to_string));
         if let Some(creator) = creator.filter(|c| c != node.name()) {
-            return match node.mcp_route(&creator, forwarded) {
+            return match node.mcp_route(&creator, forwarded).await {
                 Err(e) => e.into_response(),
                 Ok(None) => next.run(request).await,
                 Ok(Some(target)) => node

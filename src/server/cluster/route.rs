@@ -185,9 +185,11 @@ impl ClusterNode {
 
 impl ClusterNode {
     /// Where a request of an MCP session made by node `creator` (not this one) goes: to that
-    /// node while it is live; `None` (served here, which answers that there is no such
-    /// session) when it is not, or when the request was forwarded already.
-    pub(crate) fn mcp_route(
+    /// node while it is live (a node the view does not have live is read from the catalog
+    /// again: the view may not have caught up with a node that just joined); `None` (served
+    /// here, which answers that there is no such session) when it is not, or when the
+    /// request was forwarded already.
+    pub(crate) async fn mcp_route(
         &self,
         creator: &str,
         forwarded: bool,
@@ -198,6 +200,15 @@ impl ClusterNode {
         if forwarded {
             return Ok(None);
         }
+        if let Some(target) = self.live_peer(creator) {
+            return Ok(Some(target));
+        }
+        let rows = self
+            .store
+            .nodes()
+            .await
+            .map_err(|e| catalog_unavailable(&e.to_string()))?;
+        self.refresh_view(rows);
         Ok(self.live_peer(creator))
     }
 
