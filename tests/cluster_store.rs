@@ -431,6 +431,62 @@ async fn each_node_expires_by_the_lease_ttl_in_its_own_row_not_the_judges() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_elsewhere_counts_live_root_kernels_on_the_other_current_nodes() {
+    let url = postgres::fresh_database();
+    let store = Store::connect(&url).await.expect("connect");
+    let ea = store
+        .register(&node("a"), LossReason::ServerRestarted)
+        .await
+        .expect("a");
+    let eb = store
+        .register(&node("b"), LossReason::ServerRestarted)
+        .await
+        .expect("b");
+    for (tenant, session, name, epoch) in [
+        ("t", "s1", "b", eb),
+        ("t", "s2", "b", eb),
+        ("u", "s3", "b", eb),
+        ("t", "s4", "a", ea),
+    ] {
+        let claimed = store
+            .claim(&claim_req(tenant, session, name, epoch, None))
+            .await
+            .expect("claim");
+        assert!(matches!(claimed, Claim::Claimed { .. }), "{claimed:?}");
+    }
+    Writer::new(&store, "b", eb)
+        .apply(vec![
+            started("k1", "t", "s1", 1),
+            started("k1c", "t", "s1::child::c1", 1),
+            started("k2", "t", "s2", 1),
+            started("k3", "u", "s3", 1),
+        ])
+        .await
+        .expect("b's starts");
+    Writer::new(&store, "a", ea)
+        .apply(vec![started("k4", "t", "s4", 1)])
+        .await
+        .expect("a's start");
+    // From a: b's root kernels, busiest tenant first; a child is not counted, nor a's own.
+    assert_eq!(
+        store.tenants_elsewhere("a").await.expect("count"),
+        [("t".to_string(), 2), ("u".to_string(), 1)]
+    );
+    assert_eq!(
+        store.tenants_elsewhere("b").await.expect("count"),
+        [("t".to_string(), 1)]
+    );
+    // A node that left counts no more.
+    store.leave("b", eb).await.expect("leave");
+    assert!(store
+        .tenants_elsewhere("a")
+        .await
+        .expect("count")
+        .is_empty());
+    postgres::drop_database(&url);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_nodes_racing_on_a_first_call_one_claims_and_the_other_is_told_where() {
     let url = postgres::fresh_database();
     let store = Store::connect(&url).await.expect("connect");
