@@ -18,10 +18,15 @@ use kernelbox::cluster::{
 use kernelbox::{LossReason, StateLost};
 
 fn node(name: &str) -> NodeInfo {
+    node_with_ttl(name, Duration::from_secs(10))
+}
+
+fn node_with_ttl(name: &str, lease_ttl: Duration) -> NodeInfo {
     NodeInfo {
         name: name.into(),
         advertise: format!("http://{name}.test:8080"),
         capacity: 16,
+        lease_ttl,
     }
 }
 
@@ -131,7 +136,7 @@ async fn migrations_are_applied_once_by_concurrent_connects_and_again_change_not
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, [1, 2]);
+    assert_eq!(versions, [1, 2, 3]);
     let tables: i64 = raw
         .query_one(
             "SELECT count(*) FROM pg_tables WHERE tablename IN ('kb_nodes', 'kb_sessions', 'kb_kernels')",
@@ -235,8 +240,10 @@ async fn a_node_that_stops_renewing_expires_by_the_database_clock_and_its_sessio
         .register(&node("a"), LossReason::ServerRestarted)
         .await
         .expect("a");
+    // b's lease lasts 1 s past its renewals (its own row says so).
+    let ttl = Duration::from_secs(1);
     let eb = store
-        .register(&node("b"), LossReason::ServerRestarted)
+        .register(&node_with_ttl("b", ttl), LossReason::ServerRestarted)
         .await
         .expect("b");
     // b holds a session with a root kernel and a child's.
@@ -266,7 +273,6 @@ async fn a_node_that_stops_renewing_expires_by_the_database_clock_and_its_sessio
     }
 
     // a keeps renewing, b does not: poll the database until b's lease is older than the ttl.
-    let ttl = Duration::from_secs(1);
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         assert_eq!(
@@ -285,7 +291,7 @@ async fn a_node_that_stops_renewing_expires_by_the_database_clock_and_its_sessio
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     store.renew("a", ea, 0).await.expect("renew a");
-    let expired = store.expire_dead(ttl).await.expect("expire");
+    let expired = store.expire_dead().await.expect("expire");
     assert_eq!(expired.len(), 1, "{expired:?}");
     assert_eq!(
         (
@@ -295,11 +301,7 @@ async fn a_node_that_stops_renewing_expires_by_the_database_clock_and_its_sessio
         ),
         ("b", eb, 2)
     );
-    assert!(store
-        .expire_dead(ttl)
-        .await
-        .expect("expire again")
-        .is_empty());
+    assert!(store.expire_dead().await.expect("expire again").is_empty());
 
     // b's row moved to a new epoch: its late renewal and its writes are fenced.
     let row = store
@@ -349,6 +351,138 @@ async fn a_node_that_stops_renewing_expires_by_the_database_clock_and_its_sessio
         (p.node.as_str(), p.epoch, p.live, p.node_current),
         ("a", ea, true, true)
     );
+    postgres::drop_database(&url);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_node_expires_by_the_lease_ttl_in_its_own_row_not_the_judges() {
+    let url = postgres::fresh_database();
+    let store = Store::connect(&url).await.expect("connect");
+    // The judge renews against 1 s; "patient" registered a 60 s lease and "brief" a 1 s one.
+    let short = Duration::from_secs(1);
+    let judge = store
+        .register(&node_with_ttl("judge", short), LossReason::ServerRestarted)
+        .await
+        .expect("judge");
+    let patient = store
+        .register(
+            &node_with_ttl("patient", Duration::from_secs(60)),
+            LossReason::ServerRestarted,
+        )
+        .await
+        .expect("patient");
+    let brief = store
+        .register(&node_with_ttl("brief", short), LossReason::ServerRestarted)
+        .await
+        .expect("brief");
+    let rows = store.nodes().await.expect("nodes");
+    let ttl_of = |name: &str| rows.iter().find(|n| n.name == name).expect(name).lease_ttl;
+    assert_eq!(ttl_of("patient"), Duration::from_secs(60));
+    assert_eq!(ttl_of("brief"), short);
+    // Neither patient nor brief renews: wait (by the database's clock) until both leases are
+    // older than the judge's TTL.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        assert_eq!(
+            store.renew("judge", judge, 0).await.expect("renew judge"),
+            Renewal::Renewed
+        );
+        let nodes = store.nodes().await.expect("nodes");
+        let age = |name: &str| nodes.iter().find(|n| n.name == name).expect(name).lease_age;
+        if age("patient") > short + Duration::from_millis(100)
+            && age("brief") > short + Duration::from_millis(100)
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the leases never aged past {short:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Only brief's own TTL ran out; patient's 60 s lease stands, whatever the judge's is.
+    let expired = store.expire_dead().await.expect("expire");
+    let names: Vec<&str> = expired.iter().map(|e| e.name.as_str()).collect();
+    assert_eq!(names, ["brief"], "{expired:?}");
+    assert_eq!(expired[0].epoch, brief);
+    assert_eq!(
+        store
+            .renew("patient", patient, 0)
+            .await
+            .expect("renew patient"),
+        Renewal::Renewed
+    );
+    assert_eq!(
+        store.renew("brief", brief, 0).await.expect("late renew"),
+        Renewal::Fenced
+    );
+    // Registering again stores the new TTL.
+    store
+        .register(
+            &node_with_ttl("patient", short),
+            LossReason::ServerRestarted,
+        )
+        .await
+        .expect("patient again");
+    let rows = store.nodes().await.expect("nodes");
+    let row = rows.iter().find(|n| n.name == "patient").expect("patient");
+    assert_eq!((row.lease_ttl, row.state), (short, NodeState::Live));
+    postgres::drop_database(&url);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_elsewhere_counts_live_root_kernels_on_the_other_current_nodes() {
+    let url = postgres::fresh_database();
+    let store = Store::connect(&url).await.expect("connect");
+    let ea = store
+        .register(&node("a"), LossReason::ServerRestarted)
+        .await
+        .expect("a");
+    let eb = store
+        .register(&node("b"), LossReason::ServerRestarted)
+        .await
+        .expect("b");
+    for (tenant, session, name, epoch) in [
+        ("t", "s1", "b", eb),
+        ("t", "s2", "b", eb),
+        ("u", "s3", "b", eb),
+        ("t", "s4", "a", ea),
+    ] {
+        let claimed = store
+            .claim(&claim_req(tenant, session, name, epoch, None))
+            .await
+            .expect("claim");
+        assert!(matches!(claimed, Claim::Claimed { .. }), "{claimed:?}");
+    }
+    Writer::new(&store, "b", eb)
+        .apply(vec![
+            started("k1", "t", "s1", 1),
+            started("k1c", "t", "s1::child::c1", 1),
+            started("k2", "t", "s2", 1),
+            started("k3", "u", "s3", 1),
+        ])
+        .await
+        .expect("b's starts");
+    Writer::new(&store, "a", ea)
+        .apply(vec![started("k4", "t", "s4", 1)])
+        .await
+        .expect("a's start");
+    // From a: b's root kernels, busiest tenant first; a child is not counted, nor a's own.
+    assert_eq!(
+        store.tenants_elsewhere("a").await.expect("count"),
+        [("t".to_string(), 2), ("u".to_string(), 1)]
+    );
+    assert_eq!(
+        store.tenants_elsewhere("b").await.expect("count"),
+        [("t".to_string(), 1)]
+    );
+    // A node that left counts no more.
+    store.leave("b", eb).await.expect("leave");
+    assert!(store
+        .tenants_elsewhere("a")
+        .await
+        .expect("count")
+        .is_empty());
     postgres::drop_database(&url);
 }
 

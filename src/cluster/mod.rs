@@ -21,5 +21,6 @@ pub use catalog::PostgresCatalog;
 pub use error::ClusterError;
 pub use store::{
     Claim, ClaimRequest, Expired, NodeInfo, NodeRow, NodeState, Placement, Renewal, Store,
-    CONNECT_TIMEOUT, MAX_NODES, OPERATION_DEADLINE, POOL_SIZE, STATEMENT_TIMEOUT,
+    CONNECT_TIMEOUT, MAX_NODES, MAX_SHARE_TENANTS, OPERATION_DEADLINE, POOL_SIZE,
+    STATEMENT_TIMEOUT,
 };

@@ -12,7 +12,15 @@ const MIGRATION_LOCK: i64 = 0x6b62_7363_6865_6d61;
 
 /// The migrations, oldest first: version N is `MIGRATIONS[N - 1]`. Never edit one that has
 /// shipped; add the next.
-pub(crate) const MIGRATIONS: &[&str] = &[V1, V2];
+pub(crate) const MIGRATIONS: &[&str] = &[V1, V2, V3];
+
+/// Version 3: each node's lease TTL in its own row, so that its expiry is judged by the TTL it
+/// renews against, whichever node judges (rows of nodes that registered before it get the
+/// default TTL, 10 s, until they register again).
+const V3: &str = "
+ALTER TABLE kb_nodes ADD COLUMN lease_ttl_ms bigint NOT NULL DEFAULT 10000
+    CHECK (lease_ttl_ms > 0);
+";
 
 /// Version 2: the cluster's hop secret (a request forwarded by a node carries it; a client
 /// cannot make a node believe a request was forwarded).

@@ -5,6 +5,7 @@
 
 use crate::catalog::Entry;
 use crate::cell::LossReason;
+use crate::registry::{ClusterShares, TenantLimits};
 
 use super::Orchestrator;
 
@@ -27,6 +28,18 @@ impl Orchestrator {
             self.inner.registry.len(),
             self.inner.config.kernels.max_session_kernels,
         )
+    }
+
+    /// Fair shares from now on of the cluster's capacity, counting the tenants' kernels on
+    /// other nodes (`Registry::set_cluster_shares`).
+    pub fn set_cluster_shares(&self, shares: ClusterShares) {
+        self.inner.registry.set_cluster_shares(shares);
+    }
+
+    /// True when a new session of `tenant` fits here, at most by evicting an idle kernel of a
+    /// tenant above its cluster-wide share (`Registry::room_for`).
+    pub fn room_for(&self, tenant: &str, limits: TenantLimits) -> bool {
+        self.inner.registry.room_for(tenant, limits)
     }
 
     /// Disposes of every session kernel at once, busy or not (a running cell ends with the

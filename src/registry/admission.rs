@@ -27,6 +27,14 @@
 //! Idle means no call attached and not computing with no cell running (the runaway watch,
 //! `docs/reliability.md` "Runaway kernels"): such a kernel costs what a busy one does.
 //!
+//! On a cluster node ([`ClusterShares`], docs/cluster.md "Caps and fair shares") the shares are
+//! of the cluster's capacity (every live node's cap summed) and a tenant's holding counts its
+//! kernels on every node (its root kernels elsewhere, as the catalog last said, plus what this
+//! host holds); the host's own cap and the victims stay local: only an idle kernel on this host
+//! is evicted, of a tenant above its cluster-wide share. Before placing a session here when
+//! the host is full, a node asks [`Registry::room_for`] whether such a victim exists; if not,
+//! the session goes to a node with room.
+//!
 //! Warm-pool kernels (`pool.rs`) count toward the host's cap and no tenant's. A new session
 //! that takes one adds nothing to the host's count; one that cannot (no pooled kernel of its
 //! spec) at the cap discards pooled kernels before it evicts anyone's.
@@ -121,6 +129,15 @@ pub struct EvictionCounts {
     pub host_cap_other: u64,
 }
 
+/// What a cluster node's fair shares are computed over (see the module documentation).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClusterShares {
+    /// The cluster's capacity: the caps of its live nodes, this one's included.
+    pub capacity: usize,
+    /// Each tenant's root kernels live on the other nodes (tenants with none are absent).
+    pub elsewhere: HashMap<String, usize>,
+}
+
 /// An admission's plan: the slots to evict (and why), and how many pooled kernels to discard.
 type Plan = (Vec<(KernelKey, Evict)>, usize);
 
@@ -143,6 +160,8 @@ struct Planning<'a> {
     idle: Vec<&'a Arc<Slot>>,
     /// The slots planned to go, and why.
     planned: Vec<(KernelKey, Evict)>,
+    /// Each tenant's kernels on other nodes (a cluster node's; empty on one host).
+    elsewhere: Option<&'a ClusterShares>,
 }
 
 impl<'a> Planning<'a> {
@@ -157,6 +176,7 @@ impl<'a> Planning<'a> {
             discarded: 0,
             idle: Vec::new(),
             planned: Vec::new(),
+            elsewhere: inner.cluster.as_ref(),
         };
         for s in inner.slots.values() {
             if s.key.owner.tenant == tenant {
@@ -173,6 +193,16 @@ impl<'a> Planning<'a> {
         plan.total += inner.pool.len();
         plan.idle.sort_by_cached_key(|s| s.last_used());
         plan
+    }
+
+    /// The tenant's kernels counted against its share: here, plus on other nodes.
+    fn holding(&self, tenant: &str) -> usize {
+        let here = self.held.get(tenant).copied().unwrap_or(0);
+        let there = self
+            .elsewhere
+            .and_then(|c| c.elsewhere.get(tenant).copied())
+            .unwrap_or(0);
+        here + there
     }
 
     fn is_planned(&self, s: &Slot) -> bool {
@@ -231,14 +261,35 @@ impl Inner {
         host_max: usize,
         taking: bool,
     ) -> Result<Plan, (Cap, usize)> {
-        let tenant = key.owner.tenant.as_str();
-        if key.owner.is_child() {
+        self.plan_for(
+            key.owner.tenant.as_str(),
+            key.owner.is_child(),
+            limits,
+            host_max,
+            taking,
+            true,
+        )
+    }
+
+    /// [`Inner::plan_admission`] for a new kernel of `tenant` (`child`: a delegated child's).
+    /// `own_below_share`: the requester's own idle kernel may go while it is below its share
+    /// (when no other tenant's may); a cluster node asks first without it.
+    fn plan_for(
+        &self,
+        tenant: &str,
+        child: bool,
+        limits: TenantLimits,
+        host_max: usize,
+        taking: bool,
+        own_below_share: bool,
+    ) -> Result<Plan, (Cap, usize)> {
+        if child {
             self.check_children(tenant, host_max)?;
         }
         let mut plan = Planning::new(self, tenant, taking);
         // What one more kernel adds to the host's count: nothing for a pooled kernel taken
         // by a session (it was counted already) or for a child (pinned, counted apart).
-        let adds = usize::from(!taking && !key.owner.is_child());
+        let adds = usize::from(!taking && !child);
         let tenant_full = limits.max_kernels.is_some_and(|max| plan.held_all >= max);
         if !tenant_full && plan.total + adds <= host_max {
             return Ok((Vec::new(), 0));
@@ -247,7 +298,7 @@ impl Inner {
             plan.within_tenant_cap(tenant, max)?;
         }
         // A live delegated child is pinned: outside the host's cap.
-        if key.owner.is_child() {
+        if child {
             return Ok((plan.planned, 0));
         }
         while plan.total + adds > host_max {
@@ -257,7 +308,7 @@ impl Inner {
                 plan.total -= 1;
                 continue;
             }
-            self.evict_for_host(&mut plan, tenant, limits, host_max)?;
+            self.evict_for_host(&mut plan, tenant, limits, host_max, own_below_share)?;
         }
         Ok((plan.planned, plan.discarded))
     }
@@ -278,34 +329,37 @@ impl Inner {
     }
 
     /// Plans one eviction toward the host's cap: from a tenant above its fair share when the
-    /// requester is below its own, else one of the requester's own idle kernels.
+    /// requester is below its own, else one of the requester's own idle kernels (while it is
+    /// below its share, only with `own_below_share`). Shares and holdings are cluster-wide on
+    /// a cluster node; victims are always this host's.
     fn evict_for_host<'a>(
         &self,
         plan: &mut Planning<'a>,
         tenant: &str,
         limits: TenantLimits,
         host_max: usize,
+        own_below_share: bool,
     ) -> Result<(), (Cap, usize)> {
-        let mine = plan.held.get(tenant).copied().unwrap_or(0);
-        let shares = self.shares(&plan.held, tenant, limits, host_max);
+        let mine = plan.holding(tenant);
+        let shares = self.shares(plan, tenant, limits, host_max);
         let share = |t: &str| shares.get(t).copied().unwrap_or(0);
         let from_others = if mine < share(tenant) {
             plan.idle.iter().find(|s| {
                 let t = s.key.owner.tenant.as_str();
-                t != tenant
-                    && plan.held.get(t).copied().unwrap_or(0) > share(t)
-                    && !plan.is_planned(s)
+                t != tenant && plan.holding(t) > share(t) && !plan.is_planned(s)
             })
         } else {
             None
         };
+        let own_allowed = own_below_share || mine >= share(tenant);
         let victim = match from_others {
             Some(v) => Some((*v, Evict::HostOther)),
-            None => plan
+            None if own_allowed => plan
                 .idle
                 .iter()
                 .find(|s| s.key.owner.tenant == tenant && !plan.is_planned(s))
                 .map(|v| (*v, Evict::HostOwn)),
+            None => None,
         };
         let Some((victim, why)) = victim else {
             return Err((
@@ -321,11 +375,12 @@ impl Inner {
         Ok(())
     }
 
-    /// Fair shares of the tenants holding unpinned kernels and of the requester (see the
+    /// Fair shares of the tenants holding unpinned kernels (here, or on other nodes of a
+    /// cluster) and of the requester, of the host's cap or the cluster's capacity (see the
     /// module documentation).
     fn shares<'a>(
         &self,
-        held: &HashMap<&'a str, usize>,
+        plan: &Planning<'a>,
         requester: &'a str,
         requester_limits: TenantLimits,
         host_max: usize,
@@ -337,20 +392,31 @@ impl Inner {
                 self.limits.get(t).copied().unwrap_or_default()
             }
         };
-        let mut active: Vec<&'a str> = held
+        let mut active: Vec<&'a str> = plan
+            .held
             .iter()
             .filter(|(_, n)| **n > 0)
             .map(|(t, _)| *t)
             .collect();
+        if let Some(cluster) = plan.elsewhere {
+            for (t, n) in &cluster.elsewhere {
+                if *n > 0 && !active.contains(&t.as_str()) {
+                    active.push(t.as_str());
+                }
+            }
+        }
         if !active.contains(&requester) {
             active.push(requester);
         }
+        let capacity = plan
+            .elsewhere
+            .map_or(host_max, |c| c.capacity.max(host_max));
         let reserved: usize = active.iter().filter_map(|t| limits_of(t).reserved).sum();
         let unreserved = active
             .iter()
             .filter(|t| limits_of(t).reserved.is_none())
             .count();
-        let even = host_max
+        let even = capacity
             .saturating_sub(reserved)
             .checked_div(unreserved)
             .unwrap_or(0);
@@ -396,6 +462,21 @@ impl Inner {
 }
 
 impl Registry {
+    /// On a cluster node: the cluster's capacity and the tenants' kernels on other nodes, as
+    /// the catalog last said; the fair shares are computed over them from now on.
+    pub fn set_cluster_shares(&self, shares: ClusterShares) {
+        self.lock().cluster = Some(shares);
+    }
+
+    /// True when one more session kernel of `tenant` fits this host now, at most by evicting
+    /// an idle kernel of a tenant above its fair share (never the requester's own while it is
+    /// below its share): changes nothing.
+    pub fn room_for(&self, tenant: &str, limits: TenantLimits) -> bool {
+        self.lock()
+            .plan_for(tenant, false, limits, self.max_kernels, false, false)
+            .is_ok()
+    }
+
     /// Marks a delegated child as finished: its kernels are no longer pinned. Nothing is
     /// recorded for a child with no kernel (the mark lives only as long as its slots).
     pub fn release_child(&self, owner: &Owner) {

@@ -32,7 +32,7 @@ mod live;
 mod losses;
 mod pool;
 
-pub use admission::{AtCapacity, Cap, EvictionCounts, Refusal, TenantLimits};
+pub use admission::{AtCapacity, Cap, ClusterShares, EvictionCounts, Refusal, TenantLimits};
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -160,6 +160,8 @@ struct Inner {
     pool: Vec<pool::Pooled>,
     /// Pooled kernels being spawned (reserved, not yet offered).
     pool_pending: usize,
+    /// On a cluster node: what the fair shares are of (`admission.rs`).
+    cluster: Option<ClusterShares>,
 }
 
 impl Inner {

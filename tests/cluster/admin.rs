@@ -1,12 +1,15 @@
-//! docs/cluster.md, "Routing" (the tenant's cap across the cluster) and "Admin": draining a
-//! node with `kernelbox drain`, seen in `kernelbox nodes`, and taking it back.
+//! docs/cluster.md, "Routing" (the tenant's cap across the cluster), "Caps and fair shares"
+//! (a share of the cluster's capacity) and "Admin": draining a node with `kernelbox drain`,
+//! seen in `kernelbox nodes`, and taking it back.
 
 use std::time::Duration;
 
 use hyper::StatusCode;
 use serde_json::json;
 
-use crate::harness::{poll, success, Cluster, Options, ADMIN, TOKEN};
+use kernelbox::labels;
+
+use crate::harness::{lost, poll, success, Cluster, Options, ADMIN, TOKEN};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenants_cap_holds_across_nodes() {
@@ -78,6 +81,114 @@ async fn a_tenants_cap_holds_across_nodes() {
         },
     )
     .await;
+    cluster.finish().await;
+}
+
+const HOG: (&str, &str) = ("hog", "hog-token");
+const SMALL: (&str, &str) = ("small", "small-token");
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_shares_are_of_the_clusters_capacity_and_evict_only_here() {
+    let cluster = Cluster::start(
+        "cl-share",
+        Options {
+            max_kernels: Some("2"),
+            more_tenants: &[HOG, SMALL],
+            ..Options::default()
+        },
+    )
+    .await;
+    let [n1, n2, n3] = [&cluster.nodes[0], &cluster.nodes[1], &cluster.nodes[2]];
+    let on = |session: &'static str| {
+        let cluster = &cluster;
+        async move {
+            let held = cluster.session_containers(session).await;
+            held.iter()
+                .filter_map(|c| c.labels.get(labels::INSTANCE).cloned())
+                .collect::<Vec<_>>()
+        }
+    };
+    // Every host full (2 each, 6 in the cluster): hog holds one kernel on n1 and two on each
+    // of n2 and n3, small one on n1.
+    for (node, session) in [
+        (n1, "h1"),
+        (n2, "h2a"),
+        (n2, "h2b"),
+        (n3, "h3a"),
+        (n3, "h3b"),
+    ] {
+        success(
+            &node
+                .api
+                .execute(HOG.1, session, json!({"code": "x = 1"}))
+                .await,
+        );
+    }
+    success(
+        &n1.api
+            .execute(SMALL.1, "s1", json!({"code": "y = 41"}))
+            .await,
+    );
+    assert_eq!(on("h1").await, [n1.instance.as_str()]);
+    assert_eq!(on("s1").await, [n1.instance.as_str()]);
+    poll(
+        "the catalog and the leases count every kernel",
+        Duration::from_secs(20),
+        || async {
+            let rows = cluster.node_rows(0).await;
+            let full = rows.iter().all(|r| r["live_kernels"] == json!(2));
+            (full && cluster.catalog_live_kernels().await == 6).then_some(())
+        },
+    )
+    .await;
+
+    // small asks n1 for a second session. Its share is half the cluster's capacity (3): it
+    // holds 1, hog 5. hog's idle kernel on n1 goes, never small's own (by n1's cap of 2
+    // alone, small would be at its share of 1 and lose s1).
+    let reply = n1.api.execute(SMALL.1, "s2", json!({"code": "2"})).await;
+    success(&reply);
+    assert_eq!(on("s2").await, [n1.instance.as_str()]);
+    poll(
+        "hog's kernel on n1 evicted",
+        Duration::from_secs(20),
+        || async { on("h1").await.is_empty().then_some(()) },
+    )
+    .await;
+    let again = success(
+        &n1.api
+            .execute(SMALL.1, "s1", json!({"code": "print(y + 1)"}))
+            .await,
+    );
+    assert_eq!(lost(&again), None, "{again}");
+    assert_eq!(again["output"], "42\n", "{again}");
+    for session in ["h2a", "h2b", "h3a", "h3b"] {
+        assert_eq!(on(session).await.len(), 1, "{session}");
+    }
+
+    // hog asks n1 for another session: it holds 4, above its share; small's two kernels on n1
+    // are within small's share, and no node has room: 429 with Retry-After, nothing evicted.
+    poll(
+        "the leases count every kernel again",
+        Duration::from_secs(20),
+        || async {
+            let rows = cluster.node_rows(0).await;
+            rows.iter()
+                .all(|r| r["live_kernels"] == json!(2))
+                .then_some(())
+        },
+    )
+    .await;
+    let refused = n1.api.execute(HOG.1, "h4", json!({"code": "1"})).await;
+    assert_eq!(
+        refused.error(StatusCode::TOO_MANY_REQUESTS),
+        "at_capacity",
+        "{}",
+        refused.json()
+    );
+    assert!(refused.headers.contains_key("retry-after"));
+    assert!(on("h4").await.is_empty());
+    assert_eq!(on("s1").await, [n1.instance.as_str()]);
+    assert_eq!(on("s2").await, [n1.instance.as_str()]);
     cluster.finish().await;
 }
 

@@ -54,6 +54,10 @@ pub struct Options {
     pub tenant_cap: Option<u64>,
     /// HAProxy in front.
     pub balancer: bool,
+    /// Each node's `--max-kernels` (its host's cap), if set.
+    pub max_kernels: Option<&'static str>,
+    /// More tenants in the tenants file: (name, token), no cap.
+    pub more_tenants: &'static [(&'static str, &'static str)],
 }
 
 impl Default for Options {
@@ -63,6 +67,8 @@ impl Default for Options {
             fence_margin: "1s",
             tenant_cap: None,
             balancer: false,
+            max_kernels: None,
+            more_tenants: &[],
         }
     }
 }
@@ -234,9 +240,13 @@ impl Cluster {
         if let Some(cap) = options.tenant_cap {
             tenant["max_kernels"] = json!(cap);
         }
+        let mut tenants = vec![tenant];
+        for (name, token) in options.more_tenants {
+            tenants.push(http::tenant(name, token));
+        }
         std::fs::write(
             dir.path().join("tenants.json"),
-            json!({ "tenants": [tenant] }).to_string(),
+            json!({ "tenants": tenants }).to_string(),
         )
         .expect("write the tenants file");
         let mut cluster = Cluster {
@@ -264,7 +274,11 @@ impl Cluster {
 
     /// Starts one node; returns once it serves.
     async fn spawn(&self, name: &str, listen: &str, state: PathBuf) -> Node {
-        let mut process = serve_on(&self.label, listen)
+        let mut command = serve_on(&self.label, listen);
+        if let Some(max) = self.options.max_kernels {
+            command.args(["--max-kernels", max]);
+        }
+        let mut process = command
             .arg("--tenants")
             .arg(self.dir.path().join("tenants.json"))
             .args(["--cluster", &self.db, "--node-name", name])
@@ -399,6 +413,16 @@ impl Cluster {
     }
 
     /// The running node holding a kernel of `session`, if any.
+    /// Kernels the catalog holds live (what the nodes' fair shares count).
+    pub async fn catalog_live_kernels(&self) -> i64 {
+        postgres::raw(&self.db)
+            .await
+            .query_one("SELECT count(*) FROM kb_kernels WHERE state = 'live'", &[])
+            .await
+            .expect("live kernels")
+            .get(0)
+    }
+
     /// The cluster's hop secret, read from the catalog (what only nodes know).
     pub async fn hop_secret(&self) -> String {
         postgres::raw(&self.db)

@@ -286,7 +286,8 @@ async fn first_calls_racing_on_two_nodes_get_one_kernel() {
     cluster.finish().await;
 }
 
-/// One JSON-RPC message to `/v1/mcp?session=SESSION` on `node`; the answer's JSON-RPC
+/// One JSON-RPC message to `/v1/mcp?session=SESSION` (`/v1/mcp` when SESSION is empty) on
+/// `node`; the answer's JSON-RPC
 /// message (from a JSON body or the first SSE `data:` line), and its MCP session id.
 async fn mcp(
     node: &crate::harness::Node,
@@ -298,7 +299,11 @@ async fn mcp(
         .api
         .build(
             Method::POST,
-            &format!("/v1/mcp?session={session}"),
+            &if session.is_empty() {
+                "/v1/mcp".to_string()
+            } else {
+                format!("/v1/mcp?session={session}")
+            },
             Some(TOKEN),
             false,
             true,
@@ -380,6 +385,63 @@ async fn an_mcp_session_naming_a_session_reaches_the_node_holding_it() {
             &a.api.execute(TOKEN, "m1", json!({"code": "x"})).await
         )),
         kernel_id(&held)
+    );
+    cluster.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_session_naming_no_session_is_served_by_the_node_that_made_it() {
+    let cluster = Cluster::start("cl-mcpid", Options::default()).await;
+    let (a, b, c) = (&cluster.nodes[0], &cluster.nodes[1], &cluster.nodes[2]);
+    // Made on A, naming no kernelbox session: it lives on A only.
+    let (init, id) = mcp(
+        a,
+        "",
+        None,
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-03-26", "capabilities": {},
+            "clientInfo": {"name": "cluster-test", "version": "1"}}}),
+    )
+    .await;
+    assert!(
+        init.is_some_and(|i| i["result"].is_object()),
+        "initialize answered"
+    );
+    let id = id.expect("an MCP session id");
+    // Its next requests reach B and C (no tool run yet, so no catalog row says where it is).
+    mcp(
+        b,
+        "",
+        Some(&id),
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    )
+    .await;
+    let (listed, _) = mcp(
+        c,
+        "",
+        Some(&id),
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}),
+    )
+    .await;
+    let listed = listed.expect("the tools");
+    assert!(listed.to_string().contains("execute_code"), "{listed}");
+    let (called, _) = mcp(
+        b,
+        "",
+        Some(&id),
+        json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {
+            "name": "execute_code", "arguments": {"code": "x = 5\nprint(x * 2)"}}}),
+    )
+    .await;
+    let called = called.expect("a tool result");
+    assert!(called.to_string().contains("10\\n"), "{called}");
+    // Its kernel runs on A, the node that made it.
+    let kernel_session = format!("mcp-{id}");
+    let containers = cluster.session_containers(&kernel_session).await;
+    assert_eq!(containers.len(), 1, "{containers:?}");
+    assert_eq!(
+        containers[0].labels.get(kernelbox::labels::INSTANCE),
+        Some(&a.instance)
     );
     cluster.finish().await;
 }

@@ -27,7 +27,7 @@ use super::error::{db, ClusterError};
 
 pub use nodes::{Expired, NodeInfo, NodeRow, NodeState, Renewal, MAX_NODES};
 pub(crate) use sessions::SESSION_ENDS;
-pub use sessions::{Claim, ClaimRequest, Placement};
+pub use sessions::{Claim, ClaimRequest, Placement, MAX_SHARE_TENANTS};
 
 /// Connections in the pool at most.
 pub const POOL_SIZE: usize = 8;

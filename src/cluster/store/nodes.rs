@@ -22,6 +22,9 @@ pub struct NodeInfo {
     pub advertise: String,
     /// Kernels it can hold.
     pub capacity: u32,
+    /// How long its lease lasts past its last renewal: stored in its row, so that any node
+    /// judges its expiry by this, never by its own setting.
+    pub lease_ttl: Duration,
 }
 
 /// What a lease renewal found.
@@ -92,6 +95,13 @@ pub struct NodeRow {
     pub live_kernels: u32,
     /// The database's now minus its last renewal.
     pub lease_age: Duration,
+    /// How long its lease lasts past its last renewal (as it registered it).
+    pub lease_ttl: Duration,
+}
+
+/// A lease TTL in whole milliseconds for the `lease_ttl_ms` column (at least 1, saturating).
+fn ttl_ms(ttl: Duration) -> i64 {
+    i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX).max(1)
 }
 
 impl Store {
@@ -136,13 +146,19 @@ impl Store {
             .map_err(db(op))?;
             tx.execute(
                 "INSERT INTO kb_nodes (name, advertise, epoch, state, started_at, renewed_at,
-                     capacity, live_kernels, draining)
-                 VALUES ($1, $2, $3, 'live', now(), now(), $4, 0, false)
+                     capacity, live_kernels, draining, lease_ttl_ms)
+                 VALUES ($1, $2, $3, 'live', now(), now(), $4, 0, false, $5)
                  ON CONFLICT (name) DO UPDATE SET advertise = EXCLUDED.advertise,
                      epoch = EXCLUDED.epoch, state = 'live', started_at = now(),
                      renewed_at = now(), capacity = EXCLUDED.capacity, live_kernels = 0,
-                     draining = false",
-                &[&node.name, &node.advertise, &epoch, &to_int(node.capacity)],
+                     draining = false, lease_ttl_ms = EXCLUDED.lease_ttl_ms",
+                &[
+                    &node.name,
+                    &node.advertise,
+                    &epoch,
+                    &to_int(node.capacity),
+                    &ttl_ms(node.lease_ttl),
+                ],
             )
             .await
             .map_err(db(op))?;
@@ -180,11 +196,12 @@ impl Store {
         .await
     }
 
-    /// Any live node may call this: every node whose renewed_at is older than `ttl` by the
-    /// DATABASE clock is expired in one transaction (FOR UPDATE SKIP LOCKED): state expired,
-    /// epoch bumped from the sequence (so its late renewal returns Fenced), its epoch's live
-    /// kernels lost with reason node_lost (lost_at = now), its sessions not live.
-    pub async fn expire_dead(&self, ttl: Duration) -> Result<Vec<Expired>, ClusterError> {
+    /// Any live node may call this: every node whose renewed_at is older than its OWN lease
+    /// TTL (the `lease_ttl_ms` it registered; never the caller's) by the DATABASE clock is
+    /// expired in one transaction (FOR UPDATE SKIP LOCKED): state expired, epoch bumped from
+    /// the sequence (so its late renewal returns Fenced), its epoch's live kernels lost with
+    /// reason node_lost (lost_at = now), its sessions not live.
+    pub async fn expire_dead(&self) -> Result<Vec<Expired>, ClusterError> {
         let op = "expire dead nodes";
         within(op, async {
             let mut client = self.client(op).await?;
@@ -192,10 +209,11 @@ impl Store {
             let dead = tx
                 .query(
                     "SELECT name, epoch FROM kb_nodes
-                     WHERE state = 'live' AND renewed_at < now() - make_interval(secs => $1)
-                     ORDER BY name LIMIT $2
+                     WHERE state = 'live'
+                       AND renewed_at < now() - lease_ttl_ms * interval '1 millisecond'
+                     ORDER BY name LIMIT $1
                      FOR UPDATE SKIP LOCKED",
-                    &[&ttl.as_secs_f64(), &MAX_NODES],
+                    &[&MAX_NODES],
                 )
                 .await
                 .map_err(db(op))?;
@@ -245,7 +263,8 @@ impl Store {
             let rows = client
                 .query(
                     "SELECT name, advertise, epoch, state, draining, capacity, live_kernels,
-                         greatest(extract(epoch FROM now() - renewed_at), 0)::float8
+                         greatest(extract(epoch FROM now() - renewed_at), 0)::float8,
+                         lease_ttl_ms
                      FROM kb_nodes ORDER BY name LIMIT $1",
                     &[&MAX_NODES],
                 )
@@ -267,6 +286,9 @@ impl Store {
                         capacity: to_u32(i64::from(row.try_get::<_, i32>(5).map_err(db(op))?)),
                         live_kernels: to_u32(i64::from(row.try_get::<_, i32>(6).map_err(db(op))?)),
                         lease_age: Duration::try_from_secs_f64(age).unwrap_or(Duration::ZERO),
+                        lease_ttl: Duration::from_millis(
+                            u64::try_from(row.try_get::<_, i64>(8).map_err(db(op))?).unwrap_or(0),
+                        ),
                     })
                 })
                 .collect()

@@ -124,6 +124,10 @@ pub(crate) fn entry_from_row(
     })
 }
 
+/// Tenants [`Store::tenants_elsewhere`] returns at most (the busiest first): a tenant past it
+/// is counted as holding nothing on other nodes.
+pub const MAX_SHARE_TENANTS: i64 = 4_096;
+
 /// A session's placement, joined with its node's row (`$1` tenant, `$2` session).
 const PLACEMENT: &str = "
 SELECT s.node, s.epoch, s.live, coalesce(n.advertise, ''),
@@ -302,6 +306,34 @@ impl Store {
                 .await
                 .map_err(db(op))?;
             Ok(())
+        })
+        .await
+    }
+
+    /// Each tenant's live root kernels on current nodes other than `node` (the first
+    /// [`MAX_SHARE_TENANTS`], busiest first): what the fair shares count beside this node's
+    /// own kernels (docs/cluster.md, "Caps and fair shares").
+    pub async fn tenants_elsewhere(&self, node: &str) -> Result<Vec<(String, u32)>, ClusterError> {
+        let op = "count tenants' kernels on other nodes";
+        within(op, async {
+            let client = self.client(op).await?;
+            let rows = client
+                .query(
+                    "SELECT k.tenant, count(*) FROM kb_kernels k
+                     JOIN kb_nodes n ON n.name = k.node AND n.epoch = k.epoch
+                         AND n.state = 'live'
+                     WHERE k.state = 'live' AND k.node <> $1 AND k.owner = k.session
+                     GROUP BY k.tenant ORDER BY count(*) DESC, k.tenant LIMIT $2",
+                    &[&node, &MAX_SHARE_TENANTS],
+                )
+                .await
+                .map_err(db(op))?;
+            rows.iter()
+                .map(|row| {
+                    let n: i64 = row.try_get(1).map_err(db(op))?;
+                    Ok((row.try_get(0).map_err(db(op))?, to_u32(n)))
+                })
+                .collect()
         })
         .await
     }

@@ -31,14 +31,14 @@ use axum::response::{IntoResponse, Response};
 use futures::Stream;
 use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
 use rmcp::transport::streamable_http_server::session::local::{
-    LocalSessionManager, LocalSessionManagerError,
+    create_local_session, LocalSessionManager, LocalSessionManagerError,
 };
 use rmcp::transport::streamable_http_server::session::{
     ServerSseMessage, SessionId, SessionManager,
 };
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 
-use super::mcp_session::{kernel_session, mcp_session_id};
+use super::mcp_session::{kernel_session, mcp_session_id, node_session_id};
 use super::Caller;
 use crate::mcp::{Backend, KernelTools};
 use crate::orchestrator::Orchestrator;
@@ -85,6 +85,7 @@ pub(crate) fn service(state: &AppState) -> McpService {
         orchestrator: state.orchestrator().clone(),
         metrics: state.metrics().clone(),
         max_per_tenant: options.max_sessions_per_tenant,
+        node: state.cluster().map(|n| n.name().to_string()),
     });
     let backend: Arc<dyn Backend> = Arc::new(super::mcp_backend::HttpBackend {
         state: state.clone(),
@@ -220,6 +221,9 @@ pub(crate) struct TenantSessions {
     orchestrator: Orchestrator,
     metrics: Arc<Metrics>,
     max_per_tenant: usize,
+    /// On a cluster node, its name: carried in each MCP session id it makes, so that any
+    /// node sends the session's requests here (docs/cluster.md, "Routing").
+    node: Option<String>,
 }
 
 /// Why an MCP session operation failed.
@@ -256,7 +260,17 @@ impl SessionManager for TenantSessions {
             self.metrics.rejected("mcp_sessions");
             return Err(SessionsError::AtCapacity(tenant));
         }
-        let (id, transport) = self.local.create_session().await?;
+        let (id, transport) = match self.node.as_deref().and_then(node_session_id) {
+            Some(id) => {
+                // rmcp's own session, under an id naming this node.
+                let id = SessionId::from(id);
+                let (handle, worker) =
+                    create_local_session(id.clone(), self.local.session_config.clone());
+                self.local.sessions.write().await.insert(id.clone(), handle);
+                (id, rmcp::transport::worker::WorkerTransport::spawn(worker))
+            }
+            None => self.local.create_session().await?,
+        };
         owners.insert(id.clone(), tenant);
         self.metrics.mcp_session(true);
         Ok((id, transport))

@@ -15,7 +15,26 @@ pub(super) fn kernel_session(id: &SessionId) -> String {
     format!("mcp-{id}")
 }
 
-pub(super) fn mcp_session_id(headers: &axum::http::HeaderMap) -> Option<SessionId> {
+/// Between an MCP session id's random part and the name of the cluster node that made it.
+const NODE_MARK: char = '@';
+
+/// A new MCP session id for a cluster node: random, then the node's name, so that any node
+/// can tell where the session lives (`None` when the id's kernel session would be too long a
+/// name: rmcp's own id is used then, and the session is found only where it lives).
+pub(super) fn node_session_id(node: &str) -> Option<String> {
+    let id = format!("{}{NODE_MARK}{node}", uuid::Uuid::new_v4());
+    validate_name("session", &kernel_session(&SessionId::from(id.clone()))).ok()?;
+    Some(id)
+}
+
+/// The cluster node that made the MCP session `id` (see [`node_session_id`]).
+pub(crate) fn creator_node(id: &str) -> Option<&str> {
+    id.split_once(NODE_MARK)
+        .map(|(_, node)| node)
+        .filter(|node| !node.is_empty())
+}
+
+pub(crate) fn mcp_session_id(headers: &axum::http::HeaderMap) -> Option<SessionId> {
     headers
         .get("mcp-session-id")
         .and_then(|v| v.to_str().ok())

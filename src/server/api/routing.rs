@@ -31,6 +31,27 @@ pub(super) async fn route(State(state): State<AppState>, request: Request, next:
     let Some(tenant) = super::authenticate(&state, request.headers(), request.extensions()) else {
         return next.run(request).await;
     };
+    // Only a node of this cluster can mark a request forwarded (the hop secret).
+    let forwarded =
+        request.headers().contains_key(FORWARDED_HEADER) && node.is_hop(request.headers());
+    // An MCP request in an MCP session's own kernel session goes to the node that made the
+    // MCP session (its id names it): the session lives there only, tool run or not.
+    if named == Some(false) {
+        let id = super::mcp_session::mcp_session_id(request.headers());
+        let creator = id
+            .as_ref()
+            .and_then(|id| super::mcp_session::creator_node(id).map(str::to_string));
+        if let Some(creator) = creator.filter(|c| c != node.name()) {
+            return match node.mcp_route(&creator, forwarded).await {
+                Err(e) => e.into_response(),
+                Ok(None) => next.run(request).await,
+                Ok(Some(target)) => node
+                    .forward(&target, request, state.forward_deadline())
+                    .await
+                    .unwrap_or_else(|e| e.into_response()),
+            };
+        }
+    }
     if validate_name("session", &session).is_err() {
         return next.run(request).await;
     }
@@ -46,9 +67,6 @@ pub(super) async fn route(State(state): State<AppState>, request: Request, next:
         None if finds => Kind::Finds,
         None => Kind::Starts,
     };
-    // Only a node of this cluster can mark a request forwarded (the hop secret).
-    let forwarded =
-        request.headers().contains_key(FORWARDED_HEADER) && node.is_hop(request.headers());
     match node
         .decide(&state, &tenant, &session, kind, forwarded)
         .await

@@ -63,6 +63,7 @@ pub(crate) async fn list_nodes(
                 "capacity": r.capacity,
                 "live_kernels": r.live_kernels,
                 "lease_age_seconds": r.lease_age.as_secs_f64(),
+                "lease_ttl_seconds": r.lease_ttl.as_secs_f64(),
             })
         })
         .collect();

@@ -97,8 +97,7 @@ impl ClusterNode {
 
     /// Expires the nodes whose leases ran out (any live node may; one transaction each).
     async fn expire_others(&self, every: Duration) {
-        let expired =
-            tokio::time::timeout(every, self.lease_store.expire_dead(self.options.lease_ttl)).await;
+        let expired = tokio::time::timeout(every, self.lease_store.expire_dead()).await;
         if let Ok(Ok(expired)) = expired {
             for node in expired {
                 self.counters.node_losses.fetch_add(1, Ordering::Relaxed);
@@ -134,6 +133,7 @@ impl ClusterNode {
             name: self.options.node.clone(),
             advertise: self.options.advertise.clone(),
             capacity: u32::try_from(capacity).unwrap_or(u32::MAX),
+            lease_ttl: self.options.lease_ttl,
         };
         let every = self.options.renew_every();
         loop {

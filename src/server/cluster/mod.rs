@@ -190,6 +190,7 @@ impl ClusterNode {
             name: options.node.clone(),
             advertise: options.advertise.clone(),
             capacity: u32::try_from(capacity).unwrap_or(u32::MAX),
+            lease_ttl: options.lease_ttl,
         };
         let sent = Instant::now();
         let epoch = lease_store
@@ -365,6 +366,17 @@ impl ClusterNode {
         (peer.live && peer.epoch == *epoch).then(|| Target {
             node: node.clone(),
             epoch: *epoch,
+            advertise: peer.advertise.clone(),
+        })
+    }
+
+    /// Node `name`, if the view has it live.
+    fn live_peer(&self, name: &str) -> Option<Target> {
+        let view = self.view.lock().unwrap_or_else(|p| p.into_inner());
+        let peer = view.peers.get(name).filter(|p| p.live)?;
+        Some(Target {
+            node: name.to_string(),
+            epoch: peer.epoch,
             advertise: peer.advertise.clone(),
         })
     }

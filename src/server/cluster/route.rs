@@ -12,7 +12,8 @@
 
 use axum::http::StatusCode;
 
-use crate::cluster::{Claim, ClaimRequest, Placement};
+use crate::cluster::{Claim, ClaimRequest, NodeState, Placement};
+use crate::registry::ClusterShares;
 use crate::server::error::ApiError;
 use crate::server::tenants::Tenant;
 use crate::server::AppState;
@@ -111,11 +112,13 @@ impl ClusterNode {
             advertise: self.options.advertise.clone(),
         };
         let (live, cap) = orchestrator.session_kernels();
-        let room_here = live < cap && !self.draining.load(std::sync::atomic::Ordering::Acquire);
-        let target = if forwarded || room_here {
+        let draining = self.draining.load(std::sync::atomic::Ordering::Acquire);
+        let target = if live < cap && (forwarded || !draining) {
             me.clone()
         } else {
-            self.other_with_room().unwrap_or_else(|| me.clone())
+            self.place_when_full(state, tenant, forwarded, draining)
+                .await?
+                .unwrap_or_else(|| me.clone())
         };
         let claimed = self
             .store
@@ -177,6 +180,79 @@ impl ClusterNode {
                 )
             }),
         }
+    }
+}
+
+impl ClusterNode {
+    /// Where a request of an MCP session made by node `creator` (not this one) goes: to that
+    /// node while it is live (a node the view does not have live is read from the catalog
+    /// again: the view may not have caught up with a node that just joined); `None` (served
+    /// here, which answers that there is no such session) when it is not, or when the
+    /// request was forwarded already.
+    pub(crate) async fn mcp_route(
+        &self,
+        creator: &str,
+        forwarded: bool,
+    ) -> Result<Option<Target>, ApiError> {
+        if !self.lease_valid() {
+            return Err(fenced());
+        }
+        if forwarded {
+            return Ok(None);
+        }
+        if let Some(target) = self.live_peer(creator) {
+            return Ok(Some(target));
+        }
+        let rows = self
+            .store
+            .nodes()
+            .await
+            .map_err(|e| catalog_unavailable(&e.to_string()))?;
+        self.refresh_view(rows);
+        Ok(self.live_peer(creator))
+    }
+
+    /// Where a new session goes when this host is full or draining (docs/cluster.md, "Caps
+    /// and fair shares"): the fair shares are refreshed from the catalog (of the cluster's
+    /// capacity, counting every node's kernels); here when an idle kernel of a tenant above
+    /// its share may be evicted here; else the freer of two other nodes with room; else
+    /// `None`: here, where the single-host rules decide (the requester's own idle kernel, or
+    /// 429 `at_capacity` with `Retry-After`). A forwarded request stays here.
+    async fn place_when_full(
+        &self,
+        state: &AppState,
+        tenant: &Tenant,
+        forwarded: bool,
+        draining: bool,
+    ) -> Result<Option<Target>, ApiError> {
+        let orchestrator = state.orchestrator();
+        let rows = self
+            .store
+            .nodes()
+            .await
+            .map_err(|e| catalog_unavailable(&e.to_string()))?;
+        let elsewhere = self
+            .store
+            .tenants_elsewhere(&self.options.node)
+            .await
+            .map_err(|e| catalog_unavailable(&e.to_string()))?;
+        let capacity = rows
+            .iter()
+            .filter(|r| matches!(r.state, NodeState::Live))
+            .map(|r| usize::try_from(r.capacity).unwrap_or(usize::MAX))
+            .fold(0usize, usize::saturating_add);
+        self.refresh_view(rows);
+        orchestrator.set_cluster_shares(ClusterShares {
+            capacity,
+            elsewhere: elsewhere
+                .into_iter()
+                .map(|(t, n)| (t, usize::try_from(n).unwrap_or(usize::MAX)))
+                .collect(),
+        });
+        if forwarded || (!draining && orchestrator.room_for(&tenant.name, tenant.limits())) {
+            return Ok(None);
+        }
+        Ok(self.other_with_room())
     }
 }
 
