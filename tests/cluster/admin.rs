@@ -82,7 +82,7 @@ async fn a_tenants_cap_holds_across_nodes() {
 }
 
 /// Runs `kernelbox ARGS --url URL --admin-token ADMIN`; returns its stdout (it must exit 0).
-async fn admin_cli(url: &str, args: &[&str]) -> String {
+pub(crate) async fn admin_cli(url: &str, args: &[&str]) -> String {
     let output = tokio::time::timeout(
         Duration::from_secs(30),
         tokio::process::Command::new(env!("CARGO_BIN_EXE_kernelbox"))

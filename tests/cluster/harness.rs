@@ -54,6 +54,8 @@ pub struct Options {
     pub tenant_cap: Option<u64>,
     /// HAProxy in front.
     pub balancer: bool,
+    /// `--drain-deadline`.
+    pub drain_deadline: Option<&'static str>,
 }
 
 impl Default for Options {
@@ -63,6 +65,7 @@ impl Default for Options {
             fence_margin: "1s",
             tenant_cap: None,
             balancer: false,
+            drain_deadline: None,
         }
     }
 }
@@ -274,6 +277,12 @@ impl Cluster {
             .args(["--fence-margin", self.options.fence_margin])
             .args(["--admin-token", ADMIN, "--pool", "0"])
             .args(["--max-unauthenticated-per-address", "0"])
+            .args(
+                self.options
+                    .drain_deadline
+                    .into_iter()
+                    .flat_map(|d| ["--drain-deadline", d]),
+            )
             .spawn()
             .expect("spawn kernelbox serve");
         let stderr = process.stderr.take().expect("stderr");

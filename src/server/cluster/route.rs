@@ -111,7 +111,7 @@ impl ClusterNode {
             advertise: self.options.advertise.clone(),
         };
         let (live, cap) = orchestrator.session_kernels();
-        let room_here = live < cap && !self.draining.load(std::sync::atomic::Ordering::Acquire);
+        let room_here = live < cap && !self.is_draining();
         let target = if forwarded || room_here {
             me.clone()
         } else {
