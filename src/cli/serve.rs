@@ -346,6 +346,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let state = AppState::with_options(orchestrator, tenants.clone(), mcp, responses);
     if let Some(node) = node {
         node.start(state.orchestrator().clone());
+        node.until_serving().await;
         say!(
             "kernelbox: node {} joined the cluster (epoch {})",
             node.name(),

@@ -266,7 +266,7 @@ impl Cluster {
     }
 
     /// Starts one node; returns once it serves.
-    async fn spawn(&self, name: &str, listen: &str, state: PathBuf) -> Node {
+    pub async fn spawn(&self, name: &str, listen: &str, state: PathBuf) -> Node {
         let mut process = serve_on(&self.label, listen)
             .arg("--tenants")
             .arg(self.dir.path().join("tenants.json"))

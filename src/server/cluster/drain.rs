@@ -5,6 +5,13 @@
 //! the catalog at each renewal) or with a stop (SIGTERM) of a node that has a deadline: it
 //! marks itself draining, serves until it is empty or the deadline passes, then leaves.
 //!
+//! Namesakes: an engine may briefly run two agents of one node name (a Swarm task restarted
+//! while the old one still runs). Each registration moves the epoch on, and the agent whose
+//! epoch moved on learns it at its next renewal; until then it still trusts its lease. So an
+//! agent that registers while a namesake's lease is fresh serves only once any lease that
+//! namesake could still trust has run out (`ttl - margin` after the registration): never
+//! two agents of one name serving at once.
+//!
 //! The lease loop calls [`ClusterNode::watch_drain`] at each renewal, so the deadline is kept
 //! to within one renewal interval (at most 2 s).
 
@@ -12,9 +19,23 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use crate::cell::LossReason;
+use crate::cluster::{NodeState, Store};
 use crate::orchestrator::Orchestrator;
 
-use super::ClusterNode;
+use super::{ClusterNode, ClusterOptions};
+
+/// True when the catalog shows a live agent of this node's name whose lease is fresh (it may
+/// still serve), or when the catalog cannot tell (assumed so).
+pub(super) async fn namesake_may_serve(store: &Store, options: &ClusterOptions) -> bool {
+    match tokio::time::timeout(options.renew_every(), store.nodes()).await {
+        Ok(Ok(rows)) => rows.iter().any(|r| {
+            r.name == options.node
+                && matches!(r.state, NodeState::Live)
+                && r.lease_age < options.lease_ttl
+        }),
+        _ => true,
+    }
+}
 
 /// How long a stopping node waits for the catalog to take its drain mark.
 const MARK_TIMEOUT: Duration = Duration::from_secs(5);
@@ -27,6 +48,33 @@ pub(super) struct DrainState {
 }
 
 impl ClusterNode {
+    /// This node holds its lease and may serve (not waiting out a namesake's lease).
+    pub(crate) fn serving(&self) -> bool {
+        self.lease_valid() && self.nanos(Instant::now()) >= self.serve_from.load(Ordering::Acquire)
+    }
+
+    /// Serve only once a lease a namesake could still trust has run out: `ttl - margin`
+    /// from now (just after this node's registration).
+    pub(super) fn hold_off(&self) {
+        let wait = self
+            .options
+            .lease_ttl
+            .saturating_sub(self.options.fence_margin);
+        self.serve_from
+            .store(self.nanos(Instant::now() + wait), Ordering::Release);
+        tracing::warn!(
+            ?wait,
+            "an agent of this node's name held a fresh lease: serving only once it has run out"
+        );
+    }
+
+    /// Resolves once this node may serve (at once, unless it waits out a namesake's lease).
+    pub async fn until_serving(&self) {
+        let from = self.serve_from.load(Ordering::Acquire);
+        let at = self.base + Duration::from_nanos(from);
+        tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await;
+    }
+
     /// True while this node drains: marked so in the catalog, or stopping with a deadline.
     pub(crate) fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Acquire) || self.stopping.load(Ordering::Acquire)

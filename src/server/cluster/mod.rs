@@ -172,6 +172,9 @@ pub struct ClusterNode {
     fence_now: tokio::sync::Notify,
     /// Whether this node is draining, as last read from the catalog.
     draining: AtomicBool,
+    /// Nanoseconds after `base` before which this node does not serve although it holds its
+    /// lease: a namesake may still trust the lease it held (`drain.rs`); 0: no wait.
+    serve_from: AtomicU64,
     /// Whether this node is stopping after a drain (`drain.rs`).
     stopping: AtomicBool,
     /// When the drain began (`drain.rs`).
@@ -204,6 +207,7 @@ impl ClusterNode {
             advertise: options.advertise.clone(),
             capacity: u32::try_from(capacity).unwrap_or(u32::MAX),
         };
+        let twin = drain::namesake_may_serve(&lease_store, &options).await;
         let sent = Instant::now();
         let epoch = lease_store
             .register(&info, LossReason::ServerRestarted)
@@ -229,6 +233,7 @@ impl ClusterNode {
             base: Instant::now(),
             fence_now: tokio::sync::Notify::new(),
             draining: AtomicBool::new(false),
+            serve_from: AtomicU64::new(0),
             stopping: AtomicBool::new(false),
             drain_state: Mutex::new(drain::DrainState::default()),
             drained: tokio::sync::watch::Sender::new(false),
@@ -251,6 +256,9 @@ impl ClusterNode {
             options,
         });
         node.trust_until(sent);
+        if twin {
+            node.hold_off();
+        }
         Ok((node, catalog))
     }
 

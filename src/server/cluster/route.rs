@@ -61,7 +61,7 @@ impl ClusterNode {
         kind: Kind,
         forwarded: bool,
     ) -> Result<Route, ApiError> {
-        if !self.lease_valid() {
+        if !self.serving() {
             return Err(fenced());
         }
         let orchestrator = state.orchestrator();
