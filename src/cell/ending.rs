@@ -433,7 +433,8 @@ mod tests {
                 "server_restarted",
                 "protocol",
                 "node_lost",
-                "runaway"
+                "runaway",
+                "node_drained"
             ]
         );
         for reason in LossReason::ALL {

@@ -83,11 +83,15 @@ pub enum LossReason {
     /// left work running after it) for longer than its last cell's timeout allowed, and
     /// kernelbox killed it (`docs/reliability.md`, "Runaway kernels").
     Runaway,
+    /// The node the kernel ran on was drained (`kernelbox drain`, or a stop with
+    /// `--drain-deadline`) and the session was still live at the drain's deadline
+    /// (docs/cluster.md, "Draining and upgrades").
+    NodeDrained,
 }
 
 impl LossReason {
     /// Every reason, for pre-initialised metric labels.
-    pub const ALL: [LossReason; 11] = [
+    pub const ALL: [LossReason; 12] = [
         LossReason::IdleReaped,
         LossReason::Evicted,
         LossReason::Timeout,
@@ -99,6 +103,7 @@ impl LossReason {
         LossReason::Protocol,
         LossReason::NodeLost,
         LossReason::Runaway,
+        LossReason::NodeDrained,
     ];
 
     /// The wire name.
@@ -115,6 +120,7 @@ impl LossReason {
             LossReason::Protocol => "protocol",
             LossReason::NodeLost => "node_lost",
             LossReason::Runaway => "runaway",
+            LossReason::NodeDrained => "node_drained",
         }
     }
 }

@@ -133,6 +133,10 @@ pub(crate) struct ServeArgs {
     /// is one host with its catalog in --state-dir.
     #[arg(long, env = "KERNELBOX_CLUSTER", hide_env_values = true)]
     cluster: Option<String>,
+    /// --cluster read from this file (a `docker secret` or a Kubernetes Secret mounted as a
+    /// file), so the database's password is never in the environment.
+    #[arg(long, env = "KERNELBOX_CLUSTER_FILE", conflicts_with = "cluster")]
+    cluster_file: Option<PathBuf>,
     /// This node's name in the cluster (default: the host name).
     #[arg(long, env = "KERNELBOX_NODE_NAME")]
     node_name: Option<String>,
@@ -152,6 +156,19 @@ pub(crate) struct ServeArgs {
     /// without it they answer 404.
     #[arg(long, env = "KERNELBOX_ADMIN_TOKEN", hide_env_values = true)]
     admin_token: Option<String>,
+    /// --admin-token read from this file (a `docker secret` or a Kubernetes Secret).
+    #[arg(
+        long,
+        env = "KERNELBOX_ADMIN_TOKEN_FILE",
+        conflicts_with = "admin_token"
+    )]
+    admin_token_file: Option<PathBuf>,
+    /// A draining node's sessions still live this long after the drain began are ended and
+    /// reported `node_drained`; with it a stop (SIGTERM) drains first: no new sessions here,
+    /// live ones continue until they end or the deadline passes (docs/cluster.md, "Draining
+    /// and upgrades"). Give the engine's stop grace period more than this.
+    #[arg(long, env = "KERNELBOX_DRAIN_DEADLINE", value_parser = parse_duration)]
+    drain_deadline: Option<Duration>,
     #[command(flatten)]
     kernel: KernelOpts,
 }
@@ -253,10 +270,11 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     config.files.download_rate_grace = args.download_rate_grace;
     config.housekeeping.watchdog = std::env::current_exe().ok();
     // A cluster node's catalog is the cluster's (docs/cluster.md); one host's is a file.
-    config.housekeeping.state_dir = match (&args.cluster, args.state_dir.clone()) {
-        (Some(_), _) => None,
-        (None, Some(dir)) => Some(dir),
-        (None, None) => Some(default_state_dir().ok_or_else(|| {
+    let clustered = args.cluster.is_some() || args.cluster_file.is_some();
+    config.housekeeping.state_dir = match (clustered, args.state_dir.clone()) {
+        (true, _) => None,
+        (false, Some(dir)) => Some(dir),
+        (false, None) => Some(default_state_dir().ok_or_else(|| {
             usage("no --state-dir given and neither XDG_STATE_HOME nor HOME is set".into())
         })?),
     };
@@ -284,9 +302,12 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         None => None,
     };
 
+    // A signal asks for a stop; a cluster node with a drain deadline drains before the
+    // server's shutdown begins (`ClusterNode::drain_before_stop`).
+    let stop = CancellationToken::new();
     let shutdown = CancellationToken::new();
-    let signals = tokio::spawn(wait_for_signal(shutdown.clone()));
-    let Some(engine) = connect_with_retry(&shutdown).await? else {
+    let signals = tokio::spawn(wait_for_signal(stop.clone()));
+    let Some(engine) = connect_with_retry(&stop).await? else {
         return Ok(ExitCode::SUCCESS);
     };
     // The server's image and every image a tenant names must be there before anyone calls.
@@ -326,6 +347,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let state = AppState::with_options(orchestrator, tenants.clone(), mcp, responses);
     if let Some(node) = node {
         node.start(state.orchestrator().clone());
+        node.until_serving().await;
         say!(
             "kernelbox: node {} joined the cluster (epoch {})",
             node.name(),
@@ -333,6 +355,16 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         );
         state.join_cluster(node);
     }
+    let stopper = {
+        let (stop, shutdown, node) = (stop.clone(), shutdown.clone(), state.cluster().cloned());
+        tokio::spawn(async move {
+            stop.cancelled().await;
+            if let Some(node) = node {
+                node.drain_before_stop().await;
+            }
+            shutdown.cancel();
+        })
+    };
 
     say!(
         "kernelbox: serving {} tenant(s) on http://{addr} (instance {})",
@@ -356,6 +388,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     };
     let served = server::serve_with(listener, state, shutdown, options).await;
     signals.abort();
+    stopper.abort();
     served?;
     say!("kernelbox: stopped; every kernel of this instance was removed");
     Ok(ExitCode::SUCCESS)
@@ -366,8 +399,15 @@ fn cluster_options(
     args: &ServeArgs,
     addr: std::net::SocketAddr,
 ) -> anyhow::Result<Option<server::cluster::ClusterOptions>> {
-    let Some(url) = args.cluster.clone() else {
-        return Ok(None);
+    let url = match (&args.cluster, &args.cluster_file) {
+        (Some(url), _) => url.clone(),
+        (None, Some(path)) => read_secret("--cluster-file", path)?,
+        (None, None) => return Ok(None),
+    };
+    let admin_token = match (&args.admin_token, &args.admin_token_file) {
+        (Some(token), _) => Some(token.clone()),
+        (None, Some(path)) => Some(read_secret("--admin-token-file", path)?),
+        (None, None) => None,
     };
     let node = match &args.node_name {
         Some(name) => name.clone(),
@@ -388,12 +428,28 @@ fn cluster_options(
         advertise,
         lease_ttl: args.lease_ttl,
         fence_margin: args.fence_margin,
-        admin_token: args.admin_token.clone().filter(|t| !t.trim().is_empty()),
+        admin_token: admin_token.filter(|t| !t.trim().is_empty()),
+        drain_deadline: args.drain_deadline,
     };
     if let Some(problem) = options.problem() {
         return Err(usage(problem));
     }
     Ok(Some(options))
+}
+
+/// A secret given as a file (its content, surrounding white space trimmed); exit code 2 when
+/// it cannot be read or is empty.
+fn read_secret(flag: &str, path: &std::path::Path) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| usage(format!("{flag} {}: {e}", path.display())))?;
+    let text = text.trim();
+    if text.is_empty() {
+        return Err(usage(format!(
+            "{flag} {}: the file is empty",
+            path.display()
+        )));
+    }
+    Ok(text.to_string())
 }
 
 /// The XDG state directory of the user running the server: per-user, writable without root,

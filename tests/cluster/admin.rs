@@ -193,7 +193,7 @@ async fn fair_shares_are_of_the_clusters_capacity_and_evict_only_here() {
 }
 
 /// Runs `kernelbox ARGS --url URL --admin-token ADMIN`; returns its stdout (it must exit 0).
-async fn admin_cli(url: &str, args: &[&str]) -> String {
+pub(crate) async fn admin_cli(url: &str, args: &[&str]) -> String {
     let output = tokio::time::timeout(
         Duration::from_secs(30),
         tokio::process::Command::new(env!("CARGO_BIN_EXE_kernelbox"))

@@ -58,6 +58,8 @@ pub struct Options {
     pub max_kernels: Option<&'static str>,
     /// More tenants in the tenants file: (name, token), no cap.
     pub more_tenants: &'static [(&'static str, &'static str)],
+    /// `--drain-deadline`.
+    pub drain_deadline: Option<&'static str>,
 }
 
 impl Default for Options {
@@ -69,6 +71,7 @@ impl Default for Options {
             balancer: false,
             max_kernels: None,
             more_tenants: &[],
+            drain_deadline: None,
         }
     }
 }
@@ -273,7 +276,7 @@ impl Cluster {
     }
 
     /// Starts one node; returns once it serves.
-    async fn spawn(&self, name: &str, listen: &str, state: PathBuf) -> Node {
+    pub async fn spawn(&self, name: &str, listen: &str, state: PathBuf) -> Node {
         let mut command = serve_on(&self.label, listen);
         if let Some(max) = self.options.max_kernels {
             command.args(["--max-kernels", max]);
@@ -288,6 +291,12 @@ impl Cluster {
             .args(["--fence-margin", self.options.fence_margin])
             .args(["--admin-token", ADMIN, "--pool", "0"])
             .args(["--max-unauthenticated-per-address", "0"])
+            .args(
+                self.options
+                    .drain_deadline
+                    .into_iter()
+                    .flat_map(|d| ["--drain-deadline", d]),
+            )
             .spawn()
             .expect("spawn kernelbox serve");
         let stderr = process.stderr.take().expect("stderr");

@@ -12,6 +12,8 @@
 //! | `routing.rs` | "Routing": state whichever node the balancer picks, one hop at most and what streams through it, first calls racing on two nodes |
 //! | `failures.rs` | "Leases and fencing": a node killed, a node stopped past its lease, the catalog unavailable |
 //! | `admin.rs` | "Admin" and caps: a tenant's cap across nodes, draining a node with `kernelbox drain` / `nodes` |
+//! | `drain.rs` | "Draining and upgrades": the drain's deadline (`node_drained`), a stop that drains first |
+//! | `namesake.rs` | two agents of one node name never both serve |
 //! | `balancer.rs` | the balancer's mapping moving away from a stopped node and snapping back when it returns |
 
 #[path = "../common/mod.rs"]
@@ -23,6 +25,8 @@ mod postgres;
 
 mod admin;
 mod balancer;
+mod drain;
 mod failures;
 mod harness;
+mod namesake;
 mod routing;

@@ -173,6 +173,7 @@ impl Bench {
                     lease_ttl: Duration::from_secs(10),
                     fence_margin: Duration::from_secs(3),
                     admin_token: None,
+                    drain_deadline: None,
                 };
                 let (node, catalog) =
                     ClusterNode::join(options, config.kernels.max_session_kernels).await?;

@@ -626,7 +626,7 @@ async fn healthz(State(state): State<AppState>) -> Response {
     // A cluster node is ready while it holds its lease (a balancer's health check then
     // routes around a node that fenced itself).
     if let Some(node) = state.cluster() {
-        if !node.lease_valid() {
+        if !node.serving() {
             return ApiError {
                 retry_after: Some(1),
                 ..ApiError::new(

@@ -57,6 +57,7 @@ impl ClusterNode {
             if let Ok(Ok(rows)) = tokio::time::timeout(every, self.lease_store.nodes()).await {
                 self.refresh_view(rows);
             }
+            self.watch_drain(&orchestrator).await;
         }
     }
 
@@ -137,6 +138,7 @@ impl ClusterNode {
         };
         let every = self.options.renew_every();
         loop {
+            let twin = super::drain::namesake_may_serve(&self.lease_store, &self.options).await;
             let sent = Instant::now();
             let registered = tokio::time::timeout(
                 every,
@@ -147,6 +149,9 @@ impl ClusterNode {
                 Ok(Ok(epoch)) => {
                     self.epoch.store(epoch, Ordering::Release);
                     self.trust_until(sent);
+                    if twin {
+                        self.hold_off();
+                    }
                     tracing::info!(epoch, "rejoined the cluster");
                     return;
                 }

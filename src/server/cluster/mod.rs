@@ -8,9 +8,11 @@
 //! | `lease.rs` | the lease loop: renew, expire dead nodes, refresh the view of the nodes, fence and rejoin |
 //! | `route.rs` | where a session's request is served: here, one hop away, or refused (asked by the middleware in `server/api/routing.rs`) |
 //! | `forward.rs` | the hop: the request streamed to the node that holds the session, its answer streamed back |
+//! | `drain.rs` | draining: no new sessions, the deadline past which what is left is ended `node_drained`, the drain a stop waits for |
 //! | `admin.rs` | `GET /v1/nodes`, `POST /v1/nodes/{node}/drain`, `GET /v1/nodes/{node}/kernels`, behind the admin token |
 
 mod admin;
+mod drain;
 mod forward;
 mod lease;
 mod route;
@@ -75,6 +77,10 @@ pub struct ClusterOptions {
     pub fence_margin: Duration,
     /// The token `GET /v1/nodes` and `POST /v1/nodes/{node}/drain` need (none: they are 404).
     pub admin_token: Option<String>,
+    /// How long a draining node keeps its live sessions before they are ended and reported
+    /// `node_drained`; also makes a stop (SIGTERM) drain first (none: a drain waits for its
+    /// sessions to end, and a stop does not drain).
+    pub drain_deadline: Option<Duration>,
 }
 
 impl ClusterOptions {
@@ -142,6 +148,7 @@ struct Counters {
     fences: AtomicU64,
     node_losses: AtomicU64,
     renew_failures: AtomicU64,
+    drained_sessions: AtomicU64,
     forward_seconds: Mutex<Histogram>,
     renew_seconds: Mutex<Histogram>,
 }
@@ -165,6 +172,15 @@ pub struct ClusterNode {
     fence_now: tokio::sync::Notify,
     /// Whether this node is draining, as last read from the catalog.
     draining: AtomicBool,
+    /// Nanoseconds after `base` before which this node does not serve although it holds its
+    /// lease: a namesake may still trust the lease it held (`drain.rs`); 0: no wait.
+    serve_from: AtomicU64,
+    /// Whether this node is stopping after a drain (`drain.rs`).
+    stopping: AtomicBool,
+    /// When the drain began (`drain.rs`).
+    drain_state: Mutex<drain::DrainState>,
+    /// True once a drain left no live kernel here (`drain.rs`).
+    drained: tokio::sync::watch::Sender<bool>,
     view: Mutex<View>,
     /// Notified each time the view of the nodes is refreshed.
     view_changed: tokio::sync::Notify,
@@ -192,6 +208,7 @@ impl ClusterNode {
             capacity: u32::try_from(capacity).unwrap_or(u32::MAX),
             lease_ttl: options.lease_ttl,
         };
+        let twin = drain::namesake_may_serve(&lease_store, &options).await;
         let sent = Instant::now();
         let epoch = lease_store
             .register(&info, LossReason::ServerRestarted)
@@ -217,6 +234,10 @@ impl ClusterNode {
             base: Instant::now(),
             fence_now: tokio::sync::Notify::new(),
             draining: AtomicBool::new(false),
+            serve_from: AtomicU64::new(0),
+            stopping: AtomicBool::new(false),
+            drain_state: Mutex::new(drain::DrainState::default()),
+            drained: tokio::sync::watch::Sender::new(false),
             view: Mutex::new(View::default()),
             view_changed: tokio::sync::Notify::new(),
             admin_sha256,
@@ -227,6 +248,7 @@ impl ClusterNode {
                 fences: AtomicU64::new(0),
                 node_losses: AtomicU64::new(0),
                 renew_failures: AtomicU64::new(0),
+                drained_sessions: AtomicU64::new(0),
                 forward_seconds: Mutex::new(Histogram::new(&LATENCY_BUCKETS)),
                 renew_seconds: Mutex::new(Histogram::new(&LATENCY_BUCKETS)),
             },
@@ -235,6 +257,9 @@ impl ClusterNode {
             options,
         });
         node.trust_until(sent);
+        if twin {
+            node.hold_off();
+        }
         Ok((node, catalog))
     }
 
@@ -484,6 +509,11 @@ impl ClusterNode {
                 "kernelbox_cluster_lease_renew_failures_total",
                 "Lease renewals that failed or timed out.",
                 &c.renew_failures,
+            ),
+            (
+                "kernelbox_cluster_drained_kernels_total",
+                "Kernels still live at a drain's deadline, ended and reported node_drained.",
+                &c.drained_sessions,
             ),
         ] {
             writeln!(out, "# HELP {name} {help}")?;

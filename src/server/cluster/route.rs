@@ -62,7 +62,7 @@ impl ClusterNode {
         kind: Kind,
         forwarded: bool,
     ) -> Result<Route, ApiError> {
-        if !self.lease_valid() {
+        if !self.serving() {
             return Err(fenced());
         }
         let orchestrator = state.orchestrator();
@@ -112,7 +112,7 @@ impl ClusterNode {
             advertise: self.options.advertise.clone(),
         };
         let (live, cap) = orchestrator.session_kernels();
-        let draining = self.draining.load(std::sync::atomic::Ordering::Acquire);
+        let draining = self.is_draining();
         let target = if live < cap && (forwarded || !draining) {
             me.clone()
         } else {
