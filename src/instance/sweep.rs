@@ -59,6 +59,11 @@ pub async fn sweep_orphans(
         }
     }
     for v in engine.list_volumes(&[labels::managed()], true).await? {
+        // A workspace outlives every kernel and instance: only its TTL or its deletion
+        // removes it (`docs/workspaces.md`).
+        if v.labels.get(labels::ROLE).map(String::as_str) == Some("workspace") {
+            continue;
+        }
         let leftover = match liveness(me, &v.labels) {
             Liveness::Alive => false,
             Liveness::Dead => true,

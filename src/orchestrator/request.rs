@@ -264,6 +264,9 @@ pub enum StartError {
     /// Network egress could not be set up.
     #[error("network egress: {0}")]
     Egress(#[from] crate::egress::EgressError),
+    /// The workspaces' directory could not be made (`docs/workspaces.md`).
+    #[error(transparent)]
+    Workspace(#[from] crate::workspace::WorkspaceError),
     /// The watchdog process could not be started.
     #[error("starting the watchdog {path}: {source}")]
     Watchdog {
