@@ -4,6 +4,8 @@
 //! and is reachable only by its own tenant.
 
 mod common;
+#[path = "common/http.rs"]
+mod http;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -296,4 +298,71 @@ async fn another_tenants_workspace_is_out_of_reach() {
     assert!(r.kernel.workspace.is_none());
     assert_eq!(r.status, CellStatus::Error, "{r:?}");
     world.finish(kb).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_lists_and_deletes_a_tenants_own_workspaces_and_an_upload_past_the_quota_is_507() {
+    use hyper::StatusCode;
+    use serde_json::json;
+    let ws = json!({"quota": "8m", "ttl": "1h", "max": 2});
+    let mut acme = http::tenant("acme", "tok-a");
+    acme["workspaces"] = ws.clone();
+    let mut evil = http::tenant("evil", "tok-e");
+    evil["workspaces"] = ws;
+    let dir = std::env::temp_dir().join(format!("kernelbox-workspaces-{}", unique("ws-api")));
+    let images = dir.clone();
+    let tenants = http::tenants(vec![acme, evil]);
+    let policies = tenants.workspaces();
+    let srv = http::TestServer::start("ws-api", tenants, move |c| {
+        c.workspaces = Some(WorkspacesConfig {
+            dir: images,
+            tenants: policies,
+        })
+    })
+    .await;
+    let api = &srv.api;
+    let r = api.run("tok-a", "s", WRITE).await;
+    assert_eq!(
+        r["kernel"]["workspace"],
+        json!({"name": "s", "restored": false})
+    );
+
+    let listed = api.get("/v1/workspaces", Some("tok-a")).await.json();
+    let list = listed["workspaces"].as_array().expect("list").clone();
+    assert_eq!(list.len(), 1, "{listed}");
+    assert_eq!(list[0]["name"], "s");
+    assert_eq!(list[0]["in_use"], true);
+    assert_eq!(list[0]["quota_bytes"], QUOTA);
+    // Another tenant sees none and cannot delete it.
+    let theirs = api.get("/v1/workspaces", Some("tok-e")).await.json();
+    assert_eq!(theirs["workspaces"], json!([]));
+    let r = api.delete("/v1/workspaces/s", "tok-e").await;
+    assert_eq!(r.error(StatusCode::NOT_FOUND), "workspace_not_found");
+
+    // An upload past the quota: 507, and the workspace is still usable.
+    let big = bytes::Bytes::from(vec![b'x'; 12 * 1024 * 1024]);
+    let r = api
+        .put(&http::files("s", "big.bin"), "tok-a", big, None)
+        .await;
+    assert_eq!(r.error(StatusCode::INSUFFICIENT_STORAGE), "no_space");
+    let r = api.run("tok-a", "s", READ).await;
+    assert_eq!(r["output"], "kept\n", "{r}");
+
+    // In use: 409; once its session is cleared, deleted.
+    let r = api.delete("/v1/workspaces/s", "tok-a").await;
+    assert_eq!(r.error(StatusCode::CONFLICT), "workspace_in_use");
+    let r = api.delete("/v1/sessions/s", "tok-a").await;
+    assert!(r.status.is_success(), "{:?}", r.status);
+    let r = api.delete("/v1/workspaces/s", "tok-a").await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT);
+    let listed = api.get("/v1/workspaces", Some("tok-a")).await.json();
+    assert_eq!(listed["workspaces"], json!([]));
+    let r = api.delete("/v1/workspaces/s", "tok-a").await;
+    assert_eq!(r.error(StatusCode::NOT_FOUND), "workspace_not_found");
+    srv.finish().await;
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(left.is_empty(), "images left behind: {left:?}");
 }

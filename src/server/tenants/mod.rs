@@ -9,6 +9,9 @@
 //!               "network": {"allow": ["pypi"], "deny": []}}]}
 //! ```
 //!
+//! `workspaces` (`{"quota": "1g", "ttl": "7d", "max": 100}`, `workspaces.rs`) gives every
+//! session of the tenant a workspace (`docs/workspaces.md`).
+//!
 //! `network` is the tenant's egress policy (`docs/reliability.md`, "Network egress"), the one
 //! policy type of the API (`crate::wire::NetworkPolicy`), parsed at load: a bad entry refuses
 //! the file. A tenant without one has no network.
@@ -69,6 +72,9 @@ pub struct Tenant {
     pub image: Option<String>,
     /// The tenant's network egress policy (`None`: no network).
     pub network: Option<crate::wire::NetworkPolicy>,
+    /// The tenant's workspaces (`None`: its sessions' files live and die with their kernel;
+    /// `docs/workspaces.md`).
+    pub workspaces: Option<crate::config::WorkspacePolicy>,
 }
 
 impl Tenant {
@@ -82,6 +88,7 @@ impl Tenant {
             tools: None,
             image: None,
             network: None,
+            workspaces: None,
         }
     }
 
@@ -211,6 +218,7 @@ impl Tenants {
                     "tools",
                     "image",
                     "network",
+                    "workspaces",
                 ],
                 &at,
                 &bad,
@@ -265,7 +273,16 @@ impl Tenants {
                     Some(parse_network(v).map_err(|reason| bad(format!("{at}.network"), reason))?)
                 }
             };
+            let workspaces = match obj.get("workspaces") {
+                None | Some(Value::Null) => None,
+                Some(v) => {
+                    Some(workspaces::parse_workspaces(v).map_err(|(field, reason)| {
+                        bad(format!("{at}.workspaces{field}"), reason)
+                    })?)
+                }
+            };
             tenants.push(Tenant {
+                workspaces,
                 name: name.to_string(),
                 token_sha256,
                 max_kernels,
@@ -322,6 +339,15 @@ impl Tenants {
                 let policy = t.network.as_ref().filter(|p| !p.is_none())?;
                 Some((t.name.clone(), policy.clone()))
             })
+            .collect()
+    }
+
+    /// Every tenant's workspace policy (what `kernelbox serve` hands the workspaces'
+    /// configuration); tenants without one have no workspaces.
+    pub fn workspaces(&self) -> std::collections::BTreeMap<String, crate::config::WorkspacePolicy> {
+        self.by_hash
+            .values()
+            .filter_map(|t| Some((t.name.clone(), t.workspaces?)))
             .collect()
     }
 
@@ -484,6 +510,7 @@ fn check_tool_url(url: &str) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests;
+mod workspaces;
 
 /// The bearer token of a request, if it carries one.
 pub(crate) fn bearer(headers: &axum::http::HeaderMap) -> Option<&str> {
