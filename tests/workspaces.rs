@@ -348,13 +348,24 @@ async fn the_api_lists_and_deletes_a_tenants_own_workspaces_and_an_upload_past_t
     let r = api.run("tok-a", "s", READ).await;
     assert_eq!(r["output"], "kept\n", "{r}");
 
+    // The tenant's count: a second workspace is made, a third refused (its max is 2).
+    let r = api.run("tok-a", "s2", "print(1)").await;
+    assert_eq!(r["kernel"]["workspace"]["name"], "s2", "{r}");
+    let r = api.execute("tok-a", "s3", json!({"code": "print(1)"})).await;
+    assert_eq!(r.error(StatusCode::TOO_MANY_REQUESTS), "too_many_workspaces");
+    let r = api.delete("/v1/sessions/s2", "tok-a").await;
+    assert!(r.status.is_success(), "{:?}", r.status);
+    let r = api.delete("/v1/workspaces/s2", "tok-a").await;
+    assert_eq!(r.status, StatusCode::OK);
+
     // In use: 409; once its session is cleared, deleted.
     let r = api.delete("/v1/workspaces/s", "tok-a").await;
     assert_eq!(r.error(StatusCode::CONFLICT), "workspace_in_use");
     let r = api.delete("/v1/sessions/s", "tok-a").await;
     assert!(r.status.is_success(), "{:?}", r.status);
     let r = api.delete("/v1/workspaces/s", "tok-a").await;
-    assert_eq!(r.status, StatusCode::NO_CONTENT);
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.json(), json!({"deleted": "s"}));
     let listed = api.get("/v1/workspaces", Some("tok-a")).await.json();
     assert_eq!(listed["workspaces"], json!([]));
     let r = api.delete("/v1/workspaces/s", "tok-a").await;

@@ -70,7 +70,7 @@ pub(super) async fn delete(
         Err(e) => Err(e),
     };
     match deleted {
-        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Ok(()) => Json(json!({ "deleted": name })).into_response(),
         Err(e) => e.into_response(),
     }
 }
