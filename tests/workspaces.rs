@@ -99,9 +99,42 @@ impl World {
         let images: Vec<_> = std::fs::read_dir(&self.dir)
             .map(|d| d.flatten().map(|e| e.path()).collect())
             .unwrap_or_default();
-        let _ = std::fs::remove_dir_all(&self.dir);
         assert!(images.is_empty(), "images left behind: {images:?}");
+        let _ = std::fs::remove_dir_all(&self.dir);
         common::assert_clean(&self.engine, &self.label).await;
+    }
+}
+
+/// A test that fails leaves no workspace behind either: its containers, volumes, loop
+/// devices and images go (a shared engine, a shared host).
+impl Drop for World {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        let run = |args: &[&str]| {
+            std::process::Command::new(args[0])
+                .args(&args[1..])
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_default()
+        };
+        let filter = format!("label={CASE}={}", self.label);
+        for id in run(&["docker", "ps", "-aq", "--filter", &filter]).split_whitespace() {
+            run(&["docker", "rm", "-f", id]);
+        }
+        for v in run(&["docker", "volume", "ls", "-q", "--filter", &filter]).split_whitespace() {
+            run(&["docker", "volume", "rm", v]);
+        }
+        for image in std::fs::read_dir(&self.dir).into_iter().flatten().flatten() {
+            let image = image.path().to_string_lossy().into_owned();
+            for line in run(&["losetup", "-j", &image]).lines() {
+                if let Some((dev, _)) = line.split_once(':') {
+                    run(&["losetup", "-d", dev]);
+                }
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -351,8 +384,13 @@ async fn the_api_lists_and_deletes_a_tenants_own_workspaces_and_an_upload_past_t
     // The tenant's count: a second workspace is made, a third refused (its max is 2).
     let r = api.run("tok-a", "s2", "print(1)").await;
     assert_eq!(r["kernel"]["workspace"]["name"], "s2", "{r}");
-    let r = api.execute("tok-a", "s3", json!({"code": "print(1)"})).await;
-    assert_eq!(r.error(StatusCode::TOO_MANY_REQUESTS), "too_many_workspaces");
+    let r = api
+        .execute("tok-a", "s3", json!({"code": "print(1)"}))
+        .await;
+    assert_eq!(
+        r.error(StatusCode::TOO_MANY_REQUESTS),
+        "too_many_workspaces"
+    );
     let r = api.delete("/v1/sessions/s2", "tok-a").await;
     assert!(r.status.is_success(), "{:?}", r.status);
     let r = api.delete("/v1/workspaces/s2", "tok-a").await;
