@@ -146,3 +146,39 @@ async fn sweep_staging_where(
     }
     Ok(removed)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::docker::fake::FakeEngine;
+
+    #[tokio::test]
+    async fn a_workspace_is_never_a_leftover_however_old() {
+        let fake = FakeEngine::default();
+        for (name, role) in [("ws", "workspace"), ("st", "staging")] {
+            let l = BTreeMap::from([
+                (
+                    labels::MANAGED_BY.to_string(),
+                    labels::MANAGED_BY_VALUE.to_string(),
+                ),
+                (labels::ROLE.to_string(), role.to_string()),
+                (labels::CREATED_AT.to_string(), "1".to_string()),
+            ]);
+            fake.create_volume(name, &l, None).await.expect("volume");
+        }
+        let report = sweep_orphans(&fake, &Instance::current(), false)
+            .await
+            .expect("sweep");
+        assert_eq!(report.volumes, vec!["st".to_string()]);
+        let left: Vec<_> = fake
+            .list_volumes(&[], false)
+            .await
+            .expect("list")
+            .into_iter()
+            .map(|v| v.name)
+            .collect();
+        assert_eq!(left, vec!["ws".to_string()]);
+    }
+}
