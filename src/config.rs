@@ -167,6 +167,51 @@ pub struct Config {
     /// Tenants whose kernels run under another runtime than the server's
     /// (`spec.sandbox.runtime`): the tenants file's `runtime` (`docs/runtimes.md`).
     pub tenant_runtimes: BTreeMap<String, KernelRuntime>,
+    /// Workspaces: a session's `/work` kept past its kernel (`docs/workspaces.md`); `None`:
+    /// no tenant has them.
+    pub workspaces: Option<WorkspacesConfig>,
+}
+
+/// Workspaces: where their disk images live and each tenant's policy; a tenant listed has a
+/// workspace for every session (`docs/workspaces.md`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkspacesConfig {
+    /// Directory of the workspaces' disk images (created if missing); the engine must see it
+    /// at the same path (an engine on this host).
+    pub dir: PathBuf,
+    /// Each tenant's policy; a tenant not here has no workspaces.
+    pub tenants: BTreeMap<String, WorkspacePolicy>,
+}
+
+/// One tenant's workspaces: how big each may grow, how long one is kept after its last
+/// use, how many the tenant may hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct WorkspacePolicy {
+    /// Size of each workspace's file system, bytes: a cell writing past it gets `ENOSPC`.
+    pub quota_bytes: u64,
+    /// A workspace unused for longer than this is deleted by the reaper.
+    pub ttl: Duration,
+    /// Workspaces the tenant may hold at once.
+    pub max: usize,
+}
+
+/// Smallest workspace quota: room for the file system's own structures.
+pub const MIN_WORKSPACE_QUOTA: u64 = 4 * 1024 * 1024;
+/// A workspace's quota when none is given (1 GiB).
+pub const DEFAULT_WORKSPACE_QUOTA: u64 = 1024 * 1024 * 1024;
+/// A workspace's time to live after its last use when none is given (7 days).
+pub const DEFAULT_WORKSPACE_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Workspaces a tenant may hold when no maximum is given.
+pub const DEFAULT_WORKSPACE_MAX: usize = 100;
+
+impl Default for WorkspacePolicy {
+    fn default() -> Self {
+        WorkspacePolicy {
+            quota_bytes: DEFAULT_WORKSPACE_QUOTA,
+            ttl: DEFAULT_WORKSPACE_TTL,
+            max: DEFAULT_WORKSPACE_MAX,
+        }
+    }
 }
 
 /// Network egress: the tenants' policies, the CA bundle kernels trust, the proxy's limits.
@@ -429,6 +474,7 @@ impl Default for Config {
             default_tenant: "default".into(),
             egress: None,
             tenant_runtimes: BTreeMap::new(),
+            workspaces: None,
         }
     }
 }
@@ -534,7 +580,46 @@ impl Config {
         self.cells.display.check()?;
         self.spec.mode.check()?;
         self.check_instance()?;
+        self.check_workspaces()?;
         Ok(ValidConfig(self))
+    }
+
+    /// Workspaces: strict mode only (in project mode `/work` is the project), an absolute
+    /// directory, each tenant's quota and count bounded (`docs/workspaces.md`).
+    fn check_workspaces(&self) -> Result<(), ConfigError> {
+        let Some(ws) = &self.workspaces else {
+            return Ok(());
+        };
+        if !matches!(self.spec.mode, WorkMode::Strict) {
+            return Err(bad(
+                "workspaces",
+                "workspaces need strict mode (in project mode /work is the project directory)",
+            ));
+        }
+        if !ws.dir.is_absolute() {
+            return Err(bad("workspaces.dir", "must be an absolute path"));
+        }
+        for (tenant, policy) in &ws.tenants {
+            if policy.quota_bytes < MIN_WORKSPACE_QUOTA {
+                return Err(bad(
+                    "workspaces.quota",
+                    format!("tenant {tenant}: must be at least {MIN_WORKSPACE_QUOTA} bytes"),
+                ));
+            }
+            if policy.ttl.is_zero() {
+                return Err(bad(
+                    "workspaces.ttl",
+                    format!("tenant {tenant}: must be positive"),
+                ));
+            }
+            if policy.max == 0 {
+                return Err(bad(
+                    "workspaces.max",
+                    format!("tenant {tenant}: must be at least 1"),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// The state directory, the pool and the labels.

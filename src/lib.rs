@@ -31,6 +31,7 @@
 //! | [`client`] | the Rust client of the HTTP API (folder): execute, files, clearing a session; the one reader of the server's error JSON (`exec --url`, `cp`, `mcp --url`) |
 //! | [`orchestrator`] | the front door (folder): [`Orchestrator::execute`], lifecycle verbs, shutdown |
 //! | [`server`] | the multi-tenant HTTP API behind `kernelbox serve` |
+//! | [`workspace`] | workspaces (folder): a session's `/work` kept past its kernel on a quota'd disk image, listed, deleted, swept by TTL |
 //! | [`mcp`] | MCP (folder): tools over stdio (`kernelbox mcp`) and streamable HTTP (`/v1/mcp`) |
 //!
 //! Layers, the lifecycle of a kernel, task ownership, the runner protocol and the trust
@@ -62,9 +63,10 @@ pub(crate) mod registry;
 pub mod rich;
 pub mod server;
 pub mod wire;
+pub mod workspace;
 
 pub use authority::{CellAuthority, FnDispatcher, RawToolCall, ToolCall, ToolDispatcher};
-pub use cell::{CellResult, CellStatus, KernelInfo, LossReason, StateLost};
+pub use cell::{CellResult, CellStatus, KernelInfo, LossReason, StateLost, WorkspaceInfo};
 pub use config::{Config, KernelRuntime, Sandbox, WorkMode};
 pub use docker::{BollardEngine, Engine, EngineError};
 pub use files::{Download, FileEntry, FilePath, Listing, TransferError, Written};

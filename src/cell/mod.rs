@@ -153,6 +153,20 @@ pub struct KernelInfo {
     /// Present on the first call after an involuntary loss.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub state_lost: Option<StateLost>,
+    /// The session's workspace mounted at `/work`, when its tenant has workspaces
+    /// (`docs/workspaces.md`).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub workspace: Option<WorkspaceInfo>,
+}
+
+/// The workspace a kernel's `/work` is (`docs/workspaces.md`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct WorkspaceInfo {
+    /// The workspace's name: the owner it belongs to (`session`, or `session::child::id`).
+    pub name: String,
+    /// True when the workspace was there before this kernel started: its files are an
+    /// earlier kernel's.
+    pub restored: bool,
 }
 
 /// The result of one execute (`docs/contract.md`).

@@ -35,6 +35,24 @@ pub(crate) struct ServeArgs {
     /// Default: $XDG_STATE_HOME/kernelbox, else ~/.local/state/kernelbox.
     #[arg(long, env = "KERNELBOX_STATE_DIR")]
     state_dir: Option<PathBuf>,
+    /// Every session of the tenant without a tenants file gets a workspace: its /work kept
+    /// past its kernel (docs/workspaces.md). With --tenants, give each tenant its
+    /// `workspaces` there instead.
+    #[arg(long, env = "KERNELBOX_WORKSPACES")]
+    workspaces: bool,
+    /// Size of each workspace (e.g. 1g); a cell writing past it gets ENOSPC.
+    #[arg(long, env = "KERNELBOX_WORKSPACE_QUOTA", default_value = "1g", value_parser = parse_bytes)]
+    workspace_quota: i64,
+    /// A workspace unused this long is deleted (e.g. 7d).
+    #[arg(long, env = "KERNELBOX_WORKSPACE_TTL", default_value = "7d", value_parser = parse_duration)]
+    workspace_ttl: Duration,
+    /// Workspaces the tenant may hold at once.
+    #[arg(long, env = "KERNELBOX_WORKSPACE_MAX", default_value_t = kernelbox::config::DEFAULT_WORKSPACE_MAX)]
+    workspace_max: usize,
+    /// Directory of the workspaces' disk images (the engine must see it at this path).
+    /// Default: the state directory's `workspaces`.
+    #[arg(long, env = "KERNELBOX_WORKSPACE_DIR")]
+    workspace_dir: Option<PathBuf>,
     /// On SIGTERM, how long running cells may take to finish before they are stopped.
     #[arg(long, env = "KERNELBOX_DRAIN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     drain_timeout: Duration,
@@ -227,6 +245,53 @@ macro_rules! say {
     }};
 }
 
+/// The workspaces' configuration (docs/workspaces.md): each tenant's `workspaces` in the
+/// tenants file, or `--workspaces` for the one tenant without a file.
+fn workspaces_config(
+    args: &ServeArgs,
+    tenants: &Tenants,
+    state_dir: Option<&std::path::Path>,
+) -> anyhow::Result<Option<kernelbox::config::WorkspacesConfig>> {
+    let policies = match (&args.tenants, args.workspaces) {
+        (Some(_), true) => {
+            return Err(usage(
+                "--workspaces applies without --tenants; with a tenants file, give each tenant its `workspaces`".into(),
+            ))
+        }
+        (Some(_), false) => tenants.workspaces(),
+        (None, true) => std::collections::BTreeMap::from([(
+            "default".to_string(),
+            kernelbox::config::WorkspacePolicy {
+                quota_bytes: args.workspace_quota.max(0) as u64,
+                ttl: args.workspace_ttl,
+                max: args.workspace_max,
+            },
+        )]),
+        (None, false) => return Ok(None),
+    };
+    if policies.is_empty() {
+        return Ok(None);
+    }
+    let dir =
+        match (&args.workspace_dir, state_dir) {
+            (Some(dir), _) => dir.clone(),
+            (None, Some(state)) => state.join("workspaces"),
+            (None, None) => return Err(usage(
+                "workspaces need --workspace-dir on a cluster node (there is no state directory)"
+                    .into(),
+            )),
+        };
+    let dir = if dir.is_absolute() {
+        dir
+    } else {
+        std::env::current_dir()?.join(dir)
+    };
+    Ok(Some(kernelbox::config::WorkspacesConfig {
+        dir,
+        tenants: policies,
+    }))
+}
+
 /// Runs the server until SIGTERM or SIGINT; exit 0 after a clean shutdown.
 pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let from_env = std::env::var("KERNELBOX_TOKEN")
@@ -278,6 +343,8 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             usage("no --state-dir given and neither XDG_STATE_HOME nor HOME is set".into())
         })?),
     };
+    config.workspaces =
+        workspaces_config(&args, &tenants, config.housekeeping.state_dir.as_deref())?;
     let config = config.validate()?;
     tenants
         .check_reserved(config.kernels.max_session_kernels)

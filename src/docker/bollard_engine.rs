@@ -213,6 +213,31 @@ impl Engine for BollardEngine {
             .map_err(|e| map_err("create volume", name, e))
     }
 
+    async fn create_device_volume(
+        &self,
+        name: &str,
+        labels: &BTreeMap<String, String>,
+        device: &str,
+        fstype: &str,
+    ) -> Result<(), EngineError> {
+        let request = VolumeCreateRequest {
+            name: Some(name.to_string()),
+            driver: Some("local".into()),
+            driver_opts: Some(HashMap::from([
+                ("type".to_string(), fstype.to_string()),
+                ("device".to_string(), device.to_string()),
+                ("o".to_string(), "nosuid,nodev".to_string()),
+            ])),
+            labels: Some(labels.clone().into_iter().collect()),
+            ..Default::default()
+        };
+        self.docker
+            .create_volume(request)
+            .await
+            .map(|_| ())
+            .map_err(|e| map_err("create volume", name, e))
+    }
+
     async fn remove_volume(&self, name: &str) -> Result<(), EngineError> {
         match self
             .docker

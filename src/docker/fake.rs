@@ -228,6 +228,17 @@ impl Engine for FakeEngine {
         Ok(())
     }
 
+    async fn create_device_volume(
+        &self,
+        name: &str,
+        labels: &BTreeMap<String, String>,
+        _device: &str,
+        _fstype: &str,
+    ) -> Result<(), EngineError> {
+        self.lock().volumes.insert(name.to_string(), labels.clone());
+        Ok(())
+    }
+
     async fn remove_volume(&self, name: &str) -> Result<(), EngineError> {
         self.lock().volumes.remove(name);
         Ok(())

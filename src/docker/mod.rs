@@ -265,6 +265,23 @@ pub trait Engine: Send + Sync + 'static {
         labels: &BTreeMap<String, String>,
         tmpfs: Option<TmpfsVolume>,
     ) -> Result<(), EngineError>;
+    /// Creates a labelled volume that the engine mounts from a block `device` holding a file
+    /// system of type `fstype` (a workspace's loop device, `docs/workspaces.md`); engines
+    /// without local block devices refuse.
+    async fn create_device_volume(
+        &self,
+        name: &str,
+        labels: &BTreeMap<String, String>,
+        device: &str,
+        fstype: &str,
+    ) -> Result<(), EngineError> {
+        let _ = (labels, device, fstype);
+        Err(EngineError::Other {
+            op: "create device volume",
+            target: name.to_string(),
+            message: "this engine has no device volumes".into(),
+        })
+    }
     /// Removes a volume; a missing one is a success.
     async fn remove_volume(&self, name: &str) -> Result<(), EngineError>;
     /// Volumes matching every `key=value` label filter; `dangling` keeps only unused ones.

@@ -59,6 +59,11 @@ pub async fn sweep_orphans(
         }
     }
     for v in engine.list_volumes(&[labels::managed()], true).await? {
+        // A workspace outlives every kernel and instance: only its TTL or its deletion
+        // removes it (`docs/workspaces.md`).
+        if v.labels.get(labels::ROLE).map(String::as_str) == Some("workspace") {
+            continue;
+        }
         let leftover = match liveness(me, &v.labels) {
             Liveness::Alive => false,
             Liveness::Dead => true,
@@ -140,4 +145,40 @@ async fn sweep_staging_where(
         removed.push(v.name);
     }
     Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::docker::fake::FakeEngine;
+
+    #[tokio::test]
+    async fn a_workspace_is_never_a_leftover_however_old() {
+        let fake = FakeEngine::default();
+        for (name, role) in [("ws", "workspace"), ("st", "staging")] {
+            let l = BTreeMap::from([
+                (
+                    labels::MANAGED_BY.to_string(),
+                    labels::MANAGED_BY_VALUE.to_string(),
+                ),
+                (labels::ROLE.to_string(), role.to_string()),
+                (labels::CREATED_AT.to_string(), "1".to_string()),
+            ]);
+            fake.create_volume(name, &l, None).await.expect("volume");
+        }
+        let report = sweep_orphans(&fake, &Instance::current(), false)
+            .await
+            .expect("sweep");
+        assert_eq!(report.volumes, vec!["st".to_string()]);
+        let left: Vec<_> = fake
+            .list_volumes(&[], false)
+            .await
+            .expect("list")
+            .into_iter()
+            .map(|v| v.name)
+            .collect();
+        assert_eq!(left, vec!["ws".to_string()]);
+    }
 }

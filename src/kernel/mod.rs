@@ -193,6 +193,9 @@ pub enum KernelError {
     /// A spawn that yielded to others was abandoned (shutdown) before it was done.
     #[error("starting a kernel was abandoned: kernelbox is shutting down")]
     Abandoned,
+    /// The session's workspace could not be made ready.
+    #[error("starting a kernel failed: {0}")]
+    Workspace(#[from] crate::workspace::WorkspaceError),
 }
 
 /// What the reader task hands to the running cell.
@@ -342,6 +345,8 @@ pub struct Kernel {
     pub(crate) id: String,
     /// Name of its staging volume.
     volume: String,
+    /// The workspace mounted at `/work`, when its tenant has workspaces.
+    workspace: Option<crate::cell::WorkspaceInfo>,
     /// Who it belongs to: set at spawn, or when an owner takes it from the warm pool; tool
     /// calls are made on this owner's behalf.
     owner: OnceLock<Owner>,
@@ -420,6 +425,11 @@ impl Kernel {
     /// Its owner, once it has one.
     fn owner(&self) -> Option<&Owner> {
         self.owner.get()
+    }
+
+    /// The workspace mounted at `/work`, when its session has one.
+    pub(crate) fn workspace(&self) -> Option<&crate::cell::WorkspaceInfo> {
+        self.workspace.as_ref()
     }
 
     /// The short (12 hex) container id.
@@ -532,7 +542,7 @@ impl Drop for Kernel {
     }
 }
 
-fn parse_user(user: &str) -> (u64, u64) {
+pub(crate) fn parse_user(user: &str) -> (u64, u64) {
     let mut parts = user.split(':');
     let uid = parts.next().and_then(|u| u.parse().ok()).unwrap_or(0);
     let gid = parts.next().and_then(|g| g.parse().ok()).unwrap_or(uid);

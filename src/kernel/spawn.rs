@@ -56,6 +56,9 @@ pub(crate) struct SpawnRequest<'a> {
     /// For a kernel with a network policy: the egress network, the proxy's environment and
     /// the CA bundle (`docs/reliability.md`, "Network egress"); `None`: no network at all.
     pub(crate) network: Option<&'a crate::egress::KernelNetwork>,
+    /// The session's workspace, mounted at `/work` in place of the staging volume (which
+    /// then holds only kernelbox's files, at `/kernelbox`: `docs/workspaces.md`).
+    pub(crate) workspace: Option<crate::workspace::Prepared>,
 }
 
 /// Makes a spawn give way: before each of its engine steps (volume, container, attach and
@@ -126,17 +129,31 @@ fn staging_volume(
 }
 
 /// The mounts of the working directory in `mode` (the staging volume `volume`, and the project
-/// directory in project mode), and where spills go inside the kernel.
-fn work_mounts(mode: &WorkMode, volume: &str) -> (Vec<Mount>, String) {
-    match mode {
-        WorkMode::Strict => (
+/// directory in project mode or the session's `workspace` volume in strict mode), and where
+/// spills go inside the kernel.
+fn work_mounts(mode: &WorkMode, volume: &str, workspace: Option<&str>) -> (Vec<Mount>, String) {
+    match (mode, workspace) {
+        (WorkMode::Strict, Some(workspace)) => (
+            vec![
+                Mount::Volume {
+                    name: volume.to_string(),
+                    target: STAGING_DIR_PROJECT.into(),
+                },
+                Mount::Volume {
+                    name: workspace.to_string(),
+                    target: WORK_DIR.into(),
+                },
+            ],
+            STAGING_DIR_PROJECT.to_string(),
+        ),
+        (WorkMode::Strict, None) => (
             vec![Mount::Volume {
                 name: volume.to_string(),
                 target: WORK_DIR.into(),
             }],
             format!("{WORK_DIR}/.kernelbox"),
         ),
-        WorkMode::Project(dir) => (
+        (WorkMode::Project(dir), _) => (
             vec![
                 Mount::Volume {
                     name: volume.to_string(),
@@ -269,7 +286,8 @@ impl Kernel {
             crate::labels::MEMORY.into(),
             spec.sandbox.memory_bytes.to_string(),
         );
-        let (mut mounts, spill_dir) = work_mounts(&spec.mode, &volume);
+        let workspace = request.workspace.as_ref().map(|w| w.volume.as_str());
+        let (mut mounts, spill_dir) = work_mounts(&spec.mode, &volume, workspace);
         let mut sockets = request
             .files
             .sockets
@@ -342,6 +360,7 @@ impl Kernel {
             monitor,
             tracker,
             yield_to,
+            workspace,
             ..
         } = request;
         let Created {
@@ -359,6 +378,7 @@ impl Kernel {
         let kernel = Arc::new(Kernel {
             id: id.clone(),
             volume,
+            workspace: workspace.map(|w| w.info),
             owner: OnceLock::new(),
             spill_dir,
             user: spec.sandbox.user.clone(),
@@ -455,6 +475,7 @@ mod tests {
             yield_to: Some(yield_to),
             sockets_refused: &REFUSED,
             network: None,
+            workspace: None,
         }
     }
 

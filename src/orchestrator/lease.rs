@@ -54,6 +54,7 @@ impl Lease {
             ended,
             generation: self.slot.generation,
             state_lost: self.state_lost.clone(),
+            workspace: self.kernel.workspace().cloned(),
         }
     }
 
@@ -332,7 +333,15 @@ impl Orchestrator {
         grant: Option<crate::egress::Grant>,
     ) -> Result<Arc<Kernel>, KernelError> {
         let inner = &self.inner;
+        let workspace = match (self.workspace_policy(&key.owner.tenant), &inner.workspaces) {
+            (Some(policy), Some(workspaces)) => {
+                let (uid, gid) = crate::kernel::parse_user(&inner.config.spec.sandbox.user);
+                Some(workspaces.prepare(&key.owner, &policy, uid, gid).await?)
+            }
+            _ => None,
+        };
         let kernel = Kernel::spawn(SpawnRequest {
+            workspace,
             network,
             engine: inner.engine.clone(),
             spec: &inner.config.spec,

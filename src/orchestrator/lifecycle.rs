@@ -206,6 +206,15 @@ impl Orchestrator {
         let slots = self.inner.registry.reap_idle();
         let n = slots.len();
         self.dispose_slots(slots).await;
+        if let Some(workspaces) = &self.inner.workspaces {
+            match workspaces.sweep_expired().await {
+                Ok(removed) if !removed.is_empty() => {
+                    tracing::info!(workspaces = removed.len(), "expired workspaces deleted");
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "workspace sweep failed"),
+            }
+        }
         match sweep::sweep_stale_staging_of_dead(
             self.inner.engine.as_ref(),
             &self.inner.instance,

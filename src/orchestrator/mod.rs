@@ -91,6 +91,8 @@ struct Inner {
     pool: pool::PoolState,
     /// Network egress by policy, when configured (`docs/reliability.md`, "Network egress").
     egress: Option<Arc<crate::egress::Egress>>,
+    /// Workspaces, when configured (`docs/workspaces.md`).
+    workspaces: Option<Arc<crate::workspace::Workspaces>>,
 }
 
 /// Runs stateful Python kernels in containers, one per key. Cheap to clone.
@@ -109,6 +111,19 @@ impl std::fmt::Debug for Orchestrator {
 }
 
 impl Orchestrator {
+    /// Workspaces, when configured (`docs/workspaces.md`): list, delete, the TTL sweep.
+    pub fn workspaces(&self) -> Option<&crate::workspace::Workspaces> {
+        self.inner.workspaces.as_deref()
+    }
+
+    /// `tenant`'s workspace policy: its sessions' `/work` is a workspace.
+    pub(crate) fn workspace_policy(&self, tenant: &str) -> Option<crate::config::WorkspacePolicy> {
+        self.inner
+            .workspaces
+            .as_ref()
+            .and_then(|w| w.policy(tenant).copied())
+    }
+
     /// The validated configuration.
     pub fn config(&self) -> &Config {
         &self.inner.config

@@ -161,6 +161,10 @@ impl Orchestrator {
         if self.grant_of(&key.owner).is_some() {
             return None;
         }
+        // Nor is a kernel whose `/work` is its session's workspace (`docs/workspaces.md`).
+        if self.workspace_policy(&key.owner.tenant).is_some() {
+            return None;
+        }
         // A tenant on another runtime never gets a kernel of the pool's (docs/runtimes.md).
         (self.inner.config.pool.size > 0
             && spec.image == key.image
@@ -372,6 +376,7 @@ impl Orchestrator {
             tracker: &inner.tracker,
             sockets_refused: &inner.sockets_refused,
             network: None,
+            workspace: None,
             yield_to: Some(Yield {
                 priority: inner.pool.cold.subscribe(),
                 until: tokio::time::Instant::now() + POOL_YIELD_MAX,

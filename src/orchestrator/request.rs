@@ -273,6 +273,9 @@ pub enum StartError {
         /// The runtimes the engine has.
         registered: String,
     },
+    /// The workspaces' directory could not be made (`docs/workspaces.md`).
+    #[error(transparent)]
+    Workspace(#[from] crate::workspace::WorkspaceError),
     /// The watchdog process could not be started.
     #[error("starting the watchdog {path}: {source}")]
     Watchdog {

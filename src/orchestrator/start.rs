@@ -105,8 +105,17 @@ impl Orchestrator {
             )),
             None => None,
         };
+        let workspaces = match &config.workspaces {
+            Some(ws) => Some(Arc::new(crate::workspace::Workspaces::new(
+                engine.clone(),
+                ws.clone(),
+                config.housekeeping.extra_labels.clone(),
+            )?)),
+            None => None,
+        };
         let inner = Arc::new(Inner {
             egress,
+            workspaces,
             pool: pool::PoolState::new(config.spec.clone(), config.pool.size),
             registry: Registry::new(
                 config.kernels.max_session_kernels,

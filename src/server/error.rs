@@ -76,6 +76,15 @@ impl From<ExecuteError> for ApiError {
             ExecuteError::Invalid(_) => ApiError::bad_request("invalid_request", e.to_string()),
             ExecuteError::InvalidTimeout(t) => t.clone().into(),
             ExecuteError::Name(_) => ApiError::bad_request("invalid_name", e.to_string()),
+            ExecuteError::Kernel(crate::kernel::KernelError::Workspace(w))
+                if matches!(w, crate::workspace::WorkspaceError::TooMany { .. }) =>
+            {
+                ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "too_many_workspaces",
+                    w.to_string(),
+                )
+            }
             ExecuteError::Kernel(_) => ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "kernel_unavailable",

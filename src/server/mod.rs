@@ -69,6 +69,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("PUT", "/v1/sessions/{session}/files"),
     ("GET", "/v1/sessions/{session}/files"),
     ("GET", "/v1/kernels"),
+    ("GET", "/v1/workspaces"),
+    ("DELETE", "/v1/workspaces/{name}"),
     ("GET", "/v1/nodes"),
     ("POST", "/v1/nodes/{node}/drain"),
     ("DELETE", "/v1/nodes/{node}/drain"),

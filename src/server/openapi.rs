@@ -101,6 +101,7 @@ pub fn generated_schemas() -> serde_json::Map<String, Value> {
     let mut generator = settings.into_generator();
     generator.subschema_for::<CellResult>();
     generator.subschema_for::<KernelSummary>();
+    generator.subschema_for::<crate::workspace::WorkspaceSummary>();
     generator.subschema_for::<ExecuteBody>();
     generator.subschema_for::<crate::wire::NetworkPolicy>();
     generator.subschema_for::<CommandBody>();
@@ -304,6 +305,31 @@ pub fn spec() -> Value {
                         "type": "object", "required": ["kernels"],
                         "properties": {"kernels": {"type": "array", "items": {"$ref": "#/components/schemas/KernelSummary"}}}
                     }}}}}))
+                }
+            },
+            "/v1/workspaces": {
+                "get": {
+                    "summary": "The caller's tenant's workspaces: a session's /work kept past its kernel (docs/workspaces.md).",
+                    "responses": with(&auth_errors, json!({
+                        "200": {"description": "Workspaces.", "content": {"application/json": {"schema": {
+                            "type": "object", "required": ["workspaces"],
+                            "properties": {"workspaces": {"type": "array", "items": {"$ref": "#/components/schemas/WorkspaceSummary"}}}
+                        }}}},
+                        "404": error_response("`workspace_not_found`: the tenant has no workspaces.")
+                    }))
+                }
+            },
+            "/v1/workspaces/{name}": {
+                "parameters": [{"name": "name", "in": "path", "required": true, "schema": {"type": "string"}}],
+                "delete": {
+                    "summary": "Deletes one of the caller's tenant's workspaces (its files are gone).",
+                    "responses": with(&auth_errors, json!({
+                        "200": {"description": "Deleted.", "content": {"application/json": {"schema": {
+                            "type": "object", "required": ["deleted"], "properties": {"deleted": {"type": "string"}}
+                        }}}},
+                        "404": error_response("`workspace_not_found`: none of this tenant's has that name."),
+                        "409": error_response("`workspace_in_use`: a kernel has it mounted; clear the session first.")
+                    }))
                 }
             },
             "/v1/nodes": {

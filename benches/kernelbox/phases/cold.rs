@@ -4,10 +4,11 @@
 use std::time::Duration;
 
 use anyhow::{bail, Result};
+use kernelbox::orchestrator::Scope;
 use kernelbox::ExecuteRequest;
 use serde_json::json;
 
-use super::{ok_cell, Bench};
+use super::{ok_cell, Bench, WORKSPACE_TENANT};
 use crate::events::{EventLog, Window};
 use crate::floors::docker_run_once;
 use crate::report::Row;
@@ -73,6 +74,52 @@ impl Bench {
                 "library_segments": segments(&kb_split),
                 "docker_run_segments": segments(&floor_split),
             }),
+        );
+        self.cold_workspaces(n, k.p50_ms).await
+    }
+
+    /// The cold first cell of a session whose tenant has workspaces, beside the plain one
+    /// (`plain_p50` ms): with a new workspace (its file system made) and with one restored
+    /// (the session's kernel evicted, the next one mounting it).
+    async fn cold_workspaces(&mut self, n: usize, plain_p50: f64) -> Result<()> {
+        let (mut made, mut restored) = (Vec::new(), Vec::new());
+        for i in 0..n {
+            let session = format!("ws-cold-{i}");
+            let scope = || Scope::session(session.as_str()).tenant(WORKSPACE_TENANT);
+            for (samples, want_restored) in [(&mut made, false), (&mut restored, true)] {
+                let w = Window::begin();
+                let r = self.exec(ExecuteRequest::new(scope(), "x = 1")).await?;
+                let w = w.end();
+                ok_cell("workspace cold cell", &r)?;
+                if r.kernel.reused
+                    || r.kernel.workspace.as_ref().map(|ws| ws.restored) != Some(want_restored)
+                {
+                    bail!("workspace cold cell: {:?}", r.kernel);
+                }
+                samples.push(w.ms);
+                self.kb
+                    .evict_session(Some(WORKSPACE_TENANT), &session)
+                    .await;
+            }
+            if let Some(ws) = self.kb.workspaces() {
+                ws.delete(WORKSPACE_TENANT, &session).await?;
+            }
+        }
+        if let Some(ws) = &self.kb.config().workspaces {
+            let _ = std::fs::remove_dir(&ws.dir);
+        }
+        let (m, r) = (stats(&made), stats(&restored));
+        for (what, s) in [("new workspace", &m), ("restored workspace", &r)] {
+            self.rows.push(
+                Row::new(format!("cold first cell, {what} (n={n})"), pq(s)).floor(
+                    format!("plain cold first cell p50 {}", fmt_ms(plain_p50)),
+                    s.p50_ms / plain_p50,
+                ),
+            );
+        }
+        self.details.insert(
+            "cold_workspace".into(),
+            json!({"new": m, "restored": r, "plain_p50_ms": plain_p50}),
         );
         Ok(())
     }

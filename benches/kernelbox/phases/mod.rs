@@ -76,8 +76,24 @@ pub fn config(label: &str) -> Config {
     config.housekeeping.extra_labels = [(CASE.to_string(), label.to_string())].into();
     config.housekeeping.watchdog = None;
     config.housekeeping.sweep_on_start = false;
+    // One tenant with workspaces, for the cold start of a workspace kernel (`cold.rs`).
+    config.workspaces = Some(kernelbox::config::WorkspacesConfig {
+        dir: std::env::temp_dir().join(format!("kernelbox-{label}-workspaces")),
+        tenants: [(
+            WORKSPACE_TENANT.to_string(),
+            kernelbox::config::WorkspacePolicy {
+                quota_bytes: 64 * 1024 * 1024,
+                ttl: std::time::Duration::from_secs(3600),
+                max: 64,
+            },
+        )]
+        .into(),
+    });
     config
 }
+
+/// The bench's tenant whose sessions have workspaces (`docs/workspaces.md`).
+pub const WORKSPACE_TENANT: &str = "bench-ws";
 
 fn ok_cell(what: &str, r: &CellResult) -> Result<()> {
     if r.status != CellStatus::Success {

@@ -11,6 +11,8 @@
 //!
 //! `runtime` is the OCI runtime of the tenant's kernels, `runc` or `runsc` (default: the
 //! server's `--runtime`; `docs/runtimes.md`).
+//! `workspaces` (`{"quota": "1g", "ttl": "7d", "max": 100}`, `workspaces.rs`) gives every
+//! session of the tenant a workspace (`docs/workspaces.md`).
 //!
 //! `network` is the tenant's egress policy (`docs/reliability.md`, "Network egress"), the one
 //! policy type of the API (`crate::wire::NetworkPolicy`), parsed at load: a bad entry refuses
@@ -75,6 +77,9 @@ pub struct Tenant {
     /// The runtime the tenant's kernels run under (`None`: the server's `--runtime`;
     /// `docs/runtimes.md`).
     pub runtime: Option<crate::config::KernelRuntime>,
+    /// The tenant's workspaces (`None`: its sessions' files live and die with their kernel;
+    /// `docs/workspaces.md`).
+    pub workspaces: Option<crate::config::WorkspacePolicy>,
 }
 
 impl Tenant {
@@ -89,6 +94,7 @@ impl Tenant {
             image: None,
             network: None,
             runtime: None,
+            workspaces: None,
         }
     }
 
@@ -219,6 +225,7 @@ impl Tenants {
                     "image",
                     "network",
                     "runtime",
+                    "workspaces",
                 ],
                 &at,
                 &bad,
@@ -281,7 +288,16 @@ impl Tenants {
                 ),
                 Some(_) => return Err(bad(format!("{at}.runtime"), "must be a string".into())),
             };
+            let workspaces = match obj.get("workspaces") {
+                None | Some(Value::Null) => None,
+                Some(v) => {
+                    Some(workspaces::parse_workspaces(v).map_err(|(field, reason)| {
+                        bad(format!("{at}.workspaces{field}"), reason)
+                    })?)
+                }
+            };
             tenants.push(Tenant {
+                workspaces,
                 name: name.to_string(),
                 token_sha256,
                 max_kernels,
@@ -348,6 +364,15 @@ impl Tenants {
         self.by_hash
             .values()
             .filter_map(|t| Some((t.name.clone(), t.runtime?)))
+            .collect()
+    }
+
+    /// Every tenant's workspace policy (what `kernelbox serve` hands the workspaces'
+    /// configuration); tenants without one have no workspaces.
+    pub fn workspaces(&self) -> std::collections::BTreeMap<String, crate::config::WorkspacePolicy> {
+        self.by_hash
+            .values()
+            .filter_map(|t| Some((t.name.clone(), t.workspaces?)))
             .collect()
     }
 
@@ -510,6 +535,7 @@ fn check_tool_url(url: &str) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests;
+mod workspaces;
 
 /// The bearer token of a request, if it carries one.
 pub(crate) fn bearer(headers: &axum::http::HeaderMap) -> Option<&str> {

@@ -1,0 +1,378 @@
+//! Workspaces: a session's `/work` kept past its kernel (`docs/workspaces.md`).
+//!
+//! A workspace is a Docker volume labelled `io.kernelbox.role=workspace`, named from a hash of
+//! its tenant and owner (a tenant cannot name another's), mounted from a loop device over an
+//! ext4 image of the tenant's quota. It carries no instance labels: no sweep of dead instances
+//! or watchdog removes it; only its deletion or the reaper's TTL sweep does, and never while a
+//! container uses it.
+//!
+//! | file | what |
+//! |---|---|
+//! | `mod.rs` | [`Workspaces`]: prepare one for a kernel, list, delete, the TTL sweep; its errors |
+//! | `disk.rs` | the image file, its file system and loop device, its last use |
+
+mod disk;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::clock::unix_now;
+use crate::config::{WorkspacePolicy, WorkspacesConfig};
+use crate::docker::{remove_volume, Engine, EngineError, InUse, VolumeInfo};
+use crate::labels;
+use crate::owner::Owner;
+
+/// The label naming a workspace volume's loop device (checked at each use: after a reboot
+/// the image is attached again, maybe elsewhere, and the volume made anew).
+pub const DEVICE_LABEL: &str = "io.kernelbox.workspace-device";
+
+/// The label naming the images' directory a workspace volume belongs to (a hash of it): two
+/// deployments (or tests) on one engine never see each other's workspaces.
+pub const DIR_LABEL: &str = "io.kernelbox.workspace-dir";
+
+/// Why a workspace operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkspaceError {
+    /// A file of the workspace could not be made, read or removed.
+    #[error("workspace: cannot {op} {}: {source}", path.display())]
+    Io {
+        /// What was attempted.
+        op: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// A host tool (`mkfs.ext4`, `losetup`) failed.
+    #[error("workspace: cannot {op}: {message}")]
+    Tool {
+        /// What was attempted.
+        op: &'static str,
+        /// The tool's complaint.
+        message: String,
+    },
+    /// The engine refused.
+    #[error("workspace: {0}")]
+    Engine(#[from] EngineError),
+    /// The tenant holds its maximum of workspaces.
+    #[error("tenant {tenant} holds its maximum of {max} workspaces; delete one first")]
+    TooMany {
+        /// The tenant.
+        tenant: String,
+        /// Its maximum.
+        max: usize,
+    },
+    /// No such workspace for this tenant.
+    #[error("no workspace {name:?}")]
+    NotFound {
+        /// The name asked for.
+        name: String,
+    },
+    /// A kernel still uses it.
+    #[error("workspace {name:?} is in use by a kernel; evict the session first")]
+    InUse {
+        /// The workspace.
+        name: String,
+    },
+    /// The tenant has no workspaces.
+    #[error("tenant {tenant} has no workspaces")]
+    Disabled {
+        /// The tenant.
+        tenant: String,
+    },
+}
+
+/// One workspace as its tenant sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize, schemars::JsonSchema)]
+pub struct WorkspaceSummary {
+    /// The owner it belongs to (`session`, or `session::child::id`).
+    pub name: String,
+    /// Bytes it takes on the host (at most `quota_bytes`).
+    pub size_bytes: u64,
+    /// Its quota, bytes.
+    pub quota_bytes: u64,
+    /// Its last use, Unix seconds.
+    pub last_used: u64,
+    /// A kernel has it mounted now.
+    pub in_use: bool,
+}
+
+/// A workspace ready for a kernel: the volume to mount at `/work`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Prepared {
+    /// The engine's volume.
+    pub volume: String,
+    /// What the result reports.
+    pub info: crate::cell::WorkspaceInfo,
+}
+
+/// The workspaces of this host.
+pub struct Workspaces {
+    engine: Arc<dyn Engine>,
+    config: WorkspacesConfig,
+    /// Labels every workspace volume carries besides its own (the configured extras).
+    extra_labels: BTreeMap<String, String>,
+    /// One change at a time: a sweep never deletes what a start is preparing, two starts
+    /// never make the same workspace twice.
+    lock: tokio::sync::Mutex<()>,
+}
+
+/// The short hash of an images' directory ([`DIR_LABEL`]).
+fn dir_hash(dir: &std::path::Path) -> String {
+    hex::encode(Sha256::digest(dir.as_os_str().as_encoded_bytes()))[..16].to_string()
+}
+
+/// The volume name of `owner`'s workspace in the images' directory `dir`: a hash of the
+/// three, so no tenant can name (or guess its way to) another's.
+pub fn volume_name(dir: &std::path::Path, tenant: &str, owner: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(b"workspace\0");
+    h.update(dir.as_os_str().as_encoded_bytes());
+    h.update([0]);
+    h.update(tenant.as_bytes());
+    h.update([0]);
+    h.update(owner.as_bytes());
+    format!("kernelbox-ws-{}", &hex::encode(h.finalize())[..32])
+}
+
+impl Workspaces {
+    /// The workspaces of `config` on `engine`; creates the images' directory (mode 0700).
+    pub fn new(
+        engine: Arc<dyn Engine>,
+        config: WorkspacesConfig,
+        extra_labels: BTreeMap<String, String>,
+    ) -> Result<Workspaces, WorkspaceError> {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&config.dir)
+            .map_err(|source| WorkspaceError::Io {
+                op: "create the workspaces' directory",
+                path: config.dir.clone(),
+                source,
+            })?;
+        Ok(Workspaces {
+            engine,
+            config,
+            extra_labels,
+            lock: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    /// `tenant`'s policy, when it has workspaces.
+    pub fn policy(&self, tenant: &str) -> Option<&WorkspacePolicy> {
+        self.config.tenants.get(tenant)
+    }
+
+    fn labels(&self, owner: &Owner, device: &str) -> BTreeMap<String, String> {
+        let mut l = self.extra_labels.clone();
+        l.insert(labels::MANAGED_BY.into(), labels::MANAGED_BY_VALUE.into());
+        l.insert(labels::ROLE.into(), "workspace".into());
+        l.insert(labels::TENANT.into(), owner.tenant.clone());
+        l.insert(labels::OWNER.into(), owner.to_string());
+        l.insert(labels::SESSION.into(), owner.session.clone());
+        l.insert(labels::CREATED_AT.into(), unix_now().to_string());
+        l.insert(DEVICE_LABEL.into(), device.to_string());
+        l.insert(DIR_LABEL.into(), dir_hash(&self.config.dir));
+        l
+    }
+
+    /// Workspace volumes (of `tenant` when given), and which of them no container uses.
+    async fn volumes(
+        &self,
+        tenant: Option<&str>,
+    ) -> Result<(Vec<VolumeInfo>, std::collections::BTreeSet<String>), WorkspaceError> {
+        let mut filters = vec![
+            labels::managed(),
+            labels::filter(labels::ROLE, "workspace"),
+            labels::filter(DIR_LABEL, &dir_hash(&self.config.dir)),
+        ];
+        if let Some(tenant) = tenant {
+            filters.push(labels::filter(labels::TENANT, tenant));
+        }
+        let all = self.engine.list_volumes(&filters, false).await?;
+        let free = self
+            .engine
+            .list_volumes(&filters, true)
+            .await?
+            .into_iter()
+            .map(|v| v.name)
+            .collect();
+        Ok((all, free))
+    }
+
+    /// `owner`'s workspace ready to mount, made now (empty, of `policy`'s quota, its root
+    /// owned by `uid:gid`) when it has none; `restored` says it was there before.
+    pub async fn prepare(
+        &self,
+        owner: &Owner,
+        policy: &WorkspacePolicy,
+        uid: u64,
+        gid: u64,
+    ) -> Result<Prepared, WorkspaceError> {
+        let _one = self.lock.lock().await;
+        let volume = volume_name(&self.config.dir, &owner.tenant, &owner.to_string());
+        let image = disk::image_path(&self.config.dir, &volume);
+        let restored = image.exists();
+        if !restored {
+            let (existing, _) = self.volumes(Some(&owner.tenant)).await?;
+            if existing.iter().filter(|v| v.name != volume).count() >= policy.max {
+                return Err(WorkspaceError::TooMany {
+                    tenant: owner.tenant.clone(),
+                    max: policy.max,
+                });
+            }
+            disk::create(&image, policy.quota_bytes, uid, gid).await?;
+        }
+        let made = self.mount_point(owner, &volume, &image).await;
+        if let Err(e) = made {
+            if !restored {
+                let _ = disk::destroy(&image).await;
+            }
+            return Err(e);
+        }
+        disk::touch(&image)?;
+        Ok(Prepared {
+            volume,
+            info: crate::cell::WorkspaceInfo {
+                name: owner.to_string(),
+                restored,
+            },
+        })
+    }
+
+    /// The volume of the image `image` attached: made, or made anew when it names another
+    /// loop device than the image's (after a reboot).
+    async fn mount_point(
+        &self,
+        owner: &Owner,
+        volume: &str,
+        image: &std::path::Path,
+    ) -> Result<(), WorkspaceError> {
+        let device = disk::attach(image).await?;
+        let (existing, _) = self.volumes(Some(&owner.tenant)).await?;
+        if let Some(v) = existing.iter().find(|v| v.name == volume) {
+            if v.labels.get(DEVICE_LABEL) == Some(&device) {
+                return Ok(());
+            }
+            remove_volume(self.engine.as_ref(), volume, InUse::Fail).await?;
+        }
+        self.engine
+            .create_device_volume(volume, &self.labels(owner, &device), &device, "ext4")
+            .await?;
+        Ok(())
+    }
+
+    /// `tenant`'s workspaces.
+    pub async fn list(&self, tenant: &str) -> Result<Vec<WorkspaceSummary>, WorkspaceError> {
+        let policy = self
+            .policy(tenant)
+            .ok_or_else(|| WorkspaceError::Disabled {
+                tenant: tenant.to_string(),
+            })?;
+        let (all, free) = self.volumes(Some(tenant)).await?;
+        let mut list: Vec<WorkspaceSummary> = all
+            .into_iter()
+            .filter_map(|v| {
+                let name = v.labels.get(labels::OWNER)?.clone();
+                let image = disk::image_path(&self.config.dir, &v.name);
+                let in_use = !free.contains(&v.name);
+                Some(WorkspaceSummary {
+                    name,
+                    size_bytes: disk::used_bytes(&image),
+                    quota_bytes: std::fs::metadata(&image)
+                        .map(|m| m.len())
+                        .unwrap_or(policy.quota_bytes),
+                    last_used: if in_use {
+                        unix_now()
+                    } else {
+                        disk::last_used(&image)
+                    },
+                    in_use,
+                })
+            })
+            .collect();
+        list.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(list)
+    }
+
+    /// Deletes `tenant`'s workspace `name` (its files are gone); refused while a kernel uses
+    /// it. Another tenant's workspace of the same name is not this one: not found.
+    pub async fn delete(&self, tenant: &str, name: &str) -> Result<(), WorkspaceError> {
+        let _one = self.lock.lock().await;
+        let volume = volume_name(&self.config.dir, tenant, name);
+        let (all, _) = self.volumes(Some(tenant)).await?;
+        let image = disk::image_path(&self.config.dir, &volume);
+        if !all.iter().any(|v| v.name == volume) && !image.exists() {
+            return Err(WorkspaceError::NotFound {
+                name: name.to_string(),
+            });
+        }
+        self.destroy(&volume).await.map_err(|e| match e {
+            WorkspaceError::Engine(EngineError::VolumeInUse { .. }) => WorkspaceError::InUse {
+                name: name.to_string(),
+            },
+            e => e,
+        })
+    }
+
+    /// Removes the volume (refused while in use), then its image.
+    async fn destroy(&self, volume: &str) -> Result<(), WorkspaceError> {
+        remove_volume(self.engine.as_ref(), volume, InUse::Fail).await?;
+        disk::destroy(&disk::image_path(&self.config.dir, volume)).await
+    }
+
+    /// The reaper's sweep: workspaces unused for longer than their tenant's TTL are deleted;
+    /// one a container uses is never touched (its use is recorded now instead). A tenant no
+    /// longer configured keeps its workspaces (an operator deletes them). Returns the volumes
+    /// deleted.
+    pub async fn sweep_expired(&self) -> Result<Vec<String>, WorkspaceError> {
+        let _one = self.lock.lock().await;
+        let (all, free) = self.volumes(None).await?;
+        let now = unix_now();
+        let mut removed = Vec::new();
+        for v in all {
+            let image = disk::image_path(&self.config.dir, &v.name);
+            if !free.contains(&v.name) {
+                if image.exists() {
+                    disk::touch(&image)?;
+                }
+                continue;
+            }
+            let Some(policy) = v.labels.get(labels::TENANT).and_then(|t| self.policy(t)) else {
+                continue;
+            };
+            let idle = Duration::from_secs(now.saturating_sub(disk::last_used(&image)));
+            if idle <= policy.ttl {
+                continue;
+            }
+            match self.destroy(&v.name).await {
+                Ok(()) => removed.push(v.name),
+                // A kernel took it since the listing: it is live.
+                Err(WorkspaceError::Engine(EngineError::VolumeInUse { .. })) => {}
+                Err(e) => tracing::warn!(volume = %v.name, error = %e, "workspace sweep"),
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Sets when `tenant`'s workspace `name` was last used (a test ages a workspace so).
+    pub fn set_last_used(
+        &self,
+        tenant: &str,
+        name: &str,
+        at: SystemTime,
+    ) -> Result<(), WorkspaceError> {
+        let image = disk::image_path(
+            &self.config.dir,
+            &volume_name(&self.config.dir, tenant, name),
+        );
+        disk::set_last_used(&image, at)
+    }
+}
