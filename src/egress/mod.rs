@@ -7,7 +7,7 @@
 //! | `policy.rs` | policies parsed and matched: entries, presets, the special address ranges, a kernel's [`Grant`] (tenant ∩ session) |
 //! | `sni.rs` | the server name of a TLS ClientHello, read with every length checked |
 //! | `network.rs` | the egress network (internal, no traffic between kernels) and its host firewall rules, named after it |
-//! | `proxy.rs` | the proxy: CONNECT (TLS, server name checked) and plain HTTP, kernels known by address and credential, limits, counters, the audit line |
+//! | `proxy/` | the proxy: CONNECT (TLS, server name checked) and plain HTTP, kernels known by address and credential, limits, counters, the audit line (its `mod.rs` says which file does what) |
 //! | `mod.rs` | [`Egress`]: the network, firewall and proxy of one instance, the tenants' and sessions' policies, what a kernel with a policy is made with |
 
 pub mod policy;
