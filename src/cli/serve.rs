@@ -241,7 +241,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         }
         let networks = tenants.networks();
         if !networks.is_empty() {
-            config.egress = Some(args.kernel.egress(networks));
+            config.egress = Some(args.kernel.egress(networks)?);
         }
     }
     config.kernels.max_session_kernels = args.max_kernels;
@@ -397,7 +397,7 @@ fn cluster_options(
 
 /// The XDG state directory of the user running the server: per-user, writable without root,
 /// and kept across reboots (unlike /run or /tmp).
-fn default_state_dir() -> Option<PathBuf> {
+pub(super) fn default_state_dir() -> Option<PathBuf> {
     let from = |var: &str| {
         std::env::var_os(var)
             .map(PathBuf::from)

@@ -6,6 +6,7 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
+use super::super::secrets::carries_placeholder;
 use super::finish::Finish;
 use super::limits::{Metered, STEP_TIMEOUT};
 use super::outcome::{refusal_message, text, Body, Outcome};
@@ -39,6 +40,20 @@ pub(super) async fn forward(
     }
     parts.headers.remove("proxy-connection");
     parts.headers.remove("keep-alive");
+    // No credential rule ever names a plain HTTP host: a placeholder here is a misconfiguration
+    // (`docs/reliability.md`, "Credentials at the boundary").
+    if carries_placeholder(parts.uri.to_string().as_bytes())
+        || parts
+            .headers
+            .values()
+            .any(|v| carries_placeholder(v.as_bytes()))
+    {
+        done.fail(Outcome::Placeholder);
+        return text(
+            StatusCode::FORBIDDEN,
+            refusal_message(&done.host, done.port, Outcome::Placeholder),
+        );
+    }
     let (mut sender, conn) = match tokio::time::timeout(
         STEP_TIMEOUT,
         hyper::client::conn::http1::handshake::<_, Incoming>(TokioIo::new(upstream)),

@@ -10,6 +10,8 @@
 //! |---|---|
 //! | `listener.rs` | accepting connections, the kernel's credential, judging and resolving a destination, dispatching CONNECT and plain HTTP |
 //! | `connect.rs` | a CONNECT tunnel: the ClientHello's server name checked, then bytes copied as they are |
+//! | `intercept.rs` | a CONNECT tunnel to a host a credential rule names: TLS ended with a kernelbox CA leaf and begun again to the verified host, each request checked and given the rule's headers |
+//! | `interception.rs` | what interception needs: the rules, the CA, the upstream TLS configuration |
 //! | `http.rs` | a plain HTTP request forwarded (origin-form, hop headers removed), its response streamed back |
 //! | `table.rs` | the kernels served ([`KernelEntry`]: credential, grant, live connections) and the shared [`Table`] |
 //! | `limits.rs` | [`Limits`], the step timeout and head size, the per-kernel byte budget and the metered upstream stream |
@@ -21,12 +23,15 @@ mod audit;
 mod connect;
 mod finish;
 mod http;
+mod intercept;
+mod interception;
 mod limits;
 mod listener;
 mod outcome;
 mod table;
 
 pub use audit::{AuditFile, TenantCounters, AUDIT_BACKLOG};
+pub use interception::Interception;
 pub use limits::{Limits, MAX_HEAD_BYTES, STEP_TIMEOUT};
 pub use listener::serve;
 pub use outcome::Outcome;

@@ -32,11 +32,17 @@ pub enum Outcome {
     /// The destination is on the egress network itself (another kernel): never, whatever
     /// the policy.
     KernelNetwork,
+    /// The kernel's TLS to an intercepted host failed (it does not trust the kernelbox CA?).
+    KernelTls,
+    /// An intercepted host's certificate is not trusted by the CA bundle (or it spoke no TLS).
+    UpstreamTls,
+    /// A `${secrets.NAME}` placeholder sent to a host no credential rule names.
+    Placeholder,
 }
 
 impl Outcome {
     /// Every outcome (its `name` is a refusal reason of metrics and audit lines).
-    pub const ALL: [Outcome; 12] = [
+    pub const ALL: [Outcome; 15] = [
         Outcome::Refused(Refusal::NotAllowed),
         Outcome::Refused(Refusal::Denied),
         Outcome::Refused(Refusal::PrivateAddress),
@@ -49,6 +55,9 @@ impl Outcome {
         Outcome::ConnectFailed,
         Outcome::PolicyChanged,
         Outcome::KernelNetwork,
+        Outcome::KernelTls,
+        Outcome::UpstreamTls,
+        Outcome::Placeholder,
     ];
 
     /// The name in metrics and audit lines.
@@ -64,6 +73,9 @@ impl Outcome {
             Outcome::ConnectFailed => "connect_failed",
             Outcome::PolicyChanged => "policy_changed",
             Outcome::KernelNetwork => "kernel_network",
+            Outcome::KernelTls => "kernel_tls",
+            Outcome::UpstreamTls => "upstream_tls",
+            Outcome::Placeholder => "placeholder_without_rule",
         }
     }
 }
@@ -103,6 +115,13 @@ pub(super) fn refusal_message(host: &str, port: u16, outcome: Outcome) -> String
         Outcome::ConnectFailed => "the destination did not answer",
         Outcome::PolicyChanged => "the session's network policy changed",
         Outcome::KernelNetwork => "it is another kernel on the egress network",
+        Outcome::KernelTls => "the kernel's TLS failed (it must trust the kernelbox egress CA: SSL_CERT_FILE)",
+        Outcome::UpstreamTls => {
+            "the destination's certificate is not trusted by the CA bundle (or it spoke no TLS)"
+        }
+        Outcome::Placeholder => {
+            "the request carries a ${secrets.NAME} placeholder, and no credential rule names this host"
+        }
     };
     format!(
         "kernelbox egress: {host}:{port} refused ({}): {why}",

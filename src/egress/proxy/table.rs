@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::super::policy::Grant;
 use super::audit::{AuditFile, TenantCounters};
+use super::interception::Interception;
 use super::limits::{Bucket, Limits};
 
 /// One kernel the proxy serves.
@@ -138,6 +139,7 @@ pub struct Table {
     counters: Mutex<HashMap<String, TenantCounters>>,
     pub(super) audit: Option<AuditFile>,
     pub(super) kernel_network: Option<(IpAddr, u8)>,
+    pub(super) interception: Option<Arc<Interception>>,
 }
 
 impl Table {
@@ -149,6 +151,13 @@ impl Table {
             kernel_network,
             ..Table::default()
         }
+    }
+
+    /// Intercepts the connections a rule of `interception` names (`docs/reliability.md`,
+    /// "Credentials at the boundary"); without it every tunnel carries its bytes untouched.
+    pub fn with_interception(mut self, interception: Option<Arc<Interception>>) -> Table {
+        self.interception = interception;
+        self
     }
 
     /// Serves `entry` for connections from `addr` (replacing any earlier kernel there).
