@@ -226,6 +226,20 @@ pub struct EgressConfig {
     pub limits: crate::egress::proxy::Limits,
     /// Where audit lines go, one JSON line per connection (`--egress-audit`); `None`: the log.
     pub audit: Option<PathBuf>,
+    /// Credentials added at the boundary (`--egress-secrets`); `None`: every tunnel carries
+    /// its bytes untouched.
+    pub credentials: Option<CredentialsConfig>,
+}
+
+/// Credentials added at the boundary (`docs/reliability.md`, "Credentials at the boundary").
+#[derive(Debug, Clone)]
+pub struct CredentialsConfig {
+    /// Every tenant's secrets and rules.
+    pub secrets: crate::egress::secrets::Secrets,
+    /// Where the kernelbox egress CA is kept (generated there when missing).
+    pub ca_dir: PathBuf,
+    /// Replace the CA with a new one at start.
+    pub rotate_ca: bool,
 }
 
 /// The CA bundle kernels with a policy trust unless told otherwise: the host's.

@@ -57,6 +57,7 @@ async fn with_egress(name: &str, tenants: BTreeMap<String, NetworkPolicy>) -> Ca
             ca_bundle: DEFAULT_CA_BUNDLE.into(),
             limits: Default::default(),
             audit: None,
+            credentials: None,
         });
     })
     .await

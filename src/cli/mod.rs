@@ -190,6 +190,20 @@ pub struct KernelOpts {
     /// `allowed` or why refused) to this file; without it, audit lines go to the log.
     #[arg(long, env = "KERNELBOX_EGRESS_AUDIT")]
     egress_audit: Option<PathBuf>,
+    /// Credentials added at the boundary: a JSON file of each tenant's secrets and rules
+    /// (`{"tenants": {"default": {"secrets": {"KEY": "..." | {"env": "VAR"}}, "rules":
+    /// [{"host": "api.example.com", "headers": {"Authorization": "Bearer ${secrets.KEY}"}}]}}}`);
+    /// kernels never see a value (docs/reliability.md, "Credentials at the boundary").
+    #[arg(long, env = "KERNELBOX_EGRESS_SECRETS")]
+    egress_secrets: Option<PathBuf>,
+    /// Where the kernelbox egress CA is kept (generated when missing; put an operator's
+    /// egress-ca.crt and egress-ca.key there to use it). Default: the state directory's
+    /// egress-ca.
+    #[arg(long, env = "KERNELBOX_EGRESS_CA_DIR")]
+    egress_ca_dir: Option<PathBuf>,
+    /// Replace the egress CA with a new one at start (kernels started after trust the new one).
+    #[arg(long)]
+    egress_ca_rotate: bool,
     /// Extra label KEY=VALUE on everything created (repeatable).
     #[arg(long = "label", value_parser = parse_label)]
     labels: Vec<(String, String)>,
@@ -211,8 +225,23 @@ impl KernelOpts {
     fn egress(
         &self,
         tenants: BTreeMap<String, kernelbox::wire::NetworkPolicy>,
-    ) -> kernelbox::config::EgressConfig {
-        kernelbox::config::EgressConfig {
+    ) -> anyhow::Result<kernelbox::config::EgressConfig> {
+        let credentials = match &self.egress_secrets {
+            Some(path) => Some(kernelbox::config::CredentialsConfig {
+                secrets: kernelbox::egress::secrets::Secrets::load(path)?,
+                ca_dir: match &self.egress_ca_dir {
+                    Some(dir) => dir.clone(),
+                    None => serve::default_state_dir()
+                        .map(|d| d.join("egress-ca"))
+                        .context(
+                            "no --egress-ca-dir given and neither XDG_STATE_HOME nor HOME is set",
+                        )?,
+                },
+                rotate_ca: self.egress_ca_rotate,
+            }),
+            None => None,
+        };
+        Ok(kernelbox::config::EgressConfig {
             tenants,
             ca_bundle: self.ca_bundle.clone(),
             limits: kernelbox::egress::proxy::Limits {
@@ -221,7 +250,8 @@ impl KernelOpts {
                 ..Default::default()
             },
             audit: self.egress_audit.clone(),
-        }
+            credentials,
+        })
     }
 
     /// True when `--network-allow` or `--network-deny` was given.
@@ -255,7 +285,7 @@ impl KernelOpts {
             };
             kernelbox::egress::Policy::parse(&policy)?;
             config.egress =
-                Some(self.egress(BTreeMap::from([(config.default_tenant.clone(), policy)])));
+                Some(self.egress(BTreeMap::from([(config.default_tenant.clone(), policy)]))?);
         }
         config.spec.sandbox.nano_cpus = (self.cpus * 1e9) as i64;
         config.spec.sandbox.pids_limit = self.pids;

@@ -323,7 +323,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         }
         let networks = tenants.networks();
         if !networks.is_empty() {
-            config.egress = Some(args.kernel.egress(networks));
+            config.egress = Some(args.kernel.egress(networks)?);
         }
     }
     config.tenant_runtimes = tenants.runtimes();
@@ -521,7 +521,7 @@ fn read_secret(flag: &str, path: &std::path::Path) -> anyhow::Result<String> {
 
 /// The XDG state directory of the user running the server: per-user, writable without root,
 /// and kept across reboots (unlike /run or /tmp).
-fn default_state_dir() -> Option<PathBuf> {
+pub(super) fn default_state_dir() -> Option<PathBuf> {
     let from = |var: &str| {
         std::env::var_os(var)
             .map(PathBuf::from)

@@ -6,8 +6,10 @@
 //! |---|---|
 //! | `policy.rs` | policies parsed and matched: entries, presets, the special address ranges, a kernel's [`Grant`] (tenant ∩ session) |
 //! | `sni.rs` | the server name of a TLS ClientHello, read with every length checked |
+//! | `secrets.rs` | credentials added at the boundary: each tenant's secrets (never printed) and rules `host -> headers` |
+//! | `ca.rs` | the kernelbox egress CA (kept `0600`, rotated on request), its cached leaves, the upstream TLS configuration |
 //! | `network.rs` | the egress network (internal, no traffic between kernels) and its host firewall rules, named after it |
-//! | `proxy.rs` | the proxy: CONNECT (TLS, server name checked) and plain HTTP, kernels known by address and credential, limits, counters, the audit line |
+//! | `proxy/` | the proxy: CONNECT (TLS, server name checked) and plain HTTP, kernels known by address and credential, limits, counters, the audit line (its `mod.rs` says which file does what) |
 //! | `mod.rs` | [`Egress`]: the network, firewall and proxy of one instance, the tenants' and sessions' policies, what a kernel with a policy is made with |
 
 pub mod policy;
@@ -15,8 +17,10 @@ pub mod sni;
 
 pub use policy::{Grant, Policy, PolicyError, Refusal};
 
+pub mod ca;
 pub mod network;
 pub mod proxy;
+pub mod secrets;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
@@ -63,6 +67,9 @@ pub enum EgressError {
         /// What the system said.
         message: String,
     },
+    /// The egress CA or the upstream trust store could not be set up.
+    #[error(transparent)]
+    Ca(#[from] ca::CaError),
     /// The CA bundle is not a readable file.
     #[error("the CA bundle {0} is not a readable file")]
     CaBundle(PathBuf),
@@ -244,7 +251,31 @@ impl Egress {
             let _ = network::remove(engine.as_ref(), &names).await;
             return Err(e.into());
         }
-        let table = Arc::new(proxy::Table::new(audit, Some(subnet)));
+        // With credential rules, kernels trust the kernelbox CA too (docs/reliability.md,
+        // "Credentials at the boundary"): a bundle of the operator's and the CA's certificate.
+        let (interception, ca_bundle) = match &config.credentials {
+            Some(c) if !c.secrets.is_empty() => {
+                let made = ca::Ca::open(&c.ca_dir, &config.ca_bundle, c.rotate_ca)
+                    .and_then(|(ca, bundle)| Ok((ca, bundle, ca::upstream(&config.ca_bundle)?)));
+                match made {
+                    Ok((ca, bundle, upstream)) => (
+                        Some(Arc::new(proxy::Interception::new(
+                            c.secrets.clone(),
+                            ca,
+                            upstream,
+                        ))),
+                        bundle,
+                    ),
+                    Err(e) => {
+                        let _ = network::remove(engine.as_ref(), &names).await;
+                        return Err(e.into());
+                    }
+                }
+            }
+            _ => (None, config.ca_bundle.clone()),
+        };
+        let table =
+            Arc::new(proxy::Table::new(audit, Some(subnet)).with_interception(interception));
         let cancel = CancellationToken::new();
         tokio::spawn(proxy::serve(
             listener,
@@ -259,7 +290,7 @@ impl Egress {
             proxy,
             table,
             limits: config.limits,
-            ca_bundle: config.ca_bundle.clone(),
+            ca_bundle,
             tenants,
             sessions: Mutex::new(HashMap::new()),
             cancel,

@@ -1,0 +1,103 @@
+//! The accounting of one connection: its audit line (the log, or the `--egress-audit` file)
+//! and its tenant's counters, when it is refused or when it ends.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::outcome::Outcome;
+use super::table::{KernelEntry, LiveGuard, Table};
+
+/// Writes the audit line of one connection.
+pub(super) fn audit(
+    table: &Table,
+    entry: &KernelEntry,
+    host: &str,
+    port: u16,
+    out: u64,
+    inb: u64,
+    outcome: Result<(), Outcome>,
+) {
+    let verdict = match outcome {
+        Ok(()) => "allowed",
+        Err(o) => o.name(),
+    };
+    if let Some(file) = &table.audit {
+        let time = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
+        let line = serde_json::json!({
+            "time": time,
+            "tenant": entry.tenant,
+            "session": entry.session,
+            "host": host,
+            "port": port,
+            "bytes_out": out,
+            "bytes_in": inb,
+            "outcome": verdict,
+        })
+        .to_string()
+            + "\n";
+        match file.lines.try_send(line) {
+            Ok(()) => return,
+            // A full backlog (or a writer gone): the line goes to the log below.
+            Err(_) => tracing::warn!("the egress audit file's backlog is full; logging instead"),
+        }
+    }
+    tracing::info!(
+        target: "kernelbox::egress::audit",
+        tenant = %entry.tenant,
+        session = %entry.session,
+        host = %host,
+        port,
+        bytes_out = out,
+        bytes_in = inb,
+        outcome = verdict,
+        "egress connection"
+    );
+}
+
+/// Counts and audits one allowed connection when it ends.
+pub(super) struct Finish {
+    pub(super) entry: Arc<KernelEntry>,
+    pub(super) table: Arc<Table>,
+    pub(super) host: String,
+    pub(super) port: u16,
+    pub(super) bytes_in: Arc<AtomicU64>,
+    pub(super) bytes_out: Arc<AtomicU64>,
+    pub(super) outcome: Mutex<Result<(), Outcome>>,
+    pub(super) _live: LiveGuard,
+}
+
+impl Finish {
+    pub(super) fn fail(&self, outcome: Outcome) {
+        *self.outcome.lock().unwrap_or_else(|p| p.into_inner()) = Err(outcome);
+    }
+}
+
+impl Drop for Finish {
+    fn drop(&mut self) {
+        let (inb, out) = (
+            self.bytes_in.load(Ordering::Relaxed),
+            self.bytes_out.load(Ordering::Relaxed),
+        );
+        let outcome = *self.outcome.lock().unwrap_or_else(|p| p.into_inner());
+        self.table.count(&self.entry.tenant, |c| {
+            c.bytes_in += inb;
+            c.bytes_out += out;
+            match outcome {
+                Ok(()) => c.connections += 1,
+                Err(o) => *c.refusals.entry(o.name()).or_default() += 1,
+            }
+        });
+        audit(
+            &self.table,
+            &self.entry,
+            &self.host,
+            self.port,
+            out,
+            inb,
+            outcome,
+        );
+    }
+}

@@ -1,0 +1,219 @@
+//! The kernels the proxy serves, known by address and credential, and what it shares with its
+//! owner.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+use super::super::policy::Grant;
+use super::audit::{AuditFile, TenantCounters};
+use super::interception::Interception;
+use super::limits::{Bucket, Limits};
+
+/// One kernel the proxy serves.
+pub struct KernelEntry {
+    /// The credential in its proxy URL (`kernelbox:TOKEN`).
+    pub token: String,
+    /// Its tenant.
+    pub tenant: String,
+    /// Its session.
+    pub session: String,
+    pub(super) grant: Mutex<Grant>,
+    pub(super) connections: Arc<Semaphore>,
+    pub(super) bucket: Arc<Bucket>,
+    pub(super) live: Mutex<Vec<Live>>,
+    pub(super) next_live: AtomicU64,
+    /// Cancelled when the kernel goes: every connection of it ends.
+    pub cancel: CancellationToken,
+}
+
+impl std::fmt::Debug for KernelEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KernelEntry")
+            .field("tenant", &self.tenant)
+            .field("session", &self.session)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A connection under way: where it goes, to be judged again when the policy changes.
+pub(super) struct Live {
+    id: u64,
+    host: String,
+    port: u16,
+    addr: IpAddr,
+    cancel: CancellationToken,
+}
+
+impl KernelEntry {
+    /// A kernel of `tenant`'s `session` under `grant`.
+    pub fn new(
+        token: String,
+        tenant: String,
+        session: String,
+        grant: Grant,
+        limits: &Limits,
+    ) -> Self {
+        KernelEntry {
+            token,
+            tenant,
+            session,
+            grant: Mutex::new(grant),
+            connections: Arc::new(Semaphore::new(limits.connections_per_kernel)),
+            bucket: Arc::new(Bucket::new(limits.bytes_per_second)),
+            live: Mutex::new(Vec::new()),
+            next_live: AtomicU64::new(0),
+            cancel: CancellationToken::new(),
+        }
+    }
+
+    pub(super) fn grant(&self) -> Grant {
+        self.grant.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Applies `grant` at once: connections it no longer allows are closed. Returns how many.
+    pub fn set_grant(&self, grant: Grant) -> usize {
+        *self.grant.lock().unwrap_or_else(|p| p.into_inner()) = grant.clone();
+        let live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        let mut closed = 0;
+        for conn in live.iter() {
+            let ok = grant.check_name(&conn.host, conn.port).is_ok()
+                && grant
+                    .check_address(&conn.host, conn.port, conn.addr)
+                    .is_ok();
+            if !ok {
+                conn.cancel.cancel();
+                closed += 1;
+            }
+        }
+        closed
+    }
+
+    pub(super) fn enter(self: &Arc<Self>, host: &str, port: u16, addr: IpAddr) -> LiveGuard {
+        let id = self.next_live.fetch_add(1, Ordering::Relaxed);
+        let cancel = self.cancel.child_token();
+        self.live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Live {
+                id,
+                host: host.to_string(),
+                port,
+                addr,
+                cancel: cancel.clone(),
+            });
+        LiveGuard {
+            entry: self.clone(),
+            id,
+            cancel,
+        }
+    }
+}
+
+/// Removes its connection from the kernel's live list when dropped.
+pub(super) struct LiveGuard {
+    entry: Arc<KernelEntry>,
+    id: u64,
+    pub(super) cancel: CancellationToken,
+}
+
+impl Drop for LiveGuard {
+    fn drop(&mut self) {
+        self.entry
+            .live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|l| l.id != self.id);
+    }
+}
+
+/// What the proxy shares with its owner: the kernels it serves, the tenants' counters, where
+/// audit lines go, and the egress network's own range (never a destination).
+#[derive(Debug, Default)]
+pub struct Table {
+    kernels: Mutex<HashMap<IpAddr, Arc<KernelEntry>>>,
+    counters: Mutex<HashMap<String, TenantCounters>>,
+    pub(super) audit: Option<AuditFile>,
+    pub(super) kernel_network: Option<(IpAddr, u8)>,
+    pub(super) interception: Option<Arc<Interception>>,
+}
+
+impl Table {
+    /// A table whose audit lines go to `audit` (else the log), refusing destinations in
+    /// `kernel_network` (the egress network's subnet: base and prefix length).
+    pub fn new(audit: Option<AuditFile>, kernel_network: Option<(IpAddr, u8)>) -> Table {
+        Table {
+            audit,
+            kernel_network,
+            ..Table::default()
+        }
+    }
+
+    /// Intercepts the connections a rule of `interception` names (`docs/reliability.md`,
+    /// "Credentials at the boundary"); without it every tunnel carries its bytes untouched.
+    pub fn with_interception(mut self, interception: Option<Arc<Interception>>) -> Table {
+        self.interception = interception;
+        self
+    }
+
+    /// Serves `entry` for connections from `addr` (replacing any earlier kernel there).
+    pub fn insert(&self, addr: IpAddr, entry: Arc<KernelEntry>) {
+        if let Some(old) = self
+            .kernels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(addr, entry)
+        {
+            old.cancel.cancel();
+        }
+    }
+
+    /// Stops serving the kernel at `addr` (when it is `token`'s): its connections end.
+    pub fn remove(&self, addr: IpAddr, token: &str) {
+        let mut kernels = self.kernels.lock().unwrap_or_else(|p| p.into_inner());
+        if kernels.get(&addr).is_some_and(|e| e.token == token) {
+            if let Some(e) = kernels.remove(&addr) {
+                e.cancel.cancel();
+            }
+        }
+    }
+
+    /// The kernels of `tenant`'s `session`.
+    pub fn of_session(&self, tenant: &str, session: &str) -> Vec<Arc<KernelEntry>> {
+        self.kernels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .filter(|e| e.tenant == tenant && e.session == session)
+            .cloned()
+            .collect()
+    }
+
+    pub(super) fn lookup(&self, addr: IpAddr) -> Option<Arc<KernelEntry>> {
+        self.kernels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&addr)
+            .cloned()
+    }
+
+    pub(super) fn count(&self, tenant: &str, f: impl FnOnce(&mut TenantCounters)) {
+        let mut counters = self.counters.lock().unwrap_or_else(|p| p.into_inner());
+        f(counters.entry(tenant.to_string()).or_default());
+    }
+
+    /// Every tenant's counters.
+    pub fn counters(&self) -> Vec<(String, TenantCounters)> {
+        let counters = self.counters.lock().unwrap_or_else(|p| p.into_inner());
+        let mut all: Vec<_> = counters
+            .iter()
+            .map(|(t, c)| (t.clone(), c.clone()))
+            .collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all
+    }
+}
