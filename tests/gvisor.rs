@@ -99,6 +99,7 @@ async fn a_network_policy_under_runsc_is_refused_at_start() {
         ca_bundle: kernelbox::config::DEFAULT_CA_BUNDLE.into(),
         limits: Default::default(),
         audit: None,
+        credentials: None,
     });
     let engine = common::engine().await;
     let message = match Orchestrator::start(config, engine.clone()).await {

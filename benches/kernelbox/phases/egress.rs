@@ -166,6 +166,7 @@ impl Bench {
                 ..Default::default()
             },
             audit: None,
+            credentials: None,
         });
         let kb = Orchestrator::start(c, self.engine.clone()).await?;
         let measured = self.egress_rows(&kb, server.port).await;
