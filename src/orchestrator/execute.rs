@@ -97,6 +97,10 @@ impl Orchestrator {
             CellOutcome::Interrupted | CellOutcome::InterruptedKept
         ));
         let mut result = self.settle(&call, &lease, run).await;
+        self.inner
+            .registry
+            .tenants()
+            .cell(&call.key.owner.tenant, result.status);
         self.release(&lease.slot).await;
         // The catalog wrote a new kernel's start while the cell ran.
         if !lease.confirm_start().await {

@@ -447,6 +447,10 @@ impl Orchestrator {
     fn lease(&self, key: &KernelKey, attempt: Attempt, kernel: Arc<Kernel>) -> Lease {
         if !attempt.reused {
             self.count_take(attempt.pooled);
+            self.inner
+                .registry
+                .tenants()
+                .new_kernel(&key.owner.tenant, attempt.pooled);
         }
         let slot = attempt.slot;
         // Naming the kernel and refilling the pool wait for this first cell (or a moment):

@@ -43,7 +43,7 @@ pub use files::{FileError, FileRequest};
 pub use pool::{PoolStats, POOL_REFILL_CONCURRENCY, REFILL_BUCKETS};
 pub use request::{
     AdmissionNotice, ExecuteError, ExecuteRequest, FileBytes, KernelSummary, Scope, StartError,
-    StartStats, Stats, START_BUCKETS,
+    StartStats, Stats, TenantStats, START_BUCKETS,
 };
 
 use std::collections::{BTreeMap, HashMap};
@@ -152,6 +152,22 @@ impl Orchestrator {
         if let Some(catalog) = &self.inner.catalog {
             let writer = catalog.clone();
             let _ = tokio::task::spawn_blocking(move || writer.flush()).await;
+        }
+    }
+
+    /// Per-tenant counters for metrics, by label value (`docs/usage.md`, "Per-tenant
+    /// metrics"), and the live kernels of each label value.
+    pub fn tenant_stats(&self) -> TenantStats {
+        let meter = self.inner.registry.tenants();
+        let mut live = BTreeMap::<String, usize>::new();
+        for slot in self.inner.registry.slots() {
+            *live
+                .entry(meter.label(&slot.key.owner.tenant).to_string())
+                .or_default() += 1;
+        }
+        TenantStats {
+            counts: meter.snapshot(),
+            live,
         }
     }
 

@@ -656,6 +656,7 @@ async fn metrics(State(state): State<AppState>) -> Response {
         .inner
         .metrics
         .render(live, state.is_draining(), &stats);
+    let _ = super::metrics::write_tenants(&mut text, &state.inner.orchestrator.tenant_stats());
     let pending = &state.inner.pending;
     let _ = super::metrics::write_responses(&mut text, pending.held(None).0, pending.cut_count());
     if let Some(egress) = state.inner.orchestrator.egress() {
