@@ -107,6 +107,13 @@ impl Orchestrator {
             tracing::warn!("the catalog did not confirm a kernel start in time");
         }
         result.duration_seconds = call.started.elapsed().as_secs_f64();
+        let owner = &call.key.owner;
+        self.inner
+            .ledger
+            .record(&owner.tenant, &owner.session, |r| {
+                r.cells += 1;
+                r.cell_seconds += result.duration_seconds;
+            });
         Ok(result)
     }
 

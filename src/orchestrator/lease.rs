@@ -451,6 +451,12 @@ impl Orchestrator {
                 .registry
                 .tenants()
                 .new_kernel(&key.owner.tenant, attempt.pooled);
+            if attempt.pooled {
+                let owner = &key.owner;
+                self.inner
+                    .ledger
+                    .record(&owner.tenant, &owner.session, |r| r.pool_hits += 1);
+            }
         }
         let slot = attempt.slot;
         // Naming the kernel and refilling the pool wait for this first cell (or a moment):

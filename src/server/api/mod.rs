@@ -11,6 +11,7 @@
 //! | `mcp_session.rs` | which kernelbox session a `/v1/mcp` request runs in |
 //! | `pending.rs` | response bytes in flight per tenant and for the host, and the minimum rate every response body is read at |
 //! | `mcp_backend.rs` | the MCP tools' backend on `/v1/mcp`: the execute and command paths and file calls below, for the caller's tenant |
+//! | `usage.rs` | `GET /v1/usage`: a tenant's usage ledger, every tenant's for a usage admin (docs/usage.md) |
 //! | `tests.rs` | unit tests |
 
 mod files;
@@ -22,6 +23,7 @@ mod middleware;
 pub(crate) mod pending;
 mod routing;
 mod stream;
+mod usage;
 
 use stream::stream_execute;
 
@@ -106,6 +108,7 @@ pub(super) fn router(state: AppState, metrics_route: MetricsRoute) -> Router {
             get(super::cluster::node_kernels),
         )
         .route("/v1/kernels", get(kernels))
+        .route("/v1/usage", get(usage::usage))
         .route("/healthz", get(healthz))
         .route("/openapi.json", get(openapi));
     let router = match metrics_route {

@@ -69,6 +69,8 @@ pub struct Tenant {
     pub image: Option<String>,
     /// The tenant's network egress policy (`None`: no network).
     pub network: Option<crate::wire::NetworkPolicy>,
+    /// The tenant may read every tenant's usage (`GET /v1/usage`, docs/usage.md).
+    pub usage_admin: bool,
 }
 
 impl Tenant {
@@ -82,6 +84,7 @@ impl Tenant {
             tools: None,
             image: None,
             network: None,
+            usage_admin: false,
         }
     }
 
@@ -211,6 +214,7 @@ impl Tenants {
                     "tools",
                     "image",
                     "network",
+                    "usage_admin",
                 ],
                 &at,
                 &bad,
@@ -265,7 +269,18 @@ impl Tenants {
                     Some(parse_network(v).map_err(|reason| bad(format!("{at}.network"), reason))?)
                 }
             };
+            let usage_admin = match obj.get("usage_admin") {
+                None | Some(Value::Null) => false,
+                Some(Value::Bool(b)) => *b,
+                Some(_) => {
+                    return Err(bad(
+                        format!("{at}.usage_admin"),
+                        "must be true or false".into(),
+                    ))
+                }
+            };
             tenants.push(Tenant {
+                usage_admin,
                 name: name.to_string(),
                 token_sha256,
                 max_kernels,
