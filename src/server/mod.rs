@@ -69,6 +69,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("PUT", "/v1/sessions/{session}/files"),
     ("GET", "/v1/sessions/{session}/files"),
     ("GET", "/v1/kernels"),
+    ("GET", "/v1/usage"),
     ("GET", "/v1/nodes"),
     ("POST", "/v1/nodes/{node}/drain"),
     ("DELETE", "/v1/nodes/{node}/drain"),

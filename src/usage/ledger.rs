@@ -20,7 +20,7 @@ pub const OVERFLOW_SESSION: &str = "(overflow)";
 
 /// One tenant's session's usage in one hour (or, summed, over a range: see
 /// [`UsageRow::add`]).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct UsageRow {
     /// The tenant.
     pub tenant: String,
@@ -126,7 +126,9 @@ impl Pending {
 }
 
 /// How usage is summed for a report.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum GroupBy {
     /// One row per tenant and session over the range (`start`: the range's first hour).

@@ -89,7 +89,7 @@ impl UsageQuery {
 }
 
 /// The answer of `GET /v1/usage`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct UsageReport {
     /// Start of the range (seconds since the epoch).
     pub from: u64,
