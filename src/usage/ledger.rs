@@ -138,6 +138,16 @@ pub enum GroupBy {
     Day,
 }
 
+impl GroupBy {
+    /// The name in a query string and in JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GroupBy::Session => "session",
+            GroupBy::Day => "day",
+        }
+    }
+}
+
 /// Sums hourly `rows` as `group_by` says, in (tenant, start, session) order.
 pub fn group(rows: Vec<UsageRow>, group_by: GroupBy) -> Vec<UsageRow> {
     let mut out: BTreeMap<(String, u64, String), UsageRow> = BTreeMap::new();
