@@ -15,6 +15,7 @@
 //! | `histogram` (crate-internal) | a Prometheus histogram (kernel start times, cell durations); the type is `orchestrator::Histogram`, as `Stats` holds it |
 //! | [`cell`] | the cell contract (folder): [`CellResult`], statuses, loss reasons, output capping, every exact message, how an ending becomes a result (`docs/contract.md`) |
 //! | [`rich`] | rich results: the MIME bundles a cell displays ([`RichResult`]) |
+//! | [`usage`] | what each tenant used (folder): per-tenant metric counters with bounded labels (`docs/usage.md`) |
 //! | [`config`] | the validated configuration value |
 //! | `owner` (crate-internal) | owners (session / delegated child, per tenant) and kernel keys |
 //! | [`docker`] | the intent-level [`Engine`] trait, its bollard implementation, volume removal, the engine's events (OOM, outside kills and crashes told apart) |
@@ -62,6 +63,7 @@ pub(crate) mod owner;
 pub(crate) mod registry;
 pub mod rich;
 pub mod server;
+pub mod usage;
 pub mod wire;
 pub mod workspace;
 

@@ -136,7 +136,7 @@ async fn migrations_are_applied_once_by_concurrent_connects_and_again_change_not
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, [1, 2, 3]);
+    assert_eq!(versions, [1, 2, 3, 4]);
     let tables: i64 = raw
         .query_one(
             "SELECT count(*) FROM pg_tables WHERE tablename IN ('kb_nodes', 'kb_sessions', 'kb_kernels')",
@@ -914,5 +914,61 @@ async fn a_session_live_on_a_node_that_is_no_longer_current_is_taken_over() {
     assert_eq!(entry(&got, "root").generation, 2);
     let p = store.lookup("t", "s").await.expect("lookup").expect("row");
     assert_eq!((p.node.as_str(), p.node_current), ("a", true));
+    postgres::drop_database(&url);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_usage_ledger_sums_rows_of_every_node_reads_ranges_and_prunes() {
+    use kernelbox::usage::UsageRow;
+    let url = postgres::fresh_database();
+    let store = Store::connect(&url).await.expect("connect");
+    let (a, b) = (Writer::new(&store, "n1", 1), Writer::new(&store, "n2", 1));
+    let row = |tenant: &str, start: u64, cells: u64, peak: u64| UsageRow {
+        tenant: tenant.into(),
+        session: "s".into(),
+        start,
+        cells,
+        cpu_seconds: 0.5,
+        peak_memory_bytes: peak,
+        ..UsageRow::default()
+    };
+    let add = |w: &Writer, rows: Vec<UsageRow>, keep_from: u64| {
+        let catalog = w.catalog.clone();
+        tokio::task::spawn_blocking(move || catalog.add_usage(&rows, keep_from))
+    };
+    add(&a, vec![row("t", 3_600, 1, 10), row("u", 3_600, 7, 1)], 0)
+        .await
+        .expect("thread")
+        .expect("add");
+    add(&b, vec![row("t", 3_600, 2, 30), row("t", 7_200, 4, 5)], 0)
+        .await
+        .expect("thread")
+        .expect("add");
+    let read = |tenant: Option<&'static str>, from: u64, to: u64| {
+        let catalog = a.catalog.clone();
+        tokio::task::spawn_blocking(move || catalog.usage(tenant, from, to))
+    };
+    let t = read(Some("t"), 0, 7_200)
+        .await
+        .expect("thread")
+        .expect("read");
+    assert_eq!(t.len(), 1, "{t:?}");
+    assert_eq!((t[0].cells, t[0].peak_memory_bytes), (3, 30));
+    assert!((t[0].cpu_seconds - 1.0).abs() < 1e-9);
+    assert_eq!(
+        read(None, 0, 10_800)
+            .await
+            .expect("thread")
+            .expect("read")
+            .len(),
+        3
+    );
+    add(&a, vec![], 7_200)
+        .await
+        .expect("thread")
+        .expect("prune");
+    let left = read(None, 0, 10_800).await.expect("thread").expect("read");
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert_eq!((left[0].start, left[0].cells), (7_200, 4));
     postgres::drop_database(&url);
 }

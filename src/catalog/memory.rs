@@ -4,12 +4,15 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
 use super::{apply_changes, Catalog, CatalogError, Change, Entry, Row, Rows};
+use crate::usage::UsageRow;
 
 /// The catalog in memory: for tests, and for library users who want the semantics without a
 /// file.
 #[derive(Debug, Default)]
 pub struct MemoryCatalog {
     inner: Mutex<MemoryRows>,
+    /// The usage ledger by (tenant, hour, session).
+    usage: Mutex<BTreeMap<(String, u64, String), UsageRow>>,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -102,5 +105,38 @@ impl Catalog for MemoryCatalog {
         apply_changes(&mut copy, changes)?;
         *rows = copy;
         Ok(())
+    }
+
+    fn add_usage(&self, rows: &[UsageRow], keep_from: u64) -> Result<(), CatalogError> {
+        let mut usage = self.usage.lock().unwrap_or_else(|p| p.into_inner());
+        for row in rows {
+            usage
+                .entry((row.tenant.clone(), row.start, row.session.clone()))
+                .or_insert_with(|| UsageRow {
+                    tenant: row.tenant.clone(),
+                    session: row.session.clone(),
+                    start: row.start,
+                    ..UsageRow::default()
+                })
+                .add(row);
+        }
+        usage.retain(|(_, hour, _), _| *hour >= keep_from);
+        Ok(())
+    }
+
+    fn usage(
+        &self,
+        tenant: Option<&str>,
+        from: u64,
+        to: u64,
+    ) -> Result<Vec<UsageRow>, CatalogError> {
+        let usage = self.usage.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(usage
+            .iter()
+            .filter(|((t, hour, _), _)| {
+                tenant.is_none_or(|want| want == t) && (from..to).contains(hour)
+            })
+            .map(|(_, row)| row.clone())
+            .collect())
     }
 }

@@ -43,6 +43,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use crate::cell::StateLost;
+use crate::usage::UsageRow;
 
 /// Rows kept at most (the registry remembers as many keys).
 pub const MAX_ENTRIES: usize = 65_536;
@@ -198,6 +199,17 @@ pub trait Catalog: Send + Sync + std::fmt::Debug {
     fn load(&self) -> Result<Vec<Entry>, CatalogError>;
     /// Applies `changes` in order, atomically.
     fn apply(&self, changes: &[Change]) -> Result<(), CatalogError>;
+    /// Adds `rows` to the usage ledger (each summed into the row of its tenant, session and
+    /// hour) and removes rows of hours before `keep_from` (`docs/usage.md`, "The usage
+    /// ledger"), atomically.
+    fn add_usage(&self, rows: &[UsageRow], keep_from: u64) -> Result<(), CatalogError>;
+    /// The ledger's rows of hours in `[from, to)`, of `tenant` only when given.
+    fn usage(
+        &self,
+        tenant: Option<&str>,
+        from: u64,
+        to: u64,
+    ) -> Result<Vec<UsageRow>, CatalogError>;
 }
 
 /// A row as stored: the entry and when it last changed.

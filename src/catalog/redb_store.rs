@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use redb::{ReadableTable, ReadableTableMetadata, TableDefinition};
 
 use super::{apply_changes, Catalog, CatalogError, Change, Entry, Row, Rows, FILE_NAME};
+use crate::usage::UsageRow;
 
 /// Key hash -> JSON [`Row`].
 const ENTRIES: TableDefinition<&str, &[u8]> = TableDefinition::new("entries");
@@ -14,6 +15,10 @@ const ORDER: TableDefinition<u64, &str> = TableDefinition::new("order");
 pub(super) const BY_TENANT: TableDefinition<(&str, u64), &str> = TableDefinition::new("by_tenant");
 /// Tenant -> how many rows it has.
 pub(super) const TENANT_ROWS: TableDefinition<&str, u64> = TableDefinition::new("tenant_rows");
+
+/// (hour, tenant, session) -> JSON [`UsageRow`]: the usage ledger (`docs/usage.md`), by hour
+/// first so pruning and reports read a range.
+const USAGE: TableDefinition<(u64, &str, &str), &[u8]> = TableDefinition::new("usage");
 
 /// The first bytes of every redb file.
 pub(super) const REDB_MAGIC: [u8; 9] = [b'r', b'e', b'd', b'b', 0x1A, 0x0A, 0xA9, 0x0D, 0x0A];
@@ -79,6 +84,7 @@ impl RedbCatalog {
         let catalog = RedbCatalog { path, db };
         // Create the tables once, so readers never meet a missing one.
         catalog.apply(&[])?;
+        catalog.add_usage(&[], 0)?;
         catalog.index_tenants()?;
         Ok(catalog)
     }
@@ -379,5 +385,84 @@ impl Catalog for RedbCatalog {
             apply_changes(&mut rows, changes)?;
         }
         txn.commit().map_err(|e| err(e.into()))
+    }
+
+    fn add_usage(&self, rows: &[UsageRow], keep_from: u64) -> Result<(), CatalogError> {
+        let err = self.storage("writing usage");
+        let txn = self.db.begin_write().map_err(|e| err(e.into()))?;
+        {
+            let mut table = txn.open_table(USAGE).map_err(|e| err(e.into()))?;
+            for row in rows {
+                let key = (row.start, row.tenant.as_str(), row.session.as_str());
+                let mut sum = match table.get(key).map_err(|e| err(e.into()))? {
+                    Some(bytes) => self.decode_usage(bytes.value())?,
+                    None => UsageRow {
+                        tenant: row.tenant.clone(),
+                        session: row.session.clone(),
+                        start: row.start,
+                        ..UsageRow::default()
+                    },
+                };
+                sum.add(row);
+                let bytes = serde_json::to_vec(&sum).map_err(|e| CatalogError::Storage {
+                    path: self.path.clone(),
+                    operation: "encoding usage",
+                    reason: e.to_string(),
+                })?;
+                table
+                    .insert(key, bytes.as_slice())
+                    .map_err(|e| err(e.into()))?;
+            }
+            // Hours before `keep_from` go: the range's keys first, then each one.
+            let old: Vec<(u64, String, String)> = table
+                .range(..(keep_from, "", ""))
+                .map_err(|e| err(e.into()))?
+                .map(|item| {
+                    item.map(|(k, _)| {
+                        let (hour, tenant, session) = k.value();
+                        (hour, tenant.to_string(), session.to_string())
+                    })
+                })
+                .collect::<Result<_, _>>()
+                .map_err(|e| err(e.into()))?;
+            for (hour, tenant, session) in &old {
+                table
+                    .remove((*hour, tenant.as_str(), session.as_str()))
+                    .map_err(|e| err(e.into()))?;
+            }
+        }
+        txn.commit().map_err(|e| err(e.into()))
+    }
+
+    fn usage(
+        &self,
+        tenant: Option<&str>,
+        from: u64,
+        to: u64,
+    ) -> Result<Vec<UsageRow>, CatalogError> {
+        let err = self.storage("reading usage");
+        let txn = self.db.begin_read().map_err(|e| err(e.into()))?;
+        let table = txn.open_table(USAGE).map_err(|e| err(e.into()))?;
+        let mut rows = Vec::new();
+        for item in table
+            .range((from, "", "")..(to, "", ""))
+            .map_err(|e| err(e.into()))?
+        {
+            let (key, bytes) = item.map_err(|e| err(e.into()))?;
+            if tenant.is_some_and(|want| want != key.value().1) {
+                continue;
+            }
+            rows.push(self.decode_usage(bytes.value())?);
+        }
+        Ok(rows)
+    }
+}
+
+impl RedbCatalog {
+    fn decode_usage(&self, bytes: &[u8]) -> Result<UsageRow, CatalogError> {
+        serde_json::from_slice(bytes).map_err(|e| CatalogError::Corrupt {
+            path: self.path.clone(),
+            reason: format!("a usage row does not decode: {e}"),
+        })
     }
 }

@@ -348,6 +348,12 @@ fn the_writer_applies_in_order_and_counts_failures() {
                 reason: "disk full".into(),
             })
         }
+        fn add_usage(&self, _: &[UsageRow], _: u64) -> Result<(), CatalogError> {
+            Ok(())
+        }
+        fn usage(&self, _: Option<&str>, _: u64, _: u64) -> Result<Vec<UsageRow>, CatalogError> {
+            Ok(Vec::new())
+        }
     }
     let catalog = Arc::new(MemoryCatalog::default());
     let writer = CatalogWriter::start(catalog.clone()).expect("thread");
@@ -378,4 +384,44 @@ fn the_writer_applies_in_order_and_counts_failures() {
         "a failed write is never confirmed"
     );
     broken.close();
+}
+
+#[test]
+fn the_usage_ledger_sums_rows_reads_ranges_and_prunes_by_age() {
+    let dir = tempfile::tempdir().expect("dir");
+    let redb = RedbCatalog::open(dir.path()).expect("open");
+    let memory = MemoryCatalog::default();
+    let row = |tenant: &str, session: &str, start: u64, cells: u64| UsageRow {
+        tenant: tenant.into(),
+        session: session.into(),
+        start,
+        cells,
+        peak_memory_bytes: cells * 10,
+        ..UsageRow::default()
+    };
+    for catalog in [&redb as &dyn Catalog, &memory] {
+        catalog
+            .add_usage(&[row("a", "s", 3_600, 1), row("b", "s", 3_600, 5)], 0)
+            .expect("add");
+        catalog
+            .add_usage(&[row("a", "s", 3_600, 2)], 0)
+            .expect("add");
+        catalog
+            .add_usage(&[row("a", "s", 7_200, 4)], 0)
+            .expect("add");
+        let a = catalog.usage(Some("a"), 0, 7_200).expect("read");
+        assert_eq!(a.len(), 1);
+        assert_eq!((a[0].cells, a[0].peak_memory_bytes), (3, 20));
+        assert_eq!(catalog.usage(None, 0, 10_800).expect("read").len(), 3);
+        catalog.add_usage(&[], 7_200).expect("prune");
+        let left = catalog.usage(None, 0, 10_800).expect("read");
+        assert_eq!(left.len(), 1);
+        assert_eq!(left[0].start, 7_200);
+    }
+    drop(redb);
+    let reopened = RedbCatalog::open(dir.path()).expect("reopen");
+    assert_eq!(
+        reopened.usage(Some("a"), 0, 10_800).expect("read")[0].cells,
+        4
+    );
 }

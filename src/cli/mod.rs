@@ -9,6 +9,7 @@ mod repl;
 mod serve;
 mod sh;
 mod transfer;
+mod usage;
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -70,6 +71,9 @@ enum Command {
     Kill(admin::KillArgs),
     /// Serve the multi-tenant HTTP API until SIGTERM, then remove every kernel.
     Serve(Box<serve::ServeArgs>),
+    /// Show a server's usage ledger (docs/usage.md): per session or per day, as a table, JSON
+    /// (--json) or CSV (--csv).
+    Usage(usage::UsageArgs),
     /// List a cluster's nodes: state, epoch, live kernels, capacity, lease age, draining.
     Nodes(cluster::NodesArgs),
     /// Drain a cluster node: no new sessions are placed on it (--wait: until it is empty).
@@ -497,6 +501,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Cp(args) => cp::run(args).await,
         Command::Sh(args) => sh::run(args).await,
         Command::Sweep(args) => sweep(args).await,
+        Command::Usage(args) => usage::usage(args).await,
         Command::Ps(args) if args.url.is_some() => cluster::ps(args).await,
         Command::Ps(args) => admin::ps(&BollardEngine::connect().await?, args).await,
         Command::Inspect(args) => admin::inspect(&BollardEngine::connect().await?, args).await,

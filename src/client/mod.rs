@@ -142,6 +142,18 @@ impl Client {
             .map(drop)
     }
 
+    /// `GET /v1/usage` (docs/usage.md): the caller's tenant's usage ledger (every tenant's for
+    /// a usage admin).
+    pub async fn usage(
+        &self,
+        query: &crate::wire::UsageQuery,
+    ) -> Result<crate::wire::UsageReport, ClientError> {
+        let response = self
+            .send(Method::GET, &path::usage(query), "application/json", None)
+            .await?;
+        json_answer(response, "the usage ledger").await
+    }
+
     /// `GET /v1/nodes` (the token must be the cluster's admin token): the cluster's nodes,
     /// as the server answers them (docs/cluster.md, "Admin").
     pub async fn nodes(&self) -> Result<serde_json::Value, ClientError> {

@@ -22,6 +22,7 @@ use super::store::{Store, SESSION_ENDS};
 use crate::catalog::{Catalog, CatalogError, Change, Entry, MAX_ENTRIES_PER_TENANT};
 use crate::cell::StateLost;
 use crate::owner::root_session;
+use crate::usage::UsageRow;
 
 /// The [`Catalog`] of a cluster node (see the module documentation). Called from the catalog
 /// writer's own thread, never a runtime worker: each call blocks on the runtime it was built
@@ -273,5 +274,139 @@ impl Catalog for PostgresCatalog {
                 reason: e.to_string(),
             }),
         }
+    }
+
+    fn add_usage(&self, rows: &[UsageRow], keep_from: u64) -> Result<(), CatalogError> {
+        let deadline = super::store::OPERATION_DEADLINE;
+        self.handle
+            .block_on(async {
+                tokio::time::timeout(deadline, self.add_usage_async(rows, keep_from))
+                    .await
+                    .unwrap_or(Err(ClusterError::Timeout {
+                        operation: "usage write",
+                        deadline,
+                    }))
+            })
+            .map_err(|e| CatalogError::Shared {
+                reason: e.to_string(),
+            })
+    }
+
+    fn usage(
+        &self,
+        tenant: Option<&str>,
+        from: u64,
+        to: u64,
+    ) -> Result<Vec<UsageRow>, CatalogError> {
+        let deadline = super::store::OPERATION_DEADLINE;
+        self.handle
+            .block_on(async {
+                tokio::time::timeout(deadline, self.usage_async(tenant, from, to))
+                    .await
+                    .unwrap_or(Err(ClusterError::Timeout {
+                        operation: "usage read",
+                        deadline,
+                    }))
+            })
+            .map_err(|e| CatalogError::Shared {
+                reason: e.to_string(),
+            })
+    }
+}
+
+/// A count as PostgreSQL's bigint (saturating).
+fn big(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// A bigint read back as a count (negative: 0).
+fn count(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or(0)
+}
+
+impl PostgresCatalog {
+    /// The ledger's rows summed into `kb_usage` by every node, old hours pruned, in one
+    /// transaction (usage is the tenant's whichever node served it: not fenced by epoch).
+    async fn add_usage_async(&self, rows: &[UsageRow], keep_from: u64) -> Result<(), ClusterError> {
+        let op = "usage write";
+        let mut client = self.store.client(op).await?;
+        let tx = client.transaction().await.map_err(db(op))?;
+        for r in rows {
+            tx.execute(
+                "INSERT INTO kb_usage (hour, tenant, session, kernel_seconds, cpu_seconds,
+                     peak_memory_bytes, cells, cell_seconds, commands, file_bytes_in,
+                     file_bytes_out, pool_hits)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+                 ON CONFLICT (hour, tenant, session) DO UPDATE SET
+                     kernel_seconds = kb_usage.kernel_seconds + EXCLUDED.kernel_seconds,
+                     cpu_seconds = kb_usage.cpu_seconds + EXCLUDED.cpu_seconds,
+                     peak_memory_bytes = GREATEST(kb_usage.peak_memory_bytes,
+                         EXCLUDED.peak_memory_bytes),
+                     cells = kb_usage.cells + EXCLUDED.cells,
+                     cell_seconds = kb_usage.cell_seconds + EXCLUDED.cell_seconds,
+                     commands = kb_usage.commands + EXCLUDED.commands,
+                     file_bytes_in = kb_usage.file_bytes_in + EXCLUDED.file_bytes_in,
+                     file_bytes_out = kb_usage.file_bytes_out + EXCLUDED.file_bytes_out,
+                     pool_hits = kb_usage.pool_hits + EXCLUDED.pool_hits",
+                &[
+                    &big(r.start),
+                    &r.tenant,
+                    &r.session,
+                    &r.kernel_seconds,
+                    &r.cpu_seconds,
+                    &big(r.peak_memory_bytes),
+                    &big(r.cells),
+                    &r.cell_seconds,
+                    &big(r.commands),
+                    &big(r.file_bytes_in),
+                    &big(r.file_bytes_out),
+                    &big(r.pool_hits),
+                ],
+            )
+            .await
+            .map_err(db(op))?;
+        }
+        tx.execute("DELETE FROM kb_usage WHERE hour < $1", &[&big(keep_from)])
+            .await
+            .map_err(db(op))?;
+        tx.commit().await.map_err(db(op))
+    }
+
+    async fn usage_async(
+        &self,
+        tenant: Option<&str>,
+        from: u64,
+        to: u64,
+    ) -> Result<Vec<UsageRow>, ClusterError> {
+        let op = "usage read";
+        let client = self.store.client(op).await?;
+        let rows = client
+            .query(
+                "SELECT hour, tenant, session, kernel_seconds, cpu_seconds, peak_memory_bytes,
+                     cells, cell_seconds, commands, file_bytes_in, file_bytes_out, pool_hits
+                 FROM kb_usage WHERE hour >= $1 AND hour < $2
+                     AND ($3::text IS NULL OR tenant = $3)
+                 ORDER BY hour, tenant, session",
+                &[&big(from), &big(to), &tenant],
+            )
+            .await
+            .map_err(db(op))?;
+        Ok(rows
+            .iter()
+            .map(|r| UsageRow {
+                start: count(r.get(0)),
+                tenant: r.get(1),
+                session: r.get(2),
+                kernel_seconds: r.get(3),
+                cpu_seconds: r.get(4),
+                peak_memory_bytes: count(r.get(5)),
+                cells: count(r.get(6)),
+                cell_seconds: r.get(7),
+                commands: count(r.get(8)),
+                file_bytes_in: count(r.get(9)),
+                file_bytes_out: count(r.get(10)),
+                pool_hits: count(r.get(11)),
+            })
+            .collect())
     }
 }

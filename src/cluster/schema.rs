@@ -12,7 +12,7 @@ const MIGRATION_LOCK: i64 = 0x6b62_7363_6865_6d61;
 
 /// The migrations, oldest first: version N is `MIGRATIONS[N - 1]`. Never edit one that has
 /// shipped; add the next.
-pub(crate) const MIGRATIONS: &[&str] = &[V1, V2, V3];
+pub(crate) const MIGRATIONS: &[&str] = &[V1, V2, V3, V4];
 
 /// Version 3: each node's lease TTL in its own row, so that its expiry is judged by the TTL it
 /// renews against, whichever node judges (rows of nodes that registered before it get the
@@ -20,6 +20,27 @@ pub(crate) const MIGRATIONS: &[&str] = &[V1, V2, V3];
 const V3: &str = "
 ALTER TABLE kb_nodes ADD COLUMN lease_ttl_ms bigint NOT NULL DEFAULT 10000
     CHECK (lease_ttl_ms > 0);
+";
+
+/// Version 4: the usage ledger (docs/usage.md, "The usage ledger"): per tenant, session and
+/// hour, summed by every node that served the session in that hour.
+const V4: &str = "
+CREATE TABLE kb_usage (
+    hour              bigint           NOT NULL,
+    tenant            text             NOT NULL,
+    session           text             NOT NULL,
+    kernel_seconds    double precision NOT NULL DEFAULT 0,
+    cpu_seconds       double precision NOT NULL DEFAULT 0,
+    peak_memory_bytes bigint           NOT NULL DEFAULT 0,
+    cells             bigint           NOT NULL DEFAULT 0,
+    cell_seconds      double precision NOT NULL DEFAULT 0,
+    commands          bigint           NOT NULL DEFAULT 0,
+    file_bytes_in     bigint           NOT NULL DEFAULT 0,
+    file_bytes_out    bigint           NOT NULL DEFAULT 0,
+    pool_hits         bigint           NOT NULL DEFAULT 0,
+    PRIMARY KEY (hour, tenant, session)
+);
+CREATE INDEX kb_usage_tenant ON kb_usage (tenant, hour);
 ";
 
 /// Version 2: the cluster's hop secret (a request forwarded by a node carries it; a client

@@ -43,6 +43,33 @@ pub enum CpuReadError {
     Unparsable(PathBuf),
 }
 
+/// Longest memory cgroup file read, in bytes (one number).
+const MAX_MEMORY_FILE: u64 = 64;
+
+/// The highest memory use of the container `id` (its full id) so far, in bytes, from its memory
+/// cgroup (v1 `memory.max_usage_in_bytes`, v2 `memory.peak`); `None` when no layout this host
+/// knows has it. Blocking.
+pub fn memory_peak(id: &str) -> Option<u64> {
+    let root = Path::new(CGROUP_ROOT);
+    let scope = format!("system.slice/docker-{id}.scope");
+    let cgroupfs = format!("docker/{id}");
+    let files = [&cgroupfs, &scope]
+        .map(|dir| {
+            root.join("memory")
+                .join(dir)
+                .join("memory.max_usage_in_bytes")
+        })
+        .into_iter()
+        .chain([&scope, &cgroupfs].map(|dir| root.join(dir).join("memory.peak")));
+    files.into_iter().find_map(|path| {
+        let mut text = String::new();
+        std::fs::File::open(path)
+            .and_then(|f| f.take(MAX_MEMORY_FILE).read_to_string(&mut text))
+            .ok()?;
+        text.trim().parse().ok()
+    })
+}
+
 impl CpuFile {
     /// The first file present of the layouts the engine uses (cgroup v1 with the cgroupfs or
     /// the systemd driver, cpu and cpuacct mounted apart or together; cgroup v2 likewise), for

@@ -257,6 +257,9 @@ impl Orchestrator {
         });
         let mut result = ran?;
         result.duration_seconds = started.elapsed().as_secs_f64();
+        self.inner
+            .ledger
+            .record(&owner.tenant, &owner.session, |r| r.commands += 1);
         Ok(result)
     }
 }

@@ -97,12 +97,23 @@ impl Orchestrator {
             CellOutcome::Interrupted | CellOutcome::InterruptedKept
         ));
         let mut result = self.settle(&call, &lease, run).await;
+        self.inner
+            .registry
+            .tenants()
+            .cell(&call.key.owner.tenant, result.status);
         self.release(&lease.slot).await;
         // The catalog wrote a new kernel's start while the cell ran.
         if !lease.confirm_start().await {
             tracing::warn!("the catalog did not confirm a kernel start in time");
         }
         result.duration_seconds = call.started.elapsed().as_secs_f64();
+        let owner = &call.key.owner;
+        self.inner
+            .ledger
+            .record(&owner.tenant, &owner.session, |r| {
+                r.cells += 1;
+                r.cell_seconds += result.duration_seconds;
+            });
         Ok(result)
     }
 

@@ -171,8 +171,13 @@ impl Orchestrator {
         let kernel = hold.kernel()?;
         let cap = self.inner.config.files.max_upload_bytes;
         let counters = self.inner.file_bytes.clone();
+        let ledger = self.inner.ledger.clone();
+        let (tenant, session) = (owner.tenant.clone(), owner.session.clone());
         let body = body
-            .inspect_ok(move |chunk| counters.uploaded(chunk.len()))
+            .inspect_ok(move |chunk| {
+                counters.uploaded(chunk.len());
+                ledger.record(&tenant, &session, |r| r.file_bytes_in += chunk.len() as u64);
+            })
             .boxed();
         let slot = hold.slot.clone();
         let path = path.clone();
@@ -221,9 +226,16 @@ impl Orchestrator {
             self.inner.config.files.download_rate_grace,
         );
         let counters = self.inner.file_bytes.clone();
+        let ledger = self.inner.ledger.clone();
+        let (tenant, session) = (owner.tenant.clone(), owner.session.clone());
         let held = |body: crate::files::DownloadStream| {
             self.slow_cut(body, hold, rate, grace)
-                .inspect_ok(move |chunk| counters.downloaded(chunk.len()))
+                .inspect_ok(move |chunk| {
+                    counters.downloaded(chunk.len());
+                    ledger.record(&tenant, &session, |r| {
+                        r.file_bytes_out += chunk.len() as u64;
+                    });
+                })
                 .boxed()
         };
         Ok(match kernel.read_file(path, tar).await? {

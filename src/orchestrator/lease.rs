@@ -457,6 +457,16 @@ impl Orchestrator {
     fn lease(&self, key: &KernelKey, attempt: Attempt, kernel: Arc<Kernel>) -> Lease {
         if !attempt.reused {
             self.count_take(attempt.pooled);
+            self.inner
+                .registry
+                .tenants()
+                .new_kernel(&key.owner.tenant, attempt.pooled);
+            if attempt.pooled {
+                let owner = &key.owner;
+                self.inner
+                    .ledger
+                    .record(&owner.tenant, &owner.session, |r| r.pool_hits += 1);
+            }
         }
         let slot = attempt.slot;
         // Naming the kernel and refilling the pool wait for this first cell (or a moment):

@@ -16,6 +16,7 @@
 //! | `pool.rs` | the warm pool: the refill task, pooled kernels' disposal, naming a taken kernel after its owner |
 //! | `runaway.rs` | the runaway watch: kernels computing with no cell running, sampled from their cgroups, counted busy, killed past their last cell's timeout |
 //! | `adopt.rs` | work driven by its caller that the tracker adopts if the caller goes away (an upload, a cell) |
+//! | `usage.rs` | the usage ledger: kernels' cgroups sampled (alive time, CPU, peak memory) and the pending usage flushed to the catalog every [`LEDGER_FLUSH`](crate::usage::LEDGER_FLUSH), at shutdown too; reports |
 //! | `shutdown.rs` | the graceful stop: refuse new work, drain, remove every kernel |
 //! | `tests.rs`, `pool_tests.rs` | unit tests against the fake engine in paused time |
 
@@ -35,6 +36,7 @@ mod shutdown;
 mod start;
 #[cfg(test)]
 mod tests;
+mod usage;
 
 pub use crate::histogram::Histogram;
 pub use crate::registry::{EvictionCounts, LossCounts};
@@ -43,7 +45,7 @@ pub use files::{FileError, FileRequest};
 pub use pool::{PoolStats, POOL_REFILL_CONCURRENCY, REFILL_BUCKETS};
 pub use request::{
     AdmissionNotice, ExecuteError, ExecuteRequest, FileBytes, KernelSummary, Scope, StartError,
-    StartStats, Stats, START_BUCKETS,
+    StartStats, Stats, TenantStats, START_BUCKETS,
 };
 
 use std::collections::{BTreeMap, HashMap};
@@ -89,6 +91,10 @@ struct Inner {
     watchdog: Mutex<Option<Watchdog>>,
     catalog: Option<Arc<CatalogWriter>>,
     pool: pool::PoolState,
+    /// Usage recorded since the last flush to the ledger (`usage.rs`, `docs/usage.md`).
+    ledger: Arc<crate::usage::Pending>,
+    /// Where the usage ledger is kept: the catalog, or memory without one.
+    ledger_store: Arc<dyn crate::catalog::Catalog>,
     /// Network egress by policy, when configured (`docs/reliability.md`, "Network egress").
     egress: Option<Arc<crate::egress::Egress>>,
     /// Workspaces, when configured (`docs/workspaces.md`).
@@ -167,6 +173,22 @@ impl Orchestrator {
         if let Some(catalog) = &self.inner.catalog {
             let writer = catalog.clone();
             let _ = tokio::task::spawn_blocking(move || writer.flush()).await;
+        }
+    }
+
+    /// Per-tenant counters for metrics, by label value (`docs/usage.md`, "Per-tenant
+    /// metrics"), and the live kernels of each label value.
+    pub fn tenant_stats(&self) -> TenantStats {
+        let meter = self.inner.registry.tenants();
+        let mut live = BTreeMap::<String, usize>::new();
+        for slot in self.inner.registry.slots() {
+            *live
+                .entry(meter.label(&slot.key.owner.tenant).to_string())
+                .or_default() += 1;
+        }
+        TenantStats {
+            counts: meter.snapshot(),
+            live,
         }
     }
 

@@ -1,7 +1,7 @@
 //! What callers hand the orchestrator and get back: requests, errors, kernel summaries and
 //! lifecycle counters.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -374,4 +374,14 @@ pub struct FileBytes {
     /// Bytes handed to the readers of downloads (files and tars; not listings), out of
     /// kernels.
     pub download: u64,
+}
+
+/// Per-tenant counters for metrics (`docs/usage.md`, "Per-tenant metrics"), by label value: a
+/// tenant's name, or [`OTHER_TENANTS`](crate::usage::OTHER_TENANTS) past the cap.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TenantStats {
+    /// Cells, new kernels and losses.
+    pub counts: BTreeMap<String, crate::usage::TenantCounts>,
+    /// Kernels registered now (starting, idle or busy).
+    pub live: BTreeMap<String, usize>,
 }

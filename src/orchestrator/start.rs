@@ -23,6 +23,8 @@ use crate::registry::Registry;
 
 /// What the catalog held at start.
 struct Restored {
+    /// The catalog itself: the usage ledger is read and written there directly.
+    store: Arc<dyn Catalog>,
     /// Writes later changes, on its own thread.
     writer: Arc<CatalogWriter>,
     /// Every row, those left live by the previous run turned into losses by restart.
@@ -137,6 +139,11 @@ impl Orchestrator {
             watchdog: Mutex::new(watchdog),
             instance,
             catalog: restored.as_ref().map(|r| r.writer.clone()),
+            ledger: Arc::default(),
+            ledger_store: match &restored {
+                Some(r) => r.store.clone(),
+                None => Arc::new(crate::catalog::MemoryCatalog::default()),
+            },
         });
         if let Some(restored) = restored {
             restored.seed(&inner.registry);
@@ -162,6 +169,8 @@ impl Orchestrator {
         i.tracker.spawn(async move { reaper.reap_forever().await });
         let watch = self.clone();
         i.tracker.spawn(async move { watch.watch_runaways().await });
+        let ledger = self.clone();
+        i.tracker.spawn(async move { ledger.keep_ledger().await });
         self.start_pool();
     }
 }
@@ -173,8 +182,10 @@ impl Restored {
         let (entries, live) = tokio::task::spawn_blocking(move || restore(&*blocking))
             .await
             .map_err(|e| StartError::CatalogWriter(std::io::Error::other(e.to_string())))??;
+        let store = catalog.clone();
         let writer = CatalogWriter::start(catalog).map_err(StartError::CatalogWriter)?;
         Ok(Restored {
+            store,
             writer: Arc::new(writer),
             entries,
             live,

@@ -90,6 +90,7 @@ impl Inner {
         if let Some(i) = LossReason::ALL.iter().position(|r| *r == reason) {
             self.loss_counts[i] += 1;
         }
+        self.tenants.loss(&key.owner.tenant, reason);
         self.remember(key);
         let generation = *self.generations.entry(key.clone()).or_insert(0);
         let loss = StateLost {

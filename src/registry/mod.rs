@@ -46,6 +46,7 @@ use crate::cell::{LossReason, StateLost};
 use crate::config::KernelSpec;
 use crate::kernel::Kernel;
 use crate::owner::{KernelKey, Owner};
+use crate::usage::TenantMeter;
 
 /// Losses and generations are remembered for at most this many keys (as many as the catalog
 /// keeps rows).
@@ -148,6 +149,8 @@ struct Inner {
     remembered_total: usize,
     released_children: HashSet<Owner>,
     loss_counts: LossCounts,
+    /// Per-tenant counters for the metrics (losses counted here, the rest by the orchestrator).
+    tenants: Arc<TenantMeter>,
     evictions: EvictionCounts,
     /// The limits each tenant holding kernels last asked with (its share depends on them).
     limits: HashMap<String, TenantLimits>,
@@ -453,6 +456,11 @@ impl Registry {
         inner.closed = true;
         inner.released_children.clear();
         inner.slots.drain().map(|(_, s)| s).collect()
+    }
+
+    /// The per-tenant counters for the metrics (`docs/usage.md`, "Per-tenant metrics").
+    pub fn tenants(&self) -> Arc<TenantMeter> {
+        self.lock().tenants.clone()
     }
 
     /// Registered slots.

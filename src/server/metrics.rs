@@ -7,14 +7,8 @@ use std::sync::Mutex;
 
 use crate::cell::{CellResult, CellStatus, LossReason};
 use crate::histogram::Histogram;
-use crate::orchestrator::{FileBytes, PoolStats, Stats};
-
-const STATUSES: [CellStatus; 4] = [
-    CellStatus::Success,
-    CellStatus::Error,
-    CellStatus::Timeout,
-    CellStatus::Interrupted,
-];
+use crate::orchestrator::{FileBytes, PoolStats, Stats, TenantStats};
+use crate::usage::STATUSES;
 
 /// Upper bounds of the cell duration histogram, in seconds.
 const BUCKETS: [f64; 12] = [
@@ -229,6 +223,71 @@ pub(crate) fn write_responses(out: &mut String, held: u64, cut: u64) -> std::fmt
     writeln!(out, "kernelbox_responses_cut_total {cut}")
 }
 
+/// A tenant's name as a label value.
+fn escape(tenant: &str) -> String {
+    tenant.replace('\\', "\\\\").replace('"', "\\\"")
+}
+
+/// Per tenant (`docs/usage.md`, "Per-tenant metrics"): live kernels, cells by status, new
+/// kernels cold and from the pool, losses by reason. Label values are tenants' names, at most
+/// `MAX_TENANT_LABELS` of them and `(other)` for the rest; never sessions.
+pub(crate) fn write_tenants(out: &mut String, tenants: &TenantStats) -> std::fmt::Result {
+    let names: std::collections::BTreeSet<&String> =
+        tenants.counts.keys().chain(tenants.live.keys()).collect();
+    let zero = crate::usage::TenantCounts::default();
+    let counts = |t: &str| tenants.counts.get(t).unwrap_or(&zero);
+    writeln!(out, "# HELP kernelbox_tenant_kernels_live Kernels alive now per tenant (starting, idle or busy).")?;
+    writeln!(out, "# TYPE kernelbox_tenant_kernels_live gauge")?;
+    for t in &names {
+        let n = tenants.live.get(*t).copied().unwrap_or(0);
+        writeln!(
+            out,
+            "kernelbox_tenant_kernels_live{{tenant=\"{}\"}} {n}",
+            escape(t)
+        )?;
+    }
+    writeln!(
+        out,
+        "# HELP kernelbox_tenant_cells_total Cells ended per tenant, by status."
+    )?;
+    writeln!(out, "# TYPE kernelbox_tenant_cells_total counter")?;
+    for t in &names {
+        for (status, n) in STATUSES.iter().zip(counts(t).cells.iter()) {
+            writeln!(
+                out,
+                "kernelbox_tenant_cells_total{{tenant=\"{}\",status=\"{}\"}} {n}",
+                escape(t),
+                status.as_str()
+            )?;
+        }
+    }
+    writeln!(out, "# HELP kernelbox_tenant_new_kernels_total New kernels given to a tenant's owners: started cold, or taken from the warm pool (pool_hit).")?;
+    writeln!(out, "# TYPE kernelbox_tenant_new_kernels_total counter")?;
+    for t in &names {
+        let c = counts(t);
+        for (how, n) in [("cold_start", c.cold_starts), ("pool_hit", c.pool_hits)] {
+            writeln!(
+                out,
+                "kernelbox_tenant_new_kernels_total{{tenant=\"{}\",how=\"{how}\"}} {n}",
+                escape(t)
+            )?;
+        }
+    }
+    writeln!(out, "# HELP kernelbox_tenant_kernel_losses_total Kernels of a tenant lost without their owner asking, by reason.")?;
+    writeln!(out, "# TYPE kernelbox_tenant_kernel_losses_total counter")?;
+    for t in &names {
+        for (reason, n) in LossReason::ALL.iter().zip(counts(t).losses.iter()) {
+            writeln!(
+                out,
+                "kernelbox_tenant_kernel_losses_total{{tenant=\"{}\",reason=\"{}\"}} {n}",
+                escape(t),
+                reason.as_str()
+            )?;
+        }
+    }
+    Ok(())
+}
+
 /// Network egress per tenant (docs/reliability.md, "Network egress"): bytes each way,
 /// connections allowed, refusals by reason. Every tenant with a policy has every series from
 /// the first scrape; tenants are few, and no series is per session.
@@ -253,7 +312,6 @@ pub(crate) fn write_egress(out: &mut String, egress: &crate::egress::Egress) -> 
             tenants.push((t.clone(), c.clone()));
         }
     }
-    let label = |t: &str| t.replace('\\', "\\\\").replace('"', "\\\"");
     writeln!(out, "# HELP kernelbox_egress_bytes_total Bytes through the egress proxy, by tenant and direction (out: kernels to destinations; in: back).")?;
     writeln!(out, "# TYPE kernelbox_egress_bytes_total counter")?;
     for (t, c) in &tenants {
@@ -261,7 +319,7 @@ pub(crate) fn write_egress(out: &mut String, egress: &crate::egress::Egress) -> 
             writeln!(
                 out,
                 "kernelbox_egress_bytes_total{{tenant=\"{}\",direction=\"{direction}\"}} {n}",
-                label(t)
+                escape(t)
             )?;
         }
     }
@@ -271,7 +329,7 @@ pub(crate) fn write_egress(out: &mut String, egress: &crate::egress::Egress) -> 
         writeln!(
             out,
             "kernelbox_egress_connections_total{{tenant=\"{}\"}} {}",
-            label(t),
+            escape(t),
             c.connections
         )?;
     }
@@ -283,7 +341,7 @@ pub(crate) fn write_egress(out: &mut String, egress: &crate::egress::Egress) -> 
             writeln!(
                 out,
                 "kernelbox_egress_refusals_total{{tenant=\"{}\",reason=\"{reason}\"}} {}",
-                label(t),
+                escape(t),
                 c.refusals.get(reason).copied().unwrap_or(0)
             )?;
         }

@@ -71,6 +71,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/kernels"),
     ("GET", "/v1/workspaces"),
     ("DELETE", "/v1/workspaces/{name}"),
+    ("GET", "/v1/usage"),
     ("GET", "/v1/nodes"),
     ("POST", "/v1/nodes/{node}/drain"),
     ("DELETE", "/v1/nodes/{node}/drain"),

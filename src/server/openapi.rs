@@ -106,6 +106,7 @@ pub fn generated_schemas() -> serde_json::Map<String, Value> {
     generator.subschema_for::<crate::wire::NetworkPolicy>();
     generator.subschema_for::<CommandBody>();
     generator.subschema_for::<CommandResult>();
+    generator.subschema_for::<crate::wire::UsageReport>();
     generator.take_definitions(true)
 }
 
@@ -329,6 +330,23 @@ pub fn spec() -> Value {
                         }}}},
                         "404": error_response("`workspace_not_found`: none of this tenant's has that name."),
                         "409": error_response("`workspace_in_use`: a kernel has it mounted; clear the session first.")
+                    }))
+                }
+            },
+            "/v1/usage": {
+                "get": {
+                    "summary": "The usage ledger (docs/usage.md): the caller's tenant's usage per session or per day; a tenant with usage_admin reads every tenant's, or one's with `tenant`.",
+                    "parameters": [
+                        {"name": "from", "in": "query", "required": false, "description": "Start: RFC 3339 or seconds since the epoch (default a day before `to`).", "schema": {"type": "string"}},
+                        {"name": "to", "in": "query", "required": false, "description": "End (exclusive): RFC 3339 or seconds since the epoch (default now).", "schema": {"type": "string"}},
+                        {"name": "group_by", "in": "query", "required": false, "schema": {"type": "string", "enum": ["session", "day"]}},
+                        {"name": "tenant", "in": "query", "required": false, "description": "One tenant (usage admins; others only their own).", "schema": {"type": "string"}}
+                    ],
+                    "responses": with(&auth_errors, json!({
+                        "200": {"description": "The rows.", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/UsageReport"}}}},
+                        "400": error_response("A bad time or range (`invalid`)."),
+                        "403": error_response("Another tenant's usage, asked by a tenant that is not a usage admin (`forbidden`)."),
+                        "503": error_response("The ledger could not be read (`usage_unavailable`).")
                     }))
                 }
             },

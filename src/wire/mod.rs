@@ -8,6 +8,7 @@
 //! | `execute.rs` | [`ExecuteBody`]: the body of `POST /v1/sessions/{session}/execute` |
 //! | `command.rs` | [`CommandBody`] and [`CommandResult`]: `POST /v1/sessions/{session}/commands` |
 //! | `error.rs` | [`ErrorBody`]: every error answer, `{"error": {"code", "message"}}` |
+//! | `usage.rs` | [`UsageQuery`] and [`UsageReport`]: `GET /v1/usage` |
 //! | `network.rs` | [`NetworkPolicy`]: a network egress policy (tenants file, execute body, `PUT .../network`) |
 //!
 //! What the server answers besides errors has its own home: a cell result is
@@ -19,8 +20,10 @@ mod error;
 mod execute;
 mod network;
 pub mod path;
+mod usage;
 
 pub use command::{CommandBody, CommandLine, CommandResult, MAX_COMMAND_BYTES, MAX_COMMAND_ENV};
 pub use error::{ErrorBody, ErrorDetail};
 pub use execute::{ExecuteBody, MAX_TASK_ID};
 pub use network::NetworkPolicy;
+pub use usage::{UsageQuery, UsageQueryError, UsageRange, UsageReport, MAX_USAGE_RANGE};

@@ -30,6 +30,21 @@ fn encode_name(text: &str) -> String {
     utf8_percent_encode(text, NAME_ENCODED).to_string()
 }
 
+/// `/v1/usage?...`: the usage ledger (docs/usage.md), the query's fields that are set.
+pub fn usage(query: &super::UsageQuery) -> String {
+    let fields = [
+        ("from", query.from.as_deref()),
+        ("to", query.to.as_deref()),
+        ("group_by", query.group_by.map(|g| g.as_str())),
+        ("tenant", query.tenant.as_deref()),
+    ];
+    let set: Vec<String> = fields
+        .iter()
+        .filter_map(|(k, v)| v.map(|v| format!("{k}={}", encode_name(v))))
+        .collect();
+    format!("/v1/usage?{}", set.join("&"))
+}
+
 /// `/v1/sessions/{session}`: the session itself (`DELETE` clears it).
 pub fn session(session: &str) -> String {
     format!("/v1/sessions/{}", encode_name(session))

@@ -12,6 +12,7 @@
 //! | `pending.rs` | response bytes in flight per tenant and for the host, and the minimum rate every response body is read at |
 //! | `mcp_backend.rs` | the MCP tools' backend on `/v1/mcp`: the execute and command paths and file calls below, for the caller's tenant |
 //! | `workspaces.rs` | a tenant's workspaces: list, delete (`docs/workspaces.md`) |
+//! | `usage.rs` | `GET /v1/usage`: a tenant's usage ledger, every tenant's for a usage admin (docs/usage.md) |
 //! | `tests.rs` | unit tests |
 
 mod files;
@@ -24,6 +25,7 @@ pub(crate) mod pending;
 mod routing;
 mod stream;
 mod workspaces;
+mod usage;
 
 use stream::stream_execute;
 
@@ -110,6 +112,7 @@ pub(super) fn router(state: AppState, metrics_route: MetricsRoute) -> Router {
         .route("/v1/kernels", get(kernels))
         .route("/v1/workspaces", get(workspaces::list))
         .route("/v1/workspaces/{name}", delete(workspaces::delete))
+        .route("/v1/usage", get(usage::usage))
         .route("/healthz", get(healthz))
         .route("/openapi.json", get(openapi));
     let router = match metrics_route {
@@ -660,6 +663,7 @@ async fn metrics(State(state): State<AppState>) -> Response {
         .inner
         .metrics
         .render(live, state.is_draining(), &stats);
+    let _ = super::metrics::write_tenants(&mut text, &state.inner.orchestrator.tenant_stats());
     let pending = &state.inner.pending;
     let _ = super::metrics::write_responses(&mut text, pending.held(None).0, pending.cut_count());
     if let Some(egress) = state.inner.orchestrator.egress() {

@@ -80,6 +80,8 @@ pub struct Tenant {
     /// The tenant's workspaces (`None`: its sessions' files live and die with their kernel;
     /// `docs/workspaces.md`).
     pub workspaces: Option<crate::config::WorkspacePolicy>,
+    /// The tenant may read every tenant's usage (`GET /v1/usage`, docs/usage.md).
+    pub usage_admin: bool,
 }
 
 impl Tenant {
@@ -95,6 +97,7 @@ impl Tenant {
             network: None,
             runtime: None,
             workspaces: None,
+            usage_admin: false,
         }
     }
 
@@ -226,6 +229,7 @@ impl Tenants {
                     "network",
                     "runtime",
                     "workspaces",
+                    "usage_admin",
                 ],
                 &at,
                 &bad,
@@ -296,7 +300,18 @@ impl Tenants {
                     })?)
                 }
             };
+            let usage_admin = match obj.get("usage_admin") {
+                None | Some(Value::Null) => false,
+                Some(Value::Bool(b)) => *b,
+                Some(_) => {
+                    return Err(bad(
+                        format!("{at}.usage_admin"),
+                        "must be true or false".into(),
+                    ))
+                }
+            };
             tenants.push(Tenant {
+                usage_admin,
                 workspaces,
                 name: name.to_string(),
                 token_sha256,

@@ -61,6 +61,18 @@ class AsyncClient:
         """The live kernels of this token's tenant."""
         return _wire.kernels(await self._send(_wire.Call("GET", "/v1/kernels")) or b"")
 
+    async def usage(
+        self,
+        from_: Optional[str] = None,
+        to: Optional[str] = None,
+        group_by: str = "session",
+        tenant: Optional[str] = None,
+    ) -> Dict[str, Any]:
+        """The usage ledger of this token's tenant (every tenant's for a usage admin):
+        `{"from", "to", "group_by", "rows": [...]}` (docs/usage.md)."""
+        call = _wire.usage_call(from_, to, group_by, tenant)
+        return _wire.usage(await self._send(call) or b"")
+
     async def close(self) -> None:
         await self._http.aclose()
 

@@ -47,6 +47,18 @@ class Client:
         """The live kernels of this token's tenant."""
         return _wire.kernels(self._send(_wire.Call("GET", "/v1/kernels")) or b"")
 
+    def usage(
+        self,
+        from_: Optional[str] = None,
+        to: Optional[str] = None,
+        group_by: str = "session",
+        tenant: Optional[str] = None,
+    ) -> Dict[str, Any]:
+        """The usage ledger of this token's tenant (every tenant's for a usage admin):
+        `{"from", "to", "group_by", "rows": [...]}` (docs/usage.md)."""
+        call = _wire.usage_call(from_, to, group_by, tenant)
+        return _wire.usage(self._send(call) or b"")
+
     def close(self) -> None:
         self._http.close()
 

@@ -279,6 +279,21 @@ def command_result(body: bytes) -> CommandResult:
     return CommandResult.from_json(value)
 
 
+def usage_call(
+    from_: Optional[str], to: Optional[str], group_by: str, tenant: Optional[str]
+) -> Call:
+    """`GET /v1/usage` (docs/usage.md): the fields that are set."""
+    fields = {"from": from_, "to": to, "group_by": group_by, "tenant": tenant}
+    return Call("GET", "/v1/usage", params={k: v for k, v in fields.items() if v is not None})
+
+
+def usage(body: bytes) -> Dict[str, Any]:
+    value = json_body(body, "usage")
+    if not isinstance(value, dict):
+        raise ProtocolError("invalid_response", "usage: the answer is not a JSON object")
+    return value
+
+
 def kernels(body: bytes) -> List[KernelSummary]:
     value = json_body(body, "kernels")
     items = value.get("kernels", []) if isinstance(value, dict) else []
