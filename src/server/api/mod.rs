@@ -24,8 +24,8 @@ mod middleware;
 pub(crate) mod pending;
 mod routing;
 mod stream;
-mod workspaces;
 mod usage;
+mod workspaces;
 
 use stream::stream_execute;
 
