@@ -45,7 +45,10 @@ async fn inspect_busy(container: &str) -> Option<bool> {
         .output()
         .await
         .expect("kernelbox inspect runs");
-    assert!(out.status.success(), "{out:?}");
+    if !out.status.success() {
+        // The kernel is gone (the caller checks that it is).
+        return None;
+    }
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("inspect's JSON");
     json["kernel"]["busy"].as_bool()
 }
@@ -92,10 +95,13 @@ async fn forged_and_killed(name: &str, code: &str) {
             (None, _) => break ended.elapsed(),
             (Some("busy"), None) => {
                 seen_busy = Some(ended.elapsed());
-                assert_eq!(
-                    inspect_busy(&container).await,
-                    Some(true),
-                    "kernelbox inspect"
+                // On a loaded host the watch may kill the kernel while `inspect` reads it (its
+                // memory and status reads go through the engine): then there is nothing left to
+                // show. A kernel still registered after `inspect` must have been shown busy.
+                let shown = inspect_busy(&container).await;
+                assert!(
+                    shown == Some(true) || state(&case, "s").is_none(),
+                    "kernelbox inspect showed {shown:?} for a computing kernel"
                 );
             }
             (Some("idle"), Some(at)) => panic!("listed idle after being seen busy at {at:?}"),
