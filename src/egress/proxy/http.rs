@@ -19,27 +19,9 @@ pub(super) async fn forward(
     done: Finish,
 ) -> Response<Body> {
     let (mut parts, body) = req.into_parts();
-    let path = parts
-        .uri
-        .path_and_query()
-        .map(|p| p.as_str().to_string())
-        .unwrap_or_else(|| "/".into());
-    parts.uri = match path.parse() {
-        Ok(uri) => uri,
-        Err(_) => return text(StatusCode::BAD_REQUEST, "bad path".into()),
-    };
-    for hop in [
-        hyper::header::PROXY_AUTHORIZATION,
-        hyper::header::PROXY_AUTHENTICATE,
-        hyper::header::CONNECTION,
-        hyper::header::TE,
-        hyper::header::TRAILER,
-        hyper::header::UPGRADE,
-    ] {
-        parts.headers.remove(hop);
+    if !to_origin_form(&mut parts) {
+        return text(StatusCode::BAD_REQUEST, "bad path".into());
     }
-    parts.headers.remove("proxy-connection");
-    parts.headers.remove("keep-alive");
     // No credential rule ever names a plain HTTP host: a placeholder here is a misconfiguration
     // (`docs/reliability.md`, "Credentials at the boundary").
     if carries_placeholder(parts.uri.to_string().as_bytes())
@@ -88,4 +70,32 @@ pub(super) async fn forward(
             "kernelbox egress: the destination closed the connection".into(),
         ),
     }
+}
+
+/// Rewrites a request forwarded upstream to origin form (the URI's path and query only) and
+/// drops the proxy's and the hop's own headers; false when the path does not parse. Shared by
+/// plain HTTP and intercepted TLS (`intercept.rs`).
+pub(super) fn to_origin_form(parts: &mut hyper::http::request::Parts) -> bool {
+    let path = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| "/".into());
+    match path.parse() {
+        Ok(uri) => parts.uri = uri,
+        Err(_) => return false,
+    }
+    for hop in [
+        hyper::header::PROXY_AUTHORIZATION,
+        hyper::header::PROXY_AUTHENTICATE,
+        hyper::header::CONNECTION,
+        hyper::header::TE,
+        hyper::header::TRAILER,
+        hyper::header::UPGRADE,
+    ] {
+        parts.headers.remove(hop);
+    }
+    parts.headers.remove("proxy-connection");
+    parts.headers.remove("keep-alive");
+    true
 }

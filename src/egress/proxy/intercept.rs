@@ -209,26 +209,9 @@ async fn request(
         return refuse(StatusCode::FORBIDDEN, Outcome::Placeholder);
     };
     let (mut parts, body) = req.into_parts();
-    let path = parts
-        .uri
-        .path_and_query()
-        .map(|p| p.as_str().to_string())
-        .unwrap_or_else(|| "/".into());
-    parts.uri = match path.parse() {
-        Ok(uri) => uri,
-        Err(_) => return refuse(StatusCode::BAD_REQUEST, Outcome::BadRequest),
-    };
-    for hop in [
-        hyper::header::PROXY_AUTHORIZATION,
-        hyper::header::CONNECTION,
-        hyper::header::TE,
-        hyper::header::TRAILER,
-        hyper::header::UPGRADE,
-    ] {
-        parts.headers.remove(hop);
+    if !super::http::to_origin_form(&mut parts) {
+        return refuse(StatusCode::BAD_REQUEST, Outcome::BadRequest);
     }
-    parts.headers.remove("proxy-connection");
-    parts.headers.remove("keep-alive");
     for (name, value) in headers {
         parts.headers.insert(name, value);
     }
