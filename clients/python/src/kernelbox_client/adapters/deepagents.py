@@ -10,14 +10,14 @@ relative to it, or absolute under `/work`; any other absolute path is refused
 
 from __future__ import annotations
 
-import uuid
 from typing import List, Optional, Tuple
 
 from deepagents.backends.protocol import ExecuteResponse, FileDownloadResponse, FileUploadResponse
 from deepagents.backends.sandbox import BaseSandbox
 
 from .._errors import BadRequest, KernelboxError, NotFound
-from .._sync import Client, Session
+from .._sync import Session
+from ._session import OwnedSession
 
 #: The kernel's working directory, where the file API's relative paths start.
 WORKDIR = "/work"
@@ -39,11 +39,8 @@ class KernelboxSandbox(BaseSandbox):  # type: ignore[misc]
         session_name: Optional[str] = None,
         timeout: Optional[float] = None,
     ) -> None:
-        self._client: Optional[Client] = None
-        if session is None:
-            self._client = Client(url, token)
-            session = self._client.session(session_name or f"deepagents-{uuid.uuid4().hex[:12]}")
-        self.session = session
+        self._owned = OwnedSession("deepagents", session, url, token, session_name)
+        self.session = self._owned.session
         self.timeout = timeout
 
     @property
@@ -89,12 +86,7 @@ class KernelboxSandbox(BaseSandbox):  # type: ignore[misc]
 
     def close(self) -> None:
         """Disposes of the session's kernel when this sandbox made the session."""
-        if self._client is not None:
-            try:
-                self.session.close()
-            finally:
-                self._client.close()
-                self._client = None
+        self._owned.close()
 
 
 def _relative(path: str) -> Tuple[str, Optional[str]]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
 from io import BytesIO
 from typing import Any, List, Optional
 
@@ -26,7 +25,8 @@ from smolagents.remote_executors import RemotePythonExecutor
 from smolagents.tools import get_tools_definition_code
 from smolagents.utils import AgentError
 
-from .._sync import Client, Session
+from .._sync import Session
+from ._session import OwnedSession
 
 #: The line a `final_answer(...)` call ends its cell's traceback with.
 #: (the class is local to the patched `forward`, so its name may come qualified).
@@ -60,11 +60,8 @@ class KernelboxExecutor(RemotePythonExecutor):  # type: ignore[misc]
             logger or AgentLogger(level=LogLevel.INFO),
             allow_pickle,
         )
-        self._client: Optional[Client] = None
-        if session is None:
-            self._client = Client(url, token)
-            session = self._client.session(session_name or f"smolagents-{uuid.uuid4().hex[:12]}")
-        self.session = session
+        self._owned = OwnedSession("smolagents", session, url, token, session_name)
+        self.session = self._owned.session
         self.timeout = timeout
         self._required = True
         self.installed_packages = self.install_packages(self.additional_imports)
@@ -139,12 +136,7 @@ class KernelboxExecutor(RemotePythonExecutor):  # type: ignore[misc]
 
     def cleanup(self) -> None:
         """Disposes of the session's kernel when this executor made the session."""
-        if self._client is not None:
-            try:
-                self.session.close()
-            finally:
-                self._client.close()
-                self._client = None
+        self._owned.close()
 
     def delete(self) -> None:
         self.cleanup()
