@@ -1,0 +1,83 @@
+//! Configuration: resolved and validated once ([`Config::validate`] gives a [`ValidConfig`]),
+//! then passed around as a value. Its fields are grouped by who consumes them: what a kernel is
+//! made from ([`KernelSpec`], `src/kernel/spawn.rs`), what one cell may do ([`CellLimits`]:
+//! the orchestrator's execute path, and `src/kernel/run.rs` for the output and display caps),
+//! the host's kernels ([`KernelLimits`]: the registry, the reaper, the spawn deadline), the
+//! warm pool ([`PoolConfig`]), file transfers ([`FileTransfer`]: `src/kernel/files/` and the
+//! orchestrator's file calls), and what this instance leaves behind ([`Housekeeping`]). Every
+//! default is here.
+//!
+//! | file | what |
+//! |---|---|
+//! | `kernel.rs` | [`KernelSpec`], [`Sandbox`], [`WorkMode`], [`KernelRuntime`]: what a kernel is made from |
+//! | `limits.rs` | [`CellLimits`], [`OutputCaps`], [`DisplayCaps`], [`KernelLimits`], [`PoolConfig`], [`FileTransfer`] and their defaults |
+//! | `housekeeping.rs` | [`Housekeeping`], [`RunawayWatch`] |
+//! | `egress.rs` | [`EgressConfig`], [`CredentialsConfig`] |
+//! | `workspaces.rs` | [`WorkspacesConfig`], [`WorkspacePolicy`] and their defaults |
+//! | `validate.rs` | [`Config::validate`], [`ValidConfig`], the errors, duration and size parsers |
+//! | `tests.rs` | unit tests |
+
+use std::collections::BTreeMap;
+
+mod egress;
+mod housekeeping;
+mod kernel;
+mod limits;
+mod validate;
+mod workspaces;
+
+pub use egress::*;
+pub use housekeeping::*;
+pub use kernel::*;
+pub use limits::*;
+pub use validate::*;
+pub use workspaces::*;
+
+/// Everything an [`Orchestrator`](crate::Orchestrator) needs, checked once by
+/// [`Config::validate`].
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// What every kernel is made from: image, working mode, confinement.
+    pub spec: KernelSpec,
+    /// What one cell may take: its timeout, tool calls, output and displays.
+    pub cells: CellLimits,
+    /// How many kernels the host runs, how long one may take to start and stay idle.
+    pub kernels: KernelLimits,
+    /// The warm pool: ready kernels kept for new owners, and for how long.
+    pub pool: PoolConfig,
+    /// File transfers in and out of kernels.
+    pub files: FileTransfer,
+    /// What this instance labels, sweeps, watches and keeps on disk.
+    pub housekeeping: Housekeeping,
+    /// Tenant recorded on kernels created by library callers that name none.
+    pub default_tenant: String,
+    /// Network egress by policy (`docs/reliability.md`, "Network egress"); `None`: no kernel
+    /// has a network.
+    pub egress: Option<EgressConfig>,
+    /// Tenants whose kernels run under another runtime than the server's
+    /// (`spec.sandbox.runtime`): the tenants file's `runtime` (`docs/runtimes.md`).
+    pub tenant_runtimes: BTreeMap<String, KernelRuntime>,
+    /// Workspaces: a session's `/work` kept past its kernel (`docs/workspaces.md`); `None`:
+    /// no tenant has them.
+    pub workspaces: Option<WorkspacesConfig>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            spec: KernelSpec::default(),
+            cells: CellLimits::default(),
+            kernels: KernelLimits::default(),
+            pool: PoolConfig::default(),
+            files: FileTransfer::default(),
+            housekeeping: Housekeeping::default(),
+            default_tenant: "default".into(),
+            egress: None,
+            tenant_runtimes: BTreeMap::new(),
+            workspaces: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

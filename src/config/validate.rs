@@ -1,0 +1,357 @@
+//! Validation: [`Config::validate`] checks every value once and gives a [`ValidConfig`]; the
+//! errors ([`ConfigError`], [`InvalidTimeout`]) and the parsers of durations and sizes.
+
+use std::time::Duration;
+
+use super::*;
+
+/// A configuration value that cannot be used; the message names the field.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration: {field}: {reason}")]
+pub struct ConfigError {
+    /// The setting refused, by the name its error shows (`memory`, `cell_timeout`,
+    /// `pool_size`, ...).
+    pub field: &'static str,
+    /// Why it was refused.
+    pub reason: String,
+}
+
+pub(super) fn bad(field: &'static str, reason: impl Into<String>) -> ConfigError {
+    ConfigError {
+        field,
+        reason: reason.into(),
+    }
+}
+
+/// A cell timeout outside `(0, max_cell_timeout]`, or not a number of seconds at all. The one
+/// rule for every timeout a caller gives, whether through HTTP, the CLI or the library.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("timeout {given} is not a number of seconds in (0, {}]", max.as_secs_f64())]
+pub struct InvalidTimeout {
+    /// What was given, as the caller wrote it (seconds, or the JSON value).
+    pub given: String,
+    /// The largest timeout allowed (`max_cell_timeout`).
+    pub max: Duration,
+}
+
+impl Config {
+    /// Checks a cell timeout against `(0, max_timeout]`.
+    pub fn check_cell_timeout(&self, timeout: Duration) -> Result<Duration, InvalidTimeout> {
+        if timeout.is_zero() || timeout > self.cells.max_timeout {
+            return Err(self.invalid_timeout(format!("{:?}", timeout.as_secs_f64())));
+        }
+        Ok(timeout)
+    }
+
+    /// A cell timeout from a number of seconds, by the rule of [`Config::check_cell_timeout`];
+    /// NaN, infinities and values too large for a `Duration` are refused the same way.
+    pub fn cell_timeout_from_secs(&self, secs: f64) -> Result<Duration, InvalidTimeout> {
+        let invalid = || self.invalid_timeout(format!("{secs:?}"));
+        let timeout = Duration::try_from_secs_f64(secs).map_err(|_| invalid())?;
+        self.check_cell_timeout(timeout).map_err(|_| invalid())
+    }
+
+    /// The error for a timeout given as something other than seconds (`given` is shown as is).
+    pub fn invalid_timeout(&self, given: impl std::fmt::Display) -> InvalidTimeout {
+        InvalidTimeout {
+            given: given.to_string(),
+            max: self.cells.max_timeout,
+        }
+    }
+
+    /// Checks every field once; the [`ValidConfig`] it gives is what the rest of the crate
+    /// takes, so nothing checks again.
+    pub fn validate(self) -> Result<ValidConfig, ConfigError> {
+        if self.spec.image.trim().is_empty() {
+            return Err(bad("image", "must not be empty"));
+        }
+        if self.kernels.max_session_kernels == 0 {
+            return Err(bad("max_session_kernels", "must be at least 1"));
+        }
+        if let Err(e) = self.check_cell_timeout(self.cells.timeout) {
+            return Err(bad("cell_timeout", e.to_string()));
+        }
+        if self.cells.interrupt_grace.is_zero() {
+            return Err(bad("interrupt_grace", "must be positive"));
+        }
+        if self.kernels.spawn_timeout.is_zero() {
+            return Err(bad("spawn_timeout", "must be positive"));
+        }
+        if self.kernels.idle_timeout.is_zero() {
+            return Err(bad("kernel_idle_timeout", "must be positive"));
+        }
+        self.spec.sandbox.check()?;
+        self.check_runtimes()?;
+        self.cells.output.check()?;
+        self.cells.display.check()?;
+        self.spec.mode.check()?;
+        self.check_instance()?;
+        self.check_workspaces()?;
+        Ok(ValidConfig(self))
+    }
+
+    /// Workspaces: strict mode only (in project mode `/work` is the project), an absolute
+    /// directory, each tenant's quota and count bounded (`docs/workspaces.md`).
+    fn check_workspaces(&self) -> Result<(), ConfigError> {
+        let Some(ws) = &self.workspaces else {
+            return Ok(());
+        };
+        if !matches!(self.spec.mode, WorkMode::Strict) {
+            return Err(bad(
+                "workspaces",
+                "workspaces need strict mode (in project mode /work is the project directory)",
+            ));
+        }
+        if !ws.dir.is_absolute() {
+            return Err(bad("workspaces.dir", "must be an absolute path"));
+        }
+        for (tenant, policy) in &ws.tenants {
+            if policy.quota_bytes < MIN_WORKSPACE_QUOTA {
+                return Err(bad(
+                    "workspaces.quota",
+                    format!("tenant {tenant}: must be at least {MIN_WORKSPACE_QUOTA} bytes"),
+                ));
+            }
+            if policy.ttl.is_zero() {
+                return Err(bad(
+                    "workspaces.ttl",
+                    format!("tenant {tenant}: must be positive"),
+                ));
+            }
+            if policy.max == 0 {
+                return Err(bad(
+                    "workspaces.max",
+                    format!("tenant {tenant}: must be at least 1"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The state directory, the pool and the labels.
+    fn check_instance(&self) -> Result<(), ConfigError> {
+        if self
+            .housekeeping
+            .state_dir
+            .as_ref()
+            .is_some_and(|d| d.as_os_str().is_empty())
+        {
+            return Err(bad("state_dir", "must not be empty"));
+        }
+        if self.pool.size > self.kernels.max_session_kernels {
+            return Err(bad(
+                "pool_size",
+                format!(
+                    "{} pooled kernels do not fit the host's cap of {} kernels (max_session_kernels)",
+                    self.pool.size, self.kernels.max_session_kernels
+                ),
+            ));
+        }
+        if self.pool.max_age.is_zero() {
+            return Err(bad("pool_max_age", "must be positive"));
+        }
+        let runaway = &self.housekeeping.runaway;
+        if runaway.interval.is_zero() {
+            return Err(bad("runaway_interval", "must be positive"));
+        }
+        if !(1..=100).contains(&runaway.cpu_percent) {
+            return Err(bad("runaway_cpu_percent", "must be between 1 and 100"));
+        }
+        for key in self.housekeeping.extra_labels.keys() {
+            if key.starts_with(crate::labels::PREFIX) {
+                return Err(bad("labels", format!("{key} uses kernelbox's own prefix")));
+            }
+        }
+        Ok(())
+    }
+
+    /// The runtime `tenant`'s kernels run under: its own, else the server's.
+    pub fn runtime_of(&self, tenant: &str) -> KernelRuntime {
+        self.tenant_runtimes
+            .get(tenant)
+            .copied()
+            .unwrap_or(self.spec.sandbox.runtime)
+    }
+
+    /// Every runtime some kernel may run under (the engine must know each: checked at start).
+    pub fn runtimes(&self) -> std::collections::BTreeSet<KernelRuntime> {
+        std::iter::once(self.spec.sandbox.runtime)
+            .chain(self.tenant_runtimes.values().copied())
+            .collect()
+    }
+
+    /// What cannot hold under runsc is refused here, not discovered by a cell
+    /// (`docs/runtimes.md`): its kernels have no network stack, so a tenant with an egress
+    /// policy cannot run under it.
+    fn check_runtimes(&self) -> Result<(), ConfigError> {
+        let Some(egress) = &self.egress else {
+            return Ok(());
+        };
+        for tenant in egress.tenants.keys() {
+            if self.runtime_of(tenant) == KernelRuntime::Runsc {
+                return Err(bad(
+                    "runtime",
+                    format!(
+                        "tenant {tenant} has a network policy, but its kernels run under runsc, which gives them no network stack (docs/runtimes.md); give it runtime runc or no network"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// How often the background reaper runs: `min(5m, max(30s, idle/6))`.
+    pub fn reap_interval(&self) -> Duration {
+        (self.kernels.idle_timeout / 6).clamp(Duration::from_secs(30), Duration::from_secs(300))
+    }
+}
+
+impl Sandbox {
+    fn check(&self) -> Result<(), ConfigError> {
+        if self.memory_bytes < 16 * 1024 * 1024 {
+            return Err(bad("memory", "must be at least 16 MiB"));
+        }
+        if self.pids_limit < 8 {
+            return Err(bad("pids_limit", "must be at least 8"));
+        }
+        if self.nano_cpus <= 0 {
+            return Err(bad("cpus", "must be positive"));
+        }
+        let mut ids = self.user.split(':');
+        let uid = ids.next().and_then(|u| u.parse::<u32>().ok());
+        let gid_ok = ids.next().is_none_or(|g| g.parse::<u32>().is_ok());
+        if uid.is_none() || !gid_ok || ids.next().is_some() {
+            return Err(bad("user", "must be numeric UID or UID:GID"));
+        }
+        if uid == Some(0) {
+            return Err(bad("user", "kernels never run as root"));
+        }
+        if self.work_bytes.is_some_and(|b| b < 1024 * 1024) {
+            return Err(bad("work_bytes", "must be at least 1 MiB"));
+        }
+        Ok(())
+    }
+}
+
+impl OutputCaps {
+    fn check(&self) -> Result<(), ConfigError> {
+        if self.inline_bytes < 100 {
+            return Err(bad("output_inline_bytes", "must be at least 100"));
+        }
+        if self.spill_bytes < self.inline_bytes {
+            return Err(bad(
+                "output_spill_bytes",
+                "must be at least output_inline_bytes",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl DisplayCaps {
+    fn check(&self) -> Result<(), ConfigError> {
+        if self.bundle_bytes < 64 * 1024 {
+            return Err(bad("display_bundle_bytes", "must be at least 64 KiB"));
+        }
+        if self.cell_bytes < self.bundle_bytes + DISPLAY_OVERHEAD_BYTES {
+            return Err(bad(
+                "display_cell_bytes",
+                "must be at least display_bundle_bytes (and 1 KiB)",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl WorkMode {
+    fn check(&self) -> Result<(), ConfigError> {
+        if let WorkMode::Project(dir) = self {
+            if !dir.is_absolute() {
+                return Err(bad("project_dir", "must be an absolute path"));
+            }
+            if !dir.is_dir() {
+                return Err(bad(
+                    "project_dir",
+                    format!("{} is not a directory", dir.display()),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A [`Config`] that [`Config::validate`] accepted: what the orchestrator runs on. It reads as
+/// a `Config` (`Deref`) and cannot be changed but for dropping the file channels.
+#[derive(Debug, Clone)]
+pub struct ValidConfig(Config);
+
+impl std::ops::Deref for ValidConfig {
+    type Target = Config;
+
+    fn deref(&self) -> &Config {
+        &self.0
+    }
+}
+
+impl ValidConfig {
+    /// The configuration, to change and validate again.
+    pub fn into_inner(self) -> Config {
+        self.0
+    }
+
+    /// Goes without the file channels' directory (it cannot be used): files then move over
+    /// the engine's exec streams. Valid either way.
+    pub(crate) fn drop_file_sockets(&mut self) {
+        self.0.files.sockets = None;
+    }
+}
+
+/// What an orchestrator starts from: a [`Config`], validated when taken, or a [`ValidConfig`]
+/// as it is (not checked again).
+pub trait IntoValidConfig {
+    /// The valid configuration, or why there is none.
+    fn into_valid(self) -> Result<ValidConfig, ConfigError>;
+}
+
+impl IntoValidConfig for Config {
+    fn into_valid(self) -> Result<ValidConfig, ConfigError> {
+        self.validate()
+    }
+}
+
+impl IntoValidConfig for ValidConfig {
+    fn into_valid(self) -> Result<ValidConfig, ConfigError> {
+        Ok(self)
+    }
+}
+
+/// Parses a human duration such as `30s`, `5m` or `7d` (humantime), or a bare number of seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    if let Ok(secs) = text.parse::<f64>() {
+        if secs.is_finite() && secs > 0.0 {
+            return Ok(Duration::from_secs_f64(secs));
+        }
+        return Err(format!("{text:?} is not a positive duration"));
+    }
+    humantime::parse_duration(text).map_err(|e| format!("{text:?}: {e}"))
+}
+
+/// Parses a size such as `512m`, `1g` or a bare byte count.
+pub fn parse_bytes(text: &str) -> Result<i64, String> {
+    let text = text.trim().to_ascii_lowercase();
+    let (num, mult) = match text.trim_end_matches(['b', 'i']).chars().last() {
+        Some('k') => (&text[..text.find('k').unwrap_or(0)], 1024i64),
+        Some('m') => (&text[..text.find('m').unwrap_or(0)], 1024 * 1024),
+        Some('g') => (&text[..text.find('g').unwrap_or(0)], 1024 * 1024 * 1024),
+        _ => (text.as_str(), 1),
+    };
+    let value: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size (use e.g. 512m, 1g)"))?;
+    if !(value.is_finite() && value > 0.0) {
+        return Err(format!("{text:?} is not a positive size"));
+    }
+    Ok((value * mult as f64) as i64)
+}
