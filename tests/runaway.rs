@@ -1,7 +1,8 @@
 //! Runaway kernels (docs/reliability.md "Runaway kernels"): a cell that forges its own end of
 //! cell and keeps computing is killed within its timeout plus a small margin and reported as
-//! `state_lost: runaway`, counted busy (never listed idle) meanwhile; background threads that
-//! sleep or work briefly are left alone.
+//! `state_lost: runaway`, counted busy (never listed idle) meanwhile; one that pauses now and
+//! then to slip under the watch is killed too; background threads that sleep or work briefly
+//! are left alone.
 
 mod common;
 
@@ -151,6 +152,45 @@ async fn forged_and_killed(name: &str, code: &str) {
         .position(|r| *r == LossReason::Runaway)
         .expect("runaway is a loss reason");
     assert_eq!(case.kb.stats().losses[runaway], 1);
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn a_forged_end_of_cell_that_pauses_to_slip_under_the_watch_is_still_killed() {
+    // Burns 1.5 s, sleeps 2.5 s, over and over: more than a third of the time computing, and
+    // each pause longer than a whole sample interval (which, were a quiet interval to clear
+    // what was computed, would keep it under the bound forever).
+    let case = case("runaway-pulse").await;
+    let code = format!(
+        "{FORGE}import time\n\
+def pulse():\n    while True:\n        end = time.monotonic() + 1.5\n        while time.monotonic() < end:\n            pass\n        time.sleep(2.5)\n\
+threading.Thread(target=pulse, daemon=True).start()\nforge()\n"
+    );
+    let first = case.exec(with_timeout("s", &code)).await;
+    let ended = Instant::now();
+    assert_eq!(first.status, CellStatus::Success, "{first:?}");
+    let generation = first.kernel.generation;
+    // Its timeout plus grace (4 s) of computing, added up at about 1.5 s in every 4 s less
+    // half of the pauses: about 12 s; 40 s is room for a loaded host.
+    while state(&case, "s").is_some() {
+        assert!(
+            ended.elapsed() < Duration::from_secs(40),
+            "a pulsing kernel still registered {:?} after its forged end",
+            ended.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!(
+        "pulsing kernel unregistered {:?} after its forged end",
+        ended.elapsed()
+    );
+    let next = case.run("s", "print('fresh')").await;
+    assert_eq!(
+        next.kernel.state_lost.as_ref().map(|l| l.reason),
+        Some(LossReason::Runaway),
+        "{next:?}"
+    );
+    assert_eq!(next.kernel.generation, generation + 1, "{next:?}");
     case.finish().await;
 }
 

@@ -2,9 +2,10 @@
 //! and keep computing, so the host bounds what a kernel computes with no cell running, whatever
 //! the runner says. One task samples the CPU time of every kernel with no running cell from
 //! its cgroup (`docker/cpu.rs`) each `housekeeping.runaway.interval`. An interval above
-//! `cpu_percent` of the kernel's CPU limit counts as computing, and the kernel as busy
-//! (`Slot::is_idle`) until an interval below it; one computing, with no cell between, for
-//! longer than its last cell's timeout plus `grace` is killed and its owner's next call
+//! `cpu_percent` of the kernel's CPU limit adds its length to the time the kernel has computed,
+//! an interval below it takes half its length off; the kernel is busy (`Slot::is_idle`) while
+//! that time is above zero, and one that has computed, with no cell between, for longer than
+//! its last cell's timeout plus `grace` is killed and its owner's next call
 //! reports `state_lost: runaway`. An interval a cell began in is not counted either way, so
 //! cells in between neither add to nor clear the time computed. A kernel whose cgroup cannot
 //! be read is left alone (logged once).
@@ -20,6 +21,10 @@ use crate::cell::LossReason;
 use crate::docker::cpu::{CpuFile, CpuReadError};
 use crate::kernel::Kernel;
 use crate::registry::Slot;
+
+/// A quiet interval takes `1 / QUIET_PAYBACK` of its length off the time a kernel has
+/// computed (`docs/reliability.md`, "Runaway kernels").
+const QUIET_PAYBACK: u32 = 2;
 
 /// What the watch keeps between rounds.
 #[derive(Default)]
@@ -39,7 +44,7 @@ struct Track {
     unreadable: bool,
     /// The last sample: CPU time (ns), when, and the cells begun by then.
     last: Option<(u64, Instant, u64)>,
-    /// How long it has been computing with no cell running.
+    /// How long it has computed with no cell running, less what quiet intervals paid back.
     computing: Duration,
 }
 
@@ -152,7 +157,11 @@ impl Orchestrator {
         if used > threshold {
             track.computing += elapsed;
         } else {
-            track.computing = Duration::ZERO;
+            // A quiet interval pays back half its length, never all of what was computed: a
+            // kernel that pauses now and then to slip under the watch (or that a loaded host
+            // starves for an interval) still adds up when it computes more than a third of the
+            // time.
+            track.computing = track.computing.saturating_sub(elapsed / QUIET_PAYBACK);
         }
         kernel.set_computing(!track.computing.is_zero());
         let allowed = kernel
