@@ -15,6 +15,7 @@ from ._async import AsyncClient, AsyncCommands, AsyncFiles, AsyncSession
 from ._dropin import execute_code, session_for_task
 from ._errors import (
     BadRequest,
+    Conflict,
     ConnectionFailed,
     KernelboxError,
     NotFound,
@@ -36,6 +37,10 @@ from ._types import (
     NetworkPolicy,
     Result,
     StateLost,
+    UsageReport,
+    UsageRow,
+    WorkspaceInfo,
+    WorkspaceSummary,
     WrittenFile,
 )
 
@@ -52,6 +57,7 @@ __all__ = [
     "Client",
     "CommandResult",
     "Commands",
+    "Conflict",
     "ConnectionFailed",
     "Execution",
     "FileEntry",
@@ -71,6 +77,10 @@ __all__ = [
     "StateLost",
     "Timeout",
     "Unauthorized",
+    "UsageReport",
+    "UsageRow",
+    "WorkspaceInfo",
+    "WorkspaceSummary",
     "WrittenFile",
     "execute_code",
     "session_for_task",

@@ -47,6 +47,10 @@ class NotFound(KernelboxError):
     """404: the caller's tenant has nothing by that name (or the URL is not kernelbox's API)."""
 
 
+class Conflict(KernelboxError):
+    """409: what was asked for is in use (a workspace a kernel has mounted); nothing changed."""
+
+
 class PayloadTooLarge(KernelboxError):
     """413: the request body is over the server's limit."""
 
@@ -78,6 +82,7 @@ _BY_STATUS: Dict[int, Type[KernelboxError]] = {
     400: BadRequest,
     401: Unauthorized,
     404: NotFound,
+    409: Conflict,
     413: PayloadTooLarge,
     429: RateLimited,
 }

@@ -14,6 +14,8 @@ from ._types import (
     Listing,
     NetworkPolicy,
     Result,
+    UsageReport,
+    WorkspaceSummary,
     WrittenFile,
 )
 
@@ -53,11 +55,24 @@ class Client:
         to: Optional[str] = None,
         group_by: str = "session",
         tenant: Optional[str] = None,
-    ) -> Dict[str, Any]:
-        """The usage ledger of this token's tenant (every tenant's for a usage admin):
-        `{"from", "to", "group_by", "rows": [...]}` (docs/usage.md)."""
+    ) -> UsageReport:
+        """The usage ledger of this token's tenant (every tenant's for a usage admin) from
+        `from_` to `to` (RFC 3339 or Unix seconds; default the last day), rows per session
+        and hour or (`group_by="day"`) per day (docs/usage.md)."""
         call = _wire.usage_call(from_, to, group_by, tenant)
         return _wire.usage(self._send(call) or b"")
+
+    def workspaces(self) -> List[WorkspaceSummary]:
+        """This token's tenant's workspaces: each session's `/work` kept past its kernel
+        (docs/workspaces.md). `NotFound` (`workspace_not_found`) when the tenant has none."""
+        return _wire.workspaces(self._send(_wire.Call("GET", "/v1/workspaces")) or b"")
+
+    def delete_workspace(self, name: str) -> str:
+        """Deletes the tenant's workspace `name` (a session's name, or a child's
+        `session::child::id`) and its files; returns the name. `Conflict` while a kernel has
+        it mounted (close the session first), `NotFound` when there is none by that name."""
+        call = _wire.Call("DELETE", _wire.workspace_path(name))
+        return _wire.workspace_deleted(self._send(call) or b"")
 
     def close(self) -> None:
         self._http.close()

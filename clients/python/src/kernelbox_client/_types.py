@@ -27,6 +27,20 @@ class StateLost:
 
 
 @dataclass(frozen=True)
+class WorkspaceInfo:
+    """The workspace a kernel's `/work` is (docs/workspaces.md): its name (the owner it
+    belongs to) and whether its files are an earlier kernel's (`restored`)."""
+
+    SCHEMA: ClassVar[str] = "WorkspaceInfo"
+    name: str
+    restored: bool
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "WorkspaceInfo":
+        return cls(name=str(d.get("name", "")), restored=bool(d.get("restored", False)))
+
+
+@dataclass(frozen=True)
 class KernelInfo:
     """The kernel that ran a cell."""
 
@@ -38,10 +52,13 @@ class KernelInfo:
     ended: bool
     generation: int
     state_lost: Optional[StateLost] = None
+    #: Present when the tenant has workspaces: `/work` outlives the kernel.
+    workspace: Optional[WorkspaceInfo] = None
 
     @classmethod
     def from_json(cls, d: Dict[str, Any]) -> "KernelInfo":
         lost = d.get("state_lost")
+        workspace = d.get("workspace")
         return cls(
             id=str(d.get("id", "")),
             reused=bool(d.get("reused", False)),
@@ -50,6 +67,7 @@ class KernelInfo:
             ended=bool(d.get("ended", False)),
             generation=int(d.get("generation", 0)),
             state_lost=StateLost.from_json(lost) if isinstance(lost, dict) else None,
+            workspace=WorkspaceInfo.from_json(workspace) if isinstance(workspace, dict) else None,
         )
 
 
@@ -369,11 +387,113 @@ class NetworkPolicy:
         return {"allow": list(self.allow), "deny": list(self.deny)}
 
 
+@dataclass(frozen=True)
+class WorkspaceSummary:
+    """One of the tenant's workspaces (`client.workspaces()`, docs/workspaces.md)."""
+
+    SCHEMA: ClassVar[str] = "WorkspaceSummary"
+    name: str
+    size_bytes: int
+    quota_bytes: int
+    #: Its last use, Unix seconds.
+    last_used: int
+    #: A kernel has it mounted now (it cannot be deleted until the session is closed).
+    in_use: bool
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "WorkspaceSummary":
+        return cls(
+            name=str(d.get("name", "")),
+            size_bytes=int(d.get("size_bytes") or 0),
+            quota_bytes=int(d.get("quota_bytes") or 0),
+            last_used=int(d.get("last_used") or 0),
+            in_use=bool(d.get("in_use", False)),
+        )
+
+
+@dataclass(frozen=True)
+class UsageRow:
+    """One tenant's session's usage in one bucket (an hour, or a day), docs/usage.md."""
+
+    SCHEMA: ClassVar[str] = "UsageRow"
+    tenant: str
+    #: Empty when summed over sessions (`group_by="day"`).
+    session: str
+    #: Start of the bucket, Unix seconds.
+    start: int
+    kernel_seconds: float = 0.0
+    cpu_seconds: float = 0.0
+    peak_memory_bytes: int = 0
+    cells: int = 0
+    cell_seconds: float = 0.0
+    commands: int = 0
+    file_bytes_in: int = 0
+    file_bytes_out: int = 0
+    pool_hits: int = 0
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "UsageRow":
+        def num(key: str) -> float:
+            v = d.get(key)
+            return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
+
+        return cls(
+            tenant=str(d.get("tenant", "")),
+            session=str(d.get("session", "")),
+            start=int(num("start")),
+            kernel_seconds=num("kernel_seconds"),
+            cpu_seconds=num("cpu_seconds"),
+            peak_memory_bytes=int(num("peak_memory_bytes")),
+            cells=int(num("cells")),
+            cell_seconds=num("cell_seconds"),
+            commands=int(num("commands")),
+            file_bytes_in=int(num("file_bytes_in")),
+            file_bytes_out=int(num("file_bytes_out")),
+            pool_hits=int(num("pool_hits")),
+        )
+
+
+@dataclass(frozen=True)
+class UsageReport:
+    """The usage ledger over a range (`client.usage()`, docs/usage.md): `from_` (the wire's
+    `from`) and `to` in Unix seconds, how rows are summed, and the rows; iterates like its
+    rows."""
+
+    SCHEMA: ClassVar[str] = "UsageReport"
+    #: Wire names that are Python keywords, by field.
+    WIRE_NAMES: ClassVar[Dict[str, str]] = {"from_": "from"}
+    from_: int
+    to: int
+    group_by: str
+    rows: List[UsageRow] = field(default_factory=list)
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "UsageReport":
+        rows = d.get("rows")
+        return cls(
+            from_=int(d.get("from") or 0),
+            to=int(d.get("to") or 0),
+            group_by=str(d.get("group_by", "")),
+            rows=(
+                [UsageRow.from_json(r) for r in rows if isinstance(r, dict)]
+                if isinstance(rows, list)
+                else []
+            ),
+        )
+
+    def __iter__(self) -> Iterator[UsageRow]:
+        return iter(self.rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
 #: Every type above, by the schema it mirrors (the drift test walks the server's spec with it).
 MIRRORS = {
     cls.SCHEMA: cls
     for cls in (
         StateLost,
+        WorkspaceInfo,
         KernelInfo,
         Result,
         Execution,
@@ -383,5 +503,8 @@ MIRRORS = {
         WrittenFile,
         CommandResult,
         NetworkPolicy,
+        WorkspaceSummary,
+        UsageRow,
+        UsageReport,
     )
 }

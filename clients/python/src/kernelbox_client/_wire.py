@@ -35,6 +35,8 @@ from ._types import (
     Listing,
     NetworkPolicy,
     Result,
+    UsageReport,
+    WorkspaceSummary,
     WrittenFile,
 )
 
@@ -287,11 +289,28 @@ def usage_call(
     return Call("GET", "/v1/usage", params={k: v for k, v in fields.items() if v is not None})
 
 
-def usage(body: bytes) -> Dict[str, Any]:
+def usage(body: bytes) -> UsageReport:
     value = json_body(body, "usage")
     if not isinstance(value, dict):
         raise ProtocolError("invalid_response", "usage: the answer is not a JSON object")
-    return value
+    return UsageReport.from_json(value)
+
+
+def workspaces(body: bytes) -> List[WorkspaceSummary]:
+    value = json_body(body, "workspaces")
+    items = value.get("workspaces", []) if isinstance(value, dict) else []
+    return [WorkspaceSummary.from_json(w) for w in items if isinstance(w, dict)]
+
+
+def workspace_path(name: str) -> str:
+    """`/v1/workspaces/NAME` (a child's workspace's name holds `::`: encoded)."""
+    return "/v1/workspaces/" + _segment(name)
+
+
+def workspace_deleted(body: bytes) -> str:
+    """`{"deleted": NAME}`."""
+    value = json_body(body, "delete workspace")
+    return str(value.get("deleted", "")) if isinstance(value, dict) else ""
 
 
 def kernels(body: bytes) -> List[KernelSummary]:
