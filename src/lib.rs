@@ -15,6 +15,7 @@
 //! | `histogram` (crate-internal) | a Prometheus histogram (kernel start times, cell durations); the type is `orchestrator::Histogram`, as `Stats` holds it |
 //! | [`cell`] | the cell contract (folder): [`CellResult`], statuses, loss reasons, output capping, every exact message, how an ending becomes a result (`docs/contract.md`) |
 //! | [`rich`] | rich results: the MIME bundles a cell displays ([`RichResult`]) |
+//! | [`audit`] | the audit trail (folder): one hash-chained JSON line per cell and command of the tenants that opt in, its writer and its verifier (`docs/usage.md`) |
 //! | [`usage`] | what each tenant used (folder): per-tenant metric counters with bounded labels (`docs/usage.md`) |
 //! | [`config`] | the validated configuration value |
 //! | `owner` (crate-internal) | owners (session / delegated child, per tenant) and kernel keys |
@@ -42,6 +43,7 @@
 //! `runner/rich.py` for rich results (standard library only), started by `runner/bootstrap.py` as `python3 -c`, so any image
 //! with python3 >= 3.8 works.
 
+pub mod audit;
 pub mod authority;
 pub mod catalog;
 pub mod cell;

@@ -1,6 +1,7 @@
 //! Command-line verbs. Each verb resolves its configuration once, then calls the library.
 
 mod admin;
+mod audit;
 mod cluster;
 mod cp;
 mod mcp;
@@ -74,6 +75,12 @@ enum Command {
     /// Show a server's usage ledger (docs/usage.md): per session or per day, as a table, JSON
     /// (--json) or CSV (--csv).
     Usage(usage::UsageArgs),
+    /// The audit trail of what ran (docs/usage.md, "Audit trail"): `kernelbox audit verify
+    /// FILE...` checks its hash chain.
+    Audit {
+        #[command(subcommand)]
+        command: audit::AuditCommand,
+    },
     /// List a cluster's nodes: state, epoch, live kernels, capacity, lease age, draining.
     Nodes(cluster::NodesArgs),
     /// Drain a cluster node: no new sessions are placed on it (--wait: until it is empty).
@@ -413,8 +420,12 @@ pub fn exit_code_for(e: &anyhow::Error) -> u8 {
         {
             return 2;
         }
-        // A state directory in use by another server, damaged, or not creatable is a
-        // configuration problem.
+        // An audit file that cannot be opened, or a state directory in use by another server,
+        // damaged, or not creatable is a configuration problem.
+        if let Some(kernelbox::StartError::Audit(_)) = cause.downcast_ref::<kernelbox::StartError>()
+        {
+            return 2;
+        }
         if let Some(kernelbox::StartError::Catalog(err)) =
             cause.downcast_ref::<kernelbox::StartError>()
         {
@@ -502,6 +513,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Sh(args) => sh::run(args).await,
         Command::Sweep(args) => sweep(args).await,
         Command::Usage(args) => usage::usage(args).await,
+        Command::Audit { command } => audit::run(command),
         Command::Ps(args) if args.url.is_some() => cluster::ps(args).await,
         Command::Ps(args) => admin::ps(&BollardEngine::connect().await?, args).await,
         Command::Inspect(args) => admin::inspect(&BollardEngine::connect().await?, args).await,

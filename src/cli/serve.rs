@@ -53,6 +53,23 @@ pub(crate) struct ServeArgs {
     /// Default: the state directory's `workspaces`.
     #[arg(long, env = "KERNELBOX_WORKSPACE_DIR")]
     workspace_dir: Option<PathBuf>,
+    /// Audit the tenant without a tenants file: one hash-chained JSON line per cell and
+    /// command (docs/usage.md, "Audit trail"). With --tenants, give each tenant its `audit`.
+    #[arg(long, env = "KERNELBOX_AUDIT")]
+    audit: bool,
+    /// With --audit, record each cell's code itself beside its hash (never its output).
+    #[arg(long, env = "KERNELBOX_AUDIT_CODE", requires = "audit")]
+    audit_code: bool,
+    /// Where the audit trail goes: a file (appended to; its chain continues across restarts),
+    /// or `-` for standard output. Default: the state directory's `audit.log`.
+    #[arg(long, env = "KERNELBOX_AUDIT_FILE")]
+    audit_file: Option<PathBuf>,
+    /// The audit file is rotated (FILE -> FILE.1 -> ...) when it reaches this size.
+    #[arg(long, env = "KERNELBOX_AUDIT_ROTATE", default_value = "64m", value_parser = parse_budget)]
+    audit_rotate: u64,
+    /// Rotated audit files kept (FILE.1 .. FILE.N).
+    #[arg(long, env = "KERNELBOX_AUDIT_KEEP", default_value_t = kernelbox::audit::DEFAULT_AUDIT_KEEP)]
+    audit_keep: usize,
     /// On SIGTERM, how long running cells may take to finish before they are stopped.
     #[arg(long, env = "KERNELBOX_DRAIN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     drain_timeout: Duration,
@@ -292,6 +309,60 @@ fn workspaces_config(
     }))
 }
 
+/// The audit trail's configuration (docs/usage.md, "Audit trail"): each tenant's `audit` in
+/// the tenants file, or `--audit` for the one tenant without a file; `None` when no tenant is
+/// audited.
+fn audit_config(
+    args: &ServeArgs,
+    tenants: &Tenants,
+    state_dir: Option<&std::path::Path>,
+) -> anyhow::Result<Option<kernelbox::audit::AuditConfig>> {
+    use kernelbox::audit::{AuditConfig, AuditPolicy, AuditSink};
+    let policies = match (&args.tenants, args.audit) {
+        (Some(_), true) => return Err(usage(
+            "--audit applies without --tenants; with a tenants file, give each tenant its `audit`"
+                .into(),
+        )),
+        (Some(_), false) => tenants.audits(),
+        (None, true) => std::collections::BTreeMap::from([(
+            "default".to_string(),
+            AuditPolicy {
+                code: args.audit_code,
+            },
+        )]),
+        (None, false) => std::collections::BTreeMap::new(),
+    };
+    if policies.is_empty() {
+        if args.audit_file.is_some() {
+            return Err(usage(
+                "--audit-file names where the audit trail goes, but no tenant is audited (--audit, or `audit` in the tenants file)".into(),
+            ));
+        }
+        return Ok(None);
+    }
+    let sink = match (&args.audit_file, state_dir) {
+        (Some(path), _) if path.as_os_str() == "-" => AuditSink::Stdout,
+        (Some(path), _) => AuditSink::File {
+            path: path.clone(),
+            rotate_bytes: args.audit_rotate,
+            keep: args.audit_keep,
+        },
+        (None, Some(state)) => AuditSink::File {
+            path: state.join("audit.log"),
+            rotate_bytes: args.audit_rotate,
+            keep: args.audit_keep,
+        },
+        (None, None) => return Err(usage(
+            "the audit trail needs --audit-file on a cluster node (there is no state directory)"
+                .into(),
+        )),
+    };
+    Ok(Some(AuditConfig {
+        sink,
+        tenants: policies,
+    }))
+}
+
 /// Runs the server until SIGTERM or SIGINT; exit 0 after a clean shutdown.
 pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let from_env = std::env::var("KERNELBOX_TOKEN")
@@ -345,6 +416,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     };
     config.workspaces =
         workspaces_config(&args, &tenants, config.housekeeping.state_dir.as_deref())?;
+    config.audit = audit_config(&args, &tenants, config.housekeeping.state_dir.as_deref())?;
     let config = config.validate()?;
     tenants
         .check_reserved(config.kernels.max_session_kernels)

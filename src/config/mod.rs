@@ -60,6 +60,9 @@ pub struct Config {
     /// Workspaces: a session's `/work` kept past its kernel (`docs/workspaces.md`); `None`:
     /// no tenant has them.
     pub workspaces: Option<WorkspacesConfig>,
+    /// The audit trail of what ran, for the tenants that opt in (`docs/usage.md`, "Audit
+    /// trail"); `None`: none is kept.
+    pub audit: Option<crate::audit::AuditConfig>,
 }
 
 impl Default for Config {
@@ -75,6 +78,7 @@ impl Default for Config {
             egress: None,
             tenant_runtimes: BTreeMap::new(),
             workspaces: None,
+            audit: None,
         }
     }
 }

@@ -233,6 +233,8 @@ impl Orchestrator {
         let kernel = hold.kernel().map_err(|_| CommandError::NoKernel {
             owner: owner.to_string(),
         })?;
+        let (kernel_id, generation) = (kernel.short_id().to_string(), hold.generation());
+        let audited = crate::audit::AuditRecord::command_code(&request.argv);
         let spec = CommandSpec {
             argv: request.argv,
             cwd: request.cwd,
@@ -260,6 +262,20 @@ impl Orchestrator {
         self.inner
             .ledger
             .record(&owner.tenant, &owner.session, |r| r.commands += 1);
+        self.audit(super::audit::Ran {
+            kind: crate::audit::AuditKind::Command,
+            owner: &owner,
+            code: &audited,
+            kernel: &kernel_id,
+            generation,
+            duration_seconds: result.duration_seconds,
+            status: match (result.timed_out, result.exit_code) {
+                (true, _) => "timeout",
+                (false, 0) => "success",
+                _ => "error",
+            },
+            exit_code: Some(result.exit_code),
+        });
         Ok(result)
     }
 }

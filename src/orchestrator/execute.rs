@@ -114,6 +114,16 @@ impl Orchestrator {
                 r.cells += 1;
                 r.cell_seconds += result.duration_seconds;
             });
+        self.audit(super::audit::Ran {
+            kind: crate::audit::AuditKind::Cell,
+            owner,
+            code: &call.request.code,
+            kernel: &result.kernel.id,
+            generation: result.kernel.generation,
+            duration_seconds: result.duration_seconds,
+            status: result.status.as_str(),
+            exit_code: None,
+        });
         Ok(result)
     }
 

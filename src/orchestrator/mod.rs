@@ -15,12 +15,14 @@
 //! | `node.rs` | what a cluster node asks: whether a session has a kernel here, a claimed session's catalog rows taken over, the fence (docs/cluster.md) |
 //! | `pool.rs` | the warm pool: the refill task, pooled kernels' disposal, naming a taken kernel after its owner |
 //! | `runaway.rs` | the runaway watch: kernels computing with no cell running, sampled from their cgroups, counted busy, killed past their last cell's timeout |
+//! | `audit.rs` | the audit trail's record of each cell and command of an audited tenant (`docs/usage.md`, "Audit trail") |
 //! | `adopt.rs` | work driven by its caller that the tracker adopts if the caller goes away (an upload, a cell) |
 //! | `usage.rs` | the usage ledger: kernels' cgroups sampled (alive time, CPU, peak memory) and the pending usage flushed to the catalog every [`LEDGER_FLUSH`](crate::usage::LEDGER_FLUSH), at shutdown too; reports |
 //! | `shutdown.rs` | the graceful stop: refuse new work, drain, remove every kernel |
 //! | `tests.rs`, `pool_tests.rs` | unit tests against the fake engine in paused time |
 
 mod adopt;
+mod audit;
 mod command;
 mod execute;
 mod files;
@@ -99,6 +101,8 @@ struct Inner {
     egress: Option<Arc<crate::egress::Egress>>,
     /// Workspaces, when configured (`docs/workspaces.md`).
     workspaces: Option<Arc<crate::workspace::Workspaces>>,
+    /// The audit trail, when configured (`audit.rs`, `docs/usage.md`, "Audit trail").
+    audit: Option<crate::audit::Auditor>,
 }
 
 /// Runs stateful Python kernels in containers, one per key. Cheap to clone.

@@ -276,6 +276,9 @@ pub enum StartError {
     /// The workspaces' directory could not be made (`docs/workspaces.md`).
     #[error(transparent)]
     Workspace(#[from] crate::workspace::WorkspaceError),
+    /// The audit trail could not be opened (`docs/usage.md`, "Audit trail").
+    #[error(transparent)]
+    Audit(#[from] crate::audit::AuditError),
     /// The watchdog process could not be started.
     #[error("starting the watchdog {path}: {source}")]
     Watchdog {

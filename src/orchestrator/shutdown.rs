@@ -42,6 +42,11 @@ impl Orchestrator {
                 tracing::warn!("the catalog writer did not finish within 10s");
             }
         }
+        if let Some(audit) = &inner.audit {
+            // The kernels are gone, so their cells and commands have ended: what they
+            // recorded is written before the trail closes.
+            audit.close().await;
+        }
         inner.tracker.close();
         let _ = tokio::time::timeout(Duration::from_secs(10), inner.tracker.wait()).await;
         let watchdog = inner

@@ -115,7 +115,13 @@ impl Orchestrator {
             )?)),
             None => None,
         };
+        let tracker = TaskTracker::new();
+        let audit = match &config.audit {
+            Some(audit) => Some(crate::audit::Auditor::start(audit.sink.clone(), &tracker)?),
+            None => None,
+        };
         let inner = Arc::new(Inner {
+            audit,
             egress,
             workspaces,
             pool: pool::PoolState::new(config.spec.clone(), config.pool.size),
@@ -127,7 +133,7 @@ impl Orchestrator {
             config,
             engine,
             monitor: EventMonitor::default(),
-            tracker: TaskTracker::new(),
+            tracker,
             cancel: CancellationToken::new(),
             running: Mutex::new(HashMap::new()),
             running_count: tokio::sync::watch::Sender::new(0),

@@ -14,6 +14,9 @@
 //! `workspaces` (`{"quota": "1g", "ttl": "7d", "max": 100}`, `workspaces.rs`) gives every
 //! session of the tenant a workspace (`docs/workspaces.md`).
 //!
+//! `audit` (`true`, or `{"code": true}` to record the code itself) puts the tenant's cells
+//! and commands in the audit trail (`docs/usage.md`, "Audit trail").
+//!
 //! `network` is the tenant's egress policy (`docs/reliability.md`, "Network egress"), the one
 //! policy type of the API (`crate::wire::NetworkPolicy`), parsed at load: a bad entry refuses
 //! the file. A tenant without one has no network.
@@ -82,6 +85,9 @@ pub struct Tenant {
     pub workspaces: Option<crate::config::WorkspacePolicy>,
     /// The tenant may read every tenant's usage (`GET /v1/usage`, docs/usage.md).
     pub usage_admin: bool,
+    /// The tenant's cells and commands go to the audit trail (`None`: they do not;
+    /// `docs/usage.md`, "Audit trail").
+    pub audit: Option<crate::audit::AuditPolicy>,
 }
 
 impl Tenant {
@@ -98,6 +104,7 @@ impl Tenant {
             runtime: None,
             workspaces: None,
             usage_admin: false,
+            audit: None,
         }
     }
 
@@ -107,6 +114,32 @@ impl Tenant {
             max_kernels: self.max_kernels,
             reserved: self.reserved,
         }
+    }
+}
+
+/// A tenant's `audit`: `true` (hashes of the code), `{"code": true}` (the code too), or
+/// absent, `false` or `null` (not audited); the error says which field and why.
+fn parse_audit(
+    value: Option<&Value>,
+) -> Result<Option<crate::audit::AuditPolicy>, (String, String)> {
+    use crate::audit::AuditPolicy;
+    match value {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => Ok(None),
+        Some(Value::Bool(true)) => Ok(Some(AuditPolicy::default())),
+        Some(Value::Object(obj)) => {
+            if let Some(key) = obj.keys().find(|k| k.as_str() != "code") {
+                return Err((format!(".{key}"), "unknown field (use code)".into()));
+            }
+            match obj.get("code") {
+                None | Some(Value::Null) => Ok(Some(AuditPolicy::default())),
+                Some(Value::Bool(code)) => Ok(Some(AuditPolicy { code: *code })),
+                Some(_) => Err((".code".into(), "must be true or false".into())),
+            }
+        }
+        Some(_) => Err((
+            String::new(),
+            "must be true, false or {\"code\": true}".into(),
+        )),
     }
 }
 
@@ -230,6 +263,7 @@ impl Tenants {
                     "runtime",
                     "workspaces",
                     "usage_admin",
+                    "audit",
                 ],
                 &at,
                 &bad,
@@ -310,7 +344,10 @@ impl Tenants {
                     ))
                 }
             };
+            let audit = parse_audit(obj.get("audit"))
+                .map_err(|(field, reason)| bad(format!("{at}.audit{field}"), reason))?;
             tenants.push(Tenant {
+                audit,
                 usage_admin,
                 workspaces,
                 name: name.to_string(),
@@ -388,6 +425,14 @@ impl Tenants {
         self.by_hash
             .values()
             .filter_map(|t| Some((t.name.clone(), t.workspaces?)))
+            .collect()
+    }
+
+    /// Every audited tenant and how (what `kernelbox serve` hands `Config::audit`).
+    pub fn audits(&self) -> std::collections::BTreeMap<String, crate::audit::AuditPolicy> {
+        self.by_hash
+            .values()
+            .filter_map(|t| Some((t.name.clone(), t.audit?)))
             .collect()
     }
 

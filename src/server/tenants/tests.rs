@@ -233,3 +233,42 @@ fn a_tenants_network_is_parsed_at_load_and_a_bad_one_refuses_the_file() {
         assert!(err.to_string().contains(says), "{network}: {err}");
     }
 }
+
+#[test]
+fn a_tenants_audit_is_parsed_and_a_bad_one_refuses_the_file() {
+    let entry = |name: &str, audit: &str| {
+        format!(
+            r#"{{"name": "{name}", "token_sha256": "{}"{audit}}}"#,
+            hex::encode(token_hash(name))
+        )
+    };
+    let text = format!(
+        r#"{{"tenants": [{}, {}, {}, {}]}}"#,
+        entry("hashes", r#", "audit": true"#),
+        entry("code", r#", "audit": {"code": true}"#),
+        entry("off", r#", "audit": false"#),
+        entry("plain", "")
+    );
+    let audits = parse(&text).unwrap().audits();
+    assert_eq!(audits.len(), 2, "{audits:?}");
+    assert!(!audits["hashes"].code);
+    assert!(audits["code"].code);
+    for (audit, field, says) in [
+        (r#", "audit": "yes""#, "tenants[0].audit", "must be true"),
+        (
+            r#", "audit": {"output": true}"#,
+            "tenants[0].audit.output",
+            "unknown field",
+        ),
+        (
+            r#", "audit": {"code": 1}"#,
+            "tenants[0].audit.code",
+            "true or false",
+        ),
+    ] {
+        let text = format!(r#"{{"tenants": [{}]}}"#, entry("bad", audit));
+        let err = parse(&text).unwrap_err();
+        assert_eq!(err.field, field, "{err}");
+        assert!(err.to_string().contains(says), "{audit}: {err}");
+    }
+}

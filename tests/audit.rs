@@ -1,0 +1,204 @@
+//! The audit trail over real HTTP against the real engine (`docs/usage.md`, "Audit trail"): a
+//! `kernelbox serve` with a tenants file auditing one tenant with its code, one with hashes
+//! only, and one not at all writes one line per cell and per command of the audited tenants,
+//! with the code's SHA-256, the code only where asked, never the output; every line chains to
+//! the one before, across a restart; `kernelbox audit verify` passes the trail and names the
+//! line after an edited one.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+#[path = "common/http.rs"]
+mod http;
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use hyper::StatusCode;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+use http::{tenant, Api};
+
+const CODED: &str = "tok-audit-coded";
+const HASHED: &str = "tok-audit-hashed";
+const QUIET: &str = "tok-audit-quiet";
+
+fn sha256(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// `kernelbox serve` with the tenants file and audit file in `dir`; its address.
+async fn serve(dir: &Path, label: &str) -> (tokio::process::Child, Api) {
+    let mut child = common::serve_command(label, "unused")
+        .arg("--tenants")
+        .arg(dir.join("tenants.json"))
+        .arg("--state-dir")
+        .arg(dir.join("state"))
+        .arg("--audit-file")
+        .arg(dir.join("trail.log"))
+        .args(["--pool", "0"])
+        .env_remove("KERNELBOX_STATE_DIR")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn kernelbox serve");
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let addr = common::serving_addr(&mut lines).await;
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, Api::new(addr))
+}
+
+/// `kernelbox audit verify FILE`: its exit code, stdout and stderr.
+fn verify(file: &Path) -> (i32, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kernelbox"))
+        .args(["audit", "verify"])
+        .arg(file)
+        .output()
+        .expect("run kernelbox audit verify");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+/// The trail's lines, and each parsed.
+fn read_trail(file: &Path) -> (Vec<String>, Vec<Value>) {
+    let text = std::fs::read_to_string(file).expect("the audit file");
+    assert!(text.ends_with('\n'), "{text}");
+    let lines: Vec<String> = text.lines().map(str::to_string).collect();
+    let parsed = lines
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    (lines, parsed)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_trail_has_one_chained_line_per_audited_cell_and_command_and_never_the_output() {
+    let label = common::unique("audit");
+    let engine = common::engine().await;
+    let dir = tempfile::tempdir().expect("dir");
+    let mut coded = tenant("coded", CODED);
+    coded["audit"] = json!({"code": true});
+    let mut hashed = tenant("hashed", HASHED);
+    hashed["audit"] = json!(true);
+    let tenants = json!({"tenants": [coded, hashed, tenant("quiet", QUIET)]});
+    std::fs::write(dir.path().join("tenants.json"), tenants.to_string()).unwrap();
+    let trail = dir.path().join("trail.log");
+
+    let (mut server, api) = serve(dir.path(), &label).await;
+    // What each cell prints is computed, so it is not in its code: the output never lands.
+    let printing = "print('OUT' + 'PUT-' + str(6 * 7))";
+    let first = api.run(CODED, "work", printing).await;
+    assert_eq!(first["output"], "OUTPUT-42\n");
+    let failing = "raise ValueError('RAISED-' + str(6 * 7))";
+    let failed = api
+        .execute(CODED, "work", json!({"code": failing}))
+        .await
+        .json();
+    assert_eq!(failed["status"], "error", "{failed}");
+    let command = api
+        .post(
+            "/v1/sessions/work/commands",
+            Some(CODED),
+            json!({"command": ["sh", "-c", "echo SECRET-$((6 * 7)); exit 3"]}),
+        )
+        .await;
+    assert_eq!(command.status, StatusCode::OK, "{}", command.json());
+    assert_eq!(command.json()["stdout"], "SECRET-42\n");
+    let secret_code = "marker = 'hashed-tenant-code'";
+    let hashed_run = api.run(HASHED, "other", secret_code).await;
+    api.run(QUIET, "unaudited", "quiet = 'quiet-tenant-code'")
+        .await;
+    // SIGTERM: the server writes what was recorded before it exits.
+    let status = common::terminate(&mut server, Duration::from_secs(60)).await;
+    assert!(status.success(), "{status}");
+
+    let (lines, records) = read_trail(&trail);
+    assert_eq!(lines.len(), 4, "{lines:#?}");
+    let text = lines.join("\n");
+    for never in [
+        "OUTPUT-42",
+        "RAISED-42",
+        "SECRET-42",
+        "hashed-tenant-code",
+        "quiet",
+    ] {
+        assert!(!text.contains(never), "{never} is in the trail: {text}");
+    }
+    let kinds: Vec<(&str, &str, &str, &str)> = records
+        .iter()
+        .map(|r| {
+            (
+                r["kind"].as_str().unwrap(),
+                r["tenant"].as_str().unwrap(),
+                r["session"].as_str().unwrap(),
+                r["status"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("cell", "coded", "work", "success"),
+            ("cell", "coded", "work", "error"),
+            ("command", "coded", "work", "error"),
+            ("cell", "hashed", "other", "success"),
+        ]
+    );
+    assert_eq!(records[0]["code"], printing);
+    assert_eq!(records[0]["code_sha256"], sha256(printing.as_bytes()));
+    assert_eq!(records[0]["kernel"], first["kernel"]["id"]);
+    assert_eq!(records[0]["generation"], first["kernel"]["generation"]);
+    assert!(records[0]["duration_seconds"].as_f64().unwrap() > 0.0);
+    assert_eq!(records[1]["code_sha256"], sha256(failing.as_bytes()));
+    // A command's code is its arguments joined by NUL.
+    let argv = "sh\0-c\0echo SECRET-$((6 * 7)); exit 3";
+    assert_eq!(records[2]["code_sha256"], sha256(argv.as_bytes()));
+    assert_eq!(records[2]["exit_code"], 3);
+    assert_eq!(records[2]["kernel"], first["kernel"]["id"]);
+    assert_eq!(records[3]["code_sha256"], sha256(secret_code.as_bytes()));
+    assert!(records[3].get("code").is_none(), "{}", lines[3]);
+    assert_eq!(records[3]["kernel"], hashed_run["kernel"]["id"]);
+    // The chain: each line's prev is the hash of the line before.
+    assert_eq!(records[0]["prev"], "0".repeat(64));
+    for i in 1..lines.len() {
+        assert_eq!(
+            records[i]["prev"],
+            sha256(lines[i - 1].as_bytes()),
+            "line {i}"
+        );
+    }
+    let (code, out, err) = verify(&trail);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("intact: 4 lines"), "{out}");
+
+    // A restart continues the chain from the file's last line.
+    let (mut server, api) = serve(dir.path(), &label).await;
+    api.run(CODED, "work", "after = 'restart'").await;
+    let status = common::terminate(&mut server, Duration::from_secs(60)).await;
+    assert!(status.success(), "{status}");
+    let (lines, records) = read_trail(&trail);
+    assert_eq!(lines.len(), 5, "{lines:#?}");
+    assert_eq!(records[4]["prev"], sha256(lines[3].as_bytes()));
+    assert_eq!(records[4]["code"], "after = 'restart'");
+    let (code, out, err) = verify(&trail);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("intact: 5 lines"), "{out}");
+
+    // An edited line breaks the chain at the next one, and verify names it.
+    let edited = std::fs::read_to_string(&trail).unwrap().replacen(
+        "\"status\":\"error\"",
+        "\"status\":\"success\"",
+        1,
+    );
+    std::fs::write(&trail, edited).unwrap();
+    let (code, out, err) = verify(&trail);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(err.contains("line 3"), "{err}");
+    common::assert_clean(&engine, &label).await;
+}
