@@ -663,3 +663,48 @@ async fn an_idle_unauthenticated_connection_gives_its_slot_to_a_new_one_an_authe
     drop(silent);
     srv.finish().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_answer_sent_before_the_body_was_read_is_followed_by_a_close_not_a_reset() {
+    let s = Server::start("early-answer", Limits::default()).await;
+    let mut stream = raw::connect(s.addr).await;
+    // A path that escapes the working directory: refused at once, the body never read. Head
+    // and the body's first 512 KiB go in one write, so they are there when the answer is.
+    let mut request = format!(
+        "PUT /v1/sessions/early/files/..%2F..%2Fescape HTTP/1.1\r\nHost: kernelbox\r\n\
+         Authorization: Bearer {TOKEN}\r\nContent-Length: {}\r\n\r\n",
+        64 << 20
+    )
+    .into_bytes();
+    request.extend(std::iter::repeat_n(b'u', 512 * 1024));
+    stream.write_all(&request).await.unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 8192];
+    while raw::parse(&seen).is_none() {
+        match tokio::time::timeout(raw::DEADLINE, stream.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => seen.extend_from_slice(&buf[..n]),
+            other => panic!("no answer: {other:?} {:?}", String::from_utf8_lossy(&seen)),
+        }
+    }
+    // The client, not yet done with its body, sends more after the answer (as a client that
+    // writes and reads at once does): a server that had closed its socket resets the
+    // connection now, and a client still sending (hyper's, for one) then fails with
+    // ECONNRESET before it has read the answer.
+    stream
+        .write_all(&request[request.len() - 65536..])
+        .await
+        .unwrap();
+    stream.shutdown().await.unwrap();
+    let ended = loop {
+        match tokio::time::timeout(raw::DEADLINE, stream.read(&mut buf)).await {
+            Err(_) => panic!("the server never closed the connection"),
+            Ok(Ok(0)) => break Ok(()),
+            Ok(Ok(n)) => seen.extend_from_slice(&buf[..n]),
+            Ok(Err(e)) => break Err(e),
+        }
+    };
+    let text = String::from_utf8_lossy(&seen);
+    assert!(text.starts_with("HTTP/1.1 400"), "{text:?}");
+    assert!(ended.is_ok(), "a reset after the answer: {ended:?}");
+    s.finish().await;
+}

@@ -21,6 +21,12 @@
 //! them at most `max_unauthenticated` that no request with a valid tenant token has come on
 //! yet (`slots.rs` keeps the books and says who gives way); a connection that cannot have a
 //! slot is answered at once with a 503 (`too_many_connections`) and closed.
+//!
+//! A connection hyper closes after answering (a response sent before its request's body was
+//! read: an upload refused mid-way, its session deleted) lingers before the socket closes:
+//! what the client still sends is read off, up to [`LINGER_BYTES`] or [`LINGER_TIME`], so the
+//! close is a FIN after the answer, never a reset that makes the client's TCP stack discard
+//! the answer it has not read yet.
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -42,6 +48,13 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::slots::{Caps, Promote, Slot};
+
+/// Most a closing connection reads off its client before the socket closes (see the module
+/// documentation).
+pub const LINGER_BYTES: usize = 1024 * 1024;
+
+/// Longest a closing connection waits for its client to stop sending.
+pub const LINGER_TIME: Duration = Duration::from_secs(2);
 
 /// Connection bounds of the HTTP server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -420,6 +433,63 @@ pub(super) async fn drive(conn: Conn) {
     // `slot` is bound before everything below, so it is released last: after the socket is
     // closed.
     let _ = stream.set_nodelay(true);
+    // A second handle on the socket, for the lingering close: hyper's is closed when the
+    // connection ends, this one keeps the socket open while the rest is read off.
+    let (stream, linger) = match duplicate(stream) {
+        Ok(pair) => pair,
+        Err(e) => {
+            tracing::debug!(error = %e, "a connection's socket could not be duplicated");
+            return;
+        }
+    };
+    if serve(stream, app, limits, watcher, &stop, &slot).await {
+        tokio::select! {
+            _ = lingering_close(linger) => {}
+            _ = stop.cancelled() => {}
+        }
+    }
+}
+
+/// The stream, and a second handle on its socket (not registered with the runtime).
+fn duplicate(stream: TcpStream) -> std::io::Result<(TcpStream, std::net::TcpStream)> {
+    let std = stream.into_std()?;
+    let dup = std.try_clone()?;
+    Ok((TcpStream::from_std(std)?, dup))
+}
+
+/// Reads off what the client still sends (at most [`LINGER_BYTES`], for at most
+/// [`LINGER_TIME`]) after the server's side is shut, so the socket closes with nothing
+/// unread.
+async fn lingering_close(socket: std::net::TcpStream) {
+    use tokio::io::AsyncReadExt;
+    let _ = socket.shutdown(std::net::Shutdown::Write);
+    let Ok(mut socket) = TcpStream::from_std(socket) else {
+        return;
+    };
+    let mut sink = vec![0u8; 16 * 1024];
+    let mut read = 0;
+    let _ = tokio::time::timeout(LINGER_TIME, async {
+        while read < LINGER_BYTES {
+            match socket.read(&mut sink).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => read += n,
+            }
+        }
+    })
+    .await;
+}
+
+/// Serves the connection; true when hyper ended it (the client closed, or hyper closed after
+/// an answer), false when it was cut (a deadline, an eviction, the server's stop): only the
+/// former lingers.
+async fn serve(
+    stream: TcpStream,
+    app: Router,
+    limits: Limits,
+    watcher: Watcher,
+    stop: &CancellationToken,
+    slot: &Slot,
+) -> bool {
     let state = Arc::new(ConnState::new(limits, slot.promote()));
     let io = TokioIo::new(Tracked {
         stream,
@@ -461,18 +531,18 @@ pub(super) async fn drive(conn: Conn) {
                 if let Err(e) = result {
                     tracing::debug!(error = %e, "connection ended with an error");
                 }
-                break;
+                return true;
             }
-            _ = stop.cancelled() => break,
+            _ = stop.cancelled() => return false,
             _ = slot.evicted().cancelled() => {
                 tracing::debug!("closing an unauthenticated connection whose slot a newer one took");
-                break;
+                return false;
             }
             _ = state.changed.notified() => {}
             _ = sleep_until(deadline) => {
                 if state.deadline().is_some_and(|d| d <= Instant::now()) {
                     tracing::debug!("closing a connection past its header, body, send or keep-alive deadline");
-                    break;
+                    return false;
                 }
             }
         }
