@@ -60,6 +60,25 @@ MAX_FRAME_LINE = 1 << 20
 # Times the runner runs the whole cell path before ready (see _Runner.warm_up).
 WARM_UP_ROUNDS = 10
 
+# What a preloading kernel runs first in its warm-up (see _Runner.warm_up): the modules
+# imported one by one (one that fails is skipped), then, when pyplot is among them, one figure
+# drawn to PNG and closed (the first render loads fonts and the Agg canvas).
+_PRELOAD_CODE = """
+for _name in %r:
+    try:
+        __import__(_name)
+    except BaseException:
+        pass
+import sys as _sys
+if "matplotlib.pyplot" in _sys.modules:
+    import io as _io
+    _plt = _sys.modules["matplotlib.pyplot"]
+    _fig = _plt.figure(figsize=(1, 1))
+    _plt.plot([0, 1], [0, 1])
+    _fig.savefig(_io.BytesIO(), format="png")
+    _plt.close(_fig)
+"""
+
 # Cells share this process and may rebind anything they can reach (``os.write = None``,
 # ``builtins.print = ...``): the runner keeps its own references, taken before any cell runs.
 # Builtins are covered by the bootstrap, which gives the runner a private copy of the builtins
@@ -381,7 +400,8 @@ def _guarded(function):
 
 
 class _Runner:
-    def __init__(self, channel, status_path, rich_source):
+    def __init__(self, channel, status_path, rich_source, preload=()):
+        self.preload = tuple(preload)
         self.ch = channel
         self.inbox = _Inbox(channel)
         self.current_cell = None
@@ -468,7 +488,10 @@ class _Runner:
         later ones 0.03-0.09 ms, and the first one after this warm-up 0.06-0.08 ms
         (docs/performance.md). The messages come through a private pipe, the cells run on a constant
         in a throwaway namespace with their output going to /dev/null; afterwards nothing of
-        them is visible to cells, no cell is counted and the status file is empty again."""
+        them is visible to cells, no cell is counted and the status file is empty again.
+        A pooled kernel told to preload (``KERNELBOX_PRELOAD``) first runs the import of those
+        modules the same way (``_PRELOAD_CODE``): they stay in ``sys.modules``, not in the
+        namespace, so a cell's ``import numpy`` is a dictionary lookup."""
         inp, cell_out, namespace = self.ch.inp, self.ch.cell_out, self.namespace
         fds = []
         try:
@@ -479,11 +502,15 @@ class _Runner:
             self.ch.inp, self.ch.cell_out = r, sink
             self.namespace = {"__builtins__": _modules["builtins"]}
             execs = self.inbox.execs
-            for i in range(rounds):
-                # One message at a time: the pipe never holds more than one.
+            codes = ["_ = None\n_"] * rounds
+            if self.preload:
+                codes.insert(0, _PRELOAD_CODE % (self.preload,))
+            for i, code in enumerate(codes):
+                # One message at a time: the pipe never holds more than one (a preload's code
+                # is far below a pipe's buffer).
                 _write_all(
                     w,
-                    (_dumps({"op": "exec", "cell": -1 - i, "code": "_ = None\n_", "marker": "",
+                    (_dumps({"op": "exec", "cell": -1 - i, "code": code, "marker": "",
                              "display": "", "display_caps": {}}) + "\n").encode(),
                 )
                 self.run_cell(self.inbox.wait(lambda: execs.pop(0) if execs else None))
@@ -834,13 +861,14 @@ def _tools_module(runner):
 
 def _private_environment():
     """Takes every ``KERNELBOX_`` variable out of the environment (and so out of every
-    subprocess's); returns what the runner needs of them: the status file's path and the
-    text of ``runner/rich.py``."""
+    subprocess's); returns what the runner needs of them: the status file's path, the
+    text of ``runner/rich.py`` and the modules to preload."""
     status_path = os.environ.pop("KERNELBOX_STATUS", None)
     rich_source = os.environ.pop("KERNELBOX_RICH", None)
+    preload = [m for m in os.environ.pop("KERNELBOX_PRELOAD", "").split(",") if m]
     for key in [k for k in os.environ if k.startswith("KERNELBOX_")]:
         del os.environ[key]
-    return status_path, rich_source
+    return status_path, rich_source, preload
 
 
 def _user_site():
@@ -865,13 +893,13 @@ def _user_site():
 
 
 def main():
-    status_path, rich_source = _private_environment()
+    status_path, rich_source, preload = _private_environment()
     _user_site()
     channel = _Channel()
     sys.stdin = open(os.devnull, "r")
     sys.stdout = _text_stream(1)
     sys.stderr = _text_stream(2)
-    runner = _Runner(channel, status_path, rich_source)
+    runner = _Runner(channel, status_path, rich_source, preload)
     os.register_at_fork(after_in_child=channel.close_in_child)
     sys.modules["kernel_tools"] = _tools_module(runner)
     # matplotlib, when a cell imports it, gets the inline backend (runner/rich.py).

@@ -299,3 +299,42 @@ async fn serve_refuses_to_start_when_a_tenant_names_a_missing_image() {
         "{stderr}"
     );
 }
+
+/// A new owner's first plot: which of the data stack was loaded before the cell imported it,
+/// then a small DataFrame plotted with pyplot (shown inline at the cell's end).
+const FIRST_PLOT: &str = r#"
+import sys
+print([m in sys.modules for m in ("numpy", "pandas", "matplotlib.pyplot")])
+import pandas as pd
+import matplotlib.pyplot as plt
+pd.DataFrame({"x": [1, 2, 3], "y": [3, 1, 2]}).plot(x="x", y="y")
+plt.show()
+"#;
+
+#[tokio::test]
+async fn a_pool_preloading_the_data_stack_hands_a_new_owner_a_kernel_that_plots_at_once() {
+    let case = Case::with("ds-preload", |c| {
+        c.spec.image = DATASCIENCE_IMAGE.into();
+        c.pool.size = 1;
+        c.pool.preload = ["numpy", "pandas", "matplotlib.pyplot"]
+            .map(String::from)
+            .to_vec();
+    })
+    .await;
+    require_image(&case.engine).await;
+    assert!(
+        case.kb.wait_pool_ready(1, Duration::from_secs(120)).await,
+        "the preloading pool fills"
+    );
+    let r = case.run("plotter", FIRST_PLOT).await;
+    assert_eq!(r.status, CellStatus::Success, "{r:?}");
+    assert!(!r.kernel.reused && r.kernel.execution_count == 1, "{r:?}");
+    assert_eq!(r.output, "[True, True, True]\n", "{r:?}");
+    let pngs: Vec<_> = r
+        .results
+        .iter()
+        .filter(|b| b.data.contains_key("image/png"))
+        .collect();
+    assert_eq!(pngs.len(), 1, "one inline figure: {:?}", r.results);
+    case.finish().await;
+}

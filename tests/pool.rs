@@ -372,3 +372,50 @@ async fn kill_9_of_a_server_with_a_pool_leaves_no_pooled_kernel_behind() {
     }
     common::assert_clean(&engine, &label).await;
 }
+
+/// What a cell sees of the preload: which modules are loaded, which names its namespace has.
+const PRELOADED: &str = "import sys\nprint([m in sys.modules for m in \
+    ('decimal', 'email.mime.text', 'no_such_module_kernelbox')], \
+    sorted(k for k in globals() if not k.startswith('_')))";
+
+#[tokio::test]
+async fn a_preloading_pool_hands_out_kernels_with_the_modules_loaded_and_a_clean_namespace() {
+    let case = Case::with("pool-preload", |c| {
+        c.pool.size = 1;
+        c.kernels.max_session_kernels = 4;
+        // A module that does not exist is skipped; the others still load.
+        c.pool.preload = ["decimal", "no_such_module_kernelbox", "email.mime.text"]
+            .map(String::from)
+            .to_vec();
+    })
+    .await;
+    assert!(case.kb.wait_pool_ready(1, READY).await, "the pool fills");
+    let pooled = untaken(&case.containers().await);
+    let hit = case.run("preloaded", PRELOADED).await;
+    assert_eq!(hit.status, CellStatus::Success, "{hit:?}");
+    assert!(pooled.contains(&hit.kernel.id), "a hit: {hit:?} {pooled:?}");
+    assert_eq!(hit.output, "[True, True, False] ['sys']\n");
+    // The preload ran no cell of the owner's.
+    assert_eq!(hit.kernel.execution_count, 1);
+    case.finish().await;
+
+    // A kernel started cold for an owner is never preloaded (the same preload, no pool).
+    let cold = Case::with("pool-preload-cold", |c| {
+        c.pool.size = 0;
+        c.pool.preload = vec!["decimal".into(), "email.mime.text".into()];
+    })
+    .await;
+    let r = cold.run("cold", PRELOADED).await;
+    assert_eq!(r.output, "[False, False, False] ['sys']\n", "{r:?}");
+    cold.finish().await;
+}
+
+#[tokio::test]
+async fn a_bad_preload_module_name_is_refused_at_start() {
+    let mut config = common::config(&common::unique("pool-preload-bad"));
+    config.pool.preload = vec!["os; import shutil".into()];
+    let err = kernelbox::Orchestrator::start(config, common::engine().await)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("pool_preload"), "{err}");
+}

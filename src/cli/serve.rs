@@ -155,6 +155,11 @@ pub(crate) struct ServeArgs {
     /// A pooled kernel older than this is replaced by a fresh one (e.g. 15m).
     #[arg(long, env = "KERNELBOX_POOL_MAX_AGE", default_value = "15m", value_parser = parse_duration)]
     pool_max_age: Duration,
+    /// Modules each pooled kernel imports before it is offered, comma-separated (e.g.
+    /// numpy,pandas,matplotlib.pyplot on the data-science image): a new session's first plot
+    /// finds them loaded. Costs each pooled kernel their memory (docs/performance.md).
+    #[arg(long, env = "KERNELBOX_POOL_PRELOAD", value_delimiter = ',')]
+    pool_preload: Vec<String>,
     /// An MCP session on /v1/mcp with no message for this long ends, and its kernels go
     /// (never less than --max-timeout plus 10 seconds).
     #[arg(long, env = "KERNELBOX_MCP_IDLE_TIMEOUT", default_value = "30m", value_parser = parse_duration)]
@@ -402,6 +407,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     config.kernels.idle_timeout = args.idle_timeout;
     config.pool.size = args.pool.unwrap_or(DEFAULT_POOL.min(args.max_kernels));
     config.pool.max_age = args.pool_max_age;
+    config.pool.preload = args.pool_preload.clone();
     config.files.download_min_rate = args.min_download_rate;
     config.files.download_rate_grace = args.download_rate_grace;
     config.housekeeping.watchdog = std::env::current_exe().ok();

@@ -135,13 +135,23 @@ pub struct PoolConfig {
     pub size: usize,
     /// A pooled kernel older than this is replaced by a fresh one.
     pub max_age: Duration,
+    /// Modules each pooled kernel imports before it is offered (`numpy`, `matplotlib.pyplot`),
+    /// so a new owner's first cell finds them loaded (`docs/performance.md`, "Preloading the
+    /// pool"); they are in `sys.modules`, not in the cell's namespace. At most
+    /// [`MAX_POOL_PRELOAD`], each a dotted Python name. Empty (the default): none, and pooled
+    /// kernels keep a plain kernel's idle memory.
+    pub preload: Vec<String>,
 }
+
+/// Most modules a pool may preload.
+pub const MAX_POOL_PRELOAD: usize = 64;
 
 impl Default for PoolConfig {
     fn default() -> Self {
         PoolConfig {
             size: 0,
             max_age: Duration::from_secs(15 * 60),
+            preload: Vec::new(),
         }
     }
 }

@@ -150,6 +150,18 @@ impl Config {
         if self.pool.max_age.is_zero() {
             return Err(bad("pool_max_age", "must be positive"));
         }
+        if self.pool.preload.len() > MAX_POOL_PRELOAD {
+            return Err(bad(
+                "pool_preload",
+                format!("at most {MAX_POOL_PRELOAD} modules"),
+            ));
+        }
+        if let Some(name) = self.pool.preload.iter().find(|m| !is_module_name(m)) {
+            return Err(bad(
+                "pool_preload",
+                format!("{name:?} is not a module name (dotted Python identifiers, e.g. matplotlib.pyplot)"),
+            ));
+        }
         let runaway = &self.housekeeping.runaway;
         if runaway.interval.is_zero() {
             return Err(bad("runaway_interval", "must be positive"));
@@ -354,4 +366,15 @@ pub fn parse_bytes(text: &str) -> Result<i64, String> {
         return Err(format!("{text:?} is not a positive size"));
     }
     Ok((value * mult as f64) as i64)
+}
+
+/// A dotted Python module name of ASCII identifiers (`matplotlib.pyplot`), at most 200 bytes.
+fn is_module_name(name: &str) -> bool {
+    name.len() <= 200
+        && name.split('.').all(|part| {
+            part.chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && part.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        })
 }

@@ -59,6 +59,9 @@ pub(crate) struct SpawnRequest<'a> {
     /// The session's workspace, mounted at `/work` in place of the staging volume (which
     /// then holds only kernelbox's files, at `/kernelbox`: `docs/workspaces.md`).
     pub(crate) workspace: Option<crate::workspace::Prepared>,
+    /// Modules the runner imports before it says it is ready (a pooled kernel's
+    /// [`PoolConfig::preload`](crate::config::PoolConfig::preload)); empty: none.
+    pub(crate) preload: &'a [String],
 }
 
 /// Makes a spawn give way: before each of its engine steps (volume, container, attach and
@@ -303,6 +306,11 @@ impl Kernel {
         let status_path = format!("{spill_dir}/status");
         labels.insert(crate::labels::STATUS.into(), status_path.clone());
         let mut container = runner_container(spec, &status_path, labels, mounts);
+        if !request.preload.is_empty() {
+            container
+                .env
+                .push(format!("KERNELBOX_PRELOAD={}", request.preload.join(",")));
+        }
         if let Some(net) = request.network {
             container.env.extend(net.env.iter().cloned());
             container.mounts.extend(net.mounts.iter().cloned());
@@ -476,6 +484,7 @@ mod tests {
             sockets_refused: &REFUSED,
             network: None,
             workspace: None,
+            preload: &[],
         }
     }
 

@@ -353,6 +353,7 @@ impl Orchestrator {
             tracker: &inner.tracker,
             sockets_refused: &inner.sockets_refused,
             yield_to: None,
+            preload: &[],
         })
         .await?;
         let (Some(net), Some(grant), Some(egress)) = (network, grant, inner.egress.clone()) else {

@@ -377,6 +377,7 @@ impl Orchestrator {
             sockets_refused: &inner.sockets_refused,
             network: None,
             workspace: None,
+            preload: &inner.config.pool.preload,
             yield_to: Some(Yield {
                 priority: inner.pool.cold.subscribe(),
                 until: tokio::time::Instant::now() + POOL_YIELD_MAX,

@@ -29,6 +29,18 @@ const FIRST_PLOT: &str = "import numpy, pandas, matplotlib.pyplot as plt\n\
     fig.savefig('/tmp/first.png')\n\
     plt.close(fig)";
 
+/// The label telling the two data-science pools' kernels apart (`true`: the preloading one).
+const POOL_KEY: &str = "io.kernelbox-bench.preload";
+
+/// The modules the preloading pool imports (`--pool-preload`).
+const PRELOAD: [&str; 3] = ["numpy", "pandas", "matplotlib.pyplot"];
+
+/// A new owner's first cell on the data-science image: a small DataFrame plotted, shown
+/// inline (the figure comes back as a PNG bundle).
+const FIRST_CELL_PLOT: &str = "import pandas as pd, matplotlib.pyplot as plt\n\
+    pd.DataFrame({'x': [1, 2, 3], 'y': [3, 1, 2]}).plot(x='x', y='y')\n\
+    plt.show()";
+
 /// One image's figures.
 struct ImageFigures {
     size_bytes: u64,
@@ -122,6 +134,9 @@ impl Bench {
                 }),
             );
         }
+        if present {
+            self.preload_rows(&mut details).await?;
+        }
         if !first_plot.is_empty() {
             let s = stats(&first_plot);
             self.rows.push(Row::new(
@@ -144,6 +159,115 @@ impl Bench {
         ));
         self.details.insert("images".into(), Value::Object(details));
         Ok(())
+    }
+
+    /// A new owner's first cell plotting a DataFrame with a pool hit on the data-science image,
+    /// from a pool that preloads numpy, pandas and pyplot and from one that does not (the
+    /// floor: today's first plot), samples alternating; and each pooled kernel's memory.
+    async fn preload_rows(&mut self, details: &mut Map<String, Value>) -> Result<()> {
+        let n = self.sizes.cold;
+        let start = |preload: bool| {
+            let mut config = super::config(&self.label);
+            config.workspaces = None;
+            config.spec.image = DATASCIENCE_IMAGE.into();
+            config.pool.size = 1;
+            config
+                .housekeeping
+                .extra_labels
+                .insert(POOL_KEY.into(), preload.to_string());
+            if preload {
+                config.pool.preload = PRELOAD.map(String::from).to_vec();
+            }
+            kernelbox::Orchestrator::start(config, self.engine.clone())
+        };
+        let pools = [start(false).await?, start(true).await?];
+        let mut plot: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+        let mut memory = [0.0f64; 2];
+        for i in 0..n {
+            for (k, kb) in pools.iter().enumerate() {
+                if !kb.wait_pool_ready(1, Duration::from_secs(120)).await {
+                    bail!("the data-science pool (preload: {}) did not fill", k == 1);
+                }
+                if i == 0 {
+                    memory[k] = self.pooled_memory(k == 1).await?;
+                }
+                let session = format!("img-preload-{k}-{i}");
+                let t = Instant::now();
+                let r = kb
+                    .execute(ExecuteRequest::new(
+                        Scope::session(&session),
+                        FIRST_CELL_PLOT,
+                    ))
+                    .await?;
+                let took = ms(t.elapsed());
+                ok_cell("first cell plot", &r)?;
+                if r.kernel.reused || !r.results.iter().any(|b| b.data.contains_key("image/png")) {
+                    bail!("the first cell plot was not a new kernel's PNG: {r:?}");
+                }
+                plot[k].push(took);
+                kb.clear_session(None, &session).await;
+            }
+        }
+        for kb in &pools {
+            kb.shutdown().await;
+        }
+        let (plain, preloaded) = (stats(&plot[0]), stats(&plot[1]));
+        self.rows.push(
+            Row::new(
+                format!(
+                    "datascience image: new owner's first cell plotting a DataFrame, pool hit, \
+                     pool preloading {} (n={n})",
+                    PRELOAD.join(", ")
+                ),
+                pq(&preloaded),
+            )
+            .floor(
+                format!(
+                    "pool hit without preload p50 {}",
+                    crate::stats::fmt_ms(plain.p50_ms)
+                ),
+                preloaded.p50_ms / plain.p50_ms,
+            ),
+        );
+        self.rows.push(Row::new(
+            "datascience image: memory of a pooled kernel, preloaded vs not".to_string(),
+            format!(
+                "cgroup {:.1} MiB preloaded, {:.1} MiB not",
+                memory[1], memory[0]
+            ),
+        ));
+        details.insert(
+            "datascience_preload".into(),
+            json!({"preload": PRELOAD, "first_cell_plot_preloaded": preloaded,
+                   "first_cell_plot_not_preloaded": plain,
+                   "pooled_cgroup_mib_preloaded": memory[1],
+                   "pooled_cgroup_mib_not_preloaded": memory[0]}),
+        );
+        Ok(())
+    }
+
+    /// The memory cgroup charge of the ready pooled kernel of the pool that preloads (or
+    /// not), MiB.
+    async fn pooled_memory(&self, preload: bool) -> Result<f64> {
+        let pooled: Vec<_> = self
+            .engine
+            .list_containers(&[
+                format!("{CASE}={}", self.label),
+                format!("{POOL_KEY}={preload}"),
+            ])
+            .await?
+            .into_iter()
+            .filter(|c| c.labels.contains_key(kernelbox::labels::POOL))
+            .filter(|c| kernelbox::labels::parse_owner_name(&c.name).is_none())
+            .collect();
+        let charged: Vec<u64> = pooled
+            .iter()
+            .filter_map(|c| cgroup_memory(&c.id).map(|(u, _)| u))
+            .collect();
+        if charged.is_empty() {
+            bail!("no pooled data-science kernel to measure");
+        }
+        Ok(charged.iter().sum::<u64>() as f64 / charged.len() as f64 / MIB)
     }
 
     /// The sessions of earlier phases, cleared so the engine holds only this phase's kernels.
