@@ -12,13 +12,11 @@ mod common;
 mod http;
 
 use std::path::Path;
-use std::process::Stdio;
 use std::time::Duration;
 
 use hyper::StatusCode;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 use http::{tenant, Api};
 
@@ -32,22 +30,16 @@ fn sha256(bytes: &[u8]) -> String {
 
 /// `kernelbox serve` with the tenants file and audit file in `dir`; its address.
 async fn serve(dir: &Path, label: &str) -> (tokio::process::Child, Api) {
-    let mut child = common::serve_command(label, "unused")
-        .arg("--tenants")
+    let mut cmd = common::serve_command(label, "unused");
+    cmd.arg("--tenants")
         .arg(dir.join("tenants.json"))
         .arg("--state-dir")
         .arg(dir.join("state"))
         .arg("--audit-file")
         .arg(dir.join("trail.log"))
         .args(["--pool", "0"])
-        .env_remove("KERNELBOX_STATE_DIR")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("spawn kernelbox serve");
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let addr = common::serving_addr(&mut lines).await;
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        .env_remove("KERNELBOX_STATE_DIR");
+    let (child, addr) = common::spawn_serving(cmd).await;
     (child, Api::new(addr))
 }
 

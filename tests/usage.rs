@@ -9,12 +9,10 @@ mod common;
 mod http;
 
 use std::path::Path;
-use std::process::Stdio;
 use std::time::Duration;
 
 use hyper::StatusCode;
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 use http::{files, tenant, tenants, Api, TestServer};
 
@@ -199,17 +197,11 @@ const TOKEN: &str = "usage-kill-token";
 
 /// `kernelbox serve` on `state`, and its address.
 async fn serve(state: &Path, label: &str) -> (tokio::process::Child, Api) {
-    let mut child = common::serve_command(label, TOKEN)
-        .arg("--state-dir")
+    let mut cmd = common::serve_command(label, TOKEN);
+    cmd.arg("--state-dir")
         .arg(state)
-        .env_remove("KERNELBOX_STATE_DIR")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("spawn kernelbox serve");
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let addr = common::serving_addr(&mut lines).await;
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        .env_remove("KERNELBOX_STATE_DIR");
+    let (child, addr) = common::spawn_serving(cmd).await;
     (child, Api::new(addr))
 }
 

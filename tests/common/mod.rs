@@ -243,6 +243,25 @@ pub async fn serving_addr(
     .expect("the server serves within 60 s")
 }
 
+/// Spawns a `kernelbox serve` command (from [`serve_command`], with the caller's flags) with
+/// stdin and stdout closed, waits for its address ([`serving_addr`]) and drains the rest of
+/// its stderr in the background.
+pub async fn spawn_serving(
+    mut cmd: tokio::process::Command,
+) -> (tokio::process::Child, std::net::SocketAddr) {
+    use tokio::io::AsyncBufReadExt;
+    let mut child = cmd
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn kernelbox serve");
+    let stderr = child.stderr.take().expect("stderr");
+    let mut lines = tokio::io::BufReader::new(stderr).lines();
+    let addr = serving_addr(&mut lines).await;
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, addr)
+}
+
 /// Bytes in a MiB, for printing memory figures.
 pub const MIB: f64 = 1024.0 * 1024.0;
 
