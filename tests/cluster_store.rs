@@ -136,7 +136,7 @@ async fn migrations_are_applied_once_by_concurrent_connects_and_again_change_not
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, [1, 2, 3, 4]);
+    assert_eq!(versions, [1, 2, 3, 4, 5]);
     let tables: i64 = raw
         .query_one(
             "SELECT count(*) FROM pg_tables WHERE tablename IN ('kb_nodes', 'kb_sessions', 'kb_kernels')",
@@ -930,6 +930,8 @@ async fn the_usage_ledger_sums_rows_of_every_node_reads_ranges_and_prunes() {
         cells,
         cpu_seconds: 0.5,
         peak_memory_bytes: peak,
+        network_bytes_in: 1_000 * cells,
+        network_bytes_out: cells,
         ..UsageRow::default()
     };
     let add = |w: &Writer, rows: Vec<UsageRow>, keep_from: u64| {
@@ -954,6 +956,7 @@ async fn the_usage_ledger_sums_rows_of_every_node_reads_ranges_and_prunes() {
         .expect("read");
     assert_eq!(t.len(), 1, "{t:?}");
     assert_eq!((t[0].cells, t[0].peak_memory_bytes), (3, 30));
+    assert_eq!((t[0].network_bytes_in, t[0].network_bytes_out), (3_000, 3));
     assert!((t[0].cpu_seconds - 1.0).abs() < 1e-9);
     assert_eq!(
         read(None, 0, 10_800)

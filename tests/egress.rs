@@ -505,3 +505,81 @@ async fn a_kernel_never_reaches_another_kernel_directly_or_through_the_proxy() {
     );
     case.finish().await;
 }
+
+/// An HTTP server on loopback answering every request with `size` bytes of `x`.
+async fn sized_server(size: usize) -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-length: {size}\r\nconnection: close\r\n\r\n"
+                );
+                let _ = s.write_all(head.as_bytes()).await;
+                let _ = s.write_all(&vec![b'x'; size]).await;
+            });
+        }
+    });
+    port
+}
+
+#[tokio::test]
+async fn bytes_through_the_proxy_are_in_the_usage_ledger_of_the_session_that_moved_them() {
+    const SIZE: u64 = 100_000;
+    let port = sized_server(SIZE as usize).await;
+    let allowed = policy(&[&format!("127.0.0.1:{port}")], &[]);
+    let tenants = BTreeMap::from([
+        ("a".to_string(), allowed.clone()),
+        ("b".to_string(), allowed),
+    ]);
+    let case = with_egress("egress-usage", tenants).await;
+    let code =
+        format!("{FETCH}\nprint([len(fetch('http://127.0.0.1:{port}/')) for _ in range(3)])");
+    let r = run_as(&case, "a", "mover", &code).await;
+    assert_eq!(r.output, format!("[{SIZE}, {SIZE}, {SIZE}]\n"), "{r:?}");
+    let quiet = run_as(&case, "b", "still", "x = 1").await;
+    assert_eq!(quiet.status, CellStatus::Success, "{quiet:?}");
+    let now = kernelbox::clock::unix_now();
+    // A connection is counted when it ends, just after the cell that read it returned.
+    let row = until(|| async {
+        let rows = case
+            .kb
+            .usage(
+                None,
+                now - 3600,
+                now + 1,
+                kernelbox::usage::GroupBy::Session,
+            )
+            .await
+            .unwrap();
+        rows.into_iter()
+            .find(|r| r.session == "mover" && r.network_bytes_in >= 3 * SIZE)
+    })
+    .await;
+    assert_eq!(row.tenant, "a");
+    // The bodies and the response heads; the requests went out.
+    assert!(row.network_bytes_in < 3 * SIZE + 3 * 1024, "{row:?}");
+    assert!(
+        (3 * 30..3 * 1024).contains(&row.network_bytes_out),
+        "{row:?}"
+    );
+    let rows = case
+        .kb
+        .usage(
+            Some("b"),
+            now - 3600,
+            now + 1,
+            kernelbox::usage::GroupBy::Session,
+        )
+        .await
+        .unwrap();
+    assert!(
+        rows.iter()
+            .all(|r| r.network_bytes_in == 0 && r.network_bytes_out == 0),
+        "{rows:?}"
+    );
+    case.finish().await;
+}

@@ -38,7 +38,7 @@ pub(crate) struct UsageArgs {
 }
 
 /// The columns, in table and CSV order.
-const HEADER: [&str; 12] = [
+const HEADER: [&str; 14] = [
     "tenant",
     "session",
     "start",
@@ -51,9 +51,11 @@ const HEADER: [&str; 12] = [
     "file_bytes_in",
     "file_bytes_out",
     "pool_hits",
+    "network_bytes_in",
+    "network_bytes_out",
 ];
 
-fn cells(r: &UsageRow) -> [String; 12] {
+fn cells(r: &UsageRow) -> [String; 14] {
     [
         r.tenant.clone(),
         r.session.clone(),
@@ -70,6 +72,8 @@ fn cells(r: &UsageRow) -> [String; 12] {
         r.file_bytes_in.to_string(),
         r.file_bytes_out.to_string(),
         r.pool_hits.to_string(),
+        r.network_bytes_in.to_string(),
+        r.network_bytes_out.to_string(),
     ]
 }
 

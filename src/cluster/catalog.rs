@@ -335,8 +335,8 @@ impl PostgresCatalog {
             tx.execute(
                 "INSERT INTO kb_usage (hour, tenant, session, kernel_seconds, cpu_seconds,
                      peak_memory_bytes, cells, cell_seconds, commands, file_bytes_in,
-                     file_bytes_out, pool_hits)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+                     file_bytes_out, pool_hits, network_bytes_in, network_bytes_out)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
                  ON CONFLICT (hour, tenant, session) DO UPDATE SET
                      kernel_seconds = kb_usage.kernel_seconds + EXCLUDED.kernel_seconds,
                      cpu_seconds = kb_usage.cpu_seconds + EXCLUDED.cpu_seconds,
@@ -347,7 +347,9 @@ impl PostgresCatalog {
                      commands = kb_usage.commands + EXCLUDED.commands,
                      file_bytes_in = kb_usage.file_bytes_in + EXCLUDED.file_bytes_in,
                      file_bytes_out = kb_usage.file_bytes_out + EXCLUDED.file_bytes_out,
-                     pool_hits = kb_usage.pool_hits + EXCLUDED.pool_hits",
+                     pool_hits = kb_usage.pool_hits + EXCLUDED.pool_hits,
+                     network_bytes_in = kb_usage.network_bytes_in + EXCLUDED.network_bytes_in,
+                     network_bytes_out = kb_usage.network_bytes_out + EXCLUDED.network_bytes_out",
                 &[
                     &big(r.start),
                     &r.tenant,
@@ -361,6 +363,8 @@ impl PostgresCatalog {
                     &big(r.file_bytes_in),
                     &big(r.file_bytes_out),
                     &big(r.pool_hits),
+                    &big(r.network_bytes_in),
+                    &big(r.network_bytes_out),
                 ],
             )
             .await
@@ -383,7 +387,8 @@ impl PostgresCatalog {
         let rows = client
             .query(
                 "SELECT hour, tenant, session, kernel_seconds, cpu_seconds, peak_memory_bytes,
-                     cells, cell_seconds, commands, file_bytes_in, file_bytes_out, pool_hits
+                     cells, cell_seconds, commands, file_bytes_in, file_bytes_out, pool_hits,
+                     network_bytes_in, network_bytes_out
                  FROM kb_usage WHERE hour >= $1 AND hour < $2
                      AND ($3::text IS NULL OR tenant = $3)
                  ORDER BY hour, tenant, session",
@@ -406,6 +411,8 @@ impl PostgresCatalog {
                 file_bytes_in: count(r.get(9)),
                 file_bytes_out: count(r.get(10)),
                 pool_hits: count(r.get(11)),
+                network_bytes_in: count(r.get(12)),
+                network_bytes_out: count(r.get(13)),
             })
             .collect())
     }

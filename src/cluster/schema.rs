@@ -12,7 +12,14 @@ const MIGRATION_LOCK: i64 = 0x6b62_7363_6865_6d61;
 
 /// The migrations, oldest first: version N is `MIGRATIONS[N - 1]`. Never edit one that has
 /// shipped; add the next.
-pub(crate) const MIGRATIONS: &[&str] = &[V1, V2, V3, V4];
+pub(crate) const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5];
+
+/// Version 5: the usage ledger counts bytes through the egress proxy (docs/usage.md).
+const V5: &str = "
+ALTER TABLE kb_usage
+    ADD COLUMN network_bytes_in  bigint NOT NULL DEFAULT 0,
+    ADD COLUMN network_bytes_out bigint NOT NULL DEFAULT 0;
+";
 
 /// Version 3: each node's lease TTL in its own row, so that its expiry is judged by the TTL it
 /// renews against, whichever node judges (rows of nodes that registered before it get the

@@ -449,6 +449,12 @@ impl Egress {
         self.table.counters()
     }
 
+    /// Counts each connection's bytes in the usage ledger's `pending` rows for its kernel's
+    /// session, when the connection ends (`docs/usage.md`).
+    pub fn count_usage_in(&self, pending: Arc<crate::usage::Pending>) {
+        self.table.count_usage_in(pending);
+    }
+
     /// Stops the proxy and removes the network and its firewall rules.
     pub async fn stop(&self) {
         self.cancel.cancel();

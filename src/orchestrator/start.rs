@@ -154,6 +154,9 @@ impl Orchestrator {
         if let Some(restored) = restored {
             restored.seed(&inner.registry);
         }
+        if let Some(egress) = &inner.egress {
+            egress.count_usage_in(inner.ledger.clone());
+        }
         let orchestrator = Orchestrator { inner };
         orchestrator.start_tasks();
         Ok(orchestrator)

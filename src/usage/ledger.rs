@@ -48,6 +48,12 @@ pub struct UsageRow {
     pub file_bytes_out: u64,
     /// New kernels taken from the warm pool.
     pub pool_hits: u64,
+    /// Bytes kernels received through the egress proxy (counted when a connection ends).
+    #[serde(default)]
+    pub network_bytes_in: u64,
+    /// Bytes kernels sent through the egress proxy (counted when a connection ends).
+    #[serde(default)]
+    pub network_bytes_out: u64,
 }
 
 impl UsageRow {
@@ -62,6 +68,8 @@ impl UsageRow {
         self.file_bytes_in += other.file_bytes_in;
         self.file_bytes_out += other.file_bytes_out;
         self.pool_hits += other.pool_hits;
+        self.network_bytes_in += other.network_bytes_in;
+        self.network_bytes_out += other.network_bytes_out;
     }
 }
 

@@ -82,6 +82,14 @@ impl Drop for Finish {
             self.bytes_out.load(Ordering::Relaxed),
         );
         let outcome = *self.outcome.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(ledger) = self.table.ledger.get() {
+            if inb > 0 || out > 0 {
+                ledger.record(&self.entry.tenant, &self.entry.session, |r| {
+                    r.network_bytes_in += inb;
+                    r.network_bytes_out += out;
+                });
+            }
+        }
         self.table.count(&self.entry.tenant, |c| {
             c.bytes_in += inb;
             c.bytes_out += out;

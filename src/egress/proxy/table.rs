@@ -140,6 +140,9 @@ pub struct Table {
     pub(super) audit: Option<AuditFile>,
     pub(super) kernel_network: Option<(IpAddr, u8)>,
     pub(super) interception: Option<Arc<Interception>>,
+    /// Where each connection's bytes are counted for its session when it ends (the usage
+    /// ledger, `docs/usage.md`), once the orchestrator has given it.
+    pub(super) ledger: std::sync::OnceLock<Arc<crate::usage::Pending>>,
 }
 
 impl Table {
@@ -151,6 +154,12 @@ impl Table {
             kernel_network,
             ..Table::default()
         }
+    }
+
+    /// Counts each connection's bytes in `ledger` for its session, when it ends (set once;
+    /// later calls are ignored).
+    pub fn count_usage_in(&self, ledger: Arc<crate::usage::Pending>) {
+        let _ = self.ledger.set(ledger);
     }
 
     /// Intercepts the connections a rule of `interception` names (`docs/reliability.md`,

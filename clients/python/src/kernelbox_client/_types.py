@@ -430,6 +430,9 @@ class UsageRow:
     file_bytes_in: int = 0
     file_bytes_out: int = 0
     pool_hits: int = 0
+    #: Bytes kernels received and sent through the egress proxy.
+    network_bytes_in: int = 0
+    network_bytes_out: int = 0
 
     @classmethod
     def from_json(cls, d: Dict[str, Any]) -> "UsageRow":
@@ -450,6 +453,8 @@ class UsageRow:
             file_bytes_in=int(num("file_bytes_in")),
             file_bytes_out=int(num("file_bytes_out")),
             pool_hits=int(num("pool_hits")),
+            network_bytes_in=int(num("network_bytes_in")),
+            network_bytes_out=int(num("network_bytes_out")),
         )
 
 
