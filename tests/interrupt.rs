@@ -266,8 +266,14 @@ async fn a_sigint_landing_anywhere_leaves_the_runner_working() {
                 || (r.status == CellStatus::Interrupted && r.output.contains("KeyboardInterrupt")),
             "round {round}: {r:?}"
         );
-        // Whatever it hit, the kernel answers the next cell, with its state.
-        let next = case.run("s", "print(type(x).__name__)").await;
+        // Whatever it hit, the kernel answers the next cell, with its state. The container's
+        // init (docker-init) forwards the signal to the runner on its own time, so one sent
+        // as a short cell ended can land in this probe instead: it then ends interrupted like
+        // any cell, and the probe is asked again.
+        let mut next = case.run("s", "print(type(x).__name__)").await;
+        if next.status == CellStatus::Interrupted && next.output.contains("KeyboardInterrupt") {
+            next = case.run("s", "print(type(x).__name__)").await;
+        }
         assert_eq!(next.output, "int\n", "round {round}: {next:?}");
         assert_eq!(next.kernel.id, first.kernel.id, "round {round}: {next:?}");
     }
