@@ -62,7 +62,8 @@ WARM_UP_ROUNDS = 10
 
 # What a preloading kernel runs first in its warm-up (see _Runner.warm_up): the modules
 # imported one by one (one that fails is skipped), then, when pyplot is among them, one figure
-# drawn to PNG and closed (the first render loads fonts and the Agg canvas).
+# drawn to PNG and closed (the first render loads fonts and the Agg canvas), and with pandas
+# loaded too, one DataFrame plotted (its plotting backend loads on the first ``.plot()``).
 _PRELOAD_CODE = """
 for _name in %r:
     try:
@@ -77,6 +78,10 @@ if "matplotlib.pyplot" in _sys.modules:
     _plt.plot([0, 1], [0, 1])
     _fig.savefig(_io.BytesIO(), format="png")
     _plt.close(_fig)
+    if "pandas" in _sys.modules:
+        _ax = _sys.modules["pandas"].DataFrame({"x": [0, 1]}).plot()
+        _ax.figure.savefig(_io.BytesIO(), format="png")
+        _plt.close(_ax.figure)
 """
 
 # Cells share this process and may rebind anything they can reach (``os.write = None``,
