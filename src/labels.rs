@@ -41,6 +41,9 @@ pub const VOLUME: &str = "io.kernelbox.volume";
 pub const STATUS: &str = "io.kernelbox.status";
 /// Memory limit of the kernel, bytes.
 pub const MEMORY: &str = "io.kernelbox.memory";
+/// Prefix of a session's own labels (its settings' `labels`, `src/settings.rs`) on its
+/// kernels: `io.kernelbox.meta.KEY=VALUE`, what `kernelbox ps --label` filters on.
+pub const META_PREFIX: &str = "io.kernelbox.meta.";
 
 /// On a kernel created for the warm pool (value `true`): it was created without an owner, so
 /// it has no tenant, owner, session, key or generation label. Once taken, its owner is in its

@@ -33,6 +33,7 @@
 //! | [`client`] | the Rust client of the HTTP API (folder): execute, files, clearing a session; the one reader of the server's error JSON (`exec --url`, `cp`, `mcp --url`) |
 //! | [`orchestrator`] | the front door (folder): [`Orchestrator::execute`], lifecycle verbs, shutdown |
 //! | [`server`] | the multi-tenant HTTP API behind `kernelbox serve` |
+//! | [`settings`] | per-session settings: environment, memory and CPU limits, idle timeout, labels, checked against the tenant's maximums |
 //! | [`workspace`] | workspaces (folder): a session's `/work` kept past its kernel on a quota'd disk image, listed, deleted, swept by TTL |
 //! | [`mcp`] | MCP (folder): tools over stdio (`kernelbox mcp`) and streamable HTTP (`/v1/mcp`) |
 //!
@@ -65,6 +66,7 @@ pub(crate) mod owner;
 pub(crate) mod registry;
 pub mod rich;
 pub mod server;
+pub mod settings;
 pub mod usage;
 pub mod wire;
 pub mod workspace;

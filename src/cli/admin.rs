@@ -39,6 +39,10 @@ pub struct PsArgs {
     /// Skip the per-kernel memory reading (one stats call per kernel).
     #[arg(long)]
     no_memory: bool,
+    /// Only kernels of sessions carrying this label (`key=value`, from the session's settings;
+    /// repeat to require several).
+    #[arg(long, value_name = "KEY=VALUE")]
+    pub(crate) label: Vec<String>,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Table)]
     format: Format,
@@ -314,7 +318,14 @@ async fn computing(ids: Vec<String>) -> std::collections::HashSet<String> {
 /// `kernelbox ps`
 pub async fn ps(engine: &BollardEngine, args: PsArgs) -> anyhow::Result<ExitCode> {
     let mut rows = Vec::new();
-    let listed = kernels(engine, args.tenant.as_deref(), None).await?;
+    let wanted = kernelbox::settings::label_filters(args.label.iter().map(String::as_str))
+        .map_err(|e| anyhow::anyhow!("--label: {e}"))?;
+    let mut listed = kernels(engine, args.tenant.as_deref(), None).await?;
+    listed.retain(|c| {
+        wanted
+            .iter()
+            .all(|(k, v)| c.labels.get(&format!("{}{k}", labels::META_PREFIX)) == Some(v))
+    });
     let running: Vec<String> = listed
         .iter()
         .filter(|c| c.state == "running")

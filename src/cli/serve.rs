@@ -35,6 +35,17 @@ pub(crate) struct ServeArgs {
     /// Default: $XDG_STATE_HOME/kernelbox, else ~/.local/state/kernelbox.
     #[arg(long, env = "KERNELBOX_STATE_DIR")]
     state_dir: Option<PathBuf>,
+    /// The most memory one session of the tenant without a tenants file may ask for in its
+    /// settings (e.g. 4g; default: --memory, so a session may only lower it). With --tenants,
+    /// give each tenant its `session_limits`.
+    #[arg(long, env = "KERNELBOX_SESSION_MAX_MEMORY", value_parser = parse_bytes)]
+    session_max_memory: Option<i64>,
+    /// The most CPUs one session may ask for (default: --cpus).
+    #[arg(long, env = "KERNELBOX_SESSION_MAX_CPUS")]
+    session_max_cpus: Option<f64>,
+    /// The longest idle timeout one session may ask for (e.g. 4h; default: --idle-timeout).
+    #[arg(long, env = "KERNELBOX_SESSION_MAX_IDLE_TIMEOUT", value_parser = parse_duration)]
+    session_max_idle_timeout: Option<Duration>,
     /// Every session of the tenant without a tenants file gets a workspace: its /work kept
     /// past its kernel (docs/workspaces.md). With --tenants, give each tenant its
     /// `workspaces` there instead.
@@ -267,6 +278,24 @@ macro_rules! say {
     }};
 }
 
+/// `--session-max-*`: the session limits of the one tenant without a tenants file
+/// (`src/settings.rs`).
+fn session_limits(args: &ServeArgs) -> anyhow::Result<kernelbox::settings::Limits> {
+    if let Some(cpus) = args.session_max_cpus {
+        if !(cpus.is_finite() && cpus >= kernelbox::settings::MIN_CPUS) {
+            return Err(usage(format!(
+                "--session-max-cpus must be at least {}",
+                kernelbox::settings::MIN_CPUS
+            )));
+        }
+    }
+    Ok(kernelbox::settings::Limits {
+        memory_bytes: args.session_max_memory,
+        nano_cpus: args.session_max_cpus.map(|c| (c * 1e9).round() as i64),
+        idle_timeout: args.session_max_idle_timeout,
+    })
+}
+
 /// The workspaces' configuration (docs/workspaces.md): each tenant's `workspaces` in the
 /// tenants file, or `--workspaces` for the one tenant without a file.
 fn workspaces_config(
@@ -383,8 +412,9 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
                     (t.clone(), Some(t))
                 }
             };
-            let tenants = Tenants::new(vec![Tenant::with_token("default", &token)])
-                .map_err(|e| usage(e.to_string()))?;
+            let mut tenant = Tenant::with_token("default", &token);
+            tenant.session_limits = session_limits(&args)?;
+            let tenants = Tenants::new(vec![tenant]).map_err(|e| usage(e.to_string()))?;
             (tenants, generated)
         }
     };
@@ -392,6 +422,11 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     // With a tenants file, each tenant's policy is its `network` there (docs/reliability.md,
     // "Network egress"); --network-allow is the policy of the one tenant without a file.
     if args.tenants.is_some() {
+        if session_limits(&args)? != kernelbox::settings::Limits::default() {
+            return Err(usage(
+                "--session-max-* apply without --tenants; with a tenants file, give each tenant its `session_limits`".into(),
+            ));
+        }
         if args.kernel.names_a_network() {
             return Err(usage(
                 "--network-allow/--network-deny apply without --tenants; with a tenants file, give each tenant its `network`".into(),

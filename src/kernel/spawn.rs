@@ -62,6 +62,8 @@ pub(crate) struct SpawnRequest<'a> {
     /// Modules the runner imports before it says it is ready (a pooled kernel's
     /// [`PoolConfig::preload`](crate::config::PoolConfig::preload)); empty: none.
     pub(crate) preload: &'a [String],
+    /// The session's settings (`src/settings.rs`): its environment, memory, CPU and labels.
+    pub(crate) settings: Option<&'a crate::settings::Settings>,
 }
 
 /// Makes a spawn give way: before each of its engine steps (volume, container, attach and
@@ -245,6 +247,14 @@ impl Kernel {
         if let Some(net) = request.network {
             spec.sandbox.network_mode = net.network.clone();
         }
+        if let Some(settings) = request.settings {
+            if let Some(memory) = settings.memory_bytes {
+                spec.sandbox.memory_bytes = memory;
+            }
+            if let Some(cpus) = settings.nano_cpus {
+                spec.sandbox.nano_cpus = cpus;
+            }
+        }
         let tmpfs = spec.sandbox.work_bytes.map(|size_bytes| {
             let (uid, gid) = parse_user(&spec.sandbox.user);
             TmpfsVolume {
@@ -314,6 +324,19 @@ impl Kernel {
         if let Some(net) = request.network {
             container.env.extend(net.env.iter().cloned());
             container.mounts.extend(net.mounts.iter().cloned());
+        }
+        if let Some(settings) = request.settings {
+            // Names kernelbox sets are refused when the settings are checked, so these never
+            // shadow one (`src/settings.rs`).
+            container
+                .env
+                .extend(settings.env.iter().map(|(k, v)| format!("{k}={v}")));
+            container.labels.extend(
+                settings
+                    .labels
+                    .iter()
+                    .map(|(k, v)| (format!("{}{k}", crate::labels::META_PREFIX), v.clone())),
+            );
         }
         give_way(&request.yield_to).await?;
         let id = Self::create_container(request, container, &mut sockets).await?;
@@ -485,6 +508,7 @@ mod tests {
             network: None,
             workspace: None,
             preload: &[],
+            settings: None,
         }
     }
 

@@ -278,7 +278,7 @@ impl Orchestrator {
             .kernel
             .get_or_try_init(|| {
                 spawned_here = true;
-                self.spawn_cold(key, slot.generation)
+                self.spawn_cold(key, slot.generation, slot.settings.clone())
             })
             .await;
         attempt.reused = !attempt.pooled && !spawned_here;
@@ -300,6 +300,7 @@ impl Orchestrator {
         &self,
         key: &KernelKey,
         generation: u64,
+        settings: Option<crate::settings::Shared>,
     ) -> impl Future<Output = Result<Arc<Kernel>, KernelError>> + '_ {
         let inner = &self.inner;
         let started = Instant::now();
@@ -312,7 +313,13 @@ impl Orchestrator {
         async move {
             let _cold = inner.pool.cold_start();
             let result = self
-                .spawn_with(&key, generation, network.as_ref(), grant)
+                .spawn_with(
+                    &key,
+                    generation,
+                    network.as_ref(),
+                    grant,
+                    settings.as_deref(),
+                )
                 .await;
             inner
                 .starts
@@ -331,6 +338,7 @@ impl Orchestrator {
         generation: u64,
         network: Option<&crate::egress::KernelNetwork>,
         grant: Option<crate::egress::Grant>,
+        settings: Option<&crate::settings::Settings>,
     ) -> Result<Arc<Kernel>, KernelError> {
         let inner = &self.inner;
         let workspace = match (self.workspace_policy(&key.owner.tenant), &inner.workspaces) {
@@ -354,6 +362,7 @@ impl Orchestrator {
             sockets_refused: &inner.sockets_refused,
             yield_to: None,
             preload: &[],
+            settings,
         })
         .await?;
         let (Some(net), Some(grant), Some(egress)) = (network, grant, inner.egress.clone()) else {

@@ -176,11 +176,41 @@ impl Orchestrator {
                     execution_count: kernel.map(|k| k.execution_count()).unwrap_or(0),
                     idle_seconds: now.saturating_duration_since(s.last_used()).as_secs_f64(),
                     attached: s.attached(),
+                    labels: self
+                        .inner
+                        .registry
+                        .settings(&s.key.owner.tenant, &s.key.owner.session)
+                        .map(|set| set.labels.clone())
+                        .unwrap_or_default(),
                 }
             })
             .collect();
         list.sort_by(|a, b| (&a.tenant, &a.owner).cmp(&(&b.tenant, &b.owner)));
         list
+    }
+
+    /// Sets `tenant`'s `session`'s settings, checked by the caller against the tenant's
+    /// maximums ([`Settings::check`](crate::settings::Settings::check)); they apply to its
+    /// next kernel (environment, memory, CPU) or at once (idle timeout, labels). Returns true
+    /// when a live kernel of the session runs with another environment, memory or CPU.
+    pub fn set_settings(
+        &self,
+        tenant: Option<&str>,
+        session: &str,
+        settings: crate::settings::Settings,
+    ) -> Result<bool, crate::settings::SettingsError> {
+        let tenant = tenant.unwrap_or(&self.inner.config.default_tenant);
+        self.inner.registry.set_settings(tenant, session, settings)
+    }
+
+    /// `tenant`'s `session`'s settings (the server's defaults when it set none).
+    pub fn settings(&self, tenant: Option<&str>, session: &str) -> crate::settings::Settings {
+        let tenant = tenant.unwrap_or(&self.inner.config.default_tenant);
+        self.inner
+            .registry
+            .settings(tenant, session)
+            .map(|s| crate::settings::Settings::clone(&s))
+            .unwrap_or_default()
     }
 
     /// The kernel currently serving a key's owner (for tests and admin), if any.

@@ -378,6 +378,7 @@ impl Orchestrator {
             network: None,
             workspace: None,
             preload: &inner.config.pool.preload,
+            settings: None,
             yield_to: Some(Yield {
                 priority: inner.pool.cold.subscribe(),
                 until: tokio::time::Instant::now() + POOL_YIELD_MAX,

@@ -314,6 +314,9 @@ pub struct KernelSummary {
     pub idle_seconds: f64,
     /// Calls attached.
     pub attached: usize,
+    /// The session's labels (its settings', `src/settings.rs`).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
 }
 
 /// Upper bounds of the kernel start-time histogram, in seconds.

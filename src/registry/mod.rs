@@ -25,12 +25,14 @@
 //! | `admission.rs` | the two caps and fair shares: which idle kernel goes to admit a new one |
 //! | `losses.rs` | losses and generations: catalog seeds, losses recorded and owed |
 //! | `pool.rs` | the warm pool's books: ready ownerless kernels, taken atomically with admission |
+//! | `settings.rs` | sessions' settings (`src/settings.rs`): kept, bounded per tenant, recorded on new slots |
 //! | `tests.rs` | unit tests |
 
 mod admission;
 mod live;
 mod losses;
 mod pool;
+mod settings;
 
 pub use admission::{AtCapacity, Cap, ClusterShares, EvictionCounts, Refusal, TenantLimits};
 
@@ -72,6 +74,8 @@ pub struct Slot {
     attached: AtomicUsize,
     /// When a call last released the slot.
     last_used: Mutex<Instant>,
+    /// The session's settings when the slot was made: what its kernel starts with.
+    pub settings: Option<crate::settings::Shared>,
 }
 
 impl std::fmt::Debug for Slot {
@@ -165,6 +169,10 @@ struct Inner {
     pool_pending: usize,
     /// On a cluster node: what the fair shares are of (`admission.rs`).
     cluster: Option<ClusterShares>,
+    /// Sessions' settings by tenant and session (`settings.rs`).
+    settings: HashMap<(String, String), settings::Kept>,
+    /// Counts settings changes (their order, for forgetting the oldest).
+    settings_seq: u64,
 }
 
 impl Inner {
@@ -180,7 +188,14 @@ impl Inner {
         let stale: Vec<KernelKey> = self
             .slots
             .iter()
-            .filter(|(_, s)| s.is_idle() && now.saturating_duration_since(s.last_used()) >= idle)
+            .filter(|(k, s)| {
+                // A session's own idle timeout, when it set one (`src/settings.rs`).
+                let idle = self
+                    .settings_of(&k.owner)
+                    .and_then(|s| s.idle_timeout)
+                    .unwrap_or(idle);
+                s.is_idle() && now.saturating_duration_since(s.last_used()) >= idle
+            })
             .map(|(k, _)| k.clone())
             .collect();
         stale
@@ -250,6 +265,12 @@ impl Registry {
         let mut victims = inner.take_idle(now, self.idle_timeout);
         let mut discarded = Vec::new();
         let new_slot = reset || !inner.slots.contains_key(key);
+        // A session with its own environment, memory or CPU gets a kernel made for it.
+        let spec = spec.filter(|_| {
+            !inner
+                .settings_of(&key.owner)
+                .is_some_and(|s| s.shapes_the_container())
+        });
         let taking = spec.filter(|_| new_slot).and_then(|s| inner.pool_find(s));
         if !inner.slots.contains_key(key) {
             match inner.admit(key, limits, self.max_kernels, taking) {
@@ -321,6 +342,7 @@ impl Registry {
                     kernel: OnceCell::new(),
                     attached: AtomicUsize::new(0),
                     last_used: Mutex::new(now),
+                    settings: inner.settings_of(&key.owner),
                 });
                 inner.slots.insert(key.clone(), slot.clone());
                 slot

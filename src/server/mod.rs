@@ -61,6 +61,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/sessions/{session}/interrupt"),
     ("POST", "/v1/sessions/{session}/commands"),
     ("PUT", "/v1/sessions/{session}/network"),
+    ("PUT", "/v1/sessions/{session}/settings"),
+    ("GET", "/v1/sessions/{session}/settings"),
     ("DELETE", "/v1/sessions/{session}"),
     ("DELETE", "/v1/sessions/{session}/children/{child}"),
     ("PUT", "/v1/sessions/{session}/files/{path}"),

@@ -104,6 +104,8 @@ pub fn generated_schemas() -> serde_json::Map<String, Value> {
     generator.subschema_for::<crate::workspace::WorkspaceSummary>();
     generator.subschema_for::<ExecuteBody>();
     generator.subschema_for::<crate::wire::NetworkPolicy>();
+    generator.subschema_for::<crate::wire::SessionSettings>();
+    generator.subschema_for::<crate::wire::SettingsApplied>();
     generator.subschema_for::<CommandBody>();
     generator.subschema_for::<CommandResult>();
     generator.subschema_for::<crate::wire::UsageReport>();
@@ -261,6 +263,25 @@ pub fn spec() -> Value {
                     }))
                 }
             },
+            "/v1/sessions/{session}/settings": {
+                "put": {
+                    "summary": "Replace the session's settings (environment, memory and CPU limits, idle timeout, labels) within its tenant's `session_limits`. Environment, memory and CPU apply from the session's next kernel (`restart_required` says whether a live one runs with others); the idle timeout and labels at once (docs/http-api.md, \"Session settings\").",
+                    "parameters": [session_param()],
+                    "requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/SessionSettings"}}}},
+                    "responses": with(&auth_errors, json!({
+                        "200": {"description": "Kept.", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/SettingsApplied"}}}},
+                        "400": error_response("`invalid_settings`: a malformed field (the message names it); `settings_not_allowed`: more than the tenant's maximum; `invalid_name`, `invalid_json`."),
+                        "429": error_response("`too_many_settings`: the tenant has settings for 16,384 sessions with live kernels.")
+                    }))
+                },
+                "get": {
+                    "summary": "The session's settings (`{}` when it set none).",
+                    "parameters": [session_param()],
+                    "responses": with(&auth_errors, json!({
+                        "200": {"description": "Settings.", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/SessionSettings"}}}}
+                    }))
+                }
+            },
             "/v1/sessions/{session}/commands": {
                 "post": {
                     "summary": "Run one shell command in the session's kernel container (started on first use), beside its cells: as the kernel's user, in its sandbox and working directory. Past its timeout the command's process group is killed; the kernel and its state stay.",
@@ -301,8 +322,13 @@ pub fn spec() -> Value {
             },
             "/v1/kernels": {
                 "get": {
-                    "summary": "The caller's tenant's live kernels.",
-                    "responses": with(&auth_errors, json!({"200": {"description": "Kernels.", "content": {"application/json": {"schema": {
+                    "summary": "The caller's tenant's live kernels; with `label=key:value` (repeatable), those of sessions whose settings carry every label given.",
+                    "parameters": [{
+                        "name": "label", "in": "query", "required": false,
+                        "description": "`key:value`; repeat to require several.",
+                        "schema": {"type": "string"}
+                    }],
+                    "responses": with(&auth_errors, json!({"400": error_response("`invalid_settings`: a filter without `:`; `invalid_query`: another parameter."), "200": {"description": "Kernels.", "content": {"application/json": {"schema": {
                         "type": "object", "required": ["kernels"],
                         "properties": {"kernels": {"type": "array", "items": {"$ref": "#/components/schemas/KernelSummary"}}}
                     }}}}}))
@@ -551,8 +577,12 @@ mod tests {
         for (method, path) in super::super::ROUTES {
             let op = &spec["paths"][path][method.to_ascii_lowercase()];
             assert!(op.is_object(), "{method} {path} missing from the spec");
-            // A PUT creates (a file), except a session's network policy, which is set.
-            let success = if *method == "PUT" && !path.ends_with("/network") {
+            // A PUT creates (a file), except a session's network policy and settings, which
+            // are set.
+            let success = if *method == "PUT"
+                && !path.ends_with("/network")
+                && !path.ends_with("/settings")
+            {
                 "201"
             } else {
                 "200"

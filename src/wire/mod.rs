@@ -10,6 +10,7 @@
 //! | `error.rs` | [`ErrorBody`]: every error answer, `{"error": {"code", "message"}}` |
 //! | `usage.rs` | [`UsageQuery`] and [`UsageReport`]: `GET /v1/usage` |
 //! | `network.rs` | [`NetworkPolicy`]: a network egress policy (tenants file, execute body, `PUT .../network`) |
+//! | `settings.rs` | [`SessionSettings`], [`SettingsApplied`]: `PUT`/`GET /v1/sessions/{session}/settings` |
 //!
 //! What the server answers besides errors has its own home: a cell result is
 //! [`CellResult`](crate::cell::CellResult), an upload's answer [`Written`](crate::files::Written),
@@ -20,10 +21,12 @@ mod error;
 mod execute;
 mod network;
 pub mod path;
+mod settings;
 mod usage;
 
 pub use command::{CommandBody, CommandLine, CommandResult, MAX_COMMAND_BYTES, MAX_COMMAND_ENV};
 pub use error::{ErrorBody, ErrorDetail};
 pub use execute::{ExecuteBody, MAX_TASK_ID};
 pub use network::NetworkPolicy;
+pub use settings::{SessionSettings, SettingsApplied};
 pub use usage::{UsageQuery, UsageQueryError, UsageRange, UsageReport, MAX_USAGE_RANGE};

@@ -11,6 +11,8 @@
 //!   that kills the command's process group and nothing else, streaming, bounds, concurrency
 //! - `binary.rs`: the `kernelbox serve` binary: SIGTERM cleanup, tenants-file errors, who may
 //!   read `/metrics`
+//! - `settings.rs`: per-session settings: environment, limits and labels on the engine's
+//!   containers, bounded by the tenant's maximums; a session's own idle timeout
 //! - `fuzz.rs`: random requests never get a 5xx or a dropped connection
 
 #[path = "../common/mod.rs"]
@@ -22,5 +24,6 @@ mod api;
 mod binary;
 mod commands;
 mod fuzz;
+mod settings;
 mod streaming;
 mod tools;

@@ -12,6 +12,7 @@
 //! | `pending.rs` | response bytes in flight per tenant and for the host, and the minimum rate every response body is read at |
 //! | `mcp_backend.rs` | the MCP tools' backend on `/v1/mcp`: the execute and command paths and file calls below, for the caller's tenant |
 //! | `workspaces.rs` | a tenant's workspaces: list, delete (`docs/workspaces.md`) |
+//! | `settings.rs` | a session's settings (`PUT`/`GET .../settings`) and `GET /v1/kernels?label=` |
 //! | `usage.rs` | `GET /v1/usage`: a tenant's usage ledger, every tenant's for a usage admin (docs/usage.md) |
 //! | `tests.rs` | unit tests |
 
@@ -23,6 +24,7 @@ pub(crate) use files::file_request;
 mod middleware;
 pub(crate) mod pending;
 mod routing;
+mod settings;
 mod stream;
 mod usage;
 mod workspaces;
@@ -73,6 +75,10 @@ pub(super) fn router(state: AppState, metrics_route: MetricsRoute) -> Router {
             "/v1/sessions/{session}/network",
             axum::routing::put(network),
         )
+        .route(
+            "/v1/sessions/{session}/settings",
+            axum::routing::put(settings::put).get(settings::get),
+        )
         .route("/v1/sessions/{session}/commands", post(command))
         .route("/v1/sessions/{session}", delete(clear))
         .route(
@@ -109,7 +115,7 @@ pub(super) fn router(state: AppState, metrics_route: MetricsRoute) -> Router {
             "/v1/nodes/{node}/kernels",
             get(super::cluster::node_kernels),
         )
-        .route("/v1/kernels", get(kernels))
+        .route("/v1/kernels", get(settings::kernels))
         .route("/v1/workspaces", get(workspaces::list))
         .route("/v1/workspaces/{name}", delete(workspaces::delete))
         .route("/v1/usage", get(usage::usage))
@@ -619,11 +625,6 @@ async fn release_child(
         ))),
         n => Ok(Json(json!({"released": n}))),
     }
-}
-
-async fn kernels(State(state): State<AppState>, Caller(tenant): Caller) -> Json<serde_json::Value> {
-    let list = state.inner.orchestrator.list_kernels(Some(&tenant.name));
-    Json(json!({"kernels": list}))
 }
 
 async fn healthz(State(state): State<AppState>) -> Response {

@@ -14,6 +14,9 @@
 //! `workspaces` (`{"quota": "1g", "ttl": "7d", "max": 100}`, `workspaces.rs`) gives every
 //! session of the tenant a workspace (`docs/workspaces.md`).
 //!
+//! `session_limits` (`{"memory": "4g", "cpus": 2, "idle_timeout": "4h"}`, `session_limits.rs`)
+//! is the most a session's own settings may ask for (default: the server's values).
+//!
 //! `audit` (`true`, or `{"code": true}` to record the code itself) puts the tenant's cells
 //! and commands in the audit trail (`docs/usage.md`, "Audit trail").
 //!
@@ -88,6 +91,8 @@ pub struct Tenant {
     /// The tenant's cells and commands go to the audit trail (`None`: they do not;
     /// `docs/usage.md`, "Audit trail").
     pub audit: Option<crate::audit::AuditPolicy>,
+    /// The most the tenant's sessions may ask for in their settings (`src/settings.rs`).
+    pub session_limits: crate::settings::Limits,
 }
 
 impl Tenant {
@@ -105,6 +110,7 @@ impl Tenant {
             workspaces: None,
             usage_admin: false,
             audit: None,
+            session_limits: crate::settings::Limits::default(),
         }
     }
 
@@ -264,6 +270,7 @@ impl Tenants {
                     "workspaces",
                     "usage_admin",
                     "audit",
+                    "session_limits",
                 ],
                 &at,
                 &bad,
@@ -346,7 +353,14 @@ impl Tenants {
             };
             let audit = parse_audit(obj.get("audit"))
                 .map_err(|(field, reason)| bad(format!("{at}.audit{field}"), reason))?;
+            let session_limits = match obj.get("session_limits") {
+                None | Some(Value::Null) => crate::settings::Limits::default(),
+                Some(v) => session_limits::parse_session_limits(v).map_err(|(field, reason)| {
+                    bad(format!("{at}.session_limits{field}"), reason)
+                })?,
+            };
             tenants.push(Tenant {
+                session_limits,
                 audit,
                 usage_admin,
                 workspaces,
@@ -593,6 +607,7 @@ fn check_tool_url(url: &str) -> Result<(), String> {
     Ok(())
 }
 
+mod session_limits;
 #[cfg(test)]
 mod tests;
 mod workspaces;

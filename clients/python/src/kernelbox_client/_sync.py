@@ -14,6 +14,8 @@ from ._types import (
     Listing,
     NetworkPolicy,
     Result,
+    SessionSettings,
+    SettingsApplied,
     UsageReport,
     WorkspaceSummary,
     WrittenFile,
@@ -45,9 +47,10 @@ class Client:
         """A conversation's kernel (started by its first run); `child` a delegated sub-agent's."""
         return Session(self, name, child)
 
-    def kernels(self) -> List[KernelSummary]:
-        """The live kernels of this token's tenant."""
-        return _wire.kernels(self._send(_wire.Call("GET", "/v1/kernels")) or b"")
+    def kernels(self, labels: Optional[Dict[str, str]] = None) -> List[KernelSummary]:
+        """The live kernels of this token's tenant; with `labels`, those of sessions whose
+        settings carry every one of them."""
+        return _wire.kernels(self._send(_wire.kernels_call(labels)) or b"")
 
     def usage(
         self,
@@ -220,6 +223,34 @@ class Session:
         A bad entry raises `BadRequest` (`invalid_network`); any allowed entry, for a tenant
         with no network, `BadRequest` (`network_not_allowed`)."""
         return _wire.closed(self.client._send(_wire.network_call(self.name, allow, deny)))
+
+    def set_settings(
+        self,
+        *,
+        env: Optional[Dict[str, str]] = None,
+        memory: Optional[Union[int, str]] = None,
+        cpus: Optional[float] = None,
+        idle_timeout: Optional[float] = None,
+        labels: Optional[Dict[str, str]] = None,
+    ) -> SettingsApplied:
+        """Replaces the session's settings (docs/http-api.md, "Session settings"): its
+        kernels' environment variables, memory (`"512m"` or bytes) and CPU limits, idle
+        timeout (seconds) and labels, within the tenant's maximums (`BadRequest`
+        `settings_not_allowed` beyond them). Environment, memory and CPU apply from the
+        session's next kernel (`restart_required` says a live one runs with others); the idle
+        timeout and labels at once."""
+        settings = SessionSettings(
+            env=dict(env or {}),
+            memory=memory,
+            cpus=cpus,
+            idle_timeout=idle_timeout,
+            labels=dict(labels or {}),
+        )
+        return _wire.settings_applied(self.client._send(_wire.settings_call(self.name, settings)))
+
+    def settings(self) -> SessionSettings:
+        """The session's settings (all defaults when it set none)."""
+        return _wire.session_settings(self.client._send(_wire.get_settings_call(self.name)))
 
     def interrupt(self) -> int:
         """Stops the session's running and queued cells: they end `interrupted`, a running

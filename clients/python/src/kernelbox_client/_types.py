@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import json
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Dict, Iterator, List, Optional
+from typing import Any, ClassVar, Dict, Iterator, List, Optional, Union
 
 
 @dataclass(frozen=True)
@@ -228,9 +228,12 @@ class KernelSummary:
     idle_seconds: float
     attached: int
     child: Optional[str] = None
+    #: The session's labels (its settings').
+    labels: Dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, d: Dict[str, Any]) -> "KernelSummary":
+        labels = d.get("labels")
         return cls(
             id=str(d.get("id", "")),
             tenant=str(d.get("tenant", "")),
@@ -242,6 +245,7 @@ class KernelSummary:
             idle_seconds=float(d.get("idle_seconds", 0.0)),
             attached=int(d.get("attached", 0)),
             child=d.get("child"),
+            labels={str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {},
         )
 
 
@@ -388,6 +392,64 @@ class NetworkPolicy:
 
 
 @dataclass(frozen=True)
+class SessionSettings:
+    """A session's settings (docs/http-api.md, "Session settings"): environment variables,
+    memory (bytes, or a size such as `"512m"` when sent) and CPU limits, idle timeout
+    (seconds) and labels of its kernels; `None` or empty: the server's default."""
+
+    SCHEMA: ClassVar[str] = "SessionSettings"
+    env: Dict[str, str] = field(default_factory=dict)
+    memory: Optional[Union[int, str]] = None
+    cpus: Optional[float] = None
+    idle_timeout: Optional[float] = None
+    labels: Dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {}
+        if self.env:
+            out["env"] = dict(self.env)
+        if self.labels:
+            out["labels"] = dict(self.labels)
+        for name in ("memory", "cpus", "idle_timeout"):
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value
+        return out
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "SessionSettings":
+        env, labels = d.get("env"), d.get("labels")
+        memory = d.get("memory")
+        cpus, idle = d.get("cpus"), d.get("idle_timeout")
+        return cls(
+            env={str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {},
+            memory=memory if isinstance(memory, (int, str)) else None,
+            cpus=float(cpus) if isinstance(cpus, (int, float)) else None,
+            idle_timeout=float(idle) if isinstance(idle, (int, float)) else None,
+            labels={str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {},
+        )
+
+
+@dataclass(frozen=True)
+class SettingsApplied:
+    """What setting a session's settings answers: the settings now, and whether a live
+    kernel of the session runs with another environment, memory or CPU (they apply from its
+    next kernel: `run(..., reset=True)` or `close()` first)."""
+
+    SCHEMA: ClassVar[str] = "SettingsApplied"
+    settings: SessionSettings
+    restart_required: bool
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "SettingsApplied":
+        settings = d.get("settings")
+        return cls(
+            settings=SessionSettings.from_json(settings if isinstance(settings, dict) else {}),
+            restart_required=bool(d.get("restart_required", False)),
+        )
+
+
+@dataclass(frozen=True)
 class WorkspaceSummary:
     """One of the tenant's workspaces (`client.workspaces()`, docs/workspaces.md)."""
 
@@ -508,6 +570,8 @@ MIRRORS = {
         WrittenFile,
         CommandResult,
         NetworkPolicy,
+        SessionSettings,
+        SettingsApplied,
         WorkspaceSummary,
         UsageRow,
         UsageReport,

@@ -35,6 +35,8 @@ from ._types import (
     Listing,
     NetworkPolicy,
     Result,
+    SessionSettings,
+    SettingsApplied,
     UsageReport,
     WorkspaceSummary,
     WrittenFile,
@@ -101,7 +103,7 @@ class Call:
     method: str
     path: str
     json: Optional[Dict[str, Any]] = None
-    params: Dict[str, str] = field(default_factory=dict)
+    params: Mapping[str, Union[str, List[str]]] = field(default_factory=dict)
     headers: Dict[str, str] = field(default_factory=dict)
     #: Seconds to wait for each read; None: the client's timeout.
     read_timeout: Optional[float] = None
@@ -162,6 +164,31 @@ def network_policy(allow: Iterable[str], deny: Iterable[str]) -> Dict[str, List[
 
 def network_call(session: str, allow: Iterable[str], deny: Iterable[str]) -> Call:
     return Call("PUT", session_path(session, "network"), json=network_policy(allow, deny))
+
+
+def settings_call(session: str, settings: SessionSettings) -> Call:
+    """`PUT /v1/sessions/{session}/settings`: replaces the session's settings."""
+    return Call("PUT", session_path(session, "settings"), json=settings.to_json())
+
+
+def get_settings_call(session: str) -> Call:
+    return Call("GET", session_path(session, "settings"))
+
+
+def settings_applied(body: Optional[bytes]) -> SettingsApplied:
+    value = json_body(body or b"{}", "settings")
+    return SettingsApplied.from_json(value if isinstance(value, dict) else {})
+
+
+def session_settings(body: Optional[bytes]) -> SessionSettings:
+    value = json_body(body or b"{}", "settings")
+    return SessionSettings.from_json(value if isinstance(value, dict) else {})
+
+
+def kernels_call(labels: Optional[Dict[str, str]]) -> Call:
+    """`GET /v1/kernels`, those of sessions carrying every label in `labels`."""
+    wanted = [f"{k}:{v}" for k, v in (labels or {}).items()]
+    return Call("GET", "/v1/kernels", params={"label": wanted} if wanted else {})
 
 
 def closed(body: Optional[bytes]) -> int:
