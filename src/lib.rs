@@ -35,6 +35,7 @@
 //! | [`server`] | the multi-tenant HTTP API behind `kernelbox serve` |
 //! | [`settings`] | per-session settings: environment, memory and CPU limits, idle timeout, labels, checked against the tenant's maximums |
 //! | [`workspace`] | workspaces (folder): a session's `/work` kept past its kernel on a quota'd disk image, listed, deleted, swept by TTL |
+//! | [`telemetry`] | OpenTelemetry traces, off unless `serve --otlp-endpoint`: the OTLP/HTTP pipeline, W3C `traceparent` in and out, spans of the current request (`docs/usage.md`, "Traces") |
 //! | [`mcp`] | MCP (folder): tools over stdio (`kernelbox mcp`) and streamable HTTP (`/v1/mcp`) |
 //!
 //! Layers, the lifecycle of a kernel, task ownership, the runner protocol and the trust
@@ -67,6 +68,7 @@ pub(crate) mod registry;
 pub mod rich;
 pub mod server;
 pub mod settings;
+pub mod telemetry;
 pub mod usage;
 pub mod wire;
 pub mod workspace;

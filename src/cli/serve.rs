@@ -158,6 +158,11 @@ pub(crate) struct ServeArgs {
     /// tenant's activity: prefer --metrics-listen on a private address.
     #[arg(long, env = "KERNELBOX_PUBLIC_METRICS")]
     public_metrics: bool,
+    /// Send OpenTelemetry traces to this OTLP/HTTP receiver (its base URL, e.g.
+    /// http://collector:4318; spans are POSTed as JSON to /v1/traces). Off without it. A
+    /// caller's W3C traceparent is continued, and passed on to the tenant's tool endpoint.
+    #[arg(long, env = "KERNELBOX_OTLP_ENDPOINT")]
+    otlp_endpoint: Option<String>,
     /// Kernels kept started and ready for new owners (the warm pool): a new session's first
     /// cell then skips the cold start. They count toward --max-kernels (not toward any
     /// tenant's cap). Default 4 (or --max-kernels if lower); 0 turns the pool off.
@@ -482,6 +487,14 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         None => None,
     };
 
+    // Traces (docs/usage.md, "Traces"): flushed and stopped after the server.
+    let telemetry = match &args.otlp_endpoint {
+        Some(endpoint) => Some(
+            kernelbox::telemetry::init(endpoint, "kernelbox").map_err(|e| usage(e.to_string()))?,
+        ),
+        None => None,
+    };
+
     // A signal asks for a stop; a cluster node with a drain deadline drains before the
     // server's shutdown begins (`ClusterNode::drain_before_stop`).
     let stop = CancellationToken::new();
@@ -525,6 +538,9 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         rate_grace: args.send_rate_grace.unwrap_or(defaults.rate_grace),
     };
     let state = AppState::with_options(orchestrator, tenants.clone(), mcp, responses);
+    if let Some(telemetry) = &telemetry {
+        state.trace_with(telemetry.tracer());
+    }
     if let Some(node) = node {
         node.start(state.orchestrator().clone());
         node.until_serving().await;
@@ -569,6 +585,11 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let served = server::serve_with(listener, state, shutdown, options).await;
     signals.abort();
     stopper.abort();
+    if let Some(telemetry) = telemetry {
+        if let Err(e) = telemetry.shutdown().await {
+            tracing::warn!(error = %e, "sending the last spans");
+        }
+    }
     served?;
     say!("kernelbox: stopped; every kernel of this instance was removed");
     Ok(ExitCode::SUCCESS)

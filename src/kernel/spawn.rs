@@ -27,6 +27,7 @@ use crate::docker::{
     remove_volume_when_free, Chunk, ContainerSpec, Engine, EngineError, Mount, TmpfsVolume,
 };
 use crate::owner::KernelKey;
+use crate::telemetry::in_span;
 
 /// What a new kernel is made from.
 pub(crate) struct SpawnRequest<'a> {
@@ -264,8 +265,13 @@ impl Kernel {
             }
         });
         give_way(&request.yield_to).await?;
-        engine.create_volume(&volume, &labels, tmpfs).await?;
-        let created = match Self::create(&request, &spec, volume.clone(), labels).await {
+        in_span("volume", engine.create_volume(&volume, &labels, tmpfs)).await?;
+        let created = match in_span(
+            "create",
+            Self::create(&request, &spec, volume.clone(), labels),
+        )
+        .await
+        {
             Ok(created) => created,
             Err(e) => {
                 let _ = remove_volume_when_free(engine.as_ref(), &volume).await;
@@ -440,8 +446,8 @@ impl Kernel {
             monitor,
         )));
         give_way(&yield_to).await?;
-        engine.start(&id).await?;
-        let (v, python) = kernel.wait_ready(spawn_timeout).await?;
+        in_span("start", engine.start(&id)).await?;
+        let (v, python) = in_span("ready", kernel.wait_ready(spawn_timeout)).await?;
         if v != PROTOCOL_VERSION {
             return Err(KernelError::Protocol(v));
         }

@@ -18,6 +18,7 @@ use crate::kernel::{CellOptions, CellOutcome, CellRun, Death, Kernel};
 use crate::orchestrator::adopt::run_adopted;
 use crate::owner::KernelKey;
 use crate::registry::Slot;
+use crate::telemetry::Span;
 
 /// One execute between its steps: the request, resolved.
 struct Call {
@@ -64,10 +65,12 @@ impl Orchestrator {
             return Err(ExecuteError::ShuttingDown);
         }
         let this = self.clone();
-        // The cell finishes even if the caller stops waiting (see `adopt`).
-        run_adopted(&self.inner.tracker, async move {
-            this.execute_owned(request, admission).await
-        })
+        // The cell finishes even if the caller stops waiting (see `adopt`), in the caller's
+        // trace still (`docs/usage.md`, "Traces").
+        run_adopted(
+            &self.inner.tracker,
+            crate::telemetry::carry(async move { this.execute_owned(request, admission).await }),
+        )
         .await
         .unwrap_or_else(|panic| {
             Err(ExecuteError::Internal(format!(
@@ -89,7 +92,8 @@ impl Orchestrator {
         let mut lease = self
             .acquire(&call.key, reset, limits, admission.as_ref())
             .await?;
-        let run = self.run_cell(&call, &lease.kernel).await;
+        let span = Span::start("cell");
+        let run = span.within(self.run_cell(&call, &lease.kernel)).await;
         // Published before the run is untracked: an interrupt counts only cells that really
         // ended as interrupted.
         running.finish(matches!(
@@ -97,6 +101,22 @@ impl Orchestrator {
             CellOutcome::Interrupted | CellOutcome::InterruptedKept
         ));
         let mut result = self.settle(&call, &lease, run).await;
+        if span.is_on() {
+            span.set("kernelbox.cell.status", result.status.as_str());
+            span.set(
+                "kernelbox.cell.tool_calls",
+                i64::from(result.tool_calls_made),
+            );
+            span.set(
+                "kernelbox.cell.duration_seconds",
+                call.started.elapsed().as_secs_f64(),
+            );
+            span.set(
+                "kernelbox.kernel.generation",
+                result.kernel.generation as i64,
+            );
+        }
+        drop(span);
         self.inner
             .registry
             .tenants()

@@ -15,6 +15,7 @@ use crate::files::{ByteStream, Download, FilePath, Listing, TransferError, Writt
 use crate::kernel::Kernel;
 use crate::owner::Owner;
 use crate::registry::{Refusal, Slot};
+use crate::telemetry::Span;
 
 /// A file operation that failed.
 #[derive(Debug, thiserror::Error)]
@@ -165,6 +166,26 @@ impl Orchestrator {
         tar: bool,
         body: ByteStream,
     ) -> Result<Written, FileError> {
+        let span = Span::start("file_transfer");
+        span.set("kernelbox.file.direction", "upload");
+        span.set("kernelbox.file.tar", tar);
+        let written = span
+            .within(self.write_file_traced(request, path, tar, body))
+            .await;
+        match &written {
+            Ok(written) => span.set("kernelbox.file.bytes", written.size as i64),
+            Err(e) => span.fail(e.to_string()),
+        }
+        written
+    }
+
+    async fn write_file_traced(
+        &self,
+        request: &FileRequest,
+        path: &FilePath,
+        tar: bool,
+        body: ByteStream,
+    ) -> Result<Written, FileError> {
         if !tar && path.is_root() {
             return Err(refused(
                 "is_a_directory",
@@ -188,17 +209,18 @@ impl Orchestrator {
         let path = path.clone();
         // Runs to its end even if the caller goes away (a client cut mid-body): the helper
         // confirms its clean-up before the kernel is released.
-        let written = crate::orchestrator::adopt::run_adopted(&self.inner.tracker, async move {
+        let upload = crate::telemetry::carry(async move {
             let written = kernel.write_file(&path, tar, body, cap).await;
             drop(hold);
             written
-        })
-        .await
-        .unwrap_or_else(|panic| {
-            Err(TransferError::Helper(format!(
-                "the upload task failed: {panic}"
-            )))
         });
+        let written = crate::orchestrator::adopt::run_adopted(&self.inner.tracker, upload)
+            .await
+            .unwrap_or_else(|panic| {
+                Err(TransferError::Helper(format!(
+                    "the upload task failed: {panic}"
+                )))
+            });
         match written {
             // The kernel went (the session deleted or reset, evicted, shut down) while the
             // upload ran: that, not the helper's broken pipe or its channel's reset socket, is
@@ -218,6 +240,25 @@ impl Orchestrator {
     /// with `tar` a directory as a tar stream. The kernel is held until the stream ends or
     /// is dropped.
     pub async fn read_file(
+        &self,
+        request: &FileRequest,
+        path: &FilePath,
+        tar: bool,
+    ) -> Result<Download, FileError> {
+        let span = Span::start("file_transfer");
+        span.set("kernelbox.file.direction", "download");
+        span.set("kernelbox.file.tar", tar);
+        let read = span.within(self.read_file_traced(request, path, tar)).await;
+        match &read {
+            // The span ends when the download starts: the size is the file's.
+            Ok(Download::File { size, .. }) => span.set("kernelbox.file.bytes", *size as i64),
+            Ok(_) => {}
+            Err(e) => span.fail(e.to_string()),
+        }
+        read
+    }
+
+    async fn read_file_traced(
         &self,
         request: &FileRequest,
         path: &FilePath,
@@ -259,7 +300,7 @@ impl Orchestrator {
         request: &FileRequest,
         path: &FilePath,
     ) -> Result<Listing, FileError> {
-        match self.read_file(request, path, false).await? {
+        match self.read_file_traced(request, path, false).await? {
             Download::Dir(listing) => Ok(listing),
             _ => Err(refused(
                 "not_a_directory",

@@ -22,6 +22,7 @@ use crate::cell::{KernelDeath, KernelInfo, StateLost};
 use crate::kernel::{Death, Kernel, KernelError, SpawnRequest};
 use crate::owner::{KernelKey, Owner};
 use crate::registry::{Refusal, Slot, TenantLimits};
+use crate::telemetry::Span;
 
 /// How long a cold start waits for the catalog to confirm it (it writes during the cell).
 const CATALOG_WAIT: Duration = Duration::from_secs(1);
@@ -188,7 +189,14 @@ impl Orchestrator {
     ) -> Result<Lease, ExecuteError> {
         let (mut reset, mut state_reset) = (reset, false);
         loop {
-            let mut attempt = self.admit(key, reset, limits, admission).await?;
+            let span = Span::start("admission");
+            let admitted = span.within(self.admit(key, reset, limits, admission)).await;
+            match &admitted {
+                Ok(attempt) => span.set("kernelbox.kernel.pooled", attempt.pooled),
+                Err(e) => span.fail(e.to_string()),
+            }
+            drop(span);
+            let mut attempt = admitted?;
             state_reset |= attempt.state_reset;
             attempt.state_reset = state_reset;
             let kernel = self.spawn_or_reuse(key, &mut attempt).await?;
@@ -312,15 +320,20 @@ impl Orchestrator {
         let key = key.clone();
         async move {
             let _cold = inner.pool.cold_start();
-            let result = self
-                .spawn_with(
+            let span = Span::start("cold_start");
+            let result = span
+                .within(self.spawn_with(
                     &key,
                     generation,
                     network.as_ref(),
                     grant,
                     settings.as_deref(),
-                )
+                ))
                 .await;
+            if let Err(e) = &result {
+                span.fail(e.to_string());
+            }
+            drop(span);
             inner
                 .starts
                 .lock()
@@ -344,7 +357,8 @@ impl Orchestrator {
         let workspace = match (self.workspace_policy(&key.owner.tenant), &inner.workspaces) {
             (Some(policy), Some(workspaces)) => {
                 let (uid, gid) = crate::kernel::parse_user(&inner.config.spec.sandbox.user);
-                Some(workspaces.prepare(&key.owner, &policy, uid, gid).await?)
+                let prepared = workspaces.prepare(&key.owner, &policy, uid, gid);
+                Some(crate::telemetry::in_span("workspace", prepared).await?)
             }
             _ => None,
         };

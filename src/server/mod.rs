@@ -99,6 +99,7 @@ struct Inner {
     mcp_stop: CancellationToken,
     /// This server as a node of a cluster, when it is one (docs/cluster.md).
     cluster: std::sync::OnceLock<Arc<cluster::ClusterNode>>,
+    tracer: std::sync::OnceLock<crate::telemetry::Tracer>,
 }
 
 /// What every handler shares. Cheap to clone.
@@ -146,6 +147,7 @@ impl AppState {
                 pending: Arc::new(api::pending::Pending::new(responses)),
                 mcp_stop: CancellationToken::new(),
                 cluster: std::sync::OnceLock::new(),
+                tracer: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -172,6 +174,17 @@ impl AppState {
         if self.inner.cluster.set(node).is_err() {
             tracing::warn!("this server is already a cluster node");
         }
+    }
+
+    /// Traces every request with `tracer` from now on (`docs/usage.md`, "Traces"); set once.
+    pub fn trace_with(&self, tracer: crate::telemetry::Tracer) {
+        if self.inner.tracer.set(tracer).is_err() {
+            tracing::warn!("this server already traces its requests");
+        }
+    }
+
+    pub(crate) fn tracer(&self) -> Option<&crate::telemetry::Tracer> {
+        self.inner.tracer.get()
     }
 
     /// The cluster this server is a node of, if any.

@@ -21,6 +21,8 @@ use serde_json::Value;
 use super::metrics::Metrics;
 use super::tenants::ToolsConfig;
 use crate::authority::{RawToolCall, ToolCall, ToolDispatcher};
+use crate::telemetry::Span;
+use opentelemetry::trace::SpanKind;
 
 /// Header carrying the per-cell token.
 pub const CELL_TOKEN_HEADER: &str = "x-kernelbox-cell-token";
@@ -81,12 +83,14 @@ impl CellDispatcher {
             args: &call.args,
         })
         .map_err(|e| format!("tool endpoint request: {e}"))?;
-        let request = hyper::Request::post(&self.tools.url)
+        let mut request = hyper::Request::post(&self.tools.url)
             .header(CONTENT_TYPE, "application/json")
             .header(USER_AGENT, concat!("kernelbox/", env!("CARGO_PKG_VERSION")))
             .header(CELL_TOKEN_HEADER, &self.cell_token)
             .body(Full::new(Bytes::from(body)))
             .map_err(|e| format!("tool endpoint request: {e}"))?;
+        // The tool endpoint continues the caller's trace (docs/usage.md, "Traces").
+        crate::telemetry::inject(request.headers_mut());
         let response = self
             .client
             .request(request)
@@ -143,7 +147,13 @@ impl ToolDispatcher for CellDispatcher {
     }
 
     async fn dispatch_raw(&self, call: RawToolCall) -> Result<Box<RawValue>, String> {
-        let result = match tokio::time::timeout(self.tools.timeout, self.post(&call)).await {
+        let span = Span::start_kind("tool_call", SpanKind::Client);
+        if span.is_on() {
+            span.set("kernelbox.tool", call.tool.clone());
+            span.set("url.full", self.tools.url.clone());
+        }
+        let posted = tokio::time::timeout(self.tools.timeout, self.post(&call));
+        let result = match span.within(posted).await {
             Ok(r) => r,
             Err(_) => Err(format!(
                 "tool {:?} did not answer within {}s",
@@ -152,6 +162,9 @@ impl ToolDispatcher for CellDispatcher {
             )),
         };
         self.metrics.tool_call(result.is_ok());
+        if let Err(e) = &result {
+            span.fail(e.clone());
+        }
         result
     }
 }

@@ -360,6 +360,17 @@ impl TestServer {
         tenants: Tenants,
         tweak: impl FnOnce(&mut Config),
     ) -> TestServer {
+        TestServer::start_with(name, tenants, tweak, |_| {}).await
+    }
+
+    /// [`TestServer::start`], with `prepare` given the server's state before it serves (to
+    /// trace its requests, say).
+    pub async fn start_with(
+        name: &str,
+        tenants: Tenants,
+        tweak: impl FnOnce(&mut Config),
+        prepare: impl FnOnce(&AppState),
+    ) -> TestServer {
         let label = common::unique(name);
         let engine = common::engine().await;
         let mut config = Config::default();
@@ -377,6 +388,7 @@ impl TestServer {
         let addr = listener.local_addr().expect("addr");
         let shutdown = CancellationToken::new();
         let state = AppState::new(orchestrator, tenants);
+        prepare(&state);
         let task = tokio::spawn(server::serve(
             listener,
             state,

@@ -1,12 +1,12 @@
 //! What wraps every route: a panic becomes a 500 JSON error, a refusal of a request with a
-//! body closes the connection, and every response body is counted and read at a minimum rate
-//! (`pending.rs`).
+//! body closes the connection, every response body is counted and read at a minimum rate
+//! (`pending.rs`), and, with tracing on, every request is a span (`docs/usage.md`, "Traces").
 
 use std::panic::AssertUnwindSafe;
 
 use std::sync::Arc;
 
-use axum::extract::{Request, State};
+use axum::extract::{MatchedPath, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -65,4 +65,43 @@ pub(super) async fn count_responses(
     request.extensions_mut().insert(Arc::clone(&meter));
     let response = next.run(request).await;
     response.map(|body| super::pending::counted(meter, body))
+}
+
+/// With tracing on, the request is an `http.request` span, a child of the caller's W3C
+/// `traceparent` when it sent one, and the handler runs in it (so admission, the cold start,
+/// the cell and its tool calls are its children). Its attributes: the method, the route
+/// template, the path, the status, and the tenant once authenticated (`authenticate`).
+pub(super) async fn trace_request(
+    State(state): State<crate::server::AppState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    use opentelemetry::context::FutureExt as _;
+    use opentelemetry::trace::{Status, TraceContextExt as _};
+    use opentelemetry::KeyValue;
+
+    let Some(tracer) = state.tracer() else {
+        return next.run(request).await;
+    };
+    let parent = crate::telemetry::extract(request.headers());
+    let mut attributes = vec![
+        KeyValue::new("http.request.method", request.method().as_str().to_string()),
+        KeyValue::new("url.path", request.uri().path().to_string()),
+    ];
+    if let Some(route) = request.extensions().get::<MatchedPath>() {
+        attributes.push(KeyValue::new("http.route", route.as_str().to_string()));
+    }
+    let cx = tracer.server_span(&parent, "http.request", attributes);
+    let response = next.run(request).with_context(cx.clone()).await;
+    let span = cx.span();
+    let status = response.status();
+    span.set_attribute(KeyValue::new(
+        "http.response.status_code",
+        i64::from(status.as_u16()),
+    ));
+    if status.is_server_error() {
+        span.set_status(Status::error(status.to_string()));
+    }
+    span.end();
+    response
 }

@@ -154,6 +154,10 @@ fn finish(router: Router<AppState>, state: AppState) -> Router {
             state.clone(),
             middleware::count_responses,
         ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            middleware::trace_request,
+        ))
         .with_state(state)
 }
 
@@ -202,6 +206,7 @@ pub(crate) fn authenticate(
     if let Some(meter) = extensions.get::<Arc<pending::Meter>>() {
         meter.set_tenant(&tenant.name);
     }
+    crate::telemetry::set_current("kernelbox.tenant", || tenant.name.clone());
     Some(tenant)
 }
 

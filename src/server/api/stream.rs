@@ -163,7 +163,10 @@ pub(super) fn stream_execute(
     }));
     let display_cap = config.cells.display.cell_bytes + DISPLAY_EVENT_SLACK;
     arm_sinks(&mut request, &tx, &decoder, display_cap);
-    tokio::spawn(run_to_the_end(state, request, admission, decoder, tx));
+    // The cell's spans stay in the request's trace (docs/usage.md, "Traces").
+    tokio::spawn(crate::telemetry::carry(run_to_the_end(
+        state, request, admission, decoder, tx,
+    )));
     ndjson_response(rx, queued)
 }
 

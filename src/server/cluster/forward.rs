@@ -18,6 +18,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
 use crate::server::error::ApiError;
+use crate::telemetry::Span;
+use opentelemetry::trace::SpanKind;
 
 use super::{ClusterNode, Target, FORWARDED_HEADER};
 
@@ -89,6 +91,13 @@ impl ClusterNode {
                 .headers
                 .insert(HeaderName::from_static(super::HOP_HEADER), secret);
         }
+        // The node holding the session continues this request's trace under the hop's span
+        // (docs/usage.md, "Traces").
+        let span = Span::start_kind("forward", SpanKind::Client);
+        if span.is_on() {
+            span.set("kernelbox.node", target.node.clone());
+            span.inject(&mut parts.headers);
+        }
         let started = Instant::now();
         let sent = self
             .forwarder
@@ -125,6 +134,10 @@ impl ClusterNode {
                 ));
             }
         };
+        span.set(
+            "http.response.status_code",
+            i64::from(response.status().as_u16()),
+        );
         self.counters.forwarded.fetch_add(1, Ordering::Relaxed);
         self.counters
             .forward_seconds

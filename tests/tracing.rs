@@ -1,0 +1,319 @@
+//! OpenTelemetry traces (`docs/usage.md`, "Traces") over real HTTP against the real engine:
+//! an OTLP/HTTP receiver started by the test collects what the server sends; a caller's W3C
+//! `traceparent` is continued (the request span is its child, every span has its trace id),
+//! the span tree is the request's admission, cold start (volume, create, start, ready), cell
+//! and tool call, and the tenant's tool endpoint receives the tool call's `traceparent`.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+#[path = "common/http.rs"]
+mod http;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{HeaderMap, Method, StatusCode};
+use serde_json::{json, Value};
+use tokio::sync::Notify;
+
+use http::{tenant, tenants, Reply, TestServer};
+
+/// What a receiver collected: every JSON body POSTed to it, woken on each.
+#[derive(Default)]
+struct Collected {
+    bodies: Mutex<Vec<Value>>,
+    arrived: Notify,
+}
+
+/// One span as the OTLP JSON encoding has it.
+#[derive(Debug, Clone)]
+struct Span {
+    name: String,
+    trace: String,
+    id: String,
+    parent: String,
+    attributes: BTreeMap<String, Value>,
+    service: String,
+}
+
+impl Span {
+    fn attr(&self, key: &str) -> Option<&Value> {
+        self.attributes.get(key)
+    }
+}
+
+impl Collected {
+    fn spans(&self) -> Vec<Span> {
+        let bodies = self.bodies.lock().unwrap();
+        let mut spans = Vec::new();
+        for body in bodies.iter() {
+            for resource in body["resourceSpans"].as_array().into_iter().flatten() {
+                let service = resource["resource"]["attributes"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|a| a["key"] == "service.name")
+                    .and_then(|a| a["value"]["stringValue"].as_str())
+                    .unwrap_or_default()
+                    .to_string();
+                for scope in resource["scopeSpans"].as_array().into_iter().flatten() {
+                    for span in scope["spans"].as_array().into_iter().flatten() {
+                        let attributes = span["attributes"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .map(|a| {
+                                let value = a["value"]
+                                    .as_object()
+                                    .and_then(|v| v.values().next().cloned());
+                                (
+                                    a["key"].as_str().unwrap().to_string(),
+                                    value.unwrap_or(Value::Null),
+                                )
+                            })
+                            .collect();
+                        spans.push(Span {
+                            name: span["name"].as_str().unwrap().to_string(),
+                            trace: span["traceId"].as_str().unwrap().to_string(),
+                            id: span["spanId"].as_str().unwrap().to_string(),
+                            parent: span["parentSpanId"]
+                                .as_str()
+                                .unwrap_or_default()
+                                .to_string(),
+                            attributes,
+                            service: service.clone(),
+                        });
+                    }
+                }
+            }
+        }
+        spans
+    }
+
+    /// The spans of `trace`, once those named `names` all arrived (bounded wait, woken by
+    /// each export).
+    async fn trace(&self, trace: &str, names: &[&str]) -> Vec<Span> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let arrived = self.arrived.notified();
+            let spans: Vec<Span> = self
+                .spans()
+                .into_iter()
+                .filter(|s| s.trace == trace)
+                .collect();
+            if names.iter().all(|n| spans.iter().any(|s| s.name == *n)) {
+                return spans;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(
+                !left.is_zero(),
+                "spans {names:?} of trace {trace} never all arrived; got {spans:#?}"
+            );
+            let _ = tokio::time::timeout(left, arrived).await;
+        }
+    }
+}
+
+/// An OTLP/HTTP receiver on loopback: collects the JSON bodies POSTed to `/v1/traces`.
+async fn receiver() -> (SocketAddr, Arc<Collected>) {
+    use axum::extract::State;
+    use axum::routing::post;
+    async fn export(
+        State(collected): State<Arc<Collected>>,
+        headers: HeaderMap,
+        body: Bytes,
+    ) -> (StatusCode, [(&'static str, &'static str); 1], &'static str) {
+        assert_eq!(
+            headers.get("content-type").and_then(|v| v.to_str().ok()),
+            Some("application/json"),
+            "OTLP/HTTP with JSON"
+        );
+        let value: Value = serde_json::from_slice(&body).expect("an OTLP JSON body");
+        collected.bodies.lock().unwrap().push(value);
+        collected.arrived.notify_waiters();
+        (StatusCode::OK, [("content-type", "application/json")], "{}")
+    }
+    let collected = Arc::new(Collected::default());
+    let app = axum::Router::new()
+        .route("/v1/traces", post(export))
+        .with_state(collected.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (addr, collected)
+}
+
+/// A tool endpoint on loopback: answers every call, recording its `traceparent` header.
+async fn tool_endpoint() -> (SocketAddr, Arc<Mutex<Vec<Option<String>>>>) {
+    use axum::extract::State;
+    use axum::routing::post;
+    type Seen = Arc<Mutex<Vec<Option<String>>>>;
+    async fn handle(State(seen): State<Seen>, headers: HeaderMap) -> axum::Json<Value> {
+        let traceparent = headers
+            .get("traceparent")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        seen.lock().unwrap().push(traceparent);
+        axum::Json(json!({"answer": 42}))
+    }
+    let seen: Seen = Arc::default();
+    let app = axum::Router::new()
+        .route("/tools", post(handle))
+        .with_state(seen.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (addr, seen)
+}
+
+/// Sends `method path` with the caller's `traceparent`.
+async fn send_traced(
+    srv: &TestServer,
+    method: Method,
+    path: &str,
+    traceparent: &str,
+    body: Bytes,
+) -> Reply {
+    let api = &srv.api;
+    let request = api
+        .build(method, path, Some("tok"), false, true)
+        .header("traceparent", traceparent)
+        .body(Full::new(body))
+        .unwrap();
+    Reply::read(api.http.request(request).await.unwrap()).await
+}
+
+fn one<'a>(spans: &'a [Span], name: &str) -> &'a Span {
+    let named: Vec<&Span> = spans.iter().filter(|s| s.name == name).collect();
+    assert_eq!(named.len(), 1, "one {name} span: {spans:#?}");
+    named[0]
+}
+
+const CALLER_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const CALLER_SPAN: &str = "00f067aa0ba902b7";
+const UPLOAD_TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_callers_trace_continues_through_admission_cold_start_cell_and_tool_call() {
+    let (otlp, collected) = receiver().await;
+    let (tools, seen) = tool_endpoint().await;
+    let telemetry = kernelbox::telemetry::init(&format!("http://{otlp}"), "kernelbox-test")
+        .expect("the trace pipeline starts");
+    let mut entry = tenant("acme", "tok");
+    entry["tools"] = json!({"url": format!("http://{tools}/tools"), "allow": ["lookup"]});
+    let srv = TestServer::start_with(
+        "tracing",
+        tenants(vec![entry]),
+        // No warm pool: the first cell starts its kernel cold.
+        |config| config.pool.size = 0,
+        |state| state.trace_with(telemetry.tracer()),
+    )
+    .await;
+
+    let code = "import kernel_tools\nprint(kernel_tools.lookup(q='x')['answer'])\n";
+    let reply = send_traced(
+        &srv,
+        Method::POST,
+        "/v1/sessions/traced/execute",
+        &format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01"),
+        Bytes::from(json!({"code": code}).to_string()),
+    )
+    .await;
+    let result = reply.json();
+    assert_eq!(result["status"], "success", "{result}");
+    assert_eq!(result["output"], "42\n", "{result}");
+
+    // A file into the same session's (now warm) kernel, in a trace of its own.
+    let reply = send_traced(
+        &srv,
+        Method::PUT,
+        "/v1/sessions/traced/files/notes.txt",
+        &format!("00-{UPLOAD_TRACE}-{CALLER_SPAN}-01"),
+        Bytes::from_static(b"hello"),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{:?}", reply.json());
+
+    telemetry.flush().await.expect("the spans are sent");
+    let names = [
+        "http.request",
+        "admission",
+        "cold_start",
+        "volume",
+        "create",
+        "start",
+        "ready",
+        "cell",
+        "tool_call",
+    ];
+    let spans = collected.trace(CALLER_TRACE, &names).await;
+    for span in &spans {
+        assert_eq!(span.service, "kernelbox-test", "{span:?}");
+    }
+
+    let request = one(&spans, "http.request");
+    assert_eq!(request.parent, CALLER_SPAN, "a child of the caller's span");
+    assert_eq!(request.attr("http.request.method"), Some(&json!("POST")));
+    assert_eq!(
+        request.attr("http.route"),
+        Some(&json!("/v1/sessions/{session}/execute"))
+    );
+    assert_eq!(request.attr("kernelbox.tenant"), Some(&json!("acme")));
+    // OTLP JSON carries 64-bit integers as strings.
+    let status = request.attr("http.response.status_code").unwrap();
+    assert!(status == &json!("200") || status == &json!(200), "{status}");
+
+    let child_of = |name: &str, parent: &Span| {
+        let span = one(&spans, name);
+        assert_eq!(
+            span.parent, parent.id,
+            "{name} is a child of {}: {spans:#?}",
+            parent.name
+        );
+        span.clone()
+    };
+    child_of("admission", request);
+    let cold = child_of("cold_start", request);
+    for step in ["volume", "create", "start", "ready"] {
+        child_of(step, &cold);
+    }
+    let cell = child_of("cell", request);
+    assert_eq!(cell.attr("kernelbox.cell.status"), Some(&json!("success")));
+    let tool_call = child_of("tool_call", &cell);
+    assert_eq!(tool_call.attr("kernelbox.tool"), Some(&json!("lookup")));
+
+    // The tool endpoint continued the same trace, under the tool call's span.
+    let received = seen.lock().unwrap().clone();
+    assert_eq!(
+        received,
+        vec![Some(format!("00-{CALLER_TRACE}-{}-01", tool_call.id))],
+        "the tool endpoint's traceparent"
+    );
+
+    // The upload: its own trace, the request's file transfer with its size.
+    let upload = collected
+        .trace(UPLOAD_TRACE, &["http.request", "file_transfer"])
+        .await;
+    let request = one(&upload, "http.request");
+    assert_eq!(request.parent, CALLER_SPAN);
+    let transfer = one(&upload, "file_transfer");
+    assert_eq!(transfer.parent, request.id);
+    assert_eq!(
+        transfer.attr("kernelbox.file.direction"),
+        Some(&json!("upload"))
+    );
+    let bytes = transfer.attr("kernelbox.file.bytes").unwrap();
+    assert!(bytes == &json!("5") || bytes == &json!(5), "{bytes}");
+    assert!(
+        upload.iter().all(|s| s.name != "cold_start"),
+        "the kernel was warm: {upload:#?}"
+    );
+
+    srv.finish().await;
+    telemetry.shutdown().await.expect("the pipeline stops");
+}
