@@ -110,7 +110,7 @@ class AsyncClient:
                     url,
                     json=call.json,
                     params=call.params,
-                    headers=call.headers,
+                    headers=_wire.request_headers(call),
                     content=content,
                     timeout=call.timeout(self.timeout),
                 )
@@ -133,7 +133,7 @@ class AsyncClient:
                 call.method,
                 url,
                 params=call.params,
-                headers=call.headers,
+                headers=_wire.request_headers(call),
                 timeout=call.timeout(self.timeout),
             ) as r:
                 if r.status_code != 200:
@@ -162,7 +162,7 @@ class AsyncClient:
                     call.method,
                     url,
                     json=call.json,
-                    headers=call.headers,
+                    headers=_wire.request_headers(call),
                     timeout=call.timeout(self.timeout),
                 ) as r:
                     if r.status_code != 200:

@@ -96,7 +96,7 @@ class Client:
                     url,
                     json=call.json,
                     params=call.params,
-                    headers=call.headers,
+                    headers=_wire.request_headers(call),
                     content=content,
                     timeout=call.timeout(self.timeout),
                 )
@@ -119,7 +119,7 @@ class Client:
                 call.method,
                 url,
                 params=call.params,
-                headers=call.headers,
+                headers=_wire.request_headers(call),
                 timeout=call.timeout(self.timeout),
             ) as r:
                 if r.status_code != 200:
@@ -148,7 +148,7 @@ class Client:
                     call.method,
                     url,
                     json=call.json,
-                    headers=call.headers,
+                    headers=_wire.request_headers(call),
                     timeout=call.timeout(self.timeout),
                 ) as r:
                     if r.status_code != 200:

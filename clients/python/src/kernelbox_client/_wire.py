@@ -27,6 +27,13 @@ from urllib.parse import quote
 
 import httpx
 
+try:
+    # Optional: with OpenTelemetry installed, every request carries the current trace context
+    # (docs/usage.md, "Traces").
+    from opentelemetry.propagate import inject as _inject_trace_context
+except ImportError:  # pragma: no cover - OpenTelemetry is not a dependency
+    _inject_trace_context = None  # type: ignore[assignment]
+
 from ._errors import ConnectionFailed, KernelboxError, ProtocolError, Timeout, error_for
 from ._types import (
     CommandResult,
@@ -113,6 +120,17 @@ class Call:
     def timeout(self, client_timeout: Optional[float]) -> httpx.Timeout:
         read = self.read_timeout if self.read_timeout is not None else client_timeout
         return httpx.Timeout(client_timeout, read=read)
+
+
+def request_headers(call: Call) -> Dict[str, str]:
+    """The headers to send `call` with: its own, plus the current OpenTelemetry context's W3C
+    `traceparent` (and `tracestate`, baggage) when OpenTelemetry is installed and a span is
+    current, so kernelbox's spans join the caller's trace (docs/usage.md, "Traces")."""
+    if _inject_trace_context is None:
+        return call.headers
+    carrier = dict(call.headers)
+    _inject_trace_context(carrier)
+    return carrier
 
 
 def execute_call(
