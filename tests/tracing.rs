@@ -2,7 +2,9 @@
 //! an OTLP/HTTP receiver started by the test collects what the server sends; a caller's W3C
 //! `traceparent` is continued (the request span is its child, every span has its trace id),
 //! the span tree is the request's admission, cold start (volume, create, start, ready), cell
-//! and tool call, and the tenant's tool endpoint receives the tool call's `traceparent`.
+//! and tool call, and the tenant's tool endpoint receives the tool call's `traceparent`; an
+//! upload's file transfer and a streaming execute's cell stay in their callers' traces, and a
+//! request without a `traceparent` starts a trace of its own.
 
 #![allow(clippy::unwrap_used)]
 
@@ -98,22 +100,32 @@ impl Collected {
     /// The spans of `trace`, once those named `names` all arrived (bounded wait, woken by
     /// each export).
     async fn trace(&self, trace: &str, names: &[&str]) -> Vec<Span> {
+        let what = format!("spans {names:?} of trace {trace}");
+        self.until(
+            &what,
+            |s| s.trace == trace,
+            |spans| names.iter().all(|n| spans.iter().any(|s| s.name == *n)),
+        )
+        .await
+    }
+
+    /// The spans `keep` keeps, once `done` says they are all there (bounded wait, woken by
+    /// each export).
+    async fn until(
+        &self,
+        what: &str,
+        keep: impl Fn(&Span) -> bool,
+        done: impl Fn(&[Span]) -> bool,
+    ) -> Vec<Span> {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let arrived = self.arrived.notified();
-            let spans: Vec<Span> = self
-                .spans()
-                .into_iter()
-                .filter(|s| s.trace == trace)
-                .collect();
-            if names.iter().all(|n| spans.iter().any(|s| s.name == *n)) {
+            let spans: Vec<Span> = self.spans().into_iter().filter(|s| keep(s)).collect();
+            if done(&spans) {
                 return spans;
             }
             let left = deadline.saturating_duration_since(Instant::now());
-            assert!(
-                !left.is_zero(),
-                "spans {names:?} of trace {trace} never all arrived; got {spans:#?}"
-            );
+            assert!(!left.is_zero(), "{what} never arrived; got {spans:#?}");
             let _ = tokio::time::timeout(left, arrived).await;
         }
     }
@@ -171,17 +183,18 @@ async fn tool_endpoint() -> (SocketAddr, Arc<Mutex<Vec<Option<String>>>>) {
     (addr, seen)
 }
 
-/// Sends `method path` with the caller's `traceparent`.
+/// Sends `method path` with the caller's `traceparent` (asking for NDJSON when `ndjson`).
 async fn send_traced(
     srv: &TestServer,
     method: Method,
     path: &str,
     traceparent: &str,
     body: Bytes,
+    ndjson: bool,
 ) -> Reply {
     let api = &srv.api;
     let request = api
-        .build(method, path, Some("tok"), false, true)
+        .build(method, path, Some("tok"), ndjson, true)
         .header("traceparent", traceparent)
         .body(Full::new(body))
         .unwrap();
@@ -197,6 +210,7 @@ fn one<'a>(spans: &'a [Span], name: &str) -> &'a Span {
 const CALLER_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const CALLER_SPAN: &str = "00f067aa0ba902b7";
 const UPLOAD_TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
+const STREAM_TRACE: &str = "5b8efff798038103d269b633813fc60c";
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_callers_trace_continues_through_admission_cold_start_cell_and_tool_call() {
@@ -222,6 +236,7 @@ async fn a_callers_trace_continues_through_admission_cold_start_cell_and_tool_ca
         "/v1/sessions/traced/execute",
         &format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01"),
         Bytes::from(json!({"code": code}).to_string()),
+        false,
     )
     .await;
     let result = reply.json();
@@ -235,9 +250,27 @@ async fn a_callers_trace_continues_through_admission_cold_start_cell_and_tool_ca
         "/v1/sessions/traced/files/notes.txt",
         &format!("00-{UPLOAD_TRACE}-{CALLER_SPAN}-01"),
         Bytes::from_static(b"hello"),
+        false,
     )
     .await;
     assert_eq!(reply.status, StatusCode::CREATED, "{:?}", reply.json());
+
+    // A streaming execute: the response starts before the cell ends, whose span stays in
+    // the request's trace.
+    let reply = send_traced(
+        &srv,
+        Method::POST,
+        "/v1/sessions/traced/execute",
+        &format!("00-{STREAM_TRACE}-{CALLER_SPAN}-01"),
+        Bytes::from(json!({"code": "print('streamed')"}).to_string()),
+        true,
+    )
+    .await;
+    let body = String::from_utf8_lossy(&reply.body).to_string();
+    assert!(body.contains("streamed"), "{body}");
+
+    // A request without a traceparent starts a trace of its own.
+    assert_eq!(srv.api.kernels("tok").await.len(), 1);
 
     telemetry.flush().await.expect("the spans are sent");
     let names = [
@@ -312,6 +345,28 @@ async fn a_callers_trace_continues_through_admission_cold_start_cell_and_tool_ca
     assert!(
         upload.iter().all(|s| s.name != "cold_start"),
         "the kernel was warm: {upload:#?}"
+    );
+
+    let stream = collected
+        .trace(STREAM_TRACE, &["http.request", "admission", "cell"])
+        .await;
+    let request = one(&stream, "http.request");
+    assert_eq!(request.parent, CALLER_SPAN);
+    assert_eq!(one(&stream, "cell").parent, request.id);
+    assert_eq!(one(&stream, "admission").parent, request.id);
+
+    let own = collected
+        .until(
+            "the untraced request's span",
+            |s| s.attr("http.route") == Some(&json!("/v1/kernels")),
+            |spans| !spans.is_empty(),
+        )
+        .await
+        .remove(0);
+    assert_eq!(own.parent, "", "a root span: {own:?}");
+    assert!(
+        ![CALLER_TRACE, UPLOAD_TRACE, STREAM_TRACE].contains(&own.trace.as_str()),
+        "{own:?}"
     );
 
     srv.finish().await;

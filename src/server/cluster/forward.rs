@@ -109,6 +109,7 @@ impl ClusterNode {
             answer = tokio::time::timeout(head_deadline, sent) => answer,
             () = self.lost(target) => {
                 self.counters.forward_failures.fetch_add(1, Ordering::Relaxed);
+                span.fail("the node's lease expired while it was to answer");
                 return Err(unreachable(target, "its lease expired while it was to answer"));
             }
         };
@@ -118,12 +119,15 @@ impl ClusterNode {
                 self.counters
                     .forward_failures
                     .fetch_add(1, Ordering::Relaxed);
-                return Err(unreachable(target, &error_chain(&e)));
+                let why = error_chain(&e);
+                span.fail(why.clone());
+                return Err(unreachable(target, &why));
             }
             Err(_) => {
                 self.counters
                     .forward_failures
                     .fetch_add(1, Ordering::Relaxed);
+                span.fail("no answer before the deadline");
                 return Err(ApiError::new(
                     StatusCode::GATEWAY_TIMEOUT,
                     "node_timeout",
