@@ -60,6 +60,8 @@ pub struct Options {
     pub more_tenants: &'static [(&'static str, &'static str)],
     /// `--drain-deadline`.
     pub drain_deadline: Option<&'static str>,
+    /// `--otlp-endpoint` (traces: docs/usage.md, "Traces").
+    pub otlp_endpoint: Option<String>,
 }
 
 impl Default for Options {
@@ -72,6 +74,7 @@ impl Default for Options {
             max_kernels: None,
             more_tenants: &[],
             drain_deadline: None,
+            otlp_endpoint: None,
         }
     }
 }
@@ -296,6 +299,12 @@ impl Cluster {
                     .drain_deadline
                     .into_iter()
                     .flat_map(|d| ["--drain-deadline", d]),
+            )
+            .args(
+                self.options
+                    .otlp_endpoint
+                    .iter()
+                    .flat_map(|e| ["--otlp-endpoint", e.as_str()]),
             )
             .spawn()
             .expect("spawn kernelbox serve");

@@ -14,12 +14,15 @@
 //! | `admin.rs` | "Admin" and caps: a tenant's cap across nodes, draining a node with `kernelbox drain` / `nodes` |
 //! | `drain.rs` | "Draining and upgrades": the drain's deadline (`node_drained`), a stop that drains first |
 //! | `namesake.rs` | two agents of one node name never both serve |
+//! | `traces.rs` | traces across the hop: the holding node continues the forwarding node's trace (docs/usage.md, "Traces") |
 //! | `balancer.rs` | the balancer's mapping moving away from a stopped node and snapping back when it returns |
 
 #[path = "../common/mod.rs"]
 mod common;
 #[path = "../common/http.rs"]
 mod http;
+#[path = "../common/otlp.rs"]
+mod otlp;
 #[path = "../common/postgres.rs"]
 mod postgres;
 
@@ -30,3 +33,4 @@ mod failures;
 mod harness;
 mod namesake;
 mod routing;
+mod traces;
