@@ -310,6 +310,7 @@ impl Drop for Span {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use futures::FutureExt as _;
 
     #[test]
     fn the_endpoint_is_an_http_base_url_or_the_traces_url() {
@@ -357,5 +358,44 @@ mod tests {
             hyper::http::HeaderValue::from_static("00-zz-01"),
         );
         assert!(!extract(&headers).span().span_context().is_valid());
+    }
+
+    /// The traceparent a tool call would carry under `caller` (a request's `cell` span).
+    fn outgoing(caller: &'static str) -> String {
+        let provider = SdkTracerProvider::builder().build();
+        let tracer = Tracer(opentelemetry::trace::TracerProvider::tracer(
+            &provider, SCOPE,
+        ));
+        let mut incoming = hyper::http::HeaderMap::new();
+        incoming.insert("traceparent", hyper::http::HeaderValue::from_static(caller));
+        let cx = tracer.server_span(&extract(&incoming), "http.request", Vec::new());
+        let _attached = cx.attach();
+        let cell = Span::start("cell");
+        assert!(cell.is_on());
+        let mut headers = hyper::http::HeaderMap::new();
+        cell.within(async {
+            inject(&mut headers);
+        })
+        .now_or_never()
+        .expect("ready");
+        drop(cell);
+        let _ = provider.shutdown();
+        headers["traceparent"].to_str().expect("ASCII").to_string()
+    }
+
+    #[test]
+    fn a_callers_trace_id_and_sampling_decision_go_out_under_a_span_of_ours() {
+        let trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-";
+        let sampled = outgoing("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+        assert!(
+            sampled.starts_with(trace) && sampled.ends_with("-01"),
+            "{sampled}"
+        );
+        assert!(!sampled.contains("00f067aa0ba902b7"), "{sampled}");
+        let unsampled = outgoing("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00");
+        assert!(
+            unsampled.starts_with(trace) && unsampled.ends_with("-00"),
+            "{unsampled}"
+        );
     }
 }
