@@ -393,10 +393,33 @@ async fn the_api_lists_and_deletes_a_tenants_own_workspaces_and_an_upload_past_t
     );
     let r = api.delete("/v1/sessions/s2", "tok-a").await;
     assert!(r.status.is_success(), "{:?}", r.status);
-    let r = api.delete("/v1/workspaces/s2", "tok-a").await;
-    assert_eq!(r.status, StatusCode::OK);
+    // The CLI's verb lists and deletes through the same API.
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_kernelbox"))
+            .args(["workspaces", "--url", &api.base, "--token", "tok-a"])
+            .args(args)
+            .output()
+            .expect("kernelbox workspaces");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+        )
+    };
+    let (code, out) = cli(&["--json", "list"]);
+    assert_eq!(code, Some(0), "{out}");
+    let listed: serde_json::Value = serde_json::from_str(&out).expect("json");
+    let mut names: Vec<&str> = listed
+        .as_array()
+        .expect("list")
+        .iter()
+        .filter_map(|w| w["name"].as_str())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["s", "s2"]);
+    assert_eq!(cli(&["rm", "s2"]), (Some(0), "deleted s2\n".to_string()));
 
-    // In use: 409; once its session is cleared, deleted.
+    // In use: 409 (the CLI exits 2, a refusal); once its session is cleared, deleted.
+    assert_eq!(cli(&["rm", "s"]).0, Some(2));
     let r = api.delete("/v1/workspaces/s", "tok-a").await;
     assert_eq!(r.error(StatusCode::CONFLICT), "workspace_in_use");
     let r = api.delete("/v1/sessions/s", "tok-a").await;
