@@ -161,6 +161,7 @@ async fn reads_back(kb: &Orchestrator, session: &str, reason: LossReason) {
     assert_eq!((ws.name.as_str(), ws.restored), (session, true));
     let lost = r.kernel.state_lost.expect("the memory loss is reported");
     assert_eq!(lost.reason, reason);
+    assert!(!lost.workspace_lost, "{lost:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -292,6 +293,10 @@ async fn the_ttl_sweep_deletes_an_expired_workspace_and_never_a_live_one() {
     .await;
     assert_eq!(r.output, "False\n", "{r:?}");
     assert!(!r.kernel.workspace.expect("workspace").restored);
+    // Its eviction is reported, and that its files went too.
+    let lost = r.kernel.state_lost.expect("the eviction is reported");
+    assert_eq!(lost.reason, LossReason::Evicted);
+    assert!(lost.workspace_lost, "{lost:?}");
     world.finish(kb).await;
 }
 

@@ -253,6 +253,7 @@ pub(super) fn restart_loss() -> StateLost {
     StateLost {
         reason: LossReason::ServerRestarted,
         at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+        workspace_lost: false,
     }
 }
 
