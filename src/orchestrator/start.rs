@@ -121,6 +121,7 @@ impl Orchestrator {
             None => None,
         };
         let inner = Arc::new(Inner {
+            workspace_transfers: Arc::default(),
             audit,
             egress,
             workspaces,

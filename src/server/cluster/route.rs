@@ -76,13 +76,24 @@ impl ClusterNode {
             }
         }
         match kind {
-            Kind::Finds => self.find(&tenant.name, session, forwarded).await,
+            Kind::Finds => self.find(tenant, session, forwarded).await,
             Kind::Starts => self.claim(state, tenant, session, forwarded).await,
         }
     }
 
     /// A request that starts nothing: to the node holding the session, else here.
-    async fn find(&self, tenant: &str, session: &str, forwarded: bool) -> Result<Route, ApiError> {
+    async fn find(
+        &self,
+        tenant: &Tenant,
+        session: &str,
+        forwarded: bool,
+    ) -> Result<Route, ApiError> {
+        // A session's workspace is read where it is (`GET .../workspace` needs no kernel).
+        if let Some(home) = self.workspace_home(tenant, session, forwarded).await {
+            self.remember(&tenant.name, session, &home);
+            return Ok(Route::Forward(home));
+        }
+        let tenant = tenant.name.as_str();
         let found = self.store.lookup(tenant, session).await;
         match found {
             Ok(Some(p)) if p.live && p.node_current && p.node != self.options.node => {
