@@ -86,6 +86,14 @@ impl FilePath {
         &self.parts
     }
 
+    /// The working directory itself.
+    pub fn root() -> FilePath {
+        FilePath {
+            text: String::new(),
+            parts: Vec::new(),
+        }
+    }
+
     /// True for the working directory itself.
     pub fn is_root(&self) -> bool {
         self.parts.is_empty()

@@ -59,6 +59,7 @@ fn loss(reason: LossReason) -> StateLost {
     StateLost {
         reason,
         at: "2026-12-03T10:00:00Z".into(),
+        workspace_lost: false,
     }
 }
 

@@ -583,3 +583,82 @@ async fn bytes_through_the_proxy_are_in_the_usage_ledger_of_the_session_that_mov
     );
     case.finish().await;
 }
+
+/// An HTTP server on loopback that answers one request with `2 * half` bytes of `x`: the
+/// first half at once, the second when `rest` fires, then closes.
+async fn halting_server(half: usize, rest: tokio::sync::oneshot::Receiver<()>) -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        let Ok((mut s, _)) = listener.accept().await else {
+            return;
+        };
+        let mut buf = [0u8; 4096];
+        let _ = s.read(&mut buf).await;
+        let head = format!(
+            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            2 * half
+        );
+        let _ = s.write_all(head.as_bytes()).await;
+        let _ = s.write_all(&vec![b'x'; half]).await;
+        let _ = rest.await;
+        let _ = s.write_all(&vec![b'x'; half]).await;
+    });
+    port
+}
+
+#[tokio::test]
+async fn an_open_connections_bytes_reach_the_ledger_before_it_ends_and_only_once() {
+    const HALF: u64 = 200_000;
+    let (go, rest) = tokio::sync::oneshot::channel();
+    let port = halting_server(HALF as usize, rest).await;
+    let tenants = BTreeMap::from([(
+        "a".to_string(),
+        policy(&[&format!("127.0.0.1:{port}")], &[]),
+    )]);
+    let case = with_egress("egress-open-usage", tenants).await;
+    let open = format!(
+        "import urllib.request\n\
+         resp = urllib.request.urlopen('http://127.0.0.1:{port}/', timeout=30)\n\
+         print(len(resp.read({HALF})))"
+    );
+    let r = run_as(&case, "a", "open", &open).await;
+    assert_eq!(r.output, format!("{HALF}\n"), "{r:?}");
+    let now = kernelbox::clock::unix_now();
+    let bytes_in = || async {
+        case.kb
+            .usage(
+                Some("a"),
+                now - 3600,
+                now + 3600,
+                kernelbox::usage::GroupBy::Session,
+            )
+            .await
+            .unwrap()
+            .iter()
+            .filter(|r| r.session == "open")
+            .map(|r| r.network_bytes_in)
+            .sum::<u64>()
+    };
+    // The connection is still open: a report (which flushes the ledger) already has its bytes.
+    let so_far = bytes_in().await;
+    assert!(
+        (HALF..HALF + 1024).contains(&so_far),
+        "{so_far} bytes counted while the connection is open"
+    );
+    // The rest, then the end: counted once, not twice.
+    let _ = go.send(());
+    let r = run_as(&case, "a", "open", "print(len(resp.read()))").await;
+    assert_eq!(r.output, format!("{HALF}\n"), "{r:?}");
+    let total = until(|| async {
+        let n = bytes_in().await;
+        (n >= 2 * HALF).then_some(n)
+    })
+    .await;
+    assert!(
+        total < 2 * HALF + 1024,
+        "{total} bytes for {} sent",
+        2 * HALF
+    );
+    case.finish().await;
+}

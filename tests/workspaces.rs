@@ -161,6 +161,7 @@ async fn reads_back(kb: &Orchestrator, session: &str, reason: LossReason) {
     assert_eq!((ws.name.as_str(), ws.restored), (session, true));
     let lost = r.kernel.state_lost.expect("the memory loss is reported");
     assert_eq!(lost.reason, reason);
+    assert!(!lost.workspace_lost, "{lost:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -292,6 +293,10 @@ async fn the_ttl_sweep_deletes_an_expired_workspace_and_never_a_live_one() {
     .await;
     assert_eq!(r.output, "False\n", "{r:?}");
     assert!(!r.kernel.workspace.expect("workspace").restored);
+    // Its eviction is reported, and that its files went too.
+    let lost = r.kernel.state_lost.expect("the eviction is reported");
+    assert_eq!(lost.reason, LossReason::Evicted);
+    assert!(lost.workspace_lost, "{lost:?}");
     world.finish(kb).await;
 }
 
@@ -393,10 +398,33 @@ async fn the_api_lists_and_deletes_a_tenants_own_workspaces_and_an_upload_past_t
     );
     let r = api.delete("/v1/sessions/s2", "tok-a").await;
     assert!(r.status.is_success(), "{:?}", r.status);
-    let r = api.delete("/v1/workspaces/s2", "tok-a").await;
-    assert_eq!(r.status, StatusCode::OK);
+    // The CLI's verb lists and deletes through the same API.
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_kernelbox"))
+            .args(["workspaces", "--url", &api.base, "--token", "tok-a"])
+            .args(args)
+            .output()
+            .expect("kernelbox workspaces");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+        )
+    };
+    let (code, out) = cli(&["--json", "list"]);
+    assert_eq!(code, Some(0), "{out}");
+    let listed: serde_json::Value = serde_json::from_str(&out).expect("json");
+    let mut names: Vec<&str> = listed
+        .as_array()
+        .expect("list")
+        .iter()
+        .filter_map(|w| w["name"].as_str())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["s", "s2"]);
+    assert_eq!(cli(&["rm", "s2"]), (Some(0), "deleted s2\n".to_string()));
 
-    // In use: 409; once its session is cleared, deleted.
+    // In use: 409 (the CLI exits 2, a refusal); once its session is cleared, deleted.
+    assert_eq!(cli(&["rm", "s"]).0, Some(2));
     let r = api.delete("/v1/workspaces/s", "tok-a").await;
     assert_eq!(r.error(StatusCode::CONFLICT), "workspace_in_use");
     let r = api.delete("/v1/sessions/s", "tok-a").await;
@@ -408,6 +436,136 @@ async fn the_api_lists_and_deletes_a_tenants_own_workspaces_and_an_upload_past_t
     assert_eq!(listed["workspaces"], json!([]));
     let r = api.delete("/v1/workspaces/s", "tok-a").await;
     assert_eq!(r.error(StatusCode::NOT_FOUND), "workspace_not_found");
+    srv.finish().await;
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(left.is_empty(), "images left behind: {left:?}");
+}
+
+/// A tar of one regular file `name` holding `data`.
+fn tar_of(name: &str, data: &[u8]) -> Vec<u8> {
+    let mut builder = tar::Builder::new(Vec::new());
+    let mut header = tar::Header::new_gnu();
+    header.set_size(data.len() as u64);
+    header.set_mode(0o644);
+    header.set_cksum();
+    builder.append_data(&mut header, name, data).expect("tar");
+    builder.into_inner().expect("tar")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workspace_goes_out_and_in_as_a_tar_without_its_sessions_kernel() {
+    use hyper::StatusCode;
+    use serde_json::json;
+    let ws = json!({"quota": "8m", "ttl": "1h", "max": 4});
+    let mut acme = http::tenant("acme", "tok-a");
+    acme["workspaces"] = ws.clone();
+    let mut evil = http::tenant("evil", "tok-e");
+    evil["workspaces"] = ws;
+    let dir = std::env::temp_dir().join(format!("kernelbox-workspaces-{}", unique("ws-tar")));
+    let images = dir.clone();
+    let tenants = http::tenants(vec![acme, evil, http::tenant("plain", "tok-p")]);
+    let policies = tenants.workspaces();
+    let srv = http::TestServer::start("ws-tar", tenants, move |c| {
+        c.workspaces = Some(WorkspacesConfig {
+            dir: images,
+            tenants: policies,
+        })
+    })
+    .await;
+    let api = &srv.api;
+    assert_eq!(api.run("tok-a", "s", WRITE).await["status"], "success");
+    let r = api.delete("/v1/sessions/s", "tok-a").await;
+    assert_eq!(r.status, StatusCode::OK);
+
+    // Out: the files, and no kernel of the session started for it.
+    let r = api.get("/v1/sessions/s/workspace", Some("tok-a")).await;
+    assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+    let mut archive = tar::Archive::new(&r.body[..]);
+    let mut found = Vec::new();
+    for entry in archive.entries().expect("a tar") {
+        let mut entry = entry.expect("an entry");
+        let path = entry.path().expect("a path").to_string_lossy().into_owned();
+        let mut data = String::new();
+        if entry.header().entry_type().is_file() {
+            std::io::Read::read_to_string(&mut entry, &mut data).expect("read");
+        }
+        found.push((path, data));
+    }
+    assert!(
+        found.contains(&("notes.txt".to_string(), "kept".to_string())),
+        "{found:?}"
+    );
+    assert!(api.kernels("tok-a").await.is_empty());
+
+    // Another tenant's, a missing one, a tenant without workspaces: 404.
+    for (token, session) in [("tok-e", "s"), ("tok-a", "never"), ("tok-p", "s")] {
+        let r = api
+            .get(&format!("/v1/sessions/{session}/workspace"), Some(token))
+            .await;
+        assert_eq!(
+            r.error(StatusCode::NOT_FOUND),
+            "workspace_not_found",
+            "{token} {session}"
+        );
+    }
+
+    // In: a new workspace made from a tar, without a kernel; the session's first kernel has
+    // the files.
+    let r = api
+        .put(
+            "/v1/sessions/t/workspace",
+            "tok-a",
+            tar_of("in.txt", b"from a tar"),
+            Some("application/x-tar"),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
+    assert_eq!(r.json()["files"], 1);
+    assert!(api.kernels("tok-a").await.is_empty());
+    let r = api
+        .run("tok-a", "t", "print(open('/work/in.txt').read())")
+        .await;
+    assert_eq!(r["output"], "from a tar\n", "{r}");
+    assert_eq!(r["kernel"]["workspace"]["restored"], true);
+    // With a live kernel the same call goes through it.
+    let r = api.get("/v1/sessions/t/workspace", Some("tok-a")).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert!(!r.body.is_empty());
+
+    // Past the quota: 507, and nothing of it is left.
+    let big = vec![b'x'; 12 * 1024 * 1024];
+    let r = api
+        .put(
+            "/v1/sessions/u/workspace",
+            "tok-a",
+            tar_of("big.bin", &big),
+            Some("application/x-tar"),
+        )
+        .await;
+    assert_eq!(r.error(StatusCode::INSUFFICIENT_STORAGE), "no_space");
+    let r = api
+        .run(
+            "tok-a",
+            "u",
+            "import os; print(sorted(os.listdir('/work')))",
+        )
+        .await;
+    assert_eq!(r["output"], "['lost+found']\n", "{r}");
+
+    // The workspaces outlive their kernels: the test deletes them.
+    for session in ["t", "u"] {
+        let r = api
+            .delete(&format!("/v1/sessions/{session}"), "tok-a")
+            .await;
+        assert_eq!(r.status, StatusCode::OK);
+    }
+    for name in ["s", "t", "u"] {
+        let r = api.delete(&format!("/v1/workspaces/{name}"), "tok-a").await;
+        assert_eq!(r.status, StatusCode::OK, "{name}");
+    }
     srv.finish().await;
     let left: Vec<_> = std::fs::read_dir(&dir)
         .map(|d| d.flatten().map(|e| e.path()).collect())

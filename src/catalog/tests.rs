@@ -8,6 +8,7 @@ fn loss(reason: LossReason) -> StateLost {
     StateLost {
         reason,
         at: "2026-01-01T00:00:00Z".into(),
+        workspace_lost: false,
     }
 }
 

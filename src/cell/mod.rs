@@ -132,6 +132,11 @@ pub struct StateLost {
     pub reason: LossReason,
     /// When it was lost, RFC 3339.
     pub at: String,
+    /// The session's workspace went too: the new kernel's `/work` is a new, empty workspace
+    /// (the old one was on a lost cluster node, or deleted meanwhile; `docs/workspaces.md`).
+    /// Absent (false) otherwise.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub workspace_lost: bool,
 }
 
 /// The kernel part of a result.
@@ -385,6 +390,7 @@ mod tests {
                 state_lost: Some(StateLost {
                     reason: LossReason::IdleReaped,
                     at: "2026-01-01T00:00:00Z".into(),
+                    workspace_lost: false,
                 }),
                 ..KernelInfo::default()
             },

@@ -11,6 +11,7 @@ mod serve;
 mod sh;
 mod transfer;
 mod usage;
+mod workspaces;
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -75,6 +76,9 @@ enum Command {
     /// Show a server's usage ledger (docs/usage.md): per session or per day, as a table, JSON
     /// (--json) or CSV (--csv).
     Usage(usage::UsageArgs),
+    /// A tenant's workspaces on a server (docs/workspaces.md): `list` (the default) or `rm
+    /// NAME`.
+    Workspaces(workspaces::WorkspacesArgs),
     /// The audit trail of what ran (docs/usage.md, "Audit trail"): `kernelbox audit verify
     /// FILE...` checks its hash chain.
     Audit {
@@ -513,6 +517,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Sh(args) => sh::run(args).await,
         Command::Sweep(args) => sweep(args).await,
         Command::Usage(args) => usage::usage(args).await,
+        Command::Workspaces(args) => workspaces::workspaces(args).await,
         Command::Audit { command } => audit::run(command),
         Command::Ps(args) if args.url.is_some() => cluster::ps(args).await,
         Command::Ps(args) => admin::ps(&BollardEngine::connect().await?, args).await,

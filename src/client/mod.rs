@@ -154,6 +154,53 @@ impl Client {
         json_answer(response, "the usage ledger").await
     }
 
+    /// `GET /v1/workspaces` (docs/workspaces.md): the tenant's workspaces.
+    pub async fn workspaces(&self) -> Result<Vec<crate::workspace::WorkspaceSummary>, ClientError> {
+        #[derive(serde::Deserialize)]
+        struct Answer {
+            workspaces: Vec<crate::workspace::WorkspaceSummary>,
+        }
+        let response = self
+            .send(Method::GET, path::WORKSPACES, "application/json", None)
+            .await?;
+        let answer: Answer = json_answer(response, "the workspaces").await?;
+        Ok(answer.workspaces)
+    }
+
+    /// `DELETE /v1/workspaces/{name}`: deletes a workspace no kernel uses.
+    pub async fn delete_workspace(&self, name: &str) -> Result<(), ClientError> {
+        let response = self
+            .send(
+                Method::DELETE,
+                &path::workspace(name),
+                "application/json",
+                None,
+            )
+            .await?;
+        json_answer::<serde_json::Value>(response, "the deletion")
+            .await
+            .map(drop)
+    }
+
+    /// `PUT /v1/sessions/{session}/settings`: replaces the session's settings.
+    pub async fn set_settings(
+        &self,
+        session: &str,
+        settings: &crate::wire::SessionSettings,
+    ) -> Result<crate::wire::SettingsApplied, ClientError> {
+        let json = serde_json::to_vec(settings).map_err(ClientError::Encode)?;
+        let body = Some(("application/json", one_piece(Bytes::from(json))));
+        let response = self
+            .send(
+                Method::PUT,
+                &path::settings(session),
+                "application/json",
+                body,
+            )
+            .await?;
+        json_answer(response, "the settings").await
+    }
+
     /// `GET /v1/nodes` (the token must be the cluster's admin token): the cluster's nodes,
     /// as the server answers them (docs/cluster.md, "Admin").
     pub async fn nodes(&self) -> Result<serde_json::Value, ClientError> {

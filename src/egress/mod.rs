@@ -455,6 +455,12 @@ impl Egress {
         self.table.count_usage_in(pending);
     }
 
+    /// Gives the usage ledger the bytes open connections moved since it was last asked
+    /// (called before each ledger flush).
+    pub fn settle_usage(&self) {
+        self.table.settle_usage();
+    }
+
     /// Stops the proxy and removes the network and its firewall rules.
     pub async fn stop(&self) {
         self.cancel.cancel();

@@ -199,6 +199,7 @@ mod tests {
                 state_lost: Some(StateLost {
                     reason: LossReason::Oom,
                     at: "x".into(),
+                    workspace_lost: false,
                 }),
                 ..KernelInfo::default()
             },

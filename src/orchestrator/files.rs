@@ -32,6 +32,21 @@ pub enum FileError {
     /// Getting a kernel for an upload failed (names, caps, shutdown, spawn).
     #[error(transparent)]
     Execute(#[from] ExecuteError),
+    /// The workspace asked for is not there, or the tenant has none
+    /// (`workspace_files.rs`).
+    #[error(transparent)]
+    Workspace(#[from] crate::workspace::WorkspaceError),
+    /// Too many workspace transfers without a kernel run at once (`workspace_files.rs`).
+    #[error(
+        "too many workspace transfers at once (at most {max} per tenant, {host} on the host); \
+         retry, or go through the session's kernel"
+    )]
+    TooManyTransfers {
+        /// Per tenant.
+        max: usize,
+        /// On the host.
+        host: usize,
+    },
 }
 
 fn refused(code: &'static str, message: String) -> FileError {
@@ -155,6 +170,36 @@ impl Orchestrator {
         })
     }
 
+    /// `body`, its bytes counted as `owner`'s upload (metrics and the usage ledger).
+    pub(super) fn count_upload(&self, owner: &Owner, body: ByteStream) -> ByteStream {
+        let counters = self.inner.file_bytes.clone();
+        let ledger = self.inner.ledger.clone();
+        let (tenant, session) = (owner.tenant.clone(), owner.session.clone());
+        body.inspect_ok(move |chunk| {
+            counters.uploaded(chunk.len());
+            ledger.record(&tenant, &session, |r| r.file_bytes_in += chunk.len() as u64);
+        })
+        .boxed()
+    }
+
+    /// `body`, its bytes counted as `owner`'s download (metrics and the usage ledger).
+    pub(super) fn count_download(
+        &self,
+        owner: &Owner,
+        body: crate::files::DownloadStream,
+    ) -> crate::files::DownloadStream {
+        let counters = self.inner.file_bytes.clone();
+        let ledger = self.inner.ledger.clone();
+        let (tenant, session) = (owner.tenant.clone(), owner.session.clone());
+        body.inspect_ok(move |chunk| {
+            counters.downloaded(chunk.len());
+            ledger.record(&tenant, &session, |r| {
+                r.file_bytes_out += chunk.len() as u64;
+            });
+        })
+        .boxed()
+    }
+
     /// Writes `body` to `path` in the owner's kernel (parents created), starting the kernel
     /// when it has none; with `tar`, `path` is a directory and `body` a tar archive of regular
     /// files and directories extracted there. Capped at `Config::files.max_upload_bytes`; on any
@@ -196,15 +241,7 @@ impl Orchestrator {
         let hold = self.hold_or_start(request, &owner).await?;
         let kernel = hold.kernel()?;
         let cap = self.inner.config.files.max_upload_bytes;
-        let counters = self.inner.file_bytes.clone();
-        let ledger = self.inner.ledger.clone();
-        let (tenant, session) = (owner.tenant.clone(), owner.session.clone());
-        let body = body
-            .inspect_ok(move |chunk| {
-                counters.uploaded(chunk.len());
-                ledger.record(&tenant, &session, |r| r.file_bytes_in += chunk.len() as u64);
-            })
-            .boxed();
+        let body = self.count_upload(&owner, body);
         let slot = hold.slot.clone();
         let path = path.clone();
         // Runs to its end even if the caller goes away (a client cut mid-body): the helper
@@ -271,18 +308,9 @@ impl Orchestrator {
             self.inner.config.files.download_min_rate,
             self.inner.config.files.download_rate_grace,
         );
-        let counters = self.inner.file_bytes.clone();
-        let ledger = self.inner.ledger.clone();
-        let (tenant, session) = (owner.tenant.clone(), owner.session.clone());
         let held = |body: crate::files::DownloadStream| {
-            self.slow_cut(body, hold, rate, grace)
-                .inspect_ok(move |chunk| {
-                    counters.downloaded(chunk.len());
-                    ledger.record(&tenant, &session, |r| {
-                        r.file_bytes_out += chunk.len() as u64;
-                    });
-                })
-                .boxed()
+            let body = self.slow_cut(body, Box::new(hold), rate, grace);
+            self.count_download(&owner, body)
         };
         Ok(match kernel.read_file(path, tar).await? {
             Download::File { size, body } => Download::File {
@@ -353,7 +381,11 @@ impl FileCounters {
 }
 
 /// A download's stream and the kernel hold it keeps, shared with its rate watchdog.
-type Held = std::sync::Mutex<Option<(crate::files::DownloadStream, Hold)>>;
+/// What a download keeps until it ends: the kernel held (a registry slot, or a transfer
+/// kernel of `workspace_files.rs`).
+type Guard = Box<dyn Send>;
+
+type Held = std::sync::Mutex<Option<(crate::files::DownloadStream, Guard)>>;
 
 /// A download's stream holding its kernel, cut (the stream and the hold dropped; the reader
 /// then gets an error) when, `grace` after it started, it has been read slower than `rate`
@@ -362,10 +394,10 @@ type Held = std::sync::Mutex<Option<(crate::files::DownloadStream, Hold)>>;
 /// full) is cut all the same. A reader that stops reading altogether is also cut by the
 /// server's send timeout (`server::Limits::send_timeout`).
 impl Orchestrator {
-    fn slow_cut(
+    pub(super) fn slow_cut(
         &self,
         body: crate::files::DownloadStream,
-        hold: Hold,
+        hold: Guard,
         rate: u64,
         grace: std::time::Duration,
     ) -> crate::files::DownloadStream {

@@ -47,6 +47,13 @@ pub(super) struct Lease {
 impl Lease {
     /// The result's `kernel` for a cell that ran on this lease.
     pub(super) fn kernel_info(&self, execution_count: u64, ended: bool) -> KernelInfo {
+        let workspace = self.kernel.workspace().cloned();
+        // A lost kernel whose session's next one found no workspace to mount lost its files
+        // too (`docs/workspaces.md`, "In a cluster").
+        let state_lost = self.state_lost.clone().map(|lost| StateLost {
+            workspace_lost: workspace.as_ref().is_some_and(|w| !w.restored),
+            ..lost
+        });
         KernelInfo {
             id: self.kernel.short_id().to_string(),
             reused: self.reused,
@@ -54,8 +61,8 @@ impl Lease {
             state_reset: self.state_reset,
             ended,
             generation: self.slot.generation,
-            state_lost: self.state_lost.clone(),
-            workspace: self.kernel.workspace().cloned(),
+            state_lost,
+            workspace,
         }
     }
 

@@ -18,6 +18,7 @@
 //! | `audit.rs` | the audit trail's record of each cell and command of an audited tenant (`docs/usage.md`, "Audit trail") |
 //! | `adopt.rs` | work driven by its caller that the tracker adopts if the caller goes away (an upload, a cell) |
 //! | `usage.rs` | the usage ledger: kernels' cgroups sampled (alive time, CPU, peak memory) and the pending usage flushed to the catalog every [`LEDGER_FLUSH`](crate::usage::LEDGER_FLUSH), at shutdown too; reports |
+//! | `workspace_files.rs` | a workspace's files as a tar without its session's kernel: through a transfer kernel made for one transfer |
 //! | `shutdown.rs` | the graceful stop: refuse new work, drain, remove every kernel |
 //! | `tests.rs`, `pool_tests.rs` | unit tests against the fake engine in paused time |
 
@@ -39,6 +40,7 @@ mod start;
 #[cfg(test)]
 mod tests;
 mod usage;
+mod workspace_files;
 
 pub use crate::histogram::Histogram;
 pub use crate::registry::{EvictionCounts, LossCounts};
@@ -49,6 +51,7 @@ pub use request::{
     AdmissionNotice, ExecuteError, ExecuteRequest, FileBytes, KernelSummary, Scope, StartError,
     StartStats, Stats, TenantStats, START_BUCKETS,
 };
+pub use workspace_files::{MAX_TRANSFERS, MAX_TRANSFERS_PER_TENANT};
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -103,6 +106,8 @@ struct Inner {
     workspaces: Option<Arc<crate::workspace::Workspaces>>,
     /// The audit trail, when configured (`audit.rs`, `docs/usage.md`, "Audit trail").
     audit: Option<crate::audit::Auditor>,
+    /// Workspace transfers without a kernel running, per tenant (`workspace_files.rs`).
+    workspace_transfers: Arc<workspace_files::TransferCounts>,
 }
 
 /// Runs stateful Python kernels in containers, one per key. Cheap to clone.

@@ -121,6 +121,7 @@ impl Orchestrator {
             None => None,
         };
         let inner = Arc::new(Inner {
+            workspace_transfers: Arc::default(),
             audit,
             egress,
             workspaces,
@@ -253,6 +254,7 @@ pub(super) fn restart_loss() -> StateLost {
     StateLost {
         reason: LossReason::ServerRestarted,
         at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+        workspace_lost: false,
     }
 }
 

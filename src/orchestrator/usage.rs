@@ -112,6 +112,10 @@ impl Orchestrator {
     /// Writes the pending usage to the ledger and (with `prune`) prunes old hours; rows that fail are kept
     /// for the next flush (logged).
     async fn flush_usage(&self, prune: bool) {
+        // Open connections' bytes so far count in the hour they moved in (docs/usage.md).
+        if let Some(egress) = &self.inner.egress {
+            egress.settle_usage();
+        }
         let rows = self.inner.ledger.take();
         if rows.is_empty() && !prune {
             return;

@@ -10,6 +10,14 @@ use super::{Refusal, Registry, Slot, MAX_ATTACHED_PER_SLOT};
 use crate::owner::Owner;
 
 impl Registry {
+    /// True when `owner` has a live kernel (one that is up).
+    pub fn has_live(&self, owner: &Owner) -> bool {
+        self.lock()
+            .slots
+            .values()
+            .any(|s| &s.key.owner == owner && s.kernel.get().is_some_and(|k| k.is_alive()))
+    }
+
     /// Attaches a call to the owner's live kernel, whatever its key's tools (the most
     /// recently used when it has several); `None` when it has none (no slot, or one whose
     /// kernel is still starting or dead). The attach holds the kernel like a cell does: the

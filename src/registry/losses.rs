@@ -96,6 +96,7 @@ impl Inner {
         let loss = StateLost {
             reason,
             at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+            workspace_lost: false,
         };
         self.journal(|| Change::Lost {
             key_hash: key.hash(),

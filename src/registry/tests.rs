@@ -372,6 +372,7 @@ async fn seeded_keys_take_their_generation_and_owed_loss_once_and_only_for_their
     let lost = StateLost {
         reason: LossReason::ServerRestarted,
         at: "2026-01-01T00:00:00Z".into(),
+        workspace_lost: false,
     };
     let k = key("s", None);
     let mut forged = key("forged", None);
@@ -478,6 +479,7 @@ async fn a_claimed_session_takes_the_clusters_generation_and_loss_over_what_this
     let lost = StateLost {
         reason: LossReason::NodeLost,
         at: "2026-01-01T00:00:00Z".into(),
+        workspace_lost: false,
     };
     // The cluster says generation 7 ran elsewhere and was lost with its node.
     reg.adopt(

@@ -144,6 +144,15 @@ impl From<FileError> for ApiError {
                 ApiError::new(StatusCode::NOT_FOUND, "no_kernel", e.to_string())
             }
             FileError::Execute(e) => e.into(),
+            FileError::Workspace(e) => e.into(),
+            e @ FileError::TooManyTransfers { .. } => ApiError {
+                retry_after: Some(1),
+                ..ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "too_many_transfers",
+                    e.to_string(),
+                )
+            },
         }
     }
 }

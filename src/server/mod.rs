@@ -70,6 +70,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("DELETE", "/v1/sessions/{session}/files/{path}"),
     ("PUT", "/v1/sessions/{session}/files"),
     ("GET", "/v1/sessions/{session}/files"),
+    ("PUT", "/v1/sessions/{session}/workspace"),
+    ("GET", "/v1/sessions/{session}/workspace"),
     ("GET", "/v1/kernels"),
     ("GET", "/v1/workspaces"),
     ("DELETE", "/v1/workspaces/{name}"),

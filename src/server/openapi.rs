@@ -82,12 +82,33 @@ fn files_paths(auth_errors: &Value) -> Value {
                 "summary": "Extract a tar (`Content-Type: application/x-tar`) into the working directory (also at `.../files/`).",
                 "parameters": [session_param(), child_query()],
                 "requestBody": body,
-                "responses": with(&with(&common, put_errors), written)
+                "responses": with(&with(&common, put_errors.clone()), written.clone())
             },
             "get": {
                 "summary": "List the working directory, or stream it as a tar (also at `.../files/`).",
                 "parameters": [session_param(), child_query(), accept],
                 "responses": with(&common, read)
+            }
+        },
+        "/v1/sessions/{session}/workspace": {
+            "get": {
+                "summary": "The session's workspace (docs/workspaces.md) as a tar of its /work, without starting the session's kernel: through its live kernel, or a transfer kernel made for this one download (the session's image and sandbox, outside its caps).",
+                "parameters": [session_param(), child_query()],
+                "responses": with(&common, json!({
+                    "200": {"description": "The tar stream.", "content": {"application/x-tar": {"schema": {"type": "string", "format": "binary"}}}},
+                    "404": error_response("`workspace_not_found`: the tenant has no workspaces, or none of this name."),
+                    "429": error_response("`too_many_transfers`: 2 per tenant (4 on the host) run at once; retry.")
+                }))
+            },
+            "put": {
+                "summary": "Extract a tar into the session's workspace (made when it has none), without starting the session's kernel: through its live kernel, or a transfer kernel. Nothing is left of a failed upload.",
+                "parameters": [session_param(), child_query()],
+                "requestBody": {"required": true, "content": {"application/x-tar": {"schema": {"type": "string", "format": "binary"}}}},
+                "responses": with(&with(&with(&common, put_errors), written), json!({
+                    "404": error_response("`workspace_not_found`: the tenant has no workspaces."),
+                    "429": error_response("`too_many_transfers`, `too_many_workspaces`."),
+                    "507": error_response("`no_space`: past the workspace's quota; nothing was written.")
+                }))
             }
         }
     })

@@ -81,6 +81,19 @@ pub fn files(session: &str, path: &str, child: Option<&str>) -> String {
     url
 }
 
+/// `/v1/sessions/{session}/settings`: the session's settings (`PUT`, `GET`).
+pub fn settings(session: &str) -> String {
+    format!("{}/settings", self::session(session))
+}
+
+/// `/v1/workspaces`: the tenant's workspaces (docs/workspaces.md).
+pub const WORKSPACES: &str = "/v1/workspaces";
+
+/// `/v1/workspaces/{name}`: one workspace (`DELETE`).
+pub fn workspace(name: &str) -> String {
+    format!("{WORKSPACES}/{}", encode_name(name))
+}
+
 /// `/v1/nodes`: a cluster's nodes (the admin token).
 pub const NODES: &str = "/v1/nodes";
 

@@ -216,10 +216,28 @@ impl Workspaces {
         uid: u64,
         gid: u64,
     ) -> Result<Prepared, WorkspaceError> {
+        self.open(owner, policy, uid, gid, true).await
+    }
+
+    /// `owner`'s workspace ready to mount, as [`Self::prepare`] makes it; without `create`,
+    /// one that does not exist is [`WorkspaceError::NotFound`] (nothing is made).
+    pub async fn open(
+        &self,
+        owner: &Owner,
+        policy: &WorkspacePolicy,
+        uid: u64,
+        gid: u64,
+        create: bool,
+    ) -> Result<Prepared, WorkspaceError> {
         let _one = self.lock.lock().await;
         let volume = volume_name(&self.config.dir, &owner.tenant, &owner.to_string());
         let image = disk::image_path(&self.config.dir, &volume);
         let restored = image.exists();
+        if !restored && !create {
+            return Err(WorkspaceError::NotFound {
+                name: owner.to_string(),
+            });
+        }
         if !restored {
             let (existing, _) = self.volumes(Some(&owner.tenant)).await?;
             if existing.iter().filter(|v| v.name != volume).count() >= policy.max {

@@ -102,6 +102,60 @@ async fn a_killed_nodes_sessions_are_reported_node_lost_on_the_others() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_goes_back_to_its_workspace_and_a_lost_node_reports_its_workspace_lost() {
+    const WRITE: &str = "open('/work/notes.txt', 'w').write('kept')";
+    const READ: &str = "import os\nprint(open('/work/notes.txt').read() if os.path.exists('/work/notes.txt') else 'missing')";
+    let options = Options {
+        workspaces: true,
+        ..Options::default()
+    };
+    let mut cluster = Cluster::start("cl-ws", options).await;
+    // A session whose kernel went on purpose is placed back on the node with its workspace,
+    // whichever node is asked.
+    let first = cluster.nodes[0]
+        .api
+        .execute(TOKEN, "home", json!({ "code": WRITE }))
+        .await;
+    assert_eq!(cluster.holder("home").await, Some(0));
+    assert_eq!(success(&first)["kernel"]["workspace"]["restored"], false);
+    let cleared = cluster.nodes[0]
+        .api
+        .delete("/v1/sessions/home", TOKEN)
+        .await;
+    assert_eq!(cleared.status, StatusCode::OK);
+    let again = cluster.nodes[1]
+        .api
+        .execute(TOKEN, "home", json!({ "code": READ }))
+        .await;
+    let result = success(&again);
+    assert_eq!(cluster.holder("home").await, Some(0), "{result}");
+    assert_eq!(cluster.nodes[1].sessions().await, Vec::<String>::new());
+    assert_eq!(result["output"], "kept\n", "{result}");
+    assert_eq!(result["kernel"]["workspace"]["restored"], true);
+
+    // A session whose node is lost starts elsewhere with an empty workspace, and says so.
+    let victim = 2;
+    let on_victim = cluster.nodes[victim]
+        .api
+        .execute(TOKEN, "away", json!({ "code": WRITE }))
+        .await;
+    assert_eq!(
+        success(&on_victim)["kernel"]["workspace"]["restored"],
+        false
+    );
+    cluster.kill9(victim).await;
+    let (result, _) = served(&cluster.nodes[0], "away", READ).await;
+    assert_eq!(lost(&result).as_deref(), Some("node_lost"), "{result}");
+    assert_eq!(
+        result["kernel"]["state_lost"]["workspace_lost"], true,
+        "{result}"
+    );
+    assert_eq!(result["kernel"]["workspace"]["restored"], false, "{result}");
+    assert_eq!(result["output"], "missing\n", "{result}");
+    cluster.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_stopped_past_its_lease_fences_itself_and_rejoins() {
     let cluster = Cluster::start("cl-stop", Options::default()).await;
     let victim = 0;

@@ -62,6 +62,8 @@ pub struct Options {
     pub drain_deadline: Option<&'static str>,
     /// `--otlp-endpoint` (traces: docs/usage.md, "Traces").
     pub otlp_endpoint: Option<String>,
+    /// The tenant has workspaces (docs/workspaces.md; each node's in its state directory).
+    pub workspaces: bool,
 }
 
 impl Default for Options {
@@ -75,6 +77,7 @@ impl Default for Options {
             more_tenants: &[],
             drain_deadline: None,
             otlp_endpoint: None,
+            workspaces: false,
         }
     }
 }
@@ -246,6 +249,9 @@ impl Cluster {
         if let Some(cap) = options.tenant_cap {
             tenant["max_kernels"] = json!(cap);
         }
+        if options.workspaces {
+            tenant["workspaces"] = json!({"quota": "16m", "ttl": "1h"});
+        }
         let mut tenants = vec![tenant];
         for (name, token) in options.more_tenants {
             tenants.push(http::tenant(name, token));
@@ -283,6 +289,9 @@ impl Cluster {
         let mut command = serve_on(&self.label, listen);
         if let Some(max) = self.options.max_kernels {
             command.args(["--max-kernels", max]);
+        }
+        if self.options.workspaces {
+            command.arg("--workspace-dir").arg(state.join("workspaces"));
         }
         let mut process = command
             .arg("--tenants")
@@ -538,6 +547,8 @@ impl Cluster {
             "containers left: {:?}",
             self.containers().await
         );
+        // Workspaces outlive their servers by design: the test deletes them.
+        remove_workspaces(&self.label, self.dir.path());
         common::assert_clean(&self.engine, &self.label).await;
         postgres::drop_database(&self.db);
         self.done = true;
@@ -563,6 +574,7 @@ impl Drop for Cluster {
             let _ = b.process.start_kill();
         }
         let label = self.label.clone();
+        remove_workspaces(&label, self.dir.path());
         let _ = std::thread::spawn(move || {
             let Ok(rt) = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -590,6 +602,38 @@ impl Drop for Cluster {
         .join();
         let db = self.db.clone();
         let _ = std::panic::catch_unwind(|| postgres::drop_database(&db));
+    }
+}
+
+/// Removes the workspaces the nodes left (docs/workspaces.md: they outlive their servers):
+/// the volumes labelled `label`, then the loop devices of the disk images under `dir` (each
+/// node's state directory's `workspaces`); the images go with `dir`.
+fn remove_workspaces(label: &str, dir: &std::path::Path) {
+    let run = |args: &[&str]| {
+        std::process::Command::new(args[0])
+            .args(&args[1..])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+    };
+    let filter = format!("label={}={label}", common::CASE);
+    let role = "label=io.kernelbox.role=workspace";
+    let volumes = run(&[
+        "docker", "volume", "ls", "-q", "--filter", &filter, "--filter", role,
+    ]);
+    for v in volumes.split_whitespace() {
+        run(&["docker", "volume", "rm", v]);
+    }
+    for state in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let images = state.path().join("workspaces");
+        for image in std::fs::read_dir(images).into_iter().flatten().flatten() {
+            let image = image.path().to_string_lossy().into_owned();
+            for line in run(&["losetup", "-j", &image]).lines() {
+                if let Some((dev, _)) = line.split_once(':') {
+                    run(&["losetup", "-d", dev]);
+                }
+            }
+        }
     }
 }
 

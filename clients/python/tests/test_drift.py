@@ -76,6 +76,8 @@ INLINE: Dict[str, Set[str]] = {
     "get /v1/kernels": {"kernels"},
     "put /v1/sessions/{session}/files/{path}": {f.name for f in dataclasses.fields(WrittenFile)},
     "put /v1/sessions/{session}/files": {f.name for f in dataclasses.fields(WrittenFile)},
+    # files.restore_workspace() returns it
+    "put /v1/sessions/{session}/workspace": {f.name for f in dataclasses.fields(WrittenFile)},
     # files.remove() returns it
     "delete /v1/sessions/{session}/files/{path}": {"deleted"},
     # client.workspaces() returns the list; client.delete_workspace() the name

@@ -114,3 +114,54 @@ def test_usage_is_a_typed_report_of_the_tenants_own_cells(ws_server: Server) -> 
     assert by_day.group_by == "day"
     assert sum(r.cells for r in by_day if r.tenant == "plain") >= 3
     assert all(r.session == "" for r in by_day)
+
+
+def test_a_workspace_is_saved_and_restored_as_a_tar_without_a_kernel(ws_server: Server) -> None:
+    import io
+    import tarfile
+
+    name = f"tar-{uuid.uuid4().hex[:6]}"
+    copy = f"copy-{uuid.uuid4().hex[:6]}"
+    with Client(ws_server.url, ws_server.token("ws")) as c:
+        s = c.session(name)
+        assert s.run("open('/work/data.txt', 'w').write('42')").ok
+        s.close()
+        saved = io.BytesIO()
+        assert s.files.save_workspace(saved) > 0
+        assert c.kernels() == []  # nothing was started to read it
+        with tarfile.open(fileobj=io.BytesIO(saved.getvalue())) as tar:
+            member = tar.extractfile("data.txt")
+            assert member is not None and member.read() == b"42"
+        written = c.session(copy).files.restore_workspace(saved.getvalue())
+        assert written.files is not None and written.files >= 1
+        assert c.kernels() == []
+        result = c.session(copy).run("print(open('/work/data.txt').read())")
+        assert result.output == "42\n"
+        assert result.kernel.workspace is not None and result.kernel.workspace.restored
+        with pytest.raises(NotFound):
+            c.session(f"none-{uuid.uuid4().hex[:6]}").files.save_workspace(io.BytesIO())
+        c.session(copy).close()
+        for w in (name, copy):
+            c.delete_workspace(w)
+
+
+def test_the_async_client_saves_a_workspace(ws_server: Server) -> None:
+    import io
+    import tarfile
+
+    name = f"atar-{uuid.uuid4().hex[:6]}"
+
+    async def main() -> None:
+        async with AsyncClient(ws_server.url, ws_server.token("ws")) as c:
+            s = c.session(name)
+            buf = io.BytesIO()
+            with tarfile.open(fileobj=buf, mode="w") as tar:
+                info = tarfile.TarInfo("a.txt")
+                info.size = 1
+                tar.addfile(info, io.BytesIO(b"a"))
+            await s.files.restore_workspace(buf.getvalue())
+            saved = io.BytesIO()
+            assert await s.files.save_workspace(saved) > 0
+            await c.delete_workspace(name)
+
+    asyncio.run(main())

@@ -105,6 +105,7 @@ pub(crate) fn entry_from_row(
                 loss: StateLost {
                     reason,
                     at: humantime::format_rfc3339_seconds(at).to_string(),
+                    workspace_lost: false,
                 },
             }
         }

@@ -1,11 +1,11 @@
 //! The accounting of one connection: its audit line (the log, or the `--egress-audit` file)
 //! and its tenant's counters, when it is refused or when it ends.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use super::outcome::Outcome;
-use super::table::{KernelEntry, LiveGuard, Table};
+use super::table::{ConnBytes, KernelEntry, LiveGuard, Table};
 
 /// Writes the audit line of one connection.
 pub(super) fn audit(
@@ -63,8 +63,7 @@ pub(super) struct Finish {
     pub(super) table: Arc<Table>,
     pub(super) host: String,
     pub(super) port: u16,
-    pub(super) bytes_in: Arc<AtomicU64>,
-    pub(super) bytes_out: Arc<AtomicU64>,
+    pub(super) bytes: Arc<ConnBytes>,
     pub(super) outcome: Mutex<Result<(), Outcome>>,
     pub(super) _live: LiveGuard,
 }
@@ -78,15 +77,17 @@ impl Finish {
 impl Drop for Finish {
     fn drop(&mut self) {
         let (inb, out) = (
-            self.bytes_in.load(Ordering::Relaxed),
-            self.bytes_out.load(Ordering::Relaxed),
+            self.bytes.bytes_in.load(Ordering::Relaxed),
+            self.bytes.bytes_out.load(Ordering::Relaxed),
         );
         let outcome = *self.outcome.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(ledger) = self.table.ledger.get() {
-            if inb > 0 || out > 0 {
+            // What the ledger was not given yet (`Table::settle_usage` gave the rest).
+            let (unreported_in, unreported_out) = self.bytes.take_unreported();
+            if unreported_in > 0 || unreported_out > 0 {
                 ledger.record(&self.entry.tenant, &self.entry.session, |r| {
-                    r.network_bytes_in += inb;
-                    r.network_bytes_out += out;
+                    r.network_bytes_in += unreported_in;
+                    r.network_bytes_out += unreported_out;
                 });
             }
         }

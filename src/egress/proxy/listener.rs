@@ -3,7 +3,6 @@
 
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -22,7 +21,7 @@ use super::finish::{audit, Finish};
 use super::http::forward;
 use super::limits::{Limits, Metered, MAX_HEAD_BYTES, STEP_TIMEOUT};
 use super::outcome::{refusal_message, text, Body, Outcome};
-use super::table::{KernelEntry, Table};
+use super::table::{ConnBytes, KernelEntry, Table};
 
 /// The proxy: serves `listener` until `cancel`.
 pub async fn serve(
@@ -239,22 +238,21 @@ async fn handle(
         Ok(Ok(s)) => s,
         _ => return refuse(&host, port, Outcome::ConnectFailed),
     };
-    let live = entry.enter(&host, port, addr.ip());
-    let (bytes_in, bytes_out) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let bytes = Arc::new(ConnBytes::default());
+    let live = entry.enter(&host, port, addr.ip(), bytes.clone());
     let upstream = Metered {
         inner: upstream,
         bucket: entry.bucket.clone(),
         sleep: None,
-        bytes_in: bytes_in.clone(),
-        bytes_out: bytes_out.clone(),
+        bytes_in: bytes.bytes_in.clone(),
+        bytes_out: bytes.bytes_out.clone(),
     };
     let done = Finish {
         entry: entry.clone(),
         table: table.clone(),
         host: host.clone(),
         port,
-        bytes_in,
-        bytes_out,
+        bytes,
         outcome: Mutex::new(Ok(())),
         _live: live,
     };

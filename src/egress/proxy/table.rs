@@ -40,13 +40,37 @@ impl std::fmt::Debug for KernelEntry {
     }
 }
 
-/// A connection under way: where it goes, to be judged again when the policy changes.
+/// A connection under way: where it goes, to be judged again when the policy changes, and
+/// its bytes, counted in the usage ledger as they flow.
 pub(super) struct Live {
     id: u64,
     host: String,
     port: u16,
     addr: IpAddr,
     cancel: CancellationToken,
+    bytes: Arc<ConnBytes>,
+}
+
+/// One connection's bytes so far, and how many of them the usage ledger has been given.
+#[derive(Debug, Default)]
+pub(super) struct ConnBytes {
+    pub(super) bytes_in: Arc<AtomicU64>,
+    pub(super) bytes_out: Arc<AtomicU64>,
+    reported: Mutex<(u64, u64)>,
+}
+
+impl ConnBytes {
+    /// The bytes in and out not yet given to the ledger, now marked given.
+    pub(super) fn take_unreported(&self) -> (u64, u64) {
+        let mut reported = self.reported.lock().unwrap_or_else(|p| p.into_inner());
+        let now = (
+            self.bytes_in.load(Ordering::Relaxed),
+            self.bytes_out.load(Ordering::Relaxed),
+        );
+        let delta = (now.0 - reported.0, now.1 - reported.1);
+        *reported = now;
+        delta
+    }
 }
 
 impl KernelEntry {
@@ -93,7 +117,13 @@ impl KernelEntry {
         closed
     }
 
-    pub(super) fn enter(self: &Arc<Self>, host: &str, port: u16, addr: IpAddr) -> LiveGuard {
+    pub(super) fn enter(
+        self: &Arc<Self>,
+        host: &str,
+        port: u16,
+        addr: IpAddr,
+        bytes: Arc<ConnBytes>,
+    ) -> LiveGuard {
         let id = self.next_live.fetch_add(1, Ordering::Relaxed);
         let cancel = self.cancel.child_token();
         self.live
@@ -105,6 +135,7 @@ impl KernelEntry {
                 port,
                 addr,
                 cancel: cancel.clone(),
+                bytes,
             });
         LiveGuard {
             entry: self.clone(),
@@ -156,10 +187,41 @@ impl Table {
         }
     }
 
-    /// Counts each connection's bytes in `ledger` for its session, when it ends (set once;
-    /// later calls are ignored).
+    /// Counts each connection's bytes in `ledger` for its session (set once; later calls
+    /// are ignored): what flowed so far at each [`Table::settle_usage`], the rest when it
+    /// ends.
     pub fn count_usage_in(&self, ledger: Arc<crate::usage::Pending>) {
         let _ = self.ledger.set(ledger);
+    }
+
+    /// Gives the usage ledger the bytes every open connection moved since it was last asked,
+    /// so a connection open across hours counts in each hour it moved bytes (to within the
+    /// ledger's flush interval).
+    pub fn settle_usage(&self) {
+        let Some(ledger) = self.ledger.get() else {
+            return;
+        };
+        let kernels: Vec<Arc<KernelEntry>> = self
+            .kernels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for entry in kernels {
+            let (mut inb, mut out) = (0, 0);
+            for live in entry.live.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+                let (i, o) = live.bytes.take_unreported();
+                inb += i;
+                out += o;
+            }
+            if inb > 0 || out > 0 {
+                ledger.record(&entry.tenant, &entry.session, |r| {
+                    r.network_bytes_in += inb;
+                    r.network_bytes_out += out;
+                });
+            }
+        }
     }
 
     /// Intercepts the connections a rule of `interception` names (`docs/reliability.md`,

@@ -158,8 +158,29 @@ async fn status_after_abort(reader: &mut Reader) -> Result<Status, TransferError
 impl Kernel {
     /// Writes `body` to `path` (a file), or extracts it there when `tar` (a directory):
     /// into a temporary name first, renamed into place only once all of it arrived. On any
-    /// failure (over `cap`, a full directory, the body failing) nothing is left.
+    /// failure (over `cap`, a full directory, the body failing) nothing is left. The kernel
+    /// going (disposed of, or dead) ends the upload at once: a transport whose streams do not
+    /// close with the container (the engine's exec streams under gVisor, docs/runtimes.md)
+    /// would otherwise keep it waiting on the body's deadline.
     pub(crate) async fn write_file(
+        &self,
+        path: &FilePath,
+        tar: bool,
+        body: ByteStream,
+        cap: u64,
+    ) -> Result<Written, TransferError> {
+        let gone = self.gone();
+        tokio::select! {
+            biased;
+            () = gone.cancelled() => Err(TransferError::Helper(
+                "the kernel went during the upload".into(),
+            )),
+            written = self.upload(path, tar, body, cap) => written,
+        }
+    }
+
+    /// The upload of [`Self::write_file`].
+    async fn upload(
         &self,
         path: &FilePath,
         tar: bool,

@@ -94,6 +94,20 @@ fn header_says(headers: &HeaderMap, name: header::HeaderName, what: &str) -> boo
         .any(|v| v.to_ascii_lowercase().contains(what))
 }
 
+/// An upload whose declared length is past the cap, refused before any kernel is touched.
+fn refuse_declared_too_large(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+    let cap = state.inner.orchestrator.config().files.max_upload_bytes;
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > cap) {
+        state.inner.metrics.rejected("too_large");
+        return Err(crate::files::TransferError::TooLarge { cap }.into());
+    }
+    Ok(())
+}
+
 pub(super) async fn put_file(
     State(state): State<AppState>,
     Caller(tenant): Caller,
@@ -129,16 +143,7 @@ async fn put(
     let request = request(&state, &tenant, session, query)?;
     let tar = header_says(&headers, header::CONTENT_TYPE, "application/x-tar");
     let orchestrator = state.inner.orchestrator.clone();
-    let cap = orchestrator.config().files.max_upload_bytes;
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > cap) {
-        // Refused before any kernel is touched.
-        state.inner.metrics.rejected("too_large");
-        return Err(crate::files::TransferError::TooLarge { cap }.into());
-    }
+    refuse_declared_too_large(&state, &headers)?;
     let path = FilePath::parse(&path)?;
     let stream = body
         .into_data_stream()
@@ -213,6 +218,63 @@ async fn get(
             response
         }
     })
+}
+
+/// `GET /v1/sessions/{session}/workspace[?child=]`: the session's workspace as a tar of its
+/// `/work`, through its live kernel or, with none, a transfer kernel (docs/workspaces.md, "A
+/// workspace's files without its kernel"); nothing is started for the session.
+pub(super) async fn get_workspace(
+    State(state): State<AppState>,
+    Caller(tenant): Caller,
+    path: Result<Path<String>, PathRejection>,
+    query: Result<Query<FileQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let (session, _) = root_target(&state, path)?;
+    let request = request(&state, &tenant, session, query)?;
+    let download = state
+        .inner
+        .orchestrator
+        .read_workspace(&request.scope)
+        .await
+        .map_err(ApiError::from)?;
+    let Download::Tar { body: stream } = download else {
+        return Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "a workspace download answered something else than a tar",
+        ));
+    };
+    let mut response = Body::from_stream(stream.map_err(std::io::Error::other)).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/x-tar"),
+    );
+    Ok(response)
+}
+
+/// `PUT /v1/sessions/{session}/workspace[?child=]` with a tar: extracted into the session's
+/// workspace (made when it has none), through its live kernel or a transfer kernel.
+pub(super) async fn put_workspace(
+    State(state): State<AppState>,
+    Caller(tenant): Caller,
+    path: Result<Path<String>, PathRejection>,
+    query: Result<Query<FileQuery>, QueryRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let (session, _) = root_target(&state, path)?;
+    let request = request(&state, &tenant, session, query)?;
+    let orchestrator = state.inner.orchestrator.clone();
+    refuse_declared_too_large(&state, &headers)?;
+    let stream = body
+        .into_data_stream()
+        .map_err(std::io::Error::other)
+        .boxed();
+    let written = orchestrator
+        .write_workspace(&request.scope, stream)
+        .await
+        .map_err(ApiError::from)?;
+    Ok((StatusCode::CREATED, Json(written)).into_response())
 }
 
 pub(super) async fn delete_file(

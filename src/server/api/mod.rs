@@ -96,6 +96,10 @@ pub(super) fn router(state: AppState, metrics_route: MetricsRoute) -> Router {
             get(files::get_root).put(files::put_root),
         )
         .route(
+            "/v1/sessions/{session}/workspace",
+            get(files::get_workspace).put(files::put_workspace),
+        )
+        .route(
             "/v1/sessions/{session}/files/",
             get(files::get_root).put(files::put_root),
         )

@@ -65,10 +65,11 @@ pub(super) async fn delete(
     Caller(tenant): Caller,
     Path(name): Path<String>,
 ) -> Response {
-    let deleted = match workspaces(&state, &tenant.name) {
-        Ok(ws) => ws.delete(&tenant.name, &name).await.map_err(ApiError::from),
-        Err(e) => Err(e),
-    };
+    let deleted = state
+        .orchestrator()
+        .delete_workspace(&tenant.name, &name)
+        .await
+        .map_err(ApiError::from);
     match deleted {
         Ok(()) => Json(json!({ "deleted": name })).into_response(),
         Err(e) => e.into_response(),

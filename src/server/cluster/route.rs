@@ -5,7 +5,8 @@
 //! nothing from it). Otherwise a request that starts a kernel (an execute, an upload) claims
 //! the session in the catalog, here when this node has room and is not draining, else on the
 //! freer of two other nodes with room; a claim that finds the session live on another node
-//! forwards there. Any other request (interrupt, clear, a download, a listing) looks the
+//! forwards there; a session of a tenant with workspaces goes back to the live node that
+//! holds its workspace. Any other request (interrupt, clear, a download, a listing) looks the
 //! session up and forwards to the node that holds it, or is served here. A forwarded request
 //! is served here or refused, never forwarded again; the placements found are remembered
 //! until their node's epoch moves on.
@@ -75,13 +76,24 @@ impl ClusterNode {
             }
         }
         match kind {
-            Kind::Finds => self.find(&tenant.name, session, forwarded).await,
+            Kind::Finds => self.find(tenant, session, forwarded).await,
             Kind::Starts => self.claim(state, tenant, session, forwarded).await,
         }
     }
 
     /// A request that starts nothing: to the node holding the session, else here.
-    async fn find(&self, tenant: &str, session: &str, forwarded: bool) -> Result<Route, ApiError> {
+    async fn find(
+        &self,
+        tenant: &Tenant,
+        session: &str,
+        forwarded: bool,
+    ) -> Result<Route, ApiError> {
+        // A session's workspace is read where it is (`GET .../workspace` needs no kernel).
+        if let Some(home) = self.workspace_home(tenant, session, forwarded).await {
+            self.remember(&tenant.name, session, &home);
+            return Ok(Route::Forward(home));
+        }
+        let tenant = tenant.name.as_str();
         let found = self.store.lookup(tenant, session).await;
         match found {
             Ok(Some(p)) if p.live && p.node_current && p.node != self.options.node => {
@@ -113,7 +125,9 @@ impl ClusterNode {
         };
         let (live, cap) = orchestrator.session_kernels();
         let draining = self.is_draining();
-        let target = if live < cap && (forwarded || !draining) {
+        let target = if let Some(home) = self.workspace_home(tenant, session, forwarded).await {
+            home
+        } else if live < cap && (forwarded || !draining) {
             me.clone()
         } else {
             self.place_when_full(state, tenant, forwarded, draining)
@@ -184,6 +198,34 @@ impl ClusterNode {
 }
 
 impl ClusterNode {
+    /// The node holding the workspace of `tenant`'s `session` when it is another live node
+    /// (of any epoch: a node that restarted keeps its disk): a session of a tenant with
+    /// workspaces is placed where its files are (docs/workspaces.md, "In a cluster"). `None`
+    /// for a tenant without workspaces, a forwarded request, a session last served here or
+    /// never placed, or one whose node is gone (its files with it: the next kernel reports
+    /// `workspace_lost`).
+    async fn workspace_home(
+        &self,
+        tenant: &Tenant,
+        session: &str,
+        forwarded: bool,
+    ) -> Option<Target> {
+        if tenant.workspaces.is_none() || forwarded {
+            return None;
+        }
+        let placed = self.store.lookup(&tenant.name, session).await.ok()??;
+        if placed.node == self.options.node {
+            return None;
+        }
+        if let Some(target) = self.live_peer(&placed.node) {
+            return Some(target);
+        }
+        // The view may not have caught up with a node that rejoined: read it again.
+        let rows = self.store.nodes().await.ok()?;
+        self.refresh_view(rows);
+        self.live_peer(&placed.node)
+    }
+
     /// Where a request of an MCP session made by node `creator` (not this one) goes: to that
     /// node while it is live (a node the view does not have live is read from the catalog
     /// again: the view may not have caught up with a node that just joined); `None` (served

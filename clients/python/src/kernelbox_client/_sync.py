@@ -353,3 +353,31 @@ class Files:
         """Deletes the file or directory tree at `path` (a symlink itself, never its target);
         returns the path removed, inside the kernel (`/work/...`)."""
         return _wire.deleted(self._session.client._send(self._call("DELETE", path)) or b"")
+
+    def save_workspace(self, dest: Any) -> int:
+        """Streams the session's workspace (docs/workspaces.md) as a tar of its `/work` into
+        `dest` (a local path or a binary file object) without starting its kernel: through
+        its live kernel, or a transfer kernel made for this download. Returns the bytes
+        written; `NotFound` (`workspace_not_found`) when the tenant has no such workspace."""
+        s = self._session
+        call = _wire.Call(
+            "GET", _wire.session_path(s.name, "workspace"), params=_wire.child_params(s.child)
+        )
+        return s.client._download(call, dest)
+
+    def restore_workspace(self, data: Any) -> WrittenFile:
+        """Extracts the tar `data` (bytes, a local path, a binary file object or an iterable
+        of bytes) into the session's workspace, made when it has none, without starting its
+        kernel."""
+        s = self._session
+        up, opened = _wire.upload(data)
+        try:
+            call = _wire.Call(
+                "PUT",
+                _wire.session_path(s.name, "workspace"),
+                params=_wire.child_params(s.child),
+                headers=_wire.upload_headers(up, True),
+            )
+            return _wire.written(s.client._send(call, content=up.content) or b"")
+        finally:
+            up.close(opened)

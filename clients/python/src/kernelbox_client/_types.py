@@ -20,10 +20,17 @@ class StateLost:
     SCHEMA: ClassVar[str] = "StateLost"
     reason: str
     at: str
+    #: The session's workspace went too (its node was lost, or it was deleted meanwhile):
+    #: `/work` is a new, empty workspace (docs/workspaces.md).
+    workspace_lost: bool = False
 
     @classmethod
     def from_json(cls, d: Dict[str, Any]) -> "StateLost":
-        return cls(reason=str(d.get("reason", "")), at=str(d.get("at", "")))
+        return cls(
+            reason=str(d.get("reason", "")),
+            at=str(d.get("at", "")),
+            workspace_lost=bool(d.get("workspace_lost", False)),
+        )
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,300 @@
+//! A workspace's files in and out as a tar without its session's kernel (docs/workspaces.md,
+//! "A workspace's files without its kernel"). A workspace a live kernel has mounted goes
+//! through that kernel, as the session's file API does. Otherwise a transfer kernel is made
+//! for the one transfer: the session's image and sandbox (no network, its user, read-only
+//! root, its limits) with the workspace at `/work`, outside the registry (it is nobody's
+//! kernel: no caps, no generation, no catalog row), disposed of when the transfer ends. The
+//! files are read and written by the file helper inside that sandbox, never by the host
+//! (a hostile tenant's symlinks and special files stay out of the server's reach). Transfer
+//! kernels are few at once: [`MAX_TRANSFERS`] on the host, [`MAX_TRANSFERS_PER_TENANT`] per
+//! tenant; one more is `429 too_many_transfers`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use super::{FileError, FileRequest, Orchestrator, Scope};
+use crate::files::{ByteStream, Download, FilePath, TransferError, Written};
+use crate::kernel::{Kernel, SpawnRequest};
+use crate::owner::Owner;
+
+/// Transfer kernels on the host at once.
+pub const MAX_TRANSFERS: usize = 4;
+/// Transfer kernels of one tenant at once.
+pub const MAX_TRANSFERS_PER_TENANT: usize = 2;
+
+/// Transfer kernels running (until their disposal ends), per tenant and per workspace.
+#[derive(Debug, Default)]
+pub(super) struct TransferCounts {
+    counts: Mutex<Counts>,
+    /// Told whenever a transfer kernel is gone.
+    gone: tokio::sync::Notify,
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    tenants: HashMap<String, usize>,
+    /// By `(tenant, owner)`.
+    workspaces: HashMap<(String, String), usize>,
+}
+
+/// One transfer kernel counted; uncounted when dropped.
+struct TransferSlot {
+    counts: Arc<TransferCounts>,
+    tenant: String,
+    owner: String,
+}
+
+impl TransferCounts {
+    fn take(self: &Arc<Self>, owner: &Owner) -> Result<TransferSlot, FileError> {
+        let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        let total: usize = counts.tenants.values().sum();
+        let mine = counts.tenants.get(&owner.tenant).copied().unwrap_or(0);
+        if total >= MAX_TRANSFERS || mine >= MAX_TRANSFERS_PER_TENANT {
+            return Err(FileError::TooManyTransfers {
+                max: MAX_TRANSFERS_PER_TENANT,
+                host: MAX_TRANSFERS,
+            });
+        }
+        let (tenant, name) = (owner.tenant.clone(), owner.to_string());
+        *counts.tenants.entry(tenant.clone()).or_insert(0) += 1;
+        *counts
+            .workspaces
+            .entry((tenant.clone(), name.clone()))
+            .or_insert(0) += 1;
+        Ok(TransferSlot {
+            counts: self.clone(),
+            tenant,
+            owner: name,
+        })
+    }
+
+    /// True while a transfer kernel of `tenant`'s workspace `name` runs or is being removed.
+    fn busy(&self, tenant: &str, name: &str) -> bool {
+        self.counts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .workspaces
+            .contains_key(&(tenant.to_string(), name.to_string()))
+    }
+}
+
+impl Drop for TransferSlot {
+    fn drop(&mut self) {
+        {
+            let mut counts = self.counts.counts.lock().unwrap_or_else(|p| p.into_inner());
+            let Counts {
+                tenants,
+                workspaces,
+            } = &mut *counts;
+            uncount(tenants, self.tenant.clone());
+            uncount(workspaces, (self.tenant.clone(), self.owner.clone()));
+        }
+        self.counts.gone.notify_waiters();
+    }
+}
+
+fn uncount<K: std::hash::Hash + Eq>(map: &mut HashMap<K, usize>, key: K) {
+    if let Some(n) = map.get_mut(&key) {
+        *n -= 1;
+        if *n == 0 {
+            map.remove(&key);
+        }
+    }
+}
+
+/// How long deleting a workspace waits for its transfer kernels to go.
+const DELETE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A transfer kernel and its count: disposed of by [`TransferKernel::finish`], or in the
+/// background when dropped (a download's stream ended or was dropped); counted until it is
+/// gone.
+struct TransferKernel {
+    orchestrator: Orchestrator,
+    kernel: Arc<Kernel>,
+    slot: Option<TransferSlot>,
+    /// The workspace was made for this transfer (a failed upload deletes it again).
+    made: bool,
+}
+
+impl TransferKernel {
+    /// Disposes of the kernel now.
+    async fn finish(mut self) {
+        let slot = self.slot.take();
+        self.orchestrator.dispose_kernel(&self.kernel).await;
+        drop(slot);
+    }
+}
+
+impl Drop for TransferKernel {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot.take() {
+            let (orchestrator, kernel) = (self.orchestrator.clone(), self.kernel.clone());
+            self.orchestrator.inner.tracker.spawn(async move {
+                orchestrator.dispose_kernel(&kernel).await;
+                drop(slot);
+            });
+        }
+    }
+}
+
+impl Orchestrator {
+    /// The files of the workspace of the owner `scope` names, as a tar stream of its `/work`:
+    /// through its live kernel, or a transfer kernel when it has none. `workspace_not_found`
+    /// when the tenant has no such workspace.
+    pub async fn read_workspace(&self, scope: &Scope) -> Result<Download, FileError> {
+        let request = FileRequest::new(scope.clone());
+        match self.read_file(&request, &FilePath::root(), true).await {
+            Err(FileError::NoKernel { .. }) => {}
+            other => return other,
+        }
+        let owner = self.workspace_owner(scope)?;
+        let transfer = self.transfer_kernel(scope, &owner, false).await?;
+        let download = transfer.kernel.read_file(&FilePath::root(), true).await?;
+        let Download::Tar { body } = download else {
+            return Err(TransferError::Helper("a tar was asked for".into()).into());
+        };
+        let (rate, grace) = (
+            self.inner.config.files.download_min_rate,
+            self.inner.config.files.download_rate_grace,
+        );
+        let counted = self.count_download(&owner, body);
+        Ok(Download::Tar {
+            body: self.slow_cut(counted, Box::new(transfer), rate, grace),
+        })
+    }
+
+    /// Extracts the tar `body` into the workspace of the owner `scope` names (made when it
+    /// has none, as a kernel of its session would make it): through its live kernel, or a
+    /// transfer kernel. Nothing is left of a failed upload; past the quota, `no_space`.
+    pub async fn write_workspace(
+        &self,
+        scope: &Scope,
+        body: ByteStream,
+    ) -> Result<Written, FileError> {
+        let owner = self.workspace_owner(scope)?;
+        let root = FilePath::root();
+        if self.inner.registry.has_live(&owner) {
+            return self
+                .write_file(&FileRequest::new(scope.clone()), &root, true, body)
+                .await;
+        }
+        let transfer = self.transfer_kernel(scope, &owner, true).await?;
+        let cap = self.inner.config.files.max_upload_bytes;
+        let body = self.count_upload(&owner, body);
+        let workspaces = self.inner.workspaces.clone();
+        // Runs to its end even if the caller goes away: the helper confirms its clean-up
+        // before the transfer kernel goes, and it is gone before the answer. A workspace made
+        // for an upload that failed is deleted again: nothing is left of it.
+        crate::orchestrator::adopt::run_adopted(&self.inner.tracker, async move {
+            let kernel = transfer.kernel.clone();
+            let made = transfer.made;
+            let written = kernel.write_file(&root, true, body, cap).await;
+            transfer.finish().await;
+            if let (Err(_), true, Some(workspaces)) = (&written, made, workspaces) {
+                if let Err(e) = workspaces.delete(&owner.tenant, &owner.to_string()).await {
+                    tracing::warn!(workspace = %owner, error = %e, "deleting a workspace made for a failed upload");
+                }
+            }
+            written
+        })
+        .await
+        .unwrap_or_else(|panic| {
+            Err(TransferError::Helper(format!(
+                "the upload task failed: {panic}"
+            )))
+        })
+        .map_err(FileError::from)
+    }
+
+    /// Deletes `tenant`'s workspace `name` (docs/workspaces.md), once the transfer kernels
+    /// that have it are gone (at most [`DELETE_WAIT`]): a delete right after a download is
+    /// not refused for the download's own kernel. Refused while a session's kernel has it.
+    pub async fn delete_workspace(
+        &self,
+        tenant: &str,
+        name: &str,
+    ) -> Result<(), crate::workspace::WorkspaceError> {
+        let Some(workspaces) = &self.inner.workspaces else {
+            return Err(crate::workspace::WorkspaceError::Disabled {
+                tenant: tenant.to_string(),
+            });
+        };
+        let transfers = &self.inner.workspace_transfers;
+        let _ = tokio::time::timeout(DELETE_WAIT, async {
+            loop {
+                let gone = transfers.gone.notified();
+                if !transfers.busy(tenant, name) {
+                    return;
+                }
+                gone.await;
+            }
+        })
+        .await;
+        workspaces.delete(tenant, name).await
+    }
+
+    /// The owner `scope` names, when its tenant has workspaces.
+    fn workspace_owner(&self, scope: &Scope) -> Result<Owner, FileError> {
+        let owner = self
+            .scope_owner(scope)
+            .map_err(|e| FileError::Execute(super::ExecuteError::Name(e)))?;
+        if self.workspace_policy(&owner.tenant).is_none() {
+            return Err(crate::workspace::WorkspaceError::Disabled {
+                tenant: owner.tenant.clone(),
+            }
+            .into());
+        }
+        Ok(owner)
+    }
+
+    /// A kernel for one transfer of `owner`'s workspace (made when `create` and it has none).
+    async fn transfer_kernel(
+        &self,
+        scope: &Scope,
+        owner: &Owner,
+        create: bool,
+    ) -> Result<TransferKernel, FileError> {
+        let inner = &self.inner;
+        if inner.cancel.is_cancelled() {
+            return Err(super::ExecuteError::ShuttingDown.into());
+        }
+        let slot = inner.workspace_transfers.take(owner)?;
+        let (Some(policy), Some(workspaces)) =
+            (self.workspace_policy(&owner.tenant), &inner.workspaces)
+        else {
+            return Err(crate::workspace::WorkspaceError::Disabled {
+                tenant: owner.tenant.clone(),
+            }
+            .into());
+        };
+        let (uid, gid) = crate::kernel::parse_user(&inner.config.spec.sandbox.user);
+        let workspace = workspaces.open(owner, &policy, uid, gid, create).await?;
+        let made = !workspace.info.restored;
+        let key = self.kernel_key(owner.clone(), scope)?;
+        let kernel = Kernel::spawn(SpawnRequest {
+            workspace: Some(workspace),
+            network: None,
+            engine: inner.engine.clone(),
+            spec: &inner.config.spec,
+            spawn_timeout: inner.config.kernels.spawn_timeout,
+            files: &inner.config.files,
+            base_labels: &inner.labels,
+            // Generation 0: no kernel of the session is ever that one.
+            owner: Some((key, 0)),
+            monitor: inner.monitor.clone(),
+            tracker: &inner.tracker,
+            sockets_refused: &inner.sockets_refused,
+            yield_to: None,
+            preload: &[],
+            settings: None,
+        })
+        .await
+        .map_err(|e| FileError::Execute(e.into()))?;
+        Ok(TransferKernel {
+            orchestrator: self.clone(),
+            kernel,
+            slot: Some(slot),
+            made,
+        })
+    }
+}
