@@ -32,6 +32,7 @@
 //! - `stats.rs`: latency summaries (nearest-rank percentiles) and their formatting.
 //! - `report.rs`: the table's rows, the markdown table, and the printed and JSON report.
 
+mod baseline;
 mod events;
 mod floors;
 mod host;
@@ -54,7 +55,7 @@ const IMAGE: &str = "kernelbox/kernel:latest";
 /// The label key on everything the bench creates.
 const CASE: &str = "io.kernelbox-test.case";
 const USAGE: &str =
-    "cargo bench --bench kernelbox -- [--quick] [--density N] [--json PATH] [--warm N] [--no-jupyter] [--only PHASE,...]";
+    "cargo bench --bench kernelbox -- [--quick] [--density N] [--json PATH] [--warm N] [--no-jupyter] [--only PHASE,...] [--baseline SAVED.json]... [--write-docs FILE]";
 
 /// The command line.
 struct Args {
@@ -67,6 +68,10 @@ struct Args {
     /// Only these phases (`--only egress,cold`): the rest are skipped, and a row whose floor
     /// another phase measures shows NaN for its ratio.
     only: Option<Vec<String>>,
+    /// Saved reports of an earlier commit to compare this run's ratios with (`baseline.rs`).
+    baseline: Vec<PathBuf>,
+    /// A document whose marked block gets this run's table (`baseline.rs`).
+    write_docs: Option<PathBuf>,
 }
 
 impl Args {
@@ -78,6 +83,8 @@ impl Args {
             jupyter: true,
             warm: None,
             only: None,
+            baseline: Vec::new(),
+            write_docs: None,
         };
         let mut it = std::env::args().skip(1);
         while let Some(arg) = it.next() {
@@ -106,6 +113,10 @@ impl Args {
                 "--only" => {
                     args.only = Some(value("--only")?.split(',').map(str::to_string).collect())
                 }
+                "--baseline" => args
+                    .baseline
+                    .extend(value("--baseline")?.split(',').map(PathBuf::from)),
+                "--write-docs" => args.write_docs = Some(value("--write-docs")?.into()),
                 // `cargo bench` passes `--bench` to harness = false targets.
                 "--bench" => {}
                 "-h" | "--help" => {
@@ -342,5 +353,15 @@ async fn main() -> Result<()> {
         details: &b.details,
         notes: &b.notes,
     };
-    report::publish(report, &docker_version, load_at_start)
+    let mut written = report::publish(report, &docker_version, load_at_start)?;
+    let compared = baseline::compare(&written, &b.args.baseline)?;
+    if !compared.is_null() {
+        written["baseline"] = compared;
+        std::fs::write(&b.args.json, serde_json::to_string_pretty(&written)?)?;
+    }
+    if let Some(doc) = &b.args.write_docs {
+        let table = written["markdown"].as_str().unwrap_or_default();
+        baseline::write_docs(doc, &b.args.command(), table)?;
+    }
+    Ok(())
 }

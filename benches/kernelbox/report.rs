@@ -18,6 +18,8 @@ pub struct Row {
     target: String,
     /// Whether the target is met; `None` when the row has no target.
     met: Option<bool>,
+    /// The ratio is a speed-up (higher is better); most are a cost against the floor.
+    higher_is_better: bool,
 }
 
 impl Row {
@@ -29,7 +31,13 @@ impl Row {
             ratio: None,
             target: "—".into(),
             met: None,
+            higher_is_better: false,
         }
+    }
+    /// The ratio is a speed-up: `--baseline` counts a lower one as worse.
+    pub fn higher_is_better(mut self) -> Row {
+        self.higher_is_better = true;
+        self
     }
     pub fn floor(mut self, floor: impl Into<String>, ratio: f64) -> Row {
         self.floor = floor.into();
@@ -70,8 +78,12 @@ pub struct Report<'a> {
     pub notes: &'a [String],
 }
 
-/// Prints the heading, the table and the notes, and writes the JSON report.
-pub fn publish(b: Report<'_>, docker_version: &str, load_at_start: f64) -> Result<()> {
+/// Prints the heading, the table and the notes, and writes the JSON report (returned).
+pub fn publish(
+    b: Report<'_>,
+    docker_version: &str,
+    load_at_start: f64,
+) -> Result<serde_json::Value> {
     let table = markdown(b.rows);
     let m = host::machine();
     println!(
@@ -104,5 +116,5 @@ pub fn publish(b: Report<'_>, docker_version: &str, load_at_start: f64) -> Resul
     }
     std::fs::write(&b.args.json, serde_json::to_string_pretty(&report)?)?;
     println!("\nJSON written to {}", b.args.json.display());
-    Ok(())
+    Ok(report)
 }

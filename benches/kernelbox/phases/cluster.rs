@@ -131,7 +131,8 @@ impl Bench {
                 format!("cells/s, {owners} owners x {cells} cells over three nodes (one engine)"),
                 format!("{spread:.0}/s"),
             )
-            .floor(format!("all on one node: {one:.0}/s"), spread / one),
+            .floor(format!("all on one node: {one:.0}/s"), spread / one)
+            .higher_is_better(),
         );
         // A node's death: a real process, killed.
         let death = self.node_death(url, &http, a.addr).await?;
