@@ -43,12 +43,35 @@ fn ratios(report: &Value) -> Vec<(String, f64, bool)> {
         .filter_map(|r| {
             let ratio = r["ratio"].as_f64().filter(|x| x.is_finite() && *x > 0.0)?;
             Some((
-                r["measure"].as_str()?.to_string(),
+                same_measure(r["measure"].as_str()?),
                 ratio,
                 r["higher_is_better"].as_bool().unwrap_or(false),
             ))
         })
         .collect()
+}
+
+/// A row's measure without its sample count (`(n=10)`, `(n=5; run F)` keeps `run F`), so a
+/// `--quick` run's rows meet a full run's.
+fn same_measure(measure: &str) -> String {
+    let mut out = String::with_capacity(measure.len());
+    let mut rest = measure;
+    while let Some(at) = rest.find("n=") {
+        let digits = rest[at + 2..]
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len() - at - 2);
+        let starts_count = at == 0 || rest[..at].ends_with(['(', ' ']);
+        if digits > 0 && starts_count {
+            out.push_str(&rest[..at]);
+            out.push('n');
+            rest = &rest[at + 2 + digits..];
+        } else {
+            out.push_str(&rest[..at + 2]);
+            rest = &rest[at + 2..];
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 fn read(path: &Path) -> Result<Value> {
@@ -87,7 +110,11 @@ pub fn compare(now: &Value, files: &[PathBuf]) -> Result<Value> {
         } else {
             DEFAULT_NOISE
         };
-        let change = if higher_better { mean / ratio } else { ratio / mean };
+        let change = if higher_better {
+            mean / ratio
+        } else {
+            ratio / mean
+        };
         let verdict = if change > 1.0 + noise {
             "worse"
         } else if change < 1.0 / (1.0 + noise) {
@@ -151,8 +178,8 @@ pub fn compare(now: &Value, files: &[PathBuf]) -> Result<Value> {
 
 /// Puts `command` and `table` between the markers of the document at `path`.
 pub fn write_docs(path: &Path, command: &str, table: &str) -> Result<()> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("reading {}", path.display()))?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let (Some(begin), Some(end)) = (text.find(BEGIN), text.find(END)) else {
         bail!("{} has no {BEGIN} ... {END} block", path.display());
     };
