@@ -29,6 +29,11 @@ pub const MIN_CPUS: f64 = 0.05;
 /// Sessions whose settings one tenant may have at once; past it, settings of sessions with no
 /// live kernel are forgotten first (least recently set), then a new one is refused.
 pub const MAX_SESSIONS_PER_TENANT: usize = 16_384;
+/// Bytes of settings (environment and labels, as [`Settings::bytes`] counts them) one tenant
+/// may have kept at once, under the same rule.
+pub const MAX_SETTINGS_BYTES_PER_TENANT: usize = 8 * 1024 * 1024;
+/// What one session's settings count besides their environment and labels.
+const SETTINGS_OVERHEAD_BYTES: usize = 256;
 
 /// Environment variables kernelbox sets in every kernel (`src/kernel/spawn.rs`) or in a kernel
 /// with network egress (`src/egress/mod.rs`): a session may not set them, nor any
@@ -173,7 +178,8 @@ impl Settings {
                     "idle_timeout: must be a number of seconds, at least 1",
                 ))
             }
-            Some(secs) if Duration::from_secs_f64(secs) > bounds.idle_timeout => {
+            // Compared as numbers first: a huge one is refused, never made a Duration.
+            Some(secs) if secs > bounds.idle_timeout.as_secs_f64() => {
                 return Err(SettingsError::NotAllowed(format!(
                     "idle_timeout: {secs} s is more than the tenant's maximum, {} s",
                     bounds.idle_timeout.as_secs_f64()
@@ -219,6 +225,18 @@ impl Settings {
             || self.nano_cpus != other.nano_cpus
     }
 
+    /// What the settings hold in memory, roughly: their text and a fixed overhead (what
+    /// [`MAX_SETTINGS_BYTES_PER_TENANT`] counts).
+    pub fn bytes(&self) -> usize {
+        let text: usize = self
+            .env
+            .iter()
+            .chain(self.labels.iter())
+            .map(|(k, v)| k.len() + v.len())
+            .sum();
+        text + SETTINGS_OVERHEAD_BYTES
+    }
+
     /// True when every `filters` pair is one of the labels.
     pub fn matches(&self, filters: &[(String, String)]) -> bool {
         filters
@@ -251,14 +269,30 @@ fn check_env(env: &BTreeMap<String, String>) -> Result<(), SettingsError> {
                 "env: {name:?} is not a variable name ([A-Za-z_][A-Za-z0-9_]*)"
             )));
         }
-        if name.starts_with("KERNELBOX_") || RESERVED_ENV.contains(&name.as_str()) {
-            return Err(invalid(format!("env: {name} is set by kernelbox")));
+        if reserved(name) {
+            return Err(invalid(format!(
+                "env: {name} is set by kernelbox or shapes its processes (KERNELBOX_*, LD_*, \
+                 PYTHON*, PATH, *_PROXY and the variables kernelbox sets are refused)"
+            )));
         }
         if value.contains('\0') {
             return Err(invalid(format!("env: the value of {name} contains NUL")));
         }
     }
     Ok(())
+}
+
+/// A name a session may not set: kernelbox's own, one it sets, or one that changes how the
+/// runner and the file helper (which share the container's environment) load code or reach
+/// the network.
+fn reserved(name: &str) -> bool {
+    let upper = name.to_ascii_uppercase();
+    upper.starts_with("KERNELBOX_")
+        || upper.starts_with("LD_")
+        || upper.starts_with("PYTHON")
+        || upper == "PATH"
+        || upper.ends_with("_PROXY")
+        || RESERVED_ENV.iter().any(|r| r.eq_ignore_ascii_case(name))
 }
 
 fn check_labels(labels: &BTreeMap<String, String>) -> Result<(), SettingsError> {
@@ -377,6 +411,11 @@ mod tests {
                 "invalid_settings",
             ),
             (json!({"env": {"HOME": "/"}}), "invalid_settings"),
+            (json!({"env": {"LD_PRELOAD": "/x.so"}}), "invalid_settings"),
+            (json!({"env": {"PYTHONPATH": "/x"}}), "invalid_settings"),
+            (json!({"env": {"no_proxy": "*"}}), "invalid_settings"),
+            (json!({"env": {"Path": "/x"}}), "invalid_settings"),
+            (json!({"idle_timeout": 1e20}), "settings_not_allowed"),
             (json!({"env": {"1A": "x"}}), "invalid_settings"),
             (json!({"env": {"A": "a\u{0}b"}}), "invalid_settings"),
             (json!({"labels": {"a b": "x"}}), "invalid_settings"),

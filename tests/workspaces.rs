@@ -500,6 +500,50 @@ async fn a_workspace_goes_out_and_in_as_a_tar_without_its_sessions_kernel() {
     );
     assert!(api.kernels("tok-a").await.is_empty());
 
+    // A client that goes away while the transfer kernel starts leaves nothing behind: the
+    // start finishes and the kernel is removed (only the workspace volumes stay).
+    {
+        use tokio::io::AsyncWriteExt;
+        let addr = api.base.trim_start_matches("http://").to_string();
+        let mut conn = tokio::net::TcpStream::connect(&addr)
+            .await
+            .expect("connect");
+        let head = format!(
+            "GET /v1/sessions/s/workspace HTTP/1.1\r\nhost: {addr}\r\n\
+             authorization: Bearer tok-a\r\n\r\n"
+        );
+        conn.write_all(head.as_bytes()).await.expect("send");
+        // Long enough for the request to reach the transfer kernel's start, not its end.
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        drop(conn);
+        assert!(
+            common::wait_gone(&srv.engine, &srv.label, Duration::from_secs(30))
+                .await
+                .is_some(),
+            "a transfer kernel was left: {:?}",
+            common::containers(&srv.engine, &srv.label).await
+        );
+        // A kernel's staging volume goes right after its container.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let staging: Vec<_> = common::volumes(&srv.engine, &srv.label)
+                .await
+                .into_iter()
+                .filter(|v| {
+                    v.labels.get("io.kernelbox.role").map(String::as_str) != Some("workspace")
+                })
+                .collect();
+            if staging.is_empty() {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "volumes left: {staging:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     // Another tenant's, a missing one, a tenant without workspaces: 404.
     for (token, session) in [("tok-e", "s"), ("tok-a", "never"), ("tok-p", "s")] {
         let r = api

@@ -6,8 +6,10 @@
 //! kernel: no caps, no generation, no catalog row), disposed of when the transfer ends. The
 //! files are read and written by the file helper inside that sandbox, never by the host
 //! (a hostile tenant's symlinks and special files stay out of the server's reach). Transfer
-//! kernels are few at once: [`MAX_TRANSFERS`] on the host, [`MAX_TRANSFERS_PER_TENANT`] per
-//! tenant; one more is `429 too_many_transfers`.
+//! kernels are few at once: [`MAX_TRANSFERS_PER_TENANT`] per tenant, [`MAX_TRANSFERS`] on the
+//! host; one more is `429 too_many_transfers`. A transfer kernel is made, and its transfer
+//! started, in work that outlives the request (`adopt.rs`): a client that goes away mid-start
+//! leaves nothing behind.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -17,8 +19,9 @@ use crate::files::{ByteStream, Download, FilePath, TransferError, Written};
 use crate::kernel::{Kernel, SpawnRequest};
 use crate::owner::Owner;
 
-/// Transfer kernels on the host at once.
-pub const MAX_TRANSFERS: usize = 4;
+/// Transfer kernels on the host at once. Tenants are few (a tenants file), so the per-tenant
+/// cap bounds them first; this one bounds a host with many tenants.
+pub const MAX_TRANSFERS: usize = 16;
 /// Transfer kernels of one tenant at once.
 pub const MAX_TRANSFERS_PER_TENANT: usize = 2;
 
@@ -114,6 +117,8 @@ struct TransferKernel {
     slot: Option<TransferSlot>,
     /// The workspace was made for this transfer (a failed upload deletes it again).
     made: bool,
+    /// Which opening of the workspace this transfer's is (`Workspaces::open`).
+    opening: u64,
 }
 
 impl TransferKernel {
@@ -148,8 +153,19 @@ impl Orchestrator {
             other => return other,
         }
         let owner = self.workspace_owner(scope)?;
-        let transfer = self.transfer_kernel(scope, &owner, false).await?;
-        let download = transfer.kernel.read_file(&FilePath::root(), true).await?;
+        let (me, scope, who) = (self.clone(), scope.clone(), owner.clone());
+        // The transfer kernel is made and its download started even if the caller goes away
+        // meanwhile: dropped then, it is removed (never half made and left).
+        let started = crate::orchestrator::adopt::run_adopted(&self.inner.tracker, async move {
+            let transfer = me.transfer_kernel(&scope, &who, false).await?;
+            let download = transfer.kernel.read_file(&FilePath::root(), true).await?;
+            Ok::<_, FileError>((transfer, download))
+        })
+        .await
+        .unwrap_or_else(|panic| {
+            Err(TransferError::Helper(format!("the download task failed: {panic}")).into())
+        });
+        let (transfer, download) = started?;
         let Download::Tar { body } = download else {
             return Err(TransferError::Helper("a tar was asked for".into()).into());
         };
@@ -178,32 +194,38 @@ impl Orchestrator {
                 .write_file(&FileRequest::new(scope.clone()), &root, true, body)
                 .await;
         }
-        let transfer = self.transfer_kernel(scope, &owner, true).await?;
         let cap = self.inner.config.files.max_upload_bytes;
         let body = self.count_upload(&owner, body);
-        let workspaces = self.inner.workspaces.clone();
-        // Runs to its end even if the caller goes away: the helper confirms its clean-up
-        // before the transfer kernel goes, and it is gone before the answer. A workspace made
-        // for an upload that failed is deleted again: nothing is left of it.
+        let (me, scope) = (self.clone(), scope.clone());
+        // Runs to its end even if the caller goes away: the transfer kernel is made, the
+        // helper confirms its clean-up, and the kernel is gone before the answer.
         crate::orchestrator::adopt::run_adopted(&self.inner.tracker, async move {
+            let transfer = me.transfer_kernel(&scope, &owner, true).await?;
             let kernel = transfer.kernel.clone();
-            let made = transfer.made;
+            let (made, opening) = (transfer.made, transfer.opening);
             let written = kernel.write_file(&root, true, body, cap).await;
             transfer.finish().await;
-            if let (Err(_), true, Some(workspaces)) = (&written, made, workspaces) {
-                if let Err(e) = workspaces.delete(&owner.tenant, &owner.to_string()).await {
-                    tracing::warn!(workspace = %owner, error = %e, "deleting a workspace made for a failed upload");
-                }
+            if written.is_err() && made {
+                me.forget_made_workspace(&owner, opening).await;
             }
-            written
+            written.map_err(FileError::from)
         })
         .await
         .unwrap_or_else(|panic| {
-            Err(TransferError::Helper(format!(
-                "the upload task failed: {panic}"
-            )))
+            Err(TransferError::Helper(format!("the upload task failed: {panic}")).into())
         })
-        .map_err(FileError::from)
+    }
+
+    /// Deletes `owner`'s workspace made for a transfer that failed, unless anything opened it
+    /// since (a kernel, another transfer): nothing is left of a failed upload, and nobody
+    /// else's files are lost.
+    async fn forget_made_workspace(&self, owner: &Owner, opening: u64) {
+        let Some(workspaces) = &self.inner.workspaces else {
+            return;
+        };
+        if let Err(e) = workspaces.delete_unless_reopened(owner, opening).await {
+            tracing::warn!(workspace = %owner, error = %e, "deleting a workspace made for a failed upload");
+        }
     }
 
     /// Deletes `tenant`'s workspace `name` (docs/workspaces.md), once the transfer kernels
@@ -267,11 +289,11 @@ impl Orchestrator {
             }
             .into());
         };
+        let key = self.kernel_key(owner.clone(), scope)?;
         let (uid, gid) = crate::kernel::parse_user(&inner.config.spec.sandbox.user);
         let workspace = workspaces.open(owner, &policy, uid, gid, create).await?;
-        let made = !workspace.info.restored;
-        let key = self.kernel_key(owner.clone(), scope)?;
-        let kernel = Kernel::spawn(SpawnRequest {
+        let (made, opening) = (!workspace.info.restored, workspace.opening);
+        let spawned = Kernel::spawn(SpawnRequest {
             workspace: Some(workspace),
             network: None,
             engine: inner.engine.clone(),
@@ -288,13 +310,22 @@ impl Orchestrator {
             preload: &[],
             settings: None,
         })
-        .await
-        .map_err(|e| FileError::Execute(e.into()))?;
+        .await;
+        let kernel = match spawned {
+            Ok(kernel) => kernel,
+            Err(e) => {
+                if made {
+                    self.forget_made_workspace(owner, opening).await;
+                }
+                return Err(FileError::Execute(e.into()));
+            }
+        };
         Ok(TransferKernel {
             orchestrator: self.clone(),
             kernel,
             slot: Some(slot),
             made,
+            opening,
         })
     }
 }

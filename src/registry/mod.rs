@@ -169,8 +169,8 @@ struct Inner {
     pool_pending: usize,
     /// On a cluster node: what the fair shares are of (`admission.rs`).
     cluster: Option<ClusterShares>,
-    /// Sessions' settings by tenant and session (`settings.rs`).
-    settings: HashMap<(String, String), settings::Kept>,
+    /// Sessions' settings by tenant, then session (`settings.rs`).
+    settings: HashMap<String, settings::TenantSettings>,
     /// Counts settings changes (their order, for forgetting the oldest).
     settings_seq: u64,
 }

@@ -1,13 +1,16 @@
 //! Sessions' settings (`src/settings.rs`) in the registry's books: kept per tenant and
 //! session under the registry's one lock, so that the reaper reads a session's idle timeout
 //! and a new slot records the settings its kernel starts with in the same critical section
-//! as its admission.
+//! as its admission. Bounded per tenant by count and by bytes; looked up without allocating.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use super::{Inner, Registry};
 use crate::owner::Owner;
-use crate::settings::{Settings, SettingsError, MAX_SESSIONS_PER_TENANT};
+use crate::settings::{
+    Settings, SettingsError, MAX_SESSIONS_PER_TENANT, MAX_SETTINGS_BYTES_PER_TENANT,
+};
 
 /// The settings of one session, and when they were set (an increasing count).
 #[derive(Debug)]
@@ -16,28 +19,31 @@ pub(super) struct Kept {
     set_at: u64,
 }
 
+/// One tenant's sessions' settings and the bytes they hold.
+#[derive(Debug, Default)]
+pub(super) struct TenantSettings {
+    sessions: HashMap<String, Kept>,
+    bytes: usize,
+}
+
 impl Inner {
     /// The settings of `owner`'s session, if it has any.
     pub(super) fn settings_of(&self, owner: &Owner) -> Option<Arc<Settings>> {
         self.settings
-            .get(&(owner.tenant.clone(), owner.session.clone()))
+            .get(&owner.tenant)?
+            .sessions
+            .get(&owner.session)
             .map(|k| k.settings.clone())
-    }
-
-    /// True when a live slot belongs to `tenant`'s `session`.
-    fn session_live(&self, tenant: &str, session: &str) -> bool {
-        self.slots
-            .keys()
-            .any(|k| k.owner.tenant == tenant && k.owner.session == session)
     }
 }
 
 impl Registry {
     /// Sets `tenant`'s `session`'s settings (replacing any). Returns true when a live kernel
     /// of the session was started with another environment, memory or CPU (they apply from
-    /// its next kernel). A tenant holding [`MAX_SESSIONS_PER_TENANT`] sessions' settings
-    /// forgets those of its sessions with no live kernel first, least recently set; when all
-    /// have one, the new session's are refused.
+    /// its next kernel). A tenant past [`MAX_SESSIONS_PER_TENANT`] sessions or
+    /// [`MAX_SETTINGS_BYTES_PER_TENANT`] bytes of settings forgets those of its sessions with
+    /// no live kernel first, least recently set; when that is not enough, the new settings
+    /// are refused and the old ones kept.
     pub fn set_settings(
         &self,
         tenant: &str,
@@ -45,28 +51,13 @@ impl Registry {
         settings: Settings,
     ) -> Result<bool, SettingsError> {
         let mut inner = self.lock();
-        let id = (tenant.to_string(), session.to_string());
-        if !inner.settings.contains_key(&id) {
-            let held = inner.settings.keys().filter(|(t, _)| t == tenant).count();
-            if held >= MAX_SESSIONS_PER_TENANT {
-                let oldest = inner
-                    .settings
-                    .iter()
-                    .filter(|((t, s), _)| t == tenant && !inner.session_live(t, s))
-                    .min_by_key(|(_, kept)| kept.set_at)
-                    .map(|(id, _)| id.clone());
-                match oldest {
-                    Some(id) => {
-                        inner.settings.remove(&id);
-                    }
-                    None => {
-                        return Err(SettingsError::TooMany {
-                            tenant: tenant.to_string(),
-                        })
-                    }
-                }
-            }
-        }
+        let size = settings.bytes();
+        let live: HashSet<&str> = inner
+            .slots
+            .keys()
+            .filter(|k| k.owner.tenant == tenant)
+            .map(|k| k.owner.session.as_str())
+            .collect();
         let empty = Settings::default();
         let restart = inner
             .slots
@@ -78,10 +69,47 @@ impl Registry {
                     .unwrap_or(&empty)
                     .start_differs(&settings)
             });
+        // What may be forgotten to make room: sessions with no live kernel, oldest first.
+        let mut spare: Vec<(u64, String, usize)> = inner
+            .settings
+            .get(tenant)
+            .map(|t| {
+                t.sessions
+                    .iter()
+                    .filter(|(s, _)| s.as_str() != session && !live.contains(s.as_str()))
+                    .map(|(s, k)| (k.set_at, s.clone(), k.settings.bytes()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        drop(live);
+        spare.sort();
         inner.settings_seq += 1;
         let set_at = inner.settings_seq;
-        inner.settings.insert(
-            id,
+        let mine = inner.settings.entry(tenant.to_string()).or_default();
+        let replaced = mine.sessions.get(session).map_or(0, |k| k.settings.bytes());
+        let new = usize::from(!mine.sessions.contains_key(session));
+        let mut count = mine.sessions.len() + new;
+        let mut bytes = mine.bytes - replaced + size;
+        let mut forget = Vec::new();
+        for (_, name, held) in spare {
+            if count <= MAX_SESSIONS_PER_TENANT && bytes <= MAX_SETTINGS_BYTES_PER_TENANT {
+                break;
+            }
+            count -= 1;
+            bytes -= held;
+            forget.push(name);
+        }
+        if count > MAX_SESSIONS_PER_TENANT || bytes > MAX_SETTINGS_BYTES_PER_TENANT {
+            return Err(SettingsError::TooMany {
+                tenant: tenant.to_string(),
+            });
+        }
+        for name in forget {
+            mine.sessions.remove(&name);
+        }
+        mine.bytes = bytes;
+        mine.sessions.insert(
+            session.to_string(),
             Kept {
                 settings: Arc::new(settings),
                 set_at,
@@ -94,7 +122,9 @@ impl Registry {
     pub fn settings(&self, tenant: &str, session: &str) -> Option<Arc<Settings>> {
         self.lock()
             .settings
-            .get(&(tenant.to_string(), session.to_string()))
+            .get(tenant)?
+            .sessions
+            .get(session)
             .map(|k| k.settings.clone())
     }
 }

@@ -503,3 +503,39 @@ async fn a_claimed_session_takes_the_clusters_generation_and_loss_over_what_this
     // A key the entries do not name keeps what this node knows.
     assert_eq!(use_once(&reg, &other).slot.generation, 1);
 }
+
+#[test]
+fn sessions_settings_past_the_tenants_byte_budget_forget_the_oldest_idle_ones_first() {
+    use crate::settings::{Settings, MAX_SETTINGS_BYTES_PER_TENANT};
+    let reg = Registry::new(8, Duration::from_secs(60));
+    let big = |tag: &str| Settings {
+        env: [("V".to_string(), tag.repeat(32 * 1024 - 1))].into(),
+        ..Settings::default()
+    };
+    let per = big("x").bytes();
+    let fit = MAX_SETTINGS_BYTES_PER_TENANT / per;
+    for i in 0..=fit {
+        reg.set_settings("t", &format!("s{i}"), big("x"))
+            .expect("room is made");
+    }
+    // The oldest went to make room for the last; the newest and another tenant's stay.
+    assert!(reg.settings("t", "s0").is_none());
+    assert!(reg.settings("t", &format!("s{fit}")).is_some());
+    reg.set_settings("u", "s0", big("y"))
+        .expect("another tenant");
+    assert!(reg.settings("u", "s0").is_some());
+    // A session with a live kernel is never forgotten: with every session live, a new one
+    // past the budget is refused and the old settings stay.
+    let reg = Registry::new(fit + 8, Duration::from_secs(60));
+    for i in 0..fit {
+        let s = format!("s{i}");
+        reg.set_settings("t", &s, big("x")).expect("fits");
+        let _held = att(&reg, &tkey("t", &s, None));
+    }
+    assert_eq!(
+        reg.set_settings("t", "late", big("x"))
+            .map_err(|e| e.code()),
+        Err("too_many_settings")
+    );
+    assert!(reg.settings("t", "s0").is_some());
+}

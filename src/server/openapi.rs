@@ -97,7 +97,7 @@ fn files_paths(auth_errors: &Value) -> Value {
                 "responses": with(&common, json!({
                     "200": {"description": "The tar stream.", "content": {"application/x-tar": {"schema": {"type": "string", "format": "binary"}}}},
                     "404": error_response("`workspace_not_found`: the tenant has no workspaces, or none of this name."),
-                    "429": error_response("`too_many_transfers`: 2 per tenant (4 on the host) run at once; retry.")
+                    "429": error_response("`too_many_transfers`: 2 per tenant (16 on the host) run at once; retry.")
                 }))
             },
             "put": {

@@ -109,6 +109,9 @@ pub struct Prepared {
     pub volume: String,
     /// What the result reports.
     pub info: crate::cell::WorkspaceInfo,
+    /// Which opening of the workspace this is (each [`Workspaces::open`] counts one): what
+    /// [`Workspaces::delete_unless_reopened`] checks.
+    pub opening: u64,
 }
 
 /// The workspaces of this host.
@@ -120,6 +123,9 @@ pub struct Workspaces {
     /// One change at a time: a sweep never deletes what a start is preparing, two starts
     /// never make the same workspace twice.
     lock: tokio::sync::Mutex<()>,
+    /// Openings counted (`.0`) and each volume's last (`.1`; one entry per workspace, gone
+    /// with it).
+    openings: std::sync::Mutex<(u64, std::collections::HashMap<String, u64>)>,
 }
 
 /// The short hash of an images' directory ([`DIR_LABEL`]).
@@ -162,6 +168,7 @@ impl Workspaces {
             config,
             extra_labels,
             lock: tokio::sync::Mutex::new(()),
+            openings: std::sync::Mutex::default(),
         })
     }
 
@@ -256,13 +263,48 @@ impl Workspaces {
             return Err(e);
         }
         disk::touch(&image)?;
+        let opening = {
+            let mut openings = self.openings.lock().unwrap_or_else(|p| p.into_inner());
+            openings.0 += 1;
+            let n = openings.0;
+            openings.1.insert(volume.clone(), n);
+            n
+        };
         Ok(Prepared {
             volume,
             info: crate::cell::WorkspaceInfo {
                 name: owner.to_string(),
                 restored,
             },
+            opening,
         })
+    }
+
+    /// Deletes `owner`'s workspace when nothing opened it since `opening` (a kernel's start,
+    /// another transfer) and no container uses it: a workspace made for an upload that failed
+    /// goes, one anybody else touched meanwhile stays. True when it was deleted.
+    pub async fn delete_unless_reopened(
+        &self,
+        owner: &Owner,
+        opening: u64,
+    ) -> Result<bool, WorkspaceError> {
+        let _one = self.lock.lock().await;
+        let volume = volume_name(&self.config.dir, &owner.tenant, &owner.to_string());
+        let last = self
+            .openings
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .1
+            .get(&volume)
+            .copied();
+        if last != Some(opening) {
+            return Ok(false);
+        }
+        match self.destroy(&volume).await {
+            Ok(()) => Ok(true),
+            Err(WorkspaceError::Engine(EngineError::VolumeInUse { .. })) => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     /// The volume of the image `image` attached: made, or made anew when it names another
@@ -343,6 +385,11 @@ impl Workspaces {
     /// Removes the volume (refused while in use), then its image.
     async fn destroy(&self, volume: &str) -> Result<(), WorkspaceError> {
         remove_volume(self.engine.as_ref(), volume, InUse::Fail).await?;
+        self.openings
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .1
+            .remove(volume);
         disk::destroy(&disk::image_path(&self.config.dir, volume)).await
     }
 

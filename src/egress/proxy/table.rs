@@ -67,7 +67,10 @@ impl ConnBytes {
             self.bytes_in.load(Ordering::Relaxed),
             self.bytes_out.load(Ordering::Relaxed),
         );
-        let delta = (now.0 - reported.0, now.1 - reported.1);
+        let delta = (
+            now.0.saturating_sub(reported.0),
+            now.1.saturating_sub(reported.1),
+        );
         *reported = now;
         delta
     }

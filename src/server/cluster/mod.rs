@@ -406,6 +406,12 @@ impl ClusterNode {
         })
     }
 
+    /// True when this node's view has `name` draining.
+    fn peer_draining(&self, name: &str) -> bool {
+        let view = self.view.lock().unwrap_or_else(|p| p.into_inner());
+        view.peers.get(name).is_some_and(|p| p.draining)
+    }
+
     fn remember(&self, tenant: &str, session: &str, target: &Target) {
         let mut view = self.view.lock().unwrap_or_else(|p| p.into_inner());
         if view.placements.len() >= MAX_PLACEMENTS {

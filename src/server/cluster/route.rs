@@ -88,22 +88,21 @@ impl ClusterNode {
         session: &str,
         forwarded: bool,
     ) -> Result<Route, ApiError> {
-        // A session's workspace is read where it is (`GET .../workspace` needs no kernel).
-        if let Some(home) = self.workspace_home(tenant, session, forwarded).await {
-            self.remember(&tenant.name, session, &home);
-            return Ok(Route::Forward(home));
-        }
-        let tenant = tenant.name.as_str();
-        let found = self.store.lookup(tenant, session).await;
+        let found = self.store.lookup(&tenant.name, session).await;
         match found {
             Ok(Some(p)) if p.live && p.node_current && p.node != self.options.node => {
                 if forwarded {
                     return Err(second_hop(&p.node));
                 }
                 let target = target_of(&p);
-                self.remember(tenant, session, &target);
+                self.remember(&tenant.name, session, &target);
                 Ok(Route::Forward(target))
             }
+            // A session's workspace is read where it is (`GET .../workspace` needs no kernel).
+            Ok(Some(p)) if !forwarded && tenant.workspaces.is_some() => match self.home_of(&p) {
+                Some(home) => Ok(Route::Forward(home)),
+                None => Ok(Route::Here { claimed: false }),
+            },
             // Nowhere else (or the catalog is down): what this node has answers.
             _ => Ok(Route::Here { claimed: false }),
         }
@@ -199,7 +198,7 @@ impl ClusterNode {
 
 impl ClusterNode {
     /// The node holding the workspace of `tenant`'s `session` when it is another live node
-    /// (of any epoch: a node that restarted keeps its disk): a session of a tenant with
+    /// that is not draining (of any epoch: a node that restarted keeps its disk): a session of a tenant with
     /// workspaces is placed where its files are (docs/workspaces.md, "In a cluster"). `None`
     /// for a tenant without workspaces, a forwarded request, a session last served here or
     /// never placed, or one whose node is gone (its files with it: the next kernel reports
@@ -214,16 +213,17 @@ impl ClusterNode {
             return None;
         }
         let placed = self.store.lookup(&tenant.name, session).await.ok()??;
+        self.home_of(&placed)
+    }
+
+    /// The node of `placed` when it is another node that is live and not draining, as this
+    /// node's view of the cluster (refreshed with every lease renewal) has it.
+    fn home_of(&self, placed: &Placement) -> Option<Target> {
         if placed.node == self.options.node {
             return None;
         }
-        if let Some(target) = self.live_peer(&placed.node) {
-            return Some(target);
-        }
-        // The view may not have caught up with a node that rejoined: read it again.
-        let rows = self.store.nodes().await.ok()?;
-        self.refresh_view(rows);
         self.live_peer(&placed.node)
+            .filter(|_| !self.peer_draining(&placed.node))
     }
 
     /// Where a request of an MCP session made by node `creator` (not this one) goes: to that
