@@ -20,9 +20,11 @@ Messages, host -> runner:  {"op": "exec", "cell": N, "code": str, "marker": str,
                             "display": str, "display_caps": {"bundle", "cell", "overhead"}}
                            {"op": "tool_result", "call": N, "ok": bool, "result": any, "error": str}
                            {"op": "ping"}
+                           {"op": "hibernate", "token": str, "staging": str}  (docs/runtimes.md, "Hibernation")
 Messages, runner -> host:  {"op": "ready", "v": 3, "python": str, "pid": N}       (stderr)
                            {"op": "tool_call", "cell": N|null, "call": N, "tool": str, "args": {}}
                            {"op": "pong"}
+                           {"op": "hibernating", "ok": bool, "error": str}
                            MARKER {"op": "done", "cell": N,
                             "status": "ok"|"error"|"exit"|"interrupted",
                             "traceback": str|null, "execution_count": N, "exit_code": N,
@@ -301,9 +303,19 @@ class _Inbox:
             self.results[msg.get("call")] = msg
         elif op == "ping":
             self.ch.send({"op": "pong"})
+        elif op == "hibernate":
+            _hibernate(self.ch, msg.get("token"), msg.get("staging"), _RUNNER[0])
 
 
-def _watch_hangup(fd):
+# The runner, for what hibernation closes and reopens (see _hibernate).
+_RUNNER = [None]
+
+# Bumped when the kernel hibernates: a watcher of an earlier channel returns instead of ending
+# the kernel when that channel closes (see _hibernate).
+_EPOCH = [0]
+
+
+def _watch_hangup(fd, epoch=0):
     """Ends the kernel the moment the host's end of stdin closes, whatever the cell does."""
     poller = _poll()
     poller.register(fd, 0)  # POLLHUP and POLLERR are always reported; data is left alone.
@@ -314,7 +326,138 @@ def _watch_hangup(fd):
             continue
         for _, ev in events:
             if ev & _HANGUP:
+                if _EPOCH[0] != epoch:
+                    return
                 _exit(0)
+
+
+# Where a hibernating kernel keeps its staging volume's files (see _hibernate): /tmp is the
+# sandbox's own memory, saved with the checkpoint.
+_STASH = "/tmp/.kernelbox-hibernated"
+
+
+def _move_all(source, target):
+    """Moves every entry of ``source`` into ``target``; on a failure moves back what it moved
+    and raises."""
+    import shutil
+
+    moved = []
+    try:
+        for name in os.listdir(source):
+            shutil.move(os.path.join(source, name), os.path.join(target, name))
+            moved.append(name)
+    except BaseException:
+        for name in moved:
+            try:
+                shutil.move(os.path.join(target, name), os.path.join(source, name))
+            except OSError:
+                pass
+        raise
+
+
+def _open_under(directory):
+    """Descriptors of this process open on files under ``directory``."""
+    found = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink("/proc/self/fd/" + name)
+        except OSError:
+            continue
+        if target == directory or target.startswith(directory + "/"):
+            found.append(target)
+    return found
+
+
+def _hibernate(ch, token, staging, runner):
+    """The host checkpoints this kernel (docs/runtimes.md, "Hibernation"): the runner drops its
+    channel, answers ``hibernating`` and waits on the abstract Unix socket named by the host's
+    token. Once restored, the host starts a relay by exec that presents the token and hands
+    over its stdin, stdout and stderr: they become the channel, and the runner says ``ready``
+    again. Only an idle kernel hibernates (the host holds the cell lock); the socket module is
+    imported only here, so kernels that never hibernate do not pay for it."""
+    import _socket
+    import array
+
+    if not (isinstance(token, str) and token.isalnum() and 16 <= len(token) <= 64):
+        ch.send({"op": "hibernating", "ok": False, "error": "bad token"})
+        return
+    # The staging volume is the host's memory and comes back empty after a restore, while
+    # /tmp is the sandbox's own and is saved with it: the volume's files wait in /tmp and go
+    # back before the runner speaks again. Nothing may hold one of them open through the
+    # checkpoint (a file missing at restore fails it): the status file is closed and
+    # reopened, and a kernel whose cells hold one open does not hibernate.
+    if not (isinstance(staging, str) and staging.startswith("/") and os.path.isdir(staging)):
+        staging = None
+    if runner is not None and runner.status_fd is not None:
+        _close(runner.status_fd)
+        runner.status_fd = None
+
+    def refuse(error):
+        if runner is not None:
+            runner.status_fd = _open_status(runner.status_path)
+        ch.send({"op": "hibernating", "ok": False, "error": error})
+
+    held = _open_under(staging) if staging else []
+    if held:
+        refuse("files are open under %s: %s" % (staging, ", ".join(held[:4])))
+        return
+    if staging:
+        try:
+            os.makedirs(_STASH, mode=0o700, exist_ok=True)
+            _move_all(staging, _STASH)
+        except Exception as exc:
+            refuse("cannot keep the files of %s: %s" % (staging, exc))
+            return
+    try:
+        listener = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        listener.bind(b"\0kernelbox-resume-" + token.encode())
+        listener.listen(4)
+    except OSError as exc:
+        if staging:
+            _move_all(_STASH, staging)
+        refuse(str(exc))
+        return
+    _EPOCH[0] += 1
+    _dup2(ch.null, ch.inp)
+    ch.send({"op": "hibernating", "ok": True})
+    want = token.encode()
+    fds = array.array("i")
+    try:
+        while True:
+            conn = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM, 0, listener._accept()[0])
+            try:
+                conn.settimeout(5)
+                msg, ancillary, _, _ = conn.recvmsg(128, _socket.CMSG_SPACE(3 * fds.itemsize))
+                for level, kind, data in ancillary:
+                    if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+                        fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+            except OSError:
+                msg = b""
+            finally:
+                conn.close()
+            if msg == want and len(fds) == 3:
+                break
+            for fd in fds:
+                _close(fd)
+            del fds[:]
+    finally:
+        listener.close()
+    _dup2(fds[0], ch.inp)
+    _dup2(fds[2], ch.out)
+    _dup2(fds[1], ch.cell_out)
+    for fd in fds:
+        _close(fd)
+    ch.restore_fds()
+    if staging:
+        try:
+            _move_all(_STASH, staging)
+            os.rmdir(_STASH)
+        except Exception:
+            pass  # what could not go back stays in the stash: the kernel goes on
+    if runner is not None:
+        runner.status_fd = _open_status(runner.status_path)
+    _thread.start_new_thread(_watch_hangup, (ch.inp, _EPOCH[0]))
+    ch.send({"op": "ready", "v": PROTOCOL_VERSION, "python": sys.version.split()[0], "pid": _getpid()})
 
 
 class _Interrupts:
@@ -424,6 +567,7 @@ class _Runner:
         self.thread_cells = {}
         self.next_call = 0
         self.pid = _getpid()
+        self.status_path = status_path
         self.status_fd = _open_status(status_path)
         # Rich results; the builtin ``display`` is put back before every cell.
         self.display = _Display(channel, os.getcwd(), rich_source)
@@ -905,6 +1049,7 @@ def main():
     sys.stdout = _text_stream(1)
     sys.stderr = _text_stream(2)
     runner = _Runner(channel, status_path, rich_source, preload)
+    _RUNNER[0] = runner
     os.register_at_fork(after_in_child=channel.close_in_child)
     sys.modules["kernel_tools"] = _tools_module(runner)
     # matplotlib, when a cell imports it, gets the inline backend (runner/rich.py).

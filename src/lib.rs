@@ -74,7 +74,9 @@ pub mod wire;
 pub mod workspace;
 
 pub use authority::{CellAuthority, FnDispatcher, RawToolCall, ToolCall, ToolDispatcher};
-pub use cell::{CellResult, CellStatus, KernelInfo, LossReason, StateLost, WorkspaceInfo};
+pub use cell::{
+    CellResult, CellStatus, KernelInfo, LossReason, Restored, StateLost, WorkspaceInfo,
+};
 pub use config::{Config, KernelRuntime, Sandbox, WorkMode};
 pub use docker::{BollardEngine, Engine, EngineError};
 pub use files::{Download, FileEntry, FilePath, Listing, TransferError, Written};

@@ -140,7 +140,7 @@ pub struct StateLost {
 }
 
 /// The kernel part of a result.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default, schemars::JsonSchema)]
 pub struct KernelInfo {
     /// Container id (short).
     pub id: String,
@@ -162,6 +162,22 @@ pub struct KernelInfo {
     /// (`docs/workspaces.md`).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub workspace: Option<WorkspaceInfo>,
+    /// Present on the first call after the kernel came back from hibernation: its memory,
+    /// variables and files are as they were (`docs/runtimes.md`, "Hibernation").
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub restored: Option<Restored>,
+}
+
+/// How a hibernated kernel came back (`docs/runtimes.md`, "Hibernation").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct Restored {
+    /// Why it had hibernated: `idle` (past its idle timeout).
+    pub from: String,
+    /// How long its checkpoint took.
+    pub checkpoint_seconds: f64,
+    /// How long its restore took (the container started from the checkpoint and the runner
+    /// reconnected), part of this call's time.
+    pub restore_seconds: f64,
 }
 
 /// The workspace a kernel's `/work` is (`docs/workspaces.md`).

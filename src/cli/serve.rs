@@ -46,6 +46,18 @@ pub(crate) struct ServeArgs {
     /// The longest idle timeout one session may ask for (e.g. 4h; default: --idle-timeout).
     #[arg(long, env = "KERNELBOX_SESSION_MAX_IDLE_TIMEOUT", value_parser = parse_duration)]
     session_max_idle_timeout: Option<Duration>,
+    /// Idle kernels are checkpointed and stopped instead of reaped, and the owner's next call
+    /// restores them with their memory (kernels under runsc only: --runtime runsc, or a
+    /// tenant's `runtime`; docs/runtimes.md "Hibernation"). With --tenants, every tenant's;
+    /// or give a tenant `"hibernate": true` there instead.
+    #[arg(long, env = "KERNELBOX_HIBERNATE")]
+    hibernate: bool,
+    /// Most hibernated kernels kept on the host; past it the oldest checkpoint goes.
+    #[arg(long, env = "KERNELBOX_HIBERNATE_MAX", default_value_t = kernelbox::config::DEFAULT_HIBERNATE_MAX_KERNELS)]
+    hibernate_max: usize,
+    /// A checkpoint older than this is discarded and its loss reported (e.g. 24h).
+    #[arg(long, env = "KERNELBOX_HIBERNATE_MAX_AGE", default_value = "24h", value_parser = parse_duration)]
+    hibernate_max_age: Duration,
     /// Every session of the tenant without a tenants file gets a workspace: its /work kept
     /// past its kernel (docs/workspaces.md). With --tenants, give each tenant its
     /// `workspaces` there instead.
@@ -463,6 +475,15 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     config.workspaces =
         workspaces_config(&args, &tenants, config.housekeeping.state_dir.as_deref())?;
     config.audit = audit_config(&args, &tenants, config.housekeeping.state_dir.as_deref())?;
+    let hibernating = tenants.hibernating();
+    if args.hibernate || !hibernating.is_empty() {
+        config.hibernate = Some(kernelbox::config::HibernateConfig {
+            tenants: (!args.hibernate).then_some(hibernating),
+            max_kernels: args.hibernate_max,
+            max_age: args.hibernate_max_age,
+            ..Default::default()
+        });
+    }
     let config = config.validate()?;
     tenants
         .check_reserved(config.kernels.max_session_kernels)

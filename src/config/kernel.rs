@@ -84,6 +84,10 @@ pub struct Sandbox {
     pub work_bytes: Option<u64>,
     /// The OCI runtime (the server's; a tenant's own is in [`Config::tenant_runtimes`]).
     pub runtime: KernelRuntime,
+    /// The container stays when its process stops, until kernelbox removes it (set when
+    /// kernels hibernate: a checkpoint stops the container it keeps; `docs/runtimes.md`);
+    /// otherwise the engine removes it by itself.
+    pub keep_stopped: bool,
 }
 
 impl Default for Sandbox {
@@ -98,6 +102,7 @@ impl Default for Sandbox {
             user: "10000:10000".into(),
             work_bytes: Some(256 * 1024 * 1024),
             runtime: KernelRuntime::Runc,
+            keep_stopped: false,
         }
     }
 }

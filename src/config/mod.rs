@@ -11,6 +11,7 @@
 //! |---|---|
 //! | `kernel.rs` | [`KernelSpec`], [`Sandbox`], [`WorkMode`], [`KernelRuntime`]: what a kernel is made from |
 //! | `limits.rs` | [`CellLimits`], [`OutputCaps`], [`DisplayCaps`], [`KernelLimits`], [`PoolConfig`], [`FileTransfer`] and their defaults |
+//! | `hibernate.rs` | [`HibernateConfig`]: which idle kernels hibernate, and the bounds |
 //! | `housekeeping.rs` | [`Housekeeping`], [`RunawayWatch`] |
 //! | `egress.rs` | [`EgressConfig`], [`CredentialsConfig`] |
 //! | `workspaces.rs` | [`WorkspacesConfig`], [`WorkspacePolicy`] and their defaults |
@@ -20,6 +21,7 @@
 use std::collections::BTreeMap;
 
 mod egress;
+mod hibernate;
 mod housekeeping;
 mod kernel;
 mod limits;
@@ -27,6 +29,7 @@ mod validate;
 mod workspaces;
 
 pub use egress::*;
+pub use hibernate::*;
 pub use housekeeping::*;
 pub use kernel::*;
 pub use limits::*;
@@ -63,6 +66,9 @@ pub struct Config {
     /// The audit trail of what ran, for the tenants that opt in (`docs/usage.md`, "Audit
     /// trail"); `None`: none is kept.
     pub audit: Option<crate::audit::AuditConfig>,
+    /// Idle kernels checkpointed instead of reaped (`docs/runtimes.md`, "Hibernation");
+    /// `None`: none hibernates.
+    pub hibernate: Option<HibernateConfig>,
 }
 
 impl Default for Config {
@@ -79,6 +85,7 @@ impl Default for Config {
             tenant_runtimes: BTreeMap::new(),
             workspaces: None,
             audit: None,
+            hibernate: None,
         }
     }
 }

@@ -87,7 +87,10 @@ impl Config {
         self.spec.mode.check()?;
         self.check_instance()?;
         self.check_workspaces()?;
-        Ok(ValidConfig(self))
+        let mut config = self;
+        // A checkpoint stops the container it keeps (`docs/runtimes.md`, "Hibernation").
+        config.spec.sandbox.keep_stopped |= config.hibernate.is_some();
+        Ok(ValidConfig(config))
     }
 
     /// Workspaces: strict mode only (in project mode `/work` is the project), an absolute
@@ -196,6 +199,37 @@ impl Config {
     /// (`docs/runtimes.md`): its kernels have no network stack, so a tenant with an egress
     /// policy cannot run under it.
     fn check_runtimes(&self) -> Result<(), ConfigError> {
+        if let Some(hibernate) = &self.hibernate {
+            // Only gVisor's runsc can checkpoint a kernel here (`docs/runtimes.md`).
+            let cannot: Vec<&str> = match &hibernate.tenants {
+                None if self.spec.sandbox.runtime != KernelRuntime::Runsc
+                    && !self
+                        .tenant_runtimes
+                        .values()
+                        .any(|r| *r == KernelRuntime::Runsc) =>
+                {
+                    vec!["(every tenant)"]
+                }
+                None => Vec::new(),
+                Some(tenants) => tenants
+                    .iter()
+                    .filter(|t| self.runtime_of(t) != KernelRuntime::Runsc)
+                    .map(String::as_str)
+                    .collect(),
+            };
+            if !cannot.is_empty() {
+                return Err(bad(
+                    "hibernate",
+                    format!(
+                        "hibernation checkpoints kernels under runsc only, and these tenants' kernels run under runc: {}; give them runtime runsc (docs/runtimes.md)",
+                        cannot.join(", ")
+                    ),
+                ));
+            }
+            if hibernate.max_kernels == 0 || hibernate.max_per_tenant == 0 {
+                return Err(bad("hibernate", "its bounds must be at least 1"));
+            }
+        }
         let Some(egress) = &self.egress else {
             return Ok(());
         };

@@ -296,6 +296,37 @@ pub trait Engine: Send + Sync + 'static {
     async fn attach(&self, id: &str) -> Result<Attached, EngineError>;
     /// Starts a created container.
     async fn start(&self, id: &str) -> Result<(), EngineError>;
+    /// Checkpoints a running container's processes into `dir/name` and stops it, keeping it
+    /// (the engine's experimental checkpoints: under gVisor, `docs/runtimes.md`
+    /// "Hibernation"). Engines and runtimes that cannot checkpoint refuse.
+    async fn checkpoint(
+        &self,
+        id: &str,
+        name: &str,
+        dir: &std::path::Path,
+    ) -> Result<(), EngineError> {
+        let _ = (name, dir);
+        Err(EngineError::Other {
+            op: "checkpoint",
+            target: id.to_string(),
+            message: "this engine cannot checkpoint containers".into(),
+        })
+    }
+    /// Starts a stopped container from its checkpoint `dir/name` (made by
+    /// [`Engine::checkpoint`]): its processes resume where they were.
+    async fn start_from_checkpoint(
+        &self,
+        id: &str,
+        name: &str,
+        dir: &std::path::Path,
+    ) -> Result<(), EngineError> {
+        let _ = (name, dir);
+        Err(EngineError::Other {
+            op: "restore",
+            target: id.to_string(),
+            message: "this engine cannot restore checkpoints".into(),
+        })
+    }
     /// Sends SIGKILL; a stopped or missing container is a success.
     async fn kill(&self, id: &str) -> Result<(), EngineError>;
     /// Sends SIGINT to the container's main process (the init passes it on to the runner:

@@ -10,6 +10,7 @@
 //! |---|---|
 //! | `mod.rs` | the [`Kernel`] struct, its state and death, host-memory bounds, dispose |
 //! | `spawn.rs` | create the volume and container (its mounts, the runner's container spec), attach, start, wait for `ready` |
+//! | `hibernate.rs` | hibernation: an idle kernel checkpointed by the engine and stopped ([`Checkpoint`]), and started again from it, its runner reconnected by a relay |
 //! | `command.rs` | a shell command beside the kernel: run by the engine's exec in its own process group, its streams apart under the output caps, the group killed at its timeout |
 //! | `run.rs` | one cell: [`Kernel::run_cell`] waits its turn, begins the cell, turns its `RunningCell` until it ends (output, displays, tool calls dispatched and answered), settles it into a [`CellRun`] |
 //! | `reader.rs` | the attach-stream reader task: output and frames to the cell, a breached kernel killed, deaths told apart |
@@ -25,6 +26,7 @@
 mod command;
 mod display;
 mod files;
+mod hibernate;
 mod pace;
 mod protocol;
 mod reader;
@@ -37,6 +39,7 @@ mod stdin;
 pub(crate) use command::CommandSpec;
 pub use command::{CommandSink, CommandStream};
 pub(crate) use files::prepare_socket_dir;
+pub(crate) use hibernate::{Checkpoint, Restore};
 pub(crate) use spawn::{SpawnRequest, Yield};
 
 use std::collections::BTreeMap;
@@ -196,6 +199,10 @@ pub enum KernelError {
     /// The session's workspace could not be made ready.
     #[error("starting a kernel failed: {0}")]
     Workspace(#[from] crate::workspace::WorkspaceError),
+    /// An idle kernel could not be checkpointed (`hibernate.rs`); it is disposed of and its
+    /// loss reported as before.
+    #[error("hibernating the kernel failed: {0}")]
+    Hibernate(String),
 }
 
 /// What the reader task hands to the running cell.
@@ -292,6 +299,8 @@ struct Shared {
     /// created with auto-remove), while the reader may still be finding out why (up to 5 s)
     /// before the kernel is recorded dead. No rename starts after this.
     exited: std::sync::atomic::AtomicBool,
+    /// The host asked the runner to hibernate and waits for its answer (`hibernate.rs`).
+    hibernating: AtomicBool,
 }
 
 impl Shared {
@@ -301,6 +310,7 @@ impl Shared {
             state: Mutex::new(KernelState::Starting),
             naming: tokio::sync::Mutex::new(()),
             exited: std::sync::atomic::AtomicBool::new(false),
+            hibernating: AtomicBool::new(false),
         }
     }
 
@@ -371,6 +381,8 @@ pub struct Kernel {
     cancel: CancellationToken,
     /// The resident file helper (`files/helper.rs`), ended with the kernel.
     files: Arc<files::Resident>,
+    /// How it came back from hibernation, until the first call reports it (`hibernate.rs`).
+    restored: Mutex<Option<crate::cell::Restored>>,
 }
 
 impl std::fmt::Debug for Kernel {

@@ -138,6 +138,14 @@ pub(super) enum HostFrame<'a> {
         #[serde(skip_serializing_if = "Option::is_none")]
         error: Option<String>,
     },
+    /// Drop the channel and wait for the relay that presents `token` after a restore
+    /// (`docs/runtimes.md`, "Hibernation").
+    Hibernate {
+        /// Names the abstract socket the runner waits on; the relay presents it.
+        token: &'a str,
+        /// Where the staging volume is mounted: its files are kept in the sandbox's memory.
+        staging: &'a str,
+    },
 }
 
 impl HostFrame<'_> {
@@ -234,6 +242,14 @@ pub(super) enum KernelFrame {
     },
     /// Answer to a ping.
     Pong,
+    /// Answer to [`HostFrame::Hibernate`]: the runner waits for its relay (`ok`), or could
+    /// not (`error`).
+    Hibernating {
+        /// Whether the runner is waiting.
+        ok: bool,
+        /// Why it is not.
+        error: Option<String>,
+    },
 }
 
 /// The operation a frame names.
@@ -244,6 +260,7 @@ enum Op {
     Done,
     ToolCall,
     Pong,
+    Hibernating,
 }
 
 /// Every field any [`KernelFrame`] has, as it travels; unknown fields are skipped unread.
@@ -263,6 +280,8 @@ struct WireFrame {
     call: Option<u64>,
     tool: Option<String>,
     args: Option<Box<RawValue>>,
+    ok: Option<bool>,
+    error: Option<String>,
 }
 
 impl TryFrom<WireFrame> for KernelFrame {
@@ -288,6 +307,10 @@ impl TryFrom<WireFrame> for KernelFrame {
                 args: w.args,
             },
             Op::Pong => KernelFrame::Pong,
+            Op::Hibernating => KernelFrame::Hibernating {
+                ok: w.ok.ok_or("hibernating without ok")?,
+                error: w.error,
+            },
         })
     }
 }

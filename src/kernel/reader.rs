@@ -218,9 +218,15 @@ impl ReaderTask {
                     }
                 }
                 KernelFrame::Ready { .. } if !frames.ready_seen => frames.ready_seen = true,
+                // Forwarded only while the host waits for it (`Kernel::hibernate`).
+                KernelFrame::Hibernating { .. }
+                    if self.shared.hibernating.load(Ordering::Acquire) => {}
                 // Nothing waits for these on this channel (a cell's outcome travels after its
                 // end marker on stdout; the host sends no `ping`).
-                KernelFrame::Ready { .. } | KernelFrame::Done { .. } | KernelFrame::Pong => {
+                KernelFrame::Ready { .. }
+                | KernelFrame::Done { .. }
+                | KernelFrame::Pong
+                | KernelFrame::Hibernating { .. } => {
                     if let Err(what) = frames.waste(size) {
                         return self.trip(what);
                     }

@@ -24,7 +24,8 @@ use super::{
 use crate::config::{FileTransfer, KernelSpec, WorkMode};
 use crate::docker::monitor::EventMonitor;
 use crate::docker::{
-    remove_volume_when_free, Chunk, ContainerSpec, Engine, EngineError, Mount, TmpfsVolume,
+    remove_volume_when_free, Attached, Chunk, ContainerSpec, Engine, EngineError, Mount,
+    TmpfsVolume,
 };
 use crate::owner::KernelKey;
 use crate::telemetry::in_span;
@@ -107,6 +108,20 @@ async fn give_way(yield_to: &Option<Yield>) -> Result<(), KernelError> {
     }
 }
 
+/// What a kernel's object is made of besides its streams ([`Kernel::on_streams`]).
+pub(super) struct Streams<'a> {
+    pub(super) engine: &'a Arc<dyn Engine>,
+    pub(super) id: String,
+    pub(super) volume: String,
+    pub(super) spill_dir: String,
+    pub(super) sockets: Option<std::path::PathBuf>,
+    pub(super) workspace: Option<crate::cell::WorkspaceInfo>,
+    pub(super) user: String,
+    pub(super) helper_idle: Duration,
+    pub(super) tracker: &'a TaskTracker,
+    pub(super) monitor: EventMonitor,
+}
+
 /// A created, not yet started, container.
 struct Created {
     id: String,
@@ -137,6 +152,11 @@ fn staging_volume(
 /// The mounts of the working directory in `mode` (the staging volume `volume`, and the project
 /// directory in project mode or the session's `workspace` volume in strict mode), and where
 /// spills go inside the kernel.
+/// Where the staging volume is mounted, given the spill directory [`work_mounts`] chose.
+pub(super) fn staging_root(spill_dir: &str) -> &str {
+    spill_dir.strip_suffix("/.kernelbox").unwrap_or(spill_dir)
+}
+
 fn work_mounts(mode: &WorkMode, volume: &str, workspace: Option<&str>) -> (Vec<Mount>, String) {
     match (mode, workspace) {
         (WorkMode::Strict, Some(workspace)) => (
@@ -408,43 +428,21 @@ impl Kernel {
         } = created;
         give_way(&yield_to).await?;
         let attached = engine.attach(&id).await?;
-        let cancel = CancellationToken::new();
-        let breach = Breach::default();
-        let (writer, writer_task) = Stdin::new(attached.input, cancel.clone(), breach.clone());
-        let (tx, rx) = mpsc::channel(256);
-        let kernel = Arc::new(Kernel {
-            id: id.clone(),
-            volume,
-            workspace: workspace.map(|w| w.info),
-            owner: OnceLock::new(),
-            spill_dir,
-            user: spec.sandbox.user.clone(),
-            engine: engine.clone(),
-            shared: Arc::new(Shared::new()),
-            io: tokio::sync::Mutex::new(CellIo { rx }),
-            writer,
-            next_cell: AtomicU64::new(0),
-            execution_count: AtomicU64::new(0),
-            last_timeout_ms: AtomicU64::new(0),
-            computing: std::sync::atomic::AtomicBool::new(false),
-            authority: Mutex::new(None),
-            drain: CancellationToken::new(),
-            cancel: cancel.clone(),
-            files: Arc::new(files::Resident::new(
-                file_transfer.helper_idle,
+        let kernel = Kernel::on_streams(
+            Streams {
+                engine: &engine,
+                id: id.clone(),
+                volume,
+                spill_dir,
                 sockets,
-                tracker.clone(),
-                cancel,
-            )),
-        });
-        tracker.spawn(writer_task);
-        tracker.spawn(reader_task(reader_of(
-            &kernel,
-            tx,
-            breach,
-            attached.output,
-            monitor,
-        )));
+                workspace: workspace.map(|w| w.info),
+                user: spec.sandbox.user.clone(),
+                helper_idle: file_transfer.helper_idle,
+                tracker,
+                monitor,
+            },
+            attached,
+        );
         give_way(&yield_to).await?;
         in_span("start", engine.start(&id)).await?;
         let (v, python) = in_span("ready", kernel.wait_ready(spawn_timeout)).await?;
@@ -459,8 +457,64 @@ impl Kernel {
         Ok(kernel)
     }
 
+    /// The kernel of container `id` speaking over `attached` (the container's attach, or a
+    /// restored kernel's relay: `hibernate.rs`), its reader and stdin tasks started.
+    pub(super) fn on_streams(streams: Streams<'_>, attached: Attached) -> Arc<Kernel> {
+        let Streams {
+            engine,
+            id,
+            volume,
+            spill_dir,
+            sockets,
+            workspace,
+            user,
+            helper_idle,
+            tracker,
+            monitor,
+        } = streams;
+        let cancel = CancellationToken::new();
+        let breach = Breach::default();
+        let (writer, writer_task) = Stdin::new(attached.input, cancel.clone(), breach.clone());
+        let (tx, rx) = mpsc::channel(256);
+        let kernel = Arc::new(Kernel {
+            id,
+            volume,
+            workspace,
+            owner: OnceLock::new(),
+            spill_dir,
+            user,
+            engine: engine.clone(),
+            shared: Arc::new(Shared::new()),
+            io: tokio::sync::Mutex::new(CellIo { rx }),
+            writer,
+            next_cell: AtomicU64::new(0),
+            execution_count: AtomicU64::new(0),
+            last_timeout_ms: AtomicU64::new(0),
+            computing: std::sync::atomic::AtomicBool::new(false),
+            authority: Mutex::new(None),
+            drain: CancellationToken::new(),
+            cancel: cancel.clone(),
+            files: Arc::new(files::Resident::new(
+                helper_idle,
+                sockets,
+                tracker.clone(),
+                cancel,
+            )),
+            restored: Mutex::new(None),
+        });
+        tracker.spawn(writer_task);
+        tracker.spawn(reader_task(reader_of(
+            &kernel,
+            tx,
+            breach,
+            attached.output,
+            monitor,
+        )));
+        kernel
+    }
+
     /// Waits up to `limit` for the runner's `ready`: its protocol version and Python version.
-    async fn wait_ready(&self, limit: Duration) -> Result<(u64, String), KernelError> {
+    pub(super) async fn wait_ready(&self, limit: Duration) -> Result<(u64, String), KernelError> {
         let mut io = self.io.lock().await;
         tokio::time::timeout(limit, async {
             loop {

@@ -48,6 +48,7 @@ impl Lease {
     /// The result's `kernel` for a cell that ran on this lease.
     pub(super) fn kernel_info(&self, execution_count: u64, ended: bool) -> KernelInfo {
         let workspace = self.kernel.workspace().cloned();
+        let restored = self.kernel.take_restored();
         // A lost kernel whose session's next one found no workspace to mount lost its files
         // too (`docs/workspaces.md`, "In a cluster").
         let state_lost = self.state_lost.clone().map(|lost| StateLost {
@@ -56,13 +57,15 @@ impl Lease {
         });
         KernelInfo {
             id: self.kernel.short_id().to_string(),
-            reused: self.reused,
+            // A restored kernel is the one the owner had.
+            reused: self.reused || restored.is_some(),
             execution_count,
             state_reset: self.state_reset,
             ended,
             generation: self.slot.generation,
             state_lost,
             workspace,
+            restored,
         }
     }
 
@@ -195,6 +198,8 @@ impl Orchestrator {
         admission: Option<&AdmissionNotice>,
     ) -> Result<Lease, ExecuteError> {
         let (mut reset, mut state_reset) = (reset, false);
+        let limits = self.with_hibernation(key, limits);
+        self.await_hibernation(key).await;
         loop {
             let span = Span::start("admission");
             let admitted = span.within(self.admit(key, reset, limits, admission)).await;
@@ -289,14 +294,18 @@ impl Orchestrator {
     ) -> Result<Arc<Kernel>, ExecuteError> {
         let slot = &attempt.slot;
         let mut spawned_here = false;
+        let mut restore_lost = None;
         let spawned = slot
             .kernel
             .get_or_try_init(|| {
                 spawned_here = true;
-                self.spawn_cold(key, slot.generation, slot.settings.clone())
+                self.restore_or_spawn(key, slot, &mut restore_lost)
             })
             .await;
         attempt.reused = !attempt.pooled && !spawned_here;
+        if restore_lost.is_some() {
+            attempt.state_lost = restore_lost;
+        }
         match spawned {
             Ok(kernel) => Ok(kernel.clone()),
             Err(e) => {
@@ -307,6 +316,29 @@ impl Orchestrator {
                 Err(e.into())
             }
         }
+    }
+
+    /// The slot's kernel: its key's hibernated kernel restored when there is one (a failed
+    /// restore sets `lost`), else one started cold.
+    async fn restore_or_spawn(
+        &self,
+        key: &KernelKey,
+        slot: &Slot,
+        lost: &mut Option<StateLost>,
+    ) -> Result<Arc<Kernel>, KernelError> {
+        match self.restore_hibernated(key).await {
+            Some(Ok(kernel)) => return Ok(kernel),
+            Some(Err(reason)) => {
+                *lost = Some(StateLost {
+                    reason,
+                    at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+                    workspace_lost: false,
+                });
+            }
+            None => {}
+        }
+        self.spawn_cold(key, slot.generation, slot.settings.clone())
+            .await
     }
 
     /// A new owner's kernel started cold, its start time counted; the pool's refill holds off

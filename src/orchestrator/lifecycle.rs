@@ -108,6 +108,12 @@ impl Orchestrator {
             false,
         );
         self.dispose_slots(slots).await;
+        let hibernated = self
+            .inner
+            .registry
+            .remove_hibernated(|k| k.owner.tenant == tenant && k.owner.session == session);
+        let n = n + hibernated.len();
+        self.discard_checkpoints(hibernated).await;
         n
     }
 
@@ -233,9 +239,11 @@ impl Orchestrator {
     /// `housekeeping.staging_max_age` that no container uses, of this instance or of instances known dead
     /// (never a live neighbour's). Returns how many kernels were reaped.
     pub async fn reap_once(&self) -> usize {
-        let slots = self.inner.registry.reap_idle();
+        let (slots, hibernating) = self.inner.registry.reap_idle();
         let n = slots.len();
         self.dispose_slots(slots).await;
+        self.hibernate_slots(hibernating).await;
+        self.expire_checkpoints().await;
         if let Some(workspaces) = &self.inner.workspaces {
             match workspaces.sweep_expired().await {
                 Ok(removed) if !removed.is_empty() => {

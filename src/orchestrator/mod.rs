@@ -11,6 +11,7 @@
 //! | `execute.rs` | one execute in steps: resolve the request, acquire, run the cell, settle its [`CellResult`](crate::CellResult) (the ending named for `cell::Ending`, output capped) |
 //! | `command.rs` | a shell command in an owner's kernel container ([`CommandRequest`]): the kernel held or started, the per-session limit, adopted if its caller goes |
 //! | `files.rs` | files in and out of an owner's kernel: write, read, list, remove ([`FileRequest`]) |
+//! | `hibernate.rs` | hibernation: the reaper's idle kernels checkpointed instead of disposed of, a call waiting for its kernel's hibernation, the checkpoint restored as the key's next kernel |
 //! | `lifecycle.rs` | interrupt, clear, evict, release a child, list, reap, sweeps; disposal of slots and kernels |
 //! | `node.rs` | what a cluster node asks: whether a session has a kernel here, a claimed session's catalog rows taken over, the fence (docs/cluster.md) |
 //! | `pool.rs` | the warm pool: the refill task, pooled kernels' disposal, naming a taken kernel after its owner |
@@ -27,6 +28,7 @@ mod audit;
 mod command;
 mod execute;
 mod files;
+mod hibernate;
 mod lease;
 mod lifecycle;
 mod node;

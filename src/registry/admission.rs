@@ -55,6 +55,9 @@ pub struct TenantLimits {
     pub max_kernels: Option<usize>,
     /// Kernels the tenant keeps against other tenants' demand, in place of its fair share.
     pub reserved: Option<usize>,
+    /// Its idle kernels hibernate instead of being reaped (`docs/runtimes.md`,
+    /// "Hibernation"); the orchestrator sets it for kernels on a runtime that can checkpoint.
+    pub hibernate: bool,
 }
 
 /// Which cap refused a new kernel.

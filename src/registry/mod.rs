@@ -23,18 +23,21 @@
 //! | `mod.rs` | [`Registry`], [`Slot`], attach/release/forget, idle reaping, losses and generations |
 //! | `live.rs` | attach to an owner's live kernel without starting one (file transfers) |
 //! | `admission.rs` | the two caps and fair shares: which idle kernel goes to admit a new one |
+//! | `hibernated.rs` | hibernated kernels' checkpoints by key: pending, ready, bounded per tenant and host, taken by the key's next kernel |
 //! | `losses.rs` | losses and generations: catalog seeds, losses recorded and owed |
 //! | `pool.rs` | the warm pool's books: ready ownerless kernels, taken atomically with admission |
 //! | `settings.rs` | sessions' settings (`src/settings.rs`): kept, bounded per tenant, recorded on new slots |
 //! | `tests.rs` | unit tests |
 
 mod admission;
+mod hibernated;
 mod live;
 mod losses;
 mod pool;
 mod settings;
 
 pub use admission::{AtCapacity, Cap, ClusterShares, EvictionCounts, Refusal, TenantLimits};
+pub use hibernated::HibernationBounds;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -76,6 +79,8 @@ pub struct Slot {
     last_used: Mutex<Instant>,
     /// The session's settings when the slot was made: what its kernel starts with.
     pub settings: Option<crate::settings::Shared>,
+    /// Idle, its kernel hibernates rather than being reaped (`hibernated.rs`).
+    pub hibernate: bool,
 }
 
 impl std::fmt::Debug for Slot {
@@ -163,6 +168,8 @@ struct Inner {
     journal: Option<Arc<CatalogWriter>>,
     /// What the catalog knew at start, by key hash: taken by a key's first attach.
     seeded: HashMap<String, losses::Seed>,
+    /// Hibernated kernels by key (`hibernated.rs`).
+    hibernated: HashMap<KernelKey, hibernated::Hibernated>,
     /// The warm pool's ready kernels (`pool.rs`).
     pool: Vec<pool::Pooled>,
     /// Pooled kernels being spawned (reserved, not yet offered).
@@ -184,7 +191,15 @@ impl Inner {
         }
     }
 
-    fn take_idle(&mut self, now: Instant, idle: Duration) -> Vec<Arc<Slot>> {
+    /// Unregisters the idle slots. Those whose kernel hibernates go to `hibernating` (marked
+    /// pending, no loss recorded) when it is given; otherwise they stay registered (only the
+    /// reaper hibernates kernels).
+    fn take_idle(
+        &mut self,
+        now: Instant,
+        idle: Duration,
+        mut hibernating: Option<&mut Vec<Arc<Slot>>>,
+    ) -> Vec<Arc<Slot>> {
         let stale: Vec<KernelKey> = self
             .slots
             .iter()
@@ -194,18 +209,29 @@ impl Inner {
                     .settings_of(&k.owner)
                     .and_then(|s| s.idle_timeout)
                     .unwrap_or(idle);
-                s.is_idle() && now.saturating_duration_since(s.last_used()) >= idle
+                s.is_idle()
+                    && now.saturating_duration_since(s.last_used()) >= idle
+                    && (!s.hibernate || hibernating.is_some())
             })
             .map(|(k, _)| k.clone())
             .collect();
-        stale
-            .into_iter()
-            .filter_map(|key| {
-                let slot = self.slots.remove(&key)?;
-                self.record_loss(&key, LossReason::IdleReaped);
-                Some(slot)
-            })
-            .collect()
+        let mut reaped = Vec::new();
+        for key in stale {
+            let Some(slot) = self.slots.remove(&key) else {
+                continue;
+            };
+            match hibernating.as_deref_mut() {
+                Some(list) if slot.hibernate => {
+                    self.hibernation_pending(&key);
+                    list.push(slot);
+                }
+                _ => {
+                    self.record_loss(&key, LossReason::IdleReaped);
+                    reaped.push(slot);
+                }
+            }
+        }
+        reaped
     }
 }
 
@@ -262,7 +288,7 @@ impl Registry {
                 max: MAX_ATTACHED_PER_SLOT,
             });
         }
-        let mut victims = inner.take_idle(now, self.idle_timeout);
+        let mut victims = inner.take_idle(now, self.idle_timeout, None);
         let mut discarded = Vec::new();
         let new_slot = reset || !inner.slots.contains_key(key);
         // A session with its own environment, memory or CPU gets a kernel made for it.
@@ -290,7 +316,7 @@ impl Registry {
                 }
             }
         }
-        let mut attach = self.attach_locked(&mut inner, key, reset, victims, now);
+        let mut attach = self.attach_locked(&mut inner, key, reset, victims, now, limits);
         attach.discarded = discarded;
         // Found again: a discard may have moved it.
         let taking = spec.filter(|_| new_slot).and_then(|s| inner.pool_find(s));
@@ -316,6 +342,7 @@ impl Registry {
         reset: bool,
         victims: Vec<Arc<Slot>>,
         now: Instant,
+        limits: TenantLimits,
     ) -> Attach {
         let reset_slot = if reset { inner.unregister(key) } else { None };
         if reset_slot.is_some() {
@@ -331,9 +358,13 @@ impl Registry {
             None => {
                 inner.remember(key);
                 inner.take_seed(key);
+                // A hibernated kernel comes back as the same generation.
+                let restoring = inner.has_checkpoint(key);
                 let generation = {
                     let g = inner.generations.entry(key.clone()).or_insert(0);
-                    *g += 1;
+                    if !restoring || *g == 0 {
+                        *g += 1;
+                    }
                     *g
                 };
                 let slot = Arc::new(Slot {
@@ -343,6 +374,7 @@ impl Registry {
                     attached: AtomicUsize::new(0),
                     last_used: Mutex::new(now),
                     settings: inner.settings_of(&key.owner),
+                    hibernate: limits.hibernate,
                 });
                 inner.slots.insert(key.clone(), slot.clone());
                 slot
@@ -462,9 +494,15 @@ impl Registry {
             .is_some_and(|s| Arc::ptr_eq(s, slot))
     }
 
-    /// One reaper pass over idle slots (no acquire needed).
-    pub fn reap_idle(&self) -> Vec<Arc<Slot>> {
-        self.lock().take_idle(Instant::now(), self.idle_timeout)
+    /// One reaper pass over idle slots (no acquire needed): the slots to dispose of, and
+    /// those whose kernels are to hibernate (each marked pending until
+    /// [`Registry::hibernation_done`]).
+    pub fn reap_idle(&self) -> (Vec<Arc<Slot>>, Vec<Arc<Slot>>) {
+        let mut hibernating = Vec::new();
+        let reaped =
+            self.lock()
+                .take_idle(Instant::now(), self.idle_timeout, Some(&mut hibernating));
+        (reaped, hibernating)
     }
 
     /// Every registered slot.

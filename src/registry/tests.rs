@@ -58,10 +58,11 @@ async fn idle_slots_are_reaped_by_a_pass_or_any_acquire_but_not_when_attached() 
     use_once(&reg, &key("idle", None));
     let busy = att(&reg, &key("busy", None));
     tokio::time::advance(Duration::from_millis(500)).await;
-    assert!(reg.reap_idle().is_empty(), "fresh kernels survive a pass");
+    assert!(reg.reap_idle().0.is_empty(), "fresh kernels survive a pass");
     tokio::time::advance(Duration::from_millis(600)).await;
     let reaped: Vec<_> = reg
         .reap_idle()
+        .0
         .iter()
         .map(|s| s.key.owner.session.clone())
         .collect();
@@ -231,6 +232,7 @@ async fn a_tenant_cap_evicts_its_own_idle_kernels_then_refuses() {
     let capped = TenantLimits {
         max_kernels: Some(2),
         reserved: None,
+        hibernate: false,
     };
     let (k1, k2, k3) = (
         tkey("t2", "a", None),
@@ -337,6 +339,7 @@ async fn a_reservation_overrides_the_fair_share() {
     let reserved = TenantLimits {
         max_kernels: None,
         reserved: Some(3),
+        hibernate: false,
     };
     let reg = Registry::new(4, Duration::from_secs(3600));
     for i in 0..4 {

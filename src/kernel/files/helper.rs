@@ -123,6 +123,11 @@ enum Take {
 }
 
 impl Resident {
+    /// The channels' directory this kernel's helpers use, when it is mounted.
+    pub(in crate::kernel) fn sockets(&self) -> Option<std::path::PathBuf> {
+        self.sockets.clone()
+    }
+
     pub(in crate::kernel) fn new(
         idle: Duration,
         sockets: Option<std::path::PathBuf>,

@@ -93,6 +93,9 @@ pub struct Tenant {
     pub audit: Option<crate::audit::AuditPolicy>,
     /// The most the tenant's sessions may ask for in their settings (`src/settings.rs`).
     pub session_limits: crate::settings::Limits,
+    /// The tenant's idle kernels hibernate (its runtime must be runsc; `docs/runtimes.md`,
+    /// "Hibernation").
+    pub hibernate: bool,
 }
 
 impl Tenant {
@@ -111,6 +114,7 @@ impl Tenant {
             usage_admin: false,
             audit: None,
             session_limits: crate::settings::Limits::default(),
+            hibernate: false,
         }
     }
 
@@ -119,6 +123,8 @@ impl Tenant {
         crate::registry::TenantLimits {
             max_kernels: self.max_kernels,
             reserved: self.reserved,
+            // Decided by the orchestrator from the configuration (`Config::hibernate`).
+            hibernate: false,
         }
     }
 }
@@ -271,6 +277,7 @@ impl Tenants {
                     "usage_admin",
                     "audit",
                     "session_limits",
+                    "hibernate",
                 ],
                 &at,
                 &bad,
@@ -351,6 +358,16 @@ impl Tenants {
                     ))
                 }
             };
+            let hibernate = match obj.get("hibernate") {
+                None | Some(Value::Null) => false,
+                Some(Value::Bool(b)) => *b,
+                Some(_) => {
+                    return Err(bad(
+                        format!("{at}.hibernate"),
+                        "must be true or false".into(),
+                    ))
+                }
+            };
             let audit = parse_audit(obj.get("audit"))
                 .map_err(|(field, reason)| bad(format!("{at}.audit{field}"), reason))?;
             let session_limits = match obj.get("session_limits") {
@@ -360,6 +377,7 @@ impl Tenants {
                 })?,
             };
             tenants.push(Tenant {
+                hibernate,
                 session_limits,
                 audit,
                 usage_admin,
@@ -430,6 +448,15 @@ impl Tenants {
         self.by_hash
             .values()
             .filter_map(|t| Some((t.name.clone(), t.runtime?)))
+            .collect()
+    }
+
+    /// The tenants whose idle kernels hibernate (`"hibernate": true`).
+    pub fn hibernating(&self) -> std::collections::BTreeSet<String> {
+        self.by_hash
+            .values()
+            .filter(|t| t.hibernate)
+            .map(|t| t.name.clone())
             .collect()
     }
 

@@ -48,6 +48,28 @@ class WorkspaceInfo:
 
 
 @dataclass(frozen=True)
+class Restored:
+    """How a hibernated kernel came back (docs/runtimes.md, "Hibernation"): its memory,
+    variables and files are as they were."""
+
+    SCHEMA: ClassVar[str] = "Restored"
+    #: Wire names that are Python keywords, by field.
+    WIRE_NAMES: ClassVar[Dict[str, str]] = {"from_": "from"}
+    #: Why it had hibernated: ``idle``.
+    from_: str
+    checkpoint_seconds: float
+    restore_seconds: float
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "Restored":
+        return cls(
+            from_=str(d.get("from", "")),
+            checkpoint_seconds=float(d.get("checkpoint_seconds", 0.0)),
+            restore_seconds=float(d.get("restore_seconds", 0.0)),
+        )
+
+
+@dataclass(frozen=True)
 class KernelInfo:
     """The kernel that ran a cell."""
 
@@ -61,11 +83,14 @@ class KernelInfo:
     state_lost: Optional[StateLost] = None
     #: Present when the tenant has workspaces: `/work` outlives the kernel.
     workspace: Optional[WorkspaceInfo] = None
+    #: Present on the first call after the kernel came back from hibernation.
+    restored: Optional[Restored] = None
 
     @classmethod
     def from_json(cls, d: Dict[str, Any]) -> "KernelInfo":
         lost = d.get("state_lost")
         workspace = d.get("workspace")
+        restored = d.get("restored")
         return cls(
             id=str(d.get("id", "")),
             reused=bool(d.get("reused", False)),
@@ -75,6 +100,7 @@ class KernelInfo:
             generation=int(d.get("generation", 0)),
             state_lost=StateLost.from_json(lost) if isinstance(lost, dict) else None,
             workspace=WorkspaceInfo.from_json(workspace) if isinstance(workspace, dict) else None,
+            restored=Restored.from_json(restored) if isinstance(restored, dict) else None,
         )
 
 
@@ -568,6 +594,7 @@ MIRRORS = {
     for cls in (
         StateLost,
         WorkspaceInfo,
+        Restored,
         KernelInfo,
         Result,
         Execution,

@@ -1,0 +1,242 @@
+//! Hibernation (`docs/runtimes.md`, "Hibernation"): an idle kernel's processes checkpointed
+//! by the engine, which stops the container and keeps it (with its staging volume) instead of
+//! the kernel being removed; later the container is started again from its checkpoint, and
+//! the runner, which waited on an abstract Unix socket named by a token only the host and
+//! the runner knew, is handed the streams of a relay the host starts by exec
+//! (`runner/resume_relay.py`). The restored kernel is the same process: its variables, its
+//! imports, its working directory; what it had open to the outside (the old channel, a file
+//! helper) is gone.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+use tokio_util::task::TaskTracker;
+
+use super::protocol::{HostFrame, KernelFrame, PROTOCOL_VERSION};
+use super::spawn::Streams;
+use super::{Death, IoEvent, Kernel, KernelError, KernelState};
+use crate::config::WORK_DIR;
+use crate::docker::monitor::EventMonitor;
+use crate::docker::{Engine, ExecSpec};
+use crate::owner::Owner;
+
+/// The relay the host starts by exec in a restored kernel.
+const RELAY_SOURCE: &str = include_str!("../../runner/resume_relay.py");
+
+/// A hibernated kernel: its stopped container, what its object is rebuilt from, and what the
+/// restore reports.
+#[derive(Debug, Clone)]
+pub(crate) struct Checkpoint {
+    /// The stopped container (full id).
+    pub(crate) id: String,
+    volume: String,
+    spill_dir: String,
+    sockets: Option<std::path::PathBuf>,
+    user: String,
+    /// The engine's name for the checkpoint.
+    name: String,
+    /// The directory holding it (`dir/name`): the server's, mode 0700.
+    dir: std::path::PathBuf,
+    /// Its size on disk.
+    pub(crate) bytes: u64,
+    /// Names the socket the runner waits on; the relay presents it.
+    token: String,
+    execution_count: u64,
+    cells_begun: u64,
+    /// How long the checkpoint took.
+    pub(crate) checkpoint_seconds: f64,
+    /// When it was taken.
+    pub(crate) at: Instant,
+}
+
+/// What [`Kernel::restore`] needs besides the checkpoint.
+pub(crate) struct Restore<'a> {
+    pub(crate) engine: &'a Arc<dyn Engine>,
+    pub(crate) owner: &'a Owner,
+    pub(crate) helper_idle: Duration,
+    pub(crate) tracker: &'a TaskTracker,
+    pub(crate) monitor: EventMonitor,
+    /// How long the runner has to say ready once the container runs.
+    pub(crate) limit: Duration,
+}
+
+impl Kernel {
+    /// Checkpoints this idle kernel and stops its container (kept, with its volume). On
+    /// success the kernel object is spent (dead as disposed of: its streams ended by design)
+    /// and the returned checkpoint is what brings it back; on failure the caller disposes of
+    /// the kernel. `limit` bounds the runner's answer; the engine's checkpoint takes what it
+    /// takes (it writes the kernel's memory).
+    pub(crate) async fn hibernate(
+        self: &Arc<Self>,
+        limit: Duration,
+        dir: &std::path::Path,
+    ) -> Result<Checkpoint, KernelError> {
+        let fail = |why: String| KernelError::Hibernate(why);
+        let mut io = self.io.lock().await;
+        if self.state() != KernelState::Idle || self.workspace.is_some() {
+            return Err(fail("the kernel is not idle".into()));
+        }
+        let token = format!("{:032x}", rand::rng().random::<u128>());
+        self.shared.hibernating.store(true, Ordering::Release);
+        self.writer.send(
+            HostFrame::Hibernate {
+                token: &token,
+                staging: super::spawn::staging_root(&self.spill_dir),
+            }
+            .to_line(),
+        );
+        let answer = tokio::time::timeout(limit, async {
+            loop {
+                match io.rx.recv().await {
+                    Some(IoEvent::Frame(KernelFrame::Hibernating { ok, error }, _)) => {
+                        return Ok((ok, error));
+                    }
+                    Some(IoEvent::Closed) | None => return Err("the kernel went".to_string()),
+                    Some(_) => {}
+                }
+            }
+        })
+        .await
+        .map_err(|_| fail(format!("the runner did not answer within {limit:?}")))?
+        .map_err(fail)?;
+        self.shared.hibernating.store(false, Ordering::Release);
+        match answer {
+            (true, _) => {}
+            (false, error) => return Err(fail(error.unwrap_or_else(|| "refused".into()))),
+        }
+        // The streams end with the checkpoint: that is no death to report.
+        self.shared.die(Death::Disposed);
+        self.drain.cancel();
+        let name = format!("kb-{}", &token[..16]);
+        let started = Instant::now();
+        let checkpointed = self.engine.checkpoint(&self.id, &name, dir).await;
+        let checkpoint_seconds = started.elapsed().as_secs_f64();
+        self.cancel.cancel();
+        if let Err(e) = checkpointed {
+            remove_files(dir.join(&name)).await;
+            return Err(fail(e.to_string()));
+        }
+        let bytes = size_of(dir.join(&name)).await;
+        Ok(Checkpoint {
+            dir: dir.to_path_buf(),
+            bytes,
+            id: self.id.clone(),
+            volume: self.volume.clone(),
+            spill_dir: self.spill_dir.clone(),
+            sockets: self.files.sockets(),
+            user: self.user.clone(),
+            name,
+            token,
+            execution_count: self.execution_count(),
+            cells_begun: self.cells_begun(),
+            checkpoint_seconds,
+            at: Instant::now(),
+        })
+    }
+
+    /// Starts the checkpoint's container again and reconnects its runner: the kernel as it
+    /// was, owned by `owner`. On failure the caller removes the container and its volume
+    /// ([`Checkpoint::discard`]).
+    pub(crate) async fn restore(
+        checkpoint: &Checkpoint,
+        restore: Restore<'_>,
+    ) -> Result<Arc<Kernel>, KernelError> {
+        let engine = restore.engine;
+        let started = Instant::now();
+        engine
+            .start_from_checkpoint(&checkpoint.id, &checkpoint.name, &checkpoint.dir)
+            .await?;
+        // The engine holds its own copy now; the memory image does not stay twice on disk.
+        remove_files(checkpoint.dir.join(&checkpoint.name)).await;
+        let relay = ExecSpec {
+            cmd: ["python3", "-I", "-S", "-c", RELAY_SOURCE]
+                .map(String::from)
+                .to_vec(),
+            user: checkpoint.user.clone(),
+            working_dir: WORK_DIR.into(),
+            env: Vec::new(),
+        };
+        let attached = engine.exec(&checkpoint.id, &relay).await?;
+        let kernel = Kernel::on_streams(
+            Streams {
+                engine,
+                id: checkpoint.id.clone(),
+                volume: checkpoint.volume.clone(),
+                spill_dir: checkpoint.spill_dir.clone(),
+                sockets: checkpoint.sockets.clone(),
+                workspace: None,
+                user: checkpoint.user.clone(),
+                helper_idle: restore.helper_idle,
+                tracker: restore.tracker,
+                monitor: restore.monitor,
+            },
+            attached,
+        );
+        kernel
+            .writer
+            .send(format!("{}\n", checkpoint.token).into_bytes());
+        let (v, _) = kernel.wait_ready(restore.limit).await?;
+        if v != PROTOCOL_VERSION {
+            return Err(KernelError::Protocol(v));
+        }
+        kernel
+            .execution_count
+            .store(checkpoint.execution_count, Ordering::Release);
+        kernel
+            .next_cell
+            .store(checkpoint.cells_begun, Ordering::Release);
+        kernel.assign(restore.owner);
+        kernel.shared.set_live(KernelState::Idle);
+        *kernel.restored.lock().unwrap_or_else(|p| p.into_inner()) = Some(crate::cell::Restored {
+            from: "idle".into(),
+            checkpoint_seconds: checkpoint.checkpoint_seconds,
+            restore_seconds: started.elapsed().as_secs_f64(),
+        });
+        Ok(kernel)
+    }
+}
+
+impl Kernel {
+    /// How it came back from hibernation: told once, to the first call after.
+    pub(crate) fn take_restored(&self) -> Option<crate::cell::Restored> {
+        self.restored
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+    }
+}
+
+impl Checkpoint {
+    /// Removes the hibernated container and its staging volume (its checkpoint goes with the
+    /// container). Idempotent.
+    pub(crate) async fn discard(&self, engine: &dyn Engine) {
+        if let Err(e) = engine.remove_container(&self.id).await {
+            tracing::warn!(container = %crate::docker::short_id(&self.id), error = %e, "removing a hibernated kernel");
+        }
+        let _ = crate::docker::remove_volume_when_free(engine, &self.volume).await;
+        remove_files(self.dir.join(&self.name)).await;
+    }
+}
+
+/// Removes a checkpoint's directory, if it is there.
+async fn remove_files(path: std::path::PathBuf) {
+    let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(path)).await;
+}
+
+/// Bytes of the files in a checkpoint's directory.
+async fn size_of(path: std::path::PathBuf) -> u64 {
+    tokio::task::spawn_blocking(move || {
+        std::fs::read_dir(path)
+            .map(|entries| {
+                entries
+                    .filter_map(|e| e.ok()?.metadata().ok())
+                    .map(|m| m.len())
+                    .sum()
+            })
+            .unwrap_or(0)
+    })
+    .await
+    .unwrap_or(0)
+}

@@ -1,0 +1,231 @@
+//! Hibernated kernels' checkpoints by key (`docs/runtimes.md`, "Hibernation"). The reaper marks
+//! a key pending when it takes an idle slot whose kernel hibernates; the hibernation then
+//! leaves the key's checkpoint (ready) or the loss it would have been without one. The key's
+//! next kernel takes the checkpoint and restores it, in place of a new one. A call for a key
+//! whose hibernation is pending waits for it first, so a restore never races a checkpoint.
+//!
+//! Bounded: past a tenant's most hibernated kernels, or the host's, the oldest checkpoint
+//! goes, and one older than the age limit goes too: its owner is told the loss it would have
+//! been (`idle_reaped`).
+
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::{Inner, Registry};
+use crate::cell::LossReason;
+use crate::kernel::Checkpoint;
+use crate::owner::KernelKey;
+
+/// A key's hibernation.
+#[derive(Debug)]
+pub(super) enum Hibernated {
+    /// Being checkpointed: cancelled once it is resolved.
+    Pending(CancellationToken),
+    /// Checkpointed: the key's next kernel restores it.
+    Ready(Box<Checkpoint>),
+}
+
+/// The most hibernated kernels kept, and for how long (`config::HibernateConfig`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HibernationBounds {
+    /// On the host.
+    pub max_kernels: usize,
+    /// Of one tenant.
+    pub max_per_tenant: usize,
+    /// Bytes of checkpoints on the host.
+    pub max_bytes: u64,
+    /// Age past which a checkpoint is discarded.
+    pub max_age: Duration,
+}
+
+impl Inner {
+    pub(super) fn hibernation_pending(&mut self, key: &KernelKey) {
+        self.hibernated
+            .insert(key.clone(), Hibernated::Pending(CancellationToken::new()));
+    }
+
+    pub(super) fn has_checkpoint(&self, key: &KernelKey) -> bool {
+        matches!(self.hibernated.get(key), Some(Hibernated::Ready(_)))
+    }
+
+    /// The oldest ready checkpoint among the keys `pick` accepts.
+    fn oldest_checkpoint(&self, pick: impl Fn(&KernelKey) -> bool) -> Option<KernelKey> {
+        self.hibernated
+            .iter()
+            .filter_map(|(k, h)| match h {
+                Hibernated::Ready(c) if pick(k) => Some((k, c.at)),
+                _ => None,
+            })
+            .min_by_key(|(_, at)| *at)
+            .map(|(k, _)| k.clone())
+    }
+
+    fn ready_bytes(&self) -> u64 {
+        self.hibernated
+            .values()
+            .map(|h| match h {
+                Hibernated::Ready(c) => c.bytes,
+                Hibernated::Pending(_) => 0,
+            })
+            .sum()
+    }
+
+    fn ready_count(&self, pick: impl Fn(&KernelKey) -> bool) -> usize {
+        self.hibernated
+            .iter()
+            .filter(|(k, h)| matches!(h, Hibernated::Ready(_)) && pick(k))
+            .count()
+    }
+
+    /// Removes `key`'s checkpoint, recording the loss it stands for.
+    fn drop_checkpoint(&mut self, key: &KernelKey) -> Option<Checkpoint> {
+        match self.hibernated.remove(key) {
+            Some(Hibernated::Ready(c)) => {
+                self.record_loss(key, LossReason::IdleReaped);
+                Some(*c)
+            }
+            Some(pending) => {
+                self.hibernated.insert(key.clone(), pending);
+                None
+            }
+            None => None,
+        }
+    }
+}
+
+impl Registry {
+    /// The pending hibernation of `key`'s kernel: cancelled once it is resolved.
+    pub fn hibernation_of(&self, key: &KernelKey) -> Option<CancellationToken> {
+        match self.lock().hibernated.get(key) {
+            Some(Hibernated::Pending(done)) => Some(done.clone()),
+            _ => None,
+        }
+    }
+
+    /// Resolves `key`'s pending hibernation: its checkpoint kept, or (`Err`) the loss
+    /// recorded. Returns the checkpoints to discard: those past the bounds (their losses
+    /// recorded), and this one when its key stopped waiting for it (the session was cleared
+    /// meanwhile, or the registry closed).
+    pub fn hibernation_done(
+        &self,
+        key: &KernelKey,
+        result: Result<Checkpoint, LossReason>,
+        bounds: HibernationBounds,
+    ) -> Vec<Checkpoint> {
+        let mut inner = self.lock();
+        let waited = match inner.hibernated.remove(key) {
+            Some(Hibernated::Pending(done)) => {
+                done.cancel();
+                true
+            }
+            Some(ready) => {
+                inner.hibernated.insert(key.clone(), ready);
+                false
+            }
+            None => false,
+        };
+        let checkpoint = match result {
+            Ok(checkpoint) => checkpoint,
+            Err(reason) => {
+                if waited {
+                    inner.record_loss(key, reason);
+                }
+                return Vec::new();
+            }
+        };
+        if !waited || inner.closed {
+            return vec![checkpoint];
+        }
+        let mut gone = Vec::new();
+        let tenant = key.owner.tenant.clone();
+        while inner.ready_count(|k| k.owner.tenant == tenant) >= bounds.max_per_tenant.max(1) {
+            match inner.oldest_checkpoint(|k| k.owner.tenant == tenant) {
+                Some(oldest) => gone.extend(inner.drop_checkpoint(&oldest)),
+                None => break,
+            }
+        }
+        while inner.ready_count(|_| true) >= bounds.max_kernels.max(1) {
+            match inner.oldest_checkpoint(|_| true) {
+                Some(oldest) => gone.extend(inner.drop_checkpoint(&oldest)),
+                None => break,
+            }
+        }
+        while inner.ready_count(|_| true) > 0
+            && inner.ready_bytes() + checkpoint.bytes > bounds.max_bytes
+        {
+            match inner.oldest_checkpoint(|_| true) {
+                Some(oldest) => gone.extend(inner.drop_checkpoint(&oldest)),
+                None => break,
+            }
+        }
+        if checkpoint.bytes > bounds.max_bytes {
+            // Alone past the bound: it is not kept.
+            inner.record_loss(key, LossReason::IdleReaped);
+            gone.push(checkpoint);
+            return gone;
+        }
+        inner
+            .hibernated
+            .insert(key.clone(), Hibernated::Ready(Box::new(checkpoint)));
+        gone
+    }
+
+    /// Takes `key`'s checkpoint, for its next kernel to restore.
+    pub fn take_checkpoint(&self, key: &KernelKey) -> Option<Checkpoint> {
+        let mut inner = self.lock();
+        match inner.hibernated.remove(key) {
+            Some(Hibernated::Ready(c)) => Some(*c),
+            Some(pending) => {
+                inner.hibernated.insert(key.clone(), pending);
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// Forgets the hibernations of the keys `pick` accepts, without a loss (their session was
+    /// cleared, or the server stops): the ready checkpoints are returned to discard, and a
+    /// pending one is discarded when it resolves.
+    pub fn remove_hibernated(&self, pick: impl Fn(&KernelKey) -> bool) -> Vec<Checkpoint> {
+        let mut inner = self.lock();
+        let keys: Vec<KernelKey> = inner
+            .hibernated
+            .keys()
+            .filter(|k| pick(k))
+            .cloned()
+            .collect();
+        let mut gone = Vec::new();
+        for key in keys {
+            match inner.hibernated.remove(&key) {
+                Some(Hibernated::Ready(c)) => gone.push(*c),
+                Some(Hibernated::Pending(done)) => done.cancel(),
+                None => {}
+            }
+        }
+        gone
+    }
+
+    /// Removes the checkpoints older than `max_age`, recording their losses; returned to
+    /// discard.
+    pub fn expired_checkpoints(&self, max_age: Duration) -> Vec<Checkpoint> {
+        let mut inner = self.lock();
+        let now = std::time::Instant::now();
+        let old: Vec<KernelKey> = inner
+            .hibernated
+            .iter()
+            .filter(|(_, h)| {
+                matches!(h, Hibernated::Ready(c) if now.saturating_duration_since(c.at) >= max_age)
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        old.iter()
+            .filter_map(|k| inner.drop_checkpoint(k))
+            .collect()
+    }
+
+    /// Hibernated kernels (checkpointed or being checkpointed).
+    pub fn hibernated_count(&self) -> usize {
+        self.lock().hibernated.len()
+    }
+}

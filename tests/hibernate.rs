@@ -1,0 +1,307 @@
+//! Hibernation (docs/runtimes.md, "Hibernation") against the real engine with gVisor's runsc
+//! registered and the engine in experimental mode (`.ci/runsc`): an idle kernel is
+//! checkpointed and stopped by the reaper instead of removed, and its owner's next call
+//! restores it with its memory, its variables and its files; a kernel that cannot hibernate
+//! is reported lost as before; two racing calls restore once; another tenant never gets it;
+//! the bounds on kept checkpoints hold; a runc server refuses hibernation at start; and
+//! `kernelbox serve --hibernate` does it over real HTTP, its reaper on its own schedule.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+#[path = "common/http.rs"]
+mod http;
+
+use std::time::Duration;
+
+use common::Case;
+use kernelbox::config::HibernateConfig;
+use kernelbox::{CellStatus, ExecuteRequest, KernelRuntime, LossReason, Orchestrator, Scope};
+
+const IDLE: Duration = Duration::from_millis(1500);
+
+/// A runsc case whose idle kernels hibernate into `dir` after [`IDLE`].
+async fn case(name: &str, dir: &std::path::Path, tweak: impl FnOnce(&mut HibernateConfig)) -> Case {
+    let mut hibernate = HibernateConfig {
+        dir: Some(dir.to_path_buf()),
+        ..HibernateConfig::default()
+    };
+    tweak(&mut hibernate);
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    Case::with(name, |c| {
+        c.spec.sandbox.runtime = KernelRuntime::Runsc;
+        c.kernels.idle_timeout = IDLE;
+        c.pool.size = 0;
+        c.hibernate = Some(hibernate);
+    })
+    .await
+}
+
+/// Waits past the idle timeout and runs the reaper once.
+async fn idle_and_reap(case: &Case) {
+    tokio::time::sleep(IDLE + Duration::from_millis(300)).await;
+    case.kb.reap_once().await;
+}
+
+/// The state Docker gives the container whose id starts with `short`.
+async fn state_of(case: &Case, short: &str) -> Option<String> {
+    case.containers()
+        .await
+        .into_iter()
+        .find(|c| c.id.starts_with(short))
+        .map(|c| c.state)
+}
+
+/// Bytes of the checkpoints under `dir`.
+fn bytes_under(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .flat_map(|e| std::fs::read_dir(e.path()).into_iter().flatten())
+        .filter_map(|e| e.ok()?.metadata().ok())
+        .map(|m| m.len())
+        .sum()
+}
+
+const FILL: &str = "import hashlib, os\nx = 41\nbig = bytearray(os.urandom(50 << 20))\nopen('note.txt', 'w').write('kept')\nprint(hashlib.sha256(big).hexdigest())";
+const CHECK: &str = "print(x, hashlib.sha256(big).hexdigest(), open('note.txt').read())";
+
+#[tokio::test]
+async fn an_idle_kernel_hibernates_and_its_next_call_finds_its_memory_and_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let case = case("hibernate-back", dir.path(), |_| {}).await;
+    let first = case.run("s", FILL).await;
+    assert_eq!(first.status, CellStatus::Success, "{first:?}");
+    let hash = first.output.trim().to_string();
+
+    idle_and_reap(&case).await;
+    assert_eq!(case.kb.hibernated(), 1);
+    assert!(
+        case.kb.list_kernels(None).is_empty(),
+        "a hibernated kernel is not live"
+    );
+    assert_eq!(
+        state_of(&case, &first.kernel.id).await.as_deref(),
+        Some("exited"),
+        "the container is kept, stopped"
+    );
+    let on_disk = bytes_under(dir.path());
+    assert!(
+        on_disk > 40 << 20,
+        "the checkpoint holds the 50 MB: {on_disk} bytes"
+    );
+
+    let back = case.run("s", CHECK).await;
+    assert_eq!(back.status, CellStatus::Success, "{back:?}");
+    assert_eq!(back.output, format!("41 {hash} kept\n"), "{back:?}");
+    let restored = back
+        .kernel
+        .restored
+        .clone()
+        .expect("the result says it was restored");
+    assert_eq!(restored.from, "idle");
+    assert!(restored.checkpoint_seconds > 0.0 && restored.restore_seconds > 0.0);
+    assert_eq!(back.kernel.id, first.kernel.id, "the same container");
+    assert_eq!(back.kernel.generation, first.kernel.generation);
+    assert_eq!(back.kernel.execution_count, 2, "{back:?}");
+    assert!(
+        back.kernel.reused && back.kernel.state_lost.is_none(),
+        "{back:?}"
+    );
+    assert_eq!(case.kb.hibernated(), 0);
+    assert_eq!(
+        bytes_under(dir.path()),
+        0,
+        "the server's copy is gone once restored"
+    );
+
+    let again = case.run("s", "print(x + 1)").await;
+    assert_eq!(again.output, "42\n");
+    assert!(again.kernel.restored.is_none(), "told once");
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn two_racing_calls_restore_a_hibernated_kernel_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let case = case("hibernate-race", dir.path(), |_| {}).await;
+    case.run("s", "x = 41").await;
+    idle_and_reap(&case).await;
+    assert_eq!(case.kb.hibernated(), 1);
+    let (a, b) = tokio::join!(case.run("s", "print(x)"), case.run("s", "print(x)"));
+    assert_eq!(
+        (a.output.as_str(), b.output.as_str()),
+        ("41\n", "41\n"),
+        "{a:?} {b:?}"
+    );
+    assert_eq!(
+        [&a, &b]
+            .iter()
+            .filter(|r| r.kernel.restored.is_some())
+            .count(),
+        1,
+        "restored once: {a:?} {b:?}"
+    );
+    assert_eq!(a.kernel.id, b.kernel.id);
+    assert_eq!(case.containers().await.len(), 1);
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn another_tenant_never_gets_a_hibernated_kernel() {
+    let dir = tempfile::tempdir().unwrap();
+    let case = case("hibernate-tenants", dir.path(), |_| {}).await;
+    let of = |tenant: &str, code: &str| ExecuteRequest {
+        scope: Scope::session("s").tenant(tenant),
+        ..ExecuteRequest::new("s", code)
+    };
+    case.exec(of("a", "secret = 'a-only'")).await;
+    idle_and_reap(&case).await;
+    assert_eq!(case.kb.hibernated(), 1);
+    let other = case.exec(of("b", "print('secret' in dir())")).await;
+    assert_eq!(other.output, "False\n", "{other:?}");
+    assert!(other.kernel.restored.is_none());
+    let owner = case.exec(of("a", "print(secret)")).await;
+    assert_eq!(owner.output, "a-only\n", "{owner:?}");
+    assert!(owner.kernel.restored.is_some());
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn a_kernel_that_cannot_hibernate_is_reported_lost_and_a_cleared_one_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let case = case("hibernate-refused", dir.path(), |_| {}).await;
+    // A file held open in the staging volume could not be there at restore: no hibernation.
+    case.run("held", "f = open('held.txt', 'w')\nx = 1").await;
+    case.run("cleared", "x = 1").await;
+    idle_and_reap(&case).await;
+    assert_eq!(
+        case.kb.hibernated(),
+        1,
+        "only the kernel holding no file hibernated"
+    );
+    let next = case.run("held", "print('x' in dir())").await;
+    assert_eq!(next.output, "False\n", "{next:?}");
+    assert!(next.kernel.restored.is_none());
+    assert_eq!(
+        next.kernel.state_lost.as_ref().map(|l| l.reason),
+        Some(LossReason::IdleReaped),
+        "{next:?}"
+    );
+    // Clearing a hibernated session removes its container and checkpoint.
+    assert_eq!(case.kb.clear_session(None, "cleared").await, 1);
+    assert_eq!(case.kb.hibernated(), 0);
+    assert_eq!(bytes_under(dir.path()), 0);
+    assert_eq!(
+        case.containers().await.len(),
+        1,
+        "only the live kernel is left"
+    );
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn past_a_tenants_most_the_oldest_checkpoint_goes_and_its_loss_is_told() {
+    let dir = tempfile::tempdir().unwrap();
+    let case = case("hibernate-bound", dir.path(), |h| h.max_per_tenant = 1).await;
+    case.run("old", "x = 1").await;
+    idle_and_reap(&case).await;
+    case.run("new", "x = 2").await;
+    idle_and_reap(&case).await;
+    assert_eq!(case.kb.hibernated(), 1);
+    assert_eq!(
+        case.containers().await.len(),
+        1,
+        "the oldest container went"
+    );
+    let new = case.run("new", "print(x)").await;
+    assert_eq!(new.output, "2\n");
+    assert!(new.kernel.restored.is_some());
+    let old = case.run("old", "print('x' in dir())").await;
+    assert_eq!(old.output, "False\n");
+    assert_eq!(
+        old.kernel.state_lost.as_ref().map(|l| l.reason),
+        Some(LossReason::IdleReaped),
+        "{old:?}"
+    );
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn hibernation_with_kernels_under_runc_is_refused_at_start() {
+    let mut config = common::config(&common::unique("hibernate-runc"));
+    config.spec.sandbox.runtime = KernelRuntime::Runc;
+    config.hibernate = Some(HibernateConfig::default());
+    let err = Orchestrator::start(config, common::engine().await)
+        .await
+        .expect_err("refused");
+    assert!(err.to_string().contains("runsc"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_with_hibernate_restores_an_idle_kernel_over_http() {
+    let label = common::unique("hibernate-serve");
+    let engine = common::engine().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = common::serve_command(&label, "tok");
+    cmd.args([
+        "--runtime",
+        "runsc",
+        "--hibernate",
+        "--idle-timeout",
+        "1s",
+        "--pool",
+        "0",
+    ])
+    .arg("--state-dir")
+    .arg(dir.path())
+    .env_remove("KERNELBOX_STATE_DIR")
+    .env_remove("KERNELBOX_RUNTIME");
+    let (mut child, addr) = common::spawn_serving(cmd).await;
+    let api = http::Api::new(addr);
+    let run = |code: &str| {
+        let body = serde_json::json!({"code": code});
+        let api = &api;
+        async move {
+            api.post("/v1/sessions/s/execute", Some("tok"), body)
+                .await
+                .json()
+        }
+    };
+    let first = run("x = 41").await;
+    assert_eq!(first["status"], "success", "{first}");
+    // The server's reaper runs every 30 s at the shortest (`Config::reap_interval`): wait for
+    // the container to be kept, stopped.
+    let id = first["kernel"]["id"].as_str().unwrap().to_string();
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        let state = common::containers(&engine, &label)
+            .await
+            .into_iter()
+            .find(|c| c.id.starts_with(&id))
+            .map(|c| c.state);
+        if state.as_deref() == Some("exited") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not hibernated: {state:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(
+        std::fs::read_dir(dir.path().join("checkpoints"))
+            .unwrap()
+            .count()
+            == 1,
+        "the checkpoint is in the state directory"
+    );
+    let back = run("print(x + 1)").await;
+    assert_eq!(back["output"], "42\n", "{back}");
+    assert_eq!(back["kernel"]["restored"]["from"], "idle", "{back}");
+    assert_eq!(back["kernel"]["id"], first["kernel"]["id"]);
+    common::terminate(&mut child, Duration::from_secs(60)).await;
+    common::assert_clean(&engine, &label).await;
+}
