@@ -258,6 +258,10 @@ async fn run_phases(b: &mut Bench) -> Result<()> {
         eprintln!("[bench] images: plain and datascience side by side");
         b.images().await?;
     }
+    if b.args.runs("hibernate") {
+        eprintln!("[bench] hibernation under runsc: checkpoint, restore, the next call");
+        b.hibernate().await?;
+    }
     if b.args.runs("density") {
         eprintln!("[bench] density: {} idle kernels", b.args.density);
         b.density().await?;

@@ -17,6 +17,8 @@
 //! - `throughput.rs`: many owners times many cells concurrently.
 //! - `images.rs`: the plain and data-science images side by side: size, cold first cell,
 //!   idle memory, and the data-science image's first plot.
+//! - `hibernate.rs`: hibernation under runsc: checkpoint, restore and the next call of an idle
+//!   kernel and of one holding 100 MB, against a cold first cell under runsc.
 //! - `density.rs`: N idle kernels: start time, host memory against idle containers, cgroup
 //!   memory, helper processes, kernelbox's RSS.
 //! - `jupyter.rs` (+ `jupyter.py`): ipykernel through jupyter_client in `target/bench-venv`,
@@ -28,6 +30,7 @@ mod density;
 mod egress;
 mod fake;
 mod files;
+mod hibernate;
 mod http;
 mod images;
 mod jupyter;
