@@ -378,7 +378,9 @@ def _hibernate(ch, token, staging, runner):
     import _socket
     import array
 
-    if not (isinstance(token, str) and token.isalnum() and 16 <= len(token) <= 64):
+    # The token's first 16 characters name the socket (names are listed in /proc/net/unix);
+    # the rest is the secret the relay presents.
+    if not (isinstance(token, str) and token.isalnum() and 32 <= len(token) <= 64):
         ch.send({"op": "hibernating", "ok": False, "error": "bad token"})
         return
     # The staging volume is the host's memory and comes back empty after a restore, while
@@ -410,7 +412,7 @@ def _hibernate(ch, token, staging, runner):
             return
     try:
         listener = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-        listener.bind(b"\0kernelbox-resume-" + token.encode())
+        listener.bind(b"\0kernelbox-resume-" + token[:16].encode())
         listener.listen(4)
     except OSError as exc:
         if staging:
@@ -420,7 +422,7 @@ def _hibernate(ch, token, staging, runner):
     _EPOCH[0] += 1
     _dup2(ch.null, ch.inp)
     ch.send({"op": "hibernating", "ok": True})
-    want = token.encode()
+    want = token[16:].encode()
     fds = array.array("i")
     try:
         while True:

@@ -1,9 +1,10 @@
 //! Hibernation (`docs/runtimes.md`, "Hibernation"): an idle kernel's processes checkpointed
 //! by the engine, which stops the container and keeps it (with its staging volume) instead of
 //! the kernel being removed; later the container is started again from its checkpoint, and
-//! the runner, which waited on an abstract Unix socket named by a token only the host and
-//! the runner knew, is handed the streams of a relay the host starts by exec
-//! (`runner/resume_relay.py`). The restored kernel is the same process: its variables, its
+//! the runner, which waited on an abstract Unix socket, is handed the streams of a relay the
+//! host starts by exec (`runner/resume_relay.py`) once the relay presented the secret part of
+//! a token only the host and the runner knew (the socket's name, the other part, is visible to
+//! the kernel's processes). The restored kernel is the same process: its variables, its
 //! imports, its working directory; what it had open to the outside (the old channel, a file
 //! helper) is gone.
 
@@ -41,7 +42,8 @@ pub(crate) struct Checkpoint {
     dir: std::path::PathBuf,
     /// Its size on disk.
     pub(crate) bytes: u64,
-    /// Names the socket the runner waits on; the relay presents it.
+    /// Its first 16 characters name the socket the runner waits on; the relay presents the
+    /// rest.
     token: String,
     execution_count: u64,
     cells_begun: u64,
@@ -78,7 +80,12 @@ impl Kernel {
         if self.state() != KernelState::Idle || self.workspace.is_some() {
             return Err(fail("the kernel is not idle".into()));
         }
-        let token = format!("{:032x}", rand::rng().random::<u128>());
+        // The first 16 characters name the runner's socket, the other 32 are the secret.
+        let token = format!(
+            "{:016x}{:032x}",
+            rand::rng().random::<u64>(),
+            rand::rng().random::<u128>()
+        );
         self.shared.hibernating.store(true, Ordering::Release);
         self.writer.send(
             HostFrame::Hibernate {
