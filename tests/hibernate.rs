@@ -305,3 +305,35 @@ async fn a_server_with_hibernate_restores_an_idle_kernel_over_http() {
     common::terminate(&mut child, Duration::from_secs(60)).await;
     common::assert_clean(&engine, &label).await;
 }
+
+#[tokio::test]
+async fn a_kernel_evicted_to_make_room_hibernates_and_comes_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let case = Case::with("hibernate-evict", |c| {
+        c.spec.sandbox.runtime = KernelRuntime::Runsc;
+        c.kernels.max_session_kernels = 1;
+        c.pool.size = 0;
+        c.hibernate = Some(HibernateConfig {
+            dir: Some(dir.path().to_path_buf()),
+            ..HibernateConfig::default()
+        });
+    })
+    .await;
+    case.run("a", "x = 'a'").await;
+    // Room for b's kernel: a's is evicted, and hibernates instead of being lost.
+    let b = case.run("b", "x = 'b'").await;
+    assert_eq!(b.status, CellStatus::Success, "{b:?}");
+    // a's call waits for its hibernation under way, then restores it (evicting b's in turn).
+    let a = case.run("a", "print(x)").await;
+    assert_eq!(a.output, "a\n", "{a:?}");
+    let restored = a.kernel.restored.clone().expect("restored");
+    assert_eq!(restored.from, "evicted");
+    assert!(a.kernel.state_lost.is_none(), "{a:?}");
+    let b = case.run("b", "print(x)").await;
+    assert_eq!(b.output, "b\n", "{b:?}");
+    assert_eq!(
+        b.kernel.restored.map(|r| r.from).as_deref(),
+        Some("evicted")
+    );
+    case.finish().await;
+}

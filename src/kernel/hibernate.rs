@@ -51,6 +51,8 @@ pub(crate) struct Checkpoint {
     pub(crate) checkpoint_seconds: f64,
     /// When it was taken.
     pub(crate) at: Instant,
+    /// Why it hibernated: `idle` or `evicted` (told in `restored.from`).
+    pub(crate) from: &'static str,
 }
 
 /// What [`Kernel::restore`] needs besides the checkpoint.
@@ -140,6 +142,7 @@ impl Kernel {
             cells_begun: self.cells_begun(),
             checkpoint_seconds,
             at: Instant::now(),
+            from: "idle",
         })
     }
 
@@ -197,7 +200,7 @@ impl Kernel {
         kernel.assign(restore.owner);
         kernel.shared.set_live(KernelState::Idle);
         *kernel.restored.lock().unwrap_or_else(|p| p.into_inner()) = Some(crate::cell::Restored {
-            from: "idle".into(),
+            from: checkpoint.from.into(),
             checkpoint_seconds: checkpoint.checkpoint_seconds,
             restore_seconds: started.elapsed().as_secs_f64(),
         });

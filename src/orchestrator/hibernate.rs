@@ -58,18 +58,32 @@ impl Orchestrator {
         }
     }
 
-    /// Hibernates the kernels of the reaper's idle `slots` (each marked pending in the
-    /// registry), a few at a time.
-    pub(super) async fn hibernate_slots(&self, slots: Vec<Arc<Slot>>) {
+    /// Hibernates the kernels of `slots` (each marked pending in the registry), a few at a
+    /// time; `from` is why: the idle reap or an eviction, the loss each would be without.
+    pub(super) async fn hibernate_slots(&self, slots: Vec<Arc<Slot>>, from: LossReason) {
         use futures::StreamExt;
         futures::stream::iter(slots)
             .for_each_concurrent(HIBERNATE_CONCURRENCY, |slot| async move {
-                self.hibernate_slot(&slot).await;
+                self.hibernate_slot(&slot, from).await;
             })
             .await;
     }
 
-    async fn hibernate_slot(&self, slot: &Slot) {
+    /// Of the slots an admission evicted, those whose kernels hibernate start doing so in the
+    /// background (owned by the tracker; their owners' calls wait for it): the admitted call
+    /// does not wait on their checkpoints.
+    pub(super) fn hibernate_evicted(&self, doomed: &mut Vec<Arc<Slot>>) {
+        let hibernating = self.inner.registry.take_hibernating(doomed);
+        if hibernating.is_empty() {
+            return;
+        }
+        let this = self.clone();
+        self.inner.tracker.spawn(async move {
+            this.hibernate_slots(hibernating, LossReason::Evicted).await;
+        });
+    }
+
+    async fn hibernate_slot(&self, slot: &Slot, from: LossReason) {
         let registry = &self.inner.registry;
         let Some(bounds) = self.hibernation_bounds() else {
             return;
@@ -82,7 +96,11 @@ impl Orchestrator {
             ))),
         };
         match result {
-            Ok(checkpoint) => {
+            Ok(mut checkpoint) => {
+                checkpoint.from = match from {
+                    LossReason::Evicted => "evicted",
+                    _ => "idle",
+                };
                 tracing::info!(
                     container = %crate::docker::short_id(&checkpoint.id),
                     seconds = checkpoint.checkpoint_seconds,
@@ -96,7 +114,7 @@ impl Orchestrator {
                 if let Some(kernel) = slot.kernel.get() {
                     self.dispose_kernel(kernel).await;
                 }
-                registry.hibernation_done(&slot.key, Err(LossReason::IdleReaped), bounds);
+                registry.hibernation_done(&slot.key, Err(from), bounds);
             }
         }
     }

@@ -260,6 +260,7 @@ impl Orchestrator {
         // At once, busy or not: a kernel the registry no longer counts must not outlive this
         // call (the old kernel's running cell ends).
         doomed.extend(attach.reset);
+        self.hibernate_evicted(&mut doomed);
         self.dispose_slots(doomed).await;
         self.dispose_pooled(attach.discarded).await;
         Ok(Attempt {

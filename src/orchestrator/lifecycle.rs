@@ -242,7 +242,8 @@ impl Orchestrator {
         let (slots, hibernating) = self.inner.registry.reap_idle();
         let n = slots.len();
         self.dispose_slots(slots).await;
-        self.hibernate_slots(hibernating).await;
+        self.hibernate_slots(hibernating, crate::cell::LossReason::IdleReaped)
+            .await;
         self.expire_checkpoints().await;
         if let Some(workspaces) = &self.inner.workspaces {
             match workspaces.sweep_expired().await {

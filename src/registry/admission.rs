@@ -451,7 +451,12 @@ impl Inner {
         let mut victims = Vec::with_capacity(plan.len());
         for (victim, why) in plan {
             if let Some(slot) = self.unregister(&victim) {
-                self.record_loss(&victim, LossReason::Evicted);
+                if slot.hibernate && slot.is_idle() {
+                    // Its kernel hibernates instead (`hibernated.rs`): no loss yet.
+                    self.hibernation_pending(&victim);
+                } else {
+                    self.record_loss(&victim, LossReason::Evicted);
+                }
                 *match why {
                     Evict::TenantCap => &mut self.evictions.tenant_cap,
                     Evict::HostOwn => &mut self.evictions.host_cap_own,

@@ -95,6 +95,20 @@ impl Inner {
 }
 
 impl Registry {
+    /// Of `slots`, those whose kernels are to hibernate (their keys pending: evicted to make
+    /// room, see `admission.rs`), taken out.
+    pub fn take_hibernating(
+        &self,
+        slots: &mut Vec<std::sync::Arc<super::Slot>>,
+    ) -> Vec<std::sync::Arc<super::Slot>> {
+        let inner = self.lock();
+        let (pending, rest): (Vec<_>, Vec<_>) = slots
+            .drain(..)
+            .partition(|s| matches!(inner.hibernated.get(&s.key), Some(Hibernated::Pending(_))));
+        *slots = rest;
+        pending
+    }
+
     /// The pending hibernation of `key`'s kernel: cancelled once it is resolved.
     pub fn hibernation_of(&self, key: &KernelKey) -> Option<CancellationToken> {
         match self.lock().hibernated.get(key) {
