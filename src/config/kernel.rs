@@ -86,6 +86,14 @@ pub struct Sandbox {
     pub runtime: KernelRuntime,
 }
 
+impl Sandbox {
+    /// The mount options of the tmpfs at `/tmp`: what the engine is asked for (and what the
+    /// bench's `docker run` floor passes to `--tmpfs`).
+    pub fn tmp_mount_options(&self) -> String {
+        format!("rw,nosuid,nodev,size={},mode=1777", self.tmp_bytes)
+    }
+}
+
 impl Default for Sandbox {
     fn default() -> Self {
         Sandbox {
