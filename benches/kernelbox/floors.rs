@@ -18,7 +18,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
 use crate::events::Window;
-use crate::host::{HostMemory, MIB};
+use crate::host::{container_processes, ContainerProcess, HostMemory, MIB};
 use crate::phases::DENSITY_CONCURRENCY;
 use crate::stats::ms;
 use crate::{CASE, IMAGE};
@@ -267,6 +267,8 @@ pub struct ContainerFloor {
     pub helpers: Value,
     /// Removing them all with `docker rm -f` ([`docker_rm_f`]): the shutdown's floor.
     pub removal: Duration,
+    /// One of them, process by process.
+    pub processes: Vec<ContainerProcess>,
 }
 
 /// Starts `n` containers that only sleep, with a kernel's sandbox (init, limits, read-only
@@ -309,7 +311,11 @@ pub async fn container_floor(
                 (h.kind.to_string(), json!(per))
             })
             .collect();
-        Ok((after.mib_per(&before, n), Value::Object(helpers)))
+        let processes = match ids.first() {
+            Some(id) => container_processes(id).await,
+            None => Vec::new(),
+        };
+        Ok((after.mib_per(&before, n), Value::Object(helpers), processes))
     }
     .await;
     let removal = docker_rm_f(engine, label, &ids).await;
@@ -319,10 +325,11 @@ pub async fn container_floor(
             let _ = engine.remove_container(&id).await;
         })
         .await;
-    let (per_container_mib, helpers) = measured?;
+    let (per_container_mib, helpers, processes) = measured?;
     Ok(ContainerFloor {
         per_container_mib,
         helpers,
         removal: removal?,
+        processes,
     })
 }
