@@ -36,6 +36,10 @@ struct RatePoint {
     live: usize,
     kernelbox: Duration,
     docker_run: Duration,
+    /// Removing the window's kernels (their sessions cleared, as many at a time as a
+    /// shutdown removes) and the window's `docker run -d` containers (`docker rm -f`).
+    kernelbox_removal: Duration,
+    docker_rm: Duration,
 }
 
 impl RatePoint {
@@ -279,6 +283,36 @@ impl Bench {
                 shutdown.as_secs_f64() <= shutdown_target,
             ),
         );
+        if let Some(last) = curve.last() {
+            let each = |d: Duration| d.as_secs_f64() * 1000.0 / RATE_WINDOW as f64;
+            let lives: Vec<String> = curve.iter().map(|p| p.live.to_string()).collect();
+            let kb: Vec<String> = curve
+                .iter()
+                .map(|p| format!("{:.1}", each(p.kernelbox_removal)))
+                .collect();
+            let docker: Vec<String> = curve
+                .iter()
+                .map(|p| format!("{:.1}", each(p.docker_rm)))
+                .collect();
+            self.rows.push(
+                Row::new(
+                    format!(
+                        "remove {RATE_WINDOW} idle kernels at {} live (sessions cleared, \
+                         {REMOVAL_CONCURRENCY} at a time; ratio at {})",
+                        lives.join("/"),
+                        last.live
+                    ),
+                    format!("{} ms per kernel", kb.join(" / ")),
+                )
+                .floor(
+                    format!(
+                        "`docker rm -f` of the {RATE_WINDOW} `docker run -d` containers: {} ms each",
+                        docker.join(" / ")
+                    ),
+                    last.kernelbox_removal.as_secs_f64() / last.docker_rm.as_secs_f64(),
+                ),
+            );
+        }
         self.notes.push(format!(
             "start-rate curve: the ramp to {n} pauses at each live count of the curve; there \
              {RATE_WINDOW} idle `sleep` containers with a kernel's sandbox are started with \
@@ -322,6 +356,8 @@ impl Bench {
                         "kernelbox_per_s": p.kernels_per_s(),
                         "docker_run_d_window_s": p.docker_run.as_secs_f64(),
                         "docker_run_d_per_s": p.docker_per_s(),
+                        "kernelbox_removal_s": p.kernelbox_removal.as_secs_f64(),
+                        "docker_rm_f_s": p.docker_rm.as_secs_f64(),
                     }))
                     .collect::<Vec<Value>>(),
                 "shutdown_s": shutdown.as_secs_f64(),
@@ -386,10 +422,13 @@ impl Bench {
         let (docker_run, ids) =
             docker_run_detached(&self.engine, &self.label, RATE_WINDOW, DENSITY_CONCURRENCY)
                 .await?;
-        docker_rm_f(&self.engine, &self.label, &ids).await?;
+        let docker_rm = docker_rm_f(&self.engine, &self.label, &ids).await?;
         tokio::time::sleep(RATE_SETTLE).await;
         let prefix = format!("rate-{live}");
         let window = self.start_idle(&prefix, 0..RATE_WINDOW).await;
+        // Idle first, as the N kernels are when they are removed.
+        tokio::time::sleep(RATE_SETTLE).await;
+        let t = Instant::now();
         futures::stream::iter(0..RATE_WINDOW)
             .for_each_concurrent(REMOVAL_CONCURRENCY, |i| {
                 let session = format!("{prefix}-{i}");
@@ -398,12 +437,15 @@ impl Bench {
                 }
             })
             .await;
+        let kernelbox_removal = t.elapsed();
         tokio::time::sleep(RATE_SETTLE).await;
         let (kernelbox, _) = window?;
         Ok(RatePoint {
             live,
             kernelbox,
             docker_run,
+            kernelbox_removal,
+            docker_rm,
         })
     }
 }
