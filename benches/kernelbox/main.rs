@@ -11,8 +11,9 @@
 //! cell on a hit and a miss, a burst of new owners, refill, idle memory); a no-op tool call from
 //! inside a cell; many owners times many cells concurrently; the plain and data-science images
 //! side by side (size, cold start, idle memory; the latter only when built); N idle kernels
-//! (start time, host memory,
-//! kernelbox's RSS); and, when ipykernel installs quickly into `target/bench-venv`, a Jupyter
+//! (start time, the start rate at 50 to 1000 live kernels against `docker run -d`, host
+//! memory, one kernel's processes, kernelbox's RSS, and the shutdown that removes them against
+//! `docker rm -f`); and, when ipykernel installs quickly into `target/bench-venv`, a Jupyter
 //! kernel as the reference users know. Prints a markdown table and writes the same data as
 //! JSON (default `target/bench.json`). Everything created carries
 //! `io.kernelbox-test.case=bench-<uuid>`; the run ends by asserting nothing labelled remains.
