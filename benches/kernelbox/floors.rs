@@ -1,7 +1,9 @@
 //! The floors: what the engine allows on the same machine, measured with the kernel image and a
 //! kernel's sandbox. A line echoed by python3 through a docker attach ([`EchoFloor`], for warm
 //! cells), one `docker run --rm IMAGE python3 -c pass` ([`docker_run_once`], for cold starts),
-//! and idle `sleep` containers ([`container_floor`], for memory per kernel).
+//! idle `sleep` containers ([`container_floor`], for memory per kernel and, removed with
+//! `docker rm -f`, for a shutdown), and `docker run -d` of such containers
+//! ([`docker_run_detached`], for the start rate at a live count).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -16,7 +18,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
 use crate::events::Window;
-use crate::host::{HostMemory, MIB};
+use crate::host::{container_processes, ContainerProcess, HostMemory, MIB};
 use crate::phases::DENSITY_CONCURRENCY;
 use crate::stats::ms;
 use crate::{CASE, IMAGE};
@@ -33,6 +35,130 @@ fn floor_spec(label: &str, cmd: &[&str]) -> ContainerSpec {
         labels: BTreeMap::from([(CASE.to_string(), label.to_string())]),
         mounts: Vec::new(),
         sandbox: Sandbox::default(),
+    }
+}
+
+/// `docker run -d` of the floor container of `cmd`: [`floor_spec`]'s image, user, working
+/// directory, labels and sandbox as the CLI's flags (what `BollardEngine::create_container`
+/// asks of the engine: open stdin, auto-removal, init, no log driver).
+fn floor_run_args(label: &str, cmd: &[&str]) -> Vec<String> {
+    let spec = floor_spec(label, cmd);
+    let s = &spec.sandbox;
+    let mut args: Vec<String> = ["run", "-d", "-i", "--rm", "--init"]
+        .map(String::from)
+        .to_vec();
+    let mut flag = |name: &str, value: String| {
+        args.push(name.to_string());
+        args.push(value);
+    };
+    flag("--runtime", s.runtime.name().into());
+    flag("--network", s.network_mode.clone());
+    flag("--cap-drop", "ALL".into());
+    flag("--security-opt", "no-new-privileges".into());
+    flag("--tmpfs", format!("/tmp:{}", s.tmp_mount_options()));
+    flag("--memory", s.memory_bytes.to_string());
+    flag("--memory-swap", s.memory_bytes.to_string());
+    flag("--cpus", format!("{}", s.nano_cpus as f64 / 1e9));
+    flag("--pids-limit", s.pids_limit.to_string());
+    flag("--log-driver", "none".into());
+    flag("--user", spec.user.clone());
+    flag("--workdir", spec.working_dir.clone());
+    for (k, v) in &spec.labels {
+        flag("--label", format!("{k}={v}"));
+    }
+    if s.readonly_rootfs {
+        args.push("--read-only".into());
+    }
+    args.push(spec.image.clone());
+    args.extend(spec.cmd.iter().cloned());
+    args
+}
+
+/// Starts `n` idle `sleep` floor containers with `docker run -d` (the CLI), `concurrency` at a
+/// time; returns the wall time and their ids. The caller removes them ([`docker_rm_f`]); on an
+/// error those started are removed here.
+pub async fn docker_run_detached(
+    engine: &Arc<dyn Engine>,
+    label: &str,
+    n: usize,
+    concurrency: usize,
+) -> Result<(Duration, Vec<String>)> {
+    let args = floor_run_args(label, &["sleep", "infinity"]);
+    let t = Instant::now();
+    let started: Vec<Result<String>> = futures::stream::iter(0..n)
+        .map(|_| {
+            let args = args.clone();
+            async move {
+                let out = Command::new("docker")
+                    .args(&args)
+                    .kill_on_drop(true)
+                    .output()
+                    .await
+                    .context("spawning docker")?;
+                if !out.status.success() {
+                    bail!(
+                        "docker run -d failed: {}",
+                        String::from_utf8_lossy(&out.stderr)
+                    );
+                }
+                Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+            }
+        })
+        .buffer_unordered(concurrency)
+        .collect()
+        .await;
+    let wall = t.elapsed();
+    let ids: Vec<String> = started
+        .iter()
+        .filter_map(|r| r.as_ref().ok().cloned())
+        .collect();
+    if let Some(Err(e)) = started.into_iter().find(Result::is_err) {
+        let _ = docker_rm_f(engine, label, &ids).await;
+        return Err(e.context("starting the docker run -d floor containers"));
+    }
+    Ok((wall, ids))
+}
+
+/// Removes containers with one `docker rm -f ID...` (the CLI removes them in parallel) and
+/// waits until the engine lists none of them; returns the wall time of both. A container whose
+/// auto-removal the kill set off may be reported as already being removed: that is waited for.
+pub async fn docker_rm_f(
+    engine: &Arc<dyn Engine>,
+    label: &str,
+    ids: &[String],
+) -> Result<Duration> {
+    let t = Instant::now();
+    if ids.is_empty() {
+        return Ok(t.elapsed());
+    }
+    let out = Command::new("docker")
+        .args(["rm", "-f"])
+        .args(ids)
+        .kill_on_drop(true)
+        .output()
+        .await
+        .context("spawning docker")?;
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let unexpected = stderr
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .any(|l| !l.contains("already in progress") && !l.contains("No such container"));
+        if unexpected {
+            bail!("docker rm -f failed: {stderr}");
+        }
+    }
+    let filter = [format!("{CASE}={label}")];
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let listed = engine.list_containers(&filter).await?;
+        if !listed.iter().any(|c| ids.contains(&c.id)) {
+            return Ok(t.elapsed());
+        }
+        if Instant::now() > deadline {
+            bail!("docker rm -f: containers still listed after 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -139,11 +265,16 @@ pub struct ContainerFloor {
     pub per_container_mib: f64,
     /// Per helper kind, its PSS growth per container in MiB.
     pub helpers: Value,
+    /// Removing them all with `docker rm -f` ([`docker_rm_f`]): the shutdown's floor.
+    pub removal: Duration,
+    /// One of them, process by process.
+    pub processes: Vec<ContainerProcess>,
 }
 
 /// Starts `n` containers that only sleep, with a kernel's sandbox (init, limits, read-only
 /// root, no network) through the same [`Engine`], and measures host memory as for kernels:
-/// what any container costs on this host before kernelbox runs Python in it.
+/// what any container costs on this host before kernelbox runs Python in it. Then times their
+/// removal with `docker rm -f`.
 pub async fn container_floor(
     engine: &Arc<dyn Engine>,
     label: &str,
@@ -180,16 +311,25 @@ pub async fn container_floor(
                 (h.kind.to_string(), json!(per))
             })
             .collect();
-        Ok(ContainerFloor {
-            per_container_mib: after.mib_per(&before, n),
-            helpers: Value::Object(helpers),
-        })
+        let processes = match ids.first() {
+            Some(id) => container_processes(id).await,
+            None => Vec::new(),
+        };
+        Ok((after.mib_per(&before, n), Value::Object(helpers), processes))
     }
     .await;
-    futures::stream::iter(ids)
-        .for_each_concurrent(32, |id| async move {
+    let removal = docker_rm_f(engine, label, &ids).await;
+    // Whatever the CLI left (after an error) goes through the engine.
+    futures::stream::iter(ids.clone())
+        .for_each_concurrent(kernelbox::docker::REMOVAL_CONCURRENCY, |id| async move {
             let _ = engine.remove_container(&id).await;
         })
         .await;
-    measured
+    let (per_container_mib, helpers, processes) = measured?;
+    Ok(ContainerFloor {
+        per_container_mib,
+        helpers,
+        removal: removal?,
+        processes,
+    })
 }

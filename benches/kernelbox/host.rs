@@ -181,3 +181,99 @@ pub fn loadavg() -> f64 {
         .and_then(|l| l.split_whitespace().next().and_then(|v| v.parse().ok()))
         .unwrap_or(f64::NAN)
 }
+
+/// One process of a container, or of the engine on its behalf, by smaps_rollup.
+pub struct ContainerProcess {
+    /// `init` (the container's first process: docker-init), its children by `comm`
+    /// (`python3`, `sleep`), `containerd-shim` or `fuse-overlayfs`.
+    pub name: String,
+    pub pss_bytes: u64,
+    pub anon_bytes: u64,
+}
+
+/// The processes one container costs the host: its own (init and init's children), its
+/// containerd shim (init's parent) and, on a fuse-overlayfs engine, the mount's process (the
+/// one whose command line names the container's merged directory). Empty when the container
+/// cannot be inspected.
+pub async fn container_processes(id: &str) -> Vec<ContainerProcess> {
+    let Ok(out) = Command::new("docker")
+        .args([
+            "inspect",
+            "-f",
+            "{{.State.Pid}} {{.GraphDriver.Data.MergedDir}}",
+            id,
+        ])
+        .output()
+        .await
+    else {
+        return Vec::new();
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut fields = text.split_whitespace();
+    let Some(pid) = fields.next().and_then(|p| p.parse::<u32>().ok()) else {
+        return Vec::new();
+    };
+    let merged = fields.next().unwrap_or_default().to_string();
+    let rollup = |name: &str, pid: u32| -> Option<ContainerProcess> {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
+        Some(ContainerProcess {
+            name: name.to_string(),
+            pss_bytes: kib_field(&text, "Pss:")?,
+            anon_bytes: kib_field(&text, "Anonymous:").unwrap_or(0),
+        })
+    };
+    let mut found: Vec<ContainerProcess> = rollup("init", pid).into_iter().collect();
+    let children =
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    for child in children.split_whitespace().filter_map(|c| c.parse().ok()) {
+        let comm = std::fs::read_to_string(format!("/proc/{child}/comm")).unwrap_or_default();
+        found.extend(rollup(comm.trim(), child));
+    }
+    let parent = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            // The fields after the command's closing parenthesis: state, then the parent.
+            let rest = s.rsplit_once(')')?.1.to_string();
+            rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+        });
+    if let Some(shim) = parent {
+        found.extend(rollup("containerd-shim", shim));
+    }
+    if !merged.is_empty() && merged != "<no value>" {
+        if let Ok(dir) = std::fs::read_dir("/proc") {
+            for entry in dir.flatten() {
+                let path = entry.path();
+                let is_fuse = std::fs::read_to_string(path.join("comm"))
+                    .is_ok_and(|c| c.trim() == "fuse-overlayfs");
+                if !is_fuse {
+                    continue;
+                }
+                let cmdline = std::fs::read(path.join("cmdline")).unwrap_or_default();
+                let names_it = cmdline
+                    .windows(merged.len())
+                    .any(|w| w == merged.as_bytes());
+                let fuse_pid = entry.file_name().to_str().and_then(|p| p.parse().ok());
+                if let (true, Some(fuse_pid)) = (names_it, fuse_pid) {
+                    found.extend(rollup("fuse-overlayfs", fuse_pid));
+                }
+            }
+        }
+    }
+    found
+}
+
+/// `name anon/pss MiB` for each process, for a row.
+pub fn describe_processes(processes: &[ContainerProcess]) -> String {
+    processes
+        .iter()
+        .map(|p| {
+            format!(
+                "{} {:.2}/{:.2}",
+                p.name,
+                p.anon_bytes as f64 / MIB,
+                p.pss_bytes as f64 / MIB
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}

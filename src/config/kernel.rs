@@ -90,6 +90,14 @@ pub struct Sandbox {
     pub keep_stopped: bool,
 }
 
+impl Sandbox {
+    /// The mount options of the tmpfs at `/tmp`: what the engine is asked for (and what the
+    /// bench's `docker run` floor passes to `--tmpfs`).
+    pub fn tmp_mount_options(&self) -> String {
+        format!("rw,nosuid,nodev,size={},mode=1777", self.tmp_bytes)
+    }
+}
+
 impl Default for Sandbox {
     fn default() -> Self {
         Sandbox {

@@ -315,7 +315,7 @@ impl Engine for BollardEngine {
             readonly_rootfs: Some(sandbox.readonly_rootfs),
             tmpfs: Some(HashMap::from([(
                 "/tmp".to_string(),
-                format!("rw,nosuid,nodev,size={},mode=1777", sandbox.tmp_bytes),
+                sandbox.tmp_mount_options(),
             )])),
             memory: Some(sandbox.memory_bytes),
             memory_swap: Some(sandbox.memory_bytes),

@@ -19,8 +19,9 @@
 //!   idle memory, and the data-science image's first plot.
 //! - `hibernate.rs`: hibernation under runsc: checkpoint, restore and the next call of an idle
 //!   kernel and of one holding 100 MB, against a cold first cell under runsc.
-//! - `density.rs`: N idle kernels: start time, host memory against idle containers, cgroup
-//!   memory, helper processes, kernelbox's RSS.
+//! - `density.rs`: N idle kernels: start time, the start rate at 50 to 1000 live kernels
+//!   against `docker run -d`, host memory against idle containers, cgroup memory, helper
+//!   processes, kernelbox's RSS, and the shutdown that removes them against `docker rm -f`.
 //! - `jupyter.rs` (+ `jupyter.py`): ipykernel through jupyter_client in `target/bench-venv`,
 //!   the reference users know.
 
@@ -52,6 +53,10 @@ use crate::{Args, Sizes, CASE};
 
 /// Kernels (and floor containers) started at once in the density phase.
 pub const DENSITY_CONCURRENCY: usize = 8;
+
+/// Starts in each window of the density phase's start-rate curve, kernelbox's and `docker run
+/// -d`'s: kernels started on top of the N idle ones, so the host's cap is N plus this.
+pub const RATE_WINDOW: usize = 40;
 
 /// The state of a run: what the phases share, and what they report.
 pub struct Bench {
