@@ -315,6 +315,9 @@ class _Inbox:
 # The runner, for what hibernation closes and reopens (see _hibernate).
 _RUNNER = [None]
 
+# The pid of the relay whose streams are the channel after a restore (see _hibernate).
+_RELAY = [None]
+
 # Bumped when the kernel hibernates: a watcher of an earlier channel returns instead of ending
 # the kernel when that channel closes (see _hibernate).
 _EPOCH = [0]
@@ -427,6 +430,20 @@ def _hibernate(ch, token, staging, runner):
     _EPOCH[0] += 1
     _dup2(ch.null, ch.inp)
     ch.send({"op": "hibernating", "ok": True})
+    # Nothing of the host's may stay open through the checkpoint (a restore cannot give the
+    # sandbox back the host's descriptors of an earlier exec): the channel's output and fds 1
+    # and 2 go to /dev/null, and a previous restore's relay goes.
+    sink = os.open(os.devnull, os.O_WRONLY)
+    with ch.lock:
+        for fd in (ch.out, ch.cell_out, 1, 2):
+            _dup2(sink, fd)
+    _close(sink)
+    if _RELAY[0]:
+        try:
+            os.kill(_RELAY[0], 9)
+        except OSError:
+            pass
+        _RELAY[0] = None
     want = token[16:].encode()
     fds = array.array("i")
     try:
@@ -442,7 +459,10 @@ def _hibernate(ch, token, staging, runner):
                 msg = b""
             finally:
                 conn.close()
-            if msg == want and len(fds) == 3:
+            # The relay sends the secret, a space and its pid (ended at the next hibernation).
+            secret, _, pid = msg.partition(b" ")
+            if secret == want and len(fds) == 3:
+                _RELAY[0] = int(pid) if pid.isdigit() and int(pid) > 1 else None
                 break
             for fd in fds:
                 _close(fd)

@@ -26,10 +26,7 @@ async fn case(name: &str, dir: &std::path::Path, tweak: impl FnOnce(&mut Hiberna
         ..HibernateConfig::default()
     };
     tweak(&mut hibernate);
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
+    logs();
     Case::with(name, |c| {
         c.spec.sandbox.runtime = KernelRuntime::Runsc;
         c.kernels.idle_timeout = IDLE;
@@ -37,6 +34,14 @@ async fn case(name: &str, dir: &std::path::Path, tweak: impl FnOnce(&mut Hiberna
         c.hibernate = Some(hibernate);
     })
     .await
+}
+
+/// kernelbox's log in the test's output, at `RUST_LOG`'s level.
+fn logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
 }
 
 /// Waits past the idle timeout and runs the reaper once.
@@ -92,6 +97,19 @@ async fn an_idle_kernel_hibernates_and_its_next_call_finds_its_memory_and_files(
         on_disk > 40 << 20,
         "the checkpoint holds the 50 MB: {on_disk} bytes"
     );
+    // Reading a hibernated session's file is served by its kernel, restored for it.
+    let path = kernelbox::FilePath::parse("note.txt").unwrap();
+    let read = case
+        .kb
+        .read_file(
+            &kernelbox::orchestrator::FileRequest::session("s"),
+            &path,
+            false,
+        )
+        .await
+        .expect("the file of a hibernated kernel is read");
+    assert!(matches!(read, kernelbox::Download::File { size: 4, .. }));
+    drop(read);
 
     let back = case.run("s", CHECK).await;
     assert_eq!(back.status, CellStatus::Success, "{back:?}");
@@ -335,5 +353,45 @@ async fn a_kernel_evicted_to_make_room_hibernates_and_comes_back() {
         b.kernel.restored.map(|r| r.from).as_deref(),
         Some("evicted")
     );
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn a_restored_kernel_hibernates_again_and_neither_the_pool_nor_a_reset_brings_back_another() {
+    logs();
+    let dir = tempfile::tempdir().unwrap();
+    let case = Case::with("hibernate-cycles", |c| {
+        c.spec.sandbox.runtime = KernelRuntime::Runsc;
+        c.kernels.idle_timeout = IDLE;
+        c.pool.size = 1;
+        c.hibernate = Some(HibernateConfig {
+            dir: Some(dir.path().to_path_buf()),
+            ..HibernateConfig::default()
+        });
+    })
+    .await;
+    case.run("s", "x = 1").await;
+    for round in 2..=3 {
+        idle_and_reap(&case).await;
+        assert_eq!(case.kb.hibernated(), 1, "round {round}");
+        // A ready pooled kernel is there: the session still gets its own back.
+        assert!(case.kb.wait_pool_ready(1, Duration::from_secs(60)).await);
+        let r = case.run("s", "x += 1\nprint(x)").await;
+        assert_eq!(r.output, format!("{round}\n"), "round {round}: {r:?}");
+        assert!(r.kernel.restored.is_some(), "round {round}: {r:?}");
+    }
+    let generation = case.run("s", "pass").await.kernel.generation;
+    idle_and_reap(&case).await;
+    assert_eq!(case.kb.hibernated(), 1);
+    let reset = case
+        .exec(ExecuteRequest {
+            reset: true,
+            ..ExecuteRequest::new("s", "print('x' in dir())")
+        })
+        .await;
+    assert_eq!(reset.output, "False\n", "{reset:?}");
+    assert!(reset.kernel.restored.is_none());
+    assert!(reset.kernel.generation > generation, "{reset:?}");
+    assert_eq!(case.kb.hibernated(), 0);
     case.finish().await;
 }

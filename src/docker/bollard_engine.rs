@@ -536,6 +536,7 @@ impl Engine for BollardEngine {
             .join(id)
             .join("checkpoints")
             .join(name);
+        let into_dir = into.clone();
         let placed = tokio::task::spawn_blocking(move || place_checkpoint(&from, &into))
             .await
             .map_err(|e| std::io::Error::other(e.to_string()))
@@ -545,10 +546,15 @@ impl Engine for BollardEngine {
             target: id.to_string(),
             message: format!("placing the checkpoint in the engine's data root: {e}"),
         })?;
-        self.docker
+        let started = self
+            .docker
             .start_container(&format!("{id}/start?checkpoint={name}&_="), None)
             .await
-            .map_err(|e| map_err("restore", id, e))
+            .map_err(|e| map_err("restore", id, e));
+        // The engine's copy served its one start: a memory image does not stay on disk for
+        // the kernel's life.
+        let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(into_dir)).await;
+        started
     }
 
     async fn kill(&self, id: &str) -> Result<(), EngineError> {

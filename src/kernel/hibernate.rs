@@ -83,6 +83,9 @@ impl Kernel {
             return Err(fail("the kernel is not idle".into()));
         }
         // The first 16 characters name the runner's socket, the other 32 are the secret.
+        if !self.files.end_idle().await {
+            return Err(fail("a file transfer is under way".into()));
+        }
         let token = format!(
             "{:016x}{:032x}",
             rand::rng().random::<u64>(),
@@ -108,9 +111,9 @@ impl Kernel {
             }
         })
         .await
-        .map_err(|_| fail(format!("the runner did not answer within {limit:?}")))?
-        .map_err(fail)?;
+        .map_err(|_| fail(format!("the runner did not answer within {limit:?}")));
         self.shared.hibernating.store(false, Ordering::Release);
+        let answer = answer?.map_err(fail)?;
         match answer {
             (true, _) => {}
             (false, error) => return Err(fail(error.unwrap_or_else(|| "refused".into()))),

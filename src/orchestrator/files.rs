@@ -148,6 +148,22 @@ impl Orchestrator {
         }
     }
 
+    /// Holds the owner's live kernel, restored first when it hibernated (`hibernate.rs`): its
+    /// files are the kernel's; [`FileError::NoKernel`] when it has neither.
+    async fn hold_awake(&self, request: &FileRequest, owner: &Owner) -> Result<Hold, FileError> {
+        match self.hold_live(owner) {
+            Err(FileError::NoKernel { .. }) => {}
+            other => return other,
+        }
+        let key = self.kernel_key(owner.clone(), &request.scope)?;
+        if !self.inner.registry.is_hibernated(&key) {
+            return Err(FileError::NoKernel {
+                owner: owner.to_string(),
+            });
+        }
+        self.hold_or_start(request, owner).await
+    }
+
     /// Holds the owner's live kernel, starting one (as an execute would) when it has none.
     pub(super) async fn hold_or_start(
         &self,
@@ -302,7 +318,7 @@ impl Orchestrator {
         tar: bool,
     ) -> Result<Download, FileError> {
         let owner = self.file_owner(request)?;
-        let hold = self.hold_live(&owner)?;
+        let hold = self.hold_awake(request, &owner).await?;
         let kernel = hold.kernel()?;
         let (rate, grace) = (
             self.inner.config.files.download_min_rate,
@@ -350,7 +366,7 @@ impl Orchestrator {
             ));
         }
         let owner = self.file_owner(request)?;
-        let hold = self.hold_live(&owner)?;
+        let hold = self.hold_awake(request, &owner).await?;
         Ok(hold.kernel()?.remove_file(path).await?)
     }
 }

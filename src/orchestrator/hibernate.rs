@@ -119,10 +119,27 @@ impl Orchestrator {
         }
     }
 
-    /// Where checkpoints are written, created (mode 0700) if missing.
-    async fn checkpoint_dir(&self) -> std::io::Result<std::path::PathBuf> {
+    /// Removes the checkpoints left in the checkpoints' directory (`kb-*`): at start (an
+    /// earlier run's are never restored: their containers went with that run) and at
+    /// shutdown, after the discards.
+    pub(super) async fn clear_checkpoints(&self) {
+        if self.inner.config.hibernate.is_none() {
+            return;
+        }
+        let dir = self.checkpoint_path();
+        let _ = tokio::task::spawn_blocking(move || {
+            for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+                if entry.file_name().to_string_lossy().starts_with("kb-") {
+                    let _ = std::fs::remove_dir_all(entry.path());
+                }
+            }
+        })
+        .await;
+    }
+
+    fn checkpoint_path(&self) -> std::path::PathBuf {
         let config = &self.inner.config;
-        let dir = match (
+        match (
             config.hibernate.as_ref().and_then(|h| h.dir.clone()),
             &config.housekeeping.state_dir,
         ) {
@@ -130,7 +147,12 @@ impl Orchestrator {
             (None, Some(state)) => state.join("checkpoints"),
             (None, None) => std::env::temp_dir()
                 .join(format!("kernelbox-checkpoints-{}", self.inner.instance.id)),
-        };
+        }
+    }
+
+    /// Where checkpoints are written, created (mode 0700) if missing.
+    async fn checkpoint_dir(&self) -> std::io::Result<std::path::PathBuf> {
+        let dir = self.checkpoint_path();
         tokio::task::spawn_blocking(move || {
             use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
             std::fs::DirBuilder::new()

@@ -200,6 +200,11 @@ impl Orchestrator {
         let (mut reset, mut state_reset) = (reset, false);
         let limits = self.with_hibernation(key, limits);
         self.await_hibernation(key).await;
+        if reset {
+            // A reset discards a hibernated kernel too: the next one is new.
+            let gone = self.inner.registry.remove_hibernated(|k| k == key);
+            self.discard_checkpoints(gone).await;
+        }
         loop {
             let span = Span::start("admission");
             let admitted = span.within(self.admit(key, reset, limits, admission)).await;
@@ -327,6 +332,9 @@ impl Orchestrator {
         slot: &Slot,
         lost: &mut Option<StateLost>,
     ) -> Result<Arc<Kernel>, KernelError> {
+        // The reaper may have taken the key's idle slot just before this call's: its
+        // hibernation is then awaited here, and restored.
+        self.await_hibernation(key).await;
         match self.restore_hibernated(key).await {
             Some(Ok(kernel)) => return Ok(kernel),
             Some(Err(reason)) => {

@@ -148,6 +148,11 @@ impl Orchestrator {
             false,
         );
         self.dispose_slots(slots).await;
+        let hibernated = self.inner.registry.remove_hibernated(|k| {
+            let o = &k.owner;
+            o.tenant == tenant && o.session == session && o.child.as_deref() == Some(child)
+        });
+        self.discard_checkpoints(hibernated).await;
         n
     }
 

@@ -19,6 +19,7 @@ impl Orchestrator {
         // Hibernated kernels do not outlive the server (`docs/runtimes.md`, "Hibernation").
         let hibernated = inner.registry.remove_hibernated(|_| true);
         self.discard_checkpoints(hibernated).await;
+        self.clear_checkpoints().await;
         // The pool's refills in flight dispose of their kernels; then the pool goes.
         self.stop_pool(Duration::from_secs(10)).await;
         // Anything the registry no longer knows (a spawn racing the shutdown) goes by label.

@@ -167,6 +167,9 @@ impl Orchestrator {
     /// pool's refill.
     fn start_tasks(&self) {
         let i = &self.inner;
+        let clearing = self.clone();
+        i.tracker
+            .spawn(async move { clearing.clear_checkpoints().await });
         i.tracker.spawn(i.monitor.clone().run(
             i.engine.clone(),
             vec![

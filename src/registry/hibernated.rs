@@ -45,10 +45,6 @@ impl Inner {
             .insert(key.clone(), Hibernated::Pending(CancellationToken::new()));
     }
 
-    pub(super) fn has_checkpoint(&self, key: &KernelKey) -> bool {
-        matches!(self.hibernated.get(key), Some(Hibernated::Ready(_)))
-    }
-
     /// The oldest ready checkpoint among the keys `pick` accepts.
     fn oldest_checkpoint(&self, pick: impl Fn(&KernelKey) -> bool) -> Option<KernelKey> {
         self.hibernated
@@ -236,6 +232,11 @@ impl Registry {
         old.iter()
             .filter_map(|k| inner.drop_checkpoint(k))
             .collect()
+    }
+
+    /// True when `key`'s kernel hibernated (or is hibernating).
+    pub fn is_hibernated(&self, key: &KernelKey) -> bool {
+        self.lock().hibernated.contains_key(key)
     }
 
     /// Hibernated kernels (checkpointed or being checkpointed).

@@ -297,6 +297,8 @@ impl Registry {
                 .settings_of(&key.owner)
                 .is_some_and(|s| s.shapes_the_container())
         });
+        // A key whose kernel hibernated gets it back, never a pooled one (`hibernated.rs`).
+        let spec = spec.filter(|_| !inner.hibernated.contains_key(key));
         let taking = spec.filter(|_| new_slot).and_then(|s| inner.pool_find(s));
         if !inner.slots.contains_key(key) {
             match inner.admit(key, limits, self.max_kernels, taking) {
@@ -359,7 +361,7 @@ impl Registry {
                 inner.remember(key);
                 inner.take_seed(key);
                 // A hibernated kernel comes back as the same generation.
-                let restoring = inner.has_checkpoint(key);
+                let restoring = inner.hibernated.contains_key(key);
                 let generation = {
                     let g = inner.generations.entry(key.clone()).or_insert(0);
                     if !restoring || *g == 0 {

@@ -147,6 +147,29 @@ impl Resident {
         self.slot.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Ends the idle resident helper, if there is one (a kernel about to hibernate holds no
+    /// exec's streams through its checkpoint); false when a transfer is using it.
+    pub(in crate::kernel) async fn end_idle(&self) -> bool {
+        let helper = {
+            let mut slot = self.lock();
+            match std::mem::replace(&mut *slot, Slot::Empty) {
+                Slot::Empty => None,
+                Slot::Busy => {
+                    *slot = Slot::Busy;
+                    return false;
+                }
+                Slot::Idle { helper, timer } => {
+                    timer.cancel();
+                    Some(helper)
+                }
+            }
+        };
+        if let Some(helper) = helper {
+            helper.close().await;
+        }
+        true
+    }
+
     fn take(&self) -> Take {
         let mut slot = self.lock();
         match std::mem::replace(&mut *slot, Slot::Busy) {
