@@ -149,14 +149,14 @@ fn staging_volume(
     }
 }
 
-/// The mounts of the working directory in `mode` (the staging volume `volume`, and the project
-/// directory in project mode or the session's `workspace` volume in strict mode), and where
-/// spills go inside the kernel.
 /// Where the staging volume is mounted, given the spill directory [`work_mounts`] chose.
 pub(super) fn staging_root(spill_dir: &str) -> &str {
     spill_dir.strip_suffix("/.kernelbox").unwrap_or(spill_dir)
 }
 
+/// The mounts of the working directory in `mode` (the staging volume `volume`, and the project
+/// directory in project mode or the session's `workspace` volume in strict mode), and where
+/// spills go inside the kernel.
 fn work_mounts(mode: &WorkMode, volume: &str, workspace: Option<&str>) -> (Vec<Mount>, String) {
     match (mode, workspace) {
         (WorkMode::Strict, Some(workspace)) => (
