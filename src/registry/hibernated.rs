@@ -74,19 +74,22 @@ impl Inner {
             .count()
     }
 
+    /// Removes `key`'s checkpoint, if it has one ready (a pending hibernation stays).
+    fn take_ready(&mut self, key: &KernelKey) -> Option<Checkpoint> {
+        if !matches!(self.hibernated.get(key), Some(Hibernated::Ready(_))) {
+            return None;
+        }
+        match self.hibernated.remove(key) {
+            Some(Hibernated::Ready(c)) => Some(*c),
+            _ => None,
+        }
+    }
+
     /// Removes `key`'s checkpoint, recording the loss it stands for.
     fn drop_checkpoint(&mut self, key: &KernelKey) -> Option<Checkpoint> {
-        match self.hibernated.remove(key) {
-            Some(Hibernated::Ready(c)) => {
-                self.record_loss(key, LossReason::IdleReaped);
-                Some(*c)
-            }
-            Some(pending) => {
-                self.hibernated.insert(key.clone(), pending);
-                None
-            }
-            None => None,
-        }
+        let checkpoint = self.take_ready(key)?;
+        self.record_loss(key, LossReason::IdleReaped);
+        Some(checkpoint)
     }
 }
 
@@ -183,15 +186,7 @@ impl Registry {
 
     /// Takes `key`'s checkpoint, for its next kernel to restore.
     pub fn take_checkpoint(&self, key: &KernelKey) -> Option<Checkpoint> {
-        let mut inner = self.lock();
-        match inner.hibernated.remove(key) {
-            Some(Hibernated::Ready(c)) => Some(*c),
-            Some(pending) => {
-                inner.hibernated.insert(key.clone(), pending);
-                None
-            }
-            None => None,
-        }
+        self.lock().take_ready(key)
     }
 
     /// Forgets the hibernations of the keys `pick` accepts, without a loss (their session was

@@ -348,26 +348,8 @@ impl Tenants {
                     })?)
                 }
             };
-            let usage_admin = match obj.get("usage_admin") {
-                None | Some(Value::Null) => false,
-                Some(Value::Bool(b)) => *b,
-                Some(_) => {
-                    return Err(bad(
-                        format!("{at}.usage_admin"),
-                        "must be true or false".into(),
-                    ))
-                }
-            };
-            let hibernate = match obj.get("hibernate") {
-                None | Some(Value::Null) => false,
-                Some(Value::Bool(b)) => *b,
-                Some(_) => {
-                    return Err(bad(
-                        format!("{at}.hibernate"),
-                        "must be true or false".into(),
-                    ))
-                }
-            };
+            let usage_admin = optional_bool(obj, "usage_admin", &at, &bad)?;
+            let hibernate = optional_bool(obj, "hibernate", &at, &bad)?;
             let audit = parse_audit(obj.get("audit"))
                 .map_err(|(field, reason)| bad(format!("{at}.audit{field}"), reason))?;
             let session_limits = match obj.get("session_limits") {
@@ -527,6 +509,20 @@ fn required_str<'v>(
         None => Err(bad(format!("{at}.{key}"), "missing".into())),
         Some(Value::String(s)) => Ok(s),
         Some(_) => Err(bad(format!("{at}.{key}"), "must be a string".into())),
+    }
+}
+
+/// A field that is `true`, `false`, absent or `null` (false).
+fn optional_bool(
+    obj: &Map<String, Value>,
+    key: &str,
+    at: &str,
+    bad: Bad<'_>,
+) -> Result<bool, TenantsError> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(bad(format!("{at}.{key}"), "must be true or false".into())),
     }
 }
 
