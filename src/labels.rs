@@ -66,11 +66,95 @@ pub fn owner_name(tenant: &str, owner: &str, short_id: &str) -> String {
     )
 }
 
-/// Reads `(tenant, owner)` back from an [`owner_name`] (with or without Docker's leading `/`).
+/// Prefix of the name of a hibernated kernel's stopped container.
+const HIBERNATED_NAME_PREFIX: &str = "kbh";
+
+/// Prefix of the name of a kernel container run by another instance than the one whose
+/// labels it carries (restored from its checkpoint after a restart of the server).
+const RUN_BY_NAME_PREFIX: &str = "kbr";
+
+/// The name of a hibernated kernel's stopped container: `kbh.SINCE.TENANT.OWNER.SHORTID`,
+/// `SINCE` when it hibernated (Unix seconds). Its labels name the instance that created it,
+/// which may be gone while the checkpoint outlives it (`docs/runtimes.md`, "Hibernation"):
+/// the name tells every sweep to leave it (`instance::sweep`).
+pub fn hibernated_name(since: u64, tenant: &str, owner: &str, short_id: &str) -> String {
+    format!(
+        "{HIBERNATED_NAME_PREFIX}.{since}.{}",
+        &owner_name(tenant, owner, short_id)[OWNER_NAME_PREFIX.len() + 1..]
+    )
+}
+
+/// The name of a kernel container restored by an instance (its id, pid and the pid's start
+/// time): `kbr.INSTANCE.PID.PIDSTART.TENANT.OWNER.SHORTID`. Sweeps judge its liveness by
+/// this, not by the labels of the instance that created it.
+pub fn run_by_name(
+    instance: &str,
+    pid: u32,
+    pid_start: u64,
+    tenant: &str,
+    owner: &str,
+    short_id: &str,
+) -> String {
+    format!(
+        "{RUN_BY_NAME_PREFIX}.{}.{pid}.{pid_start}.{}",
+        escape(instance),
+        &owner_name(tenant, owner, short_id)[OWNER_NAME_PREFIX.len() + 1..]
+    )
+}
+
+/// What a container's name says of it, beyond its labels.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NameClaim {
+    /// A hibernated kernel's, since this time (Unix seconds).
+    Hibernated {
+        /// When it hibernated.
+        since: u64,
+    },
+    /// Run by this instance (restored after a restart).
+    RunBy {
+        /// The instance's id.
+        instance: String,
+        /// Its process.
+        pid: u32,
+        /// The process's start time (`/proc/PID/stat`).
+        pid_start: u64,
+    },
+    /// Nothing: its labels tell.
+    Nothing,
+}
+
+/// Reads a [`hibernated_name`] or a [`run_by_name`] (with or without Docker's leading `/`).
+pub fn name_claim(name: &str) -> NameClaim {
+    let mut parts = name.trim_start_matches('/').split('.');
+    let claim = match parts.next() {
+        Some(HIBERNATED_NAME_PREFIX) => parts
+            .next()
+            .and_then(|s| s.parse().ok())
+            .map(|since| NameClaim::Hibernated { since }),
+        Some(RUN_BY_NAME_PREFIX) => (|| {
+            Some(NameClaim::RunBy {
+                instance: unescape(parts.next()?)?,
+                pid: parts.next()?.parse().ok()?,
+                pid_start: parts.next()?.parse().ok()?,
+            })
+        })(),
+        _ => None,
+    };
+    claim.unwrap_or(NameClaim::Nothing)
+}
+
+/// Reads `(tenant, owner)` back from an [`owner_name`], a [`hibernated_name`] or a
+/// [`run_by_name`] (with or without Docker's leading `/`).
 pub fn parse_owner_name(name: &str) -> Option<(String, String)> {
     let mut parts = name.trim_start_matches('/').split('.');
-    if parts.next()? != OWNER_NAME_PREFIX {
-        return None;
+    let skip = match parts.next()? {
+        OWNER_NAME_PREFIX => 0,
+        HIBERNATED_NAME_PREFIX => 1,
+        RUN_BY_NAME_PREFIX => 3,
+        _ => return None,
+    };
+    for _ in 0..skip {
+        parts.next()?;
     }
     let tenant = unescape(parts.next()?)?;
     let owner = unescape(parts.next()?)?;
@@ -148,6 +232,27 @@ mod tests {
                 Some((tenant.to_string(), owner.to_string()))
             );
         }
+        let hibernated = hibernated_name(1_800_000_000, "t_1", "s.1", "0123456789ab");
+        assert_eq!(
+            name_claim(&format!("/{hibernated}")),
+            NameClaim::Hibernated {
+                since: 1_800_000_000
+            }
+        );
+        let run = run_by_name("abc_1", 42, 7, "t", "s", "0123456789ab");
+        assert_eq!(
+            name_claim(&run),
+            NameClaim::RunBy {
+                instance: "abc_1".into(),
+                pid: 42,
+                pid_start: 7
+            }
+        );
+        for name in [&hibernated, &run] {
+            assert!(parse_owner_name(name).is_some(), "{name}");
+        }
+        assert_eq!(name_claim(&owner_name("t", "s", "x")), NameClaim::Nothing);
+        assert_eq!(name_claim("kbr.a.notapid.1.t.s.x"), NameClaim::Nothing);
         assert_eq!(parse_owner_name("/festive_hopper"), None);
         assert_eq!(parse_owner_name("kb.a.b"), None);
         assert_eq!(parse_owner_name("kb.a_z.b.c"), None);

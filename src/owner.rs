@@ -45,7 +45,9 @@ pub fn validate_name(what: &'static str, name: &str) -> Result<(), NameError> {
 }
 
 /// The owner of a kernel: a tenant's session, or a delegated child of one.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub struct Owner {
     /// Namespace of the owner; tenants never see each other's kernels.
     pub tenant: String,
@@ -93,7 +95,9 @@ pub(crate) fn root_session(owner: &str) -> &str {
 }
 
 /// One kernel per key: (owner, mode, image, working dir, sorted tool set).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub struct KernelKey {
     /// Who the kernel belongs to.
     pub owner: Owner,

@@ -4,7 +4,9 @@
 //! restores it with its memory, its variables and its files; a kernel that cannot hibernate
 //! is reported lost as before; two racing calls restore once; another tenant never gets it;
 //! the bounds on kept checkpoints hold; a runc server refuses hibernation at start; and
-//! `kernelbox serve --hibernate` does it over real HTTP, its reaper on its own schedule.
+//! `kernelbox serve --hibernate` does it over real HTTP, its reaper on its own schedule, its
+//! hibernated kernels outliving a `kill -9` (the watchdog spares them) and a clean stop (which
+//! hibernates its idle kernels), restored by the restarted server.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -23,6 +25,8 @@ const IDLE: Duration = Duration::from_millis(1500);
 async fn case(name: &str, dir: &std::path::Path, tweak: impl FnOnce(&mut HibernateConfig)) -> Case {
     let mut hibernate = HibernateConfig {
         dir: Some(dir.to_path_buf()),
+        // Discarded at stop: a restart is the serve test's.
+        across_restarts: false,
         ..HibernateConfig::default()
     };
     tweak(&mut hibernate);
@@ -258,69 +262,169 @@ async fn hibernation_with_kernels_under_runc_is_refused_at_start() {
     assert!(err.to_string().contains("runsc"), "{err}");
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_server_with_hibernate_restores_an_idle_kernel_over_http() {
-    let label = common::unique("hibernate-serve");
-    let engine = common::engine().await;
-    let dir = tempfile::tempdir().unwrap();
-    let mut cmd = common::serve_command(&label, "tok");
-    cmd.args([
-        "--runtime",
-        "runsc",
-        "--hibernate",
-        "--idle-timeout",
-        "1s",
-        "--pool",
-        "0",
-    ])
-    .arg("--state-dir")
-    .arg(dir.path())
-    .env_remove("KERNELBOX_STATE_DIR")
-    .env_remove("KERNELBOX_RUNTIME");
-    let (mut child, addr) = common::spawn_serving(cmd).await;
-    let api = http::Api::new(addr);
-    let run = |code: &str| {
-        let body = serde_json::json!({"code": code});
-        let api = &api;
-        async move {
-            api.post("/v1/sessions/s/execute", Some("tok"), body)
-                .await
-                .json()
-        }
-    };
-    let first = run("x = 41").await;
-    assert_eq!(first["status"], "success", "{first}");
-    // The server's reaper runs every 30 s at the shortest (`Config::reap_interval`): wait for
-    // the container to be kept, stopped.
-    let id = first["kernel"]["id"].as_str().unwrap().to_string();
+/// `kernelbox serve --runtime runsc --idle-timeout 1s --pool 0` on `state`, hibernating
+/// when asked.
+async fn serve(
+    label: &str,
+    state: &std::path::Path,
+    hibernate: bool,
+) -> (tokio::process::Child, std::net::SocketAddr) {
+    let mut cmd = common::serve_command(label, "tok");
+    cmd.args(["--runtime", "runsc", "--idle-timeout", "1s", "--pool", "0"])
+        .arg("--state-dir")
+        .arg(state)
+        .env_remove("KERNELBOX_STATE_DIR")
+        .env_remove("KERNELBOX_RUNTIME");
+    if hibernate {
+        cmd.arg("--hibernate");
+    }
+    common::spawn_serving(cmd).await
+}
+
+async fn run(addr: std::net::SocketAddr, session: &str, code: &str) -> serde_json::Value {
+    let body = serde_json::json!({"code": code, "timeout": 300});
+    http::Api::new(addr)
+        .post(
+            &format!("/v1/sessions/{session}/execute"),
+            Some("tok"),
+            body,
+        )
+        .await
+        .json()
+}
+
+/// Polls Docker (bounded) until `done` holds of the case's containers and volumes.
+async fn wait_for(
+    engine: &std::sync::Arc<dyn kernelbox::Engine>,
+    label: &str,
+    what: &str,
+    done: impl Fn(&[kernelbox::docker::ContainerInfo], &[kernelbox::docker::VolumeInfo]) -> bool,
+) {
     let deadline = std::time::Instant::now() + Duration::from_secs(90);
     loop {
-        let state = common::containers(&engine, &label)
-            .await
-            .into_iter()
-            .find(|c| c.id.starts_with(&id))
-            .map(|c| c.state);
-        if state.as_deref() == Some("exited") {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "not hibernated: {state:?}"
+        let (cs, vs) = (
+            common::containers(engine, label).await,
+            common::volumes(engine, label).await,
         );
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        if done(&cs, &vs) {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{what}: {cs:?}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
     }
+}
+
+fn state_in(cs: &[kernelbox::docker::ContainerInfo], id: &str) -> Option<String> {
+    cs.iter()
+        .find(|c| c.id.starts_with(id))
+        .map(|c| c.state.clone())
+}
+
+/// The checkpoints' directory's `kb-*` entries, sorted.
+fn kept(state: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(state.join("checkpoints"))
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with("kb-"))
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hibernated_kernel_outlives_kill_9_and_a_stop_and_the_restarted_server_restores_it() {
+    use std::os::unix::fs::PermissionsExt;
+    let label = common::unique("hibernate-restart");
+    let engine = common::engine().await;
+    let state = tempfile::tempdir().unwrap();
+    let (mut first, addr) = serve(&label, state.path(), true).await;
+    let filled = run(addr, "s", FILL).await;
+    assert_eq!(filled["status"], "success", "{filled}");
+    let id = filled["kernel"]["id"].as_str().unwrap().to_string();
+    // A kernel busy when the server dies is not idle: it is lost, as without hibernation.
+    let busy = tokio::spawn(async move { run(addr, "busy", "import time; time.sleep(600)").await });
+    // The server's reaper runs every 30 s at the shortest (`Config::reap_interval`): wait for
+    // the container to be kept, stopped, and its record written.
+    wait_for(&engine, &label, "hibernated", |cs, _| {
+        state_in(cs, &id).as_deref() == Some("exited")
+            && cs.iter().any(|c| c.state == "running")
+            && kept(state.path()).len() == 2
+    })
+    .await;
+    let files = kept(state.path());
     assert!(
-        std::fs::read_dir(dir.path().join("checkpoints"))
-            .unwrap()
-            .count()
-            == 1,
-        "the checkpoint is in the state directory"
+        files[1].ends_with(".json"),
+        "a checkpoint and its record: {files:?}"
     );
-    let back = run("print(x + 1)").await;
-    assert_eq!(back["output"], "42\n", "{back}");
+    let record = state.path().join("checkpoints").join(&files[1]);
+    assert_eq!(
+        std::fs::metadata(&record).unwrap().permissions().mode() & 0o777,
+        0o600,
+        "only kernelbox reads the record"
+    );
+    let busy_volume = common::containers(&engine, &label)
+        .await
+        .into_iter()
+        .find(|c| !c.id.starts_with(&id))
+        .and_then(|c| c.labels.get(kernelbox::labels::VOLUME).cloned())
+        .expect("the busy kernel's volume");
+
+    // kill -9: the watchdog removes the busy kernel (its volume last) and spares the
+    // hibernated one.
+    first.kill().await.unwrap();
+    busy.abort();
+    wait_for(&engine, &label, "the watchdog's sweep", |_, vs| {
+        !vs.iter().any(|v| v.name == busy_volume)
+    })
+    .await;
+    let cs = common::containers(&engine, &label).await;
+    assert_eq!(cs.len(), 1, "{cs:?}");
+    assert_eq!(state_in(&cs, &id).as_deref(), Some("exited"));
+
+    // The restarted server restores it on its owner's next call: memory, files, generation.
+    let (mut second, addr) = serve(&label, state.path(), true).await;
+    let back = run(addr, "s", CHECK).await;
+    let hash = filled["output"].as_str().unwrap().trim();
+    assert_eq!(back["output"], format!("41 {hash} kept\n"), "{back}");
     assert_eq!(back["kernel"]["restored"]["from"], "idle", "{back}");
-    assert_eq!(back["kernel"]["id"], first["kernel"]["id"]);
-    common::terminate(&mut child, Duration::from_secs(60)).await;
+    assert!(back["kernel"].get("state_lost").is_none(), "{back}");
+    assert_eq!(back["kernel"]["id"], filled["kernel"]["id"]);
+    assert_eq!(back["kernel"]["generation"], filled["kernel"]["generation"]);
+    assert_eq!(back["kernel"]["execution_count"], 2, "{back}");
+    let lost = run(addr, "busy", "print(1)").await;
+    assert_eq!(
+        lost["kernel"]["state_lost"]["reason"], "server_restarted",
+        "{lost}"
+    );
+
+    // A clean stop hibernates the idle kernels; the next server restores them (`restart`).
+    common::terminate(&mut second, Duration::from_secs(120)).await;
+    let cs = common::containers(&engine, &label).await;
+    assert_eq!(cs.len(), 2, "both hibernated at the stop: {cs:?}");
+    assert!(cs.iter().all(|c| c.state == "exited"), "{cs:?}");
+    let (mut third, addr) = serve(&label, state.path(), true).await;
+    let again = run(addr, "s", "print(x + 1, len(big))").await;
+    assert_eq!(again["output"], "42 52428800\n", "{again}");
+    assert_eq!(again["kernel"]["restored"]["from"], "restart", "{again}");
+    assert_eq!(
+        again["kernel"]["generation"],
+        filled["kernel"]["generation"]
+    );
+    common::terminate(&mut third, Duration::from_secs(120)).await;
+
+    // A server without hibernation drops what was kept, and the owner is told.
+    let (mut fourth, addr) = serve(&label, state.path(), false).await;
+    assert!(kept(state.path()).is_empty(), "{:?}", kept(state.path()));
+    let gone = run(addr, "s", "print('x' in globals())").await;
+    assert_eq!(gone["output"], "False\n", "{gone}");
+    assert_eq!(
+        gone["kernel"]["state_lost"]["reason"], "server_restarted",
+        "{gone}"
+    );
+    common::terminate(&mut fourth, Duration::from_secs(60)).await;
     common::assert_clean(&engine, &label).await;
 }
 
@@ -333,6 +437,8 @@ async fn a_kernel_evicted_to_make_room_hibernates_and_comes_back() {
         c.pool.size = 0;
         c.hibernate = Some(HibernateConfig {
             dir: Some(dir.path().to_path_buf()),
+            // Discarded at stop: a restart is the serve test's.
+            across_restarts: false,
             ..HibernateConfig::default()
         });
     })
@@ -366,6 +472,8 @@ async fn a_restored_kernel_hibernates_again_and_neither_the_pool_nor_a_reset_bri
         c.pool.size = 1;
         c.hibernate = Some(HibernateConfig {
             dir: Some(dir.path().to_path_buf()),
+            // Discarded at stop: a restart is the serve test's.
+            across_restarts: false,
             ..HibernateConfig::default()
         });
     })

@@ -171,7 +171,8 @@ pub struct KernelInfo {
 /// How a hibernated kernel came back (`docs/runtimes.md`, "Hibernation").
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Restored {
-    /// Why it had hibernated: `idle` (past its idle timeout).
+    /// Why it had hibernated: `idle` (past its idle timeout), `evicted` (to make room), or
+    /// `restart` (idle at the server's stop).
     pub from: String,
     /// How long its checkpoint took.
     pub checkpoint_seconds: f64,

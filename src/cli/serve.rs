@@ -49,13 +49,14 @@ pub(crate) struct ServeArgs {
     /// Idle kernels are checkpointed and stopped instead of reaped, and the owner's next call
     /// restores them with their memory (kernels under runsc only: --runtime runsc, or a
     /// tenant's `runtime`; docs/runtimes.md "Hibernation"). With --tenants, every tenant's;
-    /// or give a tenant `"hibernate": true` there instead.
+    /// or give a tenant `"hibernate": true` there instead. Hibernated kernels outlive a
+    /// restart of the server (a clean stop hibernates the idle ones first).
     #[arg(long, env = "KERNELBOX_HIBERNATE")]
     hibernate: bool,
     /// Most hibernated kernels kept on the host; past it the oldest checkpoint goes.
     #[arg(long, env = "KERNELBOX_HIBERNATE_MAX", default_value_t = kernelbox::config::DEFAULT_HIBERNATE_MAX_KERNELS)]
     hibernate_max: usize,
-    /// A checkpoint older than this is discarded and its loss reported (e.g. 24h).
+    /// A checkpoint older than this is discarded and its loss reported (e.g. 24h; 7d at most).
     #[arg(long, env = "KERNELBOX_HIBERNATE_MAX_AGE", default_value = "24h", value_parser = parse_duration)]
     hibernate_max_age: Duration,
     /// Every session of the tenant without a tenants file gets a workspace: its /work kept

@@ -7,7 +7,10 @@ use std::path::PathBuf;
 pub const DEFAULT_IMAGE: &str = "kernelbox/kernel:latest";
 
 /// Where a kernel works: its own staging volume, or a bind-mounted project directory.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
 pub enum WorkMode {
     /// The kernel's staging volume is its working directory (the default).
     Strict,
@@ -27,7 +30,20 @@ impl WorkMode {
 
 /// The OCI runtime a kernel's container runs under (`docs/runtimes.md`): per server
 /// (`--runtime`) and per tenant (the tenants file's `runtime`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
 pub enum KernelRuntime {
     /// The engine's runc: namespaces and cgroups on the host's kernel (the default).
     #[default]

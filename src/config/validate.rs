@@ -229,6 +229,15 @@ impl Config {
             if hibernate.max_kernels == 0 || hibernate.max_per_tenant == 0 {
                 return Err(bad("hibernate", "its bounds must be at least 1"));
             }
+            if hibernate.max_age > HIBERNATED_SPARED_FOR {
+                return Err(bad(
+                    "hibernate",
+                    format!(
+                        "its max age must be at most {} (sweeps spare a hibernated kernel that long)",
+                        humantime::format_duration(HIBERNATED_SPARED_FOR)
+                    ),
+                ));
+            }
         }
         let Some(egress) = &self.egress else {
             return Ok(());

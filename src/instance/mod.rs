@@ -2,7 +2,8 @@
 //!
 //! Every container and volume carries the instance id and the owning process's host, pid and
 //! start time, so a sweep can tell leftovers of a dead instance from a live neighbour's work.
-//! One concern: no container outlives its instance.
+//! One concern: no container outlives its instance, but a hibernated kernel's, whose name says
+//! so, and one restored by a later instance belongs to that one, as its name says.
 //!
 //! | file | what |
 //! |---|---|
@@ -15,7 +16,10 @@ pub mod watchdog;
 
 use std::collections::BTreeMap;
 
-use crate::labels;
+use crate::clock::unix_now;
+use crate::config::HIBERNATED_SPARED_FOR;
+use crate::docker::ContainerInfo;
+use crate::labels::{self, NameClaim};
 
 /// The identity of one orchestrator instance.
 #[derive(Debug, Clone)]
@@ -65,6 +69,37 @@ pub enum Liveness {
     Unknown,
 }
 
+/// Whether a sweep leaves the container for its name's claim: a hibernated kernel's stopped
+/// container, within [`HIBERNATED_SPARED_FOR`] of its hibernation, whatever instance made it
+/// (`docs/runtimes.md`, "Hibernation").
+pub fn hibernated(c: &ContainerInfo) -> bool {
+    match labels::name_claim(&c.name) {
+        NameClaim::Hibernated { since } => {
+            c.state == "exited"
+                && unix_now().saturating_sub(since) < HIBERNATED_SPARED_FOR.as_secs()
+        }
+        _ => false,
+    }
+}
+
+/// The labels that say whose a container is: those its name claims when another instance
+/// restored it ([`labels::run_by_name`]; on this host), else its own.
+pub fn owner_labels(me: &Instance, c: &ContainerInfo) -> BTreeMap<String, String> {
+    match labels::name_claim(&c.name) {
+        NameClaim::RunBy {
+            instance,
+            pid,
+            pid_start,
+        } => BTreeMap::from([
+            (labels::INSTANCE.to_string(), instance),
+            (labels::HOST.to_string(), me.host.clone()),
+            (labels::PID.to_string(), pid.to_string()),
+            (labels::PID_START.to_string(), pid_start.to_string()),
+        ]),
+        _ => c.labels.clone(),
+    }
+}
+
 /// Decides whether the instance named by `labels` is alive, from this process's view.
 pub fn liveness(me: &Instance, object_labels: &BTreeMap<String, String>) -> Liveness {
     if object_labels.get(labels::INSTANCE) == Some(&me.id) {
@@ -105,6 +140,43 @@ pub fn process_start(pid: u32) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_hibernated_kernel_is_left_for_its_name_and_a_restored_one_is_its_restorers() {
+        let me = Instance::current();
+        let container = |name: String, state: &str| ContainerInfo {
+            id: "c".into(),
+            state: state.into(),
+            labels: BTreeMap::from([
+                (labels::INSTANCE.to_string(), "gone".to_string()),
+                (labels::HOST.to_string(), me.host.clone()),
+                (labels::PID.to_string(), u32::MAX.to_string()),
+            ]),
+            created: 0,
+            name,
+        };
+        let now = unix_now();
+        let recent = labels::hibernated_name(now - 60, "t", "s", "0123456789ab");
+        let old = labels::hibernated_name(
+            now - HIBERNATED_SPARED_FOR.as_secs() - 1,
+            "t",
+            "s",
+            "0123456789ab",
+        );
+        assert!(hibernated(&container(format!("/{recent}"), "exited")));
+        assert!(!hibernated(&container(recent.clone(), "running")));
+        assert!(!hibernated(&container(old, "exited")));
+        assert!(!hibernated(&container("kb.t.s.x".into(), "exited")));
+        // Labelled by a dead instance; named for this one (or a dead one) that restored it.
+        let plain = container("x".into(), "running");
+        assert_eq!(liveness(&me, &owner_labels(&me, &plain)), Liveness::Dead);
+        let mine = labels::run_by_name(&me.id, me.pid, me.pid_start, "t", "s", "c");
+        let other = labels::run_by_name("other", me.pid, me.pid_start + 1, "t", "s", "c");
+        let mine = container(mine, "running");
+        assert_eq!(liveness(&me, &owner_labels(&me, &mine)), Liveness::Alive);
+        let other = container(other, "running");
+        assert_eq!(liveness(&me, &owner_labels(&me, &other)), Liveness::Dead);
+    }
 
     #[test]
     fn our_own_process_is_alive_and_a_vanished_pid_is_dead() {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::{liveness, Instance, Liveness};
+use super::{hibernated, liveness, owner_labels, Instance, Liveness};
 use crate::clock::unix_now;
 use crate::docker::{remove_volume, Engine, EngineError, InUse};
 use crate::labels;
@@ -29,7 +29,8 @@ fn age_of(object_labels: &std::collections::BTreeMap<String, String>, created: i
     Duration::from_secs(unix_now().saturating_sub(created.max(0) as u64))
 }
 
-/// Removes containers and unused volumes left by dead instances.
+/// Removes containers and unused volumes left by dead instances (but hibernated kernels':
+/// [`hibernated`]; a volume a container still uses is never removed).
 pub async fn sweep_orphans(
     engine: &dyn Engine,
     me: &Instance,
@@ -37,7 +38,10 @@ pub async fn sweep_orphans(
 ) -> Result<SweepReport, EngineError> {
     let mut report = SweepReport::default();
     for c in engine.list_containers(&[labels::managed()]).await? {
-        let leftover = match liveness(me, &c.labels) {
+        if hibernated(&c) {
+            continue;
+        }
+        let leftover = match liveness(me, &owner_labels(me, &c)) {
             Liveness::Alive => false,
             Liveness::Dead => true,
             // Another host's kernels run only while their runner has its host; a container

@@ -17,7 +17,9 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use futures::StreamExt;
 
 use crate::docker::{Engine, EngineError};
-use crate::labels;
+use std::collections::HashSet;
+
+use crate::labels::{self, NameClaim};
 
 /// A running watchdog; dropping it lets the watchdog sweep and exit.
 #[derive(Debug)]
@@ -67,16 +69,36 @@ pub async fn run(engine: &dyn Engine, instance: &str) -> Result<usize, EngineErr
     remove_instance(engine, instance).await
 }
 
-/// Removes every container, then every volume, labelled with `instance`.
+/// Removes every container of `instance`, then its volumes: those labelled with it but
+/// hibernated kernels' (`super::hibernated`), and those its name says it ran (restored from an
+/// earlier instance's checkpoints, `labels::run_by_name`).
 pub async fn remove_instance(engine: &dyn Engine, instance: &str) -> Result<usize, EngineError> {
     let filters = [
         labels::managed(),
         labels::filter(labels::INSTANCE, instance),
     ];
-    let containers = engine.list_containers(&filters).await?;
-    let removals = containers
+    let mut doomed = Vec::new();
+    let mut kept_volumes = HashSet::new();
+    let mut taken_volumes = Vec::new();
+    for c in engine.list_containers(&[labels::managed()]).await? {
+        let labelled = c.labels.get(labels::INSTANCE).map(String::as_str) == Some(instance);
+        let volume = c.labels.get(labels::VOLUME).cloned();
+        let ran = match labels::name_claim(&c.name) {
+            NameClaim::RunBy { instance: by, .. } => by == instance,
+            _ => labelled && !super::hibernated(&c),
+        };
+        if ran {
+            if !labelled {
+                taken_volumes.extend(volume);
+            }
+            doomed.push(c.id);
+        } else if labelled {
+            kept_volumes.extend(volume);
+        }
+    }
+    let removals = doomed
         .into_iter()
-        .map(|c| async move { engine.remove_container(&c.id).await });
+        .map(|id| async move { engine.remove_container(&id).await });
     let mut count = 0;
     let results: Vec<_> = futures::stream::iter(removals)
         .buffer_unordered(crate::docker::REMOVAL_CONCURRENCY)
@@ -90,10 +112,17 @@ pub async fn remove_instance(engine: &dyn Engine, instance: &str) -> Result<usiz
     }
     // The instance's egress network and its firewall rules, once its kernels are gone.
     crate::egress::sweep(engine, &filters).await;
-    let volumes = engine.list_volumes(&filters, false).await?;
+    let mut volumes: Vec<String> = engine
+        .list_volumes(&filters, false)
+        .await?
+        .into_iter()
+        .map(|v| v.name)
+        .filter(|name| !kept_volumes.contains(name))
+        .collect();
+    volumes.extend(taken_volumes);
     let removals = volumes
         .into_iter()
-        .map(|v| async move { crate::docker::remove_volume_when_free(engine, &v.name).await });
+        .map(|name| async move { crate::docker::remove_volume_when_free(engine, &name).await });
     let results: Vec<_> = futures::stream::iter(removals)
         .buffer_unordered(crate::docker::REMOVAL_CONCURRENCY)
         .collect()

@@ -27,19 +27,20 @@ use crate::owner::Owner;
 const RELAY_SOURCE: &str = include_str!("../../runner/resume_relay.py");
 
 /// A hibernated kernel: its stopped container, what its object is rebuilt from, and what the
-/// restore reports.
-#[derive(Debug, Clone)]
+/// restore reports. Serialized in its record beside the checkpoint (`record.rs`), so it
+/// survives a restart of the server.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Checkpoint {
     /// The stopped container (full id).
     pub(crate) id: String,
-    volume: String,
+    pub(crate) volume: String,
     spill_dir: String,
     sockets: Option<std::path::PathBuf>,
     user: String,
-    /// The engine's name for the checkpoint.
-    name: String,
+    /// The engine's name for the checkpoint (`kb-` and the token's first part).
+    pub(super) name: String,
     /// The directory holding it (`dir/name`): the server's, mode 0700.
-    dir: std::path::PathBuf,
+    pub(super) dir: std::path::PathBuf,
     /// Its size on disk.
     pub(crate) bytes: u64,
     /// Its first 16 characters name the socket the runner waits on; the relay presents the
@@ -49,10 +50,14 @@ pub(crate) struct Checkpoint {
     cells_begun: u64,
     /// How long the checkpoint took.
     pub(crate) checkpoint_seconds: f64,
-    /// When it was taken.
+    /// When it was taken, in this process's clock (set again from `taken` when a record is
+    /// read back).
+    #[serde(skip, default = "Instant::now")]
     pub(crate) at: Instant,
-    /// Why it hibernated: `idle` or `evicted` (told in `restored.from`).
-    pub(crate) from: &'static str,
+    /// When it was taken, in seconds since the Unix epoch.
+    pub(super) taken: u64,
+    /// Why it hibernated: `idle`, `evicted` or `restart` (told in `restored.from`).
+    pub(crate) from: String,
 }
 
 /// What [`Kernel::restore`] needs besides the checkpoint.
@@ -64,6 +69,8 @@ pub(crate) struct Restore<'a> {
     pub(crate) monitor: EventMonitor,
     /// How long the runner has to say ready once the container runs.
     pub(crate) limit: Duration,
+    /// The instance restoring it (the container's name says so).
+    pub(crate) instance: &'a crate::instance::Instance,
 }
 
 impl Kernel {
@@ -126,7 +133,21 @@ impl Kernel {
         let checkpointed = self.engine.checkpoint(&self.id, &name, dir).await;
         let checkpoint_seconds = started.elapsed().as_secs_f64();
         self.cancel.cancel();
-        if let Err(e) = checkpointed {
+        // Its name tells every sweep, of any instance, to leave it (`labels::hibernated_name`).
+        let taken = crate::clock::unix_now();
+        let renamed = match (&checkpointed, self.owner()) {
+            (Ok(()), Some(owner)) => {
+                let hibernated = crate::labels::hibernated_name(
+                    taken,
+                    &owner.tenant,
+                    &owner.to_string(),
+                    self.short_id(),
+                );
+                self.engine.rename_container(&self.id, &hibernated).await
+            }
+            _ => Ok(()),
+        };
+        if let Err(e) = checkpointed.and(renamed) {
             remove_files(dir.join(&name)).await;
             return Err(fail(e.to_string()));
         }
@@ -145,7 +166,8 @@ impl Kernel {
             cells_begun: self.cells_begun(),
             checkpoint_seconds,
             at: Instant::now(),
-            from: "idle",
+            taken,
+            from: "idle".into(),
         })
     }
 
@@ -158,11 +180,25 @@ impl Kernel {
     ) -> Result<Arc<Kernel>, KernelError> {
         let engine = restore.engine;
         let started = Instant::now();
+        // Its labels may name an earlier run of the server: its name says whose it is now
+        // (`labels::run_by_name`), for every sweep and this instance's watchdog.
+        let me = restore.instance;
+        let name = crate::labels::run_by_name(
+            &me.id,
+            me.pid,
+            me.pid_start,
+            &restore.owner.tenant,
+            &restore.owner.to_string(),
+            crate::docker::short_id(&checkpoint.id),
+        );
+        engine.rename_container(&checkpoint.id, &name).await?;
         engine
             .start_from_checkpoint(&checkpoint.id, &checkpoint.name, &checkpoint.dir)
             .await?;
-        // The engine holds its own copy now; the memory image does not stay twice on disk.
+        // The engine holds its own copy now: the memory image does not stay twice on disk,
+        // and the record goes with it.
         remove_files(checkpoint.dir.join(&checkpoint.name)).await;
+        checkpoint.remove_record().await;
         let relay = ExecSpec {
             cmd: ["python3", "-I", "-S", "-c", RELAY_SOURCE]
                 .map(String::from)
@@ -203,7 +239,7 @@ impl Kernel {
         kernel.assign(restore.owner);
         kernel.shared.set_live(KernelState::Idle);
         *kernel.restored.lock().unwrap_or_else(|p| p.into_inner()) = Some(crate::cell::Restored {
-            from: checkpoint.from.into(),
+            from: checkpoint.from.clone(),
             checkpoint_seconds: checkpoint.checkpoint_seconds,
             restore_seconds: started.elapsed().as_secs_f64(),
         });
@@ -230,11 +266,12 @@ impl Checkpoint {
         }
         let _ = crate::docker::remove_volume_when_free(engine, &self.volume).await;
         remove_files(self.dir.join(&self.name)).await;
+        self.remove_record().await;
     }
 }
 
 /// Removes a checkpoint's directory, if it is there.
-async fn remove_files(path: std::path::PathBuf) {
+pub(super) async fn remove_files(path: std::path::PathBuf) {
     let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(path)).await;
 }
 

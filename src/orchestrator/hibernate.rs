@@ -5,14 +5,63 @@
 //! restore that fails, is the loss it would have been without hibernation (`idle_reaped`),
 //! never a silent one.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use super::Orchestrator;
 use crate::cell::LossReason;
-use crate::config::{HIBERNATE_ANSWER_LIMIT, HIBERNATE_WAIT_LIMIT};
-use crate::kernel::{Checkpoint, Kernel, KernelError, Restore};
+use crate::config::{HibernateConfig, ValidConfig, HIBERNATE_ANSWER_LIMIT, HIBERNATE_WAIT_LIMIT};
+use crate::docker::{Engine, EngineError};
+use crate::kernel::{Checkpoint, Kernel, KernelError, Record, Restore};
+use crate::labels;
 use crate::owner::KernelKey;
 use crate::registry::{HibernationBounds, Slot, TenantLimits};
+
+/// The hibernated kernels an earlier run left recorded in the checkpoints' directory, whose
+/// containers are still there, stopped, when checkpoints outlive a run
+/// (`HibernateConfig::lasts`). A server whose checkpoints do not (one that does not hibernate,
+/// on the state directory's `checkpoints`) discards what the records there name, containers
+/// and volumes, and clears the directory: their owners are told `server_restarted`.
+pub(super) async fn recorded(
+    config: &ValidConfig,
+    engine: &dyn Engine,
+) -> Result<Vec<Record>, EngineError> {
+    let state_dir = config.housekeeping.state_dir.as_deref();
+    let (dir, lasting) = match (&config.hibernate, state_dir) {
+        (Some(h), _) if h.lasts(state_dir) => (h.checkpoint_dir(state_dir, ""), true),
+        (_, Some(state)) => (
+            HibernateConfig::default().checkpoint_dir(Some(state), ""),
+            false,
+        ),
+        (_, None) => return Ok(Vec::new()),
+    };
+    let reading = dir.clone();
+    let records = tokio::task::spawn_blocking(move || Record::read_all(&reading))
+        .await
+        .unwrap_or_default();
+    if !lasting {
+        for record in &records {
+            record.checkpoint.discard(engine).await;
+        }
+        let _ = tokio::task::spawn_blocking(move || clear_dir(&dir, &HashSet::new())).await;
+        return Ok(Vec::new());
+    }
+    let stopped: HashSet<String> = if records.is_empty() {
+        HashSet::new()
+    } else {
+        engine
+            .list_containers(&[labels::managed()])
+            .await?
+            .into_iter()
+            .filter(|c| c.state == "exited")
+            .map(|c| c.id)
+            .collect()
+    };
+    Ok(records
+        .into_iter()
+        .filter(|r| stopped.contains(&r.checkpoint.id))
+        .collect())
+}
 
 /// Kernels checkpointed at once (each writes its memory to disk).
 const HIBERNATE_CONCURRENCY: usize = 4;
@@ -46,8 +95,41 @@ impl Orchestrator {
                 max_kernels: h.max_kernels,
                 max_per_tenant: h.max_per_tenant,
                 max_bytes: h.max_bytes,
+                max_tenant_bytes: h.max_tenant_bytes,
                 max_age: h.max_age,
             })
+    }
+
+    /// Takes over the hibernated kernels an earlier run recorded ([`recorded`]): their owners'
+    /// next calls restore them (their containers carry an earlier instance's labels: the
+    /// event monitor then follows every kernelbox container). Those the registry refuses
+    /// (moved on since, past the bounds) are discarded. Returns how many were taken over.
+    pub(super) fn adopt_recorded(&self, records: Vec<Record>) -> u64 {
+        let inner = &self.inner;
+        let Some(bounds) = self.hibernation_bounds() else {
+            return 0;
+        };
+        if records.is_empty() {
+            return 0;
+        }
+        let gone = inner.registry.adopt_checkpoints(
+            records
+                .into_iter()
+                .map(|r| (r.key, r.generation, r.checkpoint))
+                .collect(),
+            bounds,
+        );
+        let adopted = inner.registry.hibernated_count() as u64;
+        tracing::info!(
+            kernels = adopted,
+            discarded = gone.len(),
+            "hibernated kernels of an earlier run taken over"
+        );
+        let this = self.clone();
+        inner
+            .tracker
+            .spawn(async move { this.discard_checkpoints(gone).await });
+        adopted
     }
 
     /// Waits (bounded) for `key`'s hibernation under way, so the call then finds its
@@ -99,8 +181,17 @@ impl Orchestrator {
             Ok(mut checkpoint) => {
                 checkpoint.from = match from {
                     LossReason::Evicted => "evicted",
+                    LossReason::ServerRestarted => "restart",
                     _ => "idle",
-                };
+                }
+                .into();
+                if self.checkpoints_last() {
+                    // Its record, for a restarted server to take it over (`record.rs`).
+                    let record = Record::new(slot.key.clone(), slot.generation, checkpoint.clone());
+                    if let Err(e) = record.write().await {
+                        tracing::warn!(error = %e, "a hibernated kernel's record could not be written: it will not outlive this server");
+                    }
+                }
                 tracing::info!(
                     container = %crate::docker::short_id(&checkpoint.id),
                     seconds = checkpoint.checkpoint_seconds,
@@ -119,40 +210,42 @@ impl Orchestrator {
         }
     }
 
-    /// Removes the checkpoints left in the checkpoints' directory (`kb-*`): at start (an
-    /// earlier run's are never restored: their containers went with that run) and at
-    /// shutdown, after the discards.
+    /// Removes what is in the checkpoints' directory (`kb-*`) but the files of the
+    /// checkpoints kept: at start, those no record claims (or whose record was not taken
+    /// over), and at a stop that does not keep them, all.
     pub(super) async fn clear_checkpoints(&self) {
-        if self.inner.config.hibernate.is_none() {
+        let Some(dir) = self.checkpoint_path() else {
             return;
-        }
-        let dir = self.checkpoint_path();
-        let _ = tokio::task::spawn_blocking(move || {
-            for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-                if entry.file_name().to_string_lossy().starts_with("kb-") {
-                    let _ = std::fs::remove_dir_all(entry.path());
-                }
-            }
-        })
-        .await;
+        };
+        let keep = self.inner.registry.checkpoint_files();
+        let _ = tokio::task::spawn_blocking(move || clear_dir(&dir, &keep)).await;
     }
 
-    fn checkpoint_path(&self) -> std::path::PathBuf {
+    /// Whether checkpoints outlive this run (`HibernateConfig::lasts`).
+    pub(super) fn checkpoints_last(&self) -> bool {
         let config = &self.inner.config;
-        match (
-            config.hibernate.as_ref().and_then(|h| h.dir.clone()),
-            &config.housekeeping.state_dir,
-        ) {
-            (Some(dir), _) => dir,
-            (None, Some(state)) => state.join("checkpoints"),
-            (None, None) => std::env::temp_dir()
-                .join(format!("kernelbox-checkpoints-{}", self.inner.instance.id)),
-        }
+        config
+            .hibernate
+            .as_ref()
+            .is_some_and(|h| h.lasts(config.housekeeping.state_dir.as_deref()))
+    }
+
+    /// The checkpoints' directory, when kernels hibernate.
+    pub(super) fn checkpoint_path(&self) -> Option<std::path::PathBuf> {
+        let config = &self.inner.config;
+        config.hibernate.as_ref().map(|h| {
+            h.checkpoint_dir(
+                config.housekeeping.state_dir.as_deref(),
+                &self.inner.instance.id,
+            )
+        })
     }
 
     /// Where checkpoints are written, created (mode 0700) if missing.
     async fn checkpoint_dir(&self) -> std::io::Result<std::path::PathBuf> {
-        let dir = self.checkpoint_path();
+        let dir = self
+            .checkpoint_path()
+            .ok_or_else(|| std::io::Error::other("kernels do not hibernate"))?;
         tokio::task::spawn_blocking(move || {
             use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
             std::fs::DirBuilder::new()
@@ -209,6 +302,7 @@ impl Orchestrator {
                 tracker: &inner.tracker,
                 monitor: inner.monitor.clone(),
                 limit: inner.config.kernels.spawn_timeout,
+                instance: &inner.instance,
             },
         )
         .await;
@@ -220,5 +314,21 @@ impl Orchestrator {
                 Some(Err(LossReason::IdleReaped))
             }
         }
+    }
+}
+
+/// Removes the `kb-*` entries of `dir` whose names are not in `keep`. Blocking.
+pub(super) fn clear_dir(dir: &std::path::Path, keep: &std::collections::HashSet<String>) {
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.starts_with("kb-") || keep.contains(&name) {
+            continue;
+        }
+        let path = entry.path();
+        let _ = if path.is_dir() {
+            std::fs::remove_dir_all(path)
+        } else {
+            std::fs::remove_file(path)
+        };
     }
 }

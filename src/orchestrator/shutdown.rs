@@ -1,5 +1,6 @@
 //! The graceful stop: new work is refused, running cells finish (or the drain deadline
-//! passes), every kernel of the instance is removed, the catalog is flushed and the watchdog
+//! passes), idle kernels that hibernate are checkpointed when checkpoints outlive the server,
+//! every other kernel of the instance is removed, the catalog is flushed and the watchdog
 //! released.
 
 use std::time::Duration;
@@ -7,6 +8,8 @@ use std::time::Duration;
 use super::start::restart_loss;
 use super::Orchestrator;
 use crate::catalog::Change;
+use crate::cell::LossReason;
+use crate::config::HIBERNATE_AT_STOP_LIMIT;
 
 impl Orchestrator {
     /// Stops intake, kills every kernel, removes every container and volume of this instance,
@@ -14,15 +17,31 @@ impl Orchestrator {
     pub async fn shutdown(&self) {
         let inner = &self.inner;
         inner.cancel.cancel();
+        let lasting = self.checkpoints_last();
+        if lasting {
+            // Idle kernels that hibernate do so now, to come back after the restart
+            // (`docs/runtimes.md`, "Hibernation"); those not done in time are lost as before.
+            let stopping = inner.registry.take_for_stop();
+            let hibernating = self.hibernate_slots(stopping, LossReason::ServerRestarted);
+            if tokio::time::timeout(HIBERNATE_AT_STOP_LIMIT, hibernating)
+                .await
+                .is_err()
+            {
+                tracing::warn!("hibernating idle kernels at stop: out of time, the rest are lost");
+            }
+        }
         let slots = inner.registry.drain();
         self.dispose_slots(slots).await;
-        // Hibernated kernels do not outlive the server (`docs/runtimes.md`, "Hibernation").
-        let hibernated = inner.registry.remove_hibernated(|_| true);
-        self.discard_checkpoints(hibernated).await;
-        self.clear_checkpoints().await;
+        if !lasting {
+            // Hibernated kernels do not outlive this server.
+            let hibernated = inner.registry.remove_hibernated(|_| true);
+            self.discard_checkpoints(hibernated).await;
+            self.clear_checkpoints().await;
+        }
         // The pool's refills in flight dispose of their kernels; then the pool goes.
         self.stop_pool(Duration::from_secs(10)).await;
-        // Anything the registry no longer knows (a spawn racing the shutdown) goes by label.
+        // Anything the registry no longer knows (a spawn racing the shutdown) goes by label,
+        // but the hibernated kernels that outlive it (their names say so).
         if let Err(e) =
             crate::instance::watchdog::remove_instance(inner.engine.as_ref(), &inner.instance.id)
                 .await

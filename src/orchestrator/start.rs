@@ -1,7 +1,9 @@
 //! The start, in named steps: the configuration validated once, the durable catalog restored
 //! (kernels live at its last use become losses by restart), the engine checked, the file
-//! channels' directory prepared, leftovers of dead instances swept, the watchdog started, then
-//! the event monitor, the reaper, the runaway watch and the warm pool's refill.
+//! channels' directory prepared, hibernated kernels of an earlier run found by their records,
+//! leftovers of dead instances swept (hibernated kernels left), the watchdog started, the
+//! hibernated kernels taken over, then the event monitor, the reaper, the runaway watch and the warm
+//! pool's refill.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -9,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::{pool, Inner, Orchestrator, StartError, StartStats};
+use super::{hibernate, pool, Inner, Orchestrator, StartError, StartStats};
 use crate::catalog::{Catalog, CatalogError, CatalogWriter, Change, Entry, EntryState};
 use crate::cell::{LossReason, StateLost};
 use crate::config::{IntoValidConfig, ValidConfig};
@@ -83,6 +85,8 @@ impl Orchestrator {
         check_runtimes(&config, engine.as_ref()).await?;
         let instance = Instance::current();
         prepare_file_sockets(&mut config).await;
+        // Hibernated kernels of an earlier run outlive it (the sweep leaves them by name).
+        let recorded = hibernate::recorded(&config, engine.as_ref()).await?;
         if config.housekeeping.sweep_on_start {
             sweep_leftovers(engine.as_ref(), &instance).await?;
         }
@@ -152,13 +156,17 @@ impl Orchestrator {
                 None => Arc::new(crate::catalog::MemoryCatalog::default()),
             },
         });
-        if let Some(restored) = restored {
-            restored.seed(&inner.registry);
-        }
+        let live = match restored {
+            Some(restored) => restored.seed(&inner.registry),
+            None => 0,
+        };
         if let Some(egress) = &inner.egress {
             egress.count_usage_in(inner.ledger.clone());
         }
         let orchestrator = Orchestrator { inner };
+        let adopted = orchestrator.adopt_recorded(recorded);
+        let registry = &orchestrator.inner.registry;
+        registry.count_losses(LossReason::ServerRestarted, live.saturating_sub(adopted));
         orchestrator.start_tasks();
         Ok(orchestrator)
     }
@@ -170,14 +178,20 @@ impl Orchestrator {
         let clearing = self.clone();
         i.tracker
             .spawn(async move { clearing.clear_checkpoints().await });
-        i.tracker.spawn(i.monitor.clone().run(
-            i.engine.clone(),
-            vec![
+        // Kernels restored from an earlier run's checkpoints carry its labels: with any taken
+        // over, every kernelbox container's events are followed.
+        let events = match i.registry.hibernated_count() {
+            0 => vec![
                 labels::managed(),
                 labels::filter(labels::INSTANCE, &i.instance.id),
             ],
-            i.cancel.child_token(),
-        ));
+            _ => vec![labels::managed()],
+        };
+        i.tracker.spawn(
+            i.monitor
+                .clone()
+                .run(i.engine.clone(), events, i.cancel.child_token()),
+        );
         let reaper = self.clone();
         i.tracker.spawn(async move { reaper.reap_forever().await });
         let watch = self.clone();
@@ -205,10 +219,10 @@ impl Restored {
         })
     }
 
-    /// Seeds the registry: generations continue, losses are reported, restarts are counted.
-    fn seed(self, registry: &Registry) {
+    /// Seeds the registry: generations continue, losses are reported. Returns how many
+    /// kernels were live (lost by the restart, but those whose checkpoints are taken over).
+    fn seed(self, registry: &Registry) -> u64 {
         let seeded = registry.use_catalog(self.writer, self.entries);
-        registry.count_losses(LossReason::ServerRestarted, self.live);
         if seeded > 0 {
             tracing::info!(
                 keys = seeded,
@@ -216,6 +230,7 @@ impl Restored {
                 "restored the owner catalog"
             );
         }
+        self.live
     }
 }
 

@@ -4,9 +4,10 @@
 //! next kernel takes the checkpoint and restores it, in place of a new one. A call for a key
 //! whose hibernation is pending waits for it first, so a restore never races a checkpoint.
 //!
-//! Bounded: past a tenant's most hibernated kernels, or the host's, the oldest checkpoint
-//! goes, and one older than the age limit goes too: its owner is told the loss it would have
-//! been (`idle_reaped`).
+//! Bounded: past a tenant's most hibernated kernels or bytes, or the host's, the oldest
+//! checkpoint goes, and one older than the age limit goes too: its owner is told the loss it
+//! would have been (`idle_reaped`). Checkpoints recorded by an earlier run of the server are
+//! taken over at start under the same bounds (`adopt_checkpoints`).
 
 use std::time::Duration;
 
@@ -35,6 +36,8 @@ pub struct HibernationBounds {
     pub max_per_tenant: usize,
     /// Bytes of checkpoints on the host.
     pub max_bytes: u64,
+    /// Bytes of one tenant's checkpoints.
+    pub max_tenant_bytes: u64,
     /// Age past which a checkpoint is discarded.
     pub max_age: Duration,
 }
@@ -57,12 +60,12 @@ impl Inner {
             .map(|(k, _)| k.clone())
     }
 
-    fn ready_bytes(&self) -> u64 {
+    fn ready_bytes(&self, pick: impl Fn(&KernelKey) -> bool) -> u64 {
         self.hibernated
-            .values()
-            .map(|h| match h {
-                Hibernated::Ready(c) => c.bytes,
-                Hibernated::Pending(_) => 0,
+            .iter()
+            .map(|(k, h)| match h {
+                Hibernated::Ready(c) if pick(k) => c.bytes,
+                _ => 0,
             })
             .sum()
     }
@@ -83,6 +86,37 @@ impl Inner {
             Some(Hibernated::Ready(c)) => Some(*c),
             _ => None,
         }
+    }
+
+    /// Discards the oldest checkpoints (their losses recorded) until one more of `tenant`'s,
+    /// of `bytes`, fits the bounds; returns them to discard.
+    fn make_room(
+        &mut self,
+        tenant: &str,
+        bytes: u64,
+        bounds: HibernationBounds,
+    ) -> Vec<Checkpoint> {
+        let mut gone = Vec::new();
+        let mine = |k: &KernelKey| k.owner.tenant == tenant;
+        while self.ready_count(mine) >= bounds.max_per_tenant.max(1)
+            || (self.ready_count(mine) > 0
+                && self.ready_bytes(mine) + bytes > bounds.max_tenant_bytes)
+        {
+            match self.oldest_checkpoint(mine) {
+                Some(oldest) => gone.extend(self.drop_checkpoint(&oldest)),
+                None => break,
+            }
+        }
+        while self.ready_count(|_| true) >= bounds.max_kernels.max(1)
+            || (self.ready_count(|_| true) > 0
+                && self.ready_bytes(|_| true) + bytes > bounds.max_bytes)
+        {
+            match self.oldest_checkpoint(|_| true) {
+                Some(oldest) => gone.extend(self.drop_checkpoint(&oldest)),
+                None => break,
+            }
+        }
+        gone
     }
 
     /// Removes `key`'s checkpoint, recording the loss it stands for.
@@ -150,29 +184,8 @@ impl Registry {
         if !waited || inner.closed {
             return vec![checkpoint];
         }
-        let mut gone = Vec::new();
-        let tenant = key.owner.tenant.clone();
-        while inner.ready_count(|k| k.owner.tenant == tenant) >= bounds.max_per_tenant.max(1) {
-            match inner.oldest_checkpoint(|k| k.owner.tenant == tenant) {
-                Some(oldest) => gone.extend(inner.drop_checkpoint(&oldest)),
-                None => break,
-            }
-        }
-        while inner.ready_count(|_| true) >= bounds.max_kernels.max(1) {
-            match inner.oldest_checkpoint(|_| true) {
-                Some(oldest) => gone.extend(inner.drop_checkpoint(&oldest)),
-                None => break,
-            }
-        }
-        while inner.ready_count(|_| true) > 0
-            && inner.ready_bytes() + checkpoint.bytes > bounds.max_bytes
-        {
-            match inner.oldest_checkpoint(|_| true) {
-                Some(oldest) => gone.extend(inner.drop_checkpoint(&oldest)),
-                None => break,
-            }
-        }
-        if checkpoint.bytes > bounds.max_bytes {
+        let mut gone = inner.make_room(&key.owner.tenant, checkpoint.bytes, bounds);
+        if checkpoint.bytes > bounds.max_bytes.min(bounds.max_tenant_bytes) {
             // Alone past the bound: it is not kept.
             inner.record_loss(key, LossReason::IdleReaped);
             gone.push(checkpoint);
@@ -182,6 +195,85 @@ impl Registry {
             .hibernated
             .insert(key.clone(), Hibernated::Ready(Box::new(checkpoint)));
         gone
+    }
+
+    /// Takes over the checkpoints recorded by an earlier run of the server (oldest first),
+    /// for their keys' next calls to restore: a key's generation continues from its record
+    /// and the loss the restart left owed to it is dropped. A record whose key has moved on
+    /// since (the catalog holds a newer generation, or another of its checkpoints was taken
+    /// over already) is returned to discard, and so are the checkpoints past the bounds
+    /// (their losses recorded).
+    pub fn adopt_checkpoints(
+        &self,
+        mut records: Vec<(KernelKey, u64, Checkpoint)>,
+        bounds: HibernationBounds,
+    ) -> Vec<Checkpoint> {
+        records.sort_by_key(|(_, _, c)| c.at);
+        let mut inner = self.lock();
+        let mut gone = Vec::new();
+        for (key, generation, checkpoint) in records {
+            let seed = inner.seeded.remove(&key.hash());
+            let current = inner.generations.get(&key).copied();
+            let stale = inner.hibernated.contains_key(&key)
+                || inner.slots.contains_key(&key)
+                || current.is_some_and(|g| g != generation)
+                || seed
+                    .as_ref()
+                    .is_some_and(|s| !s.continues(&key, generation));
+            if stale {
+                if let Some(seed) = seed {
+                    inner.seeded.insert(key.hash(), seed);
+                }
+                gone.push(checkpoint);
+                continue;
+            }
+            gone.extend(inner.make_room(&key.owner.tenant, checkpoint.bytes, bounds));
+            if checkpoint.bytes > bounds.max_bytes.min(bounds.max_tenant_bytes) {
+                gone.push(checkpoint);
+                continue;
+            }
+            inner.remember(&key);
+            inner.generations.insert(key.clone(), generation);
+            inner.losses.remove(&key);
+            inner
+                .hibernated
+                .insert(key, Hibernated::Ready(Box::new(checkpoint)));
+        }
+        gone
+    }
+
+    /// The idle slots whose kernels hibernate, unregistered and marked pending: the server
+    /// stops, and they are checkpointed to come back after its restart (`restored.from:
+    /// restart`).
+    pub fn take_for_stop(&self) -> Vec<std::sync::Arc<super::Slot>> {
+        let mut inner = self.lock();
+        let keys: Vec<KernelKey> = inner
+            .slots
+            .iter()
+            .filter(|(_, s)| s.hibernate && s.is_idle())
+            .map(|(k, _)| k.clone())
+            .collect();
+        let mut taken = Vec::new();
+        for key in keys {
+            if let Some(slot) = inner.slots.remove(&key) {
+                inner.hibernation_pending(&key);
+                taken.push(slot);
+            }
+        }
+        taken
+    }
+
+    /// The names of the checkpoints kept (ready), each with its record's.
+    pub fn checkpoint_files(&self) -> std::collections::HashSet<String> {
+        self.lock()
+            .hibernated
+            .values()
+            .filter_map(|h| match h {
+                Hibernated::Ready(c) => Some(c.file_names()),
+                Hibernated::Pending(_) => None,
+            })
+            .flatten()
+            .collect()
     }
 
     /// Takes `key`'s checkpoint, for its next kernel to restore.

@@ -19,6 +19,16 @@ pub(super) struct Seed {
     loss: Option<StateLost>,
 }
 
+impl Seed {
+    /// Whether a checkpoint of `key` at `generation` continues this seed: the same owner,
+    /// and no newer kernel since.
+    pub(super) fn continues(&self, key: &KernelKey, generation: u64) -> bool {
+        self.tenant == key.owner.tenant
+            && self.owner == key.owner.to_string()
+            && self.generation == generation
+    }
+}
+
 impl Inner {
     /// A key seen for the first time takes its generation and owed loss from the catalog.
     pub(super) fn take_seed(&mut self, key: &KernelKey) {

@@ -28,6 +28,8 @@ impl Bench {
         let dir = std::env::temp_dir().join(format!("kernelbox-{}-checkpoints", self.label));
         cfg.hibernate = Some(HibernateConfig {
             dir: Some(dir.clone()),
+            // Discarded at stop: the bench leaves nothing behind.
+            across_restarts: false,
             ..HibernateConfig::default()
         });
         if !self.engine.runtimes().await?.iter().any(|r| r == "runsc") {

@@ -55,7 +55,7 @@ class Restored:
     SCHEMA: ClassVar[str] = "Restored"
     #: Wire names that are Python keywords, by field.
     WIRE_NAMES: ClassVar[Dict[str, str]] = {"from_": "from"}
-    #: Why it had hibernated: ``idle``.
+    #: Why it had hibernated: ``idle``, ``evicted``, or ``restart`` (at the server's stop).
     from_: str
     checkpoint_seconds: float
     restore_seconds: float
