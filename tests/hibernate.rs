@@ -146,6 +146,30 @@ async fn an_idle_kernel_hibernates_and_its_next_call_finds_its_memory_and_files(
 }
 
 #[tokio::test]
+async fn a_checkpoint_the_runtime_refuses_is_reported_lost_and_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let case = case("hibernate-engine-refused", dir.path(), |_| {}).await;
+    // Another process of the kernel holds a file of the staging volume open: the runner cannot
+    // see it, the files move, and the runtime refuses to checkpoint an open file gone from
+    // its mount.
+    let held = "import subprocess, time, os\nx = 1\np = subprocess.Popen(['python3', '-c', \"f = open('held.txt', 'w'); f.write('x'); f.flush(); import time; time.sleep(600)\"])\nwhile not os.path.exists('held.txt'): time.sleep(0.05)";
+    let first = case.run("held", held).await;
+    assert_eq!(first.status, CellStatus::Success, "{first:?}");
+    idle_and_reap(&case).await;
+    assert_eq!(case.kb.hibernated(), 0, "the checkpoint failed");
+    assert!(case.containers().await.is_empty(), "its container went");
+    assert_eq!(bytes_under(dir.path()), 0, "no checkpoint files left");
+    let next = case.run("held", "print('x' in dir())").await;
+    assert_eq!(next.output, "False\n", "{next:?}");
+    assert_eq!(
+        next.kernel.state_lost.as_ref().map(|l| l.reason),
+        Some(LossReason::IdleReaped),
+        "{next:?}"
+    );
+    case.finish().await;
+}
+
+#[tokio::test]
 async fn two_racing_calls_restore_a_hibernated_kernel_once() {
     let dir = tempfile::tempdir().unwrap();
     let case = case("hibernate-race", dir.path(), |_| {}).await;
@@ -248,6 +272,51 @@ async fn past_a_tenants_most_the_oldest_checkpoint_goes_and_its_loss_is_told() {
         Some(LossReason::IdleReaped),
         "{old:?}"
     );
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn past_a_tenants_bytes_a_checkpoint_alone_too_large_is_not_kept_and_the_oldest_goes() {
+    let dir = tempfile::tempdir().unwrap();
+    let case = case("hibernate-bytes", dir.path(), |h| {
+        h.max_tenant_bytes = 36 << 20;
+    })
+    .await;
+    let fill = |mib: u32| format!("import os\nx = bytearray(os.urandom({mib} << 20))");
+    // Checkpoints are the bytes held plus about 2 MiB of the idle runner's.
+    case.run("small", &fill(10)).await;
+    case.run("huge", &fill(60)).await;
+    idle_and_reap(&case).await;
+    // The huge one alone is past the tenant's bytes: not kept, and it pushed out nothing.
+    assert_eq!(case.kb.hibernated(), 1);
+    assert_eq!(
+        case.containers().await.len(),
+        1,
+        "the huge one's container went"
+    );
+    let huge = case.run("huge", "print('x' in dir())").await;
+    assert_eq!(huge.output, "False\n");
+    assert_eq!(
+        huge.kernel.state_lost.as_ref().map(|l| l.reason),
+        Some(LossReason::IdleReaped),
+        "{huge:?}"
+    );
+    assert_eq!(case.kb.clear_session(None, "huge").await, 1);
+    // Another that fits alone, but not beside the small one: the small one goes, told.
+    case.run("big", &fill(30)).await;
+    idle_and_reap(&case).await;
+    assert_eq!(case.kb.hibernated(), 1);
+    assert!(bytes_under(dir.path()) > 30 << 20, "the big one is kept");
+    let small = case.run("small", "print('x' in dir())").await;
+    assert_eq!(small.output, "False\n");
+    assert_eq!(
+        small.kernel.state_lost.as_ref().map(|l| l.reason),
+        Some(LossReason::IdleReaped),
+        "{small:?}"
+    );
+    let big = case.run("big", "print(len(x))").await;
+    assert_eq!(big.output, format!("{}\n", 30 << 20));
+    assert!(big.kernel.restored.is_some());
     case.finish().await;
 }
 

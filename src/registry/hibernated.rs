@@ -184,13 +184,12 @@ impl Registry {
         if !waited || inner.closed {
             return vec![checkpoint];
         }
-        let mut gone = inner.make_room(&key.owner.tenant, checkpoint.bytes, bounds);
         if checkpoint.bytes > bounds.max_bytes.min(bounds.max_tenant_bytes) {
-            // Alone past the bound: it is not kept.
+            // Alone past the bound: it is not kept (and pushes out no other).
             inner.record_loss(key, LossReason::IdleReaped);
-            gone.push(checkpoint);
-            return gone;
+            return vec![checkpoint];
         }
+        let gone = inner.make_room(&key.owner.tenant, checkpoint.bytes, bounds);
         inner
             .hibernated
             .insert(key.clone(), Hibernated::Ready(Box::new(checkpoint)));
@@ -227,11 +226,11 @@ impl Registry {
                 gone.push(checkpoint);
                 continue;
             }
-            gone.extend(inner.make_room(&key.owner.tenant, checkpoint.bytes, bounds));
             if checkpoint.bytes > bounds.max_bytes.min(bounds.max_tenant_bytes) {
                 gone.push(checkpoint);
                 continue;
             }
+            gone.extend(inner.make_room(&key.owner.tenant, checkpoint.bytes, bounds));
             inner.remember(&key);
             inner.generations.insert(key.clone(), generation);
             inner.losses.remove(&key);
