@@ -170,6 +170,31 @@ async fn a_checkpoint_the_runtime_refuses_is_reported_lost_and_leaves_nothing() 
 }
 
 #[tokio::test]
+async fn a_restore_that_fails_is_reported_lost_and_the_next_kernel_is_a_new_generation() {
+    let dir = tempfile::tempdir().unwrap();
+    let case = case("hibernate-restore-fails", dir.path(), |_| {}).await;
+    let first = case.run("s", "x = 1").await;
+    idle_and_reap(&case).await;
+    assert_eq!(case.kb.hibernated(), 1);
+    // Its container removed behind kernelbox's back: the restore cannot start it.
+    for c in case.containers().await {
+        case.engine.remove_container(&c.id).await.unwrap();
+    }
+    let next = case.run("s", "print('x' in dir())").await;
+    assert_eq!(next.output, "False\n", "{next:?}");
+    assert!(next.kernel.restored.is_none());
+    assert_eq!(
+        next.kernel.state_lost.as_ref().map(|l| l.reason),
+        Some(LossReason::IdleReaped),
+        "{next:?}"
+    );
+    assert_eq!(next.kernel.generation, first.kernel.generation + 1);
+    assert_eq!(case.kb.hibernated(), 0);
+    assert_eq!(bytes_under(dir.path()), 0, "its checkpoint went");
+    case.finish().await;
+}
+
+#[tokio::test]
 async fn two_racing_calls_restore_a_hibernated_kernel_once() {
     let dir = tempfile::tempdir().unwrap();
     let case = case("hibernate-race", dir.path(), |_| {}).await;

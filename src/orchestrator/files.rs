@@ -92,7 +92,7 @@ pub(super) struct Hold {
 impl Hold {
     /// Which kernel of its key the held one is.
     pub(super) fn generation(&self) -> u64 {
-        self.slot.generation
+        self.slot.generation()
     }
 
     pub(super) fn kernel(&self) -> Result<Arc<Kernel>, FileError> {

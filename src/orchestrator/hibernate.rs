@@ -187,7 +187,8 @@ impl Orchestrator {
                 .into();
                 if self.checkpoints_last() {
                     // Its record, for a restarted server to take it over (`record.rs`).
-                    let record = Record::new(slot.key.clone(), slot.generation, checkpoint.clone());
+                    let record =
+                        Record::new(slot.key.clone(), slot.generation(), checkpoint.clone());
                     if let Err(e) = record.write().await {
                         tracing::warn!(error = %e, "a hibernated kernel's record could not be written: it will not outlive this server");
                     }

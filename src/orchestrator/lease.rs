@@ -62,7 +62,7 @@ impl Lease {
             execution_count,
             state_reset: self.state_reset,
             ended,
-            generation: self.slot.generation,
+            generation: self.slot.generation(),
             state_lost,
             workspace,
             restored,
@@ -338,6 +338,8 @@ impl Orchestrator {
         match self.restore_hibernated(key).await {
             Some(Ok(kernel)) => return Ok(kernel),
             Some(Err(reason)) => {
+                // The kernel started instead is a new one.
+                self.inner.registry.renew_generation(slot);
                 *lost = Some(StateLost {
                     reason,
                     at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
@@ -346,7 +348,7 @@ impl Orchestrator {
             }
             None => {}
         }
-        self.spawn_cold(key, slot.generation, slot.settings.clone())
+        self.spawn_cold(key, slot.generation(), slot.settings.clone())
             .await
     }
 
@@ -549,7 +551,7 @@ impl Orchestrator {
                 key_hash: key.hash(),
                 tenant: key.owner.tenant.clone(),
                 owner: key.owner.to_string(),
-                generation: slot.generation,
+                generation: slot.generation(),
             })),
             _ => None,
         };

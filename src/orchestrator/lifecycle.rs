@@ -173,7 +173,7 @@ impl Orchestrator {
                     owner: s.key.owner.to_string(),
                     session: s.key.owner.session.clone(),
                     child: s.key.owner.child.clone(),
-                    generation: s.generation,
+                    generation: s.generation(),
                     state: match kernel.map(|k| k.state()) {
                         None | Some(KernelState::Starting) => "starting",
                         Some(KernelState::Idle) if kernel.is_some_and(|k| k.is_computing()) => {

@@ -275,6 +275,16 @@ impl Registry {
             .collect()
     }
 
+    /// The slot's kernel is a new one after all (its hibernated kernel's restore failed):
+    /// its generation is counted, as for any new kernel.
+    pub fn renew_generation(&self, slot: &super::Slot) {
+        let mut inner = self.lock();
+        let generation = inner.generations.entry(slot.key.clone()).or_insert(0);
+        *generation = (*generation).max(slot.generation()) + 1;
+        slot.generation
+            .store(*generation, std::sync::atomic::Ordering::Release);
+    }
+
     /// Takes `key`'s checkpoint, for its next kernel to restore.
     pub fn take_checkpoint(&self, key: &KernelKey) -> Option<Checkpoint> {
         self.lock().take_ready(key)

@@ -40,7 +40,7 @@ pub use admission::{AtCapacity, Cap, ClusterShares, EvictionCounts, Refusal, Ten
 pub use hibernated::HibernationBounds;
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::OnceCell;
@@ -69,8 +69,8 @@ pub const MAX_ATTACHED_PER_SLOT: usize = 8;
 pub struct Slot {
     /// The key whose kernel this is (owner, mode, image, tools).
     pub key: KernelKey,
-    /// Which kernel of the key this is.
-    pub generation: u64,
+    /// Which kernel of the key this is ([`Slot::generation`]).
+    generation: AtomicU64,
     /// The kernel, once spawned.
     pub kernel: OnceCell<Arc<Kernel>>,
     /// Calls holding the slot (spawning or running a cell).
@@ -87,13 +87,19 @@ impl std::fmt::Debug for Slot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Slot")
             .field("owner", &self.key.owner.to_string())
-            .field("generation", &self.generation)
+            .field("generation", &self.generation())
             .field("attached", &self.attached())
             .finish()
     }
 }
 
 impl Slot {
+    /// Which kernel of the key this is: counted from 1, one more for each new kernel (a
+    /// hibernated kernel restored is the same one).
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
     /// Calls currently attached.
     pub fn attached(&self) -> usize {
         self.attached.load(Ordering::Acquire)
@@ -371,7 +377,7 @@ impl Registry {
                 };
                 let slot = Arc::new(Slot {
                     key: key.clone(),
-                    generation,
+                    generation: AtomicU64::new(generation),
                     kernel: OnceCell::new(),
                     attached: AtomicUsize::new(0),
                     last_used: Mutex::new(now),

@@ -110,7 +110,7 @@ async fn lru_cap_evicts_least_recently_used_unattached() {
         again.state_lost.map(|l| l.reason),
         Some(LossReason::Evicted)
     );
-    assert_eq!(again.slot.generation, 2);
+    assert_eq!(again.slot.generation(), 2);
     reg.release(&again.slot);
     assert!(att(&reg, &keys[0]).state_lost.is_none());
 }
@@ -400,11 +400,11 @@ async fn seeded_keys_take_their_generation_and_owed_loss_once_and_only_for_their
     assert_eq!(reg.use_catalog(writer.clone(), entries), 2);
     let a = use_once(&reg, &k);
     assert_eq!(a.state_lost, Some(lost));
-    assert_eq!(a.slot.generation, 5);
+    assert_eq!(a.slot.generation(), 5);
     forged.owner.tenant = "t".into();
     let f = att(&reg, &forged);
     assert_eq!(f.state_lost, None);
-    assert_eq!(f.slot.generation, 1);
+    assert_eq!(f.slot.generation(), 1);
     // Losses are recorded; a slot drained at shutdown records nothing.
     assert!(reg.forget(&a.slot, Some(LossReason::Oom)));
     reg.drain();
@@ -423,7 +423,7 @@ async fn reset_discards_the_slot_and_bumps_the_generation() {
     let first = use_once(&reg, &k);
     let second = reg.attach(&k, true, TenantLimits::default()).unwrap();
     assert!(second.reset.is_some_and(|s| Arc::ptr_eq(&s, &first.slot)));
-    assert_eq!(second.slot.generation, 2);
+    assert_eq!(second.slot.generation(), 2);
     assert!(
         second.state_lost.is_none(),
         "a reset is not an involuntary loss"
@@ -448,11 +448,11 @@ async fn one_tenants_churn_never_makes_the_registry_forget_another_tenants_owed_
         Some(LossReason::Evicted),
         "b's owed loss survived a's churn"
     );
-    assert_eq!(again.slot.generation, 2);
+    assert_eq!(again.slot.generation(), 2);
     // a's own bound applies to a: its oldest keys are forgotten, its newest are not.
     let oldest = att(&reg, &tkey("a", "s0", None));
     assert_eq!(oldest.state_lost, None);
-    assert_eq!(oldest.slot.generation, 1);
+    assert_eq!(oldest.slot.generation(), 1);
     let newest = att(
         &reg,
         &tkey("a", &format!("s{}", MAX_REMEMBERED_KEYS + 9), None),
@@ -475,7 +475,7 @@ async fn a_claimed_session_takes_the_clusters_generation_and_loss_over_what_this
     let first = use_once(&reg, &k);
     assert!(reg.forget(&first.slot, Some(LossReason::IdleReaped)));
     let second = use_once(&reg, &k);
-    assert_eq!(second.slot.generation, 2);
+    assert_eq!(second.slot.generation(), 2);
     assert!(reg.forget(&second.slot, None));
     use_once(&reg, &other);
     assert!(!reg.has_session("t", "s") && reg.has_session("t", "other"));
@@ -498,13 +498,14 @@ async fn a_claimed_session_takes_the_clusters_generation_and_loss_over_what_this
     );
     let back = use_once(&reg, &k);
     assert_eq!(
-        back.slot.generation, 8,
+        back.slot.generation(),
+        8,
         "generations continue from the cluster's"
     );
     assert_eq!(back.state_lost, Some(lost), "the loss is reported once");
     assert!(reg.has_session("t", "s"));
     // A key the entries do not name keeps what this node knows.
-    assert_eq!(use_once(&reg, &other).slot.generation, 1);
+    assert_eq!(use_once(&reg, &other).slot.generation(), 1);
 }
 
 #[test]
