@@ -41,6 +41,11 @@ pub const VOLUME: &str = "io.kernelbox.volume";
 pub const STATUS: &str = "io.kernelbox.status";
 /// Memory limit of the kernel, bytes.
 pub const MEMORY: &str = "io.kernelbox.memory";
+
+/// Container label: which checkpoints' directory the kernel's checkpoint would go to
+/// ([`checkpoints_tag`]), so a start finds the hibernated containers of its directory that no
+/// record claims (`docs/runtimes.md`, "Across a restart of the server").
+pub const CHECKPOINTS: &str = "io.kernelbox.checkpoints";
 /// Prefix of a session's own labels (its settings' `labels`, `src/settings.rs`) on its
 /// kernels: `io.kernelbox.meta.KEY=VALUE`, what `kernelbox ps --label` filters on.
 pub const META_PREFIX: &str = "io.kernelbox.meta.";
@@ -195,6 +200,15 @@ fn unescape(text: &str) -> Option<String> {
         });
     }
     Some(out)
+}
+
+/// The [`CHECKPOINTS`] label's value for a directory: a short hash of its real path (the same
+/// directory reached by another path has the same tag).
+pub fn checkpoints_tag(dir: &std::path::Path) -> String {
+    use sha2::{Digest, Sha256};
+    let real = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    let digest = Sha256::digest(real.to_string_lossy().as_bytes());
+    digest[..8].iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// A label filter value `key=value` for list calls.

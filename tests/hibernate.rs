@@ -194,6 +194,53 @@ async fn a_restore_that_fails_is_reported_lost_and_the_next_kernel_is_a_new_gene
     case.finish().await;
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stop_while_the_reaper_checkpoints_keeps_that_checkpoint_for_the_next_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let lasting = |h: &mut HibernateConfig| h.across_restarts = true;
+    let first = case("hibernate-stop-race", dir.path(), lasting).await;
+    let filled = first
+        .run(
+            "s",
+            "import os\nx = 7\nbig = bytearray(os.urandom(200 << 20))",
+        )
+        .await;
+    assert_eq!(filled.status, CellStatus::Success, "{filled:?}");
+    tokio::time::sleep(IDLE + Duration::from_millis(300)).await;
+    let kb = first.kb.clone();
+    let reaping = tokio::spawn(async move { kb.reap_once().await });
+    // The engine's checkpoint is under way once its directory appears (it takes seconds).
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !std::fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .any(|e| e.path().is_dir())
+    {
+        assert!(std::time::Instant::now() < deadline, "no checkpoint began");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    first.kb.shutdown().await;
+    let _ = reaping.await;
+    let cs = first.containers().await;
+    assert_eq!(cs.len(), 1, "{cs:?}");
+    assert_eq!(cs[0].state, "exited");
+    assert!(
+        cs[0].name.trim_start_matches('/').starts_with("kbh."),
+        "named hibernated: {cs:?}"
+    );
+    // The next start on the same directory takes it over.
+    let second = case("hibernate-stop-race-next", dir.path(), lasting).await;
+    let back = second.run("s", "print(x, len(big))").await;
+    assert_eq!(back.output, format!("7 {}\n", 200 << 20), "{back:?}");
+    assert_eq!(
+        back.kernel.restored.as_ref().map(|r| r.from.as_str()),
+        Some("idle")
+    );
+    assert_eq!(second.kb.clear_session(None, "s").await, 1);
+    second.finish().await;
+    common::assert_clean(&first.engine, &first.label).await;
+}
+
 #[tokio::test]
 async fn two_racing_calls_restore_a_hibernated_kernel_once() {
     let dir = tempfile::tempdir().unwrap();
@@ -478,8 +525,12 @@ async fn a_hibernated_kernel_outlives_kill_9_and_a_stop_and_the_restarted_server
     assert_eq!(cs.len(), 1, "{cs:?}");
     assert_eq!(state_in(&cs, &id).as_deref(), Some("exited"));
 
-    // The restarted server restores it on its owner's next call: memory, files, generation.
-    let (mut second, addr) = serve(&label, state.path(), true).await;
+    // The restarted server restores it on its owner's next call: memory, files, generation
+    // (the state directory reached by another path is the same).
+    let elsewhere = tempfile::tempdir().unwrap();
+    let link = elsewhere.path().join("state");
+    std::os::unix::fs::symlink(state.path(), &link).unwrap();
+    let (mut second, addr) = serve(&label, &link, true).await;
     let back = run(addr, "s", CHECK).await;
     let hash = filled["output"].as_str().unwrap().trim();
     assert_eq!(back["output"], format!("41 {hash} kept\n"), "{back}");
@@ -499,7 +550,18 @@ async fn a_hibernated_kernel_outlives_kill_9_and_a_stop_and_the_restarted_server
     let cs = common::containers(&engine, &label).await;
     assert_eq!(cs.len(), 2, "both hibernated at the stop: {cs:?}");
     assert!(cs.iter().all(|c| c.state == "exited"), "{cs:?}");
+    // A record damaged: its kernel is discarded at the start (not left behind), the other
+    // restored.
+    for name in kept(state.path()) {
+        let path = state.path().join("checkpoints").join(name);
+        if std::fs::read_to_string(&path).is_ok_and(|r| r.contains("\"busy\"")) {
+            std::fs::write(&path, "{").unwrap();
+        }
+    }
     let (mut third, addr) = serve(&label, state.path(), true).await;
+    let cs = common::containers(&engine, &label).await;
+    assert_eq!(cs.len(), 1, "the unclaimed one went: {cs:?}");
+    assert_eq!(state_in(&cs, &id).as_deref(), Some("exited"));
     let again = run(addr, "s", "print(x + 1, len(big))").await;
     assert_eq!(again["output"], "42 52428800\n", "{again}");
     assert_eq!(again["kernel"]["restored"]["from"], "restart", "{again}");

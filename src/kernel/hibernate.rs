@@ -58,6 +58,10 @@ pub(crate) struct Checkpoint {
     pub(super) taken: u64,
     /// Why it hibernated: `idle`, `evicted` or `restart` (told in `restored.from`).
     pub(crate) from: String,
+    /// Its container was named hibernated (`labels::hibernated_name`): it outlives the
+    /// server, and is named for the instance that restores it.
+    #[serde(default)]
+    lasting: bool,
 }
 
 /// What [`Kernel::restore`] needs besides the checkpoint.
@@ -74,7 +78,8 @@ pub(crate) struct Restore<'a> {
 }
 
 impl Kernel {
-    /// Checkpoints this idle kernel and stops its container (kept, with its volume). On
+    /// Checkpoints this idle kernel and stops its container (kept, with its volume; named
+    /// hibernated when `lasting`: it outlives the server). On
     /// success the kernel object is spent (dead as disposed of: its streams ended by design)
     /// and the returned checkpoint is what brings it back; on failure the caller disposes of
     /// the kernel. `limit` bounds the runner's answer; the engine's checkpoint takes what it
@@ -83,6 +88,7 @@ impl Kernel {
         self: &Arc<Self>,
         limit: Duration,
         dir: &std::path::Path,
+        lasting: bool,
     ) -> Result<Checkpoint, KernelError> {
         let fail = |why: String| KernelError::Hibernate(why);
         let mut io = self.io.lock().await;
@@ -133,10 +139,11 @@ impl Kernel {
         let checkpointed = self.engine.checkpoint(&self.id, &name, dir).await;
         let checkpoint_seconds = started.elapsed().as_secs_f64();
         self.cancel.cancel();
-        // Its name tells every sweep, of any instance, to leave it (`labels::hibernated_name`).
+        // When it outlives the server, its name tells every sweep, of any instance, to leave
+        // it (`labels::hibernated_name`); otherwise it goes with the server as before.
         let taken = crate::clock::unix_now();
         let renamed = match (&checkpointed, self.owner()) {
-            (Ok(()), Some(owner)) => {
+            (Ok(()), Some(owner)) if lasting => {
                 let hibernated = crate::labels::hibernated_name(
                     taken,
                     &owner.tenant,
@@ -168,6 +175,7 @@ impl Kernel {
             at: Instant::now(),
             taken,
             from: "idle".into(),
+            lasting,
         })
     }
 
@@ -180,18 +188,20 @@ impl Kernel {
     ) -> Result<Arc<Kernel>, KernelError> {
         let engine = restore.engine;
         let started = Instant::now();
-        // Its labels may name an earlier run of the server: its name says whose it is now
-        // (`labels::run_by_name`), for every sweep and this instance's watchdog.
-        let me = restore.instance;
-        let name = crate::labels::run_by_name(
-            &me.id,
-            me.pid,
-            me.pid_start,
-            &restore.owner.tenant,
-            &restore.owner.to_string(),
-            crate::docker::short_id(&checkpoint.id),
-        );
-        engine.rename_container(&checkpoint.id, &name).await?;
+        // One that outlives the server may carry an earlier run's labels: its name says whose
+        // it is now (`labels::run_by_name`), for every sweep and this instance's watchdog.
+        if checkpoint.lasting {
+            let me = restore.instance;
+            let name = crate::labels::run_by_name(
+                &me.id,
+                me.pid,
+                me.pid_start,
+                &restore.owner.tenant,
+                &restore.owner.to_string(),
+                crate::docker::short_id(&checkpoint.id),
+            );
+            engine.rename_container(&checkpoint.id, &name).await?;
+        }
         engine
             .start_from_checkpoint(&checkpoint.id, &checkpoint.name, &checkpoint.dir)
             .await?;

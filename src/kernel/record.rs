@@ -93,11 +93,12 @@ impl Record {
             match read_one(&entry.path()) {
                 Some(mut record)
                     if record.version == VERSION
-                        && record.checkpoint.dir == dir
                         && format!("{}{SUFFIX}", record.checkpoint.name) == name
                         && valid_key(&record.key)
                         && dir.join(&record.checkpoint.name).is_dir() =>
                 {
+                    // The directory it was read from, however it is reached now.
+                    record.checkpoint.dir = dir.to_path_buf();
                     let age = crate::clock::unix_now().saturating_sub(record.checkpoint.taken);
                     record.checkpoint.at = Instant::now()
                         .checked_sub(Duration::from_secs(age))
@@ -170,7 +171,7 @@ mod tests {
                     "id": "c", "volume": "v", "spill_dir": "/work", "sockets": null, "user": "u",
                     "name": name, "dir": dir.path(), "bytes": 1, "token": "t",
                     "execution_count": 2, "cells_begun": 2, "checkpoint_seconds": 0.3,
-                    "taken": crate::clock::unix_now() - 60, "from": "idle"
+                    "taken": crate::clock::unix_now() - 60, "from": "idle", "lasting": true
                 }
             })
         };

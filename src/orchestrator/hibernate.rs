@@ -11,21 +11,33 @@ use std::sync::Arc;
 use super::Orchestrator;
 use crate::cell::LossReason;
 use crate::config::{HibernateConfig, ValidConfig, HIBERNATE_ANSWER_LIMIT, HIBERNATE_WAIT_LIMIT};
-use crate::docker::{Engine, EngineError};
+use crate::docker::{ContainerInfo, Engine, EngineError};
 use crate::kernel::{Checkpoint, Kernel, KernelError, Record, Restore};
 use crate::labels;
 use crate::owner::KernelKey;
 use crate::registry::{HibernationBounds, Slot, TenantLimits};
 
-/// The hibernated kernels an earlier run left recorded in the checkpoints' directory, whose
-/// containers are still there, stopped, when checkpoints outlive a run
-/// (`HibernateConfig::lasts`). A server whose checkpoints do not (one that does not hibernate,
-/// on the state directory's `checkpoints`) discards what the records there name, containers
-/// and volumes, and clears the directory: their owners are told `server_restarted`.
+/// Hibernated kernels an earlier run of the server left, read at start.
+#[derive(Default)]
+pub(super) struct Recorded {
+    /// The records to take over: their containers are still there, stopped, named hibernated.
+    pub(super) records: Vec<Record>,
+    /// The [`labels::CHECKPOINTS`] label this run's kernels carry, when checkpoints outlive
+    /// it.
+    pub(super) tag: Option<String>,
+}
+
+/// The hibernated kernels an earlier run left in the checkpoints' directory, when checkpoints
+/// outlive a run (`HibernateConfig::lasts`): the records whose containers are still there,
+/// stopped and named hibernated. What no record claims (a record unreadable or not written,
+/// a kill between the rename and the record) is discarded: the stopped containers labelled
+/// with this directory's tag, with their volumes. A server whose checkpoints do not outlive
+/// it (one that does not hibernate, on the state directory's `checkpoints`) discards every
+/// one, and clears the directory: their owners are told `server_restarted`.
 pub(super) async fn recorded(
     config: &ValidConfig,
     engine: &dyn Engine,
-) -> Result<Vec<Record>, EngineError> {
+) -> Result<Recorded, EngineError> {
     let state_dir = config.housekeeping.state_dir.as_deref();
     let (dir, lasting) = match (&config.hibernate, state_dir) {
         (Some(h), _) if h.lasts(state_dir) => (h.checkpoint_dir(state_dir, ""), true),
@@ -33,34 +45,53 @@ pub(super) async fn recorded(
             HibernateConfig::default().checkpoint_dir(Some(state), ""),
             false,
         ),
-        (_, None) => return Ok(Vec::new()),
+        (_, None) => return Ok(Recorded::default()),
     };
     let reading = dir.clone();
-    let records = tokio::task::spawn_blocking(move || Record::read_all(&reading))
-        .await
-        .unwrap_or_default();
-    if !lasting {
-        for record in &records {
-            record.checkpoint.discard(engine).await;
-        }
-        let _ = tokio::task::spawn_blocking(move || clear_dir(&dir, &HashSet::new())).await;
-        return Ok(Vec::new());
-    }
-    let stopped: HashSet<String> = if records.is_empty() {
-        HashSet::new()
-    } else {
-        engine
-            .list_containers(&[labels::managed()])
-            .await?
-            .into_iter()
-            .filter(|c| c.state == "exited")
-            .map(|c| c.id)
-            .collect()
-    };
-    Ok(records
+    let (records, tag) = tokio::task::spawn_blocking(move || {
+        (
+            Record::read_all(&reading),
+            labels::checkpoints_tag(&reading),
+        )
+    })
+    .await
+    .unwrap_or_default();
+    let hibernated: Vec<ContainerInfo> = engine
+        .list_containers(&[labels::managed(), labels::filter(labels::CHECKPOINTS, &tag)])
+        .await?
         .into_iter()
-        .filter(|r| stopped.contains(&r.checkpoint.id))
-        .collect())
+        .filter(|c| {
+            c.state == "exited"
+                && matches!(
+                    labels::name_claim(&c.name),
+                    labels::NameClaim::Hibernated { .. }
+                )
+        })
+        .collect();
+    let (records, unclaimed): (Vec<Record>, Vec<Record>) = records
+        .into_iter()
+        .partition(|r| lasting && hibernated.iter().any(|c| c.id == r.checkpoint.id));
+    for record in &unclaimed {
+        record.checkpoint.discard(engine).await;
+    }
+    for c in &hibernated {
+        if records.iter().any(|r| r.checkpoint.id == c.id) {
+            continue;
+        }
+        tracing::warn!(container = %crate::docker::short_id(&c.id), "a hibernated kernel no record claims: discarded");
+        let _ = engine.remove_container(&c.id).await;
+        if let Some(volume) = c.labels.get(labels::VOLUME) {
+            let _ = crate::docker::remove_volume_when_free(engine, volume).await;
+        }
+    }
+    if !lasting {
+        let _ = tokio::task::spawn_blocking(move || clear_dir(&dir, &HashSet::new())).await;
+        return Ok(Recorded::default());
+    }
+    Ok(Recorded {
+        records,
+        tag: Some(tag),
+    })
 }
 
 /// Kernels checkpointed at once (each writes its memory to disk).
@@ -112,13 +143,15 @@ impl Orchestrator {
         if records.is_empty() {
             return 0;
         }
-        let gone = inner.registry.adopt_checkpoints(
+        let mut gone = inner.registry.adopt_checkpoints(
             records
                 .into_iter()
                 .map(|r| (r.key, r.generation, r.checkpoint))
                 .collect(),
             bounds,
         );
+        // Past this run's age bound already: discarded now, not restored first.
+        gone.extend(inner.registry.expired_checkpoints(bounds.max_age));
         let adopted = inner.registry.hibernated_count() as u64;
         tracing::info!(
             kernels = adopted,
@@ -171,7 +204,12 @@ impl Orchestrator {
             return;
         };
         let result = match (slot.kernel.get(), self.checkpoint_dir().await) {
-            (Some(kernel), Ok(dir)) => kernel.hibernate(HIBERNATE_ANSWER_LIMIT, &dir).await,
+            (Some(kernel), Ok(dir)) => {
+                let lasting = self.checkpoints_last();
+                kernel
+                    .hibernate(HIBERNATE_ANSWER_LIMIT, &dir, lasting)
+                    .await
+            }
             (None, _) => Err(KernelError::Hibernate("no kernel".into())),
             (_, Err(e)) => Err(KernelError::Hibernate(format!(
                 "the checkpoints' directory: {e}"

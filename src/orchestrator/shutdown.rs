@@ -22,7 +22,13 @@ impl Orchestrator {
             // Idle kernels that hibernate do so now, to come back after the restart
             // (`docs/runtimes.md`, "Hibernation"); those not done in time are lost as before.
             let stopping = inner.registry.take_for_stop();
-            let hibernating = self.hibernate_slots(stopping, LossReason::ServerRestarted);
+            let hibernating = async {
+                self.hibernate_slots(stopping, LossReason::ServerRestarted)
+                    .await;
+                // Those under way already (the reaper's, an eviction's) are kept too.
+                let pending = inner.registry.pending_hibernations();
+                futures::future::join_all(pending.iter().map(|done| done.cancelled())).await;
+            };
             if tokio::time::timeout(HIBERNATE_AT_STOP_LIMIT, hibernating)
                 .await
                 .is_err()

@@ -134,7 +134,13 @@ impl Orchestrator {
                 config.kernels.max_session_kernels,
                 config.kernels.idle_timeout,
             ),
-            labels: instance.labels(&config.housekeeping.extra_labels),
+            labels: {
+                let mut labels = instance.labels(&config.housekeeping.extra_labels);
+                if let Some(tag) = &recorded.tag {
+                    labels.insert(labels::CHECKPOINTS.into(), tag.clone());
+                }
+                labels
+            },
             config,
             engine,
             monitor: EventMonitor::default(),
@@ -164,9 +170,11 @@ impl Orchestrator {
             egress.count_usage_in(inner.ledger.clone());
         }
         let orchestrator = Orchestrator { inner };
-        let adopted = orchestrator.adopt_recorded(recorded);
+        let adopted = orchestrator.adopt_recorded(recorded.records);
         let registry = &orchestrator.inner.registry;
         registry.count_losses(LossReason::ServerRestarted, live.saturating_sub(adopted));
+        // Before any call can take a checkpoint: what no kept checkpoint claims goes.
+        orchestrator.clear_checkpoints().await;
         orchestrator.start_tasks();
         Ok(orchestrator)
     }
@@ -175,9 +183,6 @@ impl Orchestrator {
     /// pool's refill.
     fn start_tasks(&self) {
         let i = &self.inner;
-        let clearing = self.clone();
-        i.tracker
-            .spawn(async move { clearing.clear_checkpoints().await });
         // Kernels restored from an earlier run's checkpoints carry its labels: with any taken
         // over, every kernelbox container's events are followed.
         let events = match i.registry.hibernated_count() {

@@ -142,6 +142,18 @@ impl Registry {
         pending
     }
 
+    /// Every pending hibernation: each cancelled once it is resolved.
+    pub fn pending_hibernations(&self) -> Vec<CancellationToken> {
+        self.lock()
+            .hibernated
+            .values()
+            .filter_map(|h| match h {
+                Hibernated::Pending(done) => Some(done.clone()),
+                Hibernated::Ready(_) => None,
+            })
+            .collect()
+    }
+
     /// The pending hibernation of `key`'s kernel: cancelled once it is resolved.
     pub fn hibernation_of(&self, key: &KernelKey) -> Option<CancellationToken> {
         match self.lock().hibernated.get(key) {
