@@ -143,6 +143,14 @@ impl Orchestrator {
         if records.is_empty() {
             return 0;
         }
+        // A tenant that no longer hibernates (the tenants file changed) gets none back.
+        let (records, unwanted): (Vec<Record>, Vec<Record>) = records.into_iter().partition(|r| {
+            inner
+                .config
+                .hibernate
+                .as_ref()
+                .is_some_and(|h| h.applies(&r.key.owner.tenant, r.key.runtime))
+        });
         let mut gone = inner.registry.adopt_checkpoints(
             records
                 .into_iter()
@@ -150,6 +158,7 @@ impl Orchestrator {
                 .collect(),
             bounds,
         );
+        gone.extend(unwanted.into_iter().map(|r| r.checkpoint));
         // Past this run's age bound already: discarded now, not restored first.
         gone.extend(inner.registry.expired_checkpoints(bounds.max_age));
         let adopted = inner.registry.hibernated_count() as u64;
