@@ -9,11 +9,13 @@
 //! |---|---|
 //! | `mod.rs` | the [`Engine`] trait, its requests and errors, idempotent volume removal |
 //! | `bollard_engine.rs` | [`BollardEngine`]: the trait on the real daemon |
+//! | `checkpoint.rs` | its checkpoint verbs: a container checkpointed and stopped, started again from a checkpoint placed in its own store |
 //! | `monitor.rs` | the engine's events: tells OOM, outside kills and crashes apart |
 //! | `cpu.rs` | a container's CPU time, read from its cgroup (the runaway watch's samples, `kernelbox ps`) |
 //! | `fake.rs` | the in-memory fake engine (tests and benches) |
 
 mod bollard_engine;
+mod checkpoint;
 pub mod cpu;
 #[cfg(any(test, feature = "test-util"))]
 pub mod fake;
