@@ -74,6 +74,19 @@ fn bytes_under(dir: &std::path::Path) -> u64 {
         .sum()
 }
 
+/// Runs `print('x' in dir())` for `session`, whose kernel was lost (`idle_reaped`): a new one
+/// answers `False` and tells the loss.
+async fn lost(case: &Case, session: &str) -> kernelbox::CellResult {
+    let r = case.run(session, "print('x' in dir())").await;
+    assert_eq!(r.output, "False\n", "{r:?}");
+    assert_eq!(
+        r.kernel.state_lost.as_ref().map(|l| l.reason),
+        Some(LossReason::IdleReaped),
+        "{r:?}"
+    );
+    r
+}
+
 const FILL: &str = "import hashlib, os\nx = 41\nbig = bytearray(os.urandom(50 << 20))\nopen('note.txt', 'w').write('kept')\nprint(hashlib.sha256(big).hexdigest())";
 const CHECK: &str = "print(x, hashlib.sha256(big).hexdigest(), open('note.txt').read())";
 
@@ -159,13 +172,7 @@ async fn a_checkpoint_the_runtime_refuses_is_reported_lost_and_leaves_nothing() 
     assert_eq!(case.kb.hibernated(), 0, "the checkpoint failed");
     assert!(case.containers().await.is_empty(), "its container went");
     assert_eq!(bytes_under(dir.path()), 0, "no checkpoint files left");
-    let next = case.run("held", "print('x' in dir())").await;
-    assert_eq!(next.output, "False\n", "{next:?}");
-    assert_eq!(
-        next.kernel.state_lost.as_ref().map(|l| l.reason),
-        Some(LossReason::IdleReaped),
-        "{next:?}"
-    );
+    lost(&case, "held").await;
     case.finish().await;
 }
 
@@ -337,13 +344,7 @@ async fn past_a_tenants_most_the_oldest_checkpoint_goes_and_its_loss_is_told() {
     let new = case.run("new", "print(x)").await;
     assert_eq!(new.output, "2\n");
     assert!(new.kernel.restored.is_some());
-    let old = case.run("old", "print('x' in dir())").await;
-    assert_eq!(old.output, "False\n");
-    assert_eq!(
-        old.kernel.state_lost.as_ref().map(|l| l.reason),
-        Some(LossReason::IdleReaped),
-        "{old:?}"
-    );
+    lost(&case, "old").await;
     case.finish().await;
 }
 
@@ -366,26 +367,14 @@ async fn past_a_tenants_bytes_a_checkpoint_alone_too_large_is_not_kept_and_the_o
         1,
         "the huge one's container went"
     );
-    let huge = case.run("huge", "print('x' in dir())").await;
-    assert_eq!(huge.output, "False\n");
-    assert_eq!(
-        huge.kernel.state_lost.as_ref().map(|l| l.reason),
-        Some(LossReason::IdleReaped),
-        "{huge:?}"
-    );
+    lost(&case, "huge").await;
     assert_eq!(case.kb.clear_session(None, "huge").await, 1);
     // Another that fits alone, but not beside the small one: the small one goes, told.
     case.run("big", &fill(30)).await;
     idle_and_reap(&case).await;
     assert_eq!(case.kb.hibernated(), 1);
     assert!(bytes_under(dir.path()) > 30 << 20, "the big one is kept");
-    let small = case.run("small", "print('x' in dir())").await;
-    assert_eq!(small.output, "False\n");
-    assert_eq!(
-        small.kernel.state_lost.as_ref().map(|l| l.reason),
-        Some(LossReason::IdleReaped),
-        "{small:?}"
-    );
+    lost(&case, "small").await;
     let big = case.run("big", "print(len(x))").await;
     assert_eq!(big.output, format!("{}\n", 30 << 20));
     assert!(big.kernel.restored.is_some());
