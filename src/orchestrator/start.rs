@@ -2,8 +2,8 @@
 //! (kernels live at its last use become losses by restart), the engine checked, the file
 //! channels' directory prepared, hibernated kernels of an earlier run found by their records,
 //! leftovers of dead instances swept (hibernated kernels left), the watchdog started, the
-//! hibernated kernels taken over, then the event monitor, the reaper, the runaway watch and the warm
-//! pool's refill.
+//! hibernated kernels taken over, then the event monitor, the reaper, the runaway watch and
+//! the warm pool's refill.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures::stream::PollNext;
 use futures::StreamExt;
 use rand::Rng;
 use tokio::io::AsyncReadExt;
@@ -241,7 +242,8 @@ impl Drop for Rendezvous {
 }
 
 /// A helper's output once its channel is the socket: the socket's bytes as its stdout, and
-/// from the exec only stderr (a byte on the exec's stdout is a breach: nothing goes there).
+/// from the exec only stderr (a byte on the exec's stdout is a breach: nothing goes there),
+/// the exec's read first whenever it has something.
 pub(super) fn output(socket: OwnedReadHalf, exec: Output) -> Output {
     let socket = ReaderStream::with_capacity(socket, READ_CHUNK).map(|read| {
         read.map(Chunk::Stdout).map_err(|e| {
@@ -259,7 +261,9 @@ pub(super) fn output(socket: OwnedReadHalf, exec: Output) -> Output {
         Ok(Chunk::Stdout(_)) => Ok(Chunk::Stdout(Bytes::new())),
         other => other,
     });
-    futures::stream::select(socket, exec).boxed()
+    // The exec's side first: a byte it holds fails the transfer before the socket's first
+    // bytes can start a reply (it carries only stderr otherwise, which a helper writes little).
+    futures::stream::select_with_strategy(exec, socket, |_: &mut ()| PollNext::Left).boxed()
 }
 
 #[cfg(test)]
