@@ -21,14 +21,18 @@ use kernelbox::{CellStatus, ExecuteRequest, KernelRuntime, LossReason, Orchestra
 
 const IDLE: Duration = Duration::from_millis(1500);
 
-/// A runsc case whose idle kernels hibernate into `dir` after [`IDLE`].
-async fn case(name: &str, dir: &std::path::Path, tweak: impl FnOnce(&mut HibernateConfig)) -> Case {
-    let mut hibernate = HibernateConfig {
+/// Hibernation into `dir`, its checkpoints discarded at stop (a restart is the serve test's).
+fn discarded_at_stop(dir: &std::path::Path) -> HibernateConfig {
+    HibernateConfig {
         dir: Some(dir.to_path_buf()),
-        // Discarded at stop: a restart is the serve test's.
         across_restarts: false,
         ..HibernateConfig::default()
-    };
+    }
+}
+
+/// A runsc case whose idle kernels hibernate into `dir` after [`IDLE`].
+async fn case(name: &str, dir: &std::path::Path, tweak: impl FnOnce(&mut HibernateConfig)) -> Case {
+    let mut hibernate = discarded_at_stop(dir);
     tweak(&mut hibernate);
     logs();
     Case::with(name, |c| {
@@ -580,12 +584,7 @@ async fn a_kernel_evicted_to_make_room_hibernates_and_comes_back() {
         c.spec.sandbox.runtime = KernelRuntime::Runsc;
         c.kernels.max_session_kernels = 1;
         c.pool.size = 0;
-        c.hibernate = Some(HibernateConfig {
-            dir: Some(dir.path().to_path_buf()),
-            // Discarded at stop: a restart is the serve test's.
-            across_restarts: false,
-            ..HibernateConfig::default()
-        });
+        c.hibernate = Some(discarded_at_stop(dir.path()));
     })
     .await;
     case.run("a", "x = 'a'").await;
@@ -615,12 +614,7 @@ async fn a_restored_kernel_hibernates_again_and_neither_the_pool_nor_a_reset_bri
         c.spec.sandbox.runtime = KernelRuntime::Runsc;
         c.kernels.idle_timeout = IDLE;
         c.pool.size = 1;
-        c.hibernate = Some(HibernateConfig {
-            dir: Some(dir.path().to_path_buf()),
-            // Discarded at stop: a restart is the serve test's.
-            across_restarts: false,
-            ..HibernateConfig::default()
-        });
+        c.hibernate = Some(discarded_at_stop(dir.path()));
     })
     .await;
     case.run("s", "x = 1").await;
