@@ -662,3 +662,198 @@ async fn an_open_connections_bytes_reach_the_ledger_before_it_ends_and_only_once
     );
     case.finish().await;
 }
+
+#[tokio::test]
+async fn repeated_refusals_are_one_counted_line_in_the_audit_file() {
+    let port = http_server("127.0.0.1:0").await;
+    let file = tenants_file(&[format!("127.0.0.1:{port}")]);
+    let dir = tempfile::tempdir().unwrap();
+    let audit = dir.path().join("audit.jsonl");
+    let served = http::Served::start(
+        "egress-audit-repeats",
+        "unused",
+        &[
+            "--pool",
+            "0",
+            "--tenants",
+            file.path().to_str().unwrap(),
+            "--egress-audit",
+            audit.to_str().unwrap(),
+        ],
+    )
+    .await;
+    // 200 requests to a destination the policy refuses, and one allowed.
+    let code = format!(
+        "{FETCH}\nrefused = [fetch('http://127.0.0.2:{port}/') for _ in range(200)]\nprint(sum('refused (not_allowed)' in r for r in refused))\nprint(fetch('http://127.0.0.1:{port}/'))"
+    );
+    let r = served.api.run("token-a", "s", &code).await;
+    assert_eq!(r["output"], format!("200\nhello from {port}\n"), "{r}");
+    // The first refusal is written at once; the others are one counted line when the
+    // repeat window ends (10 s after the first).
+    let lines = until_long(|| async {
+        let text = std::fs::read_to_string(&audit).unwrap_or_default();
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        lines
+            .iter()
+            .any(|l| l.get("count").is_some())
+            .then_some(lines)
+    })
+    .await;
+    let refused: Vec<&serde_json::Value> = lines
+        .iter()
+        .filter(|l| l["outcome"] == "not_allowed")
+        .collect();
+    assert_eq!(refused.len(), 2, "{lines:?}");
+    assert!(refused[0].get("count").is_none(), "{lines:?}");
+    assert_eq!(refused[1]["count"], 199, "{lines:?}");
+    assert_eq!(refused[1]["host"], "127.0.0.2");
+    assert_eq!(refused[1]["port"], port);
+    assert_eq!(refused[1]["session"], "s");
+    assert!(
+        refused[1]["first"].as_f64().unwrap() <= refused[1]["time"].as_f64().unwrap(),
+        "{lines:?}"
+    );
+    let allowed = lines.iter().filter(|l| l["outcome"] == "allowed").count();
+    assert_eq!(allowed, 1, "{lines:?}");
+    served.finish().await;
+}
+
+/// [`until`] with 30 s: for the audit file's counted lines, written when their window ends.
+async fn until_long<T, F: std::future::Future<Output = Option<T>>>(probe: impl Fn() -> F) -> T {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        if let Some(v) = probe().await {
+            return v;
+        }
+        assert!(std::time::Instant::now() < deadline, "not within 30 s");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+#[test]
+fn the_egress_audit_file_rotates_and_keeps_its_last_files() {
+    use kernelbox::egress::proxy::{AuditFile, AuditLine, Rotation};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("egress.jsonl");
+    let rotation = Rotation {
+        bytes: 4096,
+        keep: 3,
+    };
+    let file = AuditFile::open_with(&path, rotation, std::time::Duration::from_secs(60)).unwrap();
+    let mut queued = 0;
+    for i in 0..2000u16 {
+        // Allowed connections, each its own line; refusals of one destination, collapsed.
+        let line = AuditLine {
+            tenant: "a".into(),
+            session: "s".into(),
+            host: format!("h{i}.example"),
+            port: 443,
+            bytes_out: 1,
+            bytes_in: 2,
+            outcome: "allowed",
+        };
+        if file.record(&line) {
+            queued += 1;
+        }
+        let refused = AuditLine {
+            host: "refused.example".into(),
+            outcome: "not_allowed",
+            ..line
+        };
+        assert!(file.record(&refused), "a refusal is written or counted");
+        // The writer keeps up: never more than its backlog waiting.
+        if i % 256 == 0 {
+            std::thread::yield_now();
+        }
+    }
+    file.close();
+    assert!(queued > 0);
+    let mut names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "egress.jsonl",
+            "egress.jsonl.1",
+            "egress.jsonl.2",
+            "egress.jsonl.3"
+        ],
+        "the file and at most 3 rotated ones"
+    );
+    for name in &names {
+        let size = std::fs::metadata(dir.path().join(name)).unwrap().len();
+        assert!(size <= 4096, "{name} is {size} bytes");
+    }
+    // The current file ends with the counted line of the 1,999 refusals after the first
+    // (written when the writer stopped), their bytes summed.
+    let text = std::fs::read_to_string(&path).unwrap();
+    let last: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    assert_eq!(last["outcome"], "not_allowed", "{last}");
+    assert_eq!(last["count"], 1999, "{last}");
+    assert_eq!(last["bytes_in"], 2 * 1999, "{last}");
+}
+
+#[tokio::test]
+async fn the_firewall_admits_the_proxys_port_on_the_gateway_only_and_one_host_header() {
+    let port = http_server("127.0.0.1:0").await;
+    let tenants = BTreeMap::from([(
+        "a".to_string(),
+        policy(&[&format!("127.0.0.1:{port}")], &[]),
+    )]);
+    let case = with_egress("egress-gateway", tenants).await;
+    let egress = case.kb.egress().unwrap();
+    let proxy = egress.proxy_addr();
+    // The firewall's chain admits TCP to the proxy's port on the gateway's address only: no
+    // other address of the host (docker0's, the host's own) at that port.
+    let chain = kernelbox::egress::network::Names::of_network(egress.network_name())
+        .unwrap()
+        .chain;
+    let rules = std::process::Command::new("iptables")
+        .args(["-w", "-S", &chain])
+        .output()
+        .unwrap();
+    let rules = String::from_utf8_lossy(&rules.stdout).to_string();
+    let accepts: Vec<&str> = rules.lines().filter(|l| l.contains("-j ACCEPT")).collect();
+    assert_eq!(accepts.len(), 1, "{rules}");
+    assert!(
+        accepts[0].contains(&format!("-d {}/32", proxy.ip()))
+            && accepts[0].contains(&format!("--dport {}", proxy.port())),
+        "{rules}"
+    );
+    assert!(
+        rules.lines().last().unwrap().ends_with("-j DROP"),
+        "{rules}"
+    );
+    let code = format!(
+        r#"
+import base64, os, socket, urllib.parse
+p = urllib.parse.urlsplit(os.environ["HTTP_PROXY"])
+auth = base64.b64encode(f"{{p.username}}:{{p.password}}".encode()).decode()
+def ask(head):
+    s = socket.create_connection((p.hostname, p.port), timeout=10)
+    s.sendall(head.replace("AUTH", auth).encode())
+    return s.recv(4096).split(b"\r\n")[0].decode()
+print("one", ask("GET http://127.0.0.1:{port}/ HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nProxy-Authorization: Basic AUTH\r\n\r\n"))
+print("two", ask("GET http://127.0.0.1:{port}/ HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nHost: evil.example\r\nProxy-Authorization: Basic AUTH\r\n\r\n"))
+print("connect-other", ask("CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: evil.example:443\r\nProxy-Authorization: Basic AUTH\r\n\r\n"))
+print("connect-bare", ask("CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1\r\nProxy-Authorization: Basic AUTH\r\n\r\n"))
+"#
+    );
+    let r = run_as(&case, "a", "s", &code).await;
+    assert_eq!(r.status, CellStatus::Success, "{r:?}");
+    let out = &r.output;
+    assert!(out.contains("one HTTP/1.1 200"), "{out}");
+    assert!(out.contains("two HTTP/1.1 400"), "{out}");
+    assert!(out.contains("connect-other HTTP/1.1 400"), "{out}");
+    assert!(out.contains("connect-bare HTTP/1.1 200"), "{out}");
+    let counters = egress.counters();
+    let a = &counters.iter().find(|(t, _)| t == "a").unwrap().1;
+    assert_eq!(a.refusals.get("host_mismatch"), Some(&2), "{a:?}");
+    case.finish().await;
+}

@@ -213,7 +213,7 @@ pub struct KernelOpts {
     egress_secrets: Option<PathBuf>,
     /// Where the kernelbox egress CA is kept (generated when missing; put an operator's
     /// egress-ca.crt and egress-ca.key there to use it). Default: the state directory's
-    /// egress-ca.
+    /// egress-ca (on `serve`, --state-dir's when given).
     #[arg(long, env = "KERNELBOX_EGRESS_CA_DIR")]
     egress_ca_dir: Option<PathBuf>,
     /// Replace the egress CA with a new one at start (kernels started after trust the new one).
@@ -228,6 +228,9 @@ pub struct KernelOpts {
     #[arg(long, env = "KERNELBOX_RUNTIME", default_value = "runc", value_parser = kernelbox::KernelRuntime::parse)]
     runtime: kernelbox::KernelRuntime,
 }
+
+/// The egress CA's directory inside the state directory, unless `--egress-ca-dir` is given.
+const EGRESS_CA_DIR: &str = "egress-ca";
 
 fn parse_label(text: &str) -> Result<(String, String), String> {
     text.split_once('=')
@@ -247,7 +250,7 @@ impl KernelOpts {
                 ca_dir: match &self.egress_ca_dir {
                     Some(dir) => dir.clone(),
                     None => serve::default_state_dir()
-                        .map(|d| d.join("egress-ca"))
+                        .map(|d| d.join(EGRESS_CA_DIR))
                         .context(
                             "no --egress-ca-dir given and neither XDG_STATE_HOME nor HOME is set",
                         )?,

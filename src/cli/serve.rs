@@ -473,6 +473,14 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             usage("no --state-dir given and neither XDG_STATE_HOME nor HOME is set".into())
         })?),
     };
+    // The egress CA is kept under --state-dir unless --egress-ca-dir says otherwise (even on
+    // a cluster node, whose catalog is elsewhere).
+    if args.kernel.egress_ca_dir.is_none() {
+        let credentials = config.egress.as_mut().and_then(|e| e.credentials.as_mut());
+        if let (Some(credentials), Some(dir)) = (credentials, args.state_dir.clone()) {
+            credentials.ca_dir = dir.join(super::EGRESS_CA_DIR);
+        }
+    }
     config.workspaces =
         workspaces_config(&args, &tenants, config.housekeeping.state_dir.as_deref())?;
     config.audit = audit_config(&args, &tenants, config.housekeeping.state_dir.as_deref())?;
@@ -485,6 +493,35 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             ..Default::default()
         });
     }
+    // Descriptors (docs/reliability.md, "Descriptors"): the soft limit raised to the hard one,
+    // and the connection totals kept well below it.
+    let raised = server::descriptors::raise_limit().map_err(|e| usage(e.to_string()))?;
+    let egress_total = config.egress.as_ref().map(|e| e.limits.connections);
+    let fitted = server::descriptors::fit(
+        raised.now,
+        args.max_kernels,
+        args.max_connections as usize,
+        egress_total,
+    )
+    .map_err(|e| usage(e.to_string()))?;
+    if fitted.api != args.max_connections as usize || fitted.egress != egress_total {
+        let message = format!(
+            "the open-file limit is {}: connections lowered to fit it (API {} -> {}, egress proxy {} -> {}); raise the limit to keep them",
+            raised.now,
+            args.max_connections,
+            fitted.api,
+            egress_total.map_or("-".into(), |n| n.to_string()),
+            fitted.egress.map_or("-".into(), |n| n.to_string()),
+        );
+        tracing::warn!("{message}");
+        say!("kernelbox: {message}");
+    }
+    if let (Some(egress), Some(total)) = (config.egress.as_mut(), fitted.egress) {
+        egress.limits.connections = total;
+    }
+    let mut http_limits = args.limits();
+    http_limits.max_connections = fitted.api;
+    http_limits.max_unauthenticated = http_limits.max_unauthenticated.map(|n| n.min(fitted.api));
     let config = config.validate()?;
     tenants
         .check_reserved(config.kernels.max_session_kernels)
@@ -600,7 +637,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     }
     let options = server::ServeOptions {
         drain: args.drain_timeout,
-        limits: args.limits(),
+        limits: http_limits,
         metrics,
         public_metrics: args.public_metrics,
     };

@@ -247,7 +247,7 @@ impl Egress {
             addr: gateway,
             message: e.to_string(),
         })?;
-        if let Err(e) = network::firewall(&names, proxy.port()) {
+        if let Err(e) = network::firewall(&names, gateway, proxy.port()) {
             let _ = network::remove(engine.as_ref(), &names).await;
             return Err(e.into());
         }

@@ -1,11 +1,12 @@
 //! The egress network and its firewall (`docs/reliability.md`, "Network egress"): one
 //! internal bridge network per instance (no route out, no traffic between kernels), and host
-//! firewall rules that admit, from that network's bridge, only the proxy's port. Everything
+//! firewall rules that admit, from that network's bridge, only the proxy's address and port. Everything
 //! here is named after the network, so the rules go with it: at shutdown, and in the sweep
 //! after a crash. Rules of others are never touched: only a chain of our own and the one
 //! INPUT rule that jumps to it.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::process::Command;
 
 use crate::docker::{Engine, EngineError, NetworkSpec};
@@ -124,12 +125,13 @@ fn jump<'a>(names: &'a Names, comment: &'a str) -> [&'a str; 8] {
     ]
 }
 
-/// Admits from the bridge only TCP to `port` (the proxy's) and drops the rest: a chain of its
-/// own, jumped to from the top of INPUT. Any rules left from an earlier run of the same names
-/// are removed first.
-pub fn firewall(names: &Names, port: u16) -> Result<(), NetworkError> {
+/// Admits from the bridge only TCP to `gateway:port` (the proxy's address: no other address of
+/// the host, whatever listens there) and drops the rest: a chain of its own, jumped to from the
+/// top of INPUT. Any rules left from an earlier run of the same names are removed first.
+pub fn firewall(names: &Names, gateway: IpAddr, port: u16) -> Result<(), NetworkError> {
     remove_firewall(names);
     let port = port.to_string();
+    let gateway = gateway.to_string();
     let comment = format!("kernelbox egress {}", names.network);
     iptables(&["-N", &names.chain])?;
     iptables(&[
@@ -137,6 +139,8 @@ pub fn firewall(names: &Names, port: u16) -> Result<(), NetworkError> {
         &names.chain,
         "-p",
         "tcp",
+        "-d",
+        &gateway,
         "--dport",
         &port,
         "-j",

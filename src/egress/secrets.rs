@@ -54,23 +54,29 @@ enum Piece {
     Secret(String),
 }
 
-/// A rule: requests to `host` (exact, or `*.suffix` for its subdomains) get `headers` set,
-/// replacing any the kernel sent; `session`: only that session's kernels.
+/// The port a rule applies to when its `host` names none: HTTPS's (interception is of TLS
+/// tunnels only).
+pub const DEFAULT_RULE_PORT: u16 = 443;
+
+/// A rule: requests to `host` (exact, or `*.suffix` for its subdomains) on `port` get
+/// `headers` set, replacing any the kernel sent; `session`: only that session's kernels.
 #[derive(Debug, Clone)]
 pub struct Rule {
     host: String,
+    port: u16,
     session: Option<String>,
     headers: Vec<(HeaderName, Vec<Piece>)>,
 }
 
 impl Rule {
-    fn matches_host(&self, host: &str) -> bool {
-        match self.host.strip_prefix("*.") {
-            Some(suffix) => host
-                .strip_suffix(suffix)
-                .is_some_and(|rest| rest.len() > 1 && rest.ends_with('.')),
-            None => host == self.host,
-        }
+    fn matches(&self, host: &str, port: u16) -> bool {
+        port == self.port
+            && match self.host.strip_prefix("*.") {
+                Some(suffix) => host
+                    .strip_suffix(suffix)
+                    .is_some_and(|rest| rest.len() > 1 && rest.ends_with('.')),
+                None => host == self.host,
+            }
     }
 }
 
@@ -170,14 +176,14 @@ impl Secrets {
         self.tenants.values().all(|t| t.rules.is_empty())
     }
 
-    /// The headers `tenant`'s `session` gets on requests to `host`, when a rule names it (the
-    /// first rule in the file that names the host and the session, or no session, wins).
-    pub fn headers(&self, tenant: &str, session: &str, host: &str) -> Option<Headers> {
+    /// The headers `tenant`'s `session` gets on requests to `host:port`, when a rule names it
+    /// (the first rule in the file that names the host, port and session, or no session, wins).
+    pub fn headers(&self, tenant: &str, session: &str, host: &str, port: u16) -> Option<Headers> {
         let t = self.tenants.get(tenant)?;
         let rule = t
             .rules
             .iter()
-            .find(|r| r.matches_host(host) && r.session.as_deref().is_none_or(|s| s == session))?;
+            .find(|r| r.matches(host, port) && r.session.as_deref().is_none_or(|s| s == session))?;
         let mut out = Vec::with_capacity(rule.headers.len());
         for (name, pieces) in &rule.headers {
             let mut value = String::new();
@@ -195,12 +201,13 @@ impl Secrets {
         Some(out)
     }
 
-    /// True when `tenant`'s `session` has a rule for `host` (its connections are intercepted).
-    pub fn has_rule(&self, tenant: &str, session: &str, host: &str) -> bool {
+    /// True when `tenant`'s `session` has a rule for `host:port` (its connections there are
+    /// intercepted).
+    pub fn has_rule(&self, tenant: &str, session: &str, host: &str, port: u16) -> bool {
         self.tenants.get(tenant).is_some_and(|t| {
             t.rules
                 .iter()
-                .any(|r| r.matches_host(host) && r.session.as_deref().is_none_or(|s| s == session))
+                .any(|r| r.matches(host, port) && r.session.as_deref().is_none_or(|s| s == session))
         })
     }
 }
@@ -285,11 +292,26 @@ fn parse_rule(
     {
         return Err(invalid(format!("{at}.{k}"), "unknown field"));
     }
-    let host = r
+    let named = r
         .get("host")
         .and_then(Value::as_str)
         .ok_or_else(|| invalid(format!("{at}.host"), "must be a host name"))?
         .to_ascii_lowercase();
+    let bad_host = || {
+        invalid(
+            format!("{at}.host"),
+            "must be a host name (`api.example.com` or `*.example.com`), optionally with `:PORT` (default 443)",
+        )
+    };
+    // `HOST:PORT` names one port; a rule without one applies to HTTPS's only.
+    let (host, port) = match named.rsplit_once(':') {
+        // Digits only, no leading zero: `host:0443` and `host:+443` are refused.
+        Some((host, text)) => match text.parse::<u16>() {
+            Ok(port) if port > 0 && port.to_string() == text => (host.to_string(), port),
+            _ => return Err(bad_host()),
+        },
+        None => (named.clone(), DEFAULT_RULE_PORT),
+    };
     let bare = host.strip_prefix("*.").unwrap_or(&host);
     if bare.is_empty()
         || bare.contains('*')
@@ -297,10 +319,7 @@ fn parse_rule(
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-')
     {
-        return Err(invalid(
-            format!("{at}.host"),
-            "must be a host name (`api.example.com` or `*.example.com`), no port",
-        ));
+        return Err(bad_host());
     }
     let session = match r.get("session") {
         None | Some(Value::Null) => None,
@@ -341,6 +360,7 @@ fn parse_rule(
     }
     Ok(Rule {
         host,
+        port,
         session,
         headers,
     })
@@ -387,7 +407,7 @@ mod tests {
             "a": {"secrets": {"KEY": "sk-a", "OTHER": {"env": "FROM_ENV"}},
                   "rules": [{"host": "api.example.com",
                              "headers": {"Authorization": "Bearer ${secrets.KEY}"}},
-                            {"host": "*.svc.example", "session": "s1",
+                            {"host": "*.svc.example:8443", "session": "s1",
                              "headers": {"x-token": "${secrets.OTHER}"}}]},
             "b": {"secrets": {"KEY": "sk-b"}, "rules": []}
         }})
@@ -400,20 +420,25 @@ mod tests {
     #[test]
     fn rules_render_for_their_tenant_host_and_session_only() {
         let s = Secrets::parse(&file(), &env).expect("parsed");
-        let h = s.headers("a", "any", "api.example.com").expect("rule");
+        let h = s.headers("a", "any", "api.example.com", 443).expect("rule");
         assert_eq!(h[0].0, "authorization");
         assert_eq!(h[0].1, "Bearer sk-a");
         assert!(h[0].1.is_sensitive());
-        assert!(s.headers("b", "any", "api.example.com").is_none());
-        assert!(s.headers("c", "any", "api.example.com").is_none());
-        assert!(s.headers("a", "any", "evil.api.example.com").is_none());
-        assert!(s.headers("a", "s2", "x.svc.example").is_none());
+        assert!(s.headers("b", "any", "api.example.com", 443).is_none());
+        assert!(s.headers("c", "any", "api.example.com", 443).is_none());
+        assert!(s.headers("a", "any", "evil.api.example.com", 443).is_none());
+        // A rule without a port is HTTPS's only; one with a port, that port's only.
+        assert!(s.headers("a", "any", "api.example.com", 8443).is_none());
+        assert!(s.has_rule("a", "any", "api.example.com", 443));
+        assert!(!s.has_rule("a", "any", "api.example.com", 444));
+        assert!(s.headers("a", "s2", "x.svc.example", 8443).is_none());
         assert_eq!(
-            s.headers("a", "s1", "x.svc.example").expect("rule")[0].1,
+            s.headers("a", "s1", "x.svc.example", 8443).expect("rule")[0].1,
             "from-env"
         );
-        assert!(s.headers("a", "s1", "svc.example").is_none());
-        assert!(s.headers("a", "s1", "xsvc.example").is_none());
+        assert!(s.headers("a", "s1", "x.svc.example", 443).is_none());
+        assert!(s.headers("a", "s1", "svc.example", 8443).is_none());
+        assert!(s.headers("a", "s1", "xsvc.example", 8443).is_none());
     }
 
     #[test]
@@ -427,7 +452,10 @@ mod tests {
         for bad in [
             json!({"tenants": {"a": {"secrets": {"K": "sk-zzz\n"}}}}),
             json!({"tenants": {"a": {"secrets": {"K": "sk-zzz"}, "rules": [{"host": "h", "headers": {"A": "${secrets.NOPE}"}}]}}}),
-            json!({"tenants": {"a": {"secrets": {"K": "sk-zzz"}, "rules": [{"host": "h:443", "headers": {}}]}}}),
+            json!({"tenants": {"a": {"secrets": {"K": "sk-zzz"}, "rules": [{"host": "h:0443", "headers": {}}]}}}),
+            json!({"tenants": {"a": {"secrets": {"K": "sk-zzz"}, "rules": [{"host": "h:0", "headers": {}}]}}}),
+            json!({"tenants": {"a": {"secrets": {"K": "sk-zzz"}, "rules": [{"host": "h:x", "headers": {}}]}}}),
+            json!({"tenants": {"a": {"secrets": {"K": "sk-zzz"}, "rules": [{"host": "h:443:1", "headers": {}}]}}}),
             json!({"tenants": {"a": {"secrets": {"K": {"env": "UNSET"}}}}}),
         ] {
             let err = Secrets::parse(&bad, &env).expect_err("refused");

@@ -23,6 +23,7 @@
 
 pub(crate) mod api;
 pub mod cluster;
+pub mod descriptors;
 mod error;
 mod listen;
 mod metrics;

@@ -12,10 +12,11 @@ use tokio::net::TcpStream;
 use super::super::sni::{self, Hello};
 use super::finish::Finish;
 use super::intercept::{intercept, Prefixed};
-use super::limits::{Metered, STEP_TIMEOUT};
+use super::limits::{idle, Metered, HELLO_TIMEOUT, TUNNEL_IDLE_TIMEOUT};
 use super::outcome::Outcome;
 
-/// Reads a ClientHello into `hello`: its server name, if any.
+/// Reads a ClientHello into `hello`: its server name, if any. Unbounded in time: the caller
+/// gives the whole hello one deadline.
 async fn read_hello<S: AsyncRead + Unpin>(
     client: &mut S,
     hello: &mut Vec<u8>,
@@ -30,8 +31,8 @@ async fn read_hello<S: AsyncRead + Unpin>(
             }
             Hello::Incomplete(need) => {
                 let want = need.saturating_sub(hello.len()).min(chunk.len());
-                match tokio::time::timeout(STEP_TIMEOUT, client.read(&mut chunk[..want])).await {
-                    Ok(Ok(n)) if n > 0 => hello.extend_from_slice(&chunk[..n]),
+                match client.read(&mut chunk[..want]).await {
+                    Ok(n) if n > 0 => hello.extend_from_slice(&chunk[..n]),
                     _ => return Err(Outcome::NotTls),
                 }
             }
@@ -39,10 +40,15 @@ async fn read_hello<S: AsyncRead + Unpin>(
     }
 }
 
-/// A CONNECT tunnel once answered 200: the ClientHello read and judged, then bytes copied both
-/// ways until either side ends, the kernel goes or the policy no longer allows it.
+/// A CONNECT tunnel once answered 200: the ClientHello read (all of it within
+/// [`HELLO_TIMEOUT`]) and judged, then bytes copied both ways until either side ends, the
+/// kernel goes, the policy no longer allows it or nothing moves for [`TUNNEL_IDLE_TIMEOUT`].
+/// `done` holds the connection's permits (`finish.rs`) until then.
 pub(super) async fn tunnel(req: Request<Incoming>, mut upstream: Metered<TcpStream>, done: Finish) {
-    let Ok(Ok(upgraded)) = tokio::time::timeout(STEP_TIMEOUT, hyper::upgrade::on(req)).await else {
+    // One deadline for the upgrade and the whole hello, not one per read: a hello trickled a
+    // byte at a time is cut at it.
+    let deadline = tokio::time::Instant::now() + HELLO_TIMEOUT;
+    let Ok(Ok(upgraded)) = tokio::time::timeout_at(deadline, hyper::upgrade::on(req)).await else {
         return;
     };
     let mut client = TokioIo::new(upgraded);
@@ -57,9 +63,11 @@ pub(super) async fn tunnel(req: Request<Incoming>, mut upstream: Metered<TcpStre
             }
             return;
         }
-        read = read_hello(&mut client, &mut hello) => match read {
-            Ok(name) => name,
-            Err(outcome) => return done.fail(outcome),
+        read = tokio::time::timeout_at(deadline, read_hello(&mut client, &mut hello)) => match read {
+            Ok(Ok(name)) => name,
+            Ok(Err(outcome)) => return done.fail(outcome),
+            // Not all of a ClientHello in time.
+            Err(_) => return done.fail(Outcome::NotTls),
         },
     };
     let literal = done
@@ -76,8 +84,12 @@ pub(super) async fn tunnel(req: Request<Incoming>, mut upstream: Metered<TcpStre
         return done.fail(Outcome::Mismatch);
     }
     let interception = done.table.interception.clone().filter(|i| {
-        i.secrets
-            .has_rule(&done.entry.tenant, &done.entry.session, &done.host)
+        i.secrets.has_rule(
+            &done.entry.tenant,
+            &done.entry.session,
+            &done.host,
+            done.port,
+        )
     });
     if let Some(interception) = interception {
         return intercept(interception, Prefixed::new(hello, client), upstream, done).await;
@@ -91,6 +103,7 @@ pub(super) async fn tunnel(req: Request<Incoming>, mut upstream: Metered<TcpStre
                 done.fail(Outcome::PolicyChanged);
             }
         }
+        _ = idle(&done.bytes.bytes_in, &done.bytes.bytes_out, TUNNEL_IDLE_TIMEOUT) => {}
         _ = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {}
     }
 }

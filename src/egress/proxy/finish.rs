@@ -4,6 +4,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
+use super::audit::AuditLine;
 use super::outcome::Outcome;
 use super::table::{ConnBytes, KernelEntry, LiveGuard, Table};
 
@@ -22,27 +23,20 @@ pub(super) fn audit(
         Err(o) => o.name(),
     };
     if let Some(file) = &table.audit {
-        let time = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs_f64())
-            .unwrap_or(0.0);
-        let line = serde_json::json!({
-            "time": time,
-            "tenant": entry.tenant,
-            "session": entry.session,
-            "host": host,
-            "port": port,
-            "bytes_out": out,
-            "bytes_in": inb,
-            "outcome": verdict,
-        })
-        .to_string()
-            + "\n";
-        match file.lines.try_send(line) {
-            Ok(()) => return,
-            // A full backlog (or a writer gone): the line goes to the log below.
-            Err(_) => tracing::warn!("the egress audit file's backlog is full; logging instead"),
+        let line = AuditLine {
+            tenant: entry.tenant.clone(),
+            session: entry.session.clone(),
+            host: host.to_string(),
+            port,
+            bytes_out: out,
+            bytes_in: inb,
+            outcome: verdict,
+        };
+        if file.record(&line) {
+            return;
         }
+        // A full backlog (or a writer gone): the line goes to the log below.
+        tracing::warn!("the egress audit file's backlog is full; logging instead");
     }
     tracing::info!(
         target: "kernelbox::egress::audit",
@@ -57,6 +51,14 @@ pub(super) fn audit(
     );
 }
 
+/// The permits one kernel connection holds: one of the proxy's total and one of its kernel's
+/// (`--egress-connections`). Shared by the kernel's connection and what it became (a tunnel, a
+/// forwarded request's upstream connection): released when the last of them ends.
+pub(super) struct Permits {
+    pub(super) _total: tokio::sync::OwnedSemaphorePermit,
+    pub(super) _kernel: tokio::sync::OwnedSemaphorePermit,
+}
+
 /// Counts and audits one allowed connection when it ends.
 pub(super) struct Finish {
     pub(super) entry: Arc<KernelEntry>,
@@ -66,6 +68,7 @@ pub(super) struct Finish {
     pub(super) bytes: Arc<ConnBytes>,
     pub(super) outcome: Mutex<Result<(), Outcome>>,
     pub(super) _live: LiveGuard,
+    pub(super) _permits: Arc<Permits>,
 }
 
 impl Finish {

@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::finish::Finish;
 use super::interception::Interception;
-use super::limits::{Metered, MAX_HEAD_BYTES, STEP_TIMEOUT};
+use super::limits::{idle, Metered, MAX_HEAD_BYTES, STEP_TIMEOUT, TUNNEL_IDLE_TIMEOUT};
 use super::outcome::{refusal_message, text, Body, Outcome};
 use http_body_util::BodyExt;
 
@@ -155,6 +155,7 @@ pub(super) async fn intercept<S>(
                 done.fail(Outcome::PolicyChanged);
             }
         }
+        _ = idle(&done.bytes.bytes_in, &done.bytes.bytes_out, TUNNEL_IDLE_TIMEOUT) => {}
         _ = conn => {}
     }
 }
@@ -190,22 +191,27 @@ async fn request(
     };
     // The Host header (and an absolute URI's authority) must name the tunnel's host: a request
     // meant for another host never gets this host's headers.
-    let host_ok = req
-        .headers()
-        .get(hyper::header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .is_some_and(|h| names(h, &done.host, done.port));
+    // Exactly one Host: a second one could reach the destination unchecked.
+    let mut hosts = req.headers().get_all(hyper::header::HOST).iter();
+    let host_ok = match (hosts.next(), hosts.next()) {
+        (Some(h), None) => h
+            .to_str()
+            .ok()
+            .is_some_and(|h| names(h, &done.host, done.port)),
+        _ => false,
+    };
     let uri_ok = req.uri().authority().is_none_or(|a| {
         names(a.as_str(), &done.host, done.port) && req.uri().scheme_str() == Some("https")
     });
     if !host_ok || !uri_ok {
         return refuse(StatusCode::MISDIRECTED_REQUEST, Outcome::Mismatch);
     }
-    let Some(headers) =
-        interception
-            .secrets
-            .headers(&done.entry.tenant, &done.entry.session, &done.host)
-    else {
+    let Some(headers) = interception.secrets.headers(
+        &done.entry.tenant,
+        &done.entry.session,
+        &done.host,
+        done.port,
+    ) else {
         return refuse(StatusCode::FORBIDDEN, Outcome::Placeholder);
     };
     let (mut parts, body) = req.into_parts();

@@ -13,16 +13,51 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 /// Longest request head a kernel may send (request line and headers).
 pub const MAX_HEAD_BYTES: usize = 16 * 1024;
 
-/// How long a kernel has to send a request head, a ClientHello, and the proxy to resolve and
-/// connect.
+/// How long a kernel has to send a request head, and the proxy to resolve and connect.
 pub const STEP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a CONNECT tunnel has, from the proxy's `200` answer, to deliver its whole TLS
+/// ClientHello: one deadline for all of it, however the bytes trickle in.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A tunnel (plain or intercepted) that moves no byte either way for this long is closed.
+pub const TUNNEL_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Resolves once `bytes` (a connection's bytes in and out) have not moved for `limit` (to
+/// within a quarter of it).
+pub(super) async fn idle(bytes_in: &AtomicU64, bytes_out: &AtomicU64, limit: Duration) {
+    let moved = || {
+        bytes_in
+            .load(Ordering::Relaxed)
+            .wrapping_add(bytes_out.load(Ordering::Relaxed))
+    };
+    let step = (limit / 4).max(Duration::from_millis(10));
+    let mut last = moved();
+    let mut since = Instant::now();
+    loop {
+        tokio::time::sleep(step).await;
+        let now = moved();
+        if now != last {
+            last = now;
+            since = Instant::now();
+        } else if since.elapsed() >= limit {
+            return;
+        }
+    }
+}
+
+/// Connections open at once through the proxy in all, by default (each uses two descriptors:
+/// the kernel's and the destination's).
+pub const DEFAULT_TOTAL_CONNECTIONS: usize = 4096;
 
 /// How the proxy is bounded.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
     /// Connections open at once from one kernel.
     pub connections_per_kernel: usize,
-    /// Connections open at once in all (accepted, not yet known to be a kernel's included).
+    /// Connections open at once in all (accepted, not yet known to be a kernel's included);
+    /// each holds its permit, and its kernel's, until its tunnel or upstream connection ends.
+    /// `kernelbox serve` lowers it to fit the descriptor limit (`server::descriptors`).
     pub connections: usize,
     /// Bytes per second one kernel moves (in and out together).
     pub bytes_per_second: u64,
@@ -32,7 +67,7 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             connections_per_kernel: 64,
-            connections: 4096,
+            connections: DEFAULT_TOTAL_CONNECTIONS,
             bytes_per_second: 50 * 1024 * 1024,
         }
     }

@@ -12,12 +12,12 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use super::super::policy::Grant;
 use super::connect::tunnel;
-use super::finish::{audit, Finish};
+use super::finish::{audit, Finish, Permits};
 use super::http::forward;
 use super::limits::{Limits, Metered, MAX_HEAD_BYTES, STEP_TIMEOUT};
 use super::outcome::{refusal_message, text, Body, Outcome};
@@ -36,8 +36,20 @@ pub async fn serve(
             _ = cancel.cancelled() => return,
             accepted = listener.accept() => accepted,
         };
-        let Ok((stream, peer)) = accepted else {
-            continue;
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                if !is_connection_error(&e) {
+                    // Out of descriptors or similar: back off briefly instead of spinning, as
+                    // the API listener does (`src/server/mod.rs`).
+                    tracing::warn!(error = %e, "egress proxy: accepting a connection failed");
+                    tokio::select! {
+                        _ = cancel.cancelled() => return,
+                        _ = tokio::time::sleep(ACCEPT_BACKOFF) => {}
+                    }
+                }
+                continue;
+            }
         };
         // Past the total, a connection is closed at once: memory stays bounded.
         let Ok(permit) = total.clone().try_acquire_owned() else {
@@ -47,11 +59,21 @@ pub async fn serve(
             continue;
         };
         let table = table.clone();
-        tokio::spawn(async move {
-            let _permit = permit;
-            connection(stream, peer, entry, table).await;
-        });
+        tokio::spawn(connection(stream, peer, entry, table, permit));
     }
+}
+
+/// How long the accept loop waits after an error that is not one connection's.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Errors that concern one connection only, not the listener.
+fn is_connection_error(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::ConnectionRefused
+            | std::io::ErrorKind::ConnectionAborted
+            | std::io::ErrorKind::ConnectionReset
+    )
 }
 
 async fn connection(
@@ -59,8 +81,9 @@ async fn connection(
     peer: SocketAddr,
     entry: Arc<KernelEntry>,
     table: Arc<Table>,
+    total: OwnedSemaphorePermit,
 ) {
-    let Ok(permit) = entry.connections.clone().try_acquire_owned() else {
+    let Ok(kernel) = entry.connections.clone().try_acquire_owned() else {
         table.count(&entry.tenant, |c| {
             *c.refusals
                 .entry(Outcome::TooManyConnections.name())
@@ -94,6 +117,12 @@ async fn connection(
         .await;
         return;
     };
+    // Held by this connection and by whatever it becomes (a tunnel, an upstream connection):
+    // a tunnel keeps both permits for its whole life.
+    let permits = Arc::new(Permits {
+        _total: total,
+        _kernel: kernel,
+    });
     let cancel = entry.cancel.clone();
     let service = {
         let entry = entry.clone();
@@ -101,7 +130,8 @@ async fn connection(
         hyper::service::service_fn(move |req| {
             let entry = entry.clone();
             let table = table.clone();
-            async move { Ok::<_, Infallible>(handle(req, entry, table).await) }
+            let permits = permits.clone();
+            async move { Ok::<_, Infallible>(handle(req, entry, table, permits).await) }
         })
     };
     let conn = hyper::server::conn::http1::Builder::new()
@@ -114,7 +144,6 @@ async fn connection(
         _ = cancel.cancelled() => {}
         _ = conn => {}
     }
-    drop(permit);
 }
 
 fn authorised(req: &Request<Incoming>, entry: &KernelEntry) -> bool {
@@ -174,6 +203,28 @@ async fn judge(
     Ok(addrs[0])
 }
 
+/// True when the request's `Host` header, if any, names the request's own `host` and `port`:
+/// at most one `Host` (a second one could reach the destination unjudged); for plain HTTP the
+/// port is the header's or 80; for CONNECT the header may leave the port out.
+fn host_header_agrees(req: &Request<Incoming>, connect: bool, host: &str, port: u16) -> bool {
+    let mut all = req.headers().get_all(hyper::header::HOST).iter();
+    let (Some(h), None) = (all.next(), all.next()) else {
+        // None at all is fine (HTTP/1.0, CONNECT); more than one never is.
+        return req.headers().get(hyper::header::HOST).is_none();
+    };
+    let Some(authority) = h
+        .to_str()
+        .ok()
+        .and_then(|h| h.parse::<hyper::http::uri::Authority>().ok())
+    else {
+        return false;
+    };
+    if connect && authority.port_u16().is_none() {
+        return authority.host().eq_ignore_ascii_case(host);
+    }
+    split_authority(&authority, 80) == (host.to_string(), port)
+}
+
 fn split_authority(authority: &hyper::http::uri::Authority, default_port: u16) -> (String, u16) {
     let host = authority.host().to_ascii_lowercase();
     (host, authority.port_u16().unwrap_or(default_port))
@@ -183,6 +234,7 @@ async fn handle(
     req: Request<Incoming>,
     entry: Arc<KernelEntry>,
     table: Arc<Table>,
+    permits: Arc<Permits>,
 ) -> Response<Body> {
     let refuse = |host: &str, port: u16, outcome: Outcome| {
         table.count(&entry.tenant, |c| {
@@ -215,19 +267,8 @@ async fn handle(
     if !authorised(&req, &entry) {
         return refuse(&host, port, Outcome::Unauthenticated);
     }
-    if !connect {
-        // The Host header, when given, must name the URL's host.
-        if let Some(h) = req.headers().get(hyper::header::HOST) {
-            let same = h
-                .to_str()
-                .ok()
-                .and_then(|h| h.parse::<hyper::http::uri::Authority>().ok())
-                .map(|a| split_authority(&a, 80) == (host.clone(), port))
-                .unwrap_or(false);
-            if !same {
-                return refuse(&host, port, Outcome::Mismatch);
-            }
-        }
+    if !host_header_agrees(&req, connect, &host, port) {
+        return refuse(&host, port, Outcome::Mismatch);
     }
     let grant = entry.grant();
     let addr = match judge(&grant, table.kernel_network, &host, port).await {
@@ -255,6 +296,7 @@ async fn handle(
         bytes,
         outcome: Mutex::new(Ok(())),
         _live: live,
+        _permits: permits,
     };
     if connect {
         tokio::spawn(tunnel(req, upstream, done));

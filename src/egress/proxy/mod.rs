@@ -4,7 +4,8 @@
 //! credential in their proxy URL. Every destination is judged by the kernel's
 //! [`Grant`](super::Grant) on its name, then on each address the proxy resolved it to; the
 //! upstream connection goes to a judged address only. Bounded: request heads, connections in
-//! all and per kernel, bytes per second per kernel, every wait.
+//! all and per kernel (held for as long as a tunnel or upstream connection lives), bytes per
+//! second per kernel, every wait (a tunnel's whole ClientHello, an idle tunnel).
 //!
 //! | file | what |
 //! |---|---|
@@ -16,7 +17,7 @@
 //! | `table.rs` | the kernels served ([`KernelEntry`]: credential, grant, live connections) and the shared [`Table`] |
 //! | `limits.rs` | [`Limits`], the step timeout and head size, the per-kernel byte budget and the metered upstream stream |
 //! | `outcome.rs` | why a connection was refused or failed ([`Outcome`]), the message a cell sees, plain-text responses |
-//! | `audit.rs` | tenants' counters and the `--egress-audit` file's writer |
+//! | `audit.rs` | tenants' counters and the `--egress-audit` file's writer (rotation, repeated refusals counted) |
 //! | `finish.rs` | the accounting of one connection: its audit line and its tenant's counters, when refused or ended |
 
 mod audit;
@@ -30,9 +31,15 @@ mod listener;
 mod outcome;
 mod table;
 
-pub use audit::{AuditFile, TenantCounters, AUDIT_BACKLOG};
+pub use audit::{
+    AuditFile, AuditLine, Rotation, TenantCounters, AUDIT_BACKLOG, AUDIT_KEEP, AUDIT_ROTATE_BYTES,
+    MAX_REPEAT_KEYS, REPEAT_WINDOW,
+};
 pub use interception::Interception;
-pub use limits::{Limits, MAX_HEAD_BYTES, STEP_TIMEOUT};
+pub use limits::{
+    Limits, DEFAULT_TOTAL_CONNECTIONS, HELLO_TIMEOUT, MAX_HEAD_BYTES, STEP_TIMEOUT,
+    TUNNEL_IDLE_TIMEOUT,
+};
 pub use listener::serve;
 pub use outcome::Outcome;
 pub use table::{KernelEntry, Table};
