@@ -169,6 +169,9 @@ async fn kernels_call_with_keys_they_never_see_and_only_the_rules_host_gets_them
     let rogue_seen: Seen = Arc::default();
     let port = https_server(&test_ca, seen.clone()).await;
     let rogue = https_server(&rogue_ca, rogue_seen.clone()).await;
+    // The same host on another port, no rule there: a rule names one port.
+    let other_seen: Seen = Arc::default();
+    let other = https_server(&test_ca, other_seen.clone()).await;
 
     let dir = tempfile::tempdir().unwrap();
     let bundle = dir.path().join("roots.crt");
@@ -178,10 +181,12 @@ async fn kernels_call_with_keys_they_never_see_and_only_the_rules_host_gets_them
     let secrets = Secrets::parse(
         &json!({"tenants": {
             "a": {"secrets": {"KEY": key_a},
-                  "rules": [{"host": "localhost",
+                  "rules": [{"host": format!("localhost:{port}"),
+                             "headers": {"Authorization": "Bearer ${secrets.KEY}"}},
+                            {"host": format!("localhost:{rogue}"),
                              "headers": {"Authorization": "Bearer ${secrets.KEY}"}}]},
             "b": {"secrets": {"KEY": key_b},
-                  "rules": [{"host": "vm", "headers": {"x-api-key": "${secrets.KEY}"}}]}
+                  "rules": [{"host": format!("vm:{port}"), "headers": {"x-api-key": "${secrets.KEY}"}}]}
         }}),
         &|_| None,
     )
@@ -193,6 +198,8 @@ async fn kernels_call_with_keys_they_never_see_and_only_the_rules_host_gets_them
             format!("127.0.0.1:{port}"),
             format!("localhost:{rogue}"),
             format!("127.0.0.1:{rogue}"),
+            format!("localhost:{other}"),
+            format!("127.0.0.1:{other}"),
         ]
         .into(),
         deny: vec![],
@@ -228,6 +235,9 @@ print("tunnel", fetch("https://vm:{port}/tunnel"))
 print("redirect", fetch("https://localhost:{port}/redirect"))
 print("host-mismatch", raw("localhost", {port}, "GET /hm HTTP/1.1\r\nHost: vm:{port}\r\n\r\n"))
 print("absolute", raw("localhost", {port}, "GET https://vm:{port}/abs HTTP/1.1\r\nHost: localhost:{port}\r\n\r\n"))
+print("two-hosts", raw("localhost", {port}, "GET /two HTTP/1.1\r\nHost: localhost:{port}\r\nHost: vm:{port}\r\n\r\n"))
+print("other-port", fetch("https://localhost:{other}/other"))
+print("issuer-other-port", issuer("localhost", {other}))
 import http.client
 p = urllib.parse.urlsplit(os.environ["HTTPS_PROXY"])
 c = http.client.HTTPSConnection(p.hostname, p.port, timeout=15)
@@ -273,6 +283,17 @@ print("rogue", fetch("https://localhost:{rogue}/rogue"))
     );
     assert!(line("host-mismatch").contains("421"), "{out}");
     assert!(line("absolute").contains("421"), "{out}");
+    assert!(line("two-hosts").contains("421"), "{out}");
+    assert!(line("other-port").contains("auth=none"), "{out}");
+    assert_eq!(
+        line("issuer-other-port"),
+        "issuer-other-port kernelbox test CA",
+        "{out}"
+    );
+    assert!(
+        other_seen.lock().unwrap().iter().all(|s| s.2.is_empty()),
+        "the other port got a credential"
+    );
     assert!(line("sni-mismatch").contains("refused"), "{out}");
     assert_eq!(line("keep-alive"), "keep-alive 200 421", "{out}");
     assert!(
@@ -292,7 +313,7 @@ print("rogue", fetch("https://localhost:{rogue}/rogue"))
         assert!(host.starts_with("localhost:") || !ruled, "{path} {host}");
         assert!(key.is_empty(), "{path}");
     }
-    for path in ["/hm", "/abs", "/sni", "/ka2"] {
+    for path in ["/hm", "/abs", "/sni", "/ka2", "/two"] {
         assert!(
             !seen.lock().unwrap().iter().any(|s| s.0 == path),
             "{path} reached the server"
@@ -373,4 +394,41 @@ print("b-vm", fetch("https://vm:{port}/b-vm"))
         assert!(!logs.contains(secret.as_str()), "the log holds a secret");
     }
     case.finish().await;
+}
+
+#[tokio::test]
+async fn the_egress_ca_is_kept_under_the_state_directory_by_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let (state, home) = (dir.path().join("state"), dir.path().join("home"));
+    std::fs::create_dir_all(&home).unwrap();
+    let secrets = dir.path().join("secrets.json");
+    std::fs::write(
+        &secrets,
+        json!({"tenants": {"default": {"secrets": {"KEY": "sk-x"},
+            "rules": [{"host": "api.example.com", "headers": {"Authorization": "Bearer ${secrets.KEY}"}}]}}})
+        .to_string(),
+    )
+    .unwrap();
+    let label = common::unique("creds-ca-dir");
+    let mut cmd = common::serve_command(&label, "token");
+    cmd.arg("--state-dir")
+        .arg(&state)
+        .args(["--pool", "0", "--network-allow", "api.example.com"])
+        .arg("--egress-secrets")
+        .arg(&secrets)
+        .env("HOME", &home)
+        .env_remove("XDG_STATE_HOME")
+        .env_remove("KERNELBOX_EGRESS_CA_DIR");
+    let (mut process, _addr) = common::spawn_serving(cmd).await;
+    assert!(
+        state.join("egress-ca").join("egress-ca.crt").is_file(),
+        "the CA is in --state-dir"
+    );
+    assert!(
+        !home.join(".local/state/kernelbox/egress-ca").exists(),
+        "nothing under HOME"
+    );
+    let status = common::terminate(&mut process, std::time::Duration::from_secs(60)).await;
+    assert!(status.success(), "{status}");
+    common::assert_clean(&common::engine().await, &label).await;
 }
