@@ -195,14 +195,16 @@ pub struct KernelOpts {
     /// trust it): the host's by default.
     #[arg(long, env = "KERNELBOX_CA_BUNDLE", default_value = kernelbox::config::DEFAULT_CA_BUNDLE)]
     ca_bundle: PathBuf,
-    /// Egress connections one kernel may have open at once.
+    /// Egress connections (tunnels included, for their whole life) one kernel may have open
+    /// at once.
     #[arg(long, default_value_t = 64)]
     egress_connections: usize,
     /// Egress bytes per second one kernel may move (e.g. 50m).
     #[arg(long, default_value = "50m", value_parser = parse_bytes)]
     egress_rate: i64,
     /// Append one JSON line per egress connection (tenant, session, host, port, bytes,
-    /// `allowed` or why refused) to this file; without it, audit lines go to the log.
+    /// `allowed` or why refused) to this file, rotated at 64 MiB (5 kept), repeated refusals
+    /// counted in one line per 10 s; without it, audit lines go to the log.
     #[arg(long, env = "KERNELBOX_EGRESS_AUDIT")]
     egress_audit: Option<PathBuf>,
     /// Credentials added at the boundary: a JSON file of each tenant's secrets and rules

@@ -142,7 +142,8 @@ pub(crate) struct ServeArgs {
     #[arg(long, env = "KERNELBOX_SEND_RATE_GRACE", value_parser = parse_duration)]
     send_rate_grace: Option<Duration>,
     /// Most connections open at once (API and metrics listeners together); one more gets a
-    /// 503 `too_many_connections` and is closed.
+    /// 503 `too_many_connections` and is closed. Lowered at start, with a notice, when the
+    /// open-file limit cannot hold it (docs/reliability.md, "Descriptors").
     #[arg(long, env = "KERNELBOX_MAX_CONNECTIONS", default_value_t = 1024,
           value_parser = clap::value_parser!(u32).range(1..))]
     max_connections: u32,

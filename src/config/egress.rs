@@ -13,7 +13,8 @@ pub struct EgressConfig {
     pub ca_bundle: PathBuf,
     /// Connections and bytes per second.
     pub limits: crate::egress::proxy::Limits,
-    /// Where audit lines go, one JSON line per connection (`--egress-audit`); `None`: the log.
+    /// Where audit lines go, one JSON line per connection (`--egress-audit`: rotated, repeated
+    /// refusals counted, `proxy::AuditFile`); `None`: the log.
     pub audit: Option<PathBuf>,
     /// Credentials added at the boundary (`--egress-secrets`); `None`: every tunnel carries
     /// its bytes untouched.
