@@ -8,7 +8,7 @@ use tokio::net::TcpStream;
 
 use super::super::secrets::carries_placeholder;
 use super::finish::Finish;
-use super::limits::{Metered, STEP_TIMEOUT};
+use super::limits::{idle, Metered, STEP_TIMEOUT, TUNNEL_IDLE_TIMEOUT};
 use super::outcome::{refusal_message, text, Body, Outcome};
 
 /// A plain HTTP request sent on to the destination (origin-form, without the proxy's headers),
@@ -51,6 +51,8 @@ pub(super) async fn forward(
             );
         }
     };
+    // The upstream connection holds the kernel connection's permits (`finish.rs`) until it
+    // ends, the policy no longer allows it, or nothing moves for `TUNNEL_IDLE_TIMEOUT`.
     let cancel = done._live.cancel.clone();
     tokio::spawn(async move {
         let done = done;
@@ -60,6 +62,7 @@ pub(super) async fn forward(
                     done.fail(Outcome::PolicyChanged);
                 }
             }
+            _ = idle(&done.bytes.bytes_in, &done.bytes.bytes_out, TUNNEL_IDLE_TIMEOUT) => {}
             _ = conn => {}
         }
     });
