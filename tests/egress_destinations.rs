@@ -89,10 +89,7 @@ fn host_address() -> Option<std::net::IpAddr> {
 /// the engine's `bridge` network.
 async fn docker0() -> Option<(String, String)> {
     let docker = bollard::Docker::connect_with_defaults().ok()?;
-    let bridge = docker
-        .inspect_network::<String>("bridge", None)
-        .await
-        .ok()?;
+    let bridge = docker.inspect_network("bridge", None).await.ok()?;
     bridge.ipam?.config?.into_iter().find_map(|c| {
         let gateway: std::net::Ipv4Addr = c.gateway?.parse().ok()?;
         let (base, len) = c
