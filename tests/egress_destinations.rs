@@ -209,6 +209,9 @@ async fn a_name_no_name_entry_allows_is_never_looked_up_and_a_denied_names_addre
             "::/0",
             "--network-allow",
             "127.0.0.0/8",
+            // `localhost` may resolve to ::1 too.
+            "--network-allow",
+            "::1",
             "--network-allow",
             "localhost",
         ],
