@@ -261,3 +261,40 @@ async fn a_name_no_name_entry_allows_is_never_looked_up_and_a_denied_names_addre
     assert_eq!(lines[2], format!("hello from {port}"), "{lines:?}");
     served.finish().await;
 }
+
+/// A tenant filling the proxy's cache of denied names' addresses (4,096 names,
+/// `docs/reliability.md`, "Deny by name") with its own session's deny entries never makes the
+/// operator's denied name reachable by its address: each judgement's answer counts every
+/// denied name of its grant, however full the cache.
+#[tokio::test]
+async fn a_full_denied_names_cache_never_lets_a_denied_names_address_through() {
+    let port = http_server("127.0.0.1:0").await;
+    let served = http::Served::start(
+        "egress-deny-cache",
+        "token",
+        &[
+            "--pool",
+            "0",
+            "--network-allow",
+            "127.0.0.0/8",
+            "--network-deny",
+            "localhost",
+        ],
+    )
+    .await;
+    let url = [format!("http://127.0.0.1:{port}/")];
+    // 17 policies of 255 denied names each (names the resolver answers without asking DNS:
+    // `0x5.17` is 5.0.0.17), each judged once: more names than the cache keeps.
+    for k in 0..17 {
+        let deny: Vec<String> = (0..255).map(|i| format!("0x{:x}.{i}", k + 1)).collect();
+        put_network(
+            &served,
+            "filler",
+            json!({"allow": ["127.0.0.0/8"], "deny": deny}),
+        )
+        .await;
+        let lines = fetch(&served, "filler", &url).await;
+        assert!(refused(&lines[0], "denied"), "policy {k}: {lines:?}");
+    }
+    served.finish().await;
+}

@@ -22,7 +22,8 @@ const MAX_ADDRS: usize = 16;
 pub const DENIED_NAME_TTL: Duration = Duration::from_secs(60);
 
 /// Most denied names whose addresses are kept at once (all tenants and sessions together);
-/// past it the cache is emptied and filled again as destinations are judged.
+/// past it the names past their TTL, then the longest unrefreshed, are forgotten (looked up
+/// again when next judged). One judgement's names (at most two policies' entries) always fit.
 pub const MAX_DENIED_NAMES: usize = 4096;
 
 /// The addresses names denied exactly resolved to, kept for [`DENIED_NAME_TTL`]; a failed
@@ -58,9 +59,6 @@ impl DeniedNames {
         // is asked again after the same TTL: a failing lookup delays no more than one judgement
         // a minute.
         for (name, addrs) in looked {
-            if known.len() >= MAX_DENIED_NAMES && !known.contains_key(&name) {
-                known.clear();
-            }
             let slot = known
                 .entry(name)
                 .or_insert_with(|| (Instant::now(), Vec::new()));
@@ -69,11 +67,36 @@ impl DeniedNames {
                 slot.1 = addrs.iter().map(|a| canonical(a.ip())).collect();
             }
         }
-        names
+        // The answer is taken before anything is evicted: every name of this judgement counts,
+        // however full the cache (`docs/reliability.md`, "Deny by name").
+        let out = names
             .iter()
             .filter_map(|n| known.get(n))
             .flat_map(|(_, addrs)| addrs.iter().copied())
-            .collect()
+            .collect();
+        evict(&mut known);
+        out
+    }
+}
+
+/// Brings `known` back to [`MAX_DENIED_NAMES`]: names past their TTL first, then the longest
+/// unrefreshed (a judgement's own names, just refreshed, are the last to go).
+fn evict(known: &mut HashMap<String, (Instant, Vec<IpAddr>)>) {
+    if known.len() <= MAX_DENIED_NAMES {
+        return;
+    }
+    known.retain(|_, (at, _)| at.elapsed() < DENIED_NAME_TTL);
+    if known.len() <= MAX_DENIED_NAMES {
+        return;
+    }
+    let mut ages: Vec<(Instant, String)> = known
+        .iter()
+        .map(|(name, (at, _))| (*at, name.clone()))
+        .collect();
+    ages.sort_unstable();
+    let excess = known.len() - MAX_DENIED_NAMES;
+    for (_, name) in ages.into_iter().take(excess) {
+        known.remove(&name);
     }
 }
 
