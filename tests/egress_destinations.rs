@@ -298,3 +298,67 @@ async fn a_full_denied_names_cache_never_lets_a_denied_names_address_through() {
     }
     served.finish().await;
 }
+
+/// True when a connection to `127.0.0.1:port` is waiting for its SYN to be answered (the
+/// proxy's connect, held by a full accept queue).
+fn connect_waiting(port: u16) -> bool {
+    let tcp = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    let remote = format!("0100007F:{port:04X}");
+    tcp.lines().skip(1).any(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        f.len() > 3 && f[2] == remote && f[3] == "02"
+    })
+}
+
+/// A session's policy narrowed while the proxy is still connecting to a destination it judged
+/// under the old one applies to that connection: it is refused `policy_changed`, never
+/// served (`docs/reliability.md`, "Network egress").
+#[tokio::test]
+async fn a_policy_narrowed_while_the_proxy_connects_applies_to_that_connection() {
+    // A listener whose accept queue (of one) a connection of the test's fills: the proxy's
+    // connect waits, its SYN unanswered, until the test accepts that one.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let listener = socket.listen(0).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let filler = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let served = http::Served::start(
+        "egress-toctou",
+        "token",
+        &["--pool", "0", "--network-allow", "127.0.0.0/8"],
+    )
+    .await;
+    put_network(&served, "s", json!({"allow": ["127.0.0.0/8"]})).await;
+    let api = served.api.clone();
+    let url = format!("http://127.0.0.1:{port}/");
+    let cell = tokio::spawn(async move {
+        let r = api.run("token", "s", &fetch_all(&[url])).await;
+        r["output"].as_str().unwrap_or_default().trim().to_string()
+    });
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(120);
+    while !connect_waiting(port) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the proxy never connected"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    // The session no longer allows 127.0.0.1, then the proxy's connect completes.
+    put_network(&served, "s", json!({"allow": ["127.0.0.2"]})).await;
+    let (first, _) = listener.accept().await.unwrap();
+    drop((first, filler));
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf).await;
+            let _ = s
+                .write_all(
+                    b"HTTP/1.1 200 OK\r\ncontent-length: 7\r\nconnection: close\r\n\r\nreached",
+                )
+                .await;
+        }
+    });
+    let line = cell.await.unwrap();
+    assert!(refused(&line, "policy_changed"), "{line}");
+    served.finish().await;
+}

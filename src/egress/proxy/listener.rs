@@ -205,6 +205,16 @@ async fn handle(
     };
     let bytes = Arc::new(ConnBytes::default());
     let live = entry.enter(&host, port, addr.ip(), judged.special, bytes.clone());
+    // The policy may have changed while the destination was resolved and connected: judged
+    // again now that the connection is live (a change from here on closes it, as any).
+    let grant = entry.grant();
+    let still = grant.check_name(&host, port).is_ok()
+        && grant
+            .check_address(&host, port, addr.ip(), judged.special)
+            .is_ok();
+    if !still {
+        return refuse(&host, port, Outcome::PolicyChanged);
+    }
     let upstream = Metered {
         inner: upstream,
         bucket: entry.bucket.clone(),
