@@ -182,9 +182,11 @@ pub struct KernelOpts {
     #[arg(long, env = "KERNELBOX_FILE_SOCKETS")]
     file_sockets: Option<PathBuf>,
     /// Let kernels reach ENTRY through kernelbox's egress proxy (repeatable): a preset
-    /// (`pypi`), a host (`example.com`, `*.example.com`) or an address range
-    /// (`203.0.113.0/24`), optionally with `:PORT`; the default tenant's policy on `serve`
-    /// (with `--tenants`, each tenant's `network` in the file instead).
+    /// (`pypi`), a host (`example.com`, `*.example.com`), any host name (`*`) or an address
+    /// range (`203.0.113.0/24`), optionally with `:PORT`; the default tenant's policy on
+    /// `serve` (with `--tenants`, each tenant's `network` in the file instead). Only names a
+    /// host entry allows are resolved; loopback, private and other special addresses need an
+    /// entry inside their range (`0.0.0.0/0` is none); the host's own addresses never pass.
     /// None: kernels have no network (docs/reliability.md, "Network egress").
     #[arg(long = "network-allow", value_name = "ENTRY")]
     network_allow: Vec<String>,

@@ -584,6 +584,15 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             (orchestrator, Some(node))
         }
     };
+    // The API's and the metrics' own addresses are never an egress destination
+    // (docs/reliability.md, "Special and host addresses").
+    if let Some(egress) = orchestrator.egress() {
+        let mut own = vec![addr];
+        if let Some(metrics) = &metrics {
+            own.push(metrics.local_addr()?);
+        }
+        egress.refuse_listeners(&own);
+    }
     let mcp = server::McpOptions {
         idle_timeout: args.mcp_idle_timeout,
         max_sessions_per_tenant: args.mcp_max_sessions as usize,

@@ -8,6 +8,7 @@
 //! | `sni.rs` | the server name of a TLS ClientHello, read with every length checked |
 //! | `secrets.rs` | credentials added at the boundary: each tenant's secrets (never printed) and rules `host -> headers` |
 //! | `ca.rs` | the kernelbox egress CA (kept `0600`, rotated on request), its cached leaves, the upstream TLS configuration |
+//! | `host.rs` | the host's own addresses (its interfaces, the networks they are on, kernelbox's listeners), refreshed |
 //! | `network.rs` | the egress network (internal, no traffic between kernels) and its host firewall rules, named after it |
 //! | `proxy/` | the proxy: CONNECT (TLS, server name checked) and plain HTTP, kernels known by address and credential, limits, counters, the audit line (its `mod.rs` says which file does what) |
 //! | `mod.rs` | [`Egress`]: the network, firewall and proxy of one instance, the tenants' and sessions' policies, what a kernel with a policy is made with |
@@ -18,6 +19,7 @@ pub mod sni;
 pub use policy::{Grant, Policy, PolicyError, Refusal};
 
 pub mod ca;
+pub mod host;
 pub mod network;
 pub mod proxy;
 pub mod secrets;
@@ -276,6 +278,7 @@ impl Egress {
         };
         let table =
             Arc::new(proxy::Table::new(audit, Some(subnet)).with_interception(interception));
+        table.refuse_listeners(&[proxy]);
         let cancel = CancellationToken::new();
         tokio::spawn(proxy::serve(
             listener,
@@ -300,6 +303,12 @@ impl Egress {
     /// The proxy's address (on the egress network's gateway).
     pub fn proxy_addr(&self) -> SocketAddr {
         self.proxy
+    }
+
+    /// Refuses `addrs` (kernelbox's own listening addresses: the API's, the metrics') as
+    /// destinations whatever the policy (`docs/reliability.md`, "Special and host addresses").
+    pub fn refuse_listeners(&self, addrs: &[SocketAddr]) {
+        self.table.refuse_listeners(addrs);
     }
 
     /// The egress network's name.

@@ -1,7 +1,11 @@
 //! Network policies parsed and matched (`docs/reliability.md`, "Network egress"). A
 //! [`Policy`] is one `{"allow", "deny"}` parsed once; [`Grant`] is what applies to one kernel:
 //! its tenant's policy and, within it, its session's. A destination is judged twice: by the
-//! name the kernel asked for (before resolving), then by each address the proxy resolved it to.
+//! name the kernel asked for (before resolving: only a name a name entry allows is ever
+//! resolved), then by each address the proxy resolved it to. A special address (loopback,
+//! private, link-local, the host's networks, ...) passes only an allow entry that lies inside
+//! its special range, never a range that covers it wholesale (`docs/reliability.md`,
+//! "Special and host addresses").
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -33,9 +37,11 @@ pub enum PolicyError {
     TooMany,
 }
 
-/// What an entry names: a host (exactly, or its subdomains) or an address range.
+/// What an entry names: a host (exactly, or its subdomains), any name, or an address range.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Target {
+    /// Any host name (`*`): never an address literal.
+    AnyName,
     /// This host name exactly (lower case, no trailing dot).
     Host(String),
     /// Any strict subdomain of this name (`*.example.com`).
@@ -66,7 +72,7 @@ pub enum Refusal {
     /// A deny entry names it.
     Denied,
     /// It resolved to a private, loopback, link-local or otherwise special address that no
-    /// allow entry names explicitly.
+    /// allow entry lying inside its special range names.
     PrivateAddress,
 }
 
@@ -105,9 +111,36 @@ impl Policy {
         self.allow.is_empty()
     }
 
-    /// Judges the name (or address literal) a kernel asked for, before resolving: allowed
-    /// when an allow entry could match it (by name, or, for an address range, by the
-    /// addresses checked next), refused when a deny entry names it.
+    /// The names denied exactly (deny entries `name` or `name:PORT` for `port`) whose
+    /// addresses `host` must not reach: every such name, unless an allow entry naming `host`
+    /// specifically (`host` or `*.parent`, not `*`) allows it. A destination allowed only
+    /// broadly (an address range, or `*`) never reaches what a denied name resolves to
+    /// (`docs/reliability.md`, "Deny by name").
+    pub fn names_denied_by_address(&self, host: &str, port: u16) -> Vec<&str> {
+        let host = normalise_host(host);
+        let specific = host.parse::<IpAddr>().is_err()
+            && self.allow.iter().any(|e| {
+                port_matches(e, port)
+                    && matches!(e.target, Target::Host(_) | Target::Subdomains(_))
+                    && name_matches(&e.target, &host)
+            });
+        if specific {
+            return Vec::new();
+        }
+        self.deny
+            .iter()
+            .filter(|e| port_matches(e, port))
+            .filter_map(|e| match &e.target {
+                Target::Host(name) => Some(name.as_str()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Judges the name (or address literal) a kernel asked for, before resolving: a name is
+    /// allowed only by a name entry (`host`, `*.parent`, `*`), an address literal only by a
+    /// range that holds it; refused when a deny entry names it. A name no name entry allows is
+    /// refused here, so it is never looked up (an address range never makes a name resolved).
     pub fn check_name(&self, host: &str, port: u16) -> Result<(), Refusal> {
         let host = normalise_host(host);
         let literal = host.parse::<IpAddr>().ok();
@@ -127,8 +160,7 @@ impl Policy {
             port_matches(e, port)
                 && match (&e.target, literal) {
                     (Target::Range(base, len), Some(ip)) => in_range(ip, *base, *len),
-                    // A name resolving into an allowed range is judged on its addresses.
-                    (Target::Range(..), None) => true,
+                    (Target::Range(..), None) => false,
                     (_, Some(_)) => false,
                     (target, None) => name_matches(target, &host),
                 }
@@ -141,9 +173,17 @@ impl Policy {
     }
 
     /// Judges one address `host` resolved to (or its literal): refused when a deny range holds
-    /// it; a special address (`is_special`) only when an allow range names it explicitly; an
+    /// it; a special address (`special` is the narrowest special range holding it, see
+    /// [`special_range`]) only when an allow range holds it **and** lies inside that special
+    /// range (`127.0.0.1`, `127.0.0.0/8`, `10.1.0.0/16` do; `0.0.0.0/0` or `::/0` never); an
     /// ordinary one when the name was allowed by name or an allow range holds it.
-    pub fn check_address(&self, host: &str, port: u16, ip: IpAddr) -> Result<(), Refusal> {
+    pub fn check_address(
+        &self,
+        host: &str,
+        port: u16,
+        ip: IpAddr,
+        special: Option<(IpAddr, u8)>,
+    ) -> Result<(), Refusal> {
         let host = normalise_host(host);
         let literal = host.parse::<IpAddr>().is_ok();
         let range_holds = |e: &Entry| {
@@ -153,11 +193,20 @@ impl Policy {
         if self.deny.iter().any(range_holds) {
             return Err(Refusal::Denied);
         }
+        if let Some((block, block_len)) = special {
+            let inside = |e: &Entry| {
+                range_holds(e)
+                    && matches!(e.target, Target::Range(base, len)
+                        if len >= block_len && same_family(base, block) && in_range(base, block, block_len))
+            };
+            return if self.allow.iter().any(inside) {
+                Ok(())
+            } else {
+                Err(Refusal::PrivateAddress)
+            };
+        }
         if self.allow.iter().any(range_holds) {
             return Ok(());
-        }
-        if is_special(ip) {
-            return Err(Refusal::PrivateAddress);
         }
         let by_name = !literal
             && self
@@ -193,12 +242,39 @@ impl Grant {
     }
 
     /// [`Policy::check_address`] under both policies.
-    pub fn check_address(&self, host: &str, port: u16, ip: IpAddr) -> Result<(), Refusal> {
-        self.tenant.check_address(host, port, ip)?;
+    pub fn check_address(
+        &self,
+        host: &str,
+        port: u16,
+        ip: IpAddr,
+        special: Option<(IpAddr, u8)>,
+    ) -> Result<(), Refusal> {
+        self.tenant.check_address(host, port, ip, special)?;
         match &self.session {
-            Some(s) => s.check_address(host, port, ip),
+            Some(s) => s.check_address(host, port, ip, special),
             None => Ok(()),
         }
+    }
+
+    /// [`Policy::names_denied_by_address`] under both policies (each policy's denied names,
+    /// unless that policy allows `host` by a specific name).
+    pub fn names_denied_by_address(&self, host: &str, port: u16) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .tenant
+            .names_denied_by_address(host, port)
+            .into_iter()
+            .map(String::from)
+            .collect();
+        if let Some(s) = &self.session {
+            names.extend(
+                s.names_denied_by_address(host, port)
+                    .into_iter()
+                    .map(String::from),
+            );
+        }
+        names.sort();
+        names.dedup();
+        names
     }
 }
 
@@ -222,8 +298,13 @@ fn name_matches(target: &Target, host: &str) -> bool {
         Target::Subdomains(parent) => host
             .strip_suffix(parent.as_str())
             .is_some_and(|head| head.len() > 1 && head.ends_with('.')),
+        Target::AnyName => host.parse::<IpAddr>().is_err(),
         Target::Range(..) => false,
     }
+}
+
+fn same_family(a: IpAddr, b: IpAddr) -> bool {
+    a.is_ipv4() == b.is_ipv4()
 }
 
 /// True when `ip` is in the range `base`/`len` (an IPv4-mapped IPv6 address as its IPv4).
@@ -244,37 +325,62 @@ pub fn in_range(ip: IpAddr, base: IpAddr, len: u8) -> bool {
     }
 }
 
-/// Addresses refused unless an allow range names them: private, loopback, link-local (the
-/// cloud metadata address 169.254.169.254 among them), shared (CGNAT), unspecified,
-/// multicast, broadcast, documentation-free reserved ranges, and their IPv6 counterparts.
-pub fn is_special(ip: IpAddr) -> bool {
-    match ip {
+/// The special ranges (`docs/reliability.md`, "Special and host addresses"): this network
+/// (`0.0.0.0/8`), private, shared (CGNAT), loopback, link-local (the cloud metadata address
+/// 169.254.169.254 among them), IETF protocol assignments, benchmarking, multicast, reserved
+/// and broadcast; and for IPv6 unspecified, loopback, unique local, link-local, multicast,
+/// NAT64 and 6to4. An IPv4-mapped IPv6 address is judged as its IPv4 address.
+pub const SPECIAL_RANGES: [(&str, u8); 18] = [
+    ("0.0.0.0", 8),
+    ("10.0.0.0", 8),
+    ("100.64.0.0", 10),
+    ("127.0.0.0", 8),
+    ("169.254.0.0", 16),
+    ("172.16.0.0", 12),
+    ("192.0.0.0", 24),
+    ("192.168.0.0", 16),
+    ("198.18.0.0", 15),
+    ("224.0.0.0", 4),
+    ("240.0.0.0", 4),
+    ("::", 128),
+    ("::1", 128),
+    ("fc00::", 7),
+    ("fe80::", 10),
+    ("ff00::", 8),
+    ("64:ff9b::", 96),
+    ("2002::", 16),
+];
+
+/// The narrowest special range holding `ip`: one of [`SPECIAL_RANGES`] or of `networks` (the
+/// networks the host's interfaces are on: Docker's bridges among them). `None` for an
+/// ordinary address.
+pub fn special_range(
+    ip: IpAddr,
+    networks: impl IntoIterator<Item = (IpAddr, u8)>,
+) -> Option<(IpAddr, u8)> {
+    let ip = match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
+        v4 => v4,
+    };
+    SPECIAL_RANGES
+        .iter()
+        .filter_map(|(base, len)| base.parse::<IpAddr>().ok().map(|b| (b, *len)))
+        .chain(networks)
+        .filter(|(base, len)| same_family(ip, *base) && in_range(ip, *base, *len))
+        .max_by_key(|(_, len)| *len)
+        .map(|(base, len)| (mask(base, len), len))
+}
+
+/// `base` with the bits past `len` cleared.
+fn mask(base: IpAddr, len: u8) -> IpAddr {
+    match base {
         IpAddr::V4(v4) => {
-            let o = v4.octets();
-            v4.is_private()
-                || v4.is_loopback()
-                || v4.is_link_local()
-                || v4.is_unspecified()
-                || v4.is_multicast()
-                || v4.is_broadcast()
-                || o[0] == 0
-                || (o[0] == 100 && (o[1] & 0xc0) == 64)
-                || (o[0] == 192 && o[1] == 0 && o[2] == 0)
-                || (o[0] == 198 && (o[1] & 0xfe) == 18)
-                || o[0] >= 240
+            let m = u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0);
+            IpAddr::V4((u32::from(v4) & m).into())
         }
         IpAddr::V6(v6) => {
-            if let Some(v4) = v6.to_ipv4_mapped() {
-                return is_special(IpAddr::V4(v4));
-            }
-            let s = v6.segments();
-            v6.is_loopback()
-                || v6.is_unspecified()
-                || v6.is_multicast()
-                || (s[0] & 0xfe00) == 0xfc00
-                || (s[0] & 0xffc0) == 0xfe80
-                || (s[0] == 0x64 && s[1] == 0xff9b)
-                || s[0] == 0x2002
+            let m = u128::MAX.checked_shl(128 - u32::from(len)).unwrap_or(0);
+            IpAddr::V6((u128::from(v6) & m).into())
         }
     }
 }
@@ -343,6 +449,9 @@ fn parse_target(text: &str) -> Result<Target, &'static str> {
         let len = if ip.is_ipv4() { 32 } else { 128 };
         return Ok(Target::Range(ip, len));
     }
+    if text == "*" {
+        return Ok(Target::AnyName);
+    }
     let name = text.trim_end_matches('.').to_ascii_lowercase();
     let (wild, name) = match name.strip_prefix("*.") {
         Some(rest) => (true, rest.to_string()),
@@ -383,6 +492,118 @@ mod tests {
 
     fn ip(s: &str) -> IpAddr {
         s.parse().expect("address")
+    }
+
+    /// [`Policy::check_address`] with the special range of `ip` among the static ones.
+    fn judge(p: &Policy, host: &str, port: u16, ip: IpAddr) -> Result<(), Refusal> {
+        p.check_address(host, port, ip, special_range(ip, []))
+    }
+
+    #[test]
+    fn broad_ranges_never_reach_special_addresses_and_names_need_a_name_entry() {
+        let all = policy(&["0.0.0.0/0", "::/0"], &[]);
+        for special in [
+            "127.0.0.1",
+            "10.1.2.3",
+            "169.254.169.254",
+            "172.17.0.1",
+            "0.0.0.0",
+            "224.0.0.1",
+            "255.255.255.255",
+            "::1",
+            "::",
+            "fe80::1",
+            "::ffff:127.0.0.1",
+        ] {
+            assert_eq!(all.check_name(special, 80), Ok(()), "{special}");
+            assert_eq!(
+                judge(&all, special, 80, ip(special)),
+                Err(Refusal::PrivateAddress),
+                "{special}"
+            );
+        }
+        assert_eq!(
+            judge(&all, "93.184.216.34", 80, ip("93.184.216.34")),
+            Ok(())
+        );
+        // A range is never a reason to resolve a name.
+        assert_eq!(
+            all.check_name("data.attacker.example", 80),
+            Err(Refusal::NotAllowed)
+        );
+        // `*` allows every name (and so their lookups), never an address literal.
+        let names = policy(&["*", "127.0.0.1:8080"], &[]);
+        assert_eq!(names.check_name("data.attacker.example", 80), Ok(()));
+        assert_eq!(
+            names.check_name("93.184.216.34", 80),
+            Err(Refusal::NotAllowed)
+        );
+        assert_eq!(judge(&names, "a.example", 80, ip("93.184.216.34")), Ok(()));
+        assert_eq!(
+            judge(&names, "a.example", 80, ip("127.0.0.1")),
+            Err(Refusal::PrivateAddress)
+        );
+        assert_eq!(judge(&names, "a.example", 8080, ip("127.0.0.1")), Ok(()));
+        // Narrow ranges inside the special range pass; a wider one than it does not.
+        for (entry, ok) in [
+            ("127.0.0.0/8", true),
+            ("127.0.0.1", true),
+            ("127.0.0.0/24", true),
+            ("126.0.0.0/7", false),
+            ("0.0.0.0/1", false),
+        ] {
+            let p = policy(&[entry], &[]);
+            assert_eq!(
+                judge(&p, "127.0.0.1", 80, ip("127.0.0.1")).is_ok(),
+                ok,
+                "{entry}"
+            );
+        }
+        // A network of the host's (a Docker bridge) is a special range of its own: the
+        // private range around it is too wide.
+        let bridge = (ip("172.18.0.0"), 16);
+        assert_eq!(special_range(ip("172.18.0.5"), [bridge]), Some(bridge));
+        let p = policy(&["172.16.0.0/12"], &[]);
+        assert_eq!(
+            p.check_address("172.18.0.5", 80, ip("172.18.0.5"), Some(bridge)),
+            Err(Refusal::PrivateAddress)
+        );
+        let p = policy(&["172.18.0.0/16"], &[]);
+        assert_eq!(
+            p.check_address("172.18.0.5", 80, ip("172.18.0.5"), Some(bridge)),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn a_denied_names_addresses_are_refused_to_broad_allowances_only() {
+        let p = policy(
+            &["0.0.0.0/0", "*", "www.example.com"],
+            &[
+                "secret.example.com",
+                "*.hidden.example",
+                "other.example:443",
+            ],
+        );
+        // A literal address and a name allowed only by `*`: the denied names of that port.
+        assert_eq!(
+            p.names_denied_by_address("93.184.216.34", 80),
+            ["secret.example.com"]
+        );
+        assert_eq!(
+            p.names_denied_by_address("alias.attacker.example", 443),
+            ["secret.example.com", "other.example"]
+        );
+        // A name the policy allows specifically: the operator chose it.
+        assert!(p.names_denied_by_address("www.example.com", 80).is_empty());
+        let grant = Grant {
+            tenant: Arc::new(policy(&["*.example.com"], &[])),
+            session: Some(Arc::new(policy(&["*"], &["secret.example.com"]))),
+        };
+        assert_eq!(
+            grant.names_denied_by_address("www.example.com", 443),
+            ["secret.example.com"]
+        );
     }
 
     #[test]
@@ -450,7 +671,7 @@ mod tests {
         );
         assert_eq!(p.check_name("www.example.com", 443), Ok(()));
         assert_eq!(
-            p.check_address("www.example.com", 443, ip("93.184.216.34")),
+            judge(&p, "www.example.com", 443, ip("93.184.216.34")),
             Ok(())
         );
         for private in [
@@ -464,27 +685,27 @@ mod tests {
             "100.64.0.1",
         ] {
             assert_eq!(
-                p.check_address("www.example.com", 443, ip(private)),
+                judge(&p, "www.example.com", 443, ip(private)),
                 Err(Refusal::PrivateAddress),
                 "{private}"
             );
         }
         let p = policy(&["example.com", "10.0.0.0/8"], &["10.9.0.0/16"]);
-        assert_eq!(p.check_address("example.com", 443, ip("10.1.2.3")), Ok(()));
+        assert_eq!(judge(&p, "example.com", 443, ip("10.1.2.3")), Ok(()));
         assert_eq!(
-            p.check_address("example.com", 443, ip("10.9.2.3")),
+            judge(&p, "example.com", 443, ip("10.9.2.3")),
             Err(Refusal::Denied)
         );
         // An address literal is allowed only by a range that holds it.
         assert_eq!(p.check_name("10.1.2.3", 22), Ok(()));
         assert_eq!(p.check_name("11.1.2.3", 22), Err(Refusal::NotAllowed));
         assert_eq!(
-            p.check_address("11.1.2.3", 22, ip("11.1.2.3")),
+            judge(&p, "11.1.2.3", 22, ip("11.1.2.3")),
             Err(Refusal::NotAllowed)
         );
         // Loopback with a port: only that port.
         let p = policy(&["127.0.0.1:8080"], &[]);
-        assert_eq!(p.check_address("127.0.0.1", 8080, ip("127.0.0.1")), Ok(()));
+        assert_eq!(judge(&p, "127.0.0.1", 8080, ip("127.0.0.1")), Ok(()));
         assert_eq!(p.check_name("127.0.0.1", 8081), Err(Refusal::NotAllowed));
     }
 

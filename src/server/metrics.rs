@@ -333,6 +333,16 @@ pub(crate) fn write_egress(out: &mut String, egress: &crate::egress::Egress) -> 
             c.connections
         )?;
     }
+    writeln!(out, "# HELP kernelbox_egress_lookups_total Names the egress proxy looked up for kernels' requests, by tenant (only names a name entry of the policy allows).")?;
+    writeln!(out, "# TYPE kernelbox_egress_lookups_total counter")?;
+    for (t, c) in &tenants {
+        writeln!(
+            out,
+            "kernelbox_egress_lookups_total{{tenant=\"{}\"}} {}",
+            escape(t),
+            c.lookups
+        )?;
+    }
     writeln!(out, "# HELP kernelbox_egress_refusals_total Egress connections refused or failed, by tenant and reason.")?;
     writeln!(out, "# TYPE kernelbox_egress_refusals_total counter")?;
     for (t, c) in &tenants {

@@ -19,6 +19,9 @@ pub struct TenantCounters {
     pub bytes_in: u64,
     /// Connections allowed.
     pub connections: u64,
+    /// Names the proxy looked up for this tenant's kernels (only names a name entry allows
+    /// are ever looked up).
+    pub lookups: u64,
     /// Refusals and failures by reason.
     pub refusals: HashMap<&'static str, u64>,
 }

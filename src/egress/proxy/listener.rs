@@ -2,7 +2,7 @@
 //! destination judged and resolved, then a CONNECT tunnel or a forwarded plain HTTP request.
 
 use std::convert::Infallible;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -15,12 +15,12 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
-use super::super::policy::Grant;
 use super::connect::tunnel;
 use super::finish::{audit, Finish, Permits};
 use super::http::forward;
 use super::limits::{Limits, Metered, MAX_HEAD_BYTES, STEP_TIMEOUT};
 use super::outcome::{refusal_message, text, Body, Outcome};
+use super::resolve::judge;
 use super::table::{ConnBytes, KernelEntry, Table};
 
 /// The proxy: serves `listener` until `cancel`.
@@ -167,42 +167,6 @@ fn authorised(req: &Request<Incoming>, entry: &KernelEntry) -> bool {
             == 0
 }
 
-/// Judges `host:port` and resolves it: the address to connect to. An address on the egress
-/// network itself (another kernel) is refused whatever the policy.
-async fn judge(
-    grant: &Grant,
-    kernel_network: Option<(IpAddr, u8)>,
-    host: &str,
-    port: u16,
-) -> Result<SocketAddr, Outcome> {
-    grant.check_name(host, port).map_err(Outcome::Refused)?;
-    let bare = host.trim_start_matches('[').trim_end_matches(']');
-    let addrs: Vec<SocketAddr> = match bare.parse::<IpAddr>() {
-        Ok(ip) => vec![SocketAddr::new(ip, port)],
-        Err(_) => tokio::time::timeout(STEP_TIMEOUT, tokio::net::lookup_host((bare, port)))
-            .await
-            .map_err(|_| Outcome::ResolveFailed)?
-            .map_err(|_| Outcome::ResolveFailed)?
-            .take(16)
-            .collect(),
-    };
-    if addrs.is_empty() {
-        return Err(Outcome::ResolveFailed);
-    }
-    // Every address must pass: a name with one private address among public ones is refused.
-    for addr in &addrs {
-        if kernel_network
-            .is_some_and(|(base, len)| super::super::policy::in_range(addr.ip(), base, len))
-        {
-            return Err(Outcome::KernelNetwork);
-        }
-        grant
-            .check_address(host, port, addr.ip())
-            .map_err(Outcome::Refused)?;
-    }
-    Ok(addrs[0])
-}
-
 /// True when the request's `Host` header, if any, names the request's own `host` and `port`:
 /// at most one `Host` (a second one could reach the destination unjudged); for plain HTTP the
 /// port is the header's or 80; for CONNECT the header may leave the port out.
@@ -271,16 +235,27 @@ async fn handle(
         return refuse(&host, port, Outcome::Mismatch);
     }
     let grant = entry.grant();
-    let addr = match judge(&grant, table.kernel_network, &host, port).await {
-        Ok(addr) => addr,
+    let judged = match judge(&table, &entry.tenant, &grant, &host, port).await {
+        Ok(judged) => judged,
         Err(outcome) => return refuse(&host, port, outcome),
     };
+    let addr = judged.addr;
     let upstream = match tokio::time::timeout(STEP_TIMEOUT, TcpStream::connect(addr)).await {
         Ok(Ok(s)) => s,
         _ => return refuse(&host, port, Outcome::ConnectFailed),
     };
     let bytes = Arc::new(ConnBytes::default());
-    let live = entry.enter(&host, port, addr.ip(), bytes.clone());
+    let live = entry.enter(&host, port, addr.ip(), judged.special, bytes.clone());
+    // The policy may have changed while the destination was resolved and connected: judged
+    // again now that the connection is live (a change from here on closes it, as any).
+    let grant = entry.grant();
+    let still = grant.check_name(&host, port).is_ok()
+        && grant
+            .check_address(&host, port, addr.ip(), judged.special)
+            .is_ok();
+    if !still {
+        return refuse(&host, port, Outcome::PolicyChanged);
+    }
     let upstream = Metered {
         inner: upstream,
         bucket: entry.bucket.clone(),

@@ -9,7 +9,8 @@
 //!
 //! | file | what |
 //! |---|---|
-//! | `listener.rs` | accepting connections, the kernel's credential, judging and resolving a destination, dispatching CONNECT and plain HTTP |
+//! | `listener.rs` | accepting connections, the kernel's credential, dispatching CONNECT and plain HTTP |
+//! | `resolve.rs` | judging and resolving a destination: names before any lookup, every address against the special ranges, the host's own addresses and the addresses of denied names |
 //! | `connect.rs` | a CONNECT tunnel: the ClientHello's server name checked, then bytes copied as they are |
 //! | `intercept.rs` | a CONNECT tunnel to a host a credential rule names: TLS ended with a kernelbox CA leaf and begun again to the verified host, each request checked and given the rule's headers |
 //! | `interception.rs` | what interception needs: the rules, the CA, the upstream TLS configuration |
@@ -29,6 +30,7 @@ mod interception;
 mod limits;
 mod listener;
 mod outcome;
+mod resolve;
 mod table;
 
 pub use audit::{
@@ -42,4 +44,5 @@ pub use limits::{
 };
 pub use listener::serve;
 pub use outcome::Outcome;
+pub use resolve::{DENIED_NAME_TTL, MAX_DENIED_NAMES};
 pub use table::{KernelEntry, Table};

@@ -32,6 +32,10 @@ pub enum Outcome {
     /// The destination is on the egress network itself (another kernel): never, whatever
     /// the policy.
     KernelNetwork,
+    /// The destination is the host itself (an address of its interfaces other than loopback,
+    /// the unspecified address) or one of kernelbox's own listening addresses: never,
+    /// whatever the policy.
+    HostAddress,
     /// The kernel's TLS to an intercepted host failed (it does not trust the kernelbox CA?).
     KernelTls,
     /// An intercepted host's certificate is not trusted by the CA bundle (or it spoke no TLS).
@@ -42,7 +46,7 @@ pub enum Outcome {
 
 impl Outcome {
     /// Every outcome (its `name` is a refusal reason of metrics and audit lines).
-    pub const ALL: [Outcome; 15] = [
+    pub const ALL: [Outcome; 16] = [
         Outcome::Refused(Refusal::NotAllowed),
         Outcome::Refused(Refusal::Denied),
         Outcome::Refused(Refusal::PrivateAddress),
@@ -55,6 +59,7 @@ impl Outcome {
         Outcome::ConnectFailed,
         Outcome::PolicyChanged,
         Outcome::KernelNetwork,
+        Outcome::HostAddress,
         Outcome::KernelTls,
         Outcome::UpstreamTls,
         Outcome::Placeholder,
@@ -73,6 +78,7 @@ impl Outcome {
             Outcome::ConnectFailed => "connect_failed",
             Outcome::PolicyChanged => "policy_changed",
             Outcome::KernelNetwork => "kernel_network",
+            Outcome::HostAddress => "host_address",
             Outcome::KernelTls => "kernel_tls",
             Outcome::UpstreamTls => "upstream_tls",
             Outcome::Placeholder => "placeholder_without_rule",
@@ -104,7 +110,7 @@ pub(super) fn refusal_message(host: &str, port: u16, outcome: Outcome) -> String
         }
         Outcome::Refused(Refusal::Denied) => "the network policy denies it",
         Outcome::Refused(Refusal::PrivateAddress) => {
-            "it resolves to a private, loopback or link-local address the policy does not name"
+            "it resolves to a private, loopback, link-local or host-network address no allow entry inside its special range names"
         }
         Outcome::Mismatch => "the Host header (or TLS server name) is not the requested host",
         Outcome::NotTls => "a tunnel must carry TLS",
@@ -115,6 +121,7 @@ pub(super) fn refusal_message(host: &str, port: u16, outcome: Outcome) -> String
         Outcome::ConnectFailed => "the destination did not answer",
         Outcome::PolicyChanged => "the session's network policy changed",
         Outcome::KernelNetwork => "it is another kernel on the egress network",
+        Outcome::HostAddress => "it is the host itself or kernelbox's own address",
         Outcome::KernelTls => "the kernel's TLS failed (it must trust the kernelbox egress CA: SSL_CERT_FILE)",
         Outcome::UpstreamTls => {
             "the destination's certificate is not trusted by the CA bundle (or it spoke no TLS)"

@@ -9,10 +9,12 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
+use super::super::host::HostAddrs;
 use super::super::policy::Grant;
 use super::audit::{AuditFile, TenantCounters};
 use super::interception::Interception;
 use super::limits::{Bucket, Limits};
+use super::resolve::DeniedNames;
 
 /// One kernel the proxy serves.
 pub struct KernelEntry {
@@ -47,6 +49,7 @@ pub(super) struct Live {
     host: String,
     port: u16,
     addr: IpAddr,
+    special: Option<(IpAddr, u8)>,
     cancel: CancellationToken,
     bytes: Arc<ConnBytes>,
 }
@@ -110,7 +113,7 @@ impl KernelEntry {
         for conn in live.iter() {
             let ok = grant.check_name(&conn.host, conn.port).is_ok()
                 && grant
-                    .check_address(&conn.host, conn.port, conn.addr)
+                    .check_address(&conn.host, conn.port, conn.addr, conn.special)
                     .is_ok();
             if !ok {
                 conn.cancel.cancel();
@@ -125,6 +128,7 @@ impl KernelEntry {
         host: &str,
         port: u16,
         addr: IpAddr,
+        special: Option<(IpAddr, u8)>,
         bytes: Arc<ConnBytes>,
     ) -> LiveGuard {
         let id = self.next_live.fetch_add(1, Ordering::Relaxed);
@@ -137,6 +141,7 @@ impl KernelEntry {
                 host: host.to_string(),
                 port,
                 addr,
+                special,
                 cancel: cancel.clone(),
                 bytes,
             });
@@ -174,6 +179,11 @@ pub struct Table {
     pub(super) audit: Option<AuditFile>,
     pub(super) kernel_network: Option<(IpAddr, u8)>,
     pub(super) interception: Option<Arc<Interception>>,
+    /// The host's own addresses and kernelbox's listeners (`docs/reliability.md`, "Special
+    /// and host addresses").
+    pub(super) host: HostAddrs,
+    /// The addresses of names denied exactly (`docs/reliability.md`, "Deny by name").
+    pub(super) denied_names: DeniedNames,
     /// Where each connection's bytes are counted for its session when it ends (the usage
     /// ledger, `docs/usage.md`), once the orchestrator has given it.
     pub(super) ledger: std::sync::OnceLock<Arc<crate::usage::Pending>>,
@@ -232,6 +242,12 @@ impl Table {
     pub fn with_interception(mut self, interception: Option<Arc<Interception>>) -> Table {
         self.interception = interception;
         self
+    }
+
+    /// Refuses `addrs` (kernelbox's own listening addresses) as destinations, whatever the
+    /// policy.
+    pub fn refuse_listeners(&self, addrs: &[std::net::SocketAddr]) {
+        self.host.add_listeners(addrs);
     }
 
     /// Serves `entry` for connections from `addr` (replacing any earlier kernel there).
