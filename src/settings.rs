@@ -32,6 +32,11 @@ pub const MAX_SESSIONS_PER_TENANT: usize = 16_384;
 /// Bytes of settings (environment and labels, as [`Settings::bytes`] counts them) one tenant
 /// may have kept at once, under the same rule.
 pub const MAX_SETTINGS_BYTES_PER_TENANT: usize = 8 * 1024 * 1024;
+/// Bytes of sessions' own network policies (entries and a fixed overhead, as
+/// `crate::egress::policy_bytes` counts them) one tenant may have kept at once
+/// (`docs/reliability.md`, "Network egress"): past it a new session's policy is refused (429
+/// `too_many_session_policies`), never an older one forgotten.
+pub const MAX_NETWORK_BYTES_PER_TENANT: usize = 4 * 1024 * 1024;
 /// What one session's settings count besides their environment and labels.
 const SETTINGS_OVERHEAD_BYTES: usize = 256;
 
@@ -85,6 +90,23 @@ pub struct Limits {
 }
 
 impl Limits {
+    /// What a session of a tenant with these limits runs with where it sets nothing
+    /// (`docs/http-api.md`, "Session settings"): each limit below the server's default (under
+    /// `config`) in its place, so that `session_limits` cap every session of the tenant, not
+    /// only those that set something. `None` when no limit is below its default.
+    pub fn ceiling(&self, config: &crate::Config) -> Option<Settings> {
+        let sandbox = &config.spec.sandbox;
+        let ceiling = Settings {
+            memory_bytes: self.memory_bytes.filter(|m| *m < sandbox.memory_bytes),
+            nano_cpus: self.nano_cpus.filter(|n| *n < sandbox.nano_cpus),
+            idle_timeout: self
+                .idle_timeout
+                .filter(|t| *t < config.kernels.idle_timeout),
+            ..Settings::default()
+        };
+        (ceiling != Settings::default()).then_some(ceiling)
+    }
+
     /// The bounds these limits give under `config` (its kernels' memory, CPU and idle
     /// timeout where a limit is not set).
     pub fn bounds(&self, config: &crate::Config) -> Bounds {
@@ -147,6 +169,18 @@ fn invalid(reason: impl Into<String>) -> SettingsError {
     SettingsError::Invalid(reason.into())
 }
 
+impl Bounds {
+    /// No maximum: what settings checked once already (kept in the cluster's catalog) are
+    /// read back with.
+    pub fn unbounded() -> Bounds {
+        Bounds {
+            memory_bytes: i64::MAX,
+            cpus: f64::MAX,
+            idle_timeout: Duration::MAX,
+        }
+    }
+}
+
 impl Settings {
     /// Checks `wire` against `bounds`.
     pub fn check(wire: &SessionSettings, bounds: &Bounds) -> Result<Settings, SettingsError> {
@@ -204,6 +238,17 @@ impl Settings {
             cpus: self.nano_cpus.map(|n| n as f64 / 1e9),
             idle_timeout: self.idle_timeout.map(|d| d.as_secs_f64()),
             labels: self.labels.clone(),
+        }
+    }
+
+    /// These settings with `ceiling`'s limits where they set none (a session's effective
+    /// settings under its tenant's [`Limits::ceiling`]).
+    pub fn under(&self, ceiling: &Settings) -> Settings {
+        Settings {
+            memory_bytes: self.memory_bytes.or(ceiling.memory_bytes),
+            nano_cpus: self.nano_cpus.or(ceiling.nano_cpus),
+            idle_timeout: self.idle_timeout.or(ceiling.idle_timeout),
+            ..self.clone()
         }
     }
 

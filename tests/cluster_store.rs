@@ -137,7 +137,7 @@ async fn migrations_are_applied_once_by_concurrent_connects_and_again_change_not
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, [1, 2, 3, 4, 5]);
+    assert_eq!(versions, [1, 2, 3, 4, 5, 6]);
     let tables: i64 = raw
         .query_one(
             "SELECT count(*) FROM pg_tables WHERE tablename IN ('kb_nodes', 'kb_sessions', 'kb_kernels')",
@@ -975,4 +975,81 @@ async fn the_usage_ledger_sums_rows_of_every_node_reads_ranges_and_prunes() {
     assert_eq!(left.len(), 1, "{left:?}");
     assert_eq!((left[0].start, left[0].cells), (7_200, 4));
     postgres::drop_database(&url);
+}
+
+/// Sessions' own policies and settings in the catalog (docs/cluster.md, "Session policies and
+/// settings"): bounded in bytes per tenant and field, refused for a session live on another
+/// node, each write and read a greater version, forgotten with the session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_config_is_bounded_per_tenant_refused_where_held_elsewhere_and_versioned() {
+    use kernelbox::cluster::{ConfigField, ConfigWrite};
+    let url = postgres::fresh_database();
+    let store = Store::connect(&url).await.expect("connect");
+    let ea = store
+        .register(&node("a"), LossReason::ServerRestarted)
+        .await
+        .expect("register a");
+    store
+        .register(&node("b"), LossReason::ServerRestarted)
+        .await
+        .expect("register b");
+    let put = |session: &'static str, field: ConfigField<'static>| {
+        let store = store.clone();
+        async move {
+            store
+                .put_session_config("t", session, "b", field, 1_000)
+                .await
+                .expect("write")
+        }
+    };
+    let v1 = match put("s1", ConfigField::Network(Some(r#"{"allow":[]}"#), 600)).await {
+        ConfigWrite::Written { version } => version,
+        other => panic!("expected Written, got {other:?}"),
+    };
+    // The tenant's network policies would pass 1,000 bytes; its settings have their own room;
+    // another tenant is not counted.
+    assert_eq!(
+        put("s2", ConfigField::Network(Some(r#"{"allow":[]}"#), 600)).await,
+        ConfigWrite::TooMany
+    );
+    assert!(matches!(
+        put(
+            "s2",
+            ConfigField::Settings(Some(r#"{"env":{"A":"1"}}"#), 600)
+        )
+        .await,
+        ConfigWrite::Written { .. }
+    ));
+    assert!(matches!(
+        store
+            .put_session_config("u", "s2", "b", ConfigField::Network(Some("{}"), 900), 1_000)
+            .await
+            .expect("write"),
+        ConfigWrite::Written { .. }
+    ));
+    // A read has a greater version than every earlier write, and says what was written.
+    let read = store.load_session_config("t", "s1").await.expect("read");
+    assert!(read.version > v1);
+    assert_eq!(read.network.as_deref(), Some(r#"{"allow":[]}"#));
+    assert_eq!(read.settings, None);
+    // A session live on node a is written by a only.
+    store
+        .claim(&claim_req("t", "s3", "a", ea, None))
+        .await
+        .expect("claim");
+    assert!(matches!(
+        put("s3", ConfigField::Settings(Some("{}"), 10)).await,
+        ConfigWrite::Held(p) if p.node == "a"
+    ));
+    // Forgetting the session gives its bytes back.
+    store
+        .forget_session_config("t", "s1")
+        .await
+        .expect("forget");
+    assert!(matches!(
+        put("s2", ConfigField::Network(Some(r#"{"allow":[]}"#), 600)).await,
+        ConfigWrite::Written { .. }
+    ));
+    let read = store.load_session_config("t", "s1").await.expect("read");
+    assert_eq!((read.network, read.settings), (None, None));
 }

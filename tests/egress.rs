@@ -856,4 +856,188 @@ print("connect-bare", ask("CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1\
     let a = &counters.iter().find(|(t, _)| t == "a").unwrap().1;
     assert_eq!(a.refusals.get("host_mismatch"), Some(&2), "{a:?}");
     case.finish().await;
+/// The resident memory of process `pid`, in KiB (`VmRSS` in `/proc/PID/status`).
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap()
+}
+
+/// A session policy of 255 deny entries of 253 bytes each (distinct host names) and one
+/// allow entry: 256, the most one policy holds.
+fn big_policy(tag: usize) -> serde_json::Value {
+    let deny: Vec<String> = (0..255)
+        .map(|i| {
+            let first = format!("e{tag}x{i}");
+            let first = format!("{first}{}", "a".repeat(63 - first.len()));
+            format!(
+                "{first}.{}.{}.{}",
+                "b".repeat(63),
+                "c".repeat(63),
+                "d".repeat(61)
+            )
+        })
+        .collect();
+    assert!(deny.iter().all(|d| d.len() == 253));
+    json!({"allow": ["example.com"], "deny": deny})
+}
+
+/// Sessions' own policies are bounded in bytes per tenant (docs/reliability.md, "Network
+/// egress"): past the bound a new one is refused (429), another tenant is not touched; a
+/// tenant with no network has none kept (400, nothing stored); deleting a session forgets its
+/// policy, which gives its bytes back and lets its next kernel have the tenant's policy.
+#[tokio::test]
+async fn session_policies_are_bounded_per_tenant_refused_without_network_and_forgotten_with_their_session(
+) {
+    let port = http_server("127.0.0.1:0").await;
+    let file = tenants_file(&[format!("127.0.0.1:{port}")]);
+    let served = http::Served::start(
+        "egress-session-bounds",
+        "unused",
+        &["--pool", "0", "--tenants", file.path().to_str().unwrap()],
+    )
+    .await;
+    let api = &served.api;
+    let pid = served.process.id().unwrap();
+    let put = |token: &'static str, session: String, body: serde_json::Value| {
+        let api = api.clone();
+        async move {
+            api.send(
+                Method::PUT,
+                &format!("/v1/sessions/{session}/network"),
+                token,
+                false,
+                Some(body),
+            )
+            .await
+        }
+    };
+
+    // Tenant b has no network: not even a deny-only policy is kept.
+    let r = put("token-b", "s".into(), json!({"deny": ["example.com"]})).await;
+    assert!(
+        r.error(StatusCode::BAD_REQUEST)
+            .contains("network_not_allowed"),
+        "{:?}",
+        r.json()
+    );
+
+    // Tenant a: as many big policies as its bound holds, then 429.
+    let wire: NetworkPolicy = serde_json::from_value(big_policy(0)).unwrap();
+    let fit =
+        kernelbox::egress::MAX_NETWORK_BYTES_PER_TENANT / kernelbox::egress::policy_bytes(&wire);
+    let before = rss_kib(pid);
+    let mut accepted = 0;
+    let refused = loop {
+        let r = put("token-a", format!("s{accepted}"), big_policy(accepted)).await;
+        if r.status != StatusCode::OK {
+            break r;
+        }
+        accepted += 1;
+        assert!(accepted <= fit, "more than {fit} policies kept");
+    };
+    assert!(
+        refused
+            .error(StatusCode::TOO_MANY_REQUESTS)
+            .contains("too_many_session_policies"),
+        "{:?}",
+        refused.json()
+    );
+    assert_eq!(accepted, fit);
+    eprintln!(
+        "{accepted} policies of 255 x 253-byte entries kept: RSS {before} KiB -> {} KiB",
+        rss_kib(pid)
+    );
+    // Replacing a kept session's own policy is still allowed; another tenant is not touched
+    // (b has no network, so its refusal is b's own, not a's bound).
+    let r = put("token-a", "s1".into(), big_policy(1)).await;
+    assert_eq!(r.status, StatusCode::OK, "{:?}", r.json());
+
+    // A session with a kernel and a narrowing policy: refused by it; deleted, the policy is
+    // forgotten (its bytes given back: a new session's policy fits again) and the session's
+    // next kernel has the tenant's policy.
+    let code = CALL.replace("URL", &format!("'http://127.0.0.1:{port}/'"));
+    let r = api.run("token-a", "s0", &code).await;
+    assert!(
+        r["output"]
+            .as_str()
+            .unwrap()
+            .contains("refused (not_allowed)"),
+        "{r}"
+    );
+    let r = api.delete("/v1/sessions/s0", "token-a").await;
+    assert_eq!(r.status, StatusCode::OK, "{:?}", r.json());
+    let r = put("token-a", "fresh".into(), big_policy(999)).await;
+    assert_eq!(r.status, StatusCode::OK, "{:?}", r.json());
+    let r = api.run("token-a", "s0", &code).await;
+    assert_eq!(r["output"], format!("hello from {port}\n"), "{r}");
+    // A session without a kernel is forgotten too (404: it has no kernel).
+    let r = api.delete("/v1/sessions/s2", "token-a").await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    let r = put("token-a", "fresh2".into(), big_policy(998)).await;
+    assert_eq!(r.status, StatusCode::OK, "{:?}", r.json());
+    served.finish().await;
+}
+
+/// A session policy set while the session's kernel starts applies to that kernel (never a
+/// 200 that the kernel then runs without): the kernel is held in its start (its container
+/// paused as soon as it runs, before the runner says it is ready) while the policy is set.
+#[tokio::test]
+async fn a_session_policy_set_during_its_kernels_cold_start_applies_to_that_kernel() {
+    let port = http_server("127.0.0.1:0").await;
+    let file = tenants_file(&[format!("127.0.0.1:{port}")]);
+    let served = http::Served::start(
+        "egress-cold-start-policy",
+        "unused",
+        &["--pool", "0", "--tenants", file.path().to_str().unwrap()],
+    )
+    .await;
+    let api = served.api.clone();
+    let code = CALL.replace("URL", &format!("'http://127.0.0.1:{port}/'"));
+    let cell = tokio::spawn({
+        let api = api.clone();
+        async move { api.run("token-a", "cold", &code).await }
+    });
+    let docker = docker().await;
+    // The kernel's container, once it runs (a generous deadline: the machine is shared).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let id = loop {
+        let found = common::containers(&served.engine, &served.label)
+            .await
+            .into_iter()
+            .find(|c| {
+                c.state == "running"
+                    && c.labels.get("io.kernelbox.session").map(String::as_str) == Some("cold")
+            });
+        if let Some(c) = found {
+            break c.id;
+        }
+        assert!(std::time::Instant::now() < deadline, "no kernel container");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    };
+    docker.pause_container(&id).await.unwrap();
+    let r = api
+        .send(
+            Method::PUT,
+            "/v1/sessions/cold/network",
+            "token-a",
+            false,
+            Some(json!({"allow": ["example.com"]})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{:?}", r.json());
+    docker.unpause_container(&id).await.unwrap();
+    let r = cell.await.unwrap();
+    assert!(
+        r["output"]
+            .as_str()
+            .unwrap()
+            .contains("refused (not_allowed)"),
+        "the policy set during the start applies: {r}"
+    );
+    served.finish().await;
 }

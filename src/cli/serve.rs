@@ -457,6 +457,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         }
     }
     config.tenant_runtimes = tenants.runtimes();
+    config.tenant_session_limits = tenants.session_limits();
     config.kernels.max_session_kernels = args.max_kernels;
     config.kernels.idle_timeout = args.idle_timeout;
     config.pool.size = args.pool.unwrap_or(DEFAULT_POOL.min(args.max_kernels));

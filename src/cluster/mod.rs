@@ -20,7 +20,7 @@ mod store;
 pub use catalog::PostgresCatalog;
 pub use error::ClusterError;
 pub use store::{
-    Claim, ClaimRequest, Expired, NodeInfo, NodeRow, NodeState, Placement, Renewal, Store,
-    CONNECT_TIMEOUT, MAX_NODES, MAX_SHARE_TENANTS, OPERATION_DEADLINE, POOL_SIZE,
-    STATEMENT_TIMEOUT,
+    Claim, ClaimRequest, ConfigField, ConfigWrite, Expired, NodeInfo, NodeRow, NodeState,
+    Placement, Renewal, SessionConfig, Store, CONNECT_TIMEOUT, MAX_NODES, MAX_SHARE_TENANTS,
+    OPERATION_DEADLINE, POOL_SIZE, STATEMENT_TIMEOUT,
 };

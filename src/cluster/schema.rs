@@ -12,7 +12,24 @@ const MIGRATION_LOCK: i64 = 0x6b62_7363_6865_6d61;
 
 /// The migrations, oldest first: version N is `MIGRATIONS[N - 1]`. Never edit one that has
 /// shipped; add the next.
-pub(crate) const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5];
+pub(crate) const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6];
+
+/// Version 6: sessions' own network policies and settings, kept in the catalog so that a
+/// session's kernel starts under them on whichever node it starts (docs/cluster.md, "Session
+/// policies and settings"); `version` orders the writes (one sequence for every row).
+const V6: &str = "
+CREATE SEQUENCE kb_session_config_seq AS bigint START 1 NO CYCLE;
+CREATE TABLE kb_session_config (
+    tenant         text   NOT NULL,
+    session        text   NOT NULL,
+    network        text,
+    network_bytes  bigint NOT NULL DEFAULT 0 CHECK (network_bytes >= 0),
+    settings       text,
+    settings_bytes bigint NOT NULL DEFAULT 0 CHECK (settings_bytes >= 0),
+    version        bigint NOT NULL,
+    PRIMARY KEY (tenant, session)
+);
+";
 
 /// Version 5: the usage ledger counts bytes through the egress proxy (docs/usage.md).
 const V5: &str = "

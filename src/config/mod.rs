@@ -60,6 +60,10 @@ pub struct Config {
     /// Tenants whose kernels run under another runtime than the server's
     /// (`spec.sandbox.runtime`): the tenants file's `runtime` (`docs/runtimes.md`).
     pub tenant_runtimes: BTreeMap<String, KernelRuntime>,
+    /// Tenants' own maximums for their sessions (the tenants file's `session_limits`): a
+    /// limit below the server's default also caps a session that sets nothing
+    /// (`crate::settings::Limits::ceiling`).
+    pub tenant_session_limits: BTreeMap<String, crate::settings::Limits>,
     /// Workspaces: a session's `/work` kept past its kernel (`docs/workspaces.md`); `None`:
     /// no tenant has them.
     pub workspaces: Option<WorkspacesConfig>,
@@ -83,6 +87,7 @@ impl Default for Config {
             default_tenant: "default".into(),
             egress: None,
             tenant_runtimes: BTreeMap::new(),
+            tenant_session_limits: BTreeMap::new(),
             workspaces: None,
             audit: None,
             hibernate: None,

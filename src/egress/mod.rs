@@ -14,7 +14,10 @@
 //! | `mod.rs` | [`Egress`]: the network, firewall and proxy of one instance, the tenants' and sessions' policies, what a kernel with a policy is made with |
 
 pub mod policy;
+mod sessions;
 pub mod sni;
+
+pub use sessions::{policy_bytes, MAX_NETWORK_BYTES_PER_TENANT};
 
 pub use policy::{Grant, Policy, PolicyError, Refusal};
 
@@ -83,73 +86,28 @@ pub enum SessionPolicyError {
     /// Parsing the session's policy failed.
     #[error(transparent)]
     Invalid(#[from] PolicyError),
-    /// Setting a session policy that allows something, for a tenant allowed no network: a
-    /// session's policy only narrows its tenant's.
+    /// Setting a session policy with any entry, for a tenant allowed no network: a session's
+    /// policy only narrows its tenant's, and nothing is kept for a tenant with none.
     #[error(
-        "tenant {tenant:?} has no network: a session's policy only narrows its tenant's (the tenants file's `network`, or --network-allow)"
+        "tenant {tenant:?} has no network, so its sessions have no network policy of their own (the tenants file's `network`, or --network-allow, gives it one)"
     )]
     TenantHasNone {
         /// The tenant.
         tenant: String,
     },
-    /// The tenant already has [`MAX_SESSION_POLICIES_PER_TENANT`] sessions with a policy of
-    /// their own (a new session's policy is refused rather than an older one forgotten: a
-    /// forgotten narrowing would widen that session's network).
+    /// The tenant's sessions' policies already hold [`MAX_NETWORK_BYTES_PER_TENANT`] bytes (a
+    /// new session's policy is refused rather than an older one forgotten: a forgotten
+    /// narrowing would widen that session's network).
     #[error(
-        "tenant {tenant:?} already has {max} sessions with a network policy of their own, the most kept; use the tenant's policy for new sessions"
+        "tenant {tenant:?}'s sessions' network policies would hold more than {max_bytes} bytes, the most kept; delete sessions no longer used (DELETE /v1/sessions/{{session}}) or use the tenant's policy"
     )]
     TooMany {
         /// The tenant.
         tenant: String,
         /// The bound.
-        max: usize,
+        max_bytes: usize,
     },
 }
-
-/// Keeps `session`'s own policy, unless `tenant` already has `max` other sessions with one.
-fn keep_session_policy(
-    sessions: &mut HashMap<(String, String), Arc<Policy>>,
-    tenant: &str,
-    session: &str,
-    policy: Arc<Policy>,
-    max: usize,
-) -> Result<(), SessionPolicyError> {
-    let key = (tenant.to_string(), session.to_string());
-    if !sessions.contains_key(&key) && sessions.keys().filter(|(t, _)| t == tenant).count() >= max {
-        return Err(SessionPolicyError::TooMany {
-            tenant: tenant.to_string(),
-            max,
-        });
-    }
-    sessions.insert(key, policy);
-    Ok(())
-}
-
-#[cfg(test)]
-mod session_policy_tests {
-    use super::*;
-
-    #[test]
-    fn a_tenants_session_policies_are_bounded_and_another_tenant_is_not_touched() {
-        let mut sessions = HashMap::new();
-        let none = || Arc::new(Policy::parse(&NetworkPolicy::default()).expect("policy"));
-        for i in 0..3 {
-            keep_session_policy(&mut sessions, "a", &format!("s{i}"), none(), 3).expect("kept");
-        }
-        assert!(matches!(
-            keep_session_policy(&mut sessions, "a", "s3", none(), 3),
-            Err(SessionPolicyError::TooMany { max: 3, .. })
-        ));
-        // Replacing a session's own policy is not a new one; another tenant has its own room.
-        keep_session_policy(&mut sessions, "a", "s1", none(), 3).expect("replaced");
-        keep_session_policy(&mut sessions, "b", "s0", none(), 3).expect("other tenant");
-        assert_eq!(sessions.len(), 4);
-    }
-}
-
-/// Sessions of one tenant with a network policy of their own, at most (the table lives in the
-/// server's memory: a tenant churning session names cannot grow it past this).
-pub const MAX_SESSION_POLICIES_PER_TENANT: usize = 16_384;
 
 /// What a kernel with a policy is made with: the network, its environment, its mounts.
 #[derive(Debug, Clone)]
@@ -173,7 +131,9 @@ pub struct Egress {
     limits: proxy::Limits,
     ca_bundle: PathBuf,
     tenants: HashMap<String, Arc<Policy>>,
-    sessions: Mutex<HashMap<(String, String), Arc<Policy>>>,
+    /// Sessions' own policies; held while a kernel is registered with the proxy, so that a
+    /// policy set during a kernel's start applies to it (`sessions.rs`).
+    sessions: Mutex<sessions::SessionPolicies>,
     cancel: CancellationToken,
 }
 
@@ -295,7 +255,7 @@ impl Egress {
             limits: config.limits,
             ca_bundle,
             tenants,
-            sessions: Mutex::new(HashMap::new()),
+            sessions: Mutex::new(sessions::SessionPolicies::default()),
             cancel,
         })
     }
@@ -320,43 +280,66 @@ impl Egress {
     /// have no network at all).
     pub fn grant(&self, tenant: &str, session: &str) -> Option<Grant> {
         let tenant_policy = self.tenants.get(tenant)?.clone();
-        let session_policy = self
-            .sessions
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&(tenant.to_string(), session.to_string()))
-            .cloned();
+        let session_policy = self.lock_sessions().get(tenant, session);
         Some(Grant {
             tenant: tenant_policy,
             session: session_policy,
         })
     }
 
-    /// Sets `tenant`'s `session`'s own policy and applies it at once to its running kernels:
-    /// connections it no longer allows are closed (their number is returned). The session's
-    /// policy is intersected with the tenant's (a destination must pass both); one that allows
-    /// something for a tenant with no network is refused.
+    fn lock_sessions(&self) -> std::sync::MutexGuard<'_, sessions::SessionPolicies> {
+        self.sessions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `wire` parsed as a session policy of `tenant`, and the bytes it counts: refused for a
+    /// tenant with no network when it holds any entry; `None` for a policy with no entry of a
+    /// tenant with no network (nothing to keep: its sessions have no network anyway).
+    pub fn check_session(
+        &self,
+        tenant: &str,
+        wire: &NetworkPolicy,
+    ) -> Result<Option<(Arc<Policy>, usize)>, SessionPolicyError> {
+        check_session_policy(self.tenants.contains_key(tenant), tenant, wire)
+    }
+
+    /// The bytes `tenant`'s sessions' policies hold here.
+    pub fn session_bytes(&self, tenant: &str) -> usize {
+        self.lock_sessions().bytes(tenant)
+    }
+
+    /// Sets `tenant`'s `session`'s own policy (`None`: forgets it) at `version` (the catalog's,
+    /// 0 on one host; an older version never replaces a newer) and applies it at once to its
+    /// running kernels and to one registering meanwhile: connections it no longer allows are
+    /// closed (their number is returned). The session's policy is intersected with the
+    /// tenant's (a destination must pass both). `evictable` says which other sessions'
+    /// policies may go to make room (on a cluster node, those with no kernel here); without
+    /// it, a policy past [`MAX_NETWORK_BYTES_PER_TENANT`] is refused. `forced` keeps it even
+    /// then (the catalog accepted it).
     pub fn set_session(
         &self,
         tenant: &str,
         session: &str,
-        wire: &NetworkPolicy,
+        policy: Option<(Arc<Policy>, usize)>,
+        version: u64,
+        evictable: Option<&dyn Fn(&str) -> bool>,
+        forced: bool,
     ) -> Result<usize, SessionPolicyError> {
-        let policy = Arc::new(Policy::parse(wire)?);
-        if !policy.is_none() && !self.tenants.contains_key(tenant) {
-            return Err(SessionPolicyError::TenantHasNone {
-                tenant: tenant.to_string(),
-            });
-        }
-        keep_session_policy(
-            &mut self.sessions.lock().unwrap_or_else(|p| p.into_inner()),
+        let mut sessions = self.lock_sessions();
+        let changed = sessions.keep(sessions::Keep {
             tenant,
             session,
             policy,
-            MAX_SESSION_POLICIES_PER_TENANT,
-        )?;
-        let Some(grant) = self.grant(tenant, session) else {
+            version,
+            max_bytes: MAX_NETWORK_BYTES_PER_TENANT,
+            evictable,
+            forced,
+        })?;
+        let Some(tenant_policy) = self.tenants.get(tenant).filter(|_| changed) else {
             return Ok(0);
+        };
+        let grant = Grant {
+            tenant: tenant_policy.clone(),
+            session: sessions.get(tenant, session),
         };
         Ok(self
             .table
@@ -412,7 +395,9 @@ impl Egress {
     }
 
     /// Serves the started container `id` (made with `net`) as `tenant`'s `session`'s kernel
-    /// under `grant`, known by its address on the network. Returns its address.
+    /// under `grant`, known by its address on the network. Returns its address. The session's
+    /// own policy is read again while the kernel is entered, under the lock a policy change
+    /// takes: a change made during the kernel's start applies to it.
     pub async fn register(
         &self,
         id: &str,
@@ -430,6 +415,11 @@ impl Egress {
                 target: id.to_string(),
                 message: "the kernel has no address on the egress network".into(),
             })?;
+        let sessions = self.lock_sessions();
+        let grant = Grant {
+            session: sessions.get(tenant, session),
+            ..grant
+        };
         let entry = proxy::KernelEntry::new(
             net.token.clone(),
             tenant.to_string(),
@@ -438,6 +428,7 @@ impl Egress {
             &self.limits,
         );
         self.table.insert(addr, Arc::new(entry));
+        drop(sessions);
         Ok(addr)
     }
 
@@ -477,6 +468,25 @@ impl Egress {
             tracing::warn!(network = %self.names.network, error = %e, "removing the egress network");
         }
     }
+}
+
+/// `wire` as a session policy of `tenant` (`has_network`: the tenant is allowed any): see
+/// [`Egress::check_session`]; without egress, no tenant has a network.
+pub fn check_session_policy(
+    has_network: bool,
+    tenant: &str,
+    wire: &NetworkPolicy,
+) -> Result<Option<(Arc<Policy>, usize)>, SessionPolicyError> {
+    let policy = Policy::parse(wire)?;
+    if has_network {
+        return Ok(Some((Arc::new(policy), policy_bytes(wire))));
+    }
+    if wire.allow.is_empty() && wire.deny.is_empty() {
+        return Ok(None);
+    }
+    Err(SessionPolicyError::TenantHasNone {
+        tenant: tenant.to_string(),
+    })
 }
 
 /// Removes egress networks (and their firewall rules) matching every label filter (the sweep

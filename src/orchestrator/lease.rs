@@ -461,28 +461,56 @@ impl Orchestrator {
             .and_then(|e| e.grant(&owner.tenant, &owner.session))
     }
 
-    /// Sets `tenant`'s `session`'s network policy (intersected with the tenant's) and applies
-    /// it at once to its running kernel: connections the new policy refuses are closed (their
-    /// number is returned). A policy that allows something is refused for a tenant with no
-    /// network (without egress configured, every tenant).
+    /// `wire` checked as a policy of one of `tenant`'s sessions, and the bytes it counts
+    /// (`crate::egress::Egress::check_session`): one with any entry is refused for a tenant
+    /// with no network (without egress configured, every tenant); `None`: nothing to keep.
+    pub fn check_network(
+        &self,
+        tenant: &str,
+        wire: &crate::wire::NetworkPolicy,
+    ) -> Result<Option<(Arc<crate::egress::Policy>, usize)>, crate::egress::SessionPolicyError>
+    {
+        match &self.inner.egress {
+            Some(egress) => egress.check_session(tenant, wire),
+            None => crate::egress::check_session_policy(false, tenant, wire),
+        }
+    }
+
+    /// Sets `tenant`'s `session`'s network policy on one host ([`Self::check_network`], then
+    /// [`Self::apply_network`]); answers the connections it closed.
     pub fn set_network(
         &self,
         tenant: &str,
         session: &str,
-        policy: &crate::wire::NetworkPolicy,
+        wire: &crate::wire::NetworkPolicy,
     ) -> Result<usize, crate::egress::SessionPolicyError> {
-        match &self.inner.egress {
-            Some(egress) => egress.set_session(tenant, session, policy),
-            None => {
-                crate::egress::Policy::parse(policy)?;
-                if policy.is_none() {
-                    Ok(0)
-                } else {
-                    Err(crate::egress::SessionPolicyError::TenantHasNone {
-                        tenant: tenant.to_string(),
-                    })
-                }
+        let policy = self.check_network(tenant, wire)?;
+        self.apply_network(tenant, session, policy, None)
+    }
+
+    /// Sets `tenant`'s `session`'s network policy (`None`: forgets it; intersected with the
+    /// tenant's) and applies it at once to its running kernel, and to one starting meanwhile:
+    /// connections the new policy refuses are closed (their number is returned). `version`:
+    /// the catalog's version on a cluster node (an older one never replaces a newer; policies
+    /// of sessions with no kernel here make room, the catalog being their home), `None` on
+    /// one host (the policy is refused past the tenant's bound).
+    pub fn apply_network(
+        &self,
+        tenant: &str,
+        session: &str,
+        policy: Option<(Arc<crate::egress::Policy>, usize)>,
+        version: Option<u64>,
+    ) -> Result<usize, crate::egress::SessionPolicyError> {
+        let Some(egress) = &self.inner.egress else {
+            return Ok(0);
+        };
+        let registry = &self.inner.registry;
+        let spare = |s: &str| !registry.has_session(tenant, s);
+        match version {
+            Some(version) => {
+                egress.set_session(tenant, session, policy, version, Some(&spare), true)
             }
+            None => egress.set_session(tenant, session, policy, 0, None, false),
         }
     }
 

@@ -214,6 +214,34 @@ impl Orchestrator {
         self.inner.registry.set_settings(tenant, session, settings)
     }
 
+    /// `tenant`'s `session`'s settings as a cluster node keeps them (`None`: forgotten) at the
+    /// catalog's `version`: an older version never replaces a newer, and the catalog (their
+    /// home) bounded them (`Registry::set_settings_at`).
+    pub fn set_settings_at(
+        &self,
+        tenant: &str,
+        session: &str,
+        settings: Option<crate::settings::Settings>,
+        version: u64,
+    ) -> Result<bool, crate::settings::SettingsError> {
+        self.inner
+            .registry
+            .set_settings_at(tenant, session, settings, version, true)
+    }
+
+    /// Forgets `tenant`'s `session`'s own network policy and settings (the session was
+    /// deleted: `DELETE /v1/sessions/{session}`).
+    pub fn forget_session_config(&self, tenant: &str, session: &str) {
+        if let Some(egress) = &self.inner.egress {
+            // Forgetting is never refused.
+            let _ = egress.set_session(tenant, session, None, u64::MAX, None, true);
+        }
+        let _ = self
+            .inner
+            .registry
+            .set_settings_at(tenant, session, None, u64::MAX, true);
+    }
+
     /// `tenant`'s `session`'s settings (the server's defaults when it set none).
     pub fn settings(&self, tenant: Option<&str>, session: &str) -> crate::settings::Settings {
         let tenant = tenant.unwrap_or(&self.inner.config.default_tenant);

@@ -162,6 +162,14 @@ impl Orchestrator {
                 None => Arc::new(crate::catalog::MemoryCatalog::default()),
             },
         });
+        inner.registry.set_ceilings(
+            inner
+                .config
+                .tenant_session_limits
+                .iter()
+                .filter_map(|(t, l)| Some((t.clone(), l.ceiling(&inner.config)?)))
+                .collect(),
+        );
         let live = match restored {
             Some(restored) => restored.seed(&inner.registry),
             None => 0,

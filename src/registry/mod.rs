@@ -186,6 +186,9 @@ struct Inner {
     settings: HashMap<String, settings::TenantSettings>,
     /// Counts settings changes (their order, for forgetting the oldest).
     settings_seq: u64,
+    /// What a session of each tenant runs with where it sets nothing, for tenants whose
+    /// `session_limits` are below the server's defaults (`settings.rs`).
+    ceilings: HashMap<String, Arc<crate::settings::Settings>>,
 }
 
 impl Inner {

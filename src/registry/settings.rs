@@ -12,11 +12,16 @@ use crate::settings::{
     Settings, SettingsError, MAX_SESSIONS_PER_TENANT, MAX_SETTINGS_BYTES_PER_TENANT,
 };
 
-/// The settings of one session, and when they were set (an increasing count).
+/// The settings of one session as it set them, what its kernels run with (under its
+/// tenant's ceiling), and when they were set (an increasing count).
 #[derive(Debug)]
 pub(super) struct Kept {
     pub(super) settings: Arc<Settings>,
+    effective: Arc<Settings>,
     set_at: u64,
+    /// The cluster catalog's version of the settings (0 on one host): an older one never
+    /// replaces a newer (`src/cluster/store/config.rs`).
+    version: u64,
 }
 
 /// One tenant's sessions' settings and the bytes they hold.
@@ -27,17 +32,31 @@ pub(super) struct TenantSettings {
 }
 
 impl Inner {
-    /// The settings of `owner`'s session, if it has any.
+    /// The settings `owner`'s session's kernels run with: its own under its tenant's ceiling,
+    /// else the ceiling (a tenant's `session_limits` below the server's defaults cap a session
+    /// that sets nothing too; `docs/http-api.md`, "Session settings").
     pub(super) fn settings_of(&self, owner: &Owner) -> Option<Arc<Settings>> {
-        self.settings
-            .get(&owner.tenant)?
-            .sessions
-            .get(&owner.session)
-            .map(|k| k.settings.clone())
+        match self
+            .settings
+            .get(&owner.tenant)
+            .and_then(|t| t.sessions.get(&owner.session))
+        {
+            Some(kept) => Some(kept.effective.clone()),
+            None => self.ceilings.get(&owner.tenant).cloned(),
+        }
     }
 }
 
 impl Registry {
+    /// Sets what a session of each tenant runs with where it sets nothing
+    /// ([`crate::settings::Limits::ceiling`]), before any kernel starts.
+    pub fn set_ceilings(&self, ceilings: HashMap<String, Settings>) {
+        self.lock().ceilings = ceilings
+            .into_iter()
+            .map(|(t, s)| (t, Arc::new(s)))
+            .collect();
+    }
+
     /// Sets `tenant`'s `session`'s settings (replacing any). Returns true when a live kernel
     /// of the session was started with another environment, memory or CPU (they apply from
     /// its next kernel). A tenant past [`MAX_SESSIONS_PER_TENANT`] sessions or
@@ -50,8 +69,41 @@ impl Registry {
         session: &str,
         settings: Settings,
     ) -> Result<bool, SettingsError> {
+        self.set_settings_at(tenant, session, Some(settings), 0, false)
+    }
+
+    /// [`Registry::set_settings`] at the cluster catalog's `version` (`None` forgets the
+    /// session's settings): nothing changes when a newer version is kept; `forced` keeps
+    /// them even when nothing more can be forgotten to make room (the catalog, their home on
+    /// a cluster node, bounded them).
+    pub fn set_settings_at(
+        &self,
+        tenant: &str,
+        session: &str,
+        settings: Option<Settings>,
+        version: u64,
+        forced: bool,
+    ) -> Result<bool, SettingsError> {
         let mut inner = self.lock();
+        if let Some(mine) = inner.settings.get_mut(tenant) {
+            match mine.sessions.get(session) {
+                Some(kept) if kept.version > version => return Ok(false),
+                Some(kept) if settings.is_none() => {
+                    mine.bytes -= kept.settings.bytes();
+                    mine.sessions.remove(session);
+                    return Ok(false);
+                }
+                _ => {}
+            }
+        }
+        let Some(settings) = settings else {
+            return Ok(false);
+        };
         let size = settings.bytes();
+        let effective = match inner.ceilings.get(tenant) {
+            Some(ceiling) => settings.under(ceiling),
+            None => settings.clone(),
+        };
         let live: HashSet<&str> = inner
             .slots
             .keys()
@@ -67,7 +119,7 @@ impl Registry {
                 s.settings
                     .as_deref()
                     .unwrap_or(&empty)
-                    .start_differs(&settings)
+                    .start_differs(&effective)
             });
         // What may be forgotten to make room: sessions with no live kernel, oldest first.
         let mut spare: Vec<(u64, String, usize)> = inner
@@ -99,7 +151,7 @@ impl Registry {
             bytes -= held;
             forget.push(name);
         }
-        if count > MAX_SESSIONS_PER_TENANT || bytes > MAX_SETTINGS_BYTES_PER_TENANT {
+        if !forced && (count > MAX_SESSIONS_PER_TENANT || bytes > MAX_SETTINGS_BYTES_PER_TENANT) {
             return Err(SettingsError::TooMany {
                 tenant: tenant.to_string(),
             });
@@ -112,7 +164,9 @@ impl Registry {
             session.to_string(),
             Kept {
                 settings: Arc::new(settings),
+                effective: Arc::new(effective),
                 set_at,
+                version,
             },
         );
         Ok(restart)

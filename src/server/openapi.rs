@@ -279,8 +279,9 @@ pub fn spec() -> Value {
                     "requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/NetworkPolicy"}}}},
                     "responses": with(&auth_errors, json!({
                         "200": {"description": "Applied.", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/NetworkApplied"}}}},
-                        "400": error_response("`invalid_network`: a malformed entry (the message names it); `network_not_allowed`: the policy allows something and the tenant has no network; `invalid_name`, `invalid_json`."),
-                        "429": error_response("`too_many_session_policies`: the tenant already has the most sessions with a policy of their own (16,384).")
+                        "400": error_response("`invalid_network`: a malformed entry (the message names it); `network_not_allowed`: the policy has an entry and the tenant has no network (nothing is kept); `invalid_name`, `invalid_json`."),
+                        "429": error_response("`too_many_session_policies`: the tenant's sessions' policies would hold more than 4 MiB (`DELETE /v1/sessions/{session}` forgets a session's)."),
+                        "503": error_response("In a cluster: `catalog_unavailable`, or `session_moved` (its kernel is starting on another node; retry).")
                     }))
                 }
             },

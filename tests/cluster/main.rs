@@ -15,6 +15,7 @@
 //! | `drain.rs` | "Draining and upgrades": the drain's deadline (`node_drained`), a stop that drains first |
 //! | `namesake.rs` | two agents of one node name never both serve |
 //! | `traces.rs` | traces across the hop: the holding node continues the forwarding node's trace (docs/usage.md, "Traces") |
+//! | `session_config.rs` | "Session policies and settings": a session's network policy and settings set on one node apply to its kernel on another, a `PUT` of them never counts against the tenant's cap, a deleted session's are forgotten |
 //! | `balancer.rs` | the balancer's mapping moving away from a stopped node and snapping back when it returns |
 
 #[path = "../common/mod.rs"]
@@ -33,4 +34,5 @@ mod failures;
 mod harness;
 mod namesake;
 mod routing;
+mod session_config;
 mod traces;

@@ -246,3 +246,52 @@ async fn a_sessions_own_idle_timeout_reaps_it_and_not_its_neighbours() {
     assert_eq!(api.run("tok-a", "long", "print(y)").await["output"], "2\n");
     srv.finish().await;
 }
+
+/// A tenant's `session_limits` below the server's defaults cap every session of the tenant,
+/// also one that sets nothing or sets only its environment: its kernel runs with
+/// min(session_limits, the server's default) (`docs/http-api.md`, "Session settings").
+#[tokio::test(flavor = "multi_thread")]
+async fn session_limits_below_the_defaults_cap_a_session_that_sets_nothing() {
+    const TOKEN: &str = "tok-limits";
+    let served = crate::http::Served::start(
+        "settings-ceiling",
+        TOKEN,
+        &["--session-max-memory", "256m", "--session-max-cpus", "0.5"],
+    )
+    .await;
+    let api = &served.api;
+    // Nothing set: the pool's kernels (made with the server's defaults) are not for it.
+    assert_eq!(api.run(TOKEN, "plain", "print(1)").await["output"], "1\n");
+    // Only its environment set: the limits it left out are the tenant's too.
+    let r = api
+        .put(
+            "/v1/sessions/env-only/settings",
+            TOKEN,
+            json!({"env": {"FOO": "x"}}).to_string(),
+            Some("application/json"),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+    assert_eq!(r.json()["settings"], json!({"env": {"FOO": "x"}}));
+    assert_eq!(
+        api.run(TOKEN, "env-only", "print(2)").await["output"],
+        "2\n"
+    );
+    let list = crate::common::containers(&served.engine, &served.label).await;
+    for session in ["plain", "env-only"] {
+        let found: Vec<_> = list
+            .iter()
+            .filter(|c| c.labels.get("io.kernelbox.session").map(String::as_str) == Some(session))
+            .collect();
+        assert_eq!(found.len(), 1, "one kernel of {session}: {list:?}");
+        let info = docker()
+            .await
+            .inspect_container(&found[0].id, None)
+            .await
+            .expect("inspect");
+        let host = info.host_config.expect("host config");
+        assert_eq!(host.memory, Some(256 * MIB), "{session}");
+        assert_eq!(host.nano_cpus, Some(500_000_000), "{session}");
+    }
+    served.finish().await;
+}

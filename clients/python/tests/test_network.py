@@ -78,7 +78,11 @@ def test_a_tenant_without_network_cannot_set_one(net_server: Tuple[Server, int])
         with pytest.raises(BadRequest) as e:
             s.set_network(allow=["pypi"])
         assert e.value.code == "network_not_allowed"
-        assert s.set_network(allow=[], deny=["pypi"]) == 0
+        # Not even a deny-only policy is kept for it; a policy with no entry changes nothing.
+        with pytest.raises(BadRequest) as e:
+            s.set_network(allow=[], deny=["pypi"])
+        assert e.value.code == "network_not_allowed"
+        assert s.set_network(allow=[]) == 0
 
 
 def test_the_async_session_sets_its_network_too(net_server: Tuple[Server, int]) -> None:

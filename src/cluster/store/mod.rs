@@ -12,8 +12,10 @@
 //! |---|---|
 //! | `mod.rs` | [`Store`]: the pool and its bounds, connecting (and migrating), the hop secret |
 //! | `nodes.rs` | leases: register a node with a new epoch, renew, expire dead nodes, list, drain, leave |
+//! | `config.rs` | sessions' network policies and settings: written (bounded per tenant, refused for a session live on another node), loaded at a claim, forgotten with the session |
 //! | `sessions.rs` | where sessions live: look up, claim (with the tenant's cluster-wide cap), release, count a tenant's live sessions; a `kb_kernels` row as a catalog entry |
 
+mod config;
 mod nodes;
 mod sessions;
 
@@ -25,6 +27,7 @@ use tokio_postgres::NoTls;
 
 use super::error::{db, ClusterError};
 
+pub use config::{ConfigField, ConfigWrite, SessionConfig};
 pub use nodes::{Expired, NodeInfo, NodeRow, NodeState, Renewal, MAX_NODES};
 pub(crate) use sessions::SESSION_ENDS;
 pub use sessions::{Claim, ClaimRequest, Placement, MAX_SHARE_TENANTS};

@@ -19,11 +19,11 @@ pub(crate) const SESSION_ENDS: &str = "UPDATE kb_sessions SET live = false
           AND k.node = $3 AND k.epoch = $4 AND k.state = 'live')";
 
 /// How long a claim waits for its tenant's lock (claims of one tenant go one at a time).
-const CLAIM_LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '2s'";
+pub(super) const CLAIM_LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '2s'";
 
 /// The class of the per-tenant advisory lock [`Store::claim`] takes (`kbtn` in ASCII; the
 /// tenant's `hashtext` is the second key).
-const TENANT_LOCK_CLASS: i32 = 0x6b62_746e;
+pub(super) const TENANT_LOCK_CLASS: i32 = 0x6b62_746e;
 
 /// Where a session lives.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -130,7 +130,7 @@ pub(crate) fn entry_from_row(
 pub const MAX_SHARE_TENANTS: i64 = 4_096;
 
 /// A session's placement, joined with its node's row (`$1` tenant, `$2` session).
-const PLACEMENT: &str = "
+pub(super) const PLACEMENT: &str = "
 SELECT s.node, s.epoch, s.live, coalesce(n.advertise, ''),
        coalesce(n.state = 'live' AND n.epoch = s.epoch, false)
 FROM kb_sessions s LEFT JOIN kb_nodes n ON n.name = s.node
@@ -143,7 +143,7 @@ SELECT count(*) FROM kb_sessions s
 JOIN kb_nodes n ON n.name = s.node AND n.epoch = s.epoch AND n.state = 'live'
 WHERE s.tenant = $1 AND s.live AND s.session <> $2";
 
-fn placement_from_row(row: &tokio_postgres::Row) -> Result<Placement, ClusterError> {
+pub(super) fn placement_from_row(row: &tokio_postgres::Row) -> Result<Placement, ClusterError> {
     let op = "read placement";
     Ok(Placement {
         node: row.try_get(0).map_err(db(op))?,

@@ -329,9 +329,6 @@ fn parse_execute(
             format!("task_id is limited to {MAX_TASK_ID} bytes"),
         ));
     }
-    if let Some(network) = &body.network {
-        set_session_network(state, tenant, &session, network)?;
-    }
     let allowed = tenant.tools.as_ref().map(|t| &t.allow);
     let tools: BTreeSet<String> = match body.tools {
         None => allowed.cloned().unwrap_or_default(),
@@ -403,7 +400,11 @@ async fn execute(
         let result = run_cell(&state, &tenant, session, body).await?;
         return Ok(Json(result).into_response());
     }
+    let network = body.network.clone().map(|n| (session.clone(), n));
     let request = parse_execute(&state, &tenant, session, body).map_err(|e| invalid(&state, e))?;
+    if let Some((session, network)) = &network {
+        set_session_network(&state, &tenant, session, network).await?;
+    }
     if state.is_draining() {
         return Err(ApiError::shutting_down());
     }
@@ -455,7 +456,11 @@ pub(crate) async fn run_cell(
     session: String,
     body: ExecuteBody,
 ) -> Result<crate::cell::CellResult, ApiError> {
+    let network = body.network.clone().map(|n| (session.clone(), n));
     let request = parse_execute(state, tenant, session, body).map_err(|e| invalid(state, e))?;
+    if let Some((session, network)) = &network {
+        set_session_network(state, tenant, session, network).await?;
+    }
     if state.is_draining() {
         return Err(ApiError::shutting_down());
     }
@@ -551,31 +556,72 @@ async fn interrupt(
     }
 }
 
+/// A session policy that cannot be set, as the API answers it.
+fn policy_error(state: &AppState, e: crate::egress::SessionPolicyError) -> ApiError {
+    use crate::egress::SessionPolicyError;
+    let e = match e {
+        SessionPolicyError::Invalid(e) => ApiError::bad_request("invalid_network", e.to_string()),
+        e @ SessionPolicyError::TenantHasNone { .. } => {
+            ApiError::bad_request("network_not_allowed", e.to_string())
+        }
+        e @ SessionPolicyError::TooMany { .. } => ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too_many_session_policies",
+            e.to_string(),
+        ),
+    };
+    invalid(state, e)
+}
+
 /// Sets a session's network policy within its tenant's (`docs/reliability.md`, "Network
-/// egress"): kept for the session's kernels, applied at once to the running one.
-fn set_session_network(
+/// egress"): kept for the session's kernels, applied at once to the running one and to one
+/// starting meanwhile. On a cluster node the catalog keeps it first (docs/cluster.md,
+/// "Session policies and settings"), so the session's kernel gets it on any node.
+async fn set_session_network(
     state: &AppState,
     tenant: &Tenant,
     session: &str,
-    policy: &crate::wire::NetworkPolicy,
+    wire: &crate::wire::NetworkPolicy,
 ) -> Result<usize, ApiError> {
-    state
-        .inner
-        .orchestrator
-        .set_network(&tenant.name, session, policy)
-        .map_err(|e| match e {
-            crate::egress::SessionPolicyError::Invalid(e) => {
-                ApiError::bad_request("invalid_network", e.to_string())
-            }
-            e @ crate::egress::SessionPolicyError::TenantHasNone { .. } => {
-                ApiError::bad_request("network_not_allowed", e.to_string())
-            }
-            e @ crate::egress::SessionPolicyError::TooMany { .. } => ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "too_many_session_policies",
-                e.to_string(),
-            ),
-        })
+    let orchestrator = &state.inner.orchestrator;
+    let policy = orchestrator
+        .check_network(&tenant.name, wire)
+        .map_err(|e| policy_error(state, e))?;
+    let version = match state.cluster() {
+        None => None,
+        Some(node) => {
+            let text = policy
+                .as_ref()
+                .map(|_| serde_json::to_string(wire))
+                .transpose();
+            let text = text.map_err(|e| {
+                ApiError::bad_request("invalid_network", format!("the policy as JSON: {e}"))
+            })?;
+            let bytes = policy.as_ref().map_or(0, |(_, bytes)| *bytes);
+            let field = crate::cluster::ConfigField::Network(text.as_deref(), bytes);
+            let written = node
+                .put_session_config(
+                    &tenant.name,
+                    session,
+                    field,
+                    crate::egress::MAX_NETWORK_BYTES_PER_TENANT,
+                )
+                .await?;
+            let Some(version) = written else {
+                return Err(policy_error(
+                    state,
+                    crate::egress::SessionPolicyError::TooMany {
+                        tenant: tenant.name.clone(),
+                        max_bytes: crate::egress::MAX_NETWORK_BYTES_PER_TENANT,
+                    },
+                ));
+            };
+            Some(version)
+        }
+    };
+    orchestrator
+        .apply_network(&tenant.name, session, policy, version)
+        .map_err(|e| policy_error(state, e))
 }
 
 /// `PUT /v1/sessions/{session}/network`: the session's policy, applied at once; answers how
@@ -592,7 +638,7 @@ async fn network(
         .await
         .map_err(|e| invalid(&state, e))?;
     let policy: crate::wire::NetworkPolicy = json_object(&bytes).map_err(|e| invalid(&state, e))?;
-    let closed = set_session_network(&state, &tenant, &session, &policy)?;
+    let closed = set_session_network(&state, &tenant, &session, &policy).await?;
     Ok(Json(json!({"closed": closed})))
 }
 
@@ -602,12 +648,17 @@ async fn clear(
     session: Result<Path<String>, PathRejection>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let session = one_name(&state, session)?;
-    match state
-        .inner
-        .orchestrator
+    let orchestrator = &state.inner.orchestrator;
+    let cleared = orchestrator
         .clear_session(Some(&tenant.name), &session)
-        .await
-    {
+        .await;
+    // A deleted session's own network policy and settings go with it, once its kernels are
+    // gone (docs/http-api.md, "Network policy"): from the catalog too on a cluster node.
+    if let Some(node) = state.cluster() {
+        node.forget_session_config(&tenant.name, &session).await?;
+    }
+    orchestrator.forget_session_config(&tenant.name, &session);
+    match cleared {
         0 => Err(ApiError::not_found(format!(
             "session {session:?} has no kernel"
         ))),

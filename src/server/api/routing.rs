@@ -55,10 +55,13 @@ pub(super) async fn route(State(state): State<AppState>, request: Request, next:
     if validate_name("session", &session).is_err() {
         return next.run(request).await;
     }
-    // Only a POST or a PUT may start a kernel (an execute, a command, an upload, a network
-    // policy), so only they claim; reading, removing and interrupting find.
+    // Only a POST or a PUT may start a kernel (an execute, a command, an upload), so only
+    // they claim; reading, removing, interrupting and setting the session's network policy
+    // or settings (kept in the catalog, docs/cluster.md "Session policies and settings")
+    // find: they start nothing, so they never count against a cap.
     let finds = !(request.method() == Method::POST || request.method() == Method::PUT)
-        || is_interrupt(request.uri().path());
+        || is_interrupt(request.uri().path())
+        || is_session_config(request.uri().path());
     let kind = match named {
         // An MCP request naming its session may start its kernel; one in an MCP session's
         // own is served where that session lives.
@@ -72,6 +75,17 @@ pub(super) async fn route(State(state): State<AppState>, request: Request, next:
         .await
     {
         Ok(Route::Here { claimed }) => {
+            // A session claimed here starts its kernel under its policy and settings as the
+            // catalog has them (docs/cluster.md, "Session policies and settings").
+            if claimed {
+                if let Err(e) = node
+                    .load_session_config(&state, &tenant.name, &session)
+                    .await
+                {
+                    node.release(&tenant.name, &session);
+                    return e.into_response();
+                }
+            }
             let response = next.run(request).await;
             // A claim whose request started no kernel (refused, invalid) is given back, so
             // failed requests leave no live session behind.
@@ -92,6 +106,12 @@ pub(super) async fn route(State(state): State<AppState>, request: Request, next:
         },
         Err(e) => e.into_response(),
     }
+}
+
+/// `/v1/sessions/{session}/network` or `/v1/sessions/{session}/settings`.
+fn is_session_config(path: &str) -> bool {
+    let mut parts = path.split('/').skip(4);
+    matches!(parts.next(), Some("network" | "settings")) && parts.next().is_none()
 }
 
 /// `/v1/sessions/{session}/interrupt` (not a file of that name).

@@ -43,7 +43,32 @@ pub(super) async fn put(
     let bounds = tenant.session_limits.bounds(orchestrator.config());
     let settings = Settings::check(&wire, &bounds).map_err(|e| invalid(&state, e.into()))?;
     let answer = settings.to_wire();
-    let restart_required = orchestrator.set_settings(Some(&tenant.name), &session, settings)?;
+    let restart_required = match state.cluster() {
+        None => orchestrator.set_settings(Some(&tenant.name), &session, settings)?,
+        // The catalog keeps them first, so the session's kernel gets them on any node
+        // (docs/cluster.md, "Session policies and settings").
+        Some(node) => {
+            let text = serde_json::to_string(&answer).map_err(|e| {
+                ApiError::bad_request("invalid_settings", format!("the settings as JSON: {e}"))
+            })?;
+            let field = crate::cluster::ConfigField::Settings(Some(&text), settings.bytes());
+            let written = node
+                .put_session_config(
+                    &tenant.name,
+                    &session,
+                    field,
+                    crate::settings::MAX_SETTINGS_BYTES_PER_TENANT,
+                )
+                .await?;
+            let Some(version) = written else {
+                return Err(SettingsError::TooMany {
+                    tenant: tenant.name.clone(),
+                }
+                .into());
+            };
+            orchestrator.set_settings_at(&tenant.name, &session, Some(settings), version)?
+        }
+    };
     Ok(Json(SettingsApplied {
         settings: answer,
         restart_required,
@@ -57,10 +82,27 @@ pub(super) async fn get(
     session: Result<Path<String>, PathRejection>,
 ) -> Result<Json<SessionSettings>, ApiError> {
     let session = one_name(&state, session)?;
-    let settings = state
-        .inner
-        .orchestrator
-        .settings(Some(&tenant.name), &session);
+    let orchestrator = &state.inner.orchestrator;
+    // On a cluster node, the catalog's unless the session's kernel is here (the request was
+    // routed to the node holding it).
+    if let Some(node) = state
+        .cluster()
+        .filter(|_| !orchestrator.has_session(&tenant.name, &session))
+    {
+        let kept = node.session_config(&tenant.name, &session).await?;
+        let wire = match kept.settings {
+            None => SessionSettings::default(),
+            Some(text) => serde_json::from_str(&text).map_err(|e| {
+                ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "catalog_unreadable",
+                    format!("the session's settings in the cluster catalog cannot be read: {e}"),
+                )
+            })?,
+        };
+        return Ok(Json(wire));
+    }
+    let settings = orchestrator.settings(Some(&tenant.name), &session);
     Ok(Json(settings.to_wire()))
 }
 

@@ -6,12 +6,14 @@
 //! |---|---|
 //! | `mod.rs` | [`ClusterNode`]: this node's name, address, epoch and lease, what it last read of the other nodes, the placements it remembers, its settings and counters |
 //! | `lease.rs` | the lease loop: renew, expire dead nodes, refresh the view of the nodes, fence and rejoin |
+//! | `config.rs` | sessions' network policies and settings in the catalog: written by a `PUT`, loaded by a claim, forgotten with the session |
 //! | `route.rs` | where a session's request is served: here, one hop away, or refused (asked by the middleware in `server/api/routing.rs`) |
 //! | `forward.rs` | the hop: the request streamed to the node that holds the session, its answer streamed back |
 //! | `drain.rs` | draining: no new sessions, the deadline past which what is left is ended `node_drained`, the drain a stop waits for |
 //! | `admin.rs` | `GET /v1/nodes`, `POST /v1/nodes/{node}/drain`, `GET /v1/nodes/{node}/kernels`, behind the admin token |
 
 mod admin;
+mod config;
 mod drain;
 mod forward;
 mod lease;

@@ -433,6 +433,15 @@ impl Tenants {
             .collect()
     }
 
+    /// Each tenant's `session_limits`, for those that set any.
+    pub fn session_limits(&self) -> std::collections::BTreeMap<String, crate::settings::Limits> {
+        self.by_hash
+            .values()
+            .filter(|t| t.session_limits != crate::settings::Limits::default())
+            .map(|t| (t.name.clone(), t.session_limits))
+            .collect()
+    }
+
     /// The tenants whose idle kernels hibernate (`"hibernate": true`).
     pub fn hibernating(&self) -> std::collections::BTreeSet<String> {
         self.by_hash

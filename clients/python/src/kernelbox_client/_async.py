@@ -236,8 +236,8 @@ class AsyncSession:
         entries are presets (`pypi`), hosts (`example.com`, `*.example.com`) or address ranges,
         each optionally with `:PORT`; deny wins. It is intersected with the tenant's policy and
         applied at once to the running kernel; returns how many of its connections it closed.
-        A bad entry raises `BadRequest` (`invalid_network`); any allowed entry, for a tenant
-        with no network, `BadRequest` (`network_not_allowed`)."""
+        A bad entry raises `BadRequest` (`invalid_network`); any entry (allowed or denied), for
+        a tenant with no network, `BadRequest` (`network_not_allowed`): nothing is kept."""
         return _wire.closed(await self.client._send(_wire.network_call(self.name, allow, deny)))
 
     async def set_settings(
