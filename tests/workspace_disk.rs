@@ -102,6 +102,7 @@ async fn a_sparse_file_never_makes_a_workspace_tar_larger_than_its_disk() {
     let mut acme = http::tenant("acme", "tok-a");
     acme["workspaces"] = ws;
     let dir = std::env::temp_dir().join(format!("kernelbox-workspaces-{}", unique("ws-sparse")));
+    let _leftovers = Leftovers(dir.clone());
     let images = dir.clone();
     let tenants = http::tenants(vec![acme]);
     let policies = tenants.workspaces();
@@ -241,6 +242,7 @@ async fn finish(srv: http::TestServer, dir: &Path, names: &[&str]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_workspace_holds_no_loop_device_and_freed_blocks_go_back_to_the_host() {
     let dir = std::env::temp_dir().join(format!("kernelbox-workspaces-{}", unique("ws-loop")));
+    let _leftovers = Leftovers(dir.clone());
     let srv = workspace_server("ws-loop", &dir, None).await;
     let api = &srv.api;
     assert!(loops(&dir).is_empty());
@@ -256,7 +258,8 @@ async fn an_idle_workspace_holds_no_loop_device_and_freed_blocks_go_back_to_the_
         .await;
     assert_eq!(r["output"], "ok\n", "{r}");
     assert_eq!(loops(&dir).len(), 1, "{:?}", loops(&dir));
-    assert!(image_bytes(&dir) >= 8 << 20, "{}", image_bytes(&dir));
+    let written = image_bytes(&dir);
+    assert!(written >= 8 << 20, "{written}");
     // Freed blocks go back to the host (`discard`).
     let r = api
         .run(
@@ -270,6 +273,10 @@ async fn an_idle_workspace_holds_no_loop_device_and_freed_blocks_go_back_to_the_
         image_bytes(&dir) < 4 << 20
     })
     .await;
+    eprintln!(
+        "image: {written} bytes taken, {} after the delete",
+        image_bytes(&dir)
+    );
 
     // Its kernel gone, the workspace holds no loop device; its next kernel attaches it again
     // and finds its files.
@@ -297,6 +304,7 @@ async fn an_idle_workspace_holds_no_loop_device_and_freed_blocks_go_back_to_the_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_workspace_past_the_host_wide_bound_is_refused() {
     let dir = std::env::temp_dir().join(format!("kernelbox-workspaces-{}", unique("ws-bound")));
+    let _leftovers = Leftovers(dir.clone());
     // Room for two 16 MiB workspaces, not three (the tenant's own max is 4).
     let srv = workspace_server("ws-bound", &dir, Some(40 << 20)).await;
     let api = &srv.api;
@@ -323,4 +331,38 @@ async fn a_workspace_past_the_host_wide_bound_is_refused() {
     let r = api.run("tok-a", "c", "print('ok')").await;
     assert_eq!(r["output"], "ok\n", "{r}");
     finish(srv, &dir, &["a", "c"]).await;
+}
+
+/// Whatever a failing test made in its images' directory `0` goes (a shared engine, a shared
+/// host): the workspace volumes of that directory, their loop devices and the images.
+struct Leftovers(PathBuf);
+
+impl Drop for Leftovers {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        use sha2::Digest;
+        let run = |args: &[&str]| {
+            std::process::Command::new(args[0])
+                .args(&args[1..])
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_default()
+        };
+        let hash = hex::encode(sha2::Sha256::digest(self.0.as_os_str().as_encoded_bytes()));
+        let filter = format!("label=io.kernelbox.workspace-dir={}", &hash[..16]);
+        for v in run(&["docker", "volume", "ls", "-q", "--filter", &filter]).split_whitespace() {
+            for c in
+                run(&["docker", "ps", "-aq", "--filter", &format!("volume={v}")]).split_whitespace()
+            {
+                run(&["docker", "rm", "-f", c]);
+            }
+            run(&["docker", "volume", "rm", v]);
+        }
+        for dev in loops(&self.0) {
+            run(&["losetup", "-d", &dev]);
+        }
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
