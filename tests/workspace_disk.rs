@@ -366,3 +366,73 @@ impl Drop for Leftovers {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// A writer the test's log goes to.
+#[derive(Clone, Default)]
+struct Log(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Log {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn start_warns_when_the_quotas_pass_the_free_space_and_bounds_by_it() {
+    use kernelbox::config::WorkspacePolicy;
+    use kernelbox::workspace::Workspaces;
+    let dir = std::env::temp_dir().join(format!("kernelbox-workspaces-{}", unique("ws-warn")));
+    let _leftovers = Leftovers(dir.clone());
+    let start = |tenants: &[(&str, u64, usize)], total: Option<u64>| {
+        let log = Log::default();
+        let writer = log.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        let config = WorkspacesConfig {
+            dir: dir.clone(),
+            tenants: tenants
+                .iter()
+                .map(|(name, quota_bytes, max)| {
+                    (
+                        name.to_string(),
+                        WorkspacePolicy {
+                            quota_bytes: *quota_bytes,
+                            ttl: std::time::Duration::from_secs(3600),
+                            max: *max,
+                        },
+                    )
+                })
+                .collect(),
+            total_bytes: total,
+        };
+        let engine: std::sync::Arc<dyn kernelbox::docker::Engine> =
+            std::sync::Arc::new(kernelbox::docker::fake::FakeEngine::default());
+        let ws = tracing::subscriber::with_default(subscriber, || {
+            Workspaces::new(engine, config, Default::default()).expect("workspaces")
+        });
+        let text =
+            String::from_utf8_lossy(&log.0.lock().unwrap_or_else(|p| p.into_inner())).into_owned();
+        (ws.total_bytes(), text)
+    };
+    // 100 workspaces of 1 PiB are more than any test host's disk: warned, and bounded by it.
+    let (bound, log) = start(&[("acme", 1 << 50, 100)], None);
+    assert!(
+        log.contains("more than the workspaces' directory has free"),
+        "{log}"
+    );
+    assert!(bound > 0 && bound < 1 << 50, "{bound}");
+    // Small quotas: no warning; a configured bound is the bound.
+    let (bound, log) = start(&[("acme", 16 << 20, 4)], Some(40 << 20));
+    assert!(!log.contains("WARN"), "{log}");
+    assert_eq!(bound, 40 << 20);
+    let _ = std::fs::remove_dir_all(&dir);
+}
