@@ -644,8 +644,8 @@ def disk_bytes(fd):
 
 
 def data_map(fd, size):
-    """The (offset, length) extents of fd that hold data (SEEK_DATA/SEEK_HOLE); the whole
-    file when the file system cannot say."""
+    """The (offset, length) extents of fd that hold data (SEEK_DATA/SEEK_HOLE); None when the
+    file system cannot say."""
     extents = []
     offset = 0
     try:
@@ -662,7 +662,7 @@ def data_map(fd, size):
             extents.append((start, end - start))
             offset = end
     except (OSError, AttributeError):
-        return [(0, size)]
+        return None
     if not extents or sum(extents[-1]) < size:
         # A file that ends in a hole says its end with an empty extent (as GNU tar does).
         extents.append((size, 0))
@@ -771,8 +771,12 @@ def add_tree(archive, dfd, prefix, budget, links):
                     continue
                 if fst.st_nlink > 1:
                     links[key] = path
+                extents = None
                 if fst.st_blocks * 512 < fst.st_size:
                     extents = data_map(f.fileno(), fst.st_size)
+                if extents is not None and sum(n for _, n in extents) < fst.st_size:
+                    # Holes the file system told apart: only the data goes (a file whose holes
+                    # cannot be told goes whole, within the budget).
                     body = SparseBody(f.fileno(), extents)
                     budget.take(body.size, path)
                     info.name = "GNUSparseFile.0/" + path

@@ -364,6 +364,7 @@ impl Drop for Leftovers {
             run(&["losetup", "-d", &dev]);
         }
         let _ = std::fs::remove_dir_all(&self.0);
+        let _ = std::fs::remove_dir_all(self.0.with_extension("out"));
     }
 }
 
