@@ -634,7 +634,96 @@ def listing(fd):
     return entries, truncated
 
 
-def add_tree(archive, dfd, prefix):
+def disk_bytes(fd):
+    """The size of the file system holding fd, bytes: no file on it holds more data."""
+    try:
+        st = os.fstatvfs(fd)
+        return st.f_blocks * st.f_frsize
+    except OSError:
+        return 0
+
+
+def data_map(fd, size):
+    """The (offset, length) extents of fd that hold data (SEEK_DATA/SEEK_HOLE); None when the
+    file system cannot say."""
+    extents = []
+    offset = 0
+    try:
+        while offset < size:
+            try:
+                start = os.lseek(fd, offset, os.SEEK_DATA)
+            except OSError as e:
+                if e.errno == errno.ENXIO:
+                    break
+                raise
+            end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
+            if end <= start:
+                break
+            extents.append((start, end - start))
+            offset = end
+    except (OSError, AttributeError):
+        return None
+    if not extents or sum(extents[-1]) < size:
+        # A file that ends in a hole says its end with an empty extent (as GNU tar does).
+        extents.append((size, 0))
+    return extents
+
+
+class SparseBody:
+    """A sparse member's data in the PAX 1.0 sparse format (what GNU tar and Python's tarfile
+    read): the map as decimal lines padded to a block, then only the extents that hold data.
+    A file that shrinks while read is padded with zeros (the member stays well formed)."""
+
+    def __init__(self, fd, extents):
+        lines = [str(len(extents))]
+        for offset, length in extents:
+            lines += [str(offset), str(length)]
+        head = ("\n".join(lines) + "\n").encode()
+        self.head = head + bytes(-len(head) % 512)
+        self.fd = fd
+        self.extents = list(extents)
+        self.size = len(self.head) + sum(length for _, length in extents)
+
+    def read(self, n):
+        # Exactly n bytes until the end (tarfile's copy takes a short read for an end).
+        out = []
+        if self.head:
+            out.append(self.head[:n])
+            self.head = self.head[n:]
+            n -= len(out[0])
+        while n and self.extents:
+            offset, length = self.extents[0]
+            if length == 0:
+                self.extents.pop(0)
+                continue
+            want = min(n, length, CHUNK)
+            data = os.pread(self.fd, want, offset) or bytes(want)
+            self.extents[0] = (offset + len(data), length - len(data))
+            out.append(data)
+            n -= len(data)
+        return b"".join(out)
+
+
+class Budget:
+    """The data a tar may carry: what the file system under /work can hold. Sparse files and
+    hard links are written as such, so a tar of a workspace never needs more; one that would
+    is refused (docs/reliability.md, "Files")."""
+
+    def __init__(self, limit):
+        self.limit = limit
+        self.used = 0
+
+    def take(self, n, path):
+        self.used += n
+        if self.limit and self.used > self.limit:
+            raise Refused(
+                "larger_than_disk",
+                "the tar would carry more than the %d bytes the file system holds (at %s)"
+                % (self.limit, path),
+            )
+
+
+def add_tree(archive, dfd, prefix, budget, links):
     import tarfile
 
     for entry in sorted(os.scandir(dfd), key=lambda e: e.name):
@@ -657,7 +746,7 @@ def add_tree(archive, dfd, prefix):
             try:
                 info.type = tarfile.DIRTYPE
                 archive.addfile(info)
-                add_tree(archive, sub, path + "/")
+                add_tree(archive, sub, path + "/", budget, links)
             finally:
                 os.close(sub)
         elif stat.S_ISLNK(st.st_mode):
@@ -673,6 +762,34 @@ def add_tree(archive, dfd, prefix):
                 fst = os.fstat(f.fileno())
                 if not stat.S_ISREG(fst.st_mode):
                     continue
+                key = (fst.st_dev, fst.st_ino)
+                if fst.st_nlink > 1 and key in links:
+                    # Another name of a file already in the archive: a hard link to it.
+                    info.type = tarfile.LNKTYPE
+                    info.linkname = links[key]
+                    archive.addfile(info)
+                    continue
+                if fst.st_nlink > 1:
+                    links[key] = path
+                extents = None
+                if fst.st_blocks * 512 < fst.st_size:
+                    extents = data_map(f.fileno(), fst.st_size)
+                if extents is not None and sum(n for _, n in extents) < fst.st_size:
+                    # Holes the file system told apart: only the data goes (a file whose holes
+                    # cannot be told goes whole, within the budget).
+                    body = SparseBody(f.fileno(), extents)
+                    budget.take(body.size, path)
+                    info.name = "GNUSparseFile.0/" + path
+                    info.size = body.size
+                    info.pax_headers = {
+                        "GNU.sparse.major": "1",
+                        "GNU.sparse.minor": "0",
+                        "GNU.sparse.name": path,
+                        "GNU.sparse.realsize": str(fst.st_size),
+                    }
+                    archive.addfile(info, body)
+                    continue
+                budget.take(fst.st_size, path)
                 info.size = fst.st_size
                 archive.addfile(info, f)
 
@@ -706,7 +823,7 @@ def op_read(parts, as_tar):
                 with tarfile.open(
                     fileobj=DataOut(), mode="w|", format=tarfile.PAX_FORMAT, bufsize=CHUNK
                 ) as archive:
-                    add_tree(archive, fd, "")
+                    add_tree(archive, fd, "", Budget(disk_bytes(fd)), {})
                 return {"ok": True}
             entries, truncated = listing(fd)
             header({"kind": "dir", "entries": entries, "truncated": truncated})
@@ -714,6 +831,15 @@ def op_read(parts, as_tar):
         if not stat.S_ISREG(st.st_mode):
             raise Refused("not_a_file", "/".join(parts) + " is not a regular file")
         size = st.st_size
+        limit = disk_bytes(fd)
+        if limit and size > limit:
+            # Only a sparse file is larger than its file system: its holes would stream as
+            # zeros without end (docs/reliability.md, "Files").
+            raise Refused(
+                "larger_than_disk",
+                "%s is %d bytes, more than its file system holds (%d bytes): a sparse file; "
+                "download its directory as a tar" % ("/".join(parts), size, limit),
+            )
         header({"kind": "file", "size": size})
         send_file(fd, size)
         return {"ok": True, "size": size}

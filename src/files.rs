@@ -246,6 +246,7 @@ impl TransferError {
             "tar_member_refused" => refused("tar_member_refused"),
             "invalid_tar" => refused("invalid_tar"),
             "invalid_path" => refused("invalid_path"),
+            "larger_than_disk" => refused("larger_than_disk"),
             "aborted" => TransferError::Body(message),
             _ => TransferError::Helper(format!("{code}: {message}")),
         }

@@ -57,6 +57,7 @@ impl World {
                     )
                 })
                 .collect(),
+            total_bytes: None,
         });
         config
     }
@@ -355,6 +356,7 @@ async fn the_api_lists_and_deletes_a_tenants_own_workspaces_and_an_upload_past_t
         c.workspaces = Some(WorkspacesConfig {
             dir: images,
             tenants: policies,
+            total_bytes: None,
         })
     })
     .await;
@@ -472,6 +474,7 @@ async fn a_workspace_goes_out_and_in_as_a_tar_without_its_sessions_kernel() {
         c.workspaces = Some(WorkspacesConfig {
             dir: images,
             tenants: policies,
+            total_bytes: None,
         })
     })
     .await;

@@ -77,6 +77,11 @@ pub(crate) struct ServeArgs {
     /// Default: the state directory's `workspaces`.
     #[arg(long, env = "KERNELBOX_WORKSPACE_DIR")]
     workspace_dir: Option<PathBuf>,
+    /// The most bytes of quota all workspaces of this host may add up to (e.g. 500g); a new
+    /// workspace past it is refused (507). Default: what the workspace directory's disk can
+    /// hold for them at start (its free space plus what the images already take).
+    #[arg(long, env = "KERNELBOX_WORKSPACE_TOTAL", value_parser = parse_bytes)]
+    workspace_total: Option<i64>,
     /// Audit the tenant without a tenants file: one hash-chained JSON line per cell and
     /// command (docs/usage.md, "Audit trail"). With --tenants, give each tenant its `audit`.
     #[arg(long, env = "KERNELBOX_AUDIT")]
@@ -359,6 +364,7 @@ fn workspaces_config(
     Ok(Some(kernelbox::config::WorkspacesConfig {
         dir,
         tenants: policies,
+        total_bytes: args.workspace_total.map(|t| t.max(0) as u64),
     }))
 }
 

@@ -13,6 +13,11 @@ pub struct WorkspacesConfig {
     pub dir: PathBuf,
     /// Each tenant's policy; a tenant not here has no workspaces.
     pub tenants: BTreeMap<String, WorkspacePolicy>,
+    /// The most bytes of quota all workspaces in `dir` may add up to (their images' sizes):
+    /// a new workspace past it is refused. `None`: what the directory's file system can hold
+    /// for them, measured at start (its free bytes plus what the images there already take;
+    /// `docs/reliability.md`, "Workspace disks and tars").
+    pub total_bytes: Option<u64>,
 }
 
 /// One tenant's workspaces: how big each may grow, how long one is kept after its last

@@ -226,7 +226,9 @@ impl Engine for BollardEngine {
             driver_opts: Some(HashMap::from([
                 ("type".to_string(), fstype.to_string()),
                 ("device".to_string(), device.to_string()),
-                ("o".to_string(), "nosuid,nodev".to_string()),
+                // `discard`: blocks a cell frees go back to the host (the loop device punches
+                // them out of the image; docs/workspaces.md, "Quota").
+                ("o".to_string(), "nosuid,nodev,discard".to_string()),
             ])),
             labels: Some(labels.clone().into_iter().collect()),
             ..Default::default()

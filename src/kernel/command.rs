@@ -1,9 +1,12 @@
 //! A shell command beside the kernel (`docs/contract.md`, "Commands"): a process run in the
 //! kernel's container by the engine's exec, as the kernel's user, in its sandbox and working
-//! directory, its stdout and stderr read apart under the cell output caps. It starts as the
-//! leader of its own process group (a small Python program the image has anyway sets it up,
-//! says the group's id on stderr, then `exec`s the command), so a timeout kills that group,
-//! the command's children included, and nothing else: the kernel and its state stay.
+//! directory, its stdout and stderr read apart under the cell output caps. It starts under a
+//! small Python program the image has anyway (the command's leader): a child subreaper, so
+//! every process the command starts stays in the leader's tree whatever it does with its
+//! session or process group (`setsid`, a double fork, `setpgid`), that says its process id and
+//! its output pipes on stderr, then forks the command (its own process group) and waits for it.
+//! A timeout kills the leader's whole tree and every process still holding the command's
+//! output, and nothing else: the kernel and its state stay (`docs/reliability.md`, "Commands").
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,28 +22,115 @@ use crate::config::{OutputCaps, WORK_DIR};
 use crate::docker::{Chunk, EngineError, ExecSpec};
 use crate::wire::CommandResult;
 
-/// What the group-leader program writes first on stderr: this, the group's id, a newline.
-const PGID_MARKER: &[u8] = b"\x01kernelbox-pgid:";
+/// What the leader writes first on stderr: this, `{pid}:{stdout pipe}:{stderr pipe}`, a newline.
+const LEADER_MARKER: &[u8] = b"\x01kernelbox-command:";
 
-/// The program a command starts through: it becomes its own process group's leader, says
-/// the group's id, changes to the working directory and `exec`s the command.
+/// The program a command starts through (see the module's documentation). It ends with the
+/// command's exit status (128 + the signal when a signal ended it), as the command would.
 const LEADER: &str = "import os, sys
 a = sys.argv[1:]
 try:
-    os.setpgid(0, 0)
-except OSError:
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)
+except Exception:
     pass
-os.write(2, b'\\x01kernelbox-pgid:%d\\n' % os.getpgrp())
-try:
-    os.chdir(a[0])
-    os.execvp(a[1], a[1:])
-except OSError as e:
-    os.write(2, ('kernelbox: cannot run %s in %s: %s\\n' % (a[1], a[0], e.strerror)).encode())
-    os._exit(127)
+def ino(fd):
+    try:
+        return os.fstat(fd).st_ino
+    except OSError:
+        return 0
+os.write(2, b'\\x01kernelbox-command:%d:%d:%d\\n' % (os.getpid(), ino(1), ino(2)))
+child = os.fork()
+if child == 0:
+    try:
+        os.setpgid(0, 0)
+    except OSError:
+        pass
+    try:
+        os.chdir(a[0])
+        os.execvp(a[1], a[1:])
+    except OSError as e:
+        os.write(2, ('kernelbox: cannot run %s in %s: %s\\n' % (a[1], a[0], e.strerror)).encode())
+        os._exit(127)
+os.close(0)
+while True:
+    try:
+        pid, status = os.wait()
+    except ChildProcessError:
+        os._exit(0)
+    if pid == child:
+        code = os.waitstatus_to_exitcode(status)
+        os._exit(code if code >= 0 else 128 - code)
 ";
 
-/// How long the output may take to end once the group was killed at the timeout (a process
-/// outside the group, started with `setsid`, can hold the streams open).
+/// The program that kills a command at its timeout, run by a second exec as the kernel's user:
+/// it stops the leader (so it neither reaps nor leaves), then kills, round after round until a
+/// round finds none, every live descendant of the leader and every process holding one of the
+/// command's output pipes (with their descendants), then the leader. Never the container's
+/// init or itself. Arguments: the leader's pid, its two pipes' inodes.
+const KILLER: &str = "import os, sys
+root = int(sys.argv[1])
+pipes = set('pipe:[%s]' % i for i in sys.argv[2:] if i != '0')
+me = os.getpid()
+def scan():
+    procs = {}
+    for name in os.listdir('/proc'):
+        if not name.isdigit():
+            continue
+        try:
+            s = open('/proc/%s/stat' % name).read()
+        except OSError:
+            continue
+        f = s[s.rindex(')') + 2:].split()
+        procs[int(name)] = (f[0], int(f[1]))
+    return procs
+def holds(pid):
+    try:
+        fds = os.listdir('/proc/%d/fd' % pid)
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink('/proc/%d/fd/%s' % (pid, fd)) in pipes:
+                return True
+        except OSError:
+            pass
+    return False
+try:
+    os.kill(root, 19)
+except OSError:
+    pass
+for _ in range(10000):
+    procs = scan()
+    kids = {}
+    for pid, (state, ppid) in procs.items():
+        kids.setdefault(ppid, []).append(pid)
+    seeds = [root] + [p for p in procs if p not in (1, me, root) and pipes and holds(p)]
+    found, todo = set(), list(seeds)
+    while todo:
+        p = todo.pop()
+        for k in kids.get(p, ()):
+            if k not in found:
+                found.add(k)
+                todo.append(k)
+    found.update(seeds)
+    found -= {1, me, root}
+    live = [p for p in found if p in procs and procs[p][0] not in 'ZX']
+    if not live:
+        break
+    for p in live:
+        try:
+            os.kill(p, 9)
+        except OSError:
+            pass
+try:
+    os.kill(root, 9)
+except OSError:
+    pass
+";
+
+/// How long the output may take to end once the command was killed at the timeout, and how
+/// long the killer may take.
 const KILL_DRAIN: Duration = Duration::from_secs(5);
 
 /// Which stream a piece of a command's output came on.
@@ -65,7 +155,7 @@ pub(crate) struct CommandSpec {
     pub(crate) env: Vec<String>,
     /// Its stdin (then end of file).
     pub(crate) stdin: Bytes,
-    /// Past this its process group is killed.
+    /// Past this its whole tree is killed.
     pub(crate) timeout: Duration,
     /// What each stream keeps.
     pub(crate) caps: OutputCaps,
@@ -73,13 +163,33 @@ pub(crate) struct CommandSpec {
     pub(crate) sink: Option<CommandSink>,
 }
 
-/// The two streams of a command, the group id taken off the front of its stderr.
+/// The leader's process id and the inodes of the command's stdout and stderr pipes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Leader {
+    pid: u32,
+    pipes: [u64; 2],
+}
+
+/// The leader's line after [`LEADER_MARKER`]: `{pid}:{stdout pipe}:{stderr pipe}`.
+fn parse_leader(line: &[u8]) -> Option<Leader> {
+    let text = std::str::from_utf8(line).ok()?;
+    let mut parts = text.split(':');
+    let pid = parts.next()?.parse().ok()?;
+    let out = parts.next()?.parse().ok()?;
+    let err = parts.next()?.parse().ok()?;
+    parts.next().is_none().then_some(Leader {
+        pid,
+        pipes: [out, err],
+    })
+}
+
+/// The two streams of a command, the leader's line taken off the front of its stderr.
 struct Streams {
     stdout: OutputBuffer,
     stderr: OutputBuffer,
-    /// Stderr bytes held until the group's line is complete (at most a line's worth).
+    /// Stderr bytes held until the leader's line is complete (at most a line's worth).
     head: Option<Vec<u8>>,
-    pgid: Option<u32>,
+    leader: Option<Leader>,
     sink: Option<CommandSink>,
 }
 
@@ -97,24 +207,22 @@ impl Streams {
         }
     }
 
-    /// Takes the group's line off the front of stderr once it is whole (or at the end, or
+    /// Takes the leader's line off the front of stderr once it is whole (or at the end, or
     /// when what came cannot be it); what follows is the command's.
     fn take_head(&mut self, end: bool) {
         let Some(head) = self.head.as_ref() else {
             return;
         };
         let newline = head.iter().position(|&b| b == b'\n');
-        let could_be = head.len() < PGID_MARKER.len() + 24
-            && PGID_MARKER.starts_with(&head[..head.len().min(PGID_MARKER.len())]);
+        let could_be = head.len() < LEADER_MARKER.len() + 64
+            && LEADER_MARKER.starts_with(&head[..head.len().min(LEADER_MARKER.len())]);
         if newline.is_none() && could_be && !end {
             return;
         }
         let head = self.head.take().unwrap_or_default();
         let rest = match newline {
-            Some(n) if head.starts_with(PGID_MARKER) => {
-                self.pgid = std::str::from_utf8(&head[PGID_MARKER.len()..n])
-                    .ok()
-                    .and_then(|t| t.parse().ok());
+            Some(n) if head.starts_with(LEADER_MARKER) => {
+                self.leader = parse_leader(&head[LEADER_MARKER.len()..n]);
                 &head[n + 1..]
             }
             _ => &head[..],
@@ -167,7 +275,7 @@ impl Kernel {
             stdout: OutputBuffer::new(spec.caps.inline_bytes, spec.caps.inline_bytes),
             stderr: OutputBuffer::new(spec.caps.inline_bytes, spec.caps.inline_bytes),
             head: Some(Vec::new()),
-            pgid: None,
+            leader: None,
             sink: spec.sink.clone(),
         };
         let stdin = spec.stdin.clone();
@@ -197,12 +305,12 @@ impl Kernel {
         let (_, timed_out) = tokio::join!(write, read);
         let timed_out = timed_out?;
         if timed_out {
-            if let Some(pgid) = streams.pgid {
-                if let Err(e) = self.kill_group(pgid).await {
-                    tracing::warn!(container = %self.short_id(), error = %e, "killing a command's process group");
+            if let Some(leader) = streams.leader {
+                if let Err(e) = self.kill_tree(leader).await {
+                    tracing::warn!(container = %self.short_id(), error = %e, "killing a command's processes");
                 }
             }
-            // What the group wrote before it died is the command's; bounded.
+            // What the command wrote before it died is the command's; bounded.
             let _ = tokio::time::timeout(KILL_DRAIN, async {
                 while let Some(Ok(chunk)) = output.next().await {
                     streams.chunk(chunk);
@@ -235,17 +343,19 @@ impl Kernel {
         })
     }
 
-    /// Kills a command's process group (SIGKILL), from inside the container as the kernel's
+    /// Kills a command's processes ([`KILLER`]), from inside the container as the kernel's
     /// user, and waits for the killer to end (bounded).
-    async fn kill_group(&self, pgid: u32) -> Result<(), EngineError> {
+    async fn kill_tree(&self, leader: Leader) -> Result<(), EngineError> {
         let exec = ExecSpec {
             cmd: vec![
                 "python3".into(),
                 "-I".into(),
                 "-S".into(),
                 "-c".into(),
-                "import os, sys\nos.killpg(int(sys.argv[1]), 9)".into(),
-                pgid.to_string(),
+                KILLER.into(),
+                leader.pid.to_string(),
+                leader.pipes[0].to_string(),
+                leader.pipes[1].to_string(),
             ],
             user: self.user.clone(),
             working_dir: WORK_DIR.to_string(),

@@ -426,6 +426,12 @@ impl Kernel {
             spill_dir,
             sockets,
         } = created;
+        // The workspace's loop device stays held until the container is started: its mount
+        // holds it from then on (`docs/workspaces.md`, "Quota").
+        let (workspace, _device) = match workspace {
+            Some(w) => (Some(w.info), Some(w.hold)),
+            None => (None, None),
+        };
         give_way(&yield_to).await?;
         let attached = engine.attach(&id).await?;
         let kernel = Kernel::on_streams(
@@ -435,7 +441,7 @@ impl Kernel {
                 volume,
                 spill_dir,
                 sockets,
-                workspace: workspace.map(|w| w.info),
+                workspace,
                 user: spec.sandbox.user.clone(),
                 helper_idle: file_transfer.helper_idle,
                 tracker,

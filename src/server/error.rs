@@ -85,6 +85,15 @@ impl From<ExecuteError> for ApiError {
                     w.to_string(),
                 )
             }
+            ExecuteError::Kernel(crate::kernel::KernelError::Workspace(w))
+                if matches!(w, crate::workspace::WorkspaceError::HostFull { .. }) =>
+            {
+                ApiError::new(
+                    StatusCode::INSUFFICIENT_STORAGE,
+                    "workspaces_full",
+                    w.to_string(),
+                )
+            }
             ExecuteError::Kernel(_) => ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "kernel_unavailable",

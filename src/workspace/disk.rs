@@ -1,7 +1,14 @@
 //! A workspace's disk: a sparse image file of the quota's size holding an ext4 file system,
 //! attached to a loop device the engine mounts as the workspace's volume
 //! (`docs/workspaces.md`, "Quota"). The file never grows past its size, so a full workspace
-//! gives `ENOSPC` inside and takes nothing more from the host.
+//! gives `ENOSPC` inside and takes nothing more from the host; mounted with `discard`, the
+//! blocks a cell frees go back to the host.
+//!
+//! A loop device is held only while the workspace is used: [`attach`] binds it (or finds it
+//! bound), opens it (a [`DeviceHold`]) and marks it to be released by the kernel when its
+//! last user closes it (`losetup -d` on a device in use sets its autoclear). The hold lasts
+//! until the kernel's container is started (its mount then holds the device); when the
+//! container stops and the engine unmounts the volume, the device goes.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
@@ -106,12 +113,42 @@ async fn attached(path: &Path) -> Result<Vec<String>, WorkspaceError> {
         .collect())
 }
 
-/// The loop device of the image `path`, attached now if it is not yet.
-pub(super) async fn attach(path: &Path) -> Result<String, WorkspaceError> {
-    if let Some(dev) = attached(path).await?.into_iter().next() {
-        return Ok(dev);
+/// An open loop device: while any clone of it lives, the device stays bound to its image
+/// (see the module's documentation). Equal to any other (it is no part of what a workspace
+/// is).
+#[derive(Debug, Clone, Default)]
+pub struct DeviceHold {
+    _device: Option<std::sync::Arc<std::fs::File>>,
+}
+
+impl PartialEq for DeviceHold {
+    fn eq(&self, _: &Self) -> bool {
+        true
     }
+}
+
+impl Eq for DeviceHold {}
+
+/// How many times [`attach`] tries when the device it found went between finding and opening
+/// it (its last user closed it just then).
+const ATTACH_TRIES: usize = 3;
+
+/// Binds the image `path` to a loop device: `preferred` when it is free (the device its volume
+/// already names, so the volume need not be made anew), else the first free one.
+async fn bind(path: &Path, preferred: Option<&str>) -> Result<String, WorkspaceError> {
     let target = path.to_string_lossy();
+    if let Some(dev) = preferred.filter(|d| d.starts_with("/dev/loop")) {
+        if run(
+            "attach the workspace to a loop device",
+            "losetup",
+            &[dev, &target],
+        )
+        .await
+        .is_ok()
+        {
+            return Ok(dev.to_string());
+        }
+    }
     let out = run(
         "attach the workspace to a loop device",
         "losetup",
@@ -127,6 +164,64 @@ pub(super) async fn attach(path: &Path) -> Result<String, WorkspaceError> {
             message: format!("losetup printed {dev:?}"),
         })
     }
+}
+
+/// The loop device of the image `path` (bound now if it is not yet; `preferred` as
+/// [`bind`] takes it), held open, and marked to go when its last user closes it.
+pub(super) async fn attach(
+    path: &Path,
+    preferred: Option<&str>,
+) -> Result<(String, DeviceHold), WorkspaceError> {
+    for _ in 0..ATTACH_TRIES {
+        let dev = match attached(path).await?.into_iter().next() {
+            Some(dev) => dev,
+            None => bind(path, preferred).await?,
+        };
+        let Ok(file) = std::fs::File::open(&dev) else {
+            continue;
+        };
+        // Still this image's once held: bound to it until the hold and every mount are gone.
+        if !attached(path).await?.contains(&dev) {
+            continue;
+        }
+        run(
+            "mark the workspace's loop device for release",
+            "losetup",
+            &["-d", &dev],
+        )
+        .await?;
+        return Ok((
+            dev,
+            DeviceHold {
+                _device: Some(std::sync::Arc::new(file)),
+            },
+        ));
+    }
+    Err(WorkspaceError::Tool {
+        op: "attach the workspace to a loop device",
+        message: format!("its loop device went {ATTACH_TRIES} times while it was opened"),
+    })
+}
+
+/// Bytes of the file system holding `dir` that are free for unprivileged use, or `None`
+/// when it cannot be read.
+pub(super) fn free_bytes(dir: &Path) -> Option<u64> {
+    let st = rustix::fs::statvfs(dir).ok()?;
+    Some(st.f_bavail.saturating_mul(st.f_frsize))
+}
+
+/// The workspace images in `dir`: each one's size (its quota) and the bytes it takes.
+pub(super) fn images(dir: &Path) -> Vec<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".img"))
+        .filter_map(|e| e.metadata().ok())
+        .filter(|m| m.is_file())
+        .map(|m| (m.len(), (m.blocks() * 512).min(m.len())))
+        .collect()
 }
 
 /// Detaches the image from its loop devices and deletes it; a missing image is a success.

@@ -13,6 +13,8 @@
 
 mod disk;
 
+pub use disk::DeviceHold;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -85,6 +87,19 @@ pub enum WorkspaceError {
         /// The tenant.
         tenant: String,
     },
+    /// A new workspace would take the host's workspaces past their host-wide bound.
+    #[error(
+        "this host's workspaces hold {held} bytes of quota; one more of {quota} bytes would pass \
+         the host-wide bound of {limit} bytes; delete a workspace first"
+    )]
+    HostFull {
+        /// Quota bytes the workspaces of this host hold.
+        held: u64,
+        /// The new workspace's quota.
+        quota: u64,
+        /// The bound (`WorkspacesConfig::total_bytes`).
+        limit: u64,
+    },
 }
 
 /// One workspace as its tenant sees it.
@@ -112,12 +127,18 @@ pub struct Prepared {
     /// Which opening of the workspace this is (each [`Workspaces::open`] counts one): what
     /// [`Workspaces::delete_unless_reopened`] checks.
     pub opening: u64,
+    /// Its loop device, held until the kernel's container is started (its mount then holds
+    /// it); dropped, the device goes once no mount uses it (`docs/workspaces.md`, "Quota").
+    pub hold: DeviceHold,
 }
 
 /// The workspaces of this host.
 pub struct Workspaces {
     engine: Arc<dyn Engine>,
     config: WorkspacesConfig,
+    /// The most quota bytes all images may add up to (`WorkspacesConfig::total_bytes`, or
+    /// what the directory's disk holds for them at start).
+    total_bytes: u64,
     /// Labels every workspace volume carries besides its own (the configured extras).
     extra_labels: BTreeMap<String, String>,
     /// One change at a time: a sweep never deletes what a start is preparing, two starts
@@ -163,13 +184,74 @@ impl Workspaces {
                 path: config.dir.clone(),
                 source,
             })?;
+        let total_bytes = Self::host_bound(&config);
         Ok(Workspaces {
             engine,
             config,
+            total_bytes,
             extra_labels,
             lock: tokio::sync::Mutex::new(()),
             openings: std::sync::Mutex::default(),
         })
+    }
+
+    /// The host-wide bound on the images' quota bytes (`docs/reliability.md`, "Workspace disks
+    /// and tars"): the configured one, else what the directory's file system holds for them
+    /// now (its free bytes plus what the images already take). Warns when the tenants'
+    /// quotas, or the configured bound, are more than that.
+    fn host_bound(config: &WorkspacesConfig) -> u64 {
+        let images = disk::images(&config.dir);
+        let taken: u64 = images.iter().map(|(_, used)| used).sum();
+        let Some(free) = disk::free_bytes(&config.dir) else {
+            tracing::warn!(dir = %config.dir.display(), "cannot read the free space of the workspaces' directory");
+            return config.total_bytes.unwrap_or(u64::MAX);
+        };
+        let room = free.saturating_add(taken);
+        let allowed: u64 = config
+            .tenants
+            .values()
+            .map(|p| p.quota_bytes.saturating_mul(p.max as u64))
+            .fold(0, u64::saturating_add);
+        let bound = config.total_bytes.unwrap_or(room);
+        if allowed > room {
+            tracing::warn!(
+                dir = %config.dir.display(),
+                quotas = allowed,
+                free = room,
+                bound,
+                "the tenants' workspace quotas add up to more than the workspaces' directory has free; new workspaces past the host-wide bound are refused"
+            );
+        }
+        if bound > room {
+            tracing::warn!(
+                dir = %config.dir.display(),
+                bound,
+                free = room,
+                "the host-wide workspace bound is more than the workspaces' directory has free"
+            );
+        }
+        bound
+    }
+
+    /// The host-wide bound on the workspaces' quota bytes in force.
+    pub fn total_bytes(&self) -> u64 {
+        self.total_bytes
+    }
+
+    /// Refuses a new workspace of `quota` bytes past the host-wide bound.
+    fn check_host_bound(&self, quota: u64) -> Result<(), WorkspaceError> {
+        let held: u64 = disk::images(&self.config.dir)
+            .iter()
+            .map(|(size, _)| size)
+            .sum();
+        if held.saturating_add(quota) > self.total_bytes {
+            return Err(WorkspaceError::HostFull {
+                held,
+                quota,
+                limit: self.total_bytes,
+            });
+        }
+        Ok(())
     }
 
     /// `tenant`'s policy, when it has workspaces.
@@ -253,15 +335,18 @@ impl Workspaces {
                     max: policy.max,
                 });
             }
+            self.check_host_bound(policy.quota_bytes)?;
             disk::create(&image, policy.quota_bytes, uid, gid).await?;
         }
-        let made = self.mount_point(owner, &volume, &image).await;
-        if let Err(e) = made {
-            if !restored {
-                let _ = disk::destroy(&image).await;
+        let hold = match self.mount_point(owner, &volume, &image).await {
+            Ok(hold) => hold,
+            Err(e) => {
+                if !restored {
+                    let _ = disk::destroy(&image).await;
+                }
+                return Err(e);
             }
-            return Err(e);
-        }
+        };
         disk::touch(&image)?;
         let opening = {
             let mut openings = self.openings.lock().unwrap_or_else(|p| p.into_inner());
@@ -277,6 +362,7 @@ impl Workspaces {
                 restored,
             },
             opening,
+            hold,
         })
     }
 
@@ -307,26 +393,31 @@ impl Workspaces {
         }
     }
 
-    /// The volume of the image `image` attached: made, or made anew when it names another
-    /// loop device than the image's (after a reboot).
+    /// The volume of the image `image` attached, and its device held: made, or made anew
+    /// when it names another loop device than the image's (the device the volume names is
+    /// asked for first, so that is rare: another image took it while this one was idle).
     async fn mount_point(
         &self,
         owner: &Owner,
         volume: &str,
         image: &std::path::Path,
-    ) -> Result<(), WorkspaceError> {
-        let device = disk::attach(image).await?;
+    ) -> Result<DeviceHold, WorkspaceError> {
         let (existing, _) = self.volumes(Some(&owner.tenant)).await?;
-        if let Some(v) = existing.iter().find(|v| v.name == volume) {
-            if v.labels.get(DEVICE_LABEL) == Some(&device) {
-                return Ok(());
+        let named = existing
+            .iter()
+            .find(|v| v.name == volume)
+            .and_then(|v| v.labels.get(DEVICE_LABEL).cloned());
+        let (device, hold) = disk::attach(image, named.as_deref()).await?;
+        if existing.iter().any(|v| v.name == volume) {
+            if named.as_ref() == Some(&device) {
+                return Ok(hold);
             }
             remove_volume(self.engine.as_ref(), volume, InUse::Fail).await?;
         }
         self.engine
             .create_device_volume(volume, &self.labels(owner, &device), &device, "ext4")
             .await?;
-        Ok(())
+        Ok(hold)
     }
 
     /// `tenant`'s workspaces.

@@ -132,6 +132,48 @@ async fn a_timeout_kills_the_commands_process_group_and_nothing_else() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_timeout_kills_processes_that_left_the_commands_group_or_session() {
+    // `docs/reliability.md`, "Commands": a `setsid` child, a double fork and a `setpgid`
+    // all stay in the leader's tree, so the timeout kills them with the command.
+    let srv = TestServer::start("cmd-escape", tenants(vec![tenant("acme", "tok")]), |_| {}).await;
+    let first = srv.api.run("tok", "s", "x = 41").await;
+    let escapes = "setsid sleep 301 & (sleep 302 &) ; \
+         python3 -c 'import os; os.setpgid(0, 0); os.execvp(\"sleep\", [\"sleep\", \"303\"])' & \
+         (setsid sh -c 'sleep 304 & sleep 305' &) ; echo started; sleep 306";
+    let r = command(&srv, "s", json!({"command": escapes, "timeout": 2})).await;
+    assert_eq!(r["timed_out"], true, "{r}");
+    assert_eq!(r["stdout"], "started\n", "{r}");
+    // Listed from outside by the engine (`docker top`): no sleep is left.
+    let containers = srv.tenant_containers("acme").await;
+    assert_eq!(containers.len(), 1, "{containers:?}");
+    let top = bollard::Docker::connect_with_defaults()
+        .unwrap()
+        .top_processes(
+            &containers[0],
+            Some(bollard::query_parameters::TopOptions {
+                ps_args: "-eo pid,args".into(),
+            }),
+        )
+        .await
+        .expect("docker top");
+    let left: Vec<String> = top
+        .processes
+        .unwrap_or_default()
+        .into_iter()
+        .map(|p| p.join(" "))
+        .filter(|p| p.contains("sleep 30"))
+        .collect();
+    assert!(left.is_empty(), "left after the timeout: {left:?}");
+    let left = srv.api.run("tok", "s", &count_processes("sleep")).await;
+    assert_eq!(left["output"], "0\n", "{left}");
+    // The kernel and its state stayed.
+    let next = srv.api.run("tok", "s", "print(x + 1)").await;
+    assert_eq!(next["output"], "42\n", "{next}");
+    assert_eq!(next["kernel"]["id"], first["kernel"]["id"], "{next}");
+    srv.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_streamed_command_sends_its_streams_in_order_then_the_result() {
     let srv = TestServer::start("cmd-stream", tenants(vec![tenant("acme", "tok")]), |_| {}).await;
     let mut events = srv

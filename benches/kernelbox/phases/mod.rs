@@ -96,6 +96,7 @@ pub fn config(label: &str) -> Config {
             },
         )]
         .into(),
+        total_bytes: None,
     });
     config
 }

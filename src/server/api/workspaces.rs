@@ -27,6 +27,11 @@ impl From<WorkspaceError> for ApiError {
                 "too_many_workspaces",
                 e.to_string(),
             ),
+            WorkspaceError::HostFull { .. } => ApiError::new(
+                StatusCode::INSUFFICIENT_STORAGE,
+                "workspaces_full",
+                e.to_string(),
+            ),
             WorkspaceError::Io { .. } | WorkspaceError::Tool { .. } | WorkspaceError::Engine(_) => {
                 ApiError::new(
                     StatusCode::SERVICE_UNAVAILABLE,
