@@ -3,6 +3,8 @@
 //! session kernels live here, and the fence: every kernel gone at once when the node's lease
 //! can no longer be trusted.
 
+use std::time::Instant;
+
 use crate::catalog::Entry;
 use crate::cell::LossReason;
 use crate::registry::{ClusterShares, TenantLimits};
@@ -40,6 +42,21 @@ impl Orchestrator {
     /// tenant above its cluster-wide share (`Registry::room_for`).
     pub fn room_for(&self, tenant: &str, limits: TenantLimits) -> bool {
         self.inner.registry.room_for(tenant, limits)
+    }
+
+    /// Tells this instance's watchdog that its kernels may run until `until` (the node's
+    /// lease trusted until then): past it, with no later time told, the watchdog kills them
+    /// from outside this process (`docs/cluster.md`, "Leases and fencing"). Nothing without
+    /// a watchdog.
+    pub fn kernels_trusted_until(&self, until: Instant) {
+        let watchdog = self
+            .inner
+            .watchdog
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(w) = watchdog.as_ref() {
+            w.trust_until(until);
+        }
     }
 
     /// Disposes of every session kernel at once, busy or not (a running cell ends with the
