@@ -503,9 +503,9 @@ async fn a_stopped_nodes_kernels_are_killed_from_outside_before_the_session_runs
     // Stopped for 6 s in all (twice the lease), then resumed: it fences and rejoins.
     tokio::time::sleep_until((stopped + Duration::from_secs(6)).into()).await;
     node.signal("CONT").await;
-    let (new_epoch, _) = poll("/healthz 200 after the rejoin", SLOW, || async {
+    let new_epoch = poll("/healthz 200 after the rejoin", SLOW, || async {
         let (status, epoch) = node.health().await;
-        (status == StatusCode::OK).then(|| (epoch, ()))
+        (status == StatusCode::OK).then_some(epoch)
     })
     .await;
     let new_epoch = new_epoch.expect("its epoch");
