@@ -36,6 +36,8 @@ pub struct Watchdog {
     /// Deadlines for the lifeline's writer; dropping it closes the lifeline.
     deadlines: Option<std::sync::mpsc::SyncSender<u64>>,
     writer: Option<std::thread::JoinHandle<()>>,
+    /// The last time told by [`Watchdog::trust_until`].
+    told: std::sync::Mutex<Option<Instant>>,
 }
 
 impl Watchdog {
@@ -61,6 +63,7 @@ impl Watchdog {
             child,
             deadlines: Some(deadlines),
             writer: Some(writer),
+            told: std::sync::Mutex::new(None),
         })
     }
 
@@ -68,9 +71,19 @@ impl Watchdog {
     /// unless a later time follows. While the writer is still busy with an earlier (sooner)
     /// time, this one is dropped: the watchdog keeps the sooner one until the next.
     pub fn trust_until(&self, until: Instant) {
+        *self.told.lock().unwrap_or_else(|p| p.into_inner()) = Some(until);
         if let Some(deadlines) = &self.deadlines {
             let _ = deadlines.try_send(clock_deadline(until));
         }
+    }
+
+    /// Whether the last time given to [`Watchdog::trust_until`] has passed (false before
+    /// any): the kernels are being killed, so a kernel's death now is the lease's.
+    pub fn deadline_passed(&self) -> bool {
+        self.told
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some_and(|until| Instant::now() >= until)
     }
 
     /// Closes the lifeline and waits for the watchdog's final sweep.

@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use crate::catalog::Entry;
 use crate::cell::LossReason;
+use crate::instance::watchdog::Watchdog;
 use crate::registry::{ClusterShares, TenantLimits};
 
 use super::Orchestrator;
@@ -57,6 +58,18 @@ impl Orchestrator {
         if let Some(w) = watchdog.as_ref() {
             w.trust_until(until);
         }
+    }
+
+    /// Whether the last time told to the watchdog ([`Self::kernels_trusted_until`]) has
+    /// passed: the watchdog kills, or the fence removes, this node's kernels. False without a
+    /// watchdog or before any time was told.
+    pub(super) fn lease_deadline_passed(&self) -> bool {
+        let watchdog = self
+            .inner
+            .watchdog
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        watchdog.as_ref().is_some_and(Watchdog::deadline_passed)
     }
 
     /// Disposes of every session kernel at once, busy or not (a running cell ends with the

@@ -524,3 +524,108 @@ async fn a_stopped_nodes_kernels_are_killed_from_outside_before_the_session_runs
     assert_eq!(lost(&again), None, "{again}");
     cluster.finish().await;
 }
+
+/// docs/cluster.md, "Leases and fencing": a node whose catalog is slow (its lease row held
+/// by another transaction, so its renewals wait past `ttl - margin`) is not stopped: it
+/// fences itself, and its watchdog kills its kernels at the same deadline. A cell running
+/// then is told its node lost its lease, never a kill from outside kernelbox nor a clear,
+/// and the session's next call reports `node_lost`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cell_cut_by_a_slow_catalogs_deadline_is_told_the_node_was_lost() {
+    let cluster = Cluster::start("cl-slowdb", Options::default()).await;
+    let victim = 0;
+    let node = &cluster.nodes[victim];
+    let first = success(
+        &node
+            .api
+            .execute(TOKEN, "slowdb", json!({ "code": "print('up')" }))
+            .await,
+    );
+    let long = node.api.execute(
+        TOKEN,
+        "slowdb",
+        json!({ "code": "import time\ntime.sleep(20)\nprint('done')", "timeout": 30 }),
+    );
+    let hold = async {
+        // The cell is running by now (its kernel is warm).
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let mut db = postgres::raw(&cluster.db).await;
+        let tx = db.transaction().await.expect("begin");
+        tx.execute(
+            "SELECT 1 FROM kb_nodes WHERE name = $1 FOR UPDATE",
+            &[&node.name],
+        )
+        .await
+        .expect("lock the lease row");
+        // Past ttl - margin (2 s) and the ttl (3 s): every renewal waits on the lock.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        tx.rollback().await.expect("rollback");
+    };
+    let (reply, ()) = tokio::join!(long, hold);
+    let result = reply.json();
+    let next = served(node, "slowdb", "print('next')").await.0;
+    assert_eq!(reply.status, StatusCode::OK, "{result}");
+    let error = result["error"].as_str().unwrap_or_default();
+    assert!(
+        error.starts_with("The node running the kernel lost its cluster lease"),
+        "{result}"
+    );
+    assert_eq!(lost(&next).as_deref(), Some("node_lost"), "{next}");
+    assert_eq!(generation(&next), generation(&first) + 1, "{next}");
+    cluster.finish().await;
+}
+
+/// docs/cluster.md, "Leases and fencing": a cell running on a node whose server is stopped
+/// past its lease: the watchdog kills its kernel; when the server resumes, the cell's caller
+/// is told its node lost its lease (never a kill from outside kernelbox), the node fences
+/// and rejoins without a panic, and the session's next call reports `node_lost`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cell_running_on_a_stopped_node_is_answered_as_fenced_when_it_resumes() {
+    let cluster = Cluster::start("cl-stopcell", Options::default()).await;
+    let victim = 0;
+    let node = &cluster.nodes[victim];
+    let first = success(
+        &node
+            .api
+            .execute(TOKEN, "stopcell", json!({ "code": "print('up')" }))
+            .await,
+    );
+    let old = cluster.node_containers(victim).await;
+    assert_eq!(old.len(), 1);
+    let long = node.api.execute(
+        TOKEN,
+        "stopcell",
+        json!({ "code": "import time\ntime.sleep(30)\nprint('done')", "timeout": 60 }),
+    );
+    let freeze = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        node.signal("STOP").await;
+        poll("the watchdog kills the kernel", SLOW, || async {
+            cluster
+                .node_containers(victim)
+                .await
+                .is_empty()
+                .then_some(())
+        })
+        .await;
+        // Past the lease (3 s) so another node may expire it.
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        node.signal("CONT").await;
+    };
+    let (reply, ()) = tokio::join!(long, freeze);
+    let result = reply.json();
+    let next = served(&cluster.nodes[1], "stopcell", "print('next')")
+        .await
+        .0;
+    let log = node.log();
+    assert!(!log.contains("panicked"), "{log}");
+    assert_eq!(reply.status, StatusCode::OK, "{result}");
+    let error = result["error"].as_str().unwrap_or_default();
+    assert!(
+        error.starts_with("The node running the kernel lost its cluster lease"),
+        "{result}"
+    );
+    assert_eq!(lost(&next).as_deref(), Some("node_lost"), "{next}");
+    assert_eq!(generation(&next), generation(&first) + 1, "{next}");
+    cluster.finish().await;
+}
