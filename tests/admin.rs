@@ -204,3 +204,193 @@ async fn sweep_dry_run_reports_without_removing() {
     let (code, _) = kernelbox(&["kill"]).await;
     assert_eq!(code, 2, "kill needs a target");
 }
+
+/// docs/runtimes.md, "Across a restart of the server": hibernated kernels' stopped containers
+/// (`kbh.<since>...`) of a state directory that never comes back. `kernelbox sweep` lists each
+/// with why it keeps or removes it; one past the spare time (7 d) goes with its volume
+/// whoever made it, a live server's included (today's rule, by the maker's liveness, keeps
+/// it); with `--hibernated-max-age 1h` one of 2 h goes
+/// too when no live server uses its directory, and one whose directory a live server uses is
+/// kept. Each is made through the Docker API: created, run to exit, renamed.
+#[tokio::test]
+async fn sweep_removes_hibernated_kernels_past_their_age_with_their_volumes() {
+    let _serial = SERIAL.lock().await;
+    let label = common::unique("sweep-kbh");
+    let engine = common::engine().await;
+    let case = BTreeMap::from([(CASE.to_string(), label.clone())]);
+    let now = kernelbox::clock::unix_now();
+    let me = kernelbox::instance::Instance::current();
+    let dead = kernelbox::instance::Instance {
+        id: format!("dead-{label}"),
+        pid: u32::MAX - 1,
+        ..me.clone()
+    };
+    // This test's process stands for a live server: its pid runs.
+    let live = kernelbox::instance::Instance {
+        id: format!("live-{label}"),
+        ..me
+    };
+    let spare = kernelbox::config::HIBERNATED_SPARED_FOR.as_secs();
+    // (what, its maker, its directory's tag, hibernated this long ago)
+    // The old one is a live server's: no sweep of today's rules (by the maker's liveness)
+    // would take it, nor another test's server starting meanwhile.
+    let kernels = [
+        ("ancient", &live, "live-dir", spare + 60),
+        ("recent-gone", &dead, "gone-dir", 7200),
+        ("recent-live", &live, "live-dir", 7200),
+    ];
+    let mut made = Vec::new();
+    for (what, maker, dir, age) in &kernels {
+        let volume = format!("{label}-{what}");
+        let mut labels = maker.labels(&case);
+        labels.insert("io.kernelbox.checkpoints".into(), format!("{label}-{dir}"));
+        engine
+            .create_volume(&volume, &labels, None)
+            .await
+            .expect("create volume");
+        labels.insert("io.kernelbox.volume".into(), volume.clone());
+        let spec = kernelbox::docker::ContainerSpec {
+            image: kernelbox::config::DEFAULT_IMAGE.into(),
+            cmd: vec!["python3".into(), "-c".into(), "pass".into()],
+            env: vec![],
+            user: "10000:10000".into(),
+            working_dir: "/".into(),
+            labels,
+            mounts: vec![kernelbox::docker::Mount::Volume {
+                name: volume.clone(),
+                target: "/work".into(),
+            }],
+            sandbox: kernelbox::Sandbox {
+                keep_stopped: true,
+                ..kernelbox::Sandbox::default()
+            },
+        };
+        let id = engine.create_container(&spec).await.expect("container");
+        engine.start(&id).await.expect("start");
+        let name = kernelbox::labels::hibernated_name(
+            now - age,
+            "t",
+            what,
+            kernelbox::docker::short_id(&id),
+        );
+        engine.rename_container(&id, &name).await.expect("rename");
+        made.push((id, volume));
+    }
+    // Each has run to its end: stopped, as a hibernated kernel's container is.
+    for _ in 0..600 {
+        let exited = common::containers(&engine, &label)
+            .await
+            .iter()
+            .filter(|c| c.state == "exited")
+            .count();
+        if exited == made.len() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let present = || async {
+        let containers: BTreeSet<String> = common::containers(&engine, &label)
+            .await
+            .into_iter()
+            .filter(|c| c.state == "exited")
+            .map(|c| c.id)
+            .collect();
+        let volumes: BTreeSet<String> = common::volumes(&engine, &label)
+            .await
+            .into_iter()
+            .map(|v| v.name)
+            .collect();
+        (containers, volumes)
+    };
+    let all = || {
+        (
+            made.iter().map(|(c, _)| c.clone()).collect::<BTreeSet<_>>(),
+            made.iter().map(|(_, v)| v.clone()).collect::<BTreeSet<_>>(),
+        )
+    };
+    assert_eq!(present().await, all(), "three stopped hibernated kernels");
+    // This test's kernels in a report: (index, removed, why).
+    let judged = |report: &Value| -> Vec<(usize, bool, String)> {
+        let mut rows: Vec<(usize, bool, String)> = report["hibernated"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no hibernated list: {report}"))
+            .iter()
+            .filter_map(|h| {
+                let i = made
+                    .iter()
+                    .position(|(c, _)| h["container"].as_str() == Some(c))?;
+                Some((
+                    i,
+                    h["removed"].as_bool().unwrap(),
+                    h["why"].as_str().unwrap().to_string(),
+                ))
+            })
+            .collect();
+        rows.sort();
+        rows
+    };
+
+    // The defaults (max age 7 d): only those past the spare time go; a dry run removes nothing.
+    let (code, out) = kernelbox(&["sweep", "--dry-run", "--format", "json"]).await;
+    assert_eq!(code, 0, "{out}");
+    let report: Value = serde_json::from_str(&out).unwrap();
+    let past = "past the spare time".to_string();
+    let within = "within the max age".to_string();
+    assert_eq!(
+        judged(&report),
+        vec![
+            (0, true, past.clone()),
+            (1, false, within.clone()),
+            (2, false, within.clone()),
+        ],
+        "{report}"
+    );
+    assert_eq!(present().await, all(), "a dry run removes nothing");
+
+    let (code, out) = kernelbox(&["sweep", "--hibernated-max-age", "8d"]).await;
+    assert_eq!(code, 2, "past the spare time is refused: {out}");
+    assert_eq!(present().await, all(), "a refused sweep removes nothing");
+
+    let (code, out) = kernelbox(&["sweep", "--hibernated-max-age", "1h", "--format", "json"]).await;
+    assert_eq!(code, 0, "{out}");
+    let report: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        judged(&report),
+        vec![
+            (0, true, past),
+            (
+                1,
+                true,
+                "past the max age, no live server on its directory".into()
+            ),
+            (2, false, "a live server uses its directory".into()),
+        ],
+        "{report}"
+    );
+    let removed_volumes: BTreeSet<String> = report["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v.as_str())
+        .filter(|v| v.starts_with(&label))
+        .map(String::from)
+        .collect();
+    assert_eq!(
+        removed_volumes,
+        made[..2].iter().map(|(_, v)| v.clone()).collect(),
+        "{report}"
+    );
+    assert_eq!(
+        present().await,
+        (
+            BTreeSet::from([made[2].0.clone()]),
+            BTreeSet::from([made[2].1.clone()])
+        ),
+        "two removed with their volumes, the live server's recent one kept"
+    );
+    engine.remove_container(&made[2].0).await.expect("remove");
+    kernelbox::docker::remove_volume_when_free(engine.as_ref(), &made[2].1)
+        .await
+        .expect("remove the volume");
+    common::assert_clean(&engine, &label).await;
+}

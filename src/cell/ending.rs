@@ -54,6 +54,9 @@ pub enum KernelDeath {
     },
     /// It was killed or removed from outside kernelbox.
     Killed,
+    /// It was stopped because its node's cluster lease was no longer trusted (by the
+    /// watchdog or the fence: `docs/cluster.md`, "Leases and fencing").
+    NodeLost,
     /// The runner died on its own.
     Crashed {
         /// The runner's exit code.
@@ -78,6 +81,7 @@ impl KernelDeath {
         match self {
             KernelDeath::Oom { memory_bytes } => messages::oom_message(memory_bytes),
             KernelDeath::Killed => messages::KILLED_MESSAGE.to_string(),
+            KernelDeath::NodeLost => messages::NODE_LOST_MESSAGE.to_string(),
             KernelDeath::Crashed { exit_code } => messages::crash_message(exit_code),
             KernelDeath::EngineRestarted => messages::ENGINE_RESTARTED_MESSAGE.to_string(),
             KernelDeath::Protocol { what } => messages::protocol_message(what),
@@ -91,6 +95,7 @@ impl KernelDeath {
         match self {
             KernelDeath::Oom { .. } => Some(LossReason::Oom),
             KernelDeath::Killed => Some(LossReason::Killed),
+            KernelDeath::NodeLost => Some(LossReason::NodeLost),
             KernelDeath::Crashed { .. } => Some(LossReason::Crashed),
             KernelDeath::EngineRestarted => Some(LossReason::EngineRestarted),
             KernelDeath::Protocol { .. } => Some(LossReason::Protocol),
@@ -214,6 +219,21 @@ mod tests {
 
     fn died(death: KernelDeath) -> Verdict {
         Ending::Died(death).verdict()
+    }
+
+    #[test]
+    fn a_kernel_stopped_with_its_nodes_lease_is_reported_node_lost() {
+        assert_eq!(
+            died(KernelDeath::NodeLost),
+            row(
+                CellStatus::Error,
+                -1,
+                Some(messages::NODE_LOST_MESSAGE),
+                false,
+                Some(LossReason::NodeLost),
+                false
+            )
+        );
     }
 
     #[test]

@@ -80,6 +80,15 @@ pub fn oom_message(memory_bytes: i64) -> String {
 /// The error of a cell whose kernel was killed or removed from outside kernelbox.
 pub const KILLED_MESSAGE: &str = concat!("The kernel was killed from outside kernelbox; ", next!());
 
+/// The error of a cell whose kernel was stopped because its node's cluster lease was no
+/// longer trusted (its server stopped or stalled, or could not renew with the catalog): its
+/// watchdog or its fence ended it (`docs/cluster.md`, "Leases and fencing").
+pub const NODE_LOST_MESSAGE: &str = concat!(
+    "The node running the kernel lost its cluster lease (its server was stopped or stalled, \
+     or could not reach the catalog) and its kernels were stopped; ",
+    next!()
+);
+
 /// The error of a cell whose runner died on its own with `exit_code`.
 pub fn crash_message(exit_code: i64) -> String {
     format!(

@@ -396,6 +396,11 @@ struct SweepArgs {
     /// Staging volumes older than this are removed.
     #[arg(long, default_value = "7d", value_parser = parse_duration)]
     staging_max_age: Duration,
+    /// Hibernated kernels hibernated longer ago than this are removed, with their volumes,
+    /// unless a live server uses their checkpoints' directory; at most 7d (past 7d they are
+    /// removed whatever uses it).
+    #[arg(long, default_value = "7d", value_parser = parse_duration)]
+    hibernated_max_age: Duration,
     /// Output format.
     #[arg(long, default_value = "table", value_parser = ["table", "json"])]
     format: String,
@@ -616,10 +621,31 @@ async fn exec(args: ExecArgs) -> anyhow::Result<ExitCode> {
 }
 
 async fn sweep(args: SweepArgs) -> anyhow::Result<ExitCode> {
+    let spare = kernelbox::config::HIBERNATED_SPARED_FOR;
+    if args.hibernated_max_age > spare {
+        return Err(Exit {
+            code: 2,
+            message: format!(
+                "--hibernated-max-age: at most {} (hibernated kernels are spared no longer)",
+                humantime::format_duration(spare)
+            ),
+        }
+        .into());
+    }
     let engine = connect().await?;
     let me = kernelbox::instance::Instance::current();
-    let mut report =
+    // Hibernated kernels first: the orphans' sweep leaves them to their own rule.
+    let mut report = kernelbox::instance::sweep::sweep_hibernated(
+        engine.as_ref(),
+        &me,
+        args.hibernated_max_age,
+        args.dry_run,
+    )
+    .await?;
+    let orphans =
         kernelbox::instance::sweep::sweep_orphans(engine.as_ref(), &me, args.dry_run).await?;
+    report.containers.extend(orphans.containers);
+    report.volumes.extend(orphans.volumes);
     let stale = kernelbox::instance::sweep::sweep_stale_staging(
         engine.as_ref(),
         args.staging_max_age,
@@ -646,6 +672,20 @@ async fn sweep(args: SweepArgs) -> anyhow::Result<ExitCode> {
         }
         for v in &report.volumes {
             println!("volume     {v}");
+        }
+        for h in &report.hibernated {
+            println!(
+                "hibernated {} {} ({} old): {} ({})",
+                kernelbox::docker::short_id(&h.container),
+                h.name,
+                humantime::format_duration(Duration::from_secs(h.age_seconds)),
+                match (h.removed, args.dry_run) {
+                    (true, true) => "would remove",
+                    (true, false) => "removed",
+                    (false, _) => "kept",
+                },
+                h.why
+            );
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -8,8 +8,8 @@
 //! | file | what |
 //! |---|---|
 //! | `mod.rs` | [`Instance`]: this instance's identity, and other instances' [`liveness`] |
-//! | `sweep.rs` | label sweeps: dead instances' leftovers, stale staging volumes |
-//! | `watchdog.rs` | the process that cleans up after an orchestrator that died |
+//! | `sweep.rs` | label sweeps: dead instances' leftovers, hibernated kernels past their age, stale staging volumes |
+//! | `watchdog.rs` | the process that cleans up after an orchestrator that died, and kills a stopped cluster server's kernels at its lease deadline |
 
 pub mod sweep;
 pub mod watchdog;

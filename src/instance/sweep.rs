@@ -1,16 +1,19 @@
-//! Sweeps by label: leftovers of dead instances, and staging volumes past their age.
+//! Sweeps by label: leftovers of dead instances, hibernated kernels past their age, and
+//! staging volumes past their age.
 //!
 //! Only objects labelled `io.kernelbox.managed-by=kernelbox` are ever considered; those of a
 //! live instance (this one included) are left alone.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use serde::Serialize;
 
-use super::{hibernated, liveness, owner_labels, Instance, Liveness};
+use super::{liveness, owner_labels, Instance, Liveness};
 use crate::clock::unix_now;
-use crate::docker::{remove_volume, Engine, EngineError, InUse};
-use crate::labels;
+use crate::config::HIBERNATED_SPARED_FOR;
+use crate::docker::{remove_volume, ContainerInfo, Engine, EngineError, InUse};
+use crate::labels::{self, NameClaim};
 
 /// Objects of an instance on another host are judged by age past this grace.
 pub const FOREIGN_GRACE: Duration = Duration::from_secs(600);
@@ -22,6 +25,28 @@ pub struct SweepReport {
     pub containers: Vec<String>,
     /// Volume names.
     pub volumes: Vec<String>,
+    /// The hibernated kernels' containers looked at ([`sweep_hibernated`]): removed (their
+    /// ids and volumes are in `containers` and `volumes` too) or kept, and why.
+    pub hibernated: Vec<HibernatedKernel>,
+}
+
+/// A hibernated kernel's stopped container (named `kbh.<since>...`, `labels::hibernated_name`)
+/// as [`sweep_hibernated`] judged it.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct HibernatedKernel {
+    /// The container's id.
+    pub container: String,
+    /// Its name.
+    pub name: String,
+    /// Seconds since it hibernated (by its name).
+    pub age_seconds: u64,
+    /// Its checkpoints directory's tag (`io.kernelbox.checkpoints`), if it has one.
+    pub directory: Option<String>,
+    /// Whether it was removed (or would be, on a dry run).
+    pub removed: bool,
+    /// Why: `past the spare time`, `past the max age, no live server on its directory`, or
+    /// why it is kept: `within the max age`, `a live server uses its directory`.
+    pub why: &'static str,
 }
 
 fn age_of(object_labels: &std::collections::BTreeMap<String, String>, created: i64) -> Duration {
@@ -38,7 +63,8 @@ pub async fn sweep_orphans(
 ) -> Result<SweepReport, EngineError> {
     let mut report = SweepReport::default();
     for c in engine.list_containers(&[labels::managed()]).await? {
-        if hibernated(&c) {
+        // Hibernated kernels go by their own rule ([`sweep_hibernated`]).
+        if hibernated_since(&c).is_some() {
             continue;
         }
         let leftover = match liveness(me, &owner_labels(me, &c)) {
@@ -86,6 +112,81 @@ pub async fn sweep_orphans(
             }
             report.volumes.push(v.name);
         }
+    }
+    Ok(report)
+}
+
+/// When `c` hibernated, if it is a hibernated kernel's stopped container.
+fn hibernated_since(c: &ContainerInfo) -> Option<u64> {
+    match labels::name_claim(&c.name) {
+        NameClaim::Hibernated { since } if c.state == "exited" => Some(since),
+        _ => None,
+    }
+}
+
+/// Removes hibernated kernels' containers, with their staging volumes, that no server will
+/// restore (`docs/runtimes.md`, "Across a restart of the server"): every one hibernated
+/// [`HIBERNATED_SPARED_FOR`] ago or more (no server keeps a checkpoint longer:
+/// `--hibernate-max-age` is at most that), and every one hibernated `max_age` ago or more
+/// whose checkpoints directory no live server uses: no container with its tag is run by a
+/// live instance on this host (a server on another host, or one that has run no kernel since
+/// it took the checkpoints over, is not seen: a checkpoint removed under it is the loss its
+/// restore reports, never a silent one). The others are kept and reported, with why.
+pub async fn sweep_hibernated(
+    engine: &dyn Engine,
+    me: &Instance,
+    max_age: Duration,
+    dry_run: bool,
+) -> Result<SweepReport, EngineError> {
+    let containers = engine.list_containers(&[labels::managed()]).await?;
+    let live: HashSet<&String> = containers
+        .iter()
+        .filter(|c| liveness(me, &owner_labels(me, c)) == Liveness::Alive)
+        .filter_map(|c| c.labels.get(labels::CHECKPOINTS))
+        .collect();
+    let now = unix_now();
+    let mut report = SweepReport::default();
+    for c in &containers {
+        let Some(since) = hibernated_since(c) else {
+            continue;
+        };
+        let age = now.saturating_sub(since);
+        let directory = c.labels.get(labels::CHECKPOINTS);
+        let lived = directory.is_some_and(|d| live.contains(d));
+        let (removed, why) = if age >= HIBERNATED_SPARED_FOR.as_secs() {
+            (true, "past the spare time")
+        } else if age < max_age.as_secs() {
+            (false, "within the max age")
+        } else if lived {
+            (false, "a live server uses its directory")
+        } else {
+            (true, "past the max age, no live server on its directory")
+        };
+        if removed {
+            if !dry_run {
+                if let Err(e) = engine.remove_container(&c.id).await {
+                    tracing::warn!(container = %c.id, error = %e, "sweep: cannot remove a hibernated kernel");
+                    continue;
+                }
+            }
+            report.containers.push(c.id.clone());
+            if let Some(volume) = c.labels.get(labels::VOLUME) {
+                if !dry_run {
+                    if let Err(e) = crate::docker::remove_volume_when_free(engine, volume).await {
+                        tracing::warn!(volume = %volume, error = %e, "sweep: cannot remove a hibernated kernel's volume");
+                    }
+                }
+                report.volumes.push(volume.clone());
+            }
+        }
+        report.hibernated.push(HibernatedKernel {
+            container: c.id.clone(),
+            name: c.name.clone(),
+            age_seconds: age,
+            directory: directory.cloned(),
+            removed,
+            why,
+        });
     }
     Ok(report)
 }

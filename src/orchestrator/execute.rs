@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use super::lease::{kernel_death, Lease};
 use super::{AdmissionNotice, ExecuteError, ExecuteRequest, Orchestrator};
 use crate::authority::CellAuthority;
-use crate::cell::{messages, CappedOutput, CellResult, Ending};
+use crate::cell::{messages, CappedOutput, CellResult, Ending, KernelDeath};
 use crate::kernel::{CellOptions, CellOutcome, CellRun, Death, Kernel};
 use crate::orchestrator::adopt::run_adopted;
 use crate::owner::KernelKey;
@@ -258,6 +258,19 @@ impl Orchestrator {
                 grace: self.inner.config.cells.interrupt_grace,
             },
             CellOutcome::InterruptedKept => Ending::Interrupted,
+            // Killed, or disposed of by the fence, once the node's lease is no longer
+            // trusted: the watchdog or the fence ended it (`docs/cluster.md`, "Leases and
+            // fencing"), never a kill from outside or a clear.
+            CellOutcome::Died(Death::Killed) if self.lease_deadline_passed() => {
+                Ending::Died(KernelDeath::NodeLost)
+            }
+            CellOutcome::Died(Death::Disposed)
+                if !self.inner.cancel.is_cancelled()
+                    && !self.inner.registry.is_registered(slot)
+                    && self.lease_deadline_passed() =>
+            {
+                Ending::Died(KernelDeath::NodeLost)
+            }
             CellOutcome::Died(Death::Disposed)
                 if !self.inner.cancel.is_cancelled()
                     && !self.inner.registry.is_registered(slot) =>

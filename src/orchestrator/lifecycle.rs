@@ -300,6 +300,8 @@ impl Orchestrator {
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "staging sweep failed"),
         }
+        super::start::sweep_expired_hibernated(self.inner.engine.as_ref(), &self.inner.instance)
+            .await;
         n
     }
 

@@ -3,8 +3,11 @@
 //! session kernels live here, and the fence: every kernel gone at once when the node's lease
 //! can no longer be trusted.
 
+use std::time::Instant;
+
 use crate::catalog::Entry;
 use crate::cell::LossReason;
+use crate::instance::watchdog::Watchdog;
 use crate::registry::{ClusterShares, TenantLimits};
 
 use super::Orchestrator;
@@ -40,6 +43,33 @@ impl Orchestrator {
     /// tenant above its cluster-wide share (`Registry::room_for`).
     pub fn room_for(&self, tenant: &str, limits: TenantLimits) -> bool {
         self.inner.registry.room_for(tenant, limits)
+    }
+
+    /// Tells this instance's watchdog that its kernels may run until `until` (the node's
+    /// lease trusted until then): past it, with no later time told, the watchdog kills them
+    /// from outside this process (`docs/cluster.md`, "Leases and fencing"). Nothing without
+    /// a watchdog.
+    pub fn kernels_trusted_until(&self, until: Instant) {
+        let watchdog = self
+            .inner
+            .watchdog
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(w) = watchdog.as_ref() {
+            w.trust_until(until);
+        }
+    }
+
+    /// Whether the last time told to the watchdog ([`Self::kernels_trusted_until`]) has
+    /// passed: the watchdog kills, or the fence removes, this node's kernels. False without a
+    /// watchdog or before any time was told.
+    pub(super) fn lease_deadline_passed(&self) -> bool {
+        let watchdog = self
+            .inner
+            .watchdog
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        watchdog.as_ref().is_some_and(Watchdog::deadline_passed)
     }
 
     /// Disposes of every session kernel at once, busy or not (a running cell ends with the

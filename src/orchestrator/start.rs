@@ -277,7 +277,23 @@ async fn sweep_leftovers(engine: &dyn Engine, instance: &Instance) -> Result<(),
             "swept leftovers of dead instances"
         );
     }
+    sweep_expired_hibernated(engine, instance).await;
     Ok(())
+}
+
+/// Removes hibernated kernels past [`crate::config::HIBERNATED_SPARED_FOR`], whatever server
+/// made them (`docs/runtimes.md`, "Across a restart of the server"): at start and with each
+/// reap, so a state directory that never comes back does not keep them.
+pub(super) async fn sweep_expired_hibernated(engine: &dyn Engine, instance: &Instance) {
+    let spare = crate::config::HIBERNATED_SPARED_FOR;
+    match sweep::sweep_hibernated(engine, instance, spare, false).await {
+        Ok(report) if !report.containers.is_empty() => tracing::info!(
+            containers = report.containers.len(),
+            "swept hibernated kernels past their spare time"
+        ),
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "sweeping hibernated kernels failed"),
+    }
 }
 
 /// A loss by restart, now.

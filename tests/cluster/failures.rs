@@ -372,3 +372,260 @@ async fn with_the_catalog_unavailable_new_sessions_wait_and_warm_ones_work() {
     assert_eq!(lost(&result), None, "{result}");
     cluster.finish().await;
 }
+
+/// Docker's die events of `container` since `since` (Unix seconds, replayed) and on, as Unix
+/// nanoseconds, one a line (`docker events`: the engine's own record of when a container
+/// stopped).
+fn die_events(
+    container: &str,
+    since: f64,
+) -> (
+    tokio::process::Child,
+    tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+) {
+    let mut child = tokio::process::Command::new("docker")
+        .args(["events", "--format", "{{.TimeNano}}"])
+        .args(["--since", &format!("{since:.3}")])
+        .args(["--filter", &format!("container={container}")])
+        .args(["--filter", "event=die"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("docker events");
+    let stdout = child.stdout.take().expect("stdout");
+    let lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout));
+    (child, lines)
+}
+
+/// What the old kernel's ticking thread last wrote (`/tmp/tick`, Unix seconds), read through
+/// the engine (`docker exec`); `None` once the container no longer runs.
+async fn tick_of(container: &str) -> Option<f64> {
+    let out = tokio::process::Command::new("docker")
+        .args(["exec", container, "cat", "/tmp/tick"])
+        .output()
+        .await
+        .expect("docker exec");
+    if !out.status.success() {
+        return None;
+    }
+    String::from_utf8_lossy(&out.stdout).trim().parse().ok()
+}
+
+/// docs/cluster.md, "Leases and fencing": a node whose server is stopped (SIGSTOP: its fence
+/// is code of a stopped process) has its kernels killed by its watchdog, a separate process,
+/// when the lease the server last renewed stops being trusted (TTL minus the fence margin),
+/// so the session's next generation on another node never runs beside the old kernel. The old
+/// kernel's thread keeps writing the time until then; Docker's die event for it comes before
+/// the new kernel's first cell. After SIGCONT the node fences, rejoins, and leaves nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_nodes_kernels_are_killed_from_outside_before_the_session_runs_elsewhere() {
+    const TICK: &str = "import threading, time\n\
+        def tick():\n    while True:\n        open('/tmp/tick', 'w').write(repr(time.time()))\n        time.sleep(0.05)\n\
+        threading.Thread(target=tick, daemon=True).start()\n\
+        time.sleep(0.2)\nprint('ticking')";
+    let cluster = Cluster::start("cl-frozen", Options::default()).await;
+    let victim = 0;
+    let node = &cluster.nodes[victim];
+    let first = success(
+        &node
+            .api
+            .execute(TOKEN, "frozen", json!({ "code": TICK }))
+            .await,
+    );
+    assert_eq!(first["output"], "ticking\n", "{first}");
+    let old = cluster.node_containers(victim).await;
+    assert_eq!(old.len(), 1);
+    let old = old[0].id.clone();
+    let (_, epoch) = node.health().await;
+    let epoch = epoch.expect("its epoch");
+
+    let wall = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("the clock")
+            .as_secs_f64()
+    };
+    poll("the old kernel ticking", SLOW, || tick_of(&old)).await;
+    let stopped_at = wall();
+    let (mut events, mut deaths) = die_events(&old, stopped_at);
+    node.signal("STOP").await;
+    let stopped = Instant::now();
+    // While the session is asked for elsewhere, the old kernel runs on until the watchdog
+    // kills it.
+    let last_tick = std::cell::Cell::new(0.0_f64);
+    let killed = poll("the stopped node's kernel stops running", SLOW, || {
+        let (old, last_tick) = (&old, &last_tick);
+        async move {
+            match tick_of(old).await {
+                Some(t) => {
+                    last_tick.set(last_tick.get().max(t));
+                    None
+                }
+                None => Some(()),
+            }
+        }
+    });
+    let elsewhere = served(
+        &cluster.nodes[1],
+        "frozen",
+        "import time\nprint(repr(time.time()))",
+    );
+    let ((), (result, _)) = tokio::join!(killed, elsewhere);
+    let last_tick = last_tick.get();
+    assert!(
+        last_tick > stopped_at,
+        "the old kernel ran after its server stopped (last tick {last_tick}, stopped {stopped_at})"
+    );
+    assert_eq!(lost(&result).as_deref(), Some("node_lost"), "{result}");
+    assert_eq!(generation(&result), generation(&first) + 1, "{result}");
+    let new_ran: f64 = result["output"]
+        .as_str()
+        .and_then(|o| o.trim().parse().ok())
+        .unwrap_or_else(|| panic!("a time in {result}"));
+    let died = tokio::time::timeout(SLOW, deaths.next_line())
+        .await
+        .expect("the die event")
+        .expect("docker events")
+        .and_then(|n| n.trim().parse::<u128>().ok())
+        .expect("a die event of the old kernel");
+    events.kill().await.expect("end docker events");
+    let died = died as f64 / 1e9;
+    assert!(
+        died < new_ran,
+        "the old kernel died at {died}, after the new one ran at {new_ran}"
+    );
+    eprintln!(
+        "SIGSTOP to the old kernel killed: {:.2} s (lease TTL 3 s, fence margin 1 s); killed {:.2} s before the new generation's first cell",
+        died - stopped_at,
+        new_ran - died,
+    );
+
+    // Stopped for 6 s in all (twice the lease), then resumed: it fences and rejoins.
+    tokio::time::sleep_until((stopped + Duration::from_secs(6)).into()).await;
+    node.signal("CONT").await;
+    let new_epoch = poll("/healthz 200 after the rejoin", SLOW, || async {
+        let (status, epoch) = node.health().await;
+        (status == StatusCode::OK).then_some(epoch)
+    })
+    .await;
+    let new_epoch = new_epoch.expect("its epoch");
+    assert!(new_epoch > epoch, "epoch {epoch} -> {new_epoch}");
+    assert!(
+        node.sessions().await.is_empty(),
+        "nothing of its own after the fence"
+    );
+    assert!(cluster.node_containers(victim).await.is_empty());
+    let again = success(
+        &node
+            .api
+            .execute(TOKEN, "frozen", json!({"code": "print('again')"}))
+            .await,
+    );
+    assert_eq!(lost(&again), None, "{again}");
+    cluster.finish().await;
+}
+
+/// docs/cluster.md, "Leases and fencing": a node whose catalog is slow (its lease row held
+/// by another transaction, so its renewals wait past `ttl - margin`) is not stopped: it
+/// fences itself, and its watchdog kills its kernels at the same deadline. A cell running
+/// then is told its node lost its lease, never a kill from outside kernelbox nor a clear,
+/// and the session's next call reports `node_lost`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cell_cut_by_a_slow_catalogs_deadline_is_told_the_node_was_lost() {
+    let cluster = Cluster::start("cl-slowdb", Options::default()).await;
+    let victim = 0;
+    let node = &cluster.nodes[victim];
+    let first = success(
+        &node
+            .api
+            .execute(TOKEN, "slowdb", json!({ "code": "print('up')" }))
+            .await,
+    );
+    let long = node.api.execute(
+        TOKEN,
+        "slowdb",
+        json!({ "code": "import time\ntime.sleep(20)\nprint('done')", "timeout": 30 }),
+    );
+    let hold = async {
+        // The cell is running by now (its kernel is warm).
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let mut db = postgres::raw(&cluster.db).await;
+        let tx = db.transaction().await.expect("begin");
+        tx.execute(
+            "SELECT 1 FROM kb_nodes WHERE name = $1 FOR UPDATE",
+            &[&node.name],
+        )
+        .await
+        .expect("lock the lease row");
+        // Past ttl - margin (2 s) and the ttl (3 s): every renewal waits on the lock.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        tx.rollback().await.expect("rollback");
+    };
+    let (reply, ()) = tokio::join!(long, hold);
+    let result = reply.json();
+    let next = served(node, "slowdb", "print('next')").await.0;
+    assert_eq!(reply.status, StatusCode::OK, "{result}");
+    let error = result["error"].as_str().unwrap_or_default();
+    assert!(
+        error.starts_with("The node running the kernel lost its cluster lease"),
+        "{result}"
+    );
+    assert_eq!(lost(&next).as_deref(), Some("node_lost"), "{next}");
+    assert_eq!(generation(&next), generation(&first) + 1, "{next}");
+    cluster.finish().await;
+}
+
+/// docs/cluster.md, "Leases and fencing": a cell running on a node whose server is stopped
+/// past its lease: the watchdog kills its kernel; when the server resumes, the cell's caller
+/// is told its node lost its lease (never a kill from outside kernelbox), the node fences
+/// and rejoins without a panic, and the session's next call reports `node_lost`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cell_running_on_a_stopped_node_is_answered_as_fenced_when_it_resumes() {
+    let cluster = Cluster::start("cl-stopcell", Options::default()).await;
+    let victim = 0;
+    let node = &cluster.nodes[victim];
+    let first = success(
+        &node
+            .api
+            .execute(TOKEN, "stopcell", json!({ "code": "print('up')" }))
+            .await,
+    );
+    let old = cluster.node_containers(victim).await;
+    assert_eq!(old.len(), 1);
+    let long = node.api.execute(
+        TOKEN,
+        "stopcell",
+        json!({ "code": "import time\ntime.sleep(30)\nprint('done')", "timeout": 60 }),
+    );
+    let freeze = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        node.signal("STOP").await;
+        poll("the watchdog kills the kernel", SLOW, || async {
+            cluster
+                .node_containers(victim)
+                .await
+                .is_empty()
+                .then_some(())
+        })
+        .await;
+        // Past the lease (3 s) so another node may expire it.
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        node.signal("CONT").await;
+    };
+    let (reply, ()) = tokio::join!(long, freeze);
+    let result = reply.json();
+    let next = served(&cluster.nodes[1], "stopcell", "print('next')")
+        .await
+        .0;
+    let log = node.log();
+    assert!(!log.contains("panicked"), "{log}");
+    assert_eq!(reply.status, StatusCode::OK, "{result}");
+    let error = result["error"].as_str().unwrap_or_default();
+    assert!(
+        error.starts_with("The node running the kernel lost its cluster lease"),
+        "{result}"
+    );
+    assert_eq!(lost(&next).as_deref(), Some("node_lost"), "{next}");
+    assert_eq!(generation(&next), generation(&first) + 1, "{next}");
+    cluster.finish().await;
+}

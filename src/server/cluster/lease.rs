@@ -29,6 +29,9 @@ impl ClusterNode {
         let every = self.options.renew_every();
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        if self.lease_valid() {
+            orchestrator.kernels_trusted_until(self.trusted_until());
+        }
         loop {
             let deadline = tokio::time::Instant::from_std(self.trusted_until());
             tokio::select! {
@@ -75,6 +78,7 @@ impl ClusterNode {
         match renewed {
             Ok(Ok(Renewal::Renewed)) => {
                 self.trust_until(sent);
+                orchestrator.kernels_trusted_until(self.trusted_until());
                 self.counters
                     .renew_seconds
                     .lock()
@@ -149,6 +153,7 @@ impl ClusterNode {
                 Ok(Ok(epoch)) => {
                     self.epoch.store(epoch, Ordering::Release);
                     self.trust_until(sent);
+                    orchestrator.kernels_trusted_until(self.trusted_until());
                     if twin {
                         self.hold_off();
                     }
