@@ -2,8 +2,8 @@
 //! tenant needs (docs/http-api.md, "Slow and idle clients cannot hold the server"): the real
 //! `kernelbox serve` binary with `--max-connections 64` and every other connection bound at
 //! its default, hundreds of sockets without a token each sending half a request head and
-//! reopened as soon as the server closes them, from several loopback addresses, while a
-//! tenant runs cells, each on a fresh connection (so that every one of its requests must be
+//! reopened as soon as the server closes them, from several loopback addresses (or from the
+//! tenant's own address, every bound at its default), while a tenant runs cells, each on a fresh connection (so that every one of its requests must be
 //! admitted during the attack). The tenant must see no 503, every request answered within a
 //! few seconds, and at least 99% of its cells succeed; once the attack stops, the server
 //! answers at once.
@@ -26,6 +26,9 @@ const TOKEN: &str = "tok-flood";
 const ATTACK_ADDRESSES: u8 = 4;
 /// Sockets the attack keeps open (or reopens) per address.
 const SOCKETS_PER_ADDRESS: usize = 60;
+/// Sockets the attack keeps open (or reopens) from the tenant's own address: several times
+/// that address's share of unauthenticated connections (64 by default).
+const SHARED_SOCKETS: usize = 300;
 /// An attacking socket closed by the server is reopened after this pause.
 const REOPEN_PAUSE: Duration = Duration::from_millis(100);
 /// How long the tenant runs cells under the attack.
@@ -173,13 +176,39 @@ fn summary(what: &str, results: &[(Outcome, Duration)]) -> (usize, usize, Durati
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_flood_of_unauthenticated_half_heads_does_not_starve_an_authenticated_tenant() {
-    let label = common::unique("flood");
+    let sources: Vec<Ipv4Addr> = (0..ATTACK_ADDRESSES)
+        .map(|a| Ipv4Addr::new(127, 0, 0, 2 + a))
+        .collect();
+    flood(
+        "flood",
+        &sources,
+        SOCKETS_PER_ADDRESS,
+        &["--max-connections", "64"],
+    )
+    .await;
+}
+
+/// The tenant and the flood share one address (a NAT, a proxy with the per-address cap left
+/// on), every bound at its default: the address is at its share of unauthenticated
+/// connections all along, and each of the tenant's new connections takes the slot of the
+/// address's oldest idle one instead of being refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_flood_from_the_tenants_own_address_does_not_starve_it() {
+    flood("flood-nat", &[Ipv4Addr::LOCALHOST], SHARED_SOCKETS, &[]).await;
+}
+
+/// Runs a tenant's cells from 127.0.0.1, each on a fresh connection, while `sockets` sockets
+/// from each of `sources` hold half request heads (reopened as the server closes them), on a
+/// `kernelbox serve` with `args`; asserts the tenant is never refused and recovers at once.
+async fn flood(name: &str, sources: &[Ipv4Addr], sockets: usize, args: &[&str]) {
+    let label = common::unique(name);
     let engine = common::engine().await;
     let state = tempfile::tempdir().expect("state directory");
     let mut child = common::serve_command(&label, TOKEN)
         .arg("--state-dir")
         .arg(state.path())
-        .args(["--max-connections", "64", "--pool", "0"])
+        .args(["--pool", "0"])
+        .args(args)
         .spawn()
         .expect("spawn kernelbox serve");
     let stderr = child.stderr.take().expect("stderr");
@@ -196,9 +225,8 @@ async fn a_flood_of_unauthenticated_half_heads_does_not_starve_an_authenticated_
 
     let stop = CancellationToken::new();
     let mut attack = Vec::new();
-    for a in 0..ATTACK_ADDRESSES {
-        let source = Ipv4Addr::new(127, 0, 0, 2 + a);
-        for _ in 0..SOCKETS_PER_ADDRESS {
+    for &source in sources {
+        for _ in 0..sockets {
             attack.push(tokio::spawn(attacker(addr, source, stop.clone())));
         }
     }
@@ -230,8 +258,9 @@ async fn a_flood_of_unauthenticated_half_heads_does_not_starve_an_authenticated_
         opened += task.await.expect("attacker task");
     }
     println!(
-        "attack: {} sockets from {ATTACK_ADDRESSES} addresses opened {opened} connections",
-        ATTACK_ADDRESSES as usize * SOCKETS_PER_ADDRESS
+        "attack: {} sockets from {} addresses opened {opened} connections",
+        sources.len() * sockets,
+        sources.len()
     );
     let (ok, refused, max) = summary("tenant during the attack", &during);
 
@@ -243,7 +272,7 @@ async fn a_flood_of_unauthenticated_half_heads_does_not_starve_an_authenticated_
     let (after_ok, _, after_max) = summary("tenant right after the attack", &after);
 
     assert!(
-        opened >= 2 * (ATTACK_ADDRESSES as u64) * SOCKETS_PER_ADDRESS as u64,
+        opened >= 2 * (sources.len() * sockets) as u64,
         "the attack did not reopen its sockets as they closed ({opened} connections)"
     );
     assert!(during.len() >= 20, "the tenant made too few requests");

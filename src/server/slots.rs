@@ -4,7 +4,9 @@
 //! A connection is accepted *unauthenticated*. Unauthenticated connections share a smaller
 //! pool (`max_unauthenticated`, a quarter of `max_connections` by default), and one address
 //! (an IPv4 address, or an IPv6 /64) may hold at most `max_unauthenticated_per_address` of
-//! them. The first request on a connection that carries a valid tenant token promotes it
+//! them; a connection from an address already holding its share takes the slot of that
+//! address's oldest unauthenticated connection doing nothing useful (see below), and is refused
+//! only when all of them are busy. The first request on a connection that carries a valid tenant token promotes it
 //! (the API's authentication calls [`Promote::authenticated`], found in the request's
 //! extensions): it leaves the unauthenticated pool and counts only against
 //! `max_connections`.
@@ -106,6 +108,22 @@ impl Books {
         }
     }
 
+    /// Takes `victim`'s slot away: it leaves the books and its connection is closed.
+    fn evict(&mut self, victim: &Shared) {
+        self.forget_unauthenticated(victim);
+        self.open = self.open.saturating_sub(1);
+        victim.stage.store(GONE, Ordering::Release);
+        victim.evicted.cancel();
+    }
+
+    /// The oldest evictable unauthenticated connection of `peer`, if any.
+    fn oldest_idle_of(&self, peer: Peer) -> Option<Arc<Shared>> {
+        self.unauthenticated
+            .values()
+            .find(|shared| shared.peer == peer && shared.evictable.load(Ordering::Acquire))
+            .cloned()
+    }
+
     /// The unauthenticated connection to give up its slot: an evictable one of the address
     /// holding the most unauthenticated connections, the oldest of them.
     fn victim(&self) -> Option<Arc<Shared>> {
@@ -150,17 +168,19 @@ impl Slots {
         let peer = Peer::of(ip);
         let mut books = self.books();
         let held = books.per_address.get(&peer).copied().unwrap_or(0);
-        if self.caps.per_address > 0 && held >= self.caps.per_address {
-            return Err(Refusal::PerAddress);
-        }
         let mut evicted = false;
-        if books.open >= self.caps.total || books.unauthenticated.len() >= self.caps.unauthenticated
+        if self.caps.per_address > 0 && held >= self.caps.per_address {
+            // The address is at its share: the newcomer takes the slot of the address's own
+            // oldest idle unauthenticated connection (a tenant behind the same NAT as a flood
+            // still gets in), and is refused only when every one of them is busy.
+            let victim = books.oldest_idle_of(peer).ok_or(Refusal::PerAddress)?;
+            books.evict(&victim);
+            evicted = true;
+        } else if books.open >= self.caps.total
+            || books.unauthenticated.len() >= self.caps.unauthenticated
         {
             let victim = books.victim().ok_or(Refusal::Full)?;
-            books.forget_unauthenticated(&victim);
-            books.open = books.open.saturating_sub(1);
-            victim.stage.store(GONE, Ordering::Release);
-            victim.evicted.cancel();
+            books.evict(&victim);
             evicted = true;
         }
         let shared = Arc::new(Shared {
@@ -265,34 +285,50 @@ mod tests {
     }
 
     #[test]
-    fn an_address_over_its_share_is_refused_and_others_are_not() {
+    fn an_address_at_its_share_gives_up_its_own_oldest_idle_slot_and_is_refused_when_all_are_busy()
+    {
         let slots = slots(16, 8, 2);
-        let _a = [
+        let (other, _) = slots.admit(ip("10.0.0.2")).expect("another address");
+        let a = [
             slots.admit(ip("10.0.0.1")).expect("first"),
             slots.admit(ip("10.0.0.1")).expect("second"),
         ];
+        // At its share: the newcomer takes the address's oldest idle slot, never another
+        // address's (even an older one).
+        let (b, evicted) = slots.admit(ip("10.0.0.1")).expect("the third");
+        assert!(evicted);
+        assert!(a[0].0.evicted().is_cancelled());
+        assert!(!a[1].0.evicted().is_cancelled() && !other.evicted().is_cancelled());
+        assert_eq!(slots.counts(), (3, 3));
+        // When every connection of the address is busy, the newcomer is refused.
+        a[1].0.promote().set_evictable(false);
+        b.promote().set_evictable(false);
         assert_eq!(slots.admit(ip("10.0.0.1")).err(), Some(Refusal::PerAddress));
-        let (b, evicted) = slots.admit(ip("10.0.0.2")).expect("another address");
+        let (c, evicted) = slots.admit(ip("10.0.0.3")).expect("another address still");
         assert!(!evicted);
         // A promoted connection no longer counts against its address's share.
-        _a[0].0.promote().authenticated();
-        let _c = slots.admit(ip("10.0.0.1")).expect("room again");
+        b.promote().authenticated();
+        let (_d, evicted) = slots.admit(ip("10.0.0.1")).expect("room again");
+        assert!(!evicted);
+        assert_eq!(slots.counts(), (5, 4));
+        drop(c);
         assert_eq!(slots.counts(), (4, 3));
-        drop(b);
-        assert_eq!(slots.counts(), (3, 2));
     }
 
     #[test]
     fn ipv6_addresses_are_counted_by_their_64_and_mapped_ipv4_as_ipv4() {
         let slots = slots(16, 8, 1);
-        let _a = slots.admit(ip("2001:db8:1:2::1")).expect("first");
+        let (a, _) = slots.admit(ip("2001:db8:1:2::1")).expect("first");
+        // Busy, so the address's share cannot be taken from it.
+        a.promote().set_evictable(false);
         assert_eq!(
             slots.admit(ip("2001:db8:1:2:ffff::9")).err(),
             Some(Refusal::PerAddress),
             "same /64"
         );
         let _b = slots.admit(ip("2001:db8:1:3::1")).expect("another /64");
-        let _c = slots.admit(ip("10.1.1.1")).expect("v4");
+        let (c, _) = slots.admit(ip("10.1.1.1")).expect("v4");
+        c.promote().set_evictable(false);
         assert_eq!(
             slots.admit(ip("::ffff:10.1.1.1")).err(),
             Some(Refusal::PerAddress)
