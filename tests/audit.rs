@@ -213,6 +213,38 @@ fn metric(text: &str, series: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {series} in the metrics"))
 }
 
+/// The trail's whole lines once one holds the code `code` (the writer writes after the cell's
+/// answer); panics naming what the trail holds if none does within 30 s.
+async fn written_until(files: &[std::path::PathBuf], code: &str) -> Vec<Value> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let records: Vec<Value> = files
+            .iter()
+            .filter_map(|f| std::fs::read_to_string(f).ok())
+            .flat_map(|text| {
+                // Whole lines only: the writer may be mid-line.
+                let whole = text.rfind('\n').map_or("", |end| &text[..end]).to_string();
+                whole
+                    .lines()
+                    .map(|l| serde_json::from_str::<Value>(l).unwrap())
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        if records.iter().any(|r| r["code"] == code) {
+            return records;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no line of {code:?} in the trail: {:?}",
+            records
+                .iter()
+                .map(|r| (r["tenant"].clone(), r["code"].as_str().map(|c| c.len())))
+                .collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Every line of the trail's files (oldest first), parsed.
 fn read_all(files: &[std::path::PathBuf]) -> Vec<Value> {
     files
@@ -265,6 +297,14 @@ async fn a_tenant_flooding_large_code_cannot_rotate_another_tenants_lines_out() 
         api.run(FLOODS[0].1, "flood", &big).await;
     }
     api.run(HONEST, "honest", "honest = 3").await;
+    // Lines are written in order: once the last is in, so is (or was dropped) every one before.
+    let records = written_until(&files, "honest = 3").await;
+    let honest: Vec<&str> = records
+        .iter()
+        .filter(|r| r["tenant"] == "honest")
+        .map(|r| r["code"].as_str().unwrap())
+        .collect();
+    assert_eq!(honest, ["honest = 1", "honest = 2", "honest = 3"]);
     let text = api.metrics(HONEST).await;
     let dropped = metric(
         &text,
@@ -274,17 +314,17 @@ async fn a_tenant_flooding_large_code_cannot_rotate_another_tenants_lines_out() 
     assert!(metric(&text, "kernelbox_audit_code_truncated_total") >= CELLS as u64);
     assert_eq!(metric(&text, "kernelbox_audit_rotated_out_files_total"), 0);
 
-    let records = read_all(&files);
-    let honest: Vec<&str> = records
-        .iter()
-        .filter(|r| r["tenant"] == "honest")
-        .map(|r| r["code"].as_str().unwrap())
-        .collect();
-    assert_eq!(honest, ["honest = 1", "honest = 2", "honest = 3"]);
     let flood: Vec<&Value> = records
         .iter()
         .filter(|r| r["tenant"] == "hostile")
         .collect();
+    println!(
+        "flood of {CELLS} cells of {} bytes: {} lines kept (the longest {} bytes), {dropped} \
+         dropped",
+        big.len(),
+        flood.len(),
+        flood.iter().map(|r| r.to_string().len()).max().unwrap_or(0)
+    );
     assert_eq!(flood.len() as u64 + dropped, CELLS as u64);
     for line in &flood {
         // The line keeps the code's first bytes, marked, and the whole code's hash.
@@ -307,6 +347,8 @@ async fn a_tenant_flooding_large_code_cannot_rotate_another_tenants_lines_out() 
             api.run(token, "flood", &big).await;
         }
     }
+    api.run(HONEST, "honest", "honest = 4").await;
+    written_until(&files, "honest = 4").await;
     let text = api.metrics(HONEST).await;
     assert!(metric(&text, "kernelbox_audit_rotated_out_files_total") >= 1);
     assert!(metric(&text, "kernelbox_audit_rotated_out_bytes_total") >= 200 * 1024);

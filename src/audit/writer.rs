@@ -478,7 +478,7 @@ mod tests {
         // A new window: the tenant's next line says how many of its records were dropped.
         trail.window = Duration::ZERO;
         assert_eq!(trail.write(vec![of("bad", 999)], 0), 0);
-        let last = lines(&[path.clone()]).pop().expect("a line");
+        let last = lines(std::slice::from_ref(&path)).pop().expect("a line");
         assert_eq!(
             (last.session.as_str(), last.tenant_dropped),
             ("s999", Some(200 - bad as u64))

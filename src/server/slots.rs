@@ -24,7 +24,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio_util::sync::CancellationToken;
@@ -34,6 +34,33 @@ const UNAUTHENTICATED: u8 = 0;
 const AUTHENTICATED: u8 = 1;
 /// Its slot was given to a newer connection (or released): nothing left to release.
 const GONE: u8 = 2;
+
+/// What an unauthenticated connection is doing, for who gives way first: a higher one before a
+/// lower one of the same address; [`Doing::Busy`] never.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[repr(u8)]
+pub(super) enum Doing {
+    /// A request in flight, its response read.
+    Busy = 0,
+    /// Nothing received yet: a client whose head is on its way (a tenant's new connection
+    /// behind the same address as a flood is here until its head arrives).
+    Silent = 1,
+    /// Idle between requests, or not reading its response.
+    Idle = 2,
+    /// Part of a request head received, the rest withheld (a slow or half-sent head).
+    Stalled = 3,
+}
+
+impl Doing {
+    fn from_u8(n: u8) -> Doing {
+        match n {
+            1 => Doing::Silent,
+            2 => Doing::Idle,
+            3 => Doing::Stalled,
+            _ => Doing::Busy,
+        }
+    }
+}
 
 /// The address a per-address share is counted under: an IPv4 address, or the /64 of an IPv6
 /// one (a single host commonly holds a whole /64).
@@ -75,15 +102,21 @@ pub(super) enum Refusal {
     PerAddress,
 }
 
+impl Shared {
+    fn doing(&self) -> Doing {
+        Doing::from_u8(self.doing.load(Ordering::Acquire))
+    }
+}
+
 /// One connection's part of the books, shared by its [`Slot`] and its [`Promote`] handles.
 #[derive(Debug)]
 struct Shared {
     id: u64,
     peer: Peer,
     stage: AtomicU8,
-    /// Whether the connection may give up its slot to a newer one while unauthenticated:
-    /// no request in flight, or its response blocked on a client that does not read.
-    evictable: AtomicBool,
+    /// What the connection is doing ([`Doing`]): whether, and how readily, it gives up its
+    /// slot to a newer one while unauthenticated.
+    doing: AtomicU8,
     /// Cancelled when the slot is given to a newer connection: the connection closes.
     evicted: CancellationToken,
 }
@@ -116,12 +149,22 @@ impl Books {
         victim.evicted.cancel();
     }
 
-    /// The oldest evictable unauthenticated connection of `peer`, if any.
+    /// The unauthenticated connection of `peer` to give up its slot: one withholding the rest
+    /// of a head before one idle before one that has sent nothing yet, the oldest of them;
+    /// none while all are busy.
     fn oldest_idle_of(&self, peer: Peer) -> Option<Arc<Shared>> {
-        self.unauthenticated
-            .values()
-            .find(|shared| shared.peer == peer && shared.evictable.load(Ordering::Acquire))
-            .cloned()
+        let mut best: Option<(Doing, &Arc<Shared>)> = None;
+        for shared in self.unauthenticated.values() {
+            if shared.peer != peer {
+                continue;
+            }
+            let doing = shared.doing();
+            // Oldest first: a later one doing the same does not replace it.
+            if doing != Doing::Busy && best.is_none_or(|(most, _)| doing > most) {
+                best = Some((doing, shared));
+            }
+        }
+        best.map(|(_, shared)| shared.clone())
     }
 
     /// The unauthenticated connection to give up its slot: an evictable one of the address
@@ -129,7 +172,7 @@ impl Books {
     fn victim(&self) -> Option<Arc<Shared>> {
         let mut best: Option<(usize, &Arc<Shared>)> = None;
         for shared in self.unauthenticated.values() {
-            if !shared.evictable.load(Ordering::Acquire) {
+            if shared.doing() == Doing::Busy {
                 continue;
             }
             let held = self.per_address.get(&shared.peer).copied().unwrap_or(0);
@@ -187,7 +230,7 @@ impl Slots {
             id: books.next_id,
             peer,
             stage: AtomicU8::new(UNAUTHENTICATED),
-            evictable: AtomicBool::new(true),
+            doing: AtomicU8::new(Doing::Silent as u8),
             evicted: CancellationToken::new(),
         });
         books.next_id += 1;
@@ -231,9 +274,9 @@ impl Promote {
         }
     }
 
-    /// Notes whether the connection is doing nothing useful (see [`Shared::evictable`]).
-    pub(super) fn set_evictable(&self, evictable: bool) {
-        self.shared.evictable.store(evictable, Ordering::Release);
+    /// Notes what the connection is doing (see [`Doing`]).
+    pub(super) fn set_doing(&self, doing: Doing) {
+        self.shared.doing.store(doing as u8, Ordering::Release);
     }
 }
 
@@ -301,8 +344,8 @@ mod tests {
         assert!(!a[1].0.evicted().is_cancelled() && !other.evicted().is_cancelled());
         assert_eq!(slots.counts(), (3, 3));
         // When every connection of the address is busy, the newcomer is refused.
-        a[1].0.promote().set_evictable(false);
-        b.promote().set_evictable(false);
+        a[1].0.promote().set_doing(Doing::Busy);
+        b.promote().set_doing(Doing::Busy);
         assert_eq!(slots.admit(ip("10.0.0.1")).err(), Some(Refusal::PerAddress));
         let (c, evicted) = slots.admit(ip("10.0.0.3")).expect("another address still");
         assert!(!evicted);
@@ -320,7 +363,7 @@ mod tests {
         let slots = slots(16, 8, 1);
         let (a, _) = slots.admit(ip("2001:db8:1:2::1")).expect("first");
         // Busy, so the address's share cannot be taken from it.
-        a.promote().set_evictable(false);
+        a.promote().set_doing(Doing::Busy);
         assert_eq!(
             slots.admit(ip("2001:db8:1:2:ffff::9")).err(),
             Some(Refusal::PerAddress),
@@ -328,7 +371,7 @@ mod tests {
         );
         let _b = slots.admit(ip("2001:db8:1:3::1")).expect("another /64");
         let (c, _) = slots.admit(ip("10.1.1.1")).expect("v4");
-        c.promote().set_evictable(false);
+        c.promote().set_doing(Doing::Busy);
         assert_eq!(
             slots.admit(ip("::ffff:10.1.1.1")).err(),
             Some(Refusal::PerAddress)
@@ -350,7 +393,7 @@ mod tests {
         assert!(!tenant.evicted().is_cancelled());
         assert_eq!(slots.counts(), (4, 4));
         // A connection with a request in flight is not pushed out.
-        flood[1].0.promote().set_evictable(false);
+        flood[1].0.promote().set_doing(Doing::Busy);
         let (_late, _) = slots.admit(ip("10.0.0.3")).expect("admitted");
         assert!(!flood[1].0.evicted().is_cancelled());
         assert!(flood[2].0.evicted().is_cancelled());
@@ -370,12 +413,12 @@ mod tests {
         b.promote().authenticated();
         b.promote().authenticated();
         let (c, _) = slots.admit(ip("10.0.0.2")).expect("c");
-        c.promote().set_evictable(false);
+        c.promote().set_doing(Doing::Busy);
         assert_eq!(slots.counts(), (3, 1));
         // Every slot is held: two authenticated, one busy.
         assert_eq!(slots.admit(ip("10.0.0.3")).err(), Some(Refusal::Full));
         // Once c is idle, a newcomer takes its slot; never a's or b's.
-        c.promote().set_evictable(true);
+        c.promote().set_doing(Doing::Idle);
         let (_d, evicted) = slots.admit(ip("10.0.0.3")).expect("d");
         assert!(evicted && c.evicted().is_cancelled());
         assert!(!a.evicted().is_cancelled() && !b.evicted().is_cancelled());
