@@ -4,9 +4,12 @@
 //! A connection is accepted *unauthenticated*. Unauthenticated connections share a smaller
 //! pool (`max_unauthenticated`, a quarter of `max_connections` by default), and one address
 //! (an IPv4 address, or an IPv6 /64) may hold at most `max_unauthenticated_per_address` of
-//! them; a connection from an address already holding its share takes the slot of that
-//! address's oldest unauthenticated connection doing nothing useful (see below), and is refused
-//! only when all of them are busy. The first request on a connection that carries a valid tenant token promotes it
+//! them; a connection from an address already holding its share takes the slot of one of that
+//! address's unauthenticated connections doing nothing useful — one withholding the rest of a
+//! head before one idle (between requests, or not reading its response) before one that has
+//! sent nothing yet, the oldest of them ([`Doing`]) — and is refused only when all of them are
+//! busy. So a tenant behind the same address as a flood (a NAT) gets in: its new connection is
+//! the newest, and sends its head at once. The first request on a connection that carries a valid tenant token promotes it
 //! (the API's authentication calls [`Promote::authenticated`], found in the request's
 //! extensions): it leaves the unauthenticated pool and counts only against
 //! `max_connections`.
@@ -356,6 +359,25 @@ mod tests {
         assert_eq!(slots.counts(), (5, 4));
         drop(c);
         assert_eq!(slots.counts(), (4, 3));
+    }
+
+    #[test]
+    fn at_an_addresss_share_a_withheld_head_gives_way_before_an_idle_one_before_a_silent_one() {
+        let slots = slots(16, 8, 3);
+        let (silent, _) = slots.admit(ip("10.0.0.1")).expect("silent");
+        let (idle, _) = slots.admit(ip("10.0.0.1")).expect("idle");
+        idle.promote().set_doing(Doing::Idle);
+        let (stalled, _) = slots.admit(ip("10.0.0.1")).expect("stalled");
+        stalled.promote().set_doing(Doing::Stalled);
+        let (_d, evicted) = slots.admit(ip("10.0.0.1")).expect("d");
+        assert!(evicted && stalled.evicted().is_cancelled());
+        let (_e, _) = slots.admit(ip("10.0.0.1")).expect("e");
+        assert!(idle.evicted().is_cancelled());
+        assert!(!silent.evicted().is_cancelled());
+        // Only silent ones left: the oldest of them.
+        let (_f, _) = slots.admit(ip("10.0.0.1")).expect("f");
+        assert!(silent.evicted().is_cancelled());
+        assert_eq!(slots.counts(), (3, 3));
     }
 
     #[test]
