@@ -30,6 +30,11 @@ fn sha256(bytes: &[u8]) -> String {
 
 /// `kernelbox serve` with the tenants file and audit file in `dir`; its address.
 async fn serve(dir: &Path, label: &str) -> (tokio::process::Child, Api) {
+    serve_with(dir, label, &[]).await
+}
+
+/// [`serve`] with more arguments.
+async fn serve_with(dir: &Path, label: &str, args: &[&str]) -> (tokio::process::Child, Api) {
     let mut cmd = common::serve_command(label, "unused");
     cmd.arg("--tenants")
         .arg(dir.join("tenants.json"))
@@ -38,6 +43,7 @@ async fn serve(dir: &Path, label: &str) -> (tokio::process::Child, Api) {
         .arg("--audit-file")
         .arg(dir.join("trail.log"))
         .args(["--pool", "0"])
+        .args(args)
         .env_remove("KERNELBOX_STATE_DIR");
     let (child, addr) = common::spawn_serving(cmd).await;
     (child, Api::new(addr))
@@ -45,9 +51,14 @@ async fn serve(dir: &Path, label: &str) -> (tokio::process::Child, Api) {
 
 /// `kernelbox audit verify FILE`: its exit code, stdout and stderr.
 fn verify(file: &Path) -> (i32, String, String) {
+    verify_files(&[file.to_path_buf()])
+}
+
+/// `kernelbox audit verify FILES...` (oldest first, those that exist).
+fn verify_files(files: &[std::path::PathBuf]) -> (i32, String, String) {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_kernelbox"))
         .args(["audit", "verify"])
-        .arg(file)
+        .args(files.iter().filter(|f| f.exists()))
         .output()
         .expect("run kernelbox audit verify");
     (
@@ -192,5 +203,166 @@ async fn the_trail_has_one_chained_line_per_audited_cell_and_command_and_never_t
     let (code, out, err) = verify(&trail);
     assert_eq!(code, 1, "{out}{err}");
     assert!(err.contains("line 3"), "{err}");
+    common::assert_clean(&engine, &label).await;
+}
+
+/// A metric's value in `text` (a series with exactly this name and labels).
+fn metric(text: &str, series: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {series} in the metrics"))
+}
+
+/// The trail's whole lines once one holds the code `code` (the writer writes after the cell's
+/// answer); panics naming what the trail holds if none does within 30 s.
+async fn written_until(files: &[std::path::PathBuf], code: &str) -> Vec<Value> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let records: Vec<Value> = files
+            .iter()
+            .filter_map(|f| std::fs::read_to_string(f).ok())
+            .flat_map(|text| {
+                // Whole lines only: the writer may be mid-line.
+                let whole = text.rfind('\n').map_or("", |end| &text[..end]).to_string();
+                whole
+                    .lines()
+                    .map(|l| serde_json::from_str::<Value>(l).unwrap())
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        if records.iter().any(|r| r["code"] == code) {
+            return records;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no line of {code:?} in the trail: {:?}",
+            records
+                .iter()
+                .map(|r| (r["tenant"].clone(), r["code"].as_str().map(|c| c.len())))
+                .collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Every line of the trail's files (oldest first), parsed.
+fn read_all(files: &[std::path::PathBuf]) -> Vec<Value> {
+    files
+        .iter()
+        .filter(|f| f.exists())
+        .flat_map(|f| read_trail(f).1)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tenant_flooding_large_code_cannot_rotate_another_tenants_lines_out() {
+    const HONEST: &str = "tok-audit-honest";
+    const FLOODS: [(&str, &str); 3] = [
+        ("hostile", "tok-audit-hostile"),
+        ("hostile2", "tok-audit-hostile2"),
+        ("hostile3", "tok-audit-hostile3"),
+    ];
+    /// Cells each flooding tenant runs: past its budget of one file (256 KiB) of lines.
+    const CELLS: usize = 20;
+    let label = common::unique("audit-flood");
+    let engine = common::engine().await;
+    let dir = tempfile::tempdir().expect("dir");
+    let mut entries = vec![tenant("honest", HONEST)];
+    for (name, token) in FLOODS {
+        entries.push(tenant(name, token));
+    }
+    for entry in &mut entries {
+        entry["audit"] = json!({"code": true});
+    }
+    std::fs::write(
+        dir.path().join("tenants.json"),
+        json!({ "tenants": entries }).to_string(),
+    )
+    .unwrap();
+    let trail = dir.path().join("trail.log");
+    let files = [dir.path().join("trail.log.1"), trail.clone()];
+    let (mut server, api) = serve_with(
+        dir.path(),
+        &label,
+        &["--audit-rotate", "256k", "--audit-keep", "1"],
+    )
+    .await;
+
+    api.run(HONEST, "honest", "honest = 1").await;
+    api.run(HONEST, "honest", "honest = 2").await;
+    // A 0.9 MiB comment per cell: before the per-line cap and the tenant budget, each such
+    // line was a file of its own and three of them rotated every other line out.
+    let big = format!("#{}\nflood = 1", "x".repeat(900 * 1024));
+    for _ in 0..CELLS {
+        api.run(FLOODS[0].1, "flood", &big).await;
+    }
+    api.run(HONEST, "honest", "honest = 3").await;
+    // Lines are written in order: once the last is in, so is (or was dropped) every one before.
+    let records = written_until(&files, "honest = 3").await;
+    let honest: Vec<&str> = records
+        .iter()
+        .filter(|r| r["tenant"] == "honest")
+        .map(|r| r["code"].as_str().unwrap())
+        .collect();
+    assert_eq!(honest, ["honest = 1", "honest = 2", "honest = 3"]);
+    let text = api.metrics(HONEST).await;
+    let dropped = metric(
+        &text,
+        "kernelbox_audit_dropped_total{reason=\"tenant_budget\"}",
+    );
+    assert!(dropped >= 1, "{dropped}");
+    assert!(metric(&text, "kernelbox_audit_code_truncated_total") >= CELLS as u64);
+    assert_eq!(metric(&text, "kernelbox_audit_rotated_out_files_total"), 0);
+
+    let flood: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["tenant"] == "hostile")
+        .collect();
+    println!(
+        "flood of {CELLS} cells of {} bytes: {} lines kept (the longest {} bytes), {dropped} \
+         dropped",
+        big.len(),
+        flood.len(),
+        flood.iter().map(|r| r.to_string().len()).max().unwrap_or(0)
+    );
+    assert_eq!(flood.len() as u64 + dropped, CELLS as u64);
+    for line in &flood {
+        // The line keeps the code's first bytes, marked, and the whole code's hash.
+        assert_eq!(line["code"].as_str().unwrap().len(), 16 * 1024);
+        assert_eq!(line["code_truncated"], true);
+        assert_eq!(line["code_bytes"], big.len());
+        assert_eq!(line["code_sha256"], sha256(big.as_bytes()));
+    }
+    let (code, out, err) = verify_files(&files);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("chained from the trail's start"), "{out}");
+    let first = records[0]["time"].as_str().unwrap();
+    assert!(out.contains(&format!("first line: {first}")), "{out}");
+
+    // The budget is per tenant: two more flooding tenants do rotate the oldest file out
+    // (`--audit-keep 1`), and that is visible: counted at /metrics, and verify says where the
+    // trail now starts, chained from a line it no longer has.
+    for (_, token) in &FLOODS[1..] {
+        for _ in 0..CELLS {
+            api.run(token, "flood", &big).await;
+        }
+    }
+    api.run(HONEST, "honest", "honest = 4").await;
+    written_until(&files, "honest = 4").await;
+    let text = api.metrics(HONEST).await;
+    assert!(metric(&text, "kernelbox_audit_rotated_out_files_total") >= 1);
+    assert!(metric(&text, "kernelbox_audit_rotated_out_bytes_total") >= 200 * 1024);
+    let status = common::terminate(&mut server, Duration::from_secs(60)).await;
+    assert!(status.success(), "{status}");
+    let records = read_all(&files);
+    let (code, out, err) = verify_files(&files);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("chained from a line before these files"),
+        "{out}"
+    );
+    let now_first = records[0]["time"].as_str().unwrap();
+    assert!(now_first > first, "{now_first} {first}");
+    assert!(out.contains(&format!("first line: {now_first}")), "{out}");
     common::assert_clean(&engine, &label).await;
 }

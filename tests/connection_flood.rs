@@ -2,8 +2,8 @@
 //! tenant needs (docs/http-api.md, "Slow and idle clients cannot hold the server"): the real
 //! `kernelbox serve` binary with `--max-connections 64` and every other connection bound at
 //! its default, hundreds of sockets without a token each sending half a request head and
-//! reopened as soon as the server closes them, from several loopback addresses, while a
-//! tenant runs cells, each on a fresh connection (so that every one of its requests must be
+//! reopened as soon as the server closes them, from several loopback addresses (or from the
+//! tenant's own address, every bound at its default), while a tenant runs cells, each on a fresh connection (so that every one of its requests must be
 //! admitted during the attack). The tenant must see no 503, every request answered within a
 //! few seconds, and at least 99% of its cells succeed; once the attack stops, the server
 //! answers at once.
@@ -26,8 +26,15 @@ const TOKEN: &str = "tok-flood";
 const ATTACK_ADDRESSES: u8 = 4;
 /// Sockets the attack keeps open (or reopens) per address.
 const SOCKETS_PER_ADDRESS: usize = 60;
+/// Sockets the attack keeps open (or reopens) from the tenant's own address: several times
+/// that address's share of unauthenticated connections (64 by default).
+const SHARED_SOCKETS: usize = 300;
 /// An attacking socket closed by the server is reopened after this pause.
 const REOPEN_PAUSE: Duration = Duration::from_millis(100);
+/// The same, for the flood from the tenant's own address: its sockets hold the address at its
+/// share all along (far more of them than the share), each reopened a second after the server
+/// closes it.
+const SHARED_REOPEN_PAUSE: Duration = Duration::from_secs(1);
 /// How long the tenant runs cells under the attack.
 const ATTACK: Duration = Duration::from_secs(8);
 /// Longest a tenant request may take, during the attack or after it.
@@ -103,7 +110,12 @@ async fn cell_once(addr: SocketAddr, session: &str, n: u64) -> Outcome {
 /// One attacking socket, reopened as it closes: connects from `source`, sends half a request
 /// head with no token, and holds the connection until the server closes it. Returns how many
 /// connections it opened.
-async fn attacker(addr: SocketAddr, source: Ipv4Addr, stop: CancellationToken) -> u64 {
+async fn attacker(
+    addr: SocketAddr,
+    source: Ipv4Addr,
+    pause: Duration,
+    stop: CancellationToken,
+) -> u64 {
     const HALF_HEAD: &[u8] = b"GET /v1/kernels HTTP/1.1\r\nHost: kernelbox\r\nX-Padding: ";
     let mut opened = 0;
     while !stop.is_cancelled() {
@@ -130,10 +142,29 @@ async fn attacker(addr: SocketAddr, source: Ipv4Addr, stop: CancellationToken) -
         }
         tokio::select! {
             _ = stop.cancelled() => break,
-            _ = tokio::time::sleep(REOPEN_PAUSE) => {}
+            _ = tokio::time::sleep(pause) => {}
         }
     }
     opened
+}
+
+/// The server's connection refusals and evictions, from `/metrics`.
+async fn rejections(addr: SocketAddr) -> String {
+    let request = format!(
+        "GET /metrics HTTP/1.1\r\nHost: kernelbox\r\nAuthorization: Bearer {TOKEN}\r\n\
+         Connection: close\r\n\r\n"
+    );
+    let mut text = String::new();
+    if let Ok(Ok(mut stream)) = tokio::time::timeout(GIVE_UP, TcpStream::connect(addr)).await {
+        if stream.write_all(request.as_bytes()).await.is_ok() {
+            let _ = tokio::time::timeout(GIVE_UP, stream.read_to_string(&mut text)).await;
+        }
+    }
+    text.lines()
+        .filter_map(|l| l.strip_prefix("kernelbox_requests_rejected_total{reason=\"connection"))
+        .map(|l| format!("connection{l}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The figures of a run of tenant requests.
@@ -173,13 +204,58 @@ fn summary(what: &str, results: &[(Outcome, Duration)]) -> (usize, usize, Durati
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_flood_of_unauthenticated_half_heads_does_not_starve_an_authenticated_tenant() {
-    let label = common::unique("flood");
+    let sources: Vec<Ipv4Addr> = (0..ATTACK_ADDRESSES)
+        .map(|a| Ipv4Addr::new(127, 0, 0, 2 + a))
+        .collect();
+    let attack = Attack {
+        sources,
+        sockets: SOCKETS_PER_ADDRESS,
+        pause: REOPEN_PAUSE,
+    };
+    flood("flood", attack, &["--max-connections", "64"]).await;
+}
+
+/// The tenant and the flood share one address (a NAT, a proxy with the per-address cap left
+/// on), every bound at its default: the address is at its share of unauthenticated
+/// connections all along, and each of the tenant's new connections takes the slot of the
+/// address's oldest idle one instead of being refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_flood_from_the_tenants_own_address_does_not_starve_it() {
+    let attack = Attack {
+        sources: vec![Ipv4Addr::LOCALHOST],
+        sockets: SHARED_SOCKETS,
+        pause: SHARED_REOPEN_PAUSE,
+    };
+    flood("flood-nat", attack, &[]).await;
+}
+
+/// Where an attack comes from and how hard it presses.
+struct Attack {
+    /// The addresses it connects from.
+    sources: Vec<Ipv4Addr>,
+    /// Sockets per address.
+    sockets: usize,
+    /// How long a socket the server closed waits before it reconnects.
+    pause: Duration,
+}
+
+/// Runs a tenant's cells from 127.0.0.1, each on a fresh connection, while `attack` holds half
+/// request heads (each socket reopened as the server closes it), on a `kernelbox serve` with
+/// `args`; asserts the tenant is never refused and recovers at once.
+async fn flood(name: &str, attack: Attack, args: &[&str]) {
+    let Attack {
+        sources,
+        sockets,
+        pause,
+    } = attack;
+    let label = common::unique(name);
     let engine = common::engine().await;
     let state = tempfile::tempdir().expect("state directory");
     let mut child = common::serve_command(&label, TOKEN)
         .arg("--state-dir")
         .arg(state.path())
-        .args(["--max-connections", "64", "--pool", "0"])
+        .args(["--pool", "0"])
+        .args(args)
         .spawn()
         .expect("spawn kernelbox serve");
     let stderr = child.stderr.take().expect("stderr");
@@ -196,10 +272,9 @@ async fn a_flood_of_unauthenticated_half_heads_does_not_starve_an_authenticated_
 
     let stop = CancellationToken::new();
     let mut attack = Vec::new();
-    for a in 0..ATTACK_ADDRESSES {
-        let source = Ipv4Addr::new(127, 0, 0, 2 + a);
-        for _ in 0..SOCKETS_PER_ADDRESS {
-            attack.push(tokio::spawn(attacker(addr, source, stop.clone())));
+    for &source in &sources {
+        for _ in 0..sockets {
+            attack.push(tokio::spawn(attacker(addr, source, pause, stop.clone())));
         }
     }
     // Let the attack take hold of whatever it can.
@@ -230,10 +305,12 @@ async fn a_flood_of_unauthenticated_half_heads_does_not_starve_an_authenticated_
         opened += task.await.expect("attacker task");
     }
     println!(
-        "attack: {} sockets from {ATTACK_ADDRESSES} addresses opened {opened} connections",
-        ATTACK_ADDRESSES as usize * SOCKETS_PER_ADDRESS
+        "attack: {} sockets from {} addresses opened {opened} connections",
+        sources.len() * sockets,
+        sources.len()
     );
     let (ok, refused, max) = summary("tenant during the attack", &during);
+    println!("server: {}", rejections(addr).await);
 
     // Recovery: at once.
     let mut after = Vec::new();
@@ -243,7 +320,7 @@ async fn a_flood_of_unauthenticated_half_heads_does_not_starve_an_authenticated_
     let (after_ok, _, after_max) = summary("tenant right after the attack", &after);
 
     assert!(
-        opened >= 2 * (ATTACK_ADDRESSES as u64) * SOCKETS_PER_ADDRESS as u64,
+        opened >= 2 * (sources.len() * sockets) as u64,
         "the attack did not reopen its sockets as they closed ({opened} connections)"
     );
     assert!(during.len() >= 20, "the tenant made too few requests");

@@ -26,6 +26,11 @@ pub struct Verified {
     pub first_prev: String,
     /// The hash of the last line: the next line's `prev`.
     pub last_hash: String,
+    /// The `time` of the first line: where the trail given starts (later than expected when
+    /// rotation deleted older files).
+    pub first_time: Option<String>,
+    /// The `time` of the last line.
+    pub last_time: Option<String>,
 }
 
 /// Checks the chain through `files`, given oldest first (`FILE.2 FILE.1 FILE`): every line a
@@ -36,6 +41,8 @@ pub fn verify(files: &[PathBuf]) -> Result<Verified, AuditError> {
         lines: 0,
         first_prev: String::new(),
         last_hash: String::new(),
+        first_time: None,
+        last_time: None,
     };
     for path in files {
         let file = File::open(path).map_err(|source| AuditError::Io {
@@ -73,7 +80,10 @@ pub fn verify(files: &[PathBuf]) -> Result<Verified, AuditError> {
             let record: AuditRecord = serde_json::from_slice(&line)
                 .map_err(|e| broken(format!("not an audit record: {e}")))?;
             match &expected {
-                None => verified.first_prev = record.prev.clone(),
+                None => {
+                    verified.first_prev = record.prev.clone();
+                    verified.first_time = Some(record.time.clone());
+                }
                 Some(hash) if *hash != record.prev => {
                     return Err(broken(format!(
                         "its prev is {}, but the line before it hashes to {hash}: a line before \
@@ -85,6 +95,7 @@ pub fn verify(files: &[PathBuf]) -> Result<Verified, AuditError> {
             }
             let hash = line_hash(&line);
             verified.last_hash = hash.clone();
+            verified.last_time = Some(record.time);
             expected = Some(hash);
             verified.lines += 1;
         }

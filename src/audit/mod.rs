@@ -8,7 +8,7 @@
 //! |---|---|
 //! | `mod.rs` | this table, the [`AuditRecord`] one line holds, [`AuditConfig`] (the sink and each tenant's [`AuditPolicy`]), [`AuditError`], the constants |
 //! | `chain.rs` | the hash chain: a line's hash, the last line of a file, [`verify`] |
-//! | `writer.rs` | [`Auditor`], the handle cells and commands record through, and the one task that writes (bounded channel, rotation, the chain carried across restarts and rotations) |
+//! | `writer.rs` | [`Auditor`], the handle cells and commands record through, and the one task that writes (bounded channel, each tenant's byte budget, rotation, the chain carried across restarts and rotations), [`AuditStats`] |
 
 use std::path::PathBuf;
 
@@ -18,7 +18,7 @@ mod chain;
 mod writer;
 
 pub use chain::{line_hash, verify, Verified};
-pub use writer::Auditor;
+pub use writer::{AuditStats, Auditor};
 
 /// Records waiting for the writer at most; past it a record is dropped and counted, and the
 /// next line written says how many (`dropped`), so the gap is in the trail.
@@ -30,11 +30,24 @@ pub const DEFAULT_AUDIT_ROTATE_BYTES: u64 = 64 * 1024 * 1024;
 /// Rotated files kept (`FILE.1` .. `FILE.N`; older ones deleted), by default.
 pub const DEFAULT_AUDIT_KEEP: usize = 5;
 
+/// Bytes of a cell's code (a command's arguments) a line keeps at most (cut at a character
+/// boundary); past it the line says `code_truncated` and the code's full size (`code_bytes`),
+/// and `code_sha256` is always the hash of the whole code. So one line stays small whatever
+/// the code (`docs/usage.md`, "Audit trail").
+pub const AUDIT_CODE_BYTES: usize = 16 * 1024;
+
+/// The window of a tenant's byte budget in a file trail: in each window a tenant's lines take
+/// at most one file's worth (`--audit-rotate`) of the trail; its lines past that are dropped,
+/// counted in its next line (`tenant_dropped`) and in `kernelbox_audit_dropped_total`. So one
+/// tenant rotates at most one file out per window, whatever it runs (`docs/usage.md`, "Audit
+/// trail").
+pub const AUDIT_TENANT_WINDOW: std::time::Duration = std::time::Duration::from_secs(3600);
+
 /// The `prev` of the first line of a new trail.
 pub const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 
-/// The longest line the trail's reader takes (a cell's code is bounded by the request body's
-/// limit well below this): longer is not a line kernelbox wrote.
+/// The longest line the trail's reader takes (a line holds at most [`AUDIT_CODE_BYTES`] of
+/// code, JSON-escaped, well below this): longer is not a line kernelbox wrote.
 pub const MAX_AUDIT_LINE: usize = 64 * 1024 * 1024;
 
 /// What ran: a cell or a shell command.
@@ -75,9 +88,20 @@ pub struct AuditRecord {
     pub exit_code: Option<i64>,
     /// SHA-256 of the code (a command's: its arguments joined by NUL), hex.
     pub code_sha256: String,
-    /// The code itself, for a tenant that opted in (`{"audit": {"code": true}}`).
+    /// The code itself, for a tenant that opted in (`{"audit": {"code": true}}`): at most its
+    /// first [`AUDIT_CODE_BYTES`].
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub code: Option<String>,
+    /// The whole code's size in bytes, when `code` holds only its start.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub code_bytes: Option<u64>,
+    /// `true` when `code` holds only the code's first bytes (`code_bytes` says how many it had).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub code_truncated: Option<bool>,
+    /// This tenant's records dropped since its previous line because it was past its byte
+    /// budget ([`AUDIT_TENANT_WINDOW`]).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub tenant_dropped: Option<u64>,
     /// Records dropped just before this one because the writer fell behind.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub dropped: Option<u64>,
@@ -90,6 +114,23 @@ impl AuditRecord {
     pub fn code_hash(code: &[u8]) -> String {
         use sha2::{Digest, Sha256};
         hex::encode(Sha256::digest(code))
+    }
+
+    /// Sets `code` to what a line keeps of `code`: all of it up to [`AUDIT_CODE_BYTES`], else
+    /// its first bytes up to that (at a character boundary), marked `code_truncated` with the
+    /// whole size in `code_bytes`.
+    pub fn keep_code(&mut self, code: &str) {
+        if code.len() <= AUDIT_CODE_BYTES {
+            self.code = Some(code.to_string());
+            return;
+        }
+        let mut end = AUDIT_CODE_BYTES;
+        while !code.is_char_boundary(end) {
+            end -= 1;
+        }
+        self.code = Some(code[..end].to_string());
+        self.code_bytes = Some(code.len() as u64);
+        self.code_truncated = Some(true);
     }
 
     /// The hash a command's arguments are recorded under: joined by NUL (no argument can
@@ -156,4 +197,45 @@ pub enum AuditError {
         /// What is wrong.
         reason: String,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_line_keeps_at_most_its_share_of_the_code_cut_at_a_character() {
+        let mut record = AuditRecord {
+            time: String::new(),
+            kind: AuditKind::Cell,
+            tenant: "t".into(),
+            session: "s".into(),
+            child: None,
+            kernel: "k".into(),
+            generation: 1,
+            duration_seconds: 0.0,
+            status: "success".into(),
+            exit_code: None,
+            code_sha256: String::new(),
+            code: None,
+            code_bytes: None,
+            code_truncated: None,
+            tenant_dropped: None,
+            dropped: None,
+            prev: String::new(),
+        };
+        record.keep_code("print(1)");
+        assert_eq!(record.code.as_deref(), Some("print(1)"));
+        assert_eq!((record.code_bytes, record.code_truncated), (None, None));
+        // A two-byte character straddles the cut: the line keeps the bytes before it.
+        let code = format!(
+            "{}é{}",
+            "x".repeat(AUDIT_CODE_BYTES - 1),
+            "#".repeat(900_000)
+        );
+        record.keep_code(&code);
+        assert_eq!(record.code.as_deref(), Some(&code[..AUDIT_CODE_BYTES - 1]));
+        assert_eq!(record.code_bytes, Some(code.len() as u64));
+        assert_eq!(record.code_truncated, Some(true));
+    }
 }

@@ -1,14 +1,19 @@
 //! [`Auditor`]: cells and commands hand it their records without waiting (a bounded queue,
 //! [`AUDIT_QUEUE`]); one task writes them, in batches, off the runtime's threads, each line
 //! chained to the one before (`chain.rs`). A file trail continues the chain of the file it
-//! finds (after a restart) and of the file it rotates away; each batch is synced to disk.
+//! finds (after a restart) and of the file it rotates away; each batch is synced to disk. In a
+//! file trail each tenant's lines take at most one file's worth of bytes per
+//! [`AUDIT_TENANT_WINDOW`] (past it they are dropped and counted), so one tenant cannot rotate
+//! the others' lines out; what is dropped or rotated away is counted ([`AuditStats`],
+//! `kernelbox_audit_*` in `/metrics`, `docs/usage.md` "Audit trail").
 
+use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -16,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::chain::{last_line, line_hash};
-use super::{AuditError, AuditRecord, AuditSink, AUDIT_QUEUE, GENESIS};
+use super::{AuditError, AuditRecord, AuditSink, AUDIT_QUEUE, AUDIT_TENANT_WINDOW, GENESIS};
 
 /// Records taken from the queue per write.
 const BATCH: usize = 256;
@@ -24,12 +29,59 @@ const BATCH: usize = 256;
 /// How long [`Auditor::close`] waits for the queue to be written.
 const CLOSE_DEADLINE: Duration = Duration::from_secs(10);
 
+/// What the trail lost or cut, since the server started (`kernelbox_audit_*` in `/metrics`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AuditStats {
+    /// Records dropped because the writer's queue was full.
+    pub dropped_queue: u64,
+    /// Records that could not be encoded or written.
+    pub dropped_write: u64,
+    /// Records dropped because their tenant was past its byte budget.
+    pub dropped_budget: u64,
+    /// Lines whose code was cut to [`super::AUDIT_CODE_BYTES`].
+    pub code_truncated: u64,
+    /// Files rotation deleted (the oldest kept one, when a new one was rotated in).
+    pub rotated_out_files: u64,
+    /// Bytes of the files rotation deleted.
+    pub rotated_out_bytes: u64,
+}
+
+/// The counters behind [`AuditStats`].
+#[derive(Debug, Default)]
+struct Counters {
+    dropped_queue: AtomicU64,
+    dropped_write: AtomicU64,
+    dropped_budget: AtomicU64,
+    code_truncated: AtomicU64,
+    rotated_out_files: AtomicU64,
+    rotated_out_bytes: AtomicU64,
+}
+
+impl Counters {
+    fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    fn snapshot(&self) -> AuditStats {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        AuditStats {
+            dropped_queue: get(&self.dropped_queue),
+            dropped_write: get(&self.dropped_write),
+            dropped_budget: get(&self.dropped_budget),
+            code_truncated: get(&self.code_truncated),
+            rotated_out_files: get(&self.rotated_out_files),
+            rotated_out_bytes: get(&self.rotated_out_bytes),
+        }
+    }
+}
+
 /// The audit trail's handle. Cheap to share (`Arc`).
 #[derive(Debug)]
 pub struct Auditor {
     tx: mpsc::Sender<AuditRecord>,
     /// Records refused because the queue was full or a write failed, not yet reported.
     dropped: Arc<AtomicU64>,
+    counters: Arc<Counters>,
     stop: CancellationToken,
     task: Mutex<Option<JoinHandle<()>>>,
 }
@@ -38,7 +90,8 @@ impl Auditor {
     /// Opens the trail (a file: its last line's hash continues the chain) and starts its
     /// writer on `tracker`.
     pub fn start(sink: AuditSink, tracker: &TaskTracker) -> Result<Auditor, AuditError> {
-        let trail = Trail::open(sink)?;
+        let counters = Arc::new(Counters::default());
+        let trail = Trail::open(sink, counters.clone())?;
         let (tx, rx) = mpsc::channel(AUDIT_QUEUE);
         let dropped = Arc::new(AtomicU64::new(0));
         let stop = CancellationToken::new();
@@ -46,6 +99,7 @@ impl Auditor {
         Ok(Auditor {
             tx,
             dropped,
+            counters,
             stop,
             task: Mutex::new(Some(task)),
         })
@@ -54,9 +108,18 @@ impl Auditor {
     /// Queues one record; never waits. A full queue (or a closed trail) drops it, and the next
     /// line written counts it in `dropped`.
     pub fn record(&self, record: AuditRecord) {
+        if record.code_truncated == Some(true) {
+            Counters::add(&self.counters.code_truncated, 1);
+        }
         if self.tx.try_send(record).is_err() {
             self.dropped.fetch_add(1, Ordering::Relaxed);
+            Counters::add(&self.counters.dropped_queue, 1);
         }
+    }
+
+    /// What the trail lost or cut so far.
+    pub fn stats(&self) -> AuditStats {
+        self.counters.snapshot()
     }
 
     /// Writes what is queued and stops the writer (at most [`CLOSE_DEADLINE`]). Idempotent.
@@ -114,20 +177,39 @@ async fn write_forever(
     }
 }
 
+/// One tenant's use of its byte budget in the current window.
+#[derive(Debug)]
+struct Budget {
+    /// When the window began (the tenant's first line after the last one ended).
+    since: Instant,
+    /// Bytes of its lines written in the window.
+    bytes: u64,
+    /// Its records dropped since its last written line.
+    dropped: u64,
+}
+
 /// The open trail: where lines go, and the hash the next one chains to.
 struct Trail {
     sink: AuditSink,
     /// The open file (a file sink), and its size.
     file: Option<(File, u64)>,
     prev: String,
+    /// Each audited tenant's budget (a file sink's; the tenants are the configured ones).
+    budgets: HashMap<String, Budget>,
+    /// How long a budget lasts ([`AUDIT_TENANT_WINDOW`]).
+    window: Duration,
+    counters: Arc<Counters>,
 }
 
 impl Trail {
-    fn open(sink: AuditSink) -> Result<Trail, AuditError> {
+    fn open(sink: AuditSink, counters: Arc<Counters>) -> Result<Trail, AuditError> {
         let mut trail = Trail {
             sink,
             file: None,
             prev: GENESIS.to_string(),
+            budgets: HashMap::new(),
+            window: AUDIT_TENANT_WINDOW,
+            counters,
         };
         if let AuditSink::File { path, .. } = &trail.sink {
             let path = path.clone();
@@ -155,26 +237,60 @@ impl Trail {
     /// how many records could not be written (they are reported by the next line).
     fn write(&mut self, batch: Vec<AuditRecord>, mut missed: u64) -> u64 {
         let mut lost = 0;
+        // A tenant's lines take at most one file's worth per window (a file sink only: standard
+        // output is never rotated).
+        let budget = match &self.sink {
+            AuditSink::File { rotate_bytes, .. } => Some(*rotate_bytes),
+            AuditSink::Stdout => None,
+        };
         for mut record in batch {
             record.dropped = (missed > 0).then_some(missed);
             record.prev = self.prev.clone();
+            let now = Instant::now();
+            if budget.is_some() {
+                let window = self.window;
+                let used = self.budgets.entry(record.tenant.clone()).or_insert(Budget {
+                    since: now,
+                    bytes: 0,
+                    dropped: 0,
+                });
+                if now.saturating_duration_since(used.since) >= window {
+                    used.since = now;
+                    used.bytes = 0;
+                }
+                record.tenant_dropped = (used.dropped > 0).then_some(used.dropped);
+            }
             let mut line = match serde_json::to_vec(&record) {
                 Ok(line) => line,
                 Err(e) => {
                     tracing::error!(error = %e, "an audit record could not be encoded");
+                    Counters::add(&self.counters.dropped_write, 1);
                     lost += 1;
                     continue;
                 }
             };
             let hash = line_hash(&line);
             line.push(b'\n');
+            if let (Some(limit), Some(used)) = (budget, self.budgets.get_mut(&record.tenant)) {
+                // The window's first line always goes (a line is far smaller than a file).
+                if used.bytes > 0 && used.bytes + line.len() as u64 > limit {
+                    used.dropped += 1;
+                    Counters::add(&self.counters.dropped_budget, 1);
+                    continue;
+                }
+            }
             match self.append(&line) {
                 Ok(()) => {
                     self.prev = hash;
                     missed = 0;
+                    if let Some(used) = self.budgets.get_mut(&record.tenant) {
+                        used.bytes += line.len() as u64;
+                        used.dropped = 0;
+                    }
                 }
                 Err(e) => {
                     tracing::error!(error = %e, "an audit record could not be written");
+                    Counters::add(&self.counters.dropped_write, 1);
                     lost += 1;
                 }
             }
@@ -204,7 +320,16 @@ impl Trail {
         if let Some((_, size)) = &self.file {
             if *size > 0 && size + line.len() as u64 > rotate_bytes {
                 self.file = None;
-                rotate(&path, keep)?;
+                if let Some(removed) = rotate(&path, keep)? {
+                    // Lines leave the trail: say so (`kernelbox audit verify` shows where the
+                    // trail now starts).
+                    tracing::info!(
+                        bytes = removed,
+                        "the audit trail's oldest file was rotated out"
+                    );
+                    Counters::add(&self.counters.rotated_out_files, 1);
+                    Counters::add(&self.counters.rotated_out_bytes, removed);
+                }
             }
         }
         if self.file.is_none() {
@@ -219,16 +344,28 @@ impl Trail {
     }
 }
 
-/// `path` -> `path.1` -> ... -> `path.keep` (the oldest deleted).
-fn rotate(path: &Path, keep: usize) -> Result<(), AuditError> {
+/// `path` -> `path.1` -> ... -> `path.keep` (the oldest deleted); the size of the file deleted,
+/// if one was.
+fn rotate(path: &Path, keep: usize) -> Result<Option<u64>, AuditError> {
     let numbered = |n: usize| PathBuf::from(format!("{}.{n}", path.display()));
+    let oldest = if keep == 0 {
+        path.to_path_buf()
+    } else {
+        numbered(keep)
+    };
+    let size = match std::fs::metadata(&oldest) {
+        Ok(meta) => Some(meta.len()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(source) => return Err(io("rotate", &oldest, source)),
+    };
     if keep == 0 {
-        return std::fs::remove_file(path).map_err(|source| io("rotate", path, source));
+        std::fs::remove_file(path).map_err(|source| io("rotate", path, source))?;
+        return Ok(size);
     }
-    match std::fs::remove_file(numbered(keep)) {
+    match std::fs::remove_file(&oldest) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(source) => return Err(io("rotate", &numbered(keep), source)),
+        Err(source) => return Err(io("rotate", &oldest, source)),
     }
     for n in (1..keep).rev() {
         match std::fs::rename(numbered(n), numbered(n + 1)) {
@@ -237,7 +374,8 @@ fn rotate(path: &Path, keep: usize) -> Result<(), AuditError> {
             Err(source) => return Err(io("rotate", &numbered(n), source)),
         }
     }
-    std::fs::rename(path, numbered(1)).map_err(|source| io("rotate", path, source))
+    std::fs::rename(path, numbered(1)).map_err(|source| io("rotate", path, source))?;
+    Ok(size)
 }
 
 /// Opens `path` for appending, created readable by its owner only.
@@ -278,9 +416,79 @@ mod tests {
             exit_code: None,
             code_sha256: AuditRecord::code_hash(b"x"),
             code: None,
+            code_bytes: None,
+            code_truncated: None,
+            tenant_dropped: None,
             dropped: None,
             prev: String::new(),
         }
+    }
+
+    fn of(tenant: &str, n: usize) -> AuditRecord {
+        AuditRecord {
+            tenant: tenant.into(),
+            ..record(n)
+        }
+    }
+
+    /// Every line of the trail's files, oldest first, parsed.
+    fn lines(files: &[PathBuf]) -> Vec<AuditRecord> {
+        files
+            .iter()
+            .filter(|f| f.exists())
+            .flat_map(|f| {
+                std::fs::read_to_string(f)
+                    .expect("read")
+                    .lines()
+                    .map(|l| serde_json::from_str(l).expect("a record"))
+                    .collect::<Vec<AuditRecord>>()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn one_tenant_past_its_budget_is_dropped_and_counted_and_cannot_rotate_the_others_out() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("audit.log");
+        let sink = AuditSink::File {
+            path: path.clone(),
+            rotate_bytes: 4_000,
+            keep: 1,
+        };
+        let counters = Arc::new(Counters::default());
+        let mut trail = Trail::open(sink, counters.clone()).expect("open");
+        assert_eq!(trail.write((0..3).map(|n| of("good", n)).collect(), 0), 0);
+        // A flood: far more than a file's worth.
+        assert_eq!(trail.write((0..200).map(|n| of("bad", n)).collect(), 0), 0);
+        assert_eq!(trail.write((3..6).map(|n| of("good", n)).collect(), 0), 0);
+        let files = [dir.path().join("audit.log.1"), path.clone()];
+        let all = lines(&files);
+        let good: Vec<&str> = all
+            .iter()
+            .filter(|r| r.tenant == "good")
+            .map(|r| r.session.as_str())
+            .collect();
+        assert_eq!(good, ["s0", "s1", "s2", "s3", "s4", "s5"], "{all:#?}");
+        let bad = all.iter().filter(|r| r.tenant == "bad").count();
+        let stats = counters.snapshot();
+        assert!(bad < 20, "{bad}");
+        assert_eq!(stats.dropped_budget, 200 - bad as u64, "{stats:?}");
+        assert_eq!(stats.rotated_out_files, 0, "{stats:?}");
+        verify(&files).expect("the chain holds over the dropped records");
+        // A new window: the tenant's next line says how many of its records were dropped.
+        trail.window = Duration::ZERO;
+        assert_eq!(trail.write(vec![of("bad", 999)], 0), 0);
+        let last = lines(std::slice::from_ref(&path)).pop().expect("a line");
+        assert_eq!(
+            (last.session.as_str(), last.tenant_dropped),
+            ("s999", Some(200 - bad as u64))
+        );
+        // Rotation past `keep` deletes the oldest file, and counts it.
+        assert_eq!(trail.write((0..40).map(|n| of("good", n)).collect(), 0), 0);
+        let stats = counters.snapshot();
+        assert!(stats.rotated_out_files >= 1, "{stats:?}");
+        assert!(stats.rotated_out_bytes >= 1_000, "{stats:?}");
+        verify(&files).expect("the chain holds across rotation");
     }
 
     #[test]
@@ -292,11 +500,11 @@ mod tests {
             rotate_bytes: 2_000,
             keep: 2,
         };
-        let mut trail = Trail::open(sink.clone()).expect("open");
+        let mut trail = Trail::open(sink.clone(), Arc::default()).expect("open");
         assert_eq!(trail.write((0..5).map(record).collect(), 3), 0);
         drop(trail);
         // A restart: the chain goes on from the file's last line.
-        let mut trail = Trail::open(sink).expect("reopen");
+        let mut trail = Trail::open(sink, Arc::default()).expect("reopen");
         assert_eq!(trail.write((5..12).map(record).collect(), 0), 0);
         let files = [dir.path().join("audit.log.1"), path.clone()];
         let all = verify(&files).expect("the chain holds across the rotation");

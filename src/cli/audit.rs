@@ -32,12 +32,24 @@ pub(crate) fn run(command: AuditCommand) -> anyhow::Result<ExitCode> {
             let from = if v.first_prev == GENESIS {
                 "the trail's start".to_string()
             } else {
-                format!("a line before these files (prev {})", v.first_prev)
+                format!(
+                    "a line before these files (prev {}): earlier lines are in older files or \
+                     were rotated out",
+                    v.first_prev
+                )
             };
             println!(
                 "intact: {} lines, chained from {from}; the last line hashes to {}",
                 v.lines, v.last_hash
             );
+            // Where the trail starts and ends: a verifier sees when it starts later than
+            // expected (rotation deleted older files; docs/usage.md, "Audit trail").
+            match (&v.first_time, &v.last_time) {
+                (Some(first), Some(last)) => {
+                    println!("first line: {first}; last line: {last}")
+                }
+                _ => println!("no lines"),
+            }
             Ok(ExitCode::SUCCESS)
         }
         Err(e @ AuditError::Broken { .. }) => Err(Exit {

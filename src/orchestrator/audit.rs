@@ -29,7 +29,7 @@ impl Orchestrator {
         let Some(policy) = config.tenants.get(&ran.owner.tenant) else {
             return;
         };
-        auditor.record(AuditRecord {
+        let mut record = AuditRecord {
             time: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
             kind: ran.kind,
             tenant: ran.owner.tenant.clone(),
@@ -41,9 +41,17 @@ impl Orchestrator {
             status: ran.status.to_string(),
             exit_code: ran.exit_code,
             code_sha256: AuditRecord::code_hash(ran.code.as_bytes()),
-            code: policy.code.then(|| ran.code.to_string()),
+            code: None,
+            code_bytes: None,
+            code_truncated: None,
+            tenant_dropped: None,
             dropped: None,
             prev: String::new(),
-        });
+        };
+        if policy.code {
+            // At most `AUDIT_CODE_BYTES` of it; the hash above is the whole code's.
+            record.keep_code(ran.code);
+        }
+        auditor.record(record);
     }
 }

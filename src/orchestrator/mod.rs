@@ -222,6 +222,12 @@ impl Orchestrator {
                 ..self.inner.pool.stats().clone()
             },
             file_bytes: self.inner.file_bytes.snapshot(),
+            audit: self
+                .inner
+                .audit
+                .as_ref()
+                .map(|a| a.stats())
+                .unwrap_or_default(),
         }
     }
 }

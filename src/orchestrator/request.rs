@@ -365,6 +365,8 @@ pub struct Stats {
     pub pool: super::PoolStats,
     /// File bytes moved in and out of kernels.
     pub file_bytes: FileBytes,
+    /// What the audit trail dropped, cut or rotated out (zeros without a trail).
+    pub audit: crate::audit::AuditStats,
 }
 
 /// File bytes moved through the orchestrator's file calls ([`write_file`], [`read_file`]),

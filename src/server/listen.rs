@@ -47,7 +47,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::slots::{Caps, Promote, Slot};
+use super::slots::{Caps, Doing, Promote, Slot};
 
 /// Most a closing connection reads off its client before the socket closes (see the module
 /// documentation).
@@ -180,6 +180,8 @@ struct Clock {
     waiting_since: Instant,
     /// When the first byte of the next request arrived, on a connection past its first.
     head_started: Option<Instant>,
+    /// Whether bytes of a request head have arrived and its request has not started yet.
+    head_bytes: bool,
     /// When the head of the request whose body is still arriving was read.
     body_since: Option<Instant>,
     /// Since when a write to the client has been waiting for room in the socket.
@@ -204,6 +206,7 @@ impl ConnState {
                 served: false,
                 waiting_since: Instant::now(),
                 head_started: None,
+                head_bytes: false,
                 body_since: None,
                 write_blocked_since: None,
             }),
@@ -213,11 +216,20 @@ impl ConnState {
         }
     }
 
-    /// Tells the slot books whether the connection is doing nothing useful: no request in
-    /// flight, or a response the client does not read.
+    /// Tells the slot books what the connection is doing (`slots.rs`, `Doing`): who gives way
+    /// first to a newer connection, and who never.
     fn note_evictable(&self, clock: &Clock) {
-        self.slot
-            .set_evictable(clock.in_flight == 0 || clock.write_blocked_since.is_some());
+        self.slot.set_doing(if clock.write_blocked_since.is_some() {
+            Doing::Idle
+        } else if clock.in_flight > 0 {
+            Doing::Busy
+        } else if clock.head_bytes {
+            Doing::Stalled
+        } else if clock.served {
+            Doing::Idle
+        } else {
+            Doing::Silent
+        });
     }
 
     fn clock(&self) -> std::sync::MutexGuard<'_, Clock> {
@@ -267,6 +279,11 @@ impl ConnState {
 
     fn bytes_read(&self) {
         let mut clock = self.clock();
+        if clock.in_flight == 0 {
+            // Told to the slot books only once the read finds no more (`read_waiting`): a
+            // head that arrived whole starts its request first.
+            clock.head_bytes = true;
+        }
         if clock.in_flight == 0 && clock.served && clock.head_started.is_none() {
             clock.head_started = Some(Instant::now());
             drop(clock);
@@ -274,9 +291,18 @@ impl ConnState {
         }
     }
 
+    /// A read found nothing more to read: a head begun and not finished is being withheld.
+    fn read_waiting(&self) {
+        let clock = self.clock();
+        if clock.in_flight == 0 && clock.head_bytes {
+            self.note_evictable(&clock);
+        }
+    }
+
     fn request_started(self: &Arc<Self>, body_pending: bool) -> (InFlight, Option<BodyPending>) {
         let mut clock = self.clock();
         clock.in_flight += 1;
+        clock.head_bytes = false;
         let body = body_pending.then(|| {
             clock.body_since = Some(Instant::now());
             BodyPending(self.clone())
@@ -365,6 +391,8 @@ impl AsyncRead for Tracked {
         let polled = Pin::new(&mut self.stream).poll_read(cx, buf);
         if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
             self.state.bytes_read();
+        } else if polled.is_pending() {
+            self.state.read_waiting();
         }
         polled
     }

@@ -429,7 +429,51 @@ fn write_lifecycle(out: &mut String, stats: &Stats) -> std::fmt::Result {
             "kernelbox_file_bytes_total{{direction=\"{direction}\"}} {n}"
         )?;
     }
-    Ok(())
+    write_audit(out, &stats.audit)
+}
+
+/// The audit trail's losses (docs/usage.md, "Audit trail"): records never written, by why;
+/// lines whose code was cut; files and bytes rotation deleted.
+fn write_audit(out: &mut String, audit: &crate::audit::AuditStats) -> std::fmt::Result {
+    writeln!(out, "# HELP kernelbox_audit_dropped_total Audit records never written, by reason: the writer's queue was full, a write failed, or the tenant was past its byte budget.")?;
+    writeln!(out, "# TYPE kernelbox_audit_dropped_total counter")?;
+    for (reason, n) in [
+        ("queue", audit.dropped_queue),
+        ("write", audit.dropped_write),
+        ("tenant_budget", audit.dropped_budget),
+    ] {
+        writeln!(
+            out,
+            "kernelbox_audit_dropped_total{{reason=\"{reason}\"}} {n}"
+        )?;
+    }
+    writeln!(out, "# HELP kernelbox_audit_code_truncated_total Audit lines whose code was cut to its first bytes.")?;
+    writeln!(out, "# TYPE kernelbox_audit_code_truncated_total counter")?;
+    writeln!(
+        out,
+        "kernelbox_audit_code_truncated_total {}",
+        audit.code_truncated
+    )?;
+    writeln!(out, "# HELP kernelbox_audit_rotated_out_files_total Audit files deleted by rotation (their lines are gone from the host).")?;
+    writeln!(
+        out,
+        "# TYPE kernelbox_audit_rotated_out_files_total counter"
+    )?;
+    writeln!(
+        out,
+        "kernelbox_audit_rotated_out_files_total {}",
+        audit.rotated_out_files
+    )?;
+    writeln!(out, "# HELP kernelbox_audit_rotated_out_bytes_total Bytes of the audit files deleted by rotation.")?;
+    writeln!(
+        out,
+        "# TYPE kernelbox_audit_rotated_out_bytes_total counter"
+    )?;
+    writeln!(
+        out,
+        "kernelbox_audit_rotated_out_bytes_total {}",
+        audit.rotated_out_bytes
+    )
 }
 
 /// The warm pool: ready kernels, takes by outcome, refill times.
@@ -488,8 +532,11 @@ mod tests {
                 refill_failures: 0,
             },
             file_bytes: FileBytes::default(),
+            audit: Default::default(),
         };
         let text = Metrics::default().render(0, false, &stats);
+        assert!(text.contains("kernelbox_audit_dropped_total{reason=\"tenant_budget\"} 0"));
+        assert!(text.contains("kernelbox_audit_rotated_out_files_total 0"));
         assert!(text.contains("kernelbox_pool_ready 0"));
         assert!(text.contains("kernelbox_pool_takes_total{outcome=\"hit\"} 0"));
         assert!(text.contains("kernelbox_pool_takes_total{outcome=\"miss\"} 0"));

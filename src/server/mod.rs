@@ -334,6 +334,11 @@ pub async fn serve_with(
             stop: stop.clone(),
             slot,
         }));
+        // Let the new connection read what it was sent before the next accept: a burst of
+        // accepts must not push it out of its slot before its driver first looked at its
+        // head (src/server/slots.rs; docs/http-api.md, "Slow and idle clients cannot hold the
+        // server").
+        tokio::task::yield_now().await;
     }
     state.inner.draining.store(true, Ordering::Release);
     // MCP event streams would otherwise hold their connections through the whole drain.

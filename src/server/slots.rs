@@ -4,7 +4,12 @@
 //! A connection is accepted *unauthenticated*. Unauthenticated connections share a smaller
 //! pool (`max_unauthenticated`, a quarter of `max_connections` by default), and one address
 //! (an IPv4 address, or an IPv6 /64) may hold at most `max_unauthenticated_per_address` of
-//! them. The first request on a connection that carries a valid tenant token promotes it
+//! them; a connection from an address already holding its share takes the slot of one of that
+//! address's unauthenticated connections doing nothing useful — one withholding the rest of a
+//! head before one idle (between requests, or not reading its response) before one that has
+//! sent nothing yet, the oldest of them ([`Doing`]) — and is refused only when all of them are
+//! busy. So a tenant behind the same address as a flood (a NAT) gets in: its new connection is
+//! the newest, and sends its head at once. The first request on a connection that carries a valid tenant token promotes it
 //! (the API's authentication calls [`Promote::authenticated`], found in the request's
 //! extensions): it leaves the unauthenticated pool and counts only against
 //! `max_connections`.
@@ -22,7 +27,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio_util::sync::CancellationToken;
@@ -32,6 +37,33 @@ const UNAUTHENTICATED: u8 = 0;
 const AUTHENTICATED: u8 = 1;
 /// Its slot was given to a newer connection (or released): nothing left to release.
 const GONE: u8 = 2;
+
+/// What an unauthenticated connection is doing, for who gives way first: a higher one before a
+/// lower one of the same address; [`Doing::Busy`] never.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[repr(u8)]
+pub(super) enum Doing {
+    /// A request in flight, its response read.
+    Busy = 0,
+    /// Nothing received yet: a client whose head is on its way (a tenant's new connection
+    /// behind the same address as a flood is here until its head arrives).
+    Silent = 1,
+    /// Idle between requests, or not reading its response.
+    Idle = 2,
+    /// Part of a request head received, the rest withheld (a slow or half-sent head).
+    Stalled = 3,
+}
+
+impl Doing {
+    fn from_u8(n: u8) -> Doing {
+        match n {
+            1 => Doing::Silent,
+            2 => Doing::Idle,
+            3 => Doing::Stalled,
+            _ => Doing::Busy,
+        }
+    }
+}
 
 /// The address a per-address share is counted under: an IPv4 address, or the /64 of an IPv6
 /// one (a single host commonly holds a whole /64).
@@ -73,15 +105,21 @@ pub(super) enum Refusal {
     PerAddress,
 }
 
+impl Shared {
+    fn doing(&self) -> Doing {
+        Doing::from_u8(self.doing.load(Ordering::Acquire))
+    }
+}
+
 /// One connection's part of the books, shared by its [`Slot`] and its [`Promote`] handles.
 #[derive(Debug)]
 struct Shared {
     id: u64,
     peer: Peer,
     stage: AtomicU8,
-    /// Whether the connection may give up its slot to a newer one while unauthenticated:
-    /// no request in flight, or its response blocked on a client that does not read.
-    evictable: AtomicBool,
+    /// What the connection is doing ([`Doing`]): whether, and how readily, it gives up its
+    /// slot to a newer one while unauthenticated.
+    doing: AtomicU8,
     /// Cancelled when the slot is given to a newer connection: the connection closes.
     evicted: CancellationToken,
 }
@@ -106,12 +144,38 @@ impl Books {
         }
     }
 
+    /// Takes `victim`'s slot away: it leaves the books and its connection is closed.
+    fn evict(&mut self, victim: &Shared) {
+        self.forget_unauthenticated(victim);
+        self.open = self.open.saturating_sub(1);
+        victim.stage.store(GONE, Ordering::Release);
+        victim.evicted.cancel();
+    }
+
+    /// The unauthenticated connection of `peer` to give up its slot: one withholding the rest
+    /// of a head before one idle before one that has sent nothing yet, the oldest of them;
+    /// none while all are busy.
+    fn oldest_idle_of(&self, peer: Peer) -> Option<Arc<Shared>> {
+        let mut best: Option<(Doing, &Arc<Shared>)> = None;
+        for shared in self.unauthenticated.values() {
+            if shared.peer != peer {
+                continue;
+            }
+            let doing = shared.doing();
+            // Oldest first: a later one doing the same does not replace it.
+            if doing != Doing::Busy && best.is_none_or(|(most, _)| doing > most) {
+                best = Some((doing, shared));
+            }
+        }
+        best.map(|(_, shared)| shared.clone())
+    }
+
     /// The unauthenticated connection to give up its slot: an evictable one of the address
     /// holding the most unauthenticated connections, the oldest of them.
     fn victim(&self) -> Option<Arc<Shared>> {
         let mut best: Option<(usize, &Arc<Shared>)> = None;
         for shared in self.unauthenticated.values() {
-            if !shared.evictable.load(Ordering::Acquire) {
+            if shared.doing() == Doing::Busy {
                 continue;
             }
             let held = self.per_address.get(&shared.peer).copied().unwrap_or(0);
@@ -150,24 +214,26 @@ impl Slots {
         let peer = Peer::of(ip);
         let mut books = self.books();
         let held = books.per_address.get(&peer).copied().unwrap_or(0);
-        if self.caps.per_address > 0 && held >= self.caps.per_address {
-            return Err(Refusal::PerAddress);
-        }
         let mut evicted = false;
-        if books.open >= self.caps.total || books.unauthenticated.len() >= self.caps.unauthenticated
+        if self.caps.per_address > 0 && held >= self.caps.per_address {
+            // The address is at its share: the newcomer takes the slot of the address's own
+            // oldest idle unauthenticated connection (a tenant behind the same NAT as a flood
+            // still gets in), and is refused only when every one of them is busy.
+            let victim = books.oldest_idle_of(peer).ok_or(Refusal::PerAddress)?;
+            books.evict(&victim);
+            evicted = true;
+        } else if books.open >= self.caps.total
+            || books.unauthenticated.len() >= self.caps.unauthenticated
         {
             let victim = books.victim().ok_or(Refusal::Full)?;
-            books.forget_unauthenticated(&victim);
-            books.open = books.open.saturating_sub(1);
-            victim.stage.store(GONE, Ordering::Release);
-            victim.evicted.cancel();
+            books.evict(&victim);
             evicted = true;
         }
         let shared = Arc::new(Shared {
             id: books.next_id,
             peer,
             stage: AtomicU8::new(UNAUTHENTICATED),
-            evictable: AtomicBool::new(true),
+            doing: AtomicU8::new(Doing::Silent as u8),
             evicted: CancellationToken::new(),
         });
         books.next_id += 1;
@@ -211,9 +277,9 @@ impl Promote {
         }
     }
 
-    /// Notes whether the connection is doing nothing useful (see [`Shared::evictable`]).
-    pub(super) fn set_evictable(&self, evictable: bool) {
-        self.shared.evictable.store(evictable, Ordering::Release);
+    /// Notes what the connection is doing (see [`Doing`]).
+    pub(super) fn set_doing(&self, doing: Doing) {
+        self.shared.doing.store(doing as u8, Ordering::Release);
     }
 }
 
@@ -265,34 +331,69 @@ mod tests {
     }
 
     #[test]
-    fn an_address_over_its_share_is_refused_and_others_are_not() {
+    fn an_address_at_its_share_gives_up_its_own_oldest_idle_slot_and_is_refused_when_all_are_busy()
+    {
         let slots = slots(16, 8, 2);
-        let _a = [
+        let (other, _) = slots.admit(ip("10.0.0.2")).expect("another address");
+        let a = [
             slots.admit(ip("10.0.0.1")).expect("first"),
             slots.admit(ip("10.0.0.1")).expect("second"),
         ];
+        // At its share: the newcomer takes the address's oldest idle slot, never another
+        // address's (even an older one).
+        let (b, evicted) = slots.admit(ip("10.0.0.1")).expect("the third");
+        assert!(evicted);
+        assert!(a[0].0.evicted().is_cancelled());
+        assert!(!a[1].0.evicted().is_cancelled() && !other.evicted().is_cancelled());
+        assert_eq!(slots.counts(), (3, 3));
+        // When every connection of the address is busy, the newcomer is refused.
+        a[1].0.promote().set_doing(Doing::Busy);
+        b.promote().set_doing(Doing::Busy);
         assert_eq!(slots.admit(ip("10.0.0.1")).err(), Some(Refusal::PerAddress));
-        let (b, evicted) = slots.admit(ip("10.0.0.2")).expect("another address");
+        let (c, evicted) = slots.admit(ip("10.0.0.3")).expect("another address still");
         assert!(!evicted);
         // A promoted connection no longer counts against its address's share.
-        _a[0].0.promote().authenticated();
-        let _c = slots.admit(ip("10.0.0.1")).expect("room again");
+        b.promote().authenticated();
+        let (_d, evicted) = slots.admit(ip("10.0.0.1")).expect("room again");
+        assert!(!evicted);
+        assert_eq!(slots.counts(), (5, 4));
+        drop(c);
         assert_eq!(slots.counts(), (4, 3));
-        drop(b);
-        assert_eq!(slots.counts(), (3, 2));
+    }
+
+    #[test]
+    fn at_an_addresss_share_a_withheld_head_gives_way_before_an_idle_one_before_a_silent_one() {
+        let slots = slots(16, 8, 3);
+        let (silent, _) = slots.admit(ip("10.0.0.1")).expect("silent");
+        let (idle, _) = slots.admit(ip("10.0.0.1")).expect("idle");
+        idle.promote().set_doing(Doing::Idle);
+        let (stalled, _) = slots.admit(ip("10.0.0.1")).expect("stalled");
+        stalled.promote().set_doing(Doing::Stalled);
+        let (_d, evicted) = slots.admit(ip("10.0.0.1")).expect("d");
+        assert!(evicted && stalled.evicted().is_cancelled());
+        let (_e, _) = slots.admit(ip("10.0.0.1")).expect("e");
+        assert!(idle.evicted().is_cancelled());
+        assert!(!silent.evicted().is_cancelled());
+        // Only silent ones left: the oldest of them.
+        let (_f, _) = slots.admit(ip("10.0.0.1")).expect("f");
+        assert!(silent.evicted().is_cancelled());
+        assert_eq!(slots.counts(), (3, 3));
     }
 
     #[test]
     fn ipv6_addresses_are_counted_by_their_64_and_mapped_ipv4_as_ipv4() {
         let slots = slots(16, 8, 1);
-        let _a = slots.admit(ip("2001:db8:1:2::1")).expect("first");
+        let (a, _) = slots.admit(ip("2001:db8:1:2::1")).expect("first");
+        // Busy, so the address's share cannot be taken from it.
+        a.promote().set_doing(Doing::Busy);
         assert_eq!(
             slots.admit(ip("2001:db8:1:2:ffff::9")).err(),
             Some(Refusal::PerAddress),
             "same /64"
         );
         let _b = slots.admit(ip("2001:db8:1:3::1")).expect("another /64");
-        let _c = slots.admit(ip("10.1.1.1")).expect("v4");
+        let (c, _) = slots.admit(ip("10.1.1.1")).expect("v4");
+        c.promote().set_doing(Doing::Busy);
         assert_eq!(
             slots.admit(ip("::ffff:10.1.1.1")).err(),
             Some(Refusal::PerAddress)
@@ -314,7 +415,7 @@ mod tests {
         assert!(!tenant.evicted().is_cancelled());
         assert_eq!(slots.counts(), (4, 4));
         // A connection with a request in flight is not pushed out.
-        flood[1].0.promote().set_evictable(false);
+        flood[1].0.promote().set_doing(Doing::Busy);
         let (_late, _) = slots.admit(ip("10.0.0.3")).expect("admitted");
         assert!(!flood[1].0.evicted().is_cancelled());
         assert!(flood[2].0.evicted().is_cancelled());
@@ -334,12 +435,12 @@ mod tests {
         b.promote().authenticated();
         b.promote().authenticated();
         let (c, _) = slots.admit(ip("10.0.0.2")).expect("c");
-        c.promote().set_evictable(false);
+        c.promote().set_doing(Doing::Busy);
         assert_eq!(slots.counts(), (3, 1));
         // Every slot is held: two authenticated, one busy.
         assert_eq!(slots.admit(ip("10.0.0.3")).err(), Some(Refusal::Full));
         // Once c is idle, a newcomer takes its slot; never a's or b's.
-        c.promote().set_evictable(true);
+        c.promote().set_doing(Doing::Idle);
         let (_d, evicted) = slots.admit(ip("10.0.0.3")).expect("d");
         assert!(evicted && c.evicted().is_cancelled());
         assert!(!a.evicted().is_cancelled() && !b.evicted().is_cancelled());
