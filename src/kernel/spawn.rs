@@ -306,6 +306,14 @@ impl Kernel {
                     tracing::warn!(container = %id, error = %err, "cleanup after failed spawn");
                 }
                 let _ = remove_volume_when_free(engine.as_ref(), &volume).await;
+                // A volume the engine made by itself in place of the workspace's is no one's:
+                // it goes with the container that asked for it (`docs/workspaces.md`).
+                if let KernelError::Workspace(crate::workspace::WorkspaceError::NotOurs {
+                    volume: rogue,
+                }) = &e
+                {
+                    let _ = remove_volume_when_free(engine.as_ref(), rogue).await;
+                }
                 Err(e)
             }
         }
@@ -426,6 +434,11 @@ impl Kernel {
             spill_dir,
             sockets,
         } = created;
+        // The container now pins its volumes: its `/work` must be the workspace's own volume,
+        // never one the engine made by itself under that name (`docs/workspaces.md`, "Quota").
+        if let Some(w) = &workspace {
+            in_span("workspace check", crate::workspace::verify(engine.as_ref(), w)).await?;
+        }
         give_way(&yield_to).await?;
         let attached = engine.attach(&id).await?;
         let kernel = Kernel::on_streams(

@@ -64,6 +64,8 @@ pub struct Options {
     pub otlp_endpoint: Option<String>,
     /// The tenant has workspaces (docs/workspaces.md; each node's in its state directory).
     pub workspaces: bool,
+    /// The tenant's workspace `max` (with `workspaces`), if set.
+    pub workspace_max: Option<u64>,
 }
 
 impl Default for Options {
@@ -78,6 +80,7 @@ impl Default for Options {
             drain_deadline: None,
             otlp_endpoint: None,
             workspaces: false,
+            workspace_max: None,
         }
     }
 }
@@ -251,6 +254,9 @@ impl Cluster {
         }
         if options.workspaces {
             tenant["workspaces"] = json!({"quota": "16m", "ttl": "1h"});
+            if let Some(max) = options.workspace_max {
+                tenant["workspaces"]["max"] = json!(max);
+            }
         }
         let mut tenants = vec![tenant];
         for (name, token) in options.more_tenants {

@@ -15,6 +15,7 @@
 //! | `drain.rs` | "Draining and upgrades": the drain's deadline (`node_drained`), a stop that drains first |
 //! | `namesake.rs` | two agents of one node name never both serve |
 //! | `traces.rs` | traces across the hop: the holding node continues the forwarding node's trace (docs/usage.md, "Traces") |
+//! | `workspaces.rs` | workspaces across nodes: a stale image never served as the workspace, the tenant's count, list and delete cluster-wide (docs/workspaces.md, "In a cluster") |
 //! | `balancer.rs` | the balancer's mapping moving away from a stopped node and snapping back when it returns |
 
 #[path = "../common/mod.rs"]
@@ -34,3 +35,4 @@ mod harness;
 mod namesake;
 mod routing;
 mod traces;
+mod workspaces;

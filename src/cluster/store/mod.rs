@@ -13,9 +13,11 @@
 //! | `mod.rs` | [`Store`]: the pool and its bounds, connecting (and migrating), the hop secret |
 //! | `nodes.rs` | leases: register a node with a new epoch, renew, expire dead nodes, list, drain, leave |
 //! | `sessions.rs` | where sessions live: look up, claim (with the tenant's cluster-wide cap), release, count a tenant's live sessions; a `kb_kernels` row as a catalog entry |
+//! | `workspaces.rs` | which node holds each workspace at which generation: open (counted against the tenant's maximum), forget, find |
 
 mod nodes;
 mod sessions;
+mod workspaces;
 
 use std::fmt;
 use std::time::Duration;
@@ -28,6 +30,7 @@ use super::error::{db, ClusterError};
 pub use nodes::{Expired, NodeInfo, NodeRow, NodeState, Renewal, MAX_NODES};
 pub(crate) use sessions::SESSION_ENDS;
 pub use sessions::{Claim, ClaimRequest, Placement, MAX_SHARE_TENANTS};
+pub use workspaces::WorkspaceHome;
 
 /// Connections in the pool at most.
 pub const POOL_SIZE: usize = 8;

@@ -19,11 +19,11 @@ pub(crate) const SESSION_ENDS: &str = "UPDATE kb_sessions SET live = false
           AND k.node = $3 AND k.epoch = $4 AND k.state = 'live')";
 
 /// How long a claim waits for its tenant's lock (claims of one tenant go one at a time).
-const CLAIM_LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '2s'";
+pub(super) const CLAIM_LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '2s'";
 
 /// The class of the per-tenant advisory lock [`Store::claim`] takes (`kbtn` in ASCII; the
 /// tenant's `hashtext` is the second key).
-const TENANT_LOCK_CLASS: i32 = 0x6b62_746e;
+pub(super) const TENANT_LOCK_CLASS: i32 = 0x6b62_746e;
 
 /// Where a session lives.
 #[derive(Debug, Clone, PartialEq, Eq)]
