@@ -656,13 +656,11 @@ async fn a_delete_racing_a_kernels_start_never_leaves_it_a_work_past_its_quota()
         let r = api.delete("/v1/sessions/s", "tok-a").await;
         assert!(r.status.is_success(), "{:?}", r.status);
         let stagger = Duration::from_millis(round * 15 % 240);
-        let (executed, removed) = tokio::join!(
-            api.execute("tok-a", "s", json!({ "code": SIZE })),
-            async {
+        let (executed, removed) =
+            tokio::join!(api.execute("tok-a", "s", json!({ "code": SIZE })), async {
                 tokio::time::sleep(stagger).await;
                 api.delete("/v1/workspaces/s", "tok-a").await
-            }
-        );
+            });
         match removed.status {
             StatusCode::OK => deleted += 1,
             StatusCode::CONFLICT => {
@@ -679,7 +677,7 @@ async fn a_delete_racing_a_kernels_start_never_leaves_it_a_work_past_its_quota()
                     .as_str()
                     .and_then(|o| o.trim().parse().ok())
                     .unwrap_or(u64::MAX);
-                if size > QUOTA || size < QUOTA / 2 {
+                if !(QUOTA / 2..=QUOTA).contains(&size) {
                     problems.push(format!("round {round}: /work of {size} bytes"));
                 }
             } else {

@@ -21,10 +21,9 @@ mod workspaces;
 
 pub use catalog::PostgresCatalog;
 pub use error::ClusterError;
-pub use workspaces::WorkspaceLedger;
 pub use store::{
     Claim, ClaimRequest, Expired, NodeInfo, NodeRow, NodeState, Placement, Renewal, Store,
-    WorkspaceHome,
-    CONNECT_TIMEOUT, MAX_NODES, MAX_SHARE_TENANTS, OPERATION_DEADLINE, POOL_SIZE,
+    WorkspaceHome, CONNECT_TIMEOUT, MAX_NODES, MAX_SHARE_TENANTS, OPERATION_DEADLINE, POOL_SIZE,
     STATEMENT_TIMEOUT,
 };
+pub use workspaces::WorkspaceLedger;

@@ -437,7 +437,11 @@ impl Kernel {
         // The container now pins its volumes: its `/work` must be the workspace's own volume,
         // never one the engine made by itself under that name (`docs/workspaces.md`, "Quota").
         if let Some(w) = &workspace {
-            in_span("workspace check", crate::workspace::verify(engine.as_ref(), w)).await?;
+            in_span(
+                "workspace check",
+                crate::workspace::verify(engine.as_ref(), w),
+            )
+            .await?;
         }
         give_way(&yield_to).await?;
         let attached = engine.attach(&id).await?;

@@ -371,7 +371,10 @@ impl Workspaces {
         let image = disk::image_path(&self.config.dir, &volume);
         let local = image.exists().then(|| disk::stamped(&image).unwrap_or(0));
         let (restored, generation) = match self.ledger.get() {
-            None => self.open_here(owner, policy, &volume, local, create).await?,
+            None => {
+                self.open_here(owner, policy, &volume, local, create)
+                    .await?
+            }
             Some(ledger) => {
                 let opening = ledger
                     .open(&owner.tenant, &name, local, create, policy.max)

@@ -11,7 +11,8 @@ use crate::harness::{lost, poll, success, Cluster, Options, SLOW, TOKEN};
 
 const WRITE_V1: &str = "open('/work/v.txt', 'w').write('v1')";
 const WRITE_V2: &str = "open('/work/v.txt', 'w').write('v2')";
-const READ: &str = "import os\nprint(open('/work/v.txt').read() if os.path.exists('/work/v.txt') else 'missing')";
+const READ: &str =
+    "import os\nprint(open('/work/v.txt').read() if os.path.exists('/work/v.txt') else 'missing')";
 
 /// v1 written on A; A stopped past its lease; the session moves to B (told its workspace is
 /// lost) and writes v2; A comes back; B dies; the session returns to A: it must not get v1
@@ -34,7 +35,10 @@ async fn a_node_coming_back_never_serves_an_earlier_generation_of_a_workspace() 
     cluster.nodes[a].signal("STOP").await;
     let (moved, _) = served(&cluster.nodes[b], "roll", WRITE_V2).await;
     assert_eq!(lost(&moved).as_deref(), Some("node_lost"), "{moved}");
-    assert_eq!(moved["kernel"]["state_lost"]["workspace_lost"], true, "{moved}");
+    assert_eq!(
+        moved["kernel"]["state_lost"]["workspace_lost"], true,
+        "{moved}"
+    );
     assert_eq!(moved["kernel"]["workspace"]["restored"], false, "{moved}");
     cluster.nodes[a].signal("CONT").await;
     // A fences itself, removes its old kernel and rejoins.
@@ -60,7 +64,10 @@ async fn a_node_coming_back_never_serves_an_earlier_generation_of_a_workspace() 
     assert_eq!(cluster.holder("roll").await, Some(a));
     assert_eq!(lost(&back).as_deref(), Some("node_lost"), "{back}");
     assert_eq!(back["kernel"]["workspace"]["restored"], false, "{back}");
-    assert_eq!(back["kernel"]["state_lost"]["workspace_lost"], true, "{back}");
+    assert_eq!(
+        back["kernel"]["state_lost"]["workspace_lost"], true,
+        "{back}"
+    );
     assert_eq!(back["output"], "missing\n", "{back}");
     cluster.finish().await;
 }
@@ -77,7 +84,10 @@ async fn a_tenants_workspaces_are_counted_listed_and_deleted_across_the_nodes() 
     let cluster = Cluster::start("cl-ws-count", options).await;
     let run = |i: usize, session: &'static str| {
         let api = &cluster.nodes[i].api;
-        async move { api.execute(TOKEN, session, json!({"code": "print(1)"})).await }
+        async move {
+            api.execute(TOKEN, session, json!({"code": "print(1)"}))
+                .await
+        }
     };
     for (i, s) in [(0, "w1"), (0, "w2"), (1, "w3")] {
         success(&run(i, s).await);
@@ -104,18 +114,30 @@ async fn a_tenants_workspaces_are_counted_listed_and_deleted_across_the_nodes() 
         assert_eq!(names, ["w1", "w2", "w3"], "through {}", node.name);
     }
     // A delete through another node is served by the node holding it: in use, then gone.
-    let r = cluster.nodes[2].api.delete("/v1/workspaces/w1", TOKEN).await;
+    let r = cluster.nodes[2]
+        .api
+        .delete("/v1/workspaces/w1", TOKEN)
+        .await;
     assert_eq!(r.error(StatusCode::CONFLICT), "workspace_in_use");
     let r = cluster.nodes[0].api.delete("/v1/sessions/w1", TOKEN).await;
     assert!(r.status.is_success(), "{:?}", r.status);
-    let r = cluster.nodes[2].api.delete("/v1/workspaces/w1", TOKEN).await;
+    let r = cluster.nodes[2]
+        .api
+        .delete("/v1/workspaces/w1", TOKEN)
+        .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.json());
     assert_eq!(r.json(), json!({"deleted": "w1"}));
-    let r = cluster.nodes[2].api.delete("/v1/workspaces/w1", TOKEN).await;
+    let r = cluster.nodes[2]
+        .api
+        .delete("/v1/workspaces/w1", TOKEN)
+        .await;
     assert_eq!(r.error(StatusCode::NOT_FOUND), "workspace_not_found");
     // Room for one more now.
     success(&run(1, "w4").await);
-    let listed = cluster.nodes[2].api.get("/v1/workspaces", Some(TOKEN)).await;
+    let listed = cluster.nodes[2]
+        .api
+        .get("/v1/workspaces", Some(TOKEN))
+        .await;
     let names: Vec<String> = listed.json()["workspaces"]
         .as_array()
         .expect("a list")

@@ -31,13 +31,11 @@ impl From<WorkspaceError> for ApiError {
             | WorkspaceError::Tool { .. }
             | WorkspaceError::Engine(_)
             | WorkspaceError::NotOurs { .. }
-            | WorkspaceError::Ledger { .. } => {
-                ApiError::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "workspace_unavailable",
-                    e.to_string(),
-                )
-            }
+            | WorkspaceError::Ledger { .. } => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "workspace_unavailable",
+                e.to_string(),
+            ),
         }
     }
 }
