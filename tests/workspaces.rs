@@ -222,9 +222,11 @@ async fn a_full_workspace_is_enospc_inside_and_takes_no_more_than_its_quota_on_t
     )
     .await;
     assert_eq!(r.output, "errno ENOSPC\n", "{r:?}");
+    // The image, beside its generation's stamp (`<volume>.gen`).
     let images: Vec<_> = std::fs::read_dir(&world.dir)
         .expect("images dir")
         .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "img"))
         .collect();
     assert_eq!(images.len(), 1);
     let meta = images[0].metadata().expect("image metadata");
