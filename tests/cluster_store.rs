@@ -137,7 +137,7 @@ async fn migrations_are_applied_once_by_concurrent_connects_and_again_change_not
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, [1, 2, 3, 4, 5, 6]);
+    assert_eq!(versions, [1, 2, 3, 4, 5, 6, 7]);
     let tables: i64 = raw
         .query_one(
             "SELECT count(*) FROM pg_tables WHERE tablename IN ('kb_nodes', 'kb_sessions', 'kb_kernels')",

@@ -223,9 +223,11 @@ async fn a_full_workspace_is_enospc_inside_and_takes_no_more_than_its_quota_on_t
     )
     .await;
     assert_eq!(r.output, "errno ENOSPC\n", "{r:?}");
+    // The image, beside its generation's stamp (`<volume>.gen`).
     let images: Vec<_> = std::fs::read_dir(&world.dir)
         .expect("images dir")
         .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "img"))
         .collect();
     assert_eq!(images.len(), 1);
     let meta = images[0].metadata().expect("image metadata");
@@ -619,4 +621,111 @@ async fn a_workspace_goes_out_and_in_as_a_tar_without_its_sessions_kernel() {
         .unwrap_or_default();
     let _ = std::fs::remove_dir_all(&dir);
     assert!(left.is_empty(), "images left behind: {left:?}");
+}
+
+/// Deleting a workspace while its session's kernel starts never leaves the kernel a `/work`
+/// that is not the workspace's image (docs/workspaces.md, "Quota"): each round clears the
+/// session's kernel (its workspace stays), then sends a delete of the workspace and an
+/// execute together, the delete a little later each round so that it lands anywhere in the
+/// start. Through the Docker API, the workspace's volume is never one the engine made by
+/// itself (no kernelbox labels), and every kernel that ran saw a `/work` of its quota.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_racing_a_kernels_start_never_leaves_it_a_work_past_its_quota() {
+    use hyper::StatusCode;
+    use serde_json::json;
+    const ROUNDS: u64 = 24;
+    const SIZE: &str = "import os\ns = os.statvfs('/work')\nprint(s.f_blocks * s.f_frsize)";
+    let mut acme = http::tenant("acme", "tok-a");
+    acme["workspaces"] = json!({"quota": "8m", "ttl": "1h", "max": 2});
+    let label = unique("ws-race");
+    let dir = std::env::temp_dir().join(format!("kernelbox-workspaces-{label}"));
+    let images = dir.clone();
+    let tenants = http::tenants(vec![acme]);
+    let policies = tenants.workspaces();
+    let srv = http::TestServer::start("ws-race", tenants, move |c| {
+        c.workspaces = Some(WorkspacesConfig {
+            dir: images,
+            tenants: policies,
+        })
+    })
+    .await;
+    let api = &srv.api;
+    let engine = engine().await;
+    let volume = kernelbox::workspace::volume_name(&dir, "acme", "s");
+    let mut problems = Vec::new();
+    let (mut ran, mut deleted, mut refused) = (0, 0, 0);
+    for round in 0..ROUNDS {
+        // The workspace exists with no kernel on it.
+        let r = api.run("tok-a", "s", "print(1)").await;
+        assert_eq!(r["status"], "success", "{r}");
+        let r = api.delete("/v1/sessions/s", "tok-a").await;
+        assert!(r.status.is_success(), "{:?}", r.status);
+        let stagger = Duration::from_millis(round * 15 % 240);
+        let (executed, removed) =
+            tokio::join!(api.execute("tok-a", "s", json!({ "code": SIZE })), async {
+                tokio::time::sleep(stagger).await;
+                api.delete("/v1/workspaces/s", "tok-a").await
+            });
+        match removed.status {
+            StatusCode::OK => deleted += 1,
+            StatusCode::CONFLICT => {
+                assert_eq!(removed.error(StatusCode::CONFLICT), "workspace_in_use");
+                refused += 1;
+            }
+            other => problems.push(format!("round {round}: delete answered {other}")),
+        }
+        if executed.status == StatusCode::OK {
+            let result = executed.json();
+            if result["status"] == "success" {
+                ran += 1;
+                let size: u64 = result["output"]
+                    .as_str()
+                    .and_then(|o| o.trim().parse().ok())
+                    .unwrap_or(u64::MAX);
+                if !(QUOTA / 2..=QUOTA).contains(&size) {
+                    problems.push(format!("round {round}: /work of {size} bytes"));
+                }
+            } else {
+                problems.push(format!("round {round}: {result}"));
+            }
+        } else {
+            problems.push(format!(
+                "round {round}: execute answered {}: {}",
+                executed.status,
+                String::from_utf8_lossy(&executed.body)
+            ));
+        }
+        // Whatever volume of the workspace's name exists is kernelbox's workspace.
+        let found = engine.list_volumes(&[], false).await.expect("list volumes");
+        if let Some(v) = found.iter().find(|v| v.name == volume) {
+            if v.labels.get("io.kernelbox.role").map(String::as_str) != Some("workspace") {
+                problems.push(format!("round {round}: an unlabelled volume {volume}"));
+            }
+        }
+        // The session has a kernel when the execute started one.
+        let r = api.delete("/v1/sessions/s", "tok-a").await;
+        assert!(
+            r.status.is_success() || r.status == StatusCode::NOT_FOUND,
+            "{:?}",
+            r.status
+        );
+    }
+    eprintln!("{ROUNDS} rounds: {ran} kernels ran, {deleted} deletes, {refused} refused (409)");
+    let r = api.delete("/v1/workspaces/s", "tok-a").await;
+    assert!(
+        r.status == StatusCode::OK || r.status == StatusCode::NOT_FOUND,
+        "{:?}",
+        r.status
+    );
+    srv.finish().await;
+    // A volume the engine made by itself carries none of the test's labels: removed here
+    // by its name, before anything is asserted.
+    let _ = kernelbox::docker::remove_volume_when_free(engine.as_ref(), &volume).await;
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(problems.is_empty(), "{problems:#?}");
+    assert!(left.is_empty(), "images left behind: {left:?}");
+    assert!(ran > 0, "no kernel ran");
 }

@@ -588,6 +588,15 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
                 std::sync::Arc::new(catalog) as std::sync::Arc<dyn kernelbox::catalog::Catalog>;
             let orchestrator =
                 Orchestrator::start_with_catalog(config, engine, Some(catalog)).await?;
+            // The node's workspaces are the catalog's: an image of another generation is
+            // stale, dropped now (a node coming back) and at every sweep (docs/workspaces.md,
+            // "In a cluster").
+            if let Some(workspaces) = orchestrator.workspaces() {
+                workspaces.set_ledger(node.workspace_ledger());
+                if let Err(e) = workspaces.sweep_expired().await {
+                    tracing::warn!(error = %e, "dropping stale workspaces at start");
+                }
+            }
             (orchestrator, Some(node))
         }
     };

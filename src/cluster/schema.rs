@@ -12,7 +12,23 @@ const MIGRATION_LOCK: i64 = 0x6b62_7363_6865_6d61;
 
 /// The migrations, oldest first: version N is `MIGRATIONS[N - 1]`. Never edit one that has
 /// shipped; add the next.
-pub(crate) const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6];
+pub(crate) const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7];
+
+/// Version 7: which node holds each workspace, at which generation (docs/workspaces.md, "In
+/// a cluster"): an image of another generation on a node's disk is stale, and a tenant's
+/// workspaces are counted across the cluster.
+const V7: &str = "
+CREATE TABLE kb_workspaces (
+    tenant     text        NOT NULL,
+    owner      text        NOT NULL,
+    session    text        NOT NULL,
+    node       text        NOT NULL,
+    generation bigint      NOT NULL CHECK (generation > 0),
+    made_at    timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (tenant, owner)
+);
+CREATE INDEX kb_workspaces_node ON kb_workspaces (node, tenant);
+";
 
 /// Version 6: sessions' own network policies and settings, kept in the catalog so that a
 /// session's kernel starts under them on whichever node it starts (docs/cluster.md, "Session

@@ -306,6 +306,14 @@ impl Kernel {
                     tracing::warn!(container = %id, error = %err, "cleanup after failed spawn");
                 }
                 let _ = remove_volume_when_free(engine.as_ref(), &volume).await;
+                // A volume the engine made by itself in place of the workspace's is no one's:
+                // it goes with the container that asked for it (`docs/workspaces.md`).
+                if let KernelError::Workspace(crate::workspace::WorkspaceError::NotOurs {
+                    volume: rogue,
+                }) = &e
+                {
+                    let _ = remove_volume_when_free(engine.as_ref(), rogue).await;
+                }
                 Err(e)
             }
         }
@@ -426,10 +434,19 @@ impl Kernel {
             spill_dir,
             sockets,
         } = created;
+        // The container now pins its volumes: its `/work` must be the workspace's own volume,
+        // never one the engine made by itself under that name (`docs/workspaces.md`, "Quota").
+        if let Some(w) = &workspace {
+            in_span(
+                "workspace check",
+                crate::workspace::verify(engine.as_ref(), w),
+            )
+            .await?;
+        }
         // The workspace's loop device stays held until the container is started: its mount
         // holds it from then on (`docs/workspaces.md`, "Quota").
         let (workspace, _device) = match workspace {
-            Some(w) => (Some(w.info), Some(w.hold)),
+            Some(w) => (Some(w.info), Some(w.device)),
             None => (None, None),
         };
         give_way(&yield_to).await?;

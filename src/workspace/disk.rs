@@ -224,8 +224,15 @@ pub(super) fn images(dir: &Path) -> Vec<(u64, u64)> {
         .collect()
 }
 
-/// Detaches the image from its loop devices and deletes it; a missing image is a success.
+/// Detaches the image from its loop devices and deletes it with its generation's stamp; a
+/// missing image is a success.
 pub(super) async fn destroy(path: &Path) -> Result<(), WorkspaceError> {
+    let stamp = stamp_path(path);
+    match std::fs::remove_file(&stamp) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io_err("delete the workspace's generation stamp", &stamp, e)),
+    }
     if !path.exists() {
         return Ok(());
     }
@@ -278,6 +285,38 @@ pub(super) fn set_last_used(path: &Path, at: SystemTime) -> Result<(), Workspace
         .open(path)
         .and_then(|f| f.set_modified(at))
         .map_err(|e| io_err("record the workspace's use", path, e))
+}
+
+/// The file beside the image `path` holding the workspace's generation (`docs/workspaces.md`,
+/// "In a cluster").
+fn stamp_path(path: &Path) -> PathBuf {
+    path.with_extension("gen")
+}
+
+/// Longest stamp file read (a decimal `u64`).
+const MAX_STAMP: u64 = 32;
+
+/// The generation stamped on the image `path`: `None` when it has none (an image made before
+/// generations were kept) or the stamp is not a number.
+pub(super) fn stamped(path: &Path) -> Option<u64> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(stamp_path(path))
+        .ok()?
+        .take(MAX_STAMP)
+        .read_to_string(&mut text)
+        .ok()?;
+    text.trim().parse().ok()
+}
+
+/// Stamps the image `path` with `generation` (written aside, then renamed into place: a
+/// crash leaves the old stamp or the new one, never half of one).
+pub(super) fn stamp(path: &Path, generation: u64) -> Result<(), WorkspaceError> {
+    let stamp = stamp_path(path);
+    let partial = path.with_extension("gen.partial");
+    std::fs::write(&partial, generation.to_string())
+        .and_then(|()| std::fs::rename(&partial, &stamp))
+        .map_err(|e| io_err("stamp the workspace's generation", &stamp, e))
 }
 
 /// The image of the workspace volume `volume` in `dir`.

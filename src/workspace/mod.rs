@@ -9,9 +9,13 @@
 //! | file | what |
 //! |---|---|
 //! | `mod.rs` | [`Workspaces`]: prepare one for a kernel, list, delete, the TTL sweep; its errors |
-//! | `disk.rs` | the image file, its file system and loop device, its last use |
+//! | `disk.rs` | the image file, its file system and loop device, its last use, its generation's stamp |
+//! | `ledger.rs` | [`Ledger`]: which node holds each workspace at which generation, in a cluster |
 
 mod disk;
+mod ledger;
+
+pub use ledger::{Ledger, Opening, Placed};
 
 pub use disk::DeviceHold;
 
@@ -100,6 +104,27 @@ pub enum WorkspaceError {
         /// The bound (`WorkspacesConfig::total_bytes`).
         limit: u64,
     },
+    /// A kernel is starting on it (held from its opening until its container exists).
+    #[error("workspace {name:?} is in use by a kernel that is starting; retry once it runs, or evict the session first")]
+    Starting {
+        /// The workspace.
+        name: String,
+    },
+    /// The engine's volume of that name is not the workspace (missing, or not made by
+    /// kernelbox): no kernel starts on it.
+    #[error("workspace volume {volume} is missing or not kernelbox's workspace; the kernel was not started")]
+    NotOurs {
+        /// The volume.
+        volume: String,
+    },
+    /// The cluster's ledger of workspaces could not be read or written.
+    #[error("workspace ledger: cannot {op}: {reason}")]
+    Ledger {
+        /// What was attempted.
+        op: &'static str,
+        /// Why it failed.
+        reason: String,
+    },
 }
 
 /// One workspace as its tenant sees it.
@@ -129,7 +154,69 @@ pub struct Prepared {
     pub opening: u64,
     /// Its loop device, held until the kernel's container is started (its mount then holds
     /// it); dropped, the device goes once no mount uses it (`docs/workspaces.md`, "Quota").
-    pub hold: DeviceHold,
+    pub device: DeviceHold,
+    /// Holds the workspace against deletion and the sweeps until dropped: kept until the
+    /// kernel's container exists (it then pins the volume itself).
+    pub hold: Hold,
+    /// The engine's label filters the workspace's volume matches (what [`verify`] checks).
+    filters: Vec<String>,
+}
+
+/// Workspaces held by kernels being started, by volume (how many starts hold each).
+type Holds = Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>;
+
+/// A workspace held by a start (see [`Prepared::hold`]); released when the last clone goes.
+#[derive(Clone)]
+pub struct Hold(Arc<HoldInner>);
+
+struct HoldInner {
+    holds: Holds,
+    volume: String,
+}
+
+impl Drop for HoldInner {
+    fn drop(&mut self) {
+        let mut holds = self.holds.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = holds.get_mut(&self.volume) {
+            *n -= 1;
+            if *n == 0 {
+                holds.remove(&self.volume);
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for Hold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Hold").field(&self.0.volume).finish()
+    }
+}
+
+/// Holds are not part of what a prepared workspace is.
+impl PartialEq for Hold {
+    fn eq(&self, _: &Hold) -> bool {
+        true
+    }
+}
+
+impl Eq for Hold {}
+
+/// Checks, once the kernel's container exists (and so pins its volumes), that the volume it
+/// mounts at `/work` is `prepared`'s workspace: a volume of that name made by kernelbox with
+/// the workspace's labels and device. A volume the engine made by itself (its name asked for
+/// after the workspace's went) has none of them: the kernel must not start on it.
+pub async fn verify(engine: &dyn Engine, prepared: &Prepared) -> Result<(), WorkspaceError> {
+    let found = engine.list_volumes(&prepared.filters, false).await?;
+    let ours = found
+        .iter()
+        .any(|v| v.name == prepared.volume && v.labels.contains_key(DEVICE_LABEL));
+    if ours {
+        Ok(())
+    } else {
+        Err(WorkspaceError::NotOurs {
+            volume: prepared.volume.clone(),
+        })
+    }
 }
 
 /// The workspaces of this host.
@@ -147,6 +234,10 @@ pub struct Workspaces {
     /// Openings counted (`.0`) and each volume's last (`.1`; one entry per workspace, gone
     /// with it).
     openings: std::sync::Mutex<(u64, std::collections::HashMap<String, u64>)>,
+    /// Workspaces held by starts ([`Hold`]): never deleted or swept while held.
+    holds: Holds,
+    /// The cluster's ledger, on a cluster node ([`Workspaces::set_ledger`]).
+    ledger: std::sync::OnceLock<Arc<dyn Ledger>>,
 }
 
 /// The short hash of an images' directory ([`DIR_LABEL`]).
@@ -192,6 +283,8 @@ impl Workspaces {
             extra_labels,
             lock: tokio::sync::Mutex::new(()),
             openings: std::sync::Mutex::default(),
+            holds: Holds::default(),
+            ledger: std::sync::OnceLock::new(),
         })
     }
 
@@ -254,6 +347,49 @@ impl Workspaces {
         Ok(())
     }
 
+    /// Makes these the workspaces of a cluster node: `ledger` says which node holds each
+    /// workspace at which generation, and counts each tenant's (set once, before serving).
+    pub fn set_ledger(&self, ledger: Arc<dyn Ledger>) {
+        if self.ledger.set(ledger).is_err() {
+            tracing::warn!("the workspaces' ledger is already set");
+        }
+    }
+
+    /// True while a start holds the volume (`Hold`).
+    fn held(&self, volume: &str) -> bool {
+        self.holds
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(volume)
+    }
+
+    /// A hold of `volume` for a start.
+    fn hold(&self, volume: &str) -> Hold {
+        *self
+            .holds
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(volume.to_string())
+            .or_insert(0) += 1;
+        Hold(Arc::new(HoldInner {
+            holds: self.holds.clone(),
+            volume: volume.to_string(),
+        }))
+    }
+
+    /// The label filters of `tenant`'s workspace volumes in this images' directory.
+    fn filters(&self, tenant: Option<&str>) -> Vec<String> {
+        let mut filters = vec![
+            labels::managed(),
+            labels::filter(labels::ROLE, "workspace"),
+            labels::filter(DIR_LABEL, &dir_hash(&self.config.dir)),
+        ];
+        if let Some(tenant) = tenant {
+            filters.push(labels::filter(labels::TENANT, tenant));
+        }
+        filters
+    }
+
     /// `tenant`'s policy, when it has workspaces.
     pub fn policy(&self, tenant: &str) -> Option<&WorkspacePolicy> {
         self.config.tenants.get(tenant)
@@ -277,14 +413,7 @@ impl Workspaces {
         &self,
         tenant: Option<&str>,
     ) -> Result<(Vec<VolumeInfo>, std::collections::BTreeSet<String>), WorkspaceError> {
-        let mut filters = vec![
-            labels::managed(),
-            labels::filter(labels::ROLE, "workspace"),
-            labels::filter(DIR_LABEL, &dir_hash(&self.config.dir)),
-        ];
-        if let Some(tenant) = tenant {
-            filters.push(labels::filter(labels::TENANT, tenant));
-        }
+        let filters = self.filters(tenant);
         let all = self.engine.list_volumes(&filters, false).await?;
         let free = self
             .engine
@@ -319,30 +448,71 @@ impl Workspaces {
         create: bool,
     ) -> Result<Prepared, WorkspaceError> {
         let _one = self.lock.lock().await;
-        let volume = volume_name(&self.config.dir, &owner.tenant, &owner.to_string());
+        let name = owner.to_string();
+        let volume = volume_name(&self.config.dir, &owner.tenant, &name);
         let image = disk::image_path(&self.config.dir, &volume);
-        let restored = image.exists();
-        if !restored && !create {
-            return Err(WorkspaceError::NotFound {
-                name: owner.to_string(),
-            });
-        }
-        if !restored {
-            let (existing, _) = self.volumes(Some(&owner.tenant)).await?;
-            if existing.iter().filter(|v| v.name != volume).count() >= policy.max {
-                return Err(WorkspaceError::TooMany {
-                    tenant: owner.tenant.clone(),
-                    max: policy.max,
-                });
+        let local = image.exists().then(|| disk::stamped(&image).unwrap_or(0));
+        let (restored, generation) = match self.ledger.get() {
+            None => {
+                self.open_here(owner, policy, &volume, local, create)
+                    .await?
             }
-            self.check_host_bound(policy.quota_bytes)?;
-            disk::create(&image, policy.quota_bytes, uid, gid).await?;
+            Some(ledger) => {
+                let opening = ledger
+                    .open(&owner.tenant, &name, local, create, policy.max)
+                    .await?;
+                match opening {
+                    Opening::Current { generation } => (true, generation),
+                    Opening::Fresh { generation } => {
+                        // Another generation's files (a node that came back after its
+                        // workspaces were made anew elsewhere): never served as this one.
+                        if local.is_some() {
+                            tracing::info!(workspace = %name, volume = %volume, "a stale image of the workspace is dropped");
+                            if let Err(e) = self.destroy(&volume).await {
+                                self.forget(owner, Some(generation)).await;
+                                return Err(e);
+                            }
+                        }
+                        (false, generation)
+                    }
+                    Opening::NotFound => {
+                        if local.is_some() {
+                            let _ = self.destroy(&volume).await;
+                        }
+                        return Err(WorkspaceError::NotFound { name });
+                    }
+                    Opening::TooMany => {
+                        return Err(WorkspaceError::TooMany {
+                            tenant: owner.tenant.clone(),
+                            max: policy.max,
+                        })
+                    }
+                }
+            }
+        };
+        if !restored {
+            let made = match self.check_host_bound(policy.quota_bytes) {
+                Ok(()) => disk::create(&image, policy.quota_bytes, uid, gid).await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = made {
+                self.forget(owner, Some(generation)).await;
+                return Err(e);
+            }
         }
-        let hold = match self.mount_point(owner, &volume, &image).await {
-            Ok(hold) => hold,
+        let made = async {
+            if local != Some(generation) || !restored {
+                disk::stamp(&image, generation)?;
+            }
+            self.mount_point(owner, &volume, &image).await
+        }
+        .await;
+        let device = match made {
+            Ok(device) => device,
             Err(e) => {
                 if !restored {
                     let _ = disk::destroy(&image).await;
+                    self.forget(owner, Some(generation)).await;
                 }
                 return Err(e);
             }
@@ -355,6 +525,8 @@ impl Workspaces {
             openings.1.insert(volume.clone(), n);
             n
         };
+        let hold = self.hold(&volume);
+        let filters = self.filters(Some(&owner.tenant));
         Ok(Prepared {
             volume,
             info: crate::cell::WorkspaceInfo {
@@ -362,8 +534,56 @@ impl Workspaces {
                 restored,
             },
             opening,
+            device,
             hold,
+            filters,
         })
+    }
+
+    /// On one host (no ledger): whether `owner`'s workspace is there (`local`: its image's
+    /// stamp), and its generation; one that is not is counted against the tenant's maximum
+    /// by the volumes of this host.
+    async fn open_here(
+        &self,
+        owner: &Owner,
+        policy: &WorkspacePolicy,
+        volume: &str,
+        local: Option<u64>,
+        create: bool,
+    ) -> Result<(bool, u64), WorkspaceError> {
+        if let Some(generation) = local {
+            return Ok((true, generation.max(1)));
+        }
+        if !create {
+            return Err(WorkspaceError::NotFound {
+                name: owner.to_string(),
+            });
+        }
+        let (existing, _) = self.volumes(Some(&owner.tenant)).await?;
+        if existing.iter().filter(|v| v.name != volume).count() >= policy.max {
+            return Err(WorkspaceError::TooMany {
+                tenant: owner.tenant.clone(),
+                max: policy.max,
+            });
+        }
+        Ok((false, 1))
+    }
+
+    /// Tells the ledger (if any) that this node no longer holds `owner`'s workspace at
+    /// `generation` (logged when it cannot: the node's own images are checked again at every
+    /// sweep and opening).
+    async fn forget(&self, owner: &Owner, generation: Option<u64>) {
+        self.forget_name(&owner.tenant, &owner.to_string(), generation)
+            .await;
+    }
+
+    async fn forget_name(&self, tenant: &str, name: &str, generation: Option<u64>) {
+        let Some(ledger) = self.ledger.get() else {
+            return;
+        };
+        if let Err(e) = ledger.forget(tenant, name, generation).await {
+            tracing::warn!(workspace = %name, error = %e, "the ledger could not forget a deleted workspace");
+        }
     }
 
     /// Deletes `owner`'s workspace when nothing opened it since `opening` (a kernel's start,
@@ -383,11 +603,15 @@ impl Workspaces {
             .1
             .get(&volume)
             .copied();
-        if last != Some(opening) {
+        if last != Some(opening) || self.held(&volume) {
             return Ok(false);
         }
+        let generation = disk::stamped(&disk::image_path(&self.config.dir, &volume));
         match self.destroy(&volume).await {
-            Ok(()) => Ok(true),
+            Ok(()) => {
+                self.forget(owner, generation).await;
+                Ok(true)
+            }
             Err(WorkspaceError::Engine(EngineError::VolumeInUse { .. })) => Ok(false),
             Err(e) => Err(e),
         }
@@ -412,8 +636,11 @@ impl Workspaces {
             if named.as_ref() == Some(&device) {
                 return Ok(hold);
             }
-            remove_volume(self.engine.as_ref(), volume, InUse::Fail).await?;
         }
+        // A volume of that name that is not this workspace's on this device (another device
+        // after a reboot, or one the engine made by itself without our labels) goes first:
+        // creating a volume whose name exists keeps the old one.
+        remove_volume(self.engine.as_ref(), volume, InUse::Fail).await?;
         self.engine
             .create_device_volume(volume, &self.labels(owner, &device), &device, "ext4")
             .await?;
@@ -428,11 +655,26 @@ impl Workspaces {
                 tenant: tenant.to_string(),
             })?;
         let (all, free) = self.volumes(Some(tenant)).await?;
+        // On a cluster node, only the workspaces the ledger places here at the generation of
+        // their image: a stale image is not a workspace (the sweep drops it).
+        let current = match self.ledger.get() {
+            Some(ledger) => Some(ledger.here(Some(tenant)).await?),
+            None => None,
+        };
         let mut list: Vec<WorkspaceSummary> = all
             .into_iter()
             .filter_map(|v| {
                 let name = v.labels.get(labels::OWNER)?.clone();
                 let image = disk::image_path(&self.config.dir, &v.name);
+                if let Some(current) = &current {
+                    let stamp = disk::stamped(&image);
+                    if !current
+                        .iter()
+                        .any(|p| p.owner == name && Some(p.generation) == stamp)
+                    {
+                        return None;
+                    }
+                }
                 let in_use = !free.contains(&v.name);
                 Some(WorkspaceSummary {
                     name,
@@ -465,12 +707,23 @@ impl Workspaces {
                 name: name.to_string(),
             });
         }
+        // A kernel starting on it holds it until its container exists (then the engine
+        // refuses to remove a volume in use): deleting it meanwhile would leave the kernel a
+        // `/work` that is not its workspace.
+        if self.held(&volume) {
+            return Err(WorkspaceError::Starting {
+                name: name.to_string(),
+            });
+        }
+        let generation = disk::stamped(&image);
         self.destroy(&volume).await.map_err(|e| match e {
             WorkspaceError::Engine(EngineError::VolumeInUse { .. }) => WorkspaceError::InUse {
                 name: name.to_string(),
             },
             e => e,
-        })
+        })?;
+        self.forget_name(tenant, name, generation).await;
+        Ok(())
     }
 
     /// Removes the volume (refused while in use), then its image.
@@ -491,10 +744,39 @@ impl Workspaces {
     pub async fn sweep_expired(&self) -> Result<Vec<String>, WorkspaceError> {
         let _one = self.lock.lock().await;
         let (all, free) = self.volumes(None).await?;
+        let current = match self.ledger.get() {
+            Some(ledger) => Some(ledger.here(None).await?),
+            None => None,
+        };
         let now = unix_now();
         let mut removed = Vec::new();
         for v in all {
             let image = disk::image_path(&self.config.dir, &v.name);
+            if self.held(&v.name) {
+                continue;
+            }
+            if let (Some(current), Some(stamp), false) =
+                (&current, disk::stamped(&image), !free.contains(&v.name))
+            {
+                // A node that comes back drops the images of workspaces now held elsewhere
+                // (or deleted meanwhile): another generation's files are never a workspace.
+                let placed = current.iter().any(|p| {
+                    Some(&p.tenant) == v.labels.get(labels::TENANT)
+                        && Some(&p.owner) == v.labels.get(labels::OWNER)
+                        && p.generation == stamp
+                });
+                if !placed {
+                    match self.destroy(&v.name).await {
+                        Ok(()) => {
+                            tracing::info!(volume = %v.name, "a stale workspace image was dropped");
+                            removed.push(v.name);
+                        }
+                        Err(WorkspaceError::Engine(EngineError::VolumeInUse { .. })) => {}
+                        Err(e) => tracing::warn!(volume = %v.name, error = %e, "stale workspace"),
+                    }
+                    continue;
+                }
+            }
             if !free.contains(&v.name) {
                 if image.exists() {
                     disk::touch(&image)?;
@@ -508,8 +790,16 @@ impl Workspaces {
             if idle <= policy.ttl {
                 continue;
             }
+            let stamp = disk::stamped(&image);
             match self.destroy(&v.name).await {
-                Ok(()) => removed.push(v.name),
+                Ok(()) => {
+                    if let (Some(tenant), Some(owner)) =
+                        (v.labels.get(labels::TENANT), v.labels.get(labels::OWNER))
+                    {
+                        self.forget_name(tenant, owner, stamp).await;
+                    }
+                    removed.push(v.name)
+                }
                 // A kernel took it since the listing: it is live.
                 Err(WorkspaceError::Engine(EngineError::VolumeInUse { .. })) => {}
                 Err(e) => tracing::warn!(volume = %v.name, error = %e, "workspace sweep"),

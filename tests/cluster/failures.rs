@@ -23,7 +23,7 @@ const CALL: Duration = Duration::from_secs(3);
 /// Calls `session` on `node` until it is served (a 503 while the holder is gone but not yet
 /// expired: `node_unavailable` or `node_fenced`; a call past [`CALL`]); returns the result
 /// and how many calls ran past [`CALL`].
-async fn served(node: &Node, session: &str, code: &str) -> (Value, usize) {
+pub(crate) async fn served(node: &Node, session: &str, code: &str) -> (Value, usize) {
     let hung = AtomicUsize::new(0);
     let result = poll(&format!("{session} served by {}", node.name), SLOW, || {
         let call = node.api.execute(TOKEN, session, json!({ "code": code }));

@@ -66,6 +66,8 @@ pub struct Options {
     pub workspaces: bool,
     /// The tenant's `network` in the tenants file (docs/reliability.md, "Network egress").
     pub network: Option<Value>,
+    /// The tenant's workspace `max` (with `workspaces`), if set.
+    pub workspace_max: Option<u64>,
 }
 
 impl Default for Options {
@@ -81,6 +83,7 @@ impl Default for Options {
             otlp_endpoint: None,
             workspaces: false,
             network: None,
+            workspace_max: None,
         }
     }
 }
@@ -254,6 +257,9 @@ impl Cluster {
         }
         if options.workspaces {
             tenant["workspaces"] = json!({"quota": "16m", "ttl": "1h"});
+            if let Some(max) = options.workspace_max {
+                tenant["workspaces"]["max"] = json!(max);
+            }
         }
         if let Some(network) = &options.network {
             tenant["network"] = network.clone();

@@ -16,6 +16,7 @@
 //! | `namesake.rs` | two agents of one node name never both serve |
 //! | `traces.rs` | traces across the hop: the holding node continues the forwarding node's trace (docs/usage.md, "Traces") |
 //! | `session_config.rs` | "Session policies and settings": a session's network policy and settings set on one node apply to its kernel on another, a `PUT` of them never counts against the tenant's cap, a deleted session's are forgotten |
+//! | `workspaces.rs` | workspaces across nodes: a stale image never served as the workspace, the tenant's count, list and delete cluster-wide (docs/workspaces.md, "In a cluster") |
 //! | `balancer.rs` | the balancer's mapping moving away from a stopped node and snapping back when it returns |
 
 #[path = "../common/mod.rs"]
@@ -36,3 +37,4 @@ mod namesake;
 mod routing;
 mod session_config;
 mod traces;
+mod workspaces;

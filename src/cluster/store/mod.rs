@@ -14,10 +14,12 @@
 //! | `nodes.rs` | leases: register a node with a new epoch, renew, expire dead nodes, list, drain, leave |
 //! | `config.rs` | sessions' network policies and settings: written (bounded per tenant, refused for a session live on another node), loaded at a claim, forgotten with the session |
 //! | `sessions.rs` | where sessions live: look up, claim (with the tenant's cluster-wide cap), release, count a tenant's live sessions; a `kb_kernels` row as a catalog entry |
+//! | `workspaces.rs` | which node holds each workspace at which generation: open (counted against the tenant's maximum), forget, find |
 
 mod config;
 mod nodes;
 mod sessions;
+mod workspaces;
 
 use std::fmt;
 use std::time::Duration;
@@ -31,6 +33,7 @@ pub use config::{ConfigField, ConfigWrite, SessionConfig};
 pub use nodes::{Expired, NodeInfo, NodeRow, NodeState, Renewal, MAX_NODES};
 pub(crate) use sessions::SESSION_ENDS;
 pub use sessions::{Claim, ClaimRequest, Placement, MAX_SHARE_TENANTS};
+pub use workspaces::WorkspaceHome;
 
 /// Connections in the pool at most.
 pub const POOL_SIZE: usize = 8;

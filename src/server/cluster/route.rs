@@ -319,7 +319,7 @@ fn fenced() -> ApiError {
 }
 
 /// The catalog did not answer: a session with no kernel here cannot be placed.
-fn catalog_unavailable(why: &str) -> ApiError {
+pub(super) fn catalog_unavailable(why: &str) -> ApiError {
     ApiError {
         retry_after: Some(1),
         ..ApiError::new(
