@@ -69,6 +69,7 @@ pub mod rich;
 pub mod server;
 pub mod settings;
 pub mod telemetry;
+pub mod units;
 pub mod usage;
 pub mod wire;
 pub mod workspace;

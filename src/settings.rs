@@ -367,7 +367,7 @@ fn check_labels(labels: &BTreeMap<String, String>) -> Result<(), SettingsError> 
 fn memory(value: &serde_json::Value, bounds: &Bounds) -> Result<i64, SettingsError> {
     let bytes = match value {
         serde_json::Value::String(text) => {
-            crate::config::parse_bytes(text).map_err(|e| invalid(format!("memory: {e}")))?
+            crate::units::parse_bytes(text).map_err(|e| invalid(format!("memory: {e}")))?
         }
         serde_json::Value::Number(n) => n
             .as_i64()

@@ -646,6 +646,7 @@ async fn a_delete_racing_a_kernels_start_never_leaves_it_a_work_past_its_quota()
         c.workspaces = Some(WorkspacesConfig {
             dir: images,
             tenants: policies,
+            total_bytes: None,
         })
     })
     .await;

@@ -28,6 +28,7 @@ mod limits;
 mod validate;
 mod workspaces;
 
+pub use crate::units::{parse_bytes, parse_duration};
 pub use egress::*;
 pub use hibernate::*;
 pub use housekeeping::*;

@@ -632,10 +632,9 @@ impl Workspaces {
             .find(|v| v.name == volume)
             .and_then(|v| v.labels.get(DEVICE_LABEL).cloned());
         let (device, hold) = disk::attach(image, named.as_deref()).await?;
-        if existing.iter().any(|v| v.name == volume) {
-            if named.as_ref() == Some(&device) {
-                return Ok(hold);
-            }
+        // `named` is the device of a volume of that name with our labels, if there is one.
+        if named.as_ref() == Some(&device) {
+            return Ok(hold);
         }
         // A volume of that name that is not this workspace's on this device (another device
         // after a reboot, or one the engine made by itself without our labels) goes first:

@@ -10,6 +10,7 @@
 //! | file | what |
 //! |---|---|
 //! | `listener.rs` | accepting connections, the kernel's credential, dispatching CONNECT and plain HTTP |
+//! | `lookup.rs` | one bounded lookup of a name, and the cache of the addresses names denied exactly resolved to |
 //! | `resolve.rs` | judging and resolving a destination: names before any lookup, every address against the special ranges, the host's own addresses and the addresses of denied names |
 //! | `connect.rs` | a CONNECT tunnel: the ClientHello's server name checked, then bytes copied as they are |
 //! | `intercept.rs` | a CONNECT tunnel to a host a credential rule names: TLS ended with a kernelbox CA leaf and begun again to the verified host, each request checked and given the rule's headers |
@@ -29,6 +30,7 @@ mod intercept;
 mod interception;
 mod limits;
 mod listener;
+mod lookup;
 mod outcome;
 mod resolve;
 mod table;
@@ -43,6 +45,6 @@ pub use limits::{
     TUNNEL_IDLE_TIMEOUT,
 };
 pub use listener::serve;
+pub use lookup::{DENIED_NAME_TTL, MAX_DENIED_NAMES};
 pub use outcome::Outcome;
-pub use resolve::{DENIED_NAME_TTL, MAX_DENIED_NAMES};
 pub use table::{KernelEntry, Table};

@@ -14,7 +14,7 @@ use super::super::policy::Grant;
 use super::audit::{AuditFile, TenantCounters};
 use super::interception::Interception;
 use super::limits::{Bucket, Limits};
-use super::resolve::DeniedNames;
+use super::lookup::DeniedNames;
 
 /// One kernel the proxy serves.
 pub struct KernelEntry {
