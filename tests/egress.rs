@@ -843,6 +843,8 @@ print("one", ask("GET http://127.0.0.1:{port}/ HTTP/1.1\r\nHost: 127.0.0.1:{port
 print("two", ask("GET http://127.0.0.1:{port}/ HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nHost: evil.example\r\nProxy-Authorization: Basic AUTH\r\n\r\n"))
 print("connect-other", ask("CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: evil.example:443\r\nProxy-Authorization: Basic AUTH\r\n\r\n"))
 print("connect-bare", ask("CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1\r\nProxy-Authorization: Basic AUTH\r\n\r\n"))
+print("userinfo", ask("GET http://127.0.0.1:{port}/ HTTP/1.1\r\nHost: evil.example@127.0.0.1:{port}\r\nProxy-Authorization: Basic AUTH\r\n\r\n"))
+print("connect-userinfo", ask("CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: evil.example@127.0.0.1:{port}\r\nProxy-Authorization: Basic AUTH\r\n\r\n"))
 "#
     );
     let r = run_as(&case, "a", "s", &code).await;
@@ -852,8 +854,11 @@ print("connect-bare", ask("CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1\
     assert!(out.contains("two HTTP/1.1 400"), "{out}");
     assert!(out.contains("connect-other HTTP/1.1 400"), "{out}");
     assert!(out.contains("connect-bare HTTP/1.1 200"), "{out}");
+    // A Host with userinfo names another host to a lenient destination: refused too.
+    assert!(out.contains("userinfo HTTP/1.1 400"), "{out}");
+    assert!(out.contains("connect-userinfo HTTP/1.1 400"), "{out}");
     let counters = egress.counters();
     let a = &counters.iter().find(|(t, _)| t == "a").unwrap().1;
-    assert_eq!(a.refusals.get("host_mismatch"), Some(&2), "{a:?}");
+    assert_eq!(a.refusals.get("host_mismatch"), Some(&4), "{a:?}");
     case.finish().await;
 }
