@@ -236,6 +236,7 @@ print("redirect", fetch("https://localhost:{port}/redirect"))
 print("host-mismatch", raw("localhost", {port}, "GET /hm HTTP/1.1\r\nHost: vm:{port}\r\n\r\n"))
 print("absolute", raw("localhost", {port}, "GET https://vm:{port}/abs HTTP/1.1\r\nHost: localhost:{port}\r\n\r\n"))
 print("two-hosts", raw("localhost", {port}, "GET /two HTTP/1.1\r\nHost: localhost:{port}\r\nHost: vm:{port}\r\n\r\n"))
+print("userinfo", raw("localhost", {port}, "GET /ui HTTP/1.1\r\nHost: vm@localhost:{port}\r\n\r\n"))
 print("other-port", fetch("https://localhost:{other}/other"))
 print("issuer-other-port", issuer("localhost", {other}))
 import http.client
@@ -284,6 +285,8 @@ print("rogue", fetch("https://localhost:{rogue}/rogue"))
     assert!(line("host-mismatch").contains("421"), "{out}");
     assert!(line("absolute").contains("421"), "{out}");
     assert!(line("two-hosts").contains("421"), "{out}");
+    // Userinfo in Host (`vm@localhost`) may name `vm` to a lenient destination.
+    assert!(line("userinfo").contains("421"), "{out}");
     assert!(line("other-port").contains("auth=none"), "{out}");
     assert_eq!(
         line("issuer-other-port"),

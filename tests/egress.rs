@@ -721,6 +721,64 @@ async fn repeated_refusals_are_one_counted_line_in_the_audit_file() {
     served.finish().await;
 }
 
+#[tokio::test]
+async fn the_audit_files_pending_counts_are_written_at_shutdown() {
+    let port = http_server("127.0.0.1:0").await;
+    let file = tenants_file(&[format!("127.0.0.1:{port}")]);
+    let dir = tempfile::tempdir().unwrap();
+    let audit = dir.path().join("audit.jsonl");
+    let served = http::Served::start(
+        "egress-audit-shutdown",
+        "unused",
+        &[
+            "--pool",
+            "0",
+            "--tenants",
+            file.path().to_str().unwrap(),
+            "--egress-audit",
+            audit.to_str().unwrap(),
+        ],
+    )
+    .await;
+    // 50 refusals, then the server stops at once, within their repeat window: the 49 counted
+    // after the first are still written, as one counted line. And a refused CONNECT naming a
+    // 15,000-byte host: its line (and its key in the counting table) keeps 255 bytes of it.
+    let code = format!(
+        r#"{FETCH}
+refused = [fetch('http://127.0.0.2:{port}/') for _ in range(50)]
+print(sum('refused (not_allowed)' in r for r in refused))
+import base64, os, socket, urllib.parse
+p = urllib.parse.urlsplit(os.environ["HTTP_PROXY"])
+auth = base64.b64encode(f"{{p.username}}:{{p.password}}".encode()).decode()
+s = socket.create_connection((p.hostname, p.port), timeout=10)
+s.sendall(f"CONNECT {{'a' * 15000}}.example:443 HTTP/1.1\r\nProxy-Authorization: Basic {{auth}}\r\n\r\n".encode())
+print(s.recv(4096).split(b"\r\n")[0].decode())"#
+    );
+    let r = served.api.run("token-a", "s", &code).await;
+    assert_eq!(r["output"], "50\nHTTP/1.1 403 Forbidden\n", "{r}");
+    served.finish().await;
+    let text = std::fs::read_to_string(&audit).unwrap();
+    let refused: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|l| l["outcome"] == "not_allowed")
+        .collect();
+    assert_eq!(refused.len(), 3, "{text}");
+    let counted: Vec<_> = refused
+        .iter()
+        .filter(|l| l.get("count").is_some())
+        .collect();
+    assert_eq!(counted.len(), 1, "{text}");
+    assert_eq!(counted[0]["count"], 49, "{text}");
+    assert_eq!(counted[0]["host"], "127.0.0.2", "{text}");
+    let long = refused
+        .iter()
+        .find(|l| l["port"] == 443)
+        .and_then(|l| l["host"].as_str())
+        .unwrap_or_else(|| panic!("{text}"));
+    assert_eq!(long, format!("{}...", "a".repeat(255)), "{text}");
+}
+
 /// [`until`] with 30 s: for the audit file's counted lines, written when their window ends.
 async fn until_long<T, F: std::future::Future<Output = Option<T>>>(probe: impl Fn() -> F) -> T {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
@@ -843,6 +901,8 @@ print("one", ask("GET http://127.0.0.1:{port}/ HTTP/1.1\r\nHost: 127.0.0.1:{port
 print("two", ask("GET http://127.0.0.1:{port}/ HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nHost: evil.example\r\nProxy-Authorization: Basic AUTH\r\n\r\n"))
 print("connect-other", ask("CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: evil.example:443\r\nProxy-Authorization: Basic AUTH\r\n\r\n"))
 print("connect-bare", ask("CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1\r\nProxy-Authorization: Basic AUTH\r\n\r\n"))
+print("userinfo", ask("GET http://127.0.0.1:{port}/ HTTP/1.1\r\nHost: evil.example@127.0.0.1:{port}\r\nProxy-Authorization: Basic AUTH\r\n\r\n"))
+print("connect-userinfo", ask("CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: evil.example@127.0.0.1:{port}\r\nProxy-Authorization: Basic AUTH\r\n\r\n"))
 "#
     );
     let r = run_as(&case, "a", "s", &code).await;
@@ -852,9 +912,12 @@ print("connect-bare", ask("CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1\
     assert!(out.contains("two HTTP/1.1 400"), "{out}");
     assert!(out.contains("connect-other HTTP/1.1 400"), "{out}");
     assert!(out.contains("connect-bare HTTP/1.1 200"), "{out}");
+    // A Host with userinfo names another host to a lenient destination: refused too.
+    assert!(out.contains("userinfo HTTP/1.1 400"), "{out}");
+    assert!(out.contains("connect-userinfo HTTP/1.1 400"), "{out}");
     let counters = egress.counters();
     let a = &counters.iter().find(|(t, _)| t == "a").unwrap().1;
-    assert_eq!(a.refusals.get("host_mismatch"), Some(&2), "{a:?}");
+    assert_eq!(a.refusals.get("host_mismatch"), Some(&4), "{a:?}");
     case.finish().await;
 }
 

@@ -461,9 +461,18 @@ impl Egress {
         self.table.settle_usage();
     }
 
-    /// Stops the proxy and removes the network and its firewall rules.
+    /// Stops the proxy, closes its audit file and removes the network and its firewall rules.
     pub async fn stop(&self) {
         self.cancel.cancel();
+        // The audit file's last counted refusals are written before the process ends (its
+        // writer is a thread the process would not wait for).
+        let table = self.table.clone();
+        if tokio::task::spawn_blocking(move || table.close_audit())
+            .await
+            .is_err()
+        {
+            tracing::warn!("closing the egress audit file failed");
+        }
         if let Err(e) = network::remove(self.engine.as_ref(), &self.names).await {
             tracing::warn!(network = %self.names.network, error = %e, "removing the egress network");
         }

@@ -44,6 +44,23 @@ pub const REPEAT_WINDOW: Duration = Duration::from_secs(10);
 /// of a new one is written as it comes.
 pub const MAX_REPEAT_KEYS: usize = 4096;
 
+/// Most bytes of a destination's host kept in an audit line (a DNS name's longest, 253, and
+/// an IPv6 literal's brackets); a longer one (a request head may carry a 16 KiB one) is cut
+/// and ends in `...`. Bounds the repeat table, the writer's backlog and the file's lines.
+pub const MAX_AUDIT_HOST_BYTES: usize = 255;
+
+/// `host` cut to [`MAX_AUDIT_HOST_BYTES`] (at a character boundary), `...` marking a cut.
+pub(super) fn audit_host(host: &str) -> std::borrow::Cow<'_, str> {
+    if host.len() <= MAX_AUDIT_HOST_BYTES {
+        return host.into();
+    }
+    let mut end = MAX_AUDIT_HOST_BYTES;
+    while !host.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &host[..end]).into()
+}
+
 /// One audit line: a connection allowed and ended, or a refusal.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AuditLine {
@@ -153,10 +170,17 @@ impl Default for Rotation {
 /// (repeated refusals collapsed), appended by a writer thread of its own.
 #[derive(Debug)]
 pub struct AuditFile {
-    lines: SyncSender<String>,
+    lines: SyncSender<Msg>,
     repeats: Arc<Mutex<HashMap<RepeatKey, Repeat>>>,
     window: Duration,
-    writer: Option<std::thread::JoinHandle<()>>,
+    writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+/// What the writer is sent: a line, or the order to write every pending count and stop.
+#[derive(Debug)]
+enum Msg {
+    Line(String),
+    Close,
 }
 
 impl AuditFile {
@@ -173,7 +197,7 @@ impl AuditFile {
         window: Duration,
     ) -> std::io::Result<AuditFile> {
         let out = Out::open(path, rotation)?;
-        let (lines, rx) = std::sync::mpsc::sync_channel::<String>(AUDIT_BACKLOG);
+        let (lines, rx) = std::sync::mpsc::sync_channel::<Msg>(AUDIT_BACKLOG);
         let repeats = Arc::new(Mutex::new(HashMap::new()));
         let writer = {
             let repeats = repeats.clone();
@@ -185,15 +209,27 @@ impl AuditFile {
             lines,
             repeats,
             window,
-            writer: Some(writer),
+            writer: Mutex::new(Some(writer)),
         })
     }
 
     /// Queues `line` (never waits): false when the writer's backlog is full (the caller logs
     /// it instead). A refusal like one written less than the repeat window ago is only
-    /// counted, for the window's counted line.
+    /// counted, for the window's counted line. A host longer than [`MAX_AUDIT_HOST_BYTES`] is
+    /// cut.
     pub fn record(&self, line: &AuditLine) -> bool {
         let time = unix_now();
+        let cut;
+        let line = match audit_host(&line.host) {
+            std::borrow::Cow::Borrowed(_) => line,
+            std::borrow::Cow::Owned(host) => {
+                cut = AuditLine {
+                    host,
+                    ..line.clone()
+                };
+                &cut
+            }
+        };
         if line.outcome != "allowed" {
             let mut repeats = self.repeats.lock().unwrap_or_else(|p| p.into_inner());
             let key = line.key();
@@ -207,7 +243,7 @@ impl AuditFile {
                 }
                 // The window is over: its count first, then this refusal opens a new one.
                 if r.count > 0 {
-                    let _ = self.lines.try_send(repeat_line(&key, r));
+                    let _ = self.lines.try_send(Msg::Line(repeat_line(&key, r)));
                 }
                 repeats.remove(&key);
             }
@@ -226,15 +262,18 @@ impl AuditFile {
             }
         }
         self.lines
-            .try_send(line.json(time).to_string() + "\n")
+            .try_send(Msg::Line(line.json(time).to_string() + "\n"))
             .is_ok()
     }
 
-    /// Writes what is queued and every pending count, and stops the writer (blocking).
-    pub fn close(mut self) {
-        let writer = self.writer.take();
-        drop(self);
+    /// Writes what is queued and every pending count, and stops the writer (blocking; the
+    /// server's shutdown calls it, so that the counts of the last repeat windows are not lost).
+    /// Lines recorded after it go to the log.
+    pub fn close(&self) {
+        let writer = self.writer.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(writer) = writer {
+            // Queued behind every line already sent; waits only for the writer to drain them.
+            let _ = self.lines.send(Msg::Close);
             let _ = writer.join();
         }
     }
@@ -299,7 +338,7 @@ impl Out {
 /// and every pending count when the last sender (the proxy's table) is dropped.
 fn write_forever(
     mut out: Out,
-    rx: Receiver<String>,
+    rx: Receiver<Msg>,
     repeats: Arc<Mutex<HashMap<RepeatKey, Repeat>>>,
     window: Duration,
 ) {
@@ -307,13 +346,20 @@ fn write_forever(
     let mut swept = Instant::now();
     loop {
         let ended = match rx.recv_timeout(tick) {
-            Ok(line) => {
-                let mut batch = Some(line);
-                while let Some(line) = batch {
-                    out.write(&line);
+            Ok(msg) => {
+                let mut batch = Some(msg);
+                let mut closed = false;
+                while let Some(msg) = batch {
+                    match msg {
+                        Msg::Line(line) => out.write(&line),
+                        Msg::Close => {
+                            closed = true;
+                            break;
+                        }
+                    }
                     batch = rx.try_recv().ok();
                 }
-                false
+                closed
             }
             Err(RecvTimeoutError::Timeout) => false,
             Err(RecvTimeoutError::Disconnected) => true,

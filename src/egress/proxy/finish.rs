@@ -42,7 +42,7 @@ pub(super) fn audit(
         target: "kernelbox::egress::audit",
         tenant = %entry.tenant,
         session = %entry.session,
-        host = %host,
+        host = %super::audit::audit_host(host),
         port,
         bytes_out = out,
         bytes_in = inb,

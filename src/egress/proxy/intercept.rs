@@ -160,8 +160,12 @@ pub(super) async fn intercept<S>(
     }
 }
 
-/// True when `authority` names `host` (and `port`, or no port when it is 443).
+/// True when `authority` names `host` (and `port`, or no port when it is 443), without
+/// userinfo (`other@host` could name `other` to a lenient destination).
 fn names(authority: &str, host: &str, port: u16) -> bool {
+    if authority.contains('@') {
+        return false;
+    }
     match authority.parse::<hyper::http::uri::Authority>() {
         Ok(a) => a.host().eq_ignore_ascii_case(host) && a.port_u16().unwrap_or(443) == port,
         Err(_) => false,

@@ -176,9 +176,12 @@ fn host_header_agrees(req: &Request<Incoming>, connect: bool, host: &str, port: 
         // None at all is fine (HTTP/1.0, CONNECT); more than one never is.
         return req.headers().get(hyper::header::HOST).is_none();
     };
+    // A Host is `host[:port]`: userinfo (`evil.example@host`) is refused, as a lenient
+    // destination could route by the part the proxy did not judge.
     let Some(authority) = h
         .to_str()
         .ok()
+        .filter(|h| !h.contains('@'))
         .and_then(|h| h.parse::<hyper::http::uri::Authority>().ok())
     else {
         return false;

@@ -37,7 +37,7 @@ mod table;
 
 pub use audit::{
     AuditFile, AuditLine, Rotation, TenantCounters, AUDIT_BACKLOG, AUDIT_KEEP, AUDIT_ROTATE_BYTES,
-    MAX_REPEAT_KEYS, REPEAT_WINDOW,
+    MAX_AUDIT_HOST_BYTES, MAX_REPEAT_KEYS, REPEAT_WINDOW,
 };
 pub use interception::Interception;
 pub use limits::{

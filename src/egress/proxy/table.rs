@@ -207,6 +207,14 @@ impl Table {
         let _ = self.ledger.set(ledger);
     }
 
+    /// Writes the `--egress-audit` file's queued lines and pending counts and stops its writer
+    /// (blocking): at shutdown, after the proxy stopped.
+    pub fn close_audit(&self) {
+        if let Some(file) = &self.audit {
+            file.close();
+        }
+    }
+
     /// Gives the usage ledger the bytes every open connection moved since it was last asked,
     /// so a connection open across hours counts in each hour it moved bytes (to within the
     /// ledger's flush interval).
