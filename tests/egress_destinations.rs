@@ -220,13 +220,16 @@ async fn a_name_no_name_entry_allows_is_never_looked_up_and_a_denied_names_addre
 
     // Data in a name the policy does not list: refused before any lookup (the address ranges
     // are no reason to resolve it), over plain HTTP and CONNECT alike.
+    // An address literal with a trailing dot is that address, never a name to look up.
     let urls = [
         "http://secret-4f2a9c.exfil.kernelbox-test.invalid/".to_string(),
         "https://secret-77d0e1.exfil.kernelbox-test.invalid/".to_string(),
+        format!("http://127.0.0.1.:{port}/"),
     ];
     let lines = fetch(&served, "s", &urls).await;
     assert!(refused(&lines[0], "not_allowed"), "{lines:?}");
     assert!(lines[1].contains("403"), "{lines:?}");
+    assert_eq!(lines[2], format!("hello from {port}"), "{lines:?}");
     let metrics = served.api.metrics("token").await;
     assert!(metrics.contains(&lookups(0)), "{metrics}");
     assert!(

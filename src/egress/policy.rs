@@ -279,7 +279,7 @@ impl Grant {
 }
 
 /// Lower case, without a trailing dot or IPv6 brackets.
-fn normalise_host(host: &str) -> String {
+pub(crate) fn normalise_host(host: &str) -> String {
     let host = host.trim_end_matches('.');
     let host = host
         .strip_prefix('[')

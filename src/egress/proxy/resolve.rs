@@ -7,7 +7,7 @@
 use std::net::{IpAddr, SocketAddr};
 
 use super::super::host::{canonical, HostAddrs};
-use super::super::policy::{in_range, special_range, Grant, Refusal};
+use super::super::policy::{in_range, normalise_host, special_range, Grant, Refusal};
 use super::lookup::lookup;
 use super::outcome::Outcome;
 use super::table::Table;
@@ -31,7 +31,9 @@ pub(super) async fn judge(
 ) -> Result<Judged, Outcome> {
     grant.check_name(host, port).map_err(Outcome::Refused)?;
     let bare = host.trim_start_matches('[').trim_end_matches(']');
-    let addrs: Vec<SocketAddr> = match bare.parse::<IpAddr>() {
+    // An address literal is judged as one (without its trailing dots, as the policy judged
+    // it) and never handed to the resolver: `127.0.0.1.` is no reason for a lookup.
+    let addrs: Vec<SocketAddr> = match normalise_host(host).parse::<IpAddr>() {
         Ok(ip) => vec![SocketAddr::new(ip, port)],
         Err(_) => {
             table.count(tenant, |c| c.lookups += 1);
