@@ -11,7 +11,7 @@
 //!
 //! In a cluster the watchdog also enforces the node's lease from outside the server
 //! (`docs/cluster.md`, "Leases and fencing"): after each renewal the server writes on the pipe
-//! until when its lease is trusted (`trust <nanoseconds since boot>`, `/proc/uptime`); once that time
+//! until when its lease is trusted (`trust <nanoseconds since boot>`, `CLOCK_BOOTTIME`); once that time
 //! passes with no later one written (the server stopped, frozen or stalled), the watchdog
 //! kills every running kernel of the instance, so none runs a cell while another node may
 //! already run the session's next generation. The fence margin is the time it has to do so.
@@ -124,22 +124,32 @@ const TRUST: &str = "trust";
 /// Longest line read on the lifeline; a longer one is ignored.
 const LINE_LIMIT: usize = 64;
 
-/// The host's boot clock now (`/proc/uptime`, 10 ms steps): one clock for every process of
-/// the host, so the server's deadline means the same instant to its watchdog. Rounded down.
+/// The host's boot clock now (`CLOCK_BOOTTIME`, the clock of `/proc/uptime`): one clock for
+/// every process of the host, so the server's deadline means the same instant to its
+/// watchdog. Read without opening anything, so a process at its descriptor limit still
+/// gives its watchdog a true deadline (`docs/cluster.md`, "Leases and fencing").
+#[allow(unsafe_code)]
 fn clock_now() -> Duration {
-    std::fs::read_to_string("/proc/uptime")
-        .ok()
-        .and_then(|text| {
-            let (secs, hundredths) = text.split_whitespace().next()?.split_once('.')?;
-            let secs: u64 = secs.parse().ok()?;
-            let hundredths: u64 = hundredths.parse().ok()?;
-            Some(Duration::from_secs(secs) + Duration::from_millis(hundredths * 10))
-        })
-        .unwrap_or_default()
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `now` is a valid timespec the call writes; CLOCK_BOOTTIME exists on every
+    // Linux kernelbox runs on (2.6.39 and later).
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut now) };
+    if rc != 0 {
+        // Never on Linux; a zero clock would make every deadline look far off to the
+        // watchdog, never past.
+        return Duration::ZERO;
+    }
+    Duration::new(
+        u64::try_from(now.tv_sec).unwrap_or_default(),
+        u32::try_from(now.tv_nsec).unwrap_or_default(),
+    )
 }
 
-/// `until` on the boot clock, in nanoseconds. The clock is read before `Instant::now()`, and
-/// rounded down, so a stall between the two reads makes the deadline sooner, never later.
+/// `until` on the boot clock, in nanoseconds. The clock is read before `Instant::now()`, so
+/// a stall between the two reads makes the deadline sooner, never later.
 fn clock_deadline(until: Instant) -> u64 {
     let clock = clock_now();
     let left = until.saturating_duration_since(Instant::now());
