@@ -41,12 +41,21 @@ pub struct Watchdog {
 }
 
 impl Watchdog {
-    /// Starts the watchdog binary for `instance`.
-    pub fn spawn(binary: &Path, instance: &str) -> std::io::Result<Watchdog> {
-        let mut child = Command::new(binary)
-            .arg("watchdog")
-            .arg("--instance")
-            .arg(instance)
+    /// Starts the watchdog binary for `instance`. `checkpoints`, the tag of the checkpoints
+    /// directory the instance uses (`labels::checkpoints_tag`), goes on the watchdog's command
+    /// line, so `kernelbox sweep` on this host sees a live server uses that directory even
+    /// while it runs no container ([`super::sweep::sweep_hibernated`]).
+    pub fn spawn(
+        binary: &Path,
+        instance: &str,
+        checkpoints: Option<&str>,
+    ) -> std::io::Result<Watchdog> {
+        let mut command = Command::new(binary);
+        command.arg("watchdog").arg("--instance").arg(instance);
+        if let Some(tag) = checkpoints {
+            command.arg(CHECKPOINTS_ARG).arg(tag);
+        }
+        let mut child = command
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
@@ -116,6 +125,55 @@ fn write_lifeline(lifeline: Option<ChildStdin>, pending: std::sync::mpsc::Receiv
             return;
         }
     }
+}
+
+/// The watchdog's argument naming its server's checkpoints directory tag.
+pub const CHECKPOINTS_ARG: &str = "--checkpoints";
+
+/// The checkpoints directory tags of the live servers on this host, read from their
+/// watchdogs' command lines (`watchdog --instance ID --checkpoints TAG`) in `/proc`; only
+/// processes of this process's pid namespace count, so no kernel's process (each in its
+/// container's namespace) can pose as one. A watchdog outlives its server only for its final
+/// sweep. Bounded: the first 4096 processes, 4 KiB of each command line.
+pub fn live_checkpoint_tags() -> std::collections::HashSet<String> {
+    const PROCESSES: usize = 4096;
+    const CMDLINE: u64 = 4096;
+    let mut tags = std::collections::HashSet::new();
+    let Ok(own_ns) = std::fs::read_link("/proc/self/ns/pid") else {
+        return tags;
+    };
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return tags;
+    };
+    for entry in entries.flatten().take(PROCESSES) {
+        let name = entry.file_name();
+        if !name
+            .to_str()
+            .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        {
+            continue;
+        }
+        let dir = entry.path();
+        if std::fs::read_link(dir.join("ns/pid")).ok().as_ref() != Some(&own_ns) {
+            continue;
+        }
+        let mut cmdline = Vec::new();
+        let read = std::fs::File::open(dir.join("cmdline"))
+            .and_then(|f| f.take(CMDLINE).read_to_end(&mut cmdline));
+        if read.is_err() {
+            continue;
+        }
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        let is_watchdog = args.get(1) == Some(&b"watchdog".as_slice())
+            && args.get(2) == Some(&b"--instance".as_slice());
+        if !is_watchdog || args.get(4) != Some(&CHECKPOINTS_ARG.as_bytes()) {
+            continue;
+        }
+        if let Some(tag) = args.get(5).and_then(|t| std::str::from_utf8(t).ok()) {
+            tags.insert(tag.to_string());
+        }
+    }
+    tags
 }
 
 /// The word of a lifeline line giving the time the kernels may run until.
