@@ -394,3 +394,140 @@ async fn sweep_removes_hibernated_kernels_past_their_age_with_their_volumes() {
         .expect("remove the volume");
     common::assert_clean(&engine, &label).await;
 }
+
+/// docs/runtimes.md, "Across a restart of the server": a live hibernating server running no
+/// container (no pool, its kernels all hibernated) still uses its checkpoints directory, and its
+/// watchdog names it: `kernelbox sweep --hibernated-max-age 1h` keeps that directory's
+/// hibernated kernel of 2 h (a restore would find it); once the server has stopped, the
+/// same sweep removes it with its volume.
+#[tokio::test]
+async fn sweep_keeps_the_hibernated_kernels_of_a_live_server_running_no_container() {
+    use tokio::io::AsyncBufReadExt;
+    let _serial = SERIAL.lock().await;
+    let label = common::unique("sweep-kbh-idle");
+    let engine = common::engine().await;
+    let state = tempfile::tempdir().expect("state dir");
+    let state_dir = std::fs::canonicalize(state.path()).expect("canonical");
+    let mut server = common::serve_command(&label, "sweep-idle-token")
+        .args([
+            "--pool",
+            "0",
+            "--runtime",
+            "runsc",
+            "--hibernate",
+            "--state-dir",
+        ])
+        .arg(&state_dir)
+        .env_remove("KERNELBOX_STATE_DIR")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("kernelbox serve");
+    let mut lines = tokio::io::BufReader::new(server.stderr.take().expect("stderr")).lines();
+    common::serving_addr(&mut lines).await;
+    let drain = tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+
+    // A hibernated kernel of its directory, made after its start (a start discards the
+    // directory's containers no record claims), by an earlier server now dead.
+    let tag = kernelbox::labels::checkpoints_tag(&state_dir.join("checkpoints"));
+    let me = kernelbox::instance::Instance::current();
+    let dead = kernelbox::instance::Instance {
+        id: format!("dead-{label}"),
+        pid: u32::MAX - 1,
+        ..me
+    };
+    let volume = format!("{label}-idle");
+    let mut labels = dead.labels(&BTreeMap::from([(CASE.to_string(), label.clone())]));
+    labels.insert("io.kernelbox.checkpoints".into(), tag);
+    engine
+        .create_volume(&volume, &labels, None)
+        .await
+        .expect("create volume");
+    labels.insert("io.kernelbox.volume".into(), volume.clone());
+    let spec = kernelbox::docker::ContainerSpec {
+        image: kernelbox::config::DEFAULT_IMAGE.into(),
+        cmd: vec!["python3".into(), "-c".into(), "pass".into()],
+        env: vec![],
+        user: "10000:10000".into(),
+        working_dir: "/".into(),
+        labels,
+        mounts: vec![kernelbox::docker::Mount::Volume {
+            name: volume.clone(),
+            target: "/work".into(),
+        }],
+        sandbox: kernelbox::Sandbox {
+            keep_stopped: true,
+            ..kernelbox::Sandbox::default()
+        },
+    };
+    let id = engine.create_container(&spec).await.expect("container");
+    engine.start(&id).await.expect("start");
+    let name = kernelbox::labels::hibernated_name(
+        kernelbox::clock::unix_now() - 7200,
+        "t",
+        "idle",
+        kernelbox::docker::short_id(&id),
+    );
+    engine.rename_container(&id, &name).await.expect("rename");
+    for _ in 0..600 {
+        if common::containers(&engine, &label)
+            .await
+            .iter()
+            .any(|c| c.id == id && c.state == "exited")
+        {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let judged = |out: &str| -> (bool, String) {
+        let report: Value = serde_json::from_str(out).unwrap();
+        let row = report["hibernated"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|h| h["container"].as_str() == Some(&id))
+            .unwrap_or_else(|| panic!("the hibernated kernel is not listed: {report}"))
+            .clone();
+        (
+            row["removed"].as_bool().unwrap(),
+            row["why"].as_str().unwrap().to_string(),
+        )
+    };
+
+    let (code, out) = kernelbox(&["sweep", "--hibernated-max-age", "1h", "--format", "json"]).await;
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(
+        judged(&out),
+        (false, "a live server uses its directory".to_string()),
+        "{out}"
+    );
+    assert!(
+        common::containers(&engine, &label)
+            .await
+            .iter()
+            .any(|c| c.id == id),
+        "kept"
+    );
+
+    // Stopped (its watchdog gone with it): the directory is no one's.
+    let pid = server.id().expect("pid").to_string();
+    let status = tokio::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .await
+        .expect("kill");
+    assert!(status.success());
+    server.wait().await.expect("the server stops");
+    drain.await.expect("stderr drained");
+    let (code, out) = kernelbox(&["sweep", "--hibernated-max-age", "1h", "--format", "json"]).await;
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(
+        judged(&out),
+        (
+            true,
+            "past the max age, no live server on its directory".to_string()
+        ),
+        "{out}"
+    );
+    common::assert_clean(&engine, &label).await;
+}

@@ -100,6 +100,10 @@ enum Command {
         /// Instance id whose containers and volumes to remove.
         #[arg(long)]
         instance: String,
+        /// Its server's checkpoints directory tag: only read from the command line by
+        /// `kernelbox sweep`, which keeps that directory's hibernated kernels.
+        #[arg(long)]
+        checkpoints: Option<String>,
     },
 }
 
@@ -540,7 +544,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Nodes(args) => cluster::nodes(args).await,
         Command::Drain(args) => cluster::drain(args).await,
         Command::Mcp(args) => mcp::run(args).await,
-        Command::Watchdog { instance } => {
+        Command::Watchdog { instance, .. } => {
             let engine = connect().await?;
             kernelbox::instance::watchdog::run(engine.as_ref(), &instance).await?;
             Ok(ExitCode::SUCCESS)

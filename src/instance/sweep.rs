@@ -129,9 +129,10 @@ fn hibernated_since(c: &ContainerInfo) -> Option<u64> {
 /// [`HIBERNATED_SPARED_FOR`] ago or more (no server keeps a checkpoint longer:
 /// `--hibernate-max-age` is at most that), and every one hibernated `max_age` ago or more
 /// whose checkpoints directory no live server uses: no container with its tag is run by a
-/// live instance on this host (a server on another host, or one that has run no kernel since
-/// it took the checkpoints over, is not seen: a checkpoint removed under it is the loss its
-/// restore reports, never a silent one). The others are kept and reported, with why.
+/// live instance on this host, and no live server's watchdog names it
+/// ([`super::watchdog::live_checkpoint_tags`]; a server on another host is not seen: a
+/// checkpoint removed under it is the loss its restore reports, never a silent one). The
+/// others are kept and reported, with why.
 pub async fn sweep_hibernated(
     engine: &dyn Engine,
     me: &Instance,
@@ -139,11 +140,19 @@ pub async fn sweep_hibernated(
     dry_run: bool,
 ) -> Result<SweepReport, EngineError> {
     let containers = engine.list_containers(&[labels::managed()]).await?;
-    let live: HashSet<&String> = containers
+    let mut live: HashSet<String> = containers
         .iter()
         .filter(|c| liveness(me, &owner_labels(me, c)) == Liveness::Alive)
-        .filter_map(|c| c.labels.get(labels::CHECKPOINTS))
+        .filter_map(|c| c.labels.get(labels::CHECKPOINTS).cloned())
         .collect();
+    if max_age < HIBERNATED_SPARED_FOR {
+        // A live server running no container is seen by its watchdog.
+        live.extend(
+            tokio::task::spawn_blocking(super::watchdog::live_checkpoint_tags)
+                .await
+                .unwrap_or_default(),
+        );
+    }
     let now = unix_now();
     let mut report = SweepReport::default();
     for c in &containers {

@@ -11,7 +11,7 @@
 //!
 //! In a cluster the watchdog also enforces the node's lease from outside the server
 //! (`docs/cluster.md`, "Leases and fencing"): after each renewal the server writes on the pipe
-//! until when its lease is trusted (`trust <nanoseconds since boot>`, `/proc/uptime`); once that time
+//! until when its lease is trusted (`trust <nanoseconds since boot>`, `CLOCK_BOOTTIME`); once that time
 //! passes with no later one written (the server stopped, frozen or stalled), the watchdog
 //! kills every running kernel of the instance, so none runs a cell while another node may
 //! already run the session's next generation. The fence margin is the time it has to do so.
@@ -41,12 +41,21 @@ pub struct Watchdog {
 }
 
 impl Watchdog {
-    /// Starts the watchdog binary for `instance`.
-    pub fn spawn(binary: &Path, instance: &str) -> std::io::Result<Watchdog> {
-        let mut child = Command::new(binary)
-            .arg("watchdog")
-            .arg("--instance")
-            .arg(instance)
+    /// Starts the watchdog binary for `instance`. `checkpoints`, the tag of the checkpoints
+    /// directory the instance uses (`labels::checkpoints_tag`), goes on the watchdog's command
+    /// line, so `kernelbox sweep` on this host sees a live server uses that directory even
+    /// while it runs no container ([`super::sweep::sweep_hibernated`]).
+    pub fn spawn(
+        binary: &Path,
+        instance: &str,
+        checkpoints: Option<&str>,
+    ) -> std::io::Result<Watchdog> {
+        let mut command = Command::new(binary);
+        command.arg("watchdog").arg("--instance").arg(instance);
+        if let Some(tag) = checkpoints {
+            command.arg(CHECKPOINTS_ARG).arg(tag);
+        }
+        let mut child = command
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
@@ -118,28 +127,87 @@ fn write_lifeline(lifeline: Option<ChildStdin>, pending: std::sync::mpsc::Receiv
     }
 }
 
+/// The watchdog's argument naming its server's checkpoints directory tag.
+pub const CHECKPOINTS_ARG: &str = "--checkpoints";
+
+/// The checkpoints directory tags of the live servers on this host, read from their
+/// watchdogs' command lines (`watchdog --instance ID --checkpoints TAG`) in `/proc`; only
+/// processes of this process's pid namespace count, so no kernel's process (each in its
+/// container's namespace) can pose as one. A watchdog outlives its server only for its final
+/// sweep. Bounded: the first 4096 processes, 4 KiB of each command line.
+pub fn live_checkpoint_tags() -> std::collections::HashSet<String> {
+    const PROCESSES: usize = 4096;
+    const CMDLINE: u64 = 4096;
+    let mut tags = std::collections::HashSet::new();
+    let Ok(own_ns) = std::fs::read_link("/proc/self/ns/pid") else {
+        return tags;
+    };
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return tags;
+    };
+    for entry in entries.flatten().take(PROCESSES) {
+        let name = entry.file_name();
+        if !name
+            .to_str()
+            .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        {
+            continue;
+        }
+        let dir = entry.path();
+        if std::fs::read_link(dir.join("ns/pid")).ok().as_ref() != Some(&own_ns) {
+            continue;
+        }
+        let mut cmdline = Vec::new();
+        let read = std::fs::File::open(dir.join("cmdline"))
+            .and_then(|f| f.take(CMDLINE).read_to_end(&mut cmdline));
+        if read.is_err() {
+            continue;
+        }
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        let is_watchdog = args.get(1) == Some(&b"watchdog".as_slice())
+            && args.get(2) == Some(&b"--instance".as_slice());
+        if !is_watchdog || args.get(4) != Some(&CHECKPOINTS_ARG.as_bytes()) {
+            continue;
+        }
+        if let Some(tag) = args.get(5).and_then(|t| std::str::from_utf8(t).ok()) {
+            tags.insert(tag.to_string());
+        }
+    }
+    tags
+}
+
 /// The word of a lifeline line giving the time the kernels may run until.
 const TRUST: &str = "trust";
 
 /// Longest line read on the lifeline; a longer one is ignored.
 const LINE_LIMIT: usize = 64;
 
-/// The host's boot clock now (`/proc/uptime`, 10 ms steps): one clock for every process of
-/// the host, so the server's deadline means the same instant to its watchdog. Rounded down.
+/// The host's boot clock now (`CLOCK_BOOTTIME`, the clock of `/proc/uptime`): one clock for
+/// every process of the host, so the server's deadline means the same instant to its
+/// watchdog. Read without opening anything, so a process at its descriptor limit still
+/// gives its watchdog a true deadline (`docs/cluster.md`, "Leases and fencing").
+#[allow(unsafe_code)]
 fn clock_now() -> Duration {
-    std::fs::read_to_string("/proc/uptime")
-        .ok()
-        .and_then(|text| {
-            let (secs, hundredths) = text.split_whitespace().next()?.split_once('.')?;
-            let secs: u64 = secs.parse().ok()?;
-            let hundredths: u64 = hundredths.parse().ok()?;
-            Some(Duration::from_secs(secs) + Duration::from_millis(hundredths * 10))
-        })
-        .unwrap_or_default()
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `now` is a valid timespec the call writes; CLOCK_BOOTTIME exists on every
+    // Linux kernelbox runs on (2.6.39 and later).
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut now) };
+    if rc != 0 {
+        // Never on Linux; a zero clock would make every deadline look far off to the
+        // watchdog, never past.
+        return Duration::ZERO;
+    }
+    Duration::new(
+        u64::try_from(now.tv_sec).unwrap_or_default(),
+        u32::try_from(now.tv_nsec).unwrap_or_default(),
+    )
 }
 
-/// `until` on the boot clock, in nanoseconds. The clock is read before `Instant::now()`, and
-/// rounded down, so a stall between the two reads makes the deadline sooner, never later.
+/// `until` on the boot clock, in nanoseconds. The clock is read before `Instant::now()`, so
+/// a stall between the two reads makes the deadline sooner, never later.
 fn clock_deadline(until: Instant) -> u64 {
     let clock = clock_now();
     let left = until.saturating_duration_since(Instant::now());

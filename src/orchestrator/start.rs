@@ -91,12 +91,14 @@ impl Orchestrator {
             sweep_leftovers(engine.as_ref(), &instance).await?;
         }
         let watchdog = match &config.housekeeping.watchdog {
-            Some(path) => Some(Watchdog::spawn(path, &instance.id).map_err(|source| {
-                StartError::Watchdog {
-                    path: path.display().to_string(),
-                    source,
-                }
-            })?),
+            Some(path) => Some(
+                Watchdog::spawn(path, &instance.id, recorded.tag.as_deref()).map_err(|source| {
+                    StartError::Watchdog {
+                        path: path.display().to_string(),
+                        source,
+                    }
+                })?,
+            ),
             None => None,
         };
         let egress = match &config.egress {

@@ -629,3 +629,74 @@ async fn a_cell_running_on_a_stopped_node_is_answered_as_fenced_when_it_resumes(
     assert_eq!(generation(&next), generation(&first) + 1, "{next}");
     cluster.finish().await;
 }
+
+/// docs/cluster.md, "Leases and fencing": the deadline a node gives its watchdog does not
+/// depend on the server opening a file. A node that can open no descriptor for a while (at
+/// its `RLIMIT_NOFILE`, as a tenant flooding it with connections could make it) but keeps
+/// renewing its lease over its open connection keeps its kernels: the watchdog is never told
+/// a deadline already past.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_out_of_descriptors_but_renewing_keeps_its_kernels() {
+    let cluster = Cluster::start("cl-nofile", Options::default()).await;
+    let victim = 0;
+    let node = &cluster.nodes[victim];
+    let first = success(
+        &node
+            .api
+            .execute(TOKEN, "nofile", json!({ "code": "x = 41\nprint('up')" }))
+            .await,
+    );
+    let pid = node.pid();
+    // The lowest free descriptor number: a limit there lets no new one open.
+    let open: BTreeSet<u64> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("the node's descriptors")
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    let open = (0..).find(|fd| !open.contains(fd)).unwrap_or_default();
+    let limit = |soft: &str| {
+        let status = std::process::Command::new("prlimit")
+            .arg(format!("--pid={pid}"))
+            .arg(format!("--nofile={soft}:"))
+            .status()
+            .expect("prlimit");
+        assert!(status.success(), "prlimit --nofile={soft}");
+    };
+    // No new descriptor while several renewals (every 0.5 s) pass, then the limit back.
+    let before = std::process::Command::new("prlimit")
+        .arg(format!("--pid={pid}"))
+        .args(["--nofile", "--output=SOFT", "--noheadings"])
+        .output()
+        .expect("prlimit");
+    let before = String::from_utf8_lossy(&before.stdout).trim().to_string();
+    limit(&open.to_string());
+    // Renewals for longer than the lease is trusted (ttl - margin: 2 s).
+    let since = renewed_at(&cluster, victim).await;
+    poll("renewals at the descriptor limit", SLOW, || async {
+        (renewed_at(&cluster, victim).await >= since + 2.5).then_some(())
+    })
+    .await;
+    limit(&before);
+    let next = success(
+        &node
+            .api
+            .execute(TOKEN, "nofile", json!({ "code": "x += 1\nprint(x)" }))
+            .await,
+    );
+    assert_eq!(next["output"], "42\n", "{next}");
+    assert_eq!(generation(&next), generation(&first), "{next}");
+    assert_eq!(lost(&next), None, "{next}");
+    cluster.finish().await;
+}
+
+/// When the catalog last saw node `i`'s lease renewed (`renewed_at`, Unix seconds).
+async fn renewed_at(cluster: &Cluster, i: usize) -> f64 {
+    postgres::raw(&cluster.db)
+        .await
+        .query_one(
+            "SELECT extract(epoch from renewed_at)::float8 FROM kb_nodes WHERE name = $1",
+            &[&cluster.nodes[i].name],
+        )
+        .await
+        .expect("renewed_at")
+        .get(0)
+}
