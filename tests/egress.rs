@@ -848,3 +848,102 @@ async fn a_session_policy_set_during_its_kernels_cold_start_applies_to_that_kern
     );
     served.finish().await;
 }
+
+/// The cell's half of a tunnel opened as `t`: its answer, then a TLS ClientHello (no server
+/// name: the CONNECT names an address) and how many bytes come back.
+const HELLO_THEN_READ: &str = r#"
+import ssl
+print(t.recv(100).split(b"\r\n")[0].decode())
+inc, out = ssl.MemoryBIO(), ssl.MemoryBIO()
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+ctx.check_hostname = False
+ctx.verify_mode = ssl.CERT_NONE
+o = ctx.wrap_bio(inc, out)
+try:
+    o.do_handshake()
+except ssl.SSLWantReadError:
+    pass
+try:
+    t.sendall(out.read())
+    print("got", len(t.recv(10)), "bytes")
+except OSError as e:
+    print("got 0 bytes", type(e).__name__)
+"#;
+
+/// Whether some socket of this network namespace is connecting (`SYN_SENT`) to
+/// `127.0.0.1:port` (`/proc/net/tcp`).
+fn connecting_to(port: u16) -> bool {
+    let remote = format!("0100007F:{port:04X}");
+    std::fs::read_to_string("/proc/net/tcp")
+        .unwrap()
+        .lines()
+        .skip(1)
+        .any(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.get(2) == Some(&remote.as_str()) && f.get(3) == Some(&"02")
+        })
+}
+
+/// A connection still being made when a narrowing session policy is set (judged under the
+/// old policy, its upstream not yet connected) is judged again under the new one: it never
+/// outlives the narrowing (docs/reliability.md, "Network egress"). The upstream's accept
+/// queue is full, so the proxy's connect waits until the test accepts.
+#[tokio::test]
+async fn a_connection_being_made_when_a_narrowing_policy_is_set_is_judged_again() {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let listener = socket.listen(1).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    // Two connections fill a backlog of 1: the next one's SYN is dropped until an accept.
+    let _fillers = [
+        std::net::TcpStream::connect(("127.0.0.1", port)).unwrap(),
+        std::net::TcpStream::connect(("127.0.0.1", port)).unwrap(),
+    ];
+    let tenants = BTreeMap::from([(
+        "a".to_string(),
+        policy(&["example.com", &format!("127.0.0.1:{port}")], &[]),
+    )]);
+    let case = with_egress("egress-narrow-race", tenants).await;
+    let open = format!(
+        r#"
+import os, socket, base64, urllib.parse
+p = urllib.parse.urlparse(os.environ["HTTPS_PROXY"])
+t = socket.create_connection((p.hostname, p.port), timeout=30)
+auth = base64.b64encode(f"{{p.username}}:{{p.password}}".encode()).decode()
+t.sendall(f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\nProxy-Authorization: Basic {{auth}}\r\n\r\n".encode())
+print("sent")
+"#
+    );
+    let r = run_as(&case, "a", "s", &open).await;
+    assert!(r.output.contains("sent"), "{}", r.output);
+    // The proxy judged the CONNECT and is connecting upstream: narrow the session now.
+    until(|| async { connecting_to(port).then_some(()) }).await;
+    let closed = case
+        .kb
+        .set_network("a", "s", &policy(&["example.com"], &[]))
+        .unwrap();
+    assert_eq!(closed, 0);
+    // Let the proxy's connection in and echo what it sends.
+    let echo = tokio::spawn(async move {
+        let mut held = Vec::new();
+        loop {
+            let (mut s, _) = listener.accept().await.unwrap();
+            if held.len() < 2 {
+                held.push(s);
+                continue;
+            }
+            let mut buf = [0u8; 4];
+            if s.read_exact(&mut buf).await.is_ok() {
+                let _ = s.write_all(&buf).await;
+            }
+            return;
+        }
+    });
+    let r = run_as(&case, "a", "s", HELLO_THEN_READ).await;
+    let lines: Vec<&str> = r.output.lines().collect();
+    assert_eq!(lines[0], "HTTP/1.1 200 OK", "{}", r.output);
+    // Closed at once: the upstream's echo never comes back.
+    assert_eq!(lines[1], "got 0 bytes", "{}", r.output);
+    echo.abort();
+    case.finish().await;
+}
