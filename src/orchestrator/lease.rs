@@ -505,7 +505,7 @@ impl Orchestrator {
             return Ok(0);
         };
         let registry = &self.inner.registry;
-        let spare = |s: &str| !registry.has_session(tenant, s);
+        let spare = |s: &str| !registry.keeps_config(tenant, s);
         match version {
             Some(version) => {
                 egress.set_session(tenant, session, policy, version, Some(&spare), true)

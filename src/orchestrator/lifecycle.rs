@@ -229,6 +229,19 @@ impl Orchestrator {
             .set_settings_at(tenant, session, settings, version, true)
     }
 
+    /// Holds `tenant`'s `session`'s network policy and settings on this node while the guard
+    /// lives: a cluster node's claim loaded them and the session's kernel is not registered
+    /// yet, so they are not forgotten meanwhile to make room for another session's
+    /// (`crate::registry::Registry::hold_config`).
+    pub fn hold_session_config(&self, tenant: &str, session: &str) -> ConfigHold {
+        self.inner.registry.hold_config(tenant, session);
+        ConfigHold {
+            orchestrator: self.clone(),
+            tenant: tenant.to_string(),
+            session: session.to_string(),
+        }
+    }
+
     /// Forgets `tenant`'s `session`'s own network policy and settings (the session was
     /// deleted: `DELETE /v1/sessions/{session}`).
     pub fn forget_session_config(&self, tenant: &str, session: &str) {
@@ -333,5 +346,23 @@ impl Orchestrator {
                 tracing::info!(reaped = n, "idle kernels reaped");
             }
         }
+    }
+}
+
+/// A session's network policy and settings held on this node
+/// ([`Orchestrator::hold_session_config`]); released when dropped.
+#[derive(Debug)]
+pub struct ConfigHold {
+    orchestrator: Orchestrator,
+    tenant: String,
+    session: String,
+}
+
+impl Drop for ConfigHold {
+    fn drop(&mut self) {
+        self.orchestrator
+            .inner
+            .registry
+            .release_config(&self.tenant, &self.session);
     }
 }

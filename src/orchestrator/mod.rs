@@ -48,6 +48,7 @@ pub use crate::histogram::Histogram;
 pub use crate::registry::{EvictionCounts, LossCounts};
 pub use command::{CommandError, CommandRequest};
 pub use files::{FileError, FileRequest};
+pub use lifecycle::ConfigHold;
 pub use pool::{PoolStats, POOL_REFILL_CONCURRENCY, REFILL_BUCKETS};
 pub use request::{
     AdmissionNotice, ExecuteError, ExecuteRequest, FileBytes, KernelSummary, Scope, StartError,

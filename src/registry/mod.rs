@@ -189,6 +189,10 @@ struct Inner {
     /// What a session of each tenant runs with where it sets nothing, for tenants whose
     /// `session_limits` are below the server's defaults (`settings.rs`).
     ceilings: HashMap<String, Arc<crate::settings::Settings>>,
+    /// Sessions (tenant, session) whose settings and network policy a start here loaded
+    /// before its kernel is registered (a cluster node's claim), with how many such starts:
+    /// never forgotten to make room meanwhile (`settings.rs`).
+    held_configs: HashMap<(String, String), usize>,
 }
 
 impl Inner {

@@ -48,6 +48,43 @@ impl Inner {
 }
 
 impl Registry {
+    /// Holds `tenant`'s `session`'s settings and network policy here until
+    /// [`Registry::release_config`]: a start loaded them and its kernel is not registered yet
+    /// (its request's body may still be arriving), so they are not forgotten to make room
+    /// for another session's ([`Registry::keeps_config`]).
+    pub fn hold_config(&self, tenant: &str, session: &str) {
+        *self
+            .lock()
+            .held_configs
+            .entry((tenant.to_string(), session.to_string()))
+            .or_insert(0) += 1;
+    }
+
+    /// Ends one [`Registry::hold_config`].
+    pub fn release_config(&self, tenant: &str, session: &str) {
+        let mut inner = self.lock();
+        let key = (tenant.to_string(), session.to_string());
+        if let Some(n) = inner.held_configs.get_mut(&key) {
+            *n -= 1;
+            if *n == 0 {
+                inner.held_configs.remove(&key);
+            }
+        }
+    }
+
+    /// True when `tenant`'s `session`'s settings and network policy must stay here: a kernel
+    /// of it is registered, or a start holds them ([`Registry::hold_config`]).
+    pub fn keeps_config(&self, tenant: &str, session: &str) -> bool {
+        let inner = self.lock();
+        inner
+            .held_configs
+            .contains_key(&(tenant.to_string(), session.to_string()))
+            || inner
+                .slots
+                .keys()
+                .any(|k| k.owner.tenant == tenant && k.owner.session == session)
+    }
+
     /// Sets what a session of each tenant runs with where it sets nothing
     /// ([`crate::settings::Limits::ceiling`]), before any kernel starts.
     pub fn set_ceilings(&self, ceilings: HashMap<String, Settings>) {
@@ -104,11 +141,19 @@ impl Registry {
             Some(ceiling) => settings.under(ceiling),
             None => settings.clone(),
         };
+        // Sessions with a kernel here, or whose start here holds its settings.
         let live: HashSet<&str> = inner
             .slots
             .keys()
             .filter(|k| k.owner.tenant == tenant)
             .map(|k| k.owner.session.as_str())
+            .chain(
+                inner
+                    .held_configs
+                    .keys()
+                    .filter(|(t, _)| t == tenant)
+                    .map(|(_, s)| s.as_str()),
+            )
             .collect();
         let empty = Settings::default();
         let restart = inner

@@ -128,3 +128,121 @@ async fn a_sessions_policy_and_settings_set_on_one_node_apply_on_another_and_nev
     assert_eq!(r["output"], format!("hello from {port}\n"), "{r}");
     cluster.finish().await;
 }
+
+/// A session policy of 255 deny entries of 253 bytes each (distinct host names, tagged) and
+/// one allow entry: the most one policy holds (about 80 KiB as the bound counts it).
+fn big_policy(tag: &str) -> serde_json::Value {
+    let deny: Vec<String> = (0..255)
+        .map(|i| {
+            let first = format!("{tag}x{i}");
+            let first = format!("{first}{}", "a".repeat(63 - first.len()));
+            format!(
+                "{first}.{}.{}.{}",
+                "b".repeat(63),
+                "c".repeat(63),
+                "d".repeat(61)
+            )
+        })
+        .collect();
+    json!({"allow": ["example.com"], "deny": deny})
+}
+
+/// A session claimed by a node, whose policy that node loaded while the request's body is
+/// still arriving, keeps its policy there until its kernel starts: another session's policy
+/// needing room on that node (its copies of policies deleted elsewhere, stale, over the
+/// bound) never makes room with it, so its kernel never starts under the tenant's wider
+/// policy.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_claimed_sessions_policy_is_not_forgotten_for_room_before_its_kernel_starts() {
+    let port = http_server().await;
+    let cluster = Cluster::start(
+        "cluster-config-hold",
+        Options {
+            network: Some(json!({"allow": [format!("127.0.0.1:{port}")]})),
+            ..Options::default()
+        },
+    )
+    .await;
+    let [n1, n2] = [&cluster.nodes[0], &cluster.nodes[1]];
+    let put = |node: &crate::harness::Node, path: String, body: serde_json::Value| {
+        let api = node.api.clone();
+        async move {
+            api.put(&path, TOKEN, body.to_string(), Some("application/json"))
+                .await
+        }
+    };
+    let r = put(
+        n2,
+        "/v1/sessions/b/network".into(),
+        json!({"allow": ["example.com"]}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{:?}", r.json());
+
+    // b's execute reaches n1, its body held back: n1 claims b and loads its policy.
+    let fetch = CALL.replace("URL", &format!("'http://127.0.0.1:{port}/'"));
+    let body = json!({ "code": fetch }).to_string();
+    let mut raw = tokio::net::TcpStream::connect(n1.addr)
+        .await
+        .expect("connect");
+    let head = format!(
+        "POST /v1/sessions/b/execute HTTP/1.1\r\nhost: n1\r\nauthorization: Bearer {TOKEN}\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    raw.write_all(head.as_bytes()).await.expect("head");
+    raw.write_all(&body.as_bytes()[..1])
+        .await
+        .expect("first byte");
+    let db = cluster.db.clone();
+    crate::harness::poll("n1 claims b", crate::harness::SLOW, || {
+        let db = db.clone();
+        async move {
+            let live: i64 = crate::postgres::raw(&db)
+                .await
+                .query_one(
+                    "SELECT count(*) FROM kb_sessions WHERE session = 'b' AND live",
+                    &[],
+                )
+                .await
+                .expect("kb_sessions")
+                .get(0);
+            (live == 1).then_some(())
+        }
+    })
+    .await;
+
+    // Policies set through n1 (kept there too), then deleted through n2: n1's copies are
+    // stale, newer than b's. Then more policies through n1: the catalog has room (b's and
+    // theirs), n1's table needs room.
+    for i in 0..26 {
+        let r = put(
+            n1,
+            format!("/v1/sessions/d{i}/network"),
+            big_policy(&format!("d{i}")),
+        )
+        .await;
+        assert_eq!(r.status, StatusCode::OK, "{:?}", r.json());
+    }
+    for i in 0..26 {
+        let r = n2.api.delete(&format!("/v1/sessions/d{i}"), TOKEN).await;
+        assert_eq!(r.status, StatusCode::NOT_FOUND, "{:?}", r.json());
+    }
+    for i in 0..45 {
+        let r = put(
+            n1,
+            format!("/v1/sessions/c{i}/network"),
+            big_policy(&format!("c{i}")),
+        )
+        .await;
+        assert_eq!(r.status, StatusCode::OK, "{:?}", r.json());
+    }
+
+    // b's body ends: its kernel starts on n1 under b's own policy.
+    raw.write_all(&body.as_bytes()[1..]).await.expect("rest");
+    let mut answer = Vec::new();
+    raw.read_to_end(&mut answer).await.expect("answer");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("refused (not_allowed)"), "{answer}");
+    cluster.finish().await;
+}

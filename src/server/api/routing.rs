@@ -77,6 +77,13 @@ pub(super) async fn route(State(state): State<AppState>, request: Request, next:
         Ok(Route::Here { claimed }) => {
             // A session claimed here starts its kernel under its policy and settings as the
             // catalog has them (docs/cluster.md, "Session policies and settings").
+            // Held until the request is served: meanwhile they are not forgotten to make room
+            // for another session's, which would start the kernel without them.
+            let hold = claimed.then(|| {
+                state
+                    .orchestrator()
+                    .hold_session_config(&tenant.name, &session)
+            });
             if claimed {
                 if let Err(e) = node
                     .load_session_config(&state, &tenant.name, &session)
@@ -87,6 +94,7 @@ pub(super) async fn route(State(state): State<AppState>, request: Request, next:
                 }
             }
             let response = next.run(request).await;
+            drop(hold);
             // A claim whose request started no kernel (refused, invalid) is given back, so
             // failed requests leave no live session behind.
             if claimed && !state.orchestrator().has_session(&tenant.name, &session) {
