@@ -27,7 +27,9 @@ const LEADER_MARKER: &[u8] = b"\x01kernelbox-command:";
 
 /// The Python both the leader and the killer sweep a command's processes with: round after
 /// round, the process groups of `root`'s children, every live descendant of `root` and every
-/// process holding one of the command's output pipes (with their descendants) are stopped
+/// process started since `root` holding one of the command's output pipes (with their
+/// descendants; one started before it, as the kernel's runner, is never the command's even
+/// when handed its pipe) are stopped
 /// (SIGSTOP: a stopped process neither forks nor frees a pid, so a fork bomb cannot outrun
 /// the rounds; a whole group stops with one signal), until a round finds none still
 /// running; then all of them are killed (SIGKILL), and again until none is left. Never the
@@ -47,7 +49,7 @@ def scan():
         except OSError:
             continue
         f = s[s.rindex(')') + 2:].split()
-        procs[int(name)] = (f[0], int(f[1]))
+        procs[int(name)] = (f[0], int(f[1]), int(f[19]))
     return procs
 def holds(pid, pipes):
     try:
@@ -63,13 +65,16 @@ def holds(pid, pipes):
     return False
 def sweep(root, pipes):
     me = os.getpid()
+    born = None
     for _ in range(100):
         held = set()
         for _ in range(1000):
             procs = scan()
             kids = {}
-            for pid, (state, ppid) in procs.items():
+            for pid, (state, ppid, _) in procs.items():
                 kids.setdefault(ppid, []).append(pid)
+            if born is None and root in procs:
+                born = procs[root][2]
             for k in kids.get(root, ()):
                 try:
                     os.killpg(k, 19)
@@ -86,7 +91,8 @@ def sweep(root, pipes):
                             todo.append(k)
             under([root])
             if pipes:
-                seeds = [p for p in procs if p not in found and p not in (1, me, root) and holds(p, pipes)]
+                seeds = [p for p in procs if p not in found and p not in (1, me, root)
+                         and (born is None or procs[p][2] >= born) and holds(p, pipes)]
                 found.update(seeds)
                 under(seeds)
             found -= {1, me, root}
