@@ -25,66 +25,33 @@ use crate::wire::CommandResult;
 /// What the leader writes first on stderr: this, `{pid}:{stdout pipe}:{stderr pipe}`, a newline.
 const LEADER_MARKER: &[u8] = b"\x01kernelbox-command:";
 
-/// The program a command starts through (see the module's documentation). It ends with the
-/// command's exit status (128 + the signal when a signal ended it), as the command would.
-const LEADER: &str = "import os, sys
-a = sys.argv[1:]
-try:
-    import ctypes
-    ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)
-except Exception:
-    pass
-def ino(fd):
-    try:
-        return os.fstat(fd).st_ino
-    except OSError:
-        return 0
-os.write(2, b'\\x01kernelbox-command:%d:%d:%d\\n' % (os.getpid(), ino(1), ino(2)))
-child = os.fork()
-if child == 0:
-    try:
-        os.setpgid(0, 0)
-    except OSError:
-        pass
-    try:
-        os.chdir(a[0])
-        os.execvp(a[1], a[1:])
-    except OSError as e:
-        os.write(2, ('kernelbox: cannot run %s in %s: %s\\n' % (a[1], a[0], e.strerror)).encode())
-        os._exit(127)
-os.close(0)
-while True:
-    try:
-        pid, status = os.wait()
-    except ChildProcessError:
-        os._exit(0)
-    if pid == child:
-        code = os.waitstatus_to_exitcode(status)
-        os._exit(code if code >= 0 else 128 - code)
-";
-
-/// The program that kills a command at its timeout, run by a second exec as the kernel's user:
-/// it stops the leader (so it neither reaps nor leaves), then kills, round after round until a
-/// round finds none, every live descendant of the leader and every process holding one of the
-/// command's output pipes (with their descendants), then the leader. Never the container's
-/// init or itself. Arguments: the leader's pid, its two pipes' inodes.
-const KILLER: &str = "import os, sys
-root = int(sys.argv[1])
-pipes = set('pipe:[%s]' % i for i in sys.argv[2:] if i != '0')
-me = os.getpid()
+/// The Python both the leader and the killer sweep a command's processes with: round after
+/// round, the process groups of `root`'s children, every live descendant of `root` and every
+/// process started since `root` holding one of the command's output pipes (with their
+/// descendants; one started before it, as the kernel's runner, is never the command's even
+/// when handed its pipe) are stopped
+/// (SIGSTOP: a stopped process neither forks nor frees a pid, so a fork bomb cannot outrun
+/// the rounds; a whole group stops with one signal), until a round finds none still
+/// running; then all of them are killed (SIGKILL), and again until none is left. Never the
+/// container's init, `root` or the sweeper itself; the rounds are bounded
+/// (`docs/reliability.md`, "A command's processes at its timeout").
+macro_rules! sweep_py {
+    () => {
+        "import os, sys, signal
 def scan():
     procs = {}
     for name in os.listdir('/proc'):
         if not name.isdigit():
             continue
         try:
-            s = open('/proc/%s/stat' % name).read()
+            with open('/proc/%s/stat' % name) as f:
+                s = f.read()
         except OSError:
             continue
         f = s[s.rindex(')') + 2:].split()
-        procs[int(name)] = (f[0], int(f[1]))
+        procs[int(name)] = (f[0], int(f[1]), int(f[19]))
     return procs
-def holds(pid):
+def holds(pid, pipes):
     try:
         fds = os.listdir('/proc/%d/fd' % pid)
     except OSError:
@@ -96,38 +63,133 @@ def holds(pid):
         except OSError:
             pass
     return False
+def sweep(root, pipes):
+    me = os.getpid()
+    born = None
+    for _ in range(100):
+        held = set()
+        for _ in range(1000):
+            procs = scan()
+            kids = {}
+            for pid, (state, ppid, _) in procs.items():
+                kids.setdefault(ppid, []).append(pid)
+            if born is None and root in procs:
+                born = procs[root][2]
+            for k in kids.get(root, ()):
+                try:
+                    os.killpg(k, 19)
+                except OSError:
+                    pass
+            found = set()
+            def under(seeds):
+                todo = list(seeds)
+                while todo:
+                    p = todo.pop()
+                    for k in kids.get(p, ()):
+                        if k not in found:
+                            found.add(k)
+                            todo.append(k)
+            under([root])
+            if pipes:
+                seeds = [p for p in procs if p not in found and p not in (1, me, root)
+                         and (born is None or procs[p][2] >= born) and holds(p, pipes)]
+                found.update(seeds)
+                under(seeds)
+            found -= {1, me, root}
+            alive = [p for p in found if p in procs and procs[p][0] not in 'ZX']
+            held.update(alive)
+            running = [p for p in alive if procs[p][0] not in 'Tt']
+            if not running:
+                break
+            for p in running:
+                try:
+                    os.kill(p, 19)
+                except OSError:
+                    pass
+        if not held:
+            return
+        for p in held:
+            try:
+                os.kill(p, 9)
+            except OSError:
+                pass
+def pipe_names(inodes):
+    return set('pipe:[%s]' % i for i in inodes if str(i) != '0')
+"
+    };
+}
+
+/// The program a command starts through (see the module's documentation). Its first argument
+/// is the command's timeout in seconds: at it the leader itself sweeps its tree (it needs no new
+/// process, so a command that took every pid of its container is still killed), besides the
+/// killer the server runs. It ends with the command's exit status (128 + the signal when a
+/// signal ended it), as the command would.
+const LEADER: &str = concat!(
+    sweep_py!(),
+    "a = sys.argv[1:]
+try:
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)
+except Exception:
+    pass
+def ino(fd):
+    try:
+        return os.fstat(fd).st_ino
+    except OSError:
+        return 0
+inodes = (ino(1), ino(2))
+os.write(2, b'\\x01kernelbox-command:%d:%d:%d\\n' % (os.getpid(), inodes[0], inodes[1]))
+child = os.fork()
+if child == 0:
+    try:
+        os.setpgid(0, 0)
+    except OSError:
+        pass
+    try:
+        os.chdir(a[1])
+        os.execvp(a[2], a[2:])
+    except OSError as e:
+        os.write(2, ('kernelbox: cannot run %s in %s: %s\\n' % (a[2], a[1], e.strerror)).encode())
+        os._exit(127)
+os.close(0)
+def expire(signum, frame):
+    try:
+        os.killpg(child, 19)
+    except OSError:
+        pass
+    sweep(os.getpid(), pipe_names(inodes))
+    os._exit(137)
+signal.signal(signal.SIGALRM, expire)
+signal.setitimer(signal.ITIMER_REAL, max(float(a[0]), 0.001))
+while True:
+    try:
+        pid, status = os.wait()
+    except ChildProcessError:
+        os._exit(0)
+    if pid == child:
+        code = os.waitstatus_to_exitcode(status)
+        os._exit(code if code >= 0 else 128 - code)
+"
+);
+
+/// The program that kills a command at its timeout, run by a second exec as the kernel's user:
+/// it stops the leader (so it neither reaps nor leaves), sweeps the leader's tree and the
+/// holders of the command's output ([`sweep_py`]), then kills the leader. Arguments: the
+/// leader's pid, its two pipes' inodes.
+const KILLER: &str = concat!(
+    sweep_py!(),
+    "root = int(sys.argv[1])
 try:
     os.kill(root, 19)
 except OSError:
     pass
-for _ in range(10000):
-    procs = scan()
-    kids = {}
-    for pid, (state, ppid) in procs.items():
-        kids.setdefault(ppid, []).append(pid)
-    seeds = [root] + [p for p in procs if p not in (1, me, root) and pipes and holds(p)]
-    found, todo = set(), list(seeds)
-    while todo:
-        p = todo.pop()
-        for k in kids.get(p, ()):
-            if k not in found:
-                found.add(k)
-                todo.append(k)
-    found.update(seeds)
-    found -= {1, me, root}
-    live = [p for p in found if p in procs and procs[p][0] not in 'ZX']
-    if not live:
-        break
-    for p in live:
-        try:
-            os.kill(p, 9)
-        except OSError:
-            pass
+sweep(root, pipe_names(sys.argv[2:]))
 try:
     os.kill(root, 9)
 except OSError:
     pass
-";
+"
+);
 
 /// How long the output may take to end once the command was killed at the timeout, and how
 /// long the killer may take.
@@ -260,6 +322,7 @@ impl Kernel {
             "-S".into(),
             "-c".into(),
             LEADER.into(),
+            format!("{:.3}", spec.timeout.as_secs_f64()),
             cwd,
         ];
         cmd.extend(spec.argv.iter().cloned());

@@ -174,6 +174,56 @@ async fn a_timeout_kills_processes_that_left_the_commands_group_or_session() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_timeout_kills_a_fork_bomb_that_took_every_pid() {
+    // `docs/reliability.md`, "A command's processes at its timeout": a fork bomb fills the
+    // container's pids limit, so no new process (the server's killer) can start, and every
+    // process it kills would be replaced at once. The leader stops the tree at the timeout
+    // (stopped processes neither fork nor free a pid), then kills it: none is left, and the
+    // kernel and its state stay.
+    let srv = TestServer::start("cmd-bomb", tenants(vec![tenant("acme", "tok")]), |_| {}).await;
+    let first = srv.api.run("tok", "s", "x = 41").await;
+    let bomb = "python3 -c '# kbbomb\nimport os, time\nwhile True:\n    try:\n        \
+                os.fork()\n    except OSError:\n        time.sleep(0.001)\n'";
+    let r = command(&srv, "s", json!({"command": bomb, "timeout": 2})).await;
+    assert_eq!(r["timed_out"], true, "{r}");
+    let left = srv
+        .api
+        .run("tok", "s", &count_processes("python3\0-c\0# kbbomb"))
+        .await;
+    assert_eq!(left["output"], "0\n", "{left}");
+    let next = srv.api.run("tok", "s", "print(x + 1)").await;
+    assert_eq!(next["output"], "42\n", "{next}");
+    assert_eq!(next["kernel"]["id"], first["kernel"]["id"], "{next}");
+    srv.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_timeout_spares_the_kernel_even_when_it_holds_the_commands_output() {
+    // `docs/reliability.md`, "A command's processes at its timeout": a holder of the
+    // command's output pipe is killed only when it started after the command's leader. A
+    // cell that was handed the pipe (over a Unix socket) keeps its kernel and state.
+    let srv = TestServer::start("cmd-holder", tenants(vec![tenant("acme", "tok")]), |_| {}).await;
+    let cell = "import socket, threading, array\nx = 41\nheld = []\n\
+                s = socket.socket(socket.AF_UNIX)\ns.bind('/tmp/kb-fd')\ns.listen(1)\n\
+                def take():\n    c, _ = s.accept()\n    \
+                _, anc, _, _ = c.recvmsg(1, socket.CMSG_LEN(4))\n    \
+                held.extend(array.array('i', d)[0] for _, _, d in anc)\n\
+                threading.Thread(target=take, daemon=True).start()";
+    let first = srv.api.run("tok", "s", cell).await;
+    assert_eq!(first["status"], "success", "{first}");
+    let give = "python3 -c 'import socket, array\ns = socket.socket(socket.AF_UNIX)\n\
+                s.connect(\"/tmp/kb-fd\")\n\
+                s.sendmsg([b\"x\"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array(\"i\", [1]))])\n'\
+                ; sleep 100";
+    let r = command(&srv, "s", json!({"command": give, "timeout": 2})).await;
+    assert_eq!(r["timed_out"], true, "{r}");
+    let next = srv.api.run("tok", "s", "print(x + 1, len(held))").await;
+    assert_eq!(next["output"], "42 1\n", "{next}");
+    assert_eq!(next["kernel"]["id"], first["kernel"]["id"], "{next}");
+    srv.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_streamed_command_sends_its_streams_in_order_then_the_result() {
     let srv = TestServer::start("cmd-stream", tenants(vec![tenant("acme", "tok")]), |_| {}).await;
     let mut events = srv
