@@ -250,9 +250,8 @@ impl Trail {
         for used in self.budgets.values_mut() {
             if closing || now.saturating_duration_since(used.since) >= window {
                 if let Some(record) = used.last_dropped.take() {
-                    // It is written after all: no longer one of the dropped.
+                    // It is written after all: not one of the dropped (nor counted as one).
                     used.dropped = used.dropped.saturating_sub(1);
-                    self.counters.dropped_budget.fetch_sub(1, Ordering::Relaxed);
                     owed.push(record);
                 }
             }
@@ -312,8 +311,11 @@ impl Trail {
                 // The window's first line always goes (a line is far smaller than a file).
                 if !owed && used.bytes > 0 && used.bytes + line.len() as u64 > limit {
                     used.dropped += 1;
-                    Counters::add(&self.counters.dropped_budget, 1);
-                    used.last_dropped = Some(record);
+                    // Counted once it is certain not to be written: when a later one takes
+                    // its place as the one kept (the metric never goes down).
+                    if used.last_dropped.replace(record).is_some() {
+                        Counters::add(&self.counters.dropped_budget, 1);
+                    }
                     continue;
                 }
             }
@@ -324,7 +326,10 @@ impl Trail {
                     if let Some(used) = self.budgets.get_mut(&record.tenant) {
                         used.bytes += line.len() as u64;
                         used.dropped = 0;
-                        used.last_dropped = None;
+                        // This line reports the gap; the one kept will not be written.
+                        if used.last_dropped.take().is_some() {
+                            Counters::add(&self.counters.dropped_budget, 1);
+                        }
                     }
                 }
                 Err(e) => {
@@ -515,7 +520,8 @@ mod tests {
         let bad = all.iter().filter(|r| r.tenant == "bad").count();
         let stats = counters.snapshot();
         assert!(bad < 20, "{bad}");
-        assert_eq!(stats.dropped_budget, 200 - bad as u64, "{stats:?}");
+        // The last one is kept, to be written when the window ends: not counted as dropped.
+        assert_eq!(stats.dropped_budget, 199 - bad as u64, "{stats:?}");
         assert_eq!(stats.rotated_out_files, 0, "{stats:?}");
         verify(&files).expect("the chain holds over the dropped records");
         // A new window: first the tenant's last dropped record is written, saying how many
