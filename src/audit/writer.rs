@@ -152,11 +152,12 @@ async fn write_forever(
             rx.close();
             while rx.recv_many(&mut batch, BATCH).await > 0 && batch.len() < AUDIT_QUEUE {}
         }
-        if !batch.is_empty() {
+        // Closing, the tenants' last records dropped past their budgets are written too.
+        if !batch.is_empty() || stopping {
             let Some(mut t) = trail.take() else { return };
             let missed = dropped.clone();
             let written = tokio::task::spawn_blocking(move || {
-                let lost = t.write(batch, missed.swap(0, Ordering::Relaxed));
+                let lost = t.write(batch, missed.swap(0, Ordering::Relaxed), stopping);
                 (t, lost)
             })
             .await;
@@ -186,6 +187,10 @@ struct Budget {
     bytes: u64,
     /// Its records dropped since its last written line.
     dropped: u64,
+    /// The last of them: written, saying how many were dropped before it, when the window
+    /// ends or the trail closes, so the trail shows the gap even if the tenant never writes
+    /// again (one record per audited tenant at most).
+    last_dropped: Option<AuditRecord>,
 }
 
 /// The open trail: where lines go, and the hash the next one chains to.
@@ -234,8 +239,38 @@ impl Trail {
     }
 
     /// Writes `batch`, the first line carrying `missed` (records dropped before it); returns
-    /// how many records could not be written (they are reported by the next line).
-    fn write(&mut self, batch: Vec<AuditRecord>, mut missed: u64) -> u64 {
+    /// how many records could not be written (they are reported by the next line). First, the
+    /// last record each tenant had dropped past its budget, for tenants whose window ended
+    /// (all of them when `closing`): a tenant's gap is in the trail even if it never writes
+    /// again.
+    fn write(&mut self, batch: Vec<AuditRecord>, missed: u64, closing: bool) -> u64 {
+        let now = Instant::now();
+        let window = self.window;
+        let mut owed = Vec::new();
+        for used in self.budgets.values_mut() {
+            if closing || now.saturating_duration_since(used.since) >= window {
+                if let Some(record) = used.last_dropped.take() {
+                    // It is written after all: not one of the dropped (nor counted as one).
+                    used.dropped = used.dropped.saturating_sub(1);
+                    owed.push(record);
+                }
+            }
+        }
+        owed.sort_by(|a, b| a.time.cmp(&b.time));
+        let (lost, missed) = self.write_lines(owed, missed, true);
+        let (more, missed) = self.write_lines(batch, missed, false);
+        if let Some((file, _)) = &self.file {
+            if let Err(e) = file.sync_data() {
+                tracing::warn!(error = %e, "the audit trail could not be synced to disk");
+            }
+        }
+        lost + more + missed
+    }
+
+    /// Appends `batch`'s lines (past their tenants' budgets unless `owed`: the one record
+    /// kept of a tenant's dropped ones); how many could not be written, and `missed` still
+    /// unreported.
+    fn write_lines(&mut self, batch: Vec<AuditRecord>, mut missed: u64, owed: bool) -> (u64, u64) {
         let mut lost = 0;
         // A tenant's lines take at most one file's worth per window (a file sink only: standard
         // output is never rotated).
@@ -253,6 +288,7 @@ impl Trail {
                     since: now,
                     bytes: 0,
                     dropped: 0,
+                    last_dropped: None,
                 });
                 if now.saturating_duration_since(used.since) >= window {
                     used.since = now;
@@ -273,9 +309,13 @@ impl Trail {
             line.push(b'\n');
             if let (Some(limit), Some(used)) = (budget, self.budgets.get_mut(&record.tenant)) {
                 // The window's first line always goes (a line is far smaller than a file).
-                if used.bytes > 0 && used.bytes + line.len() as u64 > limit {
+                if !owed && used.bytes > 0 && used.bytes + line.len() as u64 > limit {
                     used.dropped += 1;
-                    Counters::add(&self.counters.dropped_budget, 1);
+                    // Counted once it is certain not to be written: when a later one takes
+                    // its place as the one kept (the metric never goes down).
+                    if used.last_dropped.replace(record).is_some() {
+                        Counters::add(&self.counters.dropped_budget, 1);
+                    }
                     continue;
                 }
             }
@@ -286,6 +326,10 @@ impl Trail {
                     if let Some(used) = self.budgets.get_mut(&record.tenant) {
                         used.bytes += line.len() as u64;
                         used.dropped = 0;
+                        // This line reports the gap; the one kept will not be written.
+                        if used.last_dropped.take().is_some() {
+                            Counters::add(&self.counters.dropped_budget, 1);
+                        }
                     }
                 }
                 Err(e) => {
@@ -295,12 +339,7 @@ impl Trail {
                 }
             }
         }
-        if let Some((file, _)) = &self.file {
-            if let Err(e) = file.sync_data() {
-                tracing::warn!(error = %e, "the audit trail could not be synced to disk");
-            }
-        }
-        lost + missed
+        (lost, missed)
     }
 
     fn append(&mut self, line: &[u8]) -> Result<(), AuditError> {
@@ -457,10 +496,19 @@ mod tests {
         };
         let counters = Arc::new(Counters::default());
         let mut trail = Trail::open(sink, counters.clone()).expect("open");
-        assert_eq!(trail.write((0..3).map(|n| of("good", n)).collect(), 0), 0);
+        assert_eq!(
+            trail.write((0..3).map(|n| of("good", n)).collect(), 0, false),
+            0
+        );
         // A flood: far more than a file's worth.
-        assert_eq!(trail.write((0..200).map(|n| of("bad", n)).collect(), 0), 0);
-        assert_eq!(trail.write((3..6).map(|n| of("good", n)).collect(), 0), 0);
+        assert_eq!(
+            trail.write((0..200).map(|n| of("bad", n)).collect(), 0, false),
+            0
+        );
+        assert_eq!(
+            trail.write((3..6).map(|n| of("good", n)).collect(), 0, false),
+            0
+        );
         let files = [dir.path().join("audit.log.1"), path.clone()];
         let all = lines(&files);
         let good: Vec<&str> = all
@@ -472,23 +520,65 @@ mod tests {
         let bad = all.iter().filter(|r| r.tenant == "bad").count();
         let stats = counters.snapshot();
         assert!(bad < 20, "{bad}");
-        assert_eq!(stats.dropped_budget, 200 - bad as u64, "{stats:?}");
+        // The last one is kept, to be written when the window ends: not counted as dropped.
+        assert_eq!(stats.dropped_budget, 199 - bad as u64, "{stats:?}");
         assert_eq!(stats.rotated_out_files, 0, "{stats:?}");
         verify(&files).expect("the chain holds over the dropped records");
-        // A new window: the tenant's next line says how many of its records were dropped.
+        // A new window: first the tenant's last dropped record is written, saying how many
+        // were dropped before it, then its next line.
         trail.window = Duration::ZERO;
-        assert_eq!(trail.write(vec![of("bad", 999)], 0), 0);
-        let last = lines(std::slice::from_ref(&path)).pop().expect("a line");
-        assert_eq!(
-            (last.session.as_str(), last.tenant_dropped),
-            ("s999", Some(200 - bad as u64))
-        );
+        assert_eq!(trail.write(vec![of("bad", 999)], 0, false), 0);
+        let written = lines(std::slice::from_ref(&path));
+        let tail: Vec<(&str, Option<u64>)> = written[written.len() - 2..]
+            .iter()
+            .map(|r| (r.session.as_str(), r.tenant_dropped))
+            .collect();
+        assert_eq!(tail, [("s199", Some(199 - bad as u64)), ("s999", None)]);
+        assert_eq!(counters.snapshot().dropped_budget, 199 - bad as u64);
         // Rotation past `keep` deletes the oldest file, and counts it.
-        assert_eq!(trail.write((0..40).map(|n| of("good", n)).collect(), 0), 0);
+        assert_eq!(
+            trail.write((0..40).map(|n| of("good", n)).collect(), 0, false),
+            0
+        );
         let stats = counters.snapshot();
         assert!(stats.rotated_out_files >= 1, "{stats:?}");
         assert!(stats.rotated_out_bytes >= 1_000, "{stats:?}");
         verify(&files).expect("the chain holds across rotation");
+    }
+
+    #[test]
+    fn a_tenant_past_its_budget_that_never_writes_again_has_its_gap_written_at_close() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("audit.log");
+        let sink = AuditSink::File {
+            path: path.clone(),
+            rotate_bytes: 4_000,
+            keep: 1,
+        };
+        let counters = Arc::new(Counters::default());
+        let mut trail = Trail::open(sink, counters.clone()).expect("open");
+        assert_eq!(
+            trail.write((0..50).map(|n| of("bad", n)).collect(), 0, false),
+            0
+        );
+        assert_eq!(trail.write(vec![of("good", 0)], 0, false), 0);
+        let files = [dir.path().join("audit.log.1"), path.clone()];
+        let kept = lines(&files).len() - 1;
+        assert!(kept < 49, "{kept}");
+        // Closing: the tenant's last record is written, with the count dropped before it.
+        assert_eq!(trail.write(Vec::new(), 0, true), 0);
+        let all = lines(&files);
+        let last = all.last().expect("a line");
+        assert_eq!(
+            (
+                last.tenant.as_str(),
+                last.session.as_str(),
+                last.tenant_dropped
+            ),
+            ("bad", "s49", Some(49 - kept as u64))
+        );
+        assert_eq!(counters.snapshot().dropped_budget, 49 - kept as u64);
+        verify(&files).expect("the chain holds");
     }
 
     #[test]
@@ -501,11 +591,11 @@ mod tests {
             keep: 2,
         };
         let mut trail = Trail::open(sink.clone(), Arc::default()).expect("open");
-        assert_eq!(trail.write((0..5).map(record).collect(), 3), 0);
+        assert_eq!(trail.write((0..5).map(record).collect(), 3, false), 0);
         drop(trail);
         // A restart: the chain goes on from the file's last line.
         let mut trail = Trail::open(sink, Arc::default()).expect("reopen");
-        assert_eq!(trail.write((5..12).map(record).collect(), 0), 0);
+        assert_eq!(trail.write((5..12).map(record).collect(), 0, false), 0);
         let files = [dir.path().join("audit.log.1"), path.clone()];
         let all = verify(&files).expect("the chain holds across the rotation");
         assert!(all.lines >= 2, "{all:?}");

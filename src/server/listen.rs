@@ -507,6 +507,30 @@ async fn lingering_close(socket: std::net::TcpStream) {
     .await;
 }
 
+/// The answer to a request that arrived on a connection whose slot was given away: 503
+/// `connection_evicted`, close (the connection is being closed; the request did not run;
+/// docs/http-api.md, "Slow and idle clients cannot hold the server").
+fn evicted_response() -> Response<Body> {
+    let mut response = Response::new(Body::from(
+        r#"{"error":{"code":"connection_evicted","message":"this connection's slot was given to a newer one; the request did not run: retry it on a new connection"}}"#,
+    ));
+    *response.status_mut() = axum::http::StatusCode::SERVICE_UNAVAILABLE;
+    let headers = response.headers_mut();
+    headers.insert(
+        axum::http::header::CONNECTION,
+        axum::http::HeaderValue::from_static("close"),
+    );
+    headers.insert(
+        axum::http::header::RETRY_AFTER,
+        axum::http::HeaderValue::from_static("1"),
+    );
+    headers.insert(
+        axum::http::header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
 /// Serves the connection; true when hyper ended it (the client closed, or hyper closed after
 /// an answer), false when it was cut (a deadline, an eviction, the server's stop): only the
 /// former lingers.
@@ -529,13 +553,19 @@ async fn serve(
         let promote = slot.promote();
         hyper::service::service_fn(move |request: Request<Incoming>| {
             let body_pending = !hyper::body::Body::is_end_stream(request.body());
+            // A connection whose slot a newer one took (its head was on its way) is being
+            // closed: its request must not run unanswered (`slots.rs`, `begin_request`).
+            let admitted = promote.begin_request();
             let (guard, pending) = state.request_started(body_pending);
             let mut request = request.map(|inner| WatchedBody { inner, pending });
             // The API's authentication promotes the connection with it (`slots.rs`).
             request.extensions_mut().insert(promote.clone());
-            let call = hyper::service::Service::call(&router, request);
+            let call = admitted.then(|| hyper::service::Service::call(&router, request));
             async move {
-                let response: Response<Body> = call.await?;
+                let response: Response<Body> = match call {
+                    Some(call) => call.await?,
+                    None => evicted_response(),
+                };
                 // The request stays in flight until its body is sent (or dropped).
                 Ok::<_, std::convert::Infallible>(response.map(|body| {
                     Body::new(body.map_err(move |e| {

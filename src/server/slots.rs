@@ -277,6 +277,22 @@ impl Promote {
         }
     }
 
+    /// A request is about to run on the connection: marks it [`Doing::Busy`] under the books'
+    /// lock, so it is never given away while the request runs, unless its slot was already
+    /// given to a newer connection: false then, and the request must not run (its connection
+    /// is being closed, so its answer would never reach the client).
+    pub(super) fn begin_request(&self) -> bool {
+        if self.shared.stage.load(Ordering::Acquire) == AUTHENTICATED {
+            return true;
+        }
+        let _books = self.slots.books();
+        if self.shared.stage.load(Ordering::Acquire) == GONE {
+            return false;
+        }
+        self.set_doing(Doing::Busy);
+        true
+    }
+
     /// Notes what the connection is doing (see [`Doing`]).
     pub(super) fn set_doing(&self, doing: Doing) {
         self.shared.doing.store(doing as u8, Ordering::Release);
@@ -378,6 +394,21 @@ mod tests {
         let (_f, _) = slots.admit(ip("10.0.0.1")).expect("f");
         assert!(silent.evicted().is_cancelled());
         assert_eq!(slots.counts(), (3, 3));
+    }
+
+    #[test]
+    fn a_request_never_starts_on_a_connection_whose_slot_was_given_away() {
+        let slots = slots(16, 8, 1);
+        let (first, _) = slots.admit(ip("10.0.0.1")).expect("first");
+        // Its head is being read when a newer connection of the address takes its slot: the
+        // request does not run.
+        let (second, evicted) = slots.admit(ip("10.0.0.1")).expect("second");
+        assert!(evicted && first.evicted().is_cancelled());
+        assert!(!first.promote().begin_request());
+        // One whose request began is busy: a newcomer is refused rather than cut it off.
+        assert!(second.promote().begin_request());
+        assert_eq!(slots.admit(ip("10.0.0.1")).err(), Some(Refusal::PerAddress));
+        assert!(!second.evicted().is_cancelled());
     }
 
     #[test]
