@@ -145,16 +145,9 @@ impl KernelEntry {
                 cancel: cancel.clone(),
                 bytes,
             });
-        // Judged again under the grant now in force, once listed: a grant set between the
-        // first judgement and this listing (while the name resolved or the upstream
-        // connected) did not see this connection, so it is judged here, else it would
-        // outlive the narrowing (`docs/reliability.md`, "Network egress").
-        let grant = self.grant();
-        let allowed =
-            grant.check_name(host, port).is_ok() && grant.check_address(host, port, addr).is_ok();
-        if !allowed {
-            cancel.cancel();
-        }
+        // The caller judges the connection again once it is listed here (a grant set while the
+        // name resolved or the upstream connected did not see it: `docs/reliability.md`,
+        // "Network egress").
         LiveGuard {
             entry: self.clone(),
             id,
