@@ -1143,8 +1143,8 @@ fn connecting_to(port: u16) -> bool {
 }
 
 /// A connection still being made when a narrowing session policy is set (judged under the
-/// old policy, its upstream not yet connected) is judged again under the new one: it never
-/// outlives the narrowing (docs/reliability.md, "Network egress"). The upstream's accept
+/// old policy, its upstream not yet connected) is judged again under the new one once
+/// connected and refused: it never outlives the narrowing (docs/reliability.md, "Network egress"). The upstream's accept
 /// queue is full, so the proxy's connect waits until the test accepts.
 #[tokio::test]
 async fn a_connection_being_made_when_a_narrowing_policy_is_set_is_judged_again() {
@@ -1199,9 +1199,9 @@ print("sent")
     });
     let r = run_as(&case, "a", "s", HELLO_THEN_READ).await;
     let lines: Vec<&str> = r.output.lines().collect();
-    assert_eq!(lines[0], "HTTP/1.1 200 OK", "{}", r.output);
-    // Closed at once: the upstream's echo never comes back.
-    assert_eq!(lines[1], "got 0 bytes", "{}", r.output);
+    // Judged again once connected, under the narrowed policy: refused (`policy_changed`), no
+    // tunnel, so nothing the cell sends reaches the upstream.
+    assert_eq!(lines[0], "HTTP/1.1 403 Forbidden", "{}", r.output);
     echo.abort();
     case.finish().await;
 }
