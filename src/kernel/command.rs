@@ -29,7 +29,8 @@ const LEADER_MARKER: &[u8] = b"\x01kernelbox-command:";
 /// round, the process groups of `root`'s children, every live descendant of `root` and every
 /// process started since `root` holding one of the command's output pipes (with their
 /// descendants; one started before it, as the kernel's runner, is never the command's even
-/// when handed its pipe) are stopped
+/// when handed its pipe, and once `root` is gone no holder is taken, since its start is no
+/// longer known) are stopped
 /// (SIGSTOP: a stopped process neither forks nor frees a pid, so a fork bomb cannot outrun
 /// the rounds; a whole group stops with one signal), until a round finds none still
 /// running; then all of them are killed (SIGKILL), and again until none is left. Never the
@@ -92,7 +93,7 @@ def sweep(root, pipes):
             under([root])
             if pipes:
                 seeds = [p for p in procs if p not in found and p not in (1, me, root)
-                         and (born is None or procs[p][2] >= born) and holds(p, pipes)]
+                         and born is not None and procs[p][2] >= born and holds(p, pipes)]
                 found.update(seeds)
                 under(seeds)
             found -= {1, me, root}
