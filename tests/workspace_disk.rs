@@ -176,12 +176,14 @@ fn loops(dir: &Path) -> Vec<String> {
         .collect()
 }
 
-/// Bytes the one image in `dir` takes on the host (its allocated blocks).
+/// Bytes the one image in `dir` takes on the host (its allocated blocks; its generation's
+/// stamp beside it is not counted).
 fn image_bytes(dir: &Path) -> u64 {
     use std::os::unix::fs::MetadataExt;
     let images: Vec<_> = std::fs::read_dir(dir)
         .expect("the images' directory")
         .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "img"))
         .collect();
     assert_eq!(images.len(), 1, "{images:?}");
     images[0].metadata().expect("stat").blocks() * 512
