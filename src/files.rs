@@ -117,7 +117,7 @@ impl std::fmt::Display for FilePath {
 }
 
 /// What an upload wrote.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize, schemars::JsonSchema)]
 pub struct Written {
     /// Where, inside the kernel (`/work/...`).
     pub path: String,
@@ -129,20 +129,22 @@ pub struct Written {
 }
 
 /// One entry of a directory listing.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize, schemars::JsonSchema)]
 pub struct FileEntry {
     /// Its name.
     pub name: String,
     /// `file`, `dir`, `symlink` or `other`.
+    #[schemars(extend("enum" = ["file", "dir", "symlink", "other"]))]
     pub kind: String,
     /// Size in bytes (of the link itself for a symlink).
     pub size: u64,
     /// Last modification, RFC 3339 UTC.
+    #[schemars(extend("format" = "date-time"))]
     pub modified: String,
 }
 
 /// A directory listing.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize, schemars::JsonSchema)]
 pub struct Listing {
     /// Entries by name (at most [`MAX_LIST_ENTRIES`]).
     pub entries: Vec<FileEntry>,

@@ -24,7 +24,10 @@ pub enum CellStatus {
     Error,
     /// The cell ran past its timeout; the kernel was killed.
     Timeout,
-    /// The caller interrupted the cell; the kernel was killed.
+    /// The caller interrupted the cell (`POST .../interrupt`): it stopped on its
+    /// KeyboardInterrupt with its kernel and state kept, or, queued behind another cell, ended
+    /// without running. One still running past the interrupt grace was killed with its kernel
+    /// (`kernel.ended`, `state_lost: killed`; docs/contract.md, "How an interrupt works").
     Interrupted,
 }
 
@@ -66,7 +69,8 @@ pub enum LossReason {
     Oom,
     /// The kernel died on its own (the runner crashed).
     Crashed,
-    /// The container was killed or removed from outside kernelbox, or a cell was interrupted.
+    /// The container was killed or removed from outside kernelbox, or an interrupted cell did
+    /// not stop within the interrupt grace.
     Killed,
     /// The Docker engine restarted and took the kernel with it.
     EngineRestarted,

@@ -1,14 +1,16 @@
-//! The OpenAPI 3.1 description served at `/openapi.json`. The result types (`CellResult`,
-//! `KernelInfo`, `StateLost`, `KernelSummary`, ...) and the execute body (`ExecuteRequest`,
-//! the wire type `ExecuteBody`) are generated from the Rust types with schemars, so the spec
-//! cannot drift from what the server sends and reads; routes, parameters and error shapes are
-//! written here, and a test checks every route of [`super::ROUTES`] appears.
+//! The OpenAPI 3.1 description served at `/openapi.json`. This file writes the routes only:
+//! their parameters, statuses and which schema each body has. Every schema (`CellResult`, the
+//! stream events, errors, listings, counts, ...) is generated with schemars from the Rust type
+//! the server builds the body from (`src/wire/`, [`generated_schemas`]), so the document cannot
+//! drift from what the server sends and reads; a test checks every route of [`super::ROUTES`]
+//! appears.
 
 use serde_json::{json, Value};
 
+use schemars::generate::Contract;
+
 use crate::cell::CellResult;
-use crate::orchestrator::KernelSummary;
-use crate::wire::{CommandBody, CommandResult, ExecuteBody};
+use crate::wire::{self, CommandBody, CommandResult, ExecuteBody};
 
 /// The `/files` routes, described in [`files_paths`].
 fn file_param() -> Value {
@@ -36,10 +38,7 @@ fn files_paths(auth_errors: &Value) -> Value {
             "503": error_response("The Docker engine failed or the server is shutting down."),
         }),
     );
-    let written = json!({"201": {"description": "Written (parents created, written to a temporary name then renamed). For a tar: `files` extracted, `size` their bytes.", "content": {"application/json": {"schema": {
-        "type": "object", "required": ["path", "size"],
-        "properties": {"path": {"type": "string", "description": "/work/<path>"}, "size": {"type": "integer"}, "files": {"type": "integer"}}
-    }}}}});
+    let written = json!({"201": answer("Written (parents created, written to a temporary name then renamed). For a tar: `files` extracted, `size` their bytes.", "Written")});
     let put_errors = json!({
         "413": error_response("`file_too_large`: over the upload cap (100 MiB by default, `--max-upload`); nothing was written."),
         "429": error_response("A new kernel would pass a cap (`at_capacity`), or the kernel has 8 calls attached (`session_busy`), or the tenant's responses not yet read reach its budget (`too_many_pending_results`)."),
@@ -55,7 +54,7 @@ fn files_paths(auth_errors: &Value) -> Value {
     }});
     let body = json!({"required": true, "content": {
         "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
-        "application/x-tar": {"schema": {"type": "string", "format": "binary"}, "description": "Extracted into the directory at the path (regular files and directories only)."}
+        "application/x-tar": {"schema": {"type": "string", "format": "binary", "description": "Extracted into the directory at the path (regular files and directories only)."}}
     }});
     let accept = json!({"name": "Accept", "in": "header", "required": false, "description": "`application/x-tar` streams a directory as a tar.", "schema": {"type": "string"}});
     json!({
@@ -74,7 +73,7 @@ fn files_paths(auth_errors: &Value) -> Value {
             "delete": {
                 "summary": "Remove a file or a directory tree (a symlink itself, never its target).",
                 "parameters": [session_param(), file_param(), child_query()],
-                "responses": with(&common, json!({"200": {"description": "Removed.", "content": {"application/json": {"schema": {"type": "object", "properties": {"deleted": {"type": "string"}}}}}}}))
+                "responses": with(&common, json!({"200": answer("Removed.", "Deleted")}))
             }
         },
         "/v1/sessions/{session}/files": {
@@ -114,23 +113,111 @@ fn files_paths(auth_errors: &Value) -> Value {
     })
 }
 
-/// JSON Schemas of the types the API returns, generated from the Rust types, keyed by name
-/// and referencing each other under `#/components/schemas/`.
+/// The schemas of every body the API reads and answers, generated from the Rust types and
+/// referencing each other under `#/components/schemas/`. A body the server reads is described
+/// as it may be sent (a field with a default is optional); an answer as it is sent (a field
+/// skipped when empty is optional, one always written is required). A type both read and
+/// answered (`SessionSettings`) is described the same both ways (a test checks it).
 pub fn generated_schemas() -> serde_json::Map<String, Value> {
+    let (mut all, answers) = definitions();
+    for (name, schema) in answers {
+        all.entry(name).or_insert(schema);
+    }
+    all
+}
+
+/// The schemas of the bodies the server reads, and of those it sends.
+fn definitions() -> (
+    serde_json::Map<String, Value>,
+    serde_json::Map<String, Value>,
+) {
+    let (mut requests, mut answers) = (generator(Contract::Deserialize), generator(Contract::Serialize));
+    requests.subschema_for::<ExecuteBody>();
+    requests.subschema_for::<CommandBody>();
+    requests.subschema_for::<wire::NetworkPolicy>();
+    requests.subschema_for::<wire::SessionSettings>();
+    answers.subschema_for::<wire::ErrorBody>();
+    answers.subschema_for::<CellResult>();
+    answers.subschema_for::<wire::StreamEvent>();
+    answers.subschema_for::<CommandResult>();
+    answers.subschema_for::<wire::CommandEvent>();
+    answers.subschema_for::<wire::SessionSettings>();
+    answers.subschema_for::<wire::SettingsApplied>();
+    answers.subschema_for::<wire::NetworkApplied>();
+    answers.subschema_for::<wire::Interrupted>();
+    answers.subschema_for::<wire::Cleared>();
+    answers.subschema_for::<wire::Released>();
+    answers.subschema_for::<wire::KernelList>();
+    answers.subschema_for::<wire::WorkspaceList>();
+    answers.subschema_for::<wire::Deleted>();
+    answers.subschema_for::<crate::files::Listing>();
+    answers.subschema_for::<crate::files::Written>();
+    answers.subschema_for::<wire::UsageReport>();
+    answers.subschema_for::<wire::Health>();
+    answers.subschema_for::<wire::NodeList>();
+    answers.subschema_for::<wire::NodeDrain>();
+    answers.subschema_for::<wire::NodeKernels>();
+    (requests.take_definitions(true), answers.take_definitions(true))
+}
+
+fn generator(contract: Contract) -> schemars::SchemaGenerator {
     let mut settings = schemars::generate::SchemaSettings::draft2020_12();
     settings.definitions_path = "/components/schemas".into();
-    let mut generator = settings.into_generator();
-    generator.subschema_for::<CellResult>();
-    generator.subschema_for::<KernelSummary>();
-    generator.subschema_for::<crate::workspace::WorkspaceSummary>();
-    generator.subschema_for::<ExecuteBody>();
-    generator.subschema_for::<crate::wire::NetworkPolicy>();
-    generator.subschema_for::<crate::wire::SessionSettings>();
-    generator.subschema_for::<crate::wire::SettingsApplied>();
-    generator.subschema_for::<CommandBody>();
-    generator.subschema_for::<CommandResult>();
-    generator.subschema_for::<crate::wire::UsageReport>();
-    generator.take_definitions(true)
+    settings.contract = contract;
+    settings
+        .transforms
+        .push(Box::new(schemars::transform::RecursiveTransform(
+            plain_enum,
+        )));
+    settings.into_generator()
+}
+
+/// An enumeration of strings whose values schemars describes one by one (a `oneOf` of
+/// `const`s, each with its doc comment) becomes `{"type": "string", "enum": [...]}`, each
+/// value's description appended to the schema's: client generators parse an `enum`, while a
+/// `oneOf` of constants is beyond some (openapi-python-client tries only the first).
+fn plain_enum(schema: &mut schemars::Schema) {
+    let Some(Value::Array(options)) = schema.get("oneOf") else {
+        return;
+    };
+    let mut values = Vec::new();
+    let mut notes = Vec::new();
+    for option in options {
+        let (Some(Value::String(value)), Some("string")) =
+            (option.get("const"), option.get("type").and_then(Value::as_str))
+        else {
+            return;
+        };
+        if let Some(note) = option.get("description").and_then(Value::as_str) {
+            notes.push(format!("`{value}`: {note}"));
+        }
+        values.push(Value::String(value.clone()));
+    }
+    let mut description = schema
+        .get("description")
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+        .unwrap_or_default();
+    if !notes.is_empty() {
+        if !description.is_empty() {
+            description.push_str("\n\n");
+        }
+        description.push_str(&notes.join("\n"));
+    }
+    schema.remove("oneOf");
+    schema.insert("type".into(), "string".into());
+    schema.insert("enum".into(), Value::Array(values));
+    if !description.is_empty() {
+        schema.insert("description".into(), Value::String(description));
+    }
+}
+
+/// A JSON answer of the generated schema `name`.
+fn answer(description: &str, name: &str) -> Value {
+    json!({
+        "description": description,
+        "content": {"application/json": {"schema": {"$ref": format!("#/components/schemas/{name}")}}}
+    })
 }
 
 fn error_response(description: &str) -> Value {
@@ -186,70 +273,7 @@ pub fn spec() -> Value {
         },
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-            "schemas": {
-                "Error": {
-                    "type": "object", "required": ["error"],
-                    "properties": {"error": {
-                        "type": "object", "required": ["code", "message"],
-                        "properties": {"code": {"type": "string"}, "message": {"type": "string"}}
-                    }}
-                },
-                "StreamEvent": {
-                    "oneOf": [
-                        {"type": "object", "required": ["event", "data"], "properties": {
-                            "event": {"const": "output"}, "data": {"type": "string"}}},
-                        {"type": "object", "required": ["event", "data"], "properties": {
-                            "event": {"const": "display"}, "data": {"$ref": "#/components/schemas/RichResult"}}},
-                        {"type": "object", "required": ["event", "bytes"], "properties": {
-                            "event": {"const": "output_truncated"}, "bytes": {"type": "integer"}}},
-                        {"type": "object", "required": ["event", "result"], "properties": {
-                            "event": {"const": "result"}, "result": {"$ref": "#/components/schemas/CellResult"}}},
-                        {"type": "object", "required": ["event", "error"], "properties": {
-                            "event": {"const": "error"}, "error": {"$ref": "#/components/schemas/Error/properties/error"}}}
-                    ]
-                },
-                "CommandEvent": {
-                    "oneOf": [
-                        {"type": "object", "required": ["event", "data"], "properties": {
-                            "event": {"const": "stdout"}, "data": {"type": "string"}}},
-                        {"type": "object", "required": ["event", "data"], "properties": {
-                            "event": {"const": "stderr"}, "data": {"type": "string"}}},
-                        {"type": "object", "required": ["event", "bytes"], "properties": {
-                            "event": {"const": "output_truncated"}, "bytes": {"type": "integer"}}},
-                        {"type": "object", "required": ["event", "result"], "properties": {
-                            "event": {"const": "result"}, "result": {"$ref": "#/components/schemas/CommandResult"}}},
-                        {"type": "object", "required": ["event", "error"], "properties": {
-                            "event": {"const": "error"}, "error": {"$ref": "#/components/schemas/Error/properties/error"}}}
-                    ]
-                },
-                "Listing": {
-                    "type": "object", "required": ["entries", "truncated"],
-                    "properties": {
-                        "entries": {"type": "array", "items": {
-                            "type": "object", "required": ["name", "kind", "size", "modified"],
-                            "properties": {
-                                "name": {"type": "string"},
-                                "kind": {"enum": ["file", "dir", "symlink", "other"]},
-                                "size": {"type": "integer"},
-                                "modified": {"type": "string", "format": "date-time"}
-                            }
-                        }},
-                        "truncated": {"type": "boolean", "description": "More than 10,000 entries: the first 10,000 by directory order, sorted."}
-                    }
-                },
-                "NetworkApplied": {
-                    "type": "object", "required": ["closed"],
-                    "properties": {"closed": {"type": "integer", "description": "The session's connections the new policy refused, closed at once."}}
-                },
-                "Count": {
-                    "type": "object",
-                    "properties": {
-                        "interrupted": {"type": "integer"},
-                        "cleared": {"type": "integer"},
-                        "released": {"type": "integer"}
-                    }
-                }
-            }
+            "schemas": {}
         },
         "security": [{"bearer": []}],
         "paths": {
@@ -269,7 +293,7 @@ pub fn spec() -> Value {
                 "post": {
                     "summary": "Interrupt the session's running cells: each gets KeyboardInterrupt and returns status `interrupted` with its kernel and state kept; one that has not stopped within the grace (5 s by default, `--interrupt-grace`) is killed with its kernel.",
                     "parameters": [session_param()],
-                    "responses": with(&not_found, json!({"200": {"description": "How many cells were interrupted.", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Count"}}}}}))
+                    "responses": with(&not_found, json!({"200": answer("How many cells were interrupted.", "Interrupted")}))
                 }
             },
             "/v1/sessions/{session}/network": {
@@ -278,7 +302,7 @@ pub fn spec() -> Value {
                     "parameters": [session_param()],
                     "requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/NetworkPolicy"}}}},
                     "responses": with(&auth_errors, json!({
-                        "200": {"description": "Applied.", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/NetworkApplied"}}}},
+                        "200": answer("Applied.", "NetworkApplied"),
                         "400": error_response("`invalid_network`: a malformed entry (the message names it); `network_not_allowed`: the policy has an entry and the tenant has no network (nothing is kept); `invalid_name`, `invalid_json`."),
                         "429": error_response("`too_many_session_policies`: the tenant's sessions' policies would hold more than 4 MiB (`DELETE /v1/sessions/{session}` forgets a session's)."),
                         "503": error_response("In a cluster: `catalog_unavailable`, or `session_moved` (its kernel is starting on another node; retry).")
@@ -329,7 +353,7 @@ pub fn spec() -> Value {
                 "delete": {
                     "summary": "Clear a session: dispose of its kernels, its children's included.",
                     "parameters": [session_param()],
-                    "responses": with(&not_found, json!({"200": {"description": "How many kernels were disposed of.", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Count"}}}}}))
+                    "responses": with(&not_found, json!({"200": answer("How many kernels were disposed of.", "Cleared")}))
                 }
             },
             "/v1/sessions/{session}/children/{child}": {
@@ -339,7 +363,7 @@ pub fn spec() -> Value {
                         "name": "child", "in": "path", "required": true,
                         "schema": {"type": "string", "pattern": "^[A-Za-z0-9._@:-]{1,128}$"}
                     }],
-                    "responses": with(&not_found, json!({"200": {"description": "How many kernels were disposed of.", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Count"}}}}}))
+                    "responses": with(&not_found, json!({"200": answer("How many kernels were disposed of.", "Released")}))
                 }
             },
             "/v1/kernels": {
@@ -350,20 +374,14 @@ pub fn spec() -> Value {
                         "description": "`key:value`; repeat to require several.",
                         "schema": {"type": "string"}
                     }],
-                    "responses": with(&auth_errors, json!({"400": error_response("`invalid_settings`: a filter without `:`; `invalid_query`: another parameter."), "200": {"description": "Kernels.", "content": {"application/json": {"schema": {
-                        "type": "object", "required": ["kernels"],
-                        "properties": {"kernels": {"type": "array", "items": {"$ref": "#/components/schemas/KernelSummary"}}}
-                    }}}}}))
+                    "responses": with(&auth_errors, json!({"400": error_response("`invalid_settings`: a filter without `:`; `invalid_query`: another parameter."), "200": answer("Kernels.", "KernelList")}))
                 }
             },
             "/v1/workspaces": {
                 "get": {
                     "summary": "The caller's tenant's workspaces: a session's /work kept past its kernel (docs/workspaces.md).",
                     "responses": with(&auth_errors, json!({
-                        "200": {"description": "Workspaces.", "content": {"application/json": {"schema": {
-                            "type": "object", "required": ["workspaces"],
-                            "properties": {"workspaces": {"type": "array", "items": {"$ref": "#/components/schemas/WorkspaceSummary"}}}
-                        }}}},
+                        "200": answer("Workspaces.", "WorkspaceList"),
                         "404": error_response("`workspace_not_found`: the tenant has no workspaces.")
                     }))
                 }
@@ -373,9 +391,7 @@ pub fn spec() -> Value {
                 "delete": {
                     "summary": "Deletes one of the caller's tenant's workspaces (its files are gone).",
                     "responses": with(&auth_errors, json!({
-                        "200": {"description": "Deleted.", "content": {"application/json": {"schema": {
-                            "type": "object", "required": ["deleted"], "properties": {"deleted": {"type": "string"}}
-                        }}}},
+                        "200": answer("Deleted.", "Deleted"),
                         "404": error_response("`workspace_not_found`: none of this tenant's has that name."),
                         "409": error_response("`workspace_in_use`: a kernel has it mounted; clear the session first.")
                     }))
@@ -402,10 +418,7 @@ pub fn spec() -> Value {
                 "get": {
                     "summary": "A cluster's nodes: state, epoch, live kernels, capacity, lease age, draining (docs/cluster.md, \"Admin\"). The admin token (`--admin-token`); 404 on a server that is not a cluster node or has no admin token.",
                     "responses": {
-                        "200": {"description": "The nodes, and which one answered.", "content": {"application/json": {"schema": {
-                            "type": "object", "required": ["self", "nodes"],
-                            "properties": {"self": {"type": "string"}, "nodes": {"type": "array", "items": {"type": "object"}}}
-                        }}}},
+                        "200": answer("The nodes, and which one answered.", "NodeList"),
                         "401": error_response("Missing or wrong admin token."),
                         "404": error_response("Not a cluster node, or no admin token configured."),
                         "503": error_response("The cluster catalog is unavailable.")
@@ -417,7 +430,7 @@ pub fn spec() -> Value {
                 "post": {
                     "summary": "Drain a node: no new session is placed on it (the admin token).",
                     "responses": {
-                        "200": {"description": "Draining.", "content": {"application/json": {"schema": {"type": "object"}}}},
+                        "200": answer("Draining.", "NodeDrain"),
                         "401": error_response("Missing or wrong admin token."),
                         "404": error_response("No such node, or not a cluster node.")
                     }
@@ -425,7 +438,7 @@ pub fn spec() -> Value {
                 "delete": {
                     "summary": "Take a drain back: sessions may be placed on the node again (the admin token).",
                     "responses": {
-                        "200": {"description": "Not draining.", "content": {"application/json": {"schema": {"type": "object"}}}},
+                        "200": answer("Not draining.", "NodeDrain"),
                         "401": error_response("Missing or wrong admin token."),
                         "404": error_response("No such node, or not a cluster node.")
                     }
@@ -436,10 +449,7 @@ pub fn spec() -> Value {
                 "get": {
                     "summary": "One node's live kernels, every tenant's (the admin token); any node answers, forwarding to that node.",
                     "responses": {
-                        "200": {"description": "The node's kernels.", "content": {"application/json": {"schema": {
-                            "type": "object", "required": ["node", "kernels"],
-                            "properties": {"node": {"type": "string"}, "kernels": {"type": "array", "items": {"$ref": "#/components/schemas/KernelSummary"}}}
-                        }}}},
+                        "200": answer("The node's kernels.", "NodeKernels"),
                         "401": error_response("Missing or wrong admin token."),
                         "404": error_response("No such node, or not a cluster node.")
                     }
@@ -451,7 +461,7 @@ pub fn spec() -> Value {
                     "summary": "Liveness; 503 while shutting down. No authentication.",
                     "security": [],
                     "responses": {
-                        "200": {"description": "Serving.", "content": {"application/json": {"schema": {"type": "object"}}}},
+                        "200": answer("Serving.", "Health"),
                         "503": error_response("Shutting down.")
                     }
                 }
@@ -485,7 +495,31 @@ pub fn spec() -> Value {
     if let Some(schemas) = spec["components"]["schemas"].as_object_mut() {
         schemas.extend(generated_schemas());
     }
+    name_operations(&mut spec);
     spec
+}
+
+/// Gives every operation an `operationId` made of its method and path (`get_v1_kernels`,
+/// `post_v1_sessions_session_execute`): the names a generated client's functions take.
+fn name_operations(spec: &mut Value) {
+    let Some(paths) = spec["paths"].as_object_mut() else {
+        return;
+    };
+    for (path, item) in paths.iter_mut() {
+        let Some(item) = item.as_object_mut() else {
+            continue;
+        };
+        for (method, op) in item.iter_mut() {
+            if method == "parameters" {
+                continue;
+            }
+            let words: Vec<&str> = path
+                .split(|c: char| !c.is_ascii_alphanumeric())
+                .filter(|w| !w.is_empty())
+                .collect();
+            op["operationId"] = Value::String(format!("{method}_{}", words.join("_")));
+        }
+    }
 }
 
 /// `/v1/mcp`: MCP over streamable HTTP (the wire format is MCP's own; `api/mcp.rs`).
@@ -591,6 +625,58 @@ mod tests {
         );
         let policy = &spec["components"]["schemas"]["NetworkPolicy"];
         assert_eq!(policy["additionalProperties"], false);
+    }
+
+    #[test]
+    fn a_field_the_server_may_omit_is_optional_and_the_unions_are_named() {
+        let spec = super::spec();
+        let schemas = &spec["components"]["schemas"];
+        // Skipped when empty: not required (a generated client must not demand it).
+        let kernel = &schemas["KernelSummary"];
+        let required: Vec<&str> = kernel["required"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v.as_str())
+            .collect();
+        assert!(!required.contains(&"labels") && !required.contains(&"child"));
+        assert!(required.contains(&"id") && required.contains(&"idle_seconds"));
+        // Each event a named schema, its `event` a const; the union a oneOf of their
+        // references with a discriminator.
+        for (union, first) in [("StreamEvent", "OutputEvent"), ("CommandEvent", "StdoutEvent")] {
+            let u = &schemas[union];
+            assert_eq!(u["discriminator"]["propertyName"], "event");
+            let mapping = u["discriminator"]["mapping"].as_object().expect("a mapping");
+            for (event, target) in mapping {
+                let name = target.as_str().unwrap_or_default().rsplit('/').next();
+                let named = &schemas[name.unwrap_or_default()];
+                assert_eq!(named["properties"]["event"]["const"], event.as_str());
+                assert_eq!(named["required"][0], "event");
+            }
+            assert_eq!(
+                u["oneOf"][0]["$ref"],
+                format!("#/components/schemas/{first}").as_str()
+            );
+            assert_eq!(u["oneOf"].as_array().map(Vec::len), Some(mapping.len()));
+        }
+        // An enumeration is an `enum` of strings, its values described.
+        assert_eq!(
+            schemas["CellStatus"]["enum"],
+            serde_json::json!(["success", "error", "timeout", "interrupted"])
+        );
+        assert!(schemas["CellStatus"]["description"]
+            .as_str()
+            .is_some_and(|d| d.contains("`interrupted`: The caller interrupted the cell")));
+    }
+
+    #[test]
+    fn a_type_both_read_and_answered_is_described_the_same_both_ways() {
+        let (read, sent) = super::definitions();
+        let both: Vec<&String> = read.keys().filter(|k| sent.contains_key(*k)).collect();
+        assert!(both.iter().any(|k| *k == "SessionSettings"), "{both:?}");
+        for name in both {
+            assert_eq!(read[name], sent[name], "{name} read and sent differ");
+        }
     }
 
     #[test]

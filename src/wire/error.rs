@@ -4,14 +4,15 @@
 use serde::{Deserialize, Serialize};
 
 /// An error answer.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[schemars(rename = "Error")]
 pub struct ErrorBody {
     /// What went wrong.
     pub error: ErrorDetail,
 }
 
 /// What went wrong: the code and the message of an [`ErrorBody`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ErrorDetail {
     /// Stable machine-readable code, e.g. `invalid_timeout`, `at_capacity`.
     pub code: String,

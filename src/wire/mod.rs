@@ -8,24 +8,37 @@
 //! | `execute.rs` | [`ExecuteBody`]: the body of `POST /v1/sessions/{session}/execute` |
 //! | `command.rs` | [`CommandBody`] and [`CommandResult`]: `POST /v1/sessions/{session}/commands` |
 //! | `error.rs` | [`ErrorBody`]: every error answer, `{"error": {"code", "message"}}` |
+//! | `event.rs` | [`StreamEvent`] and [`CommandEvent`]: the lines of a streamed execute or command, one type per event |
+//! | `answer.rs` | the other JSON answers: counts, listings, deletions, [`NetworkApplied`], [`Health`], the cluster's admin answers |
 //! | `usage.rs` | [`UsageQuery`] and [`UsageReport`]: `GET /v1/usage` |
 //! | `network.rs` | [`NetworkPolicy`]: a network egress policy (tenants file, execute body, `PUT .../network`) |
 //! | `settings.rs` | [`SessionSettings`], [`SettingsApplied`]: `PUT`/`GET /v1/sessions/{session}/settings` |
 //!
-//! What the server answers besides errors has its own home: a cell result is
-//! [`CellResult`](crate::cell::CellResult), an upload's answer [`Written`](crate::files::Written),
+//! Every type the server answers with derives `schemars::JsonSchema`, and `src/server/openapi.rs`
+//! generates the document's schemas from them. Three answers have their own home: a cell result
+//! is [`CellResult`](crate::cell::CellResult), an upload's answer [`Written`](crate::files::Written),
 //! a directory [`Listing`](crate::files::Listing).
 
+mod answer;
 mod command;
 mod error;
+mod event;
 mod execute;
 mod network;
 pub mod path;
 mod settings;
 mod usage;
 
+pub use answer::{
+    Cleared, Deleted, Health, HealthStatus, Interrupted, KernelList, NetworkApplied, NodeDrain,
+    NodeEntry, NodeKernels, NodeList, NodeStatus, Released, WorkspaceList,
+};
 pub use command::{CommandBody, CommandLine, CommandResult, MAX_COMMAND_BYTES, MAX_COMMAND_ENV};
 pub use error::{ErrorBody, ErrorDetail};
+pub use event::{
+    CellResultEvent, CommandEvent, CommandResultEvent, DisplayEvent, ErrorEvent, EventName,
+    OutputEvent, OutputTruncatedEvent, StderrEvent, StdoutEvent, StreamEvent, EVENT_FIELD,
+};
 pub use execute::{ExecuteBody, MAX_TASK_ID};
 pub use network::NetworkPolicy;
 pub use settings::{SessionSettings, SettingsApplied};

@@ -12,7 +12,6 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures::{StreamExt, TryStreamExt};
 use serde::Deserialize;
-use serde_json::json;
 
 use super::{invalid, name, path_error, Caller};
 use crate::files::{Download, FilePath};
@@ -282,7 +281,7 @@ pub(super) async fn delete_file(
     Caller(tenant): Caller,
     path: Result<Path<Target>, PathRejection>,
     query: Result<Query<FileQuery>, QueryRejection>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<crate::wire::Deleted>, ApiError> {
     let (session, path) = target(&state, path)?;
     let request = request(&state, &tenant, session, query)?;
     let checked = FilePath::parse(&path)?;
@@ -291,5 +290,7 @@ pub(super) async fn delete_file(
         .orchestrator
         .remove_file(&request, &checked)
         .await?;
-    Ok(Json(json!({"deleted": checked.in_kernel()})))
+    Ok(Json(crate::wire::Deleted {
+        deleted: checked.in_kernel(),
+    }))
 }

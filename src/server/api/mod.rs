@@ -43,7 +43,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use http_body_util::BodyExt;
-use serde_json::json;
 
 use super::error::ApiError;
 use super::tenants::Tenant;
@@ -52,7 +51,7 @@ use super::{AppState, MAX_BODY_BYTES};
 use crate::authority::ToolDispatcher;
 use crate::orchestrator::{CommandRequest, ExecuteRequest, Scope};
 use crate::owner::validate_name;
-use crate::wire::{CommandBody, CommandResult, ExecuteBody, MAX_TASK_ID};
+use crate::wire::{self, CommandBody, CommandResult, ExecuteBody, MAX_TASK_ID};
 
 /// How the API listener serves `/metrics` (docs/http-api.md, "Metrics").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -540,7 +539,7 @@ async fn interrupt(
     State(state): State<AppState>,
     Caller(tenant): Caller,
     session: Result<Path<String>, PathRejection>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<wire::Interrupted>, ApiError> {
     let session = one_name(&state, session)?;
     // The orchestrator counts the cells that really ended as interrupted.
     match state
@@ -552,7 +551,7 @@ async fn interrupt(
         0 => Err(ApiError::not_found(format!(
             "session {session:?} has no running cell"
         ))),
-        n => Ok(Json(json!({"interrupted": n}))),
+        n => Ok(Json(wire::Interrupted { interrupted: n })),
     }
 }
 
@@ -632,21 +631,21 @@ async fn network(
     session: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
     body: Body,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<wire::NetworkApplied>, ApiError> {
     let session = one_name(&state, session)?;
     let bytes = read_body(&headers, body)
         .await
         .map_err(|e| invalid(&state, e))?;
     let policy: crate::wire::NetworkPolicy = json_object(&bytes).map_err(|e| invalid(&state, e))?;
     let closed = set_session_network(&state, &tenant, &session, &policy).await?;
-    Ok(Json(json!({"closed": closed})))
+    Ok(Json(wire::NetworkApplied { closed }))
 }
 
 async fn clear(
     State(state): State<AppState>,
     Caller(tenant): Caller,
     session: Result<Path<String>, PathRejection>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<wire::Cleared>, ApiError> {
     let session = one_name(&state, session)?;
     let orchestrator = &state.inner.orchestrator;
     let cleared = orchestrator
@@ -662,7 +661,7 @@ async fn clear(
         0 => Err(ApiError::not_found(format!(
             "session {session:?} has no kernel"
         ))),
-        n => Ok(Json(json!({"cleared": n}))),
+        n => Ok(Json(wire::Cleared { cleared: n })),
     }
 }
 
@@ -670,7 +669,7 @@ async fn release_child(
     State(state): State<AppState>,
     Caller(tenant): Caller,
     path: Result<Path<(String, String)>, PathRejection>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<wire::Released>, ApiError> {
     let Path((session, child)) = path.map_err(|e| invalid(&state, path_error(e)))?;
     name("session", &session).map_err(|e| invalid(&state, e))?;
     name("child", &child).map_err(|e| invalid(&state, e))?;
@@ -683,7 +682,7 @@ async fn release_child(
         0 => Err(ApiError::not_found(format!(
             "child {child:?} of session {session:?} has no kernel"
         ))),
-        n => Ok(Json(json!({"released": n}))),
+        n => Ok(Json(wire::Released { released: n })),
     }
 }
 
@@ -705,16 +704,21 @@ async fn healthz(State(state): State<AppState>) -> Response {
             }
             .into_response();
         }
-        return Json(json!({
-            "status": "ok",
-            "instance": state.inner.orchestrator.instance_id(),
-            "node": node.name(),
-            "epoch": node.epoch(),
-        }))
+        return Json(wire::Health {
+            status: wire::HealthStatus::Ok,
+            instance: state.inner.orchestrator.instance_id().to_owned(),
+            node: Some(node.name().to_owned()),
+            epoch: Some(node.epoch()),
+        })
         .into_response();
     }
-    Json(json!({"status": "ok", "instance": state.inner.orchestrator.instance_id()}))
-        .into_response()
+    Json(wire::Health {
+        status: wire::HealthStatus::Ok,
+        instance: state.inner.orchestrator.instance_id().to_owned(),
+        node: None,
+        epoch: None,
+    })
+    .into_response()
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {

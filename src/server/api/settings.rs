@@ -8,7 +8,6 @@ use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
-use serde_json::json;
 
 use super::{invalid, json_object, one_name, read_body, Caller};
 use crate::server::error::ApiError;
@@ -112,7 +111,7 @@ pub(super) async fn kernels(
     State(state): State<AppState>,
     Caller(tenant): Caller,
     Query(query): Query<Vec<(String, String)>>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<crate::wire::KernelList>, ApiError> {
     let mut filters = Vec::new();
     for (key, value) in &query {
         if key != "label" {
@@ -138,5 +137,5 @@ pub(super) async fn kernels(
                 .all(|(key, value)| k.labels.get(key).is_some_and(|have| have == value))
         })
         .collect();
-    Ok(Json(json!({ "kernels": list })))
+    Ok(Json(crate::wire::KernelList { kernels: list }))
 }

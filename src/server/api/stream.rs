@@ -17,11 +17,14 @@ use crate::kernel::CommandStream;
 use crate::orchestrator::{AdmissionNotice, CommandRequest, ExecuteRequest};
 use crate::server::error::ApiError;
 use crate::server::AppState;
+use crate::wire::{CommandEvent, StreamEvent};
 
-/// One line of an NDJSON stream: `{"event": EVENT, KEY: VALUE}`, the event name first.
-pub(super) fn line(event: &str, key: &str, value: &impl serde::Serialize) -> Bytes {
-    let value = serde_json::to_string(value).unwrap_or_else(|_| "null".into());
-    Bytes::from(format!("{{\"event\":\"{event}\",\"{key}\":{value}}}\n"))
+/// One line of an NDJSON stream: the event (its `event` first, `src/wire/event.rs`) and a
+/// newline.
+pub(super) fn line(event: &impl serde::Serialize) -> Bytes {
+    let mut line = serde_json::to_vec(event).unwrap_or_else(|_| b"null".to_vec());
+    line.push(b'\n');
+    Bytes::from(line)
 }
 
 /// Turns output bytes into whole UTF-8 text, carrying a split character to the next chunk
@@ -137,7 +140,7 @@ impl StreamTx {
     }
 }
 
-/// Streams `{"event":"output","data":...}` lines as the cell writes, then one `result` (or
+/// Streams `output` and `display` events (`src/wire/event.rs`) as the cell writes, then one `result` (or
 /// `error`) line. The cell runs to its end even if the client goes away. `admission` is told
 /// whether the cell got a kernel slot before any kernel starts (the caller answers a refusal
 /// 429 instead of this stream).
@@ -183,7 +186,7 @@ fn arm_sinks(
         request.sink = Some(Arc::new(move |chunk: &[u8]| {
             let mut decoder = decoder.lock().unwrap_or_else(|p| p.into_inner());
             let text = decoder.push(chunk);
-            if !text.is_empty() && !tx.try_send(line("output", "data", &text)) {
+            if !text.is_empty() && !tx.try_send(line(&StreamEvent::output(&text))) {
                 decoder.dropped += text.len();
             }
         }));
@@ -196,10 +199,10 @@ fn arm_sinks(
     request.display_sink = Some(Arc::new(move |result: &crate::rich::RichResult| {
         let mut decoder = decoder.lock().unwrap_or_else(|p| p.into_inner());
         let text = decoder.finish();
-        if !text.is_empty() && !tx.try_send(line("output", "data", &text)) {
+        if !text.is_empty() && !tx.try_send(line(&StreamEvent::output(&text))) {
             decoder.dropped += text.len();
         }
-        let event = line("display", "data", result);
+        let event = line(&StreamEvent::display(result));
         let total = displayed.fetch_add(event.len(), std::sync::atomic::Ordering::AcqRel);
         if total + event.len() <= display_cap {
             tx.send_display(event);
@@ -226,17 +229,17 @@ async fn run_to_the_end(
         (d.finish(), d.dropped)
     };
     if !rest.is_empty() {
-        tx.send_final(line("output", "data", &rest), false);
+        tx.send_final(line(&StreamEvent::output(&rest)), false);
     }
     if dropped > 0 {
-        tx.send_final(line("output_truncated", "bytes", &dropped), false);
+        tx.send_final(line(&StreamEvent::truncated(dropped)), false);
     }
     let last = match outcome {
         Ok(result) => {
             state.inner.metrics.cell(&result);
-            line("result", "result", &result)
+            line(&StreamEvent::result(&result))
         }
-        Err(e) => line("error", "error", &ApiError::from(e).body().error),
+        Err(e) => line(&StreamEvent::error(&ApiError::from(e).body().error)),
     };
     tx.send_final(last, true);
 }
@@ -306,7 +309,7 @@ pub(super) fn stream_command(
             let (i, event) = command_event(stream);
             let mut decoder = decoders[i].lock().unwrap_or_else(|p| p.into_inner());
             let text = decoder.push(chunk);
-            if !text.is_empty() && !tx.try_send(line(event, "data", &text)) {
+            if !text.is_empty() && !tx.try_send(line(&event(&text))) {
                 decoder.dropped += text.len();
             }
         }));
@@ -320,25 +323,25 @@ pub(super) fn stream_command(
             let rest = d.finish();
             dropped += d.dropped;
             if !rest.is_empty() {
-                tx.send_final(line(event, "data", &rest), false);
+                tx.send_final(line(&event(&rest)), false);
             }
         }
         if dropped > 0 {
-            tx.send_final(line("output_truncated", "bytes", &dropped), false);
+            tx.send_final(line(&CommandEvent::truncated(dropped)), false);
         }
         let last = match outcome {
-            Ok(result) => line("result", "result", &result),
-            Err(e) => line("error", "error", &ApiError::from(e).body().error),
+            Ok(result) => line(&CommandEvent::result(&result)),
+            Err(e) => line(&CommandEvent::error(&ApiError::from(e).body().error)),
         };
         tx.send_final(last, true);
     });
     ndjson_response(rx, queued)
 }
 
-/// A command stream's decoder index and event name.
-fn command_event(stream: CommandStream) -> (usize, &'static str) {
+/// A command stream's decoder index and the event its text goes out in.
+fn command_event(stream: CommandStream) -> (usize, fn(&str) -> CommandEvent<'_>) {
     match stream {
-        CommandStream::Stdout => (0, "stdout"),
-        CommandStream::Stderr => (1, "stderr"),
+        CommandStream::Stdout => (0, CommandEvent::stdout),
+        CommandStream::Stderr => (1, CommandEvent::stderr),
     }
 }

@@ -6,7 +6,6 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde_json::json;
 
 use super::Caller;
 use crate::server::error::ApiError;
@@ -85,7 +84,7 @@ pub(super) async fn list(
         list.sort_by(|a, b| a.name.cmp(&b.name));
         list.dedup_by(|a, b| a.name == b.name);
     }
-    Json(json!({ "workspaces": list })).into_response()
+    Json(crate::wire::WorkspaceList { workspaces: list }).into_response()
 }
 
 /// `DELETE /v1/workspaces/{name}`: on a cluster node, served by the node holding it.
@@ -108,7 +107,7 @@ pub(super) async fn delete(
                     return node.forward_workspace(&target, request).await
                 }
                 Ok(DeleteRoute::Forgotten) => {
-                    return Json(json!({ "deleted": name })).into_response()
+                    return Json(crate::wire::Deleted { deleted: name }).into_response()
                 }
                 Ok(DeleteRoute::Here) => {}
             }
@@ -120,7 +119,7 @@ pub(super) async fn delete(
         .await
         .map_err(ApiError::from);
     match deleted {
-        Ok(()) => Json(json!({ "deleted": name })).into_response(),
+        Ok(()) => Json(crate::wire::Deleted { deleted: name }).into_response(),
         Err(e) => e.into_response(),
     }
 }

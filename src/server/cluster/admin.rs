@@ -9,11 +9,11 @@
 use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
-use serde_json::{json, Value};
 
 use crate::cluster::NodeState;
 use crate::server::error::ApiError;
 use crate::server::AppState;
+use crate::wire::{NodeDrain, NodeEntry, NodeKernels, NodeList, NodeStatus};
 
 use super::ClusterNode;
 
@@ -38,7 +38,7 @@ fn admin(state: &AppState, headers: &HeaderMap) -> Result<std::sync::Arc<Cluster
 pub(crate) async fn list_nodes(
     State(state): State<AppState>,
     headers: HeaderMap,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<NodeList>, ApiError> {
     let node = admin(&state, &headers)?;
     let rows = node.store.nodes().await.map_err(|e| {
         ApiError::new(
@@ -47,27 +47,28 @@ pub(crate) async fn list_nodes(
             e.to_string(),
         )
     })?;
-    let nodes: Vec<Value> = rows
+    let nodes = rows
         .into_iter()
-        .map(|r| {
-            json!({
-                "name": r.name,
-                "advertise": r.advertise,
-                "epoch": r.epoch,
-                "state": match r.state {
-                    NodeState::Live => "live",
-                    NodeState::Expired => "expired",
-                    NodeState::Left => "left",
-                },
-                "draining": r.draining,
-                "capacity": r.capacity,
-                "live_kernels": r.live_kernels,
-                "lease_age_seconds": r.lease_age.as_secs_f64(),
-                "lease_ttl_seconds": r.lease_ttl.as_secs_f64(),
-            })
+        .map(|r| NodeEntry {
+            name: r.name,
+            advertise: r.advertise,
+            epoch: r.epoch,
+            state: match r.state {
+                NodeState::Live => NodeStatus::Live,
+                NodeState::Expired => NodeStatus::Expired,
+                NodeState::Left => NodeStatus::Left,
+            },
+            draining: r.draining,
+            capacity: r.capacity,
+            live_kernels: r.live_kernels,
+            lease_age_seconds: r.lease_age.as_secs_f64(),
+            lease_ttl_seconds: r.lease_ttl.as_secs_f64(),
         })
         .collect();
-    Ok(Json(json!({ "self": node.name(), "nodes": nodes })))
+    Ok(Json(NodeList {
+        this: node.name().to_owned(),
+        nodes,
+    }))
 }
 
 /// `POST` (drain) and `DELETE` (undrain) `/v1/nodes/{node}/drain`.
@@ -76,7 +77,7 @@ pub(crate) async fn drain_node(
     method: axum::http::Method,
     headers: HeaderMap,
     Path(name): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<NodeDrain>, ApiError> {
     let node = admin(&state, &headers)?;
     let draining = method == axum::http::Method::POST;
     let found = node
@@ -93,7 +94,10 @@ pub(crate) async fn drain_node(
     if !found {
         return Err(ApiError::not_found(format!("no node named {name:?}")));
     }
-    Ok(Json(json!({ "node": name, "draining": draining })))
+    Ok(Json(NodeDrain {
+        node: name,
+        draining,
+    }))
 }
 
 /// `GET /v1/nodes/{node}/kernels`: the node's live kernels, every tenant's.
@@ -106,7 +110,11 @@ pub(crate) async fn node_kernels(
     let node = admin(&state, request.headers())?;
     if name == node.name() {
         let kernels = state.orchestrator().list_kernels(None);
-        return Ok(Json(json!({ "node": name, "kernels": kernels })).into_response());
+        return Ok(Json(NodeKernels {
+            node: name,
+            kernels,
+        })
+        .into_response());
     }
     if request.headers().contains_key(super::FORWARDED_HEADER) {
         return Err(ApiError::new(

@@ -1,8 +1,9 @@
 """What the server returns, as typed objects.
 
 Each class names the OpenAPI schema it mirrors (`SCHEMA`); the drift test fails when the
-server's `/openapi.json` defines a field one of them lacks. Fields the server adds later are
-kept in `.raw` until the client learns them.
+server's `/openapi.json` defines a field one of them lacks, or one whose type, optionality or
+values (`ENUMS`, the values of a field the schema enumerates) differ from the client's. Fields
+the server adds later are kept in `.raw` until the client learns them.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import base64
 import json
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Dict, Iterator, List, Optional, Union
+from typing import Any, ClassVar, Dict, FrozenSet, Iterator, List, Optional, Union
 
 
 @dataclass(frozen=True)
@@ -18,6 +19,13 @@ class StateLost:
     """Why the session's previous kernel was lost (`docs/contract.md`, loss reasons)."""
 
     SCHEMA: ClassVar[str] = "StateLost"
+    #: The values of the enumerated fields.
+    ENUMS: ClassVar[Dict[str, FrozenSet[str]]] = {
+        "reason": frozenset({
+            "idle_reaped", "evicted", "timeout", "oom", "crashed", "killed", "engine_restarted",
+            "server_restarted", "protocol", "node_lost", "runaway", "node_drained",
+        }),
+    }  # fmt: skip
     reason: str
     at: str
     #: The session's workspace went too (its node was lost, or it was deleted meanwhile):
@@ -192,6 +200,11 @@ class Execution:
     """The result of one cell (`docs/contract.md`); `.raw` is the JSON as the server sent it."""
 
     SCHEMA: ClassVar[str] = "CellResult"
+    #: The values of the enumerated fields: `interrupted` is a cell stopped by
+    #: `session.interrupt()`, its kernel kept unless it outlived the grace.
+    ENUMS: ClassVar[Dict[str, FrozenSet[str]]] = {
+        "status": frozenset({"success", "error", "timeout", "interrupted"}),
+    }
     status: str
     output: str
     exit_code: int
@@ -287,11 +300,15 @@ class FileEntry:
     """One entry of a directory listing (`session.files.list()`)."""
 
     SCHEMA: ClassVar[str] = "FileEntry"
+    #: The values of the enumerated fields.
+    ENUMS: ClassVar[Dict[str, FrozenSet[str]]] = {
+        "kind": frozenset({"file", "dir", "symlink", "other"}),
+    }
     name: str
     kind: str
     size: int
     #: RFC 3339, UTC.
-    modified: Optional[str] = None
+    modified: str = ""
 
     @classmethod
     def from_json(cls, d: Dict[str, Any]) -> "FileEntry":
@@ -299,7 +316,7 @@ class FileEntry:
             name=str(d.get("name", "")),
             kind=str(d.get("kind", "")),
             size=int(d.get("size") or 0),
-            modified=d.get("modified") if d.get("modified") is not None else None,
+            modified=str(d.get("modified") or ""),
         )
 
 
@@ -562,6 +579,8 @@ class UsageReport:
     SCHEMA: ClassVar[str] = "UsageReport"
     #: Wire names that are Python keywords, by field.
     WIRE_NAMES: ClassVar[Dict[str, str]] = {"from_": "from"}
+    #: The values of the enumerated fields.
+    ENUMS: ClassVar[Dict[str, FrozenSet[str]]] = {"group_by": frozenset({"session", "day"})}
     from_: int
     to: int
     group_by: str

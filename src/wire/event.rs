@@ -1,0 +1,365 @@
+//! The events of a streamed execute or command (`Accept: application/x-ndjson`,
+//! `docs/http-api.md`): one JSON object a line, its `event` first. Each event is a type of its
+//! own, named in the OpenAPI document; [`StreamEvent`] and [`CommandEvent`] are the unions a
+//! stream's lines belong to, described as a `oneOf` of those names with a discriminator on
+//! `event`, which client generators parse.
+//!
+//! The events borrow what they carry: a stream serializes each one once, as it queues its line.
+
+use std::borrow::Cow;
+
+use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
+use serde::Serialize;
+
+use super::command::CommandResult;
+use super::error::ErrorDetail;
+use crate::cell::CellResult;
+use crate::rich::RichResult;
+
+/// The field every event names itself in.
+pub const EVENT_FIELD: &str = "event";
+
+/// An event's name: a constant string, serialized as itself and described as a `const`.
+pub trait EventName {
+    /// The value of the event's `event` field.
+    const NAME: &'static str;
+}
+
+macro_rules! event_tag {
+    ($(#[$doc:meta])* $tag:ident = $name:literal) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+        pub struct $tag;
+
+        impl EventName for $tag {
+            const NAME: &'static str = $name;
+        }
+
+        impl Serialize for $tag {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str($name)
+            }
+        }
+
+        impl JsonSchema for $tag {
+            fn inline_schema() -> bool {
+                true
+            }
+            fn schema_name() -> Cow<'static, str> {
+                stringify!($tag).into()
+            }
+            fn json_schema(_: &mut SchemaGenerator) -> Schema {
+                json_schema!({"type": "string", "const": $name})
+            }
+        }
+    };
+}
+
+event_tag!(
+    /// `"output"`.
+    OutputTag = "output"
+);
+event_tag!(
+    /// `"display"`.
+    DisplayTag = "display"
+);
+event_tag!(
+    /// `"output_truncated"`.
+    TruncatedTag = "output_truncated"
+);
+event_tag!(
+    /// `"result"`.
+    ResultTag = "result"
+);
+event_tag!(
+    /// `"error"`.
+    ErrorTag = "error"
+);
+event_tag!(
+    /// `"stdout"`.
+    StdoutTag = "stdout"
+);
+event_tag!(
+    /// `"stderr"`.
+    StderrTag = "stderr"
+);
+
+/// Text the cell wrote (stdout and stderr interleaved), whole UTF-8, in write order.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct OutputEvent<'a> {
+    /// `output`.
+    pub event: OutputTag,
+    /// The text.
+    pub data: &'a str,
+}
+
+/// A rich result the cell displayed (a MIME bundle), in order with its output.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct DisplayEvent<'a> {
+    /// `display`.
+    pub event: DisplayTag,
+    /// The bundle, as in the result's `results`.
+    pub data: &'a RichResult,
+}
+
+/// Output the client did not read in time, dropped (the run never waits for a reader); sent
+/// once, before the last event.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct OutputTruncatedEvent {
+    /// `output_truncated`.
+    pub event: TruncatedTag,
+    /// Bytes of output dropped.
+    pub bytes: u64,
+}
+
+/// The cell's result: the last event of a streamed execute that ran.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct CellResultEvent<'a> {
+    /// `result`.
+    pub event: ResultTag,
+    /// The result, as the JSON answer carries it.
+    pub result: &'a CellResult,
+}
+
+/// The error the call ended with instead of a result (what a JSON answer would carry in its
+/// `error`): the last event.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct ErrorEvent<'a> {
+    /// `error`.
+    pub event: ErrorTag,
+    /// Its code and message.
+    pub error: &'a ErrorDetail,
+}
+
+/// Text the command wrote on its standard output, whole UTF-8.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct StdoutEvent<'a> {
+    /// `stdout`.
+    pub event: StdoutTag,
+    /// The text.
+    pub data: &'a str,
+}
+
+/// Text the command wrote on its standard error, whole UTF-8.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct StderrEvent<'a> {
+    /// `stderr`.
+    pub event: StderrTag,
+    /// The text.
+    pub data: &'a str,
+}
+
+/// The command's result: the last event of a streamed command that ran.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct CommandResultEvent<'a> {
+    /// `result`.
+    pub event: ResultTag,
+    /// The result, as the JSON answer carries it.
+    pub result: &'a CommandResult,
+}
+
+/// A line of a streamed execute: `output` and `display` events as the cell produces them,
+/// then `output_truncated` when output was dropped, then one `result` or `error`.
+#[derive(Debug, Clone, Serialize)]
+#[serde(untagged)]
+pub enum StreamEvent<'a> {
+    /// See [`OutputEvent`].
+    Output(OutputEvent<'a>),
+    /// See [`DisplayEvent`].
+    Display(DisplayEvent<'a>),
+    /// See [`OutputTruncatedEvent`].
+    OutputTruncated(OutputTruncatedEvent),
+    /// See [`CellResultEvent`].
+    Result(CellResultEvent<'a>),
+    /// See [`ErrorEvent`].
+    Error(ErrorEvent<'a>),
+}
+
+/// A line of a streamed command: `stdout` and `stderr` events as the command writes, then
+/// `output_truncated` when output was dropped, then one `result` or `error`.
+#[derive(Debug, Clone, Serialize)]
+#[serde(untagged)]
+pub enum CommandEvent<'a> {
+    /// See [`StdoutEvent`].
+    Stdout(StdoutEvent<'a>),
+    /// See [`StderrEvent`].
+    Stderr(StderrEvent<'a>),
+    /// See [`OutputTruncatedEvent`].
+    OutputTruncated(OutputTruncatedEvent),
+    /// See [`CommandResultEvent`].
+    Result(CommandResultEvent<'a>),
+    /// See [`ErrorEvent`].
+    Error(ErrorEvent<'a>),
+}
+
+impl StreamEvent<'_> {
+    /// An `output` event.
+    pub fn output(data: &str) -> StreamEvent<'_> {
+        StreamEvent::Output(OutputEvent {
+            event: OutputTag,
+            data,
+        })
+    }
+
+    /// A `display` event.
+    pub fn display(data: &RichResult) -> StreamEvent<'_> {
+        StreamEvent::Display(DisplayEvent {
+            event: DisplayTag,
+            data,
+        })
+    }
+
+    /// An `output_truncated` event.
+    pub fn truncated(bytes: usize) -> Self {
+        StreamEvent::OutputTruncated(truncated(bytes))
+    }
+
+    /// The `result` event.
+    pub fn result(result: &CellResult) -> StreamEvent<'_> {
+        StreamEvent::Result(CellResultEvent {
+            event: ResultTag,
+            result,
+        })
+    }
+
+    /// The `error` event.
+    pub fn error(error: &ErrorDetail) -> StreamEvent<'_> {
+        StreamEvent::Error(ErrorEvent {
+            event: ErrorTag,
+            error,
+        })
+    }
+}
+
+impl CommandEvent<'_> {
+    /// A `stdout` event.
+    pub fn stdout(data: &str) -> CommandEvent<'_> {
+        CommandEvent::Stdout(StdoutEvent {
+            event: StdoutTag,
+            data,
+        })
+    }
+
+    /// A `stderr` event.
+    pub fn stderr(data: &str) -> CommandEvent<'_> {
+        CommandEvent::Stderr(StderrEvent {
+            event: StderrTag,
+            data,
+        })
+    }
+
+    /// An `output_truncated` event.
+    pub fn truncated(bytes: usize) -> Self {
+        CommandEvent::OutputTruncated(truncated(bytes))
+    }
+
+    /// The `result` event.
+    pub fn result(result: &CommandResult) -> CommandEvent<'_> {
+        CommandEvent::Result(CommandResultEvent {
+            event: ResultTag,
+            result,
+        })
+    }
+
+    /// The `error` event.
+    pub fn error(error: &ErrorDetail) -> CommandEvent<'_> {
+        CommandEvent::Error(ErrorEvent {
+            event: ErrorTag,
+            error,
+        })
+    }
+}
+
+fn truncated(bytes: usize) -> OutputTruncatedEvent {
+    OutputTruncatedEvent {
+        event: TruncatedTag,
+        bytes: u64::try_from(bytes).unwrap_or(u64::MAX),
+    }
+}
+
+/// A union of named event schemas: a `oneOf` of their `$ref`s with a discriminator mapping
+/// each `event` value to its schema (OpenAPI 3.1, "Discriminator Object").
+fn union(description: &str, variants: Vec<(&str, Schema)>) -> Schema {
+    let mut mapping = serde_json::Map::new();
+    let mut one_of = Vec::new();
+    for (name, schema) in variants {
+        if let Some(reference) = schema.get("$ref") {
+            mapping.insert(name.to_owned(), reference.clone());
+        }
+        one_of.push(schema.to_value());
+    }
+    json_schema!({
+        "description": description,
+        "oneOf": one_of,
+        "discriminator": {"propertyName": EVENT_FIELD, "mapping": mapping},
+    })
+}
+
+impl JsonSchema for StreamEvent<'_> {
+    fn schema_name() -> Cow<'static, str> {
+        "StreamEvent".into()
+    }
+
+    fn json_schema(generator: &mut SchemaGenerator) -> Schema {
+        union(
+            "A line of a streamed execute: `output` and `display` events as the cell produces them, then `output_truncated` when output was dropped, then one `result` or `error`.",
+            vec![
+                (OutputTag::NAME, generator.subschema_for::<OutputEvent>()),
+                (DisplayTag::NAME, generator.subschema_for::<DisplayEvent>()),
+                (
+                    TruncatedTag::NAME,
+                    generator.subschema_for::<OutputTruncatedEvent>(),
+                ),
+                (ResultTag::NAME, generator.subschema_for::<CellResultEvent>()),
+                (ErrorTag::NAME, generator.subschema_for::<ErrorEvent>()),
+            ],
+        )
+    }
+}
+
+impl JsonSchema for CommandEvent<'_> {
+    fn schema_name() -> Cow<'static, str> {
+        "CommandEvent".into()
+    }
+
+    fn json_schema(generator: &mut SchemaGenerator) -> Schema {
+        union(
+            "A line of a streamed command: `stdout` and `stderr` events as the command writes, then `output_truncated` when output was dropped, then one `result` or `error`.",
+            vec![
+                (StdoutTag::NAME, generator.subschema_for::<StdoutEvent>()),
+                (StderrTag::NAME, generator.subschema_for::<StderrEvent>()),
+                (
+                    TruncatedTag::NAME,
+                    generator.subschema_for::<OutputTruncatedEvent>(),
+                ),
+                (
+                    ResultTag::NAME,
+                    generator.subschema_for::<CommandResultEvent>(),
+                ),
+                (ErrorTag::NAME, generator.subschema_for::<ErrorEvent>()),
+            ],
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_event_is_one_line_its_name_first() {
+        let line = serde_json::to_string(&StreamEvent::output("a\"b")).expect("JSON");
+        assert_eq!(line, r#"{"event":"output","data":"a\"b"}"#);
+        let line = serde_json::to_string(&CommandEvent::truncated(7)).expect("JSON");
+        assert_eq!(line, r#"{"event":"output_truncated","bytes":7}"#);
+        let error = ErrorDetail {
+            code: "no_kernel".into(),
+            message: "gone".into(),
+        };
+        let line = serde_json::to_string(&CommandEvent::error(&error)).expect("JSON");
+        assert_eq!(
+            line,
+            r#"{"event":"error","error":{"code":"no_kernel","message":"gone"}}"#
+        );
+    }
+}
