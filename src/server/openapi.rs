@@ -131,7 +131,10 @@ fn definitions() -> (
     serde_json::Map<String, Value>,
     serde_json::Map<String, Value>,
 ) {
-    let (mut requests, mut answers) = (generator(Contract::Deserialize), generator(Contract::Serialize));
+    let (mut requests, mut answers) = (
+        generator(Contract::Deserialize),
+        generator(Contract::Serialize),
+    );
     requests.subschema_for::<ExecuteBody>();
     requests.subschema_for::<CommandBody>();
     requests.subschema_for::<wire::NetworkPolicy>();
@@ -157,7 +160,10 @@ fn definitions() -> (
     answers.subschema_for::<wire::NodeList>();
     answers.subschema_for::<wire::NodeDrain>();
     answers.subschema_for::<wire::NodeKernels>();
-    (requests.take_definitions(true), answers.take_definitions(true))
+    (
+        requests.take_definitions(true),
+        answers.take_definitions(true),
+    )
 }
 
 fn generator(contract: Contract) -> schemars::SchemaGenerator {
@@ -183,9 +189,10 @@ fn plain_enum(schema: &mut schemars::Schema) {
     let mut values = Vec::new();
     let mut notes = Vec::new();
     for option in options {
-        let (Some(Value::String(value)), Some("string")) =
-            (option.get("const"), option.get("type").and_then(Value::as_str))
-        else {
+        let (Some(Value::String(value)), Some("string")) = (
+            option.get("const"),
+            option.get("type").and_then(Value::as_str),
+        ) else {
             return;
         };
         if let Some(note) = option.get("description").and_then(Value::as_str) {
@@ -643,10 +650,15 @@ mod tests {
         assert!(required.contains(&"id") && required.contains(&"idle_seconds"));
         // Each event a named schema, its `event` a const; the union a oneOf of their
         // references with a discriminator.
-        for (union, first) in [("StreamEvent", "OutputEvent"), ("CommandEvent", "StdoutEvent")] {
+        for (union, first) in [
+            ("StreamEvent", "OutputEvent"),
+            ("CommandEvent", "StdoutEvent"),
+        ] {
             let u = &schemas[union];
             assert_eq!(u["discriminator"]["propertyName"], "event");
-            let mapping = u["discriminator"]["mapping"].as_object().expect("a mapping");
+            let mapping = u["discriminator"]["mapping"]
+                .as_object()
+                .expect("a mapping");
             for (event, target) in mapping {
                 let name = target.as_str().unwrap_or_default().rsplit('/').next();
                 let named = &schemas[name.unwrap_or_default()];
