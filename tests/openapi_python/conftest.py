@@ -33,6 +33,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     case = f"openapi-{uuid.uuid4().hex[:8]}"
     s = kernelbox_serve.start_server(tmp_path_factory.mktemp("server"), case, tenants, "--pool", "0")
     yield s
+    # Workspaces outlive their kernels by design: a test that failed half-way leaves some,
+    # deleted here (each session cleared first) so that the check below finds only leaks.
+    auth = {"Authorization": f"Bearer {s.token('main')}"}
+    with httpx.Client(base_url=s.url, headers=auth, timeout=120) as http:
+        for space in http.get("/v1/workspaces").json().get("workspaces", []):
+            session = space["name"].split("::")[0]
+            http.delete(f"/v1/sessions/{session}")
+            http.delete(f"/v1/workspaces/{space['name']}")
     stop_and_check(s)
 
 
