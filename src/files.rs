@@ -131,7 +131,7 @@ pub struct Written {
 /// One entry of a directory listing.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize, schemars::JsonSchema)]
 pub struct FileEntry {
-    /// Its name.
+    /// The entry's name within the directory (no path).
     pub name: String,
     /// `file`, `dir`, `symlink` or `other`.
     #[schemars(extend("enum" = ["file", "dir", "symlink", "other"]))]
@@ -156,7 +156,7 @@ pub struct Listing {
 pub enum Download {
     /// A regular file: exactly `size` bytes follow on `body`.
     File {
-        /// Its size.
+        /// How many bytes `body` carries.
         size: u64,
         /// The file's bytes; an error ends the stream (the download is then incomplete).
         body: DownloadStream,
@@ -188,7 +188,7 @@ pub enum TransferError {
     InvalidPath {
         /// The path as given (shortened).
         path: String,
-        /// Why.
+        /// What about the path is refused.
         reason: String,
     },
     /// The kernel refused the path or the content: a symlink on the way, not a directory,

@@ -88,7 +88,7 @@ pub enum ImageError {
     Step {
         /// Which step.
         step: &'static str,
-        /// Details.
+        /// What the step's command or the engine said.
         message: String,
     },
 }

@@ -119,7 +119,7 @@ pub enum NameClaim {
     RunBy {
         /// The instance's id.
         instance: String,
-        /// Its process.
+        /// The instance's process id, for telling whether it still runs.
         pid: u32,
         /// The process's start time (`/proc/PID/stat`).
         pid_start: u64,

@@ -89,32 +89,41 @@ pub struct Limits {
     pub idle_timeout: Option<Duration>,
 }
 
+/// The server's own memory, CPU and idle timeout: what a session's kernel runs with where
+/// neither the session nor its tenant sets one (the configuration's sandbox and kernel idle
+/// timeout, `Config::session_defaults`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Defaults {
+    /// Memory limit, in bytes.
+    pub memory_bytes: i64,
+    /// CPU limit, in billionths of a CPU.
+    pub nano_cpus: i64,
+    /// Idle timeout.
+    pub idle_timeout: Duration,
+}
+
 impl Limits {
     /// What a session of a tenant with these limits runs with where it sets nothing
-    /// (`docs/http-api.md`, "Session settings"): each limit below the server's default (under
-    /// `config`) in its place, so that `session_limits` cap every session of the tenant, not
-    /// only those that set something. `None` when no limit is below its default.
-    pub fn ceiling(&self, config: &crate::Config) -> Option<Settings> {
-        let sandbox = &config.spec.sandbox;
+    /// (`docs/http-api.md`, "Session settings"): each limit below the server's default in its
+    /// place, so that `session_limits` cap every session of the tenant, not only those that
+    /// set something. `None` when no limit is below its default.
+    pub fn ceiling(&self, defaults: &Defaults) -> Option<Settings> {
         let ceiling = Settings {
-            memory_bytes: self.memory_bytes.filter(|m| *m < sandbox.memory_bytes),
-            nano_cpus: self.nano_cpus.filter(|n| *n < sandbox.nano_cpus),
-            idle_timeout: self
-                .idle_timeout
-                .filter(|t| *t < config.kernels.idle_timeout),
+            memory_bytes: self.memory_bytes.filter(|m| *m < defaults.memory_bytes),
+            nano_cpus: self.nano_cpus.filter(|n| *n < defaults.nano_cpus),
+            idle_timeout: self.idle_timeout.filter(|t| *t < defaults.idle_timeout),
             ..Settings::default()
         };
         (ceiling != Settings::default()).then_some(ceiling)
     }
 
-    /// The bounds these limits give under `config` (its kernels' memory, CPU and idle
-    /// timeout where a limit is not set).
-    pub fn bounds(&self, config: &crate::Config) -> Bounds {
-        let sandbox = &config.spec.sandbox;
+    /// The bounds these limits give over the server's defaults (each default where a limit
+    /// is not set).
+    pub fn bounds(&self, defaults: &Defaults) -> Bounds {
         Bounds {
-            memory_bytes: self.memory_bytes.unwrap_or(sandbox.memory_bytes),
-            cpus: self.nano_cpus.unwrap_or(sandbox.nano_cpus) as f64 / 1e9,
-            idle_timeout: self.idle_timeout.unwrap_or(config.kernels.idle_timeout),
+            memory_bytes: self.memory_bytes.unwrap_or(defaults.memory_bytes),
+            cpus: self.nano_cpus.unwrap_or(defaults.nano_cpus) as f64 / 1e9,
+            idle_timeout: self.idle_timeout.unwrap_or(defaults.idle_timeout),
         }
     }
 }
@@ -149,7 +158,7 @@ pub enum SettingsError {
          clear some sessions first"
     )]
     TooMany {
-        /// The tenant.
+        /// The tenant whose sessions are at the bound.
         tenant: String,
     },
 }

@@ -67,9 +67,9 @@ pub struct AuditRecord {
     pub time: String,
     /// Cell or command.
     pub kind: AuditKind,
-    /// The tenant.
+    /// The tenant whose kernel ran it.
     pub tenant: String,
-    /// The session.
+    /// The session whose kernel ran it.
     pub session: String,
     /// The delegated child whose kernel ran it, if any.
     #[serde(skip_serializing_if = "Option::is_none", default)]
@@ -164,7 +164,7 @@ pub enum AuditSink {
     Stdout,
     /// A file, appended to, rotated past `rotate_bytes` keeping `keep` old ones.
     File {
-        /// The file.
+        /// The trail's current file; rotated ones are kept beside it.
         path: PathBuf,
         /// Rotate when it reaches this size.
         rotate_bytes: u64,
@@ -181,16 +181,16 @@ pub enum AuditError {
     Io {
         /// What was being done.
         op: &'static str,
-        /// The file.
+        /// The trail file concerned.
         path: PathBuf,
-        /// Why.
+        /// What the system said.
         #[source]
         source: std::io::Error,
     },
     /// A line of a trail is not one kernelbox wrote, or the chain breaks there.
     #[error("audit trail {}: line {line}: {reason}", path.display())]
     Broken {
-        /// The file.
+        /// The trail file that does not verify.
         path: PathBuf,
         /// Its line number, from 1.
         line: usize,

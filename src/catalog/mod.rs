@@ -178,7 +178,7 @@ pub enum CatalogError {
          registered again); the write changed nothing"
     )]
     Fenced {
-        /// The node.
+        /// The node whose write was refused.
         node: String,
         /// The epoch it wrote for.
         epoch: i64,

@@ -1,4 +1,20 @@
 //! Command-line verbs. Each verb resolves its configuration once, then calls the library.
+//!
+//! | file | what |
+//! |---|---|
+//! | `mod.rs` | [`Cli`] and its verbs, the kernel options a local run shares ([`KernelOpts`]), exit codes, `exec` and `sweep` |
+//! | `serve.rs` | `kernelbox serve`: the multi-tenant HTTP API |
+//! | `repl.rs` | `kernelbox repl`: cells from standard input, state kept |
+//! | `sh.rs` | `kernelbox sh`: one shell command in a session's kernel container |
+//! | `remote.rs` | `kernelbox exec --url`, and the exit code of any failed call to a server |
+//! | `cp.rs` | `kernelbox cp`: files to and from a server's session, like `docker cp` |
+//! | `transfer.rs` | local files to and from kernels, shared by `cp` and `exec`/`repl` `--upload`/`--download` |
+//! | `admin.rs` | `ps`, `inspect`, `logs`, `kill`: from Docker labels alone |
+//! | `cluster.rs` | `nodes`, `drain` and `ps --url`: a cluster through any node's HTTP API |
+//! | `usage.rs` | `kernelbox usage`: a server's usage ledger |
+//! | `workspaces.rs` | `kernelbox workspaces`: a tenant's workspaces on a server |
+//! | `audit.rs` | `kernelbox audit verify`: an audit trail's hash chain |
+//! | `mcp.rs` | `kernelbox mcp`: MCP over standard input/output |
 
 mod admin;
 mod audit;

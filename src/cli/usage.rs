@@ -11,7 +11,7 @@ use kernelbox::wire::UsageQuery;
 
 #[derive(Debug, Args)]
 pub(crate) struct UsageArgs {
-    /// The server.
+    /// The kernelbox server's base URL.
     #[arg(long, env = "KERNELBOX_URL", default_value = "http://127.0.0.1:8080")]
     url: String,
     /// The tenant's bearer token.

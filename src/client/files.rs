@@ -47,7 +47,7 @@ pub type Download = BoxStream<'static, Result<Bytes, ClientError>>;
 pub enum Fetched {
     /// A file: its bytes, and its size when the server gave it.
     File {
-        /// `Content-Length`.
+        /// Its size in bytes, from `Content-Length` when the server gave one.
         size: Option<u64>,
         /// The file's bytes as the server sends them.
         body: Download,

@@ -20,7 +20,7 @@ pub enum ClusterError {
         operation: &'static str,
         /// `user@host:port/database`, without the password.
         target: String,
-        /// Why.
+        /// What the database client said.
         reason: String,
     },
     /// A statement failed.

@@ -1,36 +1,4 @@
-//! Network egress and credentials at the boundary (`docs/reliability.md`, "Network egress").
+//! Network egress and credentials at the boundary (`docs/reliability.md`, "Network egress"):
+//! the types are egress's own (`src/egress/config.rs`), held here as part of [`Config`](super::Config).
 
-use std::collections::BTreeMap;
-use std::path::PathBuf;
-
-/// Network egress: the tenants' policies, the CA bundle kernels trust, the proxy's limits.
-#[derive(Debug, Clone)]
-pub struct EgressConfig {
-    /// Each tenant's policy (the tenants file's `network`, or `--network-allow` for the
-    /// default tenant); a tenant not here has no network.
-    pub tenants: BTreeMap<String, crate::wire::NetworkPolicy>,
-    /// The CA bundle mounted read-only into kernels with a policy (`--ca-bundle`).
-    pub ca_bundle: PathBuf,
-    /// Connections and bytes per second.
-    pub limits: crate::egress::proxy::Limits,
-    /// Where audit lines go, one JSON line per connection (`--egress-audit`: rotated, repeated
-    /// refusals counted, `proxy::AuditFile`); `None`: the log.
-    pub audit: Option<PathBuf>,
-    /// Credentials added at the boundary (`--egress-secrets`); `None`: every tunnel carries
-    /// its bytes untouched.
-    pub credentials: Option<CredentialsConfig>,
-}
-
-/// Credentials added at the boundary (`docs/reliability.md`, "Credentials at the boundary").
-#[derive(Debug, Clone)]
-pub struct CredentialsConfig {
-    /// Every tenant's secrets and rules.
-    pub secrets: crate::egress::secrets::Secrets,
-    /// Where the kernelbox egress CA is kept (generated there when missing).
-    pub ca_dir: PathBuf,
-    /// Replace the CA with a new one at start.
-    pub rotate_ca: bool,
-}
-
-/// The CA bundle kernels with a policy trust unless told otherwise: the host's.
-pub const DEFAULT_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+pub use crate::egress::config::{CredentialsConfig, EgressConfig, DEFAULT_CA_BUNDLE};

@@ -9,11 +9,11 @@
 //!
 //! | file | what |
 //! |---|---|
-//! | `kernel.rs` | [`KernelSpec`], [`Sandbox`], [`WorkMode`], [`KernelRuntime`]: what a kernel is made from |
+//! | `kernel.rs` | [`KernelSpec`], [`WorkMode`]: what a kernel is made from (its [`Sandbox`] and [`KernelRuntime`] are the engine's, `src/docker/sandbox.rs`) |
 //! | `limits.rs` | [`CellLimits`], [`OutputCaps`], [`DisplayCaps`], [`KernelLimits`], [`PoolConfig`], [`FileTransfer`] and their defaults |
 //! | `hibernate.rs` | [`HibernateConfig`]: which idle kernels hibernate, and the bounds |
 //! | `housekeeping.rs` | [`Housekeeping`], [`RunawayWatch`] |
-//! | `egress.rs` | [`EgressConfig`], [`CredentialsConfig`] |
+//! | `egress.rs` | [`EgressConfig`], [`CredentialsConfig`], held here, defined by egress (`src/egress/config.rs`) |
 //! | `workspaces.rs` | [`WorkspacesConfig`], [`WorkspacePolicy`] and their defaults |
 //! | `validate.rs` | [`Config::validate`], [`ValidConfig`], the errors, duration and size parsers |
 //! | `tests.rs` | unit tests |
@@ -92,6 +92,18 @@ impl Default for Config {
             workspaces: None,
             audit: None,
             hibernate: None,
+        }
+    }
+}
+
+impl Config {
+    /// The server's own memory, CPU and idle timeout, against which a tenant's session limits
+    /// are judged (`crate::settings::Limits::bounds` and `ceiling`).
+    pub fn session_defaults(&self) -> crate::settings::Defaults {
+        crate::settings::Defaults {
+            memory_bytes: self.spec.sandbox.memory_bytes,
+            nano_cpus: self.spec.sandbox.nano_cpus,
+            idle_timeout: self.kernels.idle_timeout,
         }
     }
 }

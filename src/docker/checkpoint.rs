@@ -7,7 +7,8 @@ use super::bollard_engine::{map_err, BollardEngine};
 use super::EngineError;
 
 impl BollardEngine {
-    /// [`Engine::checkpoint`](super::Engine::checkpoint).
+    /// Checkpoints container `id` into its own store and stops it
+    /// ([`Engine::checkpoint`](super::Engine::checkpoint)).
     pub(super) async fn checkpoint_into(
         &self,
         id: &str,
@@ -25,7 +26,8 @@ impl BollardEngine {
             .map_err(|e| map_err("checkpoint", id, e))
     }
 
-    /// [`Engine::start_from_checkpoint`](super::Engine::start_from_checkpoint).
+    /// Starts container `id` again from a checkpoint placed in its store
+    /// ([`Engine::start_from_checkpoint`](super::Engine::start_from_checkpoint)).
     pub(super) async fn start_checkpointed(
         &self,
         id: &str,

@@ -33,9 +33,9 @@ pub enum CpuReadError {
     /// The file could not be read.
     #[error("reading a container's CPU time from {path}: {source}")]
     Io {
-        /// The file.
+        /// The cgroup file read.
         path: PathBuf,
-        /// Why.
+        /// What the system said.
         source: std::io::Error,
     },
     /// The file held no CPU time.

@@ -8,6 +8,7 @@
 //! | file | what |
 //! |---|---|
 //! | `mod.rs` | the [`Engine`] trait, its requests and errors, idempotent volume removal |
+//! | `sandbox.rs` | [`Sandbox`], [`KernelRuntime`]: how a kernel's container is confined, and under which OCI runtime |
 //! | `bollard_engine.rs` | [`BollardEngine`]: the trait on the real daemon |
 //! | `checkpoint.rs` | its checkpoint verbs: a container checkpointed and stopped, started again from a checkpoint placed in its own store |
 //! | `monitor.rs` | the engine's events: tells OOM, outside kills and crashes apart |
@@ -20,6 +21,7 @@ pub mod cpu;
 #[cfg(any(test, feature = "test-util"))]
 pub mod fake;
 pub(crate) mod monitor;
+mod sandbox;
 
 use std::collections::BTreeMap;
 use std::pin::Pin;
@@ -30,6 +32,7 @@ use futures::stream::BoxStream;
 use tokio::io::AsyncWrite;
 
 pub use bollard_engine::BollardEngine;
+pub use sandbox::{KernelRuntime, Sandbox};
 
 /// How many removals kernelbox runs against the engine at once when it disposes of many
 /// kernels (shutdown, watchdog, sweeps).
@@ -119,7 +122,7 @@ pub struct ContainerSpec {
     pub cmd: Vec<String>,
     /// Environment, `KEY=value`; nothing of the host's.
     pub env: Vec<String>,
-    /// `uid:gid`.
+    /// The user the container's process runs as, `uid:gid`.
     pub user: String,
     /// Where its process starts.
     pub working_dir: String,
@@ -128,7 +131,7 @@ pub struct ContainerSpec {
     /// Volumes and host directories mounted into it.
     pub mounts: Vec<Mount>,
     /// Its limits and hardening (memory, CPU, processes, network, read-only root).
-    pub sandbox: crate::config::Sandbox,
+    pub sandbox: Sandbox,
 }
 
 /// One chunk of container output, as the engine framed it (not a line).
@@ -232,11 +235,11 @@ pub struct NetworkAddrs {
 /// A network kernelbox creates ([`Engine::create_network`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NetworkSpec {
-    /// Its name.
+    /// The network's name, which labels and sweeps find it by.
     pub name: String,
     /// The name of its bridge interface on the host (at most 15 bytes).
     pub bridge: String,
-    /// Its labels.
+    /// Its labels (`src/labels.rs`): which instance made it, for the sweeps.
     pub labels: BTreeMap<String, String>,
 }
 

@@ -34,7 +34,7 @@ pub enum CaError {
     File {
         /// What was done.
         op: &'static str,
-        /// The file.
+        /// The file of the CA directory concerned.
         path: PathBuf,
         /// What the system said.
         message: String,

@@ -11,6 +11,7 @@
 //! | `host.rs` | the host's own addresses (its interfaces, the networks they are on, kernelbox's listeners), refreshed |
 //! | `network.rs` | the egress network (internal, no traffic between kernels) and its host firewall rules, named after it |
 //! | `proxy/` | the proxy: CONNECT (TLS, server name checked) and plain HTTP, kernels known by address and credential, limits, counters, the audit line (its `mod.rs` says which file does what) |
+//! | `config.rs` | [`EgressConfig`], [`CredentialsConfig`]: what egress is started with |
 //! | `mod.rs` | [`Egress`]: the network, firewall and proxy of one instance, the tenants' and sessions' policies, what a kernel with a policy is made with |
 
 pub mod policy;
@@ -19,9 +20,11 @@ pub mod sni;
 
 pub use sessions::{policy_bytes, MAX_NETWORK_BYTES_PER_TENANT};
 
+pub use config::{CredentialsConfig, EgressConfig};
 pub use policy::{Grant, Policy, PolicyError, Refusal};
 
 pub mod ca;
+pub mod config;
 pub mod host;
 pub mod network;
 pub mod proxy;
@@ -35,7 +38,6 @@ use std::sync::{Arc, Mutex};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::EgressConfig;
 use crate::docker::{Engine, Mount};
 use crate::wire::NetworkPolicy;
 
@@ -48,7 +50,7 @@ pub enum EgressError {
     /// Parsing a tenant's policy failed.
     #[error("tenant {tenant}: {source}")]
     Policy {
-        /// The tenant.
+        /// The tenant whose policy is refused.
         tenant: String,
         /// What is wrong.
         source: PolicyError,
@@ -59,7 +61,7 @@ pub enum EgressError {
     /// Binding the proxy on the network's gateway failed.
     #[error("binding the egress proxy on {addr}: {message}")]
     Bind {
-        /// The address.
+        /// The gateway address the proxy was to listen on.
         addr: IpAddr,
         /// What the system said.
         message: String,
@@ -67,7 +69,7 @@ pub enum EgressError {
     /// Opening the audit file (`--egress-audit`) failed.
     #[error("opening the egress audit file {path}: {message}")]
     Audit {
-        /// The file.
+        /// The audit file as given.
         path: PathBuf,
         /// What the system said.
         message: String,
@@ -92,7 +94,7 @@ pub enum SessionPolicyError {
         "tenant {tenant:?} has no network, so its sessions have no network policy of their own (the tenants file's `network`, or --network-allow, gives it one)"
     )]
     TenantHasNone {
-        /// The tenant.
+        /// The tenant with no network.
         tenant: String,
     },
     /// The tenant's sessions' policies already hold [`MAX_NETWORK_BYTES_PER_TENANT`] bytes (a
@@ -102,9 +104,9 @@ pub enum SessionPolicyError {
         "tenant {tenant:?}'s sessions' network policies would hold more than {max_bytes} bytes, the most kept; delete sessions no longer used (DELETE /v1/sessions/{{session}}) or use the tenant's policy"
     )]
     TooMany {
-        /// The tenant.
+        /// The tenant at its bound.
         tenant: String,
-        /// The bound.
+        /// The bound, in bytes ([`MAX_NETWORK_BYTES_PER_TENANT`]).
         max_bytes: usize,
     },
 }

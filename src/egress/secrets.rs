@@ -99,7 +99,7 @@ pub enum SecretsError {
     /// Reading the file failed.
     #[error("reading the egress secrets file {path}: {message}")]
     Read {
-        /// The file.
+        /// The secrets file as given.
         path: String,
         /// What the system said.
         message: String,

@@ -36,7 +36,7 @@ pub struct SweepReport {
 pub struct HibernatedKernel {
     /// The container's id.
     pub container: String,
-    /// Its name.
+    /// The container's name (`kbh.<since>...`), which the age is read from.
     pub name: String,
     /// Seconds since it hibernated (by its name).
     pub age_seconds: u64,

@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use super::Kernel;
 use crate::cell::OutputBuffer;
 use crate::config::{OutputCaps, WORK_DIR};
-use crate::docker::{Chunk, EngineError, ExecSpec};
+use crate::docker::{Attached, Chunk, EngineError, ExecSpec};
 use crate::wire::CommandResult;
 
 /// What the leader writes first on stderr: this, `{pid}:{stdout pipe}:{stderr pipe}`, a newline.
@@ -199,9 +199,9 @@ const KILL_DRAIN: Duration = Duration::from_secs(5);
 /// Which stream a piece of a command's output came on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CommandStream {
-    /// Its stdout.
+    /// The command's standard output.
     Stdout,
-    /// Its stderr.
+    /// The command's standard error.
     Stderr,
 }
 
@@ -256,7 +256,74 @@ struct Streams {
     sink: Option<CommandSink>,
 }
 
+/// A command's output as the engine sends it.
+type ChunkStream = futures::stream::BoxStream<'static, Result<Chunk, EngineError>>;
+
+/// The stdin written beside the reading (a command may read it only as it writes), bounded
+/// by the deadline, then closed.
+async fn write_stdin(
+    mut input: std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>,
+    stdin: Bytes,
+    deadline: Instant,
+) {
+    let _ = tokio::time::timeout_at(deadline, async {
+        if !stdin.is_empty() {
+            let _ = input.write_all(&stdin).await;
+        }
+        let _ = input.shutdown().await;
+    })
+    .await;
+}
+
 impl Streams {
+    /// Empty streams, each keeping `caps.inline_bytes`, the leader's line still expected.
+    fn new(caps: OutputCaps, sink: Option<CommandSink>) -> Streams {
+        Streams {
+            stdout: OutputBuffer::new(caps.inline_bytes, caps.inline_bytes),
+            stderr: OutputBuffer::new(caps.inline_bytes, caps.inline_bytes),
+            head: Some(Vec::new()),
+            leader: None,
+            sink,
+        }
+    }
+
+    /// Reads the command's output until it ends (`false`) or the deadline passes (`true`).
+    async fn read_until(
+        &mut self,
+        output: &mut ChunkStream,
+        deadline: Instant,
+    ) -> Result<bool, EngineError> {
+        loop {
+            tokio::select! {
+                chunk = output.next() => match chunk {
+                    Some(Ok(chunk)) => self.chunk(chunk),
+                    Some(Err(e)) => return Err(e),
+                    None => return Ok(false),
+                },
+                _ = tokio::time::sleep_until(deadline) => return Ok(true),
+            }
+        }
+    }
+
+    /// The command's result: its exit code and both streams as kept (the duration is the
+    /// caller's to fill in).
+    fn into_result(self, exit_code: i64, timed_out: bool) -> CommandResult {
+        let (stdout, stderr) = (self.stdout.finish(), self.stderr.finish());
+        let cut = |omitted: u64| (omitted > 0).then_some(true);
+        let total = |omitted: u64, total: u64| (omitted > 0).then_some(total);
+        CommandResult {
+            exit_code,
+            stdout_truncated: cut(stdout.omitted),
+            stdout_bytes_total: total(stdout.omitted, stdout.total),
+            stderr_truncated: cut(stderr.omitted),
+            stderr_bytes_total: total(stderr.omitted, stderr.total),
+            stdout: stdout.text,
+            stderr: stderr.text,
+            duration_seconds: 0.0,
+            timed_out,
+        }
+    }
+
     fn chunk(&mut self, chunk: Chunk) {
         match chunk {
             Chunk::Stdout(b) => self.emit(CommandStream::Stdout, &b),
@@ -310,12 +377,43 @@ impl Streams {
 }
 
 impl Kernel {
-    /// Runs a command in this kernel's container (see the module's documentation).
+    /// Runs a command in this kernel's container (see the module's documentation): the
+    /// leader started, its stdin written while its output is read until it ends or the
+    /// deadline passes, its tree killed past the deadline, then its exit code.
     pub(crate) async fn run_command(
         &self,
         spec: CommandSpec,
     ) -> Result<CommandResult, EngineError> {
         let deadline = Instant::now() + spec.timeout;
+        let process = self
+            .engine
+            .exec_process(&self.id, &self.leader_exec(&spec))
+            .await?;
+        let Attached { mut output, input } = process.streams;
+        let mut streams = Streams::new(spec.caps, spec.sink.clone());
+        let timed_out = tokio::join!(
+            write_stdin(input, spec.stdin.clone(), deadline),
+            streams.read_until(&mut output, deadline),
+        )
+        .1?;
+        if timed_out {
+            self.stop_timed_out(&mut output, &mut streams).await;
+        }
+        streams.take_head(true);
+        let exit_code = if timed_out {
+            -1
+        } else {
+            match tokio::time::timeout(Duration::from_secs(10), process.exit_code).await {
+                Ok(Ok(Some(code))) => code,
+                _ => -1,
+            }
+        };
+        Ok(streams.into_result(exit_code, timed_out))
+    }
+
+    /// The exec that runs [`LEADER`] with the command's timeout, working directory and
+    /// argv, as the kernel's user, with the command's environment.
+    fn leader_exec(&self, spec: &CommandSpec) -> ExecSpec {
         let cwd = spec.cwd.clone().unwrap_or_else(|| WORK_DIR.to_string());
         let mut cmd = vec![
             "python3".to_string(),
@@ -327,84 +425,28 @@ impl Kernel {
             cwd,
         ];
         cmd.extend(spec.argv.iter().cloned());
-        let exec = ExecSpec {
+        ExecSpec {
             cmd,
             user: self.user.clone(),
             working_dir: WORK_DIR.to_string(),
             env: spec.env.clone(),
-        };
-        let process = self.engine.exec_process(&self.id, &exec).await?;
-        let (mut output, mut input) = (process.streams.output, process.streams.input);
-        let mut streams = Streams {
-            stdout: OutputBuffer::new(spec.caps.inline_bytes, spec.caps.inline_bytes),
-            stderr: OutputBuffer::new(spec.caps.inline_bytes, spec.caps.inline_bytes),
-            head: Some(Vec::new()),
-            leader: None,
-            sink: spec.sink.clone(),
-        };
-        let stdin = spec.stdin.clone();
-        // The stdin is written beside the reading (a command may read it only as it writes),
-        // bounded by the deadline, then closed.
-        let write = async move {
-            let _ = tokio::time::timeout_at(deadline, async {
-                if !stdin.is_empty() {
-                    let _ = input.write_all(&stdin).await;
-                }
-                let _ = input.shutdown().await;
-            })
-            .await;
-        };
-        let read = async {
-            loop {
-                tokio::select! {
-                    chunk = output.next() => match chunk {
-                        Some(Ok(chunk)) => streams.chunk(chunk),
-                        Some(Err(e)) => return Err(e),
-                        None => return Ok(false),
-                    },
-                    _ = tokio::time::sleep_until(deadline) => return Ok(true),
-                }
-            }
-        };
-        let (_, timed_out) = tokio::join!(write, read);
-        let timed_out = timed_out?;
-        if timed_out {
-            if let Some(leader) = streams.leader {
-                if let Err(e) = self.kill_tree(leader).await {
-                    tracing::warn!(container = %self.short_id(), error = %e, "killing a command's processes");
-                }
-            }
-            // What the command wrote before it died is the command's; bounded.
-            let _ = tokio::time::timeout(KILL_DRAIN, async {
-                while let Some(Ok(chunk)) = output.next().await {
-                    streams.chunk(chunk);
-                }
-            })
-            .await;
         }
-        streams.take_head(true);
-        let exit_code = if timed_out {
-            -1
-        } else {
-            match tokio::time::timeout(Duration::from_secs(10), process.exit_code).await {
-                Ok(Ok(Some(code))) => code,
-                _ => -1,
+    }
+
+    /// Past the deadline: the command's tree killed (when its leader said who it is), and
+    /// what it wrote before it died kept, the drain bounded by [`KILL_DRAIN`].
+    async fn stop_timed_out(&self, output: &mut ChunkStream, streams: &mut Streams) {
+        if let Some(leader) = streams.leader {
+            if let Err(e) = self.kill_tree(leader).await {
+                tracing::warn!(container = %self.short_id(), error = %e, "killing a command's processes");
             }
-        };
-        let (stdout, stderr) = (streams.stdout.finish(), streams.stderr.finish());
-        let cut = |omitted: u64| (omitted > 0).then_some(true);
-        let total = |omitted: u64, total: u64| (omitted > 0).then_some(total);
-        Ok(CommandResult {
-            exit_code,
-            stdout_truncated: cut(stdout.omitted),
-            stdout_bytes_total: total(stdout.omitted, stdout.total),
-            stderr_truncated: cut(stderr.omitted),
-            stderr_bytes_total: total(stderr.omitted, stderr.total),
-            stdout: stdout.text,
-            stderr: stderr.text,
-            duration_seconds: 0.0,
-            timed_out,
+        }
+        let _ = tokio::time::timeout(KILL_DRAIN, async {
+            while let Some(Ok(chunk)) = output.next().await {
+                streams.chunk(chunk);
+            }
         })
+        .await;
     }
 
     /// Kills a command's processes ([`KILLER`]), from inside the container as the kernel's

@@ -35,7 +35,7 @@ pub(crate) struct Record {
     pub(crate) key: KernelKey,
     /// The key's generation when it hibernated (a restore continues it).
     pub(crate) generation: u64,
-    /// The checkpoint.
+    /// Where the kernel's checkpoint is kept, and how to start from it.
     pub(crate) checkpoint: Checkpoint,
 }
 

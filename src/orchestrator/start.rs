@@ -164,12 +164,13 @@ impl Orchestrator {
                 None => Arc::new(crate::catalog::MemoryCatalog::default()),
             },
         });
+        let defaults = inner.config.session_defaults();
         inner.registry.set_ceilings(
             inner
                 .config
                 .tenant_session_limits
                 .iter()
-                .filter_map(|(t, l)| Some((t.clone(), l.ceiling(&inner.config)?)))
+                .filter_map(|(t, l)| Some((t.clone(), l.ceiling(&defaults)?)))
                 .collect(),
         );
         let live = match restored {

@@ -31,7 +31,108 @@ pub(super) struct TenantSettings {
     bytes: usize,
 }
 
+impl TenantSettings {
+    /// Makes room for `session`'s new settings of `size` bytes: the bytes the tenant then
+    /// holds, and which `spare` sessions (oldest first) to forget for it; `None` when even
+    /// forgetting all of them leaves the tenant past its bounds and the settings are not
+    /// `forced`.
+    fn room_for(
+        &self,
+        session: &str,
+        size: usize,
+        spare: Vec<(u64, String, usize)>,
+        forced: bool,
+    ) -> Option<(usize, Vec<String>)> {
+        let replaced = self.sessions.get(session).map_or(0, |k| k.settings.bytes());
+        let new = usize::from(!self.sessions.contains_key(session));
+        let mut count = self.sessions.len() + new;
+        let mut bytes = self.bytes - replaced + size;
+        let mut forget = Vec::new();
+        for (_, name, held) in spare {
+            if count <= MAX_SESSIONS_PER_TENANT && bytes <= MAX_SETTINGS_BYTES_PER_TENANT {
+                break;
+            }
+            count -= 1;
+            bytes -= held;
+            forget.push(name);
+        }
+        if !forced && (count > MAX_SESSIONS_PER_TENANT || bytes > MAX_SETTINGS_BYTES_PER_TENANT) {
+            return None;
+        }
+        Some((bytes, forget))
+    }
+}
+
 impl Inner {
+    /// True when nothing is to be set: a newer version of `session`'s settings is kept, or
+    /// the call forgets them (`forget`), which it then has done.
+    fn settings_newer_or_forgotten(
+        &mut self,
+        tenant: &str,
+        session: &str,
+        forget: bool,
+        version: u64,
+    ) -> bool {
+        let Some(mine) = self.settings.get_mut(tenant) else {
+            return forget;
+        };
+        match mine.sessions.get(session) {
+            Some(kept) if kept.version > version => true,
+            Some(kept) if forget => {
+                mine.bytes -= kept.settings.bytes();
+                mine.sessions.remove(session);
+                true
+            }
+            _ => forget,
+        }
+    }
+
+    /// True when a live kernel of `tenant`'s `session` was started with another environment,
+    /// memory or CPU than `effective`.
+    fn restart_needed(&self, tenant: &str, session: &str, effective: &Settings) -> bool {
+        let empty = Settings::default();
+        self.slots
+            .values()
+            .filter(|s| s.key.owner.tenant == tenant && s.key.owner.session == session)
+            .any(|s| {
+                s.settings
+                    .as_deref()
+                    .unwrap_or(&empty)
+                    .start_differs(effective)
+            })
+    }
+
+    /// What may be forgotten to make room for `session`'s settings: `tenant`'s other sessions
+    /// with no kernel here and no start holding them, as (set at, session, bytes), oldest
+    /// first.
+    fn spare_settings(&self, tenant: &str, session: &str) -> Vec<(u64, String, usize)> {
+        let live: HashSet<&str> = self
+            .slots
+            .keys()
+            .filter(|k| k.owner.tenant == tenant)
+            .map(|k| k.owner.session.as_str())
+            .chain(
+                self.held_configs
+                    .keys()
+                    .filter(|(t, _)| t == tenant)
+                    .map(|(_, s)| s.as_str()),
+            )
+            .collect();
+        let mut spare: Vec<(u64, String, usize)> = self
+            .settings
+            .get(tenant)
+            .map(|t| {
+                t.sessions
+                    .iter()
+                    .filter(|(s, _)| s.as_str() != session && !live.contains(s.as_str()))
+                    .map(|(s, k)| (k.set_at, s.clone(), k.settings.bytes()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        spare.sort();
+        spare
+    }
+
     /// The settings `owner`'s session's kernels run with: its own under its tenant's ceiling,
     /// else the ceiling (a tenant's `session_limits` below the server's defaults cap a session
     /// that sets nothing too; `docs/http-api.md`, "Session settings").
@@ -122,85 +223,26 @@ impl Registry {
         forced: bool,
     ) -> Result<bool, SettingsError> {
         let mut inner = self.lock();
-        if let Some(mine) = inner.settings.get_mut(tenant) {
-            match mine.sessions.get(session) {
-                Some(kept) if kept.version > version => return Ok(false),
-                Some(kept) if settings.is_none() => {
-                    mine.bytes -= kept.settings.bytes();
-                    mine.sessions.remove(session);
-                    return Ok(false);
-                }
-                _ => {}
-            }
+        if inner.settings_newer_or_forgotten(tenant, session, settings.is_none(), version) {
+            return Ok(false);
         }
         let Some(settings) = settings else {
             return Ok(false);
         };
-        let size = settings.bytes();
         let effective = match inner.ceilings.get(tenant) {
             Some(ceiling) => settings.under(ceiling),
             None => settings.clone(),
         };
-        // Sessions with a kernel here, or whose start here holds its settings.
-        let live: HashSet<&str> = inner
-            .slots
-            .keys()
-            .filter(|k| k.owner.tenant == tenant)
-            .map(|k| k.owner.session.as_str())
-            .chain(
-                inner
-                    .held_configs
-                    .keys()
-                    .filter(|(t, _)| t == tenant)
-                    .map(|(_, s)| s.as_str()),
-            )
-            .collect();
-        let empty = Settings::default();
-        let restart = inner
-            .slots
-            .values()
-            .filter(|s| s.key.owner.tenant == tenant && s.key.owner.session == session)
-            .any(|s| {
-                s.settings
-                    .as_deref()
-                    .unwrap_or(&empty)
-                    .start_differs(&effective)
-            });
-        // What may be forgotten to make room: sessions with no live kernel, oldest first.
-        let mut spare: Vec<(u64, String, usize)> = inner
-            .settings
-            .get(tenant)
-            .map(|t| {
-                t.sessions
-                    .iter()
-                    .filter(|(s, _)| s.as_str() != session && !live.contains(s.as_str()))
-                    .map(|(s, k)| (k.set_at, s.clone(), k.settings.bytes()))
-                    .collect()
-            })
-            .unwrap_or_default();
-        drop(live);
-        spare.sort();
+        let restart = inner.restart_needed(tenant, session, &effective);
+        let spare = inner.spare_settings(tenant, session);
         inner.settings_seq += 1;
         let set_at = inner.settings_seq;
         let mine = inner.settings.entry(tenant.to_string()).or_default();
-        let replaced = mine.sessions.get(session).map_or(0, |k| k.settings.bytes());
-        let new = usize::from(!mine.sessions.contains_key(session));
-        let mut count = mine.sessions.len() + new;
-        let mut bytes = mine.bytes - replaced + size;
-        let mut forget = Vec::new();
-        for (_, name, held) in spare {
-            if count <= MAX_SESSIONS_PER_TENANT && bytes <= MAX_SETTINGS_BYTES_PER_TENANT {
-                break;
-            }
-            count -= 1;
-            bytes -= held;
-            forget.push(name);
-        }
-        if !forced && (count > MAX_SESSIONS_PER_TENANT || bytes > MAX_SETTINGS_BYTES_PER_TENANT) {
+        let Some((bytes, forget)) = mine.room_for(session, settings.bytes(), spare, forced) else {
             return Err(SettingsError::TooMany {
                 tenant: tenant.to_string(),
             });
-        }
+        };
         for name in forget {
             mine.sessions.remove(&name);
         }

@@ -24,7 +24,7 @@ pub enum DescriptorError {
     /// `getrlimit` failed.
     #[error("{op} RLIMIT_NOFILE: {source}")]
     Limit {
-        /// `reading`.
+        /// What was done to the limit (`reading`).
         op: &'static str,
         /// What the system said.
         source: std::io::Error,
@@ -38,7 +38,8 @@ pub enum DescriptorError {
         limit: u64,
         /// What is kept aside.
         reserved: u64,
-        /// [`MIN_CONNECTION_DESCRIPTORS`].
+        /// The fewest descriptors left for connections that serving needs
+        /// ([`MIN_CONNECTION_DESCRIPTORS`]).
         min: u64,
     },
 }

@@ -38,7 +38,7 @@ impl ApiError {
         ApiError::new(StatusCode::BAD_REQUEST, code, message)
     }
 
-    /// 401.
+    /// 401 `unauthorized`: no bearer token, or one no tenant has.
     pub fn unauthorized() -> ApiError {
         ApiError::new(
             StatusCode::UNAUTHORIZED,
@@ -47,7 +47,7 @@ impl ApiError {
         )
     }
 
-    /// 404.
+    /// 404 `not_found`, saying what was not found.
     pub fn not_found(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::NOT_FOUND, "not_found", message)
     }

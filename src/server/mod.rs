@@ -5,12 +5,18 @@
 //! | `POST /v1/sessions/{session}/execute` | run a cell (`Accept: application/x-ndjson` streams) |
 //! | `POST /v1/sessions/{session}/interrupt` | interrupt the session's running cells |
 //! | `POST /v1/sessions/{session}/commands` | run a shell command in the session's kernel container (`Accept: application/x-ndjson` streams) |
+//! | `PUT /v1/sessions/{session}/network` | the session's own network policy, narrowing its tenant's (`api/mod.rs`) |
+//! | `PUT`, `GET /v1/sessions/{session}/settings` | the session's settings: environment, limits, idle timeout, labels (`api/settings.rs`) |
 //! | `DELETE /v1/sessions/{session}` | clear the session's kernels |
 //! | `DELETE /v1/sessions/{session}/children/{child}` | release a delegated child |
-//! | `PUT`, `GET`, `DELETE /v1/sessions/{session}/files/{path}` | files in and out of the session's kernel (`GET`/`PUT .../files` for its working directory) |
+//! | `PUT`, `GET`, `DELETE /v1/sessions/{session}/files/{path}` | files in and out of the session's kernel (`api/files.rs`) |
+//! | `PUT`, `GET /v1/sessions/{session}/files` | its whole working directory, as a tar |
+//! | `PUT`, `GET /v1/sessions/{session}/workspace` | the session's workspace as a tar, without starting its kernel (`api/files.rs`) |
 //! | `GET /v1/kernels` | the caller's tenant's kernels |
-//! | `GET /v1/nodes`, `POST`/`DELETE /v1/nodes/{node}/drain`, `GET /v1/nodes/{node}/kernels` | a cluster's nodes; draining one; one node's kernels (the admin token; `cluster/admin.rs`) |
-//! | `POST`/`GET`/`DELETE /v1/mcp` | MCP over streamable HTTP (`api/mcp.rs`, docs/mcp.md "MCP") |
+//! | `GET /v1/workspaces`, `DELETE /v1/workspaces/{name}` | the tenant's workspaces; deleting one (`api/workspaces.rs`) |
+//! | `GET /v1/usage` | the usage ledger (`api/usage.rs`, docs/usage.md) |
+//! | `GET /v1/nodes`, `POST`, `DELETE /v1/nodes/{node}/drain`, `GET /v1/nodes/{node}/kernels` | a cluster's nodes; draining one; one node's kernels (the admin token; `cluster/admin.rs`) |
+//! | `POST`, `GET`, `DELETE /v1/mcp` | MCP over streamable HTTP (`api/mcp.rs`, docs/mcp.md "MCP") |
 //! | `GET /healthz`, `GET /openapi.json` | no authentication |
 //! | `GET /metrics` | a tenant's token, unless [`ServeOptions::public_metrics`] |
 //!
@@ -20,6 +26,20 @@
 //! Every authenticated call is namespaced by the caller's tenant (`Authorization: Bearer`),
 //! so tenants never see, reach or clear each other's kernels. Errors are
 //! `{"error": {"code", "message"}}`.
+//!
+//! | file | what |
+//! |---|---|
+//! | `mod.rs` | [`ROUTES`], [`AppState`], [`serve_with`] and its [`ServeOptions`] |
+//! | `api/` | the router and handlers, the streams and MCP over HTTP (its `mod.rs` says which file does what) |
+//! | `cluster/` | the server as a cluster node: the lease and fence, routing, the forward hop, the admin routes (its `mod.rs` has the table) |
+//! | `tenants/` | [`Tenants`]: who may call, with which token and limits (its `mod.rs` has the table) |
+//! | `listen.rs` | connections accepted under their bounds ([`Limits`]) |
+//! | `slots.rs` | who holds a connection slot: the unauthenticated share, per address, who gives way |
+//! | `descriptors.rs` | the open-file limit raised and checked against what serving needs |
+//! | `metrics.rs` | [`Metrics`]: the Prometheus exposition |
+//! | `tools.rs` | tool calls from a cell forwarded to the tenant's tool endpoint |
+//! | `openapi.rs` | `/openapi.json` |
+//! | `error.rs` | [`ApiError`]: an error as the API answers it |
 
 pub(crate) mod api;
 pub mod cluster;
@@ -388,4 +408,27 @@ fn is_connection_error(e: &std::io::Error) -> bool {
             | std::io::ErrorKind::ConnectionAborted
             | std::io::ErrorKind::ConnectionReset
     )
+}
+
+#[cfg(test)]
+mod route_table_tests {
+    /// Every route of [`super::ROUTES`] has its row in the module's route table: a row naming
+    /// its path as a whole (the path closes a code span) and its method.
+    #[test]
+    fn the_route_table_lists_every_route() {
+        let rows: Vec<&str> = include_str!("mod.rs")
+            .lines()
+            .filter(|l| l.starts_with("//! | `"))
+            .collect();
+        for (method, path) in super::ROUTES {
+            let listed = rows.iter().any(|row| {
+                let first = row.split(" | ").nth(1).unwrap_or_default();
+                first.contains(&format!("{path}`")) && first.contains(method)
+            });
+            assert!(
+                listed,
+                "{method} {path} has no row in src/server/mod.rs's route table"
+            );
+        }
+    }
 }

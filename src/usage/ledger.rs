@@ -22,7 +22,7 @@ pub const OVERFLOW_SESSION: &str = "(overflow)";
 /// [`UsageRow::add`]).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct UsageRow {
-    /// The tenant.
+    /// The tenant the usage is billed to.
     pub tenant: String,
     /// The session (a delegated child's usage counts toward its session); empty when summed
     /// over sessions.

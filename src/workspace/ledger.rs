@@ -29,11 +29,11 @@ pub enum Opening {
 /// A workspace the ledger places on a node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Placed {
-    /// Its tenant.
+    /// The tenant that holds the workspace.
     pub tenant: String,
     /// Its owner (`session` or `session::child::id`).
     pub owner: String,
-    /// Its generation.
+    /// The workspace's generation, which a newer placement bumps.
     pub generation: u64,
 }
 

@@ -49,9 +49,9 @@ pub enum WorkspaceError {
     Io {
         /// What was attempted.
         op: &'static str,
-        /// The file.
+        /// The workspace file concerned.
         path: PathBuf,
-        /// The cause.
+        /// What the system said.
         source: std::io::Error,
     },
     /// A host tool (`mkfs.ext4`, `losetup`) failed.
@@ -68,9 +68,9 @@ pub enum WorkspaceError {
     /// The tenant holds its maximum of workspaces.
     #[error("tenant {tenant} holds its maximum of {max} workspaces; delete one first")]
     TooMany {
-        /// The tenant.
+        /// The tenant at its bound.
         tenant: String,
-        /// Its maximum.
+        /// How many workspaces the tenant may hold.
         max: usize,
     },
     /// No such workspace for this tenant.
@@ -82,13 +82,13 @@ pub enum WorkspaceError {
     /// A kernel still uses it.
     #[error("workspace {name:?} is in use by a kernel; evict the session first")]
     InUse {
-        /// The workspace.
+        /// The workspace asked for.
         name: String,
     },
     /// The tenant has no workspaces.
     #[error("tenant {tenant} has no workspaces")]
     Disabled {
-        /// The tenant.
+        /// The tenant that asked.
         tenant: String,
     },
     /// A new workspace would take the host's workspaces past their host-wide bound.
@@ -107,14 +107,14 @@ pub enum WorkspaceError {
     /// A kernel is starting on it (held from its opening until its container exists).
     #[error("workspace {name:?} is in use by a kernel that is starting; retry once it runs, or evict the session first")]
     Starting {
-        /// The workspace.
+        /// The workspace asked for.
         name: String,
     },
     /// The engine's volume of that name is not the workspace (missing, or not made by
     /// kernelbox): no kernel starts on it.
     #[error("workspace volume {volume} is missing or not kernelbox's workspace; the kernel was not started")]
     NotOurs {
-        /// The volume.
+        /// The engine volume the workspace should be.
         volume: String,
     },
     /// The cluster's ledger of workspaces could not be read or written.

@@ -40,7 +40,7 @@ pub enum Renewal {
 /// A node [`Store::expire_dead`] expired.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Expired {
-    /// Its name.
+    /// The expired node's name.
     pub name: String,
     /// The epoch that expired (the node's row now holds a newer one).
     pub epoch: i64,
@@ -79,7 +79,7 @@ impl NodeState {
 /// One node as [`Store::nodes`] lists it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NodeRow {
-    /// Its name.
+    /// The node's name, unique in the cluster.
     pub name: String,
     /// The address other nodes forward to.
     pub advertise: String,

@@ -28,7 +28,7 @@ pub(super) const TENANT_LOCK_CLASS: i32 = 0x6b62_746e;
 /// Where a session lives.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Placement {
-    /// The node.
+    /// The node whose kernel serves the session.
     pub node: String,
     /// The node's epoch when the session was placed.
     pub epoch: i64,

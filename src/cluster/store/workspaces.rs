@@ -14,7 +14,7 @@ use crate::workspace::{Opening, Placed};
 /// [`Store::workspace_home`] find it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkspaceHome {
-    /// The node.
+    /// The node that holds the workspaces.
     pub node: String,
     /// Its address (empty when it has no row).
     pub advertise: String,

@@ -20,9 +20,9 @@ use super::lookup::DeniedNames;
 pub struct KernelEntry {
     /// The credential in its proxy URL (`kernelbox:TOKEN`).
     pub token: String,
-    /// Its tenant.
+    /// The tenant its policy and counters are judged under.
     pub tenant: String,
-    /// Its session.
+    /// The session its own policy narrowing comes from.
     pub session: String,
     pub(super) grant: Mutex<Grant>,
     pub(super) connections: Arc<Semaphore>,

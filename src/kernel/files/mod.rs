@@ -18,16 +18,14 @@
 //! (an error, a deadline, a protocol doubt, a download dropped mid-way) drops it, and the
 //! next transfer starts a fresh one.
 //!
-//! - `channel.rs`: the Unix socket a helper's frames travel on instead of the exec streams,
-//!   in the host directory bind-mounted into kernels, and its preparation.
-//! - `frame.rs`: what a helper writes: its frames (`Frame`, `Status`), read whole and bounded
-//!   from a stream that stays open (`Reader`), and its stderr.
-//! - `helper.rs`: a running helper (`Helper`), the kernel's resident one (`Resident`), and the
-//!   lease a transfer holds on a helper, which gives a clean one back.
-//! - `write.rs`: uploads (`Kernel::write_file`): the body as gathered, vectored frames.
-//! - `read.rs`: downloads and listings (`Kernel::read_file`), a download's byte stream and its
-//!   cut when the kernel goes.
-//! - this file: the step deadline and removal (`Kernel::remove_file`).
+//! | file | what |
+//! |---|---|
+//! | `channel.rs` | the Unix socket a helper's frames travel on instead of the exec streams, in the host directory bind-mounted into kernels, and its preparation |
+//! | `frame.rs` | what a helper writes: its frames (`Frame`, `Status`), read whole and bounded from a stream that stays open (`Reader`), and its stderr |
+//! | `helper.rs` | a running helper (`Helper`), the kernel's resident one (`Resident`), and the lease a transfer holds on a helper, which gives a clean one back |
+//! | `write.rs` | uploads (`Kernel::write_file`): the body as gathered, vectored frames |
+//! | `read.rs` | downloads and listings (`Kernel::read_file`), a download's byte stream and its cut when the kernel goes |
+//! | `mod.rs` | the step deadline and removal (`Kernel::remove_file`) |
 
 mod channel;
 pub(crate) mod frame;

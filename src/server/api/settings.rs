@@ -39,7 +39,9 @@ pub(super) async fn put(
         .map_err(|e| invalid(&state, e))?;
     let wire: SessionSettings = json_object(&bytes).map_err(|e| invalid(&state, e))?;
     let orchestrator = &state.inner.orchestrator;
-    let bounds = tenant.session_limits.bounds(orchestrator.config());
+    let bounds = tenant
+        .session_limits
+        .bounds(&orchestrator.config().session_defaults());
     let settings = Settings::check(&wire, &bounds).map_err(|e| invalid(&state, e.into()))?;
     let answer = settings.to_wire();
     let restart_required = match state.cluster() {

@@ -1,5 +1,12 @@
 //! Tenants: who may call the server, with which bearer token, how many kernels, which tools.
 //!
+//! | file | what |
+//! |---|---|
+//! | `mod.rs` | [`Tenants`], [`Tenant`]: the tenants file parsed and checked, a caller found by its token |
+//! | `session_limits.rs` | a tenant's `session_limits`: the most its sessions' settings may ask for |
+//! | `workspaces.rs` | a tenant's `workspaces`: its sessions' workspaces and their policy |
+//! | `tests.rs` | unit tests |
+//!
 //! The tenants file is JSON:
 //!
 //! ```json
