@@ -61,6 +61,7 @@ pub mod image;
 pub mod instance;
 pub(crate) mod kernel;
 pub mod labels;
+pub mod logging;
 pub mod mcp;
 pub mod orchestrator;
 pub(crate) mod owner;

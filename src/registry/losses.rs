@@ -96,13 +96,21 @@ impl Inner {
         }
     }
 
-    pub(super) fn record_loss(&mut self, key: &KernelKey, reason: LossReason) {
+    /// Records `key`'s kernel (its container, when it had one) lost for `reason`: counted, owed
+    /// to its next call, journaled, and logged as a lifecycle event (`docs/logs.md`).
+    pub(super) fn record_loss(
+        &mut self,
+        key: &KernelKey,
+        reason: LossReason,
+        container: Option<&str>,
+    ) {
         if let Some(i) = LossReason::ALL.iter().position(|r| *r == reason) {
             self.loss_counts[i] += 1;
         }
         self.tenants.loss(&key.owner.tenant, reason);
         self.remember(key);
         let generation = *self.generations.entry(key.clone()).or_insert(0);
+        crate::logging::kernel_lost(&key.owner, container, generation, reason);
         let loss = StateLost {
             reason,
             at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
