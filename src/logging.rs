@@ -7,7 +7,7 @@
 //! |---|---|
 //! | [`LogFormat`], [`init`] | the subscriber: format, levels, stderr |
 //! | [`say`], [`say_at`] | a line a verb always prints (`serving ... on http://...`), as a JSON object in the JSON format |
-//! | [`kernel_started`], [`kernel_restored`], [`kernel_hibernated`], [`kernel_lost`] | the lifecycle events, one home for their fields |
+//! | [`kernel_started`], [`kernel_restored`], [`kernel_hibernated`], [`kernel_ended`], [`kernel_lost`] | the lifecycle events, one home for their fields |
 
 use std::io::Write as _;
 use std::sync::OnceLock;
@@ -107,6 +107,8 @@ pub fn init(format: LogFormat, directives: Option<&str>, server: bool) -> Result
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colours only for a terminal: a pipe or a file (a shipped log) gets plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         // A failed log write is dropped: reporting it uses `eprintln!`, which panics when
         // stderr is gone (a supervisor that closed the log pipe), mid-shutdown or mid-cleanup.
         .log_internal_errors(false);
@@ -197,6 +199,22 @@ pub(crate) fn kernel_hibernated(
         reason = why,
         seconds,
         "kernel hibernated"
+    );
+}
+
+/// `owner`'s kernel was removed on purpose (`why`: `cleared` by a `DELETE` of its session or
+/// a drain, `reset`, `ended` after a one-shot call): no loss is owed.
+pub(crate) fn kernel_ended(owner: &Owner, container: &str, generation: u64, why: &'static str) {
+    tracing::info!(
+        target: LIFECYCLE_TARGET,
+        event = "ended",
+        tenant = %owner.tenant,
+        session = %owner.session,
+        owner = %owner,
+        container,
+        generation,
+        reason = why,
+        "kernel ended"
     );
 }
 

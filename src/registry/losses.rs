@@ -4,7 +4,7 @@
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 
-use super::{Inner, LossCounts, Registry, MAX_REMEMBERED_KEYS, MAX_REMEMBERED_PER_TENANT};
+use super::{Inner, LossCounts, Registry, Slot, MAX_REMEMBERED_KEYS, MAX_REMEMBERED_PER_TENANT};
 use crate::catalog::{CatalogWriter, Change, Entry, EntryState};
 use crate::cell::{LossReason, StateLost};
 use crate::owner::KernelKey;
@@ -94,6 +94,17 @@ impl Inner {
                 self.losses.remove(&old);
             }
         }
+    }
+
+    /// Records `slot`'s kernel ended on purpose (`why`: `cleared`, `reset`, `ended`): journaled,
+    /// and logged as a lifecycle event when it had a container (`docs/logs.md`).
+    pub(super) fn record_end(&mut self, slot: &Slot, why: &'static str) {
+        if let Some(container) = slot.container() {
+            crate::logging::kernel_ended(&slot.key.owner, container, slot.generation(), why);
+        }
+        self.journal(|| Change::Ended {
+            key_hash: slot.key.hash(),
+        });
     }
 
     /// Records `key`'s kernel (its container, when it had one) lost for `reason`: counted, owed

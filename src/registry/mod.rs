@@ -365,10 +365,8 @@ impl Registry {
         limits: TenantLimits,
     ) -> Attach {
         let reset_slot = if reset { inner.unregister(key) } else { None };
-        if reset_slot.is_some() {
-            inner.journal(|| Change::Ended {
-                key_hash: key.hash(),
-            });
+        if let Some(slot) = &reset_slot {
+            inner.record_end(slot, "reset");
         }
         if key.owner.is_child() {
             inner.released_children.remove(&key.owner);
@@ -439,9 +437,7 @@ impl Registry {
             // Only the call that unregisters the slot records its loss: one death, one loss.
             match loss {
                 Some(reason) => inner.record_loss(&slot.key, reason, slot.container()),
-                None => inner.journal(|| Change::Ended {
-                    key_hash: slot.key.hash(),
-                }),
+                None => inner.record_end(slot, "ended"),
             }
         }
         registered
@@ -469,9 +465,7 @@ impl Registry {
             if let Some(slot) = inner.unregister(key) {
                 match loss {
                     Some(reason) => inner.record_loss(key, reason, slot.container()),
-                    None => inner.journal(|| Change::Ended {
-                        key_hash: key.hash(),
-                    }),
+                    None => inner.record_end(&slot, "cleared"),
                 }
                 removed.push(slot);
             }

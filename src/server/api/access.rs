@@ -59,10 +59,7 @@ fn request_id(headers: &HeaderMap) -> String {
         .map(HeaderValue::as_bytes)
         .filter(|id| is_sane(id))
         .and_then(|id| std::str::from_utf8(id).ok())
-        .map_or_else(
-            || uuid::Uuid::new_v4().simple().to_string(),
-            str::to_string,
-        )
+        .map_or_else(|| uuid::Uuid::new_v4().simple().to_string(), str::to_string)
 }
 
 /// 1 to [`MAX_REQUEST_ID`] visible ASCII characters (no space, no control, no quote or
@@ -82,10 +79,8 @@ fn session_of(route: Option<&str>, request: &Request) -> Option<String> {
         r if r.starts_with("/v1/sessions/{session}") => {
             crate::server::cluster::session_of(request.uri().path())
         }
-        "/v1/mcp" => {
-            super::mcp_session::routed_session(request.headers(), request.uri().query())
-                .map(|(session, _)| session)
-        }
+        "/v1/mcp" => super::mcp_session::routed_session(request.headers(), request.uri().query())
+            .map(|(session, _)| session),
         _ => None,
     }?;
     validate_name("session", &session).ok()?;
