@@ -179,7 +179,11 @@ async fn tenants_change_live_and_another_tenants_kernel_keeps_its_state() {
     api.run("token-new", "s", "z = 3").await;
     // The narrowed policy: the tunnel was closed, a new request refused.
     let r = api
-        .run("token-net-2", "s", &format!("print(t.recv(10))\n{}", fetch(port)))
+        .run(
+            "token-net-2",
+            "s",
+            &format!("print(t.recv(10))\n{}", fetch(port)),
+        )
         .await;
     let out = r["output"].as_str().unwrap();
     assert!(out.starts_with("b''"), "{r}");
@@ -246,7 +250,10 @@ async fn tenants_change_live_and_another_tenants_kernel_keeps_its_state() {
     let (verdict, report) = hangup_report(&child, &mut lines).await;
     assert_eq!(verdict, "refused", "{report}");
     assert!(
-        report["reason"].as_str().unwrap().contains("not valid JSON"),
+        report["reason"]
+            .as_str()
+            .unwrap()
+            .contains("not valid JSON"),
         "{report}"
     );
     api.run("token-net-2", "s", "1").await;

@@ -27,7 +27,14 @@ impl Orchestrator {
             return;
         };
         // The tenants' audit policies as now (a reload swaps them: `tenancy.rs`).
-        let Some(policy) = self.inner.tenancy.load().audit.get(&ran.owner.tenant).copied() else {
+        let Some(policy) = self
+            .inner
+            .tenancy
+            .load()
+            .audit
+            .get(&ran.owner.tenant)
+            .copied()
+        else {
             return;
         };
         let mut record = AuditRecord {

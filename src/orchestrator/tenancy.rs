@@ -42,10 +42,9 @@ impl Orchestrator {
             Some(egress) => egress.set_tenants(&policies.networks)?,
             None => 0,
         };
-        self.inner.registry.set_ceilings(ceilings(
-            &self.inner.config,
-            &policies.session_limits,
-        ));
+        self.inner
+            .registry
+            .set_ceilings(ceilings(&self.inner.config, &policies.session_limits));
         self.inner.tenancy.store(Arc::new(policies));
         Ok(closed)
     }

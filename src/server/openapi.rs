@@ -553,27 +553,27 @@ fn with(base: &Value, extra: Value) -> Value {
 /// `POST /v1/admin/reload` (its own `json!`, past the macro's recursion limit otherwise).
 fn reload_path() -> Value {
     json!({
-                "post": {
-                    "summary": "Re-read the tenants source and apply it without a restart (docs/http-api.md, \"Reloading the tenants\"). The admin token (`--admin-token`); 404 on a server without one or without a tenants source.",
-                    "responses": {
-                        "200": {"description": "Applied: the tenants added, removed and changed, the kernels removed, the egress connections closed, the settings that need a restart.", "content": {"application/json": {"schema": {
-                            "type": "object", "required": ["applied", "added", "removed", "changed", "kernels_removed", "connections_closed", "needs_restart"],
-                            "properties": {
-                                "applied": {"type": "boolean"}, "reason": {"type": "string"},
-                                "added": {"type": "array", "items": {"type": "string"}},
-                                "removed": {"type": "array", "items": {"type": "string"}},
-                                "changed": {"type": "array", "items": {"type": "string"}},
-                                "kernels_removed": {"type": "integer"},
-                                "connections_closed": {"type": "integer"},
-                                "needs_restart": {"type": "array", "items": {"type": "string"}}
-                            }
-                        }}}},
-                        "401": error_response("Missing or wrong admin token."),
-                        "404": error_response("No admin token or no tenants source configured."),
-                        "422": {"description": "Refused: the running tenants are kept; `reason` says why (the same body, `applied` false).", "content": {"application/json": {"schema": {"type": "object"}}}}
+        "post": {
+            "summary": "Re-read the tenants source and apply it without a restart (docs/http-api.md, \"Reloading the tenants\"). The admin token (`--admin-token`); 404 on a server without one or without a tenants source.",
+            "responses": {
+                "200": {"description": "Applied: the tenants added, removed and changed, the kernels removed, the egress connections closed, the settings that need a restart.", "content": {"application/json": {"schema": {
+                    "type": "object", "required": ["applied", "added", "removed", "changed", "kernels_removed", "connections_closed", "needs_restart"],
+                    "properties": {
+                        "applied": {"type": "boolean"}, "reason": {"type": "string"},
+                        "added": {"type": "array", "items": {"type": "string"}},
+                        "removed": {"type": "array", "items": {"type": "string"}},
+                        "changed": {"type": "array", "items": {"type": "string"}},
+                        "kernels_removed": {"type": "integer"},
+                        "connections_closed": {"type": "integer"},
+                        "needs_restart": {"type": "array", "items": {"type": "string"}}
                     }
-                }
-            })
+                }}}},
+                "401": error_response("Missing or wrong admin token."),
+                "404": error_response("No admin token or no tenants source configured."),
+                "422": {"description": "Refused: the running tenants are kept; `reason` says why (the same body, `applied` false).", "content": {"application/json": {"schema": {"type": "object"}}}}
+            }
+        }
+    })
 }
 
 #[cfg(test)]

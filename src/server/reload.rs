@@ -252,8 +252,7 @@ impl AppState {
         let workspaces = new.workspaces();
         if workspaces != current.workspaces {
             needs_restart.push(
-                "workspaces: the tenants' workspace policies are kept as the server started"
-                    .into(),
+                "workspaces: the tenants' workspace policies are kept as the server started".into(),
             );
         }
         let policies = TenantPolicies {
