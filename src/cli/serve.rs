@@ -227,8 +227,8 @@ pub(crate) struct ServeArgs {
     /// nothing until it rejoins) this long before the lease could expire.
     #[arg(long, env = "KERNELBOX_FENCE_MARGIN", default_value = "3s", value_parser = parse_duration)]
     fence_margin: Duration,
-    /// The token of the cluster's admin routes (GET /v1/nodes, POST /v1/nodes/NODE/drain);
-    /// without it they answer 404.
+    /// The token of the admin routes (a cluster's GET /v1/nodes, POST /v1/nodes/NODE/drain;
+    /// POST /v1/admin/reload, which re-reads --tenants); without it they answer 404.
     #[arg(long, env = "KERNELBOX_ADMIN_TOKEN", hide_env_values = true)]
     admin_token: Option<String>,
     /// --admin-token read from this file (a `docker secret` or a Kubernetes Secret).

@@ -65,6 +65,13 @@ impl TenantPolicies {
         }
     }
 
+    /// Whether `tenant`'s idle kernels on `runtime` hibernate, on a server that hibernates
+    /// (only under runsc: `docs/runtimes.md`, "Hibernation").
+    pub fn hibernates(&self, tenant: &str, runtime: KernelRuntime) -> bool {
+        runtime == KernelRuntime::Runsc
+            && self.hibernate.as_ref().is_none_or(|t| t.contains(tenant))
+    }
+
     /// The runtime `tenant`'s kernels run under: its own, else `server` (the server's).
     pub fn runtime_of(&self, tenant: &str, server: KernelRuntime) -> KernelRuntime {
         self.runtimes.get(tenant).copied().unwrap_or(server)
