@@ -270,3 +270,54 @@ async fn tenants_change_live_and_another_tenants_kernel_keeps_its_state() {
     assert!(status.success(), "{status}");
     common::assert_clean(&engine, &label).await;
 }
+
+/// What only a restart can apply is reported, not dropped: a tenant given a network by a
+/// reload on a server started with no tenant network (so no egress proxy) stays without one,
+/// and the report says so. Without an admin token the route is 404; SIGHUP still reloads.
+#[tokio::test(flavor = "multi_thread")]
+async fn what_needs_a_restart_is_reported_and_the_route_needs_an_admin_token() {
+    let port = http_server().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tenants.json");
+    write(&file, &[tenant("a", "token-a", &[])]);
+    let label = common::unique("reload-restart");
+    let engine = common::engine().await;
+    let mut child = common::serve_command(&label, "unused")
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .args(["--pool", "0", "--tenants"])
+        .arg(&file)
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let mut lines = tokio::io::BufReader::new(stderr).lines();
+    let api = http::Api::new(common::serving_addr(&mut lines).await);
+
+    let reply = reload(&api, "token-a").await;
+    assert_eq!(reply.status, StatusCode::NOT_FOUND, "{}", reply.json());
+
+    write(
+        &file,
+        &[tenant("a", "token-a", &[format!("127.0.0.1:{port}")])],
+    );
+    let (verdict, report) = hangup_report(&child, &mut lines).await;
+    assert_eq!(verdict, "applied", "{report}");
+    assert_eq!(report["changed"], json!(["a"]), "{report}");
+    let needs = report["needs_restart"].as_array().unwrap();
+    assert_eq!(needs.len(), 1, "{report}");
+    assert!(
+        needs[0]
+            .as_str()
+            .unwrap()
+            .starts_with("network of tenant(s) a:"),
+        "{report}"
+    );
+    // Not applied: the tenant's kernel has no network.
+    let r = api.run("token-a", "s", &fetch(port)).await;
+    assert!(r["output"].as_str().unwrap().starts_with("ERR"), "{r}");
+
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let status = common::terminate(&mut child, Duration::from_secs(60)).await;
+    assert!(status.success(), "{status}");
+    common::assert_clean(&engine, &label).await;
+}
