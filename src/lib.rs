@@ -34,6 +34,7 @@
 //! | [`orchestrator`] | the front door (folder): [`Orchestrator::execute`], lifecycle verbs, shutdown |
 //! | [`server`] | the multi-tenant HTTP API behind `kernelbox serve` |
 //! | [`settings`] | per-session settings: environment, memory and CPU limits, idle timeout, labels, checked against the tenant's maximums |
+//! | [`tenancy`] | the per-tenant settings the orchestrator reads at the moment of use, swapped whole by a reload of the tenants |
 //! | [`workspace`] | workspaces (folder): a session's `/work` kept past its kernel on a quota'd disk image, listed, deleted, swept by TTL |
 //! | [`telemetry`] | OpenTelemetry traces, off unless `serve --otlp-endpoint`: the OTLP/HTTP pipeline, W3C `traceparent` in and out, spans of the current request (`docs/usage.md`, "Traces") |
 //! | [`logging`] | the log: text or JSON lines, `EnvFilter` levels, the access log's and lifecycle events' targets, the lifecycle events (`docs/logs.md`) |
@@ -71,6 +72,7 @@ pub mod rich;
 pub mod server;
 pub mod settings;
 pub mod telemetry;
+pub mod tenancy;
 pub mod units;
 pub mod usage;
 pub mod wire;

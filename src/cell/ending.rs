@@ -454,7 +454,8 @@ mod tests {
                 "protocol",
                 "node_lost",
                 "runaway",
-                "node_drained"
+                "node_drained",
+                "tenant_removed"
             ]
         );
         for reason in LossReason::ALL {

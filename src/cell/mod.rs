@@ -91,11 +91,14 @@ pub enum LossReason {
     /// `--drain-deadline`) and the session was still live at the drain's deadline
     /// (docs/cluster.md, "Draining and upgrades").
     NodeDrained,
+    /// The kernel's tenant was removed from the tenants by a reload, and its kernels with it
+    /// (docs/http-api.md, "Reloading the tenants"); told if the tenant is ever added back.
+    TenantRemoved,
 }
 
 impl LossReason {
     /// Every reason, for pre-initialised metric labels.
-    pub const ALL: [LossReason; 12] = [
+    pub const ALL: [LossReason; 13] = [
         LossReason::IdleReaped,
         LossReason::Evicted,
         LossReason::Timeout,
@@ -108,6 +111,7 @@ impl LossReason {
         LossReason::NodeLost,
         LossReason::Runaway,
         LossReason::NodeDrained,
+        LossReason::TenantRemoved,
     ];
 
     /// The wire name.
@@ -125,6 +129,7 @@ impl LossReason {
             LossReason::NodeLost => "node_lost",
             LossReason::Runaway => "runaway",
             LossReason::NodeDrained => "node_drained",
+            LossReason::TenantRemoved => "tenant_removed",
         }
     }
 }

@@ -227,8 +227,8 @@ pub(crate) struct ServeArgs {
     /// nothing until it rejoins) this long before the lease could expire.
     #[arg(long, env = "KERNELBOX_FENCE_MARGIN", default_value = "3s", value_parser = parse_duration)]
     fence_margin: Duration,
-    /// The token of the cluster's admin routes (GET /v1/nodes, POST /v1/nodes/NODE/drain);
-    /// without it they answer 404.
+    /// The token of the admin routes (a cluster's GET /v1/nodes, POST /v1/nodes/NODE/drain;
+    /// POST /v1/admin/reload, which re-reads --tenants); without it they answer 404.
     #[arg(long, env = "KERNELBOX_ADMIN_TOKEN", hide_env_values = true)]
     admin_token: Option<String>,
     /// --admin-token read from this file (a `docker secret` or a Kubernetes Secret).
@@ -422,6 +422,8 @@ fn audit_config(
 
 /// Runs the server until SIGTERM or SIGINT; exit 0 after a clean shutdown.
 pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    // Before anything else: SIGHUP's default action ends the process.
+    let hangups = listen_for_hangups();
     let from_env = std::env::var("KERNELBOX_TOKEN")
         .ok()
         .filter(|t| !t.trim().is_empty());
@@ -621,6 +623,13 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         rate_grace: args.send_rate_grace.unwrap_or(defaults.rate_grace),
     };
     let state = AppState::with_options(orchestrator, tenants.clone(), mcp, responses);
+    if let Some(path) = &args.tenants {
+        state.reload_with(server::reload::Reloader::new(
+            tenants_loader(path.clone()),
+            admin_token(&args)?.as_deref(),
+        ));
+    }
+    let reloads = hangups.map(|hangups| tokio::spawn(reload_on_hangup(hangups, state.clone())));
     if let Some(telemetry) = &telemetry {
         state.trace_with(telemetry.tracer());
     }
@@ -668,6 +677,9 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let served = server::serve_with(listener, state, shutdown, options).await;
     signals.abort();
     stopper.abort();
+    if let Some(reloads) = reloads {
+        reloads.abort();
+    }
     if let Some(telemetry) = telemetry {
         if let Err(e) = telemetry.shutdown().await {
             tracing::warn!(error = %e, "sending the last spans");
@@ -688,11 +700,7 @@ fn cluster_options(
         (None, Some(path)) => read_secret("--cluster-file", path)?,
         (None, None) => return Ok(None),
     };
-    let admin_token = match (&args.admin_token, &args.admin_token_file) {
-        (Some(token), _) => Some(token.clone()),
-        (None, Some(path)) => Some(read_secret("--admin-token-file", path)?),
-        (None, None) => None,
-    };
+    let admin_token = admin_token(args)?;
     let node = match &args.node_name {
         Some(name) => name.clone(),
         None => kernelbox::instance::Instance::current().host,
@@ -719,6 +727,45 @@ fn cluster_options(
         return Err(usage(problem));
     }
     Ok(Some(options))
+}
+
+/// The admin token (`--admin-token`, or `--admin-token-file`), if any: the cluster's admin
+/// routes and the reload route answer to it.
+fn admin_token(args: &ServeArgs) -> anyhow::Result<Option<String>> {
+    Ok(match (&args.admin_token, &args.admin_token_file) {
+        (Some(token), _) => Some(token.clone()),
+        (None, Some(path)) => Some(read_secret("--admin-token-file", path)?),
+        (None, None) => None,
+    })
+}
+
+/// What a reload re-reads the tenants with (`server::reload`; docs/http-api.md, "Reloading
+/// the tenants"): the tenants file, today.
+fn tenants_loader(path: PathBuf) -> server::reload::Loader {
+    Box::new(move || Tenants::load(&path).map_err(|e| e.to_string()))
+}
+
+/// The SIGHUP stream, installed at once (so a SIGHUP no longer ends the process); `None`,
+/// with a warning, when it cannot be.
+fn listen_for_hangups() -> Option<tokio::signal::unix::Signal> {
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        Ok(hangups) => Some(hangups),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot listen for SIGHUP: reload with POST /v1/admin/reload");
+            None
+        }
+    }
+}
+
+/// Reloads the tenants on every SIGHUP and says how it went on stderr (one line: applied or
+/// refused, and the report as JSON).
+async fn reload_on_hangup(mut hangups: tokio::signal::unix::Signal, state: AppState) {
+    while hangups.recv().await.is_some() {
+        let report = state.reload().await;
+        let verdict = if report.applied { "applied" } else { "refused" };
+        let json = serde_json::to_string(&report).unwrap_or_default();
+        say!("kernelbox: reload {verdict}: {json}");
+    }
 }
 
 /// A secret given as a file (its content, surrounding white space trimmed); exit code 2 when

@@ -132,7 +132,8 @@ pub struct Egress {
     table: Arc<proxy::Table>,
     limits: proxy::Limits,
     ca_bundle: PathBuf,
-    tenants: HashMap<String, Arc<Policy>>,
+    /// The tenants' policies, swapped whole by a reload (`set_tenants`).
+    tenants: arc_swap::ArcSwap<HashMap<String, Arc<Policy>>>,
     /// Sessions' own policies; held while a kernel is registered with the proxy, so that a
     /// policy set during a kernel's start applies to it (`sessions.rs`).
     sessions: Mutex<sessions::SessionPolicies>,
@@ -157,16 +158,7 @@ impl Egress {
         labels: &BTreeMap<String, String>,
         config: &EgressConfig,
     ) -> Result<Egress, EgressError> {
-        let mut tenants = HashMap::new();
-        for (tenant, wire) in &config.tenants {
-            let policy = Policy::parse(wire).map_err(|source| EgressError::Policy {
-                tenant: tenant.clone(),
-                source,
-            })?;
-            if !policy.is_none() {
-                tenants.insert(tenant.clone(), Arc::new(policy));
-            }
-        }
+        let tenants = parse_tenants(&config.tenants)?;
         if !config.ca_bundle.is_file() {
             return Err(EgressError::CaBundle(config.ca_bundle.clone()));
         }
@@ -256,7 +248,7 @@ impl Egress {
             table,
             limits: config.limits,
             ca_bundle,
-            tenants,
+            tenants: arc_swap::ArcSwap::from_pointee(tenants),
             sessions: Mutex::new(sessions::SessionPolicies::default()),
             cancel,
         })
@@ -281,7 +273,7 @@ impl Egress {
     /// The grant of `tenant`'s `session`: `None` when the tenant allows nothing (its kernels
     /// have no network at all).
     pub fn grant(&self, tenant: &str, session: &str) -> Option<Grant> {
-        let tenant_policy = self.tenants.get(tenant)?.clone();
+        let tenant_policy = self.tenants.load().get(tenant)?.clone();
         let session_policy = self.lock_sessions().get(tenant, session);
         Some(Grant {
             tenant: tenant_policy,
@@ -301,7 +293,7 @@ impl Egress {
         tenant: &str,
         wire: &NetworkPolicy,
     ) -> Result<Option<(Arc<Policy>, usize)>, SessionPolicyError> {
-        check_session_policy(self.tenants.contains_key(tenant), tenant, wire)
+        check_session_policy(self.tenants.load().contains_key(tenant), tenant, wire)
     }
 
     /// The bytes `tenant`'s sessions' policies hold here.
@@ -336,7 +328,8 @@ impl Egress {
             evictable,
             forced,
         })?;
-        let Some(tenant_policy) = self.tenants.get(tenant).filter(|_| changed) else {
+        let tenants = self.tenants.load();
+        let Some(tenant_policy) = tenants.get(tenant).filter(|_| changed) else {
             return Ok(0);
         };
         let grant = Grant {
@@ -348,6 +341,35 @@ impl Egress {
             .of_session(tenant, session)
             .iter()
             .map(|k| k.set_grant(grant.clone()))
+            .sum())
+    }
+
+    /// Replaces the tenants' policies (a reload of the tenants) and judges every registered
+    /// kernel's live connections again against its tenant's new policy intersected with its
+    /// session's, as a session's policy change does (`set_session`): those no longer allowed
+    /// are closed, and their number is returned. A tenant now without a policy allows nothing
+    /// (its kernels keep the egress network, whose proxy refuses every destination). A
+    /// policy that does not parse changes nothing.
+    pub fn set_tenants(
+        &self,
+        policies: &BTreeMap<String, NetworkPolicy>,
+    ) -> Result<usize, EgressError> {
+        let parsed = parse_tenants(policies)?;
+        // The sessions' lock is held across the swap, so a session's change meanwhile is
+        // judged against one tenant policy or the other, never lost.
+        let sessions = self.lock_sessions();
+        self.tenants.store(Arc::new(parsed));
+        let tenants = self.tenants.load();
+        Ok(self
+            .table
+            .all()
+            .iter()
+            .map(|k| {
+                k.set_grant(Grant {
+                    tenant: tenants.get(&k.tenant).cloned().unwrap_or_default(),
+                    session: sessions.get(&k.tenant, &k.session),
+                })
+            })
             .sum())
     }
 
@@ -441,7 +463,7 @@ impl Egress {
 
     /// The tenants with a policy, sorted (their metric series exist from the first scrape).
     pub fn tenants(&self) -> Vec<String> {
-        let mut names: Vec<String> = self.tenants.keys().cloned().collect();
+        let mut names: Vec<String> = self.tenants.load().keys().cloned().collect();
         names.sort();
         names
     }
@@ -479,6 +501,24 @@ impl Egress {
             tracing::warn!(network = %self.names.network, error = %e, "removing the egress network");
         }
     }
+}
+
+/// The tenants' policies parsed, those allowing nothing left out (their kernels have no
+/// network).
+fn parse_tenants(
+    wires: &BTreeMap<String, NetworkPolicy>,
+) -> Result<HashMap<String, Arc<Policy>>, EgressError> {
+    let mut tenants = HashMap::new();
+    for (tenant, wire) in wires {
+        let policy = Policy::parse(wire).map_err(|source| EgressError::Policy {
+            tenant: tenant.clone(),
+            source,
+        })?;
+        if !policy.is_none() {
+            tenants.insert(tenant.clone(), Arc::new(policy));
+        }
+    }
+    Ok(tenants)
 }
 
 /// `wire` as a session policy of `tenant` (`has_network`: the tenant is allowed any): see

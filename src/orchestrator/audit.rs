@@ -23,10 +23,18 @@ pub(super) struct Ran<'a> {
 impl Orchestrator {
     /// Records `ran` when its tenant is audited.
     pub(super) fn audit(&self, ran: Ran<'_>) {
-        let (Some(auditor), Some(config)) = (&self.inner.audit, &self.inner.config.audit) else {
+        let Some(auditor) = &self.inner.audit else {
             return;
         };
-        let Some(policy) = config.tenants.get(&ran.owner.tenant) else {
+        // The tenants' audit policies as now (a reload swaps them: `tenancy.rs`).
+        let Some(policy) = self
+            .inner
+            .tenancy
+            .load()
+            .audit
+            .get(&ran.owner.tenant)
+            .copied()
+        else {
             return;
         };
         let mut record = AuditRecord {

@@ -105,12 +105,14 @@ impl Orchestrator {
 
     /// `limits` with `hibernate` set when `key`'s idle kernel is to hibernate.
     pub(super) fn with_hibernation(&self, key: &KernelKey, limits: TenantLimits) -> TenantLimits {
-        let hibernate = self
-            .inner
-            .config
-            .hibernate
-            .as_ref()
-            .is_some_and(|h| h.applies(&key.owner.tenant, key.runtime));
+        // Which tenants hibernate is the tenants' setting as now (a reload swaps it:
+        // `tenancy.rs`); whether the server hibernates at all, its configuration's.
+        let hibernate = self.inner.config.hibernate.is_some()
+            && self
+                .inner
+                .tenancy
+                .load()
+                .hibernates(&key.owner.tenant, key.runtime);
         TenantLimits {
             hibernate,
             ..limits

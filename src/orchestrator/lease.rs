@@ -156,7 +156,11 @@ impl Orchestrator {
             Some(image) => image.to_string(),
         };
         Ok(KernelKey {
-            runtime: self.inner.config.runtime_of(&owner.tenant),
+            runtime: self
+                .inner
+                .tenancy
+                .load()
+                .runtime_of(&owner.tenant, self.inner.config.spec.sandbox.runtime),
             owner,
             mode: self.inner.config.spec.mode.clone(),
             image,

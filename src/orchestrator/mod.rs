@@ -20,6 +20,7 @@
 //! | `adopt.rs` | work driven by its caller that the tracker adopts if the caller goes away (an upload, a cell) |
 //! | `usage.rs` | the usage ledger: kernels' cgroups sampled (alive time, CPU, peak memory) and the pending usage flushed to the catalog every [`LEDGER_FLUSH`](crate::usage::LEDGER_FLUSH), at shutdown too; reports |
 //! | `workspace_files.rs` | a workspace's files as a tar without its session's kernel: through a transfer kernel made for one transfer |
+//! | `tenancy.rs` | the tenants' settings swapped by a reload (`crate::tenancy`): applied to the registry's ceilings and to egress, a removed tenant's kernels removed (`tenant_removed`) |
 //! | `shutdown.rs` | the graceful stop: refuse new work, drain, remove every kernel |
 //! | `tests.rs`, `pool_tests.rs` | unit tests against the fake engine in paused time |
 
@@ -39,6 +40,7 @@ mod request;
 mod runaway;
 mod shutdown;
 mod start;
+mod tenancy;
 #[cfg(test)]
 mod tests;
 mod usage;
@@ -111,6 +113,8 @@ struct Inner {
     audit: Option<crate::audit::Auditor>,
     /// Workspace transfers without a kernel running, per tenant (`workspace_files.rs`).
     workspace_transfers: Arc<workspace_files::TransferCounts>,
+    /// The tenants' settings as read at the moment of use, swapped by a reload (`tenancy.rs`).
+    tenancy: crate::tenancy::LivePolicies,
 }
 
 /// Runs stateful Python kernels in containers, one per key. Cheap to clone.

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::{hibernate, pool, Inner, Orchestrator, StartError, StartStats};
+use super::{hibernate, pool, tenancy, Inner, Orchestrator, StartError, StartStats};
 use crate::catalog::{Catalog, CatalogError, CatalogWriter, Change, Entry, EntryState};
 use crate::cell::{LossReason, StateLost};
 use crate::config::{IntoValidConfig, ValidConfig};
@@ -127,6 +127,9 @@ impl Orchestrator {
             None => None,
         };
         let inner = Arc::new(Inner {
+            tenancy: crate::tenancy::LivePolicies::from_pointee(
+                crate::tenancy::TenantPolicies::of_config(&config),
+            ),
             workspace_transfers: Arc::default(),
             audit,
             egress,
@@ -164,15 +167,10 @@ impl Orchestrator {
                 None => Arc::new(crate::catalog::MemoryCatalog::default()),
             },
         });
-        let defaults = inner.config.session_defaults();
-        inner.registry.set_ceilings(
-            inner
-                .config
-                .tenant_session_limits
-                .iter()
-                .filter_map(|(t, l)| Some((t.clone(), l.ceiling(&defaults)?)))
-                .collect(),
-        );
+        inner.registry.set_ceilings(tenancy::ceilings(
+            &inner.config,
+            &inner.config.tenant_session_limits,
+        ));
         let live = match restored {
             Some(restored) => restored.seed(&inner.registry),
             None => 0,

@@ -17,6 +17,7 @@
 //! | `GET /v1/usage` | the usage ledger (`api/usage.rs`, docs/usage.md) |
 //! | `GET /v1/nodes`, `POST`, `DELETE /v1/nodes/{node}/drain`, `GET /v1/nodes/{node}/kernels` | a cluster's nodes; draining one; one node's kernels (the admin token; `cluster/admin.rs`) |
 //! | `POST`, `GET`, `DELETE /v1/mcp` | MCP over streamable HTTP (`api/mcp.rs`, docs/mcp.md "MCP") |
+//! | `POST /v1/admin/reload` | re-read the tenants and apply them without a restart (the admin token; `reload.rs`) |
 //! | `GET /healthz`, `GET /openapi.json` | no authentication |
 //! | `GET /metrics` | a tenant's token, unless [`ServeOptions::public_metrics`] |
 //!
@@ -48,6 +49,7 @@ mod error;
 mod listen;
 mod metrics;
 pub mod openapi;
+pub mod reload;
 mod slots;
 pub mod tenants;
 mod tools;
@@ -97,6 +99,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/workspaces"),
     ("DELETE", "/v1/workspaces/{name}"),
     ("GET", "/v1/usage"),
+    ("POST", "/v1/admin/reload"),
     ("GET", "/v1/nodes"),
     ("POST", "/v1/nodes/{node}/drain"),
     ("DELETE", "/v1/nodes/{node}/drain"),
@@ -111,7 +114,10 @@ pub const ROUTES: &[(&str, &str)] = &[
 
 struct Inner {
     orchestrator: Orchestrator,
-    tenants: Tenants,
+    /// The tenants as now, swapped by a reload (`reload.rs`).
+    tenants: tenants::live::LiveTenants,
+    /// How the tenants are reloaded, when they can be (`reload.rs`).
+    reloader: std::sync::OnceLock<Arc<reload::Reloader>>,
     metrics: Arc<Metrics>,
     client: tools::HttpClient,
     draining: AtomicBool,
@@ -135,7 +141,7 @@ impl std::fmt::Debug for AppState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AppState")
             .field("orchestrator", &self.inner.orchestrator)
-            .field("tenants", &self.inner.tenants.names())
+            .field("tenants", &self.inner.tenants.current().names())
             .finish_non_exhaustive()
     }
 }
@@ -162,7 +168,8 @@ impl AppState {
         AppState {
             inner: Arc::new(Inner {
                 orchestrator,
-                tenants,
+                tenants: tenants::live::LiveTenants::new(tenants),
+                reloader: std::sync::OnceLock::new(),
                 metrics: Arc::new(Metrics::default()),
                 client: tools::client(),
                 draining: AtomicBool::new(false),

@@ -421,6 +421,7 @@ pub fn spec() -> Value {
                     }))
                 }
             },
+            "/v1/admin/reload": reload_path(),
             "/v1/nodes": {
                 "get": {
                     "summary": "A cluster's nodes: state, epoch, live kernels, capacity, lease age, draining (docs/cluster.md, \"Admin\"). The admin token (`--admin-token`); 404 on a server that is not a cluster node or has no admin token.",
@@ -588,6 +589,32 @@ fn with(base: &Value, extra: Value) -> Value {
     let mut v = base.clone();
     merge(&mut v, &extra);
     v
+}
+
+/// `POST /v1/admin/reload` (its own `json!`, past the macro's recursion limit otherwise).
+fn reload_path() -> Value {
+    json!({
+        "post": {
+            "summary": "Re-read the tenants source and apply it without a restart (docs/http-api.md, \"Reloading the tenants\"). The admin token (`--admin-token`); 404 on a server without one or without a tenants source.",
+            "responses": {
+                "200": {"description": "Applied: the tenants added, removed and changed, the kernels removed, the egress connections closed, the settings that need a restart.", "content": {"application/json": {"schema": {
+                    "type": "object", "required": ["applied", "added", "removed", "changed", "kernels_removed", "connections_closed", "needs_restart"],
+                    "properties": {
+                        "applied": {"type": "boolean"}, "reason": {"type": "string"},
+                        "added": {"type": "array", "items": {"type": "string"}},
+                        "removed": {"type": "array", "items": {"type": "string"}},
+                        "changed": {"type": "array", "items": {"type": "string"}},
+                        "kernels_removed": {"type": "integer"},
+                        "connections_closed": {"type": "integer"},
+                        "needs_restart": {"type": "array", "items": {"type": "string"}}
+                    }
+                }}}},
+                "401": error_response("Missing or wrong admin token."),
+                "404": error_response("No admin token or no tenants source configured."),
+                "422": {"description": "Refused: the running tenants are kept; `reason` says why (the same body, `applied` false).", "content": {"application/json": {"schema": {"type": "object"}}}}
+            }
+        }
+    })
 }
 
 #[cfg(test)]

@@ -294,6 +294,16 @@ impl Table {
             .collect()
     }
 
+    /// Every registered kernel.
+    pub fn all(&self) -> Vec<Arc<KernelEntry>> {
+        self.kernels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
     pub(super) fn lookup(&self, addr: IpAddr) -> Option<Arc<KernelEntry>> {
         self.kernels
             .lock()

@@ -111,6 +111,7 @@ pub(super) fn router(state: AppState, metrics_route: MetricsRoute) -> Router {
         ));
     let router = Router::new()
         .merge(sessions)
+        .route("/v1/admin/reload", post(super::reload::reload_route))
         .route("/v1/nodes", get(super::cluster::list_nodes))
         .route(
             "/v1/nodes/{node}/drain",

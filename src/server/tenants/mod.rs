@@ -32,6 +32,9 @@
 //! the file. A tenant without one has no network.
 //!
 //! Only the SHA-256 of each token is stored. Every error names the file and the field.
+//!
+//! The running server holds its tenants in [`live::LiveTenants`], swapped whole by a reload
+//! (`crate::server::reload`; docs/http-api.md, "Reloading the tenants").
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -42,6 +45,8 @@ use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 use crate::owner::validate_name;
+
+pub mod live;
 
 /// Default time a tool endpoint has to answer one call.
 pub const DEFAULT_TOOL_TIMEOUT: Duration = Duration::from_secs(60);
@@ -483,6 +488,11 @@ impl Tenants {
     /// Number of tenants.
     pub fn len(&self) -> usize {
         self.names.len()
+    }
+
+    /// The tenant named `name`.
+    pub fn get(&self, name: &str) -> Option<&Arc<Tenant>> {
+        self.by_hash.values().find(|t| t.name == name)
     }
 
     /// True when there are none.

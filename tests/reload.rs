@@ -1,0 +1,323 @@
+//! Reloading the tenants of a real `kernelbox serve` without a restart (docs/http-api.md,
+//! "Reloading the tenants"): the tenants file edited, then SIGHUP or `POST /v1/admin/reload`.
+//! A tenant added, a token rotated, a network policy narrowed (a live tunnel closed), a tenant
+//! removed (its containers gone, its owner told `tenant_removed` when it comes back), while
+//! another tenant's kernel keeps its state; an invalid edit is refused whole.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+#[path = "common/http.rs"]
+mod http;
+
+use std::time::Duration;
+
+use hyper::{Method, StatusCode};
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+
+const ADMIN: &str = "admin-reload-token";
+
+/// A tiny HTTP server on loopback answering every request `hello from PORT`.
+async fn http_server() -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                let body = format!("hello from {port}");
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = s.write_all(head.as_bytes()).await;
+            });
+        }
+    });
+    port
+}
+
+/// A tenant entry allowed `allow` (no `network` when empty).
+fn tenant(name: &str, token: &str, allow: &[String]) -> Value {
+    let mut t = http::tenant(name, token);
+    if !allow.is_empty() {
+        t["network"] = json!({ "allow": allow });
+    }
+    t
+}
+
+fn write(file: &std::path::Path, tenants: &[Value]) {
+    std::fs::write(file, json!({ "tenants": tenants }).to_string()).unwrap();
+}
+
+/// A cell opening a CONNECT tunnel through the proxy to 127.0.0.1:PORT, kept in `t`.
+fn open_tunnel(port: u16) -> String {
+    format!(
+        r#"
+import os, socket, base64, urllib.parse
+p = urllib.parse.urlparse(os.environ["HTTPS_PROXY"])
+t = socket.create_connection((p.hostname, p.port), timeout=30)
+auth = base64.b64encode(f"{{p.username}}:{{p.password}}".encode()).decode()
+t.sendall(f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\nProxy-Authorization: Basic {{auth}}\r\n\r\n".encode())
+print(t.recv(100).split(b"\r\n")[0].decode())
+"#
+    )
+}
+
+fn fetch(port: u16) -> String {
+    format!(
+        r#"
+import urllib.request, urllib.error
+try:
+    print(urllib.request.urlopen('http://127.0.0.1:{port}/', timeout=15).read().decode())
+except urllib.error.HTTPError as e:
+    print(f"HTTP {{e.code}}: {{e.read().decode().strip()}}")
+except Exception as e:
+    print(f"ERR {{e}}")
+"#
+    )
+}
+
+/// POST /v1/admin/reload with `token`.
+async fn reload(api: &http::Api, token: &str) -> http::Reply {
+    api.send(Method::POST, "/v1/admin/reload", token, false, None)
+        .await
+}
+
+/// The next `kernelbox: reload ...` line of the server's stderr (its report as JSON), after a
+/// SIGHUP.
+async fn hangup_report(
+    child: &tokio::process::Child,
+    lines: &mut tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStderr>>,
+) -> (String, Value) {
+    let pid = child.id().expect("running").to_string();
+    let kill = tokio::process::Command::new("kill")
+        .args(["-HUP", &pid])
+        .status()
+        .await
+        .unwrap();
+    assert!(kill.success());
+    tokio::time::timeout(Duration::from_secs(120), async {
+        loop {
+            let line = lines
+                .next_line()
+                .await
+                .unwrap()
+                .expect("the server exited after SIGHUP");
+            if let Some(rest) = line.strip_prefix("kernelbox: reload ") {
+                let (verdict, report) = rest.split_once(": ").expect("verdict: report");
+                return (verdict.to_string(), serde_json::from_str(report).unwrap());
+            }
+        }
+    })
+    .await
+    .expect("a reload line after SIGHUP")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tenants_change_live_and_another_tenants_kernel_keeps_its_state() {
+    let port = http_server().await;
+    let allowed = vec![format!("127.0.0.1:{port}")];
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tenants.json");
+    write(
+        &file,
+        &[
+            tenant("keep", "token-keep", &[]),
+            tenant("gone", "token-gone", &[]),
+            tenant("net", "token-net-1", &allowed),
+        ],
+    );
+    let label = common::unique("reload");
+    let engine = common::engine().await;
+    let mut child = common::serve_command(&label, "unused")
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .args(["--pool", "0", "--admin-token", ADMIN, "--tenants"])
+        .arg(&file)
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let mut lines = tokio::io::BufReader::new(stderr).lines();
+    let api = http::Api::new(common::serving_addr(&mut lines).await);
+
+    // Before: a variable in keep's kernel, a kernel of gone's, a tunnel open in net's.
+    let before = api.run("token-keep", "s", "x = 41").await;
+    api.run("token-gone", "s", "y = 1").await;
+    let gone_id = |cs: &[kernelbox::docker::ContainerInfo]| {
+        cs.iter()
+            .filter(|c| c.labels.get(kernelbox::labels::TENANT).map(String::as_str) == Some("gone"))
+            .count()
+    };
+    assert_eq!(gone_id(&common::containers(&engine, &label).await), 1);
+    let r = api.run("token-net-1", "s", &open_tunnel(port)).await;
+    assert!(r["output"].as_str().unwrap().contains("200"), "{r}");
+
+    // The edit: `new` added, net's token rotated and its network narrowed, `gone` removed.
+    write(
+        &file,
+        &[
+            tenant("keep", "token-keep", &[]),
+            tenant("net", "token-net-2", &["example.com".to_string()]),
+            tenant("new", "token-new", &[]),
+        ],
+    );
+    let (verdict, report) = hangup_report(&child, &mut lines).await;
+    assert_eq!(verdict, "applied", "{report}");
+    assert_eq!(report["added"], json!(["new"]), "{report}");
+    assert_eq!(report["removed"], json!(["gone"]), "{report}");
+    assert_eq!(report["changed"], json!(["net"]), "{report}");
+    assert_eq!(report["kernels_removed"], 1, "{report}");
+    assert_eq!(report["connections_closed"], 1, "{report}");
+    assert_eq!(report["needs_restart"], json!([]), "{report}");
+
+    // The old token is refused, the new one and the new tenant's are accepted.
+    let old = api.execute("token-net-1", "s", json!({"code": "1"})).await;
+    assert_eq!(old.status, StatusCode::UNAUTHORIZED);
+    api.run("token-new", "s", "z = 3").await;
+    // The narrowed policy: the tunnel was closed, a new request refused.
+    let r = api
+        .run(
+            "token-net-2",
+            "s",
+            &format!("print(t.recv(10))\n{}", fetch(port)),
+        )
+        .await;
+    let out = r["output"].as_str().unwrap();
+    assert!(out.starts_with("b''"), "{r}");
+    assert!(out.contains("not_allowed"), "{r}");
+    // The removed tenant's container is gone from the engine; its token is refused.
+    assert_eq!(gone_id(&common::containers(&engine, &label).await), 0);
+    let refused = api.execute("token-gone", "s", json!({"code": "1"})).await;
+    assert_eq!(refused.status, StatusCode::UNAUTHORIZED);
+    // keep's kernel is the same, with its state.
+    let after = api.run("token-keep", "s", "print(x)").await;
+    assert_eq!(after["output"], "41\n", "{after}");
+    assert_eq!(after["kernel"]["id"], before["kernel"]["id"], "{after}");
+    assert_eq!(
+        after["kernel"]["generation"], before["kernel"]["generation"],
+        "{after}"
+    );
+    assert!(after["kernel"]["state_lost"].is_null(), "{after}");
+
+    // The route: without the admin token it is refused; `gone` added back through it, and its
+    // owner told what became of its kernel.
+    write(
+        &file,
+        &[
+            tenant("keep", "token-keep", &[]),
+            tenant("net", "token-net-2", &["example.com".to_string()]),
+            tenant("new", "token-new", &[]),
+            tenant("gone", "token-gone", &[]),
+        ],
+    );
+    assert_eq!(
+        reload(&api, "token-keep").await.status,
+        StatusCode::UNAUTHORIZED
+    );
+    let reply = reload(&api, ADMIN).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.json());
+    assert_eq!(reply.json()["added"], json!(["gone"]));
+    let back = api.run("token-gone", "s", "print('back')").await;
+    assert_eq!(
+        back["kernel"]["state_lost"]["reason"], "tenant_removed",
+        "{back}"
+    );
+
+    // Invalid edits are refused whole: the running tenants are kept.
+    for (tenants, why) in [
+        (
+            json!({"tenants": [{"name": "keep", "token_sha256": "zz"}]}),
+            "tenants[0].token_sha256",
+        ),
+        (
+            json!({"tenants": [{"name": "keep",
+                "token_sha256": hex::encode(kernelbox::server::tenants::token_hash("t")),
+                "image": "kernelbox/no-such-image:reload"}]}),
+            "not in the engine",
+        ),
+    ] {
+        std::fs::write(&file, tenants.to_string()).unwrap();
+        let reply = reload(&api, ADMIN).await;
+        let body = reply.json();
+        assert_eq!(reply.status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+        assert_eq!(body["applied"], false, "{body}");
+        assert!(body["reason"].as_str().unwrap().contains(why), "{body}");
+    }
+    std::fs::write(&file, "{not json").unwrap();
+    let (verdict, report) = hangup_report(&child, &mut lines).await;
+    assert_eq!(verdict, "refused", "{report}");
+    assert!(
+        report["reason"]
+            .as_str()
+            .unwrap()
+            .contains("not valid JSON"),
+        "{report}"
+    );
+    api.run("token-net-2", "s", "1").await;
+    api.run("token-new", "s", "1").await;
+    let after = api.run("token-keep", "s", "print(x)").await;
+    assert_eq!(after["output"], "41\n", "{after}");
+    assert_eq!(
+        after["kernel"]["generation"], before["kernel"]["generation"],
+        "{after}"
+    );
+
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let status = common::terminate(&mut child, Duration::from_secs(60)).await;
+    assert!(status.success(), "{status}");
+    common::assert_clean(&engine, &label).await;
+}
+
+/// What only a restart can apply is reported, not dropped: a tenant given a network by a
+/// reload on a server started with no tenant network (so no egress proxy) stays without one,
+/// and the report says so. Without an admin token the route is 404; SIGHUP still reloads.
+#[tokio::test(flavor = "multi_thread")]
+async fn what_needs_a_restart_is_reported_and_the_route_needs_an_admin_token() {
+    let port = http_server().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tenants.json");
+    write(&file, &[tenant("a", "token-a", &[])]);
+    let label = common::unique("reload-restart");
+    let engine = common::engine().await;
+    let mut child = common::serve_command(&label, "unused")
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .args(["--pool", "0", "--tenants"])
+        .arg(&file)
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let mut lines = tokio::io::BufReader::new(stderr).lines();
+    let api = http::Api::new(common::serving_addr(&mut lines).await);
+
+    let reply = reload(&api, "token-a").await;
+    assert_eq!(reply.status, StatusCode::NOT_FOUND, "{}", reply.json());
+
+    write(
+        &file,
+        &[tenant("a", "token-a", &[format!("127.0.0.1:{port}")])],
+    );
+    let (verdict, report) = hangup_report(&child, &mut lines).await;
+    assert_eq!(verdict, "applied", "{report}");
+    assert_eq!(report["changed"], json!(["a"]), "{report}");
+    let needs = report["needs_restart"].as_array().unwrap();
+    assert_eq!(needs.len(), 1, "{report}");
+    assert!(
+        needs[0]
+            .as_str()
+            .unwrap()
+            .starts_with("network of tenant(s) a:"),
+        "{report}"
+    );
+    // Not applied: the tenant's kernel has no network.
+    let r = api.run("token-a", "s", &fetch(port)).await;
+    assert!(r["output"].as_str().unwrap().starts_with("ERR"), "{r}");
+
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let status = common::terminate(&mut child, Duration::from_secs(60)).await;
+    assert!(status.success(), "{status}");
+    common::assert_clean(&engine, &label).await;
+}
