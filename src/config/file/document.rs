@@ -320,7 +320,7 @@ impl AuditSection {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HibernationSection {
-    /// Most hibernated kernels kept on the host; past it the oldest checkpoint goes (default 64).
+    /// Most hibernated kernels kept on the host; past it the oldest checkpoint goes (default 256).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max: Option<u64>,
     /// A checkpoint older than this is discarded and its loss reported (default 24h; 7d at most).

@@ -100,7 +100,10 @@ fn key_path_at(text: &str, offset: usize) -> String {
         let l = l.trim();
         if let Some(name) = l.strip_prefix("[[").and_then(|r| r.split("]]").next()) {
             let name = name.trim().to_string();
-            let n = arrays.entry(name.clone()).and_modify(|n| *n += 1).or_insert(0);
+            let n = arrays
+                .entry(name.clone())
+                .and_modify(|n| *n += 1)
+                .or_insert(0);
             table = format!("{name}[{n}]");
         } else if let Some(name) = l.strip_prefix('[').and_then(|r| r.split(']').next()) {
             table = name.trim().to_string();

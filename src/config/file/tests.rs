@@ -9,8 +9,8 @@ fn a_bad_key_is_named_with_its_path_line_and_column() {
     assert_eq!(e.key, "tenants[1].max_kernls");
     assert_eq!(e.at, Some((9, 1)));
     assert!(e.reason.contains("unknown field"), "{e}");
-    let e = ConfigFile::parse("[limits]\nsend_timeout = \"soon\"\n", Path::new("k.toml"))
-        .unwrap_err();
+    let e =
+        ConfigFile::parse("[limits]\nsend_timeout = \"soon\"\n", Path::new("k.toml")).unwrap_err();
     assert_eq!(e.key, "limits.send_timeout", "{e}");
     let e = ConfigFile::parse("[kernels]\nmemory = -5\n", Path::new("k.toml")).unwrap_err();
     assert_eq!(e.key, "kernels.memory", "{e}");
@@ -24,8 +24,12 @@ fn defaults_fill_what_a_tenant_leaves_out_and_secrets_never_print() {
     assert_eq!(a.max_kernels, Some(5));
     assert_eq!(a.hibernate, Some(true));
     let printed = file.to_toml();
-    assert!(!printed.contains("hunter2") && !printed.contains("s3cret"), "{printed}");
+    assert!(
+        !printed.contains("hunter2") && !printed.contains("s3cret"),
+        "{printed}"
+    );
     assert!(!format!("{file:?}").contains("s3cret"));
-    let e = ConfigFile::parse("[tenant_defaults]\nname = \"x\"\n", Path::new("k.toml")).unwrap_err();
+    let e =
+        ConfigFile::parse("[tenant_defaults]\nname = \"x\"\n", Path::new("k.toml")).unwrap_err();
     assert_eq!(e.key, "tenant_defaults.name");
 }

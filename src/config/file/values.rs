@@ -23,13 +23,23 @@ impl Size {
 
     /// A size from its text, checked.
     pub fn parse(text: &str) -> Result<Size, String> {
-        parse_bytes(text)?;
+        Size::bytes_of(text)?;
         Ok(Size(text.trim().to_string()))
     }
 
     /// Its number of bytes.
     pub fn bytes(&self) -> i64 {
-        parse_bytes(&self.0).unwrap_or(0)
+        Size::bytes_of(&self.0).unwrap_or(0)
+    }
+
+    /// The bytes of a size's text: `0`, or a positive size (a rate's `/s` may follow).
+    fn bytes_of(text: &str) -> Result<i64, String> {
+        let size = text.trim();
+        let size = size.strip_suffix("/s").unwrap_or(size);
+        if size.trim().parse::<f64>() == Ok(0.0) {
+            return Ok(0);
+        }
+        parse_bytes(size)
     }
 }
 
@@ -77,7 +87,7 @@ impl JsonSchema for Size {
         json_schema!({
             "description": "A size: \"512m\", \"1g\", \"64k\" (binary units) or a number of bytes.",
             "anyOf": [
-                {"type": "string", "pattern": "^\\s*[0-9.]+\\s*([kKmMgGtT]i?[bB]?|[bB])?\\s*(/s)?\\s*$"},
+                {"type": "string", "pattern": "^\\s*[0-9.]+\\s*([kKmMgG][iI]?[bB]?|[bB])?\\s*(/s)?\\s*$"},
                 {"type": "integer", "minimum": 0}
             ]
         })
@@ -100,9 +110,18 @@ impl HumanDuration {
         Ok(HumanDuration(text.trim().to_string()))
     }
 
-    /// A duration as `humantime` writes it.
+    /// A duration in its largest whole unit (`7d`, `24h` as `1d`, `90s`), else as `humantime`
+    /// writes it.
     pub fn from_duration(d: std::time::Duration) -> HumanDuration {
-        HumanDuration(humantime::format_duration(d).to_string())
+        let secs = d.as_secs();
+        let text = match secs {
+            _ if d.subsec_nanos() != 0 || secs == 0 => humantime::format_duration(d).to_string(),
+            s if s % 86_400 == 0 => format!("{}d", s / 86_400),
+            s if s % 3600 == 0 => format!("{}h", s / 3600),
+            s if s % 60 == 0 => format!("{}m", s / 60),
+            s => format!("{s}s"),
+        };
+        HumanDuration(text)
     }
 }
 
@@ -175,10 +194,12 @@ impl Secret {
     pub fn resolve(&self) -> Result<String, String> {
         let value = match self {
             Secret::Inline(v) => v.clone(),
-            Secret::File { file } => std::fs::read_to_string(file)
-                .map_err(|e| format!("{}: {e}", file.display()))?,
-            Secret::Env { env } => std::env::var(env)
-                .map_err(|e| format!("environment variable {env}: {e}"))?,
+            Secret::File { file } => {
+                std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?
+            }
+            Secret::Env { env } => {
+                std::env::var(env).map_err(|e| format!("environment variable {env}: {e}"))?
+            }
         };
         let value = value.trim();
         if value.is_empty() {
