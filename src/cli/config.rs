@@ -705,7 +705,7 @@ fn file_from_args(
                     allow: k.network_allow.clone(),
                     deny: k.network_deny.clone(),
                 });
-            d.audit = args.audit.then(|| match args.audit_code {
+            d.audit = args.audit.then_some(match args.audit_code {
                 true => AuditEntry::Policy { code: Some(true) },
                 false => AuditEntry::On(true),
             });
