@@ -87,8 +87,10 @@ for n in 2 3; do ndocker "$n" swarm join --token "$join" "$(node_ip 1):2377" >/d
 printf '%s' "$pgpass" | ndocker 1 secret create kb_pg_password - >/dev/null
 printf 'postgres://kernelbox:%s@postgres:5432/kernelbox' "$pgpass" | ndocker 1 secret create kb_db_url - >/dev/null
 printf '%s' "$admin" | ndocker 1 secret create kb_admin_token - >/dev/null
-python3 -c 'import hashlib,json,sys; print(json.dumps({"tenants":[{"name":"acme","token_sha256":hashlib.sha256(sys.argv[1].encode()).hexdigest()}]}))' "$token" |
-  ndocker 1 secret create kb_tenants - >/dev/null
+{
+  cat deploy/swarm/kernelbox.toml
+  python3 -c 'import hashlib,sys; print("\n[[tenants]]\nname = \"acme\"\ntoken_sha256 = \"%s\"" % hashlib.sha256(sys.argv[1].encode()).hexdigest())' "$token"
+} | ndocker 1 config create kb_config - >/dev/null
 ndocker 1 config create kb_haproxy deploy/swarm/haproxy.cfg >/dev/null
 # No warm pool here: every kernel then carries its session's labels, which the checks below
 # count through each engine's API.

@@ -19,12 +19,14 @@
 mod admin;
 mod audit;
 mod cluster;
+mod config;
 mod cp;
 mod mcp;
 mod remote;
 mod repl;
 mod serve;
 mod sh;
+mod tenant_source;
 mod transfer;
 mod usage;
 mod workspaces;
@@ -110,6 +112,12 @@ enum Command {
     Audit {
         #[command(subcommand)]
         command: audit::AuditCommand,
+    },
+    /// The configuration file of `serve --config` (docs/configuration.md): `schema` prints
+    /// its JSON Schema, `check FILE` checks one, `migrate [serve flags]` writes one from flags.
+    Config {
+        #[command(subcommand)]
+        command: config::ConfigCommand,
     },
     /// List a cluster's nodes: state, epoch, live kernels, capacity, lease age, draining.
     Nodes(cluster::NodesArgs),
@@ -572,7 +580,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Inspect(args) => admin::inspect(&BollardEngine::connect().await?, args).await,
         Command::Logs(args) => admin::logs(&BollardEngine::connect().await?, args).await,
         Command::Kill(args) => admin::kill(&BollardEngine::connect().await?, args).await,
-        Command::Serve(args) => serve::run(*args).await,
+        Command::Serve(args) => config::serve(*args).await,
+        Command::Config { command } => config::run(command),
         Command::Nodes(args) => cluster::nodes(args).await,
         Command::Drain(args) => cluster::drain(args).await,
         Command::Mcp(args) => mcp::run(args).await,

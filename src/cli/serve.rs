@@ -11,154 +11,163 @@ use kernelbox::config::{parse_bytes, parse_duration};
 use kernelbox::server::{self, AppState, Tenant, Tenants};
 use kernelbox::Orchestrator;
 
+use super::tenant_source::{load_tenants, TenantsSource};
 use super::{Exit, KernelOpts};
 
 #[derive(Debug, Args)]
 pub(crate) struct ServeArgs {
+    /// The configuration file (TOML; docs/configuration.md). Its keys are the defaults of
+    /// every other flag: a flag given (or its KERNELBOX_* variable) overrides the file's key.
+    #[arg(long, env = "KERNELBOX_CONFIG")]
+    pub(super) config: Option<PathBuf>,
+    /// Print the resolved configuration (the file and the flags together) as TOML, secrets
+    /// redacted, and exit without starting.
+    #[arg(long)]
+    pub(super) print_config: bool,
     /// Address to listen on (HOST:PORT).
     #[arg(long, env = "KERNELBOX_LISTEN", default_value = "127.0.0.1:8080")]
-    listen: String,
+    pub(super) listen: String,
     /// Tenants file (JSON). Without it, one tenant `default` whose token is KERNELBOX_TOKEN
     /// (or a generated one, printed at start), on a loopback address.
     #[arg(long, env = "KERNELBOX_TENANTS")]
-    tenants: Option<PathBuf>,
+    pub(super) tenants: Option<PathBuf>,
     /// Live kernels across all tenants (a hard cap, shared fairly between tenants; live
     /// delegated children are not counted).
     #[arg(long, env = "KERNELBOX_MAX_KERNELS", default_value_t = 32)]
-    max_kernels: usize,
+    pub(super) max_kernels: usize,
     /// A kernel idle this long is reaped (e.g. 30m).
     #[arg(long, env = "KERNELBOX_IDLE_TIMEOUT", default_value = "30m", value_parser = parse_duration)]
-    idle_timeout: Duration,
+    pub(super) idle_timeout: Duration,
     /// Directory of the durable owner catalog, created if missing: after a restart (clean or
     /// not) owners whose kernels were live are told `state_lost: server_restarted` and
     /// generations keep counting. One server per directory (a second one exits with code 2).
     /// Default: $XDG_STATE_HOME/kernelbox, else ~/.local/state/kernelbox.
     #[arg(long, env = "KERNELBOX_STATE_DIR")]
-    state_dir: Option<PathBuf>,
+    pub(super) state_dir: Option<PathBuf>,
     /// The most memory one session of the tenant without a tenants file may ask for in its
     /// settings (e.g. 4g; default: --memory, so a session may only lower it). With --tenants,
     /// give each tenant its `session_limits`.
     #[arg(long, env = "KERNELBOX_SESSION_MAX_MEMORY", value_parser = parse_bytes)]
-    session_max_memory: Option<i64>,
+    pub(super) session_max_memory: Option<i64>,
     /// The most CPUs one session may ask for (default: --cpus).
     #[arg(long, env = "KERNELBOX_SESSION_MAX_CPUS")]
-    session_max_cpus: Option<f64>,
+    pub(super) session_max_cpus: Option<f64>,
     /// The longest idle timeout one session may ask for (e.g. 4h; default: --idle-timeout).
     #[arg(long, env = "KERNELBOX_SESSION_MAX_IDLE_TIMEOUT", value_parser = parse_duration)]
-    session_max_idle_timeout: Option<Duration>,
+    pub(super) session_max_idle_timeout: Option<Duration>,
     /// Idle kernels are checkpointed and stopped instead of reaped, and the owner's next call
     /// restores them with their memory (kernels under runsc only: --runtime runsc, or a
     /// tenant's `runtime`; docs/runtimes.md "Hibernation"). With --tenants, every tenant's;
     /// or give a tenant `"hibernate": true` there instead. Hibernated kernels outlive a
     /// restart of the server (a clean stop hibernates the idle ones first).
     #[arg(long, env = "KERNELBOX_HIBERNATE")]
-    hibernate: bool,
+    pub(super) hibernate: bool,
     /// Most hibernated kernels kept on the host; past it the oldest checkpoint goes.
     #[arg(long, env = "KERNELBOX_HIBERNATE_MAX", default_value_t = kernelbox::config::DEFAULT_HIBERNATE_MAX_KERNELS)]
-    hibernate_max: usize,
+    pub(super) hibernate_max: usize,
     /// A checkpoint older than this is discarded and its loss reported (e.g. 24h; 7d at most).
     #[arg(long, env = "KERNELBOX_HIBERNATE_MAX_AGE", default_value = "24h", value_parser = parse_duration)]
-    hibernate_max_age: Duration,
+    pub(super) hibernate_max_age: Duration,
     /// Every session of the tenant without a tenants file gets a workspace: its /work kept
     /// past its kernel (docs/workspaces.md). With --tenants, give each tenant its
     /// `workspaces` there instead.
     #[arg(long, env = "KERNELBOX_WORKSPACES")]
-    workspaces: bool,
+    pub(super) workspaces: bool,
     /// Size of each workspace (e.g. 1g); a cell writing past it gets ENOSPC.
     #[arg(long, env = "KERNELBOX_WORKSPACE_QUOTA", default_value = "1g", value_parser = parse_bytes)]
-    workspace_quota: i64,
+    pub(super) workspace_quota: i64,
     /// A workspace unused this long is deleted (e.g. 7d).
     #[arg(long, env = "KERNELBOX_WORKSPACE_TTL", default_value = "7d", value_parser = parse_duration)]
-    workspace_ttl: Duration,
+    pub(super) workspace_ttl: Duration,
     /// Workspaces the tenant may hold at once.
     #[arg(long, env = "KERNELBOX_WORKSPACE_MAX", default_value_t = kernelbox::config::DEFAULT_WORKSPACE_MAX)]
-    workspace_max: usize,
+    pub(super) workspace_max: usize,
     /// Directory of the workspaces' disk images (the engine must see it at this path).
     /// Default: the state directory's `workspaces`.
     #[arg(long, env = "KERNELBOX_WORKSPACE_DIR")]
-    workspace_dir: Option<PathBuf>,
+    pub(super) workspace_dir: Option<PathBuf>,
     /// The most bytes of quota all workspaces of this host may add up to (e.g. 500g); a new
     /// workspace past it is refused (507). Default: what the workspace directory's disk can
     /// hold for them at start (its free space plus what the images already take).
     #[arg(long, env = "KERNELBOX_WORKSPACE_TOTAL", value_parser = parse_bytes)]
-    workspace_total: Option<i64>,
+    pub(super) workspace_total: Option<i64>,
     /// Audit the tenant without a tenants file: one hash-chained JSON line per cell and
     /// command (docs/usage.md, "Audit trail"). With --tenants, give each tenant its `audit`.
     #[arg(long, env = "KERNELBOX_AUDIT")]
-    audit: bool,
+    pub(super) audit: bool,
     /// With --audit, record each cell's code itself beside its hash (never its output).
     #[arg(long, env = "KERNELBOX_AUDIT_CODE", requires = "audit")]
-    audit_code: bool,
+    pub(super) audit_code: bool,
     /// Where the audit trail goes: a file (appended to; its chain continues across restarts),
     /// or `-` for standard output. Default: the state directory's `audit.log`.
     #[arg(long, env = "KERNELBOX_AUDIT_FILE")]
-    audit_file: Option<PathBuf>,
+    pub(super) audit_file: Option<PathBuf>,
     /// The audit file is rotated (FILE -> FILE.1 -> ...) when it reaches this size.
     #[arg(long, env = "KERNELBOX_AUDIT_ROTATE", default_value = "64m", value_parser = parse_budget)]
-    audit_rotate: u64,
+    pub(super) audit_rotate: u64,
     /// Rotated audit files kept (FILE.1 .. FILE.N).
     #[arg(long, env = "KERNELBOX_AUDIT_KEEP", default_value_t = kernelbox::audit::DEFAULT_AUDIT_KEEP)]
-    audit_keep: usize,
+    pub(super) audit_keep: usize,
     /// On SIGTERM, how long running cells may take to finish before they are stopped.
     #[arg(long, env = "KERNELBOX_DRAIN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
-    drain_timeout: Duration,
+    pub(super) drain_timeout: Duration,
     /// A request's headers must arrive in full within this time of their first byte, on a
     /// connection past its first request; otherwise it is closed.
     #[arg(long, env = "KERNELBOX_HEADER_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
-    header_timeout: Duration,
+    pub(super) header_timeout: Duration,
     /// A connection's first request headers must arrive in full within this time of the
     /// accept (or --header-timeout, if shorter); otherwise it is closed.
     #[arg(long, env = "KERNELBOX_FIRST_HEADER_TIMEOUT", default_value = "3s", value_parser = parse_duration)]
-    first_header_timeout: Duration,
+    pub(super) first_header_timeout: Duration,
     /// A connection with no request in flight is closed after this long idle.
     #[arg(long, env = "KERNELBOX_KEEPALIVE_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
-    keepalive_timeout: Duration,
+    pub(super) keepalive_timeout: Duration,
     /// A request's body must arrive in full within this time of its headers; otherwise the
     /// connection is closed.
     #[arg(long, env = "KERNELBOX_BODY_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
-    body_timeout: Duration,
+    pub(super) body_timeout: Duration,
     /// A response the client stops reading (a write to it blocked this long) has its
     /// connection closed, releasing what the response held (a download's kernel).
     #[arg(long, env = "KERNELBOX_SEND_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
-    send_timeout: Duration,
+    pub(super) send_timeout: Duration,
     /// A file download read slower than this on average, in bytes per second (e.g. 64k, 1m),
     /// once --download-rate-grace has passed is cut and its kernel released; 0 sets no
     /// minimum.
     #[arg(long, env = "KERNELBOX_MIN_DOWNLOAD_RATE", default_value = "64k", value_parser = parse_rate)]
-    min_download_rate: u64,
+    pub(super) min_download_rate: u64,
     /// How long a file download runs before --min-download-rate applies.
     #[arg(long, env = "KERNELBOX_DOWNLOAD_RATE_GRACE", default_value = "30s", value_parser = parse_duration)]
-    download_rate_grace: Duration,
+    pub(super) download_rate_grace: Duration,
     /// Bytes of responses one tenant may have built and its clients not yet read (e.g. 64m);
     /// past it the tenant's new cells get 429 `too_many_pending_results` until they drain.
     /// Default: 64m (`server::ResponseLimits::default`).
     #[arg(long, env = "KERNELBOX_MAX_PENDING_RESULTS_PER_TENANT", value_parser = parse_budget)]
-    max_pending_results_per_tenant: Option<u64>,
+    pub(super) max_pending_results_per_tenant: Option<u64>,
     /// The same for all tenants together (e.g. 512m). Default: 512m.
     #[arg(long, env = "KERNELBOX_MAX_PENDING_RESULTS", value_parser = parse_budget)]
-    max_pending_results: Option<u64>,
+    pub(super) max_pending_results: Option<u64>,
     /// A response (a cell's result, a stream, a listing) read slower than this on average,
     /// in bytes per second, while it has bytes waiting, once --send-rate-grace has passed, is
     /// cut and what it held released; 0 sets no minimum. Default: 64k.
     #[arg(long, env = "KERNELBOX_MIN_SEND_RATE", value_parser = parse_rate)]
-    min_send_rate: Option<u64>,
+    pub(super) min_send_rate: Option<u64>,
     /// How long a response may have bytes waiting before --min-send-rate applies.
     /// Default: 30s.
     #[arg(long, env = "KERNELBOX_SEND_RATE_GRACE", value_parser = parse_duration)]
-    send_rate_grace: Option<Duration>,
+    pub(super) send_rate_grace: Option<Duration>,
     /// Most connections open at once (API and metrics listeners together); one more gets a
     /// 503 `too_many_connections` and is closed. Lowered at start, with a notice, when the
     /// open-file limit cannot hold it (docs/reliability.md, "Descriptors").
     #[arg(long, env = "KERNELBOX_MAX_CONNECTIONS", default_value_t = 1024,
           value_parser = clap::value_parser!(u32).range(1..))]
-    max_connections: u32,
+    pub(super) max_connections: u32,
     /// Most connections open at once on which no request has yet carried a valid token
     /// (default: a quarter of --max-connections). When they are all taken, a new connection
     /// takes the slot of one doing nothing useful (the oldest of the address holding the
     /// most), or is refused 503 `too_many_connections` if there is none.
     #[arg(long, env = "KERNELBOX_MAX_UNAUTHENTICATED_CONNECTIONS",
           value_parser = clap::value_parser!(u32).range(1..))]
-    max_unauthenticated_connections: Option<u32>,
+    pub(super) max_unauthenticated_connections: Option<u32>,
     /// Most of those from one address (an IPv4 address or an IPv6 /64); one more is refused
     /// 503 `too_many_connections`. 0 sets no cap: set 0 behind a reverse proxy, where every
     /// connection comes from the proxy.
@@ -167,85 +176,85 @@ pub(crate) struct ServeArgs {
         env = "KERNELBOX_MAX_UNAUTHENTICATED_PER_ADDRESS",
         default_value_t = 64
     )]
-    max_unauthenticated_per_address: u32,
+    pub(super) max_unauthenticated_per_address: u32,
     /// Serve `/metrics` only on this address (HOST:PORT), to anyone: make it a private one.
     /// The API listener then answers 404 there. Without it, `/metrics` is on the API
     /// listener, for callers with a tenant's token (see --public-metrics).
     #[arg(long, env = "KERNELBOX_METRICS_LISTEN")]
-    metrics_listen: Option<String>,
+    pub(super) metrics_listen: Option<String>,
     /// Serve `/metrics` on the API listener to anyone, without a token. It shows every
     /// tenant's activity: prefer --metrics-listen on a private address.
     #[arg(long, env = "KERNELBOX_PUBLIC_METRICS")]
-    public_metrics: bool,
+    pub(super) public_metrics: bool,
     /// Send OpenTelemetry traces to this OTLP/HTTP receiver (its base URL, e.g.
     /// http://collector:4318; spans are POSTed as JSON to /v1/traces). Off without it. A
     /// caller's W3C traceparent is continued, and passed on to the tenant's tool endpoint.
     #[arg(long, env = "KERNELBOX_OTLP_ENDPOINT")]
-    otlp_endpoint: Option<String>,
+    pub(super) otlp_endpoint: Option<String>,
     /// Kernels kept started and ready for new owners (the warm pool): a new session's first
     /// cell then skips the cold start. They count toward --max-kernels (not toward any
     /// tenant's cap). Default 4 (or --max-kernels if lower); 0 turns the pool off.
     #[arg(long, env = "KERNELBOX_POOL")]
-    pool: Option<usize>,
+    pub(super) pool: Option<usize>,
     /// A pooled kernel older than this is replaced by a fresh one (e.g. 15m).
     #[arg(long, env = "KERNELBOX_POOL_MAX_AGE", default_value = "15m", value_parser = parse_duration)]
-    pool_max_age: Duration,
+    pub(super) pool_max_age: Duration,
     /// Modules each pooled kernel imports before it is offered, comma-separated (e.g.
     /// numpy,pandas,matplotlib.pyplot on the data-science image): a new session's first plot
     /// finds them loaded. Costs each pooled kernel their memory (docs/performance.md).
     #[arg(long, env = "KERNELBOX_POOL_PRELOAD", value_delimiter = ',')]
-    pool_preload: Vec<String>,
+    pub(super) pool_preload: Vec<String>,
     /// An MCP session on /v1/mcp with no message for this long ends, and its kernels go
     /// (never less than --max-timeout plus 10 seconds).
     #[arg(long, env = "KERNELBOX_MCP_IDLE_TIMEOUT", default_value = "30m", value_parser = parse_duration)]
-    mcp_idle_timeout: Duration,
+    pub(super) mcp_idle_timeout: Duration,
     /// MCP sessions one tenant may hold open at once on /v1/mcp.
     #[arg(long, env = "KERNELBOX_MCP_MAX_SESSIONS", default_value_t = 64,
           value_parser = clap::value_parser!(u32).range(1..))]
-    mcp_max_sessions: u32,
+    pub(super) mcp_max_sessions: u32,
     /// Join a kernelbox cluster whose catalog is this PostgreSQL database
     /// (postgres://USER:PASSWORD@HOST:PORT/DB); see docs/cluster.md. Without it the server
     /// is one host with its catalog in --state-dir.
     #[arg(long, env = "KERNELBOX_CLUSTER", hide_env_values = true)]
-    cluster: Option<String>,
+    pub(super) cluster: Option<String>,
     /// --cluster read from this file (a `docker secret` or a Kubernetes Secret mounted as a
     /// file), so the database's password is never in the environment.
     #[arg(long, env = "KERNELBOX_CLUSTER_FILE", conflicts_with = "cluster")]
-    cluster_file: Option<PathBuf>,
+    pub(super) cluster_file: Option<PathBuf>,
     /// This node's name in the cluster (default: the host name).
     #[arg(long, env = "KERNELBOX_NODE_NAME")]
-    node_name: Option<String>,
+    pub(super) node_name: Option<String>,
     /// How the other nodes reach this one, http://ADDR:PORT (default: http:// and the
     /// --listen address, which must then not be a wildcard).
     #[arg(long, env = "KERNELBOX_ADVERTISE")]
-    advertise: Option<String>,
+    pub(super) advertise: Option<String>,
     /// How long a node's cluster lease lasts past its last renewal (judged by the database's
     /// clock); a node that dies is reported lost this long after its last renewal.
     #[arg(long, env = "KERNELBOX_LEASE_TTL", default_value = "10s", value_parser = parse_duration)]
-    lease_ttl: Duration,
+    pub(super) lease_ttl: Duration,
     /// A node that cannot renew its lease fences itself (removes every kernel, serves
     /// nothing until it rejoins) this long before the lease could expire.
     #[arg(long, env = "KERNELBOX_FENCE_MARGIN", default_value = "3s", value_parser = parse_duration)]
-    fence_margin: Duration,
+    pub(super) fence_margin: Duration,
     /// The token of the admin routes (a cluster's GET /v1/nodes, POST /v1/nodes/NODE/drain;
-    /// POST /v1/admin/reload, which re-reads --tenants); without it they answer 404.
+    /// POST /v1/admin/reload, which re-reads the tenants); without it they answer 404.
     #[arg(long, env = "KERNELBOX_ADMIN_TOKEN", hide_env_values = true)]
-    admin_token: Option<String>,
+    pub(super) admin_token: Option<String>,
     /// --admin-token read from this file (a `docker secret` or a Kubernetes Secret).
     #[arg(
         long,
         env = "KERNELBOX_ADMIN_TOKEN_FILE",
         conflicts_with = "admin_token"
     )]
-    admin_token_file: Option<PathBuf>,
+    pub(super) admin_token_file: Option<PathBuf>,
     /// A draining node's sessions still live this long after the drain began are ended and
     /// reported `node_drained`; with it a stop (SIGTERM) drains first: no new sessions here,
     /// live ones continue until they end or the deadline passes (docs/cluster.md, "Draining
     /// and upgrades"). Give the engine's stop grace period more than this.
     #[arg(long, env = "KERNELBOX_DRAIN_DEADLINE", value_parser = parse_duration)]
-    drain_deadline: Option<Duration>,
+    pub(super) drain_deadline: Option<Duration>,
     #[command(flatten)]
-    kernel: KernelOpts,
+    pub(super) kernel: KernelOpts,
 }
 
 impl ServeArgs {
@@ -287,7 +296,7 @@ fn parse_budget(text: &str) -> Result<u64, String> {
 }
 
 /// The warm pool of a server when `--pool` is not given (at most `--max-kernels`).
-const DEFAULT_POOL: usize = 4;
+pub(super) const DEFAULT_POOL: usize = 4;
 
 fn usage(message: String) -> anyhow::Error {
     Exit { code: 2, message }.into()
@@ -322,17 +331,18 @@ fn session_limits(args: &ServeArgs) -> anyhow::Result<kernelbox::settings::Limit
 /// tenants file, or `--workspaces` for the one tenant without a file.
 fn workspaces_config(
     args: &ServeArgs,
+    source: &TenantsSource,
     tenants: &Tenants,
     state_dir: Option<&std::path::Path>,
 ) -> anyhow::Result<Option<kernelbox::config::WorkspacesConfig>> {
-    let policies = match (&args.tenants, args.workspaces) {
-        (Some(_), true) => {
+    let policies = match (source.is_file(), args.workspaces) {
+        (true, true) => {
             return Err(usage(
                 "--workspaces applies without --tenants; with a tenants file, give each tenant its `workspaces`".into(),
             ))
         }
-        (Some(_), false) => tenants.workspaces(),
-        (None, true) => std::collections::BTreeMap::from([(
+        (true, false) => tenants.workspaces(),
+        (false, true) => std::collections::BTreeMap::from([(
             "default".to_string(),
             kernelbox::config::WorkspacePolicy {
                 quota_bytes: args.workspace_quota.max(0) as u64,
@@ -340,7 +350,7 @@ fn workspaces_config(
                 max: args.workspace_max,
             },
         )]),
-        (None, false) => return Ok(None),
+        (false, false) => return Ok(None),
     };
     if policies.is_empty() {
         return Ok(None);
@@ -371,23 +381,24 @@ fn workspaces_config(
 /// audited.
 fn audit_config(
     args: &ServeArgs,
+    source: &TenantsSource,
     tenants: &Tenants,
     state_dir: Option<&std::path::Path>,
 ) -> anyhow::Result<Option<kernelbox::audit::AuditConfig>> {
     use kernelbox::audit::{AuditConfig, AuditPolicy, AuditSink};
-    let policies = match (&args.tenants, args.audit) {
-        (Some(_), true) => return Err(usage(
+    let policies = match (source.is_file(), args.audit) {
+        (true, true) => return Err(usage(
             "--audit applies without --tenants; with a tenants file, give each tenant its `audit`"
                 .into(),
         )),
-        (Some(_), false) => tenants.audits(),
-        (None, true) => std::collections::BTreeMap::from([(
+        (true, false) => tenants.audits(),
+        (false, true) => std::collections::BTreeMap::from([(
             "default".to_string(),
             AuditPolicy {
                 code: args.audit_code,
             },
         )]),
-        (None, false) => std::collections::BTreeMap::new(),
+        (false, false) => std::collections::BTreeMap::new(),
     };
     if policies.is_empty() {
         if args.audit_file.is_some() {
@@ -421,15 +432,17 @@ fn audit_config(
 }
 
 /// Runs the server until SIGTERM or SIGINT; exit 0 after a clean shutdown.
-pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
+/// `args` are resolved (the configuration file applied: `super::config::serve`) and `source`
+/// says where the tenants come from.
+pub(crate) async fn run(args: ServeArgs, source: TenantsSource) -> anyhow::Result<ExitCode> {
     // Before anything else: SIGHUP's default action ends the process.
     let hangups = listen_for_hangups();
     let from_env = std::env::var("KERNELBOX_TOKEN")
         .ok()
         .filter(|t| !t.trim().is_empty());
-    let (tenants, generated) = match &args.tenants {
-        Some(path) => (Tenants::load(path).map_err(|e| usage(e.to_string()))?, None),
-        None => {
+    let (tenants, generated) = match &source {
+        TenantsSource::Json(_) | TenantsSource::Config(_) => (load_tenants(&source)?.0, None),
+        TenantsSource::Flags => {
             let (token, generated) = match &from_env {
                 Some(t) => (t.trim().to_string(), None),
                 None => {
@@ -446,7 +459,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let mut config = args.kernel.config()?;
     // With a tenants file, each tenant's policy is its `network` there (docs/reliability.md,
     // "Network egress"); --network-allow is the policy of the one tenant without a file.
-    if args.tenants.is_some() {
+    if source.is_file() {
         if session_limits(&args)? != kernelbox::settings::Limits::default() {
             return Err(usage(
                 "--session-max-* apply without --tenants; with a tenants file, give each tenant its `session_limits`".into(),
@@ -489,9 +502,9 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             credentials.ca_dir = dir.join(super::EGRESS_CA_DIR);
         }
     }
-    config.workspaces =
-        workspaces_config(&args, &tenants, config.housekeeping.state_dir.as_deref())?;
-    config.audit = audit_config(&args, &tenants, config.housekeeping.state_dir.as_deref())?;
+    let state_dir = config.housekeeping.state_dir.clone();
+    config.workspaces = workspaces_config(&args, &source, &tenants, state_dir.as_deref())?;
+    config.audit = audit_config(&args, &source, &tenants, state_dir.as_deref())?;
     let hibernating = tenants.hibernating();
     if args.hibernate || !hibernating.is_empty() {
         config.hibernate = Some(kernelbox::config::HibernateConfig {
@@ -539,7 +552,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         .await
         .map_err(|e| usage(format!("--listen {}: {e}", args.listen)))?;
     let addr = listener.local_addr()?;
-    if args.tenants.is_none() && from_env.is_none() && !addr.ip().is_loopback() {
+    if !source.is_file() && from_env.is_none() && !addr.ip().is_loopback() {
         return Err(usage(format!(
             "--listen {addr} is not a loopback address: without --tenants, set KERNELBOX_TOKEN to serve beyond this host"
         )));
@@ -623,9 +636,9 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         rate_grace: args.send_rate_grace.unwrap_or(defaults.rate_grace),
     };
     let state = AppState::with_options(orchestrator, tenants.clone(), mcp, responses);
-    if let Some(path) = &args.tenants {
+    if source.is_file() {
         state.reload_with(server::reload::Reloader::new(
-            tenants_loader(path.clone()),
+            tenants_loader(source.clone()),
             admin_token(&args)?.as_deref(),
         ));
     }
@@ -740,9 +753,13 @@ fn admin_token(args: &ServeArgs) -> anyhow::Result<Option<String>> {
 }
 
 /// What a reload re-reads the tenants with (`server::reload`; docs/http-api.md, "Reloading
-/// the tenants"): the tenants file, today.
-fn tenants_loader(path: PathBuf) -> server::reload::Loader {
-    Box::new(move || Tenants::load(&path).map_err(|e| e.to_string()))
+/// the tenants"): the file they came from at start, read again (`load_tenants`).
+fn tenants_loader(source: TenantsSource) -> server::reload::Loader {
+    Box::new(move || {
+        load_tenants(&source)
+            .map(|(tenants, _)| tenants)
+            .map_err(|e| e.to_string())
+    })
 }
 
 /// The SIGHUP stream, installed at once (so a SIGHUP no longer ends the process); `None`,

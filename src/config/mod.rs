@@ -13,6 +13,7 @@
 //! | `limits.rs` | [`CellLimits`], [`OutputCaps`], [`DisplayCaps`], [`KernelLimits`], [`PoolConfig`], [`FileTransfer`] and their defaults |
 //! | `hibernate.rs` | [`HibernateConfig`]: which idle kernels hibernate, and the bounds |
 //! | `housekeeping.rs` | [`Housekeeping`], [`RunawayWatch`] |
+//! | `file/` | the configuration file of `kernelbox serve --config` ([`file::ConfigFile`]), its schema and errors |
 //! | `egress.rs` | [`EgressConfig`], [`CredentialsConfig`], held here, defined by egress (`src/egress/config.rs`) |
 //! | `workspaces.rs` | [`WorkspacesConfig`], [`WorkspacePolicy`] and their defaults |
 //! | `validate.rs` | [`Config::validate`], [`ValidConfig`], the errors, duration and size parsers |
@@ -21,6 +22,7 @@
 use std::collections::BTreeMap;
 
 mod egress;
+pub mod file;
 mod hibernate;
 mod housekeeping;
 mod kernel;

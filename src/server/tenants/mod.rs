@@ -259,6 +259,52 @@ impl Tenants {
         };
         let root: Value = serde_json::from_str(text)
             .map_err(|e| bad("(file)".into(), format!("not valid JSON: {e}")))?;
+        Tenants::parse_value(&root, file)
+    }
+
+    /// The `[[tenants]]` of a configuration file (`crate::config::file`), `[tenant_defaults]`
+    /// already applied: each token given as a secret is read and hashed, then every entry goes
+    /// through the tenants file's own checks; `file` names the configuration file in errors.
+    pub fn from_entries(
+        entries: &[crate::config::file::TenantEntry],
+        file: &Path,
+    ) -> Result<Tenants, TenantsError> {
+        let bad = |field: String, reason: String| TenantsError {
+            file: file.to_path_buf(),
+            field,
+            reason,
+        };
+        let mut list = Vec::with_capacity(entries.len());
+        for (i, entry) in entries.iter().enumerate() {
+            let mut entry = entry.clone();
+            if let Some(token) = entry.token.take() {
+                if entry.token_sha256.is_some() {
+                    return Err(bad(
+                        format!("tenants[{i}].token"),
+                        "give token or token_sha256, not both".into(),
+                    ));
+                }
+                let token = token
+                    .resolve()
+                    .map_err(|reason| bad(format!("tenants[{i}].token"), reason))?;
+                entry.token_sha256 = Some(hex::encode(token_hash(&token)));
+            }
+            list.push(
+                serde_json::to_value(&entry)
+                    .map_err(|e| bad(format!("tenants[{i}]"), e.to_string()))?,
+            );
+        }
+        let root = serde_json::json!({ "tenants": list });
+        Tenants::parse_value(&root, file)
+    }
+
+    /// Validates a tenants document already parsed; `file` only names the source in errors.
+    fn parse_value(root: &Value, file: &Path) -> Result<Tenants, TenantsError> {
+        let bad = |field: String, reason: String| TenantsError {
+            file: file.to_path_buf(),
+            field,
+            reason,
+        };
         let root = root
             .as_object()
             .ok_or_else(|| bad("(root)".into(), "must be a JSON object".into()))?;

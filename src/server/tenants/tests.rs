@@ -272,3 +272,48 @@ fn a_tenants_audit_is_parsed_and_a_bad_one_refuses_the_file() {
         assert!(err.to_string().contains(says), "{audit}: {err}");
     }
 }
+
+#[test]
+fn config_file_tenants_go_through_the_same_checks_and_name_the_config_file() {
+    use crate::config::file::{NetworkEntry, Secret, TenantEntry};
+    let file = Path::new("kernelbox.toml");
+    let entry = |name: &str, token: &str| TenantEntry {
+        name: Some(name.into()),
+        token: Some(Secret::Inline(token.into())),
+        ..TenantEntry::default()
+    };
+    let tenants = Tenants::from_entries(&[entry("a", "tok-a"), entry("b", "tok-b")], file)
+        .expect("valid tenants");
+    assert_eq!(tenants.authenticate("tok-b").expect("b").name, "b");
+    assert!(tenants.authenticate("tok-c").is_none());
+
+    let mut bad = entry("a", "tok-a");
+    bad.network = Some(NetworkEntry {
+        allow: vec!["not a host!".into()],
+        deny: vec![],
+    });
+    let e = Tenants::from_entries(&[bad], file).unwrap_err();
+    assert_eq!(
+        (e.file.as_path(), e.field.as_str()),
+        (file, "tenants[0].network")
+    );
+
+    let mut both = entry("a", "tok-a");
+    both.token_sha256 = Some("00".repeat(32));
+    let e = Tenants::from_entries(&[both], file).unwrap_err();
+    assert_eq!(e.field, "tenants[0].token");
+
+    let unset = TenantEntry {
+        name: Some("a".into()),
+        token: Some(Secret::Env {
+            env: "KERNELBOX_TEST_SURELY_UNSET_TOKEN".into(),
+        }),
+        ..TenantEntry::default()
+    };
+    let e = Tenants::from_entries(&[unset], file).unwrap_err();
+    assert!(
+        e.reason.contains("KERNELBOX_TEST_SURELY_UNSET_TOKEN"),
+        "{e}"
+    );
+    assert!(!e.to_string().contains("tok-a"));
+}

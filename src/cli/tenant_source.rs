@@ -1,0 +1,70 @@
+//! Where `kernelbox serve`'s tenants come from, and reading them again (what a reload of a
+//! running server calls): the flags' one tenant, a JSON tenants file, or the `[[tenants]]` of
+//! the configuration file (docs/configuration.md).
+
+use std::path::{Path, PathBuf};
+
+use kernelbox::config::file::{ConfigFile, TenantEntry};
+use kernelbox::server::Tenants;
+
+use super::Exit;
+
+fn usage(message: String) -> anyhow::Error {
+    Exit { code: 2, message }.into()
+}
+
+/// Where the tenants come from: the one tenant `default` of the flags (KERNELBOX_TOKEN,
+/// `--session-max-*`, ...), a JSON tenants file (`--tenants`), or the `[[tenants]]` of the
+/// configuration file (`--config`, `[tenant_defaults]` applied).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum TenantsSource {
+    /// No tenants file: the one tenant `default`.
+    Flags,
+    /// `--tenants FILE`.
+    Json(PathBuf),
+    /// `--config FILE` with `[[tenants]]`.
+    Config(PathBuf),
+}
+
+impl TenantsSource {
+    /// True when the tenants come from a file (each tenant then has its own settings there).
+    pub(crate) fn is_file(&self) -> bool {
+        !matches!(self, TenantsSource::Flags)
+    }
+}
+
+/// Reads the tenants from their file, and with a configuration file its egress secrets
+/// (`[egress] secrets`): what a reload of a running server re-reads. Exit code 2 when they
+/// cannot be used; `None` for the one tenant of the flags (nothing to re-read).
+pub(crate) fn load_tenants(
+    source: &TenantsSource,
+) -> anyhow::Result<(Tenants, Option<kernelbox::egress::secrets::Secrets>)> {
+    match source {
+        TenantsSource::Flags => Err(usage(
+            "no tenants file: the one tenant `default` comes from the flags".into(),
+        )),
+        TenantsSource::Json(path) => {
+            Ok((Tenants::load(path).map_err(|e| usage(e.to_string()))?, None))
+        }
+        TenantsSource::Config(path) => {
+            let file = ConfigFile::load(path).map_err(|e| usage(e.to_string()))?;
+            let tenants = file_tenants(&file, path)?;
+            let secrets = match &file.egress.secrets {
+                Some(secrets) => Some(kernelbox::egress::secrets::Secrets::load(secrets)?),
+                None => None,
+            };
+            Ok((tenants, secrets))
+        }
+    }
+}
+
+/// The `[[tenants]]` of a configuration file, `[tenant_defaults]` applied, checked as the
+/// tenants file's are (exit code 2 otherwise).
+pub(crate) fn file_tenants(file: &ConfigFile, path: &Path) -> anyhow::Result<Tenants> {
+    let entries: Vec<TenantEntry> = file
+        .tenants
+        .iter()
+        .map(|t| t.with_defaults(&file.tenant_defaults))
+        .collect();
+    Tenants::from_entries(&entries, path).map_err(|e| usage(e.to_string()))
+}

@@ -1,0 +1,251 @@
+//! Values of the configuration file kept as the operator wrote them, checked when read: a
+//! [`Size`] (`"512m"` or a number of bytes), a [`HumanDuration`] (`"30s"`), a [`Secret`]
+//! (inline, `{ file = "..." }` or `{ env = "..." }`, never printed).
+
+use std::borrow::Cow;
+use std::fmt;
+use std::path::PathBuf;
+
+use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::units::{parse_bytes, parse_duration};
+
+/// A size: `"512m"`, `"1g"`, `"64k"` or a number of bytes; kept as written.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Size(String);
+
+impl Size {
+    /// The size as written (what the matching flag takes).
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// A size from its text, checked.
+    pub fn parse(text: &str) -> Result<Size, String> {
+        Size::bytes_of(text)?;
+        Ok(Size(text.trim().to_string()))
+    }
+
+    /// Its number of bytes.
+    pub fn bytes(&self) -> i64 {
+        Size::bytes_of(&self.0).unwrap_or(0)
+    }
+
+    /// The bytes of a size's text: `0`, or a positive size (a rate's `/s` may follow).
+    fn bytes_of(text: &str) -> Result<i64, String> {
+        let size = text.trim();
+        let size = size.strip_suffix("/s").unwrap_or(size);
+        if size.trim().parse::<f64>() == Ok(0.0) {
+            return Ok(0);
+        }
+        parse_bytes(size)
+    }
+}
+
+impl fmt::Debug for Size {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.0)
+    }
+}
+
+impl Serialize for Size {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for Size {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Size, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = Size;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a size such as \"512m\" or a number of bytes")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Size, E> {
+                Size::parse(v).map_err(E::custom)
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Size, E> {
+                Ok(Size(v.to_string()))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Size, E> {
+                u64::try_from(v)
+                    .map(|v| Size(v.to_string()))
+                    .map_err(|_| E::custom(format!("{v} is not a size (it is negative)")))
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
+}
+
+impl JsonSchema for Size {
+    fn schema_name() -> Cow<'static, str> {
+        "Size".into()
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "description": "A size: \"512m\", \"1g\", \"64k\" (binary units) or a number of bytes.",
+            "anyOf": [
+                {"type": "string", "pattern": "^\\s*[0-9.]+\\s*([kKmMgG][iI]?[bB]?|[bB])?\\s*(/s)?\\s*$"},
+                {"type": "integer", "minimum": 0}
+            ]
+        })
+    }
+}
+
+/// A duration: `"30s"`, `"5m"`, `"4h"`, `"7d"`; kept as written.
+#[derive(Clone, PartialEq, Eq)]
+pub struct HumanDuration(String);
+
+impl HumanDuration {
+    /// The duration as written (what the matching flag takes).
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// A duration from its text, checked.
+    pub fn parse(text: &str) -> Result<HumanDuration, String> {
+        parse_duration(text)?;
+        Ok(HumanDuration(text.trim().to_string()))
+    }
+
+    /// A duration in its largest whole unit (`7d`, `24h` as `1d`, `90s`), else as `humantime`
+    /// writes it.
+    pub fn from_duration(d: std::time::Duration) -> HumanDuration {
+        let secs = d.as_secs();
+        let text = match secs {
+            _ if d.subsec_nanos() != 0 || secs == 0 => humantime::format_duration(d).to_string(),
+            s if s % 86_400 == 0 => format!("{}d", s / 86_400),
+            s if s % 3600 == 0 => format!("{}h", s / 3600),
+            s if s % 60 == 0 => format!("{}m", s / 60),
+            s => format!("{s}s"),
+        };
+        HumanDuration(text)
+    }
+}
+
+impl fmt::Debug for HumanDuration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.0)
+    }
+}
+
+impl Serialize for HumanDuration {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for HumanDuration {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<HumanDuration, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = HumanDuration;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a duration such as \"30s\", \"5m\" or \"7d\"")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<HumanDuration, E> {
+                HumanDuration::parse(v).map_err(E::custom)
+            }
+        }
+        d.deserialize_str(Visitor)
+    }
+}
+
+impl JsonSchema for HumanDuration {
+    fn schema_name() -> Cow<'static, str> {
+        "Duration".into()
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "description": "A duration: \"30s\", \"5m\", \"4h\", \"7d\" (units ms, s, m, h, d; combinable: \"1h 30m\").",
+            "type": "string"
+        })
+    }
+}
+
+/// A secret (a token, a database URL): inline, from a file (`{ file = "/run/secrets/x" }`,
+/// its content with surrounding white space trimmed) or from an environment variable
+/// (`{ env = "NAME" }`). Never printed: its `Debug` and `Serialize` show an inline value as
+/// `<redacted>`, a file or variable by name.
+#[derive(Clone, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum Secret {
+    /// The value itself.
+    Inline(String),
+    /// Read from this file (a `docker secret`, a Kubernetes Secret mounted as a file).
+    File {
+        /// The file holding the secret.
+        file: PathBuf,
+    },
+    /// Read from this environment variable.
+    Env {
+        /// The variable holding the secret.
+        env: String,
+    },
+}
+
+/// What an inline secret prints as.
+pub const REDACTED: &str = "<redacted>";
+
+impl Secret {
+    /// The secret's value, read now; the error says where it was looked for and why it failed.
+    pub fn resolve(&self) -> Result<String, String> {
+        let value = match self {
+            Secret::Inline(v) => v.clone(),
+            Secret::File { file } => {
+                std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?
+            }
+            Secret::Env { env } => {
+                std::env::var(env).map_err(|e| format!("environment variable {env}: {e}"))?
+            }
+        };
+        let value = value.trim();
+        if value.is_empty() {
+            return Err(match self {
+                Secret::Inline(_) => "is empty".into(),
+                Secret::File { file } => format!("{}: the file is empty", file.display()),
+                Secret::Env { env } => format!("environment variable {env} is empty"),
+            });
+        }
+        Ok(value.to_string())
+    }
+
+    /// This secret with an inline value replaced by [`REDACTED`].
+    pub fn redacted(&self) -> Secret {
+        match self {
+            Secret::Inline(_) => Secret::Inline(REDACTED.into()),
+            other => other.clone(),
+        }
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Secret::Inline(_) => f.write_str(REDACTED),
+            Secret::File { file } => write!(f, "{{ file = {:?} }}", file),
+            Secret::Env { env } => write!(f, "{{ env = {env:?} }}"),
+        }
+    }
+}
+
+impl Serialize for Secret {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        match self {
+            Secret::Inline(_) => s.serialize_str(REDACTED),
+            Secret::File { file } => {
+                let mut map = s.serialize_map(Some(1))?;
+                map.serialize_entry("file", file)?;
+                map.end()
+            }
+            Secret::Env { env } => {
+                let mut map = s.serialize_map(Some(1))?;
+                map.serialize_entry("env", env)?;
+                map.end()
+            }
+        }
+    }
+}
