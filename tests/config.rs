@@ -147,12 +147,19 @@ fn print_config_resolves_flags_over_the_file_and_never_prints_a_secret() {
     assert_eq!(tenants[1]["session_limits"]["memory"].as_str(), Some("1g"));
 
     // A flag's variable overrides the file's key as the flag does; KERNELBOX_CONFIG names the file.
-    let vars = [("KERNELBOX_CONFIG", file.as_str()), ("KERNELBOX_IDLE_TIMEOUT", "11m")];
+    let vars = [
+        ("KERNELBOX_CONFIG", file.as_str()),
+        ("KERNELBOX_IDLE_TIMEOUT", "11m"),
+    ];
     let out = kernelbox_with(&["serve", "--print-config"], &vars);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let parsed: toml::Table = toml::from_str(&text(&out.stdout)).unwrap();
     assert_eq!(parsed["server"]["idle_timeout"].as_str(), Some("11m"));
-    assert_eq!(parsed["server"]["max_kernels"].as_integer(), Some(5), "the file's key");
+    assert_eq!(
+        parsed["server"]["max_kernels"].as_integer(),
+        Some(5),
+        "the file's key"
+    );
 }
 
 #[test]
