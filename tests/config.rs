@@ -19,12 +19,18 @@ use serde_json::json;
 
 /// `kernelbox ARGS...` with no KERNELBOX_* variable of the environment: its output.
 fn kernelbox(args: &[&str]) -> Output {
+    kernelbox_with(args, &[])
+}
+
+/// [`kernelbox`] with these variables set.
+fn kernelbox_with(args: &[&str], vars: &[(&str, &str)]) -> Output {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_kernelbox"));
     for (key, _) in std::env::vars_os() {
         if key.to_string_lossy().starts_with("KERNELBOX_") {
             cmd.env_remove(key);
         }
     }
+    cmd.envs(vars.iter().copied());
     cmd.args(args).output().expect("run kernelbox")
 }
 
@@ -139,6 +145,21 @@ fn print_config_resolves_flags_over_the_file_and_never_prints_a_secret() {
         "the tenant's own"
     );
     assert_eq!(tenants[1]["session_limits"]["memory"].as_str(), Some("1g"));
+
+    // A flag's variable overrides the file's key as the flag does; KERNELBOX_CONFIG names the file.
+    let vars = [
+        ("KERNELBOX_CONFIG", file.as_str()),
+        ("KERNELBOX_IDLE_TIMEOUT", "11m"),
+    ];
+    let out = kernelbox_with(&["serve", "--print-config"], &vars);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let parsed: toml::Table = toml::from_str(&text(&out.stdout)).unwrap();
+    assert_eq!(parsed["server"]["idle_timeout"].as_str(), Some("11m"));
+    assert_eq!(
+        parsed["server"]["max_kernels"].as_integer(),
+        Some(5),
+        "the file's key"
+    );
 }
 
 #[test]

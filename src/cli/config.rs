@@ -11,8 +11,8 @@ use std::process::ExitCode;
 use clap::{CommandFactory, Parser, Subcommand};
 
 use kernelbox::config::file::{
-    AuditEntry, ConfigFile, HumanDuration, NetworkEntry, Secret, SessionLimitsEntry, Size,
-    TenantEntry, WorkspacesEntry,
+    AuditEntry, AuditPolicyEntry, ConfigFile, HumanDuration, NetworkEntry, Secret,
+    SessionLimitsEntry, Size, TenantEntry, WorkspacesEntry,
 };
 use kernelbox::server::Tenants;
 
@@ -226,7 +226,7 @@ impl Flags {
     ) -> anyhow::Result<()> {
         let (id, value) = match secret {
             None => return Ok(()),
-            Some(Secret::File { file }) => (file_id, file.display().to_string()),
+            Some(Secret::File(f)) => (file_id, f.file.display().to_string()),
             Some(secret) => (
                 id,
                 secret
@@ -477,9 +477,9 @@ fn default_tenant_flags(f: &mut Flags, d: &TenantEntry, at: &Path) -> anyhow::Re
     match &d.audit {
         None | Some(AuditEntry::On(false)) => {}
         Some(AuditEntry::On(true)) => f.switch("tenant_defaults.audit", "audit", Some(true)),
-        Some(AuditEntry::Policy { code }) => {
+        Some(AuditEntry::Policy(policy)) => {
             f.switch("tenant_defaults.audit", "audit", Some(true));
-            f.switch("tenant_defaults.audit.code", "audit_code", *code);
+            f.switch("tenant_defaults.audit.code", "audit_code", policy.code);
         }
     }
     if let Some(w) = &d.workspaces {
@@ -662,9 +662,9 @@ fn file_from_args(
     e.ca_dir = k.egress_ca_dir.clone();
     e.ca_rotate = Some(k.egress_ca_rotate);
     let secret = |inline: &Option<String>, file: &Option<PathBuf>, var: &str| match (inline, file) {
-        (Some(_), _) if migrating => Some(Secret::Env { env: var.into() }),
+        (Some(_), _) if migrating => Some(Secret::env(var)),
         (Some(v), _) => Some(Secret::Inline(v.clone()).redacted()),
-        (None, Some(path)) => Some(Secret::File { file: path.clone() }),
+        (None, Some(path)) => Some(Secret::file(path.clone())),
         (None, None) => None,
     };
     let c = &mut file.cluster;
@@ -706,7 +706,7 @@ fn file_from_args(
                     deny: k.network_deny.clone(),
                 });
             d.audit = args.audit.then_some(match args.audit_code {
-                true => AuditEntry::Policy { code: Some(true) },
+                true => AuditEntry::Policy(AuditPolicyEntry { code: Some(true) }),
                 false => AuditEntry::On(true),
             });
             d.workspaces = args.workspaces.then(|| WorkspacesEntry {

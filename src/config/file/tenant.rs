@@ -144,11 +144,16 @@ pub enum AuditEntry {
     /// `true`: hashes of the code; `false`: not audited.
     On(bool),
     /// `{ code = true }`: the code itself beside its hash.
-    Policy {
-        /// Record each cell's code itself beside its hash (never its output).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        code: Option<bool>,
-    },
+    Policy(AuditPolicyEntry),
+}
+
+/// `{ code = true }`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AuditPolicyEntry {
+    /// Record each cell's code itself beside its hash (never its output).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<bool>,
 }
 
 /// The most one session may ask for in its settings.

@@ -32,4 +32,18 @@ fn defaults_fill_what_a_tenant_leaves_out_and_secrets_never_print() {
     let e =
         ConfigFile::parse("[tenant_defaults]\nname = \"x\"\n", Path::new("k.toml")).unwrap_err();
     assert_eq!(e.key, "tenant_defaults.name");
+
+    // The tables of a secret and an audit refuse a key they do not know.
+    let e = ConfigFile::parse(
+        "[cluster]\nadmin_token = { file = \"/x\", env = \"Y\" }\n",
+        Path::new("k.toml"),
+    )
+    .unwrap_err();
+    assert_eq!(e.key, "cluster.admin_token", "{e}");
+    let e = ConfigFile::parse(
+        "[tenant_defaults]\naudit = { code = true, output = true }\n",
+        Path::new("k.toml"),
+    )
+    .unwrap_err();
+    assert_eq!(e.key, "tenant_defaults.audit", "{e}");
 }

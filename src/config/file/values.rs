@@ -174,16 +174,38 @@ impl JsonSchema for HumanDuration {
 pub enum Secret {
     /// The value itself.
     Inline(String),
-    /// Read from this file (a `docker secret`, a Kubernetes Secret mounted as a file).
-    File {
-        /// The file holding the secret.
-        file: PathBuf,
-    },
-    /// Read from this environment variable.
-    Env {
-        /// The variable holding the secret.
-        env: String,
-    },
+    /// Read from a file (a `docker secret`, a Kubernetes Secret mounted as a file).
+    File(SecretFile),
+    /// Read from an environment variable.
+    Env(SecretEnv),
+}
+
+/// `{ file = "..." }`: a secret read from a file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SecretFile {
+    /// The file holding the secret.
+    pub file: PathBuf,
+}
+
+/// `{ env = "..." }`: a secret read from an environment variable.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SecretEnv {
+    /// The variable holding the secret.
+    pub env: String,
+}
+
+impl Secret {
+    /// A secret read from this file.
+    pub fn file(path: impl Into<PathBuf>) -> Secret {
+        Secret::File(SecretFile { file: path.into() })
+    }
+
+    /// A secret read from this environment variable.
+    pub fn env(name: impl Into<String>) -> Secret {
+        Secret::Env(SecretEnv { env: name.into() })
+    }
 }
 
 /// What an inline secret prints as.
@@ -194,10 +216,10 @@ impl Secret {
     pub fn resolve(&self) -> Result<String, String> {
         let value = match self {
             Secret::Inline(v) => v.clone(),
-            Secret::File { file } => {
+            Secret::File(SecretFile { file }) => {
                 std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?
             }
-            Secret::Env { env } => {
+            Secret::Env(SecretEnv { env }) => {
                 std::env::var(env).map_err(|e| format!("environment variable {env}: {e}"))?
             }
         };
@@ -205,8 +227,10 @@ impl Secret {
         if value.is_empty() {
             return Err(match self {
                 Secret::Inline(_) => "is empty".into(),
-                Secret::File { file } => format!("{}: the file is empty", file.display()),
-                Secret::Env { env } => format!("environment variable {env} is empty"),
+                Secret::File(SecretFile { file }) => {
+                    format!("{}: the file is empty", file.display())
+                }
+                Secret::Env(SecretEnv { env }) => format!("environment variable {env} is empty"),
             });
         }
         Ok(value.to_string())
@@ -225,27 +249,18 @@ impl fmt::Debug for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Secret::Inline(_) => f.write_str(REDACTED),
-            Secret::File { file } => write!(f, "{{ file = {:?} }}", file),
-            Secret::Env { env } => write!(f, "{{ env = {env:?} }}"),
+            Secret::File(SecretFile { file }) => write!(f, "{{ file = {:?} }}", file),
+            Secret::Env(SecretEnv { env }) => write!(f, "{{ env = {env:?} }}"),
         }
     }
 }
 
 impl Serialize for Secret {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeMap;
         match self {
             Secret::Inline(_) => s.serialize_str(REDACTED),
-            Secret::File { file } => {
-                let mut map = s.serialize_map(Some(1))?;
-                map.serialize_entry("file", file)?;
-                map.end()
-            }
-            Secret::Env { env } => {
-                let mut map = s.serialize_map(Some(1))?;
-                map.serialize_entry("env", env)?;
-                map.end()
-            }
+            Secret::File(file) => file.serialize(s),
+            Secret::Env(env) => env.serialize(s),
         }
     }
 }

@@ -305,9 +305,7 @@ fn config_file_tenants_go_through_the_same_checks_and_name_the_config_file() {
 
     let unset = TenantEntry {
         name: Some("a".into()),
-        token: Some(Secret::Env {
-            env: "KERNELBOX_TEST_SURELY_UNSET_TOKEN".into(),
-        }),
+        token: Some(Secret::env("KERNELBOX_TEST_SURELY_UNSET_TOKEN")),
         ..TenantEntry::default()
     };
     let e = Tenants::from_entries(&[unset], file).unwrap_err();
