@@ -627,7 +627,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let state = AppState::with_options(orchestrator, tenants.clone(), mcp, responses);
     if let Some(path) = &args.tenants {
         state.reload_with(server::reload::Reloader::new(
-            tenants_loader(path.clone()),
+            tenants_loader(path.clone(), args.kernel.egress_secrets.clone()),
             admin_token(&args)?.as_deref(),
         ));
     }
@@ -741,10 +741,19 @@ fn admin_token(args: &ServeArgs) -> anyhow::Result<Option<String>> {
     })
 }
 
-/// What a reload re-reads the tenants with (`server::reload`; docs/http-api.md, "Reloading
-/// the tenants"): the tenants file, today.
-fn tenants_loader(path: PathBuf) -> server::reload::Loader {
-    Box::new(move || Tenants::load(&path).map_err(|e| e.to_string()))
+/// What a reload re-reads (`server::reload`; docs/http-api.md, "Reloading the tenants"): the
+/// tenants file and, when given, the egress secrets file, today.
+fn tenants_loader(path: PathBuf, secrets: Option<PathBuf>) -> server::reload::Loader {
+    Box::new(move || {
+        Ok(server::reload::Source {
+            tenants: Tenants::load(&path).map_err(|e| e.to_string())?,
+            secrets: secrets
+                .as_deref()
+                .map(kernelbox::egress::secrets::Secrets::load)
+                .transpose()
+                .map_err(|e| e.to_string())?,
+        })
+    })
 }
 
 /// The SIGHUP stream, installed at once (so a SIGHUP no longer ends the process); `None`,
