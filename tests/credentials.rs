@@ -435,3 +435,52 @@ async fn the_egress_ca_is_kept_under_the_state_directory_by_default() {
     assert!(status.success(), "{status}");
     common::assert_clean(&common::engine().await, &label).await;
 }
+
+/// A reload swaps the credential rules (docs/http-api.md, "Reloading the tenants"): the
+/// connections a kernel opens afterwards get the new rule's header, in the same kernel.
+#[tokio::test]
+async fn a_reload_swaps_the_rules_for_the_next_connection_of_a_live_kernel() {
+    let (test_ca, test_ca_pem) = ca("kernelbox test CA");
+    let seen: Seen = Arc::default();
+    let port = https_server(&test_ca, seen.clone()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = dir.path().join("roots.crt");
+    std::fs::write(&bundle, &test_ca_pem).unwrap();
+    let rule = |header: &str| {
+        Secrets::parse(
+            &json!({"tenants": {"a": {"secrets": {"KEY": "sk-reload-test"},
+                "rules": [{"host": format!("localhost:{port}"), "headers": {header: "${secrets.KEY}"}}]}}}),
+            &|_| None,
+        )
+        .unwrap()
+    };
+    let allow = NetworkPolicy {
+        allow: vec![format!("localhost:{port}"), format!("127.0.0.1:{port}")],
+        deny: vec![],
+    };
+    let ca_dir = dir.path().join("ca");
+    let case = Case::with("creds-reload", |c| {
+        c.egress = Some(EgressConfig {
+            tenants: BTreeMap::from([("a".to_string(), allow)]),
+            ca_bundle: bundle.clone(),
+            limits: Default::default(),
+            audit: None,
+            credentials: Some(CredentialsConfig {
+                secrets: rule("Authorization"),
+                ca_dir: ca_dir.clone(),
+                rotate_ca: false,
+            }),
+        });
+    })
+    .await;
+    let fetch = format!("{CELL}\nprint(fetch('https://localhost:{port}/f'))");
+    let before = run_as(&case, "a", &fetch).await;
+    assert!(before.output.contains("auth=some key=none"), "{before:?}");
+
+    assert!(case.kb.egress().unwrap().set_secrets(rule("x-api-key")));
+    let after = run_as(&case, "a", &fetch).await;
+    assert!(after.output.contains("auth=none key=some"), "{after:?}");
+    assert_eq!(after.kernel.id, before.kernel.id, "the same kernel");
+    assert_eq!(seen.lock().unwrap().len(), 2);
+    case.finish().await;
+}

@@ -273,18 +273,25 @@ async fn tenants_change_live_and_another_tenants_kernel_keeps_its_state() {
 
 /// What only a restart can apply is reported, not dropped: a tenant given a network by a
 /// reload on a server started with no tenant network (so no egress proxy) stays without one,
-/// and the report says so. Without an admin token the route is 404; SIGHUP still reloads.
+/// and credential rules wait too; the report says so. Without an admin token the route is 404; SIGHUP still reloads.
 #[tokio::test(flavor = "multi_thread")]
 async fn what_needs_a_restart_is_reported_and_the_route_needs_an_admin_token() {
     let port = http_server().await;
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("tenants.json");
     write(&file, &[tenant("a", "token-a", &[])]);
+    // Credential rules, read again by each reload: with no egress at start, they wait too.
+    let secrets = dir.path().join("secrets.json");
+    let rules = json!({"tenants": {"a": {"secrets": {"KEY": "k"},
+        "rules": [{"host": "api.example.com", "headers": {"x-api-key": "${secrets.KEY}"}}]}}});
+    std::fs::write(&secrets, rules.to_string()).unwrap();
     let label = common::unique("reload-restart");
     let engine = common::engine().await;
     let mut child = common::serve_command(&label, "unused")
         .arg("--state-dir")
         .arg(dir.path().join("state"))
+        .arg("--egress-secrets")
+        .arg(&secrets)
         .args(["--pool", "0", "--tenants"])
         .arg(&file)
         .spawn()
@@ -304,12 +311,16 @@ async fn what_needs_a_restart_is_reported_and_the_route_needs_an_admin_token() {
     assert_eq!(verdict, "applied", "{report}");
     assert_eq!(report["changed"], json!(["a"]), "{report}");
     let needs = report["needs_restart"].as_array().unwrap();
-    assert_eq!(needs.len(), 1, "{report}");
+    assert_eq!(needs.len(), 2, "{report}");
     assert!(
         needs[0]
             .as_str()
             .unwrap()
             .starts_with("network of tenant(s) a:"),
+        "{report}"
+    );
+    assert!(
+        needs[1].as_str().unwrap().starts_with("credential rules:"),
         "{report}"
     );
     // Not applied: the tenant's kernel has no network.

@@ -638,7 +638,7 @@ pub(crate) async fn run(args: ServeArgs, source: TenantsSource) -> anyhow::Resul
     let state = AppState::with_options(orchestrator, tenants.clone(), mcp, responses);
     if source.is_file() {
         state.reload_with(server::reload::Reloader::new(
-            tenants_loader(source.clone()),
+            tenants_loader(source.clone(), args.kernel.egress_secrets.clone()),
             admin_token(&args)?.as_deref(),
         ));
     }
@@ -752,13 +752,21 @@ fn admin_token(args: &ServeArgs) -> anyhow::Result<Option<String>> {
     })
 }
 
-/// What a reload re-reads the tenants with (`server::reload`; docs/http-api.md, "Reloading
-/// the tenants"): the file they came from at start, read again (`load_tenants`).
-fn tenants_loader(source: TenantsSource) -> server::reload::Loader {
+/// What a reload re-reads (`server::reload`; docs/http-api.md, "Reloading the tenants"): the
+/// tenants' file (`load_tenants`) and the egress secrets file, the configuration file's
+/// `[egress] secrets` when it names one, else `secrets` (`--egress-secrets`).
+fn tenants_loader(source: TenantsSource, secrets: Option<PathBuf>) -> server::reload::Loader {
     Box::new(move || {
-        load_tenants(&source)
-            .map(|(tenants, _)| tenants)
-            .map_err(|e| e.to_string())
+        let (tenants, from_file) = load_tenants(&source).map_err(|e| e.to_string())?;
+        let secrets = match from_file {
+            Some(secrets) => Some(secrets),
+            None => secrets
+                .as_deref()
+                .map(kernelbox::egress::secrets::Secrets::load)
+                .transpose()
+                .map_err(|e| e.to_string())?,
+        };
+        Ok(server::reload::Source { tenants, secrets })
     })
 }
 

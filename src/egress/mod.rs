@@ -373,6 +373,21 @@ impl Egress {
             .sum())
     }
 
+    /// Replaces every tenant's credential secrets and rules (a reload; docs/reliability.md,
+    /// "Credentials at the boundary"): connections opened from now on are judged by them.
+    /// False, with nothing changed, when this proxy intercepts nothing (it started with no
+    /// rule, so without the kernelbox CA in its kernels) and `secrets` holds a rule: only a
+    /// restart can apply them.
+    pub fn set_secrets(&self, secrets: secrets::Secrets) -> bool {
+        match self.table.interception() {
+            Some(interception) => {
+                interception.secrets.store(Arc::new(secrets));
+                true
+            }
+            None => secrets.is_empty(),
+        }
+    }
+
     /// What a new kernel of a session with `grant` is made with.
     pub fn kernel_network(&self) -> KernelNetwork {
         let token = uuid::Uuid::new_v4().simple().to_string();

@@ -21,9 +21,18 @@ use super::{AppState, Tenants};
 use crate::config::KernelRuntime;
 use crate::tenancy::TenantPolicies;
 
-/// Reads the tenants source again (the tenants file today); the error says what is wrong with
-/// it (the file and the field).
-pub type Loader = Box<dyn Fn() -> Result<Tenants, String> + Send + Sync>;
+/// What a reload reads: the tenants, and the egress credentials' secrets and rules when the
+/// server has them from a file.
+pub struct Source {
+    /// The tenants.
+    pub tenants: Tenants,
+    /// Every tenant's credential secrets and rules (`None`: the server has none from a file).
+    pub secrets: Option<crate::egress::secrets::Secrets>,
+}
+
+/// Reads the tenants source again (the tenants file and the egress secrets file today); the
+/// error says what is wrong with it (the file and the field; never a secret).
+pub type Loader = Box<dyn Fn() -> Result<Source, String> + Send + Sync>;
 
 /// How this server reloads its tenants: the loader of its source and the admin token of the
 /// reload route. Reloads run one at a time.
@@ -98,7 +107,7 @@ impl AppState {
             Some(reloader) => {
                 let _one = reloader.one_at_a_time.lock().await;
                 match (reloader.load)() {
-                    Ok(tenants) => self.apply_tenants(tenants).await,
+                    Ok(source) => self.apply_source(source).await,
                     Err(reason) => ReloadReport::refused(reason),
                 }
             }
@@ -122,10 +131,14 @@ impl AppState {
         report
     }
 
-    /// Checks `new` against the running server and swaps it in.
-    async fn apply_tenants(&self, new: Tenants) -> ReloadReport {
+    /// Checks `source` against the running server and swaps it in.
+    async fn apply_source(&self, source: Source) -> ReloadReport {
+        let Source {
+            tenants: new,
+            secrets,
+        } = source;
         let orchestrator = self.orchestrator();
-        let (policies, needs_restart) = match self.check_tenants(&new).await {
+        let (policies, mut needs_restart) = match self.check_tenants(&new).await {
             Ok(checked) => checked,
             Err(reason) => return ReloadReport::refused(reason),
         };
@@ -148,6 +161,18 @@ impl AppState {
             Ok(closed) => closed,
             Err(e) => return ReloadReport::refused(format!("network policies: {e}")),
         };
+        // Credential rules: judged on every connection opened from now on.
+        if let Some(secrets) = secrets {
+            let applied = match orchestrator.egress() {
+                Some(egress) => egress.set_secrets(secrets),
+                None => secrets.is_empty(),
+            };
+            if !applied {
+                needs_restart.push(
+                    "credential rules: the server started with none, so its kernels do not trust the kernelbox CA; they apply after a restart".into(),
+                );
+            }
+        }
         // From here a removed or rotated token is refused.
         self.inner.tenants.store(new);
         let mut kernels_removed = 0;

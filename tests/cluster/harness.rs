@@ -296,6 +296,12 @@ impl Cluster {
         cluster
     }
 
+    /// The tenants file every node serves (and reloads: docs/http-api.md, "Reloading the
+    /// tenants").
+    pub fn tenants_file(&self) -> PathBuf {
+        self.dir.path().join("tenants.json")
+    }
+
     /// Starts one node; returns once it serves.
     pub async fn spawn(&self, name: &str, listen: &str, state: PathBuf) -> Node {
         let mut command = serve_on(&self.label, listen);

@@ -18,6 +18,7 @@
 //! | `traces.rs` | traces across the hop: the holding node continues the forwarding node's trace (docs/usage.md, "Traces") |
 //! | `session_config.rs` | "Session policies and settings": a session's network policy and settings set on one node apply to its kernel on another, a `PUT` of them never counts against the tenant's cap, a deleted session's are forgotten |
 //! | `workspaces.rs` | workspaces across nodes: a stale image never served as the workspace, the tenant's count, list and delete cluster-wide (docs/workspaces.md, "In a cluster") |
+//! | `reload.rs` | every node reloading the same tenants file: a token rotated while the nodes disagree (a forwarded request is authenticated again where it is served), then agreed |
 //! | `balancer.rs` | the balancer's mapping moving away from a stopped node and snapping back when it returns |
 
 #[path = "../common/mod.rs"]
@@ -36,6 +37,7 @@ mod failures;
 mod harness;
 mod logs;
 mod namesake;
+mod reload;
 mod routing;
 mod session_config;
 mod traces;

@@ -84,7 +84,7 @@ pub(super) async fn tunnel(req: Request<Incoming>, mut upstream: Metered<TcpStre
         return done.fail(Outcome::Mismatch);
     }
     let interception = done.table.interception.clone().filter(|i| {
-        i.secrets.has_rule(
+        i.secrets.load().has_rule(
             &done.entry.tenant,
             &done.entry.session,
             &done.host,

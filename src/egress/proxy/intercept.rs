@@ -210,7 +210,7 @@ async fn request(
     if !host_ok || !uri_ok {
         return refuse(StatusCode::MISDIRECTED_REQUEST, Outcome::Mismatch);
     }
-    let Some(headers) = interception.secrets.headers(
+    let Some(headers) = interception.secrets.load().headers(
         &done.entry.tenant,
         &done.entry.session,
         &done.host,

@@ -9,8 +9,8 @@ use super::super::secrets::Secrets;
 /// What interception needs: the tenants' rules, the CA, the upstream TLS configuration.
 #[derive(Debug)]
 pub struct Interception {
-    /// Every tenant's secrets and rules.
-    pub secrets: Secrets,
+    /// Every tenant's secrets and rules, swapped whole by a reload (`Egress::set_secrets`).
+    pub secrets: arc_swap::ArcSwap<Secrets>,
     pub(super) ca: Ca,
     pub(super) upstream: Arc<rustls::ClientConfig>,
 }
@@ -19,7 +19,7 @@ impl Interception {
     /// Interception by `secrets`' rules, leaves signed by `ca`, upstream verified by `upstream`.
     pub fn new(secrets: Secrets, ca: Ca, upstream: Arc<rustls::ClientConfig>) -> Interception {
         Interception {
-            secrets,
+            secrets: arc_swap::ArcSwap::from_pointee(secrets),
             ca,
             upstream,
         }

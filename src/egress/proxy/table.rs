@@ -294,6 +294,11 @@ impl Table {
             .collect()
     }
 
+    /// The interception of connections to credential rules' hosts, when there is one.
+    pub fn interception(&self) -> Option<&Arc<Interception>> {
+        self.interception.as_ref()
+    }
+
     /// Every registered kernel.
     pub fn all(&self) -> Vec<Arc<KernelEntry>> {
         self.kernels
