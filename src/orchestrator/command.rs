@@ -260,9 +260,10 @@ impl Orchestrator {
         let mut result = ran?;
         result.duration_seconds = started.elapsed().as_secs_f64();
         self.inner
-            .ledger
+            .usage
+            .pending()
             .record(&owner.tenant, &owner.session, |r| r.commands += 1);
-        self.audit(super::audit::Ran {
+        self.inner.audit.record(crate::services::Ran {
             kind: crate::audit::AuditKind::Command,
             owner: &owner,
             code: &audited,

@@ -129,12 +129,13 @@ impl Orchestrator {
         result.duration_seconds = call.started.elapsed().as_secs_f64();
         let owner = &call.key.owner;
         self.inner
-            .ledger
+            .usage
+            .pending()
             .record(&owner.tenant, &owner.session, |r| {
                 r.cells += 1;
                 r.cell_seconds += result.duration_seconds;
             });
-        self.audit(super::audit::Ran {
+        self.inner.audit.record(crate::services::Ran {
             kind: crate::audit::AuditKind::Cell,
             owner,
             code: &call.request.code,

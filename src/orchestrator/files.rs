@@ -110,12 +110,11 @@ impl Drop for Hold {
     fn drop(&mut self) {
         if self.orchestrator.inner.registry.release(&self.slot) {
             // Cleared while the transfer ran: the last one out disposes of the kernel.
-            let orchestrator = self.orchestrator.clone();
             let slot = self.slot.clone();
             self.orchestrator
                 .inner
                 .tracker
-                .spawn(async move { orchestrator.dispose_slots(vec![slot]).await });
+                .spawn(async move { crate::services::dispose_slots(vec![slot]).await });
         }
     }
 }
@@ -189,7 +188,7 @@ impl Orchestrator {
     /// `body`, its bytes counted as `owner`'s upload (metrics and the usage ledger).
     pub(super) fn count_upload(&self, owner: &Owner, body: ByteStream) -> ByteStream {
         let counters = self.inner.file_bytes.clone();
-        let ledger = self.inner.ledger.clone();
+        let ledger = self.inner.usage.pending().clone();
         let (tenant, session) = (owner.tenant.clone(), owner.session.clone());
         body.inspect_ok(move |chunk| {
             counters.uploaded(chunk.len());
@@ -205,7 +204,7 @@ impl Orchestrator {
         body: crate::files::DownloadStream,
     ) -> crate::files::DownloadStream {
         let counters = self.inner.file_bytes.clone();
-        let ledger = self.inner.ledger.clone();
+        let ledger = self.inner.usage.pending().clone();
         let (tenant, session) = (owner.tenant.clone(), owner.session.clone());
         body.inspect_ok(move |chunk| {
             counters.downloaded(chunk.len());

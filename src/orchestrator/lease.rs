@@ -198,12 +198,12 @@ impl Orchestrator {
         admission: Option<&AdmissionNotice>,
     ) -> Result<Lease, ExecuteError> {
         let (mut reset, mut state_reset) = (reset, false);
-        let limits = self.with_hibernation(key, limits);
-        self.await_hibernation(key).await;
+        let hibernation = &self.inner.hibernation;
+        let limits = hibernation.limits_for(key, limits);
+        hibernation.wait_for(key).await;
         if reset {
             // A reset discards a hibernated kernel too: the next one is new.
-            let gone = self.inner.registry.remove_hibernated(|k| k == key);
-            self.discard_checkpoints(gone).await;
+            hibernation.discard_where(|k| k == key).await;
         }
         loop {
             let span = Span::start("admission");
@@ -265,8 +265,8 @@ impl Orchestrator {
         // At once, busy or not: a kernel the registry no longer counts must not outlive this
         // call (the old kernel's running cell ends).
         doomed.extend(attach.reset);
-        self.hibernate_evicted(&mut doomed);
-        self.dispose_slots(doomed).await;
+        self.inner.hibernation.park_evicted(&mut doomed);
+        crate::services::dispose_slots(doomed).await;
         self.dispose_pooled(attach.discarded).await;
         Ok(Attempt {
             slot: attach.slot,
@@ -286,7 +286,7 @@ impl Orchestrator {
         }
         let error = refusal_error(&refusal);
         if let Refusal::AtCapacity(full) = refusal {
-            self.dispose_slots(full.victims).await;
+            crate::services::dispose_slots(full.victims).await;
         }
         error
     }
@@ -334,8 +334,9 @@ impl Orchestrator {
     ) -> Result<Arc<Kernel>, KernelError> {
         // The reaper may have taken the key's idle slot just before this call's: its
         // hibernation is then awaited here, and restored.
-        self.await_hibernation(key).await;
-        match self.restore_hibernated(key).await {
+        let hibernation = &self.inner.hibernation;
+        hibernation.wait_for(key).await;
+        match hibernation.restore(key).await {
             Some(Ok(kernel)) => return Ok(kernel),
             Some(Err(reason)) => {
                 // The kernel started instead is a new one.
@@ -404,7 +405,10 @@ impl Orchestrator {
         settings: Option<&crate::settings::Settings>,
     ) -> Result<Arc<Kernel>, KernelError> {
         let inner = &self.inner;
-        let workspace = match (self.workspace_policy(&key.owner.tenant), &inner.workspaces) {
+        let workspace = match (
+            self.workspace_policy(&key.owner.tenant),
+            inner.transfers.workspaces(),
+        ) {
             (Some(policy), Some(workspaces)) => {
                 let (uid, gid) = crate::kernel::parse_user(&inner.config.spec.sandbox.user);
                 let prepared = workspaces.prepare(&key.owner, &policy, uid, gid);
@@ -446,7 +450,7 @@ impl Orchestrator {
                 Ok(kernel)
             }
             Err(e) => {
-                self.dispose_kernel(&kernel).await;
+                crate::services::dispose_kernel(&kernel).await;
                 Err(e.into())
             }
         }
@@ -535,7 +539,7 @@ impl Orchestrator {
             // remove this kernel.
             registry.forget(slot, None);
             registry.release(slot);
-            self.dispose_kernel(&kernel).await;
+            crate::services::dispose_kernel(&kernel).await;
             self.give_back_loss(key, attempt.state_lost.take());
             return Err(ExecuteError::ShuttingDown);
         }
@@ -543,7 +547,7 @@ impl Orchestrator {
             // Cleared or reset while it started: whoever removed the slot found no kernel to
             // dispose of, so this call does.
             registry.release(slot);
-            self.dispose_kernel(&kernel).await;
+            crate::services::dispose_kernel(&kernel).await;
             self.give_back_loss(key, attempt.state_lost.take());
             return Ok(None);
         }
@@ -566,7 +570,8 @@ impl Orchestrator {
             if attempt.pooled {
                 let owner = &key.owner;
                 self.inner
-                    .ledger
+                    .usage
+                    .pending()
                     .record(&owner.tenant, &owner.session, |r| r.pool_hits += 1);
             }
         }
@@ -608,7 +613,7 @@ impl Orchestrator {
         };
         self.inner.registry.forget(&attempt.slot, reason);
         if self.inner.registry.release(&attempt.slot) {
-            self.dispose_kernel(kernel).await;
+            crate::services::dispose_kernel(kernel).await;
         }
     }
 

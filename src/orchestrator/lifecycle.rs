@@ -4,8 +4,6 @@
 
 use std::sync::Arc;
 
-use futures::StreamExt;
-
 use super::{KernelSummary, Orchestrator, INTERRUPT_SETTLE};
 use crate::cell::LossReason;
 use crate::docker::EngineError;
@@ -68,32 +66,8 @@ impl Orchestrator {
 
     pub(super) async fn release(&self, slot: &Arc<Slot>) {
         if self.inner.registry.release(slot) {
-            self.dispose_slots(vec![slot.clone()]).await;
+            crate::services::dispose_slots(vec![slot.clone()]).await;
         }
-    }
-
-    pub(super) async fn dispose_kernel(&self, kernel: &Kernel) {
-        if let Err(e) = kernel.dispose().await {
-            tracing::warn!(container = %kernel.short_id(), error = %e, "disposing a kernel");
-        }
-    }
-
-    pub(super) async fn dispose_slots(&self, slots: Vec<Arc<Slot>>) {
-        let kernels: Vec<Arc<Kernel>> = slots
-            .iter()
-            .filter_map(|s| s.kernel.get().cloned())
-            .collect();
-        // Bounded: a thousand concurrent force-removals overwhelm the engine (seen in the
-        // 1000-kernel density run), while a few dozen keep it busy.
-        let disposals = kernels.into_iter().map(|kernel| async move {
-            if let Err(e) = kernel.dispose().await {
-                tracing::warn!(container = %kernel.short_id(), error = %e, "disposing a kernel");
-            }
-        });
-        futures::stream::iter(disposals)
-            .buffer_unordered(crate::docker::REMOVAL_CONCURRENCY)
-            .collect::<Vec<()>>()
-            .await;
     }
 
     /// Disposes of every kernel of a session, its delegated children's included, at once: a
@@ -107,13 +81,13 @@ impl Orchestrator {
             None,
             false,
         );
-        self.dispose_slots(slots).await;
+        crate::services::dispose_slots(slots).await;
         let hibernated = self
             .inner
             .registry
             .remove_hibernated(|k| k.owner.tenant == tenant && k.owner.session == session);
         let n = n + hibernated.len();
-        self.discard_checkpoints(hibernated).await;
+        self.inner.hibernation.discard(hibernated).await;
         n
     }
 
@@ -129,7 +103,7 @@ impl Orchestrator {
             Some(LossReason::Evicted),
             true,
         );
-        self.dispose_slots(slots).await;
+        crate::services::dispose_slots(slots).await;
         n
     }
 
@@ -147,12 +121,12 @@ impl Orchestrator {
             None,
             false,
         );
-        self.dispose_slots(slots).await;
+        crate::services::dispose_slots(slots).await;
         let hibernated = self.inner.registry.remove_hibernated(|k| {
             let o = &k.owner;
             o.tenant == tenant && o.session == session && o.child.as_deref() == Some(child)
         });
-        self.discard_checkpoints(hibernated).await;
+        self.inner.hibernation.discard(hibernated).await;
         n
     }
 
@@ -287,11 +261,13 @@ impl Orchestrator {
     pub async fn reap_once(&self) -> usize {
         let (slots, hibernating) = self.inner.registry.reap_idle();
         let n = slots.len();
-        self.dispose_slots(slots).await;
-        self.hibernate_slots(hibernating, crate::cell::LossReason::IdleReaped)
+        crate::services::dispose_slots(slots).await;
+        let hibernation = &self.inner.hibernation;
+        hibernation
+            .park(hibernating, crate::cell::LossReason::IdleReaped)
             .await;
-        self.expire_checkpoints().await;
-        if let Some(workspaces) = &self.inner.workspaces {
+        hibernation.expire().await;
+        if let Some(workspaces) = self.inner.transfers.workspaces() {
             match workspaces.sweep_expired().await {
                 Ok(removed) if !removed.is_empty() => {
                     tracing::info!(workspaces = removed.len(), "expired workspaces deleted");

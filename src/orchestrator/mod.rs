@@ -24,11 +24,9 @@
 //! | `tests.rs`, `pool_tests.rs` | unit tests against the fake engine in paused time |
 
 mod adopt;
-mod audit;
 mod command;
 mod execute;
 mod files;
-mod hibernate;
 mod lease;
 mod lifecycle;
 mod node;
@@ -36,16 +34,15 @@ mod pool;
 #[cfg(test)]
 mod pool_tests;
 mod request;
-mod runaway;
 mod shutdown;
 mod start;
 #[cfg(test)]
 mod tests;
-mod usage;
 mod workspace_files;
 
 pub use crate::histogram::Histogram;
 pub use crate::registry::{EvictionCounts, LossCounts};
+pub use crate::services::{MAX_TRANSFERS, MAX_TRANSFERS_PER_TENANT};
 pub use command::{CommandError, CommandRequest};
 pub use files::{FileError, FileRequest};
 pub use lifecycle::ConfigHold;
@@ -54,7 +51,6 @@ pub use request::{
     AdmissionNotice, ExecuteError, ExecuteRequest, FileBytes, KernelSummary, Scope, StartError,
     StartStats, Stats, TenantStats, START_BUCKETS,
 };
-pub use workspace_files::{MAX_TRANSFERS, MAX_TRANSFERS_PER_TENANT};
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -71,6 +67,7 @@ use crate::instance::watchdog::Watchdog;
 use crate::instance::Instance;
 use crate::owner::{NameError, Owner};
 use crate::registry::Registry;
+use crate::services::{AuditTrail, Hibernation, UsageLedger, WorkspaceTransfers};
 
 /// How long past `spawn_timeout` an interrupt waits for the cells it cancelled to settle.
 pub const INTERRUPT_SETTLE: Duration = Duration::from_secs(10);
@@ -80,7 +77,7 @@ struct Inner {
     engine: Arc<dyn Engine>,
     instance: Instance,
     labels: BTreeMap<String, String>,
-    registry: Registry,
+    registry: Arc<Registry>,
     monitor: EventMonitor,
     tracker: TaskTracker,
     cancel: CancellationToken,
@@ -99,18 +96,16 @@ struct Inner {
     watchdog: Mutex<Option<Watchdog>>,
     catalog: Option<Arc<CatalogWriter>>,
     pool: pool::PoolState,
-    /// Usage recorded since the last flush to the ledger (`usage.rs`, `docs/usage.md`).
-    ledger: Arc<crate::usage::Pending>,
-    /// Where the usage ledger is kept: the catalog, or memory without one.
-    ledger_store: Arc<dyn crate::catalog::Catalog>,
     /// Network egress by policy, when configured (`docs/reliability.md`, "Network egress").
     egress: Option<Arc<crate::egress::Egress>>,
-    /// Workspaces, when configured (`docs/workspaces.md`).
-    workspaces: Option<Arc<crate::workspace::Workspaces>>,
-    /// The audit trail, when configured (`audit.rs`, `docs/usage.md`, "Audit trail").
-    audit: Option<crate::audit::Auditor>,
-    /// Workspace transfers without a kernel running, per tenant (`workspace_files.rs`).
-    workspace_transfers: Arc<workspace_files::TransferCounts>,
+    /// Parks idle kernels and restores them (`services/hibernation/`).
+    hibernation: Arc<Hibernation>,
+    /// The usage ledger (`services/usage.rs`, `docs/usage.md`).
+    usage: Arc<UsageLedger>,
+    /// The audit trail (`services/audit.rs`, `docs/usage.md`, "Audit trail").
+    audit: AuditTrail,
+    /// The workspaces and their transfer kernels (`services/transfers.rs`).
+    transfers: WorkspaceTransfers,
 }
 
 /// Runs stateful Python kernels in containers, one per key. Cheap to clone.
@@ -131,15 +126,30 @@ impl std::fmt::Debug for Orchestrator {
 impl Orchestrator {
     /// Workspaces, when configured (`docs/workspaces.md`): list, delete, the TTL sweep.
     pub fn workspaces(&self) -> Option<&crate::workspace::Workspaces> {
-        self.inner.workspaces.as_deref()
+        self.inner.transfers.workspaces().map(|w| w.as_ref())
     }
 
     /// `tenant`'s workspace policy: its sessions' `/work` is a workspace.
     pub(crate) fn workspace_policy(&self, tenant: &str) -> Option<crate::config::WorkspacePolicy> {
-        self.inner
-            .workspaces
-            .as_ref()
-            .and_then(|w| w.policy(tenant).copied())
+        self.inner.transfers.policy(tenant)
+    }
+
+    /// Hibernated kernels (checkpointed, or being checkpointed).
+    pub fn hibernated(&self) -> usize {
+        self.inner.hibernation.count()
+    }
+
+    /// The usage ledger over `[from, to)` (seconds since the epoch, widened to whole hours),
+    /// of `tenant` only when given, grouped as asked; what is pending is flushed first, so a
+    /// report includes every cell ended before it.
+    pub async fn usage(
+        &self,
+        tenant: Option<&str>,
+        from: u64,
+        to: u64,
+        group_by: crate::usage::GroupBy,
+    ) -> Result<Vec<crate::usage::UsageRow>, crate::catalog::CatalogError> {
+        self.inner.usage.report(tenant, from, to, group_by).await
     }
 
     /// The validated configuration.
@@ -223,12 +233,7 @@ impl Orchestrator {
                 ..self.inner.pool.stats().clone()
             },
             file_bytes: self.inner.file_bytes.snapshot(),
-            audit: self
-                .inner
-                .audit
-                .as_ref()
-                .map(|a| a.stats())
-                .unwrap_or_default(),
+            audit: self.inner.audit.stats(),
         }
     }
 }

@@ -258,7 +258,7 @@ impl Orchestrator {
     /// Disposes of kernels that left the pool without an owner.
     pub(super) async fn dispose_pooled(&self, kernels: Vec<Arc<Kernel>>) {
         for kernel in kernels {
-            self.dispose_kernel(&kernel).await;
+            crate::services::dispose_kernel(&kernel).await;
         }
     }
 
@@ -391,7 +391,7 @@ impl Orchestrator {
             Ok(kernel) => {
                 inner.pool.stats().refills.observe(seconds);
                 if let Some(unwanted) = inner.registry.pool_offer(inner.pool.spec.clone(), kernel) {
-                    self.dispose_kernel(&unwanted).await;
+                    crate::services::dispose_kernel(&unwanted).await;
                 }
                 self.publish_pool();
                 Ok(())

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::{hibernate, pool, Inner, Orchestrator, StartError, StartStats};
+use super::{pool, Inner, Orchestrator, StartError, StartStats};
 use crate::catalog::{Catalog, CatalogError, CatalogWriter, Change, Entry, EntryState};
 use crate::cell::{LossReason, StateLost};
 use crate::config::{IntoValidConfig, ValidConfig};
@@ -22,6 +22,7 @@ use crate::instance::watchdog::Watchdog;
 use crate::instance::Instance;
 use crate::labels;
 use crate::registry::Registry;
+use crate::services;
 
 /// What the catalog held at start.
 struct Restored {
@@ -86,7 +87,7 @@ impl Orchestrator {
         let instance = Instance::current();
         prepare_file_sockets(&mut config).await;
         // Hibernated kernels of an earlier run outlive it (the sweep leaves them by name).
-        let recorded = hibernate::recorded(&config, engine.as_ref()).await?;
+        let recorded = services::recorded(&config, engine.as_ref()).await?;
         if config.housekeeping.sweep_on_start {
             sweep_leftovers(engine.as_ref(), &instance).await?;
         }
@@ -122,20 +123,35 @@ impl Orchestrator {
             None => None,
         };
         let tracker = TaskTracker::new();
-        let audit = match &config.audit {
-            Some(audit) => Some(crate::audit::Auditor::start(audit.sink.clone(), &tracker)?),
-            None => None,
-        };
+        let audit = services::AuditTrail::start(config.audit.as_ref(), &tracker)?;
+        let registry = Arc::new(Registry::new(
+            config.kernels.max_session_kernels,
+            config.kernels.idle_timeout,
+        ));
+        let monitor = EventMonitor::default();
+        let hibernation = Arc::new(services::Hibernation::new(
+            &config,
+            registry.clone(),
+            engine.clone(),
+            tracker.clone(),
+            monitor.clone(),
+            &instance,
+        ));
+        let usage = Arc::new(services::UsageLedger::new(
+            match &restored {
+                Some(r) => r.store.clone(),
+                None => Arc::new(crate::catalog::MemoryCatalog::default()),
+            },
+            egress.clone(),
+        ));
         let inner = Arc::new(Inner {
-            workspace_transfers: Arc::default(),
+            transfers: services::WorkspaceTransfers::new(workspaces),
             audit,
             egress,
-            workspaces,
+            hibernation,
+            usage,
             pool: pool::PoolState::new(config.spec.clone(), config.pool.size),
-            registry: Registry::new(
-                config.kernels.max_session_kernels,
-                config.kernels.idle_timeout,
-            ),
+            registry,
             labels: {
                 let mut labels = instance.labels(&config.housekeeping.extra_labels);
                 if let Some(tag) = &recorded.tag {
@@ -145,7 +161,7 @@ impl Orchestrator {
             },
             config,
             engine,
-            monitor: EventMonitor::default(),
+            monitor,
             tracker,
             cancel: CancellationToken::new(),
             running: Mutex::new(HashMap::new()),
@@ -158,11 +174,6 @@ impl Orchestrator {
             watchdog: Mutex::new(watchdog),
             instance,
             catalog: restored.as_ref().map(|r| r.writer.clone()),
-            ledger: Arc::default(),
-            ledger_store: match &restored {
-                Some(r) => r.store.clone(),
-                None => Arc::new(crate::catalog::MemoryCatalog::default()),
-            },
         });
         inner.registry.set_ceilings(
             inner
@@ -176,15 +187,12 @@ impl Orchestrator {
             Some(restored) => restored.seed(&inner.registry),
             None => 0,
         };
-        if let Some(egress) = &inner.egress {
-            egress.count_usage_in(inner.ledger.clone());
-        }
         let orchestrator = Orchestrator { inner };
-        let adopted = orchestrator.adopt_recorded(recorded.records);
+        let adopted = orchestrator.inner.hibernation.adopt(recorded.records);
         let registry = &orchestrator.inner.registry;
         registry.count_losses(LossReason::ServerRestarted, live.saturating_sub(adopted));
         // Before any call can take a checkpoint: what no kept checkpoint claims goes.
-        orchestrator.clear_checkpoints().await;
+        orchestrator.inner.hibernation.clear_dir().await;
         orchestrator.start_tasks();
         Ok(orchestrator)
     }
@@ -209,10 +217,11 @@ impl Orchestrator {
         );
         let reaper = self.clone();
         i.tracker.spawn(async move { reaper.reap_forever().await });
-        let watch = self.clone();
-        i.tracker.spawn(async move { watch.watch_runaways().await });
-        let ledger = self.clone();
-        i.tracker.spawn(async move { ledger.keep_ledger().await });
+        let watch = services::RunawayWatcher::new(&i.config, i.registry.clone());
+        i.tracker.spawn(watch.run(i.cancel.clone()));
+        let (usage, registry, cancel) = (i.usage.clone(), i.registry.clone(), i.cancel.clone());
+        i.tracker
+            .spawn(async move { usage.keep(&registry, cancel).await });
         self.start_pool();
     }
 }

@@ -1,14 +1,18 @@
 //! The audit trail's records (`docs/usage.md`, "Audit trail"): one per cell and per command
 //! that ran in a kernel of a tenant that opted in, handed to the trail's writer
 //! ([`crate::audit::Auditor`]) without waiting. The code's hash always, the code only for a
-//! tenant that asked for it, never the output.
+//! tenant that asked for it, never the output. A service of the orchestrator: [`AuditTrail`]
+//! owns the writer and the tenants' policies; cells and commands hand it what ran.
 
-use super::Orchestrator;
-use crate::audit::{AuditKind, AuditRecord};
+use tokio_util::task::TaskTracker;
+
+use crate::audit::{
+    AuditConfig, AuditError, AuditKind, AuditPolicy, AuditRecord, AuditStats, Auditor,
+};
 use crate::owner::Owner;
 
 /// What ran, as the trail records it.
-pub(super) struct Ran<'a> {
+pub(crate) struct Ran<'a> {
     pub kind: AuditKind,
     pub owner: &'a Owner,
     /// The code (a command's: its arguments joined by NUL, [`AuditRecord::command_code`]).
@@ -20,13 +24,52 @@ pub(super) struct Ran<'a> {
     pub exit_code: Option<i64>,
 }
 
-impl Orchestrator {
+/// The audit trail: its writer and the tenants it audits, when configured.
+#[derive(Default)]
+pub(crate) struct AuditTrail {
+    writer: Option<Auditor>,
+    config: Option<AuditConfig>,
+}
+
+impl AuditTrail {
+    /// The trail of `config` (none without one), its writer owned by `tracker`.
+    pub(crate) fn start(
+        config: Option<&AuditConfig>,
+        tracker: &TaskTracker,
+    ) -> Result<AuditTrail, AuditError> {
+        let Some(config) = config else {
+            return Ok(AuditTrail::default());
+        };
+        Ok(AuditTrail {
+            writer: Some(Auditor::start(config.sink.clone(), tracker)?),
+            config: Some(config.clone()),
+        })
+    }
+
+    /// How `tenant` is audited; `None` when it is not.
+    fn policy(&self, tenant: &str) -> Option<AuditPolicy> {
+        self.config.as_ref()?.tenants.get(tenant).copied()
+    }
+
+    /// The writer's counters (zero without a trail).
+    pub(crate) fn stats(&self) -> AuditStats {
+        self.writer.as_ref().map(|a| a.stats()).unwrap_or_default()
+    }
+
+    /// Writes what was recorded and closes the trail (at the stop, once the kernels are
+    /// gone: their cells and commands have ended).
+    pub(crate) async fn close(&self) {
+        if let Some(writer) = &self.writer {
+            writer.close().await;
+        }
+    }
+
     /// Records `ran` when its tenant is audited.
-    pub(super) fn audit(&self, ran: Ran<'_>) {
-        let (Some(auditor), Some(config)) = (&self.inner.audit, &self.inner.config.audit) else {
+    pub(crate) fn record(&self, ran: Ran<'_>) {
+        let Some(auditor) = &self.writer else {
             return;
         };
-        let Some(policy) = config.tenants.get(&ran.owner.tenant) else {
+        let Some(policy) = self.policy(&ran.owner.tenant) else {
             return;
         };
         let mut record = AuditRecord {

@@ -1,157 +1,143 @@
-//! Hibernation in the orchestrator (`docs/runtimes.md`, "Hibernation"): the reaper's idle
-//! slots whose kernels hibernate are checkpointed (`Kernel::hibernate`) rather than disposed
-//! of; a call for a key waits for its hibernation under way, and its next kernel is the
-//! checkpoint restored (`Kernel::restore`) when there is one. A checkpoint that fails, or a
-//! restore that fails, is the loss it would have been without hibernation (`idle_reaped`),
-//! never a silent one.
+//! Hibernation, a service of the orchestrator (`docs/runtimes.md`, "Hibernation"): the
+//! reaper's idle slots whose kernels hibernate are parked (checkpointed, `Kernel::hibernate`)
+//! rather than disposed of; a call for a key waits for its hibernation under way, and its next
+//! kernel is the checkpoint restored (`Kernel::restore`) when there is one; checkpoints past
+//! their bounds or age, of a reset, or of a stop that does not keep them are discarded. A
+//! checkpoint that fails, or a restore that fails, is the loss it would have been without
+//! hibernation (`idle_reaped`), never a silent one. The checkpoints themselves are kept by
+//! the registry (`registry/hibernated.rs`), under its lock with the slots they replace.
+//!
+//! | file | what |
+//! |---|---|
+//! | `mod.rs` | [`Hibernation`]: park, wait, restore, discard, expire; the checkpoints' directory |
+//! | `recorded.rs` | what an earlier run left at start ([`recorded`]), the directory's clearing |
 
-use std::collections::HashSet;
+mod recorded;
+
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
-use super::Orchestrator;
+use tokio_util::task::TaskTracker;
+
 use crate::cell::LossReason;
 use crate::config::{HibernateConfig, ValidConfig, HIBERNATE_ANSWER_LIMIT, HIBERNATE_WAIT_LIMIT};
-use crate::docker::{ContainerInfo, Engine, EngineError};
+use crate::docker::monitor::EventMonitor;
+use crate::docker::Engine;
+use crate::instance::Instance;
 use crate::kernel::{Checkpoint, Kernel, KernelError, Record, Restore};
-use crate::labels;
 use crate::owner::KernelKey;
-use crate::registry::{HibernationBounds, Slot, TenantLimits};
+use crate::registry::{HibernationBounds, Registry, Slot, TenantLimits};
 
-/// Hibernated kernels an earlier run of the server left, read at start.
-#[derive(Default)]
-pub(super) struct Recorded {
-    /// The records to take over: their containers are still there, stopped, named hibernated.
-    pub(super) records: Vec<Record>,
-    /// The [`labels::CHECKPOINTS`] label this run's kernels carry, when checkpoints outlive
-    /// it.
-    pub(super) tag: Option<String>,
-}
-
-/// The hibernated kernels an earlier run left in the checkpoints' directory, when checkpoints
-/// outlive a run (`HibernateConfig::lasts`): the records whose containers are still there,
-/// stopped and named hibernated. What no record claims (a record unreadable or not written,
-/// a kill between the rename and the record) is discarded: the stopped containers labelled
-/// with this directory's tag, with their volumes. A server whose checkpoints do not outlive
-/// it (one that does not hibernate, on the state directory's `checkpoints`) discards every
-/// one, and clears the directory: their owners are told `server_restarted`.
-pub(super) async fn recorded(
-    config: &ValidConfig,
-    engine: &dyn Engine,
-) -> Result<Recorded, EngineError> {
-    let state_dir = config.housekeeping.state_dir.as_deref();
-    let (dir, lasting) = match (&config.hibernate, state_dir) {
-        (Some(h), _) if h.lasts(state_dir) => (h.checkpoint_dir(state_dir, ""), true),
-        (_, Some(state)) => (
-            HibernateConfig::default().checkpoint_dir(Some(state), ""),
-            false,
-        ),
-        (_, None) => return Ok(Recorded::default()),
-    };
-    let reading = dir.clone();
-    let (records, tag) = tokio::task::spawn_blocking(move || {
-        (
-            Record::read_all(&reading),
-            labels::checkpoints_tag(&reading),
-        )
-    })
-    .await
-    .unwrap_or_default();
-    let hibernated: Vec<ContainerInfo> = engine
-        .list_containers(&[labels::managed(), labels::filter(labels::CHECKPOINTS, &tag)])
-        .await?
-        .into_iter()
-        .filter(|c| {
-            c.state == "exited"
-                && matches!(
-                    labels::name_claim(&c.name),
-                    labels::NameClaim::Hibernated { .. }
-                )
-        })
-        .collect();
-    let (records, unclaimed): (Vec<Record>, Vec<Record>) = records
-        .into_iter()
-        .partition(|r| lasting && hibernated.iter().any(|c| c.id == r.checkpoint.id));
-    for record in &unclaimed {
-        record.checkpoint.discard(engine).await;
-    }
-    for c in &hibernated {
-        if records.iter().any(|r| r.checkpoint.id == c.id) {
-            continue;
-        }
-        tracing::warn!(container = %crate::docker::short_id(&c.id), "a hibernated kernel no record claims: discarded");
-        let _ = engine.remove_container(&c.id).await;
-        if let Some(volume) = c.labels.get(labels::VOLUME) {
-            let _ = crate::docker::remove_volume_when_free(engine, volume).await;
-        }
-    }
-    if !lasting {
-        let _ = tokio::task::spawn_blocking(move || clear_dir(&dir, &HashSet::new())).await;
-        return Ok(Recorded::default());
-    }
-    Ok(Recorded {
-        records,
-        tag: Some(tag),
-    })
-}
+pub(crate) use recorded::recorded;
 
 /// Kernels checkpointed at once (each writes its memory to disk).
 const HIBERNATE_CONCURRENCY: usize = 4;
 
-impl Orchestrator {
-    /// Hibernated kernels (checkpointed, or being checkpointed).
-    pub fn hibernated(&self) -> usize {
-        self.inner.registry.hibernated_count()
+/// What a restore needs besides the checkpoint.
+struct Restoring {
+    monitor: EventMonitor,
+    helper_idle: Duration,
+    spawn_timeout: Duration,
+    instance: Instance,
+}
+
+/// The hibernation service: its settings, where its checkpoints go, and what it parks,
+/// restores and discards them with. Built once at start; with kernels that do not hibernate
+/// it parks nothing and only discards.
+pub(crate) struct Hibernation {
+    /// `None` when kernels do not hibernate.
+    config: Option<HibernateConfig>,
+    /// The checkpoints' directory of this instance, when kernels hibernate.
+    dir: Option<PathBuf>,
+    /// Checkpoints outlive this run (`HibernateConfig::lasts`).
+    lasting: bool,
+    registry: Arc<Registry>,
+    engine: Arc<dyn Engine>,
+    tracker: TaskTracker,
+    restoring: Restoring,
+}
+
+impl Hibernation {
+    pub(crate) fn new(
+        config: &ValidConfig,
+        registry: Arc<Registry>,
+        engine: Arc<dyn Engine>,
+        tracker: TaskTracker,
+        monitor: EventMonitor,
+        instance: &Instance,
+    ) -> Hibernation {
+        let state_dir = config.housekeeping.state_dir.as_deref();
+        let hibernate = config.hibernate.clone();
+        Hibernation {
+            dir: hibernate
+                .as_ref()
+                .map(|h| h.checkpoint_dir(state_dir, &instance.id)),
+            lasting: hibernate.as_ref().is_some_and(|h| h.lasts(state_dir)),
+            config: hibernate,
+            registry,
+            engine,
+            tracker,
+            restoring: Restoring {
+                monitor,
+                helper_idle: config.files.helper_idle,
+                spawn_timeout: config.kernels.spawn_timeout,
+                instance: instance.clone(),
+            },
+        }
+    }
+
+    /// Whether `key`'s idle kernel is to hibernate (its tenant's policy, its runtime).
+    pub(crate) fn applies(&self, key: &KernelKey) -> bool {
+        self.config
+            .as_ref()
+            .is_some_and(|h| h.applies(&key.owner.tenant, key.runtime))
     }
 
     /// `limits` with `hibernate` set when `key`'s idle kernel is to hibernate.
-    pub(super) fn with_hibernation(&self, key: &KernelKey, limits: TenantLimits) -> TenantLimits {
-        let hibernate = self
-            .inner
-            .config
-            .hibernate
-            .as_ref()
-            .is_some_and(|h| h.applies(&key.owner.tenant, key.runtime));
+    pub(crate) fn limits_for(&self, key: &KernelKey, limits: TenantLimits) -> TenantLimits {
         TenantLimits {
-            hibernate,
+            hibernate: self.applies(key),
             ..limits
         }
     }
 
-    fn hibernation_bounds(&self) -> Option<HibernationBounds> {
-        self.inner
-            .config
-            .hibernate
-            .as_ref()
-            .map(|h| HibernationBounds {
-                max_kernels: h.max_kernels,
-                max_per_tenant: h.max_per_tenant,
-                max_bytes: h.max_bytes,
-                max_tenant_bytes: h.max_tenant_bytes,
-                max_age: h.max_age,
-            })
+    /// Hibernated kernels (checkpointed, or being checkpointed).
+    pub(crate) fn count(&self) -> usize {
+        self.registry.hibernated_count()
+    }
+
+    /// Whether checkpoints outlive this run (`HibernateConfig::lasts`).
+    pub(crate) fn lasts(&self) -> bool {
+        self.lasting
+    }
+
+    fn bounds(&self) -> Option<HibernationBounds> {
+        self.config.as_ref().map(|h| HibernationBounds {
+            max_kernels: h.max_kernels,
+            max_per_tenant: h.max_per_tenant,
+            max_bytes: h.max_bytes,
+            max_tenant_bytes: h.max_tenant_bytes,
+            max_age: h.max_age,
+        })
     }
 
     /// Takes over the hibernated kernels an earlier run recorded ([`recorded`]): their owners'
     /// next calls restore them (their containers carry an earlier instance's labels: the
     /// event monitor then follows every kernelbox container). Those the registry refuses
     /// (moved on since, past the bounds) are discarded. Returns how many were taken over.
-    pub(super) fn adopt_recorded(&self, records: Vec<Record>) -> u64 {
-        let inner = &self.inner;
-        let Some(bounds) = self.hibernation_bounds() else {
+    pub(crate) fn adopt(self: &Arc<Self>, records: Vec<Record>) -> u64 {
+        let Some(bounds) = self.bounds() else {
             return 0;
         };
         if records.is_empty() {
             return 0;
         }
         // A tenant that no longer hibernates (the tenants file changed) gets none back.
-        let (records, unwanted): (Vec<Record>, Vec<Record>) = records.into_iter().partition(|r| {
-            inner
-                .config
-                .hibernate
-                .as_ref()
-                .is_some_and(|h| h.applies(&r.key.owner.tenant, r.key.runtime))
-        });
-        let mut gone = inner.registry.adopt_checkpoints(
+        let (records, unwanted): (Vec<Record>, Vec<Record>) =
+            records.into_iter().partition(|r| self.applies(&r.key));
+        let registry = &self.registry;
+        let mut gone = registry.adopt_checkpoints(
             records
                 .into_iter()
                 .map(|r| (r.key, r.generation, r.checkpoint))
@@ -160,35 +146,33 @@ impl Orchestrator {
         );
         gone.extend(unwanted.into_iter().map(|r| r.checkpoint));
         // Past this run's age bound already: discarded now, not restored first.
-        gone.extend(inner.registry.expired_checkpoints(bounds.max_age));
-        let adopted = inner.registry.hibernated_count() as u64;
+        gone.extend(registry.expired_checkpoints(bounds.max_age));
+        let adopted = registry.hibernated_count() as u64;
         tracing::info!(
             kernels = adopted,
             discarded = gone.len(),
             "hibernated kernels of an earlier run taken over"
         );
         let this = self.clone();
-        inner
-            .tracker
-            .spawn(async move { this.discard_checkpoints(gone).await });
+        self.tracker.spawn(async move { this.discard(gone).await });
         adopted
     }
 
     /// Waits (bounded) for `key`'s hibernation under way, so the call then finds its
     /// checkpoint, or the loss it turned into.
-    pub(super) async fn await_hibernation(&self, key: &KernelKey) {
-        if let Some(done) = self.inner.registry.hibernation_of(key) {
+    pub(crate) async fn wait_for(&self, key: &KernelKey) {
+        if let Some(done) = self.registry.hibernation_of(key) {
             let _ = tokio::time::timeout(HIBERNATE_WAIT_LIMIT, done.cancelled()).await;
         }
     }
 
-    /// Hibernates the kernels of `slots` (each marked pending in the registry), a few at a
-    /// time; `from` is why: the idle reap or an eviction, the loss each would be without.
-    pub(super) async fn hibernate_slots(&self, slots: Vec<Arc<Slot>>, from: LossReason) {
+    /// Parks the kernels of `slots` (each marked pending in the registry), a few at a time;
+    /// `from` is why: the idle reap, an eviction or the stop, the loss each would be without.
+    pub(crate) async fn park(&self, slots: Vec<Arc<Slot>>, from: LossReason) {
         use futures::StreamExt;
         futures::stream::iter(slots)
             .for_each_concurrent(HIBERNATE_CONCURRENCY, |slot| async move {
-                self.hibernate_slot(&slot, from).await;
+                self.park_one(&slot, from).await;
             })
             .await;
     }
@@ -196,27 +180,26 @@ impl Orchestrator {
     /// Of the slots an admission evicted, those whose kernels hibernate start doing so in the
     /// background (owned by the tracker; their owners' calls wait for it): the admitted call
     /// does not wait on their checkpoints.
-    pub(super) fn hibernate_evicted(&self, doomed: &mut Vec<Arc<Slot>>) {
-        let hibernating = self.inner.registry.take_hibernating(doomed);
+    pub(crate) fn park_evicted(self: &Arc<Self>, doomed: &mut Vec<Arc<Slot>>) {
+        let hibernating = self.registry.take_hibernating(doomed);
         if hibernating.is_empty() {
             return;
         }
         let this = self.clone();
-        self.inner.tracker.spawn(async move {
-            this.hibernate_slots(hibernating, LossReason::Evicted).await;
+        self.tracker.spawn(async move {
+            this.park(hibernating, LossReason::Evicted).await;
         });
     }
 
-    async fn hibernate_slot(&self, slot: &Slot, from: LossReason) {
-        let registry = &self.inner.registry;
-        let Some(bounds) = self.hibernation_bounds() else {
+    async fn park_one(&self, slot: &Slot, from: LossReason) {
+        let registry = &self.registry;
+        let Some(bounds) = self.bounds() else {
             return;
         };
-        let result = match (slot.kernel.get(), self.checkpoint_dir().await) {
+        let result = match (slot.kernel.get(), self.created_dir().await) {
             (Some(kernel), Ok(dir)) => {
-                let lasting = self.checkpoints_last();
                 kernel
-                    .hibernate(HIBERNATE_ANSWER_LIMIT, &dir, lasting)
+                    .hibernate(HIBERNATE_ANSWER_LIMIT, &dir, self.lasting)
                     .await
             }
             (None, _) => Err(KernelError::Hibernate("no kernel".into())),
@@ -232,7 +215,7 @@ impl Orchestrator {
                     _ => "idle",
                 }
                 .into();
-                if self.checkpoints_last() {
+                if self.lasting {
                     // Its record, for a restarted server to take it over (`record.rs`).
                     let record =
                         Record::new(slot.key.clone(), slot.generation(), checkpoint.clone());
@@ -246,12 +229,12 @@ impl Orchestrator {
                     "idle kernel hibernated"
                 );
                 let gone = registry.hibernation_done(&slot.key, Ok(checkpoint), bounds);
-                self.discard_checkpoints(gone).await;
+                self.discard(gone).await;
             }
             Err(e) => {
                 tracing::warn!(error = %e, "an idle kernel could not hibernate: reaped instead");
                 if let Some(kernel) = slot.kernel.get() {
-                    self.dispose_kernel(kernel).await;
+                    super::dispose_kernel(kernel).await;
                 }
                 registry.hibernation_done(&slot.key, Err(from), bounds);
             }
@@ -261,38 +244,19 @@ impl Orchestrator {
     /// Removes what is in the checkpoints' directory (`kb-*`) but the files of the
     /// checkpoints kept: at start, those no record claims (or whose record was not taken
     /// over), and at a stop that does not keep them, all.
-    pub(super) async fn clear_checkpoints(&self) {
-        let Some(dir) = self.checkpoint_path() else {
+    pub(crate) async fn clear_dir(&self) {
+        let Some(dir) = self.dir.clone() else {
             return;
         };
-        let keep = self.inner.registry.checkpoint_files();
-        let _ = tokio::task::spawn_blocking(move || clear_dir(&dir, &keep)).await;
-    }
-
-    /// Whether checkpoints outlive this run (`HibernateConfig::lasts`).
-    pub(super) fn checkpoints_last(&self) -> bool {
-        let config = &self.inner.config;
-        config
-            .hibernate
-            .as_ref()
-            .is_some_and(|h| h.lasts(config.housekeeping.state_dir.as_deref()))
-    }
-
-    /// The checkpoints' directory, when kernels hibernate.
-    pub(super) fn checkpoint_path(&self) -> Option<std::path::PathBuf> {
-        let config = &self.inner.config;
-        config.hibernate.as_ref().map(|h| {
-            h.checkpoint_dir(
-                config.housekeeping.state_dir.as_deref(),
-                &self.inner.instance.id,
-            )
-        })
+        let keep = self.registry.checkpoint_files();
+        let _ = tokio::task::spawn_blocking(move || recorded::clear_dir(&dir, &keep)).await;
     }
 
     /// Where checkpoints are written, created (mode 0700) if missing.
-    async fn checkpoint_dir(&self) -> std::io::Result<std::path::PathBuf> {
+    async fn created_dir(&self) -> std::io::Result<PathBuf> {
         let dir = self
-            .checkpoint_path()
+            .dir
+            .clone()
             .ok_or_else(|| std::io::Error::other("kernels do not hibernate"))?;
         tokio::task::spawn_blocking(move || {
             use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
@@ -308,9 +272,9 @@ impl Orchestrator {
     }
 
     /// Removes hibernated kernels' containers and volumes.
-    pub(super) async fn discard_checkpoints(&self, checkpoints: Vec<Checkpoint>) {
+    pub(crate) async fn discard(&self, checkpoints: Vec<Checkpoint>) {
         use futures::StreamExt;
-        let engine = self.inner.engine.as_ref();
+        let engine = self.engine.as_ref();
         futures::stream::iter(checkpoints)
             .for_each_concurrent(crate::docker::REMOVAL_CONCURRENCY, |c| async move {
                 c.discard(engine).await;
@@ -318,39 +282,43 @@ impl Orchestrator {
             .await;
     }
 
+    /// Discards the checkpoints of the keys `pick` chooses (a reset, a clear, an eviction,
+    /// a stop that does not keep them).
+    pub(crate) async fn discard_where(&self, pick: impl Fn(&KernelKey) -> bool) {
+        let gone = self.registry.remove_hibernated(pick);
+        self.discard(gone).await;
+    }
+
     /// Discards the checkpoints past their age (their losses recorded).
-    pub(super) async fn expire_checkpoints(&self) {
-        if let Some(bounds) = self.hibernation_bounds() {
-            let old = self.inner.registry.expired_checkpoints(bounds.max_age);
+    pub(crate) async fn expire(&self) {
+        if let Some(bounds) = self.bounds() {
+            let old = self.registry.expired_checkpoints(bounds.max_age);
             if !old.is_empty() {
                 tracing::info!(
                     checkpoints = old.len(),
                     "expired hibernated kernels discarded"
                 );
             }
-            self.discard_checkpoints(old).await;
+            self.discard(old).await;
         }
     }
 
-    /// `key`'s hibernated kernel restored, when it has one: `Ok(None)` when it has none, or
-    /// its restore failed (then the checkpoint is discarded and its loss recorded, for the
-    /// caller to report).
-    pub(super) async fn restore_hibernated(
-        &self,
-        key: &KernelKey,
-    ) -> Option<Result<Arc<Kernel>, LossReason>> {
-        let inner = &self.inner;
-        let checkpoint = inner.registry.take_checkpoint(key)?;
+    /// `key`'s hibernated kernel restored, when it has one: `None` when it has none; a
+    /// failed restore discards the checkpoint and returns the loss it is, for the caller to
+    /// report.
+    pub(crate) async fn restore(&self, key: &KernelKey) -> Option<Result<Arc<Kernel>, LossReason>> {
+        let checkpoint = self.registry.take_checkpoint(key)?;
+        let restoring = &self.restoring;
         let restored = Kernel::restore(
             &checkpoint,
             Restore {
-                engine: &inner.engine,
+                engine: &self.engine,
                 owner: &key.owner,
-                helper_idle: inner.config.files.helper_idle,
-                tracker: &inner.tracker,
-                monitor: inner.monitor.clone(),
-                limit: inner.config.kernels.spawn_timeout,
-                instance: &inner.instance,
+                helper_idle: restoring.helper_idle,
+                tracker: &self.tracker,
+                monitor: restoring.monitor.clone(),
+                limit: restoring.spawn_timeout,
+                instance: &restoring.instance,
             },
         )
         .await;
@@ -358,25 +326,9 @@ impl Orchestrator {
             Ok(kernel) => Some(Ok(kernel)),
             Err(e) => {
                 tracing::warn!(container = %crate::docker::short_id(&checkpoint.id), error = %e, "restoring a hibernated kernel failed: its state is lost");
-                checkpoint.discard(inner.engine.as_ref()).await;
+                checkpoint.discard(self.engine.as_ref()).await;
                 Some(Err(LossReason::IdleReaped))
             }
         }
-    }
-}
-
-/// Removes the `kb-*` entries of `dir` whose names are not in `keep`. Blocking.
-pub(super) fn clear_dir(dir: &std::path::Path, keep: &std::collections::HashSet<String>) {
-    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if !name.starts_with("kb-") || keep.contains(&name) {
-            continue;
-        }
-        let path = entry.path();
-        let _ = if path.is_dir() {
-            std::fs::remove_dir_all(path)
-        } else {
-            std::fs::remove_file(path)
-        };
     }
 }
