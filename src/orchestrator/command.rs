@@ -244,7 +244,7 @@ impl Orchestrator {
             caps: config.cells.output,
             sink: request.sink,
         };
-        let ran = super::adopt::run_adopted(&self.inner.tracker, async move {
+        let ran = super::adopt::run_adopted(&self.inner.tasks.tracker, async move {
             let ran = kernel.run_command(spec).await;
             drop((hold, slot));
             ran
@@ -260,10 +260,11 @@ impl Orchestrator {
         let mut result = ran?;
         result.duration_seconds = started.elapsed().as_secs_f64();
         self.inner
+            .services
             .usage
             .pending()
             .record(&owner.tenant, &owner.session, |r| r.commands += 1);
-        self.inner.audit.record(crate::services::Ran {
+        self.inner.services.audit.record(crate::services::Ran {
             kind: crate::audit::AuditKind::Command,
             owner: &owner,
             code: &audited,

@@ -113,6 +113,7 @@ impl Drop for Hold {
             let slot = self.slot.clone();
             self.orchestrator
                 .inner
+                .tasks
                 .tracker
                 .spawn(async move { crate::services::dispose_slots(vec![slot]).await });
         }
@@ -127,7 +128,7 @@ impl Orchestrator {
 
     /// Holds the owner's live kernel; [`FileError::NoKernel`] when it has none.
     fn hold_live(&self, owner: &Owner) -> Result<Hold, FileError> {
-        if self.inner.cancel.is_cancelled() {
+        if self.inner.tasks.cancel.is_cancelled() {
             return Err(ExecuteError::ShuttingDown.into());
         }
         match self.inner.registry.attach_live(owner) {
@@ -188,7 +189,7 @@ impl Orchestrator {
     /// `body`, its bytes counted as `owner`'s upload (metrics and the usage ledger).
     pub(super) fn count_upload(&self, owner: &Owner, body: ByteStream) -> ByteStream {
         let counters = self.inner.file_bytes.clone();
-        let ledger = self.inner.usage.pending().clone();
+        let ledger = self.inner.services.usage.pending().clone();
         let (tenant, session) = (owner.tenant.clone(), owner.session.clone());
         body.inspect_ok(move |chunk| {
             counters.uploaded(chunk.len());
@@ -204,7 +205,7 @@ impl Orchestrator {
         body: crate::files::DownloadStream,
     ) -> crate::files::DownloadStream {
         let counters = self.inner.file_bytes.clone();
-        let ledger = self.inner.usage.pending().clone();
+        let ledger = self.inner.services.usage.pending().clone();
         let (tenant, session) = (owner.tenant.clone(), owner.session.clone());
         body.inspect_ok(move |chunk| {
             counters.downloaded(chunk.len());
@@ -266,7 +267,7 @@ impl Orchestrator {
             drop(hold);
             written
         });
-        let written = crate::orchestrator::adopt::run_adopted(&self.inner.tracker, upload)
+        let written = crate::orchestrator::adopt::run_adopted(&self.inner.tasks.tracker, upload)
             .await
             .unwrap_or_else(|panic| {
                 Err(TransferError::Helper(format!(
@@ -423,8 +424,8 @@ impl Orchestrator {
         let started = tokio::time::Instant::now();
         {
             let (held, sent, done) = (held.clone(), sent.clone(), done.clone());
-            let shutdown = self.inner.cancel.clone();
-            self.inner.tracker.spawn(async move {
+            let shutdown = self.inner.tasks.cancel.clone();
+            self.inner.tasks.tracker.spawn(async move {
                 loop {
                     // The earliest moment the reader can fall below the rate.
                     let due = if rate == 0 {

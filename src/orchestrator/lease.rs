@@ -14,8 +14,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio_util::sync::CancellationToken;
-
 use super::{AdmissionNotice, ExecuteError, Orchestrator, Scope};
 use crate::catalog::{Change, Durable};
 use crate::cell::{KernelDeath, KernelInfo, StateLost};
@@ -95,51 +93,6 @@ struct Attempt {
     reused: bool,
 }
 
-/// A cell in flight, as an interrupt finds it.
-pub(super) struct Run {
-    id: u64,
-    pub(super) token: CancellationToken,
-    /// `Some(true)` once it ended as interrupted, `Some(false)` once it ended otherwise.
-    pub(super) outcome: tokio::sync::watch::Receiver<Option<bool>>,
-}
-
-/// A call's entry among the running calls (acquiring a kernel or running a cell), from
-/// [`Orchestrator::track_running`]; dropping it removes the entry. Dropped without
-/// [`Running::finish`] (the call failed before its cell ran), an interrupt waiting on it
-/// counts nothing.
-pub(super) struct Running<'a> {
-    orchestrator: &'a Orchestrator,
-    owner: Owner,
-    id: u64,
-    outcome: tokio::sync::watch::Sender<Option<bool>>,
-}
-
-impl Running<'_> {
-    /// Publishes how the cell ended, then removes the entry: an interrupt counts only cells
-    /// that really ended as interrupted.
-    pub(super) fn finish(self, interrupted: bool) {
-        let _ = self.outcome.send(Some(interrupted));
-    }
-}
-
-impl Drop for Running<'_> {
-    fn drop(&mut self) {
-        let inner = &self.orchestrator.inner;
-        let mut running = inner.running.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(runs) = running.get_mut(&self.owner) {
-            let before = runs.len();
-            runs.retain(|r| r.id != self.id);
-            let gone = before - runs.len();
-            if runs.is_empty() {
-                running.remove(&self.owner);
-            }
-            inner
-                .running_count
-                .send_modify(|n| *n = n.saturating_sub(gone));
-        }
-    }
-}
-
 impl Orchestrator {
     /// The key of `owner`'s kernel as `scope` makes it: the configured mode, the image it
     /// names (else `Config::image`) and its tools.
@@ -164,29 +117,6 @@ impl Orchestrator {
         })
     }
 
-    /// Enters a call among the running calls, interruptible by `token`, until the returned
-    /// entry is dropped.
-    pub(super) fn track_running(&self, owner: &Owner, token: &CancellationToken) -> Running<'_> {
-        let id = self
-            .inner
-            .next_run
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let (tx, rx) = tokio::sync::watch::channel(None);
-        let mut running = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
-        running.entry(owner.clone()).or_default().push(Run {
-            id,
-            token: token.clone(),
-            outcome: rx,
-        });
-        self.inner.running_count.send_modify(|n| *n += 1);
-        Running {
-            orchestrator: self,
-            owner: owner.clone(),
-            id,
-            outcome: tx,
-        }
-    }
-
     /// A live kernel for `key`: admitted under the caps (`admission`, when given, is told
     /// whether it was before any kernel starts), then the slot's own kernel, one taken from
     /// the warm pool, or one spawned now. `reset` discards the key's kernel first.
@@ -198,7 +128,7 @@ impl Orchestrator {
         admission: Option<&AdmissionNotice>,
     ) -> Result<Lease, ExecuteError> {
         let (mut reset, mut state_reset) = (reset, false);
-        let hibernation = &self.inner.hibernation;
+        let hibernation = &self.inner.services.hibernation;
         let limits = hibernation.limits_for(key, limits);
         hibernation.wait_for(key).await;
         if reset {
@@ -265,7 +195,7 @@ impl Orchestrator {
         // At once, busy or not: a kernel the registry no longer counts must not outlive this
         // call (the old kernel's running cell ends).
         doomed.extend(attach.reset);
-        self.inner.hibernation.park_evicted(&mut doomed);
+        self.inner.services.hibernation.park_evicted(&mut doomed);
         crate::services::dispose_slots(doomed).await;
         self.dispose_pooled(attach.discarded).await;
         Ok(Attempt {
@@ -334,7 +264,7 @@ impl Orchestrator {
     ) -> Result<Arc<Kernel>, KernelError> {
         // The reaper may have taken the key's idle slot just before this call's: its
         // hibernation is then awaited here, and restored.
-        let hibernation = &self.inner.hibernation;
+        let hibernation = &self.inner.services.hibernation;
         hibernation.wait_for(key).await;
         match hibernation.restore(key).await {
             Some(Ok(kernel)) => return Ok(kernel),
@@ -386,10 +316,8 @@ impl Orchestrator {
             }
             drop(span);
             inner
-                .starts
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .observe(result.is_ok(), started.elapsed().as_secs_f64());
+                .spawner
+                .count_start(result.is_ok(), started.elapsed().as_secs_f64());
             result
         }
     }
@@ -407,7 +335,7 @@ impl Orchestrator {
         let inner = &self.inner;
         let workspace = match (
             self.workspace_policy(&key.owner.tenant),
-            inner.transfers.workspaces(),
+            inner.services.transfers.workspaces(),
         ) {
             (Some(policy), Some(workspaces)) => {
                 let (uid, gid) = crate::kernel::parse_user(&inner.config.spec.sandbox.user);
@@ -419,18 +347,9 @@ impl Orchestrator {
         let kernel = Kernel::spawn(SpawnRequest {
             workspace,
             network,
-            engine: inner.engine.clone(),
-            spec: &inner.config.spec,
-            spawn_timeout: inner.config.kernels.spawn_timeout,
-            files: &inner.config.files,
-            base_labels: &inner.labels,
             owner: Some((key.clone(), generation)),
-            monitor: inner.monitor.clone(),
-            tracker: &inner.tracker,
-            sockets_refused: &inner.sockets_refused,
-            yield_to: None,
-            preload: &[],
             settings,
+            ..self.spawn_request()
         })
         .await?;
         let (Some(net), Some(grant), Some(egress)) = (network, grant, inner.egress.clone()) else {
@@ -443,7 +362,7 @@ impl Orchestrator {
         {
             Ok(addr) => {
                 let (gone, token) = (kernel.gone(), net.token.clone());
-                inner.tracker.spawn(async move {
+                inner.tasks.tracker.spawn(async move {
                     gone.cancelled().await;
                     egress.unregister(addr, &token);
                 });
@@ -570,6 +489,7 @@ impl Orchestrator {
             if attempt.pooled {
                 let owner = &key.owner;
                 self.inner
+                    .services
                     .usage
                     .pending()
                     .record(&owner.tenant, &owner.session, |r| r.pool_hits += 1);

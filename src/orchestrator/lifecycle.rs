@@ -16,14 +16,13 @@ impl Orchestrator {
     /// Calls running now: acquiring a kernel or running a cell, whether or not their caller
     /// still waits.
     pub fn running_cells(&self) -> usize {
-        *self.inner.running_count.borrow()
+        self.inner.running.count()
     }
 
     /// Waits until no call is running (see [`Orchestrator::running_cells`]); event-driven.
     /// Returns at once when none is.
     pub async fn wait_no_running_cells(&self) {
-        let mut rx = self.inner.running_count.subscribe();
-        let _ = rx.wait_for(|n| *n == 0).await;
+        self.inner.running.wait_none().await;
     }
 
     /// Interrupts every running cell of a session (children included) and returns how many
@@ -35,18 +34,7 @@ impl Orchestrator {
     /// error), or that has not settled by then, is not counted.
     pub async fn interrupt(&self, tenant: Option<&str>, session: &str) -> usize {
         let tenant = tenant.unwrap_or(&self.inner.config.default_tenant);
-        let outcomes: Vec<tokio::sync::watch::Receiver<Option<bool>>> = {
-            let running = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
-            running
-                .iter()
-                .filter(|(owner, _)| owner.tenant == tenant && owner.session == session)
-                .flat_map(|(_, runs)| runs.iter())
-                .map(|run| {
-                    run.token.cancel();
-                    run.outcome.clone()
-                })
-                .collect()
-        };
+        let outcomes = self.inner.running.cancel_session(tenant, session);
         let limit = self.inner.config.kernels.spawn_timeout
             + self.inner.config.cells.interrupt_grace
             + INTERRUPT_SETTLE;
@@ -87,7 +75,7 @@ impl Orchestrator {
             .registry
             .remove_hibernated(|k| k.owner.tenant == tenant && k.owner.session == session);
         let n = n + hibernated.len();
-        self.inner.hibernation.discard(hibernated).await;
+        self.inner.services.hibernation.discard(hibernated).await;
         n
     }
 
@@ -126,7 +114,7 @@ impl Orchestrator {
             let o = &k.owner;
             o.tenant == tenant && o.session == session && o.child.as_deref() == Some(child)
         });
-        self.inner.hibernation.discard(hibernated).await;
+        self.inner.services.hibernation.discard(hibernated).await;
         n
     }
 
@@ -262,12 +250,12 @@ impl Orchestrator {
         let (slots, hibernating) = self.inner.registry.reap_idle();
         let n = slots.len();
         crate::services::dispose_slots(slots).await;
-        let hibernation = &self.inner.hibernation;
+        let hibernation = &self.inner.services.hibernation;
         hibernation
             .park(hibernating, crate::cell::LossReason::IdleReaped)
             .await;
         hibernation.expire().await;
-        if let Some(workspaces) = self.inner.transfers.workspaces() {
+        if let Some(workspaces) = self.inner.services.transfers.workspaces() {
             match workspaces.sweep_expired().await {
                 Ok(removed) if !removed.is_empty() => {
                     tracing::info!(workspaces = removed.len(), "expired workspaces deleted");
@@ -314,7 +302,7 @@ impl Orchestrator {
         let interval = self.inner.config.reap_interval();
         loop {
             tokio::select! {
-                _ = self.inner.cancel.cancelled() => return,
+                _ = self.inner.tasks.cancel.cancelled() => return,
                 _ = tokio::time::sleep(interval) => {}
             }
             let n = self.reap_once().await;

@@ -1,25 +1,25 @@
 //! The orchestrator: the library's front door. Resolves owners to kernels through the
 //! registry, runs cells, turns outcomes into [`CellResult`](crate::CellResult)s, and owns every background task
-//! (event monitor, reaper, runaway watch) and the watchdog.
+//! (event monitor, reaper, the pool's refill) and the watchdog. Features with state of their
+//! own are services it builds at start and calls at named points (`services/`: hibernation,
+//! the usage ledger, the audit trail, workspace transfers, the runaway watch).
 //!
 //! | file | what |
 //! |---|---|
 //! | `mod.rs` | [`Orchestrator`] and its shared `Inner`, accessors, stats |
 //! | `start.rs` | the start: the config validated once, the catalog restored, the engine checked, sweep, watchdog, then the background tasks |
 //! | `request.rs` | what callers hand in and get back: [`Scope`] (whose kernel, made how), [`ExecuteRequest`], [`AdmissionNotice`], errors, [`KernelSummary`], [`Stats`] |
-//! | `lease.rs` | what an execute and an upload share: the kernel's key, `acquire` (admission, then the kernel reused, taken from the pool or spawned) and its lease, the catalog's confirmation of a new kernel, the running calls an interrupt finds |
+//! | `lease.rs` | what an execute and an upload share: the kernel's key, `acquire` (admission, then the kernel reused, taken from the pool or spawned) and its lease, the catalog's confirmation of a new kernel |
 //! | `execute.rs` | one execute in steps: resolve the request, acquire, run the cell, settle its [`CellResult`](crate::CellResult) (the ending named for `cell::Ending`, output capped) |
 //! | `command.rs` | a shell command in an owner's kernel container ([`CommandRequest`]): the kernel held or started, the per-session limit, adopted if its caller goes |
 //! | `files.rs` | files in and out of an owner's kernel: write, read, list, remove ([`FileRequest`]) |
-//! | `hibernate.rs` | hibernation: the reaper's idle kernels checkpointed instead of disposed of, a call waiting for its kernel's hibernation, the checkpoint restored as the key's next kernel |
-//! | `lifecycle.rs` | interrupt, clear, evict, release a child, list, reap, sweeps; disposal of slots and kernels |
+//! | `lifecycle.rs` | interrupt, clear, evict, release a child, list, reap, sweeps |
 //! | `node.rs` | what a cluster node asks: whether a session has a kernel here, a claimed session's catalog rows taken over, the fence (docs/cluster.md) |
 //! | `pool.rs` | the warm pool: the refill task, pooled kernels' disposal, naming a taken kernel after its owner |
-//! | `runaway.rs` | the runaway watch: kernels computing with no cell running, sampled from their cgroups, counted busy, killed past their last cell's timeout |
-//! | `audit.rs` | the audit trail's record of each cell and command of an audited tenant (`docs/usage.md`, "Audit trail") |
+//! | `spawner.rs` | what every kernel start shares: labels, the event monitor, the file channels' refusal, the starts counted; the common [`SpawnRequest`](crate::kernel::SpawnRequest) |
+//! | `running.rs` | the calls running now, by owner: what an interrupt cancels and waits for, what the drain counts |
 //! | `adopt.rs` | work driven by its caller that the tracker adopts if the caller goes away (an upload, a cell) |
-//! | `usage.rs` | the usage ledger: kernels' cgroups sampled (alive time, CPU, peak memory) and the pending usage flushed to the catalog every [`LEDGER_FLUSH`](crate::usage::LEDGER_FLUSH), at shutdown too; reports |
-//! | `workspace_files.rs` | a workspace's files as a tar without its session's kernel: through a transfer kernel made for one transfer |
+//! | `workspace_files.rs` | a workspace's files as a tar without its session's kernel: through a transfer kernel made for one transfer (counted by `services::WorkspaceTransfers`) |
 //! | `shutdown.rs` | the graceful stop: refuse new work, drain, remove every kernel |
 //! | `tests.rs`, `pool_tests.rs` | unit tests against the fake engine in paused time |
 
@@ -34,7 +34,9 @@ mod pool;
 #[cfg(test)]
 mod pool_tests;
 mod request;
+mod running;
 mod shutdown;
+mod spawner;
 mod start;
 #[cfg(test)]
 mod tests;
@@ -52,7 +54,7 @@ pub use request::{
     StartStats, Stats, TenantStats, START_BUCKETS,
 };
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -61,7 +63,6 @@ use tokio_util::task::TaskTracker;
 
 use crate::catalog::CatalogWriter;
 use crate::config::{Config, ValidConfig};
-use crate::docker::monitor::EventMonitor;
 use crate::docker::Engine;
 use crate::instance::watchdog::Watchdog;
 use crate::instance::Instance;
@@ -76,28 +77,35 @@ struct Inner {
     config: ValidConfig,
     engine: Arc<dyn Engine>,
     instance: Instance,
-    labels: BTreeMap<String, String>,
     registry: Arc<Registry>,
-    monitor: EventMonitor,
-    tracker: TaskTracker,
-    cancel: CancellationToken,
-    running: Mutex<HashMap<Owner, Vec<lease::Run>>>,
-    /// How many calls are in `running` (acquiring a kernel or running a cell).
-    running_count: tokio::sync::watch::Sender<usize>,
-    next_run: std::sync::atomic::AtomicU64,
-    starts: Mutex<StartStats>,
+    /// What every kernel start shares (`spawner.rs`).
+    spawner: spawner::Spawner,
+    /// The tasks it owns, and what stops them.
+    tasks: Tasks,
+    /// The calls running now (acquiring a kernel or running a cell), by owner.
+    running: running::RunningCalls,
     /// File bytes moved by `write_file` (uploads) and `read_file` (downloads).
     file_bytes: Arc<files::FileCounters>,
     /// Commands running per owner (`command.rs`).
     commands: Arc<command::CommandCounts>,
-    /// Set once the engine refused to mount the file channels' directory
-    /// (`SpawnRequest::sockets_refused`).
-    sockets_refused: std::sync::atomic::AtomicBool,
     watchdog: Mutex<Option<Watchdog>>,
     catalog: Option<Arc<CatalogWriter>>,
     pool: pool::PoolState,
     /// Network egress by policy, when configured (`docs/reliability.md`, "Network egress").
     egress: Option<Arc<crate::egress::Egress>>,
+    /// The services it owns and calls at named points (`services/`).
+    services: Services,
+}
+
+/// The background work the orchestrator owns: every task it spawns is tracked, and the
+/// token stops intake and the tasks at shutdown.
+struct Tasks {
+    tracker: TaskTracker,
+    cancel: CancellationToken,
+}
+
+/// The orchestrator's services (`services/`), built at start.
+struct Services {
     /// Parks idle kernels and restores them (`services/hibernation/`).
     hibernation: Arc<Hibernation>,
     /// The usage ledger (`services/usage.rs`, `docs/usage.md`).
@@ -126,17 +134,21 @@ impl std::fmt::Debug for Orchestrator {
 impl Orchestrator {
     /// Workspaces, when configured (`docs/workspaces.md`): list, delete, the TTL sweep.
     pub fn workspaces(&self) -> Option<&crate::workspace::Workspaces> {
-        self.inner.transfers.workspaces().map(|w| w.as_ref())
+        self.inner
+            .services
+            .transfers
+            .workspaces()
+            .map(|w| w.as_ref())
     }
 
     /// `tenant`'s workspace policy: its sessions' `/work` is a workspace.
     pub(crate) fn workspace_policy(&self, tenant: &str) -> Option<crate::config::WorkspacePolicy> {
-        self.inner.transfers.policy(tenant)
+        self.inner.services.transfers.policy(tenant)
     }
 
     /// Hibernated kernels (checkpointed, or being checkpointed).
     pub fn hibernated(&self) -> usize {
-        self.inner.hibernation.count()
+        self.inner.services.hibernation.count()
     }
 
     /// The usage ledger over `[from, to)` (seconds since the epoch, widened to whole hours),
@@ -149,7 +161,11 @@ impl Orchestrator {
         to: u64,
         group_by: crate::usage::GroupBy,
     ) -> Result<Vec<crate::usage::UsageRow>, crate::catalog::CatalogError> {
-        self.inner.usage.report(tenant, from, to, group_by).await
+        self.inner
+            .services
+            .usage
+            .report(tenant, from, to, group_by)
+            .await
     }
 
     /// The validated configuration.
@@ -217,12 +233,7 @@ impl Orchestrator {
     /// Lifecycle counters for metrics: kernel starts (by outcome, with durations) and
     /// involuntary losses as they happened, by reason.
     pub fn stats(&self) -> Stats {
-        let starts = self
-            .inner
-            .starts
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        let starts = self.inner.spawner.starts();
         Stats {
             starts,
             losses: self.inner.registry.loss_counts(),
@@ -233,7 +244,7 @@ impl Orchestrator {
                 ..self.inner.pool.stats().clone()
             },
             file_bytes: self.inner.file_bytes.snapshot(),
-            audit: self.inner.audit.stats(),
+            audit: self.inner.services.audit.stats(),
         }
     }
 }

@@ -16,8 +16,8 @@ impl Orchestrator {
     /// and stops the background tasks. Idempotent.
     pub async fn shutdown(&self) {
         let inner = &self.inner;
-        inner.cancel.cancel();
-        let hibernation = &inner.hibernation;
+        inner.tasks.cancel.cancel();
+        let hibernation = &inner.services.hibernation;
         let lasting = hibernation.lasts();
         if lasting {
             // Idle kernels that hibernate do so now, to come back after the restart
@@ -74,9 +74,9 @@ impl Orchestrator {
         }
         // The kernels are gone, so their cells and commands have ended: what they recorded
         // is written before the trail closes.
-        inner.audit.close().await;
-        inner.tracker.close();
-        let _ = tokio::time::timeout(Duration::from_secs(10), inner.tracker.wait()).await;
+        inner.services.audit.close().await;
+        inner.tasks.tracker.close();
+        let _ = tokio::time::timeout(Duration::from_secs(10), inner.tasks.tracker.wait()).await;
         let watchdog = inner
             .watchdog
             .lock()

@@ -5,13 +5,12 @@
 //! hibernated kernels taken over, then the event monitor, the reaper, the runaway watch and
 //! the warm pool's refill.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::{pool, Inner, Orchestrator, StartError, StartStats};
+use super::{pool, spawner, Inner, Orchestrator, StartError};
 use crate::catalog::{Catalog, CatalogError, CatalogWriter, Change, Entry, EntryState};
 use crate::cell::{LossReason, StateLost};
 use crate::config::{IntoValidConfig, ValidConfig};
@@ -145,32 +144,34 @@ impl Orchestrator {
             egress.clone(),
         ));
         let inner = Arc::new(Inner {
-            transfers: services::WorkspaceTransfers::new(workspaces),
-            audit,
+            services: super::Services {
+                transfers: services::WorkspaceTransfers::new(workspaces),
+                audit,
+                hibernation,
+                usage,
+            },
             egress,
-            hibernation,
-            usage,
             pool: pool::PoolState::new(config.spec.clone(), config.pool.size),
             registry,
-            labels: {
-                let mut labels = instance.labels(&config.housekeeping.extra_labels);
-                if let Some(tag) = &recorded.tag {
-                    labels.insert(labels::CHECKPOINTS.into(), tag.clone());
-                }
-                labels
-            },
+            spawner: spawner::Spawner::new(
+                {
+                    let mut labels = instance.labels(&config.housekeeping.extra_labels);
+                    if let Some(tag) = &recorded.tag {
+                        labels.insert(labels::CHECKPOINTS.into(), tag.clone());
+                    }
+                    labels
+                },
+                monitor,
+            ),
             config,
             engine,
-            monitor,
-            tracker,
-            cancel: CancellationToken::new(),
-            running: Mutex::new(HashMap::new()),
-            running_count: tokio::sync::watch::Sender::new(0),
-            next_run: std::sync::atomic::AtomicU64::new(0),
-            starts: Mutex::new(StartStats::default()),
+            tasks: super::Tasks {
+                tracker,
+                cancel: CancellationToken::new(),
+            },
+            running: Default::default(),
             file_bytes: Arc::default(),
             commands: Arc::default(),
-            sockets_refused: std::sync::atomic::AtomicBool::new(false),
             watchdog: Mutex::new(watchdog),
             instance,
             catalog: restored.as_ref().map(|r| r.writer.clone()),
@@ -188,11 +189,15 @@ impl Orchestrator {
             None => 0,
         };
         let orchestrator = Orchestrator { inner };
-        let adopted = orchestrator.inner.hibernation.adopt(recorded.records);
+        let adopted = orchestrator
+            .inner
+            .services
+            .hibernation
+            .adopt(recorded.records);
         let registry = &orchestrator.inner.registry;
         registry.count_losses(LossReason::ServerRestarted, live.saturating_sub(adopted));
         // Before any call can take a checkpoint: what no kept checkpoint claims goes.
-        orchestrator.inner.hibernation.clear_dir().await;
+        orchestrator.inner.services.hibernation.clear_dir().await;
         orchestrator.start_tasks();
         Ok(orchestrator)
     }
@@ -210,17 +215,24 @@ impl Orchestrator {
             ],
             _ => vec![labels::managed()],
         };
-        i.tracker.spawn(
-            i.monitor
-                .clone()
-                .run(i.engine.clone(), events, i.cancel.child_token()),
-        );
+        i.tasks.tracker.spawn(i.spawner.monitor.clone().run(
+            i.engine.clone(),
+            events,
+            i.tasks.cancel.child_token(),
+        ));
         let reaper = self.clone();
-        i.tracker.spawn(async move { reaper.reap_forever().await });
+        i.tasks
+            .tracker
+            .spawn(async move { reaper.reap_forever().await });
         let watch = services::RunawayWatcher::new(&i.config, i.registry.clone());
-        i.tracker.spawn(watch.run(i.cancel.clone()));
-        let (usage, registry, cancel) = (i.usage.clone(), i.registry.clone(), i.cancel.clone());
-        i.tracker
+        i.tasks.tracker.spawn(watch.run(i.tasks.cancel.clone()));
+        let (usage, registry, cancel) = (
+            i.services.usage.clone(),
+            i.registry.clone(),
+            i.tasks.cancel.clone(),
+        );
+        i.tasks
+            .tracker
             .spawn(async move { usage.keep(&registry, cancel).await });
         self.start_pool();
     }

@@ -68,15 +68,16 @@ impl Orchestrator {
         let (me, scope, who) = (self.clone(), scope.clone(), owner.clone());
         // The transfer kernel is made and its download started even if the caller goes away
         // meanwhile: dropped then, it is removed (never half made and left).
-        let started = crate::orchestrator::adopt::run_adopted(&self.inner.tracker, async move {
-            let transfer = me.transfer_kernel(&scope, &who, false).await?;
-            let download = transfer.kernel.read_file(&FilePath::root(), true).await?;
-            Ok::<_, FileError>((transfer, download))
-        })
-        .await
-        .unwrap_or_else(|panic| {
-            Err(TransferError::Helper(format!("the download task failed: {panic}")).into())
-        });
+        let started =
+            crate::orchestrator::adopt::run_adopted(&self.inner.tasks.tracker, async move {
+                let transfer = me.transfer_kernel(&scope, &who, false).await?;
+                let download = transfer.kernel.read_file(&FilePath::root(), true).await?;
+                Ok::<_, FileError>((transfer, download))
+            })
+            .await
+            .unwrap_or_else(|panic| {
+                Err(TransferError::Helper(format!("the download task failed: {panic}")).into())
+            });
         let (transfer, download) = started?;
         let Download::Tar { body } = download else {
             return Err(TransferError::Helper("a tar was asked for".into()).into());
@@ -111,14 +112,18 @@ impl Orchestrator {
         let (me, scope) = (self.clone(), scope.clone());
         // Runs to its end even if the caller goes away: the transfer kernel is made, the
         // helper confirms its clean-up, and the kernel is gone before the answer.
-        crate::orchestrator::adopt::run_adopted(&self.inner.tracker, async move {
+        crate::orchestrator::adopt::run_adopted(&self.inner.tasks.tracker, async move {
             let transfer = me.transfer_kernel(&scope, &owner, true).await?;
             let kernel = transfer.kernel.clone();
             let (made, opening) = (transfer.made, transfer.opening);
             let written = kernel.write_file(&root, true, body, cap).await;
             transfer.finish().await;
             if written.is_err() && made {
-                me.inner.transfers.forget_made(&owner, opening).await;
+                me.inner
+                    .services
+                    .transfers
+                    .forget_made(&owner, opening)
+                    .await;
             }
             written.map_err(FileError::from)
         })
@@ -135,7 +140,7 @@ impl Orchestrator {
         tenant: &str,
         name: &str,
     ) -> Result<(), crate::workspace::WorkspaceError> {
-        self.inner.transfers.delete(tenant, name).await
+        self.inner.services.transfers.delete(tenant, name).await
     }
 
     /// The owner `scope` names, when its tenant has workspaces.
@@ -160,17 +165,19 @@ impl Orchestrator {
         create: bool,
     ) -> Result<TransferKernel, FileError> {
         let inner = &self.inner;
-        if inner.cancel.is_cancelled() {
+        if inner.tasks.cancel.is_cancelled() {
             return Err(super::ExecuteError::ShuttingDown.into());
         }
-        let slot = inner
-            .transfers
-            .take(owner)
-            .map_err(|_| FileError::TooManyTransfers {
-                max: MAX_TRANSFERS_PER_TENANT,
-                host: MAX_TRANSFERS,
-            })?;
-        let transfers = &inner.transfers;
+        let slot =
+            inner
+                .services
+                .transfers
+                .take(owner)
+                .map_err(|_| FileError::TooManyTransfers {
+                    max: MAX_TRANSFERS_PER_TENANT,
+                    host: MAX_TRANSFERS,
+                })?;
+        let transfers = &inner.services.transfers;
         let (Some(policy), Some(workspaces)) =
             (transfers.policy(&owner.tenant), transfers.workspaces())
         else {
@@ -185,33 +192,22 @@ impl Orchestrator {
         let (made, opening) = (!workspace.info.restored, workspace.opening);
         let spawned = Kernel::spawn(SpawnRequest {
             workspace: Some(workspace),
-            network: None,
-            engine: inner.engine.clone(),
-            spec: &inner.config.spec,
-            spawn_timeout: inner.config.kernels.spawn_timeout,
-            files: &inner.config.files,
-            base_labels: &inner.labels,
             // Generation 0: no kernel of the session is ever that one.
             owner: Some((key, 0)),
-            monitor: inner.monitor.clone(),
-            tracker: &inner.tracker,
-            sockets_refused: &inner.sockets_refused,
-            yield_to: None,
-            preload: &[],
-            settings: None,
+            ..self.spawn_request()
         })
         .await;
         let kernel = match spawned {
             Ok(kernel) => kernel,
             Err(e) => {
                 if made {
-                    inner.transfers.forget_made(owner, opening).await;
+                    inner.services.transfers.forget_made(owner, opening).await;
                 }
                 return Err(FileError::Execute(e.into()));
             }
         };
         Ok(TransferKernel {
-            tracker: inner.tracker.clone(),
+            tracker: inner.tasks.tracker.clone(),
             kernel,
             slot: Some(slot),
             made,
