@@ -377,7 +377,7 @@ pub struct Kernel {
     execution_count: AtomicU64,
     /// The timeout the last cell that began ran under, in milliseconds (0: no cell yet).
     last_timeout_ms: AtomicU64,
-    /// The runaway watch saw it computing with no cell running (`orchestrator/runaway.rs`):
+    /// The runaway watch saw it computing with no cell running (`services/runaway.rs`):
     /// it counts as busy.
     computing: AtomicBool,
     authority: Mutex<Option<Arc<CellAuthority>>>,

@@ -191,8 +191,9 @@ impl Orchestrator {
     ) -> Result<CommandResult, CommandError> {
         let started = Instant::now();
         let config = &self.inner.config;
-        let owner = self
-            .scope_owner(&request.scope)
+        let owner = request
+            .scope
+            .owner(&self.inner.config)
             .map_err(ExecuteError::Name)?;
         let timeout = config
             .check_cell_timeout(request.timeout.unwrap_or(config.cells.timeout))

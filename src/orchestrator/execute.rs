@@ -156,9 +156,9 @@ impl Orchestrator {
     fn resolve(&self, request: ExecuteRequest) -> Result<Call, ExecuteError> {
         let started = Instant::now();
         let config = &self.inner.config;
-        let owner = self.scope_owner(&request.scope)?;
+        let owner = request.scope.owner(&self.inner.config)?;
         let timeout = config.check_cell_timeout(request.timeout.unwrap_or(config.cells.timeout))?;
-        let key = self.kernel_key(owner, &request.scope)?;
+        let key = request.scope.kernel_key(owner, &self.inner.config)?;
         let authority = Arc::new(CellAuthority::new(
             request.task_id.clone(),
             request.dispatcher.clone(),

@@ -122,7 +122,9 @@ impl Drop for Hold {
 
 impl Orchestrator {
     fn file_owner(&self, request: &FileRequest) -> Result<Owner, FileError> {
-        self.scope_owner(&request.scope)
+        request
+            .scope
+            .owner(&self.inner.config)
             .map_err(|e| FileError::Execute(ExecuteError::Name(e)))
     }
 
@@ -148,14 +150,16 @@ impl Orchestrator {
         }
     }
 
-    /// Holds the owner's live kernel, restored first when it hibernated (`hibernate.rs`): its
+    /// Holds the owner's live kernel, restored first when it hibernated (`services/hibernation/`): its
     /// files are the kernel's; [`FileError::NoKernel`] when it has neither.
     async fn hold_awake(&self, request: &FileRequest, owner: &Owner) -> Result<Hold, FileError> {
         match self.hold_live(owner) {
             Err(FileError::NoKernel { .. }) => {}
             other => return other,
         }
-        let key = self.kernel_key(owner.clone(), &request.scope)?;
+        let key = request
+            .scope
+            .kernel_key(owner.clone(), &self.inner.config)?;
         if !self.inner.registry.is_hibernated(&key) {
             return Err(FileError::NoKernel {
                 owner: owner.to_string(),
@@ -175,7 +179,7 @@ impl Orchestrator {
             other => return other,
         }
         let scope = &request.scope;
-        let key = self.kernel_key(owner.clone(), scope)?;
+        let key = scope.kernel_key(owner.clone(), &self.inner.config)?;
         let mut lease = self.acquire(&key, false, scope.tenant_limits, None).await?;
         // As for a cold start by an execute: a caller who saw this kernel is told about a
         // later restart.

@@ -14,11 +14,11 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{AdmissionNotice, ExecuteError, Orchestrator, Scope};
+use super::{AdmissionNotice, ExecuteError, Orchestrator};
 use crate::catalog::{Change, Durable};
 use crate::cell::{KernelDeath, KernelInfo, StateLost};
 use crate::kernel::{Death, Kernel, KernelError, SpawnRequest};
-use crate::owner::{KernelKey, Owner};
+use crate::owner::KernelKey;
 use crate::registry::{Refusal, Slot, TenantLimits};
 use crate::telemetry::Span;
 
@@ -94,29 +94,6 @@ struct Attempt {
 }
 
 impl Orchestrator {
-    /// The key of `owner`'s kernel as `scope` makes it: the configured mode, the image it
-    /// names (else `Config::image`) and its tools.
-    pub(super) fn kernel_key(
-        &self,
-        owner: Owner,
-        scope: &Scope,
-    ) -> Result<KernelKey, ExecuteError> {
-        let image = match scope.image.as_deref() {
-            None => self.inner.config.spec.image.clone(),
-            Some(image) if image.trim().is_empty() => {
-                return Err(ExecuteError::Invalid("image must not be empty".into()))
-            }
-            Some(image) => image.to_string(),
-        };
-        Ok(KernelKey {
-            runtime: self.inner.config.runtime_of(&owner.tenant),
-            owner,
-            mode: self.inner.config.spec.mode.clone(),
-            image,
-            tools: scope.tools.clone(),
-        })
-    }
-
     /// A live kernel for `key`: admitted under the caps (`admission`, when given, is told
     /// whether it was before any kernel starts), then the slot's own kernel, one taken from
     /// the warm pool, or one spawned now. `reset` discards the key's kernel first.

@@ -234,7 +234,7 @@ impl Orchestrator {
         session: &str,
         child: Option<&str>,
     ) -> Option<Arc<Kernel>> {
-        let owner = self.owner_of(tenant, session, child).ok()?;
+        let owner = super::request::owner_of(&self.inner.config, tenant, session, child).ok()?;
         self.inner
             .registry
             .slots()

@@ -66,7 +66,6 @@ use crate::config::{Config, ValidConfig};
 use crate::docker::Engine;
 use crate::instance::watchdog::Watchdog;
 use crate::instance::Instance;
-use crate::owner::{NameError, Owner};
 use crate::registry::Registry;
 use crate::services::{AuditTrail, Hibernation, UsageLedger, WorkspaceTransfers};
 
@@ -181,28 +180,6 @@ impl Orchestrator {
     /// The engine this orchestrator drives.
     pub fn engine(&self) -> &Arc<dyn Engine> {
         &self.inner.engine
-    }
-
-    fn owner_of(
-        &self,
-        tenant: Option<&str>,
-        session: &str,
-        child: Option<&str>,
-    ) -> Result<Owner, NameError> {
-        Owner::new(
-            tenant.unwrap_or(&self.inner.config.default_tenant),
-            session,
-            child,
-        )
-    }
-
-    /// The owner a scope names.
-    fn scope_owner(&self, scope: &Scope) -> Result<Owner, NameError> {
-        self.owner_of(
-            scope.tenant.as_deref(),
-            &scope.session,
-            scope.child.as_deref(),
-        )
     }
 
     /// Waits until every catalog change recorded so far is written (or has failed). Nothing

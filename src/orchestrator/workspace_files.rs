@@ -145,8 +145,8 @@ impl Orchestrator {
 
     /// The owner `scope` names, when its tenant has workspaces.
     fn workspace_owner(&self, scope: &Scope) -> Result<Owner, FileError> {
-        let owner = self
-            .scope_owner(scope)
+        let owner = scope
+            .owner(&self.inner.config)
             .map_err(|e| FileError::Execute(super::ExecuteError::Name(e)))?;
         if self.workspace_policy(&owner.tenant).is_none() {
             return Err(crate::workspace::WorkspaceError::Disabled {
@@ -186,7 +186,7 @@ impl Orchestrator {
             }
             .into());
         };
-        let key = self.kernel_key(owner.clone(), scope)?;
+        let key = scope.kernel_key(owner.clone(), &self.inner.config)?;
         let (uid, gid) = crate::kernel::parse_user(&inner.config.spec.sandbox.user);
         let workspace = workspaces.open(owner, &policy, uid, gid, create).await?;
         let (made, opening) = (!workspace.info.restored, workspace.opening);
