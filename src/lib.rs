@@ -31,6 +31,7 @@
 //! | [`files`] | files in and out of a kernel: path checks, what the file operations return, their errors |
 //! | [`wire`] | the HTTP API as a client sees it (folder): its paths (the one percent-encoder for names and file paths in a URL), the execute body, the error body |
 //! | [`client`] | the Rust client of the HTTP API (folder): execute, files, clearing a session; the one reader of the server's error JSON (`exec --url`, `cp`, `mcp --url`) |
+//! | `services` (crate-internal) | the orchestrator's services (folder), each with its own state: hibernation, the usage ledger, the audit trail, workspace transfers, the runaway watch |
 //! | [`orchestrator`] | the front door (folder): [`Orchestrator::execute`], lifecycle verbs, shutdown |
 //! | [`server`] | the multi-tenant HTTP API behind `kernelbox serve` |
 //! | [`settings`] | per-session settings: environment, memory and CPU limits, idle timeout, labels, checked against the tenant's maximums |
@@ -70,6 +71,7 @@ pub(crate) mod owner;
 pub(crate) mod registry;
 pub mod rich;
 pub mod server;
+pub(crate) mod services;
 pub mod settings;
 pub mod telemetry;
 pub mod tenancy;

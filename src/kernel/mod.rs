@@ -232,12 +232,15 @@ pub(crate) enum CellOutcome {
     Exited,
     /// The deadline passed; the caller must dispose of the kernel.
     TimedOut,
-    /// The caller cancelled and the cell did not stop on the interrupt within its grace (or
-    /// never ran: see [`CellRun::ran`]); the caller must dispose of a kernel it ran on.
-    Interrupted,
+    /// The caller cancelled and the cell did not stop on the interrupt within its grace: the
+    /// caller must dispose of the kernel (`cell::Ending::InterruptKilled`).
+    InterruptKilled,
+    /// The caller cancelled while the cell waited for the kernel's earlier cells: it never
+    /// ran, and the kernel is untouched by it.
+    InterruptedWhileQueued,
     /// The caller cancelled and the cell stopped on the interrupt's KeyboardInterrupt within
     /// its grace: the kernel and its state stay.
-    InterruptedKept,
+    Interrupted,
     /// The kernel died under the cell.
     Died(Death),
 }
@@ -374,7 +377,7 @@ pub struct Kernel {
     execution_count: AtomicU64,
     /// The timeout the last cell that began ran under, in milliseconds (0: no cell yet).
     last_timeout_ms: AtomicU64,
-    /// The runaway watch saw it computing with no cell running (`orchestrator/runaway.rs`):
+    /// The runaway watch saw it computing with no cell running (`services/runaway.rs`):
     /// it counts as busy.
     computing: AtomicBool,
     authority: Mutex<Option<Arc<CellAuthority>>>,

@@ -79,9 +79,9 @@ impl End {
             End::Done(Done {
                 status: DoneStatus::Interrupted,
                 ..
-            }) => CellOutcome::InterruptedKept,
+            }) => CellOutcome::Interrupted,
             End::TimedOut => CellOutcome::TimedOut,
-            End::Interrupted => CellOutcome::Interrupted,
+            End::Interrupted => CellOutcome::InterruptKilled,
             End::Died(death) => CellOutcome::Died(death),
         }
     }
@@ -133,7 +133,7 @@ impl Kernel {
     /// Runs one cell under `authority`, waiting behind earlier cells (FIFO). Cancelling
     /// `cancel` interrupts the cell (SIGINT to the runner); the caller disposes of the kernel
     /// after a timeout, or an interrupt the cell did not stop on within its grace. A cell
-    /// cancelled before its turn ends `Interrupted` at once without running (whatever became
+    /// cancelled before its turn ends `InterruptedWhileQueued` at once without running (whatever became
     /// of the kernel meanwhile) and does not count as executed.
     pub(crate) async fn run_cell(
         &self,
@@ -148,11 +148,11 @@ impl Kernel {
         // An interrupt while waiting for the earlier cells ends this one at once.
         let mut io = tokio::select! {
             biased;
-            _ = cancel.cancelled() => return CellRun::never_ran(CellOutcome::Interrupted, output),
+            _ = cancel.cancelled() => return CellRun::never_ran(CellOutcome::InterruptedWhileQueued, output),
             io = self.io.lock() => io,
         };
         if cancel.is_cancelled() {
-            return CellRun::never_ran(CellOutcome::Interrupted, output);
+            return CellRun::never_ran(CellOutcome::InterruptedWhileQueued, output);
         }
         // Whatever arrived between cells (late output of old threads) is not this cell's.
         self.drain_stale(&mut io).await;

@@ -191,8 +191,9 @@ impl Orchestrator {
     ) -> Result<CommandResult, CommandError> {
         let started = Instant::now();
         let config = &self.inner.config;
-        let owner = self
-            .scope_owner(&request.scope)
+        let owner = request
+            .scope
+            .owner(&self.inner.config)
             .map_err(ExecuteError::Name)?;
         let timeout = config
             .check_cell_timeout(request.timeout.unwrap_or(config.cells.timeout))
@@ -244,7 +245,7 @@ impl Orchestrator {
             caps: config.cells.output,
             sink: request.sink,
         };
-        let ran = super::adopt::run_adopted(&self.inner.tracker, async move {
+        let ran = super::adopt::run_adopted(&self.inner.tasks.tracker, async move {
             let ran = kernel.run_command(spec).await;
             drop((hold, slot));
             ran
@@ -260,9 +261,11 @@ impl Orchestrator {
         let mut result = ran?;
         result.duration_seconds = started.elapsed().as_secs_f64();
         self.inner
-            .ledger
+            .services
+            .usage
+            .pending()
             .record(&owner.tenant, &owner.session, |r| r.commands += 1);
-        self.audit(super::audit::Ran {
+        self.inner.services.audit.record(crate::services::Ran {
             kind: crate::audit::AuditKind::Command,
             owner: &owner,
             code: &audited,

@@ -61,14 +61,14 @@ impl Orchestrator {
         request: ExecuteRequest,
         admission: Option<AdmissionNotice>,
     ) -> Result<CellResult, ExecuteError> {
-        if self.inner.cancel.is_cancelled() {
+        if self.inner.tasks.cancel.is_cancelled() {
             return Err(ExecuteError::ShuttingDown);
         }
         let this = self.clone();
         // The cell finishes even if the caller stops waiting (see `adopt`), in the caller's
         // trace still (`docs/usage.md`, "Traces").
         run_adopted(
-            &self.inner.tracker,
+            &self.inner.tasks.tracker,
             crate::telemetry::carry(async move { this.execute_owned(request, admission).await }),
         )
         .await
@@ -87,7 +87,7 @@ impl Orchestrator {
         let call = self.resolve(request)?;
         // Interruptible from the start: an interrupt during a cold start is not lost (the cell
         // then never runs and ends interrupted at once, leaving the new kernel as it is).
-        let running = self.track_running(&call.key.owner, &call.cancel);
+        let running = self.inner.running.track(&call.key.owner, &call.cancel);
         let (reset, limits) = (call.request.reset, call.request.scope.tenant_limits);
         let mut lease = self
             .acquire(&call.key, reset, limits, admission.as_ref())
@@ -98,7 +98,9 @@ impl Orchestrator {
         // ended as interrupted.
         running.finish(matches!(
             run.outcome,
-            CellOutcome::Interrupted | CellOutcome::InterruptedKept
+            CellOutcome::InterruptKilled
+                | CellOutcome::InterruptedWhileQueued
+                | CellOutcome::Interrupted
         ));
         let mut result = self.settle(&call, &lease, run).await;
         if span.is_on() {
@@ -129,12 +131,14 @@ impl Orchestrator {
         result.duration_seconds = call.started.elapsed().as_secs_f64();
         let owner = &call.key.owner;
         self.inner
-            .ledger
+            .services
+            .usage
+            .pending()
             .record(&owner.tenant, &owner.session, |r| {
                 r.cells += 1;
                 r.cell_seconds += result.duration_seconds;
             });
-        self.audit(super::audit::Ran {
+        self.inner.services.audit.record(crate::services::Ran {
             kind: crate::audit::AuditKind::Cell,
             owner,
             code: &call.request.code,
@@ -152,9 +156,9 @@ impl Orchestrator {
     fn resolve(&self, request: ExecuteRequest) -> Result<Call, ExecuteError> {
         let started = Instant::now();
         let config = &self.inner.config;
-        let owner = self.scope_owner(&request.scope)?;
+        let owner = request.scope.owner(&self.inner.config)?;
         let timeout = config.check_cell_timeout(request.timeout.unwrap_or(config.cells.timeout))?;
-        let key = self.kernel_key(owner, &request.scope)?;
+        let key = request.scope.kernel_key(owner, &self.inner.config, &self.inner.tenancy.load())?;
         let authority = Arc::new(CellAuthority::new(
             request.task_id.clone(),
             request.dispatcher.clone(),
@@ -253,11 +257,12 @@ impl Orchestrator {
             CellOutcome::Raised { traceback } => Ending::Raised { traceback },
             CellOutcome::Exited => Ending::Exited,
             CellOutcome::TimedOut => Ending::TimedOut { timeout },
-            CellOutcome::Interrupted if !ran => Ending::InterruptedWhileQueued,
-            CellOutcome::Interrupted => Ending::InterruptKilled {
+            CellOutcome::InterruptedWhileQueued => Ending::InterruptedWhileQueued,
+            CellOutcome::InterruptKilled if !ran => Ending::InterruptedWhileQueued,
+            CellOutcome::InterruptKilled => Ending::InterruptKilled {
                 grace: self.inner.config.cells.interrupt_grace,
             },
-            CellOutcome::InterruptedKept => Ending::Interrupted,
+            CellOutcome::Interrupted => Ending::Interrupted,
             // Killed, or disposed of by the fence, once the node's lease is no longer
             // trusted: the watchdog or the fence ended it (`docs/cluster.md`, "Leases and
             // fencing"), never a kill from outside or a clear.
@@ -265,14 +270,14 @@ impl Orchestrator {
                 Ending::Died(KernelDeath::NodeLost)
             }
             CellOutcome::Died(Death::Disposed)
-                if !self.inner.cancel.is_cancelled()
+                if !self.inner.tasks.cancel.is_cancelled()
                     && !self.inner.registry.is_registered(slot)
                     && self.lease_deadline_passed() =>
             {
                 Ending::Died(KernelDeath::NodeLost)
             }
             CellOutcome::Died(Death::Disposed)
-                if !self.inner.cancel.is_cancelled()
+                if !self.inner.tasks.cancel.is_cancelled()
                     && !self.inner.registry.is_registered(slot) =>
             {
                 Ending::Cleared

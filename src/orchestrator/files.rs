@@ -110,25 +110,27 @@ impl Drop for Hold {
     fn drop(&mut self) {
         if self.orchestrator.inner.registry.release(&self.slot) {
             // Cleared while the transfer ran: the last one out disposes of the kernel.
-            let orchestrator = self.orchestrator.clone();
             let slot = self.slot.clone();
             self.orchestrator
                 .inner
+                .tasks
                 .tracker
-                .spawn(async move { orchestrator.dispose_slots(vec![slot]).await });
+                .spawn(async move { crate::services::dispose_slots(vec![slot]).await });
         }
     }
 }
 
 impl Orchestrator {
     fn file_owner(&self, request: &FileRequest) -> Result<Owner, FileError> {
-        self.scope_owner(&request.scope)
+        request
+            .scope
+            .owner(&self.inner.config)
             .map_err(|e| FileError::Execute(ExecuteError::Name(e)))
     }
 
     /// Holds the owner's live kernel; [`FileError::NoKernel`] when it has none.
     fn hold_live(&self, owner: &Owner) -> Result<Hold, FileError> {
-        if self.inner.cancel.is_cancelled() {
+        if self.inner.tasks.cancel.is_cancelled() {
             return Err(ExecuteError::ShuttingDown.into());
         }
         match self.inner.registry.attach_live(owner) {
@@ -148,14 +150,16 @@ impl Orchestrator {
         }
     }
 
-    /// Holds the owner's live kernel, restored first when it hibernated (`hibernate.rs`): its
+    /// Holds the owner's live kernel, restored first when it hibernated (`services/hibernation/`): its
     /// files are the kernel's; [`FileError::NoKernel`] when it has neither.
     async fn hold_awake(&self, request: &FileRequest, owner: &Owner) -> Result<Hold, FileError> {
         match self.hold_live(owner) {
             Err(FileError::NoKernel { .. }) => {}
             other => return other,
         }
-        let key = self.kernel_key(owner.clone(), &request.scope)?;
+        let key = request
+            .scope
+            .kernel_key(owner.clone(), &self.inner.config, &self.inner.tenancy.load())?;
         if !self.inner.registry.is_hibernated(&key) {
             return Err(FileError::NoKernel {
                 owner: owner.to_string(),
@@ -175,7 +179,7 @@ impl Orchestrator {
             other => return other,
         }
         let scope = &request.scope;
-        let key = self.kernel_key(owner.clone(), scope)?;
+        let key = scope.kernel_key(owner.clone(), &self.inner.config, &self.inner.tenancy.load())?;
         let mut lease = self.acquire(&key, false, scope.tenant_limits, None).await?;
         // As for a cold start by an execute: a caller who saw this kernel is told about a
         // later restart.
@@ -189,7 +193,7 @@ impl Orchestrator {
     /// `body`, its bytes counted as `owner`'s upload (metrics and the usage ledger).
     pub(super) fn count_upload(&self, owner: &Owner, body: ByteStream) -> ByteStream {
         let counters = self.inner.file_bytes.clone();
-        let ledger = self.inner.ledger.clone();
+        let ledger = self.inner.services.usage.pending().clone();
         let (tenant, session) = (owner.tenant.clone(), owner.session.clone());
         body.inspect_ok(move |chunk| {
             counters.uploaded(chunk.len());
@@ -205,7 +209,7 @@ impl Orchestrator {
         body: crate::files::DownloadStream,
     ) -> crate::files::DownloadStream {
         let counters = self.inner.file_bytes.clone();
-        let ledger = self.inner.ledger.clone();
+        let ledger = self.inner.services.usage.pending().clone();
         let (tenant, session) = (owner.tenant.clone(), owner.session.clone());
         body.inspect_ok(move |chunk| {
             counters.downloaded(chunk.len());
@@ -267,7 +271,7 @@ impl Orchestrator {
             drop(hold);
             written
         });
-        let written = crate::orchestrator::adopt::run_adopted(&self.inner.tracker, upload)
+        let written = crate::orchestrator::adopt::run_adopted(&self.inner.tasks.tracker, upload)
             .await
             .unwrap_or_else(|panic| {
                 Err(TransferError::Helper(format!(
@@ -424,8 +428,8 @@ impl Orchestrator {
         let started = tokio::time::Instant::now();
         {
             let (held, sent, done) = (held.clone(), sent.clone(), done.clone());
-            let shutdown = self.inner.cancel.clone();
-            self.inner.tracker.spawn(async move {
+            let shutdown = self.inner.tasks.cancel.clone();
+            self.inner.tasks.tracker.spawn(async move {
                 loop {
                     // The earliest moment the reader can fall below the rate.
                     let due = if rate == 0 {

@@ -14,13 +14,11 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio_util::sync::CancellationToken;
-
-use super::{AdmissionNotice, ExecuteError, Orchestrator, Scope};
+use super::{AdmissionNotice, ExecuteError, Orchestrator};
 use crate::catalog::{Change, Durable};
 use crate::cell::{KernelDeath, KernelInfo, StateLost};
 use crate::kernel::{Death, Kernel, KernelError, SpawnRequest};
-use crate::owner::{KernelKey, Owner};
+use crate::owner::KernelKey;
 use crate::registry::{Refusal, Slot, TenantLimits};
 use crate::telemetry::Span;
 
@@ -95,102 +93,7 @@ struct Attempt {
     reused: bool,
 }
 
-/// A cell in flight, as an interrupt finds it.
-pub(super) struct Run {
-    id: u64,
-    pub(super) token: CancellationToken,
-    /// `Some(true)` once it ended as interrupted, `Some(false)` once it ended otherwise.
-    pub(super) outcome: tokio::sync::watch::Receiver<Option<bool>>,
-}
-
-/// A call's entry among the running calls (acquiring a kernel or running a cell), from
-/// [`Orchestrator::track_running`]; dropping it removes the entry. Dropped without
-/// [`Running::finish`] (the call failed before its cell ran), an interrupt waiting on it
-/// counts nothing.
-pub(super) struct Running<'a> {
-    orchestrator: &'a Orchestrator,
-    owner: Owner,
-    id: u64,
-    outcome: tokio::sync::watch::Sender<Option<bool>>,
-}
-
-impl Running<'_> {
-    /// Publishes how the cell ended, then removes the entry: an interrupt counts only cells
-    /// that really ended as interrupted.
-    pub(super) fn finish(self, interrupted: bool) {
-        let _ = self.outcome.send(Some(interrupted));
-    }
-}
-
-impl Drop for Running<'_> {
-    fn drop(&mut self) {
-        let inner = &self.orchestrator.inner;
-        let mut running = inner.running.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(runs) = running.get_mut(&self.owner) {
-            let before = runs.len();
-            runs.retain(|r| r.id != self.id);
-            let gone = before - runs.len();
-            if runs.is_empty() {
-                running.remove(&self.owner);
-            }
-            inner
-                .running_count
-                .send_modify(|n| *n = n.saturating_sub(gone));
-        }
-    }
-}
-
 impl Orchestrator {
-    /// The key of `owner`'s kernel as `scope` makes it: the configured mode, the image it
-    /// names (else `Config::image`) and its tools.
-    pub(super) fn kernel_key(
-        &self,
-        owner: Owner,
-        scope: &Scope,
-    ) -> Result<KernelKey, ExecuteError> {
-        let image = match scope.image.as_deref() {
-            None => self.inner.config.spec.image.clone(),
-            Some(image) if image.trim().is_empty() => {
-                return Err(ExecuteError::Invalid("image must not be empty".into()))
-            }
-            Some(image) => image.to_string(),
-        };
-        Ok(KernelKey {
-            runtime: self
-                .inner
-                .tenancy
-                .load()
-                .runtime_of(&owner.tenant, self.inner.config.spec.sandbox.runtime),
-            owner,
-            mode: self.inner.config.spec.mode.clone(),
-            image,
-            tools: scope.tools.clone(),
-        })
-    }
-
-    /// Enters a call among the running calls, interruptible by `token`, until the returned
-    /// entry is dropped.
-    pub(super) fn track_running(&self, owner: &Owner, token: &CancellationToken) -> Running<'_> {
-        let id = self
-            .inner
-            .next_run
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let (tx, rx) = tokio::sync::watch::channel(None);
-        let mut running = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
-        running.entry(owner.clone()).or_default().push(Run {
-            id,
-            token: token.clone(),
-            outcome: rx,
-        });
-        self.inner.running_count.send_modify(|n| *n += 1);
-        Running {
-            orchestrator: self,
-            owner: owner.clone(),
-            id,
-            outcome: tx,
-        }
-    }
-
     /// A live kernel for `key`: admitted under the caps (`admission`, when given, is told
     /// whether it was before any kernel starts), then the slot's own kernel, one taken from
     /// the warm pool, or one spawned now. `reset` discards the key's kernel first.
@@ -202,12 +105,12 @@ impl Orchestrator {
         admission: Option<&AdmissionNotice>,
     ) -> Result<Lease, ExecuteError> {
         let (mut reset, mut state_reset) = (reset, false);
-        let limits = self.with_hibernation(key, limits);
-        self.await_hibernation(key).await;
+        let hibernation = &self.inner.services.hibernation;
+        let limits = hibernation.limits_for(key, limits);
+        hibernation.wait_for(key).await;
         if reset {
             // A reset discards a hibernated kernel too: the next one is new.
-            let gone = self.inner.registry.remove_hibernated(|k| k == key);
-            self.discard_checkpoints(gone).await;
+            hibernation.discard_where(|k| k == key).await;
         }
         loop {
             let span = Span::start("admission");
@@ -269,8 +172,8 @@ impl Orchestrator {
         // At once, busy or not: a kernel the registry no longer counts must not outlive this
         // call (the old kernel's running cell ends).
         doomed.extend(attach.reset);
-        self.hibernate_evicted(&mut doomed);
-        self.dispose_slots(doomed).await;
+        self.inner.services.hibernation.park_evicted(&mut doomed);
+        crate::services::dispose_slots(doomed).await;
         self.dispose_pooled(attach.discarded).await;
         Ok(Attempt {
             slot: attach.slot,
@@ -290,7 +193,7 @@ impl Orchestrator {
         }
         let error = refusal_error(&refusal);
         if let Refusal::AtCapacity(full) = refusal {
-            self.dispose_slots(full.victims).await;
+            crate::services::dispose_slots(full.victims).await;
         }
         error
     }
@@ -348,8 +251,9 @@ impl Orchestrator {
     ) -> Result<Arc<Kernel>, KernelError> {
         // The reaper may have taken the key's idle slot just before this call's: its
         // hibernation is then awaited here, and restored.
-        self.await_hibernation(key).await;
-        match self.restore_hibernated(key).await {
+        let hibernation = &self.inner.services.hibernation;
+        hibernation.wait_for(key).await;
+        match hibernation.restore(key).await {
             Some(Ok(kernel)) => {
                 crate::logging::kernel_restored(&key.owner, kernel.short_id(), slot.generation());
                 return Ok(kernel);
@@ -408,10 +312,8 @@ impl Orchestrator {
             }
             drop(span);
             inner
-                .starts
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .observe(result.is_ok(), started.elapsed().as_secs_f64());
+                .spawner
+                .count_start(result.is_ok(), started.elapsed().as_secs_f64());
             result
         }
     }
@@ -427,7 +329,10 @@ impl Orchestrator {
         settings: Option<&crate::settings::Settings>,
     ) -> Result<Arc<Kernel>, KernelError> {
         let inner = &self.inner;
-        let workspace = match (self.workspace_policy(&key.owner.tenant), &inner.workspaces) {
+        let workspace = match (
+            self.workspace_policy(&key.owner.tenant),
+            inner.services.transfers.workspaces(),
+        ) {
             (Some(policy), Some(workspaces)) => {
                 let (uid, gid) = crate::kernel::parse_user(&inner.config.spec.sandbox.user);
                 let prepared = workspaces.prepare(&key.owner, &policy, uid, gid);
@@ -438,18 +343,9 @@ impl Orchestrator {
         let kernel = Kernel::spawn(SpawnRequest {
             workspace,
             network,
-            engine: inner.engine.clone(),
-            spec: &inner.config.spec,
-            spawn_timeout: inner.config.kernels.spawn_timeout,
-            files: &inner.config.files,
-            base_labels: &inner.labels,
             owner: Some((key.clone(), generation)),
-            monitor: inner.monitor.clone(),
-            tracker: &inner.tracker,
-            sockets_refused: &inner.sockets_refused,
-            yield_to: None,
-            preload: &[],
             settings,
+            ..self.spawn_request()
         })
         .await?;
         let (Some(net), Some(grant), Some(egress)) = (network, grant, inner.egress.clone()) else {
@@ -462,14 +358,14 @@ impl Orchestrator {
         {
             Ok(addr) => {
                 let (gone, token) = (kernel.gone(), net.token.clone());
-                inner.tracker.spawn(async move {
+                inner.tasks.tracker.spawn(async move {
                     gone.cancelled().await;
                     egress.unregister(addr, &token);
                 });
                 Ok(kernel)
             }
             Err(e) => {
-                self.dispose_kernel(&kernel).await;
+                crate::services::dispose_kernel(&kernel).await;
                 Err(e.into())
             }
         }
@@ -558,7 +454,7 @@ impl Orchestrator {
             // remove this kernel.
             registry.forget(slot, None);
             registry.release(slot);
-            self.dispose_kernel(&kernel).await;
+            crate::services::dispose_kernel(&kernel).await;
             self.give_back_loss(key, attempt.state_lost.take());
             return Err(ExecuteError::ShuttingDown);
         }
@@ -566,7 +462,7 @@ impl Orchestrator {
             // Cleared or reset while it started: whoever removed the slot found no kernel to
             // dispose of, so this call does.
             registry.release(slot);
-            self.dispose_kernel(&kernel).await;
+            crate::services::dispose_kernel(&kernel).await;
             self.give_back_loss(key, attempt.state_lost.take());
             return Ok(None);
         }
@@ -589,7 +485,9 @@ impl Orchestrator {
             if attempt.pooled {
                 let owner = &key.owner;
                 self.inner
-                    .ledger
+                    .services
+                    .usage
+                    .pending()
                     .record(&owner.tenant, &owner.session, |r| r.pool_hits += 1);
             }
         }
@@ -631,7 +529,7 @@ impl Orchestrator {
         };
         self.inner.registry.forget(&attempt.slot, reason);
         if self.inner.registry.release(&attempt.slot) {
-            self.dispose_kernel(kernel).await;
+            crate::services::dispose_kernel(kernel).await;
         }
     }
 

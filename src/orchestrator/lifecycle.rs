@@ -4,8 +4,6 @@
 
 use std::sync::Arc;
 
-use futures::StreamExt;
-
 use super::{KernelSummary, Orchestrator, INTERRUPT_SETTLE};
 use crate::cell::LossReason;
 use crate::docker::EngineError;
@@ -18,14 +16,13 @@ impl Orchestrator {
     /// Calls running now: acquiring a kernel or running a cell, whether or not their caller
     /// still waits.
     pub fn running_cells(&self) -> usize {
-        *self.inner.running_count.borrow()
+        self.inner.running.count()
     }
 
     /// Waits until no call is running (see [`Orchestrator::running_cells`]); event-driven.
     /// Returns at once when none is.
     pub async fn wait_no_running_cells(&self) {
-        let mut rx = self.inner.running_count.subscribe();
-        let _ = rx.wait_for(|n| *n == 0).await;
+        self.inner.running.wait_none().await;
     }
 
     /// Interrupts every running cell of a session (children included) and returns how many
@@ -37,18 +34,7 @@ impl Orchestrator {
     /// error), or that has not settled by then, is not counted.
     pub async fn interrupt(&self, tenant: Option<&str>, session: &str) -> usize {
         let tenant = tenant.unwrap_or(&self.inner.config.default_tenant);
-        let outcomes: Vec<tokio::sync::watch::Receiver<Option<bool>>> = {
-            let running = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
-            running
-                .iter()
-                .filter(|(owner, _)| owner.tenant == tenant && owner.session == session)
-                .flat_map(|(_, runs)| runs.iter())
-                .map(|run| {
-                    run.token.cancel();
-                    run.outcome.clone()
-                })
-                .collect()
-        };
+        let outcomes = self.inner.running.cancel_session(tenant, session);
         let limit = self.inner.config.kernels.spawn_timeout
             + self.inner.config.cells.interrupt_grace
             + INTERRUPT_SETTLE;
@@ -68,32 +54,8 @@ impl Orchestrator {
 
     pub(super) async fn release(&self, slot: &Arc<Slot>) {
         if self.inner.registry.release(slot) {
-            self.dispose_slots(vec![slot.clone()]).await;
+            crate::services::dispose_slots(vec![slot.clone()]).await;
         }
-    }
-
-    pub(super) async fn dispose_kernel(&self, kernel: &Kernel) {
-        if let Err(e) = kernel.dispose().await {
-            tracing::warn!(container = %kernel.short_id(), error = %e, "disposing a kernel");
-        }
-    }
-
-    pub(super) async fn dispose_slots(&self, slots: Vec<Arc<Slot>>) {
-        let kernels: Vec<Arc<Kernel>> = slots
-            .iter()
-            .filter_map(|s| s.kernel.get().cloned())
-            .collect();
-        // Bounded: a thousand concurrent force-removals overwhelm the engine (seen in the
-        // 1000-kernel density run), while a few dozen keep it busy.
-        let disposals = kernels.into_iter().map(|kernel| async move {
-            if let Err(e) = kernel.dispose().await {
-                tracing::warn!(container = %kernel.short_id(), error = %e, "disposing a kernel");
-            }
-        });
-        futures::stream::iter(disposals)
-            .buffer_unordered(crate::docker::REMOVAL_CONCURRENCY)
-            .collect::<Vec<()>>()
-            .await;
     }
 
     /// Disposes of every kernel of a session, its delegated children's included, at once: a
@@ -107,13 +69,13 @@ impl Orchestrator {
             None,
             false,
         );
-        self.dispose_slots(slots).await;
+        crate::services::dispose_slots(slots).await;
         let hibernated = self
             .inner
             .registry
             .remove_hibernated(|k| k.owner.tenant == tenant && k.owner.session == session);
         let n = n + hibernated.len();
-        self.discard_checkpoints(hibernated).await;
+        self.inner.services.hibernation.discard(hibernated).await;
         n
     }
 
@@ -129,7 +91,7 @@ impl Orchestrator {
             Some(LossReason::Evicted),
             true,
         );
-        self.dispose_slots(slots).await;
+        crate::services::dispose_slots(slots).await;
         n
     }
 
@@ -147,12 +109,12 @@ impl Orchestrator {
             None,
             false,
         );
-        self.dispose_slots(slots).await;
+        crate::services::dispose_slots(slots).await;
         let hibernated = self.inner.registry.remove_hibernated(|k| {
             let o = &k.owner;
             o.tenant == tenant && o.session == session && o.child.as_deref() == Some(child)
         });
-        self.discard_checkpoints(hibernated).await;
+        self.inner.services.hibernation.discard(hibernated).await;
         n
     }
 
@@ -272,7 +234,7 @@ impl Orchestrator {
         session: &str,
         child: Option<&str>,
     ) -> Option<Arc<Kernel>> {
-        let owner = self.owner_of(tenant, session, child).ok()?;
+        let owner = super::request::owner_of(&self.inner.config, tenant, session, child).ok()?;
         self.inner
             .registry
             .slots()
@@ -287,11 +249,13 @@ impl Orchestrator {
     pub async fn reap_once(&self) -> usize {
         let (slots, hibernating) = self.inner.registry.reap_idle();
         let n = slots.len();
-        self.dispose_slots(slots).await;
-        self.hibernate_slots(hibernating, crate::cell::LossReason::IdleReaped)
+        crate::services::dispose_slots(slots).await;
+        let hibernation = &self.inner.services.hibernation;
+        hibernation
+            .park(hibernating, crate::cell::LossReason::IdleReaped)
             .await;
-        self.expire_checkpoints().await;
-        if let Some(workspaces) = &self.inner.workspaces {
+        hibernation.expire().await;
+        if let Some(workspaces) = self.inner.services.transfers.workspaces() {
             match workspaces.sweep_expired().await {
                 Ok(removed) if !removed.is_empty() => {
                     tracing::info!(workspaces = removed.len(), "expired workspaces deleted");
@@ -338,7 +302,7 @@ impl Orchestrator {
         let interval = self.inner.config.reap_interval();
         loop {
             tokio::select! {
-                _ = self.inner.cancel.cancelled() => return,
+                _ = self.inner.tasks.cancel.cancelled() => return,
                 _ = tokio::time::sleep(interval) => {}
             }
             // Each kernel reaped is a lifecycle event of its own (`crate::logging`).

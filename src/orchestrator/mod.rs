@@ -1,35 +1,33 @@
 //! The orchestrator: the library's front door. Resolves owners to kernels through the
 //! registry, runs cells, turns outcomes into [`CellResult`](crate::CellResult)s, and owns every background task
-//! (event monitor, reaper, runaway watch) and the watchdog.
+//! (event monitor, reaper, the pool's refill) and the watchdog. Features with state of their
+//! own are services it builds at start and calls at named points (`services/`: hibernation,
+//! the usage ledger, the audit trail, workspace transfers, the runaway watch).
 //!
 //! | file | what |
 //! |---|---|
 //! | `mod.rs` | [`Orchestrator`] and its shared `Inner`, accessors, stats |
 //! | `start.rs` | the start: the config validated once, the catalog restored, the engine checked, sweep, watchdog, then the background tasks |
 //! | `request.rs` | what callers hand in and get back: [`Scope`] (whose kernel, made how), [`ExecuteRequest`], [`AdmissionNotice`], errors, [`KernelSummary`], [`Stats`] |
-//! | `lease.rs` | what an execute and an upload share: the kernel's key, `acquire` (admission, then the kernel reused, taken from the pool or spawned) and its lease, the catalog's confirmation of a new kernel, the running calls an interrupt finds |
+//! | `lease.rs` | what an execute and an upload share: the kernel's key, `acquire` (admission, then the kernel reused, taken from the pool or spawned) and its lease, the catalog's confirmation of a new kernel |
 //! | `execute.rs` | one execute in steps: resolve the request, acquire, run the cell, settle its [`CellResult`](crate::CellResult) (the ending named for `cell::Ending`, output capped) |
 //! | `command.rs` | a shell command in an owner's kernel container ([`CommandRequest`]): the kernel held or started, the per-session limit, adopted if its caller goes |
 //! | `files.rs` | files in and out of an owner's kernel: write, read, list, remove ([`FileRequest`]) |
-//! | `hibernate.rs` | hibernation: the reaper's idle kernels checkpointed instead of disposed of, a call waiting for its kernel's hibernation, the checkpoint restored as the key's next kernel |
-//! | `lifecycle.rs` | interrupt, clear, evict, release a child, list, reap, sweeps; disposal of slots and kernels |
+//! | `lifecycle.rs` | interrupt, clear, evict, release a child, list, reap, sweeps |
 //! | `node.rs` | what a cluster node asks: whether a session has a kernel here, a claimed session's catalog rows taken over, the fence (docs/cluster.md) |
 //! | `pool.rs` | the warm pool: the refill task, pooled kernels' disposal, naming a taken kernel after its owner |
-//! | `runaway.rs` | the runaway watch: kernels computing with no cell running, sampled from their cgroups, counted busy, killed past their last cell's timeout |
-//! | `audit.rs` | the audit trail's record of each cell and command of an audited tenant (`docs/usage.md`, "Audit trail") |
+//! | `spawner.rs` | what every kernel start shares: labels, the event monitor, the file channels' refusal, the starts counted; the common [`SpawnRequest`](crate::kernel::SpawnRequest) |
+//! | `running.rs` | the calls running now, by owner: what an interrupt cancels and waits for, what the drain counts |
 //! | `adopt.rs` | work driven by its caller that the tracker adopts if the caller goes away (an upload, a cell) |
-//! | `usage.rs` | the usage ledger: kernels' cgroups sampled (alive time, CPU, peak memory) and the pending usage flushed to the catalog every [`LEDGER_FLUSH`](crate::usage::LEDGER_FLUSH), at shutdown too; reports |
-//! | `workspace_files.rs` | a workspace's files as a tar without its session's kernel: through a transfer kernel made for one transfer |
+//! | `workspace_files.rs` | a workspace's files as a tar without its session's kernel: through a transfer kernel made for one transfer (counted by `services::WorkspaceTransfers`) |
 //! | `tenancy.rs` | the tenants' settings swapped by a reload (`crate::tenancy`): applied to the registry's ceilings and to egress, a removed tenant's kernels removed (`tenant_removed`) |
 //! | `shutdown.rs` | the graceful stop: refuse new work, drain, remove every kernel |
 //! | `tests.rs`, `pool_tests.rs` | unit tests against the fake engine in paused time |
 
 mod adopt;
-mod audit;
 mod command;
 mod execute;
 mod files;
-mod hibernate;
 mod lease;
 mod lifecycle;
 mod node;
@@ -37,17 +35,18 @@ mod pool;
 #[cfg(test)]
 mod pool_tests;
 mod request;
-mod runaway;
+mod running;
 mod shutdown;
+mod spawner;
 mod start;
 mod tenancy;
 #[cfg(test)]
 mod tests;
-mod usage;
 mod workspace_files;
 
 pub use crate::histogram::Histogram;
 pub use crate::registry::{EvictionCounts, LossCounts};
+pub use crate::services::{MAX_TRANSFERS, MAX_TRANSFERS_PER_TENANT};
 pub use command::{CommandError, CommandRequest};
 pub use files::{FileError, FileRequest};
 pub use lifecycle::ConfigHold;
@@ -56,9 +55,8 @@ pub use request::{
     AdmissionNotice, ExecuteError, ExecuteRequest, FileBytes, KernelSummary, Scope, StartError,
     StartStats, Stats, TenantStats, START_BUCKETS,
 };
-pub use workspace_files::{MAX_TRANSFERS, MAX_TRANSFERS_PER_TENANT};
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -67,12 +65,11 @@ use tokio_util::task::TaskTracker;
 
 use crate::catalog::CatalogWriter;
 use crate::config::{Config, ValidConfig};
-use crate::docker::monitor::EventMonitor;
 use crate::docker::Engine;
 use crate::instance::watchdog::Watchdog;
 use crate::instance::Instance;
-use crate::owner::{NameError, Owner};
 use crate::registry::Registry;
+use crate::services::{AuditTrail, Hibernation, UsageLedger, WorkspaceTransfers};
 
 /// How long past `spawn_timeout` an interrupt waits for the cells it cancelled to settle.
 pub const INTERRUPT_SETTLE: Duration = Duration::from_secs(10);
@@ -81,40 +78,45 @@ struct Inner {
     config: ValidConfig,
     engine: Arc<dyn Engine>,
     instance: Instance,
-    labels: BTreeMap<String, String>,
-    registry: Registry,
-    monitor: EventMonitor,
-    tracker: TaskTracker,
-    cancel: CancellationToken,
-    running: Mutex<HashMap<Owner, Vec<lease::Run>>>,
-    /// How many calls are in `running` (acquiring a kernel or running a cell).
-    running_count: tokio::sync::watch::Sender<usize>,
-    next_run: std::sync::atomic::AtomicU64,
-    starts: Mutex<StartStats>,
+    registry: Arc<Registry>,
+    /// What every kernel start shares (`spawner.rs`).
+    spawner: spawner::Spawner,
+    /// The tasks it owns, and what stops them.
+    tasks: Tasks,
+    /// The calls running now (acquiring a kernel or running a cell), by owner.
+    running: running::RunningCalls,
     /// File bytes moved by `write_file` (uploads) and `read_file` (downloads).
     file_bytes: Arc<files::FileCounters>,
     /// Commands running per owner (`command.rs`).
     commands: Arc<command::CommandCounts>,
-    /// Set once the engine refused to mount the file channels' directory
-    /// (`SpawnRequest::sockets_refused`).
-    sockets_refused: std::sync::atomic::AtomicBool,
     watchdog: Mutex<Option<Watchdog>>,
     catalog: Option<Arc<CatalogWriter>>,
     pool: pool::PoolState,
-    /// Usage recorded since the last flush to the ledger (`usage.rs`, `docs/usage.md`).
-    ledger: Arc<crate::usage::Pending>,
-    /// Where the usage ledger is kept: the catalog, or memory without one.
-    ledger_store: Arc<dyn crate::catalog::Catalog>,
     /// Network egress by policy, when configured (`docs/reliability.md`, "Network egress").
     egress: Option<Arc<crate::egress::Egress>>,
-    /// Workspaces, when configured (`docs/workspaces.md`).
-    workspaces: Option<Arc<crate::workspace::Workspaces>>,
-    /// The audit trail, when configured (`audit.rs`, `docs/usage.md`, "Audit trail").
-    audit: Option<crate::audit::Auditor>,
-    /// Workspace transfers without a kernel running, per tenant (`workspace_files.rs`).
-    workspace_transfers: Arc<workspace_files::TransferCounts>,
+    /// The services it owns and calls at named points (`services/`).
+    services: Services,
     /// The tenants' settings as read at the moment of use, swapped by a reload (`tenancy.rs`).
-    tenancy: crate::tenancy::LivePolicies,
+    tenancy: Arc<crate::tenancy::LivePolicies>,
+}
+
+/// The background work the orchestrator owns: every task it spawns is tracked, and the
+/// token stops intake and the tasks at shutdown.
+struct Tasks {
+    tracker: TaskTracker,
+    cancel: CancellationToken,
+}
+
+/// The orchestrator's services (`services/`), built at start.
+struct Services {
+    /// Parks idle kernels and restores them (`services/hibernation/`).
+    hibernation: Arc<Hibernation>,
+    /// The usage ledger (`services/usage.rs`, `docs/usage.md`).
+    usage: Arc<UsageLedger>,
+    /// The audit trail (`services/audit.rs`, `docs/usage.md`, "Audit trail").
+    audit: AuditTrail,
+    /// The workspaces and their transfer kernels (`services/transfers.rs`).
+    transfers: WorkspaceTransfers,
 }
 
 /// Runs stateful Python kernels in containers, one per key. Cheap to clone.
@@ -135,15 +137,38 @@ impl std::fmt::Debug for Orchestrator {
 impl Orchestrator {
     /// Workspaces, when configured (`docs/workspaces.md`): list, delete, the TTL sweep.
     pub fn workspaces(&self) -> Option<&crate::workspace::Workspaces> {
-        self.inner.workspaces.as_deref()
+        self.inner
+            .services
+            .transfers
+            .workspaces()
+            .map(|w| w.as_ref())
     }
 
     /// `tenant`'s workspace policy: its sessions' `/work` is a workspace.
     pub(crate) fn workspace_policy(&self, tenant: &str) -> Option<crate::config::WorkspacePolicy> {
+        self.inner.services.transfers.policy(tenant)
+    }
+
+    /// Hibernated kernels (checkpointed, or being checkpointed).
+    pub fn hibernated(&self) -> usize {
+        self.inner.services.hibernation.count()
+    }
+
+    /// The usage ledger over `[from, to)` (seconds since the epoch, widened to whole hours),
+    /// of `tenant` only when given, grouped as asked; what is pending is flushed first, so a
+    /// report includes every cell ended before it.
+    pub async fn usage(
+        &self,
+        tenant: Option<&str>,
+        from: u64,
+        to: u64,
+        group_by: crate::usage::GroupBy,
+    ) -> Result<Vec<crate::usage::UsageRow>, crate::catalog::CatalogError> {
         self.inner
-            .workspaces
-            .as_ref()
-            .and_then(|w| w.policy(tenant).copied())
+            .services
+            .usage
+            .report(tenant, from, to, group_by)
+            .await
     }
 
     /// The validated configuration.
@@ -159,28 +184,6 @@ impl Orchestrator {
     /// The engine this orchestrator drives.
     pub fn engine(&self) -> &Arc<dyn Engine> {
         &self.inner.engine
-    }
-
-    fn owner_of(
-        &self,
-        tenant: Option<&str>,
-        session: &str,
-        child: Option<&str>,
-    ) -> Result<Owner, NameError> {
-        Owner::new(
-            tenant.unwrap_or(&self.inner.config.default_tenant),
-            session,
-            child,
-        )
-    }
-
-    /// The owner a scope names.
-    fn scope_owner(&self, scope: &Scope) -> Result<Owner, NameError> {
-        self.owner_of(
-            scope.tenant.as_deref(),
-            &scope.session,
-            scope.child.as_deref(),
-        )
     }
 
     /// Waits until every catalog change recorded so far is written (or has failed). Nothing
@@ -211,12 +214,7 @@ impl Orchestrator {
     /// Lifecycle counters for metrics: kernel starts (by outcome, with durations) and
     /// involuntary losses as they happened, by reason.
     pub fn stats(&self) -> Stats {
-        let starts = self
-            .inner
-            .starts
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        let starts = self.inner.spawner.starts();
         Stats {
             starts,
             losses: self.inner.registry.loss_counts(),
@@ -227,12 +225,7 @@ impl Orchestrator {
                 ..self.inner.pool.stats().clone()
             },
             file_bytes: self.inner.file_bytes.snapshot(),
-            audit: self
-                .inner
-                .audit
-                .as_ref()
-                .map(|a| a.stats())
-                .unwrap_or_default(),
+            audit: self.inner.services.audit.stats(),
         }
     }
 }

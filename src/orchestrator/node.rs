@@ -80,7 +80,7 @@ impl Orchestrator {
             .inner
             .registry
             .remove_where(|_| true, Some(reason), false);
-        self.dispose_slots(slots).await;
+        crate::services::dispose_slots(slots).await;
         n
     }
 }

@@ -213,12 +213,12 @@ impl Orchestrator {
         let this = self.clone();
         let kernel = kernel.clone();
         let slot = slot.clone();
-        self.inner.tracker.spawn(async move {
+        self.inner.tasks.tracker.spawn(async move {
             let inner = &this.inner;
             tokio::select! {
                 _ = ended.cancelled() => {}
                 _ = tokio::time::sleep(TAKE_SETTLE) => {}
-                _ = inner.cancel.cancelled() => return,
+                _ = inner.tasks.cancel.cancelled() => return,
             }
             inner.pool.wake.notify_one();
             let until = tokio::time::Instant::now() + POOL_YIELD_MAX;
@@ -229,7 +229,7 @@ impl Orchestrator {
                 let seen = slot.last_used();
                 tokio::select! {
                     _ = tokio::time::sleep(RENAME_QUIET) => {}
-                    _ = inner.cancel.cancelled() => return,
+                    _ = inner.tasks.cancel.cancelled() => return,
                 }
                 if slot.last_used() == seen || tokio::time::Instant::now() >= until {
                     break;
@@ -240,7 +240,7 @@ impl Orchestrator {
             let turn = Yield {
                 priority: inner.pool.cold.subscribe(),
                 until,
-                cancel: inner.cancel.clone(),
+                cancel: inner.tasks.cancel.clone(),
             };
             if turn.give_way().await.is_err() {
                 return;
@@ -258,7 +258,7 @@ impl Orchestrator {
     /// Disposes of kernels that left the pool without an owner.
     pub(super) async fn dispose_pooled(&self, kernels: Vec<Arc<Kernel>>) {
         for kernel in kernels {
-            self.dispose_kernel(&kernel).await;
+            crate::services::dispose_kernel(&kernel).await;
         }
     }
 
@@ -270,6 +270,7 @@ impl Orchestrator {
         let this = self.clone();
         let handle = self
             .inner
+            .tasks
             .tracker
             .spawn(async move { this.refill_forever().await });
         *self
@@ -341,7 +342,7 @@ impl Orchestrator {
                 next = next.min(at);
             }
             tokio::select! {
-                _ = inner.cancel.cancelled() => break,
+                _ = inner.tasks.cancel.cancelled() => break,
                 _ = inner.pool.wake.notified() => {}
                 _ = tokio::time::sleep_until(next) => {}
                 Some(spawned) = spawning.next(), if !spawning.is_empty() => {
@@ -366,24 +367,13 @@ impl Orchestrator {
         let inner = &self.inner;
         let started = Instant::now();
         let spawned = Kernel::spawn(SpawnRequest {
-            engine: inner.engine.clone(),
-            spec: &inner.config.spec,
-            spawn_timeout: inner.config.kernels.spawn_timeout,
-            files: &inner.config.files,
-            base_labels: &inner.labels,
-            owner: None,
-            monitor: inner.monitor.clone(),
-            tracker: &inner.tracker,
-            sockets_refused: &inner.sockets_refused,
-            network: None,
-            workspace: None,
             preload: &inner.config.pool.preload,
-            settings: None,
             yield_to: Some(Yield {
                 priority: inner.pool.cold.subscribe(),
                 until: tokio::time::Instant::now() + POOL_YIELD_MAX,
-                cancel: inner.cancel.clone(),
+                cancel: inner.tasks.cancel.clone(),
             }),
+            ..self.spawn_request()
         })
         .await;
         let seconds = started.elapsed().as_secs_f64();
@@ -391,7 +381,7 @@ impl Orchestrator {
             Ok(kernel) => {
                 inner.pool.stats().refills.observe(seconds);
                 if let Some(unwanted) = inner.registry.pool_offer(inner.pool.spec.clone(), kernel) {
-                    self.dispose_kernel(&unwanted).await;
+                    crate::services::dispose_kernel(&unwanted).await;
                 }
                 self.publish_pool();
                 Ok(())

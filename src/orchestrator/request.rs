@@ -13,7 +13,7 @@ use crate::catalog::CatalogError;
 use crate::docker::EngineError;
 use crate::histogram::Histogram;
 use crate::kernel::{KernelError, OutputSink};
-use crate::owner::NameError;
+use crate::owner::{KernelKey, NameError, Owner};
 use crate::registry::{Cap, EvictionCounts, LossCounts, TenantLimits};
 use crate::rich::DisplaySink;
 
@@ -90,6 +90,53 @@ impl Scope {
             ..self
         }
     }
+}
+
+impl Scope {
+    /// The owner this scope names, its tenant the configured default when it names none.
+    pub(crate) fn owner(&self, config: &crate::Config) -> Result<Owner, NameError> {
+        owner_of(
+            config,
+            self.tenant.as_deref(),
+            &self.session,
+            self.child.as_deref(),
+        )
+    }
+
+    /// The key of `owner`'s kernel as this scope makes it: the configured mode, the image it
+    /// names (else `Config::image`) and its tools.
+    pub(crate) fn kernel_key(
+        &self,
+        owner: Owner,
+        config: &crate::Config,
+        policies: &crate::tenancy::TenantPolicies,
+    ) -> Result<KernelKey, ExecuteError> {
+        let image = match self.image.as_deref() {
+            None => config.spec.image.clone(),
+            Some(image) if image.trim().is_empty() => {
+                return Err(ExecuteError::Invalid("image must not be empty".into()))
+            }
+            Some(image) => image.to_string(),
+        };
+        Ok(KernelKey {
+            // The tenant's runtime as now (a reload may change it: `crate::tenancy`).
+            runtime: policies.runtime_of(&owner.tenant, config.spec.sandbox.runtime),
+            owner,
+            mode: config.spec.mode.clone(),
+            image,
+            tools: self.tools.clone(),
+        })
+    }
+}
+
+/// The owner `tenant` (the configured default when `None`), `session` and `child` name.
+pub(crate) fn owner_of(
+    config: &crate::Config,
+    tenant: Option<&str>,
+    session: &str,
+    child: Option<&str>,
+) -> Result<Owner, NameError> {
+    Owner::new(tenant.unwrap_or(&config.default_tenant), session, child)
 }
 
 impl From<&str> for Scope {

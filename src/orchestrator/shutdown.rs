@@ -16,14 +16,16 @@ impl Orchestrator {
     /// and stops the background tasks. Idempotent.
     pub async fn shutdown(&self) {
         let inner = &self.inner;
-        inner.cancel.cancel();
-        let lasting = self.checkpoints_last();
+        inner.tasks.cancel.cancel();
+        let hibernation = &inner.services.hibernation;
+        let lasting = hibernation.lasts();
         if lasting {
             // Idle kernels that hibernate do so now, to come back after the restart
             // (`docs/runtimes.md`, "Hibernation"); those not done in time are lost as before.
             let stopping = inner.registry.take_for_stop();
             let hibernating = async {
-                self.hibernate_slots(stopping, LossReason::ServerRestarted)
+                hibernation
+                    .park(stopping, LossReason::ServerRestarted)
                     .await;
                 // Those under way already (the reaper's, an eviction's) are kept too.
                 let pending = inner.registry.pending_hibernations();
@@ -37,12 +39,11 @@ impl Orchestrator {
             }
         }
         let slots = inner.registry.drain();
-        self.dispose_slots(slots).await;
+        crate::services::dispose_slots(slots).await;
         if !lasting {
             // Hibernated kernels do not outlive this server.
-            let hibernated = inner.registry.remove_hibernated(|_| true);
-            self.discard_checkpoints(hibernated).await;
-            self.clear_checkpoints().await;
+            hibernation.discard_where(|_| true).await;
+            hibernation.clear_dir().await;
         }
         // The pool's refills in flight dispose of their kernels; then the pool goes.
         self.stop_pool(Duration::from_secs(10)).await;
@@ -71,13 +72,11 @@ impl Orchestrator {
                 tracing::warn!("the catalog writer did not finish within 10s");
             }
         }
-        if let Some(audit) = &inner.audit {
-            // The kernels are gone, so their cells and commands have ended: what they
-            // recorded is written before the trail closes.
-            audit.close().await;
-        }
-        inner.tracker.close();
-        let _ = tokio::time::timeout(Duration::from_secs(10), inner.tracker.wait()).await;
+        // The kernels are gone, so their cells and commands have ended: what they recorded
+        // is written before the trail closes.
+        inner.services.audit.close().await;
+        inner.tasks.tracker.close();
+        let _ = tokio::time::timeout(Duration::from_secs(10), inner.tasks.tracker.wait()).await;
         let watchdog = inner
             .watchdog
             .lock()

@@ -5,13 +5,12 @@
 //! hibernated kernels taken over, then the event monitor, the reaper, the runaway watch and
 //! the warm pool's refill.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::{hibernate, pool, tenancy, Inner, Orchestrator, StartError, StartStats};
+use super::{pool, spawner, tenancy, Inner, Orchestrator, StartError};
 use crate::catalog::{Catalog, CatalogError, CatalogWriter, Change, Entry, EntryState};
 use crate::cell::{LossReason, StateLost};
 use crate::config::{IntoValidConfig, ValidConfig};
@@ -22,6 +21,7 @@ use crate::instance::watchdog::Watchdog;
 use crate::instance::Instance;
 use crate::labels;
 use crate::registry::Registry;
+use crate::services;
 
 /// What the catalog held at start.
 struct Restored {
@@ -86,7 +86,7 @@ impl Orchestrator {
         let instance = Instance::current();
         prepare_file_sockets(&mut config).await;
         // Hibernated kernels of an earlier run outlive it (the sweep leaves them by name).
-        let recorded = hibernate::recorded(&config, engine.as_ref()).await?;
+        let recorded = services::recorded(&config, engine.as_ref()).await?;
         if config.housekeeping.sweep_on_start {
             sweep_leftovers(engine.as_ref(), &instance).await?;
         }
@@ -122,50 +122,64 @@ impl Orchestrator {
             None => None,
         };
         let tracker = TaskTracker::new();
-        let audit = match &config.audit {
-            Some(audit) => Some(crate::audit::Auditor::start(audit.sink.clone(), &tracker)?),
-            None => None,
-        };
-        let inner = Arc::new(Inner {
-            tenancy: crate::tenancy::LivePolicies::from_pointee(
-                crate::tenancy::TenantPolicies::of_config(&config),
-            ),
-            workspace_transfers: Arc::default(),
-            audit,
-            egress,
-            workspaces,
-            pool: pool::PoolState::new(config.spec.clone(), config.pool.size),
-            registry: Registry::new(
-                config.kernels.max_session_kernels,
-                config.kernels.idle_timeout,
-            ),
-            labels: {
-                let mut labels = instance.labels(&config.housekeeping.extra_labels);
-                if let Some(tag) = &recorded.tag {
-                    labels.insert(labels::CHECKPOINTS.into(), tag.clone());
-                }
-                labels
-            },
-            config,
-            engine,
-            monitor: EventMonitor::default(),
-            tracker,
-            cancel: CancellationToken::new(),
-            running: Mutex::new(HashMap::new()),
-            running_count: tokio::sync::watch::Sender::new(0),
-            next_run: std::sync::atomic::AtomicU64::new(0),
-            starts: Mutex::new(StartStats::default()),
-            file_bytes: Arc::default(),
-            commands: Arc::default(),
-            sockets_refused: std::sync::atomic::AtomicBool::new(false),
-            watchdog: Mutex::new(watchdog),
-            instance,
-            catalog: restored.as_ref().map(|r| r.writer.clone()),
-            ledger: Arc::default(),
-            ledger_store: match &restored {
+        let policies = Arc::new(crate::tenancy::LivePolicies::from_pointee(
+            crate::tenancy::TenantPolicies::of_config(&config),
+        ));
+        let audit = services::AuditTrail::start(config.audit.as_ref(), policies.clone(), &tracker)?;
+        let registry = Arc::new(Registry::new(
+            config.kernels.max_session_kernels,
+            config.kernels.idle_timeout,
+        ));
+        let monitor = EventMonitor::default();
+        let hibernation = Arc::new(services::Hibernation::new(
+            &config,
+            registry.clone(),
+            engine.clone(),
+            tracker.clone(),
+            monitor.clone(),
+            &instance,
+            policies.clone(),
+        ));
+        let usage = Arc::new(services::UsageLedger::new(
+            match &restored {
                 Some(r) => r.store.clone(),
                 None => Arc::new(crate::catalog::MemoryCatalog::default()),
             },
+            egress.clone(),
+        ));
+        let inner = Arc::new(Inner {
+            tenancy: policies,
+            services: super::Services {
+                transfers: services::WorkspaceTransfers::new(workspaces),
+                audit,
+                hibernation,
+                usage,
+            },
+            egress,
+            pool: pool::PoolState::new(config.spec.clone(), config.pool.size),
+            registry,
+            spawner: spawner::Spawner::new(
+                {
+                    let mut labels = instance.labels(&config.housekeeping.extra_labels);
+                    if let Some(tag) = &recorded.tag {
+                        labels.insert(labels::CHECKPOINTS.into(), tag.clone());
+                    }
+                    labels
+                },
+                monitor,
+            ),
+            config,
+            engine,
+            tasks: super::Tasks {
+                tracker,
+                cancel: CancellationToken::new(),
+            },
+            running: Default::default(),
+            file_bytes: Arc::default(),
+            commands: Arc::default(),
+            watchdog: Mutex::new(watchdog),
+            instance,
+            catalog: restored.as_ref().map(|r| r.writer.clone()),
         });
         inner.registry.set_ceilings(tenancy::ceilings(
             &inner.config,
@@ -175,15 +189,16 @@ impl Orchestrator {
             Some(restored) => restored.seed(&inner.registry),
             None => 0,
         };
-        if let Some(egress) = &inner.egress {
-            egress.count_usage_in(inner.ledger.clone());
-        }
         let orchestrator = Orchestrator { inner };
-        let adopted = orchestrator.adopt_recorded(recorded.records);
+        let adopted = orchestrator
+            .inner
+            .services
+            .hibernation
+            .adopt(recorded.records);
         let registry = &orchestrator.inner.registry;
         registry.count_losses(LossReason::ServerRestarted, live.saturating_sub(adopted));
         // Before any call can take a checkpoint: what no kept checkpoint claims goes.
-        orchestrator.clear_checkpoints().await;
+        orchestrator.inner.services.hibernation.clear_dir().await;
         orchestrator.start_tasks();
         Ok(orchestrator)
     }
@@ -201,17 +216,25 @@ impl Orchestrator {
             ],
             _ => vec![labels::managed()],
         };
-        i.tracker.spawn(
-            i.monitor
-                .clone()
-                .run(i.engine.clone(), events, i.cancel.child_token()),
-        );
+        i.tasks.tracker.spawn(i.spawner.monitor.clone().run(
+            i.engine.clone(),
+            events,
+            i.tasks.cancel.child_token(),
+        ));
         let reaper = self.clone();
-        i.tracker.spawn(async move { reaper.reap_forever().await });
-        let watch = self.clone();
-        i.tracker.spawn(async move { watch.watch_runaways().await });
-        let ledger = self.clone();
-        i.tracker.spawn(async move { ledger.keep_ledger().await });
+        i.tasks
+            .tracker
+            .spawn(async move { reaper.reap_forever().await });
+        let watch = services::RunawayWatcher::new(&i.config, i.registry.clone());
+        i.tasks.tracker.spawn(watch.run(i.tasks.cancel.clone()));
+        let (usage, registry, cancel) = (
+            i.services.usage.clone(),
+            i.registry.clone(),
+            i.tasks.cancel.clone(),
+        );
+        i.tasks
+            .tracker
+            .spawn(async move { usage.keep(&registry, cancel).await });
         self.start_pool();
     }
 }

@@ -60,13 +60,13 @@ impl Orchestrator {
             Some(LossReason::TenantRemoved),
             false,
         );
-        self.dispose_slots(slots).await;
+        crate::services::dispose_slots(slots).await;
         let hibernated = self
             .inner
             .registry
             .remove_hibernated(|k| k.owner.tenant == tenant);
         let n = n + hibernated.len();
-        self.discard_checkpoints(hibernated).await;
+        self.inner.services.hibernation.discard(hibernated).await;
         n
     }
 }

@@ -11,108 +11,20 @@
 //! started, in work that outlives the request (`adopt.rs`): a client that goes away mid-start
 //! leaves nothing behind.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use super::{FileError, FileRequest, Orchestrator, Scope};
 use crate::files::{ByteStream, Download, FilePath, TransferError, Written};
 use crate::kernel::{Kernel, SpawnRequest};
 use crate::owner::Owner;
-
-/// Transfer kernels on the host at once. Tenants are few (a tenants file), so the per-tenant
-/// cap bounds them first; this one bounds a host with many tenants.
-pub const MAX_TRANSFERS: usize = 16;
-/// Transfer kernels of one tenant at once.
-pub const MAX_TRANSFERS_PER_TENANT: usize = 2;
-
-/// Transfer kernels running (until their disposal ends), per tenant and per workspace.
-#[derive(Debug, Default)]
-pub(super) struct TransferCounts {
-    counts: Mutex<Counts>,
-    /// Told whenever a transfer kernel is gone.
-    gone: tokio::sync::Notify,
-}
-
-#[derive(Debug, Default)]
-struct Counts {
-    tenants: HashMap<String, usize>,
-    /// By `(tenant, owner)`.
-    workspaces: HashMap<(String, String), usize>,
-}
-
-/// One transfer kernel counted; uncounted when dropped.
-struct TransferSlot {
-    counts: Arc<TransferCounts>,
-    tenant: String,
-    owner: String,
-}
-
-impl TransferCounts {
-    fn take(self: &Arc<Self>, owner: &Owner) -> Result<TransferSlot, FileError> {
-        let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
-        let total: usize = counts.tenants.values().sum();
-        let mine = counts.tenants.get(&owner.tenant).copied().unwrap_or(0);
-        if total >= MAX_TRANSFERS || mine >= MAX_TRANSFERS_PER_TENANT {
-            return Err(FileError::TooManyTransfers {
-                max: MAX_TRANSFERS_PER_TENANT,
-                host: MAX_TRANSFERS,
-            });
-        }
-        let (tenant, name) = (owner.tenant.clone(), owner.to_string());
-        *counts.tenants.entry(tenant.clone()).or_insert(0) += 1;
-        *counts
-            .workspaces
-            .entry((tenant.clone(), name.clone()))
-            .or_insert(0) += 1;
-        Ok(TransferSlot {
-            counts: self.clone(),
-            tenant,
-            owner: name,
-        })
-    }
-
-    /// True while a transfer kernel of `tenant`'s workspace `name` runs or is being removed.
-    fn busy(&self, tenant: &str, name: &str) -> bool {
-        self.counts
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .workspaces
-            .contains_key(&(tenant.to_string(), name.to_string()))
-    }
-}
-
-impl Drop for TransferSlot {
-    fn drop(&mut self) {
-        {
-            let mut counts = self.counts.counts.lock().unwrap_or_else(|p| p.into_inner());
-            let Counts {
-                tenants,
-                workspaces,
-            } = &mut *counts;
-            uncount(tenants, self.tenant.clone());
-            uncount(workspaces, (self.tenant.clone(), self.owner.clone()));
-        }
-        self.counts.gone.notify_waiters();
-    }
-}
-
-fn uncount<K: std::hash::Hash + Eq>(map: &mut HashMap<K, usize>, key: K) {
-    if let Some(n) = map.get_mut(&key) {
-        *n -= 1;
-        if *n == 0 {
-            map.remove(&key);
-        }
-    }
-}
-
-/// How long deleting a workspace waits for its transfer kernels to go.
-const DELETE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+use crate::services::{TransferSlot, MAX_TRANSFERS, MAX_TRANSFERS_PER_TENANT};
 
 /// A transfer kernel and its count: disposed of by [`TransferKernel::finish`], or in the
 /// background when dropped (a download's stream ended or was dropped); counted until it is
 /// gone.
 struct TransferKernel {
-    orchestrator: Orchestrator,
+    /// Owns the disposal of a transfer kernel dropped.
+    tracker: tokio_util::task::TaskTracker,
     kernel: Arc<Kernel>,
     slot: Option<TransferSlot>,
     /// The workspace was made for this transfer (a failed upload deletes it again).
@@ -125,7 +37,7 @@ impl TransferKernel {
     /// Disposes of the kernel now.
     async fn finish(mut self) {
         let slot = self.slot.take();
-        self.orchestrator.dispose_kernel(&self.kernel).await;
+        crate::services::dispose_kernel(&self.kernel).await;
         drop(slot);
     }
 }
@@ -133,9 +45,9 @@ impl TransferKernel {
 impl Drop for TransferKernel {
     fn drop(&mut self) {
         if let Some(slot) = self.slot.take() {
-            let (orchestrator, kernel) = (self.orchestrator.clone(), self.kernel.clone());
-            self.orchestrator.inner.tracker.spawn(async move {
-                orchestrator.dispose_kernel(&kernel).await;
+            let kernel = self.kernel.clone();
+            self.tracker.spawn(async move {
+                crate::services::dispose_kernel(&kernel).await;
                 drop(slot);
             });
         }
@@ -156,15 +68,16 @@ impl Orchestrator {
         let (me, scope, who) = (self.clone(), scope.clone(), owner.clone());
         // The transfer kernel is made and its download started even if the caller goes away
         // meanwhile: dropped then, it is removed (never half made and left).
-        let started = crate::orchestrator::adopt::run_adopted(&self.inner.tracker, async move {
-            let transfer = me.transfer_kernel(&scope, &who, false).await?;
-            let download = transfer.kernel.read_file(&FilePath::root(), true).await?;
-            Ok::<_, FileError>((transfer, download))
-        })
-        .await
-        .unwrap_or_else(|panic| {
-            Err(TransferError::Helper(format!("the download task failed: {panic}")).into())
-        });
+        let started =
+            crate::orchestrator::adopt::run_adopted(&self.inner.tasks.tracker, async move {
+                let transfer = me.transfer_kernel(&scope, &who, false).await?;
+                let download = transfer.kernel.read_file(&FilePath::root(), true).await?;
+                Ok::<_, FileError>((transfer, download))
+            })
+            .await
+            .unwrap_or_else(|panic| {
+                Err(TransferError::Helper(format!("the download task failed: {panic}")).into())
+            });
         let (transfer, download) = started?;
         let Download::Tar { body } = download else {
             return Err(TransferError::Helper("a tar was asked for".into()).into());
@@ -199,14 +112,18 @@ impl Orchestrator {
         let (me, scope) = (self.clone(), scope.clone());
         // Runs to its end even if the caller goes away: the transfer kernel is made, the
         // helper confirms its clean-up, and the kernel is gone before the answer.
-        crate::orchestrator::adopt::run_adopted(&self.inner.tracker, async move {
+        crate::orchestrator::adopt::run_adopted(&self.inner.tasks.tracker, async move {
             let transfer = me.transfer_kernel(&scope, &owner, true).await?;
             let kernel = transfer.kernel.clone();
             let (made, opening) = (transfer.made, transfer.opening);
             let written = kernel.write_file(&root, true, body, cap).await;
             transfer.finish().await;
             if written.is_err() && made {
-                me.forget_made_workspace(&owner, opening).await;
+                me.inner
+                    .services
+                    .transfers
+                    .forget_made(&owner, opening)
+                    .await;
             }
             written.map_err(FileError::from)
         })
@@ -216,49 +133,20 @@ impl Orchestrator {
         })
     }
 
-    /// Deletes `owner`'s workspace made for a transfer that failed, unless anything opened it
-    /// since (a kernel, another transfer): nothing is left of a failed upload, and nobody
-    /// else's files are lost.
-    async fn forget_made_workspace(&self, owner: &Owner, opening: u64) {
-        let Some(workspaces) = &self.inner.workspaces else {
-            return;
-        };
-        if let Err(e) = workspaces.delete_unless_reopened(owner, opening).await {
-            tracing::warn!(workspace = %owner, error = %e, "deleting a workspace made for a failed upload");
-        }
-    }
-
-    /// Deletes `tenant`'s workspace `name` (docs/workspaces.md), once the transfer kernels
-    /// that have it are gone (at most [`DELETE_WAIT`]): a delete right after a download is
-    /// not refused for the download's own kernel. Refused while a session's kernel has it.
+    /// Deletes `tenant`'s workspace `name` (docs/workspaces.md) once its transfer kernels
+    /// are gone ([`WorkspaceTransfers::delete`](crate::services::WorkspaceTransfers)).
     pub async fn delete_workspace(
         &self,
         tenant: &str,
         name: &str,
     ) -> Result<(), crate::workspace::WorkspaceError> {
-        let Some(workspaces) = &self.inner.workspaces else {
-            return Err(crate::workspace::WorkspaceError::Disabled {
-                tenant: tenant.to_string(),
-            });
-        };
-        let transfers = &self.inner.workspace_transfers;
-        let _ = tokio::time::timeout(DELETE_WAIT, async {
-            loop {
-                let gone = transfers.gone.notified();
-                if !transfers.busy(tenant, name) {
-                    return;
-                }
-                gone.await;
-            }
-        })
-        .await;
-        workspaces.delete(tenant, name).await
+        self.inner.services.transfers.delete(tenant, name).await
     }
 
     /// The owner `scope` names, when its tenant has workspaces.
     fn workspace_owner(&self, scope: &Scope) -> Result<Owner, FileError> {
-        let owner = self
-            .scope_owner(scope)
+        let owner = scope
+            .owner(&self.inner.config)
             .map_err(|e| FileError::Execute(super::ExecuteError::Name(e)))?;
         if self.workspace_policy(&owner.tenant).is_none() {
             return Err(crate::workspace::WorkspaceError::Disabled {
@@ -277,51 +165,49 @@ impl Orchestrator {
         create: bool,
     ) -> Result<TransferKernel, FileError> {
         let inner = &self.inner;
-        if inner.cancel.is_cancelled() {
+        if inner.tasks.cancel.is_cancelled() {
             return Err(super::ExecuteError::ShuttingDown.into());
         }
-        let slot = inner.workspace_transfers.take(owner)?;
+        let slot =
+            inner
+                .services
+                .transfers
+                .take(owner)
+                .map_err(|_| FileError::TooManyTransfers {
+                    max: MAX_TRANSFERS_PER_TENANT,
+                    host: MAX_TRANSFERS,
+                })?;
+        let transfers = &inner.services.transfers;
         let (Some(policy), Some(workspaces)) =
-            (self.workspace_policy(&owner.tenant), &inner.workspaces)
+            (transfers.policy(&owner.tenant), transfers.workspaces())
         else {
             return Err(crate::workspace::WorkspaceError::Disabled {
                 tenant: owner.tenant.clone(),
             }
             .into());
         };
-        let key = self.kernel_key(owner.clone(), scope)?;
+        let key = scope.kernel_key(owner.clone(), &self.inner.config, &self.inner.tenancy.load())?;
         let (uid, gid) = crate::kernel::parse_user(&inner.config.spec.sandbox.user);
         let workspace = workspaces.open(owner, &policy, uid, gid, create).await?;
         let (made, opening) = (!workspace.info.restored, workspace.opening);
         let spawned = Kernel::spawn(SpawnRequest {
             workspace: Some(workspace),
-            network: None,
-            engine: inner.engine.clone(),
-            spec: &inner.config.spec,
-            spawn_timeout: inner.config.kernels.spawn_timeout,
-            files: &inner.config.files,
-            base_labels: &inner.labels,
             // Generation 0: no kernel of the session is ever that one.
             owner: Some((key, 0)),
-            monitor: inner.monitor.clone(),
-            tracker: &inner.tracker,
-            sockets_refused: &inner.sockets_refused,
-            yield_to: None,
-            preload: &[],
-            settings: None,
+            ..self.spawn_request()
         })
         .await;
         let kernel = match spawned {
             Ok(kernel) => kernel,
             Err(e) => {
                 if made {
-                    self.forget_made_workspace(owner, opening).await;
+                    inner.services.transfers.forget_made(owner, opening).await;
                 }
                 return Err(FileError::Execute(e.into()));
             }
         };
         Ok(TransferKernel {
-            orchestrator: self.clone(),
+            tracker: inner.tasks.tracker.clone(),
             kernel,
             slot: Some(slot),
             made,

@@ -4,16 +4,23 @@
 //! commands, file bytes and pool hits recorded as they happen) to the catalog and prunes hours
 //! past [`LEDGER_RETENTION_SECONDS`]. At shutdown it samples and flushes once more. A kernel
 //! that dies (OOM, kill, node loss) is accounted up to its last sample; a `kill -9` of the
-//! server loses at most one interval.
+//! server loses at most one interval. A service of the orchestrator: [`UsageLedger`] owns the
+//! pending usage and the store it is flushed to; cells, commands, file transfers and pool
+//! hits record into [`UsageLedger::pending`] as they happen.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
-use super::Orchestrator;
-use crate::catalog::CatalogError;
+use crate::catalog::{Catalog, CatalogError};
 use crate::docker::cpu::{memory_peak, CpuFile};
-use crate::usage::{group, hour_of, GroupBy, UsageRow, LEDGER_FLUSH, LEDGER_RETENTION_SECONDS};
+use crate::egress::Egress;
+use crate::registry::Registry;
+use crate::usage::{
+    group, hour_of, GroupBy, Pending, UsageRow, LEDGER_FLUSH, LEDGER_RETENTION_SECONDS,
+};
 
 /// What the ledger knows of one kernel between samples.
 struct Seen {
@@ -33,17 +40,45 @@ struct Due {
     file: Option<CpuFile>,
 }
 
-impl Orchestrator {
-    /// Samples and flushes every [`LEDGER_FLUSH`] until shutdown, then once more.
-    pub(super) async fn keep_ledger(&self) {
+/// The usage ledger: the usage recorded since the last flush, where it is kept (the catalog,
+/// or memory without one), and the egress whose open connections' bytes are settled into it
+/// before each flush.
+pub(crate) struct UsageLedger {
+    pending: Arc<Pending>,
+    store: Arc<dyn Catalog>,
+    egress: Option<Arc<Egress>>,
+}
+
+impl UsageLedger {
+    /// A ledger kept in `store`; `egress` counts its bytes into it.
+    pub(crate) fn new(store: Arc<dyn Catalog>, egress: Option<Arc<Egress>>) -> UsageLedger {
+        let pending = Arc::new(Pending::default());
+        if let Some(egress) = &egress {
+            egress.count_usage_in(pending.clone());
+        }
+        UsageLedger {
+            pending,
+            store,
+            egress,
+        }
+    }
+
+    /// The usage recorded since the last flush, for a cell, command or transfer to add to.
+    pub(crate) fn pending(&self) -> &Arc<Pending> {
+        &self.pending
+    }
+
+    /// Samples `registry`'s kernels and flushes every [`LEDGER_FLUSH`] until `cancel`, then
+    /// once more.
+    pub(crate) async fn keep(&self, registry: &Registry, cancel: CancellationToken) {
         let mut seen: HashMap<String, Seen> = HashMap::new();
         loop {
             let stopping = tokio::select! {
-                _ = self.inner.cancel.cancelled() => true,
+                _ = cancel.cancelled() => true,
                 _ = tokio::time::sleep(LEDGER_FLUSH) => false,
             };
-            self.sample_usage(&mut seen).await;
-            self.flush_usage(true).await;
+            self.sample(registry, &mut seen).await;
+            self.flush(true).await;
             if stopping {
                 return;
             }
@@ -53,10 +88,8 @@ impl Orchestrator {
     /// One round: each registered kernel's alive time since its last sample (or since the
     /// previous round, for one new since), CPU time since its last sample (all of it, for a
     /// new one) and peak memory added to its session's pending usage.
-    async fn sample_usage(&self, seen: &mut HashMap<String, Seen>) {
-        let due: Vec<Due> = self
-            .inner
-            .registry
+    async fn sample(&self, registry: &Registry, seen: &mut HashMap<String, Seen>) {
+        let due: Vec<Due> = registry
             .slots()
             .into_iter()
             .filter_map(|slot| {
@@ -93,7 +126,7 @@ impl Orchestrator {
             let since = previous.map_or(LEDGER_FLUSH, |s| now.saturating_duration_since(s.at));
             let cpu_ns = cpu.unwrap_or(previous.map_or(0, |s| s.cpu_ns));
             let cpu_delta = cpu_ns.saturating_sub(previous.map_or(0, |s| s.cpu_ns));
-            self.inner.ledger.record(&due.tenant, &due.session, |r| {
+            self.pending.record(&due.tenant, &due.session, |r| {
                 r.kernel_seconds += since.as_secs_f64();
                 r.cpu_seconds += cpu_delta as f64 / 1e9;
                 r.peak_memory_bytes = r.peak_memory_bytes.max(peak.unwrap_or(0));
@@ -111,16 +144,16 @@ impl Orchestrator {
 
     /// Writes the pending usage to the ledger and (with `prune`) prunes old hours; rows that fail are kept
     /// for the next flush (logged).
-    async fn flush_usage(&self, prune: bool) {
+    async fn flush(&self, prune: bool) {
         // Open connections' bytes so far count in the hour they moved in (docs/usage.md).
-        if let Some(egress) = &self.inner.egress {
+        if let Some(egress) = &self.egress {
             egress.settle_usage();
         }
-        let rows = self.inner.ledger.take();
+        let rows = self.pending.take();
         if rows.is_empty() && !prune {
             return;
         }
-        let store = self.inner.ledger_store.clone();
+        let store = self.store.clone();
         let keep_from = hour_of(crate::clock::unix_now().saturating_sub(LEDGER_RETENTION_SECONDS));
         let written = tokio::task::spawn_blocking(move || {
             let result = store.add_usage(&rows, keep_from);
@@ -131,7 +164,7 @@ impl Orchestrator {
             Ok((_, Ok(()))) => {}
             Ok((rows, Err(e))) => {
                 tracing::warn!(error = %e, "writing the usage ledger");
-                self.inner.ledger.restore(rows);
+                self.pending.restore(rows);
             }
             Err(e) => tracing::warn!(error = %e, "the usage ledger's write task failed"),
         }
@@ -140,15 +173,15 @@ impl Orchestrator {
     /// The usage ledger over `[from, to)` (seconds since the epoch, widened to whole hours),
     /// of `tenant` only when given, grouped as asked; what is pending is flushed first, so a
     /// report includes every cell ended before it.
-    pub async fn usage(
+    pub(crate) async fn report(
         &self,
         tenant: Option<&str>,
         from: u64,
         to: u64,
         group_by: GroupBy,
     ) -> Result<Vec<UsageRow>, CatalogError> {
-        self.flush_usage(false).await;
-        let store = self.inner.ledger_store.clone();
+        self.flush(false).await;
+        let store = self.store.clone();
         let tenant = tenant.map(str::to_string);
         let (from, to) = (
             hour_of(from),

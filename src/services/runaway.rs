@@ -8,7 +8,8 @@
 //! its last cell's timeout plus `grace` is killed and its owner's next call
 //! reports `state_lost: runaway`. An interval a cell began in is not counted either way, so
 //! cells in between neither add to nor clear the time computed. A kernel whose cgroup cannot
-//! be read is left alone (logged once).
+//! be read is left alone (logged once). A service of the orchestrator: [`RunawayWatcher`] is
+//! built at start and runs as one task the orchestrator owns, with its own state.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -16,11 +17,13 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::Orchestrator;
+use tokio_util::sync::CancellationToken;
+
 use crate::cell::LossReason;
+use crate::config::ValidConfig;
 use crate::docker::cpu::{CpuFile, CpuReadError};
 use crate::kernel::Kernel;
-use crate::registry::Slot;
+use crate::registry::{Registry, Slot};
 
 /// A quiet interval takes `1 / QUIET_PAYBACK` of its length off the time a kernel has
 /// computed (`docs/reliability.md`, "Runaway kernels").
@@ -55,20 +58,52 @@ struct Due {
     file: Option<CpuFile>,
 }
 
-impl Orchestrator {
+/// The runaway watch: its bounds (`housekeeping.runaway`, the sandbox's CPU limit, the
+/// cells' default timeout), the registry it samples, and what it knows between rounds.
+pub(crate) struct RunawayWatcher {
+    registry: Arc<Registry>,
+    interval: Duration,
+    bounds: Bounds,
+    watch: Watch,
+}
+
+/// What a kernel may compute with no cell running.
+struct Bounds {
+    cpu_percent: u32,
+    grace: Duration,
+    /// The kernels' CPU limit, in cores.
+    limit_cores: f64,
+    /// The bound of a kernel that has run no cell with a timeout of its own.
+    cell_timeout: Duration,
+}
+
+impl RunawayWatcher {
+    pub(crate) fn new(config: &ValidConfig, registry: Arc<Registry>) -> RunawayWatcher {
+        let runaway = &config.housekeeping.runaway;
+        RunawayWatcher {
+            registry,
+            interval: runaway.interval,
+            bounds: Bounds {
+                cpu_percent: runaway.cpu_percent,
+                grace: runaway.grace,
+                limit_cores: config.spec.sandbox.nano_cpus as f64 / 1e9,
+                cell_timeout: config.cells.timeout,
+            },
+            watch: Watch::default(),
+        }
+    }
+
     /// Samples kernels with no running cell every `housekeeping.runaway.interval` until
-    /// shutdown.
-    pub(super) async fn watch_runaways(&self) {
-        let interval = self.inner.config.housekeeping.runaway.interval;
-        let mut watch = Watch::default();
+    /// `cancel`, disposing of the runaways.
+    pub(crate) async fn run(mut self, cancel: CancellationToken) {
         loop {
             tokio::select! {
-                _ = self.inner.cancel.cancelled() => return,
-                _ = tokio::time::sleep(interval) => {}
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(self.interval) => {}
             }
-            let runaways = self.sample_runaways(&mut watch).await;
+            let runaways = self.sample().await;
             if !runaways.is_empty() {
-                self.dispose_slots(runaways).await;
+                super::dispose_slots(runaways).await;
             }
         }
     }
@@ -76,9 +111,9 @@ impl Orchestrator {
     /// One round: every registered kernel with no running cell sampled, its track updated;
     /// returns the slots of the kernels killed as runaways (unregistered, their losses
     /// recorded), for disposal.
-    async fn sample_runaways(&self, watch: &mut Watch) -> Vec<Arc<Slot>> {
-        let tracks = &mut watch.tracks;
-        let slots = self.inner.registry.slots();
+    async fn sample(&mut self) -> Vec<Arc<Slot>> {
+        let slots = self.registry.slots();
+        let tracks = &mut self.watch.tracks;
         let live: HashSet<&str> = slots
             .iter()
             .filter_map(|s| s.kernel.get().map(|k| k.id.as_str()))
@@ -115,13 +150,15 @@ impl Orchestrator {
             match usage {
                 Ok(ns) => {
                     track.file = file;
-                    if self.observe(track, &due.kernel, ns, now) && self.kill(&due) {
+                    if self.bounds.observe(track, &due.kernel, ns, now)
+                        && kill(&self.registry, &due)
+                    {
                         runaways.push(due.slot);
                     }
                 }
                 Err(e) if due.kernel.is_alive() => {
                     track.unreadable = true;
-                    if !std::mem::replace(&mut watch.warned, true) {
+                    if !std::mem::replace(&mut self.watch.warned, true) {
                         tracing::warn!(container = %due.kernel.short_id(), error = %e,
                             "kernels whose CPU time cannot be read are not watched for runaway computation");
                     } else {
@@ -135,11 +172,12 @@ impl Orchestrator {
         }
         runaways
     }
+}
 
+impl Bounds {
     /// Adds one sample (`ns` of CPU time at `now`) to a kernel's track; true when it has
     /// computed with no cell running for longer than its bound.
     fn observe(&self, track: &mut Track, kernel: &Kernel, ns: u64, now: Instant) -> bool {
-        let watch = &self.inner.config.housekeeping.runaway;
         // Read after the CPU time: a cell that began before the read shows here.
         let cells = kernel.cells_begun();
         let last = track.last.replace((ns, now, cells));
@@ -151,9 +189,8 @@ impl Orchestrator {
             return false;
         }
         let used = ns.saturating_sub(last_ns) as f64;
-        let limit_cores = self.inner.config.spec.sandbox.nano_cpus as f64 / 1e9;
         let threshold =
-            elapsed.as_nanos() as f64 * limit_cores * f64::from(watch.cpu_percent) / 100.0;
+            elapsed.as_nanos() as f64 * self.limit_cores * f64::from(self.cpu_percent) / 100.0;
         if used > threshold {
             track.computing += elapsed;
         } else {
@@ -164,29 +201,23 @@ impl Orchestrator {
             track.computing = track.computing.saturating_sub(elapsed / QUIET_PAYBACK);
         }
         kernel.set_computing(!track.computing.is_zero());
-        let allowed = kernel
-            .last_timeout()
-            .unwrap_or(self.inner.config.cells.timeout)
-            + watch.grace;
+        let allowed = kernel.last_timeout().unwrap_or(self.cell_timeout) + self.grace;
         track.computing > allowed
     }
+}
 
-    /// Unregisters a runaway's slot (its loss recorded) unless a call attached meanwhile: that
-    /// call's cell runs under its own timeout, and the watch goes on after it.
-    fn kill(&self, due: &Due) -> bool {
-        let killed = self
-            .inner
-            .registry
-            .forget_unattached(&due.slot, LossReason::Runaway);
-        if killed {
-            tracing::warn!(
-                container = %due.kernel.short_id(),
-                owner = %due.slot.key.owner,
-                "kernel kept computing with no cell running past its last cell's timeout; killing it"
-            );
-        }
-        killed
+/// Unregisters a runaway's slot (its loss recorded) unless a call attached meanwhile: that
+/// call's cell runs under its own timeout, and the watch goes on after it.
+fn kill(registry: &Registry, due: &Due) -> bool {
+    let killed = registry.forget_unattached(&due.slot, LossReason::Runaway);
+    if killed {
+        tracing::warn!(
+            container = %due.kernel.short_id(),
+            owner = %due.slot.key.owner,
+            "kernel kept computing with no cell running past its last cell's timeout; killing it"
+        );
     }
+    killed
 }
 
 /// Reads each kernel's CPU time, finding its cgroup file first when not known yet. Blocking.
