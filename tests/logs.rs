@@ -204,6 +204,36 @@ async fn a_json_log_has_one_access_event_per_request_and_the_kernels_lifecycle()
     assert_eq!(unauthorized.status, StatusCode::UNAUTHORIZED);
     let unauthorized_id = request_id(&unauthorized);
 
+    // A streamed execute whose client goes away after its first event: logged as dropped,
+    // with the bytes handed over until then.
+    let code = json!({ "code": "import time\nprint('first', flush=True)\ntime.sleep(2)\nprint('second')" })
+        .to_string();
+    let request = api
+        .build(
+            Method::POST,
+            "/v1/sessions/logs-s2/execute",
+            Some(&token),
+            true,
+            true,
+        )
+        .header("x-request-id", "req-dropped")
+        .body(Full::new(Bytes::from(code)))
+        .expect("request");
+    let response = api.http.request(request).await.expect("HTTP request");
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut body = response.into_body();
+    let first = loop {
+        let frame = body.frame().await.expect("a first event").expect("frame");
+        if let Ok(data) = frame.into_data() {
+            break data;
+        }
+    };
+    assert!(
+        String::from_utf8_lossy(&first).contains("first"),
+        "{first:?}"
+    );
+    drop(body);
+
     // A cell past its timeout: the kernel is killed, its state lost; the next call starts
     // generation 2; the session's removal ends it.
     let code = json!({ "code": "import time\ntime.sleep(60)", "timeout": 1 }).to_string();
@@ -311,6 +341,13 @@ async fn a_json_log_has_one_access_event_per_request_and_the_kernels_lifecycle()
         unauthorized_line.get("tenant").is_none(),
         "{unauthorized_line}"
     );
+
+    let dropped_line = access(&events, "req-dropped");
+    assert_eq!(dropped_line["status"], 200, "{dropped_line}");
+    assert_eq!(dropped_line["session"], "logs-s2", "{dropped_line}");
+    assert_eq!(dropped_line["outcome"], "dropped", "{dropped_line}");
+    let sent = dropped_line["bytes_out"].as_u64().unwrap();
+    assert!(sent >= first.len() as u64, "{dropped_line}");
 
     // The kernel's life: started, lost to the timeout, started again, ended by the DELETE.
     let life = lifecycle(&events);

@@ -101,6 +101,7 @@ async fn a_callers_trace_continues_through_admission_cold_start_cell_and_tool_ca
     let result = reply.json();
     assert_eq!(result["status"], "success", "{result}");
     assert_eq!(result["output"], "42\n", "{result}");
+    let request_id = reply.headers["x-request-id"].to_str().unwrap().to_string();
 
     // A file into the same session's (now warm) kernel, in a trace of its own.
     let reply = send_traced(
@@ -156,6 +157,8 @@ async fn a_callers_trace_continues_through_admission_cold_start_cell_and_tool_ca
         Some(&json!("/v1/sessions/{session}/execute"))
     );
     assert_eq!(request.attr("kernelbox.tenant"), Some(&json!("acme")));
+    // The request id the answer carried (docs/logs.md, "Request ids").
+    assert_eq!(request.attr("http.request.id"), Some(&json!(request_id)));
     // OTLP JSON carries 64-bit integers as strings.
     let status = request.attr("http.response.status_code").unwrap();
     assert!(status == &json!("200") || status == &json!(200), "{status}");
