@@ -172,7 +172,8 @@ pub struct ExecuteRequest {
     pub timeout: Option<Duration>,
     /// Where tool calls go.
     pub dispatcher: Option<Arc<dyn ToolDispatcher>>,
-    /// Cancelling it interrupts the cell (the kernel is killed).
+    /// Cancelling it interrupts the cell: KeyboardInterrupt, the kernel kept unless the cell
+    /// outlives the interrupt grace (docs/contract.md, "How an interrupt works").
     pub cancel: Option<CancellationToken>,
     /// Receives output live.
     pub sink: Option<OutputSink>,

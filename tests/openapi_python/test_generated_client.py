@@ -28,17 +28,16 @@ import httpx
 from kernelbox_serve import Server
 from openapi_spec_validator import validate
 
-from conftest import PACKAGE
 
 SESSION = f"gen-{uuid.uuid4().hex[:6]}"
 
 
 def api(generated: ModuleType, operation: str) -> Any:
-    return importlib.import_module(f"{PACKAGE}.api.default.{operation}")
+    return importlib.import_module(f"{generated.__name__}.api.default.{operation}")
 
 
 def model(generated: ModuleType, name: str) -> Any:
-    return getattr(importlib.import_module(f"{PACKAGE}.models"), name)
+    return getattr(importlib.import_module(f"{generated.__name__}.models"), name)
 
 
 def client(generated: ModuleType, server: Server) -> Any:
@@ -135,7 +134,7 @@ def test_every_json_route_through_the_generated_client(
     assert (done.exit_code, done.stdout) == (0, "hi\n")
 
     # Files: write, list, delete.
-    File = importlib.import_module(f"{PACKAGE}.types").File
+    File = importlib.import_module(f"{generated.__name__}.types").File
     written = ok(
         api(generated, "put_v1_sessions_session_files_path").sync_detailed(
             SESSION, "d/a.txt", client=c, body=File(payload=io.BytesIO(b"abc"))

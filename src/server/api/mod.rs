@@ -7,7 +7,7 @@
 //! | `routing.rs` | a cluster node's middleware on `/v1/sessions/...`: a session held by another node is forwarded there (docs/cluster.md, "Routing") |
 //! | `middleware.rs` | what wraps every route: panics become 500s, refusals of requests with a body close the connection |
 //! | `files.rs` | files in and out of a session's kernel: PUT, GET (file, listing, tar), DELETE |
-//! | `stream.rs` | a streaming (NDJSON) execute: output events under a backlog cap, then the result |
+//! | `stream.rs` | a streaming (NDJSON) execute or command: its events (`src/wire/event.rs`) under a backlog cap, then the result |
 //! | `mcp.rs` | `/v1/mcp`: MCP over streamable HTTP behind the tenant's bearer token, MCP sessions bound to tenants, their kernels cleared when they end |
 //! | `mcp_session.rs` | which kernelbox session a `/v1/mcp` request runs in |
 //! | `pending.rs` | response bytes in flight per tenant and for the host, and the minimum rate every response body is read at |
