@@ -26,16 +26,11 @@ fn main() -> ExitCode {
     if !args.is_server() {
         restore_sigpipe();
     }
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("KERNELBOX_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        // A failed log write is dropped: reporting it uses `eprintln!`, which panics when
-        // stderr is gone (a supervisor that closed the log pipe), mid-shutdown or mid-cleanup.
-        .log_internal_errors(false)
-        .init();
+    let (format, levels) = args.logging();
+    if let Err(e) = kernelbox::logging::init(format, levels, args.is_server()) {
+        let _ = writeln!(std::io::stderr(), "kernelbox: {e}");
+        return ExitCode::from(2);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -53,7 +48,7 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             // Not `eprintln!`: it panics when stderr is gone, losing the documented exit code.
-            let _ = writeln!(std::io::stderr(), "kernelbox: {e:#}");
+            kernelbox::logging::say_at(tracing::Level::ERROR, &format!("kernelbox: {e:#}"));
             ExitCode::from(cli::exit_code_for(&e))
         }
     }

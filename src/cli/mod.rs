@@ -34,6 +34,16 @@ use kernelbox::{
 pub struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// How log lines on stderr are written: `text` (human-readable) or `json` (one object per
+    /// line; docs/logs.md).
+    #[arg(long, global = true, env = "KERNELBOX_LOG_FORMAT", default_value = "text",
+          value_parser = ["text", "json"])]
+    log_format: String,
+    /// Log levels as an `EnvFilter` directive string, e.g. `warn,kernelbox::server=info`
+    /// (default `warn`; a server adds its access log and lifecycle events at `info`, which
+    /// `kernelbox::access=off` turns off; docs/logs.md).
+    #[arg(long, global = true, env = "KERNELBOX_LOG")]
+    log_level: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -493,6 +503,12 @@ impl Cli {
     /// True for the long-running verbs that must survive a peer closing a socket.
     pub fn is_server(&self) -> bool {
         matches!(self.command, Command::Serve(_) | Command::Watchdog { .. })
+    }
+
+    /// The log format and level directives given (`--log-format`, `--log-level`).
+    pub fn logging(&self) -> (kernelbox::logging::LogFormat, Option<&str>) {
+        let format = self.log_format.parse().unwrap_or_default();
+        (format, self.log_level.as_deref())
     }
 }
 

@@ -293,12 +293,10 @@ fn usage(message: String) -> anyhow::Error {
     Exit { code: 2, message }.into()
 }
 
-/// Writes a line to stderr, ignoring failure: `eprintln!` panics when stderr is gone (a
-/// supervisor that closed the log pipe), and a server must still serve and stop on SIGTERM.
+/// Writes a line to stderr in the log format, ignoring failure (`kernelbox::logging::say`).
 macro_rules! say {
     ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stderr(), $($arg)*);
+        kernelbox::logging::say(&format!($($arg)*));
     }};
 }
 

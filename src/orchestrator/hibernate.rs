@@ -240,10 +240,12 @@ impl Orchestrator {
                         tracing::warn!(error = %e, "a hibernated kernel's record could not be written: it will not outlive this server");
                     }
                 }
-                tracing::info!(
-                    container = %crate::docker::short_id(&checkpoint.id),
-                    seconds = checkpoint.checkpoint_seconds,
-                    "idle kernel hibernated"
+                crate::logging::kernel_hibernated(
+                    &slot.key.owner,
+                    crate::docker::short_id(&checkpoint.id),
+                    slot.generation(),
+                    &checkpoint.from,
+                    checkpoint.checkpoint_seconds,
                 );
                 let gone = registry.hibernation_done(&slot.key, Ok(checkpoint), bounds);
                 self.discard_checkpoints(gone).await;

@@ -317,7 +317,17 @@ impl Orchestrator {
             attempt.state_lost = restore_lost;
         }
         match spawned {
-            Ok(kernel) => Ok(kernel.clone()),
+            Ok(kernel) => {
+                if attempt.pooled {
+                    crate::logging::kernel_started(
+                        &key.owner,
+                        kernel.short_id(),
+                        slot.generation(),
+                        "pool",
+                    );
+                }
+                Ok(kernel.clone())
+            }
             Err(e) => {
                 let registry = &self.inner.registry;
                 registry.forget(slot, None);
@@ -340,7 +350,10 @@ impl Orchestrator {
         // hibernation is then awaited here, and restored.
         self.await_hibernation(key).await;
         match self.restore_hibernated(key).await {
-            Some(Ok(kernel)) => return Ok(kernel),
+            Some(Ok(kernel)) => {
+                crate::logging::kernel_restored(&key.owner, kernel.short_id(), slot.generation());
+                return Ok(kernel);
+            }
             Some(Err(reason)) => {
                 // The kernel started instead is a new one.
                 self.inner.registry.renew_generation(slot);
@@ -384,8 +397,14 @@ impl Orchestrator {
                     settings.as_deref(),
                 ))
                 .await;
-            if let Err(e) = &result {
-                span.fail(e.to_string());
+            match &result {
+                Ok(kernel) => crate::logging::kernel_started(
+                    &key.owner,
+                    kernel.short_id(),
+                    generation,
+                    "cold",
+                ),
+                Err(e) => span.fail(e.to_string()),
             }
             drop(span);
             inner

@@ -341,10 +341,8 @@ impl Orchestrator {
                 _ = self.inner.cancel.cancelled() => return,
                 _ = tokio::time::sleep(interval) => {}
             }
-            let n = self.reap_once().await;
-            if n > 0 {
-                tracing::info!(reaped = n, "idle kernels reaped");
-            }
+            // Each kernel reaped is a lifecycle event of its own (`crate::logging`).
+            self.reap_once().await;
         }
     }
 }

@@ -455,7 +455,7 @@ impl Inner {
                     // Its kernel hibernates instead (`hibernated.rs`): no loss yet.
                     self.hibernation_pending(&victim);
                 } else {
-                    self.record_loss(&victim, LossReason::Evicted);
+                    self.record_loss(&victim, LossReason::Evicted, slot.container());
                 }
                 *match why {
                     Evict::TenantCap => &mut self.evictions.tenant_cap,

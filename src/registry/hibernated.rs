@@ -122,7 +122,8 @@ impl Inner {
     /// Removes `key`'s checkpoint, recording the loss it stands for.
     fn drop_checkpoint(&mut self, key: &KernelKey) -> Option<Checkpoint> {
         let checkpoint = self.take_ready(key)?;
-        self.record_loss(key, LossReason::IdleReaped);
+        let container = crate::docker::short_id(&checkpoint.id);
+        self.record_loss(key, LossReason::IdleReaped, Some(container));
         Some(checkpoint)
     }
 }
@@ -188,7 +189,7 @@ impl Registry {
             Ok(checkpoint) => checkpoint,
             Err(reason) => {
                 if waited {
-                    inner.record_loss(key, reason);
+                    inner.record_loss(key, reason, None);
                 }
                 return Vec::new();
             }
@@ -198,7 +199,8 @@ impl Registry {
         }
         if checkpoint.bytes > bounds.max_bytes.min(bounds.max_tenant_bytes) {
             // Alone past the bound: it is not kept (and pushes out no other).
-            inner.record_loss(key, LossReason::IdleReaped);
+            let container = crate::docker::short_id(&checkpoint.id);
+            inner.record_loss(key, LossReason::IdleReaped, Some(container));
             return vec![checkpoint];
         }
         let gone = inner.make_room(&key.owner.tenant, checkpoint.bytes, bounds);

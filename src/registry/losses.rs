@@ -4,7 +4,7 @@
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 
-use super::{Inner, LossCounts, Registry, MAX_REMEMBERED_KEYS, MAX_REMEMBERED_PER_TENANT};
+use super::{Inner, LossCounts, Registry, Slot, MAX_REMEMBERED_KEYS, MAX_REMEMBERED_PER_TENANT};
 use crate::catalog::{CatalogWriter, Change, Entry, EntryState};
 use crate::cell::{LossReason, StateLost};
 use crate::owner::KernelKey;
@@ -96,13 +96,32 @@ impl Inner {
         }
     }
 
-    pub(super) fn record_loss(&mut self, key: &KernelKey, reason: LossReason) {
+    /// Records `slot`'s kernel ended on purpose (`why`: `cleared`, `reset`, `ended`): journaled,
+    /// and logged as a lifecycle event when it had a container (`docs/logs.md`).
+    pub(super) fn record_end(&mut self, slot: &Slot, why: &'static str) {
+        if let Some(container) = slot.container() {
+            crate::logging::kernel_ended(&slot.key.owner, container, slot.generation(), why);
+        }
+        self.journal(|| Change::Ended {
+            key_hash: slot.key.hash(),
+        });
+    }
+
+    /// Records `key`'s kernel (its container, when it had one) lost for `reason`: counted, owed
+    /// to its next call, journaled, and logged as a lifecycle event (`docs/logs.md`).
+    pub(super) fn record_loss(
+        &mut self,
+        key: &KernelKey,
+        reason: LossReason,
+        container: Option<&str>,
+    ) {
         if let Some(i) = LossReason::ALL.iter().position(|r| *r == reason) {
             self.loss_counts[i] += 1;
         }
         self.tenants.loss(&key.owner.tenant, reason);
         self.remember(key);
         let generation = *self.generations.entry(key.clone()).or_insert(0);
+        crate::logging::kernel_lost(&key.owner, container, generation, reason);
         let loss = StateLost {
             reason,
             at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),

@@ -94,6 +94,11 @@ impl std::fmt::Debug for Slot {
 }
 
 impl Slot {
+    /// Its kernel's short container id, once spawned.
+    pub(crate) fn container(&self) -> Option<&str> {
+        self.kernel.get().map(|k| k.short_id())
+    }
+
     /// Which kernel of the key this is: counted from 1, one more for each new kernel (a
     /// hibernated kernel restored is the same one).
     pub fn generation(&self) -> u64 {
@@ -239,7 +244,7 @@ impl Inner {
                     list.push(slot);
                 }
                 _ => {
-                    self.record_loss(&key, LossReason::IdleReaped);
+                    self.record_loss(&key, LossReason::IdleReaped, slot.container());
                     reaped.push(slot);
                 }
             }
@@ -360,10 +365,8 @@ impl Registry {
         limits: TenantLimits,
     ) -> Attach {
         let reset_slot = if reset { inner.unregister(key) } else { None };
-        if reset_slot.is_some() {
-            inner.journal(|| Change::Ended {
-                key_hash: key.hash(),
-            });
+        if let Some(slot) = &reset_slot {
+            inner.record_end(slot, "reset");
         }
         if key.owner.is_child() {
             inner.released_children.remove(&key.owner);
@@ -433,10 +436,8 @@ impl Registry {
             inner.unregister(&slot.key);
             // Only the call that unregisters the slot records its loss: one death, one loss.
             match loss {
-                Some(reason) => inner.record_loss(&slot.key, reason),
-                None => inner.journal(|| Change::Ended {
-                    key_hash: slot.key.hash(),
-                }),
+                Some(reason) => inner.record_loss(&slot.key, reason, slot.container()),
+                None => inner.record_end(slot, "ended"),
             }
         }
         registered
@@ -463,10 +464,8 @@ impl Registry {
         for key in &keys {
             if let Some(slot) = inner.unregister(key) {
                 match loss {
-                    Some(reason) => inner.record_loss(key, reason),
-                    None => inner.journal(|| Change::Ended {
-                        key_hash: key.hash(),
-                    }),
+                    Some(reason) => inner.record_loss(key, reason, slot.container()),
+                    None => inner.record_end(&slot, "cleared"),
                 }
                 removed.push(slot);
             }
@@ -487,7 +486,7 @@ impl Registry {
             return false;
         }
         inner.unregister(&slot.key);
-        inner.record_loss(&slot.key, loss);
+        inner.record_loss(&slot.key, loss, slot.container());
         true
     }
 

@@ -14,6 +14,7 @@
 //! | `admin.rs` | "Admin" and caps: a tenant's cap across nodes, draining a node with `kernelbox drain` / `nodes` |
 //! | `drain.rs` | "Draining and upgrades": the drain's deadline (`node_drained`), a stop that drains first |
 //! | `namesake.rs` | two agents of one node name never both serve |
+//! | `logs.rs` | the access log across the hop: both nodes log a forwarded request under one request id (docs/logs.md, "Request ids") |
 //! | `traces.rs` | traces across the hop: the holding node continues the forwarding node's trace (docs/usage.md, "Traces") |
 //! | `session_config.rs` | "Session policies and settings": a session's network policy and settings set on one node apply to its kernel on another, a `PUT` of them never counts against the tenant's cap, a deleted session's are forgotten |
 //! | `workspaces.rs` | workspaces across nodes: a stale image never served as the workspace, the tenant's count, list and delete cluster-wide (docs/workspaces.md, "In a cluster") |
@@ -33,6 +34,7 @@ mod balancer;
 mod drain;
 mod failures;
 mod harness;
+mod logs;
 mod namesake;
 mod routing;
 mod session_config;

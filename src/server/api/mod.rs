@@ -3,6 +3,7 @@
 //! | file | what |
 //! |---|---|
 //! | `mod.rs` | the router, authentication, body and name checks, the handlers |
+//! | `access.rs` | the request id (in, out, forwarded, on the spans) and the access log (docs/logs.md) |
 //! | `routing.rs` | a cluster node's middleware on `/v1/sessions/...`: a session held by another node is forwarded there (docs/cluster.md, "Routing") |
 //! | `middleware.rs` | what wraps every route: panics become 500s, refusals of requests with a body close the connection |
 //! | `files.rs` | files in and out of a session's kernel: PUT, GET (file, listing, tar), DELETE |
@@ -16,6 +17,7 @@
 //! | `usage.rs` | `GET /v1/usage`: a tenant's usage ledger, every tenant's for a usage admin (docs/usage.md) |
 //! | `tests.rs` | unit tests |
 
+mod access;
 mod files;
 pub(crate) mod mcp;
 mod mcp_backend;
@@ -159,6 +161,7 @@ fn finish(router: Router<AppState>, state: AppState) -> Router {
             state.clone(),
             middleware::count_responses,
         ))
+        .layer(axum::middleware::from_fn(access::log_access))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             middleware::trace_request,
@@ -210,6 +213,9 @@ pub(crate) fn authenticate(
     }
     if let Some(meter) = extensions.get::<Arc<pending::Meter>>() {
         meter.set_tenant(&tenant.name);
+    }
+    if let Some(who) = extensions.get::<Arc<access::Who>>() {
+        who.set_tenant(&tenant.name);
     }
     crate::telemetry::set_current("kernelbox.tenant", || tenant.name.clone());
     Some(tenant)
