@@ -2,7 +2,9 @@
 //! "Reloading the tenants"): the tenants file edited, then SIGHUP or `POST /v1/admin/reload`.
 //! A tenant added, a token rotated, a network policy narrowed (a live tunnel closed), a tenant
 //! removed (its containers gone, its owner told `tenant_removed` when it comes back), while
-//! another tenant's kernel keeps its state; an invalid edit is refused whole.
+//! another tenant's kernel keeps its state; an invalid edit is refused whole. A file past the
+//! size limit (or `/dev/zero`) is refused unread; a reload whose client hangs up runs to its
+//! end; a kernel starting while its tenant's network is narrowed gets the narrowed policy.
 
 #![allow(clippy::unwrap_used)]
 
@@ -269,4 +271,86 @@ async fn tenants_change_live_and_another_tenants_kernel_keeps_its_state() {
     let status = common::terminate(&mut child, Duration::from_secs(60)).await;
     assert!(status.success(), "{status}");
     common::assert_clean(&engine, &label).await;
+}
+
+type Lines = tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStderr>>;
+
+/// A `kernelbox serve` with the tenants of `file` and the admin token; its stderr lines.
+async fn serve(
+    label: &str,
+    dir: &std::path::Path,
+    file: &std::path::Path,
+) -> (tokio::process::Child, Lines, std::net::SocketAddr) {
+    let mut child = common::serve_command(label, "unused")
+        .arg("--state-dir")
+        .arg(dir.join("state"))
+        .args(["--pool", "0", "--admin-token", ADMIN, "--tenants"])
+        .arg(file)
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let mut lines = tokio::io::BufReader::new(stderr).lines();
+    let addr = common::serving_addr(&mut lines).await;
+    (child, lines, addr)
+}
+
+/// Stops the server (its stderr drained meanwhile) and checks nothing of `label` is left.
+async fn stop(mut child: tokio::process::Child, mut lines: Lines, label: &str) {
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let status = common::terminate(&mut child, Duration::from_secs(60)).await;
+    assert!(status.success(), "{status}");
+    common::assert_clean(&common::engine().await, label).await;
+}
+
+/// The containers of `tenant` among `label`'s.
+async fn containers_of(label: &str, tenant: &str) -> usize {
+    common::containers(&common::engine().await, label)
+        .await
+        .iter()
+        .filter(|c| c.labels.get(kernelbox::labels::TENANT).map(String::as_str) == Some(tenant))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_oversized_tenants_file_is_refused_without_being_read_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tenants.json");
+    write(&file, &[tenant("keep", "token-keep", &[])]);
+    let label = common::unique("reload-big");
+    let (child, lines, addr) = serve(&label, dir.path(), &file).await;
+    let api = http::Api::new(addr);
+
+    // Valid tenants, padded past the limit with white space (valid JSON all the same).
+    let big = dir.path().join("big.json");
+    let mut text = json!({"tenants": [
+        tenant("keep", "token-keep", &[]),
+        tenant("other", "token-other", &[]),
+    ]})
+    .to_string();
+    text.push_str(&" ".repeat(kernelbox::server::tenants::MAX_TENANTS_FILE_BYTES as usize + 1));
+    std::fs::write(&big, text).unwrap();
+    std::fs::remove_file(&file).unwrap();
+    std::os::unix::fs::symlink(&big, &file).unwrap();
+    let reply = reload(&api, ADMIN).await;
+    let body = reply.json();
+    assert_eq!(reply.status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert!(
+        body["reason"].as_str().unwrap().contains("larger than"),
+        "{body}"
+    );
+    let other = api.execute("token-other", "s", json!({"code": "1"})).await;
+    assert_eq!(other.status, StatusCode::UNAUTHORIZED);
+
+    // A device that never ends is refused the same way.
+    std::fs::remove_file(&file).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", &file).unwrap();
+    let reply = reload(&api, ADMIN).await;
+    let body = reply.json();
+    assert_eq!(reply.status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert!(
+        body["reason"].as_str().unwrap().contains("larger than"),
+        "{body}"
+    );
+    api.run("token-keep", "s", "1").await;
+    stop(child, lines, &label).await;
 }
