@@ -354,3 +354,74 @@ async fn an_oversized_tenants_file_is_refused_without_being_read_whole() {
     api.run("token-keep", "s", "1").await;
     stop(child, lines, &label).await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reload_whose_client_hangs_up_still_runs_to_its_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tenants.json");
+    write(
+        &file,
+        &[
+            tenant("keep", "token-keep", &[]),
+            tenant("gone", "token-gone", &[]),
+        ],
+    );
+    let label = common::unique("reload-cut");
+    let (child, mut lines, addr) = serve(&label, dir.path(), &file).await;
+    let api = http::Api::new(addr);
+    api.run("token-gone", "s", "1").await;
+    assert_eq!(containers_of(&label, "gone").await, 1);
+
+    // The admin's client sends the reload and hangs up while the server reads the tenants
+    // (a FIFO: opening it to write waits for the reload to open it to read).
+    std::fs::remove_file(&file).unwrap();
+    let made = std::process::Command::new("mkfifo")
+        .arg(&file)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let mut raw = tokio::net::TcpStream::connect(addr).await.unwrap();
+    raw.write_all(
+        format!(
+            "POST /v1/admin/reload HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {ADMIN}\r\ncontent-length: 0\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let fifo = file.clone();
+    let writer = tokio::task::spawn_blocking(move || std::fs::File::create(fifo).unwrap())
+        .await
+        .unwrap();
+    drop(raw);
+    let text = json!({ "tenants": [tenant("keep", "token-keep", &[])] }).to_string();
+    tokio::task::spawn_blocking(move || {
+        use std::io::Write as _;
+        let mut writer = writer;
+        writer.write_all(text.as_bytes()).unwrap();
+    })
+    .await
+    .unwrap();
+    std::fs::remove_file(&file).unwrap();
+    write(&file, &[tenant("keep", "token-keep", &[])]);
+    // It is applied all the same, to its end: the tenant's kernel removed.
+    tokio::time::timeout(Duration::from_secs(120), async {
+        loop {
+            let line = lines.next_line().await.unwrap().expect("the server's log");
+            if line.contains("kernel lost") && line.contains("tenant_removed") {
+                return;
+            }
+        }
+    })
+    .await
+    .expect("the kernel of the tenant removed by the reload whose client hung up");
+    // The next reload waits for it (one at a time) and finds nothing left to do.
+    let reply = reload(&api, ADMIN).await;
+    let body = reply.json();
+    assert_eq!(reply.status, StatusCode::OK, "{body}");
+    assert_eq!(body["removed"], json!([]), "{body}");
+    assert_eq!(containers_of(&label, "gone").await, 0);
+    let refused = api.execute("token-gone", "s", json!({"code": "1"})).await;
+    assert_eq!(refused.status, StatusCode::UNAUTHORIZED);
+    stop(child, lines, &label).await;
+}
