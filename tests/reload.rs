@@ -425,3 +425,39 @@ async fn a_reload_whose_client_hangs_up_still_runs_to_its_end() {
     assert_eq!(refused.status, StatusCode::UNAUTHORIZED);
     stop(child, lines, &label).await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kernel_starting_while_its_network_is_narrowed_gets_the_narrowed_policy() {
+    let port = http_server().await;
+    let allowed = vec![format!("127.0.0.1:{port}")];
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tenants.json");
+    write(&file, &[tenant("net", "token-net", &allowed)]);
+    let label = common::unique("reload-start");
+    let (child, lines, addr) = serve(&label, dir.path(), &file).await;
+    let api = http::Api::new(addr);
+
+    // A cold start begins; the policy is narrowed once its container exists, before its
+    // kernel is ready.
+    let starting = {
+        let api = api.clone();
+        tokio::spawn(async move { api.run("token-net", "s", &fetch(port)).await })
+    };
+    tokio::time::timeout(Duration::from_secs(120), async {
+        while containers_of(&label, "net").await == 0 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the kernel's container");
+    write(
+        &file,
+        &[tenant("net", "token-net", &["example.com".to_string()])],
+    );
+    let reply = reload(&api, ADMIN).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.json());
+    let r = starting.await.unwrap();
+    let out = r["output"].as_str().unwrap();
+    assert!(out.contains("not_allowed"), "{r}");
+    stop(child, lines, &label).await;
+}
