@@ -4,7 +4,8 @@
 //! removed (its containers gone, its owner told `tenant_removed` when it comes back), while
 //! another tenant's kernel keeps its state; an invalid edit is refused whole. A file past the
 //! size limit (or `/dev/zero`) is refused unread; a reload whose client hangs up runs to its
-//! end; a kernel starting while its tenant's network is narrowed gets the narrowed policy.
+//! end; a kernel starting while its tenant's network is narrowed gets the narrowed policy; a
+//! removed tenant's request whose body was still arriving is refused.
 
 #![allow(clippy::unwrap_used)]
 
@@ -459,5 +460,46 @@ async fn a_kernel_starting_while_its_network_is_narrowed_gets_the_narrowed_polic
     let r = starting.await.unwrap();
     let out = r["output"].as_str().unwrap();
     assert!(out.contains("not_allowed"), "{r}");
+    stop(child, lines, &label).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_request_of_a_removed_tenant_still_sending_its_body_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tenants.json");
+    write(
+        &file,
+        &[
+            tenant("keep", "token-keep", &[]),
+            tenant("gone", "token-gone", &[]),
+        ],
+    );
+    let label = common::unique("reload-body");
+    let (child, lines, addr) = serve(&label, dir.path(), &file).await;
+    let api = http::Api::new(addr);
+
+    // Authenticated (its headers sent), its body half sent when the tenant is removed.
+    let body = json!({"code": "print('ran after removal')"}).to_string();
+    let (first, rest) = body.split_at(body.len() / 2);
+    let mut raw = tokio::net::TcpStream::connect(addr).await.unwrap();
+    raw.write_all(
+        format!(
+            "POST /v1/sessions/s/execute HTTP/1.1\r\nhost: x\r\nauthorization: Bearer token-gone\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{first}",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    write(&file, &[tenant("keep", "token-keep", &[])]);
+    let reply = reload(&api, ADMIN).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.json());
+    assert_eq!(reply.json()["removed"], json!(["gone"]));
+    raw.write_all(rest.as_bytes()).await.unwrap();
+    let mut head = tokio::io::BufReader::new(raw);
+    let mut status = String::new();
+    head.read_line(&mut status).await.unwrap();
+    assert!(status.starts_with("HTTP/1.1 401"), "{status}");
+    assert_eq!(containers_of(&label, "gone").await, 0);
     stop(child, lines, &label).await;
 }

@@ -10,7 +10,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
 use serde_json::json;
 
-use super::{invalid, json_object, one_name, read_body, Caller};
+use super::{invalid, json_object, one_name, read_body_of, Caller};
 use crate::server::error::ApiError;
 use crate::server::AppState;
 use crate::settings::{Settings, SettingsError};
@@ -35,9 +35,7 @@ pub(super) async fn put(
     body: Body,
 ) -> Result<Json<SettingsApplied>, ApiError> {
     let session = one_name(&state, session)?;
-    let bytes = read_body(&headers, body)
-        .await
-        .map_err(|e| invalid(&state, e))?;
+    let bytes = read_body_of(&state, &tenant, &headers, body).await?;
     let wire: SessionSettings = json_object(&bytes).map_err(|e| invalid(&state, e))?;
     let orchestrator = &state.inner.orchestrator;
     let bounds = tenant.session_limits.bounds(orchestrator.config());
