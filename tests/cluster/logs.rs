@@ -71,7 +71,11 @@ async fn both_nodes_log_a_forwarded_request_under_one_request_id() {
             "session=\"held\"".to_string(),
             "status=200".to_string(),
         ] {
-            assert!(line.contains(&field), "node {}: {field} in {line}", node.name);
+            assert!(
+                line.contains(&field),
+                "node {}: {field} in {line}",
+                node.name
+            );
         }
         assert!(!line.contains(TOKEN), "{line}");
     }
