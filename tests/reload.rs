@@ -405,17 +405,22 @@ async fn a_reload_whose_client_hangs_up_still_runs_to_its_end() {
     .unwrap();
     std::fs::remove_file(&file).unwrap();
     write(&file, &[tenant("keep", "token-keep", &[])]);
-    // It is applied all the same, to its end: the tenant's kernel removed.
+    // It is applied all the same, to its end: the tenant's kernel removed, the reload logged
+    // (at the default levels too).
     tokio::time::timeout(Duration::from_secs(120), async {
+        let mut lost = false;
         loop {
             let line = lines.next_line().await.unwrap().expect("the server's log");
-            if line.contains("kernel lost") && line.contains("tenant_removed") {
+            lost |= line.contains("kernel lost") && line.contains("tenant_removed");
+            if line.contains("tenants reloaded") {
+                assert!(line.contains("kernels_removed=1"), "{line}");
+                assert!(lost, "the kernel lost before the reload's report: {line}");
                 return;
             }
         }
     })
     .await
-    .expect("the kernel of the tenant removed by the reload whose client hung up");
+    .expect("the reload whose client hung up, its kernel removed and its report logged");
     // The next reload waits for it (one at a time) and finds nothing left to do.
     let reply = reload(&api, ADMIN).await;
     let body = reply.json();
