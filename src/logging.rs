@@ -27,9 +27,10 @@ pub const LIFECYCLE_TARGET: &str = "kernelbox::lifecycle";
 pub const DEFAULT_LEVEL: &str = "warn";
 
 /// What a server logs besides [`DEFAULT_LEVEL`] unless the directives given say otherwise: its
-/// access log and the lifecycle events, at `info`. A later directive for the same target wins
+/// access log, the lifecycle events and its tenants' reloads (applied ones too), at `info`. A later directive for the same target wins
 /// (`kernelbox::access=off` turns the access log off).
-const SERVER_DIRECTIVES: &str = "kernelbox::access=info,kernelbox::lifecycle=info";
+const SERVER_DIRECTIVES: &str =
+    "kernelbox::access=info,kernelbox::lifecycle=info,kernelbox::server::reload=info";
 
 /// The format [`init`] set, for [`say`].
 static FORMAT: OnceLock<LogFormat> = OnceLock::new();

@@ -2,7 +2,10 @@
 //! "Reloading the tenants"): the tenants file edited, then SIGHUP or `POST /v1/admin/reload`.
 //! A tenant added, a token rotated, a network policy narrowed (a live tunnel closed), a tenant
 //! removed (its containers gone, its owner told `tenant_removed` when it comes back), while
-//! another tenant's kernel keeps its state; an invalid edit is refused whole.
+//! another tenant's kernel keeps its state; an invalid edit is refused whole. A file past the
+//! size limit (or `/dev/zero`) is refused unread; a reload whose client hangs up runs to its
+//! end; a kernel starting while its tenant's network is narrowed gets the narrowed policy; a
+//! removed tenant's request whose body was still arriving is refused.
 
 #![allow(clippy::unwrap_used)]
 
@@ -269,6 +272,241 @@ async fn tenants_change_live_and_another_tenants_kernel_keeps_its_state() {
     let status = common::terminate(&mut child, Duration::from_secs(60)).await;
     assert!(status.success(), "{status}");
     common::assert_clean(&engine, &label).await;
+}
+
+type Lines = tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStderr>>;
+
+/// A `kernelbox serve` with the tenants of `file` and the admin token; its stderr lines.
+async fn serve(
+    label: &str,
+    dir: &std::path::Path,
+    file: &std::path::Path,
+) -> (tokio::process::Child, Lines, std::net::SocketAddr) {
+    let mut child = common::serve_command(label, "unused")
+        .arg("--state-dir")
+        .arg(dir.join("state"))
+        .args(["--pool", "0", "--admin-token", ADMIN, "--tenants"])
+        .arg(file)
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let mut lines = tokio::io::BufReader::new(stderr).lines();
+    let addr = common::serving_addr(&mut lines).await;
+    (child, lines, addr)
+}
+
+/// Stops the server (its stderr drained meanwhile) and checks nothing of `label` is left.
+async fn stop(mut child: tokio::process::Child, mut lines: Lines, label: &str) {
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let status = common::terminate(&mut child, Duration::from_secs(60)).await;
+    assert!(status.success(), "{status}");
+    common::assert_clean(&common::engine().await, label).await;
+}
+
+/// The containers of `tenant` among `label`'s.
+async fn containers_of(label: &str, tenant: &str) -> usize {
+    common::containers(&common::engine().await, label)
+        .await
+        .iter()
+        .filter(|c| c.labels.get(kernelbox::labels::TENANT).map(String::as_str) == Some(tenant))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_oversized_tenants_file_is_refused_without_being_read_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tenants.json");
+    write(&file, &[tenant("keep", "token-keep", &[])]);
+    let label = common::unique("reload-big");
+    let (child, lines, addr) = serve(&label, dir.path(), &file).await;
+    let api = http::Api::new(addr);
+
+    // Valid tenants, padded past the limit with white space (valid JSON all the same).
+    let big = dir.path().join("big.json");
+    let mut text = json!({"tenants": [
+        tenant("keep", "token-keep", &[]),
+        tenant("other", "token-other", &[]),
+    ]})
+    .to_string();
+    text.push_str(&" ".repeat(kernelbox::server::tenants::MAX_TENANTS_FILE_BYTES as usize + 1));
+    std::fs::write(&big, text).unwrap();
+    std::fs::remove_file(&file).unwrap();
+    std::os::unix::fs::symlink(&big, &file).unwrap();
+    let reply = reload(&api, ADMIN).await;
+    let body = reply.json();
+    assert_eq!(reply.status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert!(
+        body["reason"].as_str().unwrap().contains("larger than"),
+        "{body}"
+    );
+    let other = api.execute("token-other", "s", json!({"code": "1"})).await;
+    assert_eq!(other.status, StatusCode::UNAUTHORIZED);
+
+    // A device that never ends is refused the same way.
+    std::fs::remove_file(&file).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", &file).unwrap();
+    let reply = reload(&api, ADMIN).await;
+    let body = reply.json();
+    assert_eq!(reply.status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert!(
+        body["reason"].as_str().unwrap().contains("larger than"),
+        "{body}"
+    );
+    api.run("token-keep", "s", "1").await;
+    stop(child, lines, &label).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reload_whose_client_hangs_up_still_runs_to_its_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tenants.json");
+    write(
+        &file,
+        &[
+            tenant("keep", "token-keep", &[]),
+            tenant("gone", "token-gone", &[]),
+        ],
+    );
+    let label = common::unique("reload-cut");
+    let (child, mut lines, addr) = serve(&label, dir.path(), &file).await;
+    let api = http::Api::new(addr);
+    api.run("token-gone", "s", "1").await;
+    assert_eq!(containers_of(&label, "gone").await, 1);
+
+    // The admin's client sends the reload and hangs up while the server reads the tenants
+    // (a FIFO: opening it to write waits for the reload to open it to read).
+    std::fs::remove_file(&file).unwrap();
+    let made = std::process::Command::new("mkfifo")
+        .arg(&file)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let mut raw = tokio::net::TcpStream::connect(addr).await.unwrap();
+    raw.write_all(
+        format!(
+            "POST /v1/admin/reload HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {ADMIN}\r\ncontent-length: 0\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let fifo = file.clone();
+    let writer = tokio::task::spawn_blocking(move || std::fs::File::create(fifo).unwrap())
+        .await
+        .unwrap();
+    drop(raw);
+    let text = json!({ "tenants": [tenant("keep", "token-keep", &[])] }).to_string();
+    tokio::task::spawn_blocking(move || {
+        use std::io::Write as _;
+        let mut writer = writer;
+        writer.write_all(text.as_bytes()).unwrap();
+    })
+    .await
+    .unwrap();
+    std::fs::remove_file(&file).unwrap();
+    write(&file, &[tenant("keep", "token-keep", &[])]);
+    // It is applied all the same, to its end: the tenant's kernel removed, the reload logged
+    // (at the default levels too).
+    tokio::time::timeout(Duration::from_secs(120), async {
+        let mut lost = false;
+        loop {
+            let line = lines.next_line().await.unwrap().expect("the server's log");
+            lost |= line.contains("kernel lost") && line.contains("tenant_removed");
+            if line.contains("tenants reloaded") {
+                assert!(line.contains("kernels_removed=1"), "{line}");
+                assert!(lost, "the kernel lost before the reload's report: {line}");
+                return;
+            }
+        }
+    })
+    .await
+    .expect("the reload whose client hung up, its kernel removed and its report logged");
+    // The next reload waits for it (one at a time) and finds nothing left to do.
+    let reply = reload(&api, ADMIN).await;
+    let body = reply.json();
+    assert_eq!(reply.status, StatusCode::OK, "{body}");
+    assert_eq!(body["removed"], json!([]), "{body}");
+    assert_eq!(containers_of(&label, "gone").await, 0);
+    let refused = api.execute("token-gone", "s", json!({"code": "1"})).await;
+    assert_eq!(refused.status, StatusCode::UNAUTHORIZED);
+    stop(child, lines, &label).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kernel_starting_while_its_network_is_narrowed_gets_the_narrowed_policy() {
+    let port = http_server().await;
+    let allowed = vec![format!("127.0.0.1:{port}")];
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tenants.json");
+    write(&file, &[tenant("net", "token-net", &allowed)]);
+    let label = common::unique("reload-start");
+    let (child, lines, addr) = serve(&label, dir.path(), &file).await;
+    let api = http::Api::new(addr);
+
+    // A cold start begins; the policy is narrowed once its container exists, before its
+    // kernel is ready.
+    let starting = {
+        let api = api.clone();
+        tokio::spawn(async move { api.run("token-net", "s", &fetch(port)).await })
+    };
+    tokio::time::timeout(Duration::from_secs(120), async {
+        while containers_of(&label, "net").await == 0 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the kernel's container");
+    write(
+        &file,
+        &[tenant("net", "token-net", &["example.com".to_string()])],
+    );
+    let reply = reload(&api, ADMIN).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.json());
+    let r = starting.await.unwrap();
+    let out = r["output"].as_str().unwrap();
+    assert!(out.contains("not_allowed"), "{r}");
+    stop(child, lines, &label).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_request_of_a_removed_tenant_still_sending_its_body_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tenants.json");
+    write(
+        &file,
+        &[
+            tenant("keep", "token-keep", &[]),
+            tenant("gone", "token-gone", &[]),
+        ],
+    );
+    let label = common::unique("reload-body");
+    let (child, lines, addr) = serve(&label, dir.path(), &file).await;
+    let api = http::Api::new(addr);
+
+    // Authenticated (its headers sent), its body half sent when the tenant is removed.
+    let body = json!({"code": "print('ran after removal')"}).to_string();
+    let (first, rest) = body.split_at(body.len() / 2);
+    let mut raw = tokio::net::TcpStream::connect(addr).await.unwrap();
+    raw.write_all(
+        format!(
+            "POST /v1/sessions/s/execute HTTP/1.1\r\nhost: x\r\nauthorization: Bearer token-gone\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{first}",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    write(&file, &[tenant("keep", "token-keep", &[])]);
+    let reply = reload(&api, ADMIN).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.json());
+    assert_eq!(reply.json()["removed"], json!(["gone"]));
+    raw.write_all(rest.as_bytes()).await.unwrap();
+    let mut head = tokio::io::BufReader::new(raw);
+    let mut status = String::new();
+    head.read_line(&mut status).await.unwrap();
+    assert!(status.starts_with("HTTP/1.1 401"), "{status}");
+    assert_eq!(containers_of(&label, "gone").await, 0);
+    stop(child, lines, &label).await;
 }
 
 /// What only a restart can apply is reported, not dropped: a tenant given a network by a

@@ -433,17 +433,17 @@ impl Egress {
         }
     }
 
-    /// Serves the started container `id` (made with `net`) as `tenant`'s `session`'s kernel
-    /// under `grant`, known by its address on the network. Returns its address. The session's
-    /// own policy is read again while the kernel is entered, under the lock a policy change
-    /// takes: a change made during the kernel's start applies to it.
+    /// Serves the started container `id` (made with `net`) as `tenant`'s `session`'s kernel,
+    /// known by its address on the network. Returns its address. The tenant's and the
+    /// session's policies are read while the kernel is entered, under the lock a policy change
+    /// takes: a change (a reload of the tenants included) made during the kernel's start
+    /// applies to it.
     pub async fn register(
         &self,
         id: &str,
         net: &KernelNetwork,
         tenant: &str,
         session: &str,
-        grant: Grant,
     ) -> Result<IpAddr, crate::docker::EngineError> {
         let addr = self
             .engine
@@ -454,10 +454,14 @@ impl Egress {
                 target: id.to_string(),
                 message: "the kernel has no address on the egress network".into(),
             })?;
+        // The tenant's policy and the session's are read again under the sessions' lock, which
+        // `set_tenants` and `set_session` hold across their swap and their judging of the
+        // registered kernels: a kernel whose start straddled a reload (or a session's change)
+        // is registered under the new policy, never the one its start began with.
         let sessions = self.lock_sessions();
         let grant = Grant {
+            tenant: self.tenants.load().get(tenant).cloned().unwrap_or_default(),
             session: sessions.get(tenant, session),
-            ..grant
         };
         let entry = proxy::KernelEntry::new(
             net.token.clone(),

@@ -348,12 +348,13 @@ impl Orchestrator {
             ..self.spawn_request()
         })
         .await?;
-        let (Some(net), Some(grant), Some(egress)) = (network, grant, inner.egress.clone()) else {
+        // The grant is read again as the kernel is entered (`Egress::register`).
+        let (Some(net), Some(_), Some(egress)) = (network, grant, inner.egress.clone()) else {
             return Ok(kernel);
         };
         let owner = &key.owner;
         match egress
-            .register(&kernel.id, net, &owner.tenant, &owner.session, grant)
+            .register(&kernel.id, net, &owner.tenant, &owner.session)
             .await
         {
             Ok(addr) => {

@@ -98,7 +98,20 @@ impl AppState {
 
     /// Re-reads the tenants source and applies it (see the module's documentation); the report
     /// is logged. Refused when the server has no reloadable source.
+    ///
+    /// The reload runs in a task of its own, to its end even when the caller goes away (the
+    /// admin route's client cutting its connection): dropped half way, it would leave the
+    /// tenants' settings swapped but not the tenants, or a removed tenant's kernels running.
     pub async fn reload(&self) -> ReloadReport {
+        let state = self.clone();
+        match tokio::spawn(async move { state.reload_to_end().await }).await {
+            Ok(report) => report,
+            Err(e) => ReloadReport::refused(format!("the reload failed: {e}")),
+        }
+    }
+
+    /// [`Self::reload`], in its own task.
+    async fn reload_to_end(&self) -> ReloadReport {
         let report = match self.inner.reloader.get().cloned() {
             None => ReloadReport::refused(
                 "this server has no tenants source to reload (it serves one tenant from its flags)"
@@ -106,9 +119,13 @@ impl AppState {
             ),
             Some(reloader) => {
                 let _one = reloader.one_at_a_time.lock().await;
-                match (reloader.load)() {
-                    Ok(source) => self.apply_source(source).await,
-                    Err(reason) => ReloadReport::refused(reason),
+                // The source is read off the runtime's workers: a slow disk or a FIFO blocks
+                // only this reload.
+                let loading = reloader.clone();
+                match tokio::task::spawn_blocking(move || (loading.load)()).await {
+                    Ok(Ok(source)) => self.apply_source(source).await,
+                    Ok(Err(reason)) => ReloadReport::refused(reason),
+                    Err(e) => ReloadReport::refused(format!("reading the tenants failed: {e}")),
                 }
             }
         };

@@ -249,6 +249,25 @@ fn one_name(
 /// client finishes sending and sees the 413 instead of a reset connection.
 const DRAIN_BYTES: usize = 64 * MAX_BODY_BYTES;
 
+/// [`read_body`] for `tenant`, whose token is checked again once the body is in: a reload may
+/// have removed the tenant or rotated its token while the body was still arriving
+/// (docs/http-api.md, "Reloading the tenants"), and its work must not start then (401).
+async fn read_body_of(
+    state: &AppState,
+    tenant: &Tenant,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Bytes, ApiError> {
+    let bytes = read_body(headers, body)
+        .await
+        .map_err(|e| invalid(state, e))?;
+    if !state.inner.tenants.holds(tenant) {
+        state.inner.metrics.rejected("unauthorized");
+        return Err(ApiError::unauthorized());
+    }
+    Ok(bytes)
+}
+
 /// Reads a request body of at most [`MAX_BODY_BYTES`] (413 beyond it).
 async fn read_body(headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
     let too_large = || {
@@ -398,9 +417,7 @@ async fn execute(
     body: Body,
 ) -> Result<Response, ApiError> {
     let session = one_name(&state, session)?;
-    let bytes = read_body(&headers, body)
-        .await
-        .map_err(|e| invalid(&state, e))?;
+    let bytes = read_body_of(&state, &tenant, &headers, body).await?;
     let body: ExecuteBody = json_object(&bytes).map_err(|e| invalid(&state, e))?;
     if !wants_ndjson(&headers) {
         let result = run_cell(&state, &tenant, session, body).await?;
@@ -492,9 +509,7 @@ async fn command(
     body: Body,
 ) -> Result<Response, ApiError> {
     let session = one_name(&state, session)?;
-    let bytes = read_body(&headers, body)
-        .await
-        .map_err(|e| invalid(&state, e))?;
+    let bytes = read_body_of(&state, &tenant, &headers, body).await?;
     let body: CommandBody = json_object(&bytes).map_err(|e| invalid(&state, e))?;
     if !wants_ndjson(&headers) {
         let result = run_command(&state, &tenant, session, body).await?;
@@ -640,9 +655,7 @@ async fn network(
     body: Body,
 ) -> Result<Json<wire::NetworkApplied>, ApiError> {
     let session = one_name(&state, session)?;
-    let bytes = read_body(&headers, body)
-        .await
-        .map_err(|e| invalid(&state, e))?;
+    let bytes = read_body_of(&state, &tenant, &headers, body).await?;
     let policy: crate::wire::NetworkPolicy = json_object(&bytes).map_err(|e| invalid(&state, e))?;
     let closed = set_session_network(&state, &tenant, &session, &policy).await?;
     Ok(Json(wire::NetworkApplied { closed }))

@@ -9,7 +9,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
 
-use super::{invalid, json_object, one_name, read_body, Caller};
+use super::{invalid, json_object, one_name, read_body_of, Caller};
 use crate::server::error::ApiError;
 use crate::server::AppState;
 use crate::settings::{Settings, SettingsError};
@@ -34,9 +34,7 @@ pub(super) async fn put(
     body: Body,
 ) -> Result<Json<SettingsApplied>, ApiError> {
     let session = one_name(&state, session)?;
-    let bytes = read_body(&headers, body)
-        .await
-        .map_err(|e| invalid(&state, e))?;
+    let bytes = read_body_of(&state, &tenant, &headers, body).await?;
     let wire: SessionSettings = json_object(&bytes).map_err(|e| invalid(&state, e))?;
     let orchestrator = &state.inner.orchestrator;
     let bounds = tenant

@@ -21,6 +21,15 @@ impl LiveTenants {
         self.0.load().authenticate(token)
     }
 
+    /// True while `tenant`'s token is still its tenant's (not removed, not rotated).
+    pub fn holds(&self, tenant: &Tenant) -> bool {
+        self.0
+            .load()
+            .by_hash
+            .get(&tenant.token_sha256)
+            .is_some_and(|now| now.name == tenant.name)
+    }
+
     /// The tenants as now.
     pub fn current(&self) -> Arc<Tenants> {
         self.0.load_full()

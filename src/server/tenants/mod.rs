@@ -48,6 +48,10 @@ use crate::owner::validate_name;
 
 pub mod live;
 
+/// Largest tenants file read: a hundred thousand tenants of a few hundred bytes each fit; a
+/// larger file (or a device such as `/dev/zero`) is refused rather than read into memory whole.
+pub const MAX_TENANTS_FILE_BYTES: u64 = 32 * 1024 * 1024;
+
 /// Default time a tool endpoint has to answer one call.
 pub const DEFAULT_TOOL_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -242,11 +246,21 @@ impl Tenants {
 
     /// Reads and validates a tenants file.
     pub fn load(path: &Path) -> Result<Tenants, TenantsError> {
-        let text = std::fs::read_to_string(path).map_err(|e| TenantsError {
+        use std::io::Read as _;
+        let unreadable = |reason: String| TenantsError {
             file: path.to_path_buf(),
             field: "(file)".into(),
-            reason: format!("cannot read: {e}"),
-        })?;
+            reason,
+        };
+        let mut text = String::new();
+        std::fs::File::open(path)
+            .and_then(|f| f.take(MAX_TENANTS_FILE_BYTES + 1).read_to_string(&mut text))
+            .map_err(|e| unreadable(format!("cannot read: {e}")))?;
+        if text.len() as u64 > MAX_TENANTS_FILE_BYTES {
+            return Err(unreadable(format!(
+                "larger than {MAX_TENANTS_FILE_BYTES} bytes"
+            )));
+        }
         Tenants::parse(&text, path)
     }
 
