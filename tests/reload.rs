@@ -570,3 +570,156 @@ async fn what_needs_a_restart_is_reported_and_the_route_needs_an_admin_token() {
     assert!(status.success(), "{status}");
     common::assert_clean(&engine, &label).await;
 }
+
+/// The configuration file's `[[tenants]]` (`serve --config`, docs/configuration.md) reloaded:
+/// `[cluster] admin_token` is the route's token, and
+/// a tenant added, a token rotated and a network narrowed by editing the TOML and sending
+/// SIGHUP while another tenant's kernel keeps its state; a token given as `{ file = ... }`
+/// rotated by changing that file alone; one given as `{ env = ... }` kept across every reload;
+/// invalid edits (an unknown key, a bad tenant value, a bad server value) refused whole by
+/// SIGHUP and by the route, the running tenants kept.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_config_files_tenants_change_live_and_an_invalid_edit_changes_nothing() {
+    let port = http_server().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("kernelbox.toml");
+    let token_file = dir.path().join("token-c");
+    std::fs::write(&token_file, "token-c-1\n").unwrap();
+    let head = format!(
+        "[server]\nstate_dir = {:?}\n[pool]\nsize = 0\n[cluster]\nadmin_token = \"{ADMIN}\"\n",
+        dir.path().join("state")
+    );
+    let a = "[[tenants]]\nname = \"a\"\ntoken = { env = \"RELOAD_TOML_TOKEN_A\" }\n";
+    let b = |token: &str, allow: &str, extra: &str| {
+        format!(
+            "[[tenants]]\nname = \"b\"\ntoken = \"{token}\"\nnetwork = {{ allow = [\"{allow}\"] }}\n{extra}"
+        )
+    };
+    let c = |extra: &str| {
+        format!("[[tenants]]\nname = \"c\"\ntoken = {{ file = {token_file:?} }}\n{extra}")
+    };
+    let allowed = format!("127.0.0.1:{port}");
+    std::fs::write(&file, format!("{head}{a}{}", b("token-b-1", &allowed, ""))).unwrap();
+
+    let label = common::unique("reload-config");
+    let engine = common::engine().await;
+    let mut child = common::serve_command(&label, "unused")
+        .arg("--config")
+        .arg(&file)
+        .env("RELOAD_TOML_TOKEN_A", "token-a")
+        .env_remove("KERNELBOX_STATE_DIR")
+        .env_remove("KERNELBOX_ADMIN_TOKEN")
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let mut lines = tokio::io::BufReader::new(stderr).lines();
+    let api = http::Api::new(common::serving_addr(&mut lines).await);
+    let status = |token: &'static str| {
+        let api = &api;
+        async move { api.execute(token, "t", json!({"code": "1"})).await.status }
+    };
+
+    // Before: a variable in a's kernel, a tunnel open in b's.
+    let before = api.run("token-a", "s", "x = 41").await;
+    let r = api.run("token-b-1", "s", &open_tunnel(port)).await;
+    assert!(r["output"].as_str().unwrap().contains("200"), "{r}");
+
+    // The edit: c added, b's token rotated and its network narrowed.
+    let edited = format!("{head}{a}{}{}", b("token-b-2", "example.com", ""), c(""));
+    std::fs::write(&file, &edited).unwrap();
+    let (verdict, report) = hangup_report(&child, &mut lines).await;
+    assert_eq!(verdict, "applied", "{report}");
+    assert_eq!(report["added"], json!(["c"]), "{report}");
+    assert_eq!(report["removed"], json!([]), "{report}");
+    assert_eq!(report["changed"], json!(["b"]), "{report}");
+    assert_eq!(report["connections_closed"], 1, "{report}");
+    assert_eq!(report["needs_restart"], json!([]), "{report}");
+
+    assert_eq!(status("token-b-1").await, StatusCode::UNAUTHORIZED);
+    assert_eq!(status("token-b-2").await, StatusCode::OK);
+    api.run("token-c-1", "s", "z = 3").await;
+    // The narrowed policy: b's tunnel was closed, a new request refused.
+    let r = api
+        .run(
+            "token-b-2",
+            "s",
+            &format!("print(t.recv(10))\n{}", fetch(port)),
+        )
+        .await;
+    let out = r["output"].as_str().unwrap();
+    assert!(out.starts_with("b''"), "{r}");
+    assert!(out.contains("not_allowed"), "{r}");
+    // a's kernel is the same, with its state.
+    let same_kernel = |after: &Value| {
+        assert_eq!(after["output"], "41\n", "{after}");
+        assert_eq!(after["kernel"]["id"], before["kernel"]["id"], "{after}");
+        assert_eq!(
+            after["kernel"]["generation"], before["kernel"]["generation"],
+            "{after}"
+        );
+        assert!(after["kernel"]["state_lost"].is_null(), "{after}");
+    };
+    same_kernel(&api.run("token-a", "s", "print(x)").await);
+
+    // c's token rotated in its file alone, the TOML untouched: read again by the reload.
+    std::fs::write(&token_file, "token-c-2\n").unwrap();
+    let (verdict, report) = hangup_report(&child, &mut lines).await;
+    assert_eq!(verdict, "applied", "{report}");
+    assert_eq!(report["changed"], json!(["c"]), "{report}");
+    assert_eq!(status("token-c-1").await, StatusCode::UNAUTHORIZED);
+    assert_eq!(status("token-c-2").await, StatusCode::OK);
+    // a's token, from the server's environment, is the same after every reload.
+    assert_eq!(status("token-a").await, StatusCode::OK);
+
+    // Invalid edits, each also rotating b's token to token-b-3: refused whole, by SIGHUP and
+    // by the route (the admin token of `[cluster]`); b keeps token-b-2.
+    let reload_route_refuses = |why: &'static str| {
+        let api = &api;
+        async move {
+            assert_eq!(
+                reload(api, "token-a").await.status,
+                StatusCode::UNAUTHORIZED
+            );
+            let reply = reload(api, ADMIN).await;
+            let body = reply.json();
+            assert_eq!(reply.status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+            assert_eq!(body["applied"], false, "{body}");
+            assert!(body["reason"].as_str().unwrap().contains(why), "{body}");
+        }
+    };
+    let b3 = |extra: &str| b("token-b-3", "example.com", extra);
+    for (text, why) in [
+        (
+            format!("{head}{a}{}{}", b3(""), c("max_kernls = 3\n")),
+            "tenants[2].max_kernls",
+        ),
+        (
+            format!("{head}{a}{}{}", b3("max_kernels = 0\n"), c("")),
+            "tenants[1].max_kernels",
+        ),
+        (
+            format!(
+                "{head}[limits]\nmax_connections = 0\n{a}{}{}",
+                b3(""),
+                c("")
+            ),
+            "limits.max_connections",
+        ),
+    ] {
+        std::fs::write(&file, &text).unwrap();
+        let (verdict, report) = hangup_report(&child, &mut lines).await;
+        assert_eq!(verdict, "refused", "{text}\n{report}");
+        let reason = report["reason"].as_str().unwrap();
+        assert!(reason.contains(why), "{why}: {report}");
+        reload_route_refuses(why).await;
+        assert_eq!(status("token-b-2").await, StatusCode::OK, "{why}");
+        assert_eq!(status("token-b-3").await, StatusCode::UNAUTHORIZED, "{why}");
+        assert_eq!(status("token-c-2").await, StatusCode::OK, "{why}");
+    }
+    same_kernel(&api.run("token-a", "s", "print(x)").await);
+
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let status = common::terminate(&mut child, Duration::from_secs(60)).await;
+    assert!(status.success(), "{status}");
+    common::assert_clean(&engine, &label).await;
+}

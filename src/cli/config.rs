@@ -128,7 +128,14 @@ pub(super) async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         let _ = std::io::stdout().write_all(file.to_toml().as_bytes());
         return Ok(ExitCode::SUCCESS);
     }
-    super::serve::run(args, source).await
+    super::serve::run(args, source, check_keys).await
+}
+
+/// Every key of `file` through its flag's parser, the flags this process was given over them,
+/// as [`resolve`] did at start: what a reload checks beyond the tenants
+/// (`super::tenant_source::FileCheck`).
+fn check_keys(file: &ConfigFile, at: &Path) -> anyhow::Result<()> {
+    overlay(file, at, &serve_argv()).map(drop)
 }
 
 /// `serve`'s arguments with the configuration file (`--config`) applied under the flags given,

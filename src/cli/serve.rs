@@ -11,7 +11,7 @@ use kernelbox::config::{parse_bytes, parse_duration};
 use kernelbox::server::{self, AppState, Tenant, Tenants};
 use kernelbox::Orchestrator;
 
-use super::tenant_source::{load_tenants, TenantsSource};
+use super::tenant_source::{load_tenants, FileCheck, TenantsSource};
 use super::{Exit, KernelOpts};
 
 #[derive(Debug, Args)]
@@ -433,15 +433,22 @@ fn audit_config(
 
 /// Runs the server until SIGTERM or SIGINT; exit 0 after a clean shutdown.
 /// `args` are resolved (the configuration file applied: `super::config::serve`) and `source`
-/// says where the tenants come from.
-pub(crate) async fn run(args: ServeArgs, source: TenantsSource) -> anyhow::Result<ExitCode> {
+/// says where the tenants come from; `check` checks a configuration file's other tables when
+/// it is read again.
+pub(crate) async fn run(
+    args: ServeArgs,
+    source: TenantsSource,
+    check: FileCheck,
+) -> anyhow::Result<ExitCode> {
     // Before anything else: SIGHUP's default action ends the process.
     let hangups = listen_for_hangups();
     let from_env = std::env::var("KERNELBOX_TOKEN")
         .ok()
         .filter(|t| !t.trim().is_empty());
     let (tenants, generated) = match &source {
-        TenantsSource::Json(_) | TenantsSource::Config(_) => (load_tenants(&source)?.0, None),
+        TenantsSource::Json(_) | TenantsSource::Config(_) => {
+            (load_tenants(&source, check)?.0, None)
+        }
         TenantsSource::Flags => {
             let (token, generated) = match &from_env {
                 Some(t) => (t.trim().to_string(), None),
@@ -638,7 +645,7 @@ pub(crate) async fn run(args: ServeArgs, source: TenantsSource) -> anyhow::Resul
     let state = AppState::with_options(orchestrator, tenants.clone(), mcp, responses);
     if source.is_file() {
         state.reload_with(server::reload::Reloader::new(
-            tenants_loader(source.clone(), args.kernel.egress_secrets.clone()),
+            tenants_loader(source.clone(), args.kernel.egress_secrets.clone(), check),
             admin_token(&args)?.as_deref(),
         ));
     }
@@ -755,9 +762,13 @@ fn admin_token(args: &ServeArgs) -> anyhow::Result<Option<String>> {
 /// What a reload re-reads (`server::reload`; docs/http-api.md, "Reloading the tenants"): the
 /// tenants' file (`load_tenants`) and the egress secrets file, the configuration file's
 /// `[egress] secrets` when it names one, else `secrets` (`--egress-secrets`).
-fn tenants_loader(source: TenantsSource, secrets: Option<PathBuf>) -> server::reload::Loader {
+fn tenants_loader(
+    source: TenantsSource,
+    secrets: Option<PathBuf>,
+    check: FileCheck,
+) -> server::reload::Loader {
     Box::new(move || {
-        let (tenants, from_file) = load_tenants(&source).map_err(|e| e.to_string())?;
+        let (tenants, from_file) = load_tenants(&source, check).map_err(|e| e.to_string())?;
         let secrets = match from_file {
             Some(secrets) => Some(secrets),
             None => secrets

@@ -33,11 +33,18 @@ impl TenantsSource {
     }
 }
 
+/// How a configuration file's tables other than its tenants are checked, as `serve --config`
+/// checked them at start (`super::config::check_keys`): a file the start would refuse is
+/// refused whole by a reload too, its tenants with it.
+pub(crate) type FileCheck = fn(&ConfigFile, &Path) -> anyhow::Result<()>;
+
 /// Reads the tenants from their file, and with a configuration file its egress secrets
-/// (`[egress] secrets`): what a reload of a running server re-reads. Exit code 2 when they
-/// cannot be used; `None` for the one tenant of the flags (nothing to re-read).
+/// (`[egress] secrets`), the whole file checked by `check`: what a reload of a running server
+/// re-reads. Exit code 2 when they cannot be used; `None` for the one tenant of the flags
+/// (nothing to re-read).
 pub(crate) fn load_tenants(
     source: &TenantsSource,
+    check: FileCheck,
 ) -> anyhow::Result<(Tenants, Option<kernelbox::egress::secrets::Secrets>)> {
     match source {
         TenantsSource::Flags => Err(usage(
@@ -48,6 +55,7 @@ pub(crate) fn load_tenants(
         }
         TenantsSource::Config(path) => {
             let file = ConfigFile::load(path).map_err(|e| usage(e.to_string()))?;
+            check(&file, path)?;
             let tenants = file_tenants(&file, path)?;
             let secrets = match &file.egress.secrets {
                 Some(secrets) => Some(kernelbox::egress::secrets::Secrets::load(secrets)?),
