@@ -238,75 +238,14 @@ trait Rows {
     fn tenant_counts(&mut self) -> Result<Vec<(String, usize)>, CatalogError>;
 }
 
-/// The rules of the module documentation, over any storage.
+/// The rules of the module documentation, over any storage: each change written in order,
+/// then each tenant that gained rows brought under its own bound, then all under
+/// [`MAX_ENTRIES`].
 fn apply_changes(rows: &mut dyn Rows, changes: &[Change]) -> Result<(), CatalogError> {
     let mut seq = rows.next_seq()?;
     for change in changes {
-        let mut write = |rows: &mut dyn Rows, old: Option<Row>, entry: Entry| {
-            let row = Row { seq, entry };
-            seq += 1;
-            rows.put(old.as_ref(), &row)
-        };
-        match change {
-            Change::Started {
-                key_hash,
-                tenant,
-                owner,
-                generation,
-            }
-            | Change::Lost {
-                key_hash,
-                tenant,
-                owner,
-                generation,
-                ..
-            } => {
-                let old = rows.get(key_hash)?;
-                // Generations only grow, whatever order the changes arrive in.
-                let generation = old
-                    .as_ref()
-                    .map_or(*generation, |o| o.entry.generation.max(*generation));
-                let state = match change {
-                    Change::Lost { loss, .. } => EntryState::Lost { loss: loss.clone() },
-                    _ => EntryState::Live,
-                };
-                let entry = Entry {
-                    key_hash: key_hash.clone(),
-                    tenant: tenant.clone(),
-                    owner: owner.clone(),
-                    generation,
-                    state,
-                };
-                write(rows, old, entry)?;
-            }
-            Change::Ended { key_hash } => {
-                if let Some(old) = rows.get(key_hash)? {
-                    if old.entry.state == EntryState::Live {
-                        let entry = Entry {
-                            state: EntryState::Ended,
-                            ..old.entry.clone()
-                        };
-                        write(rows, Some(old), entry)?;
-                    }
-                }
-            }
-            Change::AllLiveLost { loss } => {
-                let live: Vec<Row> = rows
-                    .oldest(None)?
-                    .into_iter()
-                    .filter(|r| r.entry.state == EntryState::Live)
-                    .collect();
-                for old in live {
-                    let entry = Entry {
-                        state: EntryState::Lost { loss: loss.clone() },
-                        ..old.entry.clone()
-                    };
-                    write(rows, Some(old), entry)?;
-                }
-            }
-        }
+        apply_change(rows, change, &mut seq)?;
     }
-    // Each tenant that gained rows keeps at most its own bound: its own oldest go.
     let touched: std::collections::BTreeSet<&str> = changes
         .iter()
         .filter_map(|change| match change {
@@ -322,8 +261,80 @@ fn apply_changes(rows: &mut dyn Rows, changes: &[Change]) -> Result<(), CatalogE
             remove_oldest(rows, tenant, excess)?;
         }
     }
-    // In all: the tenant holding the most rows gives up its oldest first, so a tenant holding
-    // fewer than another never loses a row to the bound.
+    bound_all(rows)
+}
+
+/// Writes one change, each row it writes taking the next `seq`.
+fn apply_change(rows: &mut dyn Rows, change: &Change, seq: &mut u64) -> Result<(), CatalogError> {
+    let mut write = |rows: &mut dyn Rows, old: Option<Row>, entry: Entry| {
+        let row = Row { seq: *seq, entry };
+        *seq += 1;
+        rows.put(old.as_ref(), &row)
+    };
+    match change {
+        Change::Started {
+            key_hash,
+            tenant,
+            owner,
+            generation,
+        }
+        | Change::Lost {
+            key_hash,
+            tenant,
+            owner,
+            generation,
+            ..
+        } => {
+            let old = rows.get(key_hash)?;
+            // Generations only grow, whatever order the changes arrive in.
+            let generation = old
+                .as_ref()
+                .map_or(*generation, |o| o.entry.generation.max(*generation));
+            let state = match change {
+                Change::Lost { loss, .. } => EntryState::Lost { loss: loss.clone() },
+                _ => EntryState::Live,
+            };
+            let entry = Entry {
+                key_hash: key_hash.clone(),
+                tenant: tenant.clone(),
+                owner: owner.clone(),
+                generation,
+                state,
+            };
+            write(rows, old, entry)
+        }
+        Change::Ended { key_hash } => match rows.get(key_hash)? {
+            Some(old) if old.entry.state == EntryState::Live => {
+                let entry = Entry {
+                    state: EntryState::Ended,
+                    ..old.entry.clone()
+                };
+                write(rows, Some(old), entry)
+            }
+            _ => Ok(()),
+        },
+        Change::AllLiveLost { loss } => {
+            let live: Vec<Row> = rows
+                .oldest(None)?
+                .into_iter()
+                .filter(|r| r.entry.state == EntryState::Live)
+                .collect();
+            for old in live {
+                let entry = Entry {
+                    state: EntryState::Lost { loss: loss.clone() },
+                    ..old.entry.clone()
+                };
+                write(rows, Some(old), entry)?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// In all at most [`MAX_ENTRIES`] rows: the tenant holding the most rows gives up its oldest
+/// first, so a tenant holding fewer than another never loses a row to the bound. Live rows
+/// stay, even past it.
+fn bound_all(rows: &mut dyn Rows) -> Result<(), CatalogError> {
     loop {
         let excess = rows.len()?.saturating_sub(MAX_ENTRIES);
         if excess == 0 {
@@ -342,7 +353,6 @@ fn apply_changes(rows: &mut dyn Rows, changes: &[Change]) -> Result<(), CatalogE
             }
         }
         if removed == 0 {
-            // Nothing but live rows: they stay.
             return Ok(());
         }
     }

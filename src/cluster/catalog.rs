@@ -91,138 +91,13 @@ impl PostgresCatalog {
             return Err(Refusal::Fenced(epoch));
         }
         let mut touched = std::collections::BTreeSet::new();
+        let writer = Writer {
+            tx: &tx,
+            node,
+            epoch,
+        };
         for change in changes {
-            match change {
-                Change::Started {
-                    key_hash,
-                    tenant,
-                    owner,
-                    generation,
-                } => {
-                    let session = root_session(owner);
-                    let generation = i64::try_from(*generation).unwrap_or(i64::MAX);
-                    tx.execute(
-                        "INSERT INTO kb_kernels (key_hash, tenant, owner, session, node, epoch,
-                             generation, state, reason, lost_at, changed_at)
-                         VALUES ($1, $2, $3, $4, $5, $6, $7, 'live', NULL, NULL,
-                             clock_timestamp())
-                         ON CONFLICT (key_hash) DO UPDATE SET tenant = EXCLUDED.tenant,
-                             owner = EXCLUDED.owner, session = EXCLUDED.session,
-                             node = EXCLUDED.node, epoch = EXCLUDED.epoch,
-                             generation = greatest(kb_kernels.generation, EXCLUDED.generation),
-                             state = 'live', reason = NULL, lost_at = NULL,
-                             changed_at = EXCLUDED.changed_at",
-                        &[
-                            key_hash,
-                            tenant,
-                            owner,
-                            &session,
-                            &node,
-                            &epoch,
-                            &generation,
-                        ],
-                    )
-                    .await
-                    .map_err(db(op))?;
-                    if session == owner {
-                        tx.execute(
-                            "INSERT INTO kb_sessions (tenant, session, node, epoch, live,
-                                 claimed_at)
-                             VALUES ($1, $2, $3, $4, true, now())
-                             ON CONFLICT (tenant, session) DO UPDATE SET node = EXCLUDED.node,
-                                 epoch = EXCLUDED.epoch, live = true,
-                                 claimed_at = CASE WHEN kb_sessions.node = EXCLUDED.node
-                                     AND kb_sessions.epoch = EXCLUDED.epoch
-                                     THEN kb_sessions.claimed_at ELSE now() END
-                             WHERE NOT kb_sessions.live
-                                OR (kb_sessions.node = EXCLUDED.node
-                                    AND kb_sessions.epoch = EXCLUDED.epoch)",
-                            &[tenant, &session, &node, &epoch],
-                        )
-                        .await
-                        .map_err(db(op))?;
-                    }
-                    touched.insert(tenant.as_str());
-                }
-                Change::Lost {
-                    key_hash,
-                    tenant,
-                    owner,
-                    generation,
-                    loss,
-                } => {
-                    let session = root_session(owner);
-                    let generation = i64::try_from(*generation).unwrap_or(i64::MAX);
-                    tx.execute(
-                        "INSERT INTO kb_kernels (key_hash, tenant, owner, session, node, epoch,
-                             generation, state, reason, lost_at, changed_at)
-                         VALUES ($1, $2, $3, $4, $5, $6, $7, 'lost', $8, coalesce($9, now()),
-                             clock_timestamp())
-                         ON CONFLICT (key_hash) DO UPDATE SET
-                             generation = greatest(kb_kernels.generation, EXCLUDED.generation),
-                             state = 'lost', reason = EXCLUDED.reason,
-                             lost_at = EXCLUDED.lost_at, changed_at = EXCLUDED.changed_at
-                         WHERE kb_kernels.node = EXCLUDED.node
-                           AND kb_kernels.epoch = EXCLUDED.epoch",
-                        &[
-                            key_hash,
-                            tenant,
-                            owner,
-                            &session,
-                            &node,
-                            &epoch,
-                            &generation,
-                            &loss.reason.as_str(),
-                            &lost_at(loss),
-                        ],
-                    )
-                    .await
-                    .map_err(db(op))?;
-                    tx.execute(SESSION_ENDS, &[tenant, &session, &node, &epoch])
-                        .await
-                        .map_err(db(op))?;
-                    touched.insert(tenant.as_str());
-                }
-                Change::Ended { key_hash } => {
-                    let ended = tx
-                        .query_opt(
-                            "UPDATE kb_kernels SET state = 'ended',
-                                 changed_at = clock_timestamp()
-                             WHERE key_hash = $1 AND state = 'live' AND node = $2
-                               AND epoch = $3
-                             RETURNING tenant, owner, session",
-                            &[key_hash, &node, &epoch],
-                        )
-                        .await
-                        .map_err(db(op))?;
-                    if let Some(row) = ended {
-                        let tenant: String = row.try_get(0).map_err(db(op))?;
-                        let owner: String = row.try_get(1).map_err(db(op))?;
-                        let session: String = row.try_get(2).map_err(db(op))?;
-                        let _ = owner;
-                        tx.execute(SESSION_ENDS, &[&tenant, &session, &node, &epoch])
-                            .await
-                            .map_err(db(op))?;
-                    }
-                }
-                Change::AllLiveLost { loss } => {
-                    tx.execute(
-                        "UPDATE kb_kernels SET state = 'lost', reason = $3,
-                             lost_at = coalesce($4, now()), changed_at = clock_timestamp()
-                         WHERE node = $1 AND epoch = $2 AND state = 'live'",
-                        &[&node, &epoch, &loss.reason.as_str(), &lost_at(loss)],
-                    )
-                    .await
-                    .map_err(db(op))?;
-                    tx.execute(
-                        "UPDATE kb_sessions SET live = false
-                         WHERE node = $1 AND epoch = $2 AND live",
-                        &[&node, &epoch],
-                    )
-                    .await
-                    .map_err(db(op))?;
-                }
-            }
+            touched.extend(writer.change(change).await?);
         }
         // Each tenant that gained rows keeps at most its bound: its own oldest non-live go.
         let bound = i64::try_from(self.tenant_bound).unwrap_or(i64::MAX);
@@ -240,6 +115,199 @@ impl PostgresCatalog {
             .map_err(db(op))?;
         }
         tx.commit().await.map_err(db(op))?;
+        Ok(())
+    }
+}
+
+/// One catalog write's transaction, as `node` at `epoch`.
+struct Writer<'a, 't> {
+    tx: &'a tokio_postgres::Transaction<'t>,
+    node: &'a str,
+    epoch: i64,
+}
+
+const OP: &str = "catalog write";
+
+impl Writer<'_, '_> {
+    /// Writes one change; the tenant that gained a row, if any (its bound is kept after).
+    async fn change<'c>(&self, change: &'c Change) -> Result<Option<&'c str>, ClusterError> {
+        match change {
+            Change::Started {
+                key_hash,
+                tenant,
+                owner,
+                generation,
+            } => {
+                self.started(key_hash, tenant, owner, *generation).await?;
+                Ok(Some(tenant))
+            }
+            Change::Lost {
+                key_hash,
+                tenant,
+                owner,
+                generation,
+                loss,
+            } => {
+                self.lost(key_hash, tenant, owner, *generation, loss)
+                    .await?;
+                Ok(Some(tenant))
+            }
+            Change::Ended { key_hash } => self.ended(key_hash).await.map(|()| None),
+            Change::AllLiveLost { loss } => self.all_live_lost(loss).await.map(|()| None),
+        }
+    }
+
+    /// A kernel live here; a root session's row live here too, unless another node holds
+    /// it live.
+    async fn started(
+        &self,
+        key_hash: &str,
+        tenant: &str,
+        owner: &str,
+        generation: u64,
+    ) -> Result<(), ClusterError> {
+        let (node, epoch) = (self.node, self.epoch);
+        let session = root_session(owner);
+        let generation = i64::try_from(generation).unwrap_or(i64::MAX);
+        self.tx
+            .execute(
+                "INSERT INTO kb_kernels (key_hash, tenant, owner, session, node, epoch,
+                     generation, state, reason, lost_at, changed_at)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, 'live', NULL, NULL,
+                     clock_timestamp())
+                 ON CONFLICT (key_hash) DO UPDATE SET tenant = EXCLUDED.tenant,
+                     owner = EXCLUDED.owner, session = EXCLUDED.session,
+                     node = EXCLUDED.node, epoch = EXCLUDED.epoch,
+                     generation = greatest(kb_kernels.generation, EXCLUDED.generation),
+                     state = 'live', reason = NULL, lost_at = NULL,
+                     changed_at = EXCLUDED.changed_at",
+                &[
+                    &key_hash,
+                    &tenant,
+                    &owner,
+                    &session,
+                    &node,
+                    &epoch,
+                    &generation,
+                ],
+            )
+            .await
+            .map_err(db(OP))?;
+        if session == owner {
+            self.tx
+                .execute(
+                    "INSERT INTO kb_sessions (tenant, session, node, epoch, live,
+                         claimed_at)
+                     VALUES ($1, $2, $3, $4, true, now())
+                     ON CONFLICT (tenant, session) DO UPDATE SET node = EXCLUDED.node,
+                         epoch = EXCLUDED.epoch, live = true,
+                         claimed_at = CASE WHEN kb_sessions.node = EXCLUDED.node
+                             AND kb_sessions.epoch = EXCLUDED.epoch
+                             THEN kb_sessions.claimed_at ELSE now() END
+                     WHERE NOT kb_sessions.live
+                        OR (kb_sessions.node = EXCLUDED.node
+                            AND kb_sessions.epoch = EXCLUDED.epoch)",
+                    &[&tenant, &session, &node, &epoch],
+                )
+                .await
+                .map_err(db(OP))?;
+        }
+        Ok(())
+    }
+
+    /// A kernel of this node lost (a row of another node's is left as it is), and its
+    /// session's row no longer live here when it has no live kernel left.
+    async fn lost(
+        &self,
+        key_hash: &str,
+        tenant: &str,
+        owner: &str,
+        generation: u64,
+        loss: &StateLost,
+    ) -> Result<(), ClusterError> {
+        let (node, epoch) = (self.node, self.epoch);
+        let session = root_session(owner);
+        let generation = i64::try_from(generation).unwrap_or(i64::MAX);
+        self.tx
+            .execute(
+                "INSERT INTO kb_kernels (key_hash, tenant, owner, session, node, epoch,
+                     generation, state, reason, lost_at, changed_at)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, 'lost', $8, coalesce($9, now()),
+                     clock_timestamp())
+                 ON CONFLICT (key_hash) DO UPDATE SET
+                     generation = greatest(kb_kernels.generation, EXCLUDED.generation),
+                     state = 'lost', reason = EXCLUDED.reason,
+                     lost_at = EXCLUDED.lost_at, changed_at = EXCLUDED.changed_at
+                 WHERE kb_kernels.node = EXCLUDED.node
+                   AND kb_kernels.epoch = EXCLUDED.epoch",
+                &[
+                    &key_hash,
+                    &tenant,
+                    &owner,
+                    &session,
+                    &node,
+                    &epoch,
+                    &generation,
+                    &loss.reason.as_str(),
+                    &lost_at(loss),
+                ],
+            )
+            .await
+            .map_err(db(OP))?;
+        self.tx
+            .execute(SESSION_ENDS, &[&tenant, &session, &node, &epoch])
+            .await
+            .map_err(db(OP))?;
+        Ok(())
+    }
+
+    /// A kernel live here ended, and its session's row no longer live here when it has no
+    /// live kernel left.
+    async fn ended(&self, key_hash: &str) -> Result<(), ClusterError> {
+        let (node, epoch) = (self.node, self.epoch);
+        let ended = self
+            .tx
+            .query_opt(
+                "UPDATE kb_kernels SET state = 'ended',
+                     changed_at = clock_timestamp()
+                 WHERE key_hash = $1 AND state = 'live' AND node = $2
+                   AND epoch = $3
+                 RETURNING tenant, owner, session",
+                &[&key_hash, &node, &epoch],
+            )
+            .await
+            .map_err(db(OP))?;
+        if let Some(row) = ended {
+            let tenant: String = row.try_get(0).map_err(db(OP))?;
+            let session: String = row.try_get(2).map_err(db(OP))?;
+            self.tx
+                .execute(SESSION_ENDS, &[&tenant, &session, &node, &epoch])
+                .await
+                .map_err(db(OP))?;
+        }
+        Ok(())
+    }
+
+    /// Every kernel live here lost, and no session live here.
+    async fn all_live_lost(&self, loss: &StateLost) -> Result<(), ClusterError> {
+        let (node, epoch) = (self.node, self.epoch);
+        self.tx
+            .execute(
+                "UPDATE kb_kernels SET state = 'lost', reason = $3,
+                     lost_at = coalesce($4, now()), changed_at = clock_timestamp()
+                 WHERE node = $1 AND epoch = $2 AND state = 'live'",
+                &[&node, &epoch, &loss.reason.as_str(), &lost_at(loss)],
+            )
+            .await
+            .map_err(db(OP))?;
+        self.tx
+            .execute(
+                "UPDATE kb_sessions SET live = false
+                 WHERE node = $1 AND epoch = $2 AND live",
+                &[&node, &epoch],
+            )
+            .await
+            .map_err(db(OP))?;
         Ok(())
     }
 }

@@ -113,6 +113,13 @@ impl Metrics {
     }
 
     fn write(&self, out: &mut String, live: usize, draining: bool) -> std::fmt::Result {
+        self.write_gauges(out, live, draining)?;
+        self.write_cells(out)?;
+        self.write_counters(out)
+    }
+
+    /// Live kernels, draining, open MCP sessions.
+    fn write_gauges(&self, out: &mut String, live: usize, draining: bool) -> std::fmt::Result {
         writeln!(
             out,
             "# HELP kernelbox_kernels_live Kernels alive now (starting, idle or busy)."
@@ -134,8 +141,11 @@ impl Metrics {
             out,
             "kernelbox_mcp_sessions {}",
             self.mcp_sessions.load(Ordering::Relaxed)
-        )?;
+        )
+    }
 
+    /// Cells' wall time and count, by status.
+    fn write_cells(&self, out: &mut String) -> std::fmt::Result {
         writeln!(
             out,
             "# HELP kernelbox_cell_duration_seconds Wall time of executed cells, by status."
@@ -162,8 +172,11 @@ impl Metrics {
                 h.count()
             )?;
         }
-        drop(cells);
+        Ok(())
+    }
 
+    /// Kernel starts, losses by reason, tool calls by outcome, refused requests by reason.
+    fn write_counters(&self, out: &mut String) -> std::fmt::Result {
         writeln!(
             out,
             "# HELP kernelbox_kernel_starts_total New kernels given to an owner by a cell: cold starts and warm-pool takes (kernelbox_pool_takes_total tells them apart)."

@@ -20,7 +20,7 @@ pub use ledger::{Ledger, Opening, Placed};
 pub use disk::DeviceHold;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -458,65 +458,17 @@ impl Workspaces {
                     .await?
             }
             Some(ledger) => {
-                let opening = ledger
-                    .open(&owner.tenant, &name, local, create, policy.max)
-                    .await?;
-                match opening {
-                    Opening::Current { generation } => (true, generation),
-                    Opening::Fresh { generation } => {
-                        // Another generation's files (a node that came back after its
-                        // workspaces were made anew elsewhere): never served as this one.
-                        if local.is_some() {
-                            tracing::info!(workspace = %name, volume = %volume, "a stale image of the workspace is dropped");
-                            if let Err(e) = self.destroy(&volume).await {
-                                self.forget(owner, Some(generation)).await;
-                                return Err(e);
-                            }
-                        }
-                        (false, generation)
-                    }
-                    Opening::NotFound => {
-                        if local.is_some() {
-                            let _ = self.destroy(&volume).await;
-                        }
-                        return Err(WorkspaceError::NotFound { name });
-                    }
-                    Opening::TooMany => {
-                        return Err(WorkspaceError::TooMany {
-                            tenant: owner.tenant.clone(),
-                            max: policy.max,
-                        })
-                    }
-                }
+                self.open_placed(ledger.as_ref(), owner, policy, &volume, local, create)
+                    .await?
             }
         };
         if !restored {
-            let made = match self.check_host_bound(policy.quota_bytes) {
-                Ok(()) => disk::create(&image, policy.quota_bytes, uid, gid).await,
-                Err(e) => Err(e),
-            };
-            if let Err(e) = made {
-                self.forget(owner, Some(generation)).await;
-                return Err(e);
-            }
+            self.make_image(owner, &image, policy.quota_bytes, uid, gid, generation)
+                .await?;
         }
-        let made = async {
-            if local != Some(generation) || !restored {
-                disk::stamp(&image, generation)?;
-            }
-            self.mount_point(owner, &volume, &image).await
-        }
-        .await;
-        let device = match made {
-            Ok(device) => device,
-            Err(e) => {
-                if !restored {
-                    let _ = disk::destroy(&image).await;
-                    self.forget(owner, Some(generation)).await;
-                }
-                return Err(e);
-            }
-        };
+        let device = self
+            .stamp_and_mount(owner, &volume, &image, local, restored, generation)
+            .await?;
         disk::touch(&image)?;
         let opening = {
             let mut openings = self.openings.lock().unwrap_or_else(|p| p.into_inner());
@@ -538,6 +490,94 @@ impl Workspaces {
             hold,
             filters,
         })
+    }
+
+    /// On a cluster node: the ledger's word on `owner`'s workspace, (restored, generation).
+    /// Files of another generation here (a node that came back after its workspaces were made
+    /// anew elsewhere) are dropped, never served as this one.
+    async fn open_placed(
+        &self,
+        ledger: &dyn Ledger,
+        owner: &Owner,
+        policy: &WorkspacePolicy,
+        volume: &str,
+        local: Option<u64>,
+        create: bool,
+    ) -> Result<(bool, u64), WorkspaceError> {
+        let name = owner.to_string();
+        match ledger
+            .open(&owner.tenant, &name, local, create, policy.max)
+            .await?
+        {
+            Opening::Current { generation } => Ok((true, generation)),
+            Opening::Fresh { generation } => {
+                if local.is_some() {
+                    tracing::info!(workspace = %name, volume = %volume, "a stale image of the workspace is dropped");
+                    if let Err(e) = self.destroy(volume).await {
+                        self.forget(owner, Some(generation)).await;
+                        return Err(e);
+                    }
+                }
+                Ok((false, generation))
+            }
+            Opening::NotFound => {
+                if local.is_some() {
+                    let _ = self.destroy(volume).await;
+                }
+                Err(WorkspaceError::NotFound { name })
+            }
+            Opening::TooMany => Err(WorkspaceError::TooMany {
+                tenant: owner.tenant.clone(),
+                max: policy.max,
+            }),
+        }
+    }
+
+    /// A new workspace's image of `quota` bytes, within the host's bound; on failure its
+    /// generation is given back.
+    async fn make_image(
+        &self,
+        owner: &Owner,
+        image: &Path,
+        quota: u64,
+        uid: u64,
+        gid: u64,
+        generation: u64,
+    ) -> Result<(), WorkspaceError> {
+        let made = match self.check_host_bound(quota) {
+            Ok(()) => disk::create(image, quota, uid, gid).await,
+            Err(e) => Err(e),
+        };
+        if made.is_err() {
+            self.forget(owner, Some(generation)).await;
+        }
+        made
+    }
+
+    /// The image stamped with its generation (when it changed or is new) and mounted: the
+    /// device to mount. A new workspace that cannot be mounted is removed and its
+    /// generation given back.
+    async fn stamp_and_mount(
+        &self,
+        owner: &Owner,
+        volume: &str,
+        image: &Path,
+        local: Option<u64>,
+        restored: bool,
+        generation: u64,
+    ) -> Result<DeviceHold, WorkspaceError> {
+        let made = async {
+            if local != Some(generation) || !restored {
+                disk::stamp(image, generation)?;
+            }
+            self.mount_point(owner, volume, image).await
+        }
+        .await;
+        if made.is_err() && !restored {
+            let _ = disk::destroy(image).await;
+            self.forget(owner, Some(generation)).await;
+        }
+        made
     }
 
     /// On one host (no ledger): whether `owner`'s workspace is there (`local`: its image's

@@ -223,54 +223,11 @@ impl Store {
                 return Ok(Claim::Held(p));
             }
             if !here {
-                if let Some(cap) = req.tenant_cap {
-                    let live: i64 = tx
-                        .query_one(TENANT_LIVE, &[&req.tenant, &req.session])
-                        .await
-                        .map_err(db(op))?
-                        .try_get(0)
-                        .map_err(db(op))?;
-                    let live = to_u32(live);
-                    if live >= cap {
-                        return Ok(Claim::TenantAtCap { live });
-                    }
+                if let Some(at_cap) = take_session(&tx, req).await? {
+                    return Ok(at_cap);
                 }
-                tx.execute(
-                    "INSERT INTO kb_sessions (tenant, session, node, epoch, live, claimed_at)
-                     VALUES ($1, $2, $3, $4, true, now())
-                     ON CONFLICT (tenant, session) DO UPDATE SET node = EXCLUDED.node,
-                         epoch = EXCLUDED.epoch, live = true, claimed_at = now()",
-                    &[&req.tenant, &req.session, &req.node, &req.epoch],
-                )
-                .await
-                .map_err(db(op))?;
-                tx.execute(
-                    "UPDATE kb_kernels k SET state = 'lost', reason = $3, lost_at = now(),
-                         changed_at = clock_timestamp()
-                     WHERE k.tenant = $1 AND k.session = $2 AND k.state = 'live'
-                       AND NOT EXISTS (SELECT 1 FROM kb_nodes n WHERE n.name = k.node
-                           AND n.epoch = k.epoch AND n.state = 'live')",
-                    &[&req.tenant, &req.session, &LossReason::NodeLost.as_str()],
-                )
-                .await
-                .map_err(db(op))?;
             }
-            let limit = i64::try_from(crate::catalog::MAX_ENTRIES_PER_TENANT).unwrap_or(i64::MAX);
-            let rows = tx
-                .query(
-                    &format!(
-                        "SELECT {ENTRY_COLUMNS} FROM kb_kernels
-                         WHERE tenant = $1 AND session = $2
-                         ORDER BY changed_at, key_hash LIMIT $3"
-                    ),
-                    &[&req.tenant, &req.session, &limit],
-                )
-                .await
-                .map_err(db(op))?;
-            let entries = rows
-                .iter()
-                .map(|row| entry_from_row(op, row))
-                .collect::<Result<Vec<_>, _>>()?;
+            let entries = session_entries(&tx, &req.tenant, &req.session).await?;
             tx.commit().await.map_err(db(op))?;
             Ok(Claim::Claimed { entries })
         })
@@ -355,4 +312,71 @@ impl Store {
         })
         .await
     }
+}
+
+/// A claim's takeover of a session not live on the claimant, inside the claim's
+/// transaction: refused (`TenantAtCap`) when the tenant has a cap and that many other live
+/// sessions; else the session's row points at the claimant, and its kernels still live on a
+/// node that is not current become lost with `node_lost`, so that the loss is owed to the
+/// owner.
+async fn take_session(
+    tx: &tokio_postgres::Transaction<'_>,
+    req: &ClaimRequest,
+) -> Result<Option<Claim>, ClusterError> {
+    let op = "claim";
+    if let Some(cap) = req.tenant_cap {
+        let live: i64 = tx
+            .query_one(TENANT_LIVE, &[&req.tenant, &req.session])
+            .await
+            .map_err(db(op))?
+            .try_get(0)
+            .map_err(db(op))?;
+        let live = to_u32(live);
+        if live >= cap {
+            return Ok(Some(Claim::TenantAtCap { live }));
+        }
+    }
+    tx.execute(
+        "INSERT INTO kb_sessions (tenant, session, node, epoch, live, claimed_at)
+         VALUES ($1, $2, $3, $4, true, now())
+         ON CONFLICT (tenant, session) DO UPDATE SET node = EXCLUDED.node,
+             epoch = EXCLUDED.epoch, live = true, claimed_at = now()",
+        &[&req.tenant, &req.session, &req.node, &req.epoch],
+    )
+    .await
+    .map_err(db(op))?;
+    tx.execute(
+        "UPDATE kb_kernels k SET state = 'lost', reason = $3, lost_at = now(),
+             changed_at = clock_timestamp()
+         WHERE k.tenant = $1 AND k.session = $2 AND k.state = 'live'
+           AND NOT EXISTS (SELECT 1 FROM kb_nodes n WHERE n.name = k.node
+               AND n.epoch = k.epoch AND n.state = 'live')",
+        &[&req.tenant, &req.session, &LossReason::NodeLost.as_str()],
+    )
+    .await
+    .map_err(db(op))?;
+    Ok(None)
+}
+
+/// The session's kernels' rows as catalog entries, oldest change first, at most
+/// [`crate::catalog::MAX_ENTRIES_PER_TENANT`], inside the claim's transaction.
+async fn session_entries(
+    tx: &tokio_postgres::Transaction<'_>,
+    tenant: &str,
+    session: &str,
+) -> Result<Vec<Entry>, ClusterError> {
+    let op = "claim";
+    let limit = i64::try_from(crate::catalog::MAX_ENTRIES_PER_TENANT).unwrap_or(i64::MAX);
+    let rows = tx
+        .query(
+            &format!(
+                "SELECT {ENTRY_COLUMNS} FROM kb_kernels
+                 WHERE tenant = $1 AND session = $2
+                 ORDER BY changed_at, key_hash LIMIT $3"
+            ),
+            &[&tenant, &session, &limit],
+        )
+        .await
+        .map_err(db(op))?;
+    rows.iter().map(|row| entry_from_row(op, row)).collect()
 }

@@ -81,56 +81,25 @@ impl Store {
             let last = row
                 .as_ref()
                 .map_or(0, |(_, g)| u64::try_from(*g).unwrap_or(0));
-            let opening =
-                match (&row, local) {
-                    (Some((held_by, _)), Some(g)) if held_by == node && g == last => {
-                        Opening::Current { generation: last }
-                    }
-                    // An image made before generations were kept, of a workspace the ledger does
-                    // not know: adopted as generation 1.
-                    (None, Some(0)) => {
-                        tx.execute(
-                            "INSERT INTO kb_workspaces (tenant, owner, session, node, generation)
+            let opening = match (&row, local) {
+                (Some((held_by, _)), Some(g)) if held_by == node && g == last => {
+                    Opening::Current { generation: last }
+                }
+                // An image made before generations were kept, of a workspace the ledger does
+                // not know: adopted as generation 1.
+                (None, Some(0)) => {
+                    tx.execute(
+                        "INSERT INTO kb_workspaces (tenant, owner, session, node, generation)
                          VALUES ($1, $2, $3, $4, 1)",
-                            &[&tenant, &owner, &root_session(owner), &node],
-                        )
-                        .await
-                        .map_err(db(op))?;
-                        Opening::Current { generation: 1 }
-                    }
-                    _ if !create => Opening::NotFound,
-                    _ => {
-                        // The tenant's other workspaces on live nodes (a node that is not live
-                        // holds none that anybody can use until it comes back).
-                        let held: i64 = tx
-                            .query_one(
-                                "SELECT count(*) FROM kb_workspaces w
-                             WHERE w.tenant = $1 AND w.owner <> $2
-                               AND EXISTS (SELECT 1 FROM kb_nodes n
-                                   WHERE n.name = w.node AND n.state = 'live')",
-                                &[&tenant, &owner],
-                            )
-                            .await
-                            .map_err(db(op))?
-                            .try_get(0)
-                            .map_err(db(op))?;
-                        if usize::try_from(held).unwrap_or(usize::MAX) >= max {
-                            Opening::TooMany
-                        } else {
-                            let generation = last.saturating_add(1);
-                            tx.execute(
-                            "INSERT INTO kb_workspaces (tenant, owner, session, node, generation)
-                             VALUES ($1, $2, $3, $4, $5)
-                             ON CONFLICT (tenant, owner) DO UPDATE SET node = EXCLUDED.node,
-                                 generation = EXCLUDED.generation, made_at = now()",
-                            &[&tenant, &owner, &root_session(owner), &node, &column(generation)],
-                        )
-                        .await
-                        .map_err(db(op))?;
-                            Opening::Fresh { generation }
-                        }
-                    }
-                };
+                        &[&tenant, &owner, &root_session(owner), &node],
+                    )
+                    .await
+                    .map_err(db(op))?;
+                    Opening::Current { generation: 1 }
+                }
+                _ if !create => Opening::NotFound,
+                _ => make_workspace(&tx, tenant, owner, node, last, max).await?,
+            };
             tx.commit().await.map_err(db(op))?;
             Ok(opening)
         })
@@ -236,4 +205,51 @@ impl Store {
         })
         .await
     }
+}
+
+/// A new generation of `tenant`'s workspace `owner` on `node`, inside the opening's
+/// transaction: `TooMany` when the tenant holds `max` others on live nodes (a node that is
+/// not live holds none that anybody can use until it comes back); else the row points at
+/// `node` with the generation after `last`.
+async fn make_workspace(
+    tx: &tokio_postgres::Transaction<'_>,
+    tenant: &str,
+    owner: &str,
+    node: &str,
+    last: u64,
+    max: usize,
+) -> Result<Opening, ClusterError> {
+    let op = "open a workspace";
+    let held: i64 = tx
+        .query_one(
+            "SELECT count(*) FROM kb_workspaces w
+             WHERE w.tenant = $1 AND w.owner <> $2
+               AND EXISTS (SELECT 1 FROM kb_nodes n
+                   WHERE n.name = w.node AND n.state = 'live')",
+            &[&tenant, &owner],
+        )
+        .await
+        .map_err(db(op))?
+        .try_get(0)
+        .map_err(db(op))?;
+    if usize::try_from(held).unwrap_or(usize::MAX) >= max {
+        return Ok(Opening::TooMany);
+    }
+    let generation = last.saturating_add(1);
+    tx.execute(
+        "INSERT INTO kb_workspaces (tenant, owner, session, node, generation)
+         VALUES ($1, $2, $3, $4, $5)
+         ON CONFLICT (tenant, owner) DO UPDATE SET node = EXCLUDED.node,
+             generation = EXCLUDED.generation, made_at = now()",
+        &[
+            &tenant,
+            &owner,
+            &root_session(owner),
+            &node,
+            &column(generation),
+        ],
+    )
+    .await
+    .map_err(db(op))?;
+    Ok(Opening::Fresh { generation })
 }

@@ -75,6 +75,35 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
 
 type Sender = hyper::client::conn::http1::SendRequest<Incoming>;
 
+/// The upstream's TLS begun and an HTTP/1 connection over it, driven until it ends or the
+/// kernel's connection is cancelled; `None` when the destination's certificate is not
+/// trusted by the bundle (or it answered no TLS): the kernel is told so on its first
+/// request.
+async fn upstream_sender(
+    interception: &Interception,
+    name: rustls::pki_types::ServerName<'static>,
+    upstream: Metered<TcpStream>,
+    done: &Finish,
+) -> Option<Arc<Mutex<Sender>>> {
+    let connector = tokio_rustls::TlsConnector::from(interception.upstream.clone());
+    let tls = match tokio::time::timeout(STEP_TIMEOUT, connector.connect(name, upstream)).await {
+        Ok(Ok(tls)) => tls,
+        _ => return None,
+    };
+    let handshake = hyper::client::conn::http1::handshake::<_, Incoming>(TokioIo::new(tls));
+    let Ok(Ok((sender, conn))) = tokio::time::timeout(STEP_TIMEOUT, handshake).await else {
+        return None;
+    };
+    let cancel = done._live.cancel.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = cancel.cancelled() => {}
+            _ = conn => {}
+        }
+    });
+    Some(Arc::new(Mutex::new(sender)))
+}
+
 /// Ends the kernel's TLS, begins the upstream's, and serves the connection's requests until
 /// either side ends, the kernel goes or the policy no longer allows it.
 pub(super) async fn intercept<S>(
@@ -105,30 +134,7 @@ pub(super) async fn intercept<S>(
         Ok(name) => name,
         Err(_) => return done.fail(Outcome::BadRequest),
     };
-    let connector = tokio_rustls::TlsConnector::from(interception.upstream.clone());
-    let sender = match tokio::time::timeout(STEP_TIMEOUT, connector.connect(name, upstream)).await {
-        Ok(Ok(tls)) => match tokio::time::timeout(
-            STEP_TIMEOUT,
-            hyper::client::conn::http1::handshake::<_, Incoming>(TokioIo::new(tls)),
-        )
-        .await
-        {
-            Ok(Ok((sender, conn))) => {
-                let cancel = done._live.cancel.clone();
-                tokio::spawn(async move {
-                    tokio::select! {
-                        _ = cancel.cancelled() => {}
-                        _ = conn => {}
-                    }
-                });
-                Some(Arc::new(Mutex::new(sender)))
-            }
-            _ => None,
-        },
-        // The destination's certificate is not trusted by the bundle (or it answered no TLS):
-        // the kernel is told so on its first request.
-        _ => None,
-    };
+    let sender = upstream_sender(&interception, name, upstream, &done).await;
     if sender.is_none() {
         done.fail(Outcome::UpstreamTls);
     }

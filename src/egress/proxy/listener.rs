@@ -197,46 +197,71 @@ fn split_authority(authority: &hyper::http::uri::Authority, default_port: u16) -
     (host, authority.port_u16().unwrap_or(default_port))
 }
 
+/// Refuses a request: counted and audited under `outcome`, answered with its status and
+/// message (`407` with the realm for a missing credential).
+fn refused(
+    table: &Table,
+    entry: &KernelEntry,
+    host: &str,
+    port: u16,
+    outcome: Outcome,
+) -> Response<Body> {
+    table.count(&entry.tenant, |c| {
+        *c.refusals.entry(outcome.name()).or_default() += 1
+    });
+    audit(table, entry, host, port, 0, 0, Err(outcome));
+    let status = match outcome {
+        Outcome::Unauthenticated => StatusCode::PROXY_AUTHENTICATION_REQUIRED,
+        Outcome::BadRequest | Outcome::Mismatch => StatusCode::BAD_REQUEST,
+        Outcome::ResolveFailed | Outcome::ConnectFailed => StatusCode::BAD_GATEWAY,
+        _ => StatusCode::FORBIDDEN,
+    };
+    let mut response = text(status, refusal_message(host, port, outcome));
+    if outcome == Outcome::Unauthenticated {
+        response.headers_mut().insert(
+            hyper::header::PROXY_AUTHENTICATE,
+            hyper::header::HeaderValue::from_static("Basic realm=\"kernelbox\""),
+        );
+    }
+    response
+}
+
+/// The destination a request names (a CONNECT's authority, or a plain `http://` URL's), from
+/// the kernel it claims to be and agreeing with its `Host`; else what is wrong, and where.
+fn destination(
+    req: &Request<Incoming>,
+    entry: &KernelEntry,
+    connect: bool,
+) -> Result<(String, u16), (String, u16, Outcome)> {
+    let Some(authority) = req.uri().authority().cloned() else {
+        return Err(("-".into(), 0, Outcome::BadRequest));
+    };
+    if !connect && req.uri().scheme_str() != Some("http") {
+        return Err(("-".into(), 0, Outcome::BadRequest));
+    }
+    let (host, port) = split_authority(&authority, if connect { 443 } else { 80 });
+    if !authorised(req, entry) {
+        return Err((host, port, Outcome::Unauthenticated));
+    }
+    if !host_header_agrees(req, connect, &host, port) {
+        return Err((host, port, Outcome::Mismatch));
+    }
+    Ok((host, port))
+}
+
 async fn handle(
     req: Request<Incoming>,
     entry: Arc<KernelEntry>,
     table: Arc<Table>,
     permits: Arc<Permits>,
 ) -> Response<Body> {
-    let refuse = |host: &str, port: u16, outcome: Outcome| {
-        table.count(&entry.tenant, |c| {
-            *c.refusals.entry(outcome.name()).or_default() += 1
-        });
-        audit(&table, &entry, host, port, 0, 0, Err(outcome));
-        let status = match outcome {
-            Outcome::Unauthenticated => StatusCode::PROXY_AUTHENTICATION_REQUIRED,
-            Outcome::BadRequest | Outcome::Mismatch => StatusCode::BAD_REQUEST,
-            Outcome::ResolveFailed | Outcome::ConnectFailed => StatusCode::BAD_GATEWAY,
-            _ => StatusCode::FORBIDDEN,
-        };
-        let mut response = text(status, refusal_message(host, port, outcome));
-        if outcome == Outcome::Unauthenticated {
-            response.headers_mut().insert(
-                hyper::header::PROXY_AUTHENTICATE,
-                hyper::header::HeaderValue::from_static("Basic realm=\"kernelbox\""),
-            );
-        }
-        response
-    };
+    let refuse =
+        |host: &str, port: u16, outcome: Outcome| refused(&table, &entry, host, port, outcome);
     let connect = req.method() == Method::CONNECT;
-    let Some(authority) = req.uri().authority().cloned() else {
-        return refuse("-", 0, Outcome::BadRequest);
+    let (host, port) = match destination(&req, &entry, connect) {
+        Ok(destination) => destination,
+        Err((host, port, outcome)) => return refuse(&host, port, outcome),
     };
-    if !connect && req.uri().scheme_str() != Some("http") {
-        return refuse("-", 0, Outcome::BadRequest);
-    }
-    let (host, port) = split_authority(&authority, if connect { 443 } else { 80 });
-    if !authorised(&req, &entry) {
-        return refuse(&host, port, Outcome::Unauthenticated);
-    }
-    if !host_header_agrees(&req, connect, &host, port) {
-        return refuse(&host, port, Outcome::Mismatch);
-    }
     let grant = entry.grant();
     let judged = match judge(&table, &entry.tenant, &grant, &host, port).await {
         Ok(judged) => judged,

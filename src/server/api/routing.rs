@@ -3,13 +3,15 @@
 //! one held by another node is forwarded there, one this node serves goes on to its handler.
 //! On one host it does nothing.
 
+use std::sync::Arc;
+
 use axum::extract::{Request, State};
 use axum::http::Method;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use crate::owner::validate_name;
-use crate::server::cluster::{session_of, Kind, Route, FORWARDED_HEADER};
+use crate::server::cluster::{session_of, ClusterNode, Kind, Route, FORWARDED_HEADER};
 use crate::server::AppState;
 
 /// The middleware: a request for a session held elsewhere goes there.
@@ -17,15 +19,8 @@ pub(super) async fn route(State(state): State<AppState>, request: Request, next:
     let Some(node) = state.cluster().cloned() else {
         return next.run(request).await;
     };
-    // A session's routes name it in the path; `/v1/mcp` by its header, query or MCP session.
-    let (session, named) = match session_of(request.uri().path()) {
-        Some(session) => (session, None),
-        None => {
-            match super::mcp_session::routed_session(request.headers(), request.uri().query()) {
-                Some((session, named)) => (session, Some(named)),
-                None => return next.run(request).await,
-            }
-        }
+    let Some((session, named)) = session_named(&request) else {
+        return next.run(request).await;
     };
     // An unauthenticated request or a bad name is answered by the handler, as on one host.
     let Some(tenant) = super::authenticate(&state, request.headers(), request.extensions()) else {
@@ -34,73 +29,30 @@ pub(super) async fn route(State(state): State<AppState>, request: Request, next:
     // Only a node of this cluster can mark a request forwarded (the hop secret).
     let forwarded =
         request.headers().contains_key(FORWARDED_HEADER) && node.is_hop(request.headers());
-    // An MCP request in an MCP session's own kernel session goes to the node that made the
-    // MCP session (its id names it): the session lives there only, tool run or not.
     if named == Some(false) {
-        let id = super::mcp_session::mcp_session_id(request.headers());
-        let creator = id
-            .as_ref()
-            .and_then(|id| super::mcp_session::creator_node(id).map(str::to_string));
-        if let Some(creator) = creator.filter(|c| c != node.name()) {
-            return match node.mcp_route(&creator, forwarded).await {
-                Err(e) => e.into_response(),
-                Ok(None) => next.run(request).await,
-                Ok(Some(target)) => node
-                    .forward(&target, request, state.forward_deadline())
-                    .await
-                    .unwrap_or_else(|e| e.into_response()),
-            };
+        if let Some(creator) = mcp_creator(&node, &request) {
+            return to_mcp_creator(&state, &node, &creator, forwarded, request, next).await;
         }
     }
     if validate_name("session", &session).is_err() {
         return next.run(request).await;
     }
-    // Only a POST or a PUT may start a kernel (an execute, a command, an upload), so only
-    // they claim; reading, removing, interrupting and setting the session's network policy
-    // or settings (kept in the catalog, docs/cluster.md "Session policies and settings")
-    // find: they start nothing, so they never count against a cap.
-    let finds = !(request.method() == Method::POST || request.method() == Method::PUT)
-        || is_interrupt(request.uri().path())
-        || is_session_config(request.uri().path());
-    let kind = match named {
-        // An MCP request naming its session may start its kernel; one in an MCP session's
-        // own is served where that session lives.
-        Some(true) => Kind::Starts,
-        Some(false) => Kind::Finds,
-        None if finds => Kind::Finds,
-        None => Kind::Starts,
-    };
+    let kind = kind_of(&request, named);
     match node
         .decide(&state, &tenant, &session, kind, forwarded)
         .await
     {
         Ok(Route::Here { claimed }) => {
-            // A session claimed here starts its kernel under its policy and settings as the
-            // catalog has them (docs/cluster.md, "Session policies and settings").
-            // Held until the request is served: meanwhile they are not forgotten to make room
-            // for another session's, which would start the kernel without them.
-            let hold = claimed.then(|| {
-                state
-                    .orchestrator()
-                    .hold_session_config(&tenant.name, &session)
-            });
-            if claimed {
-                if let Err(e) = node
-                    .load_session_config(&state, &tenant.name, &session)
-                    .await
-                {
-                    node.release(&tenant.name, &session);
-                    return e.into_response();
-                }
-            }
-            let response = next.run(request).await;
-            drop(hold);
-            // A claim whose request started no kernel (refused, invalid) is given back, so
-            // failed requests leave no live session behind.
-            if claimed && !state.orchestrator().has_session(&tenant.name, &session) {
-                node.release(&tenant.name, &session);
-            }
-            response
+            serve_here(
+                &state,
+                &node,
+                &tenant.name,
+                &session,
+                claimed,
+                request,
+                next,
+            )
+            .await
         }
         Ok(Route::Forward(target)) => match node
             .forward(&target, request, state.forward_deadline())
@@ -114,6 +66,95 @@ pub(super) async fn route(State(state): State<AppState>, request: Request, next:
         },
         Err(e) => e.into_response(),
     }
+}
+
+/// The session a request is for, and, for `/v1/mcp`, whether the request named it (`Some(true)`)
+/// or runs in its MCP session's own (`Some(false)`); `None` for a request of no session. A
+/// session's routes name it in the path; `/v1/mcp` by its header, query or MCP session.
+fn session_named(request: &Request) -> Option<(String, Option<bool>)> {
+    match session_of(request.uri().path()) {
+        Some(session) => Some((session, None)),
+        None => super::mcp_session::routed_session(request.headers(), request.uri().query())
+            .map(|(session, named)| (session, Some(named))),
+    }
+}
+
+/// The node that made the request's MCP session (its id names it), when it is another: an
+/// MCP request in an MCP session's own kernel session is served there, the only place that
+/// session lives, tool run or not.
+fn mcp_creator(node: &ClusterNode, request: &Request) -> Option<String> {
+    let id = super::mcp_session::mcp_session_id(request.headers())?;
+    super::mcp_session::creator_node(&id)
+        .filter(|creator| *creator != node.name())
+        .map(str::to_string)
+}
+
+/// Serves an MCP request on the node that made its MCP session (here, when that node says
+/// so).
+async fn to_mcp_creator(
+    state: &AppState,
+    node: &Arc<ClusterNode>,
+    creator: &str,
+    forwarded: bool,
+    request: Request,
+    next: Next,
+) -> Response {
+    match node.mcp_route(creator, forwarded).await {
+        Err(e) => e.into_response(),
+        Ok(None) => next.run(request).await,
+        Ok(Some(target)) => node
+            .forward(&target, request, state.forward_deadline())
+            .await
+            .unwrap_or_else(|e| e.into_response()),
+    }
+}
+
+/// Whether the request may start the session's kernel (and so claims it) or only finds it.
+/// Only a POST or a PUT may start a kernel (an execute, a command, an upload), so only they
+/// claim; reading, removing, interrupting and setting the session's network policy or
+/// settings (kept in the catalog, docs/cluster.md "Session policies and settings") find: they
+/// start nothing, so they never count against a cap. An MCP request naming its session may
+/// start its kernel; one in an MCP session's own is served where that session lives.
+fn kind_of(request: &Request, named: Option<bool>) -> Kind {
+    let finds = !(request.method() == Method::POST || request.method() == Method::PUT)
+        || is_interrupt(request.uri().path())
+        || is_session_config(request.uri().path());
+    match named {
+        Some(true) => Kind::Starts,
+        Some(false) => Kind::Finds,
+        None if finds => Kind::Finds,
+        None => Kind::Starts,
+    }
+}
+
+/// Serves a session's request on this node. A session claimed here starts its kernel under
+/// its policy and settings as the catalog has them (docs/cluster.md, "Session policies and
+/// settings"), held until the request is served: meanwhile they are not forgotten to make
+/// room for another session's, which would start the kernel without them. A claim whose
+/// request started no kernel (refused, invalid) is given back, so failed requests leave no
+/// live session behind.
+async fn serve_here(
+    state: &AppState,
+    node: &Arc<ClusterNode>,
+    tenant: &str,
+    session: &str,
+    claimed: bool,
+    request: Request,
+    next: Next,
+) -> Response {
+    let hold = claimed.then(|| state.orchestrator().hold_session_config(tenant, session));
+    if claimed {
+        if let Err(e) = node.load_session_config(state, tenant, session).await {
+            node.release(tenant, session);
+            return e.into_response();
+        }
+    }
+    let response = next.run(request).await;
+    drop(hold);
+    if claimed && !state.orchestrator().has_session(tenant, session) {
+        node.release(tenant, session);
+    }
+    response
 }
 
 /// `/v1/sessions/{session}/network` or `/v1/sessions/{session}/settings`.

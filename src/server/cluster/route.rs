@@ -116,23 +116,10 @@ impl ClusterNode {
         session: &str,
         forwarded: bool,
     ) -> Result<Route, ApiError> {
-        let orchestrator = state.orchestrator();
-        let me = Target {
-            node: self.options.node.clone(),
-            epoch: self.epoch(),
-            advertise: self.options.advertise.clone(),
-        };
-        let (live, cap) = orchestrator.session_kernels();
-        let draining = self.is_draining();
-        let target = if let Some(home) = self.workspace_home(tenant, session, forwarded).await {
-            home
-        } else if live < cap && (forwarded || !draining) {
-            me.clone()
-        } else {
-            self.place_when_full(state, tenant, forwarded, draining)
-                .await?
-                .unwrap_or_else(|| me.clone())
-        };
+        let me = self.me();
+        let target = self
+            .claim_target(state, tenant, session, forwarded, &me)
+            .await?;
         let claimed = self
             .store
             .claim(&ClaimRequest {
@@ -148,7 +135,9 @@ impl ClusterNode {
             .map_err(|e| catalog_unavailable(&e.to_string()))?;
         match claimed {
             Claim::Claimed { entries } if target == me => {
-                orchestrator.adopt_session(&tenant.name, session, entries);
+                state
+                    .orchestrator()
+                    .adopt_session(&tenant.name, session, entries);
                 Ok(Route::Here { claimed: true })
             }
             Claim::Claimed { .. } => {
@@ -161,17 +150,7 @@ impl ClusterNode {
                 self.remember(&tenant.name, session, &target);
                 Ok(Route::Forward(target))
             }
-            Claim::TenantAtCap { live } => Err(ApiError {
-                retry_after: Some(1),
-                ..ApiError::new(
-                    StatusCode::TOO_MANY_REQUESTS,
-                    "at_capacity",
-                    format!(
-                        "tenant {:?} has {live} live sessions across the cluster, its cap",
-                        tenant.name
-                    ),
-                )
-            }),
+            Claim::TenantAtCap { live } => Err(tenant_at_cap(&tenant.name, live)),
             Claim::Fenced if target == me => {
                 // A claim made with an epoch this node has since left behind (it rejoined
                 // meanwhile) says nothing about the new one.
@@ -181,18 +160,66 @@ impl ClusterNode {
                 Err(fenced())
             }
             // The node picked for the session moved on: this node takes it after all.
-            Claim::Fenced => Err(ApiError {
-                retry_after: Some(1),
-                ..ApiError::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "node_unavailable",
-                    format!(
-                        "node {:?} left the cluster while the session was placed on it; retry",
-                        target.node
-                    ),
-                )
-            }),
+            Claim::Fenced => Err(left_while_placed(&target.node)),
         }
+    }
+
+    /// This node as a target, at its current epoch.
+    fn me(&self) -> Target {
+        Target {
+            node: self.options.node.clone(),
+            epoch: self.epoch(),
+            advertise: self.options.advertise.clone(),
+        }
+    }
+
+    /// Where a new session is claimed: its workspace's node; else this node while it has
+    /// room and is not draining (a forwarded request is served here even then); else a node
+    /// with room, or this one (`me`) when there is none.
+    async fn claim_target(
+        &self,
+        state: &AppState,
+        tenant: &Tenant,
+        session: &str,
+        forwarded: bool,
+        me: &Target,
+    ) -> Result<Target, ApiError> {
+        if let Some(home) = self.workspace_home(tenant, session, forwarded).await {
+            return Ok(home);
+        }
+        let (live, cap) = state.orchestrator().session_kernels();
+        let draining = self.is_draining();
+        if live < cap && (forwarded || !draining) {
+            return Ok(me.clone());
+        }
+        Ok(self
+            .place_when_full(state, tenant, forwarded, draining)
+            .await?
+            .unwrap_or_else(|| me.clone()))
+    }
+}
+
+/// 429 `at_capacity`: the tenant has its cap of live sessions across the cluster.
+fn tenant_at_cap(tenant: &str, live: u32) -> ApiError {
+    ApiError {
+        retry_after: Some(1),
+        ..ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "at_capacity",
+            format!("tenant {tenant:?} has {live} live sessions across the cluster, its cap"),
+        )
+    }
+}
+
+/// 503 `node_unavailable`: the node picked for the session left the cluster meanwhile.
+fn left_while_placed(node: &str) -> ApiError {
+    ApiError {
+        retry_after: Some(1),
+        ..ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "node_unavailable",
+            format!("node {node:?} left the cluster while the session was placed on it; retry"),
+        )
     }
 }
 
