@@ -671,6 +671,24 @@ async fn a_config_files_tenants_change_live_and_an_invalid_edit_changes_nothing(
     // a's token, from the server's environment, is the same after every reload.
     assert_eq!(status("token-a").await, StatusCode::OK);
 
+    // A key outside the tenants changed: not applied, and said so (never silently ignored);
+    // the tenants of the same file still apply.
+    let pooled = edited.replace(
+        "[pool]\nsize = 0\n",
+        "[pool]\nsize = 0\nmax_age = \"10m\"\n",
+    );
+    assert_ne!(pooled, edited);
+    std::fs::write(&file, &pooled).unwrap();
+    let (verdict, report) = hangup_report(&child, &mut lines).await;
+    assert_eq!(verdict, "applied", "{report}");
+    let needs = report["needs_restart"].as_array().unwrap();
+    assert_eq!(needs.len(), 1, "{report}");
+    assert!(
+        needs[0].as_str().unwrap().starts_with("pool.max_age:"),
+        "{report}"
+    );
+    assert_eq!(status("token-c-2").await, StatusCode::OK);
+
     // Invalid edits, each also rotating b's token to token-b-3: refused whole, by SIGHUP and
     // by the route (the admin token of `[cluster]`); b keeps token-b-2.
     let reload_route_refuses = |why: &'static str| {

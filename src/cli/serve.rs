@@ -445,9 +445,14 @@ pub(crate) async fn run(
     let from_env = std::env::var("KERNELBOX_TOKEN")
         .ok()
         .filter(|t| !t.trim().is_empty());
+    // The configuration file as read at start: a reload reports the keys changed since that
+    // it cannot apply.
+    let mut started = None;
     let (tenants, generated) = match &source {
         TenantsSource::Json(_) | TenantsSource::Config(_) => {
-            (load_tenants(&source, check)?.0, None)
+            let loaded = load_tenants(&source, check)?;
+            started = loaded.file;
+            (loaded.tenants, None)
         }
         TenantsSource::Flags => {
             let (token, generated) = match &from_env {
@@ -645,7 +650,12 @@ pub(crate) async fn run(
     let state = AppState::with_options(orchestrator, tenants.clone(), mcp, responses);
     if source.is_file() {
         state.reload_with(server::reload::Reloader::new(
-            tenants_loader(source.clone(), args.kernel.egress_secrets.clone(), check),
+            tenants_loader(
+                source.clone(),
+                args.kernel.egress_secrets.clone(),
+                check,
+                started,
+            ),
             admin_token(&args)?.as_deref(),
         ));
     }
@@ -761,15 +771,22 @@ fn admin_token(args: &ServeArgs) -> anyhow::Result<Option<String>> {
 
 /// What a reload re-reads (`server::reload`; docs/http-api.md, "Reloading the tenants"): the
 /// tenants' file (`load_tenants`) and the egress secrets file, the configuration file's
-/// `[egress] secrets` when it names one, else `secrets` (`--egress-secrets`).
+/// `[egress] secrets` when it names one, else `secrets` (`--egress-secrets`). The other keys of
+/// a configuration file changed since `started` are reported as needing a restart.
 fn tenants_loader(
     source: TenantsSource,
     secrets: Option<PathBuf>,
     check: FileCheck,
+    started: Option<kernelbox::config::file::ConfigFile>,
 ) -> server::reload::Loader {
     Box::new(move || {
-        let (tenants, from_file) = load_tenants(&source, check).map_err(|e| e.to_string())?;
-        let secrets = match from_file {
+        let loaded = load_tenants(&source, check).map_err(|e| e.to_string())?;
+        let needs_restart = match (&started, &loaded.file) {
+            (Some(before), Some(now)) => kernelbox::config::file::needs_restart(before, now),
+            _ => Vec::new(),
+        };
+        let tenants = loaded.tenants;
+        let secrets = match loaded.secrets {
             Some(secrets) => Some(secrets),
             None => secrets
                 .as_deref()
@@ -777,7 +794,11 @@ fn tenants_loader(
                 .transpose()
                 .map_err(|e| e.to_string())?,
         };
-        Ok(server::reload::Source { tenants, secrets })
+        Ok(server::reload::Source {
+            tenants,
+            secrets,
+            needs_restart,
+        })
     })
 }
 

@@ -28,6 +28,9 @@ pub struct Source {
     pub tenants: Tenants,
     /// Every tenant's credential secrets and rules (`None`: the server has none from a file).
     pub secrets: Option<crate::egress::secrets::Secrets>,
+    /// What the source changed that only a restart applies (a configuration file's keys
+    /// outside the tenants: `crate::config::file::needs_restart`), reported as such.
+    pub needs_restart: Vec<String>,
 }
 
 /// Reads the tenants source again (the tenants file and the egress secrets file today); the
@@ -153,12 +156,14 @@ impl AppState {
         let Source {
             tenants: new,
             secrets,
+            needs_restart: unapplied,
         } = source;
         let orchestrator = self.orchestrator();
         let (policies, mut needs_restart) = match self.check_tenants(&new).await {
             Ok(checked) => checked,
             Err(reason) => return ReloadReport::refused(reason),
         };
+        needs_restart.extend(unapplied);
         let old = self.inner.tenants.current();
         let old_names: BTreeSet<&String> = old.names().iter().collect();
         let new_names: BTreeSet<&String> = new.names().iter().collect();

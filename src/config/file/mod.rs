@@ -14,10 +14,12 @@
 //! | `tenant.rs` | [`TenantEntry`]: one `[[tenants]]` table, also the type of `[tenant_defaults]` |
 //! | `values.rs` | [`Size`], [`HumanDuration`], [`Secret`]: values kept as written, checked when read |
 //! | `load.rs` | [`ConfigFile::parse`], [`ConfigFileError`] (the key path, line and column), the schema |
+//! | `restart.rs` | [`needs_restart`]: the keys a reload cannot apply that changed |
 //! | `tests.rs` | unit tests |
 
 mod document;
 mod load;
+mod restart;
 mod tenant;
 #[cfg(test)]
 mod tests;
@@ -25,5 +27,6 @@ mod values;
 
 pub use document::*;
 pub use load::*;
+pub use restart::needs_restart;
 pub use tenant::*;
 pub use values::*;
