@@ -796,16 +796,10 @@ async fn reload_on_hangup(mut hangups: tokio::signal::unix::Signal, state: AppSt
 /// A secret given as a file (its content, surrounding white space trimmed); exit code 2 when
 /// it cannot be read or is empty.
 fn read_secret(flag: &str, path: &std::path::Path) -> anyhow::Result<String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| usage(format!("{flag} {}: {e}", path.display())))?;
-    let text = text.trim();
-    if text.is_empty() {
-        return Err(usage(format!(
-            "{flag} {}: the file is empty",
-            path.display()
-        )));
-    }
-    Ok(text.to_string())
+    // Bounded, and never waiting on a FIFO (`Secret::resolve`).
+    kernelbox::config::file::Secret::file(path)
+        .resolve()
+        .map_err(|e| usage(format!("{flag} {e}")))
 }
 
 /// The XDG state directory of the user running the server: per-user, writable without root,

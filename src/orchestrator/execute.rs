@@ -158,7 +158,10 @@ impl Orchestrator {
         let config = &self.inner.config;
         let owner = request.scope.owner(&self.inner.config)?;
         let timeout = config.check_cell_timeout(request.timeout.unwrap_or(config.cells.timeout))?;
-        let key = request.scope.kernel_key(owner, &self.inner.config, &self.inner.tenancy.load())?;
+        let key =
+            request
+                .scope
+                .kernel_key(owner, &self.inner.config, &self.inner.tenancy.load())?;
         let authority = Arc::new(CellAuthority::new(
             request.task_id.clone(),
             request.dispatcher.clone(),

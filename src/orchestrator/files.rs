@@ -157,9 +157,11 @@ impl Orchestrator {
             Err(FileError::NoKernel { .. }) => {}
             other => return other,
         }
-        let key = request
-            .scope
-            .kernel_key(owner.clone(), &self.inner.config, &self.inner.tenancy.load())?;
+        let key = request.scope.kernel_key(
+            owner.clone(),
+            &self.inner.config,
+            &self.inner.tenancy.load(),
+        )?;
         if !self.inner.registry.is_hibernated(&key) {
             return Err(FileError::NoKernel {
                 owner: owner.to_string(),
@@ -179,7 +181,11 @@ impl Orchestrator {
             other => return other,
         }
         let scope = &request.scope;
-        let key = scope.kernel_key(owner.clone(), &self.inner.config, &self.inner.tenancy.load())?;
+        let key = scope.kernel_key(
+            owner.clone(),
+            &self.inner.config,
+            &self.inner.tenancy.load(),
+        )?;
         let mut lease = self.acquire(&key, false, scope.tenant_limits, None).await?;
         // As for a cold start by an execute: a caller who saw this kernel is told about a
         // later restart.

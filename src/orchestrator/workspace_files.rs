@@ -186,7 +186,11 @@ impl Orchestrator {
             }
             .into());
         };
-        let key = scope.kernel_key(owner.clone(), &self.inner.config, &self.inner.tenancy.load())?;
+        let key = scope.kernel_key(
+            owner.clone(),
+            &self.inner.config,
+            &self.inner.tenancy.load(),
+        )?;
         let (uid, gid) = crate::kernel::parse_user(&inner.config.spec.sandbox.user);
         let workspace = workspaces.open(owner, &policy, uid, gid, create).await?;
         let (made, opening) = (!workspace.info.restored, workspace.opening);
