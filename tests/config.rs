@@ -391,3 +391,19 @@ fn the_global_log_flags_may_follow_serve_with_a_config_file() {
         assert_eq!(parsed["server"]["max_kernels"].as_integer(), Some(4));
     }
 }
+
+#[test]
+fn check_refuses_what_serve_refuses_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    for (body, key) in [
+        ("[pool]\npreload = [\"not a module!\"]\n", "pool.preload"),
+        ("[pool]\npreload = [\"numpy\", \"\"]\n", "pool.preload"),
+        ("[kernels]\nmemory = \"1k\"\n", "kernels.memory"),
+    ] {
+        let file = write(dir.path(), "k.toml", body);
+        let out = kernelbox(&["config", "check", &file]);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{body}: {stderr}");
+        assert!(stderr.contains(key), "{body}: {stderr}");
+    }
+}

@@ -114,13 +114,36 @@ pub(crate) fn run(command: ConfigCommand) -> anyhow::Result<ExitCode> {
 fn check(path: &Path) -> anyhow::Result<()> {
     let file = ConfigFile::load(path).map_err(|e| usage(e.to_string()))?;
     let args = overlay(&file, path, &[])?;
-    if !file.tenants.is_empty() {
-        let tenants = file_tenants(&file, path)?;
-        let host_max = args.max_kernels;
-        tenants
-            .check_reserved(host_max)
-            .map_err(|e| usage(e.to_string()))?;
+    let (tenants, source) = match file.tenants.is_empty() {
+        false => (
+            file_tenants(&file, path)?,
+            TenantsSource::Config(path.to_path_buf()),
+        ),
+        true => (
+            super::serve::flags_tenant(&args, "config-check")?,
+            TenantsSource::Flags,
+        ),
+    };
+    // The values serve itself refuses (a preload that is no module, a memory below the
+    // least), named by their key.
+    let config = super::serve::server_config(&args, &source, &tenants)?;
+    if let Err(e) = config.validate() {
+        let text = e.to_string();
+        let flags = file_flags(&file, path)?;
+        let key = flags
+            .0
+            .iter()
+            .find(|f| f.id == e.field)
+            .map(|f| format!("{}: ", f.key))
+            .unwrap_or_default();
+        return Err(usage(format!(
+            "config file {}: {key}{text}",
+            path.display()
+        )));
     }
+    tenants
+        .check_reserved(args.max_kernels)
+        .map_err(|e| usage(e.to_string()))?;
     Ok(())
 }
 

@@ -431,31 +431,21 @@ fn audit_config(
     }))
 }
 
-/// Runs the server until SIGTERM or SIGINT; exit 0 after a clean shutdown.
-/// `args` are resolved (the configuration file applied: `super::config::serve`) and `source`
-/// says where the tenants come from.
-pub(crate) async fn run(args: ServeArgs, source: TenantsSource) -> anyhow::Result<ExitCode> {
-    // Before anything else: SIGHUP's default action ends the process.
-    let hangups = listen_for_hangups();
-    let from_env = std::env::var("KERNELBOX_TOKEN")
-        .ok()
-        .filter(|t| !t.trim().is_empty());
-    let (tenants, generated) = match &source {
-        TenantsSource::Json(_) | TenantsSource::Config(_) => (load_tenants(&source)?.0, None),
-        TenantsSource::Flags => {
-            let (token, generated) = match &from_env {
-                Some(t) => (t.trim().to_string(), None),
-                None => {
-                    let t = server::tenants::generate_token();
-                    (t.clone(), Some(t))
-                }
-            };
-            let mut tenant = Tenant::with_token("default", &token);
-            tenant.session_limits = session_limits(&args)?;
-            let tenants = Tenants::new(vec![tenant]).map_err(|e| usage(e.to_string()))?;
-            (tenants, generated)
-        }
-    };
+/// The one tenant `default` of a server without a tenants file, its settings from the flags.
+pub(super) fn flags_tenant(args: &ServeArgs, token: &str) -> anyhow::Result<Tenants> {
+    let mut tenant = Tenant::with_token("default", token);
+    tenant.session_limits = session_limits(args)?;
+    Tenants::new(vec![tenant]).map_err(|e| usage(e.to_string()))
+}
+
+/// The server's configuration from `serve`'s resolved arguments and its tenants, before the
+/// descriptor fitting and the validation: what `run` starts with and `kernelbox config check`
+/// validates (docs/configuration.md).
+pub(super) fn server_config(
+    args: &ServeArgs,
+    source: &TenantsSource,
+    tenants: &Tenants,
+) -> anyhow::Result<kernelbox::config::Config> {
     let mut config = args.kernel.config()?;
     // With a tenants file, each tenant's policy is its `network` there (docs/reliability.md,
     // "Network egress"); --network-allow is the policy of the one tenant without a file.
@@ -514,6 +504,32 @@ pub(crate) async fn run(args: ServeArgs, source: TenantsSource) -> anyhow::Resul
             ..Default::default()
         });
     }
+    Ok(config)
+}
+
+/// Runs the server until SIGTERM or SIGINT; exit 0 after a clean shutdown.
+/// `args` are resolved (the configuration file applied: `super::config::serve`) and `source`
+/// says where the tenants come from.
+pub(crate) async fn run(args: ServeArgs, source: TenantsSource) -> anyhow::Result<ExitCode> {
+    // Before anything else: SIGHUP's default action ends the process.
+    let hangups = listen_for_hangups();
+    let from_env = std::env::var("KERNELBOX_TOKEN")
+        .ok()
+        .filter(|t| !t.trim().is_empty());
+    let (tenants, generated) = match &source {
+        TenantsSource::Json(_) | TenantsSource::Config(_) => (load_tenants(&source)?.0, None),
+        TenantsSource::Flags => {
+            let (token, generated) = match &from_env {
+                Some(t) => (t.trim().to_string(), None),
+                None => {
+                    let t = server::tenants::generate_token();
+                    (t.clone(), Some(t))
+                }
+            };
+            (flags_tenant(&args, &token)?, generated)
+        }
+    };
+    let mut config = server_config(&args, &source, &tenants)?;
     // Descriptors (docs/reliability.md, "Descriptors"): the soft limit raised to the hard one,
     // and the connection totals kept well below it.
     let raised = server::descriptors::raise_limit().map_err(|e| usage(e.to_string()))?;
