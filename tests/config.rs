@@ -407,3 +407,23 @@ fn check_refuses_what_serve_refuses_naming_the_key() {
         assert!(stderr.contains(key), "{body}: {stderr}");
     }
 }
+
+#[test]
+fn a_label_key_the_flag_would_split_is_refused_not_changed() {
+    let dir = tempfile::tempdir().unwrap();
+    for body in [
+        "[server.labels]\n\"team=a\" = \"b\"\n",
+        "[server.labels]\n\"\" = \"b\"\n",
+    ] {
+        let file = write(dir.path(), "k.toml", body);
+        let out = kernelbox(&["serve", "--config", &file, "--print-config"]);
+        let stderr = text(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{body}: {}{stderr}",
+            text(&out.stdout)
+        );
+        assert!(stderr.contains("server.labels"), "{body}: {stderr}");
+    }
+}

@@ -321,6 +321,20 @@ fn file_flags(file: &ConfigFile, at: &Path) -> anyhow::Result<Flags> {
         text(&s.mcp_max_sessions),
     );
     f.one("server.file_sockets", "file_sockets", path(&s.file_sockets));
+    // `--label KEY=VALUE` splits at the first `=`: a key holding one would silently become
+    // another label.
+    if let Some(key) = s
+        .labels
+        .iter()
+        .flatten()
+        .map(|(k, _)| k)
+        .find(|k| k.is_empty() || k.contains('='))
+    {
+        return Err(usage(format!(
+            "config file {}: server.labels: {key:?} is not a label's key (empty, or holding `=`)",
+            at.display()
+        )));
+    }
     let labels = s.labels.iter().flatten().map(|(k, v)| format!("{k}={v}"));
     f.many("server.labels", "labels", labels.collect());
     let k = &file.kernels;
