@@ -427,3 +427,44 @@ fn a_label_key_the_flag_would_split_is_refused_not_changed() {
         assert!(stderr.contains("server.labels"), "{body}: {stderr}");
     }
 }
+
+#[test]
+fn a_tenant_turns_off_the_workspaces_and_tools_its_defaults_give() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(
+        dir.path(),
+        "k.toml",
+        &format!(
+            "[tenant_defaults]\nworkspaces = {{ quota = \"8m\" }}\n\
+             tools = {{ url = \"http://127.0.0.1:9/tools\", allow = [\"search\"] }}\n\
+             network = {{ allow = [\"pypi\"] }}\n\
+             [[tenants]]\nname = \"wide\"\ntoken_sha256 = \"{HASH_A}\"\n\
+             [[tenants]]\nname = \"narrow\"\ntoken = \"narrow-token-1\"\n\
+             workspaces = false\ntools = false\nnetwork = {{ allow = [] }}\n"
+        ),
+    );
+    let out = kernelbox(&["config", "check", &file]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let out = kernelbox(&["serve", "--config", &file, "--print-config"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let parsed: toml::Table = toml::from_str(&text(&out.stdout)).unwrap();
+    let tenants = parsed["tenants"].as_array().unwrap();
+    assert_eq!(tenants[0]["workspaces"]["quota"].as_str(), Some("8m"));
+    assert!(tenants[0]["tools"].is_table());
+    assert_eq!(tenants[1]["workspaces"].as_bool(), Some(false));
+    assert_eq!(tenants[1]["tools"].as_bool(), Some(false));
+    assert!(tenants[1]["network"]["allow"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+    // `true` is no table: refused, named.
+    let file = write(
+        dir.path(),
+        "t.toml",
+        &format!("[[tenants]]\nname = \"a\"\ntoken_sha256 = \"{HASH_A}\"\nworkspaces = true\n"),
+    );
+    let out = kernelbox(&["config", "check", &file]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("tenants[0].workspaces"), "{stderr}");
+}

@@ -11,7 +11,7 @@ use std::process::ExitCode;
 use clap::{CommandFactory, Parser, Subcommand};
 
 use kernelbox::config::file::{
-    AuditEntry, AuditPolicyEntry, ConfigFile, HumanDuration, NetworkEntry, Secret,
+    AuditEntry, AuditPolicyEntry, ConfigFile, HumanDuration, NetworkEntry, OrOff, Secret,
     SessionLimitsEntry, Size, TenantEntry, WorkspacesEntry,
 };
 use kernelbox::server::Tenants;
@@ -525,7 +525,7 @@ fn default_tenant_flags(f: &mut Flags, d: &TenantEntry, at: &Path) -> anyhow::Re
             f.switch("tenant_defaults.audit.code", "audit_code", policy.code);
         }
     }
-    if let Some(w) = &d.workspaces {
+    if let Some(w) = d.workspaces.as_ref().and_then(OrOff::on) {
         let key = "tenant_defaults.workspaces";
         f.switch(key, "workspaces", Some(true));
         f.one(&format!("{key}.quota"), "workspace_quota", size(&w.quota));
@@ -752,10 +752,12 @@ fn file_from_args(
                 true => AuditEntry::Policy(AuditPolicyEntry { code: Some(true) }),
                 false => AuditEntry::On(true),
             });
-            d.workspaces = args.workspaces.then(|| WorkspacesEntry {
-                quota: Some(size_of(args.workspace_quota.max(0) as u64)),
-                ttl: span(args.workspace_ttl),
-                max: Some(args.workspace_max as u64),
+            d.workspaces = args.workspaces.then(|| {
+                OrOff::On(WorkspacesEntry {
+                    quota: Some(size_of(args.workspace_quota.max(0) as u64)),
+                    ttl: span(args.workspace_ttl),
+                    max: Some(args.workspace_max as u64),
+                })
             });
             d.hibernate = args.hibernate.then_some(true);
         }
@@ -834,10 +836,15 @@ fn object_props(schema: &serde_json::Value) -> Option<&serde_json::Map<String, s
     if let Some(props) = schema["properties"].as_object() {
         return Some(props);
     }
-    schema["anyOf"]
-        .as_array()?
-        .iter()
-        .find_map(|s| s["properties"].as_object())
+    // Nested: an optional table a tenant may also turn off (`OrOff`), or `audit`'s; a secret's
+    // `{ file }` / `{ env }` are its forms, not keys.
+    let secret = schema["description"]
+        .as_str()
+        .is_some_and(|d| d.starts_with("A secret"));
+    if secret {
+        return None;
+    }
+    schema["anyOf"].as_array()?.iter().find_map(object_props)
 }
 
 fn one_line(schema: &serde_json::Value) -> String {
@@ -882,6 +889,9 @@ fn kinds_of(schema: &serde_json::Value, top: bool, kinds: &mut Vec<&'static str>
         serde_json::Value::Array(ts) => ts.iter().filter_map(|t| t.as_str()).collect(),
         _ => Vec::new(),
     };
+    if schema["const"].is_boolean() {
+        add("boolean");
+    }
     for t in types {
         match t {
             "string" => add("string"),
