@@ -450,7 +450,7 @@ pub(super) fn server_config(
     // With a tenants file, each tenant's policy is its `network` there (docs/reliability.md,
     // "Network egress"); --network-allow is the policy of the one tenant without a file.
     if source.is_file() {
-        if session_limits(&args)? != kernelbox::settings::Limits::default() {
+        if session_limits(args)? != kernelbox::settings::Limits::default() {
             return Err(usage(
                 "--session-max-* apply without --tenants; with a tenants file, give each tenant its `session_limits`".into(),
             ));
@@ -493,8 +493,8 @@ pub(super) fn server_config(
         }
     }
     let state_dir = config.housekeeping.state_dir.clone();
-    config.workspaces = workspaces_config(&args, &source, &tenants, state_dir.as_deref())?;
-    config.audit = audit_config(&args, &source, &tenants, state_dir.as_deref())?;
+    config.workspaces = workspaces_config(args, source, tenants, state_dir.as_deref())?;
+    config.audit = audit_config(args, source, tenants, state_dir.as_deref())?;
     let hibernating = tenants.hibernating();
     if args.hibernate || !hibernating.is_empty() {
         config.hibernate = Some(kernelbox::config::HibernateConfig {
