@@ -269,3 +269,202 @@ async fn serve_with_a_config_file_serves_its_tenants_with_their_defaults() {
     assert!(status.success(), "{status}");
     common::assert_clean(&engine, &label).await;
 }
+
+/// `kernelbox ARGS...` killed after `secs` (a read that never ends must not hang `config
+/// check`): its output, or `None` when it had to be killed.
+fn kernelbox_within(args: &[&str], secs: u64) -> Option<Output> {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_kernelbox"));
+    cmd.args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return Some(child.wait_with_output().unwrap());
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_secret_or_config_that_is_not_a_bounded_regular_file_is_refused_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo");
+    assert!(std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let fifo = fifo.display().to_string();
+    let big = dir.path().join("big");
+    std::fs::write(&big, vec![b'x'; 2 << 20]).unwrap();
+    let big = big.display().to_string();
+    for source in [fifo.as_str(), "/dev/zero", big.as_str()] {
+        let file = write(
+            dir.path(),
+            "t.toml",
+            &format!("[[tenants]]\nname = \"a\"\ntoken = {{ file = \"{source}\" }}\n"),
+        );
+        let out = kernelbox_within(&["config", "check", &file], 60)
+            .unwrap_or_else(|| panic!("config check hung reading the token file {source}"));
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{source}: {stderr}");
+        assert!(stderr.contains("tenants[0].token"), "{source}: {stderr}");
+    }
+    // The configuration file itself.
+    for source in [fifo.as_str(), "/dev/zero"] {
+        let out = kernelbox_within(&["config", "check", source], 60)
+            .unwrap_or_else(|| panic!("config check hung reading the file {source}"));
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{source}: {stderr}");
+        assert!(stderr.contains("(file)"), "{source}: {stderr}");
+    }
+}
+
+#[test]
+fn the_redacted_placeholder_of_print_config_is_never_taken_as_a_secret() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(
+        dir.path(),
+        "k.toml",
+        "[cluster]\nadmin_token = \"admin-secret-1\"\n\
+         [[tenants]]\nname = \"a\"\ntoken = \"tenant-secret-1\"\n",
+    );
+    let out = kernelbox(&["serve", "--config", &file, "--print-config"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let printed = write(dir.path(), "printed.toml", &text(&out.stdout));
+    // Taken back as the configuration, every tenant's token (and the admin token) would be the
+    // public word `<redacted>`: refused, naming the key.
+    let out = kernelbox(&["config", "check", &printed]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("<redacted>"), "{stderr}");
+    let out = kernelbox(&["serve", "--config", &printed, "--print-config"]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("cluster.admin_token"), "{stderr}");
+}
+
+#[test]
+fn the_global_log_flags_may_follow_serve_with_a_config_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(dir.path(), "k.toml", "[server]\nmax_kernels = 4\n");
+    for args in [
+        &[
+            "serve",
+            "--config",
+            &file,
+            "--log-format",
+            "json",
+            "--print-config",
+        ][..],
+        &[
+            "serve",
+            "--log-level=debug",
+            "--config",
+            &file,
+            "--print-config",
+        ][..],
+        &[
+            "--log-format",
+            "json",
+            "serve",
+            "--config",
+            &file,
+            "--print-config",
+        ][..],
+    ] {
+        let out = kernelbox(args);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+        let parsed: toml::Table = toml::from_str(&text(&out.stdout)).unwrap();
+        assert_eq!(parsed["server"]["max_kernels"].as_integer(), Some(4));
+    }
+}
+
+#[test]
+fn check_refuses_what_serve_refuses_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    for (body, key) in [
+        ("[pool]\npreload = [\"not a module!\"]\n", "pool.preload"),
+        ("[pool]\npreload = [\"numpy\", \"\"]\n", "pool.preload"),
+        ("[kernels]\nmemory = \"1k\"\n", "kernels.memory"),
+    ] {
+        let file = write(dir.path(), "k.toml", body);
+        let out = kernelbox(&["config", "check", &file]);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{body}: {stderr}");
+        assert!(stderr.contains(key), "{body}: {stderr}");
+    }
+}
+
+#[test]
+fn a_label_key_the_flag_would_split_is_refused_not_changed() {
+    let dir = tempfile::tempdir().unwrap();
+    for body in [
+        "[server.labels]\n\"team=a\" = \"b\"\n",
+        "[server.labels]\n\"\" = \"b\"\n",
+    ] {
+        let file = write(dir.path(), "k.toml", body);
+        let out = kernelbox(&["serve", "--config", &file, "--print-config"]);
+        let stderr = text(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{body}: {}{stderr}",
+            text(&out.stdout)
+        );
+        assert!(stderr.contains("server.labels"), "{body}: {stderr}");
+    }
+}
+
+#[test]
+fn a_tenant_turns_off_the_workspaces_and_tools_its_defaults_give() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(
+        dir.path(),
+        "k.toml",
+        &format!(
+            "[tenant_defaults]\nworkspaces = {{ quota = \"8m\" }}\n\
+             tools = {{ url = \"http://127.0.0.1:9/tools\", allow = [\"search\"] }}\n\
+             network = {{ allow = [\"pypi\"] }}\n\
+             [[tenants]]\nname = \"wide\"\ntoken_sha256 = \"{HASH_A}\"\n\
+             [[tenants]]\nname = \"narrow\"\ntoken = \"narrow-token-1\"\n\
+             workspaces = false\ntools = false\nnetwork = {{ allow = [] }}\n"
+        ),
+    );
+    let out = kernelbox(&["config", "check", &file]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let out = kernelbox(&["serve", "--config", &file, "--print-config"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let parsed: toml::Table = toml::from_str(&text(&out.stdout)).unwrap();
+    let tenants = parsed["tenants"].as_array().unwrap();
+    assert_eq!(tenants[0]["workspaces"]["quota"].as_str(), Some("8m"));
+    assert!(tenants[0]["tools"].is_table());
+    assert_eq!(tenants[1]["workspaces"].as_bool(), Some(false));
+    assert_eq!(tenants[1]["tools"].as_bool(), Some(false));
+    assert!(tenants[1]["network"]["allow"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+    // `true` is no table: refused, named.
+    let file = write(
+        dir.path(),
+        "t.toml",
+        &format!("[[tenants]]\nname = \"a\"\ntoken_sha256 = \"{HASH_A}\"\nworkspaces = true\n"),
+    );
+    let out = kernelbox(&["config", "check", &file]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("tenants[0].workspaces"), "{stderr}");
+}

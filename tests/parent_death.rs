@@ -259,6 +259,9 @@ async fn a_server_killed_with_twenty_busy_kernels_leaves_nothing() {
     })
     .await;
     assert_eq!(ready, Ok(true), "the server did not start");
+    // Its log (an access line per request: docs/logs.md) drained, so it never blocks on a
+    // full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = err.next_line().await {} });
 
     let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
     let post = |session: String, child: Option<String>| {

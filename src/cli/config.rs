@@ -11,7 +11,7 @@ use std::process::ExitCode;
 use clap::{CommandFactory, Parser, Subcommand};
 
 use kernelbox::config::file::{
-    AuditEntry, AuditPolicyEntry, ConfigFile, HumanDuration, NetworkEntry, Secret,
+    AuditEntry, AuditPolicyEntry, ConfigFile, HumanDuration, NetworkEntry, OrOff, Secret,
     SessionLimitsEntry, Size, TenantEntry, WorkspacesEntry,
 };
 use kernelbox::server::Tenants;
@@ -55,6 +55,12 @@ pub(crate) struct MigrateArgs {
 struct ServeOnly {
     #[command(flatten)]
     serve: ServeArgs,
+    /// The global `--log-format` and `--log-level` (`super::Cli`), which may follow `serve`:
+    /// taken here and left to the global parse.
+    #[arg(long, hide = true)]
+    log_format: Option<String>,
+    #[arg(long, hide = true)]
+    log_level: Option<String>,
 }
 
 fn usage(message: String) -> anyhow::Error {
@@ -108,13 +114,36 @@ pub(crate) fn run(command: ConfigCommand) -> anyhow::Result<ExitCode> {
 fn check(path: &Path) -> anyhow::Result<()> {
     let file = ConfigFile::load(path).map_err(|e| usage(e.to_string()))?;
     let args = overlay(&file, path, &[])?;
-    if !file.tenants.is_empty() {
-        let tenants = file_tenants(&file, path)?;
-        let host_max = args.max_kernels;
-        tenants
-            .check_reserved(host_max)
-            .map_err(|e| usage(e.to_string()))?;
+    let (tenants, source) = match file.tenants.is_empty() {
+        false => (
+            file_tenants(&file, path)?,
+            TenantsSource::Config(path.to_path_buf()),
+        ),
+        true => (
+            super::serve::flags_tenant(&args, "config-check")?,
+            TenantsSource::Flags,
+        ),
+    };
+    // The values serve itself refuses (a preload that is no module, a memory below the
+    // least), named by their key.
+    let config = super::serve::server_config(&args, &source, &tenants)?;
+    if let Err(e) = config.validate() {
+        let text = e.to_string();
+        let flags = file_flags(&file, path)?;
+        let key = flags
+            .0
+            .iter()
+            .find(|f| f.id == e.field)
+            .map(|f| format!("{}: ", f.key))
+            .unwrap_or_default();
+        return Err(usage(format!(
+            "config file {}: {key}{text}",
+            path.display()
+        )));
     }
+    tenants
+        .check_reserved(args.max_kernels)
+        .map_err(|e| usage(e.to_string()))?;
     Ok(())
 }
 
@@ -299,6 +328,20 @@ fn file_flags(file: &ConfigFile, at: &Path) -> anyhow::Result<Flags> {
         text(&s.mcp_max_sessions),
     );
     f.one("server.file_sockets", "file_sockets", path(&s.file_sockets));
+    // `--label KEY=VALUE` splits at the first `=`: a key holding one would silently become
+    // another label.
+    if let Some(key) = s
+        .labels
+        .iter()
+        .flatten()
+        .map(|(k, _)| k)
+        .find(|k| k.is_empty() || k.contains('='))
+    {
+        return Err(usage(format!(
+            "config file {}: server.labels: {key:?} is not a label's key (empty, or holding `=`)",
+            at.display()
+        )));
+    }
     let labels = s.labels.iter().flatten().map(|(k, v)| format!("{k}={v}"));
     f.many("server.labels", "labels", labels.collect());
     let k = &file.kernels;
@@ -489,7 +532,7 @@ fn default_tenant_flags(f: &mut Flags, d: &TenantEntry, at: &Path) -> anyhow::Re
             f.switch("tenant_defaults.audit.code", "audit_code", policy.code);
         }
     }
-    if let Some(w) = &d.workspaces {
+    if let Some(w) = d.workspaces.as_ref().and_then(OrOff::on) {
         let key = "tenant_defaults.workspaces";
         f.switch(key, "workspaces", Some(true));
         f.one(&format!("{key}.quota"), "workspace_quota", size(&w.quota));
@@ -716,10 +759,12 @@ fn file_from_args(
                 true => AuditEntry::Policy(AuditPolicyEntry { code: Some(true) }),
                 false => AuditEntry::On(true),
             });
-            d.workspaces = args.workspaces.then(|| WorkspacesEntry {
-                quota: Some(size_of(args.workspace_quota.max(0) as u64)),
-                ttl: span(args.workspace_ttl),
-                max: Some(args.workspace_max as u64),
+            d.workspaces = args.workspaces.then(|| {
+                OrOff::On(WorkspacesEntry {
+                    quota: Some(size_of(args.workspace_quota.max(0) as u64)),
+                    ttl: span(args.workspace_ttl),
+                    max: Some(args.workspace_max as u64),
+                })
             });
             d.hibernate = args.hibernate.then_some(true);
         }
@@ -798,10 +843,15 @@ fn object_props(schema: &serde_json::Value) -> Option<&serde_json::Map<String, s
     if let Some(props) = schema["properties"].as_object() {
         return Some(props);
     }
-    schema["anyOf"]
-        .as_array()?
-        .iter()
-        .find_map(|s| s["properties"].as_object())
+    // Nested: an optional table a tenant may also turn off (`OrOff`), or `audit`'s; a secret's
+    // `{ file }` / `{ env }` are its forms, not keys.
+    let secret = schema["description"]
+        .as_str()
+        .is_some_and(|d| d.starts_with("A secret"));
+    if secret {
+        return None;
+    }
+    schema["anyOf"].as_array()?.iter().find_map(object_props)
 }
 
 fn one_line(schema: &serde_json::Value) -> String {
@@ -846,6 +896,9 @@ fn kinds_of(schema: &serde_json::Value, top: bool, kinds: &mut Vec<&'static str>
         serde_json::Value::Array(ts) => ts.iter().filter_map(|t| t.as_str()).collect(),
         _ => Vec::new(),
     };
+    if schema["const"].is_boolean() {
+        add("boolean");
+    }
     for t in types {
         match t {
             "string" => add("string"),
@@ -935,6 +988,7 @@ mod tests {
         let doc = read("docs/configuration.md");
         let missing: Vec<String> = ServeOnly::command()
             .get_arguments()
+            .filter(|a| !a.is_hide_set())
             .filter_map(|a| a.get_long())
             .filter(|long| !names_flag(&doc, long))
             .map(str::to_string)

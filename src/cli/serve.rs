@@ -431,48 +431,26 @@ fn audit_config(
     }))
 }
 
-/// Runs the server until SIGTERM or SIGINT; exit 0 after a clean shutdown.
-/// `args` are resolved (the configuration file applied: `super::config::serve`) and `source`
-/// says where the tenants come from; `check` checks a configuration file's other tables when
-/// it is read again.
-pub(crate) async fn run(
-    args: ServeArgs,
-    source: TenantsSource,
-    check: FileCheck,
-) -> anyhow::Result<ExitCode> {
-    // Before anything else: SIGHUP's default action ends the process.
-    let hangups = listen_for_hangups();
-    let from_env = std::env::var("KERNELBOX_TOKEN")
-        .ok()
-        .filter(|t| !t.trim().is_empty());
-    // The configuration file as read at start: a reload reports the keys changed since that
-    // it cannot apply.
-    let mut started = None;
-    let (tenants, generated) = match &source {
-        TenantsSource::Json(_) | TenantsSource::Config(_) => {
-            let loaded = load_tenants(&source, check)?;
-            started = loaded.file;
-            (loaded.tenants, None)
-        }
-        TenantsSource::Flags => {
-            let (token, generated) = match &from_env {
-                Some(t) => (t.trim().to_string(), None),
-                None => {
-                    let t = server::tenants::generate_token();
-                    (t.clone(), Some(t))
-                }
-            };
-            let mut tenant = Tenant::with_token("default", &token);
-            tenant.session_limits = session_limits(&args)?;
-            let tenants = Tenants::new(vec![tenant]).map_err(|e| usage(e.to_string()))?;
-            (tenants, generated)
-        }
-    };
+/// The one tenant `default` of a server without a tenants file, its settings from the flags.
+pub(super) fn flags_tenant(args: &ServeArgs, token: &str) -> anyhow::Result<Tenants> {
+    let mut tenant = Tenant::with_token("default", token);
+    tenant.session_limits = session_limits(args)?;
+    Tenants::new(vec![tenant]).map_err(|e| usage(e.to_string()))
+}
+
+/// The server's configuration from `serve`'s resolved arguments and its tenants, before the
+/// descriptor fitting and the validation: what `run` starts with and `kernelbox config check`
+/// validates (docs/configuration.md).
+pub(super) fn server_config(
+    args: &ServeArgs,
+    source: &TenantsSource,
+    tenants: &Tenants,
+) -> anyhow::Result<kernelbox::config::Config> {
     let mut config = args.kernel.config()?;
     // With a tenants file, each tenant's policy is its `network` there (docs/reliability.md,
     // "Network egress"); --network-allow is the policy of the one tenant without a file.
     if source.is_file() {
-        if session_limits(&args)? != kernelbox::settings::Limits::default() {
+        if session_limits(args)? != kernelbox::settings::Limits::default() {
             return Err(usage(
                 "--session-max-* apply without --tenants; with a tenants file, give each tenant its `session_limits`".into(),
             ));
@@ -515,8 +493,8 @@ pub(crate) async fn run(
         }
     }
     let state_dir = config.housekeeping.state_dir.clone();
-    config.workspaces = workspaces_config(&args, &source, &tenants, state_dir.as_deref())?;
-    config.audit = audit_config(&args, &source, &tenants, state_dir.as_deref())?;
+    config.workspaces = workspaces_config(args, source, tenants, state_dir.as_deref())?;
+    config.audit = audit_config(args, source, tenants, state_dir.as_deref())?;
     let hibernating = tenants.hibernating();
     if args.hibernate || !hibernating.is_empty() {
         config.hibernate = Some(kernelbox::config::HibernateConfig {
@@ -526,6 +504,43 @@ pub(crate) async fn run(
             ..Default::default()
         });
     }
+    Ok(config)
+}
+
+/// Runs the server until SIGTERM or SIGINT; exit 0 after a clean shutdown.
+/// `args` are resolved (the configuration file applied: `super::config::serve`) and `source`
+/// says where the tenants come from.
+pub(crate) async fn run(
+    args: ServeArgs,
+    source: TenantsSource,
+    check: FileCheck,
+) -> anyhow::Result<ExitCode> {
+    // Before anything else: SIGHUP's default action ends the process.
+    let hangups = listen_for_hangups();
+    let from_env = std::env::var("KERNELBOX_TOKEN")
+        .ok()
+        .filter(|t| !t.trim().is_empty());
+    // The configuration file as read at start: a reload reports the keys changed since that
+    // it cannot apply.
+    let mut started = None;
+    let (tenants, generated) = match &source {
+        TenantsSource::Json(_) | TenantsSource::Config(_) => {
+            let loaded = load_tenants(&source, check)?;
+            started = loaded.file;
+            (loaded.tenants, None)
+        }
+        TenantsSource::Flags => {
+            let (token, generated) = match &from_env {
+                Some(t) => (t.trim().to_string(), None),
+                None => {
+                    let t = server::tenants::generate_token();
+                    (t.clone(), Some(t))
+                }
+            };
+            (flags_tenant(&args, &token)?, generated)
+        }
+    };
+    let mut config = server_config(&args, &source, &tenants)?;
     // Descriptors (docs/reliability.md, "Descriptors"): the soft limit raised to the hard one,
     // and the connection totals kept well below it.
     let raised = server::descriptors::raise_limit().map_err(|e| usage(e.to_string()))?;
@@ -770,9 +785,10 @@ fn admin_token(args: &ServeArgs) -> anyhow::Result<Option<String>> {
 }
 
 /// What a reload re-reads (`server::reload`; docs/http-api.md, "Reloading the tenants"): the
-/// tenants' file (`load_tenants`) and the egress secrets file, the configuration file's
-/// `[egress] secrets` when it names one, else `secrets` (`--egress-secrets`). The other keys of
-/// a configuration file changed since `started` are reported as needing a restart.
+/// tenants' file (`load_tenants`) and the egress secrets file the server started with
+/// (`secrets`: `--egress-secrets`, or the configuration file's `[egress] secrets` under it).
+/// The other keys of a configuration file changed since `started` (the secrets file's path
+/// among them) are reported as needing a restart.
 fn tenants_loader(
     source: TenantsSource,
     secrets: Option<PathBuf>,
@@ -785,17 +801,13 @@ fn tenants_loader(
             (Some(before), Some(now)) => kernelbox::config::file::needs_restart(before, now),
             _ => Vec::new(),
         };
-        let tenants = loaded.tenants;
-        let secrets = match loaded.secrets {
-            Some(secrets) => Some(secrets),
-            None => secrets
-                .as_deref()
-                .map(kernelbox::egress::secrets::Secrets::load)
-                .transpose()
-                .map_err(|e| e.to_string())?,
-        };
+        let secrets = secrets
+            .as_deref()
+            .map(kernelbox::egress::secrets::Secrets::load)
+            .transpose()
+            .map_err(|e| e.to_string())?;
         Ok(server::reload::Source {
-            tenants,
+            tenants: loaded.tenants,
             secrets,
             needs_restart,
         })
@@ -828,16 +840,10 @@ async fn reload_on_hangup(mut hangups: tokio::signal::unix::Signal, state: AppSt
 /// A secret given as a file (its content, surrounding white space trimmed); exit code 2 when
 /// it cannot be read or is empty.
 fn read_secret(flag: &str, path: &std::path::Path) -> anyhow::Result<String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| usage(format!("{flag} {}: {e}", path.display())))?;
-    let text = text.trim();
-    if text.is_empty() {
-        return Err(usage(format!(
-            "{flag} {}: the file is empty",
-            path.display()
-        )));
-    }
-    Ok(text.to_string())
+    // Bounded, and never waiting on a FIFO (`Secret::resolve`).
+    kernelbox::config::file::Secret::file(path)
+        .resolve()
+        .map_err(|e| usage(format!("{flag} {e}")))
 }
 
 /// The XDG state directory of the user running the server: per-user, writable without root,

@@ -42,17 +42,15 @@ pub(crate) type FileCheck = fn(&ConfigFile, &Path) -> anyhow::Result<()>;
 pub(crate) struct Loaded {
     /// The tenants.
     pub(crate) tenants: Tenants,
-    /// The configuration file's egress secrets (`[egress] secrets`), when it names them.
-    pub(crate) secrets: Option<kernelbox::egress::secrets::Secrets>,
     /// The configuration file itself, when the tenants come from one: a reload compares it
     /// with the file at start for what only a restart applies
     /// (`kernelbox::config::file::needs_restart`).
     pub(crate) file: Option<ConfigFile>,
 }
 
-/// Reads the tenants from their file, and with a configuration file its egress secrets
-/// (`[egress] secrets`), the whole file checked by `check`: what a reload of a running server
-/// re-reads. Exit code 2 when they cannot be used; `None` for the one tenant of the flags
+/// Reads the tenants from their file (a configuration file checked whole by `check`): what a
+/// reload of a running server re-reads, with the egress secrets file of the start
+/// (`serve::tenants_loader`). Exit code 2 when they cannot be used; `None` for the one tenant of the flags
 /// (nothing to re-read).
 pub(crate) fn load_tenants(source: &TenantsSource, check: FileCheck) -> anyhow::Result<Loaded> {
     match source {
@@ -61,20 +59,14 @@ pub(crate) fn load_tenants(source: &TenantsSource, check: FileCheck) -> anyhow::
         )),
         TenantsSource::Json(path) => Ok(Loaded {
             tenants: Tenants::load(path).map_err(|e| usage(e.to_string()))?,
-            secrets: None,
             file: None,
         }),
         TenantsSource::Config(path) => {
             let file = ConfigFile::load(path).map_err(|e| usage(e.to_string()))?;
             check(&file, path)?;
             let tenants = file_tenants(&file, path)?;
-            let secrets = match &file.egress.secrets {
-                Some(secrets) => Some(kernelbox::egress::secrets::Secrets::load(secrets)?),
-                None => None,
-            };
             Ok(Loaded {
                 tenants,
-                secrets,
                 file: Some(file),
             })
         }

@@ -5,6 +5,10 @@
 use std::path::{Path, PathBuf};
 
 use super::document::ConfigFile;
+use super::values::read_bounded;
+
+/// The most bytes a configuration file may hold.
+pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
 
 /// A configuration file that cannot be used: the file, the key's path (`tenants[1].max_kernels`),
 /// where it is, and why.
@@ -24,7 +28,7 @@ pub struct ConfigFileError {
 impl ConfigFile {
     /// Reads and parses a configuration file.
     pub fn load(path: &Path) -> Result<ConfigFile, ConfigFileError> {
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigFileError {
+        let text = read_bounded(path, MAX_CONFIG_BYTES).map_err(|e| ConfigFileError {
             file: path.to_path_buf(),
             key: "(file)".into(),
             at: None,

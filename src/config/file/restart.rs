@@ -1,11 +1,12 @@
 //! What a reload of the configuration file cannot apply (`docs/http-api.md`, "Reloading the
-//! tenants"): the tenants (`[[tenants]]`, `[tenant_defaults]`) and the egress secrets file are
-//! read again and applied live; every other key is read once, at start. A reload lists each
+//! tenants"): the tenants (`[[tenants]]`, `[tenant_defaults]`) and the content of the egress
+//! secrets file the server started with are read again and applied live; every other key (the
+//! secrets file's path too) is read once, at start. A reload lists each
 //! such key whose value changed as "needs a restart" rather than ignoring it.
 
 use super::ConfigFile;
 
-/// The keys of `new` outside the tenants and the egress secrets whose value differs from
+/// The keys of `new` outside the tenants whose value differs from
 /// `old`'s (`limits.max_connections`, `server.listen`, ...), each with what to do. A changed
 /// secret is named by its key, never shown.
 pub fn needs_restart(old: &ConfigFile, new: &ConfigFile) -> Vec<String> {
@@ -13,7 +14,6 @@ pub fn needs_restart(old: &ConfigFile, new: &ConfigFile) -> Vec<String> {
         let mut file = file.clone();
         file.tenants.clear();
         file.tenant_defaults = Default::default();
-        file.egress.secrets = None;
         file
     };
     let (old, new) = (live(old), live(new));

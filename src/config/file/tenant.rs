@@ -3,8 +3,10 @@
 //! unchanged. `[tenant_defaults]` has the same type: every key a tenant leaves out is taken
 //! from it, whole (a tenant's `workspaces` table replaces the default one, it is not merged).
 
-use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
+
+use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::values::{HumanDuration, Secret, Size};
 
@@ -31,9 +33,10 @@ pub struct TenantEntry {
     /// host's cap (at most its max_kernels; the reservations add up to at most the host's cap).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reserved: Option<u64>,
-    /// The tenant's tool endpoint and the tools its cells may call (docs/http-api.md).
+    /// The tenant's tool endpoint and the tools its cells may call (docs/http-api.md);
+    /// `false`: none, whatever `[tenant_defaults]` gives.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tools: Option<ToolsEntry>,
+    pub tools: Option<OrOff<ToolsEntry>>,
     /// The image the tenant's kernels run (default: the server's `kernels.image`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
@@ -46,9 +49,9 @@ pub struct TenantEntry {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime: Option<String>,
     /// Every session of the tenant gets a workspace: its /work kept past its kernel
-    /// (docs/workspaces.md).
+    /// (docs/workspaces.md); `false`: none, whatever `[tenant_defaults]` gives.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub workspaces: Option<WorkspacesEntry>,
+    pub workspaces: Option<OrOff<WorkspacesEntry>>,
     /// The tenant may read every tenant's usage (`GET /v1/usage`, docs/usage.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage_admin: Option<bool>,
@@ -87,6 +90,17 @@ impl TenantEntry {
             session_limits: t.session_limits.or(d.session_limits),
             hibernate: t.hibernate.or(d.hibernate),
         }
+    }
+
+    /// This entry as the tenants file writes it: a table turned off (`false`) is left out.
+    pub fn without_off(mut self) -> TenantEntry {
+        if matches!(self.tools, Some(OrOff::Off(_))) {
+            self.tools = None;
+        }
+        if matches!(self.workspaces, Some(OrOff::Off(_))) {
+            self.workspaces = None;
+        }
+        self
     }
 
     /// True when no key is set.
@@ -169,4 +183,55 @@ pub struct SessionLimitsEntry {
     /// Idle timeout (default: `server.idle_timeout`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_timeout: Option<HumanDuration>,
+}
+
+/// A tenant's table, or `false`: none, over the one `[tenant_defaults]` gives (a tenant left
+/// out of its defaults' workspaces or tools).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum OrOff<T> {
+    /// `false`.
+    Off(Off),
+    /// The table.
+    On(T),
+}
+
+impl<T> OrOff<T> {
+    /// The table, unless turned off.
+    pub fn on(&self) -> Option<&T> {
+        match self {
+            OrOff::On(t) => Some(t),
+            OrOff::Off(_) => None,
+        }
+    }
+}
+
+/// `false` (and only `false`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Off;
+
+impl Serialize for Off {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bool(false)
+    }
+}
+
+impl<'de> Deserialize<'de> for Off {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Off, D::Error> {
+        match bool::deserialize(d)? {
+            false => Ok(Off),
+            true => Err(serde::de::Error::custom(
+                "`true` is not a table: give the table, or `false` for none",
+            )),
+        }
+    }
+}
+
+impl JsonSchema for Off {
+    fn schema_name() -> Cow<'static, str> {
+        "Off".into()
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({"description": "`false`: none.", "const": false})
+    }
 }

@@ -47,3 +47,24 @@ fn defaults_fill_what_a_tenant_leaves_out_and_secrets_never_print() {
     .unwrap_err();
     assert_eq!(e.key, "tenant_defaults.audit", "{e}");
 }
+
+#[test]
+fn a_tenant_turned_off_has_no_workspaces_or_tools_of_its_defaults() {
+    let hash = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+    let text = format!(
+        "[tenant_defaults]\nworkspaces = {{ quota = \"8m\" }}\n\
+         tools = {{ url = \"http://127.0.0.1:9/t\", allow = [\"f\"] }}\n\
+         [[tenants]]\nname = \"wide\"\ntoken_sha256 = \"{hash}\"\n\
+         [[tenants]]\nname = \"narrow\"\ntoken = \"n-token\"\nworkspaces = false\ntools = false\n"
+    );
+    let file = ConfigFile::parse(&text, Path::new("k.toml")).unwrap();
+    let entries: Vec<TenantEntry> = file
+        .tenants
+        .iter()
+        .map(|t| t.with_defaults(&file.tenant_defaults))
+        .collect();
+    let tenants = crate::server::Tenants::from_entries(&entries, Path::new("k.toml")).unwrap();
+    let workspaces = tenants.workspaces();
+    assert!(workspaces.contains_key("wide"), "{workspaces:?}");
+    assert!(!workspaces.contains_key("narrow"), "{workspaces:?}");
+}

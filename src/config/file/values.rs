@@ -4,7 +4,7 @@
 
 use std::borrow::Cow;
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -211,19 +211,61 @@ impl Secret {
 /// What an inline secret prints as.
 pub const REDACTED: &str = "<redacted>";
 
+/// The most bytes a secret's file may hold (a token, a database URL).
+pub const MAX_SECRET_BYTES: u64 = 64 * 1024;
+
+/// The text of a regular file of at most `max` bytes. Anything else is refused at once, never
+/// read: a FIFO (opened without waiting for its writer), a device (`/dev/zero`), a directory,
+/// a larger file; the error says why.
+pub fn read_bounded(path: &Path, max: u64) -> Result<String, String> {
+    use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| e.to_string())?;
+    let meta = file.metadata().map_err(|e| e.to_string())?;
+    if !meta.is_file() {
+        let kind = if meta.is_dir() {
+            "a directory"
+        } else {
+            "a FIFO, socket or device"
+        };
+        return Err(format!("not a regular file ({kind})"));
+    }
+    if meta.len() > max {
+        return Err(format!("larger than {max} bytes"));
+    }
+    let mut bytes = Vec::new();
+    file.take(max + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| e.to_string())?;
+    if bytes.len() as u64 > max {
+        return Err(format!("larger than {max} bytes"));
+    }
+    String::from_utf8(bytes).map_err(|_| "not UTF-8 text".to_string())
+}
+
 impl Secret {
     /// The secret's value, read now; the error says where it was looked for and why it failed.
     pub fn resolve(&self) -> Result<String, String> {
         let value = match self {
             Secret::Inline(v) => v.clone(),
-            Secret::File(SecretFile { file }) => {
-                std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?
-            }
+            Secret::File(SecretFile { file }) => read_bounded(file, MAX_SECRET_BYTES)
+                .map_err(|e| format!("{}: {e}", file.display()))?,
             Secret::Env(SecretEnv { env }) => {
                 std::env::var(env).map_err(|e| format!("environment variable {env}: {e}"))?
             }
         };
         let value = value.trim();
+        if value == REDACTED {
+            // What `--print-config` writes in place of an inline secret: taken back as the
+            // configuration, it would make the secret a word everyone knows.
+            return Err(format!(
+                "is `{REDACTED}`, the placeholder --print-config writes for a secret: give the secret itself, {{ file = \"...\" }} or {{ env = \"...\" }}"
+            ));
+        }
         if value.is_empty() {
             return Err(match self {
                 Secret::Inline(_) => "is empty".into(),

@@ -290,7 +290,7 @@ impl Tenants {
         };
         let mut list = Vec::with_capacity(entries.len());
         for (i, entry) in entries.iter().enumerate() {
-            let mut entry = entry.clone();
+            let mut entry = entry.clone().without_off();
             if let Some(token) = entry.token.take() {
                 if entry.token_sha256.is_some() {
                     return Err(bad(
