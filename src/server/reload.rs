@@ -200,6 +200,17 @@ impl AppState {
         let mut kernels_removed = 0;
         for tenant in &removed {
             kernels_removed += orchestrator.remove_tenant(tenant).await;
+            // Its MCP sessions end (their kernels go now, not at the idle timeout).
+            self.end_mcp_sessions(tenant).await;
+            // Its sessions' policies and settings: remove_tenant forgot this node's copies;
+            // on a cluster node the catalog's rows go too, so that a tenant added back under
+            // the name does not load them again. The reload is applied already: a failure is
+            // logged, and the rows stay until the sessions are deleted.
+            if let Some(node) = self.cluster() {
+                if let Err(e) = node.forget_tenant_configs(tenant).await {
+                    tracing::error!(tenant, error = %e, "forgetting a removed tenant's session policies and settings in the catalog failed");
+                }
+            }
         }
         ReloadReport {
             applied: true,
