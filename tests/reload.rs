@@ -5,7 +5,9 @@
 //! another tenant's kernel keeps its state; an invalid edit is refused whole. A file past the
 //! size limit (or `/dev/zero`) is refused unread; a reload whose client hangs up runs to its
 //! end; a kernel starting while its tenant's network is narrowed gets the narrowed policy; a
-//! removed tenant's request whose body was still arriving is refused.
+//! removed tenant's request whose body was still arriving is refused, an upload too (never
+//! committed). A tenant removed then added back under its name inherits neither its sessions'
+//! settings and network policies nor its MCP sessions.
 
 #![allow(clippy::unwrap_used)]
 
@@ -917,5 +919,80 @@ async fn a_removed_tenants_mcp_sessions_end() {
     assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
     assert!(body.contains("Session not found"), "{body}");
     assert_eq!(containers_of(&label, "gone").await, 0);
+    stop(child, lines, &label).await;
+}
+
+/// A removed tenant's upload whose body was still arriving is refused 401 once its body is
+/// in and never committed: with the tenant gone, no kernel of it is left; added back under
+/// its name (another token), the file is not in the session.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_upload_of_a_removed_tenant_still_sending_its_body_is_refused() {
+    trickled_upload_of_a_removed_tenant(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_upload_of_a_removed_tenant_is_not_committed_when_its_name_comes_back() {
+    trickled_upload_of_a_removed_tenant(true).await;
+}
+
+async fn trickled_upload_of_a_removed_tenant(added_back: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tenants.json");
+    write(
+        &file,
+        &[
+            tenant("keep", "token-keep", &[]),
+            tenant("gone", "token-gone", &[]),
+        ],
+    );
+    let label = common::unique("reload-upload");
+    let (child, lines, addr) = serve(&label, dir.path(), &file).await;
+    let api = http::Api::new(addr);
+
+    // Authenticated (its headers sent), its body half sent when the tenant is removed.
+    let body = "x".repeat(64 * 1024);
+    let (first, rest) = body.split_at(body.len() / 2);
+    let mut raw = tokio::net::TcpStream::connect(addr).await.unwrap();
+    raw.write_all(
+        format!(
+            "PUT /v1/sessions/s/files/late.txt HTTP/1.1\r\nhost: x\r\nauthorization: Bearer token-gone\r\ncontent-type: application/octet-stream\r\ncontent-length: {}\r\n\r\n{first}",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    write(&file, &[tenant("keep", "token-keep", &[])]);
+    let reply = reload(&api, ADMIN).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.json());
+    assert_eq!(reply.json()["removed"], json!(["gone"]));
+    if added_back {
+        write(
+            &file,
+            &[
+                tenant("keep", "token-keep", &[]),
+                tenant("gone", "token-gone-2", &[]),
+            ],
+        );
+        let reply = reload(&api, ADMIN).await;
+        assert_eq!(reply.json()["added"], json!(["gone"]), "{}", reply.json());
+    }
+    raw.write_all(rest.as_bytes()).await.unwrap();
+    let mut head = tokio::io::BufReader::new(raw);
+    let mut status = String::new();
+    head.read_line(&mut status).await.unwrap();
+    assert!(status.starts_with("HTTP/1.1 401"), "{status}");
+    if added_back {
+        let read = api
+            .get("/v1/sessions/s/files/late.txt", Some("token-gone-2"))
+            .await;
+        assert_eq!(
+            read.status,
+            StatusCode::NOT_FOUND,
+            "the upload was committed"
+        );
+    } else {
+        assert_eq!(containers_of(&label, "gone").await, 0);
+    }
     stop(child, lines, &label).await;
 }

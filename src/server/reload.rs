@@ -2,7 +2,8 @@
 //! `SIGHUP` or `POST /v1/admin/reload` (the admin token) re-reads the tenants source through
 //! the loader `kernelbox serve` installed ([`Reloader`]), checks the result against the running
 //! server, and applies it in one swap of the tenants and one of their settings
-//! (`crate::tenancy`); a removed tenant's kernels go (`tenant_removed`), live egress
+//! (`crate::tenancy`); a removed tenant's kernels go (`tenant_removed`), with its sessions'
+//! own network policies and settings and its MCP sessions, live egress
 //! connections are judged again. A source that cannot be used is refused whole: nothing
 //! changes, the reason is logged and returned. What only a restart can change is listed in
 //! `needs_restart`, never silently dropped.
