@@ -5,7 +5,9 @@
 //! another tenant's kernel keeps its state; an invalid edit is refused whole. A file past the
 //! size limit (or `/dev/zero`) is refused unread; a reload whose client hangs up runs to its
 //! end; a kernel starting while its tenant's network is narrowed gets the narrowed policy; a
-//! removed tenant's request whose body was still arriving is refused.
+//! removed tenant's request whose body was still arriving is refused, an upload too (never
+//! committed). A tenant removed then added back under its name inherits neither its sessions'
+//! settings and network policies nor its MCP sessions.
 
 #![allow(clippy::unwrap_used)]
 
@@ -740,4 +742,257 @@ async fn a_config_files_tenants_change_live_and_an_invalid_edit_changes_nothing(
     let status = common::terminate(&mut child, Duration::from_secs(60)).await;
     assert!(status.success(), "{status}");
     common::assert_clean(&engine, &label).await;
+}
+
+/// A tenant removed then added back under its name (a new token) starts afresh: its sessions'
+/// own settings and network policy went with it (docs/http-api.md, "Reloading the tenants").
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tenant_added_back_does_not_inherit_its_sessions_settings_or_network() {
+    let port = http_server().await;
+    let allowed = vec![format!("127.0.0.1:{port}")];
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tenants.json");
+    write(
+        &file,
+        &[
+            tenant("keep", "token-keep", &[]),
+            tenant("gone", "token-gone", &allowed),
+        ],
+    );
+    let label = common::unique("reload-forget");
+    let (child, lines, addr) = serve(&label, dir.path(), &file).await;
+    let api = http::Api::new(addr);
+
+    // The session's own settings and a policy denying what its tenant allows.
+    let set = api
+        .send(
+            Method::PUT,
+            "/v1/sessions/s/settings",
+            "token-gone",
+            false,
+            Some(json!({"env": {"MARK": "old-customer"}, "labels": {"who": "old"}})),
+        )
+        .await;
+    assert_eq!(set.status, StatusCode::OK, "{}", set.json());
+    let denied = api
+        .send(
+            Method::PUT,
+            "/v1/sessions/s/network",
+            "token-gone",
+            false,
+            Some(json!({"deny": [format!("127.0.0.1:{port}")]})),
+        )
+        .await;
+    assert_eq!(denied.status, StatusCode::OK, "{}", denied.json());
+    let r = api.run("token-gone", "s", &fetch(port)).await;
+    assert!(
+        r["output"].as_str().unwrap().contains("refused (denied)"),
+        "{r}"
+    );
+
+    // Removed, then added back under its name for someone else.
+    write(&file, &[tenant("keep", "token-keep", &[])]);
+    let reply = reload(&api, ADMIN).await;
+    assert_eq!(reply.json()["removed"], json!(["gone"]), "{}", reply.json());
+    write(
+        &file,
+        &[
+            tenant("keep", "token-keep", &[]),
+            tenant("gone", "token-gone-2", &allowed),
+        ],
+    );
+    let reply = reload(&api, ADMIN).await;
+    assert_eq!(reply.json()["added"], json!(["gone"]), "{}", reply.json());
+
+    // The session's settings are the defaults (as a session never touched), its network
+    // the tenant's.
+    let settings = api
+        .get("/v1/sessions/s/settings", Some("token-gone-2"))
+        .await;
+    let fresh = api
+        .get("/v1/sessions/untouched/settings", Some("token-gone-2"))
+        .await;
+    assert_eq!(settings.status, StatusCode::OK);
+    assert_eq!(settings.json(), fresh.json(), "settings inherited");
+    let r = api
+        .run(
+            "token-gone-2",
+            "s",
+            &format!("import os\nprint(os.environ.get('MARK'))\n{}", fetch(port)),
+        )
+        .await;
+    assert_eq!(
+        r["output"].as_str().unwrap(),
+        format!("None\nhello from {port}\n"),
+        "{r}"
+    );
+    stop(child, lines, &label).await;
+}
+
+/// One JSON-RPC message to `/v1/mcp` with `token` (in MCP session `id`, when given): the
+/// answer's status, JSON-RPC message or error body, and the MCP session id it names.
+async fn mcp(
+    api: &http::Api,
+    token: &str,
+    id: Option<&str>,
+    message: Value,
+) -> (StatusCode, String, Option<String>) {
+    let mut request = api
+        .build(Method::POST, "/v1/mcp", Some(token), false, true)
+        .header("accept", "application/json, text/event-stream");
+    if let Some(id) = id {
+        request = request.header("mcp-session-id", id);
+    }
+    let request = request
+        .body(http_body_util::Full::new(hyper::body::Bytes::from(
+            message.to_string(),
+        )))
+        .unwrap();
+    let reply = http::Reply::read(api.http.request(request).await.unwrap()).await;
+    let id = reply
+        .headers
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    (
+        reply.status,
+        String::from_utf8_lossy(&reply.body).to_string(),
+        id,
+    )
+}
+
+/// A removed tenant's MCP sessions end with it: their kernels go, and the session id, sent
+/// again with the token of a tenant added back under the name, is unknown.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_removed_tenants_mcp_sessions_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tenants.json");
+    write(
+        &file,
+        &[
+            tenant("keep", "token-keep", &[]),
+            tenant("gone", "token-gone", &[]),
+        ],
+    );
+    let label = common::unique("reload-mcp");
+    let (child, lines, addr) = serve(&label, dir.path(), &file).await;
+    let api = http::Api::new(addr);
+
+    let (status, body, id) = mcp(
+        &api,
+        "token-gone",
+        None,
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-03-26", "capabilities": {},
+            "clientInfo": {"name": "reload-test", "version": "1"}}}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let id = id.expect("an MCP session id");
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    let (status, body, _) = mcp(&api, "token-gone", Some(&id), initialized).await;
+    assert!(status.is_success(), "{status} {body}");
+    let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+        "name": "execute_code", "arguments": {"code": "print(6 * 7)"}}});
+    let (status, body, _) = mcp(&api, "token-gone", Some(&id), call.clone()).await;
+    assert!(
+        status.is_success() && body.contains("42"),
+        "{status} {body}"
+    );
+    assert_eq!(containers_of(&label, "gone").await, 1);
+
+    // Removed, then added back under its name with a new token.
+    write(&file, &[tenant("keep", "token-keep", &[])]);
+    let reply = reload(&api, ADMIN).await;
+    assert_eq!(reply.json()["removed"], json!(["gone"]), "{}", reply.json());
+    write(
+        &file,
+        &[
+            tenant("keep", "token-keep", &[]),
+            tenant("gone", "token-gone-2", &[]),
+        ],
+    );
+    let reply = reload(&api, ADMIN).await;
+    assert_eq!(reply.json()["added"], json!(["gone"]), "{}", reply.json());
+
+    let (status, body, _) = mcp(&api, "token-gone-2", Some(&id), call).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    assert!(body.contains("Session not found"), "{body}");
+    assert_eq!(containers_of(&label, "gone").await, 0);
+    stop(child, lines, &label).await;
+}
+
+/// A removed tenant's upload whose body was still arriving is refused 401 once its body is
+/// in and never committed: with the tenant gone, no kernel of it is left; added back under
+/// its name (another token), the file is not in the session.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_upload_of_a_removed_tenant_still_sending_its_body_is_refused() {
+    trickled_upload_of_a_removed_tenant(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_upload_of_a_removed_tenant_is_not_committed_when_its_name_comes_back() {
+    trickled_upload_of_a_removed_tenant(true).await;
+}
+
+async fn trickled_upload_of_a_removed_tenant(added_back: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tenants.json");
+    write(
+        &file,
+        &[
+            tenant("keep", "token-keep", &[]),
+            tenant("gone", "token-gone", &[]),
+        ],
+    );
+    let label = common::unique("reload-upload");
+    let (child, lines, addr) = serve(&label, dir.path(), &file).await;
+    let api = http::Api::new(addr);
+
+    // Authenticated (its headers sent), its body half sent when the tenant is removed.
+    let body = "x".repeat(64 * 1024);
+    let (first, rest) = body.split_at(body.len() / 2);
+    let mut raw = tokio::net::TcpStream::connect(addr).await.unwrap();
+    raw.write_all(
+        format!(
+            "PUT /v1/sessions/s/files/late.txt HTTP/1.1\r\nhost: x\r\nauthorization: Bearer token-gone\r\ncontent-type: application/octet-stream\r\ncontent-length: {}\r\n\r\n{first}",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    write(&file, &[tenant("keep", "token-keep", &[])]);
+    let reply = reload(&api, ADMIN).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.json());
+    assert_eq!(reply.json()["removed"], json!(["gone"]));
+    if added_back {
+        write(
+            &file,
+            &[
+                tenant("keep", "token-keep", &[]),
+                tenant("gone", "token-gone-2", &[]),
+            ],
+        );
+        let reply = reload(&api, ADMIN).await;
+        assert_eq!(reply.json()["added"], json!(["gone"]), "{}", reply.json());
+    }
+    raw.write_all(rest.as_bytes()).await.unwrap();
+    let mut head = tokio::io::BufReader::new(raw);
+    let mut status = String::new();
+    head.read_line(&mut status).await.unwrap();
+    assert!(status.starts_with("HTTP/1.1 401"), "{status}");
+    if added_back {
+        let read = api
+            .get("/v1/sessions/s/files/late.txt", Some("token-gone-2"))
+            .await;
+        assert_eq!(
+            read.status,
+            StatusCode::NOT_FOUND,
+            "the upload was committed"
+        );
+    } else {
+        assert_eq!(containers_of(&label, "gone").await, 0);
+    }
+    stop(child, lines, &label).await;
 }

@@ -301,6 +301,12 @@ impl Egress {
         self.lock_sessions().bytes(tenant)
     }
 
+    /// Forgets the own policies of all of `tenant`'s sessions (the tenant was removed by a
+    /// reload, its kernels first: a tenant added back under its name starts with none).
+    pub fn forget_tenant_sessions(&self, tenant: &str) {
+        self.lock_sessions().forget_tenant(tenant);
+    }
+
     /// Sets `tenant`'s `session`'s own policy (`None`: forgets it) at `version` (the catalog's,
     /// 0 on one host; an older version never replaces a newer) and applies it at once to its
     /// running kernels and to one registering meanwhile: connections it no longer allows are

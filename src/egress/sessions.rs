@@ -89,6 +89,11 @@ impl SessionPolicies {
         self.tenants.get(tenant).map_or(0, |t| t.bytes)
     }
 
+    /// Forgets every policy of `tenant`'s sessions (the tenant was removed by a reload).
+    pub(super) fn forget_tenant(&mut self, tenant: &str) {
+        self.tenants.remove(tenant);
+    }
+
     /// Keeps (or forgets) a session's policy. False when a newer version was kept already
     /// (nothing changes); refused past the tenant's bound.
     pub(super) fn keep(&mut self, keep: Keep<'_>) -> Result<bool, SessionPolicyError> {

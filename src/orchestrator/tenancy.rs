@@ -67,6 +67,12 @@ impl Orchestrator {
             .remove_hibernated(|k| k.owner.tenant == tenant);
         let n = n + hibernated.len();
         self.inner.services.hibernation.discard(hibernated).await;
+        // Its sessions' own network policies and settings go too: a tenant added back under
+        // the name (docs/http-api.md, "Reloading the tenants") must not inherit them.
+        if let Some(egress) = &self.inner.egress {
+            egress.forget_tenant_sessions(tenant);
+        }
+        self.inner.registry.forget_tenant_settings(tenant);
         n
     }
 }

@@ -259,6 +259,12 @@ impl Registry {
         Ok(restart)
     }
 
+    /// Forgets the settings of all of `tenant`'s sessions (the tenant was removed by a reload,
+    /// its kernels first: a tenant added back under its name starts with none).
+    pub fn forget_tenant_settings(&self, tenant: &str) {
+        self.lock().settings.remove(tenant);
+    }
+
     /// `tenant`'s `session`'s settings, if it has any.
     pub fn settings(&self, tenant: &str, session: &str) -> Option<Arc<Settings>> {
         self.lock()

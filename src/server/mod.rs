@@ -126,6 +126,9 @@ struct Inner {
     pending: Arc<api::pending::Pending>,
     /// Cancelled when the server stops: MCP sessions end and their event streams close.
     mcp_stop: CancellationToken,
+    /// The MCP sessions of each `/v1/mcp` service built (`api/mcp.rs`), for a reload to end
+    /// a removed tenant's.
+    mcp_sessions: std::sync::Mutex<Vec<std::sync::Weak<api::mcp::TenantSessions>>>,
     /// This server as a node of a cluster, when it is one (docs/cluster.md).
     cluster: std::sync::OnceLock<Arc<cluster::ClusterNode>>,
     tracer: std::sync::OnceLock<crate::telemetry::Tracer>,
@@ -176,6 +179,7 @@ impl AppState {
                 mcp,
                 pending: Arc::new(api::pending::Pending::new(responses)),
                 mcp_stop: CancellationToken::new(),
+                mcp_sessions: std::sync::Mutex::new(Vec::new()),
                 cluster: std::sync::OnceLock::new(),
                 tracer: std::sync::OnceLock::new(),
             }),

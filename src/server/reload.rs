@@ -2,7 +2,8 @@
 //! `SIGHUP` or `POST /v1/admin/reload` (the admin token) re-reads the tenants source through
 //! the loader `kernelbox serve` installed ([`Reloader`]), checks the result against the running
 //! server, and applies it in one swap of the tenants and one of their settings
-//! (`crate::tenancy`); a removed tenant's kernels go (`tenant_removed`), live egress
+//! (`crate::tenancy`); a removed tenant's kernels go (`tenant_removed`), with its sessions'
+//! own network policies and settings and its MCP sessions, live egress
 //! connections are judged again. A source that cannot be used is refused whole: nothing
 //! changes, the reason is logged and returned. What only a restart can change is listed in
 //! `needs_restart`, never silently dropped.
@@ -200,6 +201,17 @@ impl AppState {
         let mut kernels_removed = 0;
         for tenant in &removed {
             kernels_removed += orchestrator.remove_tenant(tenant).await;
+            // Its MCP sessions end (their kernels go now, not at the idle timeout).
+            self.end_mcp_sessions(tenant).await;
+            // Its sessions' policies and settings: remove_tenant forgot this node's copies;
+            // on a cluster node the catalog's rows go too, so that a tenant added back under
+            // the name does not load them again. The reload is applied already: a failure is
+            // logged, and the rows stay until the sessions are deleted.
+            if let Some(node) = self.cluster() {
+                if let Err(e) = node.forget_tenant_configs(tenant).await {
+                    tracing::error!(tenant, error = %e, "forgetting a removed tenant's session policies and settings in the catalog failed");
+                }
+            }
         }
         ReloadReport {
             applied: true,

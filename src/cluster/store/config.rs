@@ -184,6 +184,23 @@ impl Store {
         .await
     }
 
+    /// Forgets the rows of all of `tenant`'s sessions (the tenant was removed by a reload).
+    pub async fn forget_tenant_configs(&self, tenant: &str) -> Result<(), ClusterError> {
+        let op = "forget a removed tenant's session policies and settings";
+        within(op, async {
+            let client = self.client(op).await?;
+            client
+                .execute(
+                    "DELETE FROM kb_session_config WHERE tenant = $1",
+                    &[&tenant],
+                )
+                .await
+                .map_err(db(op))?;
+            Ok(())
+        })
+        .await
+    }
+
     /// Forgets `tenant`'s `session`'s row (the session was deleted).
     pub async fn forget_session_config(
         &self,

@@ -4,6 +4,8 @@
 //! listed, or with `Accept: application/x-tar` streamed as a tar), `DELETE` removes;
 //! `?child=NAME` addresses a delegated child's kernel.
 
+use std::sync::Arc;
+
 use axum::body::Body;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
@@ -14,7 +16,7 @@ use futures::{StreamExt, TryStreamExt};
 use serde::Deserialize;
 
 use super::{invalid, name, path_error, Caller};
-use crate::files::{Download, FilePath};
+use crate::files::{ByteStream, Download, FilePath};
 use crate::orchestrator::{FileRequest, Scope};
 use crate::server::error::ApiError;
 use crate::server::tenants::Tenant;
@@ -107,6 +109,41 @@ fn refuse_declared_too_large(state: &AppState, headers: &HeaderMap) -> Result<()
     Ok(())
 }
 
+/// The body of `tenant`'s upload, streamed: when it ends after a reload removed the tenant
+/// or rotated its token, it ends in an error instead, so that the upload is never committed
+/// (the helper commits only on a clean end: docs/files.md; docs/http-api.md, "Reloading
+/// the tenants").
+fn upload_body(state: &AppState, tenant: &Arc<Tenant>, body: Body) -> ByteStream {
+    let (state, tenant) = (state.clone(), tenant.clone());
+    let end = futures::stream::once(async move {
+        (!state.inner.tenants.holds(&tenant)).then(|| {
+            Err(std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                "the tenant was removed or its token rotated during the upload",
+            ))
+        })
+    })
+    .filter_map(futures::future::ready);
+    body.into_data_stream()
+        .map_err(std::io::Error::other)
+        .chain(end)
+        .boxed()
+}
+
+/// 401 when a reload removed `tenant` or rotated its token while its upload ran (whatever
+/// the upload's outcome: it was not committed, see [`upload_body`]). A kernel the upload
+/// started for a tenant the reload had already removed goes too.
+async fn refuse_if_removed(state: &AppState, tenant: &Tenant) -> Result<(), ApiError> {
+    if state.inner.tenants.holds(tenant) {
+        return Ok(());
+    }
+    if state.inner.tenants.current().get(&tenant.name).is_none() {
+        state.inner.orchestrator.remove_tenant(&tenant.name).await;
+    }
+    state.inner.metrics.rejected("unauthorized");
+    Err(ApiError::unauthorized())
+}
+
 pub(super) async fn put_file(
     State(state): State<AppState>,
     Caller(tenant): Caller,
@@ -144,14 +181,10 @@ async fn put(
     let orchestrator = state.inner.orchestrator.clone();
     refuse_declared_too_large(&state, &headers)?;
     let path = FilePath::parse(&path)?;
-    let stream = body
-        .into_data_stream()
-        .map_err(std::io::Error::other)
-        .boxed();
-    let written = orchestrator
-        .write_file(&request, &path, tar, stream)
-        .await
-        .map_err(ApiError::from)?;
+    let stream = upload_body(&state, &tenant, body);
+    let written = orchestrator.write_file(&request, &path, tar, stream).await;
+    refuse_if_removed(&state, &tenant).await?;
+    let written = written.map_err(ApiError::from)?;
     Ok((StatusCode::CREATED, Json(written)).into_response())
 }
 
@@ -265,14 +298,10 @@ pub(super) async fn put_workspace(
     let request = request(&state, &tenant, session, query)?;
     let orchestrator = state.inner.orchestrator.clone();
     refuse_declared_too_large(&state, &headers)?;
-    let stream = body
-        .into_data_stream()
-        .map_err(std::io::Error::other)
-        .boxed();
-    let written = orchestrator
-        .write_workspace(&request.scope, stream)
-        .await
-        .map_err(ApiError::from)?;
+    let stream = upload_body(&state, &tenant, body);
+    let written = orchestrator.write_workspace(&request.scope, stream).await;
+    refuse_if_removed(&state, &tenant).await?;
+    let written = written.map_err(ApiError::from)?;
     Ok((StatusCode::CREATED, Json(written)).into_response())
 }
 

@@ -87,6 +87,15 @@ pub(crate) fn service(state: &AppState) -> McpService {
         max_per_tenant: options.max_sessions_per_tenant,
         node: state.cluster().map(|n| n.name().to_string()),
     });
+    {
+        let mut kept = state
+            .inner
+            .mcp_sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        kept.retain(|s| s.strong_count() > 0);
+        kept.push(Arc::downgrade(&sessions));
+    }
     let backend: Arc<dyn Backend> = Arc::new(super::mcp_backend::HttpBackend {
         state: state.clone(),
     });
@@ -243,6 +252,46 @@ pub(crate) enum SessionsError {
 impl TenantSessions {
     async fn owner(&self, id: &SessionId) -> Option<String> {
         self.owners.lock().await.get(id).cloned()
+    }
+
+    /// Ends every MCP session of `tenant` (as `DELETE /v1/mcp` would: its kernels go);
+    /// returns how many.
+    async fn end_tenant(&self, tenant: &str) -> usize {
+        let ids: Vec<SessionId> = self
+            .owners
+            .lock()
+            .await
+            .iter()
+            .filter(|(_, t)| t.as_str() == tenant)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in &ids {
+            if let Err(e) = self.close_session(id).await {
+                tracing::warn!(tenant, session = %id, error = %e, "ending a removed tenant's MCP session failed");
+            }
+        }
+        ids.len()
+    }
+}
+
+impl AppState {
+    /// Ends every MCP session of `tenant`, a tenant a reload removed (docs/http-api.md,
+    /// "Reloading the tenants"): its next request is answered as for an unknown session, and
+    /// its kernels go now rather than at the idle timeout. Returns the sessions ended.
+    pub(crate) async fn end_mcp_sessions(&self, tenant: &str) -> usize {
+        let services: Vec<Arc<TenantSessions>> = self
+            .inner
+            .mcp_sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .collect();
+        let mut ended = 0;
+        for sessions in services {
+            ended += sessions.end_tenant(tenant).await;
+        }
+        ended
     }
 }
 

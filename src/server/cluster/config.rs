@@ -125,6 +125,15 @@ impl ClusterNode {
         Ok(())
     }
 
+    /// Forgets the policies and settings of all of `tenant`'s sessions in the catalog (the
+    /// tenant was removed by a reload).
+    pub(crate) async fn forget_tenant_configs(
+        &self,
+        tenant: &str,
+    ) -> Result<(), crate::cluster::ClusterError> {
+        self.store.forget_tenant_configs(tenant).await
+    }
+
     /// Forgets `tenant`'s `session`'s policy and settings in the catalog (the session was
     /// deleted).
     pub(crate) async fn forget_session_config(
