@@ -996,3 +996,66 @@ async fn trickled_upload_of_a_removed_tenant(added_back: bool) {
     }
     stop(child, lines, &label).await;
 }
+
+/// Workspaces follow a reload on a server that has them: a tenant given workspaces has one on
+/// its sessions' next kernels, and one whose workspaces are taken away has none from then on,
+/// while another tenant's kernel keeps its state.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tenants_workspaces_change_live() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tenants.json");
+    let ws = json!({"quota": "8m", "ttl": "1h", "max": 4});
+    let mut keep = tenant("keep", "token-keep", &[]);
+    keep["workspaces"] = ws.clone();
+    let plain = tenant("w", "token-w", &[]);
+    let mut given = plain.clone();
+    given["workspaces"] = ws;
+    write(&file, &[keep.clone(), plain.clone()]);
+    let label = common::unique("reload-ws");
+    let (child, lines, addr) = serve(&label, dir.path(), &file).await;
+    let api = http::Api::new(addr);
+    let before = api.run("token-keep", "k", "x = 7").await;
+
+    let r = api.run("token-w", "s1", "print(1)").await;
+    assert!(r["kernel"]["workspace"].is_null(), "{r}");
+
+    write(&file, &[keep.clone(), given]);
+    let reply = reload(&api, ADMIN).await;
+    let report = reply.json();
+    assert_eq!(reply.status, StatusCode::OK, "{report}");
+    assert_eq!(report["changed"], json!(["w"]), "{report}");
+    assert_eq!(report["needs_restart"], json!([]), "{report}");
+    let r = api
+        .run("token-w", "s2", "open('/work/f', 'w').write('x')")
+        .await;
+    assert_eq!(
+        r["kernel"]["workspace"],
+        json!({"name": "s2", "restored": false}),
+        "{r}"
+    );
+
+    write(&file, &[keep.clone(), plain]);
+    let reply = reload(&api, ADMIN).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.json());
+    let r = api.run("token-w", "s3", "print(1)").await;
+    assert!(r["kernel"]["workspace"].is_null(), "{r}");
+
+    let after = api.run("token-keep", "k", "print(x)").await;
+    assert_eq!(after["output"], "7\n", "{after}");
+    assert_eq!(after["kernel"]["id"], before["kernel"]["id"], "{after}");
+
+    // The workspace made while the tenant had them: deleted once it has them again.
+    for s in ["s1", "s2", "s3"] {
+        api.delete(&format!("/v1/sessions/{s}"), "token-w").await;
+    }
+    api.delete("/v1/sessions/k", "token-keep").await;
+    let mut w = tenant("w", "token-w", &[]);
+    w["workspaces"] = json!({"quota": "8m"});
+    write(&file, &[keep, w]);
+    assert_eq!(reload(&api, ADMIN).await.status, StatusCode::OK);
+    for (name, token) in [("s2", "token-w"), ("k", "token-keep")] {
+        let r = api.delete(&format!("/v1/workspaces/{name}"), token).await;
+        assert!(r.status.is_success(), "{name}: {}", r.json());
+    }
+    stop(child, lines, &label).await;
+}

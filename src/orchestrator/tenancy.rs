@@ -46,6 +46,9 @@ impl Orchestrator {
         self.inner
             .registry
             .set_ceilings(ceilings(&self.inner.config, &policies.session_limits));
+        if let Some(workspaces) = self.inner.services.transfers.workspaces() {
+            workspaces.set_policies(policies.workspaces.clone());
+        }
         self.inner.tenancy.store(Arc::new(policies));
         Ok(closed)
     }

@@ -307,12 +307,15 @@ impl AppState {
             ));
             audit.clear();
         }
-        // The workspaces' store is configured at start; a changed policy waits for a restart.
-        let workspaces = new.workspaces();
-        if workspaces != current.workspaces {
-            needs_restart.push(
-                "workspaces: the tenants' workspace policies are kept as the server started".into(),
-            );
+        // Workspaces apply live where the server has a workspace store (it started with
+        // workspaces: its directory and host-wide bound are set up at start).
+        let mut workspaces = new.workspaces();
+        if orchestrator.workspaces().is_none() && !workspaces.is_empty() {
+            needs_restart.push(format!(
+                "workspaces of tenant(s) {}: the server started with no workspaces",
+                workspaces.keys().cloned().collect::<Vec<_>>().join(", ")
+            ));
+            workspaces.clear();
         }
         let policies = TenantPolicies {
             runtimes: runtimes
@@ -322,7 +325,7 @@ impl AppState {
             session_limits: new.session_limits(),
             networks,
             audit,
-            workspaces: current.workspaces.clone(),
+            workspaces,
             hibernate,
         };
         Ok((policies, needs_restart))

@@ -124,9 +124,7 @@ impl WorkspaceTransfers {
 
     /// `tenant`'s workspace policy: its sessions' `/work` is a workspace.
     pub(crate) fn policy(&self, tenant: &str) -> Option<WorkspacePolicy> {
-        self.workspaces
-            .as_ref()
-            .and_then(|w| w.policy(tenant).copied())
+        self.workspaces.as_ref().and_then(|w| w.policy(tenant))
     }
 
     /// One transfer kernel of `owner`'s workspace counted in, until the slot is dropped.

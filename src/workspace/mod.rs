@@ -223,6 +223,9 @@ pub async fn verify(engine: &dyn Engine, prepared: &Prepared) -> Result<(), Work
 pub struct Workspaces {
     engine: Arc<dyn Engine>,
     config: WorkspacesConfig,
+    /// The tenants' policies as now: `config.tenants` at start, replaced by a reload of the
+    /// tenants (`Workspaces::set_policies`; `docs/http-api.md`, "Reloading the tenants").
+    policies: arc_swap::ArcSwap<BTreeMap<String, WorkspacePolicy>>,
     /// The most quota bytes all images may add up to (`WorkspacesConfig::total_bytes`, or
     /// what the directory's disk holds for them at start).
     total_bytes: u64,
@@ -278,6 +281,7 @@ impl Workspaces {
         let total_bytes = Self::host_bound(&config);
         Ok(Workspaces {
             engine,
+            policies: arc_swap::ArcSwap::from_pointee(config.tenants.clone()),
             config,
             total_bytes,
             extra_labels,
@@ -390,9 +394,18 @@ impl Workspaces {
         filters
     }
 
-    /// `tenant`'s policy, when it has workspaces.
-    pub fn policy(&self, tenant: &str) -> Option<&WorkspacePolicy> {
-        self.config.tenants.get(tenant)
+    /// `tenant`'s policy as now, when it has workspaces.
+    pub fn policy(&self, tenant: &str) -> Option<WorkspacePolicy> {
+        self.policies.load().get(tenant).copied()
+    }
+
+    /// The tenants' policies from now on (a reload of the tenants): a tenant given workspaces
+    /// has them on its sessions' next kernels; a new quota sizes the workspaces made from
+    /// then on (an existing image keeps its size), a new TTL and maximum apply at once; a
+    /// tenant whose workspaces are gone keeps its images, never swept, until it has them again
+    /// or they are deleted by hand.
+    pub fn set_policies(&self, tenants: BTreeMap<String, WorkspacePolicy>) {
+        self.policies.store(Arc::new(tenants));
     }
 
     fn labels(&self, owner: &Owner, device: &str) -> BTreeMap<String, String> {
