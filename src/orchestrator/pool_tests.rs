@@ -17,8 +17,8 @@ async fn start(size: usize, max: usize) -> (Orchestrator, FakeEngine) {
     (kb, fake)
 }
 
-async fn run(kb: &Orchestrator, session: &str, code: &str) -> crate::CellResult {
-    kb.execute(crate::ExecuteRequest::new(session, code))
+async fn run(kb: &Orchestrator, session: &str, code: &str) -> crate::cell::CellResult {
+    kb.execute(super::ExecuteRequest::new(session, code))
         .await
         .expect("execute")
 }
@@ -135,7 +135,7 @@ async fn a_taken_kernel_is_named_once_no_new_owner_is_starting_cold() {
     // Owner a takes the pooled kernel with a first cell that does not end.
     let a = {
         let kb = kb.clone();
-        tokio::spawn(async move { kb.execute(crate::ExecuteRequest::new("a", "sleep")).await })
+        tokio::spawn(async move { kb.execute(super::ExecuteRequest::new("a", "sleep")).await })
     };
     while kb.stats().pool.hits == 0 {
         tokio::time::sleep(Duration::from_millis(1)).await;
@@ -144,7 +144,7 @@ async fn a_taken_kernel_is_named_once_no_new_owner_is_starting_cold() {
     *fake.create_delay.lock().unwrap() = Duration::from_secs(1);
     let c = {
         let kb = kb.clone();
-        tokio::spawn(async move { kb.execute(crate::ExecuteRequest::new("c", "x = 1")).await })
+        tokio::spawn(async move { kb.execute(super::ExecuteRequest::new("c", "x = 1")).await })
     };
     // Past the wait for a's first cell (TAKE_SETTLE), a's kernel is still not renamed...
     tokio::time::sleep(super::pool::TAKE_SETTLE * 2).await;

@@ -5,7 +5,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde::Serialize;
+pub use crate::wire::KernelSummary;
+
 use tokio_util::sync::CancellationToken;
 
 use crate::authority::ToolDispatcher;
@@ -94,7 +95,7 @@ impl Scope {
 
 impl Scope {
     /// The owner this scope names, its tenant the configured default when it names none.
-    pub(crate) fn owner(&self, config: &crate::Config) -> Result<Owner, NameError> {
+    pub(crate) fn owner(&self, config: &crate::config::Config) -> Result<Owner, NameError> {
         owner_of(
             config,
             self.tenant.as_deref(),
@@ -108,7 +109,7 @@ impl Scope {
     pub(crate) fn kernel_key(
         &self,
         owner: Owner,
-        config: &crate::Config,
+        config: &crate::config::Config,
         policies: &crate::tenancy::TenantPolicies,
     ) -> Result<KernelKey, ExecuteError> {
         let image = match self.image.as_deref() {
@@ -131,7 +132,7 @@ impl Scope {
 
 /// The owner `tenant` (the configured default when `None`), `session` and `child` name.
 pub(crate) fn owner_of(
-    config: &crate::Config,
+    config: &crate::config::Config,
     tenant: Option<&str>,
     session: &str,
     child: Option<&str>,
@@ -335,36 +336,6 @@ pub enum StartError {
         /// Why spawning it failed.
         source: std::io::Error,
     },
-}
-
-/// A live kernel, as `list_kernels` reports it.
-#[derive(Debug, Clone, Serialize, PartialEq, schemars::JsonSchema)]
-pub struct KernelSummary {
-    /// Short container id.
-    pub id: String,
-    /// The tenant the kernel's owner belongs to.
-    pub tenant: String,
-    /// The owner: `session` or `session::child::child`.
-    pub owner: String,
-    /// The owner's session.
-    pub session: String,
-    /// The owner's delegated child, when the kernel is a child's.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub child: Option<String>,
-    /// Generation within the key.
-    pub generation: u64,
-    /// `starting`, `idle` or `busy` (a cell running, or computing with no cell running:
-    /// `docs/reliability.md`, "Runaway kernels").
-    pub state: String,
-    /// Cells executed.
-    pub execution_count: u64,
-    /// Seconds since last use.
-    pub idle_seconds: f64,
-    /// Calls attached.
-    pub attached: usize,
-    /// The session's labels (its settings', `src/settings.rs`).
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub labels: BTreeMap<String, String>,
 }
 
 /// Upper bounds of the kernel start-time histogram, in seconds.

@@ -7,8 +7,52 @@
 use schemars::JsonSchema;
 use serde::Serialize;
 
-use crate::orchestrator::KernelSummary;
-use crate::workspace::WorkspaceSummary;
+use std::collections::BTreeMap;
+
+/// A live kernel, as `Orchestrator::list_kernels` reports it (`GET /v1/kernels`).
+#[derive(Debug, Clone, Serialize, PartialEq, JsonSchema)]
+pub struct KernelSummary {
+    /// Short container id.
+    pub id: String,
+    /// The tenant the kernel's owner belongs to.
+    pub tenant: String,
+    /// The owner: `session` or `session::child::child`.
+    pub owner: String,
+    /// The owner's session.
+    pub session: String,
+    /// The owner's delegated child, when the kernel is a child's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub child: Option<String>,
+    /// Generation within the key.
+    pub generation: u64,
+    /// `starting`, `idle` or `busy` (a cell running, or computing with no cell running:
+    /// `docs/reliability.md`, "Runaway kernels").
+    pub state: String,
+    /// Cells executed.
+    pub execution_count: u64,
+    /// Seconds since last use.
+    pub idle_seconds: f64,
+    /// Calls attached.
+    pub attached: usize,
+    /// The session's labels (its settings', `src/settings.rs`).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// One workspace as its tenant sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize, JsonSchema)]
+pub struct WorkspaceSummary {
+    /// The owner it belongs to (`session`, or `session::child::id`).
+    pub name: String,
+    /// Bytes it takes on the host (at most `quota_bytes`).
+    pub size_bytes: u64,
+    /// Its quota, bytes.
+    pub quota_bytes: u64,
+    /// Its last use, Unix seconds.
+    pub last_used: u64,
+    /// A kernel has it mounted now.
+    pub in_use: bool,
+}
 
 /// `POST /v1/sessions/{session}/interrupt`: the cells that ended `interrupted`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]

@@ -9,7 +9,7 @@
 //! | `command.rs` | [`CommandBody`] and [`CommandResult`]: `POST /v1/sessions/{session}/commands` |
 //! | `error.rs` | [`ErrorBody`]: every error answer, `{"error": {"code", "message"}}` |
 //! | `event.rs` | [`StreamEvent`] and [`CommandEvent`]: the lines of a streamed execute or command, one type per event |
-//! | `answer.rs` | the other JSON answers: counts, listings, deletions, [`NetworkApplied`], [`Health`], the cluster's admin answers |
+//! | `answer.rs` | the other JSON answers: counts, listings ([`KernelSummary`], [`WorkspaceSummary`]), deletions, [`NetworkApplied`], [`Health`], the cluster's admin answers |
 //! | `usage.rs` | [`UsageQuery`] and [`UsageReport`]: `GET /v1/usage` |
 //! | `network.rs` | [`NetworkPolicy`]: a network egress policy (tenants file, execute body, `PUT .../network`) |
 //! | `settings.rs` | [`SessionSettings`], [`SettingsApplied`]: `PUT`/`GET /v1/sessions/{session}/settings` |
@@ -30,8 +30,9 @@ mod settings;
 mod usage;
 
 pub use answer::{
-    Cleared, Deleted, Health, HealthStatus, Interrupted, KernelList, NetworkApplied, NodeDrain,
-    NodeEntry, NodeKernels, NodeList, NodeStatus, Released, WorkspaceList,
+    Cleared, Deleted, Health, HealthStatus, Interrupted, KernelList, KernelSummary, NetworkApplied,
+    NodeDrain, NodeEntry, NodeKernels, NodeList, NodeStatus, Released, WorkspaceList,
+    WorkspaceSummary,
 };
 pub use command::{CommandBody, CommandLine, CommandResult, MAX_COMMAND_BYTES, MAX_COMMAND_ENV};
 pub use error::{ErrorBody, ErrorDetail};

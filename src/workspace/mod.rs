@@ -24,7 +24,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use serde::Serialize;
+pub use crate::wire::WorkspaceSummary;
+
 use sha2::{Digest, Sha256};
 
 use crate::clock::unix_now;
@@ -125,21 +126,6 @@ pub enum WorkspaceError {
         /// Why it failed.
         reason: String,
     },
-}
-
-/// One workspace as its tenant sees it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize, schemars::JsonSchema)]
-pub struct WorkspaceSummary {
-    /// The owner it belongs to (`session`, or `session::child::id`).
-    pub name: String,
-    /// Bytes it takes on the host (at most `quota_bytes`).
-    pub size_bytes: u64,
-    /// Its quota, bytes.
-    pub quota_bytes: u64,
-    /// Its last use, Unix seconds.
-    pub last_used: u64,
-    /// A kernel has it mounted now.
-    pub in_use: bool,
 }
 
 /// A workspace ready for a kernel: the volume to mount at `/work`.
