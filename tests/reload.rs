@@ -470,6 +470,55 @@ async fn a_kernel_starting_while_its_network_is_narrowed_gets_the_narrowed_polic
     stop(child, lines, &label).await;
 }
 
+/// A kernel starting when a reload removes its tenant is not started again for it: the call
+/// ends (401 when the removal found it starting) and no container of the tenant is left.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kernel_starting_when_its_tenant_is_removed_is_not_started_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tenants.json");
+    write(
+        &file,
+        &[
+            tenant("keep", "token-keep", &[]),
+            tenant("gone", "token-gone", &[]),
+        ],
+    );
+    let label = common::unique("reload-starting");
+    let (child, lines, addr) = serve(&label, dir.path(), &file).await;
+    let api = http::Api::new(addr);
+
+    // A cold start begins; the tenant is removed once its container exists, before its
+    // kernel is ready.
+    let starting = {
+        let api = api.clone();
+        tokio::spawn(async move {
+            api.execute("token-gone", "s", json!({"code": "print('ran')"}))
+                .await
+        })
+    };
+    tokio::time::timeout(Duration::from_secs(120), async {
+        while containers_of(&label, "gone").await == 0 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the kernel's container");
+    write(&file, &[tenant("keep", "token-keep", &[])]);
+    let reply = reload(&api, ADMIN).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.json());
+    assert_eq!(reply.json()["removed"], json!(["gone"]), "{}", reply.json());
+    let answer = starting.await.unwrap();
+    assert_eq!(
+        containers_of(&label, "gone").await,
+        0,
+        "a kernel was started again for the removed tenant: {} {}",
+        answer.status,
+        answer.json()
+    );
+    assert_eq!(answer.status, StatusCode::UNAUTHORIZED, "{}", answer.json());
+    stop(child, lines, &label).await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_request_of_a_removed_tenant_still_sending_its_body_is_refused() {
     let dir = tempfile::tempdir().unwrap();

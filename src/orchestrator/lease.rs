@@ -112,6 +112,7 @@ impl Orchestrator {
             // A reset discards a hibernated kernel too: the next one is new.
             hibernation.discard_where(|k| k == key).await;
         }
+        let mut retry = false;
         loop {
             let span = Span::start("admission");
             let admitted = span.within(self.admit(key, reset, limits, admission)).await;
@@ -121,6 +122,20 @@ impl Orchestrator {
             }
             drop(span);
             let mut attempt = admitted?;
+            if retry && removed_meanwhile(&attempt) {
+                // The slot this call was starting a kernel in went with its tenant (a reload
+                // removed it): no new kernel is started for a tenant that is gone, nor for one
+                // added back under its name (`docs/http-api.md`, "Reloading the tenants").
+                let registry = &self.inner.registry;
+                registry.forget(&attempt.slot, None);
+                registry.release(&attempt.slot);
+                // A kernel the admission took from the warm pool goes too.
+                self.dispose_pooled(attempt.slot.kernel.get().cloned().into_iter().collect())
+                    .await;
+                self.give_back_loss(key, attempt.state_lost.take());
+                return Err(ExecuteError::TenantRemoved);
+            }
+            retry = true;
             state_reset |= attempt.state_reset;
             attempt.state_reset = state_reset;
             let kernel = self.spawn_or_reuse(key, &mut attempt).await?;
@@ -569,4 +584,13 @@ pub(super) fn kernel_death(death: Death, memory_bytes: i64) -> KernelDeath {
         Death::Disposed => KernelDeath::ShutDown,
         Death::Exited => KernelDeath::Exited,
     }
+}
+
+/// The key's slot was removed with its tenant since this call began (the registry records the
+/// loss for the key's next call, which is this call's retry).
+fn removed_meanwhile(attempt: &Attempt) -> bool {
+    attempt
+        .state_lost
+        .as_ref()
+        .is_some_and(|lost| lost.reason == crate::cell::LossReason::TenantRemoved)
 }

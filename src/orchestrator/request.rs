@@ -254,6 +254,10 @@ pub enum ExecuteError {
     /// The orchestrator is shutting down.
     #[error("kernelbox is shutting down")]
     ShuttingDown,
+    /// A reload of the tenants removed the call's tenant while its kernel started
+    /// (`docs/http-api.md`, "Reloading the tenants"): no kernel is left for it.
+    #[error("the tenant was removed while its kernel started")]
+    TenantRemoved,
     /// A new kernel would pass a cap, and no kernel may be evicted to make room.
     #[error("{}", at_capacity_message(.tenant, .cap, *.held))]
     AtCapacity {

@@ -105,6 +105,7 @@ impl From<ExecuteError> for ApiError {
                 format!("docker engine: {e}"),
             ),
             ExecuteError::ShuttingDown => ApiError::shutting_down(),
+            ExecuteError::TenantRemoved => ApiError::unauthorized(),
             ExecuteError::AtCapacity { .. } => ApiError {
                 retry_after: Some(1),
                 ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, "at_capacity", e.to_string())
