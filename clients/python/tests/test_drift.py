@@ -47,7 +47,7 @@ def refs(node: Any) -> Iterator[str]:
 
 # Routes that are not this client's: the cluster's admin routes take the admin token, not a
 # tenant's; health, metrics and this document are read by operators and tools.
-NOT_THE_CLIENTS = ("/v1/nodes", "/healthz", "/metrics", "/openapi.json", "/v1/mcp")
+NOT_THE_CLIENTS = ("/v1/nodes", "/v1/admin", "/healthz", "/metrics", "/openapi.json", "/v1/mcp")
 
 
 def reachable(spec: Dict[str, Any]) -> Set[str]:

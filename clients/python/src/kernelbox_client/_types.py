@@ -24,6 +24,7 @@ class StateLost:
         "reason": frozenset({
             "idle_reaped", "evicted", "timeout", "oom", "crashed", "killed", "engine_restarted",
             "server_restarted", "protocol", "node_lost", "runaway", "node_drained",
+            "tenant_removed",
         }),
     }  # fmt: skip
     reason: str
