@@ -1,0 +1,436 @@
+/**
+ * The client: `Client`, `Session`, `Files`, `Commands` over the platform's `fetch` (Node >= 18,
+ * Deno, Bun, browsers where CORS allows). Every call takes an optional `AbortSignal`: aborting
+ * stops the request (the call rejects with the signal's reason), never the kernel; a cell
+ * already running goes on (`session.interrupt()` stops it).
+ */
+import { ConnectionFailed, errorFromResponse, isObject, KernelboxError, ProtocolError, Timeout } from "./errors.js";
+import { commandResult, execution, kernelSummary, listing, sessionSettings, settingsApplied, settingsBody, usageReport, workspaceSummary, written, } from "./types.js";
+import { childPath, CommandStreamReader, DEFAULT_TIMEOUT, DEFAULT_URL, envVar, ExecuteStreamReader, filePath, lines, NDJSON, runDeadline, sessionPath, TAR, USER_AGENT, workspacePath, } from "./wire.js";
+/** A kernelbox server. */
+export class Client {
+    url;
+    timeout;
+    token;
+    fetchImpl;
+    constructor(options = {}) {
+        this.url = (options.url ?? envVar("KERNELBOX_URL") ?? DEFAULT_URL).replace(/\/+$/, "");
+        this.token = options.token ?? envVar("KERNELBOX_TOKEN");
+        this.timeout = options.timeout ?? DEFAULT_TIMEOUT;
+        this.fetchImpl = options.fetch ?? globalThis.fetch.bind(globalThis);
+    }
+    /** A conversation's kernel (started by its first run); `child` a delegated sub-agent's. */
+    session(name, options = {}) {
+        return new Session(this, name, options.child);
+    }
+    /** The live kernels of this token's tenant; with `labels`, those of sessions carrying every one. */
+    async kernels(options = {}) {
+        const query = Object.entries(options.labels ?? {}).map(([k, v]) => ["label", `${k}:${v}`]);
+        const body = await this.json({ method: "GET", path: "/v1/kernels", query, signal: options.signal });
+        const items = isObject(body) && Array.isArray(body["kernels"]) ? body["kernels"] : [];
+        return items.filter(isObject).map(kernelSummary);
+    }
+    /** The usage ledger (docs/usage.md) from `from` to `to` (RFC 3339 or Unix seconds; default the last day). */
+    async usage(options = {}) {
+        const query = [];
+        if (options.from !== undefined)
+            query.push(["from", options.from]);
+        if (options.to !== undefined)
+            query.push(["to", options.to]);
+        query.push(["group_by", options.groupBy ?? "session"]);
+        if (options.tenant !== undefined)
+            query.push(["tenant", options.tenant]);
+        return usageReport(await this.json({ method: "GET", path: "/v1/usage", query, signal: options.signal }));
+    }
+    /** The tenant's workspaces (docs/workspaces.md); `NotFound` (`workspace_not_found`) when it has none. */
+    async workspaces(options = {}) {
+        const body = await this.json({ method: "GET", path: "/v1/workspaces", signal: options.signal });
+        const items = isObject(body) && Array.isArray(body["workspaces"]) ? body["workspaces"] : [];
+        return items.filter(isObject).map(workspaceSummary);
+    }
+    /** Deletes the workspace `name` and its files; returns the name. `Conflict` while a kernel has it mounted. */
+    async deleteWorkspace(name, options = {}) {
+        const body = await this.json({ method: "DELETE", path: workspacePath(name), signal: options.signal });
+        return isObject(body) ? String(body["deleted"] ?? "") : "";
+    }
+    // --- transport (used by Session, Files, Commands) ---
+    /** Sends `req`; the answer's JSON (undefined for a 404 with `missingOk`). */
+    async json(req) {
+        const text = await this.text(req);
+        if (text === undefined)
+            return undefined;
+        try {
+            return JSON.parse(text);
+        }
+        catch (e) {
+            throw new ProtocolError("invalid_response", `${req.method} ${req.path}: the answer is not JSON (${String(e)})`);
+        }
+    }
+    async text(req) {
+        return this.call(req, async (r) => (r === undefined ? undefined : r.text()));
+    }
+    async bytes(req) {
+        return this.call(req, async (r) => new Uint8Array(r === undefined ? new ArrayBuffer(0) : await r.arrayBuffer()));
+    }
+    /**
+     * Sends `req` and hands the answer to `use` while the call's deadline and signal still hold
+     * (so reading the body is bounded too); transport failures become typed errors.
+     */
+    async call(req, use) {
+        const url = this.url + req.path + (req.query && req.query.length ? "?" + new URLSearchParams(req.query).toString() : "");
+        const controller = new AbortController();
+        const deadline = req.deadline ?? this.timeout;
+        let timedOut = false;
+        const timer = setTimeout(() => {
+            timedOut = true;
+            controller.abort();
+        }, Math.min(deadline * 1000, 2 ** 31 - 1));
+        const user = req.signal;
+        const onAbort = () => controller.abort(user?.reason);
+        if (user?.aborted)
+            onAbort();
+        user?.addEventListener("abort", onAbort, { once: true });
+        try {
+            const r = await this.send(req, url, controller.signal);
+            if (r.status === 404 && req.missingOk) {
+                await r.body?.cancel();
+                return await use(undefined);
+            }
+            if (r.status < 200 || r.status >= 300)
+                throw errorFromResponse(r.status, r.headers, await r.text());
+            return await use(r);
+        }
+        catch (e) {
+            throw this.failure(e, req, url, timedOut, user);
+        }
+        finally {
+            clearTimeout(timer);
+            if (!req.streamed)
+                user?.removeEventListener("abort", onAbort);
+        }
+    }
+    /**
+     * Like `call`, for an answer read as a stream: the deadline and signal hold until the stream
+     * ends or its reader leaves; the stream's events come from `read`.
+     */
+    async *events(req, reader) {
+        const url = this.url + req.path;
+        const controller = new AbortController();
+        let timedOut = false;
+        const timer = setTimeout(() => {
+            timedOut = true;
+            controller.abort();
+        }, Math.min((req.deadline ?? this.timeout) * 1000, 2 ** 31 - 1));
+        const user = req.signal;
+        const onAbort = () => controller.abort(user?.reason);
+        if (user?.aborted)
+            onAbort();
+        user?.addEventListener("abort", onAbort, { once: true });
+        try {
+            const r = await this.send(req, url, controller.signal);
+            if (r.status !== 200)
+                throw errorFromResponse(r.status, r.headers, await r.text());
+            if (r.body === null)
+                throw new ProtocolError("invalid_response", `${req.method} ${req.path}: an empty stream`);
+            for await (const line of lines(r.body)) {
+                const event = reader.feed(line);
+                if (event !== undefined)
+                    yield event;
+            }
+            reader.finish();
+        }
+        catch (e) {
+            throw this.failure(e, req, url, timedOut, user);
+        }
+        finally {
+            clearTimeout(timer);
+            user?.removeEventListener("abort", onAbort);
+            controller.abort(); // a consumer that left early closes the connection
+        }
+    }
+    async send(req, url, signal) {
+        const headers = { "User-Agent": USER_AGENT, ...req.headers };
+        if (this.token)
+            headers["Authorization"] = `Bearer ${this.token}`;
+        let body;
+        let replayable = true;
+        if (req.json !== undefined) {
+            headers["Content-Type"] = "application/json";
+            body = JSON.stringify(req.json);
+        }
+        else if (req.body !== undefined) {
+            const b = uploadBody(req.body);
+            body = b.body;
+            replayable = b.replayable;
+        }
+        for (let attempt = 0;; attempt++) {
+            const init = { method: req.method, headers, signal };
+            if (body !== undefined) {
+                init.body = body;
+                if (!replayable)
+                    init.duplex = "half"; // a streamed body (Node's fetch requires it)
+            }
+            try {
+                return await this.fetchImpl(url, init);
+            }
+            catch (e) {
+                // kernelbox closes a kept-alive connection without an answer only before it handles a
+                // request on it (docs/http-api.md, slow and idle clients): sent again, once, when the
+                // body can be.
+                if (attempt === 0 && replayable && !signal.aborted && closedUnanswered(e))
+                    continue;
+                throw e;
+            }
+        }
+    }
+    failure(e, req, url, timedOut, user) {
+        if (e instanceof KernelboxError)
+            return e;
+        if (user?.aborted)
+            return user.reason;
+        const where = `${req.method} ${url}`;
+        if (timedOut) {
+            const hint = req.method === "POST" && req.path.endsWith("/execute") ? "; the cell may still be running (session.interrupt() stops it)" : "";
+            return new Timeout("timeout", `timed out waiting for kernelbox at ${where}${hint}`, { cause: e });
+        }
+        const cause = isObject(e) && isObject(e.cause) ? e.cause : undefined;
+        const what = String(cause?.code ?? cause?.message ?? (e instanceof Error ? e.message : e));
+        if (cause?.code === "ECONNREFUSED" || cause?.code === "ENOTFOUND" || cause?.code === "UND_ERR_CONNECT_TIMEOUT") {
+            return new ConnectionFailed("connection_failed", `could not connect to kernelbox at ${where}: ${what}`, { cause: e });
+        }
+        return new ConnectionFailed("connection_failed", `the connection to kernelbox broke during ${where}: ${what}`, { cause: e });
+    }
+}
+function closedUnanswered(e) {
+    const cause = e?.cause;
+    return cause?.code === "UND_ERR_SOCKET" || cause?.code === "ECONNRESET";
+}
+function uploadBody(data) {
+    if (typeof data === "string" || data instanceof Uint8Array || data instanceof ArrayBuffer || data instanceof Blob) {
+        return { body: data, replayable: true };
+    }
+    if (data instanceof ReadableStream)
+        return { body: data, replayable: false };
+    const iterator = data[Symbol.asyncIterator]();
+    const stream = new ReadableStream({
+        async pull(controller) {
+            const { done, value } = await iterator.next();
+            if (done)
+                controller.close();
+            else
+                controller.enqueue(value);
+        },
+        async cancel() {
+            await iterator.return?.();
+        },
+    });
+    return { body: stream, replayable: false };
+}
+/** One conversation (or one delegated child of it). */
+export class Session {
+    client;
+    name;
+    child;
+    files;
+    commands;
+    constructor(client, name, child) {
+        this.client = client;
+        this.name = name;
+        this.child = child;
+        this.files = new Files(this);
+        this.commands = new Commands(this);
+    }
+    executeRequest(code, options, stream) {
+        const body = { code };
+        if (options.network !== undefined)
+            body["network"] = { allow: options.network.allow ?? [], deny: options.network.deny ?? [] };
+        if (options.reset)
+            body["reset"] = true;
+        if (options.timeout !== undefined)
+            body["timeout"] = options.timeout;
+        if (options.taskId !== undefined)
+            body["task_id"] = options.taskId;
+        if (this.child !== undefined)
+            body["child"] = this.child;
+        if (options.tools !== undefined)
+            body["tools"] = options.tools;
+        return {
+            method: "POST",
+            path: sessionPath(this.name, "execute"),
+            json: body,
+            headers: { Accept: stream ? NDJSON : "application/json" },
+            deadline: runDeadline(options.timeout, this.client.timeout),
+            signal: options.signal,
+        };
+    }
+    /**
+     * Runs one cell. With `onOutput` or `onDisplay` the answer streams and they get each piece
+     * as the cell makes it. A cell that fails is a result (`status`), not an error; errors are
+     * calls the server refused.
+     */
+    async run(code, options = {}) {
+        if (options.onOutput || options.onDisplay) {
+            for await (const event of this.stream(code, options)) {
+                if (event.type === "output")
+                    options.onOutput?.(event.text);
+                else if (event.type === "display")
+                    options.onDisplay?.(event.result);
+                else
+                    return event.execution;
+            }
+            throw new ConnectionFailed("stream_ended", "the execute stream ended before the cell's result");
+        }
+        return execution(await this.client.json(this.executeRequest(code, options, false)));
+    }
+    /** Runs one cell, streaming: its output and displays as they come, its result last. */
+    stream(code, options = {}) {
+        return this.client.events(this.executeRequest(code, options, true), new ExecuteStreamReader());
+    }
+    /** Stops the session's running and queued cells (they end `interrupted`, the kernel kept); how many, 0 when none. */
+    async interrupt(options = {}) {
+        const body = await this.client.json({ method: "POST", path: sessionPath(this.name, "interrupt"), missingOk: true, signal: options.signal });
+        return isObject(body) ? Number(body["interrupted"] ?? 0) : 0;
+    }
+    /** Disposes of the session's kernels (its children's too), or of this child's; how many, 0 when none. */
+    async close(options = {}) {
+        const path = this.child === undefined ? sessionPath(this.name) : childPath(this.name, this.child);
+        const body = await this.client.json({ method: "DELETE", path, missingOk: true, signal: options.signal });
+        const key = this.child === undefined ? "cleared" : "released";
+        return isObject(body) ? Number(body[key] ?? 0) : 0;
+    }
+    /** An alias of `close()`, as agent frameworks name it. */
+    clear(options = {}) {
+        return this.close(options);
+    }
+    /**
+     * Sets the session's egress policy (docs/reliability.md, "Network egress"), applied at once
+     * to its kernel; returns how many of its connections it closed.
+     */
+    async setNetwork(policy, options = {}) {
+        const json = { allow: policy.allow ?? [], deny: policy.deny ?? [] };
+        const body = await this.client.json({ method: "PUT", path: sessionPath(this.name, "network"), json, signal: options.signal });
+        return isObject(body) ? Number(body["closed"] ?? 0) : 0;
+    }
+    /** Replaces the session's settings (docs/http-api.md, "Session settings"). */
+    async setSettings(settings, options = {}) {
+        const json = settingsBody(settings);
+        return settingsApplied(await this.client.json({ method: "PUT", path: sessionPath(this.name, "settings"), json, signal: options.signal }));
+    }
+    /** The session's settings (all absent when it set none). */
+    async settings(options = {}) {
+        return sessionSettings(await this.client.json({ method: "GET", path: sessionPath(this.name, "settings"), signal: options.signal }));
+    }
+}
+/** Shell commands in the session's kernel container (docs/contract.md, "Commands"). */
+export class Commands {
+    session;
+    constructor(session) {
+        this.session = session;
+    }
+    request(command, options, stream) {
+        if (this.session.child !== undefined) {
+            throw new TypeError("commands run in a session's own kernel; the API has none for a delegated child");
+        }
+        const body = { command };
+        if (options.cwd !== undefined)
+            body["cwd"] = options.cwd;
+        if (options.env !== undefined)
+            body["env"] = options.env;
+        if (options.stdin !== undefined)
+            body["stdin"] = options.stdin;
+        if (options.timeout !== undefined)
+            body["timeout"] = options.timeout;
+        return {
+            method: "POST",
+            path: sessionPath(this.session.name, "commands"),
+            json: body,
+            headers: { Accept: stream ? NDJSON : "application/json" },
+            deadline: runDeadline(options.timeout, this.session.client.timeout),
+            signal: options.signal,
+        };
+    }
+    /**
+     * Runs `command` (an array of arguments run as given, or a string run by `/bin/sh -c`). A
+     * command that fails is a result (`exitCode`), not an error. With `onStdout` / `onStderr`
+     * the answer streams.
+     */
+    async run(command, options = {}) {
+        if (options.onStdout || options.onStderr) {
+            for await (const event of this.stream(command, options)) {
+                if (event.type === "stdout")
+                    options.onStdout?.(event.text);
+                else if (event.type === "stderr")
+                    options.onStderr?.(event.text);
+                else
+                    return event.result;
+            }
+            throw new ConnectionFailed("stream_ended", "the command stream ended before the command's result");
+        }
+        return commandResult(await this.session.client.json(this.request(command, options, false)));
+    }
+    /** Runs `command`, streaming its stdout and stderr as they come, its result last. */
+    stream(command, options = {}) {
+        return this.session.client.events(this.request(command, options, true), new CommandStreamReader());
+    }
+}
+/** The files of a session's kernel, relative to its working directory (`/work`; docs/files.md). */
+export class Files {
+    session;
+    constructor(session) {
+        this.session = session;
+    }
+    request(method, path, extra) {
+        const s = this.session;
+        const req = { method, path: filePath(s.name, path), ...extra };
+        if (s.child !== undefined)
+            req.query = [["child", s.child]];
+        return req;
+    }
+    /** Stores `data` at `path`, creating parents; starts the kernel if needed. With `tar`, extracts the archive into the directory `path`. */
+    async write(path, data, options = {}) {
+        const headers = { "Content-Type": options.tar ? TAR : "application/octet-stream" };
+        const req = this.request("PUT", path, { body: data, headers, signal: options.signal, deadline: 7 * 24 * 3600 });
+        return written(await this.session.client.json(req));
+    }
+    async read(path, options = {}) {
+        const headers = options.tar ? { Accept: TAR } : {};
+        const client = this.session.client;
+        if (options.as === "stream") {
+            // The deadline bounds the answer's headers; the stream is the caller's to read or cancel
+            // (its `signal` aborts it too).
+            const req = this.request("GET", path, { headers, signal: options.signal, streamed: true });
+            const body = await client.call(req, async (r) => r?.body ?? null);
+            return body ?? new ReadableStream({ start: (c) => c.close() });
+        }
+        const req = this.request("GET", path, { headers, signal: options.signal, deadline: 7 * 24 * 3600 });
+        const bytes = await client.bytes(req);
+        return options.as === "text" ? new TextDecoder().decode(bytes) : bytes;
+    }
+    /** The entries of the directory at `path`. */
+    async list(path = ".", options = {}) {
+        const req = this.request("GET", path, { headers: { Accept: "application/json" }, signal: options.signal });
+        return listing(await this.session.client.json(req));
+    }
+    /** Deletes the file or directory tree at `path` (a symlink itself); returns the path removed (`/work/...`). */
+    async remove(path, options = {}) {
+        const body = await this.session.client.json(this.request("DELETE", path, { signal: options.signal }));
+        return isObject(body) ? String(body["deleted"] ?? "") : "";
+    }
+    /** The session's workspace (docs/workspaces.md) as a tar stream, without starting its kernel. */
+    async saveWorkspace(options = {}) {
+        const s = this.session;
+        const req = { method: "GET", path: sessionPath(s.name, "workspace"), signal: options.signal, streamed: true };
+        if (s.child !== undefined)
+            req.query = [["child", s.child]];
+        const body = await s.client.call(req, async (r) => r?.body ?? null);
+        return body ?? new ReadableStream({ start: (c) => c.close() });
+    }
+    /** Extracts the tar `data` into the session's workspace (made when it has none), without starting its kernel. */
+    async restoreWorkspace(data, options = {}) {
+        const s = this.session;
+        const req = { method: "PUT", path: sessionPath(s.name, "workspace"), body: data, headers: { "Content-Type": TAR }, signal: options.signal, deadline: 7 * 24 * 3600 };
+        if (s.child !== undefined)
+            req.query = [["child", s.child]];
+        return written(await s.client.json(req));
+    }
+}

@@ -1,0 +1,538 @@
+/**
+ * The client: `Client`, `Session`, `Files`, `Commands` over the platform's `fetch` (Node >= 18,
+ * Deno, Bun, browsers where CORS allows). Every call takes an optional `AbortSignal`: aborting
+ * stops the request (the call rejects with the signal's reason), never the kernel; a cell
+ * already running goes on (`session.interrupt()` stops it).
+ */
+
+import { ConnectionFailed, errorFromResponse, isObject, KernelboxError, ProtocolError, Timeout } from "./errors.js";
+import {
+  CommandResult,
+  commandResult,
+  Execution,
+  execution,
+  KernelSummary,
+  kernelSummary,
+  Listing,
+  listing,
+  NetworkPolicy,
+  RichResult,
+  SessionSettings,
+  sessionSettings,
+  settingsApplied,
+  SettingsApplied,
+  settingsBody,
+  UsageGrouping,
+  UsageReport,
+  usageReport,
+  workspaceSummary,
+  WorkspaceSummary,
+  Written,
+  written,
+} from "./types.js";
+import {
+  childPath,
+  CommandStreamEvent,
+  CommandStreamReader,
+  DEFAULT_TIMEOUT,
+  DEFAULT_URL,
+  envVar,
+  ExecuteStreamReader,
+  filePath,
+  lines,
+  NDJSON,
+  runDeadline,
+  sessionPath,
+  StreamEvent,
+  TAR,
+  USER_AGENT,
+  workspacePath,
+} from "./wire.js";
+
+export interface ClientOptions {
+  /** Default `KERNELBOX_URL`, else `http://127.0.0.1:8080`. */
+  url?: string;
+  /** Default `KERNELBOX_TOKEN`. */
+  token?: string;
+  /** Seconds a control call may take (and the slack on top of a cell's timeout); default 30. */
+  timeout?: number;
+  /** A `fetch` of your own (a proxy agent, a test double); default the platform's. */
+  fetch?: typeof fetch;
+}
+
+/** What every call accepts. */
+export interface CallOptions {
+  /** Aborting stops this request (the call rejects with the signal's reason), never the kernel. */
+  signal?: AbortSignal;
+}
+
+export interface RunOptions extends CallOptions {
+  /** Seconds the cell may run (the server's default otherwise); past it the kernel is lost (`stateLost.reason == "timeout"`). */
+  timeout?: number;
+  /** Start from a fresh kernel. */
+  reset?: boolean;
+  /** An id the server logs and passes to tool calls. */
+  taskId?: string;
+  /** Tools of the tenant's endpoint the cell may call. */
+  tools?: string[];
+  /** Sets the session's egress policy first (it stays the session's), as `setNetwork` does. */
+  network?: NetworkPolicy;
+  /** Text as the cell writes it (stdout and stderr interleaved); streams the answer. */
+  onOutput?: (text: string) => void;
+  /** Each rich result as it is displayed; streams the answer. */
+  onDisplay?: (result: RichResult) => void;
+}
+
+export interface CommandOptions extends CallOptions {
+  /** Working directory inside the kernel (default `/work`). */
+  cwd?: string;
+  env?: Record<string, string>;
+  stdin?: string;
+  /** Seconds; past it the command's whole process group is killed (`timedOut`), the kernel kept. */
+  timeout?: number;
+  onStdout?: (text: string) => void;
+  onStderr?: (text: string) => void;
+}
+
+/** What `files.write` sends: text (UTF-8), bytes, a Blob, or a stream / async iterable of bytes (streamed, never held whole). */
+export type FileData = string | Uint8Array | ArrayBuffer | Blob | ReadableStream<Uint8Array> | AsyncIterable<Uint8Array>;
+
+export interface WriteOptions extends CallOptions {
+  /** `data` is a tar archive extracted into the directory `path`. */
+  tar?: boolean;
+}
+
+export interface ReadOptions extends CallOptions {
+  /** The directory at `path` as a tar archive. */
+  tar?: boolean;
+}
+
+interface Request {
+  method: string;
+  path: string;
+  query?: [string, string][];
+  json?: unknown;
+  body?: FileData;
+  headers?: Record<string, string>;
+  /** Seconds for the whole call; undefined: the client's timeout. For a `stream` answer, until its headers. */
+  deadline?: number;
+  signal?: AbortSignal | undefined;
+  /** A 404 is an answer (undefined), not an error. */
+  missingOk?: boolean;
+  /** The answer's body is handed on as a stream: `signal` keeps aborting it after the call returns. */
+  streamed?: boolean;
+}
+
+/** A kernelbox server. */
+export class Client {
+  readonly url: string;
+  readonly timeout: number;
+  private readonly token: string | undefined;
+  private readonly fetchImpl: typeof fetch;
+
+  constructor(options: ClientOptions = {}) {
+    this.url = (options.url ?? envVar("KERNELBOX_URL") ?? DEFAULT_URL).replace(/\/+$/, "");
+    this.token = options.token ?? envVar("KERNELBOX_TOKEN");
+    this.timeout = options.timeout ?? DEFAULT_TIMEOUT;
+    this.fetchImpl = options.fetch ?? globalThis.fetch.bind(globalThis);
+  }
+
+  /** A conversation's kernel (started by its first run); `child` a delegated sub-agent's. */
+  session(name: string, options: { child?: string } = {}): Session {
+    return new Session(this, name, options.child);
+  }
+
+  /** The live kernels of this token's tenant; with `labels`, those of sessions carrying every one. */
+  async kernels(options: CallOptions & { labels?: Record<string, string> } = {}): Promise<KernelSummary[]> {
+    const query = Object.entries(options.labels ?? {}).map(([k, v]): [string, string] => ["label", `${k}:${v}`]);
+    const body = await this.json({ method: "GET", path: "/v1/kernels", query, signal: options.signal });
+    const items = isObject(body) && Array.isArray(body["kernels"]) ? body["kernels"] : [];
+    return items.filter(isObject).map(kernelSummary);
+  }
+
+  /** The usage ledger (docs/usage.md) from `from` to `to` (RFC 3339 or Unix seconds; default the last day). */
+  async usage(options: CallOptions & { from?: string; to?: string; groupBy?: UsageGrouping; tenant?: string } = {}): Promise<UsageReport> {
+    const query: [string, string][] = [];
+    if (options.from !== undefined) query.push(["from", options.from]);
+    if (options.to !== undefined) query.push(["to", options.to]);
+    query.push(["group_by", options.groupBy ?? "session"]);
+    if (options.tenant !== undefined) query.push(["tenant", options.tenant]);
+    return usageReport(await this.json({ method: "GET", path: "/v1/usage", query, signal: options.signal }));
+  }
+
+  /** The tenant's workspaces (docs/workspaces.md); `NotFound` (`workspace_not_found`) when it has none. */
+  async workspaces(options: CallOptions = {}): Promise<WorkspaceSummary[]> {
+    const body = await this.json({ method: "GET", path: "/v1/workspaces", signal: options.signal });
+    const items = isObject(body) && Array.isArray(body["workspaces"]) ? body["workspaces"] : [];
+    return items.filter(isObject).map(workspaceSummary);
+  }
+
+  /** Deletes the workspace `name` and its files; returns the name. `Conflict` while a kernel has it mounted. */
+  async deleteWorkspace(name: string, options: CallOptions = {}): Promise<string> {
+    const body = await this.json({ method: "DELETE", path: workspacePath(name), signal: options.signal });
+    return isObject(body) ? String(body["deleted"] ?? "") : "";
+  }
+
+  // --- transport (used by Session, Files, Commands) ---
+
+  /** Sends `req`; the answer's JSON (undefined for a 404 with `missingOk`). */
+  async json(req: Request): Promise<unknown> {
+    const text = await this.text(req);
+    if (text === undefined) return undefined;
+    try {
+      return JSON.parse(text);
+    } catch (e) {
+      throw new ProtocolError("invalid_response", `${req.method} ${req.path}: the answer is not JSON (${String(e)})`);
+    }
+  }
+
+  async text(req: Request): Promise<string | undefined> {
+    return this.call(req, async (r) => (r === undefined ? undefined : r.text()));
+  }
+
+  async bytes(req: Request): Promise<Uint8Array> {
+    return this.call(req, async (r) => new Uint8Array(r === undefined ? new ArrayBuffer(0) : await r.arrayBuffer()));
+  }
+
+  /**
+   * Sends `req` and hands the answer to `use` while the call's deadline and signal still hold
+   * (so reading the body is bounded too); transport failures become typed errors.
+   */
+  async call<T>(req: Request, use: (r: Response | undefined) => Promise<T>): Promise<T> {
+    const url = this.url + req.path + (req.query && req.query.length ? "?" + new URLSearchParams(req.query).toString() : "");
+    const controller = new AbortController();
+    const deadline = req.deadline ?? this.timeout;
+    let timedOut = false;
+    const timer = setTimeout(() => {
+      timedOut = true;
+      controller.abort();
+    }, Math.min(deadline * 1000, 2 ** 31 - 1));
+    const user = req.signal;
+    const onAbort = (): void => controller.abort(user?.reason);
+    if (user?.aborted) onAbort();
+    user?.addEventListener("abort", onAbort, { once: true });
+    try {
+      const r = await this.send(req, url, controller.signal);
+      if (r.status === 404 && req.missingOk) {
+        await r.body?.cancel();
+        return await use(undefined);
+      }
+      if (r.status < 200 || r.status >= 300) throw errorFromResponse(r.status, r.headers, await r.text());
+      return await use(r);
+    } catch (e) {
+      throw this.failure(e, req, url, timedOut, user);
+    } finally {
+      clearTimeout(timer);
+      if (!req.streamed) user?.removeEventListener("abort", onAbort);
+    }
+  }
+
+  /**
+   * Like `call`, for an answer read as a stream: the deadline and signal hold until the stream
+   * ends or its reader leaves; the stream's events come from `read`.
+   */
+  async *events<E>(req: Request, reader: { feed(line: string): E | undefined; finish(): void }): AsyncGenerator<E> {
+    const url = this.url + req.path;
+    const controller = new AbortController();
+    let timedOut = false;
+    const timer = setTimeout(() => {
+      timedOut = true;
+      controller.abort();
+    }, Math.min((req.deadline ?? this.timeout) * 1000, 2 ** 31 - 1));
+    const user = req.signal;
+    const onAbort = (): void => controller.abort(user?.reason);
+    if (user?.aborted) onAbort();
+    user?.addEventListener("abort", onAbort, { once: true });
+    try {
+      const r = await this.send(req, url, controller.signal);
+      if (r.status !== 200) throw errorFromResponse(r.status, r.headers, await r.text());
+      if (r.body === null) throw new ProtocolError("invalid_response", `${req.method} ${req.path}: an empty stream`);
+      for await (const line of lines(r.body)) {
+        const event = reader.feed(line);
+        if (event !== undefined) yield event;
+      }
+      reader.finish();
+    } catch (e) {
+      throw this.failure(e, req, url, timedOut, user);
+    } finally {
+      clearTimeout(timer);
+      user?.removeEventListener("abort", onAbort);
+      controller.abort(); // a consumer that left early closes the connection
+    }
+  }
+
+  private async send(req: Request, url: string, signal: AbortSignal): Promise<Response> {
+    const headers: Record<string, string> = { "User-Agent": USER_AGENT, ...req.headers };
+    if (this.token) headers["Authorization"] = `Bearer ${this.token}`;
+    let body: BodyInit | undefined;
+    let replayable = true;
+    if (req.json !== undefined) {
+      headers["Content-Type"] = "application/json";
+      body = JSON.stringify(req.json);
+    } else if (req.body !== undefined) {
+      const b = uploadBody(req.body);
+      body = b.body;
+      replayable = b.replayable;
+    }
+    for (let attempt = 0; ; attempt++) {
+      const init: RequestInit & { duplex?: string } = { method: req.method, headers, signal };
+      if (body !== undefined) {
+        init.body = body;
+        if (!replayable) init.duplex = "half"; // a streamed body (Node's fetch requires it)
+      }
+      try {
+        return await this.fetchImpl(url, init);
+      } catch (e) {
+        // kernelbox closes a kept-alive connection without an answer only before it handles a
+        // request on it (docs/http-api.md, slow and idle clients): sent again, once, when the
+        // body can be.
+        if (attempt === 0 && replayable && !signal.aborted && closedUnanswered(e)) continue;
+        throw e;
+      }
+    }
+  }
+
+  private failure(e: unknown, req: Request, url: string, timedOut: boolean, user: AbortSignal | undefined): unknown {
+    if (e instanceof KernelboxError) return e;
+    if (user?.aborted) return user.reason;
+    const where = `${req.method} ${url}`;
+    if (timedOut) {
+      const hint = req.method === "POST" && req.path.endsWith("/execute") ? "; the cell may still be running (session.interrupt() stops it)" : "";
+      return new Timeout("timeout", `timed out waiting for kernelbox at ${where}${hint}`, { cause: e });
+    }
+    const cause = isObject(e) && isObject((e as { cause?: unknown }).cause) ? (e as { cause: { code?: unknown; message?: unknown } }).cause : undefined;
+    const what = String(cause?.code ?? cause?.message ?? (e instanceof Error ? e.message : e));
+    if (cause?.code === "ECONNREFUSED" || cause?.code === "ENOTFOUND" || cause?.code === "UND_ERR_CONNECT_TIMEOUT") {
+      return new ConnectionFailed("connection_failed", `could not connect to kernelbox at ${where}: ${what}`, { cause: e });
+    }
+    return new ConnectionFailed("connection_failed", `the connection to kernelbox broke during ${where}: ${what}`, { cause: e });
+  }
+}
+
+function closedUnanswered(e: unknown): boolean {
+  const cause = (e as { cause?: { code?: unknown } } | undefined)?.cause;
+  return cause?.code === "UND_ERR_SOCKET" || cause?.code === "ECONNRESET";
+}
+
+function uploadBody(data: FileData): { body: BodyInit; replayable: boolean } {
+  if (typeof data === "string" || data instanceof Uint8Array || data instanceof ArrayBuffer || data instanceof Blob) {
+    return { body: data, replayable: true };
+  }
+  if (data instanceof ReadableStream) return { body: data, replayable: false };
+  const iterator = data[Symbol.asyncIterator]();
+  const stream = new ReadableStream<Uint8Array>({
+    async pull(controller) {
+      const { done, value } = await iterator.next();
+      if (done) controller.close();
+      else controller.enqueue(value);
+    },
+    async cancel() {
+      await iterator.return?.();
+    },
+  });
+  return { body: stream, replayable: false };
+}
+
+/** One conversation (or one delegated child of it). */
+export class Session {
+  readonly files: Files;
+  readonly commands: Commands;
+
+  constructor(readonly client: Client, readonly name: string, readonly child?: string) {
+    this.files = new Files(this);
+    this.commands = new Commands(this);
+  }
+
+  private executeRequest(code: string, options: RunOptions, stream: boolean): Request {
+    const body: Record<string, unknown> = { code };
+    if (options.network !== undefined) body["network"] = { allow: options.network.allow ?? [], deny: options.network.deny ?? [] };
+    if (options.reset) body["reset"] = true;
+    if (options.timeout !== undefined) body["timeout"] = options.timeout;
+    if (options.taskId !== undefined) body["task_id"] = options.taskId;
+    if (this.child !== undefined) body["child"] = this.child;
+    if (options.tools !== undefined) body["tools"] = options.tools;
+    return {
+      method: "POST",
+      path: sessionPath(this.name, "execute"),
+      json: body,
+      headers: { Accept: stream ? NDJSON : "application/json" },
+      deadline: runDeadline(options.timeout, this.client.timeout),
+      signal: options.signal,
+    };
+  }
+
+  /**
+   * Runs one cell. With `onOutput` or `onDisplay` the answer streams and they get each piece
+   * as the cell makes it. A cell that fails is a result (`status`), not an error; errors are
+   * calls the server refused.
+   */
+  async run(code: string, options: RunOptions = {}): Promise<Execution> {
+    if (options.onOutput || options.onDisplay) {
+      for await (const event of this.stream(code, options)) {
+        if (event.type === "output") options.onOutput?.(event.text);
+        else if (event.type === "display") options.onDisplay?.(event.result);
+        else return event.execution;
+      }
+      throw new ConnectionFailed("stream_ended", "the execute stream ended before the cell's result");
+    }
+    return execution(await this.client.json(this.executeRequest(code, options, false)));
+  }
+
+  /** Runs one cell, streaming: its output and displays as they come, its result last. */
+  stream(code: string, options: Omit<RunOptions, "onOutput" | "onDisplay"> = {}): AsyncGenerator<StreamEvent> {
+    return this.client.events(this.executeRequest(code, options, true), new ExecuteStreamReader());
+  }
+
+  /** Stops the session's running and queued cells (they end `interrupted`, the kernel kept); how many, 0 when none. */
+  async interrupt(options: CallOptions = {}): Promise<number> {
+    const body = await this.client.json({ method: "POST", path: sessionPath(this.name, "interrupt"), missingOk: true, signal: options.signal });
+    return isObject(body) ? Number(body["interrupted"] ?? 0) : 0;
+  }
+
+  /** Disposes of the session's kernels (its children's too), or of this child's; how many, 0 when none. */
+  async close(options: CallOptions = {}): Promise<number> {
+    const path = this.child === undefined ? sessionPath(this.name) : childPath(this.name, this.child);
+    const body = await this.client.json({ method: "DELETE", path, missingOk: true, signal: options.signal });
+    const key = this.child === undefined ? "cleared" : "released";
+    return isObject(body) ? Number(body[key] ?? 0) : 0;
+  }
+
+  /** An alias of `close()`, as agent frameworks name it. */
+  clear(options: CallOptions = {}): Promise<number> {
+    return this.close(options);
+  }
+
+  /**
+   * Sets the session's egress policy (docs/reliability.md, "Network egress"), applied at once
+   * to its kernel; returns how many of its connections it closed.
+   */
+  async setNetwork(policy: NetworkPolicy, options: CallOptions = {}): Promise<number> {
+    const json = { allow: policy.allow ?? [], deny: policy.deny ?? [] };
+    const body = await this.client.json({ method: "PUT", path: sessionPath(this.name, "network"), json, signal: options.signal });
+    return isObject(body) ? Number(body["closed"] ?? 0) : 0;
+  }
+
+  /** Replaces the session's settings (docs/http-api.md, "Session settings"). */
+  async setSettings(settings: SessionSettings, options: CallOptions = {}): Promise<SettingsApplied> {
+    const json = settingsBody(settings);
+    return settingsApplied(await this.client.json({ method: "PUT", path: sessionPath(this.name, "settings"), json, signal: options.signal }));
+  }
+
+  /** The session's settings (all absent when it set none). */
+  async settings(options: CallOptions = {}): Promise<SessionSettings> {
+    return sessionSettings(await this.client.json({ method: "GET", path: sessionPath(this.name, "settings"), signal: options.signal }));
+  }
+}
+
+/** Shell commands in the session's kernel container (docs/contract.md, "Commands"). */
+export class Commands {
+  constructor(private readonly session: Session) {}
+
+  private request(command: string | string[], options: CommandOptions, stream: boolean): Request {
+    if (this.session.child !== undefined) {
+      throw new TypeError("commands run in a session's own kernel; the API has none for a delegated child");
+    }
+    const body: Record<string, unknown> = { command };
+    if (options.cwd !== undefined) body["cwd"] = options.cwd;
+    if (options.env !== undefined) body["env"] = options.env;
+    if (options.stdin !== undefined) body["stdin"] = options.stdin;
+    if (options.timeout !== undefined) body["timeout"] = options.timeout;
+    return {
+      method: "POST",
+      path: sessionPath(this.session.name, "commands"),
+      json: body,
+      headers: { Accept: stream ? NDJSON : "application/json" },
+      deadline: runDeadline(options.timeout, this.session.client.timeout),
+      signal: options.signal,
+    };
+  }
+
+  /**
+   * Runs `command` (an array of arguments run as given, or a string run by `/bin/sh -c`). A
+   * command that fails is a result (`exitCode`), not an error. With `onStdout` / `onStderr`
+   * the answer streams.
+   */
+  async run(command: string | string[], options: CommandOptions = {}): Promise<CommandResult> {
+    if (options.onStdout || options.onStderr) {
+      for await (const event of this.stream(command, options)) {
+        if (event.type === "stdout") options.onStdout?.(event.text);
+        else if (event.type === "stderr") options.onStderr?.(event.text);
+        else return event.result;
+      }
+      throw new ConnectionFailed("stream_ended", "the command stream ended before the command's result");
+    }
+    return commandResult(await this.session.client.json(this.request(command, options, false)));
+  }
+
+  /** Runs `command`, streaming its stdout and stderr as they come, its result last. */
+  stream(command: string | string[], options: Omit<CommandOptions, "onStdout" | "onStderr"> = {}): AsyncGenerator<CommandStreamEvent> {
+    return this.session.client.events(this.request(command, options, true), new CommandStreamReader());
+  }
+}
+
+/** The files of a session's kernel, relative to its working directory (`/work`; docs/files.md). */
+export class Files {
+  constructor(private readonly session: Session) {}
+
+  private request(method: string, path: string, extra: Partial<Request>): Request {
+    const s = this.session;
+    const req: Request = { method, path: filePath(s.name, path), ...extra };
+    if (s.child !== undefined) req.query = [["child", s.child]];
+    return req;
+  }
+
+  /** Stores `data` at `path`, creating parents; starts the kernel if needed. With `tar`, extracts the archive into the directory `path`. */
+  async write(path: string, data: FileData, options: WriteOptions = {}): Promise<Written> {
+    const headers = { "Content-Type": options.tar ? TAR : "application/octet-stream" };
+    const req = this.request("PUT", path, { body: data, headers, signal: options.signal, deadline: 7 * 24 * 3600 });
+    return written(await this.session.client.json(req));
+  }
+
+  /** The file at `path`: bytes (default), text (UTF-8) or a stream; with `tar`, the directory at `path` as a tar archive. */
+  read(path: string, options?: ReadOptions & { as?: "bytes" }): Promise<Uint8Array>;
+  read(path: string, options: ReadOptions & { as: "text" }): Promise<string>;
+  read(path: string, options: ReadOptions & { as: "stream" }): Promise<ReadableStream<Uint8Array>>;
+  async read(path: string, options: ReadOptions & { as?: "bytes" | "text" | "stream" } = {}): Promise<Uint8Array | string | ReadableStream<Uint8Array>> {
+    const headers: Record<string, string> = options.tar ? { Accept: TAR } : {};
+    const client = this.session.client;
+    if (options.as === "stream") {
+      // The deadline bounds the answer's headers; the stream is the caller's to read or cancel
+      // (its `signal` aborts it too).
+      const req = this.request("GET", path, { headers, signal: options.signal, streamed: true });
+      const body = await client.call(req, async (r) => r?.body ?? null);
+      return body ?? new ReadableStream<Uint8Array>({ start: (c) => c.close() });
+    }
+    const req = this.request("GET", path, { headers, signal: options.signal, deadline: 7 * 24 * 3600 });
+    const bytes = await client.bytes(req);
+    return options.as === "text" ? new TextDecoder().decode(bytes) : bytes;
+  }
+
+  /** The entries of the directory at `path`. */
+  async list(path = ".", options: CallOptions = {}): Promise<Listing> {
+    const req = this.request("GET", path, { headers: { Accept: "application/json" }, signal: options.signal });
+    return listing(await this.session.client.json(req));
+  }
+
+  /** Deletes the file or directory tree at `path` (a symlink itself); returns the path removed (`/work/...`). */
+  async remove(path: string, options: CallOptions = {}): Promise<string> {
+    const body = await this.session.client.json(this.request("DELETE", path, { signal: options.signal }));
+    return isObject(body) ? String(body["deleted"] ?? "") : "";
+  }
+
+  /** The session's workspace (docs/workspaces.md) as a tar stream, without starting its kernel. */
+  async saveWorkspace(options: CallOptions = {}): Promise<ReadableStream<Uint8Array>> {
+    const s = this.session;
+    const req: Request = { method: "GET", path: sessionPath(s.name, "workspace"), signal: options.signal, streamed: true };
+    if (s.child !== undefined) req.query = [["child", s.child]];
+    const body = await s.client.call(req, async (r) => r?.body ?? null);
+    return body ?? new ReadableStream<Uint8Array>({ start: (c) => c.close() });
+  }
+
+  /** Extracts the tar `data` into the session's workspace (made when it has none), without starting its kernel. */
+  async restoreWorkspace(data: FileData, options: CallOptions = {}): Promise<Written> {
+    const s = this.session;
+    const req: Request = { method: "PUT", path: sessionPath(s.name, "workspace"), body: data, headers: { "Content-Type": TAR }, signal: options.signal, deadline: 7 * 24 * 3600 };
+    if (s.child !== undefined) req.query = [["child", s.child]];
+    return written(await s.client.json(req));
+  }
+}

@@ -1,0 +1,37 @@
+/**
+ * kernelbox's TypeScript client (docs/typescript-client.md): zero runtime dependencies, the
+ * platform's `fetch`, `ReadableStream` and `AbortSignal`.
+ *
+ * | file | what it holds |
+ * |---|---|
+ * | client.ts | `Client`, `Session`, `Files`, `Commands`: the calls, deadlines, abort |
+ * | wire.ts | URLs, deadlines, the NDJSON reader and the stream events |
+ * | types.ts | the server's answers as typed objects, each mirroring an `/openapi.json` schema |
+ * | errors.ts | the typed errors, from an HTTP status or a stream's `error` event |
+ * | adapters/ai-sdk.ts | a tool in the Vercel AI SDK's shape |
+ */
+
+export * from "./errors.js";
+export * from "./types.js";
+export {
+  COMMAND_STREAM_EVENTS,
+  CommandStreamEvent,
+  DEFAULT_TIMEOUT,
+  DEFAULT_URL,
+  STREAM_EVENTS,
+  StreamEvent,
+} from "./wire.js";
+export {
+  CallOptions,
+  Client,
+  ClientOptions,
+  CommandOptions,
+  Commands,
+  FileData,
+  Files,
+  ReadOptions,
+  RunOptions,
+  Session,
+  WriteOptions,
+} from "./client.js";
+export { executeCodeTool, ExecuteCodeTool } from "./adapters/ai-sdk.js";
