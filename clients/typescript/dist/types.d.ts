@@ -51,8 +51,10 @@ export interface KernelInfo {
  */
 export declare class RichResult {
     data: Record<string, unknown>;
-    metadata?: Record<string, unknown>;
-    isMainResult?: boolean;
+    /** Per-MIME metadata, as in nbformat (an image's `width` and `height`). */
+    metadata: Record<string, unknown>;
+    /** The value of the cell's last expression (Jupyter's `execute_result`). */
+    isMainResult: boolean;
     constructor(data: Record<string, unknown>, metadata?: Record<string, unknown>, isMainResult?: boolean);
     /** The MIME types this result carries. */
     get formats(): string[];
@@ -114,12 +116,12 @@ export interface FileEntry {
     kind: FileKind;
     size: number;
     /** RFC 3339, UTC. */
-    modified?: string;
+    modified: string;
 }
 /** A directory's entries; `truncated` when it held more than were listed. */
 export interface Listing {
     entries: FileEntry[];
-    truncated?: boolean;
+    truncated: boolean;
 }
 /** What a write stored: the absolute path in the kernel, the bytes, for a tar the files extracted. */
 export interface Written {

@@ -22,14 +22,14 @@ function b64decode(text) {
  */
 export class RichResult {
     data;
+    /** Per-MIME metadata, as in nbformat (an image's `width` and `height`). */
     metadata;
+    /** The value of the cell's last expression (Jupyter's `execute_result`). */
     isMainResult;
-    constructor(data, metadata, isMainResult) {
+    constructor(data, metadata = {}, isMainResult = false) {
         this.data = data;
-        if (metadata !== undefined)
-            this.metadata = metadata;
-        if (isMainResult !== undefined)
-            this.isMainResult = isMainResult;
+        this.metadata = metadata;
+        this.isMainResult = isMainResult;
     }
     /** The MIME types this result carries. */
     get formats() {
@@ -146,7 +146,7 @@ export function kernelInfo(v) {
 }
 export function richResult(v) {
     const d = obj(v);
-    return new RichResult(obj(d["data"]), isObject(d["metadata"]) ? d["metadata"] : undefined, optBool(d["is_main_result"]));
+    return new RichResult(obj(d["data"]), obj(d["metadata"]), d["is_main_result"] === true);
 }
 export function execution(v, streamBytesDropped = 0) {
     if (!isObject(v))
@@ -163,7 +163,7 @@ export function execution(v, streamBytesDropped = 0) {
         kernel: kernelInfo(d["kernel"]),
         streamBytesDropped,
         ok: status === "success",
-        mainResult: results?.find((r) => r.isMainResult === true),
+        mainResult: results?.find((r) => r.isMainResult),
         raw: d,
     };
     put(out, "error", optStr(d["error"]));
@@ -197,12 +197,11 @@ export function listing(v) {
     const entries = Array.isArray(d["entries"]) ? d["entries"].filter(isObject) : [];
     const out = {
         entries: entries.map((e) => {
-            const entry = { name: str(e["name"]), kind: str(e["kind"]), size: num(e["size"]) };
-            put(entry, "modified", optStr(e["modified"]));
+            const entry = { name: str(e["name"]), kind: str(e["kind"]), size: num(e["size"]), modified: str(e["modified"]) };
             return entry;
         }),
+        truncated: d["truncated"] === true,
     };
-    put(out, "truncated", optBool(d["truncated"]));
     return out;
 }
 export function written(v) {

@@ -68,13 +68,15 @@ function b64decode(text: string): Uint8Array {
  */
 export class RichResult {
   data: Record<string, unknown>;
-  metadata?: Record<string, unknown>;
-  isMainResult?: boolean;
+  /** Per-MIME metadata, as in nbformat (an image's `width` and `height`). */
+  metadata: Record<string, unknown>;
+  /** The value of the cell's last expression (Jupyter's `execute_result`). */
+  isMainResult: boolean;
 
-  constructor(data: Record<string, unknown>, metadata?: Record<string, unknown>, isMainResult?: boolean) {
+  constructor(data: Record<string, unknown>, metadata: Record<string, unknown> = {}, isMainResult = false) {
     this.data = data;
-    if (metadata !== undefined) this.metadata = metadata;
-    if (isMainResult !== undefined) this.isMainResult = isMainResult;
+    this.metadata = metadata;
+    this.isMainResult = isMainResult;
   }
 
   /** The MIME types this result carries. */
@@ -161,13 +163,13 @@ export interface FileEntry {
   kind: FileKind;
   size: number;
   /** RFC 3339, UTC. */
-  modified?: string;
+  modified: string;
 }
 
 /** A directory's entries; `truncated` when it held more than were listed. */
 export interface Listing {
   entries: FileEntry[];
-  truncated?: boolean;
+  truncated: boolean;
 }
 
 /** What a write stored: the absolute path in the kernel, the bytes, for a tar the files extracted. */
@@ -347,7 +349,7 @@ export function kernelInfo(v: unknown): KernelInfo {
 
 export function richResult(v: unknown): RichResult {
   const d = obj(v);
-  return new RichResult(obj(d["data"]), isObject(d["metadata"]) ? d["metadata"] : undefined, optBool(d["is_main_result"]));
+  return new RichResult(obj(d["data"]), obj(d["metadata"]), d["is_main_result"] === true);
 }
 
 export function execution(v: unknown, streamBytesDropped = 0): Execution {
@@ -364,7 +366,7 @@ export function execution(v: unknown, streamBytesDropped = 0): Execution {
     kernel: kernelInfo(d["kernel"]),
     streamBytesDropped,
     ok: status === "success",
-    mainResult: results?.find((r) => r.isMainResult === true),
+    mainResult: results?.find((r) => r.isMainResult),
     raw: d,
   };
   put(out, "error", optStr(d["error"]));
@@ -400,12 +402,11 @@ export function listing(v: unknown): Listing {
   const entries = Array.isArray(d["entries"]) ? d["entries"].filter(isObject) : [];
   const out: Listing = {
     entries: entries.map((e) => {
-      const entry: FileEntry = { name: str(e["name"]), kind: str(e["kind"]) as FileKind, size: num(e["size"]) };
-      put(entry, "modified", optStr(e["modified"]));
+      const entry: FileEntry = { name: str(e["name"]), kind: str(e["kind"]) as FileKind, size: num(e["size"]), modified: str(e["modified"]) };
       return entry;
     }),
+    truncated: d["truncated"] === true,
   };
-  put(out, "truncated", optBool(d["truncated"]));
   return out;
 }
 

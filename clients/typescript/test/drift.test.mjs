@@ -154,8 +154,13 @@ function nullable(schema) {
 const SCALARS = { string: "string", integer: "number", number: "number", boolean: "boolean" };
 
 /** The TypeScript type of a (non-null) schema, client types standing for mirrored schemas. */
+const ANNOTATIONS = new Set(["description", "title", "format", "minimum", "maximum", "default", "examples"]);
+
+/** A schema that says nothing of its type: any JSON value. */
+const anyJson = (schema) => schema === true || (schema && Object.keys(schema).every((k) => ANNOTATIONS.has(k)));
+
 function tsType(schema, where) {
-  if (schema === true || (schema && Object.keys(schema).length === 0)) return "unknown";
+  if (anyJson(schema)) return "unknown";
   if (schema.$ref) {
     const name = schema.$ref.split("/")[3];
     if (name in MIRRORS) return `K.${MIRRORS[name]}`;
@@ -192,7 +197,9 @@ test("every mirrored interface has each field's type, optionality and values (ch
     for (const [wire, prop] of Object.entries(schema.properties ?? {})) {
       const [mayBeNull, inner] = nullable(prop);
       const optional = mayBeNull || !required.has(wire);
-      fields.push(`  ${camel(wire)}${optional ? "?" : ""}: ${tsType(inner, `${schemaName}.${wire}`)};`);
+      // Any JSON value: the client may give it a more useful type; only its optionality is checked.
+      const type = anyJson(inner) ? `Exclude<K.${tsName}["${camel(wire)}"], undefined>` : tsType(inner, `${schemaName}.${wire}`);
+      fields.push(`  ${camel(wire)}${optional ? "?" : ""}: ${type};`);
     }
     out.push(`type Wire_${schemaName} = {\n${fields.join("\n")}\n};`);
     for (const wire of Object.keys(schema.properties ?? {})) {
@@ -212,7 +219,15 @@ test("every mirrored interface has each field's type, optionality and values (ch
     execFileSync("tsc", ["--noEmit", "--strict", "--exactOptionalPropertyTypes", "--target", "ES2022", "--module", "ES2022",
       "--moduleResolution", "node", "--lib", "ES2022,DOM", file], { encoding: "utf8" });
   } catch (e) {
-    assert.fail(`the client's types differ from the server's schemas (tsc on ${file}):\n${e.stdout}${e.stderr}\n${out.join("\n")}`);
+    // Each error names the line of one field's check: reported as that field.
+    const lines = `${e.stdout}${e.stderr}`.split("\n").filter(Boolean);
+    const source = out.join("\n").split("\n");
+    const named = lines.map((l) => {
+      const m = /\((\d+),\d+\): (.*)$/.exec(l);
+      const check = m ? /const (\w+)/.exec(source[Number(m[1]) - 1] ?? "") : null;
+      return check ? `${check[1]}: ${m[2]}` : l;
+    });
+    assert.fail(`the client's types differ from the server's schemas (tsc on ${file}):\n${named.join("\n")}\n\n${source.join("\n")}`);
   }
   rmSync(dir, { recursive: true, force: true });
 });
