@@ -27,7 +27,7 @@ export declare const MAX_LINE: number;
 /** The environment's variable `name` where one exists (Node, Bun, Deno with --allow-env), else undefined. */
 export declare function envVar(name: string): string | undefined;
 export declare function sessionPath(session: string, ...rest: string[]): string;
-/** `.../files/PATH`; `""` or `"."` is the working directory itself. */
+/** `.../files/PATH`, the path one encoded segment; `""` or `"."` is the working directory itself. */
 export declare function filePath(session: string, path: string): string;
 export declare function childPath(session: string, child: string): string;
 export declare function workspacePath(name: string): string;

@@ -36,20 +36,22 @@ export function envVar(name) {
     }
 }
 function segment(value) {
-    // Percent-encode everything, dots of `.`/`..` included, so no HTTP stack resolves a path the
-    // server is the one to judge (it refuses escapes with 400).
+    // Percent-encoded whole, `/` included (the server decodes it), so no HTTP stack resolves a
+    // path the server is the one to judge (it refuses escapes with 400). A segment that is only
+    // `.` or `..` is resolved by fetch's URL parser however it is encoded: it goes with a
+    // trailing `/` (`..%2F`), which the server judges as it would the bare one.
     if (value === "." || value === "..")
-        return value.replace(/\./g, "%2E");
+        return encodeURIComponent(value + "/");
     return encodeURIComponent(value);
 }
 export function sessionPath(session, ...rest) {
     return ["/v1/sessions", segment(session), ...rest].join("/");
 }
-/** `.../files/PATH`; `""` or `"."` is the working directory itself. */
+/** `.../files/PATH`, the path one encoded segment; `""` or `"."` is the working directory itself. */
 export function filePath(session, path) {
     if (path === "" || path === ".")
         return sessionPath(session, "files");
-    return sessionPath(session, "files", path.split("/").map(segment).join("/"));
+    return sessionPath(session, "files", segment(path));
 }
 export function childPath(session, child) {
     return sessionPath(session, "children", segment(child));

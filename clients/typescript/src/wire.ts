@@ -39,9 +39,11 @@ export function envVar(name: string): string | undefined {
 }
 
 function segment(value: string): string {
-  // Percent-encode everything, dots of `.`/`..` included, so no HTTP stack resolves a path the
-  // server is the one to judge (it refuses escapes with 400).
-  if (value === "." || value === "..") return value.replace(/\./g, "%2E");
+  // Percent-encoded whole, `/` included (the server decodes it), so no HTTP stack resolves a
+  // path the server is the one to judge (it refuses escapes with 400). A segment that is only
+  // `.` or `..` is resolved by fetch's URL parser however it is encoded: it goes with a
+  // trailing `/` (`..%2F`), which the server judges as it would the bare one.
+  if (value === "." || value === "..") return encodeURIComponent(value + "/");
   return encodeURIComponent(value);
 }
 
@@ -49,10 +51,10 @@ export function sessionPath(session: string, ...rest: string[]): string {
   return ["/v1/sessions", segment(session), ...rest].join("/");
 }
 
-/** `.../files/PATH`; `""` or `"."` is the working directory itself. */
+/** `.../files/PATH`, the path one encoded segment; `""` or `"."` is the working directory itself. */
 export function filePath(session: string, path: string): string {
   if (path === "" || path === ".") return sessionPath(session, "files");
-  return sessionPath(session, "files", path.split("/").map(segment).join("/"));
+  return sessionPath(session, "files", segment(path));
 }
 
 export function childPath(session: string, child: string): string {

@@ -76,7 +76,11 @@ test("list describes entries, remove deletes, a missing file is NotFound", async
   assert.equal(await s.files.remove("d/sub"), "/work/d/sub");
   assert.deepEqual((await s.files.list("d")).entries.map((e) => e.name), ["a.txt"]);
   await assert.rejects(s.files.read("d/sub/b.txt"), NotFound);
-  await assert.rejects(s.files.read("../etc/passwd"), BadRequest);
+  // Paths outside the working directory reach the server, which refuses them.
+  for (const path of ["../etc/passwd", "/etc/passwd", "a/../../x", ".."]) {
+    await assert.rejects(s.files.read(path), (e) => e instanceof BadRequest && e.code === "invalid_path", path);
+    await assert.rejects(s.files.write(path, "x"), (e) => e instanceof BadRequest && e.code === "invalid_path", path);
+  }
   await s.close();
 });
 

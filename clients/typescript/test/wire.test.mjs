@@ -38,7 +38,8 @@ test("an answer that is not kernelbox's JSON keeps its status and the start of i
 
 test("names and paths are percent-encoded, dots included", () => {
   assert.equal(sessionPath("a b", "execute"), "/v1/sessions/a%20b/execute");
-  assert.equal(sessionPath(".."), "/v1/sessions/%2E%2E");
+  assert.equal(sessionPath(".."), "/v1/sessions/..%2F");
   assert.equal(filePath("s", "."), "/v1/sessions/s/files");
-  assert.equal(filePath("s", "d/../x y"), "/v1/sessions/s/files/d/%2E%2E/x%20y");
+  assert.equal(filePath("s", "d/../x y"), "/v1/sessions/s/files/d%2F..%2Fx%20y");
+  assert.equal(filePath("s", ".."), "/v1/sessions/s/files/..%2F");
 });
