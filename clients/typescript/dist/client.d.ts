@@ -57,21 +57,6 @@ export interface ReadOptions extends CallOptions {
     /** The directory at `path` as a tar archive. */
     tar?: boolean;
 }
-interface Request {
-    method: string;
-    path: string;
-    query?: [string, string][];
-    json?: unknown;
-    body?: FileData;
-    headers?: Record<string, string>;
-    /** Seconds for the whole call; undefined: the client's timeout. For a `stream` answer, until its headers. */
-    deadline?: number;
-    signal?: AbortSignal | undefined;
-    /** A 404 is an answer (undefined), not an error. */
-    missingOk?: boolean;
-    /** The answer's body is handed on as a stream: `signal` keeps aborting it after the call returns. */
-    streamed?: boolean;
-}
 /** A kernelbox server. */
 export declare class Client {
     readonly url: string;
@@ -98,23 +83,7 @@ export declare class Client {
     workspaces(options?: CallOptions): Promise<WorkspaceSummary[]>;
     /** Deletes the workspace `name` and its files; returns the name. `Conflict` while a kernel has it mounted. */
     deleteWorkspace(name: string, options?: CallOptions): Promise<string>;
-    /** Sends `req`; the answer's JSON (undefined for a 404 with `missingOk`). */
-    json(req: Request): Promise<unknown>;
-    text(req: Request): Promise<string | undefined>;
-    bytes(req: Request): Promise<Uint8Array>;
-    /**
-     * Sends `req` and hands the answer to `use` while the call's deadline and signal still hold
-     * (so reading the body is bounded too); transport failures become typed errors.
-     */
-    call<T>(req: Request, use: (r: Response | undefined) => Promise<T>): Promise<T>;
-    /**
-     * Like `call`, for an answer read as a stream: the deadline and signal hold until the stream
-     * ends or its reader leaves; the stream's events come from `read`.
-     */
-    events<E>(req: Request, reader: {
-        feed(line: string): E | undefined;
-        finish(): void;
-    }): AsyncGenerator<E>;
+    private urlOf;
     private send;
     private failure;
 }
@@ -191,4 +160,3 @@ export declare class Files {
     /** Extracts the tar `data` into the session's workspace (made when it has none), without starting its kernel. */
     restoreWorkspace(data: FileData, options?: CallOptions): Promise<Written>;
 }
-export {};

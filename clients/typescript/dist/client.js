@@ -54,7 +54,10 @@ export class Client {
         return isObject(body) ? String(body["deleted"] ?? "") : "";
     }
     // --- transport (used by Session, Files, Commands) ---
-    /** Sends `req`; the answer's JSON (undefined for a 404 with `missingOk`). */
+    /**
+     * Sends `req`; the answer's JSON (undefined for a 404 with `missingOk`).
+     * @internal
+     */
     async json(req) {
         const text = await this.text(req);
         if (text === undefined)
@@ -66,32 +69,24 @@ export class Client {
             throw new ProtocolError("invalid_response", `${req.method} ${req.path}: the answer is not JSON (${String(e)})`);
         }
     }
+    /** @internal */
     async text(req) {
         return this.call(req, async (r) => (r === undefined ? undefined : r.text()));
     }
+    /** @internal */
     async bytes(req) {
         return this.call(req, async (r) => new Uint8Array(r === undefined ? new ArrayBuffer(0) : await r.arrayBuffer()));
     }
     /**
      * Sends `req` and hands the answer to `use` while the call's deadline and signal still hold
      * (so reading the body is bounded too); transport failures become typed errors.
+     * @internal
      */
     async call(req, use) {
-        const url = this.url + req.path + (req.query && req.query.length ? "?" + new URLSearchParams(req.query).toString() : "");
-        const controller = new AbortController();
-        const deadline = req.deadline ?? this.timeout;
-        let timedOut = false;
-        const timer = setTimeout(() => {
-            timedOut = true;
-            controller.abort();
-        }, Math.min(deadline * 1000, 2 ** 31 - 1));
-        const user = req.signal;
-        const onAbort = () => controller.abort(user?.reason);
-        if (user?.aborted)
-            onAbort();
-        user?.addEventListener("abort", onAbort, { once: true });
+        const url = this.urlOf(req);
+        const abort = new CallAbort(req.deadline ?? this.timeout, req.signal);
         try {
-            const r = await this.send(req, url, controller.signal);
+            const r = await this.send(req, url, abort.signal);
             if (r.status === 404 && req.missingOk) {
                 await r.body?.cancel();
                 return await use(undefined);
@@ -101,33 +96,22 @@ export class Client {
             return await use(r);
         }
         catch (e) {
-            throw this.failure(e, req, url, timedOut, user);
+            throw this.failure(e, req, url, abort);
         }
         finally {
-            clearTimeout(timer);
-            if (!req.streamed)
-                user?.removeEventListener("abort", onAbort);
+            abort.settle(req.streamed === true);
         }
     }
     /**
-     * Like `call`, for an answer read as a stream: the deadline and signal hold until the stream
-     * ends or its reader leaves; the stream's events come from `read`.
+     * Like `call`, for an NDJSON answer: the deadline and signal hold until the stream ends or
+     * its consumer leaves (which closes the connection); `reader` turns lines into events.
+     * @internal
      */
     async *events(req, reader) {
-        const url = this.url + req.path;
-        const controller = new AbortController();
-        let timedOut = false;
-        const timer = setTimeout(() => {
-            timedOut = true;
-            controller.abort();
-        }, Math.min((req.deadline ?? this.timeout) * 1000, 2 ** 31 - 1));
-        const user = req.signal;
-        const onAbort = () => controller.abort(user?.reason);
-        if (user?.aborted)
-            onAbort();
-        user?.addEventListener("abort", onAbort, { once: true });
+        const url = this.urlOf(req);
+        const abort = new CallAbort(req.deadline ?? this.timeout, req.signal);
         try {
-            const r = await this.send(req, url, controller.signal);
+            const r = await this.send(req, url, abort.signal);
             if (r.status !== 200)
                 throw errorFromResponse(r.status, r.headers, await r.text());
             if (r.body === null)
@@ -140,13 +124,16 @@ export class Client {
             reader.finish();
         }
         catch (e) {
-            throw this.failure(e, req, url, timedOut, user);
+            throw this.failure(e, req, url, abort);
         }
         finally {
-            clearTimeout(timer);
-            user?.removeEventListener("abort", onAbort);
-            controller.abort(); // a consumer that left early closes the connection
+            abort.settle(false);
+            abort.controller.abort(); // a consumer that left early closes the connection
         }
+    }
+    urlOf(req) {
+        const query = req.query && req.query.length ? "?" + new URLSearchParams(req.query).toString() : "";
+        return this.url + req.path + query;
     }
     async send(req, url, signal) {
         const headers = { "User-Agent": USER_AGENT, ...req.headers };
@@ -183,13 +170,13 @@ export class Client {
             }
         }
     }
-    failure(e, req, url, timedOut, user) {
+    failure(e, req, url, abort) {
         if (e instanceof KernelboxError)
             return e;
-        if (user?.aborted)
-            return user.reason;
+        if (abort.user?.aborted)
+            return abort.user.reason;
         const where = `${req.method} ${url}`;
-        if (timedOut) {
+        if (abort.timedOut) {
             const hint = req.method === "POST" && req.path.endsWith("/execute") ? "; the cell may still be running (session.interrupt() stops it)" : "";
             return new Timeout("timeout", `timed out waiting for kernelbox at ${where}${hint}`, { cause: e });
         }
@@ -199,6 +186,33 @@ export class Client {
             return new ConnectionFailed("connection_failed", `could not connect to kernelbox at ${where}: ${what}`, { cause: e });
         }
         return new ConnectionFailed("connection_failed", `the connection to kernelbox broke during ${where}: ${what}`, { cause: e });
+    }
+}
+/** One call's abort: its deadline passing (then `timedOut`) or the caller's signal (its reason). */
+class CallAbort {
+    user;
+    controller = new AbortController();
+    timedOut = false;
+    timer;
+    onAbort = () => this.controller.abort(this.user?.reason);
+    constructor(seconds, user) {
+        this.user = user;
+        this.timer = setTimeout(() => {
+            this.timedOut = true;
+            this.controller.abort();
+        }, Math.min(seconds * 1000, 2 ** 31 - 1));
+        if (user?.aborted)
+            this.onAbort();
+        user?.addEventListener("abort", this.onAbort, { once: true });
+    }
+    get signal() {
+        return this.controller.signal;
+    }
+    /** The call is over: its deadline stops; the caller's signal too unless the body lives on as a stream. */
+    settle(keepSignal) {
+        clearTimeout(this.timer);
+        if (!keepSignal)
+            this.user?.removeEventListener("abort", this.onAbort);
     }
 }
 function closedUnanswered(e) {

@@ -175,7 +175,10 @@ export class Client {
 
   // --- transport (used by Session, Files, Commands) ---
 
-  /** Sends `req`; the answer's JSON (undefined for a 404 with `missingOk`). */
+  /**
+   * Sends `req`; the answer's JSON (undefined for a 404 with `missingOk`).
+   * @internal
+   */
   async json(req: Request): Promise<unknown> {
     const text = await this.text(req);
     if (text === undefined) return undefined;
@@ -186,10 +189,12 @@ export class Client {
     }
   }
 
+  /** @internal */
   async text(req: Request): Promise<string | undefined> {
     return this.call(req, async (r) => (r === undefined ? undefined : r.text()));
   }
 
+  /** @internal */
   async bytes(req: Request): Promise<Uint8Array> {
     return this.call(req, async (r) => new Uint8Array(r === undefined ? new ArrayBuffer(0) : await r.arrayBuffer()));
   }
@@ -197,22 +202,13 @@ export class Client {
   /**
    * Sends `req` and hands the answer to `use` while the call's deadline and signal still hold
    * (so reading the body is bounded too); transport failures become typed errors.
+   * @internal
    */
   async call<T>(req: Request, use: (r: Response | undefined) => Promise<T>): Promise<T> {
-    const url = this.url + req.path + (req.query && req.query.length ? "?" + new URLSearchParams(req.query).toString() : "");
-    const controller = new AbortController();
-    const deadline = req.deadline ?? this.timeout;
-    let timedOut = false;
-    const timer = setTimeout(() => {
-      timedOut = true;
-      controller.abort();
-    }, Math.min(deadline * 1000, 2 ** 31 - 1));
-    const user = req.signal;
-    const onAbort = (): void => controller.abort(user?.reason);
-    if (user?.aborted) onAbort();
-    user?.addEventListener("abort", onAbort, { once: true });
+    const url = this.urlOf(req);
+    const abort = new CallAbort(req.deadline ?? this.timeout, req.signal);
     try {
-      const r = await this.send(req, url, controller.signal);
+      const r = await this.send(req, url, abort.signal);
       if (r.status === 404 && req.missingOk) {
         await r.body?.cancel();
         return await use(undefined);
@@ -220,31 +216,22 @@ export class Client {
       if (r.status < 200 || r.status >= 300) throw errorFromResponse(r.status, r.headers, await r.text());
       return await use(r);
     } catch (e) {
-      throw this.failure(e, req, url, timedOut, user);
+      throw this.failure(e, req, url, abort);
     } finally {
-      clearTimeout(timer);
-      if (!req.streamed) user?.removeEventListener("abort", onAbort);
+      abort.settle(req.streamed === true);
     }
   }
 
   /**
-   * Like `call`, for an answer read as a stream: the deadline and signal hold until the stream
-   * ends or its reader leaves; the stream's events come from `read`.
+   * Like `call`, for an NDJSON answer: the deadline and signal hold until the stream ends or
+   * its consumer leaves (which closes the connection); `reader` turns lines into events.
+   * @internal
    */
   async *events<E>(req: Request, reader: { feed(line: string): E | undefined; finish(): void }): AsyncGenerator<E> {
-    const url = this.url + req.path;
-    const controller = new AbortController();
-    let timedOut = false;
-    const timer = setTimeout(() => {
-      timedOut = true;
-      controller.abort();
-    }, Math.min((req.deadline ?? this.timeout) * 1000, 2 ** 31 - 1));
-    const user = req.signal;
-    const onAbort = (): void => controller.abort(user?.reason);
-    if (user?.aborted) onAbort();
-    user?.addEventListener("abort", onAbort, { once: true });
+    const url = this.urlOf(req);
+    const abort = new CallAbort(req.deadline ?? this.timeout, req.signal);
     try {
-      const r = await this.send(req, url, controller.signal);
+      const r = await this.send(req, url, abort.signal);
       if (r.status !== 200) throw errorFromResponse(r.status, r.headers, await r.text());
       if (r.body === null) throw new ProtocolError("invalid_response", `${req.method} ${req.path}: an empty stream`);
       for await (const line of lines(r.body)) {
@@ -253,12 +240,16 @@ export class Client {
       }
       reader.finish();
     } catch (e) {
-      throw this.failure(e, req, url, timedOut, user);
+      throw this.failure(e, req, url, abort);
     } finally {
-      clearTimeout(timer);
-      user?.removeEventListener("abort", onAbort);
-      controller.abort(); // a consumer that left early closes the connection
+      abort.settle(false);
+      abort.controller.abort(); // a consumer that left early closes the connection
     }
+  }
+
+  private urlOf(req: Request): string {
+    const query = req.query && req.query.length ? "?" + new URLSearchParams(req.query).toString() : "";
+    return this.url + req.path + query;
   }
 
   private async send(req: Request, url: string, signal: AbortSignal): Promise<Response> {
@@ -292,11 +283,11 @@ export class Client {
     }
   }
 
-  private failure(e: unknown, req: Request, url: string, timedOut: boolean, user: AbortSignal | undefined): unknown {
+  private failure(e: unknown, req: Request, url: string, abort: CallAbort): unknown {
     if (e instanceof KernelboxError) return e;
-    if (user?.aborted) return user.reason;
+    if (abort.user?.aborted) return abort.user.reason;
     const where = `${req.method} ${url}`;
-    if (timedOut) {
+    if (abort.timedOut) {
       const hint = req.method === "POST" && req.path.endsWith("/execute") ? "; the cell may still be running (session.interrupt() stops it)" : "";
       return new Timeout("timeout", `timed out waiting for kernelbox at ${where}${hint}`, { cause: e });
     }
@@ -306,6 +297,33 @@ export class Client {
       return new ConnectionFailed("connection_failed", `could not connect to kernelbox at ${where}: ${what}`, { cause: e });
     }
     return new ConnectionFailed("connection_failed", `the connection to kernelbox broke during ${where}: ${what}`, { cause: e });
+  }
+}
+
+/** One call's abort: its deadline passing (then `timedOut`) or the caller's signal (its reason). */
+class CallAbort {
+  readonly controller = new AbortController();
+  timedOut = false;
+  private readonly timer: ReturnType<typeof setTimeout>;
+  private readonly onAbort = (): void => this.controller.abort(this.user?.reason);
+
+  constructor(seconds: number, readonly user: AbortSignal | undefined) {
+    this.timer = setTimeout(() => {
+      this.timedOut = true;
+      this.controller.abort();
+    }, Math.min(seconds * 1000, 2 ** 31 - 1));
+    if (user?.aborted) this.onAbort();
+    user?.addEventListener("abort", this.onAbort, { once: true });
+  }
+
+  get signal(): AbortSignal {
+    return this.controller.signal;
+  }
+
+  /** The call is over: its deadline stops; the caller's signal too unless the body lives on as a stream. */
+  settle(keepSignal: boolean): void {
+    clearTimeout(this.timer);
+    if (!keepSignal) this.user?.removeEventListener("abort", this.onAbort);
   }
 }
 
