@@ -215,9 +215,10 @@ class CallAbort {
             this.user?.removeEventListener("abort", this.onAbort);
     }
 }
+/** Node's fetch (undici) found the kept-alive connection closed before any answer came. */
 function closedUnanswered(e) {
     const cause = e?.cause;
-    return cause?.code === "UND_ERR_SOCKET" || cause?.code === "ECONNRESET";
+    return cause?.code === "UND_ERR_SOCKET";
 }
 function uploadBody(data) {
     if (typeof data === "string" || data instanceof Uint8Array || data instanceof ArrayBuffer || data instanceof Blob) {

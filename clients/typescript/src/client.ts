@@ -327,9 +327,10 @@ class CallAbort {
   }
 }
 
+/** Node's fetch (undici) found the kept-alive connection closed before any answer came. */
 function closedUnanswered(e: unknown): boolean {
   const cause = (e as { cause?: { code?: unknown } } | undefined)?.cause;
-  return cause?.code === "UND_ERR_SOCKET" || cause?.code === "ECONNRESET";
+  return cause?.code === "UND_ERR_SOCKET";
 }
 
 function uploadBody(data: FileData): { body: BodyInit; replayable: boolean } {
