@@ -104,3 +104,17 @@ test("another tenant's session of the same name has none of these files", async 
   await kb.session(name).close();
   await other.close();
 });
+
+test("a streamed read is the caller's: its signal aborts it mid-body", async () => {
+  const s = kb.session(sessionName("abortread"));
+  await s.files.write("big.bin", new Uint8Array(8 * MIB));
+  const controller = new AbortController();
+  const stream = await s.files.read("big.bin", { as: "stream", signal: controller.signal });
+  const reader = stream.getReader();
+  const first = await reader.read();
+  assert.ok(!first.done && first.value.length > 0);
+  controller.abort();
+  await assert.rejects(async () => { for (;;) if ((await reader.read()).done) break; }, (e) => e.name === "AbortError");
+  assert.equal((await s.files.list()).entries.find((e) => e.name === "big.bin")?.size, 8 * MIB);
+  await s.close();
+});
