@@ -94,7 +94,6 @@ export interface Execution {
     mainResult: RichResult | undefined;
     raw: Record<string, unknown>;
 }
-export declare type KernelState = string;
 /** A live kernel of the caller's tenant (`client.kernels()`). */
 export interface KernelSummary {
     id: string;
@@ -103,7 +102,8 @@ export interface KernelSummary {
     session: string;
     child?: string;
     generation: number;
-    state: KernelState;
+    /** `starting`, `idle` or `busy`. */
+    state: string;
     executionCount: number;
     idleSeconds: number;
     attached: number;

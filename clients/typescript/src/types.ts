@@ -138,8 +138,6 @@ export interface Execution {
   raw: Record<string, unknown>;
 }
 
-export type KernelState = string;
-
 /** A live kernel of the caller's tenant (`client.kernels()`). */
 export interface KernelSummary {
   id: string;
@@ -148,7 +146,8 @@ export interface KernelSummary {
   session: string;
   child?: string;
   generation: number;
-  state: KernelState;
+  /** `starting`, `idle` or `busy`. */
+  state: string;
   executionCount: number;
   idleSeconds: number;
   attached: number;
