@@ -201,6 +201,10 @@ class CallAbort {
             this.timedOut = true;
             this.controller.abort();
         }, Math.min(seconds * 1000, 2 ** 31 - 1));
+        // A watchdog, never a reason to stay alive: an in-flight request's socket keeps Node (and
+        // Bun) running, but a stream its consumer dropped half-read must not hold the process
+        // open for its whole deadline (a run's is an hour).
+        this.timer.unref?.();
         if (user?.aborted)
             this.onAbort();
         user?.addEventListener("abort", this.onAbort, { once: true });

@@ -4,6 +4,8 @@
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 
+import { spawn } from "node:child_process";
+
 import { BadRequest, Client, RichResult } from "../dist/index.js";
 import { sessionName, startServer } from "./server.mjs";
 
@@ -148,6 +150,30 @@ test("abort mid-cell stops the request, not the kernel: the cell finishes and it
   await assert.rejects(s.run("x = 3", { signal: AbortSignal.abort() }), (e) => e.name === "AbortError");
   assert.equal((await s.run("print(x)")).output, "2\n");
   await s.close();
+});
+
+test("a stream its consumer drops half-read does not keep Node running for its deadline", async () => {
+  const name = sessionName("dropped");
+  // One event taken, the iterator dropped without return(): the run's hour-long deadline
+  // must not hold the process (nor must a file stream never read).
+  const script = `
+    import { Client } from ${JSON.stringify(new URL("../dist/index.js", import.meta.url).href)};
+    const s = new Client().session(${JSON.stringify(name)});
+    const it = s.stream("print(1)")[Symbol.asyncIterator]();
+    if ((await it.next()).value.type !== "output") process.exit(3);
+    await s.files.write("f", "abc");
+    await s.files.read("f", { as: "stream" });
+    await s.close();
+  `;
+  const child = spawn(process.execPath, ["--input-type=module", "-e", script], {
+    env: { ...process.env, KERNELBOX_URL: server.url, KERNELBOX_TOKEN: server.token() },
+    stdio: ["ignore", "ignore", "inherit"],
+  });
+  // A generous bound, far below the hour the deadline would hold it.
+  const killer = setTimeout(() => child.kill("SIGKILL"), 120_000);
+  const [code, signal] = await new Promise((res) => child.once("exit", (c, sig) => res([c, sig])));
+  clearTimeout(killer);
+  assert.deepEqual([code, signal], [0, null]);
 });
 
 test("interrupt stops a running cell and keeps its kernel", async () => {
