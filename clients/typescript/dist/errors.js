@@ -64,15 +64,34 @@ const BY_STATUS = {
     413: PayloadTooLarge,
     429: TooManyRequests,
 };
-// A streamed execute reports a failure after its 200 as an `error` event carrying only the
-// code; these are the codes the server sends with a status other than 5xx.
+// A streamed call reports a failure after its 200 as an `error` event carrying only the code;
+// these are the codes the server answers with a status other than 5xx (docs/http-api.md),
+// besides the families below (`invalid_*`: 400, `too_many_*`: 429), so a refusal is the same
+// class streamed or not (a tenant at its workspace cap is `TooManyRequests` either way).
 const BY_CODE = {
+    network_not_allowed: BadRequest,
+    tool_not_allowed: BadRequest,
+    is_a_directory: BadRequest,
     unauthorized: Unauthorized,
     not_found: NotFound,
+    no_kernel: NotFound,
+    workspace_not_found: NotFound,
+    workspace_in_use: Conflict,
     payload_too_large: PayloadTooLarge,
+    file_too_large: PayloadTooLarge,
     at_capacity: TooManyRequests,
     session_busy: TooManyRequests,
 };
+function classOfCode(code) {
+    // Own keys only: a code such as `constructor` must not find `Object.prototype`'s.
+    if (Object.hasOwn(BY_CODE, code))
+        return BY_CODE[code] ?? ServerError;
+    if (code.startsWith("invalid"))
+        return BadRequest;
+    if (code.startsWith("too_many_"))
+        return TooManyRequests;
+    return ServerError;
+}
 /** The typed error for an HTTP status (or, with `status` undefined, a stream's error code). */
 export function errorFor(status, code, message, retryAfter) {
     let cls;
@@ -80,7 +99,7 @@ export function errorFor(status, code, message, retryAfter) {
         cls = BY_STATUS[status] ?? (status >= 500 ? ServerError : KernelboxError);
     }
     else {
-        cls = BY_CODE[code] ?? (code.startsWith("invalid") ? BadRequest : ServerError);
+        cls = classOfCode(code);
     }
     const options = {};
     if (status !== undefined)

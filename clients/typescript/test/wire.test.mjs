@@ -4,7 +4,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 
 import { ExecuteStreamReader, filePath, lines, sessionPath } from "../dist/wire.js";
-import { ConnectionFailed, errorFor, errorFromResponse, ServerError, TooManyRequests } from "../dist/index.js";
+import { BadRequest, Conflict, ConnectionFailed, errorFor, errorFromResponse, NotFound, PayloadTooLarge, ServerError, TooManyRequests } from "../dist/index.js";
 
 const enc = new TextEncoder();
 const body = (chunks) => new ReadableStream({ start(c) { for (const x of chunks) c.enqueue(enc.encode(x)); c.close(); } });
@@ -27,6 +27,18 @@ test("a stream's error event is the typed error; a stream cut before its result 
   assert.throws(() => r.feed('{"event":"error","error":{"code":"session_busy","message":"busy"}}'), (e) => e instanceof TooManyRequests && e.status === undefined);
   assert.throws(() => new ExecuteStreamReader().feed('{"event":"error","error":{"code":"kernel_unavailable","message":"m"}}'), ServerError);
   assert.throws(() => new ExecuteStreamReader().finish(), (e) => e instanceof ConnectionFailed && e.code === "stream_ended");
+});
+
+test("a stream's error code is the class its HTTP status would be", () => {
+  const classOf = (code) => errorFor(undefined, code, "m").constructor;
+  const expected = {
+    invalid_timeout: BadRequest, network_not_allowed: BadRequest, tool_not_allowed: BadRequest,
+    no_kernel: NotFound, workspace_not_found: NotFound, workspace_in_use: Conflict, file_too_large: PayloadTooLarge,
+    at_capacity: TooManyRequests, too_many_workspaces: TooManyRequests, too_many_commands: TooManyRequests,
+    kernel_unavailable: ServerError, workspaces_full: ServerError, constructor: ServerError, toString: ServerError,
+  };
+  assert.deepEqual(Object.fromEntries(Object.keys(expected).map((c) => [c, classOf(c).name])),
+    Object.fromEntries(Object.entries(expected).map(([c, cls]) => [c, cls.name])));
 });
 
 test("an answer that is not kernelbox's JSON keeps its status and the start of its body", () => {

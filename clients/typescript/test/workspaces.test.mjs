@@ -4,7 +4,7 @@
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 
-import { Client, Conflict, KernelboxError, NotFound } from "../dist/index.js";
+import { Client, Conflict, KernelboxError, NotFound, TooManyRequests } from "../dist/index.js";
 import { sessionName, startServer } from "./server.mjs";
 
 let server;
@@ -16,6 +16,7 @@ before(async () => {
       ws: { max_kernels: 2, workspaces: { quota: "64m", max: 4 } },
       plain: { max_kernels: 2 },
       admin: { max_kernels: 1, usage_admin: true },
+      one: { max_kernels: 2, workspaces: { quota: "64m", max: 1 } },
     },
   });
   ws = new Client({ url: server.url, token: server.token("ws") });
@@ -27,6 +28,20 @@ after(async () => {
 });
 
 const MIB = 1024 * 1024;
+
+test("a tenant at its workspace cap is TooManyRequests, streamed or not", async () => {
+  const one = new Client({ url: server.url, token: server.token("one") });
+  const held = one.session(sessionName("held"));
+  const refused = one.session(sessionName("refused"));
+  assert.ok((await held.run("pass")).ok);
+  const capped = (e) => e instanceof TooManyRequests && e.code === "too_many_workspaces";
+  await assert.rejects(refused.run("pass"), (e) => capped(e) && e.status === 429);
+  // Streamed, the refusal comes after the 200, as the stream's `error` event.
+  await assert.rejects(refused.run("pass", { onOutput: () => {} }), (e) => capped(e) && e.status === undefined);
+  await held.close();
+  await refused.close();
+  assert.equal(await one.deleteWorkspace(held.name), held.name);
+});
 
 test("a workspace outlives its kernel, is listed, refused while mounted, and deleted", async () => {
   const name = sessionName("keep");
