@@ -105,8 +105,8 @@ async fn ps_inspect_logs_and_kill_work_from_labels() {
     std::fs::write(
         &log,
         format!(
-            "2026-12-07T20:00:00.000001Z  INFO kernelbox::lifecycle: kernel started event=\"started\" tenant={tenant} session=admin-s owner=admin-s container={id} generation=1 how=\"cold\"\n\
-             2026-12-07T20:00:00.000002Z  INFO kernelbox::lifecycle: kernel started event=\"started\" tenant={tenant} session=b owner=b container={other} generation=1 how=\"cold\"\n\
+            "2026-12-07T20:00:00.000001Z  INFO request{{request_id=5f0c2a8e9b1d4e7f8a6b3c2d1e0f9a8b}}: kernelbox::lifecycle: kernel started event=\"started\" tenant={tenant} session=admin-s owner=admin-s container=\"{id}\" generation=1 how=\"cold\"\n\
+             2026-12-07T20:00:00.000002Z  INFO kernelbox::lifecycle: kernel started event=\"started\" tenant={tenant} session=b owner=b container=\"{other}\" generation=1 how=\"cold\"\n\
              2026-12-07T20:00:00.000003Z  INFO kernelbox::access: request container={id}\n\
              {{\"timestamp\":\"2026-12-07T20:00:01Z\",\"level\":\"INFO\",\"target\":\"kernelbox::lifecycle\",\"event\":\"lost\",\"container\":\"{id}\",\"reason\":\"killed\",\"message\":\"kernel lost\"}}\n\
              {{\"timestamp\":\"2026-12-07T20:00:01Z\",\"level\":\"INFO\",\"target\":\"kernelbox::lifecycle\",\"event\":\"lost\",\"container\":\"{other}\",\"reason\":\"killed\",\"message\":\"kernel lost\"}}\n"

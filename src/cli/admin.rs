@@ -516,10 +516,13 @@ fn is_lifecycle_of(line: &str, short: &str) -> bool {
         return event["target"] == kernelbox::logging::LIFECYCLE_TARGET
             && event["container"] == short;
     }
+    // The text format quotes a `container` it records as text: `container="3f2a9c0e1b7d"`.
     line.contains(kernelbox::logging::LIFECYCLE_TARGET)
-        && line
-            .split_whitespace()
-            .any(|field| field == format!("container={short}"))
+        && line.split_whitespace().any(|field| {
+            field
+                .strip_prefix("container=")
+                .is_some_and(|value| value.trim_matches('"') == short)
+        })
 }
 
 /// `kernelbox kill`
