@@ -71,6 +71,23 @@ pub fn owner_name(tenant: &str, owner: &str, short_id: &str) -> String {
     )
 }
 
+/// The container name a pooled kernel gets when an owner takes it: its [`owner_name`], then
+/// `.gGENERATION`, the generation its labels (fixed at create, before it had an owner) lack.
+/// [`parse_owner_name`] reads it as an owner name; [`name_generation`] reads the generation.
+pub fn taken_name(tenant: &str, owner: &str, generation: u64, short_id: &str) -> String {
+    format!("{}.g{generation}", owner_name(tenant, owner, short_id))
+}
+
+/// The generation a [`taken_name`] carries (`None` for any other name).
+pub fn name_generation(name: &str) -> Option<u64> {
+    let name = name.trim_start_matches('/');
+    let (head, generation) = name.rsplit_once(".g")?;
+    if !head.starts_with(&format!("{OWNER_NAME_PREFIX}.")) || head.split('.').count() != 4 {
+        return None;
+    }
+    generation.parse().ok()
+}
+
 /// Prefix of the name of a hibernated kernel's stopped container.
 const HIBERNATED_NAME_PREFIX: &str = "kbh";
 
@@ -148,10 +165,15 @@ pub fn name_claim(name: &str) -> NameClaim {
     claim.unwrap_or(NameClaim::Nothing)
 }
 
-/// Reads `(tenant, owner)` back from an [`owner_name`], a [`hibernated_name`] or a
-/// [`run_by_name`] (with or without Docker's leading `/`).
+/// Reads `(tenant, owner)` back from an [`owner_name`] (a [`taken_name`] too), a
+/// [`hibernated_name`] or a [`run_by_name`] (with or without Docker's leading `/`).
 pub fn parse_owner_name(name: &str) -> Option<(String, String)> {
-    let mut parts = name.trim_start_matches('/').split('.');
+    let name = name.trim_start_matches('/');
+    let name = match name_generation(name) {
+        Some(_) => name.rsplit_once(".g").map_or(name, |(head, _)| head),
+        None => name,
+    };
+    let mut parts = name.split('.');
     let skip = match parts.next()? {
         OWNER_NAME_PREFIX => 0,
         HIBERNATED_NAME_PREFIX => 1,
@@ -268,6 +290,15 @@ mod tests {
         assert_eq!(name_claim(&owner_name("t", "s", "x")), NameClaim::Nothing);
         assert_eq!(name_claim("kbr.a.notapid.1.t.s.x"), NameClaim::Nothing);
         assert_eq!(parse_owner_name("/festive_hopper"), None);
+        let taken = taken_name("t_1", "s.1::child::c", 3, "0123456789ab");
+        assert_eq!(
+            parse_owner_name(&format!("/{taken}")),
+            Some(("t_1".to_string(), "s.1::child::c".to_string()))
+        );
+        assert_eq!(name_generation(&format!("/{taken}")), Some(3));
+        assert_eq!(name_generation(&owner_name("t", "s", "x")), None);
+        assert_eq!(name_generation("kb.t.s.g1"), None);
+        assert_eq!(name_claim(&taken), NameClaim::Nothing);
         assert_eq!(parse_owner_name("kb.a.b"), None);
         assert_eq!(parse_owner_name("kb.a_z.b.c"), None);
     }

@@ -48,12 +48,45 @@ async fn ps_inspect_logs_and_kill_work_from_labels() {
         "{out}"
     );
 
+    // The server that runs it: its instance id (as its `serving` line says it) and pid.
+    let instance = case.kb.instance_id().to_string();
+    assert_eq!(rows[0]["server"], &instance[..12], "{out}");
+    assert_eq!(
+        rows[0]["server_pid"],
+        std::process::id().to_string(),
+        "{out}"
+    );
+
     let (code, table) = kernelbox(&["ps", "--tenant", &tenant]).await;
     assert_eq!(code, 0);
     assert!(
-        table.starts_with("CONTAINER") && table.contains(&id),
+        table.starts_with("CONTAINER  ") && table.contains(&id),
         "{table}"
     );
+    let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(header[1], "SERVER", "{table}");
+    let line: Vec<&str> = table.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(line[1], &instance[..12], "{table}");
+
+    // --server: by instance id prefix or by pid; another server's is not listed.
+    let pid = std::process::id().to_string();
+    for server in [&instance[..8], pid.as_str()] {
+        let (code, out) = kernelbox(&[
+            "ps", "--tenant", &tenant, "--server", server, "--format", "json",
+        ])
+        .await;
+        assert_eq!(code, 0);
+        let rows: Vec<Value> = serde_json::from_str(&out).unwrap();
+        assert_eq!(rows.len(), 1, "--server {server}: {out}");
+    }
+    for server in ["ffffffff", "4294967295"] {
+        let (code, out) = kernelbox(&[
+            "ps", "--tenant", &tenant, "--server", server, "--format", "json",
+        ])
+        .await;
+        assert_eq!(code, 0);
+        assert_eq!(out.trim(), "[]", "--server {server}");
+    }
 
     let (code, out) = kernelbox(&["inspect", &id]).await;
     assert_eq!(code, 0);
@@ -63,6 +96,38 @@ async fn ps_inspect_logs_and_kill_work_from_labels() {
     let (code, out) = kernelbox(&["logs", &id]).await;
     assert_eq!(code, 0);
     assert!(out.contains("create") && out.contains("start"), "{out}");
+
+    // --server-log: the server's lifecycle events for this kernel, from its log in either
+    // format (lines as `kernelbox serve` writes them, docs/logs.md), nothing of another's.
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("serve.log");
+    let other = "0123456789ab";
+    std::fs::write(
+        &log,
+        format!(
+            "2026-12-07T20:00:00.000001Z  INFO request{{request_id=5f0c2a8e9b1d4e7f8a6b3c2d1e0f9a8b}}: kernelbox::lifecycle: kernel started event=\"started\" tenant={tenant} session=admin-s owner=admin-s container=\"{id}\" generation=1 how=\"cold\"\n\
+             2026-12-07T20:00:00.000002Z  INFO kernelbox::lifecycle: kernel started event=\"started\" tenant={tenant} session=b owner=b container=\"{other}\" generation=1 how=\"cold\"\n\
+             2026-12-07T20:00:00.000003Z  INFO kernelbox::access: request container={id}\n\
+             {{\"timestamp\":\"2026-12-07T20:00:01Z\",\"level\":\"INFO\",\"target\":\"kernelbox::lifecycle\",\"event\":\"lost\",\"container\":\"{id}\",\"reason\":\"killed\",\"message\":\"kernel lost\"}}\n\
+             {{\"timestamp\":\"2026-12-07T20:00:01Z\",\"level\":\"INFO\",\"target\":\"kernelbox::lifecycle\",\"event\":\"lost\",\"container\":\"{other}\",\"reason\":\"killed\",\"message\":\"kernel lost\"}}\n"
+        ),
+    )
+    .unwrap();
+    let (code, out) = kernelbox(&["logs", &id, "--server-log", log.to_str().unwrap()]).await;
+    assert_eq!(code, 0);
+    let (engine, server) = out.split_once("# the server's lifecycle events").unwrap();
+    assert!(engine.contains("create"), "{out}");
+    let server: Vec<&str> = server.lines().skip(1).collect();
+    assert_eq!(server.len(), 2, "{out}");
+    assert!(
+        server[0].contains("kernel started") && server[0].contains(&id),
+        "{out}"
+    );
+    assert!(server[1].contains("\"reason\":\"killed\""), "{out}");
+    assert!(
+        !out.contains(other) && !out.contains("kernelbox::access"),
+        "{out}"
+    );
 
     let (code, out) = kernelbox(&["kill", "--tenant", &tenant, "--format", "json"]).await;
     assert_eq!(code, 0);

@@ -254,6 +254,24 @@ async fn the_admin_verbs_see_the_owner_of_a_taken_kernel() {
     assert_eq!(rows[0]["from_pool"], true);
     assert_eq!(rows[0]["state"], "running");
     assert_eq!(rows[0]["cells"], 1);
+    // Its labels were fixed in the pool, with no generation: its name at the take says it.
+    assert_eq!(
+        rows[0]["generation"],
+        r.kernel.generation.to_string(),
+        "{out}"
+    );
+    let named = case
+        .containers()
+        .await
+        .into_iter()
+        .find(|c| c.id.starts_with(&r.kernel.id))
+        .unwrap();
+    assert!(
+        named.name.starts_with("kb.")
+            && named.name.ends_with(&format!(".g{}", r.kernel.generation)),
+        "{}",
+        named.name
+    );
 
     let (code, out) = kernelbox_cli(&["inspect", &r.kernel.id]).await;
     assert_eq!(code, 0);

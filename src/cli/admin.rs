@@ -42,7 +42,14 @@ pub struct PsArgs {
     /// Only kernels of sessions carrying this label (`key=value`, from the session's settings;
     /// repeat to require several).
     #[arg(long, value_name = "KEY=VALUE")]
+    pub(crate) session_label: Vec<String>,
+    /// The old spelling of --session-label (deprecated: `serve --label` sets container labels).
+    #[arg(long, value_name = "KEY=VALUE", hide = true)]
     pub(crate) label: Vec<String>,
+    /// Only kernels of this server: its instance id (the `instance ...` of its `serving` line;
+    /// a prefix of at least 4 characters) or its process id.
+    #[arg(long, value_name = "INSTANCE|PID")]
+    server: Option<String>,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Table)]
     format: Format,
@@ -61,6 +68,11 @@ pub struct InspectArgs {
 pub struct LogsArgs {
     /// Container id (or unique prefix).
     container: String,
+    /// The server's log (what `kernelbox serve` wrote to its standard error, text or JSON;
+    /// `-` for standard input): its lifecycle events for this kernel (started, restored,
+    /// hibernated, ended, lost, and why) are shown after the engine's.
+    #[arg(long, value_name = "FILE")]
+    server_log: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -94,6 +106,10 @@ struct Row {
     /// Made for the warm pool (taken or not).
     from_pool: bool,
     generation: String,
+    /// The instance id of the server that runs it (first 12 characters).
+    server: String,
+    /// That server's process id.
+    server_pid: String,
     age_seconds: u64,
     idle_seconds: Option<u64>,
     busy: Option<bool>,
@@ -116,6 +132,25 @@ fn identity(c: &ContainerInfo) -> (String, String) {
     }
 }
 
+/// The `(instance id, pid)` of the server that runs a kernel: the instance that restored it
+/// (`labels::run_by_name`), else the one whose labels it carries.
+fn server_of(c: &ContainerInfo) -> (String, String) {
+    match labels::name_claim(&c.name) {
+        labels::NameClaim::RunBy { instance, pid, .. } => (instance, pid.to_string()),
+        _ => (
+            c.labels.get(labels::INSTANCE).cloned().unwrap_or_default(),
+            c.labels.get(labels::PID).cloned().unwrap_or_default(),
+        ),
+    }
+}
+
+/// Whether `server` (`ps --server`: an instance id prefix of at least 4 characters, or a
+/// process id) names the server that runs `c`.
+fn run_by(c: &ContainerInfo, server: &str) -> bool {
+    let (instance, pid) = server_of(c);
+    pid == server || (server.len() >= 4 && instance.starts_with(server))
+}
+
 /// A kernel's row; `computing`: its CPU time says it computes (busy, whatever its status says).
 fn row(c: &ContainerInfo, memory: Option<u64>, status: Status, computing: bool) -> Row {
     let get = |k: &str| c.labels.get(k).cloned().unwrap_or_default();
@@ -132,7 +167,16 @@ fn row(c: &ContainerInfo, memory: Option<u64>, status: Status, computing: bool) 
         tenant,
         owner,
         from_pool,
-        generation: get(labels::GENERATION),
+        // A pooled kernel's labels were fixed before it had an owner: its name at the take
+        // carries the generation (`labels::taken_name`).
+        generation: c
+            .labels
+            .get(labels::GENERATION)
+            .cloned()
+            .or_else(|| labels::name_generation(&c.name).map(|g| g.to_string()))
+            .unwrap_or_default(),
+        server: server_of(c).0.chars().take(12).collect(),
+        server_pid: server_of(c).1,
         age_seconds: kernelbox::clock::unix_now().saturating_sub(created.max(0) as u64),
         // Busy kernels are not idle at all; a kernel without a status has run no cell yet.
         idle_seconds: match status {
@@ -244,13 +288,14 @@ fn print_rows(rows: &[Row], format: Format) -> anyhow::Result<()> {
         return Ok(());
     }
     println!(
-        "{:<12}  {:<12}  {:<28}  {:<8}  {:>3}  {:>6}  {:>6}  {:>5}  {:>9}",
-        "CONTAINER", "TENANT", "OWNER", "STATE", "GEN", "AGE", "IDLE", "CELLS", "MEMORY"
+        "{:<12}  {:<12}  {:<12}  {:<28}  {:<8}  {:>3}  {:>6}  {:>6}  {:>5}  {:>9}",
+        "CONTAINER", "SERVER", "TENANT", "OWNER", "STATE", "GEN", "AGE", "IDLE", "CELLS", "MEMORY"
     );
     for r in rows {
         println!(
-            "{:<12}  {:<12}  {:<28}  {:<8}  {:>3}  {:>6}  {:>6}  {:>5}  {:>9}",
+            "{:<12}  {:<12}  {:<12}  {:<28}  {:<8}  {:>3}  {:>6}  {:>6}  {:>5}  {:>9}",
             r.container,
+            r.server,
             r.tenant,
             r.owner,
             r.state,
@@ -318,13 +363,14 @@ async fn computing(ids: Vec<String>) -> std::collections::HashSet<String> {
 /// `kernelbox ps`
 pub async fn ps(engine: &BollardEngine, args: PsArgs) -> anyhow::Result<ExitCode> {
     let mut rows = Vec::new();
-    let wanted = kernelbox::settings::label_filters(args.label.iter().map(String::as_str))
-        .map_err(|e| anyhow::anyhow!("--label: {e}"))?;
+    let wanted = kernelbox::settings::label_filters(session_labels(&args).map(String::as_str))
+        .map_err(|e| anyhow::anyhow!("--session-label: {e}"))?;
     let mut listed = kernels(engine, args.tenant.as_deref(), None).await?;
     listed.retain(|c| {
         wanted
             .iter()
             .all(|(k, v)| c.labels.get(&format!("{}{k}", labels::META_PREFIX)) == Some(v))
+            && args.server.as_deref().is_none_or(|s| run_by(c, s))
     });
     let running: Vec<String> = listed
         .iter()
@@ -345,6 +391,17 @@ pub async fn ps(engine: &BollardEngine, args: PsArgs) -> anyhow::Result<ExitCode
     rows.sort_by(|a, b| (&a.tenant, &a.owner).cmp(&(&b.tenant, &b.owner)));
     print_rows(&rows, args.format)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// `ps`'s session label filters: `--session-label`, and the deprecated `--label` (saying so
+/// on standard error).
+pub(crate) fn session_labels(args: &PsArgs) -> impl Iterator<Item = &String> {
+    if !args.label.is_empty() {
+        eprintln!(
+            "kernelbox: `ps --label` is deprecated, use `ps --session-label` (it filters on session labels; `serve --label` sets container labels)"
+        );
+    }
+    args.session_label.iter().chain(&args.label)
 }
 
 /// `kernelbox inspect`
@@ -408,7 +465,64 @@ pub async fn logs(engine: &BollardEngine, args: LogsArgs) -> anyhow::Result<Exit
             .join(" ");
         println!("{when}  {:<8} {detail}", event.action.unwrap_or_default());
     }
+    if let Some(path) = &args.server_log {
+        let short = kernelbox::docker::short_id(&c.id);
+        println!(
+            "# the server's lifecycle events for {short} ({})",
+            path.display()
+        );
+        let input: Box<dyn std::io::Read> = if path.as_os_str() == "-" {
+            Box::new(std::io::stdin())
+        } else {
+            Box::new(
+                std::fs::File::open(path)
+                    .with_context(|| format!("opening the server's log {}", path.display()))?,
+            )
+        };
+        let mut reader = std::io::BufReader::new(input);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            // A line is read in pieces of at most MAX_LOG_LINE bytes (memory stays bounded
+            // whatever the file holds); a lifecycle event is far shorter.
+            let n = std::io::BufRead::read_until(
+                &mut std::io::Read::take(&mut reader, MAX_LOG_LINE),
+                b'\n',
+                &mut line,
+            )?;
+            if n == 0 {
+                break;
+            }
+            let text = String::from_utf8_lossy(&line);
+            if is_lifecycle_of(text.trim_end(), short) {
+                println!("{}", text.trim_end());
+            }
+        }
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The longest server log line `logs --server-log` reads whole (a lifecycle event is a few
+/// hundred bytes).
+const MAX_LOG_LINE: u64 = 64 * 1024;
+
+/// Whether a line of the server's log (text or JSON, `docs/logs.md`) is a lifecycle event of
+/// the kernel whose container's short id is `short`.
+fn is_lifecycle_of(line: &str, short: &str) -> bool {
+    if line.starts_with('{') {
+        let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else {
+            return false;
+        };
+        return event["target"] == kernelbox::logging::LIFECYCLE_TARGET
+            && event["container"] == short;
+    }
+    // The text format quotes a `container` it records as text: `container="3f2a9c0e1b7d"`.
+    line.contains(kernelbox::logging::LIFECYCLE_TARGET)
+        && line.split_whitespace().any(|field| {
+            field
+                .strip_prefix("container=")
+                .is_some_and(|value| value.trim_matches('"') == short)
+        })
 }
 
 /// `kernelbox kill`

@@ -131,7 +131,7 @@ pub(crate) async fn ps(args: super::admin::PsArgs) -> anyhow::Result<ExitCode> {
     let (Some(url), Some(token)) = (args.url.as_deref(), args.admin_token.clone()) else {
         anyhow::bail!("kernelbox ps --url needs --admin-token (or KERNELBOX_ADMIN_TOKEN)");
     };
-    if !args.label.is_empty() {
+    if super::admin::session_labels(&args).next().is_some() {
         anyhow::bail!(
             "kernelbox ps --url lists every node's kernels without their labels; filter a tenant's with GET /v1/kernels?label=key:value"
         );

@@ -195,8 +195,8 @@ impl Orchestrator {
 
     /// What follows a take, in the background once the taker's first cell ends (the returned
     /// guard is dropped) or [`TAKE_SETTLE`] passes, so neither competes with that cell for
-    /// the engine: the refill is woken, and the kernel is named after its owner
-    /// (`labels::owner_name`) so the admin verbs (`kernelbox ps`, `inspect`, `kill
+    /// the engine: the refill is woken, and the kernel is named after its owner and
+    /// generation (`labels::taken_name`) so the admin verbs (`kernelbox ps`, `inspect`, `kill
     /// --owner/--tenant`) see who has it. The rename waits for a gap between the owner's
     /// cells ([`RENAME_QUIET`]) and for no new owner to be starting cold, [`POOL_YIELD_MAX`]
     /// at most in all.
@@ -206,8 +206,12 @@ impl Orchestrator {
         slot: &Arc<Slot>,
         kernel: &Arc<Kernel>,
     ) -> tokio_util::sync::DropGuard {
-        let name =
-            crate::labels::owner_name(&key.owner.tenant, &key.owner.to_string(), kernel.short_id());
+        let name = crate::labels::taken_name(
+            &key.owner.tenant,
+            &key.owner.to_string(),
+            slot.generation(),
+            kernel.short_id(),
+        );
         let first_cell = tokio_util::sync::CancellationToken::new();
         let ended = first_cell.clone();
         let this = self.clone();

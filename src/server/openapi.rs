@@ -534,7 +534,7 @@ fn name_operations(spec: &mut Value) {
 fn mcp_path(auth_errors: &Value) -> Value {
     let session_params = json!([
         {"name": "session", "in": "query", "required": false,
-         "description": "The kernelbox session tool calls run in (as in /v1/sessions/{session}/...); the `Kernelbox-Session` header does the same and wins. Without either, an MCP session (`Mcp-Session-Id`) runs in its own session `mcp-{id}`, whose kernels go when it ends; a stateless call (protocol 2026-07-28) naming no session gets an error tool result.",
+         "description": "The kernelbox session tool calls run in (as in /v1/sessions/{session}/...); the `Kernelbox-Session` header does the same and wins. Without either, an MCP session (`Mcp-Session-Id`) runs in its own session `mcp-{id}`, whose kernels go when it ends; a session-less call (protocol 2026-07-28 and later) naming no session runs in the tenant's default session `mcp-default`.",
          "schema": {"type": "string", "pattern": "^[A-Za-z0-9._@:-]{1,128}$"}},
         {"name": "Kernelbox-Session", "in": "header", "required": false,
          "schema": {"type": "string", "pattern": "^[A-Za-z0-9._@:-]{1,128}$"}},

@@ -445,3 +445,53 @@ async fn an_mcp_session_naming_no_session_is_served_by_the_node_that_made_it() {
     );
     cluster.finish().await;
 }
+
+/// A session-less MCP request (protocol 2026-07-28: no MCP session, its version in a header
+/// and in the request's `_meta`) to `/v1/mcp` on `node`, naming no kernelbox session; the
+/// JSON-RPC answer.
+async fn mcp_sessionless(node: &crate::harness::Node, id: u64, code: &str) -> serde_json::Value {
+    let message = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
+        "name": "execute_code", "arguments": {"code": code},
+        "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                  "io.modelcontextprotocol/clientCapabilities": {}}}});
+    let request = node
+        .api
+        .build(Method::POST, "/v1/mcp", Some(TOKEN), false, true)
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "tools/call")
+        .header("mcp-name", "execute_code")
+        .body(http_body_util::Full::new(Bytes::from(message.to_string())))
+        .expect("request");
+    let reply =
+        crate::http::Reply::read(node.api.http.request(request).await.expect("MCP call")).await;
+    let text = String::from_utf8_lossy(&reply.body).to_string();
+    assert!(reply.status.is_success(), "{} {text}", reply.status);
+    text.lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .map(str::trim)
+        .find(|d| d.starts_with('{'))
+        .or_else(|| Some(text.trim()).filter(|t| t.starts_with('{')))
+        .and_then(|t| serde_json::from_str(t).ok())
+        .expect("a JSON-RPC answer")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessionless_mcp_calls_naming_no_session_share_the_default_session_on_any_node() {
+    let cluster = Cluster::start("cl-mcpdef", Options::default()).await;
+    let (a, b, c) = (&cluster.nodes[0], &cluster.nodes[1], &cluster.nodes[2]);
+    let first = mcp_sessionless(a, 1, "x = 20").await;
+    assert_eq!(first["result"]["isError"], false, "{first}");
+    // Through the two other nodes, the same kernel: routed as a request naming mcp-default.
+    for (n, node) in [(2, b), (3, c)] {
+        let called = mcp_sessionless(node, n, "x += 1\nprint(x)").await;
+        assert!(
+            called.to_string().contains(&format!("{}\\n", 19 + n)),
+            "{called}"
+        );
+    }
+    let containers = cluster.session_containers("mcp-default").await;
+    assert_eq!(containers.len(), 1, "{containers:?}");
+    assert!(cluster.holder("mcp-default").await.is_some());
+    cluster.finish().await;
+}

@@ -139,14 +139,30 @@ def test_http_a_named_session_is_shared_with_the_http_api(server, session_name, 
     assert httpx2.delete(f"{server.url}/v1/sessions/{session_name}", headers=auth).status_code == 200
 
 
-def test_http_a_stateless_call_naming_no_session_is_refused_with_a_clear_message(server):
-    async def go():
-        async with http_client(server.mcp, server.tokens["main"], mode="2026-07-28") as c:
-            return await c.call_tool("execute_code", {"code": "print(1)"})
+@pytest.mark.parametrize("mode", ["auto", "2026-07-28"])
+def test_http_a_sessionless_client_naming_no_session_runs_in_the_tenants_default_session(server, mode):
+    """The bare endpoint, as README shows it, with the SDK's default (session-less) protocol:
+    calls share the tenant's session `mcp-default`, which is the HTTP API's session of that
+    name and outlives the connection; another tenant's default session is its own."""
+    token = server.tokens["main"]
+    auth = {"Authorization": f"Bearer {token}"}
 
-    result = anyio.run(go)
-    assert result.is_error is True
-    assert "connect to /v1/mcp?session=NAME" in text(result), text(result)
+    async def go(code):
+        async with http_client(server.mcp, token, mode=mode) as c:
+            return await c.call_tool("execute_code", {"code": code})
+
+    try:
+        first = anyio.run(go, "x = 41")
+        second = anyio.run(go, "print(x + 1)")
+        assert first.is_error is False, text(first)
+        assert second.is_error is False and text(second) == "42\n", text(second)
+        r = httpx2.post(f"{server.url}/v1/sessions/mcp-default/execute", json={"code": "print(x)"},
+                        headers=auth, timeout=60)  # fmt: skip
+        assert r.json()["output"] == "41\n", r.text
+        assert [k["session"] for k in kernels(server)].count("mcp-default") == 1
+        assert not [k for k in kernels(server, "other") if k["session"] == "mcp-default"]
+    finally:
+        httpx2.delete(f"{server.url}/v1/sessions/mcp-default", headers=auth)
 
 
 def test_http_another_tenant_cannot_reach_an_mcp_session(server):

@@ -119,13 +119,13 @@ async fn session_settings_shape_its_kernels_within_the_tenants_maximums() {
     assert_eq!(r.error(StatusCode::BAD_REQUEST), "invalid_settings");
     let r = api.get("/v1/kernels?tenant=x", Some("tok-a")).await;
     assert_eq!(r.error(StatusCode::BAD_REQUEST), "invalid_query");
-    // `kernelbox ps --label` reads the same labels from the engine.
+    // `kernelbox ps --session-label` reads the same labels from the engine.
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_kernelbox"))
         .args([
             "ps",
             "--tenant",
             "acme",
-            "--label",
+            "--session-label",
             "team=data",
             "--no-memory",
         ])
@@ -143,6 +143,27 @@ async fn session_settings_shape_its_kernels_within_the_tenants_maximums() {
     assert!(
         listed.iter().all(|k| k["owner"] == "s1"),
         "only labelled sessions: {listed:?}"
+    );
+    // The old spelling, `--label`, still filters the same, saying it is deprecated.
+    let old = std::process::Command::new(env!("CARGO_BIN_EXE_kernelbox"))
+        .args([
+            "ps",
+            "--tenant",
+            "acme",
+            "--label",
+            "team=data",
+            "--no-memory",
+        ])
+        .args(["--format", "json"])
+        .output()
+        .expect("kernelbox ps --label");
+    assert!(old.status.success(), "{old:?}");
+    let old_listed: Value = serde_json::from_slice(&old.stdout).expect("ps json");
+    assert_eq!(old_listed.as_array().map(Vec::len), Some(listed.len()));
+    let said = String::from_utf8_lossy(&old.stderr);
+    assert!(
+        said.contains("deprecated, use `ps --session-label`"),
+        "{said}"
     );
 
     // GET answers them; another tenant's session of the same name has none.

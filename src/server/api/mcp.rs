@@ -9,8 +9,9 @@
 //!    `mcp-{id}`, whose kernels are removed when the MCP session ends (`DELETE /v1/mcp`, or
 //!    `--mcp-idle-timeout` without a message, never less than the longest cell allowed plus
 //!    10 seconds, so that a running cell does not end its own session);
-//! 3. else (a stateless request of protocol 2026-07-28, which has no MCP sessions) the call is
-//!    refused with a message asking for a session name.
+//! 3. else (a session-less request, protocol 2026-07-28 and later, which has no MCP sessions)
+//!    the tenant's default session, `mcp-default` (`mcp_session::DEFAULT_SESSION`): shared by
+//!    all such requests of the tenant, kept until the server's idle timeout reaps its kernel.
 //!
 //! Every session name is namespaced by the caller's tenant. An MCP session belongs to the
 //! tenant that opened it: another tenant's request naming it is answered 404, as for an

@@ -1,5 +1,6 @@
 //! Which kernelbox session a `/v1/mcp` request runs in (the order is in `mcp.rs`): the
-//! `Kernelbox-Session` header, the `session` query parameter, else the MCP session's own.
+//! `Kernelbox-Session` header, the `session` query parameter, else the MCP session's own, else
+//! (a session-less request) the tenant's [`DEFAULT_SESSION`].
 
 use axum::http::request::Parts;
 use rmcp::transport::streamable_http_server::session::SessionId;
@@ -9,6 +10,16 @@ use crate::owner::validate_name;
 
 /// The request header naming the kernelbox session of an MCP request.
 pub const SESSION_HEADER: &str = "kernelbox-session";
+
+/// The kernelbox session of a `/v1/mcp` request that names none and has no MCP session (the
+/// session-less protocol, 2026-07-28 and later): one per tenant, shared by all such requests
+/// of the tenant and with the HTTP API's `/v1/sessions/mcp-default/...` (docs/mcp.md). No MCP
+/// session's kernel session can take the name: those are `mcp-` and an rmcp UUID.
+pub const DEFAULT_SESSION: &str = "mcp-default";
+
+/// The first MCP protocol version with no MCP sessions (a request of it, or later, that names
+/// no session runs in [`DEFAULT_SESSION`]). Versions are dates, so they compare as text.
+const SESSIONLESS_PROTOCOL: &str = "2026-07-28";
 
 /// The kernelbox session of an MCP session.
 pub(super) fn kernel_session(id: &SessionId) -> String {
@@ -57,11 +68,7 @@ pub(crate) fn session_of(parts: &Parts) -> Result<String, Refusal> {
         Some(name) => name,
         None => match mcp_session_id(&parts.headers) {
             Some(id) => kernel_session(&id),
-            None => {
-                return Err(Refusal(
-                    "kernelbox: this MCP request names no session, so kernelbox cannot tell which kernel is yours: connect to /v1/mcp?session=NAME (or send a Kernelbox-Session: NAME header), or use an MCP protocol version with sessions (before 2026-07-28)".into(),
-                ))
-            }
+            None => DEFAULT_SESSION.to_string(),
         },
     };
     validate_name("session", &session).map_err(|e| Refusal(e.to_string()))?;
@@ -71,8 +78,9 @@ pub(crate) fn session_of(parts: &Parts) -> Result<String, Refusal> {
 /// On a cluster node, the kernelbox session a `/v1/mcp` request is routed by
 /// (docs/cluster.md, "Routing"), and whether it names it: a session named by the header or
 /// the query (the request may start its kernel: it is claimed), else the MCP session's own
-/// (served where it lives). `None`: nothing to route by (an `initialize` with no named
-/// session is served here).
+/// (served where it lives), else for a session-less request (its `MCP-Protocol-Version`
+/// header 2026-07-28 or later) [`DEFAULT_SESSION`], claimed as a named one. `None`: nothing
+/// to route by (an `initialize` with no named session is served here).
 pub(crate) fn routed_session(
     headers: &axum::http::HeaderMap,
     query: Option<&str>,
@@ -84,8 +92,20 @@ pub(crate) fn routed_session(
         .or_else(|| query_param(query.unwrap_or(""), "session"));
     match named {
         Some(name) => Some((name, true)),
-        None => mcp_session_id(headers).map(|id| (kernel_session(&id), false)),
+        None => match mcp_session_id(headers) {
+            Some(id) => Some((kernel_session(&id), false)),
+            None => sessionless(headers).then(|| (DEFAULT_SESSION.to_string(), true)),
+        },
     }
+}
+
+/// Whether a request says (by its `MCP-Protocol-Version` header) that it speaks a protocol
+/// with no MCP sessions.
+fn sessionless(headers: &axum::http::HeaderMap) -> bool {
+    headers
+        .get("mcp-protocol-version")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v >= SESSIONLESS_PROTOCOL)
 }
 
 /// The first value of `key` in a query string, percent-decoded (`None` when absent or not
@@ -154,9 +174,28 @@ mod tests {
         assert_eq!(session_of(&query), Ok("q".into()));
         let mcp = parts("/v1/mcp", &[("mcp-session-id", "abc")]);
         assert_eq!(session_of(&mcp), Ok("mcp-abc".into()));
-        let none = session_of(&parts("/v1/mcp", &[])).expect_err("no session");
-        assert!(none.0.contains("/v1/mcp?session=NAME"), "{}", none.0);
+        assert_eq!(
+            session_of(&parts("/v1/mcp", &[])),
+            Ok(DEFAULT_SESSION.into())
+        );
         let bad = session_of(&parts("/v1/mcp?session=a%2Fb", &[])).expect_err("bad name");
         assert!(bad.0.contains("invalid session name"), "{}", bad.0);
+    }
+
+    #[test]
+    fn a_sessionless_request_naming_nothing_is_routed_by_the_default_session() {
+        let mut headers = axum::http::HeaderMap::new();
+        assert_eq!(routed_session(&headers, None), None, "an initialize");
+        headers.insert("mcp-protocol-version", "2025-11-25".parse().expect("value"));
+        assert_eq!(routed_session(&headers, None), None, "a legacy request");
+        headers.insert("mcp-protocol-version", "2026-07-28".parse().expect("value"));
+        assert_eq!(
+            routed_session(&headers, None),
+            Some((DEFAULT_SESSION.to_string(), true))
+        );
+        assert_eq!(
+            routed_session(&headers, Some("session=s")),
+            Some(("s".to_string(), true))
+        );
     }
 }

@@ -48,7 +48,7 @@ from ._types import (
 )
 
 # The package's version, its one home: pyproject.toml reads it from here
-# ([tool.setuptools.dynamic]).
+# ([tool.hatch.version]).
 __version__ = "0.1.0"
 
 __all__ = [

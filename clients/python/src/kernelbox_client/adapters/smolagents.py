@@ -3,13 +3,20 @@ runs its code actions with, in one kernelbox session (state kept between steps).
 
 The agent's `final_answer(...)` raises smolagents' `FinalAnswerException` in the kernel; its
 value (smolagents' "safe:" JSON) is read back from the cell's error. Tools are sent as their
-source, as smolagents does for every remote executor. `install_packages` installs only what
-the kernel cannot import yet, with pip as the kernel's user: a kernel has no network unless
-its tenant's egress policy allows `pypi` (docs/reliability.md, "Network egress"). A package
-asked for (`additional_imports`) that cannot be installed is an error saying so; one a tool's
-source merely mentions (smolagents infers tool requirements from imports, optional ones
-included, e.g. the final answer's numpy and PIL) is logged and skipped, and the tool meets the
-ImportError itself if it really needs it.
+source, as smolagents does for every remote executor. `install_packages` first asks the
+kernel, in one command, which packages it cannot import yet and whether it has a network at
+all: a kernel has none unless its tenant's egress policy gives it one (docs/reliability.md,
+"Network egress"), and then pip is not run. Otherwise pip installs the missing ones as the
+kernel's user, once, without retries (`--retries 0`): a package index the policy refuses fails
+at once rather than after pip's backoff. A package asked for (`additional_imports`) that
+cannot be installed is an error saying so, raised at once; one a tool's source merely mentions
+(smolagents infers tool requirements from imports, optional ones included, e.g. the final
+answer's numpy and PIL) is skipped with a message at smolagents' DEBUG level on the
+executor's logger (pass the agent's, `logger=`, to follow its verbosity), and the tool meets
+the ImportError itself if it really needs it.
+
+A cell that raised goes back to the model as smolagents' own E2B executor sends it: what the
+cell printed, then "Executing code yielded an error:" and the traceback, once.
 """
 
 from __future__ import annotations
@@ -104,35 +111,49 @@ class KernelboxExecutor(RemotePythonExecutor):  # type: ignore[misc]
             logs = r.output.rsplit(_TRACEBACK, 1)[0]
             value = self._deserialize_final_answer(final[-1], self.allow_pickle)
             return CodeOutput(output=value, logs=logs, is_final_answer=True)
-        raise AgentError(f"{r.output}\nExecuting code yielded an error:\n{error}", self.logger)
+        raise AgentError(
+            f"{_without(r.output, error)}\nExecuting code yielded an error:\n{error}", self.logger
+        )
 
     def install_packages(self, additional_imports: List[str]) -> List[str]:
         """Installs with pip (as the kernel's user) the packages of `additional_imports` the
-        kernel cannot import yet; returns the names it was given."""
+        kernel cannot import yet, when it has a network (see the module's doc); returns the
+        names it was given."""
         names = sorted({p.split(".")[0] for p in additional_imports if p and p != "*"})
         if not names:
             return additional_imports
-        probe = (
-            "import importlib.util, json, sys\n"
-            "print(json.dumps([n for n in sys.argv[1:] if importlib.util.find_spec(n) is None]))"
-        )
-        found = self.session.commands.run(["python3", "-c", probe, *names], timeout=self.timeout)
-        missing = json.loads(found.stdout or "[]") if found.ok else names
-        if missing:
-            pip = self.session.commands.run(
-                ["python3", "-m", "pip", "install", "--user", "--no-input", *missing],
-                timeout=self.timeout,
+        found = self.session.commands.run(["python3", "-c", _PROBE, *names], timeout=self.timeout)
+        probed = json.loads(found.stdout or "{}") if found.ok else {}
+        missing = probed.get("missing", names)
+        if not missing:
+            return additional_imports
+        if probed.get("network") is False:
+            self._not_installed(
+                missing,
+                "the kernel has no network (its tenant's egress policy gives it none), so pip "
+                "was not run",
             )
-            if not pip.ok:
-                message = (
-                    f"kernelbox: pip could not install {' '.join(missing)} (exit {pip.exit_code}); "
-                    "a kernel reaches the package index only when its tenant's egress policy "
-                    "allows `pypi`"
-                )
-                if self._required:
-                    raise AgentError(f"{message}.\n{pip.stderr[-2000:]}", self.logger)
-                self.logger.log(f"{message}: the tools that import them will fail.")
+            return additional_imports
+        pip = self.session.commands.run(
+            ["python3", "-m", "pip", "install", "--user", "--no-input", "--retries", "0",
+             "--timeout", "15", *missing],  # fmt: skip
+            timeout=self.timeout,
+        )
+        if not pip.ok:
+            self._not_installed(
+                missing,
+                f"pip failed (exit {pip.exit_code}); the package index is reached only when "
+                f"the tenant's egress policy allows `pypi`.\n{pip.stderr[-2000:]}",
+            )
         return additional_imports
+
+    def _not_installed(self, missing: List[str], why: str) -> None:
+        """A package the kernel cannot import and could not get: an error when it was asked
+        for, else a message at DEBUG level (see the module's doc)."""
+        message = f"kernelbox: {' '.join(missing)} not installed: {why}"
+        if self._required:
+            raise AgentError(message, self.logger)
+        self.logger.log(f"{message}; the tools that import them will fail.", level=LogLevel.DEBUG)
 
     def cleanup(self) -> None:
         """Disposes of the session's kernel when this executor made the session."""
@@ -140,6 +161,26 @@ class KernelboxExecutor(RemotePythonExecutor):  # type: ignore[misc]
 
     def delete(self) -> None:
         self.cleanup()
+
+
+#: Run in the kernel by `install_packages`: which of its arguments it cannot import, and whether
+#: it has a network interface besides loopback (a kernel without egress has none).
+_PROBE = (
+    "import importlib.util, json, socket, sys\n"
+    "missing = [n for n in sys.argv[1:] if importlib.util.find_spec(n) is None]\n"
+    "network = any(name != 'lo' for _, name in socket.if_nameindex())\n"
+    "print(json.dumps({'missing': missing, 'network': network}))"
+)
+
+
+def _without(output: str, error: str) -> str:
+    """`output` without its tail `error` (a raised cell's output ends with its traceback,
+    which `error` also is), so that the traceback reaches the model once."""
+    tail = error.rstrip("\n")
+    head = output.rstrip("\n")
+    if tail and head.endswith(tail):
+        return head[: len(head) - len(tail)]
+    return output
 
 
 def _main_result(results: List[Any]) -> Any:
