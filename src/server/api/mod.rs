@@ -338,6 +338,10 @@ fn parse_execute(
     if let Some(child) = &body.child {
         name("child", child)?;
     }
+    let language = body.language.unwrap_or_default();
+    if let Err(e) = language.check_served() {
+        return Err(ApiError::bad_request("unsupported_language", e.to_string()));
+    }
     let config = state.inner.orchestrator.config();
     let timeout = match body.timeout {
         None => None,
@@ -388,6 +392,7 @@ fn parse_execute(
             tools,
             tenant_limits: tenant.limits(),
             image: tenant.image.clone(),
+            context: wire::Context::of(language),
         },
         task_id: body.task_id,
         code: body.code,
