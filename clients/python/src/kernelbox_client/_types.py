@@ -265,6 +265,10 @@ class KernelSummary:
     """A live kernel of the caller's tenant (`client.kernels()`)."""
 
     SCHEMA: ClassVar[str] = "KernelSummary"
+    #: The values of the enumerated fields.
+    ENUMS: ClassVar[Dict[str, FrozenSet[str]]] = {
+        "language": frozenset({"python", "bash", "javascript", "typescript"}),
+    }
     id: str
     tenant: str
     owner: str
