@@ -17,7 +17,7 @@ pub const MAX_NAME_LEN: usize = 128;
     "invalid {what} name {name:?}: use 1-{MAX_NAME_LEN} of A-Z a-z 0-9 . _ - @ : (no \"::\"; not \".\" or \"..\")"
 )]
 pub struct NameError {
-    /// Which name was refused: `session`, `child` or `tenant`.
+    /// Which name was refused: `session`, `child`, `tenant` or `context`.
     pub what: &'static str,
     /// The name as given (shortened).
     pub name: String,

@@ -312,6 +312,36 @@ async fn the_http_api_takes_a_language_and_lists_it() {
             ("python".to_string(), "python".to_string())
         ]
     );
+    // A named context is a kernel of its own beside the language's default one.
+    let named = srv
+        .api
+        .execute(
+            "tok",
+            "s",
+            json!({"code": "echo ${v:-unset}; v=2", "language": "bash", "context": "ctx-1"}),
+        )
+        .await
+        .json();
+    assert_eq!(named["output"], "unset\n", "{named}");
+    let default = srv
+        .api
+        .execute("tok", "s", json!({"code": "echo $v", "language": "bash"}))
+        .await
+        .json();
+    assert_eq!(default["output"], "1\n", "{default}");
+    let contexts: Vec<String> = srv
+        .api
+        .kernels("tok")
+        .await
+        .iter()
+        .filter_map(|k| k["context"].as_str().map(str::to_string))
+        .collect();
+    assert!(contexts.contains(&"ctx-1".to_string()), "{contexts:?}");
+    let bad = srv
+        .api
+        .execute("tok", "s", json!({"code": "1", "context": "a/b"}))
+        .await;
+    assert_eq!(bad.error(hyper::StatusCode::BAD_REQUEST), "invalid_name");
     // A language not served, or not one at all: refused before any kernel starts.
     let refused = srv
         .api
@@ -329,6 +359,6 @@ async fn the_http_api_takes_a_language_and_lists_it() {
         refused.error(hyper::StatusCode::BAD_REQUEST),
         "invalid_json"
     );
-    assert_eq!(srv.tenant_containers("t").await.len(), 2);
+    assert_eq!(srv.tenant_containers("t").await.len(), 3);
     srv.finish().await;
 }

@@ -135,6 +135,7 @@ impl Scope {
             .language
             .check_served()
             .map_err(|e| ExecuteError::Invalid(e.to_string()))?;
+        crate::owner::validate_name("context", &self.context.name)?;
         Ok(KernelKey {
             // The tenant's runtime as now (a reload may change it: `crate::tenancy`).
             runtime: policies.runtime_of(&owner.tenant, config.spec.sandbox.runtime),

@@ -19,6 +19,11 @@ pub struct ExecuteBody {
     /// language (`docs/contract.md`, "Languages").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub language: Option<super::Language>,
+    /// A named context of the session (E2B-style code contexts): its own kernel of
+    /// `language`, apart from the language's default one (`docs/contract.md`, "Languages").
+    /// Absent: the language's default context, named by the language.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<String>,
     /// Discard the kernel and run in a fresh one.
     #[serde(default)]
     pub reset: bool,

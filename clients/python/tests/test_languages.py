@@ -24,7 +24,9 @@ def test_a_bash_run_keeps_its_own_state_beside_python(client: Client, session_na
     assert set(mine) == {"python", "bash"}
     assert (mine["bash"].id, mine["bash"].context) == (first.kernel.id, "bash")
     assert mine["python"].context == "python"
-    assert s.close() == 2
+    other = s.run("echo ${n:-unset}", language="bash", context="second")
+    assert other.output == "unset\n" and other.kernel.id != first.kernel.id
+    assert s.close() == 3
 
 
 def test_a_language_not_served_is_refused(client: Client, session_name: str) -> None:

@@ -342,6 +342,16 @@ fn parse_execute(
     if let Err(e) = language.check_served() {
         return Err(ApiError::bad_request("unsupported_language", e.to_string()));
     }
+    let context = match &body.context {
+        None => wire::Context::of(language),
+        Some(context) => {
+            name("context", context)?;
+            wire::Context {
+                name: context.clone(),
+                language,
+            }
+        }
+    };
     let config = state.inner.orchestrator.config();
     let timeout = match body.timeout {
         None => None,
@@ -392,7 +402,7 @@ fn parse_execute(
             tools,
             tenant_limits: tenant.limits(),
             image: tenant.image.clone(),
-            context: wire::Context::of(language),
+            context,
         },
         task_id: body.task_id,
         code: body.code,
