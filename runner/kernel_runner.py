@@ -36,6 +36,11 @@ or a thread waiting for its tool result) reads it and files what it reads for th
 a cell starts and a tool result lands without a thread hand-off. A watcher thread polls stdin
 for hang-up only and exits the process the moment the host goes away, even mid-cell.
 
+Bash (``KERNELBOX_LANGUAGE=bash``, docs/contract.md "Languages"): the runner hosts one
+persistent ``bash`` (see _Bash) and every cell runs in it; the frames, markers, limits and
+status file are the ones above, so the host sees one protocol whatever the language. No
+displays and no tool calls from Bash cells.
+
 Interrupts (docs/contract.md, "Statuses"): the host sends SIGINT to this process (the engine
 delivers it through the container's init). It becomes a KeyboardInterrupt only while a cell's
 own code runs on the main thread; landing anywhere else (between cells, in the runner's own
@@ -391,6 +396,11 @@ def _hibernate(ch, token, staging, runner):
     if not (isinstance(token, str) and token.isalnum() and 32 <= len(token) <= 64):
         ch.send({"op": "hibernating", "ok": False, "error": "bad token"})
         return
+    if runner is not None and runner.shell is not None:
+        # Bash's descriptors are the container's streams, which a restore replaces: a Bash
+        # kernel is not checkpointed (it is reaped as without hibernation).
+        ch.send({"op": "hibernating", "ok": False, "error": "a Bash kernel does not hibernate"})
+        return
     # The staging volume is the host's memory and comes back empty after a restore, while
     # /tmp is the sandbox's own and is saved with it: the volume's files wait in /tmp and go
     # back before the runner speaks again. Nothing may hold one of them open through the
@@ -599,6 +609,8 @@ class _Runner:
         # Rich results; the builtin ``display`` is put back before every cell.
         self.display = _Display(channel, os.getcwd(), rich_source)
         self.display_builtin = _display_builtin(self.display)
+        # The Bash a Bash kernel's cells run in (None: cells are Python).
+        self.shell = None
 
     # -- tool calls ------------------------------------------------------------------------
 
@@ -646,7 +658,8 @@ class _Runner:
     # -- cells -----------------------------------------------------------------------------
 
     def run_forever(self):
-        self.warm_up()
+        if self.shell is None:
+            self.warm_up()
         self.ch.send(
             {"op": "ready", "v": PROTOCOL_VERSION, "python": sys.version.split()[0], "pid": _getpid()}
         )
@@ -754,6 +767,9 @@ class _Runner:
         interrupts = _INTERRUPTS
         interrupts.begin()
         try:
+            if self.shell is not None:
+                status, exit_code, tb = self.shell.run(msg.get("code", ""), interrupts)
+                raise _ShellDone
             code, last = _compile_cell(msg.get("code", ""), "<cell-%s>" % cell)
             try:
                 # A KeyboardInterrupt raised anywhere in here, this block's own lines
@@ -769,6 +785,8 @@ class _Runner:
                     del value
             finally:
                 interrupts.armed = False
+        except _ShellDone:
+            pass
         except SystemExit as exc:
             status = "exit"
             exit_code = _exit_code(exc.code)
@@ -792,7 +810,7 @@ class _Runner:
             self.display.flush_figures()
         dropped = self.display.end()
         _flush_quietly()
-        if tb:
+        if tb and self.shell is None:
             # The traceback is part of the cell's output too, in write order.
             _write_all(self.ch.cell_out, tb.encode("utf-8", "replace"))
         # The end marker and the outcome in one write of at most PIPE_BUF bytes, which the
@@ -926,6 +944,167 @@ def _silenced(source, node):
 
 class ToolError(Exception):
     """A tool call was refused or failed on the host; the message says why."""
+
+
+class _ShellDone(BaseException):
+    """A Bash cell ended (its outcome is set): leaves run_cell's try block."""
+
+
+# Where the hosted Bash reads a cell's number and writes its status, and keeps its copies of
+# the output pipe (the runner's fds 1 and 2): all four are closed while a cell runs (the ``.``
+# command's redirections), so neither the cell nor its background jobs hold them, and
+# restored by Bash after it; fds 0, 1 and 2 are set again for every cell, so a cell that
+# closed or redirected them (``exec >&-``) leaves the next one whole.
+_BASH_OUT_FD = 60
+_BASH_ERR_FD = 61
+_BASH_CMD_FD = 62
+_BASH_STATUS_FD = 63
+
+# The hosted Bash's loop: for each cell number the runner writes, source the cell's file in
+# this shell (so variables, functions, the working directory, options and traps persist) and
+# report ``$?``. SIGINT returns from the cell (status 130) and keeps the shell; the trap is set
+# again before every cell, so a cell cannot keep its own. ``exit`` in a cell ends the shell:
+# the kernel ends as it does on Python's ``sys.exit()``.
+_BASH_LOOP = """declare -r __kernelbox_cell="$1"
+while IFS= read -r -u %d __kernelbox_n; do
+  trap 'return 130 2>/dev/null' INT
+  . "$__kernelbox_cell" </dev/null >&%d 2>&%d %d>&- %d>&- %d<&- %d>&-
+  printf '%%s\\n' "$?" >&%d
+done
+""" % (_BASH_CMD_FD, _BASH_OUT_FD, _BASH_ERR_FD, _BASH_OUT_FD, _BASH_ERR_FD, _BASH_CMD_FD,
+       _BASH_STATUS_FD, _BASH_STATUS_FD)
+
+
+class _Bash:
+    """The persistent Bash of a Bash kernel, a child of the runner in a session of its own.
+
+    A cell's source goes to a file in a private directory under /tmp (the kernel's tmpfs);
+    the cell's number, on a pipe Bash reads; its status comes back on another pipe. Bash
+    inherits fds 1 and 2 from the runner (the output pipe), so its output and its children's
+    arrive as a Python cell's do, and the end marker follows them. Bash gone mid-cell: by
+    ``exit N``, the cell ended the kernel (status ``exit``); by a signal (the OOM killer, a
+    cell's ``kill``), the runner exits with the signal's status and the host reports the
+    loss; a status pipe closed under it (a cell closed Bash's saved copy), the runner ends
+    Bash and exits."""
+
+    def __init__(self):
+        path = None
+        for candidate in ("/bin/bash", "/usr/bin/bash", "/usr/local/bin/bash"):
+            if os.access(candidate, os.X_OK):
+                path = candidate
+                break
+        if path is None:
+            raise OSError("bash is not installed in this kernel image")
+        directory = "/tmp/.kernelbox-bash"
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        self.cell_path = directory + "/cell.sh"
+        cmd_r, self.cmd_w = os.pipe()
+        self.status_r, status_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.setsid()
+                _dup2(1, _BASH_OUT_FD)
+                _dup2(2, _BASH_ERR_FD)
+                _dup2(cmd_r, _BASH_CMD_FD)
+                _dup2(status_w, _BASH_STATUS_FD)
+                os.execv(path, [path, "--noprofile", "--norc", "-c", _BASH_LOOP, "bash", self.cell_path])
+            finally:
+                _exit(127)
+        _close(cmd_r)
+        _close(status_w)
+        self.pid = pid
+        self.pidfd = None
+        try:
+            self.pidfd = os.pidfd_open(pid)  # Python 3.9+, Linux 5.3+
+        except (AttributeError, OSError):
+            pass
+        self.interrupted = False
+        self.buf = b""
+
+    def interrupt(self, signum, frame):
+        """The runner's SIGINT handler: a running cell's SIGINT goes to Bash's session."""
+        if _INTERRUPTS.in_cell:
+            self.interrupted = True
+            try:
+                os.killpg(self.pid, _signal.SIGINT)
+            except OSError:
+                pass
+
+    def run(self, code, interrupts):
+        """Runs one cell; returns (status, exit_code, error)."""
+        self.interrupted = False
+        fd = os.open(self.cell_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            _write_all(fd, code.encode("utf-8", "surrogateescape") + b"\n")
+        finally:
+            _close(fd)
+        _write_all(self.cmd_w, b"1\n")
+        line = self._status()
+        if line is None:
+            return self._gone()
+        try:
+            code = int(line)
+        except ValueError:
+            code = 1
+        if code == 0:
+            return "ok", 0, None
+        if code == 130 and self.interrupted:
+            return "interrupted", 130, "KeyboardInterrupt"
+        return "error", code, "exit status %d" % code
+
+    def _status(self):
+        """The next status line, or None once Bash can no longer give one."""
+        poller = _poll()
+        poller.register(self.status_r, _POLLIN)
+        if self.pidfd is not None:
+            poller.register(self.pidfd, _POLLIN)
+        while b"\n" not in self.buf:
+            try:
+                events = poller.poll(None if self.pidfd is not None else 1000)
+            except InterruptedError:
+                continue
+            if not events:
+                if self._exited(block=False) is not None:
+                    break
+                continue
+            if any(fd == self.status_r for fd, _ in events):
+                chunk = _read(self.status_r, 64)
+                if not chunk:
+                    return None
+                self.buf += chunk
+                if len(self.buf) > 64:
+                    return None
+            elif b"\n" not in self.buf:
+                return None  # Bash is gone
+        if b"\n" not in self.buf:
+            return None
+        line, self.buf = self.buf.split(b"\n", 1)
+        return line
+
+    def _exited(self, block=True):
+        """Bash's wait status once it is gone, else None."""
+        try:
+            pid, status = os.waitpid(self.pid, 0 if block else os.WNOHANG)
+        except ChildProcessError:
+            return 0
+        return status if pid else None
+
+    def _gone(self):
+        """Bash cannot report: it exited (the cell's ``exit``), was killed, or lost its pipe."""
+        status = self._exited(block=False)
+        if status is None:
+            # Alive without its status pipe: it cannot run another cell.
+            try:
+                os.killpg(self.pid, _signal.SIGKILL)
+            except OSError:
+                pass
+            self._exited()
+            _flush_quietly()
+            _exit(70)
+        if os.WIFSIGNALED(status):
+            _exit(128 + os.WTERMSIG(status))
+        return "exit", os.WEXITSTATUS(status), None
 
 
 def _end_line(marker, cell, status, tb, count, exit_code, dropped):
@@ -1071,13 +1250,14 @@ def _tools_module(runner):
 def _private_environment():
     """Takes every ``KERNELBOX_`` variable out of the environment (and so out of every
     subprocess's); returns what the runner needs of them: the status file's path, the
-    text of ``runner/rich.py`` and the modules to preload."""
+    text of ``runner/rich.py``, the modules to preload and the kernel's language."""
     status_path = os.environ.pop("KERNELBOX_STATUS", None)
     rich_source = os.environ.pop("KERNELBOX_RICH", None)
     preload = [m for m in os.environ.pop("KERNELBOX_PRELOAD", "").split(",") if m]
+    language = os.environ.pop("KERNELBOX_LANGUAGE", "python")
     for key in [k for k in os.environ if k.startswith("KERNELBOX_")]:
         del os.environ[key]
-    return status_path, rich_source, preload
+    return status_path, rich_source, preload, language
 
 
 def _user_site():
@@ -1102,7 +1282,7 @@ def _user_site():
 
 
 def main():
-    status_path, rich_source, preload = _private_environment()
+    status_path, rich_source, preload, language = _private_environment()
     _user_site()
     channel = _Channel()
     sys.stdin = open(os.devnull, "r")
@@ -1118,6 +1298,14 @@ def main():
     _thread.start_new_thread(_watch_hangup, (channel.inp,))
     _tag_threads(runner)
     _INTERRUPTS.install()
+    if language == "bash":
+        runner.shell = _Bash()
+        try:
+            _signal.signal(_signal.SIGINT, runner.shell.interrupt)
+        except (ValueError, OSError):
+            pass
+    elif language != "python":
+        _exit(71)  # a language this runner does not host: the kernel fails to start
     try:
         runner.run_forever()
     finally:

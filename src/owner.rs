@@ -6,6 +6,7 @@ use std::fmt;
 use sha2::{Digest, Sha256};
 
 use crate::config::{KernelRuntime, WorkMode};
+use crate::wire::Context;
 
 /// Longest session, child or tenant name accepted.
 pub const MAX_NAME_LEN: usize = 128;
@@ -16,7 +17,7 @@ pub const MAX_NAME_LEN: usize = 128;
     "invalid {what} name {name:?}: use 1-{MAX_NAME_LEN} of A-Z a-z 0-9 . _ - @ : (no \"::\"; not \".\" or \"..\")"
 )]
 pub struct NameError {
-    /// Which name was refused: `session`, `child` or `tenant`.
+    /// Which name was refused: `session`, `child`, `tenant` or `context`.
     pub what: &'static str,
     /// The name as given (shortened).
     pub name: String,
@@ -109,6 +110,10 @@ pub struct KernelKey {
     pub tools: BTreeSet<String>,
     /// The OCI runtime the kernel runs under (its tenant's, else the server's).
     pub runtime: KernelRuntime,
+    /// Which of the owner's kernels: its context, a name and a language (the default Python
+    /// context when absent from a stored key, which every key written before languages is).
+    #[serde(default)]
+    pub context: Context,
 }
 
 impl KernelKey {
@@ -133,6 +138,13 @@ impl KernelKey {
         if self.runtime != KernelRuntime::Runc {
             h.update([1]);
             h.update(self.runtime.name().as_bytes());
+        }
+        // So do Python kernels of the default context.
+        if !self.context.is_default_python() {
+            h.update([2]);
+            h.update(self.context.language.name().as_bytes());
+            h.update([0]);
+            h.update(self.context.name.as_bytes());
         }
         hex::encode(&h.finalize()[..8])
     }
@@ -194,10 +206,14 @@ mod tests {
             image: "img".into(),
             tools: BTreeSet::new(),
             runtime: KernelRuntime::Runc,
+            context: Context::default(),
         };
         let mut other = key.clone();
         other.tools.insert("web_search".into());
         assert_ne!(key.hash(), other.hash());
+        let mut bash = key.clone();
+        bash.context = Context::of(crate::wire::Language::Bash);
+        assert_ne!(key.hash(), bash.hash());
         let mut other = key.clone();
         other.runtime = KernelRuntime::Runsc;
         assert_ne!(key.hash(), other.hash());

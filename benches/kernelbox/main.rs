@@ -231,6 +231,10 @@ async fn run_phases(b: &mut Bench) -> Result<()> {
         eprintln!("[bench] cold first cell and docker run floor");
         b.cold().await?;
     }
+    if b.args.runs("languages") {
+        eprintln!("[bench] languages: warm and cold Bash cells against Python's, idle memory");
+        b.languages().await?;
+    }
     if b.args.runs("pool") {
         eprintln!("[bench] warm pool: hits, misses, a burst, refill, idle memory");
         b.pool().await?;

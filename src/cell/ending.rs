@@ -17,10 +17,12 @@ pub enum Ending {
     Completed,
     /// The cell called `sys.exit()`; its kernel ended.
     Exited,
-    /// The cell raised.
+    /// The cell raised (a Bash cell: its last command failed).
     Raised {
         /// The traceback (or kernelbox's note on an unreadable end frame).
         traceback: String,
+        /// The result's `exit_code`: 1, or a Bash cell's last command's status.
+        exit_code: i32,
     },
     /// The cell ran past its timeout.
     TimedOut {
@@ -136,7 +138,10 @@ impl Ending {
         );
         let (status, exit_code, error, loss) = match self {
             Ending::Completed | Ending::Exited => (CellStatus::Success, 0, None, None),
-            Ending::Raised { traceback } => (CellStatus::Error, 1, Some(traceback), None),
+            Ending::Raised {
+                traceback,
+                exit_code,
+            } => (CellStatus::Error, exit_code, Some(traceback), None),
             Ending::TimedOut { timeout } => (
                 CellStatus::Timeout,
                 -1,
@@ -257,10 +262,27 @@ mod tests {
         let traceback = "Traceback (most recent call last):\nZeroDivisionError: division by zero";
         let raised = Ending::Raised {
             traceback: traceback.into(),
+            exit_code: 1,
         };
         assert_eq!(
             raised.verdict(),
             row(CellStatus::Error, 1, Some(traceback), false, None, true)
+        );
+        // A Bash cell's failing command gives its own status.
+        let failed = Ending::Raised {
+            traceback: "exit status 3".into(),
+            exit_code: 3,
+        };
+        assert_eq!(
+            failed.verdict(),
+            row(
+                CellStatus::Error,
+                3,
+                Some("exit status 3"),
+                false,
+                None,
+                true
+            )
         );
     }
 

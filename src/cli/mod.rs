@@ -361,6 +361,17 @@ impl KernelOpts {
     }
 }
 
+/// A `--language` value: one the API names (`python`, `bash`, `javascript`, `typescript`).
+fn parse_language(name: &str) -> Result<kernelbox::wire::Language, String> {
+    kernelbox::wire::Language::parse(name).ok_or_else(|| {
+        let names: Vec<&str> = kernelbox::wire::Language::ALL
+            .into_iter()
+            .map(kernelbox::wire::Language::name)
+            .collect();
+        format!("one of {}", names.join(", "))
+    })
+}
+
 #[derive(Debug, Args)]
 struct ExecArgs {
     /// Session (conversation) the kernel belongs to.
@@ -369,6 +380,9 @@ struct ExecArgs {
     /// Delegated child id, when running as a sub-agent.
     #[arg(long)]
     child: Option<String>,
+    /// The cell's language: python or bash (docs/contract.md, "Languages").
+    #[arg(long, default_value = "python", value_parser = parse_language)]
+    language: kernelbox::wire::Language,
     /// Discard the session's kernel first (with --url; a local exec always starts fresh).
     #[arg(long)]
     reset: bool,
@@ -620,6 +634,7 @@ async fn exec(args: ExecArgs) -> anyhow::Result<ExitCode> {
             code: &code,
             timeout_seconds: args.kernel.timeout.as_secs_f64(),
             reset: args.reset,
+            language: args.language,
         })
         .await;
     }
@@ -627,7 +642,7 @@ async fn exec(args: ExecArgs) -> anyhow::Result<ExitCode> {
     let request = ExecuteRequest {
         scope: kernelbox::Scope {
             child: args.child.clone(),
-            ..kernelbox::Scope::session(args.session.clone())
+            ..kernelbox::Scope::session(args.session.clone()).language(args.language)
         },
         code,
         ..ExecuteRequest::default()

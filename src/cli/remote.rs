@@ -16,6 +16,7 @@ pub struct Remote<'a> {
     pub code: &'a str,
     pub timeout_seconds: f64,
     pub reset: bool,
+    pub language: kernelbox::wire::Language,
 }
 
 /// Posts the cell, prints the result JSON; exit 1 when the cell did not succeed.
@@ -26,6 +27,7 @@ pub async fn exec(r: Remote<'_>) -> anyhow::Result<ExitCode> {
         reset: r.reset,
         timeout: Some(r.timeout_seconds.into()),
         child: r.child.map(str::to_owned),
+        language: Some(r.language),
         ..ExecuteBody::default()
     };
     let result = client.execute(r.session, &body).await?;

@@ -227,6 +227,8 @@ pub(crate) enum CellOutcome {
         /// The traceback as the runner formatted it, or kernelbox's note when the end frame
         /// was unreadable.
         traceback: String,
+        /// The result's `exit_code`: 1, or a Bash cell's last command's status.
+        exit_code: i32,
     },
     /// The cell called `sys.exit()`; the kernel is gone.
     Exited,

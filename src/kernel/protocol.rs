@@ -37,6 +37,10 @@ const RUNNER_BOOTSTRAP: &str = include_str!("../../runner/bootstrap.py");
 /// it before any cell runs.
 const RUNNER_ENV: &str = "KERNELBOX_RUNNER";
 
+/// The environment variable that names a kernel's language when it is not Python (`bash`):
+/// the runner then hosts that language's interpreter (`runner/kernel_runner.py`, "Bash").
+pub(super) const LANGUAGE_ENV: &str = "KERNELBOX_LANGUAGE";
+
 /// The kernel container's command: `python3 -c BOOTSTRAP`.
 pub(super) fn runner_command() -> Vec<String> {
     ["python3", "-c", RUNNER_BOOTSTRAP]
@@ -228,6 +232,8 @@ pub(super) enum KernelFrame {
         execution_count: u64,
         /// Displays the runner dropped past the caps (not even a note fitted).
         displays_dropped: u64,
+        /// The cell's exit status when it raised (a Bash cell's last command's; absent: 1).
+        exit_code: Option<i64>,
     },
     /// Code in the kernel called a host tool.
     ToolCall {
@@ -277,6 +283,8 @@ struct WireFrame {
     execution_count: Option<u64>,
     #[serde(default)]
     displays_dropped: u64,
+    #[serde(default)]
+    exit_code: Option<i64>,
     call: Option<u64>,
     tool: Option<String>,
     args: Option<Box<RawValue>>,
@@ -299,6 +307,7 @@ impl TryFrom<WireFrame> for KernelFrame {
                 traceback: w.traceback,
                 execution_count: w.execution_count.ok_or("done without execution_count")?,
                 displays_dropped: w.displays_dropped,
+                exit_code: w.exit_code,
             },
             Op::ToolCall => KernelFrame::ToolCall {
                 cell: w.cell,

@@ -48,6 +48,8 @@ struct Done {
     execution_count: u64,
     /// Displays the runner could not send (past the caps, not saved to files).
     displays_dropped: u64,
+    /// The exit status the runner gave (a Bash cell's last command's).
+    exit_code: Option<i64>,
 }
 
 /// How the cell loop ended, in the protocol's terms; [`CellOutcome`] is what leaves the kernel.
@@ -68,9 +70,14 @@ impl End {
             End::Done(Done {
                 status: DoneStatus::Error,
                 traceback,
+                exit_code,
                 ..
             }) => CellOutcome::Raised {
                 traceback: traceback.unwrap_or_default(),
+                // A status that is no process's (0, or past a byte) is the runner's 1.
+                exit_code: exit_code
+                    .filter(|c| (1..=255).contains(c))
+                    .map_or(1, |c| c as i32),
             },
             End::Done(Done {
                 status: DoneStatus::Exit,
@@ -510,17 +517,20 @@ fn parse_done(line: &[u8], cell: u64) -> Done {
             traceback,
             execution_count,
             displays_dropped,
+            exit_code,
         }) if c == cell => Done {
             status,
             traceback,
             execution_count,
             displays_dropped,
+            exit_code,
         },
         _ => Done {
             status: DoneStatus::Error,
             traceback: Some(crate::cell::messages::UNREADABLE_END_FRAME.into()),
             execution_count: 0,
             displays_dropped: 0,
+            exit_code: None,
         },
     }
 }

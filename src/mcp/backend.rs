@@ -19,8 +19,14 @@ use crate::wire::{CommandBody, CommandLine, CommandResult, ExecuteBody};
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ExecuteCode {
-    /// The Python source to run, as in a notebook cell (the value of a last expression is shown).
+    /// The source to run, as in a notebook cell (in Python the value of a last expression is
+    /// shown).
     pub code: String,
+    /// The cell's language: `python` (default) or `bash` (a stateful shell: the working
+    /// directory, variables and functions persist). Each language has its own kernel in the
+    /// session.
+    #[serde(default)]
+    pub language: Option<crate::wire::Language>,
     /// Discard this session's kernel (all its state) first and run in a fresh one.
     #[serde(default)]
     pub reset: bool,
@@ -45,6 +51,7 @@ impl ExecuteCode {
             reset: self.reset,
             timeout: self.timeout.map(serde_json::Value::from),
             child: self.child,
+            language: self.language,
             ..ExecuteBody::default()
         }
     }

@@ -43,7 +43,7 @@ impl Backend for LocalBackend {
         let request = ExecuteRequest {
             scope: Scope {
                 child: args.child,
-                ..Scope::session(self.session.clone())
+                ..Scope::session(self.session.clone()).language(args.language.unwrap_or_default())
             },
             code: args.code,
             reset: args.reset,

@@ -257,7 +257,13 @@ impl Orchestrator {
     ) -> Ending {
         match outcome {
             CellOutcome::Completed => Ending::Completed,
-            CellOutcome::Raised { traceback } => Ending::Raised { traceback },
+            CellOutcome::Raised {
+                traceback,
+                exit_code,
+            } => Ending::Raised {
+                traceback,
+                exit_code,
+            },
             CellOutcome::Exited => Ending::Exited,
             CellOutcome::TimedOut => Ending::TimedOut { timeout },
             CellOutcome::InterruptedWhileQueued => Ending::InterruptedWhileQueued,

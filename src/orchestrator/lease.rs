@@ -344,11 +344,13 @@ impl Orchestrator {
         settings: Option<&crate::settings::Settings>,
     ) -> Result<Arc<Kernel>, KernelError> {
         let inner = &self.inner;
+        // A session's workspace is its default Python kernel's: one mount at a time, never
+        // another context's (`docs/contract.md`, "Languages").
         let workspace = match (
             self.workspace_policy(&key.owner.tenant),
             inner.services.transfers.workspaces(),
         ) {
-            (Some(policy), Some(workspaces)) => {
+            (Some(policy), Some(workspaces)) if key.context.is_default_python() => {
                 let (uid, gid) = crate::kernel::parse_user(&inner.config.spec.sandbox.user);
                 let prepared = workspaces.prepare(&key.owner, &policy, uid, gid);
                 Some(crate::telemetry::in_span("workspace", prepared).await?)

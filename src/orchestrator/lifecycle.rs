@@ -135,6 +135,8 @@ impl Orchestrator {
                     owner: s.key.owner.to_string(),
                     session: s.key.owner.session.clone(),
                     child: s.key.owner.child.clone(),
+                    language: s.key.context.language,
+                    context: s.key.context.name.clone(),
                     generation: s.generation(),
                     state: match kernel.map(|k| k.state()) {
                         None | Some(KernelState::Starting) => "starting",

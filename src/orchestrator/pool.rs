@@ -165,8 +165,10 @@ impl Orchestrator {
         if self.workspace_policy(&key.owner.tenant).is_some() {
             return None;
         }
-        // A tenant on another runtime never gets a kernel of the pool's (docs/runtimes.md).
+        // A tenant on another runtime never gets a kernel of the pool's (docs/runtimes.md),
+        // nor does a context of another language (the pool's kernels run Python).
         (self.inner.config.pool.size > 0
+            && key.context.language == crate::wire::Language::Python
             && spec.image == key.image
             && spec.mode == key.mode
             && spec.sandbox.runtime == key.runtime)

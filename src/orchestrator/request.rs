@@ -17,6 +17,7 @@ use crate::kernel::{KernelError, OutputSink};
 use crate::owner::{KernelKey, NameError, Owner};
 use crate::registry::{Cap, EvictionCounts, LossCounts, TenantLimits};
 use crate::rich::DisplaySink;
+use crate::wire::{Context, Language};
 
 /// Whose kernel a request addresses, and how a kernel it starts is made: the part of an
 /// [`ExecuteRequest`] and a [`FileRequest`](super::FileRequest) that names the owner and the
@@ -40,6 +41,9 @@ pub struct Scope {
     ///
     /// [`Config::image`]: crate::Config::image
     pub image: Option<String>,
+    /// The session's kernel meant: its context (a name and a language; part of the kernel
+    /// key). The default: the session's Python kernel.
+    pub context: Context,
 }
 
 impl Scope {
@@ -84,6 +88,14 @@ impl Scope {
         }
     }
 
+    /// The same, in the default context of `language` (`docs/contract.md`, "Languages").
+    pub fn language(self, language: Language) -> Scope {
+        Scope {
+            context: Context::of(language),
+            ..self
+        }
+    }
+
     /// The same, under the tenant's `limits`.
     pub fn tenant_limits(self, limits: TenantLimits) -> Scope {
         Scope {
@@ -119,6 +131,11 @@ impl Scope {
             }
             Some(image) => image.to_string(),
         };
+        self.context
+            .language
+            .check_served()
+            .map_err(|e| ExecuteError::Invalid(e.to_string()))?;
+        crate::owner::validate_name("context", &self.context.name)?;
         Ok(KernelKey {
             // The tenant's runtime as now (a reload may change it: `crate::tenancy`).
             runtime: policies.runtime_of(&owner.tenant, config.spec.sandbox.runtime),
@@ -126,6 +143,7 @@ impl Scope {
             mode: config.spec.mode.clone(),
             image,
             tools: self.tools.clone(),
+            context: self.context.clone(),
         })
     }
 }

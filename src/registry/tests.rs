@@ -10,6 +10,7 @@ fn tkey(tenant: &str, session: &str, child: Option<&str>) -> KernelKey {
         image: "img".into(),
         tools: BTreeSet::new(),
         runtime: Default::default(),
+        context: Default::default(),
     }
 }
 

@@ -634,7 +634,11 @@ mod tests {
             .collect();
         assert_eq!(
             names,
-            ["child", "code", "network", "reset", "task_id", "timeout", "tools"].into()
+            [
+                "child", "code", "context", "language", "network", "reset", "task_id", "timeout",
+                "tools"
+            ]
+            .into()
         );
         assert_eq!(
             props["timeout"]["type"],
@@ -646,7 +650,10 @@ mod tests {
             .is_some_and(|d| d.starts_with("Cell timeout in seconds")));
         assert_eq!(props["task_id"]["maxLength"], 256);
         assert_eq!(props["reset"]["default"], false);
-        assert_eq!(props["code"]["description"], "Python source of the cell.");
+        assert_eq!(
+            props["code"]["description"],
+            "Source of the cell, in `language`."
+        );
         // The one policy type: the execute body's `network` and the PUT's body.
         assert!(
             props["network"].to_string().contains("NetworkPolicy"),

@@ -23,6 +23,10 @@ pub struct KernelSummary {
     /// The owner's delegated child, when the kernel is a child's.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub child: Option<String>,
+    /// The language the kernel runs (`docs/contract.md`, "Languages").
+    pub language: super::Language,
+    /// The kernel's context within its owner (the default one of a language is named by it).
+    pub context: String,
     /// Generation within the key.
     pub generation: u64,
     /// `starting`, `idle` or `busy` (a cell running, or computing with no cell running:

@@ -13,8 +13,17 @@ pub const MAX_TASK_ID: usize = 256;
 #[serde(deny_unknown_fields)]
 #[schemars(rename = "ExecuteRequest")]
 pub struct ExecuteBody {
-    /// Python source of the cell.
+    /// Source of the cell, in `language`.
     pub code: String,
+    /// The cell's language (`python` when absent): it runs in the session's kernel of that
+    /// language (`docs/contract.md`, "Languages").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub language: Option<super::Language>,
+    /// A named context of the session (E2B-style code contexts): its own kernel of
+    /// `language`, apart from the language's default one (`docs/contract.md`, "Languages").
+    /// Absent: the language's default context, named by the language.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<String>,
     /// Discard the kernel and run in a fresh one.
     #[serde(default)]
     pub reset: bool,

@@ -6,6 +6,7 @@
 //! |---|---|
 //! | `path.rs` | the routes' paths, with the one percent-encoder for names and file paths in a URL |
 //! | `execute.rs` | [`ExecuteBody`]: the body of `POST /v1/sessions/{session}/execute` |
+//! | `language.rs` | [`Language`] and [`Context`]: the language of a cell and the kernel of a session that runs it |
 //! | `command.rs` | [`CommandBody`] and [`CommandResult`]: `POST /v1/sessions/{session}/commands` |
 //! | `error.rs` | [`ErrorBody`]: every error answer, `{"error": {"code", "message"}}` |
 //! | `event.rs` | [`StreamEvent`] and [`CommandEvent`]: the lines of a streamed execute or command, one type per event |
@@ -24,6 +25,7 @@ mod command;
 mod error;
 mod event;
 mod execute;
+mod language;
 mod network;
 pub mod path;
 mod settings;
@@ -41,6 +43,7 @@ pub use event::{
     OutputEvent, OutputTruncatedEvent, StderrEvent, StdoutEvent, StreamEvent, EVENT_FIELD,
 };
 pub use execute::{ExecuteBody, MAX_TASK_ID};
+pub use language::{Context, Language, UnsupportedLanguage};
 pub use network::NetworkPolicy;
 pub use settings::{SessionSettings, SettingsApplied};
 pub use usage::{UsageQuery, UsageQueryError, UsageRange, UsageReport, MAX_USAGE_RANGE};

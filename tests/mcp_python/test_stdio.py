@@ -25,7 +25,7 @@ def test_stdio_lists_execute_code_saying_what_persists_and_what_a_timeout_does()
     assert "State persists between calls" in tool.description
     assert "ALL state is lost" in tool.description
     assert tool.input_schema["required"] == ["code"]
-    assert set(tool.input_schema["properties"]) == {"code", "reset", "timeout", "child"}
+    assert set(tool.input_schema["properties"]) == {"code", "language", "reset", "timeout", "child"}
 
 
 def test_stdio_two_calls_share_state_in_one_kernel_removed_when_the_connection_ends():

@@ -35,6 +35,7 @@ mod hibernate;
 mod http;
 mod images;
 mod jupyter;
+mod languages;
 mod pool;
 mod throughput;
 mod tools;

@@ -84,6 +84,7 @@ pub(crate) fn kernel_scope(tenant: &Tenant, session: String, child: Option<Strin
             .map(|t| t.allow.clone())
             .unwrap_or_default(),
         tenant_limits: tenant.limits(),
+        context: Default::default(),
     }
 }
 

@@ -338,6 +338,20 @@ fn parse_execute(
     if let Some(child) = &body.child {
         name("child", child)?;
     }
+    let language = body.language.unwrap_or_default();
+    if let Err(e) = language.check_served() {
+        return Err(ApiError::bad_request("unsupported_language", e.to_string()));
+    }
+    let context = match &body.context {
+        None => wire::Context::of(language),
+        Some(context) => {
+            name("context", context)?;
+            wire::Context {
+                name: context.clone(),
+                language,
+            }
+        }
+    };
     let config = state.inner.orchestrator.config();
     let timeout = match body.timeout {
         None => None,
@@ -388,6 +402,7 @@ fn parse_execute(
             tools,
             tenant_limits: tenant.limits(),
             image: tenant.image.clone(),
+            context,
         },
         task_id: body.task_id,
         code: body.code,

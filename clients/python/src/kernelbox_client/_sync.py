@@ -189,12 +189,17 @@ class Session:
         on_display: Optional[Callable[[Result], Any]] = None,
         tools: Optional[Iterable[str]] = None,
         network: Optional[Union[NetworkPolicy, Dict[str, List[str]]]] = None,
+        language: Optional[str] = None,
+        context: Optional[str] = None,
     ) -> Execution:
         """Runs one cell. With `on_output` (text as the cell writes it) or `on_display` (each
         rich result as it is displayed) the answer is streamed. `network` (a
         `NetworkPolicy` or `{"allow": [...], "deny": [...]}`) sets the session's egress policy
         first, as `set_network` does (it stays the session's). A cell that fails is a result
-        (`status`), not an exception; errors are calls the server refused."""
+        (`status`), not an exception; errors are calls the server refused. `language`
+        (`python` by default, or `bash`) picks the session's kernel of that language: each
+        keeps its own state (docs/contract.md, "Languages"); `context` names another kernel of
+        that language in the session (E2B-style code contexts)."""
         stream = on_output is not None or on_display is not None
         call = _wire.execute_call(
             self.name,
@@ -207,6 +212,8 @@ class Session:
             stream,
             self.client.timeout,
             network,
+            language,
+            context,
         )
         if stream:
             callbacks = {"output": on_output, "display": on_display}

@@ -265,6 +265,10 @@ class KernelSummary:
     """A live kernel of the caller's tenant (`client.kernels()`)."""
 
     SCHEMA: ClassVar[str] = "KernelSummary"
+    #: The values of the enumerated fields.
+    ENUMS: ClassVar[Dict[str, FrozenSet[str]]] = {
+        "language": frozenset({"python", "bash", "javascript", "typescript"}),
+    }
     id: str
     tenant: str
     owner: str
@@ -277,6 +281,10 @@ class KernelSummary:
     child: Optional[str] = None
     #: The session's labels (its settings').
     labels: Dict[str, str] = field(default_factory=dict)
+    #: The language the kernel runs (`python`, `bash`, ...).
+    language: str = "python"
+    #: The kernel's context within its owner (the default one of a language is named by it).
+    context: str = "python"
 
     @classmethod
     def from_json(cls, d: Dict[str, Any]) -> "KernelSummary":
@@ -293,6 +301,8 @@ class KernelSummary:
             attached=int(d.get("attached", 0)),
             child=d.get("child"),
             labels={str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {},
+            language=str(d.get("language", "python")),
+            context=str(d.get("context", "python")),
         )
 
 

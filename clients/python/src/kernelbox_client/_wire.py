@@ -144,8 +144,14 @@ def execute_call(
     stream: bool,
     client_timeout: Optional[float],
     network: Optional[Union[NetworkPolicy, Dict[str, List[str]]]] = None,
+    language: Optional[str] = None,
+    context: Optional[str] = None,
 ) -> Call:
     body: Dict[str, Any] = {"code": code}
+    if language is not None:
+        body["language"] = language
+    if context is not None:
+        body["context"] = context
     if network is not None:
         body["network"] = (
             network.to_json() if isinstance(network, NetworkPolicy) else network_policy(

@@ -1,0 +1,364 @@
+//! Kernels in other languages than Python, against the real engine (`docs/contract.md`,
+//! "Languages"): the seed's contract tests ported to Bash (state across cells, reset, a
+//! failing command keeps the kernel, timeout kills and is reported, the process exiting,
+//! subprocess output, interrupt), one kernel per language in a session with its own state and
+//! losses, the hostile cells per language, and the HTTP API's `language`.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+#[path = "common/http.rs"]
+mod http;
+
+use std::time::Duration;
+
+use common::Case;
+use kernelbox::wire::Language;
+use kernelbox::{CellResult, CellStatus, ExecuteRequest, LossReason, Scope};
+use serde_json::json;
+
+/// `code` as a Bash cell of `session`.
+fn bash(session: &str, code: &str) -> ExecuteRequest {
+    ExecuteRequest::new(Scope::session(session).language(Language::Bash), code)
+}
+
+/// Runs `code` as a Bash cell of `session`.
+async fn run_bash(case: &Case, session: &str, code: &str) -> CellResult {
+    case.exec(bash(session, code)).await
+}
+
+#[tokio::test]
+async fn bash_state_persists_across_cells_beside_the_python_kernel() {
+    let case = Case::new("bash-state").await;
+    let py = case.run("s", "x = 41").await;
+    assert_eq!(py.status, CellStatus::Success, "{py:?}");
+    let first = run_bash(
+        &case,
+        "s",
+        "x=7; greet() { echo \"hello $1\"; }; mkdir -p /tmp/d && cd /tmp/d",
+    )
+    .await;
+    assert_eq!(first.status, CellStatus::Success, "{first:?}");
+    assert!(!first.kernel.reused);
+    assert_ne!(first.kernel.id, py.kernel.id, "a kernel of its own");
+    let second = run_bash(&case, "s", "echo \"x=$x\"; greet you; pwd").await;
+    assert_eq!(second.status, CellStatus::Success, "{second:?}");
+    assert_eq!(second.output, "x=7\nhello you\n/tmp/d\n");
+    assert!(second.kernel.reused);
+    assert_eq!(second.kernel.execution_count, 2);
+    assert_eq!(second.kernel.id, first.kernel.id);
+    // The Python kernel kept its own state.
+    let back = case.run("s", "print(x + 1)").await;
+    assert_eq!(back.output, "42\n", "{back:?}");
+    assert_eq!(back.kernel.id, py.kernel.id);
+    // Both are listed, each with its language and context; both are containers.
+    let mut listed: Vec<(String, Language, String)> = case
+        .kb
+        .list_kernels(None)
+        .into_iter()
+        .map(|k| (k.id, k.language, k.context))
+        .collect();
+    listed.sort_by_key(|(_, l, _)| *l);
+    assert_eq!(
+        listed,
+        vec![
+            (py.kernel.id.clone(), Language::Python, "python".into()),
+            (first.kernel.id.clone(), Language::Bash, "bash".into()),
+        ]
+    );
+    let mut ids = case.container_ids().await;
+    ids.sort();
+    let mut want = vec![py.kernel.id.clone(), first.kernel.id.clone()];
+    want.sort();
+    assert_eq!(ids, want);
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn a_failing_bash_command_is_an_error_with_its_status_and_keeps_the_kernel() {
+    let case = Case::new("bash-error").await;
+    run_bash(&case, "s", "a=7").await;
+    let failed = run_bash(&case, "s", "echo out; ls /nonexistent").await;
+    assert_eq!(failed.status, CellStatus::Error, "{failed:?}");
+    assert_eq!(failed.exit_code, 2, "ls's own status: {failed:?}");
+    assert_eq!(failed.error.as_deref(), Some("exit status 2"));
+    assert!(failed.output.starts_with("out\n"), "{failed:?}");
+    assert!(
+        failed.output.contains("No such file"),
+        "stderr too: {failed:?}"
+    );
+    let after = run_bash(&case, "s", "echo $a").await;
+    assert_eq!(after.output, "7\n", "{after:?}");
+    assert!(after.kernel.reused);
+    assert!(after.kernel.state_lost.is_none());
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn bash_subprocess_output_and_background_jobs_arrive() {
+    let case = Case::new("bash-sub").await;
+    let r = run_bash(
+        &case,
+        "s",
+        "python3 -c 'print(\"from python\")'; sh -c 'echo to-stderr >&2'; (echo in-subshell); \
+         { sleep 0.2; echo late; } & wait",
+    )
+    .await;
+    assert_eq!(r.status, CellStatus::Success, "{r:?}");
+    for want in ["from python\n", "to-stderr\n", "in-subshell\n", "late\n"] {
+        assert!(r.output.contains(want), "{want:?} in {r:?}");
+    }
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn a_bash_reset_discards_only_the_bash_state() {
+    let case = Case::new("bash-reset").await;
+    case.run("s", "x = 41").await;
+    let first = run_bash(&case, "s", "y=5").await;
+    let reset = case
+        .exec(ExecuteRequest {
+            reset: true,
+            ..bash("s", "echo \"y=${y:-unset}\"")
+        })
+        .await;
+    assert_eq!(reset.output, "y=unset\n", "{reset:?}");
+    assert!(reset.kernel.state_reset);
+    assert_eq!(reset.kernel.generation, 2);
+    assert_ne!(reset.kernel.id, first.kernel.id);
+    let py = case.run("s", "print(x)").await;
+    assert_eq!(py.output, "41\n", "the Python kernel is untouched: {py:?}");
+    assert!(py.kernel.reused);
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn a_bash_timeout_kills_only_the_bash_kernel_and_is_reported() {
+    let case = Case::new("bash-timeout").await;
+    let py = case.run("s", "x = 41").await;
+    let slow = case
+        .exec(ExecuteRequest {
+            timeout: Some(Duration::from_secs(1)),
+            ..bash("s", "echo started; sleep 30")
+        })
+        .await;
+    assert_eq!(slow.status, CellStatus::Timeout, "{slow:?}");
+    assert_eq!(slow.exit_code, -1);
+    assert!(slow.output.contains("started"), "{slow:?}");
+    assert_eq!(
+        case.container_ids().await,
+        vec![py.kernel.id.clone()],
+        "only the Python kernel's container is left"
+    );
+    let fresh = run_bash(&case, "s", "echo alive").await;
+    assert_eq!(fresh.output, "alive\n", "{fresh:?}");
+    assert_eq!(
+        fresh.kernel.state_lost.as_ref().map(|l| l.reason),
+        Some(LossReason::Timeout)
+    );
+    let kept = case.run("s", "print(x + 1)").await;
+    assert_eq!(kept.output, "42\n", "{kept:?}");
+    assert!(kept.kernel.state_lost.is_none(), "{kept:?}");
+    assert_eq!(kept.kernel.id, py.kernel.id);
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn bash_exit_ends_the_kernel_like_sys_exit() {
+    let case = Case::new("bash-exit").await;
+    let r = run_bash(&case, "s", "echo bye; exit 3").await;
+    assert_eq!(r.status, CellStatus::Success, "{r:?}");
+    assert!(r.kernel.ended, "{r:?}");
+    assert_eq!(r.output, "bye\n");
+    assert!(case.containers().await.is_empty(), "the kernel is gone");
+    let next = run_bash(&case, "s", "echo again").await;
+    assert_eq!(next.output, "again\n", "{next:?}");
+    assert!(!next.kernel.reused);
+    assert!(next.kernel.state_lost.is_none(), "asked for: {next:?}");
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn a_bash_interrupt_stops_the_cell_and_keeps_the_shell() {
+    let case = Case::with("bash-interrupt", |c| {
+        c.cells.interrupt_grace = Duration::from_secs(10)
+    })
+    .await;
+    let first = run_bash(&case, "s", "x=41").await;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let sink: kernelbox::OutputSink = std::sync::Arc::new(move |_b: &[u8]| {
+        let _ = tx.send(());
+    });
+    let kb = case.kb.clone();
+    let cell = tokio::spawn(async move {
+        kb.execute(ExecuteRequest {
+            sink: Some(sink),
+            ..bash("s", "echo started; sleep 30; echo not-reached")
+        })
+        .await
+    });
+    rx.recv().await.expect("the cell started");
+    assert_eq!(case.kb.interrupt(None, "s").await, 1);
+    let r = cell.await.unwrap().expect("execute");
+    assert_eq!(r.status, CellStatus::Interrupted, "{r:?}");
+    assert!(!r.output.contains("not-reached"), "{r:?}");
+    let next = run_bash(&case, "s", "echo $((x + 1))").await;
+    assert_eq!(next.output, "42\n", "the state survived: {next:?}");
+    assert_eq!(next.kernel.id, first.kernel.id);
+    assert!(next.kernel.state_lost.is_none(), "{next:?}");
+    case.finish().await;
+}
+
+/// Runs a hostile Bash cell while the session's Python kernel and a bystander session hold
+/// state; both are untouched and the session's next Bash cell works.
+async fn survive_bash(case: &Case, code: &str, timeout: u64) -> CellResult {
+    case.run("s", "kept = 'py'").await;
+    case.run("other", "kept = 'safe'").await;
+    let result = case
+        .exec(ExecuteRequest {
+            timeout: Some(Duration::from_secs(timeout)),
+            ..bash("s", code)
+        })
+        .await;
+    let next = run_bash(case, "s", "echo next call works").await;
+    assert_eq!(next.status, CellStatus::Success, "after {code:?}: {next:?}");
+    assert_eq!(next.output, "next call works\n", "{next:?}");
+    for (session, want) in [("s", "py"), ("other", "safe")] {
+        let r = case.run(session, "print(kept)").await;
+        assert!(
+            r.output.contains(want) && r.kernel.reused,
+            "{session}: {r:?}"
+        );
+    }
+    result
+}
+
+#[tokio::test]
+async fn hostile_bash_cells_are_contained() {
+    let case = Case::with("bash-hostile", |c| c.spec.sandbox.pids_limit = 64).await;
+    // Endless output: cut, and the timeout still kills.
+    let r = survive_bash(&case, "yes xxxxxxxxxxxxxxxx", 3).await;
+    assert_eq!(r.status, CellStatus::Timeout, "{r:?}");
+    assert_eq!(r.stdout_truncated, Some(true), "{r:?}");
+    // A fork bomb meets the pids limit; the timeout ends it.
+    let r = survive_bash(&case, "b() { b | b & }; b; sleep 20", 5).await;
+    assert_ne!(r.status, CellStatus::Success, "{r:?}");
+    // A memory bomb in the shell itself: the kernel's memory limit, reported.
+    let r = survive_bash(&case, "s=x; while :; do s=$s$s$s$s; done", 60).await;
+    assert_ne!(r.status, CellStatus::Success, "{r:?}");
+    // Closing the shell's descriptors, its private ones included, wedges nothing.
+    let r = survive_bash(
+        &case,
+        "exec 0<&- 1>&- 2>&- 60>&- 61>&- 62<&- 63>&-; echo gone",
+        10,
+    )
+    .await;
+    assert_ne!(r.status, CellStatus::Timeout, "{r:?}");
+    // Killing the shell, then the runner: the kernel is lost and the loss reported.
+    for code in ["kill -9 $$", "kill -9 $PPID"] {
+        let r = survive_bash(&case, code, 10).await;
+        assert_eq!(r.status, CellStatus::Error, "{code}: {r:?}");
+        assert!(r.error.is_some(), "{r:?}");
+    }
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn the_http_api_takes_a_language_and_lists_it() {
+    let srv = http::TestServer::start(
+        "lang-http",
+        http::tenants(vec![http::tenant("t", "tok")]),
+        |_| {},
+    )
+    .await;
+    let r = srv
+        .api
+        .execute(
+            "tok",
+            "s",
+            json!({"code": "cd /tmp && v=1", "language": "bash"}),
+        )
+        .await
+        .json();
+    assert_eq!(r["status"], "success", "{r}");
+    let r = srv
+        .api
+        .execute(
+            "tok",
+            "s",
+            json!({"code": "echo $v $PWD", "language": "bash"}),
+        )
+        .await
+        .json();
+    assert_eq!(r["output"], "1 /tmp\n", "{r}");
+    let python = srv.api.run("tok", "s", "print('py')").await;
+    assert_eq!(python["output"], "py\n", "{python}");
+    let mut kernels: Vec<(String, String)> = srv
+        .api
+        .kernels("tok")
+        .await
+        .iter()
+        .map(|k| {
+            (
+                k["language"].as_str().unwrap_or_default().to_string(),
+                k["context"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect();
+    kernels.sort();
+    assert_eq!(
+        kernels,
+        vec![
+            ("bash".to_string(), "bash".to_string()),
+            ("python".to_string(), "python".to_string())
+        ]
+    );
+    // A named context is a kernel of its own beside the language's default one.
+    let named = srv
+        .api
+        .execute(
+            "tok",
+            "s",
+            json!({"code": "echo ${v:-unset}; v=2", "language": "bash", "context": "ctx-1"}),
+        )
+        .await
+        .json();
+    assert_eq!(named["output"], "unset\n", "{named}");
+    let default = srv
+        .api
+        .execute("tok", "s", json!({"code": "echo $v", "language": "bash"}))
+        .await
+        .json();
+    assert_eq!(default["output"], "1\n", "{default}");
+    let contexts: Vec<String> = srv
+        .api
+        .kernels("tok")
+        .await
+        .iter()
+        .filter_map(|k| k["context"].as_str().map(str::to_string))
+        .collect();
+    assert!(contexts.contains(&"ctx-1".to_string()), "{contexts:?}");
+    let bad = srv
+        .api
+        .execute("tok", "s", json!({"code": "1", "context": "a/b"}))
+        .await;
+    assert_eq!(bad.error(hyper::StatusCode::BAD_REQUEST), "invalid_name");
+    // A language not served, or not one at all: refused before any kernel starts.
+    let refused = srv
+        .api
+        .execute("tok", "s", json!({"code": "1", "language": "javascript"}))
+        .await;
+    assert_eq!(
+        refused.error(hyper::StatusCode::BAD_REQUEST),
+        "unsupported_language"
+    );
+    let refused = srv
+        .api
+        .execute("tok", "s", json!({"code": "1", "language": "cobol"}))
+        .await;
+    assert_eq!(
+        refused.error(hyper::StatusCode::BAD_REQUEST),
+        "invalid_json"
+    );
+    assert_eq!(srv.tenant_containers("t").await.len(), 3);
+    srv.finish().await;
+}
