@@ -3,10 +3,13 @@
 //! files, and each goes its own way; a snapshot outlives its kernel and starts a new session;
 //! a hibernated kernel forks without being resumed; another tenant's snapshot is not found;
 //! the bounds refuse the next snapshot and leave nothing behind; a runc kernel is refused
-//! rather than given a snapshot without its memory.
+//! rather than given a snapshot without its memory; and over real HTTP, a `kill -9` of the
+//! server during a fork leaves nothing behind and loses no snapshot.
 #![allow(clippy::unwrap_used)]
 
 mod common;
+#[path = "common/http.rs"]
+mod http;
 
 use std::time::Duration;
 
@@ -23,7 +26,11 @@ const CHECK: &str =
     "print(x, hashlib.sha256(big).hexdigest(), open('note.txt').read(), open('/tmp/t.txt').read())";
 
 /// A runsc case whose snapshots go to `dir`.
-async fn case(name: &str, dir: &std::path::Path, tweak: impl FnOnce(&mut kernelbox::Config)) -> Case {
+async fn case(
+    name: &str,
+    dir: &std::path::Path,
+    tweak: impl FnOnce(&mut kernelbox::Config),
+) -> Case {
     let dir = dir.to_path_buf();
     Case::with(name, move |c| {
         c.spec.sandbox.runtime = KernelRuntime::Runsc;
@@ -72,7 +79,10 @@ async fn forks_have_the_sources_memory_and_files_and_each_goes_its_own_way() {
         assert_eq!(kernel.generation, 1, "{fork:?}");
         let r = case.run(&fork.session, CHECK).await;
         assert_eq!(r.output, expected, "{} {r:?}", fork.session);
-        assert!(r.kernel.reused, "a fork's kernel is the restored one: {r:?}");
+        assert!(
+            r.kernel.reused,
+            "a fork's kernel is the restored one: {r:?}"
+        );
         assert!(r.kernel.state_lost.is_none(), "{r:?}");
     }
     // The source goes on, the same kernel.
@@ -169,7 +179,10 @@ async fn a_snapshot_outlives_its_kernel_and_a_restart_and_starts_a_new_session()
     assert_eq!(r.output, expected, "{r:?}");
     // Into a session that has a kernel: refused.
     let taken = kb.restore_snapshot(&Scope::session("new"), &snap.id).await;
-    assert!(matches!(taken, Err(SnapshotError::SessionExists { .. })), "{taken:?}");
+    assert!(
+        matches!(taken, Err(SnapshotError::SessionExists { .. })),
+        "{taken:?}"
+    );
     kb.delete_snapshot(None, &snap.id).await.unwrap();
     assert!(kb.snapshots(None).is_empty());
     assert_eq!(entries(dir.path()), Vec::<String>::new());
@@ -242,7 +255,10 @@ async fn another_tenants_snapshot_is_not_found() {
         .kb
         .restore_snapshot(&Scope::session("s").tenant("b"), &snap.id)
         .await;
-    assert!(matches!(stolen, Err(SnapshotError::NotFound { .. })), "{stolen:?}");
+    assert!(
+        matches!(stolen, Err(SnapshotError::NotFound { .. })),
+        "{stolen:?}"
+    );
     assert!(matches!(
         case.kb.delete_snapshot(Some("b"), &snap.id).await,
         Err(SnapshotError::NotFound { .. })
@@ -272,10 +288,7 @@ async fn the_bounds_refuse_the_next_snapshot_and_leave_nothing_behind() {
         other => panic!("{other:?}"),
     }
     // A fork's own snapshot counts too.
-    let fork = case
-        .kb
-        .fork(&Scope::session("s"), vec!["f".into()])
-        .await;
+    let fork = case.kb.fork(&Scope::session("s"), vec!["f".into()]).await;
     assert!(matches!(fork, Err(SnapshotError::Limit { .. })), "{fork:?}");
     assert_eq!(entries(dir.path()).len(), 2, "{:?}", entries(dir.path()));
     assert_eq!(case.containers().await.len(), 1);
@@ -293,7 +306,10 @@ async fn a_snapshot_past_the_tenants_bytes_is_refused_and_removed() {
     .await;
     case.run("s", "x = bytearray(8 << 20)").await;
     let refused = case.kb.snapshot(&Scope::session("s"), None).await;
-    assert!(matches!(refused, Err(SnapshotError::Limit { .. })), "{refused:?}");
+    assert!(
+        matches!(refused, Err(SnapshotError::Limit { .. })),
+        "{refused:?}"
+    );
     assert_eq!(entries(dir.path()), Vec::<String>::new());
     assert_eq!(case.run("s", "print(len(x))").await.output, "8388608\n");
     case.finish().await;
@@ -315,4 +331,109 @@ async fn a_runc_kernel_is_refused_not_given_a_snapshot_without_its_memory() {
     assert_eq!(entries(dir.path()), Vec::<String>::new());
     assert_eq!(case.run("s", "print(x)").await.output, "1\n");
     case.finish().await;
+}
+
+/// `kernelbox serve --runtime runsc --pool 0` on `state` (snapshots in `state/snapshots`).
+async fn serve(
+    label: &str,
+    state: &std::path::Path,
+) -> (tokio::process::Child, std::net::SocketAddr) {
+    let mut cmd = common::serve_command(label, "tok");
+    cmd.args(["--runtime", "runsc", "--pool", "0"])
+        .arg("--state-dir")
+        .arg(state)
+        .env_remove("KERNELBOX_STATE_DIR")
+        .env_remove("KERNELBOX_RUNTIME");
+    common::spawn_serving(cmd).await
+}
+
+/// Polls Docker (bounded) until the case's containers and volumes are `done`.
+async fn wait_until(
+    engine: &std::sync::Arc<dyn kernelbox::Engine>,
+    label: &str,
+    what: &str,
+    done: impl Fn(usize, usize) -> bool,
+) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let cs = common::containers(engine, label).await;
+        let vs = common::volumes(engine, label).await;
+        if done(cs.len(), vs.len()) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: {cs:?} {vs:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kill_9_during_a_fork_leaves_nothing_behind_and_loses_no_snapshot() {
+    let label = common::unique("snap-kill");
+    let engine = common::engine().await;
+    let state = tempfile::tempdir().unwrap();
+    let snapshots = state.path().join("snapshots");
+    let (mut first, addr) = serve(&label, state.path()).await;
+    let api = http::Api::new(addr);
+    let filled = api.run("tok", "src", FILL).await;
+    assert_eq!(filled["status"], "success", "{filled}");
+    let expected = format!(
+        "41 {} kept tmp\n",
+        filled["output"].as_str().unwrap().trim()
+    );
+    let kept = api
+        .post(
+            "/v1/sessions/src/snapshots",
+            Some("tok"),
+            serde_json::json!({"name": "kept"}),
+        )
+        .await
+        .json();
+    let id = kept["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{kept}"))
+        .to_string();
+    // A fork in flight: the server is killed once its forks' containers exist.
+    let forking = tokio::spawn(async move {
+        http::Api::new(addr)
+            .post(
+                "/v1/sessions/src/fork",
+                Some("tok"),
+                serde_json::json!({"count": 4}),
+            )
+            .await
+    });
+    wait_until(&engine, &label, "the forks' containers", |cs, _| cs > 1).await;
+    first.kill().await.unwrap();
+    forking.abort();
+    // The watchdog removes every kernel of the killed server, the forks' too.
+    wait_until(&engine, &label, "the watchdog's sweep", |cs, vs| {
+        cs == 0 && vs == 0
+    })
+    .await;
+    // The restarted server has the snapshot, whole; nothing half-made is left.
+    let (mut second, addr) = serve(&label, state.path()).await;
+    assert_eq!(entries(&snapshots), vec![id.clone()]);
+    let api = http::Api::new(addr);
+    let listed = api.get("/v1/snapshots", Some("tok")).await.json();
+    assert_eq!(listed["snapshots"][0]["id"], id.as_str(), "{listed}");
+    let restored = api
+        .post(
+            "/v1/sessions/back/restore",
+            Some("tok"),
+            serde_json::json!({"snapshot": id}),
+        )
+        .await
+        .json();
+    assert_eq!(restored["kernel"]["generation"], 1, "{restored}");
+    let back = api.run("tok", "back", CHECK).await;
+    assert_eq!(back["output"], expected.as_str(), "{back}");
+    // Another tenant's token cannot reach it over HTTP either (one token here: a wrong one
+    // is refused before any lookup).
+    let other = api.get(&format!("/v1/snapshots/{id}"), Some("nope")).await;
+    assert_eq!(other.status, hyper::StatusCode::UNAUTHORIZED);
+    common::terminate(&mut second, Duration::from_secs(120)).await;
+    common::assert_clean(&engine, &label).await;
 }

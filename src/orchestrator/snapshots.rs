@@ -5,8 +5,6 @@
 //! into a new session's container through the hibernation's books (`registry/hibernated.rs`),
 //! so admission, generations and the first call's answer are a hibernated kernel's.
 
-use std::path::PathBuf;
-
 use super::{ExecuteError, Orchestrator, Scope};
 use crate::config::{HIBERNATE_ANSWER_LIMIT, MAX_FORKS_PER_REQUEST};
 use crate::docker::KernelRuntime;
@@ -27,7 +25,9 @@ impl From<ExecuteError> for SnapshotError {
 impl Orchestrator {
     /// The key of the kernel `scope` names (its tenant the default when it names none).
     fn snapshot_key(&self, scope: &Scope) -> Result<KernelKey, SnapshotError> {
-        let owner = scope.owner(&self.inner.config).map_err(ExecuteError::from)?;
+        let owner = scope
+            .owner(&self.inner.config)
+            .map_err(ExecuteError::from)?;
         Ok(scope.kernel_key(owner, &self.inner.config, &self.inner.tenancy.load())?)
     }
 
@@ -49,7 +49,10 @@ impl Orchestrator {
         let key = self.snapshot_key(scope)?;
         let snapshots = &self.inner.services.snapshots;
         let reservation = snapshots.reserve(&key.owner.tenant).await?;
-        let checkpoint = match self.checkpoint_for_snapshot(scope, &key, &reservation).await {
+        let checkpoint = match self
+            .checkpoint_for_snapshot(scope, &key, &reservation)
+            .await
+        {
             Ok(c) => c,
             Err(e) => {
                 snapshots.abort(reservation).await;
@@ -87,7 +90,11 @@ impl Orchestrator {
     }
 
     /// Deletes the caller's snapshot `id` (another tenant's is not found).
-    pub async fn delete_snapshot(&self, tenant: Option<&str>, id: &str) -> Result<(), SnapshotError> {
+    pub async fn delete_snapshot(
+        &self,
+        tenant: Option<&str>,
+        id: &str,
+    ) -> Result<(), SnapshotError> {
         let tenant = tenant.unwrap_or(&self.inner.config.default_tenant);
         self.inner.services.snapshots.delete(tenant, id).await
     }
@@ -189,9 +196,12 @@ impl Orchestrator {
     /// reaped as any live one.
     async fn reconnect(&self, scope: &Scope, key: &KernelKey) {
         match self.acquire(key, false, scope.tenant_limits, None).await {
-            Ok(lease) => {
-                // The same kernel: its next call is told nothing of this.
+            Ok(mut lease) => {
+                // The same kernel: its next call is told nothing of this, but a loss (the
+                // reconnection failed and a new kernel started) is its to report.
                 let _ = lease.kernel.take_restored();
+                let lost = lease.take_state_lost();
+                self.give_back_loss(key, lost);
                 self.release(&lease.slot).await;
             }
             Err(e) => {
@@ -245,7 +255,10 @@ impl Orchestrator {
         // The fork's snapshot is a reservation never committed: counted while it lives,
         // removed after (and, were the server killed meanwhile, at its next start).
         let reservation = snapshots.reserve(&key.owner.tenant).await?;
-        let checkpoint = match self.checkpoint_for_snapshot(scope, &key, &reservation).await {
+        let checkpoint = match self
+            .checkpoint_for_snapshot(scope, &key, &reservation)
+            .await
+        {
             Ok(c) => c,
             Err(e) => {
                 snapshots.abort(reservation).await;
@@ -287,7 +300,9 @@ impl Orchestrator {
         source: &KernelKey,
         checkpoint: &Checkpoint,
     ) -> Result<RestoredKernel, SnapshotError> {
-        let owner = scope.owner(&self.inner.config).map_err(ExecuteError::from)?;
+        let owner = scope
+            .owner(&self.inner.config)
+            .map_err(ExecuteError::from)?;
         let key = KernelKey {
             owner,
             ..source.clone()
@@ -310,7 +325,9 @@ impl Orchestrator {
                 return Err(e);
             }
         };
-        let restored = self.start_fork(scope, &key, checkpoint, &created, &dir).await;
+        let restored = self
+            .start_fork(scope, &key, checkpoint, &created, &dir)
+            .await;
         self.inner.services.snapshots.fork_done(dir).await;
         restored
     }
@@ -321,11 +338,11 @@ impl Orchestrator {
         key: &KernelKey,
         checkpoint: &Checkpoint,
         created: &crate::kernel::Created,
-        dir: &PathBuf,
+        dir: &std::path::Path,
     ) -> Result<RestoredKernel, SnapshotError> {
         let session = key.owner.session.clone();
         let forked = checkpoint.forked(created, dir, FROM_SNAPSHOT);
-        if let Err(refused) = self.inner.registry.seed_fork(key, forked) {
+        if let Err(refused) = self.inner.registry.seed_fork(key, Box::new(forked)) {
             refused.discard(self.inner.engine.as_ref()).await;
             return Err(SnapshotError::SessionExists { session });
         }

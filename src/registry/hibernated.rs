@@ -443,7 +443,11 @@ impl Registry {
     /// Seeds the new `key` with a fork's checkpoint: its next kernel is that checkpoint
     /// restored, a new generation of the key. Refused (the checkpoint handed back) when the
     /// key has a kernel, live or hibernated, or the registry closed.
-    pub fn seed_fork(&self, key: &KernelKey, checkpoint: Checkpoint) -> Result<(), Checkpoint> {
+    pub fn seed_fork(
+        &self,
+        key: &KernelKey,
+        checkpoint: Box<Checkpoint>,
+    ) -> Result<(), Box<Checkpoint>> {
         let mut inner = self.lock();
         if inner.closed || inner.slots.contains_key(key) || inner.hibernated.contains_key(key) {
             return Err(checkpoint);
@@ -453,7 +457,7 @@ impl Registry {
         inner.losses.remove(key);
         inner
             .hibernated
-            .insert(key.clone(), Hibernated::Ready(Box::new(checkpoint)));
+            .insert(key.clone(), Hibernated::Ready(checkpoint));
         Ok(())
     }
 }

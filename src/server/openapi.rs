@@ -605,7 +605,8 @@ fn with(base: &Value, extra: Value) -> Value {
 /// The snapshot, restore and fork routes (`docs/snapshots.md`).
 fn snapshot_paths(auth_errors: &Value) -> Value {
     let body = |name: &str| json!({"required": true, "content": {"application/json": {"schema": {"$ref": format!("#/components/schemas/{name}")}}}});
-    let id_param = json!([{"name": "id", "in": "path", "required": true, "schema": {"type": "string"}}]);
+    let id_param =
+        json!([{"name": "id", "in": "path", "required": true, "schema": {"type": "string"}}]);
     json!({
         "/v1/sessions/{session}/snapshots": {
             "post": {

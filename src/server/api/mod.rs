@@ -106,10 +106,7 @@ pub(super) fn router(state: AppState, metrics_route: MetricsRoute) -> Router {
             "/v1/sessions/{session}/files/",
             get(files::get_root).put(files::put_root),
         )
-        .route(
-            "/v1/sessions/{session}/snapshots",
-            post(snapshots::create),
-        )
+        .route("/v1/sessions/{session}/snapshots", post(snapshots::create))
         .route("/v1/sessions/{session}/restore", post(snapshots::restore))
         .route("/v1/sessions/{session}/fork", post(snapshots::fork))
         .route("/v1/mcp", mcp_routes(&state))

@@ -35,18 +35,16 @@ impl From<SnapshotError> for ApiError {
             | SnapshotError::SessionExists { .. } => StatusCode::CONFLICT,
             SnapshotError::Invalid(_) => StatusCode::BAD_REQUEST,
             SnapshotError::Unsupported { .. } => StatusCode::NOT_IMPLEMENTED,
-            SnapshotError::Checkpoint(_)
-            | SnapshotError::Restore(_)
-            | SnapshotError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            SnapshotError::Checkpoint(_) | SnapshotError::Restore(_) | SnapshotError::Store(_) => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
         };
         ApiError::new(status, e.code(), e.to_string())
     }
 }
 
 /// A body that may be empty (no fields set).
-fn body_or_default<T: serde::de::DeserializeOwned + Default>(
-    bytes: &[u8],
-) -> Result<T, ApiError> {
+fn body_or_default<T: serde::de::DeserializeOwned + Default>(bytes: &[u8]) -> Result<T, ApiError> {
     if bytes.iter().all(|b| b.is_ascii_whitespace()) {
         return Ok(T::default());
     }
@@ -65,11 +63,7 @@ pub(super) async fn create(
     let bytes = read_body_of(&state, &tenant, &headers, body).await?;
     let wire: SnapshotBody = body_or_default(&bytes).map_err(|e| invalid(&state, e))?;
     let scope = kernel_scope(&tenant, session, None);
-    let info = state
-        .inner
-        .orchestrator
-        .snapshot(&scope, wire.name)
-        .await?;
+    let info = state.inner.orchestrator.snapshot(&scope, wire.name).await?;
     Ok(Json(info))
 }
 
@@ -167,7 +161,5 @@ pub(super) async fn fork(
         }
     };
     let scope = kernel_scope(&tenant, session, None);
-    Ok(Json(
-        state.inner.orchestrator.fork(&scope, sessions).await?,
-    ))
+    Ok(Json(state.inner.orchestrator.fork(&scope, sessions).await?))
 }

@@ -156,7 +156,10 @@ impl Snapshots {
         {
             let index = self.index();
             let mut reserved = self.reserved();
-            let kept = index.values().filter(|s| s.key.owner.tenant == tenant).count();
+            let kept = index
+                .values()
+                .filter(|s| s.key.owner.tenant == tenant)
+                .count();
             let making = reserved.get(tenant).copied().unwrap_or(0);
             if kept + making >= self.config.max_per_tenant {
                 return Err(SnapshotError::Limit {
@@ -339,7 +342,10 @@ impl Snapshots {
     /// Links `checkpoint`'s files (a snapshot's) under a new directory of the root, for one
     /// fork's restore to consume: returns that directory (the checkpoint's `dir` for the
     /// fork), which [`Snapshots::fork_done`] removes.
-    pub(crate) async fn fork_files(&self, checkpoint: &Checkpoint) -> Result<PathBuf, SnapshotError> {
+    pub(crate) async fn fork_files(
+        &self,
+        checkpoint: &Checkpoint,
+    ) -> Result<PathBuf, SnapshotError> {
         let (_, dir) = store::fresh(&self.root, store::FORK);
         let (from, into) = (checkpoint.files(), dir.join(checkpoint.name()));
         let root = self.root.clone();
@@ -365,10 +371,7 @@ impl Snapshots {
         checkpoint: &Checkpoint,
         reservation: &Reservation,
     ) -> Result<(), SnapshotError> {
-        let (from, into) = (
-            checkpoint.files(),
-            reservation.dir.join(checkpoint.name()),
-        );
+        let (from, into) = (checkpoint.files(), reservation.dir.join(checkpoint.name()));
         tokio::task::spawn_blocking(move || store::link_files(&from, &into))
             .await
             .map_err(|e| std::io::Error::other(e.to_string()))??;
