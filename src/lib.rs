@@ -90,7 +90,7 @@ pub use files::{Download, FileEntry, FilePath, Listing, TransferError, Written};
 pub use kernel::{CommandSink, CommandStream, OutputSink};
 pub use orchestrator::{
     AdmissionNotice, CommandError, CommandRequest, ExecuteError, ExecuteRequest, FileError,
-    FileRequest, KernelSummary, Orchestrator, Scope, StartError,
+    FileRequest, KernelSummary, Orchestrator, Scope, SnapshotError, StartError,
 };
 pub use registry::{Cap, TenantLimits, MAX_ATTACHED_PER_SLOT};
 pub use rich::{DisplaySink, RawJson, RichResult};

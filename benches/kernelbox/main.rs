@@ -267,6 +267,10 @@ async fn run_phases(b: &mut Bench) -> Result<()> {
         eprintln!("[bench] hibernation under runsc: checkpoint, restore, the next call");
         b.hibernate().await?;
     }
+    if b.args.runs("snapshots") {
+        eprintln!("[bench] snapshots and fork under runsc: against checkpoint and restore");
+        b.snapshots().await?;
+    }
     if b.args.runs("density") {
         eprintln!("[bench] density: {} idle kernels", b.args.density);
         b.density().await?;

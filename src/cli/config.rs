@@ -467,6 +467,14 @@ fn file_flags(file: &ConfigFile, at: &Path) -> anyhow::Result<Flags> {
     let h = &file.hibernation;
     f.one("hibernation.max", "hibernate_max", text(&h.max));
     f.one("hibernation.max_age", "hibernate_max_age", dur(&h.max_age));
+    let sn = &file.snapshots;
+    f.one("snapshots.max", "snapshot_max", text(&sn.max));
+    f.one(
+        "snapshots.tenant_bytes",
+        "snapshot_tenant_bytes",
+        size(&sn.tenant_bytes),
+    );
+    f.one("snapshots.ttl", "snapshot_ttl", dur(&sn.ttl));
     let w = &file.workspaces;
     f.one("workspaces.dir", "workspace_dir", path(&w.dir));
     f.one("workspaces.total", "workspace_total", size(&w.total));
@@ -738,6 +746,10 @@ fn file_from_args(
     let h = &mut file.hibernation;
     h.max = Some(args.hibernate_max as u64);
     h.max_age = span(args.hibernate_max_age);
+    let sn = &mut file.snapshots;
+    sn.max = Some(args.snapshot_max as u64);
+    sn.tenant_bytes = Some(size_of(args.snapshot_tenant_bytes));
+    sn.ttl = span(args.snapshot_ttl);
     let w = &mut file.workspaces;
     w.dir = args.workspace_dir.clone();
     w.total = args.workspace_total.map(|t| size_of(t.max(0) as u64));

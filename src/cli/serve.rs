@@ -68,6 +68,15 @@ pub(crate) struct ServeArgs {
     /// A checkpoint older than this is discarded and its loss reported (e.g. 24h; 7d at most).
     #[arg(long, env = "KERNELBOX_HIBERNATE_MAX_AGE", default_value = "24h", value_parser = parse_duration)]
     pub(super) hibernate_max_age: Duration,
+    /// Most snapshots one tenant keeps (docs/snapshots.md); the next is refused.
+    #[arg(long, env = "KERNELBOX_SNAPSHOT_MAX", default_value_t = kernelbox::config::DEFAULT_SNAPSHOTS_PER_TENANT)]
+    pub(super) snapshot_max: usize,
+    /// Most bytes of one tenant's snapshots (e.g. 4g); a snapshot past it is refused and removed.
+    #[arg(long, env = "KERNELBOX_SNAPSHOT_TENANT_BYTES", default_value = "4g", value_parser = parse_budget)]
+    pub(super) snapshot_tenant_bytes: u64,
+    /// A snapshot older than this is removed (e.g. 24h).
+    #[arg(long, env = "KERNELBOX_SNAPSHOT_TTL", default_value = "24h", value_parser = parse_duration)]
+    pub(super) snapshot_ttl: Duration,
     /// Every session of the tenant without a tenants file gets a workspace: its /work kept
     /// past its kernel (docs/workspaces.md). With --tenants, give each tenant its
     /// `workspaces` there instead.
@@ -495,6 +504,12 @@ pub(super) fn server_config(
     let state_dir = config.housekeeping.state_dir.clone();
     config.workspaces = workspaces_config(args, source, tenants, state_dir.as_deref())?;
     config.audit = audit_config(args, source, tenants, state_dir.as_deref())?;
+    config.snapshots = kernelbox::config::SnapshotConfig {
+        max_per_tenant: args.snapshot_max,
+        max_tenant_bytes: args.snapshot_tenant_bytes,
+        ttl: args.snapshot_ttl,
+        ..Default::default()
+    };
     let hibernating = tenants.hibernating();
     if args.hibernate || !hibernating.is_empty() {
         config.hibernate = Some(kernelbox::config::HibernateConfig {

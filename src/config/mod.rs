@@ -12,6 +12,7 @@
 //! | `kernel.rs` | [`KernelSpec`], [`WorkMode`]: what a kernel is made from (its [`Sandbox`] and [`KernelRuntime`] are the engine's, `src/docker/sandbox.rs`) |
 //! | `limits.rs` | [`CellLimits`], [`OutputCaps`], [`DisplayCaps`], [`KernelLimits`], [`PoolConfig`], [`FileTransfer`] and their defaults |
 //! | `hibernate.rs` | [`HibernateConfig`]: which idle kernels hibernate, and the bounds |
+//! | `snapshots.rs` | [`SnapshotConfig`]: where snapshots are kept, their bounds and age |
 //! | `housekeeping.rs` | [`Housekeeping`], [`RunawayWatch`] |
 //! | `file/` | the configuration file of `kernelbox serve --config` ([`file::ConfigFile`]), its schema and errors |
 //! | `egress.rs` | [`EgressConfig`], [`CredentialsConfig`], held here, defined by egress (`src/egress/config.rs`) |
@@ -27,6 +28,7 @@ mod hibernate;
 mod housekeeping;
 mod kernel;
 mod limits;
+mod snapshots;
 mod validate;
 mod workspaces;
 
@@ -36,6 +38,7 @@ pub use hibernate::*;
 pub use housekeeping::*;
 pub use kernel::*;
 pub use limits::*;
+pub use snapshots::*;
 pub use validate::*;
 pub use workspaces::*;
 
@@ -76,6 +79,9 @@ pub struct Config {
     /// Idle kernels checkpointed instead of reaped (`docs/runtimes.md`, "Hibernation");
     /// `None`: none hibernates.
     pub hibernate: Option<HibernateConfig>,
+    /// Snapshots and forks of kernels (`docs/snapshots.md`): where they are kept, their
+    /// bounds.
+    pub snapshots: SnapshotConfig,
 }
 
 impl Default for Config {
@@ -94,6 +100,7 @@ impl Default for Config {
             workspaces: None,
             audit: None,
             hibernate: None,
+            snapshots: SnapshotConfig::default(),
         }
     }
 }

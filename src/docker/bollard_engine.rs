@@ -489,6 +489,15 @@ impl Engine for BollardEngine {
         self.checkpoint_into(id, name, dir).await
     }
 
+    async fn checkpoint_running(
+        &self,
+        id: &str,
+        name: &str,
+        dir: &std::path::Path,
+    ) -> Result<(), EngineError> {
+        self.checkpoint_leaving_running(id, name, dir).await
+    }
+
     async fn start_from_checkpoint(
         &self,
         id: &str,

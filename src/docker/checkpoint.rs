@@ -15,15 +15,38 @@ impl BollardEngine {
         name: &str,
         dir: &std::path::Path,
     ) -> Result<(), EngineError> {
+        self.create_checkpoint(id, name, dir, true).await
+    }
+
+    /// Checkpoints container `id` into `dir/name` and leaves it running
+    /// ([`Engine::checkpoint_running`](super::Engine::checkpoint_running)): under gVisor the
+    /// sandbox is paused for the checkpoint only (`docs/snapshots.md`).
+    pub(super) async fn checkpoint_leaving_running(
+        &self,
+        id: &str,
+        name: &str,
+        dir: &std::path::Path,
+    ) -> Result<(), EngineError> {
+        self.create_checkpoint(id, name, dir, false).await
+    }
+
+    async fn create_checkpoint(
+        &self,
+        id: &str,
+        name: &str,
+        dir: &std::path::Path,
+        exit: bool,
+    ) -> Result<(), EngineError> {
         let options = bollard::container::CreateCheckpointOptions {
             checkpoint_id: name.to_string(),
             checkpoint_dir: Some(dir.to_string_lossy().into_owned()),
-            exit: true,
+            exit,
         };
+        let op = if exit { "checkpoint" } else { "snapshot" };
         self.docker
             .create_checkpoint(id, options)
             .await
-            .map_err(|e| map_err("checkpoint", id, e))
+            .map_err(|e| map_err(op, id, e))
     }
 
     /// Starts container `id` again from a checkpoint placed in its store

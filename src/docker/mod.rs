@@ -317,6 +317,23 @@ pub trait Engine: Send + Sync + 'static {
             message: "this engine cannot checkpoint containers".into(),
         })
     }
+    /// Checkpoints a running container's processes into `dir/name` and leaves it running (a
+    /// snapshot, `docs/snapshots.md`): the same checkpoint as [`Engine::checkpoint`], which
+    /// another container of the same spec can be started from. Engines and runtimes that
+    /// cannot checkpoint refuse.
+    async fn checkpoint_running(
+        &self,
+        id: &str,
+        name: &str,
+        dir: &std::path::Path,
+    ) -> Result<(), EngineError> {
+        let _ = (name, dir);
+        Err(EngineError::Other {
+            op: "snapshot",
+            target: id.to_string(),
+            message: "this engine cannot checkpoint containers".into(),
+        })
+    }
     /// Starts a stopped container from its checkpoint `dir/name` (made by
     /// [`Engine::checkpoint`]): its processes resume where they were.
     async fn start_from_checkpoint(

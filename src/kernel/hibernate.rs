@@ -34,9 +34,9 @@ pub(crate) struct Checkpoint {
     /// The stopped container (full id).
     pub(crate) id: String,
     pub(crate) volume: String,
-    spill_dir: String,
-    sockets: Option<std::path::PathBuf>,
-    user: String,
+    pub(super) spill_dir: String,
+    pub(super) sockets: Option<std::path::PathBuf>,
+    pub(super) user: String,
     /// The engine's name for the checkpoint (`kb-` and the token's first part).
     pub(super) name: String,
     /// The directory holding it (`dir/name`): the server's, mode 0700.
@@ -45,9 +45,9 @@ pub(crate) struct Checkpoint {
     pub(crate) bytes: u64,
     /// Its first 16 characters name the socket the runner waits on; the relay presents the
     /// rest.
-    token: String,
-    execution_count: u64,
-    cells_begun: u64,
+    pub(super) token: String,
+    pub(super) execution_count: u64,
+    pub(super) cells_begun: u64,
     /// How long the checkpoint took.
     pub(crate) checkpoint_seconds: f64,
     /// When it was taken, in this process's clock (set again from `taken` when a record is
@@ -61,7 +61,11 @@ pub(crate) struct Checkpoint {
     /// Its container was named hibernated (`labels::hibernated_name`): it outlives the
     /// server, and is named for the instance that restores it.
     #[serde(default)]
-    lasting: bool,
+    pub(super) lasting: bool,
+    /// Its container was left running (a snapshot's source, `docs/snapshots.md`): a restore
+    /// only reconnects the runner, and its files are not the restore's to remove.
+    #[serde(default)]
+    pub(super) running: bool,
 }
 
 /// What [`Kernel::restore`] needs besides the checkpoint.
@@ -90,6 +94,20 @@ impl Kernel {
         dir: &std::path::Path,
         lasting: bool,
     ) -> Result<Checkpoint, KernelError> {
+        self.checkpoint_as(limit, dir, lasting, false).await
+    }
+
+    /// [`Kernel::hibernate`], or, with `leave_running`, the same checkpoint with the container
+    /// left running (a snapshot, `docs/snapshots.md`): its runner then waits for the relay a
+    /// restore of the returned checkpoint starts ([`Checkpoint::running`]).
+    pub(super) async fn checkpoint_as(
+        self: &Arc<Self>,
+        limit: Duration,
+        dir: &std::path::Path,
+        lasting: bool,
+        leave_running: bool,
+    ) -> Result<Checkpoint, KernelError> {
+        let lasting = lasting && !leave_running;
         let fail = |why: String| KernelError::Hibernate(why);
         let mut io = self.io.lock().await;
         if self.state() != KernelState::Idle || self.workspace.is_some() {
@@ -136,7 +154,11 @@ impl Kernel {
         self.drain.cancel();
         let name = format!("kb-{}", &token[..16]);
         let started = Instant::now();
-        let checkpointed = self.engine.checkpoint(&self.id, &name, dir).await;
+        let checkpointed = if leave_running {
+            self.engine.checkpoint_running(&self.id, &name, dir).await
+        } else {
+            self.engine.checkpoint(&self.id, &name, dir).await
+        };
         let checkpoint_seconds = started.elapsed().as_secs_f64();
         self.cancel.cancel();
         // When it outlives the server, its name tells every sweep, of any instance, to leave
@@ -176,6 +198,7 @@ impl Kernel {
             taken,
             from: "idle".into(),
             lasting,
+            running: leave_running,
         })
     }
 
@@ -202,13 +225,15 @@ impl Kernel {
             );
             engine.rename_container(&checkpoint.id, &name).await?;
         }
-        engine
-            .start_from_checkpoint(&checkpoint.id, &checkpoint.name, &checkpoint.dir)
-            .await?;
-        // The engine holds its own copy now: the memory image does not stay twice on disk,
-        // and the record goes with it.
-        remove_files(checkpoint.dir.join(&checkpoint.name)).await;
-        checkpoint.remove_record().await;
+        if !checkpoint.running {
+            engine
+                .start_from_checkpoint(&checkpoint.id, &checkpoint.name, &checkpoint.dir)
+                .await?;
+            // The engine holds its own copy now: the memory image does not stay twice on
+            // disk, and the record goes with it.
+            remove_files(checkpoint.dir.join(&checkpoint.name)).await;
+            checkpoint.remove_record().await;
+        }
         let relay = ExecSpec {
             cmd: ["python3", "-I", "-S", "-c", RELAY_SOURCE]
                 .map(String::from)
@@ -275,8 +300,10 @@ impl Checkpoint {
             tracing::warn!(container = %crate::docker::short_id(&self.id), error = %e, "removing a hibernated kernel");
         }
         let _ = crate::docker::remove_volume_when_free(engine, &self.volume).await;
-        remove_files(self.dir.join(&self.name)).await;
-        self.remove_record().await;
+        if !self.running {
+            remove_files(self.dir.join(&self.name)).await;
+            self.remove_record().await;
+        }
     }
 }
 

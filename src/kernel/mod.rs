@@ -11,6 +11,7 @@
 //! | `mod.rs` | the [`Kernel`] struct, its state and death, host-memory bounds, dispose |
 //! | `spawn.rs` | create the volume and container (its mounts, the runner's container spec), attach, start, wait for `ready` |
 //! | `hibernate.rs` | hibernation: an idle kernel checkpointed by the engine and stopped ([`Checkpoint`]), and started again from it, its runner reconnected by a relay |
+//! | `snapshot.rs` | snapshots: an idle kernel checkpointed with its container left running, and a fork's checkpoint (the snapshot's, restored into a new container) |
 //! | `record.rs` | a hibernated kernel's record beside its checkpoint, so it survives a restart of the server: written, read back bounded |
 //! | `command.rs` | a shell command beside the kernel: run by the engine's exec in its own process group, its streams apart under the output caps, the group killed at its timeout |
 //! | `run.rs` | one cell: [`Kernel::run_cell`] waits its turn, begins the cell, turns its `RunningCell` until it ends (output, displays, tool calls dispatched and answered), settles it into a [`CellRun`] |
@@ -34,6 +35,7 @@ mod reader;
 mod record;
 mod run;
 mod scanner;
+mod snapshot;
 mod spawn;
 mod staging;
 mod stdin;
@@ -43,7 +45,7 @@ pub use command::{CommandSink, CommandStream};
 pub(crate) use files::prepare_socket_dir;
 pub(crate) use hibernate::{Checkpoint, Restore};
 pub(crate) use record::Record;
-pub(crate) use spawn::{SpawnRequest, Yield};
+pub(crate) use spawn::{Created, SpawnRequest, Yield};
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

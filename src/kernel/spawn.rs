@@ -125,12 +125,22 @@ pub(super) struct Streams<'a> {
 }
 
 /// A created, not yet started, container.
-struct Created {
-    id: String,
-    volume: String,
-    spill_dir: String,
+pub(crate) struct Created {
+    pub(super) id: String,
+    pub(super) volume: String,
+    pub(super) spill_dir: String,
     /// The file channels' directory when it is mounted into the container.
-    sockets: Option<std::path::PathBuf>,
+    pub(super) sockets: Option<std::path::PathBuf>,
+}
+
+impl Created {
+    /// Removes the created container and its staging volume.
+    pub(crate) async fn remove(&self, engine: &dyn Engine) {
+        if let Err(e) = engine.remove_container(&self.id).await {
+            tracing::warn!(container = %self.id, error = %e, "removing a created kernel container");
+        }
+        let _ = remove_volume_when_free(engine, &self.volume).await;
+    }
 }
 
 /// The name and labels of a new kernel's staging volume.
@@ -259,6 +269,34 @@ impl Kernel {
     /// On any failure nothing is left behind.
     pub(crate) async fn spawn(request: SpawnRequest<'_>) -> Result<Arc<Kernel>, KernelError> {
         let engine = request.engine.clone();
+        let created = Self::create_stopped(&request).await?;
+        let (id, volume) = (created.id.clone(), created.volume.clone());
+        match Self::start(request, created).await {
+            Ok(kernel) => Ok(kernel),
+            Err(e) => {
+                if let Err(err) = engine.remove_container(&id).await {
+                    tracing::warn!(container = %id, error = %err, "cleanup after failed spawn");
+                }
+                let _ = remove_volume_when_free(engine.as_ref(), &volume).await;
+                // A volume the engine made by itself in place of the workspace's is no one's:
+                // it goes with the container that asked for it (`docs/workspaces.md`).
+                if let KernelError::Workspace(crate::workspace::WorkspaceError::NotOurs {
+                    volume: rogue,
+                }) = &e
+                {
+                    let _ = remove_volume_when_free(engine.as_ref(), rogue).await;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Creates a kernel's staging volume and container, not started: [`Kernel::spawn`]'s
+    /// first half, and a fork's container that a snapshot is restored into
+    /// (`docs/snapshots.md`). On failure nothing is left behind; on success the caller
+    /// starts it or removes both ([`Created::remove`]).
+    pub(crate) async fn create_stopped(request: &SpawnRequest<'_>) -> Result<Created, KernelError> {
+        let engine = request.engine.clone();
         let (volume, labels) = staging_volume(request.owner.as_ref(), request.base_labels);
         // An owner's kernel runs the image its key names (a tenant's or a request's, see
         // docs/images.md "Images"); a pooled kernel, the configuration's.
@@ -288,34 +326,15 @@ impl Kernel {
         });
         give_way(&request.yield_to).await?;
         in_span("volume", engine.create_volume(&volume, &labels, tmpfs)).await?;
-        let created = match in_span(
+        match in_span(
             "create",
-            Self::create(&request, &spec, volume.clone(), labels),
+            Self::create(request, &spec, volume.clone(), labels),
         )
         .await
         {
-            Ok(created) => created,
+            Ok(created) => Ok(created),
             Err(e) => {
                 let _ = remove_volume_when_free(engine.as_ref(), &volume).await;
-                return Err(e);
-            }
-        };
-        let id = created.id.clone();
-        match Self::start(request, created).await {
-            Ok(kernel) => Ok(kernel),
-            Err(e) => {
-                if let Err(err) = engine.remove_container(&id).await {
-                    tracing::warn!(container = %id, error = %err, "cleanup after failed spawn");
-                }
-                let _ = remove_volume_when_free(engine.as_ref(), &volume).await;
-                // A volume the engine made by itself in place of the workspace's is no one's:
-                // it goes with the container that asked for it (`docs/workspaces.md`).
-                if let KernelError::Workspace(crate::workspace::WorkspaceError::NotOurs {
-                    volume: rogue,
-                }) = &e
-                {
-                    let _ = remove_volume_when_free(engine.as_ref(), rogue).await;
-                }
                 Err(e)
             }
         }

@@ -67,6 +67,12 @@ impl Lease {
         }
     }
 
+    /// The loss this lease's call would have reported, taken (a call that reports nothing
+    /// gives it back to the key's next call: `Orchestrator::give_back_loss`).
+    pub(super) fn take_state_lost(&mut self) -> Option<StateLost> {
+        self.state_lost.take()
+    }
+
     /// Waits (at most [`CATALOG_WAIT`]) until the catalog holds the start of the kernel this
     /// lease started, so a caller who saw the kernel is told about a later restart, even a
     /// `kill -9` right after this returns; a slow or failing catalog delays a cold start by at
@@ -552,7 +558,7 @@ impl Orchestrator {
     }
 
     /// Puts back a loss an attach took for a call that then failed before reporting it.
-    fn give_back_loss(&self, key: &KernelKey, loss: Option<StateLost>) {
+    pub(super) fn give_back_loss(&self, key: &KernelKey, loss: Option<StateLost>) {
         if let Some(loss) = loss {
             self.inner.registry.restore_loss(key, loss);
         }

@@ -257,6 +257,7 @@ impl Orchestrator {
             .park(hibernating, crate::cell::LossReason::IdleReaped)
             .await;
         hibernation.expire().await;
+        self.inner.services.snapshots.expire().await;
         if let Some(workspaces) = self.inner.services.transfers.workspaces() {
             match workspaces.sweep_expired().await {
                 Ok(removed) if !removed.is_empty() => {

@@ -21,6 +21,7 @@
 //! | `adopt.rs` | work driven by its caller that the tracker adopts if the caller goes away (an upload, a cell) |
 //! | `workspace_files.rs` | a workspace's files as a tar without its session's kernel: through a transfer kernel made for one transfer (counted by `services::WorkspaceTransfers`) |
 //! | `tenancy.rs` | the tenants' settings swapped by a reload (`crate::tenancy`): applied to the registry's ceilings and to egress, a removed tenant's kernels removed (`tenant_removed`) |
+//! | `snapshots.rs` | snapshots, restore and fork: a session's idle kernel checkpointed left running and reconnected, a snapshot restored into new sessions through the hibernation's books (`services/snapshots/` keeps them) |
 //! | `shutdown.rs` | the graceful stop: refuse new work, drain, remove every kernel |
 //! | `tests.rs`, `pool_tests.rs` | unit tests against the fake engine in paused time |
 
@@ -37,6 +38,7 @@ mod pool_tests;
 mod request;
 mod running;
 mod shutdown;
+mod snapshots;
 mod spawner;
 mod start;
 mod tenancy;
@@ -46,7 +48,7 @@ mod workspace_files;
 
 pub use crate::histogram::Histogram;
 pub use crate::registry::{EvictionCounts, LossCounts};
-pub use crate::services::{MAX_TRANSFERS, MAX_TRANSFERS_PER_TENANT};
+pub use crate::services::{SnapshotError, MAX_TRANSFERS, MAX_TRANSFERS_PER_TENANT};
 pub use command::{CommandError, CommandRequest};
 pub use files::{FileError, FileRequest};
 pub use lifecycle::ConfigHold;
@@ -117,6 +119,8 @@ struct Services {
     audit: AuditTrail,
     /// The workspaces and their transfer kernels (`services/transfers.rs`).
     transfers: WorkspaceTransfers,
+    /// Kernels' snapshots (`services/snapshots/`, `docs/snapshots.md`).
+    snapshots: Arc<crate::services::Snapshots>,
 }
 
 /// Runs stateful Python kernels in containers, one per key. Cheap to clone.

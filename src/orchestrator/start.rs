@@ -140,6 +140,11 @@ impl Orchestrator {
             &instance,
             policies.clone(),
         ));
+        let snapshots = Arc::new(services::Snapshots::new(
+            &config.snapshots,
+            config.housekeeping.state_dir.as_deref(),
+            &instance.id,
+        ));
         let usage = Arc::new(services::UsageLedger::new(
             match &restored {
                 Some(r) => r.store.clone(),
@@ -154,6 +159,7 @@ impl Orchestrator {
                 audit,
                 hibernation,
                 usage,
+                snapshots,
             },
             egress,
             pool: pool::PoolState::new(config.spec.clone(), config.pool.size),
@@ -199,6 +205,11 @@ impl Orchestrator {
         registry.count_losses(LossReason::ServerRestarted, live.saturating_sub(adopted));
         // Before any call can take a checkpoint: what no kept checkpoint claims goes.
         orchestrator.inner.services.hibernation.clear_dir().await;
+        // The snapshots an earlier run kept (`docs/snapshots.md`); half-made ones go.
+        let kept = orchestrator.inner.services.snapshots.load().await;
+        if kept > 0 {
+            tracing::info!(snapshots = kept, "snapshots of an earlier run kept");
+        }
         orchestrator.start_tasks();
         Ok(orchestrator)
     }

@@ -354,3 +354,110 @@ impl Registry {
         self.lock().hibernated.len()
     }
 }
+
+/// Snapshots (`docs/snapshots.md`): a live kernel taken out to be checkpointed with its
+/// container left running, and a fork's checkpoint seeded for a new key. Both go through the
+/// hibernated kernels' books, so a call for the key waits for the checkpoint and its next
+/// kernel is the checkpoint restored, exactly as for a hibernation.
+impl Registry {
+    /// Takes `key`'s slot out when its kernel is live and idle (no call attached, nothing
+    /// computing), the key marked pending: calls for it wait until
+    /// [`Registry::snapshot_done`] or [`Registry::put_back`] resolves it. `None` when the
+    /// key has no such kernel.
+    pub fn take_idle_slot(&self, key: &KernelKey) -> Option<std::sync::Arc<super::Slot>> {
+        let mut inner = self.lock();
+        if inner.closed || inner.hibernated.contains_key(key) {
+            return None;
+        }
+        let idle = inner
+            .slots
+            .get(key)
+            .is_some_and(|s| s.is_idle() && s.kernel.get().is_some());
+        if !idle {
+            return None;
+        }
+        let slot = inner.unregister(key)?;
+        inner.hibernation_pending(key);
+        Some(slot)
+    }
+
+    /// Resolves the pending `key` with its snapshot's source checkpoint (its container left
+    /// running): the key's next kernel reconnects it. Returned to discard when the key
+    /// stopped waiting for it (the session was cleared meanwhile, or the registry closed).
+    pub fn snapshot_done(&self, key: &KernelKey, checkpoint: Checkpoint) -> Option<Checkpoint> {
+        let mut inner = self.lock();
+        match inner.hibernated.remove(key) {
+            Some(Hibernated::Pending(done)) if !inner.closed => {
+                inner
+                    .hibernated
+                    .insert(key.clone(), Hibernated::Ready(Box::new(checkpoint)));
+                done.cancel();
+                None
+            }
+            Some(Hibernated::Pending(done)) => {
+                done.cancel();
+                Some(checkpoint)
+            }
+            Some(other) => {
+                inner.hibernated.insert(key.clone(), other);
+                Some(checkpoint)
+            }
+            None => Some(checkpoint),
+        }
+    }
+
+    /// Puts back the slot [`Registry::take_idle_slot`] took, its kernel not checkpointed (the
+    /// runner refused): it serves its key again. Returned to dispose of when its key stopped
+    /// waiting (cleared meanwhile) or has another kernel now.
+    pub fn put_back(
+        &self,
+        slot: std::sync::Arc<super::Slot>,
+    ) -> Option<std::sync::Arc<super::Slot>> {
+        let mut inner = self.lock();
+        let waited = match inner.hibernated.remove(&slot.key) {
+            Some(Hibernated::Pending(done)) => {
+                done.cancel();
+                true
+            }
+            Some(other) => {
+                inner.hibernated.insert(slot.key.clone(), other);
+                false
+            }
+            None => false,
+        };
+        if !waited || inner.closed || inner.slots.contains_key(&slot.key) {
+            return Some(slot);
+        }
+        inner.slots.insert(slot.key.clone(), slot);
+        None
+    }
+
+    /// A copy of `key`'s ready checkpoint (its files stay the hibernation's).
+    pub fn ready_checkpoint(&self, key: &KernelKey) -> Option<Checkpoint> {
+        match self.lock().hibernated.get(key) {
+            Some(Hibernated::Ready(c)) => Some((**c).clone()),
+            _ => None,
+        }
+    }
+
+    /// Seeds the new `key` with a fork's checkpoint: its next kernel is that checkpoint
+    /// restored, a new generation of the key. Refused (the checkpoint handed back) when the
+    /// key has a kernel, live or hibernated, or the registry closed.
+    pub fn seed_fork(
+        &self,
+        key: &KernelKey,
+        checkpoint: Box<Checkpoint>,
+    ) -> Result<(), Box<Checkpoint>> {
+        let mut inner = self.lock();
+        if inner.closed || inner.slots.contains_key(key) || inner.hibernated.contains_key(key) {
+            return Err(checkpoint);
+        }
+        inner.remember(key);
+        *inner.generations.entry(key.clone()).or_insert(0) += 1;
+        inner.losses.remove(key);
+        inner
+            .hibernated
+            .insert(key.clone(), Hibernated::Ready(checkpoint));
+        Ok(())
+    }
+}

@@ -14,6 +14,8 @@
 //! | `PUT`, `GET /v1/sessions/{session}/workspace` | the session's workspace as a tar, without starting its kernel (`api/files.rs`) |
 //! | `GET /v1/kernels` | the caller's tenant's kernels |
 //! | `GET /v1/workspaces`, `DELETE /v1/workspaces/{name}` | the tenant's workspaces; deleting one (`api/workspaces.rs`) |
+//! | `POST /v1/sessions/{session}/snapshots`, `GET /v1/snapshots`, `GET`, `DELETE /v1/snapshots/{id}` | snapshots of a session's kernel (`api/snapshots.rs`, docs/snapshots.md) |
+//! | `POST /v1/sessions/{session}/restore`, `POST /v1/sessions/{session}/fork` | a new session from a snapshot; a session forked into new ones (`api/snapshots.rs`) |
 //! | `GET /v1/usage` | the usage ledger (`api/usage.rs`, docs/usage.md) |
 //! | `GET /v1/nodes`, `POST`, `DELETE /v1/nodes/{node}/drain`, `GET /v1/nodes/{node}/kernels` | a cluster's nodes; draining one; one node's kernels (the admin token; `cluster/admin.rs`) |
 //! | `POST`, `GET`, `DELETE /v1/mcp` | MCP over streamable HTTP (`api/mcp.rs`, docs/mcp.md "MCP") |
@@ -99,6 +101,12 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/workspaces"),
     ("DELETE", "/v1/workspaces/{name}"),
     ("GET", "/v1/usage"),
+    ("POST", "/v1/sessions/{session}/snapshots"),
+    ("GET", "/v1/snapshots"),
+    ("GET", "/v1/snapshots/{id}"),
+    ("DELETE", "/v1/snapshots/{id}"),
+    ("POST", "/v1/sessions/{session}/restore"),
+    ("POST", "/v1/sessions/{session}/fork"),
     ("POST", "/v1/admin/reload"),
     ("GET", "/v1/nodes"),
     ("POST", "/v1/nodes/{node}/drain"),

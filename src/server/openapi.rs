@@ -139,6 +139,9 @@ fn definitions() -> (
     requests.subschema_for::<CommandBody>();
     requests.subschema_for::<wire::NetworkPolicy>();
     requests.subschema_for::<wire::SessionSettings>();
+    requests.subschema_for::<wire::SnapshotBody>();
+    requests.subschema_for::<wire::RestoreBody>();
+    requests.subschema_for::<wire::ForkBody>();
     answers.subschema_for::<wire::ErrorBody>();
     answers.subschema_for::<CellResult>();
     answers.subschema_for::<wire::StreamEvent>();
@@ -160,6 +163,10 @@ fn definitions() -> (
     answers.subschema_for::<wire::NodeList>();
     answers.subschema_for::<wire::NodeDrain>();
     answers.subschema_for::<wire::NodeKernels>();
+    answers.subschema_for::<wire::SnapshotInfo>();
+    answers.subschema_for::<wire::SnapshotList>();
+    answers.subschema_for::<wire::ForkOutcome>();
+    answers.subschema_for::<wire::ForkResult>();
     (
         requests.take_definitions(true),
         answers.take_definitions(true),
@@ -499,6 +506,9 @@ pub fn spec() -> Value {
         if let Some(files) = files_paths(&auth_errors).as_object() {
             paths.extend(files.clone());
         }
+        if let Some(snapshots) = snapshot_paths(&auth_errors).as_object() {
+            paths.extend(snapshots.clone());
+        }
     }
     if let Some(schemas) = spec["components"]["schemas"].as_object_mut() {
         schemas.extend(generated_schemas());
@@ -592,6 +602,80 @@ fn with(base: &Value, extra: Value) -> Value {
 }
 
 /// `POST /v1/admin/reload` (its own `json!`, past the macro's recursion limit otherwise).
+/// The snapshot, restore and fork routes (`docs/snapshots.md`).
+fn snapshot_paths(auth_errors: &Value) -> Value {
+    let body = |name: &str| json!({"required": true, "content": {"application/json": {"schema": {"$ref": format!("#/components/schemas/{name}")}}}});
+    let id_param =
+        json!([{"name": "id", "in": "path", "required": true, "schema": {"type": "string"}}]);
+    json!({
+        "/v1/sessions/{session}/snapshots": {
+            "post": {
+                "summary": "Snapshots the session's kernel, idle or hibernated (runsc: its memory, variables, imports, /tmp and staging files); the kernel goes on. An empty body is allowed.",
+                "parameters": [session_param()],
+                "requestBody": {"required": false, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/SnapshotBody"}}}},
+                "responses": with(auth_errors, json!({
+                    "200": answer("The snapshot.", "SnapshotInfo"),
+                    "404": error_response("`no_kernel`: the session has no kernel."),
+                    "409": error_response("`session_busy`: a cell is running; `snapshot_limit`: the tenant's count or bytes, or the host's bytes, would pass their bound."),
+                    "501": error_response("`snapshot_unsupported`: the kernel runs under runc, whose memory the engine cannot checkpoint."),
+                    "500": error_response("`snapshot_failed`: the checkpoint failed.")
+                }))
+            }
+        },
+        "/v1/snapshots": {
+            "get": {
+                "summary": "The caller's tenant's snapshots, oldest first.",
+                "responses": with(auth_errors, json!({"200": answer("The snapshots.", "SnapshotList")}))
+            }
+        },
+        "/v1/snapshots/{id}": {
+            "parameters": id_param,
+            "get": {
+                "summary": "One of the caller's tenant's snapshots.",
+                "responses": with(auth_errors, json!({
+                    "200": answer("The snapshot.", "SnapshotInfo"),
+                    "404": error_response("`snapshot_not_found`: none of this tenant's has that id.")
+                }))
+            },
+            "delete": {
+                "summary": "Deletes one of the caller's tenant's snapshots and its files.",
+                "responses": with(auth_errors, json!({
+                    "200": answer("Deleted (`deleted`: its id).", "Deleted"),
+                    "404": error_response("`snapshot_not_found`: none of this tenant's has that id.")
+                }))
+            }
+        },
+        "/v1/sessions/{session}/restore": {
+            "post": {
+                "summary": "Starts the session, which has no kernel, from one of the tenant's snapshots: a new kernel (generation 1) with the snapshot's state.",
+                "parameters": [session_param()],
+                "requestBody": body("RestoreBody"),
+                "responses": with(auth_errors, json!({
+                    "200": answer("The session and its kernel.", "ForkOutcome"),
+                    "404": error_response("`snapshot_not_found`."),
+                    "409": error_response("`session_exists`: the session has a kernel."),
+                    "429": error_response("`at_capacity`: the new kernel would pass a cap."),
+                    "500": error_response("`restore_failed`: nothing of it is left.")
+                }))
+            }
+        },
+        "/v1/sessions/{session}/fork": {
+            "post": {
+                "summary": "Snapshots the session's kernel once (idle or hibernated; it goes on) and starts new sessions from it in parallel: `count` (named `<session>-fork-<n>-<hex>`) or `sessions`. Each fork succeeds or fails on its own.",
+                "parameters": [session_param()],
+                "requestBody": body("ForkBody"),
+                "responses": with(auth_errors, json!({
+                    "200": answer("The forks, in order, each with its kernel or its error.", "ForkResult"),
+                    "400": error_response("`invalid_request`: not exactly one of `count` and `sessions`, or not 1 to 16 new distinct sessions."),
+                    "404": error_response("`no_kernel`: the session has no kernel."),
+                    "409": error_response("`session_busy` or `snapshot_limit`."),
+                    "501": error_response("`snapshot_unsupported`: a runc kernel.")
+                }))
+            }
+        }
+    })
+}
+
 fn reload_path() -> Value {
     json!({
         "post": {

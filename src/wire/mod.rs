@@ -13,6 +13,7 @@
 //! | `answer.rs` | the other JSON answers: counts, listings ([`KernelSummary`], [`WorkspaceSummary`]), deletions, [`NetworkApplied`], [`Health`], the cluster's admin answers |
 //! | `usage.rs` | [`UsageQuery`] and [`UsageReport`]: `GET /v1/usage` |
 //! | `network.rs` | [`NetworkPolicy`]: a network egress policy (tenants file, execute body, `PUT .../network`) |
+//! | `snapshot.rs` | [`SnapshotBody`], [`SnapshotInfo`], [`RestoreBody`], [`ForkBody`], [`ForkResult`]: snapshots, restore and fork (`docs/snapshots.md`) |
 //! | `settings.rs` | [`SessionSettings`], [`SettingsApplied`]: `PUT`/`GET /v1/sessions/{session}/settings` |
 //!
 //! Every type the server answers with derives `schemars::JsonSchema`, and `src/server/openapi.rs`
@@ -29,6 +30,7 @@ mod language;
 mod network;
 pub mod path;
 mod settings;
+mod snapshot;
 mod usage;
 
 pub use answer::{
@@ -46,4 +48,8 @@ pub use execute::{ExecuteBody, MAX_TASK_ID};
 pub use language::{Context, Language, UnsupportedLanguage};
 pub use network::NetworkPolicy;
 pub use settings::{SessionSettings, SettingsApplied};
+pub use snapshot::{
+    ForkBody, ForkOutcome, ForkResult, RestoreBody, RestoredKernel, SnapshotBody, SnapshotInfo,
+    SnapshotList, MAX_SNAPSHOT_NAME,
+};
 pub use usage::{UsageQuery, UsageQueryError, UsageRange, UsageReport, MAX_USAGE_RANGE};

@@ -19,6 +19,9 @@
 //!   idle memory, and the data-science image's first plot.
 //! - `hibernate.rs`: hibernation under runsc: checkpoint, restore and the next call of an idle
 //!   kernel and of one holding 100 MB, against a cold first cell under runsc.
+//! - `snapshots.rs`: snapshots and fork under runsc: an idle kernel's snapshot against the
+//!   hibernation's checkpoint, a fork into 4 until all answered against a checkpoint and two
+//!   restores.
 //! - `density.rs`: N idle kernels: start time, the start rate at 50 to 1000 live kernels
 //!   against `docker run -d`, host memory against idle containers, cgroup memory, helper
 //!   processes, kernelbox's RSS, and the shutdown that removes them against `docker rm -f`.
@@ -37,6 +40,7 @@ mod images;
 mod jupyter;
 mod languages;
 mod pool;
+mod snapshots;
 mod throughput;
 mod tools;
 mod warm;

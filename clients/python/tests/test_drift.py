@@ -29,6 +29,12 @@ HANDLED: Dict[str, Set[str]] = {
     # session.set_network(allow=..., deny=...) sends it (and run(network=...)); returns `closed`
     "NetworkPolicy": set(inspect.signature(Session.set_network).parameters) - {"self"},
     "NetworkApplied": {"closed"},
+    # client.snapshots() returns the list; session.snapshot(name), client.restore(id, session)
+    # and session.fork(n, sessions) send these bodies (docs/snapshots.md)
+    "SnapshotList": {"snapshots"},
+    "SnapshotBody": {"name"},
+    "RestoreBody": {"snapshot"},
+    "ForkBody": {"count", "sessions"},
 }
 
 

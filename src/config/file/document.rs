@@ -41,6 +41,9 @@ pub struct ConfigFile {
     /// Where workspaces live (docs/workspaces.md); which tenants have them, and their size, is each tenant's `workspaces`.
     #[serde(default, skip_serializing_if = "WorkspacesSection::is_empty")]
     pub workspaces: WorkspacesSection,
+    /// Bounds on snapshots of kernels (docs/snapshots.md).
+    #[serde(default, skip_serializing_if = "SnapshotsSection::is_empty")]
+    pub snapshots: SnapshotsSection,
     /// What every tenant has unless its own table says otherwise (a tenant entry's type; without
     /// `[[tenants]]`, the settings of the one tenant `default`).
     #[serde(default, skip_serializing_if = "TenantEntry::is_empty")]
@@ -329,6 +332,28 @@ pub struct HibernationSection {
 }
 
 impl HibernationSection {
+    /// True when no key is set.
+    pub fn is_empty(&self) -> bool {
+        self == &Self::default()
+    }
+}
+
+/// `[snapshots]`: Bounds on snapshots of kernels (docs/snapshots.md).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotsSection {
+    /// Most snapshots one tenant keeps; the next is refused, `snapshot_limit` (default 16).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max: Option<u64>,
+    /// Most bytes of one tenant's snapshots; a snapshot past it is refused and removed (default 4g).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant_bytes: Option<Size>,
+    /// A snapshot older than this is removed (default 24h).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl: Option<HumanDuration>,
+}
+
+impl SnapshotsSection {
     /// True when no key is set.
     pub fn is_empty(&self) -> bool {
         self == &Self::default()

@@ -88,5 +88,6 @@ fn sections_differing(old: &ConfigFile, new: &ConfigFile) -> Vec<String> {
     differs("audit", old.audit == new.audit);
     differs("hibernation", old.hibernation == new.hibernation);
     differs("workspaces", old.workspaces == new.workspaces);
+    differs("snapshots", old.snapshots == new.snapshots);
     names
 }

@@ -14,6 +14,7 @@
 //! | `mcp_backend.rs` | the MCP tools' backend on `/v1/mcp`: the execute and command paths and file calls below, for the caller's tenant |
 //! | `workspaces.rs` | a tenant's workspaces: list, delete (`docs/workspaces.md`) |
 //! | `settings.rs` | a session's settings (`PUT`/`GET .../settings`) and `GET /v1/kernels?label=` |
+//! | `snapshots.rs` | snapshots, restore and fork: `POST .../snapshots`, `GET`/`DELETE /v1/snapshots[/{id}]`, `POST .../restore`, `POST .../fork` (`docs/snapshots.md`) |
 //! | `usage.rs` | `GET /v1/usage`: a tenant's usage ledger, every tenant's for a usage admin (docs/usage.md) |
 //! | `tests.rs` | unit tests |
 
@@ -27,6 +28,7 @@ mod middleware;
 pub(crate) mod pending;
 mod routing;
 mod settings;
+mod snapshots;
 mod stream;
 mod usage;
 mod workspaces;
@@ -104,6 +106,9 @@ pub(super) fn router(state: AppState, metrics_route: MetricsRoute) -> Router {
             "/v1/sessions/{session}/files/",
             get(files::get_root).put(files::put_root),
         )
+        .route("/v1/sessions/{session}/snapshots", post(snapshots::create))
+        .route("/v1/sessions/{session}/restore", post(snapshots::restore))
+        .route("/v1/sessions/{session}/fork", post(snapshots::fork))
         .route("/v1/mcp", mcp_routes(&state))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
@@ -125,6 +130,11 @@ pub(super) fn router(state: AppState, metrics_route: MetricsRoute) -> Router {
         .route("/v1/workspaces", get(workspaces::list))
         .route("/v1/workspaces/{name}", delete(workspaces::delete))
         .route("/v1/usage", get(usage::usage))
+        .route("/v1/snapshots", get(snapshots::list))
+        .route(
+            "/v1/snapshots/{id}",
+            get(snapshots::get).delete(snapshots::delete),
+        )
         .route("/healthz", get(healthz))
         .route("/openapi.json", get(openapi));
     let router = match metrics_route {

@@ -24,12 +24,15 @@ from . import _wire
 from ._types import (
     CommandResult,
     Execution,
+    ForkOutcome,
+    ForkResult,
     KernelSummary,
     Listing,
     NetworkPolicy,
     Result,
     SessionSettings,
     SettingsApplied,
+    SnapshotInfo,
     UsageReport,
     WorkspaceSummary,
     WrittenFile,
@@ -90,6 +93,28 @@ class AsyncClient:
         it mounted (close the session first), `NotFound` when there is none by that name."""
         call = _wire.Call("DELETE", _wire.workspace_path(name))
         return _wire.workspace_deleted(await self._send(call) or b"")
+
+    async def snapshots(self) -> List[SnapshotInfo]:
+        """This token's tenant's snapshots, oldest first (docs/snapshots.md)."""
+        return _wire.snapshots(await self._send(_wire.Call("GET", "/v1/snapshots")) or b"")
+
+    async def snapshot(self, snapshot_id: str) -> SnapshotInfo:
+        """One of the tenant's snapshots; `NotFound` (`snapshot_not_found`) for none, or
+        another tenant's."""
+        call = _wire.Call("GET", _wire.snapshot_path(snapshot_id))
+        return _wire.snapshot(await self._send(call) or b"")
+
+    async def delete_snapshot(self, snapshot_id: str) -> str:
+        """Deletes one of the tenant's snapshots and its files; returns its id."""
+        call = _wire.Call("DELETE", _wire.snapshot_path(snapshot_id))
+        return _wire.workspace_deleted(await self._send(call) or b"")
+
+    async def restore(self, snapshot_id: str, session: str) -> ForkOutcome:
+        """Starts `session` (which has no kernel) from the snapshot: a new kernel with the
+        snapshot's variables, imports and files. `Conflict` (`session_exists`) when the
+        session has a kernel."""
+        call = _wire.restore_call(session, snapshot_id)
+        return _wire.fork_outcome(await self._send(call) or b"")
 
     async def close(self) -> None:
         await self._http.aclose()
@@ -280,6 +305,24 @@ class AsyncSession:
         cell by a `KeyboardInterrupt` (the kernel and its state are kept unless the cell
         ignores it past the server's grace); returns how many, 0 when none was running."""
         return _wire.count(await self.client._send(_wire.interrupt_call(self.name)), "interrupted")
+
+    async def snapshot(self, name: Optional[str] = None) -> SnapshotInfo:
+        """Snapshots the session's kernel, idle or hibernated (docs/snapshots.md): under
+        runsc its memory and files; the kernel goes on. `Conflict` (`session_busy`) while a
+        cell runs, or (`snapshot_limit`) past the tenant's bounds."""
+        call = _wire.snapshot_call(self.name, name)
+        return _wire.snapshot(await self.client._send(call) or b"")
+
+    async def fork(
+        self, n: Optional[int] = None, sessions: Optional[List[str]] = None
+    ) -> ForkResult:
+        """Snapshots the session's kernel once and starts `n` new sessions (or those named in
+        `sessions`) from it, in parallel; the source goes on. Each fork succeeds or fails on
+        its own (`ForkOutcome.ok`)."""
+        if (n is None) == (sessions is None):
+            raise ValueError("fork: give exactly one of n and sessions")
+        call = _wire.fork_call(self.name, n, sessions)
+        return _wire.fork_result(await self.client._send(call) or b"")
 
     async def close(self) -> int:
         """Disposes of the session's kernels (its children's too), or of this child's; returns

@@ -617,6 +617,117 @@ class UsageReport:
     def __len__(self) -> int:
         return len(self.rows)
 
+@dataclass(frozen=True)
+class SnapshotInfo:
+    """A snapshot of a session's kernel (`session.snapshot()`, docs/snapshots.md): under
+    runsc its memory (variables, imports, `/tmp`) and its working directory's files."""
+
+    SCHEMA: ClassVar[str] = "SnapshotInfo"
+    id: str
+    session: str
+    #: RFC 3339.
+    created: str
+    #: RFC 3339: when the server removes it.
+    expires: str
+    bytes: int
+    #: The kernel's memory is in it.
+    memory: bool
+    runtime: str
+    checkpoint_seconds: float = 0.0
+    name: Optional[str] = None
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "SnapshotInfo":
+        name = d.get("name")
+        return cls(
+            id=str(d.get("id", "")),
+            session=str(d.get("session", "")),
+            created=str(d.get("created", "")),
+            expires=str(d.get("expires", "")),
+            bytes=int(d.get("bytes") or 0),
+            memory=bool(d.get("memory", False)),
+            runtime=str(d.get("runtime", "")),
+            checkpoint_seconds=float(d.get("checkpoint_seconds") or 0.0),
+            name=None if name is None else str(name),
+        )
+
+
+@dataclass(frozen=True)
+class RestoredKernel:
+    """The kernel a restore or a fork started from a snapshot."""
+
+    SCHEMA: ClassVar[str] = "RestoredKernel"
+    id: str
+    generation: int
+    restore_seconds: float
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "RestoredKernel":
+        return cls(
+            id=str(d.get("id", "")),
+            generation=int(d.get("generation") or 0),
+            restore_seconds=float(d.get("restore_seconds") or 0.0),
+        )
+
+
+@dataclass(frozen=True)
+class ForkError:
+    """Why a fork failed: the server's error code and message."""
+
+    SCHEMA: ClassVar[str] = "ErrorDetail"
+    code: str
+    message: str
+
+
+@dataclass(frozen=True)
+class ForkOutcome:
+    """One fork (or a restore): its session and kernel, or why it failed (the session then
+    has no kernel)."""
+
+    SCHEMA: ClassVar[str] = "ForkOutcome"
+    session: str
+    kernel: Optional[RestoredKernel] = None
+    error: Optional[ForkError] = None
+
+    @property
+    def ok(self) -> bool:
+        return self.kernel is not None
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "ForkOutcome":
+        kernel = d.get("kernel")
+        error = d.get("error")
+        return cls(
+            session=str(d.get("session", "")),
+            kernel=RestoredKernel.from_json(kernel) if isinstance(kernel, dict) else None,
+            error=ForkError(str(error.get("code", "")), str(error.get("message", "")))
+            if isinstance(error, dict)
+            else None,
+        )
+
+
+@dataclass(frozen=True)
+class ForkResult:
+    """`session.fork(n)`: the forks in the order asked, each on its own."""
+
+    SCHEMA: ClassVar[str] = "ForkResult"
+    #: How long the source was paused for its checkpoint (0 when it was hibernated).
+    checkpoint_seconds: float
+    forks: List[ForkOutcome]
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "ForkResult":
+        forks = d.get("forks")
+        return cls(
+            checkpoint_seconds=float(d.get("checkpoint_seconds") or 0.0),
+            forks=(
+                [ForkOutcome.from_json(f) for f in forks if isinstance(f, dict)]
+                if isinstance(forks, list)
+                else []
+            ),
+        )
+
+
 
 #: Every type above, by the schema it mirrors (the drift test walks the server's spec with it).
 MIRRORS = {
@@ -639,5 +750,10 @@ MIRRORS = {
         WorkspaceSummary,
         UsageRow,
         UsageReport,
+        SnapshotInfo,
+        RestoredKernel,
+        ForkError,
+        ForkOutcome,
+        ForkResult,
     )
 }

@@ -38,12 +38,15 @@ from ._errors import ConnectionFailed, KernelboxError, ProtocolError, Timeout, e
 from ._types import (
     CommandResult,
     Execution,
+    ForkOutcome,
+    ForkResult,
     KernelSummary,
     Listing,
     NetworkPolicy,
     Result,
     SessionSettings,
     SettingsApplied,
+    SnapshotInfo,
     UsageReport,
     WorkspaceSummary,
     WrittenFile,
@@ -362,6 +365,63 @@ def workspace_deleted(body: bytes) -> str:
     """`{"deleted": NAME}`."""
     value = json_body(body, "delete workspace")
     return str(value.get("deleted", "")) if isinstance(value, dict) else ""
+
+
+def snapshot_call(session: str, name: Optional[str]) -> Call:
+    """`POST /v1/sessions/S/snapshots` (docs/snapshots.md)."""
+    body: Dict[str, Any] = {} if name is None else {"name": name}
+    return Call("POST", session_path(session, "snapshots"), json=body)
+
+
+def snapshot_path(snapshot_id: str) -> str:
+    return "/v1/snapshots/" + _segment(snapshot_id)
+
+
+def snapshot(body: bytes) -> SnapshotInfo:
+    value = json_body(body, "snapshot")
+    if not isinstance(value, dict):
+        raise ProtocolError("invalid_response", "snapshot: the answer is not a JSON object")
+    return SnapshotInfo.from_json(value)
+
+
+def snapshots(body: bytes) -> List[SnapshotInfo]:
+    value = json_body(body, "snapshots")
+    items = value.get("snapshots", []) if isinstance(value, dict) else []
+    return [SnapshotInfo.from_json(s) for s in items if isinstance(s, dict)]
+
+
+#: Seconds a restore's or a fork's answer may take: its kernels start first.
+FORK_READ_TIMEOUT = 300.0
+
+
+def restore_call(session: str, snapshot_id: str) -> Call:
+    """`POST /v1/sessions/S/restore`."""
+    return Call(
+        "POST",
+        session_path(session, "restore"),
+        json={"snapshot": snapshot_id},
+        read_timeout=FORK_READ_TIMEOUT,
+    )
+
+
+def fork_call(session: str, count: Optional[int], sessions: Optional[List[str]]) -> Call:
+    """`POST /v1/sessions/S/fork`: `count` forks, or the `sessions` named."""
+    body: Dict[str, Any] = {"count": count} if sessions is None else {"sessions": sessions}
+    return Call("POST", session_path(session, "fork"), json=body, read_timeout=FORK_READ_TIMEOUT)
+
+
+def fork_outcome(body: bytes) -> ForkOutcome:
+    value = json_body(body, "restore")
+    if not isinstance(value, dict):
+        raise ProtocolError("invalid_response", "restore: the answer is not a JSON object")
+    return ForkOutcome.from_json(value)
+
+
+def fork_result(body: bytes) -> ForkResult:
+    value = json_body(body, "fork")
+    if not isinstance(value, dict):
+        raise ProtocolError("invalid_response", "fork: the answer is not a JSON object")
+    return ForkResult.from_json(value)
 
 
 def kernels(body: bytes) -> List[KernelSummary]:

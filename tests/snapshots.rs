@@ -1,0 +1,439 @@
+//! Snapshots, restore and fork (docs/snapshots.md) against the real engine under gVisor's
+//! runsc (`.ci/runsc`): a fork's kernels have the source's variables, a 50 MB object and its
+//! files, and each goes its own way; a snapshot outlives its kernel and starts a new session;
+//! a hibernated kernel forks without being resumed; another tenant's snapshot is not found;
+//! the bounds refuse the next snapshot and leave nothing behind; a runc kernel is refused
+//! rather than given a snapshot without its memory; and over real HTTP, a `kill -9` of the
+//! server during a fork leaves nothing behind and loses no snapshot.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+#[path = "common/http.rs"]
+mod http;
+
+use std::time::Duration;
+
+use common::Case;
+use kernelbox::config::HibernateConfig;
+use kernelbox::{CellStatus, KernelRuntime, Scope, SnapshotError};
+
+/// Fills a kernel: a variable, a 50 MB object, a file in its working directory, a file in
+/// `/tmp`; prints the object's hash.
+const FILL: &str = "import hashlib, os\nx = 41\nbig = bytearray(os.urandom(50 << 20))\nopen('note.txt', 'w').write('kept')\nopen('/tmp/t.txt', 'w').write('tmp')\nprint(hashlib.sha256(big).hexdigest())";
+
+/// What a kernel filled by [`FILL`] answers.
+const CHECK: &str =
+    "print(x, hashlib.sha256(big).hexdigest(), open('note.txt').read(), open('/tmp/t.txt').read())";
+
+/// A runsc case whose snapshots go to `dir`.
+async fn case(
+    name: &str,
+    dir: &std::path::Path,
+    tweak: impl FnOnce(&mut kernelbox::Config),
+) -> Case {
+    let dir = dir.to_path_buf();
+    Case::with(name, move |c| {
+        c.spec.sandbox.runtime = KernelRuntime::Runsc;
+        c.pool.size = 0;
+        c.snapshots.dir = Some(dir);
+        tweak(c);
+    })
+    .await
+}
+
+/// A filled session `s`: its expected [`CHECK`] answer.
+async fn filled(case: &Case, session: &str) -> String {
+    let r = case.run(session, FILL).await;
+    assert_eq!(r.status, CellStatus::Success, "{r:?}");
+    format!("41 {} kept tmp\n", r.output.trim())
+}
+
+/// The entries of the snapshots' directory (snapshots, and anything half-made).
+fn entries(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(|e| Some(e.ok()?.file_name().to_string_lossy().into_owned()))
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+#[tokio::test]
+async fn forks_have_the_sources_memory_and_files_and_each_goes_its_own_way() {
+    let dir = tempfile::tempdir().unwrap();
+    let case = case("snap-fork", dir.path(), |_| {}).await;
+    let expected = filled(&case, "src").await;
+    let forks = case
+        .kb
+        .fork(
+            &Scope::session("src"),
+            vec!["f1".into(), "f2".into(), "f3".into()],
+        )
+        .await
+        .unwrap();
+    assert_eq!(forks.forks.len(), 3);
+    for fork in &forks.forks {
+        let kernel = fork.kernel.as_ref().unwrap_or_else(|| panic!("{fork:?}"));
+        assert_eq!(kernel.generation, 1, "{fork:?}");
+        let r = case.run(&fork.session, CHECK).await;
+        assert_eq!(r.output, expected, "{} {r:?}", fork.session);
+        assert!(
+            r.kernel.reused,
+            "a fork's kernel is the restored one: {r:?}"
+        );
+        assert!(r.kernel.state_lost.is_none(), "{r:?}");
+    }
+    // The source goes on, the same kernel.
+    let r = case.run("src", CHECK).await;
+    assert_eq!(r.output, expected, "{r:?}");
+    assert!(r.kernel.reused && r.kernel.state_lost.is_none(), "{r:?}");
+    // Four kernels, four containers: each its own.
+    assert_eq!(case.kb.list_kernels(None).len(), 4);
+    assert_eq!(case.containers().await.len(), 4);
+    // A change in one is seen in none of the others.
+    case.run("f1", "x = 1\nos.remove('note.txt')").await;
+    for session in ["f2", "f3", "src"] {
+        let r = case.run(session, CHECK).await;
+        assert_eq!(r.output, expected, "{session} {r:?}");
+    }
+    let r = case.run("f1", "print(x, os.path.exists('note.txt'))").await;
+    assert_eq!(r.output, "1 False\n");
+    // A fork's snapshot is not kept; its forks' links are gone.
+    assert_eq!(entries(dir.path()), Vec::<String>::new());
+    // A fork into a session that has a kernel fails on its own.
+    let again = case
+        .kb
+        .fork(&Scope::session("src"), vec!["f1".into(), "f4".into()])
+        .await
+        .unwrap();
+    assert_eq!(
+        again.forks[0].error.as_ref().map(|e| e.code.as_str()),
+        Some("session_exists"),
+        "{again:?}"
+    );
+    assert!(again.forks[1].kernel.is_some(), "{again:?}");
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn a_snapshot_outlives_its_kernel_and_a_restart_and_starts_a_new_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let case = case("snap-keep", dir.path(), |_| {}).await;
+    let expected = filled(&case, "src").await;
+    let snap = case
+        .kb
+        .snapshot(&Scope::session("src"), Some("before".into()))
+        .await
+        .unwrap();
+    assert!(snap.memory && snap.bytes > 40 << 20, "{snap:?}");
+    assert_eq!(snap.name.as_deref(), Some("before"));
+    // The snapshot's files are the server's only.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(dir.path().join(&snap.id))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o700);
+    // The source goes on; clearing it (and `reset`) leaves the snapshot.
+    assert_eq!(case.run("src", CHECK).await.output, expected);
+    case.kb.clear_session(None, "src").await;
+    let label = case.label.clone();
+    let engine = case.engine.clone();
+    case.kb.shutdown().await;
+    // A new server over the same directory has it.
+    let kb = kernelbox::Orchestrator::start(
+        {
+            let mut c = common::config(&label);
+            c.spec.sandbox.runtime = KernelRuntime::Runsc;
+            c.pool.size = 0;
+            c.snapshots.dir = Some(dir.path().to_path_buf());
+            c
+        },
+        engine.clone(),
+    )
+    .await
+    .unwrap();
+    let listed = kb.snapshots(None);
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].id, snap.id);
+    let restored = kb
+        .restore_snapshot(&Scope::session("new"), &snap.id)
+        .await
+        .unwrap();
+    assert_eq!(restored.generation, 1);
+    let r = kb
+        .execute(kernelbox::ExecuteRequest::new("new", CHECK))
+        .await
+        .unwrap();
+    assert_eq!(r.output, expected, "{r:?}");
+    // Restored twice: a second session from the same snapshot.
+    kb.restore_snapshot(&Scope::session("new2"), &snap.id)
+        .await
+        .unwrap();
+    let r = kb
+        .execute(kernelbox::ExecuteRequest::new("new2", CHECK))
+        .await
+        .unwrap();
+    assert_eq!(r.output, expected, "{r:?}");
+    // Into a session that has a kernel: refused.
+    let taken = kb.restore_snapshot(&Scope::session("new"), &snap.id).await;
+    assert!(
+        matches!(taken, Err(SnapshotError::SessionExists { .. })),
+        "{taken:?}"
+    );
+    kb.delete_snapshot(None, &snap.id).await.unwrap();
+    assert!(kb.snapshots(None).is_empty());
+    assert_eq!(entries(dir.path()), Vec::<String>::new());
+    kb.shutdown().await;
+    common::assert_clean(&engine, &label).await;
+}
+
+#[tokio::test]
+async fn a_hibernated_kernel_forks_without_being_resumed() {
+    let dir = tempfile::tempdir().unwrap();
+    let checkpoints = tempfile::tempdir().unwrap();
+    let idle = Duration::from_millis(1500);
+    let case = case("snap-hibernated", dir.path(), |c| {
+        c.kernels.idle_timeout = idle;
+        c.hibernate = Some(HibernateConfig {
+            dir: Some(checkpoints.path().to_path_buf()),
+            across_restarts: false,
+            ..HibernateConfig::default()
+        });
+    })
+    .await;
+    let expected = filled(&case, "src").await;
+    tokio::time::sleep(idle + Duration::from_millis(300)).await;
+    case.kb.reap_once().await;
+    assert_eq!(case.kb.hibernated(), 1);
+    let forks = case
+        .kb
+        .fork(&Scope::session("src"), vec!["h1".into(), "h2".into()])
+        .await
+        .unwrap();
+    assert_eq!(forks.checkpoint_seconds, 0.0, "no pause of its own");
+    // Still hibernated: its container stopped, its checkpoint kept.
+    assert_eq!(case.kb.hibernated(), 1);
+    assert_eq!(case.kb.list_kernels(None).len(), 2);
+    for fork in &forks.forks {
+        assert!(fork.kernel.is_some(), "{fork:?}");
+        let r = case.run(&fork.session, CHECK).await;
+        assert_eq!(r.output, expected, "{r:?}");
+    }
+    // And it comes back as it was.
+    let r = case.run("src", CHECK).await;
+    assert_eq!(r.output, expected, "{r:?}");
+    assert!(r.kernel.restored.is_some(), "{r:?}");
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn another_tenants_snapshot_is_not_found() {
+    let dir = tempfile::tempdir().unwrap();
+    let case = case("snap-tenant", dir.path(), |_| {}).await;
+    let r = case
+        .exec(kernelbox::ExecuteRequest {
+            scope: Scope::session("s").tenant("a"),
+            code: "x = 1".into(),
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(r.status, CellStatus::Success, "{r:?}");
+    let snap = case
+        .kb
+        .snapshot(&Scope::session("s").tenant("a"), None)
+        .await
+        .unwrap();
+    assert!(case.kb.snapshots(Some("b")).is_empty());
+    assert!(matches!(
+        case.kb.snapshot_of(Some("b"), &snap.id),
+        Err(SnapshotError::NotFound { .. })
+    ));
+    let stolen = case
+        .kb
+        .restore_snapshot(&Scope::session("s").tenant("b"), &snap.id)
+        .await;
+    assert!(
+        matches!(stolen, Err(SnapshotError::NotFound { .. })),
+        "{stolen:?}"
+    );
+    assert!(matches!(
+        case.kb.delete_snapshot(Some("b"), &snap.id).await,
+        Err(SnapshotError::NotFound { .. })
+    ));
+    assert_eq!(case.kb.snapshots(Some("a")).len(), 1);
+    // Nothing started for b.
+    assert!(case.kb.list_kernels(Some("b")).is_empty());
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn the_bounds_refuse_the_next_snapshot_and_leave_nothing_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let case = case("snap-bounds", dir.path(), |c| {
+        c.snapshots.max_per_tenant = 2;
+    })
+    .await;
+    case.run("s", "x = 1").await;
+    for _ in 0..2 {
+        case.kb.snapshot(&Scope::session("s"), None).await.unwrap();
+    }
+    let third = case.kb.snapshot(&Scope::session("s"), None).await;
+    match &third {
+        Err(e @ SnapshotError::Limit { .. }) => {
+            assert!(e.to_string().contains("at most 2 snapshots"), "{e}")
+        }
+        other => panic!("{other:?}"),
+    }
+    // A fork's own snapshot counts too.
+    let fork = case.kb.fork(&Scope::session("s"), vec!["f".into()]).await;
+    assert!(matches!(fork, Err(SnapshotError::Limit { .. })), "{fork:?}");
+    assert_eq!(entries(dir.path()).len(), 2, "{:?}", entries(dir.path()));
+    assert_eq!(case.containers().await.len(), 1);
+    // The kernel goes on.
+    assert_eq!(case.run("s", "print(x)").await.output, "1\n");
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn a_snapshot_past_the_tenants_bytes_is_refused_and_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let case = case("snap-bytes", dir.path(), |c| {
+        c.snapshots.max_tenant_bytes = 1 << 20;
+    })
+    .await;
+    case.run("s", "x = bytearray(8 << 20)").await;
+    let refused = case.kb.snapshot(&Scope::session("s"), None).await;
+    assert!(
+        matches!(refused, Err(SnapshotError::Limit { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(entries(dir.path()), Vec::<String>::new());
+    assert_eq!(case.run("s", "print(len(x))").await.output, "8388608\n");
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn a_runc_kernel_is_refused_not_given_a_snapshot_without_its_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let case = case("snap-runc", dir.path(), |c| {
+        c.spec.sandbox.runtime = KernelRuntime::Runc;
+    })
+    .await;
+    case.run("s", "x = 1").await;
+    let refused = case.kb.snapshot(&Scope::session("s"), None).await;
+    assert!(
+        matches!(refused, Err(SnapshotError::Unsupported { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(entries(dir.path()), Vec::<String>::new());
+    assert_eq!(case.run("s", "print(x)").await.output, "1\n");
+    case.finish().await;
+}
+
+/// `kernelbox serve --runtime runsc --pool 0` on `state` (snapshots in `state/snapshots`).
+async fn serve(
+    label: &str,
+    state: &std::path::Path,
+) -> (tokio::process::Child, std::net::SocketAddr) {
+    let mut cmd = common::serve_command(label, "tok");
+    cmd.args(["--runtime", "runsc", "--pool", "0"])
+        .arg("--state-dir")
+        .arg(state)
+        .env_remove("KERNELBOX_STATE_DIR")
+        .env_remove("KERNELBOX_RUNTIME");
+    common::spawn_serving(cmd).await
+}
+
+/// Polls Docker (bounded) until the case's containers and volumes are `done`.
+async fn wait_until(
+    engine: &std::sync::Arc<dyn kernelbox::Engine>,
+    label: &str,
+    what: &str,
+    done: impl Fn(usize, usize) -> bool,
+) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let cs = common::containers(engine, label).await;
+        let vs = common::volumes(engine, label).await;
+        if done(cs.len(), vs.len()) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: {cs:?} {vs:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kill_9_during_a_fork_leaves_nothing_behind_and_loses_no_snapshot() {
+    let label = common::unique("snap-kill");
+    let engine = common::engine().await;
+    let state = tempfile::tempdir().unwrap();
+    let snapshots = state.path().join("snapshots");
+    let (mut first, addr) = serve(&label, state.path()).await;
+    let api = http::Api::new(addr);
+    let filled = api.run("tok", "src", FILL).await;
+    assert_eq!(filled["status"], "success", "{filled}");
+    let expected = format!(
+        "41 {} kept tmp\n",
+        filled["output"].as_str().unwrap().trim()
+    );
+    let kept = api
+        .post(
+            "/v1/sessions/src/snapshots",
+            Some("tok"),
+            serde_json::json!({"name": "kept"}),
+        )
+        .await
+        .json();
+    let id = kept["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{kept}"))
+        .to_string();
+    // A fork in flight: the server is killed once its forks' containers exist.
+    let forking = tokio::spawn(async move {
+        http::Api::new(addr)
+            .post(
+                "/v1/sessions/src/fork",
+                Some("tok"),
+                serde_json::json!({"count": 4}),
+            )
+            .await
+    });
+    wait_until(&engine, &label, "the forks' containers", |cs, _| cs > 1).await;
+    first.kill().await.unwrap();
+    forking.abort();
+    // The watchdog removes every kernel of the killed server, the forks' too.
+    wait_until(&engine, &label, "the watchdog's sweep", |cs, vs| {
+        cs == 0 && vs == 0
+    })
+    .await;
+    // The restarted server has the snapshot, whole; nothing half-made is left.
+    let (mut second, addr) = serve(&label, state.path()).await;
+    assert_eq!(entries(&snapshots), vec![id.clone()]);
+    let api = http::Api::new(addr);
+    let listed = api.get("/v1/snapshots", Some("tok")).await.json();
+    assert_eq!(listed["snapshots"][0]["id"], id.as_str(), "{listed}");
+    let restored = api
+        .post(
+            "/v1/sessions/back/restore",
+            Some("tok"),
+            serde_json::json!({"snapshot": id}),
+        )
+        .await
+        .json();
+    assert_eq!(restored["kernel"]["generation"], 1, "{restored}");
+    let back = api.run("tok", "back", CHECK).await;
+    assert_eq!(back["output"], expected.as_str(), "{back}");
+    // Another tenant's token cannot reach it over HTTP either (one token here: a wrong one
+    // is refused before any lookup).
+    let other = api.get(&format!("/v1/snapshots/{id}"), Some("nope")).await;
+    assert_eq!(other.status, hyper::StatusCode::UNAUTHORIZED);
+    common::terminate(&mut second, Duration::from_secs(120)).await;
+    common::assert_clean(&engine, &label).await;
+}
