@@ -156,6 +156,66 @@ def test_a_server_that_never_answers_is_a_clear_timeout() -> None:
             assert "the cell may still be running (session.interrupt() stops it)" in str(e.value)
 
 
+def test_a_connection_closed_after_the_request_was_read_never_runs_a_cell_twice() -> None:
+    """A server that reads each request whole, counts it, then closes without answering: the
+    client cannot tell this from a kept-alive connection closed idle, so a POST (a cell, a
+    command) arrives exactly once; a GET or PUT is sent again once."""
+    arrived: dict = {}
+    lock = threading.Lock()
+
+    def serve(conn: socket.socket) -> None:
+        with conn:
+            got = b""
+            while b"\r\n\r\n" not in got:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                got += chunk
+            head, _, body = got.partition(b"\r\n\r\n")
+            length = 0
+            for line in head.split(b"\r\n")[1:]:
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value)
+            while len(body) < length:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                body += chunk
+            key = " ".join(head.split(b"\r\n")[0].decode().split(" ")[:2])
+            with lock:
+                arrived[key] = arrived.get(key, 0) + 1
+
+    with socket.socket() as closer:
+        closer.bind(("127.0.0.1", 0))
+        closer.listen(8)
+
+        def accept() -> None:
+            while True:
+                try:
+                    conn, _ = closer.accept()
+                except OSError:
+                    return
+                threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+        threading.Thread(target=accept, daemon=True).start()
+        url = "http://127.0.0.1:%d" % closer.getsockname()[1]
+        with Client(url, "t") as c:
+            s = c.session("s")
+            calls = [
+                ("POST /v1/sessions/s/execute", lambda: s.run("x = 1")),
+                ("POST /v1/sessions/s/execute", lambda: s.run("x = 1", on_output=print)),
+                ("POST /v1/sessions/s/commands", lambda: s.commands.run("true")),
+                ("GET /v1/sessions/s/settings", lambda: s.settings()),
+            ]
+            for line, call in calls:
+                arrived.clear()
+                with pytest.raises(ConnectionFailed):
+                    call()
+                assert arrived == {line: 1 if line.startswith("POST") else 2}, line
+        closer.shutdown(socket.SHUT_RDWR)
+
+
 def test_a_streams_error_event_raises_the_typed_error() -> None:
     reader = _wire.StreamReader()
     assert reader.feed('{"event":"output","data":"a"}') == ("output", "a")

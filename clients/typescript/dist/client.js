@@ -161,10 +161,13 @@ export class Client {
                 return await this.fetchImpl(url, init);
             }
             catch (e) {
-                // kernelbox closes a kept-alive connection without an answer only before it handles a
-                // request on it (docs/http-api.md, slow and idle clients): sent again, once, when the
-                // body can be.
-                if (attempt === 0 && replayable && !signal.aborted && closedUnanswered(e))
+                // A connection closed unanswered after the request was written (a kept-alive one the
+                // server closed while idle, or one it closed after reading the request: a crash, a
+                // proxy) cannot tell whether the server got it, so only a request that may arrive twice
+                // is sent again, once: a GET or HEAD (changes nothing) or a PUT (sets the same state);
+                // never a POST (it runs a cell or a command) nor a DELETE (its second answer would
+                // say nothing was there). docs/typescript-client.md, "Connections".
+                if (attempt === 0 && replayable && RESENDABLE.has(req.method) && !signal.aborted && closedUnanswered(e))
                     continue;
                 throw e;
             }
@@ -185,7 +188,8 @@ export class Client {
         if (cause?.code === "ECONNREFUSED" || cause?.code === "ENOTFOUND" || cause?.code === "UND_ERR_CONNECT_TIMEOUT") {
             return new ConnectionFailed("connection_failed", `could not connect to kernelbox at ${where}: ${what}`, { cause: e });
         }
-        return new ConnectionFailed("connection_failed", `the connection to kernelbox broke during ${where}: ${what}`, { cause: e });
+        const unsure = RESENDABLE.has(req.method) ? "" : "; not sent again: the server may have received it (a cell or command may have run)";
+        return new ConnectionFailed("connection_failed", `the connection to kernelbox broke during ${where}: ${what}${unsure}`, { cause: e });
     }
 }
 /** One call's abort: its deadline passing (then `timedOut`) or the caller's signal (its reason). */
@@ -219,7 +223,9 @@ class CallAbort {
             this.user?.removeEventListener("abort", this.onAbort);
     }
 }
-/** Node's fetch (undici) found the kept-alive connection closed before any answer came. */
+/** The methods a request may be sent twice with (see `send`). */
+const RESENDABLE = new Set(["GET", "HEAD", "PUT"]);
+/** Node's fetch (undici) found the connection closed before any answer came. */
 function closedUnanswered(e) {
     const cause = e?.cause;
     return cause?.code === "UND_ERR_SOCKET";

@@ -110,6 +110,51 @@ test("a server that never answers is a clear Timeout", async () => {
   }
 });
 
+test("a connection closed after the server read the request: a POST (cell, command) arrives exactly once, a GET or PUT is sent again once", async () => {
+  // A server that reads each request whole, counts it, then closes without answering: the
+  // client cannot tell this from a kept-alive connection closed idle, so it must not resend
+  // what runs code.
+  const arrived = new Map();
+  const closer = createServer((sock) => {
+    let got = Buffer.alloc(0);
+    sock.on("data", (chunk) => {
+      got = Buffer.concat([got, chunk]);
+      const end = got.indexOf("\r\n\r\n");
+      if (end < 0) return;
+      const head = got.subarray(0, end).toString("latin1");
+      const length = Number(/\r\ncontent-length: *(\d+)/i.exec(head)?.[1] ?? 0);
+      if (got.length < end + 4 + length) return;
+      const line = head.split("\r\n")[0].split(" ").slice(0, 2).join(" ");
+      arrived.set(line, (arrived.get(line) ?? 0) + 1);
+      sock.destroy();
+    });
+    sock.on("error", () => {});
+  });
+  await new Promise((r) => closer.listen(0, "127.0.0.1", r));
+  const url = `http://127.0.0.1:${closer.address().port}`;
+  try {
+    const s = new Client({ url, token: "t" }).session("s");
+    const calls = [
+      ["POST /v1/sessions/s/execute", () => s.run("x = 1")],
+      ["POST /v1/sessions/s/execute", () => s.run("x = 1", { onOutput: () => {} })],
+      ["POST /v1/sessions/s/commands", () => s.commands.run("true")],
+      ["DELETE /v1/sessions/s", () => s.close()],
+      ["GET /v1/sessions/s/settings", () => s.settings()],
+      ["PUT /v1/sessions/s/files/f", () => s.files.write("f", "abc")],
+    ];
+    for (const [line, call] of calls) {
+      arrived.clear();
+      const e = await call().catch((x) => x);
+      assert.ok(e instanceof ConnectionFailed, `${line}: ${e}`);
+      const once = !line.startsWith("GET") && !line.startsWith("PUT");
+      assert.deepEqual([...arrived], [[line, once ? 1 : 2]], line);
+      if (once) assert.match(e.message, /not sent again: the server may have received it/);
+    }
+  } finally {
+    await new Promise((r) => closer.close(r));
+  }
+});
+
 test("a workspace call for a tenant without workspaces is NotFound", async () => {
   const e = await kb.workspaces().catch((x) => x);
   assert.ok(e instanceof NotFound, String(e));

@@ -141,7 +141,7 @@ class AsyncClient:
                 )
                 break
             except httpx.HTTPError as e:
-                if not _wire.may_resend(e, content, attempt):
+                if not _wire.may_resend(e, call.method, content, attempt):
                     raise _wire.transport_error(e, call.method, url) from e
                 attempt += 1
         if r.status_code == 404 and call.missing_ok:
@@ -204,7 +204,7 @@ class AsyncClient:
                                 await done
                 break
             except httpx.HTTPError as e:
-                if not _wire.may_resend(e, None, attempt):
+                if not _wire.may_resend(e, call.method, None, attempt):
                     raise _wire.transport_error(e, call.method, url) from e
                 attempt += 1
         return reader.finish()

@@ -127,7 +127,7 @@ class Client:
                 )
                 break
             except httpx.HTTPError as e:
-                if not _wire.may_resend(e, content, attempt):
+                if not _wire.may_resend(e, call.method, content, attempt):
                     raise _wire.transport_error(e, call.method, url) from e
                 attempt += 1
         if r.status_code == 404 and call.missing_ok:
@@ -188,7 +188,7 @@ class Client:
                             callback(value)
                 break
             except httpx.HTTPError as e:
-                if not _wire.may_resend(e, None, attempt):
+                if not _wire.may_resend(e, call.method, None, attempt):
                     raise _wire.transport_error(e, call.method, url) from e
                 attempt += 1
         return reader.finish()

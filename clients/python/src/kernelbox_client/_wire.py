@@ -548,13 +548,21 @@ class StreamReader:
         return self.result
 
 
-def may_resend(e: httpx.HTTPError, content: Any, attempt: int) -> bool:
-    """Whether to send a request again, once: only when the server closed a kept-alive
-    connection without answering (kernelbox closes a connection without a response only
-    before it handles a request on it: a refusal that left a body unread, or a timeout; docs/http-api.md,
-    slow and idle clients), and only when the body can be sent again (not a stream)."""
+#: The methods a request may be sent twice with: GET and HEAD change nothing, a PUT sets the
+#: same state again. Never a POST (it runs a cell or a command) nor a DELETE (its second
+#: answer would say nothing was there).
+RESENDABLE = frozenset({"GET", "HEAD", "PUT"})
+
+
+def may_resend(e: httpx.HTTPError, method: str, content: Any, attempt: int) -> bool:
+    """Whether to send a request again, once: only when the server closed the connection
+    without answering (a kept-alive one closed while idle, docs/http-api.md, slow and idle
+    clients), which cannot tell whether the server read the request (a crash, a proxy), so
+    only for a method it is harmless to send twice, and only when the body can be sent again
+    (not a stream)."""
     return (
         attempt == 0
+        and method in RESENDABLE
         and isinstance(e, httpx.RemoteProtocolError)
         and "without sending a response" in str(e)
         and (content is None or isinstance(content, bytes))
