@@ -13,7 +13,7 @@ from typing import Callable, List
 
 import httpx
 import pytest
-from e2b import AuthenticationException, NotFoundException, SandboxQuery
+from e2b import AuthenticationException, CommandExitException, NotFoundException, SandboxQuery
 from e2b.exceptions import SandboxException
 from e2b_code_interpreter import Sandbox
 
@@ -92,7 +92,8 @@ def test_an_exception_is_an_error_with_name_value_and_traceback(server: Server) 
         assert execution.error.value == "division by zero"
         assert "Traceback" in execution.error.traceback
         assert errors and errors[0].name == "ZeroDivisionError"
-        assert "before\n" in "".join(execution.logs.stdout)
+        # The traceback is the error's, not the output's (as E2B's kernel sends it).
+        assert execution.logs.stdout == ["before\n"]
         # The kernel and its state survive an exception.
         assert sbx.run_code("'still here'").text == "'still here'"
     finally:
@@ -218,5 +219,28 @@ def test_what_is_not_there_answers_in_e2bs_shape(server: Server) -> None:
         with pytest.raises(Exception) as language:
             sbx.run_code("1", language="r")
         assert "not available" in str(language.value)
+    finally:
+        sbx.kill()
+
+
+def test_a_foreground_command_streams_stdout_and_stderr_and_its_exit_code(server: Server) -> None:
+    sbx = Sandbox.create()
+    try:
+        out: List[str] = []
+        result = sbx.commands.run(
+            "echo to-stdout; echo to-stderr >&2; pwd; echo $GREETING",
+            envs={"GREETING": "salut"},
+            on_stdout=out.append,
+        )
+        assert result.exit_code == 0
+        assert result.stdout == "to-stdout\n/work\nsalut\n"
+        assert result.stderr == "to-stderr\n"
+        assert "".join(out) == result.stdout
+        with pytest.raises(CommandExitException) as failed:
+            sbx.commands.run("echo bye; exit 3")
+        assert failed.value.exit_code == 3 and failed.value.stdout == "bye\n"
+        # A command and a cell share the sandbox's files.
+        sbx.commands.run("echo from-shell > shared.txt")
+        assert sbx.run_code("open('shared.txt').read()").text == "'from-shell\\n'"
     finally:
         sbx.kill()

@@ -18,7 +18,7 @@
 //! | `tests.rs` | unit tests |
 
 mod access;
-mod files;
+pub(crate) mod files;
 pub(crate) mod mcp;
 mod mcp_backend;
 pub(crate) mod mcp_session;

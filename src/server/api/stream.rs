@@ -146,8 +146,9 @@ impl StreamTx {
 /// `src/wire/event.rs`), or the E2B API's (`server/e2b/interpreter.rs`), which translates the
 /// same cell's output, displays and result into its own lines.
 pub(crate) trait Shape: Send + Sync + 'static {
-    /// Text the cell wrote.
-    fn output(&self, text: &str) -> Bytes;
+    /// Text the cell wrote, as a line; `None` when the shape holds it back for now (it then
+    /// goes out with the next output or the closing lines).
+    fn output(&self, text: &str) -> Option<Bytes>;
     /// A rich result the cell displayed.
     fn display(&self, result: &RichResult) -> Bytes;
     /// Output dropped because the client did not read it in time.
@@ -162,8 +163,8 @@ pub(crate) trait Shape: Send + Sync + 'static {
 pub(crate) struct Native;
 
 impl Shape for Native {
-    fn output(&self, text: &str) -> Bytes {
-        line(&StreamEvent::output(text))
+    fn output(&self, text: &str) -> Option<Bytes> {
+        Some(line(&StreamEvent::output(text)))
     }
     fn display(&self, result: &RichResult) -> Bytes {
         line(&StreamEvent::display(result))
@@ -238,7 +239,7 @@ fn arm_sinks(
         request.sink = Some(Arc::new(move |chunk: &[u8]| {
             let mut decoder = decoder.lock().unwrap_or_else(|p| p.into_inner());
             let text = decoder.push(chunk);
-            if !text.is_empty() && !tx.try_send(shape.output(&text)) {
+            if !text.is_empty() && !shape.output(&text).is_none_or(|l| tx.try_send(l)) {
                 decoder.dropped += text.len();
             }
         }));
@@ -252,7 +253,7 @@ fn arm_sinks(
     request.display_sink = Some(Arc::new(move |result: &crate::rich::RichResult| {
         let mut decoder = decoder.lock().unwrap_or_else(|p| p.into_inner());
         let text = decoder.finish();
-        if !text.is_empty() && !tx.try_send(shape.output(&text)) {
+        if !text.is_empty() && !shape.output(&text).is_none_or(|l| tx.try_send(l)) {
             decoder.dropped += text.len();
         }
         let event = shape.display(result);
@@ -283,7 +284,9 @@ async fn run_to_the_end(
         (d.finish(), d.dropped)
     };
     if !rest.is_empty() {
-        tx.send_final(shape.output(&rest), false);
+        if let Some(line) = shape.output(&rest) {
+            tx.send_final(line, false);
+        }
     }
     if dropped > 0 {
         tx.send_final(shape.truncated(dropped), false);

@@ -105,16 +105,41 @@ fn error_parts(result: &CellResult) -> (String, String) {
     }
 }
 
-/// E2B's code interpreter lines for a streamed execute.
-pub(crate) struct E2bShape;
+/// How a Python traceback starts: output starting so is held back until the cell's end,
+/// since E2B sends a raised exception's traceback in its `error` line only.
+const TRACEBACK_HEAD: &str = "Traceback (most recent call last):";
+
+fn stdout(text: &str) -> Bytes {
+    stream::line(&Text {
+        kind: "stdout",
+        text,
+        timestamp: now_ns(),
+    })
+}
+
+/// E2B's code interpreter lines for one streamed execute. Output that starts like a
+/// traceback is held back: it goes out with the next output, or, when it is the traceback of
+/// the cell's error, only in the `error` line (the native result keeps it in `output`).
+#[derive(Default)]
+pub(crate) struct E2bShape {
+    held: std::sync::Mutex<String>,
+}
+
+impl E2bShape {
+    fn take_held(&self) -> String {
+        std::mem::take(&mut *self.held.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
 
 impl stream::Shape for E2bShape {
-    fn output(&self, text: &str) -> Bytes {
-        stream::line(&Text {
-            kind: "stdout",
-            text,
-            timestamp: now_ns(),
-        })
+    fn output(&self, text: &str) -> Option<Bytes> {
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        if held.is_empty() && text.starts_with(TRACEBACK_HEAD) {
+            held.push_str(text);
+            return None;
+        }
+        let text = std::mem::take(&mut *held) + text;
+        Some(stdout(&text))
     }
 
     fn display(&self, result: &RichResult) -> Bytes {
@@ -151,6 +176,11 @@ impl stream::Shape for E2bShape {
 
     fn result(&self, result: &CellResult) -> Vec<Bytes> {
         let mut lines = Vec::new();
+        let held = self.take_held();
+        let traceback = result.error.as_deref().unwrap_or_default();
+        if !held.is_empty() && (traceback.is_empty() || !traceback.starts_with(held.trim_end())) {
+            lines.push(stdout(&held));
+        }
         if result.status != CellStatus::Success {
             let (name, value) = error_parts(result);
             lines.push(stream::line(&ErrorLine {
@@ -171,15 +201,19 @@ impl stream::Shape for E2bShape {
     }
 
     fn error(&self, error: &ErrorDetail) -> Vec<Bytes> {
-        vec![
-            stream::line(&ErrorLine {
-                kind: "error",
-                name: &error.code,
-                value: &error.message,
-                traceback: &error.message,
-            }),
-            stream::line(&serde_json::json!({"type": "end_of_execution"})),
-        ]
+        let held = self.take_held();
+        let held = (!held.is_empty()).then(|| stdout(&held));
+        held.into_iter()
+            .chain([
+                stream::line(&ErrorLine {
+                    kind: "error",
+                    name: &error.code,
+                    value: &error.message,
+                    traceback: &error.message,
+                }),
+                stream::line(&serde_json::json!({"type": "end_of_execution"})),
+            ])
+            .collect()
     }
 }
 
@@ -258,7 +292,13 @@ pub(super) async fn execute(
         None => pending::Meter::new(state.inner.pending.clone()),
     };
     let (notice, admitted) = crate::orchestrator::AdmissionNotice::new();
-    let response = stream::stream_shaped(state.clone(), request, notice, meter, Arc::new(E2bShape));
+    let response = stream::stream_shaped(
+        state.clone(),
+        request,
+        notice,
+        meter,
+        Arc::new(E2bShape::default()),
+    );
     if let Ok(Err(e)) = admitted.await {
         return Err(api::refused(&state, e).into());
     }

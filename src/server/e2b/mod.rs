@@ -23,7 +23,8 @@
 //! | `POST /sandboxes/{id}/pause`, `.../snapshots`, `.../fork` | E2B-shaped refusals (not available) |
 //! | `POST /execute`, `GET`, `POST /contexts`, `DELETE /contexts/{id}`, `POST /contexts/{id}/restart` | the code interpreter (port 49999; `interpreter.rs`) |
 //! | `GET`, `POST /files`, `GET /health` | envd's HTTP part (port 49983; `envd.rs`) |
-//! | `POST /filesystem.Filesystem/{method}`, `POST /process.Process/{method}` | envd's Connect RPC: E2B-shaped `unimplemented` for now (`envd.rs`) |
+//! | `POST /process.Process/{method}` | envd's process service over Connect: `Start` for a foreground command, the rest `unimplemented` (`connect.rs`) |
+//! | `POST /filesystem.Filesystem/{method}` | envd's filesystem service: Connect's `unimplemented` for now (`envd.rs`) |
 //!
 //! | file | what |
 //! |---|---|
@@ -33,8 +34,10 @@
 //! | `wire.rs` | E2B's request and answer bodies, as its SDKs send and read them |
 //! | `control.rs` | the control plane (REST) |
 //! | `interpreter.rs` | the code interpreter: a cell's result as E2B's NDJSON lines |
+//! | `connect.rs` | envd's process service over Connect RPC: envd's messages (prost), the framing, a command's output as frames |
 //! | `envd.rs` | envd: files (paths under `/home/user` are the session's `/work`), health, the Connect services |
 
+mod connect;
 mod control;
 mod envd;
 mod error;
@@ -88,7 +91,7 @@ pub(crate) fn router(state: AppState, facade: Facade) -> Router {
         .route("/files", get(envd::read).post(envd::write))
         .route("/health", get(envd::health))
         .route("/filesystem.Filesystem/{method}", post(envd::unimplemented))
-        .route("/process.Process/{method}", post(envd::unimplemented))
+        .route("/process.Process/{method}", post(connect::process))
         .fallback(unknown_route)
         .layer(Extension(facade));
     super::api::layers(
