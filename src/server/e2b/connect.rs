@@ -275,18 +275,17 @@ impl Codec {
     }
 }
 
-/// The one message of a streaming request's body (a single envelope).
-fn single_message(body: &[u8]) -> Result<&[u8], Response> {
-    let bad = |m: &str| error(StatusCode::BAD_REQUEST, "invalid_argument", m.to_owned());
+/// The one message of a streaming request's body (a single envelope), or what is wrong.
+fn single_message(body: &[u8]) -> Result<&[u8], &'static str> {
     if body.len() < 5 {
-        return Err(bad("the request is not one Connect envelope"));
+        return Err("the request is not one Connect envelope");
     }
     if body[0] & 0x01 != 0 {
-        return Err(bad("compressed Connect messages are not accepted"));
+        return Err("compressed Connect messages are not accepted");
     }
     let len = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
     body.get(5..5 + len)
-        .ok_or_else(|| bad("the Connect envelope is shorter than its length"))
+        .ok_or("the Connect envelope is shorter than its length")
 }
 
 /// An E2B working directory as the native command's (relative to `/work`, or absolute).
@@ -317,25 +316,26 @@ pub(super) async fn process(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default();
-    let codec =
-        match content_type {
-            "application/connect+proto" => Codec::Proto,
-            "application/connect+json" => Codec::Json,
-            other => return error(
+    let codec = match content_type {
+        "application/connect+proto" => Codec::Proto,
+        "application/connect+json" => Codec::Json,
+        other => {
+            return error(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 "unimplemented",
                 format!(
                     "codec {other:?}: kernelbox's envd speaks application/connect+proto and +json"
                 ),
-            ),
-        };
+            )
+        }
+    };
     let bytes = match api::read_body_of(&state, &call.tenant, &headers, body).await {
         Ok(bytes) => bytes,
         Err(e) => return from_api(e),
     };
     let message = match single_message(&bytes) {
         Ok(m) => m,
-        Err(response) => return response,
+        Err(wrong) => return error(StatusCode::BAD_REQUEST, "invalid_argument", wrong),
     };
     let start = match codec.start_request(message) {
         Ok(start) => start,

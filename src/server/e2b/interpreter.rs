@@ -17,6 +17,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use axum::{Extension, Json};
+use futures::StreamExt;
 use serde::Serialize;
 
 use super::wire::{self, Context};
@@ -217,6 +218,29 @@ impl stream::Shape for E2bShape {
     }
 }
 
+/// IPython's leading indentation removed, as E2B's Jupyter kernel removes it: when the first
+/// non-blank line is indented and every non-blank line starts with that indentation, it is
+/// taken off every line (code in an indented triple-quoted string of the caller's runs).
+pub(crate) fn dedent(code: &str) -> String {
+    let Some(first) = code.lines().find(|l| !l.trim().is_empty()) else {
+        return code.to_owned();
+    };
+    let indent = &first[..first.len() - first.trim_start().len()];
+    if indent.is_empty()
+        || !code
+            .lines()
+            .all(|l| l.trim().is_empty() || l.starts_with(indent))
+    {
+        return code.to_owned();
+    }
+    code.split_inclusive('\n')
+        .map(|l| {
+            l.strip_prefix(indent)
+                .unwrap_or(l.trim_start_matches([' ', '\t']))
+        })
+        .collect()
+}
+
 /// IPython's `!cmd` lines (as E2B's Jupyter kernel accepts them) as Python that runs the
 /// command in a shell, its output in the cell's: a line whose first non-blank character is
 /// `!` is never valid Python, so nothing else changes meaning. (A `!` line inside a
@@ -278,11 +302,16 @@ pub(super) async fn execute(
         ));
     }
     let body = ExecuteBody {
-        code: shell_lines(&asked.code),
+        code: shell_lines(&dedent(&asked.code)),
         ..ExecuteBody::default()
     };
-    let request =
+    let mut request =
         api::parse_execute(&state, &tenant, call.id, body).map_err(|e| api::invalid(&state, e))?;
+    // E2B's code interpreter interrupts the cell when its client goes away (a `run_code`
+    // past its `timeout` closes the connection): the response's body cancels this token when
+    // it is dropped, which interrupts the cell as `POST .../interrupt` does, kernel kept.
+    let gone = tokio_util::sync::CancellationToken::new();
+    request.cancel = Some(gone.clone());
     if state.is_draining() {
         return Err(crate::server::ApiError::shutting_down().into());
     }
@@ -302,7 +331,13 @@ pub(super) async fn execute(
     if let Ok(Err(e)) = admitted.await {
         return Err(api::refused(&state, e).into());
     }
-    Ok(response)
+    let (parts, body) = response.into_parts();
+    let guard = gone.drop_guard();
+    let body = body.into_data_stream().map(move |chunk| {
+        let _ = &guard;
+        chunk
+    });
+    Ok(Response::from_parts(parts, Body::from_stream(body)))
 }
 
 fn default_context() -> Context {
@@ -369,7 +404,17 @@ pub(super) async fn restart_context(
 
 #[cfg(test)]
 mod tests {
-    use super::shell_lines;
+    use super::{dedent, shell_lines};
+
+    #[test]
+    fn leading_indentation_goes_as_ipython_takes_it_off() {
+        assert_eq!(
+            dedent("\n    x = 1\n    if x:\n        y = 2\n"),
+            "\nx = 1\nif x:\n    y = 2\n"
+        );
+        assert_eq!(dedent("x = 1\n  y\n"), "x = 1\n  y\n");
+        assert_eq!(dedent("  x = 1\ny = 2\n"), "  x = 1\ny = 2\n");
+    }
 
     #[test]
     fn bang_lines_become_shell_commands_and_nothing_else_changes() {
