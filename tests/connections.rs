@@ -56,6 +56,7 @@ impl Server {
                 limits,
                 metrics: None,
                 public_metrics: false,
+                e2b: None,
             },
         ));
         Server {

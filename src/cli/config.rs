@@ -311,6 +311,7 @@ fn file_flags(file: &ConfigFile, at: &Path) -> anyhow::Result<Flags> {
         "metrics_listen",
         s.metrics_listen.clone(),
     );
+    f.one("server.e2b_listen", "e2b_listen", s.e2b_listen.clone());
     f.switch("server.public_metrics", "public_metrics", s.public_metrics);
     f.one(
         "server.otlp_endpoint",
@@ -661,6 +662,7 @@ fn file_from_args(
     s.idle_timeout = span(args.idle_timeout);
     s.drain_timeout = span(args.drain_timeout);
     s.metrics_listen = args.metrics_listen.clone();
+    s.e2b_listen = args.e2b_listen.clone();
     s.public_metrics = Some(args.public_metrics);
     s.otlp_endpoint = args.otlp_endpoint.clone();
     s.mcp_idle_timeout = span(args.mcp_idle_timeout);

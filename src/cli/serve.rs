@@ -191,6 +191,11 @@ pub(crate) struct ServeArgs {
     /// listener, for callers with a tenant's token (see --public-metrics).
     #[arg(long, env = "KERNELBOX_METRICS_LISTEN")]
     pub(super) metrics_listen: Option<String>,
+    /// Serve the E2B-compatible API on this address (HOST:PORT): E2B's SDKs then work
+    /// unchanged with E2B_API_URL and E2B_SANDBOX_URL set to http://HOST:PORT and
+    /// E2B_API_KEY a tenant's token (docs/e2b.md). Off without it.
+    #[arg(long, env = "KERNELBOX_E2B_LISTEN")]
+    pub(super) e2b_listen: Option<String>,
     /// Serve `/metrics` on the API listener to anyone, without a token. It shows every
     /// tenant's activity: prefer --metrics-listen on a private address.
     #[arg(long, env = "KERNELBOX_PUBLIC_METRICS")]
@@ -609,6 +614,15 @@ pub(crate) async fn run(
         None => None,
     };
 
+    let e2b = match &args.e2b_listen {
+        Some(listen) => Some(
+            tokio::net::TcpListener::bind(listen)
+                .await
+                .map_err(|e| usage(format!("--e2b-listen {listen}: {e}")))?,
+        ),
+        None => None,
+    };
+
     // Traces (docs/usage.md, "Traces"): flushed and stopped after the server.
     let telemetry = match &args.otlp_endpoint {
         Some(endpoint) => Some(
@@ -661,6 +675,9 @@ pub(crate) async fn run(
         let mut own = vec![addr];
         if let Some(metrics) = &metrics {
             own.push(metrics.local_addr()?);
+        }
+        if let Some(e2b) = &e2b {
+            own.push(e2b.local_addr()?);
         }
         egress.refuse_listeners(&own);
     }
@@ -725,6 +742,9 @@ pub(crate) async fn run(
             metrics.local_addr()?
         );
     }
+    if let Some(e2b) = &e2b {
+        say!("kernelbox: E2B API on http://{}", e2b.local_addr()?);
+    }
     if let Some(token) = generated {
         say!("kernelbox: tenant \"default\" token: {token}");
     }
@@ -733,6 +753,7 @@ pub(crate) async fn run(
         limits: http_limits,
         metrics,
         public_metrics: args.public_metrics,
+        e2b,
     };
     let served = server::serve_with(listener, state, shutdown, options).await;
     signals.abort();

@@ -35,6 +35,7 @@
 //! | `mod.rs` | [`ROUTES`], [`AppState`], [`serve_with`] and its [`ServeOptions`] |
 //! | `api/` | the router and handlers, the streams and MCP over HTTP (its `mod.rs` says which file does what) |
 //! | `cluster/` | the server as a cluster node: the lease and fence, routing, the forward hop, the admin routes (its `mod.rs` has the table) |
+//! | `e2b/` | the E2B-compatible API on its own listener (`serve --e2b-listen`, docs/e2b.md; its `mod.rs` has the table) |
 //! | `tenants/` | [`Tenants`]: who may call, with which token and limits (its `mod.rs` has the table) |
 //! | `listen.rs` | connections accepted under their bounds ([`Limits`]) |
 //! | `slots.rs` | who holds a connection slot: the unauthenticated share, per address, who gives way |
@@ -47,6 +48,7 @@
 pub(crate) mod api;
 pub mod cluster;
 pub mod descriptors;
+mod e2b;
 mod error;
 mod listen;
 mod metrics;
@@ -267,6 +269,9 @@ pub struct ServeOptions {
     /// (`true`) or only with a tenant's token (`false`, the default: it shows every tenant's
     /// activity).
     pub public_metrics: bool,
+    /// When set, the E2B-compatible API (`e2b/`, docs/e2b.md) on a listener of its own,
+    /// under the same connection bounds and slots as the API listener.
+    pub e2b: Option<tokio::net::TcpListener>,
 }
 
 impl Default for ServeOptions {
@@ -276,6 +281,7 @@ impl Default for ServeOptions {
             limits: Limits::default(),
             metrics: None,
             public_metrics: false,
+            e2b: None,
         }
     }
 }
@@ -311,6 +317,7 @@ pub async fn serve_with(
         limits,
         metrics,
         public_metrics,
+        e2b: e2b_listener,
     } = options;
     if let Some(problem) = limits.problem() {
         return Err(std::io::Error::new(
@@ -325,6 +332,11 @@ pub async fn serve_with(
     };
     let api = api::router(state.clone(), metrics_route);
     let metrics_app = api::metrics_router(state.clone());
+    let e2b_facade = e2b_listener.as_ref().map(|_| e2b::Facade::start(&state));
+    let e2b_app = match &e2b_facade {
+        Some(facade) => e2b::router(state.clone(), facade.clone()),
+        None => Router::new(),
+    };
     let slots = slots::Slots::new(limits.caps());
     let graceful = GracefulShutdown::new();
     let tracker = TaskTracker::new();
@@ -334,6 +346,7 @@ pub async fn serve_with(
             _ = shutdown.cancelled() => break,
             accepted = listener.accept() => (accepted, &api),
             accepted = accept(metrics.as_ref()) => (accepted, &metrics_app),
+            accepted = accept(e2b_listener.as_ref()) => (accepted, &e2b_app),
         };
         let (stream, peer) = match accepted {
             Ok(accepted) => accepted,
@@ -384,6 +397,7 @@ pub async fn serve_with(
     state.inner.mcp_stop.cancel();
     drop(listener);
     drop(metrics);
+    drop(e2b_listener);
     // In-flight requests finish, and so do cells whose client went away (they run adopted,
     // with no connection to wait for): the orchestrator says when none is running.
     let orchestrator = state.orchestrator().clone();
@@ -403,6 +417,9 @@ pub async fn serve_with(
     stop.cancel();
     tracker.close();
     tracker.wait().await;
+    if let Some(facade) = e2b_facade {
+        facade.stop().await;
+    }
     state.orchestrator().shutdown().await;
     if let Some(node) = state.cluster() {
         node.leave().await;

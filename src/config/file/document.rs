@@ -76,6 +76,9 @@ pub struct ServerSection {
     /// Serve /metrics only on this address (HOST:PORT), to anyone: make it a private one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics_listen: Option<String>,
+    /// Serve the E2B-compatible API on this address (HOST:PORT) (docs/e2b.md; off without it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub e2b_listen: Option<String>,
     /// Serve /metrics on the API listener to anyone, without a token (default false).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub public_metrics: Option<bool>,

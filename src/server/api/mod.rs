@@ -19,7 +19,7 @@
 //! | `tests.rs` | unit tests |
 
 mod access;
-mod files;
+pub(crate) mod files;
 pub(crate) mod mcp;
 mod mcp_backend;
 pub(crate) mod mcp_session;
@@ -27,9 +27,9 @@ pub(crate) use files::file_request;
 mod middleware;
 pub(crate) mod pending;
 mod routing;
-mod settings;
+pub(crate) mod settings;
 mod snapshots;
-mod stream;
+pub(crate) mod stream;
 mod usage;
 mod workspaces;
 
@@ -160,9 +160,17 @@ pub(super) fn metrics_router(state: AppState) -> Router {
 }
 
 fn finish(router: Router<AppState>, state: AppState) -> Router {
-    router
+    let router = router
         .fallback(unknown_route)
-        .method_not_allowed_fallback(method_not_allowed)
+        .method_not_allowed_fallback(method_not_allowed);
+    layers(router, state)
+}
+
+/// What wraps every route of every listener (the E2B API's too, `server/e2b/`): the body
+/// limit, panics as 500s, closing after a refusal, the response count, the access log and
+/// the request's trace.
+pub(crate) fn layers(router: Router<AppState>, state: AppState) -> Router {
+    router
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(axum::middleware::from_fn(middleware::catch_panic))
         .layer(axum::middleware::from_fn(middleware::close_after_refusal))
@@ -215,8 +223,27 @@ pub(crate) fn authenticate(
     headers: &HeaderMap,
     extensions: &axum::http::Extensions,
 ) -> Option<Arc<Tenant>> {
-    let tenant =
-        super::tenants::bearer(headers).and_then(|t| state.inner.tenants.authenticate(t))?;
+    let token = super::tenants::bearer(headers)?;
+    authenticate_token(state, token, extensions)
+}
+
+/// The tenant whose token is `token`, if any, as [`authenticate`] (the E2B API's `X-API-Key`
+/// comes here too).
+pub(crate) fn authenticate_token(
+    state: &AppState,
+    token: &str,
+    extensions: &axum::http::Extensions,
+) -> Option<Arc<Tenant>> {
+    let tenant = state.inner.tenants.authenticate(token)?;
+    Some(admit_tenant(tenant, extensions))
+}
+
+/// Marks the request as `tenant`'s: its connection leaves the unauthenticated pool, its
+/// response's bytes count against the tenant, the access log and the trace name it.
+pub(crate) fn admit_tenant(
+    tenant: Arc<Tenant>,
+    extensions: &axum::http::Extensions,
+) -> Arc<Tenant> {
     if let Some(slot) = extensions.get::<super::slots::Promote>() {
         slot.authenticated();
     }
@@ -227,10 +254,10 @@ pub(crate) fn authenticate(
         who.set_tenant(&tenant.name);
     }
     crate::telemetry::set_current("kernelbox.tenant", || tenant.name.clone());
-    Some(tenant)
+    tenant
 }
 
-fn invalid(state: &AppState, error: ApiError) -> ApiError {
+pub(crate) fn invalid(state: &AppState, error: ApiError) -> ApiError {
     state.inner.metrics.rejected(match error.status {
         StatusCode::PAYLOAD_TOO_LARGE => "too_large",
         _ => "invalid",
@@ -262,7 +289,7 @@ const DRAIN_BYTES: usize = 64 * MAX_BODY_BYTES;
 /// [`read_body`] for `tenant`, whose token is checked again once the body is in: a reload may
 /// have removed the tenant or rotated its token while the body was still arriving
 /// (docs/http-api.md, "Reloading the tenants"), and its work must not start then (401).
-async fn read_body_of(
+pub(crate) async fn read_body_of(
     state: &AppState,
     tenant: &Tenant,
     headers: &HeaderMap,
@@ -318,7 +345,7 @@ async fn read_body(headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
 
 /// A request body, which must be a JSON object: serde would also read a struct from an array
 /// of its fields, so anything that does not start with `{` is refused up front.
-fn json_object<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+pub(crate) fn json_object<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     let got = match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
         Some(b'{') => {
             return serde_json::from_slice(bytes)
@@ -339,7 +366,7 @@ fn json_object<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiErr
 }
 
 /// Turns an execute body into a checked execute request (everything but the sink).
-fn parse_execute(
+pub(crate) fn parse_execute(
     state: &AppState,
     tenant: &Tenant,
     session: String,
@@ -473,7 +500,7 @@ async fn execute(
 
 /// A refusal of the orchestrator as an API error, counted. The caps are the orchestrator's
 /// (its registry admits each new kernel); a refusal is 429.
-fn refused(state: &AppState, e: crate::orchestrator::ExecuteError) -> ApiError {
+pub(crate) fn refused(state: &AppState, e: crate::orchestrator::ExecuteError) -> ApiError {
     match e {
         crate::orchestrator::ExecuteError::AtCapacity { .. } => {
             state.inner.metrics.rejected("capacity");
@@ -489,7 +516,7 @@ fn refused(state: &AppState, e: crate::orchestrator::ExecuteError) -> ApiError {
 /// A new cell of `tenant` runs only while its responses built and not yet sent are within its
 /// budget and everyone's within the host's (docs/reliability.md, "Bounded host resources"):
 /// otherwise 429 `too_many_pending_results`, counted.
-fn admit(state: &AppState, tenant: &Tenant) -> Result<(), ApiError> {
+pub(crate) fn admit(state: &AppState, tenant: &Tenant) -> Result<(), ApiError> {
     state.inner.pending.admit(&tenant.name).inspect_err(|_| {
         state.inner.metrics.rejected("pending_results");
     })
@@ -623,7 +650,7 @@ fn policy_error(state: &AppState, e: crate::egress::SessionPolicyError) -> ApiEr
 /// egress"): kept for the session's kernels, applied at once to the running one and to one
 /// starting meanwhile. On a cluster node the catalog keeps it first (docs/cluster.md,
 /// "Session policies and settings"), so the session's kernel gets it on any node.
-async fn set_session_network(
+pub(crate) async fn set_session_network(
     state: &AppState,
     tenant: &Tenant,
     session: &str,

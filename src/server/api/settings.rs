@@ -36,14 +36,26 @@ pub(super) async fn put(
     let session = one_name(&state, session)?;
     let bytes = read_body_of(&state, &tenant, &headers, body).await?;
     let wire: SessionSettings = json_object(&bytes).map_err(|e| invalid(&state, e))?;
+    apply(&state, &tenant, &session, &wire).await.map(Json)
+}
+
+/// Checks `wire` against `tenant`'s bounds and keeps it as `session`'s settings (in the
+/// cluster's catalog first on a cluster node): the one path of `PUT .../settings` and of the
+/// E2B API's sandbox environment and metadata (`server/e2b/`).
+pub(crate) async fn apply(
+    state: &AppState,
+    tenant: &crate::server::Tenant,
+    session: &str,
+    wire: &SessionSettings,
+) -> Result<SettingsApplied, ApiError> {
     let orchestrator = &state.inner.orchestrator;
     let bounds = tenant
         .session_limits
         .bounds(&orchestrator.config().session_defaults());
-    let settings = Settings::check(&wire, &bounds).map_err(|e| invalid(&state, e.into()))?;
+    let settings = Settings::check(wire, &bounds).map_err(|e| invalid(state, e.into()))?;
     let answer = settings.to_wire();
     let restart_required = match state.cluster() {
-        None => orchestrator.set_settings(Some(&tenant.name), &session, settings)?,
+        None => orchestrator.set_settings(Some(&tenant.name), session, settings)?,
         // The catalog keeps them first, so the session's kernel gets them on any node
         // (docs/cluster.md, "Session policies and settings").
         Some(node) => {
@@ -54,7 +66,7 @@ pub(super) async fn put(
             let written = node
                 .put_session_config(
                     &tenant.name,
-                    &session,
+                    session,
                     field,
                     crate::settings::MAX_SETTINGS_BYTES_PER_TENANT,
                 )
@@ -65,13 +77,13 @@ pub(super) async fn put(
                 }
                 .into());
             };
-            orchestrator.set_settings_at(&tenant.name, &session, Some(settings), version)?
+            orchestrator.set_settings_at(&tenant.name, session, Some(settings), version)?
         }
     };
-    Ok(Json(SettingsApplied {
+    Ok(SettingsApplied {
         settings: answer,
         restart_required,
-    }))
+    })
 }
 
 /// `GET /v1/sessions/{session}/settings`: the session's settings (`{}` when it set none).

@@ -13,15 +13,17 @@ use axum::http::{header, HeaderValue};
 use axum::response::Response;
 
 use super::pending::{Charge, Meter};
+use crate::cell::CellResult;
 use crate::kernel::CommandStream;
 use crate::orchestrator::{AdmissionNotice, CommandRequest, ExecuteRequest};
+use crate::rich::RichResult;
 use crate::server::error::ApiError;
 use crate::server::AppState;
-use crate::wire::{CommandEvent, StreamEvent};
+use crate::wire::{CommandEvent, ErrorDetail, StreamEvent};
 
 /// One line of an NDJSON stream: the event (its `event` first, `src/wire/event.rs`) and a
 /// newline.
-pub(super) fn line(event: &impl serde::Serialize) -> Bytes {
+pub(crate) fn line(event: &impl serde::Serialize) -> Bytes {
     let mut line = serde_json::to_vec(event).unwrap_or_else(|_| b"null".to_vec());
     line.push(b'\n');
     Bytes::from(line)
@@ -125,7 +127,7 @@ impl StreamTx {
     }
 
     /// Queues a closing event (the rest of the output, truncation, the result) whatever the
-    /// backlog: at most four lines per stream.
+    /// backlog: a handful of lines per stream (the shape's closing lines).
     pub(super) fn send_final(&self, line: Bytes, last: bool) {
         self.queued
             .fetch_add(line.len(), std::sync::atomic::Ordering::AcqRel);
@@ -140,15 +142,64 @@ impl StreamTx {
     }
 }
 
+/// How a streamed execute's events are written: kernelbox's own ([`Native`],
+/// `src/wire/event.rs`), or the E2B API's (`server/e2b/interpreter.rs`), which translates the
+/// same cell's output, displays and result into its own lines.
+pub(crate) trait Shape: Send + Sync + 'static {
+    /// Text the cell wrote, as a line; `None` when the shape holds it back for now (it then
+    /// goes out with the next output or the closing lines).
+    fn output(&self, text: &str) -> Option<Bytes>;
+    /// A rich result the cell displayed.
+    fn display(&self, result: &RichResult) -> Bytes;
+    /// Output dropped because the client did not read it in time.
+    fn truncated(&self, bytes: usize) -> Bytes;
+    /// The closing lines of a cell that ran (at least one).
+    fn result(&self, result: &CellResult) -> Vec<Bytes>;
+    /// The closing lines of an execute that failed (at least one).
+    fn error(&self, error: &ErrorDetail) -> Vec<Bytes>;
+}
+
+/// kernelbox's own events (`src/wire/event.rs`).
+pub(crate) struct Native;
+
+impl Shape for Native {
+    fn output(&self, text: &str) -> Option<Bytes> {
+        Some(line(&StreamEvent::output(text)))
+    }
+    fn display(&self, result: &RichResult) -> Bytes {
+        line(&StreamEvent::display(result))
+    }
+    fn truncated(&self, bytes: usize) -> Bytes {
+        line(&StreamEvent::truncated(bytes))
+    }
+    fn result(&self, result: &CellResult) -> Vec<Bytes> {
+        vec![line(&StreamEvent::result(result))]
+    }
+    fn error(&self, error: &ErrorDetail) -> Vec<Bytes> {
+        vec![line(&StreamEvent::error(error))]
+    }
+}
+
 /// Streams `output` and `display` events (`src/wire/event.rs`) as the cell writes, then one `result` (or
 /// `error`) line. The cell runs to its end even if the client goes away. `admission` is told
 /// whether the cell got a kernel slot before any kernel starts (the caller answers a refusal
 /// 429 instead of this stream).
 pub(super) fn stream_execute(
     state: AppState,
+    request: ExecuteRequest,
+    admission: AdmissionNotice,
+    meter: Arc<Meter>,
+) -> Response {
+    stream_shaped(state, request, admission, meter, Arc::new(Native))
+}
+
+/// [`stream_execute`] with its lines written by `shape`.
+pub(crate) fn stream_shaped(
+    state: AppState,
     mut request: ExecuteRequest,
     admission: AdmissionNotice,
     meter: Arc<Meter>,
+    shape: Arc<dyn Shape>,
 ) -> Response {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Queued>();
     let queued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -165,10 +216,10 @@ pub(super) fn stream_execute(
         dropped: 0,
     }));
     let display_cap = config.cells.display.cell_bytes + DISPLAY_EVENT_SLACK;
-    arm_sinks(&mut request, &tx, &decoder, display_cap);
+    arm_sinks(&mut request, &tx, &decoder, display_cap, &shape);
     // The cell's spans stay in the request's trace (docs/usage.md, "Traces").
     tokio::spawn(crate::telemetry::carry(run_to_the_end(
-        state, request, admission, decoder, tx,
+        state, request, admission, decoder, tx, shape,
     )));
     ndjson_response(rx, queued)
 }
@@ -179,14 +230,16 @@ fn arm_sinks(
     tx: &Arc<StreamTx>,
     decoder: &Arc<Mutex<Utf8Stream>>,
     display_cap: usize,
+    shape: &Arc<dyn Shape>,
 ) {
     {
         let tx = tx.clone();
         let decoder = decoder.clone();
+        let shape = shape.clone();
         request.sink = Some(Arc::new(move |chunk: &[u8]| {
             let mut decoder = decoder.lock().unwrap_or_else(|p| p.into_inner());
             let text = decoder.push(chunk);
-            if !text.is_empty() && !tx.try_send(line(&StreamEvent::output(&text))) {
+            if !text.is_empty() && !shape.output(&text).is_none_or(|l| tx.try_send(l)) {
                 decoder.dropped += text.len();
             }
         }));
@@ -195,14 +248,15 @@ fn arm_sinks(
     // output. At most the display cap of them per stream; output decoded so far goes first.
     let tx = tx.clone();
     let decoder = decoder.clone();
+    let shape = shape.clone();
     let displayed = std::sync::atomic::AtomicUsize::new(0);
     request.display_sink = Some(Arc::new(move |result: &crate::rich::RichResult| {
         let mut decoder = decoder.lock().unwrap_or_else(|p| p.into_inner());
         let text = decoder.finish();
-        if !text.is_empty() && !tx.try_send(line(&StreamEvent::output(&text))) {
+        if !text.is_empty() && !shape.output(&text).is_none_or(|l| tx.try_send(l)) {
             decoder.dropped += text.len();
         }
-        let event = line(&StreamEvent::display(result));
+        let event = shape.display(result);
         let total = displayed.fetch_add(event.len(), std::sync::atomic::Ordering::AcqRel);
         if total + event.len() <= display_cap {
             tx.send_display(event);
@@ -218,6 +272,7 @@ async fn run_to_the_end(
     admission: AdmissionNotice,
     decoder: Arc<Mutex<Utf8Stream>>,
     tx: Arc<StreamTx>,
+    shape: Arc<dyn Shape>,
 ) {
     let outcome = state
         .inner
@@ -229,19 +284,23 @@ async fn run_to_the_end(
         (d.finish(), d.dropped)
     };
     if !rest.is_empty() {
-        tx.send_final(line(&StreamEvent::output(&rest)), false);
+        if let Some(line) = shape.output(&rest) {
+            tx.send_final(line, false);
+        }
     }
     if dropped > 0 {
-        tx.send_final(line(&StreamEvent::truncated(dropped)), false);
+        tx.send_final(shape.truncated(dropped), false);
     }
-    let last = match outcome {
+    let closing = match outcome {
         Ok(result) => {
             state.inner.metrics.cell(&result);
-            line(&StreamEvent::result(&result))
+            shape.result(&result)
         }
-        Err(e) => line(&StreamEvent::error(&ApiError::from(e).body().error)),
+        Err(e) => shape.error(&ApiError::from(e).body().error),
     };
-    tx.send_final(last, true);
+    // One write for all of them: lines written apart would wait on the client's delayed
+    // acknowledgement of the first (Nagle's algorithm).
+    tx.send_final(Bytes::from(closing.concat()), true);
 }
 
 /// The NDJSON response reading the queued lines. A line's charge is kept until the next is
