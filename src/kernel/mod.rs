@@ -55,7 +55,7 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit};
 use tokio_util::sync::CancellationToken;
 
 use crate::authority::CellAuthority;
-use crate::cell::OutputBuffer;
+use crate::cell::{OutputBuffer, OutputStream, StreamBuffers};
 use crate::clock::unix_now;
 use crate::config::{
     DisplayCaps, OutputCaps, DEFAULT_DISPLAY_BUNDLE_BYTES, DEFAULT_DISPLAY_CELL_BYTES,
@@ -252,6 +252,10 @@ pub(crate) struct CellRun {
     pub(crate) outcome: CellOutcome,
     /// What it wrote (stdout and stderr, one stream), under the cell's output caps.
     pub(crate) output: OutputBuffer,
+    /// Its stdout, stderr and traceback apart, each under the inline cap.
+    pub(crate) streams: StreamBuffers,
+    /// The exception it raised, as the runner named it: class name and text.
+    pub(crate) exception: Option<(String, String)>,
     /// Cells executed by the kernel, this one included; 0 when the cell never ran.
     pub(crate) execution_count: u64,
     /// The cell number (0 when it never ran).
@@ -265,8 +269,8 @@ pub(crate) struct CellRun {
     pub(crate) display_warning: Option<String>,
 }
 
-/// Receives output live while a cell runs (for streaming).
-pub type OutputSink = Arc<dyn Fn(&[u8]) + Send + Sync>;
+/// Receives output live while a cell runs (for streaming), with the stream it came on.
+pub type OutputSink = Arc<dyn Fn(OutputStream, &[u8]) + Send + Sync>;
 
 /// What one cell may keep of its output and displays, and where they go live.
 pub(crate) struct CellOptions {

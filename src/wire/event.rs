@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use super::command::CommandResult;
 use super::error::ErrorDetail;
-use crate::cell::CellResult;
+use crate::cell::{CellResult, OutputStream};
 use crate::rich::RichResult;
 
 /// The field every event names itself in.
@@ -84,13 +84,18 @@ event_tag!(
     StderrTag = "stderr"
 );
 
-/// Text the cell wrote (stdout and stderr interleaved), whole UTF-8, in write order.
+/// Text the cell wrote, whole UTF-8, in write order (stdout, stderr and a traceback
+/// interleaved as they came; `stream` says which each event is: docs/contract.md, "stdout and
+/// stderr").
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct OutputEvent<'a> {
     /// `output`.
     pub event: OutputTag,
     /// The text.
     pub data: &'a str,
+    /// The stream it came on: `stdout`, `stderr`, or `traceback` (a raised cell's traceback,
+    /// in neither).
+    pub stream: OutputStream,
 }
 
 /// A rich result the cell displayed (a MIME bundle), in order with its output.
@@ -193,11 +198,12 @@ pub enum CommandEvent<'a> {
 }
 
 impl StreamEvent<'_> {
-    /// An `output` event.
-    pub fn output(data: &str) -> StreamEvent<'_> {
+    /// An `output` event of text that came on `stream`.
+    pub fn output(data: &str, stream: OutputStream) -> StreamEvent<'_> {
         StreamEvent::Output(OutputEvent {
             event: OutputTag,
             data,
+            stream,
         })
     }
 
@@ -348,8 +354,12 @@ mod tests {
 
     #[test]
     fn an_event_is_one_line_its_name_first() {
-        let line = serde_json::to_string(&StreamEvent::output("a\"b")).expect("JSON");
-        assert_eq!(line, r#"{"event":"output","data":"a\"b"}"#);
+        let line = serde_json::to_string(&StreamEvent::output("a\"b", OutputStream::Stdout))
+            .expect("JSON");
+        assert_eq!(
+            line,
+            r#"{"event":"output","data":"a\"b","stream":"stdout"}"#
+        );
         let line = serde_json::to_string(&CommandEvent::truncated(7)).expect("JSON");
         assert_eq!(line, r#"{"event":"output_truncated","bytes":7}"#);
         let error = ErrorDetail {

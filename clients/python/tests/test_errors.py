@@ -158,7 +158,7 @@ def test_a_server_that_never_answers_is_a_clear_timeout() -> None:
 
 def test_a_streams_error_event_raises_the_typed_error() -> None:
     reader = _wire.StreamReader()
-    assert reader.feed('{"event":"output","data":"a"}') == ("output", "a")
+    assert reader.feed('{"event":"output","data":"a","stream":"stdout"}') == ("stdout", "a")
     with pytest.raises(RateLimited) as e:
         reader.feed('{"event":"error","error":{"code":"session_busy","message":"busy"}}')
     assert (e.value.code, e.value.message, e.value.status) == ("session_busy", "busy", None)

@@ -13,6 +13,7 @@ use axum::http::{header, HeaderValue};
 use axum::response::Response;
 
 use super::pending::{Charge, Meter};
+use crate::cell::OutputStream;
 use crate::kernel::CommandStream;
 use crate::orchestrator::{AdmissionNotice, CommandRequest, ExecuteRequest};
 use crate::server::error::ApiError;
@@ -158,11 +159,14 @@ pub(super) fn stream_execute(
         meter,
     });
     let config = state.inner.orchestrator.config();
-    let decoder = Arc::new(Mutex::new(Utf8Stream {
-        carry: Vec::new(),
-        sent: 0,
-        cap: config.cells.output.spill_bytes,
-        dropped: 0,
+    let decoder = Arc::new(Mutex::new(CellDecoder {
+        text: Utf8Stream {
+            carry: Vec::new(),
+            sent: 0,
+            cap: config.cells.output.spill_bytes,
+            dropped: 0,
+        },
+        stream: OutputStream::Stdout,
     }));
     let display_cap = config.cells.display.cell_bytes + DISPLAY_EVENT_SLACK;
     arm_sinks(&mut request, &tx, &decoder, display_cap);
@@ -173,22 +177,41 @@ pub(super) fn stream_execute(
     ndjson_response(rx, queued)
 }
 
+/// A streamed cell's output decoded: one UTF-8 decoder for the output as it interleaves, and
+/// the stream its undecoded bytes came on (a change of stream sends what it holds first).
+pub(super) struct CellDecoder {
+    text: Utf8Stream,
+    stream: OutputStream,
+}
+
+impl CellDecoder {
+    /// Queues `text` as an `output` event of the current stream, or counts it dropped.
+    fn send(&mut self, tx: &StreamTx, text: &str) {
+        if !text.is_empty() && !tx.try_send(line(&StreamEvent::output(text, self.stream))) {
+            self.text.dropped += text.len();
+        }
+    }
+}
+
 /// The request's output and display sinks, which turn what the cell writes into stream lines.
 fn arm_sinks(
     request: &mut ExecuteRequest,
     tx: &Arc<StreamTx>,
-    decoder: &Arc<Mutex<Utf8Stream>>,
+    decoder: &Arc<Mutex<CellDecoder>>,
     display_cap: usize,
 ) {
     {
         let tx = tx.clone();
         let decoder = decoder.clone();
-        request.sink = Some(Arc::new(move |chunk: &[u8]| {
+        request.sink = Some(Arc::new(move |stream: OutputStream, chunk: &[u8]| {
             let mut decoder = decoder.lock().unwrap_or_else(|p| p.into_inner());
-            let text = decoder.push(chunk);
-            if !text.is_empty() && !tx.try_send(line(&StreamEvent::output(&text))) {
-                decoder.dropped += text.len();
+            if stream != decoder.stream {
+                let rest = decoder.text.finish();
+                decoder.send(&tx, &rest);
+                decoder.stream = stream;
             }
+            let text = decoder.text.push(chunk);
+            decoder.send(&tx, &text);
         }));
     }
     // Not counted against the output backlog: a large image must not cost the stream its
@@ -198,10 +221,8 @@ fn arm_sinks(
     let displayed = std::sync::atomic::AtomicUsize::new(0);
     request.display_sink = Some(Arc::new(move |result: &crate::rich::RichResult| {
         let mut decoder = decoder.lock().unwrap_or_else(|p| p.into_inner());
-        let text = decoder.finish();
-        if !text.is_empty() && !tx.try_send(line(&StreamEvent::output(&text))) {
-            decoder.dropped += text.len();
-        }
+        let text = decoder.text.finish();
+        decoder.send(&tx, &text);
         let event = line(&StreamEvent::display(result));
         let total = displayed.fetch_add(event.len(), std::sync::atomic::Ordering::AcqRel);
         if total + event.len() <= display_cap {
@@ -216,7 +237,7 @@ async fn run_to_the_end(
     state: AppState,
     request: ExecuteRequest,
     admission: AdmissionNotice,
-    decoder: Arc<Mutex<Utf8Stream>>,
+    decoder: Arc<Mutex<CellDecoder>>,
     tx: Arc<StreamTx>,
 ) {
     let outcome = state
@@ -224,12 +245,12 @@ async fn run_to_the_end(
         .orchestrator
         .execute_with_admission(request, admission)
         .await;
-    let (rest, dropped) = {
+    let (rest, stream, dropped) = {
         let mut d = decoder.lock().unwrap_or_else(|p| p.into_inner());
-        (d.finish(), d.dropped)
+        (d.text.finish(), d.stream, d.text.dropped)
     };
     if !rest.is_empty() {
-        tx.send_final(line(&StreamEvent::output(&rest)), false);
+        tx.send_final(line(&StreamEvent::output(&rest, stream)), false);
     }
     if dropped > 0 {
         tx.send_final(line(&StreamEvent::truncated(dropped)), false);

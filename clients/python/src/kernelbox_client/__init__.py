@@ -28,6 +28,7 @@ from ._errors import (
 )
 from ._sync import Client, Commands, Files, Session
 from ._types import (
+    CellException,
     CommandResult,
     Execution,
     FileEntry,
@@ -57,6 +58,7 @@ __all__ = [
     "AsyncFiles",
     "AsyncSession",
     "BadRequest",
+    "CellException",
     "Client",
     "CommandResult",
     "Commands",
