@@ -13,6 +13,7 @@
 //! | `hibernate.rs` | hibernation: an idle kernel checkpointed by the engine and stopped ([`Checkpoint`]), and started again from it, its runner reconnected by a relay |
 //! | `record.rs` | a hibernated kernel's record beside its checkpoint, so it survives a restart of the server: written, read back bounded |
 //! | `command.rs` | a shell command beside the kernel: run by the engine's exec in its own process group, its streams apart under the output caps, the group killed at its timeout |
+//! | `process.rs` | a background process beside the kernel: the command's leader with no deadline, its stdin kept open, signalled and killed from inside the container (`docs/processes.md`) |
 //! | `run.rs` | one cell: [`Kernel::run_cell`] waits its turn, begins the cell, turns its `RunningCell` until it ends (output, displays, tool calls dispatched and answered), settles it into a [`CellRun`] |
 //! | `reader.rs` | the attach-stream reader task: output and frames to the cell, a breached kernel killed, deaths told apart |
 //! | `pace.rs` | the pace the attach stream is read at (a flooding kernel waits on its own pipe) |
@@ -29,6 +30,7 @@ mod display;
 mod files;
 mod hibernate;
 mod pace;
+mod process;
 mod protocol;
 mod reader;
 mod record;
@@ -38,10 +40,11 @@ mod spawn;
 mod staging;
 mod stdin;
 
-pub(crate) use command::CommandSpec;
 pub use command::{CommandSink, CommandStream};
+pub(crate) use command::{CommandSpec, Leader, LeaderHead};
 pub(crate) use files::prepare_socket_dir;
 pub(crate) use hibernate::{Checkpoint, Restore};
+pub(crate) use process::{ProcessSpec, StartedProcess};
 pub(crate) use record::Record;
 pub(crate) use spawn::{SpawnRequest, Yield};
 

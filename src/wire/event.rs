@@ -83,6 +83,92 @@ event_tag!(
     /// `"stderr"`.
     StderrTag = "stderr"
 );
+event_tag!(
+    /// `"exit"`.
+    ExitTag = "exit"
+);
+
+/// A background process ended (`docs/processes.md`): the last event of its output stream.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct ProcessExitEvent {
+    /// `exit`.
+    pub event: ExitTag,
+    /// Its exit code (128 + the signal when a signal ended it); -1 when the engine could not
+    /// tell (the kernel went with it).
+    pub exit_code: i64,
+}
+
+/// A line of a background process's output stream (`GET .../processes/{id}/output`):
+/// `stdout` and `stderr` events (what is kept of its output first, then live), an
+/// `output_truncated` before output the stream could not give (dropped from the kept
+/// output before it was read), and `exit` last once the process ended.
+#[derive(Debug, Clone, Serialize)]
+#[serde(untagged)]
+pub enum ProcessEvent<'a> {
+    /// See [`StdoutEvent`].
+    Stdout(StdoutEvent<'a>),
+    /// See [`StderrEvent`].
+    Stderr(StderrEvent<'a>),
+    /// See [`OutputTruncatedEvent`].
+    OutputTruncated(OutputTruncatedEvent),
+    /// See [`ProcessExitEvent`].
+    Exit(ProcessExitEvent),
+}
+
+impl ProcessEvent<'_> {
+    /// A `stdout` event.
+    pub fn stdout(data: &str) -> ProcessEvent<'_> {
+        ProcessEvent::Stdout(StdoutEvent {
+            event: StdoutTag,
+            data,
+        })
+    }
+
+    /// A `stderr` event.
+    pub fn stderr(data: &str) -> ProcessEvent<'_> {
+        ProcessEvent::Stderr(StderrEvent {
+            event: StderrTag,
+            data,
+        })
+    }
+
+    /// An `output_truncated` event.
+    pub fn truncated(bytes: u64) -> Self {
+        ProcessEvent::OutputTruncated(OutputTruncatedEvent {
+            event: TruncatedTag,
+            bytes,
+        })
+    }
+
+    /// The `exit` event.
+    pub fn exit(exit_code: i64) -> Self {
+        ProcessEvent::Exit(ProcessExitEvent {
+            event: ExitTag,
+            exit_code,
+        })
+    }
+}
+
+impl JsonSchema for ProcessEvent<'_> {
+    fn schema_name() -> Cow<'static, str> {
+        "ProcessEvent".into()
+    }
+
+    fn json_schema(generator: &mut SchemaGenerator) -> Schema {
+        union(
+            "A line of a background process's output stream: `stdout` and `stderr` events (what is kept first, then live), `output_truncated` before output dropped unread, `exit` last once it ended.",
+            vec![
+                (StdoutTag::NAME, generator.subschema_for::<StdoutEvent>()),
+                (StderrTag::NAME, generator.subschema_for::<StderrEvent>()),
+                (
+                    TruncatedTag::NAME,
+                    generator.subschema_for::<OutputTruncatedEvent>(),
+                ),
+                (ExitTag::NAME, generator.subschema_for::<ProcessExitEvent>()),
+            ],
+        )
+    }
+}
 
 /// Text the cell wrote, whole UTF-8, in write order (stdout, stderr and a traceback
 /// interleaved as they came; `stream` says which each event is: docs/contract.md, "stdout and

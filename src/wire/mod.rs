@@ -12,6 +12,7 @@
 //! | `answer.rs` | the other JSON answers: counts, listings ([`KernelSummary`], [`WorkspaceSummary`]), deletions, [`NetworkApplied`], [`Health`], the cluster's admin answers |
 //! | `usage.rs` | [`UsageQuery`] and [`UsageReport`]: `GET /v1/usage` |
 //! | `network.rs` | [`NetworkPolicy`]: a network egress policy (tenants file, execute body, `PUT .../network`) |
+//! | `process.rs` | [`ProcessBody`], [`ProcessInfo`], [`ProcessList`], [`SignalBody`], [`StdinWritten`]: background processes (`docs/processes.md`); their output's events are [`ProcessEvent`] |
 //! | `settings.rs` | [`SessionSettings`], [`SettingsApplied`]: `PUT`/`GET /v1/sessions/{session}/settings` |
 //!
 //! Every type the server answers with derives `schemars::JsonSchema`, and `src/server/openapi.rs`
@@ -26,6 +27,7 @@ mod event;
 mod execute;
 mod network;
 pub mod path;
+mod process;
 mod settings;
 mod usage;
 
@@ -38,9 +40,11 @@ pub use command::{CommandBody, CommandLine, CommandResult, MAX_COMMAND_BYTES, MA
 pub use error::{ErrorBody, ErrorDetail};
 pub use event::{
     CellResultEvent, CommandEvent, CommandResultEvent, DisplayEvent, ErrorEvent, EventName,
-    OutputEvent, OutputTruncatedEvent, StderrEvent, StdoutEvent, StreamEvent, EVENT_FIELD,
+    OutputEvent, OutputTruncatedEvent, ProcessEvent, ProcessExitEvent, StderrEvent, StdoutEvent,
+    StreamEvent, EVENT_FIELD,
 };
 pub use execute::{ExecuteBody, MAX_TASK_ID};
 pub use network::NetworkPolicy;
+pub use process::{ProcessBody, ProcessInfo, ProcessList, SignalBody, StdinWritten, SIGNALS};
 pub use settings::{SessionSettings, SettingsApplied};
 pub use usage::{UsageQuery, UsageQueryError, UsageRange, UsageReport, MAX_USAGE_RANGE};
