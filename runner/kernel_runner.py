@@ -9,9 +9,13 @@ Channels (protocol version 3):
 
 * host -> runner: newline-delimited JSON on the container's stdin (moved to a private fd).
 * runner -> host: newline-delimited JSON on the container's stderr (moved to a private fd).
-* cell output: fds 1 and 2 both point at the container's stdout, so prints, ``os.write`` and
-  subprocess output arrive live, in write order, read by the engine rather than by a thread in
-  this interpreter (no GIL-held capture deadlock). When a cell ends the runner writes, in one
+* cell output: fd 1 points at the container's stdout, so prints, ``os.write`` and subprocess
+  output arrive live, in write order, read by the engine rather than by a thread in this
+  interpreter (no GIL-held capture deadlock). Fd 2 is a pipe read by the stderr relay, a
+  process forked at start (see _StderrRelay): it writes each chunk to the container's stdout
+  behind the cell's display marker, flagged ``e`` with its length, in one atomic write, so the
+  host tells stderr from stdout and keeps them in write order (docs/contract.md, "stdout and
+  stderr"). The traceback of a cell that raised travels the same way, flagged ``t``. When a cell ends the runner writes, in one
   write on the output pipe, the cell's end marker (chosen by the host) followed by the cell's
   ``done`` frame and a newline: the host then holds all the cell's output and its outcome.
   Displays travel on the same pipe behind the cell's display marker (``runner/rich.py``).
@@ -27,9 +31,10 @@ Messages, runner -> host:  {"op": "ready", "v": 3, "python": str, "pid": N}     
                            {"op": "hibernating", "ok": bool, "error": str}
                            MARKER {"op": "done", "cell": N,
                             "status": "ok"|"error"|"exit"|"interrupted",
-                            "traceback": str|null, "execution_count": N, "exit_code": N,
-                            "displays_dropped": N}                                 (stdout)
+                            "traceback": str|null, "ename": str|null, "evalue": str|null,
+                            "execution_count": N, "exit_code": N, "displays_dropped": N}                                 (stdout)
                            DISPLAY_MARKER ("+"|".") PIECE                          (stdout)
+                           DISPLAY_MARKER ("e"|"t") HEX4 BYTES  (stderr / traceback) (stdout)
 
 Nobody owns stdin: whichever thread needs a message (the idle main thread waiting for a cell,
 or a thread waiting for its tool result) reads it and files what it reads for the others, so
@@ -203,17 +208,22 @@ class _Channel:
         self.cell_out = os.dup(1)
         self.null = os.open(os.devnull, os.O_RDONLY)
         self.lock = _allocate_lock()
+        # The write end of the stderr relay's pipe while the relay runs (see _StderrRelay).
+        self.err = None
+        # The relay's control pipe, closed in processes a cell forks.
+        self.relay_fds = ()
         self.restore_fds()
 
     def restore_fds(self):
-        """Points fd 0 at /dev/null and fds 1 and 2 at the output pipe."""
+        """Points fd 0 at /dev/null, fd 1 at the output pipe and fd 2 at the stderr relay
+        (at the output pipe when no relay runs)."""
         _dup2(self.null, 0)
         _dup2(self.cell_out, 1)
-        _dup2(self.cell_out, 2)
+        _dup2(self.cell_out if self.err is None else self.err, 2)
 
     def close_in_child(self):
         """A process forked by a cell must not speak (or forge) the protocol."""
-        for fd in (self.inp, self.out):
+        for fd in (self.inp, self.out) + tuple(self.relay_fds):
             try:
                 _close(fd)
             except OSError:
@@ -315,6 +325,191 @@ class _Inbox:
             self.ch.send({"op": "pong"})
         elif op == "hibernate":
             _hibernate(self.ch, msg.get("token"), msg.get("staging"), _RUNNER[0])
+
+
+# Longest frame the stderr relay (or the traceback) writes on the output pipe: one atomic write
+# (PIPE_BUF), so no other writer's output lands inside it. The host reads at most this much
+# after a display marker (MAX_DISPLAY_PIECE in src/kernel/scanner.rs).
+_PIPE_BUF = 4096
+
+# How long the runner waits for the relay to forward a cell's stderr before the cell's end
+# marker, in milliseconds; a relay that does not answer (a cell killed it) is given up and fd 2
+# goes to the output pipe, stderr and stdout mixed, for the kernel's life.
+_RELAY_FLUSH_MS = 2000
+
+
+def _pieces(marker, flag, data):
+    """``data`` as frames of the output pipe: ``marker``, ``flag``, four hex digits of length,
+    the bytes; each frame at most _PIPE_BUF bytes. Without a marker (between cells, during the
+    warm-up) the bytes go as they are."""
+    if not marker:
+        return [data] if data else []
+    step = _PIPE_BUF - len(marker) - 5
+    return [marker + flag + b"%04x" % len(data[i:i + step]) + data[i:i + step]
+            for i in range(0, len(data), step)]
+
+
+def _relay_loop(err, ctl, ack, out):
+    """The stderr relay's process: forwards what arrives on ``err`` to ``out`` as stderr frames
+    behind the current cell's display marker (told on ``ctl`` as ``M<marker>\\n``); on ``F\\n``
+    forwards everything ``err`` holds, then answers one byte on ``ack``. Returns when the
+    runner is gone (``ctl`` closed) or ``out`` is."""
+    _signal.signal(_signal.SIGINT, _signal.SIG_IGN)
+    poller = _poll()
+    poller.register(err, _POLLIN)
+    poller.register(ctl, _POLLIN)
+    pending = _poll()
+    pending.register(err, _POLLIN)
+    marker = b""
+    buf = b""
+    while True:
+        try:
+            events = poller.poll()
+        except InterruptedError:
+            continue
+        flush = False
+        # Control first: a marker told before the cell wrote applies to what it wrote.
+        if any(fd == ctl for fd, _ in events):
+            chunk = _read(ctl, 4096)
+            if not chunk:
+                return
+            buf += chunk
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                if line[:1] == b"M":
+                    marker = line[1:]
+                elif line == b"F":
+                    flush = True
+        while True:
+            try:
+                ready = pending.poll(0)
+            except InterruptedError:
+                continue
+            if not ready:
+                break
+            data = _read(err, _PIPE_BUF - len(marker) - 5 if marker else _PIPE_BUF)
+            if not data:
+                return
+            for frame in _pieces(marker, b"e", data):
+                try:
+                    _write(out, frame)
+                except OSError:
+                    return
+            if not flush:
+                break
+        if flush:
+            _write(ack, b"k")
+
+
+class _StderrRelay:
+    """Cell stderr apart from stdout (docs/contract.md, "stdout and stderr"): fd 2 is a pipe
+    this relay's process reads and writes to the output pipe as frames behind the cell's display
+    marker. A process, not a thread of this interpreter: a cell that holds the GIL while its
+    stderr fills the pipe blocks only itself. At a cell's end the runner asks the relay to
+    forward everything the pipe holds before it writes the end marker (``flush``), so the
+    cell's stderr is the cell's. A relay that fails (a cell killed it) is given up: stderr goes
+    to the output pipe again, mixed with stdout. It is stopped before a hibernation (it holds
+    the host's output pipe) and started again after the restore."""
+
+    def __init__(self, channel):
+        self.ch = channel
+        self.pid = None
+        self.ctl = None
+        self.ack = None
+        # The process that started the relay: a process a cell forks leaves it alone.
+        self.owner = _getpid()
+        # One flush at a time (a thread's display and the main thread's may race).
+        self.lock = _allocate_lock()
+
+    def start(self):
+        fds = []
+        try:
+            err_r, err_w = os.pipe()
+            fds += [err_r, err_w]
+            ctl_r, ctl_w = os.pipe()
+            fds += [ctl_r, ctl_w]
+            ack_r, ack_w = os.pipe()
+            fds += [ack_r, ack_w]
+            pid = os.fork()
+        except OSError:
+            for fd in fds:
+                _close(fd)
+            return
+        if pid == 0:
+            try:
+                for fd in (err_w, ctl_w, ack_r):
+                    _close(fd)
+                _relay_loop(err_r, ctl_r, ack_w, self.ch.cell_out)
+            finally:
+                _exit(0)
+        for fd in (err_r, ctl_r, ack_w):
+            _close(fd)
+        self.pid, self.ctl, self.ack = pid, ctl_w, ack_r
+        self.ch.err = err_w
+        self.ch.relay_fds = (ctl_w, ack_r)
+        self.ch.restore_fds()
+
+    def stop(self):
+        """Ends the relay; fd 2 goes to the output pipe."""
+        if self.pid is None or _getpid() != self.owner:
+            return
+        try:
+            os.kill(self.pid, 9)
+            os.waitpid(self.pid, 0)
+        except OSError:
+            pass
+        for fd in (self.ch.err, self.ctl, self.ack):
+            try:
+                _close(fd)
+            except OSError:
+                pass
+        self.pid = self.ctl = self.ack = self.ch.err = None
+        self.ch.relay_fds = ()
+        self.ch.restore_fds()
+
+    def begin(self, marker):
+        """The cell's display marker, for what it writes on stderr."""
+        if self.pid is None or _getpid() != self.owner:
+            return
+        if not self._tell(b"M" + marker + b"\n"):
+            self.stop()
+
+    def flush(self):
+        """Returns once everything written on stderr so far is on the output pipe."""
+        if self.pid is None or _getpid() != self.owner:
+            return
+        with self.lock:
+            if self.pid is not None and not self._flushed():
+                self.stop()
+
+    def _flushed(self):
+        """Asks the relay to forward what its pipe holds; True once it answered."""
+        if not self._tell(b"F\n"):
+            return False
+        poller = _poll()
+        poller.register(self.ack, _POLLIN)
+        deadline = _now() + _RELAY_FLUSH_MS / 1000.0
+        while True:
+            left = int((deadline - _now()) * 1000)
+            if left <= 0:
+                return False
+            try:
+                return bool(poller.poll(left)) and _read(self.ack, 1) == b"k"
+            except InterruptedError:
+                continue
+            except OSError:
+                return False
+
+    def _tell(self, line):
+        try:
+            _write(self.ctl, line)
+            return True
+        except OSError:
+            return False
+
+
+# The relay, for what hibernation stops and starts again (see _hibernate).
+_STDERR_RELAY = [None]
 
 
 # The runner, for what hibernation closes and reopens (see _hibernate).
@@ -443,6 +638,8 @@ def _hibernate(ch, token, staging, runner):
     # Nothing of the host's may stay open through the checkpoint (a restore cannot give the
     # sandbox back the host's descriptors of an earlier exec): the channel's output and fds 1
     # and 2 go to /dev/null, and a previous restore's relay goes.
+    if _STDERR_RELAY[0] is not None:
+        _STDERR_RELAY[0].stop()
     sink = os.open(os.devnull, os.O_WRONLY)
     with ch.lock:
         for fd in (ch.out, ch.cell_out, 1, 2):
@@ -485,6 +682,8 @@ def _hibernate(ch, token, staging, runner):
     for fd in fds:
         _close(fd)
     ch.restore_fds()
+    if _STDERR_RELAY[0] is not None:
+        _STDERR_RELAY[0].start()
     if staging:
         try:
             _move_all(_STASH, staging)
@@ -762,8 +961,13 @@ class _Runner:
         self.execution_count += 1
         self.write_status(busy=True)
         self.display.begin(msg)
+        display_marker = str(msg.get("display", "")).encode("utf-8")
+        relay = _STDERR_RELAY[0]
+        if relay is not None:
+            relay.begin(display_marker)
         _modules["builtins"].display = self.display_builtin
         status, tb, exit_code = "ok", None, 0
+        ename = evalue = None
         interrupts = _INTERRUPTS
         interrupts.begin()
         try:
@@ -798,6 +1002,7 @@ class _Runner:
             if tb_obj is not None and tb_obj.tb_frame.f_code is _Runner.run_cell.__code__:
                 tb_obj = tb_obj.tb_next
             tb = _format_traceback(etype, value, tb_obj)
+            ename, evalue = _exception_parts(etype, value)
             del tb_obj, value
         finally:
             interrupts.end()
@@ -811,11 +1016,14 @@ class _Runner:
         dropped = self.display.end()
         _flush_quietly()
         if tb and self.shell is None:
-            # The traceback is part of the cell's output too, in write order.
-            _write_all(self.ch.cell_out, tb.encode("utf-8", "replace"))
+            # The traceback is part of the cell's output too, in write order, flagged apart
+            # from its stdout and stderr.
+            for frame in _pieces(display_marker, b"t", tb.encode("utf-8", "replace")):
+                _write_all(self.ch.cell_out, frame)
         # The end marker and the outcome in one write of at most PIPE_BUF bytes, which the
         # kernel makes atomic: output of threads or subprocesses cannot land inside it.
-        _write_all(self.ch.cell_out, _end_line(marker, cell, status, tb, self.execution_count, exit_code, dropped))
+        _write_all(self.ch.cell_out, _end_line(marker, cell, status, tb, self.execution_count, exit_code, dropped,
+                                               ename, evalue))
         if status == "exit":
             _exit(0)
         self.write_status(busy=False)
@@ -1107,18 +1315,41 @@ class _Bash:
         return "exit", os.WEXITSTATUS(status), None
 
 
-def _end_line(marker, cell, status, tb, count, exit_code, dropped):
+def _end_line(marker, cell, status, tb, count, exit_code, dropped, ename=None, evalue=None):
     keep = 3000
     while True:
         short = tb
         if tb and len(tb) > keep:
             short = "...(cut; the whole traceback is in the output)\n" + tb[-keep:]
+        value = evalue
+        if value and len(value) > keep // 3:
+            value = value[: keep // 3] + "...(cut)"
         done = {"op": "done", "cell": cell, "status": status, "traceback": short,
+                "ename": ename, "evalue": value,
                 "execution_count": count, "exit_code": exit_code, "displays_dropped": dropped}
         line = marker + _dumps(done).encode("ascii") + b"\n"
         if len(line) <= 4000 or keep < 100:
             return line
         keep //= 2
+
+
+def _exception_parts(etype, value):
+    """The exception's class name and its text (``str(value)``), for the typed error; a cell
+    whose exception cannot be shown as text gets a placeholder."""
+    try:
+        name = etype.__name__
+        if not isinstance(name, str):
+            name = "BaseException"
+        name = name[:200]
+    except BaseException:
+        name = "BaseException"
+    try:
+        text = str(value)
+        if not isinstance(text, str):
+            text = ""
+    except BaseException:
+        text = "<exception str() failed>"
+    return name, text
 
 
 def _format_traceback(etype, value, tb):
@@ -1153,11 +1384,16 @@ def _exit_code(code):
 
 
 def _flush_quietly():
+    """Flushes sys.stdout and sys.stderr, then the stderr relay: what the cell wrote so far
+    is on the output pipe before the runner writes there itself (a display, the end)."""
     for name in ("stdout", "stderr"):
         try:
             getattr(sys, name).flush()
         except BaseException:
             pass
+    relay = _STDERR_RELAY[0]
+    if relay is not None:
+        relay.flush()
 
 
 def _text_stream(fd):
@@ -1285,6 +1521,10 @@ def main():
     status_path, rich_source, preload, language = _private_environment()
     _user_site()
     channel = _Channel()
+    # Forked before any thread starts; the relay's process holds nothing of the cells.
+    relay = _StderrRelay(channel)
+    relay.start()
+    _STDERR_RELAY[0] = relay
     sys.stdin = open(os.devnull, "r")
     sys.stdout = _text_stream(1)
     sys.stderr = _text_stream(2)

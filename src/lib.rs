@@ -82,7 +82,8 @@ pub mod workspace;
 
 pub use authority::{CellAuthority, FnDispatcher, RawToolCall, ToolCall, ToolDispatcher};
 pub use cell::{
-    CellResult, CellStatus, KernelInfo, LossReason, Restored, StateLost, WorkspaceInfo,
+    CellException, CellResult, CellStatus, KernelInfo, LossReason, OutputStream, Restored,
+    StateLost, WorkspaceInfo,
 };
 pub use config::{Config, KernelRuntime, Sandbox, WorkMode};
 pub use docker::{BollardEngine, Engine, EngineError};

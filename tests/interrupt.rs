@@ -183,7 +183,7 @@ async fn a_cell_waiting_on_a_tool_call_is_interrupted_and_keeps_its_state() {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<()>();
     let request = ExecuteRequest {
         dispatcher: Some(Arc::new(Never)),
-        sink: Some(Arc::new(move |_b: &[u8]| {
+        sink: Some(Arc::new(move |_, _b: &[u8]| {
             let _ = tx.send(());
         })),
         ..ExecuteRequest::new(

@@ -307,7 +307,7 @@ for t in threads:\n    t.join()\n\
 print(results.count('done'), results.count('refused'))";
     let (refused_tx, mut refused_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
     let seen = Arc::new(Mutex::new(String::new()));
-    let sink: kernelbox::OutputSink = Arc::new(move |b: &[u8]| {
+    let sink: kernelbox::OutputSink = Arc::new(move |_, b: &[u8]| {
         let mut seen = seen.lock().unwrap();
         seen.push_str(&String::from_utf8_lossy(b));
         if seen.matches("refused:").count() >= 4 {

@@ -2,7 +2,7 @@
 //!
 //! | file | what |
 //! |---|---|
-//! | `mod.rs` | the result's types ([`CellResult`], [`CellStatus`], [`LossReason`], [`KernelInfo`]) and output capping ([`OutputBuffer`]) |
+//! | `mod.rs` | the result's types ([`CellResult`], [`CellStatus`], [`LossReason`], [`KernelInfo`], [`CellException`], [`OutputStream`]) and output capping ([`OutputBuffer`], [`StreamBuffers`]) |
 //! | `messages.rs` | every exact message of the contract |
 //! | `ending.rs` | how a cell's ending becomes its result's status, error and loss (a pure function, unit-tested row by row) |
 
@@ -218,6 +218,19 @@ pub struct CellResult {
     pub duration_seconds: f64,
     /// The kernel that ran the cell.
     pub kernel: KernelInfo,
+    /// What the cell wrote on its stdout (fd 1), under the inline cap (docs/contract.md,
+    /// "stdout and stderr").
+    #[serde(default)]
+    pub stdout: String,
+    /// What the cell wrote on its stderr (fd 2), under the inline cap; the traceback of a cell
+    /// that raised is not in it (it is in `exception`).
+    #[serde(default)]
+    pub stderr: String,
+    /// The exception a cell raised, typed: present when the cell raised (status `error`, or
+    /// `interrupted` by its KeyboardInterrupt), absent when it ended otherwise or kernelbox
+    /// ended it (timeout, kernel death: `error` says why).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub exception: Option<CellException>,
     /// True when `output` was cut.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub stdout_truncated: Option<bool>,
@@ -236,6 +249,62 @@ pub struct CellResult {
     /// Rich results (MIME bundles) in the order the cell displayed them; absent when none.
     #[serde(skip_serializing_if = "Vec::is_empty", default)]
     pub results: Vec<crate::rich::RichResult>,
+}
+
+/// The exception a cell raised (docs/contract.md, "stdout and stderr").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct CellException {
+    /// The exception's class name, e.g. `ZeroDivisionError` (at most 200 characters).
+    pub name: String,
+    /// Its text, `str(exception)` (cut past about 1,000 characters).
+    pub value: String,
+    /// The formatted traceback, under the inline cap.
+    pub traceback: String,
+}
+
+/// Which stream a piece of a cell's output came on, as a streamed execute's `output` events
+/// name it (docs/contract.md, "stdout and stderr").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OutputStream {
+    /// The cell's fd 1.
+    Stdout,
+    /// The cell's fd 2.
+    Stderr,
+    /// The traceback of a cell that raised (part of `output`, in neither stdout nor stderr).
+    Traceback,
+}
+
+/// A cell's stdout, stderr and traceback apart, each kept under the inline cap like `output`
+/// (first 40%, last 60%), nothing spilled: what they hold is also in `output`.
+#[derive(Debug)]
+pub struct StreamBuffers {
+    /// fd 1.
+    pub stdout: OutputBuffer,
+    /// fd 2.
+    pub stderr: OutputBuffer,
+    /// The traceback.
+    pub traceback: OutputBuffer,
+}
+
+impl StreamBuffers {
+    /// Buffers keeping `inline_cap` bytes each.
+    pub fn new(inline_cap: usize) -> Self {
+        StreamBuffers {
+            stdout: OutputBuffer::new(inline_cap, 0),
+            stderr: OutputBuffer::new(inline_cap, 0),
+            traceback: OutputBuffer::new(inline_cap, 0),
+        }
+    }
+
+    /// Appends what came on `stream`.
+    pub fn push(&mut self, stream: OutputStream, data: &[u8]) {
+        match stream {
+            OutputStream::Stdout => self.stdout.push(data),
+            OutputStream::Stderr => self.stderr.push(data),
+            OutputStream::Traceback => self.traceback.push(data),
+        }
+    }
 }
 
 /// Collects a cell's output under the inline cap: the first 40% and the last 60% are kept,
@@ -412,6 +481,9 @@ mod tests {
             exit_code: 0,
             tool_calls_made: 0,
             duration_seconds: 0.01,
+            stdout: "42\n".into(),
+            stderr: String::new(),
+            exception: None,
             kernel: KernelInfo {
                 state_lost: Some(StateLost {
                     reason: LossReason::IdleReaped,

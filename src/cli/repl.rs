@@ -22,8 +22,14 @@ pub async fn run(orchestrator: &Orchestrator, session: &str) -> anyhow::Result<E
         let images = Arc::new(AtomicU64::new(0));
         let display_sink: kernelbox::DisplaySink =
             Arc::new(move |result: &RichResult| show(result, cell, &images));
-        // Output streams to the terminal as the cell writes it.
-        let sink: kernelbox::OutputSink = Arc::new(|bytes: &[u8]| {
+        // Output streams to the terminal as the cell writes it: its stderr to stderr.
+        let sink: kernelbox::OutputSink = Arc::new(|stream, bytes: &[u8]| {
+            if stream == kernelbox::OutputStream::Stderr {
+                let mut err = std::io::stderr().lock();
+                let _ = err.write_all(bytes);
+                let _ = err.flush();
+                return;
+            }
             let mut out = std::io::stdout().lock();
             let _ = out.write_all(bytes);
             let _ = out.flush();

@@ -228,9 +228,58 @@ pub(crate) struct CommandSpec {
 
 /// The leader's process id and the inodes of the command's stdout and stderr pipes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Leader {
-    pid: u32,
+pub(crate) struct Leader {
+    /// The leader's process id, in the container.
+    pub(crate) pid: u32,
     pipes: [u64; 2],
+}
+
+/// Takes the leader's line off the front of a command's stderr: what follows is the
+/// command's.
+#[derive(Debug)]
+pub(crate) struct LeaderHead {
+    /// Stderr bytes held until the leader's line is complete (at most a line's worth).
+    head: Option<Vec<u8>>,
+    leader: Option<Leader>,
+}
+
+impl LeaderHead {
+    /// The leader's line still expected.
+    pub(crate) fn new() -> LeaderHead {
+        LeaderHead {
+            head: Some(Vec::new()),
+            leader: None,
+        }
+    }
+
+    /// The leader, once its line came.
+    pub(crate) fn leader(&self) -> Option<Leader> {
+        self.leader
+    }
+
+    /// Takes in stderr bytes (`end`: no more will come); gives back what of them is the
+    /// command's, nothing while the leader's line may still be incomplete.
+    pub(crate) fn feed<'a>(&mut self, bytes: &'a [u8], end: bool) -> std::borrow::Cow<'a, [u8]> {
+        let Some(head) = self.head.as_mut() else {
+            return bytes.into();
+        };
+        head.extend_from_slice(bytes);
+        let newline = head.iter().position(|&b| b == b'\n');
+        let could_be = head.len() < LEADER_MARKER.len() + 64
+            && LEADER_MARKER.starts_with(&head[..head.len().min(LEADER_MARKER.len())]);
+        if newline.is_none() && could_be && !end {
+            return (&[][..]).into();
+        }
+        let mut head = self.head.take().unwrap_or_default();
+        match newline {
+            Some(n) if head.starts_with(LEADER_MARKER) => {
+                self.leader = parse_leader(&head[LEADER_MARKER.len()..n]);
+                head.drain(..=n);
+                head.into()
+            }
+            _ => head.into(),
+        }
+    }
 }
 
 /// The leader's line after [`LEADER_MARKER`]: `{pid}:{stdout pipe}:{stderr pipe}`.
@@ -250,9 +299,7 @@ fn parse_leader(line: &[u8]) -> Option<Leader> {
 struct Streams {
     stdout: OutputBuffer,
     stderr: OutputBuffer,
-    /// Stderr bytes held until the leader's line is complete (at most a line's worth).
-    head: Option<Vec<u8>>,
-    leader: Option<Leader>,
+    head: LeaderHead,
     sink: Option<CommandSink>,
 }
 
@@ -281,8 +328,7 @@ impl Streams {
         Streams {
             stdout: OutputBuffer::new(caps.inline_bytes, caps.inline_bytes),
             stderr: OutputBuffer::new(caps.inline_bytes, caps.inline_bytes),
-            head: Some(Vec::new()),
-            leader: None,
+            head: LeaderHead::new(),
             sink,
         }
     }
@@ -327,37 +373,16 @@ impl Streams {
     fn chunk(&mut self, chunk: Chunk) {
         match chunk {
             Chunk::Stdout(b) => self.emit(CommandStream::Stdout, &b),
-            Chunk::Stderr(b) => match self.head.as_mut() {
-                None => self.emit(CommandStream::Stderr, &b),
-                Some(head) => {
-                    head.extend_from_slice(&b);
-                    self.take_head(false);
-                }
-            },
+            Chunk::Stderr(b) => {
+                let rest = self.head.feed(&b, false).into_owned();
+                self.emit(CommandStream::Stderr, &rest);
+            }
         }
     }
 
-    /// Takes the leader's line off the front of stderr once it is whole (or at the end, or
-    /// when what came cannot be it); what follows is the command's.
-    fn take_head(&mut self, end: bool) {
-        let Some(head) = self.head.as_ref() else {
-            return;
-        };
-        let newline = head.iter().position(|&b| b == b'\n');
-        let could_be = head.len() < LEADER_MARKER.len() + 64
-            && LEADER_MARKER.starts_with(&head[..head.len().min(LEADER_MARKER.len())]);
-        if newline.is_none() && could_be && !end {
-            return;
-        }
-        let head = self.head.take().unwrap_or_default();
-        let rest = match newline {
-            Some(n) if head.starts_with(LEADER_MARKER) => {
-                self.leader = parse_leader(&head[LEADER_MARKER.len()..n]);
-                &head[n + 1..]
-            }
-            _ => &head[..],
-        };
-        let rest = rest.to_vec();
+    /// The end: what the leader's line held back is the command's.
+    fn take_head(&mut self) {
+        let rest = self.head.feed(&[], true).into_owned();
         self.emit(CommandStream::Stderr, &rest);
     }
 
@@ -399,7 +424,7 @@ impl Kernel {
         if timed_out {
             self.stop_timed_out(&mut output, &mut streams).await;
         }
-        streams.take_head(true);
+        streams.take_head();
         let exit_code = if timed_out {
             -1
         } else {
@@ -414,29 +439,45 @@ impl Kernel {
     /// The exec that runs [`LEADER`] with the command's timeout, working directory and
     /// argv, as the kernel's user, with the command's environment.
     fn leader_exec(&self, spec: &CommandSpec) -> ExecSpec {
-        let cwd = spec.cwd.clone().unwrap_or_else(|| WORK_DIR.to_string());
+        self.leader_exec_of(
+            &format!("{:.3}", spec.timeout.as_secs_f64()),
+            spec.cwd.as_deref(),
+            &spec.argv,
+            &spec.env,
+        )
+    }
+
+    /// The exec that runs [`LEADER`] with a timeout in seconds, a working directory (the
+    /// kernel's by default), an argv and environment entries.
+    pub(super) fn leader_exec_of(
+        &self,
+        timeout_secs: &str,
+        cwd: Option<&str>,
+        argv: &[String],
+        env: &[String],
+    ) -> ExecSpec {
         let mut cmd = vec![
             "python3".to_string(),
             "-I".into(),
             "-S".into(),
             "-c".into(),
             LEADER.into(),
-            format!("{:.3}", spec.timeout.as_secs_f64()),
-            cwd,
+            timeout_secs.to_string(),
+            cwd.unwrap_or(WORK_DIR).to_string(),
         ];
-        cmd.extend(spec.argv.iter().cloned());
+        cmd.extend(argv.iter().cloned());
         ExecSpec {
             cmd,
             user: self.user.clone(),
             working_dir: WORK_DIR.to_string(),
-            env: spec.env.clone(),
+            env: env.to_vec(),
         }
     }
 
     /// Past the deadline: the command's tree killed (when its leader said who it is), and
     /// what it wrote before it died kept, the drain bounded by [`KILL_DRAIN`].
     async fn stop_timed_out(&self, output: &mut ChunkStream, streams: &mut Streams) {
-        if let Some(leader) = streams.leader {
+        if let Some(leader) = streams.head.leader() {
             if let Err(e) = self.kill_tree(leader).await {
                 tracing::warn!(container = %self.short_id(), error = %e, "killing a command's processes");
             }
@@ -451,7 +492,7 @@ impl Kernel {
 
     /// Kills a command's processes ([`KILLER`]), from inside the container as the kernel's
     /// user, and waits for the killer to end (bounded).
-    async fn kill_tree(&self, leader: Leader) -> Result<(), EngineError> {
+    pub(crate) async fn kill_tree(&self, leader: Leader) -> Result<(), EngineError> {
         let exec = ExecSpec {
             cmd: vec![
                 "python3".into(),

@@ -14,6 +14,7 @@
 //! | `snapshot.rs` | snapshots: an idle kernel checkpointed with its container left running, and a fork's checkpoint (the snapshot's, restored into a new container) |
 //! | `record.rs` | a hibernated kernel's record beside its checkpoint, so it survives a restart of the server: written, read back bounded |
 //! | `command.rs` | a shell command beside the kernel: run by the engine's exec in its own process group, its streams apart under the output caps, the group killed at its timeout |
+//! | `process.rs` | a background process beside the kernel: the command's leader with no deadline, its stdin kept open, signalled and killed from inside the container (`docs/processes.md`) |
 //! | `run.rs` | one cell: [`Kernel::run_cell`] waits its turn, begins the cell, turns its `RunningCell` until it ends (output, displays, tool calls dispatched and answered), settles it into a [`CellRun`] |
 //! | `reader.rs` | the attach-stream reader task: output and frames to the cell, a breached kernel killed, deaths told apart |
 //! | `pace.rs` | the pace the attach stream is read at (a flooding kernel waits on its own pipe) |
@@ -30,6 +31,7 @@ mod display;
 mod files;
 mod hibernate;
 mod pace;
+mod process;
 mod protocol;
 mod reader;
 mod record;
@@ -40,10 +42,11 @@ mod spawn;
 mod staging;
 mod stdin;
 
-pub(crate) use command::CommandSpec;
 pub use command::{CommandSink, CommandStream};
+pub(crate) use command::{CommandSpec, Leader, LeaderHead};
 pub(crate) use files::prepare_socket_dir;
 pub(crate) use hibernate::{Checkpoint, Restore};
+pub(crate) use process::{ProcessSpec, StartedProcess};
 pub(crate) use record::Record;
 pub(crate) use spawn::{Created, SpawnRequest, Yield};
 
@@ -57,7 +60,7 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit};
 use tokio_util::sync::CancellationToken;
 
 use crate::authority::CellAuthority;
-use crate::cell::OutputBuffer;
+use crate::cell::{OutputBuffer, OutputStream, StreamBuffers};
 use crate::clock::unix_now;
 use crate::config::{
     DisplayCaps, OutputCaps, DEFAULT_DISPLAY_BUNDLE_BYTES, DEFAULT_DISPLAY_CELL_BYTES,
@@ -256,6 +259,10 @@ pub(crate) struct CellRun {
     pub(crate) outcome: CellOutcome,
     /// What it wrote (stdout and stderr, one stream), under the cell's output caps.
     pub(crate) output: OutputBuffer,
+    /// Its stdout, stderr and traceback apart, each under the inline cap.
+    pub(crate) streams: StreamBuffers,
+    /// The exception it raised, as the runner named it: class name and text.
+    pub(crate) exception: Option<(String, String)>,
     /// Cells executed by the kernel, this one included; 0 when the cell never ran.
     pub(crate) execution_count: u64,
     /// The cell number (0 when it never ran).
@@ -269,8 +276,8 @@ pub(crate) struct CellRun {
     pub(crate) display_warning: Option<String>,
 }
 
-/// Receives output live while a cell runs (for streaming).
-pub type OutputSink = Arc<dyn Fn(&[u8]) + Send + Sync>;
+/// Receives output live while a cell runs (for streaming), with the stream it came on.
+pub type OutputSink = Arc<dyn Fn(OutputStream, &[u8]) + Send + Sync>;
 
 /// What one cell may keep of its output and displays, and where they go live.
 pub(crate) struct CellOptions {

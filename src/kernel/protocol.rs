@@ -228,6 +228,12 @@ pub(super) enum KernelFrame {
         /// The traceback when it raised.
         #[serde(default)]
         traceback: Option<String>,
+        /// The exception's class name when it raised.
+        #[serde(default)]
+        ename: Option<String>,
+        /// The exception's text when it raised.
+        #[serde(default)]
+        evalue: Option<String>,
         /// Cells the kernel has executed.
         execution_count: u64,
         /// Displays the runner dropped past the caps (not even a note fitted).
@@ -280,6 +286,10 @@ struct WireFrame {
     status: Option<DoneStatus>,
     #[serde(default)]
     traceback: Option<String>,
+    #[serde(default)]
+    ename: Option<String>,
+    #[serde(default)]
+    evalue: Option<String>,
     execution_count: Option<u64>,
     #[serde(default)]
     displays_dropped: u64,
@@ -305,6 +315,8 @@ impl TryFrom<WireFrame> for KernelFrame {
                 cell: w.cell.ok_or("done without cell")?,
                 status: w.status.ok_or("done without status")?,
                 traceback: w.traceback,
+                ename: w.ename,
+                evalue: w.evalue,
                 execution_count: w.execution_count.ok_or("done without execution_count")?,
                 displays_dropped: w.displays_dropped,
                 exit_code: w.exit_code,

@@ -115,9 +115,47 @@ fn scan_all(stream: &[u8], size: usize) -> (Vec<String>, bool) {
                 display.clear();
                 seen.push("broken".into());
             }
+            Piece::Stderr(b) => match seen.last_mut() {
+                Some(last) if last.starts_with("err:") => {
+                    last.push_str(&String::from_utf8_lossy(b))
+                }
+                _ => seen.push(format!("err:{}", String::from_utf8_lossy(b))),
+            },
+            Piece::Traceback(b) => match seen.last_mut() {
+                Some(last) if last.starts_with("tb:") => last.push_str(&String::from_utf8_lossy(b)),
+                _ => seen.push(format!("tb:{}", String::from_utf8_lossy(b))),
+            },
         });
     }
     (seen, scan.found())
+}
+
+#[test]
+fn stderr_and_traceback_frames_come_apart_from_stdout_across_chunks() {
+    // A stderr frame whose bytes hold a newline, a marker's first byte and the end marker
+    // itself (frame bytes are not searched), then stdout, then a traceback in two frames.
+    let stream =
+        b"a\x01dsp\x01e0009E\n\x01end\x01!!b\x01dsp\x01t0002Tr\x01dsp\x01t0002ac\x01end\x01{}\n";
+    for size in 1..stream.len() {
+        let (seen, found) = scan_all(stream, size);
+        assert!(found, "chunk size {size}");
+        assert_eq!(
+            seen,
+            ["out:a", "err:E\n\x01end\x01!!", "out:b", "tb:Trac"].map(String::from),
+            "chunk size {size}"
+        );
+    }
+}
+
+#[test]
+fn a_forged_stderr_length_is_dropped_and_output_goes_on() {
+    // Not hex, and longer than any frame the runner writes.
+    let stream = b"\x01dsp\x01ezzzzA\x01dsp\x01effffB\x01end\x01{}\n";
+    for size in [1, 3, stream.len()] {
+        let (seen, found) = scan_all(stream, size);
+        assert!(found, "chunk size {size}");
+        assert_eq!(seen, ["out:AB"].map(String::from), "chunk size {size}");
+    }
 }
 
 #[test]

@@ -24,7 +24,7 @@ use super::{
     MAX_TOOL_RESULT_FRAME,
 };
 use crate::authority::{CellAuthority, RawToolCall, RETIRED_MESSAGE};
-use crate::cell::OutputBuffer;
+use crate::cell::{OutputBuffer, OutputStream, StreamBuffers};
 use crate::rich::DisplaySink;
 
 /// The answer to one of the cell's tool calls, from its authority.
@@ -44,6 +44,8 @@ type ToolWork = Pin<Box<dyn std::future::Future<Output = ToolAnswer> + Send>>;
 struct Done {
     status: DoneStatus,
     traceback: Option<String>,
+    /// The exception's class name and text, when the cell raised.
+    exception: Option<(String, String)>,
     /// Cells the runner executed, this one included.
     execution_count: u64,
     /// Displays the runner could not send (past the caps, not saved to files).
@@ -127,6 +129,7 @@ struct RunningCell<'k> {
     /// How long the cell may take to stop once interrupted.
     interrupt_grace: Duration,
     output: OutputBuffer,
+    streams: StreamBuffers,
     sink: Option<OutputSink>,
     scanner: MarkerScanner,
     displays: Displays,
@@ -217,6 +220,7 @@ impl Kernel {
             interrupted: None,
             interrupt_grace: options.interrupt_grace,
             output,
+            streams: StreamBuffers::new(options.output.inline_bytes),
             sink: options.sink,
             scanner: MarkerScanner::with_display(&marker, &display_marker),
             displays,
@@ -233,6 +237,7 @@ impl Kernel {
             cell,
             authority,
             output,
+            streams,
             displays,
             tools,
             ..
@@ -260,6 +265,10 @@ impl Kernel {
                 (c, 0)
             }
         };
+        let exception = match &end {
+            End::Done(done) => done.exception.clone(),
+            _ => None,
+        };
         let outcome = end.outcome();
         if outcome == CellOutcome::Exited {
             self.shared.die(Death::Exited);
@@ -270,6 +279,8 @@ impl Kernel {
         CellRun {
             outcome,
             output,
+            streams,
+            exception,
             execution_count,
             cell,
             ran: true,
@@ -422,19 +433,27 @@ impl RunningCell<'_> {
         self.kernel.writer.send(tool_result_line(call, result));
     }
 
-    /// Takes a chunk of the cell's output stream apart: output to the buffer and the sink,
-    /// display pieces to the displays, and the `done` line once the end marker passed.
+    /// Takes a chunk of the cell's output stream apart: output (stdout, stderr, traceback) to
+    /// the buffers and the sink, display pieces to the displays, and the `done` line once the
+    /// end marker passed.
     fn output(&mut self, bytes: &[u8]) {
-        let (output, sink) = (&mut self.output, &self.sink);
+        let (output, streams, sink) = (&mut self.output, &mut self.streams, &self.sink);
         let (displays, display_sink) = (&mut self.displays, &self.display_sink);
-        // A caller's sink that panics loses its stream, not the cell.
-        self.scanner.feed(bytes, |piece| match piece {
-            Piece::Output(b) => {
-                output.push(b);
-                if let Some(sink) = sink {
-                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sink(b)));
-                }
+        let mut written = |stream: OutputStream, b: &[u8]| {
+            if b.is_empty() {
+                return;
             }
+            output.push(b);
+            streams.push(stream, b);
+            if let Some(sink) = sink {
+                // A caller's sink that panics loses its stream, not the cell.
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sink(stream, b)));
+            }
+        };
+        self.scanner.feed(bytes, |piece| match piece {
+            Piece::Output(b) => written(OutputStream::Stdout, b),
+            Piece::Stderr(b) => written(OutputStream::Stderr, b),
+            Piece::Traceback(b) => written(OutputStream::Traceback, b),
             Piece::Display { bytes, last } => {
                 if let (Some(result), Some(sink)) = (displays.piece(bytes, last), display_sink) {
                     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sink(result)));
@@ -499,6 +518,8 @@ impl CellRun {
         CellRun {
             outcome,
             output,
+            streams: StreamBuffers::new(0),
+            exception: None,
             execution_count: 0,
             cell: 0,
             ran: false,
@@ -515,12 +536,15 @@ fn parse_done(line: &[u8], cell: u64) -> Done {
             cell: c,
             status,
             traceback,
+            ename,
+            evalue,
             execution_count,
             displays_dropped,
             exit_code,
         }) if c == cell => Done {
             status,
             traceback,
+            exception: ename.map(|name| (name, evalue.unwrap_or_default())),
             execution_count,
             displays_dropped,
             exit_code,
@@ -528,6 +552,7 @@ fn parse_done(line: &[u8], cell: u64) -> Done {
         _ => Done {
             status: DoneStatus::Error,
             traceback: Some(crate::cell::messages::UNREADABLE_END_FRAME.into()),
+            exception: None,
             execution_count: 0,
             displays_dropped: 0,
             exit_code: None,

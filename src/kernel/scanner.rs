@@ -1,6 +1,8 @@
-//! The cell's output stream taken apart: the output itself, the pieces of its displays (each
-//! behind the cell's display marker, up to a newline) and, at the end, the cell's end marker
-//! and the `done` line after it (`docs/architecture.md`, runner protocol).
+//! The cell's output stream taken apart: the output itself (the cell's stdout), the pieces of
+//! its displays (each behind the cell's display marker, up to a newline), its stderr and
+//! traceback frames (behind the same marker: a flag `e` or `t`, four hex digits of length, the
+//! bytes) and, at the end, the cell's end marker and the `done` line after it
+//! (`docs/architecture.md`, runner protocol; `docs/contract.md`, "stdout and stderr").
 
 use super::protocol::MAX_DONE_LINE;
 
@@ -9,11 +11,33 @@ use super::protocol::MAX_DONE_LINE;
 /// and breaks the display it belongs to.
 pub(super) const MAX_DISPLAY_PIECE: usize = 4096;
 
+/// Hex digits of a stderr or traceback frame's length.
+const FRAME_LENGTH_DIGITS: usize = 4;
+
+/// Which stream a frame behind the display marker carries.
+#[derive(Debug, Clone, Copy)]
+enum Stream {
+    Stderr,
+    Traceback,
+}
+
+/// A stderr or traceback frame being read: its length's digits so far, then the bytes left.
+#[derive(Debug)]
+struct Frame {
+    stream: Stream,
+    head: Vec<u8>,
+    left: Option<usize>,
+}
+
 /// What the scanner finds in a cell's output stream, in order.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Piece<'a> {
-    /// Output bytes.
+    /// Output bytes (the cell's stdout).
     Output(&'a [u8]),
+    /// Bytes the cell wrote on its stderr.
+    Stderr(&'a [u8]),
+    /// Bytes of the traceback of a cell that raised.
+    Traceback(&'a [u8]),
     /// A piece of a display's JSON; `last` ends the display.
     Display {
         /// The piece's bytes (without its marker, flag and newline).
@@ -35,6 +59,8 @@ pub(super) struct MarkerScanner {
     pending: Vec<u8>,
     /// Some while inside a display piece: its bytes so far.
     piece: Option<Vec<u8>>,
+    /// Some while inside a stderr or traceback frame.
+    frame: Option<Frame>,
     found: bool,
     pub(super) done: Vec<u8>,
     done_complete: bool,
@@ -48,6 +74,7 @@ impl MarkerScanner {
             display: None,
             pending: Vec::new(),
             piece: None,
+            frame: None,
             found: false,
             done: Vec::new(),
             done_complete: false,
@@ -112,6 +139,13 @@ impl MarkerScanner {
         let mut pos = 0;
         loop {
             let rest = &data[pos..];
+            if self.frame.is_some() {
+                match self.feed_frame(rest, &mut out) {
+                    Some(used) => pos += used,
+                    None => return,
+                }
+                continue;
+            }
             if self.piece.is_some() {
                 match self.feed_piece(rest, &mut out) {
                     Some(used) => pos += used,
@@ -147,6 +181,23 @@ impl MarkerScanner {
     /// went into an unfinished piece.
     fn feed_piece(&mut self, data: &[u8], out: &mut impl FnMut(Piece<'_>)) -> Option<usize> {
         let piece = self.piece.as_mut()?;
+        if piece.is_empty() {
+            let stream = match data.first() {
+                Some(b'e') => Some(Stream::Stderr),
+                Some(b't') => Some(Stream::Traceback),
+                Some(_) => None,
+                None => return None,
+            };
+            if let Some(stream) = stream {
+                self.piece = None;
+                self.frame = Some(Frame {
+                    stream,
+                    head: Vec::new(),
+                    left: None,
+                });
+                return Some(1);
+            }
+        }
         // A piece is ASCII JSON: a newline ends it, and \x01 (which starts every marker) never
         // occurs in it, so a marker cuts a forged piece short instead of hiding in it.
         let stop = memchr::memchr2(b'\n', 1, data);
@@ -170,6 +221,55 @@ impl MarkerScanner {
             _ => out(Piece::Broken),
         }
         Some(stop + 1)
+    }
+
+    /// Consumes stderr or traceback frame bytes from `data` (its length, then its bytes, which
+    /// are not searched for markers); returns how many, or None when all of it was used.
+    fn feed_frame(&mut self, data: &[u8], out: &mut impl FnMut(Piece<'_>)) -> Option<usize> {
+        let frame = self.frame.as_mut()?;
+        let mut used = 0;
+        let left = match frame.left {
+            Some(left) => left,
+            None => {
+                let take = (FRAME_LENGTH_DIGITS - frame.head.len()).min(data.len());
+                frame.head.extend_from_slice(&data[..take]);
+                used = take;
+                if frame.head.len() < FRAME_LENGTH_DIGITS {
+                    return None;
+                }
+                let length = std::str::from_utf8(&frame.head)
+                    .ok()
+                    .and_then(|hex| usize::from_str_radix(hex, 16).ok())
+                    .filter(|&n| n <= MAX_DISPLAY_PIECE);
+                match length {
+                    Some(n) if n > 0 => n,
+                    // Not a frame the runner writes (or an empty one): what follows is output.
+                    _ => {
+                        self.frame = None;
+                        return Some(used);
+                    }
+                }
+            }
+        };
+        let body = &data[used..];
+        let take = left.min(body.len());
+        let stream = frame.stream;
+        if take > 0 {
+            out(match stream {
+                Stream::Stderr => Piece::Stderr(&body[..take]),
+                Stream::Traceback => Piece::Traceback(&body[..take]),
+            });
+        }
+        used += take;
+        if take == left {
+            self.frame = None;
+        } else {
+            frame.left = Some(left - take);
+        }
+        if used == data.len() && self.frame.is_some() {
+            return None;
+        }
+        Some(used)
     }
 
     /// The first marker in `data`, in one pass: its position, and true for the end marker,

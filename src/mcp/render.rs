@@ -140,6 +140,9 @@ mod tests {
         CellResult {
             status,
             output: output.into(),
+            stdout: output.into(),
+            stderr: String::new(),
+            exception: None,
             error: None,
             exit_code: 0,
             tool_calls_made: 0,

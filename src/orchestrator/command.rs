@@ -162,7 +162,7 @@ impl Drop for CommandSlot {
 }
 
 /// Checks a command's environment: names non-empty without `=` or NUL, values without NUL.
-fn env_entries(env: &BTreeMap<String, String>) -> Result<Vec<String>, CommandError> {
+pub(super) fn env_entries(env: &BTreeMap<String, String>) -> Result<Vec<String>, CommandError> {
     if env.len() > MAX_COMMAND_ENV {
         return Err(CommandError::Invalid(format!(
             "at most {MAX_COMMAND_ENV} environment variables"

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use super::lease::{kernel_death, Lease};
 use super::{AdmissionNotice, ExecuteError, ExecuteRequest, Orchestrator};
 use crate::authority::CellAuthority;
-use crate::cell::{messages, CappedOutput, CellResult, Ending, KernelDeath};
+use crate::cell::{messages, CappedOutput, CellException, CellResult, Ending, KernelDeath};
 use crate::kernel::{CellOptions, CellOutcome, CellRun, Death, Kernel};
 use crate::orchestrator::adopt::run_adopted;
 use crate::owner::KernelKey;
@@ -212,9 +212,18 @@ impl Orchestrator {
         // A cell that never ran leaves its kernel as it found it.
         let kernel_gone = (run.ran && !verdict.kernel_kept) || !kernel.is_alive();
         let hint = verdict.hint(kernel_gone);
+        let streams = run.streams;
+        let exception = run.exception.map(|(name, value)| CellException {
+            name,
+            value,
+            traceback: streams.traceback.finish().text,
+        });
         let mut result = CellResult {
             status: verdict.status,
             output: String::new(),
+            stdout: streams.stdout.finish().text,
+            stderr: streams.stderr.finish().text,
+            exception,
             error: verdict.error,
             exit_code: verdict.exit_code,
             tool_calls_made: call.authority.calls_made(),

@@ -35,6 +35,7 @@ mod node;
 mod pool;
 #[cfg(test)]
 mod pool_tests;
+mod process;
 mod request;
 mod running;
 mod shutdown;
@@ -48,11 +49,16 @@ mod workspace_files;
 
 pub use crate::histogram::Histogram;
 pub use crate::registry::{EvictionCounts, LossCounts};
-pub use crate::services::{SnapshotError, MAX_TRANSFERS, MAX_TRANSFERS_PER_TENANT};
+pub use crate::services::{
+    ProcessError, SnapshotError, MAX_PROCESSES, MAX_PROCESSES_PER_SESSION,
+    MAX_PROCESSES_PER_TENANT, MAX_STDIN_WRITE, MAX_TRANSFERS, MAX_TRANSFERS_PER_TENANT,
+    OUTPUT_BUFFER_BYTES,
+};
 pub use command::{CommandError, CommandRequest};
 pub use files::{FileError, FileRequest};
 pub use lifecycle::ConfigHold;
 pub use pool::{PoolStats, POOL_REFILL_CONCURRENCY, REFILL_BUCKETS};
+pub use process::{ProcessRequest, ProcessStartError};
 pub use request::{
     AdmissionNotice, ExecuteError, ExecuteRequest, FileBytes, KernelSummary, Scope, StartError,
     StartStats, Stats, TenantStats, START_BUCKETS,
@@ -121,6 +127,8 @@ struct Services {
     transfers: WorkspaceTransfers,
     /// Kernels' snapshots (`services/snapshots/`, `docs/snapshots.md`).
     snapshots: Arc<crate::services::Snapshots>,
+    /// Background processes (`services/processes/`).
+    processes: crate::services::Processes,
 }
 
 /// Runs stateful Python kernels in containers, one per key. Cheap to clone.

@@ -152,9 +152,11 @@ impl Orchestrator {
             },
             egress.clone(),
         ));
+        let cancel = CancellationToken::new();
         let inner = Arc::new(Inner {
             tenancy: policies,
             services: super::Services {
+                processes: services::Processes::new(tracker.clone(), cancel.clone()),
                 transfers: services::WorkspaceTransfers::new(workspaces),
                 audit,
                 hibernation,
@@ -176,10 +178,7 @@ impl Orchestrator {
             ),
             config,
             engine,
-            tasks: super::Tasks {
-                tracker,
-                cancel: CancellationToken::new(),
-            },
+            tasks: super::Tasks { tracker, cancel },
             running: Default::default(),
             file_bytes: Arc::default(),
             commands: Arc::default(),

@@ -12,10 +12,12 @@
 //! | `usage.rs` | [`UsageLedger`]: the pending usage, kernels' cgroups sampled into it, flushed to the catalog, reports | recording a cell, command, transfer; at start (its task); a report |
 //! | `audit.rs` | [`AuditTrail`]: the audit trail's record of each cell and command of an audited tenant (`docs/usage.md`, "Audit trail") | a cell or command ended; the stop |
 //! | `transfers.rs` | [`WorkspaceTransfers`]: the workspaces and the transfer kernels running per tenant and workspace | a transfer without a kernel; a workspace deleted |
+//! | `processes/` | [`Processes`]: background processes per session (`docs/processes.md`): started on an owner's kernel, their output kept and streamed, stdin, signals, kill, under bounds per session, tenant and host | starting a process; its other verbs are the server's to call; the stop (its tasks) |
 //! | `runaway.rs` | [`RunawayWatcher`]: kernels computing with no cell running, sampled from their cgroups, counted busy, killed past their last cell's timeout | at start (its task) |
 
 mod audit;
 mod hibernation;
+mod processes;
 mod runaway;
 mod snapshots;
 mod transfers;
@@ -30,6 +32,11 @@ use crate::registry::Slot;
 
 pub(crate) use audit::{AuditTrail, Ran};
 pub(crate) use hibernation::{recorded, Hibernation};
+pub(crate) use processes::{OutputItem, Processes};
+pub use processes::{
+    ProcessError, MAX_PROCESSES, MAX_PROCESSES_PER_SESSION, MAX_PROCESSES_PER_TENANT,
+    MAX_STDIN_WRITE, OUTPUT_BUFFER_BYTES,
+};
 pub(crate) use runaway::RunawayWatcher;
 pub use snapshots::SnapshotError;
 pub(crate) use snapshots::{Reservation, Snapshots, Stored};

@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use super::command::CommandResult;
 use super::error::ErrorDetail;
-use crate::cell::CellResult;
+use crate::cell::{CellResult, OutputStream};
 use crate::rich::RichResult;
 
 /// The field every event names itself in.
@@ -83,14 +83,105 @@ event_tag!(
     /// `"stderr"`.
     StderrTag = "stderr"
 );
+event_tag!(
+    /// `"exit"`.
+    ExitTag = "exit"
+);
 
-/// Text the cell wrote (stdout and stderr interleaved), whole UTF-8, in write order.
+/// A background process ended (`docs/processes.md`): the last event of its output stream.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct ProcessExitEvent {
+    /// `exit`.
+    pub event: ExitTag,
+    /// Its exit code (128 + the signal when a signal ended it); -1 when the engine could not
+    /// tell (the kernel went with it).
+    pub exit_code: i64,
+}
+
+/// A line of a background process's output stream (`GET .../processes/{id}/output`):
+/// `stdout` and `stderr` events (what is kept of its output first, then live), an
+/// `output_truncated` before output the stream could not give (dropped from the kept
+/// output before it was read), and `exit` last once the process ended.
+#[derive(Debug, Clone, Serialize)]
+#[serde(untagged)]
+pub enum ProcessEvent<'a> {
+    /// See [`StdoutEvent`].
+    Stdout(StdoutEvent<'a>),
+    /// See [`StderrEvent`].
+    Stderr(StderrEvent<'a>),
+    /// See [`OutputTruncatedEvent`].
+    OutputTruncated(OutputTruncatedEvent),
+    /// See [`ProcessExitEvent`].
+    Exit(ProcessExitEvent),
+}
+
+impl ProcessEvent<'_> {
+    /// A `stdout` event.
+    pub fn stdout(data: &str) -> ProcessEvent<'_> {
+        ProcessEvent::Stdout(StdoutEvent {
+            event: StdoutTag,
+            data,
+        })
+    }
+
+    /// A `stderr` event.
+    pub fn stderr(data: &str) -> ProcessEvent<'_> {
+        ProcessEvent::Stderr(StderrEvent {
+            event: StderrTag,
+            data,
+        })
+    }
+
+    /// An `output_truncated` event.
+    pub fn truncated(bytes: u64) -> Self {
+        ProcessEvent::OutputTruncated(OutputTruncatedEvent {
+            event: TruncatedTag,
+            bytes,
+        })
+    }
+
+    /// The `exit` event.
+    pub fn exit(exit_code: i64) -> Self {
+        ProcessEvent::Exit(ProcessExitEvent {
+            event: ExitTag,
+            exit_code,
+        })
+    }
+}
+
+impl JsonSchema for ProcessEvent<'_> {
+    fn schema_name() -> Cow<'static, str> {
+        "ProcessEvent".into()
+    }
+
+    fn json_schema(generator: &mut SchemaGenerator) -> Schema {
+        union(
+            "A line of a background process's output stream: `stdout` and `stderr` events (what is kept first, then live), `output_truncated` before output dropped unread, `exit` last once it ended.",
+            vec![
+                (StdoutTag::NAME, generator.subschema_for::<StdoutEvent>()),
+                (StderrTag::NAME, generator.subschema_for::<StderrEvent>()),
+                (
+                    TruncatedTag::NAME,
+                    generator.subschema_for::<OutputTruncatedEvent>(),
+                ),
+                (ExitTag::NAME, generator.subschema_for::<ProcessExitEvent>()),
+            ],
+        )
+    }
+}
+
+/// Text the cell wrote, whole UTF-8, in write order (stdout, stderr and a traceback
+/// interleaved as they came; `stream` says which each event is: docs/contract.md, "stdout and
+/// stderr").
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct OutputEvent<'a> {
     /// `output`.
     pub event: OutputTag,
     /// The text.
     pub data: &'a str,
+    /// The stream it came on: `stdout`, `stderr`, or `traceback` (a raised cell's traceback,
+    /// in neither).
+    pub stream: OutputStream,
 }
 
 /// A rich result the cell displayed (a MIME bundle), in order with its output.
@@ -193,11 +284,12 @@ pub enum CommandEvent<'a> {
 }
 
 impl StreamEvent<'_> {
-    /// An `output` event.
-    pub fn output(data: &str) -> StreamEvent<'_> {
+    /// An `output` event of text that came on `stream`.
+    pub fn output(data: &str, stream: OutputStream) -> StreamEvent<'_> {
         StreamEvent::Output(OutputEvent {
             event: OutputTag,
             data,
+            stream,
         })
     }
 
@@ -348,8 +440,12 @@ mod tests {
 
     #[test]
     fn an_event_is_one_line_its_name_first() {
-        let line = serde_json::to_string(&StreamEvent::output("a\"b")).expect("JSON");
-        assert_eq!(line, r#"{"event":"output","data":"a\"b"}"#);
+        let line = serde_json::to_string(&StreamEvent::output("a\"b", OutputStream::Stdout))
+            .expect("JSON");
+        assert_eq!(
+            line,
+            r#"{"event":"output","data":"a\"b","stream":"stdout"}"#
+        );
         let line = serde_json::to_string(&CommandEvent::truncated(7)).expect("JSON");
         assert_eq!(line, r#"{"event":"output_truncated","bytes":7}"#);
         let error = ErrorDetail {

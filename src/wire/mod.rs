@@ -14,6 +14,7 @@
 //! | `usage.rs` | [`UsageQuery`] and [`UsageReport`]: `GET /v1/usage` |
 //! | `network.rs` | [`NetworkPolicy`]: a network egress policy (tenants file, execute body, `PUT .../network`) |
 //! | `snapshot.rs` | [`SnapshotBody`], [`SnapshotInfo`], [`RestoreBody`], [`ForkBody`], [`ForkResult`]: snapshots, restore and fork (`docs/snapshots.md`) |
+//! | `process.rs` | [`ProcessBody`], [`ProcessInfo`], [`ProcessList`], [`SignalBody`], [`StdinWritten`]: background processes (`docs/processes.md`); their output's events are [`ProcessEvent`] |
 //! | `settings.rs` | [`SessionSettings`], [`SettingsApplied`]: `PUT`/`GET /v1/sessions/{session}/settings` |
 //!
 //! Every type the server answers with derives `schemars::JsonSchema`, and `src/server/openapi.rs`
@@ -29,6 +30,7 @@ mod execute;
 mod language;
 mod network;
 pub mod path;
+mod process;
 mod settings;
 mod snapshot;
 mod usage;
@@ -42,11 +44,13 @@ pub use command::{CommandBody, CommandLine, CommandResult, MAX_COMMAND_BYTES, MA
 pub use error::{ErrorBody, ErrorDetail};
 pub use event::{
     CellResultEvent, CommandEvent, CommandResultEvent, DisplayEvent, ErrorEvent, EventName,
-    OutputEvent, OutputTruncatedEvent, StderrEvent, StdoutEvent, StreamEvent, EVENT_FIELD,
+    OutputEvent, OutputTruncatedEvent, ProcessEvent, ProcessExitEvent, StderrEvent, StdoutEvent,
+    StreamEvent, EVENT_FIELD,
 };
 pub use execute::{ExecuteBody, MAX_TASK_ID};
 pub use language::{Context, Language, UnsupportedLanguage};
 pub use network::NetworkPolicy;
+pub use process::{ProcessBody, ProcessInfo, ProcessList, SignalBody, StdinWritten, SIGNALS};
 pub use settings::{SessionSettings, SettingsApplied};
 pub use snapshot::{
     ForkBody, ForkOutcome, ForkResult, RestoreBody, RestoredKernel, SnapshotBody, SnapshotInfo,

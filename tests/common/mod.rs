@@ -146,7 +146,7 @@ pub async fn start_cell(
     code: &str,
 ) -> tokio::task::JoinHandle<Result<CellResult, kernelbox::ExecuteError>> {
     let (started_tx, mut started_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
-    let sink: kernelbox::OutputSink = Arc::new(move |_b: &[u8]| {
+    let sink: kernelbox::OutputSink = Arc::new(move |_, _b: &[u8]| {
         let _ = started_tx.send(());
     });
     let request = ExecuteRequest {

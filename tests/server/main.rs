@@ -14,6 +14,8 @@
 //! - `settings.rs`: per-session settings: environment, limits and labels on the engine's
 //!   containers, bounded by the tenant's maximums; a session's own idle timeout
 //! - `fuzz.rs`: random requests never get a 5xx or a dropped connection
+//! - `processes.rs`: background processes: stdin, output kept and read late, signal, kill, a
+//!   flooding process, the per-session bound
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -24,6 +26,7 @@ mod api;
 mod binary;
 mod commands;
 mod fuzz;
+mod processes;
 mod settings;
 mod streaming;
 mod tools;

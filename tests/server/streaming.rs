@@ -21,7 +21,10 @@ async fn streaming_delivers_output_before_the_cell_ends() {
         .await;
     let first = events.next().await.expect("an event");
     let first_at = Instant::now();
-    assert_eq!(first, json!({"event": "output", "data": "a\n"}));
+    assert_eq!(
+        first,
+        json!({"event": "output", "data": "a\n", "stream": "stdout"})
+    );
     let mut output = String::from("a\n");
     let result = loop {
         let event = events.next().await.expect("more events");

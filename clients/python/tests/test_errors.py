@@ -218,7 +218,7 @@ def test_a_connection_closed_after_the_request_was_read_never_runs_a_cell_twice(
 
 def test_a_streams_error_event_raises_the_typed_error() -> None:
     reader = _wire.StreamReader()
-    assert reader.feed('{"event":"output","data":"a"}') == ("output", "a")
+    assert reader.feed('{"event":"output","data":"a","stream":"stdout"}') == ("stdout", "a")
     with pytest.raises(RateLimited) as e:
         reader.feed('{"event":"error","error":{"code":"session_busy","message":"busy"}}')
     assert (e.value.code, e.value.message, e.value.status) == ("session_busy", "busy", None)

@@ -7,7 +7,7 @@ from kernelbox_client import _wire
 
 def test_a_slow_readers_dropped_output_is_counted_on_the_result() -> None:
     reader = _wire.StreamReader()
-    assert reader.feed('{"event":"output","data":"a"}') == ("output", "a")
+    assert reader.feed('{"event":"output","data":"a","stream":"stdout"}') == ("stdout", "a")
     assert reader.feed('{"event":"output_truncated","bytes":1234}') is None
     reader.feed('{"event":"result","result":{"status":"success","output":"a","exit_code":0,'
                 '"tool_calls_made":0,"duration_seconds":0.1,"kernel":{"id":"k"}}}')  # fmt: skip

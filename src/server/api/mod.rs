@@ -12,6 +12,7 @@
 //! | `mcp_session.rs` | which kernelbox session a `/v1/mcp` request runs in |
 //! | `pending.rs` | response bytes in flight per tenant and for the host, and the minimum rate every response body is read at |
 //! | `mcp_backend.rs` | the MCP tools' backend on `/v1/mcp`: the execute and command paths and file calls below, for the caller's tenant |
+//! | `processes.rs` | background processes (`docs/processes.md`): start, list, one, kill, output (NDJSON), stdin, signal |
 //! | `workspaces.rs` | a tenant's workspaces: list, delete (`docs/workspaces.md`) |
 //! | `settings.rs` | a session's settings (`PUT`/`GET .../settings`) and `GET /v1/kernels?label=` |
 //! | `snapshots.rs` | snapshots, restore and fork: `POST .../snapshots`, `GET`/`DELETE /v1/snapshots[/{id}]`, `POST .../restore`, `POST .../fork` (`docs/snapshots.md`) |
@@ -26,6 +27,7 @@ pub(crate) mod mcp_session;
 pub(crate) use files::file_request;
 mod middleware;
 pub(crate) mod pending;
+mod processes;
 mod routing;
 pub(crate) mod settings;
 mod snapshots;
@@ -83,6 +85,26 @@ pub(super) fn router(state: AppState, metrics_route: MetricsRoute) -> Router {
             axum::routing::put(settings::put).get(settings::get),
         )
         .route("/v1/sessions/{session}/commands", post(command))
+        .route(
+            "/v1/sessions/{session}/processes",
+            post(processes::start).get(processes::list),
+        )
+        .route(
+            "/v1/sessions/{session}/processes/{id}",
+            get(processes::get).delete(processes::kill),
+        )
+        .route(
+            "/v1/sessions/{session}/processes/{id}/output",
+            get(processes::output),
+        )
+        .route(
+            "/v1/sessions/{session}/processes/{id}/stdin",
+            post(processes::write_stdin).delete(processes::close_stdin),
+        )
+        .route(
+            "/v1/sessions/{session}/processes/{id}/signal",
+            post(processes::signal),
+        )
         .route("/v1/sessions/{session}", delete(clear))
         .route(
             "/v1/sessions/{session}/children/{child}",

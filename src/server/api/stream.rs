@@ -13,7 +13,7 @@ use axum::http::{header, HeaderValue};
 use axum::response::Response;
 
 use super::pending::{Charge, Meter};
-use crate::cell::CellResult;
+use crate::cell::{CellResult, OutputStream};
 use crate::kernel::CommandStream;
 use crate::orchestrator::{AdmissionNotice, CommandRequest, ExecuteRequest};
 use crate::rich::RichResult;
@@ -146,9 +146,9 @@ impl StreamTx {
 /// `src/wire/event.rs`), or the E2B API's (`server/e2b/interpreter.rs`), which translates the
 /// same cell's output, displays and result into its own lines.
 pub(crate) trait Shape: Send + Sync + 'static {
-    /// Text the cell wrote, as a line; `None` when the shape holds it back for now (it then
-    /// goes out with the next output or the closing lines).
-    fn output(&self, text: &str) -> Option<Bytes>;
+    /// Text the cell wrote on `stream`, as a line; `None` when the shape holds it back for
+    /// now (it then goes out with the next output or the closing lines) or leaves it out.
+    fn output(&self, text: &str, stream: OutputStream) -> Option<Bytes>;
     /// A rich result the cell displayed.
     fn display(&self, result: &RichResult) -> Bytes;
     /// Output dropped because the client did not read it in time.
@@ -163,8 +163,8 @@ pub(crate) trait Shape: Send + Sync + 'static {
 pub(crate) struct Native;
 
 impl Shape for Native {
-    fn output(&self, text: &str) -> Option<Bytes> {
-        Some(line(&StreamEvent::output(text)))
+    fn output(&self, text: &str, stream: OutputStream) -> Option<Bytes> {
+        Some(line(&StreamEvent::output(text, stream)))
     }
     fn display(&self, result: &RichResult) -> Bytes {
         line(&StreamEvent::display(result))
@@ -209,11 +209,14 @@ pub(crate) fn stream_shaped(
         meter,
     });
     let config = state.inner.orchestrator.config();
-    let decoder = Arc::new(Mutex::new(Utf8Stream {
-        carry: Vec::new(),
-        sent: 0,
-        cap: config.cells.output.spill_bytes,
-        dropped: 0,
+    let decoder = Arc::new(Mutex::new(CellDecoder {
+        text: Utf8Stream {
+            carry: Vec::new(),
+            sent: 0,
+            cap: config.cells.output.spill_bytes,
+            dropped: 0,
+        },
+        stream: OutputStream::Stdout,
     }));
     let display_cap = config.cells.display.cell_bytes + DISPLAY_EVENT_SLACK;
     arm_sinks(&mut request, &tx, &decoder, display_cap, &shape);
@@ -224,11 +227,27 @@ pub(crate) fn stream_shaped(
     ndjson_response(rx, queued)
 }
 
+/// A streamed cell's output decoded: one UTF-8 decoder for the output as it interleaves, and
+/// the stream its undecoded bytes came on (a change of stream sends what it holds first).
+pub(super) struct CellDecoder {
+    text: Utf8Stream,
+    stream: OutputStream,
+}
+
+impl CellDecoder {
+    /// Queues `text` as an `output` event of the current stream, or counts it dropped.
+    fn send(&mut self, tx: &StreamTx, shape: &dyn Shape, text: &str) {
+        if !text.is_empty() && !shape.output(text, self.stream).is_none_or(|l| tx.try_send(l)) {
+            self.text.dropped += text.len();
+        }
+    }
+}
+
 /// The request's output and display sinks, which turn what the cell writes into stream lines.
 fn arm_sinks(
     request: &mut ExecuteRequest,
     tx: &Arc<StreamTx>,
-    decoder: &Arc<Mutex<Utf8Stream>>,
+    decoder: &Arc<Mutex<CellDecoder>>,
     display_cap: usize,
     shape: &Arc<dyn Shape>,
 ) {
@@ -236,12 +255,15 @@ fn arm_sinks(
         let tx = tx.clone();
         let decoder = decoder.clone();
         let shape = shape.clone();
-        request.sink = Some(Arc::new(move |chunk: &[u8]| {
+        request.sink = Some(Arc::new(move |stream: OutputStream, chunk: &[u8]| {
             let mut decoder = decoder.lock().unwrap_or_else(|p| p.into_inner());
-            let text = decoder.push(chunk);
-            if !text.is_empty() && !shape.output(&text).is_none_or(|l| tx.try_send(l)) {
-                decoder.dropped += text.len();
+            if stream != decoder.stream {
+                let rest = decoder.text.finish();
+                decoder.send(&tx, &*shape, &rest);
+                decoder.stream = stream;
             }
+            let text = decoder.text.push(chunk);
+            decoder.send(&tx, &*shape, &text);
         }));
     }
     // Not counted against the output backlog: a large image must not cost the stream its
@@ -252,10 +274,8 @@ fn arm_sinks(
     let displayed = std::sync::atomic::AtomicUsize::new(0);
     request.display_sink = Some(Arc::new(move |result: &crate::rich::RichResult| {
         let mut decoder = decoder.lock().unwrap_or_else(|p| p.into_inner());
-        let text = decoder.finish();
-        if !text.is_empty() && !shape.output(&text).is_none_or(|l| tx.try_send(l)) {
-            decoder.dropped += text.len();
-        }
+        let text = decoder.text.finish();
+        decoder.send(&tx, &*shape, &text);
         let event = shape.display(result);
         let total = displayed.fetch_add(event.len(), std::sync::atomic::Ordering::AcqRel);
         if total + event.len() <= display_cap {
@@ -270,7 +290,7 @@ async fn run_to_the_end(
     state: AppState,
     request: ExecuteRequest,
     admission: AdmissionNotice,
-    decoder: Arc<Mutex<Utf8Stream>>,
+    decoder: Arc<Mutex<CellDecoder>>,
     tx: Arc<StreamTx>,
     shape: Arc<dyn Shape>,
 ) {
@@ -279,12 +299,12 @@ async fn run_to_the_end(
         .orchestrator
         .execute_with_admission(request, admission)
         .await;
-    let (rest, dropped) = {
+    let (rest, stream, dropped) = {
         let mut d = decoder.lock().unwrap_or_else(|p| p.into_inner());
-        (d.finish(), d.dropped)
+        (d.text.finish(), d.stream, d.text.dropped)
     };
     if !rest.is_empty() {
-        if let Some(line) = shape.output(&rest) {
+        if let Some(line) = shape.output(&rest, stream) {
             tx.send_final(line, false);
         }
     }

@@ -19,6 +19,7 @@ use axum::response::Response;
 use axum::{Extension, Json};
 use futures::StreamExt;
 use serde::Serialize;
+use crate::cell::OutputStream;
 
 use super::wire::{self, Context};
 use super::{E2bError, InSandbox};
@@ -133,7 +134,19 @@ impl E2bShape {
 }
 
 impl stream::Shape for E2bShape {
-    fn output(&self, text: &str) -> Option<Bytes> {
+    fn output(&self, text: &str, stream: OutputStream) -> Option<Bytes> {
+        match stream {
+            // The traceback goes out in the `error` line only.
+            OutputStream::Traceback => return None,
+            OutputStream::Stderr => {
+                return Some(stream::line(&Text {
+                    kind: "stderr",
+                    text,
+                    timestamp: now_ns(),
+                }))
+            }
+            OutputStream::Stdout => {}
+        }
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
         if held.is_empty() && text.starts_with(TRACEBACK_HEAD) {
             held.push_str(text);

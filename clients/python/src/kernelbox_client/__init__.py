@@ -28,6 +28,7 @@ from ._errors import (
 )
 from ._sync import Client, Commands, Files, Session
 from ._types import (
+    CellException,
     CommandResult,
     Execution,
     FileEntry,
@@ -62,6 +63,7 @@ __all__ = [
     "AsyncFiles",
     "AsyncSession",
     "BadRequest",
+    "CellException",
     "Client",
     "CommandResult",
     "Commands",

@@ -216,16 +216,21 @@ class Session:
         network: Optional[Union[NetworkPolicy, Dict[str, List[str]]]] = None,
         language: Optional[str] = None,
         context: Optional[str] = None,
+        on_stdout: Optional[Callable[[str], Any]] = None,
+        on_stderr: Optional[Callable[[str], Any]] = None,
     ) -> Execution:
-        """Runs one cell. With `on_output` (text as the cell writes it) or `on_display` (each
-        rich result as it is displayed) the answer is streamed. `network` (a
+        """Runs one cell. With `on_output` (text as the cell writes it: stdout, stderr and a
+        traceback in order), `on_stdout` / `on_stderr` (one stream's text) or `on_display` (each
+        rich result as it is displayed) the answer is streamed; `result.stdout`,
+        `result.stderr` and `result.exception` hold the streams apart and the typed error. `network` (a
         `NetworkPolicy` or `{"allow": [...], "deny": [...]}`) sets the session's egress policy
         first, as `set_network` does (it stays the session's). A cell that fails is a result
         (`status`), not an exception; errors are calls the server refused. `language`
         (`python` by default, or `bash`) picks the session's kernel of that language: each
         keeps its own state (docs/contract.md, "Languages"); `context` names another kernel of
         that language in the session (E2B-style code contexts)."""
-        stream = on_output is not None or on_display is not None
+        callbacks = _wire.output_callbacks(on_output, on_stdout, on_stderr, on_display)
+        stream = any(callback is not None for callback in callbacks.values())
         call = _wire.execute_call(
             self.name,
             self.child,
@@ -241,7 +246,6 @@ class Session:
             context,
         )
         if stream:
-            callbacks = {"output": on_output, "display": on_display}
             return self.client._stream(call, _wire.StreamReader(), callbacks)
         return _wire.execution(self.client._send(call) or b"")
 

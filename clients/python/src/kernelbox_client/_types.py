@@ -197,6 +197,25 @@ class Result:
 
 
 @dataclass(frozen=True)
+class CellException:
+    """The exception a cell raised (`docs/contract.md`, "stdout and stderr"): its class name
+    (`ZeroDivisionError`), its text, and the formatted traceback."""
+
+    SCHEMA: ClassVar[str] = "CellException"
+    name: str
+    value: str
+    traceback: str
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "CellException":
+        return cls(
+            name=str(d.get("name", "")),
+            value=str(d.get("value", "")),
+            traceback=str(d.get("traceback", "")),
+        )
+
+
+@dataclass(frozen=True)
 class Execution:
     """The result of one cell (`docs/contract.md`); `.raw` is the JSON as the server sent it."""
 
@@ -213,6 +232,11 @@ class Execution:
     duration_seconds: float
     kernel: KernelInfo
     error: Optional[str] = None
+    #: The cell's stdout and stderr apart (`output` has both, interleaved, and the traceback).
+    stdout: str = ""
+    stderr: str = ""
+    #: The exception the cell raised, typed; None when it did not raise.
+    exception: Optional[CellException] = None
     results: List[Result] = field(default_factory=list)
     stdout_truncated: Optional[bool] = None
     stdout_bytes_total: Optional[int] = None
@@ -237,6 +261,7 @@ class Execution:
     def from_json(cls, d: Dict[str, Any], stream_bytes_dropped: int = 0) -> "Execution":
         kernel = d.get("kernel")
         results = d.get("results")
+        exception = d.get("exception")
         return cls(
             status=str(d.get("status", "")),
             output=str(d.get("output", "")),
@@ -245,6 +270,9 @@ class Execution:
             duration_seconds=float(d.get("duration_seconds", 0.0)),
             kernel=KernelInfo.from_json(kernel if isinstance(kernel, dict) else {}),
             error=d.get("error"),
+            stdout=str(d.get("stdout", "")),
+            stderr=str(d.get("stderr", "")),
+            exception=CellException.from_json(exception) if isinstance(exception, dict) else None,
             results=(
                 [Result.from_json(r) for r in results if isinstance(r, dict)]
                 if isinstance(results, list)
@@ -738,6 +766,7 @@ MIRRORS = {
         Restored,
         KernelInfo,
         Result,
+        CellException,
         Execution,
         KernelSummary,
         FileEntry,

@@ -6,12 +6,14 @@ codes and stream events lives here, once, so the two cannot disagree.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import tempfile
 from dataclasses import dataclass, field
 from typing import (
     Any,
+    Callable,
     Dict,
     Iterable,
     List,
@@ -65,6 +67,8 @@ SERVER_MAX_CELL_SECONDS = 3600.0
 MAX_CELL_WAIT = 7 * 24 * 3600.0
 #: Stream events the client understands (the drift test checks the server sends no other).
 STREAM_EVENTS = ("output", "output_truncated", "display", "result", "error")
+#: The streams an `output` event names (`OutputStream` in the server's spec).
+OUTPUT_STREAMS = ("stdout", "stderr", "traceback")
 #: A streamed command's events (`CommandEvent` in the server's spec).
 COMMAND_STREAM_EVENTS = ("stdout", "stderr", "output_truncated", "result", "error")
 NDJSON = "application/x-ndjson"
@@ -505,6 +509,45 @@ class CommandStreamReader:
         return self.result
 
 
+def output_callbacks(
+    on_output: Optional[Callable[[str], Any]],
+    on_stdout: Optional[Callable[[str], Any]],
+    on_stderr: Optional[Callable[[str], Any]],
+    on_display: Optional[Callable[[Any], Any]],
+) -> Dict[str, Optional[Callable[[Any], Any]]]:
+    """A streamed execute's callbacks by what `StreamReader.feed` returns: `on_output` gets
+    all output (stdout, stderr and a traceback, in order), `on_stdout` / `on_stderr` their
+    stream's."""
+
+    def both(
+        first: Optional[Callable[[str], Any]], second: Optional[Callable[[str], Any]]
+    ) -> Optional[Callable[[str], Any]]:
+        if first is None or second is None:
+            return first or second
+
+        def call(text: str) -> Any:
+            done = first(text)
+            if not inspect.isawaitable(done):
+                return second(text)
+
+            async def in_order() -> None:
+                await done
+                rest = second(text)
+                if inspect.isawaitable(rest):
+                    await rest
+
+            return in_order()
+
+        return call
+
+    return {
+        "stdout": both(on_output, on_stdout),
+        "stderr": both(on_output, on_stderr),
+        "traceback": on_output,
+        "display": on_display,
+    }
+
+
 class StreamReader:
     """Reads a streaming execute's NDJSON lines: `output` and `display` events go to the
     callbacks (returned as actions), the `result` ends it, an `error` event raises."""
@@ -514,7 +557,8 @@ class StreamReader:
         self.result: Optional[Execution] = None
 
     def feed(self, line: str) -> Optional[Tuple[str, Any]]:
-        """One line; returns `("output", str)` or `("display", Result)` for a callback."""
+        """One line; returns `(STREAM, str)` for output (STREAM `stdout`, `stderr` or
+        `traceback`, the event's `stream`) or `("display", Result)` for a callback."""
         if not line.strip():
             return None
         event = json_body(line.encode(), "execute stream")
@@ -522,7 +566,10 @@ class StreamReader:
             raise ProtocolError("invalid_response", "execute stream: an event is not an object")
         kind = event.get("event")
         if kind == "output":
-            return ("output", str(event.get("data", "")))
+            stream = event.get("stream")
+            if stream not in OUTPUT_STREAMS:
+                stream = "stdout"
+            return (str(stream), str(event.get("data", "")))
         if kind == "display":
             data = event.get("data")
             return ("display", Result.from_json(data if isinstance(data, dict) else {}))
