@@ -312,6 +312,7 @@ fn file_flags(file: &ConfigFile, at: &Path) -> anyhow::Result<Flags> {
         s.metrics_listen.clone(),
     );
     f.switch("server.public_metrics", "public_metrics", s.public_metrics);
+    f.switch("server.console", "console", s.console);
     f.one(
         "server.otlp_endpoint",
         "otlp_endpoint",
@@ -654,6 +655,7 @@ fn file_from_args(
     s.drain_timeout = span(args.drain_timeout);
     s.metrics_listen = args.metrics_listen.clone();
     s.public_metrics = Some(args.public_metrics);
+    s.console = Some(args.console);
     s.otlp_endpoint = args.otlp_endpoint.clone();
     s.mcp_idle_timeout = span(args.mcp_idle_timeout);
     s.mcp_max_sessions = Some(u64::from(args.mcp_max_sessions));

@@ -18,6 +18,8 @@
 //! | `GET /v1/nodes`, `POST`, `DELETE /v1/nodes/{node}/drain`, `GET /v1/nodes/{node}/kernels` | a cluster's nodes; draining one; one node's kernels (the admin token; `cluster/admin.rs`) |
 //! | `POST`, `GET`, `DELETE /v1/mcp` | MCP over streamable HTTP (`api/mcp.rs`, docs/mcp.md "MCP") |
 //! | `POST /v1/admin/reload` | re-read the tenants and apply them without a restart (the admin token; `reload.rs`) |
+//! | `GET /v1/whoami`, `GET /v1/admin/kernels`, `GET /v1/admin/tenants`, `DELETE /v1/admin/tenants/{tenant}/sessions/{session}` | whom a token is; the operator's views and action (the admin token; `api/admin.rs`, docs/console.md) |
+//! | `GET /console`, `/console/app.js`, `/console/app.css`, `POST /console/logout` | the operator's console, with `serve --console` (`console/`) |
 //! | `GET /healthz`, `GET /openapi.json` | no authentication |
 //! | `GET /metrics` | a tenant's token, unless [`ServeOptions::public_metrics`] |
 //!
@@ -33,6 +35,7 @@
 //! | `mod.rs` | [`ROUTES`], [`AppState`], [`serve_with`] and its [`ServeOptions`] |
 //! | `api/` | the router and handlers, the streams and MCP over HTTP (its `mod.rs` says which file does what) |
 //! | `cluster/` | the server as a cluster node: the lease and fence, routing, the forward hop, the admin routes (its `mod.rs` has the table) |
+//! | `console/` | the operator's console: its page and assets, the token exchanged for a cookie (its `mod.rs` has the table) |
 //! | `tenants/` | [`Tenants`]: who may call, with which token and limits (its `mod.rs` has the table) |
 //! | `listen.rs` | connections accepted under their bounds ([`Limits`]) |
 //! | `slots.rs` | who holds a connection slot: the unauthenticated share, per address, who gives way |
@@ -44,6 +47,7 @@
 
 pub(crate) mod api;
 pub mod cluster;
+mod console;
 pub mod descriptors;
 mod error;
 mod listen;
@@ -100,6 +104,10 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("DELETE", "/v1/workspaces/{name}"),
     ("GET", "/v1/usage"),
     ("POST", "/v1/admin/reload"),
+    ("GET", "/v1/whoami"),
+    ("GET", "/v1/admin/kernels"),
+    ("GET", "/v1/admin/tenants"),
+    ("DELETE", "/v1/admin/tenants/{tenant}/sessions/{session}"),
     ("GET", "/v1/nodes"),
     ("POST", "/v1/nodes/{node}/drain"),
     ("DELETE", "/v1/nodes/{node}/drain"),
@@ -132,6 +140,8 @@ struct Inner {
     /// This server as a node of a cluster, when it is one (docs/cluster.md).
     cluster: std::sync::OnceLock<Arc<cluster::ClusterNode>>,
     tracer: std::sync::OnceLock<crate::telemetry::Tracer>,
+    /// The admin token's digest, when the server has one (`tenants/admin.rs`).
+    admin: std::sync::OnceLock<tenants::AdminToken>,
 }
 
 /// What every handler shares. Cheap to clone.
@@ -182,6 +192,7 @@ impl AppState {
                 mcp_sessions: std::sync::Mutex::new(Vec::new()),
                 cluster: std::sync::OnceLock::new(),
                 tracer: std::sync::OnceLock::new(),
+                admin: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -217,6 +228,36 @@ impl AppState {
         }
     }
 
+    /// Answers the admin token (`--admin-token`) on the operator's routes from now on (set
+    /// once, before serving; a blank token is none).
+    pub fn admin_with(&self, token: &str) {
+        if let Some(admin) = tenants::AdminToken::new(token) {
+            if self.inner.admin.set(admin).is_err() {
+                tracing::warn!("this server already has an admin token");
+            }
+        }
+    }
+
+    /// True when the server has an admin token.
+    pub(crate) fn has_admin(&self) -> bool {
+        self.inner.admin.get().is_some()
+    }
+
+    /// True when `headers` carry the admin token.
+    pub(crate) fn is_admin(&self, headers: &axum::http::HeaderMap) -> bool {
+        tenants::bearer(headers).is_some_and(|token| self.admin_token_is(token))
+    }
+
+    /// True when `token` is the admin token.
+    pub(crate) fn admin_token_is(&self, token: &str) -> bool {
+        self.inner.admin.get().is_some_and(|admin| admin.is(token))
+    }
+
+    /// The tenants as now.
+    pub(crate) fn tenants(&self) -> &tenants::live::LiveTenants {
+        &self.inner.tenants
+    }
+
     pub(crate) fn tracer(&self) -> Option<&crate::telemetry::Tracer> {
         self.inner.tracer.get()
     }
@@ -241,7 +282,12 @@ impl AppState {
 
 /// The API as an axum router (with `/metrics`, for callers with a tenant's token).
 pub fn router(state: AppState) -> Router {
-    api::router(state, api::MetricsRoute::Authenticated)
+    api::router(state, api::MetricsRoute::Authenticated, false)
+}
+
+/// [`router`] with the operator's console at `/console` (`serve --console`, docs/console.md).
+pub fn router_with_console(state: AppState) -> Router {
+    api::router(state, api::MetricsRoute::Authenticated, true)
 }
 
 /// How [`serve_with`] runs: the drain deadline, connection bounds, and an optional separate
@@ -259,6 +305,8 @@ pub struct ServeOptions {
     /// (`true`) or only with a tenant's token (`false`, the default: it shows every tenant's
     /// activity).
     pub public_metrics: bool,
+    /// Serve the operator's console at `/console` (docs/console.md; default `false`).
+    pub console: bool,
 }
 
 impl Default for ServeOptions {
@@ -268,6 +316,7 @@ impl Default for ServeOptions {
             limits: Limits::default(),
             metrics: None,
             public_metrics: false,
+            console: false,
         }
     }
 }
@@ -303,6 +352,7 @@ pub async fn serve_with(
         limits,
         metrics,
         public_metrics,
+        console,
     } = options;
     if let Some(problem) = limits.problem() {
         return Err(std::io::Error::new(
@@ -315,7 +365,7 @@ pub async fn serve_with(
         (None, true) => api::MetricsRoute::Public,
         (None, false) => api::MetricsRoute::Authenticated,
     };
-    let api = api::router(state.clone(), metrics_route);
+    let api = api::router(state.clone(), metrics_route, console);
     let metrics_app = api::metrics_router(state.clone());
     let slots = slots::Slots::new(limits.caps());
     let graceful = GracefulShutdown::new();

@@ -160,6 +160,9 @@ fn definitions() -> (
     answers.subschema_for::<wire::NodeList>();
     answers.subschema_for::<wire::NodeDrain>();
     answers.subschema_for::<wire::NodeKernels>();
+    answers.subschema_for::<wire::Identity>();
+    answers.subschema_for::<wire::KernelPage>();
+    answers.subschema_for::<wire::TenantOverview>();
     (
         requests.take_definitions(true),
         answers.take_definitions(true),
@@ -499,6 +502,9 @@ pub fn spec() -> Value {
         if let Some(files) = files_paths(&auth_errors).as_object() {
             paths.extend(files.clone());
         }
+        if let Some(admin) = admin_paths().as_object() {
+            paths.extend(admin.clone());
+        }
     }
     if let Some(schemas) = spec["components"]["schemas"].as_object_mut() {
         schemas.extend(generated_schemas());
@@ -589,6 +595,64 @@ fn with(base: &Value, extra: Value) -> Value {
     let mut v = base.clone();
     merge(&mut v, &extra);
     v
+}
+
+/// The operator's routes (`api/admin.rs`, docs/console.md): whom a token is, and behind the
+/// admin token every tenant's kernels a page at a time, the tenants, ending any session.
+fn admin_paths() -> Value {
+    let admin_errors = || {
+        json!({
+            "401": error_response("Missing or wrong admin token."),
+            "404": error_response("No admin token configured (`--admin-token`).")
+        })
+    };
+    let query = |name: &str, description: &str, schema: Value| json!({"name": name, "in": "query", "required": false, "description": description, "schema": schema});
+    json!({
+        "/v1/whoami": {
+            "get": {
+                "summary": "Whom the bearer token stands for: the admin token, or a tenant's (and which); whether the server is a cluster node.",
+                "responses": {
+                    "200": answer("The caller.", "Identity"),
+                    "401": error_response("Missing or unknown bearer token.")
+                }
+            }
+        },
+        "/v1/admin/kernels": {
+            "get": {
+                "summary": "Every tenant's live kernels on this server, one page at a time, ordered by tenant, owner and generation (the admin token).",
+                "parameters": [
+                    query("offset", "Kernels skipped (default 0).", json!({"type": "integer", "minimum": 0})),
+                    query("limit", &format!("Page size (default {}, at most {}).", wire::DEFAULT_KERNEL_PAGE, wire::MAX_KERNEL_PAGE), json!({"type": "integer", "minimum": 1, "maximum": wire::MAX_KERNEL_PAGE})),
+                    query("tenant", "Only this tenant's.", json!({"type": "string"})),
+                    query("state", "Only kernels in this state.", json!({"type": "string", "enum": ["starting", "idle", "busy"]})),
+                    query("q", "Only kernels whose id, owner or a label contains this text.", json!({"type": "string", "maxLength": wire::MAX_KERNEL_SEARCH}))
+                ],
+                "responses": with(&admin_errors(), json!({
+                    "200": answer("One page, and how many match.", "KernelPage"),
+                    "400": error_response("`invalid_query`: an unknown parameter, or one out of bounds.")
+                }))
+            }
+        },
+        "/v1/admin/tenants": {
+            "get": {
+                "summary": "Every tenant: its live kernels on this server, its cap and reserved share, its cells since the server started; and the server's cap (the admin token).",
+                "responses": with(&admin_errors(), json!({"200": answer("The tenants.", "TenantOverview")}))
+            }
+        },
+        "/v1/admin/tenants/{tenant}/sessions/{session}": {
+            "parameters": [
+                {"name": "tenant", "in": "path", "required": true, "schema": {"type": "string"}},
+                session_param()
+            ],
+            "delete": {
+                "summary": "End any tenant's session, as the tenant's own DELETE /v1/sessions/{session} does (the admin token).",
+                "responses": with(&admin_errors(), json!({
+                    "200": answer("How many kernels were disposed of.", "Cleared"),
+                    "400": error_response("`invalid_name`: a bad session name.")
+                }))
+            }
+        }
+    })
 }
 
 /// `POST /v1/admin/reload` (its own `json!`, past the macro's recursion limit otherwise).

@@ -1,0 +1,246 @@
+// The kernelbox console (docs/console.md). Every figure comes from the documented API, called
+// with the console's header so that the server reads the HttpOnly cookie as the bearer token;
+// this script never sees a token. Data is written with textContent only, never as HTML: a
+// session name or a label is the tenant's text.
+"use strict";
+
+const HEADER = { "x-kernelbox-console": "1" };
+const POLL_MS = 5000;     // one refresh at a time, this long after the previous one ended
+const CALL_MS = 10000;    // each call's deadline
+const PAGE = 50;          // kernels per page
+
+const state = { who: null, offset: 0, paused: false, timer: null };
+
+const $ = (id) => document.getElementById(id);
+
+function el(tag, text, cls) {
+  const e = document.createElement(tag);
+  if (text !== undefined && text !== null) e.textContent = String(text);
+  if (cls) e.className = cls;
+  return e;
+}
+
+async function call(method, path) {
+  const r = await fetch(path, {
+    method, headers: HEADER, credentials: "same-origin", cache: "no-store",
+    signal: AbortSignal.timeout(CALL_MS),
+  });
+  let body = null;
+  const text = await r.text();
+  if (text) { try { body = JSON.parse(text); } catch (_) { body = null; } }
+  if (!r.ok) {
+    const e = new Error((body && body.error && body.error.message) || r.statusText);
+    e.status = r.status;
+    e.code = body && body.error && body.error.code;
+    throw e;
+  }
+  return body;
+}
+
+function notice(text) {
+  const n = $("notice");
+  n.textContent = text || "";
+  n.hidden = !text;
+}
+
+function ago(seconds) {
+  if (seconds < 60) return `${seconds.toFixed(0)} s`;
+  if (seconds < 3600) return `${(seconds / 60).toFixed(0)} min`;
+  return `${(seconds / 3600).toFixed(1)} h`;
+}
+
+function fill(tbody, rows) {
+  const frag = document.createDocumentFragment();
+  for (const cells of rows) {
+    const tr = document.createElement("tr");
+    for (const c of cells) tr.appendChild(c instanceof Node ? c : el("td", c));
+    frag.appendChild(tr);
+  }
+  tbody.replaceChildren(frag);
+}
+
+function isAdmin() { return state.who && state.who.role === "admin"; }
+
+function confirmThen(question, action) {
+  if (!window.confirm(question)) return;
+  action().then(() => refresh()).catch((e) => notice(`refused: ${e.message}`));
+}
+
+async function showNodes() {
+  const section = $("nodes-section");
+  if (!isAdmin() || !state.who.cluster) { section.hidden = true; return; }
+  section.hidden = false;
+  const list = await call("GET", "/v1/nodes");
+  fill($("nodes").tBodies[0], list.nodes.map((n) => {
+    const td = el("td");
+    const b = el("button", n.draining ? "Undrain" : "Drain", n.draining ? "" : "danger");
+    b.addEventListener("click", () => confirmThen(
+      `${n.draining ? "Undrain" : "Drain"} node ${n.name}?`,
+      () => call(n.draining ? "DELETE" : "POST", `/v1/nodes/${encodeURIComponent(n.name)}/drain`)));
+    td.appendChild(b);
+    return [n.name + (n.name === list.this ? " (this)" : ""), n.state, n.epoch,
+      ago(n.lease_age_seconds), `${n.live_kernels} / ${n.capacity}`, n.draining ? "yes" : "no", td];
+  }));
+}
+
+async function showTenants() {
+  const section = $("tenants-section");
+  if (!isAdmin()) { section.hidden = true; return; }
+  section.hidden = false;
+  const o = await call("GET", "/v1/admin/tenants");
+  $("host-cap").textContent = `(host cap ${o.max_kernels} kernels)`;
+  fill($("tenants").tBodies[0], o.tenants.map((t) => [
+    t.name, t.live_kernels, t.max_kernels ?? "—", t.reserved ?? "—", t.cells]));
+  const select = $("f-tenant");
+  const chosen = select.value;
+  const options = [el("option", "every tenant")];
+  options[0].value = "";
+  for (const t of o.tenants) { const opt = el("option", t.name); opt.value = t.name; options.push(opt); }
+  select.replaceChildren(...options);
+  select.value = chosen;
+}
+
+// One page of kernels: the admin's from the server, a page at a time; a tenant's (at most its
+// cap) filtered and cut here from /v1/kernels.
+async function kernelPage() {
+  const st = $("f-state").value, q = $("f-q").value.trim();
+  if (isAdmin()) {
+    const p = new URLSearchParams({ offset: String(state.offset), limit: String(PAGE) });
+    const tenant = $("f-tenant").value;
+    if (tenant) p.set("tenant", tenant);
+    if (st) p.set("state", st);
+    if (q) p.set("q", q);
+    return call("GET", `/v1/admin/kernels?${p}`);
+  }
+  const all = (await call("GET", "/v1/kernels")).kernels.filter((k) =>
+    (!st || k.state === st) &&
+    (!q || k.id.includes(q) || k.owner.includes(q) ||
+      Object.entries(k.labels || {}).some(([a, b]) => a.includes(q) || b.includes(q))));
+  return { kernels: all.slice(state.offset, state.offset + PAGE), total: all.length,
+    offset: state.offset, limit: PAGE };
+}
+
+async function showKernels() {
+  $("kernels-section").hidden = false;
+  const page = await kernelPage();
+  if (page.total > 0 && page.offset >= page.total) {
+    state.offset = Math.floor((page.total - 1) / PAGE) * PAGE;
+    return showKernels();
+  }
+  $("kernel-count").textContent = `(${page.total})`;
+  const first = page.total === 0 ? 0 : page.offset + 1;
+  $("page").textContent = `${first}–${page.offset + page.kernels.length} of ${page.total}`;
+  $("prev").disabled = page.offset === 0;
+  $("next").disabled = page.offset + page.kernels.length >= page.total;
+  fill($("kernels").tBodies[0], page.kernels.map((k) => {
+    const labels = Object.entries(k.labels || {}).map(([a, b]) => `${a}=${b}`).join(" ");
+    const row = [k.tenant, k.child ? `${k.session} › ${k.child}` : k.session, k.id,
+      el("td", k.state, `state-${k.state}`), k.generation, k.execution_count, ago(k.idle_seconds),
+      el("td", labels, "labels")];
+    if (isAdmin()) {
+      const td = el("td");
+      const b = el("button", "End session", "danger");
+      b.dataset.session = k.session;
+      b.dataset.tenant = k.tenant;
+      b.addEventListener("click", () => confirmThen(
+        `End session ${k.session} of tenant ${k.tenant}? Its kernels and their state go.`,
+        () => call("DELETE",
+          `/v1/admin/tenants/${encodeURIComponent(k.tenant)}/sessions/${encodeURIComponent(k.session)}`)));
+      td.appendChild(b);
+      row.push(td);
+    }
+    return row;
+  }));
+}
+
+async function showUsage() {
+  const section = $("usage-section");
+  if (isAdmin()) { section.hidden = true; return; }
+  section.hidden = false;
+  const report = await call("GET", "/v1/usage");
+  const hours = new Map();
+  for (let h = Math.floor(report.from / 3600); h < Math.ceil(report.to / 3600); h++) hours.set(h, 0);
+  for (const r of report.rows) {
+    const h = Math.floor(r.start / 3600);
+    hours.set(h, (hours.get(h) || 0) + r.kernel_seconds);
+  }
+  const max = Math.max(1, ...hours.values());
+  const bars = [...hours.entries()].slice(-24).map(([h, v]) => {
+    const b = el("div", null, "bar");
+    b.style.height = `${(100 * v / max).toFixed(1)}%`;
+    b.title = `${new Date(h * 3600000).toISOString().slice(0, 13)}:00 — ${v.toFixed(0)} kernel-seconds`;
+    return b;
+  });
+  $("usage").replaceChildren(...bars);
+}
+
+async function refresh() {
+  if (!state.who) return;
+  const parts = [showKernels(), showTenants(), showNodes(), showUsage()];
+  const results = await Promise.allSettled(parts);
+  const failed = results.filter((r) => r.status === "rejected").map((r) => r.reason);
+  if (failed.some((e) => e.status === 401)) { signedOut(); return; }
+  notice(failed.length ? `some figures could not be read: ${failed.map((e) => e.message).join("; ")}` : "");
+  $("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
+  if (!document.body.dataset.rendered) document.body.dataset.rendered = String(performance.now());
+}
+
+function signedOut() {
+  state.who = null;
+  for (const e of document.querySelectorAll("main > section")) e.hidden = true;
+  $("signin").hidden = false;
+  $("who").textContent = "not signed in";
+  document.body.dataset.rendered = document.body.dataset.rendered || String(performance.now());
+}
+
+async function tick() {
+  state.timer = null;
+  if (!state.paused && !document.hidden) {
+    try { await refresh(); } catch (e) { notice(e.message); }
+  }
+  state.timer = setTimeout(tick, POLL_MS);
+}
+
+async function start() {
+  try {
+    state.who = await call("GET", "/v1/whoami");
+  } catch (e) {
+    if (e.status === 401) { signedOut(); return; }
+    notice(e.message);
+    return;
+  }
+  const admin = isAdmin();
+  $("who").textContent = admin ? "admin: every tenant" : `tenant ${state.who.tenant} (read-only)`;
+  document.body.dataset.role = state.who.role;
+  for (const e of document.querySelectorAll(".admin-only")) {
+    if (e.tagName !== "SECTION") e.hidden = !admin;
+  }
+  const restart = () => { state.offset = 0; refresh(); };
+  $("f-state").addEventListener("change", restart);
+  $("f-tenant").addEventListener("change", restart);
+  let typing = null;
+  $("f-q").addEventListener("input", () => { clearTimeout(typing); typing = setTimeout(restart, 300); });
+  $("filters").addEventListener("submit", (e) => { e.preventDefault(); restart(); });
+  $("prev").addEventListener("click", () => { state.offset = Math.max(0, state.offset - PAGE); refresh(); });
+  $("next").addEventListener("click", () => { state.offset += PAGE; refresh(); });
+  $("pause").addEventListener("click", () => {
+    state.paused = !state.paused;
+    $("pause").textContent = state.paused ? "Resume" : "Pause";
+  });
+  $("reload").addEventListener("click", () => confirmThen("Reload the configuration (the tenants)?",
+    async () => {
+      try {
+        const r = await call("POST", "/v1/admin/reload");
+        notice(`reloaded: added ${r.added.length}, removed ${r.removed.length}, changed ${r.changed.length}`);
+      } catch (e) { notice(`reload refused: ${e.message}`); }
+    }));
+  await tick();
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  $("logout").addEventListener("click", async () => {
+    try { await call("POST", "/console/logout"); } catch (_) { /* signed out either way */ }
+    signedOut();
+  });
+  start();
+});
