@@ -56,6 +56,7 @@ impl Server {
                 limits,
                 metrics: None,
                 public_metrics: false,
+                console: false,
             },
         ));
         Server {
