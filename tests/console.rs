@@ -335,6 +335,16 @@ async fn the_console_exchanges_its_token_for_a_cookie_and_pages_a_thousand_kerne
         [("acme".to_string(), 667), ("globex".to_string(), 333)]
     );
 
+    // The admin token reads every tenant's usage, as a usage admin does; a tenant only its own.
+    let usage = api.get("/v1/usage?group_by=day", Some(ADMIN)).await;
+    assert_eq!(usage.status, StatusCode::OK);
+    let other = api.get("/v1/usage?tenant=acme", Some(GLOBEX)).await;
+    assert_eq!(other.status, StatusCode::FORBIDDEN);
+    assert_eq!(
+        api.get("/v1/usage", None).await.status,
+        StatusCode::UNAUTHORIZED
+    );
+
     // In a real browser: the kernels page, paginated, renders in under a second.
     first_render(&format!("{}/console", api.base), ADMIN).await;
     fleet.finish().await;

@@ -409,7 +409,7 @@ pub fn spec() -> Value {
             },
             "/v1/usage": {
                 "get": {
-                    "summary": "The usage ledger (docs/usage.md): the caller's tenant's usage per session or per day; a tenant with usage_admin reads every tenant's, or one's with `tenant`.",
+                    "summary": "The usage ledger (docs/usage.md): the caller's tenant's usage per session or per day; a tenant with usage_admin, or the admin token, reads every tenant's, or one's with `tenant`.",
                     "parameters": [
                         {"name": "from", "in": "query", "required": false, "description": "Start: RFC 3339 or seconds since the epoch (default a day before `to`).", "schema": {"type": "string"}},
                         {"name": "to", "in": "query", "required": false, "description": "End (exclusive): RFC 3339 or seconds since the epoch (default now).", "schema": {"type": "string"}},

@@ -25,6 +25,11 @@ def api(server: Server, token: str, path: str) -> Any:
     return r.json()
 
 
+def midnight() -> int:
+    """Midnight UTC today, in seconds: the console's "today"."""
+    return int(time.time()) // 86400 * 86400
+
+
 def sign_in(driver: webdriver.Chrome, server: Server, token: str) -> None:
     driver.get(f"{server.url}/console?token={token}")
     WebDriverWait(driver, WAIT).until(
@@ -70,6 +75,10 @@ def test_the_admin_view_renders_and_its_figures_are_the_apis(
     assert {r[0]: int(r[1]) for r in rows(driver, "tenants")} == {
         t["name"]: t["live_kernels"] for t in tenants["tenants"]}  # fmt: skip
     assert {r[0]: r[2] for r in rows(driver, "tenants")} == {"acme": "4", "globex": "3"}
+    # Today's cells per tenant are the ledger's, read with the admin token.
+    day = api(server, admin_token, f"/v1/usage?group_by=day&from={midnight()}")["rows"]
+    assert {r["tenant"] for r in day} == {"acme", "globex"}, day
+    assert {r[0]: int(r[7]) for r in rows(driver, "tenants")} == {r["tenant"]: r["cells"] for r in day}
     path = shot(driver, "admin")
     assert path.stat().st_size > 0
 
@@ -91,9 +100,11 @@ def test_a_tenants_view_never_shows_another_tenant(
     assert not driver.find_element(By.ID, "tenants-section").is_displayed()
     assert driver.find_elements(By.CSS_SELECTOR, "#kernels button") == []
     assert not driver.find_element(By.ID, "reload").is_displayed()
-    # The usage chart is the tenant's own ledger.
-    WebDriverWait(driver, WAIT).until(
-        lambda d: d.find_elements(By.CSS_SELECTOR, "#usage .bar"))
+    # Today's usage is the tenant's own ledger, per session.
+    ledger = api(server, server.token("globex"), f"/v1/usage?from={midnight()}")["rows"]
+    assert {r["session"] for r in ledger} == set(IDLE["globex"]), ledger
+    WebDriverWait(driver, WAIT).until(lambda d: rows(d, "usage"))
+    assert {r[0] for r in rows(driver, "usage")} == set(IDLE["globex"])
     shot(driver, "tenant")
 
 

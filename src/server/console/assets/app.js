@@ -87,10 +87,15 @@ async function showTenants() {
   const section = $("tenants-section");
   if (!isAdmin()) { section.hidden = true; return; }
   section.hidden = false;
-  const o = await call("GET", "/v1/admin/tenants");
+  const [o, usage] = await Promise.all([call("GET", "/v1/admin/tenants"),
+    call("GET", `/v1/usage?group_by=day&from=${today()}`)]);
+  const day = new Map(usage.rows.map((r) => [r.tenant, r]));
   $("host-cap").textContent = `(host cap ${o.max_kernels} kernels)`;
-  fill($("tenants").tBodies[0], o.tenants.map((t) => [
-    t.name, t.live_kernels, t.max_kernels ?? "—", t.reserved ?? "—", t.cells]));
+  fill($("tenants").tBodies[0], o.tenants.map((t) => {
+    const u = day.get(t.name) || { kernel_seconds: 0, cpu_seconds: 0, cells: 0 };
+    return [t.name, t.live_kernels, t.max_kernels ?? "—", t.reserved ?? "—", t.cells,
+      u.kernel_seconds.toFixed(0), u.cpu_seconds.toFixed(1), u.cells];
+  }));
   const select = $("f-tenant");
   const chosen = select.value;
   const options = [el("option", "every tenant")];
@@ -153,25 +158,18 @@ async function showKernels() {
   }));
 }
 
+// Midnight UTC today, in seconds: the ledger's "today".
+function today() { return Math.floor(Date.now() / 86400000) * 86400; }
+
+function mib(bytes) { return `${(bytes / 1048576).toFixed(0)} MiB`; }
+
 async function showUsage() {
   const section = $("usage-section");
   if (isAdmin()) { section.hidden = true; return; }
   section.hidden = false;
-  const report = await call("GET", "/v1/usage");
-  const hours = new Map();
-  for (let h = Math.floor(report.from / 3600); h < Math.ceil(report.to / 3600); h++) hours.set(h, 0);
-  for (const r of report.rows) {
-    const h = Math.floor(r.start / 3600);
-    hours.set(h, (hours.get(h) || 0) + r.kernel_seconds);
-  }
-  const max = Math.max(1, ...hours.values());
-  const bars = [...hours.entries()].slice(-24).map(([h, v]) => {
-    const b = el("div", null, "bar");
-    b.style.height = `${(100 * v / max).toFixed(1)}%`;
-    b.title = `${new Date(h * 3600000).toISOString().slice(0, 13)}:00 — ${v.toFixed(0)} kernel-seconds`;
-    return b;
-  });
-  $("usage").replaceChildren(...bars);
+  const report = await call("GET", `/v1/usage?group_by=session&from=${today()}`);
+  fill($("usage").tBodies[0], report.rows.map((r) => [r.session, r.kernel_seconds.toFixed(0),
+    r.cpu_seconds.toFixed(1), mib(r.peak_memory_bytes), r.cells, r.commands]));
 }
 
 async function refresh() {
