@@ -12,8 +12,8 @@
 //! | `assets/` | `index.html`, `app.js`, `app.css`: the page, served as they are |
 //!
 //! What it makes the host hold: nothing per visitor (the cookie is the token itself, kept by
-//! the browser); the page's polling is one API call at a time, every few seconds, each bounded
-//! as the API's are.
+//! the browser); the page refreshes one round at a time (at most five API calls), 5 s after the
+//! previous round ended, each call bounded as the API's are.
 
 mod auth;
 
