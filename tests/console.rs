@@ -338,6 +338,41 @@ async fn the_console_exchanges_its_token_for_a_cookie_and_pages_a_thousand_kerne
     // The admin token reads every tenant's usage, as a usage admin does; a tenant only its own.
     let usage = api.get("/v1/usage?group_by=day", Some(ADMIN)).await;
     assert_eq!(usage.status, StatusCode::OK);
+    // The chart's hourly rows: one per tenant and hour, summing to what the days say.
+    let cells = |report: &serde_json::Value| -> Vec<(String, u64)> {
+        let mut sums = std::collections::BTreeMap::<String, u64>::new();
+        for r in report["rows"].as_array().expect("rows") {
+            *sums
+                .entry(r["tenant"].as_str().unwrap_or_default().to_string())
+                .or_default() += r["cells"].as_u64().unwrap_or(0);
+        }
+        sums.into_iter().collect()
+    };
+    let hourly = api.get("/v1/usage?group_by=hour", Some(ADMIN)).await;
+    assert_eq!(hourly.status, StatusCode::OK);
+    let hourly = hourly.json();
+    assert_eq!(hourly["group_by"], "hour");
+    let mut keys = BTreeSet::new();
+    for r in hourly["rows"].as_array().expect("rows") {
+        assert_eq!(r["session"], "", "an hourly row sums sessions: {r}");
+        let start = r["start"].as_u64().expect("start");
+        assert_eq!(start % 3_600, 0, "{r}");
+        let tenant = r["tenant"].as_str().expect("tenant").to_string();
+        assert!(
+            keys.insert((tenant, start)),
+            "one row per tenant and hour: {r}"
+        );
+    }
+    assert_eq!(
+        cells(&hourly),
+        [("acme".to_string(), 667), ("globex".to_string(), 333)]
+    );
+    assert_eq!(cells(&hourly), cells(&usage.json()));
+    let mine = api
+        .get("/v1/usage?group_by=hour", Some(GLOBEX))
+        .await
+        .json();
+    assert_eq!(cells(&mine), [("globex".to_string(), 333)]);
     let other = api.get("/v1/usage?tenant=acme", Some(GLOBEX)).await;
     assert_eq!(other.status, StatusCode::FORBIDDEN);
     assert_eq!(

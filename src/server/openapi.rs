@@ -409,11 +409,11 @@ pub fn spec() -> Value {
             },
             "/v1/usage": {
                 "get": {
-                    "summary": "The usage ledger (docs/usage.md): the caller's tenant's usage per session or per day; a tenant with usage_admin, or the admin token, reads every tenant's, or one's with `tenant`.",
+                    "summary": "The usage ledger (docs/usage.md): the caller's tenant's usage per session, day or hour; a tenant with usage_admin, or the admin token, reads every tenant's, or one's with `tenant`.",
                     "parameters": [
                         {"name": "from", "in": "query", "required": false, "description": "Start: RFC 3339 or seconds since the epoch (default a day before `to`).", "schema": {"type": "string"}},
                         {"name": "to", "in": "query", "required": false, "description": "End (exclusive): RFC 3339 or seconds since the epoch (default now).", "schema": {"type": "string"}},
-                        {"name": "group_by", "in": "query", "required": false, "schema": {"type": "string", "enum": ["session", "day"]}},
+                        {"name": "group_by", "in": "query", "required": false, "description": "`session` (default): per tenant and session; `day`: per tenant and UTC day; `hour`: per tenant and hour.", "schema": {"type": "string", "enum": ["session", "day", "hour"]}},
                         {"name": "tenant", "in": "query", "required": false, "description": "One tenant (usage admins; others only their own).", "schema": {"type": "string"}}
                     ],
                     "responses": with(&auth_errors, json!({

@@ -30,6 +30,19 @@ def midnight() -> int:
     return int(time.time()) // 86400 * 86400
 
 
+def hour() -> int:
+    """The current hour's start, in seconds: the chart's last bar."""
+    return int(time.time()) // 3600 * 3600
+
+
+def charted(driver: webdriver.Chrome) -> set:
+    """The tenants the usage chart draws a figure for, once it has drawn."""
+    WebDriverWait(driver, WAIT).until(
+        lambda d: d.find_elements(By.CSS_SELECTOR, "#charts figure, #charts p"))
+    return {f.get_attribute("data-tenant")
+            for f in driver.find_elements(By.CSS_SELECTOR, "#charts figure")}  # fmt: skip
+
+
 def sign_in(driver: webdriver.Chrome, server: Server, token: str) -> None:
     driver.get(f"{server.url}/console?token={token}")
     WebDriverWait(driver, WAIT).until(
@@ -79,6 +92,19 @@ def test_the_admin_view_renders_and_its_figures_are_the_apis(
     day = api(server, admin_token, f"/v1/usage?group_by=day&from={midnight()}")["rows"]
     assert {r["tenant"] for r in day} == {"acme", "globex"}, day
     assert {r[0]: int(r[7]) for r in rows(driver, "tenants")} == {r["tenant"]: r["cells"] for r in day}
+    # The hourly chart: one figure per tenant with usage, 24 bars, each the ledger's cells of
+    # that tenant and hour.
+    hourly = api(server, admin_token, f"/v1/usage?group_by=hour&from={hour() - 23 * 3600}")
+    assert hourly["group_by"] == "hour"
+    assert charted(driver) == {r["tenant"] for r in hourly["rows"]} == {"acme", "globex"}
+    for fig in driver.find_elements(By.CSS_SELECTOR, "#charts figure"):
+        bars = fig.find_elements(By.CSS_SELECTOR, "rect.bar")
+        assert len(bars) == 24
+        ledger = {r["start"]: r["cells"] for r in hourly["rows"]
+                  if r["tenant"] == fig.get_attribute("data-tenant") and r["cells"]}  # fmt: skip
+        drawn = {int(b.get_attribute("data-hour")): int(b.get_attribute("data-value"))
+                 for b in bars if b.get_attribute("data-value") != "0"}  # fmt: skip
+        assert drawn == ledger and sum(drawn.values()) == 2, (drawn, ledger)
     path = shot(driver, "admin")
     assert path.stat().st_size > 0
 
@@ -105,6 +131,8 @@ def test_a_tenants_view_never_shows_another_tenant(
     assert {r["session"] for r in ledger} == set(IDLE["globex"]), ledger
     WebDriverWait(driver, WAIT).until(lambda d: rows(d, "usage"))
     assert {r[0] for r in rows(driver, "usage")} == set(IDLE["globex"])
+    # The hourly chart: its own tenant's only.
+    assert charted(driver) == {"globex"}
     shot(driver, "tenant")
 
 

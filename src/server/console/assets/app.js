@@ -172,9 +172,72 @@ async function showUsage() {
     r.cpu_seconds.toFixed(1), mib(r.peak_memory_bytes), r.cells, r.commands]));
 }
 
+// The last CHART_HOURS hours of cells run (and kernel-seconds, in each bar's title), one small SVG bar chart per tenant (the
+// admin's: every tenant's; a tenant's: its own), from `GET /v1/usage?group_by=hour`. Built
+// with DOM calls only (no library, no inline style, no HTML strings).
+const CHART_HOURS = 24;
+const SVG = "http://www.w3.org/2000/svg";
+const CHART_W = 240, CHART_H = 48;
+
+function svg(tag, attrs) {
+  const e = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, String(v));
+  return e;
+}
+
+function chart(tenant, first, values, seconds) {
+  const fig = el("figure", undefined, "chart");
+  fig.dataset.tenant = tenant;
+  const max = Math.max(...values, 0);
+  const total = values.reduce((a, b) => a + b, 0);
+  const kernelSeconds = seconds.reduce((a, b) => a + b, 0);
+  fig.appendChild(el("figcaption",
+    `${tenant}: ${total} cells, ${kernelSeconds.toFixed(0)} kernel-seconds`));
+  const s = svg("svg", { viewBox: `0 0 ${CHART_W} ${CHART_H}`, width: CHART_W, height: CHART_H,
+    role: "img" });
+  const label = document.createElementNS(SVG, "title");
+  label.textContent = `cells per hour of tenant ${tenant}, last ${CHART_HOURS} hours`;
+  s.appendChild(label);
+  const w = CHART_W / values.length;
+  values.forEach((v, i) => {
+    const h = max > 0 ? Math.max(1, (v / max) * (CHART_H - 2)) : 0;
+    const bar = svg("rect", { x: (i * w + 0.5).toFixed(1), y: (CHART_H - h).toFixed(1),
+      width: Math.max(1, w - 1).toFixed(1), height: h.toFixed(1), class: "bar" });
+    bar.dataset.hour = String(first + i * 3600);
+    bar.dataset.value = String(v);
+    const t = document.createElementNS(SVG, "title");
+    t.textContent = `${new Date((first + i * 3600) * 1000).toISOString().slice(0, 13)}:00Z: ` +
+      `${v} cells, ${seconds[i].toFixed(0)} kernel-seconds`;
+    bar.appendChild(t);
+    s.appendChild(bar);
+  });
+  fig.appendChild(s);
+  return fig;
+}
+
+async function showCharts() {
+  $("charts-section").hidden = false;
+  const now = Math.floor(Date.now() / 1000);
+  const first = now - (now % 3600) - (CHART_HOURS - 1) * 3600;
+  const report = await call("GET", `/v1/usage?group_by=hour&from=${first}`);
+  const per = new Map();
+  for (const r of report.rows) {
+    const i = Math.floor((r.start - first) / 3600);
+    if (i < 0 || i >= CHART_HOURS) continue;
+    if (!per.has(r.tenant)) {
+      per.set(r.tenant, { cells: new Array(CHART_HOURS).fill(0), seconds: new Array(CHART_HOURS).fill(0) });
+    }
+    per.get(r.tenant).cells[i] += r.cells;
+    per.get(r.tenant).seconds[i] += r.kernel_seconds;
+  }
+  const figs = [...per.keys()].sort().map((t) => chart(t, first, per.get(t).cells, per.get(t).seconds));
+  if (figs.length === 0) figs.push(el("p", "no usage in the last 24 hours", "muted"));
+  $("charts").replaceChildren(...figs);
+}
+
 async function refresh() {
   if (!state.who) return;
-  const parts = [showKernels(), showTenants(), showNodes(), showUsage()];
+  const parts = [showKernels(), showTenants(), showNodes(), showUsage(), showCharts()];
   const results = await Promise.allSettled(parts);
   const failed = results.filter((r) => r.status === "rejected").map((r) => r.reason);
   if (failed.some((e) => e.status === 401)) { signedOut(); return; }
