@@ -57,6 +57,7 @@ impl Server {
                 metrics: None,
                 public_metrics: false,
                 e2b: None,
+                console: false,
             },
         ));
         Server {

@@ -185,7 +185,7 @@ async fn a_bash_interrupt_stops_the_cell_and_keeps_the_shell() {
     .await;
     let first = run_bash(&case, "s", "x=41").await;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<()>();
-    let sink: kernelbox::OutputSink = std::sync::Arc::new(move |_b: &[u8]| {
+    let sink: kernelbox::OutputSink = std::sync::Arc::new(move |_s, _b: &[u8]| {
         let _ = tx.send(());
     });
     let kb = case.kb.clone();

@@ -313,6 +313,7 @@ fn file_flags(file: &ConfigFile, at: &Path) -> anyhow::Result<Flags> {
     );
     f.one("server.e2b_listen", "e2b_listen", s.e2b_listen.clone());
     f.switch("server.public_metrics", "public_metrics", s.public_metrics);
+    f.switch("server.console", "console", s.console);
     f.one(
         "server.otlp_endpoint",
         "otlp_endpoint",
@@ -664,6 +665,7 @@ fn file_from_args(
     s.metrics_listen = args.metrics_listen.clone();
     s.e2b_listen = args.e2b_listen.clone();
     s.public_metrics = Some(args.public_metrics);
+    s.console = Some(args.console);
     s.otlp_endpoint = args.otlp_endpoint.clone();
     s.mcp_idle_timeout = span(args.mcp_idle_timeout);
     s.mcp_max_sessions = Some(u64::from(args.mcp_max_sessions));

@@ -200,6 +200,10 @@ pub(crate) struct ServeArgs {
     /// tenant's activity: prefer --metrics-listen on a private address.
     #[arg(long, env = "KERNELBOX_PUBLIC_METRICS")]
     pub(super) public_metrics: bool,
+    /// Serve the operator's console at `/console` (docs/console.md): the fleet in a browser,
+    /// for the admin token (everything) or a tenant's token (that tenant's view only).
+    #[arg(long, env = "KERNELBOX_CONSOLE")]
+    pub(super) console: bool,
     /// Send OpenTelemetry traces to this OTLP/HTTP receiver (its base URL, e.g.
     /// http://collector:4318; spans are POSTed as JSON to /v1/traces). Off without it. A
     /// caller's W3C traceparent is continued, and passed on to the tenant's tool endpoint.
@@ -251,7 +255,8 @@ pub(crate) struct ServeArgs {
     #[arg(long, env = "KERNELBOX_FENCE_MARGIN", default_value = "3s", value_parser = parse_duration)]
     pub(super) fence_margin: Duration,
     /// The token of the admin routes (a cluster's GET /v1/nodes, POST /v1/nodes/NODE/drain;
-    /// POST /v1/admin/reload, which re-reads the tenants); without it they answer 404.
+    /// POST /v1/admin/reload, which re-reads the tenants; GET /v1/admin/kernels and tenants,
+    /// and the console's admin view); without it they answer 404.
     #[arg(long, env = "KERNELBOX_ADMIN_TOKEN", hide_env_values = true)]
     pub(super) admin_token: Option<String>,
     /// --admin-token read from this file (a `docker secret` or a Kubernetes Secret).
@@ -695,6 +700,9 @@ pub(crate) async fn run(
         rate_grace: args.send_rate_grace.unwrap_or(defaults.rate_grace),
     };
     let state = AppState::with_options(orchestrator, tenants.clone(), mcp, responses);
+    if let Some(token) = admin_token(&args)? {
+        state.admin_with(&token);
+    }
     if source.is_file() {
         state.reload_with(server::reload::Reloader::new(
             tenants_loader(
@@ -754,6 +762,7 @@ pub(crate) async fn run(
         metrics,
         public_metrics: args.public_metrics,
         e2b,
+        console: args.console,
     };
     let served = server::serve_with(listener, state, shutdown, options).await;
     signals.abort();

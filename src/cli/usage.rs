@@ -23,8 +23,8 @@ pub(crate) struct UsageArgs {
     /// End (exclusive): RFC 3339 or seconds since the epoch (default now).
     #[arg(long)]
     to: Option<String>,
-    /// One row per session, or per day.
-    #[arg(long, default_value = "session", value_parser = ["session", "day"])]
+    /// One row per session, per day or per hour.
+    #[arg(long, default_value = "session", value_parser = ["session", "day", "hour"])]
     group_by: String,
     /// One tenant's usage (a usage admin's token).
     #[arg(long)]
@@ -83,6 +83,7 @@ pub(crate) async fn usage(args: UsageArgs) -> anyhow::Result<ExitCode> {
         to: args.to,
         group_by: Some(match args.group_by.as_str() {
             "day" => GroupBy::Day,
+            "hour" => GroupBy::Hour,
             _ => GroupBy::Session,
         }),
         tenant: args.tenant,

@@ -20,6 +20,8 @@
 //! | `GET /v1/nodes`, `POST`, `DELETE /v1/nodes/{node}/drain`, `GET /v1/nodes/{node}/kernels` | a cluster's nodes; draining one; one node's kernels (the admin token; `cluster/admin.rs`) |
 //! | `POST`, `GET`, `DELETE /v1/mcp` | MCP over streamable HTTP (`api/mcp.rs`, docs/mcp.md "MCP") |
 //! | `POST /v1/admin/reload` | re-read the tenants and apply them without a restart (the admin token; `reload.rs`) |
+//! | `GET /v1/whoami`, `GET /v1/admin/kernels`, `GET /v1/admin/tenants`, `DELETE /v1/admin/tenants/{tenant}/sessions/{session}` | whom a token is; the operator's views and action (the admin token; `api/admin.rs`, docs/console.md) |
+//! | `GET /console`, `/console/app.js`, `/console/app.css`, `POST /console/logout` | the operator's console, with `serve --console` (`console/`) |
 //! | `GET /healthz`, `GET /openapi.json` | no authentication |
 //! | `GET /metrics` | a tenant's token, unless [`ServeOptions::public_metrics`] |
 //!
@@ -36,6 +38,7 @@
 //! | `api/` | the router and handlers, the streams and MCP over HTTP (its `mod.rs` says which file does what) |
 //! | `cluster/` | the server as a cluster node: the lease and fence, routing, the forward hop, the admin routes (its `mod.rs` has the table) |
 //! | `e2b/` | the E2B-compatible API on its own listener (`serve --e2b-listen`, docs/e2b.md; its `mod.rs` has the table) |
+//! | `console/` | the operator's console: its page and assets, the token exchanged for a cookie (its `mod.rs` has the table) |
 //! | `tenants/` | [`Tenants`]: who may call, with which token and limits (its `mod.rs` has the table) |
 //! | `listen.rs` | connections accepted under their bounds ([`Limits`]) |
 //! | `slots.rs` | who holds a connection slot: the unauthenticated share, per address, who gives way |
@@ -47,6 +50,7 @@
 
 pub(crate) mod api;
 pub mod cluster;
+mod console;
 pub mod descriptors;
 mod e2b;
 mod error;
@@ -110,6 +114,10 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/sessions/{session}/restore"),
     ("POST", "/v1/sessions/{session}/fork"),
     ("POST", "/v1/admin/reload"),
+    ("GET", "/v1/whoami"),
+    ("GET", "/v1/admin/kernels"),
+    ("GET", "/v1/admin/tenants"),
+    ("DELETE", "/v1/admin/tenants/{tenant}/sessions/{session}"),
     ("GET", "/v1/nodes"),
     ("POST", "/v1/nodes/{node}/drain"),
     ("DELETE", "/v1/nodes/{node}/drain"),
@@ -142,6 +150,8 @@ struct Inner {
     /// This server as a node of a cluster, when it is one (docs/cluster.md).
     cluster: std::sync::OnceLock<Arc<cluster::ClusterNode>>,
     tracer: std::sync::OnceLock<crate::telemetry::Tracer>,
+    /// The admin token's digest, when the server has one (`tenants/admin.rs`).
+    admin: std::sync::OnceLock<tenants::AdminToken>,
 }
 
 /// What every handler shares. Cheap to clone.
@@ -192,6 +202,7 @@ impl AppState {
                 mcp_sessions: std::sync::Mutex::new(Vec::new()),
                 cluster: std::sync::OnceLock::new(),
                 tracer: std::sync::OnceLock::new(),
+                admin: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -227,6 +238,36 @@ impl AppState {
         }
     }
 
+    /// Answers the admin token (`--admin-token`) on the operator's routes from now on (set
+    /// once, before serving; a blank token is none).
+    pub fn admin_with(&self, token: &str) {
+        if let Some(admin) = tenants::AdminToken::new(token) {
+            if self.inner.admin.set(admin).is_err() {
+                tracing::warn!("this server already has an admin token");
+            }
+        }
+    }
+
+    /// True when the server has an admin token.
+    pub(crate) fn has_admin(&self) -> bool {
+        self.inner.admin.get().is_some()
+    }
+
+    /// True when `headers` carry the admin token.
+    pub(crate) fn is_admin(&self, headers: &axum::http::HeaderMap) -> bool {
+        tenants::bearer(headers).is_some_and(|token| self.admin_token_is(token))
+    }
+
+    /// True when `token` is the admin token.
+    pub(crate) fn admin_token_is(&self, token: &str) -> bool {
+        self.inner.admin.get().is_some_and(|admin| admin.is(token))
+    }
+
+    /// The tenants as now.
+    pub(crate) fn tenants(&self) -> &tenants::live::LiveTenants {
+        &self.inner.tenants
+    }
+
     pub(crate) fn tracer(&self) -> Option<&crate::telemetry::Tracer> {
         self.inner.tracer.get()
     }
@@ -251,7 +292,12 @@ impl AppState {
 
 /// The API as an axum router (with `/metrics`, for callers with a tenant's token).
 pub fn router(state: AppState) -> Router {
-    api::router(state, api::MetricsRoute::Authenticated)
+    api::router(state, api::MetricsRoute::Authenticated, false)
+}
+
+/// [`router`] with the operator's console at `/console` (`serve --console`, docs/console.md).
+pub fn router_with_console(state: AppState) -> Router {
+    api::router(state, api::MetricsRoute::Authenticated, true)
 }
 
 /// How [`serve_with`] runs: the drain deadline, connection bounds, and an optional separate
@@ -272,6 +318,8 @@ pub struct ServeOptions {
     /// When set, the E2B-compatible API (`e2b/`, docs/e2b.md) on a listener of its own,
     /// under the same connection bounds and slots as the API listener.
     pub e2b: Option<tokio::net::TcpListener>,
+    /// Serve the operator's console at `/console` (docs/console.md; default `false`).
+    pub console: bool,
 }
 
 impl Default for ServeOptions {
@@ -282,6 +330,7 @@ impl Default for ServeOptions {
             metrics: None,
             public_metrics: false,
             e2b: None,
+            console: false,
         }
     }
 }
@@ -318,6 +367,7 @@ pub async fn serve_with(
         metrics,
         public_metrics,
         e2b: e2b_listener,
+        console,
     } = options;
     if let Some(problem) = limits.problem() {
         return Err(std::io::Error::new(
@@ -330,7 +380,7 @@ pub async fn serve_with(
         (None, true) => api::MetricsRoute::Public,
         (None, false) => api::MetricsRoute::Authenticated,
     };
-    let api = api::router(state.clone(), metrics_route);
+    let api = api::router(state.clone(), metrics_route, console);
     let metrics_app = api::metrics_router(state.clone());
     let e2b_facade = e2b_listener.as_ref().map(|_| e2b::Facade::start(&state));
     let e2b_app = match &e2b_facade {

@@ -167,6 +167,9 @@ fn definitions() -> (
     answers.subschema_for::<wire::SnapshotList>();
     answers.subschema_for::<wire::ForkOutcome>();
     answers.subschema_for::<wire::ForkResult>();
+    answers.subschema_for::<wire::Identity>();
+    answers.subschema_for::<wire::KernelPage>();
+    answers.subschema_for::<wire::TenantOverview>();
     (
         requests.take_definitions(true),
         answers.take_definitions(true),
@@ -413,11 +416,11 @@ pub fn spec() -> Value {
             },
             "/v1/usage": {
                 "get": {
-                    "summary": "The usage ledger (docs/usage.md): the caller's tenant's usage per session or per day; a tenant with usage_admin reads every tenant's, or one's with `tenant`.",
+                    "summary": "The usage ledger (docs/usage.md): the caller's tenant's usage per session, day or hour; a tenant with usage_admin, or the admin token, reads every tenant's, or one's with `tenant`.",
                     "parameters": [
                         {"name": "from", "in": "query", "required": false, "description": "Start: RFC 3339 or seconds since the epoch (default a day before `to`).", "schema": {"type": "string"}},
                         {"name": "to", "in": "query", "required": false, "description": "End (exclusive): RFC 3339 or seconds since the epoch (default now).", "schema": {"type": "string"}},
-                        {"name": "group_by", "in": "query", "required": false, "schema": {"type": "string", "enum": ["session", "day"]}},
+                        {"name": "group_by", "in": "query", "required": false, "description": "`session` (default): per tenant and session; `day`: per tenant and UTC day; `hour`: per tenant and hour.", "schema": {"type": "string", "enum": ["session", "day", "hour"]}},
                         {"name": "tenant", "in": "query", "required": false, "description": "One tenant (usage admins; others only their own).", "schema": {"type": "string"}}
                     ],
                     "responses": with(&auth_errors, json!({
@@ -508,6 +511,9 @@ pub fn spec() -> Value {
         }
         if let Some(snapshots) = snapshot_paths(&auth_errors).as_object() {
             paths.extend(snapshots.clone());
+        }
+        if let Some(admin) = admin_paths().as_object() {
+            paths.extend(admin.clone());
         }
     }
     if let Some(schemas) = spec["components"]["schemas"].as_object_mut() {
@@ -601,7 +607,64 @@ fn with(base: &Value, extra: Value) -> Value {
     v
 }
 
-/// `POST /v1/admin/reload` (its own `json!`, past the macro's recursion limit otherwise).
+/// The operator's routes (`api/admin.rs`, docs/console.md): whom a token is, and behind the
+/// admin token every tenant's kernels a page at a time, the tenants, ending any session.
+fn admin_paths() -> Value {
+    let admin_errors = || {
+        json!({
+            "401": error_response("Missing or wrong admin token."),
+            "404": error_response("No admin token configured (`--admin-token`).")
+        })
+    };
+    let query = |name: &str, description: &str, schema: Value| json!({"name": name, "in": "query", "required": false, "description": description, "schema": schema});
+    json!({
+        "/v1/whoami": {
+            "get": {
+                "summary": "Whom the bearer token stands for: the admin token, or a tenant's (and which); whether the server is a cluster node.",
+                "responses": {
+                    "200": answer("The caller.", "Identity"),
+                    "401": error_response("Missing or unknown bearer token.")
+                }
+            }
+        },
+        "/v1/admin/kernels": {
+            "get": {
+                "summary": "Every tenant's live kernels on this server, one page at a time, ordered by tenant, owner and generation (the admin token).",
+                "parameters": [
+                    query("offset", "Kernels skipped (default 0).", json!({"type": "integer", "minimum": 0})),
+                    query("limit", &format!("Page size (default {}, at most {}).", wire::DEFAULT_KERNEL_PAGE, wire::MAX_KERNEL_PAGE), json!({"type": "integer", "minimum": 1, "maximum": wire::MAX_KERNEL_PAGE})),
+                    query("tenant", "Only this tenant's.", json!({"type": "string"})),
+                    query("state", "Only kernels in this state.", json!({"type": "string", "enum": ["starting", "idle", "busy"]})),
+                    query("q", "Only kernels whose id, owner or a label contains this text.", json!({"type": "string", "maxLength": wire::MAX_KERNEL_SEARCH}))
+                ],
+                "responses": with(&admin_errors(), json!({
+                    "200": answer("One page, and how many match.", "KernelPage"),
+                    "400": error_response("`invalid_query`: an unknown parameter, or one out of bounds.")
+                }))
+            }
+        },
+        "/v1/admin/tenants": {
+            "get": {
+                "summary": "Every tenant: its live kernels on this server, its cap and reserved share, its cells since the server started; and the server's cap (the admin token).",
+                "responses": with(&admin_errors(), json!({"200": answer("The tenants.", "TenantOverview")}))
+            }
+        },
+        "/v1/admin/tenants/{tenant}/sessions/{session}": {
+            "parameters": [
+                {"name": "tenant", "in": "path", "required": true, "schema": {"type": "string"}},
+                session_param()
+            ],
+            "delete": {
+                "summary": "End any tenant's session, as the tenant's own DELETE /v1/sessions/{session} does (the admin token).",
+                "responses": with(&admin_errors(), json!({
+                    "200": answer("How many kernels were disposed of.", "Cleared"),
+                    "400": error_response("`invalid_name`: a bad session name.")
+                }))
+            }
+        }
+    })
+}
+
 /// The snapshot, restore and fork routes (`docs/snapshots.md`).
 fn snapshot_paths(auth_errors: &Value) -> Value {
     let body = |name: &str| json!({"required": true, "content": {"application/json": {"schema": {"$ref": format!("#/components/schemas/{name}")}}}});
@@ -676,6 +739,7 @@ fn snapshot_paths(auth_errors: &Value) -> Value {
     })
 }
 
+/// `POST /v1/admin/reload` (its own `json!`, past the macro's recursion limit otherwise).
 fn reload_path() -> Value {
     json!({
         "post": {

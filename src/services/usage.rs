@@ -47,6 +47,10 @@ pub(crate) struct UsageLedger {
     pending: Arc<Pending>,
     store: Arc<dyn Catalog>,
     egress: Option<Arc<Egress>>,
+    /// Held from taking the pending rows until they are written, so that a report made while
+    /// another flush is writing (two reports at once, or the periodic flush) waits for it and
+    /// reads every row taken before it.
+    flushing: tokio::sync::Mutex<()>,
 }
 
 impl UsageLedger {
@@ -60,6 +64,7 @@ impl UsageLedger {
             pending,
             store,
             egress,
+            flushing: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -145,6 +150,7 @@ impl UsageLedger {
     /// Writes the pending usage to the ledger and (with `prune`) prunes old hours; rows that fail are kept
     /// for the next flush (logged).
     async fn flush(&self, prune: bool) {
+        let _writing = self.flushing.lock().await;
         // Open connections' bytes so far count in the hour they moved in (docs/usage.md).
         if let Some(egress) = &self.egress {
             egress.settle_usage();

@@ -144,6 +144,9 @@ pub enum GroupBy {
     Session,
     /// One row per tenant and UTC day (`session` empty).
     Day,
+    /// One row per tenant and hour, the ledger's own bucket (`session` empty): the console's
+    /// chart.
+    Hour,
 }
 
 impl GroupBy {
@@ -152,6 +155,7 @@ impl GroupBy {
         match self {
             GroupBy::Session => "session",
             GroupBy::Day => "day",
+            GroupBy::Hour => "hour",
         }
     }
 }
@@ -167,17 +171,18 @@ pub fn group(rows: Vec<UsageRow>, group_by: GroupBy) -> Vec<UsageRow> {
                 row.start - row.start % 86_400,
                 String::new(),
             ),
+            GroupBy::Hour => (row.tenant.clone(), hour_of(row.start), String::new()),
         };
         let start = key.1;
         let entry = out.entry(key).or_insert_with(|| UsageRow {
             tenant: row.tenant.clone(),
             session: match group_by {
                 GroupBy::Session => row.session.clone(),
-                GroupBy::Day => String::new(),
+                GroupBy::Day | GroupBy::Hour => String::new(),
             },
             start: match group_by {
                 GroupBy::Session => row.start,
-                GroupBy::Day => start,
+                GroupBy::Day | GroupBy::Hour => start,
             },
             ..UsageRow::default()
         });
@@ -210,5 +215,35 @@ mod tests {
         assert_eq!(by_day.len(), 1);
         assert_eq!(by_day[0].cells, (MAX_PENDING + 5) as u64);
         assert!(pending.take().is_empty());
+    }
+
+    #[test]
+    fn grouping_by_hour_sums_sessions_within_each_tenant_and_hour() {
+        let row = |tenant: &str, session: &str, start: u64, cells: u64| UsageRow {
+            tenant: tenant.into(),
+            session: session.into(),
+            start,
+            cells,
+            ..UsageRow::default()
+        };
+        let rows = vec![
+            row("a", "s1", 7 * HOUR, 1),
+            row("a", "s2", 7 * HOUR, 2),
+            row("a", "s1", 8 * HOUR, 4),
+            row("b", "s1", 7 * HOUR, 8),
+        ];
+        let by_hour = group(rows, GroupBy::Hour);
+        let got: Vec<(&str, &str, u64, u64)> = by_hour
+            .iter()
+            .map(|r| (r.tenant.as_str(), r.session.as_str(), r.start, r.cells))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("a", "", 7 * HOUR, 3),
+                ("a", "", 8 * HOUR, 4),
+                ("b", "", 7 * HOUR, 8)
+            ]
+        );
     }
 }

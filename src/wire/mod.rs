@@ -11,6 +11,7 @@
 //! | `error.rs` | [`ErrorBody`]: every error answer, `{"error": {"code", "message"}}` |
 //! | `event.rs` | [`StreamEvent`] and [`CommandEvent`]: the lines of a streamed execute or command, one type per event |
 //! | `answer.rs` | the other JSON answers: counts, listings ([`KernelSummary`], [`WorkspaceSummary`]), deletions, [`NetworkApplied`], [`Health`], the cluster's admin answers |
+//! | `admin.rs` | [`Identity`] (`GET /v1/whoami`), [`KernelPage`] and [`TenantOverview`]: the operator's answers (docs/console.md) |
 //! | `usage.rs` | [`UsageQuery`] and [`UsageReport`]: `GET /v1/usage` |
 //! | `network.rs` | [`NetworkPolicy`]: a network egress policy (tenants file, execute body, `PUT .../network`) |
 //! | `snapshot.rs` | [`SnapshotBody`], [`SnapshotInfo`], [`RestoreBody`], [`ForkBody`], [`ForkResult`]: snapshots, restore and fork (`docs/snapshots.md`) |
@@ -22,6 +23,7 @@
 //! is [`CellResult`](crate::cell::CellResult), an upload's answer [`Written`](crate::files::Written),
 //! a directory [`Listing`](crate::files::Listing).
 
+mod admin;
 mod answer;
 mod command;
 mod error;
@@ -35,6 +37,10 @@ mod settings;
 mod snapshot;
 mod usage;
 
+pub use admin::{
+    Identity, KernelPage, KernelPageQuery, Role, TenantEntry, TenantOverview, DEFAULT_KERNEL_PAGE,
+    MAX_KERNEL_PAGE, MAX_KERNEL_SEARCH,
+};
 pub use answer::{
     Cleared, Deleted, Health, HealthStatus, Interrupted, KernelList, KernelSummary, NetworkApplied,
     NodeDrain, NodeEntry, NodeKernels, NodeList, NodeStatus, Released, WorkspaceList,

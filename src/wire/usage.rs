@@ -17,7 +17,7 @@ pub struct UsageQuery {
     /// End of the range (exclusive), as `from`; default now.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub to: Option<String>,
-    /// `session` (default) or `day`.
+    /// `session` (default), `day` or `hour` (one row per tenant and hour).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group_by: Option<GroupBy>,
     /// Only this tenant (a usage admin; others may name only themselves).

@@ -257,6 +257,17 @@ def test_every_json_route_through_the_generated_client(
     ]:
         ok(api(generated, operation).sync_detailed(*args, client=c), "Error", 404)
 
+    # The operator's routes (docs/console.md): whom the token is; the admin's, on a server
+    # without an admin token, a 404 `Error`, parsed.
+    who = ok(api(generated, "get_v1_whoami").sync_detailed(client=c), "Identity")
+    assert (who.role, who.tenant, who.cluster) == ("tenant", "main", False)
+    for operation, args in [
+        ("get_v1_admin_kernels", ()),
+        ("get_v1_admin_tenants", ()),
+        ("delete_v1_admin_tenants_tenant_sessions_session", ("main", SESSION)),
+    ]:
+        ok(api(generated, operation).sync_detailed(*args, client=c), "Error", 404)
+
 
 def events(server: Server, route: str, body: Dict[str, Any]) -> List[Dict[str, Any]]:
     with httpx.stream(

@@ -52,8 +52,10 @@ def refs(node: Any) -> Iterator[str]:
 
 
 # Routes that are not this client's: the cluster's admin routes take the admin token, not a
-# tenant's; health, metrics and this document are read by operators and tools.
-NOT_THE_CLIENTS = ("/v1/nodes", "/v1/admin", "/healthz", "/metrics", "/openapi.json", "/v1/mcp")
+# tenant's; health, metrics, this document and whom a token is (the console's,
+# docs/console.md) are read by operators and tools.
+NOT_THE_CLIENTS = ("/v1/nodes", "/v1/admin", "/healthz", "/metrics", "/openapi.json", "/v1/mcp",
+                   "/v1/whoami")  # fmt: skip
 
 
 def reachable(spec: Dict[str, Any]) -> Set[str]:

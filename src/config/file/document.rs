@@ -82,6 +82,9 @@ pub struct ServerSection {
     /// Serve /metrics on the API listener to anyone, without a token (default false).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub public_metrics: Option<bool>,
+    /// Serve the operator's console at /console (docs/console.md; default false).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub console: Option<bool>,
     /// Send OpenTelemetry traces to this OTLP/HTTP receiver (its base URL, e.g. http://collector:4318).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub otlp_endpoint: Option<String>,

@@ -3,6 +3,7 @@
 //! | file | what |
 //! |---|---|
 //! | `mod.rs` | the router, authentication, body and name checks, the handlers |
+//! | `admin.rs` | the operator's routes: `GET /v1/whoami`, `/v1/admin/kernels` (a page of every tenant's), `/v1/admin/tenants`, an admin ending any tenant's session (docs/console.md) |
 //! | `access.rs` | the request id (in, out, forwarded, on the spans) and the access log (docs/logs.md) |
 //! | `routing.rs` | a cluster node's middleware on `/v1/sessions/...`: a session held by another node is forwarded there (docs/cluster.md, "Routing") |
 //! | `middleware.rs` | what wraps every route: panics become 500s, refusals of requests with a body close the connection |
@@ -20,6 +21,7 @@
 //! | `tests.rs` | unit tests |
 
 mod access;
+mod admin;
 pub(crate) mod files;
 pub(crate) mod mcp;
 mod mcp_backend;
@@ -70,8 +72,8 @@ pub(super) enum MetricsRoute {
     Public,
 }
 
-/// The API, with `/metrics` as `metrics_route` says.
-pub(super) fn router(state: AppState, metrics_route: MetricsRoute) -> Router {
+/// The API, with `/metrics` as `metrics_route` says, and the console when `console`.
+pub(super) fn router(state: AppState, metrics_route: MetricsRoute, console: bool) -> Router {
     // A cluster node sends a session's requests to the node holding it (docs/cluster.md).
     let sessions = Router::new()
         .route("/v1/sessions/{session}/execute", post(execute))
@@ -139,6 +141,13 @@ pub(super) fn router(state: AppState, metrics_route: MetricsRoute) -> Router {
     let router = Router::new()
         .merge(sessions)
         .route("/v1/admin/reload", post(super::reload::reload_route))
+        .route("/v1/whoami", get(admin::whoami))
+        .route("/v1/admin/kernels", get(admin::kernels))
+        .route("/v1/admin/tenants", get(admin::tenants))
+        .route(
+            "/v1/admin/tenants/{tenant}/sessions/{session}",
+            delete(admin::end_session),
+        )
         .route("/v1/nodes", get(super::cluster::list_nodes))
         .route(
             "/v1/nodes/{node}/drain",
@@ -163,6 +172,10 @@ pub(super) fn router(state: AppState, metrics_route: MetricsRoute) -> Router {
         MetricsRoute::Absent => router,
         MetricsRoute::Authenticated => router.route("/metrics", get(tenant_metrics)),
         MetricsRoute::Public => router.route("/metrics", get(metrics)),
+    };
+    let router = match console {
+        true => super::console::mount(router),
+        false => router,
     };
     finish(router, state)
 }
@@ -741,21 +754,29 @@ async fn clear(
     session: Result<Path<String>, PathRejection>,
 ) -> Result<Json<wire::Cleared>, ApiError> {
     let session = one_name(&state, session)?;
+    Ok(Json(end_session(&state, &tenant.name, &session).await?))
+}
+
+/// Ends `tenant`'s `session`: its kernels, then its own network policy and settings (the
+/// session's `DELETE`, and the admin's, `admin.rs`).
+async fn end_session(
+    state: &AppState,
+    tenant: &str,
+    session: &str,
+) -> Result<wire::Cleared, ApiError> {
     let orchestrator = &state.inner.orchestrator;
-    let cleared = orchestrator
-        .clear_session(Some(&tenant.name), &session)
-        .await;
+    let cleared = orchestrator.clear_session(Some(tenant), session).await;
     // A deleted session's own network policy and settings go with it, once its kernels are
     // gone (docs/http-api.md, "Network policy"): from the catalog too on a cluster node.
     if let Some(node) = state.cluster() {
-        node.forget_session_config(&tenant.name, &session).await?;
+        node.forget_session_config(tenant, session).await?;
     }
-    orchestrator.forget_session_config(&tenant.name, &session);
+    orchestrator.forget_session_config(tenant, session);
     match cleared {
         0 => Err(ApiError::not_found(format!(
             "session {session:?} has no kernel"
         ))),
-        n => Ok(Json(wire::Cleared { cleared: n })),
+        n => Ok(wire::Cleared { cleared: n }),
     }
 }
 

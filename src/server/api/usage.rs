@@ -1,30 +1,43 @@
 //! `GET /v1/usage` (`docs/usage.md`, "Reading the ledger"): a tenant reads its own usage; a
-//! tenant marked `usage_admin` in the tenants file reads every tenant's, or one's.
+//! tenant marked `usage_admin` in the tenants file, or the admin token (`--admin-token`, the
+//! console's admin view: docs/console.md), reads every tenant's, or one's.
 
 use axum::extract::{Query, State};
-use axum::http::StatusCode;
+use axum::http::{Extensions, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
-use super::Caller;
 use crate::server::error::ApiError;
 use crate::server::AppState;
 use crate::wire::{UsageQuery, UsageReport};
 
 pub(super) async fn usage(
     State(state): State<AppState>,
-    Caller(tenant): Caller,
+    headers: HeaderMap,
+    extensions: Extensions,
     Query(query): Query<UsageQuery>,
 ) -> Response {
+    // The caller: the admin token reads as a usage admin; otherwise a tenant's token.
+    let (me, usage_admin) = if state.is_admin(&headers) {
+        (String::new(), true)
+    } else {
+        match super::authenticate(&state, &headers, &extensions) {
+            Some(tenant) => (tenant.name.clone(), tenant.usage_admin),
+            None => {
+                state.metrics().rejected("unauthorized");
+                return ApiError::unauthorized().into_response();
+            }
+        }
+    };
     let range = match query.range(crate::clock::unix_now()) {
         Ok(range) => range,
         Err(e) => return ApiError::bad_request("invalid", e.to_string()).into_response(),
     };
-    let whose = match (&query.tenant, tenant.usage_admin) {
+    let whose = match (&query.tenant, usage_admin) {
         (None, true) => None,
         (Some(other), true) => Some(other.as_str()),
-        (None, false) => Some(tenant.name.as_str()),
-        (Some(other), false) if *other == tenant.name => Some(tenant.name.as_str()),
+        (None, false) => Some(me.as_str()),
+        (Some(other), false) if *other == me => Some(me.as_str()),
         (Some(_), false) => {
             return ApiError::new(
                 StatusCode::FORBIDDEN,

@@ -3,6 +3,7 @@
 //! | file | what |
 //! |---|---|
 //! | `mod.rs` | [`Tenants`], [`Tenant`]: the tenants file parsed and checked, a caller found by its token |
+//! | `admin.rs` | [`AdminToken`]: the admin token (`--admin-token`) as the operator's routes check it |
 //! | `session_limits.rs` | a tenant's `session_limits`: the most its sessions' settings may ask for |
 //! | `workspaces.rs` | a tenant's `workspaces`: its sessions' workspaces and their policy |
 //! | `tests.rs` | unit tests |
@@ -46,7 +47,10 @@ use sha2::{Digest, Sha256};
 
 use crate::owner::validate_name;
 
+mod admin;
 pub mod live;
+
+pub use admin::AdminToken;
 
 /// Largest tenants file read: a hundred thousand tenants of a few hundred bytes each fit; a
 /// larger file (or a device such as `/dev/zero`) is refused rather than read into memory whole.

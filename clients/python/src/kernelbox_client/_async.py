@@ -78,7 +78,8 @@ class AsyncClient:
     ) -> UsageReport:
         """The usage ledger of this token's tenant (every tenant's for a usage admin) from
         `from_` to `to` (RFC 3339 or Unix seconds; default the last day), rows per session
-        and hour or (`group_by="day"`) per day (docs/usage.md)."""
+        and hour, (`group_by="day"`) per day or (`group_by="hour"`) per tenant and hour
+        (docs/usage.md)."""
         call = _wire.usage_call(from_, to, group_by, tenant)
         return _wire.usage(await self._send(call) or b"")
 

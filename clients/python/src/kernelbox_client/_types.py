@@ -568,7 +568,7 @@ class UsageRow:
 
     SCHEMA: ClassVar[str] = "UsageRow"
     tenant: str
-    #: Empty when summed over sessions (`group_by="day"`).
+    #: Empty when summed over sessions (`group_by="day"` or `"hour"`).
     session: str
     #: Start of the bucket, Unix seconds.
     start: int
@@ -619,7 +619,7 @@ class UsageReport:
     #: Wire names that are Python keywords, by field.
     WIRE_NAMES: ClassVar[Dict[str, str]] = {"from_": "from"}
     #: The values of the enumerated fields.
-    ENUMS: ClassVar[Dict[str, FrozenSet[str]]] = {"group_by": frozenset({"session", "day"})}
+    ENUMS: ClassVar[Dict[str, FrozenSet[str]]] = {"group_by": frozenset({"session", "day", "hour"})}
     from_: int
     to: int
     group_by: str
