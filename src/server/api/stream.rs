@@ -237,7 +237,11 @@ pub(super) struct CellDecoder {
 impl CellDecoder {
     /// Queues `text` as an `output` event of the current stream, or counts it dropped.
     fn send(&mut self, tx: &StreamTx, shape: &dyn Shape, text: &str) {
-        if !text.is_empty() && !shape.output(text, self.stream).is_none_or(|l| tx.try_send(l)) {
+        if !text.is_empty()
+            && !shape
+                .output(text, self.stream)
+                .is_none_or(|l| tx.try_send(l))
+        {
             self.text.dropped += text.len();
         }
     }

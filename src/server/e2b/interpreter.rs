@@ -11,6 +11,7 @@
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use crate::cell::OutputStream;
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
@@ -19,7 +20,6 @@ use axum::response::Response;
 use axum::{Extension, Json};
 use futures::StreamExt;
 use serde::Serialize;
-use crate::cell::OutputStream;
 
 use super::wire::{self, Context};
 use super::{E2bError, InSandbox};
