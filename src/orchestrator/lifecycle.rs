@@ -69,6 +69,10 @@ impl Orchestrator {
             None,
             false,
         );
+        self.inner
+            .services
+            .processes
+            .forget_session(&tenant, session);
         crate::services::dispose_slots(slots).await;
         let hibernated = self
             .inner

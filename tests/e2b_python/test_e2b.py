@@ -174,6 +174,20 @@ def test_a_sandbox_ends_at_its_timeout(server: Server) -> None:
         Sandbox.get_info(sbx.sandbox_id)
 
 
+def test_a_huge_timeout_or_refresh_is_capped_not_an_error(server: Server, url: str) -> None:
+    sbx = Sandbox.create()
+    try:
+        headers = {"X-API-Key": server.token("main")}
+        huge = 2**64 - 1
+        r = httpx.post(f"{url}/sandboxes/{sbx.sandbox_id}/refreshes", json={"duration": huge}, headers=headers)
+        assert r.status_code == 204, r.text
+        r = httpx.post(f"{url}/sandboxes/{sbx.sandbox_id}/timeout", json={"timeout": huge}, headers=headers)
+        assert r.status_code == 204, r.text
+        assert sbx.is_running()
+    finally:
+        sbx.kill()
+
+
 def test_a_bad_key_is_401_in_e2bs_shape(server: Server, url: str) -> None:
     with pytest.raises(AuthenticationException):
         Sandbox.create(api_key="not-a-token")

@@ -97,7 +97,24 @@ async fn a_process_reads_its_stdin_and_its_output_and_exit_stay_readable() {
         .send_bytes(Method::POST, &path, Some(TOKEN), false, Some("x".into()))
         .await;
     assert_eq!(refused.error(StatusCode::CONFLICT), "stdin_closed");
-    // Another tenant does not see it.
+    // Clearing the session forgets its processes: a later conversation of the same name
+    // cannot read them.
+    let cleared = srv.api.delete("/v1/sessions/s", TOKEN).await;
+    assert_eq!(cleared.status, StatusCode::OK, "{}", cleared.json());
+    let list = srv
+        .api
+        .get("/v1/sessions/s/processes", Some(TOKEN))
+        .await
+        .json();
+    assert_eq!(list["processes"], json!([]), "{list}");
+    let gone = srv
+        .api
+        .get(
+            &format!("/v1/sessions/s/processes/{id}/output"),
+            Some(TOKEN),
+        )
+        .await;
+    assert_eq!(gone.status, StatusCode::NOT_FOUND);
     srv.finish().await;
 }
 

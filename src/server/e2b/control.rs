@@ -87,7 +87,10 @@ fn created(s: &Sandbox, token: String) -> Created {
 }
 
 fn seconds(timeout: Option<u64>) -> Duration {
-    timeout.map_or(DEFAULT_TIMEOUT, Duration::from_secs)
+    // Capped here, before any `now +` (a huge `duration` would overflow the clock).
+    timeout
+        .map_or(DEFAULT_TIMEOUT, Duration::from_secs)
+        .min(super::sandboxes::MAX_TIMEOUT)
 }
 
 /// `POST /sandboxes`, `POST /v2/sandboxes`: a new sandbox, 201.

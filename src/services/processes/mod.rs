@@ -14,8 +14,9 @@
 //! it ends or its kernel goes), its kept output ([`OUTPUT_BUFFER_BYTES`]), its stdin pipe;
 //! per reader a cursor. Bounds: [`MAX_PROCESSES_PER_SESSION`] running per session,
 //! [`MAX_PROCESSES_PER_TENANT`] per tenant, [`MAX_PROCESSES`] per host;
-//! [`MAX_ENDED_KEPT`] ended ones kept per session and [`MAX_ENDED_KEPT_HOST`] on the host
-//! (the oldest forgotten first); [`MAX_READERS`] readers per process; a stdin write at most
+//! [`MAX_ENDED_KEPT`] ended ones kept per session, [`MAX_ENDED_KEPT_PER_TENANT`] per tenant
+//! and [`MAX_ENDED_KEPT_HOST`] on the host (the oldest forgotten first; a cleared session's
+//! are forgotten with it); [`MAX_READERS`] readers per process; a stdin write at most
 //! [`MAX_STDIN_WRITE`] bytes, done within [`STDIN_WRITE_LIMIT`] or refused. A process dies
 //! with its kernel's container (timeout, reset, clear, eviction, the server's stop), and a
 //! client that goes away does not stop it.
@@ -51,6 +52,9 @@ pub const OUTPUT_BUFFER_BYTES: usize = 256 * 1024;
 pub const MAX_ENDED_KEPT: usize = 16;
 /// Ended processes kept on the host.
 pub const MAX_ENDED_KEPT_HOST: usize = 1024;
+/// Ended processes kept per tenant (the oldest forgotten first), so that one tenant cannot
+/// push the others' out of the host's [`MAX_ENDED_KEPT_HOST`].
+pub const MAX_ENDED_KEPT_PER_TENANT: usize = 64;
 /// Readers of one process's output at once.
 pub const MAX_READERS: usize = 8;
 /// Longest write to a process's stdin, in bytes.
@@ -160,7 +164,14 @@ impl Drop for LiveSlot {
         state.running = state.running.saturating_sub(1);
         decrement(&mut state.running_by_session, &self.owner);
         decrement(&mut state.running_by_tenant, &self.owner.tenant);
-        if let Some(id) = self.id {
+        // A process of a session cleared meanwhile was forgotten with it: not filed again.
+        let known = self.id.filter(|id| {
+            state
+                .sessions
+                .get(&self.owner)
+                .is_some_and(|p| p.contains_key(id))
+        });
+        if let Some(id) = known {
             state.ended.push_back((self.owner.clone(), id));
             state.forget_ended(&self.owner);
         }
@@ -190,12 +201,33 @@ impl State {
         for id in &ended_of_owner[..excess] {
             self.forget(owner.clone(), *id);
         }
+        // One tenant's ended processes never take the host's whole share from the others.
+        let ended_of_tenant: Vec<(Owner, u64)> = self
+            .ended
+            .iter()
+            .filter(|(o, _)| o.tenant == owner.tenant)
+            .cloned()
+            .collect();
+        let excess = ended_of_tenant
+            .len()
+            .saturating_sub(MAX_ENDED_KEPT_PER_TENANT);
+        for (o, id) in ended_of_tenant.into_iter().take(excess) {
+            self.forget(o, id);
+        }
         while self.ended.len() > MAX_ENDED_KEPT_HOST {
             let Some((owner, id)) = self.ended.front().cloned() else {
                 break;
             };
             self.forget(owner, id);
         }
+    }
+
+    /// Forgets every process of `tenant`'s `session` (its children's included): the session
+    /// was cleared, and a later conversation of the same name must not read them.
+    fn forget_session(&mut self, tenant: &str, session: &str) {
+        let of_session = |o: &Owner| o.tenant == tenant && o.session == session;
+        self.ended.retain(|(o, _)| !of_session(o));
+        self.sessions.retain(|o, _| !of_session(o));
     }
 
     fn forget(&mut self, owner: Owner, id: u64) {
@@ -303,6 +335,12 @@ impl Processes {
     }
 
     /// `owner`'s processes, oldest first.
+    /// Forgets a cleared session's processes (`Orchestrator::clear_session`): its running
+    /// ones end with its kernels and are not filed as ended.
+    pub(crate) fn forget_session(&self, tenant: &str, session: &str) {
+        self.state().forget_session(tenant, session);
+    }
+
     pub(crate) fn list(&self, owner: &Owner) -> Vec<ProcessInfo> {
         let procs: Vec<Arc<Process>> = self
             .state()
@@ -399,5 +437,44 @@ impl Processes {
             let _ = tokio::time::timeout(KILL_LIMIT, process.ended(&self.cancel)).await;
         }
         Ok(process.info())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file_ended(state: &mut State, tenant: &str, session: &str, id: u64) {
+        let owner = Owner::new(tenant, session, None).expect("a valid owner");
+        state.ended.push_back((owner.clone(), id));
+        state.forget_ended(&owner);
+    }
+
+    #[test]
+    fn one_tenant_keeps_at_most_its_share_of_ended_processes() {
+        let mut state = State::default();
+        file_ended(&mut state, "other", "s", 0);
+        for id in 1..=200u64 {
+            file_ended(&mut state, "greedy", &format!("s{}", id % 20), id);
+        }
+        let greedy = state
+            .ended
+            .iter()
+            .filter(|(o, _)| o.tenant == "greedy")
+            .count();
+        assert_eq!(greedy, MAX_ENDED_KEPT_PER_TENANT);
+        // The newest are kept, and the other tenant's record is untouched.
+        assert!(state.ended.iter().any(|(_, id)| *id == 200));
+        assert!(state.ended.iter().any(|(o, _)| o.tenant == "other"));
+    }
+
+    #[test]
+    fn a_cleared_session_forgets_its_ended_processes() {
+        let mut state = State::default();
+        file_ended(&mut state, "t", "gone", 1);
+        file_ended(&mut state, "t", "kept", 2);
+        state.forget_session("t", "gone");
+        let left: Vec<u64> = state.ended.iter().map(|(_, id)| *id).collect();
+        assert_eq!(left, vec![2]);
     }
 }
