@@ -1167,6 +1167,8 @@ _BASH_OUT_FD = 60
 _BASH_ERR_FD = 61
 _BASH_CMD_FD = 62
 _BASH_STATUS_FD = 63
+# How long a Bash whose status pipe closed may take to exit before it is taken for alive.
+_BASH_EXIT_WAIT_MS = 2000
 
 # The hosted Bash's loop: for each cell number the runner writes, source the cell's file in
 # this shell (so variables, functions, the working directory, options and traps persist) and
@@ -1301,6 +1303,16 @@ class _Bash:
     def _gone(self):
         """Bash cannot report: it exited (the cell's ``exit``), was killed, or lost its pipe."""
         status = self._exited(block=False)
+        if status is None and self.pidfd is not None:
+            # Bash's pipes close as it exits, a moment before its exit status can be had:
+            # wait for that (its pidfd turns readable), bounded, before taking it for alive.
+            poller = _poll()
+            poller.register(self.pidfd, _POLLIN)
+            try:
+                poller.poll(_BASH_EXIT_WAIT_MS)
+            except InterruptedError:
+                pass
+            status = self._exited(block=False)
         if status is None:
             # Alive without its status pipe: it cannot run another cell.
             try:
