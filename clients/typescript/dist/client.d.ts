@@ -4,7 +4,7 @@
  * stops the request (the call rejects with the signal's reason), never the kernel; a cell
  * already running goes on (`session.interrupt()` stops it).
  */
-import { CommandResult, Execution, KernelSummary, Listing, NetworkPolicy, RichResult, SessionSettings, SettingsApplied, UsageGrouping, UsageReport, WorkspaceSummary, Written } from "./types.js";
+import { CommandResult, Execution, KernelSummary, Language, Listing, NetworkPolicy, RichResult, SessionSettings, SettingsApplied, UsageGrouping, UsageReport, WorkspaceSummary, Written } from "./types.js";
 import { CommandStreamEvent, StreamEvent } from "./wire.js";
 export interface ClientOptions {
     /** Default `KERNELBOX_URL`, else `http://127.0.0.1:8080`. */
@@ -28,6 +28,10 @@ export interface RunOptions extends CallOptions {
     reset?: boolean;
     /** An id the server logs and passes to tool calls. */
     taskId?: string;
+    /** The language of the session's kernel that runs the cell (`python` by default, or `bash`). */
+    language?: Language;
+    /** A named context of that language in the session (a kernel of its own). */
+    context?: string;
     /** Tools of the tenant's endpoint the cell may call. */
     tools?: string[];
     /** Sets the session's egress policy first (it stays the session's), as `setNetwork` does. */

@@ -275,6 +275,10 @@ export class Session {
             body["timeout"] = options.timeout;
         if (options.taskId !== undefined)
             body["task_id"] = options.taskId;
+        if (options.language !== undefined)
+            body["language"] = options.language;
+        if (options.context !== undefined)
+            body["context"] = options.context;
         if (this.child !== undefined)
             body["child"] = this.child;
         if (options.tools !== undefined)

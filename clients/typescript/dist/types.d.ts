@@ -71,6 +71,17 @@ export declare class RichResult {
 }
 export declare type CellStatus = "success" | "error" | "timeout" | "interrupted";
 /** The result of one cell (docs/contract.md); `raw` is the JSON as the server sent it. */
+/** The language of a session's kernel (docs/contract.md, "Languages"); `javascript` and `typescript` are refused for now. */
+export declare type Language = "python" | "bash" | "javascript" | "typescript";
+/** The exception a cell raised, typed (docs/contract.md, "stdout and stderr"). */
+export interface CellException {
+    /** The exception's class name, e.g. `ZeroDivisionError`. */
+    name: string;
+    /** Its text. */
+    value: string;
+    /** The formatted traceback. */
+    traceback: string;
+}
 export interface Execution {
     /** `interrupted`: stopped by `session.interrupt()`, the kernel kept. */
     status: CellStatus;
@@ -80,6 +91,12 @@ export interface Execution {
     durationSeconds: number;
     kernel: KernelInfo;
     error?: string;
+    /** What the cell wrote on its stdout (fd 1). */
+    stdout: string;
+    /** What the cell wrote on its stderr (fd 2); not the traceback (that is in `exception`). */
+    stderr: string;
+    /** The exception the cell raised, when it raised. */
+    exception?: CellException;
     results?: RichResult[];
     stdoutTruncated?: boolean;
     stdoutBytesTotal?: number;
@@ -101,6 +118,10 @@ export interface KernelSummary {
     owner: string;
     session: string;
     child?: string;
+    /** The kernel's language. */
+    language: Language;
+    /** The session's context it serves (a language's default context is named by the language). */
+    context: string;
     generation: number;
     /** `starting`, `idle` or `busy`. */
     state: string;
@@ -194,7 +215,7 @@ export interface UsageRow {
     networkBytesIn: number;
     networkBytesOut: number;
 }
-export declare type UsageGrouping = "session" | "day";
+export declare type UsageGrouping = "session" | "day" | "hour";
 /** The usage ledger over a range (docs/usage.md), Unix seconds. */
 export interface UsageReport {
     from: number;
@@ -210,6 +231,7 @@ export declare const MIRRORS: {
     readonly KernelInfo: "KernelInfo";
     readonly RichResult: "RichResult";
     readonly CellResult: "Execution";
+    readonly CellException: "CellException";
     readonly KernelSummary: "KernelSummary";
     readonly FileEntry: "FileEntry";
     readonly Listing: "Listing";

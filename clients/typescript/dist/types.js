@@ -69,6 +69,7 @@ export const MIRRORS = {
     KernelInfo: "KernelInfo",
     RichResult: "RichResult",
     CellResult: "Execution",
+    CellException: "CellException",
     KernelSummary: "KernelSummary",
     FileEntry: "FileEntry",
     Listing: "Listing",
@@ -157,6 +158,8 @@ export function execution(v, streamBytesDropped = 0) {
     const out = {
         status,
         output: str(d["output"]),
+        stdout: str(d["stdout"]),
+        stderr: str(d["stderr"]),
         exitCode: num(d["exit_code"], -1),
         toolCallsMade: num(d["tool_calls_made"]),
         durationSeconds: num(d["duration_seconds"]),
@@ -167,6 +170,10 @@ export function execution(v, streamBytesDropped = 0) {
         raw: d,
     };
     put(out, "error", optStr(d["error"]));
+    if (isObject(d["exception"])) {
+        const e = d["exception"];
+        out.exception = { name: str(e["name"]), value: str(e["value"]), traceback: str(e["traceback"]) };
+    }
     put(out, "results", results);
     put(out, "stdoutTruncated", optBool(d["stdout_truncated"]));
     put(out, "stdoutBytesTotal", optNum(d["stdout_bytes_total"]));
@@ -182,6 +189,8 @@ export function kernelSummary(v) {
         tenant: str(d["tenant"]),
         owner: str(d["owner"]),
         session: str(d["session"]),
+        language: (optStr(d["language"]) ?? "python"),
+        context: optStr(d["context"]) ?? "python",
         generation: num(d["generation"]),
         state: str(d["state"]),
         executionCount: num(d["execution_count"]),

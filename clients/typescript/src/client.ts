@@ -13,6 +13,7 @@ import {
   execution,
   KernelSummary,
   kernelSummary,
+  Language,
   Listing,
   listing,
   NetworkPolicy,
@@ -73,6 +74,10 @@ export interface RunOptions extends CallOptions {
   reset?: boolean;
   /** An id the server logs and passes to tool calls. */
   taskId?: string;
+  /** The language of the session's kernel that runs the cell (`python` by default, or `bash`). */
+  language?: Language;
+  /** A named context of that language in the session (a kernel of its own). */
+  context?: string;
   /** Tools of the tenant's endpoint the cell may call. */
   tools?: string[];
   /** Sets the session's egress policy first (it stays the session's), as `setNetwork` does. */
@@ -379,6 +384,8 @@ export class Session {
     if (options.reset) body["reset"] = true;
     if (options.timeout !== undefined) body["timeout"] = options.timeout;
     if (options.taskId !== undefined) body["task_id"] = options.taskId;
+    if (options.language !== undefined) body["language"] = options.language;
+    if (options.context !== undefined) body["context"] = options.context;
     if (this.child !== undefined) body["child"] = this.child;
     if (options.tools !== undefined) body["tools"] = options.tools;
     return {

@@ -114,6 +114,19 @@ export class RichResult {
 export type CellStatus = "success" | "error" | "timeout" | "interrupted";
 
 /** The result of one cell (docs/contract.md); `raw` is the JSON as the server sent it. */
+/** The language of a session's kernel (docs/contract.md, "Languages"); `javascript` and `typescript` are refused for now. */
+export type Language = "python" | "bash" | "javascript" | "typescript";
+
+/** The exception a cell raised, typed (docs/contract.md, "stdout and stderr"). */
+export interface CellException {
+  /** The exception's class name, e.g. `ZeroDivisionError`. */
+  name: string;
+  /** Its text. */
+  value: string;
+  /** The formatted traceback. */
+  traceback: string;
+}
+
 export interface Execution {
   /** `interrupted`: stopped by `session.interrupt()`, the kernel kept. */
   status: CellStatus;
@@ -123,6 +136,12 @@ export interface Execution {
   durationSeconds: number;
   kernel: KernelInfo;
   error?: string;
+  /** What the cell wrote on its stdout (fd 1). */
+  stdout: string;
+  /** What the cell wrote on its stderr (fd 2); not the traceback (that is in `exception`). */
+  stderr: string;
+  /** The exception the cell raised, when it raised. */
+  exception?: CellException;
   results?: RichResult[];
   stdoutTruncated?: boolean;
   stdoutBytesTotal?: number;
@@ -145,6 +164,10 @@ export interface KernelSummary {
   owner: string;
   session: string;
   child?: string;
+  /** The kernel's language. */
+  language: Language;
+  /** The session's context it serves (a language's default context is named by the language). */
+  context: string;
   generation: number;
   /** `starting`, `idle` or `busy`. */
   state: string;
@@ -249,7 +272,7 @@ export interface UsageRow {
   networkBytesOut: number;
 }
 
-export type UsageGrouping = "session" | "day";
+export type UsageGrouping = "session" | "day" | "hour";
 
 /** The usage ledger over a range (docs/usage.md), Unix seconds. */
 export interface UsageReport {
@@ -267,6 +290,7 @@ export const MIRRORS = {
   KernelInfo: "KernelInfo",
   RichResult: "RichResult",
   CellResult: "Execution",
+  CellException: "CellException",
   KernelSummary: "KernelSummary",
   FileEntry: "FileEntry",
   Listing: "Listing",
@@ -359,6 +383,8 @@ export function execution(v: unknown, streamBytesDropped = 0): Execution {
   const out: Execution = {
     status,
     output: str(d["output"]),
+    stdout: str(d["stdout"]),
+    stderr: str(d["stderr"]),
     exitCode: num(d["exit_code"], -1),
     toolCallsMade: num(d["tool_calls_made"]),
     durationSeconds: num(d["duration_seconds"]),
@@ -369,6 +395,10 @@ export function execution(v: unknown, streamBytesDropped = 0): Execution {
     raw: d,
   };
   put(out, "error", optStr(d["error"]));
+  if (isObject(d["exception"])) {
+    const e = d["exception"];
+    out.exception = { name: str(e["name"]), value: str(e["value"]), traceback: str(e["traceback"]) };
+  }
   put(out, "results", results);
   put(out, "stdoutTruncated", optBool(d["stdout_truncated"]));
   put(out, "stdoutBytesTotal", optNum(d["stdout_bytes_total"]));
@@ -385,6 +415,8 @@ export function kernelSummary(v: unknown): KernelSummary {
     tenant: str(d["tenant"]),
     owner: str(d["owner"]),
     session: str(d["session"]),
+    language: (optStr(d["language"]) ?? "python") as Language,
+    context: optStr(d["context"]) ?? "python",
     generation: num(d["generation"]),
     state: str(d["state"]),
     executionCount: num(d["execution_count"]),

@@ -36,6 +36,24 @@ test("state persists across the cells of a session", async () => {
   assert.equal(await s.close(), 0);
 });
 
+test("stdout and stderr come apart, a raised cell's exception is typed, and a Bash kernel is the session's own", async () => {
+  const s = kb.session(sessionName("streams"));
+  const r = await s.run("import sys\nprint('out')\nprint('err', file=sys.stderr)\n1/0");
+  assert.equal(r.status, "error");
+  assert.equal(r.stdout, "out\n");
+  assert.equal(r.stderr, "err\n");
+  assert.equal(r.exception?.name, "ZeroDivisionError");
+  assert.equal(r.exception?.value, "division by zero");
+  assert.match(r.exception?.traceback ?? "", /ZeroDivisionError/);
+  await s.run("x = 1");
+  const sh = await s.run("cd /tmp && echo $((6 * 7)) && pwd", { language: "bash" });
+  assert.deepEqual([sh.status, sh.stdout], ["success", "42\n/tmp\n"]);
+  const langs = (await kb.kernels()).filter((k) => k.session === s.name).map((k) => k.language).sort();
+  assert.deepEqual(langs, ["bash", "python"]);
+  assert.equal((await s.run("print(x)")).output, "1\n");
+  assert.equal(await s.close(), 2);
+});
+
 test("reset starts the session from a fresh kernel", async () => {
   const s = kb.session(sessionName("reset"));
   const first = await s.run("x = 1");

@@ -62,7 +62,16 @@ function* refs(node) {
   }
 }
 
-const ours = (path) => !NOT_THE_CLIENTS.some((p) => path.startsWith(p));
+// Routes this client does not cover yet (docs/typescript-client.md, "Not yet"): snapshots,
+// restore and fork, and whom a token stands for (the console's).
+const NOT_YET = [
+  "/v1/snapshots",
+  "/v1/sessions/{session}/snapshots",
+  "/v1/sessions/{session}/restore",
+  "/v1/sessions/{session}/fork",
+  "/v1/whoami",
+];
+const ours = (path) => !NOT_THE_CLIENTS.some((p) => path.startsWith(p)) && !NOT_YET.some((p) => path.startsWith(p));
 
 function reachable() {
   const schemas = spec.components.schemas;
