@@ -4,7 +4,7 @@
  * stops the request (the call rejects with the signal's reason), never the kernel; a cell
  * already running goes on (`session.interrupt()` stops it).
  */
-import { CommandResult, Execution, KernelSummary, Language, Listing, NetworkPolicy, RichResult, SessionSettings, SettingsApplied, UsageGrouping, UsageReport, WorkspaceSummary, Written } from "./types.js";
+import { CommandResult, Execution, ForkOutcome, ForkResult, KernelSummary, Language, SnapshotInfo, Listing, NetworkPolicy, RichResult, SessionSettings, SettingsApplied, UsageGrouping, UsageReport, WorkspaceSummary, Written } from "./types.js";
 import { CommandStreamEvent, StreamEvent } from "./wire.js";
 export interface ClientOptions {
     /** Default `KERNELBOX_URL`, else `http://127.0.0.1:8080`. */
@@ -40,6 +40,10 @@ export interface RunOptions extends CallOptions {
     onOutput?: (text: string) => void;
     /** Each rich result as it is displayed; streams the answer. */
     onDisplay?: (result: RichResult) => void;
+    /** Text the cell writes on its stdout; streams the answer. */
+    onStdout?: (text: string) => void;
+    /** Text the cell writes on its stderr (not the traceback); streams the answer. */
+    onStderr?: (text: string) => void;
 }
 export interface CommandOptions extends CallOptions {
     /** Working directory inside the kernel (default `/work`). */
@@ -87,6 +91,14 @@ export declare class Client {
     workspaces(options?: CallOptions): Promise<WorkspaceSummary[]>;
     /** Deletes the workspace `name` and its files; returns the name. `Conflict` while a kernel has it mounted. */
     deleteWorkspace(name: string, options?: CallOptions): Promise<string>;
+    /** The tenant's snapshots (docs/snapshots.md). */
+    snapshots(options?: CallOptions): Promise<SnapshotInfo[]>;
+    /** One snapshot; `NotFound` (`snapshot_not_found`) for an id that is not the tenant's. */
+    snapshot(id: string, options?: CallOptions): Promise<SnapshotInfo>;
+    /** Deletes a snapshot; returns its id. */
+    deleteSnapshot(id: string, options?: CallOptions): Promise<string>;
+    /** Starts the new session `session` from a snapshot: its kernel (or `Conflict` when the session has one). */
+    restore(snapshotId: string, session: string, options?: CallOptions): Promise<ForkOutcome>;
     private urlOf;
     private send;
     private failure;
@@ -107,9 +119,18 @@ export declare class Session {
      */
     run(code: string, options?: RunOptions): Promise<Execution>;
     /** Runs one cell, streaming: its output and displays as they come, its result last. */
-    stream(code: string, options?: Omit<RunOptions, "onOutput" | "onDisplay">): AsyncGenerator<StreamEvent>;
+    stream(code: string, options?: Omit<RunOptions, "onOutput" | "onDisplay" | "onStdout" | "onStderr">): AsyncGenerator<StreamEvent>;
     /** Stops the session's running and queued cells (they end `interrupted`, the kernel kept); how many, 0 when none. */
     interrupt(options?: CallOptions): Promise<number>;
+    /** Snapshots the session's kernel (runsc: its memory too); the kernel goes on (docs/snapshots.md). */
+    snapshot(options?: CallOptions & {
+        name?: string;
+    }): Promise<SnapshotInfo>;
+    /**
+     * Forks the session's kernel into `count` new sessions (or into the sessions named): one
+     * snapshot, restored into each; each fork has its kernel or its error.
+     */
+    fork(forks: number | string[], options?: CallOptions): Promise<ForkResult>;
     /** Disposes of the session's kernels (its children's too), or of this child's; how many, 0 when none. */
     close(options?: CallOptions): Promise<number>;
     /** An alias of `close()`, as agent frameworks name it. */

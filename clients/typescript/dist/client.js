@@ -5,8 +5,8 @@
  * already running goes on (`session.interrupt()` stops it).
  */
 import { ConnectionFailed, errorFromResponse, isObject, KernelboxError, ProtocolError, Timeout } from "./errors.js";
-import { commandResult, execution, kernelSummary, listing, sessionSettings, settingsApplied, settingsBody, usageReport, workspaceSummary, written, } from "./types.js";
-import { childPath, CommandStreamReader, DEFAULT_TIMEOUT, DEFAULT_URL, envVar, ExecuteStreamReader, filePath, lines, NDJSON, runDeadline, sessionPath, TAR, USER_AGENT, workspacePath, } from "./wire.js";
+import { commandResult, execution, forkOutcome, forkResult, kernelSummary, snapshotInfo, listing, sessionSettings, settingsApplied, settingsBody, usageReport, workspaceSummary, written, } from "./types.js";
+import { childPath, CommandStreamReader, DEFAULT_TIMEOUT, DEFAULT_URL, envVar, ExecuteStreamReader, filePath, lines, NDJSON, runDeadline, sessionPath, TAR, USER_AGENT, snapshotPath, workspacePath, } from "./wire.js";
 /** A kernelbox server. */
 export class Client {
     url;
@@ -52,6 +52,31 @@ export class Client {
     async deleteWorkspace(name, options = {}) {
         const body = await this.json({ method: "DELETE", path: workspacePath(name), signal: options.signal });
         return isObject(body) ? String(body["deleted"] ?? "") : "";
+    }
+    /** The tenant's snapshots (docs/snapshots.md). */
+    async snapshots(options = {}) {
+        const body = await this.json({ method: "GET", path: "/v1/snapshots", signal: options.signal });
+        const items = isObject(body) && Array.isArray(body["snapshots"]) ? body["snapshots"] : [];
+        return items.filter(isObject).map(snapshotInfo);
+    }
+    /** One snapshot; `NotFound` (`snapshot_not_found`) for an id that is not the tenant's. */
+    async snapshot(id, options = {}) {
+        return snapshotInfo(await this.json({ method: "GET", path: snapshotPath(id), signal: options.signal }));
+    }
+    /** Deletes a snapshot; returns its id. */
+    async deleteSnapshot(id, options = {}) {
+        const body = await this.json({ method: "DELETE", path: snapshotPath(id), signal: options.signal });
+        return isObject(body) ? String(body["deleted"] ?? "") : "";
+    }
+    /** Starts the new session `session` from a snapshot: its kernel (or `Conflict` when the session has one). */
+    async restore(snapshotId, session, options = {}) {
+        const body = await this.json({
+            method: "POST",
+            path: sessionPath(session, "restore"),
+            json: { snapshot: snapshotId },
+            signal: options.signal,
+        });
+        return forkOutcome(body);
     }
     // --- transport (used by Session, Files, Commands) ---
     /**
@@ -298,10 +323,15 @@ export class Session {
      * calls the server refused.
      */
     async run(code, options = {}) {
-        if (options.onOutput || options.onDisplay) {
+        if (options.onOutput || options.onDisplay || options.onStdout || options.onStderr) {
             for await (const event of this.stream(code, options)) {
-                if (event.type === "output")
+                if (event.type === "output") {
                     options.onOutput?.(event.text);
+                    if (event.stream === "stdout")
+                        options.onStdout?.(event.text);
+                    else if (event.stream === "stderr")
+                        options.onStderr?.(event.text);
+                }
                 else if (event.type === "display")
                     options.onDisplay?.(event.result);
                 else
@@ -319,6 +349,21 @@ export class Session {
     async interrupt(options = {}) {
         const body = await this.client.json({ method: "POST", path: sessionPath(this.name, "interrupt"), missingOk: true, signal: options.signal });
         return isObject(body) ? Number(body["interrupted"] ?? 0) : 0;
+    }
+    /** Snapshots the session's kernel (runsc: its memory too); the kernel goes on (docs/snapshots.md). */
+    async snapshot(options = {}) {
+        const json = {};
+        if (options.name !== undefined)
+            json["name"] = options.name;
+        return snapshotInfo(await this.client.json({ method: "POST", path: sessionPath(this.name, "snapshots"), json, signal: options.signal }));
+    }
+    /**
+     * Forks the session's kernel into `count` new sessions (or into the sessions named): one
+     * snapshot, restored into each; each fork has its kernel or its error.
+     */
+    async fork(forks, options = {}) {
+        const json = typeof forks === "number" ? { count: forks } : { sessions: forks };
+        return forkResult(await this.client.json({ method: "POST", path: sessionPath(this.name, "fork"), json, signal: options.signal }));
     }
     /** Disposes of the session's kernels (its children's too), or of this child's; how many, 0 when none. */
     async close(options = {}) {

@@ -12,6 +12,6 @@
  */
 export * from "./errors.js";
 export * from "./types.js";
-export { COMMAND_STREAM_EVENTS, CommandStreamEvent, DEFAULT_TIMEOUT, DEFAULT_URL, STREAM_EVENTS, StreamEvent, } from "./wire.js";
+export { COMMAND_STREAM_EVENTS, CommandStreamEvent, DEFAULT_TIMEOUT, DEFAULT_URL, STREAM_EVENTS, OutputStream, StreamEvent, } from "./wire.js";
 export { CallOptions, Client, ClientOptions, CommandOptions, Commands, FileData, Files, ReadOptions, RunOptions, Session, WriteOptions, } from "./client.js";
 export { executeCodeTool, ExecuteCodeTool } from "./adapters/ai-sdk.js";

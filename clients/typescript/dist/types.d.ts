@@ -223,6 +223,42 @@ export interface UsageReport {
     groupBy: UsageGrouping;
     rows: UsageRow[];
 }
+/** A snapshot of a session's kernel (docs/snapshots.md). */
+export interface SnapshotInfo {
+    id: string;
+    name?: string;
+    /** The session it was taken of. */
+    session: string;
+    created: string;
+    expires: string;
+    bytes: number;
+    /** The kernel's memory is in it (runsc); false for a files-only snapshot. */
+    memory: boolean;
+    runtime: string;
+    checkpointSeconds: number;
+}
+/** The kernel a restore or a fork started. */
+export interface RestoredKernel {
+    id: string;
+    generation: number;
+    restoreSeconds: number;
+}
+/** An error's code and message, as the server's error body carries them. */
+export interface ErrorDetail {
+    code: string;
+    message: string;
+}
+/** One fork (or a restore): its session and its kernel, or why it failed. */
+export interface ForkOutcome {
+    session: string;
+    kernel?: RestoredKernel;
+    error?: ErrorDetail;
+}
+/** A fork's answer: the forks in order, each with its kernel or its error. */
+export interface ForkResult {
+    checkpointSeconds: number;
+    forks: ForkOutcome[];
+}
 /** Each interface above, by the schema of `/openapi.json` it mirrors (the drift test reads this). */
 export declare const MIRRORS: {
     readonly StateLost: "StateLost";
@@ -243,6 +279,11 @@ export declare const MIRRORS: {
     readonly WorkspaceSummary: "WorkspaceSummary";
     readonly UsageRow: "UsageRow";
     readonly UsageReport: "UsageReport";
+    readonly SnapshotInfo: "SnapshotInfo";
+    readonly RestoredKernel: "RestoredKernel";
+    readonly ForkOutcome: "ForkOutcome";
+    readonly ForkResult: "ForkResult";
+    readonly ErrorDetail: "ErrorDetail";
 };
 declare type Json = Record<string, unknown>;
 export declare function stateLost(v: unknown): StateLost;
@@ -259,4 +300,7 @@ export declare function settingsBody(s: SessionSettings): Json;
 export declare function settingsApplied(v: unknown): SettingsApplied;
 export declare function workspaceSummary(v: unknown): WorkspaceSummary;
 export declare function usageReport(v: unknown): UsageReport;
+export declare function snapshotInfo(v: unknown): SnapshotInfo;
+export declare function forkOutcome(v: unknown): ForkOutcome;
+export declare function forkResult(v: unknown): ForkResult;
 export {};

@@ -81,6 +81,11 @@ export const MIRRORS = {
     WorkspaceSummary: "WorkspaceSummary",
     UsageRow: "UsageRow",
     UsageReport: "UsageReport",
+    SnapshotInfo: "SnapshotInfo",
+    RestoredKernel: "RestoredKernel",
+    ForkOutcome: "ForkOutcome",
+    ForkResult: "ForkResult",
+    ErrorDetail: "ErrorDetail",
 };
 function obj(v) {
     return isObject(v) ? v : {};
@@ -306,4 +311,35 @@ export function usageReport(v) {
             networkBytesOut: num(r["network_bytes_out"]),
         })),
     };
+}
+export function snapshotInfo(v) {
+    const d = obj(v);
+    const out = {
+        id: str(d["id"]),
+        session: str(d["session"]),
+        created: str(d["created"]),
+        expires: str(d["expires"]),
+        bytes: num(d["bytes"]),
+        memory: d["memory"] === true,
+        runtime: str(d["runtime"]),
+        checkpointSeconds: num(d["checkpoint_seconds"]),
+    };
+    put(out, "name", optStr(d["name"]));
+    return out;
+}
+export function forkOutcome(v) {
+    const d = obj(v);
+    const out = { session: str(d["session"]) };
+    if (isObject(d["kernel"])) {
+        const k = d["kernel"];
+        out.kernel = { id: str(k["id"]), generation: num(k["generation"]), restoreSeconds: num(k["restore_seconds"]) };
+    }
+    if (isObject(d["error"]))
+        out.error = { code: str(d["error"]["code"]), message: str(d["error"]["message"]) };
+    return out;
+}
+export function forkResult(v) {
+    const d = obj(v);
+    const forks = Array.isArray(d["forks"]) ? d["forks"].map(forkOutcome) : [];
+    return { checkpointSeconds: num(d["checkpoint_seconds"]), forks };
 }

@@ -30,6 +30,8 @@ export declare function sessionPath(session: string, ...rest: string[]): string;
 /** `.../files/PATH`, the path one encoded segment; `""` or `"."` is the working directory itself. */
 export declare function filePath(session: string, path: string): string;
 export declare function childPath(session: string, child: string): string;
+/** `/v1/snapshots/ID`. */
+export declare function snapshotPath(id: string): string;
 export declare function workspacePath(name: string): string;
 /** The read deadline (seconds) of a call running `timeout` seconds on the server (a cell, a command). */
 export declare function runDeadline(timeout: number | undefined, clientTimeout: number): number;
@@ -37,6 +39,7 @@ export declare function runDeadline(timeout: number | undefined, clientTimeout: 
 export declare type StreamEvent = {
     type: "output";
     text: string;
+    stream: OutputStream;
 } | {
     type: "display";
     result: RichResult;
@@ -44,6 +47,8 @@ export declare type StreamEvent = {
     type: "result";
     execution: Execution;
 };
+/** Which of the cell's streams an output event's text came on (a raised cell's traceback apart). */
+export declare type OutputStream = "stdout" | "stderr" | "traceback";
 /** An event of a streamed command. */
 export declare type CommandStreamEvent = {
     type: "stdout";

@@ -56,6 +56,10 @@ export function filePath(session, path) {
 export function childPath(session, child) {
     return sessionPath(session, "children", segment(child));
 }
+/** `/v1/snapshots/ID`. */
+export function snapshotPath(id) {
+    return "/v1/snapshots/" + segment(id);
+}
 export function workspacePath(name) {
     return "/v1/workspaces/" + segment(name);
 }
@@ -90,7 +94,11 @@ export class ExecuteStreamReader {
         const event = parseLine(line, "execute stream");
         switch (event["event"]) {
             case "output":
-                return { type: "output", text: String(event["data"] ?? "") };
+                return {
+                    type: "output",
+                    text: String(event["data"] ?? ""),
+                    stream: (typeof event["stream"] === "string" ? event["stream"] : "stdout"),
+                };
             case "display":
                 return { type: "display", result: richResult(event["data"]) };
             case "output_truncated":

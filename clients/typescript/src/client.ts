@@ -11,9 +11,15 @@ import {
   commandResult,
   Execution,
   execution,
+  ForkOutcome,
+  forkOutcome,
+  ForkResult,
+  forkResult,
   KernelSummary,
   kernelSummary,
   Language,
+  SnapshotInfo,
+  snapshotInfo,
   Listing,
   listing,
   NetworkPolicy,
@@ -47,6 +53,7 @@ import {
   StreamEvent,
   TAR,
   USER_AGENT,
+  snapshotPath,
   workspacePath,
 } from "./wire.js";
 
@@ -86,6 +93,10 @@ export interface RunOptions extends CallOptions {
   onOutput?: (text: string) => void;
   /** Each rich result as it is displayed; streams the answer. */
   onDisplay?: (result: RichResult) => void;
+  /** Text the cell writes on its stdout; streams the answer. */
+  onStdout?: (text: string) => void;
+  /** Text the cell writes on its stderr (not the traceback); streams the answer. */
+  onStderr?: (text: string) => void;
 }
 
 export interface CommandOptions extends CallOptions {
@@ -176,6 +187,35 @@ export class Client {
   async deleteWorkspace(name: string, options: CallOptions = {}): Promise<string> {
     const body = await this.json({ method: "DELETE", path: workspacePath(name), signal: options.signal });
     return isObject(body) ? String(body["deleted"] ?? "") : "";
+  }
+
+  /** The tenant's snapshots (docs/snapshots.md). */
+  async snapshots(options: CallOptions = {}): Promise<SnapshotInfo[]> {
+    const body = await this.json({ method: "GET", path: "/v1/snapshots", signal: options.signal });
+    const items = isObject(body) && Array.isArray(body["snapshots"]) ? body["snapshots"] : [];
+    return items.filter(isObject).map(snapshotInfo);
+  }
+
+  /** One snapshot; `NotFound` (`snapshot_not_found`) for an id that is not the tenant's. */
+  async snapshot(id: string, options: CallOptions = {}): Promise<SnapshotInfo> {
+    return snapshotInfo(await this.json({ method: "GET", path: snapshotPath(id), signal: options.signal }));
+  }
+
+  /** Deletes a snapshot; returns its id. */
+  async deleteSnapshot(id: string, options: CallOptions = {}): Promise<string> {
+    const body = await this.json({ method: "DELETE", path: snapshotPath(id), signal: options.signal });
+    return isObject(body) ? String(body["deleted"] ?? "") : "";
+  }
+
+  /** Starts the new session `session` from a snapshot: its kernel (or `Conflict` when the session has one). */
+  async restore(snapshotId: string, session: string, options: CallOptions = {}): Promise<ForkOutcome> {
+    const body = await this.json({
+      method: "POST",
+      path: sessionPath(session, "restore"),
+      json: { snapshot: snapshotId },
+      signal: options.signal,
+    });
+    return forkOutcome(body);
   }
 
   // --- transport (used by Session, Files, Commands) ---
@@ -404,10 +444,13 @@ export class Session {
    * calls the server refused.
    */
   async run(code: string, options: RunOptions = {}): Promise<Execution> {
-    if (options.onOutput || options.onDisplay) {
+    if (options.onOutput || options.onDisplay || options.onStdout || options.onStderr) {
       for await (const event of this.stream(code, options)) {
-        if (event.type === "output") options.onOutput?.(event.text);
-        else if (event.type === "display") options.onDisplay?.(event.result);
+        if (event.type === "output") {
+          options.onOutput?.(event.text);
+          if (event.stream === "stdout") options.onStdout?.(event.text);
+          else if (event.stream === "stderr") options.onStderr?.(event.text);
+        } else if (event.type === "display") options.onDisplay?.(event.result);
         else return event.execution;
       }
       throw new ConnectionFailed("stream_ended", "the execute stream ended before the cell's result");
@@ -416,7 +459,7 @@ export class Session {
   }
 
   /** Runs one cell, streaming: its output and displays as they come, its result last. */
-  stream(code: string, options: Omit<RunOptions, "onOutput" | "onDisplay"> = {}): AsyncGenerator<StreamEvent> {
+  stream(code: string, options: Omit<RunOptions, "onOutput" | "onDisplay" | "onStdout" | "onStderr"> = {}): AsyncGenerator<StreamEvent> {
     return this.client.events(this.executeRequest(code, options, true), new ExecuteStreamReader());
   }
 
@@ -424,6 +467,22 @@ export class Session {
   async interrupt(options: CallOptions = {}): Promise<number> {
     const body = await this.client.json({ method: "POST", path: sessionPath(this.name, "interrupt"), missingOk: true, signal: options.signal });
     return isObject(body) ? Number(body["interrupted"] ?? 0) : 0;
+  }
+
+  /** Snapshots the session's kernel (runsc: its memory too); the kernel goes on (docs/snapshots.md). */
+  async snapshot(options: CallOptions & { name?: string } = {}): Promise<SnapshotInfo> {
+    const json: Record<string, unknown> = {};
+    if (options.name !== undefined) json["name"] = options.name;
+    return snapshotInfo(await this.client.json({ method: "POST", path: sessionPath(this.name, "snapshots"), json, signal: options.signal }));
+  }
+
+  /**
+   * Forks the session's kernel into `count` new sessions (or into the sessions named): one
+   * snapshot, restored into each; each fork has its kernel or its error.
+   */
+  async fork(forks: number | string[], options: CallOptions = {}): Promise<ForkResult> {
+    const json = typeof forks === "number" ? { count: forks } : { sessions: forks };
+    return forkResult(await this.client.json({ method: "POST", path: sessionPath(this.name, "fork"), json, signal: options.signal }));
   }
 
   /** Disposes of the session's kernels (its children's too), or of this child's; how many, 0 when none. */

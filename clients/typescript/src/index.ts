@@ -19,6 +19,7 @@ export {
   DEFAULT_TIMEOUT,
   DEFAULT_URL,
   STREAM_EVENTS,
+  OutputStream,
   StreamEvent,
 } from "./wire.js";
 export {

@@ -282,6 +282,47 @@ export interface UsageReport {
   rows: UsageRow[];
 }
 
+/** A snapshot of a session's kernel (docs/snapshots.md). */
+export interface SnapshotInfo {
+  id: string;
+  name?: string;
+  /** The session it was taken of. */
+  session: string;
+  created: string;
+  expires: string;
+  bytes: number;
+  /** The kernel's memory is in it (runsc); false for a files-only snapshot. */
+  memory: boolean;
+  runtime: string;
+  checkpointSeconds: number;
+}
+
+/** The kernel a restore or a fork started. */
+export interface RestoredKernel {
+  id: string;
+  generation: number;
+  restoreSeconds: number;
+}
+
+/** An error's code and message, as the server's error body carries them. */
+export interface ErrorDetail {
+  code: string;
+  message: string;
+}
+
+/** One fork (or a restore): its session and its kernel, or why it failed. */
+export interface ForkOutcome {
+  session: string;
+  kernel?: RestoredKernel;
+  error?: ErrorDetail;
+}
+
+/** A fork's answer: the forks in order, each with its kernel or its error. */
+export interface ForkResult {
+  checkpointSeconds: number;
+  forks: ForkOutcome[];
+}
+
 /** Each interface above, by the schema of `/openapi.json` it mirrors (the drift test reads this). */
 export const MIRRORS = {
   StateLost: "StateLost",
@@ -302,6 +343,11 @@ export const MIRRORS = {
   WorkspaceSummary: "WorkspaceSummary",
   UsageRow: "UsageRow",
   UsageReport: "UsageReport",
+  SnapshotInfo: "SnapshotInfo",
+  RestoredKernel: "RestoredKernel",
+  ForkOutcome: "ForkOutcome",
+  ForkResult: "ForkResult",
+  ErrorDetail: "ErrorDetail",
 } as const;
 
 // --- Reading JSON into the types (lenient: a missing field gets its type's zero) ---
@@ -533,4 +579,37 @@ export function usageReport(v: unknown): UsageReport {
       networkBytesOut: num(r["network_bytes_out"]),
     })),
   };
+}
+
+export function snapshotInfo(v: unknown): SnapshotInfo {
+  const d = obj(v);
+  const out: SnapshotInfo = {
+    id: str(d["id"]),
+    session: str(d["session"]),
+    created: str(d["created"]),
+    expires: str(d["expires"]),
+    bytes: num(d["bytes"]),
+    memory: d["memory"] === true,
+    runtime: str(d["runtime"]),
+    checkpointSeconds: num(d["checkpoint_seconds"]),
+  };
+  put(out, "name", optStr(d["name"]));
+  return out;
+}
+
+export function forkOutcome(v: unknown): ForkOutcome {
+  const d = obj(v);
+  const out: ForkOutcome = { session: str(d["session"]) };
+  if (isObject(d["kernel"])) {
+    const k = d["kernel"];
+    out.kernel = { id: str(k["id"]), generation: num(k["generation"]), restoreSeconds: num(k["restore_seconds"]) };
+  }
+  if (isObject(d["error"])) out.error = { code: str(d["error"]["code"]), message: str(d["error"]["message"]) };
+  return out;
+}
+
+export function forkResult(v: unknown): ForkResult {
+  const d = obj(v);
+  const forks = Array.isArray(d["forks"]) ? d["forks"].map(forkOutcome) : [];
+  return { checkpointSeconds: num(d["checkpoint_seconds"]), forks };
 }

@@ -61,6 +61,11 @@ export function childPath(session: string, child: string): string {
   return sessionPath(session, "children", segment(child));
 }
 
+/** `/v1/snapshots/ID`. */
+export function snapshotPath(id: string): string {
+  return "/v1/snapshots/" + segment(id);
+}
+
 export function workspacePath(name: string): string {
   return "/v1/workspaces/" + segment(name);
 }
@@ -73,9 +78,12 @@ export function runDeadline(timeout: number | undefined, clientTimeout: number):
 
 /** An event of a streamed cell, in the order the cell produced it. */
 export type StreamEvent =
-  | { type: "output"; text: string }
+  | { type: "output"; text: string; stream: OutputStream }
   | { type: "display"; result: RichResult }
   | { type: "result"; execution: Execution };
+
+/** Which of the cell's streams an output event's text came on (a raised cell's traceback apart). */
+export type OutputStream = "stdout" | "stderr" | "traceback";
 
 /** An event of a streamed command. */
 export type CommandStreamEvent =
@@ -109,7 +117,11 @@ export class ExecuteStreamReader {
     const event = parseLine(line, "execute stream");
     switch (event["event"]) {
       case "output":
-        return { type: "output", text: String(event["data"] ?? "") };
+        return {
+          type: "output",
+          text: String(event["data"] ?? ""),
+          stream: (typeof event["stream"] === "string" ? event["stream"] : "stdout") as OutputStream,
+        };
       case "display":
         return { type: "display", result: richResult(event["data"]) };
       case "output_truncated":

@@ -20,7 +20,10 @@ const DIST = resolve(dirname(fileURLToPath(import.meta.url)), "..", "dist", "ind
 // Schemas the client handles without an interface of its own: the names it reads of each.
 const HANDLED = {
   Error: ["error"],
-  ErrorDetail: ["code", "message"], // KernelboxError.code / .detail
+  SnapshotList: ["snapshots"], // client.snapshots()
+  SnapshotBody: ["name"], // session.snapshot({name})
+  ForkBody: ["count", "sessions"], // session.fork(count | sessions)
+  RestoreBody: ["snapshot"], // client.restore(id, session)
   Interrupted: ["interrupted"], // session.interrupt()
   Cleared: ["cleared"], // session.close()
   Released: ["released"], // a child's close()
@@ -62,15 +65,9 @@ function* refs(node) {
   }
 }
 
-// Routes this client does not cover yet (docs/typescript-client.md, "Not yet"): snapshots,
-// restore and fork, and whom a token stands for (the console's).
-const NOT_YET = [
-  "/v1/snapshots",
-  "/v1/sessions/{session}/snapshots",
-  "/v1/sessions/{session}/restore",
-  "/v1/sessions/{session}/fork",
-  "/v1/whoami",
-];
+// Routes this client does not cover (docs/typescript-client.md): whom a token stands for (the
+// console's).
+const NOT_YET = ["/v1/whoami"];
 const ours = (path) => !NOT_THE_CLIENTS.some((p) => path.startsWith(p)) && !NOT_YET.some((p) => path.startsWith(p));
 
 function reachable() {

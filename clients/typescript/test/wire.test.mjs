@@ -22,7 +22,9 @@ test("lines split across chunks, multi-byte characters included", async () => {
 
 test("a stream's error event is the typed error; a stream cut before its result is ConnectionFailed", () => {
   const r = new ExecuteStreamReader();
-  assert.deepEqual(r.feed('{"event":"output","data":"a"}'), { type: "output", text: "a" });
+  assert.deepEqual(r.feed('{"event":"output","data":"a","stream":"stderr"}'), { type: "output", text: "a", stream: "stderr" });
+  // A server that names no stream (older ones) sent stdout.
+  assert.deepEqual(r.feed('{"event":"output","data":"a"}'), { type: "output", text: "a", stream: "stdout" });
   assert.equal(r.feed('{"event":"something_new"}'), undefined);
   assert.throws(() => r.feed('{"event":"error","error":{"code":"session_busy","message":"busy"}}'), (e) => e instanceof TooManyRequests && e.status === undefined);
   assert.throws(() => new ExecuteStreamReader().feed('{"event":"error","error":{"code":"kernel_unavailable","message":"m"}}'), ServerError);
