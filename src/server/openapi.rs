@@ -679,8 +679,7 @@ fn snapshot_paths(auth_errors: &Value) -> Value {
                 "responses": with(auth_errors, json!({
                     "200": answer("The snapshot.", "SnapshotInfo"),
                     "404": error_response("`no_kernel`: the session has no kernel."),
-                    "409": error_response("`session_busy`: a cell is running; `snapshot_limit`: the tenant's count or bytes, or the host's bytes, would pass their bound."),
-                    "501": error_response("`snapshot_unsupported`: the kernel runs under runc, whose memory the engine cannot checkpoint."),
+                    "409": error_response("`session_busy`: a cell is running; `snapshot_limit`: the tenant's count or bytes, or the host's bytes, would pass their bound; `snapshot_unsupported`: the kernel runs under runc, whose memory the engine cannot checkpoint."),
                     "500": error_response("`snapshot_failed`: the checkpoint failed.")
                 }))
             }
@@ -731,8 +730,7 @@ fn snapshot_paths(auth_errors: &Value) -> Value {
                     "200": answer("The forks, in order, each with its kernel or its error.", "ForkResult"),
                     "400": error_response("`invalid_request`: not exactly one of `count` and `sessions`, or not 1 to 16 new distinct sessions."),
                     "404": error_response("`no_kernel`: the session has no kernel."),
-                    "409": error_response("`session_busy` or `snapshot_limit`."),
-                    "501": error_response("`snapshot_unsupported`: a runc kernel.")
+                    "409": error_response("`session_busy`, `snapshot_limit`, or `snapshot_unsupported` (a runc kernel).")
                 }))
             }
         }

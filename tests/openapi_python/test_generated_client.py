@@ -231,14 +231,14 @@ def test_every_json_route_through_the_generated_client(
     assert api(generated, "get_openapi_json").sync_detailed(client=c).status_code == 200
 
     # Snapshots (docs/snapshots.md): this server's kernels run under runc, whose memory the
-    # engine cannot checkpoint: a snapshot and a fork answer 501, parsed; the tenant has no
+    # engine cannot checkpoint: a snapshot and a fork answer 409, parsed; the tenant has no
     # snapshot to list, read, delete or restore.
     SnapshotBody = model(generated, "SnapshotBody")
     ok(api(generated, "post_v1_sessions_session_snapshots").sync_detailed(
-        SESSION, client=c, body=SnapshotBody(name="n")), "Error", 501)  # fmt: skip
+        SESSION, client=c, body=SnapshotBody(name="n")), "Error", 409)  # fmt: skip
     ForkBody = model(generated, "ForkBody")
     ok(api(generated, "post_v1_sessions_session_fork").sync_detailed(
-        SESSION, client=c, body=ForkBody(count=2)), "Error", 501)  # fmt: skip
+        SESSION, client=c, body=ForkBody(count=2)), "Error", 409)  # fmt: skip
     listed = ok(api(generated, "get_v1_snapshots").sync_detailed(client=c), "SnapshotList")
     assert listed.snapshots == []
     ok(api(generated, "get_v1_snapshots_id").sync_detailed("snap-0", client=c), "Error", 404)

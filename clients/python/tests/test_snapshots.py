@@ -11,7 +11,7 @@ from typing import Iterator
 import pytest
 
 from conftest import Server, kernelbox_serve, stop_and_check
-from kernelbox_client import Client, ForkResult, NotFound, ServerError, SnapshotInfo
+from kernelbox_client import Client, Conflict, ForkResult, NotFound, SnapshotInfo
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +67,7 @@ def test_a_runc_kernel_is_refused(snap_server: Server) -> None:
     with Client(snap_server.url, snap_server.token("plain")) as c:
         s = c.session("s")
         assert s.run("x = 1").ok
-        with pytest.raises(ServerError) as refused:
+        with pytest.raises(Conflict) as refused:
             s.snapshot()
         assert refused.value.code == "snapshot_unsupported"
         s.close()

@@ -32,9 +32,10 @@ impl From<SnapshotError> for ApiError {
             }
             SnapshotError::Limit { .. }
             | SnapshotError::Busy { .. }
-            | SnapshotError::SessionExists { .. } => StatusCode::CONFLICT,
+            | SnapshotError::SessionExists { .. }
+            // The kernel's runtime, not the server, stands in the way: a client's matter (4xx).
+            | SnapshotError::Unsupported { .. } => StatusCode::CONFLICT,
             SnapshotError::Invalid(_) => StatusCode::BAD_REQUEST,
-            SnapshotError::Unsupported { .. } => StatusCode::NOT_IMPLEMENTED,
             SnapshotError::Checkpoint(_) | SnapshotError::Restore(_) | SnapshotError::Store(_) => {
                 StatusCode::INTERNAL_SERVER_ERROR
             }
