@@ -5,13 +5,30 @@ each its own; another tenant's snapshot is not found; a runc tenant's is refused
 
 from __future__ import annotations
 
+import time
 import uuid
-from typing import Iterator
+from typing import Callable, Iterator, TypeVar
 
 import pytest
 
 from conftest import Server, kernelbox_serve, stop_and_check
 from kernelbox_client import Client, Conflict, ForkResult, NotFound, SnapshotInfo
+
+
+T = TypeVar("T")
+
+
+def when_idle(call: Callable[[], T]) -> T:
+    """A snapshot or fork takes the kernel between cells: while the session's previous call is
+    still letting go of it, the server answers 409 session_busy, which a caller retries."""
+    for attempt in range(50):
+        try:
+            return call()
+        except Conflict as e:
+            if e.code != "session_busy" or attempt == 49:
+                raise
+            time.sleep(0.1)
+    raise AssertionError("unreachable")
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +47,7 @@ def test_a_snapshot_restores_and_a_fork_branches(snap_server: Server) -> None:
     with Client(snap_server.url, snap_server.token("branchy")) as c:
         s = c.session("src")
         assert s.run("x = 41").ok
-        snap = s.snapshot("before")
+        snap = when_idle(lambda: s.snapshot("before"))
         assert isinstance(snap, SnapshotInfo)
         assert snap.memory and snap.name == "before" and snap.runtime == "runsc"
         assert [x.id for x in c.snapshots()] == [snap.id]
@@ -38,7 +55,7 @@ def test_a_snapshot_restores_and_a_fork_branches(snap_server: Server) -> None:
         restored = c.restore(snap.id, "again")
         assert restored.ok and restored.kernel is not None and restored.kernel.generation == 1
         assert c.session("again").run("print(x + 1)").output == "42\n"
-        forks = s.fork(2)
+        forks = when_idle(lambda: s.fork(2))
         assert isinstance(forks, ForkResult) and len(forks.forks) == 2
         assert all(f.ok for f in forks.forks), forks
         first, second = (c.session(f.session) for f in forks.forks)
@@ -46,7 +63,7 @@ def test_a_snapshot_restores_and_a_fork_branches(snap_server: Server) -> None:
         assert second.run("print(x)").output == "41\n"
         assert s.run("print(x)").output == "41\n"
         # A fork into a session that has a kernel fails on its own.
-        named = s.fork(sessions=["again", "fresh"])
+        named = when_idle(lambda: s.fork(sessions=["again", "fresh"]))
         assert named.forks[0].error is not None
         assert named.forks[0].error.code == "session_exists"
         assert named.forks[1].ok

@@ -5,6 +5,8 @@
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 
+import { setTimeout as delay } from "node:timers/promises";
+
 import { Client, KernelboxError, NotFound } from "../dist/index.js";
 import { sessionName, startServer } from "./server.mjs";
 
@@ -22,10 +24,23 @@ after(async () => {
   await server?.stop();
 });
 
+// A snapshot or fork takes the kernel between cells: while the session's previous call is still
+// letting go of it, the server answers 409 session_busy, which a caller retries (docs/snapshots.md).
+async function whenIdle(call) {
+  for (let attempt = 0; ; attempt++) {
+    try {
+      return await call();
+    } catch (e) {
+      if (!(e instanceof KernelboxError && e.code === "session_busy") || attempt >= 50) throw e;
+      await delay(100);
+    }
+  }
+}
+
 test("a snapshot restores, a fork branches, and another tenant never sees it", async () => {
   const s = branchy.session(sessionName("src"));
   assert.ok((await s.run("x = 41")).ok);
-  const snap = await s.snapshot({ name: "before" });
+  const snap = await whenIdle(() => s.snapshot({ name: "before" }));
   assert.deepEqual([snap.memory, snap.name, snap.runtime, snap.session], [true, "before", "runsc", s.name]);
   assert.deepEqual((await branchy.snapshots()).map((x) => x.id), [snap.id]);
   assert.deepEqual(await branchy.snapshot(snap.id), snap);
@@ -34,7 +49,7 @@ test("a snapshot restores, a fork branches, and another tenant never sees it", a
   assert.equal(restored.error, undefined);
   assert.equal(restored.kernel?.generation, 1);
   assert.equal((await branchy.session(again).run("print(x + 1)")).output, "42\n");
-  const forks = await s.fork(2);
+  const forks = await whenIdle(() => s.fork(2));
   assert.equal(forks.forks.length, 2);
   assert.ok(forks.forks.every((f) => f.kernel !== undefined && f.error === undefined), JSON.stringify(forks));
   const [first, second] = forks.forks.map((f) => branchy.session(f.session));
@@ -43,7 +58,7 @@ test("a snapshot restores, a fork branches, and another tenant never sees it", a
   assert.equal((await s.run("print(x)")).output, "41\n");
   // A fork into a session that has a kernel fails on its own.
   const fresh = sessionName("fresh");
-  const named = await s.fork([again, fresh]);
+  const named = await whenIdle(() => s.fork([again, fresh]));
   assert.equal(named.forks[0].error?.code, "session_exists");
   assert.ok(named.forks[1].kernel !== undefined);
   await assert.rejects(plain.snapshot(snap.id), NotFound);
