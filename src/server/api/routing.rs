@@ -1,21 +1,56 @@
 //! A cluster node's middleware on every `/v1/sessions/{session}/...` route and `/v1/mcp`
 //! (docs/cluster.md, "Routing"): the node decides where the session's request is served (`server/cluster/`);
 //! one held by another node is forwarded there, one this node serves goes on to its handler.
-//! On one host it does nothing.
+//! On one host it does nothing. Each route declares whether it may start the session's
+//! kernel (`mod.rs`, [`declare`]); this middleware authenticates the caller once and hands
+//! the tenant on to the handler (`auth.rs`).
 
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::Method;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use axum::routing::MethodRouter;
+
+use super::auth::Authenticated;
 
 use crate::owner::validate_name;
 use crate::server::cluster::{session_of, ClusterNode, Kind, Route, FORWARDED_HEADER};
 use crate::server::AppState;
 
+/// What a route of a session may do to the session's kernel, as the router declares it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Declared {
+    /// It may start the kernel (an execute, a command, a process, an upload, a restore, a
+    /// fork): it claims the session when no node holds it.
+    Starts,
+    /// It only finds the kernel (reading, removing, interrupting, a process's calls, the
+    /// session's network policy or settings, kept in the catalog: docs/cluster.md "Session
+    /// policies and settings"): it starts nothing, so it never counts against a cap.
+    Finds,
+    /// `/v1/mcp`: a request naming its session may start the kernel; one in an MCP
+    /// session's own is served where that session lives.
+    Mcp,
+}
+
+/// `route` with this middleware, as `declared`.
+pub(super) fn declare(
+    route: MethodRouter<AppState>,
+    state: &AppState,
+    declared: Declared,
+) -> MethodRouter<AppState> {
+    route.route_layer(axum::middleware::from_fn_with_state(
+        (state.clone(), declared),
+        self::route,
+    ))
+}
+
 /// The middleware: a request for a session held elsewhere goes there.
-pub(super) async fn route(State(state): State<AppState>, request: Request, next: Next) -> Response {
+async fn route(
+    State((state, declared)): State<(AppState, Declared)>,
+    mut request: Request,
+    next: Next,
+) -> Response {
     let Some(node) = state.cluster().cloned() else {
         return next.run(request).await;
     };
@@ -26,6 +61,9 @@ pub(super) async fn route(State(state): State<AppState>, request: Request, next:
     let Some(tenant) = super::authenticate(&state, request.headers(), request.extensions()) else {
         return next.run(request).await;
     };
+    request
+        .extensions_mut()
+        .insert(Authenticated(tenant.clone()));
     // Only a node of this cluster can mark a request forwarded (the hop secret).
     let forwarded =
         request.headers().contains_key(FORWARDED_HEADER) && node.is_hop(request.headers());
@@ -37,7 +75,7 @@ pub(super) async fn route(State(state): State<AppState>, request: Request, next:
     if validate_name("session", &session).is_err() {
         return next.run(request).await;
     }
-    let kind = kind_of(&request, named);
+    let kind = kind_of(declared, named);
     match node
         .decide(&state, &tenant, &session, kind, forwarded)
         .await
@@ -109,21 +147,12 @@ async fn to_mcp_creator(
     }
 }
 
-/// Whether the request may start the session's kernel (and so claims it) or only finds it.
-/// Only a POST or a PUT may start a kernel (an execute, a command, an upload), so only they
-/// claim; reading, removing, interrupting and setting the session's network policy or
-/// settings (kept in the catalog, docs/cluster.md "Session policies and settings") find: they
-/// start nothing, so they never count against a cap. An MCP request naming its session may
-/// start its kernel; one in an MCP session's own is served where that session lives.
-fn kind_of(request: &Request, named: Option<bool>) -> Kind {
-    let finds = !(request.method() == Method::POST || request.method() == Method::PUT)
-        || is_interrupt(request.uri().path())
-        || is_session_config(request.uri().path());
-    match named {
-        Some(true) => Kind::Starts,
-        Some(false) => Kind::Finds,
-        None if finds => Kind::Finds,
-        None => Kind::Starts,
+/// Whether the request may start the session's kernel (and so claims it) or only finds it,
+/// as its route declares.
+fn kind_of(declared: Declared, named: Option<bool>) -> Kind {
+    match (declared, named) {
+        (Declared::Mcp, Some(false)) | (Declared::Finds, _) => Kind::Finds,
+        (Declared::Mcp, _) | (Declared::Starts, _) => Kind::Starts,
     }
 }
 
@@ -155,16 +184,4 @@ async fn serve_here(
         node.release(tenant, session);
     }
     response
-}
-
-/// `/v1/sessions/{session}/network` or `/v1/sessions/{session}/settings`.
-fn is_session_config(path: &str) -> bool {
-    let mut parts = path.split('/').skip(4);
-    matches!(parts.next(), Some("network" | "settings")) && parts.next().is_none()
-}
-
-/// `/v1/sessions/{session}/interrupt` (not a file of that name).
-fn is_interrupt(path: &str) -> bool {
-    let mut parts = path.split('/').skip(4);
-    parts.next() == Some("interrupt") && parts.next().is_none()
 }

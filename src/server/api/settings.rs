@@ -3,13 +3,12 @@
 //! them for the session's kernels; `GET` answers them. `GET /v1/kernels?label=k:v` filters the
 //! tenant's kernels on their sessions' labels.
 
-use axum::body::Body;
-use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
 use axum::Json;
 
-use super::{invalid, json_object, one_name, read_body_of, Caller};
+use super::extract::{JsonBody, SessionName};
+use super::{invalid, Caller};
 use crate::server::error::ApiError;
 use crate::server::AppState;
 use crate::settings::{Settings, SettingsError};
@@ -29,13 +28,9 @@ impl From<SettingsError> for ApiError {
 pub(super) async fn put(
     State(state): State<AppState>,
     Caller(tenant): Caller,
-    session: Result<Path<String>, PathRejection>,
-    headers: HeaderMap,
-    body: Body,
+    SessionName(session): SessionName,
+    JsonBody(wire): JsonBody<SessionSettings>,
 ) -> Result<Json<SettingsApplied>, ApiError> {
-    let session = one_name(&state, session)?;
-    let bytes = read_body_of(&state, &tenant, &headers, body).await?;
-    let wire: SessionSettings = json_object(&bytes).map_err(|e| invalid(&state, e))?;
     apply(&state, &tenant, &session, &wire).await.map(Json)
 }
 
@@ -90,9 +85,8 @@ pub(crate) async fn apply(
 pub(super) async fn get(
     State(state): State<AppState>,
     Caller(tenant): Caller,
-    session: Result<Path<String>, PathRejection>,
+    SessionName(session): SessionName,
 ) -> Result<Json<SessionSettings>, ApiError> {
-    let session = one_name(&state, session)?;
     let orchestrator = &state.inner.orchestrator;
     // On a cluster node, the catalog's unless the session's kernel is here (the request was
     // routed to the node holding it).

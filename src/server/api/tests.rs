@@ -1,5 +1,7 @@
 use super::stream::{StreamTx, Utf8Stream, MAX_STREAM_BACKLOG};
 use super::*;
+use axum::body::Bytes;
+use std::sync::Arc;
 
 #[test]
 fn request_bodies_must_be_json_objects() {
