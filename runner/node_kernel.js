@@ -3,7 +3,8 @@
 // Node's standard library only. Started by the Python runner (runner/kernel_runner.py, _Node)
 // as `node --expose-internals --experimental-vm-modules node_kernel.js LANGUAGE`, a persistent child that evaluates cells;
 // the runner keeps the protocol with the host (frames, markers, display caps, limits). Fds:
-//   1, 2  the cell's stdout and stderr (the runner's output pipe and its stderr relay);
+//   1, 2  the cell's stdout and stderr (the runner's output pipe and its stderr relay; console
+//         and process.stdout/stderr write on close-on-exec copies of them);
 //   3     commands from the runner, one JSON line each: {"code": str, "cell": N, "nonce": str};
 //   4     messages to the runner, one JSON line each: {"op": "ready"}, and per cell
 //         {"op": "display", "nonce", "data", "metadata", "main"} (answered by one byte on
@@ -34,15 +35,26 @@ const readSync = fs.readSync;
 const BufferFrom = Buffer.from;
 const isBuffer = Buffer.isBuffer;
 
-// Reopened close-on-exec: libuv opens with O_CLOEXEC, the inherited descriptors are closed.
-function reopen(fd, flags) {
-  const fresh = fs.openSync('/proc/self/fd/' + fd, flags);
-  fs.closeSync(fd);
+// A close-on-exec copy of `fd` (libuv opens with O_CLOEXEC); `fd` itself is closed when
+// `close`. Where /proc cannot reopen it, `fd` stays as it is.
+function reopen(fd, flags, close) {
+  let fresh;
+  try {
+    fresh = fs.openSync('/proc/self/fd/' + fd, flags);
+  } catch (e) {
+    return fd;
+  }
+  if (close) fs.closeSync(fd);
   return fresh;
 }
-const CMD = reopen(3, 'r');
-const STATUS = reopen(4, 'w');
-const ACK = reopen(5, 'r');
+const { O_RDONLY, O_WRONLY } = fs.constants;
+const CMD = reopen(3, O_RDONLY, true);
+const STATUS = reopen(4, O_WRONLY, true);
+const ACK = reopen(5, O_RDONLY, true);
+// Private copies of the output pipe and the stderr relay: console output still arrives after
+// a cell closed fds 1 and 2 (which processes a cell starts inherit).
+const OUT = reopen(1, O_WRONLY, false);
+const ERR = reopen(2, O_WRONLY, false);
 
 function writeAll(fd, data) {
   let buf = typeof data === 'string' ? BufferFrom(data, 'utf8') : data;
@@ -77,15 +89,15 @@ function syncStream(fd) {
       callback();
     },
   });
-  stream.fd = fd;
+  stream.fd = fd === OUT ? 1 : 2;
   stream.isTTY = false;
   stream._isStdio = true;
   stream.destroySoon = stream.destroy;
   stream._destroy = (err, cb) => cb(err);
   return stream;
 }
-const stdout = syncStream(1);
-const stderr = syncStream(2);
+const stdout = syncStream(OUT);
+const stderr = syncStream(ERR);
 Object.defineProperty(process, 'stdout', { configurable: true, enumerable: true, get: () => stdout });
 Object.defineProperty(process, 'stderr', { configurable: true, enumerable: true, get: () => stderr });
 globalThis.console = new console.Console({ stdout, stderr, colorMode: false });
@@ -394,12 +406,12 @@ process.on('SIGINT', () => {
 });
 process.on('unhandledRejection', (reason) => {
   if (!failCurrent(reason, 'error')) {
-    writeAll(2, 'Unhandled rejection (between cells): ' + traceback(reason));
+    writeAll(ERR, 'Unhandled rejection (between cells): ' + traceback(reason));
   }
 });
 process.on('uncaughtException', (e) => {
   if (!failCurrent(e, 'error')) {
-    writeAll(2, 'Uncaught exception (between cells): ' + traceback(e));
+    writeAll(ERR, 'Uncaught exception (between cells): ' + traceback(e));
   }
 });
 
