@@ -685,6 +685,8 @@ async fn a_javascript_interrupt_stops_busy_and_awaiting_cells_and_keeps_state() 
 async fn survive_js(case: &Case, code: &str, timeout: u64) -> CellResult {
     case.run("s", "kept = 'py'").await;
     case.run("other", "kept = 'safe'").await;
+    // The JavaScript kernel is up before the hostile cell's timeout starts counting.
+    run_js(case, "s", "1").await;
     let result = case
         .exec(ExecuteRequest {
             timeout: Some(Duration::from_secs(timeout)),
