@@ -44,7 +44,10 @@ for hang-up only and exits the process the moment the host goes away, even mid-c
 Bash (``KERNELBOX_LANGUAGE=bash``, docs/contract.md "Languages"): the runner hosts one
 persistent ``bash`` (see _Bash) and every cell runs in it; the frames, markers, limits and
 status file are the ones above, so the host sees one protocol whatever the language. No
-displays and no tool calls from Bash cells.
+displays and no tool calls from Bash cells. JavaScript and TypeScript
+(``KERNELBOX_LANGUAGE=javascript|typescript``): the runner hosts one persistent ``node``
+running ``runner/node_kernel.js`` (see _Node) the same way; its displays go through the
+runner's display machinery; no tool calls.
 
 Interrupts (docs/contract.md, "Statuses"): the host sends SIGINT to this process (the engine
 delivers it through the container's init). It becomes a KeyboardInterrupt only while a cell's
@@ -594,7 +597,7 @@ def _hibernate(ch, token, staging, runner):
     if runner is not None and runner.shell is not None:
         # Bash's descriptors are the container's streams, which a restore replaces: a Bash
         # kernel is not checkpointed (it is reaped as without hibernation).
-        ch.send({"op": "hibernating", "ok": False, "error": "a Bash kernel does not hibernate"})
+        ch.send({"op": "hibernating", "ok": False, "error": "a %s kernel does not hibernate" % runner.shell.name})
         return
     # The staging volume is the host's memory and comes back empty after a restore, while
     # /tmp is the sandbox's own and is saved with it: the volume's files wait in /tmp and go
@@ -972,7 +975,7 @@ class _Runner:
         interrupts.begin()
         try:
             if self.shell is not None:
-                status, exit_code, tb = self.shell.run(msg.get("code", ""), interrupts)
+                status, exit_code, tb, ename, evalue = self.shell.run(msg.get("code", ""), interrupts)
                 raise _ShellDone
             code, last = _compile_cell(msg.get("code", ""), "<cell-%s>" % cell)
             try:
@@ -1015,7 +1018,7 @@ class _Runner:
             self.display.flush_figures()
         dropped = self.display.end()
         _flush_quietly()
-        if tb and self.shell is None:
+        if tb and (self.shell is None or self.shell.traceback_in_output):
             # The traceback is part of the cell's output too, in write order, flagged apart
             # from its stdout and stderr.
             for frame in _pieces(display_marker, b"t", tb.encode("utf-8", "replace")):
@@ -1232,6 +1235,10 @@ class _Bash:
         self.interrupted = False
         self.buf = b""
 
+    # A failing command's message is the result's error, not part of the output.
+    traceback_in_output = False
+    name = "Bash"
+
     def interrupt(self, signum, frame):
         """The runner's SIGINT handler: a running cell's SIGINT goes to Bash's session."""
         if _INTERRUPTS.in_cell:
@@ -1258,10 +1265,10 @@ class _Bash:
         except ValueError:
             code = 1
         if code == 0:
-            return "ok", 0, None
+            return "ok", 0, None, None, None
         if code == 130 and self.interrupted:
-            return "interrupted", 130, "KeyboardInterrupt"
-        return "error", code, "exit status %d" % code
+            return "interrupted", 130, "KeyboardInterrupt", None, None
+        return "error", code, "exit status %d" % code, None, None
 
     def _status(self):
         """The next status line, or None once Bash can no longer give one."""
@@ -1324,7 +1331,220 @@ class _Bash:
             _exit(70)
         if os.WIFSIGNALED(status):
             _exit(128 + os.WTERMSIG(status))
-        return "exit", os.WEXITSTATUS(status), None
+        return "exit", os.WEXITSTATUS(status), None, None, None
+
+
+# Where the hosted Node reads commands (3), writes its messages (4) and reads display
+# acknowledgements (5): the numbers runner/node_kernel.js expects, which it reopens close-on-exec.
+_NODE_FDS = (3, 4, 5)
+# Longest message line read from Node: a display over this (far over the display cap) is
+# dropped unread, counted in the cell's ``displays_dropped``.
+_NODE_MAX_LINE = 64 << 20
+# How long Node may take to start (the TypeScript compiler loads first in a TypeScript kernel).
+_NODE_START_MS = 60000
+
+
+class _Node:
+    """The persistent Node of a JavaScript or TypeScript kernel (docs/contract.md, "JavaScript
+    and TypeScript"), a child of the runner in a session of its own, running
+    ``runner/node_kernel.js`` (its text comes in ``KERNELBOX_NODE``).
+
+    Node writes the cell's output on fds 1 and 2, reopened from the runner's (a new open file
+    description of the same pipes: nothing Node does to its descriptors' flags reaches the
+    runner's), so it arrives as a Python cell's does. The cell's code goes to Node on a pipe;
+    its displays and outcome come back on another, each line carrying the cell's nonce (a line
+    without it, forged by a cell, is ignored); displays go through the runner's display
+    machinery (caps, spills) and are acknowledged, so they land in write order. Node gone
+    mid-cell: by ``process.exit(n)``, the cell ended the kernel (status ``exit``); by a signal,
+    the runner exits with the signal's status and the host reports the loss; its pipe closed,
+    the runner ends Node and exits."""
+
+    traceback_in_output = True
+    name = "JavaScript"
+
+    def __init__(self, language, source, display):
+        path = None
+        for candidate in ("/usr/bin/node", "/usr/bin/nodejs", "/usr/local/bin/node"):
+            if os.access(candidate, os.X_OK):
+                path = candidate
+                break
+        if path is None or not source:
+            raise OSError("node is not installed in this kernel image")
+        self.display = display
+        directory = "/tmp/.kernelbox-node"
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        driver = directory + "/node_kernel.js"
+        fd = os.open(driver, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            _write_all(fd, source.encode("utf-8"))
+        finally:
+            _close(fd)
+        cmd_r, self.cmd_w = os.pipe()
+        self.status_r, status_w = os.pipe()
+        ack_r, self.ack_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.setsid()
+                for std in (1, 2):
+                    try:
+                        fresh = os.open("/proc/self/fd/%d" % std, os.O_WRONLY)
+                        _dup2(fresh, std)
+                        _close(fresh)
+                    except OSError:
+                        pass  # the shared description: Node's stdio is written synchronously
+                for i, fd in enumerate((cmd_r, status_w, ack_r)):
+                    _dup2(fd, 100 + i)
+                for i, target in enumerate(_NODE_FDS):
+                    _dup2(100 + i, target)
+                os.execv(path, [path, "--expose-internals", "--experimental-vm-modules", driver, language])
+            finally:
+                _exit(127)
+        for fd in (cmd_r, status_w, ack_r):
+            _close(fd)
+        self.pid = pid
+        self.pidfd = None
+        try:
+            self.pidfd = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            pass
+        self.interrupted = False
+        self.buf = b""
+        self.cell = 0
+        ready = self._message(_NODE_START_MS)
+        if not isinstance(ready, dict) or ready.get("op") != "ready":
+            self._kill()
+            _exit(71)
+
+    def interrupt(self, signum, frame):
+        """The runner's SIGINT handler: a running cell's SIGINT goes to Node's session."""
+        if _INTERRUPTS.in_cell:
+            self.interrupted = True
+            try:
+                os.killpg(self.pid, _signal.SIGINT)
+            except OSError:
+                pass
+
+    def run(self, code, interrupts):
+        """Runs one cell; returns (status, exit_code, traceback, ename, evalue)."""
+        self.interrupted = False
+        self.cell += 1
+        nonce = os.urandom(12).hex()
+        _write_all(self.cmd_w, (_dumps({"code": code, "cell": self.cell, "nonce": nonce}) + "\n")
+                   .encode("utf-8", "surrogatepass"))
+        while True:
+            msg = self._message(None)
+            if msg is None:
+                return self._gone()
+            if not isinstance(msg, dict):
+                if msg == "dropped":
+                    with self.display.lock:
+                        self.display.dropped += 1
+                    _write_all(self.ack_w, b"k")
+                continue
+            if msg.get("nonce") != nonce:
+                continue
+            if msg.get("op") == "display":
+                data = msg.get("data")
+                try:
+                    if isinstance(data, dict):
+                        md = msg.get("metadata")
+                        self.display.show((data,), raw=True, metadata=md if isinstance(md, dict) else None,
+                                          main=bool(msg.get("main")))
+                except Exception:
+                    with self.display.lock:
+                        self.display.dropped += 1
+                finally:
+                    _write_all(self.ack_w, b"k")
+            elif msg.get("op") == "done":
+                status = msg.get("status")
+                tb, ename, evalue = msg.get("traceback"), msg.get("ename"), msg.get("evalue")
+                if status == "ok":
+                    return "ok", 0, None, None, None
+                if status == "interrupted":
+                    return "interrupted", 1, tb or "Interrupted\n", ename or "Interrupted", evalue
+                return ("error", 1, tb if isinstance(tb, str) else "Uncaught error\n",
+                        ename if isinstance(ename, str) else "Error",
+                        evalue if isinstance(evalue, str) else "")
+
+    def _message(self, timeout_ms):
+        """The next message line from Node, parsed (None when Node can no longer send one,
+        "dropped" for a line over _NODE_MAX_LINE, which is skipped unread)."""
+        poller = _poll()
+        poller.register(self.status_r, _POLLIN)
+        if self.pidfd is not None:
+            poller.register(self.pidfd, _POLLIN)
+        deadline = None if timeout_ms is None else _now() + timeout_ms / 1000.0
+        skipping = False
+        while True:
+            at = self.buf.find(b"\n")
+            if at >= 0:
+                line, self.buf = self.buf[:at], self.buf[at + 1:]
+                if skipping:
+                    return "dropped"
+                try:
+                    return _loads(line.decode("utf-8", "surrogatepass"))
+                except Exception:
+                    continue
+            if len(self.buf) > _NODE_MAX_LINE:
+                self.buf = b""
+                skipping = True
+            wait = None
+            if deadline is not None:
+                wait = max(0, int((deadline - _now()) * 1000))
+                if wait == 0:
+                    return None
+            elif self.pidfd is None:
+                wait = 1000
+            try:
+                events = poller.poll(wait)
+            except InterruptedError:
+                continue
+            if not events:
+                if self.pidfd is None and self._exited(block=False) is not None:
+                    return None
+                continue
+            if any(fd == self.status_r for fd, _ in events):
+                chunk = _read(self.status_r, 1 << 16)
+                if not chunk:
+                    return None
+                self.buf += chunk
+            else:
+                return None  # Node is gone
+
+    def _exited(self, block=True):
+        try:
+            pid, status = os.waitpid(self.pid, 0 if block else os.WNOHANG)
+        except ChildProcessError:
+            return 0
+        return status if pid else None
+
+    def _kill(self):
+        try:
+            os.killpg(self.pid, _signal.SIGKILL)
+        except OSError:
+            pass
+        self._exited()
+
+    def _gone(self):
+        """Node cannot report: it exited (the cell's ``process.exit``), was killed, or lost
+        its pipe."""
+        status = self._exited(block=False)
+        if status is None and self.pidfd is not None:
+            poller = _poll()
+            poller.register(self.pidfd, _POLLIN)
+            try:
+                poller.poll(_BASH_EXIT_WAIT_MS)
+            except InterruptedError:
+                pass
+            status = self._exited(block=False)
+        if status is None:
+            self._kill()
+            _flush_quietly()
+            _exit(70)
+        if os.WIFSIGNALED(status):
+            _exit(128 + os.WTERMSIG(status))
+        return "exit", os.WEXITSTATUS(status), None, None, None
 
 
 def _end_line(marker, cell, status, tb, count, exit_code, dropped, ename=None, evalue=None):
@@ -1503,9 +1723,10 @@ def _private_environment():
     rich_source = os.environ.pop("KERNELBOX_RICH", None)
     preload = [m for m in os.environ.pop("KERNELBOX_PRELOAD", "").split(",") if m]
     language = os.environ.pop("KERNELBOX_LANGUAGE", "python")
+    node_source = os.environ.pop("KERNELBOX_NODE", None)
     for key in [k for k in os.environ if k.startswith("KERNELBOX_")]:
         del os.environ[key]
-    return status_path, rich_source, preload, language
+    return status_path, rich_source, preload, language, node_source
 
 
 def _user_site():
@@ -1530,7 +1751,7 @@ def _user_site():
 
 
 def main():
-    status_path, rich_source, preload, language = _private_environment()
+    status_path, rich_source, preload, language, node_source = _private_environment()
     _user_site()
     channel = _Channel()
     # Forked before any thread starts; the relay's process holds nothing of the cells.
@@ -1552,6 +1773,15 @@ def main():
     _INTERRUPTS.install()
     if language == "bash":
         runner.shell = _Bash()
+        try:
+            _signal.signal(_signal.SIGINT, runner.shell.interrupt)
+        except (ValueError, OSError):
+            pass
+    elif language in ("javascript", "typescript"):
+        try:
+            runner.shell = _Node(language, node_source, runner.display)
+        except OSError:
+            _exit(71)  # no Node in this image: the kernel fails to start
         try:
             _signal.signal(_signal.SIGINT, runner.shell.interrupt)
         except (ValueError, OSError):

@@ -1,8 +1,9 @@
 //! Kernels in other languages than Python, against the real engine (`docs/contract.md`,
-//! "Languages"): the seed's contract tests ported to Bash (state across cells, reset, a
-//! failing command keeps the kernel, timeout kills and is reported, the process exiting,
-//! subprocess output, interrupt), one kernel per language in a session with its own state and
-//! losses, the hostile cells per language, and the HTTP API's `language`.
+//! "Languages"): the seed's contract tests ported to Bash and JavaScript (state across cells,
+//! reset, a failing command or an exception keeps the kernel, timeout kills and is reported,
+//! the process exiting, subprocess output, interrupt), TypeScript's annotations stripped, one
+//! kernel per language in a session with its own state and losses, the hostile cells per
+//! language, and the HTTP API's `language`.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -342,15 +343,19 @@ async fn the_http_api_takes_a_language_and_lists_it() {
         .execute("tok", "s", json!({"code": "1", "context": "a/b"}))
         .await;
     assert_eq!(bad.error(hyper::StatusCode::BAD_REQUEST), "invalid_name");
-    // A language not served, or not one at all: refused before any kernel starts.
-    let refused = srv
+    // JavaScript is served; a name that is no language at all is refused before any kernel
+    // starts.
+    let js = srv
         .api
-        .execute("tok", "s", json!({"code": "1", "language": "javascript"}))
-        .await;
-    assert_eq!(
-        refused.error(hyper::StatusCode::BAD_REQUEST),
-        "unsupported_language"
-    );
+        .execute(
+            "tok",
+            "s",
+            json!({"code": "const v = [1, 2].map(x => x * 21); v[1]", "language": "javascript"}),
+        )
+        .await
+        .json();
+    assert_eq!(js["status"], "success", "{js}");
+    assert_eq!(js["results"][0]["data"]["text/plain"], "42", "{js}");
     let refused = srv
         .api
         .execute("tok", "s", json!({"code": "1", "language": "cobol"}))
@@ -359,6 +364,398 @@ async fn the_http_api_takes_a_language_and_lists_it() {
         refused.error(hyper::StatusCode::BAD_REQUEST),
         "invalid_json"
     );
-    assert_eq!(srv.tenant_containers("t").await.len(), 3);
+    assert_eq!(srv.tenant_containers("t").await.len(), 4);
     srv.finish().await;
+}
+
+// ---- JavaScript and TypeScript (docs/contract.md, "JavaScript and TypeScript") ----------------
+
+/// `code` as a cell of `session` in `language`.
+fn cell_in(language: Language, session: &str, code: &str) -> ExecuteRequest {
+    ExecuteRequest::new(Scope::session(session).language(language), code)
+}
+
+/// Runs `code` as a JavaScript cell of `session`.
+async fn run_js(case: &Case, session: &str, code: &str) -> CellResult {
+    case.exec(cell_in(Language::Javascript, session, code))
+        .await
+}
+
+/// The text/plain of the cell's main result (the value of its last expression).
+fn value(r: &CellResult) -> Option<String> {
+    r.results
+        .iter()
+        .find(|d| d.is_main_result)
+        .and_then(|d| d.text("text/plain"))
+}
+
+#[tokio::test]
+async fn javascript_state_persists_across_cells_with_await_streams_and_values() {
+    let case = Case::new("js-state").await;
+    let py = case.run("s", "x = 41").await;
+    let first = run_js(
+        &case,
+        "s",
+        "const base = 40; let counter = 1; function add(a, b) { return a + b }\n\
+         class Acc { constructor() { this.n = 0 } inc() { return ++this.n } }\n\
+         var acc = new Acc()",
+    )
+    .await;
+    assert_eq!(first.status, CellStatus::Success, "{first:?}");
+    assert_ne!(first.kernel.id, py.kernel.id, "a kernel of its own");
+    assert!(
+        value(&first).is_none(),
+        "a declaration has no value: {first:?}"
+    );
+    // const, let, function and class persist; the last expression is the result.
+    let second = run_js(&case, "s", "counter += 1; acc.inc(); add(base, counter)").await;
+    assert_eq!(second.status, CellStatus::Success, "{second:?}");
+    assert_eq!(value(&second).as_deref(), Some("42"), "{second:?}");
+    assert!(second.kernel.reused);
+    // Top-level await, and declarations made after an await persist too.
+    let awaited = run_js(
+        &case,
+        "s",
+        "const later = await new Promise(r => setTimeout(() => r(base + 2), 20));\n\
+         later",
+    )
+    .await;
+    assert_eq!(awaited.status, CellStatus::Success, "{awaited:?}");
+    assert_eq!(value(&awaited).as_deref(), Some("42"), "{awaited:?}");
+    // console.log is stdout, console.error is stderr; objects are shown as util.inspect does.
+    let streams = run_js(
+        &case,
+        "s",
+        "console.log('out', later); console.error('err'); process.stdout.write('raw\\n');\n\
+         ({ later, list: [1, 2] })",
+    )
+    .await;
+    assert_eq!(streams.status, CellStatus::Success, "{streams:?}");
+    assert_eq!(streams.stdout, "out 42\nraw\n", "{streams:?}");
+    assert_eq!(streams.stderr, "err\n", "{streams:?}");
+    assert_eq!(
+        value(&streams).as_deref(),
+        Some("{ later: 42, list: [ 1, 2 ] }")
+    );
+    // A value offering HTML (the documented convention) is a rich result.
+    let rich = run_js(
+        &case,
+        "s",
+        "({ [Symbol.for('kernelbox.mime')]() { return { 'text/html': '<b>hi</b>', \
+         'image/png': Buffer.from([137, 80, 78, 71]) } } })",
+    )
+    .await;
+    let main = rich
+        .results
+        .iter()
+        .find(|d| d.is_main_result)
+        .expect("a result");
+    assert_eq!(
+        main.text("text/html").as_deref(),
+        Some("<b>hi</b>"),
+        "{rich:?}"
+    );
+    assert_eq!(
+        main.text("image/png").as_deref(),
+        Some("iVBORw=="),
+        "{rich:?}"
+    );
+    // The Python kernel kept its own state.
+    let back = case.run("s", "print(x + 1)").await;
+    assert_eq!(back.output, "42\n", "{back:?}");
+    let mut listed: Vec<(Language, String)> = case
+        .kb
+        .list_kernels(None)
+        .into_iter()
+        .map(|k| (k.language, k.context))
+        .collect();
+    listed.sort();
+    assert_eq!(
+        listed,
+        vec![
+            (Language::Python, "python".into()),
+            (Language::Javascript, "javascript".into())
+        ]
+    );
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn a_javascript_exception_is_an_error_with_name_value_traceback_and_keeps_the_kernel() {
+    let case = Case::new("js-error").await;
+    run_js(&case, "s", "const kept = 7").await;
+    let failed = run_js(
+        &case,
+        "s",
+        "console.log('before'); function deep() { throw new RangeError('too far') } deep()",
+    )
+    .await;
+    assert_eq!(failed.status, CellStatus::Error, "{failed:?}");
+    assert_eq!(failed.exit_code, 1);
+    let exception = failed.exception.as_ref().expect("typed exception");
+    assert_eq!(exception.name, "RangeError");
+    assert_eq!(exception.value, "too far");
+    assert!(
+        exception.traceback.contains("RangeError: too far")
+            && exception.traceback.contains("at deep (cell-"),
+        "{exception:?}"
+    );
+    assert!(
+        !exception.traceback.contains("node_kernel"),
+        "the driver's frames are cut: {exception:?}"
+    );
+    assert_eq!(failed.stdout, "before\n");
+    // A rejection nobody handled during the cell is the cell's error too.
+    let rejected = run_js(
+        &case,
+        "s",
+        "Promise.reject(new TypeError('nobody caught me')); 1",
+    )
+    .await;
+    assert_eq!(rejected.status, CellStatus::Error, "{rejected:?}");
+    assert_eq!(
+        rejected.exception.as_ref().map(|e| e.value.as_str()),
+        Some("nobody caught me")
+    );
+    // A syntax error too; a redeclared const is one (as in Node's REPL).
+    let syntax = run_js(&case, "s", "const kept = 8").await;
+    assert_eq!(
+        syntax.exception.as_ref().map(|e| e.name.as_str()),
+        Some("SyntaxError"),
+        "{syntax:?}"
+    );
+    let after = run_js(&case, "s", "kept").await;
+    assert_eq!(value(&after).as_deref(), Some("7"), "{after:?}");
+    assert!(after.kernel.reused);
+    assert!(after.kernel.state_lost.is_none());
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn javascript_requires_builtins_and_modules_under_work_and_runs_subprocesses() {
+    let case = Case::new("js-require").await;
+    let r = run_js(
+        &case,
+        "s",
+        "const fs = require('fs');\n\
+         fs.writeFileSync('/work/helper.js', 'module.exports = { twice: n => n * 2 }');\n\
+         fs.writeFileSync('/work/esm.mjs', 'export const three = 3;');\n\
+         const { twice } = require('./helper');\n\
+         const { three } = await import('./esm.mjs');\n\
+         require('child_process').execSync('echo from-child; echo child-err >&2', { stdio: 'inherit' });\n\
+         twice(20) + three - 1",
+    )
+    .await;
+    assert_eq!(r.status, CellStatus::Success, "{r:?}");
+    assert_eq!(value(&r).as_deref(), Some("42"), "{r:?}");
+    assert_eq!(r.stdout, "from-child\n", "{r:?}");
+    assert_eq!(r.stderr, "child-err\n", "{r:?}");
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn typescript_strips_annotations_and_type_errors_do_not_block() {
+    let case = Case::new("ts-cells").await;
+    let ts = |code: &str| cell_in(Language::Typescript, "s", code);
+    let first = case
+        .exec(ts("import type { Stats } from 'fs';\n\
+             import * as path from 'path';\n\
+             interface Point { x: number; y: number }\n\
+             type Pair<T> = readonly [T, T];\n\
+             enum Color { Red = 'red', Green = 'green' }\n\
+             abstract class Shape<T extends Point = Point> {\n\
+               constructor(protected readonly origin: T) {}\n\
+               abstract area(): number;\n\
+             }\n\
+             class Square extends Shape { constructor(o: Point, private side: number) { super(o) } area(): number { return this.side ** 2 } }\n\
+             function mid<T extends Point>([a, b]: Pair<T>): Point { return { x: (a.x + b.x) / 2, y: (a.y + b.y) / 2 } }\n\
+             const stat: Stats | undefined = undefined;\n\
+             const wrong: number = 'not checked' as unknown as number;\n\
+             let shapes: Array<Shape> = [new Square({ x: 0, y: 0 }, 6)];\n\
+             `${path.basename('/a/b.ts')} ${Color.Green} ${shapes[0]!.area()} ${mid([{ x: 0, y: 0 }, { x: 2, y: 4 }]).y}`"))
+        .await;
+    assert_eq!(first.status, CellStatus::Success, "{first:?}");
+    assert_eq!(
+        value(&first).as_deref(),
+        Some("'b.ts green 36 2'"),
+        "{first:?}"
+    );
+    // State persists, with await; a type error does not block.
+    let second = case
+        .exec(ts(
+            "const n: string = await Promise.resolve(42 as any); shapes.length + (n as any)",
+        ))
+        .await;
+    assert_eq!(value(&second).as_deref(), Some("43"), "{second:?}");
+    // A syntax error is the cell's SyntaxError; the kernel stays.
+    let bad = case.exec(ts("let broken: = 1")).await;
+    assert_eq!(bad.status, CellStatus::Error, "{bad:?}");
+    assert_eq!(
+        bad.exception.as_ref().map(|e| e.name.as_str()),
+        Some("SyntaxError")
+    );
+    let after = case.exec(ts("Color.Red")).await;
+    assert_eq!(value(&after).as_deref(), Some("'red'"), "{after:?}");
+    assert_eq!(after.kernel.id, first.kernel.id);
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn a_javascript_timeout_kills_only_its_kernel_and_is_reported() {
+    let case = Case::new("js-timeout").await;
+    let py = case.run("s", "x = 41").await;
+    run_js(&case, "s", "const lost = 1").await;
+    let slow = case
+        .exec(ExecuteRequest {
+            timeout: Some(Duration::from_secs(2)),
+            ..cell_in(
+                Language::Javascript,
+                "s",
+                "console.log('started'); while (true) {}",
+            )
+        })
+        .await;
+    assert_eq!(slow.status, CellStatus::Timeout, "{slow:?}");
+    assert_eq!(slow.exit_code, -1);
+    assert!(slow.output.contains("started"), "{slow:?}");
+    assert_eq!(case.container_ids().await, vec![py.kernel.id.clone()]);
+    let fresh = run_js(&case, "s", "typeof lost").await;
+    assert_eq!(value(&fresh).as_deref(), Some("'undefined'"), "{fresh:?}");
+    assert_eq!(
+        fresh.kernel.state_lost.as_ref().map(|l| l.reason),
+        Some(LossReason::Timeout)
+    );
+    let kept = case.run("s", "print(x + 1)").await;
+    assert_eq!(kept.output, "42\n", "{kept:?}");
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn javascript_process_exit_ends_the_kernel_like_sys_exit() {
+    let case = Case::new("js-exit").await;
+    let r = run_js(&case, "s", "console.log('bye'); process.exit(3)").await;
+    assert_eq!(r.status, CellStatus::Success, "{r:?}");
+    assert!(r.kernel.ended, "{r:?}");
+    assert_eq!(r.output, "bye\n");
+    assert!(case.containers().await.is_empty(), "the kernel is gone");
+    let next = run_js(&case, "s", "1 + 1").await;
+    assert_eq!(value(&next).as_deref(), Some("2"), "{next:?}");
+    assert!(!next.kernel.reused);
+    assert!(next.kernel.state_lost.is_none(), "asked for: {next:?}");
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn a_javascript_interrupt_stops_busy_and_awaiting_cells_and_keeps_state() {
+    let case = Case::with("js-interrupt", |c| {
+        c.cells.interrupt_grace = Duration::from_secs(10)
+    })
+    .await;
+    let first = run_js(&case, "s", "let kept = 41").await;
+    for code in [
+        "console.log('started'); while (true) {}",
+        "console.log('started'); await new Promise(() => {})",
+    ] {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+        let sink: kernelbox::OutputSink = std::sync::Arc::new(move |_s, _b: &[u8]| {
+            let _ = tx.send(());
+        });
+        let kb = case.kb.clone();
+        let cell = tokio::spawn(async move {
+            kb.execute(ExecuteRequest {
+                sink: Some(sink),
+                ..cell_in(Language::Javascript, "s", code)
+            })
+            .await
+        });
+        rx.recv().await.expect("the cell started");
+        assert_eq!(case.kb.interrupt(None, "s").await, 1);
+        let r = cell.await.unwrap().expect("execute");
+        assert_eq!(r.status, CellStatus::Interrupted, "{code}: {r:?}");
+        let next = run_js(&case, "s", "kept + 1").await;
+        assert_eq!(value(&next).as_deref(), Some("42"), "{code}: {next:?}");
+        assert_eq!(next.kernel.id, first.kernel.id);
+        assert!(next.kernel.state_lost.is_none(), "{next:?}");
+    }
+    case.finish().await;
+}
+
+/// Runs a hostile JavaScript cell while the session's Python kernel and a bystander session
+/// hold state; both are untouched and the session's next JavaScript cell works.
+async fn survive_js(case: &Case, code: &str, timeout: u64) -> CellResult {
+    case.run("s", "kept = 'py'").await;
+    case.run("other", "kept = 'safe'").await;
+    // The JavaScript kernel is up before the hostile cell's timeout starts counting.
+    run_js(case, "s", "1").await;
+    let result = case
+        .exec(ExecuteRequest {
+            timeout: Some(Duration::from_secs(timeout)),
+            ..cell_in(Language::Javascript, "s", code)
+        })
+        .await;
+    let next = run_js(case, "s", "console.log('next call works')").await;
+    assert_eq!(next.status, CellStatus::Success, "after {code:?}: {next:?}");
+    assert_eq!(next.output, "next call works\n", "{next:?}");
+    for (session, want) in [("s", "py"), ("other", "safe")] {
+        let r = case.run(session, "print(kept)").await;
+        assert!(
+            r.output.contains(want) && r.kernel.reused,
+            "{session}: {r:?}"
+        );
+    }
+    result
+}
+
+#[tokio::test]
+async fn hostile_javascript_cells_are_contained() {
+    let case = Case::with("js-hostile", |c| c.spec.sandbox.pids_limit = 64).await;
+    // Endless output: cut, and the timeout still kills.
+    let r = survive_js(&case, "for (;;) console.log('xxxxxxxxxxxxxxxx')", 3).await;
+    assert_eq!(r.status, CellStatus::Timeout, "{r:?}");
+    assert_eq!(r.stdout_truncated, Some(true), "{r:?}");
+    // A busy loop under a timeout.
+    let r = survive_js(&case, "while (true) {}", 2).await;
+    assert_eq!(r.status, CellStatus::Timeout, "{r:?}");
+    // A memory bomb: the kernel's memory limit (or V8's heap limit), reported.
+    let r = survive_js(
+        &case,
+        "const hog = []; for (;;) hog.push(Buffer.alloc(1 << 20, 1), new Array(1 << 16).fill({}))",
+        60,
+    )
+    .await;
+    assert_ne!(r.status, CellStatus::Success, "{r:?}");
+    // A fork bomb meets the pids limit; the timeout ends it.
+    let r = survive_js(
+        &case,
+        "const cp = require('child_process'); for (;;) { try { cp.spawn('sleep', ['30']) } catch (e) {} }",
+        5,
+    )
+    .await;
+    assert_ne!(r.status, CellStatus::Success, "{r:?}");
+    // Closing every descriptor, the driver's included, wedges nothing.
+    let r = survive_js(
+        &case,
+        "const fs = require('fs'); for (let fd = 0; fd < 64; fd++) { try { fs.closeSync(fd) } catch (e) {} } 'closed'",
+        10,
+    )
+    .await;
+    assert_ne!(r.status, CellStatus::Timeout, "{r:?}");
+    // A forged end of cell on the driver's descriptors is ignored or ends the kernel.
+    let r = survive_js(
+        &case,
+        "const fs = require('fs'); for (let fd = 3; fd < 32; fd++) { try { fs.writeSync(fd, '{\"op\":\"done\",\"status\":\"ok\"}\\n') } catch (e) {} } 'forged'",
+        10,
+    )
+    .await;
+    assert_ne!(r.status, CellStatus::Timeout, "{r:?}");
+    // Killing Node, then the runner: the kernel is lost and the loss reported.
+    for code in [
+        "process.kill(process.pid, 'SIGKILL')",
+        "process.kill(process.ppid, 'SIGKILL')",
+    ] {
+        let r = survive_js(&case, code, 10).await;
+        assert_eq!(r.status, CellStatus::Error, "{code}: {r:?}");
+        assert!(r.error.is_some(), "{r:?}");
+    }
+    case.finish().await;
 }

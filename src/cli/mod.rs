@@ -380,7 +380,8 @@ struct ExecArgs {
     /// Delegated child id, when running as a sub-agent.
     #[arg(long)]
     child: Option<String>,
-    /// The cell's language: python or bash (docs/contract.md, "Languages").
+    /// The cell's language: python, bash, javascript or typescript (docs/contract.md,
+    /// "Languages").
     #[arg(long, default_value = "python", value_parser = parse_language)]
     language: kernelbox::wire::Language,
     /// Discard the session's kernel first (with --url; a local exec always starts fresh).

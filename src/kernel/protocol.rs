@@ -37,9 +37,34 @@ const RUNNER_BOOTSTRAP: &str = include_str!("../../runner/bootstrap.py");
 /// it before any cell runs.
 const RUNNER_ENV: &str = "KERNELBOX_RUNNER";
 
-/// The environment variable that names a kernel's language when it is not Python (`bash`):
-/// the runner then hosts that language's interpreter (`runner/kernel_runner.py`, "Bash").
-pub(super) const LANGUAGE_ENV: &str = "KERNELBOX_LANGUAGE";
+/// The environment variable that names a kernel's language when it is not Python (`bash`,
+/// `javascript`, `typescript`): the runner then hosts that language's interpreter
+/// (`runner/kernel_runner.py`, "Bash", `_Node`).
+const LANGUAGE_ENV: &str = "KERNELBOX_LANGUAGE";
+
+/// The JavaScript/TypeScript kernel's driver, which the runner writes to the kernel's /tmp and
+/// runs under Node (`runner/kernel_runner.py`, `_Node`); only a kernel of those languages gets
+/// it, in [`NODE_ENV`].
+const NODE_SOURCE: &str = include_str!("../../runner/node_kernel.js");
+
+/// The environment variable that hands [`NODE_SOURCE`] to the runner, which removes it before
+/// any cell runs.
+const NODE_ENV: &str = "KERNELBOX_NODE";
+
+/// The environment entries a kernel of `language` needs beyond the runner's own: the language's
+/// name when it is not Python ([`LANGUAGE_ENV`]), and Node's driver for JavaScript and
+/// TypeScript.
+pub(super) fn language_env(language: crate::wire::Language) -> Vec<String> {
+    use crate::wire::Language;
+    match language {
+        Language::Python => Vec::new(),
+        Language::Bash => vec![format!("{LANGUAGE_ENV}={}", language.name())],
+        Language::Javascript | Language::Typescript => vec![
+            format!("{LANGUAGE_ENV}={}", language.name()),
+            format!("{NODE_ENV}={NODE_SOURCE}"),
+        ],
+    }
+}
 
 /// The kernel container's command: `python3 -c BOOTSTRAP`.
 pub(super) fn runner_command() -> Vec<String> {

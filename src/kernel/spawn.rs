@@ -15,7 +15,7 @@ use tokio_util::task::TaskTracker;
 
 use super::files;
 use super::protocol::{
-    runner_command, runner_env, Breach, KernelFrame, LANGUAGE_ENV, PROTOCOL_VERSION,
+    language_env, runner_command, runner_env, Breach, KernelFrame, PROTOCOL_VERSION,
 };
 use super::reader::{reader_task, Events, ReaderTask};
 use super::stdin::Stdin;
@@ -372,15 +372,8 @@ impl Kernel {
         labels.insert(crate::labels::STATUS.into(), status_path.clone());
         let mut container = runner_container(spec, &status_path, labels, mounts);
         // A kernel of another language than Python: the runner hosts it (`runner/kernel_runner.py`).
-        if let Some(language) = request
-            .owner
-            .as_ref()
-            .map(|(key, _)| key.context.language)
-            .filter(|l| *l != crate::wire::Language::Python)
-        {
-            container
-                .env
-                .push(format!("{}={}", LANGUAGE_ENV, language.name()));
+        if let Some(language) = request.owner.as_ref().map(|(key, _)| key.context.language) {
+            container.env.extend(language_env(language));
         }
         if !request.preload.is_empty() {
             container

@@ -22,9 +22,10 @@ pub(crate) struct ExecuteCode {
     /// The source to run, as in a notebook cell (in Python the value of a last expression is
     /// shown).
     pub code: String,
-    /// The cell's language: `python` (default) or `bash` (a stateful shell: the working
-    /// directory, variables and functions persist). Each language has its own kernel in the
-    /// session.
+    /// The cell's language: `python` (default), `bash` (a stateful shell: the working
+    /// directory, variables and functions persist), `javascript` or `typescript` (Node, as a
+    /// REPL: top-level declarations persist, top-level await). Each language has its own
+    /// kernel in the session.
     #[serde(default)]
     pub language: Option<crate::wire::Language>,
     /// Discard this session's kernel (all its state) first and run in a fresh one.

@@ -26,9 +26,9 @@ pub enum Language {
     Python,
     /// A stateful Bash shell, hosted by the Python runner (`runner/kernel_runner.py`, "Bash").
     Bash,
-    /// JavaScript on Node (not served yet: refused with `unsupported_language`).
+    /// JavaScript on Node, hosted by the Python runner (`runner/node_kernel.js`).
     Javascript,
-    /// TypeScript on Node (not served yet: refused with `unsupported_language`).
+    /// TypeScript on Node: each cell's types are stripped, then it runs as JavaScript.
     Typescript,
 }
 
@@ -54,7 +54,10 @@ impl Language {
     /// True when this server runs kernels of the language (the others are refused before any
     /// kernel starts, `unsupported_language`).
     pub fn is_served(self) -> bool {
-        matches!(self, Language::Python | Language::Bash)
+        matches!(
+            self,
+            Language::Python | Language::Bash | Language::Javascript | Language::Typescript
+        )
     }
 
     /// Ok when this server runs kernels of the language; else the error every caller answers

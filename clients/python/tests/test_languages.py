@@ -1,6 +1,7 @@
 """`language` on a run against a real server (docs/contract.md, "Languages"): a session's Bash
-kernel keeps its own state beside the Python one, both are listed with their language, and a
-language the server does not serve is refused."""
+kernel keeps its own state beside the Python one, both are listed with their language; a
+JavaScript and a TypeScript kernel keep state and show values; a name that is no language is
+refused."""
 
 from __future__ import annotations
 
@@ -29,8 +30,23 @@ def test_a_bash_run_keeps_its_own_state_beside_python(client: Client, session_na
     assert s.close() == 3
 
 
-def test_a_language_not_served_is_refused(client: Client, session_name: str) -> None:
-    with pytest.raises(BadRequest) as refused:
-        client.session(session_name).run("1", language="javascript")
-    assert refused.value.code == "unsupported_language"
+def test_a_javascript_run_keeps_its_state_and_shows_its_value(client: Client, session_name: str) -> None:
+    s = client.session(session_name)
+    first = s.run("const base = 40; function add(a, b) { return a + b }", language="javascript")
+    second = s.run("console.log('hi'); add(base, await Promise.resolve(2))", language="javascript")
+    assert first.ok and second.ok, second.raw
+    assert second.stdout == "hi\n" and second.kernel.id == first.kernel.id
+    assert second.main_result is not None and second.main_result.text == "42"
+    failed = s.run("null.x", language="javascript")
+    assert failed.status == "error" and failed.exception is not None
+    assert failed.exception.name == "TypeError"
+    ts = s.run("const n: number = 41; n + 1", language="typescript")
+    assert ts.main_result is not None and ts.main_result.text == "42", ts.raw
+    mine = {k.language for k in client.kernels() if k.session == session_name}
+    assert mine == {"javascript", "typescript"}
+
+
+def test_a_name_that_is_no_language_is_refused(client: Client, session_name: str) -> None:
+    with pytest.raises(BadRequest):
+        client.session(session_name).run("1", language="cobol")  # type: ignore[arg-type]
     assert not [k for k in client.kernels() if k.session == session_name]

@@ -281,11 +281,28 @@ pub(crate) fn shell_lines(code: &str) -> String {
     out
 }
 
+/// The kernelbox language of an E2B language name (`docs/e2b.md`): E2B's code interpreter
+/// names them `python`, `js`/`javascript`, `ts`/`typescript` and `bash`.
+fn e2b_language(language: Option<&str>) -> Result<crate::wire::Language, E2bError> {
+    use crate::wire::Language;
+    match language {
+        None | Some("python") | Some("python3") => Ok(Language::Python),
+        Some("js") | Some("javascript") => Ok(Language::Javascript),
+        Some("ts") | Some("typescript") => Ok(Language::Typescript),
+        Some("bash") => Ok(Language::Bash),
+        Some(other) => Err(E2bError::bad_request(format!(
+            "language {other:?} is not available: kernelbox's E2B API runs python, javascript, \
+             typescript and bash (docs/e2b.md)"
+        ))),
+    }
+}
+
 fn python_only(language: Option<&str>) -> Result<(), E2bError> {
     match language {
         None | Some("python") | Some("python3") => Ok(()),
         Some(other) => Err(E2bError::bad_request(format!(
-            "language {other:?} is not available: kernelbox's E2B API runs python (docs/e2b.md)"
+            "language {other:?} is not available for a code context: kernelbox's E2B contexts \
+             run python; run other languages with /execute's language (docs/e2b.md)"
         ))),
     }
 }
@@ -301,7 +318,7 @@ pub(super) async fn execute(
     let tenant = call.tenant;
     let bytes = api::read_body_of(&state, &tenant, &headers, body).await?;
     let asked: wire::Execute = api::json_object(&bytes)?;
-    python_only(asked.language.as_deref())?;
+    let language = e2b_language(asked.language.as_deref())?;
     if let Some(context) = asked.context_id.as_deref() {
         if context != DEFAULT_CONTEXT {
             return Err(E2bError::not_found(format!(
@@ -314,8 +331,16 @@ pub(super) async fn execute(
             "environment variables for one execution (give them to Sandbox.create)",
         ));
     }
+    // A language other than Python runs in the sandbox's kernel of that language
+    // (`docs/contract.md`, "Languages"); `!command` lines are IPython's, Python's only.
+    let code = dedent(&asked.code);
     let body = ExecuteBody {
-        code: shell_lines(&dedent(&asked.code)),
+        code: if language == crate::wire::Language::Python {
+            shell_lines(&code)
+        } else {
+            code
+        },
+        language: Some(language),
         ..ExecuteBody::default()
     };
     let mut request =

@@ -243,8 +243,8 @@ class AsyncSession:
         `NetworkPolicy` or `{"allow": [...], "deny": [...]}`) sets the session's egress policy
         first, as `set_network` does (it stays the session's). A cell that fails is a result
         (`status`), not an exception; errors are calls the server refused. `language`
-        (`python` by default, or `bash`) picks the session's kernel of that language: each
-        keeps its own state (docs/contract.md, "Languages"); `context` names another kernel of
+        (`python` by default, `bash`, `javascript` or `typescript`) picks the session's
+        kernel of that language: each keeps its own state (docs/contract.md, "Languages"); `context` names another kernel of
         that language in the session (E2B-style code contexts)."""
         callbacks = _wire.output_callbacks(on_output, on_stdout, on_stderr, on_display)
         stream = any(callback is not None for callback in callbacks.values())
