@@ -16,6 +16,8 @@
 //! | `GET /v1/workspaces`, `DELETE /v1/workspaces/{name}` | the tenant's workspaces; deleting one (`api/workspaces.rs`) |
 //! | `POST /v1/sessions/{session}/snapshots`, `GET /v1/snapshots`, `GET`, `DELETE /v1/snapshots/{id}` | snapshots of a session's kernel (`api/snapshots.rs`, docs/snapshots.md) |
 //! | `POST /v1/sessions/{session}/restore`, `POST /v1/sessions/{session}/fork` | a new session from a snapshot; a session forked into new ones (`api/snapshots.rs`) |
+//! | `POST`, `GET /v1/sessions/{session}/processes`, `GET`, `DELETE /v1/sessions/{session}/processes/{id}` | background processes: start, list, one, kill (`api/processes.rs`, docs/processes.md) |
+//! | `GET /v1/sessions/{session}/processes/{id}/output`, `POST`, `DELETE /v1/sessions/{session}/processes/{id}/stdin`, `POST /v1/sessions/{session}/processes/{id}/signal` | a process's output (NDJSON), its stdin, a signal |
 //! | `GET /v1/usage` | the usage ledger (`api/usage.rs`, docs/usage.md) |
 //! | `GET /v1/nodes`, `POST`, `DELETE /v1/nodes/{node}/drain`, `GET /v1/nodes/{node}/kernels` | a cluster's nodes; draining one; one node's kernels (the admin token; `cluster/admin.rs`) |
 //! | `POST`, `GET`, `DELETE /v1/mcp` | MCP over streamable HTTP (`api/mcp.rs`, docs/mcp.md "MCP") |
@@ -113,6 +115,14 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("DELETE", "/v1/snapshots/{id}"),
     ("POST", "/v1/sessions/{session}/restore"),
     ("POST", "/v1/sessions/{session}/fork"),
+    ("POST", "/v1/sessions/{session}/processes"),
+    ("GET", "/v1/sessions/{session}/processes"),
+    ("GET", "/v1/sessions/{session}/processes/{id}"),
+    ("DELETE", "/v1/sessions/{session}/processes/{id}"),
+    ("GET", "/v1/sessions/{session}/processes/{id}/output"),
+    ("POST", "/v1/sessions/{session}/processes/{id}/stdin"),
+    ("DELETE", "/v1/sessions/{session}/processes/{id}/stdin"),
+    ("POST", "/v1/sessions/{session}/processes/{id}/signal"),
     ("POST", "/v1/admin/reload"),
     ("GET", "/v1/whoami"),
     ("GET", "/v1/admin/kernels"),

@@ -142,6 +142,8 @@ fn definitions() -> (
     requests.subschema_for::<wire::SnapshotBody>();
     requests.subschema_for::<wire::RestoreBody>();
     requests.subschema_for::<wire::ForkBody>();
+    requests.subschema_for::<wire::ProcessBody>();
+    requests.subschema_for::<wire::SignalBody>();
     answers.subschema_for::<wire::ErrorBody>();
     answers.subschema_for::<CellResult>();
     answers.subschema_for::<wire::StreamEvent>();
@@ -170,6 +172,10 @@ fn definitions() -> (
     answers.subschema_for::<wire::Identity>();
     answers.subschema_for::<wire::KernelPage>();
     answers.subschema_for::<wire::TenantOverview>();
+    answers.subschema_for::<wire::ProcessInfo>();
+    answers.subschema_for::<wire::ProcessList>();
+    answers.subschema_for::<wire::StdinWritten>();
+    answers.subschema_for::<wire::ProcessEvent>();
     (
         requests.take_definitions(true),
         answers.take_definitions(true),
@@ -515,6 +521,9 @@ pub fn spec() -> Value {
         if let Some(admin) = admin_paths().as_object() {
             paths.extend(admin.clone());
         }
+        if let Some(processes) = process_paths(&auth_errors).as_object() {
+            paths.extend(processes.clone());
+        }
     }
     if let Some(schemas) = spec["components"]["schemas"].as_object_mut() {
         schemas.extend(generated_schemas());
@@ -731,6 +740,115 @@ fn snapshot_paths(auth_errors: &Value) -> Value {
                     "400": error_response("`invalid_request`: not exactly one of `count` and `sessions`, or not 1 to 16 new distinct sessions."),
                     "404": error_response("`no_kernel`: the session has no kernel."),
                     "409": error_response("`session_busy`, `snapshot_limit`, or `snapshot_unsupported` (a runc kernel).")
+                }))
+            }
+        }
+    })
+}
+
+/// The background process routes (`docs/processes.md`, `api/processes.rs`).
+fn process_paths(auth_errors: &Value) -> Value {
+    let id_param = json!({
+        "name": "id", "in": "path", "required": true,
+        "description": "The process's id in the session (`ProcessInfo.id`).",
+        "schema": {"type": "integer", "format": "int64", "minimum": 0}
+    });
+    let params = json!([session_param(), id_param]);
+    let info = |description: &str| answer(description, "ProcessInfo");
+    let common = with(
+        auth_errors,
+        json!({
+            "400": error_response("`invalid_name`: a bad session name; `invalid_path`: an id that is not a number."),
+            "404": error_response("`no_process`: the session has no process of that id (never started, ended and forgotten, or another tenant's)."),
+        }),
+    );
+    let retry = |description: &str| {
+        json!({
+            "description": description,
+            "headers": {"Retry-After": {"schema": {"type": "integer"}}},
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+        })
+    };
+    json!({
+        "/v1/sessions/{session}/processes": {
+            "post": {
+                "summary": "Start a background process in the session's kernel container (the kernel started when the session has none), beside its cells, as the kernel's user, with no deadline of its own: it runs until it ends, is killed, or its kernel goes.",
+                "parameters": [session_param()],
+                "requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ProcessRequest"}}}},
+                "responses": with(auth_errors, json!({
+                    "200": info("The process, running."),
+                    "400": error_response("`invalid_process`: an empty command, a bad environment variable or working directory; `invalid_name`, `invalid_json`."),
+                    "404": error_response("`no_kernel`: the kernel went before the process could start."),
+                    "413": error_response("Request body over 1 MiB."),
+                    "429": retry("`too_many_processes`: the session runs 16, the tenant 64 or the host 512 processes; `at_capacity`, `session_busy` as for an execute."),
+                    "503": error_response("`engine_unavailable`: the Docker engine failed; or the server is shutting down.")
+                }))
+            },
+            "get": {
+                "summary": "The session's background processes, running and recently ended, oldest first.",
+                "parameters": [session_param()],
+                "responses": with(auth_errors, json!({
+                    "200": answer("The processes.", "ProcessList"),
+                    "400": error_response("`invalid_name`: a bad session name.")
+                }))
+            }
+        },
+        "/v1/sessions/{session}/processes/{id}": {
+            "get": {
+                "summary": "One background process: its pid, whether it runs, its exit code once it ended.",
+                "parameters": params.clone(),
+                "responses": with(&common, json!({"200": info("The process.")}))
+            },
+            "delete": {
+                "summary": "Kill a background process and everything it started (its leader's whole tree), waiting (10 s at most) for it to end; nothing to do once it ended.",
+                "parameters": params.clone(),
+                "responses": with(&common, json!({
+                    "200": info("The process, ended unless it outlived the wait."),
+                    "409": retry("`process_starting`: it has not said its pid yet; retry."),
+                    "503": error_response("`engine_unavailable`: the Docker engine failed.")
+                }))
+            }
+        },
+        "/v1/sessions/{session}/processes/{id}/output": {
+            "get": {
+                "summary": "A background process's output as NDJSON: what is kept of it (its newest 256 KiB) first, then live, then `exit` once it ended (the stream ends there). A client that goes away stops reading, not the process.",
+                "parameters": params.clone(),
+                "responses": with(&common, json!({
+                    "200": {"description": "One event a line.", "content": {"application/x-ndjson": {"schema": {"$ref": "#/components/schemas/ProcessEvent"}}}},
+                    "429": retry("`too_many_readers`: the process has 8 readers of its output already.")
+                }))
+            }
+        },
+        "/v1/sessions/{session}/processes/{id}/stdin": {
+            "post": {
+                "summary": "Write the request's body, as it is, on the process's stdin (started with `stdin: true`).",
+                "parameters": params.clone(),
+                "requestBody": {"required": true, "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
+                "responses": with(&common, json!({
+                    "200": answer("Written.", "StdinWritten"),
+                    "409": error_response("`stdin_closed`: its stdin is closed (never opened, closed, or the process ended); `stdin_stuck`: the process did not take the write within 10 s."),
+                    "413": error_response("`payload_too_large`: a write is at most 1 MiB.")
+                }))
+            },
+            "delete": {
+                "summary": "Close the process's stdin (end of file).",
+                "parameters": params.clone(),
+                "responses": with(&common, json!({
+                    "200": info("The process, its stdin closed."),
+                    "409": error_response("`stdin_stuck`: the process did not take what was written before within 10 s.")
+                }))
+            }
+        },
+        "/v1/sessions/{session}/processes/{id}/signal": {
+            "post": {
+                "summary": "Send a signal to the process's command (its process group); nothing to do once it ended.",
+                "parameters": params,
+                "requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/SignalBody"}}}},
+                "responses": with(&common, json!({
+                    "200": info("The process."),
+                    "400": error_response("`invalid_signal`: not one of the signals a process may be sent; `invalid_json`."),
+                    "409": retry("`process_starting`: it has not said its pid yet; retry."),
+                    "503": error_response("`engine_unavailable`: the Docker engine failed.")
                 }))
             }
         }

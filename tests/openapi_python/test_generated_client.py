@@ -8,6 +8,8 @@ discriminator names: the unions are what a generator can use.
 openapi-python-client does not handle `application/x-tar` bodies: it leaves out the tar
 upload of `PUT .../workspace` and the tar bodies of the file routes (its warnings, checked to be
 only those); that upload is sent with httpx and its JSON answer parsed by the generated model.
+Nor does it read an answer that is only NDJSON (a background process's output, its one
+other warning): that stream is read with httpx, each line parsed by the `ProcessEvent` union.
 """
 
 from __future__ import annotations
@@ -67,7 +69,9 @@ def test_the_document_is_valid_openapi_3_1(spec: Dict[str, Any]) -> None:
     validate(spec)
 
 
-def test_the_generator_warns_only_of_tar_bodies(spec: Dict[str, Any], tmp_path: Any) -> None:
+def test_the_generator_warns_only_of_tar_bodies_and_the_process_output_stream(
+    spec: Dict[str, Any], tmp_path: Any
+) -> None:
     (tmp_path / "openapi.json").write_text(json.dumps(spec))
     run = subprocess.run(
         [sys.executable, "-m", "openapi_python_client", "generate", "--path", "openapi.json",
@@ -76,11 +80,13 @@ def test_the_generator_warns_only_of_tar_bodies(spec: Dict[str, Any], tmp_path: 
     )  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr
     warnings = [b for b in (run.stdout + run.stderr).split("WARNING")[1:]]
-    assert all("application/x-tar" in w for w in warnings), warnings
+    output = "GET /v1/sessions/{session}/processes/{id}/output"
+    assert all("application/x-tar" in w or (output in w and "application/x-ndjson" in w)
+               for w in warnings), warnings  # fmt: skip
 
 
 def test_every_json_route_through_the_generated_client(
-    generated: ModuleType, server: Server
+    generated: ModuleType, server: Server, spec: Dict[str, Any]
 ) -> None:
     c = client(generated, server)
     ExecuteRequest = model(generated, "ExecuteRequest")
@@ -156,6 +162,48 @@ def test_every_json_route_through_the_generated_client(
         "Deleted",
     )
     assert deleted.deleted == "/work/d/a.txt"
+
+    # A background process (docs/processes.md): started with its stdin open, listed, fed,
+    # its stdin closed, its output read (NDJSON, each line parsed by the `ProcessEvent` union's
+    # model), then one signalled and one killed.
+    ProcessRequest = model(generated, "ProcessRequest")
+    started = ok(api(generated, "post_v1_sessions_session_processes").sync_detailed(
+        SESSION, client=c, body=ProcessRequest(command="read a; echo got $a", stdin=True)),
+        "ProcessInfo")  # fmt: skip
+    assert started.running and started.stdin_open
+    listed = ok(api(generated, "get_v1_sessions_session_processes").sync_detailed(SESSION, client=c),
+                "ProcessList")  # fmt: skip
+    assert [p.id for p in listed.processes] == [started.id]
+    fed = ok(api(generated, "post_v1_sessions_session_processes_id_stdin").sync_detailed(
+        SESSION, started.id, client=c, body=File(payload=io.BytesIO(b"x\n"))), "StdinWritten")  # fmt: skip
+    assert fed.written == 2
+    ok(api(generated, "delete_v1_sessions_session_processes_id_stdin").sync_detailed(
+        SESSION, started.id, client=c), "ProcessInfo")  # fmt: skip
+    lines = output_lines(server, SESSION, started.id)
+    parsed = [parse_union(generated, spec, "ProcessEvent", line) for line in lines]
+    assert [type(p).__name__ for p in parsed] == ["StdoutEvent", "ProcessExitEvent"], lines
+    assert (parsed[0].data, parsed[-1].exit_code) == ("got x\n", 0)
+    ended = ok(api(generated, "get_v1_sessions_session_processes_id").sync_detailed(
+        SESSION, started.id, client=c), "ProcessInfo")  # fmt: skip
+    assert (ended.running, ended.exit_code) == (False, 0)
+    SignalBody = model(generated, "SignalBody")
+    for operation, kwargs in [
+        ("post_v1_sessions_session_processes_id_signal", {"body": SignalBody(signal="SIGTERM")}),
+        ("delete_v1_sessions_session_processes_id", {}),
+    ]:
+        sleeper = ok(api(generated, "post_v1_sessions_session_processes").sync_detailed(
+            SESSION, client=c, body=ProcessRequest(command="sleep 300")), "ProcessInfo")  # fmt: skip
+        answers: List[Any] = []
+
+        def answered(op: str = operation, kw: Dict[str, Any] = kwargs, pid: int = sleeper.id) -> bool:
+            # 409 `process_starting` until the process said its pid: retried.
+            answers.append(api(generated, op).sync_detailed(SESSION, pid, client=c, **kw))
+            return answers[-1].status_code != 409
+
+        wait_for(f"{operation} answers", answered)
+        ok(answers[-1], "ProcessInfo")
+        assert parse_union(generated, spec, "ProcessEvent", output_lines(
+            server, SESSION, sleeper.id)[-1]).exit_code in (128 + 15, 128 + 9)  # fmt: skip
 
     # Interrupt a running cell: it ends `interrupted`.
     ends: List[Any] = []
@@ -276,6 +324,17 @@ def events(server: Server, route: str, body: Dict[str, Any]) -> List[Dict[str, A
                  "Accept": "application/x-ndjson"},
     ) as r:  # fmt: skip
         assert r.status_code == 200, r.read()
+        return [json.loads(line) for line in r.iter_lines() if line]
+
+
+def output_lines(server: Server, session: str, process_id: int) -> List[Dict[str, Any]]:
+    """A background process's output stream, read to its `exit` line."""
+    with httpx.stream(
+        "GET", f"{server.url}/v1/sessions/{session}/processes/{process_id}/output", timeout=120,
+        headers={"Authorization": f"Bearer {server.token('main')}"},
+    ) as r:  # fmt: skip
+        assert r.status_code == 200, r.read()
+        assert r.headers["content-type"] == "application/x-ndjson"
         return [json.loads(line) for line in r.iter_lines() if line]
 
 

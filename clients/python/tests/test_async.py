@@ -12,12 +12,14 @@ from kernelbox_client import (
     AsyncClient,
     AsyncCommands,
     AsyncFiles,
+    AsyncProcesses,
     AsyncSession,
     Client,
     Commands,
     Execution,
     Files,
     KernelSummary,
+    Processes,
     Session,
     Unauthorized,
 )
@@ -30,6 +32,7 @@ from kernelbox_client import (
         (Session, AsyncSession),
         (Files, AsyncFiles),
         (Commands, AsyncCommands),
+        (Processes, AsyncProcesses),
     ],
 )
 def test_the_async_surface_matches_the_sync_one(sync: type, asyn: type) -> None:
@@ -43,7 +46,9 @@ def test_the_async_surface_matches_the_sync_one(sync: type, asyn: type) -> None:
     assert surface(sync) == surface(asyn)
     for name, fn in inspect.getmembers(asyn, inspect.isfunction):
         if not name.startswith("_") and name != "session":
-            assert inspect.iscoroutinefunction(fn), f"AsyncClient.{name} is not async"
+            # A stream of events (`processes.stream`) is an async generator.
+            async_ = inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn)
+            assert async_, f"{asyn.__name__}.{name} is not async"
 
 
 def test_async_runs_keep_state_and_stream(server: Server, session_name: str) -> None:

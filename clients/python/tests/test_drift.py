@@ -10,7 +10,7 @@ import inspect
 import typing
 from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
-from kernelbox_client import Commands, KernelboxError, Session, WrittenFile
+from kernelbox_client import Commands, KernelboxError, Processes, Session, WrittenFile
 from kernelbox_client import _types, _wire
 
 # Schemas the client handles without a dataclass of their own, and the names it reads of each.
@@ -35,6 +35,11 @@ HANDLED: Dict[str, Set[str]] = {
     "SnapshotBody": {"name"},
     "RestoreBody": {"snapshot"},
     "ForkBody": {"count", "sessions"},
+    # session.processes.list() returns the list; write_stdin() the count; signal(id, signal)
+    # sends the body (docs/processes.md)
+    "ProcessList": {"processes"},
+    "StdinWritten": {"written"},
+    "SignalBody": set(inspect.signature(Processes.signal).parameters) - {"self", "process_id"},
 }
 
 
@@ -86,7 +91,7 @@ def test_every_field_the_server_defines_is_in_the_clients_types(spec: Dict[str, 
                         for p in sorted(props - fields)]  # fmt: skip
         elif name in HANDLED:
             missing += [f"{name}.{p}" for p in sorted(props - HANDLED[name])]
-        elif name in ("ExecuteRequest", "CommandRequest") or name.endswith("Event"):
+        elif name in ("ExecuteRequest", "CommandRequest", "ProcessRequest") or name.endswith("Event"):
             continue  # the tests below
         elif props:
             missing.append(f"{name} (the client has no type for it)")
@@ -144,6 +149,12 @@ def test_every_command_field_is_a_run_parameter(spec: Dict[str, Any]) -> None:
     assert fields - params == set(), "CommandRequest fields commands.run() cannot send"
 
 
+def test_every_process_field_is_a_start_parameter(spec: Dict[str, Any]) -> None:
+    fields = set(spec["components"]["schemas"]["ProcessRequest"]["properties"])
+    params = set(inspect.signature(Processes.start).parameters)
+    assert fields - params == set(), "ProcessRequest fields processes.start() cannot send"
+
+
 def events(spec: Dict[str, Any], union: str) -> Set[str]:
     """The `event` values of a stream's union: its discriminator's mapping, each checked
     against the `const` of the named schema it maps to."""
@@ -162,6 +173,11 @@ def events(spec: Dict[str, Any], union: str) -> Set[str]:
 def test_every_command_stream_event_is_understood(spec: Dict[str, Any]) -> None:
     got = events(spec, "CommandEvent")
     assert got == set(_wire.COMMAND_STREAM_EVENTS), "command events the client ignores"
+
+
+def test_every_process_output_event_is_understood(spec: Dict[str, Any]) -> None:
+    got = events(spec, "ProcessEvent")
+    assert got == set(_wire.PROCESS_STREAM_EVENTS), "process output events the client ignores"
 
 
 def test_every_stream_event_is_understood(spec: Dict[str, Any]) -> None:
@@ -287,3 +303,5 @@ def test_the_walk_sees_the_result_types(spec: Dict[str, Any]) -> None:
     # Guards the test itself: the walk must reach what execute and kernels return.
     assert {"CellResult", "KernelInfo", "StateLost", "KernelSummary", "Error"} <= reachable(spec)
     assert {"CommandRequest", "CommandResult", "CommandEvent"} <= reachable(spec)
+    assert {"ProcessRequest", "ProcessInfo", "ProcessList", "ProcessEvent", "SignalBody",
+            "StdinWritten"} <= reachable(spec)  # fmt: skip

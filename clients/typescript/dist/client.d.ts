@@ -4,8 +4,8 @@
  * stops the request (the call rejects with the signal's reason), never the kernel; a cell
  * already running goes on (`session.interrupt()` stops it).
  */
-import { CommandResult, Execution, ForkOutcome, ForkResult, KernelSummary, Language, SnapshotInfo, Listing, NetworkPolicy, RichResult, SessionSettings, SettingsApplied, UsageGrouping, UsageReport, WorkspaceSummary, Written } from "./types.js";
-import { CommandStreamEvent, StreamEvent } from "./wire.js";
+import { CommandResult, Execution, ForkOutcome, ForkResult, KernelSummary, Language, SnapshotInfo, Listing, NetworkPolicy, ProcessInfo, ProcessOutput, RichResult, SessionSettings, SettingsApplied, UsageGrouping, UsageReport, WorkspaceSummary, Written } from "./types.js";
+import { CommandStreamEvent, ProcessEvent, StreamEvent } from "./wire.js";
 export interface ClientOptions {
     /** Default `KERNELBOX_URL`, else `http://127.0.0.1:8080`. */
     url?: string;
@@ -54,6 +54,17 @@ export interface CommandOptions extends CallOptions {
     timeout?: number;
     onStdout?: (text: string) => void;
     onStderr?: (text: string) => void;
+}
+export interface ProcessStartOptions extends CallOptions {
+    /** Working directory inside the kernel (default `/work`). */
+    cwd?: string;
+    env?: Record<string, string>;
+    /** Keep its stdin open for `writeStdin` until `closeStdin` (else it reads end of file at once). */
+    stdin?: boolean;
+}
+export interface ProcessReadOptions extends CallOptions {
+    /** Seconds to read at most: then the read stops, the process goes on. Default: until it ends. */
+    timeout?: number;
 }
 /** What `files.write` sends: text (UTF-8), bytes, a Blob, or a stream / async iterable of bytes (streamed, never held whole). */
 export declare type FileData = string | Uint8Array | ArrayBuffer | Blob | ReadableStream<Uint8Array> | AsyncIterable<Uint8Array>;
@@ -110,6 +121,7 @@ export declare class Session {
     readonly child?: string | undefined;
     readonly files: Files;
     readonly commands: Commands;
+    readonly processes: Processes;
     constructor(client: Client, name: string, child?: string | undefined);
     private executeRequest;
     /**
@@ -158,6 +170,44 @@ export declare class Commands {
     run(command: string | string[], options?: CommandOptions): Promise<CommandResult>;
     /** Runs `command`, streaming its stdout and stderr as they come, its result last. */
     stream(command: string | string[], options?: Omit<CommandOptions, "onStdout" | "onStderr">): AsyncGenerator<CommandStreamEvent>;
+}
+/**
+ * Background processes in the session's kernel container (docs/processes.md): started beside
+ * its cells, as the kernel's user, with no deadline of their own; each has an id to read its
+ * output, write its stdin, signal it, kill it and learn its exit code. A process dies with its
+ * kernel; a client that goes away does not stop it.
+ */
+export declare class Processes {
+    private readonly session;
+    constructor(session: Session);
+    private request;
+    /** Starts `command` (an array of arguments run as given, or a string run by `/bin/sh -c`) and returns at once; starts the kernel if needed. */
+    start(command: string | string[], options?: ProcessStartOptions): Promise<ProcessInfo>;
+    /** The session's processes, running and recently ended, oldest first. */
+    list(options?: CallOptions): Promise<ProcessInfo[]>;
+    /** One process; `NotFound` (`no_process`) for an id the session does not have. */
+    get(id: number, options?: CallOptions): Promise<ProcessInfo>;
+    /**
+     * The process's output as events: what the server keeps of it (its newest 256 KiB) first,
+     * then live, then `exit`. With `timeout` the stream stops then, whether or not the process
+     * ended; leaving the loop early closes the stream, not the process.
+     */
+    stream(id: number, options?: ProcessReadOptions): AsyncGenerator<ProcessEvent>;
+    /** The process's output, what is kept first: read until it ends, or for `timeout` seconds at most (then `running`). */
+    output(id: number, options?: ProcessReadOptions & {
+        onStdout?: (text: string) => void;
+        onStderr?: (text: string) => void;
+    }): Promise<ProcessOutput>;
+    /** Waits for the process to end (at most `timeout` seconds: then `Timeout`) and returns it, its `exitCode` set. */
+    wait(id: number, options?: ProcessReadOptions): Promise<ProcessInfo>;
+    /** Writes `data` (text as UTF-8, at most 1 MiB) on its stdin; how many bytes. `Conflict` (`stdin_closed`) when closed. */
+    writeStdin(id: number, data: string | Uint8Array, options?: CallOptions): Promise<number>;
+    /** Closes its stdin: it reads end of file. */
+    closeStdin(id: number, options?: CallOptions): Promise<ProcessInfo>;
+    /** Sends `name` (`SIGTERM`, `SIGINT`, `SIGKILL`, ...; docs/processes.md) to its command; nothing happens once it ended. */
+    signal(id: number, name?: string, options?: CallOptions): Promise<ProcessInfo>;
+    /** Kills it and everything it started, waiting (10 s at most) for it to end; nothing happens once it ended. */
+    kill(id: number, options?: CallOptions): Promise<ProcessInfo>;
 }
 /** The files of a session's kernel, relative to its working directory (`/work`; docs/files.md). */
 export declare class Files {

@@ -5,8 +5,8 @@
  * already running goes on (`session.interrupt()` stops it).
  */
 import { ConnectionFailed, errorFromResponse, isObject, KernelboxError, ProtocolError, Timeout } from "./errors.js";
-import { commandResult, execution, forkOutcome, forkResult, kernelSummary, snapshotInfo, listing, sessionSettings, settingsApplied, settingsBody, usageReport, workspaceSummary, written, } from "./types.js";
-import { childPath, CommandStreamReader, DEFAULT_TIMEOUT, DEFAULT_URL, envVar, ExecuteStreamReader, filePath, lines, NDJSON, runDeadline, sessionPath, TAR, USER_AGENT, snapshotPath, workspacePath, } from "./wire.js";
+import { commandResult, execution, forkOutcome, forkResult, kernelSummary, snapshotInfo, listing, processInfo, sessionSettings, settingsApplied, settingsBody, usageReport, workspaceSummary, written, } from "./types.js";
+import { childPath, CommandStreamReader, DEFAULT_TIMEOUT, DEFAULT_URL, envVar, ExecuteStreamReader, filePath, lines, NDJSON, processPath, ProcessStreamReader, runDeadline, sessionPath, TAR, USER_AGENT, snapshotPath, workspacePath, } from "./wire.js";
 /** A kernelbox server. */
 export class Client {
     url;
@@ -283,12 +283,14 @@ export class Session {
     child;
     files;
     commands;
+    processes;
     constructor(client, name, child) {
         this.client = client;
         this.name = name;
         this.child = child;
         this.files = new Files(this);
         this.commands = new Commands(this);
+        this.processes = new Processes(this);
     }
     executeRequest(code, options, stream) {
         const body = { code };
@@ -445,6 +447,136 @@ export class Commands {
     /** Runs `command`, streaming its stdout and stderr as they come, its result last. */
     stream(command, options = {}) {
         return this.session.client.events(this.request(command, options, true), new CommandStreamReader());
+    }
+}
+/**
+ * Background processes in the session's kernel container (docs/processes.md): started beside
+ * its cells, as the kernel's user, with no deadline of their own; each has an id to read its
+ * output, write its stdin, signal it, kill it and learn its exit code. A process dies with its
+ * kernel; a client that goes away does not stop it.
+ */
+export class Processes {
+    session;
+    constructor(session) {
+        this.session = session;
+    }
+    request(method, id, ...rest) {
+        if (this.session.child !== undefined) {
+            throw new TypeError("background processes run in a session's own kernel; the API has none for a delegated child");
+        }
+        return { method, path: processPath(this.session.name, id, ...rest) };
+    }
+    /** Starts `command` (an array of arguments run as given, or a string run by `/bin/sh -c`) and returns at once; starts the kernel if needed. */
+    async start(command, options = {}) {
+        const json = { command };
+        if (options.cwd !== undefined)
+            json["cwd"] = options.cwd;
+        if (options.env !== undefined)
+            json["env"] = options.env;
+        if (options.stdin)
+            json["stdin"] = true;
+        // The session's kernel may be started first (a fresh container).
+        const req = { ...this.request("POST"), json, signal: options.signal, deadline: 300 };
+        return processInfo(await this.session.client.json(req));
+    }
+    /** The session's processes, running and recently ended, oldest first. */
+    async list(options = {}) {
+        const body = await this.session.client.json({ ...this.request("GET"), signal: options.signal });
+        const items = isObject(body) && Array.isArray(body["processes"]) ? body["processes"] : [];
+        return items.filter(isObject).map(processInfo);
+    }
+    /** One process; `NotFound` (`no_process`) for an id the session does not have. */
+    async get(id, options = {}) {
+        return processInfo(await this.session.client.json({ ...this.request("GET", id), signal: options.signal }));
+    }
+    /**
+     * The process's output as events: what the server keeps of it (its newest 256 KiB) first,
+     * then live, then `exit`. With `timeout` the stream stops then, whether or not the process
+     * ended; leaving the loop early closes the stream, not the process.
+     */
+    async *stream(id, options = {}) {
+        const stop = new AbortController();
+        let over = false;
+        const timer = options.timeout === undefined ? undefined : setTimeout(() => {
+            over = true;
+            stop.abort();
+        }, Math.min(Math.max(options.timeout, 0) * 1000, 2 ** 31 - 1));
+        const onAbort = () => stop.abort(options.signal?.reason);
+        if (options.signal?.aborted)
+            onAbort();
+        options.signal?.addEventListener("abort", onAbort, { once: true });
+        const req = { ...this.request("GET", id, "output"), signal: stop.signal, deadline: 7 * 24 * 3600 };
+        try {
+            for await (const event of this.session.client.events(req, new ProcessStreamReader())) {
+                yield event;
+                if (event.type === "exit")
+                    return;
+            }
+        }
+        catch (e) {
+            if (over)
+                return; // the read's own bound: not an error
+            throw e;
+        }
+        finally {
+            clearTimeout(timer);
+            options.signal?.removeEventListener("abort", onAbort);
+        }
+    }
+    /** The process's output, what is kept first: read until it ends, or for `timeout` seconds at most (then `running`). */
+    async output(id, options = {}) {
+        const stdout = [];
+        const stderr = [];
+        const all = [];
+        let bytesDropped = 0;
+        let exitCode;
+        for await (const event of this.stream(id, options)) {
+            if (event.type === "stdout") {
+                stdout.push(event.text);
+                all.push(event.text);
+                options.onStdout?.(event.text);
+            }
+            else if (event.type === "stderr") {
+                stderr.push(event.text);
+                all.push(event.text);
+                options.onStderr?.(event.text);
+            }
+            else if (event.type === "outputTruncated")
+                bytesDropped += event.bytes;
+            else
+                exitCode = event.exitCode;
+        }
+        const out = { stdout: stdout.join(""), stderr: stderr.join(""), output: all.join(""), running: exitCode === undefined, bytesDropped };
+        if (exitCode !== undefined)
+            out.exitCode = exitCode;
+        return out;
+    }
+    /** Waits for the process to end (at most `timeout` seconds: then `Timeout`) and returns it, its `exitCode` set. */
+    async wait(id, options = {}) {
+        for await (const event of this.stream(id, options)) {
+            if (event.type === "exit")
+                return this.get(id, options);
+        }
+        throw new Timeout("timeout", `process ${id} is still running after ${String(options.timeout)}s`);
+    }
+    /** Writes `data` (text as UTF-8, at most 1 MiB) on its stdin; how many bytes. `Conflict` (`stdin_closed`) when closed. */
+    async writeStdin(id, data, options = {}) {
+        const req = { ...this.request("POST", id, "stdin"), body: data, headers: { "Content-Type": "application/octet-stream" }, signal: options.signal };
+        const body = await this.session.client.json(req);
+        return isObject(body) ? Number(body["written"] ?? 0) : 0;
+    }
+    /** Closes its stdin: it reads end of file. */
+    async closeStdin(id, options = {}) {
+        return processInfo(await this.session.client.json({ ...this.request("DELETE", id, "stdin"), signal: options.signal }));
+    }
+    /** Sends `name` (`SIGTERM`, `SIGINT`, `SIGKILL`, ...; docs/processes.md) to its command; nothing happens once it ended. */
+    async signal(id, name = "SIGTERM", options = {}) {
+        const req = { ...this.request("POST", id, "signal"), json: { signal: name }, signal: options.signal };
+        return processInfo(await this.session.client.json(req));
+    }
+    /** Kills it and everything it started, waiting (10 s at most) for it to end; nothing happens once it ended. */
+    async kill(id, options = {}) {
+        return processInfo(await this.session.client.json({ ...this.request("DELETE", id), signal: options.signal }));
     }
 }
 /** The files of a session's kernel, relative to its working directory (`/work`; docs/files.md). */

@@ -4,7 +4,7 @@
  *
  * | file | what it holds |
  * |---|---|
- * | client.ts | `Client`, `Session`, `Files`, `Commands`: the calls, deadlines, abort |
+ * | client.ts | `Client`, `Session`, `Files`, `Commands`, `Processes`: the calls, deadlines, abort |
  * | wire.ts | URLs, deadlines, the NDJSON reader and the stream events |
  * | types.ts | the server's answers as typed objects, each mirroring an `/openapi.json` schema |
  * | errors.ts | the typed errors, from an HTTP status or a stream's `error` event |
@@ -12,6 +12,6 @@
  */
 export * from "./errors.js";
 export * from "./types.js";
-export { COMMAND_STREAM_EVENTS, CommandStreamEvent, DEFAULT_TIMEOUT, DEFAULT_URL, STREAM_EVENTS, OutputStream, StreamEvent, } from "./wire.js";
-export { CallOptions, Client, ClientOptions, CommandOptions, Commands, FileData, Files, ReadOptions, RunOptions, Session, WriteOptions, } from "./client.js";
+export { COMMAND_STREAM_EVENTS, CommandStreamEvent, DEFAULT_TIMEOUT, DEFAULT_URL, PROCESS_STREAM_EVENTS, ProcessEvent, STREAM_EVENTS, OutputStream, StreamEvent, } from "./wire.js";
+export { CallOptions, Client, ClientOptions, CommandOptions, Commands, FileData, Files, Processes, ProcessStartOptions, ReadOptions, RunOptions, Session, WriteOptions, } from "./client.js";
 export { executeCodeTool, ExecuteCodeTool } from "./adapters/ai-sdk.js";

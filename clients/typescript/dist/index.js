@@ -4,7 +4,7 @@
  *
  * | file | what it holds |
  * |---|---|
- * | client.ts | `Client`, `Session`, `Files`, `Commands`: the calls, deadlines, abort |
+ * | client.ts | `Client`, `Session`, `Files`, `Commands`, `Processes`: the calls, deadlines, abort |
  * | wire.ts | URLs, deadlines, the NDJSON reader and the stream events |
  * | types.ts | the server's answers as typed objects, each mirroring an `/openapi.json` schema |
  * | errors.ts | the typed errors, from an HTTP status or a stream's `error` event |
@@ -12,6 +12,6 @@
  */
 export * from "./errors.js";
 export * from "./types.js";
-export { COMMAND_STREAM_EVENTS, DEFAULT_TIMEOUT, DEFAULT_URL, STREAM_EVENTS, } from "./wire.js";
-export { Client, Commands, Files, Session, } from "./client.js";
+export { COMMAND_STREAM_EVENTS, DEFAULT_TIMEOUT, DEFAULT_URL, PROCESS_STREAM_EVENTS, STREAM_EVENTS, } from "./wire.js";
+export { Client, Commands, Files, Processes, Session, } from "./client.js";
 export { executeCodeTool } from "./adapters/ai-sdk.js";

@@ -167,6 +167,41 @@ export interface CommandResult {
     ok: boolean;
     raw: Record<string, unknown>;
 }
+/** A background process (docs/processes.md): started beside the session's kernel, running until it ends, is killed or its kernel goes. */
+export interface ProcessInfo {
+    /** Its id in the session: the handle every other call takes. */
+    id: number;
+    /** The argument vector it runs (`["/bin/sh", "-c", LINE]` for a shell line). */
+    command: string[];
+    /** When it started, RFC 3339. */
+    startedAt: string;
+    /** True until its output ended (it, and everything holding its output, are gone). */
+    running: boolean;
+    /** True while its stdin is open (started with `stdin: true`, not closed yet). */
+    stdinOpen: boolean;
+    /** Bytes it wrote on stdout and stderr in all. */
+    outputBytes: number;
+    /** Its leader's process id inside the container, once known. */
+    pid?: number;
+    /** Its working directory, as asked. */
+    cwd?: string;
+    /** Its exit code once it ended (128 + the signal when a signal ended it; -1 when the engine could not tell). */
+    exitCode?: number;
+    raw: Record<string, unknown>;
+}
+/** What `processes.output()` read of a background process: its kept output, then what it wrote while the call waited. */
+export interface ProcessOutput {
+    stdout: string;
+    stderr: string;
+    /** stdout and stderr as they came, interleaved. */
+    output: string;
+    /** Its exit code once it ended; absent while it runs (the wait was over first). */
+    exitCode?: number;
+    /** True when it had not ended by the time the call returned. */
+    running: boolean;
+    /** Bytes it wrote that were no longer kept (its oldest output past the server's 256 KiB). */
+    bytesDropped: number;
+}
 /** A session's egress policy (docs/reliability.md, "Network egress"); deny wins; no allow: no network. */
 export interface NetworkPolicy {
     allow?: string[];
@@ -284,6 +319,7 @@ export declare const MIRRORS: {
     readonly ForkOutcome: "ForkOutcome";
     readonly ForkResult: "ForkResult";
     readonly ErrorDetail: "ErrorDetail";
+    readonly ProcessInfo: "ProcessInfo";
 };
 declare type Json = Record<string, unknown>;
 export declare function stateLost(v: unknown): StateLost;
@@ -294,6 +330,7 @@ export declare function kernelSummary(v: unknown): KernelSummary;
 export declare function listing(v: unknown): Listing;
 export declare function written(v: unknown): Written;
 export declare function commandResult(v: unknown, streamBytesDropped?: number): CommandResult;
+export declare function processInfo(v: unknown): ProcessInfo;
 export declare function sessionSettings(v: unknown): SessionSettings;
 /** The wire form of settings (snake_case, absent fields left out). */
 export declare function settingsBody(s: SessionSettings): Json;

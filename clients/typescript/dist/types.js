@@ -86,6 +86,7 @@ export const MIRRORS = {
     ForkOutcome: "ForkOutcome",
     ForkResult: "ForkResult",
     ErrorDetail: "ErrorDetail",
+    ProcessInfo: "ProcessInfo",
 };
 function obj(v) {
     return isObject(v) ? v : {};
@@ -244,6 +245,24 @@ export function commandResult(v, streamBytesDropped = 0) {
     put(out, "stdoutBytesTotal", optNum(d["stdout_bytes_total"]));
     put(out, "stderrTruncated", optBool(d["stderr_truncated"]));
     put(out, "stderrBytesTotal", optNum(d["stderr_bytes_total"]));
+    return out;
+}
+export function processInfo(v) {
+    if (!isObject(v))
+        throw new ProtocolError("invalid_response", "process: the answer is not a JSON object");
+    const d = v;
+    const out = {
+        id: num(d["id"]),
+        command: Array.isArray(d["command"]) ? d["command"].map(str) : [],
+        startedAt: str(d["started_at"]),
+        running: d["running"] === true,
+        stdinOpen: d["stdin_open"] === true,
+        outputBytes: num(d["output_bytes"]),
+        raw: d,
+    };
+    put(out, "pid", optNum(d["pid"]));
+    put(out, "cwd", optStr(d["cwd"]));
+    put(out, "exitCode", optNum(d["exit_code"]));
     return out;
 }
 export function sessionSettings(v) {

@@ -15,6 +15,8 @@ export declare const MAX_CELL_WAIT: number;
 export declare const STREAM_EVENTS: readonly ["output", "output_truncated", "display", "result", "error"];
 /** A streamed command's events. */
 export declare const COMMAND_STREAM_EVENTS: readonly ["stdout", "stderr", "output_truncated", "result", "error"];
+/** A background process's output events (docs/processes.md). */
+export declare const PROCESS_STREAM_EVENTS: readonly ["stdout", "stderr", "output_truncated", "exit"];
 export declare const NDJSON = "application/x-ndjson";
 export declare const TAR = "application/x-tar";
 export declare const USER_AGENT = "kernelbox-client-typescript/0.1";
@@ -33,6 +35,8 @@ export declare function childPath(session: string, child: string): string;
 /** `/v1/snapshots/ID`. */
 export declare function snapshotPath(id: string): string;
 export declare function workspacePath(name: string): string;
+/** `/v1/sessions/S/processes[/ID[/REST]]` (docs/processes.md). */
+export declare function processPath(session: string, id?: number, ...rest: string[]): string;
 /** The read deadline (seconds) of a call running `timeout` seconds on the server (a cell, a command). */
 export declare function runDeadline(timeout: number | undefined, clientTimeout: number): number;
 /** An event of a streamed cell, in the order the cell produced it. */
@@ -60,6 +64,20 @@ export declare type CommandStreamEvent = {
     type: "result";
     result: CommandResult;
 };
+/** An event of a background process's output stream: its output as it came, then its exit. */
+export declare type ProcessEvent = {
+    type: "stdout";
+    text: string;
+} | {
+    type: "stderr";
+    text: string;
+} | {
+    type: "outputTruncated";
+    bytes: number;
+} | {
+    type: "exit";
+    exitCode: number;
+};
 /** Reads a streamed execute's NDJSON lines: events out, the `result` last; an `error` event throws. */
 export declare class ExecuteStreamReader {
     private dropped;
@@ -72,6 +90,11 @@ export declare class CommandStreamReader {
     private dropped;
     done: boolean;
     feed(line: string): CommandStreamEvent | undefined;
+    finish(): void;
+}
+/** Reads a background process's output stream; it may end before `exit` (a bounded read). */
+export declare class ProcessStreamReader {
+    feed(line: string): ProcessEvent | undefined;
     finish(): void;
 }
 /** The lines of a byte stream (UTF-8, `\n`-separated), the last one without its newline too. */

@@ -16,6 +16,8 @@ export const MAX_CELL_WAIT = 7 * 24 * 3600;
 export const STREAM_EVENTS = ["output", "output_truncated", "display", "result", "error"];
 /** A streamed command's events. */
 export const COMMAND_STREAM_EVENTS = ["stdout", "stderr", "output_truncated", "result", "error"];
+/** A background process's output events (docs/processes.md). */
+export const PROCESS_STREAM_EVENTS = ["stdout", "stderr", "output_truncated", "exit"];
 export const NDJSON = "application/x-ndjson";
 export const TAR = "application/x-tar";
 export const USER_AGENT = "kernelbox-client-typescript/0.1";
@@ -62,6 +64,14 @@ export function snapshotPath(id) {
 }
 export function workspacePath(name) {
     return "/v1/workspaces/" + segment(name);
+}
+/** `/v1/sessions/S/processes[/ID[/REST]]` (docs/processes.md). */
+export function processPath(session, id, ...rest) {
+    if (id === undefined)
+        return sessionPath(session, "processes");
+    if (!Number.isSafeInteger(id) || id < 0)
+        throw new TypeError(`a process id is a whole number (ProcessInfo.id), not ${String(id)}`);
+    return sessionPath(session, "processes", String(id), ...rest);
 }
 /** The read deadline (seconds) of a call running `timeout` seconds on the server (a cell, a command). */
 export function runDeadline(timeout, clientTimeout) {
@@ -152,6 +162,26 @@ export class CommandStreamReader {
             throw new ConnectionFailed("stream_ended", "the command stream ended before the command's result; the command may still be running (its timeout ends it)");
         }
     }
+}
+/** Reads a background process's output stream; it may end before `exit` (a bounded read). */
+export class ProcessStreamReader {
+    feed(line) {
+        if (line.trim() === "")
+            return undefined;
+        const event = parseLine(line, "process output");
+        switch (event["event"]) {
+            case "stdout":
+            case "stderr":
+                return { type: event["event"], text: String(event["data"] ?? "") };
+            case "output_truncated":
+                return { type: "outputTruncated", bytes: typeof event["bytes"] === "number" ? event["bytes"] : 0 };
+            case "exit":
+                return { type: "exit", exitCode: typeof event["exit_code"] === "number" ? event["exit_code"] : -1 };
+            default:
+                return undefined; // events a newer server adds are skipped (the drift test sees them)
+        }
+    }
+    finish() { }
 }
 /** The lines of a byte stream (UTF-8, `\n`-separated), the last one without its newline too. */
 export async function* lines(body) {

@@ -23,6 +23,9 @@ import {
   Listing,
   listing,
   NetworkPolicy,
+  ProcessInfo,
+  processInfo,
+  ProcessOutput,
   RichResult,
   SessionSettings,
   sessionSettings,
@@ -48,6 +51,9 @@ import {
   filePath,
   lines,
   NDJSON,
+  ProcessEvent,
+  processPath,
+  ProcessStreamReader,
   runDeadline,
   sessionPath,
   StreamEvent,
@@ -108,6 +114,19 @@ export interface CommandOptions extends CallOptions {
   timeout?: number;
   onStdout?: (text: string) => void;
   onStderr?: (text: string) => void;
+}
+
+export interface ProcessStartOptions extends CallOptions {
+  /** Working directory inside the kernel (default `/work`). */
+  cwd?: string;
+  env?: Record<string, string>;
+  /** Keep its stdin open for `writeStdin` until `closeStdin` (else it reads end of file at once). */
+  stdin?: boolean;
+}
+
+export interface ProcessReadOptions extends CallOptions {
+  /** Seconds to read at most: then the read stops, the process goes on. Default: until it ends. */
+  timeout?: number;
 }
 
 /** What `files.write` sends: text (UTF-8), bytes, a Blob, or a stream / async iterable of bytes (streamed, never held whole). */
@@ -412,10 +431,12 @@ function uploadBody(data: FileData): { body: BodyInit; replayable: boolean } {
 export class Session {
   readonly files: Files;
   readonly commands: Commands;
+  readonly processes: Processes;
 
   constructor(readonly client: Client, readonly name: string, readonly child?: string) {
     this.files = new Files(this);
     this.commands = new Commands(this);
+    this.processes = new Processes(this);
   }
 
   private executeRequest(code: string, options: RunOptions, stream: boolean): Request {
@@ -563,6 +584,131 @@ export class Commands {
   /** Runs `command`, streaming its stdout and stderr as they come, its result last. */
   stream(command: string | string[], options: Omit<CommandOptions, "onStdout" | "onStderr"> = {}): AsyncGenerator<CommandStreamEvent> {
     return this.session.client.events(this.request(command, options, true), new CommandStreamReader());
+  }
+}
+
+/**
+ * Background processes in the session's kernel container (docs/processes.md): started beside
+ * its cells, as the kernel's user, with no deadline of their own; each has an id to read its
+ * output, write its stdin, signal it, kill it and learn its exit code. A process dies with its
+ * kernel; a client that goes away does not stop it.
+ */
+export class Processes {
+  constructor(private readonly session: Session) {}
+
+  private request(method: string, id?: number, ...rest: string[]): Request {
+    if (this.session.child !== undefined) {
+      throw new TypeError("background processes run in a session's own kernel; the API has none for a delegated child");
+    }
+    return { method, path: processPath(this.session.name, id, ...rest) };
+  }
+
+  /** Starts `command` (an array of arguments run as given, or a string run by `/bin/sh -c`) and returns at once; starts the kernel if needed. */
+  async start(command: string | string[], options: ProcessStartOptions = {}): Promise<ProcessInfo> {
+    const json: Record<string, unknown> = { command };
+    if (options.cwd !== undefined) json["cwd"] = options.cwd;
+    if (options.env !== undefined) json["env"] = options.env;
+    if (options.stdin) json["stdin"] = true;
+    // The session's kernel may be started first (a fresh container).
+    const req = { ...this.request("POST"), json, signal: options.signal, deadline: 300 };
+    return processInfo(await this.session.client.json(req));
+  }
+
+  /** The session's processes, running and recently ended, oldest first. */
+  async list(options: CallOptions = {}): Promise<ProcessInfo[]> {
+    const body = await this.session.client.json({ ...this.request("GET"), signal: options.signal });
+    const items = isObject(body) && Array.isArray(body["processes"]) ? body["processes"] : [];
+    return items.filter(isObject).map(processInfo);
+  }
+
+  /** One process; `NotFound` (`no_process`) for an id the session does not have. */
+  async get(id: number, options: CallOptions = {}): Promise<ProcessInfo> {
+    return processInfo(await this.session.client.json({ ...this.request("GET", id), signal: options.signal }));
+  }
+
+  /**
+   * The process's output as events: what the server keeps of it (its newest 256 KiB) first,
+   * then live, then `exit`. With `timeout` the stream stops then, whether or not the process
+   * ended; leaving the loop early closes the stream, not the process.
+   */
+  async *stream(id: number, options: ProcessReadOptions = {}): AsyncGenerator<ProcessEvent> {
+    const stop = new AbortController();
+    let over = false;
+    const timer = options.timeout === undefined ? undefined : setTimeout(() => {
+      over = true;
+      stop.abort();
+    }, Math.min(Math.max(options.timeout, 0) * 1000, 2 ** 31 - 1));
+    const onAbort = (): void => stop.abort(options.signal?.reason);
+    if (options.signal?.aborted) onAbort();
+    options.signal?.addEventListener("abort", onAbort, { once: true });
+    const req = { ...this.request("GET", id, "output"), signal: stop.signal, deadline: 7 * 24 * 3600 };
+    try {
+      for await (const event of this.session.client.events(req, new ProcessStreamReader())) {
+        yield event;
+        if (event.type === "exit") return;
+      }
+    } catch (e) {
+      if (over) return; // the read's own bound: not an error
+      throw e;
+    } finally {
+      clearTimeout(timer);
+      options.signal?.removeEventListener("abort", onAbort);
+    }
+  }
+
+  /** The process's output, what is kept first: read until it ends, or for `timeout` seconds at most (then `running`). */
+  async output(id: number, options: ProcessReadOptions & { onStdout?: (text: string) => void; onStderr?: (text: string) => void } = {}): Promise<ProcessOutput> {
+    const stdout: string[] = [];
+    const stderr: string[] = [];
+    const all: string[] = [];
+    let bytesDropped = 0;
+    let exitCode: number | undefined;
+    for await (const event of this.stream(id, options)) {
+      if (event.type === "stdout") {
+        stdout.push(event.text);
+        all.push(event.text);
+        options.onStdout?.(event.text);
+      } else if (event.type === "stderr") {
+        stderr.push(event.text);
+        all.push(event.text);
+        options.onStderr?.(event.text);
+      } else if (event.type === "outputTruncated") bytesDropped += event.bytes;
+      else exitCode = event.exitCode;
+    }
+    const out: ProcessOutput = { stdout: stdout.join(""), stderr: stderr.join(""), output: all.join(""), running: exitCode === undefined, bytesDropped };
+    if (exitCode !== undefined) out.exitCode = exitCode;
+    return out;
+  }
+
+  /** Waits for the process to end (at most `timeout` seconds: then `Timeout`) and returns it, its `exitCode` set. */
+  async wait(id: number, options: ProcessReadOptions = {}): Promise<ProcessInfo> {
+    for await (const event of this.stream(id, options)) {
+      if (event.type === "exit") return this.get(id, options);
+    }
+    throw new Timeout("timeout", `process ${id} is still running after ${String(options.timeout)}s`);
+  }
+
+  /** Writes `data` (text as UTF-8, at most 1 MiB) on its stdin; how many bytes. `Conflict` (`stdin_closed`) when closed. */
+  async writeStdin(id: number, data: string | Uint8Array, options: CallOptions = {}): Promise<number> {
+    const req = { ...this.request("POST", id, "stdin"), body: data, headers: { "Content-Type": "application/octet-stream" }, signal: options.signal };
+    const body = await this.session.client.json(req);
+    return isObject(body) ? Number(body["written"] ?? 0) : 0;
+  }
+
+  /** Closes its stdin: it reads end of file. */
+  async closeStdin(id: number, options: CallOptions = {}): Promise<ProcessInfo> {
+    return processInfo(await this.session.client.json({ ...this.request("DELETE", id, "stdin"), signal: options.signal }));
+  }
+
+  /** Sends `name` (`SIGTERM`, `SIGINT`, `SIGKILL`, ...; docs/processes.md) to its command; nothing happens once it ended. */
+  async signal(id: number, name = "SIGTERM", options: CallOptions = {}): Promise<ProcessInfo> {
+    const req = { ...this.request("POST", id, "signal"), json: { signal: name }, signal: options.signal };
+    return processInfo(await this.session.client.json(req));
+  }
+
+  /** Kills it and everything it started, waiting (10 s at most) for it to end; nothing happens once it ended. */
+  async kill(id: number, options: CallOptions = {}): Promise<ProcessInfo> {
+    return processInfo(await this.session.client.json({ ...this.request("DELETE", id), signal: options.signal }));
   }
 }
 

@@ -4,7 +4,7 @@
  *
  * | file | what it holds |
  * |---|---|
- * | client.ts | `Client`, `Session`, `Files`, `Commands`: the calls, deadlines, abort |
+ * | client.ts | `Client`, `Session`, `Files`, `Commands`, `Processes`: the calls, deadlines, abort |
  * | wire.ts | URLs, deadlines, the NDJSON reader and the stream events |
  * | types.ts | the server's answers as typed objects, each mirroring an `/openapi.json` schema |
  * | errors.ts | the typed errors, from an HTTP status or a stream's `error` event |
@@ -18,6 +18,8 @@ export {
   CommandStreamEvent,
   DEFAULT_TIMEOUT,
   DEFAULT_URL,
+  PROCESS_STREAM_EVENTS,
+  ProcessEvent,
   STREAM_EVENTS,
   OutputStream,
   StreamEvent,
@@ -30,6 +32,8 @@ export {
   Commands,
   FileData,
   Files,
+  Processes,
+  ProcessStartOptions,
   ReadOptions,
   RunOptions,
   Session,

@@ -219,6 +219,43 @@ export interface CommandResult {
   raw: Record<string, unknown>;
 }
 
+/** A background process (docs/processes.md): started beside the session's kernel, running until it ends, is killed or its kernel goes. */
+export interface ProcessInfo {
+  /** Its id in the session: the handle every other call takes. */
+  id: number;
+  /** The argument vector it runs (`["/bin/sh", "-c", LINE]` for a shell line). */
+  command: string[];
+  /** When it started, RFC 3339. */
+  startedAt: string;
+  /** True until its output ended (it, and everything holding its output, are gone). */
+  running: boolean;
+  /** True while its stdin is open (started with `stdin: true`, not closed yet). */
+  stdinOpen: boolean;
+  /** Bytes it wrote on stdout and stderr in all. */
+  outputBytes: number;
+  /** Its leader's process id inside the container, once known. */
+  pid?: number;
+  /** Its working directory, as asked. */
+  cwd?: string;
+  /** Its exit code once it ended (128 + the signal when a signal ended it; -1 when the engine could not tell). */
+  exitCode?: number;
+  raw: Record<string, unknown>;
+}
+
+/** What `processes.output()` read of a background process: its kept output, then what it wrote while the call waited. */
+export interface ProcessOutput {
+  stdout: string;
+  stderr: string;
+  /** stdout and stderr as they came, interleaved. */
+  output: string;
+  /** Its exit code once it ended; absent while it runs (the wait was over first). */
+  exitCode?: number;
+  /** True when it had not ended by the time the call returned. */
+  running: boolean;
+  /** Bytes it wrote that were no longer kept (its oldest output past the server's 256 KiB). */
+  bytesDropped: number;
+}
+
 /** A session's egress policy (docs/reliability.md, "Network egress"); deny wins; no allow: no network. */
 export interface NetworkPolicy {
   allow?: string[];
@@ -348,6 +385,7 @@ export const MIRRORS = {
   ForkOutcome: "ForkOutcome",
   ForkResult: "ForkResult",
   ErrorDetail: "ErrorDetail",
+  ProcessInfo: "ProcessInfo",
 } as const;
 
 // --- Reading JSON into the types (lenient: a missing field gets its type's zero) ---
@@ -513,6 +551,24 @@ export function commandResult(v: unknown, streamBytesDropped = 0): CommandResult
   put(out, "stdoutBytesTotal", optNum(d["stdout_bytes_total"]));
   put(out, "stderrTruncated", optBool(d["stderr_truncated"]));
   put(out, "stderrBytesTotal", optNum(d["stderr_bytes_total"]));
+  return out;
+}
+
+export function processInfo(v: unknown): ProcessInfo {
+  if (!isObject(v)) throw new ProtocolError("invalid_response", "process: the answer is not a JSON object");
+  const d = v;
+  const out: ProcessInfo = {
+    id: num(d["id"]),
+    command: Array.isArray(d["command"]) ? d["command"].map(str) : [],
+    startedAt: str(d["started_at"]),
+    running: d["running"] === true,
+    stdinOpen: d["stdin_open"] === true,
+    outputBytes: num(d["output_bytes"]),
+    raw: d,
+  };
+  put(out, "pid", optNum(d["pid"]));
+  put(out, "cwd", optStr(d["cwd"]));
+  put(out, "exitCode", optNum(d["exit_code"]));
   return out;
 }
 

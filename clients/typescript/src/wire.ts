@@ -18,6 +18,8 @@ export const MAX_CELL_WAIT = 7 * 24 * 3600;
 export const STREAM_EVENTS = ["output", "output_truncated", "display", "result", "error"] as const;
 /** A streamed command's events. */
 export const COMMAND_STREAM_EVENTS = ["stdout", "stderr", "output_truncated", "result", "error"] as const;
+/** A background process's output events (docs/processes.md). */
+export const PROCESS_STREAM_EVENTS = ["stdout", "stderr", "output_truncated", "exit"] as const;
 export const NDJSON = "application/x-ndjson";
 export const TAR = "application/x-tar";
 export const USER_AGENT = "kernelbox-client-typescript/0.1";
@@ -70,6 +72,13 @@ export function workspacePath(name: string): string {
   return "/v1/workspaces/" + segment(name);
 }
 
+/** `/v1/sessions/S/processes[/ID[/REST]]` (docs/processes.md). */
+export function processPath(session: string, id?: number, ...rest: string[]): string {
+  if (id === undefined) return sessionPath(session, "processes");
+  if (!Number.isSafeInteger(id) || id < 0) throw new TypeError(`a process id is a whole number (ProcessInfo.id), not ${String(id)}`);
+  return sessionPath(session, "processes", String(id), ...rest);
+}
+
 /** The read deadline (seconds) of a call running `timeout` seconds on the server (a cell, a command). */
 export function runDeadline(timeout: number | undefined, clientTimeout: number): number {
   const run = typeof timeout === "number" && timeout > 0 ? Math.min(timeout, MAX_CELL_WAIT) : SERVER_MAX_CELL_SECONDS;
@@ -90,6 +99,13 @@ export type CommandStreamEvent =
   | { type: "stdout"; text: string }
   | { type: "stderr"; text: string }
   | { type: "result"; result: CommandResult };
+
+/** An event of a background process's output stream: its output as it came, then its exit. */
+export type ProcessEvent =
+  | { type: "stdout"; text: string }
+  | { type: "stderr"; text: string }
+  | { type: "outputTruncated"; bytes: number }
+  | { type: "exit"; exitCode: number };
 
 function parseLine(line: string, what: string): Record<string, unknown> {
   let value: unknown;
@@ -182,6 +198,27 @@ export class CommandStreamReader {
       );
     }
   }
+}
+
+/** Reads a background process's output stream; it may end before `exit` (a bounded read). */
+export class ProcessStreamReader {
+  feed(line: string): ProcessEvent | undefined {
+    if (line.trim() === "") return undefined;
+    const event = parseLine(line, "process output");
+    switch (event["event"]) {
+      case "stdout":
+      case "stderr":
+        return { type: event["event"], text: String(event["data"] ?? "") };
+      case "output_truncated":
+        return { type: "outputTruncated", bytes: typeof event["bytes"] === "number" ? event["bytes"] : 0 };
+      case "exit":
+        return { type: "exit", exitCode: typeof event["exit_code"] === "number" ? event["exit_code"] : -1 };
+      default:
+        return undefined; // events a newer server adds are skipped (the drift test sees them)
+    }
+  }
+
+  finish(): void {}
 }
 
 /** The lines of a byte stream (UTF-8, `\n`-separated), the last one without its newline too. */

@@ -12,7 +12,7 @@ import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 
-import { COMMAND_STREAM_EVENTS, MIRRORS, STREAM_EVENTS } from "../dist/index.js";
+import { COMMAND_STREAM_EVENTS, MIRRORS, PROCESS_STREAM_EVENTS, STREAM_EVENTS } from "../dist/index.js";
 import { startServer } from "./server.mjs";
 
 const DIST = resolve(dirname(fileURLToPath(import.meta.url)), "..", "dist", "index.js");
@@ -31,6 +31,9 @@ const HANDLED = {
   WorkspaceList: ["workspaces"], // client.workspaces()
   Deleted: ["deleted"], // files.remove(), client.deleteWorkspace()
   NetworkApplied: ["closed"], // session.setNetwork()
+  ProcessList: ["processes"], // session.processes.list()
+  StdinWritten: ["written"], // session.processes.writeStdin()
+  SignalBody: ["signal"], // session.processes.signal(id, name)
 };
 // Routes that are not this client's (the operator's and tools').
 const NOT_THE_CLIENTS = ["/v1/nodes", "/v1/admin", "/healthz", "/metrics", "/openapi.json", "/v1/mcp"];
@@ -92,7 +95,7 @@ test("every schema the client's routes reach, and every field of it, has a home 
     const props = Object.keys(schemas[name].properties ?? {});
     if (name in MIRRORS) continue; // the type check below
     if (name in HANDLED) missing.push(...props.filter((p) => !HANDLED[name].includes(p)).map((p) => `${name}.${p}`));
-    else if (name === "ExecuteRequest" || name === "CommandRequest" || name.endsWith("Event")) continue;
+    else if (["ExecuteRequest", "CommandRequest", "ProcessRequest"].includes(name) || name.endsWith("Event")) continue;
     else if (props.length) missing.push(`${name} (the client has no type for it)`);
   }
   assert.deepEqual(missing, [], "the server defines what the client lacks");
@@ -131,11 +134,13 @@ function events(union) {
 test("every stream event is understood", () => {
   assert.deepEqual(events("StreamEvent"), [...STREAM_EVENTS].sort());
   assert.deepEqual(events("CommandEvent"), [...COMMAND_STREAM_EVENTS].sort());
+  assert.deepEqual(events("ProcessEvent"), [...PROCESS_STREAM_EVENTS].sort());
 });
 
 test("the walk sees the result types", () => {
   const seen = reachable();
-  for (const name of ["CellResult", "KernelInfo", "StateLost", "KernelSummary", "Error", "CommandRequest", "CommandResult", "CommandEvent"]) {
+  for (const name of ["CellResult", "KernelInfo", "StateLost", "KernelSummary", "Error", "CommandRequest", "CommandResult", "CommandEvent",
+    "ProcessRequest", "ProcessInfo", "ProcessList", "ProcessEvent", "SignalBody", "StdinWritten"]) {
     assert.ok(seen.has(name), name);
   }
 });
@@ -218,6 +223,7 @@ test("every mirrored interface has each field's type, optionality and values (ch
   const opts = (name, skip) => Object.keys(schemas[name].properties).filter((p) => !skip.includes(p)).map((p) => JSON.stringify(camel(p)));
   out.push(`export const runOptions: Eq<Exclude<${opts("ExecuteRequest", ["code", "child"]).join(" | ")}, keyof K.RunOptions>, never> = true;`);
   out.push(`export const commandOptions: Eq<Exclude<${opts("CommandRequest", ["command"]).join(" | ")}, keyof K.CommandOptions>, never> = true;`);
+  out.push(`export const processOptions: Eq<Exclude<${opts("ProcessRequest", ["command"]).join(" | ")}, keyof K.ProcessStartOptions>, never> = true;`);
   const dir = mkdtempSync(join(tmpdir(), "kernelbox-ts-drift-"));
   const file = join(dir, "drift.ts");
   writeFileSync(file, out.join("\n") + "\n");

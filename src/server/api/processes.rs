@@ -6,10 +6,12 @@
 //! (`src/services/processes/`) owns them; these handlers only parse and answer.
 
 use std::convert::Infallible;
+use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, State};
+use axum::extract::{FromRequestParts, Path, State};
+use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -73,15 +75,27 @@ fn owner(state: &AppState, tenant: &Tenant, session: String) -> Result<Owner, Ap
     Ok(state.inner.orchestrator.owner_of_scope(&scope)?)
 }
 
-/// The session and process id of a `.../processes/{id}` path.
-fn session_and_id(
-    state: &AppState,
-    tenant: &Tenant,
-    path: Result<Path<(String, u64)>, PathRejection>,
-) -> Result<(Owner, u64), ApiError> {
-    let Path((session, id)) = path.map_err(|e| invalid(state, path_error(e)))?;
-    let session = one_name(state, Ok(Path(session)))?;
-    Ok((owner(state, tenant, session)?, id))
+/// What every `.../processes/{id}...` handler starts from: the caller (authenticated first,
+/// so a request without a token is a 401 whatever its path), the owner the session path names
+/// for the caller's tenant, and the process id.
+pub(super) struct OneProcess {
+    tenant: Arc<Tenant>,
+    owner: Owner,
+    id: u64,
+}
+
+impl FromRequestParts<AppState> for OneProcess {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let Caller(tenant) = Caller::from_request_parts(parts, state).await?;
+        let Path((session, id)) = Path::<(String, u64)>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| invalid(state, path_error(e)))?;
+        let session = one_name(state, Ok(Path(session)))?;
+        let owner = owner(state, &tenant, session)?;
+        Ok(OneProcess { tenant, owner, id })
+    }
 }
 
 /// `POST /v1/sessions/{session}/processes`: starts a background process.
@@ -121,10 +135,8 @@ pub(super) async fn list(
 /// `GET /v1/sessions/{session}/processes/{id}`: one process.
 pub(super) async fn get(
     State(state): State<AppState>,
-    Caller(tenant): Caller,
-    path: Result<Path<(String, u64)>, PathRejection>,
+    OneProcess { owner, id, .. }: OneProcess,
 ) -> Result<Json<ProcessInfo>, ApiError> {
-    let (owner, id) = session_and_id(&state, &tenant, path)?;
     Ok(Json(
         state.inner.orchestrator.processes().get(&owner, id)?.info(),
     ))
@@ -133,10 +145,8 @@ pub(super) async fn get(
 /// `DELETE /v1/sessions/{session}/processes/{id}`: kills a process and what it started.
 pub(super) async fn kill(
     State(state): State<AppState>,
-    Caller(tenant): Caller,
-    path: Result<Path<(String, u64)>, PathRejection>,
+    OneProcess { owner, id, .. }: OneProcess,
 ) -> Result<Json<ProcessInfo>, ApiError> {
-    let (owner, id) = session_and_id(&state, &tenant, path)?;
     Ok(Json(
         state
             .inner
@@ -150,12 +160,10 @@ pub(super) async fn kill(
 /// `POST /v1/sessions/{session}/processes/{id}/signal`: signals a process's command.
 pub(super) async fn signal(
     State(state): State<AppState>,
-    Caller(tenant): Caller,
-    path: Result<Path<(String, u64)>, PathRejection>,
+    OneProcess { tenant, owner, id }: OneProcess,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<ProcessInfo>, ApiError> {
-    let (owner, id) = session_and_id(&state, &tenant, path)?;
     let bytes = read_body_of(&state, &tenant, &headers, body).await?;
     let body: SignalBody = json_object(&bytes).map_err(|e| invalid(&state, e))?;
     let number = body
@@ -174,12 +182,10 @@ pub(super) async fn signal(
 /// `POST /v1/sessions/{session}/processes/{id}/stdin`: the body, as it is, on its stdin.
 pub(super) async fn write_stdin(
     State(state): State<AppState>,
-    Caller(tenant): Caller,
-    path: Result<Path<(String, u64)>, PathRejection>,
+    OneProcess { tenant, owner, id }: OneProcess,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<StdinWritten>, ApiError> {
-    let (owner, id) = session_and_id(&state, &tenant, path)?;
     let bytes = read_body_of(&state, &tenant, &headers, body).await?;
     let written = state
         .inner
@@ -193,10 +199,8 @@ pub(super) async fn write_stdin(
 /// `DELETE /v1/sessions/{session}/processes/{id}/stdin`: closes its stdin (end of file).
 pub(super) async fn close_stdin(
     State(state): State<AppState>,
-    Caller(tenant): Caller,
-    path: Result<Path<(String, u64)>, PathRejection>,
+    OneProcess { owner, id, .. }: OneProcess,
 ) -> Result<Json<ProcessInfo>, ApiError> {
-    let (owner, id) = session_and_id(&state, &tenant, path)?;
     Ok(Json(
         state
             .inner
@@ -213,10 +217,8 @@ pub(super) async fn close_stdin(
 /// reading, not the process.
 pub(super) async fn output(
     State(state): State<AppState>,
-    Caller(tenant): Caller,
-    path: Result<Path<(String, u64)>, PathRejection>,
+    OneProcess { owner, id, .. }: OneProcess,
 ) -> Result<Response, ApiError> {
-    let (owner, id) = session_and_id(&state, &tenant, path)?;
     let attach = state.inner.orchestrator.processes().attach(&owner, id)?;
     let decoders = || Utf8Stream {
         carry: Vec::new(),

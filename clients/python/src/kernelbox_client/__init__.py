@@ -3,15 +3,15 @@ agent conversation (docs/python-client.md).
 
 | file | what |
 |---|---|
-| `_sync.py` | `Client`, `Session`, `Commands`, `Files`: the blocking client |
-| `_async.py` | `AsyncClient`, `AsyncSession`, `AsyncCommands`, `AsyncFiles`: the same surface for asyncio |
+| `_sync.py` | `Client`, `Session`, `Commands`, `Processes`, `Files`: the blocking client |
+| `_async.py` | `AsyncClient`, `AsyncSession`, `AsyncCommands`, `AsyncProcesses`, `AsyncFiles`: the same surface for asyncio |
 | `_wire.py` | the HTTP API without I/O: requests, answers, timeouts, the NDJSON stream |
 | `_types.py` | `Execution`, `CommandResult`, `Result`, `KernelInfo`, ...: what the server returns, typed |
 | `_errors.py` | `KernelboxError` and its subclasses, from a status or a stream's error code |
 | `_dropin.py` | `execute_code`: the result JSON string, one session per task id |
 """
 
-from ._async import AsyncClient, AsyncCommands, AsyncFiles, AsyncSession
+from ._async import AsyncClient, AsyncCommands, AsyncFiles, AsyncProcesses, AsyncSession
 from ._dropin import execute_code, session_for_task
 from ._errors import (
     BadRequest,
@@ -26,7 +26,7 @@ from ._errors import (
     Timeout,
     Unauthorized,
 )
-from ._sync import Client, Commands, Files, Session
+from ._sync import Client, Commands, Files, Processes, Session
 from ._types import (
     CellException,
     CommandResult,
@@ -39,6 +39,9 @@ from ._types import (
     KernelSummary,
     Listing,
     NetworkPolicy,
+    ProcessEvent,
+    ProcessInfo,
+    ProcessOutput,
     Restored,
     Result,
     SessionSettings,
@@ -61,6 +64,7 @@ __all__ = [
     "AsyncClient",
     "AsyncCommands",
     "AsyncFiles",
+    "AsyncProcesses",
     "AsyncSession",
     "BadRequest",
     "CellException",
@@ -82,6 +86,10 @@ __all__ = [
     "NetworkPolicy",
     "NotFound",
     "PayloadTooLarge",
+    "ProcessEvent",
+    "ProcessInfo",
+    "ProcessOutput",
+    "Processes",
     "ProtocolError",
     "RateLimited",
     "Result",

@@ -1,12 +1,27 @@
-"""The blocking client: `Client`, `Session`, `Commands`, `Files` (same surface as `_async.py`)."""
+"""The blocking client: `Client`, `Session`, `Commands`, `Processes`, `Files` (same surface as
+`_async.py`)."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, TypeVar, Union
+import time
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    TypeVar,
+    Union,
+)
 
 import httpx
 
 from . import _wire
+from ._errors import Timeout
 from ._types import (
     CommandResult,
     Execution,
@@ -15,6 +30,9 @@ from ._types import (
     KernelSummary,
     Listing,
     NetworkPolicy,
+    ProcessEvent,
+    ProcessInfo,
+    ProcessOutput,
     Result,
     SessionSettings,
     SettingsApplied,
@@ -194,6 +212,33 @@ class Client:
                 attempt += 1
         return reader.finish()
 
+    def _events(
+        self, call: _wire.Call, deadline: Optional[float]
+    ) -> Iterator[ProcessEvent]:
+        """A process's output events until its `exit` or `deadline` (monotonic; None: its
+        end). Closing the iterator early closes the stream (the process goes on)."""
+        url = self.url + call.path
+        timeout = httpx.Timeout(self.timeout, read=_wire.stream_read_timeout(deadline))
+        try:
+            with self._http.stream(
+                call.method, url, headers=_wire.request_headers(call), timeout=timeout
+            ) as r:
+                if r.status_code != 200:
+                    raise _wire.error_from_response(r.status_code, r.headers, r.read())
+                for line in r.iter_lines():
+                    event = _wire.process_event(line)
+                    if event is not None:
+                        yield event
+                        if event.kind == "exit":
+                            return
+                    if deadline is not None and time.monotonic() >= deadline:
+                        return
+        except httpx.ReadTimeout:
+            if deadline is None:
+                raise
+        except httpx.HTTPError as e:
+            raise _wire.transport_error(e, call.method, url) from e
+
 
 class Session:
     """One conversation (or one delegated child of it) on a server."""
@@ -204,6 +249,7 @@ class Session:
         self.child = child
         self.files = Files(self)
         self.commands = Commands(self)
+        self.processes = Processes(self)
 
     def run(
         self,
@@ -360,6 +406,108 @@ class Commands:
             callbacks = {"stdout": on_stdout, "stderr": on_stderr}
             return s.client._stream(call, _wire.CommandStreamReader(), callbacks)
         return _wire.command_result(s.client._send(call) or b"")
+
+
+class Processes:
+    """Background processes in the session's kernel container (docs/processes.md): started
+    beside its cells, as the kernel's user, with no deadline of their own; each has an id to
+    read its output, write its stdin, signal it, kill it and learn its exit code. A process
+    dies with its kernel (a timeout, `reset`, `close()`); a client that goes away does not
+    stop it."""
+
+    def __init__(self, session: Session) -> None:
+        self._session = session
+
+    def _call(self, method: str, process_id: Optional[int] = None, *rest: str) -> _wire.Call:
+        s = self._session
+        _wire.check_command_session(s.child, "background processes")
+        return _wire.Call(method, _wire.process_path(s.name, process_id, *rest))
+
+    def start(
+        self,
+        command: Union[str, Sequence[str]],
+        *,
+        cwd: Optional[str] = None,
+        env: Optional[Mapping[str, str]] = None,
+        stdin: bool = False,
+    ) -> ProcessInfo:
+        """Starts `command` (a list of arguments run as given, or a string run by
+        `/bin/sh -c`) and returns at once; starts the kernel if needed. With `stdin=True` its
+        stdin stays open for `write_stdin` until `close_stdin` (else it reads end of file).
+        `RateLimited` (`too_many_processes`) past 16 running per session."""
+        s = self._session
+        _wire.check_command_session(s.child, "background processes")
+        call = _wire.process_start_call(s.name, command, cwd, env, stdin)
+        return _wire.process_info(s.client._send(call) or b"")
+
+    def list(self) -> List[ProcessInfo]:
+        """The session's processes, running and recently ended, oldest first."""
+        return _wire.process_list(self._session.client._send(self._call("GET")) or b"")
+
+    def get(self, process_id: int) -> ProcessInfo:
+        """One process; `NotFound` (`no_process`) for an id the session does not have."""
+        return _wire.process_info(self._session.client._send(self._call("GET", process_id)) or b"")
+
+    def stream(self, process_id: int, timeout: Optional[float] = None) -> Iterator[ProcessEvent]:
+        """The process's output as events: what the server keeps of it (its newest 256 KiB)
+        first, then live, then `exit`. With `timeout` (seconds) the iteration stops then,
+        whether or not the process ended; closing it early leaves the process running."""
+        call = self._call("GET", process_id, "output")
+        return self._session.client._events(call, _wire.stream_deadline(timeout))
+
+    def output(
+        self,
+        process_id: int,
+        timeout: Optional[float] = None,
+        on_stdout: Optional[Callable[[str], Any]] = None,
+        on_stderr: Optional[Callable[[str], Any]] = None,
+    ) -> ProcessOutput:
+        """The process's output, what is kept first: read until it ends, or for `timeout`
+        seconds at most (then `exit_code` is None and it goes on). `on_stdout` / `on_stderr`
+        get the text as it comes."""
+        reader = _wire.ProcessOutputReader()
+        callbacks = {"stdout": on_stdout, "stderr": on_stderr}
+        for event in self.stream(process_id, timeout):
+            reader.feed(event)
+            callback = callbacks.get(event.kind)
+            if callback is not None:
+                callback(event.text)
+        return reader.finish()
+
+    def wait(self, process_id: int, timeout: Optional[float] = None) -> ProcessInfo:
+        """Waits for the process to end (at most `timeout` seconds: then `Timeout`) and
+        returns it, its `exit_code` set."""
+        for event in self.stream(process_id, timeout):
+            if event.kind == "exit":
+                return self.get(process_id)
+        raise Timeout("timeout", f"process {process_id} is still running after {timeout}s")
+
+    def write_stdin(self, process_id: int, data: Union[str, bytes]) -> int:
+        """Writes `data` (text as UTF-8, at most 1 MiB) on the process's stdin; returns how
+        many bytes. `Conflict` (`stdin_closed`) when its stdin is closed."""
+        call = self._call("POST", process_id, "stdin")
+        call.headers = {"Content-Type": "application/octet-stream"}
+        sent = self._session.client._send(call, content=_wire.stdin_bytes(data))
+        return _wire.stdin_written(sent or b"")
+
+    def close_stdin(self, process_id: int) -> ProcessInfo:
+        """Closes the process's stdin: it reads end of file."""
+        return _wire.process_info(
+            self._session.client._send(self._call("DELETE", process_id, "stdin")) or b""
+        )
+
+    def signal(self, process_id: int, signal: str = "SIGTERM") -> ProcessInfo:
+        """Sends `signal` (`SIGTERM`, `SIGINT`, `SIGKILL`, ...; `_wire.SIGNALS`) to the
+        process's command; nothing happens once it ended."""
+        s = self._session
+        _wire.check_command_session(s.child, "background processes")
+        call = _wire.process_signal_call(s.name, process_id, signal)
+        return _wire.process_info(s.client._send(call) or b"")
+
+    def kill(self, process_id: int) -> ProcessInfo:
+        """Kills the process and everything it started, and waits (10 s at most) for it to
+        end; nothing happens once it ended."""
+        return _wire.process_info(self._session.client._send(self._call("DELETE", process_id)) or b"")
 
 
 class Files:

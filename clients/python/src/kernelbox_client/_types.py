@@ -757,6 +757,84 @@ class ForkResult:
 
 
 
+@dataclass(frozen=True)
+class ProcessInfo:
+    """A background process (docs/processes.md): started in the session's kernel container
+    beside its cells, running until it ends, is killed or its kernel goes."""
+
+    SCHEMA: ClassVar[str] = "ProcessInfo"
+    #: Its id in the session (the handle every other call takes).
+    id: int
+    #: The argument vector it runs (`["/bin/sh", "-c", LINE]` for a shell line).
+    command: List[str]
+    #: When it started, RFC 3339.
+    started_at: str
+    #: True until its output ended (it, and everything holding its output, are gone).
+    running: bool
+    #: True while its stdin is open (started with `stdin=True`, not closed yet).
+    stdin_open: bool
+    #: Bytes it wrote on stdout and stderr in all.
+    output_bytes: int
+    #: Its leader's process id inside the container, once known.
+    pid: Optional[int] = None
+    #: Its working directory, as asked.
+    cwd: Optional[str] = None
+    #: Its exit code once it ended (128 + the signal when a signal ended it; -1 when the
+    #: engine could not tell, e.g. its kernel went).
+    exit_code: Optional[int] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "ProcessInfo":
+        command = d.get("command")
+        pid, exit_code = d.get("pid"), d.get("exit_code")
+        return cls(
+            id=int(d.get("id", 0)),
+            command=[str(a) for a in command] if isinstance(command, list) else [],
+            started_at=str(d.get("started_at", "")),
+            running=bool(d.get("running", False)),
+            stdin_open=bool(d.get("stdin_open", False)),
+            output_bytes=int(d.get("output_bytes", 0)),
+            pid=int(pid) if isinstance(pid, int) else None,
+            cwd=str(d["cwd"]) if isinstance(d.get("cwd"), str) else None,
+            exit_code=int(exit_code) if isinstance(exit_code, int) else None,
+            raw=d,
+        )
+
+
+@dataclass(frozen=True)
+class ProcessEvent:
+    """One line of a background process's output stream (`processes.stream`): `kind` is
+    `stdout` or `stderr` (`text` what it wrote), `output_truncated` (`dropped` bytes it wrote
+    that were no longer kept when the stream reached them) or `exit` (`exit_code`), always
+    the last."""
+
+    kind: str
+    text: str = ""
+    dropped: int = 0
+    exit_code: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class ProcessOutput:
+    """What `processes.output` read of a background process: its kept output, then what it
+    wrote while the call waited; `exit_code` once it ended (None: still running when the
+    wait was over)."""
+
+    stdout: str
+    stderr: str
+    #: stdout and stderr as they came, interleaved.
+    output: str
+    exit_code: Optional[int] = None
+    #: Bytes it wrote that were no longer kept (its oldest output past the server's 256 KiB).
+    bytes_dropped: int = 0
+
+    @property
+    def running(self) -> bool:
+        """True when the process had not ended by the time the call returned."""
+        return self.exit_code is None
+
+
 #: Every type above, by the schema it mirrors (the drift test walks the server's spec with it).
 MIRRORS = {
     cls.SCHEMA: cls
@@ -784,5 +862,6 @@ MIRRORS = {
         ForkError,
         ForkOutcome,
         ForkResult,
+        ProcessInfo,
     )
 }

@@ -10,6 +10,7 @@ import inspect
 import json
 import os
 import tempfile
+import time
 from dataclasses import dataclass, field
 from typing import (
     Any,
@@ -45,6 +46,9 @@ from ._types import (
     KernelSummary,
     Listing,
     NetworkPolicy,
+    ProcessEvent,
+    ProcessInfo,
+    ProcessOutput,
     Result,
     SessionSettings,
     SettingsApplied,
@@ -71,6 +75,11 @@ STREAM_EVENTS = ("output", "output_truncated", "display", "result", "error")
 OUTPUT_STREAMS = ("stdout", "stderr", "traceback")
 #: A streamed command's events (`CommandEvent` in the server's spec).
 COMMAND_STREAM_EVENTS = ("stdout", "stderr", "output_truncated", "result", "error")
+#: A background process's output events (`ProcessEvent` in the server's spec).
+PROCESS_STREAM_EVENTS = ("stdout", "stderr", "output_truncated", "exit")
+#: The signals a background process may be sent (docs/processes.md); the server judges them.
+SIGNALS = ("SIGHUP", "SIGINT", "SIGQUIT", "SIGKILL", "SIGUSR1", "SIGUSR2", "SIGTERM", "SIGCONT",
+           "SIGSTOP")  # fmt: skip
 NDJSON = "application/x-ndjson"
 TAR = "application/x-tar"
 
@@ -268,11 +277,137 @@ def command_call(
     )
 
 
-def check_command_session(child: Optional[str]) -> None:
-    """Commands run in a session's own kernel: the API has no `child` for them."""
+def check_command_session(child: Optional[str], what: str = "commands") -> None:
+    """Commands and background processes run in a session's own kernel: the API has no
+    `child` for them."""
     if child is not None:
         raise ValueError(
-            "commands run in a session's own kernel; the API has none for a delegated child"
+            f"{what} run in a session's own kernel; the API has none for a delegated child"
+        )
+
+
+def process_path(session: str, process_id: Optional[int] = None, *rest: str) -> str:
+    """`/v1/sessions/S/processes[/ID[/REST]]` (docs/processes.md)."""
+    if process_id is None:
+        return session_path(session, "processes")
+    if isinstance(process_id, bool) or not isinstance(process_id, int):
+        raise TypeError(f"a process id is an int (ProcessInfo.id), not {process_id!r}")
+    return session_path(session, "processes", str(process_id), *rest)
+
+
+def process_start_call(
+    session: str,
+    command: Union[str, Sequence[str]],
+    cwd: Optional[str],
+    env: Optional[Mapping[str, str]],
+    stdin: bool,
+) -> Call:
+    """`POST .../processes`: `command` a list of arguments run as given, or a string run by
+    `/bin/sh -c`; `stdin` keeps its stdin open for `write_stdin` until `close_stdin`."""
+    body: Dict[str, Any] = {"command": command if isinstance(command, str) else list(command)}
+    if cwd is not None:
+        body["cwd"] = cwd
+    if env:
+        body["env"] = dict(env)
+    if stdin:
+        body["stdin"] = True
+    # The session's kernel may be started first (a fresh container): as long as a run waits.
+    return Call("POST", process_path(session), json=body, read_timeout=FORK_READ_TIMEOUT)
+
+
+def process_signal_call(session: str, process_id: int, signal: str) -> Call:
+    return Call("POST", process_path(session, process_id, "signal"), json={"signal": signal})
+
+
+def stdin_bytes(data: Union[str, bytes]) -> bytes:
+    """What `write_stdin` sends: bytes as given, text as UTF-8."""
+    if isinstance(data, str):
+        return data.encode()
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return bytes(data)
+    raise TypeError(f"stdin data is str or bytes, not {type(data).__name__}")
+
+
+def process_info(body: bytes) -> ProcessInfo:
+    value = json_body(body, "process")
+    if not isinstance(value, dict):
+        raise ProtocolError("invalid_response", "process: the answer is not a JSON object")
+    return ProcessInfo.from_json(value)
+
+
+def process_list(body: bytes) -> List[ProcessInfo]:
+    value = json_body(body, "processes")
+    items = value.get("processes", []) if isinstance(value, dict) else []
+    return [ProcessInfo.from_json(p) for p in items if isinstance(p, dict)]
+
+
+def stdin_written(body: bytes) -> int:
+    """`{"written": n}`."""
+    value = json_body(body, "stdin")
+    return int(value.get("written", 0)) if isinstance(value, dict) else 0
+
+
+def process_event(line: str) -> Optional[ProcessEvent]:
+    """One line of a process's output stream; None for a blank line or an event a newer
+    server adds (the drift test keeps those visible)."""
+    if not line.strip():
+        return None
+    event = json_body(line.encode(), "process output")
+    if not isinstance(event, dict):
+        raise ProtocolError("invalid_response", "process output: an event is not an object")
+    kind = event.get("event")
+    if kind in ("stdout", "stderr"):
+        return ProcessEvent(str(kind), text=str(event.get("data", "")))
+    if kind == "output_truncated":
+        return ProcessEvent("output_truncated", dropped=int(event.get("bytes", 0)))
+    if kind == "exit":
+        return ProcessEvent("exit", exit_code=int(event.get("exit_code", -1)))
+    return None
+
+
+def stream_deadline(timeout: Optional[float]) -> Optional[float]:
+    """The monotonic time a bounded read of a process's output stops at (None: its end)."""
+    if timeout is None:
+        return None
+    if timeout < 0:
+        raise ValueError("timeout is a number of seconds >= 0, or None")
+    return time.monotonic() + timeout
+
+
+def stream_read_timeout(deadline: Optional[float]) -> Optional[float]:
+    """How long one read of the stream may wait: until `deadline` (at least a moment, so
+    what the server keeps is read), or forever when the stream is read to its end."""
+    if deadline is None:
+        return None
+    return max(deadline - time.monotonic(), 0.05)
+
+
+class ProcessOutputReader:
+    """Collects a process's output events into a `ProcessOutput`."""
+
+    def __init__(self) -> None:
+        self.stdout: List[str] = []
+        self.stderr: List[str] = []
+        self.output: List[str] = []
+        self.dropped = 0
+        self.exit_code: Optional[int] = None
+
+    def feed(self, event: ProcessEvent) -> None:
+        if event.kind in ("stdout", "stderr"):
+            (self.stdout if event.kind == "stdout" else self.stderr).append(event.text)
+            self.output.append(event.text)
+        elif event.kind == "output_truncated":
+            self.dropped += event.dropped
+        elif event.kind == "exit":
+            self.exit_code = event.exit_code
+
+    def finish(self) -> ProcessOutput:
+        return ProcessOutput(
+            stdout="".join(self.stdout),
+            stderr="".join(self.stderr),
+            output="".join(self.output),
+            exit_code=self.exit_code,
+            bytes_dropped=self.dropped,
         )
 
 
