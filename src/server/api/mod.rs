@@ -112,6 +112,11 @@ pub(super) fn router(state: AppState, metrics_route: MetricsRoute, console: bool
             "/v1/sessions/{session}/children/{child}",
             delete(release_child),
         )
+        .route("/v1/sessions/{session}/contexts", get(list_contexts))
+        .route(
+            "/v1/sessions/{session}/contexts/{context}",
+            delete(end_context),
+        )
         .route(
             "/v1/sessions/{session}/files/{*path}",
             get(files::get_file)
@@ -796,6 +801,45 @@ async fn release_child(
     {
         0 => Err(ApiError::not_found(format!(
             "child {child:?} of session {session:?} has no kernel"
+        ))),
+        n => Ok(Json(wire::Released { released: n })),
+    }
+}
+
+/// A session's contexts with a kernel (`docs/contract.md`, "Languages").
+async fn list_contexts(
+    State(state): State<AppState>,
+    Caller(tenant): Caller,
+    session: Result<Path<String>, PathRejection>,
+) -> Result<Json<wire::ContextList>, ApiError> {
+    let session = one_name(&state, session)?;
+    let contexts = state
+        .inner
+        .orchestrator
+        .list_kernels(Some(&tenant.name))
+        .into_iter()
+        .filter(|k| k.session == session && k.child.is_none())
+        .collect();
+    Ok(Json(wire::ContextList { contexts }))
+}
+
+/// Ends one context of a session: its kernel goes, the others and their `/work` stay.
+async fn end_context(
+    State(state): State<AppState>,
+    Caller(tenant): Caller,
+    path: Result<Path<(String, String)>, PathRejection>,
+) -> Result<Json<wire::Released>, ApiError> {
+    let Path((session, context)) = path.map_err(|e| invalid(&state, path_error(e)))?;
+    name("session", &session).map_err(|e| invalid(&state, e))?;
+    name("context", &context).map_err(|e| invalid(&state, e))?;
+    match state
+        .inner
+        .orchestrator
+        .end_context(Some(&tenant.name), &session, &context)
+        .await
+    {
+        0 => Err(ApiError::not_found(format!(
+            "context {context:?} of session {session:?} has no kernel"
         ))),
         n => Ok(Json(wire::Released { released: n })),
     }
