@@ -492,3 +492,69 @@ async fn the_http_api_takes_a_language_and_lists_it() {
     assert_eq!(srv.tenant_containers("t").await.len(), 3);
     srv.finish().await;
 }
+
+#[tokio::test]
+async fn a_session_lists_its_contexts_and_ends_one_over_http() {
+    let srv = http::TestServer::start(
+        "ctx-http",
+        http::tenants(vec![http::tenant("t", "tok"), http::tenant("u", "utok")]),
+        |_| {},
+    )
+    .await;
+    srv.api.run("tok", "s", "x = 1").await;
+    let bash = |context: &str| json!({"code": "echo hi > from-bash.txt", "language": "bash", "context": context});
+    for context in ["bash", "b2"] {
+        let r = srv.api.execute("tok", "s", bash(context)).await.json();
+        assert_eq!(r["status"], "success", "{r}");
+    }
+    srv.api.run("tok", "other", "1").await;
+    let listed = |reply: http::Reply| {
+        let mut names: Vec<(String, String)> = reply.json()["contexts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|k| {
+                (
+                    k["context"].as_str().unwrap().to_string(),
+                    k["language"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect();
+        names.sort();
+        names
+    };
+    let path = "/v1/sessions/s/contexts";
+    assert_eq!(
+        listed(srv.api.get(path, Some("tok")).await),
+        [("b2", "bash"), ("bash", "bash"), ("python", "python")]
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+    );
+    // Another tenant's session of the same name has none of them.
+    assert!(listed(srv.api.get(path, Some("utok")).await).is_empty());
+    // Ending one context leaves the others, their state and the shared /work.
+    let ended = srv
+        .api
+        .delete("/v1/sessions/s/contexts/b2", "tok")
+        .await
+        .json();
+    assert_eq!(ended["released"], 1, "{ended}");
+    assert_eq!(
+        listed(srv.api.get(path, Some("tok")).await),
+        [("bash", "bash"), ("python", "python")].map(|(a, b)| (a.to_string(), b.to_string()))
+    );
+    let kept = srv
+        .api
+        .run("tok", "s", "print(x, open('from-bash.txt').read(), end='')")
+        .await;
+    assert_eq!(kept["output"], "1 hi\n", "{kept}");
+    let again = srv.api.delete("/v1/sessions/s/contexts/b2", "tok").await;
+    assert_eq!(again.error(hyper::StatusCode::NOT_FOUND), "not_found");
+    let bad = srv
+        .api
+        .delete("/v1/sessions/s/contexts/bad%20name", "tok")
+        .await;
+    assert_eq!(bad.error(hyper::StatusCode::BAD_REQUEST), "invalid_name");
+    let foreign = srv.api.delete("/v1/sessions/s/contexts/bash", "utok").await;
+    assert_eq!(foreign.error(hyper::StatusCode::NOT_FOUND), "not_found");
+    srv.finish().await;
+}
