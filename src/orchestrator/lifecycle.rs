@@ -136,7 +136,7 @@ impl Orchestrator {
                 && k.owner.child.is_none()
                 && k.context.name == context
         };
-        let (n, slots) = self.inner.registry.remove_keys(&ours, None, false);
+        let (n, slots) = self.inner.registry.remove_keys(ours, None, false);
         crate::services::dispose_slots(slots).await;
         let hibernated = self.inner.registry.remove_hibernated(ours);
         let n = n + hibernated.len();
