@@ -1173,16 +1173,22 @@ _BASH_STATUS_FD = 63
 # How long a Bash whose status pipe closed may take to exit before it is taken for alive.
 _BASH_EXIT_WAIT_MS = 2000
 
-# The hosted Bash's loop: for each cell number the runner writes, source the cell's file in
-# this shell (so variables, functions, the working directory, options and traps persist) and
-# report ``$?``. SIGINT returns from the cell (status 130) and keeps the shell; the trap is set
-# again before every cell, so a cell cannot keep its own. ``exit`` in a cell ends the shell:
-# the kernel ends as it does on Python's ``sys.exit()``.
+# The hosted Bash's loop: for each cell the runner writes a fresh nonce; the loop sources the
+# cell's file in this shell (so variables, functions, the working directory, options and traps
+# persist) and reports the nonce and ``$?``. SIGINT returns from the cell (status 130) and keeps
+# the shell; the trap is set again before every cell, so a cell cannot keep its own. ``exit`` in
+# a cell ends the shell: the kernel ends as it does on Python's ``sys.exit()``. The loop calls
+# its commands through ``builtin`` and drops functions that would shadow them (a cell's
+# ``read() { ...; }``) before each use; the cell owns the shell, so this only narrows what a
+# cell breaks by accident: what holds the results in step is the runner's check of each status
+# line against the running cell's nonce (``_Bash._status``, `docs/contract.md`, "Languages").
 _BASH_LOOP = """declare -r __kernelbox_cell="$1"
-while IFS= read -r -u %d __kernelbox_n; do
-  trap 'return 130 2>/dev/null' INT
-  . "$__kernelbox_cell" </dev/null >&%d 2>&%d %d>&- %d>&- %d<&- %d>&-
-  printf '%%s\\n' "$?" >&%d
+while unset -f builtin unset read trap printf 2>/dev/null; IFS= builtin read -r -u %d __kernelbox_n; do
+  builtin trap 'return 130 2>/dev/null' INT
+  builtin . "$__kernelbox_cell" </dev/null >&%d 2>&%d %d>&- %d>&- %d<&- %d>&-
+  __kernelbox_s=$?
+  unset -f builtin unset printf 2>/dev/null
+  builtin printf '%%s %%s\\n' "$__kernelbox_n" "$__kernelbox_s" >&%d
 done
 """ % (_BASH_CMD_FD, _BASH_OUT_FD, _BASH_ERR_FD, _BASH_OUT_FD, _BASH_ERR_FD, _BASH_CMD_FD,
        _BASH_STATUS_FD, _BASH_STATUS_FD)
@@ -1197,8 +1203,10 @@ class _Bash:
     arrive as a Python cell's do, and the end marker follows them. Bash gone mid-cell: by
     ``exit N``, the cell ended the kernel (status ``exit``); by a signal (the OOM killer, a
     cell's ``kill``), the runner exits with the signal's status and the host reports the
-    loss; a status pipe closed under it (a cell closed Bash's saved copy), the runner ends
-    Bash and exits."""
+    loss; a status pipe closed under it (a cell closed Bash's saved copy), or a status line
+    that is not the running cell's (a cell wrote on a saved copy of the pipe, or subverted the
+    loop: its nonce is wrong, or more than one line came), the runner ends Bash and exits: the
+    kernel is lost, never a result out of step."""
 
     def __init__(self):
         path = None
@@ -1256,14 +1264,15 @@ class _Bash:
             _write_all(fd, code.encode("utf-8", "surrogateescape") + b"\n")
         finally:
             _close(fd)
-        _write_all(self.cmd_w, b"1\n")
+        nonce = os.urandom(12).hex().encode("ascii")
+        _write_all(self.cmd_w, nonce + b"\n")
         line = self._status()
         if line is None:
             return self._gone()
-        try:
-            code = int(line)
-        except ValueError:
-            code = 1
+        said, _, code = line.partition(b" ")
+        if said != nonce or self.buf or not code.isdigit():
+            self._out_of_step()
+        code = int(code)
         if code == 0:
             return "ok", 0, None, None, None
         if code == 130 and self.interrupted:
@@ -1298,6 +1307,18 @@ class _Bash:
             return None
         line, self.buf = self.buf.split(b"\n", 1)
         return line
+
+    def _out_of_step(self):
+        """A status line not the running cell's: the shell can no longer be trusted to report
+        its cells, so it is ended and the runner exits (the kernel's loss, as a closed status
+        pipe)."""
+        try:
+            os.killpg(self.pid, _signal.SIGKILL)
+        except OSError:
+            pass
+        self._exited()
+        _flush_quietly()
+        _exit(70)
 
     def _exited(self, block=True):
         """Bash's wait status once it is gone, else None."""

@@ -37,6 +37,10 @@ pub const CREATED_AT: &str = "io.kernelbox.created-at";
 pub const ROLE: &str = "io.kernelbox.role";
 /// Name of the kernel's staging volume, on its container.
 pub const VOLUME: &str = "io.kernelbox.volume";
+/// The volume a kernel's container has at `/work` in strict mode: its own staging volume, or
+/// its session's files volume, which the session's contexts share (`docs/contract.md`,
+/// "Languages"); the volume goes once no container carrying this label for it is left.
+pub const FILES: &str = "io.kernelbox.files";
 /// Path, inside the kernel, of the runner's status file (cells run, last cell's end).
 pub const STATUS: &str = "io.kernelbox.status";
 /// Memory limit of the kernel, bytes.

@@ -264,6 +264,136 @@ async fn hostile_bash_cells_are_contained() {
 }
 
 #[tokio::test]
+async fn a_file_written_by_bash_is_read_by_python_in_the_same_session() {
+    let case = Case::new("ctx-files").await;
+    let w = run_bash(
+        &case,
+        "s",
+        "mkdir -p out && echo from-bash > out/b.txt; pwd",
+    )
+    .await;
+    assert_eq!(w.output, "/work\n", "{w:?}");
+    let r = case
+        .run("s", "print(open('out/b.txt').read(), end='')")
+        .await;
+    assert_eq!(r.output, "from-bash\n", "{r:?}");
+    assert_ne!(r.kernel.id, w.kernel.id, "two kernels, one /work");
+    // And the other way, through a named context too.
+    case.run("s", "open('p.txt', 'w').write('from-python')")
+        .await;
+    let named = case
+        .exec(ExecuteRequest::new(
+            Scope {
+                context: kernelbox::wire::Context {
+                    name: "second".into(),
+                    language: Language::Bash,
+                },
+                ..Scope::session("s")
+            },
+            "cat p.txt",
+        ))
+        .await;
+    assert_eq!(named.output, "from-python", "{named:?}");
+    // Another session sees none of it.
+    let other = run_bash(&case, "o", "ls /work").await;
+    assert!(!other.output.contains("p.txt"), "{other:?}");
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn one_context_timeout_or_reset_keeps_the_shared_files() {
+    let case = Case::new("ctx-keep").await;
+    case.run("s", "open('kept.txt', 'w').write('kept')").await;
+    let slow = case
+        .exec(ExecuteRequest {
+            timeout: Some(Duration::from_secs(1)),
+            ..bash("s", "echo more >> kept.txt; sleep 30")
+        })
+        .await;
+    assert_eq!(slow.status, CellStatus::Timeout, "{slow:?}");
+    let r = case
+        .run("s", "print(open('kept.txt').read(), end='')")
+        .await;
+    assert_eq!(r.output, "keptmore\n", "{r:?}");
+    // The Python kernel reset while the Bash one lives: the files stay, and the new Python
+    // kernel (its /work the shared volume) sees them.
+    let b = run_bash(&case, "s", "echo bash-side > b.txt").await;
+    assert_eq!(b.status, CellStatus::Success, "{b:?}");
+    let fresh = case
+        .exec(ExecuteRequest {
+            reset: true,
+            ..ExecuteRequest::new("s", "print(open('b.txt').read(), end='')")
+        })
+        .await;
+    assert_eq!(fresh.output, "bash-side\n", "{fresh:?}");
+    assert_ne!(fresh.kernel.id, r.kernel.id, "a new Python kernel");
+    let seen = run_bash(&case, "s", "cat kept.txt").await;
+    assert_eq!(seen.output, "keptmore\n", "{seen:?}");
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn the_shared_files_volume_is_removed_when_the_session_ends() {
+    let case = Case::new("ctx-gone").await;
+    case.run("s", "open('x', 'w').write('x')").await;
+    run_bash(&case, "s", "cat x").await;
+    case.run("keep", "1").await;
+    // Three kernels, three volumes: the session's two contexts share one /work, and each has
+    // its own kernelbox files.
+    assert_eq!(case.volumes().await.len(), 3);
+    assert_eq!(case.kb.clear_session(None, "s").await, 2);
+    let left = case.volumes().await;
+    assert_eq!(left.len(), 1, "only the other session's volume: {left:?}");
+    // A session whose first kernel goes while another context lives keeps its files until the
+    // last one goes.
+    case.run("t", "open('y', 'w').write('y')").await;
+    run_bash(&case, "t", "true").await;
+    let r = case
+        .exec(ExecuteRequest {
+            timeout: Some(Duration::from_secs(1)),
+            ..ExecuteRequest::new("t", "import time; time.sleep(30)")
+        })
+        .await;
+    assert_eq!(r.status, CellStatus::Timeout, "{r:?}");
+    let y = run_bash(&case, "t", "cat y").await;
+    assert_eq!(y.output, "y", "{y:?}");
+    assert_eq!(case.kb.clear_session(None, "t").await, 1);
+    assert_eq!(case.volumes().await.len(), 1, "{:?}", case.volumes().await);
+    case.finish().await;
+}
+
+/// A Bash cell owns its shell, and so can reach the loop that reports its status: shadow the
+/// loop's `read` with a function that writes a status of its own, or keep a copy of the status
+/// pipe (a DEBUG trap runs in the loop, where the pipe is open) and write on it mid-cell. Either
+/// would end a cell early and hand its later output to the next cell; the runner checks each
+/// status line against the running cell's nonce (`docs/contract.md`, "Languages").
+#[tokio::test]
+async fn a_bash_cell_cannot_put_its_results_out_of_step() {
+    let case = Case::new("bash-step").await;
+    // A function named like a builtin the loop uses is dropped before the loop uses it.
+    let r = run_bash(&case, "s", "read() { builtin read \"$@\"; echo 0 >&63; }").await;
+    assert_eq!(r.status, CellStatus::Success, "{r:?}");
+    let r = run_bash(&case, "s", "sleep 1; echo a").await;
+    assert_eq!(
+        (r.status, r.output.as_str()),
+        (CellStatus::Success, "a\n"),
+        "{r:?}"
+    );
+    let r = run_bash(&case, "s", "echo b").await;
+    assert_eq!(r.output, "b\n", "{r:?}");
+    assert!(r.kernel.reused && r.kernel.state_lost.is_none(), "{r:?}");
+    // A forged status on a saved copy of the pipe: the kernel is lost, never out of step.
+    let r = run_bash(&case, "s", "trap 'exec 9>&63' DEBUG").await;
+    assert_eq!(r.status, CellStatus::Success, "{r:?}");
+    let forged = run_bash(&case, "s", "echo 0 >&9; sleep 1; echo late").await;
+    assert_ne!(forged.status, CellStatus::Success, "{forged:?}");
+    let next = run_bash(&case, "s", "echo next").await;
+    assert_eq!(next.output, "next\n", "{next:?}");
+    assert!(next.kernel.state_lost.is_some(), "{next:?}");
+    case.finish().await;
+}
+
+#[tokio::test]
 async fn the_http_api_takes_a_language_and_lists_it() {
     let srv = http::TestServer::start(
         "lang-http",
@@ -758,4 +888,69 @@ async fn hostile_javascript_cells_are_contained() {
         assert!(r.error.is_some(), "{r:?}");
     }
     case.finish().await;
+
+#[tokio::test]
+async fn a_session_lists_its_contexts_and_ends_one_over_http() {
+    let srv = http::TestServer::start(
+        "ctx-http",
+        http::tenants(vec![http::tenant("t", "tok"), http::tenant("u", "utok")]),
+        |_| {},
+    )
+    .await;
+    srv.api.run("tok", "s", "x = 1").await;
+    let bash = |context: &str| json!({"code": "echo hi > from-bash.txt", "language": "bash", "context": context});
+    for context in ["bash", "b2"] {
+        let r = srv.api.execute("tok", "s", bash(context)).await.json();
+        assert_eq!(r["status"], "success", "{r}");
+    }
+    srv.api.run("tok", "other", "1").await;
+    let listed = |reply: http::Reply| {
+        let mut names: Vec<(String, String)> = reply.json()["contexts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|k| {
+                (
+                    k["context"].as_str().unwrap().to_string(),
+                    k["language"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect();
+        names.sort();
+        names
+    };
+    let path = "/v1/sessions/s/contexts";
+    assert_eq!(
+        listed(srv.api.get(path, Some("tok")).await),
+        [("b2", "bash"), ("bash", "bash"), ("python", "python")]
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+    );
+    // Another tenant's session of the same name has none of them.
+    assert!(listed(srv.api.get(path, Some("utok")).await).is_empty());
+    // Ending one context leaves the others, their state and the shared /work.
+    let ended = srv
+        .api
+        .delete("/v1/sessions/s/contexts/b2", "tok")
+        .await
+        .json();
+    assert_eq!(ended["released"], 1, "{ended}");
+    assert_eq!(
+        listed(srv.api.get(path, Some("tok")).await),
+        [("bash", "bash"), ("python", "python")].map(|(a, b)| (a.to_string(), b.to_string()))
+    );
+    let kept = srv
+        .api
+        .run("tok", "s", "print(x, open('from-bash.txt').read(), end='')")
+        .await;
+    assert_eq!(kept["output"], "1 hi\n", "{kept}");
+    let again = srv.api.delete("/v1/sessions/s/contexts/b2", "tok").await;
+    assert_eq!(again.error(hyper::StatusCode::NOT_FOUND), "not_found");
+    let bad = srv
+        .api
+        .delete("/v1/sessions/s/contexts/bad%20name", "tok")
+        .await;
+    assert_eq!(bad.error(hyper::StatusCode::BAD_REQUEST), "invalid_name");
+    let foreign = srv.api.delete("/v1/sessions/s/contexts/bash", "utok").await;
+    assert_eq!(foreign.error(hyper::StatusCode::NOT_FOUND), "not_found");
+    srv.finish().await;
 }

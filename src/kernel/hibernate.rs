@@ -34,6 +34,9 @@ pub(crate) struct Checkpoint {
     /// The stopped container (full id).
     pub(crate) id: String,
     pub(crate) volume: String,
+    /// The session's files volume at its `/work`, when it is not `volume` (`staging.rs`).
+    #[serde(default)]
+    pub(crate) files_volume: Option<String>,
     pub(super) spill_dir: String,
     pub(super) sockets: Option<std::path::PathBuf>,
     pub(super) user: String,
@@ -186,6 +189,7 @@ impl Kernel {
             bytes,
             id: self.id.clone(),
             volume: self.volume.clone(),
+            files_volume: self.files_volume.clone(),
             spill_dir: self.spill_dir.clone(),
             sockets: self.files.sockets(),
             user: self.user.clone(),
@@ -251,6 +255,7 @@ impl Kernel {
                 spill_dir: checkpoint.spill_dir.clone(),
                 sockets: checkpoint.sockets.clone(),
                 workspace: None,
+                files_volume: checkpoint.files_volume.clone(),
                 user: checkpoint.user.clone(),
                 helper_idle: restore.helper_idle,
                 tracker: restore.tracker,
@@ -299,7 +304,15 @@ impl Checkpoint {
         if let Err(e) = engine.remove_container(&self.id).await {
             tracing::warn!(container = %crate::docker::short_id(&self.id), error = %e, "removing a hibernated kernel");
         }
-        let _ = crate::docker::remove_volume_when_free(engine, &self.volume).await;
+        match &self.files_volume {
+            Some(files) => {
+                let _ = crate::docker::remove_volume_when_free(engine, &self.volume).await;
+                let _ = super::staging::release_files(engine, files).await;
+            }
+            None => {
+                let _ = super::staging::release_files(engine, &self.volume).await;
+            }
+        }
         if !self.running {
             remove_files(self.dir.join(&self.name)).await;
             self.remove_record().await;

@@ -211,6 +211,14 @@ pub enum KernelError {
     /// loss reported as before.
     #[error("hibernating the kernel failed: {0}")]
     Hibernate(String),
+    /// The session's files volume, shared by its contexts, went while the kernel was being
+    /// made (its last kernel was removed meanwhile): the engine made a volume of that name by
+    /// itself, which is removed with the container.
+    #[error("starting a kernel failed: the session's files volume {volume} went meanwhile")]
+    FilesGone {
+        /// The volume's name.
+        volume: String,
+    },
 }
 
 /// What the reader task hands to the running cell.
@@ -372,6 +380,9 @@ pub struct Kernel {
     pub(crate) id: String,
     /// Name of its staging volume.
     volume: String,
+    /// The session's files volume at `/work` when it is not `volume` (another context's:
+    /// `docs/contract.md`, "Languages").
+    files_volume: Option<String>,
     /// The workspace mounted at `/work`, when its tenant has workspaces.
     workspace: Option<crate::cell::WorkspaceInfo>,
     /// Who it belongs to: set at spawn, or when an owner takes it from the warm pool; tool
@@ -561,7 +572,24 @@ impl Kernel {
             .await;
         self.cancel.cancel();
         removed?;
-        remove_volume_when_free(self.engine.as_ref(), &self.volume).await
+        match &self.files_volume {
+            Some(files) => {
+                remove_volume_when_free(self.engine.as_ref(), &self.volume).await?;
+                staging::release_files(self.engine.as_ref(), files).await
+            }
+            None => staging::release_files(self.engine.as_ref(), &self.volume).await,
+        }
+    }
+
+    /// The volume at this kernel's `/work` in strict mode without a workspace: its own staging
+    /// volume, or its session's files volume (`docs/contract.md`, "Languages"); `None` with a
+    /// workspace.
+    pub(crate) fn files_volume(&self) -> Option<&str> {
+        match (&self.workspace, &self.files_volume) {
+            (Some(_), _) => None,
+            (None, Some(files)) => Some(files),
+            (None, None) => Some(&self.volume),
+        }
     }
 }
 

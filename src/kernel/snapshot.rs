@@ -54,6 +54,7 @@ impl Checkpoint {
         Checkpoint {
             id: created.id.clone(),
             volume: created.volume.clone(),
+            files_volume: created.files_volume.clone(),
             spill_dir: created.spill_dir.clone(),
             sockets: created.sockets.clone(),
             dir: dir.to_path_buf(),

@@ -68,6 +68,10 @@ pub(crate) struct SpawnRequest<'a> {
     pub(crate) preload: &'a [String],
     /// The session's settings (`src/settings.rs`): its environment, memory, CPU and labels.
     pub(crate) settings: Option<&'a crate::settings::Settings>,
+    /// The session's files volume (another of its contexts' `/work`), mounted at `/work` in
+    /// place of the staging volume in strict mode, as a workspace is (`docs/contract.md`,
+    /// "Languages"); `None`: the kernel's own staging volume is its `/work`.
+    pub(crate) files_volume: Option<String>,
 }
 
 /// Makes a spawn give way: before each of its engine steps (volume, container, attach and
@@ -118,6 +122,7 @@ pub(super) struct Streams<'a> {
     pub(super) spill_dir: String,
     pub(super) sockets: Option<std::path::PathBuf>,
     pub(super) workspace: Option<crate::cell::WorkspaceInfo>,
+    pub(super) files_volume: Option<String>,
     pub(super) user: String,
     pub(super) helper_idle: Duration,
     pub(super) tracker: &'a TaskTracker,
@@ -128,6 +133,8 @@ pub(super) struct Streams<'a> {
 pub(crate) struct Created {
     pub(super) id: String,
     pub(super) volume: String,
+    /// The session's files volume at its `/work`, when it is not `volume`.
+    pub(super) files_volume: Option<String>,
     pub(super) spill_dir: String,
     /// The file channels' directory when it is mounted into the container.
     pub(super) sockets: Option<std::path::PathBuf>,
@@ -140,6 +147,9 @@ impl Created {
             tracing::warn!(container = %self.id, error = %e, "removing a created kernel container");
         }
         let _ = remove_volume_when_free(engine, &self.volume).await;
+        if let Some(files) = &self.files_volume {
+            let _ = super::staging::release_files(engine, files).await;
+        }
     }
 }
 
@@ -167,8 +177,8 @@ pub(super) fn staging_root(spill_dir: &str) -> &str {
 }
 
 /// The mounts of the working directory in `mode` (the staging volume `volume`, and the project
-/// directory in project mode or the session's `workspace` volume in strict mode), and where
-/// spills go inside the kernel.
+/// directory in project mode or the session's `workspace` or files volume in strict mode), and
+/// where spills go inside the kernel.
 fn work_mounts(mode: &WorkMode, volume: &str, workspace: Option<&str>) -> (Vec<Mount>, String) {
     match (mode, workspace) {
         (WorkMode::Strict, Some(workspace)) => (
@@ -269,6 +279,7 @@ impl Kernel {
     /// On any failure nothing is left behind.
     pub(crate) async fn spawn(request: SpawnRequest<'_>) -> Result<Arc<Kernel>, KernelError> {
         let engine = request.engine.clone();
+        let request_files = request.files_volume.clone();
         let created = Self::create_stopped(&request).await?;
         let (id, volume) = (created.id.clone(), created.volume.clone());
         match Self::start(request, created).await {
@@ -285,6 +296,16 @@ impl Kernel {
                 }) = &e
                 {
                     let _ = remove_volume_when_free(engine.as_ref(), rogue).await;
+                }
+                match &e {
+                    KernelError::FilesGone { volume: rogue } => {
+                        let _ = remove_volume_when_free(engine.as_ref(), rogue).await;
+                    }
+                    _ => {
+                        if let Some(files) = &request_files {
+                            let _ = super::staging::release_files(engine.as_ref(), files).await;
+                        }
+                    }
                 }
                 Err(e)
             }
@@ -355,7 +376,19 @@ impl Kernel {
             spec.sandbox.memory_bytes.to_string(),
         );
         let workspace = request.workspace.as_ref().map(|w| w.volume.as_str());
-        let (mut mounts, spill_dir) = work_mounts(&spec.mode, &volume, workspace);
+        // A session's contexts share `/work` (`docs/contract.md`, "Languages"): strict mode
+        // without a workspace, the session's files volume when another context has one, else
+        // this kernel's own staging volume, which later contexts then share.
+        let files_volume = request
+            .files_volume
+            .clone()
+            .filter(|_| workspace.is_none() && spec.mode == WorkMode::Strict);
+        let (mut mounts, spill_dir) =
+            work_mounts(&spec.mode, &volume, workspace.or(files_volume.as_deref()));
+        if workspace.is_none() && spec.mode == WorkMode::Strict {
+            let files = files_volume.as_deref().unwrap_or(&volume);
+            labels.insert(crate::labels::FILES.into(), files.to_string());
+        }
         let mut sockets = request
             .files
             .sockets
@@ -402,6 +435,7 @@ impl Kernel {
         Ok(Created {
             id,
             volume,
+            files_volume,
             spill_dir,
             sockets,
         })
@@ -456,9 +490,18 @@ impl Kernel {
         let Created {
             id,
             volume,
+            files_volume,
             spill_dir,
             sockets,
         } = created;
+        // Likewise the session's files volume must still be kernelbox's.
+        if let Some(files) = &files_volume {
+            in_span(
+                "files check",
+                super::staging::verify_files(engine.as_ref(), files),
+            )
+            .await?;
+        }
         // The container now pins its volumes: its `/work` must be the workspace's own volume,
         // never one the engine made by itself under that name (`docs/workspaces.md`, "Quota").
         if let Some(w) = &workspace {
@@ -484,6 +527,7 @@ impl Kernel {
                 spill_dir,
                 sockets,
                 workspace,
+                files_volume,
                 user: spec.sandbox.user.clone(),
                 helper_idle: file_transfer.helper_idle,
                 tracker,
@@ -515,6 +559,7 @@ impl Kernel {
             spill_dir,
             sockets,
             workspace,
+            files_volume,
             user,
             helper_idle,
             tracker,
@@ -527,6 +572,7 @@ impl Kernel {
         let kernel = Arc::new(Kernel {
             id,
             volume,
+            files_volume,
             workspace,
             owner: OnceLock::new(),
             spill_dir,
@@ -617,6 +663,7 @@ mod tests {
             workspace: None,
             preload: &[],
             settings: None,
+            files_volume: None,
         }
     }
 

@@ -1,11 +1,51 @@
 //! Files written into a kernel's staging volume from the host (output spills), owned by the
-//! kernel's user so cells can read and delete them.
+//! kernel's user so cells can read and delete them; and the lifetime of a session's files
+//! volume, which its contexts' kernels share at `/work` (`docs/contract.md`, "Languages").
 
 use bytes::Bytes;
 
-use super::{parse_user, Kernel, WORK_DIR};
+use super::{parse_user, Kernel, KernelError, WORK_DIR};
 use crate::clock::unix_now;
-use crate::docker::EngineError;
+use crate::docker::{remove_volume_when_free, Engine, EngineError};
+
+/// Removes the files volume `name` once no container that has it at `/work` is left (each
+/// carries [`crate::labels::FILES`]): the last of a session's contexts' kernels to go takes
+/// it, a reset or loss of another leaves it. The engine's own count is the guard against a
+/// kernel being made meanwhile: a volume a container uses is not removed, and a container
+/// made after the removal is caught by [`verify_files`].
+pub(crate) async fn release_files(engine: &dyn Engine, name: &str) -> Result<(), EngineError> {
+    let users = engine
+        .list_containers(&[format!("{}={name}", crate::labels::FILES)])
+        .await?;
+    if users.is_empty() {
+        remove_volume_when_free(engine, name).await
+    } else {
+        Ok(())
+    }
+}
+
+/// Checks that the files volume `name` a new container mounts is still kernelbox's: had its
+/// last kernel removed it meanwhile, the engine made a bare one of that name with the
+/// container, which [`KernelError::FilesGone`] names for removal.
+pub(crate) async fn verify_files(engine: &dyn Engine, name: &str) -> Result<(), KernelError> {
+    let ours = engine
+        .list_volumes(
+            &[format!(
+                "{}={}",
+                crate::labels::MANAGED_BY,
+                crate::labels::MANAGED_BY_VALUE
+            )],
+            false,
+        )
+        .await?;
+    if ours.iter().any(|v| v.name == name) {
+        Ok(())
+    } else {
+        Err(KernelError::FilesGone {
+            volume: name.to_string(),
+        })
+    }
+}
 
 impl Kernel {
     /// Writes a file into the kernel's staging volume (used for output spills).

@@ -363,14 +363,35 @@ impl Orchestrator {
             }
             _ => None,
         };
-        let kernel = Kernel::spawn(SpawnRequest {
+        // The session's other contexts' `/work`, shared (`docs/contract.md`, "Languages").
+        let files_volume = match workspace {
+            Some(_) => None,
+            None => inner.registry.files_volume(key),
+        };
+        let shares = files_volume.is_some();
+        let spawned = Kernel::spawn(SpawnRequest {
             workspace,
             network,
             owner: Some((key.clone(), generation)),
             settings,
+            files_volume,
             ..self.spawn_request()
         })
-        .await?;
+        .await;
+        let kernel = match spawned {
+            // The session's other contexts all went meanwhile, and their volume with them:
+            // this kernel's `/work` is its own, as the first of a session's.
+            Err(KernelError::FilesGone { .. }) if shares => {
+                Kernel::spawn(SpawnRequest {
+                    network,
+                    owner: Some((key.clone(), generation)),
+                    settings,
+                    ..self.spawn_request()
+                })
+                .await?
+            }
+            other => other?,
+        };
         // The grant is read again as the kernel is entered (`Egress::register`).
         let (Some(net), Some(_), Some(egress)) = (network, grant, inner.egress.clone()) else {
             return Ok(kernel);

@@ -122,6 +122,28 @@ impl Orchestrator {
         n
     }
 
+    /// Disposes of one context's kernel of a session (not its children's; a cell running in it
+    /// ends), as `DELETE` of the session does for all of them; the session's other contexts
+    /// and their shared `/work` stay (`docs/contract.md`, "Languages"). Returns how many
+    /// kernels went (0 or 1, a hibernated one included).
+    pub async fn end_context(&self, tenant: Option<&str>, session: &str, context: &str) -> usize {
+        let tenant = tenant
+            .unwrap_or(&self.inner.config.default_tenant)
+            .to_string();
+        let ours = |k: &crate::owner::KernelKey| {
+            k.owner.tenant == tenant
+                && k.owner.session == session
+                && k.owner.child.is_none()
+                && k.context.name == context
+        };
+        let (n, slots) = self.inner.registry.remove_keys(ours, None, false);
+        crate::services::dispose_slots(slots).await;
+        let hibernated = self.inner.registry.remove_hibernated(ours);
+        let n = n + hibernated.len();
+        self.inner.services.hibernation.discard(hibernated).await;
+        n
+    }
+
     /// The live kernels, optionally of one tenant.
     pub fn list_kernels(&self, tenant: Option<&str>) -> Vec<KernelSummary> {
         let now = tokio::time::Instant::now();

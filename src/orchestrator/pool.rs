@@ -171,8 +171,11 @@ impl Orchestrator {
             && key.context.language == crate::wire::Language::Python
             && spec.image == key.image
             && spec.mode == key.mode
-            && spec.sandbox.runtime == key.runtime)
-            .then_some(spec)
+            && spec.sandbox.runtime == key.runtime
+            // Nor a kernel of a session whose other contexts have a `/work` to share (a
+            // pooled kernel's is its own: `docs/contract.md`, "Languages").
+            && self.inner.registry.files_volume(key).is_none())
+        .then_some(spec)
     }
 
     /// Counts a new kernel: out of the pool, or cold while a pool is configured.

@@ -68,6 +68,7 @@ impl Orchestrator {
             sockets_refused: &spawner.sockets_refused,
             network: None,
             workspace: None,
+            files_volume: None,
             preload: &[],
             settings: None,
             yield_to: None,

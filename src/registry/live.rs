@@ -10,6 +10,26 @@ use super::{Refusal, Registry, Slot, MAX_ATTACHED_PER_SLOT};
 use crate::owner::Owner;
 
 impl Registry {
+    /// The files volume `key`'s owner's contexts share (`docs/contract.md`, "Languages"): the
+    /// one at the `/work` of a live strict-mode kernel of the owner's other than `key`'s;
+    /// `None` when it has none (or a workspace is its `/work`).
+    pub fn files_volume(&self, key: &crate::owner::KernelKey) -> Option<String> {
+        if key.mode != crate::config::WorkMode::Strict {
+            return None;
+        }
+        self.lock()
+            .slots
+            .values()
+            .filter(|s| {
+                s.key.owner == key.owner
+                    && s.key != *key
+                    && s.key.mode == crate::config::WorkMode::Strict
+            })
+            .filter_map(|s| s.kernel.get())
+            .filter(|k| k.is_alive())
+            .find_map(|k| k.files_volume().map(str::to_string))
+    }
+
     /// True when `owner` has a live kernel (one that is up).
     pub fn has_live(&self, owner: &Owner) -> bool {
         self.lock()

@@ -453,11 +453,21 @@ impl Registry {
         loss: Option<LossReason>,
         only_idle: bool,
     ) -> (usize, Vec<Arc<Slot>>) {
+        self.remove_keys(|k| matches(&k.owner), loss, only_idle)
+    }
+
+    /// [`Registry::remove_where`], matching the whole key (one context of an owner's).
+    pub fn remove_keys(
+        &self,
+        matches: impl Fn(&KernelKey) -> bool,
+        loss: Option<LossReason>,
+        only_idle: bool,
+    ) -> (usize, Vec<Arc<Slot>>) {
         let mut inner = self.lock();
         let keys: Vec<KernelKey> = inner
             .slots
             .iter()
-            .filter(|(k, s)| matches(&k.owner) && (!only_idle || s.attached() == 0))
+            .filter(|(k, s)| matches(k) && (!only_idle || s.attached() == 0))
             .map(|(k, _)| k.clone())
             .collect();
         let mut removed = Vec::new();

@@ -98,6 +98,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/sessions/{session}/settings"),
     ("DELETE", "/v1/sessions/{session}"),
     ("DELETE", "/v1/sessions/{session}/children/{child}"),
+    ("GET", "/v1/sessions/{session}/contexts"),
+    ("DELETE", "/v1/sessions/{session}/contexts/{context}"),
     ("PUT", "/v1/sessions/{session}/files/{path}"),
     ("GET", "/v1/sessions/{session}/files/{path}"),
     ("DELETE", "/v1/sessions/{session}/files/{path}"),

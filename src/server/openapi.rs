@@ -156,6 +156,7 @@ fn definitions() -> (
     answers.subschema_for::<wire::Cleared>();
     answers.subschema_for::<wire::Released>();
     answers.subschema_for::<wire::KernelList>();
+    answers.subschema_for::<wire::ContextList>();
     answers.subschema_for::<wire::WorkspaceList>();
     answers.subschema_for::<wire::Deleted>();
     answers.subschema_for::<crate::files::Listing>();
@@ -384,6 +385,23 @@ pub fn spec() -> Value {
                     "summary": "Release a finished delegated child: dispose of its kernels.",
                     "parameters": [session_param(), {
                         "name": "child", "in": "path", "required": true,
+                        "schema": {"type": "string", "pattern": "^[A-Za-z0-9._@:-]{1,128}$"}
+                    }],
+                    "responses": with(&not_found, json!({"200": answer("How many kernels were disposed of.", "Released")}))
+                }
+            },
+            "/v1/sessions/{session}/contexts": {
+                "get": {
+                    "summary": "The session's contexts that have a kernel (not its children's): each its kernel, with its `context` and `language` (docs/contract.md, \"Languages\").",
+                    "parameters": [session_param()],
+                    "responses": with(&auth_errors, json!({"400": error_response("`invalid_name`."), "200": answer("Contexts.", "ContextList")}))
+                }
+            },
+            "/v1/sessions/{session}/contexts/{context}": {
+                "delete": {
+                    "summary": "End one context of a session: its kernel goes; the session's other contexts and their shared /work stay.",
+                    "parameters": [session_param(), {
+                        "name": "context", "in": "path", "required": true,
                         "schema": {"type": "string", "pattern": "^[A-Za-z0-9._@:-]{1,128}$"}
                     }],
                     "responses": with(&not_found, json!({"200": answer("How many kernels were disposed of.", "Released")}))

@@ -93,6 +93,14 @@ pub struct KernelList {
     pub kernels: Vec<KernelSummary>,
 }
 
+/// `GET /v1/sessions/{session}/contexts`.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct ContextList {
+    /// The session's contexts that have a kernel (its own, not its children's), each its
+    /// kernel: `context` names it, `language` says what it runs.
+    pub contexts: Vec<KernelSummary>,
+}
+
 /// `GET /v1/workspaces`.
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct WorkspaceList {

@@ -42,9 +42,9 @@ pub use admin::{
     MAX_KERNEL_PAGE, MAX_KERNEL_SEARCH,
 };
 pub use answer::{
-    Cleared, Deleted, Health, HealthStatus, Interrupted, KernelList, KernelSummary, NetworkApplied,
-    NodeDrain, NodeEntry, NodeKernels, NodeList, NodeStatus, Released, WorkspaceList,
-    WorkspaceSummary,
+    Cleared, ContextList, Deleted, Health, HealthStatus, Interrupted, KernelList, KernelSummary,
+    NetworkApplied, NodeDrain, NodeEntry, NodeKernels, NodeList, NodeStatus, Released,
+    WorkspaceList, WorkspaceSummary,
 };
 pub use command::{CommandBody, CommandLine, CommandResult, MAX_COMMAND_BYTES, MAX_COMMAND_ENV};
 pub use error::{ErrorBody, ErrorDetail};

@@ -24,6 +24,8 @@ HANDLED: Dict[str, Set[str]] = {
     "Released": {"released"},
     # client.kernels(), client.workspaces(): the lists; files.remove(), delete_workspace()
     "KernelList": {"kernels"},
+    # session.contexts()
+    "ContextList": {"contexts"},
     "WorkspaceList": {"workspaces"},
     "Deleted": {"deleted"},
     # session.set_network(allow=..., deny=...) sends it (and run(network=...)); returns `closed`

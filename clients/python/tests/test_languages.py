@@ -50,3 +50,20 @@ def test_a_name_that_is_no_language_is_refused(client: Client, session_name: str
     with pytest.raises(BadRequest):
         client.session(session_name).run("1", language="cobol")  # type: ignore[arg-type]
     assert not [k for k in client.kernels() if k.session == session_name]
+
+
+def test_a_sessions_contexts_share_files_are_listed_and_one_ends(
+    client: Client, session_name: str
+) -> None:
+    s = client.session(session_name)
+    assert s.run("echo shared > f.txt", language="bash").ok
+    assert s.run("print(open('f.txt').read(), end='')").output == "shared\n"
+    assert sorted((k.context, k.language) for k in s.contexts()) == [
+        ("bash", "bash"),
+        ("python", "python"),
+    ]
+    assert s.end_context("bash") == 1
+    assert s.end_context("bash") == 0
+    assert [k.context for k in s.contexts()] == ["python"]
+    assert s.run("print(open('f.txt').read(), end='')").output == "shared\n"
+    assert s.close() == 1

@@ -143,6 +143,13 @@ export declare class Session {
      * snapshot, restored into each; each fork has its kernel or its error.
      */
     fork(forks: number | string[], options?: CallOptions): Promise<ForkResult>;
+    /**
+     * The session's contexts that have a kernel, each its kernel (`context` names it, `language`
+     * says what it runs); they share the session's `/work` (docs/contract.md, "Languages").
+     */
+    contexts(options?: CallOptions): Promise<KernelSummary[]>;
+    /** Disposes of one context's kernel (`"bash"`, or a named one); the others and the files stay. How many, 0 when none. */
+    endContext(context: string, options?: CallOptions): Promise<number>;
     /** Disposes of the session's kernels (its children's too), or of this child's; how many, 0 when none. */
     close(options?: CallOptions): Promise<number>;
     /** An alias of `close()`, as agent frameworks name it. */

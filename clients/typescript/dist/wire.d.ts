@@ -32,6 +32,8 @@ export declare function sessionPath(session: string, ...rest: string[]): string;
 /** `.../files/PATH`, the path one encoded segment; `""` or `"."` is the working directory itself. */
 export declare function filePath(session: string, path: string): string;
 export declare function childPath(session: string, child: string): string;
+/** `/v1/sessions/SESSION/contexts/CONTEXT`. */
+export declare function contextPath(session: string, context: string): string;
 /** `/v1/snapshots/ID`. */
 export declare function snapshotPath(id: string): string;
 export declare function workspacePath(name: string): string;

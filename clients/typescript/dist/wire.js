@@ -58,6 +58,10 @@ export function filePath(session, path) {
 export function childPath(session, child) {
     return sessionPath(session, "children", segment(child));
 }
+/** `/v1/sessions/SESSION/contexts/CONTEXT`. */
+export function contextPath(session, context) {
+    return sessionPath(session, "contexts", segment(context));
+}
 /** `/v1/snapshots/ID`. */
 export function snapshotPath(id) {
     return "/v1/snapshots/" + segment(id);

@@ -43,6 +43,7 @@ import {
 import {
   childPath,
   CommandStreamEvent,
+  contextPath,
   CommandStreamReader,
   DEFAULT_TIMEOUT,
   DEFAULT_URL,
@@ -504,6 +505,25 @@ export class Session {
   async fork(forks: number | string[], options: CallOptions = {}): Promise<ForkResult> {
     const json = typeof forks === "number" ? { count: forks } : { sessions: forks };
     return forkResult(await this.client.json({ method: "POST", path: sessionPath(this.name, "fork"), json, signal: options.signal }));
+  }
+
+  /**
+   * The session's contexts that have a kernel, each its kernel (`context` names it, `language`
+   * says what it runs); they share the session's `/work` (docs/contract.md, "Languages").
+   */
+  async contexts(options: CallOptions = {}): Promise<KernelSummary[]> {
+    if (this.child !== undefined) throw new TypeError("contexts: the API lists a session's own contexts, not a child's");
+    const body = await this.client.json({ method: "GET", path: sessionPath(this.name, "contexts"), signal: options.signal });
+    const items = isObject(body) && Array.isArray(body["contexts"]) ? body["contexts"] : [];
+    return items.filter(isObject).map(kernelSummary);
+  }
+
+  /** Disposes of one context's kernel (`"bash"`, or a named one); the others and the files stay. How many, 0 when none. */
+  async endContext(context: string, options: CallOptions = {}): Promise<number> {
+    if (this.child !== undefined) throw new TypeError("endContext: the API ends a session's own contexts, not a child's");
+    const path = contextPath(this.name, context);
+    const body = await this.client.json({ method: "DELETE", path, missingOk: true, signal: options.signal });
+    return isObject(body) ? Number(body["released"] ?? 0) : 0;
   }
 
   /** Disposes of the session's kernels (its children's too), or of this child's; how many, 0 when none. */

@@ -63,6 +63,11 @@ export function childPath(session: string, child: string): string {
   return sessionPath(session, "children", segment(child));
 }
 
+/** `/v1/sessions/SESSION/contexts/CONTEXT`. */
+export function contextPath(session: string, context: string): string {
+  return sessionPath(session, "contexts", segment(context));
+}
+
 /** `/v1/snapshots/ID`. */
 export function snapshotPath(id: string): string {
   return "/v1/snapshots/" + segment(id);

@@ -51,7 +51,15 @@ test("stdout and stderr come apart, a raised cell's exception is typed, and a Ba
   const langs = (await kb.kernels()).filter((k) => k.session === s.name).map((k) => k.language).sort();
   assert.deepEqual(langs, ["bash", "python"]);
   assert.equal((await s.run("print(x)")).output, "1\n");
-  assert.equal(await s.close(), 2);
+  // The contexts share /work, are listed, and one ends alone (docs/contract.md, "Languages").
+  await s.run("echo shared > /work/f.txt", { language: "bash" });
+  assert.equal((await s.run("print(open('f.txt').read(), end='')")).output, "shared\n");
+  const contexts = (await s.contexts()).map((k) => `${k.context}:${k.language}`).sort();
+  assert.deepEqual(contexts, ["bash:bash", "python:python"]);
+  assert.equal(await s.endContext("bash"), 1);
+  assert.equal(await s.endContext("bash"), 0);
+  assert.deepEqual((await s.contexts()).map((k) => k.context), ["python"]);
+  assert.equal(await s.close(), 1);
 });
 
 test("reset starts the session from a fresh kernel", async () => {

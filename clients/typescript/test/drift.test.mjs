@@ -28,6 +28,7 @@ const HANDLED = {
   Cleared: ["cleared"], // session.close()
   Released: ["released"], // a child's close()
   KernelList: ["kernels"], // client.kernels()
+  ContextList: ["contexts"], // session.contexts()
   WorkspaceList: ["workspaces"], // client.workspaces()
   Deleted: ["deleted"], // files.remove(), client.deleteWorkspace()
   NetworkApplied: ["closed"], // session.setNetwork()

@@ -7,7 +7,7 @@
 //! | `extract.rs` | what a handler takes from a request, checked at the edge: the session name, a JSON body within its bound, a stream or not |
 //! | `execute.rs` | `POST .../execute`: an execute body into the orchestrator's request, run or streamed (MCP and the E2B API share the path) |
 //! | `command.rs` | `POST .../commands`: a command, run or streamed (MCP shares the path) |
-//! | `sessions.rs` | a session's own routes: interrupt, network policy, end, release a child |
+//! | `sessions.rs` | a session's own routes: interrupt, network policy, end, release a child, list and end its contexts |
 //! | `health.rs` | `/healthz`, `/metrics`, `/openapi.json` |
 //! | `admin.rs` | the operator's routes: `GET /v1/whoami`, `/v1/admin/kernels` (a page of every tenant's), `/v1/admin/tenants`, an admin ending any tenant's session (docs/console.md) |
 //! | `access.rs` | the request id (in, out, forwarded, on the spans) and the access log (docs/logs.md) |
@@ -131,6 +131,14 @@ pub(super) fn router(state: AppState, metrics_route: MetricsRoute, console: bool
         .route(
             "/v1/sessions/{session}/children/{child}",
             finds(delete(sessions::release_child)),
+        )
+        .route(
+            "/v1/sessions/{session}/contexts",
+            finds(get(sessions::list_contexts)),
+        )
+        .route(
+            "/v1/sessions/{session}/contexts/{context}",
+            finds(delete(sessions::end_context)),
         )
         .route(
             "/v1/sessions/{session}/files/{*path}",

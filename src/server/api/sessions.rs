@@ -1,5 +1,5 @@
 //! A session's own routes: interrupt its cells, set its network policy, end it, release a
-//! delegated child's kernel.
+//! delegated child's kernel, list and end its contexts (`docs/contract.md`, "Languages").
 
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
@@ -162,6 +162,45 @@ pub(super) async fn release_child(
     {
         0 => Err(ApiError::not_found(format!(
             "child {child:?} of session {session:?} has no kernel"
+        ))),
+        n => Ok(Json(wire::Released { released: n })),
+    }
+}
+
+/// `GET /v1/sessions/{session}/contexts`: the session's contexts with a kernel.
+pub(super) async fn list_contexts(
+    State(state): State<AppState>,
+    Caller(tenant): Caller,
+    SessionName(session): SessionName,
+) -> Result<Json<wire::ContextList>, ApiError> {
+    let contexts = state
+        .inner
+        .orchestrator
+        .list_kernels(Some(&tenant.name))
+        .into_iter()
+        .filter(|k| k.session == session && k.child.is_none())
+        .collect();
+    Ok(Json(wire::ContextList { contexts }))
+}
+
+/// `DELETE /v1/sessions/{session}/contexts/{context}`: ends one context of a session: its
+/// kernel goes, the others and their `/work` stay.
+pub(super) async fn end_context(
+    State(state): State<AppState>,
+    Caller(tenant): Caller,
+    SessionName(session): SessionName,
+    path: Result<Path<(String, String)>, PathRejection>,
+) -> Result<Json<wire::Released>, ApiError> {
+    let Path((_, context)) = path.map_err(|e| invalid(&state, path_error(e)))?;
+    name("context", &context).map_err(|e| invalid(&state, e))?;
+    match state
+        .inner
+        .orchestrator
+        .end_context(Some(&tenant.name), &session, &context)
+        .await
+    {
+        0 => Err(ApiError::not_found(format!(
+            "context {context:?} of session {session:?} has no kernel"
         ))),
         n => Ok(Json(wire::Released { released: n })),
     }

@@ -359,6 +359,17 @@ class Session:
         call = _wire.fork_call(self.name, n, sessions)
         return _wire.fork_result(self.client._send(call) or b"")
 
+    def contexts(self) -> List[KernelSummary]:
+        """The session's contexts that have a kernel, each its kernel (`context` names it,
+        `language` says what it runs); they share the session's `/work`."""
+        return _wire.contexts(self.client._send(_wire.contexts_call(self.name, self.child)) or b"")
+
+    def end_context(self, context: str) -> int:
+        """Disposes of one context's kernel (e.g. `"bash"`, or a named one); the session's
+        other contexts and its files stay. Returns how many kernels went, 0 when none."""
+        call = _wire.end_context_call(self.name, self.child, context)
+        return _wire.count(self.client._send(call), "released")
+
     def close(self) -> int:
         """Disposes of the session's kernels (its children's too), or of this child's; returns
         how many, 0 when there were none (so closing twice is fine)."""

@@ -421,6 +421,26 @@ def close_call(session: str, child: Optional[str]) -> Call:
     return Call("DELETE", session_path(session, "children", _segment(child)), missing_ok=True)
 
 
+def contexts_call(session: str, child: Optional[str]) -> Call:
+    """`GET /v1/sessions/{session}/contexts` (docs/contract.md, "Languages")."""
+    if child is not None:
+        raise ValueError("contexts: the API lists a session's own contexts, not a child's")
+    return Call("GET", session_path(session, "contexts"))
+
+
+def end_context_call(session: str, child: Optional[str], context: str) -> Call:
+    """`DELETE /v1/sessions/{session}/contexts/{context}`; a context with no kernel is 0."""
+    if child is not None:
+        raise ValueError("end_context: the API ends a session's own contexts, not a child's")
+    return Call("DELETE", session_path(session, "contexts", _segment(context)), missing_ok=True)
+
+
+def contexts(body: bytes) -> List[KernelSummary]:
+    value = json_body(body, "contexts")
+    items = value.get("contexts", []) if isinstance(value, dict) else []
+    return [KernelSummary.from_json(k) for k in items if isinstance(k, dict)]
+
+
 def child_params(child: Optional[str]) -> Dict[str, str]:
     return {} if child is None else {"child": child}
 
