@@ -55,7 +55,7 @@ impl Orchestrator {
         {
             tracing::warn!(error = %e, "final sweep of this instance failed");
         }
-        if let Some(egress) = &inner.egress {
+        if let Some(egress) = inner.services.sessions.egress() {
             egress.stop().await;
         }
         if let Some(catalog) = &inner.catalog {

@@ -693,6 +693,7 @@ pub(crate) async fn set_session_network(
 ) -> Result<usize, ApiError> {
     let orchestrator = &state.inner.orchestrator;
     let policy = orchestrator
+        .sessions()
         .check_network(&tenant.name, wire)
         .map_err(|e| policy_error(state, e))?;
     let version = match state.cluster() {
@@ -728,6 +729,7 @@ pub(crate) async fn set_session_network(
         }
     };
     orchestrator
+        .sessions()
         .apply_network(&tenant.name, session, policy, version)
         .map_err(|e| policy_error(state, e))
 }
@@ -771,7 +773,7 @@ async fn end_session(
     if let Some(node) = state.cluster() {
         node.forget_session_config(tenant, session).await?;
     }
-    orchestrator.forget_session_config(tenant, session);
+    orchestrator.sessions().forget(tenant, session);
     match cleared {
         0 => Err(ApiError::not_found(format!(
             "session {session:?} has no kernel"
@@ -846,7 +848,7 @@ async fn metrics(State(state): State<AppState>) -> Response {
     let _ = super::metrics::write_tenants(&mut text, &state.inner.orchestrator.tenant_stats());
     let pending = &state.inner.pending;
     let _ = super::metrics::write_responses(&mut text, pending.held(None).0, pending.cut_count());
-    if let Some(egress) = state.inner.orchestrator.egress() {
+    if let Some(egress) = state.inner.orchestrator.sessions().egress() {
         let _ = super::metrics::write_egress(&mut text, egress);
     }
     if let Some(node) = state.cluster() {
