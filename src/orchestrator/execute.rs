@@ -129,11 +129,7 @@ async fn execute_owned(
         .registry
         .tenants()
         .cell(&call.key.owner.tenant, result.status);
-    orchestrator.release(&lease.slot).await;
-    // The catalog wrote a new kernel's start while the cell ran.
-    if !lease.confirm_start().await {
-        tracing::warn!("the catalog did not confirm a kernel start in time");
-    }
+    lease.finish(orchestrator).await;
     result.duration_seconds = call.started.elapsed().as_secs_f64();
     let owner = &call.key.owner;
     orchestrator
@@ -281,12 +277,10 @@ fn ending(orchestrator: &Orchestrator, ending: Ending, ran: bool, slot: &Arc<Slo
     let cleared = || !inner.tasks.cancel.is_cancelled() && !inner.registry.is_registered(slot);
     match ending {
         Ending::InterruptKilled { .. } if !ran => Ending::InterruptedWhileQueued,
-        Ending::Died(KernelDeath::Killed) if orchestrator.lease_deadline_passed() => {
+        Ending::Died(KernelDeath::Killed) if inner.watchdog.deadline_passed() => {
             Ending::Died(KernelDeath::NodeLost)
         }
-        Ending::Died(KernelDeath::ShutDown)
-            if cleared() && orchestrator.lease_deadline_passed() =>
-        {
+        Ending::Died(KernelDeath::ShutDown) if cleared() && inner.watchdog.deadline_passed() => {
             Ending::Died(KernelDeath::NodeLost)
         }
         Ending::Died(KernelDeath::ShutDown) if cleared() => Ending::Cleared,

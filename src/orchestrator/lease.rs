@@ -73,6 +73,17 @@ impl Lease {
         self.state_lost.take()
     }
 
+    /// The call is done with the kernel: the slot released (the kernel disposed of when it
+    /// was cleared meanwhile), then the catalog's confirmation of a new kernel awaited
+    /// ([`Self::confirm_start`]; its delay is logged, never an error).
+    pub(super) async fn finish(&mut self, orchestrator: &Orchestrator) {
+        orchestrator.release(&self.slot).await;
+        // The catalog wrote a new kernel's start while the cell ran.
+        if !self.confirm_start().await {
+            tracing::warn!("the catalog did not confirm a kernel start in time");
+        }
+    }
+
     /// Waits (at most [`CATALOG_WAIT`]) until the catalog holds the start of the kernel this
     /// lease started, so a caller who saw the kernel is told about a later restart, even a
     /// `kill -9` right after this returns; a slow or failing catalog delays a cold start by at
@@ -155,6 +166,14 @@ impl Orchestrator {
             // The kernel was cleared or died: start over on the key's current slot (a reset
             // already discarded the old kernel).
             reset = false;
+        }
+    }
+
+    /// Releases a call's hold on `slot`; the last one out of a slot cleared meanwhile disposes
+    /// of its kernel.
+    pub(super) async fn release(&self, slot: &Arc<Slot>) {
+        if self.inner.registry.release(slot) {
+            crate::services::dispose_slots(vec![slot.clone()]).await;
         }
     }
 
@@ -358,7 +377,7 @@ impl Acquisition<'_> {
         // A session's workspace is its default Python kernel's: one mount at a time, never
         // another context's (`docs/contract.md`, "Languages").
         let workspace = match (
-            self.orchestrator.workspace_policy(&key.owner.tenant),
+            inner.services.transfers.policy(&key.owner.tenant),
             inner.services.transfers.workspaces(),
         ) {
             (Some(policy), Some(workspaces)) if key.context.is_default_python() => {

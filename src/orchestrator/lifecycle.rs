@@ -8,7 +8,6 @@ use super::{KernelSummary, Orchestrator, INTERRUPT_SETTLE};
 use crate::cell::LossReason;
 use crate::kernel::{Kernel, KernelState};
 use crate::owner::Owner;
-use crate::registry::Slot;
 
 impl Orchestrator {
     /// Calls running now: acquiring a kernel or running a cell, whether or not their caller
@@ -48,12 +47,6 @@ impl Orchestrator {
             .into_iter()
             .filter(|interrupted| *interrupted)
             .count()
-    }
-
-    pub(super) async fn release(&self, slot: &Arc<Slot>) {
-        if self.inner.registry.release(slot) {
-            crate::services::dispose_slots(vec![slot.clone()]).await;
-        }
     }
 
     /// Disposes of every kernel of a session, its delegated children's included, at once: a

@@ -14,7 +14,7 @@
 //! | `command.rs` | a shell command in an owner's kernel container ([`CommandRequest`]): the kernel held or started, the per-session limit, adopted if its caller goes |
 //! | `files.rs` | files in and out of an owner's kernel: write, read, list, remove ([`FileRequest`]); the kernel held for one (`Hold`); bytes counted and slow downloads cut by `services::FileMeter` |
 //! | `lifecycle.rs` | interrupt, clear, evict, release a child, list, a reaper pass (`services::Reaper`) |
-//! | `node.rs` | what a cluster node asks: whether a session has a kernel here, a claimed session's catalog rows taken over, the fence (docs/cluster.md) |
+//! | `node.rs` | what a cluster node asks: whether a session has a kernel here, a claimed session's catalog rows taken over, the fence, the watchdog told how long the node's lease is trusted (`WatchdogSlot`; docs/cluster.md) |
 //! | `pool.rs` | the warm pool: the refill task, pooled kernels' disposal, naming a taken kernel after its owner |
 //! | `spawner.rs` | what every kernel start shares: labels, the event monitor, the file channels' refusal, the starts counted; the common [`SpawnRequest`](crate::kernel::SpawnRequest) |
 //! | `running.rs` | the calls running now, by owner: what an interrupt cancels and waits for, what the drain counts |
@@ -64,7 +64,7 @@ pub use request::{
 };
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -73,7 +73,6 @@ use tokio_util::task::TaskTracker;
 use crate::catalog::CatalogWriter;
 use crate::config::{Config, ValidConfig};
 use crate::docker::Engine;
-use crate::instance::watchdog::Watchdog;
 use crate::instance::Instance;
 use crate::registry::Registry;
 use crate::services::{AuditTrail, Hibernation, UsageLedger, WorkspaceTransfers};
@@ -94,7 +93,8 @@ struct Inner {
     running: running::RunningCalls,
     /// Commands running per owner (`command.rs`).
     commands: Arc<command::CommandCounts>,
-    watchdog: Mutex<Option<Watchdog>>,
+    /// The watchdog, when one runs (`node.rs`).
+    watchdog: node::WatchdogSlot,
     catalog: Option<Arc<CatalogWriter>>,
     pool: pool::PoolState,
     /// The services it owns and calls at named points (`services/`).

@@ -77,12 +77,7 @@ impl Orchestrator {
         inner.services.audit.close().await;
         inner.tasks.tracker.close();
         let _ = tokio::time::timeout(Duration::from_secs(10), inner.tasks.tracker.wait()).await;
-        let watchdog = inner
-            .watchdog
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        if let Some(w) = watchdog {
+        if let Some(w) = inner.watchdog.take() {
             let _ = tokio::task::spawn_blocking(move || w.finish()).await;
         }
     }

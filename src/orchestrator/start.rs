@@ -5,7 +5,7 @@
 //! hibernated kernels taken over, then the event monitor, the reaper, the runaway watch and
 //! the warm pool's refill.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -202,7 +202,7 @@ async fn start_validated(
         tasks: super::Tasks { tracker, cancel },
         running: Default::default(),
         commands: Arc::default(),
-        watchdog: Mutex::new(watchdog),
+        watchdog: super::node::WatchdogSlot::new(watchdog),
         instance,
         catalog: restored.as_ref().map(|r| r.writer.clone()),
     });
