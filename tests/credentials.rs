@@ -477,7 +477,12 @@ async fn a_reload_swaps_the_rules_for_the_next_connection_of_a_live_kernel() {
     let before = run_as(&case, "a", &fetch).await;
     assert!(before.output.contains("auth=some key=none"), "{before:?}");
 
-    assert!(case.kb.egress().unwrap().set_secrets(rule("x-api-key")));
+    assert!(case
+        .kb
+        .sessions()
+        .egress()
+        .unwrap()
+        .set_secrets(rule("x-api-key")));
     let after = run_as(&case, "a", &fetch).await;
     assert!(after.output.contains("auth=none key=some"), "{after:?}");
     assert_eq!(after.kernel.id, before.kernel.id, "the same kernel");

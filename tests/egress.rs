@@ -163,12 +163,12 @@ except Exception as e:
         "{}",
         r.output
     );
-    let counters = case.kb.egress().unwrap().counters();
+    let counters = case.kb.sessions().egress().unwrap().counters();
     let a = &counters.iter().find(|(t, _)| t == "a").unwrap().1;
     assert_eq!(a.refusals.get("host_mismatch"), Some(&1), "{a:?}");
 
     // Raw TCP to any address, the host's other ports, UDP and DNS reach nothing.
-    let gw = case.kb.egress().unwrap().proxy_addr().ip();
+    let gw = case.kb.sessions().egress().unwrap().proxy_addr().ip();
     let raw = format!(
         r#"
 import socket
@@ -249,6 +249,7 @@ print(t.recv(100).split(b"\r\n")[0].decode())
     assert!(r.output.contains("200"), "{}", r.output);
     let closed = case
         .kb
+        .sessions()
         .set_network("a", "s", &policy(&["example.com"], &[]))
         .unwrap();
     assert_eq!(closed, 1);
@@ -865,7 +866,7 @@ async fn the_firewall_admits_the_proxys_port_on_the_gateway_only_and_one_host_he
         policy(&[&format!("127.0.0.1:{port}")], &[]),
     )]);
     let case = with_egress("egress-gateway", tenants).await;
-    let egress = case.kb.egress().unwrap();
+    let egress = case.kb.sessions().egress().unwrap();
     let proxy = egress.proxy_addr();
     // The firewall's chain admits TCP to the proxy's port on the gateway's address only: no
     // other address of the host (docker0's, the host's own) at that port.
@@ -1178,6 +1179,7 @@ print("sent")
     until(|| async { connecting_to(port).then_some(()) }).await;
     let closed = case
         .kb
+        .sessions()
         .set_network("a", "s", &policy(&["example.com"], &[]))
         .unwrap();
     assert_eq!(closed, 0);

@@ -1,9 +1,10 @@
-//! How a cell's ending becomes its result (`docs/contract.md`, "Statuses" and "Loss reasons"):
-//! one pure function, [`Ending::verdict`], from the row of the contract's table a cell ended
-//! in to the result's status, exit code, error and `kernel.ended`, the loss the owner's next
-//! call reports, and whether the kernel stays. The orchestrator tells the rows apart (it
-//! knows whether the cell ran and whether its kernel was cleared under it); nothing here needs
-//! an engine.
+//! How a cell ended, and how that becomes its result (`docs/contract.md`, "Statuses" and
+//! "Loss reasons"). [`Ending`] is the one type for a cell's end: the kernel's cell loop ends
+//! a cell with one (`kernel/run.rs`), the orchestrator tells apart the rows only it can see
+//! (whether the cell ran, whether its kernel was cleared under it or its node's lease lapsed:
+//! `orchestrator/execute.rs`), and one pure function, [`Ending::verdict`], gives the row's
+//! status, exit code, error and `kernel.ended`, the loss the owner's next call reports, and
+//! whether the kernel stays. Nothing here needs an engine.
 
 use std::time::Duration;
 
@@ -31,7 +32,7 @@ pub enum Ending {
     },
     /// The caller interrupted the cell once it had its kernel, and the cell stopped on the
     /// KeyboardInterrupt within the grace: the kernel stays.
-    Interrupted,
+    InterruptStopped,
     /// The caller interrupted the cell once it had its kernel, and it had not stopped when
     /// the grace passed: the kernel was killed.
     InterruptKilled {
@@ -133,7 +134,7 @@ impl Ending {
             self,
             Ending::Completed
                 | Ending::Raised { .. }
-                | Ending::Interrupted
+                | Ending::InterruptStopped
                 | Ending::InterruptedWhileQueued
         );
         let (status, exit_code, error, loss) = match self {
@@ -148,7 +149,7 @@ impl Ending {
                 Some(messages::timeout_message(timeout)),
                 Some(LossReason::Timeout),
             ),
-            Ending::Interrupted => (
+            Ending::InterruptStopped => (
                 CellStatus::Interrupted,
                 -1,
                 Some(messages::INTERRUPTED_MESSAGE.to_string()),
@@ -311,7 +312,7 @@ mod tests {
     #[test]
     fn an_interrupt_the_cell_stopped_on_keeps_the_kernel_and_loses_nothing() {
         assert_eq!(
-            Ending::Interrupted.verdict(),
+            Ending::InterruptStopped.verdict(),
             row(
                 CellStatus::Interrupted,
                 -1,
@@ -452,7 +453,7 @@ mod tests {
             grace: Duration::from_secs(5),
         };
         assert_eq!(killed.verdict().hint(true).as_deref(), Some(hint));
-        assert_eq!(Ending::Interrupted.verdict().hint(false), None);
+        assert_eq!(Ending::InterruptStopped.verdict().hint(false), None);
         assert_eq!(Ending::InterruptedWhileQueued.verdict().hint(false), None);
         assert_eq!(Ending::Cleared.verdict().hint(true), None);
         assert_eq!(died(KernelDeath::Killed).hint(true), None);

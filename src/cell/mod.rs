@@ -4,7 +4,7 @@
 //! |---|---|
 //! | `mod.rs` | the result's types ([`CellResult`], [`CellStatus`], [`LossReason`], [`KernelInfo`], [`CellException`], [`OutputStream`]) and output capping ([`OutputBuffer`], [`StreamBuffers`]) |
 //! | `messages.rs` | every exact message of the contract |
-//! | `ending.rs` | how a cell's ending becomes its result's status, error and loss (a pure function, unit-tested row by row) |
+//! | `ending.rs` | [`Ending`], the one type for how a cell ended (the kernel's cell loop ends a cell with one, the orchestrator refines it), and how it becomes its result's status, error and loss (a pure function, unit-tested row by row) |
 
 pub mod messages;
 
@@ -26,8 +26,9 @@ pub enum CellStatus {
     Timeout,
     /// The caller interrupted the cell (`POST .../interrupt`): it stopped on its
     /// KeyboardInterrupt with its kernel and state kept, or, queued behind another cell, ended
-    /// without running. One still running past the interrupt grace was killed with its kernel
-    /// (`kernel.ended`, `state_lost: killed`; docs/contract.md, "How an interrupt works").
+    /// without running, or, still running when the interrupt grace passed, was killed with its
+    /// kernel (the owner's next call reports `state_lost: killed`; docs/contract.md, "How an
+    /// interrupt works").
     Interrupted,
 }
 

@@ -676,7 +676,7 @@ pub(crate) async fn run(
     };
     // The API's and the metrics' own addresses are never an egress destination
     // (docs/reliability.md, "Special and host addresses").
-    if let Some(egress) = orchestrator.egress() {
+    if let Some(egress) = orchestrator.sessions().egress() {
         let mut own = vec![addr];
         if let Some(metrics) = &metrics {
             own.push(metrics.local_addr()?);

@@ -60,7 +60,7 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit};
 use tokio_util::sync::CancellationToken;
 
 use crate::authority::CellAuthority;
-use crate::cell::{OutputBuffer, OutputStream, StreamBuffers};
+use crate::cell::{Ending, KernelDeath, OutputBuffer, OutputStream, StreamBuffers};
 use crate::clock::unix_now;
 use crate::config::{
     DisplayCaps, OutputCaps, DEFAULT_DISPLAY_BUNDLE_BYTES, DEFAULT_DISPLAY_CELL_BYTES,
@@ -186,6 +186,22 @@ pub(crate) enum Death {
     Protocol(&'static str),
 }
 
+impl Death {
+    /// This death in the contract's terms (`memory_bytes`: the memory limit an OOM's message
+    /// names).
+    pub(crate) fn in_contract(self, memory_bytes: i64) -> KernelDeath {
+        match self {
+            Death::Oom => KernelDeath::Oom { memory_bytes },
+            Death::Killed => KernelDeath::Killed,
+            Death::Crashed(exit_code) => KernelDeath::Crashed { exit_code },
+            Death::EngineRestarted => KernelDeath::EngineRestarted,
+            Death::Protocol(what) => KernelDeath::Protocol { what },
+            Death::Disposed => KernelDeath::ShutDown,
+            Death::Exited => KernelDeath::Exited,
+        }
+    }
+}
+
 /// A kernel could not be started or used.
 #[derive(Debug, thiserror::Error)]
 pub enum KernelError {
@@ -230,41 +246,12 @@ enum IoEvent {
     Closed,
 }
 
-/// How a cell ended, before the orchestrator turns it into a [`CellResult`](crate::CellResult).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum CellOutcome {
-    /// The cell ran to its end.
-    Completed,
-    /// The cell raised.
-    Raised {
-        /// The traceback as the runner formatted it, or kernelbox's note when the end frame
-        /// was unreadable.
-        traceback: String,
-        /// The result's `exit_code`: 1, or a Bash cell's last command's status.
-        exit_code: i32,
-    },
-    /// The cell called `sys.exit()`; the kernel is gone.
-    Exited,
-    /// The deadline passed; the caller must dispose of the kernel.
-    TimedOut,
-    /// The caller cancelled and the cell did not stop on the interrupt within its grace: the
-    /// caller must dispose of the kernel (`cell::Ending::InterruptKilled`).
-    InterruptKilled,
-    /// The caller cancelled while the cell waited for the kernel's earlier cells: it never
-    /// ran, and the kernel is untouched by it.
-    InterruptedWhileQueued,
-    /// The caller cancelled and the cell stopped on the interrupt's KeyboardInterrupt within
-    /// its grace: the kernel and its state stay.
-    Interrupted,
-    /// The kernel died under the cell.
-    Died(Death),
-}
-
 /// The outcome of one cell.
 #[derive(Debug)]
 pub(crate) struct CellRun {
-    /// How it ended.
-    pub(crate) outcome: CellOutcome,
+    /// How it ended, as the kernel saw it (the orchestrator refines what only it can see:
+    /// `orchestrator/execute.rs`).
+    pub(crate) ending: Ending,
     /// What it wrote (stdout and stderr, one stream), under the cell's output caps.
     pub(crate) output: OutputBuffer,
     /// Its stdout, stderr and traceback apart, each under the inline cap.
@@ -299,6 +286,8 @@ pub(crate) struct CellOptions {
     pub(crate) display_sink: Option<DisplaySink>,
     /// How long a cell may take to stop once interrupted before its kernel is killed.
     pub(crate) interrupt_grace: Duration,
+    /// The memory limit an out-of-memory death's message names.
+    pub(crate) memory_bytes: i64,
 }
 
 /// The I/O a running cell needs, behind the FIFO cell lock.

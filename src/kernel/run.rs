@@ -19,12 +19,12 @@ use super::protocol::{DoneStatus, HostFrame, KernelFrame, RunnerDisplayCaps};
 use super::scanner::{MarkerScanner, Piece};
 use super::stdin::Stdin;
 use super::{
-    CellIo, CellOptions, CellOutcome, CellRun, Death, IoEvent, Kernel, KernelState, OutputSink,
+    CellIo, CellOptions, CellRun, Death, IoEvent, Kernel, KernelState, OutputSink,
     MAX_TOOL_ARGS_IN_FLIGHT, MAX_TOOL_CALLS_IN_FLIGHT, MAX_TOOL_RESULT_BYTES,
     MAX_TOOL_RESULT_FRAME,
 };
 use crate::authority::{CellAuthority, RawToolCall, RETIRED_MESSAGE};
-use crate::cell::{OutputBuffer, OutputStream, StreamBuffers};
+use crate::cell::{Ending, OutputBuffer, OutputStream, StreamBuffers};
 use crate::rich::DisplaySink;
 
 /// The answer to one of the cell's tool calls, from its authority.
@@ -54,27 +54,31 @@ struct Done {
     exit_code: Option<i64>,
 }
 
-/// How the cell loop ended, in the protocol's terms; [`CellOutcome`] is what leaves the kernel.
+/// How the cell loop ended, in the protocol's terms (the `done` frame kept for what the result
+/// takes from it); [`End::ending`] is what leaves the kernel.
 enum End {
     Done(Done),
     TimedOut,
-    Interrupted,
+    /// Interrupted, and not stopped within the grace: the kernel is to be killed.
+    InterruptKilled,
     Died(Death),
 }
 
 impl End {
-    fn outcome(self) -> CellOutcome {
+    /// The cell's [`Ending`] (`cell/ending.rs`): `timeout` and `grace` it ran under, the
+    /// memory limit an OOM's message names.
+    fn ending(self, timeout: Duration, grace: Duration, memory_bytes: i64) -> Ending {
         match self {
             End::Done(Done {
                 status: DoneStatus::Ok,
                 ..
-            }) => CellOutcome::Completed,
+            }) => Ending::Completed,
             End::Done(Done {
                 status: DoneStatus::Error,
                 traceback,
                 exit_code,
                 ..
-            }) => CellOutcome::Raised {
+            }) => Ending::Raised {
                 traceback: traceback.unwrap_or_default(),
                 // A status that is no process's (0, or past a byte) is the runner's 1.
                 exit_code: exit_code
@@ -84,14 +88,14 @@ impl End {
             End::Done(Done {
                 status: DoneStatus::Exit,
                 ..
-            }) => CellOutcome::Exited,
+            }) => Ending::Exited,
             End::Done(Done {
                 status: DoneStatus::Interrupted,
                 ..
-            }) => CellOutcome::Interrupted,
-            End::TimedOut => CellOutcome::TimedOut,
-            End::Interrupted => CellOutcome::InterruptKilled,
-            End::Died(death) => CellOutcome::Died(death),
+            }) => Ending::InterruptStopped,
+            End::TimedOut => Ending::TimedOut { timeout },
+            End::InterruptKilled => Ending::InterruptKilled { grace },
+            End::Died(death) => Ending::Died(death.in_contract(memory_bytes)),
         }
     }
 }
@@ -123,6 +127,8 @@ struct RunningCell<'k> {
     cell: u64,
     authority: Arc<CellAuthority>,
     deadline: Instant,
+    /// The memory limit an OOM's message names (`CellOptions::memory_bytes`).
+    memory_bytes: i64,
     cancel: CancellationToken,
     /// Once the cell was interrupted (SIGINT sent to the runner): when its grace ends.
     interrupted: Option<Instant>,
@@ -158,16 +164,17 @@ impl Kernel {
         // An interrupt while waiting for the earlier cells ends this one at once.
         let mut io = tokio::select! {
             biased;
-            _ = cancel.cancelled() => return CellRun::never_ran(CellOutcome::InterruptedWhileQueued, output),
+            _ = cancel.cancelled() => return CellRun::never_ran(Ending::InterruptedWhileQueued, output),
             io = self.io.lock() => io,
         };
         if cancel.is_cancelled() {
-            return CellRun::never_ran(CellOutcome::InterruptedWhileQueued, output);
+            return CellRun::never_ran(Ending::InterruptedWhileQueued, output);
         }
         // Whatever arrived between cells (late output of old threads) is not this cell's.
         self.drain_stale(&mut io).await;
         if let Some(death) = self.death() {
-            return CellRun::never_ran(CellOutcome::Died(death), output);
+            let died = Ending::Died(death.in_contract(options.memory_bytes));
+            return CellRun::never_ran(died, output);
         }
         let timeout_ms = u64::try_from(timeout.as_millis())
             .unwrap_or(u64::MAX)
@@ -179,7 +186,7 @@ impl Kernel {
                 break end;
             }
         };
-        self.settle(running, end, &mut io).await
+        self.settle(running, end, timeout, &mut io).await
     }
 
     /// Numbers the cell, chooses its markers, makes the kernel busy under `authority` and
@@ -216,6 +223,7 @@ impl Kernel {
             cell,
             authority,
             deadline,
+            memory_bytes: options.memory_bytes,
             cancel,
             interrupted: None,
             interrupt_grace: options.interrupt_grace,
@@ -232,9 +240,17 @@ impl Kernel {
 
     /// Settles an ended cell: the authority is retired before anything else can run, and
     /// threads of the cell still waiting on a call are told so instead of waiting forever.
-    async fn settle(&self, running: RunningCell<'_>, end: End, io: &mut CellIo) -> CellRun {
+    async fn settle(
+        &self,
+        running: RunningCell<'_>,
+        end: End,
+        timeout: Duration,
+        io: &mut CellIo,
+    ) -> CellRun {
         let RunningCell {
             cell,
+            interrupt_grace,
+            memory_bytes,
             authority,
             output,
             streams,
@@ -269,15 +285,15 @@ impl Kernel {
             End::Done(done) => done.exception.clone(),
             _ => None,
         };
-        let outcome = end.outcome();
-        if outcome == CellOutcome::Exited {
+        let ending = end.ending(timeout, interrupt_grace, memory_bytes);
+        if ending == Ending::Exited {
             self.shared.die(Death::Exited);
         } else {
             self.shared.set_live(KernelState::Idle);
         }
         let (results, display_warning) = displays.finish(displays_dropped);
         CellRun {
-            outcome,
+            ending,
             output,
             streams,
             exception,
@@ -375,7 +391,7 @@ impl RunningCell<'_> {
         };
         match wake {
             Wake::Interrupted => self.interrupt().await,
-            Wake::Unstopped => return Some(End::Interrupted),
+            Wake::Unstopped => return Some(End::InterruptKilled),
             Wake::TimedOut => return Some(End::TimedOut),
             Wake::Answer(answer) => self.answered(answer),
             Wake::Event(Some(IoEvent::Output(bytes, _backlog))) => self.output(&bytes),
@@ -514,9 +530,9 @@ impl RunningCell<'_> {
 
 impl CellRun {
     /// A cell that never reached the kernel.
-    fn never_ran(outcome: CellOutcome, output: OutputBuffer) -> CellRun {
+    fn never_ran(ending: Ending, output: OutputBuffer) -> CellRun {
         CellRun {
-            outcome,
+            ending,
             output,
             streams: StreamBuffers::new(0),
             exception: None,

@@ -219,10 +219,8 @@ impl Orchestrator {
                 owner: owner.to_string(),
                 max: MAX_COMMANDS_PER_SESSION,
             })?;
-        let hold = match self
-            .hold_or_start(&FileRequest::new(request.scope.clone()), &owner)
-            .await
-        {
+        let files = FileRequest::new(request.scope.clone());
+        let hold = match super::files::Hold::or_start(self, &files, &owner).await {
             Ok(hold) => hold,
             Err(FileError::Execute(e)) => return Err(e.into()),
             Err(_) => {

@@ -10,11 +10,11 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use super::lease::{kernel_death, Lease};
+use super::lease::Lease;
 use super::{AdmissionNotice, ExecuteError, ExecuteRequest, Orchestrator};
 use crate::authority::CellAuthority;
 use crate::cell::{messages, CappedOutput, CellException, CellResult, Ending, KernelDeath};
-use crate::kernel::{CellOptions, CellOutcome, CellRun, Death, Kernel};
+use crate::kernel::{CellOptions, CellRun, Kernel};
 use crate::orchestrator::adopt::run_adopted;
 use crate::owner::KernelKey;
 use crate::registry::Slot;
@@ -39,7 +39,7 @@ impl Orchestrator {
     /// drives the cell, so like any future it progresses only while polled: hold it in a
     /// `select!` loop only if that loop keeps polling it.
     pub async fn execute(&self, request: ExecuteRequest) -> Result<CellResult, ExecuteError> {
-        self.execute_adopted(request, None).await
+        execute_adopted(self, request, None).await
     }
 
     /// [`Orchestrator::execute`], telling `admission` once whether the call got a kernel slot
@@ -51,94 +51,101 @@ impl Orchestrator {
         request: ExecuteRequest,
         admission: AdmissionNotice,
     ) -> Result<CellResult, ExecuteError> {
-        self.execute_adopted(request, Some(admission)).await
+        execute_adopted(self, request, Some(admission)).await
     }
+}
 
-    /// [`Orchestrator::execute`] on the caller's task, adopted by the tracker if the caller
-    /// goes away (`adopt.rs`).
-    async fn execute_adopted(
-        &self,
-        request: ExecuteRequest,
-        admission: Option<AdmissionNotice>,
-    ) -> Result<CellResult, ExecuteError> {
-        if self.inner.tasks.cancel.is_cancelled() {
-            return Err(ExecuteError::ShuttingDown);
-        }
-        let this = self.clone();
-        // The cell finishes even if the caller stops waiting (see `adopt`), in the caller's
-        // trace still (`docs/usage.md`, "Traces").
-        run_adopted(
-            &self.inner.tasks.tracker,
-            crate::telemetry::carry(async move { this.execute_owned(request, admission).await }),
-        )
-        .await
-        .unwrap_or_else(|panic| {
-            Err(ExecuteError::Internal(format!(
-                "the execute task failed: {panic}"
-            )))
-        })
+/// [`Orchestrator::execute`] on the caller's task, adopted by the tracker if the caller
+/// goes away (`adopt.rs`).
+async fn execute_adopted(
+    orchestrator: &Orchestrator,
+    request: ExecuteRequest,
+    admission: Option<AdmissionNotice>,
+) -> Result<CellResult, ExecuteError> {
+    if orchestrator.inner.tasks.cancel.is_cancelled() {
+        return Err(ExecuteError::ShuttingDown);
     }
+    let this = orchestrator.clone();
+    // The cell finishes even if the caller stops waiting (see `adopt`), in the caller's
+    // trace still (`docs/usage.md`, "Traces").
+    run_adopted(
+        &orchestrator.inner.tasks.tracker,
+        crate::telemetry::carry(async move { execute_owned(&this, request, admission).await }),
+    )
+    .await
+    .unwrap_or_else(|panic| {
+        Err(ExecuteError::Internal(format!(
+            "the execute task failed: {panic}"
+        )))
+    })
+}
 
-    async fn execute_owned(
-        &self,
-        request: ExecuteRequest,
-        admission: Option<AdmissionNotice>,
-    ) -> Result<CellResult, ExecuteError> {
-        let call = self.resolve(request)?;
-        // Interruptible from the start: an interrupt during a cold start is not lost (the cell
-        // then never runs and ends interrupted at once, leaving the new kernel as it is).
-        let running = self.inner.running.track(&call.key.owner, &call.cancel);
-        let (reset, limits) = (call.request.reset, call.request.scope.tenant_limits);
-        let mut lease = self
-            .acquire(&call.key, reset, limits, admission.as_ref())
-            .await?;
-        let span = Span::start("cell");
-        let run = span.within(self.run_cell(&call, &lease.kernel)).await;
-        // Published before the run is untracked: an interrupt counts only cells that really
-        // ended as interrupted.
-        running.finish(matches!(
-            run.outcome,
-            CellOutcome::InterruptKilled
-                | CellOutcome::InterruptedWhileQueued
-                | CellOutcome::Interrupted
-        ));
-        let mut result = self.settle(&call, &lease, run).await;
-        if span.is_on() {
-            span.set("kernelbox.cell.status", result.status.as_str());
-            span.set(
-                "kernelbox.cell.tool_calls",
-                i64::from(result.tool_calls_made),
-            );
-            span.set(
-                "kernelbox.cell.duration_seconds",
-                call.started.elapsed().as_secs_f64(),
-            );
-            span.set(
-                "kernelbox.kernel.generation",
-                result.kernel.generation as i64,
-            );
-        }
-        drop(span);
-        self.inner
-            .registry
-            .tenants()
-            .cell(&call.key.owner.tenant, result.status);
-        self.release(&lease.slot).await;
-        // The catalog wrote a new kernel's start while the cell ran.
-        if !lease.confirm_start().await {
-            tracing::warn!("the catalog did not confirm a kernel start in time");
-        }
-        result.duration_seconds = call.started.elapsed().as_secs_f64();
-        let owner = &call.key.owner;
-        self.inner
-            .services
-            .usage
-            .pending()
-            .record(&owner.tenant, &owner.session, |r| {
-                r.cells += 1;
-                r.cell_seconds += result.duration_seconds;
-            });
-        self.inner.services.audit.record(crate::services::Ran {
+/// One execute, its steps in order: resolve, track, acquire, run, settle, release, record.
+async fn execute_owned(
+    orchestrator: &Orchestrator,
+    request: ExecuteRequest,
+    admission: Option<AdmissionNotice>,
+) -> Result<CellResult, ExecuteError> {
+    let call = Call::resolve(orchestrator, request)?;
+    // Interruptible from the start: an interrupt during a cold start is not lost (the cell
+    // then never runs and ends interrupted at once, leaving the new kernel as it is).
+    let running = orchestrator
+        .inner
+        .running
+        .track(&call.key.owner, &call.cancel);
+    let (reset, limits) = (call.request.reset, call.request.scope.tenant_limits);
+    let mut lease = orchestrator
+        .acquire(&call.key, reset, limits, admission.as_ref())
+        .await?;
+    let span = Span::start("cell");
+    let run = span
+        .within(call.run_cell(orchestrator, &lease.kernel))
+        .await;
+    // Published before the run is untracked: an interrupt counts only cells that really
+    // ended as interrupted.
+    running.finish(matches!(
+        run.ending,
+        Ending::InterruptKilled { .. } | Ending::InterruptedWhileQueued | Ending::InterruptStopped
+    ));
+    let mut result = call.settle(orchestrator, &lease, run).await;
+    if span.is_on() {
+        span.set("kernelbox.cell.status", result.status.as_str());
+        span.set(
+            "kernelbox.cell.tool_calls",
+            i64::from(result.tool_calls_made),
+        );
+        span.set(
+            "kernelbox.cell.duration_seconds",
+            call.started.elapsed().as_secs_f64(),
+        );
+        span.set(
+            "kernelbox.kernel.generation",
+            result.kernel.generation as i64,
+        );
+    }
+    drop(span);
+    orchestrator
+        .inner
+        .registry
+        .tenants()
+        .cell(&call.key.owner.tenant, result.status);
+    lease.finish(orchestrator).await;
+    result.duration_seconds = call.started.elapsed().as_secs_f64();
+    let owner = &call.key.owner;
+    orchestrator
+        .inner
+        .services
+        .usage
+        .pending()
+        .record(&owner.tenant, &owner.session, |r| {
+            r.cells += 1;
+            r.cell_seconds += result.duration_seconds;
+        });
+    orchestrator
+        .inner
+        .services
+        .audit
+        .record(crate::services::Ran {
             kind: crate::audit::AuditKind::Cell,
             owner,
             code: &call.request.code,
@@ -148,20 +155,21 @@ impl Orchestrator {
             status: result.status.as_str(),
             exit_code: None,
         });
-        Ok(result)
-    }
+    Ok(result)
+}
 
+impl Call {
     /// Step one: the request's owner, timeout and kernel key, checked in that order, and the
     /// cell's tool authority.
-    fn resolve(&self, request: ExecuteRequest) -> Result<Call, ExecuteError> {
+    fn resolve(orchestrator: &Orchestrator, request: ExecuteRequest) -> Result<Call, ExecuteError> {
+        let inner = &orchestrator.inner;
         let started = Instant::now();
-        let config = &self.inner.config;
-        let owner = request.scope.owner(&self.inner.config)?;
+        let config = &inner.config;
+        let owner = request.scope.owner(config)?;
         let timeout = config.check_cell_timeout(request.timeout.unwrap_or(config.cells.timeout))?;
-        let key =
-            request
-                .scope
-                .kernel_key(owner, &self.inner.config, &self.inner.tenancy.load())?;
+        let key = request
+            .scope
+            .kernel_key(owner, config, &inner.tenancy.load())?;
         let authority = Arc::new(CellAuthority::new(
             request.task_id.clone(),
             request.dispatcher.clone(),
@@ -180,8 +188,8 @@ impl Orchestrator {
 
     /// Step three (after [`Self::acquire`]): the cell on the leased kernel, under its timeout,
     /// its tool authority and the configured output and display caps.
-    async fn run_cell(&self, call: &Call, kernel: &Kernel) -> CellRun {
-        let config = &self.inner.config;
+    async fn run_cell(&self, orchestrator: &Orchestrator, kernel: &Kernel) -> CellRun {
+        let (call, config) = (self, &orchestrator.inner.config);
         let request = &call.request;
         let options = CellOptions {
             output: config.cells.output,
@@ -189,6 +197,7 @@ impl Orchestrator {
             sink: request.sink.clone(),
             display_sink: request.display_sink.clone(),
             interrupt_grace: config.cells.interrupt_grace,
+            memory_bytes: config.spec.sandbox.memory_bytes,
         };
         kernel
             .run_cell(
@@ -204,11 +213,10 @@ impl Orchestrator {
     /// Step four: the result of a cell that ran. Its ending gives the status, error and loss
     /// ([`Ending::verdict`]); its output is capped; a kernel the cell took with it is
     /// forgotten (its loss kept for the owner's next call) and disposed of.
-    async fn settle(&self, call: &Call, lease: &Lease, run: CellRun) -> CellResult {
+    async fn settle(&self, orchestrator: &Orchestrator, lease: &Lease, run: CellRun) -> CellResult {
+        let call = self;
         let kernel = &lease.kernel;
-        let verdict = self
-            .ending(run.outcome, run.ran, call.timeout, &lease.slot)
-            .verdict();
+        let verdict = ending(orchestrator, run.ending, run.ran, &lease.slot).verdict();
         // A cell that never ran leaves its kernel as it found it.
         let kernel_gone = (run.ran && !verdict.kernel_kept) || !kernel.is_alive();
         let hint = verdict.hint(kernel_gone);
@@ -237,8 +245,8 @@ impl Orchestrator {
             results: run.results,
         };
         let spill_to = (!kernel_gone).then_some(kernel.as_ref());
-        self.put_output(&mut result, run.output.finish(), spill_to, run.cell)
-            .await;
+        let inline = orchestrator.inner.config.cells.output.inline_bytes;
+        put_output(&mut result, run.output.finish(), spill_to, run.cell, inline).await;
         if let Some(display) = run.display_warning {
             result.warning = Some(match result.warning.take() {
                 Some(output) => format!("{output} {display}"),
@@ -246,95 +254,66 @@ impl Orchestrator {
             });
         }
         if kernel_gone {
-            self.inner.registry.forget(&lease.slot, verdict.loss);
+            orchestrator
+                .inner
+                .registry
+                .forget(&lease.slot, verdict.loss);
             if let Err(e) = kernel.dispose().await {
                 tracing::warn!(container = %kernel.short_id(), error = %e, "disposing a finished kernel");
             }
         }
         result
     }
+}
 
-    /// How a cell that ran on `slot`'s kernel ended, in the contract's terms ([`Ending`]): a
-    /// cell interrupted before it ran, and a kernel disposed of under its cell by a clear, a
-    /// reset or a child's release (its slot gone, and not by shutdown), are told apart here.
-    fn ending(
-        &self,
-        outcome: CellOutcome,
-        ran: bool,
-        timeout: Duration,
-        slot: &Arc<Slot>,
-    ) -> Ending {
-        match outcome {
-            CellOutcome::Completed => Ending::Completed,
-            CellOutcome::Raised {
-                traceback,
-                exit_code,
-            } => Ending::Raised {
-                traceback,
-                exit_code,
-            },
-            CellOutcome::Exited => Ending::Exited,
-            CellOutcome::TimedOut => Ending::TimedOut { timeout },
-            CellOutcome::InterruptedWhileQueued => Ending::InterruptedWhileQueued,
-            CellOutcome::InterruptKilled if !ran => Ending::InterruptedWhileQueued,
-            CellOutcome::InterruptKilled => Ending::InterruptKilled {
-                grace: self.inner.config.cells.interrupt_grace,
-            },
-            CellOutcome::Interrupted => Ending::Interrupted,
-            // Killed, or disposed of by the fence, once the node's lease is no longer
-            // trusted: the watchdog or the fence ended it (`docs/cluster.md`, "Leases and
-            // fencing"), never a kill from outside or a clear.
-            CellOutcome::Died(Death::Killed) if self.lease_deadline_passed() => {
-                Ending::Died(KernelDeath::NodeLost)
-            }
-            CellOutcome::Died(Death::Disposed)
-                if !self.inner.tasks.cancel.is_cancelled()
-                    && !self.inner.registry.is_registered(slot)
-                    && self.lease_deadline_passed() =>
-            {
-                Ending::Died(KernelDeath::NodeLost)
-            }
-            CellOutcome::Died(Death::Disposed)
-                if !self.inner.tasks.cancel.is_cancelled()
-                    && !self.inner.registry.is_registered(slot) =>
-            {
-                Ending::Cleared
-            }
-            CellOutcome::Died(death) => Ending::Died(kernel_death(
-                death,
-                self.inner.config.spec.sandbox.memory_bytes,
-            )),
+/// How a cell that ran on `slot`'s kernel ended, the kernel's [`Ending`] refined with what
+/// only the orchestrator sees: a cell whose interrupt killed its kernel before it ran never
+/// ran; a kernel killed, or disposed of by the fence, once the node's lease is no longer
+/// trusted was ended by the watchdog or the fence (`docs/cluster.md`, "Leases and fencing"),
+/// never a kill from outside or a clear; a kernel disposed of under its cell by a clear, a
+/// reset or a child's release (its slot gone, and not by shutdown) was cleared.
+fn ending(orchestrator: &Orchestrator, ending: Ending, ran: bool, slot: &Arc<Slot>) -> Ending {
+    let inner = &orchestrator.inner;
+    let cleared = || !inner.tasks.cancel.is_cancelled() && !inner.registry.is_registered(slot);
+    match ending {
+        Ending::InterruptKilled { .. } if !ran => Ending::InterruptedWhileQueued,
+        Ending::Died(KernelDeath::Killed) if inner.watchdog.deadline_passed() => {
+            Ending::Died(KernelDeath::NodeLost)
         }
+        Ending::Died(KernelDeath::ShutDown) if cleared() && inner.watchdog.deadline_passed() => {
+            Ending::Died(KernelDeath::NodeLost)
+        }
+        Ending::Died(KernelDeath::ShutDown) if cleared() => Ending::Cleared,
+        other => other,
     }
+}
 
-    /// Puts a cell's capped output in its result (`docs/contract.md`, "The output cap"):
-    /// output past the inline cap is spilled into `spill_to`, the kernel when it is still
-    /// there, and the warning says where.
-    async fn put_output(
-        &self,
-        result: &mut CellResult,
-        output: CappedOutput,
-        spill_to: Option<&Kernel>,
-        cell: u64,
-    ) {
-        result.output = output.text;
-        if output.omitted == 0 {
-            return;
-        }
-        result.stdout_truncated = Some(true);
-        result.stdout_bytes_total = Some(output.total);
-        result.stdout_bytes_omitted = Some(output.omitted);
-        let (Some(spill), Some(kernel)) = (output.spill, spill_to) else {
-            return;
-        };
-        let inline = self.inner.config.cells.output.inline_bytes;
-        let name = format!("output-{cell}.txt");
-        result.warning = Some(match kernel.write_staging_file(&name, &spill).await {
-            Ok(path) => messages::output_spilled_warning(inline, spill.len(), &path),
-            Err(e) => {
-                tracing::warn!(error = %e, "spilling output failed");
-                messages::output_spill_failed_warning(inline, spill.len(), &e.to_string())
-            }
-        });
+/// Puts a cell's capped output in its result (`docs/contract.md`, "The output cap"):
+/// output past the inline cap is spilled into `spill_to`, the kernel when it is still
+/// there, and the warning says where.
+async fn put_output(
+    result: &mut CellResult,
+    output: CappedOutput,
+    spill_to: Option<&Kernel>,
+    cell: u64,
+    inline: usize,
+) {
+    result.output = output.text;
+    if output.omitted == 0 {
+        return;
     }
+    result.stdout_truncated = Some(true);
+    result.stdout_bytes_total = Some(output.total);
+    result.stdout_bytes_omitted = Some(output.omitted);
+    let (Some(spill), Some(kernel)) = (output.spill, spill_to) else {
+        return;
+    };
+    let name = format!("output-{cell}.txt");
+    result.warning = Some(match kernel.write_staging_file(&name, &spill).await {
+        Ok(path) => messages::output_spilled_warning(inline, spill.len(), &path),
+        Err(e) => {
+            tracing::warn!(error = %e, "spilling output failed");
+            messages::output_spill_failed_warning(inline, spill.len(), &e.to_string())
+        }
+    });
 }

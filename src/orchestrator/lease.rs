@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use super::{AdmissionNotice, ExecuteError, Orchestrator};
 use crate::catalog::{Change, Durable};
-use crate::cell::{KernelDeath, KernelInfo, StateLost};
+use crate::cell::{KernelInfo, StateLost};
 use crate::kernel::{Death, Kernel, KernelError, SpawnRequest};
 use crate::owner::KernelKey;
 use crate::registry::{Refusal, Slot, TenantLimits};
@@ -73,6 +73,17 @@ impl Lease {
         self.state_lost.take()
     }
 
+    /// The call is done with the kernel: the slot released (the kernel disposed of when it
+    /// was cleared meanwhile), then the catalog's confirmation of a new kernel awaited
+    /// ([`Self::confirm_start`]; its delay is logged, never an error).
+    pub(super) async fn finish(&mut self, orchestrator: &Orchestrator) {
+        orchestrator.release(&self.slot).await;
+        // The catalog wrote a new kernel's start while the cell ran.
+        if !self.confirm_start().await {
+            tracing::warn!("the catalog did not confirm a kernel start in time");
+        }
+    }
+
     /// Waits (at most [`CATALOG_WAIT`]) until the catalog holds the start of the kernel this
     /// lease started, so a caller who saw the kernel is told about a later restart, even a
     /// `kill -9` right after this returns; a slow or failing catalog delays a cold start by at
@@ -112,6 +123,10 @@ impl Orchestrator {
     ) -> Result<Lease, ExecuteError> {
         let (mut reset, mut state_reset) = (reset, false);
         let hibernation = &self.inner.services.hibernation;
+        let this = Acquisition {
+            orchestrator: self,
+            key,
+        };
         let limits = hibernation.limits_for(key, limits);
         hibernation.wait_for(key).await;
         if reset {
@@ -121,7 +136,7 @@ impl Orchestrator {
         let mut retry = false;
         loop {
             let span = Span::start("admission");
-            let admitted = span.within(self.admit(key, reset, limits, admission)).await;
+            let admitted = span.within(this.admit(reset, limits, admission)).await;
             match &admitted {
                 Ok(attempt) => span.set("kernelbox.kernel.pooled", attempt.pooled),
                 Err(e) => span.fail(e.to_string()),
@@ -138,14 +153,14 @@ impl Orchestrator {
                 // A kernel the admission took from the warm pool goes too.
                 self.dispose_pooled(attempt.slot.kernel.get().cloned().into_iter().collect())
                     .await;
-                self.give_back_loss(key, attempt.state_lost.take());
+                this.give_back(attempt.state_lost.take());
                 return Err(ExecuteError::TenantRemoved);
             }
             retry = true;
             state_reset |= attempt.state_reset;
             attempt.state_reset = state_reset;
-            let kernel = self.spawn_or_reuse(key, &mut attempt).await?;
-            if let Some(lease) = self.hold(key, attempt, kernel).await? {
+            let kernel = this.spawn_or_reuse(&mut attempt).await?;
+            if let Some(lease) = this.hold(attempt, kernel).await? {
                 return Ok(lease);
             }
             // The kernel was cleared or died: start over on the key's current slot (a reset
@@ -154,21 +169,52 @@ impl Orchestrator {
         }
     }
 
-    /// Step one of [`Self::acquire`]: the key's slot from the registry (a new one admitted
+    /// Releases a call's hold on `slot`; the last one out of a slot cleared meanwhile disposes
+    /// of its kernel.
+    pub(super) async fn release(&self, slot: &Arc<Slot>) {
+        if self.inner.registry.release(slot) {
+            crate::services::dispose_slots(vec![slot.clone()]).await;
+        }
+    }
+
+    /// Puts back a loss an attach took for a call that then failed before reporting it.
+    pub(super) fn give_back_loss(&self, key: &KernelKey, loss: Option<StateLost>) {
+        Acquisition {
+            orchestrator: self,
+            key,
+        }
+        .give_back(loss);
+    }
+
+    /// The network grant of `owner`'s kernels (`SessionConfigs::grant_of`).
+    pub(super) fn grant_of(&self, owner: &crate::owner::Owner) -> Option<crate::egress::Grant> {
+        self.inner.services.sessions.grant_of(owner)
+    }
+}
+
+/// One [`Orchestrator::acquire`] between its steps: the orchestrator and the key it gets a
+/// kernel for.
+struct Acquisition<'a> {
+    orchestrator: &'a Orchestrator,
+    key: &'a KernelKey,
+}
+
+impl Acquisition<'_> {
+    /// Step one of [`Orchestrator::acquire`]: the key's slot from the registry (a new one admitted
     /// atomically with the caps), and the slots and pooled kernels the admission displaced
     /// disposed of.
     async fn admit(
         &self,
-        key: &KernelKey,
         reset: bool,
         limits: TenantLimits,
         admission: Option<&AdmissionNotice>,
     ) -> Result<Attempt, ExecuteError> {
-        let registry = &self.inner.registry;
-        let attach = match registry.attach_from_pool(key, reset, limits, self.pool_spec(key)) {
-            Ok(attach) => attach,
-            Err(refusal) => return Err(self.refused(refusal, admission).await),
-        };
+        let (key, registry) = (self.key, &self.orchestrator.inner.registry);
+        let attach =
+            match registry.attach_from_pool(key, reset, limits, self.orchestrator.pool_spec(key)) {
+                Ok(attach) => attach,
+                Err(refusal) => return Err(refused(refusal, admission).await),
+            };
         if registry.is_closed() {
             // Shutdown drained the registry; nothing new may start (and a pooled kernel
             // this attach took goes).
@@ -178,8 +224,8 @@ impl Orchestrator {
                 .discarded
                 .into_iter()
                 .chain(attach.slot.kernel.get().cloned());
-            self.dispose_pooled(taken.collect()).await;
-            self.give_back_loss(key, attach.state_lost);
+            self.orchestrator.dispose_pooled(taken.collect()).await;
+            self.give_back(attach.state_lost);
             if let Some(notice) = admission {
                 notice.send(Err(ExecuteError::ShuttingDown));
             }
@@ -193,9 +239,13 @@ impl Orchestrator {
         // At once, busy or not: a kernel the registry no longer counts must not outlive this
         // call (the old kernel's running cell ends).
         doomed.extend(attach.reset);
-        self.inner.services.hibernation.park_evicted(&mut doomed);
+        self.orchestrator
+            .inner
+            .services
+            .hibernation
+            .park_evicted(&mut doomed);
         crate::services::dispose_slots(doomed).await;
-        self.dispose_pooled(attach.discarded).await;
+        self.orchestrator.dispose_pooled(attach.discarded).await;
         Ok(Attempt {
             slot: attach.slot,
             state_lost: attach.state_lost,
@@ -206,34 +256,17 @@ impl Orchestrator {
         })
     }
 
-    /// The registry's refusal as the call's error, told to `admission` first; slots reaped on
-    /// the way are disposed of.
-    async fn refused(&self, refusal: Refusal, admission: Option<&AdmissionNotice>) -> ExecuteError {
-        if let Some(notice) = admission {
-            notice.send(Err(refusal_error(&refusal)));
-        }
-        let error = refusal_error(&refusal);
-        if let Refusal::AtCapacity(full) = refusal {
-            crate::services::dispose_slots(full.victims).await;
-        }
-        error
-    }
-
-    /// Step two of [`Self::acquire`]: the slot's kernel, spawned by this call when it has
+    /// Step two of [`Orchestrator::acquire`]: the slot's kernel, spawned by this call when it has
     /// none yet (concurrent first calls wait on the same spawn). Sets `attempt.reused`.
-    async fn spawn_or_reuse(
-        &self,
-        key: &KernelKey,
-        attempt: &mut Attempt,
-    ) -> Result<Arc<Kernel>, ExecuteError> {
-        let slot = &attempt.slot;
+    async fn spawn_or_reuse(&self, attempt: &mut Attempt) -> Result<Arc<Kernel>, ExecuteError> {
+        let (key, slot) = (self.key, &attempt.slot);
         let mut spawned_here = false;
         let mut restore_lost = None;
         let spawned = slot
             .kernel
             .get_or_try_init(|| {
                 spawned_here = true;
-                self.restore_or_spawn(key, slot, &mut restore_lost)
+                self.restore_or_spawn(slot, &mut restore_lost)
             })
             .await;
         attempt.reused = !attempt.pooled && !spawned_here;
@@ -253,10 +286,10 @@ impl Orchestrator {
                 Ok(kernel.clone())
             }
             Err(e) => {
-                let registry = &self.inner.registry;
+                let registry = &self.orchestrator.inner.registry;
                 registry.forget(slot, None);
                 registry.release(slot);
-                self.give_back_loss(key, attempt.state_lost.take());
+                self.give_back(attempt.state_lost.take());
                 Err(e.into())
             }
         }
@@ -266,13 +299,12 @@ impl Orchestrator {
     /// restore sets `lost`), else one started cold.
     async fn restore_or_spawn(
         &self,
-        key: &KernelKey,
         slot: &Slot,
         lost: &mut Option<StateLost>,
     ) -> Result<Arc<Kernel>, KernelError> {
         // The reaper may have taken the key's idle slot just before this call's: its
         // hibernation is then awaited here, and restored.
-        let hibernation = &self.inner.services.hibernation;
+        let (key, hibernation) = (self.key, &self.orchestrator.inner.services.hibernation);
         hibernation.wait_for(key).await;
         match hibernation.restore(key).await {
             Some(Ok(kernel)) => {
@@ -281,7 +313,7 @@ impl Orchestrator {
             }
             Some(Err(reason)) => {
                 // The kernel started instead is a new one.
-                self.inner.registry.renew_generation(slot);
+                self.orchestrator.inner.registry.renew_generation(slot);
                 *lost = Some(StateLost {
                     reason,
                     at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
@@ -290,7 +322,7 @@ impl Orchestrator {
             }
             None => {}
         }
-        self.spawn_cold(key, slot.generation(), slot.settings.clone())
+        self.spawn_cold(slot.generation(), slot.settings.clone())
             .await
     }
 
@@ -298,29 +330,22 @@ impl Orchestrator {
     /// meanwhile.
     fn spawn_cold(
         &self,
-        key: &KernelKey,
         generation: u64,
         settings: Option<crate::settings::Shared>,
     ) -> impl Future<Output = Result<Arc<Kernel>, KernelError>> + '_ {
-        let inner = &self.inner;
+        let inner = &self.orchestrator.inner;
         let started = Instant::now();
-        let grant = self.grant_of(&key.owner);
+        let key = self.key;
+        let grant = inner.services.sessions.grant_of(&key.owner);
         let network = grant
             .as_ref()
-            .and(inner.egress.as_ref())
+            .and(inner.services.sessions.egress_shared())
             .map(|egress| egress.kernel_network());
-        let key = key.clone();
         async move {
             let _cold = inner.pool.cold_start();
             let span = Span::start("cold_start");
             let result = span
-                .within(self.spawn_with(
-                    &key,
-                    generation,
-                    network.as_ref(),
-                    grant,
-                    settings.as_deref(),
-                ))
+                .within(self.spawn_with(generation, network.as_ref(), grant, settings.as_deref()))
                 .await;
             match &result {
                 Ok(kernel) => crate::logging::kernel_started(
@@ -343,17 +368,16 @@ impl Orchestrator {
     /// proxy (known by its address) until it goes.
     async fn spawn_with(
         &self,
-        key: &KernelKey,
         generation: u64,
         network: Option<&crate::egress::KernelNetwork>,
         grant: Option<crate::egress::Grant>,
         settings: Option<&crate::settings::Settings>,
     ) -> Result<Arc<Kernel>, KernelError> {
-        let inner = &self.inner;
+        let (key, inner) = (self.key, &self.orchestrator.inner);
         // A session's workspace is its default Python kernel's: one mount at a time, never
         // another context's (`docs/contract.md`, "Languages").
         let workspace = match (
-            self.workspace_policy(&key.owner.tenant),
+            inner.services.transfers.policy(&key.owner.tenant),
             inner.services.transfers.workspaces(),
         ) {
             (Some(policy), Some(workspaces)) if key.context.is_default_python() => {
@@ -375,7 +399,7 @@ impl Orchestrator {
             owner: Some((key.clone(), generation)),
             settings,
             files_volume,
-            ..self.spawn_request()
+            ..self.orchestrator.spawn_request()
         })
         .await;
         let kernel = match spawned {
@@ -386,14 +410,18 @@ impl Orchestrator {
                     network,
                     owner: Some((key.clone(), generation)),
                     settings,
-                    ..self.spawn_request()
+                    ..self.orchestrator.spawn_request()
                 })
                 .await?
             }
             other => other?,
         };
         // The grant is read again as the kernel is entered (`Egress::register`).
-        let (Some(net), Some(_), Some(egress)) = (network, grant, inner.egress.clone()) else {
+        let (Some(net), Some(_), Some(egress)) = (
+            network,
+            grant,
+            inner.services.sessions.egress_shared().cloned(),
+        ) else {
             return Ok(kernel);
         };
         let owner = &key.owner;
@@ -416,83 +444,15 @@ impl Orchestrator {
         }
     }
 
-    /// The network grant of `owner`'s kernels: `None` without egress or when its tenant
-    /// allows nothing (its kernels have no network, exactly as without egress).
-    pub(super) fn grant_of(&self, owner: &crate::owner::Owner) -> Option<crate::egress::Grant> {
-        self.inner
-            .egress
-            .as_ref()
-            .and_then(|e| e.grant(&owner.tenant, &owner.session))
-    }
-
-    /// `wire` checked as a policy of one of `tenant`'s sessions, and the bytes it counts
-    /// (`crate::egress::Egress::check_session`): one with any entry is refused for a tenant
-    /// with no network (without egress configured, every tenant); `None`: nothing to keep.
-    pub fn check_network(
-        &self,
-        tenant: &str,
-        wire: &crate::wire::NetworkPolicy,
-    ) -> Result<Option<(Arc<crate::egress::Policy>, usize)>, crate::egress::SessionPolicyError>
-    {
-        match &self.inner.egress {
-            Some(egress) => egress.check_session(tenant, wire),
-            None => crate::egress::check_session_policy(false, tenant, wire),
-        }
-    }
-
-    /// Sets `tenant`'s `session`'s network policy on one host ([`Self::check_network`], then
-    /// [`Self::apply_network`]); answers the connections it closed.
-    pub fn set_network(
-        &self,
-        tenant: &str,
-        session: &str,
-        wire: &crate::wire::NetworkPolicy,
-    ) -> Result<usize, crate::egress::SessionPolicyError> {
-        let policy = self.check_network(tenant, wire)?;
-        self.apply_network(tenant, session, policy, None)
-    }
-
-    /// Sets `tenant`'s `session`'s network policy (`None`: forgets it; intersected with the
-    /// tenant's) and applies it at once to its running kernel, and to one starting meanwhile:
-    /// connections the new policy refuses are closed (their number is returned). `version`:
-    /// the catalog's version on a cluster node (an older one never replaces a newer; policies
-    /// of sessions with no kernel here make room, the catalog being their home), `None` on
-    /// one host (the policy is refused past the tenant's bound).
-    pub fn apply_network(
-        &self,
-        tenant: &str,
-        session: &str,
-        policy: Option<(Arc<crate::egress::Policy>, usize)>,
-        version: Option<u64>,
-    ) -> Result<usize, crate::egress::SessionPolicyError> {
-        let Some(egress) = &self.inner.egress else {
-            return Ok(0);
-        };
-        let registry = &self.inner.registry;
-        let spare = |s: &str| !registry.keeps_config(tenant, s);
-        match version {
-            Some(version) => {
-                egress.set_session(tenant, session, policy, version, Some(&spare), true)
-            }
-            None => egress.set_session(tenant, session, policy, 0, None, false),
-        }
-    }
-
-    /// Network egress, when configured (its counters for `/metrics`).
-    pub fn egress(&self) -> Option<&crate::egress::Egress> {
-        self.inner.egress.as_deref()
-    }
-
-    /// Step three of [`Self::acquire`]: the attempt's kernel leased when it is still
+    /// Step three of [`Orchestrator::acquire`]: the attempt's kernel leased when it is still
     /// registered and alive; `None` (try again) when it was cleared or reset while it started,
     /// or died since its last cell.
     async fn hold(
         &self,
-        key: &KernelKey,
         mut attempt: Attempt,
         kernel: Arc<Kernel>,
     ) -> Result<Option<Lease>, ExecuteError> {
-        let registry = &self.inner.registry;
+        let registry = &self.orchestrator.inner.registry;
         let slot = &attempt.slot;
         if registry.is_closed() {
             // A spawn that finished after shutdown drained the registry: nobody else would
@@ -500,7 +460,7 @@ impl Orchestrator {
             registry.forget(slot, None);
             registry.release(slot);
             crate::services::dispose_kernel(&kernel).await;
-            self.give_back_loss(key, attempt.state_lost.take());
+            self.give_back(attempt.state_lost.take());
             return Err(ExecuteError::ShuttingDown);
         }
         if !registry.is_registered(slot) {
@@ -508,39 +468,43 @@ impl Orchestrator {
             // dispose of, so this call does.
             registry.release(slot);
             crate::services::dispose_kernel(&kernel).await;
-            self.give_back_loss(key, attempt.state_lost.take());
+            self.give_back(attempt.state_lost.take());
             return Ok(None);
         }
         if kernel.is_alive() {
-            return Ok(Some(self.lease(key, attempt, kernel)));
+            return Ok(Some(self.lease(attempt, kernel)));
         }
-        self.lost_between_cells(key, attempt, &kernel).await;
+        self.lost_between_cells(attempt, &kernel).await;
         Ok(None)
     }
 
     /// The lease on a live kernel; a new one is counted (a pool take or a cold start), and its
     /// start recorded in the catalog.
-    fn lease(&self, key: &KernelKey, attempt: Attempt, kernel: Arc<Kernel>) -> Lease {
+    fn lease(&self, attempt: Attempt, kernel: Arc<Kernel>) -> Lease {
+        let key = self.key;
         if !attempt.reused {
-            self.count_take(attempt.pooled);
-            self.inner
+            self.orchestrator.count_take(attempt.pooled);
+            self.orchestrator
+                .inner
                 .registry
                 .tenants()
                 .new_kernel(&key.owner.tenant, attempt.pooled);
             if attempt.pooled {
                 let owner = &key.owner;
-                self.inner
-                    .services
-                    .usage
-                    .pending()
-                    .record(&owner.tenant, &owner.session, |r| r.pool_hits += 1);
+                self.orchestrator.inner.services.usage.pending().record(
+                    &owner.tenant,
+                    &owner.session,
+                    |r| r.pool_hits += 1,
+                );
             }
         }
         let slot = attempt.slot;
         // Naming the kernel and refilling the pool wait for this first cell (or a moment):
         // they would compete with it for the engine.
-        let taken = attempt.pooled.then(|| self.after_take(key, &slot, &kernel));
-        let started = match (&self.inner.catalog, attempt.reused) {
+        let taken = attempt
+            .pooled
+            .then(|| self.orchestrator.after_take(key, &slot, &kernel));
+        let started = match (&self.orchestrator.inner.catalog, attempt.reused) {
             (Some(catalog), false) => Some(catalog.record_durable(Change::Started {
                 key_hash: key.hash(),
                 tenant: key.owner.tenant.clone(),
@@ -564,26 +528,49 @@ impl Orchestrator {
     /// restart): its loss is recorded in the registry, so it comes back to this very call on
     /// the retry. A pooled kernel that died just as it was taken was never its owner's: no
     /// loss, and the loss this attach took is reported on the retry.
-    async fn lost_between_cells(&self, key: &KernelKey, attempt: Attempt, kernel: &Kernel) {
+    async fn lost_between_cells(&self, attempt: Attempt, kernel: &Kernel) {
         let reason = match attempt.pooled {
             true => {
-                self.give_back_loss(key, attempt.state_lost);
+                self.give_back(attempt.state_lost);
                 None
             }
-            false => kernel_death(kernel.death().unwrap_or(Death::Crashed(-1)), 0).loss(),
+            false => kernel
+                .death()
+                .unwrap_or(Death::Crashed(-1))
+                .in_contract(0)
+                .loss(),
         };
-        self.inner.registry.forget(&attempt.slot, reason);
-        if self.inner.registry.release(&attempt.slot) {
+        self.orchestrator
+            .inner
+            .registry
+            .forget(&attempt.slot, reason);
+        if self.orchestrator.inner.registry.release(&attempt.slot) {
             crate::services::dispose_kernel(kernel).await;
         }
     }
 
     /// Puts back a loss an attach took for a call that then failed before reporting it.
-    pub(super) fn give_back_loss(&self, key: &KernelKey, loss: Option<StateLost>) {
+    fn give_back(&self, loss: Option<StateLost>) {
         if let Some(loss) = loss {
-            self.inner.registry.restore_loss(key, loss);
+            self.orchestrator
+                .inner
+                .registry
+                .restore_loss(self.key, loss);
         }
     }
+}
+
+/// The registry's refusal as the call's error, told to `admission` first; slots reaped on
+/// the way are disposed of.
+async fn refused(refusal: Refusal, admission: Option<&AdmissionNotice>) -> ExecuteError {
+    if let Some(notice) = admission {
+        notice.send(Err(refusal_error(&refusal)));
+    }
+    let error = refusal_error(&refusal);
+    if let Refusal::AtCapacity(full) = refusal {
+        crate::services::dispose_slots(full.victims).await;
+    }
+    error
 }
 
 /// The error of a call the registry refused.
@@ -598,20 +585,6 @@ fn refusal_error(refusal: &Refusal) -> ExecuteError {
             cap: full.cap,
             held: full.held,
         },
-    }
-}
-
-/// A kernel's death in the contract's terms (`memory_bytes`: its memory limit, for the
-/// message of an OOM).
-pub(super) fn kernel_death(death: Death, memory_bytes: i64) -> KernelDeath {
-    match death {
-        Death::Oom => KernelDeath::Oom { memory_bytes },
-        Death::Killed => KernelDeath::Killed,
-        Death::Crashed(exit_code) => KernelDeath::Crashed { exit_code },
-        Death::EngineRestarted => KernelDeath::EngineRestarted,
-        Death::Protocol(what) => KernelDeath::Protocol { what },
-        Death::Disposed => KernelDeath::ShutDown,
-        Death::Exited => KernelDeath::Exited,
     }
 }
 

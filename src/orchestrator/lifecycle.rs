@@ -1,16 +1,13 @@
-//! Lifecycle verbs: interrupt a session's cells (found among the running calls, `lease.rs`),
-//! clear or evict a session, release a delegated child, list kernels, reap idle ones, and sweep
-//! leftovers; and the disposal of slots and kernels every part of the orchestrator uses.
+//! Lifecycle verbs: interrupt a session's cells (found among the running calls,
+//! `running.rs`), clear or evict a session, release a delegated child, list kernels, a reaper
+//! pass (the reaper is `services/reaper.rs`), and a slot's release.
 
 use std::sync::Arc;
 
 use super::{KernelSummary, Orchestrator, INTERRUPT_SETTLE};
 use crate::cell::LossReason;
-use crate::docker::EngineError;
-use crate::instance::sweep::{self, SweepReport};
 use crate::kernel::{Kernel, KernelState};
 use crate::owner::Owner;
-use crate::registry::Slot;
 
 impl Orchestrator {
     /// Calls running now: acquiring a kernel or running a cell, whether or not their caller
@@ -50,12 +47,6 @@ impl Orchestrator {
             .into_iter()
             .filter(|interrupted| *interrupted)
             .count()
-    }
-
-    pub(super) async fn release(&self, slot: &Arc<Slot>) {
-        if self.inner.registry.release(slot) {
-            crate::services::dispose_slots(vec![slot.clone()]).await;
-        }
     }
 
     /// Disposes of every kernel of a session, its delegated children's included, at once: a
@@ -190,71 +181,6 @@ impl Orchestrator {
         list
     }
 
-    /// Sets `tenant`'s `session`'s settings, checked by the caller against the tenant's
-    /// maximums ([`Settings::check`](crate::settings::Settings::check)); they apply to its
-    /// next kernel (environment, memory, CPU) or at once (idle timeout, labels). Returns true
-    /// when a live kernel of the session runs with another environment, memory or CPU.
-    pub fn set_settings(
-        &self,
-        tenant: Option<&str>,
-        session: &str,
-        settings: crate::settings::Settings,
-    ) -> Result<bool, crate::settings::SettingsError> {
-        let tenant = tenant.unwrap_or(&self.inner.config.default_tenant);
-        self.inner.registry.set_settings(tenant, session, settings)
-    }
-
-    /// `tenant`'s `session`'s settings as a cluster node keeps them (`None`: forgotten) at the
-    /// catalog's `version`: an older version never replaces a newer, and the catalog (their
-    /// home) bounded them (`Registry::set_settings_at`).
-    pub fn set_settings_at(
-        &self,
-        tenant: &str,
-        session: &str,
-        settings: Option<crate::settings::Settings>,
-        version: u64,
-    ) -> Result<bool, crate::settings::SettingsError> {
-        self.inner
-            .registry
-            .set_settings_at(tenant, session, settings, version, true)
-    }
-
-    /// Holds `tenant`'s `session`'s network policy and settings on this node while the guard
-    /// lives: a cluster node's claim loaded them and the session's kernel is not registered
-    /// yet, so they are not forgotten meanwhile to make room for another session's
-    /// (`crate::registry::Registry::hold_config`).
-    pub fn hold_session_config(&self, tenant: &str, session: &str) -> ConfigHold {
-        self.inner.registry.hold_config(tenant, session);
-        ConfigHold {
-            orchestrator: self.clone(),
-            tenant: tenant.to_string(),
-            session: session.to_string(),
-        }
-    }
-
-    /// Forgets `tenant`'s `session`'s own network policy and settings (the session was
-    /// deleted: `DELETE /v1/sessions/{session}`).
-    pub fn forget_session_config(&self, tenant: &str, session: &str) {
-        if let Some(egress) = &self.inner.egress {
-            // Forgetting is never refused.
-            let _ = egress.set_session(tenant, session, None, u64::MAX, None, true);
-        }
-        let _ = self
-            .inner
-            .registry
-            .set_settings_at(tenant, session, None, u64::MAX, true);
-    }
-
-    /// `tenant`'s `session`'s settings (the server's defaults when it set none).
-    pub fn settings(&self, tenant: Option<&str>, session: &str) -> crate::settings::Settings {
-        let tenant = tenant.unwrap_or(&self.inner.config.default_tenant);
-        self.inner
-            .registry
-            .settings(tenant, session)
-            .map(|s| crate::settings::Settings::clone(&s))
-            .unwrap_or_default()
-    }
-
     /// The kernel currently serving a key's owner (for tests and admin), if any.
     pub fn kernel_for(
         &self,
@@ -271,89 +197,10 @@ impl Orchestrator {
             .and_then(|s| s.kernel.get().cloned())
     }
 
-    /// One reaper pass: retire idle kernels, and sweep staging volumes older than
-    /// `housekeeping.staging_max_age` that no container uses, of this instance or of instances known dead
-    /// (never a live neighbour's). Returns how many kernels were reaped.
+    /// One reaper pass (`services/reaper.rs`): retire idle kernels, expire checkpoints,
+    /// snapshots and workspaces, sweep staging volumes no container uses. Returns how many
+    /// kernels were reaped.
     pub async fn reap_once(&self) -> usize {
-        let (slots, hibernating) = self.inner.registry.reap_idle();
-        let n = slots.len();
-        crate::services::dispose_slots(slots).await;
-        let hibernation = &self.inner.services.hibernation;
-        hibernation
-            .park(hibernating, crate::cell::LossReason::IdleReaped)
-            .await;
-        hibernation.expire().await;
-        self.inner.services.snapshots.expire().await;
-        if let Some(workspaces) = self.inner.services.transfers.workspaces() {
-            match workspaces.sweep_expired().await {
-                Ok(removed) if !removed.is_empty() => {
-                    tracing::info!(workspaces = removed.len(), "expired workspaces deleted");
-                }
-                Ok(_) => {}
-                Err(e) => tracing::warn!(error = %e, "workspace sweep failed"),
-            }
-        }
-        match sweep::sweep_stale_staging_of_dead(
-            self.inner.engine.as_ref(),
-            &self.inner.instance,
-            self.inner.config.housekeeping.staging_max_age,
-        )
-        .await
-        {
-            Ok(removed) if !removed.is_empty() => {
-                tracing::info!(volumes = removed.len(), "stale staging volumes swept");
-            }
-            Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "staging sweep failed"),
-        }
-        super::start::sweep_expired_hibernated(self.inner.engine.as_ref(), &self.inner.instance)
-            .await;
-        n
-    }
-
-    /// Removes staging volumes older than `housekeeping.staging_max_age` (any instance's) no container uses.
-    pub async fn sweep_stale_staging(&self) -> Result<Vec<String>, EngineError> {
-        sweep::sweep_stale_staging(
-            self.inner.engine.as_ref(),
-            self.inner.config.housekeeping.staging_max_age,
-            &[],
-            false,
-        )
-        .await
-    }
-
-    /// Removes leftovers of dead instances.
-    pub async fn sweep_orphans(&self, dry_run: bool) -> Result<SweepReport, EngineError> {
-        sweep::sweep_orphans(self.inner.engine.as_ref(), &self.inner.instance, dry_run).await
-    }
-
-    pub(super) async fn reap_forever(&self) {
-        let interval = self.inner.config.reap_interval();
-        loop {
-            tokio::select! {
-                _ = self.inner.tasks.cancel.cancelled() => return,
-                _ = tokio::time::sleep(interval) => {}
-            }
-            // Each kernel reaped is a lifecycle event of its own (`crate::logging`).
-            self.reap_once().await;
-        }
-    }
-}
-
-/// A session's network policy and settings held on this node
-/// ([`Orchestrator::hold_session_config`]); released when dropped.
-#[derive(Debug)]
-pub struct ConfigHold {
-    orchestrator: Orchestrator,
-    tenant: String,
-    session: String,
-}
-
-impl Drop for ConfigHold {
-    fn drop(&mut self) {
-        self.orchestrator
-            .inner
-            .registry
-            .release_config(&self.tenant, &self.session);
+        self.inner.services.reaper.reap_once().await
     }
 }

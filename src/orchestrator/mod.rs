@@ -9,12 +9,12 @@
 //! | `mod.rs` | [`Orchestrator`] and its shared `Inner`, accessors, stats |
 //! | `start.rs` | the start: the config validated once, the catalog restored, the engine checked, sweep, watchdog, then the background tasks |
 //! | `request.rs` | what callers hand in and get back: [`Scope`] (whose kernel, made how), [`ExecuteRequest`], [`AdmissionNotice`], errors, [`KernelSummary`], [`Stats`] |
-//! | `lease.rs` | what an execute and an upload share: the kernel's key, `acquire` (admission, then the kernel reused, taken from the pool or spawned) and its lease, the catalog's confirmation of a new kernel |
-//! | `execute.rs` | one execute in steps: resolve the request, acquire, run the cell, settle its [`CellResult`](crate::CellResult) (the ending named for `cell::Ending`, output capped) |
+//! | `lease.rs` | what an execute and an upload share: `acquire` (admission, then the kernel reused, taken from the pool or spawned), its steps on an `Acquisition`, the `Lease` it gives, the catalog's confirmation of a new kernel |
+//! | `execute.rs` | one execute in steps on its `Call`: resolve the request, acquire, run the cell, settle its [`CellResult`](crate::CellResult) (the kernel's `cell::Ending` refined with what only the orchestrator sees, output capped) |
 //! | `command.rs` | a shell command in an owner's kernel container ([`CommandRequest`]): the kernel held or started, the per-session limit, adopted if its caller goes |
-//! | `files.rs` | files in and out of an owner's kernel: write, read, list, remove ([`FileRequest`]) |
-//! | `lifecycle.rs` | interrupt, clear, evict, release a child, list, reap, sweeps |
-//! | `node.rs` | what a cluster node asks: whether a session has a kernel here, a claimed session's catalog rows taken over, the fence (docs/cluster.md) |
+//! | `files.rs` | files in and out of an owner's kernel: write, read, list, remove ([`FileRequest`]); the kernel held for one (`Hold`); bytes counted and slow downloads cut by `services::FileMeter` |
+//! | `lifecycle.rs` | interrupt, clear, evict, release a child, list, a reaper pass (`services::Reaper`) |
+//! | `node.rs` | what a cluster node asks: whether a session has a kernel here, a claimed session's catalog rows taken over, the fence, the watchdog told how long the node's lease is trusted (`WatchdogSlot`; docs/cluster.md) |
 //! | `pool.rs` | the warm pool: the refill task, pooled kernels' disposal, naming a taken kernel after its owner |
 //! | `spawner.rs` | what every kernel start shares: labels, the event monitor, the file channels' refusal, the starts counted; the common [`SpawnRequest`](crate::kernel::SpawnRequest) |
 //! | `running.rs` | the calls running now, by owner: what an interrupt cancels and waits for, what the drain counts |
@@ -50,22 +50,21 @@ mod workspace_files;
 pub use crate::histogram::Histogram;
 pub use crate::registry::{EvictionCounts, LossCounts};
 pub use crate::services::{
-    ProcessError, SnapshotError, MAX_PROCESSES, MAX_PROCESSES_PER_SESSION,
-    MAX_PROCESSES_PER_TENANT, MAX_STDIN_WRITE, MAX_TRANSFERS, MAX_TRANSFERS_PER_TENANT,
-    OUTPUT_BUFFER_BYTES,
+    ConfigHold, FileBytes, ProcessError, SessionConfigs, SnapshotError, MAX_PROCESSES,
+    MAX_PROCESSES_PER_SESSION, MAX_PROCESSES_PER_TENANT, MAX_STDIN_WRITE, MAX_TRANSFERS,
+    MAX_TRANSFERS_PER_TENANT, OUTPUT_BUFFER_BYTES,
 };
 pub use command::{CommandError, CommandRequest};
 pub use files::{FileError, FileRequest};
-pub use lifecycle::ConfigHold;
 pub use pool::{PoolStats, POOL_REFILL_CONCURRENCY, REFILL_BUCKETS};
 pub use process::{ProcessRequest, ProcessStartError};
 pub use request::{
-    AdmissionNotice, ExecuteError, ExecuteRequest, FileBytes, KernelSummary, Scope, StartError,
-    StartStats, Stats, TenantStats, START_BUCKETS,
+    AdmissionNotice, ExecuteError, ExecuteRequest, KernelSummary, Scope, StartError, StartStats,
+    Stats, TenantStats, START_BUCKETS,
 };
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -74,7 +73,6 @@ use tokio_util::task::TaskTracker;
 use crate::catalog::CatalogWriter;
 use crate::config::{Config, ValidConfig};
 use crate::docker::Engine;
-use crate::instance::watchdog::Watchdog;
 use crate::instance::Instance;
 use crate::registry::Registry;
 use crate::services::{AuditTrail, Hibernation, UsageLedger, WorkspaceTransfers};
@@ -93,15 +91,12 @@ struct Inner {
     tasks: Tasks,
     /// The calls running now (acquiring a kernel or running a cell), by owner.
     running: running::RunningCalls,
-    /// File bytes moved by `write_file` (uploads) and `read_file` (downloads).
-    file_bytes: Arc<files::FileCounters>,
     /// Commands running per owner (`command.rs`).
     commands: Arc<command::CommandCounts>,
-    watchdog: Mutex<Option<Watchdog>>,
+    /// The watchdog, when one runs (`node.rs`).
+    watchdog: node::WatchdogSlot,
     catalog: Option<Arc<CatalogWriter>>,
     pool: pool::PoolState,
-    /// Network egress by policy, when configured (`docs/reliability.md`, "Network egress").
-    egress: Option<Arc<crate::egress::Egress>>,
     /// The services it owns and calls at named points (`services/`).
     services: Services,
     /// The tenants' settings as read at the moment of use, swapped by a reload (`tenancy.rs`).
@@ -129,6 +124,13 @@ struct Services {
     snapshots: Arc<crate::services::Snapshots>,
     /// Background processes (`services/processes/`).
     processes: crate::services::Processes,
+    /// Sessions' own settings and network policies, and network egress
+    /// (`services/sessions.rs`).
+    sessions: SessionConfigs,
+    /// File transfers' bytes counted and slow downloads cut (`services/file_meter.rs`).
+    files: crate::services::FileMeter,
+    /// The periodic housekeeping pass (`services/reaper.rs`).
+    reaper: Arc<crate::services::Reaper>,
 }
 
 /// Runs stateful Python kernels in containers, one per key. Cheap to clone.
@@ -154,6 +156,12 @@ impl Orchestrator {
             .transfers
             .workspaces()
             .map(|w| w.as_ref())
+    }
+
+    /// Sessions' own settings and network policies, and network egress
+    /// (`services/sessions.rs`): what `/v1/sessions/{session}/settings` and `/network` set.
+    pub fn sessions(&self) -> &SessionConfigs {
+        &self.inner.services.sessions
     }
 
     /// `tenant`'s workspace policy: its sessions' `/work` is a workspace.
@@ -236,7 +244,7 @@ impl Orchestrator {
                 ready: self.inner.registry.pool_ready(),
                 ..self.inner.pool.stats().clone()
             },
-            file_bytes: self.inner.file_bytes.snapshot(),
+            file_bytes: self.inner.services.files.snapshot(),
             audit: self.inner.services.audit.stats(),
         }
     }

@@ -3,6 +3,7 @@
 //! session kernels live here, and the fence: every kernel gone at once when the node's lease
 //! can no longer be trusted.
 
+use std::sync::Mutex;
 use std::time::Instant;
 
 use crate::catalog::Entry;
@@ -50,26 +51,7 @@ impl Orchestrator {
     /// from outside this process (`docs/cluster.md`, "Leases and fencing"). Nothing without
     /// a watchdog.
     pub fn kernels_trusted_until(&self, until: Instant) {
-        let watchdog = self
-            .inner
-            .watchdog
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        if let Some(w) = watchdog.as_ref() {
-            w.trust_until(until);
-        }
-    }
-
-    /// Whether the last time told to the watchdog ([`Self::kernels_trusted_until`]) has
-    /// passed: the watchdog kills, or the fence removes, this node's kernels. False without a
-    /// watchdog or before any time was told.
-    pub(super) fn lease_deadline_passed(&self) -> bool {
-        let watchdog = self
-            .inner
-            .watchdog
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        watchdog.as_ref().is_some_and(Watchdog::deadline_passed)
+        self.inner.watchdog.trust_until(until);
     }
 
     /// Disposes of every session kernel at once, busy or not (a running cell ends with the
@@ -82,5 +64,38 @@ impl Orchestrator {
             .remove_where(|_| true, Some(reason), false);
         crate::services::dispose_slots(slots).await;
         n
+    }
+}
+
+/// This instance's watchdog (`crate::instance::watchdog`), when one runs: told until when the
+/// node's lease is trusted, asked whether that time passed, finished at the stop.
+pub(super) struct WatchdogSlot(Mutex<Option<Watchdog>>);
+
+impl WatchdogSlot {
+    pub(super) fn new(watchdog: Option<Watchdog>) -> WatchdogSlot {
+        WatchdogSlot(Mutex::new(watchdog))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Watchdog>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// [`Orchestrator::kernels_trusted_until`].
+    fn trust_until(&self, until: Instant) {
+        if let Some(w) = self.lock().as_ref() {
+            w.trust_until(until);
+        }
+    }
+
+    /// Whether the last time told ([`Orchestrator::kernels_trusted_until`]) has passed: the
+    /// watchdog kills, or the fence removes, this node's kernels. False without a watchdog or
+    /// before any time was told.
+    pub(super) fn deadline_passed(&self) -> bool {
+        self.lock().as_ref().is_some_and(Watchdog::deadline_passed)
+    }
+
+    /// The watchdog, taken for the stop to finish it.
+    pub(super) fn take(&self) -> Option<Watchdog> {
+        self.lock().take()
     }
 }

@@ -95,10 +95,8 @@ impl Orchestrator {
             CommandError::Invalid(message) => ProcessError::Invalid(message),
             other => ProcessError::Invalid(other.to_string()),
         })?;
-        let hold = match self
-            .hold_or_start(&FileRequest::new(request.scope.clone()), &owner)
-            .await
-        {
+        let files = FileRequest::new(request.scope.clone());
+        let hold = match super::files::Hold::or_start(self, &files, &owner).await {
             Ok(hold) => hold,
             Err(FileError::Execute(e)) => return Err(e.into()),
             Err(_) => {

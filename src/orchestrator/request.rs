@@ -405,24 +405,9 @@ pub struct Stats {
     /// The warm pool's size, ready kernels, takes and refills.
     pub pool: super::PoolStats,
     /// File bytes moved in and out of kernels.
-    pub file_bytes: FileBytes,
+    pub file_bytes: crate::services::FileBytes,
     /// What the audit trail dropped, cut or rotated out (zeros without a trail).
     pub audit: crate::audit::AuditStats,
-}
-
-/// File bytes moved through the orchestrator's file calls ([`write_file`], [`read_file`]),
-/// whoever called them: the HTTP file API, the MCP file tools, the library. The one count
-/// behind `kernelbox_file_bytes_total{direction}` (docs/files.md "Files in and out of a kernel").
-///
-/// [`write_file`]: super::Orchestrator::write_file
-/// [`read_file`]: super::Orchestrator::read_file
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct FileBytes {
-    /// Bytes taken from uploads' bodies, into kernels.
-    pub upload: u64,
-    /// Bytes handed to the readers of downloads (files and tars; not listings), out of
-    /// kernels.
-    pub download: u64,
 }
 
 /// Per-tenant counters for metrics (`docs/usage.md`, "Per-tenant metrics"), by label value: a

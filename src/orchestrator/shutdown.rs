@@ -55,7 +55,7 @@ impl Orchestrator {
         {
             tracing::warn!(error = %e, "final sweep of this instance failed");
         }
-        if let Some(egress) = &inner.egress {
+        if let Some(egress) = inner.services.sessions.egress() {
             egress.stop().await;
         }
         if let Some(catalog) = &inner.catalog {
@@ -77,12 +77,7 @@ impl Orchestrator {
         inner.services.audit.close().await;
         inner.tasks.tracker.close();
         let _ = tokio::time::timeout(Duration::from_secs(10), inner.tasks.tracker.wait()).await;
-        let watchdog = inner
-            .watchdog
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        if let Some(w) = watchdog {
+        if let Some(w) = inner.watchdog.take() {
             let _ = tokio::task::spawn_blocking(move || w.finish()).await;
         }
     }

@@ -5,7 +5,7 @@
 //! hibernated kernels taken over, then the event monitor, the reaper, the runaway watch and
 //! the warm pool's refill.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -57,7 +57,7 @@ impl Orchestrator {
             }
             None => None,
         };
-        Self::start_validated(config, engine, catalog).await
+        start_validated(config, engine, catalog).await
     }
 
     /// [`Orchestrator::start`] with the given catalog (`config.housekeeping.state_dir` is not
@@ -68,185 +68,202 @@ impl Orchestrator {
         engine: Arc<dyn Engine>,
         catalog: Option<Arc<dyn Catalog>>,
     ) -> Result<Orchestrator, StartError> {
-        Self::start_validated(config, engine, catalog).await
+        start_validated(config, engine, catalog).await
     }
+}
 
-    /// The start proper, of a configuration already validated.
-    async fn start_validated(
-        mut config: ValidConfig,
-        engine: Arc<dyn Engine>,
-        catalog: Option<Arc<dyn Catalog>>,
-    ) -> Result<Orchestrator, StartError> {
-        let restored = match catalog {
-            Some(catalog) => Some(Restored::load(catalog).await?),
-            None => None,
-        };
-        engine.ping().await?;
-        check_runtimes(&config, engine.as_ref()).await?;
-        let instance = Instance::current();
-        prepare_file_sockets(&mut config).await;
-        // Hibernated kernels of an earlier run outlive it (the sweep leaves them by name).
-        let recorded = services::recorded(&config, engine.as_ref()).await?;
-        if config.housekeeping.sweep_on_start {
-            sweep_leftovers(engine.as_ref(), &instance).await?;
-        }
-        let watchdog = match &config.housekeeping.watchdog {
-            Some(path) => Some(
-                Watchdog::spawn(path, &instance.id, recorded.tag.as_deref()).map_err(|source| {
-                    StartError::Watchdog {
-                        path: path.display().to_string(),
-                        source,
-                    }
-                })?,
-            ),
-            None => None,
-        };
-        let egress = match &config.egress {
-            Some(egress) => Some(Arc::new(
-                crate::egress::Egress::start(
-                    engine.clone(),
-                    &instance.id,
-                    &instance.labels(&config.housekeeping.extra_labels),
-                    egress,
-                )
-                .await?,
-            )),
-            None => None,
-        };
-        let workspaces = match &config.workspaces {
-            Some(ws) => Some(Arc::new(crate::workspace::Workspaces::new(
+/// The start proper, of a configuration already validated.
+async fn start_validated(
+    mut config: ValidConfig,
+    engine: Arc<dyn Engine>,
+    catalog: Option<Arc<dyn Catalog>>,
+) -> Result<Orchestrator, StartError> {
+    let restored = match catalog {
+        Some(catalog) => Some(Restored::load(catalog).await?),
+        None => None,
+    };
+    engine.ping().await?;
+    check_runtimes(&config, engine.as_ref()).await?;
+    let instance = Instance::current();
+    prepare_file_sockets(&mut config).await;
+    // Hibernated kernels of an earlier run outlive it (the sweep leaves them by name).
+    let recorded = services::recorded(&config, engine.as_ref()).await?;
+    if config.housekeeping.sweep_on_start {
+        sweep_leftovers(engine.as_ref(), &instance).await?;
+    }
+    let watchdog = match &config.housekeeping.watchdog {
+        Some(path) => Some(
+            Watchdog::spawn(path, &instance.id, recorded.tag.as_deref()).map_err(|source| {
+                StartError::Watchdog {
+                    path: path.display().to_string(),
+                    source,
+                }
+            })?,
+        ),
+        None => None,
+    };
+    let egress = match &config.egress {
+        Some(egress) => Some(Arc::new(
+            crate::egress::Egress::start(
                 engine.clone(),
-                ws.clone(),
-                config.housekeeping.extra_labels.clone(),
-            )?)),
-            None => None,
-        };
-        let tracker = TaskTracker::new();
-        let policies = Arc::new(crate::tenancy::LivePolicies::from_pointee(
-            crate::tenancy::TenantPolicies::of_config(&config),
-        ));
-        let audit = services::AuditTrail::start(config.audit.as_ref(), policies.clone(), &tracker)?;
-        let registry = Arc::new(Registry::new(
-            config.kernels.max_session_kernels,
-            config.kernels.idle_timeout,
-        ));
-        let monitor = EventMonitor::default();
-        let hibernation = Arc::new(services::Hibernation::new(
-            &config,
-            registry.clone(),
+                &instance.id,
+                &instance.labels(&config.housekeeping.extra_labels),
+                egress,
+            )
+            .await?,
+        )),
+        None => None,
+    };
+    let workspaces = match &config.workspaces {
+        Some(ws) => Some(Arc::new(crate::workspace::Workspaces::new(
             engine.clone(),
-            tracker.clone(),
-            monitor.clone(),
-            &instance,
-            policies.clone(),
-        ));
-        let snapshots = Arc::new(services::Snapshots::new(
-            &config.snapshots,
-            config.housekeeping.state_dir.as_deref(),
-            &instance.id,
-        ));
-        let usage = Arc::new(services::UsageLedger::new(
-            match &restored {
-                Some(r) => r.store.clone(),
-                None => Arc::new(crate::catalog::MemoryCatalog::default()),
-            },
-            egress.clone(),
-        ));
-        let cancel = CancellationToken::new();
-        let inner = Arc::new(Inner {
-            tenancy: policies,
-            services: super::Services {
-                processes: services::Processes::new(tracker.clone(), cancel.clone()),
-                transfers: services::WorkspaceTransfers::new(workspaces),
-                audit,
-                hibernation,
-                usage,
-                snapshots,
-            },
-            egress,
-            pool: pool::PoolState::new(config.spec.clone(), config.pool.size),
-            registry,
-            spawner: spawner::Spawner::new(
-                {
-                    let mut labels = instance.labels(&config.housekeeping.extra_labels);
-                    if let Some(tag) = &recorded.tag {
-                        labels.insert(labels::CHECKPOINTS.into(), tag.clone());
-                    }
-                    labels
-                },
-                monitor,
+            ws.clone(),
+            config.housekeeping.extra_labels.clone(),
+        )?)),
+        None => None,
+    };
+    let tracker = TaskTracker::new();
+    let policies = Arc::new(crate::tenancy::LivePolicies::from_pointee(
+        crate::tenancy::TenantPolicies::of_config(&config),
+    ));
+    let audit = services::AuditTrail::start(config.audit.as_ref(), policies.clone(), &tracker)?;
+    let registry = Arc::new(Registry::new(
+        config.kernels.max_session_kernels,
+        config.kernels.idle_timeout,
+    ));
+    let monitor = EventMonitor::default();
+    let hibernation = Arc::new(services::Hibernation::new(
+        &config,
+        registry.clone(),
+        engine.clone(),
+        tracker.clone(),
+        monitor.clone(),
+        &instance,
+        policies.clone(),
+    ));
+    let snapshots = Arc::new(services::Snapshots::new(
+        &config.snapshots,
+        config.housekeeping.state_dir.as_deref(),
+        &instance.id,
+    ));
+    let usage = Arc::new(services::UsageLedger::new(
+        match &restored {
+            Some(r) => r.store.clone(),
+            None => Arc::new(crate::catalog::MemoryCatalog::default()),
+        },
+        egress.clone(),
+    ));
+    let cancel = CancellationToken::new();
+    let reaper = Arc::new(services::Reaper {
+        registry: registry.clone(),
+        engine: engine.clone(),
+        instance: instance.clone(),
+        hibernation: hibernation.clone(),
+        snapshots: snapshots.clone(),
+        workspaces: workspaces.clone(),
+        staging_max_age: config.housekeeping.staging_max_age,
+        interval: config.reap_interval(),
+    });
+    let inner = Arc::new(Inner {
+        tenancy: policies,
+        services: super::Services {
+            processes: services::Processes::new(tracker.clone(), cancel.clone()),
+            sessions: services::SessionConfigs::new(
+                registry.clone(),
+                egress,
+                config.default_tenant.clone(),
             ),
-            config,
-            engine,
-            tasks: super::Tasks { tracker, cancel },
-            running: Default::default(),
-            file_bytes: Arc::default(),
-            commands: Arc::default(),
-            watchdog: Mutex::new(watchdog),
-            instance,
-            catalog: restored.as_ref().map(|r| r.writer.clone()),
-        });
-        inner.registry.set_ceilings(tenancy::ceilings(
-            &inner.config,
-            &inner.config.tenant_session_limits,
-        ));
-        let live = match restored {
-            Some(restored) => restored.seed(&inner.registry),
-            None => 0,
-        };
-        let orchestrator = Orchestrator { inner };
-        let adopted = orchestrator
-            .inner
-            .services
-            .hibernation
-            .adopt(recorded.records);
-        let registry = &orchestrator.inner.registry;
-        registry.count_losses(LossReason::ServerRestarted, live.saturating_sub(adopted));
-        // Before any call can take a checkpoint: what no kept checkpoint claims goes.
-        orchestrator.inner.services.hibernation.clear_dir().await;
-        // The snapshots an earlier run kept (`docs/snapshots.md`); half-made ones go.
-        let kept = orchestrator.inner.services.snapshots.load().await;
-        if kept > 0 {
-            tracing::info!(snapshots = kept, "snapshots of an earlier run kept");
-        }
-        orchestrator.start_tasks();
-        Ok(orchestrator)
+            files: services::FileMeter::new(
+                usage.pending().clone(),
+                tracker.clone(),
+                cancel.clone(),
+            ),
+            reaper,
+            transfers: services::WorkspaceTransfers::new(workspaces),
+            audit,
+            hibernation,
+            usage,
+            snapshots,
+        },
+        pool: pool::PoolState::new(config.spec.clone(), config.pool.size),
+        registry,
+        spawner: spawner::Spawner::new(
+            {
+                let mut labels = instance.labels(&config.housekeeping.extra_labels);
+                if let Some(tag) = &recorded.tag {
+                    labels.insert(labels::CHECKPOINTS.into(), tag.clone());
+                }
+                labels
+            },
+            monitor,
+        ),
+        config,
+        engine,
+        tasks: super::Tasks { tracker, cancel },
+        running: Default::default(),
+        commands: Arc::default(),
+        watchdog: super::node::WatchdogSlot::new(watchdog),
+        instance,
+        catalog: restored.as_ref().map(|r| r.writer.clone()),
+    });
+    inner.registry.set_ceilings(tenancy::ceilings(
+        &inner.config,
+        &inner.config.tenant_session_limits,
+    ));
+    let live = match restored {
+        Some(restored) => restored.seed(&inner.registry),
+        None => 0,
+    };
+    let orchestrator = Orchestrator { inner };
+    let adopted = orchestrator
+        .inner
+        .services
+        .hibernation
+        .adopt(recorded.records);
+    let registry = &orchestrator.inner.registry;
+    registry.count_losses(LossReason::ServerRestarted, live.saturating_sub(adopted));
+    // Before any call can take a checkpoint: what no kept checkpoint claims goes.
+    orchestrator.inner.services.hibernation.clear_dir().await;
+    // The snapshots an earlier run kept (`docs/snapshots.md`); half-made ones go.
+    let kept = orchestrator.inner.services.snapshots.load().await;
+    if kept > 0 {
+        tracing::info!(snapshots = kept, "snapshots of an earlier run kept");
     }
+    start_tasks(&orchestrator);
+    Ok(orchestrator)
+}
 
-    /// Starts the background tasks: the event monitor, the reaper, the runaway watch, the
-    /// pool's refill.
-    fn start_tasks(&self) {
-        let i = &self.inner;
-        // Kernels restored from an earlier run's checkpoints carry its labels: with any taken
-        // over, every kernelbox container's events are followed.
-        let events = match i.registry.hibernated_count() {
-            0 => vec![
-                labels::managed(),
-                labels::filter(labels::INSTANCE, &i.instance.id),
-            ],
-            _ => vec![labels::managed()],
-        };
-        i.tasks.tracker.spawn(i.spawner.monitor.clone().run(
-            i.engine.clone(),
-            events,
-            i.tasks.cancel.child_token(),
-        ));
-        let reaper = self.clone();
-        i.tasks
-            .tracker
-            .spawn(async move { reaper.reap_forever().await });
-        let watch = services::RunawayWatcher::new(&i.config, i.registry.clone());
-        i.tasks.tracker.spawn(watch.run(i.tasks.cancel.clone()));
-        let (usage, registry, cancel) = (
-            i.services.usage.clone(),
-            i.registry.clone(),
-            i.tasks.cancel.clone(),
-        );
-        i.tasks
-            .tracker
-            .spawn(async move { usage.keep(&registry, cancel).await });
-        self.start_pool();
-    }
+/// Starts the background tasks: the event monitor, the reaper, the runaway watch, the
+/// pool's refill.
+fn start_tasks(orchestrator: &Orchestrator) {
+    let i = &orchestrator.inner;
+    // Kernels restored from an earlier run's checkpoints carry its labels: with any taken
+    // over, every kernelbox container's events are followed.
+    let events = match i.registry.hibernated_count() {
+        0 => vec![
+            labels::managed(),
+            labels::filter(labels::INSTANCE, &i.instance.id),
+        ],
+        _ => vec![labels::managed()],
+    };
+    i.tasks.tracker.spawn(i.spawner.monitor.clone().run(
+        i.engine.clone(),
+        events,
+        i.tasks.cancel.child_token(),
+    ));
+    let reaper = i.services.reaper.clone();
+    i.tasks.tracker.spawn(reaper.run(i.tasks.cancel.clone()));
+    let watch = services::RunawayWatcher::new(&i.config, i.registry.clone());
+    i.tasks.tracker.spawn(watch.run(i.tasks.cancel.clone()));
+    let (usage, registry, cancel) = (
+        i.services.usage.clone(),
+        i.registry.clone(),
+        i.tasks.cancel.clone(),
+    );
+    i.tasks
+        .tracker
+        .spawn(async move { usage.keep(&registry, cancel).await });
+    orchestrator.start_pool();
 }
 
 impl Restored {
@@ -311,23 +328,8 @@ async fn sweep_leftovers(engine: &dyn Engine, instance: &Instance) -> Result<(),
             "swept leftovers of dead instances"
         );
     }
-    sweep_expired_hibernated(engine, instance).await;
+    services::sweep_expired_hibernated(engine, instance).await;
     Ok(())
-}
-
-/// Removes hibernated kernels past [`crate::config::HIBERNATED_SPARED_FOR`], whatever server
-/// made them (`docs/runtimes.md`, "Across a restart of the server"): at start and with each
-/// reap, so a state directory that never comes back does not keep them.
-pub(super) async fn sweep_expired_hibernated(engine: &dyn Engine, instance: &Instance) {
-    let spare = crate::config::HIBERNATED_SPARED_FOR;
-    match sweep::sweep_hibernated(engine, instance, spare, false).await {
-        Ok(report) if !report.containers.is_empty() => tracing::info!(
-            containers = report.containers.len(),
-            "swept hibernated kernels past their spare time"
-        ),
-        Ok(_) => {}
-        Err(e) => tracing::warn!(error = %e, "sweeping hibernated kernels failed"),
-    }
 }
 
 /// A loss by restart, now.

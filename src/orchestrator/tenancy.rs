@@ -39,7 +39,7 @@ impl Orchestrator {
         &self,
         policies: TenantPolicies,
     ) -> Result<usize, crate::egress::EgressError> {
-        let closed = match &self.inner.egress {
+        let closed = match self.inner.services.sessions.egress() {
             Some(egress) => egress.set_tenants(&policies.networks)?,
             None => 0,
         };
@@ -72,10 +72,7 @@ impl Orchestrator {
         self.inner.services.hibernation.discard(hibernated).await;
         // Its sessions' own network policies and settings go too: a tenant added back under
         // the name (docs/http-api.md, "Reloading the tenants") must not inherit them.
-        if let Some(egress) = &self.inner.egress {
-            egress.forget_tenant_sessions(tenant);
-        }
-        self.inner.registry.forget_tenant_settings(tenant);
+        self.inner.services.sessions.forget_tenant(tenant);
         n
     }
 }

@@ -64,13 +64,13 @@ impl Orchestrator {
             Err(FileError::NoKernel { .. }) => {}
             other => return other,
         }
-        let owner = self.workspace_owner(scope)?;
+        let owner = workspace_owner(self, scope)?;
         let (me, scope, who) = (self.clone(), scope.clone(), owner.clone());
         // The transfer kernel is made and its download started even if the caller goes away
         // meanwhile: dropped then, it is removed (never half made and left).
         let started =
             crate::orchestrator::adopt::run_adopted(&self.inner.tasks.tracker, async move {
-                let transfer = me.transfer_kernel(&scope, &who, false).await?;
+                let transfer = TransferKernel::open(&me, &scope, &who, false).await?;
                 let download = transfer.kernel.read_file(&FilePath::root(), true).await?;
                 Ok::<_, FileError>((transfer, download))
             })
@@ -86,9 +86,9 @@ impl Orchestrator {
             self.inner.config.files.download_min_rate,
             self.inner.config.files.download_rate_grace,
         );
-        let counted = self.count_download(&owner, body);
+        let files = &self.inner.services.files;
         Ok(Download::Tar {
-            body: self.slow_cut(counted, Box::new(transfer), rate, grace),
+            body: files.download(&owner, body, Box::new(transfer), rate, grace),
         })
     }
 
@@ -100,7 +100,7 @@ impl Orchestrator {
         scope: &Scope,
         body: ByteStream,
     ) -> Result<Written, FileError> {
-        let owner = self.workspace_owner(scope)?;
+        let owner = workspace_owner(self, scope)?;
         let root = FilePath::root();
         if self.inner.registry.has_live(&owner) {
             return self
@@ -108,12 +108,12 @@ impl Orchestrator {
                 .await;
         }
         let cap = self.inner.config.files.max_upload_bytes;
-        let body = self.count_upload(&owner, body);
+        let body = self.inner.services.files.count_upload(&owner, body);
         let (me, scope) = (self.clone(), scope.clone());
         // Runs to its end even if the caller goes away: the transfer kernel is made, the
         // helper confirms its clean-up, and the kernel is gone before the answer.
         crate::orchestrator::adopt::run_adopted(&self.inner.tasks.tracker, async move {
-            let transfer = me.transfer_kernel(&scope, &owner, true).await?;
+            let transfer = TransferKernel::open(&me, &scope, &owner, true).await?;
             let kernel = transfer.kernel.clone();
             let (made, opening) = (transfer.made, transfer.opening);
             let written = kernel.write_file(&root, true, body, cap).await;
@@ -142,29 +142,29 @@ impl Orchestrator {
     ) -> Result<(), crate::workspace::WorkspaceError> {
         self.inner.services.transfers.delete(tenant, name).await
     }
+}
 
-    /// The owner `scope` names, when its tenant has workspaces.
-    fn workspace_owner(&self, scope: &Scope) -> Result<Owner, FileError> {
-        let owner = scope
-            .owner(&self.inner.config)
-            .map_err(|e| FileError::Execute(super::ExecuteError::Name(e)))?;
-        if self.workspace_policy(&owner.tenant).is_none() {
-            return Err(crate::workspace::WorkspaceError::Disabled {
-                tenant: owner.tenant.clone(),
-            }
-            .into());
+/// The owner `scope` names, when its tenant has workspaces.
+fn workspace_owner(orchestrator: &Orchestrator, scope: &Scope) -> Result<Owner, FileError> {
+    let owner = orchestrator.owner_of_scope(scope)?;
+    if orchestrator.workspace_policy(&owner.tenant).is_none() {
+        return Err(crate::workspace::WorkspaceError::Disabled {
+            tenant: owner.tenant.clone(),
         }
-        Ok(owner)
+        .into());
     }
+    Ok(owner)
+}
 
+impl TransferKernel {
     /// A kernel for one transfer of `owner`'s workspace (made when `create` and it has none).
-    async fn transfer_kernel(
-        &self,
+    async fn open(
+        orchestrator: &Orchestrator,
         scope: &Scope,
         owner: &Owner,
         create: bool,
     ) -> Result<TransferKernel, FileError> {
-        let inner = &self.inner;
+        let inner = &orchestrator.inner;
         if inner.tasks.cancel.is_cancelled() {
             return Err(super::ExecuteError::ShuttingDown.into());
         }
@@ -186,11 +186,7 @@ impl Orchestrator {
             }
             .into());
         };
-        let key = scope.kernel_key(
-            owner.clone(),
-            &self.inner.config,
-            &self.inner.tenancy.load(),
-        )?;
+        let key = scope.kernel_key(owner.clone(), &inner.config, &inner.tenancy.load())?;
         let (uid, gid) = crate::kernel::parse_user(&inner.config.spec.sandbox.user);
         let workspace = workspaces.open(owner, &policy, uid, gid, create).await?;
         let (made, opening) = (!workspace.info.restored, workspace.opening);
@@ -198,7 +194,7 @@ impl Orchestrator {
             workspace: Some(workspace),
             // Generation 0: no kernel of the session is ever that one.
             owner: Some((key, 0)),
-            ..self.spawn_request()
+            ..orchestrator.spawn_request()
         })
         .await;
         let kernel = match spawned {

@@ -186,7 +186,7 @@ impl AppState {
         };
         // Credential rules: judged on every connection opened from now on.
         if let Some(secrets) = secrets {
-            let applied = match orchestrator.egress() {
+            let applied = match orchestrator.sessions().egress() {
                 Some(egress) => egress.set_secrets(secrets),
                 None => secrets.is_empty(),
             };
@@ -267,7 +267,7 @@ impl AppState {
                 ));
             }
         }
-        if orchestrator.egress().is_none() && !networks.is_empty() {
+        if orchestrator.sessions().egress().is_none() && !networks.is_empty() {
             let names: Vec<&str> = networks.keys().map(String::as_str).collect();
             needs_restart.push(format!(
                 "network of tenant(s) {}: the server started with no tenant network, so without its egress proxy; they have no network until a restart",

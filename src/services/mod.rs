@@ -13,12 +13,18 @@
 //! | `audit.rs` | [`AuditTrail`]: the audit trail's record of each cell and command of an audited tenant (`docs/usage.md`, "Audit trail") | a cell or command ended; the stop |
 //! | `transfers.rs` | [`WorkspaceTransfers`]: the workspaces and the transfer kernels running per tenant and workspace | a transfer without a kernel; a workspace deleted |
 //! | `processes/` | [`Processes`]: background processes per session (`docs/processes.md`): started on an owner's kernel, their output kept and streamed, stdin, signals, kill, under bounds per session, tenant and host | starting a process; its other verbs are the server's to call; the stop (its tasks) |
+//! | `sessions.rs` | [`SessionConfigs`]: each session's own settings and network policy as this host keeps them; network egress | the settings and network routes; a kernel's start (its grant); a tenant removed; the stop (egress) |
+//! | `file_meter.rs` | [`FileMeter`]: file transfers' bytes counted (metrics, usage ledger), slow downloads cut | each upload and download |
+//! | `reaper.rs` | [`Reaper`]: the periodic pass retiring idle kernels and sweeping what expired | at start (its task); `reap_once` |
 //! | `runaway.rs` | [`RunawayWatcher`]: kernels computing with no cell running, sampled from their cgroups, counted busy, killed past their last cell's timeout | at start (its task) |
 
 mod audit;
+mod file_meter;
 mod hibernation;
 mod processes;
+mod reaper;
 mod runaway;
+mod sessions;
 mod snapshots;
 mod transfers;
 mod usage;
@@ -31,13 +37,17 @@ use crate::kernel::Kernel;
 use crate::registry::Slot;
 
 pub(crate) use audit::{AuditTrail, Ran};
+pub use file_meter::FileBytes;
+pub(crate) use file_meter::FileMeter;
 pub(crate) use hibernation::{recorded, Hibernation};
 pub(crate) use processes::{OutputItem, Processes};
 pub use processes::{
     ProcessError, MAX_PROCESSES, MAX_PROCESSES_PER_SESSION, MAX_PROCESSES_PER_TENANT,
     MAX_STDIN_WRITE, OUTPUT_BUFFER_BYTES,
 };
+pub(crate) use reaper::{sweep_expired_hibernated, Reaper};
 pub(crate) use runaway::RunawayWatcher;
+pub use sessions::{ConfigHold, SessionConfigs};
 pub use snapshots::SnapshotError;
 pub(crate) use snapshots::{Reservation, Snapshots, Stored};
 pub(crate) use transfers::{TransferSlot, WorkspaceTransfers};

@@ -63,7 +63,7 @@ pub(super) async fn metrics(State(state): State<AppState>) -> Response {
         pending.held(None).0,
         pending.cut_count(),
     );
-    if let Some(egress) = state.inner.orchestrator.egress() {
+    if let Some(egress) = state.inner.orchestrator.sessions().egress() {
         let _ = crate::server::metrics::write_egress(&mut text, egress);
     }
     if let Some(node) = state.cluster() {

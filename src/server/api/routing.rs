@@ -171,7 +171,7 @@ async fn serve_here(
     request: Request,
     next: Next,
 ) -> Response {
-    let hold = claimed.then(|| state.orchestrator().hold_session_config(tenant, session));
+    let hold = claimed.then(|| state.orchestrator().sessions().hold(tenant, session));
     if claimed {
         if let Err(e) = node.load_session_config(state, tenant, session).await {
             node.release(tenant, session);

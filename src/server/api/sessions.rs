@@ -62,6 +62,7 @@ pub(crate) async fn set_session_network(
 ) -> Result<usize, ApiError> {
     let orchestrator = &state.inner.orchestrator;
     let policy = orchestrator
+        .sessions()
         .check_network(&tenant.name, wire)
         .map_err(|e| policy_error(state, e))?;
     let version = match state.cluster() {
@@ -97,6 +98,7 @@ pub(crate) async fn set_session_network(
         }
     };
     orchestrator
+        .sessions()
         .apply_network(&tenant.name, session, policy, version)
         .map_err(|e| policy_error(state, e))
 }
@@ -136,7 +138,7 @@ pub(crate) async fn end_session(
     if let Some(node) = state.cluster() {
         node.forget_session_config(tenant, session).await?;
     }
-    orchestrator.forget_session_config(tenant, session);
+    orchestrator.sessions().forget(tenant, session);
     match cleared {
         0 => Err(ApiError::not_found(format!(
             "session {session:?} has no kernel"

@@ -50,7 +50,9 @@ pub(crate) async fn apply(
     let settings = Settings::check(wire, &bounds).map_err(|e| invalid(state, e.into()))?;
     let answer = settings.to_wire();
     let restart_required = match state.cluster() {
-        None => orchestrator.set_settings(Some(&tenant.name), session, settings)?,
+        None => orchestrator
+            .sessions()
+            .set_settings(Some(&tenant.name), session, settings)?,
         // The catalog keeps them first, so the session's kernel gets them on any node
         // (docs/cluster.md, "Session policies and settings").
         Some(node) => {
@@ -72,7 +74,12 @@ pub(crate) async fn apply(
                 }
                 .into());
             };
-            orchestrator.set_settings_at(&tenant.name, session, Some(settings), version)?
+            orchestrator.sessions().set_settings_at(
+                &tenant.name,
+                session,
+                Some(settings),
+                version,
+            )?
         }
     };
     Ok(SettingsApplied {
@@ -107,7 +114,9 @@ pub(super) async fn get(
         };
         return Ok(Json(wire));
     }
-    let settings = orchestrator.settings(Some(&tenant.name), &session);
+    let settings = orchestrator
+        .sessions()
+        .settings(Some(&tenant.name), &session);
     Ok(Json(settings.to_wire()))
 }
 

@@ -97,7 +97,7 @@ impl ClusterNode {
             Some(text) => {
                 let wire: crate::wire::NetworkPolicy = serde_json::from_str(text)
                     .map_err(|e| unreadable("network policy", e.to_string()))?;
-                match orchestrator.check_network(tenant, &wire) {
+                match orchestrator.sessions().check_network(tenant, &wire) {
                     Ok(policy) => policy,
                     // The tenant has no network (any more): nothing to keep.
                     Err(crate::egress::SessionPolicyError::TenantHasNone { .. }) => None,
@@ -106,6 +106,7 @@ impl ClusterNode {
             }
         };
         orchestrator
+            .sessions()
             .apply_network(tenant, session, network, Some(config.version))
             .map_err(|e| unreadable("network policy", e.to_string()))?;
         let settings = match &config.settings {
@@ -120,6 +121,7 @@ impl ClusterNode {
             }
         };
         orchestrator
+            .sessions()
             .set_settings_at(tenant, session, settings, config.version)
             .map_err(|e| unreadable("settings", e.to_string()))?;
         Ok(())

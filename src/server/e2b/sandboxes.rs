@@ -292,7 +292,7 @@ pub(crate) async fn clear(state: &AppState, tenant: &str, id: &str) {
             tracing::warn!(error = %e.message, sandbox = id, "forgetting an E2B sandbox's settings");
         }
     }
-    orchestrator.forget_session_config(tenant, id);
+    orchestrator.sessions().forget(tenant, id);
 }
 
 /// The end-of-life task: sleeps until the next sandbox's end (or a change), then kills every
