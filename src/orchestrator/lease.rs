@@ -243,7 +243,7 @@ impl Orchestrator {
         match spawned {
             Ok(kernel) => {
                 if attempt.pooled {
-                    crate::logging::kernel_started(
+                    self.inner.registry.events().started(
                         &key.owner,
                         kernel.short_id(),
                         slot.generation(),
@@ -276,7 +276,11 @@ impl Orchestrator {
         hibernation.wait_for(key).await;
         match hibernation.restore(key).await {
             Some(Ok(kernel)) => {
-                crate::logging::kernel_restored(&key.owner, kernel.short_id(), slot.generation());
+                self.inner.registry.events().restored(
+                    &key.owner,
+                    kernel.short_id(),
+                    slot.generation(),
+                );
                 return Ok(kernel);
             }
             Some(Err(reason)) => {
@@ -323,7 +327,7 @@ impl Orchestrator {
                 ))
                 .await;
             match &result {
-                Ok(kernel) => crate::logging::kernel_started(
+                Ok(kernel) => inner.registry.events().started(
                     &key.owner,
                     kernel.short_id(),
                     generation,

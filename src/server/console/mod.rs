@@ -12,7 +12,7 @@
 //! | `assets/` | `index.html`, `app.js`, `app.css`: the page, served as they are |
 //!
 //! What it makes the host hold: nothing per visitor (the cookie is the token itself, kept by
-//! the browser); the page refreshes one round at a time (at most five API calls), 5 s after the
+//! the browser); the page refreshes one round at a time (at most nine API calls), 5 s after the
 //! previous round ended, each call bounded as the API's are.
 
 mod auth;
