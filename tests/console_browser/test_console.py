@@ -124,7 +124,7 @@ def test_a_tenants_view_never_shows_another_tenant(
     assert "acme" not in source
     # No admin section, no action.
     assert not driver.find_element(By.ID, "tenants-section").is_displayed()
-    assert driver.find_elements(By.CSS_SELECTOR, "#kernels button") == []
+    assert driver.find_elements(By.CSS_SELECTOR, "#kernels button.danger") == []
     assert not driver.find_element(By.ID, "reload").is_displayed()
     # Today's usage is the tenant's own ledger, per session.
     ledger = api(server, server.token("globex"), f"/v1/usage?from={midnight()}")["rows"]
@@ -171,7 +171,7 @@ def test_ending_a_session_from_the_page_ends_it(
     before = server.containers()
     sign_in(driver, server, admin_token)
     button = driver.find_element(
-        By.CSS_SELECTOR, f'#kernels button[data-tenant="{tenant}"][data-session="{session}"]')
+        By.CSS_SELECTOR, f'#kernels button.danger[data-tenant="{tenant}"][data-session="{session}"]')
     button.click()
     alert = WebDriverWait(driver, WAIT).until(ec.alert_is_present())
     assert session in alert.text
