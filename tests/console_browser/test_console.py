@@ -251,6 +251,11 @@ def test_the_kernel_detail_shows_its_events_and_why_it_was_lost(
     assert theirs["tenant"] == "acme" and theirs["events"] == []
     shown_detail(driver, tenant, session)
     shot(driver, "kernel-detail")
+    # The whole page, as docs/console.png shows it.
+    height = driver.execute_script("return document.documentElement.scrollHeight")
+    driver.set_window_size(1200, min(int(height) + 140, 3000))
+    driver.execute_script("window.scrollTo(0, 0)")
+    shot(driver, "console")
 
 
 def test_the_audit_tail_and_egress_refusals_are_the_apis(
