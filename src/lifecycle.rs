@@ -235,7 +235,7 @@ impl KernelEvents {
             .iter()
             .filter(|((t, _), _)| tenant.is_none_or(|want| want == t))
             .collect();
-        picked.sort_by(|a, b| b.1.touched.cmp(&a.1.touched));
+        picked.sort_by_key(|r| std::cmp::Reverse(r.1.touched));
         picked
             .into_iter()
             .take(limit)

@@ -92,7 +92,7 @@ impl Refusals {
             .filter(|(t, _)| tenant.is_none_or(|want| want == *t))
             .flat_map(|(t, kept)| kept.iter().map(move |k| (t, k)))
             .collect();
-        all.sort_by(|a, b| b.1.seq.cmp(&a.1.seq));
+        all.sort_by_key(|k| std::cmp::Reverse(k.1.seq));
         all.into_iter()
             .take(limit)
             .map(|(tenant, k)| EgressRefusal {
