@@ -38,6 +38,7 @@
 //! | [`tenancy`] | the per-tenant settings the orchestrator reads at the moment of use, swapped whole by a reload of the tenants |
 //! | [`workspace`] | workspaces (folder): a session's `/work` kept past its kernel on a quota'd disk image, listed, deleted, swept by TTL |
 //! | [`telemetry`] | OpenTelemetry traces, off unless `serve --otlp-endpoint`: the OTLP/HTTP pipeline, W3C `traceparent` in and out, spans of the current request (`docs/usage.md`, "Traces") |
+//! | [`lifecycle`] | kernels' lifecycle events: logged, and kept in a bounded ring per session for the console's routes (`docs/console.md`) |
 //! | [`logging`] | the log: text or JSON lines, `EnvFilter` levels, the access log's and lifecycle events' targets, the lifecycle events (`docs/logs.md`) |
 //! | [`mcp`] | MCP (folder): tools over stdio (`kernelbox mcp`) and streamable HTTP (`/v1/mcp`) |
 //!
@@ -64,6 +65,7 @@ pub mod image;
 pub mod instance;
 pub(crate) mod kernel;
 pub mod labels;
+pub mod lifecycle;
 pub mod logging;
 pub mod mcp;
 pub mod orchestrator;

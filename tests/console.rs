@@ -479,3 +479,220 @@ async fn first_render(url: &str, token: &str) {
         .expect("first_render_ms");
     assert!(ms < 1000.0, "first render took {ms} ms: {measured}");
 }
+
+/// An in-process `serve` on the fake engine with two tenants audited (acme with its code,
+/// globex hashes only) into `audit`, and the admin token.
+async fn recent_server(
+    audit: &std::path::Path,
+) -> (
+    http::Api,
+    Orchestrator,
+    CancellationToken,
+    tokio::task::JoinHandle<std::io::Result<()>>,
+) {
+    use kernelbox::audit::{AuditConfig, AuditPolicy, AuditSink};
+    let mut config = Config::default();
+    config.housekeeping.watchdog = None;
+    config.housekeeping.sweep_on_start = false;
+    config.pool.size = 0;
+    config.kernels.max_session_kernels = 400;
+    config.audit = Some(AuditConfig {
+        sink: AuditSink::File {
+            path: audit.to_path_buf(),
+            rotate_bytes: kernelbox::audit::DEFAULT_AUDIT_ROTATE_BYTES,
+            keep: 1,
+        },
+        tenants: [
+            ("acme".to_string(), AuditPolicy { code: true }),
+            ("globex".to_string(), AuditPolicy { code: false }),
+        ]
+        .into_iter()
+        .collect(),
+    });
+    let kb = Orchestrator::start(config, Arc::new(FakeEngine::default()))
+        .await
+        .expect("orchestrator on the fake engine");
+    let tenants = http::tenants(vec![
+        http::tenant("acme", ACME),
+        http::tenant("globex", GLOBEX),
+    ]);
+    let state = AppState::new(kb.clone(), tenants);
+    state.admin_with(ADMIN);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let api = http::Api::new(listener.local_addr().expect("addr"));
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(server::serve_with(
+        listener,
+        state,
+        shutdown.clone(),
+        ServeOptions {
+            console: true,
+            ..ServeOptions::default()
+        },
+    ));
+    (api, kb, shutdown, task)
+}
+
+/// The tenants named by a list of items (`tenant` of each).
+fn tenants_of(items: &Value) -> BTreeSet<String> {
+    items
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|i| i["tenant"].as_str().expect("tenant").to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn recent_events_and_the_audit_tail_are_bounded_and_each_tenant_sees_its_own() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let audit = dir.path().join("audit.log");
+    let (api, kb, shutdown, task) = recent_server(&audit).await;
+    for (tenant, session, code) in [
+        ("acme", "a1", "x = 'acme-secret'"),
+        ("acme", "a2", "y = 2"),
+        ("globex", "g1", "z = 'globex-secret'"),
+    ] {
+        let scope = Scope::session(session).tenant(tenant);
+        let r = kb.execute(ExecuteRequest::new(scope, code)).await;
+        assert!(r.expect("a cell").error.is_none());
+    }
+    kb.clear_session(Some("acme"), "a2").await;
+    kb.sync_catalog().await;
+
+    // A session's events: its start and its end, each tenant its own.
+    let a2 = api.get("/v1/sessions/a2/events", Some(ACME)).await.json();
+    let kinds: Vec<&str> = a2["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .map(|e| e["event"].as_str().expect("event"))
+        .collect();
+    assert_eq!(kinds, ["started", "ended"], "{a2}");
+    assert_eq!(a2["ended"], true);
+    assert_eq!(a2["events"][1]["reason"], "cleared");
+    // globex asking for acme's session name reads its own (none), never acme's.
+    let theirs = api.get("/v1/sessions/a2/events", Some(GLOBEX)).await.json();
+    assert_eq!(theirs["tenant"], "globex");
+    assert_eq!(theirs["events"].as_array().map(Vec::len), Some(0));
+    let admin = api
+        .get("/v1/admin/tenants/acme/sessions/a2/events", Some(ADMIN))
+        .await
+        .json();
+    assert_eq!(admin, a2);
+    assert_eq!(
+        api.get("/v1/admin/tenants/acme/sessions/a2/events", Some(ACME))
+            .await
+            .status,
+        StatusCode::UNAUTHORIZED
+    );
+    // The recent sessions: the admin's every tenant's; a tenant's its own only.
+    let all = api.get("/v1/events", Some(ADMIN)).await.json();
+    assert_eq!(
+        tenants_of(&all["sessions"]),
+        BTreeSet::from(["acme".to_string(), "globex".to_string()])
+    );
+    let mine = api.get("/v1/events", Some(GLOBEX)).await.json();
+    assert_eq!(
+        tenants_of(&mine["sessions"]),
+        BTreeSet::from(["globex".to_string()])
+    );
+    let one = api
+        .get("/v1/events?tenant=acme&limit=1", Some(ADMIN))
+        .await
+        .json();
+    assert_eq!(one["sessions"].as_array().map(Vec::len), Some(1));
+    assert_eq!(
+        one["sessions"][0]["session"], "a2",
+        "the latest first: {one}"
+    );
+
+    // The audit tail: acme's code (it records it), globex's hash only; each its own.
+    // The trail's writer is a task of its own: its lines are awaited (at most 30 s).
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    let tail = loop {
+        let tail = api.get("/v1/audit", Some(ADMIN)).await;
+        assert_eq!(tail.status, StatusCode::OK);
+        let tail = tail.json();
+        if tail["records"].as_array().map(Vec::len) == Some(3) {
+            break tail;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{tail}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert_eq!(tail["whole_file"], true);
+    let globex = api.get("/v1/audit", Some(GLOBEX)).await.json();
+    assert_eq!(
+        tenants_of(&globex["records"]),
+        BTreeSet::from(["globex".to_string()])
+    );
+    assert!(globex["records"][0]["code"].is_null(), "{globex}");
+    assert_eq!(
+        globex["records"][0]["code_sha256"].as_str().map(str::len),
+        Some(64)
+    );
+    assert!(!globex.to_string().contains("acme-secret"));
+    let acme = api.get("/v1/audit?limit=1", Some(ACME)).await.json();
+    assert_eq!(acme["records"].as_array().map(Vec::len), Some(1));
+    assert_eq!(acme["records"][0]["code"], "y = 2", "the latest: {acme}");
+
+    // Egress is off here: nothing refused, and it says so.
+    let refusals = api.get("/v1/egress/refusals", Some(ACME)).await.json();
+    assert_eq!(refusals["egress"], false);
+    assert_eq!(refusals["refusals"].as_array().map(Vec::len), Some(0));
+
+    // Bounds and names: another tenant's, a limit out of bounds, an unknown parameter, a
+    // path trick; no token at all.
+    for path in ["/v1/events", "/v1/audit", "/v1/egress/refusals"] {
+        let r = api.get(&format!("{path}?tenant=acme"), Some(GLOBEX)).await;
+        assert_eq!(r.status, StatusCode::FORBIDDEN, "{path}");
+        for bad in [
+            "limit=0",
+            "limit=201",
+            "limit=99999999999999999999",
+            "color=red",
+        ] {
+            let r = api.get(&format!("{path}?{bad}"), Some(ADMIN)).await;
+            assert_eq!(r.status, StatusCode::BAD_REQUEST, "{path}?{bad}");
+        }
+        assert_eq!(
+            api.get(path, None).await.status,
+            StatusCode::UNAUTHORIZED,
+            "{path}"
+        );
+    }
+    for path in [
+        "/v1/admin/tenants/acme/sessions/..%2Fa2/events",
+        "/v1/admin/tenants/..%2Facme/sessions/a2/events",
+        "/v1/sessions/a%2F2/events",
+    ] {
+        let token = if path.contains("admin") { ADMIN } else { ACME };
+        let r = api.get(path, Some(token)).await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{path}");
+    }
+
+    // A tenant churning through session names keeps at most its bound of rings, and another
+    // tenant's are kept.
+    let events = kb.kernel_events();
+    let many = kernelbox::lifecycle::MAX_SESSIONS_PER_TENANT + 20;
+    let runs = (0..many).map(|i| {
+        let kb = kb.clone();
+        async move {
+            let scope = Scope::session(format!("churn-{i}")).tenant("acme");
+            kb.execute(ExecuteRequest::new(scope, "1")).await
+        }
+    });
+    for r in futures::future::join_all(runs).await {
+        assert!(r.expect("a cell").error.is_none());
+    }
+    let (_, acme_rings) = events.counts("acme");
+    assert_eq!(acme_rings, kernelbox::lifecycle::MAX_SESSIONS_PER_TENANT);
+    assert!(events.session("globex", "g1").is_some());
+    let most = api.get("/v1/events?limit=200", Some(ADMIN)).await.json();
+    assert_eq!(most["sessions"].as_array().map(Vec::len), Some(200));
+
+    shutdown.cancel();
+    task.await.expect("server task").expect("served");
+}

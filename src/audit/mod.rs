@@ -8,6 +8,7 @@
 //! |---|---|
 //! | `mod.rs` | this table, the [`AuditRecord`] one line holds, [`AuditConfig`] (the sink and each tenant's [`AuditPolicy`]), [`AuditError`], the constants |
 //! | `chain.rs` | the hash chain: a line's hash, the last line of a file, [`verify`] |
+//! | `tail.rs` | [`tail`]: the last records of the trail's file, read backwards at most [`TAIL_BYTES`] (`GET /v1/audit`) |
 //! | `writer.rs` | [`Auditor`], the handle cells and commands record through, and the one task that writes (bounded channel, each tenant's byte budget, rotation, the chain carried across restarts and rotations), [`AuditStats`] |
 
 use std::path::PathBuf;
@@ -15,9 +16,11 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 mod chain;
+mod tail;
 mod writer;
 
 pub use chain::{line_hash, verify, Verified};
+pub use tail::{tail, Tail, TAIL_BYTES};
 pub use writer::{AuditStats, Auditor};
 
 /// Records waiting for the writer at most; past it a record is dropped and counted, and the
@@ -51,7 +54,7 @@ pub const GENESIS: &str = "00000000000000000000000000000000000000000000000000000
 pub const MAX_AUDIT_LINE: usize = 64 * 1024 * 1024;
 
 /// What ran: a cell or a shell command.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum AuditKind {
     /// A cell of Python.
@@ -61,7 +64,7 @@ pub enum AuditKind {
 }
 
 /// One line of the trail. Field order is the line's order.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct AuditRecord {
     /// When it ended, RFC 3339 UTC with milliseconds.
     pub time: String,

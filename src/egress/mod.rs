@@ -493,6 +493,11 @@ impl Egress {
         names
     }
 
+    /// The proxy's last `limit` refusals, of `tenant` when given, the most recent first.
+    pub fn refusals(&self, tenant: Option<&str>, limit: usize) -> Vec<crate::wire::EgressRefusal> {
+        self.table.refusals.recent(tenant, limit)
+    }
+
     /// Every tenant's counters, for `/metrics`.
     pub fn counters(&self) -> Vec<(String, proxy::TenantCounters)> {
         self.table.counters()

@@ -276,7 +276,7 @@ impl Acquisition<'_> {
         match spawned {
             Ok(kernel) => {
                 if attempt.pooled {
-                    crate::logging::kernel_started(
+                    self.inner.registry.events().started(
                         &key.owner,
                         kernel.short_id(),
                         slot.generation(),
@@ -308,7 +308,11 @@ impl Acquisition<'_> {
         hibernation.wait_for(key).await;
         match hibernation.restore(key).await {
             Some(Ok(kernel)) => {
-                crate::logging::kernel_restored(&key.owner, kernel.short_id(), slot.generation());
+                self.inner.registry.events().restored(
+                    &key.owner,
+                    kernel.short_id(),
+                    slot.generation(),
+                );
                 return Ok(kernel);
             }
             Some(Err(reason)) => {
@@ -348,7 +352,7 @@ impl Acquisition<'_> {
                 .within(self.spawn_with(generation, network.as_ref(), grant, settings.as_deref()))
                 .await;
             match &result {
-                Ok(kernel) => crate::logging::kernel_started(
+                Ok(kernel) => inner.registry.events().started(
                     &key.owner,
                     kernel.short_id(),
                     generation,

@@ -169,6 +169,11 @@ impl Orchestrator {
         self.inner.services.transfers.policy(tenant)
     }
 
+    /// The sessions' recent lifecycle events (`crate::lifecycle`, docs/console.md).
+    pub fn kernel_events(&self) -> Arc<crate::lifecycle::KernelEvents> {
+        self.inner.registry.events()
+    }
+
     /// Hibernated kernels (checkpointed, or being checkpointed).
     pub fn hibernated(&self) -> usize {
         self.inner.services.hibernation.count()

@@ -100,7 +100,8 @@ impl Inner {
     /// and logged as a lifecycle event when it had a container (`docs/logs.md`).
     pub(super) fn record_end(&mut self, slot: &Slot, why: &'static str) {
         if let Some(container) = slot.container() {
-            crate::logging::kernel_ended(&slot.key.owner, container, slot.generation(), why);
+            self.events
+                .ended(&slot.key.owner, container, slot.generation(), why);
         }
         self.journal(|| Change::Ended {
             key_hash: slot.key.hash(),
@@ -121,7 +122,7 @@ impl Inner {
         self.tenants.loss(&key.owner.tenant, reason);
         self.remember(key);
         let generation = *self.generations.entry(key.clone()).or_insert(0);
-        crate::logging::kernel_lost(&key.owner, container, generation, reason);
+        self.events.lost(&key.owner, container, generation, reason);
         let loss = StateLost {
             reason,
             at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),

@@ -198,6 +198,9 @@ struct Inner {
     /// before its kernel is registered (a cluster node's claim), with how many such starts:
     /// never forgotten to make room meanwhile (`settings.rs`).
     held_configs: HashMap<(String, String), usize>,
+    /// The sessions' recent lifecycle events (`crate::lifecycle`): losses and ends recorded
+    /// here, starts and hibernations through [`Registry::events`].
+    events: Arc<crate::lifecycle::KernelEvents>,
 }
 
 impl Inner {
@@ -261,6 +264,12 @@ impl Registry {
             idle_timeout,
             inner: Mutex::new(Inner::default()),
         }
+    }
+
+    /// The sessions' recent lifecycle events, where a kernel's start, restore and
+    /// hibernation are recorded (its losses and ends are, by the registry).
+    pub fn events(&self) -> Arc<crate::lifecycle::KernelEvents> {
+        self.lock().events.clone()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {

@@ -177,6 +177,10 @@ fn definitions() -> (
     answers.subschema_for::<wire::ProcessList>();
     answers.subschema_for::<wire::StdinWritten>();
     answers.subschema_for::<wire::ProcessEvent>();
+    answers.subschema_for::<wire::SessionEvents>();
+    answers.subschema_for::<wire::RecentSessions>();
+    answers.subschema_for::<wire::AuditTail>();
+    answers.subschema_for::<wire::EgressRefusals>();
     (
         requests.take_definitions(true),
         answers.take_definitions(true),
@@ -542,6 +546,9 @@ pub fn spec() -> Value {
         if let Some(processes) = process_paths(&auth_errors).as_object() {
             paths.extend(processes.clone());
         }
+        if let Some(recent) = recent_paths().as_object() {
+            paths.extend(recent.clone());
+        }
     }
     if let Some(schemas) = spec["components"]["schemas"].as_object_mut() {
         schemas.extend(generated_schemas());
@@ -687,6 +694,75 @@ fn admin_paths() -> Value {
                     "200": answer("How many kernels were disposed of.", "Cleared"),
                     "400": error_response("`invalid_name`: a bad session name.")
                 }))
+            }
+        }
+    })
+}
+
+/// What happened lately (`api/recent.rs`, docs/console.md): sessions' kernel events, the
+/// audit trail's tail, egress refusals; a tenant's own, or the admin token's every tenant's.
+fn recent_paths() -> Value {
+    let both = || {
+        json!({
+            "400": error_response("`invalid_query`: an unknown parameter, or `limit` out of bounds."),
+            "401": error_response("Missing or unknown bearer token."),
+            "403": error_response("`forbidden`: a tenant's token naming another tenant.")
+        })
+    };
+    let params = json!([
+        {"name": "limit", "in": "query", "required": false, "description": format!("Items answered, the most recent (default {}, at most {}).", wire::DEFAULT_RECENT, wire::MAX_RECENT), "schema": {"type": "integer", "minimum": 1, "maximum": wire::MAX_RECENT}},
+        {"name": "tenant", "in": "query", "required": false, "description": "Only this tenant's (the admin token; a tenant's token may name only its own).", "schema": {"type": "string"}}
+    ]);
+    json!({
+        "/v1/events": {
+            "get": {
+                "summary": "The sessions whose kernel lifecycle events changed last, the most recent first, each with its events (started, restored, hibernated, interrupted, ended, lost and why). A tenant's token: its own; the admin token: every tenant's.",
+                "parameters": params.clone(),
+                "responses": with(&both(), json!({"200": answer("The sessions.", "RecentSessions")}))
+            }
+        },
+        "/v1/sessions/{session}/events": {
+            "get": {
+                "summary": "The session's recent kernel lifecycle events, oldest first (at most 32), and why its kernel was last lost. None kept: an empty list.",
+                "parameters": [session_param()],
+                "responses": {
+                    "200": answer("The session's events.", "SessionEvents"),
+                    "400": error_response("`invalid_name`: a bad session name."),
+                    "401": error_response("Missing or unknown bearer token.")
+                }
+            }
+        },
+        "/v1/admin/tenants/{tenant}/sessions/{session}/events": {
+            "parameters": [
+                {"name": "tenant", "in": "path", "required": true, "schema": {"type": "string"}},
+                session_param()
+            ],
+            "get": {
+                "summary": "Any tenant's session's recent kernel lifecycle events (the admin token).",
+                "responses": {
+                    "200": answer("The session's events.", "SessionEvents"),
+                    "400": error_response("`invalid_name`: a bad tenant or session name."),
+                    "401": error_response("Missing or wrong admin token."),
+                    "404": error_response("No admin token configured (`--admin-token`).")
+                }
+            }
+        },
+        "/v1/audit": {
+            "get": {
+                "summary": "The audit trail's last records (docs/usage.md, \"Audit trail\"), oldest first, read from the last 4 MiB of its current file: the code's hash always, the code only for a tenant that records it. A tenant's token: its own; the admin token: every tenant's.",
+                "parameters": params.clone(),
+                "responses": with(&both(), json!({
+                    "200": answer("The records.", "AuditTail"),
+                    "404": error_response("`no_audit_file`: the server writes no audit trail file."),
+                    "503": error_response("`audit_unavailable`: the file could not be read.")
+                }))
+            }
+        },
+        "/v1/egress/refusals": {
+            "get": {
+                "summary": "The egress proxy's recent refusals (tenant, session, destination, reason), the most recent first; kept at most 200 per tenant and 2,000 per server. A tenant's token: its own; the admin token: every tenant's.",
+                "parameters": params,
+                "responses": with(&both(), json!({"200": answer("The refusals.", "EgressRefusals")}))
             }
         }
     })

@@ -17,6 +17,7 @@
 //! | `snapshot.rs` | [`SnapshotBody`], [`SnapshotInfo`], [`RestoreBody`], [`ForkBody`], [`ForkResult`]: snapshots, restore and fork (`docs/snapshots.md`) |
 //! | `process.rs` | [`ProcessBody`], [`ProcessInfo`], [`ProcessList`], [`SignalBody`], [`StdinWritten`]: background processes (`docs/processes.md`); their output's events are [`ProcessEvent`] |
 //! | `settings.rs` | [`SessionSettings`], [`SettingsApplied`]: `PUT`/`GET /v1/sessions/{session}/settings` |
+//! | `recent.rs` | [`SessionEvents`], [`AuditTail`], [`EgressRefusals`], [`RecentQuery`]: what happened lately, bounded (docs/console.md) |
 //!
 //! Every type the server answers with derives `schemars::JsonSchema`, and `src/server/openapi.rs`
 //! generates the document's schemas from them. Three answers have their own home: a cell result
@@ -33,6 +34,7 @@ mod language;
 mod network;
 pub mod path;
 mod process;
+mod recent;
 mod settings;
 mod snapshot;
 mod usage;
@@ -57,6 +59,10 @@ pub use execute::{ExecuteBody, MAX_TASK_ID};
 pub use language::{Context, Language, UnsupportedLanguage};
 pub use network::NetworkPolicy;
 pub use process::{ProcessBody, ProcessInfo, ProcessList, SignalBody, StdinWritten, SIGNALS};
+pub use recent::{
+    AuditTail, EgressRefusal, EgressRefusals, KernelEvent, LifecycleKind, RecentQuery,
+    RecentSessions, SessionEvents, DEFAULT_RECENT, MAX_RECENT,
+};
 pub use settings::{SessionSettings, SettingsApplied};
 pub use snapshot::{
     ForkBody, ForkOutcome, ForkResult, RestoreBody, RestoredKernel, SnapshotBody, SnapshotInfo,

@@ -34,6 +34,17 @@ DRIVER = os.environ.get("KERNELBOX_CHROMEDRIVER", "/usr/bin/chromedriver")
 #: The sessions made before the tests: tenant -> idle sessions; `busy` runs a long cell.
 IDLE = {"acme": ["acme-one", "acme-two"], "globex": ["globex-one", "globex-two"]}
 BUSY = ("acme", "acme-busy")
+#: A session whose cell ran past its timeout: its kernel lost (`timeout`), gone from the list.
+LOST = ("globex", "globex-lost")
+#: A session whose cell asked for a destination its policy refuses.
+REFUSED = ("acme", "acme-one")
+REFUSED_HOST = "refused.example.com"
+REFUSE_CODE = f"""import urllib.request
+try:
+    urllib.request.urlopen("http://{REFUSED_HOST}/", timeout=20)
+except Exception as e:
+    print(type(e).__name__)
+"""
 
 
 def run(server: Server, tenant: str, session: str, code: str, timeout: float = 120) -> Dict:
@@ -49,7 +60,13 @@ def run(server: Server, tenant: str, session: str, code: str, timeout: float = 1
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    tenants = {"acme": {"max_kernels": 4}, "globex": {"max_kernels": 3}}
+    # Both audited (acme with its code, globex hashes only), both with an egress policy that
+    # allows one host, so that a refused destination is a refusal the console lists.
+    network = {"allow": ["pypi.org"]}
+    tenants = {
+        "acme": {"max_kernels": 4, "audit": {"code": True}, "network": network},
+        "globex": {"max_kernels": 3, "audit": True, "network": network},
+    }
     case = f"console-{uuid.uuid4().hex[:8]}"
     s = kernelbox_serve.start_server(
         tmp_path_factory.mktemp("server"), case, tenants,
@@ -60,6 +77,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         for tenant, sessions in IDLE.items():
             for session in sessions:
                 assert run(s, tenant, session, "x = 1")["status"] == "success"
+        # A refused destination (acme), and a cell past its timeout: its kernel lost (globex).
+        tenant, session = REFUSED
+        run(s, tenant, session, REFUSE_CODE)
+        tenant, session = LOST
+        assert run(s, tenant, session, "import time\ntime.sleep(60)", timeout=2)["status"] == "timeout"
         tenant, session = BUSY
         t = threading.Thread(
             target=run, args=(s, tenant, session, "import time\nfor _ in range(600): time.sleep(0.5)", 600),

@@ -14,7 +14,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import WebDriverWait
 
-from conftest import BUSY, IDLE, Server, shot
+from conftest import BUSY, IDLE, LOST, REFUSED, REFUSED_HOST, Server, shot
 
 WAIT = 30
 
@@ -104,7 +104,7 @@ def test_the_admin_view_renders_and_its_figures_are_the_apis(
                   if r["tenant"] == fig.get_attribute("data-tenant") and r["cells"]}  # fmt: skip
         drawn = {int(b.get_attribute("data-hour")): int(b.get_attribute("data-value"))
                  for b in bars if b.get_attribute("data-value") != "0"}  # fmt: skip
-        assert drawn == ledger and sum(drawn.values()) == 2, (drawn, ledger)
+        assert drawn == ledger and sum(drawn.values()) >= 2, (drawn, ledger)
     path = shot(driver, "admin")
     assert path.stat().st_size > 0
 
@@ -124,15 +124,21 @@ def test_a_tenants_view_never_shows_another_tenant(
     assert "acme" not in source
     # No admin section, no action.
     assert not driver.find_element(By.ID, "tenants-section").is_displayed()
-    assert driver.find_elements(By.CSS_SELECTOR, "#kernels button") == []
+    assert driver.find_elements(By.CSS_SELECTOR, "#kernels button.danger") == []
     assert not driver.find_element(By.ID, "reload").is_displayed()
     # Today's usage is the tenant's own ledger, per session.
     ledger = api(server, server.token("globex"), f"/v1/usage?from={midnight()}")["rows"]
-    assert {r["session"] for r in ledger} == set(IDLE["globex"]), ledger
+    assert {r["session"] for r in ledger} == set(IDLE["globex"]) | {LOST[1]}, ledger
     WebDriverWait(driver, WAIT).until(lambda d: rows(d, "usage"))
-    assert {r[0] for r in rows(driver, "usage")} == set(IDLE["globex"])
+    assert {r[0] for r in rows(driver, "usage")} == set(IDLE["globex"]) | {LOST[1]}
     # The hourly chart: its own tenant's only.
     assert charted(driver) == {"globex"}
+    # What happened lately: its own sessions' events, audit records and refusals only.
+    WebDriverWait(driver, WAIT).until(lambda d: rows(d, "events") and rows(d, "audit"))
+    assert {r[0] for r in rows(driver, "events")} == {"globex"}
+    assert {r[1] for r in rows(driver, "audit")} == {"globex"}
+    assert rows(driver, "refusals") == []
+    assert REFUSED_HOST not in driver.page_source
     shot(driver, "tenant")
 
 
@@ -165,7 +171,7 @@ def test_ending_a_session_from_the_page_ends_it(
     before = server.containers()
     sign_in(driver, server, admin_token)
     button = driver.find_element(
-        By.CSS_SELECTOR, f'#kernels button[data-tenant="{tenant}"][data-session="{session}"]')
+        By.CSS_SELECTOR, f'#kernels button.danger[data-tenant="{tenant}"][data-session="{session}"]')
     button.click()
     alert = WebDriverWait(driver, WAIT).until(ec.alert_is_present())
     assert session in alert.text
@@ -201,3 +207,87 @@ def test_the_page_is_locked_down_and_no_token_reaches_the_log(
     assert "/console" in log
     for token in [admin_token, *server.tokens.values()]:
         assert token not in log
+
+
+def shown_detail(driver: webdriver.Chrome, tenant: str, session: str) -> None:
+    """Clicks the session in the recent sessions' table and waits for its events."""
+    WebDriverWait(driver, WAIT).until(lambda d: d.find_elements(
+        By.CSS_SELECTOR, f'#events button[data-tenant="{tenant}"][data-session="{session}"]'))
+    driver.find_element(
+        By.CSS_SELECTOR, f'#events button[data-tenant="{tenant}"][data-session="{session}"]').click()
+    WebDriverWait(driver, WAIT).until(
+        lambda d: d.find_element(By.ID, "detail-name").text == f"{tenant} / {session}")
+
+
+def test_the_kernel_detail_shows_its_events_and_why_it_was_lost(
+    server: Server, admin_token: str, driver: webdriver.Chrome
+) -> None:
+    tenant, session = LOST
+    sign_in(driver, server, admin_token)
+    # Its kernel is gone from the kernels, but the recent sessions name it and why.
+    events = api(server, admin_token, f"/v1/admin/tenants/{tenant}/sessions/{session}/events")
+    assert events["lost"] == "timeout" and events["ended"], events
+    assert [e["event"] for e in events["events"]] == ["started", "lost"], events
+    listed = {(r[0], r[1]): r for r in rows(driver, "events")}
+    assert listed[(tenant, session)][4] == "timeout", listed
+    shown_detail(driver, tenant, session)
+    assert driver.find_element(By.ID, "detail-loss").text == "lost: timeout"
+    detail = rows(driver, "detail")
+    # Newest first, as the API's oldest-first list reversed.
+    assert [(r[1], r[2], int(r[3])) for r in detail] == [
+        (e["event"], e.get("reason", "—"), e["generation"]) for e in reversed(events["events"])]
+    # A live kernel's detail, from its row in the kernels' table: started cold.
+    live_tenant, live = "globex", IDLE["globex"][0]
+    driver.find_element(
+        By.CSS_SELECTOR, f'#kernels button.link[data-tenant="{live_tenant}"][data-session="{live}"]').click()
+    WebDriverWait(driver, WAIT).until(
+        lambda d: d.find_element(By.ID, "detail-name").text == f"{live_tenant} / {live}")
+    assert [r[1] for r in rows(driver, "detail")][-1] == "started"
+    assert driver.find_element(By.ID, "detail-loss").text == ""
+    # The tenant reads its own session's events, not through the admin's route.
+    own = api(server, server.token(tenant), f"/v1/sessions/{session}/events")
+    assert own == events
+    theirs = api(server, server.token("acme"), f"/v1/sessions/{session}/events")
+    assert theirs["tenant"] == "acme" and theirs["events"] == []
+    shown_detail(driver, tenant, session)
+    shot(driver, "kernel-detail")
+    # The whole page, as docs/console.png shows it.
+    height = driver.execute_script("return document.documentElement.scrollHeight")
+    driver.set_window_size(1200, min(int(height) + 140, 3000))
+    driver.execute_script("window.scrollTo(0, 0)")
+    shot(driver, "console")
+
+
+def test_the_audit_tail_and_egress_refusals_are_the_apis(
+    server: Server, admin_token: str, driver: webdriver.Chrome
+) -> None:
+    sign_in(driver, server, admin_token)
+    tail = api(server, admin_token, "/v1/audit?limit=20")["records"]
+    assert {r["tenant"] for r in tail} == {"acme", "globex"}, tail
+    WebDriverWait(driver, WAIT).until(lambda d: len(rows(d, "audit")) == len(tail))
+    shown = rows(driver, "audit")
+    # Newest first; the hash cut to its start, the code only where the tenant records it.
+    newest = list(reversed(tail))
+    assert [(r[1], r[2], r[4]) for r in shown] == [
+        (a["tenant"], a["session"], a["status"]) for a in newest]
+    for row, record in zip(shown, newest):
+        assert record["code_sha256"].startswith(row[6].rstrip("…"))
+        if record["tenant"] == "globex":
+            assert "code" not in record and row[7] == "(not recorded)", (row, record)
+        else:
+            assert row[7] == record["code"].strip() or row[7] in record["code"], (row, record)
+    refusals = api(server, admin_token, "/v1/egress/refusals")
+    assert refusals["egress"] is True
+    mine = [x for x in refusals["refusals"] if x["host"] == REFUSED_HOST]
+    assert mine and all((x["tenant"], x["session"]) == REFUSED for x in mine), refusals
+    WebDriverWait(driver, WAIT).until(lambda d: rows(d, "refusals"))
+    assert [(r[1], r[2], r[3], r[4]) for r in rows(driver, "refusals")] == [
+        (x["tenant"], x["session"], f"{x['host']}:{x['port']}", x["reason"])
+        for x in refusals["refusals"][:20]]
+    # A tenant reads its own refusals only.
+    assert api(server, server.token("globex"), "/v1/egress/refusals")["refusals"] == []
+    assert api(server, server.token("acme"), "/v1/egress/refusals")["refusals"] == refusals["refusals"]
+    r = httpx.get(f"{server.url}/v1/egress/refusals?tenant=acme", timeout=30,
+                  headers={"Authorization": f"Bearer {server.token('globex')}"})  # fmt: skip
+    assert r.status_code == 403
+    shot(driver, "lately")

@@ -27,9 +27,9 @@ PACKAGE = "kernelbox_openapi"
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """One server: tenant `main` with workspaces (its routes answer only then) and the usage
-    ledger every server keeps."""
-    tenants = {"main": {"max_kernels": 4, "workspaces": {"quota": "64m", "max": 4}}}
+    """One server: tenant `main` with workspaces (its routes answer only then), audited (so
+    that `GET /v1/audit` has a trail file to read), and the usage ledger every server keeps."""
+    tenants = {"main": {"max_kernels": 4, "workspaces": {"quota": "64m", "max": 4}, "audit": True}}
     case = f"openapi-{uuid.uuid4().hex[:8]}"
     s = kernelbox_serve.start_server(tmp_path_factory.mktemp("server"), case, tenants, "--pool", "0")
     yield s

@@ -313,8 +313,21 @@ def test_every_json_route_through_the_generated_client(
         ("get_v1_admin_kernels", ()),
         ("get_v1_admin_tenants", ()),
         ("delete_v1_admin_tenants_tenant_sessions_session", ("main", SESSION)),
+        ("get_v1_admin_tenants_tenant_sessions_session_events", ("main", SESSION)),
     ]:
         ok(api(generated, operation).sync_detailed(*args, client=c), "Error", 404)
+    # What happened lately (docs/console.md): the tenant's own sessions' kernel events, its
+    # audit records, its egress refusals (none: egress is off here); another tenant's is a 403.
+    mine = ok(api(generated, "get_v1_sessions_session_events").sync_detailed(SESSION, client=c),
+              "SessionEvents")  # fmt: skip
+    assert mine.tenant == "main" and mine.events and mine.events[0].event == "started", mine
+    recent = ok(api(generated, "get_v1_events").sync_detailed(client=c, limit=200), "RecentSessions")
+    assert SESSION in {s.session for s in recent.sessions}
+    tail = ok(api(generated, "get_v1_audit").sync_detailed(client=c, limit=5), "AuditTail")
+    assert 0 < len(tail.records) <= 5 and {r.tenant for r in tail.records} == {"main"}
+    refusals = ok(api(generated, "get_v1_egress_refusals").sync_detailed(client=c), "EgressRefusals")
+    assert (refusals.egress, refusals.refusals) == (False, [])
+    ok(api(generated, "get_v1_egress_refusals").sync_detailed(client=c, tenant="other"), "Error", 403)
 
 
 def events(server: Server, route: str, body: Dict[str, Any]) -> List[Dict[str, Any]]:

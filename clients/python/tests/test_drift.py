@@ -60,9 +60,11 @@ def refs(node: Any) -> Iterator[str]:
 
 # Routes that are not this client's: the cluster's admin routes take the admin token, not a
 # tenant's; health, metrics, this document and whom a token is (the console's,
-# docs/console.md) are read by operators and tools.
+# docs/console.md) are read by operators and tools, as are what happened lately (sessions'
+# kernel events, the audit trail's tail, egress refusals: the console's, docs/console.md).
 NOT_THE_CLIENTS = ("/v1/nodes", "/v1/admin", "/healthz", "/metrics", "/openapi.json", "/v1/mcp",
-                   "/v1/whoami")  # fmt: skip
+                   "/v1/whoami", "/v1/events", "/v1/audit", "/v1/egress/refusals",
+                   "/v1/sessions/{session}/events")  # fmt: skip
 
 
 def reachable(spec: Dict[str, Any]) -> Set[str]:

@@ -69,9 +69,10 @@ function* refs(node) {
   }
 }
 
-// Routes this client does not cover (docs/typescript-client.md): whom a token stands for (the
-// console's).
-const NOT_YET = ["/v1/whoami"];
+// Routes this client does not cover (docs/typescript-client.md): whom a token stands for, and
+// what happened lately (sessions' kernel events, the audit tail, egress refusals): the
+// console's (docs/console.md). Each names one route whole.
+const NOT_YET = ["/v1/whoami", "/v1/events", "/v1/audit", "/v1/egress/refusals", "/v1/sessions/{session}/events"];
 const ours = (path) => !NOT_THE_CLIENTS.some((p) => path.startsWith(p)) && !NOT_YET.some((p) => path.startsWith(p));
 
 function reachable() {

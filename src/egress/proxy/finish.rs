@@ -22,6 +22,11 @@ pub(super) fn audit(
         Ok(()) => "allowed",
         Err(o) => o.name(),
     };
+    if let Err(o) = outcome {
+        table
+            .refusals
+            .push(&entry.tenant, &entry.session, host, port, o.name());
+    }
     if let Some(file) = &table.audit {
         let line = AuditLine {
             tenant: entry.tenant.clone(),

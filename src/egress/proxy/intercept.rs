@@ -189,6 +189,11 @@ async fn request(
         done.table.count(&done.entry.tenant, |c| {
             *c.refusals.entry(outcome.name()).or_default() += 1
         });
+        let name = outcome.name();
+        let (entry, host) = (&done.entry, &done.host);
+        done.table
+            .refusals
+            .push(&entry.tenant, &entry.session, host, done.port, name);
         let mut r = text(status, refusal_message(&done.host, done.port, outcome));
         r.headers_mut().insert(
             hyper::header::CONNECTION,

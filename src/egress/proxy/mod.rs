@@ -21,6 +21,7 @@
 //! | `outcome.rs` | why a connection was refused or failed ([`Outcome`]), the message a cell sees, plain-text responses |
 //! | `audit.rs` | tenants' counters and the `--egress-audit` file's writer (rotation, repeated refusals counted) |
 //! | `finish.rs` | the accounting of one connection: its audit line and its tenant's counters, when refused or ended |
+//! | `refusals.rs` | [`Refusals`]: the recent refusals, bounded per tenant and host, for `GET /v1/egress/refusals` |
 
 mod audit;
 mod connect;
@@ -32,6 +33,7 @@ mod limits;
 mod listener;
 mod lookup;
 mod outcome;
+mod refusals;
 mod resolve;
 mod table;
 
@@ -47,4 +49,5 @@ pub use limits::{
 pub use listener::serve;
 pub use lookup::{DENIED_NAME_TTL, MAX_DENIED_NAMES};
 pub use outcome::Outcome;
+pub use refusals::{Refusals, MAX_REFUSALS, REFUSALS_PER_TENANT};
 pub use table::{KernelEntry, Table};

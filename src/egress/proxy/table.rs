@@ -190,6 +190,8 @@ pub struct Table {
     /// Where each connection's bytes are counted for its session when it ends (the usage
     /// ledger, `docs/usage.md`), once the orchestrator has given it.
     pub(super) ledger: std::sync::OnceLock<Arc<crate::usage::Pending>>,
+    /// The recent refusals (`refusals.rs`).
+    pub refusals: super::Refusals,
 }
 
 impl Table {

@@ -20,7 +20,7 @@ use crate::wire::{
 };
 
 /// Rejects a caller without the admin token: 404 when the server has none, 401 otherwise.
-fn admin(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+pub(super) fn admin(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
     if !state.has_admin() {
         return Err(ApiError::not_found(
             "no admin routes here: serve with --admin-token",

@@ -23,6 +23,7 @@
 //! | `workspaces.rs` | a tenant's workspaces: list, delete (`docs/workspaces.md`) |
 //! | `settings.rs` | a session's settings (`PUT`/`GET .../settings`) and `GET /v1/kernels?label=` |
 //! | `snapshots.rs` | snapshots, restore and fork: `POST .../snapshots`, `GET`/`DELETE /v1/snapshots[/{id}]`, `POST .../restore`, `POST .../fork` (`docs/snapshots.md`) |
+//! | `recent.rs` | what happened lately: sessions' kernel events (`GET /v1/events`, `.../sessions/{session}/events`), the audit trail's tail (`GET /v1/audit`), egress refusals (`GET /v1/egress/refusals`) (docs/console.md) |
 //! | `usage.rs` | `GET /v1/usage`: a tenant's usage ledger, every tenant's for a usage admin (docs/usage.md) |
 //! | `tests.rs` | unit tests |
 
@@ -41,6 +42,7 @@ pub(crate) use files::file_request;
 mod middleware;
 pub(crate) mod pending;
 mod processes;
+mod recent;
 mod routing;
 mod sessions;
 pub(crate) mod settings;
@@ -98,6 +100,10 @@ pub(super) fn router(state: AppState, metrics_route: MetricsRoute, console: bool
         .route(
             "/v1/sessions/{session}/interrupt",
             finds(post(sessions::interrupt)),
+        )
+        .route(
+            "/v1/sessions/{session}/events",
+            finds(get(recent::own_session_events)),
         )
         .route(
             "/v1/sessions/{session}/network",
@@ -176,6 +182,13 @@ pub(super) fn router(state: AppState, metrics_route: MetricsRoute, console: bool
         .route("/v1/whoami", get(admin::whoami))
         .route("/v1/admin/kernels", get(admin::kernels))
         .route("/v1/admin/tenants", get(admin::tenants))
+        .route(
+            "/v1/admin/tenants/{tenant}/sessions/{session}/events",
+            get(recent::admin_session_events),
+        )
+        .route("/v1/events", get(recent::recent_events))
+        .route("/v1/audit", get(recent::audit_tail))
+        .route("/v1/egress/refusals", get(recent::egress_refusals))
         .route(
             "/v1/admin/tenants/{tenant}/sessions/{session}",
             delete(admin::end_session),

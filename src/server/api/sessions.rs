@@ -29,7 +29,11 @@ pub(super) async fn interrupt(
         0 => Err(ApiError::not_found(format!(
             "session {session:?} has no running cell"
         ))),
-        n => Ok(Json(wire::Interrupted { interrupted: n })),
+        n => {
+            let events = state.inner.orchestrator.kernel_events();
+            events.interrupted(&tenant.name, &session, n);
+            Ok(Json(wire::Interrupted { interrupted: n }))
+        }
     }
 }
 

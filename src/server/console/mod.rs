@@ -1,9 +1,10 @@
 //! The operator's console (`serve --console`, docs/console.md): one page of plain HTML, CSS
 //! and JavaScript embedded in the binary, which shows the fleet through the documented API
-//! (`/v1/whoami`, `/v1/admin/...`, `/v1/kernels`, `/v1/nodes`, `/v1/usage`) and acts through it
-//! (end a session, drain a node, reload the configuration). The page holds no secret: the
-//! token is exchanged for an HttpOnly cookie, which the API reads only on requests carrying
-//! the console's own header (`auth.rs`).
+//! (`/v1/whoami`, `/v1/admin/...`, `/v1/kernels`, `/v1/nodes`, `/v1/usage`, and what happened
+//! lately: `/v1/events`, `.../sessions/{session}/events`, `/v1/audit`, `/v1/egress/refusals`)
+//! and acts through it (end a session, drain a node, reload the configuration). The page holds
+//! no secret: the token is exchanged for an HttpOnly cookie, which the API reads only on
+//! requests carrying the console's own header (`auth.rs`).
 //!
 //! | file | what |
 //! |---|---|
@@ -12,7 +13,7 @@
 //! | `assets/` | `index.html`, `app.js`, `app.css`: the page, served as they are |
 //!
 //! What it makes the host hold: nothing per visitor (the cookie is the token itself, kept by
-//! the browser); the page refreshes one round at a time (at most five API calls), 5 s after the
+//! the browser); the page refreshes one round at a time (at most nine API calls), 5 s after the
 //! previous round ended, each call bounded as the API's are.
 
 mod auth;

@@ -231,7 +231,7 @@ impl Hibernation {
                         tracing::warn!(error = %e, "a hibernated kernel's record could not be written: it will not outlive this server");
                     }
                 }
-                crate::logging::kernel_hibernated(
+                registry.events().hibernated(
                     &slot.key.owner,
                     crate::docker::short_id(&checkpoint.id),
                     slot.generation(),

@@ -8,8 +8,10 @@ const HEADER = { "x-kernelbox-console": "1" };
 const POLL_MS = 5000;     // one refresh at a time, this long after the previous one ended
 const CALL_MS = 10000;    // each call's deadline
 const PAGE = 50;          // kernels per page
+const RECENT = 20;        // sessions, audit records and refusals shown
 
-const state = { who: null, offset: 0, paused: false, timer: null };
+// `detail`: the session whose events are shown ({tenant, session}), or null.
+const state = { who: null, offset: 0, paused: false, timer: null, detail: null };
 
 const $ = (id) => document.getElementById(id);
 
@@ -139,7 +141,7 @@ async function showKernels() {
   $("next").disabled = page.offset + page.kernels.length >= page.total;
   fill($("kernels").tBodies[0], page.kernels.map((k) => {
     const labels = Object.entries(k.labels || {}).map(([a, b]) => `${a}=${b}`).join(" ");
-    const row = [k.tenant, k.child ? `${k.session} › ${k.child}` : k.session, k.id,
+    const row = [k.tenant, sessionLink(k.tenant, k.session, k.child ? `${k.session} › ${k.child}` : k.session), k.id,
       el("td", k.state, `state-${k.state}`), k.generation, k.execution_count, ago(k.idle_seconds),
       el("td", labels, "labels")];
     if (isAdmin()) {
@@ -156,6 +158,85 @@ async function showKernels() {
     }
     return row;
   }));
+}
+
+// A session's name as a button showing its events (the kernel detail).
+function sessionLink(tenant, session, text) {
+  const td = el("td");
+  const b = el("button", text, "link");
+  b.dataset.tenant = tenant;
+  b.dataset.session = session;
+  b.addEventListener("click", () => { state.detail = { tenant, session }; showDetail().catch((e) => notice(e.message)); });
+  td.appendChild(b);
+  return td;
+}
+
+function when(at) { return at ? at.replace("T", " ").replace("Z", "") : "—"; }
+
+// The chosen session's recent lifecycle events and why its kernel was last lost.
+async function showDetail() {
+  const section = $("detail-section");
+  if (!state.detail) { section.hidden = true; return; }
+  const { tenant, session } = state.detail;
+  const path = isAdmin()
+    ? `/v1/admin/tenants/${encodeURIComponent(tenant)}/sessions/${encodeURIComponent(session)}/events`
+    : `/v1/sessions/${encodeURIComponent(session)}/events`;
+  const s = await call("GET", path);
+  section.hidden = false;
+  section.dataset.tenant = s.tenant;
+  section.dataset.session = s.session;
+  $("detail-name").textContent = `${s.tenant} / ${s.session}`;
+  $("detail-loss").textContent = s.lost ? `lost: ${s.lost}` : "";
+  const rows = s.events.slice().reverse().map((e) => [when(e.at),
+    el("td", e.event, `event-${e.event}`), e.reason ?? "—", e.generation, e.container ?? "—", e.child ?? "—"]);
+  if (rows.length === 0) rows.push(["no events kept", "", "", "", "", ""]);
+  fill($("detail").tBodies[0], rows);
+}
+
+// The sessions whose kernel events changed last (every tenant's for the admin).
+async function showEvents() {
+  $("events-section").hidden = false;
+  const r = await call("GET", `/v1/events?limit=${RECENT}`);
+  fill($("events").tBodies[0], r.sessions.map((s) => {
+    const last = s.events[s.events.length - 1] || {};
+    return [s.tenant, sessionLink(s.tenant, s.session, s.session),
+      el("td", last.reason ? `${last.event} (${last.reason})` : last.event, `event-${last.event}`),
+      when(last.at), el("td", s.lost ?? "—", s.lost ? "loss" : ""), s.ended ? "none" : "yes"];
+  }));
+}
+
+function short(hash) { return hash ? `${hash.slice(0, 16)}…` : "—"; }
+
+// The audit trail's tail: hashes always, the code only where the tenant records it.
+async function showAudit() {
+  const section = $("audit-section");
+  section.hidden = false;
+  let r;
+  try {
+    r = await call("GET", `/v1/audit?limit=${RECENT}`);
+  } catch (e) {
+    if (e.code !== "no_audit_file") throw e;
+    $("audit-note").textContent = "(this server writes no audit trail file)";
+    fill($("audit").tBodies[0], []);
+    return;
+  }
+  $("audit-note").textContent = `(the last ${r.records.length} records, from the trail's file)`;
+  fill($("audit").tBodies[0], r.records.slice().reverse().map((a) => {
+    const hash = el("td", short(a.code_sha256), "hash");
+    hash.title = a.code_sha256;
+    const code = el("td", a.code === undefined || a.code === null ? "(not recorded)" : a.code, "code");
+    return [when(a.time), a.tenant, a.child ? `${a.session} › ${a.child}` : a.session, a.kind,
+      a.status, a.duration_seconds.toFixed(2), hash, code];
+  }));
+}
+
+// The egress proxy's recent refusals.
+async function showRefusals() {
+  $("refusals-section").hidden = false;
+  const r = await call("GET", `/v1/egress/refusals?limit=${RECENT}`);
+  $("refusals-note").textContent = r.egress ? "(the latest first)" : "(egress is off on this server)";
+  fill($("refusals").tBodies[0], r.refusals.map((x) => [when(x.at), x.tenant, x.session,
+    `${x.host}:${x.port}`, el("td", x.reason, "loss")]));
 }
 
 // Midnight UTC today, in seconds: the ledger's "today".
@@ -237,7 +318,8 @@ async function showCharts() {
 
 async function refresh() {
   if (!state.who) return;
-  const parts = [showKernels(), showTenants(), showNodes(), showUsage(), showCharts()];
+  const parts = [showKernels(), showTenants(), showNodes(), showUsage(), showCharts(),
+    showDetail(), showEvents(), showAudit(), showRefusals()];
   const results = await Promise.allSettled(parts);
   const failed = results.filter((r) => r.status === "rejected").map((r) => r.reason);
   if (failed.some((e) => e.status === 401)) { signedOut(); return; }
@@ -284,6 +366,7 @@ async function start() {
   $("filters").addEventListener("submit", (e) => { e.preventDefault(); restart(); });
   $("prev").addEventListener("click", () => { state.offset = Math.max(0, state.offset - PAGE); refresh(); });
   $("next").addEventListener("click", () => { state.offset += PAGE; refresh(); });
+  $("detail-close").addEventListener("click", () => { state.detail = null; $("detail-section").hidden = true; });
   $("pause").addEventListener("click", () => {
     state.paused = !state.paused;
     $("pause").textContent = state.paused ? "Resume" : "Pause";
