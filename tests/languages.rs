@@ -888,6 +888,7 @@ async fn hostile_javascript_cells_are_contained() {
         assert!(r.error.is_some(), "{r:?}");
     }
     case.finish().await;
+}
 
 #[tokio::test]
 async fn a_session_lists_its_contexts_and_ends_one_over_http() {
