@@ -359,7 +359,8 @@ impl Snapshots {
             reservation.id.clone(),
             key.clone(),
             name,
-            taken,
+            taken.checkpoint.as_ref(),
+            taken.seconds,
             &whole,
             bytes,
         );

@@ -62,7 +62,8 @@ impl Stored {
         id: String,
         key: KernelKey,
         name: Option<String>,
-        taken: &super::take::Taken,
+        checkpoint: Option<&Checkpoint>,
+        seconds: f64,
         whole: &Path,
         bytes: u64,
     ) -> Stored {
@@ -73,9 +74,9 @@ impl Stored {
             name,
             created: crate::clock::unix_now(),
             bytes,
-            memory: taken.checkpoint.is_some(),
-            checkpoint_seconds: taken.seconds,
-            checkpoint: taken.checkpoint.as_ref().map(|c| c.kept_in(whole)),
+            memory: checkpoint.is_some(),
+            checkpoint_seconds: seconds,
+            checkpoint: checkpoint.map(|c| c.kept_in(whole)),
         }
     }
 

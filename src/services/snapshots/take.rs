@@ -57,35 +57,29 @@ impl Snapshots {
         let dir = reservation.dir.as_path();
         let registry = &self.handles.registry;
         let hibernation = &self.handles.hibernation;
-        let (slot, kernel) = loop {
-            hibernation.wait_for(key).await;
-            if let Some(hibernated) = registry.ready_checkpoint(key) {
-                self.link_into(&hibernated, reservation)
-                    .await
-                    .map_err(|e| {
-                        SnapshotError::Checkpoint(format!(
-                            "the hibernated kernel was restored meanwhile ({e}): try again"
-                        ))
-                    })?;
-                return Ok(Taken {
-                    checkpoint: Some(hibernated.kept_in(dir)),
-                    seconds: 0.0,
-                    source: None,
-                });
+        hibernation.wait_for(key).await;
+        if let Some(hibernated) = registry.ready_checkpoint(key) {
+            self.link_into(&hibernated, reservation)
+                .await
+                .map_err(|e| {
+                    SnapshotError::Checkpoint(format!(
+                        "the hibernated kernel was restored meanwhile ({e}): try again"
+                    ))
+                })?;
+            return Ok(Taken {
+                checkpoint: Some(hibernated.kept_in(dir)),
+                seconds: 0.0,
+                source: None,
+            });
+        }
+        let slot = self.when_idle(key, |k| registry.take_idle_slot(k)).await?;
+        let Some(kernel) = slot.kernel.get().cloned() else {
+            if let Some(slot) = registry.put_back(slot) {
+                crate::services::dispose_slots(vec![slot]).await;
             }
-            let slot = self.when_idle(key, |k| registry.take_idle_slot(k)).await?;
-            match slot.kernel.get().cloned() {
-                Some(kernel) => break (slot, kernel),
-                None => {
-                    // Unset: it is given back, and the next look finds out what it is.
-                    if let Some(slot) = registry.put_back(slot) {
-                        crate::services::dispose_slots(vec![slot]).await;
-                    }
-                    return Err(SnapshotError::NoKernel {
-                        session: key.owner.session.clone(),
-                    });
-                }
-            }
+            return Err(SnapshotError::NoKernel {
+                session: key.owner.session.clone(),
+            });
         };
         match kernel.snapshot(HIBERNATE_ANSWER_LIMIT, dir).await {
             Ok(mut source) => {
