@@ -2,9 +2,11 @@
 //! runsc (`.ci/runsc`): a fork's kernels have the source's variables, a 50 MB object and its
 //! files, and each goes its own way; a snapshot outlives its kernel and starts a new session;
 //! a hibernated kernel forks without being resumed; another tenant's snapshot is not found;
-//! the bounds refuse the next snapshot and leave nothing behind; a runc kernel is refused
-//! rather than given a snapshot without its memory; and over real HTTP, a `kill -9` of the
-//! server during a fork leaves nothing behind and loses no snapshot.
+//! the bounds refuse the next snapshot (a fork's checkpoint counted, concurrent snapshots
+//! counted together) and leave nothing behind; a fork at the tenant's cap keeps its source;
+//! a snapshot sent during a cell waits for the kernel; a runc kernel gets a files-only
+//! snapshot (`memory: false`) without the links out of its working directory; and over real
+//! HTTP, a `kill -9` of the server during a fork leaves nothing behind and loses no snapshot.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -67,6 +69,7 @@ async fn forks_have_the_sources_memory_and_files_and_each_goes_its_own_way() {
     let expected = filled(&case, "src").await;
     let forks = case
         .kb
+        .snapshots()
         .fork(
             &Scope::session("src"),
             vec!["f1".into(), "f2".into(), "f3".into()],
@@ -105,6 +108,7 @@ async fn forks_have_the_sources_memory_and_files_and_each_goes_its_own_way() {
     // A fork into a session that has a kernel fails on its own.
     let again = case
         .kb
+        .snapshots()
         .fork(&Scope::session("src"), vec!["f1".into(), "f4".into()])
         .await
         .unwrap();
@@ -124,7 +128,8 @@ async fn a_snapshot_outlives_its_kernel_and_a_restart_and_starts_a_new_session()
     let expected = filled(&case, "src").await;
     let snap = case
         .kb
-        .snapshot(&Scope::session("src"), Some("before".into()))
+        .snapshots()
+        .take(&Scope::session("src"), Some("before".into()))
         .await
         .unwrap();
     assert!(snap.memory && snap.bytes > 40 << 20, "{snap:?}");
@@ -155,11 +160,12 @@ async fn a_snapshot_outlives_its_kernel_and_a_restart_and_starts_a_new_session()
     )
     .await
     .unwrap();
-    let listed = kb.snapshots(None);
+    let listed = kb.snapshots().list(None);
     assert_eq!(listed.len(), 1, "{listed:?}");
     assert_eq!(listed[0].id, snap.id);
     let restored = kb
-        .restore_snapshot(&Scope::session("new"), &snap.id)
+        .snapshots()
+        .restore(&Scope::session("new"), &snap.id)
         .await
         .unwrap();
     assert_eq!(restored.generation, 1);
@@ -169,7 +175,8 @@ async fn a_snapshot_outlives_its_kernel_and_a_restart_and_starts_a_new_session()
         .unwrap();
     assert_eq!(r.output, expected, "{r:?}");
     // Restored twice: a second session from the same snapshot.
-    kb.restore_snapshot(&Scope::session("new2"), &snap.id)
+    kb.snapshots()
+        .restore(&Scope::session("new2"), &snap.id)
         .await
         .unwrap();
     let r = kb
@@ -178,13 +185,16 @@ async fn a_snapshot_outlives_its_kernel_and_a_restart_and_starts_a_new_session()
         .unwrap();
     assert_eq!(r.output, expected, "{r:?}");
     // Into a session that has a kernel: refused.
-    let taken = kb.restore_snapshot(&Scope::session("new"), &snap.id).await;
+    let taken = kb
+        .snapshots()
+        .restore(&Scope::session("new"), &snap.id)
+        .await;
     assert!(
         matches!(taken, Err(SnapshotError::SessionExists { .. })),
         "{taken:?}"
     );
-    kb.delete_snapshot(None, &snap.id).await.unwrap();
-    assert!(kb.snapshots(None).is_empty());
+    kb.snapshots().delete(None, &snap.id).await.unwrap();
+    assert!(kb.snapshots().list(None).is_empty());
     assert_eq!(entries(dir.path()), Vec::<String>::new());
     kb.shutdown().await;
     common::assert_clean(&engine, &label).await;
@@ -210,6 +220,7 @@ async fn a_hibernated_kernel_forks_without_being_resumed() {
     assert_eq!(case.kb.hibernated(), 1);
     let forks = case
         .kb
+        .snapshots()
         .fork(&Scope::session("src"), vec!["h1".into(), "h2".into()])
         .await
         .unwrap();
@@ -243,27 +254,29 @@ async fn another_tenants_snapshot_is_not_found() {
     assert_eq!(r.status, CellStatus::Success, "{r:?}");
     let snap = case
         .kb
-        .snapshot(&Scope::session("s").tenant("a"), None)
+        .snapshots()
+        .take(&Scope::session("s").tenant("a"), None)
         .await
         .unwrap();
-    assert!(case.kb.snapshots(Some("b")).is_empty());
+    assert!(case.kb.snapshots().list(Some("b")).is_empty());
     assert!(matches!(
-        case.kb.snapshot_of(Some("b"), &snap.id),
+        case.kb.snapshots().get(Some("b"), &snap.id),
         Err(SnapshotError::NotFound { .. })
     ));
     let stolen = case
         .kb
-        .restore_snapshot(&Scope::session("s").tenant("b"), &snap.id)
+        .snapshots()
+        .restore(&Scope::session("s").tenant("b"), &snap.id)
         .await;
     assert!(
         matches!(stolen, Err(SnapshotError::NotFound { .. })),
         "{stolen:?}"
     );
     assert!(matches!(
-        case.kb.delete_snapshot(Some("b"), &snap.id).await,
+        case.kb.snapshots().delete(Some("b"), &snap.id).await,
         Err(SnapshotError::NotFound { .. })
     ));
-    assert_eq!(case.kb.snapshots(Some("a")).len(), 1);
+    assert_eq!(case.kb.snapshots().list(Some("a")).len(), 1);
     // Nothing started for b.
     assert!(case.kb.list_kernels(Some("b")).is_empty());
     case.finish().await;
@@ -278,9 +291,13 @@ async fn the_bounds_refuse_the_next_snapshot_and_leave_nothing_behind() {
     .await;
     case.run("s", "x = 1").await;
     for _ in 0..2 {
-        case.kb.snapshot(&Scope::session("s"), None).await.unwrap();
+        case.kb
+            .snapshots()
+            .take(&Scope::session("s"), None)
+            .await
+            .unwrap();
     }
-    let third = case.kb.snapshot(&Scope::session("s"), None).await;
+    let third = case.kb.snapshots().take(&Scope::session("s"), None).await;
     match &third {
         Err(e @ SnapshotError::Limit { .. }) => {
             assert!(e.to_string().contains("at most 2 snapshots"), "{e}")
@@ -288,7 +305,11 @@ async fn the_bounds_refuse_the_next_snapshot_and_leave_nothing_behind() {
         other => panic!("{other:?}"),
     }
     // A fork's own snapshot counts too.
-    let fork = case.kb.fork(&Scope::session("s"), vec!["f".into()]).await;
+    let fork = case
+        .kb
+        .snapshots()
+        .fork(&Scope::session("s"), vec!["f".into()])
+        .await;
     assert!(matches!(fork, Err(SnapshotError::Limit { .. })), "{fork:?}");
     assert_eq!(entries(dir.path()).len(), 2, "{:?}", entries(dir.path()));
     assert_eq!(case.containers().await.len(), 1);
@@ -305,7 +326,7 @@ async fn a_snapshot_past_the_tenants_bytes_is_refused_and_removed() {
     })
     .await;
     case.run("s", "x = bytearray(8 << 20)").await;
-    let refused = case.kb.snapshot(&Scope::session("s"), None).await;
+    let refused = case.kb.snapshots().take(&Scope::session("s"), None).await;
     assert!(
         matches!(refused, Err(SnapshotError::Limit { .. })),
         "{refused:?}"
@@ -316,20 +337,250 @@ async fn a_snapshot_past_the_tenants_bytes_is_refused_and_removed() {
 }
 
 #[tokio::test]
-async fn a_runc_kernel_is_refused_not_given_a_snapshot_without_its_memory() {
+async fn a_forks_checkpoint_is_counted_by_the_tenants_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let case = case("snap-fork-bytes", dir.path(), |c| {
+        c.snapshots.max_tenant_bytes = 1 << 20;
+    })
+    .await;
+    case.run("s", "x = bytearray(8 << 20)").await;
+    let refused = case
+        .kb
+        .snapshots()
+        .fork(&Scope::session("s"), vec!["f".into()])
+        .await;
+    match &refused {
+        Err(e @ SnapshotError::Limit { .. }) => {
+            assert!(e.to_string().contains("bytes of snapshots"), "{e}")
+        }
+        other => panic!("{other:?}"),
+    }
+    // Nothing started, nothing left; the source goes on.
+    assert_eq!(entries(dir.path()), Vec::<String>::new());
+    assert_eq!(case.containers().await.len(), 1);
+    assert_eq!(case.run("s", "print(len(x))").await.output, "8388608\n");
+    case.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_snapshots_never_pass_the_tenants_bytes_together() {
+    let dir = tempfile::tempdir().unwrap();
+    // Measured first: one snapshot's bytes, then a bound that holds two and a half.
+    let probe = tempfile::tempdir().unwrap();
+    let one = {
+        let case = case("snap-conc-probe", probe.path(), |_| {}).await;
+        case.run("p", "x = bytearray(4 << 20)").await;
+        let snap = case
+            .kb
+            .snapshots()
+            .take(&Scope::session("p"), None)
+            .await
+            .unwrap();
+        case.finish().await;
+        snap.bytes
+    };
+    let bound = one * 5 / 2;
+    let case = case("snap-conc", dir.path(), move |c| {
+        c.snapshots.max_tenant_bytes = bound;
+    })
+    .await;
+    let sessions = ["a", "b", "c", "d"];
+    for s in sessions {
+        case.run(s, "x = bytearray(4 << 20)").await;
+    }
+    let taken = futures::future::join_all(sessions.iter().map(|s| {
+        let kb = case.kb.clone();
+        async move { kb.snapshots().take(&Scope::session(*s), None).await }
+    }))
+    .await;
+    let kept: u64 = case.kb.snapshots().list(None).iter().map(|s| s.bytes).sum();
+    assert!(
+        kept <= bound,
+        "{kept} bytes kept against {bound}: {taken:?}"
+    );
+    for t in &taken {
+        assert!(
+            matches!(t, Ok(_) | Err(SnapshotError::Limit { .. })),
+            "{t:?}"
+        );
+    }
+    assert!(taken.iter().any(|t| t.is_err()), "{taken:?}");
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn a_fork_at_the_tenants_cap_keeps_its_source_and_says_at_capacity() {
+    let dir = tempfile::tempdir().unwrap();
+    let case = case("snap-cap", dir.path(), |_| {}).await;
+    let limits = kernelbox::TenantLimits {
+        max_kernels: Some(2),
+        ..Default::default()
+    };
+    let src = Scope::session("src").tenant_limits(limits);
+    let r = case
+        .exec(kernelbox::ExecuteRequest {
+            scope: src.clone(),
+            code: "x = 41".into(),
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(r.status, CellStatus::Success, "{r:?}");
+    let forks = case
+        .kb
+        .snapshots()
+        .fork(&src, vec!["f1".into(), "f2".into()])
+        .await
+        .unwrap();
+    let ok: Vec<_> = forks.forks.iter().filter(|f| f.kernel.is_some()).collect();
+    let refused: Vec<_> = forks
+        .forks
+        .iter()
+        .filter_map(|f| f.error.as_ref())
+        .collect();
+    assert_eq!((ok.len(), refused.len()), (1, 1), "{forks:?}");
+    assert_eq!(refused[0].code, "at_capacity", "{forks:?}");
+    // The source was not evicted for a fork: the same kernel, its memory kept.
+    let r = case
+        .exec(kernelbox::ExecuteRequest {
+            scope: src.clone(),
+            code: "print(x)".into(),
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(r.output, "41\n", "{r:?}");
+    assert!(r.kernel.reused && r.kernel.state_lost.is_none(), "{r:?}");
+    // Nor the fork that started.
+    let r = case
+        .exec(kernelbox::ExecuteRequest {
+            scope: Scope::session(&ok[0].session).tenant_limits(limits),
+            code: "print(x)".into(),
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(r.output, "41\n", "{r:?}");
+    assert!(r.kernel.state_lost.is_none(), "{r:?}");
+    assert_eq!(case.containers().await.len(), 2);
+    case.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_snapshot_sent_during_a_cell_waits_for_the_kernel_instead_of_refusing() {
+    let dir = tempfile::tempdir().unwrap();
+    let case = case("snap-wait", dir.path(), |_| {}).await;
+    case.run("s", "x = 1").await;
+    let cell = common::start_cell(
+        &case.kb,
+        "s",
+        "print('go', flush=True)\nimport time\ntime.sleep(2)\ny = 2",
+    )
+    .await;
+    // The cell is running: the snapshot waits for it to end, then takes the kernel.
+    let snap = case
+        .kb
+        .snapshots()
+        .take(&Scope::session("s"), None)
+        .await
+        .unwrap();
+    let ran = cell.await.unwrap().unwrap();
+    assert_eq!(ran.status, CellStatus::Success, "{ran:?}");
+    // So does a fork.
+    let _cell = common::start_cell(&case.kb, "s", "print('go', flush=True)\ntime.sleep(2)").await;
+    let forks = case
+        .kb
+        .snapshots()
+        .fork(&Scope::session("s"), vec!["f".into()])
+        .await
+        .unwrap();
+    assert!(forks.forks[0].kernel.is_some(), "{forks:?}");
+    // The snapshot holds what the cell did.
+    case.kb
+        .snapshots()
+        .restore(&Scope::session("back"), &snap.id)
+        .await
+        .unwrap();
+    assert_eq!(case.run("back", "print(x, y)").await.output, "1 2\n");
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn a_runc_kernel_gets_a_files_only_snapshot_that_says_so() {
     let dir = tempfile::tempdir().unwrap();
     let case = case("snap-runc", dir.path(), |c| {
         c.spec.sandbox.runtime = KernelRuntime::Runc;
     })
     .await;
-    case.run("s", "x = 1").await;
-    let refused = case.kb.snapshot(&Scope::session("s"), None).await;
+    // Files, a subdirectory, and what a restore must not take: links out of /work.
+    let setup = "import os\nx = 1\nopen('note.txt', 'w').write('kept')\nos.makedirs('d/e')\nopen('d/e/f.txt', 'w').write('deep')\nos.symlink('/etc/passwd', 'pw')\nos.symlink('../../..', 'up')\nos.symlink('/etc', 'd/etc')\nos.link('note.txt', 'hard.txt')";
+    let r = case.run("s", setup).await;
+    assert_eq!(r.status, CellStatus::Success, "{r:?}");
+    let snap = case
+        .kb
+        .snapshots()
+        .take(&Scope::session("s"), Some("files".into()))
+        .await
+        .unwrap();
+    assert!(!snap.memory, "never pretends to hold memory: {snap:?}");
+    assert_eq!(snap.runtime, "runc");
+    assert!(snap.bytes > 0, "{snap:?}");
+    // The source goes on as it was.
+    assert_eq!(case.run("s", "print(x)").await.output, "1\n");
+    // Restored: a fresh kernel with the files, no memory, no links.
+    let restored = case
+        .kb
+        .snapshots()
+        .restore(&Scope::session("new"), &snap.id)
+        .await
+        .unwrap();
+    assert_eq!(restored.generation, 1);
+    let check = "import os\nprint(open('note.txt').read(), open('d/e/f.txt').read(), open('hard.txt').read(), sorted(n for n in os.listdir('.') if os.path.islink(n)), os.path.lexists('d/etc'), 'x' in globals())";
+    let r = case.run("new", check).await;
+    assert_eq!(r.output, "kept deep kept [] False False\n", "{r:?}");
+    // A fork likewise, each its own.
+    let forks = case
+        .kb
+        .snapshots()
+        .fork(&Scope::session("s"), vec!["f1".into(), "f2".into()])
+        .await
+        .unwrap();
+    assert_eq!(
+        forks.forks.iter().filter(|f| f.kernel.is_some()).count(),
+        2,
+        "{forks:?}"
+    );
+    case.run("f1", "os.remove('note.txt')").await;
+    let r = case
+        .run("f2", "import os\nprint(os.path.exists('note.txt'))")
+        .await;
+    assert_eq!(r.output, "True\n", "{r:?}");
+    let r = case.run("s", "print(os.path.exists('note.txt'))").await;
+    assert_eq!(r.output, "True\n", "{r:?}");
+    // Only the kept snapshot is on disk.
+    assert_eq!(entries(dir.path()), vec![snap.id.clone()]);
+    case.finish().await;
+}
+
+#[tokio::test]
+async fn a_files_only_snapshot_past_the_tenants_bytes_is_refused_and_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let case = case("snap-runc-bytes", dir.path(), |c| {
+        c.spec.sandbox.runtime = KernelRuntime::Runc;
+        c.snapshots.max_tenant_bytes = 1 << 20;
+    })
+    .await;
+    let r = case
+        .run("s", "open('big.bin', 'wb').write(b'y' * (4 << 20))")
+        .await;
+    assert_eq!(r.status, CellStatus::Success, "{r:?}");
+    let refused = case.kb.snapshots().take(&Scope::session("s"), None).await;
     assert!(
-        matches!(refused, Err(SnapshotError::Unsupported { .. })),
+        matches!(refused, Err(SnapshotError::Limit { .. })),
         "{refused:?}"
     );
     assert_eq!(entries(dir.path()), Vec::<String>::new());
-    assert_eq!(case.run("s", "print(x)").await.output, "1\n");
+    let r = case
+        .run("s", "import os\nprint(os.path.getsize('big.bin'))")
+        .await;
+    assert_eq!(r.output, "4194304\n", "{r:?}");
     case.finish().await;
 }
 

@@ -16,6 +16,11 @@ pub const DEFAULT_SNAPSHOT_BYTES: u64 = 32 << 30;
 /// How long a snapshot is kept, by default (a day).
 pub const DEFAULT_SNAPSHOT_TTL: Duration = Duration::from_secs(24 * 3600);
 
+/// How long a snapshot or fork waits for the session's kernel to be idle (the call before it
+/// letting go of it, a running cell ending) before it answers `session_busy`: the wait a call
+/// gives a kernel being hibernated.
+pub const SNAPSHOT_BUSY_WAIT: Duration = super::HIBERNATE_WAIT_LIMIT;
+
 /// Forks one request makes at most.
 pub const MAX_FORKS_PER_REQUEST: usize = 16;
 

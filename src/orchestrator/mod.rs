@@ -21,7 +21,7 @@
 //! | `adopt.rs` | work driven by its caller that the tracker adopts if the caller goes away (an upload, a cell) |
 //! | `workspace_files.rs` | a workspace's files as a tar without its session's kernel: through a transfer kernel made for one transfer (counted by `services::WorkspaceTransfers`) |
 //! | `tenancy.rs` | the tenants' settings swapped by a reload (`crate::tenancy`): applied to the registry's ceilings and to egress, a removed tenant's kernels removed (`tenant_removed`) |
-//! | `snapshots.rs` | snapshots, restore and fork: a session's idle kernel checkpointed left running and reconnected, a snapshot restored into new sessions through the hibernation's books (`services/snapshots/` keeps them) |
+//! | `snapshots.rs` | snapshots, restore and fork handed to the snapshots service (`services/snapshots/`): [`Snapshotting`] resolves a call's scope to kernel keys; the orchestrator's kernel starts are the service's handle |
 //! | `shutdown.rs` | the graceful stop: refuse new work, drain, remove every kernel |
 //! | `tests.rs`, `pool_tests.rs` | unit tests against the fake engine in paused time |
 
@@ -62,6 +62,7 @@ pub use request::{
     AdmissionNotice, ExecuteError, ExecuteRequest, KernelSummary, Scope, StartError, StartStats,
     Stats, TenantStats, START_BUCKETS,
 };
+pub use snapshots::Snapshotting;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -300,6 +300,32 @@ pub enum ExecuteError {
     Internal(String),
 }
 
+impl ExecuteError {
+    /// The error's stable code in an answer (`docs/http-api.md`): what the server answers it
+    /// with, and what a fork that failed on it says (`docs/snapshots.md`).
+    pub fn code(&self) -> &'static str {
+        use crate::workspace::WorkspaceError;
+        match self {
+            ExecuteError::Invalid(_) => "invalid_request",
+            ExecuteError::InvalidTimeout(_) => "invalid_timeout",
+            ExecuteError::Name(_) => "invalid_name",
+            ExecuteError::Kernel(KernelError::Workspace(WorkspaceError::TooMany { .. })) => {
+                "too_many_workspaces"
+            }
+            ExecuteError::Kernel(KernelError::Workspace(WorkspaceError::HostFull { .. })) => {
+                "workspaces_full"
+            }
+            ExecuteError::Kernel(_) => "kernel_unavailable",
+            ExecuteError::Engine(_) => "engine_unavailable",
+            ExecuteError::ShuttingDown => "shutting_down",
+            ExecuteError::TenantRemoved => "unauthorized",
+            ExecuteError::AtCapacity { .. } => "at_capacity",
+            ExecuteError::SessionBusy { .. } => "session_busy",
+            ExecuteError::Internal(_) => "internal",
+        }
+    }
+}
+
 fn at_capacity_message(tenant: &str, cap: &Cap, held: usize) -> String {
     match cap {
         Cap::Tenant { max } => format!(

@@ -145,6 +145,12 @@ async fn start_validated(
         &config.snapshots,
         config.housekeeping.state_dir.as_deref(),
         &instance.id,
+        services::SnapshotHandles {
+            registry: registry.clone(),
+            hibernation: hibernation.clone(),
+            engine: engine.clone(),
+            max_upload_bytes: config.files.max_upload_bytes,
+        },
     ));
     let usage = Arc::new(services::UsageLedger::new(
         match &restored {

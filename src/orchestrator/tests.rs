@@ -584,3 +584,43 @@ async fn a_kernel_computing_with_no_cell_is_busy_never_reaped_or_evicted_as_idle
     assert_eq!(kb.reap_once().await, 1);
     kb.shutdown().await;
 }
+
+#[tokio::test]
+async fn snapshots_being_made_count_against_the_tenants_bytes_in_one_step() {
+    use crate::services::SnapshotError;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (kb, _) = start(|c| {
+        c.snapshots.dir = Some(dir.path().to_path_buf());
+        c.snapshots.max_tenant_bytes = 3 << 20;
+    })
+    .await;
+    let service = &kb.inner.services.snapshots;
+    // Three snapshots of 1.5 MB being made at once: each counted as it is held, so the third
+    // passes the bound with the two others not yet kept.
+    let mut making = Vec::new();
+    for _ in 0..3 {
+        let r = service.reserve("t").await.expect("reserve");
+        std::fs::write(r.dir.join("memory"), vec![0u8; 1536 << 10]).expect("write");
+        making.push(r);
+    }
+    let mut held = Vec::new();
+    let mut refused = 0;
+    for mut r in making {
+        match service.hold(&mut r).await {
+            Ok(_) => held.push(r),
+            Err(SnapshotError::Limit { .. }) => {
+                refused += 1;
+                service.abort(r).await;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!((held.len(), refused), (2, 1));
+    assert_eq!(service.room("t"), 0);
+    // Given back, their bytes are free again.
+    for r in held {
+        service.abort(r).await;
+    }
+    assert_eq!(service.room("t"), 3 << 20);
+    kb.shutdown().await;
+}

@@ -150,6 +150,9 @@ pub struct Registry {
     max_kernels: usize,
     idle_timeout: Duration,
     inner: Mutex<Inner>,
+    /// Told each time a call lets go of a slot: what waits for a kernel to be idle
+    /// ([`Registry::released`]) wakes then instead of polling.
+    released: tokio::sync::Notify,
 }
 
 /// Involuntary losses counted as they happen, by reason: `counts[i]` is the number of kernels
@@ -263,6 +266,7 @@ impl Registry {
             max_kernels,
             idle_timeout,
             inner: Mutex::new(Inner::default()),
+            released: tokio::sync::Notify::new(),
         }
     }
 
@@ -430,7 +434,17 @@ impl Registry {
             .slots
             .get(&slot.key)
             .is_some_and(|s| Arc::ptr_eq(s, slot));
+        drop(inner);
+        if left == 0 {
+            self.released.notify_waiters();
+        }
         left == 0 && !registered
+    }
+
+    /// What a call letting go of a slot tells ([`Registry::release`]): a caller waiting for a
+    /// kernel to be idle takes `released().notified()` before it looks, then waits on it.
+    pub fn released(&self) -> &tokio::sync::Notify {
+        &self.released
     }
 
     /// Unregisters a slot (its kernel died or ended); records `loss` when it was involuntary.

@@ -73,49 +73,41 @@ impl ApiError {
 impl From<ExecuteError> for ApiError {
     fn from(e: ExecuteError) -> ApiError {
         match &e {
-            ExecuteError::Invalid(_) => ApiError::bad_request("invalid_request", e.to_string()),
+            ExecuteError::Invalid(_) => ApiError::bad_request(e.code(), e.to_string()),
             ExecuteError::InvalidTimeout(t) => t.clone().into(),
-            ExecuteError::Name(_) => ApiError::bad_request("invalid_name", e.to_string()),
+            ExecuteError::Name(_) => ApiError::bad_request(e.code(), e.to_string()),
             ExecuteError::Kernel(crate::kernel::KernelError::Workspace(w))
                 if matches!(w, crate::workspace::WorkspaceError::TooMany { .. }) =>
             {
-                ApiError::new(
-                    StatusCode::TOO_MANY_REQUESTS,
-                    "too_many_workspaces",
-                    w.to_string(),
-                )
+                ApiError::new(StatusCode::TOO_MANY_REQUESTS, e.code(), w.to_string())
             }
             ExecuteError::Kernel(crate::kernel::KernelError::Workspace(w))
                 if matches!(w, crate::workspace::WorkspaceError::HostFull { .. }) =>
             {
-                ApiError::new(
-                    StatusCode::INSUFFICIENT_STORAGE,
-                    "workspaces_full",
-                    w.to_string(),
-                )
+                ApiError::new(StatusCode::INSUFFICIENT_STORAGE, e.code(), w.to_string())
             }
             ExecuteError::Kernel(_) => ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
-                "kernel_unavailable",
+                e.code(),
                 format!("the kernel could not be started: {e}"),
             ),
             ExecuteError::Engine(_) => ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
-                "engine_unavailable",
+                e.code(),
                 format!("docker engine: {e}"),
             ),
             ExecuteError::ShuttingDown => ApiError::shutting_down(),
             ExecuteError::TenantRemoved => ApiError::unauthorized(),
             ExecuteError::AtCapacity { .. } => ApiError {
                 retry_after: Some(1),
-                ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, "at_capacity", e.to_string())
+                ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, e.code(), e.to_string())
             },
             ExecuteError::SessionBusy { .. } => ApiError {
                 retry_after: Some(1),
-                ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, "session_busy", e.to_string())
+                ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, e.code(), e.to_string())
             },
             ExecuteError::Internal(_) => {
-                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.code(), e.to_string())
             }
         }
     }

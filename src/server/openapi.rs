@@ -776,13 +776,13 @@ fn snapshot_paths(auth_errors: &Value) -> Value {
     json!({
         "/v1/sessions/{session}/snapshots": {
             "post": {
-                "summary": "Snapshots the session's kernel, idle or hibernated (runsc: its memory, variables, imports, /tmp and staging files); the kernel goes on. An empty body is allowed.",
+                "summary": "Snapshots the session's kernel, idle or hibernated (runsc: its memory, variables, imports, /tmp and staging files; runc: its working directory's files only, `memory: false`); the kernel goes on. A kernel running a cell is waited for (bounded). An empty body is allowed.",
                 "parameters": [session_param()],
                 "requestBody": {"required": false, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/SnapshotBody"}}}},
                 "responses": with(auth_errors, json!({
                     "200": answer("The snapshot.", "SnapshotInfo"),
                     "404": error_response("`no_kernel`: the session has no kernel."),
-                    "409": error_response("`session_busy`: a cell is running; `snapshot_limit`: the tenant's count or bytes, or the host's bytes, would pass their bound; `snapshot_unsupported`: the kernel runs under runc, whose memory the engine cannot checkpoint."),
+                    "409": error_response("`session_busy`: the kernel stayed busy for as long as a snapshot waits; `snapshot_limit`: the tenant's count or bytes, or the host's bytes, would pass their bound (snapshots and forks being made counted)."),
                     "500": error_response("`snapshot_failed`: the checkpoint failed.")
                 }))
             }
@@ -833,7 +833,7 @@ fn snapshot_paths(auth_errors: &Value) -> Value {
                     "200": answer("The forks, in order, each with its kernel or its error.", "ForkResult"),
                     "400": error_response("`invalid_request`: not exactly one of `count` and `sessions`, or not 1 to 16 new distinct sessions."),
                     "404": error_response("`no_kernel`: the session has no kernel."),
-                    "409": error_response("`session_busy`, `snapshot_limit`, or `snapshot_unsupported` (a runc kernel).")
+                    "409": error_response("`session_busy`, or `snapshot_limit` (the fork's checkpoint is counted by the tenant's count and byte bounds).")
                 }))
             }
         }

@@ -8,7 +8,7 @@
 //! |---|---|---|
 //! | `mod.rs` | this table; kernels' and slots' disposal, shared by the orchestrator and its services | wherever a kernel goes |
 //! | `hibernation/` | [`Hibernation`]: park (checkpoint) idle kernels, restore them, discard checkpoints; what an earlier run left | at start, admission, the reap, eviction, reset, the stop |
-//! | `snapshots/` | [`Snapshots`]: kernels' snapshots kept on disk under bounds, listed, deleted, expired, loaded at start; a fork's files (`docs/snapshots.md`) | a snapshot, fork or restore; at start; the reap (expiry) |
+//! | `snapshots/` | [`Snapshots`]: kernels' snapshots (runsc: memory; runc: files only) taken, kept on disk under bounds, listed, deleted, expired, loaded at start; restored; forks (`docs/snapshots.md`); the orchestrator's kernel starts are handed in with each call | a snapshot, fork or restore; at start; the reap (expiry) |
 //! | `usage.rs` | [`UsageLedger`]: the pending usage, kernels' cgroups sampled into it, flushed to the catalog, reports | recording a cell, command, transfer; at start (its task); a report |
 //! | `audit.rs` | [`AuditTrail`]: the audit trail's record of each cell and command of an audited tenant (`docs/usage.md`, "Audit trail") | a cell or command ended; the stop |
 //! | `transfers.rs` | [`WorkspaceTransfers`]: the workspaces and the transfer kernels running per tenant and workspace | a transfer without a kernel; a workspace deleted |
@@ -49,7 +49,7 @@ pub(crate) use reaper::{sweep_expired_hibernated, Reaper};
 pub(crate) use runaway::RunawayWatcher;
 pub use sessions::{ConfigHold, SessionConfigs};
 pub use snapshots::SnapshotError;
-pub(crate) use snapshots::{Reservation, Snapshots, Stored};
+pub(crate) use snapshots::{Handles as SnapshotHandles, Held, SnapshotKernels, Snapshots};
 pub(crate) use transfers::{TransferSlot, WorkspaceTransfers};
 pub use transfers::{MAX_TRANSFERS, MAX_TRANSFERS_PER_TENANT};
 pub(crate) use usage::UsageLedger;

@@ -31,11 +31,12 @@ pub struct SnapshotInfo {
     /// Bytes it holds on disk.
     pub bytes: u64,
     /// The kernel's memory is in it: variables, imports, `/tmp` and the staging files
-    /// (runsc). `false`: never the memory.
+    /// (runsc). `false`: a files-only snapshot (runc), the working directory's files only.
     pub memory: bool,
     /// The runtime of the kernel it was taken of, which a restore runs under.
     pub runtime: String,
-    /// How long the kernel was paused for the checkpoint, in seconds.
+    /// How long the kernel was paused for the checkpoint (a files-only snapshot: reading its
+    /// files), in seconds.
     pub checkpoint_seconds: f64,
 }
 

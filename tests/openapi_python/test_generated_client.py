@@ -279,19 +279,26 @@ def test_every_json_route_through_the_generated_client(
     assert api(generated, "get_openapi_json").sync_detailed(client=c).status_code == 200
 
     # Snapshots (docs/snapshots.md): this server's kernels run under runc, whose memory the
-    # engine cannot checkpoint: a snapshot and a fork answer 409, parsed; the tenant has no
-    # snapshot to list, read, delete or restore.
+    # engine cannot checkpoint: a snapshot is files-only (`memory` false), listed, read,
+    # restored into a new session, forked, deleted; an unknown id is a 404.
+    ok(api(generated, "post_v1_sessions_session_execute").sync_detailed(
+        SESSION, client=c, body=ExecuteRequest(code="open('f.txt', 'w').write('f')")), "CellResult")  # fmt: skip
     SnapshotBody = model(generated, "SnapshotBody")
-    ok(api(generated, "post_v1_sessions_session_snapshots").sync_detailed(
-        SESSION, client=c, body=SnapshotBody(name="n")), "Error", 409)  # fmt: skip
+    snap = ok(api(generated, "post_v1_sessions_session_snapshots").sync_detailed(
+        SESSION, client=c, body=SnapshotBody(name="n")), "SnapshotInfo")  # fmt: skip
+    assert snap.memory is False
+    listed = ok(api(generated, "get_v1_snapshots").sync_detailed(client=c), "SnapshotList")
+    assert [s.id for s in listed.snapshots] == [snap.id]
+    ok(api(generated, "get_v1_snapshots_id").sync_detailed(snap.id, client=c), "SnapshotInfo")
+    RestoreBody = model(generated, "RestoreBody")
+    ok(api(generated, "post_v1_sessions_session_restore").sync_detailed(
+        SESSION + "-restored", client=c, body=RestoreBody(snapshot=snap.id)), "ForkOutcome")  # fmt: skip
     ForkBody = model(generated, "ForkBody")
     ok(api(generated, "post_v1_sessions_session_fork").sync_detailed(
-        SESSION, client=c, body=ForkBody(count=2)), "Error", 409)  # fmt: skip
-    listed = ok(api(generated, "get_v1_snapshots").sync_detailed(client=c), "SnapshotList")
-    assert listed.snapshots == []
+        SESSION, client=c, body=ForkBody(count=1)), "ForkResult")  # fmt: skip
+    ok(api(generated, "delete_v1_snapshots_id").sync_detailed(snap.id, client=c), "Deleted")
     ok(api(generated, "get_v1_snapshots_id").sync_detailed("snap-0", client=c), "Error", 404)
     ok(api(generated, "delete_v1_snapshots_id").sync_detailed("snap-0", client=c), "Error", 404)
-    RestoreBody = model(generated, "RestoreBody")
     ok(api(generated, "post_v1_sessions_session_restore").sync_detailed(
         SESSION, client=c, body=RestoreBody(snapshot="snap-0")), "Error", 404)  # fmt: skip
 

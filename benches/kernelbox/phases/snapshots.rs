@@ -163,14 +163,17 @@ async fn snapshots_and_forks(kb: &Orchestrator, n: usize, m: &mut Measured) -> R
             &kb.execute(ExecuteRequest::new(&source, "x = 1")).await?,
         )?;
         let t = Instant::now();
-        let snap = kb.snapshot(&Scope::session(&source), None).await?;
+        let snap = kb.snapshots().take(&Scope::session(&source), None).await?;
         m.snapshot_call.push(ms(t.elapsed()));
         m.snapshot_pause.push(snap.checkpoint_seconds * 1000.0);
         m.snapshot_bytes = m.snapshot_bytes.max(snap.bytes);
-        kb.delete_snapshot(None, &snap.id).await?;
+        kb.snapshots().delete(None, &snap.id).await?;
         let names: Vec<String> = (0..FORKS).map(|f| format!("snap-fork-{i}-{f}")).collect();
         let t = Instant::now();
-        let forks = kb.fork(&Scope::session(&source), names.clone()).await?;
+        let forks = kb
+            .snapshots()
+            .fork(&Scope::session(&source), names.clone())
+            .await?;
         if let Some(failed) = forks.forks.iter().find(|f| f.kernel.is_none()) {
             bail!("a fork failed: {failed:?}");
         }

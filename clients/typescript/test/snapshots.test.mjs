@@ -1,13 +1,11 @@
 // Snapshots, restore and fork (docs/snapshots.md), typed, against a server whose tenant
 // `branchy` runs its kernels under runsc (gVisor checkpoints their memory) and `plain` under
-// runc (refused); and stdout and stderr apart in a streamed run's callbacks.
+// runc (files-only snapshots); and stdout and stderr apart in a streamed run's callbacks.
 
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 
-import { setTimeout as delay } from "node:timers/promises";
-
-import { Client, KernelboxError, NotFound } from "../dist/index.js";
+import { Client, NotFound } from "../dist/index.js";
 import { sessionName, startServer } from "./server.mjs";
 
 let server;
@@ -24,23 +22,10 @@ after(async () => {
   await server?.stop();
 });
 
-// A snapshot or fork takes the kernel between cells: while the session's previous call is still
-// letting go of it, the server answers 409 session_busy, which a caller retries (docs/snapshots.md).
-async function whenIdle(call) {
-  for (let attempt = 0; ; attempt++) {
-    try {
-      return await call();
-    } catch (e) {
-      if (!(e instanceof KernelboxError && e.code === "session_busy") || attempt >= 50) throw e;
-      await delay(100);
-    }
-  }
-}
-
 test("a snapshot restores, a fork branches, and another tenant never sees it", async () => {
   const s = branchy.session(sessionName("src"));
   assert.ok((await s.run("x = 41")).ok);
-  const snap = await whenIdle(() => s.snapshot({ name: "before" }));
+  const snap = await s.snapshot({ name: "before" });
   assert.deepEqual([snap.memory, snap.name, snap.runtime, snap.session], [true, "before", "runsc", s.name]);
   assert.deepEqual((await branchy.snapshots()).map((x) => x.id), [snap.id]);
   assert.deepEqual(await branchy.snapshot(snap.id), snap);
@@ -49,7 +34,7 @@ test("a snapshot restores, a fork branches, and another tenant never sees it", a
   assert.equal(restored.error, undefined);
   assert.equal(restored.kernel?.generation, 1);
   assert.equal((await branchy.session(again).run("print(x + 1)")).output, "42\n");
-  const forks = await whenIdle(() => s.fork(2));
+  const forks = await s.fork(2);
   assert.equal(forks.forks.length, 2);
   assert.ok(forks.forks.every((f) => f.kernel !== undefined && f.error === undefined), JSON.stringify(forks));
   const [first, second] = forks.forks.map((f) => branchy.session(f.session));
@@ -58,7 +43,7 @@ test("a snapshot restores, a fork branches, and another tenant never sees it", a
   assert.equal((await s.run("print(x)")).output, "41\n");
   // A fork into a session that has a kernel fails on its own.
   const fresh = sessionName("fresh");
-  const named = await whenIdle(() => s.fork([again, fresh]));
+  const named = await s.fork([again, fresh]);
   assert.equal(named.forks[0].error?.code, "session_exists");
   assert.ok(named.forks[1].kernel !== undefined);
   await assert.rejects(plain.snapshot(snap.id), NotFound);
@@ -69,10 +54,17 @@ test("a snapshot restores, a fork branches, and another tenant never sees it", a
   for (const name of [s.name, again, fresh, ...forks.forks.map((f) => f.session)]) await branchy.session(name).close();
 });
 
-test("a runc kernel's snapshot is refused with the server's code", async () => {
+test("a runc kernel's snapshot is files-only and says so", async () => {
   const s = plain.session(sessionName("runc"));
-  assert.ok((await s.run("x = 1")).ok);
-  await assert.rejects(s.snapshot(), (e) => e instanceof KernelboxError && e.code === "snapshot_unsupported");
+  assert.ok((await s.run("x = 1\nopen('note.txt', 'w').write('kept')")).ok);
+  const snap = await s.snapshot();
+  assert.deepEqual([snap.memory, snap.runtime], [false, "runc"]);
+  const files = sessionName("files");
+  const restored = await plain.restore(snap.id, files);
+  assert.equal(restored.error, undefined);
+  assert.equal((await plain.session(files).run("print(open('note.txt').read(), 'x' in globals())")).output, "kept False\n");
+  assert.equal(await plain.deleteSnapshot(snap.id), snap.id);
+  await plain.session(files).close();
   await s.close();
 });
 

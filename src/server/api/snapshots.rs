@@ -22,23 +22,30 @@ use crate::wire::{
 impl From<SnapshotError> for ApiError {
     fn from(e: SnapshotError) -> ApiError {
         let e = match e {
-            SnapshotError::Execute(inner) => return ApiError::from(*inner),
+            // The orchestrator's refusal is answered as everywhere else (`at_capacity` a 429
+            // with its retry, ...).
+            SnapshotError::Refused { code, source } => {
+                return match source.downcast::<crate::orchestrator::ExecuteError>() {
+                    Ok(inner) => ApiError::from(*inner),
+                    Err(other) => {
+                        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, code, other.to_string())
+                    }
+                };
+            }
             e => e,
         };
         let status = match &e {
-            SnapshotError::Execute(_) => StatusCode::INTERNAL_SERVER_ERROR,
             SnapshotError::NotFound { .. } | SnapshotError::NoKernel { .. } => {
                 StatusCode::NOT_FOUND
             }
             SnapshotError::Limit { .. }
             | SnapshotError::Busy { .. }
-            | SnapshotError::SessionExists { .. }
-            // The kernel's runtime, not the server, stands in the way: a client's matter (4xx).
-            | SnapshotError::Unsupported { .. } => StatusCode::CONFLICT,
+            | SnapshotError::SessionExists { .. } => StatusCode::CONFLICT,
             SnapshotError::Invalid(_) => StatusCode::BAD_REQUEST,
-            SnapshotError::Checkpoint(_) | SnapshotError::Restore(_) | SnapshotError::Store(_) => {
-                StatusCode::INTERNAL_SERVER_ERROR
-            }
+            SnapshotError::Refused { .. }
+            | SnapshotError::Checkpoint(_)
+            | SnapshotError::Restore(_)
+            | SnapshotError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError::new(status, e.code(), e.to_string())
     }
@@ -64,7 +71,12 @@ pub(super) async fn create(
     let bytes = read_body_of(&state, &tenant, &headers, body).await?;
     let wire: SnapshotBody = body_or_default(&bytes).map_err(|e| invalid(&state, e))?;
     let scope = kernel_scope(&tenant, session, None);
-    let info = state.inner.orchestrator.snapshot(&scope, wire.name).await?;
+    let info = state
+        .inner
+        .orchestrator
+        .snapshots()
+        .take(&scope, wire.name)
+        .await?;
     Ok(Json(info))
 }
 
@@ -74,7 +86,11 @@ pub(super) async fn list(
     Caller(tenant): Caller,
 ) -> Json<SnapshotList> {
     Json(SnapshotList {
-        snapshots: state.inner.orchestrator.snapshots(Some(&tenant.name)),
+        snapshots: state
+            .inner
+            .orchestrator
+            .snapshots()
+            .list(Some(&tenant.name)),
     })
 }
 
@@ -88,7 +104,8 @@ pub(super) async fn get(
         state
             .inner
             .orchestrator
-            .snapshot_of(Some(&tenant.name), &id)?,
+            .snapshots()
+            .get(Some(&tenant.name), &id)?,
     ))
 }
 
@@ -102,7 +119,8 @@ pub(super) async fn delete(
     state
         .inner
         .orchestrator
-        .delete_snapshot(Some(&tenant.name), &id)
+        .snapshots()
+        .delete(Some(&tenant.name), &id)
         .await?;
     Ok(Json(Deleted { deleted: id }))
 }
@@ -122,7 +140,8 @@ pub(super) async fn restore(
     let kernel = state
         .inner
         .orchestrator
-        .restore_snapshot(&scope, &wire.snapshot)
+        .snapshots()
+        .restore(&scope, &wire.snapshot)
         .await?;
     Ok(Json(ForkOutcome {
         session,
@@ -162,5 +181,12 @@ pub(super) async fn fork(
         }
     };
     let scope = kernel_scope(&tenant, session, None);
-    Ok(Json(state.inner.orchestrator.fork(&scope, sessions).await?))
+    Ok(Json(
+        state
+            .inner
+            .orchestrator
+            .snapshots()
+            .fork(&scope, sessions)
+            .await?,
+    ))
 }

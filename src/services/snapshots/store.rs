@@ -26,6 +26,9 @@ const MAX_READ: usize = 65_536;
 /// What begins a snapshot being made.
 pub(super) const PARTIAL: &str = ".partial-";
 
+/// A files-only snapshot's working directory, as the file helper's tar of it.
+pub(super) const FILES: &str = "work.tar";
+
 /// What begins a fork's links to a snapshot's files (consumed by its restore).
 pub(super) const FORK: &str = ".fork-";
 
@@ -46,8 +49,10 @@ pub(crate) struct Stored {
     pub(crate) bytes: u64,
     /// The kernel's memory is in it (runsc); `false`: its files only.
     pub(crate) memory: bool,
-    /// The kernel's checkpoint, its files in this snapshot's directory.
-    pub(crate) checkpoint: Checkpoint,
+    /// The kernel's checkpoint, its files in this snapshot's directory; `None` for a
+    /// files-only snapshot (`memory: false`), whose working directory is [`FILES`] there.
+    #[serde(default)]
+    pub(crate) checkpoint: Option<Checkpoint>,
     /// How long the checkpoint took.
     pub(crate) checkpoint_seconds: f64,
 }
@@ -57,7 +62,9 @@ impl Stored {
         id: String,
         key: KernelKey,
         name: Option<String>,
-        checkpoint: Checkpoint,
+        checkpoint: Option<&Checkpoint>,
+        seconds: f64,
+        whole: &Path,
         bytes: u64,
     ) -> Stored {
         Stored {
@@ -67,10 +74,15 @@ impl Stored {
             name,
             created: crate::clock::unix_now(),
             bytes,
-            memory: true,
-            checkpoint_seconds: checkpoint.checkpoint_seconds,
-            checkpoint,
+            memory: checkpoint.is_some(),
+            checkpoint_seconds: seconds,
+            checkpoint: checkpoint.map(|c| c.kept_in(whole)),
         }
+    }
+
+    /// The files-only snapshot's tar of the working directory, in `dir` (its directory).
+    pub(super) fn files_in(dir: &Path) -> PathBuf {
+        dir.join(FILES)
     }
 }
 
@@ -116,7 +128,7 @@ pub(super) fn read_all(root: &Path) -> Vec<Stored> {
         }
         match read_one(&path).filter(|s| s.id == name && s.version == VERSION) {
             Some(mut stored) => {
-                stored.checkpoint = stored.checkpoint.kept_in(&path);
+                stored.checkpoint = stored.checkpoint.map(|c| c.kept_in(&path));
                 found.push(stored);
             }
             None => {

@@ -648,7 +648,8 @@ class UsageReport:
 @dataclass(frozen=True)
 class SnapshotInfo:
     """A snapshot of a session's kernel (`session.snapshot()`, docs/snapshots.md): under
-    runsc its memory (variables, imports, `/tmp`) and its working directory's files."""
+    runsc its memory (variables, imports, `/tmp`) and its working directory's files; under
+    runc its working directory's files only (`memory` False)."""
 
     SCHEMA: ClassVar[str] = "SnapshotInfo"
     id: str
