@@ -145,6 +145,15 @@ impl Orchestrator {
             config.housekeeping.state_dir.as_deref(),
             &instance.id,
         ));
+        // Migrations work under the snapshots' root (`docs/cluster.md`, "Migration on drain").
+        let migrations = services::Migrations::new(
+            config
+                .snapshots
+                .location(config.housekeeping.state_dir.as_deref(), &instance.id)
+                .0
+                .join(".migrations"),
+            config.snapshots.max_bytes,
+        );
         let usage = Arc::new(services::UsageLedger::new(
             match &restored {
                 Some(r) => r.store.clone(),
@@ -162,6 +171,7 @@ impl Orchestrator {
                 hibernation,
                 usage,
                 snapshots,
+                migrations,
             },
             egress,
             pool: pool::PoolState::new(config.spec.clone(), config.pool.size),

@@ -157,6 +157,10 @@ pub(super) fn router(state: AppState, metrics_route: MetricsRoute, console: bool
             "/v1/nodes/{node}/kernels",
             get(super::cluster::node_kernels),
         )
+        .route(
+            "/v1/nodes/{node}/migrations",
+            post(super::cluster::receive_migration),
+        )
         .route("/v1/kernels", get(settings::kernels))
         .route("/v1/workspaces", get(workspaces::list))
         .route("/v1/workspaces/{name}", delete(workspaces::delete))
@@ -851,6 +855,8 @@ async fn metrics(State(state): State<AppState>) -> Response {
     }
     if let Some(node) = state.cluster() {
         let _ = node.render_metrics(&mut text);
+        let _ = crate::orchestrator::migration::migrations(&state.inner.orchestrator)
+            .render_metrics(&mut text, node.name());
     }
     (
         [(
