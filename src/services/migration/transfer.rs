@@ -222,3 +222,105 @@ pub(crate) async fn receive(
     }
     Ok(manifest)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::WorkMode;
+    use crate::owner::Owner;
+
+    fn manifest(files: Vec<(String, u64)>, name: &str) -> Manifest {
+        let checkpoint: Checkpoint = serde_json::from_value(serde_json::json!({
+            "id": "c", "volume": "v", "spill_dir": "s", "sockets": null, "user": "u",
+            "name": name, "dir": "/nowhere", "bytes": 0, "token": "t",
+            "execution_count": 1, "cells_begun": 1, "checkpoint_seconds": 0.1,
+            "taken": 0, "from": "snapshot"
+        }))
+        .expect("a checkpoint record");
+        Manifest {
+            key: KernelKey {
+                owner: Owner::new("t", "s", None).expect("owner"),
+                mode: WorkMode::Strict,
+                image: "img".into(),
+                tools: Default::default(),
+                runtime: Default::default(),
+                context: Default::default(),
+            },
+            generation: 3,
+            from_node: "n1".into(),
+            from_epoch: 7,
+            checkpoint,
+            files,
+        }
+    }
+
+    /// A stream of two files from a fresh directory, as the sender makes it.
+    async fn stream() -> (tempfile::TempDir, Vec<u8>) {
+        let dir = tempfile::tempdir().expect("dir");
+        std::fs::write(dir.path().join("a"), vec![1u8; 300_000]).expect("write");
+        std::fs::write(dir.path().join("b"), b"bee").expect("write");
+        let files = list_files(dir.path()).expect("list");
+        let mut out = Vec::new();
+        send(&manifest(files, "kb-x"), dir.path(), &mut out)
+            .await
+            .expect("send");
+        (dir, out)
+    }
+
+    #[tokio::test]
+    async fn a_stream_arrives_whole_and_verified() {
+        let (_src, bytes) = stream().await;
+        let into = tempfile::tempdir().expect("dir");
+        let got = receive(&mut &bytes[..], &into.path().join("in"), 1 << 20)
+            .await
+            .expect("received");
+        assert_eq!(got.generation, 3);
+        let a = std::fs::read(into.path().join("in/kb-x/a")).expect("a");
+        assert_eq!(a, vec![1u8; 300_000]);
+        assert_eq!(
+            std::fs::read(into.path().join("in/kb-x/b")).expect("b"),
+            b"bee"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_cut_altered_longer_or_too_large_stream_is_refused() {
+        let (_src, bytes) = stream().await;
+        let into = tempfile::tempdir().expect("dir");
+        let half = &bytes[..bytes.len() / 2];
+        let e = receive(&mut &half[..], &into.path().join("cut"), 1 << 20).await;
+        assert!(matches!(e, Err(MigrationError::Transfer(_))), "{e:?}");
+        let mut altered = bytes.clone();
+        let at = altered.len() - 40;
+        altered[at] ^= 1;
+        let e = receive(&mut &altered[..], &into.path().join("alt"), 1 << 20).await;
+        assert!(matches!(e, Err(MigrationError::Transfer(_))), "{e:?}");
+        let mut longer = bytes.clone();
+        longer.push(0);
+        let e = receive(&mut &longer[..], &into.path().join("long"), 1 << 20).await;
+        assert!(matches!(e, Err(MigrationError::Transfer(_))), "{e:?}");
+        let e = receive(&mut &bytes[..], &into.path().join("big"), 1000).await;
+        assert!(matches!(e, Err(MigrationError::TooLarge { .. })), "{e:?}");
+        // Refused from the manifest: nothing written.
+        assert!(!into.path().join("big").exists());
+    }
+
+    #[tokio::test]
+    async fn a_manifest_naming_a_path_is_refused() {
+        for (file, name) in [("../x", "kb-x"), ("a", "../kb"), ("a", "")] {
+            let mut out = Vec::new();
+            let m = manifest(vec![(file.to_string(), 0)], name);
+            let head = serde_json::to_vec(&m).expect("json");
+            out.extend_from_slice(MAGIC);
+            out.extend_from_slice(&(head.len() as u32).to_be_bytes());
+            out.extend_from_slice(&head);
+            let into = tempfile::tempdir().expect("dir");
+            let e = receive(&mut &out[..], &into.path().join("in"), 1 << 20).await;
+            assert!(
+                matches!(e, Err(MigrationError::Transfer(_))),
+                "{file} {name}: {e:?}"
+            );
+            assert!(!into.path().join("in").exists());
+        }
+    }
+}
