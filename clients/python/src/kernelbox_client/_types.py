@@ -782,6 +782,7 @@ MIRRORS = {
         StateLost,
         WorkspaceInfo,
         Restored,
+        Migrated,
         KernelInfo,
         Result,
         CellException,
