@@ -84,8 +84,8 @@ pub mod workspace;
 
 pub use authority::{CellAuthority, FnDispatcher, RawToolCall, ToolCall, ToolDispatcher};
 pub use cell::{
-    CellException, CellResult, CellStatus, KernelInfo, LossReason, OutputStream, Restored,
-    StateLost, WorkspaceInfo,
+    CellException, CellResult, CellStatus, KernelInfo, LossReason, Migrated, OutputStream,
+    Restored, StateLost, WorkspaceInfo,
 };
 pub use config::{Config, KernelRuntime, Sandbox, WorkMode};
 pub use docker::{BollardEngine, Engine, EngineError};

@@ -176,6 +176,17 @@ pub struct KernelInfo {
     /// variables and files are as they were (`docs/runtimes.md`, "Hibernation").
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub restored: Option<Restored>,
+    /// Present on the first call after the kernel moved here from a drained node, its
+    /// memory, variables and generation intact (`docs/cluster.md`, "Migration on drain").
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub migrated: Option<Migrated>,
+}
+
+/// Where a migrated kernel came from (`docs/cluster.md`, "Migration on drain").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct Migrated {
+    /// The node the kernel ran on before its drain.
+    pub from_node: String,
 }
 
 /// How a hibernated kernel came back (`docs/runtimes.md`, "Hibernation").

@@ -23,7 +23,7 @@ pub use catalog::PostgresCatalog;
 pub use error::ClusterError;
 pub use store::{
     Claim, ClaimRequest, ConfigField, ConfigWrite, Expired, NodeInfo, NodeRow, NodeState,
-    Placement, Renewal, SessionConfig, Store, WorkspaceHome, CONNECT_TIMEOUT, MAX_NODES,
-    MAX_SHARE_TENANTS, OPERATION_DEADLINE, POOL_SIZE, STATEMENT_TIMEOUT,
+    Placement, Renewal, SessionConfig, SessionMove, Store, WorkspaceHome, CONNECT_TIMEOUT,
+    MAX_NODES, MAX_SHARE_TENANTS, OPERATION_DEADLINE, POOL_SIZE, STATEMENT_TIMEOUT,
 };
 pub use workspaces::WorkspaceLedger;

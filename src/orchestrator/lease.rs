@@ -46,7 +46,9 @@ impl Lease {
     /// The result's `kernel` for a cell that ran on this lease.
     pub(super) fn kernel_info(&self, execution_count: u64, ended: bool) -> KernelInfo {
         let workspace = self.kernel.workspace().cloned();
-        let restored = self.kernel.take_restored();
+        // A kernel moved here by a drain says so (`services/migration/`).
+        let (restored, migrated) =
+            crate::services::migration::split_restored(self.kernel.take_restored());
         // A lost kernel whose session's next one found no workspace to mount lost its files
         // too (`docs/workspaces.md`, "In a cluster").
         let state_lost = self.state_lost.clone().map(|lost| StateLost {
@@ -64,6 +66,7 @@ impl Lease {
             state_lost,
             workspace,
             restored,
+            migrated,
         }
     }
 

@@ -14,6 +14,7 @@
 //! | `command.rs` | a shell command in an owner's kernel container ([`CommandRequest`]): the kernel held or started, the per-session limit, adopted if its caller goes |
 //! | `files.rs` | files in and out of an owner's kernel: write, read, list, remove ([`FileRequest`]); the kernel held for one (`Hold`); bytes counted and slow downloads cut by `services::FileMeter` |
 //! | `lifecycle.rs` | interrupt, clear, evict, release a child, list, a reaper pass (`services::Reaper`) |
+//! | `migration.rs` | migration on drain, as functions (no methods): the migration service handed the registry and the engine to take an idle kernel's checkpoint out, close its books, and seed an arriving one |
 //! | `node.rs` | what a cluster node asks: whether a session has a kernel here, a claimed session's catalog rows taken over, the fence, the watchdog told how long the node's lease is trusted (`WatchdogSlot`; docs/cluster.md) |
 //! | `pool.rs` | the warm pool: the refill task, pooled kernels' disposal, naming a taken kernel after its owner |
 //! | `spawner.rs` | what every kernel start shares: labels, the event monitor, the file channels' refusal, the starts counted; the common [`SpawnRequest`](crate::kernel::SpawnRequest) |
@@ -31,6 +32,7 @@ mod execute;
 mod files;
 mod lease;
 mod lifecycle;
+pub(crate) mod migration;
 mod node;
 mod pool;
 #[cfg(test)]
@@ -132,6 +134,8 @@ struct Services {
     files: crate::services::FileMeter,
     /// The periodic housekeeping pass (`services/reaper.rs`).
     reaper: Arc<crate::services::Reaper>,
+    /// Migration on drain (`services/migration/`, driven through `migration.rs`).
+    migrations: crate::services::Migrations,
 }
 
 /// Runs stateful Python kernels in containers, one per key. Cheap to clone.

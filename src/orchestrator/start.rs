@@ -152,6 +152,15 @@ async fn start_validated(
             max_upload_bytes: config.files.max_upload_bytes,
         },
     ));
+    // Migrations work under the snapshots' root (`docs/cluster.md`, "Migration on drain").
+    let migrations = services::Migrations::new(
+        config
+            .snapshots
+            .location(config.housekeeping.state_dir.as_deref(), &instance.id)
+            .0
+            .join(".migrations"),
+        config.snapshots.max_bytes,
+    );
     let usage = Arc::new(services::UsageLedger::new(
         match &restored {
             Some(r) => r.store.clone(),
@@ -190,6 +199,7 @@ async fn start_validated(
             hibernation,
             usage,
             snapshots,
+            migrations,
         },
         pool: pool::PoolState::new(config.spec.clone(), config.pool.size),
         registry,

@@ -25,6 +25,7 @@
 //! | `admission.rs` | the two caps and fair shares: which idle kernel goes to admit a new one |
 //! | `hibernated.rs` | hibernated kernels' checkpoints by key: pending, ready, bounded per tenant and host, taken by the key's next kernel |
 //! | `losses.rs` | losses and generations: catalog seeds, losses recorded and owed |
+//! | `migrated.rs` | migration on drain: the kernels a drain may move, a moved kernel's books closed here, one arriving seeded as the same generation |
 //! | `pool.rs` | the warm pool's books: ready ownerless kernels, taken atomically with admission |
 //! | `settings.rs` | sessions' settings (`src/settings.rs`): kept, bounded per tenant, recorded on new slots |
 //! | `tests.rs` | unit tests |
@@ -33,6 +34,7 @@ mod admission;
 mod hibernated;
 mod live;
 mod losses;
+mod migrated;
 mod pool;
 mod settings;
 

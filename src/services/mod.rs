@@ -8,6 +8,7 @@
 //! |---|---|---|
 //! | `mod.rs` | this table; kernels' and slots' disposal, shared by the orchestrator and its services | wherever a kernel goes |
 //! | `hibernation/` | [`Hibernation`]: park (checkpoint) idle kernels, restore them, discard checkpoints; what an earlier run left | at start, admission, the reap, eviction, reset, the stop |
+//! | `migration/` | [`Migrations`]: migration on drain: the sessions moving, the transfers received at once, a checkpoint on the wire (`docs/cluster.md`, "Migration on drain") | a cluster node's drain and the hop that receives a kernel (`orchestrator/migration.rs`) |
 //! | `snapshots/` | [`Snapshots`]: kernels' snapshots (runsc: memory; runc: files only) taken, kept on disk under bounds, listed, deleted, expired, loaded at start; restored; forks (`docs/snapshots.md`); the orchestrator's kernel starts are handed in with each call | a snapshot, fork or restore; at start; the reap (expiry) |
 //! | `usage.rs` | [`UsageLedger`]: the pending usage, kernels' cgroups sampled into it, flushed to the catalog, reports | recording a cell, command, transfer; at start (its task); a report |
 //! | `audit.rs` | [`AuditTrail`]: the audit trail's record of each cell and command of an audited tenant (`docs/usage.md`, "Audit trail") | a cell or command ended; the stop |
@@ -21,6 +22,7 @@
 mod audit;
 mod file_meter;
 mod hibernation;
+pub(crate) mod migration;
 mod processes;
 mod reaper;
 mod runaway;
@@ -40,6 +42,8 @@ pub(crate) use audit::{AuditTrail, Ran};
 pub use file_meter::FileBytes;
 pub(crate) use file_meter::FileMeter;
 pub(crate) use hibernation::{recorded, Hibernation};
+pub use migration::MigrationError;
+pub(crate) use migration::Migrations;
 pub(crate) use processes::{OutputItem, Processes};
 pub use processes::{
     ProcessError, MAX_PROCESSES, MAX_PROCESSES_PER_SESSION, MAX_PROCESSES_PER_TENANT,

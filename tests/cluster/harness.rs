@@ -68,6 +68,8 @@ pub struct Options {
     pub network: Option<Value>,
     /// The tenant's workspace `max` (with `workspaces`), if set.
     pub workspace_max: Option<u64>,
+    /// `--runtime` (runsc: kernels a drain migrates, docs/cluster.md "Migration on drain").
+    pub runtime: Option<&'static str>,
 }
 
 impl Default for Options {
@@ -84,6 +86,7 @@ impl Default for Options {
             workspaces: false,
             network: None,
             workspace_max: None,
+            runtime: None,
         }
     }
 }
@@ -123,6 +126,11 @@ impl Node {
             .await
             .expect("kill");
         assert!(status.success(), "kill -{signal} {pid}");
+    }
+
+    /// Its state directory (`--state-dir`).
+    pub fn state_dir(&self) -> &std::path::Path {
+        &self.state
     }
 
     /// The last lines the node wrote on stderr.
@@ -308,6 +316,9 @@ impl Cluster {
         if let Some(max) = self.options.max_kernels {
             command.args(["--max-kernels", max]);
         }
+        if let Some(runtime) = self.options.runtime {
+            command.args(["--runtime", runtime]);
+        }
         if self.options.workspaces {
             command.arg("--workspace-dir").arg(state.join("workspaces"));
         }
@@ -476,6 +487,19 @@ impl Cluster {
             .await
             .expect("the hop secret")
             .get(0)
+    }
+
+    /// The node the catalog places `session` on (live or not), if it has a row.
+    pub async fn catalog_node(&self, session: &str) -> Option<String> {
+        postgres::raw(&self.db)
+            .await
+            .query_opt(
+                "SELECT node FROM kb_sessions WHERE tenant = $1 AND session = $2",
+                &[&TENANT, &session],
+            )
+            .await
+            .expect("the session's row")
+            .map(|row| row.get(0))
     }
 
     pub async fn holder(&self, session: &str) -> Option<usize> {

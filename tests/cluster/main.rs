@@ -13,6 +13,7 @@
 //! | `failures.rs` | "Leases and fencing": a node killed, a node stopped past its lease, the catalog unavailable |
 //! | `admin.rs` | "Admin" and caps: a tenant's cap across nodes, draining a node with `kernelbox drain` / `nodes` |
 //! | `drain.rs` | "Draining and upgrades": the drain's deadline (`node_drained`), a stop that drains first |
+//! | `migrate.rs` | "Migration on drain": an idle runsc kernel moved off a drained node with its variables and generation (`kernel.migrated`), a busy one still lost at the deadline, a transfer refused |
 //! | `namesake.rs` | two agents of one node name never both serve |
 //! | `logs.rs` | the access log across the hop: both nodes log a forwarded request under one request id (docs/logs.md, "Request ids") |
 //! | `traces.rs` | traces across the hop: the holding node continues the forwarding node's trace (docs/usage.md, "Traces") |
@@ -36,6 +37,7 @@ mod drain;
 mod failures;
 mod harness;
 mod logs;
+mod migrate;
 mod namesake;
 mod reload;
 mod routing;

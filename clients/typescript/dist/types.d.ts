@@ -29,6 +29,11 @@ export interface Restored {
     checkpointSeconds: number;
     restoreSeconds: number;
 }
+/** Where a kernel a cluster's drain moved came from (docs/cluster.md, "Migration on drain"). */
+export interface Migrated {
+    /** The node the kernel ran on before its drain. */
+    fromNode: string;
+}
 /** The kernel that ran a cell. */
 export interface KernelInfo {
     id: string;
@@ -43,6 +48,8 @@ export interface KernelInfo {
     workspace?: WorkspaceInfo;
     /** Present on the first call after the kernel came back from hibernation. */
     restored?: Restored;
+    /** Present on the first call after a cluster's drain moved the kernel to another node. */
+    migrated?: Migrated;
 }
 /**
  * One rich result: a Jupyter MIME bundle (`display(...)` or a cell's last expression). `data`
@@ -299,6 +306,7 @@ export declare const MIRRORS: {
     readonly StateLost: "StateLost";
     readonly WorkspaceInfo: "WorkspaceInfo";
     readonly Restored: "Restored";
+    readonly Migrated: "Migrated";
     readonly KernelInfo: "KernelInfo";
     readonly RichResult: "RichResult";
     readonly CellResult: "Execution";

@@ -66,6 +66,7 @@ export const MIRRORS = {
     StateLost: "StateLost",
     WorkspaceInfo: "WorkspaceInfo",
     Restored: "Restored",
+    Migrated: "Migrated",
     KernelInfo: "KernelInfo",
     RichResult: "RichResult",
     CellResult: "Execution",
@@ -149,6 +150,8 @@ export function kernelInfo(v) {
             restoreSeconds: num(r["restore_seconds"]),
         };
     }
+    if (isObject(d["migrated"]))
+        out.migrated = { fromNode: str(d["migrated"]["from_node"]) };
     return out;
 }
 export function richResult(v) {

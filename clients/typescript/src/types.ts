@@ -38,6 +38,12 @@ export interface Restored {
   restoreSeconds: number;
 }
 
+/** Where a kernel a cluster's drain moved came from (docs/cluster.md, "Migration on drain"). */
+export interface Migrated {
+  /** The node the kernel ran on before its drain. */
+  fromNode: string;
+}
+
 /** The kernel that ran a cell. */
 export interface KernelInfo {
   id: string;
@@ -52,6 +58,8 @@ export interface KernelInfo {
   workspace?: WorkspaceInfo;
   /** Present on the first call after the kernel came back from hibernation. */
   restored?: Restored;
+  /** Present on the first call after a cluster's drain moved the kernel to another node. */
+  migrated?: Migrated;
 }
 
 function b64decode(text: string): Uint8Array {
@@ -365,6 +373,7 @@ export const MIRRORS = {
   StateLost: "StateLost",
   WorkspaceInfo: "WorkspaceInfo",
   Restored: "Restored",
+  Migrated: "Migrated",
   KernelInfo: "KernelInfo",
   RichResult: "RichResult",
   CellResult: "Execution",
@@ -451,6 +460,7 @@ export function kernelInfo(v: unknown): KernelInfo {
       restoreSeconds: num(r["restore_seconds"]),
     };
   }
+  if (isObject(d["migrated"])) out.migrated = { fromNode: str(d["migrated"]["from_node"]) };
   return out;
 }
 

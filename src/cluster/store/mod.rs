@@ -11,12 +11,14 @@
 //! | file | what |
 //! |---|---|
 //! | `mod.rs` | [`Store`]: the pool and its bounds, connecting (and migrating), the hop secret |
+//! | `moves.rs` | a session moved from a draining node to the node that received its kernel, fenced by both nodes' epochs |
 //! | `nodes.rs` | leases: register a node with a new epoch, renew, expire dead nodes, list, drain, leave |
 //! | `config.rs` | sessions' network policies and settings: written (bounded per tenant, refused for a session live on another node), loaded at a claim, forgotten with the session |
 //! | `sessions.rs` | where sessions live: look up, claim (with the tenant's cluster-wide cap), release, count a tenant's live sessions; a `kb_kernels` row as a catalog entry |
 //! | `workspaces.rs` | which node holds each workspace at which generation: open (counted against the tenant's maximum), forget, find |
 
 mod config;
+mod moves;
 mod nodes;
 mod sessions;
 mod workspaces;
@@ -30,6 +32,7 @@ use tokio_postgres::NoTls;
 use super::error::{db, ClusterError};
 
 pub use config::{ConfigField, ConfigWrite, SessionConfig};
+pub use moves::SessionMove;
 pub use nodes::{Expired, NodeInfo, NodeRow, NodeState, Renewal, MAX_NODES};
 pub(crate) use sessions::SESSION_ENDS;
 pub use sessions::{Claim, ClaimRequest, Placement, MAX_SHARE_TENANTS};

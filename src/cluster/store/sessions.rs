@@ -360,7 +360,7 @@ async fn take_session(
 
 /// The session's kernels' rows as catalog entries, oldest change first, at most
 /// [`crate::catalog::MAX_ENTRIES_PER_TENANT`], inside the claim's transaction.
-async fn session_entries(
+pub(super) async fn session_entries(
     tx: &tokio_postgres::Transaction<'_>,
     tenant: &str,
     session: &str,

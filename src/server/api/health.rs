@@ -68,6 +68,8 @@ pub(super) async fn metrics(State(state): State<AppState>) -> Response {
     }
     if let Some(node) = state.cluster() {
         let _ = node.render_metrics(&mut text);
+        let _ = crate::orchestrator::migration::migrations(&state.inner.orchestrator)
+            .render_metrics(&mut text, node.name());
     }
     (
         [(

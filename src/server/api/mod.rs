@@ -199,6 +199,10 @@ pub(super) fn router(state: AppState, metrics_route: MetricsRoute, console: bool
             post(super::cluster::drain_node).delete(super::cluster::drain_node),
         )
         .route(
+            "/v1/nodes/{node}/migrations",
+            post(super::cluster::receive_migration),
+        )
+        .route(
             "/v1/nodes/{node}/kernels",
             get(super::cluster::node_kernels),
         )

@@ -12,6 +12,10 @@
 //! namesake could still trust has run out (`ttl - margin` after the registration): never
 //! two agents of one name serving at once.
 //!
+//! Before its deadline a draining node migrates its idle runsc kernels to other nodes
+//! (`migrate.rs`, docs/cluster.md "Migration on drain"); what is left at the deadline is
+//! ended as above.
+//!
 //! The lease loop calls [`ClusterNode::watch_drain`] at each renewal, so the deadline is kept
 //! to within one renewal interval (at most 2 s).
 
@@ -45,6 +49,13 @@ const MARK_TIMEOUT: Duration = Duration::from_secs(5);
 pub(super) struct DrainState {
     /// When the drain was first seen; `None` while not draining.
     since: Option<Instant>,
+}
+
+impl DrainState {
+    /// When the drain was first seen; `None` while not draining.
+    pub(super) fn since(&self) -> Option<Instant> {
+        self.since
+    }
 }
 
 impl ClusterNode {
@@ -90,6 +101,7 @@ impl ClusterNode {
                 .unwrap_or_else(|p| p.into_inner())
                 .since = None;
             self.drained.send_replace(false);
+            crate::orchestrator::migration::migrations(orchestrator).drain_over();
             return;
         }
         let since = *self
@@ -99,7 +111,8 @@ impl ClusterNode {
             .since
             .get_or_insert_with(Instant::now);
         let (live, _) = orchestrator.session_kernels();
-        if live == 0 {
+        // A kernel being migrated is out of the registry but not gone yet (`migrate.rs`).
+        if live == 0 && !crate::orchestrator::migration::migrations(orchestrator).any_moving() {
             self.drained.send_replace(true);
             return;
         }

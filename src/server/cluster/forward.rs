@@ -41,7 +41,7 @@ const HOP_BY_HOP: [&str; 8] = [
 /// A pooled HTTP/1.1 client for the other nodes.
 #[derive(Debug, Clone)]
 pub(super) struct Forwarder {
-    client: Client<HttpConnector, Body>,
+    pub(super) client: Client<HttpConnector, Body>,
 }
 
 impl Forwarder {

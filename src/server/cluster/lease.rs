@@ -60,6 +60,7 @@ impl ClusterNode {
             if let Ok(Ok(rows)) = tokio::time::timeout(every, self.lease_store.nodes()).await {
                 self.refresh_view(rows);
             }
+            self.migrate_idle(&orchestrator);
             self.watch_drain(&orchestrator).await;
         }
     }

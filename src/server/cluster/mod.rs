@@ -10,6 +10,7 @@
 //! | `route.rs` | where a session's request is served: here, one hop away, or refused (asked by the middleware in `server/api/routing.rs`) |
 //! | `forward.rs` | the hop: the request streamed to the node that holds the session, its answer streamed back |
 //! | `drain.rs` | draining: no new sessions, the deadline past which what is left is ended `node_drained`, the drain a stop waits for |
+//! | `migrate.rs` | migration on drain: a pass moving idle runsc kernels to other nodes, the checkpoint streamed over the hop, the hop route receiving one |
 //! | `workspaces.rs` | a tenant's workspaces across the nodes: the list gathered from every node holding some, a delete served by the node holding the workspace |
 //! | `admin.rs` | `GET /v1/nodes`, `POST /v1/nodes/{node}/drain`, `GET /v1/nodes/{node}/kernels`, behind the admin token |
 
@@ -18,10 +19,12 @@ mod config;
 mod drain;
 mod forward;
 mod lease;
+mod migrate;
 mod route;
 mod workspaces;
 
 pub(crate) use admin::{drain_node, list_nodes, node_kernels};
+pub(crate) use migrate::receive_migration;
 pub(crate) use route::{session_of, Kind, Route};
 pub(crate) use workspaces::DeleteRoute;
 pub use workspaces::{MAX_WORKSPACE_LIST_BYTES, WORKSPACE_HOP_DEADLINE};

@@ -67,6 +67,10 @@ impl ClusterNode {
             return Err(fenced());
         }
         let orchestrator = state.orchestrator();
+        if crate::orchestrator::migration::migrations(orchestrator).is_moving(&tenant.name, session)
+        {
+            return Err(super::migrate::migrating(session));
+        }
         if orchestrator.has_session(&tenant.name, session) {
             return Ok(Route::Here { claimed: false });
         }

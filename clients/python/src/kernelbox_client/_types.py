@@ -79,6 +79,20 @@ class Restored:
 
 
 @dataclass(frozen=True)
+class Migrated:
+    """Where a kernel a cluster's drain moved came from (docs/cluster.md, "Migration on
+    drain"): its memory, variables and generation are as they were."""
+
+    SCHEMA: ClassVar[str] = "Migrated"
+    #: The node the kernel ran on before its drain.
+    from_node: str
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "Migrated":
+        return cls(from_node=str(d.get("from_node", "")))
+
+
+@dataclass(frozen=True)
 class KernelInfo:
     """The kernel that ran a cell."""
 
@@ -94,12 +108,15 @@ class KernelInfo:
     workspace: Optional[WorkspaceInfo] = None
     #: Present on the first call after the kernel came back from hibernation.
     restored: Optional[Restored] = None
+    #: Present on the first call after a cluster's drain moved the kernel to another node.
+    migrated: Optional[Migrated] = None
 
     @classmethod
     def from_json(cls, d: Dict[str, Any]) -> "KernelInfo":
         lost = d.get("state_lost")
         workspace = d.get("workspace")
         restored = d.get("restored")
+        migrated = d.get("migrated")
         return cls(
             id=str(d.get("id", "")),
             reused=bool(d.get("reused", False)),
@@ -110,6 +127,7 @@ class KernelInfo:
             state_lost=StateLost.from_json(lost) if isinstance(lost, dict) else None,
             workspace=WorkspaceInfo.from_json(workspace) if isinstance(workspace, dict) else None,
             restored=Restored.from_json(restored) if isinstance(restored, dict) else None,
+            migrated=Migrated.from_json(migrated) if isinstance(migrated, dict) else None,
         )
 
 
@@ -843,6 +861,7 @@ MIRRORS = {
         StateLost,
         WorkspaceInfo,
         Restored,
+        Migrated,
         KernelInfo,
         Result,
         CellException,
