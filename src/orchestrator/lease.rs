@@ -279,7 +279,7 @@ impl Acquisition<'_> {
         match spawned {
             Ok(kernel) => {
                 if attempt.pooled {
-                    self.inner.registry.events().started(
+                    self.orchestrator.inner.registry.events().started(
                         &key.owner,
                         kernel.short_id(),
                         slot.generation(),
@@ -311,7 +311,7 @@ impl Acquisition<'_> {
         hibernation.wait_for(key).await;
         match hibernation.restore(key).await {
             Some(Ok(kernel)) => {
-                self.inner.registry.events().restored(
+                self.orchestrator.inner.registry.events().restored(
                     &key.owner,
                     kernel.short_id(),
                     slot.generation(),

@@ -173,7 +173,7 @@ pub(super) async fn egress_refusals(
     query: Result<Query<RecentQuery>, QueryRejection>,
 ) -> Result<Json<EgressRefusals>, ApiError> {
     let (tenant, limit) = whose(&state, &headers, &extensions, query)?;
-    let egress = state.orchestrator().egress();
+    let egress = state.orchestrator().sessions().egress();
     Ok(Json(EgressRefusals {
         egress: egress.is_some(),
         refusals: egress.map_or_else(Vec::new, |e| e.refusals(tenant.as_deref(), limit)),
