@@ -1409,7 +1409,11 @@ class _Node:
         except (AttributeError, OSError):
             pass
         self.interrupted = False
-        self.buf = b""
+        # Message bytes read from Node and not yet a whole line (a bytearray: a long display
+        # line grows by appending, not by copying what came before), and how far it holds no
+        # newline.
+        self.buf = bytearray()
+        self.scanned = 0
         self.cell = 0
         ready = self._message(_NODE_START_MS)
         if not isinstance(ready, dict) or ready.get("op") != "ready":
@@ -1477,17 +1481,21 @@ class _Node:
         deadline = None if timeout_ms is None else _now() + timeout_ms / 1000.0
         skipping = False
         while True:
-            at = self.buf.find(b"\n")
+            at = self.buf.find(b"\n", self.scanned)
             if at >= 0:
-                line, self.buf = self.buf[:at], self.buf[at + 1:]
+                line = bytes(self.buf[:at])
+                del self.buf[:at + 1]
+                self.scanned = 0
                 if skipping:
                     return "dropped"
                 try:
                     return _loads(line.decode("utf-8", "surrogatepass"))
                 except Exception:
                     continue
+            self.scanned = len(self.buf)
             if len(self.buf) > _NODE_MAX_LINE:
-                self.buf = b""
+                self.buf = bytearray()
+                self.scanned = 0
                 skipping = True
             wait = None
             if deadline is not None:
