@@ -1397,6 +1397,8 @@ class _Node:
                     _dup2(fd, 100 + i)
                 for i, target in enumerate(_NODE_FDS):
                     _dup2(100 + i, target)
+                for i in range(len(_NODE_FDS)):
+                    _close(100 + i)  # only 3, 4, 5 (which Node reopens close-on-exec) remain
                 os.execv(path, [path, "--expose-internals", "--experimental-vm-modules", driver, language])
             finally:
                 _exit(127)

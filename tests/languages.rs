@@ -805,3 +805,20 @@ async fn a_javascript_cell_replacing_builtins_or_throwing_huge_still_ends() {
     assert_eq!(r.kernel.id, first.kernel.id, "the kernel is kept");
     case.finish().await;
 }
+
+/// A process a JavaScript cell starts holds none of the driver's descriptors (commands,
+/// messages, acknowledgements): only its own stdio (docs/contract.md, "JavaScript and
+/// TypeScript").
+#[tokio::test]
+async fn a_javascript_cells_subprocess_inherits_none_of_the_drivers_descriptors() {
+    let case = Case::new("js-fds").await;
+    let r = run_js(
+        &case,
+        "s",
+        "require('child_process').execSync('ls /proc/self/fd').toString().split('\\n').filter(Boolean).map(Number).filter(fd => fd > 3).join(',')",
+    )
+    .await;
+    assert_eq!(r.status, CellStatus::Success, "{r:?}");
+    assert_eq!(value(&r).as_deref(), Some("''"), "{r:?}");
+    case.finish().await;
+}
