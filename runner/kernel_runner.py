@@ -1352,8 +1352,9 @@ class _Node:
     Node writes the cell's output on fds 1 and 2, reopened from the runner's (a new open file
     description of the same pipes: nothing Node does to its descriptors' flags reaches the
     runner's), so it arrives as a Python cell's does. The cell's code goes to Node on a pipe;
-    its displays and outcome come back on another, each line carrying the cell's nonce (a line
-    without it, forged by a cell, is ignored); displays go through the runner's display
+    its displays and outcome come back on another, each line carrying the cell's nonce (a
+    stale line, or one without it, is ignored; the nonce is no secret from the cell, which
+    can forge its own outcomes: docs/contract.md); displays go through the runner's display
     machinery (caps, spills) and are acknowledged, so they land in write order. Node gone
     mid-cell: by ``process.exit(n)``, the cell ended the kernel (status ``exit``); by a signal,
     the runner exits with the signal's status and the host reports the loss; its pipe closed,
