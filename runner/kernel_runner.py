@@ -1373,8 +1373,9 @@ class _Node:
     Node writes the cell's output on fds 1 and 2, reopened from the runner's (a new open file
     description of the same pipes: nothing Node does to its descriptors' flags reaches the
     runner's), so it arrives as a Python cell's does. The cell's code goes to Node on a pipe;
-    its displays and outcome come back on another, each line carrying the cell's nonce (a line
-    without it, forged by a cell, is ignored); displays go through the runner's display
+    its displays and outcome come back on another, each line carrying the cell's nonce (a
+    stale line, or one without it, is ignored; the nonce is no secret from the cell, which
+    can forge its own outcomes: docs/contract.md); displays go through the runner's display
     machinery (caps, spills) and are acknowledged, so they land in write order. Node gone
     mid-cell: by ``process.exit(n)``, the cell ended the kernel (status ``exit``); by a signal,
     the runner exits with the signal's status and the host reports the loss; its pipe closed,
@@ -1418,6 +1419,8 @@ class _Node:
                     _dup2(fd, 100 + i)
                 for i, target in enumerate(_NODE_FDS):
                     _dup2(100 + i, target)
+                for i in range(len(_NODE_FDS)):
+                    _close(100 + i)  # only 3, 4, 5 (which Node reopens close-on-exec) remain
                 os.execv(path, [path, "--expose-internals", "--experimental-vm-modules", driver, language])
             finally:
                 _exit(127)
@@ -1430,7 +1433,11 @@ class _Node:
         except (AttributeError, OSError):
             pass
         self.interrupted = False
-        self.buf = b""
+        # Message bytes read from Node and not yet a whole line (a bytearray: a long display
+        # line grows by appending, not by copying what came before), and how far it holds no
+        # newline.
+        self.buf = bytearray()
+        self.scanned = 0
         self.cell = 0
         ready = self._message(_NODE_START_MS)
         if not isinstance(ready, dict) or ready.get("op") != "ready":
@@ -1498,17 +1505,21 @@ class _Node:
         deadline = None if timeout_ms is None else _now() + timeout_ms / 1000.0
         skipping = False
         while True:
-            at = self.buf.find(b"\n")
+            at = self.buf.find(b"\n", self.scanned)
             if at >= 0:
-                line, self.buf = self.buf[:at], self.buf[at + 1:]
+                line = bytes(self.buf[:at])
+                del self.buf[:at + 1]
+                self.scanned = 0
                 if skipping:
                     return "dropped"
                 try:
                     return _loads(line.decode("utf-8", "surrogatepass"))
                 except Exception:
                     continue
+            self.scanned = len(self.buf)
             if len(self.buf) > _NODE_MAX_LINE:
-                self.buf = b""
+                self.buf = bytearray()
+                self.scanned = 0
                 skipping = True
             wait = None
             if deadline is not None:

@@ -34,6 +34,20 @@ const writeSync = fs.writeSync;
 const readSync = fs.readSync;
 const BufferFrom = Buffer.from;
 const isBuffer = Buffer.isBuffer;
+// The built-ins the driver awaits with, taken before any cell can replace them (a cell that
+// reassigns setImmediate or Promise.race must not wedge the end of every later cell).
+const PromiseRace = Promise.race.bind(Promise);
+const PromiseResolve = Promise.resolve.bind(Promise);
+const setImmediateNow = setImmediate;
+const PromiseCtor = Promise;
+const thenOf = Function.prototype.call.bind(Promise.prototype.then);
+// The longest error name, message and traceback the driver reports: a cell throwing a huge
+// message still ends with a message line the runner reads (the whole text is not kept).
+const MAX_ERROR_TEXT = 64 * 1024;
+
+function capText(text) {
+  return text.length > MAX_ERROR_TEXT ? text.slice(0, MAX_ERROR_TEXT) + '...(cut)' : text;
+}
 
 // A close-on-exec copy of `fd` (libuv opens with O_CLOEXEC); `fd` itself is closed when
 // `close`. Where /proc cannot reopen it, `fd` stays as it is.
@@ -74,8 +88,11 @@ function writeAll(fd, data) {
   }
 }
 
+// Messages are objects without a prototype (`__proto__: null` literals): a cell's
+// Object.prototype.toJSON never changes what the runner reads.
 function send(msg) {
-  writeAll(STATUS, stringify(msg) + '\n');
+  const line = stringify(msg);
+  writeAll(STATUS, (typeof line === 'string' ? line : '{}') + '\n');
 }
 
 // process.stdout and process.stderr write synchronously on fds 1 and 2, as console does:
@@ -202,7 +219,7 @@ function mimeValue(mime, value) {
 // A value's MIME bundle: text/plain from util.inspect, plus what the value offers through
 // [Symbol.for('kernelbox.mime')]() (an object {mime: data}) or IPython-style _repr_*_ methods.
 function bundleOf(value) {
-  const data = {};
+  const data = { __proto__: null };
   if (value !== null && (typeof value === 'object' || typeof value === 'function')) {
     try {
       if (typeof value[MIME_SYMBOL] === 'function') {
@@ -241,7 +258,7 @@ function display(value, options) {
 }
 
 function showBundle(data, metadata, main) {
-  send({ op: 'display', nonce: current.nonce, data, metadata, main });
+  send({ __proto__: null, op: 'display', nonce: current.nonce, data, metadata, main });
   const one = Buffer.alloc(1);
   for (;;) {
     try {
@@ -288,7 +305,8 @@ function traceback(e) {
   } catch (x) {
     stack = null;
   }
-  if (stack === null) return 'Uncaught ' + (typeof e === 'string' ? inspect(e) : errorText(e)) + '\n';
+  if (stack === null) return 'Uncaught ' + capText(typeof e === 'string' ? inspect(e) : errorText(e)) + '\n';
+  if (stack.length > 4 * MAX_ERROR_TEXT) stack = stack.slice(0, 4 * MAX_ERROR_TEXT);
   const lines = stack.split('\n');
   const kept = [];
   for (const line of lines) {
@@ -299,12 +317,18 @@ function traceback(e) {
 }
 
 function failure(e, status) {
-  return {
-    status,
-    ename: errorName(e),
-    evalue: errorText(e),
-    traceback: traceback(e),
-  };
+  let ename = 'Uncaught';
+  let evalue = '';
+  let tb = 'Uncaught\n';
+  try {
+    ename = errorName(e);
+    evalue = capText(errorText(e));
+    tb = traceback(e);
+    if (tb.length > MAX_ERROR_TEXT) tb = '...(cut)\n' + tb.slice(tb.length - MAX_ERROR_TEXT);
+  } catch (x) {
+    // a cell that replaced the built-ins these use: the placeholders above
+  }
+  return { __proto__: null, status, ename, evalue, traceback: tb };
 }
 
 // ---- cells ----------------------------------------------------------------------------------
@@ -330,7 +354,7 @@ async function runCell(msg) {
   let code = typeof msg.code === 'string' ? msg.code : '';
   const filename = 'cell-' + msg.cell;
   let settle;
-  const stopped = new Promise((resolve) => {
+  const stopped = new PromiseCtor((resolve) => {
     settle = resolve;
   });
   const cell = { nonce: msg.nonce, failed: null };
@@ -361,16 +385,16 @@ async function runCell(msg) {
     const script = new vm.Script(code, { filename, importModuleDynamically: importer });
     let value = script.runInThisContext({ breakOnSigint: true, displayErrors: false });
     if (awaited) {
-      const result = await Promise.race([Promise.resolve(value), stopped.then((o) => {
+      const result = await PromiseRace([PromiseResolve(value), thenOf(stopped, (o) => {
         throw o;
       })]);
       value = result === undefined || result === null ? undefined : result.value;
     }
     // Rejections nobody handled during the cell surface before it ends (one turn of the loop).
-    await new Promise((resolve) => setImmediate(resolve));
+    await new PromiseCtor((resolve) => setImmediateNow(resolve));
     outcome = cell.failed;
     if (outcome === null) {
-      outcome = { status: 'ok' };
+      outcome = { __proto__: null, status: 'ok' };
       if (value !== undefined) showBundle(bundleOf(value), {}, true);
     }
   } catch (e) {
@@ -384,6 +408,7 @@ async function runCell(msg) {
   }
   current = null;
   send({
+    __proto__: null,
     op: 'done',
     nonce: msg.nonce,
     status: outcome.status,
@@ -451,4 +476,4 @@ commands.on('data', (chunk) => {
 commands.on('end', () => process.exit(0));
 commands.on('error', () => process.exit(0));
 
-send({ op: 'ready', node: process.version, language: LANGUAGE });
+send({ __proto__: null, op: 'ready', node: process.version, language: LANGUAGE });

@@ -955,3 +955,66 @@ async fn a_session_lists_its_contexts_and_ends_one_over_http() {
     assert_eq!(foreign.error(hyper::StatusCode::NOT_FOUND), "not_found");
     srv.finish().await;
 }
+
+/// A JavaScript cell that replaces built-ins the driver uses (`Object.prototype.toJSON`,
+/// `setImmediate`, `Promise.race`) or throws a huge message still ends, with its result,
+/// and the kernel is kept (docs/contract.md, "JavaScript and TypeScript").
+#[tokio::test]
+async fn a_javascript_cell_replacing_builtins_or_throwing_huge_still_ends() {
+    let case = Case::new("js-builtins").await;
+    let first = run_js(&case, "s", "1").await;
+    for (code, want) in [
+        (
+            "Object.prototype.toJSON = function () { return undefined }; 'one'",
+            "'one'",
+        ),
+        (
+            "globalThis.setImmediate = () => {}; Promise.race = () => new Promise(() => {}); 'two'",
+            "'two'",
+        ),
+        ("await Promise.resolve(3)", "3"),
+        ("display(4); 'four'", "'four'"),
+    ] {
+        let r = case
+            .exec(ExecuteRequest {
+                timeout: Some(Duration::from_secs(60)),
+                ..cell_in(Language::Javascript, "s", code)
+            })
+            .await;
+        assert_eq!(r.status, CellStatus::Success, "{code}: {r:?}");
+        assert_eq!(value(&r).as_deref(), Some(want), "{code}: {r:?}");
+        assert_eq!(r.kernel.id, first.kernel.id, "{code}: {r:?}");
+    }
+    let r = case
+        .exec(ExecuteRequest {
+            timeout: Some(Duration::from_secs(60)),
+            ..cell_in(
+                Language::Javascript,
+                "s",
+                "throw new Error('x'.repeat(80 * 1024 * 1024))",
+            )
+        })
+        .await;
+    assert_eq!(r.status, CellStatus::Error, "{:.2000}", format!("{r:?}"));
+    let exception = r.exception.as_ref().expect("an exception");
+    assert_eq!(exception.name, "Error", "{exception:?}");
+    assert_eq!(r.kernel.id, first.kernel.id, "the kernel is kept");
+    case.finish().await;
+}
+
+/// A process a JavaScript cell starts holds none of the driver's descriptors (commands,
+/// messages, acknowledgements): only its own stdio (docs/contract.md, "JavaScript and
+/// TypeScript").
+#[tokio::test]
+async fn a_javascript_cells_subprocess_inherits_none_of_the_drivers_descriptors() {
+    let case = Case::new("js-fds").await;
+    let r = run_js(
+        &case,
+        "s",
+        "require('child_process').execSync('ls /proc/self/fd').toString().split('\\n').filter(Boolean).map(Number).filter(fd => fd > 3).join(',')",
+    )
+    .await;
+    assert_eq!(r.status, CellStatus::Success, "{r:?}");
+    assert_eq!(value(&r).as_deref(), Some("''"), "{r:?}");
+    case.finish().await;
+}
