@@ -32,7 +32,7 @@ use crate::registry::Slot;
 
 pub(crate) use audit::{AuditTrail, Ran};
 pub(crate) use hibernation::{recorded, Hibernation};
-pub(crate) use processes::{OutputItem, Processes};
+pub(crate) use processes::{Attach, OutputItem, Processes};
 pub use processes::{
     ProcessError, MAX_PROCESSES, MAX_PROCESSES_PER_SESSION, MAX_PROCESSES_PER_TENANT,
     MAX_STDIN_WRITE, OUTPUT_BUFFER_BYTES,
