@@ -21,6 +21,10 @@
 //! makes a frame only when its client reads, and lives at most its client's deadline or
 //! [`MAX_STREAM_LIFE`].
 
+// A Connect error is the HTTP response itself, built once on the refusal path and answered
+// as is: boxing it would only add an allocation.
+#![allow(clippy::result_large_err)]
+
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};

@@ -13,6 +13,10 @@
 //! read, whatever its depth (a deeper tree is cut, the rest not listed); a request is at most
 //! the API's body limit; the watchers' bounds are in `watch.rs`.
 
+// A Connect error is the HTTP response itself, built once on the refusal path and answered
+// as is: boxing it would only add an allocation.
+#![allow(clippy::result_large_err)]
+
 use std::collections::VecDeque;
 
 use axum::body::Body;

@@ -23,7 +23,7 @@
 //! | `POST /sandboxes/{id}/pause`, `.../snapshots`, `.../fork` | E2B-shaped refusals (not available) |
 //! | `POST /execute`, `GET`, `POST /contexts`, `DELETE /contexts/{id}`, `POST /contexts/{id}/restart` | the code interpreter (port 49999; `interpreter.rs`) |
 //! | `GET`, `POST /files`, `GET /health` | envd's HTTP part (port 49983; `envd.rs`) |
-//! | `POST /process.Process/{method}` | envd's process service over Connect: `Start` for a foreground command, the rest `unimplemented` (`connect.rs`) |
+//! | `POST /process.Process/{method}` | envd's process service over Connect: every command a background process of the session (start, connect, list, stdin, signals; `connect.rs`) |
 //! | `POST /filesystem.Filesystem/{method}` | envd's filesystem service over Connect: stat, list, mkdir, move, remove, watchers (`filesystem.rs`, `watch.rs`) |
 //!
 //! | file | what |
@@ -34,7 +34,7 @@
 //! | `wire.rs` | E2B's request and answer bodies, as its SDKs send and read them |
 //! | `control.rs` | the control plane (REST) |
 //! | `interpreter.rs` | the code interpreter: a cell's result as E2B's NDJSON lines |
-//! | `connect.rs` | envd's process service over Connect RPC: envd's messages (prost), the framing, a command's output as frames |
+//! | `connect.rs` | envd's process service over Connect RPC: envd's messages (prost), a process's output as frames |
 //! | `envd.rs` | envd: files (paths under `/home/user` are the session's `/work`), health |
 //! | `rpc.rs` | Connect RPC's plumbing: errors, envelopes, a unary call's JSON |
 //! | `filesystem.rs` | envd's `filesystem.Filesystem`, through the kernel's file helper |

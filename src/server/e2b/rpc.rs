@@ -7,6 +7,10 @@
 //! envelopes: one flags byte, a big-endian u32 length, the message; the response's last one
 //! is flagged end-of-stream and carries a JSON body (`{}` or `{"error": ...}`).
 
+// A Connect error is the HTTP response itself, built once on the refusal path and answered
+// as is: boxing it would only add an allocation.
+#![allow(clippy::result_large_err)]
+
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
