@@ -38,10 +38,12 @@
 //! | `envd.rs` | envd: files (paths under `/home/user` are the session's `/work`), health |
 //! | `rpc.rs` | Connect RPC's plumbing: errors, envelopes, a unary call's JSON |
 //! | `filesystem.rs` | envd's `filesystem.Filesystem`, through the kernel's file helper |
+//! | `entries.rs` | what the filesystem calls and the watchers share: envd's entries, a stat, a bounded walk |
 //! | `watch.rs` | watching a directory by polling its listing: the watchers, their bounds |
 
 mod connect;
 mod control;
+mod entries;
 mod envd;
 mod error;
 mod filesystem;

@@ -31,7 +31,7 @@ use axum::response::Response;
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 
-use super::filesystem::{self, entry_info, file_error, EntryInfo};
+use super::entries::{self, entry_info, file_error, EntryInfo};
 use super::rpc::{self, envelope, error, unary_ok};
 use super::{Facade, InSandbox};
 use crate::files::{FileEntry, FilePath};
@@ -137,7 +137,7 @@ fn new_id() -> String {
 }
 
 async fn listing(state: &AppState, watcher: &Watcher) -> Result<Snapshot, FileError> {
-    let (found, _cut) = filesystem::walk(
+    let (found, _cut) = entries::walk(
         state,
         &watcher.request,
         &watcher.dir,
@@ -236,8 +236,8 @@ impl Watchers {
         request: FileRequest,
         asked: WatchRequest,
     ) -> Result<Watcher, Response> {
-        let dir = super::envd::native_path(&asked.path).map_err(filesystem::e2b_to_connect)?;
-        match filesystem::stat(state, &request, &dir).await {
+        let dir = super::envd::native_path(&asked.path).map_err(entries::e2b_to_connect)?;
+        match entries::stat(state, &request, &dir).await {
             Ok(entry) if entry.kind == "dir" => {}
             Ok(_) => {
                 return Err(error(
