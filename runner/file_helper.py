@@ -21,7 +21,8 @@
 #
 # Protocol (docs/architecture.md "File transport"):
 #   in      a request: a 4-byte big-endian length and that many bytes of JSON
-#           {"op": "write"|"untar"|"read"|"tar"|"remove", "path": [names]}. For `write` and
+#           {"op": "write"|"untar"|"read"|"tar"|"remove"|"stat"|"mkdir"|"move", "path": [names]}
+#           (`move` also has "to": [names]). For `write` and
 #           `untar`, once the helper acknowledged it (an A frame), the upload: frames of a
 #           4-byte big-endian length and that many bytes; a zero-length frame ends it. EOF
 #           before it aborts: nothing is left. EOF between requests ends the helper.
@@ -29,7 +30,11 @@
 #           A (empty: send the upload), H (a read's JSON header: {"kind": "file", "size"},
 #           {"kind": "dir", "entries", "truncated"} or {"kind": "tar"}), D (data of a read) and
 #           S, the JSON status that ends every request: {"ok": true, ...} or
-#           {"ok": false, "code", "message"}.
+#           {"ok": false, "code", "message"}. `stat` answers {"ok": true, "entry"} (an entry as a
+#           listing's, of the name itself, a symlink not followed), `mkdir` {"ok": true,
+#           "created": bool} (parents made; an existing directory is not an error), `move`
+#           renames `path` to `to` (the destination's parents made, an existing file there
+#           replaced).
 #   A helper that could not consume exactly its request (an upload refused or failed after
 #   its A, an unexpected error) ends after its status; the host never reuses it.
 import errno
@@ -847,6 +852,75 @@ def op_read(parts, as_tar):
         os.close(fd)
 
 
+def entry_of(name, st):
+    return {
+        "name": shown_name(name),
+        "kind": kind_of(st.st_mode),
+        "size": st.st_size,
+        "modified": iso(st.st_mtime),
+    }
+
+
+def lstat_in(pfd, parts):
+    try:
+        return os.stat(parts[-1], dir_fd=pfd, follow_symlinks=False)
+    except FileNotFoundError:
+        raise Refused("not_found", "/".join(parts) + " does not exist")
+
+
+def op_stat(parts):
+    if not parts:
+        return {"ok": True, "entry": entry_of("", os.stat(WORK))}
+    pfd = open_dir(parts[:-1])
+    try:
+        st = lstat_in(pfd, parts)
+    finally:
+        os.close(pfd)
+    return {"ok": True, "entry": entry_of(parts[-1], st)}
+
+
+def op_mkdir(parts):
+    if not parts:
+        return {"ok": True, "created": False}
+    pfd = open_dir(parts[:-1], create=True)
+    try:
+        try:
+            os.mkdir(parts[-1], 0o755, dir_fd=pfd)
+            created = True
+        except FileExistsError:
+            if not stat.S_ISDIR(lstat_in(pfd, parts).st_mode):
+                raise Refused("not_a_directory", "/".join(parts) + " exists and is not a directory")
+            created = False
+    finally:
+        os.close(pfd)
+    return {"ok": True, "created": created}
+
+
+def op_move(parts, to):
+    if not isinstance(to, list) or not all(isinstance(p, str) for p in to):
+        raise Refused("invalid_path", "the destination must be a list of names")
+    for p in to:
+        check_name(p)
+    if not parts or not to:
+        raise Refused("invalid_path", "the working directory itself cannot be moved")
+    sfd = open_dir(parts[:-1])
+    try:
+        lstat_in(sfd, parts)
+        dfd = open_dir(to[:-1], create=True)
+        try:
+            os.rename(parts[-1], to[-1], src_dir_fd=sfd, dst_dir_fd=dfd)
+        except OSError as e:
+            if e.errno in (errno.EINVAL, errno.ENOTEMPTY, errno.EEXIST, errno.EISDIR, errno.ENOTDIR):
+                raise Refused("invalid_path", "%s cannot be moved to %s: %s"
+                              % ("/".join(parts), "/".join(to), os.strerror(e.errno)))
+            raise
+        finally:
+            os.close(dfd)
+    finally:
+        os.close(sfd)
+    return {"ok": True}
+
+
 def op_remove(parts):
     if not parts:
         raise Refused("invalid_path", "the working directory itself cannot be removed")
@@ -864,16 +938,19 @@ def op_remove(parts):
 
 
 OPS = {
-    "write": lambda parts, frames: op_write(parts, frames),
-    "untar": lambda parts, frames: op_untar(parts, frames),
-    "read": lambda parts, frames: op_read(parts, False),
-    "tar": lambda parts, frames: op_read(parts, True),
-    "remove": lambda parts, frames: op_remove(parts),
+    "write": lambda parts, frames, req: op_write(parts, frames),
+    "untar": lambda parts, frames, req: op_untar(parts, frames),
+    "read": lambda parts, frames, req: op_read(parts, False),
+    "tar": lambda parts, frames, req: op_read(parts, True),
+    "remove": lambda parts, frames, req: op_remove(parts),
+    "stat": lambda parts, frames, req: op_stat(parts),
+    "mkdir": lambda parts, frames, req: op_mkdir(parts),
+    "move": lambda parts, frames, req: op_move(parts, req.get("to")),
 }
 
 
 def request():
-    """The next request (op, parts); None at EOF between requests."""
+    """The next request (op, parts, the whole request); None at EOF between requests."""
     head = read_exact(4)
     if not head:
         return None
@@ -892,7 +969,7 @@ def request():
         raise Refused("invalid_request", "unknown operation %r" % (op,))
     if not isinstance(parts, list) or not all(isinstance(p, str) for p in parts):
         raise Refused("invalid_path", "the path must be a list of names")
-    return op, parts
+    return op, parts, req
 
 
 def serve_one():
@@ -902,10 +979,10 @@ def serve_one():
         req = request()
         if req is None:
             return False
-        op, parts = req
+        op, parts, whole = req
         for p in parts:
             check_name(p)
-        status(OPS[op](parts, frames))
+        status(OPS[op](parts, frames, whole))
         return True
     except Refused as e:
         answer = {"ok": False, "code": e.code, "message": e.message}

@@ -143,6 +143,28 @@ pub struct FileEntry {
     pub modified: String,
 }
 
+/// A file operation a helper answers with its status alone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FileOp {
+    /// The entry of a name (a symlink not followed).
+    Stat,
+    /// A directory, its parents made; whether it was made (false: it was there).
+    MakeDir,
+    /// A rename to this path (its parents made; a file there replaced).
+    Move(FilePath),
+}
+
+/// What a [`FileOp`] answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FileOpDone {
+    /// A stat's entry.
+    Entry(FileEntry),
+    /// Whether a mkdir made the directory.
+    Created(bool),
+    /// A move was done.
+    Moved,
+}
+
 /// A directory listing.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize, schemars::JsonSchema)]
 pub struct Listing {

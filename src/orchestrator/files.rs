@@ -1,5 +1,6 @@
 //! Files in and out of an owner's kernel: write (from a byte stream, a file or a tar),
-//! read (to a byte stream, a listing or a tar), list and remove. An upload to an owner with
+//! read (to a byte stream, a listing or a tar), list and remove; stat, mkdir and move
+//! ([`FileOp`], which start the kernel as an upload does). An upload to an owner with
 //! no live kernel starts one through the same acquire path as an execute (so the registry's
 //! caps and fair shares apply); every other operation needs a live kernel. Each operation
 //! holds its kernel as a cell does (never reaped mid-transfer; its last use is touched) and
@@ -7,8 +8,12 @@
 
 use std::sync::Arc;
 
+use futures::{StreamExt, TryStreamExt};
+
 use super::{ExecuteError, Orchestrator, Scope};
-use crate::files::{ByteStream, Download, FilePath, Listing, TransferError, Written};
+use crate::files::{
+    ByteStream, Download, FileOp, FileOpDone, FilePath, Listing, TransferError, Written,
+};
 use crate::kernel::Kernel;
 use crate::owner::Owner;
 use crate::registry::{Refusal, Slot};
@@ -258,6 +263,26 @@ impl Orchestrator {
                 format!("{path} is not a directory"),
             )),
         }
+    }
+
+    /// Runs `op` (stat, mkdir, move) on `path` in the owner's kernel, starting the kernel
+    /// when it has none, as an upload does (the E2B API's filesystem, docs/e2b.md: a sandbox's
+    /// files are there from its creation).
+    pub async fn manage_file(
+        &self,
+        request: &FileRequest,
+        path: &FilePath,
+        op: FileOp,
+    ) -> Result<FileOpDone, FileError> {
+        if path.is_root() && matches!(op, FileOp::Move(_)) {
+            return Err(refused(
+                "invalid_path",
+                "the working directory itself cannot be moved".into(),
+            ));
+        }
+        let owner = self.file_owner(request)?;
+        let hold = self.hold_or_start(request, &owner).await?;
+        Ok(hold.kernel()?.manage_file(path, &op).await?)
     }
 
     /// Removes a file or a directory tree from the owner's live kernel.

@@ -44,7 +44,7 @@ pub(crate) use file_meter::FileMeter;
 pub(crate) use hibernation::{recorded, Hibernation};
 pub use migration::MigrationError;
 pub(crate) use migration::Migrations;
-pub(crate) use processes::{OutputItem, Processes};
+pub(crate) use processes::{Attach, OutputItem, Processes};
 pub use processes::{
     ProcessError, MAX_PROCESSES, MAX_PROCESSES_PER_SESSION, MAX_PROCESSES_PER_TENANT,
     MAX_STDIN_WRITE, OUTPUT_BUFFER_BYTES,

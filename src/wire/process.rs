@@ -33,7 +33,8 @@ pub struct ProcessBody {
 /// A background process (`docs/processes.md`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ProcessInfo {
-    /// Its id in the session (1, 2, ...; never reused by the server).
+    /// Its id in the session (1, 2, ... counted per session, so no session sees another's
+    /// starts; not reused until the session is cleared).
     pub id: u64,
     /// The process id of its leader inside the container, once known (the command is the
     /// leader's child, in its own process group).

@@ -258,3 +258,130 @@ def test_a_foreground_command_streams_stdout_and_stderr_and_its_exit_code(server
         assert sbx.run_code("open('shared.txt').read()").text == "'from-shell\\n'"
     finally:
         sbx.kill()
+
+
+def test_code_contexts_are_kernels_of_their_own_by_language(server: Server) -> None:
+    sbx = Sandbox.create()
+    try:
+        sbx.run_code("x = 'default'")
+        ctx = sbx.create_code_context()
+        assert ctx.language == "python" and ctx.cwd == "/home/user"
+        sbx.run_code("x = 'own'", context=ctx)
+        assert sbx.run_code("x", context=ctx).text == "'own'"
+        assert sbx.run_code("x").text == "'default'"
+        bash = sbx.create_code_context(language="bash")
+        assert sbx.run_code("V=7; echo $((V*6))", context=bash).logs.stdout == ["42\n"]
+        assert sbx.run_code("echo $V", context=bash).logs.stdout == ["7\n"]
+        assert sbx.run_code("echo hi", language="bash").logs.stdout == ["hi\n"]
+        ids = {c.id for c in sbx.list_code_contexts()}
+        assert {"python", "bash", ctx.id, bash.id} <= ids
+        sbx.restart_code_context(ctx)
+        assert sbx.run_code("x", context=ctx).error.name == "NameError"
+        sbx.remove_code_context(ctx)
+        assert ctx.id not in {c.id for c in sbx.list_code_contexts()}
+        with pytest.raises(Exception):
+            sbx.run_code("1", context=ctx)
+        # A language the server does not run is E2B's 400, its reason named.
+        with pytest.raises(Exception) as refused:
+            sbx.create_code_context(language="javascript")
+        assert "not served" in str(refused.value) or "not available" in str(refused.value)
+    finally:
+        sbx.kill()
+
+
+def test_the_filesystem_service_stats_lists_makes_moves_and_removes(server: Server) -> None:
+    from e2b import FileType
+    from e2b.exceptions import FileNotFoundException
+
+    sbx = Sandbox.create()
+    try:
+        assert sbx.files.make_dir("tree/a/deep") is True
+        assert sbx.files.make_dir("tree/a/deep") is False
+        sbx.files.write("tree/f.txt", "four")
+        assert sbx.files.exists("tree/f.txt")
+        assert not sbx.files.exists("tree/none.txt")
+        info = sbx.files.get_info("/home/user/tree/f.txt")
+        assert (info.name, info.type, info.size, info.path) == ("f.txt", FileType.FILE, 4, "/home/user/tree/f.txt")
+        assert info.mode == 0o644 and info.permissions == "-rw-r--r--"
+        assert sbx.files.get_info("tree").type == FileType.DIR
+        with pytest.raises(FileNotFoundException):
+            sbx.files.get_info("tree/none.txt")
+        # One level, then all, in path order, named as E2B names them.
+        assert [e.path for e in sbx.files.list("tree")] == ["/home/user/tree/a", "/home/user/tree/f.txt"]
+        assert [e.name for e in sbx.files.list("tree", depth=3)] == ["a", "deep", "f.txt"]
+        moved = sbx.files.rename("tree/f.txt", "tree/a/g.txt")
+        assert moved.path == "/home/user/tree/a/g.txt"
+        assert sbx.files.read("tree/a/g.txt") == "four"
+        assert not sbx.files.exists("tree/f.txt")
+        with pytest.raises(FileNotFoundException):
+            sbx.files.rename("tree/f.txt", "tree/h.txt")
+        # A cell sees the same files.
+        assert sbx.run_code("import os; sorted(os.listdir('tree/a'))").text == "['deep', 'g.txt']"
+        sbx.files.remove("tree")
+        sbx.files.remove("tree")  # as `rm -rf`: not there is no error
+        assert not sbx.files.exists("tree")
+        # Escapes are refused, never reached.
+        for bad in ("/etc/passwd", "../x", "/home/user/../../etc"):
+            with pytest.raises(SandboxException):
+                sbx.files.get_info(bad)
+    finally:
+        sbx.kill()
+
+
+def test_a_watcher_sees_files_made_written_and_removed(server: Server) -> None:
+    from e2b import FilesystemEventType
+
+    sbx = Sandbox.create()
+    try:
+        sbx.files.make_dir("watched")
+        sbx.files.write("watched/old.txt", "1")
+        handle = sbx.files.watch_dir("watched", include_entry=True)
+        assert handle.get_new_events() == []
+        sbx.files.write("watched/new.txt", "hello")
+        sbx.files.write("watched/old.txt", "longer")
+        sbx.files.make_dir("watched/sub")
+        events = {(e.name, e.type) for e in handle.get_new_events()}
+        assert ("new.txt", FilesystemEventType.CREATE) in events
+        assert ("old.txt", FilesystemEventType.WRITE) in events
+        assert ("sub", FilesystemEventType.CREATE) in events
+        sbx.files.remove("watched/new.txt")
+        assert [(e.name, e.type) for e in handle.get_new_events()] == [("new.txt", FilesystemEventType.REMOVE)]
+        handle.stop()
+        # A sandbox's watchers are bounded: the ninth is refused, and a stopped one frees its place.
+        handles = [sbx.files.watch_dir("watched") for _ in range(8)]
+        with pytest.raises(SandboxException) as refused:
+            sbx.files.watch_dir("watched")
+        assert "watchers" in str(refused.value)
+        handles[0].stop()
+        sbx.files.watch_dir("watched").stop()
+    finally:
+        sbx.kill()
+
+
+def test_background_commands_take_stdin_list_connect_and_die_by_kill(server: Server) -> None:
+    sbx = Sandbox.create()
+    try:
+        echo = sbx.commands.run("read line; echo got:$line", background=True, stdin=True)
+        sbx.commands.send_stdin(echo.pid, "hello\n")
+        assert echo.wait().stdout == "got:hello\n"
+        cat = sbx.commands.run("cat", background=True, stdin=True)
+        sbx.commands.send_stdin(cat.pid, "abc")
+        sbx.commands.close_stdin(cat.pid)
+        assert cat.wait().stdout == "abc"
+        sleeper = sbx.commands.run("echo started; sleep 300", background=True)
+        assert sleeper.pid in [p.pid for p in sbx.commands.list()]
+        again = sbx.commands.connect(sleeper.pid)
+        assert again.pid == sleeper.pid
+        assert sbx.commands.kill(sleeper.pid) is True
+        with pytest.raises(CommandExitException):
+            again.wait()
+        assert sleeper.pid not in [p.pid for p in sbx.commands.list()]
+        assert sbx.commands.kill(99999) is False
+        # Pids count per sandbox: another sandbox's starts do not show in this one's pids.
+        other = Sandbox.create()
+        try:
+            assert other.commands.run("true", background=True).pid == 1
+        finally:
+            other.kill()
+    finally:
+        sbx.kill()

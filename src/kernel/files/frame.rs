@@ -40,6 +40,12 @@ pub(super) struct Status {
     pub(super) size: Option<u64>,
     #[serde(default)]
     pub(super) files: Option<u64>,
+    /// A `stat`'s entry.
+    #[serde(default)]
+    pub(super) entry: Option<crate::files::FileEntry>,
+    /// Whether a `mkdir` made the directory.
+    #[serde(default)]
+    pub(super) created: Option<bool>,
 }
 
 impl Status {

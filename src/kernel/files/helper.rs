@@ -389,7 +389,21 @@ impl Kernel {
         op: &str,
         path: &FilePath,
     ) -> Result<(Lease, Frame), TransferError> {
-        let request = serde_json::to_vec(&serde_json::json!({"op": op, "path": path.parts()}))
+        self.open_to(op, path, None).await
+    }
+
+    /// [`Kernel::open`] with a second path (`to`, a move's destination).
+    pub(super) async fn open_to(
+        &self,
+        op: &str,
+        path: &FilePath,
+        to: Option<&FilePath>,
+    ) -> Result<(Lease, Frame), TransferError> {
+        let mut request = serde_json::json!({"op": op, "path": path.parts()});
+        if let Some(to) = to {
+            request["to"] = serde_json::json!(to.parts());
+        }
+        let request = serde_json::to_vec(&request)
             .map_err(|e| TransferError::Helper(format!("encoding the request: {e}")))?;
         let mut lease = Lease {
             helper: None,

@@ -25,7 +25,7 @@
 //! | `helper.rs` | a running helper (`Helper`), the kernel's resident one (`Resident`), and the lease a transfer holds on a helper, which gives a clean one back |
 //! | `write.rs` | uploads (`Kernel::write_file`): the body as gathered, vectored frames |
 //! | `read.rs` | downloads and listings (`Kernel::read_file`), a download's byte stream and its cut when the kernel goes |
-//! | `mod.rs` | the step deadline and removal (`Kernel::remove_file`) |
+//! | `mod.rs` | the step deadline and the operations answered by a status alone: removal, stat, mkdir, move (`Kernel::remove_file`, `Kernel::manage_file`) |
 
 mod channel;
 pub(crate) mod frame;
@@ -36,7 +36,7 @@ mod write;
 use std::time::Duration;
 
 use super::Kernel;
-use crate::files::{FilePath, TransferError};
+use crate::files::{FileOp, FileOpDone, FilePath, TransferError};
 use frame::{breach, Frame};
 
 pub(crate) use channel::prepare_dir as prepare_socket_dir;
@@ -50,12 +50,46 @@ const FILE_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 impl Kernel {
     /// Removes a file or a directory tree (a symlink itself, never its target).
     pub(crate) async fn remove_file(&self, path: &FilePath) -> Result<(), TransferError> {
-        let (mut lease, first) = self.open("remove", path).await?;
+        self.status_op("remove", path, None).await.map(drop)
+    }
+
+    /// Runs `op` on `path` (`runner/file_helper.py`'s `stat`, `mkdir`, `move`).
+    pub(crate) async fn manage_file(
+        &self,
+        path: &FilePath,
+        op: &FileOp,
+    ) -> Result<FileOpDone, TransferError> {
+        match op {
+            FileOp::Stat => {
+                let status = self.status_op("stat", path, None).await?;
+                status
+                    .entry
+                    .map(FileOpDone::Entry)
+                    .ok_or_else(|| breach("a stat without its entry"))
+            }
+            FileOp::MakeDir => {
+                let status = self.status_op("mkdir", path, None).await?;
+                Ok(FileOpDone::Created(status.created.unwrap_or(false)))
+            }
+            FileOp::Move(to) => {
+                self.status_op("move", path, Some(to)).await?;
+                Ok(FileOpDone::Moved)
+            }
+        }
+    }
+
+    async fn status_op(
+        &self,
+        op: &str,
+        path: &FilePath,
+        to: Option<&FilePath>,
+    ) -> Result<frame::Status, TransferError> {
+        let (mut lease, first) = self.open_to(op, path, to).await?;
         match first {
             Frame::Status(status) => {
-                status.result()?;
+                let status = status.result()?;
                 lease.clean = true;
-                Ok(())
+                Ok(status)
             }
             _ => Err(breach("a frame other than the status")),
         }

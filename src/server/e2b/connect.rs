@@ -1,45 +1,53 @@
-//! envd's Connect RPC services, as much of them as kernelbox provides today:
-//! `process.Process/Start` for a foreground command (no PTY, no stdin stream), run by the
-//! orchestrator's command path (`POST /v1/sessions/{session}/commands`), its output streamed
-//! as Connect frames. Every other method answers Connect's `unimplemented`.
+//! envd's `process.Process` over Connect: Start, Connect, List, SendInput, StreamInput,
+//! CloseStdin, SendSignal (no PTY: asking for one, and Update, are `unimplemented`). Every
+//! command, foreground or background (E2B's SDK asks the same Start for both and only waits
+//! or not), is a background process of the sandbox's session (`services/processes/`,
+//! docs/processes.md), so it has a handle: its E2B pid is the process's id in its session (a
+//! u32; ids count per session, so no tenant sees another's). A Start or a Connect streams
+//! the process's output (what is kept, then live) and its end; the client going away, or its
+//! deadline passing, ends the stream, not the process (as with E2B's envd: `kill` ends it).
 //!
 //! The messages are envd's (`spec/envd/process/process.proto` in e2b-dev/E2B), written as
-//! `prost` messages by hand (the few this file needs; no build step, no `protoc`). The Connect
-//! framing is written here too: a streaming response is a sequence of envelopes (one flags
-//! byte, a big-endian u32 length, the message), the last one flagged end-of-stream with a JSON
-//! body; an error before the stream is a JSON body with its HTTP status. The Rust Connect
-//! crates of crates.io were weighed (docs/e2b.md, "Connect RPC"): each needs code generated
-//! from the .proto files with `protoc` at build time, and those that serve server streams are
-//! marked pre-release; five bytes of framing did not justify either.
+//! `prost` messages by hand (the few this file needs; no build step, no `protoc`); E2B's
+//! Python SDK sends Connect's JSON mapping of the same messages, which both codecs take for
+//! Start and Connect, JSON only for the unary calls. The framing is `rpc.rs`'s. The Rust
+//! Connect crates of crates.io were weighed (docs/e2b.md, "Connect RPC"): each needs code
+//! generated from the .proto files with `protoc` at build time, and those that serve server
+//! streams are marked pre-release; five bytes of framing did not justify either.
 //!
-//! Bounds: the request is at most the API's body limit; the output waiting for the client is
-//! at most [`MAX_BACKLOG`] bytes (more is dropped and said so on stderr, never queued), the
-//! command's time is bounded by the orchestrator's command timeout.
+//! Bounds: the processes service's (running processes per session, tenant and host, their
+//! kept output, readers per process, a stdin write at most 1 MiB: docs/processes.md); a
+//! request is at most the API's body limit, so a StreamInput's whole body is too; a stream
+//! makes a frame only when its client reads, and lives at most its client's deadline or
+//! [`MAX_STREAM_LIFE`].
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+// A Connect error is the HTTP response itself, built once on the refusal path and answered
+// as is: boxing it would only add an allocation.
+#![allow(clippy::result_large_err)]
+
+use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::http::{header, HeaderMap};
+use axum::response::Response;
+use base64::Engine as _;
+use futures::StreamExt;
 use prost::Message;
+use serde::Deserialize;
 
 use super::interpreter::HOME;
+use super::rpc::{self, envelope, error, from_api, single_message, unary_ok, unimplemented};
 use super::InSandbox;
 use crate::kernel::CommandStream;
-use crate::orchestrator::CommandRequest;
+use crate::orchestrator::ProcessRequest;
+use crate::owner::Owner;
 use crate::server::api::{self, files};
 use crate::server::{ApiError, AppState};
-use crate::wire::{CommandBody, CommandLine};
+use crate::services::{Attach, OutputItem};
 
-/// Output bytes of one command waiting for the client.
-pub(crate) const MAX_BACKLOG: usize = 1024 * 1024;
-/// Connect's end-of-stream flag on an envelope.
-const END_STREAM: u8 = 0x02;
-/// The pid every started process reports: commands have no pid kernelbox hands out.
-const PID: u32 = 1;
+/// Longest life of a Start or Connect stream (the client's deadline when shorter).
+pub(crate) const MAX_STREAM_LIFE: Duration = Duration::from_secs(24 * 3600);
 
 /// envd's `process.ProcessConfig`.
 #[derive(Clone, PartialEq, Message)]
@@ -129,48 +137,34 @@ pub(crate) enum Event {
     Keepalive(Pty),
 }
 
-/// envd's `process.StartResponse`.
+/// envd's `process.ProcessSelector`.
+#[derive(Clone, PartialEq, Message)]
+pub(crate) struct ProcessSelector {
+    #[prost(oneof = "SelectorKind", tags = "1, 2")]
+    pub selector: Option<SelectorKind>,
+}
+
+/// The `selector` of a process selector.
+#[derive(Clone, PartialEq, prost::Oneof)]
+pub(crate) enum SelectorKind {
+    #[prost(uint32, tag = "1")]
+    Pid(u32),
+    #[prost(string, tag = "2")]
+    Tag(String),
+}
+
+/// envd's `process.ConnectRequest`.
+#[derive(Clone, PartialEq, Message)]
+pub(crate) struct ConnectRequest {
+    #[prost(message, optional, tag = "1")]
+    pub process: Option<ProcessSelector>,
+}
+
+/// envd's `process.StartResponse` (and `ConnectResponse`, the same message).
 #[derive(Clone, PartialEq, Message)]
 pub(crate) struct StartResponse {
     #[prost(message, optional, tag = "1")]
     pub event: Option<ProcessEvent>,
-}
-
-/// A Connect error answered before any stream: its JSON body with the HTTP status Connect
-/// gives its code.
-fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
-    let body = serde_json::json!({"code": code, "message": message.into()});
-    (status, Json(body)).into_response()
-}
-
-fn unimplemented(what: &str) -> Response {
-    error(
-        StatusCode::NOT_IMPLEMENTED,
-        "unimplemented",
-        format!("{what} is not available on kernelbox's E2B API yet (docs/e2b.md, \"What is not there\")"),
-    )
-}
-
-/// An [`ApiError`] as a Connect error.
-fn from_api(e: ApiError) -> Response {
-    let code = match e.status {
-        StatusCode::BAD_REQUEST => "invalid_argument",
-        StatusCode::UNAUTHORIZED => "unauthenticated",
-        StatusCode::NOT_FOUND => "not_found",
-        StatusCode::TOO_MANY_REQUESTS => "resource_exhausted",
-        StatusCode::SERVICE_UNAVAILABLE => "unavailable",
-        _ => "internal",
-    };
-    error(e.status, code, format!("{}: {}", e.code, e.message))
-}
-
-/// One envelope: flags, length, message.
-fn envelope(flags: u8, message: &[u8]) -> Bytes {
-    let mut out = Vec::with_capacity(5 + message.len());
-    out.push(flags);
-    out.extend_from_slice(&(message.len() as u32).to_be_bytes());
-    out.extend_from_slice(message);
-    Bytes::from(out)
 }
 
 /// The codec of a request, which its response speaks too: protobuf, or Connect's JSON
@@ -275,19 +269,6 @@ impl Codec {
     }
 }
 
-/// The one message of a streaming request's body (a single envelope), or what is wrong.
-fn single_message(body: &[u8]) -> Result<&[u8], &'static str> {
-    if body.len() < 5 {
-        return Err("the request is not one Connect envelope");
-    }
-    if body[0] & 0x01 != 0 {
-        return Err("compressed Connect messages are not accepted");
-    }
-    let len = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
-    body.get(5..5 + len)
-        .ok_or("the Connect envelope is shorter than its length")
-}
-
 /// An E2B working directory as the native command's (relative to `/work`, or absolute).
 fn command_cwd(cwd: Option<&str>) -> Option<String> {
     let cwd = cwd.filter(|c| !c.is_empty())?;
@@ -300,8 +281,111 @@ fn command_cwd(cwd: Option<&str>) -> Option<String> {
     }
 }
 
-/// `POST /process.Process/{method}` and `/filesystem.Filesystem/{method}`: `Start` runs a
-/// foreground command; the rest is `unimplemented`.
+/// `process.ProcessSelector` in Connect's JSON mapping (a pid; a tag is not kept here).
+#[derive(Deserialize, Default)]
+struct Selector {
+    #[serde(default)]
+    pid: Option<u32>,
+    #[serde(default)]
+    tag: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+struct Selected {
+    #[serde(default)]
+    process: Option<Selector>,
+}
+
+#[derive(Deserialize, Default)]
+struct Input {
+    #[serde(default)]
+    stdin: Option<String>,
+    #[serde(default)]
+    pty: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+struct SendInput {
+    #[serde(default)]
+    process: Option<Selector>,
+    #[serde(default)]
+    input: Option<Input>,
+}
+
+#[derive(Deserialize, Default)]
+struct SendSignal {
+    #[serde(default)]
+    process: Option<Selector>,
+    #[serde(default)]
+    signal: serde_json::Value,
+}
+
+/// One message of a StreamInput body: its start (the process), data, or a keepalive.
+#[derive(Deserialize, Default)]
+struct StreamInputMessage {
+    #[serde(default)]
+    start: Option<Selected>,
+    #[serde(default)]
+    data: Option<StreamInputData>,
+}
+
+#[derive(Deserialize, Default)]
+struct StreamInputData {
+    #[serde(default)]
+    input: Option<Input>,
+}
+
+/// The pid a selector names, or the Connect error saying why not.
+fn pid_of(selector: Option<Selector>) -> Result<u64, Response> {
+    match selector {
+        Some(Selector { pid: Some(pid), .. }) => Ok(u64::from(pid)),
+        Some(Selector { tag: Some(_), .. }) => Err(unimplemented("selecting a process by tag")),
+        _ => Err(error("invalid_argument", "no process selected (a pid)")),
+    }
+}
+
+/// A process error as a Connect error (a process that is not there is `not_found`).
+fn process_error(e: ApiError) -> Response {
+    from_api(e)
+}
+
+/// The bytes of a JSON `bytes` field (base64).
+fn input_bytes(input: Option<Input>) -> Result<Vec<u8>, Response> {
+    let input = input.unwrap_or_default();
+    if input.pty.is_some() {
+        return Err(unimplemented("a PTY"));
+    }
+    base64::engine::general_purpose::STANDARD
+        .decode(input.stdin.unwrap_or_default())
+        .map_err(|e| error("invalid_argument", format!("stdin is not base64: {e}")))
+}
+
+fn owner(state: &AppState, call: &InSandbox) -> Result<Owner, Response> {
+    let scope = files::kernel_scope(&call.tenant, call.id.clone(), None);
+    state
+        .orchestrator()
+        .owner_of_scope(&scope)
+        .map_err(|e| from_api(e.into()))
+}
+
+fn codec_of(headers: &HeaderMap) -> Result<Codec, Response> {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    match content_type {
+        "application/connect+proto" => Ok(Codec::Proto),
+        "application/connect+json" => Ok(Codec::Json),
+        other => Err(error(
+            "unimplemented",
+            format!(
+                "codec {other:?}: kernelbox's envd streams application/connect+proto and +json"
+            ),
+        )),
+    }
+}
+
+/// `POST /process.Process/{method}`.
 pub(super) async fn process(
     State(state): State<AppState>,
     call: InSandbox,
@@ -309,181 +393,393 @@ pub(super) async fn process(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    if method != "Start" {
-        return unimplemented(&format!("process.Process/{method}"));
+    if state.is_draining() {
+        return from_api(ApiError::shutting_down());
     }
-    let content_type = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default();
-    let codec = match content_type {
-        "application/connect+proto" => Codec::Proto,
-        "application/connect+json" => Codec::Json,
-        other => {
-            return error(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "unimplemented",
-                format!(
-                    "codec {other:?}: kernelbox's envd speaks application/connect+proto and +json"
-                ),
-            )
-        }
+    let owner = match owner(&state, &call) {
+        Ok(o) => o,
+        Err(e) => return e,
     };
-    let bytes = match api::read_body_of(&state, &call.tenant, &headers, body).await {
+    let deadline = rpc::client_deadline(&headers)
+        .filter(|d| !d.is_zero())
+        .map_or(MAX_STREAM_LIFE, |d| d.min(MAX_STREAM_LIFE));
+    let processes = state.orchestrator().processes();
+    match method.as_str() {
+        "Start" => start(&state, call, owner, &headers, body, deadline).await,
+        "Connect" => {
+            let codec = match codec_of(&headers) {
+                Ok(c) => c,
+                Err(e) => return e,
+            };
+            let bytes = match api::read_body_of(&state, &call.tenant, &headers, body).await {
+                Ok(b) => b,
+                Err(e) => return from_api(e),
+            };
+            let message = match single_message(&bytes) {
+                Ok(m) => m,
+                Err(wrong) => return error("invalid_argument", wrong),
+            };
+            let pid = match codec {
+                Codec::Json => match serde_json::from_slice::<Selected>(message) {
+                    Ok(asked) => pid_of(asked.process),
+                    Err(e) => Err(error(
+                        "invalid_argument",
+                        format!("process.ConnectRequest: {e}"),
+                    )),
+                },
+                Codec::Proto => match ConnectRequest::decode(message) {
+                    Ok(ConnectRequest {
+                        process:
+                            Some(ProcessSelector {
+                                selector: Some(SelectorKind::Pid(pid)),
+                            }),
+                    }) => Ok(u64::from(pid)),
+                    Ok(_) => Err(error("invalid_argument", "no process selected (a pid)")),
+                    Err(e) => Err(error(
+                        "invalid_argument",
+                        format!("process.ConnectRequest: {e}"),
+                    )),
+                },
+            };
+            let pid = match pid {
+                Ok(p) => p,
+                Err(e) => return e,
+            };
+            match processes.attach(&owner, pid) {
+                Ok(attach) => stream(attach, pid, codec, deadline),
+                Err(e) => process_error(e.into()),
+            }
+        }
+        "List" => {
+            if let Err(e) =
+                rpc::unary_request::<serde_json::Value>(&state, &call, &headers, body, "List").await
+            {
+                return e;
+            }
+            let listed: Vec<serde_json::Value> = processes
+                .list(&owner)
+                .into_iter()
+                .filter(|p| p.running)
+                .filter_map(|p| {
+                    let pid = u32::try_from(p.id).ok()?;
+                    let mut argv = p.command.into_iter();
+                    let cmd = argv.next().unwrap_or_default();
+                    let mut config = serde_json::json!({
+                        "cmd": cmd,
+                        "args": argv.collect::<Vec<_>>(),
+                        "envs": {},
+                    });
+                    if let Some(cwd) = p.cwd {
+                        config["cwd"] = serde_json::Value::String(e2b_cwd(&cwd));
+                    }
+                    Some(serde_json::json!({"config": config, "pid": pid}))
+                })
+                .collect();
+            unary_ok(serde_json::json!({"processes": listed}))
+        }
+        "SendInput" => {
+            let asked: SendInput =
+                match rpc::unary_request(&state, &call, &headers, body, "process.SendInputRequest")
+                    .await
+                {
+                    Ok(a) => a,
+                    Err(e) => return e,
+                };
+            let (pid, data) = match (pid_of(asked.process), input_bytes(asked.input)) {
+                (Ok(pid), Ok(data)) => (pid, data),
+                (Err(e), _) | (_, Err(e)) => return e,
+            };
+            match processes.write_stdin(&owner, pid, &data).await {
+                Ok(_) => unary_ok(serde_json::json!({})),
+                Err(e) => process_error(e.into()),
+            }
+        }
+        "StreamInput" => stream_input(&state, &call, &owner, &headers, body).await,
+        "CloseStdin" => {
+            let asked: Selected = match rpc::unary_request(
+                &state,
+                &call,
+                &headers,
+                body,
+                "process.CloseStdinRequest",
+            )
+            .await
+            {
+                Ok(a) => a,
+                Err(e) => return e,
+            };
+            let pid = match pid_of(asked.process) {
+                Ok(p) => p,
+                Err(e) => return e,
+            };
+            match processes.close_stdin(&owner, pid).await {
+                Ok(_) => unary_ok(serde_json::json!({})),
+                Err(e) => process_error(e.into()),
+            }
+        }
+        "SendSignal" => {
+            let asked: SendSignal = match rpc::unary_request(
+                &state,
+                &call,
+                &headers,
+                body,
+                "process.SendSignalRequest",
+            )
+            .await
+            {
+                Ok(a) => a,
+                Err(e) => return e,
+            };
+            let pid = match pid_of(asked.process) {
+                Ok(p) => p,
+                Err(e) => return e,
+            };
+            // envd's `Signal` enum: SIGKILL (9) and SIGTERM (15), by name or number.
+            let signal = match &asked.signal {
+                serde_json::Value::String(s) if s == "SIGNAL_SIGKILL" => 9,
+                serde_json::Value::String(s) if s == "SIGNAL_SIGTERM" => 15,
+                serde_json::Value::Number(n) if n.as_i64() == Some(9) => 9,
+                serde_json::Value::Number(n) if n.as_i64() == Some(15) => 15,
+                other => {
+                    return error(
+                        "invalid_argument",
+                        format!("signal {other}: envd sends SIGNAL_SIGKILL or SIGNAL_SIGTERM"),
+                    )
+                }
+            };
+            let done = if signal == 9 {
+                processes.kill(&owner, pid).await
+            } else {
+                processes.signal(&owner, pid, signal).await
+            };
+            match done {
+                Ok(_) => unary_ok(serde_json::json!({})),
+                Err(e) => process_error(e.into()),
+            }
+        }
+        "Update" => unimplemented("a PTY (process.Process/Update resizes one)"),
+        other => unimplemented(&format!("process.Process/{other}")),
+    }
+}
+
+/// A native working directory as E2B names it.
+fn e2b_cwd(cwd: &str) -> String {
+    if cwd.starts_with('/') {
+        cwd.to_owned()
+    } else {
+        format!("{HOME}/{cwd}")
+    }
+}
+
+/// StreamInput (a client stream): the body's envelopes, read whole (at most the API's body
+/// limit), its start naming the process, its data written on its stdin in order.
+async fn stream_input(
+    state: &AppState,
+    call: &InSandbox,
+    owner: &Owner,
+    headers: &HeaderMap,
+    body: Body,
+) -> Response {
+    if let Err(e) = codec_of(headers).and_then(|c| match c {
+        Codec::Json => Ok(()),
+        Codec::Proto => Err(unimplemented("StreamInput in protobuf")),
+    }) {
+        return e;
+    }
+    let bytes = match api::read_body_of(state, &call.tenant, headers, body).await {
+        Ok(b) => b,
+        Err(e) => return from_api(e),
+    };
+    let mut rest: &[u8] = &bytes;
+    let mut pid = None;
+    while !rest.is_empty() {
+        let message = match single_message(rest) {
+            Ok(m) => m,
+            Err(wrong) => return error("invalid_argument", wrong),
+        };
+        let flags = rest[0];
+        rest = &rest[5 + message.len()..];
+        if flags & rpc::END_STREAM != 0 {
+            break;
+        }
+        let message: StreamInputMessage = match serde_json::from_slice(message) {
+            Ok(m) => m,
+            Err(e) => {
+                return error(
+                    "invalid_argument",
+                    format!("process.StreamInputRequest: {e}"),
+                )
+            }
+        };
+        if let Some(start) = message.start {
+            pid = match pid_of(start.process) {
+                Ok(p) => Some(p),
+                Err(e) => return e,
+            };
+        }
+        if let Some(data) = message.data {
+            let Some(pid) = pid else {
+                return error("invalid_argument", "data before the stream's start");
+            };
+            let data = match input_bytes(data.input) {
+                Ok(d) => d,
+                Err(e) => return e,
+            };
+            if let Err(e) = state
+                .orchestrator()
+                .processes()
+                .write_stdin(owner, pid, &data)
+                .await
+            {
+                return process_error(e.into());
+            }
+        }
+    }
+    rpc::stream_response(futures::stream::iter([
+        envelope(0, b"{}"),
+        rpc::end_of_stream(None),
+    ]))
+}
+
+/// Start: the command as a background process of the session, then its output as a stream.
+async fn start(
+    state: &AppState,
+    call: InSandbox,
+    owner: Owner,
+    headers: &HeaderMap,
+    body: Body,
+    deadline: Duration,
+) -> Response {
+    let codec = match codec_of(headers) {
+        Ok(c) => c,
+        Err(e) => return e,
+    };
+    let bytes = match api::read_body_of(state, &call.tenant, headers, body).await {
         Ok(bytes) => bytes,
         Err(e) => return from_api(e),
     };
     let message = match single_message(&bytes) {
         Ok(m) => m,
-        Err(wrong) => return error(StatusCode::BAD_REQUEST, "invalid_argument", wrong),
+        Err(wrong) => return error("invalid_argument", wrong),
     };
     let start = match codec.start_request(message) {
         Ok(start) => start,
-        Err(e) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "invalid_argument",
-                format!("process.StartRequest: {e}"),
-            )
-        }
+        Err(e) => return error("invalid_argument", format!("process.StartRequest: {e}")),
     };
     if start.pty.is_some() {
         return unimplemented("a PTY");
     }
-    if start.stdin == Some(true) {
-        return unimplemented("stdin for a command");
-    }
     let Some(config) = start.process else {
-        return error(StatusCode::BAD_REQUEST, "invalid_argument", "no process");
+        return error("invalid_argument", "no process");
     };
-    // The SDK's deadline for the whole stream (its command `timeout`).
-    let timeout = headers
-        .get("connect-timeout-ms")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok())
-        .map(|ms| serde_json::json!(ms as f64 / 1000.0));
-    let body = CommandBody {
-        command: CommandLine::Argv(std::iter::once(config.cmd).chain(config.args).collect()),
+    let request = ProcessRequest {
+        scope: files::kernel_scope(&call.tenant, call.id, None),
+        argv: std::iter::once(config.cmd).chain(config.args).collect(),
         cwd: command_cwd(config.cwd.as_deref()),
         env: config.envs.into_iter().collect(),
-        stdin: None,
-        timeout,
+        stdin: start.stdin.unwrap_or(false),
     };
-    let scope = files::kernel_scope(&call.tenant, call.id, None);
-    let request = match CommandRequest::from_body(scope, body, state.orchestrator().config()) {
-        Ok(r) => r,
-        Err(e) => return from_api(api::invalid(&state, e.into())),
-    };
-    if state.is_draining() {
-        return from_api(ApiError::shutting_down());
-    }
-    if let Err(e) = api::admit(&state, &call.tenant) {
+    if let Err(e) = api::admit(state, &call.tenant) {
         return from_api(e);
     }
-    stream(state, request, codec)
-}
-
-/// Frames queued for the client, bounded by [`MAX_BACKLOG`] (output beyond it is dropped).
-struct Frames {
-    tx: tokio::sync::mpsc::UnboundedSender<Bytes>,
-    queued: Arc<AtomicUsize>,
-    dropped: AtomicUsize,
-}
-
-impl Frames {
-    fn output(&self, frame: Bytes) {
-        let len = frame.len();
-        let admitted = self
-            .queued
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
-                (q + len <= MAX_BACKLOG).then_some(q + len)
-            })
-            .is_ok();
-        if !admitted || self.tx.send(frame).is_err() {
-            self.dropped.fetch_add(len, Ordering::AcqRel);
-        }
-    }
-
-    fn last(&self, frame: Bytes) {
-        self.queued.fetch_add(frame.len(), Ordering::AcqRel);
-        let _ = self.tx.send(frame);
-    }
-}
-
-/// Runs `request` to its end (whether or not the client still reads) and streams its events:
-/// start, stdout and stderr data, end, then Connect's end of stream.
-fn stream(state: AppState, mut request: CommandRequest, codec: Codec) -> Response {
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Bytes>();
-    let queued = Arc::new(AtomicUsize::new(0));
-    let frames = Arc::new(Frames {
-        tx,
-        queued: queued.clone(),
-        dropped: AtomicUsize::new(0),
-    });
-    frames.last(codec.frame(Event::Start(StartEvent { pid: PID })));
+    let info = match state.orchestrator().start_process(request).await {
+        Ok(info) => info,
+        Err(e) => return process_error(e.into()),
+    };
+    let Ok(_) = u32::try_from(info.id) else {
+        return error(
+            "resource_exhausted",
+            "this sandbox started more processes than E2B's pids count",
+        );
+    };
+    // E2B's start event is a process with a pid: it can be signalled once it is answered.
+    if let Err(e) = state
+        .orchestrator()
+        .processes()
+        .started(&owner, info.id)
+        .await
     {
-        let frames = frames.clone();
-        request.sink = Some(Arc::new(move |stream: CommandStream, chunk: &[u8]| {
-            let output = match stream {
-                CommandStream::Stdout => Output::Stdout(chunk.to_vec()),
-                CommandStream::Stderr => Output::Stderr(chunk.to_vec()),
-            };
-            frames.output(codec.frame(Event::Data(DataEvent {
-                output: Some(output),
-            })));
-        }));
+        return process_error(e.into());
     }
-    tokio::spawn(async move {
-        let outcome = state.orchestrator().run_command(request).await;
-        let dropped = frames.dropped.load(Ordering::Acquire);
-        if dropped > 0 {
-            let note = format!(
-                "[kernelbox: {dropped} bytes of output were dropped: the client did not read them in time]\n"
-            );
-            frames.last(codec.frame(Event::Data(DataEvent {
-                output: Some(Output::Stderr(note.into_bytes())),
-            })));
-        }
-        let end = match outcome {
-            Ok(result) => {
-                let code = i32::try_from(result.exit_code).unwrap_or(-1);
-                let status = if result.timed_out {
-                    "killed: the command's timeout passed".to_owned()
-                } else {
-                    format!("exit status {code}")
-                };
-                let end = codec.frame(Event::End(EndEvent {
-                    exit_code: code,
-                    exited: !result.timed_out,
-                    status,
-                    error: result.timed_out.then(|| "timeout".to_owned()),
-                }));
-                frames.last(end);
-                envelope(END_STREAM, b"{}")
+    match state.orchestrator().processes().attach(&owner, info.id) {
+        Ok(attach) => stream(attach, info.id, codec, deadline),
+        Err(e) => process_error(e.into()),
+    }
+}
+
+/// A Start's or Connect's stream: the start event, the process's output, its end, then
+/// Connect's end of stream; at `deadline` the stream ends (`deadline_exceeded`), the process
+/// runs on. A frame is made only when the client reads one.
+fn stream(attach: Attach, pid: u64, codec: Codec, deadline: Duration) -> Response {
+    let pid = u32::try_from(pid).unwrap_or(u32::MAX);
+    let first = codec.frame(Event::Start(StartEvent { pid }));
+    let end = tokio::time::Instant::now() + deadline;
+    let frames = futures::stream::unfold(Some(attach), move |attach| async move {
+        let mut attach = attach?;
+        let items = match tokio::time::timeout_at(end, attach.next()).await {
+            Err(_) => {
+                let message = "the call's deadline passed; the process runs on".to_owned();
+                return Some((
+                    vec![rpc::end_of_stream(Some(("deadline_exceeded", message)))],
+                    None,
+                ));
             }
-            Err(e) => {
-                let e = ApiError::from(e);
-                let body = serde_json::json!({"error": {
-                    "code": "internal",
-                    "message": format!("{}: {}", e.code, e.message),
-                }});
-                envelope(END_STREAM, body.to_string().as_bytes())
+            Ok(None) => {
+                let message = "the process's output ended without its exit: its kernel went".to_owned();
+                return Some((
+                    vec![rpc::end_of_stream(Some(("unavailable", message)))],
+                    None,
+                ));
             }
+            Ok(Some(items)) => items,
         };
-        frames.last(end);
-    });
-    let body = futures::stream::unfold(rx, move |mut rx| {
-        let queued = queued.clone();
-        async move {
-            let frame = rx.recv().await?;
-            queued.fetch_sub(frame.len(), Ordering::AcqRel);
-            Some((Ok::<_, std::convert::Infallible>(frame), rx))
+        let mut frames = Vec::new();
+        let mut ended = false;
+        for item in items {
+            match item {
+                OutputItem::Chunk(CommandStream::Stdout, bytes) => {
+                    frames.push(codec.frame(Event::Data(DataEvent {
+                        output: Some(Output::Stdout(bytes.to_vec())),
+                    })))
+                }
+                OutputItem::Chunk(CommandStream::Stderr, bytes) => {
+                    frames.push(codec.frame(Event::Data(DataEvent {
+                        output: Some(Output::Stderr(bytes.to_vec())),
+                    })))
+                }
+                OutputItem::Missed(bytes) => {
+                    let note = format!(
+                        "[kernelbox: {bytes} bytes of output were dropped before they were read: a process keeps its newest 256 KiB]\n"
+                    );
+                    frames.push(codec.frame(Event::Data(DataEvent {
+                        output: Some(Output::Stderr(note.into_bytes())),
+                    })))
+                }
+                OutputItem::Exit(code) => {
+                    let code = i32::try_from(code).unwrap_or(-1);
+                    let status = if code > 128 {
+                        format!("signal: {}", code - 128)
+                    } else {
+                        format!("exit status {code}")
+                    };
+                    frames.push(codec.frame(Event::End(EndEvent {
+                        exit_code: code,
+                        exited: code <= 128,
+                        status,
+                        error: None,
+                    })));
+                    frames.push(rpc::end_of_stream(None));
+                    ended = true;
+                }
+            }
         }
-    });
-    let mut response = Response::new(Body::from_stream(body));
+        Some((frames, (!ended).then_some(attach)))
+    })
+    .flat_map(futures::stream::iter);
+    let mut response = rpc::stream_response(futures::stream::iter([first]).chain(frames));
     response.headers_mut().insert(
         header::CONTENT_TYPE,
-        HeaderValue::from_static(codec.content_type()),
+        axum::http::HeaderValue::from_static(codec.content_type()),
     );
     response
 }

@@ -1,6 +1,6 @@
 //! envd's HTTP part (`E2b-Sandbox-Port: 49983`): `GET /files` (a download), `POST /files`
-//! (multipart or octet-stream uploads), `GET /health`; its Connect RPC services answer an
-//! E2B-shaped `unimplemented` for now.
+//! (multipart or octet-stream uploads), `GET /health`; its Connect RPC services are
+//! `connect.rs` (processes) and `filesystem.rs`.
 //!
 //! Paths: E2B's home directory `/home/user` (and a relative path, which E2B resolves there)
 //! is the session's working directory, `/work` in the kernel, where the kernel's cells run;
@@ -14,7 +14,7 @@
 
 use axum::body::Body;
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
@@ -29,6 +29,9 @@ use crate::server::{ApiError, AppState};
 
 /// Files one `POST /files` may carry.
 pub(crate) const MAX_FILES_PER_UPLOAD: u64 = 64;
+
+/// The headers carrying an upload's file metadata (envd 0.6.2), which kernelbox does not keep.
+const METADATA_HEADER_PREFIX: &str = "x-metadata-";
 
 /// The kernel's working directory, as the native file API's paths are relative to it.
 const WORK: &str = "/work";
@@ -59,7 +62,7 @@ pub(crate) fn native_path(path: &str) -> Result<FilePath, E2bError> {
 }
 
 /// A native path as E2B names it.
-fn e2b_path(path: &FilePath) -> String {
+pub(crate) fn e2b_path(path: &FilePath) -> String {
     let inside = path.in_kernel();
     match under(&inside, WORK) {
         Some("") => HOME.to_owned(),
@@ -131,6 +134,14 @@ pub(super) async fn write(
 ) -> Result<Json<Vec<WrittenEntry>>, E2bError> {
     let q = query(q)?;
     user(&q)?;
+    if headers
+        .keys()
+        .any(|k| k.as_str().starts_with(METADATA_HEADER_PREFIX))
+    {
+        return Err(E2bError::not_available(
+            "file metadata (extended attributes set by an upload)",
+        ));
+    }
     if state.is_draining() {
         return Err(ApiError::shutting_down().into());
     }
@@ -228,16 +239,4 @@ pub(super) async fn health(
             format!("sandbox {id:?} is not running"),
         ))
     }
-}
-
-/// envd's Connect RPC services (`filesystem.Filesystem`, `process.Process`): not available
-/// yet, answered as a Connect error (`unimplemented`) the SDK raises.
-pub(super) async fn unimplemented(_call: InSandbox, Path(method): Path<String>) -> Response {
-    let body = serde_json::json!({
-        "code": "unimplemented",
-        "message": format!(
-            "{method} is not available on kernelbox's E2B API yet (docs/e2b.md, \"What is not there\")"
-        ),
-    });
-    (StatusCode::NOT_IMPLEMENTED, Json(body)).into_response()
 }

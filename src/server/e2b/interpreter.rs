@@ -1,8 +1,9 @@
 //! The code interpreter (`E2b-Sandbox-Port: 49999`): `POST /execute` runs the code as a cell
 //! of the sandbox's session through the server's streaming execute
 //! (`api::stream::stream_shaped`), its output, displays and result written as E2B's NDJSON
-//! lines by [`E2bShape`]; `/contexts` answers the one context a sandbox has today, its Python
-//! kernel.
+//! lines by [`E2bShape`]; `/contexts` are kernelbox's contexts (docs/contract.md,
+//! "Languages"): each language's default context (id: the language's name) and the named
+//! contexts a sandbox makes (a kernel each, [`Facade::add_context`]).
 //!
 //! What one execute holds on the host is what a streamed native execute holds (the output
 //! backlog, the display cap, the tenant's and the host's response bytes in flight:
@@ -22,15 +23,13 @@ use futures::StreamExt;
 use serde::Serialize;
 
 use super::wire::{self, Context};
-use super::{E2bError, InSandbox};
+use super::{E2bError, Facade, InSandbox};
 use crate::cell::{CellResult, CellStatus};
 use crate::rich::{RawJson, RichResult};
 use crate::server::api::{self, pending, stream};
 use crate::server::AppState;
-use crate::wire::{ErrorDetail, ExecuteBody};
+use crate::wire::{ErrorDetail, ExecuteBody, Language};
 
-/// The id of a sandbox's one context: its session's Python kernel.
-pub(crate) const DEFAULT_CONTEXT: &str = "python";
 /// Where a context runs, as E2B names it (the session's `/work`: docs/e2b.md).
 pub(crate) const HOME: &str = "/home/user";
 
@@ -281,70 +280,82 @@ pub(crate) fn shell_lines(code: &str) -> String {
     out
 }
 
-/// The kernelbox language of an E2B language name (`docs/e2b.md`): E2B's code interpreter
-/// names them `python`, `js`/`javascript`, `ts`/`typescript` and `bash`.
-fn e2b_language(language: Option<&str>) -> Result<crate::wire::Language, E2bError> {
-    use crate::wire::Language;
-    match language {
-        None | Some("python") | Some("python3") => Ok(Language::Python),
-        Some("js") | Some("javascript") => Ok(Language::Javascript),
+/// An E2B language name as kernelbox's language (E2B's names and their short forms); a
+/// language kernelbox has no name for is 400.
+fn language_of(name: Option<&str>) -> Result<Language, E2bError> {
+    let name = name.map(str::to_ascii_lowercase);
+    match name.as_deref() {
+        None | Some("") | Some("python") | Some("python3") => Ok(Language::Python),
+        Some("bash") | Some("sh") | Some("shell") => Ok(Language::Bash),
+        Some("js") | Some("javascript") | Some("node") => Ok(Language::Javascript),
         Some("ts") | Some("typescript") => Ok(Language::Typescript),
-        Some("bash") => Ok(Language::Bash),
         Some(other) => Err(E2bError::bad_request(format!(
-            "language {other:?} is not available: kernelbox's E2B API runs python, javascript, \
-             typescript and bash (docs/e2b.md)"
+            "language {other:?} is not available: kernelbox's E2B API runs python and bash, \
+             javascript and typescript where the server serves them (docs/e2b.md, \"Contexts\")"
         ))),
     }
 }
 
-fn python_only(language: Option<&str>) -> Result<(), E2bError> {
-    match language {
-        None | Some("python") | Some("python3") => Ok(()),
-        Some(other) => Err(E2bError::bad_request(format!(
-            "language {other:?} is not available for a code context: kernelbox's E2B contexts \
-             run python; run other languages with /execute's language (docs/e2b.md)"
-        ))),
+/// A language this server does not run, as E2B's 400.
+fn served(language: Language) -> Result<(), E2bError> {
+    language.check_served().map_err(|e| {
+        E2bError::bad_request(format!(
+            "{e}: not available on this server (docs/e2b.md, \"Contexts\")"
+        ))
+    })
+}
+
+/// The language and the kernelbox context name (None: the language's default context) a
+/// context id names in `call`'s sandbox.
+fn context_of(
+    facade: &Facade,
+    call: &InSandbox,
+    id: &str,
+) -> Result<(Language, Option<String>), E2bError> {
+    if let Some(language) = Language::parse(id) {
+        return Ok((language, None));
+    }
+    let sandbox = facade.get(&call.tenant.name, &call.id)?;
+    match sandbox.contexts.get(id) {
+        Some(language) => Ok((*language, Some(id.to_owned()))),
+        None => Err(E2bError::not_found(format!("context {id:?} not found"))),
     }
 }
 
 /// `POST /execute`: the code as a cell of the sandbox's session, streamed as E2B's lines.
 pub(super) async fn execute(
     State(state): State<AppState>,
+    Extension(facade): Extension<Facade>,
     call: InSandbox,
     meter: Option<Extension<Arc<pending::Meter>>>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, E2bError> {
-    let tenant = call.tenant;
+    let tenant = call.tenant.clone();
     let bytes = api::read_body_of(&state, &tenant, &headers, body).await?;
     let asked: wire::Execute = api::json_object(&bytes)?;
-    let language = e2b_language(asked.language.as_deref())?;
-    if let Some(context) = asked.context_id.as_deref() {
-        if context != DEFAULT_CONTEXT {
-            return Err(E2bError::not_found(format!(
-                "context {context:?} not found"
-            )));
-        }
-    }
+    let (language, context) = match asked.context_id.as_deref() {
+        Some(id) => context_of(&facade, &call, id)?,
+        None => (language_of(asked.language.as_deref())?, None),
+    };
+    served(language)?;
     if asked.env_vars.as_ref().is_some_and(|e| !e.is_empty()) {
         return Err(E2bError::not_available(
             "environment variables for one execution (give them to Sandbox.create)",
         ));
     }
-    // A language other than Python runs in the sandbox's kernel of that language
-    // (`docs/contract.md`, "Languages"); `!command` lines are IPython's, Python's only.
-    let code = dedent(&asked.code);
+    let code = match language {
+        Language::Python => shell_lines(&dedent(&asked.code)),
+        _ => asked.code,
+    };
     let body = ExecuteBody {
-        code: if language == crate::wire::Language::Python {
-            shell_lines(&code)
-        } else {
-            code
-        },
+        code,
         language: Some(language),
+        context,
         ..ExecuteBody::default()
     };
-    let mut request =
-        api::parse_execute(&state, &tenant, call.id, body).map_err(|e| api::invalid(&state, e))?;
+    let mut request = api::parse_execute(&state, &tenant, call.id.clone(), body)
+        .map_err(|e| api::invalid(&state, e))?;
     // E2B's code interpreter interrupts the cell when its client goes away (a `run_code`
     // past its `timeout` closes the connection): the response's body cancels this token when
     // it is dropped, which interrupts the cell as `POST .../interrupt` does, kernel kept.
@@ -378,23 +389,33 @@ pub(super) async fn execute(
     Ok(Response::from_parts(parts, Body::from_stream(body)))
 }
 
-fn default_context() -> Context {
+fn context(id: &str, language: Language) -> Context {
     Context {
-        id: DEFAULT_CONTEXT.into(),
-        language: "python".into(),
+        id: id.to_owned(),
+        language: language.name().into(),
         cwd: HOME.into(),
     }
 }
 
-/// `GET /contexts`: the sandbox's one context.
-pub(super) async fn list_contexts(_call: InSandbox) -> Json<Vec<Context>> {
-    Json(vec![default_context()])
+/// `GET /contexts`: each served language's default context, then the sandbox's own.
+pub(super) async fn list_contexts(
+    Extension(facade): Extension<Facade>,
+    call: InSandbox,
+) -> Result<Json<Vec<Context>>, E2bError> {
+    let sandbox = facade.get(&call.tenant.name, &call.id)?;
+    let defaults = Language::ALL
+        .into_iter()
+        .filter(|l| l.is_served())
+        .map(|l| context(l.name(), l));
+    let own = sandbox.contexts.iter().map(|(id, l)| context(id, *l));
+    Ok(Json(defaults.chain(own).collect()))
 }
 
-/// `POST /contexts`: a Python context in the home directory is the sandbox's one context;
-/// a second, separate one is not available yet.
+/// `POST /contexts`: a new context of `language` (a kernel of its own, started by its first
+/// cell), in the home directory.
 pub(super) async fn create_context(
     State(state): State<AppState>,
+    Extension(facade): Extension<Facade>,
     call: InSandbox,
     headers: HeaderMap,
     body: Body,
@@ -405,39 +426,68 @@ pub(super) async fn create_context(
     } else {
         api::json_object(&bytes)?
     };
-    python_only(asked.language.as_deref())?;
-    let cwd = asked.cwd.as_deref().unwrap_or(HOME);
-    Err(E2bError::not_available(&format!(
-        "a second code context in one sandbox (asked in {cwd:?}; its default Python context is \"{DEFAULT_CONTEXT}\", in {HOME})"
-    )))
+    let language = language_of(asked.language.as_deref())?;
+    served(language)?;
+    if let Some(cwd) = asked.cwd.as_deref() {
+        if cwd.trim_end_matches('/') != HOME {
+            return Err(E2bError::not_available(&format!(
+                "a context in {cwd:?} (a context runs in {HOME})"
+            )));
+        }
+    }
+    let id = facade.add_context(&call.tenant.name, &call.id, language)?;
+    Ok(Json(context(&id, language)))
 }
 
-/// `DELETE /contexts/{id}`.
+/// `DELETE /contexts/{id}`: forgets a context the sandbox made (its kernel goes when idle,
+/// `kernels.idle_timeout`, or with the sandbox); a language's default context stays.
 pub(super) async fn remove_context(
-    _call: InSandbox,
+    Extension(facade): Extension<Facade>,
+    call: InSandbox,
     id: Result<Path<String>, PathRejection>,
 ) -> Result<StatusCode, E2bError> {
     let id = id.map(|Path(id)| id).unwrap_or_default();
-    if id != DEFAULT_CONTEXT {
-        return Err(E2bError::not_found(format!("context {id:?} not found")));
+    if Language::parse(&id).is_some() {
+        return Err(E2bError::not_available(
+            "removing a language's default context",
+        ));
     }
-    Err(E2bError::not_available(
-        "removing the sandbox's default context",
-    ))
+    if facade.remove_context(&call.tenant.name, &call.id, &id) {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(E2bError::not_found(format!("context {id:?} not found")))
+    }
 }
 
-/// `POST /contexts/{id}/restart`.
+/// `POST /contexts/{id}/restart`: a fresh kernel for the context (`reset`), its variables
+/// gone. The default Python context is not restarted: its kernel holds the sandbox's files.
 pub(super) async fn restart_context(
-    _call: InSandbox,
+    State(state): State<AppState>,
+    Extension(facade): Extension<Facade>,
+    call: InSandbox,
     id: Result<Path<String>, PathRejection>,
 ) -> Result<StatusCode, E2bError> {
     let id = id.map(|Path(id)| id).unwrap_or_default();
-    if id != DEFAULT_CONTEXT {
-        return Err(E2bError::not_found(format!("context {id:?} not found")));
+    let (language, context) = context_of(&facade, &call, &id)?;
+    if language == Language::Python && context.is_none() {
+        return Err(E2bError::not_available(
+            "restarting the default Python context (its kernel holds the sandbox's files in /home/user)",
+        ));
     }
-    Err(E2bError::not_available(
-        "restarting a context (it would lose the sandbox's files in /home/user)",
-    ))
+    served(language)?;
+    if state.is_draining() {
+        return Err(crate::server::ApiError::shutting_down().into());
+    }
+    api::admit(&state, &call.tenant)?;
+    let body = ExecuteBody {
+        code: String::new(),
+        language: Some(language),
+        context,
+        reset: true,
+        ..ExecuteBody::default()
+    };
+    api::run_cell(&state, &call.tenant, call.id.clone(), body).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 #[cfg(test)]

@@ -23,8 +23,8 @@
 //! | `POST /sandboxes/{id}/pause`, `.../snapshots`, `.../fork` | E2B-shaped refusals (not available) |
 //! | `POST /execute`, `GET`, `POST /contexts`, `DELETE /contexts/{id}`, `POST /contexts/{id}/restart` | the code interpreter (port 49999; `interpreter.rs`) |
 //! | `GET`, `POST /files`, `GET /health` | envd's HTTP part (port 49983; `envd.rs`) |
-//! | `POST /process.Process/{method}` | envd's process service over Connect: `Start` for a foreground command, the rest `unimplemented` (`connect.rs`) |
-//! | `POST /filesystem.Filesystem/{method}` | envd's filesystem service: Connect's `unimplemented` for now (`envd.rs`) |
+//! | `POST /process.Process/{method}` | envd's process service over Connect: every command a background process of the session (start, connect, list, stdin, signals; `connect.rs`) |
+//! | `POST /filesystem.Filesystem/{method}` | envd's filesystem service over Connect: stat, list, mkdir, move, remove, watchers (`filesystem.rs`, `watch.rs`) |
 //!
 //! | file | what |
 //! |---|---|
@@ -34,15 +34,23 @@
 //! | `wire.rs` | E2B's request and answer bodies, as its SDKs send and read them |
 //! | `control.rs` | the control plane (REST) |
 //! | `interpreter.rs` | the code interpreter: a cell's result as E2B's NDJSON lines |
-//! | `connect.rs` | envd's process service over Connect RPC: envd's messages (prost), the framing, a command's output as frames |
-//! | `envd.rs` | envd: files (paths under `/home/user` are the session's `/work`), health, the Connect services |
+//! | `connect.rs` | envd's process service over Connect RPC: envd's messages (prost), a process's output as frames |
+//! | `envd.rs` | envd: files (paths under `/home/user` are the session's `/work`), health |
+//! | `rpc.rs` | Connect RPC's plumbing: errors, envelopes, a unary call's JSON |
+//! | `filesystem.rs` | envd's `filesystem.Filesystem`, through the kernel's file helper |
+//! | `entries.rs` | what the filesystem calls and the watchers share: envd's entries, a stat, a bounded walk |
+//! | `watch.rs` | watching a directory by polling its listing: the watchers, their bounds |
 
 mod connect;
 mod control;
+mod entries;
 mod envd;
 mod error;
+mod filesystem;
 mod interpreter;
+mod rpc;
 mod sandboxes;
+mod watch;
 mod wire;
 
 use std::sync::Arc;
@@ -90,10 +98,14 @@ pub(crate) fn router(state: AppState, facade: Facade) -> Router {
         .route("/contexts/{id}/restart", post(interpreter::restart_context))
         .route("/files", get(envd::read).post(envd::write))
         .route("/health", get(envd::health))
-        .route("/filesystem.Filesystem/{method}", post(envd::unimplemented))
+        .route(
+            "/filesystem.Filesystem/{method}",
+            post(filesystem::filesystem),
+        )
         .route("/process.Process/{method}", post(connect::process))
         .fallback(unknown_route)
-        .layer(Extension(facade));
+        .layer(Extension(facade))
+        .layer(Extension(watch::Watchers::default()));
     super::api::layers(
         router.method_not_allowed_fallback(method_not_allowed),
         state,

@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::E2bError;
 use crate::server::AppState;
+use crate::wire::Language;
 
 /// Sandboxes one tenant may hold at once.
 pub(crate) const MAX_SANDBOXES_PER_TENANT: usize = 256;
@@ -37,6 +38,9 @@ pub(crate) const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 /// The prefix of every sandbox id (a valid session name: `owner::validate_name`).
 const ID_PREFIX: &str = "e2b-";
+/// Code contexts a sandbox may make besides its languages' default ones (each is a kernel,
+/// counted against the tenant's caps as any).
+pub(crate) const MAX_CONTEXTS_PER_SANDBOX: usize = 8;
 
 /// One sandbox.
 #[derive(Debug, Clone)]
@@ -48,6 +52,9 @@ pub(crate) struct Sandbox {
     pub(crate) started_at: SystemTime,
     pub(crate) end_at: SystemTime,
     token_sha256: [u8; 32],
+    /// The code contexts made by `POST /contexts` (id: language), each a named kernelbox
+    /// context of the session (docs/e2b.md, "Contexts").
+    pub(crate) contexts: BTreeMap<String, Language>,
 }
 
 #[derive(Default)]
@@ -130,6 +137,7 @@ impl Facade {
             started_at: now,
             end_at: now + timeout.min(MAX_TIMEOUT),
             token_sha256: hash(&token),
+            contexts: BTreeMap::new(),
         };
         {
             let mut table = lock(&self.inner.table);
@@ -162,6 +170,42 @@ impl Facade {
             .filter(|s| s.tenant == tenant)
             .cloned()
             .ok_or_else(|| E2bError::sandbox_not_found(id))
+    }
+
+    /// A new code context of `language` in `tenant`'s sandbox `id`; answers its id (a
+    /// kernelbox context name). At most [`MAX_CONTEXTS_PER_SANDBOX`] (each is a kernel).
+    pub(crate) fn add_context(
+        &self,
+        tenant: &str,
+        id: &str,
+        language: Language,
+    ) -> Result<String, E2bError> {
+        let mut table = lock(&self.inner.table);
+        let sandbox = table
+            .by_id
+            .get_mut(id)
+            .filter(|s| s.tenant == tenant)
+            .ok_or_else(|| E2bError::sandbox_not_found(id))?;
+        if sandbox.contexts.len() >= MAX_CONTEXTS_PER_SANDBOX {
+            return Err(E2bError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                format!(
+                    "a sandbox has at most {MAX_CONTEXTS_PER_SANDBOX} code contexts of its own; remove one first"
+                ),
+            ));
+        }
+        let context = format!("ctx-{}", &uuid_hex()[..16]);
+        sandbox.contexts.insert(context.clone(), language);
+        Ok(context)
+    }
+
+    /// Forgets a code context of `tenant`'s sandbox `id`; false when it has none of that id.
+    pub(crate) fn remove_context(&self, tenant: &str, id: &str, context: &str) -> bool {
+        lock(&self.inner.table)
+            .by_id
+            .get_mut(id)
+            .filter(|s| s.tenant == tenant)
+            .is_some_and(|s| s.contexts.remove(context).is_some())
     }
 
     /// `tenant`'s sandboxes whose metadata holds every pair of `metadata`, by start.

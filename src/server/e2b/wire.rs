@@ -7,9 +7,12 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-/// The envd version kernelbox's sandboxes answer as: the SDK enables features by it, and
-/// this one sends files as multipart uploads and reads them whole (docs/e2b.md).
-pub(crate) const ENVD_VERSION: &str = "0.4.0";
+/// The envd version kernelbox's sandboxes answer as: the SDK enables features by it (closing
+/// stdin 0.5.2, octet-stream uploads 0.5.7, a watch event's entry 0.6.3, watching with
+/// `allow_network_mounts` 0.6.4, which changes nothing here: a sandbox has no network mounts).
+/// File metadata (0.6.2, `X-Metadata-*` upload headers) is refused as not available
+/// (docs/e2b.md).
+pub(crate) const ENVD_VERSION: &str = "0.6.4";
 
 /// `POST /sandboxes`, `POST /v2/sandboxes`.
 #[derive(Debug, Deserialize)]

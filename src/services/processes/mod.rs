@@ -25,7 +25,6 @@ mod process;
 mod ring;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -135,7 +134,6 @@ pub enum ProcessError {
 /// The processes, by session.
 pub(crate) struct Processes {
     state: Arc<Mutex<State>>,
-    next_id: AtomicU64,
     tracker: TaskTracker,
     cancel: CancellationToken,
 }
@@ -148,6 +146,9 @@ struct State {
     running: usize,
     /// Ended processes, oldest first, for [`MAX_ENDED_KEPT_HOST`].
     ended: VecDeque<(Owner, u64)>,
+    /// The last id given per session (ids count from 1 per session, so one tenant's starts
+    /// are not visible in another's ids; forgotten when the session is cleared).
+    last_id: HashMap<Owner, u64>,
 }
 
 /// A running process's place under the bounds; given back (and the process filed as ended)
@@ -228,6 +229,7 @@ impl State {
         let of_session = |o: &Owner| o.tenant == tenant && o.session == session;
         self.ended.retain(|(o, _)| !of_session(o));
         self.sessions.retain(|o, _| !of_session(o));
+        self.last_id.retain(|o, _| !of_session(o));
     }
 
     fn forget(&mut self, owner: Owner, id: u64) {
@@ -246,7 +248,6 @@ impl Processes {
     pub(crate) fn new(tracker: TaskTracker, cancel: CancellationToken) -> Processes {
         Processes {
             state: Arc::default(),
-            next_id: AtomicU64::new(1),
             tracker,
             cancel,
         }
@@ -310,7 +311,12 @@ impl Processes {
                 op: "starting",
                 source,
             })?;
-        let id = self.next_id.fetch_add(1, Ordering::AcqRel);
+        let id = {
+            let mut state = self.state();
+            let last = state.last_id.entry(owner.clone()).or_default();
+            *last += 1;
+            *last
+        };
         slot.id = Some(id);
         let ProcessSpec {
             argv,
@@ -362,6 +368,14 @@ impl Processes {
                 owner: owner.to_string(),
                 id,
             })
+    }
+
+    /// Waits (at most [`KILL_LIMIT`]) until a process can be signalled: its leader said its
+    /// pid, or it ended (the E2B API answers a start once its pid is known, docs/e2b.md).
+    pub(crate) async fn started(&self, owner: &Owner, id: u64) -> Result<(), ProcessError> {
+        let process = self.get(owner, id)?;
+        let _ = tokio::time::timeout(KILL_LIMIT, process.started(&self.cancel)).await;
+        Ok(())
     }
 
     /// A reader of a process's output (what is kept, then live, then its exit).

@@ -115,6 +115,21 @@ impl Process {
         self.state().exit
     }
 
+    /// Waits until its leader said its pid (or it ended), or `cancel`.
+    pub(super) async fn started(&self, cancel: &CancellationToken) {
+        let mut rx = self.changed.subscribe();
+        loop {
+            rx.borrow_and_update();
+            if self.leader().is_some() || self.exit().is_some() {
+                return;
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                changed = rx.changed() => if changed.is_err() { return },
+            }
+        }
+    }
+
     /// Waits until it ended, or `cancel`.
     pub(super) async fn ended(&self, cancel: &CancellationToken) {
         let mut rx = self.changed.subscribe();
