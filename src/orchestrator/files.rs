@@ -8,8 +8,6 @@
 
 use std::sync::Arc;
 
-use futures::{StreamExt, TryStreamExt};
-
 use super::{ExecuteError, Orchestrator, Scope};
 use crate::files::{
     ByteStream, Download, FileOp, FileOpDone, FilePath, Listing, TransferError, Written,
@@ -280,8 +278,8 @@ impl Orchestrator {
                 "the working directory itself cannot be moved".into(),
             ));
         }
-        let owner = self.file_owner(request)?;
-        let hold = self.hold_or_start(request, &owner).await?;
+        let owner = file_owner(self, request)?;
+        let hold = Hold::or_start(self, request, &owner).await?;
         Ok(hold.kernel()?.manage_file(path, &op).await?)
     }
 
