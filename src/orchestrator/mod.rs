@@ -17,6 +17,7 @@
 //! | `migration.rs` | migration on drain, as functions (no methods): the migration service handed the registry and the engine to take an idle kernel's checkpoint out, close its books, and seed an arriving one |
 //! | `node.rs` | what a cluster node asks: whether a session has a kernel here, a claimed session's catalog rows taken over, the fence, the watchdog told how long the node's lease is trusted (`WatchdogSlot`; docs/cluster.md) |
 //! | `pool.rs` | the warm pool: the refill task, pooled kernels' disposal, naming a taken kernel after its owner |
+//! | `process.rs` | a background process started on an owner's kernel, handed to the processes service |
 //! | `spawner.rs` | what every kernel start shares: labels, the event monitor, the file channels' refusal, the starts counted; the common [`SpawnRequest`](crate::kernel::SpawnRequest) |
 //! | `running.rs` | the calls running now, by owner: what an interrupt cancels and waits for, what the drain counts |
 //! | `adopt.rs` | work driven by its caller that the tracker adopts if the caller goes away (an upload, a cell) |

@@ -4,6 +4,7 @@
 //! |---|---|
 //! | `mod.rs` | [`Tenants`], [`Tenant`]: the tenants file parsed and checked, a caller found by its token |
 //! | `admin.rs` | [`AdminToken`]: the admin token (`--admin-token`) as the operator's routes check it |
+//! | `live.rs` | the running server's tenants, one value swapped whole by a reload |
 //! | `session_limits.rs` | a tenant's `session_limits`: the most its sessions' settings may ask for |
 //! | `workspaces.rs` | a tenant's `workspaces`: its sessions' workspaces and their policy |
 //! | `tests.rs` | unit tests |
