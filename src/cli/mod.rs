@@ -4,7 +4,7 @@
 //! |---|---|
 //! | `mod.rs` | [`Cli`] and its verbs, the kernel options a local run shares ([`KernelOpts`]), exit codes, `exec` and `sweep` |
 //! | `serve.rs` | `kernelbox serve`: the multi-tenant HTTP API |
-//! | `config.rs` | the configuration file: `serve --config` as flag values, `config schema|check|migrate`, `serve --print-config` |
+//! | `config.rs` | the configuration file: `serve --config` as flag values, `config schema`, `check`, `migrate`; `serve --print-config` |
 //! | `tenant_source.rs` | where `serve`'s tenants come from (flags, a JSON file, the configuration file), read again by a reload |
 //! | `repl.rs` | `kernelbox repl`: cells from standard input, state kept |
 //! | `sh.rs` | `kernelbox sh`: one shell command in a session's kernel container |
