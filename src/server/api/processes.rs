@@ -12,62 +12,20 @@ use axum::body::Body;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{FromRequestParts, Path, State};
 use axum::http::request::Parts;
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use super::stream::{line, Utf8Stream};
 use super::{admit, invalid, json_object, one_name, path_error, read_body_of, Caller};
 use crate::kernel::CommandStream;
-use crate::orchestrator::{ProcessRequest, ProcessStartError};
+use crate::orchestrator::ProcessRequest;
 use crate::owner::Owner;
 use crate::server::error::ApiError;
 use crate::server::tenants::Tenant;
 use crate::server::AppState;
-use crate::services::{OutputItem, ProcessError};
+use crate::services::OutputItem;
 use crate::wire::{ProcessBody, ProcessEvent, ProcessInfo, ProcessList, SignalBody, StdinWritten};
-
-impl From<ProcessError> for ApiError {
-    fn from(e: ProcessError) -> ApiError {
-        let (status, code) = match &e {
-            ProcessError::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid_process"),
-            ProcessError::NotFound { .. } => (StatusCode::NOT_FOUND, "no_process"),
-            ProcessError::TooMany { .. } => (StatusCode::TOO_MANY_REQUESTS, "too_many_processes"),
-            ProcessError::TooManyReaders { .. } => {
-                (StatusCode::TOO_MANY_REQUESTS, "too_many_readers")
-            }
-            ProcessError::StdinClosed { .. } => (StatusCode::CONFLICT, "stdin_closed"),
-            ProcessError::StdinStuck { .. } => (StatusCode::CONFLICT, "stdin_stuck"),
-            ProcessError::StdinTooLarge { .. } => {
-                (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large")
-            }
-            ProcessError::Starting { .. } => (StatusCode::CONFLICT, "process_starting"),
-            ProcessError::Engine { .. } => (StatusCode::SERVICE_UNAVAILABLE, "engine_unavailable"),
-        };
-        let retry = matches!(
-            e,
-            ProcessError::TooMany { .. }
-                | ProcessError::TooManyReaders { .. }
-                | ProcessError::Starting { .. }
-        );
-        ApiError {
-            retry_after: retry.then_some(1),
-            ..ApiError::new(status, code, e.to_string())
-        }
-    }
-}
-
-impl From<ProcessStartError> for ApiError {
-    fn from(e: ProcessStartError) -> ApiError {
-        match e {
-            ProcessStartError::Execute(e) => e.into(),
-            ProcessStartError::NoKernel { .. } => {
-                ApiError::new(StatusCode::NOT_FOUND, "no_kernel", e.to_string())
-            }
-            ProcessStartError::Process(e) => e.into(),
-        }
-    }
-}
 
 /// The owner a session path names for `tenant`.
 fn owner(state: &AppState, tenant: &Tenant, session: String) -> Result<Owner, ApiError> {

@@ -14,16 +14,6 @@ use crate::server::AppState;
 use crate::settings::{Settings, SettingsError};
 use crate::wire::{SessionSettings, SettingsApplied};
 
-impl From<SettingsError> for ApiError {
-    fn from(e: SettingsError) -> ApiError {
-        let status = match e {
-            SettingsError::TooMany { .. } => StatusCode::TOO_MANY_REQUESTS,
-            _ => StatusCode::BAD_REQUEST,
-        };
-        ApiError::new(status, e.code(), e.to_string())
-    }
-}
-
 /// `PUT /v1/sessions/{session}/settings`: replaces the session's settings.
 pub(super) async fn put(
     State(state): State<AppState>,

@@ -6,50 +6,17 @@
 use axum::body::Body;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::HeaderMap;
 use axum::Json;
 
 use super::files::kernel_scope;
 use super::{invalid, json_object, one_name, read_body_of, Caller};
-use crate::orchestrator::SnapshotError;
 use crate::server::error::ApiError;
 use crate::server::AppState;
 use crate::wire::{
     Deleted, ForkBody, ForkOutcome, ForkResult, RestoreBody, SnapshotBody, SnapshotInfo,
     SnapshotList,
 };
-
-impl From<SnapshotError> for ApiError {
-    fn from(e: SnapshotError) -> ApiError {
-        let e = match e {
-            // The orchestrator's refusal is answered as everywhere else (`at_capacity` a 429
-            // with its retry, ...).
-            SnapshotError::Refused { code, source } => {
-                return match source.downcast::<crate::orchestrator::ExecuteError>() {
-                    Ok(inner) => ApiError::from(*inner),
-                    Err(other) => {
-                        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, code, other.to_string())
-                    }
-                };
-            }
-            e => e,
-        };
-        let status = match &e {
-            SnapshotError::NotFound { .. } | SnapshotError::NoKernel { .. } => {
-                StatusCode::NOT_FOUND
-            }
-            SnapshotError::Limit { .. }
-            | SnapshotError::Busy { .. }
-            | SnapshotError::SessionExists { .. } => StatusCode::CONFLICT,
-            SnapshotError::Invalid(_) => StatusCode::BAD_REQUEST,
-            SnapshotError::Refused { .. }
-            | SnapshotError::Checkpoint(_)
-            | SnapshotError::Restore(_)
-            | SnapshotError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
-        };
-        ApiError::new(status, e.code(), e.to_string())
-    }
-}
 
 /// A body that may be empty (no fields set).
 fn body_or_default<T: serde::de::DeserializeOwned + Default>(bytes: &[u8]) -> Result<T, ApiError> {

@@ -3,7 +3,6 @@
 //! workspace of the same name is never this tenant's: names are scoped by tenant.
 
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
@@ -11,38 +10,6 @@ use super::Caller;
 use crate::server::error::ApiError;
 use crate::server::AppState;
 use crate::workspace::{WorkspaceError, Workspaces};
-
-impl From<WorkspaceError> for ApiError {
-    fn from(e: WorkspaceError) -> ApiError {
-        match &e {
-            WorkspaceError::NotFound { .. } | WorkspaceError::Disabled { .. } => {
-                ApiError::new(StatusCode::NOT_FOUND, "workspace_not_found", e.to_string())
-            }
-            WorkspaceError::InUse { .. } | WorkspaceError::Starting { .. } => {
-                ApiError::new(StatusCode::CONFLICT, "workspace_in_use", e.to_string())
-            }
-            WorkspaceError::TooMany { .. } => ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "too_many_workspaces",
-                e.to_string(),
-            ),
-            WorkspaceError::HostFull { .. } => ApiError::new(
-                StatusCode::INSUFFICIENT_STORAGE,
-                "workspaces_full",
-                e.to_string(),
-            ),
-            WorkspaceError::Io { .. }
-            | WorkspaceError::Tool { .. }
-            | WorkspaceError::Engine(_)
-            | WorkspaceError::NotOurs { .. }
-            | WorkspaceError::Ledger { .. } => ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "workspace_unavailable",
-                e.to_string(),
-            ),
-        }
-    }
-}
 
 fn workspaces<'a>(state: &'a AppState, tenant: &str) -> Result<&'a Workspaces, ApiError> {
     state.orchestrator().workspaces().ok_or_else(|| {

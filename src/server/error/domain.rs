@@ -1,74 +1,18 @@
-//! API errors: `{"error": {"code", "message"}}` with the matching status.
+//! Every domain error as the API answers it: its status, its stable `code` and, where the
+//! caller may retry, its `Retry-After` (docs/http-api.md). The library's errors
+//! name the failed operation; this is the one place they become HTTP answers.
 
-use axum::http::{header, HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::http::StatusCode;
 
+use super::ApiError;
 use crate::config::InvalidTimeout;
 use crate::files::TransferError;
-use crate::orchestrator::FileError;
-use crate::orchestrator::{CommandError, ExecuteError};
-use crate::wire::ErrorBody;
-
-/// An error response.
-#[derive(Debug, Clone)]
-pub struct ApiError {
-    /// HTTP status.
-    pub status: StatusCode,
-    /// Stable machine-readable code.
-    pub code: &'static str,
-    /// Human-readable message.
-    pub message: String,
-    /// Seconds for a `Retry-After` header.
-    pub retry_after: Option<u32>,
-}
-
-impl ApiError {
-    /// An error with a status, code and message.
-    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError {
-            status,
-            code,
-            message: message.into(),
-            retry_after: None,
-        }
-    }
-
-    /// 400 with `code`.
-    pub fn bad_request(code: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::BAD_REQUEST, code, message)
-    }
-
-    /// 401 `unauthorized`: no bearer token, or one no tenant has.
-    pub fn unauthorized() -> ApiError {
-        ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "a valid `Authorization: Bearer TOKEN` header is required",
-        )
-    }
-
-    /// 404 `not_found`, saying what was not found.
-    pub fn not_found(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::NOT_FOUND, "not_found", message)
-    }
-
-    /// 503 while the server drains for shutdown.
-    pub fn shutting_down() -> ApiError {
-        ApiError {
-            retry_after: Some(1),
-            ..ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "shutting_down",
-                "kernelbox is shutting down",
-            )
-        }
-    }
-
-    /// The JSON body.
-    pub fn body(&self) -> ErrorBody {
-        ErrorBody::new(self.code, self.message.clone())
-    }
-}
+use crate::orchestrator::{
+    CommandError, ExecuteError, FileError, ProcessStartError, SnapshotError,
+};
+use crate::services::ProcessError;
+use crate::settings::SettingsError;
+use crate::workspace::WorkspaceError;
 
 impl From<ExecuteError> for ApiError {
     fn from(e: ExecuteError) -> ApiError {
@@ -194,20 +138,118 @@ impl From<InvalidTimeout> for ApiError {
     }
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let mut response = (self.status, axum::Json(self.body())).into_response();
-        if let Some(secs) = self.retry_after {
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+impl From<SnapshotError> for ApiError {
+    fn from(e: SnapshotError) -> ApiError {
+        let e = match e {
+            // The orchestrator's refusal is answered as everywhere else (`at_capacity` a 429
+            // with its retry, ...).
+            SnapshotError::Refused { code, source } => {
+                return match source.downcast::<crate::orchestrator::ExecuteError>() {
+                    Ok(inner) => ApiError::from(*inner),
+                    Err(other) => {
+                        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, code, other.to_string())
+                    }
+                };
+            }
+            e => e,
+        };
+        let status = match &e {
+            SnapshotError::NotFound { .. } | SnapshotError::NoKernel { .. } => {
+                StatusCode::NOT_FOUND
+            }
+            SnapshotError::Limit { .. }
+            | SnapshotError::Busy { .. }
+            | SnapshotError::SessionExists { .. } => StatusCode::CONFLICT,
+            SnapshotError::Invalid(_) => StatusCode::BAD_REQUEST,
+            SnapshotError::Refused { .. }
+            | SnapshotError::Checkpoint(_)
+            | SnapshotError::Restore(_)
+            | SnapshotError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        ApiError::new(status, e.code(), e.to_string())
+    }
+}
+
+impl From<ProcessError> for ApiError {
+    fn from(e: ProcessError) -> ApiError {
+        let (status, code) = match &e {
+            ProcessError::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid_process"),
+            ProcessError::NotFound { .. } => (StatusCode::NOT_FOUND, "no_process"),
+            ProcessError::TooMany { .. } => (StatusCode::TOO_MANY_REQUESTS, "too_many_processes"),
+            ProcessError::TooManyReaders { .. } => {
+                (StatusCode::TOO_MANY_REQUESTS, "too_many_readers")
+            }
+            ProcessError::StdinClosed { .. } => (StatusCode::CONFLICT, "stdin_closed"),
+            ProcessError::StdinStuck { .. } => (StatusCode::CONFLICT, "stdin_stuck"),
+            ProcessError::StdinTooLarge { .. } => {
+                (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large")
+            }
+            ProcessError::Starting { .. } => (StatusCode::CONFLICT, "process_starting"),
+            ProcessError::Engine { .. } => (StatusCode::SERVICE_UNAVAILABLE, "engine_unavailable"),
+        };
+        let retry = matches!(
+            e,
+            ProcessError::TooMany { .. }
+                | ProcessError::TooManyReaders { .. }
+                | ProcessError::Starting { .. }
+        );
+        ApiError {
+            retry_after: retry.then_some(1),
+            ..ApiError::new(status, code, e.to_string())
         }
-        if self.status == StatusCode::UNAUTHORIZED {
-            response.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                HeaderValue::from_static("Bearer realm=\"kernelbox\""),
-            );
+    }
+}
+
+impl From<ProcessStartError> for ApiError {
+    fn from(e: ProcessStartError) -> ApiError {
+        match e {
+            ProcessStartError::Execute(e) => e.into(),
+            ProcessStartError::NoKernel { .. } => {
+                ApiError::new(StatusCode::NOT_FOUND, "no_kernel", e.to_string())
+            }
+            ProcessStartError::Process(e) => e.into(),
         }
-        response
+    }
+}
+
+impl From<SettingsError> for ApiError {
+    fn from(e: SettingsError) -> ApiError {
+        let status = match e {
+            SettingsError::TooMany { .. } => StatusCode::TOO_MANY_REQUESTS,
+            _ => StatusCode::BAD_REQUEST,
+        };
+        ApiError::new(status, e.code(), e.to_string())
+    }
+}
+
+impl From<WorkspaceError> for ApiError {
+    fn from(e: WorkspaceError) -> ApiError {
+        match &e {
+            WorkspaceError::NotFound { .. } | WorkspaceError::Disabled { .. } => {
+                ApiError::new(StatusCode::NOT_FOUND, "workspace_not_found", e.to_string())
+            }
+            WorkspaceError::InUse { .. } | WorkspaceError::Starting { .. } => {
+                ApiError::new(StatusCode::CONFLICT, "workspace_in_use", e.to_string())
+            }
+            WorkspaceError::TooMany { .. } => ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too_many_workspaces",
+                e.to_string(),
+            ),
+            WorkspaceError::HostFull { .. } => ApiError::new(
+                StatusCode::INSUFFICIENT_STORAGE,
+                "workspaces_full",
+                e.to_string(),
+            ),
+            WorkspaceError::Io { .. }
+            | WorkspaceError::Tool { .. }
+            | WorkspaceError::Engine(_)
+            | WorkspaceError::NotOurs { .. }
+            | WorkspaceError::Ledger { .. } => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "workspace_unavailable",
+                e.to_string(),
+            ),
+        }
     }
 }
