@@ -4,13 +4,13 @@
 //! tenant's only: another tenant's id answers 404, as one that does not exist.
 
 use axum::body::Body;
-use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::Json;
 
+use super::extract::{JsonBody, SessionName};
 use super::files::kernel_scope;
-use super::{invalid, json_object, one_name, read_body_of, Caller};
+use super::{invalid, json_object, read_body_of, Caller};
 use crate::server::error::ApiError;
 use crate::server::AppState;
 use crate::wire::{
@@ -30,11 +30,10 @@ fn body_or_default<T: serde::de::DeserializeOwned + Default>(bytes: &[u8]) -> Re
 pub(super) async fn create(
     State(state): State<AppState>,
     Caller(tenant): Caller,
-    session: Result<Path<String>, PathRejection>,
+    SessionName(session): SessionName,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<SnapshotInfo>, ApiError> {
-    let session = one_name(&state, session)?;
     let bytes = read_body_of(&state, &tenant, &headers, body).await?;
     let wire: SnapshotBody = body_or_default(&bytes).map_err(|e| invalid(&state, e))?;
     let scope = kernel_scope(&tenant, session, None);
@@ -96,13 +95,9 @@ pub(super) async fn delete(
 pub(super) async fn restore(
     State(state): State<AppState>,
     Caller(tenant): Caller,
-    session: Result<Path<String>, PathRejection>,
-    headers: HeaderMap,
-    body: Body,
+    SessionName(session): SessionName,
+    JsonBody(wire): JsonBody<RestoreBody>,
 ) -> Result<Json<ForkOutcome>, ApiError> {
-    let session = one_name(&state, session)?;
-    let bytes = read_body_of(&state, &tenant, &headers, body).await?;
-    let wire: RestoreBody = json_object(&bytes).map_err(|e| invalid(&state, e))?;
     let scope = kernel_scope(&tenant, session.clone(), None);
     let kernel = state
         .inner
@@ -122,13 +117,9 @@ pub(super) async fn restore(
 pub(super) async fn fork(
     State(state): State<AppState>,
     Caller(tenant): Caller,
-    session: Result<Path<String>, PathRejection>,
-    headers: HeaderMap,
-    body: Body,
+    SessionName(session): SessionName,
+    JsonBody(wire): JsonBody<ForkBody>,
 ) -> Result<Json<ForkResult>, ApiError> {
-    let session = one_name(&state, session)?;
-    let bytes = read_body_of(&state, &tenant, &headers, body).await?;
-    let wire: ForkBody = json_object(&bytes).map_err(|e| invalid(&state, e))?;
     let sessions = match (wire.count, wire.sessions) {
         (Some(n), None) => {
             let suffix = format!("{:06x}", rand::random::<u32>() & 0xff_ffff);
