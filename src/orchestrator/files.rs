@@ -8,7 +8,6 @@
 
 use std::sync::Arc;
 
-use futures::{StreamExt, TryStreamExt};
 
 use super::{ExecuteError, Orchestrator, Scope};
 use crate::files::{
@@ -280,8 +279,8 @@ impl Orchestrator {
                 "the working directory itself cannot be moved".into(),
             ));
         }
-        let owner = self.file_owner(request)?;
-        let hold = self.hold_or_start(request, &owner).await?;
+        let owner = file_owner(self, request)?;
+        let hold = Hold::or_start(self, request, &owner).await?;
         Ok(hold.kernel()?.manage_file(path, &op).await?)
     }
 
