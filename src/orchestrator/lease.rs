@@ -490,7 +490,8 @@ impl Acquisition<'_> {
     fn lease(&self, attempt: Attempt, kernel: Arc<Kernel>) -> Lease {
         let key = self.key;
         if !attempt.reused {
-            self.orchestrator.count_take(attempt.pooled);
+            self.orchestrator
+                .count_take(key.context.language, attempt.pooled);
             self.orchestrator
                 .inner
                 .registry
