@@ -452,19 +452,29 @@ async fn the_first_cell_of_a_bash_or_javascript_context_is_a_pool_hit_of_its_lan
         c.kernels.max_session_kernels = 8;
     })
     .await;
-    assert!(case.kb.wait_pool_ready(3, READY).await, "every language's pool fills");
+    assert!(
+        case.kb.wait_pool_ready(3, READY).await,
+        "every language's pool fills"
+    );
     let pooled = untaken(&case.containers().await);
     assert_eq!(pooled.len(), 3, "{pooled:?}");
 
     // Each hit runs its language: the pooled kernel was started with that language's runner
     // (a Python kernel would fail these cells as syntax errors).
     let bash = case
-        .exec(cell_in("b", Language::Bash, "x=7; echo \"bash $((x * 6))\""))
+        .exec(cell_in(
+            "b",
+            Language::Bash,
+            "x=7; echo \"bash $((x * 6))\"",
+        ))
         .await;
     assert_eq!(bash.status, CellStatus::Success, "{bash:?}");
     assert_eq!(bash.output, "bash 42\n");
     assert_eq!(bash.kernel.execution_count, 1);
-    assert!(pooled.contains(&bash.kernel.id), "a hit: {bash:?} {pooled:?}");
+    assert!(
+        pooled.contains(&bash.kernel.id),
+        "a hit: {bash:?} {pooled:?}"
+    );
     let js = case
         .exec(cell_in(
             "j",

@@ -720,7 +720,9 @@ fn file_from_args(
     p.preload = (!args.pool_preload.is_empty()).then(|| args.pool_preload.clone());
     p.languages = (!args.pool_languages.is_empty()).then(|| {
         let languages = args.pool_languages.iter();
-        languages.map(|(l, n)| (l.name().to_string(), *n as u64)).collect()
+        languages
+            .map(|(l, n)| (l.name().to_string(), *n as u64))
+            .collect()
     });
     let e = &mut file.egress;
     e.ca_bundle = Some(k.ca_bundle.clone());

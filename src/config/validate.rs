@@ -141,7 +141,11 @@ impl Config {
         {
             return Err(bad("state_dir", "must not be empty"));
         }
-        if self.pool.languages.contains_key(&crate::wire::Language::Python) {
+        if self
+            .pool
+            .languages
+            .contains_key(&crate::wire::Language::Python)
+        {
             return Err(bad(
                 "pool_languages",
                 "python's pool is pool_size, not a language entry",

@@ -8,7 +8,6 @@
 
 use std::sync::Arc;
 
-
 use super::{ExecuteError, Orchestrator, Scope};
 use crate::files::{
     ByteStream, Download, FileOp, FileOpDone, FilePath, Listing, TransferError, Written,

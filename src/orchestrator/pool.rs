@@ -136,7 +136,15 @@ impl PoolState {
     pub(super) fn new(spec: KernelSpec, config: &crate::config::PoolConfig) -> PoolState {
         let languages = Language::ALL.into_iter().filter_map(|language| {
             let size = config.size_of(language);
-            (size > 0).then(|| (language, LanguagePool { size, ..LanguagePool::default() }))
+            (size > 0).then(|| {
+                (
+                    language,
+                    LanguagePool {
+                        size,
+                        ..LanguagePool::default()
+                    },
+                )
+            })
         });
         PoolState {
             spec,

@@ -512,7 +512,11 @@ fn write_pool(out: &mut String, pool: &PoolStats) -> std::fmt::Result {
     writeln!(out, "# TYPE kernelbox_pool_language_ready gauge")?;
     for (language, share) in &pool.languages {
         let language = language.name();
-        writeln!(out, "kernelbox_pool_language_ready{{language=\"{language}\"}} {}", share.ready)?;
+        writeln!(
+            out,
+            "kernelbox_pool_language_ready{{language=\"{language}\"}} {}",
+            share.ready
+        )?;
     }
     writeln!(out, "# HELP kernelbox_pool_language_takes_total New kernels of a pooled language for new owners: hit (taken from its pool) or miss (started cold).")?;
     writeln!(out, "# TYPE kernelbox_pool_language_takes_total counter")?;
