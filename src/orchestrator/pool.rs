@@ -24,7 +24,7 @@ use crate::config::KernelSpec;
 use crate::histogram::Histogram;
 use crate::kernel::{Kernel, KernelError, SpawnRequest, Yield};
 use crate::owner::KernelKey;
-use crate::registry::Slot;
+use crate::registry::{Registry, Slot};
 use crate::wire::Language;
 
 /// Pooled kernels spawned at once by the refill. The refill also starts none while a new
@@ -178,6 +178,41 @@ impl PoolState {
     pub(super) fn stats(&self) -> std::sync::MutexGuard<'_, PoolStats> {
         self.stats.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// Publishes the number of ready pooled kernels (for [`Orchestrator::wait_pool_ready`]).
+    pub(super) fn publish(&self, registry: &Registry) {
+        self.ready.send_replace(registry.pool_ready());
+    }
+
+    /// Counts a new kernel of `language`: out of the pool, or cold while a pool is configured
+    /// (in its language's share too when that language is pooled).
+    pub(super) fn count_take(&self, registry: &Registry, language: Language, hit: bool) {
+        if self.stats().size == 0 {
+            return;
+        }
+        self.publish(registry);
+        *self.last_take.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(tokio::time::Instant::now());
+        let mut stats = self.stats();
+        let share = stats.languages.get_mut(&language);
+        match (hit, share) {
+            (true, Some(share)) => share.hits += 1,
+            (false, Some(share)) => share.misses += 1,
+            _ => {}
+        }
+        if hit {
+            stats.hits += 1;
+        } else {
+            stats.misses += 1;
+        }
+    }
+}
+
+/// Disposes of kernels that left the pool without an owner.
+pub(super) async fn dispose_pooled(kernels: Vec<Arc<Kernel>>) {
+    for kernel in kernels {
+        crate::services::dispose_kernel(&kernel).await;
+    }
 }
 
 impl Orchestrator {
@@ -206,33 +241,6 @@ impl Orchestrator {
             // pooled kernel's is its own: `docs/contract.md`, "Languages").
             && self.inner.registry.files_volume(key).is_none())
         .then_some(spec)
-    }
-
-    /// Counts a new kernel of `language`: out of the pool, or cold while a pool is configured
-    /// (in its language's share too when that language is pooled).
-    pub(super) fn count_take(&self, language: Language, hit: bool) {
-        if self.inner.config.pool.total() == 0 {
-            return;
-        }
-        self.publish_pool();
-        *self
-            .inner
-            .pool
-            .last_take
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = Some(tokio::time::Instant::now());
-        let mut stats = self.inner.pool.stats();
-        let share = stats.languages.get_mut(&language);
-        match (hit, share) {
-            (true, Some(share)) => share.hits += 1,
-            (false, Some(share)) => share.misses += 1,
-            _ => {}
-        }
-        if hit {
-            stats.hits += 1;
-        } else {
-            stats.misses += 1;
-        }
     }
 
     /// What follows a take, in the background once the taker's first cell ends (the returned
@@ -301,13 +309,6 @@ impl Orchestrator {
         first_cell.drop_guard()
     }
 
-    /// Disposes of kernels that left the pool without an owner.
-    pub(super) async fn dispose_pooled(&self, kernels: Vec<Arc<Kernel>>) {
-        for kernel in kernels {
-            crate::services::dispose_kernel(&kernel).await;
-        }
-    }
-
     /// Starts the refill task (when the pool is on).
     pub(super) fn start_pool(&self) {
         if self.inner.config.pool.total() == 0 {
@@ -341,8 +342,8 @@ impl Orchestrator {
             let _ = tokio::time::timeout(limit, task).await;
         }
         let left = self.inner.registry.pool_drain();
-        self.publish_pool();
-        self.dispose_pooled(left).await;
+        self.inner.pool.publish(&self.inner.registry);
+        dispose_pooled(left).await;
     }
 
     /// Keeps the pool at its size until shutdown: replaces dead and expired kernels, spawns
@@ -357,8 +358,8 @@ impl Orchestrator {
             let gone = inner.registry.pool_expired(config.pool.max_age);
             if !gone.is_empty() {
                 tracing::debug!(kernels = gone.len(), "pooled kernels expired or died");
-                self.publish_pool();
-                self.dispose_pooled(gone).await;
+                self.inner.pool.publish(&self.inner.registry);
+                dispose_pooled(gone).await;
             }
             let now = tokio::time::Instant::now();
             let settled_at = inner
@@ -442,7 +443,7 @@ impl Orchestrator {
                 if let Some(unwanted) = inner.registry.pool_offer(spec, language, kernel) {
                     crate::services::dispose_kernel(&unwanted).await;
                 }
-                self.publish_pool();
+                self.inner.pool.publish(&self.inner.registry);
                 Ok(())
             }
             Err(e) => {
@@ -458,14 +459,6 @@ impl Orchestrator {
     /// Ready pooled kernels now.
     pub fn pool_ready(&self) -> usize {
         self.inner.registry.pool_ready()
-    }
-
-    /// Publishes the number of ready pooled kernels (for [`Orchestrator::wait_pool_ready`]).
-    pub(super) fn publish_pool(&self) {
-        self.inner
-            .pool
-            .ready
-            .send_replace(self.inner.registry.pool_ready());
     }
 
     /// Waits until the warm pool holds at least `n` ready kernels, at most `limit`; returns
