@@ -712,10 +712,7 @@ fn file_from_args(
     l.min_send_rate = Some(size_of(args.min_send_rate.unwrap_or(responses.min_rate)));
     l.send_rate_grace = span(args.send_rate_grace.unwrap_or(responses.rate_grace));
     let p = &mut file.pool;
-    let pool = args
-        .pool
-        .unwrap_or(super::serve::DEFAULT_POOL.min(args.max_kernels));
-    p.size = Some(pool as u64);
+    p.size = Some(super::serve::pool_size(args) as u64);
     p.max_age = span(args.pool_max_age);
     p.preload = (!args.pool_preload.is_empty()).then(|| args.pool_preload.clone());
     p.languages = (!args.pool_languages.is_empty()).then(|| {

@@ -336,6 +336,15 @@ fn parse_pool_language(text: &str) -> Result<(kernelbox::wire::Language, usize),
 /// The warm pool of a server when `--pool` is not given (at most `--max-kernels`).
 pub(super) const DEFAULT_POOL: usize = 4;
 
+/// The Python pool's size: `--pool`, else [`DEFAULT_POOL`] within what `--max-kernels` leaves
+/// beside `--pool-languages`.
+pub(super) fn pool_size(args: &ServeArgs) -> usize {
+    let languages = args.pool_languages.iter();
+    let languages = languages.fold(0usize, |sum, (_, n)| sum.saturating_add(*n));
+    args.pool
+        .unwrap_or(DEFAULT_POOL.min(args.max_kernels.saturating_sub(languages)))
+}
+
 fn usage(message: String) -> anyhow::Error {
     Exit { code: 2, message }.into()
 }
@@ -507,7 +516,7 @@ pub(super) fn server_config(
     config.tenant_session_limits = tenants.session_limits();
     config.kernels.max_session_kernels = args.max_kernels;
     config.kernels.idle_timeout = args.idle_timeout;
-    config.pool.size = args.pool.unwrap_or(DEFAULT_POOL.min(args.max_kernels));
+    config.pool.size = pool_size(args);
     config.pool.max_age = args.pool_max_age;
     config.pool.preload = args.pool_preload.clone();
     config.pool.languages = args.pool_languages.iter().copied().collect();

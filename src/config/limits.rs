@@ -162,9 +162,11 @@ impl PoolConfig {
         }
     }
 
-    /// Every language's pool size, summed: the most pooled kernels the host holds.
+    /// Every language's pool size, summed (saturating): the most pooled kernels the host
+    /// holds.
     pub fn total(&self) -> usize {
-        Language::ALL.iter().map(|l| self.size_of(*l)).sum()
+        let sizes = Language::ALL.iter().map(|l| self.size_of(*l));
+        sizes.fold(0, usize::saturating_add)
     }
 }
 
