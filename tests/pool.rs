@@ -1,7 +1,8 @@
 //! The warm pool against the real engine: a pool hit is a fresh kernel never shared between
 //! owners, the pool refills to its size, a burst larger than the pool mixes hits and cold
-//! starts, old pooled kernels are replaced, the admin verbs see who took a kernel, and a
-//! `kernelbox serve --pool N` killed with SIGKILL leaves nothing behind.
+//! starts, old pooled kernels are replaced, the admin verbs see who took a kernel, a
+//! `kernelbox serve --pool N` killed with SIGKILL leaves nothing behind, and the first cell of
+//! a Bash, JavaScript or TypeScript context is a hit of its language's pool.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -445,19 +446,24 @@ fn cell_in(session: &str, language: Language, code: &str) -> ExecuteRequest {
 }
 
 #[tokio::test]
-async fn the_first_cell_of_a_bash_or_javascript_context_is_a_pool_hit_of_its_language() {
+async fn the_first_cell_of_a_bash_javascript_or_typescript_context_is_a_pool_hit() {
     let case = Case::with("pool-languages", |c| {
         c.pool.size = 1;
-        c.pool.languages = [(Language::Bash, 1), (Language::Javascript, 1)].into();
+        c.pool.languages = [
+            (Language::Bash, 1),
+            (Language::Javascript, 1),
+            (Language::Typescript, 1),
+        ]
+        .into();
         c.kernels.max_session_kernels = 8;
     })
     .await;
     assert!(
-        case.kb.wait_pool_ready(3, READY).await,
+        case.kb.wait_pool_ready(4, READY).await,
         "every language's pool fills"
     );
     let pooled = untaken(&case.containers().await);
-    assert_eq!(pooled.len(), 3, "{pooled:?}");
+    assert_eq!(pooled.len(), 4, "{pooled:?}");
 
     // Each hit runs its language: the pooled kernel was started with that language's runner
     // (a Python kernel would fail these cells as syntax errors).
@@ -486,8 +492,18 @@ async fn the_first_cell_of_a_bash_or_javascript_context_is_a_pool_hit_of_its_lan
     assert_eq!(js.output, "string\n");
     assert!(pooled.contains(&js.kernel.id), "a hit: {js:?} {pooled:?}");
     assert_ne!(bash.kernel.id, js.kernel.id);
+    let ts = case
+        .exec(cell_in(
+            "t",
+            Language::Typescript,
+            "const n: number = 21;\nconsole.log(n * 2)",
+        ))
+        .await;
+    assert_eq!(ts.output, "42\n", "{ts:?}");
+    assert!(pooled.contains(&ts.kernel.id), "a hit: {ts:?} {pooled:?}");
     let stats = case.kb.stats().pool;
-    assert_eq!((stats.hits, stats.misses), (2, 0));
+    assert_eq!((stats.hits, stats.misses), (3, 0));
+    assert_eq!(stats.languages[&Language::Typescript].hits, 1);
     assert_eq!(stats.languages[&Language::Bash].hits, 1);
     assert_eq!(stats.languages[&Language::Javascript].hits, 1);
     assert_eq!(stats.languages[&Language::Python].hits, 0);
