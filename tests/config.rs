@@ -399,6 +399,9 @@ fn check_refuses_what_serve_refuses_naming_the_key() {
         ("[pool]\npreload = [\"not a module!\"]\n", "pool.preload"),
         ("[pool]\npreload = [\"numpy\", \"\"]\n", "pool.preload"),
         ("[kernels]\nmemory = \"1k\"\n", "kernels.memory"),
+        ("[pool]\nlanguages = { python = 1 }\n", "pool.languages"),
+        ("[pool]\nlanguages = { cobol = 1 }\n", "pool.languages"),
+        ("[pool]\nlanguages = { bash = 100000 }\n", "pool.languages"),
     ] {
         let file = write(dir.path(), "k.toml", body);
         let out = kernelbox(&["config", "check", &file]);

@@ -1,7 +1,8 @@
 //! The warm pool against the real engine: a pool hit is a fresh kernel never shared between
 //! owners, the pool refills to its size, a burst larger than the pool mixes hits and cold
-//! starts, old pooled kernels are replaced, the admin verbs see who took a kernel, and a
-//! `kernelbox serve --pool N` killed with SIGKILL leaves nothing behind.
+//! starts, old pooled kernels are replaced, the admin verbs see who took a kernel, a
+//! `kernelbox serve --pool N` killed with SIGKILL leaves nothing behind, and the first cell of
+//! a Bash, JavaScript or TypeScript context is a hit of its language's pool.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -16,6 +17,7 @@ use std::time::Duration;
 use common::{Case, CASE};
 use futures::StreamExt;
 use kernelbox::docker::ContainerInfo;
+use kernelbox::wire::Language;
 use kernelbox::{
     labels, CellStatus, Engine, ExecuteRequest, FnDispatcher, Scope, ToolCall, ToolDispatcher,
 };
@@ -436,4 +438,87 @@ async fn a_bad_preload_module_name_is_refused_at_start() {
         .await
         .unwrap_err();
     assert!(err.to_string().contains("pool_preload"), "{err}");
+}
+
+/// A cell of `session`'s `language` context.
+fn cell_in(session: &str, language: Language, code: &str) -> ExecuteRequest {
+    ExecuteRequest::new(Scope::session(session).language(language), code)
+}
+
+#[tokio::test]
+async fn the_first_cell_of_a_bash_javascript_or_typescript_context_is_a_pool_hit() {
+    let case = Case::with("pool-languages", |c| {
+        c.pool.size = 1;
+        c.pool.languages = [
+            (Language::Bash, 1),
+            (Language::Javascript, 1),
+            (Language::Typescript, 1),
+        ]
+        .into();
+        c.kernels.max_session_kernels = 8;
+    })
+    .await;
+    assert!(
+        case.kb.wait_pool_ready(4, READY).await,
+        "every language's pool fills"
+    );
+    let pooled = untaken(&case.containers().await);
+    assert_eq!(pooled.len(), 4, "{pooled:?}");
+
+    // Each hit runs its language: the pooled kernel was started with that language's runner
+    // (a Python kernel would fail these cells as syntax errors).
+    let bash = case
+        .exec(cell_in(
+            "b",
+            Language::Bash,
+            "x=7; echo \"bash $((x * 6))\"",
+        ))
+        .await;
+    assert_eq!(bash.status, CellStatus::Success, "{bash:?}");
+    assert_eq!(bash.output, "bash 42\n");
+    assert_eq!(bash.kernel.execution_count, 1);
+    assert!(
+        pooled.contains(&bash.kernel.id),
+        "a hit: {bash:?} {pooled:?}"
+    );
+    let js = case
+        .exec(cell_in(
+            "j",
+            Language::Javascript,
+            "console.log(typeof process.versions.node)",
+        ))
+        .await;
+    assert_eq!(js.status, CellStatus::Success, "{js:?}");
+    assert_eq!(js.output, "string\n");
+    assert!(pooled.contains(&js.kernel.id), "a hit: {js:?} {pooled:?}");
+    assert_ne!(bash.kernel.id, js.kernel.id);
+    let ts = case
+        .exec(cell_in(
+            "t",
+            Language::Typescript,
+            "const n: number = 21;\nconsole.log(n * 2)",
+        ))
+        .await;
+    assert_eq!(ts.output, "42\n", "{ts:?}");
+    assert!(pooled.contains(&ts.kernel.id), "a hit: {ts:?} {pooled:?}");
+    let stats = case.kb.stats().pool;
+    assert_eq!((stats.hits, stats.misses), (3, 0));
+    assert_eq!(stats.languages[&Language::Typescript].hits, 1);
+    assert_eq!(stats.languages[&Language::Bash].hits, 1);
+    assert_eq!(stats.languages[&Language::Javascript].hits, 1);
+    assert_eq!(stats.languages[&Language::Python].hits, 0);
+    // The metrics say so per language.
+    let text = kernelbox::server::Metrics::default().render(0, false, &case.kb.stats());
+    let line = "kernelbox_pool_language_takes_total{language=\"bash\",outcome=\"hit\"} 1";
+    assert!(text.contains(line), "{text}");
+
+    // A second context of a session shares the first one's /work, so it never takes a
+    // pooled kernel (whose /work is its own): the Python pool's kernel stays, unused.
+    let python = case.run("b", "print('py')").await;
+    assert_eq!(python.output, "py\n", "{python:?}");
+    assert!(!pooled.contains(&python.kernel.id), "not a hit: {python:?}");
+    let stats = case.kb.stats().pool;
+    assert_eq!(stats.languages[&Language::Python].hits, 0);
+    assert_eq!(stats.languages[&Language::Python].misses, 1);
+    case.finish().await;
 }

@@ -437,6 +437,9 @@ fn file_flags(file: &ConfigFile, at: &Path) -> anyhow::Result<Flags> {
         "pool_preload",
         p.preload.clone().unwrap_or_default(),
     );
+    let languages = p.languages.iter().flatten();
+    let languages = languages.map(|(language, n)| format!("{language}={n}"));
+    f.many("pool.languages", "pool_languages", languages.collect());
     let e = &file.egress;
     f.one("egress.ca_bundle", "ca_bundle", path(&e.ca_bundle));
     f.one(
@@ -709,12 +712,15 @@ fn file_from_args(
     l.min_send_rate = Some(size_of(args.min_send_rate.unwrap_or(responses.min_rate)));
     l.send_rate_grace = span(args.send_rate_grace.unwrap_or(responses.rate_grace));
     let p = &mut file.pool;
-    let pool = args
-        .pool
-        .unwrap_or(super::serve::DEFAULT_POOL.min(args.max_kernels));
-    p.size = Some(pool as u64);
+    p.size = Some(super::serve::pool_size(args) as u64);
     p.max_age = span(args.pool_max_age);
     p.preload = (!args.pool_preload.is_empty()).then(|| args.pool_preload.clone());
+    p.languages = (!args.pool_languages.is_empty()).then(|| {
+        let languages = args.pool_languages.iter();
+        languages
+            .map(|(l, n)| (l.name().to_string(), *n as u64))
+            .collect()
+    });
     let e = &mut file.egress;
     e.ca_bundle = Some(k.ca_bundle.clone());
     e.connections = Some(k.egress_connections as u64);

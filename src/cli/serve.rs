@@ -222,6 +222,11 @@ pub(crate) struct ServeArgs {
     /// finds them loaded. Costs each pooled kernel their memory (docs/performance.md).
     #[arg(long, env = "KERNELBOX_POOL_PRELOAD", value_delimiter = ',')]
     pub(super) pool_preload: Vec<String>,
+    /// Kernels kept ready per language other than Python, comma-separated LANGUAGE=N (e.g.
+    /// bash=1,javascript=1): the first cell of a session's Bash, JavaScript or TypeScript
+    /// context then skips the cold start too. They count toward --max-kernels with --pool.
+    #[arg(long, env = "KERNELBOX_POOL_LANGUAGES", value_delimiter = ',', value_parser = parse_pool_language)]
+    pub(super) pool_languages: Vec<(kernelbox::wire::Language, usize)>,
     /// An MCP session on /v1/mcp with no message for this long ends, and its kernels go
     /// (never less than --max-timeout plus 10 seconds).
     #[arg(long, env = "KERNELBOX_MCP_IDLE_TIMEOUT", default_value = "30m", value_parser = parse_duration)]
@@ -314,8 +319,31 @@ fn parse_budget(text: &str) -> Result<u64, String> {
     }
 }
 
+/// One `--pool-languages` entry, LANGUAGE=N (`bash=1`).
+fn parse_pool_language(text: &str) -> Result<(kernelbox::wire::Language, usize), String> {
+    let (name, n) = text
+        .split_once('=')
+        .ok_or_else(|| format!("{text:?} is not LANGUAGE=N (e.g. bash=1)"))?;
+    let language = kernelbox::wire::Language::parse(name.trim())
+        .ok_or_else(|| format!("{name:?} is not a language (bash, javascript, typescript)"))?;
+    let n = n
+        .trim()
+        .parse()
+        .map_err(|_| format!("{n:?} is not a number of kernels"))?;
+    Ok((language, n))
+}
+
 /// The warm pool of a server when `--pool` is not given (at most `--max-kernels`).
 pub(super) const DEFAULT_POOL: usize = 4;
+
+/// The Python pool's size: `--pool`, else [`DEFAULT_POOL`] within what `--max-kernels` leaves
+/// beside `--pool-languages`.
+pub(super) fn pool_size(args: &ServeArgs) -> usize {
+    let languages = args.pool_languages.iter();
+    let languages = languages.fold(0usize, |sum, (_, n)| sum.saturating_add(*n));
+    args.pool
+        .unwrap_or(DEFAULT_POOL.min(args.max_kernels.saturating_sub(languages)))
+}
 
 fn usage(message: String) -> anyhow::Error {
     Exit { code: 2, message }.into()
@@ -488,9 +516,10 @@ pub(super) fn server_config(
     config.tenant_session_limits = tenants.session_limits();
     config.kernels.max_session_kernels = args.max_kernels;
     config.kernels.idle_timeout = args.idle_timeout;
-    config.pool.size = args.pool.unwrap_or(DEFAULT_POOL.min(args.max_kernels));
+    config.pool.size = pool_size(args);
     config.pool.max_age = args.pool_max_age;
     config.pool.preload = args.pool_preload.clone();
+    config.pool.languages = args.pool_languages.iter().copied().collect();
     config.files.download_min_rate = args.min_download_rate;
     config.files.download_rate_grace = args.download_rate_grace;
     config.housekeeping.watchdog = std::env::current_exe().ok();

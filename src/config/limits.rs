@@ -1,8 +1,11 @@
 //! What one cell, the host's kernels, the warm pool and file transfers may do: the caps and
 //! their defaults ([`CellLimits`], [`KernelLimits`], [`PoolConfig`], [`FileTransfer`]).
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
+
+use crate::wire::Language;
 
 /// The default cap on a cell's output kept inline in its result ([`OutputCaps::inline_bytes`]).
 pub const DEFAULT_OUTPUT_INLINE_BYTES: usize = 50_000;
@@ -141,6 +144,30 @@ pub struct PoolConfig {
     /// [`MAX_POOL_PRELOAD`], each a dotted Python name. Empty (the default): none, and pooled
     /// kernels keep a plain kernel's idle memory.
     pub preload: Vec<String>,
+    /// Ready kernels kept warm per language other than Python (`bash`, `javascript`,
+    /// `typescript`), each started with its language's environment so that the first cell
+    /// of a session's context in that language is a pool hit (`docs/architecture.md`, "The
+    /// warm pool"). They count toward [`KernelLimits::max_session_kernels`] with
+    /// [`PoolConfig::size`]. Empty (the default): only Python kernels are pooled.
+    pub languages: BTreeMap<Language, usize>,
+}
+
+impl PoolConfig {
+    /// The pool's size for `language`: [`PoolConfig::size`] for Python, else its entry in
+    /// [`PoolConfig::languages`] (0: none pooled).
+    pub fn size_of(&self, language: Language) -> usize {
+        match language {
+            Language::Python => self.size,
+            other => self.languages.get(&other).copied().unwrap_or(0),
+        }
+    }
+
+    /// Every language's pool size, summed (saturating): the most pooled kernels the host
+    /// holds.
+    pub fn total(&self) -> usize {
+        let sizes = Language::ALL.iter().map(|l| self.size_of(*l));
+        sizes.fold(0, usize::saturating_add)
+    }
 }
 
 /// Most modules a pool may preload.
@@ -152,6 +179,7 @@ impl Default for PoolConfig {
             size: 0,
             max_age: Duration::from_secs(15 * 60),
             preload: Vec::new(),
+            languages: BTreeMap::new(),
         }
     }
 }

@@ -141,12 +141,28 @@ impl Config {
         {
             return Err(bad("state_dir", "must not be empty"));
         }
-        if self.pool.size > self.kernels.max_session_kernels {
+        if self
+            .pool
+            .languages
+            .contains_key(&crate::wire::Language::Python)
+        {
             return Err(bad(
-                "pool_size",
+                "pool_languages",
+                "python's pool is pool_size, not a language entry",
+            ));
+        }
+        let pooled = self.pool.total();
+        if pooled > self.kernels.max_session_kernels {
+            let field = if self.pool.languages.is_empty() {
+                "pool_size"
+            } else {
+                "pool_languages"
+            };
+            return Err(bad(
+                field,
                 format!(
-                    "{} pooled kernels do not fit the host's cap of {} kernels (max_session_kernels)",
-                    self.pool.size, self.kernels.max_session_kernels
+                    "{pooled} pooled kernels do not fit the host's cap of {} kernels (max_session_kernels)",
+                    self.kernels.max_session_kernels
                 ),
             ));
         }

@@ -72,6 +72,9 @@ pub(crate) struct SpawnRequest<'a> {
     /// place of the staging volume in strict mode, as a workspace is (`docs/contract.md`,
     /// "Languages"); `None`: the kernel's own staging volume is its `/work`.
     pub(crate) files_volume: Option<String>,
+    /// The language a kernel made for the warm pool will run (`owner` is `None`): it starts
+    /// with that language's environment, as an owned kernel starts with its key's.
+    pub(crate) pool_language: crate::wire::Language,
 }
 
 /// Makes a spawn give way: before each of its engine steps (volume, container, attach and
@@ -405,9 +408,11 @@ impl Kernel {
         labels.insert(crate::labels::STATUS.into(), status_path.clone());
         let mut container = runner_container(spec, &status_path, labels, mounts);
         // A kernel of another language than Python: the runner hosts it (`runner/kernel_runner.py`).
-        if let Some(language) = request.owner.as_ref().map(|(key, _)| key.context.language) {
-            container.env.extend(language_env(language));
-        }
+        let language = match &request.owner {
+            Some((key, _)) => key.context.language,
+            None => request.pool_language,
+        };
+        container.env.extend(language_env(language));
         if !request.preload.is_empty() {
             container
                 .env
@@ -664,6 +669,7 @@ mod tests {
             preload: &[],
             settings: None,
             files_volume: None,
+            pool_language: crate::wire::Language::Python,
         }
     }
 

@@ -154,8 +154,10 @@ impl Orchestrator {
                 registry.forget(&attempt.slot, None);
                 registry.release(&attempt.slot);
                 // A kernel the admission took from the warm pool goes too.
-                self.dispose_pooled(attempt.slot.kernel.get().cloned().into_iter().collect())
-                    .await;
+                super::pool::dispose_pooled(
+                    attempt.slot.kernel.get().cloned().into_iter().collect(),
+                )
+                .await;
                 this.give_back(attempt.state_lost.take());
                 return Err(ExecuteError::TenantRemoved);
             }
@@ -227,7 +229,7 @@ impl Acquisition<'_> {
                 .discarded
                 .into_iter()
                 .chain(attach.slot.kernel.get().cloned());
-            self.orchestrator.dispose_pooled(taken.collect()).await;
+            super::pool::dispose_pooled(taken.collect()).await;
             self.give_back(attach.state_lost);
             if let Some(notice) = admission {
                 notice.send(Err(ExecuteError::ShuttingDown));
@@ -248,7 +250,7 @@ impl Acquisition<'_> {
             .hibernation
             .park_evicted(&mut doomed);
         crate::services::dispose_slots(doomed).await;
-        self.orchestrator.dispose_pooled(attach.discarded).await;
+        super::pool::dispose_pooled(attach.discarded).await;
         Ok(Attempt {
             slot: attach.slot,
             state_lost: attach.state_lost,
@@ -490,7 +492,9 @@ impl Acquisition<'_> {
     fn lease(&self, attempt: Attempt, kernel: Arc<Kernel>) -> Lease {
         let key = self.key;
         if !attempt.reused {
-            self.orchestrator.count_take(attempt.pooled);
+            let inner = &self.orchestrator.inner;
+            let (language, pooled) = (key.context.language, attempt.pooled);
+            inner.pool.count_take(&inner.registry, language, pooled);
             self.orchestrator
                 .inner
                 .registry

@@ -59,7 +59,7 @@ pub use crate::services::{
 };
 pub use command::{CommandError, CommandRequest};
 pub use files::{FileError, FileRequest};
-pub use pool::{PoolStats, POOL_REFILL_CONCURRENCY, REFILL_BUCKETS};
+pub use pool::{LanguagePool, PoolStats, POOL_REFILL_CONCURRENCY, REFILL_BUCKETS};
 pub use process::{ProcessRequest, ProcessStartError};
 pub use request::{
     AdmissionNotice, ExecuteError, ExecuteRequest, KernelSummary, Scope, StartError, StartStats,
@@ -251,9 +251,13 @@ impl Orchestrator {
             losses: self.inner.registry.loss_counts(),
             evictions: self.inner.registry.eviction_counts(),
             catalog_failures: self.inner.catalog.as_ref().map_or(0, |c| c.failures()),
-            pool: PoolStats {
-                ready: self.inner.registry.pool_ready(),
-                ..self.inner.pool.stats().clone()
+            pool: {
+                let mut pool = self.inner.pool.stats().clone();
+                pool.ready = self.inner.registry.pool_ready();
+                for (language, share) in &mut pool.languages {
+                    share.ready = self.inner.registry.pool_ready_of(*language);
+                }
+                pool
             },
             file_bytes: self.inner.services.files.snapshot(),
             audit: self.inner.services.audit.stats(),

@@ -10,6 +10,7 @@
 //! engine call. A new owner that finds the pool empty starts cold at once: nothing waits on a
 //! refill.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -23,7 +24,8 @@ use crate::config::KernelSpec;
 use crate::histogram::Histogram;
 use crate::kernel::{Kernel, KernelError, SpawnRequest, Yield};
 use crate::owner::KernelKey;
-use crate::registry::Slot;
+use crate::registry::{Registry, Slot};
+use crate::wire::Language;
 
 /// Pooled kernels spawned at once by the refill. The refill also starts none while a new
 /// owner's kernel is starting cold, and a refill under way gives way before each of its
@@ -64,10 +66,23 @@ pub(super) const RENAME_QUIET: Duration = Duration::from_millis(50);
 /// Upper bounds of the refill-time histogram (one pooled kernel spawned), in seconds.
 pub const REFILL_BUCKETS: [f64; 10] = [0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0];
 
+/// One language's share of the warm pool, for metrics.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LanguagePool {
+    /// Its configured size (`PoolConfig::size_of`).
+    pub size: usize,
+    /// Its ready pooled kernels now.
+    pub ready: usize,
+    /// New kernels of the language that came out of the pool.
+    pub hits: u64,
+    /// New kernels of the language started cold (its pool was empty).
+    pub misses: u64,
+}
+
 /// The warm pool's counters, for metrics.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PoolStats {
-    /// The configured size (`Config::pool.size`; 0: no pool).
+    /// The configured size, every language's (`PoolConfig::total`; 0: no pool).
     pub size: usize,
     /// Ready pooled kernels now.
     pub ready: usize,
@@ -79,6 +94,8 @@ pub struct PoolStats {
     pub refills: Histogram,
     /// Refills that failed.
     pub refill_failures: u64,
+    /// Each pooled language's share (the languages with a size, `PoolConfig::size_of`).
+    pub languages: BTreeMap<Language, LanguagePool>,
 }
 
 /// The pool's state in the orchestrator.
@@ -116,17 +133,30 @@ impl Drop for ColdStart<'_> {
 }
 
 impl PoolState {
-    pub(super) fn new(spec: KernelSpec, size: usize) -> PoolState {
+    pub(super) fn new(spec: KernelSpec, config: &crate::config::PoolConfig) -> PoolState {
+        let languages = Language::ALL.into_iter().filter_map(|language| {
+            let size = config.size_of(language);
+            (size > 0).then(|| {
+                (
+                    language,
+                    LanguagePool {
+                        size,
+                        ..LanguagePool::default()
+                    },
+                )
+            })
+        });
         PoolState {
             spec,
             wake: Notify::new(),
             stats: Mutex::new(PoolStats {
-                size,
+                size: config.total(),
                 ready: 0,
                 hits: 0,
                 misses: 0,
                 refills: Histogram::new(&REFILL_BUCKETS),
                 refill_failures: 0,
+                languages: languages.collect(),
             }),
             task: Mutex::new(None),
             ready: tokio::sync::watch::Sender::new(0),
@@ -148,6 +178,41 @@ impl PoolState {
     pub(super) fn stats(&self) -> std::sync::MutexGuard<'_, PoolStats> {
         self.stats.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// Publishes the number of ready pooled kernels (for [`Orchestrator::wait_pool_ready`]).
+    pub(super) fn publish(&self, registry: &Registry) {
+        self.ready.send_replace(registry.pool_ready());
+    }
+
+    /// Counts a new kernel of `language`: out of the pool, or cold while a pool is configured
+    /// (in its language's share too when that language is pooled).
+    pub(super) fn count_take(&self, registry: &Registry, language: Language, hit: bool) {
+        if self.stats().size == 0 {
+            return;
+        }
+        self.publish(registry);
+        *self.last_take.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(tokio::time::Instant::now());
+        let mut stats = self.stats();
+        let share = stats.languages.get_mut(&language);
+        match (hit, share) {
+            (true, Some(share)) => share.hits += 1,
+            (false, Some(share)) => share.misses += 1,
+            _ => {}
+        }
+        if hit {
+            stats.hits += 1;
+        } else {
+            stats.misses += 1;
+        }
+    }
+}
+
+/// Disposes of kernels that left the pool without an owner.
+pub(super) async fn dispose_pooled(kernels: Vec<Arc<Kernel>>) {
+    for kernel in kernels {
+        crate::services::dispose_kernel(&kernel).await;
+    }
 }
 
 impl Orchestrator {
@@ -166,9 +231,9 @@ impl Orchestrator {
             return None;
         }
         // A tenant on another runtime never gets a kernel of the pool's (docs/runtimes.md),
-        // nor does a context of another language (the pool's kernels run Python).
-        (self.inner.config.pool.size > 0
-            && key.context.language == crate::wire::Language::Python
+        // nor does a context of a language the pool holds none of (each pooled kernel runs
+        // the language it was started with).
+        (self.inner.config.pool.size_of(key.context.language) > 0
             && spec.image == key.image
             && spec.mode == key.mode
             && spec.sandbox.runtime == key.runtime
@@ -176,26 +241,6 @@ impl Orchestrator {
             // pooled kernel's is its own: `docs/contract.md`, "Languages").
             && self.inner.registry.files_volume(key).is_none())
         .then_some(spec)
-    }
-
-    /// Counts a new kernel: out of the pool, or cold while a pool is configured.
-    pub(super) fn count_take(&self, hit: bool) {
-        if self.inner.config.pool.size == 0 {
-            return;
-        }
-        self.publish_pool();
-        *self
-            .inner
-            .pool
-            .last_take
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = Some(tokio::time::Instant::now());
-        let mut stats = self.inner.pool.stats();
-        if hit {
-            stats.hits += 1;
-        } else {
-            stats.misses += 1;
-        }
     }
 
     /// What follows a take, in the background once the taker's first cell ends (the returned
@@ -264,16 +309,9 @@ impl Orchestrator {
         first_cell.drop_guard()
     }
 
-    /// Disposes of kernels that left the pool without an owner.
-    pub(super) async fn dispose_pooled(&self, kernels: Vec<Arc<Kernel>>) {
-        for kernel in kernels {
-            crate::services::dispose_kernel(&kernel).await;
-        }
-    }
-
     /// Starts the refill task (when the pool is on).
     pub(super) fn start_pool(&self) {
-        if self.inner.config.pool.size == 0 {
+        if self.inner.config.pool.total() == 0 {
             return;
         }
         let this = self.clone();
@@ -304,8 +342,8 @@ impl Orchestrator {
             let _ = tokio::time::timeout(limit, task).await;
         }
         let left = self.inner.registry.pool_drain();
-        self.publish_pool();
-        self.dispose_pooled(left).await;
+        self.inner.pool.publish(&self.inner.registry);
+        dispose_pooled(left).await;
     }
 
     /// Keeps the pool at its size until shutdown: replaces dead and expired kernels, spawns
@@ -320,8 +358,8 @@ impl Orchestrator {
             let gone = inner.registry.pool_expired(config.pool.max_age);
             if !gone.is_empty() {
                 tracing::debug!(kernels = gone.len(), "pooled kernels expired or died");
-                self.publish_pool();
-                self.dispose_pooled(gone).await;
+                self.inner.pool.publish(&self.inner.registry);
+                dispose_pooled(gone).await;
             }
             let now = tokio::time::Instant::now();
             let settled_at = inner
@@ -334,13 +372,18 @@ impl Orchestrator {
             let may_spawn = retry_at.is_none_or(|at| now >= at) && settled_at.is_none();
             if may_spawn && inner.pool.cold_starts() == 0 {
                 retry_at = None;
-                let n = inner.registry.pool_reserve(
-                    &inner.pool.spec,
-                    config.pool.size,
-                    POOL_REFILL_CONCURRENCY,
-                );
-                for _ in 0..n {
-                    spawning.push(self.spawn_pooled());
+                // Python's share first, then the other languages' (`PoolConfig::languages`),
+                // POOL_REFILL_CONCURRENCY spawns in flight in all.
+                for language in Language::ALL {
+                    let n = inner.registry.pool_reserve(
+                        &inner.pool.spec,
+                        language,
+                        config.pool.size_of(language),
+                        POOL_REFILL_CONCURRENCY,
+                    );
+                    for _ in 0..n {
+                        spawning.push(self.spawn_pooled(language));
+                    }
                 }
             }
             let mut next = tokio::time::Instant::now() + POOL_CHECK;
@@ -371,12 +414,19 @@ impl Orchestrator {
         while spawning.next().await.is_some() {}
     }
 
-    /// Spawns one pooled kernel for a reserved refill and offers it to the pool.
-    async fn spawn_pooled(&self) -> Result<(), KernelError> {
+    /// Spawns one pooled kernel of `language` for a reserved refill and offers it to the
+    /// pool.
+    async fn spawn_pooled(&self, language: Language) -> Result<(), KernelError> {
         let inner = &self.inner;
         let started = Instant::now();
+        // The preloaded modules are Python's (`PoolConfig::preload`).
+        let preload: &[String] = match language {
+            Language::Python => &inner.config.pool.preload,
+            _ => &[],
+        };
         let spawned = Kernel::spawn(SpawnRequest {
-            preload: &inner.config.pool.preload,
+            preload,
+            pool_language: language,
             yield_to: Some(Yield {
                 priority: inner.pool.cold.subscribe(),
                 until: tokio::time::Instant::now() + POOL_YIELD_MAX,
@@ -389,14 +439,15 @@ impl Orchestrator {
         match spawned {
             Ok(kernel) => {
                 inner.pool.stats().refills.observe(seconds);
-                if let Some(unwanted) = inner.registry.pool_offer(inner.pool.spec.clone(), kernel) {
+                let spec = inner.pool.spec.clone();
+                if let Some(unwanted) = inner.registry.pool_offer(spec, language, kernel) {
                     crate::services::dispose_kernel(&unwanted).await;
                 }
-                self.publish_pool();
+                self.inner.pool.publish(&self.inner.registry);
                 Ok(())
             }
             Err(e) => {
-                inner.registry.pool_unreserve();
+                inner.registry.pool_unreserve(language);
                 if !matches!(e, KernelError::Abandoned) {
                     inner.pool.stats().refill_failures += 1;
                 }
@@ -408,14 +459,6 @@ impl Orchestrator {
     /// Ready pooled kernels now.
     pub fn pool_ready(&self) -> usize {
         self.inner.registry.pool_ready()
-    }
-
-    /// Publishes the number of ready pooled kernels (for [`Orchestrator::wait_pool_ready`]).
-    pub(super) fn publish_pool(&self) {
-        self.inner
-            .pool
-            .ready
-            .send_replace(self.inner.registry.pool_ready());
     }
 
     /// Waits until the warm pool holds at least `n` ready kernels, at most `limit`; returns

@@ -72,6 +72,7 @@ impl Orchestrator {
             preload: &[],
             settings: None,
             yield_to: None,
+            pool_language: crate::wire::Language::Python,
         }
     }
 }

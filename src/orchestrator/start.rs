@@ -201,7 +201,7 @@ async fn start_validated(
             snapshots,
             migrations,
         },
-        pool: pool::PoolState::new(config.spec.clone(), config.pool.size),
+        pool: pool::PoolState::new(config.spec.clone(), &config.pool),
         registry,
         spawner: spawner::Spawner::new(
             {

@@ -189,7 +189,7 @@ struct Inner {
     /// The warm pool's ready kernels (`pool.rs`).
     pool: Vec<pool::Pooled>,
     /// Pooled kernels being spawned (reserved, not yet offered).
-    pool_pending: usize,
+    pool_pending: std::collections::BTreeMap<crate::wire::Language, usize>,
     /// On a cluster node: what the fair shares are of (`admission.rs`).
     cluster: Option<ClusterShares>,
     /// Sessions' settings by tenant, then session (`settings.rs`).
@@ -332,7 +332,9 @@ impl Registry {
         });
         // A key whose kernel hibernated gets it back, never a pooled one (`hibernated.rs`).
         let spec = spec.filter(|_| !inner.hibernated.contains_key(key));
-        let taking = spec.filter(|_| new_slot).and_then(|s| inner.pool_find(s));
+        let taking = spec
+            .filter(|_| new_slot)
+            .and_then(|s| inner.pool_find(s, key.context.language));
         if !inner.slots.contains_key(key) {
             match inner.admit(key, limits, self.max_kernels, taking) {
                 Ok((evicted, gone)) => {
@@ -354,7 +356,9 @@ impl Registry {
         let mut attach = self.attach_locked(&mut inner, key, reset, victims, now, limits);
         attach.discarded = discarded;
         // Found again: a discard may have moved it.
-        let taking = spec.filter(|_| new_slot).and_then(|s| inner.pool_find(s));
+        let taking = spec
+            .filter(|_| new_slot)
+            .and_then(|s| inner.pool_find(s, key.context.language));
         if let Some(index) = taking {
             let kernel = inner.pool_take(index, &key.owner);
             // The slot is new, so its kernel is unset; were it not, the kernel goes.

@@ -16,26 +16,29 @@ use super::{Inner, Registry};
 use crate::config::KernelSpec;
 use crate::kernel::Kernel;
 use crate::owner::Owner;
+use crate::wire::Language;
 
 /// One ready kernel in the pool.
 #[derive(Debug)]
 pub(super) struct Pooled {
     kernel: Arc<Kernel>,
     spec: KernelSpec,
+    /// The language it was started with (its runner hosts that language's interpreter).
+    language: Language,
     since: Instant,
 }
 
 impl Inner {
-    /// Where a live pooled kernel of `spec` is, if there is one: the newest first, the one
+    /// Where a live pooled kernel of `spec` and `language` is, if there is one: the newest first, the one
     /// whose processes sat idle the shortest (a round trip to a kernel costs more the longer
     /// it slept: docs/performance.md "Performance"); the older ones are replaced at their maximum age.
-    pub(super) fn pool_find(&self, spec: &KernelSpec) -> Option<usize> {
+    pub(super) fn pool_find(&self, spec: &KernelSpec, language: Language) -> Option<usize> {
         if self.closed {
             return None;
         }
         self.pool
             .iter()
-            .rposition(|p| p.spec == *spec && p.kernel.is_alive())
+            .rposition(|p| p.spec == *spec && p.language == language && p.kernel.is_alive())
     }
 
     /// Takes the pooled kernel at `index` for `owner`.
@@ -68,6 +71,13 @@ impl Inner {
         out
     }
 
+    /// One refill of `language` in flight ended.
+    fn pool_unpend(&mut self, language: Language) {
+        if let Some(n) = self.pool_pending.get_mut(&language) {
+            *n = n.saturating_sub(1);
+        }
+    }
+
     /// Kernels the host's cap counts: unpinned slots, pooled kernels and refills in flight.
     fn host_count(&self) -> usize {
         let unpinned = self
@@ -75,48 +85,69 @@ impl Inner {
             .values()
             .filter(|s| !s.pinned(&self.released_children))
             .count();
-        unpinned + self.pool.len() + self.pool_pending
+        unpinned + self.pool.len() + self.pool_pending()
+    }
+
+    /// Refills in flight, every language's.
+    fn pool_pending(&self) -> usize {
+        self.pool_pending.values().sum()
     }
 }
 
 impl Registry {
-    /// Reserves room for new pooled kernels of `spec` so that the pool (ready and in flight)
-    /// reaches `target`, within the host's cap and at most `max_new` at once. Returns how many
-    /// the caller must spawn, then [`Registry::pool_offer`] or [`Registry::pool_unreserve`]
-    /// each.
-    pub fn pool_reserve(&self, spec: &KernelSpec, target: usize, max_new: usize) -> usize {
+    /// Reserves room for new pooled kernels of `spec` and `language` so that that language's
+    /// pool (ready and in flight) reaches `target`, within the host's cap and at most
+    /// `max_new` in flight in all (every language's). Returns how many the caller must spawn,
+    /// then [`Registry::pool_offer`] or [`Registry::pool_unreserve`] each.
+    pub fn pool_reserve(
+        &self,
+        spec: &KernelSpec,
+        language: Language,
+        target: usize,
+        max_new: usize,
+    ) -> usize {
         let mut inner = self.lock();
         if inner.closed {
             return 0;
         }
-        let have = inner.pool.iter().filter(|p| p.spec == *spec).count() + inner.pool_pending;
+        let pending = inner.pool_pending.get(&language).copied().unwrap_or(0);
+        let ready = inner.pool.iter();
+        let ready = ready.filter(|p| p.spec == *spec && p.language == language);
+        let have = ready.count() + pending;
         let room = self.max_kernels.saturating_sub(inner.host_count());
         let n = target
             .saturating_sub(have)
             .min(room)
-            .min(max_new.saturating_sub(inner.pool_pending));
-        inner.pool_pending += n;
+            .min(max_new.saturating_sub(inner.pool_pending()));
+        if n > 0 {
+            *inner.pool_pending.entry(language).or_insert(0) += n;
+        }
         n
     }
 
-    /// A reserved refill failed: its room is free again.
-    pub fn pool_unreserve(&self) {
-        let mut inner = self.lock();
-        inner.pool_pending = inner.pool_pending.saturating_sub(1);
+    /// A reserved refill of `language` failed: its room is free again.
+    pub fn pool_unreserve(&self, language: Language) {
+        self.lock().pool_unpend(language);
     }
 
     /// Puts a freshly spawned kernel (a reserved refill) in the pool. Hands it back for
     /// disposal when the registry is closed or it no longer fits the host's cap (sessions
     /// took the room while it started).
-    pub fn pool_offer(&self, spec: KernelSpec, kernel: Arc<Kernel>) -> Option<Arc<Kernel>> {
+    pub fn pool_offer(
+        &self,
+        spec: KernelSpec,
+        language: Language,
+        kernel: Arc<Kernel>,
+    ) -> Option<Arc<Kernel>> {
         let mut inner = self.lock();
-        inner.pool_pending = inner.pool_pending.saturating_sub(1);
+        inner.pool_unpend(language);
         if inner.closed || inner.host_count() >= self.max_kernels {
             return Some(kernel);
         }
         inner.pool.push(Pooled {
             kernel,
             spec,
+            language,
             since: Instant::now(),
         });
         None
@@ -142,6 +173,12 @@ impl Registry {
     /// Ready pooled kernels.
     pub fn pool_ready(&self) -> usize {
         self.lock().pool.len()
+    }
+
+    /// Ready pooled kernels of `language`.
+    pub fn pool_ready_of(&self, language: Language) -> usize {
+        let inner = self.lock();
+        inner.pool.iter().filter(|p| p.language == language).count()
     }
 
     /// Empties the pool (shutdown: call after [`Registry::drain`], which refuses later offers).

@@ -508,6 +508,27 @@ fn write_pool(out: &mut String, pool: &PoolStats) -> std::fmt::Result {
             "kernelbox_pool_takes_total{{outcome=\"{outcome}\"}} {n}"
         )?;
     }
+    writeln!(out, "# HELP kernelbox_pool_language_ready Pooled kernels ready now, by the language they were started with.")?;
+    writeln!(out, "# TYPE kernelbox_pool_language_ready gauge")?;
+    for (language, share) in &pool.languages {
+        let language = language.name();
+        writeln!(
+            out,
+            "kernelbox_pool_language_ready{{language=\"{language}\"}} {}",
+            share.ready
+        )?;
+    }
+    writeln!(out, "# HELP kernelbox_pool_language_takes_total New kernels of a pooled language for new owners: hit (taken from its pool) or miss (started cold).")?;
+    writeln!(out, "# TYPE kernelbox_pool_language_takes_total counter")?;
+    for (language, share) in &pool.languages {
+        let language = language.name();
+        for (outcome, n) in [("hit", share.hits), ("miss", share.misses)] {
+            writeln!(
+                out,
+                "kernelbox_pool_language_takes_total{{language=\"{language}\",outcome=\"{outcome}\"}} {n}"
+            )?;
+        }
+    }
     writeln!(out, "# HELP kernelbox_pool_refill_seconds Time to start one pooled kernel (container up, runner ready).")?;
     writeln!(out, "# TYPE kernelbox_pool_refill_seconds histogram")?;
     pool.refills
@@ -543,6 +564,14 @@ mod tests {
                 misses: 0,
                 refills: Histogram::new(&crate::orchestrator::REFILL_BUCKETS),
                 refill_failures: 0,
+                languages: [(
+                    crate::wire::Language::Bash,
+                    crate::orchestrator::LanguagePool {
+                        size: 1,
+                        ..Default::default()
+                    },
+                )]
+                .into(),
             },
             file_bytes: FileBytes::default(),
             audit: Default::default(),
@@ -553,6 +582,9 @@ mod tests {
         assert!(text.contains("kernelbox_pool_ready 0"));
         assert!(text.contains("kernelbox_pool_takes_total{outcome=\"hit\"} 0"));
         assert!(text.contains("kernelbox_pool_takes_total{outcome=\"miss\"} 0"));
+        assert!(text.contains("kernelbox_pool_language_ready{language=\"bash\"} 0"));
+        let bash_hits = "kernelbox_pool_language_takes_total{language=\"bash\",outcome=\"hit\"} 0";
+        assert!(text.contains(bash_hits));
         assert!(text.contains("kernelbox_pool_refill_seconds_count 0"));
         assert!(text.contains("kernelbox_kernel_start_seconds_count{outcome=\"failed\"} 0"));
         assert!(text.contains("kernelbox_kernel_losses_total{reason=\"evicted\"} 0"));

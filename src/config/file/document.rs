@@ -226,6 +226,9 @@ pub struct PoolSection {
     /// Modules each pooled kernel imports before it is offered (e.g. ["numpy", "pandas"]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preload: Option<Vec<String>>,
+    /// Kernels kept ready per language other than Python, e.g. { bash = 1, javascript = 1 } (default none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub languages: Option<BTreeMap<String, u64>>,
 }
 
 impl PoolSection {
