@@ -331,8 +331,27 @@ def temp_name():
     return TMP_PREFIX + os.urandom(8).hex()
 
 
-def write_file_at(dfd, name, src):
-    """Writes `src` to a temp file in dfd, then renames it over `name`. Returns the size."""
+def copy_sparse(fd, src, extents, size):
+    """Writes a sparse tar member's data extents at their offsets in fd and gives it its size:
+    its holes stay holes. tarfile's file object would read each hole as zeros, written whole,
+    so a restored sparse file (docs/snapshots.md, "Files-only snapshots") would fill the disk."""
+    raw = getattr(src, "raw", src)
+    for offset, length in extents:
+        raw.seek(offset)
+        os.lseek(fd, offset, os.SEEK_SET)
+        while length > 0:
+            data = raw.read(min(CHUNK, length))
+            if not data:
+                raise Refused("invalid_tar", "a sparse member ends before its data")
+            write_all_fd(fd, data)
+            length -= len(data)
+    os.ftruncate(fd, size)
+    return size
+
+
+def write_file_at(dfd, name, src, sparse=None):
+    """Writes `src` to a temp file in dfd, then renames it over `name`. Returns the size.
+    `sparse`: a sparse tar member's `(extents, size)`, its holes kept as holes."""
     check_name(name)
     tmp = temp_name()
     fd = open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, dir_fd=dfd, mode=0o644)
@@ -342,6 +361,8 @@ def write_file_at(dfd, name, src):
         try:
             if isinstance(src, Frames):
                 size = src.copy_to(fd)
+            elif sparse is not None:
+                size = copy_sparse(fd, src, *sparse)
             else:
                 while True:
                     data = src.read(CHUNK)
@@ -523,7 +544,8 @@ def op_untar(parts, frames):
                         pfd = staged_dir(sfd, names[:-1], member.name)
                         try:
                             src = archive.extractfile(member)
-                            total += write_file_at(pfd, names[-1], src)
+                            sparse = (member.sparse, member.size) if member.sparse else None
+                            total += write_file_at(pfd, names[-1], src, sparse)
                             mode = 0o755 if member.mode & 0o100 else 0o644
                             os.chmod(names[-1], mode, dir_fd=pfd)
                             os.utime(names[-1], (member.mtime, member.mtime), dir_fd=pfd)

@@ -265,3 +265,53 @@ def test_a_failed_write_never_removes_through_a_symlink_put_in_place_of_its_dire
     assert (work / "new").is_symlink()
     # The temporary file went all the same (removed through the directory fd the write held).
     assert tree(work / "moved") == ["deeper"]
+
+
+def test_a_sparse_tar_member_is_written_with_its_holes_kept(
+    helper: ModuleType, work: Path, tmp_path: Path
+) -> None:
+    """A files-only snapshot keeps a sparse file as a PAX 1.0 sparse member (docs/snapshots.md,
+    "Files-only snapshots"); its restore extracts it through the helper, which must write only
+    its data: its holes read back as zeros, written whole, filled the restored kernel's working
+    directory (a 50 GiB sparse file made every restore of its snapshot fail `no_space`)."""
+    import subprocess
+    import tarfile
+
+    apparent = 256 * 1024 * 1024
+    source = tmp_path / "src"
+    source.mkdir()
+    with open(source / "sparse", "wb") as f:
+        f.seek(1024 * 1024)
+        f.write(b"middle")
+        f.truncate(apparent - 3)
+        f.seek(apparent - 3)
+        f.write(b"end")
+    archive = tmp_path / "a.tar"
+    subprocess.run(
+        [
+            "tar", "--sparse", "--sparse-version=1.0", "--format=pax",
+            "-cf", str(archive), "-C", str(source), "sparse",
+        ],
+        check=True,
+    )
+    dfd = os.open(work, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with open(archive, "rb") as raw, tarfile.open(fileobj=raw, mode="r|") as tar:
+            member = next(iter(tar))
+            assert member.sparse, "GNU tar wrote no sparse map"
+            size = helper.write_file_at(
+                dfd, "sparse", tar.extractfile(member), (member.sparse, member.size)
+            )
+    finally:
+        os.close(dfd)
+    restored = work / "sparse"
+    assert size == apparent
+    assert restored.stat().st_size == apparent
+    assert restored.stat().st_blocks * 512 < 4 * 1024 * 1024
+    with open(restored, "rb") as f:
+        f.seek(1024 * 1024)
+        assert f.read(6) == b"middle"
+        f.seek(apparent - 3)
+        assert f.read() == b"end"
+        f.seek(4096)
+        assert f.read(4096) == bytes(4096)
