@@ -559,6 +559,70 @@ async fn a_runc_kernel_gets_a_files_only_snapshot_that_says_so() {
     case.finish().await;
 }
 
+/// A caller that goes away mid-snapshot (its request dropped while the snapshot waits for a
+/// running cell) leaves nothing held: no reservation counted against the tenant, no
+/// half-made directory, no call attached to the kernel (docs/snapshots.md, "Bounds").
+#[tokio::test]
+async fn a_snapshot_whose_caller_goes_away_leaves_nothing_held() {
+    let dir = tempfile::tempdir().unwrap();
+    let case = case("snap-dropped", dir.path(), |c| {
+        c.spec.sandbox.runtime = KernelRuntime::Runc;
+        c.snapshots.max_per_tenant = 2;
+    })
+    .await;
+    case.run("s", "open('note.txt', 'w').write('kept')").await;
+    let cell = common::start_cell(
+        &case.kb,
+        "s",
+        "print('go', flush=True)\nimport time\ntime.sleep(3)",
+    )
+    .await;
+    // Five callers give up while the snapshot waits for the cell: each call is dropped.
+    let snapshots = case.kb.snapshots();
+    let scope = Scope::session("s");
+    for _ in 0..5 {
+        // Dropped at 200 ms (or refused at once at the bound: the earlier ones are held).
+        let call = snapshots.take(&scope, None);
+        let _ = tokio::time::timeout(Duration::from_millis(200), call).await;
+    }
+    cell.await.unwrap().unwrap();
+    // The abandoned calls end on their own (each takes its snapshot once the cell is done,
+    // or is refused at the bound); then the tenant's books hold only what was kept.
+    let mut kept = Vec::new();
+    for _ in 0..100 {
+        kept = case.kb.snapshots().list(None);
+        let attached = case
+            .kb
+            .list_kernels(None)
+            .iter()
+            .map(|k| k.attached)
+            .sum::<usize>();
+        if attached == 0 && !entries(dir.path()).iter().any(|e| e.starts_with('.')) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(kept.len() <= 2, "{kept:?}");
+    let attached: usize = case.kb.list_kernels(None).iter().map(|k| k.attached).sum();
+    assert_eq!(attached, 0, "no call is left attached to the kernel");
+    let names = entries(dir.path());
+    assert!(
+        !names.iter().any(|e| e.starts_with('.')),
+        "nothing half-made is left: {names:?}"
+    );
+    assert_eq!(names.len(), kept.len(), "{names:?} vs {kept:?}");
+    // Deleting what was kept gives the room back: the next snapshot is taken.
+    for snap in &kept {
+        case.kb.snapshots().delete(None, &snap.id).await.unwrap();
+    }
+    case.kb
+        .snapshots()
+        .take(&Scope::session("s"), None)
+        .await
+        .unwrap();
+    case.finish().await;
+}
+
 #[tokio::test]
 async fn a_files_only_snapshot_past_the_tenants_bytes_is_refused_and_leaves_nothing() {
     let dir = tempfile::tempdir().unwrap();

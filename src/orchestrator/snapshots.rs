@@ -79,6 +79,27 @@ impl Snapshotting<'_> {
         &self.orchestrator.inner.services.snapshots
     }
 
+    /// Runs a snapshot, restore or fork to its end as a task the orchestrator owns, so a
+    /// caller that goes away (its request dropped mid-way) never leaves a reservation, a
+    /// half-made snapshot's directory or a held kernel behind: the service gives each back
+    /// when the call ends (docs/snapshots.md, "Bounds"). The task is bounded by the call's
+    /// own waits; shutdown waits for it as for any task of the orchestrator's.
+    async fn owned<T, F, Fut>(&self, call: F) -> Result<T, SnapshotError>
+    where
+        T: Send + 'static,
+        F: FnOnce(Orchestrator, std::sync::Arc<crate::services::Snapshots>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, SnapshotError>> + Send + 'static,
+    {
+        let inner = &self.orchestrator.inner;
+        let task = call(self.orchestrator.clone(), inner.services.snapshots.clone());
+        match inner.tasks.tracker.spawn(task).await {
+            Ok(result) => result,
+            Err(e) => Err(SnapshotError::Store(format!(
+                "the snapshot call ended without an answer: {e}"
+            ))),
+        }
+    }
+
     /// Snapshots the kernel of the session `scope` names, idle or hibernated, kept as the
     /// tenant's snapshot `name` (`POST /v1/sessions/{session}/snapshots`).
     pub async fn take(
@@ -86,10 +107,11 @@ impl Snapshotting<'_> {
         scope: &Scope,
         name: Option<String>,
     ) -> Result<SnapshotInfo, SnapshotError> {
-        let key = self.key(scope)?;
-        self.service()
-            .snapshot(self.orchestrator, &key, scope.tenant_limits, name)
-            .await
+        let (key, limits) = (self.key(scope)?, scope.tenant_limits);
+        self.owned(move |kernels, service| async move {
+            service.snapshot(&kernels, &key, limits, name).await
+        })
+        .await
     }
 
     /// The caller's snapshots, oldest first.
@@ -116,10 +138,11 @@ impl Snapshotting<'_> {
     /// Starts the session `scope` names, which has no kernel, from the caller's snapshot
     /// `id` (`POST /v1/sessions/{session}/restore`).
     pub async fn restore(&self, scope: &Scope, id: &str) -> Result<RestoredKernel, SnapshotError> {
-        let target = self.key(scope)?;
-        self.service()
-            .restore(self.orchestrator, &target, scope.tenant_limits, id)
-            .await
+        let (target, limits, id) = (self.key(scope)?, scope.tenant_limits, id.to_owned());
+        self.owned(move |kernels, service| async move {
+            service.restore(&kernels, &target, limits, &id).await
+        })
+        .await
     }
 
     /// Snapshots the session's kernel once and starts each of `sessions` (new sessions of
@@ -140,8 +163,10 @@ impl Snapshotting<'_> {
                 ..key.clone()
             });
         }
-        self.service()
-            .fork(self.orchestrator, &key, scope.tenant_limits, forks)
-            .await
+        let limits = scope.tenant_limits;
+        self.owned(move |kernels, service| async move {
+            service.fork(&kernels, &key, limits, forks).await
+        })
+        .await
     }
 }
