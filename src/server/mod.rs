@@ -19,6 +19,8 @@
 //! | `POST`, `GET /v1/sessions/{session}/processes`, `GET`, `DELETE /v1/sessions/{session}/processes/{id}` | background processes: start, list, one, kill (`api/processes.rs`, docs/processes.md) |
 //! | `GET /v1/sessions/{session}/processes/{id}/output`, `POST`, `DELETE /v1/sessions/{session}/processes/{id}/stdin`, `POST /v1/sessions/{session}/processes/{id}/signal` | a process's output (NDJSON), its stdin, a signal |
 //! | `GET /v1/usage` | the usage ledger (`api/usage.rs`, docs/usage.md) |
+//! | `GET /v1/sessions/{session}/contexts`, `DELETE /v1/sessions/{session}/contexts/{context}` | a session's contexts; ending one (`api/sessions.rs`, docs/contract.md "Languages") |
+//! | `GET /v1/sessions/{session}/events`, `GET /v1/admin/tenants/{tenant}/sessions/{session}/events`, `GET /v1/events`, `GET /v1/audit`, `GET /v1/egress/refusals` | what happened lately: a session's kernel events, the sessions with recent events, the audit trail's tail, egress refusals (`api/recent.rs`, docs/console.md) |
 //! | `GET /v1/nodes`, `POST`, `DELETE /v1/nodes/{node}/drain`, `GET /v1/nodes/{node}/kernels` | a cluster's nodes; draining one; one node's kernels (the admin token; `cluster/admin.rs`) |
 //! | `POST`, `GET`, `DELETE /v1/mcp` | MCP over streamable HTTP (`api/mcp.rs`, docs/mcp.md "MCP") |
 //! | `POST /v1/admin/reload` | re-read the tenants and apply them without a restart (the admin token; `reload.rs`) |
@@ -48,7 +50,7 @@
 //! | `metrics.rs` | [`Metrics`]: the Prometheus exposition |
 //! | `tools.rs` | tool calls from a cell forwarded to the tenant's tool endpoint |
 //! | `openapi.rs` | `/openapi.json` |
-//! | `error.rs` | [`ApiError`]: an error as the API answers it |
+//! | `error/` | [`ApiError`]: an error as the API answers it, and every domain error's answer (its `mod.rs` has the table) |
 
 pub(crate) mod api;
 pub mod cluster;
@@ -107,6 +109,11 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/sessions/{session}/files"),
     ("PUT", "/v1/sessions/{session}/workspace"),
     ("GET", "/v1/sessions/{session}/workspace"),
+    ("GET", "/v1/sessions/{session}/events"),
+    ("GET", "/v1/admin/tenants/{tenant}/sessions/{session}/events"),
+    ("GET", "/v1/events"),
+    ("GET", "/v1/audit"),
+    ("GET", "/v1/egress/refusals"),
     ("GET", "/v1/kernels"),
     ("GET", "/v1/workspaces"),
     ("DELETE", "/v1/workspaces/{name}"),
