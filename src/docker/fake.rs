@@ -386,11 +386,19 @@ impl Engine for FakeEngine {
         Ok(())
     }
 
-    async fn list_containers(&self, _labels: &[String]) -> Result<Vec<ContainerInfo>, EngineError> {
+    async fn list_containers(&self, labels: &[String]) -> Result<Vec<ContainerInfo>, EngineError> {
+        // As the engine's `label` filters: `key=value`, or `key` for any value.
+        let matches = |have: &BTreeMap<String, String>| {
+            labels.iter().all(|f| match f.split_once('=') {
+                Some((k, v)) => have.get(k).is_some_and(|h| h == v),
+                None => have.contains_key(f.as_str()),
+            })
+        };
         Ok(self
             .lock()
             .containers
             .iter()
+            .filter(|(_, c)| matches(&c.labels))
             .map(|(id, c)| ContainerInfo {
                 id: id.clone(),
                 state: if c.running { "running" } else { "created" }.into(),

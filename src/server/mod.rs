@@ -110,7 +110,10 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("PUT", "/v1/sessions/{session}/workspace"),
     ("GET", "/v1/sessions/{session}/workspace"),
     ("GET", "/v1/sessions/{session}/events"),
-    ("GET", "/v1/admin/tenants/{tenant}/sessions/{session}/events"),
+    (
+        "GET",
+        "/v1/admin/tenants/{tenant}/sessions/{session}/events",
+    ),
     ("GET", "/v1/events"),
     ("GET", "/v1/audit"),
     ("GET", "/v1/egress/refusals"),
