@@ -1,5 +1,6 @@
 """`execute_code` with a `language` over every backend (docs/contract.md, "Languages"): a Bash
-cell runs in the session's Bash kernel, its state kept beside the Python kernel's."""
+cell runs in the session's Bash kernel and a JavaScript cell in its JavaScript kernel, each
+one's state kept beside the Python kernel's."""
 
 from __future__ import annotations
 
@@ -20,12 +21,15 @@ def test_execute_code_takes_a_language(server, session_name, backend):
             sh = await c.call_tool("execute_code", {"code": "echo $y $PWD", "language": "bash"})
             failed = await c.call_tool("execute_code", {"code": "false", "language": "bash"})
             py = await c.call_tool("execute_code", {"code": "print(x + 1)", "language": "python"})
-            return tools, sh, failed, py
+            await c.call_tool("execute_code", {"code": "const z = 6 * 7", "language": "javascript"})
+            js = await c.call_tool("execute_code", {"code": "console.log(z)", "language": "javascript"})
+            return tools, sh, failed, py, js
 
     with connect(backend, server, session_name) as client:
-        tools, sh, failed, py = anyio.run(go, client)
+        tools, sh, failed, py, js = anyio.run(go, client)
     schema = tools["execute_code"].input_schema
     assert "language" in schema["properties"], schema
     assert sh.is_error is False and text(sh) == "7 /tmp\n", text(sh)
     assert failed.is_error is True and "exit status 1" in text(failed), text(failed)
     assert py.is_error is False and text(py) == "42\n", text(py)
+    assert js.is_error is False and text(js) == "42\n", text(js)
