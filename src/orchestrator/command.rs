@@ -191,26 +191,7 @@ impl Orchestrator {
     ) -> Result<CommandResult, CommandError> {
         let started = Instant::now();
         let config = &self.inner.config;
-        let owner = request
-            .scope
-            .owner(&self.inner.config)
-            .map_err(ExecuteError::Name)?;
-        let timeout = config
-            .check_cell_timeout(request.timeout.unwrap_or(config.cells.timeout))
-            .map_err(ExecuteError::InvalidTimeout)?;
-        if request.argv.first().is_none_or(|p| p.is_empty()) {
-            return Err(CommandError::Invalid("the command names no program".into()));
-        }
-        if request
-            .cwd
-            .as_deref()
-            .is_some_and(|c| c.is_empty() || c.contains('\0'))
-        {
-            return Err(CommandError::Invalid(
-                "`cwd` must be a non-empty path without NUL".into(),
-            ));
-        }
-        let env = env_entries(&request.env)?;
+        let (owner, timeout, env) = checked(config, &request)?;
         let slot = self
             .inner
             .commands
@@ -258,16 +239,35 @@ impl Orchestrator {
         });
         let mut result = ran?;
         result.duration_seconds = started.elapsed().as_secs_f64();
-        self.inner
-            .services
-            .usage
-            .pending()
-            .record(&owner.tenant, &owner.session, |r| r.commands += 1);
-        self.inner.services.audit.record(crate::services::Ran {
+        account(self, &owner, &audited, &kernel_id, generation, &result);
+        Ok(result)
+    }
+}
+
+/// A command that ran, in the usage ledger and the audit trail.
+fn account(
+    orchestrator: &Orchestrator,
+    owner: &Owner,
+    audited: &str,
+    kernel_id: &str,
+    generation: u64,
+    result: &CommandResult,
+) {
+    orchestrator
+        .inner
+        .services
+        .usage
+        .pending()
+        .record(&owner.tenant, &owner.session, |r| r.commands += 1);
+    orchestrator
+        .inner
+        .services
+        .audit
+        .record(crate::services::Ran {
             kind: crate::audit::AuditKind::Command,
-            owner: &owner,
-            code: &audited,
-            kernel: &kernel_id,
+            owner,
+            code: audited,
+            kernel: kernel_id,
             generation,
             duration_seconds: result.duration_seconds,
             status: match (result.timed_out, result.exit_code) {
@@ -277,6 +277,29 @@ impl Orchestrator {
             },
             exit_code: Some(result.exit_code),
         });
-        Ok(result)
+}
+
+/// A command request checked before any kernel is held: its owner, its timeout within the
+/// server's bounds, a program named, a usable `cwd`, its environment as entries.
+fn checked(
+    config: &Config,
+    request: &CommandRequest,
+) -> Result<(Owner, Duration, Vec<String>), CommandError> {
+    let owner = request.scope.owner(config).map_err(ExecuteError::Name)?;
+    let timeout = config
+        .check_cell_timeout(request.timeout.unwrap_or(config.cells.timeout))
+        .map_err(ExecuteError::InvalidTimeout)?;
+    if request.argv.first().is_none_or(|p| p.is_empty()) {
+        return Err(CommandError::Invalid("the command names no program".into()));
     }
+    if request
+        .cwd
+        .as_deref()
+        .is_some_and(|c| c.is_empty() || c.contains('\0'))
+    {
+        return Err(CommandError::Invalid(
+            "`cwd` must be a non-empty path without NUL".into(),
+        ));
+    }
+    Ok((owner, timeout, env_entries(&request.env)?))
 }

@@ -60,8 +60,38 @@ pub(crate) fn parse_execute(
             format!("task_id is limited to {MAX_TASK_ID} bytes"),
         ));
     }
+    let (tools, dispatcher) = tools_of(state, tenant, body.tools)?;
+    Ok(ExecuteRequest {
+        scope: Scope {
+            tenant: Some(tenant.name.clone()),
+            session,
+            child: body.child,
+            tools,
+            tenant_limits: tenant.limits(),
+            image: tenant.image.clone(),
+            context,
+        },
+        task_id: body.task_id,
+        code: body.code,
+        reset: body.reset,
+        timeout,
+        dispatcher,
+        cancel: None,
+        sink: None,
+        display_sink: None,
+    })
+}
+
+/// The tools a cell may call (those asked for, each on the tenant's allow-list, or all of
+/// them) and the dispatcher that forwards its calls, when it may call any.
+#[allow(clippy::type_complexity)]
+fn tools_of(
+    state: &AppState,
+    tenant: &Tenant,
+    asked: Option<Vec<String>>,
+) -> Result<(BTreeSet<String>, Option<Arc<dyn ToolDispatcher>>), ApiError> {
     let allowed = tenant.tools.as_ref().map(|t| &t.allow);
-    let tools: BTreeSet<String> = match body.tools {
+    let tools: BTreeSet<String> = match asked {
         None => allowed.cloned().unwrap_or_default(),
         Some(list) => {
             for tool in &list {
@@ -86,25 +116,7 @@ pub(crate) fn parse_execute(
         ))),
         _ => None,
     };
-    Ok(ExecuteRequest {
-        scope: Scope {
-            tenant: Some(tenant.name.clone()),
-            session,
-            child: body.child,
-            tools,
-            tenant_limits: tenant.limits(),
-            image: tenant.image.clone(),
-            context,
-        },
-        task_id: body.task_id,
-        code: body.code,
-        reset: body.reset,
-        timeout,
-        dispatcher,
-        cancel: None,
-        sink: None,
-        display_sink: None,
-    })
+    Ok((tools, dispatcher))
 }
 
 /// `POST /v1/sessions/{session}/execute`: one cell in the session's kernel (started when it
