@@ -15,6 +15,10 @@ use crate::kernel::Checkpoint;
 use crate::owner::KernelKey;
 use crate::registry::{Slot, TenantLimits};
 
+/// How long a wait for an idle kernel goes without looking again when no call released it
+/// (`Snapshots::when_idle`): a kernel seen computing between cells turns idle unannounced.
+const IDLE_RECHECK: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// What `restored.from` says of a kernel restored from a snapshot.
 pub(super) const FROM_SNAPSHOT: &str = "snapshot";
 
@@ -142,12 +146,17 @@ impl Snapshots {
                     session: key.owner.session.clone(),
                 });
             }
-            if tokio::time::timeout_at(deadline, released).await.is_err() {
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
                 return Err(SnapshotError::Busy {
                     session: key.owner.session.clone(),
                     waited: round(started.elapsed()),
                 });
             }
+            // A release wakes the wait at once; a kernel the runaway watch saw computing
+            // between cells turns idle with its next sample, which tells no one: looked at
+            // again after [`IDLE_RECHECK`] at the latest.
+            let _ = tokio::time::timeout_at(deadline.min(now + IDLE_RECHECK), released).await;
         }
     }
 
