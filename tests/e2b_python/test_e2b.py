@@ -281,9 +281,13 @@ def test_code_contexts_are_kernels_of_their_own_by_language(server: Server) -> N
         assert ctx.id not in {c.id for c in sbx.list_code_contexts()}
         with pytest.raises(Exception):
             sbx.run_code("1", context=ctx)
+        # A JavaScript context keeps its own state (docs/contract.md, "Languages").
+        js = sbx.create_code_context(language="javascript")
+        sbx.run_code("const a = 6 * 7", context=js)
+        assert sbx.run_code("a", context=js).text == "42"
         # A language the server does not run is E2B's 400, its reason named.
         with pytest.raises(Exception) as refused:
-            sbx.create_code_context(language="javascript")
+            sbx.create_code_context(language="r")
         assert "not served" in str(refused.value) or "not available" in str(refused.value)
     finally:
         sbx.kill()
